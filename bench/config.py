@@ -1,0 +1,73 @@
+"""The structured configuration of a run.
+
+Each config group has its schema in its own sub-package (``bench/<group>/config.py``);
+this module assembles them into :class:`Config` and registers it in Hydra's
+ConfigStore as ``base_config``, which ``conf/config.yaml`` puts first in its defaults
+list.  Every group file in ``conf/`` is merged onto its typed node, so a misspelt key or
+a value of the wrong type is refused before anything starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from bench.cluster.config import ClusterConfig
+from bench.comm.config import CommConfig
+from bench.data.config import CacheConfig, DataConfig
+from bench.models.config import ModelConfig
+from bench.optim.config import OptimConfig
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 10  # epoch budget
+    target_metric: str = "top1"  # top1 | top5 (on the held-out split)
+    target_value: float = 0.98  # fraction, e.g. 0.93 for 93 % top-5
+    stop_at_target: bool = True  # stop at the first evaluation reaching the target
+    seed: int = 0
+    amp: str = "auto"  # auto (bf16 on CUDA, off on CPU) | off | bf16 | fp16
+    max_steps_per_epoch: int = 0  # > 0 truncates epochs (smoke tests, throughput runs)
+    eval_every: int = 1  # evaluate every N epochs (and always after the last)
+    progress: bool = True  # progress bar on rank 0
+    device: str = "auto"  # auto | cpu | cuda
+
+
+@dataclass
+class ResultsConfig:
+    dir: str = "results"  # runs.jsonl, curves/, figures/ live here
+    plot: bool = True  # write a time-to-accuracy PNG under <dir>/figures
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    comm: CommConfig = field(default_factory=CommConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    results: ResultsConfig = field(default_factory=ResultsConfig)
+    experiment: str = "default"  # set by conf/experiment/*.yaml; stored in the record
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=Config)
+
+
+def to_container(cfg: DictConfig | Config) -> dict[str, Any]:
+    """A plain, fully resolved dict (picklable, JSON-able) of a config."""
+    if not isinstance(cfg, DictConfig):
+        cfg = OmegaConf.structured(cfg)
+    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
+
+
+def from_container(d: dict[str, Any]) -> DictConfig:
+    """Typed config back from :func:`to_container`'s dict (in worker processes)."""
+    base = OmegaConf.structured(Config)
+    return OmegaConf.merge(base, d)  # type: ignore[return-value]

@@ -1,0 +1,54 @@
+"""Name -> factory registries.
+
+Every pluggable piece of the suite (models, data sets, compressors, communicators,
+update modes, cluster launchers ...) is looked up by a short name that is also the
+Hydra config file stem and the name stored in result records.  A registry refuses
+duplicate names so that two modules can never silently shadow each other.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Generic, Iterator, TypeVar
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A user-facing configuration problem: reported as one line, exit status 2."""
+
+
+class Registry(Generic[T]):
+    """A dict of named factories with a ``register(name)`` decorator."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._items: dict[str, T] = {}
+
+    def register(self, name: str) -> Callable[[T], T]:
+        def deco(obj: T) -> T:
+            if name in self._items:
+                raise KeyError(f"{self.kind} {name!r} is already registered")
+            self._items[name] = obj
+            return obj
+
+        return deco
+
+    def get(self, name: str) -> T:
+        try:
+            return self._items[name]
+        except KeyError:
+            raise ConfigError(
+                f"unknown {self.kind} {name!r}; choose one of: {', '.join(sorted(self._items))}"
+            ) from None
+
+    def names(self) -> list[str]:
+        return sorted(self._items)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._items))
+
+    def __len__(self) -> int:
+        return len(self._items)
