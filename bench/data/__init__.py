@@ -1,0 +1,126 @@
+"""Data sets and per-rank loaders by name.
+
+``build_data(data_cfg, cache_cfg, rank, world_size, device, seed) -> DataBundle``
+looks ``data_cfg.name`` up in :data:`DATASETS`.  ``validate(data_cfg, cache_cfg,
+world_size)`` runs the configuration-time checks in the launcher, before any worker.
+Loaders follow the contract in :mod:`bench.data.loaders`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from bench.registry import ConfigError, Registry
+
+DATASETS: Registry = Registry("data set")
+VALIDATORS: dict[str, Callable[[Any], None]] = {}
+
+
+@dataclass
+class DataBundle:
+    train: Any  # loader: iterable of (x, y) on device, len, set_epoch, epoch_stats
+    eval: Any
+    num_classes: int
+    train_samples: int  # global samples in one training epoch
+    in_channels: int = 3
+
+
+def _per_rank(batch: int, world_size: int, what: str) -> int:
+    if batch % world_size:
+        raise ConfigError(f"{what}={batch} is not divisible by the {world_size} workers")
+    return batch // world_size
+
+
+@DATASETS.register("digits")
+def _digits(cfg: Any, cache: Any, rank: int, world: int, device: torch.device, seed: int) -> DataBundle:
+    from bench.data.digits import load_digits_split
+    from bench.data.loaders import TensorLoader
+
+    tx, ty, vx, vy = load_digits_split(cfg.image_size, cfg.test_fraction, cfg.split_seed)
+    mean = tx.mean(dim=(0, 2, 3))
+    std = tx.std(dim=(0, 2, 3))
+    common = dict(rank=rank, world_size=world, device=device, mean=mean, std=std, seed=seed)
+    train = TensorLoader(tx, ty, batch_size=_per_rank(cfg.batch_size, world, "data.batch_size"),
+                         train=True, pad=cfg.pad, flip=cfg.flip, **common)
+    ev = TensorLoader(vx, vy, batch_size=max(1, cfg.eval_batch_size // world), train=False, **common)
+    return DataBundle(train, ev, 10, train.num_samples * world)
+
+
+@DATASETS.register("cifar10")
+def _cifar10(cfg: Any, cache: Any, rank: int, world: int, device: torch.device, seed: int) -> DataBundle:
+    from bench.data.cifar10 import MEAN, STD, load_cifar10
+    from bench.data.loaders import TensorLoader
+
+    tx, ty, vx, vy = load_cifar10(cfg.root)
+    common = dict(rank=rank, world_size=world, device=device, mean=MEAN, std=STD, seed=seed)
+    train = TensorLoader(tx, ty, batch_size=_per_rank(cfg.batch_size, world, "data.batch_size"),
+                         train=True, pad=cfg.pad, flip=cfg.flip, **common)
+    ev = TensorLoader(vx, vy, batch_size=max(1, cfg.eval_batch_size // world), train=False, **common)
+    return DataBundle(train, ev, 10, train.num_samples * world)
+
+
+def _folder(cfg: Any, cache: Any, rank: int, world: int, device: torch.device, seed: int) -> DataBundle:
+    from bench.data.folder import image_folders
+    from bench.data.loaders import DeviceLoader
+
+    tr, va = image_folders(cfg.root, cfg.train_dir, cfg.val_dir, cfg.image_size, cfg.eval_image_size, cfg.flip)
+    n_classes = len(tr.classes)
+    if cfg.num_classes and cfg.num_classes != n_classes:
+        raise ConfigError(f"data.num_classes={cfg.num_classes} but {cfg.root} has {n_classes} class folders")
+    common = dict(rank=rank, world_size=world, device=device, num_workers=cfg.num_workers, seed=seed)
+    train = DeviceLoader(tr, batch_size=_per_rank(cfg.batch_size, world, "data.batch_size"), train=True, **common)
+    ev = DeviceLoader(va, batch_size=max(1, cfg.eval_batch_size // world), train=False, **common)
+    return DataBundle(train, ev, n_classes, len(train) * cfg.batch_size)
+
+
+DATASETS.register("imagefolder")(_folder)
+DATASETS.register("imagenet")(_folder)
+
+
+@DATASETS.register("synthetic")
+def _synthetic(cfg: Any, cache: Any, rank: int, world: int, device: torch.device, seed: int) -> DataBundle:
+    from bench.data.synthetic import SyntheticLoader
+
+    b = _per_rank(cfg.batch_size, world, "data.batch_size")
+    shape = (cfg.channels, cfg.image_size, cfg.image_size)
+    common = dict(shape=shape, num_classes=cfg.num_classes, device=device, rank=rank, world_size=world)
+    train = SyntheticLoader(samples=cfg.synthetic_size, batch_size=b, seed=seed, **common)
+    ev = SyntheticLoader(samples=max(cfg.synthetic_size // 8, b * world), batch_size=b, seed=seed + 1, **common)
+    return DataBundle(train, ev, cfg.num_classes, len(train) * b * world, cfg.channels)
+
+
+def _check_cifar(cfg: Any) -> None:
+    from bench.data.cifar10 import check_root
+
+    check_root(cfg.root)
+
+
+def _check_folder(cfg: Any) -> None:
+    from bench.data.folder import check_split
+
+    check_split(cfg.root, cfg.train_dir)
+    check_split(cfg.root, cfg.val_dir)
+
+
+VALIDATORS.update(cifar10=_check_cifar, imagefolder=_check_folder, imagenet=_check_folder)
+
+
+def validate(cfg: Any, cache_cfg: Any, world_size: int) -> None:
+    """Configuration-time checks: known name, positive sizes, divisibility, data on disk."""
+    DATASETS.get(cfg.name)
+    if cfg.batch_size <= 0 or cfg.eval_batch_size <= 0:
+        raise ConfigError(f"data.batch_size and data.eval_batch_size must be positive, got {cfg.batch_size}, {cfg.eval_batch_size}")
+    _per_rank(cfg.batch_size, world_size, "data.batch_size (global)")
+    if cfg.image_size <= 0 or cfg.eval_image_size <= 0:
+        raise ConfigError("data.image_size and data.eval_image_size must be positive")
+    if cfg.loader not in ("torch", "dali"):
+        raise ConfigError(f"data.loader={cfg.loader!r}; choose torch or dali")
+    if cfg.name in VALIDATORS:
+        VALIDATORS[cfg.name](cfg)
+
+
+def build_data(cfg: Any, cache_cfg: Any, rank: int, world_size: int, device: torch.device, seed: int) -> DataBundle:
+    return DATASETS.get(cfg.name)(cfg, cache_cfg, rank, world_size, device, seed)

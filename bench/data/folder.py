@@ -1,0 +1,62 @@
+"""ImageNet-style class folders read with torchvision (the baseline input path).
+
+Layout: ``<root>/<train_dir>/<class>/*.jpg`` and ``<root>/<val_dir>/<class>/*.jpg``.
+Training: RandomResizedCrop(image_size) + horizontal flip + normalise; evaluation:
+Resize(eval_image_size / 0.875) + CenterCrop(eval_image_size), the standard ImageNet
+protocol.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.registry import ConfigError
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+def check_split(root: str, sub: str) -> Path:
+    """The split folder, refusing a missing root/split or an empty class folder."""
+    base = Path(root).expanduser()
+    if not root or not base.is_dir():
+        raise ConfigError(f"data.root={root!r} is not a directory")
+    split = base / sub
+    if not split.is_dir():
+        raise ConfigError(f"data.root={root!r} has no '{sub}' folder of class folders")
+    classes = sorted(d for d in split.iterdir() if d.is_dir())
+    if not classes:
+        raise ConfigError(f"{split} contains no class folders")
+    for d in classes:
+        if not any(f.suffix.lower() in IMAGE_EXTENSIONS for f in d.iterdir() if f.is_file()):
+            raise ConfigError(f"class folder {d} contains no images")
+    return split
+
+
+def build_transforms(image_size: int, eval_image_size: int, flip: bool):
+    from torchvision import transforms as T
+
+    norm = T.Normalize(IMAGENET_MEAN, IMAGENET_STD)
+    train = T.Compose(
+        [T.RandomResizedCrop(image_size, antialias=True)]
+        + ([T.RandomHorizontalFlip()] if flip else [])
+        + [T.ToTensor(), norm]
+    )
+    ev = T.Compose(
+        [T.Resize(int(round(eval_image_size / 0.875)), antialias=True), T.CenterCrop(eval_image_size), T.ToTensor(), norm]
+    )
+    return train, ev
+
+
+def image_folders(root: str, train_dir: str, val_dir: str, image_size: int, eval_image_size: int, flip: bool):
+    """(train ImageFolder, val ImageFolder) with the class index of the training split."""
+    from torchvision.datasets import ImageFolder
+
+    tr_t, ev_t = build_transforms(image_size, eval_image_size, flip)
+    train = ImageFolder(str(check_split(root, train_dir)), transform=tr_t)
+    val = ImageFolder(str(check_split(root, val_dir)), transform=ev_t)
+    if val.class_to_idx != train.class_to_idx:
+        missing = sorted(set(train.classes) ^ set(val.classes))[:5]
+        raise ConfigError(f"train and val class folders differ (e.g. {', '.join(missing)})")
+    return train, val

@@ -1,0 +1,98 @@
+"""Networks by name.  Model code knows nothing of parallelism or communication.
+
+``build_model(cfg, num_classes)`` looks ``cfg.name`` up in :data:`MODELS`:
+
+- ``resnet9``: the small residual network of the fastest CIFAR-10 DAWNBench entries
+  (Myrtle.ai, D. Page, "How to train your ResNet", 2018), for 32x32 inputs;
+- ``resnet18`` / ``resnet50``: torchvision's ResNets (``resnet50`` is v1.5: stride 2 in
+  the 3x3 convolution of the bottleneck).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from bench.registry import Registry
+
+MODELS: Registry = Registry("model")
+
+
+def conv_bn(c_in: int, c_out: int) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2d(c_in, c_out, kernel_size=3, padding=1, bias=False),
+        nn.BatchNorm2d(c_out),
+        nn.ReLU(inplace=True),
+    )
+
+
+class Residual(nn.Module):
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.res1 = conv_bn(c, c)
+        self.res2 = conv_bn(c, c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.res2(self.res1(x))
+
+
+class ResNet9(nn.Module):
+    """prep(w) -> layer1(2w, pool, residual) -> layer2(4w, pool) -> layer3(8w, pool, residual)
+    -> global max pool -> linear, output scaled by 1/8 (as in the DAWNBench entry)."""
+
+    def __init__(self, num_classes: int = 10, width: int = 64, in_channels: int = 3) -> None:
+        super().__init__()
+        w = width
+        self.net = nn.Sequential(
+            conv_bn(in_channels, w),
+            conv_bn(w, 2 * w), nn.MaxPool2d(2), Residual(2 * w),
+            conv_bn(2 * w, 4 * w), nn.MaxPool2d(2),
+            conv_bn(4 * w, 8 * w), nn.MaxPool2d(2), Residual(8 * w),
+            nn.AdaptiveMaxPool2d(1), nn.Flatten(),
+        )
+        self.fc = nn.Linear(8 * w, num_classes, bias=False)
+        self.scale = 0.125
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.net(x)) * self.scale
+
+    def zero_init_residual(self) -> None:
+        for m in self.modules():
+            if isinstance(m, Residual):
+                nn.init.zeros_(m.res2[1].weight)
+
+
+@MODELS.register("resnet9")
+def _resnet9(cfg: Any, num_classes: int, in_channels: int = 3) -> nn.Module:
+    model = ResNet9(num_classes=num_classes, width=cfg.width, in_channels=in_channels)
+    if cfg.zero_init_residual:
+        model.zero_init_residual()
+    return model
+
+
+@MODELS.register("resnet18")
+def _resnet18(cfg: Any, num_classes: int, in_channels: int = 3) -> nn.Module:
+    from torchvision.models import resnet18
+
+    return resnet18(num_classes=num_classes, zero_init_residual=cfg.zero_init_residual)
+
+
+@MODELS.register("resnet50")
+def _resnet50(cfg: Any, num_classes: int, in_channels: int = 3) -> nn.Module:
+    from torchvision.models import resnet50
+
+    return resnet50(num_classes=num_classes, zero_init_residual=cfg.zero_init_residual)
+
+
+def build_model(cfg: Any, num_classes: int, in_channels: int = 3) -> nn.Module:
+    return MODELS.get(cfg.name)(cfg, num_classes, in_channels)
+
+
+def validate(cfg: Any) -> None:
+    from bench.registry import ConfigError
+
+    MODELS.get(cfg.name)
+    if cfg.width < 1:
+        raise ConfigError(f"model.width must be >= 1, got {cfg.width}")
