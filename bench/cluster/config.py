@@ -1,4 +1,11 @@
-"""Schema of the ``cluster`` config group (conf/cluster/*.yaml)."""
+"""Schema of the ``cluster`` config group (conf/cluster/*.yaml).
+
+``local`` runs every worker on this machine; ``multinode`` is one node of a real
+cluster (torchrun-style ``nnodes`` / ``node_rank`` / ``rdzv_endpoint``, one launcher per
+node, e.g. one Slurm task per node); ``emulated`` builds ``nnodes`` Linux network
+namespaces on this machine, joined by a bridge whose links are shaped with ``tc``
+(see :mod:`bench.cluster.netns`), and runs one launcher per namespace.
+"""
 
 from dataclasses import dataclass
 
@@ -14,3 +21,11 @@ class ClusterConfig:
     max_restarts: int = 0  # elastic restarts of the worker group
     backend: str = "auto"  # auto (nccl with CUDA, else gloo) | nccl | gloo
     threads_per_worker: int = 0  # torch intra-op threads per worker; 0 = cores / local workers
+    # --- emulated cluster (cluster=emulated) ---
+    inter_node_bandwidth: str = "1gbit"  # each node's link rate (tc tbf), e.g. 100mbit, 1gbit, 25gbit
+    inter_node_latency: str = "0.2ms"  # one-way node-to-node delay (tc netem, where the kernel has it)
+    link_check: bool = True  # measure the link before starting; refuse when off by > link_tolerance
+    link_tolerance: float = 0.25  # allowed relative deviation of the measured bandwidth
+    link_check_s: float = 0.5  # seconds of traffic the bandwidth check sends at the nominal rate
+    subnet: str = "10.213.0.0/24"  # private addresses of the emulated nodes (node i gets .i+1)
+    rdzv_port: int = 29400  # c10d rendezvous port on node 0 (inside its namespace)

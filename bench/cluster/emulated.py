@@ -1,0 +1,248 @@
+"""``cluster=emulated``: run the workers on a cluster emulated with network namespaces.
+
+The launcher builds :class:`bench.cluster.netns.EmulatedCluster` (``nnodes``
+namespaces, each node's link shaped to ``inter_node_bandwidth``), checks the link
+(:mod:`bench.cluster.linkcheck`), then runs torch.distributed's elastic launcher once per
+node inside that node's namespace, with a c10d rendezvous on node 0's address::
+
+    ip netns exec tkb-<id>-n<i> python -m torch.distributed.run --nnodes N
+        --nproc-per-node M --node-rank i --rdzv-backend c10d
+        --rdzv-endpoint <node 0>:<port> --rdzv-id <id> -m bench.train --config run.json
+
+``GLOO_SOCKET_IFNAME`` (and NCCL's/TensorPipe's) names the node's veth, so inter-node
+traffic crosses the shaped link while traffic between workers of one node goes to a
+local address and is routed over loopback, unshaped.  When one node fails, the others
+are stopped; the namespaces are removed in every case (error, Ctrl-C, SIGTERM).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from bench.cluster.linkcheck import run_link_check, write_link_check
+from bench.cluster.netns import EmulatedCluster, parse_bandwidth, parse_latency, require_tools
+from bench.registry import ConfigError
+
+try:  # the lead's registry; registering needs it, the rest of this module does not
+    from bench.cluster.launch import LAUNCHERS
+except ModuleNotFoundError as e:  # pragma: no cover - only before launch.py exists
+    if e.name != "bench.cluster.launch":
+        raise
+    LAUNCHERS = None
+
+WORKER_MEM_GIB = 0.5  # resident memory of one CPU worker (torch + a small model), rough
+MAX_WORKERS_PER_CORE = 4  # beyond this, CPU workers mostly wait for each other
+FAIL_GRACE_S = 5.0  # after one node fails, how long the others get to finish on their own
+
+
+class RendezvousTimeoutError(ConfigError):
+    """The nodes did not all join the rendezvous in time."""
+
+
+def check_capacity(nnodes: int, nproc_per_node: int) -> None:
+    """Refuse a cluster that this machine cannot hold (workers per core, memory)."""
+    if nnodes < 1 or nproc_per_node < 1:
+        raise ConfigError(
+            f"cluster.nnodes and cluster.nproc_per_node must be >= 1, got {nnodes} x {nproc_per_node}"
+        )
+    world = nnodes * nproc_per_node
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = cores or 1
+    if world > MAX_WORKERS_PER_CORE * cores:
+        raise ConfigError(
+            f"{nnodes} nodes x {nproc_per_node} workers = {world} workers is more than this "
+            f"machine's {cores} cores can hold (at most {MAX_WORKERS_PER_CORE * cores})"
+        )
+    try:
+        with open("/proc/meminfo") as f:
+            avail = next(int(x.split()[1]) for x in f if x.startswith("MemAvailable")) / 2**20
+    except (OSError, StopIteration):
+        return
+    if world * WORKER_MEM_GIB > avail:
+        raise ConfigError(
+            f"{world} workers need about {world * WORKER_MEM_GIB:.0f} GiB of memory, "
+            f"only {avail:.1f} GiB is available"
+        )
+
+
+def ensure_port_free(host: str, port: int, argv_prefix: list[str] | None = None) -> None:
+    """Refuse when ``host:port`` cannot be bound (optionally inside a namespace)."""
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"port {port} is not a TCP port (1..65535)")
+    code = (
+        "import socket,sys\ns=socket.socket()\n"
+        f"try:\n s.bind(({host!r},{port}))\nexcept OSError:\n sys.exit(3)\n"
+    )
+    if argv_prefix is None:
+        s = socket.socket()
+        try:
+            s.bind((host, port))
+            ok = True
+        except OSError:
+            ok = False
+        finally:
+            s.close()
+    else:
+        ok = subprocess.run([*argv_prefix, sys.executable, "-c", code]).returncode == 0
+    if not ok:
+        raise ConfigError(f"port {port} on {host} is already in use; choose another rdzv port")
+
+
+def _pump(i: int, stream: Any, tail: deque[str], out: Any) -> None:
+    for line in stream:
+        tail.append(line.rstrip("\n"))
+        out.write(f"[n{i}] {line}")
+        out.flush()
+
+
+def _stop(procs: list[subprocess.Popen[str]], grace_s: float = 10.0) -> None:
+    """SIGTERM every node's process group, SIGKILL what is left after ``grace_s``."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+
+
+def run_nodes(
+    cluster: EmulatedCluster,
+    nproc_per_node: int,
+    module: str,
+    args: list[str],
+    *,
+    rdzv_port: int = 29400,
+    rdzv_timeout_s: int = 300,
+    max_restarts: int = 0,
+    threads_per_worker: int = 0,
+    env: dict[str, str] | None = None,
+    start_nodes: list[int] | None = None,
+    timeout_s: float | None = None,
+) -> int:
+    """Run ``python -m module *args`` on every node; 0 when all nodes succeed.
+
+    ``start_nodes`` starts only some nodes (tests of a rendezvous that never completes);
+    ``timeout_s`` bounds the whole run.  Raises :class:`RendezvousTimeoutError` with one
+    line when the rendezvous does not complete within ``rdzv_timeout_s``.
+    """
+    n = cluster.nodes
+    endpoint = f"{cluster.addr(0)}:{rdzv_port}"
+    ensure_port_free(cluster.addr(0), rdzv_port, cluster.exec_argv(0, []))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    threads = threads_per_worker or max(1, cores // (n * nproc_per_node))
+    procs: list[subprocess.Popen[str]] = []
+    tails: list[deque[str]] = []
+    pumps: list[threading.Thread] = []
+    try:
+        for i in start_nodes if start_nodes is not None else range(n):
+            ifname = cluster.ifname(i)
+            node_env = {
+                **os.environ,
+                **(env or {}),
+                "GLOO_SOCKET_IFNAME": ifname,
+                "NCCL_SOCKET_IFNAME": ifname,
+                "TP_SOCKET_IFNAME": ifname,
+                "OMP_NUM_THREADS": str(threads),
+                "PYTHONUNBUFFERED": "1",
+                "BENCH_EMULATED_NODE": str(i),
+            }
+            argv = [
+                sys.executable, "-m", "torch.distributed.run",
+                "--nnodes", str(n), "--nproc-per-node", str(nproc_per_node),
+                "--node-rank", str(i), "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", endpoint, "--rdzv-id", f"tkb-{cluster.run_id}",
+                # node 0 hosts the c10d store: inside a namespace the hostname does not
+                # resolve to the node's address, so say it explicitly
+                "--rdzv-conf", f"join_timeout={rdzv_timeout_s},is_host={int(i == 0)}",
+                "--local-addr", cluster.addr(i), "--max-restarts", str(max_restarts),
+                "-m", module, *args,
+            ]
+            p = subprocess.Popen(
+                cluster.exec_argv(i, argv), env=node_env, text=True,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+            procs.append(p)
+            tail: deque[str] = deque(maxlen=200)
+            tails.append(tail)
+            t = threading.Thread(target=_pump, args=(i, p.stdout, tail, sys.stdout), daemon=True)
+            t.start()
+            pumps.append(t)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        failed_at: float | None = None
+        while any(p.poll() is None for p in procs):
+            if failed_at is None and any(p.poll() not in (None, 0) for p in procs):
+                failed_at = time.monotonic()
+            if failed_at is not None and time.monotonic() - failed_at > FAIL_GRACE_S:
+                break  # one node failed: the others would wait for it in a collective
+            if deadline is not None and time.monotonic() > deadline:
+                _stop(procs)
+                raise TimeoutError(f"the emulated run did not finish within {timeout_s:.0f} s")
+            time.sleep(0.1)
+        _stop(procs)
+        for t in pumps:
+            t.join(timeout=5)
+        codes = [p.returncode for p in procs]
+        if any("RendezvousTimeoutError" in line for tail in tails for line in tail):
+            raise RendezvousTimeoutError(
+                f"the c10d rendezvous at {endpoint} did not complete within "
+                f"{rdzv_timeout_s} s: not all {n} nodes joined"
+            )
+        return next((c for c in codes if c != 0), 0)
+    finally:
+        _stop(procs)
+
+
+def _spec(c: Any) -> tuple[int, int, float, float]:
+    if c.nnodes < 2:
+        raise ConfigError(f"cluster=emulated needs cluster.nnodes >= 2, got {c.nnodes}")
+    check_capacity(c.nnodes, c.nproc_per_node)
+    if not 0 < c.link_tolerance < 1:
+        raise ConfigError(f"cluster.link_tolerance must be in (0, 1), got {c.link_tolerance}")
+    return c.nnodes, c.nproc_per_node, parse_bandwidth(c.inter_node_bandwidth), parse_latency(
+        c.inter_node_latency
+    )
+
+
+def launch_emulated(cfg: Any, run_json: Path) -> int:
+    """Launcher ``emulated``: workers run ``python -m bench.train --config run_json``."""
+    c = cfg.cluster
+    nnodes, nproc, bw, lat = _spec(c)  # bad input is refused before anything is built
+    require_tools()
+    run_json = Path(run_json)
+    with EmulatedCluster(nnodes, bw, lat, subnet=c.subnet) as cluster:
+        env: dict[str, str] = {}
+        if c.link_check:
+            result = run_link_check(cluster, c.link_tolerance, c.link_check_s)
+            result["procs_per_node"] = nproc
+            path = write_link_check(result, run_json)
+            env["BENCH_LINK_CHECK"] = str(path)
+            print(f"link check: {json.dumps(result)}", flush=True)
+        return run_nodes(
+            cluster, nproc, "bench.train", ["--config", str(run_json)],
+            rdzv_port=c.rdzv_port, rdzv_timeout_s=c.rdzv_timeout_s,
+            max_restarts=c.max_restarts, threads_per_worker=c.threads_per_worker, env=env,
+        )
+
+
+if LAUNCHERS is not None:
+    LAUNCHERS.register("emulated")(launch_emulated)
