@@ -17,6 +17,7 @@ class ClusterConfig:
     nproc_per_node: int = 2  # workers per node (CPU default 2; set to the GPU count on GPU nodes)
     node_rank: int = 0  # multinode: this node's rank
     rdzv_endpoint: str = ""  # host:port of the c10d rendezvous; "" = localhost on a free port
+    rdzv_id: str = ""  # multinode: the same on every node of one job ("" = launcher default)
     rdzv_timeout_s: int = 300  # give up when the rendezvous is not complete after this long
     max_restarts: int = 0  # elastic restarts of the worker group
     backend: str = "auto"  # auto (nccl with CUDA, else gloo) | nccl | gloo

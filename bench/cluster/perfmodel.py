@@ -32,8 +32,8 @@ check of the emulated cluster, or :func:`fit_alpha_beta` on timed transfers).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Sequence
 
 COMMS = ("dense", "topk", "hitopk")
 RESNET50_NUMEL = 25_557_032  # parameters of torchvision's ResNet-50
@@ -174,7 +174,7 @@ def fit_alpha_beta(sizes_bytes: Sequence[float], times_s: Sequence[float]) -> tu
     sxx = sum((x - mx) ** 2 for x in sizes_bytes)
     if sxx == 0:
         raise ValueError("fit_alpha_beta needs at least two different sizes")
-    slope = sum((x - mx) * (y - my) for x, y in zip(sizes_bytes, times_s)) / sxx
+    slope = sum((x - mx) * (y - my) for x, y in zip(sizes_bytes, times_s, strict=True)) / sxx
     alpha = max(0.0, my - slope * mx)
     return alpha, 1.0 / max(slope, 1e-30)
 
