@@ -34,6 +34,8 @@ class TrainConfig:
     eval_every: int = 1  # evaluate every N epochs (and always after the last)
     progress: bool = True  # progress bar on rank 0
     device: str = "auto"  # auto | cpu | cuda
+    time_phases: bool = True  # on CUDA, synchronise at phase boundaries to attribute step time
+    workload: str = "classification"  # registry key in bench.workload
 
 
 @dataclass
@@ -67,7 +69,18 @@ def to_container(cfg: DictConfig | Config) -> dict[str, Any]:
     return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
 
 
-def from_container(d: dict[str, Any]) -> DictConfig:
+def to_object(cfg: DictConfig | Config) -> Config:
+    """The config as plain dataclass instances.
+
+    Library code takes these, not DictConfigs: attribute access on a DictConfig can
+    resolve to one of its methods (``cfg.optim.update`` is ``dict.update`` there).
+    """
+    if isinstance(cfg, Config):
+        return cfg
+    return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+
+
+def from_container(d: dict[str, Any]) -> Config:
     """Typed config back from :func:`to_container`'s dict (in worker processes)."""
     base = OmegaConf.structured(Config)
-    return OmegaConf.merge(base, d)  # type: ignore[return-value]
+    return to_object(OmegaConf.merge(base, d))  # type: ignore[arg-type]

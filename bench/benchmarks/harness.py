@@ -13,8 +13,9 @@ import datetime as _dt
 import statistics
 import time
 import uuid
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import pandas as pd
 from filelock import FileLock

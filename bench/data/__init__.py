@@ -8,8 +8,9 @@ Loaders follow the contract in :mod:`bench.data.loaders`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

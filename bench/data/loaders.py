@@ -13,7 +13,8 @@ padding duplicates) and the counts are summed across ranks.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset

@@ -1,0 +1,77 @@
+"""python -m reproduce <command> [args]
+
+commands:
+  train [overrides]       one training run (Hydra overrides; -m for a multirun sweep)
+  dawnbench [overrides]   the DAWNBench-style time-to-accuracy recipe for the chosen data
+                          (digits by default; data=cifar10|imagenet data.root=... for the real ones)
+  bench NAME [--quick] [--results-dir DIR]
+                          a benchmark (see `python -m reproduce bench --list`)
+"""
+
+from __future__ import annotations
+
+import sys
+
+DAWNBENCH = {"digits": "dawnbench_digits", "cifar10": "dawnbench_cifar10", "imagenet": "dawnbench_imagenet"}
+
+
+def _fail(msg: str) -> None:
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _precheck(overrides: list[str]) -> None:
+    """Compose the config once to turn Hydra's errors into one clear line (single runs)."""
+    if any(o in ("-m", "--multirun") for o in overrides) or any(o.startswith("-") for o in overrides):
+        return  # sweeps and Hydra flags: Hydra reports its own errors
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from reproduce.train import CONF_DIR
+
+    try:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            compose(config_name="config", overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as e:
+        lines = [ln for ln in str(e).splitlines() if ln.strip()]
+        cause = e.__cause__
+        detail = ""
+        if cause is not None:
+            c = [ln for ln in str(cause).splitlines() if ln.strip()]
+            detail = f" ({c[0]})" if c else ""
+        _fail((lines[0] if lines else type(e).__name__) + detail)
+
+
+def _hydra(overrides: list[str]) -> None:
+    _precheck(overrides)
+    from reproduce.train import app
+
+    sys.argv = [sys.argv[0], *overrides]
+    app()
+
+
+def main(argv: list[str]) -> None:
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(__doc__)
+        sys.exit(0 if argv else 2)
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "train":
+        _hydra(rest)
+    elif cmd == "dawnbench":
+        data = next((o.split("=", 1)[1] for o in rest if o.startswith("data=")), "digits")
+        if data not in DAWNBENCH:
+            _fail(f"dawnbench has recipes for data={', '.join(DAWNBENCH)}; got data={data}")
+        if not any(o.startswith("experiment=") for o in rest):
+            rest = [f"experiment={DAWNBENCH[data]}", *[o for o in rest if not o.startswith("data=")]]
+        _hydra(rest)
+    elif cmd == "bench":
+        from reproduce.bench import main as bench_main
+
+        bench_main(rest)
+    else:
+        _fail(f"unknown command {cmd!r}; choose train, dawnbench or bench")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,35 @@
+"""``python -m reproduce train [overrides]``: the Hydra app (``-m`` for multirun sweeps)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from bench.config import register_configs
+
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
+def app(cfg: DictConfig) -> float | None:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from bench.registry import ConfigError
+    from bench.run import run
+
+    hc = HydraConfig.get()
+    experiment = hc.runtime.choices.get("experiment") or cfg.experiment
+    try:
+        rc, rec = run(cfg, experiment=experiment, output_dir=hc.runtime.output_dir)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    if rc and hc.mode != RunMode.MULTIRUN:
+        sys.exit(rc)
+    # the sweep objective (e.g. for an optimizer sweeper): time to target, if reached
+    return rec.get("time_to_target_s") if rec else None
