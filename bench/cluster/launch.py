@@ -76,7 +76,8 @@ def launch_local(cfg: Any, run_json: Path) -> int:
         try:
             elastic_launch(lc, sys.executable)("-u", "-m", WORKER_MODULE, "--config", str(run_json))
         except ChildFailedError as e:
-            print(f"error: a worker failed: {e.format_msg().strip().splitlines()[-1] if hasattr(e, 'format_msg') else e}",
+            rank, failure = e.get_first_failure()
+            print(f"error: worker rank {rank} failed with exit code {failure.exitcode} (its traceback is above)",
                   file=sys.stderr)
             return 1
         return 0

@@ -1,0 +1,53 @@
+"""Bad input: one clear error line, non-zero exit, before any worker process starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+
+
+def _one_line_error(p, *needles: str) -> None:
+    assert p.returncode != 0, p.stdout + p.stderr
+    err = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert err, p.stdout
+    assert "Traceback" not in p.stderr, p.stderr
+    msg = "\n".join(err)
+    assert len(err) <= 3, msg
+    for n in needles:
+        assert n in msg, msg
+    assert "run " not in p.stdout  # no worker started (rank 0 prints "run <id>: ...")
+
+
+@pytest.mark.parametrize(
+    "overrides, needles",
+    [
+        (["optim.nosuchkey=1"], ["nosuchkey"]),
+        (["model=nosuchmodel"], ["nosuchmodel"]),
+        (["cluster.nproc_per_node=0"], ["nproc_per_node"]),
+        (["optim.lr=-0.1"], ["optim.lr"]),
+        (["data.batch_size=0"], ["batch_size"]),
+        (["data.batch_size=127"], ["not divisible", "2 workers"]),
+        (["data=cifar10"], ["data.root"]),
+        (["data=imagenet", "data.root=/nonexistent/imagenet"], ["/nonexistent/imagenet"]),
+        (["train.epochs=lots"], ["train.epochs"]),
+    ],
+)
+def test_bad_input(tmp_path: Path, overrides: list[str], needles: list[str]) -> None:
+    p = run_cli("train", f"results.dir={tmp_path}", *overrides, timeout=120)
+    _one_line_error(p, *needles)
+    assert not (tmp_path / "runs.jsonl").exists()
+
+
+def test_cifar_dir_without_batches(tmp_path: Path) -> None:
+    (tmp_path / "cifar").mkdir()
+    p = run_cli("train", "data=cifar10", f"data.root={tmp_path / 'cifar'}", f"results.dir={tmp_path}")
+    _one_line_error(p, "data_batch_1")
+
+
+def test_unknown_command_and_dawnbench_data() -> None:
+    _one_line_error(run_cli("frobnicate"), "frobnicate")
+    _one_line_error(run_cli("dawnbench", "data=synthetic"), "data=synthetic")
+    _one_line_error(run_cli("bench", "nosuchbench"), "nosuchbench")
