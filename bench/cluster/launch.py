@@ -46,12 +46,16 @@ def worker_env(cfg: Any) -> dict[str, str]:
     return env
 
 
-def torchrun_cmd(cfg: Any, run_json: Path, *, node_rank: int, endpoint: str, rdzv_id: str) -> list[str]:
-    """A ``python -m torch.distributed.run`` command line for one node's agent."""
+def torchrun_cmd(cfg: Any, run_json: Path, *, node_rank: int, endpoint: str, rdzv_id: str) -> list[str]:  # noqa: ARG001
+    """A ``python -m torch.distributed.run`` command line for one node's agent.
+
+    With the c10d rendezvous the agents are ranked by the rendezvous itself (GROUP_RANK),
+    so ``node_rank`` only names the node in logs; it is not passed to torchrun.
+    """
     c = cfg.cluster
     return [
         sys.executable, "-m", "torch.distributed.run",
-        f"--nnodes={c.nnodes}", f"--nproc-per-node={c.nproc_per_node}", f"--node-rank={node_rank}",
+        f"--nnodes={c.nnodes}", f"--nproc-per-node={c.nproc_per_node}",
         "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}",
         f"--rdzv-conf=join_timeout={c.rdzv_timeout_s}", f"--max-restarts={c.max_restarts}",
         "--monitor-interval=0.5",
