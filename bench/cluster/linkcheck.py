@@ -148,14 +148,27 @@ def run_link_check(
     seconds: float = 0.5,
     port: int = 29399,
     intra: bool = True,
+    attempts: int = 3,
+    strict: bool = True,
 ) -> dict[str, Any]:
-    """Measure node 0 -> node 1 (and node 0 -> itself); raise when off by > tolerance."""
+    """Measure node 0 -> node 1 (and node 0 -> itself); raise when off by > tolerance.
+
+    Up to ``attempts`` transfers, keeping the one closest to the nominal rate: on a
+    shared machine a busy moment slows one transfer, not the link.  ``strict=False``
+    records ``ok: false`` instead of raising (benchmarks that calibrate on the measured link).
+    """
     if cluster.nodes < 2:
         return {"skipped": "one node: no inter-node link"}
     expected = cluster.bandwidth_bps
     # at least 1 MiB, at most 4 GiB of traffic
     nbytes = int(min(max(expected / 8 * seconds, 1 << 20), 4 << 30))
-    inter = _pair(cluster, 1, 0, cluster.addr(1), port, nbytes)
+    inter: dict[str, Any] = {}
+    for _ in range(max(1, attempts)):
+        m = _pair(cluster, 1, 0, cluster.addr(1), port, nbytes)
+        if not inter or abs(m["bps"] / expected - 1) < abs(inter["bps"] / expected - 1):
+            inter = m
+        if abs(inter["bps"] / expected - 1) <= tolerance / 2:
+            break
     out: dict[str, Any] = {
         "expected_bandwidth_gbps": expected / 1e9,
         "bandwidth_gbps": inter["bps"] / 1e9,
@@ -176,7 +189,7 @@ def run_link_check(
         out["intra_node_bandwidth_gbps"] = loc["bps"] / 1e9
         out["intra_node_rtt_ms"] = loc["rtt_s"] * 1e3
     out["ok"] = abs(out["bandwidth_ratio"] - 1.0) <= tolerance
-    if not out["ok"]:
+    if not out["ok"] and strict:
         raise LinkCheckError(
             f"the emulated link measures {out['bandwidth_gbps']:.3g} Gbit/s instead of "
             f"{expected / 1e9:.3g} Gbit/s (more than {tolerance:.0%} off); lower "

@@ -8,16 +8,18 @@ elements of ``b`` bytes, density ``rho`` and ``p`` bytes per sent (value, index)
   ``n > 1`` every step waits for a ring edge that crosses a node boundary, so
   ``T = 2 (w-1)/w * d b / B_inter + 2 (w-1) alpha_inter`` (``B_intra``/``alpha_intra``
   when ``n = 1``), plus the summation, ``(w-1)/w * d`` element additions.
-* flat top-k allgather: every worker selects ``k = rho d`` of its whole bucket and a ring
+* flat top-k allgather (``mstopk``, ``topk``): every worker selects ``k = rho d`` of its whole bucket and a ring
   allgather moves ``(w-1)`` chunks of ``k p`` bytes:
-  ``T = t_sel(d) + (w-1) (k p / B + alpha) + t_scatter(w k) + t_dense(d)``.
+  ``T = t_sel(d) + (w-1) (k p / B + alpha) + t_scatter(w k) + 3 t_dense(d)`` (error-feedback
+  add, zero-fill and scaling, as bench.comm's communicators do them).
 * ``hitopk`` (HiTopKComm, Shi et al. MLSys 2021; the cost as written in PAPER.md):
   intra-node reduce-scatter ``(m-1)/m * d b / B_intra + (m-1) alpha_intra``; selection on
   the ``d/m`` shard, ``k_s = rho d / m``; inter-node allgather among same-local-rank workers
   ``(n-1) * k_s p / (B_inter / m) + (n-1) alpha_inter`` -- the ``m`` allgathers of a node run
   at once and share its one link, hence ``B_inter / m``, which PAPER.md's formula leaves
   out; intra-node allgather ``(m-1) * n k_s p / B_intra + (m-1) alpha_intra``; scatter-add
-  of the ``n rho d`` received pairs into the dense gradient.
+  of the ``n rho d`` received pairs into the dense gradient (plus one elementwise pass on
+  the shard and three on the bucket).
 
 Buckets below ``min_numel`` elements go through dense allreduce.  One step is
 ``compute + max(0, T_comm - overlap * backward) + update``: communication hides behind
@@ -35,7 +37,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-COMMS = ("dense", "topk", "hitopk")
+COMMS = ("dense", "mstopk", "hitopk")  # the hook names of bench.comm this model covers
+FLAT = ("topk", "mstopk", "randomk")  # flat allgather of selected pairs: one formula
 RESNET50_NUMEL = 25_557_032  # parameters of torchvision's ResNet-50
 
 
@@ -113,7 +116,7 @@ def topk_allgather(d: int, density: float, c: Cluster, k: Costs) -> float:
         d * k.select_s
         + ring_allgather(kk * k.pair_bytes, c.world, bw, lat)
         + c.world * kk * k.scatter_s
-        + d * k.dense_s
+        + 3 * d * k.dense_s  # error-feedback add; zero-fill and scaling of the rebuilt gradient
     )
 
 
@@ -130,7 +133,8 @@ def hitopk(d: int, density: float, c: Cluster, k: Costs) -> float:
     # m parallel allgathers share the node's link: each gets B_inter / m
     t += ring_allgather(ks * k.pair_bytes, n, c.inter_bw / m, c.inter_lat)
     t += ring_allgather(n * ks * k.pair_bytes, m, c.intra_bw, c.intra_lat)
-    t += n * m * ks * k.scatter_s + d * k.dense_s  # rebuild the dense gradient
+    # rebuild: zero-fill, scatter-add, copy out of the padded buffer, scale
+    t += n * m * ks * k.scatter_s + 3 * d * k.dense_s
     return t
 
 
@@ -139,13 +143,13 @@ def aggregation_time(
     min_numel: int = 16384,
 ) -> float:
     """Time to aggregate all buckets one after the other (s)."""
-    if comm not in COMMS:
-        raise ValueError(f"unknown comm {comm!r}; the model knows {', '.join(COMMS)}")
+    if comm not in COMMS and comm not in FLAT:
+        raise ValueError(f"unknown comm {comm!r}; the model knows {', '.join(COMMS + FLAT)}")
     total = 0.0
     for d in buckets:
         if comm == "dense" or d < min_numel or c.world == 1:
-            total += ring_allreduce(d, c, k)
-        elif comm == "topk":
+            total += ring_allreduce(d, c, k) + d * k.dense_s  # and the division by w
+        elif comm in FLAT:
             total += topk_allgather(d, density, c, k)
         else:
             total += hitopk(d, density, c, k)
@@ -185,6 +189,10 @@ class Measurements:
 
     inter_bw: float | None = None  # bytes/s (link check)
     inter_lat: float | None = None  # s, one way (link check)
+    # (bytes, s) of ring allreduces among all workers of n > 1 nodes: when given, the
+    # inter-node link is fitted from them (what the collective library achieves on the
+    # link) instead of being taken from inter_bw / inter_lat
+    world_allreduce: list[tuple[float, float]] = field(default_factory=list)
     intra_allreduce: list[tuple[float, float]] = field(default_factory=list)  # (bytes, s), m workers
     select: list[tuple[int, float]] = field(default_factory=list)  # (elements, s)
     scatter: list[tuple[int, float]] = field(default_factory=list)  # (pairs, s)
@@ -200,13 +208,20 @@ def calibrate(base: Cluster, costs: Costs, meas: Measurements) -> tuple[Cluster,
 
     The intra-node bandwidth comes from allreduce timings among the ``m`` workers of a
     node: a ring allreduce of ``s`` bytes moves ``2 (m-1)/m s`` per worker, so the fit of
-    ``t`` against ``2 (m-1)/m s`` gives ``(2 (m-1) alpha, B)``.
+    ``t`` against ``2 (m-1)/m s`` gives ``(2 (m-1) alpha, B)``; likewise the inter-node
+    link from allreduces among all ``w`` workers, ``(2 (w-1) alpha, B)``.
     """
     c, k = base, costs
     if meas.inter_bw is not None:
         c = replace(c, inter_bw=meas.inter_bw)
     if meas.inter_lat is not None:
         c = replace(c, inter_lat=meas.inter_lat)
+    w = c.world
+    if meas.world_allreduce and c.nodes > 1 and len({s for s, _ in meas.world_allreduce}) >= 2:
+        f = 2 * (w - 1) / w
+        a, bw = fit_alpha_beta([f * s for s, _ in meas.world_allreduce],
+                               [t for _, t in meas.world_allreduce])
+        c = replace(c, inter_bw=bw, inter_lat=a / (2 * (w - 1)))
     m = c.procs_per_node
     if meas.intra_allreduce and m > 1:
         f = 2 * (m - 1) / m

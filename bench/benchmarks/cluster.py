@@ -1,0 +1,162 @@
+"""Benchmark ``cluster``: gradient aggregation on an emulated cluster, beside the model.
+
+For each inter-node bandwidth (1 and 10 Gbit/s), an emulated cluster of 2 nodes x 2
+workers (network namespaces, ``tc`` shaping: :mod:`bench.cluster.netns`) is checked
+(:mod:`bench.cluster.linkcheck`) and runs :mod:`bench.cluster.aggbench`: the time per step
+to aggregate a ResNet-50-sized gradient (25.6 M fp32 in 25 MiB buckets) with dense
+allreduce, flat top-k allgather (``mstopk``) and ``hitopk`` at density 0.001, through
+the project's DDP hooks (``bench.comm.make_hook``).  The alpha-beta model
+(:mod:`bench.cluster.perfmodel`) is calibrated from the same run -- the link check for the
+inter-node link, timed intra-node allreduces and per-element compute costs -- and its
+prediction is written beside each measurement (``predicted_ms``, ``model_error``).
+
+Rows with ``kind=projection`` are the model's projection to the paper's cluster (1..16
+nodes x 8 GPUs at 25, 100 and 400 Gbit/s; assumed V100 costs in
+``perfmodel.PAPER_COSTS``): ``predicted_ms`` is the step time, ``efficiency`` the scaling
+efficiency.  Figures: ``cluster.png`` (measured vs predicted), ``cluster.scaling.png``.
+
+Needs root and iproute2; run with ``python -m reproduce bench cluster``.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.benchmarks import BENCHMARKS
+from bench.benchmarks.harness import BenchRun
+
+BANDWIDTHS = ("1gbit", "10gbit")
+NODES, PROCS = 2, 2
+DENSITY = 0.001
+
+
+def _measure(bw: str, numel: int, reps: int, quick: bool) -> tuple[dict[str, Any], dict]:
+    from bench.cluster.emulated import run_nodes
+    from bench.cluster.linkcheck import run_link_check
+    from bench.cluster.netns import EmulatedCluster, parse_bandwidth
+
+    with tempfile.TemporaryDirectory(prefix="tkb-bench-") as tmp:
+        out = Path(tmp) / "agg.json"
+        with EmulatedCluster(NODES, parse_bandwidth(bw), 0.0) as c:
+            # not strict: at 10 Gbit/s a 2-core machine's veths may not keep up; the model
+            # is calibrated on the measured link either way, and link_ok says which it was
+            link = run_link_check(c, 0.25, 0.25 if quick else 0.5, strict=False)
+            rc = run_nodes(
+                c, PROCS, "bench.cluster.aggbench",
+                ["--out", str(out), "--numel", str(numel), "--density", str(DENSITY),
+                 "--reps", str(reps), "--calib-mb", "0.0625,1,4" if quick else "0.0625,4,32"],
+                rdzv_timeout_s=300, timeout_s=1800,
+            )
+        if rc != 0 or not out.exists():
+            raise RuntimeError(f"the aggregation benchmark at {bw} failed (exit status {rc})")
+        return json.loads(out.read_text()), link
+
+
+def _predict(res: dict[str, Any], link: dict[str, Any]) -> tuple[dict[str, float], Any, Any]:
+    from bench.cluster import perfmodel as pm
+
+    cal = res["calibration"]
+    meas = pm.Measurements(
+        inter_bw=link["bandwidth_gbps"] * 1e9 / 8,
+        inter_lat=link["latency_ms"] / 1e3,
+        intra_allreduce=[tuple(x) for x in cal["intra_allreduce"]],
+        world_allreduce=[tuple(x) for x in cal["world_allreduce"]],
+        select=[tuple(x) for x in cal["select"]],
+        scatter=[tuple(x) for x in cal["scatter"]],
+        dense_pass=[tuple(x) for x in cal["dense_pass"]],
+    )
+    c, k = pm.calibrate(pm.Cluster(res["nodes"], res["procs_per_node"], inter_bw=1.0),
+                        pm.Costs(), meas)
+    pred = {comm: pm.aggregation_time(comm, res["buckets"], res["density"], c, k) * 1e3
+            for comm in pm.COMMS}
+    return pred, c, k
+
+
+@BENCHMARKS.register("cluster")
+def run(results_dir: str = "results", quick: bool = False) -> Path:
+    from bench.cluster import perfmodel as pm
+    from bench.cluster.netns import require_tools
+
+    require_tools()
+    numel = 2_000_000 if quick else pm.RESNET50_NUMEL
+    reps = 2 if quick else 5
+    bench = BenchRun("cluster", results_dir)
+    for bw in BANDWIDTHS:
+        res, link = _measure(bw, numel, reps, quick)
+        pred, c, k = _predict(res, link)
+        dense_ms = res["dense"]["median_ms"]
+        for comm in pm.COMMS:
+            ms = res[comm]["median_ms"]
+            bench.add(
+                kind="measured", bandwidth=bw, nodes=res["nodes"],
+                procs_per_node=res["procs_per_node"], comm=comm,
+                density=1.0 if comm == "dense" else res["density"], numel=numel,
+                median_ms=ms, min_ms=res[comm]["min_ms"], predicted_ms=pred[comm],
+                model_error=pred[comm] / ms - 1, speedup_vs_dense=dense_ms / ms,
+                efficiency=None, link_gbps=link["bandwidth_gbps"], link_ok=link["ok"],
+                link_latency_ms=link["latency_ms"], model_inter_gbps=c.inter_bw * 8 / 1e9,
+                model_inter_lat_ms=c.inter_lat * 1e3, model_intra_lat_ms=c.intra_lat * 1e3,
+                intra_node_link_gbps=link.get("intra_node_bandwidth_gbps"),
+                model_intra_gbps=c.intra_bw * 8 / 1e9,
+                model_select_ns_per_elem=k.select_s * 1e9,
+                model_scatter_ns_per_pair=k.scatter_s * 1e9,
+                model_dense_ns_per_elem=k.dense_s * 1e9, reps=reps,
+                select_ms=res[comm]["select_ms"], comm_ms=res[comm]["comm_ms"],
+            )
+    for r in pm.project():
+        bench.add(
+            kind="projection", bandwidth=f"{r['gbps']}gbit", nodes=r["nodes"],
+            procs_per_node=r["procs_per_node"], comm=r["comm"],
+            density=1.0 if r["comm"] == "dense" else r["density"], numel=pm.RESNET50_NUMEL,
+            median_ms=None, predicted_ms=r["step_ms"], efficiency=r["efficiency"],
+        )
+    path = bench.save()
+    _plot(bench)
+    return path
+
+
+def _plot(bench: BenchRun) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    df = bench.frame()
+    hw = bench.meta["hardware"]
+    meas = df[df["kind"] == "measured"]
+    fig, axes = plt.subplots(1, len(BANDWIDTHS), figsize=(5 * len(BANDWIDTHS), 4), squeeze=False)
+    for ax, bw in zip(axes[0], BANDWIDTHS, strict=True):
+        d = meas[meas["bandwidth"] == bw]
+        x = range(len(d))
+        ax.bar([i - 0.2 for i in x], d["median_ms"], 0.4, label="measured (median)")
+        ax.bar([i + 0.2 for i in x], d["predicted_ms"], 0.4, label="alpha-beta model")
+        ax.set_xticks(list(x), [f"{c}\n{s:.1f}x" for c, s in zip(d["comm"], d["speedup_vs_dense"],
+                                                                  strict=True)])
+        ax.set_yscale("log")
+        ax.set_ylabel("aggregation time per step (ms)")
+        ax.set_title(f"{bw}: 2 nodes x 2 workers, density {DENSITY}")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"ResNet-50 gradient aggregation, emulated cluster\n{hw}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(bench.png_path, dpi=120)
+    plt.close(fig)
+
+    proj = df[df["kind"] == "projection"]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    styles = {"dense": "-", "mstopk": ":", "hitopk": "--"}
+    for bw, dbw in proj.groupby("bandwidth", sort=False):
+        for comm, dc in dbw.groupby("comm", sort=False):
+            ax.plot(dc["nodes"], dc["efficiency"], styles.get(comm, "-"), marker=".",
+                    label=f"{comm} {bw}")
+    ax.set_xlabel("nodes (8 GPUs each)")
+    ax.set_ylabel("scaling efficiency")
+    ax.set_ylim(0, 1.05)
+    ax.legend(fontsize=7, ncol=3)
+    ax.set_title("Alpha-beta projection, ResNet-50, density 0.001 (assumed V100 costs)\n"
+                 f"model calibrated on: {hw}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(bench.png_path.with_suffix(".scaling.png"), dpi=120)
+    plt.close(fig)

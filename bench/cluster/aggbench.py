@@ -1,0 +1,155 @@
+"""Worker of the ``cluster`` benchmark: time gradient aggregation on an (emulated) cluster.
+
+Run on every node by :func:`bench.cluster.emulated.run_nodes`; all ranks aggregate a
+gradient of ``--numel`` float32 elements, split into DDP-sized buckets, through the
+project's communicators (``bench.comm.make_hook``; the hook's own ``reduce`` per bucket):
+
+* ``dense``: allreduce per bucket (gloo's ring), divided by the world size;
+* ``mstopk``: flat top-k -- error feedback, MSTopK of the whole bucket, one allgather of
+  (value, index) pairs among all workers, scatter-add;
+* ``hitopk``: HiTopKComm (PAPER.md section 2) -- intra-node reduce-scatter, error feedback
+  and MSTopK on the 1/m shard, allgather among the workers of the same local rank across
+  nodes, allgather inside the node, scatter-add.
+
+The time of one step is the slowest rank's (an allreduce-max of the per-rank times);
+``median_ms`` is the median over ``--reps`` steps after ``--warmup``; fresh gradients are
+copied into the bucket buffers before each step, outside the timing.  The same run also
+measures what :func:`bench.cluster.perfmodel.calibrate` needs: allreduces within a node
+and among all workers at a few sizes, selection, scatter-add and one elementwise pass,
+all ranks at once (so the CPU contention of the measured case is in the calibration too).
+Rank 0 writes ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from bench.cluster.perfmodel import buckets_for
+
+
+class Aggregator:
+    """The gradient buckets of one rank and one DDP hook state per comm (bench.comm)."""
+
+    def __init__(self, buckets: list[int], density: float, nodes: int, m: int,
+                 comms: list[str], selector: str = "mstopk") -> None:
+        from bench.comm import make_hook
+
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.n, self.m = nodes, m
+        self.node, self.local = divmod(self.rank, m)
+        self.density = density
+        # every rank creates every group, in the same order
+        self.states = {c: make_hook(c, density=density, selector=selector)[0] for c in comms}
+        intra = [dist.new_group(list(range(i * m, (i + 1) * m))) for i in range(nodes)]
+        self.intra = intra[self.node]
+        g = torch.Generator().manual_seed(self.rank)
+        self.grads = [torch.randn(d, generator=g) for d in buckets]
+        self.bufs = [torch.empty(d) for d in buckets]
+        self.shard = [math.ceil(d / m) for d in buckets]
+
+    def fresh(self) -> None:
+        """New gradients in the bucket buffers (untimed: hooks overwrite their input)."""
+        for b, gr in zip(self.bufs, self.grads, strict=True):
+            b.copy_(gr)
+
+    def aggregate(self, comm: str) -> None:
+        st = self.states[comm]
+        for i, b in enumerate(self.bufs):
+            dense = b.numel() < st.min_numel
+            c = st.dense if dense else st.comm
+            c.reduce(b, (i, b.numel()), st.density, st.stats).wait()
+
+
+def _step_ms(fn: Callable[[], object], warmup: int, reps: int,
+             prepare: Callable[[], None] | None = None) -> list[float]:
+    """Per step: the slowest rank's time (ms)."""
+    out = []
+    for r in range(warmup + reps):
+        if prepare is not None:
+            prepare()
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        t = torch.tensor([(time.perf_counter() - t0) * 1e3])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        if r >= warmup:
+            out.append(t.item())
+    return out
+
+
+def _calibrate(agg: Aggregator, sizes_mb: list[float], reps: int) -> dict[str, list]:
+    """Primitive costs with all ranks busy at once (s), for perfmodel.calibrate."""
+    cal: dict[str, list] = {"intra_allreduce": [], "world_allreduce": [], "select": [],
+                            "scatter": [], "dense_pass": []}
+    for mb in sizes_mb:
+        t = torch.ones(int(mb * 2**20 / 4))
+        for key, grp in (("intra_allreduce", agg.intra), ("world_allreduce", None)):
+            ms = statistics.median(_step_ms(lambda t=t, g=grp: dist.all_reduce(t, group=g), 1,
+                                            reps))
+            cal[key].append((t.numel() * 4, ms / 1e3))
+    x = agg.grads[0][: agg.shard[0]].clone()
+    k = max(1, math.ceil(agg.density * x.numel()))
+    from bench.comm import mstopk
+
+    ms = statistics.median(_step_ms(lambda: mstopk(x, k), 1, reps))
+    cal["select"].append((x.numel(), ms / 1e3))
+    pairs = agg.n * agg.m * k
+    v, i = torch.randn(pairs), torch.randint(x.numel(), (pairs,))
+    out = torch.zeros(x.numel())
+    ms = statistics.median(_step_ms(lambda: out.index_add_(0, i, v), 1, reps))
+    cal["scatter"].append((pairs, ms / 1e3))
+    ms = statistics.median(_step_ms(lambda: out.add_(x), 1, reps))
+    cal["dense_pass"].append((x.numel(), ms / 1e3))
+    return cal
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--numel", type=int, default=25_557_032)
+    ap.add_argument("--density", type=float, default=0.001)
+    ap.add_argument("--comms", default="dense,mstopk,hitopk")
+    ap.add_argument("--bucket-mb", type=float, default=25.0)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--calib-mb", default="0.0625,4,32")
+    a = ap.parse_args(argv)
+    dist.init_process_group("gloo")
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    m = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    nodes = dist.get_world_size() // m
+    buckets = list(buckets_for(a.numel, a.bucket_mb))
+    comms = a.comms.split(",")
+    agg = Aggregator(buckets, a.density, nodes, m, comms)
+    res: dict[str, object] = {"nodes": nodes, "procs_per_node": m, "numel": a.numel,
+                              "buckets": buckets, "density": a.density}
+    for comm in comms:
+        st = agg.states[comm].stats
+        st0 = (st.select_s, st.comm_s)
+        times = _step_ms(lambda c=comm: agg.aggregate(c), a.warmup, a.reps, prepare=agg.fresh)
+        steps = a.warmup + a.reps
+        res[comm] = {"median_ms": statistics.median(times), "min_ms": min(times),
+                     "times_ms": times,
+                     # rank 0's own split (hook stats), per step, ms
+                     "select_ms": (st.select_s - st0[0]) / steps * 1e3,
+                     "comm_ms": (st.comm_s - st0[1]) / steps * 1e3}
+    res["calibration"] = _calibrate(agg, [float(x) for x in a.calib_mb.split(",")], a.reps)
+    if dist.get_rank() == 0:
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
