@@ -1,0 +1,194 @@
+"""LARS: layer-wise adaptive rate scaling, reference (naive/foreach) and flat versions.
+
+Algorithm (You, Gitman and Ginsburg, "Large Batch Training of Convolutional Networks",
+2017, as in the MLPerf ResNet-50 reference): for each parameter tensor ("layer") whose
+group has ``lars_adapt`` (weights; BN parameters and biases are excluded when
+``no_decay_bn_bias``, as in the large-batch DAWNBench/MLPerf recipes)::
+
+    trust = eta * ||p|| / (||g|| + wd * ||p|| + eps)   if ||p|| > 0 and ||g|| > 0 else 1
+    d = trust * (g + wd * p)
+
+then SGD momentum in the PyTorch convention (as :mod:`bench.optim.sgd`, lr applied after
+the momentum buffer, so ``lr`` is the global rate and ``eta * lr`` the typical local one)::
+
+    buf = d (first step) or m * buf + d;  p -= lr * (d + m * buf if nesterov else buf)
+
+Non-adapted groups are plain SGD.  Modes: ``naive`` (per-tensor loop, the reference),
+``foreach`` (``torch._foreach_*`` incl. ``_foreach_norm``), ``flat`` (per-layer norms by
+segment-wise reductions over the flat buffer, the trust ratios broadcast back with one
+``index_select`` over a segment-id vector, then one fused SGD pass).  No ``fused`` mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from bench.optim.flat import FlatBucket, FlatOptimizer, fused_kernels_available, keep_mode_keys
+from bench.optim.sgd import sgd_range
+
+
+def trust_ratio(pn: torch.Tensor, gn: torch.Tensor, eta: float, wd: float, eps: float) -> torch.Tensor:
+    """Per-layer trust ratios from parameter and gradient norms (any shape)."""
+    ratio = eta * pn / (gn + wd * pn + eps)
+    return torch.where((pn > 0) & (gn > 0), ratio, torch.ones_like(ratio))
+
+
+def segment_norms(x: torch.Tensor, lengths: torch.Tensor, scratch: torch.Tensor, method: str) -> torch.Tensor:
+    """L2 norm of each contiguous segment of the 1-D ``x`` (segment sizes ``lengths``).
+
+    ``segment_reduce``: squares into ``scratch`` then ``torch.segment_reduce(sum)``;
+    ``foreach``: ``torch._foreach_norm`` over the segment views (one multi-tensor op).
+    """
+    if method == "segment_reduce":
+        torch.mul(x, x, out=scratch)
+        return torch.segment_reduce(scratch, "sum", lengths=lengths).sqrt_()
+    return torch.stack(torch._foreach_norm(list(x.split(lengths.tolist()))))
+
+
+class LARS(torch.optim.Optimizer):
+    """Reference LARS (``naive``: per-tensor loop; ``foreach``: multi-tensor ops)."""
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+        trust_coefficient: float = 0.001,
+        eps: float = 1e-9,
+        foreach: bool = False,
+    ) -> None:
+        defaults = dict(
+            lr=lr, momentum=momentum, dampening=0.0, weight_decay=weight_decay, nesterov=nesterov,
+            trust_coefficient=trust_coefficient, eps=eps, lars_adapt=True, foreach=foreach,
+        )
+        super().__init__(params, defaults)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(keep_mode_keys(self, state_dict))
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            if group["foreach"]:
+                self._foreach(group, params)
+            else:
+                self._naive(group, params)
+        return loss
+
+    def _naive(self, group: dict, params: list[torch.Tensor]) -> None:
+        wd, m, lr = group["weight_decay"], group["momentum"], group["lr"]
+        for p in params:
+            g = p.grad
+            d = g.add(p, alpha=wd) if wd else g.clone()
+            if group["lars_adapt"]:
+                d.mul_(trust_ratio(p.norm(), g.norm(), group["trust_coefficient"], wd, group["eps"]))
+            if m:
+                st = self.state[p]
+                buf = st.get("momentum_buffer")
+                if buf is None:
+                    buf = st["momentum_buffer"] = d.clone()
+                else:
+                    buf.mul_(m).add_(d)
+                d = d.add_(buf, alpha=m) if group["nesterov"] else buf
+            p.add_(d, alpha=-lr)
+
+    def _foreach(self, group: dict, params: list[torch.Tensor]) -> None:
+        wd, m, lr = group["weight_decay"], group["momentum"], group["lr"]
+        grads = [p.grad for p in params]
+        d = torch._foreach_add(grads, params, alpha=wd) if wd else [g.clone() for g in grads]
+        if group["lars_adapt"]:
+            pn = torch.stack(torch._foreach_norm(params))
+            gn = torch.stack(torch._foreach_norm(grads))
+            trust = trust_ratio(pn, gn, group["trust_coefficient"], wd, group["eps"])
+            torch._foreach_mul_(d, list(trust.unbind()))
+        if m:
+            bufs = [self.state[p].get("momentum_buffer") for p in params]
+            if any(b is None for b in bufs):  # first step (all together, as torch's SGD)
+                bufs = [x.clone() for x in d]
+                for p, b in zip(params, bufs, strict=False):
+                    self.state[p]["momentum_buffer"] = b
+            else:
+                torch._foreach_mul_(bufs, m)
+                torch._foreach_add_(bufs, d)
+            if group["nesterov"]:
+                torch._foreach_add_(d, bufs, alpha=m)
+            else:
+                d = bufs
+        torch._foreach_add_(params, d, alpha=-lr)
+
+
+class FlatLARS(FlatOptimizer):
+    """LARS over flat buffers (``optim.update=flat``); see the module docstring."""
+
+    norm_method = "foreach"  # or "segment_reduce"; see segment_norms and bench/benchmarks/update.py
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+        trust_coefficient: float = 0.001,
+        eps: float = 1e-9,
+        model_dtype: torch.dtype | None = None,
+    ) -> None:
+        self.state_names = ("momentum_buffer",) if momentum != 0 else ()
+        defaults = dict(
+            lr=lr, momentum=momentum, dampening=0.0, weight_decay=weight_decay, nesterov=nesterov,
+            trust_coefficient=trust_coefficient, eps=eps, lars_adapt=True, foreach=None,
+        )
+        super().__init__(params, defaults, model_dtype)
+        self.use_fused = [fused_kernels_available(b.device) for b in self.buckets]
+        # per (bucket, range): segment lengths (int64) and the segment id of every element
+        self._segments: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _segment_ids(self, bi: int, b: FlatBucket, i: int, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (bi, i)
+        if key not in self._segments:
+            lengths = torch.tensor(b.numels[i:j], dtype=torch.int64, device=b.device)
+            # int32 ids: 4 bytes per element, built once
+            ids = torch.repeat_interleave(torch.arange(j - i, dtype=torch.int32, device=b.device), lengths)
+            self._segments[key] = (lengths, ids)
+        return self._segments[key]
+
+    def _update_range(
+        self, b: FlatBucket, group: dict, grad: torch.Tensor, start: int, end: int, i: int, j: int, first: bool
+    ) -> None:
+        bi = self.buckets.index(b)
+        p = b.master[start:end]
+        wd, m = group["weight_decay"], group["momentum"]
+        buf = b.state["momentum_buffer"][start:end] if m != 0 else None
+        common = dict(
+            lr=group["lr"], momentum=m, dampening=0.0, nesterov=group["nesterov"], first=first,
+            use_fused=self.use_fused[bi], scratch_slice=slice(start, end),
+        )
+        if not group["lars_adapt"]:
+            sgd_range(b, p, grad, buf, weight_decay=wd, **common)
+            return
+        lengths, ids = self._segment_ids(bi, b, i, j)
+        s = b.buffer("s")[start:end]
+        pn = segment_norms(p, lengths, s, self.norm_method)
+        gn = segment_norms(grad, lengths, s, self.norm_method)
+        trust = trust_ratio(pn, gn, group["trust_coefficient"], wd, group["eps"])
+        torch.index_select(trust, 0, ids, out=s)  # per-element trust ratio
+        d = b.buffer("lars_d")[start:end]
+        if wd:
+            torch.add(grad, p, alpha=wd, out=d)
+            d.mul_(s)
+        else:
+            torch.mul(grad, s, out=d)
+        # d already holds trust * (g + wd * p): one plain momentum pass without decay
+        sgd_range(b, p, d, buf, weight_decay=0.0, **common)
