@@ -69,11 +69,14 @@ def test_fit_alpha_beta_and_calibrate():
         # m = 2: a ring allreduce moves 2 (m-1)/m s = s bytes: t = 2e-3 + s / 1e9
         intra_allreduce=[(1e6, 2e-3 + 1e-3), (4e6, 2e-3 + 4e-3)],
         select=[(1000, 1e-3), (3000, 3e-3)],
+        # m = 2 moves half the input: 1e6 of 2e6 bytes in 2e-3 s minus the 1e-3 s latency
+        intra_reduce_scatter=[(2e6, 2e-3)],
     )
     c, k = pm.calibrate(pm.Cluster(2, 2, inter_bw=1.0), pm.Costs(), meas)
     assert c.inter_bw == 125e6 and c.inter_lat == 1e-4
     assert c.intra_bw == pytest.approx(1e9) and c.intra_lat == pytest.approx(1e-3)
     assert k.select_s == pytest.approx(1e-6) and k.scatter_s == 0.0
+    assert c.intra_rs_bw == pytest.approx(1e9)
 
 
 def test_projection_covers_the_paper_cluster():

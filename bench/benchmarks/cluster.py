@@ -47,7 +47,7 @@ def _measure(bw: str, numel: int, reps: int, quick: bool) -> tuple[dict[str, Any
             rc = run_nodes(
                 c, PROCS, "bench.cluster.aggbench",
                 ["--out", str(out), "--numel", str(numel), "--density", str(DENSITY),
-                 "--reps", str(reps), "--calib-mb", "0.0625,1,4" if quick else "0.0625,4,32"],
+                 "--reps", str(reps), "--calib-mb", "0.0625,1,4" if quick else "0.0625,8,25"],
                 rdzv_timeout_s=300, timeout_s=1800,
             )
         if rc != 0 or not out.exists():
@@ -64,6 +64,7 @@ def _predict(res: dict[str, Any], link: dict[str, Any]) -> tuple[dict[str, float
         inter_lat=link["latency_ms"] / 1e3,
         intra_allreduce=[tuple(x) for x in cal["intra_allreduce"]],
         world_allreduce=[tuple(x) for x in cal["world_allreduce"]],
+        intra_reduce_scatter=[tuple(x) for x in cal.get("intra_reduce_scatter", [])],
         select=[tuple(x) for x in cal["select"]],
         scatter=[tuple(x) for x in cal["scatter"]],
         dense_pass=[tuple(x) for x in cal["dense_pass"]],
@@ -101,6 +102,7 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
                 model_inter_lat_ms=c.inter_lat * 1e3, model_intra_lat_ms=c.intra_lat * 1e3,
                 intra_node_link_gbps=link.get("intra_node_bandwidth_gbps"),
                 model_intra_gbps=c.intra_bw * 8 / 1e9,
+                model_intra_rs_gbps=(c.intra_rs_bw or c.intra_bw) * 8 / 1e9,
                 model_select_ns_per_elem=k.select_s * 1e9,
                 model_scatter_ns_per_pair=k.scatter_s * 1e9,
                 model_dense_ns_per_elem=k.dense_s * 1e9, reps=reps,

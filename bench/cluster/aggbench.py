@@ -69,6 +69,10 @@ class Aggregator:
             c.reduce(b, (i, b.numel()), st.density, st.stats).wait()
 
 
+# torch >= 2.10 calls it reduce_scatter_single (reduce_scatter_tensor is deprecated)
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
 def _step_ms(fn: Callable[[], object], warmup: int, reps: int,
              prepare: Callable[[], None] | None = None) -> list[float]:
     """Per step: the slowest rank's time (ms)."""
@@ -88,28 +92,43 @@ def _step_ms(fn: Callable[[], object], warmup: int, reps: int,
 
 def _calibrate(agg: Aggregator, sizes_mb: list[float], reps: int) -> dict[str, list]:
     """Primitive costs with all ranks busy at once (s), for perfmodel.calibrate."""
-    cal: dict[str, list] = {"intra_allreduce": [], "world_allreduce": [], "select": [],
-                            "scatter": [], "dense_pass": []}
+    from bench.comm import mstopk
+
+    cal: dict[str, list] = {"intra_allreduce": [], "world_allreduce": [],
+                            "intra_reduce_scatter": [], "select": [], "scatter": [],
+                            "dense_pass": []}
     for mb in sizes_mb:
-        t = torch.ones(int(mb * 2**20 / 4))
+        t = torch.ones(int(mb * 2**20 / 4 / agg.m) * agg.m)
         for key, grp in (("intra_allreduce", agg.intra), ("world_allreduce", None)):
             ms = statistics.median(_step_ms(lambda t=t, g=grp: dist.all_reduce(t, group=g), 1,
                                             reps))
             cal[key].append((t.numel() * 4, ms / 1e3))
-    x = agg.grads[0][: agg.shard[0]].clone()
+        if agg.m > 1 and mb >= 1:  # the bandwidth term: large sizes only
+            out = torch.empty(t.numel() // agg.m)
+            ms = statistics.median(_step_ms(
+                lambda t=t, o=out: _REDUCE_SCATTER(o, t, group=agg.intra), 1, reps))
+            cal["intra_reduce_scatter"].append((t.numel() * 4, ms / 1e3))
+    # selection over the sizes the comms select from: a node's shard and a whole bucket
+    for size in (agg.shard[0], agg.grads[0].numel()):
+        x = agg.grads[0][:size].clone()
+        k = max(1, math.ceil(agg.density * size))
+        ms = statistics.median(_step_ms(lambda x=x, k=k: mstopk(x, k), 1, reps))
+        cal["select"].append((size, ms / 1e3))
+    x = agg.grads[0].clone()  # one whole bucket
     k = max(1, math.ceil(agg.density * x.numel()))
-    from bench.comm import mstopk
-
-    ms = statistics.median(_step_ms(lambda: mstopk(x, k), 1, reps))
-    cal["select"].append((x.numel(), ms / 1e3))
-    pairs = agg.n * agg.m * k
+    pairs = agg.world * k  # what a flat allgather brings back
     v, i = torch.randn(pairs), torch.randint(x.numel(), (pairs,))
     out = torch.zeros(x.numel())
     ms = statistics.median(_step_ms(lambda: out.index_add_(0, i, v), 1, reps))
     cal["scatter"].append((pairs, ms / 1e3))
-    ms = statistics.median(_step_ms(lambda: out.add_(x), 1, reps))
-    cal["dense_pass"].append((x.numel(), ms / 1e3))
+    # the elementwise passes the communicators make: add (error feedback), zero, scale
+    ms = statistics.median(_step_ms(lambda: (out.add_(x), out.zero_(), out.div_(4.0)), 1, reps))
+    cal["dense_pass"].append((3 * x.numel(), ms / 1e3))
     return cal
+
+
+def _merge(a: dict[str, list], b: dict[str, list]) -> dict[str, list]:
+    return {key: a.get(key, []) + b.get(key, []) for key in {*a, *b}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bucket-mb", type=float, default=25.0)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--calib-mb", default="0.0625,4,32")
+    ap.add_argument("--calib-mb", default="0.0625,8,25")
     a = ap.parse_args(argv)
     dist.init_process_group("gloo")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -132,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     agg = Aggregator(buckets, a.density, nodes, m, comms)
     res: dict[str, object] = {"nodes": nodes, "procs_per_node": m, "numel": a.numel,
                               "buckets": buckets, "density": a.density}
+    # calibration before and after the measured cases: the machine's load drifts
+    calib_mb = [float(x) for x in a.calib_mb.split(",")]
+    cal = _calibrate(agg, calib_mb, a.reps)
     for comm in comms:
         st = agg.states[comm].stats
         st0 = (st.select_s, st.comm_s)
@@ -142,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                      # rank 0's own split (hook stats), per step, ms
                      "select_ms": (st.select_s - st0[0]) / steps * 1e3,
                      "comm_ms": (st.comm_s - st0[1]) / steps * 1e3}
-    res["calibration"] = _calibrate(agg, [float(x) for x in a.calib_mb.split(",")], a.reps)
+    res["calibration"] = _merge(cal, _calibrate(agg, calib_mb, a.reps))
     if dist.get_rank() == 0:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)

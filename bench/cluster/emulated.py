@@ -6,7 +6,7 @@ namespaces, each node's link shaped to ``inter_node_bandwidth``), checks the lin
 node inside that node's namespace, with a c10d rendezvous on node 0's address::
 
     ip netns exec tkb-<id>-n<i> python -m torch.distributed.run --nnodes N
-        --nproc-per-node M --node-rank i --rdzv-backend c10d
+        --nproc-per-node M --rdzv-backend c10d
         --rdzv-endpoint <node 0>:<port> --rdzv-id <id> -m bench.train --config run.json
 
 ``GLOO_SOCKET_IFNAME`` (and NCCL's/TensorPipe's) names the node's veth, so inter-node
@@ -168,8 +168,10 @@ def run_nodes(
             }
             argv = [
                 sys.executable, "-m", "torch.distributed.run",
+                # no --node-rank: the c10d rendezvous ranks the agents (ranks stay
+                # contiguous per node)
                 "--nnodes", str(n), "--nproc-per-node", str(nproc_per_node),
-                "--node-rank", str(i), "--rdzv-backend", "c10d",
+                "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", endpoint, "--rdzv-id", f"tkb-{cluster.run_id}",
                 # node 0 hosts the c10d store: inside a namespace the hostname does not
                 # resolve to the node's address, so say it explicitly

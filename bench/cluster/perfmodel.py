@@ -52,6 +52,10 @@ class Cluster:
     inter_lat: float = 0.0  # one-way, s
     intra_bw: float = 100e9  # between workers of one node, bytes/s (NVLink ~ 100 GB/s)
     intra_lat: float = 10e-6
+    # effective bandwidth of the intra-node reduce-scatter (bytes of the input per s, at
+    # (m-1)/m of them moved); None = intra_bw.  Collective libraries on CPUs reach far less
+    # in a reduce-scatter than an allreduce suggests (gloo), so it is calibrated on its own.
+    intra_rs_bw: float | None = None
 
     @property
     def world(self) -> int:
@@ -127,7 +131,7 @@ def hitopk(d: int, density: float, c: Cluster, k: Costs) -> float:
     ks = max(1, math.ceil(density * shard))
     t = 0.0
     if m > 1:  # intra-node reduce-scatter
-        t += (m - 1) / m * d * k.elem_bytes / c.intra_bw + (m - 1) * c.intra_lat
+        t += (m - 1) / m * d * k.elem_bytes / (c.intra_rs_bw or c.intra_bw) + (m - 1) * c.intra_lat
         t += (m - 1) / m * d * k.reduce_s
     t += shard * (k.select_s + k.dense_s)  # error feedback + selection on the shard
     # m parallel allgathers share the node's link: each gets B_inter / m
@@ -194,6 +198,7 @@ class Measurements:
     # link) instead of being taken from inter_bw / inter_lat
     world_allreduce: list[tuple[float, float]] = field(default_factory=list)
     intra_allreduce: list[tuple[float, float]] = field(default_factory=list)  # (bytes, s), m workers
+    intra_reduce_scatter: list[tuple[float, float]] = field(default_factory=list)  # (input bytes, s)
     select: list[tuple[int, float]] = field(default_factory=list)  # (elements, s)
     scatter: list[tuple[int, float]] = field(default_factory=list)  # (pairs, s)
     dense_pass: list[tuple[int, float]] = field(default_factory=list)  # (elements, s)
@@ -232,6 +237,11 @@ def calibrate(base: Cluster, costs: Costs, meas: Measurements) -> tuple[Cluster,
         else:
             s, t = meas.intra_allreduce[0]
             c = replace(c, intra_bw=f * s / t)
+    if meas.intra_reduce_scatter and m > 1:
+        # the latency is the allreduce's; the slope gives the reduce-scatter's bandwidth
+        f = (m - 1) / m
+        rs = [(f * b, t - (m - 1) * c.intra_lat) for b, t in meas.intra_reduce_scatter]
+        c = replace(c, intra_rs_bw=sum(b for b, _ in rs) / max(1e-12, sum(t for _, t in rs)))
     if meas.select:
         k = replace(k, select_s=_per_elem(meas.select))
     if meas.scatter:
@@ -242,13 +252,13 @@ def calibrate(base: Cluster, costs: Costs, meas: Measurements) -> tuple[Cluster,
 
 
 # --- the paper's cluster, for projections ---------------------------------------------
-# Assumptions (not measurements): V100 ResNet-50 mixed precision ~1250 images/s, 256 per
-# GPU per step -> 0.2 s forward+backward; NVLink ~100 GB/s effective per GPU; a GPU top-k
-# (MSTopK) ~0.1 ns per element (2.5 ms for ResNet-50); scatter-add 1 ns per pair;
-# half of the backward pass can hide communication.
+# Assumptions (not measurements): V100 ResNet-50 mixed precision ~1250 images/s, 64 per
+# GPU per step -> 50 ms forward+backward, 2 ms update; NVLink ~100 GB/s effective per GPU;
+# a GPU top-k (MSTopK) ~0.1 ns per element (2.5 ms for ResNet-50); scatter-add 1 ns per
+# pair; elementwise passes at ~200 GB/s; half of the backward pass can hide communication.
 PAPER_COSTS = Costs(select_s=1e-10, scatter_s=1e-9, dense_s=2e-11)
 PAPER_WORKLOAD = Workload(
-    buckets=buckets_for(RESNET50_NUMEL), compute_s=0.2, update_s=0.005, overlap=0.5
+    buckets=buckets_for(RESNET50_NUMEL), compute_s=0.05, update_s=0.002, overlap=0.5
 )
 
 

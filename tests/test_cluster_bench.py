@@ -1,0 +1,68 @@
+"""The ``cluster`` benchmark (quick) and the emulated launcher's refusals."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+
+from bench.config import Config
+from bench.registry import ConfigError
+
+
+def _cfg(**cluster):
+    cfg = OmegaConf.structured(Config)
+    cfg.cluster.name = "emulated"
+    cfg.cluster.nnodes = 2
+    for k, v in cluster.items():
+        cfg.cluster[k] = v
+    return cfg
+
+
+@pytest.mark.parametrize(
+    "cluster,msg",
+    [
+        ({"inter_node_bandwidth": "fast"}, "cannot parse the bandwidth"),
+        ({"inter_node_latency": "soon"}, "cannot parse the latency"),
+        ({"nnodes": 1}, "nnodes >= 2"),
+        ({"nproc_per_node": 4096}, "cores can hold|GiB of memory"),
+        ({"link_tolerance": 2.0}, "link_tolerance"),
+    ],
+)
+def test_emulated_launcher_refuses_bad_input_before_building(tmp_path, cluster, msg):
+    from bench.cluster.emulated import launch_emulated
+
+    with pytest.raises(ConfigError, match=msg):
+        launch_emulated(_cfg(**cluster), tmp_path / "run.json")
+
+
+def test_emulated_launcher_is_registered():
+    from bench.cluster.launch import LAUNCHERS, _load_plugins
+
+    _load_plugins()
+    assert "emulated" in LAUNCHERS
+
+
+@pytest.mark.slow
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("tc"), reason="needs root and iproute2")
+def test_quick_cluster_benchmark_writes_its_columns(tmp_path: Path):
+    from bench.benchmarks.cluster import run
+
+    path = run(str(tmp_path), quick=True)
+    df = pd.read_csv(path)
+    for col in ("bandwidth", "nodes", "procs_per_node", "comm", "density", "median_ms",
+                "predicted_ms", "hardware", "kind", "efficiency"):
+        assert col in df.columns, col
+    m = df[df["kind"] == "measured"]
+    assert set(m["comm"]) == {"dense", "mstopk", "hitopk"}
+    assert set(m["bandwidth"]) == {"1gbit", "10gbit"}
+    assert (m["median_ms"] > 0).all() and (m["predicted_ms"] > 0).all()
+    p = df[df["kind"] == "projection"]
+    assert set(p["nodes"]) == set(range(1, 17)) and p["efficiency"].between(0, 1.0001).all()
+    assert (tmp_path / "bench" / "cluster.png").is_file()
+    assert (tmp_path / "bench" / "cluster.scaling.png").is_file()
