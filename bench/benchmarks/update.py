@@ -1,0 +1,210 @@
+"""Benchmark ``update``: time of one optimizer step per update mode, beside the memory floor.
+
+The paper's "parallel tensor operator" (section 4) is a faster optimizer update over the
+hundreds of small tensors of a CNN.  This measures, for two parameter sets,
+
+* ``resnet50``: ``torchvision.models.resnet50()`` (161 tensors, 25.6 M values);
+* ``transformer_base``: ``torch.nn.Transformer(d_model=512, nhead=8, 6 + 6 layers,
+  dim_feedforward=2048)`` plus one shared 37 000 x 512 embedding (the shared BPE vocabulary
+  of Transformer-base on WMT En-De): 186 tensors, 63.1 M values,
+
+every optimizer (``sgd`` momentum 0.9 + Nesterov + weight decay 5e-4 on weights only,
+``lars``, ``adamw``) in every update mode it supports (:data:`bench.optim.MODES`): the
+median time of ``optimizer.step()`` over random gradients (``median_ms``) and of the
+``zero_grad(set_to_none=False)`` that the training loop calls after it (``zero_grad_ms``).
+The modes of one (model, optimizer) are timed interleaved, round-robin, so that the load
+of a shared machine falls on all of them alike; ratios are taken within the run.
+
+Memory-traffic floor: the bytes an ideal one-pass update reads and writes (fp32: SGD reads
+p, g, buf and writes p, buf = 20 B per value; LARS also reads p and g once for the norms =
+28 B; AdamW reads p, g, m, v and writes p, m, v = 28 B) divided by the copy bandwidth
+measured in the same run (``dst.copy_(src)`` of 256 MiB; bandwidth = bytes read + written
+/ time; write-allocate traffic is not counted, so a kernel can come in slightly under the
+"floor").  ``floor_ratio = median_ms / floor_ms``.
+
+Run: ``python -m reproduce bench update`` (a few minutes on 2 CPU cores).
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import statistics
+import time
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from bench.benchmarks import BENCHMARKS
+from bench.benchmarks.harness import BenchRun, _sync
+
+# bytes read + written per parameter value by an ideal update, per fp32 value
+TRAFFIC_VALUES = {"sgd": 5, "lars": 7, "adamw": 7}
+OPTIMIZERS = {
+    "sgd": dict(name="sgd", lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4),
+    "lars": dict(name="lars", lr=1.0, momentum=0.9, nesterov=False, weight_decay=5e-4),
+    "adamw": dict(name="adamw", lr=1e-3, weight_decay=0.05),
+}
+
+
+def param_set(name: str) -> torch.nn.Module:
+    """A module holding the parameter set ``name`` (no forward is ever run)."""
+    import torchvision
+
+    # nn.Transformer warns about nested tensors, irrelevant here: no forward is run
+    warnings.filterwarnings("ignore", message="enable_nested_tensor is True")
+    torch.manual_seed(0)
+    if name == "resnet50":
+        return torchvision.models.resnet50()
+    if name == "transformer_base":
+        return torch.nn.ModuleDict({
+            "transformer": torch.nn.Transformer(d_model=512, nhead=8, num_encoder_layers=6,
+                                                num_decoder_layers=6, dim_feedforward=2048),
+            "embedding": torch.nn.Embedding(37000, 512),
+        })
+    if name == "resnet18_head":  # quick: ResNet-18's first 30 tensors
+        m = torchvision.models.resnet18()
+        return torch.nn.Sequential(m.conv1, m.bn1, m.layer1, m.layer2)
+    if name == "transformer_tiny":  # quick
+        return torch.nn.ModuleDict({
+            "transformer": torch.nn.Transformer(d_model=64, nhead=4, num_encoder_layers=1,
+                                                num_decoder_layers=1, dim_feedforward=128),
+            "embedding": torch.nn.Embedding(1000, 64),
+        })
+    raise KeyError(name)
+
+
+def copy_bandwidth(device: torch.device, numel: int, reps: int) -> float:
+    """Bytes read + written per second by ``dst.copy_(src)`` of ``numel`` fp32 values."""
+    src = torch.randn(numel, device=device)
+    dst = torch.empty_like(src)
+    times = _interleaved({"copy": lambda: dst.copy_(src)}, warmup=2, reps=reps)["copy"]
+    return 2 * 4 * numel / (statistics.median(times) / 1e3)
+
+
+def _interleaved(fns: dict[str, Any], warmup: int, reps: int) -> dict[str, list[float]]:
+    """Round-robin timing (ms) of several callables; warm-up calls are discarded."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(reps):
+        for k, fn in fns.items():
+            _sync()
+            t0 = time.perf_counter()
+            fn()
+            _sync()
+            times[k].append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def _build(model: torch.nn.Module, opt: str, mode: str, device: torch.device, variant: str) -> tuple:
+    from bench.optim import build_optimizer
+    from bench.optim.config import OptimConfig
+
+    m = copy.deepcopy(model).to(device)
+    cfg = SimpleNamespace(**{**OptimConfig().__dict__, **OPTIMIZERS[opt], "update": mode})
+    if variant.startswith("master="):
+        cfg.master_weights = variant.split("=")[1]
+    optimizer = build_optimizer(m, cfg)
+    if variant.startswith("norms="):
+        optimizer.norm_method = variant.split("=")[1]
+    gen = torch.Generator(device=device).manual_seed(1)
+    with torch.no_grad():
+        for p in m.parameters():
+            g = torch.randn(p.shape, generator=gen, device=device).mul_(1e-2).to(p.dtype)
+            if p.grad is None:
+                p.grad = g
+            else:
+                p.grad.copy_(g)  # flat: keep the views
+    return m, optimizer
+
+
+def cases(device: torch.device) -> list[tuple[str, str, str]]:
+    """(optimizer, mode, variant) in measurement order."""
+    from bench.optim import MODES
+
+    out = []
+    for opt in OPTIMIZERS:
+        for mode in MODES[opt]:
+            out.append((opt, mode, ""))
+        if opt == "lars":
+            out.append((opt, "flat", "norms=segment_reduce"))
+        out.append((opt, "flat", "master=bf16"))  # bf16 model copy, fp32 master weights
+    return out
+
+
+def _plot(df: Any, path: Path, hw: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(df["model"]))
+    fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4.5), squeeze=False)
+    colors = {"naive": "#999999", "foreach": "#4c72b0", "fused": "#dd8452", "flat": "#55a868"}
+    for ax, model in zip(axes[0], models, strict=True):
+        sub = df[df["model"] == model]
+        labels = [f"{r.optimizer}\n{r.mode}{' ' + r.variant if r.variant else ''}" for r in sub.itertuples()]
+        x = range(len(sub))
+        ax.bar(x, sub["median_ms"], color=[colors.get(m, "#8172b3") for m in sub["mode"]])
+        ax.scatter(x, sub["floor_ms"], marker="_", s=400, color="black", zorder=3, label="memory-traffic floor")
+        ax.set_xticks(list(x), labels, rotation=90, fontsize=7)
+        ax.set_yscale("log")
+        ax.set_ylabel("ms per optimizer step (median)")
+        n, v = int(sub["n_tensors"].iloc[0]), sub["n_values"].iloc[0] / 1e6
+        ax.set_title(f"{model}: {n} tensors, {v:.1f} M values", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"Optimizer update time by mode -- {hw}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+@BENCHMARKS.register("update")
+def run(results_dir: str = "results", quick: bool = False) -> Path:
+    """Measure every (parameter set, optimizer, mode); append rows to results/bench/update.csv."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    run = BenchRun("update", results_dir)
+    reps, warmup = (3, 1) if quick else (9, 2)
+    bw = copy_bandwidth(device, (1 << 20) if quick else (64 << 20), reps)
+    models = ("resnet18_head", "transformer_tiny") if quick else ("resnet50", "transformer_base")
+    for model_name in models:
+        model = param_set(model_name)
+        params = list(model.parameters())
+        n_values = sum(p.numel() for p in params)
+        by_opt: dict[str, list[tuple[str, str]]] = {}
+        for opt, mode, variant in cases(device):
+            by_opt.setdefault(opt, []).append((mode, variant))
+        for opt, modes in by_opt.items():
+            built = {(mode, v): _build(model, opt, mode, device, v) for mode, v in modes}
+            steps = _interleaved({k: o.step for k, (_, o) in built.items()}, warmup, reps)
+            zeros = _interleaved({k: (lambda o=o: o.zero_grad(set_to_none=False)) for k, (_, o) in built.items()},
+                                 1, reps)
+            floor_ms = TRAFFIC_VALUES[opt] * 4 * n_values / bw * 1e3
+            med = {k: statistics.median(t) for k, t in steps.items()}
+            for (mode, variant), t in steps.items():
+                q = statistics.quantiles(t, n=4) if len(t) >= 2 else [t[0]] * 3
+                row: dict[str, Any] = dict(
+                    model=model_name, optimizer=opt, mode=mode, variant=variant, device=device.type,
+                    n_tensors=len(params), n_values=n_values, median_ms=med[(mode, variant)],
+                    min_ms=min(t), iqr_ms=q[2] - q[0], reps=reps,
+                    zero_grad_ms=statistics.median(zeros[(mode, variant)]),
+                    bytes_per_step=TRAFFIC_VALUES[opt] * 4 * n_values, copy_gbps=bw / 1e9,
+                    floor_ms=floor_ms, floor_ratio=med[(mode, variant)] / floor_ms,
+                    speedup_vs_naive=med[("naive", "")] / med[(mode, variant)],
+                    speedup_vs_fused=(med[("fused", "")] / med[(mode, variant)]) if ("fused", "") in med else None,
+                    speedup_vs_foreach=med[("foreach", "")] / med[(mode, variant)],
+                )
+                run.add(**row)
+                print(f"{model_name:>16} {opt:>6} {mode:>8} {variant:>22} {row['median_ms']:9.2f} ms "
+                      f"(floor {floor_ms:7.2f} ms, x{row['floor_ratio']:.2f}; vs naive x{row['speedup_vs_naive']:.2f})",
+                      flush=True)
+            del built
+            gc.collect()
+    path = run.save()
+    _plot(run.frame(), run.png_path, run.meta["hardware"])
+    return path

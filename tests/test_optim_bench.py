@@ -1,0 +1,20 @@
+"""The ``update`` benchmark runs (quick sizes) and writes its CSV columns and PNG."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from bench.benchmarks import load_all
+
+
+def test_update_benchmark_quick(tmp_path) -> None:
+    path = load_all().get("update")(results_dir=str(tmp_path), quick=True)
+    df = pd.read_csv(path)
+    for col in ("model", "optimizer", "mode", "median_ms", "hardware", "floor_ms", "floor_ratio",
+                "speedup_vs_naive", "zero_grad_ms", "n_tensors", "n_values"):
+        assert col in df.columns, col
+    assert set(df["mode"]) == {"naive", "foreach", "fused", "flat"}
+    assert set(df["optimizer"]) == {"sgd", "lars", "adamw"}
+    assert not ((df["optimizer"] == "lars") & (df["mode"] == "fused")).any()
+    assert (df["median_ms"] > 0).all()
+    assert (tmp_path / "bench" / "update.png").exists()
