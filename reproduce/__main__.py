@@ -6,6 +6,8 @@ commands:
                           (digits by default; data=cifar10|imagenet data.root=... for the real ones)
   bench NAME [--quick] [--results-dir DIR]
                           a benchmark (see `python -m reproduce bench --list`)
+  compare RUN_ID... --out PNG
+                          accuracy curves of recorded runs side by side
 """
 
 from __future__ import annotations
@@ -69,8 +71,12 @@ def main(argv: list[str]) -> None:
         from reproduce.bench import main as bench_main
 
         bench_main(rest)
+    elif cmd == "compare":
+        from reproduce.compare import main as compare_main
+
+        compare_main(rest)
     else:
-        _fail(f"unknown command {cmd!r}; choose train, dawnbench or bench")
+        _fail(f"unknown command {cmd!r}; choose train, dawnbench, bench or compare")
 
 
 if __name__ == "__main__":

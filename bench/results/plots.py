@@ -38,3 +38,33 @@ def plot_time_to_accuracy(
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def plot_comparison(
+    runs: Sequence[tuple[str, pd.DataFrame]],
+    *,
+    metric: str,
+    target: float,
+    path: str | Path,
+    title: str,
+    hardware: str = "",
+) -> Path:
+    """Two panels: held-out ``metric`` per epoch, and against training time."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for label, df in runs:
+        d = df.dropna(subset=[metric])
+        axes[0].plot(d["epoch"], 100 * d[metric], marker="o", ms=3, label=label)
+        axes[1].plot(d["train_time_s"], 100 * d[metric], marker="o", ms=3, label=label)
+    for ax, xl in zip(axes, ("epoch", "training time (s, evaluation excluded)")):
+        ax.axhline(100 * target, color="k", ls="--", lw=1)
+        ax.set_xlabel(xl)
+        ax.set_ylabel(f"held-out {metric} (%)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title + (f"\n{hardware}" if hardware else ""), fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
