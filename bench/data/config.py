@@ -1,6 +1,6 @@
 """Schema of the ``data`` and ``cache`` config groups (conf/data, conf/cache)."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -23,8 +23,41 @@ class DataConfig:
     test_fraction: float = 0.2  # digits: held-out fraction (fixed stratified split)
     split_seed: int = 0  # digits: seed of the fixed split
     strict: bool = False  # stop at the first corrupt image instead of skipping it
+    # --- input pipeline (issue 5: DALI, cache, slow storage) ---
+    dali_threads: int = 0  # DALI CPU threads (and level-0 fetch threads); 0 = max(1, num_workers)
+    dali_device: str = "auto"  # auto (mixed decode + GPU ops when CUDA) | cpu | gpu
+    prefetch: int = 2  # batches prepared ahead (DALI prefetch_queue_depth, fetch queue)
+    # progressive resizing: [[epoch, size], ...], e.g. [[0, 128], [10, 224], [20, 288]];
+    # the training size from each epoch on (empty = always image_size)
+    progressive: list[list[int]] = field(default_factory=list)
+    throttle_mbps: float = 0.0  # slow-storage emulator on level 0: bandwidth MB/s (0 = off)
+    throttle_ms: float = 0.0  # slow-storage emulator: latency per file, ms (0 = off)
 
 
 @dataclass
 class CacheConfig:
-    name: str = "none"  # none | disk | memory | multilevel
+    """Levels of the data cache (bench/data/cache.py); the name is stored in every record."""
+
+    name: str = "none"  # none | disk | memory | multilevel | predecoded
+    dir: str = ""  # level 1 directory, kept across runs; "" = $BENCH_CACHE_DIR or ~/.cache/topk-dawnbench/data
+    disk_gb: float = 100.0  # level 1 size cap (1e9 bytes), LRU eviction above it
+    memory_gb: float = 4.0  # level 2 byte cap (1e9 bytes) per training process
+    predecode_size: int = 0  # predecoded: shorter side (pixels) of the stored uint8 images; 0 = 8/7 x the largest training size
+    verify: str = "crc32"  # crc32 | size: check of a level 1 file before it is trusted
+
+
+def train_size_at(data_cfg: DataConfig, epoch: int) -> int:
+    """Training image size (pixels) in ``epoch`` under ``data.progressive`` (progressive resizing)."""
+    size = data_cfg.image_size
+    for start, s in sorted((int(a), int(b)) for a, b in data_cfg.progressive):
+        if epoch >= start:
+            size = s
+    return size
+
+
+def train_sizes(data_cfg: DataConfig) -> list[int]:
+    """Every training size the run will use (pre-decoding stores the largest)."""
+    sizes = {int(b) for _, b in data_cfg.progressive}
+    if not data_cfg.progressive or min(int(a) for a, _ in data_cfg.progressive) > 0:
+        sizes.add(data_cfg.image_size)
+    return sorted(sizes)

@@ -1,0 +1,198 @@
+"""ImageNet-like JPEG folders for tests and benchmarks, and the JPEG helpers both loaders use.
+
+:func:`make_jpeg_folder` writes ``<root>/<split>/<class>/<i>.jpg``: photographs are not
+needed to measure an input pipeline, only files that cost what ImageNet's cost to move and
+decode.  ILSVRC-2012 training images average about 110 KB at roughly 400 x 350 to 500 x 375
+pixels, so each image here is a smooth random colour field (low-frequency structure, like a
+photograph, which JPEG compresses well) plus a little per-pixel noise whose amplitude sets
+the file size; sizes and aspect ratios vary per image.  Everything is derived from a seed,
+so a folder is reproducible, and :func:`cached_jpeg_folder` reuses one across runs.
+
+Decoding (:func:`decode_rgb`, :func:`decode_resized`) raises :class:`CorruptImage` naming
+the file, so that a loader can skip it with a warning or stop (``data.strict=true``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+
+
+class CorruptImage(ValueError):
+    """An image file that cannot be decoded; the message names the file."""
+
+
+def decode_rgb(data: bytes, name: str):
+    """A PIL RGB image, fully decoded; :class:`CorruptImage` when truncated or damaged."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        img = Image.open(io.BytesIO(data))
+        img.load()  # decode now: PIL is lazy, and a truncated file fails only here
+        return img.convert("RGB")
+    except (OSError, UnidentifiedImageError, SyntaxError, ValueError) as e:
+        raise CorruptImage(f"{name}: cannot decode image ({e})") from None
+
+
+def decode_resized(data: bytes, short_side: int, name: str) -> np.ndarray:
+    """Decode and resize so that the shorter side is ``short_side`` pixels (uint8 HWC).
+
+    PIL's JPEG draft mode decodes straight at 1/2, 1/4 or 1/8 scale (in the DCT domain)
+    when that is still at least the target size, which makes low-resolution pre-decoding
+    several times cheaper than a full decode.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        img = Image.open(io.BytesIO(data))
+        w, h = img.size
+        scale = short_side / min(w, h)
+        size = (max(1, round(w * scale)), max(1, round(h * scale)))
+        img.draft("RGB", size)
+        img = img.convert("RGB")
+        if img.size != size:
+            img = img.resize(size, Image.BILINEAR, reducing_gap=None)
+        return np.array(img, dtype=np.uint8)  # a writable copy (torch.from_numpy wants one)
+    except (OSError, UnidentifiedImageError, SyntaxError, ValueError) as e:
+        raise CorruptImage(f"{name}: cannot decode image ({e})") from None
+
+
+def jpeg_looks_complete(data: bytes) -> bool:
+    """Cheap structural check: a JPEG starts with SOI (FFD8) and ends with EOI (FFD9).
+
+    Catches truncated copies and non-image junk before they reach DALI's decoder, which
+    would fail the whole batch; a damaged middle is caught by the decoder itself.
+    PNG files pass.
+    """
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        return True
+    return len(data) > 4 and data[:2] == b"\xff\xd8" and b"\xff\xd9" in data[-64:]
+
+
+def synthetic_photo(rng: np.random.Generator, width: int, height: int, noise: float) -> np.ndarray:
+    """uint8 HWC: a bicubic-upsampled 6x6 colour grid plus Gaussian noise (sigma = noise)."""
+    from PIL import Image
+
+    grid = rng.integers(0, 256, size=(6, 6, 3), dtype=np.uint8)
+    base = np.asarray(Image.fromarray(grid).resize((width, height), Image.BICUBIC), dtype=np.float32)
+    base += rng.normal(0.0, noise, size=base.shape).astype(np.float32)
+    return np.clip(base, 0, 255).astype(np.uint8)
+
+
+def _noise_for(target_kb: float) -> float:
+    """Noise sigma giving about ``target_kb`` per file at ~450x350, quality 90 (measured)."""
+    kb = [54.0, 64.0, 73.0, 81.0, 90.0, 110.0]
+    sigma = [9.0, 12.0, 15.0, 18.0, 22.0, 35.0]
+    return float(np.interp(target_kb, kb, sigma, left=2.0, right=50.0))
+
+
+def _write_class(args: tuple) -> int:
+    from PIL import Image
+
+    root, split, cls, n, seed, target_kb, quality, small = args
+    d = os.path.join(root, split, cls)
+    os.makedirs(d, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    total = 0
+    for i in range(n):
+        if small:  # tiny images for unit tests
+            w, h = int(rng.integers(40, 72)), int(rng.integers(32, 64))
+        else:  # ImageNet-like sizes and aspect ratios
+            w, h = int(rng.integers(400, 520)), int(rng.integers(300, 400))
+            if rng.random() < 0.25:
+                w, h = h, w
+        noise = 0.5 if small else _noise_for(target_kb)
+        img = synthetic_photo(rng, w, h, noise)
+        buf = io.BytesIO()
+        Image.fromarray(img).save(buf, format="JPEG", quality=quality)
+        data = buf.getvalue()
+        with open(os.path.join(d, f"{cls}_{i:05d}.jpg"), "wb") as f:
+            f.write(data)
+        total += len(data)
+    return total
+
+
+def make_jpeg_folder(
+    root: str,
+    images: int,
+    classes: int = 10,
+    split: str = "train",
+    *,
+    target_kb: float = 110.0,
+    quality: int = 90,
+    small: bool = False,
+    seed: int = 0,
+    workers: int = 1,
+) -> dict:
+    """Write ``images`` JPEGs spread over ``classes`` folders under ``root/split``.
+
+    ``small=True`` writes tiny (about 50 x 50 pixel) images for unit tests.  Returns a
+    summary: number of images and the mean file size in KB.
+    """
+    per = [images // classes + (1 if c < images % classes else 0) for c in range(classes)]
+    jobs = [
+        (root, split, f"c{c:04d}", per[c], seed * 1_000_003 + c, target_kb, quality, small)
+        for c in range(classes)
+    ]
+    if workers > 1:
+        with ProcessPoolExecutor(workers) as ex:
+            sizes = list(ex.map(_write_class, jobs))
+    else:
+        sizes = [_write_class(j) for j in jobs]
+    return {"images": images, "classes": classes, "mean_kb": sum(sizes) / max(1, images) / 1e3}
+
+
+def cached_jpeg_folder(
+    images: int, classes: int, *, splits: tuple[str, ...] = ("train",), base: str | None = None,
+    target_kb: float = 110.0, seed: int = 0, workers: int = 2, small: bool = False,
+) -> str:
+    """A generated folder under ``base`` (default: the temp dir), made once and reused.
+
+    The folder name is a hash of the parameters; it is written into a temporary folder
+    and renamed into place, so an interrupted run never leaves a partial folder behind.
+    """
+    base = base or os.path.join(tempfile.gettempdir(), "topk-dawnbench-jpegs")
+    params = dict(images=images, classes=classes, splits=list(splits), kb=target_kb, seed=seed, small=small, v=1)
+    key = hashlib.sha1(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
+    root = os.path.join(base, f"{images}x{classes}-{key}")
+    if os.path.exists(os.path.join(root, "done.json")):
+        return root
+    os.makedirs(base, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".gen-", dir=base)
+    summary = {}
+    for k, split in enumerate(splits):
+        summary[split] = make_jpeg_folder(
+            tmp, images, classes, split, target_kb=target_kb, seed=seed + k, workers=workers, small=small
+        )
+    with open(os.path.join(tmp, "done.json"), "w") as f:
+        json.dump({**params, "summary": summary}, f)
+    try:
+        os.rename(tmp, root)
+    except OSError:  # another process made it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return root
+
+
+def corrupt_files(root: str, split: str = "train") -> list[str]:
+    """Damage a folder for tests: truncate one JPEG and replace another with junk.
+
+    Returns the two relative paths (``split/class/file``) that were damaged.
+    """
+    d = os.path.join(root, split)
+    cls = sorted(os.listdir(d))[0]
+    names = sorted(os.listdir(os.path.join(d, cls)))
+    a, b = os.path.join(d, cls, names[0]), os.path.join(d, cls, names[1])
+    with open(a, "rb") as f:
+        data = f.read()
+    with open(a, "wb") as f:
+        f.write(data[: len(data) // 2])  # truncated: no end-of-image marker
+    with open(b, "wb") as f:
+        f.write(b"this is not a JPEG file" * 10)
+    return [f"{split}/{cls}/{names[0]}", f"{split}/{cls}/{names[1]}"]

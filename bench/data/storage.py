@@ -1,0 +1,273 @@
+"""Level 0 of the data cache: the data set's own storage, treated as remote.
+
+On a public cloud the training set sits on NFS or object storage: every file read pays a
+request latency and shares a limited bandwidth (PAPER.md, section 4).  This module gives
+one small interface over
+
+* :class:`LocalStorage`: a directory (a local disk or an NFS mount),
+* :class:`FsspecStorage`: an fsspec URL (``s3://bucket/imagenet``, ``gs://``, ``memory://``
+  ...), when fsspec and the protocol's package are installed,
+
+and :class:`Throttle`, a slow-storage emulator that makes "remote storage" reproducible on
+one machine: each read first waits ``latency_ms`` (requests overlap, like a real NFS client
+with several outstanding reads) and then holds a link of ``bandwidth_mbps`` MB/s shared by
+every thread *and* every forked DataLoader worker of the training process (one
+``multiprocessing`` value holds the time the link is busy until), so two readers get half
+the bandwidth each.
+
+It also lists ImageNet-style class folders (``<root>/<class>/<file>.jpg``) with clear
+errors for a missing root or an empty class folder.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from bench.registry import ConfigError
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".JPEG", ".JPG", ".PNG")
+
+
+class Storage(Protocol):
+    """What the cache needs from level 0: read a file given its path relative to the root."""
+
+    root: str
+
+    def read(self, rel: str) -> bytes: ...
+
+    def listdir(self, rel: str = "") -> list[tuple[str, bool]]:
+        """Entries of a folder as (name, is_dir), sorted by name."""
+        ...
+
+    def exists(self, rel: str = "") -> bool: ...
+
+
+class LocalStorage:
+    """A directory on a local disk or a mounted network file system."""
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(os.path.expanduser(root))
+
+    def path(self, rel: str) -> str:
+        return os.path.join(self.root, rel)
+
+    def read(self, rel: str) -> bytes:
+        with open(self.path(rel), "rb") as f:
+            return f.read()
+
+    def listdir(self, rel: str = "") -> list[tuple[str, bool]]:
+        with os.scandir(self.path(rel)) as it:
+            return sorted((e.name, e.is_dir()) for e in it)
+
+    def exists(self, rel: str = "") -> bool:
+        return os.path.exists(self.path(rel))
+
+    def __getstate__(self) -> dict:
+        return self.__dict__
+
+
+class FsspecStorage:
+    """Any fsspec file system given as a URL (``s3://bucket/prefix``)."""
+
+    def __init__(self, url: str) -> None:
+        try:
+            import fsspec
+        except ImportError:
+            raise ConfigError(
+                f"data.root {url!r} is a URL, which needs fsspec: pip install fsspec "
+                "(plus s3fs/gcsfs for s3:// or gs://)"
+            ) from None
+        try:
+            self.fs, path = fsspec.core.url_to_fs(url)
+        except (ImportError, ValueError) as e:
+            raise ConfigError(f"cannot open data.root {url!r}: {e}") from None
+        self.url = url
+        self.root = path.rstrip("/")
+
+    def _p(self, rel: str) -> str:
+        return f"{self.root}/{rel}" if rel else self.root
+
+    def read(self, rel: str) -> bytes:
+        return self.fs.cat_file(self._p(rel))
+
+    def listdir(self, rel: str = "") -> list[tuple[str, bool]]:
+        out = []
+        for e in self.fs.ls(self._p(rel), detail=True):
+            name = e["name"].rstrip("/").rsplit("/", 1)[-1]
+            out.append((name, e["type"] == "directory"))
+        return sorted(out)
+
+    def exists(self, rel: str = "") -> bool:
+        return self.fs.exists(self._p(rel))
+
+
+class Throttle:
+    """Per-file latency (ms) plus a bandwidth (MB/s) shared by threads and forked workers.
+
+    ``wait(nbytes)`` is called after the bytes were read from the real storage; it sleeps
+    so that the read as a whole took as long as the emulated remote storage would need.
+    """
+
+    def __init__(self, bandwidth_mbps: float = 0.0, latency_ms: float = 0.0) -> None:
+        if bandwidth_mbps < 0 or latency_ms < 0:
+            raise ConfigError("the storage throttle needs a bandwidth and a latency >= 0")
+        self.bandwidth = bandwidth_mbps * 1e6  # bytes per second; 0 = unlimited
+        self.latency = latency_ms / 1e3  # seconds per file
+        # time.monotonic() at which the shared link is next free; lives in shared memory so
+        # that DataLoader workers forked from this process contend for the same link.
+        self._busy_until = mp.Value("d", 0.0)
+
+    @property
+    def active(self) -> bool:
+        return self.bandwidth > 0 or self.latency > 0
+
+    def wait(self, nbytes: int, started: float) -> None:
+        if self.latency:
+            remaining = started + self.latency - time.monotonic()
+            if remaining > 0:
+                time.sleep(remaining)
+        if self.bandwidth:
+            with self._busy_until.get_lock():
+                start = max(time.monotonic(), self._busy_until.value)
+                end = start + nbytes / self.bandwidth
+                self._busy_until.value = end
+            remaining = end - time.monotonic()
+            if remaining > 0:
+                time.sleep(remaining)
+
+
+class ThrottledStorage:
+    """A storage whose reads pass through a :class:`Throttle`."""
+
+    def __init__(self, inner: Storage, throttle: Throttle) -> None:
+        self.inner = inner
+        self.throttle = throttle
+        self.root = inner.root
+
+    def read(self, rel: str) -> bytes:
+        t0 = time.monotonic()
+        data = self.inner.read(rel)
+        self.throttle.wait(len(data), t0)
+        return data
+
+    def listdir(self, rel: str = "") -> list[tuple[str, bool]]:
+        return self.inner.listdir(rel)
+
+    def exists(self, rel: str = "") -> bool:
+        return self.inner.exists(rel)
+
+
+def is_url(root: str) -> bool:
+    return "://" in root and not root.startswith("file://")
+
+
+def open_storage(root: str, bandwidth_mbps: float = 0.0, latency_ms: float = 0.0) -> Storage:
+    """Level 0 for ``root`` (a path or an fsspec URL), throttled when asked to."""
+    if not root:
+        raise ConfigError("data.root is empty; set it to the data set directory or URL")
+    if root.startswith("file://"):
+        root = root[len("file://") :]
+    store: Storage = FsspecStorage(root) if is_url(root) else LocalStorage(root)
+    throttle = Throttle(bandwidth_mbps, latency_ms)
+    return ThrottledStorage(store, throttle) if throttle.active else store
+
+
+@dataclass
+class FolderListing:
+    """The files of one split of an ImageNet-style folder, in a fixed (sorted) order."""
+
+    files: list[str]  # paths relative to the storage root, e.g. "train/n01440764/x.JPEG"
+    labels: list[int]  # class index of each file
+    classes: list[str]  # class folder names; the index is the label
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+
+def list_folder(store: Storage, split: str, classes: list[str] | None = None) -> FolderListing:
+    """List ``<root>/<split>/<class>/<image>``; classes sorted by name (torchvision order).
+
+    ``classes`` fixes the class list (the evaluation split uses the training split's), so a
+    class missing from one split keeps the labels of the other aligned.  A missing root or
+    split is a :class:`ConfigError`; an empty class folder is a warning (it has no images to
+    learn from, but the label numbering stays the same as torchvision's).
+    """
+    if not store.exists(""):
+        raise ConfigError(f"data.root {store.root!r} does not exist")
+    if not store.exists(split):
+        raise ConfigError(f"data set split folder {os.path.join(store.root, split)!r} does not exist")
+    found = [name for name, is_dir in store.listdir(split) if is_dir and not name.startswith(".")]
+    if classes is None:
+        classes = found
+    if not classes:
+        raise ConfigError(
+            f"{os.path.join(store.root, split)!r} has no class folders (expected <class>/<image>.jpg)"
+        )
+    files: list[str] = []
+    labels: list[int] = []
+    empty = []
+    present = set(found)
+    for label, cls in enumerate(classes):
+        if cls not in present:
+            empty.append(cls)
+            continue
+        names = [
+            n for n, is_dir in store.listdir(f"{split}/{cls}")
+            if not is_dir and n.endswith(IMAGE_EXTENSIONS)
+        ]
+        if not names:
+            empty.append(cls)
+        for n in names:
+            files.append(f"{split}/{cls}/{n}")
+            labels.append(label)
+    if empty:
+        shown = ", ".join(empty[:5]) + (" ..." if len(empty) > 5 else "")
+        warnings.warn(
+            f"{len(empty)} class folder(s) under {os.path.join(store.root, split)!r} hold no images: {shown}",
+            stacklevel=2,
+        )
+    if not files:
+        raise ConfigError(f"no images (.jpg/.jpeg/.png) found under {os.path.join(store.root, split)!r}")
+    return FolderListing(files, labels, list(classes))
+
+
+def shard_batches(
+    n: int, rank: int, world: int, parts: int, batch: int, train: bool, seed: int, epoch: int
+) -> list[np.ndarray]:
+    """Batches of sample indices for one rank and epoch; batch ``k`` belongs to part ``k % parts``.
+
+    Training shards are *sticky*: one fixed random partition of the ``n`` samples into
+    ``world`` equal shards (the remainder ``n % world`` sits out), and inside a shard one
+    fixed split into ``parts`` (the DataLoader workers); only the order inside a part
+    changes per epoch.  So a per-process memory cache sees the same files every epoch and
+    hits, and every rank takes the same number of steps (each part drops its last partial
+    batch, like ``drop_last=True``).  Evaluation takes the strided shard ``rank::world``
+    (no duplicates, no padding) and keeps partial batches.  Parts have non-increasing
+    batch counts that differ by at most one, so round-robin dispatch (what DataLoader does
+    with its workers) sends batch ``k`` to worker ``k % parts``.
+    """
+    if train:
+        per = n // world
+        mine = np.random.default_rng(seed).permutation(n)[rank * per : (rank + 1) * per]
+    else:
+        mine = np.arange(rank, n, world)
+    rng = np.random.default_rng([seed, epoch, rank])
+    lists = []
+    for part in np.array_split(mine, max(1, parts)):
+        if train:
+            part = rng.permutation(part)
+            nb = len(part) // batch
+        else:
+            nb = -(-len(part) // batch)
+        lists.append([part[i * batch : (i + 1) * batch] for i in range(nb)])
+    out = []
+    for r in range(max((len(x) for x in lists), default=0)):
+        out.extend(x[r] for x in lists if r < len(x))
+    return out
