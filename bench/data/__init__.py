@@ -64,6 +64,10 @@ def _cifar10(cfg: Any, cache: Any, rank: int, world: int, device: torch.device, 
 
 
 def _folder(cfg: Any, cache: Any, rank: int, world: int, device: torch.device, seed: int) -> DataBundle:
+    from bench.data.dali import build_folder, uses_cached_input
+
+    if uses_cached_input(cfg, cache):  # DALI, a cache level, progressive sizes, slow or remote storage
+        return build_folder(cfg, cache, rank, world, device, seed)
     from bench.data.folder import image_folders
     from bench.data.loaders import DeviceLoader
 
@@ -101,6 +105,10 @@ def _check_cifar(cfg: Any) -> None:
 
 def _check_folder(cfg: Any) -> None:
     from bench.data.folder import check_split
+    from bench.data.storage import is_url
+
+    if is_url(cfg.root):  # remote (fsspec) roots are listed when the loaders are built
+        return
 
     check_split(cfg.root, cfg.train_dir)
     check_split(cfg.root, cfg.val_dir)
@@ -121,6 +129,9 @@ def validate(cfg: Any, cache_cfg: Any, world_size: int) -> None:
         raise ConfigError(f"data.loader={cfg.loader!r}; choose torch or dali")
     if cfg.name in VALIDATORS:
         VALIDATORS[cfg.name](cfg)
+    from bench.data.dali import validate_input  # cache group, DALI, throttle, progressive sizes
+
+    validate_input(cfg, cache_cfg)
 
 
 def build_data(cfg: Any, cache_cfg: Any, rank: int, world_size: int, device: torch.device, seed: int) -> DataBundle:
