@@ -17,10 +17,11 @@ of a shared machine falls on all of them alike; ratios are taken within the run.
 
 Memory-traffic floor: the bytes an ideal one-pass update reads and writes (fp32: SGD reads
 p, g, buf and writes p, buf = 20 B per value; LARS also reads p and g once for the norms =
-28 B; AdamW reads p, g, m, v and writes p, m, v = 28 B) divided by the copy bandwidth
-measured in the same run (``dst.copy_(src)`` of 256 MiB; bandwidth = bytes read + written
-/ time; write-allocate traffic is not counted, so a kernel can come in slightly under the
-"floor").  ``floor_ratio = median_ms / floor_ms``.
+28 B; AdamW reads p, g, m, v and writes p, m, v = 28 B) divided by the streaming bandwidth
+measured in the same run, interleaved with the cases, on buffers as large as the parameter
+set (:class:`BandwidthProbe`: a copy, ``copy_gbps``, and an in-place add, ``rmw_gbps``;
+bytes read + written / time; the faster of the two is used).  ``floor_ratio = median_ms /
+floor_ms``; about 1 means the update runs at memory speed.
 
 Run: ``python -m reproduce bench update`` (a few minutes on 2 CPU cores).
 """
@@ -77,12 +78,29 @@ def param_set(name: str) -> torch.nn.Module:
     raise KeyError(name)
 
 
-def copy_bandwidth(device: torch.device, numel: int, reps: int) -> float:
-    """Bytes read + written per second by ``dst.copy_(src)`` of ``numel`` fp32 values."""
-    src = torch.randn(numel, device=device)
-    dst = torch.empty_like(src)
-    times = _interleaved({"copy": lambda: dst.copy_(src)}, warmup=2, reps=reps)["copy"]
-    return 2 * 4 * numel / (statistics.median(times) / 1e3)
+class BandwidthProbe:
+    """Streaming-bandwidth probes over ``numel`` fp32 values, timed among the cases.
+
+    ``copy``: ``dst.copy_(src)`` (reads ``src``, writes ``dst``: 8 B per value);
+    ``rmw``: ``x.add_(y)`` (reads x and y, writes x: 12 B per value), an in-place pass
+    like the update's own, without the write-allocate traffic that a copy into a
+    different buffer also causes.  The floor uses the faster of the two.
+    """
+
+    def __init__(self, numel: int, device: torch.device) -> None:
+        self.numel = numel
+        self.src = torch.randn(numel, device=device)
+        self.dst = torch.empty_like(self.src)
+        self.x = torch.randn(numel, device=device)
+
+    def fns(self) -> dict[Any, Any]:
+        return {"_copy": lambda: self.dst.copy_(self.src), "_rmw": lambda: self.x.add_(self.src, alpha=1e-9)}
+
+    def gbps(self, times: dict[Any, list[float]]) -> tuple[float, float]:
+        """(copy, rmw) bandwidth in GB/s from the median times (ms) of the probes."""
+        copy_s = statistics.median(times["_copy"]) / 1e3
+        rmw_s = statistics.median(times["_rmw"]) / 1e3
+        return 8 * self.numel / copy_s / 1e9, 12 * self.numel / rmw_s / 1e9
 
 
 def _interleaved(fns: dict[str, Any], warmup: int, reps: int) -> dict[str, list[float]]:
@@ -170,7 +188,6 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     run = BenchRun("update", results_dir)
     reps, warmup = (3, 1) if quick else (9, 2)
-    bw = copy_bandwidth(device, (1 << 20) if quick else (64 << 20), reps)
     models = ("resnet18_head", "transformer_tiny") if quick else ("resnet50", "transformer_base")
     for model_name in models:
         model = param_set(model_name)
@@ -181,7 +198,11 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
             by_opt.setdefault(opt, []).append((mode, variant))
         for opt, modes in by_opt.items():
             built = {(mode, v): _build(model, opt, mode, device, v) for mode, v in modes}
-            steps = _interleaved({k: o.step for k, (_, o) in built.items()}, warmup, reps)
+            probe = BandwidthProbe(n_values, device)  # as large as the parameter set
+            steps = _interleaved({**{k: o.step for k, (_, o) in built.items()}, **probe.fns()}, warmup, reps)
+            copy_gbps, rmw_gbps = probe.gbps(steps)
+            bw = max(copy_gbps, rmw_gbps) * 1e9
+            del probe, steps["_copy"], steps["_rmw"]
             zeros = _interleaved({k: (lambda o=o: o.zero_grad(set_to_none=False)) for k, (_, o) in built.items()},
                                  1, reps)
             floor_ms = TRAFFIC_VALUES[opt] * 4 * n_values / bw * 1e3
@@ -193,7 +214,7 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
                     n_tensors=len(params), n_values=n_values, median_ms=med[(mode, variant)],
                     min_ms=min(t), iqr_ms=q[2] - q[0], reps=reps,
                     zero_grad_ms=statistics.median(zeros[(mode, variant)]),
-                    bytes_per_step=TRAFFIC_VALUES[opt] * 4 * n_values, copy_gbps=bw / 1e9,
+                    bytes_per_step=TRAFFIC_VALUES[opt] * 4 * n_values, copy_gbps=copy_gbps, rmw_gbps=rmw_gbps,
                     floor_ms=floor_ms, floor_ratio=med[(mode, variant)] / floor_ms,
                     speedup_vs_naive=med[("naive", "")] / med[(mode, variant)],
                     speedup_vs_fused=(med[("fused", "")] / med[(mode, variant)]) if ("fused", "") in med else None,

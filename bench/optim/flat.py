@@ -140,6 +140,13 @@ class FlatBucket:
             self.scratch[name] = torch.empty_like(self.master)
         return self.scratch[name]
 
+    def small_buffer(self, name: str, numel: int) -> torch.Tensor:
+        """A scratch buffer of at least ``numel`` values of the master dtype, kept."""
+        buf = self.scratch.get(name)
+        if buf is None or buf.numel() < numel:
+            buf = self.scratch[name] = torch.empty(numel, dtype=self.master_dtype, device=self.device)
+        return buf
+
     def view(self, flat: torch.Tensor, i: int) -> torch.Tensor:
         """Parameter ``i``'s view into a flat buffer (state, master ...)."""
         return _dense_view(flat, self.offsets[i], self.params[i])
