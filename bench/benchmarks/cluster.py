@@ -121,6 +121,7 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
 
 
 def _plot(bench: BenchRun) -> None:
+    """``cluster.png`` (measured vs model, per bandwidth) and ``cluster.scaling.png``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -139,7 +140,11 @@ def _plot(bench: BenchRun) -> None:
                                                                   strict=True)])
         ax.set_yscale("log")
         ax.set_ylabel("aggregation time per step (ms)")
-        ax.set_title(f"{bw}: 2 nodes x 2 workers, density {DENSITY}")
+        for i, (ms, err) in enumerate(zip(d["predicted_ms"], d["model_error"], strict=True)):
+            ax.annotate(f"{err:+.0%}", (i + 0.2, ms), ha="center", va="bottom", fontsize=7)
+        link = d["link_gbps"].iloc[0] if len(d) else float("nan")
+        ax.set_title(f"{bw} (link check {link:.2g} Gbit/s): 2 nodes x 2 workers, "
+                     f"density {DENSITY}", fontsize=9)
         ax.legend(fontsize=8)
     fig.suptitle(f"ResNet-50 gradient aggregation, emulated cluster\n{hw}", fontsize=9)
     fig.tight_layout()
@@ -149,16 +154,17 @@ def _plot(bench: BenchRun) -> None:
     proj = df[df["kind"] == "projection"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     styles = {"dense": "-", "mstopk": ":", "hitopk": "--"}
-    for bw, dbw in proj.groupby("bandwidth", sort=False):
+    for j, (bw, dbw) in enumerate(proj.groupby("bandwidth", sort=False)):
         for comm, dc in dbw.groupby("comm", sort=False):
             ax.plot(dc["nodes"], dc["efficiency"], styles.get(comm, "-"), marker=".",
-                    label=f"{comm} {bw}")
+                    color=f"C{j}", label=f"{comm} {bw}")
     ax.set_xlabel("nodes (8 GPUs each)")
     ax.set_ylabel("scaling efficiency")
     ax.set_ylim(0, 1.05)
     ax.legend(fontsize=7, ncol=3)
-    ax.set_title("Alpha-beta projection, ResNet-50, density 0.001 (assumed V100 costs)\n"
-                 f"model calibrated on: {hw}", fontsize=8)
+    ax.set_title("Alpha-beta projection to the paper's cluster: ResNet-50, 64 images/GPU, "
+                 "density 0.001\nassumed V100/NVLink costs (perfmodel.PAPER_COSTS), not "
+                 f"measured; drawn on {hw}", fontsize=8)
     fig.tight_layout()
     fig.savefig(bench.png_path.with_suffix(".scaling.png"), dpi=120)
     plt.close(fig)

@@ -108,12 +108,17 @@ def _calibrate(agg: Aggregator, sizes_mb: list[float], reps: int) -> dict[str, l
             ms = statistics.median(_step_ms(
                 lambda t=t, o=out: _REDUCE_SCATTER(o, t, group=agg.intra), 1, reps))
             cal["intra_reduce_scatter"].append((t.numel() * 4, ms / 1e3))
-    # selection over the sizes the comms select from: a node's shard and a whole bucket
-    for size in (agg.shard[0], agg.grads[0].numel()):
-        x = agg.grads[0][:size].clone()
-        k = max(1, math.ceil(agg.density * size))
-        ms = statistics.median(_step_ms(lambda x=x, k=k: mstopk(x, k), 1, reps))
-        cal["select"].append((size, ms / 1e3))
+    # selection over what the comms select from -- a node's shard (hitopk) and a whole
+    # bucket (flat) -- in every bucket's own memory, one synchronised call per bucket as
+    # in a step (each is followed by a collective that waits for the slowest rank)
+    for parts in (agg.m, 1):
+        total_ms, total_n = 0.0, 0
+        for g in agg.grads:
+            x = g[: math.ceil(g.numel() / parts)]
+            k = max(1, math.ceil(agg.density * x.numel()))
+            total_ms += statistics.median(_step_ms(lambda x=x, k=k: mstopk(x, k), 1, reps))
+            total_n += x.numel()
+        cal["select"].append((total_n, total_ms / 1e3))
     x = agg.grads[0].clone()  # one whole bucket
     k = max(1, math.ceil(agg.density * x.numel()))
     pairs = agg.world * k  # what a flat allgather brings back
@@ -121,9 +126,16 @@ def _calibrate(agg: Aggregator, sizes_mb: list[float], reps: int) -> dict[str, l
     out = torch.zeros(x.numel())
     ms = statistics.median(_step_ms(lambda: out.index_add_(0, i, v), 1, reps))
     cal["scatter"].append((pairs, ms / 1e3))
-    # the elementwise passes the communicators make: add (error feedback), zero, scale
-    ms = statistics.median(_step_ms(lambda: (out.add_(x), out.zero_(), out.div_(4.0)), 1, reps))
-    cal["dense_pass"].append((3 * x.numel(), ms / 1e3))
+    # the elementwise passes the communicators make: add (error feedback), zero, scale --
+    # over all bucket buffers, as in a step
+    def passes() -> None:
+        for b, g in zip(agg.bufs, agg.grads, strict=True):
+            b.add_(g)
+            b.zero_()
+            b.div_(4.0)
+
+    ms = statistics.median(_step_ms(passes, 1, reps))
+    cal["dense_pass"].append((3 * sum(g.numel() for g in agg.grads), ms / 1e3))
     return cal
 
 

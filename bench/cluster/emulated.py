@@ -214,7 +214,9 @@ def run_nodes(
         _stop(procs)
 
 
-def _spec(c: Any) -> tuple[int, int, float, float]:
+def check_config(c: Any) -> tuple[int, int, float, float]:
+    """Validate ``cfg.cluster`` for ``emulated`` (nothing is built): nodes, workers,
+    bandwidth (bit/s), latency (s).  Raises :class:`ConfigError` with one sentence."""
     if c.nnodes < 2:
         raise ConfigError(f"cluster=emulated needs cluster.nnodes >= 2, got {c.nnodes}")
     check_capacity(c.nnodes, c.nproc_per_node)
@@ -228,7 +230,7 @@ def _spec(c: Any) -> tuple[int, int, float, float]:
 def launch_emulated(cfg: Any, run_json: Path) -> int:
     """Launcher ``emulated``: workers run ``python -m bench.train --config run_json``."""
     c = cfg.cluster
-    nnodes, nproc, bw, lat = _spec(c)  # bad input is refused before anything is built
+    nnodes, nproc, bw, lat = check_config(c)  # bad input is refused before anything is built
     require_tools()
     run_json = Path(run_json)
     with EmulatedCluster(nnodes, bw, lat, subnet=c.subnet) as cluster:
