@@ -41,9 +41,9 @@ def test_emulated_launcher_refuses_bad_input_before_building(tmp_path, cluster, 
 
 
 def test_emulated_launcher_is_registered():
-    from bench.cluster.launch import LAUNCHERS, _load_plugins
+    import bench.cluster.emulated  # noqa: F401  (registers itself)
+    from bench.cluster.launch import LAUNCHERS
 
-    _load_plugins()
     assert "emulated" in LAUNCHERS
 
 
