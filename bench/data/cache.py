@@ -549,6 +549,9 @@ class CachedFolderLoader:
             persistent_workers=num_workers > 0,
             prefetch_factor=prefetch if num_workers > 0 else None,
             worker_init_fn=_worker_init,
+            # not fork: a process that also runs DALI (or any threaded library) can deadlock
+            # a forked child on a lock held by one of its threads
+            multiprocessing_context=_forkserver() if num_workers > 0 else None,
         )
 
     def _plan(self) -> list:
@@ -591,6 +594,15 @@ class CachedFolderLoader:
                 x = (x.to(self.device, non_blocking=nb).float() - mean) / std
                 yield x, y.to(self.device, non_blocking=nb), idx
             t0 = time.perf_counter()
+
+
+def _forkserver():
+    import multiprocessing as mp
+
+    ctx = mp.get_context("forkserver")
+    # the server imports these once; every worker forked from it starts with them loaded
+    ctx.set_forkserver_preload(["torch", "torchvision.transforms.functional", "bench.data.cache"])
+    return ctx
 
 
 def _worker_init(worker_id: int) -> None:
