@@ -192,3 +192,35 @@ def test_rendezvous_that_never_completes_times_out(tmp_path):
                       rdzv_timeout_s=5, start_nodes=[0], timeout_s=300)
         run_id = c.run_id
     assert _mine(run_id) == [] and time.monotonic() - t0 < 300
+
+
+@pytest.mark.slow
+@pytest.mark.root
+@pytest.mark.skipif(not HAVE_ROOT, reason="needs root and iproute2 (ip, tc)")
+def test_ctrl_c_during_a_run_stops_the_workers_and_removes_everything(tmp_path):
+    code = textwrap.dedent(f"""
+        from bench.cluster.netns import EmulatedCluster
+        from bench.cluster.emulated import run_nodes
+        with EmulatedCluster(2, 1e9) as c:
+            print(c.run_id, flush=True)
+            run_nodes(c, 1, "bench.cluster.probe", ["--out", {str(tmp_path)!r}, "--sleep", "300"],
+                      rdzv_timeout_s=120)
+    """)
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    run_id = p.stdout.readline().strip()
+    ns1 = f"tkb-{run_id}-n1"
+    pids: list[str] = []
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        # node 1's agent and its worker: wait for both processes
+        pids = subprocess.run(["ip", "netns", "pids", ns1], capture_output=True,
+                              text=True).stdout.split()
+        if len(pids) >= 2:
+            break
+        time.sleep(1)
+    assert len(pids) >= 2, "the workers did not start"
+    p.send_signal(signal.SIGINT)
+    p.wait(timeout=60)
+    assert _mine(run_id) == []
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read()
