@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 from types import SimpleNamespace
 
@@ -322,3 +323,32 @@ def test_ddp_flat_trains_like_foreach(tmp_path) -> None:
     for mode in ("flat", "flat_bucket_view"):
         for a, b in zip(res[mode], res["foreach"], strict=True):
             assert ((a - b).norm() / b.norm()).item() < TOL, mode
+
+
+def test_flat_lars_segment_reduce_norms_match(resnet18: torch.nn.Module) -> None:
+    from bench.optim.lars import FlatLARS
+
+    old = FlatLARS.norm_method
+    FlatLARS.norm_method = "segment_reduce"
+    try:
+        check_matches_reference(resnet18_head(resnet18), "lars", "flat")
+    finally:
+        FlatLARS.norm_method = old
+
+
+def test_optim_config_files_validate() -> None:
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    files = sorted((Path(__file__).resolve().parents[1] / "conf" / "optim").glob("*.yaml"))
+    assert {f.stem for f in files} >= {"sgd", "lars", "adam", "adamw"}
+    for f in files:
+        c = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(OptimConfig), OmegaConf.load(f)))
+        assert c.name == f.stem  # file stem = registry key
+        validate(c)
+        for mode in UPDATE_MODES:
+            try:  # every mode is either built or refused with the alternatives
+                validate(dataclasses.replace(c, update=mode))
+            except ConfigError as e:
+                assert "choose one of" in str(e)

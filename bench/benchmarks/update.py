@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import random
 import statistics
 import time
 import warnings
@@ -104,13 +105,18 @@ class BandwidthProbe:
 
 
 def _interleaved(fns: dict[str, Any], warmup: int, reps: int) -> dict[str, list[float]]:
-    """Round-robin timing (ms) of several callables; warm-up calls are discarded."""
+    """Round-robin timing (ms) of several callables, in a shuffled order each round;
+    warm-up calls are discarded."""
     for _ in range(warmup):
         for fn in fns.values():
             fn()
     times: dict[str, list[float]] = {k: [] for k in fns}
+    order = list(fns)
+    rng = random.Random(0)
     for _ in range(reps):
-        for k, fn in fns.items():
+        rng.shuffle(order)  # no case always runs right after the same other one
+        for k in order:
+            fn = fns[k]
             _sync()
             t0 = time.perf_counter()
             fn()

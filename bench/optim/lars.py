@@ -40,13 +40,16 @@ def trust_ratio(pn: torch.Tensor, gn: torch.Tensor, eta: float, wd: float, eps: 
 def segment_norms(x: torch.Tensor, lengths: torch.Tensor | list[int], scratch: torch.Tensor | None, method: str) -> torch.Tensor:
     """L2 norm of each contiguous segment of the 1-D ``x`` (segment sizes ``lengths``).
 
-    ``segment_reduce``: squares into ``scratch`` then ``torch.segment_reduce(sum)``;
+    ``segment_reduce``: squares into ``scratch`` then ``torch.segment_reduce(sum)``; the
+    scratch is float64 because that reduction sums sequentially (fp32 loses ~1e-6 over a
+    million values, pairwise summation in ``norm`` does not);
     ``foreach``: ``torch._foreach_norm`` over the segment views (one multi-tensor op).
     """
     if method == "segment_reduce":
         assert scratch is not None
         torch.mul(x, x, out=scratch)
-        return torch.segment_reduce(scratch, "sum", lengths=torch.as_tensor(lengths, device=x.device)).sqrt_()
+        sums = torch.segment_reduce(scratch, "sum", lengths=torch.as_tensor(lengths, device=x.device))
+        return sums.sqrt_().to(x.dtype)
     sizes = lengths.tolist() if isinstance(lengths, torch.Tensor) else lengths
     return torch.stack(torch._foreach_norm(list(x.split(sizes))))
 
@@ -184,7 +187,11 @@ class FlatLARS(FlatOptimizer):
             return
         lengths, ids = self._segment_ids(bi, b, i, j)
         # pass 1: per-layer norms of p and g (segment-wise reductions over the range)
-        sq = b.buffer("s") if self.norm_method == "segment_reduce" else None
+        sq = None
+        if self.norm_method == "segment_reduce":
+            if "sq64" not in b.scratch:
+                b.scratch["sq64"] = torch.empty(b.numel, dtype=torch.float64, device=b.device)
+            sq = b.scratch["sq64"]
         sizes = lengths if self.norm_method == "segment_reduce" else b.numels[i:j]
         pn = segment_norms(p, sizes, None if sq is None else sq[start:end], self.norm_method)
         gn = segment_norms(grad, sizes, None if sq is None else sq[start:end], self.norm_method)
