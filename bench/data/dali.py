@@ -319,6 +319,7 @@ class DaliFolderLoader:
                         keep.append(k)
                 if not keep and self.train:
                     keep = [0]  # an all-padding batch: keep one sample so every rank steps
+                self._stats["cache/misses"] += len(keep)  # every file came from level 0
                 if len(keep) < len(idx):
                     x, idx = x[torch.tensor(keep, device=x.device)], idx[keep]
             if len(idx):

@@ -150,16 +150,18 @@ def make_jpeg_folder(
 
 
 def cached_jpeg_folder(
-    images: int, classes: int, *, splits: tuple[str, ...] = ("train",), base: str | None = None,
+    images: int, classes: int, *, val_images: int = 0, base: str | None = None,
     target_kb: float = 110.0, seed: int = 0, workers: int = 2, small: bool = False,
 ) -> str:
-    """A generated folder under ``base`` (default: the temp dir), made once and reused.
+    """A generated ``train`` (and ``val`` when ``val_images``) folder, made once and reused.
+
+    It lives under ``base`` (default: the temp dir, never the repository).
 
     The folder name is a hash of the parameters; it is written into a temporary folder
     and renamed into place, so an interrupted run never leaves a partial folder behind.
     """
     base = base or os.path.join(tempfile.gettempdir(), "topk-dawnbench-jpegs")
-    params = dict(images=images, classes=classes, splits=list(splits), kb=target_kb, seed=seed, small=small, v=1)
+    params = dict(images=images, classes=classes, val=val_images, kb=target_kb, seed=seed, small=small, v=1)
     key = hashlib.sha1(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
     root = os.path.join(base, f"{images}x{classes}-{key}")
     if os.path.exists(os.path.join(root, "done.json")):
@@ -167,10 +169,11 @@ def cached_jpeg_folder(
     os.makedirs(base, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".gen-", dir=base)
     summary = {}
-    for k, split in enumerate(splits):
-        summary[split] = make_jpeg_folder(
-            tmp, images, classes, split, target_kb=target_kb, seed=seed + k, workers=workers, small=small
-        )
+    for k, (split, n) in enumerate([("train", images), ("val", val_images)]):
+        if n:
+            summary[split] = make_jpeg_folder(
+                tmp, n, classes, split, target_kb=target_kb, seed=seed + k, workers=workers, small=small
+            )
     with open(os.path.join(tmp, "done.json"), "w") as f:
         json.dump({**params, "summary": summary}, f)
     try:
