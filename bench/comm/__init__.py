@@ -1,8 +1,24 @@
-"""Gradient communication for DDP: compressors, error feedback, communicators, hooks.
+"""Gradient communication for DDP: top-k selection, error feedback, communicators, hooks.
+
+Three separate pieces with registries (GRACE-style), combined into DDP communication hooks:
+
+- ``selection.py``: ``topk``, ``mstopk`` (MSTopK and its faster variants), ``randomk``;
+- ``compressors.py``: compressors (dense, fp16, bf16, topk, mstopk, randomk) and the
+  error-feedback memory;
+- ``communicators.py``: dense allreduce, flat sparse allgather, HiTopKComm, wire format;
+- ``topology.py``: intra-node and inter-node process groups;
+- ``hooks.py``: :func:`make_hook` for any DDP user.
+
+Public API::
+
+    values, indices = bench.comm.mstopk(x, k)
+    state, hook = bench.comm.make_hook("hitopk", density=0.001)
+    ddp_model.register_comm_hook(state, hook)
 
 Training integration (used by :mod:`bench.train`)::
 
-    controller = attach(ddp_model, cfg.comm, steps_per_epoch=n)
+    validate(cfg.comm, world_size, nnodes)          # in the launcher, before workers start
+    controller = attach(ddp_model, cfg.comm, steps_per_epoch=n)   # after DDP wrapping
     controller.set_epoch(epoch)     # before each epoch: dense warm-up, density schedule
     stats = controller.pop_stats()  # after each epoch: per-step means since the last pop
 """
@@ -12,29 +28,109 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
+
+from bench.comm.communicators import COMMUNICATORS, CommStats
+from bench.comm.compressors import COMPRESSORS, MEMORIES
+from bench.comm.hooks import HOOKS, check_options, make_hook
+from bench.comm.selection import SELECTORS, mstopk, randomk, topk
+from bench.comm.topology import check_topology
+from bench.registry import ConfigError
+
+__all__ = [
+    "COMMUNICATORS",
+    "COMPRESSORS",
+    "HOOKS",
+    "MEMORIES",
+    "SELECTORS",
+    "CommController",
+    "CommStats",
+    "attach",
+    "make_hook",
+    "mstopk",
+    "randomk",
+    "topk",
+    "validate",
+]
 
 
-class DenseController:
-    """Plain DDP allreduce (no hook): the control every compressor is compared with."""
+def _hook_options(cfg: Any) -> dict[str, Any]:
+    return dict(
+        density=float(cfg.density),
+        error_feedback=bool(cfg.error_feedback),
+        min_numel=int(cfg.min_numel),
+        value_dtype=str(getattr(cfg, "value_dtype", "float32")),
+        selector=str(getattr(cfg, "selector", "mstopk")),
+        mstopk_method=str(getattr(cfg, "mstopk_method", "tiled")),
+        procs_per_node=int(getattr(cfg, "procs_per_node", 0)),
+        powersgd_rank=int(getattr(cfg, "powersgd_rank", 4)),
+    )
 
-    def __init__(self, ddp_model: torch.nn.Module) -> None:
-        numel = sum(p.numel() for p in ddp_model.parameters() if p.requires_grad)
-        elem = next(ddp_model.parameters()).element_size()
-        w = dist.get_world_size() if dist.is_initialized() else 1
-        # ring allreduce: each worker sends 2 (w-1)/w of the gradient
-        self.bytes_per_step = 2.0 * (w - 1) / w * numel * elem
+
+def validate(cfg: Any, world_size: int, nnodes: int) -> None:
+    """Refuse a bad ``comm`` config before any worker starts (raises ConfigError)."""
+    opts = _hook_options(cfg)
+    check_options(
+        cfg.name,
+        density=opts["density"],
+        value_dtype=opts["value_dtype"],
+        selector=opts["selector"],
+        mstopk_method=opts["mstopk_method"],
+        min_numel=opts["min_numel"],
+        powersgd_rank=opts["powersgd_rank"],
+    )
+    for d in cfg.density_schedule:
+        if not 0.0 < float(d) <= 1.0:
+            raise ConfigError(f"comm.density_schedule values must be in (0, 1], got {d}")
+    if int(cfg.warmup_epochs) < 0:
+        raise ConfigError(f"comm.warmup_epochs must be >= 0, got {cfg.warmup_epochs}")
+    if float(cfg.bucket_cap_mb) <= 0:
+        raise ConfigError(f"comm.bucket_cap_mb must be > 0, got {cfg.bucket_cap_mb}")
+    if nnodes < 1 or world_size % nnodes:
+        raise ConfigError(f"{nnodes} nodes do not divide the world size {world_size}")
+    ppn = opts["procs_per_node"] or world_size // nnodes
+    check_topology(world_size, ppn)
+    if cfg.name == "hitopk" and world_size // ppn < 2:
+        raise ConfigError(
+            "comm=hitopk needs at least 2 nodes (it saves inter-node traffic only); use "
+            "cluster.nnodes=2, or comm.procs_per_node=1 to treat each worker as a node, "
+            "or comm=mstopk on one node"
+        )
+
+
+class CommController:
+    """Applies the warm-up and density schedule per epoch and collects per-step stats."""
+
+    def __init__(self, state: Any, cfg: Any, steps_per_epoch: int) -> None:
+        self.state = state
+        self.name = str(cfg.name)
+        self.density = float(cfg.density)
+        self.warmup_epochs = int(cfg.warmup_epochs)
+        self.schedule = [float(d) for d in cfg.density_schedule]
+        self.steps_per_epoch = steps_per_epoch
+
+    def density_for(self, epoch: int) -> float:
+        """Density of an epoch: 1.0 in warm-up, then the schedule (last value repeats)."""
+        if epoch < self.warmup_epochs:
+            return 1.0
+        if self.schedule:
+            return self.schedule[min(epoch - self.warmup_epochs, len(self.schedule) - 1)]
+        return self.density
 
     def set_epoch(self, epoch: int) -> None:
-        pass
+        self.state.force_dense = epoch < self.warmup_epochs
+        if self.name not in ("dense", "fp16", "bf16", "powersgd"):
+            self.state.density = self.density_for(epoch)
 
-    def pop_stats(self) -> dict[str, Any]:
-        return {"comm/bytes_per_step": self.bytes_per_step, "comm/density": 1.0}
+    def pop_stats(self) -> dict[str, float]:
+        return self.state.stats.pop()
 
 
-def attach(ddp_model: torch.nn.Module, cfg: Any, steps_per_epoch: int) -> DenseController:
-    if cfg.name != "dense":
-        from bench.registry import ConfigError
-
-        raise ConfigError(f"comm={cfg.name} is not available yet; use comm=dense")
-    return DenseController(ddp_model)
+def attach(ddp_model: torch.nn.Module, cfg: Any, steps_per_epoch: int) -> CommController:
+    """Register the hook of ``cfg.name`` on a DDP model; call on every rank after DDP wrapping."""
+    opts = _hook_options(cfg)
+    if cfg.name == "powersgd":
+        # PowerSGD counts its own steps: its warm-up is start_powerSGD_iter
+        opts["warmup_steps"] = int(cfg.warmup_epochs) * int(steps_per_epoch)
+    state, hook = make_hook(cfg.name, **opts)
+    ddp_model.register_comm_hook(state, hook)
+    return CommController(state, cfg, steps_per_epoch)

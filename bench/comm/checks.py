@@ -1,0 +1,141 @@
+"""Distributed self-checks of the hooks, run on local gloo workers posing as 2 nodes x 2.
+
+``python -m bench.comm.checks`` prints them; ``tests/test_comm_dist.py`` asserts on them.
+Each check runs inside every worker (spawned by :func:`bench.comm.spawn.run_workers`) and
+returns plain numbers, so the test process compares without touching torch.distributed.
+
+- ``density_one``: with density 1.0 every top-k hook (and randomk) must give DDP's dense
+  allreduce gradients; fp16/bf16 within their rounding; PowerSGD runs.
+- ``conservation``: error feedback keeps what is not sent: over several steps,
+  sum(applied) + sum(residuals) == sum(gradients) over all workers, for the flat allgather
+  and hitopk, with float32 and float16 values on the wire.
+- ``topology``: hitopk from torchrun's environment equals hitopk with an explicit
+  ``procs_per_node``; one node is refused with ConfigError.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from bench.comm.communicators import CommStats
+from bench.comm.hooks import make_hook
+from bench.registry import ConfigError
+
+
+def _model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(32, 256),
+        torch.nn.ReLU(),
+        torch.nn.Linear(256, 96),
+        torch.nn.ReLU(),
+        torch.nn.Linear(96, 10),
+    )  # 35,818 parameters
+
+
+def _ddp_grads(rank: int, name: str | None, steps: int = 2, **opts: Any) -> list[torch.Tensor]:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(_model(), bucket_cap_mb=0.04)  # ~10 K floats per bucket: several buckets
+    if name is not None:
+        state, hook = make_hook(name, **opts)
+        model.register_comm_hook(state, hook)
+    grads = []
+    for step in range(steps):  # step 2 runs on DDP's rebuilt buckets
+        g = torch.Generator().manual_seed(1000 * step + rank)
+        x, y = torch.randn(16, 32, generator=g), torch.randint(0, 10, (16,), generator=g)
+        model.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]).clone())
+    return grads
+
+
+def density_one(rank: int, world: int) -> dict[str, float]:
+    """Max |hook grad - dense DDP grad| per hook name, at density 1.0."""
+    ref = _ddp_grads(rank, None)
+    out: dict[str, float] = {}
+    for name in ("dense", "topk", "mstopk", "randomk", "hitopk", "fp16", "bf16", "powersgd"):
+        got = _ddp_grads(rank, name, density=1.0, min_numel=0)
+        out[name] = max(float((a - b).abs().max()) for a, b in zip(got, ref, strict=True))
+    out["ref_scale"] = float(ref[-1].abs().max())
+    # PowerSGD compresses from its 3rd step on (start_powerSGD_iter >= 2): it must stay finite
+    got = _ddp_grads(rank, "powersgd", steps=4, powersgd_rank=2)
+    out["powersgd_compressed_finite"] = float(all(bool(torch.isfinite(g).all()) for g in got))
+    return out
+
+
+def conservation(rank: int, world: int) -> dict[str, float]:
+    """Relative error of sum(applied) + sum(residual) vs sum(gradients), per setting."""
+    out: dict[str, float] = {}
+    numel = 50_000
+    for name in ("mstopk", "topk", "hitopk", "randomk"):
+        for vdt in ("float32", "float16"):
+            state, _ = make_hook(name, density=0.02, value_dtype=vdt, min_numel=0, seed=rank)
+            comm = state.comm
+            grad_sum = torch.zeros(numel, dtype=torch.float64)
+            applied = torch.zeros(numel, dtype=torch.float64)
+            for step in range(5):
+                g = torch.randn(numel, generator=torch.Generator().manual_seed(97 * step + rank))
+                g[: numel // 10] *= 20  # a heavy part that wins the selection early
+                grad_sum += g.double()
+                buf = g.clone()
+                res = comm.reduce(buf, "bucket", state.density, CommStats()).wait()
+                applied += res.double() * world  # the hook returns the mean
+            # residuals: flat -> whole bucket; hitopk -> this worker's shard of its node sum
+            placed = torch.zeros(numel, dtype=torch.float64)
+            for key, r in comm.memory.buffers.items():
+                if isinstance(key, tuple) and key[-1] == "shard":
+                    m = comm.groups.topo.procs_per_node
+                    s = r.numel()
+                    lr = comm.groups.topo.local_rank
+                    lo, hi = lr * s, min(numel, (lr + 1) * s)
+                    placed[lo:hi] += r[: hi - lo].double()
+                    assert s == -(-numel // m)
+                else:
+                    placed += r.double()
+            dist.all_reduce(grad_sum)
+            dist.all_reduce(placed)
+            # applied is already the all-worker sum (identical on every rank)
+            err = (applied + placed - grad_sum).abs().max() / grad_sum.abs().max()
+            out[f"{name}/{vdt}"] = float(err)
+    return out
+
+
+def topology(rank: int, world: int) -> dict[str, Any]:
+    """hitopk via env == hitopk with explicit procs_per_node; one node is refused."""
+    out: dict[str, Any] = {}
+    g = torch.randn(40_000, generator=torch.Generator().manual_seed(rank))
+    res = {}
+    for label, ppn in (("env", 0), ("explicit", 2)):
+        state, _ = make_hook("hitopk", density=0.01, procs_per_node=ppn, selector="topk")
+        res[label] = state.comm.reduce(g.clone(), "b", state.density, state.stats).wait()
+        out[f"{label}/inter_bytes"] = state.stats.inter_bytes
+        out[f"{label}/bytes"] = state.stats.bytes
+    out["env_vs_explicit"] = float((res["env"] - res["explicit"]).abs().max())
+    dstate, _ = make_hook("dense")
+    dstate.comm.reduce(g.clone(), "b", 1.0, dstate.stats).wait()
+    out["dense/inter_bytes"] = dstate.stats.inter_bytes
+    try:
+        make_hook("hitopk", procs_per_node=world)
+        out["single_node"] = "accepted"
+    except ConfigError as e:
+        out["single_node"] = str(e)
+    return out
+
+
+def run_all(rank: int, world: int) -> dict[str, Any]:
+    return {
+        "density_one": density_one(rank, world),
+        "conservation": conservation(rank, world),
+        "topology": topology(rank, world),
+    }
+
+
+if __name__ == "__main__":
+    from bench.comm.spawn import run_workers
+
+    for r, res in enumerate(run_workers(run_all, 4, 2)):
+        print(r, res)

@@ -1,0 +1,218 @@
+"""Compressors and error-feedback memory: two of the three pieces of a gradient exchange.
+
+The split follows GRACE (Xu et al., "GRACE: A Compressed Communication Framework for
+Distributed Machine Learning", ICDCS 2021): a *compressor* turns a flat gradient into what
+goes on the wire (:class:`Compressed`) and back, a *memory* decides what is added before
+compression and what is kept afterwards, and a *communicator* (``communicators.py``) moves
+the compressed data between workers.  Each piece has its own registry, so any compressor
+can be combined with any memory and any communicator that accepts its kind (dense or
+sparse).
+
+Conservation (tested): with :class:`ResidualMemory`, for every call
+``compensated == decompress(compressed) + residual_after``; summed over steps, what was
+sent plus what is kept equals what came in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from bench.comm import selection
+from bench.registry import ConfigError, Registry
+
+COMPRESSORS: Registry = Registry("compressor")
+MEMORIES: Registry = Registry("memory")
+
+VALUE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def value_dtype(name: str) -> torch.dtype:
+    try:
+        return VALUE_DTYPES[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown value dtype {name!r}; choose one of {', '.join(VALUE_DTYPES)}"
+        ) from None
+
+
+@dataclass
+class Compressed:
+    """What one worker contributes for one bucket.
+
+    ``indices is None``: ``values`` is the whole (possibly cast) tensor.  Otherwise
+    ``values[j]`` belongs at flat position ``indices[j]`` of a tensor of ``numel`` elements.
+    """
+
+    values: torch.Tensor
+    indices: torch.Tensor | None
+    numel: int
+    dtype: torch.dtype  # dtype of the uncompressed tensor
+
+    @property
+    def sparse(self) -> bool:
+        return self.indices is not None
+
+
+class Compressor:
+    sparse: bool = False
+
+    def compress(self, x: torch.Tensor, density: float) -> Compressed:
+        raise NotImplementedError
+
+    def decompress(self, c: Compressed) -> torch.Tensor:
+        if c.indices is None:
+            return c.values.to(c.dtype)
+        out = torch.zeros(c.numel, dtype=c.dtype, device=c.values.device)
+        out.index_put_((c.indices,), c.values.to(c.dtype))
+        return out
+
+
+@COMPRESSORS.register("dense")
+class NoCompressor(Compressor):
+    """The control: the gradient as it is."""
+
+    def compress(self, x: torch.Tensor, density: float) -> Compressed:
+        return Compressed(x, None, x.numel(), x.dtype)
+
+
+class _CastCompressor(Compressor):
+    target: torch.dtype = torch.float16
+
+    def compress(self, x: torch.Tensor, density: float) -> Compressed:
+        return Compressed(x.to(self.target), None, x.numel(), x.dtype)
+
+
+@COMPRESSORS.register("fp16")
+class FP16Compressor(_CastCompressor):
+    """Half-precision values (what ``default_hooks.fp16_compress_hook`` does)."""
+
+    target = torch.float16
+
+
+@COMPRESSORS.register("bf16")
+class BF16Compressor(_CastCompressor):
+    """bfloat16 values: fp32's range, 8 mantissa bits."""
+
+    target = torch.bfloat16
+
+
+class _SparseCompressor(Compressor):
+    sparse = True
+    selector = "topk"
+
+    def __init__(self, value_dtype: str = "float32", **select_options: Any) -> None:
+        self.vdtype = globals()["value_dtype"](value_dtype)
+        self.options = select_options
+
+    def compress(self, x: torch.Tensor, density: float) -> Compressed:
+        k = selection.k_for(x.numel(), density)
+        vals, idx = selection.select(self.selector, x, k, **self.options)
+        if vals.dtype != self.vdtype and x.dtype == torch.float32:
+            vals = vals.to(self.vdtype)
+        return Compressed(vals, idx, x.numel(), x.dtype)
+
+
+@COMPRESSORS.register("topk")
+class TopKCompressor(_SparseCompressor):
+    """Exact top-k by magnitude (``torch.topk``): the baseline of every top-k paper."""
+
+    selector = "topk"
+
+    def __init__(self, value_dtype: str = "float32", **_: Any) -> None:
+        super().__init__(value_dtype)
+
+
+@COMPRESSORS.register("mstopk")
+class MSTopKCompressor(_SparseCompressor):
+    """MSTopK threshold-search selection (:func:`bench.comm.selection.mstopk`)."""
+
+    selector = "mstopk"
+
+
+@COMPRESSORS.register("randomk")
+class RandomKCompressor(_SparseCompressor):
+    """``k`` uniformly random positions: the magnitude-blind control."""
+
+    selector = "randomk"
+
+    def __init__(self, value_dtype: str = "float32", seed: int | None = None, **_: Any) -> None:
+        opts: dict[str, Any] = {}
+        if seed is not None:  # CPU generator: reproducible CPU selections only
+            opts["generator"] = torch.Generator().manual_seed(seed)
+        super().__init__(value_dtype, **opts)
+
+
+def build_compressor(name: str, **options: Any) -> Compressor:
+    cls = COMPRESSORS.get(name)
+    if issubclass(cls, _SparseCompressor):
+        return cls(**options)
+    return cls()
+
+
+# ---------------------------------------------------------------------------------------
+# error-feedback memory
+
+
+class Memory:
+    """``compensate`` before compression, ``update`` after it; keyed per bucket."""
+
+    def compensate(self, x: torch.Tensor, key: Hashable) -> torch.Tensor:
+        return x
+
+    def update(self, key: Hashable, compensated: torch.Tensor, c: Compressed) -> None:
+        pass
+
+    def residual(self, key: Hashable) -> torch.Tensor | None:
+        return None
+
+    def reset(self) -> None:
+        pass
+
+
+@MEMORIES.register("none")
+class NoMemory(Memory):
+    """No error feedback: whatever is not sent is lost."""
+
+
+@MEMORIES.register("residual")
+@dataclass
+class ResidualMemory(Memory):
+    """Error feedback (Seide et al. 2014; Stich et al. 2018; Karimireddy et al. 2019).
+
+    The residual lives on the gradient's device, one flat buffer per bucket key.  It is
+    fused with the selection: ``compensate`` adds the gradient *into* the residual buffer
+    and returns that buffer (no temporary of the bucket's size), the compressor selects
+    from it, and ``update`` subtracts the sent values at the sent positions in place, so
+    what stays in the buffer is exactly what was not sent.
+    """
+
+    buffers: dict[Hashable, torch.Tensor] = field(default_factory=dict)
+
+    def compensate(self, x: torch.Tensor, key: Hashable) -> torch.Tensor:
+        buf = self.buffers.get(key)
+        if buf is None or buf.shape != x.shape or buf.device != x.device or buf.dtype != x.dtype:
+            buf = torch.zeros_like(x)  # new bucket (or DDP rebuilt its buckets): no history
+            self.buffers[key] = buf
+        return buf.add_(x)
+
+    def update(self, key: Hashable, compensated: torch.Tensor, c: Compressed) -> None:
+        buf = self.buffers[key]
+        if c.indices is None:
+            buf.sub_(c.values.to(buf.dtype))
+        else:
+            # buf[idx] -= sent; equals 0 for float32 values, the rounding error for fp16
+            buf.index_put_((c.indices,), -c.values.to(buf.dtype), accumulate=True)
+
+    def residual(self, key: Hashable) -> torch.Tensor | None:
+        return self.buffers.get(key)
+
+    def reset(self) -> None:
+        self.buffers.clear()
+
+
+def build_memory(error_feedback: bool) -> Memory:
+    return MEMORIES.get("residual" if error_feedback else "none")()

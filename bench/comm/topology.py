@@ -1,0 +1,104 @@
+"""Node topology and the intra-node / inter-node process groups of hierarchical collectives.
+
+HiTopKComm (``../shared/PAPER.md`` section 2) runs dense collectives among the ``m``
+workers of a node (fast links) and sparse collectives among the ``n`` workers that share a
+local rank across nodes (slow links).  Ranks are laid out node-major, as torchrun assigns
+them: ``rank = node * m + local_rank``.
+
+The topology comes from torchrun's environment (``LOCAL_WORLD_SIZE``, ``GROUP_RANK``,
+``LOCAL_RANK``) unless ``procs_per_node`` is given, which also lets one machine pose as
+several nodes (``procs_per_node=1`` turns every worker into its own "node").  The process
+groups are created once per (world, topology) and cached: ``new_group`` is a collective
+that every rank must call in the same order, so creating them lazily inside a DDP hook on
+some ranks only would deadlock.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
+
+from bench.registry import ConfigError
+
+
+@dataclass(frozen=True)
+class Topology:
+    world_size: int
+    procs_per_node: int  # m: workers per node
+    rank: int
+
+    @property
+    def nnodes(self) -> int:  # n
+        return self.world_size // self.procs_per_node
+
+    @property
+    def node(self) -> int:
+        return self.rank // self.procs_per_node
+
+    @property
+    def local_rank(self) -> int:
+        return self.rank % self.procs_per_node
+
+
+def check_topology(world_size: int, procs_per_node: int) -> None:
+    """Raise ConfigError unless ``procs_per_node`` splits ``world_size`` into whole nodes."""
+    if procs_per_node < 1:
+        raise ConfigError(f"procs_per_node must be >= 1, got {procs_per_node}")
+    if world_size % procs_per_node:
+        raise ConfigError(
+            f"{procs_per_node} workers per node do not divide the world size {world_size}"
+        )
+
+
+def detect(world_size: int, rank: int, procs_per_node: int = 0) -> Topology:
+    """The topology from an explicit ``procs_per_node`` (> 0) or from torchrun's environment."""
+    if procs_per_node <= 0:
+        env = os.environ.get("LOCAL_WORLD_SIZE")
+        procs_per_node = int(env) if env else world_size  # no launcher info: one node
+        group_rank = os.environ.get("GROUP_RANK")
+        if env and group_rank is not None and int(group_rank) != rank // procs_per_node:
+            raise ConfigError(
+                f"rank {rank} is on node {group_rank} but ranks are not node-major "
+                f"with {procs_per_node} per node; pass procs_per_node explicitly"
+            )
+    check_topology(world_size, procs_per_node)
+    return Topology(world_size, procs_per_node, rank)
+
+
+@dataclass
+class Groups:
+    topo: Topology
+    intra: Any  # ProcessGroup of this node's workers (None when m == 1)
+    inter: Any  # ProcessGroup of the workers with this local rank (None when n == 1)
+
+
+_CACHE: dict[tuple[int, int, int], Groups] = {}
+
+
+def groups(topo: Topology) -> Groups:
+    """Create (once) and return this rank's intra-node and inter-node process groups.
+
+    Every rank must call this the first time with the same topology.
+    """
+    key = (id(dist.group.WORLD), topo.world_size, topo.procs_per_node)
+    if key in _CACHE:
+        return _CACHE[key]
+    m, n = topo.procs_per_node, topo.nnodes
+    intra = inter = None
+    # new_group must be called by all ranks for every group, in the same order
+    for node in range(n):
+        ranks = list(range(node * m, (node + 1) * m))
+        g = dist.new_group(ranks) if m > 1 else None
+        if node == topo.node:
+            intra = g
+    for lr in range(m):
+        ranks = list(range(lr, topo.world_size, m))
+        g = dist.new_group(ranks) if n > 1 else None
+        if lr == topo.local_rank:
+            inter = g
+    out = Groups(topo, intra, inter)
+    _CACHE[key] = out
+    return out

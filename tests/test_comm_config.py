@@ -1,0 +1,69 @@
+"""comm config group: every conf/comm/*.yaml composes and validates; bad input is refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from bench.comm import HOOKS, CommController, validate
+from bench.comm.config import CommConfig
+from bench.registry import ConfigError
+
+CONF = Path(__file__).resolve().parents[1] / "conf" / "comm"
+
+
+def _cfg(**kw) -> CommConfig:
+    return OmegaConf.merge(OmegaConf.structured(CommConfig), kw)  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("path", sorted(CONF.glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_comm_yaml_is_a_registered_valid_config(path: Path) -> None:
+    cfg = OmegaConf.merge(OmegaConf.structured(CommConfig), OmegaConf.load(path))
+    assert cfg.name == path.stem and cfg.name in HOOKS
+    validate(cfg, world_size=4, nnodes=2)
+
+
+def test_every_hook_has_a_yaml() -> None:
+    assert {p.stem for p in CONF.glob("*.yaml")} >= set(HOOKS.names())
+
+
+@pytest.mark.parametrize(
+    "kw, world, nnodes, match",
+    [
+        ({"name": "mstopk", "density": 0.0}, 2, 1, "density"),
+        ({"name": "mstopk", "density": 1.5}, 2, 1, "density"),
+        ({"name": "topk", "density_schedule": [0.25, 0.0]}, 2, 1, "density_schedule"),
+        ({"name": "nope"}, 2, 1, "unknown comm"),
+        ({"name": "hitopk"}, 2, 1, "at least 2 nodes"),
+        ({"name": "hitopk", "procs_per_node": 3}, 4, 2, "do not divide"),
+        ({"name": "dense"}, 4, 3, "do not divide"),
+        ({"name": "hitopk", "value_dtype": "int8"}, 4, 2, "value dtype"),
+        ({"name": "hitopk", "mstopk_method": "x"}, 4, 2, "mstopk method"),
+        ({"name": "hitopk", "selector": "dense"}, 4, 2, "selector"),
+        ({"name": "mstopk", "warmup_epochs": -1}, 2, 1, "warmup"),
+    ],
+)
+def test_bad_config_is_refused(kw: dict, world: int, nnodes: int, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        validate(_cfg(**kw), world, nnodes)
+
+
+def test_hitopk_single_node_allowed_with_one_proc_per_node() -> None:
+    validate(_cfg(name="hitopk", procs_per_node=1), 2, 1)
+
+
+def test_controller_warmup_and_schedule() -> None:
+    class S:
+        force_dense = False
+        density = 0.0
+
+    cfg = _cfg(name="hitopk", warmup_epochs=1, density_schedule=[0.25, 0.0625, 0.001])
+    c = CommController(S(), cfg, steps_per_epoch=10)
+    got = []
+    for epoch in range(5):
+        c.set_epoch(epoch)
+        got.append((c.state.force_dense, c.state.density))
+    assert got[0][0] is True and all(not fd for fd, _ in got[1:])
+    assert [d for _, d in got[1:]] == [0.25, 0.0625, 0.001, 0.001]

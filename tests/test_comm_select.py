@@ -1,0 +1,120 @@
+"""Top-k selectors: exactly k unique indices, values match, coverage, edge cases, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bench.comm import mstopk, randomk, topk
+from bench.comm.selection import MSTOPK_METHODS, k_for
+from bench.registry import ConfigError
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+
+
+def _inputs(n: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {
+        "gaussian": torch.randn(n, generator=g),
+        # heavy-tailed: Student-t with 1.5 degrees of freedom, plus a few huge outliers
+        "heavy": torch.distributions.StudentT(1.5).sample((n,)) * 1e-3,
+    }
+
+
+def _coverage(x: torch.Tensor, idx: torch.Tensor, k: int) -> float:
+    x = x.reshape(-1)
+    exact = torch.topk(x.abs().double(), k).values.pow(2).sum()
+    return float(x.double()[idx].pow(2).sum() / exact)
+
+
+def _check(x: torch.Tensor, vals: torch.Tensor, idx: torch.Tensor, k: int) -> None:
+    assert idx.dtype == torch.long and idx.numel() == min(k, x.numel())
+    assert idx.unique().numel() == idx.numel()
+    assert vals.dtype == x.dtype
+    assert torch.equal(vals, x.reshape(-1)[idx])
+    assert idx.numel() == 0 or 0 <= int(idx.min()) <= int(idx.max()) < x.numel()
+
+
+@pytest.mark.parametrize("method", MSTOPK_METHODS)
+@pytest.mark.parametrize("kind", ["gaussian", "heavy"])
+@pytest.mark.parametrize("density", [0.001, 0.01])
+def test_mstopk_exact_k_and_coverage(method: str, kind: str, density: float) -> None:
+    torch.manual_seed(1)
+    x = _inputs(300_000)[kind]
+    k = k_for(x.numel(), density)
+    vals, idx = mstopk(x, k, method)
+    _check(x, vals, idx, k)
+    cov = _coverage(x, idx, k)
+    assert cov >= 0.99, cov
+    if method != "paper":  # the exact variants find the top-k itself
+        assert cov == pytest.approx(1.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("method", MSTOPK_METHODS)
+def test_mstopk_dtypes(dtype: torch.dtype, method: str) -> None:
+    x = torch.randn(100, 1001, generator=torch.Generator().manual_seed(2)).to(dtype)
+    vals, idx = mstopk(x, 500, method)
+    _check(x, vals, idx, 500)
+    assert _coverage(x, idx, 500) >= 0.99
+
+
+@pytest.mark.parametrize("fn", [mstopk, topk, randomk])
+def test_edge_cases(fn) -> None:
+    x = torch.randn(1000)
+    v, i = fn(x, 0)
+    assert v.numel() == 0 and i.numel() == 0 and i.dtype == torch.long
+    v, i = fn(x, 1000)
+    _check(x, v, i, 1000)
+    v, i = fn(x, 5000)  # k >= numel: every element
+    _check(x, v, i, 5000)
+    v, i = fn(torch.tensor([3.0]), 1)
+    assert i.tolist() == [0] and v.tolist() == [3.0]
+    v, i = fn(torch.randn(2, 3, 4), 5)  # any shape: indices into the flattened tensor
+    assert i.numel() == 5 and int(i.max()) < 24
+
+
+@pytest.mark.parametrize("method", MSTOPK_METHODS)
+@pytest.mark.parametrize("n", [10, 100_000])
+def test_ties_constant_tensor(method: str, n: int) -> None:
+    x = torch.full((n,), 0.5)
+    vals, idx = mstopk(x, 7, method)
+    _check(x, vals, idx, 7)
+    x = torch.zeros(n)  # all-zero gradient (e.g. a frozen layer)
+    vals, idx = mstopk(x, 7, method)
+    _check(x, vals, idx, 7)
+
+
+@pytest.mark.parametrize("method", MSTOPK_METHODS)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("n", [100, 100_000])
+def test_nonfinite_is_an_error(method: str, bad: float, n: int) -> None:
+    x = torch.randn(n)
+    x[n // 3] = bad
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        mstopk(x, 10, method)
+
+
+def test_bad_arguments() -> None:
+    x = torch.randn(100)
+    with pytest.raises(ConfigError, match="k must be >= 0"):
+        mstopk(x, -1)
+    with pytest.raises(ConfigError, match="unknown mstopk method"):
+        mstopk(x, 3, "bogus")
+    with pytest.raises(ConfigError, match="floating-point"):
+        mstopk(torch.arange(10), 3)
+    for d in (0.0, -0.1, 1.5):
+        with pytest.raises(ConfigError, match="density"):
+            k_for(100, d)
+
+
+def test_large_tiled_is_exact() -> None:
+    """The tiled path (C x R view, tail, column maxima) at a size where it is used."""
+    x = torch.randn(2_000_017, generator=torch.Generator().manual_seed(3))
+    k = 2000
+    vals, idx = mstopk(x, k)
+    _check(x, vals, idx, k)
+    assert set(idx.tolist()) == set(torch.topk(x.abs(), k).indices.tolist())
+    x[-3] = 1e6  # in the tail that does not fill a column
+    vals, idx = mstopk(x, k)
+    assert x.numel() - 3 in set(idx.tolist())
