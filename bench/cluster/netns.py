@@ -39,7 +39,6 @@ import signal
 import subprocess
 import sys
 import time
-import warnings
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -260,11 +259,8 @@ class EmulatedCluster:
         burst = max(int(rate_bits / 8 * 1e-3), 65536)
         netem_ok = self.latency_s > 0 and self._has_netem()
         if self.latency_s > 0 and not netem_ok:
-            warnings.warn(
-                "this kernel has no sch_netem: the inter-node latency is not emulated "
-                "(the link check records the measured one)",
-                stacklevel=3,
-            )
+            print("warning: this kernel has no sch_netem, so the inter-node latency is not "
+                  "emulated (the link check records the measured one)", file=sys.stderr)
         self.latency_emulated = netem_ok
         for i in range(self.nodes):
             ns, nif, hif = self.ns(i), self.ifname(i), self._host_if(i)
