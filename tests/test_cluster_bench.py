@@ -58,6 +58,7 @@ def test_quick_cluster_benchmark_writes_its_columns(tmp_path: Path):
     for col in ("bandwidth", "nodes", "procs_per_node", "comm", "density", "median_ms",
                 "predicted_ms", "hardware", "kind", "efficiency"):
         assert col in df.columns, col
+    assert set(df["kind"]) == {"measured", "whatif", "projection"}
     m = df[df["kind"] == "measured"]
     assert set(m["comm"]) == {"dense", "mstopk", "hitopk"}
     assert set(m["bandwidth"]) == {"1gbit", "10gbit"}

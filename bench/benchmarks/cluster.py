@@ -6,11 +6,16 @@ workers (network namespaces, ``tc`` shaping: :mod:`bench.cluster.netns`) is chec
 to aggregate a ResNet-50-sized gradient (25.6 M fp32 in 25 MiB buckets) with dense
 allreduce, flat top-k allgather (``mstopk``) and ``hitopk`` at density 0.001, through
 the project's DDP hooks (``bench.comm.make_hook``).  The alpha-beta model
-(:mod:`bench.cluster.perfmodel`) is calibrated from the same run -- the link check for the
-inter-node link, timed intra-node allreduces and per-element compute costs -- and its
-prediction is written beside each measurement (``predicted_ms``, ``model_error``).
+(:mod:`bench.cluster.perfmodel`) is calibrated from the same run -- allreduces among all
+workers (the inter-node link as gloo gets it; the link check is recorded beside) and within
+a node, an intra-node reduce-scatter, and per-element selection, scatter-add and
+elementwise costs, timed before and after the cases -- and its prediction is written
+beside each measurement (``predicted_ms``, ``model_error``).
 
-Rows with ``kind=projection`` are the model's projection to the paper's cluster (1..16
+Rows with ``kind=whatif`` are the same calibrated model with the intra-node path
+replaced by NVLink and then the CPU aggregation costs by GPU ones (``scenario``), which
+shows what keeps ``hitopk`` from the paper's speed-up on a CPU machine.  Rows with
+``kind=projection`` are the model's projection to the paper's cluster (1..16
 nodes x 8 GPUs at 25, 100 and 400 Gbit/s; assumed V100 costs in
 ``perfmodel.PAPER_COSTS``): ``predicted_ms`` is the step time, ``efficiency`` the scaling
 efficiency.  Figures: ``cluster.png`` (measured vs predicted), ``cluster.scaling.png``.
@@ -108,6 +113,7 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
                 model_dense_ns_per_elem=k.dense_s * 1e9, reps=reps,
                 select_ms=res[comm]["select_ms"], comm_ms=res[comm]["comm_ms"],
             )
+        _what_if(bench, bw, res, c, k, numel)
     for r in pm.project():
         bench.add(
             kind="projection", bandwidth=f"{r['gbps']}gbit", nodes=r["nodes"],
@@ -118,6 +124,27 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
     path = bench.save()
     _plot(bench)
     return path
+
+
+def _what_if(bench: BenchRun, bw: str, res: dict[str, Any], c: Any, k: Any, numel: int) -> None:
+    """Rows ``kind=whatif``: the calibrated model with this machine's intra-node path
+    replaced by NVLink (100 GB/s, 10 us), then also its CPU aggregation costs by GPU ones
+    (``perfmodel.PAPER_COSTS``): what keeps ``hitopk`` from its paper speed-up here."""
+    from dataclasses import replace
+
+    from bench.cluster import perfmodel as pm
+
+    nvlink = replace(c, intra_bw=100e9, intra_rs_bw=None, intra_lat=10e-6)
+    for scenario, cc, kk in (("nvlink", nvlink, k), ("nvlink+gpu", nvlink, pm.PAPER_COSTS)):
+        t = {cm: pm.aggregation_time(cm, res["buckets"], res["density"], cc, kk) * 1e3
+             for cm in pm.COMMS}
+        for comm in pm.COMMS:
+            bench.add(
+                kind="whatif", scenario=scenario, bandwidth=bw, nodes=res["nodes"],
+                procs_per_node=res["procs_per_node"], comm=comm,
+                density=1.0 if comm == "dense" else res["density"], numel=numel,
+                median_ms=None, predicted_ms=t[comm], speedup_vs_dense=t["dense"] / t[comm],
+            )
 
 
 def _plot(bench: BenchRun) -> None:
