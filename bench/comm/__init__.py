@@ -97,6 +97,18 @@ def validate(cfg: Any, world_size: int, nnodes: int) -> None:
         )
 
 
+class _LocalState:
+    """Hook state stand-in for a single, non-distributed process: nothing is sent."""
+
+    def __init__(self) -> None:
+        self.force_dense = False
+        self.density = 1.0
+        self.stats = CommStats()
+
+    def pop_stats(self) -> dict[str, float]:
+        return self.stats.pop()
+
+
 class CommController:
     """Applies the warm-up and density schedule per epoch and collects per-step stats."""
 
@@ -127,6 +139,10 @@ class CommController:
 
 def attach(ddp_model: torch.nn.Module, cfg: Any, steps_per_epoch: int) -> CommController:
     """Register the hook of ``cfg.name`` on a DDP model; call on every rank after DDP wrapping."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or not hasattr(ddp_model, "register_comm_hook"):
+        return CommController(_LocalState(), cfg, steps_per_epoch)  # one process: no exchange
     opts = _hook_options(cfg)
     if cfg.name == "powersgd":
         # PowerSGD counts its own steps: its warm-up is start_powerSGD_iter

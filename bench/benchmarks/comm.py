@@ -1,0 +1,202 @@
+"""``bench comm``: gradient aggregation per step for ResNet-50's DDP buckets on 2 nodes x 2.
+
+The buckets are ResNet-50's real ones: torchvision's ``resnet50`` parameters in reverse
+order, cut by DDP's own ``_compute_bucket_assignment_by_size`` with its 1 MB first bucket
+and the 25 MB cap (25.6 M elements in 5 buckets).  Four local gloo workers get torchrun's
+environment for 2 nodes x 2 (:func:`bench.comm.spawn.run_workers`), so ``hitopk`` builds
+its intra-node and inter-node groups exactly as on a cluster.  Every method runs through
+the same hook function a DDP model would call, on duck-typed buckets (buffer, gradient
+views with the parameters' shapes, index, is_last), so PowerSGD sees real matrix shapes.
+
+Methods: ``dense`` (allreduce), ``fp16``, ``powersgd`` (PyTorch's hook, rank 4, after its
+2 warm-up steps), ``topk`` (flat allgather of exact top-k), ``mstopk`` (flat allgather of
+MSTopK), ``hitopk`` (HiTopKComm with MSTopK) at density 0.001 and 0.01.  Columns:
+``median_ms`` per step (all buckets, rank 0, after a barrier), ``bytes_per_worker`` and
+``inter_node_bytes_per_worker`` (per step, what each worker sends; see
+``communicators.py`` for the accounting), mean ``select_ms`` / ``comm_ms``, and the ratios
+to dense of time and of inter-node bytes, measured in the same run.  Loopback has no
+bandwidth limit, so times here show compute and latency costs; the byte columns are what
+a slow inter-node link would charge for (``bench/cluster`` emulates such links).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.benchmarks import BENCHMARKS
+from bench.benchmarks.harness import BenchRun
+
+METHODS = ["dense", "fp16", "powersgd", "topk", "mstopk", "hitopk"]
+DENSITIES = [0.001, 0.01]
+
+
+def resnet50_buckets(bucket_cap_mb: float = 25.0) -> list[list[torch.Size]]:
+    """Parameter shapes per DDP bucket of torchvision's ResNet-50 (DDP's initial assignment)."""
+    import torch.distributed as dist
+    import torchvision
+
+    params = [p for p in torchvision.models.resnet50().parameters() if p.requires_grad]
+    rev = list(reversed(params))  # DDP fills buckets from the last parameter (ready first)
+    limits = [dist._DEFAULT_FIRST_BUCKET_BYTES, int(bucket_cap_mb * 1024 * 1024)]
+    assignment, _ = dist._compute_bucket_assignment_by_size(rev, limits, [False] * len(rev))
+    return [[rev[i].shape for i in b] for b in assignment]
+
+
+class FakeBucket:
+    """The part of ``dist.GradBucket`` that the hooks use."""
+
+    def __init__(self, index: int, shapes: list[torch.Size], last: bool, seed: int) -> None:
+        self._index, self._last = index, last
+        numels = [int(torch.Size(s).numel()) for s in shapes]
+        self._buf = torch.randn(sum(numels), generator=torch.Generator().manual_seed(seed))
+        self._buf.mul_(1e-3)
+        self._shapes = shapes
+        self._src = self._buf.clone()
+        self._params = [torch.empty(0) for _ in shapes]
+
+    def refill(self) -> None:  # a new step's gradient (hooks overwrite the buffer)
+        self._buf.copy_(self._src)
+
+    def buffer(self) -> torch.Tensor:
+        return self._buf
+
+    def set_buffer(self, t: torch.Tensor) -> None:
+        self._buf = t
+
+    def gradients(self) -> list[torch.Tensor]:
+        out, off = [], 0
+        for s in self._shapes:
+            n = int(torch.Size(s).numel())
+            out.append(self._buf[off : off + n].view(s))
+            off += n
+        return out
+
+    def parameters(self) -> list[torch.Tensor]:
+        return self._params
+
+    def index(self) -> int:
+        return self._index
+
+    def is_last(self) -> bool:
+        return self._last
+
+
+def _worker(
+    rank: int, world: int, shapes: list[list[torch.Size]], cases: list[tuple[str, float]],
+    warmup: int, reps: int,
+) -> list[dict[str, Any]]:
+    import torch.distributed as dist
+
+    from bench.comm import make_hook
+
+    buckets = [
+        FakeBucket(i, s, i == len(shapes) - 1, seed=100 * rank + i) for i, s in enumerate(shapes)
+    ]
+    rows = []
+    for name, density in cases:
+        state, hook = make_hook(name, density=density, powersgd_rank=4)
+        times = []
+        for step in range(warmup + reps):
+            if step == warmup:
+                state.stats.pop()  # count only the timed steps
+            for b in buckets:
+                b.refill()
+            dist.barrier()
+            t0 = time.perf_counter()
+            futs = [hook(state, b) for b in buckets]
+            torch.futures.wait_all(futs)
+            times.append((time.perf_counter() - t0) * 1e3)
+        st = state.stats.pop()
+        # the slowest worker sets the step time
+        t = torch.tensor(times[warmup:])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        rows.append({
+            "method": name, "density": density if name not in ("dense", "fp16", "powersgd") else 1.0,
+            "median_ms": statistics.median(t.tolist()), "min_ms": float(t.min()),
+            "bytes_per_worker": st["comm/bytes_per_step"],
+            "inter_node_bytes_per_worker": st["comm/inter_node_bytes_per_step"],
+            "sent_density": st["comm/density"],
+            "select_ms": st["time/select_s"] * 1e3, "comm_ms": st["time/comm_s"] * 1e3,
+        })
+    return rows
+
+
+@BENCHMARKS.register("comm")
+def run(results_dir: str = "results", quick: bool = False) -> Path:
+    from bench.comm.spawn import run_workers
+
+    world, ppn = 4, 2
+    if quick:  # two small buckets: seconds
+        shapes = [[torch.Size([64, 300]), torch.Size([64])], [torch.Size([128, 256])]]
+        cases = [("dense", 1.0), ("fp16", 1.0), ("topk", 0.01), ("hitopk", 0.01)]
+        warmup, reps = 1, 2
+    else:
+        shapes = resnet50_buckets()
+        cases = [(m, 1.0) for m in ("dense", "fp16", "powersgd")]
+        cases += [(m, d) for d in DENSITIES for m in ("topk", "mstopk", "hitopk")]
+        warmup, reps = 3, 5  # powersgd compresses from its 3rd step on
+    bench = BenchRun("comm", results_dir)
+    # 4 workers share the cores: one thread each
+    rows = run_workers(_worker, world, ppn, shapes, cases, warmup, reps, timeout_s=1800)[0]
+    dense = next(r for r in rows if r["method"] == "dense")
+    numel = sum(int(torch.Size(s).numel()) for b in shapes for s in b)
+    for r in rows:
+        inter = r["inter_node_bytes_per_worker"]
+        bench.add(
+            **r, world_size=world, nnodes=world // ppn, procs_per_node=ppn, buckets=len(shapes),
+            numel=numel, reps=reps,
+            speedup_vs_dense=dense["median_ms"] / r["median_ms"],
+            bytes_ratio_vs_dense=dense["bytes_per_worker"] / r["bytes_per_worker"],
+            inter_bytes_ratio_vs_dense=dense["inter_node_bytes_per_worker"] / inter if inter else float("inf"),
+        )
+        print(f"{r['method']:>9} d={r['density']:<6} {r['median_ms']:9.1f} ms/step  "
+              f"{r['bytes_per_worker'] / 1e6:9.3f} MB/worker  "
+              f"{inter / 1e6:9.3f} MB inter-node  "
+              f"(dense/this inter bytes {dense['inter_node_bytes_per_worker'] / max(inter, 1):.0f}x)",
+              flush=True)
+    path = bench.save()
+    _plot(bench)
+    return path
+
+
+def _plot(bench: BenchRun) -> None:
+    plot(bench.frame(), bench.meta["hardware"], bench.png_path)
+
+
+def plot(df: Any, hardware: str, path: Path) -> None:
+    """Step time and bytes per worker (total and inter-node) of one run's rows."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    labels = [f"{m}\n{d:g}" if m in ("topk", "mstopk", "hitopk") else m
+              for m, d in zip(df["method"], df["density"], strict=True)]
+    x = np.arange(len(labels))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    a1.bar(x, df["median_ms"], color="tab:blue")
+    a1.set_ylabel("median ms per step (all buckets)")
+    a1.set_yscale("log")
+    a2.bar(x - 0.2, df["bytes_per_worker"] / 1e6, 0.4, color="tab:gray", label="total")
+    a2.bar(x + 0.2, df["inter_node_bytes_per_worker"] / 1e6, 0.4, color="tab:orange",
+           label="inter-node")
+    a2.set_ylabel("MB sent per worker per step")
+    a2.set_yscale("log")
+    a2.legend()
+    for ax in (a1, a2):
+        ax.set_xticks(x, labels)
+        ax.tick_params(axis="x", labelsize=8)
+        ax.grid(True, axis="y", which="both", alpha=0.3)
+    fig.suptitle(
+        f"ResNet-50 gradient aggregation, {int(df['world_size'].iloc[0])} gloo workers as "
+        f"{int(df['nnodes'].iloc[0])} nodes x {int(df['procs_per_node'].iloc[0])}, on {hardware}",
+        fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

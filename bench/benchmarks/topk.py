@@ -1,0 +1,151 @@
+"""``bench topk``: top-k selection time, torch.topk vs the MSTopK variants, one read pass as floor.
+
+For each size (1 M, 4 M, 16 M, 25.6 M = ResNet-50's gradient, 64 M float32 elements) and
+density (0.001, 0.01) it times, in the same run and on the same tensor:
+
+- ``sum``: ``x.sum()``, one read pass over the tensor: the floor any selection pays;
+- ``torch.topk``: ``torch.topk(x.abs(), k)``, the exact baseline;
+- ``mstopk-<method>`` for each method of :func:`bench.comm.selection.mstopk`;
+- at 25.6 M, the error-feedback step too: ``topk+ef`` (``acc = g + r``; exact top-k of
+  ``acc``; ``r = acc`` with the sent entries zeroed, each a separate tensor) against
+  ``mstopk+ef`` (the fused residual memory: ``r += g`` in place, select, subtract in place).
+
+Columns: ``method``, ``input`` (gaussian; heavy = Student-t with 1.5 dof at 25.6 M),
+``numel``, ``density``, ``k``, ``median_ms`` (harness.measure), ``coverage`` (the fraction of
+the exact top-k's squared magnitude captured), ``speedup_vs_topk`` (torch.topk's median /
+this median) and ``x_floor`` (this median / ``sum``'s median).  Runs on CUDA when available.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from bench.benchmarks import BENCHMARKS
+from bench.benchmarks.harness import BenchRun, measure
+from bench.comm.compressors import MSTopKCompressor, ResidualMemory
+from bench.comm.selection import MSTOPK_METHODS, k_for, mstopk
+
+SIZES = [1_000_000, 4_000_000, 16_000_000, 25_600_000, 64_000_000]
+DENSITIES = [0.001, 0.01]
+RESNET50 = 25_600_000
+
+
+def _input(kind: str, n: int, device: torch.device) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    if kind == "heavy":
+        x = torch.distributions.StudentT(1.5).sample((n,)) * 1e-3
+    else:
+        x = torch.randn(n, generator=g)
+    return x.to(device)
+
+
+def _coverage(x: torch.Tensor, idx: torch.Tensor, exact_sq: float) -> float:
+    return float(x[idx].double().pow(2).sum()) / exact_sq
+
+
+def _ef_cases(x: torch.Tensor, k: int, density: float) -> dict[str, object]:
+    """Unfused exact top-k + error feedback vs the fused residual memory with MSTopK."""
+    grad = x
+    resid = torch.zeros_like(x)
+
+    def unfused() -> torch.Tensor:
+        acc = grad + resid
+        idx = torch.topk(acc.abs(), k, sorted=False).indices
+        vals = acc[idx]
+        new = acc.clone()
+        new[idx] = 0
+        resid.copy_(new)
+        return vals
+
+    mem, comp = ResidualMemory(), MSTopKCompressor()
+
+    def fused() -> None:
+        acc = mem.compensate(grad, "b")
+        c = comp.compress(acc, density)
+        mem.update("b", acc, c)
+
+    return {"topk+ef": unfused, "mstopk+ef": fused}
+
+
+@BENCHMARKS.register("topk")
+def run(results_dir: str = "results", quick: bool = False) -> Path:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    sizes = [100_000] if quick else SIZES
+    ef_size = 100_000 if quick else RESNET50
+    densities = [0.01] if quick else DENSITIES
+    bench = BenchRun("topk", results_dir)
+    for n in sizes:
+        kinds = ["gaussian", "heavy"] if n == ef_size else ["gaussian"]
+        for kind in kinds:
+            x = _input(kind, n, device)
+            reps = 2 if quick else (3 if n > RESNET50 else 5)
+            t_floor = measure(lambda x=x: x.sum(), warmup=1, reps=reps)
+            floor = t_floor["median_ms"]
+            bench.add(method="sum", input=kind, numel=n, density=0.0, k=0,
+                      coverage=float("nan"), speedup_vs_topk=float("nan"), x_floor=1.0,
+                      device=device.type, **t_floor)
+            for density in densities:
+                k = k_for(n, density)
+                exact = torch.topk(x.abs(), k, sorted=False)
+                exact_sq = float(exact.values.double().pow(2).sum())
+                cases = {"torch.topk": lambda x=x, k=k: torch.topk(x.abs(), k, sorted=False)}
+                for m in MSTOPK_METHODS:
+                    cases[f"mstopk-{m}"] = lambda x=x, k=k, m=m: mstopk(x, k, m)
+                if n == ef_size and kind == "gaussian":
+                    cases.update(_ef_cases(x, k, density))
+                base = None
+                for name, fn in cases.items():
+                    t = measure(fn, warmup=1, reps=reps)
+                    if name.startswith("mstopk-"):
+                        cov = _coverage(x, mstopk(x, k, name[7:])[1], exact_sq)
+                    elif name == "torch.topk":
+                        cov = 1.0
+                        base = t["median_ms"]
+                    else:
+                        cov = float("nan")
+                    row = bench.add(
+                        method=name, input=kind, numel=n, density=density, k=k,
+                        coverage=cov, speedup_vs_topk=(base or float("nan")) / t["median_ms"],
+                        x_floor=t["median_ms"] / floor, device=device.type, **t,
+                    )
+                    print(f"{name:>14} {kind:>8} n={n:>11,} d={density:<6} "
+                          f"{row['median_ms']:9.2f} ms  cov={cov:.5f}  "
+                          f"x{row['speedup_vs_topk']:.1f} vs topk  {row['x_floor']:.1f}x floor",
+                          flush=True)
+            del x
+    path = bench.save()
+    _plot(bench)
+    return path
+
+
+def _plot(bench: BenchRun) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    df = bench.frame()
+    df = df[df["input"] == "gaussian"]
+    dens = sorted(d for d in df["density"].unique() if d > 0)
+    fig, axes = plt.subplots(1, len(dens), figsize=(6 * len(dens), 4.5), squeeze=False)
+    for ax, d in zip(axes[0], dens, strict=True):
+        sub = df[(df["density"] == d) | (df["method"] == "sum")]
+        for method, g in sub.groupby("method", sort=False):
+            if method in ("topk+ef", "mstopk+ef"):
+                continue
+            g = g.sort_values("numel")
+            style = "k--" if method == "sum" else ("r-o" if method == "torch.topk" else "-o")
+            ax.plot(g["numel"], g["median_ms"], style, label=method, markersize=4)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("elements (float32)")
+        ax.set_ylabel("median ms")
+        ax.set_title(f"density {d}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"top-k selection time on {bench.meta['hardware']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(bench.png_path, dpi=120)
+    plt.close(fig)
