@@ -21,7 +21,9 @@ p, g, buf and writes p, buf = 20 B per value; LARS also reads p and g once for t
 measured in the same run, interleaved with the cases, on buffers as large as the parameter
 set (:class:`BandwidthProbe`: a copy, ``copy_gbps``, and an in-place add, ``rmw_gbps``;
 bytes read + written / time; the faster of the two is used).  ``floor_ratio = median_ms /
-floor_ms``; about 1 means the update runs at memory speed.
+floor_ms``; about 1 means the update runs at memory speed.  ``ddp_copy_ms``: two copies
+of the parameter set (the probe's copy, twice), the per-step cost of the gradient copies
+that DDP makes with ``gradient_as_bucket_view=False``, which ``flat`` mode requires.
 
 Run: ``python -m reproduce bench update`` (a few minutes on 2 CPU cores).
 """
@@ -207,6 +209,9 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
             probe = BandwidthProbe(n_values, device)  # as large as the parameter set
             steps = _interleaved({**{k: o.step for k, (_, o) in built.items()}, **probe.fns()}, warmup, reps)
             copy_gbps, rmw_gbps = probe.gbps(steps)
+            # DDP with gradient_as_bucket_view=False (what flat mode needs) copies every
+            # gradient into its bucket and back: two copies of the parameter set per step
+            ddp_copy_ms = 2 * statistics.median(steps["_copy"])
             bw = max(copy_gbps, rmw_gbps) * 1e9
             del probe, steps["_copy"], steps["_rmw"]
             zeros = _interleaved({k: (lambda o=o: o.zero_grad(set_to_none=False)) for k, (_, o) in built.items()},
@@ -221,7 +226,7 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
                     min_ms=min(t), iqr_ms=q[2] - q[0], reps=reps,
                     zero_grad_ms=statistics.median(zeros[(mode, variant)]),
                     bytes_per_step=TRAFFIC_VALUES[opt] * 4 * n_values, copy_gbps=copy_gbps, rmw_gbps=rmw_gbps,
-                    floor_ms=floor_ms, floor_ratio=med[(mode, variant)] / floor_ms,
+                    floor_ms=floor_ms, floor_ratio=med[(mode, variant)] / floor_ms, ddp_copy_ms=ddp_copy_ms,
                     speedup_vs_naive=med[("naive", "")] / med[(mode, variant)],
                     speedup_vs_fused=(med[("fused", "")] / med[(mode, variant)]) if ("fused", "") in med else None,
                     speedup_vs_foreach=med[("foreach", "")] / med[(mode, variant)],
