@@ -15,6 +15,12 @@ Public API::
     state, hook = bench.comm.make_hook("hitopk", density=0.001)
     ddp_model.register_comm_hook(state, hook)
 
+``hitopk`` on a single node is refused with a ConfigError (by :func:`validate` before
+launch and by :func:`make_hook`): with no slow link there is nothing for the hierarchy to
+save, and a record named ``hitopk`` that silently ran a flat scheme would mislead.  Use
+``mstopk`` (flat allgather) on one node, or ``procs_per_node=1`` to make every worker its
+own "node".
+
 Training integration (used by :mod:`bench.train`)::
 
     validate(cfg.comm, world_size, nnodes)          # in the launcher, before workers start
