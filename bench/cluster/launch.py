@@ -118,7 +118,7 @@ def launch_multinode(cfg: Any, run_json: Path) -> int:
     c = cfg.cluster
     if not c.rdzv_endpoint:
         raise ConfigError("cluster=multinode needs cluster.rdzv_endpoint=<host of node 0>:<port>, the same on every node")
-    rdzv_id = getattr(c, "rdzv_id", "") or "topk-bench"
+    rdzv_id = c.rdzv_id or "topk-bench"
     cmd = torchrun_cmd(cfg, run_json, node_rank=c.node_rank, endpoint=c.rdzv_endpoint, rdzv_id=rdzv_id)
     return _wait_all([subprocess.Popen(cmd, env=worker_env(cfg))])
 
@@ -147,6 +147,12 @@ def validate(cfg: Any) -> None:
         raise ConfigError(f"cluster.node_rank={c.node_rank} is outside 0..{c.nnodes - 1}")
     if c.backend not in ("auto", "gloo", "nccl"):
         raise ConfigError(f"cluster.backend={c.backend!r}; choose auto, gloo or nccl")
+    if c.name == "emulated":
+        from bench.cluster.emulated import check_config
+        from bench.cluster.netns import require_tools
+
+        check_config(c)
+        require_tools()
 
 
 def launch(cfg: Any, run_json: Path) -> int:
