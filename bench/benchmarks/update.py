@@ -222,6 +222,7 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
                 q = statistics.quantiles(t, n=4) if len(t) >= 2 else [t[0]] * 3
                 row: dict[str, Any] = dict(
                     model=model_name, optimizer=opt, mode=mode, variant=variant, device=device.type,
+                    threads=torch.get_num_threads(),
                     n_tensors=len(params), n_values=n_values, median_ms=med[(mode, variant)],
                     min_ms=min(t), iqr_ms=q[2] - q[0], reps=reps,
                     zero_grad_ms=statistics.median(zeros[(mode, variant)]),
