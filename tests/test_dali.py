@@ -13,7 +13,7 @@ import torch
 
 from bench.data.cache import CachedFolderLoader, FolderDataset, build_reader
 from bench.data.jpegs import CorruptImage, corrupt_files, make_jpeg_folder
-from bench.data.storage import LocalStorage, list_folder
+from bench.data.storage import LocalStorage, list_folder, open_storage
 
 CPU = torch.device("cpu")
 
@@ -46,8 +46,9 @@ def dali_loader(folder: Path, split: str, *, mode: str, cache: str, rank: int, w
 
 
 def torch_loader(folder: Path, split: str, *, cache: str, rank: int, world: int, train: bool,
-                 tmp: Path, batch: int = 4, workers: int = 0, size_at=lambda e: 16, strict: bool = False):
-    store = LocalStorage(str(folder))
+                 tmp: Path, batch: int = 4, workers: int = 0, size_at=lambda e: 16, strict: bool = False,
+                 throttle_ms: float = 0.0):
+    store = open_storage(str(folder), 0.0, throttle_ms)  # throttled: shared with the workers
     ds = FolderDataset(store, list_folder(store, split), ccfg(cache, tmp), str(folder), train, True, 24,
                        max(1, workers))
     return CachedFolderLoader(ds, batch_size=batch, rank=rank, world_size=world, device=CPU,
@@ -186,7 +187,7 @@ def test_progressive_resizing(folder: Path, tmp_path: Path, kind: str) -> None:
                          train=True, tmp=tmp_path, size_at=size_at)
     else:
         ld = torch_loader(folder, "train", cache="predecoded", rank=0, world=1, train=True,
-                          tmp=tmp_path, workers=2, size_at=size_at)
+                          tmp=tmp_path, workers=2, size_at=size_at, throttle_ms=1.0)
     for epoch, size in [(0, 16), (1, 24), (2, 32), (3, 32)]:
         _, shapes = epoch_indices(ld, epoch)
         assert {tuple(s[1:]) for s in shapes} == {(3, size, size)}
@@ -236,3 +237,23 @@ def test_validate_refuses_bad_input_settings(folder: Path, tmp_path: Path) -> No
     d.progressive = [[0, -1]]
     with pytest.raises(ConfigError, match="progressive"):
         validate(d, CacheConfig(), 1)
+
+
+def test_dali_array_loader_matches_tensor_loader_on_digits() -> None:
+    """data.loader=dali for in-memory data: same shard sizes, same evaluation tensors."""
+    pytest.importorskip("nvidia.dali")
+    from bench.data import build_data
+    from bench.data.config import CacheConfig, DataConfig
+
+    out = {}
+    for loader in ("torch", "dali"):
+        d = DataConfig(name="digits", loader=loader, batch_size=64, eval_batch_size=128, flip=True)
+        b = build_data(d, CacheConfig(), 1, 2, CPU, 0)
+        b.train.set_epoch(1)
+        x, _ = next(iter(b.train))  # abandoned mid-epoch, as with train.max_steps_per_epoch
+        assert x.shape == (32, 3, 32, 32) and len(b.train) == 1436 // 2 // 32
+        out[loader] = (b.train_samples, list(b.eval))
+    assert out["torch"][0] == out["dali"][0]
+    for (xt, yt), (xd, yd) in zip(out["torch"][1], out["dali"][1], strict=True):
+        assert torch.equal(yt, yd)
+        assert torch.allclose(xt, xd, atol=1e-4)

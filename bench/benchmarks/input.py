@@ -1,7 +1,7 @@
 """Benchmark ``input``: images/s of the input pipeline per epoch, torch vs DALI, per cache.
 
 Data: a generated ImageNet-like JPEG folder (:func:`bench.data.jpegs.cached_jpeg_folder`:
-2,000 images of about 110 KB in 100 classes, made once under the temp directory; quick
+1,000 images of about 110 KB in 100 classes, made once under the temp directory; quick
 mode: 64 tiny images).  For every loader (``torch``: the cache-backed torchvision
 DataLoader with ``data.num_workers`` worker processes; ``dali``: DALI on the CPU with as
 many threads), every cache (none, disk, memory, multilevel, predecoded) and level 0 with
@@ -33,6 +33,7 @@ from bench.benchmarks.harness import BenchRun, latest_run
 
 CACHES = ("none", "disk", "memory", "multilevel", "predecoded")
 THROTTLE = (50.0, 5.0)  # MB/s, ms per file
+IMAGES = 1000  # ~110 MB of JPEGs: 20 cases x 3 epochs fit in about 10 minutes on 2 cores
 
 
 def _epochs(loader_kind: str, cache: str, throttled: bool, root: str, epochs: int,
@@ -147,7 +148,7 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
         caches, epochs = ("none", "multilevel", "predecoded"), 2
     else:
         t0 = time.perf_counter()
-        root = cached_jpeg_folder(2000, 100, val_images=100, target_kb=110.0)
+        root = cached_jpeg_folder(IMAGES, 100, val_images=100, target_kb=110.0)
         print(f"JPEG folder {root} ready in {time.perf_counter() - t0:.0f} s")
         caches, epochs = CACHES, 3
     bench = BenchRun("input", results_dir)

@@ -35,10 +35,24 @@ def _per_rank(batch: int, world_size: int, what: str) -> int:
     return batch // world_size
 
 
+def _array_loader(cfg: Any) -> Callable[..., Any]:
+    """The loader class for in-memory arrays: batched torch ops, or DALI (data.loader=dali)."""
+    if cfg.loader == "dali":
+        from functools import partial
+
+        from bench.data.dali import DaliArrayLoader
+
+        return partial(DaliArrayLoader, threads=cfg.dali_threads or max(1, cfg.num_workers),
+                       prefetch=cfg.prefetch, dali_device=cfg.dali_device)
+    from bench.data.loaders import TensorLoader
+
+    return TensorLoader
+
+
 @DATASETS.register("digits")
 def _digits(cfg: Any, cache: Any, rank: int, world: int, device: torch.device, seed: int) -> DataBundle:
     from bench.data.digits import load_digits_split
-    from bench.data.loaders import TensorLoader
+    TensorLoader = _array_loader(cfg)
 
     tx, ty, vx, vy = load_digits_split(cfg.image_size, cfg.test_fraction, cfg.split_seed)
     mean = tx.mean(dim=(0, 2, 3))
@@ -53,7 +67,7 @@ def _digits(cfg: Any, cache: Any, rank: int, world: int, device: torch.device, s
 @DATASETS.register("cifar10")
 def _cifar10(cfg: Any, cache: Any, rank: int, world: int, device: torch.device, seed: int) -> DataBundle:
     from bench.data.cifar10 import MEAN, STD, load_cifar10
-    from bench.data.loaders import TensorLoader
+    TensorLoader = _array_loader(cfg)
 
     tx, ty, vx, vy = load_cifar10(cfg.root)
     common = dict(rank=rank, world_size=world, device=device, mean=MEAN, std=STD, seed=seed)

@@ -121,8 +121,9 @@ class Throttle:
         self.bandwidth = bandwidth_mbps * 1e6  # bytes per second; 0 = unlimited
         self.latency = latency_ms / 1e3  # seconds per file
         # time.monotonic() at which the shared link is next free; lives in shared memory so
-        # that DataLoader workers forked from this process contend for the same link.
-        self._busy_until = mp.Value("d", 0.0)
+        # that the DataLoader workers of this process contend for the same link (made in the
+        # forkserver context, which the cache-backed DataLoader uses; fork children inherit it).
+        self._busy_until = mp.get_context("forkserver").Value("d", 0.0)
 
     @property
     def active(self) -> bool:
