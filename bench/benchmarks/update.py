@@ -13,7 +13,10 @@ every optimizer (``sgd`` momentum 0.9 + Nesterov + weight decay 5e-4 on weights 
 median time of ``optimizer.step()`` over random gradients (``median_ms``) and of the
 ``zero_grad(set_to_none=False)`` that the training loop calls after it (``zero_grad_ms``).
 The modes of one (model, optimizer) are timed interleaved, round-robin, so that the load
-of a shared machine falls on all of them alike; ratios are taken within the run.
+of a shared machine falls on all of them alike; ratios are taken within the run.  On an
+oversubscribed CPU (``loadavg_1m`` well above the core count) the per-tensor modes suffer
+far more than ``flat``: every per-tensor kernel is a fork-join of the intra-op threads, and
+each join waits for a thread that the OS may have descheduled.
 
 Memory-traffic floor: the bytes an ideal one-pass update reads and writes (fp32: SGD reads
 p, g, buf and writes p, buf = 20 B per value; LARS also reads p and g once for the norms =
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import os
 import random
 import statistics
 import time
@@ -222,7 +226,7 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
                 q = statistics.quantiles(t, n=4) if len(t) >= 2 else [t[0]] * 3
                 row: dict[str, Any] = dict(
                     model=model_name, optimizer=opt, mode=mode, variant=variant, device=device.type,
-                    threads=torch.get_num_threads(),
+                    threads=torch.get_num_threads(), loadavg_1m=os.getloadavg()[0],  # a shared machine's load
                     n_tensors=len(params), n_values=n_values, median_ms=med[(mode, variant)],
                     min_ms=min(t), iqr_ms=q[2] - q[0], reps=reps,
                     zero_grad_ms=statistics.median(zeros[(mode, variant)]),
