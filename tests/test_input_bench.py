@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pandas as pd
-import pytest
 
 
 def test_input_benchmark_quick(tmp_path) -> None:
@@ -20,5 +19,9 @@ def test_input_benchmark_quick(tmp_path) -> None:
     cached = df[(df["cache"] == "multilevel") & (df["epoch"] == 2)]
     assert (cached["misses"] == 0).all() and (cached["hits"] > 0).all()  # epoch 2 served from cache
     assert (tmp_path / "bench" / "input.png").stat().st_size > 0
-    if pytest.importorskip("nvidia.dali", reason="torch-only run") is not None:
+    try:
+        import nvidia.dali  # noqa: F401
+
         assert set(df["loader"]) == {"torch", "dali"}
+    except ImportError:  # DALI is optional: the benchmark measures torch alone
+        assert set(df["loader"]) == {"torch"}

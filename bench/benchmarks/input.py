@@ -3,12 +3,13 @@
 Data: a generated ImageNet-like JPEG folder (:func:`bench.data.jpegs.cached_jpeg_folder`:
 1,000 images of about 110 KB in 100 classes, made once under the temp directory; quick
 mode: 64 tiny images).  For every loader (``torch``: the cache-backed torchvision
-DataLoader with ``data.num_workers`` worker processes; ``dali``: DALI on the CPU with as
-many threads), every cache (none, disk, memory, multilevel, predecoded) and level 0 with
+DataLoader with one worker process per core; ``dali``: DALI on the CPU with one thread per
+core), every cache (none, disk, memory, multilevel, predecoded) and level 0 with
 and without the slow-storage emulator (50 MB/s and 5 ms per file), a fresh loader and an
 empty cache directory read 3 epochs of training batches (random-resized crop to 224,
-flip, normalise; batch 32) with nothing else running: epoch 1 is cold, epochs 2 and 3
-show the cache.
+flip, normalise; batch 32) and nothing else: epoch 1 is cold, epochs 2 and 3 show the
+cache.  A tiny unrecorded run per loader first takes DALI's and the worker
+server's one-time start-up out of the timings.
 
 Rows (one per case and epoch): ``loader, cache, throttled, epoch, images, epoch_s,
 images_per_s, median_ms`` (median time per *batch*, ms), the cache counters of the
@@ -37,7 +38,7 @@ IMAGES = 1000  # ~110 MB of JPEGs: 20 cases x 3 epochs fit in about 10 minutes o
 
 
 def _epochs(loader_kind: str, cache: str, throttled: bool, root: str, epochs: int,
-            quick: bool) -> list[dict[str, Any]]:
+            quick: bool, size: int | None = None) -> list[dict[str, Any]]:
     import torch
 
     from bench.data.config import CacheConfig, DataConfig
@@ -45,7 +46,7 @@ def _epochs(loader_kind: str, cache: str, throttled: bool, root: str, epochs: in
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
     workers = 0 if quick else cores
-    size = 32 if quick else 224
+    size = size or (32 if quick else 224)
     cache_dir = tempfile.mkdtemp(prefix="tkb-input-cache-")
     try:
         d = DataConfig(
@@ -151,6 +152,11 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
         root = cached_jpeg_folder(IMAGES, 100, val_images=100, target_kb=110.0)
         print(f"JPEG folder {root} ready in {time.perf_counter() - t0:.0f} s")
         caches, epochs = CACHES, 3
+    # warm-up, not recorded: DALI's one-time library start-up and the DataLoader's
+    # forkserver (which imports torch once) would otherwise land in the first case's epoch 1
+    tiny = cached_jpeg_folder(16, 2, val_images=4, small=True)
+    for loader in loaders:
+        _epochs(loader, "none", False, tiny, 1, quick, size=32)
     bench = BenchRun("input", results_dir)
     rows: list[dict[str, Any]] = []
     for throttled in (True, False):

@@ -41,7 +41,7 @@ class CacheConfig:
     name: str = "none"  # none | disk | memory | multilevel | predecoded
     dir: str = ""  # level 1 directory, kept across runs; "" = $BENCH_CACHE_DIR or ~/.cache/topk-dawnbench/data
     disk_gb: float = 100.0  # level 1 size cap (1e9 bytes), LRU eviction above it
-    memory_gb: float = 4.0  # level 2 byte cap (1e9 bytes) per training process
+    memory_gb: float = 4.0  # level 2 byte cap (1e9 bytes) per loader (train, eval) of a training process, split over its workers
     predecode_size: int = 0  # predecoded: shorter side (pixels) of the stored uint8 images; 0 = 8/7 x the largest training size
     verify: str = "crc32"  # crc32 | size: check of a level 1 file before it is trusted
 

@@ -430,14 +430,16 @@ def build_folder(data_cfg: Any, cache_cfg: Any, rank: int, world_size: int, devi
 
     if data_cfg.loader == "dali":
         plain = isinstance(store, LocalStorage) and cache_cfg.name == "none"
-        reader = None if plain else build_reader(store, cache_cfg, store.root)
-        common = dict(mode="reader" if plain else "external", reader=reader,
-                      local_root=store.root, rank=rank, world_size=world_size, device=device,
+
+        def reader():  # one per loader: evaluation reads never count in the training epoch
+            return None if plain else build_reader(store, cache_cfg, store.root)
+
+        common = dict(mode="reader" if plain else "external", local_root=store.root, rank=rank, world_size=world_size, device=device,
                       threads=data_cfg.dali_threads or max(1, data_cfg.num_workers),
                       prefetch=data_cfg.prefetch, seed=seed, flip=data_cfg.flip,
                       strict=data_cfg.strict, dali_device=data_cfg.dali_device, predecode_size=pre)
-        train = DaliFolderLoader(tr, train=True, batch_size=b, size_at=train_size, **common)
-        ev = DaliFolderLoader(va, train=False, batch_size=eb, size_at=eval_size, **common)
+        train = DaliFolderLoader(tr, train=True, batch_size=b, size_at=train_size, reader=reader(), **common)
+        ev = DaliFolderLoader(va, train=False, batch_size=eb, size_at=eval_size, reader=reader(), **common)
     else:
         workers = data_cfg.num_workers
         common = dict(rank=rank, world_size=world_size, device=device, num_workers=workers,
