@@ -6,7 +6,7 @@ hundreds of small tensors of a CNN.  This measures, for two parameter sets,
 * ``resnet50``: ``torchvision.models.resnet50()`` (161 tensors, 25.6 M values);
 * ``transformer_base``: ``torch.nn.Transformer(d_model=512, nhead=8, 6 + 6 layers,
   dim_feedforward=2048)`` plus one shared 37 000 x 512 embedding (the shared BPE vocabulary
-  of Transformer-base on WMT En-De): 186 tensors, 63.1 M values,
+  of Transformer-base on WMT En-De): 185 tensors, 63.1 M values,
 
 every optimizer (``sgd`` momentum 0.9 + Nesterov + weight decay 5e-4 on weights only,
 ``lars``, ``adamw``) in every update mode it supports (:data:`bench.optim.MODES`): the
@@ -188,7 +188,8 @@ def _plot(df: Any, path: Path, hw: str) -> None:
         n, v = int(sub["n_tensors"].iloc[0]), sub["n_values"].iloc[0] / 1e6
         ax.set_title(f"{model}: {n} tensors, {v:.1f} M values", fontsize=9)
         ax.legend(fontsize=7)
-    fig.suptitle(f"Optimizer update time by mode -- {hw}", fontsize=9)
+    load = f", load average {df['loadavg_1m'].mean():.1f}" if "loadavg_1m" in df else ""
+    fig.suptitle(f"Optimizer update time by mode -- {hw}{load}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
