@@ -553,9 +553,7 @@ class CachedFolderLoader:
             persistent_workers=num_workers > 0,
             prefetch_factor=prefetch if num_workers > 0 else None,
             worker_init_fn=_worker_init,
-            # not fork: a process that also runs DALI (or any threaded library) can deadlock
-            # a forked child on a lock held by one of its threads
-            multiprocessing_context=_forkserver() if num_workers > 0 else None,
+            multiprocessing_context=_worker_context() if num_workers > 0 else None,
         )
 
     def _plan(self) -> list:
@@ -600,9 +598,17 @@ class CachedFolderLoader:
             t0 = time.perf_counter()
 
 
-def _forkserver():
-    import multiprocessing as mp
+def _worker_context():
+    """fork (fast start), unless DALI is loaded in this process: then forkserver.
 
+    A child forked from a process whose DALI threads hold a lock deadlocks on it (seen when
+    one process builds DALI pipelines and then a DataLoader, as the input benchmark does).
+    """
+    import multiprocessing as mp
+    import sys
+
+    if "nvidia.dali" not in sys.modules:
+        return None
     ctx = mp.get_context("forkserver")
     # the server imports these once; every worker forked from it starts with them loaded
     ctx.set_forkserver_preload(["torch", "torchvision.transforms.functional", "bench.data.cache"])
