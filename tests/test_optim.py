@@ -352,3 +352,24 @@ def test_optim_config_files_validate() -> None:
                 validate(dataclasses.replace(c, update=mode))
             except ConfigError as e:
                 assert "choose one of" in str(e)
+
+
+def test_fp16_model_copy_with_grad_scaler() -> None:
+    """fp16 model copy + fp32 master weights under torch.amp.GradScaler (CPU autocast)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    opt = build_optimizer(model, cfg(name="sgd", update="flat", master_weights="fp16", lr=0.1))
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    x = torch.randn(16, 8)
+    losses = []
+    for _ in range(5):
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(x).float().square().mean()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=False)
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+    b = next(b for b in opt.buckets if b.dtype == torch.float16)
+    assert torch.equal(b.master.half(), b.model)
