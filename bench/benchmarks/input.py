@@ -21,6 +21,7 @@ Targets (issue 5): throttled, epochs 2-3, multilevel >= 5x none; DALI CPU >= tor
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import statistics
@@ -81,8 +82,13 @@ def _epochs(loader_kind: str, cache: str, throttled: bool, root: str, epochs: in
             ))
             print(f"  {loader_kind:5s} {cache:10s} throttled={throttled!s:5s} epoch {epoch + 1}: "
                   f"{n / dt:7.1f} images/s", flush=True)
-        del bundle
-        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+        # stop this case's workers and threads before the next case is timed
+        for ld in (bundle.train, bundle.eval):
+            ld.close()
+        del bundle, loader
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
         return rows
     finally:
         shutil.rmtree(cache_dir, ignore_errors=True)
@@ -154,7 +160,7 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
         caches, epochs = CACHES, 3
     # warm-up, not recorded: DALI's one-time library start-up and the DataLoader's
     # forkserver (which imports torch once) would otherwise land in the first case's epoch 1
-    tiny = cached_jpeg_folder(16, 2, val_images=4, small=True)
+    tiny = cached_jpeg_folder(128, 2, val_images=4, small=True)  # a few batches per worker
     for loader in loaders:
         _epochs(loader, "none", False, tiny, 1, quick, size=32)
     bench = BenchRun("input", results_dir)

@@ -579,6 +579,13 @@ class CachedFolderLoader:
         out, self._stats = self._stats, dict(ZERO_STATS)
         return out
 
+    def close(self) -> None:
+        """Stop the persistent workers now (instead of whenever the loader is collected)."""
+        it = getattr(self.loader, "_iterator", None)
+        if it is not None and hasattr(it, "_shutdown_workers"):
+            it._shutdown_workers()
+        self.loader._iterator = None
+
     def iter_indexed(self):
         import time
 

@@ -183,6 +183,12 @@ class DaliFolderLoader:
         out, self._stats = self._stats, dict(ZERO_STATS)
         return out
 
+    def close(self) -> None:
+        """Free the pipelines and the fetch threads."""
+        self._pipes.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
     # -- the reader path -------------------------------------------------------------------
     def _checked_files(self) -> list[tuple[str, int]]:
         """(absolute path, sample index) of the files that look like complete images.
