@@ -11,19 +11,31 @@ density (0.001, 0.01) it times, in the same run and on the same tensor:
   ``mstopk+ef`` (the fused residual memory: ``r += g`` in place, select, subtract in place).
 
 Columns: ``method``, ``input`` (gaussian; heavy = Student-t with 1.5 dof at 25.6 M),
-``numel``, ``density``, ``k``, ``median_ms`` (harness.measure), ``coverage`` (the fraction of
+``numel``, ``density``, ``k``, ``median_ms`` (see Timing below), ``coverage`` (the fraction of
 the exact top-k's squared magnitude captured), ``speedup_vs_topk`` (torch.topk's median /
-this median) and ``x_floor`` (this median / ``sum``'s median).  Runs on CUDA when available.
+this median) and ``x_floor`` (this median / ``sum``'s median), ``threads``.  Runs on CUDA
+when available.
+
+Timing: the cases of one (size, density) are measured *interleaved* (one call of each in
+turn, the order rotated every round, after a warm-up round), so that load from other
+processes on a shared machine hits baseline and subject alike; the median per case is
+reported.  On the CPU every case runs with one intra-op thread (``threads=1``): that is a
+DDP worker's share of this 2-core machine (2 workers per node), and on a loaded machine
+torch's 2-thread kernels wait for the slower thread (the 25.6 M rows are repeated with
+torch's default thread count for comparison).
 """
 
 from __future__ import annotations
 
+import statistics
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from bench.benchmarks import BENCHMARKS
-from bench.benchmarks.harness import BenchRun, measure
+from bench.benchmarks.harness import BenchRun, _sync
 from bench.comm.compressors import MSTopKCompressor, ResidualMemory
 from bench.comm.selection import MSTOPK_METHODS, k_for, mstopk
 
@@ -69,55 +81,125 @@ def _ef_cases(x: torch.Tensor, k: int, density: float) -> dict[str, object]:
     return {"topk+ef": unfused, "mstopk+ef": fused}
 
 
+def interleaved(
+    cases: dict[str, Callable[[], object]], *, warmup: int = 1, reps: int = 5
+) -> dict[str, dict[str, float]]:
+    """Median/min/IQR ms per case, timing one call of each case per round, order rotated."""
+    names = list(cases)
+    for _ in range(warmup):
+        for n in names:
+            cases[n]()
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(reps):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for n in order:
+            _sync()
+            t0 = time.perf_counter()
+            cases[n]()
+            _sync()
+            times[n].append((time.perf_counter() - t0) * 1e3)
+    out = {}
+    for n, ts in times.items():
+        q = statistics.quantiles(ts, n=4) if len(ts) >= 2 else [ts[0]] * 3
+        out[n] = {
+            "median_ms": statistics.median(ts),
+            "min_ms": min(ts),
+            "iqr_ms": q[2] - q[0],
+            "reps": reps,
+        }
+    return out
+
+
 @BENCHMARKS.register("topk")
 def run(results_dir: str = "results", quick: bool = False) -> Path:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     sizes = [100_000] if quick else SIZES
     ef_size = 100_000 if quick else RESNET50
     densities = [0.01] if quick else DENSITIES
+    default_threads = torch.get_num_threads()
     bench = BenchRun("topk", results_dir)
-    for n in sizes:
-        kinds = ["gaussian", "heavy"] if n == ef_size else ["gaussian"]
-        for kind in kinds:
-            x = _input(kind, n, device)
-            reps = 2 if quick else (3 if n > RESNET50 else 5)
-            t_floor = measure(lambda x=x: x.sum(), warmup=1, reps=reps)
-            floor = t_floor["median_ms"]
-            bench.add(method="sum", input=kind, numel=n, density=0.0, k=0,
-                      coverage=float("nan"), speedup_vs_topk=float("nan"), x_floor=1.0,
-                      device=device.type, **t_floor)
-            for density in densities:
-                k = k_for(n, density)
-                exact = torch.topk(x.abs(), k, sorted=False)
-                exact_sq = float(exact.values.double().pow(2).sum())
-                cases = {"torch.topk": lambda x=x, k=k: torch.topk(x.abs(), k, sorted=False)}
-                for m in MSTOPK_METHODS:
-                    cases[f"mstopk-{m}"] = lambda x=x, k=k, m=m: mstopk(x, k, m)
-                if n == ef_size and kind == "gaussian":
-                    cases.update(_ef_cases(x, k, density))
-                base = None
-                for name, fn in cases.items():
-                    t = measure(fn, warmup=1, reps=reps)
-                    if name.startswith("mstopk-"):
-                        cov = _coverage(x, mstopk(x, k, name[7:])[1], exact_sq)
-                    elif name == "torch.topk":
-                        cov = 1.0
-                        base = t["median_ms"]
-                    else:
-                        cov = float("nan")
-                    row = bench.add(
-                        method=name, input=kind, numel=n, density=density, k=k,
-                        coverage=cov, speedup_vs_topk=(base or float("nan")) / t["median_ms"],
-                        x_floor=t["median_ms"] / floor, device=device.type, **t,
+    try:
+        for n in sizes:
+            settings = [("gaussian", 1)]
+            if n == ef_size:
+                settings += [("heavy", 1)]
+                if device.type == "cpu" and default_threads > 1:
+                    settings += [("gaussian", default_threads)]
+            for kind, threads in settings:
+                if device.type == "cpu":
+                    torch.set_num_threads(threads)
+                x = _input(kind, n, device)
+                reps = 2 if quick else (3 if n > RESNET50 else 5)
+                for density in densities:
+                    _one(
+                        bench,
+                        x,
+                        kind,
+                        n,
+                        density,
+                        reps,
+                        threads,
+                        device,
+                        ef=n == ef_size and kind == "gaussian" and threads == 1,
                     )
-                    print(f"{name:>14} {kind:>8} n={n:>11,} d={density:<6} "
-                          f"{row['median_ms']:9.2f} ms  cov={cov:.5f}  "
-                          f"x{row['speedup_vs_topk']:.1f} vs topk  {row['x_floor']:.1f}x floor",
-                          flush=True)
-            del x
+                del x
+    finally:
+        torch.set_num_threads(default_threads)
     path = bench.save()
     _plot(bench)
     return path
+
+
+def _one(
+    bench: BenchRun,
+    x: torch.Tensor,
+    kind: str,
+    n: int,
+    density: float,
+    reps: int,
+    threads: int,
+    device: torch.device,
+    ef: bool,
+) -> None:
+    k = k_for(n, density)
+    exact = torch.topk(x.abs(), k, sorted=False)
+    exact_sq = float(exact.values.double().pow(2).sum())
+    cases: dict[str, Callable[[], object]] = {
+        "sum": lambda: x.sum(),
+        "torch.topk": lambda: torch.topk(x.abs(), k, sorted=False),
+    }
+    for m in MSTOPK_METHODS:
+        cases[f"mstopk-{m}"] = lambda m=m: mstopk(x, k, m)
+    if ef:
+        cases.update(_ef_cases(x, k, density))
+    res = interleaved(cases, warmup=1, reps=reps)
+    floor, base = res["sum"]["median_ms"], res["torch.topk"]["median_ms"]
+    for name, t in res.items():
+        if name.startswith("mstopk-"):
+            cov = _coverage(x, mstopk(x, k, name[7:])[1], exact_sq)
+        elif name == "torch.topk":
+            cov = 1.0
+        else:
+            cov = float("nan")
+        row = bench.add(
+            method=name,
+            input=kind,
+            numel=n,
+            density=density,
+            k=k,
+            threads=threads,
+            coverage=cov,
+            speedup_vs_topk=base / t["median_ms"],
+            x_floor=t["median_ms"] / floor,
+            device=device.type,
+            **t,
+        )
+        print(
+            f"{name:>14} {kind:>8} n={n:>11,} d={density:<6} thr={threads} "
+            f"{row['median_ms']:9.2f} ms  cov={cov:.5f}  "
+            f"x{row['speedup_vs_topk']:.1f} vs topk  {row['x_floor']:.1f}x floor",
+            flush=True,
+        )
 
 
 def _plot(bench: BenchRun) -> None:
@@ -127,11 +209,11 @@ def _plot(bench: BenchRun) -> None:
     import matplotlib.pyplot as plt
 
     df = bench.frame()
-    df = df[df["input"] == "gaussian"]
+    df = df[(df["input"] == "gaussian") & (df["threads"] == 1)]
     dens = sorted(d for d in df["density"].unique() if d > 0)
     fig, axes = plt.subplots(1, len(dens), figsize=(6 * len(dens), 4.5), squeeze=False)
     for ax, d in zip(axes[0], dens, strict=True):
-        sub = df[(df["density"] == d) | (df["method"] == "sum")]
+        sub = df[df["density"] == d]
         for method, g in sub.groupby("method", sort=False):
             if method in ("topk+ef", "mstopk+ef"):
                 continue
@@ -142,7 +224,7 @@ def _plot(bench: BenchRun) -> None:
         ax.set_yscale("log")
         ax.set_xlabel("elements (float32)")
         ax.set_ylabel("median ms")
-        ax.set_title(f"density {d}")
+        ax.set_title(f"density {d}, 1 thread")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(f"top-k selection time on {bench.meta['hardware']}", fontsize=10)
