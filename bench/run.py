@@ -37,6 +37,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"train.target_value is a fraction in (0, 1], got {t.target_value}")
     if t.amp not in ("auto", "off", "bf16", "fp16"):
         raise ConfigError(f"train.amp={t.amp!r}; choose auto, off, bf16 or fp16")
+    mw = getattr(cfg.optim, "master_weights", "off")
+    if mw != "off" and t.amp != mw:
+        raise ConfigError(f"optim.master_weights={mw} keeps a {mw} model copy: set train.amp={mw} too")
     if t.device not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"train.device={t.device!r}; choose auto, cpu or cuda")
     if t.eval_every < 1:
