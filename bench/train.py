@@ -255,6 +255,9 @@ def train(payload: dict[str, Any]) -> dict[str, Any] | None:
             if cfg.train.stop_at_target:
                 break
 
+    for loader in (data.train, data.eval):  # stop loader workers / DALI pipelines now, not at exit
+        if hasattr(loader, "close"):
+            loader.close()
     record = None
     if rank == 0:
         record = _write_outputs(cfg, payload["config"], run, curve, status, world, nnodes, samples_seen, clock)
