@@ -11,6 +11,28 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+TIME_LABEL = "training time (s, evaluation excluded)"
+
+
+def _accuracy_panel(ax, runs: Sequence[tuple[str, pd.DataFrame]], metric: str, target: float, x: str) -> None:
+    """Held-out ``metric`` (%) against column ``x``, one line per run, target dashed."""
+    for label, df in runs:
+        d = df.dropna(subset=[metric])
+        ax.plot(d[x], 100 * d[metric], marker="o", ms=3, label=label)
+    ax.axhline(100 * target, color="k", ls="--", lw=1, label=f"target {100 * target:g} %")
+    ax.set_xlabel(TIME_LABEL if x == "train_time_s" else x)
+    ax.set_ylabel(f"held-out {metric} (%)")
+    ax.grid(alpha=0.3)
+
+
+def _save(fig, path: str | Path) -> Path:
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
 
 def plot_time_to_accuracy(
     curves: Sequence[tuple[str, pd.DataFrame]],
@@ -21,23 +43,12 @@ def plot_time_to_accuracy(
     title: str,
     hardware: str = "",
 ) -> Path:
-    """Held-out ``metric`` against training time (s), one line per run, target dashed."""
+    """Held-out ``metric`` against training time (s), one line per run."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for label, df in curves:
-        d = df.dropna(subset=[metric])
-        ax.plot(d["train_time_s"], 100 * d[metric], marker="o", ms=3, label=label)
-    ax.axhline(100 * target, color="k", ls="--", lw=1, label=f"target {100 * target:g} %")
-    ax.set_xlabel("training time (s, evaluation excluded)")
-    ax.set_ylabel(f"held-out {metric} (%)")
+    _accuracy_panel(ax, curves, metric, target, "train_time_s")
     ax.set_title(title + (f"\n{hardware}" if hardware else ""), fontsize=9)
-    ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_comparison(
@@ -51,20 +62,8 @@ def plot_comparison(
 ) -> Path:
     """Two panels: held-out ``metric`` per epoch, and against training time."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for label, df in runs:
-        d = df.dropna(subset=[metric])
-        axes[0].plot(d["epoch"], 100 * d[metric], marker="o", ms=3, label=label)
-        axes[1].plot(d["train_time_s"], 100 * d[metric], marker="o", ms=3, label=label)
-    for ax, xl in zip(axes, ("epoch", "training time (s, evaluation excluded)")):
-        ax.axhline(100 * target, color="k", ls="--", lw=1)
-        ax.set_xlabel(xl)
-        ax.set_ylabel(f"held-out {metric} (%)")
-        ax.grid(alpha=0.3)
+    _accuracy_panel(axes[0], runs, metric, target, "epoch")
+    _accuracy_panel(axes[1], runs, metric, target, "train_time_s")
     axes[0].legend(fontsize=8)
     fig.suptitle(title + (f"\n{hardware}" if hardware else ""), fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
