@@ -154,6 +154,8 @@ def _plot(bench: BenchRun) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from bench.results.plots import save_figure
+
     df = bench.frame()
     hw = bench.meta["hardware"]
     meas = df[df["kind"] == "measured"]
@@ -174,9 +176,7 @@ def _plot(bench: BenchRun) -> None:
                      f"density {DENSITY}", fontsize=9)
         ax.legend(fontsize=8)
     fig.suptitle(f"ResNet-50 gradient aggregation, emulated cluster\n{hw}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(bench.png_path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, bench.png_path)
 
     proj = df[df["kind"] == "projection"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -192,6 +192,4 @@ def _plot(bench: BenchRun) -> None:
     ax.set_title("Alpha-beta projection to the paper's cluster: ResNet-50, 64 images/GPU, "
                  "density 0.001\nassumed V100/NVLink costs (perfmodel.PAPER_COSTS), not "
                  f"measured; drawn on {hw}", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(bench.png_path.with_suffix(".scaling.png"), dpi=120)
-    plt.close(fig)
+    save_figure(fig, bench.png_path.with_suffix(".scaling.png"))

@@ -176,6 +176,8 @@ def plot(df: Any, hardware: str, path: Path) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
+    from bench.results.plots import save_figure
+
     labels = [f"{m}\n{d:g}" if m in ("topk", "mstopk", "hitopk") else m
               for m, d in zip(df["method"], df["density"], strict=True)]
     x = np.arange(len(labels))
@@ -197,6 +199,4 @@ def plot(df: Any, hardware: str, path: Path) -> None:
         f"ResNet-50 gradient aggregation, {int(df['world_size'].iloc[0])} gloo workers as "
         f"{int(df['nnodes'].iloc[0])} nodes x {int(df['procs_per_node'].iloc[0])}, on {hardware}",
         fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)

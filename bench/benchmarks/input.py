@@ -117,6 +117,8 @@ def _plot(csv: Path, png: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from bench.results.plots import save_figure
+
     df = latest_run(csv)
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
     for ax, throttled in zip(axes, (True, False), strict=True):
@@ -133,9 +135,7 @@ def _plot(csv: Path, png: Path) -> None:
     axes[1].legend(fontsize=7, ncol=2)
     n = int(df["images"].max())
     fig.suptitle(f"Input pipeline, {n} generated JPEGs, RRC 224 + flip: {df['hardware'].iloc[0]}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
+    save_figure(fig, png)
 
 
 @BENCHMARKS.register("input")

@@ -208,6 +208,8 @@ def _plot(bench: BenchRun) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from bench.results.plots import save_figure
+
     df = bench.frame()
     df = df[(df["input"] == "gaussian") & (df["threads"] == 1)]
     dens = sorted(d for d in df["density"].unique() if d > 0)
@@ -228,6 +230,4 @@ def _plot(bench: BenchRun) -> None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(f"top-k selection time on {bench.meta['hardware']}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(bench.png_path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, bench.png_path)

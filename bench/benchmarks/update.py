@@ -174,6 +174,8 @@ def _plot(df: Any, path: Path, hw: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from bench.results.plots import save_figure
+
     models = list(dict.fromkeys(df["model"]))
     fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4.5), squeeze=False)
     colors = {"naive": "#999999", "foreach": "#4c72b0", "fused": "#dd8452", "flat": "#55a868"}
@@ -191,9 +193,7 @@ def _plot(df: Any, path: Path, hw: str) -> None:
         ax.legend(fontsize=7)
     load = f", load average {df['loadavg_1m'].mean():.1f}" if "loadavg_1m" in df else ""
     fig.suptitle(f"Optimizer update time by mode -- {hw}{load}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 @BENCHMARKS.register("update")

@@ -25,7 +25,8 @@ def _accuracy_panel(ax, runs: Sequence[tuple[str, pd.DataFrame]], metric: str, t
     ax.grid(alpha=0.3)
 
 
-def _save(fig, path: str | Path) -> Path:
+def save_figure(fig, path: str | Path) -> Path:
+    """Lay out, write (120 dpi, parents created) and close a figure; every PNG of the suite goes through here."""
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -48,7 +49,7 @@ def plot_time_to_accuracy(
     _accuracy_panel(ax, curves, metric, target, "train_time_s")
     ax.set_title(title + (f"\n{hardware}" if hardware else ""), fontsize=9)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_comparison(
@@ -66,4 +67,4 @@ def plot_comparison(
     _accuracy_panel(axes[1], runs, metric, target, "train_time_s")
     axes[0].legend(fontsize=8)
     fig.suptitle(title + (f"\n{hardware}" if hardware else ""), fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
