@@ -66,7 +66,7 @@ def to_container(cfg: DictConfig | Config) -> dict[str, Any]:
     """A plain, fully resolved dict (picklable, JSON-able) of a config."""
     if not isinstance(cfg, DictConfig):
         cfg = OmegaConf.structured(cfg)
-    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
+    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True, enum_to_str=True)  # type: ignore[return-value]
 
 
 def to_object(cfg: DictConfig | Config) -> Config:

@@ -9,6 +9,7 @@ duplicate names so that two modules can never silently shadow each other.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from enum import Enum
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -16,6 +17,25 @@ T = TypeVar("T")
 
 class ConfigError(ValueError):
     """A user-facing configuration problem: reported as one line, exit status 2."""
+
+
+class Choice(str, Enum):
+    """Base of the typed choice fields of the structured configs.
+
+    A member equals its string value (``Update.flat == "flat"``) and prints as it, so
+    records, file names and comparisons see the same plain strings as before; Hydra
+    refuses any other value when the config is composed, naming the allowed ones.
+    """
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+    @classmethod
+    def values(cls) -> list[str]:
+        return [m.value for m in cls]
 
 
 class Registry(Generic[T]):

@@ -1,0 +1,1 @@
+"""Helpers of the test suite (distributed check workers, cluster probes); not part of the library."""
