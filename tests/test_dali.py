@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from bench.data.cache import CachedFolderLoader, FolderDataset, build_reader
+from bench.data.cache import build_reader
+from bench.data.cached_folder import CachedFolderLoader, FolderDataset
 from bench.data.jpegs import CorruptImage, corrupt_files, make_jpeg_folder
 from bench.data.storage import LocalStorage, list_folder, open_storage
 
@@ -19,8 +20,14 @@ CPU = torch.device("cpu")
 
 
 def ccfg(name: str, d: Path, **kw) -> SimpleNamespace:
-    return SimpleNamespace(**{**dict(name=name, dir=str(d), disk_gb=1.0, memory_gb=1.0,
-                                     predecode_size=24, verify="crc32"), **kw})
+    return SimpleNamespace(
+        **{
+            **dict(
+                name=name, dir=str(d), disk_gb=1.0, memory_gb=1.0, predecode_size=24, verify="crc32"
+            ),
+            **kw,
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -31,28 +38,83 @@ def folder(tmp_path_factory) -> Path:
     return root
 
 
-def dali_loader(folder: Path, split: str, *, mode: str, cache: str, rank: int, world: int,
-                train: bool, tmp: Path, batch: int = 4, size_at=lambda e: 16, strict: bool = False):
+def dali_loader(
+    folder: Path,
+    split: str,
+    *,
+    mode: str,
+    cache: str,
+    rank: int,
+    world: int,
+    train: bool,
+    tmp: Path,
+    batch: int = 4,
+    size_at=lambda e: 16,
+    strict: bool = False,
+):
     from bench.data.dali import DaliFolderLoader
 
     store = LocalStorage(str(folder))
     listing = list_folder(store, split)
     cfg = ccfg(cache, tmp)
     reader = None if mode == "reader" else build_reader(store, cfg, str(folder))
-    return DaliFolderLoader(listing, mode=mode, reader=reader, local_root=str(folder), train=train,
-                            batch_size=batch, rank=rank, world_size=world, device=CPU, threads=1,
-                            prefetch=2, seed=3, size_at=size_at, flip=True, strict=strict,
-                            predecode_size=24 if cache == "predecoded" else 0)
+    return DaliFolderLoader(
+        listing,
+        mode=mode,
+        reader=reader,
+        local_root=str(folder),
+        train=train,
+        batch_size=batch,
+        rank=rank,
+        world_size=world,
+        device=CPU,
+        threads=1,
+        prefetch=2,
+        seed=3,
+        size_at=size_at,
+        flip=True,
+        strict=strict,
+        predecode_size=24 if cache == "predecoded" else 0,
+    )
 
 
-def torch_loader(folder: Path, split: str, *, cache: str, rank: int, world: int, train: bool,
-                 tmp: Path, batch: int = 4, workers: int = 0, size_at=lambda e: 16, strict: bool = False,
-                 throttle_ms: float = 0.0):
+def torch_loader(
+    folder: Path,
+    split: str,
+    *,
+    cache: str,
+    rank: int,
+    world: int,
+    train: bool,
+    tmp: Path,
+    batch: int = 4,
+    workers: int = 0,
+    size_at=lambda e: 16,
+    strict: bool = False,
+    throttle_ms: float = 0.0,
+):
     store = open_storage(str(folder), 0.0, throttle_ms)  # throttled: shared with the workers
-    ds = FolderDataset(store, list_folder(store, split), ccfg(cache, tmp), str(folder), train, True, 24,
-                       max(1, workers))
-    return CachedFolderLoader(ds, batch_size=batch, rank=rank, world_size=world, device=CPU,
-                              num_workers=workers, seed=3, size_at=size_at, strict=strict)
+    ds = FolderDataset(
+        store,
+        list_folder(store, split),
+        ccfg(cache, tmp),
+        str(folder),
+        train,
+        True,
+        24,
+        max(1, workers),
+    )
+    return CachedFolderLoader(
+        ds,
+        batch_size=batch,
+        rank=rank,
+        world_size=world,
+        device=CPU,
+        num_workers=workers,
+        seed=3,
+        size_at=size_at,
+        strict=strict,
+    )
 
 
 def epoch_indices(loader, epoch: int) -> tuple[list[int], list[torch.Size]]:
@@ -75,11 +137,15 @@ def check_cover(per_rank: list[list[int]], n: int, exact: bool, spare: int = 0) 
 
 
 @pytest.mark.parametrize("train", [False, True])
-def test_torch_path_shards_cover_each_sample_once(folder: Path, tmp_path: Path, train: bool) -> None:
+def test_torch_path_shards_cover_each_sample_once(
+    folder: Path, tmp_path: Path, train: bool
+) -> None:
     world, split = 3, "train" if train else "val"
     n = 37 if train else 23
-    loaders = [torch_loader(folder, split, cache="memory", rank=r, world=world, train=train, tmp=tmp_path)
-               for r in range(world)]
+    loaders = [
+        torch_loader(folder, split, cache="memory", rank=r, world=world, train=train, tmp=tmp_path)
+        for r in range(world)
+    ]
     for epoch in range(2):
         per_rank = [epoch_indices(ld, epoch)[0] for ld in loaders]
         # training drops the partial batches (drop_last) and n % world; evaluation is exact
@@ -89,16 +155,22 @@ def test_torch_path_shards_cover_each_sample_once(folder: Path, tmp_path: Path, 
             assert len({len(ld) for ld in loaders}) == 1
 
 
-@pytest.mark.parametrize("mode,cache", [("reader", "none"), ("external", "multilevel"),
-                                        ("external", "predecoded")])
+@pytest.mark.parametrize(
+    "mode,cache", [("reader", "none"), ("external", "multilevel"), ("external", "predecoded")]
+)
 @pytest.mark.parametrize("train", [False, True])
-def test_dali_shards_cover_each_sample_once(folder: Path, tmp_path: Path, mode: str, cache: str,
-                                            train: bool) -> None:
+def test_dali_shards_cover_each_sample_once(
+    folder: Path, tmp_path: Path, mode: str, cache: str, train: bool
+) -> None:
     pytest.importorskip("nvidia.dali")
     world, split = 3, "train" if train else "val"
     n = 37 if train else 23
-    loaders = [dali_loader(folder, split, mode=mode, cache=cache, rank=r, world=world, train=train,
-                           tmp=tmp_path) for r in range(world)]
+    loaders = [
+        dali_loader(
+            folder, split, mode=mode, cache=cache, rank=r, world=world, train=train, tmp=tmp_path
+        )
+        for r in range(world)
+    ]
     for epoch in range(3):
         per_rank = [epoch_indices(ld, epoch)[0] for ld in loaders]
         # the file reader pads shards with repeats, dropped by index: exact in both modes;
@@ -117,8 +189,26 @@ def test_dali_and_torch_eval_yield_the_same_samples(folder: Path, tmp_path: Path
     seen: dict[str, list[int]] = {"torch": [], "external": [], "reader": []}
     for rank in range(2):
         t = torch_loader(folder, "val", cache="none", rank=rank, world=2, train=False, tmp=tmp_path)
-        d = dali_loader(folder, "val", mode="external", cache="none", rank=rank, world=2, train=False, tmp=tmp_path)
-        r = dali_loader(folder, "val", mode="reader", cache="none", rank=rank, world=2, train=False, tmp=tmp_path)
+        d = dali_loader(
+            folder,
+            "val",
+            mode="external",
+            cache="none",
+            rank=rank,
+            world=2,
+            train=False,
+            tmp=tmp_path,
+        )
+        r = dali_loader(
+            folder,
+            "val",
+            mode="reader",
+            cache="none",
+            rank=rank,
+            world=2,
+            train=False,
+            tmp=tmp_path,
+        )
         ti, di, ri = (epoch_indices(x, 0)[0] for x in (t, d, r))
         assert ti == di  # same shard, same order
         seen["torch"] += ti
@@ -131,8 +221,20 @@ def test_dali_and_torch_eval_yield_the_same_samples(folder: Path, tmp_path: Path
 def test_eval_images_match_between_dali_and_torch(folder: Path, tmp_path: Path) -> None:
     """Same resize + centre crop + normalisation: images agree up to resampling details."""
     pytest.importorskip("nvidia.dali")
-    t = torch_loader(folder, "val", cache="none", rank=0, world=1, train=False, tmp=tmp_path, batch=8)
-    d = dali_loader(folder, "val", mode="external", cache="none", rank=0, world=1, train=False, tmp=tmp_path, batch=8)
+    t = torch_loader(
+        folder, "val", cache="none", rank=0, world=1, train=False, tmp=tmp_path, batch=8
+    )
+    d = dali_loader(
+        folder,
+        "val",
+        mode="external",
+        cache="none",
+        rank=0,
+        world=1,
+        train=False,
+        tmp=tmp_path,
+        batch=8,
+    )
     xt, _, it = next(iter(t.iter_indexed()))
     xd, _, id_ = next(iter(d.iter_indexed()))
     assert it.tolist() == id_.tolist()
@@ -154,7 +256,9 @@ def test_torch_path_skips_corrupt_images(damaged, tmp_path: Path) -> None:
     msgs = " ".join(str(w.message) for w in rec)
     assert all(b in msgs for b in bad)
     assert len(ids) == 10 and ld.epoch_stats()["data/corrupt"] == 2
-    strict = torch_loader(root, "train", cache="none", rank=0, world=1, train=False, tmp=tmp_path, strict=True)
+    strict = torch_loader(
+        root, "train", cache="none", rank=0, world=1, train=False, tmp=tmp_path, strict=True
+    )
     with pytest.raises(CorruptImage, match=bad[0].split("/")[-1]):
         epoch_indices(strict, 0)
 
@@ -164,14 +268,25 @@ def test_dali_skips_corrupt_images(damaged, tmp_path: Path, mode: str) -> None:
     pytest.importorskip("nvidia.dali")
     root, bad = damaged
     with pytest.warns(UserWarning) as rec:
-        ld = dali_loader(root, "train", mode=mode, cache="disk", rank=0, world=1, train=False, tmp=tmp_path)
+        ld = dali_loader(
+            root, "train", mode=mode, cache="disk", rank=0, world=1, train=False, tmp=tmp_path
+        )
         ids, _ = epoch_indices(ld, 0)
     msgs = " ".join(str(w.message) for w in rec)
     assert all(b in msgs for b in bad)
     assert len(ids) == 10 and ld.epoch_stats()["data/corrupt"] == 2
     with pytest.raises(CorruptImage, match="strict"):
-        ld = dali_loader(root, "train", mode=mode, cache="none", rank=0, world=1, train=False,
-                         tmp=tmp_path, strict=True)
+        ld = dali_loader(
+            root,
+            "train",
+            mode=mode,
+            cache="none",
+            rank=0,
+            world=1,
+            train=False,
+            tmp=tmp_path,
+            strict=True,
+        )
         epoch_indices(ld, 0)
 
 
@@ -183,27 +298,58 @@ def test_progressive_resizing(folder: Path, tmp_path: Path, kind: str) -> None:
     size_at = lambda e: train_size_at(cfg, e)  # noqa: E731
     if kind == "dali":
         pytest.importorskip("nvidia.dali")
-        ld = dali_loader(folder, "train", mode="external", cache="predecoded", rank=0, world=1,
-                         train=True, tmp=tmp_path, size_at=size_at)
+        ld = dali_loader(
+            folder,
+            "train",
+            mode="external",
+            cache="predecoded",
+            rank=0,
+            world=1,
+            train=True,
+            tmp=tmp_path,
+            size_at=size_at,
+        )
     else:
-        ld = torch_loader(folder, "train", cache="predecoded", rank=0, world=1, train=True,
-                          tmp=tmp_path, workers=2, size_at=size_at, throttle_ms=1.0)
+        ld = torch_loader(
+            folder,
+            "train",
+            cache="predecoded",
+            rank=0,
+            world=1,
+            train=True,
+            tmp=tmp_path,
+            workers=2,
+            size_at=size_at,
+            throttle_ms=1.0,
+        )
     for epoch, size in [(0, 16), (1, 24), (2, 32), (3, 32)]:
         _, shapes = epoch_indices(ld, epoch)
         assert {tuple(s[1:]) for s in shapes} == {(3, size, size)}
 
 
-@pytest.mark.parametrize("loader,cache", [("torch", "multilevel"), ("dali", "multilevel"),
-                                          ("dali", "none"), ("torch", "none")])
+@pytest.mark.parametrize(
+    "loader,cache",
+    [("torch", "multilevel"), ("dali", "multilevel"), ("dali", "none"), ("torch", "none")],
+)
 def test_build_data_imagefolder(folder: Path, tmp_path: Path, loader: str, cache: str) -> None:
     if loader == "dali":
         pytest.importorskip("nvidia.dali")
     from bench.data import build_data, validate
     from bench.data.config import CacheConfig, DataConfig
 
-    d = DataConfig(name="imagefolder", root=str(folder), batch_size=8, eval_batch_size=8, image_size=16,
-                   eval_image_size=16, num_classes=0, loader=loader, num_workers=0, flip=True,
-                   throttle_ms=1.0 if cache != "none" else 0.0)
+    d = DataConfig(
+        name="imagefolder",
+        root=str(folder),
+        batch_size=8,
+        eval_batch_size=8,
+        image_size=16,
+        eval_image_size=16,
+        num_classes=0,
+        loader=loader,
+        num_workers=0,
+        flip=True,
+        throttle_ms=1.0 if cache != "none" else 0.0,
+    )
     c = CacheConfig(name=cache, dir=str(tmp_path / "c"))
     validate(d, c, 2)
     b = build_data(d, c, 1, 2, CPU, 0)
@@ -227,7 +373,9 @@ def test_validate_refuses_bad_input_settings(folder: Path, tmp_path: Path) -> No
     from bench.data.config import CacheConfig, DataConfig
     from bench.registry import ConfigError
 
-    d = DataConfig(name="imagefolder", root=str(folder), batch_size=8, image_size=16, eval_image_size=16)
+    d = DataConfig(
+        name="imagefolder", root=str(folder), batch_size=8, image_size=16, eval_image_size=16
+    )
     blocker = tmp_path / "f"
     blocker.write_text("x")
     with pytest.raises(ConfigError, match="not writable"):

@@ -43,7 +43,7 @@ def _epochs(loader_kind: str, cache: str, throttled: bool, root: str, epochs: in
     import torch
 
     from bench.data.config import CacheConfig, DataConfig
-    from bench.data.dali import build_folder
+    from bench.data.folder_input import build_folder
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
     workers = 0 if quick else cores

@@ -9,30 +9,17 @@ Loaders follow the contract in :mod:`bench.data.loaders`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from bench.data.types import DataBundle, per_rank
 from bench.registry import ConfigError, Registry
+
+__all__ = ["DATASETS", "DataBundle", "build_data", "per_rank", "validate"]
 
 DATASETS: Registry = Registry("data set")
 VALIDATORS: dict[str, Callable[[Any], None]] = {}
-
-
-@dataclass
-class DataBundle:
-    train: Any  # loader: iterable of (x, y) on device, len, set_epoch, epoch_stats
-    eval: Any
-    num_classes: int
-    train_samples: int  # global samples in one training epoch
-    in_channels: int = 3
-
-
-def _per_rank(batch: int, world_size: int, what: str) -> int:
-    if batch % world_size:
-        raise ConfigError(f"{what}={batch} is not divisible by the {world_size} workers")
-    return batch // world_size
 
 
 def _array_loader(cfg: Any) -> Callable[..., Any]:
@@ -40,57 +27,97 @@ def _array_loader(cfg: Any) -> Callable[..., Any]:
     if cfg.loader == "dali":
         from functools import partial
 
-        from bench.data.dali import DaliArrayLoader
+        from bench.data.dali_arrays import DaliArrayLoader
 
-        return partial(DaliArrayLoader, threads=cfg.dali_threads or max(1, cfg.num_workers),
-                       prefetch=cfg.prefetch, dali_device=cfg.dali_device)
+        return partial(
+            DaliArrayLoader,
+            threads=cfg.dali_threads or max(1, cfg.num_workers),
+            prefetch=cfg.prefetch,
+            dali_device=cfg.dali_device,
+        )
     from bench.data.loaders import TensorLoader
 
     return TensorLoader
 
 
 @DATASETS.register("digits")
-def _digits(cfg: Any, cache: Any, rank: int, world: int, device: torch.device, seed: int) -> DataBundle:
+def _digits(
+    cfg: Any, cache: Any, rank: int, world: int, device: torch.device, seed: int
+) -> DataBundle:
     from bench.data.digits import load_digits_split
+
     TensorLoader = _array_loader(cfg)
 
     tx, ty, vx, vy = load_digits_split(cfg.image_size, cfg.test_fraction, cfg.split_seed)
     mean = tx.mean(dim=(0, 2, 3))
     std = tx.std(dim=(0, 2, 3))
     common = dict(rank=rank, world_size=world, device=device, mean=mean, std=std, seed=seed)
-    train = TensorLoader(tx, ty, batch_size=_per_rank(cfg.batch_size, world, "data.batch_size"),
-                         train=True, pad=cfg.pad, flip=cfg.flip, **common)
-    ev = TensorLoader(vx, vy, batch_size=max(1, cfg.eval_batch_size // world), train=False, **common)
+    train = TensorLoader(
+        tx,
+        ty,
+        batch_size=per_rank(cfg.batch_size, world, "data.batch_size"),
+        train=True,
+        pad=cfg.pad,
+        flip=cfg.flip,
+        **common,
+    )
+    ev = TensorLoader(
+        vx, vy, batch_size=max(1, cfg.eval_batch_size // world), train=False, **common
+    )
     return DataBundle(train, ev, 10, train.num_samples * world)
 
 
 @DATASETS.register("cifar10")
-def _cifar10(cfg: Any, cache: Any, rank: int, world: int, device: torch.device, seed: int) -> DataBundle:
+def _cifar10(
+    cfg: Any, cache: Any, rank: int, world: int, device: torch.device, seed: int
+) -> DataBundle:
     from bench.data.cifar10 import MEAN, STD, load_cifar10
+
     TensorLoader = _array_loader(cfg)
 
     tx, ty, vx, vy = load_cifar10(cfg.root)
     common = dict(rank=rank, world_size=world, device=device, mean=MEAN, std=STD, seed=seed)
-    train = TensorLoader(tx, ty, batch_size=_per_rank(cfg.batch_size, world, "data.batch_size"),
-                         train=True, pad=cfg.pad, flip=cfg.flip, **common)
-    ev = TensorLoader(vx, vy, batch_size=max(1, cfg.eval_batch_size // world), train=False, **common)
+    train = TensorLoader(
+        tx,
+        ty,
+        batch_size=per_rank(cfg.batch_size, world, "data.batch_size"),
+        train=True,
+        pad=cfg.pad,
+        flip=cfg.flip,
+        **common,
+    )
+    ev = TensorLoader(
+        vx, vy, batch_size=max(1, cfg.eval_batch_size // world), train=False, **common
+    )
     return DataBundle(train, ev, 10, train.num_samples * world)
 
 
-def _folder(cfg: Any, cache: Any, rank: int, world: int, device: torch.device, seed: int) -> DataBundle:
-    from bench.data.dali import build_folder, uses_cached_input
+def _folder(
+    cfg: Any, cache: Any, rank: int, world: int, device: torch.device, seed: int
+) -> DataBundle:
+    from bench.data.folder_input import build_folder, uses_cached_input
 
-    if uses_cached_input(cfg, cache):  # DALI, a cache level, progressive sizes, slow or remote storage
+    if uses_cached_input(
+        cfg, cache
+    ):  # DALI, a cache level, progressive sizes, slow or remote storage
         return build_folder(cfg, cache, rank, world, device, seed)
     from bench.data.folder import image_folders
     from bench.data.loaders import DeviceLoader
 
-    tr, va = image_folders(cfg.root, cfg.train_dir, cfg.val_dir, cfg.image_size, cfg.eval_image_size, cfg.flip)
+    tr, va = image_folders(
+        cfg.root, cfg.train_dir, cfg.val_dir, cfg.image_size, cfg.eval_image_size, cfg.flip
+    )
     n_classes = len(tr.classes)
     if cfg.num_classes and cfg.num_classes != n_classes:
-        raise ConfigError(f"data.num_classes={cfg.num_classes} but {cfg.root} has {n_classes} class folders")
-    common = dict(rank=rank, world_size=world, device=device, num_workers=cfg.num_workers, seed=seed)
-    train = DeviceLoader(tr, batch_size=_per_rank(cfg.batch_size, world, "data.batch_size"), train=True, **common)
+        raise ConfigError(
+            f"data.num_classes={cfg.num_classes} but {cfg.root} has {n_classes} class folders"
+        )
+    common = dict(
+        rank=rank, world_size=world, device=device, num_workers=cfg.num_workers, seed=seed
+    )
+    train = DeviceLoader(
+        tr, batch_size=per_rank(cfg.batch_size, world, "data.batch_size"), train=True, **common
+    )
     ev = DeviceLoader(va, batch_size=max(1, cfg.eval_batch_size // world), train=False, **common)
     return DataBundle(train, ev, n_classes, len(train) * cfg.batch_size)
 
@@ -100,14 +127,20 @@ DATASETS.register("imagenet")(_folder)
 
 
 @DATASETS.register("synthetic")
-def _synthetic(cfg: Any, cache: Any, rank: int, world: int, device: torch.device, seed: int) -> DataBundle:
+def _synthetic(
+    cfg: Any, cache: Any, rank: int, world: int, device: torch.device, seed: int
+) -> DataBundle:
     from bench.data.synthetic import SyntheticLoader
 
-    b = _per_rank(cfg.batch_size, world, "data.batch_size")
+    b = per_rank(cfg.batch_size, world, "data.batch_size")
     shape = (cfg.channels, cfg.image_size, cfg.image_size)
-    common = dict(shape=shape, num_classes=cfg.num_classes, device=device, rank=rank, world_size=world)
+    common = dict(
+        shape=shape, num_classes=cfg.num_classes, device=device, rank=rank, world_size=world
+    )
     train = SyntheticLoader(samples=cfg.synthetic_size, batch_size=b, seed=seed, **common)
-    ev = SyntheticLoader(samples=max(cfg.synthetic_size // 8, b * world), batch_size=b, seed=seed + 1, **common)
+    ev = SyntheticLoader(
+        samples=max(cfg.synthetic_size // 8, b * world), batch_size=b, seed=seed + 1, **common
+    )
     return DataBundle(train, ev, cfg.num_classes, len(train) * b * world, cfg.channels)
 
 
@@ -135,18 +168,25 @@ def validate(cfg: Any, cache_cfg: Any, world_size: int) -> None:
     """Configuration-time checks: known name, positive sizes, divisibility, data on disk."""
     DATASETS.get(cfg.name)
     if cfg.batch_size <= 0 or cfg.eval_batch_size <= 0:
-        raise ConfigError(f"data.batch_size and data.eval_batch_size must be positive, got {cfg.batch_size}, {cfg.eval_batch_size}")
-    _per_rank(cfg.batch_size, world_size, "data.batch_size (global)")
+        raise ConfigError(
+            "data.batch_size and data.eval_batch_size must be positive, got "
+            f"{cfg.batch_size}, {cfg.eval_batch_size}"
+        )
+    per_rank(cfg.batch_size, world_size, "data.batch_size (global)")
     if cfg.image_size <= 0 or cfg.eval_image_size <= 0:
         raise ConfigError("data.image_size and data.eval_image_size must be positive")
     if cfg.loader not in ("torch", "dali"):
         raise ConfigError(f"data.loader={cfg.loader!r}; choose torch or dali")
     if cfg.name in VALIDATORS:
         VALIDATORS[cfg.name](cfg)
-    from bench.data.dali import validate_input  # cache group, DALI, throttle, progressive sizes
+    from bench.data.folder_input import (
+        validate_input,
+    )  # cache group, DALI, throttle, progressive sizes
 
     validate_input(cfg, cache_cfg)
 
 
-def build_data(cfg: Any, cache_cfg: Any, rank: int, world_size: int, device: torch.device, seed: int) -> DataBundle:
+def build_data(
+    cfg: Any, cache_cfg: Any, rank: int, world_size: int, device: torch.device, seed: int
+) -> DataBundle:
     return DATASETS.get(cfg.name)(cfg, cache_cfg, rank, world_size, device, seed)

@@ -1,4 +1,4 @@
-"""The multi-level data cache (PAPER.md, section 4): remote storage -> local disk -> memory.
+"""The multi-level data cache: remote storage -> local disk -> memory.
 
 Levels, from slow to fast:
 
@@ -17,10 +17,10 @@ Levels, from slow to fast:
   resizing).
 
 DALI's own decoder cache works only with its GPU decoder, so this cache is the project's
-own and feeds both loaders: the torchvision DataLoader (:class:`CachedFolderLoader`, below;
-each worker process keeps its own level 2, and :func:`bench.data.storage.shard_batches`
-gives every worker the same files every epoch so that it hits) and DALI through
-``fn.external_source`` (:mod:`bench.data.dali`).
+own and feeds both loaders: the torchvision DataLoader
+(:class:`bench.data.cached_folder.CachedFolderLoader`; each worker process keeps its own
+level 2, and :func:`bench.data.storage.shard_batches` gives every worker the same files
+every epoch so that it hits) and DALI through ``fn.external_source`` (:mod:`bench.data.dali`).
 
 Per-epoch numbers (``cache/hits``, ``cache/misses``, ``cache/bytes_l0`` ...) are counted in
 a :class:`CacheStats` and written to the curve CSV by the training loop.
@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from bench.data.jpegs import decode_resized
-from bench.data.storage import Storage, shard_batches
+from bench.data.storage import Storage
 from bench.registry import ConfigError, Registry
 
 _MAGIC = b"BKC1"
@@ -103,8 +103,16 @@ def merge_stats(into: dict[str, float], more: dict[str, float]) -> dict[str, flo
 ZERO_STATS = {
     k: 0
     for k in (
-        "cache/hits", "cache/misses", "cache/hits_l1", "cache/hits_l2", "cache/bytes_l0",
-        "cache/bytes_l1", "cache/bytes_l2", "cache/refetched", "cache/evicted", "data/corrupt",
+        "cache/hits",
+        "cache/misses",
+        "cache/hits_l1",
+        "cache/hits_l2",
+        "cache/bytes_l0",
+        "cache/bytes_l1",
+        "cache/bytes_l2",
+        "cache/refetched",
+        "cache/evicted",
+        "data/corrupt",
     )
 }
 
@@ -165,7 +173,11 @@ class DiskCache:
 
     def _disable(self, e: OSError) -> None:
         if self.writable:
-            why = "is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else f"is not writable ({e.strerror})"
+            why = (
+                "is full"
+                if e.errno in (errno.ENOSPC, errno.EDQUOT)
+                else f"is not writable ({e.strerror})"
+            )
             warnings.warn(
                 f"cache directory {self.root!r} {why}; level 1 (disk) is off for this run, "
                 "reading from the data set instead",
@@ -398,7 +410,9 @@ class CachedReader:
         return arr
 
 
-def build_reader(store: Storage, cache_cfg: Any, namespace: str, memory_share: int = 1) -> CachedReader:
+def build_reader(
+    store: Storage, cache_cfg: Any, namespace: str, memory_share: int = 1
+) -> CachedReader:
     """The levels named by ``cache_cfg.name`` over ``store``.
 
     ``memory_share``: how many processes (loader workers) split ``cache.memory_gb``.
@@ -408,8 +422,11 @@ def build_reader(store: Storage, cache_cfg: Any, namespace: str, memory_share: i
     disk = None
     if levels.disk:
         disk = DiskCache(
-            cache_cfg.dir or default_cache_dir(), int(cache_cfg.disk_gb * 1e9), namespace,
-            stats, cache_cfg.verify,
+            cache_cfg.dir or default_cache_dir(),
+            int(cache_cfg.disk_gb * 1e9),
+            namespace,
+            stats,
+            cache_cfg.verify,
         )
     mem_cap = int(cache_cfg.memory_gb * 1e9 / max(1, memory_share))
     memory = MemoryCache(mem_cap) if levels.memory else None
@@ -430,216 +447,3 @@ def validate_cache(cache_cfg: Any) -> None:
         raise ConfigError("cache.memory_gb must be > 0 for a cache with a memory level")
     if cache_cfg.predecode_size < 0:
         raise ConfigError("cache.predecode_size must be >= 0 (0 = from data.image_size)")
-
-
-# -- the torchvision DataLoader path, reading through the cache ----------------------------
-
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-
-
-def _warn_corrupt(names: list[str], seen: set[str], strict: bool) -> None:
-    from bench.data.jpegs import CorruptImage
-
-    for msg in names:
-        if strict:
-            raise CorruptImage(f"corrupt image (data.strict=true): {msg}")
-        if msg not in seen:
-            seen.add(msg)
-            warnings.warn(f"skipping corrupt image {msg}", stacklevel=3)
-
-
-class FolderDataset:
-    """Map-style data set over a folder listing, read through a :class:`CachedReader`.
-
-    Keys are ``(index, size)`` so that the image size (progressive resizing) travels with
-    each request to persistent DataLoader workers.  Items are uint8 CHW tensors: the
-    float conversion and normalisation happen on the training device, on whole batches.
-    The reader (and so the memory level) is made lazily in each worker process.
-    """
-
-    def __init__(self, store: Storage, listing: Any, cache_cfg: Any, namespace: str, train: bool,
-                 flip: bool, predecode_size: int, memory_share: int) -> None:
-        self.store, self.listing, self.cache_cfg = store, listing, cache_cfg
-        self.namespace, self.train, self.flip = namespace, train, flip
-        self.predecode_size = predecode_size if CACHES.get(cache_cfg.name).decoded else 0
-        self.memory_share = memory_share
-        self._reader: CachedReader | None = None
-        import torchvision.transforms.functional  # noqa: F401  (import once, before workers fork)
-
-    @property
-    def reader(self) -> CachedReader:
-        if self._reader is None:
-            self._reader = build_reader(self.store, self.cache_cfg, self.namespace, self.memory_share)
-        return self._reader
-
-    def __len__(self) -> int:
-        return len(self.listing)
-
-    def __getitem__(self, key: tuple[int, int]) -> tuple[Any, int, int, str | None]:
-        import torch
-        from torchvision.transforms import RandomResizedCrop
-        from torchvision.transforms import functional as F
-
-        from bench.data.jpegs import CorruptImage, decode_rgb
-
-        i, size = key
-        rel = self.listing.files[i]
-        try:
-            if self.predecode_size:
-                from PIL import Image
-
-                # PIL's crop + resize on uint8 is several times faster than torchvision's
-                # tensor path (which resamples in float); the copy is ~0.3 MB at 256 pixels
-                img = Image.fromarray(self.reader.get_decoded(rel, self.predecode_size))
-            else:
-                img = decode_rgb(self.reader.get(rel), rel)
-        except CorruptImage as e:
-            return None, self.listing.labels[i], i, str(e)
-        if self.train:
-            top, left, h, w = RandomResizedCrop.get_params(img, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3))
-            img = F.resized_crop(img, top, left, h, w, [size, size], antialias=True)
-            if self.flip and torch.rand(()) < 0.5:
-                img = F.hflip(img)
-        else:
-            img = F.center_crop(F.resize(img, round(size / 0.875), antialias=True), [size, size])
-        img = F.pil_to_tensor(img)
-        return img, self.listing.labels[i], i, None
-
-    def collate(self, items: list) -> tuple[Any, Any, Any, dict]:
-        """Stack the good items; the worker's cache counters ride along with the batch."""
-        import torch
-
-        good = [it for it in items if it[0] is not None]
-        stats: dict[str, Any] = self.reader.stats.take() if (self._reader or good) else {}
-        bad = [it[3] for it in items if it[0] is None]
-        if bad:
-            stats["data/corrupt"] = len(bad)
-            stats["_corrupt"] = bad
-        if not good:
-            return torch.empty(0), torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long), stats
-        x = torch.stack([it[0] for it in good])
-        y = torch.tensor([it[1] for it in good], dtype=torch.long)
-        idx = torch.tensor([it[2] for it in good], dtype=torch.long)
-        return x, y, idx, stats
-
-
-class CachedFolderLoader:
-    """Torch DataLoader over a folder through the cache; the ``data.loader=torch`` path.
-
-    Follows the loader contract of :mod:`bench.data.loaders` (``len``, ``set_epoch``,
-    ``epoch_stats``, batches on the device).  Sharding: :func:`shard_batches` (sticky
-    shards so that per-worker memory caches hit).  ``iter_indexed()`` also yields the
-    sample indices (for tests).
-    """
-
-    def __init__(self, dataset: FolderDataset, *, batch_size: int, rank: int, world_size: int,
-                 device: Any, num_workers: int, seed: int, size_at: Any, strict: bool,
-                 prefetch: int = 2) -> None:
-        from torch.utils.data import DataLoader
-
-        self.ds, self.batch_size, self.rank, self.world = dataset, batch_size, rank, world_size
-        self.device, self.seed, self.size_at, self.strict = device, seed, size_at, strict
-        self.parts = max(1, num_workers)
-        self.epoch = 0
-        self._stats: dict[str, float] = dict(ZERO_STATS)
-        self._seen_corrupt: set[str] = set()
-        self.loader = DataLoader(
-            dataset,  # type: ignore[arg-type]
-            batch_sampler=_BatchSampler(self),  # type: ignore[arg-type]
-            num_workers=num_workers,
-            collate_fn=dataset.collate,
-            pin_memory=getattr(device, "type", "cpu") == "cuda",
-            persistent_workers=num_workers > 0,
-            prefetch_factor=prefetch if num_workers > 0 else None,
-            worker_init_fn=_worker_init,
-            multiprocessing_context=_worker_context() if num_workers > 0 else None,
-        )
-
-    def _plan(self) -> list:
-        return shard_batches(len(self.ds), self.rank, self.world, self.parts, self.batch_size,
-                             self.ds.train, self.seed, self.epoch)
-
-    def __iter__(self):
-        for x, y, _ in self.iter_indexed():
-            yield x, y
-
-    def _batches(self):
-        size = self.size_at(self.epoch)
-        for b in self._plan():
-            yield [(int(i), size) for i in b]
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return len(self._plan())
-
-    def epoch_stats(self) -> dict[str, float]:
-        out, self._stats = self._stats, dict(ZERO_STATS)
-        return out
-
-    def close(self) -> None:
-        """Stop the persistent workers now (instead of whenever the loader is collected)."""
-        it = getattr(self.loader, "_iterator", None)
-        if it is not None and hasattr(it, "_shutdown_workers"):
-            it._shutdown_workers()
-        self.loader._iterator = None
-
-    def iter_indexed(self):
-        import time
-
-        import torch
-
-        mean = torch.tensor(IMAGENET_MEAN, device=self.device).view(1, 3, 1, 1) * 255
-        std = torch.tensor(IMAGENET_STD, device=self.device).view(1, 3, 1, 1) * 255
-        nb = getattr(self.device, "type", "cpu") == "cuda"
-        t0 = time.perf_counter()
-        for x, y, idx, stats in self.loader:
-            self._stats["data/wait_s"] = self._stats.get("data/wait_s", 0.0) + time.perf_counter() - t0
-            _warn_corrupt(stats.pop("_corrupt", []), self._seen_corrupt, self.strict)
-            merge_stats(self._stats, stats)
-            if len(y):
-                x = (x.to(self.device, non_blocking=nb).float() - mean) / std
-                yield x, y.to(self.device, non_blocking=nb), idx
-            t0 = time.perf_counter()
-
-
-def _worker_context():
-    """fork (fast start), unless DALI is loaded in this process: then forkserver.
-
-    A child forked from a process whose DALI threads hold a lock deadlocks on it (seen when
-    one process builds DALI pipelines and then a DataLoader, as the input benchmark does).
-    """
-    import multiprocessing as mp
-    import sys
-
-    if "nvidia.dali" not in sys.modules:
-        return None
-    ctx = mp.get_context("forkserver")
-    # the server imports these once; every worker forked from it starts with them loaded
-    ctx.set_forkserver_preload(["torch", "torchvision.transforms.functional", "bench.data.cache"])
-    return ctx
-
-
-def _worker_init(worker_id: int) -> None:
-    # A worker forked while another loader's persistent iterator exists inherits that
-    # iterator; without this its __del__ tries to join processes that are not its children
-    # at exit ("can only test a child process").  The flag only gates that parent-side
-    # shutdown code.
-    import torch.utils.data._utils as du
-
-    du.python_exit_status = True
-
-
-class _BatchSampler:
-    """What DataLoader iterates for index batches: the owner's plan for its current epoch."""
-
-    def __init__(self, owner: CachedFolderLoader) -> None:
-        self.owner = owner
-
-    def __iter__(self):
-        return self.owner._batches()
-
-    def __len__(self) -> int:
-        return len(self.owner)
