@@ -1,14 +1,15 @@
 """The hooks on 4 gloo workers posing as 2 nodes x 2 (torchrun's environment, spawned here).
 
-One spawn runs every check of :mod:`bench.comm.checks` (spawning costs more than the checks).
+One spawn runs every check of :mod:`tests.helpers.comm_checks` (spawning costs more than
+the checks).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from bench.comm.checks import run_all
-from bench.comm.spawn import run_workers
+from bench.benchmarks.spawn import run_workers
+from tests.helpers.comm_checks import run_all
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 The buckets are ResNet-50's real ones: torchvision's ``resnet50`` parameters in reverse
 order, cut by DDP's own ``_compute_bucket_assignment_by_size`` with its 1 MB first bucket
 and the 25 MB cap (25.6 M elements in 5 buckets).  Four local gloo workers get torchrun's
-environment for 2 nodes x 2 (:func:`bench.comm.spawn.run_workers`), so ``hitopk`` builds
+environment for 2 nodes x 2 (:func:`bench.benchmarks.spawn.run_workers`), so ``hitopk`` builds
 its intra-node and inter-node groups exactly as on a cluster.  Every method runs through
 the same hook function a DDP model would call, on duck-typed buckets (buffer, gradient
 views with the parameters' shapes, index, is_last), so PowerSGD sees real matrix shapes.
@@ -128,7 +128,7 @@ def _worker(
 
 @BENCHMARKS.register("comm")
 def run(results_dir: str = "results", quick: bool = False) -> Path:
-    from bench.comm.spawn import run_workers
+    from bench.benchmarks.spawn import run_workers
 
     world, ppn = 4, 2
     if quick:  # two small buckets: seconds

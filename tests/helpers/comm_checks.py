@@ -1,7 +1,7 @@
 """Distributed self-checks of the hooks, run on local gloo workers posing as 2 nodes x 2.
 
-``python -m bench.comm.checks`` prints them; ``tests/test_comm_dist.py`` asserts on them.
-Each check runs inside every worker (spawned by :func:`bench.comm.spawn.run_workers`) and
+``python -m tests.helpers.comm_checks`` prints them; ``tests/test_comm_dist.py`` asserts on them.
+Each check runs inside every worker (spawned by :func:`bench.benchmarks.spawn.run_workers`) and
 returns plain numbers, so the test process compares without touching torch.distributed.
 
 - ``density_one``: with density 1.0 every top-k hook (and randomk) must give DDP's dense
@@ -135,7 +135,7 @@ def run_all(rank: int, world: int) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    from bench.comm.spawn import run_workers
+    from bench.benchmarks.spawn import run_workers
 
     for r, res in enumerate(run_workers(run_all, 4, 2)):
         print(r, res)
