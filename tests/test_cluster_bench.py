@@ -37,14 +37,15 @@ def test_emulated_launcher_refuses_bad_input_before_building(tmp_path, cluster, 
     from bench.cluster.emulated import launch_emulated
 
     with pytest.raises(ConfigError, match=msg):
-        launch_emulated(_cfg(**cluster), tmp_path / "run.json")
+        launch_emulated(_cfg(**cluster).cluster, tmp_path / "run.json")
 
 
 def test_emulated_launcher_is_registered():
-    import bench.cluster.emulated  # noqa: F401  (registers itself)
-    from bench.cluster.launch import LAUNCHERS
+    from bench.cluster.emulated import check_emulated, launch_emulated
+    from bench.cluster.registry import LAUNCHERS
 
-    assert "emulated" in LAUNCHERS
+    spec = LAUNCHERS.get("emulated")
+    assert spec.launch is launch_emulated and spec.validate is check_emulated
 
 
 @pytest.mark.slow
@@ -55,8 +56,18 @@ def test_quick_cluster_benchmark_writes_its_columns(tmp_path: Path):
 
     path = run(str(tmp_path), quick=True)
     df = pd.read_csv(path)
-    for col in ("bandwidth", "nodes", "procs_per_node", "comm", "density", "median_ms",
-                "predicted_ms", "hardware", "kind", "efficiency"):
+    for col in (
+        "bandwidth",
+        "nodes",
+        "procs_per_node",
+        "comm",
+        "density",
+        "median_ms",
+        "predicted_ms",
+        "hardware",
+        "kind",
+        "efficiency",
+    ):
         assert col in df.columns, col
     assert set(df["kind"]) == {"measured", "whatif", "projection"}
     m = df[df["kind"] == "measured"]

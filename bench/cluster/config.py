@@ -9,10 +9,20 @@ namespaces on this machine, joined by a bridge whose links are shaped with ``tc`
 
 from dataclasses import dataclass
 
+from bench.registry import Choice
+
+
+class Backend(Choice):
+    """The torch.distributed backend of the workers."""
+
+    auto = "auto"  # nccl with CUDA, else gloo
+    nccl = "nccl"
+    gloo = "gloo"
+
 
 @dataclass
 class ClusterConfig:
-    name: str = "local"  # local | multinode | emulated
+    name: str = "local"  # registry key in bench.cluster.registry: local | multinode | emulated
     nnodes: int = 1
     nproc_per_node: int = 2  # workers per node (CPU default 2; set to the GPU count on GPU nodes)
     node_rank: int = 0  # multinode: this node's rank
@@ -20,11 +30,15 @@ class ClusterConfig:
     rdzv_id: str = ""  # multinode: the same on every node of one job ("" = launcher default)
     rdzv_timeout_s: int = 300  # give up when the rendezvous is not complete after this long
     max_restarts: int = 0  # elastic restarts of the worker group
-    backend: str = "auto"  # auto (nccl with CUDA, else gloo) | nccl | gloo
+    backend: Backend = Backend.auto
     threads_per_worker: int = 0  # torch intra-op threads per worker; 0 = cores / local workers
     # --- emulated cluster (cluster=emulated) ---
-    inter_node_bandwidth: str = "1gbit"  # each node's link rate (tc tbf), e.g. 100mbit, 1gbit, 25gbit
-    inter_node_latency: str = "0.2ms"  # one-way node-to-node delay (tc netem, where the kernel has it)
+    inter_node_bandwidth: str = (
+        "1gbit"  # each node's link rate (tc tbf), e.g. 100mbit, 1gbit, 25gbit
+    )
+    inter_node_latency: str = (
+        "0.2ms"  # one-way node-to-node delay (tc netem, where the kernel has it)
+    )
     link_check: bool = True  # measure the link before starting; refuse when off by > link_tolerance
     link_tolerance: float = 0.25  # allowed relative deviation of the measured bandwidth
     link_check_s: float = 0.5  # seconds of traffic the bandwidth check sends at the nominal rate

@@ -29,16 +29,11 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from bench.cluster.config import ClusterConfig
 from bench.cluster.linkcheck import run_link_check, write_link_check
 from bench.cluster.netns import EmulatedCluster, parse_bandwidth, parse_latency, require_tools
+from bench.cluster.registry import LauncherSpec, register
 from bench.registry import ConfigError
-
-try:  # the lead's registry; registering needs it, the rest of this module does not
-    from bench.cluster.launch import LAUNCHERS
-except ModuleNotFoundError as e:  # pragma: no cover - only before launch.py exists
-    if e.name != "bench.cluster.launch":
-        raise
-    LAUNCHERS = None
 
 WORKER_MEM_GIB = 0.5  # resident memory of one CPU worker (torch + a small model), rough
 MAX_WORKERS_PER_CORE = 4  # beyond this, CPU workers mostly wait for each other
@@ -53,7 +48,8 @@ def check_capacity(nnodes: int, nproc_per_node: int) -> None:
     """Refuse a cluster that this machine cannot hold (workers per core, memory)."""
     if nnodes < 1 or nproc_per_node < 1:
         raise ConfigError(
-            f"cluster.nnodes and cluster.nproc_per_node must be >= 1, got {nnodes} x {nproc_per_node}"
+            "cluster.nnodes and cluster.nproc_per_node must be >= 1, "
+            f"got {nnodes} x {nproc_per_node}"
         )
     world = nnodes * nproc_per_node
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -167,21 +163,40 @@ def run_nodes(
                 "BENCH_EMULATED_NODE": str(i),
             }
             argv = [
-                sys.executable, "-m", "torch.distributed.run",
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
                 # no --node-rank: the c10d rendezvous ranks the agents (ranks stay
                 # contiguous per node)
-                "--nnodes", str(n), "--nproc-per-node", str(nproc_per_node),
-                "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", endpoint, "--rdzv-id", f"tkb-{cluster.run_id}",
+                "--nnodes",
+                str(n),
+                "--nproc-per-node",
+                str(nproc_per_node),
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                endpoint,
+                "--rdzv-id",
+                f"tkb-{cluster.run_id}",
                 # node 0 hosts the c10d store: inside a namespace the hostname does not
                 # resolve to the node's address, so say it explicitly
-                "--rdzv-conf", f"join_timeout={rdzv_timeout_s},is_host={int(i == 0)}",
-                "--local-addr", cluster.addr(i), "--max-restarts", str(max_restarts),
-                "-m", module, *args,
+                "--rdzv-conf",
+                f"join_timeout={rdzv_timeout_s},is_host={int(i == 0)}",
+                "--local-addr",
+                cluster.addr(i),
+                "--max-restarts",
+                str(max_restarts),
+                "-m",
+                module,
+                *args,
             ]
             p = subprocess.Popen(
-                cluster.exec_argv(i, argv), env=node_env, text=True,
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                cluster.exec_argv(i, argv),
+                env=node_env,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
             procs.append(p)
             tail: deque[str] = deque(maxlen=200)
@@ -214,7 +229,7 @@ def run_nodes(
         _stop(procs)
 
 
-def check_config(c: Any) -> tuple[int, int, float, float]:
+def check_config(c: ClusterConfig) -> tuple[int, int, float, float]:
     """Validate ``cfg.cluster`` for ``emulated`` (nothing is built): nodes, workers,
     bandwidth (bit/s), latency (s).  Raises :class:`ConfigError` with one sentence."""
     if c.nnodes < 2:
@@ -222,14 +237,22 @@ def check_config(c: Any) -> tuple[int, int, float, float]:
     check_capacity(c.nnodes, c.nproc_per_node)
     if not 0 < c.link_tolerance < 1:
         raise ConfigError(f"cluster.link_tolerance must be in (0, 1), got {c.link_tolerance}")
-    return c.nnodes, c.nproc_per_node, parse_bandwidth(c.inter_node_bandwidth), parse_latency(
-        c.inter_node_latency
+    return (
+        c.nnodes,
+        c.nproc_per_node,
+        parse_bandwidth(c.inter_node_bandwidth),
+        parse_latency(c.inter_node_latency),
     )
 
 
-def launch_emulated(cfg: Any, run_json: Path) -> int:
+def check_emulated(c: ClusterConfig) -> None:
+    """What ``emulated`` needs: a cluster this machine can hold, root and iproute2."""
+    check_config(c)
+    require_tools()
+
+
+def launch_emulated(c: ClusterConfig, run_json: Path) -> int:
     """Launcher ``emulated``: workers run ``python -m bench.train --config run_json``."""
-    c = cfg.cluster
     nnodes, nproc, bw, lat = check_config(c)  # bad input is refused before anything is built
     require_tools()
     run_json = Path(run_json)
@@ -242,11 +265,16 @@ def launch_emulated(cfg: Any, run_json: Path) -> int:
             env["BENCH_LINK_CHECK"] = str(path)
             print(f"link check: {json.dumps(result)}", flush=True)
         return run_nodes(
-            cluster, nproc, "bench.train", ["--config", str(run_json)],
-            rdzv_port=c.rdzv_port, rdzv_timeout_s=c.rdzv_timeout_s,
-            max_restarts=c.max_restarts, threads_per_worker=c.threads_per_worker, env=env,
+            cluster,
+            nproc,
+            "bench.train",
+            ["--config", str(run_json)],
+            rdzv_port=c.rdzv_port,
+            rdzv_timeout_s=c.rdzv_timeout_s,
+            max_restarts=c.max_restarts,
+            threads_per_worker=c.threads_per_worker,
+            env=env,
         )
 
 
-if LAUNCHERS is not None:
-    LAUNCHERS.register("emulated")(launch_emulated)
+EMULATED = register(LauncherSpec("emulated", launch_emulated, validate=check_emulated))

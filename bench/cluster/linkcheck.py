@@ -103,17 +103,25 @@ def blast(host: str, port: int, nbytes: int, pings: int = 20, connect_s: float =
         dt = time.perf_counter() - t0
     rtt = statistics.median(rtts[2:] if len(rtts) > 4 else rtts)  # first pings warm up
     # the ack costs half an RTT beyond the last byte's arrival
-    return {"bytes": nbytes, "seconds": dt, "bps": nbytes * 8 / max(dt - rtt / 2, 1e-9),
-            "rtt_s": rtt}
+    return {
+        "bytes": nbytes,
+        "seconds": dt,
+        "bps": nbytes * 8 / max(dt - rtt / 2, 1e-9),
+        "rtt_s": rtt,
+    }
 
 
-def _pair(cluster: EmulatedCluster, server_node: int, client_node: int, host: str, port: int,
-          nbytes: int) -> dict:
+def _pair(
+    cluster: EmulatedCluster, server_node: int, client_node: int, host: str, port: int, nbytes: int
+) -> dict:
     py = sys.executable
     srv = subprocess.Popen(
-        cluster.exec_argv(server_node, [py, "-m", "bench.cluster.linkcheck", "serve", host,
-                                        str(port)]),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cluster.exec_argv(
+            server_node, [py, "-m", "bench.cluster.linkcheck", "serve", host, str(port)]
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         ready = srv.stdout.readline() if srv.stdout else ""
@@ -124,9 +132,13 @@ def _pair(cluster: EmulatedCluster, server_node: int, client_node: int, host: st
                 f"{err.strip().splitlines()[-1] if err.strip() else 'no output'}"
             )
         cli = subprocess.run(
-            cluster.exec_argv(client_node, [py, "-m", "bench.cluster.linkcheck", "blast", host,
-                                            str(port), str(nbytes)]),
-            capture_output=True, text=True, timeout=120,
+            cluster.exec_argv(
+                client_node,
+                [py, "-m", "bench.cluster.linkcheck", "blast", host, str(port), str(nbytes)],
+            ),
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         if cli.returncode != 0:
             raise LinkCheckError(

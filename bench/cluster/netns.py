@@ -52,8 +52,16 @@ _NS_RE = re.compile(rf"^{PREFIX}-([0-9a-f]{{4}})-n\d+$")
 _LINK_RE = re.compile(rf"^{PREFIX}([0-9a-f]{{4}})(?:br|h\d+|n\d+)$")
 
 _BW_UNITS = {  # bits per second; tc's spelling (kbit, mbit, gbit) plus the usual "Gbps"
-    "bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
-    "bps": 1.0, "kbps": 1e3, "mbps": 1e6, "gbps": 1e9, "tbps": 1e12,
+    "bit": 1.0,
+    "kbit": 1e3,
+    "mbit": 1e6,
+    "gbit": 1e9,
+    "tbit": 1e12,
+    "bps": 1.0,
+    "kbps": 1e3,
+    "mbps": 1e6,
+    "gbps": 1e9,
+    "tbps": 1e12,
 }
 _LAT_UNITS = {"s": 1.0, "sec": 1.0, "ms": 1e-3, "msec": 1e-3, "us": 1e-6, "usec": 1e-6}
 
@@ -259,8 +267,11 @@ class EmulatedCluster:
         burst = max(int(rate_bits / 8 * 1e-3), 65536)
         netem_ok = self.latency_s > 0 and self._has_netem()
         if self.latency_s > 0 and not netem_ok:
-            print("warning: this kernel has no sch_netem, so the inter-node latency is not "
-                  "emulated (the link check records the measured one)", file=sys.stderr)
+            print(
+                "warning: this kernel has no sch_netem, so the inter-node latency is not "
+                "emulated (the link check records the measured one)",
+                file=sys.stderr,
+            )
         self.latency_emulated = netem_ok
         for i in range(self.nodes):
             ns, nif, hif = self.ns(i), self.ifname(i), self._host_if(i)
@@ -273,11 +284,41 @@ class EmulatedCluster:
             parent = ["root", "handle", "1:"]
             if netem_ok:
                 delay_us = f"{self.latency_s * 1e6:.0f}us"
-                _run("tc", "-n", ns, "qdisc", "add", "dev", nif, "root", "handle", "1:",
-                     "netem", "delay", delay_us, "limit", "100000")
+                _run(
+                    "tc",
+                    "-n",
+                    ns,
+                    "qdisc",
+                    "add",
+                    "dev",
+                    nif,
+                    "root",
+                    "handle",
+                    "1:",
+                    "netem",
+                    "delay",
+                    delay_us,
+                    "limit",
+                    "100000",
+                )
                 parent = ["parent", "1:", "handle", "2:"]
-            _run("tc", "-n", ns, "qdisc", "add", "dev", nif, *parent, "tbf",
-                 "rate", f"{int(rate_bits)}bit", "burst", str(burst), "latency", "100ms")
+            _run(
+                "tc",
+                "-n",
+                ns,
+                "qdisc",
+                "add",
+                "dev",
+                nif,
+                *parent,
+                "tbf",
+                "rate",
+                f"{int(rate_bits)}bit",
+                "burst",
+                str(burst),
+                "latency",
+                "100ms",
+            )
 
     def _has_netem(self) -> bool:
         """Whether ``tc ... netem`` works here (a probe on a throw-away dummy link)."""
@@ -285,8 +326,9 @@ class EmulatedCluster:
         if _run("ip", "link", "add", probe, "type", "dummy", check=False).returncode != 0:
             return False
         try:
-            r = _run("tc", "qdisc", "add", "dev", probe, "root", "netem", "delay", "1ms",
-                     check=False)
+            r = _run(
+                "tc", "qdisc", "add", "dev", probe, "root", "netem", "delay", "1ms", check=False
+            )
             return r.returncode == 0
         finally:
             _run("ip", "link", "del", probe, check=False)

@@ -8,18 +8,20 @@ elements of ``b`` bytes, density ``rho`` and ``p`` bytes per sent (value, index)
   ``n > 1`` every step waits for a ring edge that crosses a node boundary, so
   ``T = 2 (w-1)/w * d b / B_inter + 2 (w-1) alpha_inter`` (``B_intra``/``alpha_intra``
   when ``n = 1``), plus the summation, ``(w-1)/w * d`` element additions.
-* flat top-k allgather (``mstopk``, ``topk``): every worker selects ``k = rho d`` of its whole bucket and a ring
-  allgather moves ``(w-1)`` chunks of ``k p`` bytes:
+* flat top-k allgather (``mstopk``, ``topk``): every worker selects ``k = rho d`` of its
+  whole bucket and a ring allgather moves ``(w-1)`` chunks of ``k p`` bytes:
   ``T = t_sel(d) + (w-1) (k p / B + alpha) + t_scatter(w k) + 3 t_dense(d)`` (error-feedback
   add, zero-fill and scaling, as bench.comm's communicators do them).
-* ``hitopk`` (HiTopKComm, Shi et al. MLSys 2021; the cost as written in PAPER.md):
-  intra-node reduce-scatter ``(m-1)/m * d b / B_intra + (m-1) alpha_intra``; selection on
-  the ``d/m`` shard, ``k_s = rho d / m``; inter-node allgather among same-local-rank workers
-  ``(n-1) * k_s p / (B_inter / m) + (n-1) alpha_inter`` -- the ``m`` allgathers of a node run
-  at once and share its one link, hence ``B_inter / m``, which PAPER.md's formula leaves
-  out; intra-node allgather ``(m-1) * n k_s p / B_intra + (m-1) alpha_intra``; scatter-add
-  of the ``n rho d`` received pairs into the dense gradient (plus one elementwise pass on
-  the shard and three on the bucket).
+* ``hitopk`` (HiTopKComm, Shi et al., MLSys 2021; the algorithm and its cost are described
+  in ``docs/algorithms.md``): intra-node reduce-scatter
+  ``(m-1)/m * d b / B_intra + (m-1) alpha_intra``; selection on the ``d/m`` shard,
+  ``k_s = rho d / m``; inter-node allgather among same-local-rank workers
+  ``(n-1) * k_s p / (B_inter / m) + (n-1) alpha_inter`` -- the ``m`` allgathers of a node
+  run at once and share its one link, hence ``B_inter / m``, where the paper's rough cost
+  charges each of them the whole link ``B_inter``; intra-node allgather
+  ``(m-1) * n k_s p / B_intra + (m-1) alpha_intra``; scatter-add of the ``n rho d``
+  received pairs into the dense gradient (plus one elementwise pass on the shard and three
+  on the bucket).
 
 Buckets below ``min_numel`` elements go through dense allreduce.  One step is
 ``compute + max(0, T_comm - overlap * backward) + update``: communication hides behind
@@ -102,7 +104,9 @@ def ring_allreduce(d: int, c: Cluster, k: Costs) -> float:
     if w == 1:
         return 0.0
     bw, lat = (c.inter_bw, c.inter_lat) if c.nodes > 1 else (c.intra_bw, c.intra_lat)
-    return 2 * (w - 1) / w * d * k.elem_bytes / bw + 2 * (w - 1) * lat + (w - 1) / w * d * k.reduce_s
+    return (
+        2 * (w - 1) / w * d * k.elem_bytes / bw + 2 * (w - 1) * lat + (w - 1) / w * d * k.reduce_s
+    )
 
 
 def ring_allgather(chunk_bytes: float, parties: int, bw: float, lat: float) -> float:
@@ -143,7 +147,11 @@ def hitopk(d: int, density: float, c: Cluster, k: Costs) -> float:
 
 
 def aggregation_time(
-    comm: str, buckets: Iterable[int], density: float, c: Cluster, k: Costs,
+    comm: str,
+    buckets: Iterable[int],
+    density: float,
+    c: Cluster,
+    k: Costs,
     min_numel: int = 16384,
 ) -> float:
     """Time to aggregate all buckets one after the other (s)."""
@@ -197,8 +205,12 @@ class Measurements:
     # inter-node link is fitted from them (what the collective library achieves on the
     # link) instead of being taken from inter_bw / inter_lat
     world_allreduce: list[tuple[float, float]] = field(default_factory=list)
-    intra_allreduce: list[tuple[float, float]] = field(default_factory=list)  # (bytes, s), m workers
-    intra_reduce_scatter: list[tuple[float, float]] = field(default_factory=list)  # (input bytes, s)
+    intra_allreduce: list[tuple[float, float]] = field(
+        default_factory=list
+    )  # (bytes, s), m workers
+    intra_reduce_scatter: list[tuple[float, float]] = field(
+        default_factory=list
+    )  # (input bytes, s)
     select: list[tuple[int, float]] = field(default_factory=list)  # (elements, s)
     scatter: list[tuple[int, float]] = field(default_factory=list)  # (pairs, s)
     dense_pass: list[tuple[int, float]] = field(default_factory=list)  # (elements, s)
@@ -224,15 +236,17 @@ def calibrate(base: Cluster, costs: Costs, meas: Measurements) -> tuple[Cluster,
     w = c.world
     if meas.world_allreduce and c.nodes > 1 and len({s for s, _ in meas.world_allreduce}) >= 2:
         f = 2 * (w - 1) / w
-        a, bw = fit_alpha_beta([f * s for s, _ in meas.world_allreduce],
-                               [t for _, t in meas.world_allreduce])
+        a, bw = fit_alpha_beta(
+            [f * s for s, _ in meas.world_allreduce], [t for _, t in meas.world_allreduce]
+        )
         c = replace(c, inter_bw=bw, inter_lat=a / (2 * (w - 1)))
     m = c.procs_per_node
     if meas.intra_allreduce and m > 1:
         f = 2 * (m - 1) / m
         if len({s for s, _ in meas.intra_allreduce}) >= 2:
-            a, bw = fit_alpha_beta([f * s for s, _ in meas.intra_allreduce],
-                                   [t for _, t in meas.intra_allreduce])
+            a, bw = fit_alpha_beta(
+                [f * s for s, _ in meas.intra_allreduce], [t for _, t in meas.intra_allreduce]
+            )
             c = replace(c, intra_bw=bw, intra_lat=a / (2 * (m - 1)))
         else:
             s, t = meas.intra_allreduce[0]
@@ -277,10 +291,15 @@ def project(
         for n in nodes:
             c = Cluster(n, procs_per_node, inter_bw=g * 1e9 / 8, inter_lat=inter_lat)
             for comm in COMMS:
-                rows.append({
-                    "gbps": g, "nodes": n, "procs_per_node": procs_per_node, "comm": comm,
-                    "density": density,
-                    "step_ms": step_time(comm, wl, density, c, costs) * 1e3,
-                    "efficiency": scaling_efficiency(comm, wl, density, c, costs),
-                })
+                rows.append(
+                    {
+                        "gbps": g,
+                        "nodes": n,
+                        "procs_per_node": procs_per_node,
+                        "comm": comm,
+                        "density": density,
+                        "step_ms": step_time(comm, wl, density, c, costs) * 1e3,
+                        "efficiency": scaling_efficiency(comm, wl, density, c, costs),
+                    }
+                )
     return rows

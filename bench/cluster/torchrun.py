@@ -1,0 +1,137 @@
+"""The ``local`` and ``multinode`` launchers: torch.distributed's elastic agents on real hosts.
+
+- ``local``: this machine.  One node: ``torch.distributed.launcher.api.elastic_launch``
+  (the engine behind ``torchrun``) in-process.  ``cluster.nnodes > 1``: one
+  ``torchrun`` agent per node started here, joined by a c10d rendezvous on loopback, so
+  that workers see GROUP_RANK / LOCAL_WORLD_SIZE exactly as on separate nodes.
+- ``multinode``: this machine is node ``cluster.node_rank`` of a real cluster; run the same
+  command on every node with the same ``cluster.rdzv_endpoint`` (host:port of node 0).
+
+Every worker runs ``python -m bench.train --config <run.json>``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+from bench.cluster.config import ClusterConfig
+from bench.cluster.registry import LauncherSpec, register
+from bench.registry import ConfigError
+
+WORKER_MODULE = "bench.train"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def worker_env(c: ClusterConfig) -> dict[str, str]:
+    """This process's environment with the workers' intra-op thread count."""
+    env = dict(os.environ)
+    if c.threads_per_worker:
+        env["OMP_NUM_THREADS"] = str(c.threads_per_worker)
+    else:  # the cores shared among the workers of this node
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // c.nproc_per_node)))
+    return env
+
+
+def torchrun_cmd(c: ClusterConfig, run_json: Path, *, endpoint: str, rdzv_id: str) -> list[str]:
+    """A ``python -m torch.distributed.run`` command line for one node's agent.
+
+    With the c10d rendezvous the agents are ranked by the rendezvous itself (GROUP_RANK),
+    so no node rank is passed to torchrun.
+    """
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nnodes={c.nnodes}", f"--nproc-per-node={c.nproc_per_node}",
+        "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}",
+        f"--rdzv-conf=join_timeout={c.rdzv_timeout_s}", f"--max-restarts={c.max_restarts}",
+        "--monitor-interval=0.5",
+        "-m", WORKER_MODULE, "--config", str(run_json),
+    ]  # fmt: skip
+
+
+def _launch_in_process(c: ClusterConfig, run_json: Path) -> int:
+    """One node: the elastic agent runs in this process."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    lc = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=c.nproc_per_node,
+        run_id=f"bench-{uuid.uuid4().hex[:8]}", rdzv_backend="c10d",
+        rdzv_endpoint=f"127.0.0.1:{free_port()}",
+        rdzv_configs={"join_timeout": c.rdzv_timeout_s},
+        max_restarts=c.max_restarts, monitor_interval=0.5, start_method="spawn",
+    )  # fmt: skip
+    os.environ["OMP_NUM_THREADS"] = worker_env(c)["OMP_NUM_THREADS"]
+    try:
+        elastic_launch(lc, sys.executable)("-u", "-m", WORKER_MODULE, "--config", str(run_json))
+    except ChildFailedError as e:
+        rank, failure = e.get_first_failure()
+        print(
+            f"error: worker rank {rank} failed with exit code {failure.exitcode} "
+            "(its traceback is above)",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def launch_local(c: ClusterConfig, run_json: Path) -> int:
+    """Launcher ``local``: every node on this machine."""
+    if c.nnodes == 1:
+        return _launch_in_process(c, run_json)
+    # several "nodes" on this machine: one torchrun agent each, c10d rendezvous on loopback
+    endpoint = f"127.0.0.1:{free_port()}"
+    rdzv_id = f"bench-{uuid.uuid4().hex[:8]}"
+    env = worker_env(c)
+    cmd = torchrun_cmd(c, run_json, endpoint=endpoint, rdzv_id=rdzv_id)
+    return _wait_all([subprocess.Popen(cmd, env=env) for _ in range(c.nnodes)])
+
+
+def _wait_all(procs: list[subprocess.Popen]) -> int:
+    """The first non-zero exit status of ``procs`` (0 if none); stops what is left."""
+    rc = 0
+    try:
+        for p in procs:
+            rc = rc or p.wait()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    return rc
+
+
+def check_multinode(c: ClusterConfig) -> None:
+    """What ``multinode`` needs: this node's rank in the cluster, and node 0's address."""
+    if not 0 <= c.node_rank < c.nnodes:
+        raise ConfigError(f"cluster.node_rank={c.node_rank} is outside 0..{c.nnodes - 1}")
+    if not c.rdzv_endpoint:
+        raise ConfigError(
+            "cluster=multinode needs cluster.rdzv_endpoint=<host of node 0>:<port>, "
+            "the same on every node"
+        )
+
+
+def launch_multinode(c: ClusterConfig, run_json: Path) -> int:
+    """Launcher ``multinode``: this machine's agent; the other nodes run the same command."""
+    check_multinode(c)
+    rdzv_id = c.rdzv_id or "topk-bench"
+    cmd = torchrun_cmd(c, run_json, endpoint=c.rdzv_endpoint, rdzv_id=rdzv_id)
+    return _wait_all([subprocess.Popen(cmd, env=worker_env(c))])
+
+
+LOCAL = register(LauncherSpec("local", launch_local))
+MULTINODE = register(LauncherSpec("multinode", launch_multinode, validate=check_multinode))
