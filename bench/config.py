@@ -20,20 +20,34 @@ from bench.comm.config import CommConfig
 from bench.data.config import CacheConfig, DataConfig
 from bench.models.config import ModelConfig
 from bench.optim.config import OptimConfig
+from bench.registry import Choice
+
+
+class Amp(Choice):
+    auto = "auto"  # bf16 on CUDA, off on CPU
+    off = "off"
+    bf16 = "bf16"
+    fp16 = "fp16"  # with a GradScaler
+
+
+class Device(Choice):
+    auto = "auto"  # CUDA when present
+    cpu = "cpu"
+    cuda = "cuda"
 
 
 @dataclass
 class TrainConfig:
     epochs: int = 10  # epoch budget
-    target_metric: str = "top1"  # top1 | top5 (on the held-out split)
+    target_metric: str = "top1"  # one of the workload's metrics (classification: top1 | top5)
     target_value: float = 0.98  # fraction, e.g. 0.93 for 93 % top-5
     stop_at_target: bool = True  # stop at the first evaluation reaching the target
     seed: int = 0
-    amp: str = "auto"  # auto (bf16 on CUDA, off on CPU) | off | bf16 | fp16
+    amp: Amp = Amp.auto
     max_steps_per_epoch: int = 0  # > 0 truncates epochs (smoke tests, throughput runs)
     eval_every: int = 1  # evaluate every N epochs (and always after the last)
     progress: bool = True  # progress bar on rank 0
-    device: str = "auto"  # auto | cpu | cuda
+    device: Device = Device.auto
     time_phases: bool = True  # on CUDA, synchronise at phase boundaries to attribute step time
     workload: str = "classification"  # registry key in bench.workload
 

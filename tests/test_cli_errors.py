@@ -33,6 +33,10 @@ def _one_line_error(p, *needles: str) -> None:
         (["data=cifar10"], ["data.root"]),
         (["data=imagenet", "data.root=/nonexistent/imagenet"], ["/nonexistent/imagenet"]),
         (["train.epochs=lots"], ["train.epochs"]),
+        (["optim.update=warp"], ["warp", "naive", "flat"]),
+        (["train.amp=fp8"], ["fp8", "bf16"]),
+        (["data.loader=tf"], ["tf", "dali"]),
+        (["train.target_metric=bleu"], ["target_metric", "top1", "top5"]),
     ],
 )
 def test_bad_input(tmp_path: Path, overrides: list[str], needles: list[str]) -> None:
@@ -43,7 +47,9 @@ def test_bad_input(tmp_path: Path, overrides: list[str], needles: list[str]) -> 
 
 def test_cifar_dir_without_batches(tmp_path: Path) -> None:
     (tmp_path / "cifar").mkdir()
-    p = run_cli("train", "data=cifar10", f"data.root={tmp_path / 'cifar'}", f"results.dir={tmp_path}")
+    p = run_cli(
+        "train", "data=cifar10", f"data.root={tmp_path / 'cifar'}", f"results.dir={tmp_path}"
+    )
     _one_line_error(p, "data_batch_1")
 
 

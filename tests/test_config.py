@@ -59,3 +59,32 @@ def test_wrong_type_is_refused() -> None:
 def test_unknown_group_choice_is_refused() -> None:
     with pytest.raises(Exception, match="nosuchmodel"):
         _compose(["model=nosuchmodel"])
+
+
+def _choice_fields(node, prefix: str = ""):
+    """(dotted key, Choice class) of every typed-choice field of the structured config."""
+    import dataclasses
+    import typing
+
+    from bench.registry import Choice
+
+    hints = typing.get_type_hints(type(node))
+    for f in dataclasses.fields(node):
+        value, key = getattr(node, f.name), f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            yield from _choice_fields(value, f"{key}.")
+        elif isinstance(hints.get(f.name), type) and issubclass(hints[f.name], Choice):
+            yield key, hints[f.name]
+
+
+def test_every_choice_field_refuses_a_bad_value_naming_the_choices() -> None:
+    from bench.config import Config
+
+    fields = list(_choice_fields(Config()))
+    keys = {k for k, _ in fields}
+    assert {"train.amp", "train.device", "optim.update", "data.loader"} <= keys, keys
+    for key, cls in fields:
+        with pytest.raises((ConfigCompositionException, ValidationError)) as e:
+            _compose([f"{key}=no_such_value"])
+        msg = str(e.value) + str(e.value.__cause__ or "")
+        assert "no_such_value" in msg and all(v in msg for v in cls.values()), (key, msg)

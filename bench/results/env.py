@@ -38,11 +38,18 @@ def git_sha() -> str | None:
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short=12", "HEAD"],
-            cwd=REPO_ROOT, capture_output=True, text=True, timeout=5, check=True,
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=REPO_ROOT, capture_output=True, text=True, timeout=5,
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=5,
         ).stdout.strip()
         return out + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):

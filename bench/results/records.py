@@ -1,5 +1,11 @@
 """Run records: one JSON line per run in ``<dir>/runs.jsonl``, a curve CSV per run.
 
+:class:`RunRecord` is the one schema of a record and :meth:`RunRecord.append` the only
+writer of ``runs.jsonl``: the launcher starts a record from the config alone
+(:meth:`RunRecord.start`, which is all an ``error`` record can know), rank 0 completes
+it from the run's curve (:meth:`RunRecord.finish`).  Top-level field names are read by
+users' scripts: fields are added, never renamed.
+
 Writers never rewrite what is recorded: a record is appended under a file lock with an
 fsync (several runs, or several sweeps, may finish at once), and a curve file is created
 with a temporary file and an atomic rename, refusing to replace an existing one.
@@ -7,29 +13,28 @@ with a temporary file and an atomic rename, refusing to replace an existing one.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
+import math
 import os
+import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 from filelock import FileLock
 
-STATUSES = ("ok", "target_missed", "diverged", "error")
+from bench.results import columns as col
+from bench.results.timing import best_value, time_to_target
 
-# The fields every record carries (more may follow).
-RECORD_FIELDS = (
-    "run_id", "started_at", "status", "experiment", "model", "data", "comm", "update", "cache",
-    "loader", "world_size", "nnodes", "target_metric", "target_value", "best_value",
-    "time_to_target_s", "epochs_to_target", "epochs_run", "train_time_s", "wall_time_s",
-    "throughput_samples_per_s", "git_sha", "torch_version", "hardware", "config",
-)
+STATUSES = ("ok", "target_missed", "diverged", "error")
 
 
 def new_run_id() -> str:
+    """``YYYYmmdd-HHMMSS-<6 hex>``: sorts by start time, unique across machines."""
     return _dt.datetime.now().strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
 
@@ -115,4 +120,161 @@ def records_frame(results_dir: str | Path) -> pd.DataFrame:
 
 
 def load_curve(results_dir: str | Path, run_id: str) -> pd.DataFrame:
-    return pd.read_csv(curve_path(results_dir, run_id))
+    """A run's curve with today's column names (older curves' flat names are renamed)."""
+    return read_curve(curve_path(results_dir, run_id))
+
+
+def read_curve(path: str | Path) -> pd.DataFrame:
+    df = pd.read_csv(path)
+    return df.rename(columns=col.RENAMES)
+
+
+def _mean(curve: Sequence[Mapping[str, Any]], key: str) -> float | None:
+    vals = [
+        r[key] for r in curve if isinstance(r.get(key), (int, float)) and not math.isnan(r[key])
+    ]
+    return sum(vals) / len(vals) if vals else None
+
+
+@dataclasses.dataclass
+class RunRecord:
+    """One line of ``runs.jsonl``: what ran, where, and how it ended.
+
+    Identity and configuration are known at launch; the outcome fields stay ``None`` in an
+    ``error`` record whose workers died before reporting.
+    """
+
+    run_id: str
+    started_at: str
+    status: str
+    experiment: str
+    model: str
+    data: str
+    comm: str
+    comm_density: float  # 1.0 for the dense methods
+    comm_warmup_epochs: int
+    comm_density_schedule: list[float]
+    update: str
+    optimizer: str
+    cache: str
+    loader: str
+    world_size: int
+    nnodes: int
+    target_metric: str
+    target_value: float
+    best_value: float | None = None
+    time_to_target_s: float | None = None
+    epochs_to_target: int | None = None
+    epochs_run: int = 0
+    train_time_s: float | None = None
+    wall_time_s: float | None = None
+    throughput_samples_per_s: float | None = None
+    step_time_s: float | None = None  # data + compute + update, s per step
+    data_share: float | None = None
+    update_share: float | None = None
+    comm_bytes_per_step: float | None = None
+    comm_inter_node_bytes_per_step: float | None = None
+    select_s_per_step: float | None = None
+    comm_s_per_step: float | None = None
+    curve: str | None = None
+    figure: str | None = None
+    exit_status: int | None = None  # the launcher's, when the workers failed
+    link_check: dict[str, Any] | None = None
+    git_sha: str | None = None
+    torch_version: str = ""
+    versions: dict[str, Any] = dataclasses.field(default_factory=dict)
+    hardware: str = ""
+    config: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def start(
+        cls,
+        cfg: Any,
+        run: Mapping[str, Any],
+        *,
+        config: dict[str, Any],
+        comm_sparse: bool,
+        nnodes: int | None = None,
+    ) -> RunRecord:
+        """Everything known before training: identity, configuration, machine, code.
+
+        ``cfg`` is the typed config, ``config`` the same as a plain dict (stored whole),
+        ``comm_sparse`` whether ``cfg.comm.name`` sends a fraction of the gradient.
+        """
+        import torch
+
+        from bench.results.env import git_sha, hardware, versions
+
+        c = cfg.cluster
+        return cls(
+            run_id=run["run_id"],
+            started_at=run["started_at"],
+            status="error",
+            experiment=run.get("experiment") or cfg.experiment,
+            model=cfg.model.name,
+            data=cfg.data.name,
+            comm=cfg.comm.name,
+            comm_density=float(cfg.comm.density) if comm_sparse else 1.0,
+            comm_warmup_epochs=int(cfg.comm.warmup_epochs),
+            comm_density_schedule=[float(d) for d in cfg.comm.density_schedule],
+            update=str(cfg.optim.update),
+            optimizer=cfg.optim.name,
+            cache=cfg.cache.name,
+            loader=str(cfg.data.loader),
+            world_size=c.nnodes * c.nproc_per_node,
+            nnodes=nnodes or c.nnodes,
+            target_metric=str(cfg.train.target_metric),
+            target_value=float(cfg.train.target_value),
+            wall_time_s=time.time() - run["launch_time"],
+            git_sha=git_sha(),
+            torch_version=torch.__version__,
+            versions=versions(),
+            hardware=hardware(),
+            config=config,
+        )
+
+    def finish(
+        self,
+        curve: Sequence[Mapping[str, Any]],
+        *,
+        status: str,
+        train_time_s: float,
+        world_size: int,
+        launch_time: float,
+    ) -> RunRecord:
+        """The outcome, from the per-epoch curve (one truth: nothing is counted twice)."""
+        metric, target = self.target_metric, self.target_value
+        tt, et = time_to_target(curve, metric, target)
+        samples = sum(r.get(col.SAMPLES, 0) for r in curve)
+        step_s = sum(
+            _mean(curve, k) or 0.0 for k in ("time/data_s", "time/compute_s", "time/update_s")
+        )
+        return dataclasses.replace(
+            self,
+            status=status,
+            world_size=world_size,
+            best_value=best_value(curve, metric),
+            time_to_target_s=tt,
+            epochs_to_target=et,
+            epochs_run=len(curve),
+            train_time_s=train_time_s,
+            wall_time_s=time.time() - launch_time,
+            throughput_samples_per_s=samples / train_time_s if train_time_s > 0 else None,
+            step_time_s=step_s,
+            data_share=(_mean(curve, "time/data_s") or 0.0) / step_s if step_s else None,
+            update_share=(_mean(curve, "time/update_s") or 0.0) / step_s if step_s else None,
+            comm_bytes_per_step=_mean(curve, "comm/bytes_per_step"),
+            comm_inter_node_bytes_per_step=_mean(curve, "comm/inter_node_bytes_per_step"),
+            select_s_per_step=_mean(curve, "time/select_s"),
+            comm_s_per_step=_mean(curve, "time/comm_s"),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def append(self, results_dir: str | Path) -> Path:
+        return append_record(results_dir, self.to_dict())
+
+
+# The fields every record carries (RunRecord's, in order).
+RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(RunRecord))

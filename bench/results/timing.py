@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
+
+from bench.results.columns import EPOCH, TRAIN_TIME, metric_column, normalise
 
 
 class TrainClock:
@@ -51,23 +53,34 @@ def reached(value: float | None, target: float) -> bool:
     return value is not None and not math.isnan(value) and value >= target
 
 
+def _metric_values(
+    curve: Iterable[Mapping[str, Any]], metric: str
+) -> Iterator[tuple[float, dict[str, Any]]]:
+    """(value, row) of every evaluated row, rows read with today's column names."""
+    col = metric_column(metric)
+    for raw in curve:
+        row = normalise(raw)
+        v = row.get(col)
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            continue  # no evaluation that epoch
+        yield float(v), row
+
+
 def time_to_target(
-    curve: Iterable[Mapping[str, Any]], metric: str, target: float, time_key: str = "train_time_s"
+    curve: Iterable[Mapping[str, Any]], metric: str, target: float
 ) -> tuple[float | None, int | None]:
     """(training time, epoch) of the first evaluation at or above ``target``; (None, None) if none.
 
-    ``curve`` rows are the per-epoch rows of a run in order; rows without an evaluation
-    (``metric`` missing or NaN) are skipped.
+    ``curve`` rows are the per-epoch rows of a run in order (column names of
+    :mod:`bench.results.columns`, or the flat names of older curves); ``metric`` is the
+    workload's name (``top1``); rows without an evaluation are skipped.
     """
-    for row in curve:
-        v = row.get(metric)
-        if v is None or (isinstance(v, float) and math.isnan(v)):
-            continue
-        if reached(float(v), target):
-            return float(row[time_key]), int(row["epoch"])
+    for v, row in _metric_values(curve, metric):
+        if reached(v, target):
+            return float(row[TRAIN_TIME]), int(row[EPOCH])
     return None, None
 
 
 def best_value(curve: Iterable[Mapping[str, Any]], metric: str) -> float | None:
-    vals = [float(r[metric]) for r in curve if r.get(metric) is not None and not math.isnan(float(r[metric]))]
+    vals = [v for v, _ in _metric_values(curve, metric)]
     return max(vals) if vals else None

@@ -1,0 +1,114 @@
+"""What a training worker needs from its process: the process group, the device, mixed
+precision, and a per-phase step timer.
+
+Kept apart from the loop (:mod:`bench.train`) so that the loop reads as training only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def setup_distributed(cfg: Any) -> tuple[int, int, torch.device]:
+    """Initialise the default process group from the launcher's environment.
+
+    Returns (rank, world size, device).  torch.distributed's launcher sets RANK,
+    WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE; without RANK this is a single process.
+    """
+    use_cuda = torch.cuda.is_available() and cfg.train.device in ("auto", "cuda")
+    if cfg.train.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("train.device=cuda but CUDA is not available")
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    if use_cuda:
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+    backend = str(cfg.cluster.backend)
+    if backend == "auto":
+        backend = "nccl" if use_cuda else "gloo"
+    if "RANK" in os.environ and not dist.is_initialized():
+        dist.init_process_group(backend=backend, device_id=device if backend == "nccl" else None)
+    # share the cores of a node between its workers (intra-op threads)
+    threads = cfg.cluster.threads_per_worker or max(1, (os.cpu_count() or 1) // local_world)
+    torch.set_num_threads(threads)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    return rank, world, device
+
+
+def node_count(world: int) -> int:
+    """Nodes of the run, from the launcher's environment (GROUP_WORLD_SIZE)."""
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    return int(os.environ.get("GROUP_WORLD_SIZE", world // max(1, per_node)))
+
+
+def amp_context(
+    amp: str, device: torch.device
+) -> tuple[Callable[[], Any], torch.amp.GradScaler | None]:
+    """(autocast context factory, gradient scaler or None) for ``train.amp``."""
+    mode = str(amp)
+    if mode == "auto":
+        mode = "bf16" if device.type == "cuda" else "off"
+    if mode == "off":
+        return contextlib.nullcontext, None
+    dtype = torch.bfloat16 if mode == "bf16" else torch.float16
+    scaler = torch.amp.GradScaler(device.type) if mode == "fp16" else None
+    return (lambda: torch.autocast(device.type, dtype=dtype)), scaler
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """``obj`` as rank ``src`` has it, on every rank (itself without a process group)."""
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src)
+    return box[0]
+
+
+def broadcast_buffers(model: torch.nn.Module) -> None:
+    """Evaluate every rank with rank 0's BN statistics (each rank updated its own)."""
+    if dist.is_initialized():
+        for b in model.buffers():
+            dist.broadcast(b, 0)
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    if dist.is_initialized():
+        dist.all_reduce(t)
+    return t
+
+
+class PhaseTimer:
+    """Seconds per phase of a step (data, compute, update), summed until :meth:`pop`.
+
+    On CUDA with ``sync`` it synchronises the device at each boundary, so that queued
+    kernels are charged to the phase that launched them.
+    """
+
+    def __init__(self, device: torch.device, sync: bool) -> None:
+        self.sync = sync and device.type == "cuda"
+        self.totals: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def mark(self, phase: str) -> None:
+        if self.sync:
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        self.totals[phase] = self.totals.get(phase, 0.0) + now - self._t
+        self._t = now
+
+    def restart(self) -> None:
+        self._t = time.perf_counter()
+
+    def pop(self) -> dict[str, float]:
+        out, self.totals = self.totals, {}
+        return out
