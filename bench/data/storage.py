@@ -1,8 +1,7 @@
 """Level 0 of the data cache: the data set's own storage, treated as remote.
 
 On a public cloud the training set sits on NFS or object storage: every file read pays a
-request latency and shares a limited bandwidth (PAPER.md, section 4).  This module gives
-one small interface over
+request latency and shares a limited bandwidth.  This module gives one small interface over
 
 * :class:`LocalStorage`: a directory (a local disk or an NFS mount),
 * :class:`FsspecStorage`: an fsspec URL (``s3://bucket/imagenet``, ``gs://``, ``memory://``
@@ -10,10 +9,16 @@ one small interface over
 
 and :class:`Throttle`, a slow-storage emulator that makes "remote storage" reproducible on
 one machine: each read first waits ``latency_ms`` (requests overlap, like a real NFS client
-with several outstanding reads) and then holds a link of ``bandwidth_mbps`` MB/s shared by
-every thread *and* every forked DataLoader worker of the training process (one
-``multiprocessing`` value holds the time the link is busy until), so two readers get half
-the bandwidth each.
+with several outstanding reads) and then holds a link of ``bandwidth_mbps`` MB/s.  The link
+is one per node: a :class:`SharedLink` file under ``/dev/shm`` (or ``$BENCH_LINK_DIR``),
+keyed by the storage root, the throttle settings and the node (``GROUP_RANK``), holds the
+time the link is busy until, so every thread, DataLoader worker and DDP rank of the node
+books its transfers on the same link: two readers get half the bandwidth each, and four
+ranks of one node share 50 MB/s instead of getting 50 MB/s each.
+
+Every storage also reports a file's *version* (size and modification time, from the
+listing where the storage has one), which level 1 keeps beside its copy so that a changed
+source file is fetched again.
 
 It also lists ImageNet-style class folders (``<root>/<class>/<file>.jpg``) with clear
 errors for a missing root or an empty class folder.
@@ -21,8 +26,13 @@ errors for a missing root or an empty class folder.
 
 from __future__ import annotations
 
-import multiprocessing as mp
+import fcntl
+import hashlib
+import json
 import os
+import struct
+import tempfile
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -33,6 +43,8 @@ import numpy as np
 from bench.registry import ConfigError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".JPEG", ".JPG", ".PNG")
+
+Version = tuple[int, int]  # (size in bytes, modification time in ns; 0 where unknown)
 
 
 class Storage(Protocol):
@@ -47,6 +59,10 @@ class Storage(Protocol):
         ...
 
     def exists(self, rel: str = "") -> bool: ...
+
+    def version(self, rel: str) -> Version | None:
+        """(size, mtime_ns) of a file, or None when the storage cannot tell."""
+        ...
 
 
 class LocalStorage:
@@ -69,6 +85,14 @@ class LocalStorage:
     def exists(self, rel: str = "") -> bool:
         return os.path.exists(self.path(rel))
 
+    def version(self, rel: str) -> Version | None:
+        # a stat: microseconds on a local disk, served from the attribute cache on NFS
+        try:
+            st = os.stat(self.path(rel))
+        except OSError:
+            return None
+        return st.st_size, st.st_mtime_ns
+
     def __getstate__(self) -> dict:
         return self.__dict__
 
@@ -90,6 +114,8 @@ class FsspecStorage:
             raise ConfigError(f"cannot open data.root {url!r}: {e}") from None
         self.url = url
         self.root = path.rstrip("/")
+        # versions seen in listings, so that a cache hit costs no metadata request
+        self._versions: dict[str, Version] = {}
 
     def _p(self, rel: str) -> str:
         return f"{self.root}/{rel}" if rel else self.root
@@ -102,28 +128,125 @@ class FsspecStorage:
         for e in self.fs.ls(self._p(rel), detail=True):
             name = e["name"].rstrip("/").rsplit("/", 1)[-1]
             out.append((name, e["type"] == "directory"))
+            if e["type"] != "directory":
+                self._versions[f"{rel}/{name}" if rel else name] = _fsspec_version(e)
         return sorted(out)
 
     def exists(self, rel: str = "") -> bool:
         return self.fs.exists(self._p(rel))
 
+    def version(self, rel: str) -> Version | None:
+        v = self._versions.get(rel)
+        if v is None:
+            try:
+                v = _fsspec_version(self.fs.info(self._p(rel)))
+            except (OSError, FileNotFoundError):
+                return None
+        return v
 
-class Throttle:
-    """Per-file latency (ms) plus a bandwidth (MB/s) shared by threads and forked workers.
 
-    ``wait(nbytes)`` is called after the bytes were read from the real storage; it sleeps
-    so that the read as a whole took as long as the emulated remote storage would need.
+def _fsspec_version(info: dict) -> Version:
+    """(size, a number that changes when the object changes) from an fsspec info dict."""
+    stamp = info.get("mtime") or info.get("LastModified") or info.get("ETag") or info.get("created")
+    if hasattr(stamp, "timestamp"):
+        tag = int(stamp.timestamp() * 1e9)
+    elif isinstance(stamp, (int, float)):
+        tag = int(stamp * 1e9)
+    else:  # an ETag or another string: a stable 63-bit hash of it
+        tag = int(hashlib.sha1(str(stamp).encode()).hexdigest()[:15], 16) if stamp else 0
+    return int(info.get("size") or 0), tag
+
+
+def link_dir() -> str:
+    """Node-local folder of the emulated links: ``$BENCH_LINK_DIR``, else /dev/shm or tmp."""
+    env = os.environ.get("BENCH_LINK_DIR")
+    if env:
+        return env
+    shm = "/dev/shm"  # memory-backed and emptied at boot, so no stale clock survives a reboot
+    base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else tempfile.gettempdir()
+    return os.path.join(base, "topk-dawnbench-links")
+
+
+def link_path(root: str, bandwidth_mbps: float, latency_ms: float) -> str:
+    """The link file of this node for a storage root and throttle setting.
+
+    ``GROUP_RANK`` (set by torchrun and by the emulated cluster) is part of the key, so
+    emulated nodes that share one host still get one link each.
+    """
+    node = os.environ.get("GROUP_RANK", "0")
+    key = json.dumps([root, float(bandwidth_mbps), float(latency_ms), node])
+    return os.path.join(link_dir(), hashlib.sha1(key.encode()).hexdigest()[:16] + ".link")
+
+
+_CLOCK = struct.Struct("<d")
+_STALE_S = 3600.0  # a link booked further ahead than this is a leftover, not real traffic
+
+
+class SharedLink:
+    """The time (``time.monotonic()``, s) at which an emulated link is next free, in a file.
+
+    ``CLOCK_MONOTONIC`` is one clock for every process of a Linux host, so the value means
+    the same in every rank and worker.  Each booking reads and writes it under an exclusive
+    ``flock``.  Each thread of each process opens the file itself: ``flock`` excludes per
+    open file, and a file opened once and shared by threads (or inherited over ``fork``)
+    would not exclude them from each other.
     """
 
-    def __init__(self, bandwidth_mbps: float = 0.0, latency_ms: float = 0.0) -> None:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._local = threading.local()
+
+    def _fd(self) -> int:
+        loc = self._local
+        if getattr(loc, "pid", None) != os.getpid():
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            loc.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            loc.pid = os.getpid()
+        return loc.fd
+
+    def book(self, seconds: float) -> float:
+        """Book ``seconds`` of the link after every earlier booking; returns when it ends."""
+        fd = self._fd()
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            raw = os.pread(fd, _CLOCK.size, 0)
+            now = time.monotonic()
+            busy = _CLOCK.unpack(raw)[0] if len(raw) == _CLOCK.size else 0.0
+            if busy > now + _STALE_S:
+                busy = 0.0
+            end = max(now, busy) + seconds
+            os.pwrite(fd, _CLOCK.pack(end), 0)
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        return end
+
+    def __getstate__(self) -> dict:
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["path"])
+
+
+class Throttle:
+    """Per-file latency (ms) plus a bandwidth (MB/s) shared by every process of the node.
+
+    ``wait(nbytes, started)`` is called after the bytes were read from the real storage; it
+    sleeps so that the read as a whole took as long as the emulated remote storage would
+    need.  ``link``: the shared link file (see :func:`link_path`); "" = a link of this
+    object's own, for tests.  Metadata (listing, :meth:`Storage.version`) is not charged.
+    """
+
+    def __init__(
+        self, bandwidth_mbps: float = 0.0, latency_ms: float = 0.0, link: str = ""
+    ) -> None:
         if bandwidth_mbps < 0 or latency_ms < 0:
             raise ConfigError("the storage throttle needs a bandwidth and a latency >= 0")
         self.bandwidth = bandwidth_mbps * 1e6  # bytes per second; 0 = unlimited
         self.latency = latency_ms / 1e3  # seconds per file
-        # time.monotonic() at which the shared link is next free; lives in shared memory so
-        # that the DataLoader workers of this process contend for the same link (made in the
-        # forkserver context, which the cache-backed DataLoader uses; fork children inherit it).
-        self._busy_until = mp.get_context("forkserver").Value("d", 0.0)
+        if not link:
+            fd, link = tempfile.mkstemp(prefix="link-", suffix=".link")
+            os.close(fd)
+        self.link = SharedLink(link)
 
     @property
     def active(self) -> bool:
@@ -135,10 +258,7 @@ class Throttle:
             if remaining > 0:
                 time.sleep(remaining)
         if self.bandwidth:
-            with self._busy_until.get_lock():
-                start = max(time.monotonic(), self._busy_until.value)
-                end = start + nbytes / self.bandwidth
-                self._busy_until.value = end
+            end = self.link.book(nbytes / self.bandwidth)
             remaining = end - time.monotonic()
             if remaining > 0:
                 time.sleep(remaining)
@@ -164,20 +284,29 @@ class ThrottledStorage:
     def exists(self, rel: str = "") -> bool:
         return self.inner.exists(rel)
 
+    def version(self, rel: str) -> Version | None:
+        return self.inner.version(rel)
+
 
 def is_url(root: str) -> bool:
     return "://" in root and not root.startswith("file://")
 
 
 def open_storage(root: str, bandwidth_mbps: float = 0.0, latency_ms: float = 0.0) -> Storage:
-    """Level 0 for ``root`` (a path or an fsspec URL), throttled when asked to."""
+    """Level 0 for ``root`` (a path or an fsspec URL), throttled when asked to.
+
+    Every process that opens the same root with the same throttle on one node shares one
+    emulated link (see :func:`link_path`).
+    """
     if not root:
         raise ConfigError("data.root is empty; set it to the data set directory or URL")
     if root.startswith("file://"):
         root = root[len("file://") :]
     store: Storage = FsspecStorage(root) if is_url(root) else LocalStorage(root)
-    throttle = Throttle(bandwidth_mbps, latency_ms)
-    return ThrottledStorage(store, throttle) if throttle.active else store
+    if not (bandwidth_mbps or latency_ms):
+        return store
+    link = link_path(store.root, bandwidth_mbps, latency_ms)  # one link per node
+    return ThrottledStorage(store, Throttle(bandwidth_mbps, latency_ms, link))
 
 
 @dataclass
@@ -203,13 +332,16 @@ def list_folder(store: Storage, split: str, classes: list[str] | None = None) ->
     if not store.exists(""):
         raise ConfigError(f"data.root {store.root!r} does not exist")
     if not store.exists(split):
-        raise ConfigError(f"data set split folder {os.path.join(store.root, split)!r} does not exist")
+        raise ConfigError(
+            f"data set split folder {os.path.join(store.root, split)!r} does not exist"
+        )
     found = [name for name, is_dir in store.listdir(split) if is_dir and not name.startswith(".")]
     if classes is None:
         classes = found
     if not classes:
         raise ConfigError(
-            f"{os.path.join(store.root, split)!r} has no class folders (expected <class>/<image>.jpg)"
+            f"{os.path.join(store.root, split)!r} has no class folders "
+            "(expected <class>/<image>.jpg)"
         )
     files: list[str] = []
     labels: list[int] = []
@@ -220,7 +352,8 @@ def list_folder(store: Storage, split: str, classes: list[str] | None = None) ->
             empty.append(cls)
             continue
         names = [
-            n for n, is_dir in store.listdir(f"{split}/{cls}")
+            n
+            for n, is_dir in store.listdir(f"{split}/{cls}")
             if not is_dir and n.endswith(IMAGE_EXTENSIONS)
         ]
         if not names:
@@ -231,11 +364,14 @@ def list_folder(store: Storage, split: str, classes: list[str] | None = None) ->
     if empty:
         shown = ", ".join(empty[:5]) + (" ..." if len(empty) > 5 else "")
         warnings.warn(
-            f"{len(empty)} class folder(s) under {os.path.join(store.root, split)!r} hold no images: {shown}",
+            f"{len(empty)} class folder(s) under {os.path.join(store.root, split)!r} "
+            f"hold no images: {shown}",
             stacklevel=2,
         )
     if not files:
-        raise ConfigError(f"no images (.jpg/.jpeg/.png) found under {os.path.join(store.root, split)!r}")
+        raise ConfigError(
+            f"no images (.jpg/.jpeg/.png) found under {os.path.join(store.root, split)!r}"
+        )
     return FolderListing(files, labels, list(classes))
 
 
