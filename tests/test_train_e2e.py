@@ -111,7 +111,7 @@ def test_sparse_comm_without_error_feedback_trains(tmp_path: Path) -> None:
 
 
 def test_hitopk_and_flat_update_with_master_weights_train(tmp_path: Path) -> None:
-    """hitopk (each worker its own node) with the flat update keeping fp32 masters of a bf16 model."""
+    """hitopk (each worker its own node); the flat update keeps fp32 masters of a bf16 model."""
     p = run_cli(
         "train",
         f"results.dir={tmp_path}",
