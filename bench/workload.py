@@ -28,11 +28,15 @@ class Classification:
 
     def __init__(self, cfg: Any, rank: int, world_size: int, device: torch.device) -> None:
         self.cfg = cfg
-        self.data: DataBundle = build_data(cfg.data, cfg.cache, rank, world_size, device, cfg.train.seed)
+        self.data: DataBundle = build_data(
+            cfg.data, cfg.cache, rank, world_size, device, cfg.train.seed
+        )
         self.model: nn.Module = build_model(cfg.model, self.data.num_classes, self.data.in_channels)
         self.criterion = nn.CrossEntropyLoss(label_smoothing=cfg.optim.label_smoothing)
 
-    def loss(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def loss(
+        self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss, number of correct top-1 predictions) for one training batch."""
         x, y = batch
         out = model(x)

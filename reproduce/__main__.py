@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import sys
 
-DAWNBENCH = {"digits": "dawnbench_digits", "cifar10": "dawnbench_cifar10", "imagenet": "dawnbench_imagenet"}
+DAWNBENCH = {
+    "digits": "dawnbench_digits",
+    "cifar10": "dawnbench_cifar10",
+    "imagenet": "dawnbench_imagenet",
+}
 
 
 def _fail(msg: str) -> None:
@@ -24,7 +28,9 @@ def _fail(msg: str) -> None:
 
 def _precheck(overrides: list[str]) -> None:
     """Compose the config once to turn Hydra's errors into one clear line (single runs)."""
-    if any(o in ("-m", "--multirun") for o in overrides) or any(o.startswith("-") for o in overrides):
+    if any(o in ("-m", "--multirun") for o in overrides) or any(
+        o.startswith("-") for o in overrides
+    ):
         return  # sweeps and Hydra flags: Hydra reports its own errors
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
@@ -65,7 +71,10 @@ def main(argv: list[str]) -> None:
         if data not in DAWNBENCH:
             _fail(f"dawnbench has recipes for data={', '.join(DAWNBENCH)}; got data={data}")
         if not any(o.startswith("experiment=") for o in rest):
-            rest = [f"experiment={DAWNBENCH[data]}", *[o for o in rest if not o.startswith("data=")]]
+            rest = [
+                f"experiment={DAWNBENCH[data]}",
+                *[o for o in rest if not o.startswith("data=")],
+            ]
         _hydra(rest)
     elif cmd == "bench":
         from reproduce.bench import main as bench_main

@@ -20,7 +20,10 @@ def main(argv: list[str]) -> None:
         print("\n".join(registry.names()))
         sys.exit(0 if args.list else 2)
     if args.name not in registry:
-        print(f"error: unknown benchmark {args.name!r}; choose one of: {', '.join(registry.names())}", file=sys.stderr)
+        print(
+            f"error: unknown benchmark {args.name!r}; choose one of: {', '.join(registry.names())}",
+            file=sys.stderr,
+        )
         sys.exit(2)
     path = registry.get(args.name)(results_dir=args.results_dir, quick=args.quick)
     print(f"results appended to {path}")

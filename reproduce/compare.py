@@ -17,9 +17,13 @@ def main(argv: list[str]) -> None:
 
     ap = argparse.ArgumentParser(prog="python -m reproduce compare")
     ap.add_argument("run_ids", nargs="+")
-    ap.add_argument("--out", required=True, help="PNG to write (refuses to replace an existing file)")
+    ap.add_argument(
+        "--out", required=True, help="PNG to write (refuses to replace an existing file)"
+    )
     ap.add_argument("--results-dir", default="results")
-    ap.add_argument("--label", default="comm", help="record field(s) naming each run, comma-separated")
+    ap.add_argument(
+        "--label", default="comm", help="record field(s) naming each run, comma-separated"
+    )
     ap.add_argument("--title", default="")
     args = ap.parse_args(argv)
     from pathlib import Path
@@ -31,7 +35,10 @@ def main(argv: list[str]) -> None:
     for rid in args.run_ids:
         rec = records.find_record(args.results_dir, rid)
         if rec is None:
-            print(f"error: no record {rid!r} in {records.runs_path(args.results_dir)}", file=sys.stderr)
+            print(
+                f"error: no record {rid!r} in {records.runs_path(args.results_dir)}",
+                file=sys.stderr,
+            )
             sys.exit(2)
         label = " ".join(str(rec.get(k)) for k in args.label.split(","))
         runs.append((label, records.load_curve(args.results_dir, rid)))
@@ -42,10 +49,16 @@ def main(argv: list[str]) -> None:
         sys.exit(2)
     title = args.title or f"{recs[0]['experiment']}: {metric} >= {100 * target:g} %"
     hw = sorted({r.get("hardware", "") for r in recs})
-    plot_comparison(runs, metric=metric, target=target, path=args.out, title=title, hardware="; ".join(hw))
-    print(f"{'label':<24} {'status':<14} {'time_to_target_s':>16} {'epochs':>6} {'train_time_s':>12}")
+    plot_comparison(
+        runs, metric=metric, target=target, path=args.out, title=title, hardware="; ".join(hw)
+    )
+    print(
+        f"{'label':<24} {'status':<14} {'time_to_target_s':>16} {'epochs':>6} {'train_time_s':>12}"
+    )
     for (label, _), r in zip(runs, recs):
         tt = r.get("time_to_target_s")
-        print(f"{label:<24} {r['status']:<14} {tt if tt is None else round(tt, 1)!s:>16} "
-              f"{r.get('epochs_to_target')!s:>6} {round(r.get('train_time_s') or 0, 1):>12}")
+        print(
+            f"{label:<24} {r['status']:<14} {tt if tt is None else round(tt, 1)!s:>16} "
+            f"{r.get('epochs_to_target')!s:>6} {round(r.get('train_time_s') or 0, 1):>12}"
+        )
     print(f"figure: {args.out}")

@@ -29,7 +29,9 @@ def make_cifar_dir(root: Path, per_batch: int = 20, seed: int = 0) -> Path:
     return root
 
 
-def make_jpeg_folder(root: Path, classes: int = 3, per_class: int = 4, size: int = 40, seed: int = 0) -> Path:
+def make_jpeg_folder(
+    root: Path, classes: int = 3, per_class: int = 4, size: int = 40, seed: int = 0
+) -> Path:
     """``root/{train,val}/c<i>/<j>.jpg`` with random-colour JPEGs."""
     from PIL import Image
 
@@ -54,17 +56,27 @@ def jpeg_dir(tmp_path: Path) -> Path:
     return make_jpeg_folder(tmp_path / "imgs")
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, cwd: Path | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess:
     """``python -m reproduce ...`` in a subprocess, as a user would type it."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0")
     return subprocess.run(
-        [sys.executable, "-m", "reproduce", *args], cwd=cwd or REPO, env=env,
-        capture_output=True, text=True, timeout=timeout,
+        [sys.executable, "-m", "reproduce", *args],
+        cwd=cwd or REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
 # a training run small enough for tests: tiny ResNet-9, one or two steps per epoch
 TINY = [
-    "model.width=4", "train.max_steps_per_epoch=2", "train.progress=false",
-    "data.batch_size=32", "data.eval_batch_size=128", "results.plot=false",
+    "model.width=4",
+    "train.max_steps_per_epoch=2",
+    "train.progress=false",
+    "data.batch_size=32",
+    "data.eval_batch_size=128",
+    "results.plot=false",
 ]
