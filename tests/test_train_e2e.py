@@ -8,9 +8,10 @@ import math
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from bench.results.records import RECORD_FIELDS
-from tests.conftest import TINY, run_cli
+from tests.conftest import REPO, TINY, run_cli
 
 
 def test_two_worker_run_writes_record_and_curve(tmp_path: Path) -> None:
@@ -149,3 +150,20 @@ def test_multirun_runs_every_job(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     recs = [json.loads(x) for x in (tmp_path / "runs.jsonl").read_text().splitlines()]
     assert sorted(r["model"] for r in recs) == ["resnet18", "resnet9"]
+
+
+@pytest.mark.slow
+def test_dawnbench_reproduces_the_committed_curve(tmp_path: Path) -> None:
+    """Same seed, same curve: the embedded default's losses and accuracies, epoch by epoch,
+    as in the committed record (timings differ; the arithmetic must not)."""
+    from bench.results.records import load_curve, load_records
+
+    ref_rec = next(
+        r for r in load_records(REPO / "results") if r["experiment"] == "dawnbench_digits"
+    )
+    ref = load_curve(REPO / "results", ref_rec["run_id"])
+    p = run_cli("dawnbench", f"results.dir={tmp_path}", "train.progress=false", timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    new = pd.read_csv(_one_record(tmp_path)["curve"])
+    cols = ["epoch", "loss/train", "acc/train_top1", "acc/top1", "acc/top5", "loss/eval"]
+    pd.testing.assert_frame_equal(new[cols], ref[cols], check_exact=False, rtol=1e-6)
