@@ -25,7 +25,10 @@ from bench.cluster.emulated import (
 )
 from bench.cluster.linkcheck import run_link_check
 from bench.registry import ConfigError
+from tests.conftest import REPO
 
+PROBE = "tests.helpers.cluster_probe"  # run as a module: the repo root must be on the path
+PROBE_ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
 HAVE_ROOT = os.geteuid() == 0 and shutil.which("ip") and shutil.which("tc")
 needs_root = [
     pytest.mark.root,
@@ -102,11 +105,15 @@ def test_namespaces_come_up_shaped_and_are_removed():
             names = _mine(c.run_id)
             for i in range(3):
                 assert f"netns:{c.ns(i)}" in names
-                addr = subprocess.run(c.exec_argv(i, ["ip", "-o", "-4", "addr"]),
-                                      capture_output=True, text=True).stdout
+                addr = subprocess.run(
+                    c.exec_argv(i, ["ip", "-o", "-4", "addr"]), capture_output=True, text=True
+                ).stdout
                 assert c.addr(i) in addr and "127.0.0.1" in addr  # loopback is up
-                q = subprocess.run(["tc", "-n", c.ns(i), "qdisc", "show", "dev", c.ifname(i)],
-                                   capture_output=True, text=True).stdout
+                q = subprocess.run(
+                    ["tc", "-n", c.ns(i), "qdisc", "show", "dev", c.ifname(i)],
+                    capture_output=True,
+                    text=True,
+                ).stdout
                 assert "tbf" in q and "rate 1Gbit" in q
             assert f"link:{c.bridge}" in names
             assert max(len(n.split(":", 1)[1]) for n in names if n.startswith("link:")) <= 15
@@ -166,17 +173,30 @@ def test_link_check_measures_the_shaped_link():
 @pytest.mark.skipif(not HAVE_ROOT, reason="needs root and iproute2 (ip, tc)")
 def test_two_node_run_completes_and_a_failing_worker_cleans_up(tmp_path):
     with netns.EmulatedCluster(2, 1e9) as c:
-        rc = run_nodes(c, 2, "bench.cluster.probe", ["--out", str(tmp_path / "ok")],
-                       rdzv_timeout_s=120, timeout_s=400)
+        rc = run_nodes(
+            c,
+            2,
+            PROBE,
+            ["--out", str(tmp_path / "ok")],
+            rdzv_timeout_s=120,
+            timeout_s=400,
+            env=PROBE_ENV,
+        )
         run_id = c.run_id
     assert rc == 0 and _mine(run_id) == []
     recs = [json.loads((tmp_path / "ok" / f"rank{r}.json").read_text()) for r in range(4)]
     assert all(r["allreduce_sum"] == 10.0 and r["world"] == 4 for r in recs)
     assert {r["ifname"] for r in recs} == {c.ifname(0), c.ifname(1)}
     with netns.EmulatedCluster(2, 1e9) as c:
-        rc = run_nodes(c, 2, "bench.cluster.probe",
-                       ["--out", str(tmp_path / "fail"), "--fail-rank", "3"],
-                       rdzv_timeout_s=120, timeout_s=400)
+        rc = run_nodes(
+            c,
+            2,
+            PROBE,
+            ["--out", str(tmp_path / "fail"), "--fail-rank", "3"],
+            rdzv_timeout_s=120,
+            timeout_s=400,
+            env=PROBE_ENV,
+        )
         run_id = c.run_id
     assert rc != 0 and _mine(run_id) == []
 
@@ -188,8 +208,16 @@ def test_rendezvous_that_never_completes_times_out(tmp_path):
     t0 = time.monotonic()
     with netns.EmulatedCluster(2, 1e9) as c:
         with pytest.raises(RendezvousTimeoutError, match="did not complete within 5 s"):
-            run_nodes(c, 1, "bench.cluster.probe", ["--out", str(tmp_path)],
-                      rdzv_timeout_s=5, start_nodes=[0], timeout_s=300)
+            run_nodes(
+                c,
+                1,
+                PROBE,
+                ["--out", str(tmp_path)],
+                rdzv_timeout_s=5,
+                start_nodes=[0],
+                timeout_s=300,
+                env=PROBE_ENV,
+            )
         run_id = c.run_id
     assert _mine(run_id) == [] and time.monotonic() - t0 < 300
 
@@ -203,8 +231,8 @@ def test_ctrl_c_during_a_run_stops_the_workers_and_removes_everything(tmp_path):
         from bench.cluster.emulated import run_nodes
         with EmulatedCluster(2, 1e9) as c:
             print(c.run_id, flush=True)
-            run_nodes(c, 1, "bench.cluster.probe", ["--out", {str(tmp_path)!r}, "--sleep", "300"],
-                      rdzv_timeout_s=120)
+            run_nodes(c, 1, {PROBE!r}, ["--out", {str(tmp_path)!r}, "--sleep", "300"],
+                      rdzv_timeout_s=120, env={PROBE_ENV!r})
     """)
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     run_id = p.stdout.readline().strip()
@@ -213,8 +241,9 @@ def test_ctrl_c_during_a_run_stops_the_workers_and_removes_everything(tmp_path):
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         # node 1's agent and its worker: wait for both processes
-        pids = subprocess.run(["ip", "netns", "pids", ns1], capture_output=True,
-                              text=True).stdout.split()
+        pids = subprocess.run(
+            ["ip", "netns", "pids", ns1], capture_output=True, text=True
+        ).stdout.split()
         if len(pids) >= 2:
             break
         time.sleep(1)

@@ -1,24 +1,28 @@
 """Benchmarks: ``python -m reproduce bench <name>``.
 
-Each module registers one benchmark in :data:`BENCHMARKS`; it measures the subject and
-its baseline in the same run and appends one row per case to ``results/bench/<name>.csv``
-through :func:`bench.benchmarks.harness.record` (never overwriting earlier rows), then
-draws ``results/bench/<name>.png`` from the newest run in that CSV.
+Each benchmark module registers one benchmark in :data:`BENCHMARKS`; it measures the
+subject and its baseline in the same run and appends one row per case to
+``results/bench/<name>.csv`` through :class:`bench.benchmarks.harness.BenchRun` (never
+overwriting earlier rows), then draws ``results/bench/<name>.png`` from its rows.  The
+other modules are what the benchmarks share: ``harness`` (timing and CSV rows), ``spawn``
+(worker processes on this machine) and ``aggbench`` (the ``cluster`` benchmark's worker).
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Callable
+from pathlib import Path
 
 from bench.registry import Registry
 
-BENCHMARKS: Registry = Registry("benchmark")
+# name -> run(results_dir="results", quick=False) -> the CSV it appended to
+BENCHMARKS: Registry[Callable[..., Path]] = Registry("benchmark")
 
 
-def load_all() -> Registry:
-    """Import every benchmark module so that it registers itself."""
+def load_all() -> Registry[Callable[..., Path]]:
+    """Import every module of the package; the benchmark modules register themselves."""
     for mod in pkgutil.iter_modules(__path__):
-        if mod.name != "harness":
-            importlib.import_module(f"{__name__}.{mod.name}")
+        importlib.import_module(f"{__name__}.{mod.name}")
     return BENCHMARKS

@@ -7,9 +7,9 @@ project's communicators (``bench.comm.make_hook``; the hook's own ``reduce`` per
 * ``dense``: allreduce per bucket (gloo's ring), divided by the world size;
 * ``mstopk``: flat top-k -- error feedback, MSTopK of the whole bucket, one allgather of
   (value, index) pairs among all workers, scatter-add;
-* ``hitopk``: HiTopKComm (PAPER.md section 2) -- intra-node reduce-scatter, error feedback
-  and MSTopK on the 1/m shard, allgather among the workers of the same local rank across
-  nodes, allgather inside the node, scatter-add.
+* ``hitopk``: HiTopKComm (Shi et al., MLSys 2021; see ``docs/algorithms.md``) --
+  intra-node reduce-scatter, error feedback and MSTopK on the 1/m shard, allgather among
+  the workers of the same local rank across nodes, allgather inside the node, scatter-add.
 
 The time of one step is the slowest rank's (an allreduce-max of the per-rank times);
 ``median_ms`` is the median over ``--reps`` steps after ``--warmup``; fresh gradients are
@@ -39,8 +39,15 @@ from bench.cluster.perfmodel import buckets_for
 class Aggregator:
     """The gradient buckets of one rank and one DDP hook state per comm (bench.comm)."""
 
-    def __init__(self, buckets: list[int], density: float, nodes: int, m: int,
-                 comms: list[str], selector: str = "mstopk") -> None:
+    def __init__(
+        self,
+        buckets: list[int],
+        density: float,
+        nodes: int,
+        m: int,
+        comms: list[str],
+        selector: str = "mstopk",
+    ) -> None:
         from bench.comm import make_hook
 
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
@@ -73,8 +80,9 @@ class Aggregator:
 _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
-def _step_ms(fn: Callable[[], object], warmup: int, reps: int,
-             prepare: Callable[[], None] | None = None) -> list[float]:
+def _step_ms(
+    fn: Callable[[], object], warmup: int, reps: int, prepare: Callable[[], None] | None = None
+) -> list[float]:
     """Per step: the slowest rank's time (ms)."""
     out = []
     for r in range(warmup + reps):
@@ -94,19 +102,26 @@ def _calibrate(agg: Aggregator, sizes_mb: list[float], reps: int) -> dict[str, l
     """Primitive costs with all ranks busy at once (s), for perfmodel.calibrate."""
     from bench.comm import mstopk
 
-    cal: dict[str, list] = {"intra_allreduce": [], "world_allreduce": [],
-                            "intra_reduce_scatter": [], "select": [], "scatter": [],
-                            "dense_pass": []}
+    cal: dict[str, list] = {
+        "intra_allreduce": [],
+        "world_allreduce": [],
+        "intra_reduce_scatter": [],
+        "select": [],
+        "scatter": [],
+        "dense_pass": [],
+    }
     for mb in sizes_mb:
         t = torch.ones(int(mb * 2**20 / 4 / agg.m) * agg.m)
         for key, grp in (("intra_allreduce", agg.intra), ("world_allreduce", None)):
-            ms = statistics.median(_step_ms(lambda t=t, g=grp: dist.all_reduce(t, group=g), 1,
-                                            reps))
+            ms = statistics.median(
+                _step_ms(lambda t=t, g=grp: dist.all_reduce(t, group=g), 1, reps)
+            )
             cal[key].append((t.numel() * 4, ms / 1e3))
         if agg.m > 1 and mb >= 1:  # the bandwidth term: large sizes only
             out = torch.empty(t.numel() // agg.m)
-            ms = statistics.median(_step_ms(
-                lambda t=t, o=out: _REDUCE_SCATTER(o, t, group=agg.intra), 1, reps))
+            ms = statistics.median(
+                _step_ms(lambda t=t, o=out: _REDUCE_SCATTER(o, t, group=agg.intra), 1, reps)
+            )
             cal["intra_reduce_scatter"].append((t.numel() * 4, ms / 1e3))
     # selection over what the comms select from -- a node's shard (hitopk) and a whole
     # bucket (flat) -- in every bucket's own memory, one synchronised call per bucket as
@@ -126,6 +141,7 @@ def _calibrate(agg: Aggregator, sizes_mb: list[float], reps: int) -> dict[str, l
     out = torch.zeros(x.numel())
     ms = statistics.median(_step_ms(lambda: out.index_add_(0, i, v), 1, reps))
     cal["scatter"].append((pairs, ms / 1e3))
+
     # the elementwise passes the communicators make: add (error feedback), zero, scale --
     # over all bucket buffers, as in a step
     def passes() -> None:
@@ -161,8 +177,13 @@ def main(argv: list[str] | None = None) -> int:
     buckets = list(buckets_for(a.numel, a.bucket_mb))
     comms = a.comms.split(",")
     agg = Aggregator(buckets, a.density, nodes, m, comms)
-    res: dict[str, object] = {"nodes": nodes, "procs_per_node": m, "numel": a.numel,
-                              "buckets": buckets, "density": a.density}
+    res: dict[str, object] = {
+        "nodes": nodes,
+        "procs_per_node": m,
+        "numel": a.numel,
+        "buckets": buckets,
+        "density": a.density,
+    }
     # calibration before and after the measured cases: the machine's load drifts
     calib_mb = [float(x) for x in a.calib_mb.split(",")]
     cal = _calibrate(agg, calib_mb, a.reps)
@@ -171,11 +192,14 @@ def main(argv: list[str] | None = None) -> int:
         st0 = (st.select_s, st.comm_s)
         times = _step_ms(lambda c=comm: agg.aggregate(c), a.warmup, a.reps, prepare=agg.fresh)
         steps = a.warmup + a.reps
-        res[comm] = {"median_ms": statistics.median(times), "min_ms": min(times),
-                     "times_ms": times,
-                     # rank 0's own split (hook stats), per step, ms
-                     "select_ms": (st.select_s - st0[0]) / steps * 1e3,
-                     "comm_ms": (st.comm_s - st0[1]) / steps * 1e3}
+        res[comm] = {
+            "median_ms": statistics.median(times),
+            "min_ms": min(times),
+            "times_ms": times,
+            # rank 0's own split (hook stats), per step, ms
+            "select_ms": (st.select_s - st0[0]) / steps * 1e3,
+            "comm_ms": (st.comm_s - st0[1]) / steps * 1e3,
+        }
     res["calibration"] = _merge(cal, _calibrate(agg, calib_mb, a.reps))
     if dist.get_rank() == 0:
         with open(a.out, "w") as f:

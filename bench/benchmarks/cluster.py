@@ -2,7 +2,7 @@
 
 For each inter-node bandwidth (1 and 10 Gbit/s), an emulated cluster of 2 nodes x 2
 workers (network namespaces, ``tc`` shaping: :mod:`bench.cluster.netns`) is checked
-(:mod:`bench.cluster.linkcheck`) and runs :mod:`bench.cluster.aggbench`: the time per step
+(:mod:`bench.cluster.linkcheck`) and runs :mod:`bench.benchmarks.aggbench`: the time per step
 to aggregate a ResNet-50-sized gradient (25.6 M fp32 in 25 MiB buckets) with dense
 allreduce, flat top-k allgather (``mstopk``) and ``hitopk`` at density 0.001, through
 the project's DDP hooks (``bench.comm.make_hook``).  The alpha-beta model
@@ -50,10 +50,23 @@ def _measure(bw: str, numel: int, reps: int, quick: bool) -> tuple[dict[str, Any
             # is calibrated on the measured link either way, and link_ok says which it was
             link = run_link_check(c, 0.25, 0.25 if quick else 0.5, strict=False)
             rc = run_nodes(
-                c, PROCS, "bench.cluster.aggbench",
-                ["--out", str(out), "--numel", str(numel), "--density", str(DENSITY),
-                 "--reps", str(reps), "--calib-mb", "0.0625,1,4" if quick else "0.0625,8,25"],
-                rdzv_timeout_s=300, timeout_s=1800,
+                c,
+                PROCS,
+                "bench.benchmarks.aggbench",
+                [
+                    "--out",
+                    str(out),
+                    "--numel",
+                    str(numel),
+                    "--density",
+                    str(DENSITY),
+                    "--reps",
+                    str(reps),
+                    "--calib-mb",
+                    "0.0625,1,4" if quick else "0.0625,8,25",
+                ],
+                rdzv_timeout_s=300,
+                timeout_s=1800,
             )
         if rc != 0 or not out.exists():
             raise RuntimeError(f"the aggregation benchmark at {bw} failed (exit status {rc})")
@@ -74,10 +87,13 @@ def _predict(res: dict[str, Any], link: dict[str, Any]) -> tuple[dict[str, float
         scatter=[tuple(x) for x in cal["scatter"]],
         dense_pass=[tuple(x) for x in cal["dense_pass"]],
     )
-    c, k = pm.calibrate(pm.Cluster(res["nodes"], res["procs_per_node"], inter_bw=1.0),
-                        pm.Costs(), meas)
-    pred = {comm: pm.aggregation_time(comm, res["buckets"], res["density"], c, k) * 1e3
-            for comm in pm.COMMS}
+    c, k = pm.calibrate(
+        pm.Cluster(res["nodes"], res["procs_per_node"], inter_bw=1.0), pm.Costs(), meas
+    )
+    pred = {
+        comm: pm.aggregation_time(comm, res["buckets"], res["density"], c, k) * 1e3
+        for comm in pm.COMMS
+    }
     return pred, c, k
 
 
@@ -97,29 +113,48 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
         for comm in pm.COMMS:
             ms = res[comm]["median_ms"]
             bench.add(
-                kind="measured", bandwidth=bw, nodes=res["nodes"],
-                procs_per_node=res["procs_per_node"], comm=comm,
-                density=1.0 if comm == "dense" else res["density"], numel=numel,
-                median_ms=ms, min_ms=res[comm]["min_ms"], predicted_ms=pred[comm],
-                model_error=pred[comm] / ms - 1, speedup_vs_dense=dense_ms / ms,
-                efficiency=None, link_gbps=link["bandwidth_gbps"], link_ok=link["ok"],
-                link_latency_ms=link["latency_ms"], model_inter_gbps=c.inter_bw * 8 / 1e9,
-                model_inter_lat_ms=c.inter_lat * 1e3, model_intra_lat_ms=c.intra_lat * 1e3,
+                kind="measured",
+                bandwidth=bw,
+                nodes=res["nodes"],
+                procs_per_node=res["procs_per_node"],
+                comm=comm,
+                density=1.0 if comm == "dense" else res["density"],
+                numel=numel,
+                median_ms=ms,
+                min_ms=res[comm]["min_ms"],
+                predicted_ms=pred[comm],
+                model_error=pred[comm] / ms - 1,
+                speedup_vs_dense=dense_ms / ms,
+                efficiency=None,
+                link_gbps=link["bandwidth_gbps"],
+                link_ok=link["ok"],
+                link_latency_ms=link["latency_ms"],
+                model_inter_gbps=c.inter_bw * 8 / 1e9,
+                model_inter_lat_ms=c.inter_lat * 1e3,
+                model_intra_lat_ms=c.intra_lat * 1e3,
                 intra_node_link_gbps=link.get("intra_node_bandwidth_gbps"),
                 model_intra_gbps=c.intra_bw * 8 / 1e9,
                 model_intra_rs_gbps=(c.intra_rs_bw or c.intra_bw) * 8 / 1e9,
                 model_select_ns_per_elem=k.select_s * 1e9,
                 model_scatter_ns_per_pair=k.scatter_s * 1e9,
-                model_dense_ns_per_elem=k.dense_s * 1e9, reps=reps,
-                select_ms=res[comm]["select_ms"], comm_ms=res[comm]["comm_ms"],
+                model_dense_ns_per_elem=k.dense_s * 1e9,
+                reps=reps,
+                select_ms=res[comm]["select_ms"],
+                comm_ms=res[comm]["comm_ms"],
             )
         _what_if(bench, bw, res, c, k, numel)
     for r in pm.project():
         bench.add(
-            kind="projection", bandwidth=f"{r['gbps']}gbit", nodes=r["nodes"],
-            procs_per_node=r["procs_per_node"], comm=r["comm"],
-            density=1.0 if r["comm"] == "dense" else r["density"], numel=pm.RESNET50_NUMEL,
-            median_ms=None, predicted_ms=r["step_ms"], efficiency=r["efficiency"],
+            kind="projection",
+            bandwidth=f"{r['gbps']}gbit",
+            nodes=r["nodes"],
+            procs_per_node=r["procs_per_node"],
+            comm=r["comm"],
+            density=1.0 if r["comm"] == "dense" else r["density"],
+            numel=pm.RESNET50_NUMEL,
+            median_ms=None,
+            predicted_ms=r["step_ms"],
+            efficiency=r["efficiency"],
         )
     path = bench.save()
     _plot(bench)
@@ -136,14 +171,23 @@ def _what_if(bench: BenchRun, bw: str, res: dict[str, Any], c: Any, k: Any, nume
 
     nvlink = replace(c, intra_bw=100e9, intra_rs_bw=None, intra_lat=10e-6)
     for scenario, cc, kk in (("nvlink", nvlink, k), ("nvlink+gpu", nvlink, pm.PAPER_COSTS)):
-        t = {cm: pm.aggregation_time(cm, res["buckets"], res["density"], cc, kk) * 1e3
-             for cm in pm.COMMS}
+        t = {
+            cm: pm.aggregation_time(cm, res["buckets"], res["density"], cc, kk) * 1e3
+            for cm in pm.COMMS
+        }
         for comm in pm.COMMS:
             bench.add(
-                kind="whatif", scenario=scenario, bandwidth=bw, nodes=res["nodes"],
-                procs_per_node=res["procs_per_node"], comm=comm,
-                density=1.0 if comm == "dense" else res["density"], numel=numel,
-                median_ms=None, predicted_ms=t[comm], speedup_vs_dense=t["dense"] / t[comm],
+                kind="whatif",
+                scenario=scenario,
+                bandwidth=bw,
+                nodes=res["nodes"],
+                procs_per_node=res["procs_per_node"],
+                comm=comm,
+                density=1.0 if comm == "dense" else res["density"],
+                numel=numel,
+                median_ms=None,
+                predicted_ms=t[comm],
+                speedup_vs_dense=t["dense"] / t[comm],
             )
 
 
@@ -165,15 +209,19 @@ def _plot(bench: BenchRun) -> None:
         x = range(len(d))
         ax.bar([i - 0.2 for i in x], d["median_ms"], 0.4, label="measured (median)")
         ax.bar([i + 0.2 for i in x], d["predicted_ms"], 0.4, label="alpha-beta model")
-        ax.set_xticks(list(x), [f"{c}\n{s:.1f}x" for c, s in zip(d["comm"], d["speedup_vs_dense"],
-                                                                  strict=True)])
+        ax.set_xticks(
+            list(x),
+            [f"{c}\n{s:.1f}x" for c, s in zip(d["comm"], d["speedup_vs_dense"], strict=True)],
+        )
         ax.set_yscale("log")
         ax.set_ylabel("aggregation time per step (ms)")
         for i, (ms, err) in enumerate(zip(d["predicted_ms"], d["model_error"], strict=True)):
             ax.annotate(f"{err:+.0%}", (i + 0.2, ms), ha="center", va="bottom", fontsize=7)
         link = d["link_gbps"].iloc[0] if len(d) else float("nan")
-        ax.set_title(f"{bw} (link check {link:.2g} Gbit/s): 2 nodes x 2 workers, "
-                     f"density {DENSITY}", fontsize=9)
+        ax.set_title(
+            f"{bw} (link check {link:.2g} Gbit/s): 2 nodes x 2 workers, density {DENSITY}",
+            fontsize=9,
+        )
         ax.legend(fontsize=8)
     fig.suptitle(f"ResNet-50 gradient aggregation, emulated cluster\n{hw}", fontsize=9)
     save_figure(fig, bench.png_path)
@@ -183,13 +231,22 @@ def _plot(bench: BenchRun) -> None:
     styles = {"dense": "-", "mstopk": ":", "hitopk": "--"}
     for j, (bw, dbw) in enumerate(proj.groupby("bandwidth", sort=False)):
         for comm, dc in dbw.groupby("comm", sort=False):
-            ax.plot(dc["nodes"], dc["efficiency"], styles.get(comm, "-"), marker=".",
-                    color=f"C{j}", label=f"{comm} {bw}")
+            ax.plot(
+                dc["nodes"],
+                dc["efficiency"],
+                styles.get(comm, "-"),
+                marker=".",
+                color=f"C{j}",
+                label=f"{comm} {bw}",
+            )
     ax.set_xlabel("nodes (8 GPUs each)")
     ax.set_ylabel("scaling efficiency")
     ax.set_ylim(0, 1.05)
     ax.legend(fontsize=7, ncol=3)
-    ax.set_title("Alpha-beta projection to the paper's cluster: ResNet-50, 64 images/GPU, "
-                 "density 0.001\nassumed V100/NVLink costs (perfmodel.PAPER_COSTS), not "
-                 f"measured; drawn on {hw}", fontsize=8)
+    ax.set_title(
+        "Alpha-beta projection to the paper's cluster: ResNet-50, 64 images/GPU, "
+        "density 0.001\nassumed V100/NVLink costs (perfmodel.PAPER_COSTS), not "
+        f"measured; drawn on {hw}",
+        fontsize=8,
+    )
     save_figure(fig, bench.png_path.with_suffix(".scaling.png"))

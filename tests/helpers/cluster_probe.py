@@ -2,7 +2,7 @@
 
 Run by a launcher in place of ``bench.train`` (tests, smoke checks)::
 
-    python -m bench.cluster.probe --out DIR [--fail-rank R] [--sleep S] [--mb MB]
+    python -m tests.helpers.cluster_probe --out DIR [--fail-rank R] [--sleep S] [--mb MB]
 
 Each rank writes ``DIR/rank<r>.json``: rank, world size, local rank, the emulated node,
 the address gloo uses, the allreduce result, and the median time (ms) of a ``MB``
@@ -51,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     x = torch.tensor([float(rank + 1)])
     dist.all_reduce(x)
     rec: dict[str, object] = {
-        "rank": rank, "world": world, "local_rank": local,
+        "rank": rank,
+        "world": world,
+        "local_rank": local,
         "node": os.environ.get("BENCH_EMULATED_NODE"),
         "ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
         "hostname": socket.gethostname(),
