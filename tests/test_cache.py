@@ -1,4 +1,5 @@
-"""The multi-level cache: identical bytes, verification, eviction, locking, bad directories."""
+"""The multi-level cache: identical bytes, verification, eviction, locking, bad directories,
+one cap for all the processes of a node, changed sources, pre-decoded pixels."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from bench.registry import ConfigError
 
 
 def cache_cfg(name: str, d: Path, **kw) -> SimpleNamespace:
-    base = dict(name=name, dir=str(d), disk_gb=1.0, memory_gb=1.0, predecode_size=24, verify="crc32")
+    base = dict(
+        name=name, dir=str(d), disk_gb=1.0, memory_gb=1.0, predecode_size=24, verify="crc32"
+    )
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -42,7 +45,9 @@ def test_cache_returns_source_bytes(folder: Path, tmp_path: Path, name: str) -> 
     n = len(listing)
     assert st["cache/misses"] == (2 * n if name == "none" else n)
     assert st.get("cache/hits", 0) == (0 if name == "none" else n)
-    assert st["cache/bytes_l0"] == sum((folder / r).stat().st_size for r in listing.files) * (2 if name == "none" else 1)
+    assert st["cache/bytes_l0"] == sum((folder / r).stat().st_size for r in listing.files) * (
+        2 if name == "none" else 1
+    )
 
 
 def test_truncated_cache_file_is_refetched(folder: Path, tmp_path: Path) -> None:
@@ -90,6 +95,97 @@ def test_disk_cap_and_lru_eviction(tmp_path: Path) -> None:
     assert disk.get("huge") is None
 
 
+CAP = 20_000  # bytes: the directory cap shared by the writers below
+
+
+def _write_capped(cdir: str, seed: int, violations) -> None:
+    import random
+
+    disk = DiskCache(cdir, cap_bytes=CAP, namespace="shared", stats=CacheStats())
+    rng = random.Random(seed)
+    for i in range(40):
+        disk.put(f"p{seed}-{i}", os.urandom(rng.randint(600, 1_200)))
+        if disk.usage() > CAP:  # a scan under the ledger's lock: a consistent picture
+            with violations.get_lock():
+                violations.value += 1
+
+
+def test_disk_cap_holds_across_processes(tmp_path: Path) -> None:
+    """Four processes writing into one capped directory: the cap holds for the directory."""
+    ctx = mp.get_context("fork")
+    violations = ctx.Value("i", 0)
+    procs = [
+        ctx.Process(target=_write_capped, args=(str(tmp_path / "c"), s, violations))
+        for s in range(4)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    disk = DiskCache(str(tmp_path / "c"), cap_bytes=CAP, namespace="shared", stats=CacheStats())
+    assert disk.usage() <= CAP
+    assert violations.value == 0
+    with disk._usage() as used:  # the ledger agrees with the files on disk
+        assert used[0] == disk._scan_usage()
+
+
+def test_cache_tree_scanned_once_per_node(tmp_path: Path, monkeypatch) -> None:
+    """Every worker of every rank builds a DiskCache; only the first one scans the tree."""
+    scans = []
+    real = DiskCache._scan_usage
+    monkeypatch.setattr(DiskCache, "_scan_usage", lambda self: scans.append(1) or real(self))
+    first = DiskCache(str(tmp_path / "c"), cap_bytes=10**6, namespace="x", stats=CacheStats())
+    first.put("a", b"x" * 100)
+    for _ in range(3):
+        DiskCache(str(tmp_path / "c"), cap_bytes=10**6, namespace="x", stats=CacheStats())
+    assert len(scans) == 1
+
+
+def test_changed_source_is_refetched(folder: Path, tmp_path: Path) -> None:
+    """A level 1 copy of an older version of a file (size and mtime differ) is not served."""
+    src = tmp_path / "src"
+    rel = "train/c0000/a.jpg"
+    (src / "train" / "c0000").mkdir(parents=True)
+    (src / rel).write_bytes(b"old" * 100)
+    store = LocalStorage(str(src))
+    reader = build_reader(store, cache_cfg("disk", tmp_path / "c"), str(src))
+    assert reader.get(rel) == b"old" * 100
+    mtime = (src / rel).stat().st_mtime_ns
+    (src / rel).write_bytes(b"new" * 100)  # same size: only the mtime tells
+    os.utime(src / rel, ns=(mtime + 10**9, mtime + 10**9))
+    reader.stats.take()
+    assert reader.get(rel) == b"new" * 100
+    st = reader.stats.take()
+    assert st["cache/refetched"] == 1 and st["cache/misses"] == 1
+    assert reader.get(rel) == b"new" * 100 and reader.stats.take()["cache/hits_l1"] == 1
+
+
+def test_predecoded_keeps_the_original_pixels(folder: Path, tmp_path: Path) -> None:
+    """Pre-decoding stores what the uncached path decodes: no lower resolution by default."""
+    import numpy as np
+
+    from bench.data.jpegs import decode_rgb
+
+    store = LocalStorage(str(folder))
+    rel = list_folder(store, "train").files[0]
+    full = np.array(decode_rgb((folder / rel).read_bytes(), rel))
+    cfg = cache_cfg("predecoded", tmp_path / "c", predecode_size=0)  # 0 = original size
+    reader = build_reader(store, cfg, str(folder))
+    # the loaders pass 8/7 x the training size; the configured cap (none) decides
+    arr = reader.get_decoded(rel, 256)
+    assert arr.shape == full.shape and np.array_equal(arr, full)
+    assert reader.stats.take()["cache/bytes_decoded"] == full.nbytes  # the memory cost
+    capped = build_reader(
+        store, cache_cfg("predecoded", tmp_path / "d", predecode_size=24), str(folder)
+    )
+    assert min(capped.get_decoded(rel, 24).shape[:2]) == 24  # shrunk to the cap
+    big = build_reader(
+        store, cache_cfg("predecoded", tmp_path / "e", predecode_size=1000), str(folder)
+    )
+    assert np.array_equal(big.get_decoded(rel, 1000), full)  # never upsampled
+
+
 def test_memory_cache_cap_and_lru() -> None:
     m = MemoryCache(cap_bytes=3_000)
     for i in range(3):
@@ -128,7 +224,10 @@ def test_two_processes_share_disk_cache(folder: Path, tmp_path: Path) -> None:
     files = list_folder(LocalStorage(str(folder)), "train").files
     ctx = mp.get_context("fork")
     counter = ctx.Value("i", 0)
-    procs = [ctx.Process(target=_fill, args=(str(folder), str(tmp_path / "c"), counter, files, s)) for s in (1, 2)]
+    procs = [
+        ctx.Process(target=_fill, args=(str(folder), str(tmp_path / "c"), counter, files, s))
+        for s in (1, 2)
+    ]
     for p in procs:
         p.start()
     for p in procs:

@@ -3,18 +3,20 @@
 Levels, from slow to fast:
 
 * level 0 - the data set's storage (:mod:`bench.data.storage`; NFS, ``s3://`` ..., or the
-  slow-storage emulator);
-* level 1 - :class:`DiskCache`: a local directory filled on first read and kept across
-  runs.  A size cap with least-recently-used eviction (a file's mtime is its last use).
-  Every file carries a header with its length and CRC-32, so a half-written or damaged
-  file is never trusted: it is deleted and fetched again.  Writes go to a temporary file
-  that is renamed into place (atomic on POSIX), and a per-file lock (4096 lock stripes)
-  makes each file be fetched once per node even with many workers and processes.  A cache
-  directory that is not writable or is full only turns level 1 off, with one warning.
+  slow-storage emulator, one emulated link per node);
+* level 1 - :class:`bench.data.disk_cache.DiskCache`: a local directory filled on first
+  read and kept across runs, shared by every process of the node: one size cap for the
+  directory (a usage ledger under a file lock, LRU eviction), verified and atomically
+  written files, each tagged with its source's size and mtime so that a changed source is
+  fetched again, and one fetch per file per node.  A cache directory that is not writable
+  or is full only turns level 1 off, with one warning.
 * level 2 - :class:`MemoryCache`: encoded bytes under a byte cap, LRU; or, for
-  ``cache=predecoded``, uint8 images decoded once at a chosen resolution, which saves the
-  JPEG decode in every later epoch (and is small at the low resolutions of progressive
-  resizing).
+  ``cache=predecoded``, uint8 images decoded once, which saves the JPEG decode in every
+  later epoch.  Pre-decoded images keep their original resolution unless
+  ``cache.predecode_size`` caps their shorter side (never upsampled), so random-resized
+  crops and evaluation see the pixels the uncached path decodes; the price is memory:
+  about ``width x height x 3`` bytes per image (~4x the JPEG for ImageNet-like photos),
+  counted as ``cache/bytes_decoded``.
 
 DALI's own decoder cache works only with its GPU decoder, so this cache is the project's
 own and feeds both loaders: the torchvision DataLoader
@@ -28,27 +30,21 @@ a :class:`CacheStats` and written to the curve CSV by the training loop.
 
 from __future__ import annotations
 
-import errno
-import hashlib
 import os
-import struct
 import tempfile
 import threading
-import warnings
-import zlib
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from bench.data.jpegs import decode_resized
+from bench.data.disk_cache import DiskCache
+from bench.data.jpegs import decode_capped
 from bench.data.storage import Storage
 from bench.registry import ConfigError, Registry
 
-_MAGIC = b"BKC1"
-_HEADER = struct.Struct("<4sQI")  # magic, payload length (bytes), CRC-32 of the payload
-_STRIPES = 4096  # lock files; two files share a lock with probability 1/4096
+__all__ = ["CACHES", "CacheStats", "CachedReader", "DiskCache", "MemoryCache", "build_reader"]
 
 
 @dataclass(frozen=True)
@@ -74,8 +70,10 @@ class CacheStats:
 
     Keys: ``cache/hits`` (level 1 or 2), ``cache/hits_l1``, ``cache/hits_l2``,
     ``cache/misses`` (read from level 0), ``cache/bytes_l0|l1|l2`` (bytes served by that
-    level), ``cache/refetched`` (level 1 files that failed verification),
-    ``cache/evicted`` (files evicted from level 1), ``data/corrupt`` (images skipped).
+    level), ``cache/refetched`` (level 1 files that failed verification or were copies
+    of an older source version), ``cache/evicted`` (files evicted from level 1),
+    ``cache/bytes_decoded`` (bytes of pixels added to the pre-decoded level: its memory
+    cost), ``data/corrupt`` (images skipped).
     """
 
     def __init__(self) -> None:
@@ -112,6 +110,7 @@ ZERO_STATS = {
         "cache/bytes_l2",
         "cache/refetched",
         "cache/evicted",
+        "cache/bytes_decoded",
         "data/corrupt",
     )
 }
@@ -132,165 +131,6 @@ def check_cache_dir(path: str) -> None:
         os.unlink(tmp)
     except OSError as e:
         raise ConfigError(f"cache.dir {path!r} is not writable ({e.strerror})") from None
-
-
-class DiskCache:
-    """Level 1: verified, atomically written, size-capped LRU files in a local directory."""
-
-    def __init__(
-        self, path: str, cap_bytes: int, namespace: str, stats: CacheStats, verify: str = "crc32"
-    ) -> None:
-        if verify not in ("crc32", "size"):
-            raise ConfigError(f"cache.verify must be crc32 or size, not {verify!r}")
-        self.root = os.path.abspath(path)
-        self.cap = int(cap_bytes)
-        self.verify = verify
-        self.stats = stats
-        # one sub-folder per data set so that two data sets never share a key
-        self.dir = os.path.join(self.root, hashlib.sha1(namespace.encode()).hexdigest()[:16])
-        self.lock_dir = os.path.join(self.root, ".locks")
-        self.writable = True
-        try:
-            os.makedirs(self.dir, exist_ok=True)
-            os.makedirs(self.lock_dir, exist_ok=True)
-        except OSError as e:
-            self._disable(e)
-        self._usage = self._scan_usage() if self.writable else 0
-
-    # -- paths and locks -------------------------------------------------------------
-    def _digest(self, key: str) -> str:
-        return hashlib.sha1(key.encode()).hexdigest()
-
-    def file_for(self, key: str) -> str:
-        h = self._digest(key)
-        return os.path.join(self.dir, h[:2], h)
-
-    def lock_for(self, key: str):
-        from filelock import FileLock
-
-        stripe = int(self._digest(key)[:8], 16) % _STRIPES
-        return FileLock(os.path.join(self.lock_dir, f"{stripe:03x}.lock"))
-
-    def _disable(self, e: OSError) -> None:
-        if self.writable:
-            why = (
-                "is full"
-                if e.errno in (errno.ENOSPC, errno.EDQUOT)
-                else f"is not writable ({e.strerror})"
-            )
-            warnings.warn(
-                f"cache directory {self.root!r} {why}; level 1 (disk) is off for this run, "
-                "reading from the data set instead",
-                stacklevel=3,
-            )
-        self.writable = False
-
-    # -- read, write, evict ------------------------------------------------------------
-    def get(self, key: str) -> bytes | None:
-        """The cached bytes, or None when absent or failing verification (then deleted)."""
-        path = self.file_for(key)
-        try:
-            with open(path, "rb") as f:
-                raw = f.read()
-        except OSError:
-            return None
-        data = self._check(raw)
-        if data is None:
-            self.stats.add("cache/refetched")
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-            return None
-        try:
-            os.utime(path)  # mtime = last use, the LRU clock shared by all processes
-        except OSError:
-            pass
-        return data
-
-    def _check(self, raw: bytes) -> bytes | None:
-        if len(raw) < _HEADER.size:
-            return None
-        magic, length, crc = _HEADER.unpack_from(raw)
-        data = raw[_HEADER.size :]
-        if magic != _MAGIC or len(data) != length:
-            return None
-        if self.verify == "crc32" and zlib.crc32(data) != crc:
-            return None
-        return data
-
-    def put(self, key: str, data: bytes) -> None:
-        """Write atomically (temp file + rename); errors turn level 1 off, nothing else."""
-        if not self.writable or len(data) + _HEADER.size > self.cap:
-            return
-        path = self.file_for(key)
-        tmp = None
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path))
-            with os.fdopen(fd, "wb") as f:
-                f.write(_HEADER.pack(_MAGIC, len(data), zlib.crc32(data)))
-                f.write(data)
-            os.replace(tmp, path)
-            tmp = None
-        except OSError as e:
-            self._disable(e)
-            return
-        finally:
-            if tmp is not None:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-        self._usage += len(data) + _HEADER.size
-        if self._usage > self.cap:
-            self.evict()
-
-    def _entries(self) -> list[tuple[float, int, str]]:
-        out = []
-        for dirpath, _, names in os.walk(self.root):
-            if dirpath == self.lock_dir:
-                continue
-            for n in names:
-                if n.startswith(".tmp-") or n.startswith(".probe-"):
-                    continue
-                p = os.path.join(dirpath, n)
-                try:
-                    st = os.stat(p)
-                except OSError:
-                    continue
-                out.append((st.st_mtime, st.st_size, p))
-        return out
-
-    def _scan_usage(self) -> int:
-        return sum(size for _, size, _ in self._entries())
-
-    def evict(self) -> None:
-        """Delete least recently used files until the directory is under 90 % of the cap.
-
-        The cap holds for the whole directory (all data sets, all processes): the scan is
-        done under one lock, and the 10 % slack keeps scans rare.
-        """
-        from filelock import FileLock
-
-        with FileLock(os.path.join(self.lock_dir, "evict.lock")):
-            entries = sorted(self._entries())
-            total = sum(size for _, size, _ in entries)
-            target = int(self.cap * 0.9)
-            for _, size, p in entries:
-                if total <= target:
-                    break
-                try:
-                    os.unlink(p)
-                    total -= size
-                    self.stats.add("cache/evicted")
-                except OSError:
-                    pass
-            self._usage = total
-
-    def usage(self) -> int:
-        """Bytes in the cache directory now (a scan)."""
-        return self._scan_usage()
 
 
 class MemoryCache:
@@ -332,7 +172,11 @@ class MemoryCache:
 
 
 class CachedReader:
-    """Read a file of the data set through the configured levels, counting everything."""
+    """Read a file of the data set through the configured levels, counting everything.
+
+    ``predecode_max``: cap (pixels) on the shorter side of pre-decoded images, 0 = the
+    original resolution; None = the ``short_side`` each :meth:`get_decoded` call gives.
+    """
 
     def __init__(
         self,
@@ -341,12 +185,14 @@ class CachedReader:
         memory: MemoryCache | None = None,
         decoded: MemoryCache | None = None,
         stats: CacheStats | None = None,
+        predecode_max: int | None = None,
     ) -> None:
         self.store = store
         self.disk = disk
         self.memory = memory
         self.decoded = decoded
         self.stats = stats or (disk.stats if disk else CacheStats())
+        self.predecode_max = predecode_max
 
     def get(self, rel: str) -> bytes:
         """The encoded bytes of ``rel`` (a path relative to the data set root)."""
@@ -368,15 +214,18 @@ class CachedReader:
         disk = self.disk
         if disk is None or not disk.writable:
             return self._fetch(rel)
-        data = disk.get(rel)
+        # the source's (size, mtime): a copy of an older version is refetched
+        version_of = getattr(self.store, "version", None)
+        version = version_of(rel) if version_of else None
+        data = disk.get(rel, version)
         if data is None:
             # one fetch per node: whoever holds the file's lock fetches, the others wait
             # for it and then read the verified copy
             with disk.lock_for(rel):
-                data = disk.get(rel)
+                data = disk.get(rel, version)
                 if data is None:
                     data = self._fetch(rel)
-                    disk.put(rel, data)
+                    disk.put(rel, data, version)
                     return data
         st.add("cache/hits")
         st.add("cache/hits_l1")
@@ -389,14 +238,16 @@ class CachedReader:
         self.stats.add("cache/bytes_l0", len(data))
         return data
 
-    def get_decoded(self, rel: str, short_side: int) -> np.ndarray:
-        """uint8 HWC pixels of ``rel`` with the shorter side at ``short_side`` pixels.
+    def get_decoded(self, rel: str, short_side: int | None = None) -> np.ndarray:
+        """uint8 HWC pixels of ``rel``, decoded once and then served from the decoded level.
 
-        Decoded once (PIL's JPEG draft mode decodes straight at 1/2, 1/4 or 1/8 scale when
-        that is still large enough), then served from the decoded level 2.  Raises
-        :class:`CorruptImage` when the bytes do not decode.
+        The shorter side is capped at ``predecode_max`` pixels (0 = the original
+        resolution, decoded exactly as :func:`bench.data.jpegs.decode_rgb` does); a reader
+        made without a cap (``predecode_max=None``) caps at ``short_side`` instead.  Images
+        are never upsampled.  Raises :class:`CorruptImage` when the bytes do not decode.
         """
-        key = f"{rel}@{short_side}"
+        cap = self.predecode_max if self.predecode_max is not None else int(short_side or 0)
+        key = f"{rel}@{cap}"
         if self.decoded is not None:
             arr = self.decoded.get(key)
             if arr is not None:
@@ -404,9 +255,10 @@ class CachedReader:
                 self.stats.add("cache/hits_l2")
                 self.stats.add("cache/bytes_l2", arr.nbytes)
                 return arr
-        arr = decode_resized(self._get_encoded(rel), short_side, rel)
+        arr = decode_capped(self._get_encoded(rel), cap, rel)
         if self.decoded is not None:
             self.decoded.put(key, arr)
+            self.stats.add("cache/bytes_decoded", arr.nbytes)
         return arr
 
 
@@ -416,6 +268,7 @@ def build_reader(
     """The levels named by ``cache_cfg.name`` over ``store``.
 
     ``memory_share``: how many processes (loader workers) split ``cache.memory_gb``.
+    Pre-decoded images are capped at ``cache.predecode_size`` pixels (0 = original size).
     """
     levels: Levels = CACHES.get(cache_cfg.name)
     stats = CacheStats()
@@ -431,7 +284,8 @@ def build_reader(
     mem_cap = int(cache_cfg.memory_gb * 1e9 / max(1, memory_share))
     memory = MemoryCache(mem_cap) if levels.memory else None
     decoded = MemoryCache(mem_cap) if levels.decoded else None
-    return CachedReader(store, disk, memory, decoded, stats)
+    cap = int(cache_cfg.predecode_size)
+    return CachedReader(store, disk, memory, decoded, stats, predecode_max=cap)
 
 
 def validate_cache(cache_cfg: Any) -> None:
@@ -446,4 +300,7 @@ def validate_cache(cache_cfg: Any) -> None:
     if (levels.memory or levels.decoded) and cache_cfg.memory_gb <= 0:
         raise ConfigError("cache.memory_gb must be > 0 for a cache with a memory level")
     if cache_cfg.predecode_size < 0:
-        raise ConfigError("cache.predecode_size must be >= 0 (0 = from data.image_size)")
+        raise ConfigError(
+            "cache.predecode_size must be >= 0 (a cap on the shorter side in pixels; "
+            "0 = the original resolution)"
+        )

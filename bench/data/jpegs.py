@@ -8,8 +8,9 @@ photograph, which JPEG compresses well) plus a little per-pixel noise whose ampl
 the file size; sizes and aspect ratios vary per image.  Everything is derived from a seed,
 so a folder is reproducible, and :func:`cached_jpeg_folder` reuses one across runs.
 
-Decoding (:func:`decode_rgb`, :func:`decode_resized`) raises :class:`CorruptImage` naming
-the file, so that a loader can skip it with a warning or stop (``data.strict=true``).
+Decoding (:func:`decode_rgb`, :func:`decode_resized`, :func:`decode_capped`) raises
+:class:`CorruptImage` naming the file, so that a loader can skip it with a warning or stop
+(``data.strict=true``).
 """
 
 from __future__ import annotations
@@ -64,6 +65,26 @@ def decode_resized(data: bytes, short_side: int, name: str) -> np.ndarray:
         raise CorruptImage(f"{name}: cannot decode image ({e})") from None
 
 
+def decode_capped(data: bytes, max_short_side: int, name: str) -> np.ndarray:
+    """Decode (uint8 HWC); when the shorter side exceeds ``max_short_side`` > 0, shrink to it.
+
+    An image at or under the cap (or with ``max_short_side=0``) is decoded in full, pixel
+    for pixel as :func:`decode_rgb`; a larger one goes through :func:`decode_resized`
+    (draft-mode decode, then bilinear).  Never upsamples: a random-resized crop resamples
+    anyway, and enlarging before it only blurs and costs memory.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    if max_short_side > 0:
+        try:
+            w, h = Image.open(io.BytesIO(data)).size  # the header only
+        except (OSError, UnidentifiedImageError, SyntaxError, ValueError) as e:
+            raise CorruptImage(f"{name}: cannot decode image ({e})") from None
+        if min(w, h) > max_short_side:
+            return decode_resized(data, max_short_side, name)
+    return np.array(decode_rgb(data, name), dtype=np.uint8)
+
+
 def jpeg_looks_complete(data: bytes) -> bool:
     """Cheap structural check: a JPEG starts with SOI (FFD8) and ends with EOI (FFD9).
 
@@ -81,7 +102,9 @@ def synthetic_photo(rng: np.random.Generator, width: int, height: int, noise: fl
     from PIL import Image
 
     grid = rng.integers(0, 256, size=(6, 6, 3), dtype=np.uint8)
-    base = np.asarray(Image.fromarray(grid).resize((width, height), Image.BICUBIC), dtype=np.float32)
+    base = np.asarray(
+        Image.fromarray(grid).resize((width, height), Image.BICUBIC), dtype=np.float32
+    )
     base += rng.normal(0.0, noise, size=base.shape).astype(np.float32)
     return np.clip(base, 0, 255).astype(np.uint8)
 
@@ -150,8 +173,15 @@ def make_jpeg_folder(
 
 
 def cached_jpeg_folder(
-    images: int, classes: int, *, val_images: int = 0, base: str | None = None,
-    target_kb: float = 110.0, seed: int = 0, workers: int = 2, small: bool = False,
+    images: int,
+    classes: int,
+    *,
+    val_images: int = 0,
+    base: str | None = None,
+    target_kb: float = 110.0,
+    seed: int = 0,
+    workers: int = 2,
+    small: bool = False,
 ) -> str:
     """A generated ``train`` (and ``val`` when ``val_images``) folder, made once and reused.
 
@@ -161,7 +191,9 @@ def cached_jpeg_folder(
     and renamed into place, so an interrupted run never leaves a partial folder behind.
     """
     base = base or os.path.join(tempfile.gettempdir(), "topk-dawnbench-jpegs")
-    params = dict(images=images, classes=classes, val=val_images, kb=target_kb, seed=seed, small=small, v=1)
+    params = dict(
+        images=images, classes=classes, val=val_images, kb=target_kb, seed=seed, small=small, v=1
+    )
     key = hashlib.sha1(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
     root = os.path.join(base, f"{images}x{classes}-{key}")
     if os.path.exists(os.path.join(root, "done.json")):
@@ -172,7 +204,14 @@ def cached_jpeg_folder(
     for k, (split, n) in enumerate([("train", images), ("val", val_images)]):
         if n:
             summary[split] = make_jpeg_folder(
-                tmp, n, classes, split, target_kb=target_kb, seed=seed + k, workers=workers, small=small
+                tmp,
+                n,
+                classes,
+                split,
+                target_kb=target_kb,
+                seed=seed + k,
+                workers=workers,
+                small=small,
             )
     with open(os.path.join(tmp, "done.json"), "w") as f:
         json.dump({**params, "summary": summary}, f)
