@@ -41,6 +41,7 @@ def test_eval_shards_cover_every_sample_once() -> None:
 
 def test_train_shards_are_disjoint_and_reshuffle_per_epoch() -> None:
     cfg = DataConfig(batch_size=64, pad=0)
+
     # identify samples by their pixels: un-augmented images are unique per sample
     def keys(rank: int, epoch: int) -> list[int]:
         b = build_data(cfg, CacheConfig(), rank, 2, CPU, 0)
@@ -72,8 +73,16 @@ def test_cifar10_without_batch_files_is_refused(tmp_path: Path, cifar_dir: Path)
 
 
 def test_imagefolder_reader(jpeg_dir: Path) -> None:
-    cfg = DataConfig(name="imagefolder", root=str(jpeg_dir), batch_size=4, eval_batch_size=4,
-                     image_size=24, eval_image_size=24, num_classes=0, flip=True)
+    cfg = DataConfig(
+        name="imagefolder",
+        root=str(jpeg_dir),
+        batch_size=4,
+        eval_batch_size=4,
+        image_size=24,
+        eval_image_size=24,
+        num_classes=0,
+        flip=True,
+    )
     validate(cfg, CacheConfig(), 2)
     b = build_data(cfg, CacheConfig(), 1, 2, CPU, 0)
     assert b.num_classes == 3
@@ -98,7 +107,32 @@ def test_batch_must_divide_over_workers() -> None:
 
 
 def test_synthetic_shapes() -> None:
-    cfg = DataConfig(name="synthetic", batch_size=8, image_size=16, num_classes=7, synthetic_size=64)
+    cfg = DataConfig(
+        name="synthetic", batch_size=8, image_size=16, num_classes=7, synthetic_size=64
+    )
     b = build_data(cfg, CacheConfig(), 0, 2, CPU, 0)
     x, y = next(iter(b.train))
     assert x.shape == (4, 3, 16, 16) and int(y.max()) < 7 and len(b.train) == 8
+
+
+def test_choice_fields_are_refused_when_composed() -> None:
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ValidationError
+
+    for group, key in (
+        (DataConfig, "loader"),
+        (DataConfig, "dali_device"),
+        (CacheConfig, "verify"),
+    ):
+        cfg = OmegaConf.structured(group)
+        with pytest.raises(ValidationError, match="expected one of"):
+            setattr(cfg, key, "bogus")
+
+
+def test_data_sets_are_specs_carrying_their_check() -> None:
+    from bench.data import DATASETS, DatasetSpec
+
+    assert all(isinstance(DATASETS.get(name), DatasetSpec) for name in DATASETS)
+    assert DATASETS.get("cifar10").check is not None and DATASETS.get("digits").check is None
+    with pytest.raises(KeyError, match="already registered"):
+        DATASETS.register("digits")(DATASETS.get("digits"))

@@ -1,28 +1,42 @@
 """Data sets and per-rank loaders by name.
 
 ``build_data(data_cfg, cache_cfg, rank, world_size, device, seed) -> DataBundle``
-looks ``data_cfg.name`` up in :data:`DATASETS`.  ``validate(data_cfg, cache_cfg,
-world_size)`` runs the configuration-time checks in the launcher, before any worker.
-Loaders follow the contract in :mod:`bench.data.loaders`.
+looks ``data_cfg.name`` up in :data:`DATASETS`, whose entries are :class:`DatasetSpec`
+objects carrying the builder and the configuration-time check of one data set (adding a
+data set touches this file only).  ``validate(data_cfg, cache_cfg, world_size)`` runs the
+configuration-time checks in the launcher, before any worker.  Loaders follow the
+contract in :mod:`bench.data.loaders`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from bench.data.config import CacheConfig, DataConfig
 from bench.data.types import DataBundle, per_rank
 from bench.registry import ConfigError, Registry
 
-__all__ = ["DATASETS", "DataBundle", "build_data", "per_rank", "validate"]
+__all__ = ["DATASETS", "DataBundle", "DatasetSpec", "build_data", "per_rank", "validate"]
 
-DATASETS: Registry = Registry("data set")
-VALIDATORS: dict[str, Callable[[Any], None]] = {}
+Builder = Callable[[DataConfig, CacheConfig, int, int, torch.device, int], DataBundle]
 
 
-def _array_loader(cfg: Any) -> Callable[..., Any]:
+@dataclass(frozen=True)
+class DatasetSpec:
+    """One data set: how to build its loaders, and what to check before any worker starts."""
+
+    build: Builder  # (data_cfg, cache_cfg, rank, world_size, device, seed) -> DataBundle
+    check: Callable[[DataConfig], None] | None = None  # e.g. the files are on disk
+
+
+DATASETS: Registry[DatasetSpec] = Registry("data set")
+
+
+def _array_loader(cfg: DataConfig) -> Callable[..., Any]:
     """The loader class for in-memory arrays: batched torch ops, or DALI (data.loader=dali)."""
     if cfg.loader == "dali":
         from functools import partial
@@ -40,66 +54,45 @@ def _array_loader(cfg: Any) -> Callable[..., Any]:
     return TensorLoader
 
 
-@DATASETS.register("digits")
+def _arrays(
+    cfg: DataConfig, rank: int, world: int, device: torch.device, seed: int, arrays: tuple, stats
+) -> DataBundle:
+    """The bundle of an in-memory data set: ``arrays`` = (train x, y, eval x, y), ``stats``
+    = (mean, std) per channel in the units of x."""
+    loader = _array_loader(cfg)
+    tx, ty, vx, vy = arrays
+    mean, std = stats
+    common = dict(rank=rank, world_size=world, device=device, mean=mean, std=std, seed=seed)
+    b = per_rank(cfg.batch_size, world, "data.batch_size")
+    train = loader(tx, ty, batch_size=b, train=True, pad=cfg.pad, flip=cfg.flip, **common)
+    ev = loader(vx, vy, batch_size=max(1, cfg.eval_batch_size // world), train=False, **common)
+    return DataBundle(train, ev, 10, train.num_samples * world)
+
+
 def _digits(
-    cfg: Any, cache: Any, rank: int, world: int, device: torch.device, seed: int
+    cfg: DataConfig, cache: CacheConfig, rank: int, world: int, device: torch.device, seed: int
 ) -> DataBundle:
     from bench.data.digits import load_digits_split
 
-    TensorLoader = _array_loader(cfg)
-
-    tx, ty, vx, vy = load_digits_split(cfg.image_size, cfg.test_fraction, cfg.split_seed)
-    mean = tx.mean(dim=(0, 2, 3))
-    std = tx.std(dim=(0, 2, 3))
-    common = dict(rank=rank, world_size=world, device=device, mean=mean, std=std, seed=seed)
-    train = TensorLoader(
-        tx,
-        ty,
-        batch_size=per_rank(cfg.batch_size, world, "data.batch_size"),
-        train=True,
-        pad=cfg.pad,
-        flip=cfg.flip,
-        **common,
-    )
-    ev = TensorLoader(
-        vx, vy, batch_size=max(1, cfg.eval_batch_size // world), train=False, **common
-    )
-    return DataBundle(train, ev, 10, train.num_samples * world)
+    arrays = load_digits_split(cfg.image_size, cfg.test_fraction, cfg.split_seed)
+    tx = arrays[0]
+    return _arrays(cfg, rank, world, device, seed, arrays, (tx.mean((0, 2, 3)), tx.std((0, 2, 3))))
 
 
-@DATASETS.register("cifar10")
 def _cifar10(
-    cfg: Any, cache: Any, rank: int, world: int, device: torch.device, seed: int
+    cfg: DataConfig, cache: CacheConfig, rank: int, world: int, device: torch.device, seed: int
 ) -> DataBundle:
     from bench.data.cifar10 import MEAN, STD, load_cifar10
 
-    TensorLoader = _array_loader(cfg)
-
-    tx, ty, vx, vy = load_cifar10(cfg.root)
-    common = dict(rank=rank, world_size=world, device=device, mean=MEAN, std=STD, seed=seed)
-    train = TensorLoader(
-        tx,
-        ty,
-        batch_size=per_rank(cfg.batch_size, world, "data.batch_size"),
-        train=True,
-        pad=cfg.pad,
-        flip=cfg.flip,
-        **common,
-    )
-    ev = TensorLoader(
-        vx, vy, batch_size=max(1, cfg.eval_batch_size // world), train=False, **common
-    )
-    return DataBundle(train, ev, 10, train.num_samples * world)
+    return _arrays(cfg, rank, world, device, seed, load_cifar10(cfg.root), (MEAN, STD))
 
 
 def _folder(
-    cfg: Any, cache: Any, rank: int, world: int, device: torch.device, seed: int
+    cfg: DataConfig, cache: CacheConfig, rank: int, world: int, device: torch.device, seed: int
 ) -> DataBundle:
     from bench.data.folder_input import build_folder, uses_cached_input
 
-    if uses_cached_input(
-        cfg, cache
-    ):  # DALI, a cache level, progressive sizes, slow or remote storage
+    if uses_cached_input(cfg, cache):  # DALI, a cache level, progressive sizes, slow/remote
         return build_folder(cfg, cache, rank, world, device, seed)
     from bench.data.folder import image_folders
     from bench.data.loaders import DeviceLoader
@@ -115,20 +108,14 @@ def _folder(
     common = dict(
         rank=rank, world_size=world, device=device, num_workers=cfg.num_workers, seed=seed
     )
-    train = DeviceLoader(
-        tr, batch_size=per_rank(cfg.batch_size, world, "data.batch_size"), train=True, **common
-    )
+    b = per_rank(cfg.batch_size, world, "data.batch_size")
+    train = DeviceLoader(tr, batch_size=b, train=True, **common)
     ev = DeviceLoader(va, batch_size=max(1, cfg.eval_batch_size // world), train=False, **common)
     return DataBundle(train, ev, n_classes, len(train) * cfg.batch_size)
 
 
-DATASETS.register("imagefolder")(_folder)
-DATASETS.register("imagenet")(_folder)
-
-
-@DATASETS.register("synthetic")
 def _synthetic(
-    cfg: Any, cache: Any, rank: int, world: int, device: torch.device, seed: int
+    cfg: DataConfig, cache: CacheConfig, rank: int, world: int, device: torch.device, seed: int
 ) -> DataBundle:
     from bench.data.synthetic import SyntheticLoader
 
@@ -138,35 +125,37 @@ def _synthetic(
         shape=shape, num_classes=cfg.num_classes, device=device, rank=rank, world_size=world
     )
     train = SyntheticLoader(samples=cfg.synthetic_size, batch_size=b, seed=seed, **common)
-    ev = SyntheticLoader(
-        samples=max(cfg.synthetic_size // 8, b * world), batch_size=b, seed=seed + 1, **common
-    )
+    ev_samples = max(cfg.synthetic_size // 8, b * world)
+    ev = SyntheticLoader(samples=ev_samples, batch_size=b, seed=seed + 1, **common)
     return DataBundle(train, ev, cfg.num_classes, len(train) * b * world, cfg.channels)
 
 
-def _check_cifar(cfg: Any) -> None:
+def _check_cifar(cfg: DataConfig) -> None:
     from bench.data.cifar10 import check_root
 
     check_root(cfg.root)
 
 
-def _check_folder(cfg: Any) -> None:
+def _check_folder(cfg: DataConfig) -> None:
     from bench.data.folder import check_split
     from bench.data.storage import is_url
 
     if is_url(cfg.root):  # remote (fsspec) roots are listed when the loaders are built
         return
-
     check_split(cfg.root, cfg.train_dir)
     check_split(cfg.root, cfg.val_dir)
 
 
-VALIDATORS.update(cifar10=_check_cifar, imagefolder=_check_folder, imagenet=_check_folder)
+DATASETS.register("digits")(DatasetSpec(_digits))
+DATASETS.register("cifar10")(DatasetSpec(_cifar10, _check_cifar))
+DATASETS.register("imagefolder")(DatasetSpec(_folder, _check_folder))
+DATASETS.register("imagenet")(DatasetSpec(_folder, _check_folder))
+DATASETS.register("synthetic")(DatasetSpec(_synthetic))
 
 
-def validate(cfg: Any, cache_cfg: Any, world_size: int) -> None:
+def validate(cfg: DataConfig, cache_cfg: CacheConfig, world_size: int) -> None:
     """Configuration-time checks: known name, positive sizes, divisibility, data on disk."""
-    DATASETS.get(cfg.name)
+    spec = DATASETS.get(cfg.name)
     if cfg.batch_size <= 0 or cfg.eval_batch_size <= 0:
         raise ConfigError(
             "data.batch_size and data.eval_batch_size must be positive, got "
@@ -175,18 +164,20 @@ def validate(cfg: Any, cache_cfg: Any, world_size: int) -> None:
     per_rank(cfg.batch_size, world_size, "data.batch_size (global)")
     if cfg.image_size <= 0 or cfg.eval_image_size <= 0:
         raise ConfigError("data.image_size and data.eval_image_size must be positive")
-    if cfg.loader not in ("torch", "dali"):
-        raise ConfigError(f"data.loader={cfg.loader!r}; choose torch or dali")
-    if cfg.name in VALIDATORS:
-        VALIDATORS[cfg.name](cfg)
-    from bench.data.folder_input import (
-        validate_input,
-    )  # cache group, DALI, throttle, progressive sizes
+    if spec.check is not None:
+        spec.check(cfg)
+    from bench.data.folder_input import validate_input  # cache, DALI, throttle, progressive
 
     validate_input(cfg, cache_cfg)
 
 
 def build_data(
-    cfg: Any, cache_cfg: Any, rank: int, world_size: int, device: torch.device, seed: int
+    cfg: DataConfig,
+    cache_cfg: CacheConfig,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    seed: int,
 ) -> DataBundle:
-    return DATASETS.get(cfg.name)(cfg, cache_cfg, rank, world_size, device, seed)
+    """The train and evaluation loaders of this rank (see :class:`DataBundle`)."""
+    return DATASETS.get(cfg.name).build(cfg, cache_cfg, rank, world_size, device, seed)

@@ -14,6 +14,7 @@ import warnings
 from typing import Any
 
 from bench.data.cache import CACHES, ZERO_STATS, CachedReader, build_reader, merge_stats
+from bench.data.config import CacheConfig
 from bench.data.folder import IMAGENET_MEAN, IMAGENET_STD
 from bench.data.storage import Storage, shard_batches
 
@@ -42,7 +43,7 @@ class FolderDataset:
         self,
         store: Storage,
         listing: Any,
-        cache_cfg: Any,
+        cache_cfg: CacheConfig,
         namespace: str,
         train: bool,
         flip: bool,

@@ -19,10 +19,14 @@ STD = torch.tensor([0.2470, 0.2435, 0.2616]) * 255
 def check_root(root: str) -> Path:
     p = Path(root).expanduser()
     if not root or not p.is_dir():
-        raise ConfigError(f"data.root={root!r} is not a directory (expected the CIFAR-10 python-pickle folder)")
+        raise ConfigError(
+            f"data.root={root!r} is not a directory (expected the CIFAR-10 python-pickle folder)"
+        )
     missing = [f for f in [*TRAIN_FILES, TEST_FILE] if not (p / f).is_file()]
     if missing:
-        raise ConfigError(f"data.root={root!r} lacks the CIFAR-10 batch files: {', '.join(missing)}")
+        raise ConfigError(
+            f"data.root={root!r} lacks the CIFAR-10 batch files: {', '.join(missing)}"
+        )
     return p
 
 
@@ -33,7 +37,9 @@ def _read(path: Path) -> tuple[np.ndarray, np.ndarray]:
     labels = d.get(b"labels", d.get("labels"))
     if data is None or labels is None:
         raise ConfigError(f"{path} is not a CIFAR-10 batch file (no data/labels)")
-    return np.asarray(data, dtype=np.uint8).reshape(-1, 3, 32, 32), np.asarray(labels, dtype=np.int64)
+    return np.asarray(data, dtype=np.uint8).reshape(-1, 3, 32, 32), np.asarray(
+        labels, dtype=np.int64
+    )
 
 
 def load_cifar10(root: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

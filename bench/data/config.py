@@ -1,6 +1,36 @@
-"""Schema of the ``data`` and ``cache`` config groups (conf/data, conf/cache)."""
+"""Schema of the ``data`` and ``cache`` config groups (conf/data, conf/cache).
+
+Fields with a fixed set of values are :class:`bench.registry.Choice` enums, so a bad value
+is refused when the config is composed, naming the allowed ones; names looked up in a
+registry (``data.name`` in ``bench.data.DATASETS``, ``cache.name`` in
+``bench.data.cache.CACHES``) stay strings and are refused by the registry.
+"""
 
 from dataclasses import dataclass, field
+
+from bench.registry import Choice
+
+
+class Loader(Choice):
+    """The input pipeline: torch (DataLoader / batched tensor ops) or NVIDIA DALI."""
+
+    torch = "torch"
+    dali = "dali"
+
+
+class DaliDevice(Choice):
+    """Where DALI runs: auto (mixed decode + GPU ops when training on CUDA), cpu, gpu."""
+
+    auto = "auto"
+    cpu = "cpu"
+    gpu = "gpu"
+
+
+class Verify(Choice):
+    """The check of a level 1 cache file before it is trusted."""
+
+    crc32 = "crc32"  # length and CRC-32 of the payload
+    size = "size"  # length only (cheaper, misses flipped bytes)
 
 
 @dataclass
@@ -14,7 +44,7 @@ class DataConfig:
     num_classes: int = 10
     channels: int = 3
     num_workers: int = 0  # DataLoader worker processes per training process
-    loader: str = "torch"  # torch | dali
+    loader: Loader = Loader.torch
     train_dir: str = "train"  # imagefolder/imagenet: sub-folder with the training classes
     val_dir: str = "val"  # imagefolder/imagenet: sub-folder with the held-out classes
     synthetic_size: int = 4096  # synthetic: samples per epoch (global)
@@ -23,9 +53,9 @@ class DataConfig:
     test_fraction: float = 0.2  # digits: held-out fraction (fixed stratified split)
     split_seed: int = 0  # digits: seed of the fixed split
     strict: bool = False  # stop at the first corrupt image instead of skipping it
-    # --- input pipeline (issue 5: DALI, cache, slow storage) ---
+    # --- input pipeline: DALI, cache, slow storage ---
     dali_threads: int = 0  # DALI CPU threads (and level-0 fetch threads); 0 = max(1, num_workers)
-    dali_device: str = "auto"  # auto (mixed decode + GPU ops when CUDA) | cpu | gpu
+    dali_device: DaliDevice = DaliDevice.auto
     prefetch: int = 2  # batches prepared ahead (DALI prefetch_queue_depth, fetch queue)
     # progressive resizing: [[epoch, size], ...], e.g. [[0, 128], [10, 224], [20, 288]];
     # the training size from each epoch on (empty = always image_size)
@@ -38,16 +68,22 @@ class DataConfig:
 class CacheConfig:
     """Levels of the data cache (bench/data/cache.py); the name is stored in every record."""
 
-    name: str = "none"  # none | disk | memory | multilevel | predecoded
-    dir: str = ""  # level 1 directory, kept across runs; "" = $BENCH_CACHE_DIR or ~/.cache/topk-dawnbench/data
+    name: str = "none"  # registry key in bench.data.cache.CACHES
+    # level 1 directory, kept across runs; "" = $BENCH_CACHE_DIR or ~/.cache/topk-dawnbench/data
+    dir: str = ""
     disk_gb: float = 100.0  # level 1 size cap (1e9 bytes), LRU eviction above it
-    memory_gb: float = 4.0  # level 2 byte cap (1e9 bytes) per loader (train, eval) of a training process, split over its workers
-    predecode_size: int = 0  # predecoded: shorter side (pixels) of the stored uint8 images; 0 = 8/7 x the largest training size
-    verify: str = "crc32"  # crc32 | size: check of a level 1 file before it is trusted
+    # level 2 byte cap (1e9 bytes) per loader (train, eval) of a training process, split
+    # over its workers
+    memory_gb: float = 4.0
+    # predecoded: shorter side (pixels) of the stored uint8 images; 0 = 8/7 x the largest
+    # training size
+    predecode_size: int = 0
+    verify: Verify = Verify.crc32
 
 
 def train_size_at(data_cfg: DataConfig, epoch: int) -> int:
-    """Training image size (pixels) in ``epoch`` under ``data.progressive`` (progressive resizing)."""
+    """Training image size (pixels) in ``epoch`` under ``data.progressive`` (progressive
+    resizing)."""
     size = data_cfg.image_size
     for start, s in sorted((int(a), int(b)) for a, b in data_cfg.progressive):
         if epoch >= start:

@@ -27,6 +27,8 @@ def load_digits_split(
     x = x.clamp_(0, 1).expand(-1, 3, -1, -1).contiguous()
     y = torch.tensor(d.target, dtype=torch.long)
     idx = torch.arange(len(y)).numpy()
-    tr, te = train_test_split(idx, test_size=test_fraction, stratify=d.target, random_state=split_seed)
+    tr, te = train_test_split(
+        idx, test_size=test_fraction, stratify=d.target, random_state=split_seed
+    )
     tr, te = torch.as_tensor(sorted(tr)), torch.as_tensor(sorted(te))
     return x[tr], y[tr], x[te], y[te]

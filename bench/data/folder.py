@@ -44,12 +44,19 @@ def build_transforms(image_size: int, eval_image_size: int, flip: bool):
         + [T.ToTensor(), norm]
     )
     ev = T.Compose(
-        [T.Resize(int(round(eval_image_size / 0.875)), antialias=True), T.CenterCrop(eval_image_size), T.ToTensor(), norm]
+        [
+            T.Resize(int(round(eval_image_size / 0.875)), antialias=True),
+            T.CenterCrop(eval_image_size),
+            T.ToTensor(),
+            norm,
+        ]
     )
     return train, ev
 
 
-def image_folders(root: str, train_dir: str, val_dir: str, image_size: int, eval_image_size: int, flip: bool):
+def image_folders(
+    root: str, train_dir: str, val_dir: str, image_size: int, eval_image_size: int, flip: bool
+):
     """(train ImageFolder, val ImageFolder) with the class index of the training split."""
     from torchvision.datasets import ImageFolder
 

@@ -9,13 +9,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
+from bench.data.config import CacheConfig, DataConfig
 from bench.data.types import DataBundle, per_rank
 from bench.registry import ConfigError
 
+if TYPE_CHECKING:
+    import torch
 
-def predecode_size(data_cfg: Any, cache_cfg: Any) -> int:
+    from bench.data.storage import Storage
+
+
+def predecode_size(data_cfg: DataConfig, cache_cfg: CacheConfig) -> int:
     """Shorter side (pixels) for pre-decoded images: 8/7 x the largest size the run uses.
 
     8/7 = 1 / 0.875 is the evaluation resize ratio; random-resized crops of the training
@@ -28,7 +36,7 @@ def predecode_size(data_cfg: Any, cache_cfg: Any) -> int:
     return round(max(train_sizes(data_cfg) + [data_cfg.eval_image_size]) / 0.875)
 
 
-def uses_cached_input(data_cfg: Any, cache_cfg: Any) -> bool:
+def uses_cached_input(data_cfg: DataConfig, cache_cfg: CacheConfig) -> bool:
     """Whether a folder data set needs this module's loaders instead of plain torchvision."""
     from bench.data.storage import is_url
 
@@ -42,15 +50,16 @@ def uses_cached_input(data_cfg: Any, cache_cfg: Any) -> bool:
     )
 
 
-def build_folder(data_cfg: Any, cache_cfg: Any, rank: int, world_size: int, device: Any, seed: int):
+def build_folder(
+    data_cfg: DataConfig,
+    cache_cfg: CacheConfig,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    seed: int,
+) -> DataBundle:
     """The DataBundle of an ImageNet-style folder read through the cache (torch or DALI)."""
-    from functools import partial
-
-    from bench.data.cache import CACHES, build_reader
-    from bench.data.cached_folder import CachedFolderLoader, FolderDataset
-    from bench.data.config import train_size_at
-    from bench.data.dali import DaliFolderLoader
-    from bench.data.storage import LocalStorage, list_folder, open_storage
+    from bench.data.storage import list_folder, open_storage
 
     store = open_storage(data_cfg.root, data_cfg.throttle_mbps, data_cfg.throttle_ms)
     tr = list_folder(store, data_cfg.train_dir)
@@ -61,69 +70,102 @@ def build_folder(data_cfg: Any, cache_cfg: Any, rank: int, world_size: int, devi
             f"data.num_classes={data_cfg.num_classes} but {data_cfg.root} "
             f"has {n_classes} class folders"
         )
-    b = per_rank(data_cfg.batch_size, world_size, "data.batch_size")
-    eb = max(1, data_cfg.eval_batch_size // world_size)
-    levels = CACHES.get(cache_cfg.name)
-    pre = predecode_size(data_cfg, cache_cfg) if levels.decoded else 0
-    train_size = partial(train_size_at, data_cfg)
-
-    def eval_size(epoch: int) -> int:
-        return data_cfg.eval_image_size
-
-    if data_cfg.loader == "dali":
-        plain = isinstance(store, LocalStorage) and cache_cfg.name == "none"
-
-        def reader():  # one per loader: evaluation reads never count in the training epoch
-            return None if plain else build_reader(store, cache_cfg, store.root)
-
-        common = dict(
-            mode="reader" if plain else "external",
-            local_root=store.root,
-            rank=rank,
-            world_size=world_size,
-            device=device,
-            threads=data_cfg.dali_threads or max(1, data_cfg.num_workers),
-            prefetch=data_cfg.prefetch,
-            seed=seed,
-            flip=data_cfg.flip,
-            strict=data_cfg.strict,
-            dali_device=data_cfg.dali_device,
-            predecode_size=pre,
-        )
-        train = DaliFolderLoader(
-            tr, train=True, batch_size=b, size_at=train_size, reader=reader(), **common
-        )
-        ev = DaliFolderLoader(
-            va, train=False, batch_size=eb, size_at=eval_size, reader=reader(), **common
-        )
-    else:
-        workers = data_cfg.num_workers
-        common = dict(
-            rank=rank,
-            world_size=world_size,
-            device=device,
-            num_workers=workers,
-            seed=seed,
-            strict=data_cfg.strict,
-            prefetch=data_cfg.prefetch,
-        )
-        share = max(1, workers)
-        train = CachedFolderLoader(
-            FolderDataset(store, tr, cache_cfg, store.root, True, data_cfg.flip, pre, share),
-            batch_size=b,
-            size_at=train_size,
-            **common,
-        )
-        ev = CachedFolderLoader(
-            FolderDataset(store, va, cache_cfg, store.root, False, False, pre, share),
-            batch_size=eb,
-            size_at=eval_size,
-            **common,
-        )
+    make = _dali_loaders if data_cfg.loader == "dali" else _torch_loaders
+    train, ev = make(data_cfg, cache_cfg, store, (tr, va), rank, world_size, device, seed)
     return DataBundle(train, ev, n_classes, len(train) * data_cfg.batch_size)
 
 
-def validate_input(data_cfg: Any, cache_cfg: Any) -> None:
+def _sizes(data_cfg: DataConfig) -> tuple[Callable[[int], int], Callable[[int], int]]:
+    """(training size, evaluation size) in pixels as functions of the epoch."""
+    from bench.data.config import train_size_at
+
+    return partial(train_size_at, data_cfg), lambda epoch: data_cfg.eval_image_size
+
+
+def _batches(data_cfg: DataConfig, world_size: int) -> tuple[int, int]:
+    """(training, evaluation) batch per rank."""
+    b = per_rank(data_cfg.batch_size, world_size, "data.batch_size")
+    return b, max(1, data_cfg.eval_batch_size // world_size)
+
+
+def _predecoded(data_cfg: DataConfig, cache_cfg: CacheConfig) -> int:
+    from bench.data.cache import CACHES
+
+    return predecode_size(data_cfg, cache_cfg) if CACHES.get(cache_cfg.name).decoded else 0
+
+
+def _dali_loaders(
+    data_cfg: DataConfig,
+    cache_cfg: CacheConfig,
+    store: Storage,
+    listings: tuple,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    seed: int,
+) -> tuple[Any, Any]:
+    from bench.data.cache import build_reader
+    from bench.data.dali import DaliFolderLoader
+    from bench.data.storage import LocalStorage
+
+    plain = isinstance(store, LocalStorage) and cache_cfg.name == "none"
+
+    def reader():  # one per loader: evaluation reads never count in the training epoch
+        return None if plain else build_reader(store, cache_cfg, store.root)
+
+    common = dict(
+        mode="reader" if plain else "external",
+        local_root=store.root,
+        rank=rank,
+        world_size=world_size,
+        device=device,
+        threads=data_cfg.dali_threads or max(1, data_cfg.num_workers),
+        prefetch=data_cfg.prefetch,
+        seed=seed,
+        flip=data_cfg.flip,
+        strict=data_cfg.strict,
+        dali_device=data_cfg.dali_device,
+        predecode_size=_predecoded(data_cfg, cache_cfg),
+    )
+    (tr, va), (b, eb), (ts, es) = listings, _batches(data_cfg, world_size), _sizes(data_cfg)
+    train = DaliFolderLoader(tr, train=True, batch_size=b, size_at=ts, reader=reader(), **common)
+    ev = DaliFolderLoader(va, train=False, batch_size=eb, size_at=es, reader=reader(), **common)
+    return train, ev
+
+
+def _torch_loaders(
+    data_cfg: DataConfig,
+    cache_cfg: CacheConfig,
+    store: Storage,
+    listings: tuple,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    seed: int,
+) -> tuple[Any, Any]:
+    from bench.data.cached_folder import CachedFolderLoader, FolderDataset
+
+    workers = data_cfg.num_workers
+    common = dict(
+        rank=rank,
+        world_size=world_size,
+        device=device,
+        num_workers=workers,
+        seed=seed,
+        strict=data_cfg.strict,
+        prefetch=data_cfg.prefetch,
+    )
+    pre, share = _predecoded(data_cfg, cache_cfg), max(1, workers)
+    (tr, va), (b, eb), (ts, es) = listings, _batches(data_cfg, world_size), _sizes(data_cfg)
+    flip = data_cfg.flip
+    train_ds = FolderDataset(store, tr, cache_cfg, store.root, True, flip, pre, share)
+    eval_ds = FolderDataset(store, va, cache_cfg, store.root, False, False, pre, share)
+    train = CachedFolderLoader(train_ds, batch_size=b, size_at=ts, **common)
+    ev = CachedFolderLoader(eval_ds, batch_size=eb, size_at=es, **common)
+    return train, ev
+
+
+def validate_input(data_cfg: DataConfig, cache_cfg: CacheConfig) -> None:
     """Configuration-time checks of the input-pipeline settings (ConfigError on bad ones)."""
     from bench.data.cache import validate_cache
 
@@ -132,8 +174,6 @@ def validate_input(data_cfg: Any, cache_cfg: Any) -> None:
         from bench.data.dali_common import require_dali
 
         require_dali()
-    if data_cfg.dali_device not in ("auto", "cpu", "gpu"):
-        raise ConfigError(f"data.dali_device={data_cfg.dali_device!r}; choose auto, cpu or gpu")
     if data_cfg.dali_threads < 0 or data_cfg.prefetch < 1:
         raise ConfigError("data.dali_threads must be >= 0 and data.prefetch >= 1")
     if data_cfg.throttle_mbps < 0 or data_cfg.throttle_ms < 0:

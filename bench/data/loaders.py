@@ -76,7 +76,12 @@ class TensorLoader:
         n = len(labels)
         if train:
             self.sampler: DistributedSampler | None = DistributedSampler(
-                range(n), num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
+                range(n),
+                num_replicas=world_size,
+                rank=rank,
+                shuffle=True,
+                seed=seed,
+                drop_last=True,
             )
             self.num_samples = self.sampler.num_samples
         else:

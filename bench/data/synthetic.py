@@ -10,8 +10,16 @@ import torch
 
 class SyntheticLoader:
     def __init__(
-        self, *, samples: int, batch_size: int, shape: tuple[int, int, int], num_classes: int,
-        device: torch.device, seed: int, rank: int, world_size: int,
+        self,
+        *,
+        samples: int,
+        batch_size: int,
+        shape: tuple[int, int, int],
+        num_classes: int,
+        device: torch.device,
+        seed: int,
+        rank: int,
+        world_size: int,
     ) -> None:
         self.steps = max(1, samples // (batch_size * world_size))
         self.batch_size, self.shape, self.num_classes = batch_size, shape, num_classes
