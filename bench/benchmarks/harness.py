@@ -1,26 +1,30 @@
 """Shared benchmark harness: careful timing and append-only CSV results.
 
-Timing: warm-up calls are discarded, then ``reps`` timed calls; CUDA work is
-synchronised around each call.  The median is reported (ms) with the min and the
-inter-quartile range.  Rows are appended to ``<results>/bench/<name>.csv`` with the
-hardware, versions, date and git sha of the run, so that older measurements (on other
-machines too) are kept and a plot can pick the newest run per hardware.
+Timing (:func:`interleaved`): the cases of one comparison are timed in rounds, one call of
+each case per round, after warm-up rounds that are discarded; CUDA work is synchronised
+around each call.  The median is reported (ms) with the min and the inter-quartile range.
+Rows are appended to ``<results>/bench/<name>.csv`` with the hardware, versions, date and
+git sha of the run, so that older measurements (on other machines too) are kept and a plot
+can pick the newest run per hardware.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import random
 import statistics
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pandas as pd
 from filelock import FileLock
 
 from bench.results.env import git_sha, hardware, versions
+
+K = TypeVar("K", bound=Hashable)  # the name of a timed case
 
 
 def _sync() -> None:
@@ -30,25 +34,68 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def measure(fn: Callable[[], Any], *, warmup: int = 2, reps: int = 7) -> dict[str, float]:
-    """Time ``fn()``: median/min/IQR in milliseconds over ``reps`` calls after warm-up."""
-    for _ in range(warmup):
-        fn()
-    _sync()
-    times = []
-    for _ in range(reps):
-        _sync()
-        t0 = time.perf_counter()
-        fn()
-        _sync()
-        times.append((time.perf_counter() - t0) * 1e3)
-    q = statistics.quantiles(times, n=4) if len(times) >= 2 else [times[0]] * 3
+def summarize(times_ms: Sequence[float]) -> dict[str, float]:
+    """Median, min and inter-quartile range (ms) of timed calls, and their count."""
+    q = statistics.quantiles(times_ms, n=4) if len(times_ms) >= 2 else [times_ms[0]] * 3
     return {
-        "median_ms": statistics.median(times),
-        "min_ms": min(times),
+        "median_ms": statistics.median(times_ms),
+        "min_ms": min(times_ms),
         "iqr_ms": q[2] - q[0],
-        "reps": reps,
+        "reps": len(times_ms),
     }
+
+
+def _rounds(names: list[K], reps: int, shuffle: bool) -> Iterator[list[K]]:
+    """The order of the cases in each round: rotated by one each round, or shuffled (seed 0)
+    so that no case always runs right after the same other one."""
+    rng = random.Random(0)
+    order = list(names)
+    for r in range(reps):
+        if shuffle:
+            rng.shuffle(order)
+            yield order
+        else:
+            yield names[r % len(names) :] + names[: r % len(names)]
+
+
+def interleaved_times(
+    cases: Mapping[K, Callable[[], object]],
+    *,
+    warmup: int = 1,
+    reps: int = 5,
+    shuffle: bool = False,
+) -> dict[K, list[float]]:
+    """Times (ms) of ``reps`` calls of each case, one call of each case per round.
+
+    Interleaving makes the load of a shared machine fall on every case alike, so ratios
+    taken within one run are fair.  ``warmup`` rounds run first, untimed; CUDA work is
+    synchronised around each call.
+    """
+    names = list(cases)
+    for _ in range(warmup):
+        for n in names:
+            cases[n]()
+    times: dict[K, list[float]] = {n: [] for n in names}
+    for order in _rounds(names, reps, shuffle):
+        for n in order:
+            _sync()
+            t0 = time.perf_counter()
+            cases[n]()
+            _sync()
+            times[n].append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def interleaved(
+    cases: Mapping[K, Callable[[], object]],
+    *,
+    warmup: int = 1,
+    reps: int = 5,
+    shuffle: bool = False,
+) -> dict[K, dict[str, float]]:
+    """:func:`summarize` of each case's :func:`interleaved_times`."""
+    times = interleaved_times(cases, warmup=warmup, reps=reps, shuffle=shuffle)
+    return {n: summarize(ts) for n, ts in times.items()}
 
 
 class BenchRun:

@@ -27,15 +27,13 @@ torch's default thread count for comparison).
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from bench.benchmarks import BENCHMARKS
-from bench.benchmarks.harness import BenchRun, _sync
+from bench.benchmarks.harness import BenchRun, interleaved
 from bench.comm.compressors import MSTopKCompressor, ResidualMemory
 from bench.comm.selection import MSTOPK_METHODS, k_for, mstopk
 
@@ -79,35 +77,6 @@ def _ef_cases(x: torch.Tensor, k: int, density: float) -> dict[str, object]:
         mem.update("b", acc, c)
 
     return {"topk+ef": unfused, "mstopk+ef": fused}
-
-
-def interleaved(
-    cases: dict[str, Callable[[], object]], *, warmup: int = 1, reps: int = 5
-) -> dict[str, dict[str, float]]:
-    """Median/min/IQR ms per case, timing one call of each case per round, order rotated."""
-    names = list(cases)
-    for _ in range(warmup):
-        for n in names:
-            cases[n]()
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(reps):
-        order = names[r % len(names) :] + names[: r % len(names)]
-        for n in order:
-            _sync()
-            t0 = time.perf_counter()
-            cases[n]()
-            _sync()
-            times[n].append((time.perf_counter() - t0) * 1e3)
-    out = {}
-    for n, ts in times.items():
-        q = statistics.quantiles(ts, n=4) if len(ts) >= 2 else [ts[0]] * 3
-        out[n] = {
-            "median_ms": statistics.median(ts),
-            "min_ms": min(ts),
-            "iqr_ms": q[2] - q[0],
-            "reps": reps,
-        }
-    return out
 
 
 @BENCHMARKS.register("topk")

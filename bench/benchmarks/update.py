@@ -37,9 +37,7 @@ from __future__ import annotations
 import copy
 import gc
 import os
-import random
 import statistics
-import time
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -48,7 +46,7 @@ from typing import Any
 import torch
 
 from bench.benchmarks import BENCHMARKS
-from bench.benchmarks.harness import BenchRun, _sync
+from bench.benchmarks.harness import BenchRun, interleaved_times
 
 # bytes read + written per parameter value by an ideal update, per fp32 value
 TRAFFIC_VALUES = {"sgd": 5, "lars": 7, "adamw": 7}
@@ -109,27 +107,6 @@ class BandwidthProbe:
         copy_s = statistics.median(times["_copy"]) / 1e3
         rmw_s = statistics.median(times["_rmw"]) / 1e3
         return 8 * self.numel / copy_s / 1e9, 12 * self.numel / rmw_s / 1e9
-
-
-def _interleaved(fns: dict[str, Any], warmup: int, reps: int) -> dict[str, list[float]]:
-    """Round-robin timing (ms) of several callables, in a shuffled order each round;
-    warm-up calls are discarded."""
-    for _ in range(warmup):
-        for fn in fns.values():
-            fn()
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    order = list(fns)
-    rng = random.Random(0)
-    for _ in range(reps):
-        rng.shuffle(order)  # no case always runs right after the same other one
-        for k in order:
-            fn = fns[k]
-            _sync()
-            t0 = time.perf_counter()
-            fn()
-            _sync()
-            times[k].append((time.perf_counter() - t0) * 1e3)
-    return times
 
 
 def _build(model: torch.nn.Module, opt: str, mode: str, device: torch.device, variant: str) -> tuple:
@@ -213,15 +190,16 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
         for opt, modes in by_opt.items():
             built = {(mode, v): _build(model, opt, mode, device, v) for mode, v in modes}
             probe = BandwidthProbe(n_values, device)  # as large as the parameter set
-            steps = _interleaved({**{k: o.step for k, (_, o) in built.items()}, **probe.fns()}, warmup, reps)
+            steps = interleaved_times({**{k: o.step for k, (_, o) in built.items()}, **probe.fns()},
+                                      warmup=warmup, reps=reps, shuffle=True)
             copy_gbps, rmw_gbps = probe.gbps(steps)
             # DDP with gradient_as_bucket_view=False (what flat mode needs) copies every
             # gradient into its bucket and back: two copies of the parameter set per step
             ddp_copy_ms = 2 * statistics.median(steps["_copy"])
             bw = max(copy_gbps, rmw_gbps) * 1e9
             del probe, steps["_copy"], steps["_rmw"]
-            zeros = _interleaved({k: (lambda o=o: o.zero_grad(set_to_none=False)) for k, (_, o) in built.items()},
-                                 1, reps)
+            zero = {k: (lambda o=o: o.zero_grad(set_to_none=False)) for k, (_, o) in built.items()}
+            zeros = interleaved_times(zero, warmup=1, reps=reps, shuffle=True)
             floor_ms = TRAFFIC_VALUES[opt] * 4 * n_values / bw * 1e3
             med = {k: statistics.median(t) for k, t in steps.items()}
             for (mode, variant), t in steps.items():
