@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.models import MODELS, build_model
+from bench.models import MODELS, build_model, validate
 from bench.models.config import ModelConfig
 from bench.optim import lr_factor
 from bench.optim.config import OptimConfig
@@ -41,8 +41,18 @@ def test_registry_refuses_duplicates_and_names_choices() -> None:
         r.get("x")
 
 
+def test_validate_refuses_an_unknown_model_and_a_width_below_one() -> None:
+    validate(ModelConfig(name="resnet50"))
+    with pytest.raises(ConfigError, match="unknown model 'vgg'; choose one of: resnet18"):
+        validate(ModelConfig(name="vgg"))
+    with pytest.raises(ConfigError, match="model.width must be >= 1, got 0"):
+        validate(ModelConfig(width=0))
+
+
 def test_warmup_then_cosine_and_step() -> None:
-    cfg = OptimConfig(warmup_epochs=1, warmup_start_factor=0.1, schedule="cosine", final_lr_factor=0.0)
+    cfg = OptimConfig(
+        warmup_epochs=1, warmup_start_factor=0.1, schedule="cosine", final_lr_factor=0.0
+    )
     f = [lr_factor(s, cfg, steps_per_epoch=10, epochs=5) for s in range(50)]
     assert f[0] == pytest.approx(0.1) and f[5] == pytest.approx(0.55)
     assert f[10] == pytest.approx(1.0)

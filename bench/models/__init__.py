@@ -10,14 +10,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
-from bench.registry import Registry
+from bench.models.config import ModelConfig
+from bench.registry import ConfigError, Registry
 
-MODELS: Registry = Registry("model")
+# name -> builder(cfg, num_classes, in_channels) -> the network
+ModelBuilder = Callable[[ModelConfig, int, int], nn.Module]
+MODELS: Registry[ModelBuilder] = Registry("model")
 
 
 def conv_bn(c_in: int, c_out: int) -> nn.Sequential:
@@ -45,13 +48,14 @@ class ResNet9(nn.Module):
     def __init__(self, num_classes: int = 10, width: int = 64, in_channels: int = 3) -> None:
         super().__init__()
         w = width
+        # one line per layer group, as in the docstring
         self.net = nn.Sequential(
             conv_bn(in_channels, w),
             conv_bn(w, 2 * w), nn.MaxPool2d(2), Residual(2 * w),
             conv_bn(2 * w, 4 * w), nn.MaxPool2d(2),
             conv_bn(4 * w, 8 * w), nn.MaxPool2d(2), Residual(8 * w),
             nn.AdaptiveMaxPool2d(1), nn.Flatten(),
-        )
+        )  # fmt: skip
         self.fc = nn.Linear(8 * w, num_classes, bias=False)
         self.scale = 0.125
 
@@ -65,7 +69,7 @@ class ResNet9(nn.Module):
 
 
 @MODELS.register("resnet9")
-def _resnet9(cfg: Any, num_classes: int, in_channels: int = 3) -> nn.Module:
+def _resnet9(cfg: ModelConfig, num_classes: int, in_channels: int = 3) -> nn.Module:
     model = ResNet9(num_classes=num_classes, width=cfg.width, in_channels=in_channels)
     if cfg.zero_init_residual:
         model.zero_init_residual()
@@ -73,26 +77,25 @@ def _resnet9(cfg: Any, num_classes: int, in_channels: int = 3) -> nn.Module:
 
 
 @MODELS.register("resnet18")
-def _resnet18(cfg: Any, num_classes: int, in_channels: int = 3) -> nn.Module:
+def _resnet18(cfg: ModelConfig, num_classes: int, in_channels: int = 3) -> nn.Module:
     from torchvision.models import resnet18
 
     return resnet18(num_classes=num_classes, zero_init_residual=cfg.zero_init_residual)
 
 
 @MODELS.register("resnet50")
-def _resnet50(cfg: Any, num_classes: int, in_channels: int = 3) -> nn.Module:
+def _resnet50(cfg: ModelConfig, num_classes: int, in_channels: int = 3) -> nn.Module:
     from torchvision.models import resnet50
 
     return resnet50(num_classes=num_classes, zero_init_residual=cfg.zero_init_residual)
 
 
-def build_model(cfg: Any, num_classes: int, in_channels: int = 3) -> nn.Module:
+def build_model(cfg: ModelConfig, num_classes: int, in_channels: int = 3) -> nn.Module:
     return MODELS.get(cfg.name)(cfg, num_classes, in_channels)
 
 
-def validate(cfg: Any) -> None:
-    from bench.registry import ConfigError
-
+def validate(cfg: ModelConfig) -> None:
+    """What the schema's types cannot say: a registered name, a positive width."""
     MODELS.get(cfg.name)
     if cfg.width < 1:
         raise ConfigError(f"model.width must be >= 1, got {cfg.width}")
