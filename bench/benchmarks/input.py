@@ -1,22 +1,40 @@
 """Benchmark ``input``: images/s of the input pipeline per epoch, torch vs DALI, per cache.
 
 Data: a generated ImageNet-like JPEG folder (:func:`bench.data.jpegs.cached_jpeg_folder`:
-1,000 images of about 110 KB in 100 classes, made once under the temp directory; quick
-mode: 64 tiny images).  For every loader (``torch``: the cache-backed torchvision
-DataLoader with one worker process per core; ``dali``: DALI on the CPU with one thread per
-core), every cache (none, disk, memory, multilevel, predecoded) and level 0 with
-and without the slow-storage emulator (50 MB/s and 5 ms per file), a fresh loader and an
-empty cache directory read 3 epochs of training batches (random-resized crop to 224,
-flip, normalise; batch 32) and nothing else: epoch 1 is cold, epochs 2 and 3 show the
-cache.  A tiny unrecorded run per loader first takes DALI's and the worker
-server's one-time start-up out of the timings.
+1,024 images of about 110 KB in 100 classes, made once under the temp directory; quick
+mode: 64 tiny images).  For every loader, every cache (none, disk, memory, multilevel,
+predecoded) and level 0 with and without the slow-storage emulator (50 MB/s and 5 ms per
+file), a fresh loader and an empty cache directory read 3 epochs of training batches
+(random-resized crop to 224, flip, normalise; batch 32) and nothing else: epoch 1 is cold,
+epochs 2 and 3 show the cache.  A tiny unrecorded run per loader first takes DALI's and
+the worker server's one-time start-up out of the timings.
+
+The cases are like for like:
+
+* **the same images**: every case reads all 1,024 images per epoch (torch splits them into
+  one part per worker, DALI reads one part; 1,024 = 4 x 8 x 32 leaves no partial batch);
+* **the same read concurrency**: at most ``2 x cores`` storage reads outstanding.  torch:
+  ``2 x cores`` worker processes, each reading and decoding one image at a time; DALI:
+  ``cores`` pipeline threads fed by its ``2 x cores`` fetch threads; for uncached
+  unthrottled reads DALI uses its file reader, which maps the files so that the decode
+  threads read them: ``2 x cores`` of those.  Recorded per row: ``processes``,
+  ``threads``, ``reads_outstanding``;
+* **one storage budget per node**: the emulated link is shared by every worker and
+  thread (:func:`bench.data.storage.link_path`);
+* **real reads**: before each epoch the page cache is dropped for the data set and the
+  level 1 directory (:func:`bench.data.pagecache.drop_page_cache`), so ``none`` and
+  ``disk`` read the disk, not memory; ``resident_pct`` records what was still cached;
+* **the same pixels**: pre-decoded images keep their original resolution (the default
+  ``cache.predecode_size=0``), so random-resized crops are upsampled as often as from the
+  JPEGs; ``mb_decoded`` is the memory this costs (the decoded level's growth per epoch).
 
 Rows (one per case and epoch): ``loader, cache, throttled, epoch, images, epoch_s,
 images_per_s, median_ms`` (median time per *batch*, ms), the cache counters of the
-epoch (``hits, misses, mb_l0``), and two ratios taken in the same run:
+epoch (``hits, misses, mb_l0, mb_decoded``), the concurrency columns, ``load_1m`` (the
+1-minute load average when the epoch started) and two ratios taken in the same run:
 ``speedup_vs_none`` (images/s over the same loader's ``cache=none`` in the same epoch and
 throttle setting) and ``dali_vs_torch`` (DALI's images/s over torch's, same case).
-Targets (issue 5): throttled, epochs 2-3, multilevel >= 5x none; DALI CPU >= torch.
+Targets: throttled, epochs 2-3, multilevel >= 5x none; DALI CPU >= torch.
 """
 
 from __future__ import annotations
@@ -35,70 +53,174 @@ from bench.benchmarks.harness import BenchRun, latest_run
 
 CACHES = ("none", "disk", "memory", "multilevel", "predecoded")
 THROTTLE = (50.0, 5.0)  # MB/s, ms per file
-IMAGES = 1000  # ~110 MB of JPEGs: 20 cases x 3 epochs fit in about 10 minutes on 2 cores
+IMAGES = 1024  # ~113 MB of JPEGs; a multiple of 4 parts x 32 images: no case drops any
+OUT = 224  # training crop (pixels)
 
 
-def _epochs(loader_kind: str, cache: str, throttled: bool, root: str, epochs: int,
-            quick: bool, size: int | None = None) -> list[dict[str, Any]]:
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
+
+
+def _config(
+    loader: str, cache: str, throttled: bool, root: str, quick: bool, size: int, cache_dir: str
+):
+    """DataConfig and CacheConfig of one case: ``2 x cores`` reads outstanding in both loaders."""
+    from bench.data.config import CacheConfig, DataConfig
+
+    cores = 1 if quick else _cores()
+    # uncached unthrottled DALI uses its file reader, whose decode threads do the reads
+    # (the files are memory-mapped): give it 2 x cores of them; otherwise DALI fetches
+    # through 2 x its threads
+    dali_reads_itself = cache == "none" and not throttled
+    d = DataConfig(
+        name="imagefolder",
+        root=root,
+        batch_size=8 if quick else 32,
+        eval_batch_size=32,
+        image_size=size,
+        eval_image_size=size,
+        num_classes=0,
+        num_workers=2 * cores,
+        loader=loader,
+        flip=True,
+        dali_threads=2 * cores if dali_reads_itself else cores,
+        prefetch=2,
+        throttle_mbps=THROTTLE[0] if throttled else 0.0,
+        throttle_ms=THROTTLE[1] if throttled else 0.0,
+    )
+    c = CacheConfig(name=cache, dir=cache_dir, disk_gb=10.0, memory_gb=4.0, predecode_size=0)
+    return d, c
+
+
+def _concurrency(loader: Any, d: Any) -> dict[str, int]:
+    """Worker processes, threads and the most storage reads in flight, of a built loader."""
+    if d.loader == "torch":
+        n = max(1, d.num_workers)
+        return dict(processes=d.num_workers, threads=n, reads_outstanding=n)
+    pool = getattr(loader, "_pool", None)  # DALI's fetch threads (external source only)
+    reads = pool._max_workers if pool is not None else d.dali_threads
+    return dict(processes=0, threads=d.dali_threads, reads_outstanding=reads)
+
+
+def _time_epoch(loader: Any) -> tuple[int, float, list[float]]:
+    """(images, seconds, ms between batches) of one pass over ``loader``."""
+    n, gaps = 0, []
+    t0 = t_last = time.perf_counter()
+    for x, _ in loader:
+        now = time.perf_counter()
+        gaps.append((now - t_last) * 1e3)
+        t_last = now
+        n += x.shape[0]
+    return n, time.perf_counter() - t0, gaps
+
+
+def _cold(paths: list[str]) -> float:
+    """Drop the page cache of ``paths``; returns the share (%) still resident after it."""
+    from bench.data.pagecache import drop_page_cache, resident_fraction
+
+    drop_page_cache(paths)
+    try:
+        return round(100 * resident_fraction(paths), 1)
+    except OSError:  # no mincore here
+        return float("nan")
+
+
+def _epochs(
+    loader_kind: str,
+    cache: str,
+    throttled: bool,
+    root: str,
+    epochs: int,
+    quick: bool,
+    size: int | None = None,
+) -> list[dict[str, Any]]:
     import torch
 
-    from bench.data.config import CacheConfig, DataConfig
     from bench.data.folder_input import build_folder
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
-    workers = 0 if quick else cores
-    size = size or (32 if quick else 224)
+    size = size or (32 if quick else OUT)
     cache_dir = tempfile.mkdtemp(prefix="tkb-input-cache-")
     try:
-        d = DataConfig(
-            name="imagefolder", root=root, batch_size=8 if quick else 32, eval_batch_size=32,
-            image_size=size, eval_image_size=size, num_classes=0, num_workers=workers,
-            loader=loader_kind, flip=True, dali_threads=cores, prefetch=2,
-            throttle_mbps=THROTTLE[0] if throttled else 0.0,
-            throttle_ms=THROTTLE[1] if throttled else 0.0,
-        )
-        c = CacheConfig(name=cache, dir=cache_dir, disk_gb=10.0, memory_gb=4.0)
-        bundle = build_data_quiet(build_folder, d, c)
+        d, c = _config(loader_kind, cache, throttled, root, quick, size, cache_dir)
+        dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        bundle = build_folder(d, c, 0, 1, dev, 0)
+        loader = bundle.train
+        conc = _concurrency(loader, d)
         rows = []
         for epoch in range(epochs):
-            loader = bundle.train
             loader.set_epoch(epoch)
-            n, gaps = 0, []
-            t0 = t_last = time.perf_counter()
-            for x, _ in loader:
-                now = time.perf_counter()
-                gaps.append((now - t_last) * 1e3)
-                t_last = now
-                n += x.shape[0]
-            dt = time.perf_counter() - t0
+            resident = _cold([os.path.join(root, d.train_dir), cache_dir])
+            load = round(os.getloadavg()[0], 2)
+            n, dt, gaps = _time_epoch(loader)
             st = loader.epoch_stats()
-            rows.append(dict(
-                loader=loader_kind, cache=cache, throttled=throttled, epoch=epoch + 1, images=n,
-                epoch_s=round(dt, 3), images_per_s=round(n / dt, 1),
-                median_ms=round(statistics.median(gaps), 2) if gaps else float("nan"),
-                hits=int(st.get("cache/hits", 0)), misses=int(st.get("cache/misses", 0)),
-                mb_l0=round(st.get("cache/bytes_l0", 0) / 1e6, 1),
-                workers=workers if loader_kind == "torch" else cores, image_size=size,
-            ))
-            print(f"  {loader_kind:5s} {cache:10s} throttled={throttled!s:5s} epoch {epoch + 1}: "
-                  f"{n / dt:7.1f} images/s", flush=True)
+            rows.append(
+                dict(
+                    loader=loader_kind,
+                    cache=cache,
+                    throttled=throttled,
+                    epoch=epoch + 1,
+                    images=n,
+                    epoch_s=round(dt, 3),
+                    images_per_s=round(n / dt, 1),
+                    median_ms=round(statistics.median(gaps), 2) if gaps else float("nan"),
+                    hits=int(st.get("cache/hits", 0)),
+                    misses=int(st.get("cache/misses", 0)),
+                    mb_l0=round(st.get("cache/bytes_l0", 0) / 1e6, 1),
+                    mb_decoded=round(st.get("cache/bytes_decoded", 0) / 1e6, 1),
+                    **conc,
+                    resident_pct=resident,
+                    load_1m=load,
+                    image_size=size,
+                )
+            )
+            print(
+                f"  {loader_kind:5s} {cache:10s} throttled={throttled!s:5s} epoch {epoch + 1}: "
+                f"{n / dt:7.1f} images/s  (load {load})",
+                flush=True,
+            )
         # stop this case's workers and threads before the next case is timed
         for ld in (bundle.train, bundle.eval):
             ld.close()
         del bundle, loader
         gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
         return rows
     finally:
         shutil.rmtree(cache_dir, ignore_errors=True)
 
 
-def build_data_quiet(build_folder, d, c):
+def upsampled_share(sizes: list[tuple[int, int]], out: int = OUT, draws: int = 20) -> float:
+    """Share of RandomResizedCrop(out) crops (scale 0.08-1, ratio 3/4-4/3) of images of these
+    (width, height) that have fewer than ``out`` pixels on a side, so are enlarged."""
     import torch
+    from torchvision.transforms import RandomResizedCrop
 
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return build_folder(d, c, 0, 1, dev, 0)
+    torch.manual_seed(0)
+    up = 0
+    for w, h in sizes:
+        img = torch.empty(1, 1, 1).expand(3, h, w)  # only the shape is read
+        for _ in range(draws):
+            _, _, ch, cw = RandomResizedCrop.get_params(img, (0.08, 1.0), (3 / 4, 4 / 3))
+            up += cw < out or ch < out
+    return up / max(1, len(sizes) * draws)
+
+
+def _pixels_note(root: str) -> None:
+    """Print what pre-decoding at the original resolution costs, and what a 256 cap would do."""
+    from PIL import Image
+
+    train = Path(root) / "train"
+    files = sorted(train.rglob("*.jpg"))
+    sizes = [Image.open(f).size for f in files]
+    at256 = [(round(w * 256 / min(w, h)), round(h * 256 / min(w, h))) for w, h in sizes]
+    jpeg_mb = sum(f.stat().st_size for f in files) / 1e6
+    pixels_mb = sum(3 * w * h for w, h in sizes) / 1e6
+    print(
+        f"pre-decoded at the original resolution: {pixels_mb:.0f} MB of pixels for "
+        f"{len(files)} images ({pixels_mb / jpeg_mb:.1f}x the {jpeg_mb:.0f} MB of JPEGs); "
+        f"RRC {OUT} crops enlarged: {100 * upsampled_share(sizes, draws=5):.0f} % "
+        f"(at shorter side 256 it would be {100 * upsampled_share(at256, draws=5):.0f} %)",
+        flush=True,
+    )
 
 
 def _ratios(rows: list[dict[str, Any]]) -> None:
@@ -107,8 +229,11 @@ def _ratios(rows: list[dict[str, Any]]) -> None:
         none = by.get((r["loader"], "none", r["throttled"], r["epoch"]))
         r["speedup_vs_none"] = round(r["images_per_s"] / none, 3) if none else float("nan")
         torch_ = by.get(("torch", r["cache"], r["throttled"], r["epoch"]))
-        r["dali_vs_torch"] = (round(r["images_per_s"] / torch_, 3)
-                              if r["loader"] == "dali" and torch_ else float("nan"))
+        r["dali_vs_torch"] = (
+            round(r["images_per_s"] / torch_, 3)
+            if r["loader"] == "dali" and torch_
+            else float("nan")
+        )
 
 
 def _plot(csv: Path, png: Path) -> None:
@@ -124,9 +249,18 @@ def _plot(csv: Path, png: Path) -> None:
     for ax, throttled in zip(axes, (True, False), strict=True):
         sub = df[df["throttled"] == throttled]
         for (loader, cache), g in sub.groupby(["loader", "cache"], sort=False):
-            ax.plot(g["epoch"], g["images_per_s"], marker="o",
-                    linestyle="-" if loader == "dali" else "--", label=f"{loader} / {cache}")
-        ax.set_title("level 0 throttled: 50 MB/s, 5 ms per file" if throttled else "level 0 unthrottled")
+            ax.plot(
+                g["epoch"],
+                g["images_per_s"],
+                marker="o",
+                linestyle="-" if loader == "dali" else "--",
+                label=f"{loader} / {cache}",
+            )
+        ax.set_title(
+            "level 0 throttled: 50 MB/s per node, 5 ms per file"
+            if throttled
+            else "level 0 unthrottled (page cache dropped)"
+        )
         ax.set_xlabel("epoch")
         ax.set_xticks(sorted(df["epoch"].unique()))
         ax.set_yscale("log")
@@ -134,8 +268,29 @@ def _plot(csv: Path, png: Path) -> None:
     axes[0].set_ylabel("training images / s (log)")
     axes[1].legend(fontsize=7, ncol=2)
     n = int(df["images"].max())
-    fig.suptitle(f"Input pipeline, {n} generated JPEGs, RRC 224 + flip: {df['hardware'].iloc[0]}", fontsize=9)
+    reads = int(df["reads_outstanding"].max()) if "reads_outstanding" in df else 0
+    fig.suptitle(
+        f"Input pipeline, {n} generated JPEGs per epoch, RRC {OUT} + flip, <= {reads} reads "
+        f"outstanding: {df['hardware'].iloc[0]}",
+        fontsize=9,
+    )
     save_figure(fig, png)
+
+
+def _folders(quick: bool) -> tuple[str, tuple[str, ...], int]:
+    from bench.data.jpegs import cached_jpeg_folder
+
+    if quick:
+        return (
+            cached_jpeg_folder(64, 4, val_images=8, small=True),
+            ("none", "multilevel", "predecoded"),
+            2,
+        )
+    t0 = time.perf_counter()
+    root = cached_jpeg_folder(IMAGES, 100, val_images=100, target_kb=110.0)
+    print(f"JPEG folder {root} ready in {time.perf_counter() - t0:.0f} s")
+    _pixels_note(root)
+    return root, CACHES, 3
 
 
 @BENCHMARKS.register("input")
@@ -150,14 +305,7 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
     except ImportError:
         print("NVIDIA DALI is not installed: measuring the torch loader only")
         loaders = ("torch",)
-    if quick:
-        root = cached_jpeg_folder(64, 4, val_images=8, small=True)
-        caches, epochs = ("none", "multilevel", "predecoded"), 2
-    else:
-        t0 = time.perf_counter()
-        root = cached_jpeg_folder(IMAGES, 100, val_images=100, target_kb=110.0)
-        print(f"JPEG folder {root} ready in {time.perf_counter() - t0:.0f} s")
-        caches, epochs = CACHES, 3
+    root, caches, epochs = _folders(quick)
     # warm-up, not recorded: DALI's one-time library start-up and the DataLoader's
     # forkserver (which imports torch once) would otherwise land in the first case's epoch 1
     tiny = cached_jpeg_folder(128, 2, val_images=4, small=True)  # a few batches per worker
@@ -169,6 +317,8 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
         for loader in loaders:
             for cache in caches:
                 rows += _epochs(loader, cache, throttled, root, epochs, quick)
+    if len({r["images"] for r in rows}) > 1:
+        print("WARNING: the cases read different numbers of images per epoch", flush=True)
     _ratios(rows)
     for r in rows:
         bench.add(**r)
