@@ -121,6 +121,71 @@ def _stop(procs: list[subprocess.Popen[str]], grace_s: float = 10.0) -> None:
             p.wait()
 
 
+class _Node:
+    """One node's torchrun agent: its process (own session) and the tail of its output,
+    which a thread copies to this process's stdout with an ``[n<i>]`` prefix."""
+
+    def __init__(self, i: int, argv: list[str], env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            argv, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        self.tail: deque[str] = deque(maxlen=200)
+        self.pump = threading.Thread(
+            target=_pump, args=(i, self.proc.stdout, self.tail, sys.stdout), daemon=True
+        )
+        self.pump.start()
+
+
+def _agent_argv(
+    cluster: EmulatedCluster, i: int, nproc_per_node: int, rdzv_port: int,
+    rdzv_timeout_s: int, max_restarts: int, module: str, args: list[str],
+) -> list[str]:  # fmt: skip
+    """Node ``i``'s ``python -m torch.distributed.run`` command, inside its namespace."""
+    argv = [
+        sys.executable, "-m", "torch.distributed.run",
+        # no --node-rank: the c10d rendezvous ranks the agents (ranks stay contiguous per node)
+        "--nnodes", str(cluster.nodes), "--nproc-per-node", str(nproc_per_node),
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{cluster.addr(0)}:{rdzv_port}",
+        "--rdzv-id", f"tkb-{cluster.run_id}",
+        # node 0 hosts the c10d store: inside a namespace the hostname does not resolve to
+        # the node's address, so say it explicitly
+        "--rdzv-conf", f"join_timeout={rdzv_timeout_s},is_host={int(i == 0)}",
+        "--local-addr", cluster.addr(i), "--max-restarts", str(max_restarts),
+        "-m", module, *args,
+    ]  # fmt: skip
+    return cluster.exec_argv(i, argv)
+
+
+def _node_env(
+    cluster: EmulatedCluster, i: int, threads: int, env: dict[str, str]
+) -> dict[str, str]:
+    """Node ``i``'s environment: collectives bind the node's veth, so that inter-node
+    traffic crosses the shaped link."""
+    ifname = cluster.ifname(i)
+    return {
+        **os.environ, **env,
+        "GLOO_SOCKET_IFNAME": ifname, "NCCL_SOCKET_IFNAME": ifname, "TP_SOCKET_IFNAME": ifname,
+        "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
+        "BENCH_EMULATED_NODE": str(i),
+    }  # fmt: skip
+
+
+def _wait(procs: list[subprocess.Popen[str]], timeout_s: float | None) -> None:
+    """Until every node has exited, or ``FAIL_GRACE_S`` after the first one failed (the
+    others would wait for it in a collective); TimeoutError after ``timeout_s``."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    failed_at: float | None = None
+    while any(p.poll() is None for p in procs):
+        if failed_at is None and any(p.poll() not in (None, 0) for p in procs):
+            failed_at = time.monotonic()
+        if failed_at is not None and time.monotonic() - failed_at > FAIL_GRACE_S:
+            return
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"the emulated run did not finish within {timeout_s:.0f} s")
+        time.sleep(0.1)
+
+
 def run_nodes(
     cluster: EmulatedCluster,
     nproc_per_node: int,
@@ -142,91 +207,28 @@ def run_nodes(
     line when the rendezvous does not complete within ``rdzv_timeout_s``.
     """
     n = cluster.nodes
-    endpoint = f"{cluster.addr(0)}:{rdzv_port}"
     ensure_port_free(cluster.addr(0), rdzv_port, cluster.exec_argv(0, []))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
     threads = threads_per_worker or max(1, cores // (n * nproc_per_node))
-    procs: list[subprocess.Popen[str]] = []
-    tails: list[deque[str]] = []
-    pumps: list[threading.Thread] = []
+    nodes: list[_Node] = []
     try:
         for i in start_nodes if start_nodes is not None else range(n):
-            ifname = cluster.ifname(i)
-            node_env = {
-                **os.environ,
-                **(env or {}),
-                "GLOO_SOCKET_IFNAME": ifname,
-                "NCCL_SOCKET_IFNAME": ifname,
-                "TP_SOCKET_IFNAME": ifname,
-                "OMP_NUM_THREADS": str(threads),
-                "PYTHONUNBUFFERED": "1",
-                "BENCH_EMULATED_NODE": str(i),
-            }
-            argv = [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                # no --node-rank: the c10d rendezvous ranks the agents (ranks stay
-                # contiguous per node)
-                "--nnodes",
-                str(n),
-                "--nproc-per-node",
-                str(nproc_per_node),
-                "--rdzv-backend",
-                "c10d",
-                "--rdzv-endpoint",
-                endpoint,
-                "--rdzv-id",
-                f"tkb-{cluster.run_id}",
-                # node 0 hosts the c10d store: inside a namespace the hostname does not
-                # resolve to the node's address, so say it explicitly
-                "--rdzv-conf",
-                f"join_timeout={rdzv_timeout_s},is_host={int(i == 0)}",
-                "--local-addr",
-                cluster.addr(i),
-                "--max-restarts",
-                str(max_restarts),
-                "-m",
-                module,
-                *args,
-            ]
-            p = subprocess.Popen(
-                cluster.exec_argv(i, argv),
-                env=node_env,
-                text=True,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
+            argv = _agent_argv(
+                cluster, i, nproc_per_node, rdzv_port, rdzv_timeout_s, max_restarts, module, args
             )
-            procs.append(p)
-            tail: deque[str] = deque(maxlen=200)
-            tails.append(tail)
-            t = threading.Thread(target=_pump, args=(i, p.stdout, tail, sys.stdout), daemon=True)
-            t.start()
-            pumps.append(t)
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        failed_at: float | None = None
-        while any(p.poll() is None for p in procs):
-            if failed_at is None and any(p.poll() not in (None, 0) for p in procs):
-                failed_at = time.monotonic()
-            if failed_at is not None and time.monotonic() - failed_at > FAIL_GRACE_S:
-                break  # one node failed: the others would wait for it in a collective
-            if deadline is not None and time.monotonic() > deadline:
-                _stop(procs)
-                raise TimeoutError(f"the emulated run did not finish within {timeout_s:.0f} s")
-            time.sleep(0.1)
-        _stop(procs)
-        for t in pumps:
-            t.join(timeout=5)
-        codes = [p.returncode for p in procs]
-        if any("RendezvousTimeoutError" in line for tail in tails for line in tail):
+            nodes.append(_Node(i, argv, _node_env(cluster, i, threads, env or {})))
+        _wait([x.proc for x in nodes], timeout_s)
+        _stop([x.proc for x in nodes])
+        for x in nodes:
+            x.pump.join(timeout=5)
+        if any("RendezvousTimeoutError" in line for x in nodes for line in x.tail):
             raise RendezvousTimeoutError(
-                f"the c10d rendezvous at {endpoint} did not complete within "
-                f"{rdzv_timeout_s} s: not all {n} nodes joined"
+                f"the c10d rendezvous at {cluster.addr(0)}:{rdzv_port} did not complete "
+                f"within {rdzv_timeout_s} s: not all {n} nodes joined"
             )
-        return next((c for c in codes if c != 0), 0)
+        return next((x.proc.returncode for x in nodes if x.proc.returncode != 0), 0)
     finally:
-        _stop(procs)
+        _stop([x.proc for x in nodes])
 
 
 def check_config(c: ClusterConfig) -> tuple[int, int, float, float]:
