@@ -28,17 +28,21 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.benchmarks import BENCHMARKS
 from bench.benchmarks.harness import BenchRun
+
+if TYPE_CHECKING:
+    from bench.cluster.perfmodel import Cluster, Costs
 
 BANDWIDTHS = ("1gbit", "10gbit")
 NODES, PROCS = 2, 2
 DENSITY = 0.001
 
 
-def _measure(bw: str, numel: int, reps: int, quick: bool) -> tuple[dict[str, Any], dict]:
+def _measure(bw: str, numel: int, reps: int, quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The aggregation worker's results and the link check, on a fresh emulated cluster."""
     from bench.cluster.emulated import run_nodes
     from bench.cluster.linkcheck import run_link_check
     from bench.cluster.netns import EmulatedCluster, parse_bandwidth
@@ -73,7 +77,8 @@ def _measure(bw: str, numel: int, reps: int, quick: bool) -> tuple[dict[str, Any
         return json.loads(out.read_text()), link
 
 
-def _predict(res: dict[str, Any], link: dict[str, Any]) -> tuple[dict[str, float], Any, Any]:
+def _predict(res: dict[str, Any], link: dict[str, Any]) -> tuple[dict[str, float], Cluster, Costs]:
+    """The model calibrated on this run, and its prediction per comm (ms)."""
     from bench.cluster import perfmodel as pm
 
     cal = res["calibration"]
@@ -161,7 +166,9 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
     return path
 
 
-def _what_if(bench: BenchRun, bw: str, res: dict[str, Any], c: Any, k: Any, numel: int) -> None:
+def _what_if(
+    bench: BenchRun, bw: str, res: dict[str, Any], c: Cluster, k: Costs, numel: int
+) -> None:
     """Rows ``kind=whatif``: the calibrated model with this machine's intra-node path
     replaced by NVLink (100 GB/s, 10 us), then also its CPU aggregation costs by GPU ones
     (``perfmodel.PAPER_COSTS``): what keeps ``hitopk`` from its paper speed-up here."""
