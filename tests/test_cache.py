@@ -306,3 +306,24 @@ def test_fsspec_storage(folder: Path) -> None:
     lst = list_folder(store, "train")
     assert lst.files == files
     assert store.read(files[0]) == (folder / files[0]).read_bytes()
+
+
+def test_predecoded_evaluation_sees_the_uncached_pixels(folder: Path, tmp_path: Path) -> None:
+    """The torch evaluation batches are the same with and without the pre-decoded level."""
+    import torch
+
+    from bench.data.config import CacheConfig, DataConfig
+    from bench.data.folder_input import build_folder
+
+    d = DataConfig(name="imagefolder", root=str(folder), batch_size=4, eval_batch_size=4,
+                   image_size=32, eval_image_size=32, num_classes=0, num_workers=0)  # fmt: skip
+    batches = {}
+    for name in ("none", "predecoded"):
+        c = CacheConfig(name=name, dir=str(tmp_path / name), disk_gb=1.0, memory_gb=1.0)
+        bundle = build_folder(d, c, 0, 1, torch.device("cpu"), 0)
+        batches[name] = [x for x, _ in bundle.eval]
+        bundle.train.close()
+        bundle.eval.close()
+    assert len(batches["none"]) == len(batches["predecoded"]) > 0
+    for a, b in zip(batches["none"], batches["predecoded"], strict=True):
+        assert torch.equal(a, b)
