@@ -28,8 +28,9 @@ def test_flat_topk_allgather():
 
 
 def test_hitopk_phases():
-    c = pm.Cluster(nodes=2, procs_per_node=2, inter_bw=800.0, inter_lat=0.1, intra_bw=4000.0,
-                   intra_lat=0.0)
+    c = pm.Cluster(
+        nodes=2, procs_per_node=2, inter_bw=800.0, inter_lat=0.1, intra_bw=4000.0, intra_lat=0.0
+    )
     # reduce-scatter 1/2 * 40000 / 4000 = 5.0; shard 5000, k_s = 50 pairs = 400 B;
     # inter allgather over the link shared by 2 workers: 400 / 400 + 0.1 = 1.1;
     # intra allgather of 2 * 400 B: 800 / 4000 = 0.2
@@ -44,7 +45,8 @@ def test_hitopk_beats_dense_on_a_slow_link_and_small_buckets_go_dense():
     assert hi < dense / 5
     # a bucket below min_numel is allreduced densely whatever the comm
     assert pm.aggregation_time("hitopk", [1000], 0.001, c, pm.Costs()) == pytest.approx(
-        pm.ring_allreduce(1000, c, pm.Costs()))
+        pm.ring_allreduce(1000, c, pm.Costs())
+    )
     with pytest.raises(ValueError):
         pm.aggregation_time("nope", b, 0.001, c, pm.Costs())
 
@@ -65,7 +67,8 @@ def test_fit_alpha_beta_and_calibrate():
     with pytest.raises(ValueError):
         pm.fit_alpha_beta([1.0], [1.0])
     meas = pm.Measurements(
-        inter_bw=125e6, inter_lat=1e-4,
+        inter_bw=125e6,
+        inter_lat=1e-4,
         # m = 2: a ring allreduce moves 2 (m-1)/m s = s bytes: t = 2e-3 + s / 1e9
         intra_allreduce=[(1e6, 2e-3 + 1e-3), (4e6, 2e-3 + 4e-3)],
         select=[(1000, 1e-3), (3000, 3e-3)],

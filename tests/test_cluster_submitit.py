@@ -25,8 +25,13 @@ def _compose(overrides: list[str], hydra: bool = False):
 
 
 def test_multinode_takes_its_topology_from_slurm(monkeypatch):
-    for k in ("SLURM_JOB_NUM_NODES", "SLURM_NODEID", "SLURM_GPUS_ON_NODE", "SLURM_JOB_ID",
-              "BENCH_RDZV_ENDPOINT"):
+    for k in (
+        "SLURM_JOB_NUM_NODES",
+        "SLURM_NODEID",
+        "SLURM_GPUS_ON_NODE",
+        "SLURM_JOB_ID",
+        "BENCH_RDZV_ENDPOINT",
+    ):
         monkeypatch.delenv(k, raising=False)
     c = _compose(["cluster=multinode"]).cluster
     assert (c.nnodes, c.node_rank, c.rdzv_endpoint) == (2, 0, "")  # outside Slurm: set them
@@ -54,10 +59,19 @@ def test_emulated_config_composes():
 
 @pytest.mark.slow
 def test_submitit_local_multirun(tmp_path: Path):
-    p = run_cli("train", "-m", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=20",
-                f"hydra.sweep.dir={tmp_path / 'sweep'}", f"results.dir={tmp_path}",
-                "train.epochs=1", "cluster.nproc_per_node=1", "optim.lr=0.05,0.1", *TINY,
-                timeout=900)
+    p = run_cli(
+        "train",
+        "-m",
+        "hydra/launcher=submitit_local",
+        "hydra.launcher.timeout_min=20",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        f"results.dir={tmp_path}",
+        "train.epochs=1",
+        "cluster.nproc_per_node=1",
+        "optim.lr=0.05,0.1",
+        *TINY,
+        timeout=900,
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     recs = [json.loads(x) for x in (tmp_path / "runs.jsonl").read_text().splitlines()]
     assert sorted(r["config"]["optim"]["lr"] for r in recs) == [0.05, 0.1]
@@ -70,9 +84,16 @@ def test_submitit_local_multirun(tmp_path: Path):
 def test_training_on_the_emulated_cluster_records_the_link_check(tmp_path: Path):
     from bench.cluster.netns import list_resources
 
-    p = run_cli("train", "cluster=emulated", "cluster.inter_node_bandwidth=1gbit",
-                "cluster.nproc_per_node=1", f"results.dir={tmp_path}", "train.epochs=1", *TINY,
-                timeout=900)
+    p = run_cli(
+        "train",
+        "cluster=emulated",
+        "cluster.inter_node_bandwidth=1gbit",
+        "cluster.nproc_per_node=1",
+        f"results.dir={tmp_path}",
+        "train.epochs=1",
+        *TINY,
+        timeout=900,
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     rec = json.loads((tmp_path / "runs.jsonl").read_text().splitlines()[0])
     assert rec["nnodes"] == 2 and rec["world_size"] == 2
