@@ -3,7 +3,7 @@
 :class:`FolderDataset` decodes and augments one image per request, reading its bytes (or
 pre-decoded pixels) through a :class:`bench.data.cache.CachedReader`;
 :class:`CachedFolderLoader` batches it with a torch DataLoader, sharded by
-:func:`bench.data.storage.shard_batches`, and normalises whole batches on the device.
+:func:`bench.data.sampling.rank_batches`, and normalises whole batches on the device.
 Used instead of plain torchvision folders when a cache level, progressive resizing, slow
 storage or a remote root is configured (:func:`bench.data.folder_input.uses_cached_input`).
 """
@@ -16,7 +16,15 @@ from typing import Any
 from bench.data.cache import CACHES, ZERO_STATS, CachedReader, build_reader, merge_stats
 from bench.data.config import CacheConfig
 from bench.data.folder import IMAGENET_MEAN, IMAGENET_STD
-from bench.data.storage import Storage, shard_batches
+from bench.data.sampling import rank_batches, steps_per_epoch
+from bench.data.storage import Storage
+from bench.data.types import SAMPLES
+
+
+def zero_stats() -> dict[str, float]:
+    """A loader's per-epoch counters at the start of an epoch: the cache's and
+    ``data/samples`` (real samples yielded, see :mod:`bench.data.loaders`)."""
+    return {**ZERO_STATS, SAMPLES: 0}
 
 
 def warn_corrupt(names: list[str], seen: set[str], strict: bool) -> None:
@@ -127,9 +135,9 @@ class CachedFolderLoader:
     """Torch DataLoader over a folder through the cache; the ``data.loader=torch`` path.
 
     Follows the loader contract of :mod:`bench.data.loaders` (``len``, ``set_epoch``,
-    ``epoch_stats``, batches on the device).  Sharding: :func:`shard_batches` (sticky
-    shards so that per-worker memory caches hit).  ``iter_indexed()`` also yields the
-    sample indices (for tests).
+    ``epoch_stats``, batches on the device).  Sharding: :func:`bench.data.sampling.rank_batches`
+    (the rule of every loader); the DataLoader sends batch ``k`` to worker
+    ``k % num_workers``.  ``iter_indexed()`` also yields the sample indices (for tests).
     """
 
     def __init__(
@@ -150,9 +158,8 @@ class CachedFolderLoader:
 
         self.ds, self.batch_size, self.rank, self.world = dataset, batch_size, rank, world_size
         self.device, self.seed, self.size_at, self.strict = device, seed, size_at, strict
-        self.parts = max(1, num_workers)
         self.epoch = 0
-        self._stats: dict[str, float] = dict(ZERO_STATS)
+        self._stats: dict[str, float] = zero_stats()
         self._seen_corrupt: set[str] = set()
         self.loader = DataLoader(
             dataset,  # type: ignore[arg-type]
@@ -167,11 +174,10 @@ class CachedFolderLoader:
         )
 
     def _plan(self) -> list:
-        return shard_batches(
+        return rank_batches(
             len(self.ds),
             self.rank,
             self.world,
-            self.parts,
             self.batch_size,
             self.ds.train,
             self.seed,
@@ -191,10 +197,10 @@ class CachedFolderLoader:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return len(self._plan())
+        return steps_per_epoch(len(self.ds), self.world, self.batch_size, self.ds.train, self.rank)
 
     def epoch_stats(self) -> dict[str, float]:
-        out, self._stats = self._stats, dict(ZERO_STATS)
+        out, self._stats = self._stats, zero_stats()
         return out
 
     def close(self) -> None:
@@ -221,6 +227,7 @@ class CachedFolderLoader:
             merge_stats(self._stats, stats)
             if len(y):
                 x = (x.to(self.device, non_blocking=nb).float() - mean) / std
+                self._stats[SAMPLES] += len(y)
                 yield x, y.to(self.device, non_blocking=nb), idx
             t0 = time.perf_counter()
 

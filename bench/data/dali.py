@@ -2,18 +2,22 @@
 
 Two ways in for image folders:
 
-* **reader** - ``fn.readers.file`` straight from the data set directory, sharded by rank
-  (``shard_id``, ``num_shards``, ``random_shuffle``, ``pad_last_batch=True``).  Used when
-  level 0 is a local directory with no cache and no throttle.  DALI pads every shard to
-  the largest one by repeating its last sample (so every rank takes the same number of
-  steps, and an epoch never repeats samples of another epoch); the reader's "labels" are
-  the sample indices, so the padded repeats are dropped by index and the class labels are
-  looked up afterwards.  Without ``stick_to_shard`` the shards rotate over the ranks every
-  epoch.
+* **reader** - ``fn.readers.file`` straight from the data set directory.  Used when
+  level 0 is a local directory with no cache and no throttle.  The reader is given this
+  rank's files of the epoch in order (no DALI sharding or shuffling): training builds the
+  pipeline for each epoch's list, evaluation once for the rank's fixed shard.  The
+  reader's "labels" are the sample indices (the class labels are looked up afterwards);
+  ``pad_last_batch`` fills an evaluation pass's last batch with repeats of its last file,
+  which are cut off by count, so a pass is exactly the shard and the next pass starts in
+  step.  Training lists are whole batches (drop_last), so they are never padded.
 * **external** - ``fn.external_source`` fed with encoded bytes from the multi-level cache
-  (:mod:`bench.data.cache`), fetched by a thread pool ahead of the pipeline; DALI then
-  decodes.  With ``cache=predecoded`` the source gives uint8 pixels and decoding is
-  skipped.  Sharding: :func:`bench.data.storage.shard_batches` (the torch path's).
+  (:mod:`bench.data.cache`), fetched by a thread pool ahead of the pipeline
+  (:mod:`bench.data.dali_feed`); DALI then decodes.  With ``cache=predecoded`` the source
+  gives uint8 pixels and decoding is skipped.  An epoch cut short by the training loop is
+  closed before the next starts (:class:`bench.data.dali_common.ExternalEpochs`).
+
+Both take their batches from :func:`bench.data.sampling.rank_batches`, the rule of every
+loader.
 
 Augmentation: :func:`bench.data.dali_common.augment`.  Progressive resizing: one pipeline
 per training size, built when an epoch first needs it.  CIFAR-10 and the embedded digits
@@ -22,6 +26,7 @@ go through ``fn.external_source`` from arrays (:mod:`bench.data.dali_arrays`).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -29,10 +34,12 @@ from typing import Any
 
 import numpy as np
 
-from bench.data.cache import ZERO_STATS, CachedReader
-from bench.data.cached_folder import warn_corrupt
-from bench.data.dali_common import augment, dali_device_id, require_dali, to_torch
-from bench.data.storage import shard_batches
+from bench.data.cache import CachedReader, merge_stats
+from bench.data.cached_folder import warn_corrupt, zero_stats
+from bench.data.dali_common import ExternalEpochs, augment, dali_device_id, require_dali, to_torch
+from bench.data.dali_feed import ExternalFeed
+from bench.data.sampling import rank_batches, steps_per_epoch
+from bench.data.types import SAMPLES
 
 
 class DaliFolderLoader:
@@ -71,124 +78,124 @@ class DaliFolderLoader:
             raise ValueError("external mode needs a CachedReader")
         self.listing, self.mode, self.reader, self.local_root = listing, mode, reader, local_root
         self.train, self.batch_size, self.rank, self.world = train, batch_size, rank, world_size
-        self.device, self.threads, self.prefetch, self.seed = (
-            device,
-            max(1, threads),
-            max(1, prefetch),
-            seed,
-        )
-        self.size_at, self.flip, self.strict = size_at, flip, strict
+        self.device, self.threads, self.prefetch = device, max(1, threads), max(1, prefetch)
+        self.seed, self.size_at, self.flip, self.strict = seed, size_at, flip, strict
         self.device_id = dali_device_id(device, dali_device)
         self.predecode_size = predecode_size
         self.labels = np.asarray(listing.labels, dtype=np.int64)
         self.epoch = 0
-        self._pipes: dict[int, Any] = {}
-        self._stats: dict[str, float] = dict(ZERO_STATS)
+        self._pipe: tuple[Any, Any] = (None, None)  # (key, built pipeline)
+        self._stats: dict[str, float] = zero_stats()
         self._seen_corrupt: set[str] = set()
-        self._pool = ThreadPoolExecutor(self.threads * 2) if mode == "external" else None
-        self._files = None
+        self._epochs = ExternalEpochs()
+        self._reader_open = False  # a file-reader pass was left unfinished
+        self.feed: ExternalFeed | None = None
         if mode == "reader":
-            self._files = self._checked_files()
+            self._good, self._paths, self._sizes = self._checked_files()
+        else:
+            self.feed = ExternalFeed(
+                listing,
+                reader,
+                threads=self.threads,
+                ahead=2 * self.prefetch + 1,
+                predecode_size=predecode_size,
+                strict=strict,
+                stats=self._stats,
+            )
 
-    # -- sizes and lengths ---------------------------------------------------------------
+    # -- epochs, lengths, counters -------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
+        self._end_open_epoch()
         self.epoch = epoch
 
-    def _size(self) -> int:
-        return self.size_at(self.epoch)
+    def _samples(self) -> int:
+        """Samples the rule deals out: the good files (reader) or the whole listing."""
+        return len(self._good) if self.mode == "reader" else len(self.listing)
+
+    def _plan(self) -> list[np.ndarray]:
+        """This epoch's batches of sample indices (listing positions)."""
+        plan = rank_batches(
+            self._samples(),
+            self.rank,
+            self.world,
+            self.batch_size,
+            self.train,
+            self.seed,
+            self.epoch,
+        )
+        return [self._good[b] for b in plan] if self.mode == "reader" else plan
 
     def __len__(self) -> int:
-        if self.mode == "reader":
-            n = len(self._files)
-            if self.train:
-                per_shard = -(-n // self.world)  # DALI pads every shard to ceil(n / S)
-                return -(-per_shard // self.batch_size)
-            return -(-self._shard_len(n) // self.batch_size)
-        return len(
-            shard_batches(
-                len(self.listing),
-                self.rank,
-                self.world,
-                1,
-                self.batch_size,
-                self.train,
-                self.seed,
-                self.epoch,
-            )
-        )
-
-    def _shard_len(self, n: int) -> int:
-        lo, hi = self.rank * n // self.world, (self.rank + 1) * n // self.world
-        return hi - lo
+        n = self._samples()
+        return steps_per_epoch(n, self.world, self.batch_size, self.train, self.rank)
 
     def epoch_stats(self) -> dict[str, float]:
         if self.reader is not None:
-            from bench.data.cache import merge_stats
-
             merge_stats(self._stats, self.reader.stats.take())
-        out, self._stats = self._stats, dict(ZERO_STATS)
+        out = dict(self._stats)
+        self._stats.clear()  # the feed holds this dict: reset it in place
+        self._stats.update(zero_stats())
         return out
 
     def close(self) -> None:
-        """Free the pipelines and the fetch threads."""
-        self._pipes.clear()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
+        """Free the pipeline and the fetch threads."""
+        self._pipe = (None, None)
+        if self.feed is not None:
+            self.feed.close()
+
+    def _end_open_epoch(self) -> None:
+        """Close an epoch the training loop stopped taking batches from."""
+        if self.feed is not None:
+            self._epochs.finish(self.feed.stop)
+        if self._reader_open:  # its pipeline has read ahead into a pass never taken
+            self._pipe, self._reader_open = (None, None), False
 
     # -- the reader path -------------------------------------------------------------------
-    def _checked_files(self) -> list[tuple[str, int]]:
-        """(absolute path, sample index) of the files that look like complete images.
+    def _checked_files(self) -> tuple[np.ndarray, list[str], np.ndarray]:
+        """(indices, absolute paths, sizes in bytes) of the files that look like images.
 
         A truncated or non-image file would fail a whole DALI batch, so the files are
         checked (first and last bytes) once, in threads, and the bad ones are skipped with
-        a warning (or stop the run with data.strict=true).
+        a warning (or stop the run with data.strict=true).  The paths and sizes are per
+        sample index (the sizes count level 0 bytes).
         """
-        import os
-
         from bench.data.jpegs import jpeg_looks_complete
 
-        def check(i: int) -> bool:
-            p = os.path.join(self.local_root, self.listing.files[i])
+        paths = [os.path.join(self.local_root, f) for f in self.listing.files]
+
+        def check(p: str) -> int:  # the size in bytes, -1 for a bad file
             try:
+                size = os.path.getsize(p)
                 with open(p, "rb") as f:
                     head = f.read(8)
-                    f.seek(max(0, os.path.getsize(p) - 64))
+                    f.seek(max(0, size - 64))
                     tail = f.read(64)
             except OSError:
-                return False
-            return jpeg_looks_complete(head + tail if len(head) == 8 else head)
+                return -1
+            return size if jpeg_looks_complete(head + tail if len(head) == 8 else head) else -1
 
         with ThreadPoolExecutor(8) as ex:
-            ok = list(ex.map(check, range(len(self.listing))))
-        bad = [self.listing.files[i] for i, good in enumerate(ok) if not good]
+            sizes = np.array(list(ex.map(check, paths)), dtype=np.int64)
+        bad = [self.listing.files[i] for i in np.flatnonzero(sizes < 0)]
         if bad:
             self._stats["data/corrupt"] = len(bad)
-            warn_corrupt(
-                [f"{b}: truncated or not an image" for b in bad], self._seen_corrupt, self.strict
-            )
-        return [
-            (os.path.join(self.local_root, self.listing.files[i]), i)
-            for i, good in enumerate(ok)
-            if good
-        ]
+            msgs = [f"{b}: truncated or not an image" for b in bad]
+            warn_corrupt(msgs, self._seen_corrupt, self.strict)
+        return np.flatnonzero(sizes >= 0), paths, sizes
 
-    def _reader_pipe(self, size: int):
+    def _reader_pipe(self, size: int, order: np.ndarray):
+        """``fn.readers.file`` over the files ``order`` (sample indices), read in order."""
         fn, pipeline_def, types = require_dali()
-        files = [f for f, _ in self._files]
-        idx = [i for _, i in self._files]
+        files = [self._paths[i] for i in order.tolist()]
         gpu = self.device_id is not None
 
         @pipeline_def
         def pipe():
             jpegs, index = fn.readers.file(
                 files=files,
-                labels=idx,
-                shard_id=self.rank,
-                num_shards=self.world,
-                random_shuffle=self.train,
+                labels=order.tolist(),
+                random_shuffle=False,
                 pad_last_batch=True,
-                stick_to_shard=not self.train,
-                seed=self.seed + 7919 * self.epoch,
                 name="Reader",
             )
             images = augment(
@@ -208,8 +215,19 @@ class DaliFolderLoader:
             num_threads=self.threads,
             device_id=self.device_id,
             prefetch_queue_depth=self.prefetch,
-            seed=self.seed + self.rank,
+            seed=self.seed + self.rank + 7919 * self.epoch,
         )
+
+    def _run_reader(self, plan: list[np.ndarray]):
+        # training: one pipeline per epoch's list; evaluation: one for the fixed shard, in
+        # step pass after pass (pad_last_batch completes the last batch of each pass)
+        key = ("reader", self.size_at(self.epoch), self.epoch if self.train else None)
+        pipe = self._built(key, lambda: self._reader_pipe(key[1], np.concatenate(plan)))
+        self._reader_open = True
+        for batch in plan:
+            images, index = self._run(pipe.run)
+            yield images, index, batch
+        self._reader_open = False
 
     # -- the external (cached) path --------------------------------------------------------
     def _external_pipe(self, size: int):
@@ -219,10 +237,10 @@ class DaliFolderLoader:
 
         @pipeline_def
         def pipe():
-            # the source is called lazily, one batch per pipe.run(); it raises StopIteration
-            # at the end of the epoch's plan (then the pipeline is reset)
+            # the source is called ahead of run(), one batch per call; it raises
+            # StopIteration after the epoch's plan (then the pipeline is reset)
             data, index = fn.external_source(
-                source=self._next_batch,
+                source=self.feed,
                 num_outputs=2,
                 batch=True,
                 dtype=[types.UINT8, types.INT64],
@@ -245,143 +263,75 @@ class DaliFolderLoader:
             num_threads=self.threads,
             device_id=self.device_id,
             prefetch_queue_depth=self.prefetch,
-            seed=self.seed + self.rank + 7919 * self.epoch,
+            seed=self.seed + self.rank,
         )
 
-    def _fetch_one(self, i: int) -> tuple[np.ndarray | None, str | None]:
-        from bench.data.jpegs import CorruptImage, jpeg_looks_complete
-
-        rel = self.listing.files[i]
-        if self.predecode_size:
-            try:
-                return self.reader.get_decoded(rel, self.predecode_size), None
-            except CorruptImage as e:
-                return None, str(e)
-        data = self.reader.get(rel)
-        if not jpeg_looks_complete(data):
-            return None, f"{rel}: truncated or not an image"
-        return np.frombuffer(data, dtype=np.uint8), None
-
-    def _submit_batch(self, batch: np.ndarray) -> list:
-        return [(i, self._pool.submit(self._fetch_one, i)) for i in batch.tolist()]
-
-    @staticmethod
-    def _gather(futs: list) -> tuple[list[np.ndarray], list[np.ndarray], list[str]]:
-        data, index, bad = [], [], []
-        for i, f in futs:
-            d, err = f.result()
-            if d is None:
-                bad.append(err)
-            else:
-                data.append(d)
-                index.append(np.array(i, dtype=np.int64))
-        return data, index, bad
+    def _run_external(self, plan: list[np.ndarray]):
+        key = ("external", self.size_at(self.epoch))
+        pipe = self._built(key, lambda: self._external_pipe(key[1]))
+        self.feed.start(plan)
+        for images, index in self._epochs.run(pipe, self._run):
+            yield images, index, None
+        if self.feed.error is not None:
+            raise self.feed.error
 
     # -- iteration ---------------------------------------------------------------------------
-    def _pipe(self):
-        size = self._size()
-        if size not in self._pipes:
-            self._pipes.clear()  # progressive resizing goes one way; free the old pipeline
-            p = self._reader_pipe(size) if self.mode == "reader" else self._external_pipe(size)
-            p.build()
-            self._pipes[size] = p
-        return self._pipes[size]
+    def _built(self, key: tuple, make: Callable[[], Any]):
+        """The pipeline for ``key``, built (and the previous one freed) when it changes."""
+        if self._pipe[0] != key:
+            self._pipe = (None, None)  # progressive resizing goes one way: free the old one
+            pipe = make()
+            pipe.build()
+            self._pipe = (key, pipe)
+        return self._pipe[1]
 
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
         for x, y, _ in self.iter_indexed():
             yield x, y
 
     def iter_indexed(self) -> Iterator[tuple[Any, Any, Any]]:
-        import torch
-
-        pipe = self._pipe()
-        steps = len(self)
-        seen: set[int] = set()
-        gen = self._run_reader(pipe, steps) if self.mode == "reader" else self._run_external(pipe)
+        self._end_open_epoch()
+        plan = self._plan()
+        if not plan:
+            return
+        run = self._run_reader if self.mode == "reader" else self._run_external
         t0 = time.perf_counter()
-        for images, index in gen:
+        for images, index, batch in run(plan):
             self._stats["data/wait_s"] = (
                 self._stats.get("data/wait_s", 0.0) + time.perf_counter() - t0
             )
-            idx = to_torch(index, torch.device("cpu")).view(-1)
-            x = to_torch(images, self.device)
-            if self.mode == "reader":  # drop pad_last_batch's repeats by sample index
-                keep = []
-                for k, i in enumerate(idx.tolist()):
-                    if i not in seen:
-                        seen.add(i)
-                        keep.append(k)
-                if not keep and self.train:
-                    keep = [0]  # an all-padding batch: keep one sample so every rank steps
-                self._stats["cache/misses"] += len(keep)  # every file came from level 0
-                if len(keep) < len(idx):
-                    x, idx = x[torch.tensor(keep, device=x.device)], idx[keep]
-            if len(idx):
-                y = torch.from_numpy(self.labels[idx.numpy()]).to(self.device)
-                yield x.to(self.device), y, idx
+            x, idx = self._real(images, index, batch)
+            y = self._to_device(self.labels[idx.numpy()])
+            self._stats[SAMPLES] += len(idx)
+            yield x.to(self.device), y, idx
             t0 = time.perf_counter()
 
-    def _run_reader(self, pipe, steps: int):
-        for _ in range(steps):
-            images, index = self._run(pipe.run, "")
-            yield images, index
+    def _to_device(self, labels: np.ndarray):
+        import torch
 
-    def _run_external(self, pipe):
-        batches = shard_batches(
-            len(self.listing),
-            self.rank,
-            self.world,
-            1,
-            self.batch_size,
-            self.train,
-            self.seed,
-            self.epoch,
-        )
-        # fetch ahead of DALI: the files of a few batches are in flight in the thread pool
-        self._todo = list(batches)
-        self._futs = []
-        self._error = None
-        self._top_up()
-        while True:
-            try:
-                images, index = self._run(pipe.run, "")
-            except StopIteration:
-                pipe.reset()
-                break
-            yield images, index
-        if self._error is not None:
-            raise self._error
+        return torch.from_numpy(labels).to(self.device)
 
-    def _top_up(self) -> None:
-        ahead = 2 * self.prefetch + 1
-        while self._todo and len(self._futs) < ahead:
-            self._futs.append(self._submit_batch(self._todo.pop(0)))
+    def _real(self, images: Any, index: Any, batch: np.ndarray | None):
+        """(images, sample indices) of a batch without the reader's padding."""
+        import torch
 
-    def _next_batch(self):
-        """external_source's callback: the next fetched batch with at least one good image."""
-        from bench.data.jpegs import CorruptImage
+        idx = to_torch(index, torch.device("cpu")).view(-1)
+        x = to_torch(images, self.device)
+        if batch is None:  # external source: every sample is real
+            return x, idx
+        n = len(batch)  # the file reader pads the last batch of a pass: cut by count
+        x, idx = x[:n], idx[:n]
+        if not np.array_equal(idx.numpy(), batch):
+            raise RuntimeError(f"DALI file reader out of step on rank {self.rank}")
+        self._stats["cache/misses"] += n  # every file came from level 0
+        self._stats["cache/bytes_l0"] += int(self._sizes[batch].sum())
+        return x, idx
 
-        while self._futs:
-            data, index, bad = self._gather(self._futs.pop(0))
-            self._top_up()
-            if bad:
-                self._stats["data/corrupt"] = self._stats.get("data/corrupt", 0) + len(bad)
-                try:
-                    warn_corrupt(bad, self._seen_corrupt, self.strict)
-                except CorruptImage as e:
-                    self._error, self._futs, self._todo = e, [], []
-                    break
-            if data:
-                return data, index
-        raise StopIteration
-
-    def _run(self, call: Callable, names: str):
+    def _run(self, call: Callable):
         try:
             return call()
         except RuntimeError as e:
-            where = (
-                f" (files {names} ...)" if names else " (run data.loader=torch to name the file)"
-            )
             raise RuntimeError(
-                f"DALI could not process a batch on rank {self.rank}{where}: {e}"
+                f"DALI could not process a batch on rank {self.rank} "
+                f"(run data.loader=torch to name the file): {e}"
             ) from e

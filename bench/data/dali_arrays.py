@@ -7,8 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from bench.data.dali_common import dali_device_id, require_dali, to_torch
-from bench.data.storage import shard_batches
+from bench.data.dali_common import ExternalEpochs, dali_device_id, require_dali, to_torch
+from bench.data.sampling import rank_batches, steps_per_epoch
+from bench.data.types import SAMPLES
 
 
 class DaliArrayLoader:
@@ -17,7 +18,8 @@ class DaliArrayLoader:
     Training: random crop with ``pad`` pixels of padding (the padding is filled with the
     mean colour, which normalises to zero like the torch path's zero padding of normalised
     images) + optional flip + normalise, by ``crop_mirror_normalize``; evaluation:
-    normalise only.  Sharding as :func:`bench.data.storage.shard_batches`.
+    normalise only.  Batches: :func:`bench.data.sampling.rank_batches`, the rule of every
+    loader.
     """
 
     def __init__(
@@ -63,27 +65,29 @@ class DaliArrayLoader:
         )  # this rank's
         self._batches: list[np.ndarray] = []
         self._pipe = None
+        self._epochs = ExternalEpochs()
+        self._samples = 0  # yielded since the last epoch_stats()
 
     def set_epoch(self, epoch: int) -> None:
+        self._epochs.finish(self._stop)
         self.epoch = epoch
 
     def _plan(self) -> list[np.ndarray]:
-        return shard_batches(
-            len(self.labels),
-            self.rank,
-            self.world,
-            1,
-            self.batch_size,
-            self.train,
-            self.seed,
-            self.epoch,
+        n = len(self.labels)
+        return rank_batches(
+            n, self.rank, self.world, self.batch_size, self.train, self.seed, self.epoch
         )
 
     def __len__(self) -> int:
-        return len(self._plan())
+        n = len(self.labels)
+        return steps_per_epoch(n, self.world, self.batch_size, self.train, self.rank)
 
     def epoch_stats(self) -> dict[str, float]:
-        return {}
+        out, self._samples = {SAMPLES: self._samples}, 0
+        return out
+
+    def _stop(self) -> None:
+        self._batches = []
 
     def _next(self):
         if not self._batches:
@@ -135,14 +139,11 @@ class DaliArrayLoader:
 
         if self._pipe is None:
             self._pipe = self._build()
+        self._epochs.finish(self._stop)  # an epoch the training loop cut short
         self._batches = self._plan()
-        while True:
-            try:
-                images, index = self._pipe.run()
-            except StopIteration:
-                self._pipe.reset()
-                break
+        for images, index in self._epochs.run(self._pipe, lambda run: run()):
             idx = to_torch(index, torch.device("cpu")).view(-1).numpy()
+            self._samples += len(idx)
             yield (
                 to_torch(images, self.device).to(self.device),
                 torch.from_numpy(self.labels[idx]).to(self.device),

@@ -10,6 +10,7 @@ on the CPU (``device_id=None``).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from bench.data.folder import IMAGENET_MEAN, IMAGENET_STD
@@ -107,3 +108,42 @@ def to_torch(out: Any, device: Any):
         feed_ndarray(t, dst, cuda_stream=torch.cuda.current_stream(device))
         return dst
     return torch.from_numpy(out.as_array())
+
+
+class ExternalEpochs:
+    """Runs an ``fn.external_source`` pipeline one epoch at a time.
+
+    DALI calls the source ahead of ``run()`` (``prefetch_queue_depth`` batches) and, once
+    the source has raised StopIteration, raises it from ``run()`` until ``reset()``.  The
+    training loop takes ``len(loader)`` or fewer batches and drops the iterator, so an
+    epoch may end before DALI has reported its end.  :meth:`finish` closes such an epoch:
+    the source is stopped, the batches DALI had prefetched are run out and dropped, and
+    the pipeline is reset, so the next epoch starts with its own first batch.
+    """
+
+    def __init__(self) -> None:
+        self.open: Any = None  # the pipeline whose epoch has not reached StopIteration
+
+    def finish(self, stop_source: Any) -> None:
+        pipe, self.open = self.open, None
+        if pipe is None:
+            return
+        stop_source()
+        while True:
+            try:
+                pipe.run()
+            except StopIteration:
+                break
+        pipe.reset()
+
+    def run(self, pipe: Any, call: Any) -> Iterator[Any]:
+        """``call(pipe.run)`` once per batch until the source's StopIteration."""
+        self.open = pipe
+        while True:
+            try:
+                out = call(pipe.run)
+            except StopIteration:
+                pipe.reset()
+                self.open = None
+                return
+            yield out

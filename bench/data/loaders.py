@@ -5,10 +5,13 @@ normalised, NCHW), has ``len()`` = steps per epoch on this rank, ``set_epoch(epo
 (reshuffle, and for later loaders progressive resizing) and ``epoch_stats()`` (numbers
 for the per-epoch curve, e.g. cache hits; reset when read).
 
-Sharding: training uses :class:`torch.utils.data.DistributedSampler` with
-``drop_last=True`` so every rank takes the same number of steps; evaluation takes the
-strided shard ``rank::world`` so that every held-out sample is scored exactly once (no
-padding duplicates) and the counts are summed across ranks.
+``epoch_stats()`` always holds ``data/samples``: the real samples this loader yielded
+since the last call (no padding), which the training loop can sum over ranks.
+
+Sharding: every loader takes its batches from :mod:`bench.data.sampling` (training: a
+per-epoch global permutation dealt over the ranks as DistributedSampler with
+``drop_last=True`` does, so every rank takes the same number of steps; evaluation: the
+strided shard ``rank::world``, every held-out sample scored exactly once).
 """
 
 from __future__ import annotations
@@ -17,13 +20,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+from torch.utils.data import DataLoader, Dataset
+
+from bench.data.sampling import EpochSampler, rank_batches, steps_per_epoch
+from bench.data.types import SAMPLES
 
 Batch = tuple[torch.Tensor, torch.Tensor]
-
-
-def eval_indices(n: int, rank: int, world_size: int) -> list[int]:
-    return list(range(rank, n, world_size))
 
 
 def random_crop(x: torch.Tensor, pad: int, gen: torch.Generator) -> torch.Tensor:
@@ -74,45 +76,42 @@ class TensorLoader:
         self.std = std.view(1, -1, 1, 1).to(device)
         self.epoch = 0
         n = len(labels)
-        if train:
-            self.sampler: DistributedSampler | None = DistributedSampler(
-                range(n),
-                num_replicas=world_size,
-                rank=rank,
-                shuffle=True,
-                seed=seed,
-                drop_last=True,
-            )
-            self.num_samples = self.sampler.num_samples
-        else:
-            self.sampler = None
-            self.index = eval_indices(n, rank, world_size)
-            self.num_samples = len(self.index)
+        # this rank's samples per epoch (the same for every epoch)
+        self.num_samples = n // world_size if train else len(range(rank, n, world_size))
+        self._samples = 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
-        if self.sampler is not None:
-            self.sampler.set_epoch(epoch)
 
     def __len__(self) -> int:
-        if self.train:
-            return self.num_samples // self.batch_size
-        return -(-self.num_samples // self.batch_size)
+        return steps_per_epoch(
+            len(self.labels), self.world_size, self.batch_size, self.train, self.rank
+        )
 
     def epoch_stats(self) -> dict[str, Any]:
-        return {}
+        out, self._samples = {SAMPLES: self._samples}, 0
+        return out
 
     def __iter__(self) -> Iterator[Batch]:
-        idx = torch.tensor(list(self.sampler) if self.sampler is not None else self.index)
+        plan = rank_batches(
+            len(self.labels),
+            self.rank,
+            self.world_size,
+            self.batch_size,
+            self.train,
+            self.seed,
+            self.epoch,
+        )
         gen = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch * 1_009 + self.rank)
-        for s in range(len(self)):
-            b = idx[s * self.batch_size : (s + 1) * self.batch_size]
+        for b in plan:
+            b = torch.from_numpy(b)
             x = self.images[b].to(self.device, non_blocking=True).float()
             x = (x - self.mean) / self.std
             if self.train:
                 x = random_crop(x, self.pad, gen)
                 if self.flip:
                     x = random_flip(x, gen)
+            self._samples += len(b)
             yield x, self.labels[b].to(self.device, non_blocking=True)
 
 
@@ -133,16 +132,10 @@ class DeviceLoader:
         collate_fn: Callable | None = None,
     ) -> None:
         self.device, self.train = device, train
-        if train:
-            self.sampler: DistributedSampler | None = DistributedSampler(
-                dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
-            )
-            ds: Dataset = dataset
-        else:
-            self.sampler = None
-            ds = Subset(dataset, eval_indices(len(dataset), rank, world_size))  # type: ignore[arg-type]
+        self.sampler = EpochSampler(len(dataset), rank, world_size, seed, train)  # type: ignore[arg-type]
+        self._samples = 0
         self.loader = DataLoader(
-            ds,
+            dataset,
             batch_size=batch_size,
             sampler=self.sampler,
             shuffle=False,
@@ -154,16 +147,17 @@ class DeviceLoader:
         )
 
     def set_epoch(self, epoch: int) -> None:
-        if self.sampler is not None:
-            self.sampler.set_epoch(epoch)
+        self.sampler.set_epoch(epoch)
 
     def __len__(self) -> int:
         return len(self.loader)
 
     def epoch_stats(self) -> dict[str, Any]:
-        return {}
+        out, self._samples = {SAMPLES: self._samples}, 0
+        return out
 
     def __iter__(self) -> Iterator[Batch]:
         nb = self.device.type == "cuda"
         for x, y in self.loader:
+            self._samples += len(y)
             yield x.to(self.device, non_blocking=nb), y.to(self.device, non_blocking=nb)

@@ -11,6 +11,8 @@ from typing import Any
 
 from bench.registry import ConfigError
 
+SAMPLES = "data/samples"  # epoch_stats() key: real samples a loader yielded since the last call
+
 
 @dataclass
 class DataBundle:
