@@ -10,8 +10,18 @@ from bench.benchmarks import load_all
 def test_topk_benchmark_quick(tmp_path) -> None:
     path = load_all().get("topk")(results_dir=str(tmp_path), quick=True)
     df = pd.read_csv(path)
-    for col in ("method", "input", "numel", "density", "k", "median_ms", "hardware", "coverage",
-                "speedup_vs_topk", "x_floor"):
+    for col in (
+        "method",
+        "input",
+        "numel",
+        "density",
+        "k",
+        "median_ms",
+        "hardware",
+        "coverage",
+        "speedup_vs_topk",
+        "x_floor",
+    ):
         assert col in df.columns, col
     assert {"sum", "torch.topk", "mstopk-tiled", "mstopk-paper", "mstopk+ef"} <= set(df["method"])
     exact = df[df["method"].isin(["mstopk-tiled", "mstopk-sampled", "mstopk-hist"])]
@@ -23,11 +33,22 @@ def test_topk_benchmark_quick(tmp_path) -> None:
 def test_comm_benchmark_quick(tmp_path) -> None:
     path = load_all().get("comm")(results_dir=str(tmp_path), quick=True)
     df = pd.read_csv(path)
-    for col in ("method", "density", "median_ms", "hardware", "bytes_per_worker",
-                "inter_node_bytes_per_worker", "inter_bytes_ratio_vs_dense", "nnodes"):
+    for col in (
+        "method",
+        "density",
+        "median_ms",
+        "hardware",
+        "bytes_per_worker",
+        "inter_node_bytes_per_worker",
+        "inter_bytes_ratio_vs_dense",
+        "nnodes",
+    ):
         assert col in df.columns, col
     assert set(df["method"]) == {"dense", "fp16", "topk", "hitopk"}
     by = df.set_index("method")
     assert by.loc["fp16", "bytes_per_worker"] == by.loc["dense", "bytes_per_worker"] / 2
-    assert by.loc["hitopk", "inter_node_bytes_per_worker"] < by.loc["topk", "inter_node_bytes_per_worker"]
+    assert (
+        by.loc["hitopk", "inter_node_bytes_per_worker"]
+        < by.loc["topk", "inter_node_bytes_per_worker"]
+    )
     assert (tmp_path / "bench" / "comm.png").exists()

@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
+from omegaconf.errors import ValidationError
 
-from bench.comm import HOOKS, CommController, validate
-from bench.comm.config import CommConfig
+from bench.comm import COMPRESSORS, HOOKS, SELECTORS, CommController, is_sparse, validate
+from bench.comm.config import CommConfig, Selector
+from bench.comm.hooks import HookOptions
 from bench.registry import ConfigError
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "comm"
@@ -39,15 +41,46 @@ def test_every_hook_has_a_yaml() -> None:
         ({"name": "hitopk"}, 2, 1, "at least 2 nodes"),
         ({"name": "hitopk", "procs_per_node": 3}, 4, 2, "do not divide"),
         ({"name": "dense"}, 4, 3, "do not divide"),
-        ({"name": "hitopk", "value_dtype": "int8"}, 4, 2, "value dtype"),
-        ({"name": "hitopk", "mstopk_method": "x"}, 4, 2, "mstopk method"),
-        ({"name": "hitopk", "selector": "dense"}, 4, 2, "selector"),
         ({"name": "mstopk", "warmup_epochs": -1}, 2, 1, "warmup"),
     ],
 )
 def test_bad_config_is_refused(kw: dict, world: int, nnodes: int, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         validate(_cfg(**kw), world, nnodes)
+
+
+BAD_CHOICES = [
+    ({"value_dtype": "int8"}, "value dtype", "float32, float16, bfloat16"),
+    ({"mstopk_method": "x"}, "mstopk method", "tiled, sampled, hist, paper"),
+    ({"selector": "dense"}, "selector", "topk, mstopk, randomk"),
+]
+
+
+@pytest.mark.parametrize("kw, what, allowed", BAD_CHOICES)
+def test_bad_choice_is_refused_at_composition(kw: dict, what: str, allowed: str) -> None:
+    with pytest.raises(ValidationError, match=allowed):
+        _cfg(name="hitopk", **kw)
+
+
+@pytest.mark.parametrize("kw, what, allowed", BAD_CHOICES)
+def test_bad_choice_string_from_python_is_refused(kw: dict, what: str, allowed: str) -> None:
+    # make_hook's options (public API) and validate() on a plain, unchecked dataclass
+    with pytest.raises(ConfigError, match=f"{what}.*{allowed}"):
+        HookOptions(**kw)
+    with pytest.raises(ConfigError, match=f"{what}.*{allowed}"):
+        validate(CommConfig(name="hitopk", **kw), 4, 2)
+
+
+def test_hook_specs_agree_with_their_pieces() -> None:
+    for name in HOOKS:
+        spec = HOOKS.get(name)
+        assert spec.name == name and is_sparse(name) == spec.sparse
+        if name in COMPRESSORS:  # the hook of a compressor's name sends what it sends
+            assert spec.sparse == COMPRESSORS.get(name).sparse, name
+    assert {n for n in HOOKS if is_sparse(n)} == {"topk", "mstopk", "randomk", "hitopk"}
+    # hitopk's selector option names both a selector and a sparse compressor
+    for sel in Selector:
+        assert sel in SELECTORS and COMPRESSORS.get(sel).sparse
 
 
 def test_hitopk_single_node_allowed_with_one_proc_per_node() -> None:
@@ -67,3 +100,14 @@ def test_controller_warmup_and_schedule() -> None:
         got.append((c.state.force_dense, c.state.density))
     assert got[0][0] is True and all(not fd for fd, _ in got[1:])
     assert [d for _, d in got[1:]] == [0.25, 0.0625, 0.001, 0.001]
+
+
+@pytest.mark.parametrize("name", ["dense", "fp16", "bf16", "powersgd"])
+def test_controller_leaves_density_of_whole_bucket_hooks(name: str) -> None:
+    class S:
+        force_dense = False
+        density = 0.5
+
+    c = CommController(S(), _cfg(name=name, density_schedule=[0.25]), steps_per_epoch=10)
+    c.set_epoch(0)
+    assert c.state.density == 0.5

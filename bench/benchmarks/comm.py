@@ -87,12 +87,16 @@ class FakeBucket:
 
 
 def _worker(
-    rank: int, world: int, shapes: list[list[torch.Size]], cases: list[tuple[str, float]],
-    warmup: int, reps: int,
+    rank: int,
+    world: int,
+    shapes: list[list[torch.Size]],
+    cases: list[tuple[str, float]],
+    warmup: int,
+    reps: int,
 ) -> list[dict[str, Any]]:
     import torch.distributed as dist
 
-    from bench.comm import make_hook
+    from bench.comm import is_sparse, make_hook
 
     buckets = [
         FakeBucket(i, s, i == len(shapes) - 1, seed=100 * rank + i) for i, s in enumerate(shapes)
@@ -115,14 +119,19 @@ def _worker(
         # the slowest worker sets the step time
         t = torch.tensor(times[warmup:])
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        rows.append({
-            "method": name, "density": density if name not in ("dense", "fp16", "powersgd") else 1.0,
-            "median_ms": statistics.median(t.tolist()), "min_ms": float(t.min()),
-            "bytes_per_worker": st["comm/bytes_per_step"],
-            "inter_node_bytes_per_worker": st["comm/inter_node_bytes_per_step"],
-            "sent_density": st["comm/density"],
-            "select_ms": st["time/select_s"] * 1e3, "comm_ms": st["time/comm_s"] * 1e3,
-        })
+        rows.append(
+            {
+                "method": name,
+                "density": density if is_sparse(name) else 1.0,
+                "median_ms": statistics.median(t.tolist()),
+                "min_ms": float(t.min()),
+                "bytes_per_worker": st["comm/bytes_per_step"],
+                "inter_node_bytes_per_worker": st["comm/inter_node_bytes_per_step"],
+                "sent_density": st["comm/density"],
+                "select_ms": st["time/select_s"] * 1e3,
+                "comm_ms": st["time/comm_s"] * 1e3,
+            }
+        )
     return rows
 
 
@@ -147,18 +156,26 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
     numel = sum(int(torch.Size(s).numel()) for b in shapes for s in b)
     for r in rows:
         inter = r["inter_node_bytes_per_worker"]
+        dense_inter = dense["inter_node_bytes_per_worker"]
         bench.add(
-            **r, world_size=world, nnodes=world // ppn, procs_per_node=ppn, buckets=len(shapes),
-            numel=numel, reps=reps,
+            **r,
+            world_size=world,
+            nnodes=world // ppn,
+            procs_per_node=ppn,
+            buckets=len(shapes),
+            numel=numel,
+            reps=reps,
             speedup_vs_dense=dense["median_ms"] / r["median_ms"],
             bytes_ratio_vs_dense=dense["bytes_per_worker"] / r["bytes_per_worker"],
-            inter_bytes_ratio_vs_dense=dense["inter_node_bytes_per_worker"] / inter if inter else float("inf"),
+            inter_bytes_ratio_vs_dense=dense_inter / inter if inter else float("inf"),
         )
-        print(f"{r['method']:>9} d={r['density']:<6} {r['median_ms']:9.1f} ms/step  "
-              f"{r['bytes_per_worker'] / 1e6:9.3f} MB/worker  "
-              f"{inter / 1e6:9.3f} MB inter-node  "
-              f"(dense/this inter bytes {dense['inter_node_bytes_per_worker'] / max(inter, 1):.0f}x)",
-              flush=True)
+        print(
+            f"{r['method']:>9} d={r['density']:<6} {r['median_ms']:9.1f} ms/step  "
+            f"{r['bytes_per_worker'] / 1e6:9.3f} MB/worker  "
+            f"{inter / 1e6:9.3f} MB inter-node  "
+            f"(dense/this inter bytes {dense_inter / max(inter, 1):.0f}x)",
+            flush=True,
+        )
     path = bench.save()
     _plot(bench)
     return path
@@ -176,18 +193,26 @@ def plot(df: Any, hardware: str, path: Path) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
+    from bench.comm import is_sparse
     from bench.results.plots import save_figure
 
-    labels = [f"{m}\n{d:g}" if m in ("topk", "mstopk", "hitopk") else m
-              for m, d in zip(df["method"], df["density"], strict=True)]
+    labels = [
+        f"{m}\n{d:g}" if is_sparse(m) else m
+        for m, d in zip(df["method"], df["density"], strict=True)
+    ]
     x = np.arange(len(labels))
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
     a1.bar(x, df["median_ms"], color="tab:blue")
     a1.set_ylabel("median ms per step (all buckets)")
     a1.set_yscale("log")
     a2.bar(x - 0.2, df["bytes_per_worker"] / 1e6, 0.4, color="tab:gray", label="total")
-    a2.bar(x + 0.2, df["inter_node_bytes_per_worker"] / 1e6, 0.4, color="tab:orange",
-           label="inter-node")
+    a2.bar(
+        x + 0.2,
+        df["inter_node_bytes_per_worker"] / 1e6,
+        0.4,
+        color="tab:orange",
+        label="inter-node",
+    )
     a2.set_ylabel("MB sent per worker per step")
     a2.set_yscale("log")
     a2.legend()
@@ -198,5 +223,6 @@ def plot(df: Any, hardware: str, path: Path) -> None:
     fig.suptitle(
         f"ResNet-50 gradient aggregation, {int(df['world_size'].iloc[0])} gloo workers as "
         f"{int(df['nnodes'].iloc[0])} nodes x {int(df['procs_per_node'].iloc[0])}, on {hardware}",
-        fontsize=10)
+        fontsize=10,
+    )
     save_figure(fig, path)

@@ -27,6 +27,7 @@ Training integration (used by :mod:`bench.train`)::
     controller = attach(ddp_model, cfg.comm, steps_per_epoch=n)   # after DDP wrapping
     controller.set_epoch(epoch)     # before each epoch: dense warm-up, density schedule
     stats = controller.pop_stats()  # after each epoch: per-step means since the last pop
+    is_sparse(cfg.comm.name)        # True: the record's density is cfg.comm.density, else 1.0
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ import torch
 
 from bench.comm.communicators import COMMUNICATORS, CommStats
 from bench.comm.compressors import COMPRESSORS, MEMORIES
-from bench.comm.hooks import HOOKS, check_options, make_hook
+from bench.comm.config import CommConfig
+from bench.comm.hooks import HOOKS, HookOptions, HookSpec, is_sparse, make_hook
 from bench.comm.selection import SELECTORS, mstopk, randomk, topk
 from bench.comm.topology import check_topology
 from bench.registry import ConfigError
@@ -50,7 +52,9 @@ __all__ = [
     "SELECTORS",
     "CommController",
     "CommStats",
+    "HookSpec",
     "attach",
+    "is_sparse",
     "make_hook",
     "mstopk",
     "randomk",
@@ -59,31 +63,25 @@ __all__ = [
 ]
 
 
-def _hook_options(cfg: Any) -> dict[str, Any]:
+def _hook_options(cfg: CommConfig, warmup_steps: int = 0) -> dict[str, Any]:
+    """``make_hook``'s keyword arguments from the ``comm`` config."""
     return dict(
         density=float(cfg.density),
         error_feedback=bool(cfg.error_feedback),
+        warmup_steps=warmup_steps,
         min_numel=int(cfg.min_numel),
-        value_dtype=str(getattr(cfg, "value_dtype", "float32")),
-        selector=str(getattr(cfg, "selector", "mstopk")),
-        mstopk_method=str(getattr(cfg, "mstopk_method", "tiled")),
-        procs_per_node=int(getattr(cfg, "procs_per_node", 0)),
-        powersgd_rank=int(getattr(cfg, "powersgd_rank", 4)),
+        value_dtype=cfg.value_dtype,
+        selector=cfg.selector,
+        mstopk_method=cfg.mstopk_method,
+        procs_per_node=int(cfg.procs_per_node),
+        powersgd_rank=int(cfg.powersgd_rank),
     )
 
 
-def validate(cfg: Any, world_size: int, nnodes: int) -> None:
+def validate(cfg: CommConfig, world_size: int, nnodes: int) -> None:
     """Refuse a bad ``comm`` config before any worker starts (raises ConfigError)."""
-    opts = _hook_options(cfg)
-    check_options(
-        cfg.name,
-        density=opts["density"],
-        value_dtype=opts["value_dtype"],
-        selector=opts["selector"],
-        mstopk_method=opts["mstopk_method"],
-        min_numel=opts["min_numel"],
-        powersgd_rank=opts["powersgd_rank"],
-    )
+    spec = HOOKS.get(cfg.name)
+    opts = HookOptions(**_hook_options(cfg))
     for d in cfg.density_schedule:
         if not 0.0 < float(d) <= 1.0:
             raise ConfigError(f"comm.density_schedule values must be in (0, 1], got {d}")
@@ -93,14 +91,10 @@ def validate(cfg: Any, world_size: int, nnodes: int) -> None:
         raise ConfigError(f"comm.bucket_cap_mb must be > 0, got {cfg.bucket_cap_mb}")
     if nnodes < 1 or world_size % nnodes:
         raise ConfigError(f"{nnodes} nodes do not divide the world size {world_size}")
-    ppn = opts["procs_per_node"] or world_size // nnodes
+    ppn = opts.procs_per_node or world_size // nnodes
     check_topology(world_size, ppn)
-    if cfg.name == "hitopk" and world_size // ppn < 2:
-        raise ConfigError(
-            "comm=hitopk needs at least 2 nodes (it saves inter-node traffic only); use "
-            "cluster.nnodes=2, or comm.procs_per_node=1 to treat each worker as a node, "
-            "or comm=mstopk on one node"
-        )
+    if spec.validate is not None:
+        spec.validate(opts, world_size, world_size // ppn)
 
 
 class _LocalState:
@@ -118,9 +112,10 @@ class _LocalState:
 class CommController:
     """Applies the warm-up and density schedule per epoch and collects per-step stats."""
 
-    def __init__(self, state: Any, cfg: Any, steps_per_epoch: int) -> None:
+    def __init__(self, state: Any, cfg: CommConfig, steps_per_epoch: int) -> None:
         self.state = state
         self.name = str(cfg.name)
+        self.sparse = is_sparse(self.name)
         self.density = float(cfg.density)
         self.warmup_epochs = int(cfg.warmup_epochs)
         self.schedule = [float(d) for d in cfg.density_schedule]
@@ -136,23 +131,22 @@ class CommController:
 
     def set_epoch(self, epoch: int) -> None:
         self.state.force_dense = epoch < self.warmup_epochs
-        if self.name not in ("dense", "fp16", "bf16", "powersgd"):
+        if self.sparse:  # the others send whole buckets: no density to set
             self.state.density = self.density_for(epoch)
 
     def pop_stats(self) -> dict[str, float]:
         return self.state.stats.pop()
 
 
-def attach(ddp_model: torch.nn.Module, cfg: Any, steps_per_epoch: int) -> CommController:
+def attach(ddp_model: torch.nn.Module, cfg: CommConfig, steps_per_epoch: int) -> CommController:
     """Register the hook of ``cfg.name`` on a DDP model; call on every rank after DDP wrapping."""
     import torch.distributed as dist
 
     if not dist.is_initialized() or not hasattr(ddp_model, "register_comm_hook"):
         return CommController(_LocalState(), cfg, steps_per_epoch)  # one process: no exchange
-    opts = _hook_options(cfg)
-    if cfg.name == "powersgd":
-        # PowerSGD counts its own steps: its warm-up is start_powerSGD_iter
-        opts["warmup_steps"] = int(cfg.warmup_epochs) * int(steps_per_epoch)
-    state, hook = make_hook(cfg.name, **opts)
+    # a hook with its own warm-up counter (PowerSGD's start_powerSGD_iter) counts steps
+    own = HOOKS.get(cfg.name).own_warmup
+    warmup_steps = int(cfg.warmup_epochs) * int(steps_per_epoch) if own else 0
+    state, hook = make_hook(cfg.name, **_hook_options(cfg, warmup_steps))
     ddp_model.register_comm_hook(state, hook)
     return CommController(state, cfg, steps_per_epoch)

@@ -12,7 +12,8 @@ communication hook must return).
     Flat sparse allgather: every worker sends its ``k`` (index, value) pairs to every
     other worker, which scatter-adds them.  Traffic per worker grows with the world size.
 ``hitopk``
-    HiTopKComm (``../shared/PAPER.md`` section 2), with ``n`` nodes of ``m`` workers:
+    HiTopKComm (Shi et al., MLSys 2021; ``docs/algorithms.md``), with ``n`` nodes of
+    ``m`` workers:
     (1) intra-node reduce-scatter of the dense bucket, so each local worker holds its
     node's sum of one 1/m shard; (2) error feedback on that shard; (3) top-k of the shard
     with ``k = density * numel / m``; (4) inter-node allgather of the packed pairs among
@@ -45,7 +46,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bench.comm.compressors import Compressed, Compressor, Memory, value_dtype
+from bench.comm.compressors import Compressed, Compressor, Memory, torch_dtype
+from bench.comm.config import ValueDtype
 from bench.comm.selection import k_for
 from bench.comm.topology import Groups
 from bench.registry import ConfigError, Registry
@@ -122,7 +124,7 @@ def pack(c: Compressed, vdtype: torch.dtype) -> torch.Tensor:
 def unpack(
     buf: torch.Tensor, packets: int, k: int, numel: int, vdtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``packets`` gathered packets -> values ``(packets, k)`` and int64 indices ``(packets, k)``."""
+    """``packets`` gathered packets -> values and int64 indices, both ``(packets, k)``."""
     idt = index_dtype(numel)
     rows = buf.view(packets, -1)
     ib = k * torch.empty(0, dtype=idt).element_size()
@@ -143,7 +145,7 @@ class Communicator:
         memory: Memory,
         groups: Groups | None = None,
         process_group: Any = None,
-        value_dtype_name: str = "float32",
+        value_dtype_name: ValueDtype | str = ValueDtype.float32,
     ) -> None:
         if compressor.sparse != self.sparse:
             kind = "sparse (topk, mstopk, randomk)" if self.sparse else "dense (dense, fp16, bf16)"
@@ -152,7 +154,7 @@ class Communicator:
         self.memory = memory
         self.groups = groups
         self.pg = process_group
-        self.vdtype = value_dtype(value_dtype_name)
+        self.vdtype = torch_dtype(value_dtype_name)
 
     @property
     def world(self) -> int:
@@ -162,13 +164,17 @@ class Communicator:
     def multinode(self) -> bool:
         return self.groups is not None and self.groups.topo.nnodes > 1
 
-    def _compress(
-        self, flat: torch.Tensor, key: Hashable, density: float
-    ) -> tuple[Compressed, torch.Tensor]:
+    def compress(self, flat: torch.Tensor, key: Hashable, density: float) -> Compressed:
+        """What this worker sends for one bucket: error feedback, then compression.
+
+        The compressor must see the *compensated* gradient (this step's plus the residual of
+        the earlier ones): selecting from ``flat`` alone would keep the residual but never
+        send it (``tests/test_comm_feedback.py`` checks that it is sent).
+        """
         comp = self.memory.compensate(flat, key)
         c = self.compressor.compress(comp, density)
         self.memory.update(key, comp, c)
-        return c, comp
+        return c
 
     def reduce(
         self, flat: torch.Tensor, key: Hashable, density: float, stats: CommStats
@@ -183,7 +189,7 @@ class AllReduce(Communicator):
     ) -> torch.futures.Future:
         w = self.world
         t0 = time.perf_counter()
-        c, _ = self._compress(flat, key, density)
+        c = self.compress(flat, key, density)
         # divide before the sum (as DDP's hooks do): fp16 sums of w gradients overflow less
         vals = c.values.div_(w) if c.values.data_ptr() != flat.data_ptr() else flat.div_(w)
         t1 = time.perf_counter()
@@ -216,7 +222,7 @@ class AllGather(Communicator):
         n = flat.numel()
         _sync(flat)
         t0 = time.perf_counter()
-        c, _ = self._compress(flat, key, density)
+        c = self.compress(flat, key, density)
         k = c.values.numel()
         pkt = pack(c, self.vdtype)
         _sync(pkt)
@@ -248,7 +254,7 @@ class HiTopK(Communicator):
         memory: Memory,
         groups: Groups | None = None,
         process_group: Any = None,
-        value_dtype_name: str = "float32",
+        value_dtype_name: ValueDtype | str = ValueDtype.float32,
     ) -> None:
         if groups is None:
             raise ConfigError("hitopk needs a node topology (intra/inter-node process groups)")
@@ -281,7 +287,7 @@ class HiTopK(Communicator):
         _sync(shard)
         t1 = time.perf_counter()
         # (2)+(3) error feedback and top-k on the shard, k = density * numel / m
-        c, _ = self._compress(shard, (key, "shard"), density)
+        c = self.compress(shard, (key, "shard"), density)
         k = c.values.numel()
         pkt = pack(c, self.vdtype)
         _sync(pkt)

@@ -22,21 +22,16 @@ from typing import Any
 import torch
 
 from bench.comm import selection
-from bench.registry import ConfigError, Registry
+from bench.comm.config import MSTopKMethod, Selector, ValueDtype, parse
+from bench.registry import Registry
 
-COMPRESSORS: Registry = Registry("compressor")
-MEMORIES: Registry = Registry("memory")
-
-VALUE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+COMPRESSORS: Registry[type[Compressor]] = Registry("compressor")
+MEMORIES: Registry[type[Memory]] = Registry("memory")
 
 
-def value_dtype(name: str) -> torch.dtype:
-    try:
-        return VALUE_DTYPES[name]
-    except KeyError:
-        raise ConfigError(
-            f"unknown value dtype {name!r}; choose one of {', '.join(VALUE_DTYPES)}"
-        ) from None
+def torch_dtype(value_dtype: ValueDtype | str) -> torch.dtype:
+    """The torch dtype of a wire value dtype; ConfigError for any other name."""
+    return getattr(torch, parse(ValueDtype, value_dtype, "value dtype").value)
 
 
 @dataclass
@@ -58,7 +53,17 @@ class Compressed:
 
 
 class Compressor:
-    sparse: bool = False
+    sparse: bool = False  # sends (index, value) pairs: needs a sparse communicator
+
+    @classmethod
+    def build(
+        cls,
+        value_dtype: ValueDtype | str = ValueDtype.float32,
+        mstopk_method: MSTopKMethod | str = MSTopKMethod.tiled,
+        seed: int | None = None,
+    ) -> Compressor:
+        """The compressor from ``make_hook``'s options; each class takes those it uses."""
+        return cls()
 
     def compress(self, x: torch.Tensor, density: float) -> Compressed:
         raise NotImplementedError
@@ -104,9 +109,18 @@ class _SparseCompressor(Compressor):
     sparse = True
     selector = "topk"
 
-    def __init__(self, value_dtype: str = "float32", **select_options: Any) -> None:
-        self.vdtype = globals()["value_dtype"](value_dtype)
+    def __init__(self, value_dtype: ValueDtype | str = "float32", **select_options: Any) -> None:
+        self.vdtype = torch_dtype(value_dtype)
         self.options = select_options
+
+    @classmethod
+    def build(
+        cls,
+        value_dtype: ValueDtype | str = ValueDtype.float32,
+        mstopk_method: MSTopKMethod | str = MSTopKMethod.tiled,
+        seed: int | None = None,
+    ) -> Compressor:
+        return cls(value_dtype)
 
     def compress(self, x: torch.Tensor, density: float) -> Compressed:
         k = selection.k_for(x.numel(), density)
@@ -122,7 +136,7 @@ class TopKCompressor(_SparseCompressor):
 
     selector = "topk"
 
-    def __init__(self, value_dtype: str = "float32", **_: Any) -> None:
+    def __init__(self, value_dtype: ValueDtype | str = "float32", **_: Any) -> None:
         super().__init__(value_dtype)
 
 
@@ -132,6 +146,15 @@ class MSTopKCompressor(_SparseCompressor):
 
     selector = "mstopk"
 
+    @classmethod
+    def build(
+        cls,
+        value_dtype: ValueDtype | str = ValueDtype.float32,
+        mstopk_method: MSTopKMethod | str = MSTopKMethod.tiled,
+        seed: int | None = None,
+    ) -> Compressor:
+        return cls(value_dtype, method=parse(MSTopKMethod, mstopk_method, "mstopk method"))
+
 
 @COMPRESSORS.register("randomk")
 class RandomKCompressor(_SparseCompressor):
@@ -139,18 +162,32 @@ class RandomKCompressor(_SparseCompressor):
 
     selector = "randomk"
 
-    def __init__(self, value_dtype: str = "float32", seed: int | None = None, **_: Any) -> None:
+    def __init__(
+        self, value_dtype: ValueDtype | str = "float32", seed: int | None = None, **_: Any
+    ) -> None:
         opts: dict[str, Any] = {}
         if seed is not None:  # CPU generator: reproducible CPU selections only
             opts["generator"] = torch.Generator().manual_seed(seed)
         super().__init__(value_dtype, **opts)
 
+    @classmethod
+    def build(
+        cls,
+        value_dtype: ValueDtype | str = ValueDtype.float32,
+        mstopk_method: MSTopKMethod | str = MSTopKMethod.tiled,
+        seed: int | None = None,
+    ) -> Compressor:
+        return cls(value_dtype, seed=seed)
 
-def build_compressor(name: str, **options: Any) -> Compressor:
-    cls = COMPRESSORS.get(name)
-    if issubclass(cls, _SparseCompressor):
-        return cls(**options)
-    return cls()
+
+def build_compressor(
+    name: str | Selector,
+    value_dtype: ValueDtype | str = ValueDtype.float32,
+    mstopk_method: MSTopKMethod | str = MSTopKMethod.tiled,
+    seed: int | None = None,
+) -> Compressor:
+    """The compressor registered as ``name``, given ``make_hook``'s options."""
+    return COMPRESSORS.get(str(name)).build(value_dtype, mstopk_method, seed)
 
 
 # ---------------------------------------------------------------------------------------

@@ -14,11 +14,17 @@ Names (``HOOKS``): ``dense``, ``fp16``, ``bf16`` (dense allreduce of cast values
 ``selector=`` says otherwise) and ``powersgd`` (PyTorch's own
 ``ddp_comm_hooks.powerSGD_hook``, wrapped only to count bytes and time).
 
+Each name is one :class:`HookSpec` in ``HOOKS``: its builder and the flags the launcher,
+the training loop and the result records read (``is_sparse(name)``), so adding a method
+touches this file only.
+
 The hook's per-step statistics are in ``state.stats`` (:class:`CommStats`).  Buckets with
 fewer than ``min_numel`` elements, and every bucket during the first ``warmup_steps`` steps
 or while ``state.force_dense`` is set, go through the dense allreduce.
 """
 
+# No ``from __future__ import annotations``: DDP's register_comm_hook checks that the hook's
+# ``bucket`` annotation *is* dist.GradBucket, which a string annotation is not.
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,24 +35,9 @@ import torch.distributed as dist
 
 from bench.comm.communicators import COMMUNICATORS, AllReduce, CommStats, Communicator
 from bench.comm.compressors import NoMemory, build_compressor, build_memory
-from bench.comm.selection import MSTOPK_METHODS, SELECTORS
-from bench.comm.topology import check_topology, detect, groups
+from bench.comm.config import MSTopKMethod, Selector, ValueDtype, parse
+from bench.comm.topology import Groups, Topology, detect, groups
 from bench.registry import ConfigError, Registry
-
-#: hook name -> (compressor name or None for hitopk/powersgd, communicator name)
-HOOKS: Registry = Registry("comm")
-
-for _name, _spec in {
-    "dense": ("dense", "allreduce"),
-    "fp16": ("fp16", "allreduce"),
-    "bf16": ("bf16", "allreduce"),
-    "topk": ("topk", "allgather"),
-    "mstopk": ("mstopk", "allgather"),
-    "randomk": ("randomk", "allgather"),
-    "hitopk": (None, "hitopk"),
-    "powersgd": (None, "powersgd"),
-}.items():
-    HOOKS.register(_name)(_spec)
 
 HookFn = Callable[[Any, dist.GradBucket], torch.futures.Future]
 
@@ -141,35 +132,134 @@ def powersgd_hook(
     return fut.then(finish)
 
 
-def check_options(
-    name: str,
-    *,
-    density: float = 0.01,
-    value_dtype: str = "float32",
-    selector: str = "mstopk",
-    mstopk_method: str = "tiled",
-    min_numel: int = 16384,
-    warmup_steps: int = 0,
-    powersgd_rank: int = 4,
-) -> None:
-    """Raise ConfigError for anything ``make_hook`` would refuse (no distributed calls)."""
-    HOOKS.get(name)
-    if not 0.0 < float(density) <= 1.0:
-        raise ConfigError(f"comm density must be in (0, 1], got {density}")
-    from bench.comm.compressors import value_dtype as _vd
+@dataclass(frozen=True)
+class HookOptions:
+    """``make_hook``'s options, converted to their types and checked on construction."""
 
-    _vd(value_dtype)
-    if selector not in ("topk", "mstopk", "randomk"):
-        SELECTORS.get(selector)
-        raise ConfigError(f"hitopk selector must be topk, mstopk or randomk, got {selector!r}")
-    if mstopk_method not in MSTOPK_METHODS:
-        raise ConfigError(
-            f"unknown mstopk method {mstopk_method!r}; choose one of {MSTOPK_METHODS}"
+    density: float = 0.01  # fraction of each bucket's elements sent, in (0, 1]
+    error_feedback: bool = True
+    warmup_steps: int = 0
+    min_numel: int = 16384
+    value_dtype: ValueDtype = ValueDtype.float32
+    selector: Selector = Selector.mstopk
+    mstopk_method: MSTopKMethod = MSTopKMethod.tiled
+    procs_per_node: int = 0
+    powersgd_rank: int = 4
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        # strings from Python callers become the enums (ConfigError listing the values)
+        for name, kind, what in (
+            ("value_dtype", ValueDtype, "value dtype"),
+            ("selector", Selector, "selector"),
+            ("mstopk_method", MSTopKMethod, "mstopk method"),
+        ):
+            object.__setattr__(self, name, parse(kind, getattr(self, name), what))
+        if not 0.0 < float(self.density) <= 1.0:
+            raise ConfigError(f"comm density must be in (0, 1], got {self.density}")
+        if self.min_numel < 0 or self.warmup_steps < 0:
+            raise ConfigError("min_numel and warmup_steps must be >= 0")
+        if self.powersgd_rank < 1:
+            raise ConfigError(f"powersgd rank must be >= 1, got {self.powersgd_rank}")
+
+
+#: (options, node groups or None, process group) -> (state, hook)
+Build = Callable[[HookOptions, Groups | None, Any], tuple[Any, HookFn]]
+#: (options, world size, nodes) -> None, or ConfigError
+Check = Callable[[HookOptions, int, int], None]
+
+
+@dataclass(frozen=True)
+class HookSpec:
+    """One hook name: how to build it, and what the launcher, loop and records need to know."""
+
+    name: str
+    build: Build
+    sparse: bool  # sends a `density` fraction of each bucket; False: the whole bucket (1.0)
+    hierarchical: bool = False  # uses intra- and inter-node process groups (made by make_hook)
+    own_warmup: bool = False  # counts its dense warm-up steps itself (``warmup_steps``)
+    validate: Check | None = None  # checks of this method only, before launch and in make_hook
+
+
+#: hook name -> :class:`HookSpec`
+HOOKS: Registry[HookSpec] = Registry("comm")
+
+
+def is_sparse(name: str) -> bool:
+    """Whether hook ``name`` sends a ``density`` fraction of each bucket (its records too)."""
+    return HOOKS.get(name).sparse
+
+
+def _reducer(compressor: str | None, communicator: str) -> Build:
+    """Builder of ``(HookState, sparse_hook)``; ``compressor=None``: the ``selector`` option."""
+
+    def build(opts: HookOptions, topo_groups: Groups | None, pg: Any) -> tuple[Any, HookFn]:
+        comp = build_compressor(
+            compressor or opts.selector, opts.value_dtype, opts.mstopk_method, opts.seed
         )
-    if min_numel < 0 or warmup_steps < 0:
-        raise ConfigError("min_numel and warmup_steps must be >= 0")
-    if powersgd_rank < 1:
-        raise ConfigError(f"powersgd rank must be >= 1, got {powersgd_rank}")
+        # dense values alias the bucket, and the cast hooks follow PyTorch's: no feedback
+        memory = build_memory(opts.error_feedback) if comp.sparse else NoMemory()
+        comm = COMMUNICATORS.get(communicator)(comp, memory, topo_groups, pg, opts.value_dtype)
+        dense = AllReduce(build_compressor("dense"), NoMemory(), topo_groups, pg)
+        state = HookState(comm, dense, float(opts.density), opts.warmup_steps, opts.min_numel)
+        return state, sparse_hook
+
+    return build
+
+
+def _build_powersgd(opts: HookOptions, topo_groups: Groups | None, pg: Any) -> tuple[Any, HookFn]:
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
+
+    ps = PowerSGDState(
+        process_group=pg,
+        matrix_approximation_rank=opts.powersgd_rank,
+        start_powerSGD_iter=max(2, opts.warmup_steps),  # PowerSGD needs >= 2 with EF
+        min_compression_rate=2,
+        use_error_feedback=opts.error_feedback,
+        warm_start=True,
+        random_seed=0 if opts.seed is None else opts.seed,
+    )
+    multinode = topo_groups is not None and topo_groups.topo.nnodes > 1
+    serialize = dist.get_backend(pg) == "gloo"
+    return PowerSGDHookState(ps, serialize=serialize, multinode=multinode), powersgd_hook
+
+
+def _two_nodes(opts: HookOptions, world_size: int, nnodes: int) -> None:
+    if nnodes < 2:
+        raise ConfigError(
+            "hitopk needs at least 2 nodes (it saves inter-node traffic only); use "
+            "cluster.nnodes=2, or comm.procs_per_node=1 to treat each worker as a node, "
+            "or comm=mstopk on one node"
+        )
+
+
+for _spec in (
+    HookSpec("dense", _reducer("dense", "allreduce"), sparse=False),
+    HookSpec("fp16", _reducer("fp16", "allreduce"), sparse=False),
+    HookSpec("bf16", _reducer("bf16", "allreduce"), sparse=False),
+    HookSpec("topk", _reducer("topk", "allgather"), sparse=True),
+    HookSpec("mstopk", _reducer("mstopk", "allgather"), sparse=True),
+    HookSpec("randomk", _reducer("randomk", "allgather"), sparse=True),
+    HookSpec(
+        "hitopk", _reducer(None, "hitopk"), sparse=True, hierarchical=True, validate=_two_nodes
+    ),
+    HookSpec("powersgd", _build_powersgd, sparse=False, own_warmup=True),
+):
+    HOOKS.register(_spec.name)(_spec)
+
+
+def _topology(spec: HookSpec, opts: HookOptions, process_group: Any) -> Topology | None:
+    """This rank's node layout, or None on a sub-group without ``procs_per_node``."""
+    if not (spec.hierarchical or opts.procs_per_node > 0 or process_group is None):
+        return None
+    world = dist.get_world_size(process_group)
+    rank = dist.get_rank(process_group)
+    try:
+        return detect(world, rank, opts.procs_per_node)
+    except ConfigError:
+        if spec.hierarchical:
+            raise
+        return detect(world, rank, world)  # unknown layout: count bytes as one node
 
 
 def make_hook(
@@ -179,9 +269,9 @@ def make_hook(
     error_feedback: bool = True,
     warmup_steps: int = 0,
     min_numel: int = 16384,
-    value_dtype: str = "float32",
-    selector: str = "mstopk",
-    mstopk_method: str = "tiled",
+    value_dtype: ValueDtype | str = ValueDtype.float32,
+    selector: Selector | str = Selector.mstopk,
+    mstopk_method: MSTopKMethod | str = MSTopKMethod.tiled,
     procs_per_node: int = 0,
     process_group: Any = None,
     powersgd_rank: int = 4,
@@ -205,74 +295,29 @@ def make_hook(
         process_group: group to reduce over (default: world; not for ``hitopk``).
         powersgd_rank: PowerSGD's ``matrix_approximation_rank``.
         seed: RNG seed of ``randomk``.
+    Raises:
+        ConfigError: an unknown name or option value (naming the allowed ones), or a
+            topology the method cannot use.
     """
-    check_options(
-        name,
+    spec = HOOKS.get(name)
+    opts = HookOptions(
         density=density,
-        value_dtype=value_dtype,
+        error_feedback=error_feedback,
+        warmup_steps=warmup_steps,
+        min_numel=min_numel,
+        value_dtype=value_dtype,  # a str becomes the enum (HookOptions.__post_init__)
         selector=selector,
         mstopk_method=mstopk_method,
-        min_numel=min_numel,
-        warmup_steps=warmup_steps,
+        procs_per_node=procs_per_node,
         powersgd_rank=powersgd_rank,
+        seed=seed,
     )
     if not dist.is_initialized():
         raise ConfigError("make_hook needs torch.distributed to be initialised first")
-    compressor_name, comm_name = HOOKS.get(name)
-    world = dist.get_world_size(process_group)
-    rank = dist.get_rank(process_group)
+    topo = _topology(spec, opts, process_group)
+    if spec.validate is not None:
+        spec.validate(opts, dist.get_world_size(process_group), topo.nnodes if topo else 1)
     topo_groups = None
-    if comm_name == "hitopk" or procs_per_node > 0 or process_group is None:
-        try:
-            topo = detect(world, rank, procs_per_node)
-        except ConfigError:
-            if comm_name == "hitopk":
-                raise
-            topo = detect(world, rank, world)  # unknown layout: count bytes as one node
-        if comm_name == "hitopk":
-            check_topology(world, topo.procs_per_node)
-            if topo.nnodes < 2:
-                raise ConfigError(
-                    "hitopk needs at least 2 nodes (it saves inter-node traffic only); on one "
-                    "node use comm=mstopk, or set procs_per_node=1 to treat each worker as a node"
-                )
-            topo_groups = groups(topo)
-        else:
-            from bench.comm.topology import Groups
-
-            topo_groups = Groups(topo, None, None)  # byte accounting only: no new groups
-    multinode = topo_groups is not None and topo_groups.topo.nnodes > 1
-
-    if comm_name == "powersgd":
-        from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
-
-        ps = PowerSGDState(
-            process_group=process_group,
-            matrix_approximation_rank=powersgd_rank,
-            start_powerSGD_iter=max(2, warmup_steps),  # PowerSGD needs >= 2 with EF
-            min_compression_rate=2,
-            use_error_feedback=error_feedback,
-            warm_start=True,
-            random_seed=0 if seed is None else seed,
-        )
-        backend = dist.get_backend(process_group)
-        pstate = PowerSGDHookState(ps, serialize=backend == "gloo", multinode=multinode)
-        return pstate, powersgd_hook
-
-    sel_opts: dict[str, Any] = {}
-    if compressor_name is None:  # hitopk: its selector is an option
-        compressor_name = selector
-    if compressor_name == "mstopk":
-        sel_opts["method"] = mstopk_method
-    if compressor_name == "randomk" and seed is not None:
-        sel_opts["seed"] = seed
-    if compressor_name in ("dense", "fp16", "bf16"):
-        compressor = build_compressor(compressor_name)
-        memory = NoMemory()  # dense values alias the bucket; cast hooks follow PyTorch's
-    else:
-        compressor = build_compressor(compressor_name, value_dtype=value_dtype, **sel_opts)
-        memory = build_memory(error_feedback)
-    comm = COMMUNICATORS.get(comm_name)(compressor, memory, topo_groups, process_group, value_dtype)
-    dense = AllReduce(build_compressor("dense"), NoMemory(), topo_groups, process_group)
-    state = HookState(comm, dense, float(density), int(warmup_steps), int(min_numel))
-    return state, sparse_hook
+    if topo is not None:  # hierarchical: new process groups; others: byte accounting only
+        topo_groups = groups(topo) if spec.hierarchical else Groups(topo, None, None)
+    return spec.build(opts, topo_groups, process_group)

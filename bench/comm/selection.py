@@ -5,7 +5,8 @@ exactly ``min(k, x.numel())`` unique int64 indices into ``x.flatten()`` and the 
 ``x.flatten()[indices]`` (in ``x``'s dtype, in no particular order).  They run on CPU and CUDA
 tensors of any float dtype (float32, float64, float16, bfloat16).
 
-MSTopK (Shi et al., MLSys 2021; ``../shared/PAPER.md`` section 1) avoids the sort inside
+MSTopK (Shi et al., "Towards Scalable Distributed Training of Deep Learning on Public
+Cloud Clusters", MLSys 2021; pseudo-code in ``docs/algorithms.md``) avoids the sort inside
 ``torch.topk``: it binary-searches a magnitude threshold with a few cheap counting passes.
 ``mstopk(x, k, method=...)`` offers four ways to find that threshold:
 
@@ -47,9 +48,10 @@ import math
 
 import torch
 
+from bench.comm.config import MSTopKMethod, parse
 from bench.registry import ConfigError, Registry
 
-MSTOPK_METHODS = ("tiled", "sampled", "hist", "paper")
+MSTOPK_METHODS = tuple(MSTopKMethod.values())  # ("tiled", "sampled", "hist", "paper")
 
 # Below this many elements a sort is as fast as anything else and always exact.
 SMALL_NUMEL = 1 << 15
@@ -276,7 +278,7 @@ def _tiled(
 def mstopk(
     x: torch.Tensor,
     k: int,
-    method: str = "tiled",
+    method: MSTopKMethod | str = MSTopKMethod.tiled,
     *,
     iters: int = 20,
     sample: int = 65536,
@@ -309,8 +311,7 @@ def mstopk(
     """
     flat = _check_float(x)
     k = _check_k(k)
-    if method not in MSTOPK_METHODS:
-        raise ConfigError(f"unknown mstopk method {method!r}; choose one of {MSTOPK_METHODS}")
+    method = parse(MSTopKMethod, method, "mstopk method")
     if iters < 1 or sample < 1 or margin < 1.0 or tiles < 1 or bins < 2:
         raise ConfigError(
             "mstopk needs iters >= 1, sample >= 1, margin >= 1, tiles >= 1, bins >= 2"
@@ -320,11 +321,11 @@ def mstopk(
         return t
     if flat.numel() < small_numel:
         return _exact(flat, k)
-    if method == "tiled":
+    if method is MSTopKMethod.tiled:
         return _tiled(flat, k, tiles, sample, margin, generator)
-    if method == "sampled":
+    if method is MSTopKMethod.sampled:
         return _sampled(flat, k, sample, margin, generator)
-    if method == "hist":
+    if method is MSTopKMethod.hist:
         return _hist(flat, k, bins)
     return _paper(flat, k, iters)
 

@@ -1,9 +1,9 @@
 """Node topology and the intra-node / inter-node process groups of hierarchical collectives.
 
-HiTopKComm (``../shared/PAPER.md`` section 2) runs dense collectives among the ``m``
-workers of a node (fast links) and sparse collectives among the ``n`` workers that share a
-local rank across nodes (slow links).  Ranks are laid out node-major, as torchrun assigns
-them: ``rank = node * m + local_rank``.
+HiTopKComm (``communicators.py``; ``docs/algorithms.md``) runs dense collectives among the
+``m`` workers of a node (fast links) and sparse collectives among the ``n`` workers that
+share a local rank across nodes (slow links).  Ranks are laid out node-major, as torchrun
+assigns them: ``rank = node * m + local_rank``.
 
 The topology comes from torchrun's environment (``LOCAL_WORLD_SIZE``, ``GROUP_RANK``,
 ``LOCAL_RANK``) unless ``procs_per_node`` is given, which also lets one machine pose as
