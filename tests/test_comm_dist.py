@@ -34,6 +34,17 @@ def test_error_feedback_conserves(results: list[dict]) -> None:
             assert err < 1e-5, (setting, err)
 
 
+def test_error_feedback_feeds_back(results: list[dict]) -> None:
+    for r in results:
+        f = r["feedback"]
+        for name in ("mstopk", "hitopk"):
+            assert f[f"{name}/ef/ever_sent"] == 1.0, f  # every coordinate reached the model
+            assert f[f"{name}/ef/l1_error"] < 0.4, f  # what was kept was sent later
+            # the control: without feedback the same few coordinates are sent every step
+            assert f[f"{name}/no_ef/ever_sent"] < 0.5, f
+            assert f[f"{name}/no_ef/l1_error"] > 0.8, f
+
+
 def test_topology_env_equals_explicit_and_single_node_refused(results: list[dict]) -> None:
     for r in results:
         t = r["topology"]

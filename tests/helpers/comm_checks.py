@@ -9,6 +9,9 @@ returns plain numbers, so the test process compares without touching torch.distr
 - ``conservation``: error feedback keeps what is not sent: over several steps,
   sum(applied) + sum(residuals) == sum(gradients) over all workers, for the flat allgather
   and hitopk, with float32 and float16 values on the wire.
+- ``feedback``: error feedback re-sends what it kept: with a constant gradient every
+  coordinate reaches the averaged gradient within a few ``1/density`` steps and the sum of
+  the applied gradients approaches the sum of the gradients (flat allgather and hitopk).
 - ``topology``: hitopk from torchrun's environment equals hitopk with an explicit
   ``procs_per_node``; one node is refused with ConfigError.
 """
@@ -104,6 +107,31 @@ def conservation(rank: int, world: int) -> dict[str, float]:
     return out
 
 
+def feedback(rank: int, world: int, steps: int = 60) -> dict[str, float]:
+    """Per hook: fraction of coordinates ever applied, and L1 error of the applied sum."""
+    out: dict[str, float] = {}
+    numel = 4000
+    gen = torch.Generator().manual_seed(0)  # signs shared by all workers: no cancellation
+    sign = torch.randint(0, 2, (numel,), generator=gen).float() * 2 - 1
+    gen = torch.Generator().manual_seed(1 + rank)
+    g = (1 + torch.randint(0, 64, (numel,), generator=gen).float() / 64) * sign
+    for name in ("mstopk", "hitopk"):
+        for ef in (True, False):
+            state, _ = make_hook(name, density=0.05, min_numel=0, error_feedback=ef)
+            applied = torch.zeros(numel, dtype=torch.float64)
+            ever = torch.zeros(numel, dtype=torch.bool)
+            for _ in range(steps):
+                res = state.comm.reduce(g.clone(), "bucket", state.density, CommStats()).wait()
+                applied += res.double() * world  # the hook returns the mean
+                ever |= res != 0
+            total = g.double() * steps
+            dist.all_reduce(total)
+            label = f"{name}/{'ef' if ef else 'no_ef'}"
+            out[f"{label}/ever_sent"] = float(ever.double().mean())
+            out[f"{label}/l1_error"] = float((applied - total).abs().sum() / total.abs().sum())
+    return out
+
+
 def topology(rank: int, world: int) -> dict[str, Any]:
     """hitopk via env == hitopk with explicit procs_per_node; one node is refused."""
     out: dict[str, Any] = {}
@@ -130,6 +158,7 @@ def run_all(rank: int, world: int) -> dict[str, Any]:
     return {
         "density_one": density_one(rank, world),
         "conservation": conservation(rank, world),
+        "feedback": feedback(rank, world),
         "topology": topology(rank, world),
     }
 
