@@ -1,1 +1,1 @@
-"""Helpers of the test suite (distributed check workers, cluster probes); not part of the library."""
+"""Helpers of the test suite (distributed check workers, cluster probes), not the library."""
