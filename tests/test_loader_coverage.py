@@ -183,7 +183,7 @@ def test_training_epochs_follow_the_rule_and_cover_the_data(
             sorted(ids) for ids in _planned(N_TRAIN, epoch, steps)
         ]
         stats = loaders[0].epoch_stats()
-        assert stats["data/samples"] == len(per_rank[0])  # real samples, for throughput
+        assert stats["data/rank_samples"] == len(per_rank[0])  # real samples, for throughput
         if kind.startswith("dali_reader"):  # level 0 counted like the cached loaders
             assert stats["cache/misses"] == len(per_rank[0]) and stats["cache/bytes_l0"] > 0
         union |= set(flat)

@@ -23,7 +23,7 @@ from bench.data.types import SAMPLES
 
 def zero_stats() -> dict[str, float]:
     """A loader's per-epoch counters at the start of an epoch: the cache's and
-    ``data/samples`` (real samples yielded, see :mod:`bench.data.loaders`)."""
+    ``data/rank_samples`` (real samples yielded, see :mod:`bench.data.loaders`)."""
     return {**ZERO_STATS, SAMPLES: 0}
 
 

@@ -5,7 +5,7 @@ normalised, NCHW), has ``len()`` = steps per epoch on this rank, ``set_epoch(epo
 (reshuffle, and for later loaders progressive resizing) and ``epoch_stats()`` (numbers
 for the per-epoch curve, e.g. cache hits; reset when read).
 
-``epoch_stats()`` always holds ``data/samples``: the real samples this loader yielded
+``epoch_stats()`` always holds ``data/rank_samples``: the real samples this loader yielded
 since the last call (no padding), which the training loop can sum over ranks.
 
 Sharding: every loader takes its batches from :mod:`bench.data.sampling` (training: a

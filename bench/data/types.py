@@ -11,7 +11,9 @@ from typing import Any
 
 from bench.registry import ConfigError
 
-SAMPLES = "data/samples"  # epoch_stats() key: real samples a loader yielded since the last call
+# epoch_stats() key: real samples (no padding) this rank's loader yielded since the last
+# call; the curve's data/samples column is their sum over the ranks
+SAMPLES = "data/rank_samples"
 
 
 @dataclass
