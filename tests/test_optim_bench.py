@@ -10,8 +10,19 @@ from bench.benchmarks import load_all
 def test_update_benchmark_quick(tmp_path) -> None:
     path = load_all().get("update")(results_dir=str(tmp_path), quick=True)
     df = pd.read_csv(path)
-    for col in ("model", "optimizer", "mode", "median_ms", "hardware", "floor_ms", "floor_ratio",
-                "speedup_vs_naive", "zero_grad_ms", "n_tensors", "n_values"):
+    for col in (
+        "model",
+        "optimizer",
+        "mode",
+        "median_ms",
+        "hardware",
+        "floor_ms",
+        "floor_ratio",
+        "speedup_vs_naive",
+        "zero_grad_ms",
+        "n_tensors",
+        "n_values",
+    ):
         assert col in df.columns, col
     assert set(df["mode"]) == {"naive", "foreach", "fused", "flat"}
     assert set(df["optimizer"]) == {"sgd", "lars", "adamw"}

@@ -1,7 +1,8 @@
 """Benchmark ``update``: time of one optimizer step per update mode, beside the memory floor.
 
-The paper's "parallel tensor operator" (section 4) is a faster optimizer update over the
-hundreds of small tensors of a CNN.  This measures, for two parameter sets,
+The "parallel tensor operator" (Shi et al., MLSys 2021, section 4; docs/algorithms.md) is a
+faster optimizer update over the hundreds of small tensors of a CNN.  This measures, for two
+parameter sets,
 
 * ``resnet50``: ``torchvision.models.resnet50()`` (161 tensors, 25.6 M values);
 * ``transformer_base``: ``torch.nn.Transformer(d_model=512, nhead=8, 6 + 6 layers,
@@ -9,8 +10,9 @@ hundreds of small tensors of a CNN.  This measures, for two parameter sets,
   of Transformer-base on WMT En-De): 185 tensors, 63.1 M values,
 
 every optimizer (``sgd`` momentum 0.9 + Nesterov + weight decay 5e-4 on weights only,
-``lars``, ``adamw``) in every update mode it supports (:data:`bench.optim.MODES`): the
-median time of ``optimizer.step()`` over random gradients (``median_ms``) and of the
+``lars``, ``adamw``) in every update mode it supports (its spec in
+:data:`bench.optim.OPTIMIZERS`): the median time of ``optimizer.step()`` over random
+gradients (``median_ms``) and of the
 ``zero_grad(set_to_none=False)`` that the training loop calls after it (``zero_grad_ms``).
 The modes of one (model, optimizer) are timed interleaved, round-robin, so that the load
 of a shared machine falls on all of them alike; ratios are taken within the run.  On an
@@ -133,11 +135,11 @@ def _build(model: torch.nn.Module, opt: str, mode: str, device: torch.device, va
 
 def cases(device: torch.device) -> list[tuple[str, str, str]]:
     """(optimizer, mode, variant) in measurement order."""
-    from bench.optim import MODES
+    from bench.optim import OPTIMIZERS as SPECS
 
     out = []
     for opt in OPTIMIZERS:
-        for mode in MODES[opt]:
+        for mode in SPECS.get(opt).mode_names():
             out.append((opt, mode, ""))
         if opt == "lars":
             out.append((opt, "flat", "norms=segment_reduce"))

@@ -18,7 +18,9 @@ from typing import Any
 
 import torch
 
-from bench.optim.flat import FlatBucket, FlatOptimizer, fused_kernels_available, keep_mode_keys
+from bench.optim.config import OptimConfig
+from bench.optim.flat import FlatOptimizer, keep_mode_keys
+from bench.optim.spec import OptimizerSpec, check_betas, register
 
 
 class Adam(torch.optim.Adam):
@@ -36,7 +38,12 @@ class AdamW(torch.optim.AdamW):
 
 
 class FlatAdam(FlatOptimizer):
-    """Adam (``decoupled=False``) or AdamW (``decoupled=True``) over flat buffers."""
+    """Adam (``decoupled=False``) or AdamW (``decoupled=True``) over flat buffers.
+
+    Step counts are per parameter, as torch's (a parameter without a gradient does not
+    count a step): one float32 CPU tensor per bucket, whose elements are the ``step``
+    tensors of the checkpoint; a run of parameters with equal counts is one update.
+    """
 
     state_names = ("exp_avg", "exp_avg_sq")
 
@@ -51,37 +58,65 @@ class FlatAdam(FlatOptimizer):
         model_dtype: torch.dtype | None = None,
     ) -> None:
         defaults = dict(
-            lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=False,
-            maximize=False, foreach=None, capturable=False, differentiable=False, fused=None,
+            lr=lr,
+            betas=tuple(betas),
+            eps=eps,
+            weight_decay=weight_decay,
+            amsgrad=False,
+            maximize=False,
+            foreach=None,
+            capturable=False,
+            differentiable=False,
+            fused=None,
             decoupled_weight_decay=decoupled,
         )
         super().__init__(params, defaults, model_dtype)
         self.decoupled = decoupled
-        self.use_fused = [fused_kernels_available(b.device) for b in self.buckets]
-        # step count per (bucket, range start): float32 tensor on the device, as fused torch
-        self._steps: dict[tuple[int, int], torch.Tensor] = {}
+        self._counts = [torch.zeros(len(b.params), dtype=torch.float32) for b in self.buckets]
+        # the fused kernels read the step from a float32 tensor on the parameters' device
+        self._step_dev = [
+            torch.zeros((), dtype=torch.float32, device=b.device) for b in self.buckets
+        ]
 
-    def _step_tensor(self, bi: int, i: int) -> torch.Tensor:
-        key = (bi, i)
-        if key not in self._steps:
-            self._steps[key] = torch.zeros((), dtype=torch.float32, device=self.buckets[bi].device)
-        return self._steps[key]
+    def _run_keys(self, bi: int) -> list[Any]:
+        return self._counts[bi].tolist()
 
     def _update_range(
-        self, b: FlatBucket, group: dict, grad: torch.Tensor, start: int, end: int, i: int, j: int, first: bool
+        self,
+        bi: int,
+        group: dict,
+        grad: torch.Tensor,
+        start: int,
+        end: int,
+        i: int,
+        j: int,
+        first: bool,
     ) -> None:
-        bi = self.buckets.index(b)
+        b = self.buckets[bi]
         p = b.master[start:end]
         m, v = b.state["exp_avg"][start:end], b.state["exp_avg_sq"][start:end]
-        step = self._step_tensor(bi, i)
-        step += 1
+        self._counts[bi][i:j] += 1
+        t = float(self._counts[bi][i])
         lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
         if self.use_fused[bi]:
+            step = self._step_dev[bi].fill_(t)
             fn = torch._fused_adamw_ if self.decoupled else torch._fused_adam_
-            fn([p], [grad], [m], [v], [], [step], amsgrad=False, lr=lr, beta1=b1, beta2=b2,
-               weight_decay=wd, eps=eps, maximize=False)
+            fn(
+                [p],
+                [grad],
+                [m],
+                [v],
+                [],
+                [step],
+                amsgrad=False,
+                lr=lr,
+                beta1=b1,
+                beta2=b2,
+                weight_decay=wd,
+                eps=eps,
+                maximize=False,
+            )
             return
-        t = float(step.item())
         s = b.buffer("s")[start:end]
         g = grad
         if wd:
@@ -94,14 +129,33 @@ class FlatAdam(FlatOptimizer):
         denom = torch.sqrt(v, out=s).div_(math.sqrt(1.0 - b2**t)).add_(eps)
         p.addcdiv_(m, denom, value=-lr / (1.0 - b1**t))
 
-    def _extra_state(self, b: FlatBucket, p: torch.nn.Parameter) -> dict[str, Any]:
-        bi = self.buckets.index(b)
-        k = next(k for k, q in enumerate(b.params) if q is p)
-        start = next(i for _, _, _, i, j in b.ranges if i <= k < j)
-        return {"step": self._step_tensor(bi, start)}
+    def _extra_state(self, bi: int, k: int) -> dict[str, Any]:
+        return {"step": self._counts[bi][k]}  # a view: the live count
 
-    def _load_extra_state(self, b: FlatBucket, k: int, st: dict[str, Any]) -> None:
+    def _reset_state(self) -> None:
+        super()._reset_state()
+        for c in self._counts:
+            c.zero_()
+
+    def _load_extra_state(self, bi: int, k: int, st: dict[str, Any]) -> None:
         if "step" in st:
-            bi = self.buckets.index(b)
-            start = next(i for _, _, _, i, j in b.ranges if i <= k < j)
-            self._step_tensor(bi, start).fill_(float(st["step"]))
+            self._counts[bi][k] = float(st["step"])
+
+
+def _adam_kwargs(cfg: OptimConfig) -> dict[str, Any]:
+    return dict(lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
+
+
+for _name, _decoupled in (("adam", False), ("adamw", True)):
+    register(
+        OptimizerSpec(
+            name=_name,
+            build_torch=lambda groups, cfg, mode, d=_decoupled: (AdamW if d else Adam)(
+                groups, **_adam_kwargs(cfg), **mode
+            ),
+            build_flat=lambda groups, cfg, low, d=_decoupled: FlatAdam(
+                groups, decoupled=d, model_dtype=low, **_adam_kwargs(cfg)
+            ),
+            validate=check_betas,
+        )
+    )

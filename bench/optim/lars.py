@@ -27,17 +27,24 @@ from typing import Any
 
 import torch
 
-from bench.optim.flat import FlatBucket, FlatOptimizer, fused_kernels_available, keep_mode_keys
+from bench.optim.config import OptimConfig, UpdateMode
+from bench.optim.flat import FlatBucket, FlatOptimizer, keep_mode_keys
 from bench.optim.sgd import sgd_range
+from bench.optim.spec import OptimizerSpec, check_nesterov, register
+from bench.registry import ConfigError
 
 
-def trust_ratio(pn: torch.Tensor, gn: torch.Tensor, eta: float, wd: float, eps: float) -> torch.Tensor:
+def trust_ratio(
+    pn: torch.Tensor, gn: torch.Tensor, eta: float, wd: float, eps: float
+) -> torch.Tensor:
     """Per-layer trust ratios from parameter and gradient norms (any shape)."""
     ratio = eta * pn / (gn + wd * pn + eps)
     return torch.where((pn > 0) & (gn > 0), ratio, torch.ones_like(ratio))
 
 
-def segment_norms(x: torch.Tensor, lengths: torch.Tensor | list[int], scratch: torch.Tensor | None, method: str) -> torch.Tensor:
+def segment_norms(
+    x: torch.Tensor, lengths: torch.Tensor | list[int], scratch: torch.Tensor | None, method: str
+) -> torch.Tensor:
     """L2 norm of each contiguous segment of the 1-D ``x`` (segment sizes ``lengths``).
 
     ``segment_reduce``: squares into ``scratch`` then ``torch.segment_reduce(sum)``; the
@@ -48,7 +55,9 @@ def segment_norms(x: torch.Tensor, lengths: torch.Tensor | list[int], scratch: t
     if method == "segment_reduce":
         assert scratch is not None
         torch.mul(x, x, out=scratch)
-        sums = torch.segment_reduce(scratch, "sum", lengths=torch.as_tensor(lengths, device=x.device))
+        sums = torch.segment_reduce(
+            scratch, "sum", lengths=torch.as_tensor(lengths, device=x.device)
+        )
         return sums.sqrt_().to(x.dtype)
     sizes = lengths.tolist() if isinstance(lengths, torch.Tensor) else lengths
     return torch.stack(torch._foreach_norm(list(x.split(sizes))))
@@ -69,8 +78,15 @@ class LARS(torch.optim.Optimizer):
         foreach: bool = False,
     ) -> None:
         defaults = dict(
-            lr=lr, momentum=momentum, dampening=0.0, weight_decay=weight_decay, nesterov=nesterov,
-            trust_coefficient=trust_coefficient, eps=eps, lars_adapt=True, foreach=foreach,
+            lr=lr,
+            momentum=momentum,
+            dampening=0.0,
+            weight_decay=weight_decay,
+            nesterov=nesterov,
+            trust_coefficient=trust_coefficient,
+            eps=eps,
+            lars_adapt=True,
+            foreach=foreach,
         )
         super().__init__(params, defaults)
 
@@ -99,7 +115,9 @@ class LARS(torch.optim.Optimizer):
             g = p.grad
             d = g.add(p, alpha=wd) if wd else g.clone()
             if group["lars_adapt"]:
-                d.mul_(trust_ratio(p.norm(), g.norm(), group["trust_coefficient"], wd, group["eps"]))
+                d.mul_(
+                    trust_ratio(p.norm(), g.norm(), group["trust_coefficient"], wd, group["eps"])
+                )
             if m:
                 st = self.state[p]
                 buf = st.get("momentum_buffer")
@@ -121,13 +139,13 @@ class LARS(torch.optim.Optimizer):
             torch._foreach_mul_(d, list(trust.unbind()))
         if m:
             bufs = [self.state[p].get("momentum_buffer") for p in params]
-            if any(b is None for b in bufs):  # first step (all together, as torch's SGD)
-                bufs = [x.clone() for x in d]
-                for p, b in zip(params, bufs, strict=False):
-                    self.state[p]["momentum_buffer"] = b
-            else:
-                torch._foreach_mul_(bufs, m)
-                torch._foreach_add_(bufs, d)
+            old = [k for k, b in enumerate(bufs) if b is not None]
+            if old:  # a parameter's first gradient starts its buffer, as torch's SGD
+                torch._foreach_mul_([bufs[k] for k in old], m)
+                torch._foreach_add_([bufs[k] for k in old], [d[k] for k in old])
+            for k, p in enumerate(params):
+                if bufs[k] is None:
+                    bufs[k] = self.state[p]["momentum_buffer"] = d[k].clone()
             if group["nesterov"]:
                 torch._foreach_add_(d, bufs, alpha=m)
             else:
@@ -153,34 +171,60 @@ class FlatLARS(FlatOptimizer):
     ) -> None:
         self.state_names = ("momentum_buffer",) if momentum != 0 else ()
         defaults = dict(
-            lr=lr, momentum=momentum, dampening=0.0, weight_decay=weight_decay, nesterov=nesterov,
-            trust_coefficient=trust_coefficient, eps=eps, lars_adapt=True, foreach=None,
+            lr=lr,
+            momentum=momentum,
+            dampening=0.0,
+            weight_decay=weight_decay,
+            nesterov=nesterov,
+            trust_coefficient=trust_coefficient,
+            eps=eps,
+            lars_adapt=True,
+            foreach=None,
         )
         super().__init__(params, defaults, model_dtype)
-        self.use_fused = [fused_kernels_available(b.device) for b in self.buckets]
-        # per (bucket, range): segment lengths (int64) and the segment id of every element
-        self._segments: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        # per (bucket, run): segment lengths (int64) and the segment id of every element
+        self._segments: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def _segment_ids(self, bi: int, b: FlatBucket, i: int, j: int) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (bi, i)
+    def _segment_ids(
+        self, bi: int, b: FlatBucket, i: int, j: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (bi, i, j)
         if key not in self._segments:
             lengths = torch.tensor(b.numels[i:j], dtype=torch.int64, device=b.device)
             # segment id of every value (int32, 4 bytes per value, built once): GPUs only
-            ids = lengths if b.device.type == "cpu" else torch.repeat_interleave(
-                torch.arange(j - i, dtype=torch.int32, device=b.device), lengths)
+            ids = (
+                lengths
+                if b.device.type == "cpu"
+                else torch.repeat_interleave(
+                    torch.arange(j - i, dtype=torch.int32, device=b.device), lengths
+                )
+            )
             self._segments[key] = (lengths, ids)
         return self._segments[key]
 
     def _update_range(
-        self, b: FlatBucket, group: dict, grad: torch.Tensor, start: int, end: int, i: int, j: int, first: bool
+        self,
+        bi: int,
+        group: dict,
+        grad: torch.Tensor,
+        start: int,
+        end: int,
+        i: int,
+        j: int,
+        first: bool,
     ) -> None:
-        bi = self.buckets.index(b)
+        b = self.buckets[bi]
         p = b.master[start:end]
         wd, m = group["weight_decay"], group["momentum"]
         buf = b.state["momentum_buffer"][start:end] if m != 0 else None
         common = dict(
-            lr=group["lr"], momentum=m, dampening=0.0, nesterov=group["nesterov"], first=first,
-            use_fused=self.use_fused[bi], scratch_slice=slice(start, end),
+            lr=group["lr"],
+            momentum=m,
+            dampening=0.0,
+            nesterov=group["nesterov"],
+            first=first,
+            use_fused=self.use_fused[bi],
+            scratch_slice=slice(start, end),
         )
         if not group["lars_adapt"]:
             sgd_range(b, p, grad, buf, weight_decay=wd, **common)
@@ -212,3 +256,41 @@ class FlatLARS(FlatOptimizer):
             torch.index_select(trust, 0, ids, out=s)
             d.mul_(s)
         sgd_range(b, p, d, buf, weight_decay=0.0, **common)
+
+
+def _lars_groups(groups: list[dict], cfg: OptimConfig) -> list[dict]:
+    """BN parameters and biases (the no-decay group) are not layer-adapted either."""
+    for i, g in enumerate(groups):  # param_groups: [decay, no_decay]
+        g["lars_adapt"] = i == 0 or not cfg.no_decay_bn_bias
+    return groups
+
+
+def _lars_kwargs(cfg: OptimConfig) -> dict[str, Any]:
+    return dict(
+        lr=cfg.lr,
+        momentum=cfg.momentum,
+        nesterov=cfg.nesterov,
+        trust_coefficient=cfg.trust_coefficient,
+        eps=cfg.eps,
+    )
+
+
+def _check_lars(cfg: OptimConfig) -> None:
+    check_nesterov(cfg)
+    if not cfg.trust_coefficient > 0:
+        raise ConfigError(f"optim.trust_coefficient must be positive, got {cfg.trust_coefficient}")
+
+
+register(
+    OptimizerSpec(
+        name="lars",
+        build_torch=lambda groups, cfg, mode: LARS(
+            _lars_groups(groups, cfg), foreach=mode.get("foreach", False), **_lars_kwargs(cfg)
+        ),
+        build_flat=lambda groups, cfg, low: FlatLARS(
+            _lars_groups(groups, cfg), model_dtype=low, **_lars_kwargs(cfg)
+        ),
+        modes=frozenset(UpdateMode) - {UpdateMode.fused},  # torch has no fused LARS kernel
+        validate=_check_lars,
+    )
+)

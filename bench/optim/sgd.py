@@ -19,7 +19,9 @@ from typing import Any
 
 import torch
 
-from bench.optim.flat import FlatBucket, FlatOptimizer, fused_kernels_available, keep_mode_keys
+from bench.optim.config import OptimConfig
+from bench.optim.flat import FlatBucket, FlatOptimizer, keep_mode_keys
+from bench.optim.spec import OptimizerSpec, check_nesterov, register
 
 
 class SGD(torch.optim.SGD):
@@ -47,9 +49,16 @@ def sgd_range(
     """One SGD update of the flat ranges ``p`` (master), ``g``, ``buf`` (same length)."""
     if use_fused:
         torch._fused_sgd_(
-            [p], [g], [] if buf is None else [buf],
-            weight_decay=weight_decay, momentum=momentum, lr=lr, dampening=dampening,
-            nesterov=nesterov, maximize=False, is_first_step=first,
+            [p],
+            [g],
+            [] if buf is None else [buf],
+            weight_decay=weight_decay,
+            momentum=momentum,
+            lr=lr,
+            dampening=dampening,
+            nesterov=nesterov,
+            maximize=False,
+            is_first_step=first,
         )
         return
     # portable path: in-place ops on one scratch range, never on the user's gradients
@@ -87,21 +96,58 @@ class FlatSGD(FlatOptimizer):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
         self.state_names = ("momentum_buffer",) if momentum != 0 else ()
         defaults = dict(
-            lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
-            nesterov=nesterov, maximize=False, foreach=None, differentiable=False, fused=None,
+            lr=lr,
+            momentum=momentum,
+            dampening=dampening,
+            weight_decay=weight_decay,
+            nesterov=nesterov,
+            maximize=False,
+            foreach=None,
+            differentiable=False,
+            fused=None,
         )
         super().__init__(params, defaults, model_dtype)
-        self.use_fused = [fused_kernels_available(b.device) for b in self.buckets]
 
     def _update_range(
-        self, b: FlatBucket, group: dict, grad: torch.Tensor, start: int, end: int, i: int, j: int, first: bool
+        self,
+        bi: int,
+        group: dict,
+        grad: torch.Tensor,
+        start: int,
+        end: int,
+        i: int,
+        j: int,
+        first: bool,
     ) -> None:
+        b = self.buckets[bi]
         if group["momentum"] != 0 and "momentum_buffer" not in b.state:
             raise RuntimeError("momentum was switched on after a flat SGD was built without it")
         buf = b.state["momentum_buffer"][start:end] if group["momentum"] != 0 else None
         sgd_range(
-            b, b.master[start:end], grad, buf,
-            lr=group["lr"], momentum=group["momentum"], dampening=group["dampening"],
-            weight_decay=group["weight_decay"], nesterov=group["nesterov"], first=first,
-            use_fused=self.use_fused[self.buckets.index(b)], scratch_slice=slice(start, end),
+            b,
+            b.master[start:end],
+            grad,
+            buf,
+            lr=group["lr"],
+            momentum=group["momentum"],
+            dampening=group["dampening"],
+            weight_decay=group["weight_decay"],
+            nesterov=group["nesterov"],
+            first=first,
+            use_fused=self.use_fused[bi],
+            scratch_slice=slice(start, end),
         )
+
+
+def _sgd_kwargs(cfg: OptimConfig) -> dict[str, Any]:
+    return dict(lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
+
+
+register(
+    OptimizerSpec(
+        name="sgd",
+        build_torch=lambda groups, cfg, mode: SGD(groups, **_sgd_kwargs(cfg), **mode),
+        build_flat=lambda groups, cfg, low: FlatSGD(groups, model_dtype=low, **_sgd_kwargs(cfg)),
+        validate=check_nesterov,
+    )
+)
