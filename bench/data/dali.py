@@ -103,6 +103,15 @@ class DaliFolderLoader:
                 stats=self._stats,
             )
 
+    @property
+    def fetch_threads(self) -> int:
+        """Threads reading files ahead of DALI (external source); 0 for the file reader."""
+        return self.feed.pool._max_workers if self.feed is not None else 0
+
+    @property
+    def _pool(self) -> Any:  # the fetch pool under its former name (input benchmark)
+        return self.feed.pool if self.feed is not None else None
+
     # -- epochs, lengths, counters -------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         self._end_open_epoch()
