@@ -178,6 +178,9 @@ def train_epoch(s: TrainState) -> dict[str, Any]:
     loss_sum, correct, samples = runtime.all_reduce_sum(sums).tolist()
     phases = s.timer.pop()
     return {
+        # the loader's own counts are this rank's; the totals below are every worker's
+        **loader.epoch_stats(),
+        **s.comm.pop_stats(),
         col.EPOCH: s.epoch + 1,
         col.TRAIN_TIME: s.clock.elapsed,
         col.EPOCH_TIME: epoch_s,
@@ -189,8 +192,6 @@ def train_epoch(s: TrainState) -> dict[str, Any]:
         col.DATA_SHARE: phases.get("data", 0.0) / epoch_s,
         **{f"time/{k}_s": v / s.steps for k, v in phases.items()},
         col.LR: s.scheduler.get_last_lr()[0],
-        **loader.epoch_stats(),
-        **s.comm.pop_stats(),
     }
 
 

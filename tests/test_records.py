@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from bench.results import records
@@ -38,5 +39,43 @@ def test_curve_is_never_replaced(tmp_path: Path) -> None:
     records.write_curve(tmp_path, "run1", [{"epoch": 1, "top1": 0.5}])
     with pytest.raises(FileExistsError):
         records.write_curve(tmp_path, "run1", [{"epoch": 1, "top1": 0.9}])
-    assert records.load_curve(tmp_path, "run1")["top1"].tolist() == [0.5]
+    # read back under today's name (a flat-named curve is renamed on reading)
+    assert records.load_curve(tmp_path, "run1")["acc/top1"].tolist() == [0.5]
     assert not list((tmp_path / "curves").glob(".*tmp"))
+
+
+def test_committed_flat_named_curves_read_with_todays_names() -> None:
+    from bench.results.columns import RENAMES
+    from bench.results.timing import time_to_target
+
+    results = Path(__file__).resolve().parents[1] / "results"
+    for rec in records.load_records(results):
+        raw = pd.read_csv(records.curve_path(results, rec["run_id"]))
+        assert "train_time_s" in raw.columns  # written before the namespacing
+        curve = records.load_curve(results, rec["run_id"])
+        assert not set(curve.columns) & set(RENAMES)
+        assert curve["acc/top1"].tolist() == raw["top1"].tolist()
+        # the recorded time to target follows from the renamed curve alone
+        tt, epoch = time_to_target(
+            curve.to_dict("records"), rec["target_metric"], rec["target_value"]
+        )
+        assert (tt, epoch) == (rec["time_to_target_s"], rec["epochs_to_target"])
+
+
+def test_run_record_is_the_one_schema(tmp_path: Path) -> None:
+    from bench.config import Config, to_container
+
+    cfg = Config()
+    run = {"run_id": records.new_run_id(), "started_at": records.now_iso(), "launch_time": 0.0}
+    rec = records.RunRecord.start(cfg, run, config=to_container(cfg), comm_sparse=False)
+    assert rec.status == "error" and rec.time_to_target_s is None and rec.hardware
+    curve = [
+        {"epoch": 1, "clock/train_s": 2.0, "acc/top1": 0.5, "data/samples": 100},
+        {"epoch": 2, "clock/train_s": 4.0, "acc/top1": 0.99, "data/samples": 100},
+    ]
+    done = rec.finish(curve, status="ok", train_time_s=4.0, world_size=2, launch_time=0.0)
+    assert (done.time_to_target_s, done.epochs_to_target, done.best_value) == (4.0, 2, 0.99)
+    assert done.throughput_samples_per_s == 50.0 and done.epochs_run == 2
+    done.append(tmp_path)
+    (line,) = records.load_records(tmp_path)
+    assert tuple(line) == records.RECORD_FIELDS and line["comm_density"] == 1.0
