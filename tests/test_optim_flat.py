@@ -145,6 +145,30 @@ def test_stale_master_is_not_resumed_after_an_fp32_phase() -> None:
         assert rel_err(m, m2) < 1e-2
 
 
+@pytest.mark.parametrize("model_first", [True, False])
+def test_flat_master_resume_is_exact(model_first: bool) -> None:
+    """flat-bf16 -> flat-bf16 through a checkpoint (bf16 model weights + optimizer state):
+    the saved masters come back, whether the model is loaded before or after the build."""
+    o = OPTS["adamw"]
+    base = _net()
+    straight = copy.deepcopy(base)
+    opt = build_optimizer(straight, cfg(update="flat", master_weights="bf16", **o))
+    _train(straight, opt, range(3))
+    sd, weights = _state(opt), copy.deepcopy(straight.state_dict())
+    resumed = copy.deepcopy(base)
+    if model_first:
+        resumed.load_state_dict(weights)
+    opt2 = build_optimizer(resumed, cfg(update="flat", master_weights="bf16", **o))
+    if not model_first:
+        resumed.load_state_dict(weights)
+    opt2.load_state_dict(sd)
+    _train(straight, opt, range(3, 6))
+    _train(resumed, opt2, range(3, 6))
+    assert rel_err(resumed, straight) == 0.0
+    for a, b in zip(_masters(opt2), _masters(opt), strict=True):
+        assert torch.equal(a, b)
+
+
 def test_fp32_state_without_master_keeps_fp32_weights() -> None:
     """A foreach state (no master at all) loaded into flat-bf16 built from fp32 weights:
     the master is the fp32 weight, not its bf16 rounding."""
