@@ -241,3 +241,31 @@ def test_dali_external_source_survives_the_loop_dropping_its_iterator(
         steps = cut or len(loaders[0])
         for ids in per_rank:
             assert len(ids) == len(set(ids)) == steps * BATCH
+
+
+def test_worker_affine_batches_keep_the_rules_samples(tmp_path: Path, folder: Path) -> None:
+    """Cached folder loader with DataLoader workers: the rule's samples per epoch, dealt so
+    that worker k % parts mostly reads its own files (i % parts) every epoch."""
+    from bench.data.cached_folder import CachedFolderLoader
+
+    parts = 3
+    base = _folder_loader("cached:memory", True, 0, tmp_path, folder, BATCH)
+    ld = CachedFolderLoader(
+        base.ds,
+        batch_size=BATCH,
+        rank=0,
+        world_size=WORLD,
+        device=CPU,
+        num_workers=parts,
+        seed=SEED,
+        size_at=lambda e: 16,
+        strict=False,
+    )  # never iterated: the plan alone, no worker processes
+    for epoch in range(3):
+        ld.set_epoch(epoch)
+        plan = ld._plan()
+        rule = rank_batches(N_TRAIN, 0, WORLD, BATCH, True, SEED, epoch)
+        assert [len(b) for b in plan] == [len(b) for b in rule]
+        assert sorted(np.concatenate(plan).tolist()) == sorted(np.concatenate(rule).tolist())
+        home = sum(int(i) % parts == k % parts for k, b in enumerate(plan) for i in b)
+        assert home >= 0.6 * len(rule) * BATCH

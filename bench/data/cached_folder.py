@@ -16,7 +16,7 @@ from typing import Any
 from bench.data.cache import CACHES, ZERO_STATS, CachedReader, build_reader, merge_stats
 from bench.data.config import CacheConfig
 from bench.data.folder import IMAGENET_MEAN, IMAGENET_STD
-from bench.data.sampling import rank_batches, steps_per_epoch
+from bench.data.sampling import rank_batches, steps_per_epoch, worker_affine
 from bench.data.storage import Storage
 from bench.data.types import SAMPLES
 
@@ -136,8 +136,10 @@ class CachedFolderLoader:
 
     Follows the loader contract of :mod:`bench.data.loaders` (``len``, ``set_epoch``,
     ``epoch_stats``, batches on the device).  Sharding: :func:`bench.data.sampling.rank_batches`
-    (the rule of every loader); the DataLoader sends batch ``k`` to worker
-    ``k % num_workers``.  ``iter_indexed()`` also yields the sample indices (for tests).
+    (the rule of every loader), each training batch's samples re-dealt so that every
+    DataLoader worker reads the same files each epoch
+    (:func:`bench.data.sampling.worker_affine`).  ``iter_indexed()`` also yields the
+    sample indices (for tests).
     """
 
     def __init__(
@@ -158,6 +160,7 @@ class CachedFolderLoader:
 
         self.ds, self.batch_size, self.rank, self.world = dataset, batch_size, rank, world_size
         self.device, self.seed, self.size_at, self.strict = device, seed, size_at, strict
+        self.parts = max(1, num_workers)  # DataLoader sends batch k to worker k % parts
         self.epoch = 0
         self._stats: dict[str, float] = zero_stats()
         self._seen_corrupt: set[str] = set()
@@ -174,15 +177,11 @@ class CachedFolderLoader:
         )
 
     def _plan(self) -> list:
-        return rank_batches(
-            len(self.ds),
-            self.rank,
-            self.world,
-            self.batch_size,
-            self.ds.train,
-            self.seed,
-            self.epoch,
-        )
+        n, train = len(self.ds), self.ds.train
+        plan = rank_batches(n, self.rank, self.world, self.batch_size, train, self.seed, self.epoch)
+        # training: each worker's memory level sees the same files every epoch; evaluation
+        # passes repeat one plan, so batch k already goes to the same worker every pass
+        return worker_affine(plan, self.parts) if train else plan
 
     def __iter__(self):
         for x, y, _ in self.iter_indexed():

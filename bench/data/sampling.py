@@ -48,6 +48,35 @@ def rank_batches(
     return [mine[i * batch : (i + 1) * batch] for i in range(steps)]
 
 
+def worker_affine(batches: list[np.ndarray], parts: int) -> list[np.ndarray]:
+    """The same training batches' samples re-dealt for ``parts`` DataLoader workers.
+
+    DataLoader sends batch ``k`` to worker ``k % parts``, and each worker keeps its own
+    memory cache level.  Sample ``i`` is given a home worker ``i % parts`` and goes into
+    one of that worker's batches when there is room (the few that do not fit fill the
+    other workers' batches), so a worker reads the same files epoch after epoch and its
+    memory level hits.  The epoch's samples, the number of batches and their sizes are
+    the rule's; only which batch holds which sample changes.
+    """
+    if parts <= 1 or not batches:
+        return batches
+    b, steps = len(batches[0]), len(batches)
+    samples = np.concatenate(batches)
+    slots = [range(p, steps, parts) for p in range(parts)]
+    own = [samples[samples % parts == p] for p in range(parts)]
+    need = [len(slots[p]) * b for p in range(parts)]
+    spill = np.concatenate([own[p][need[p] :] for p in range(parts)])
+    out: list[np.ndarray] = [samples[:0]] * steps
+    taken = 0
+    for p in range(parts):
+        short = need[p] - min(need[p], len(own[p]))
+        mine = np.concatenate([own[p][: need[p]], spill[taken : taken + short]])
+        taken += short
+        for j, k in enumerate(slots[p]):
+            out[k] = mine[j * b : (j + 1) * b]
+    return out
+
+
 def steps_per_epoch(n: int, world: int, batch: int, train: bool, rank: int = 0) -> int:
     """``len(rank_batches(...))`` without drawing the permutation."""
     if train:
