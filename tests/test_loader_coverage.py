@@ -248,7 +248,7 @@ def test_worker_affine_batches_keep_the_rules_samples(tmp_path: Path, folder: Pa
     that worker k % parts mostly reads its own files (i % parts) every epoch."""
     from bench.data.cached_folder import CachedFolderLoader
 
-    parts = 3
+    parts = 2
     base = _folder_loader("cached:memory", True, 0, tmp_path, folder, BATCH)
     ld = CachedFolderLoader(
         base.ds,
