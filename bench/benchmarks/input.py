@@ -97,8 +97,9 @@ def _concurrency(loader: Any, d: Any) -> dict[str, int]:
     if d.loader == "torch":
         n = max(1, d.num_workers)
         return dict(processes=d.num_workers, threads=n, reads_outstanding=n)
-    pool = getattr(loader, "_pool", None)  # DALI's fetch threads (external source only)
-    reads = pool._max_workers if pool is not None else d.dali_threads
+    # threads fetching ahead of the external source; 0 with DALI's file reader, whose
+    # decode threads read the memory-mapped files
+    reads = getattr(loader, "fetch_threads", 0) or d.dali_threads
     return dict(processes=0, threads=d.dali_threads, reads_outstanding=reads)
 
 
