@@ -146,16 +146,17 @@ def _adam_kwargs(cfg: OptimConfig) -> dict[str, Any]:
     return dict(lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
 
 
-for _name, _decoupled in (("adam", False), ("adamw", True)):
-    register(
-        OptimizerSpec(
-            name=_name,
-            build_torch=lambda groups, cfg, mode, d=_decoupled: (AdamW if d else Adam)(
-                groups, **_adam_kwargs(cfg), **mode
-            ),
-            build_flat=lambda groups, cfg, low, d=_decoupled: FlatAdam(
-                groups, decoupled=d, model_dtype=low, **_adam_kwargs(cfg)
-            ),
-            validate=check_betas,
-        )
+def _adam_spec(name: str, decoupled: bool) -> OptimizerSpec:
+    torch_cls = AdamW if decoupled else Adam
+    return OptimizerSpec(
+        name=name,
+        build_torch=lambda groups, cfg, mode: torch_cls(groups, **_adam_kwargs(cfg), **mode),
+        build_flat=lambda groups, cfg, low: FlatAdam(
+            groups, decoupled=decoupled, model_dtype=low, **_adam_kwargs(cfg)
+        ),
+        validate=check_betas,
     )
+
+
+register(_adam_spec("adam", decoupled=False))
+register(_adam_spec("adamw", decoupled=True))
