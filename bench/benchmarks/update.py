@@ -69,20 +69,34 @@ def param_set(name: str) -> torch.nn.Module:
     if name == "resnet50":
         return torchvision.models.resnet50()
     if name == "transformer_base":
-        return torch.nn.ModuleDict({
-            "transformer": torch.nn.Transformer(d_model=512, nhead=8, num_encoder_layers=6,
-                                                num_decoder_layers=6, dim_feedforward=2048),
-            "embedding": torch.nn.Embedding(37000, 512),
-        })
+        return torch.nn.ModuleDict(
+            {
+                "transformer": torch.nn.Transformer(
+                    d_model=512,
+                    nhead=8,
+                    num_encoder_layers=6,
+                    num_decoder_layers=6,
+                    dim_feedforward=2048,
+                ),
+                "embedding": torch.nn.Embedding(37000, 512),
+            }
+        )
     if name == "resnet18_head":  # quick: ResNet-18's first 30 tensors
         m = torchvision.models.resnet18()
         return torch.nn.Sequential(m.conv1, m.bn1, m.layer1, m.layer2)
     if name == "transformer_tiny":  # quick
-        return torch.nn.ModuleDict({
-            "transformer": torch.nn.Transformer(d_model=64, nhead=4, num_encoder_layers=1,
-                                                num_decoder_layers=1, dim_feedforward=128),
-            "embedding": torch.nn.Embedding(1000, 64),
-        })
+        return torch.nn.ModuleDict(
+            {
+                "transformer": torch.nn.Transformer(
+                    d_model=64,
+                    nhead=4,
+                    num_encoder_layers=1,
+                    num_decoder_layers=1,
+                    dim_feedforward=128,
+                ),
+                "embedding": torch.nn.Embedding(1000, 64),
+            }
+        )
     raise KeyError(name)
 
 
@@ -102,7 +116,10 @@ class BandwidthProbe:
         self.x = torch.randn(numel, device=device)
 
     def fns(self) -> dict[Any, Any]:
-        return {"_copy": lambda: self.dst.copy_(self.src), "_rmw": lambda: self.x.add_(self.src, alpha=1e-9)}
+        return {
+            "_copy": lambda: self.dst.copy_(self.src),
+            "_rmw": lambda: self.x.add_(self.src, alpha=1e-9),
+        }
 
     def gbps(self, times: dict[Any, list[float]]) -> tuple[float, float]:
         """(copy, rmw) bandwidth in GB/s from the median times (ms) of the probes."""
@@ -111,7 +128,9 @@ class BandwidthProbe:
         return 8 * self.numel / copy_s / 1e9, 12 * self.numel / rmw_s / 1e9
 
 
-def _build(model: torch.nn.Module, opt: str, mode: str, device: torch.device, variant: str) -> tuple:
+def _build(
+    model: torch.nn.Module, opt: str, mode: str, device: torch.device, variant: str
+) -> tuple:
     from bench.optim import build_optimizer
     from bench.optim.config import OptimConfig
 
@@ -160,10 +179,21 @@ def _plot(df: Any, path: Path, hw: str) -> None:
     colors = {"naive": "#999999", "foreach": "#4c72b0", "fused": "#dd8452", "flat": "#55a868"}
     for ax, model in zip(axes[0], models, strict=True):
         sub = df[df["model"] == model]
-        labels = [f"{r.optimizer}\n{r.mode}{' ' + r.variant if r.variant else ''}" for r in sub.itertuples()]
+        labels = [
+            f"{r.optimizer}\n{r.mode}{' ' + r.variant if r.variant else ''}"
+            for r in sub.itertuples()
+        ]
         x = range(len(sub))
         ax.bar(x, sub["median_ms"], color=[colors.get(m, "#8172b3") for m in sub["mode"]])
-        ax.scatter(x, sub["floor_ms"], marker="_", s=400, color="black", zorder=3, label="memory-traffic floor")
+        ax.scatter(
+            x,
+            sub["floor_ms"],
+            marker="_",
+            s=400,
+            color="black",
+            zorder=3,
+            label="memory-traffic floor",
+        )
         ax.set_xticks(list(x), labels, rotation=90, fontsize=7)
         ax.set_yscale("log")
         ax.set_ylabel("ms per optimizer step (median)")
@@ -192,8 +222,12 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
         for opt, modes in by_opt.items():
             built = {(mode, v): _build(model, opt, mode, device, v) for mode, v in modes}
             probe = BandwidthProbe(n_values, device)  # as large as the parameter set
-            steps = interleaved_times({**{k: o.step for k, (_, o) in built.items()}, **probe.fns()},
-                                      warmup=warmup, reps=reps, shuffle=True)
+            steps = interleaved_times(
+                {**{k: o.step for k, (_, o) in built.items()}, **probe.fns()},
+                warmup=warmup,
+                reps=reps,
+                shuffle=True,
+            )
             copy_gbps, rmw_gbps = probe.gbps(steps)
             # DDP with gradient_as_bucket_view=False (what flat mode needs) copies every
             # gradient into its bucket and back: two copies of the parameter set per step
@@ -207,21 +241,39 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
             for (mode, variant), t in steps.items():
                 q = statistics.quantiles(t, n=4) if len(t) >= 2 else [t[0]] * 3
                 row: dict[str, Any] = dict(
-                    model=model_name, optimizer=opt, mode=mode, variant=variant, device=device.type,
-                    threads=torch.get_num_threads(), loadavg_1m=os.getloadavg()[0],  # a shared machine's load
-                    n_tensors=len(params), n_values=n_values, median_ms=med[(mode, variant)],
-                    min_ms=min(t), iqr_ms=q[2] - q[0], reps=reps,
+                    model=model_name,
+                    optimizer=opt,
+                    mode=mode,
+                    variant=variant,
+                    device=device.type,
+                    threads=torch.get_num_threads(),
+                    loadavg_1m=os.getloadavg()[0],  # a shared machine's load
+                    n_tensors=len(params),
+                    n_values=n_values,
+                    median_ms=med[(mode, variant)],
+                    min_ms=min(t),
+                    iqr_ms=q[2] - q[0],
+                    reps=reps,
                     zero_grad_ms=statistics.median(zeros[(mode, variant)]),
-                    bytes_per_step=TRAFFIC_VALUES[opt] * 4 * n_values, copy_gbps=copy_gbps, rmw_gbps=rmw_gbps,
-                    floor_ms=floor_ms, floor_ratio=med[(mode, variant)] / floor_ms, ddp_copy_ms=ddp_copy_ms,
+                    bytes_per_step=TRAFFIC_VALUES[opt] * 4 * n_values,
+                    copy_gbps=copy_gbps,
+                    rmw_gbps=rmw_gbps,
+                    floor_ms=floor_ms,
+                    floor_ratio=med[(mode, variant)] / floor_ms,
+                    ddp_copy_ms=ddp_copy_ms,
                     speedup_vs_naive=med[("naive", "")] / med[(mode, variant)],
-                    speedup_vs_fused=(med[("fused", "")] / med[(mode, variant)]) if ("fused", "") in med else None,
+                    speedup_vs_fused=(med[("fused", "")] / med[(mode, variant)])
+                    if ("fused", "") in med
+                    else None,
                     speedup_vs_foreach=med[("foreach", "")] / med[(mode, variant)],
                 )
                 run.add(**row)
-                print(f"{model_name:>16} {opt:>6} {mode:>8} {variant:>22} {row['median_ms']:9.2f} ms "
-                      f"(floor {floor_ms:7.2f} ms, x{row['floor_ratio']:.2f}; vs naive x{row['speedup_vs_naive']:.2f})",
-                      flush=True)
+                print(
+                    f"{model_name:>16} {opt:>6} {mode:>8} {variant:>22} {row['median_ms']:9.2f} ms "
+                    f"(floor {floor_ms:7.2f} ms, x{row['floor_ratio']:.2f}; "
+                    f"vs naive x{row['speedup_vs_naive']:.2f})",
+                    flush=True,
+                )
             del built
             gc.collect()
     path = run.save()
