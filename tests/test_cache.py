@@ -306,6 +306,11 @@ def test_fsspec_storage(folder: Path) -> None:
     lst = list_folder(store, "train")
     assert lst.files == files
     assert store.read(files[0]) == (folder / files[0]).read_bytes()
+    v = store.version(files[0])  # from the listing: no request per cache hit
+    assert v is not None and v[0] == (folder / files[0]).stat().st_size
+    time.sleep(0.01)
+    fs.pipe(f"/ds/{files[0]}", b"changed")
+    assert open_storage("memory://ds").version(files[0]) != v  # the next run sees it
 
 
 def test_predecoded_evaluation_sees_the_uncached_pixels(folder: Path, tmp_path: Path) -> None:
