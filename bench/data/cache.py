@@ -21,8 +21,9 @@ Levels, from slow to fast:
 DALI's own decoder cache works only with its GPU decoder, so this cache is the project's
 own and feeds both loaders: the torchvision DataLoader
 (:class:`bench.data.cached_folder.CachedFolderLoader`; each worker process keeps its own
-level 2, and :func:`bench.data.storage.shard_batches` gives every worker the same files
-every epoch so that it hits) and DALI through ``fn.external_source`` (:mod:`bench.data.dali`).
+level 2, and :func:`bench.data.sampling.worker_affine` sends nearly every file to the same
+worker every epoch so that it hits) and DALI through ``fn.external_source``
+(:mod:`bench.data.dali`).
 
 Per-epoch numbers (``cache/hits``, ``cache/misses``, ``cache/bytes_l0`` ...) are counted in
 a :class:`CacheStats` and written to the curve CSV by the training loop.

@@ -38,8 +38,6 @@ import warnings
 from dataclasses import dataclass
 from typing import Protocol
 
-import numpy as np
-
 from bench.registry import ConfigError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".JPEG", ".JPG", ".PNG")
@@ -373,38 +371,3 @@ def list_folder(store: Storage, split: str, classes: list[str] | None = None) ->
             f"no images (.jpg/.jpeg/.png) found under {os.path.join(store.root, split)!r}"
         )
     return FolderListing(files, labels, list(classes))
-
-
-def shard_batches(
-    n: int, rank: int, world: int, parts: int, batch: int, train: bool, seed: int, epoch: int
-) -> list[np.ndarray]:
-    """Batches of sample indices for one rank and epoch; batch ``k`` belongs to part ``k % parts``.
-
-    Training shards are *sticky*: one fixed random partition of the ``n`` samples into
-    ``world`` equal shards (the remainder ``n % world`` sits out), and inside a shard one
-    fixed split into ``parts`` (the DataLoader workers); only the order inside a part
-    changes per epoch.  So a per-process memory cache sees the same files every epoch and
-    hits, and every rank takes the same number of steps (each part drops its last partial
-    batch, like ``drop_last=True``).  Evaluation takes the strided shard ``rank::world``
-    (no duplicates, no padding) and keeps partial batches.  Parts have non-increasing
-    batch counts that differ by at most one, so round-robin dispatch (what DataLoader does
-    with its workers) sends batch ``k`` to worker ``k % parts``.
-    """
-    if train:
-        per = n // world
-        mine = np.random.default_rng(seed).permutation(n)[rank * per : (rank + 1) * per]
-    else:
-        mine = np.arange(rank, n, world)
-    rng = np.random.default_rng([seed, epoch, rank])
-    lists = []
-    for part in np.array_split(mine, max(1, parts)):
-        if train:
-            part = rng.permutation(part)
-            nb = len(part) // batch
-        else:
-            nb = -(-len(part) // batch)
-        lists.append([part[i * batch : (i + 1) * batch] for i in range(nb)])
-    out = []
-    for r in range(max((len(x) for x in lists), default=0)):
-        out.extend(x[r] for x in lists if r < len(x))
-    return out
