@@ -75,8 +75,8 @@ class CacheConfig:
     # level 2 byte cap (1e9 bytes) per loader (train, eval) of a training process, split
     # over its workers
     memory_gb: float = 4.0
-    # predecoded: shorter side (pixels) of the stored uint8 images; 0 = 8/7 x the largest
-    # training size
+    # predecoded: cap (pixels) on the shorter side of the stored uint8 images; 0 = the
+    # original resolution (never upsampled)
     predecode_size: int = 0
     verify: Verify = Verify.crc32
 

@@ -23,19 +23,6 @@ if TYPE_CHECKING:
     from bench.data.storage import Storage
 
 
-def predecode_size(data_cfg: DataConfig, cache_cfg: CacheConfig) -> int:
-    """Shorter side (pixels) for pre-decoded images: 8/7 x the largest size the run uses.
-
-    8/7 = 1 / 0.875 is the evaluation resize ratio; random-resized crops of the training
-    sizes then rarely need to upsample.
-    """
-    from bench.data.config import train_sizes
-
-    if cache_cfg.predecode_size:
-        return int(cache_cfg.predecode_size)
-    return round(max(train_sizes(data_cfg) + [data_cfg.eval_image_size]) / 0.875)
-
-
 def uses_cached_input(data_cfg: DataConfig, cache_cfg: CacheConfig) -> bool:
     """Whether a folder data set needs this module's loaders instead of plain torchvision."""
     from bench.data.storage import is_url
@@ -89,9 +76,19 @@ def _batches(data_cfg: DataConfig, world_size: int) -> tuple[int, int]:
 
 
 def _predecoded(data_cfg: DataConfig, cache_cfg: CacheConfig) -> int:
-    from bench.data.cache import CACHES
+    """Non-zero when the cache level holds decoded pixels, which the loaders then read.
 
-    return predecode_size(data_cfg, cache_cfg) if CACHES.get(cache_cfg.name).decoded else 0
+    The size itself is the reader's: ``cache.predecode_size`` caps the shorter side, 0 keeps
+    the original resolution (never upsampled, so random-resized crops are those the
+    original images give).  The value passed here (the largest training or evaluation
+    size) only marks the level as decoded.
+    """
+    from bench.data.cache import CACHES
+    from bench.data.config import train_sizes
+
+    if not CACHES.get(cache_cfg.name).decoded:
+        return 0
+    return max(train_sizes(data_cfg) + [data_cfg.eval_image_size])
 
 
 def _dali_loaders(
