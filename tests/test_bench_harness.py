@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -48,3 +49,30 @@ def test_the_benchmarks_use_the_harness_timing():
     assert topk.interleaved is harness.interleaved
     assert update.interleaved_times is harness.interleaved_times
     assert not hasattr(update, "_interleaved") and not hasattr(harness, "measure")
+
+
+@pytest.mark.parametrize("name", ["topk", "comm", "update", "input", "cluster"])
+def test_replot_redraws_a_committed_figure_without_measuring(name: str, tmp_path: Path) -> None:
+    import shutil
+
+    from bench.benchmarks import load_all
+    from bench.benchmarks.harness import BenchRun
+
+    repo = Path(__file__).resolve().parents[1]
+    (tmp_path / "bench").mkdir()
+    csv = shutil.copy(repo / "results" / "bench" / f"{name}.csv", tmp_path / "bench")
+    before = Path(csv).read_bytes()
+    run = BenchRun.newest(name, tmp_path)
+    assert run.rows and {r["bench_id"] for r in run.rows} == {run.bench_id}
+    assert run.meta["hardware"] == run.rows[0]["hardware"]
+    load_all().get(name).replot(run)
+    assert (tmp_path / "bench" / f"{name}.png").stat().st_size > 10_000
+    assert Path(csv).read_bytes() == before  # nothing measured, nothing appended
+
+
+def test_replot_without_a_csv_is_one_clear_error(tmp_path: Path) -> None:
+    from tests.conftest import run_cli
+
+    p = run_cli("bench", "topk", "--replot", "--results-dir", str(tmp_path / "none"))
+    assert p.returncode == 2 and "no " in p.stderr and "Traceback" not in p.stderr
+    assert not (tmp_path / "none").exists()

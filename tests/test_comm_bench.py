@@ -8,7 +8,7 @@ from bench.benchmarks import load_all
 
 
 def test_topk_benchmark_quick(tmp_path) -> None:
-    path = load_all().get("topk")(results_dir=str(tmp_path), quick=True)
+    path = load_all().get("topk").run(results_dir=str(tmp_path), quick=True)
     df = pd.read_csv(path)
     for col in (
         "method",
@@ -31,7 +31,7 @@ def test_topk_benchmark_quick(tmp_path) -> None:
 
 
 def test_comm_benchmark_quick(tmp_path) -> None:
-    path = load_all().get("comm")(results_dir=str(tmp_path), quick=True)
+    path = load_all().get("comm").run(results_dir=str(tmp_path), quick=True)
     df = pd.read_csv(path)
     for col in (
         "method",

@@ -8,7 +8,7 @@ from bench.benchmarks import load_all
 
 
 def test_update_benchmark_quick(tmp_path) -> None:
-    path = load_all().get("update")(results_dir=str(tmp_path), quick=True)
+    path = load_all().get("update").run(results_dir=str(tmp_path), quick=True)
     df = pd.read_csv(path)
     for col in (
         "model",

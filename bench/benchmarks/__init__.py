@@ -3,7 +3,8 @@
 Each benchmark module registers one benchmark in :data:`BENCHMARKS`; it measures the
 subject and its baseline in the same run and appends one row per case to
 ``results/bench/<name>.csv`` through :class:`bench.benchmarks.harness.BenchRun` (never
-overwriting earlier rows), then draws ``results/bench/<name>.png`` from its rows.  The
+overwriting earlier rows), then draws ``results/bench/<name>.png`` from its rows;
+``python -m reproduce bench <name> --replot`` redraws it from the newest recorded run.  The
 other modules are what the benchmarks share: ``harness`` (timing and CSV rows), ``spawn``
 (worker processes on this machine) and ``aggbench`` (the ``cluster`` benchmark's worker).
 """
@@ -13,15 +14,25 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bench.registry import Registry
 
-# name -> run(results_dir="results", quick=False) -> the CSV it appended to
-BENCHMARKS: Registry[Callable[..., Path]] = Registry("benchmark")
+
+@dataclass(frozen=True)
+class BenchmarkSpec:
+    """A benchmark: how to measure it, and how to draw its figure from recorded rows."""
+
+    run: Callable[..., Path]  # (results_dir="results", quick=False) -> the CSV appended to
+    replot: Callable[[Any], None]  # (harness.BenchRun of recorded rows) -> draws its PNG(s)
 
 
-def load_all() -> Registry[Callable[..., Path]]:
+BENCHMARKS: Registry[BenchmarkSpec] = Registry("benchmark")
+
+
+def load_all() -> Registry[BenchmarkSpec]:
     """Import every module of the package; the benchmark modules register themselves."""
     for mod in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{mod.name}")

@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench.benchmarks import BENCHMARKS
+from bench.benchmarks import BENCHMARKS, BenchmarkSpec
 from bench.benchmarks.harness import BenchRun
 
 if TYPE_CHECKING:
@@ -102,7 +102,6 @@ def _predict(res: dict[str, Any], link: dict[str, Any]) -> tuple[dict[str, float
     return pred, c, k
 
 
-@BENCHMARKS.register("cluster")
 def run(results_dir: str = "results", quick: bool = False) -> Path:
     from bench.cluster import perfmodel as pm
     from bench.cluster.netns import require_tools
@@ -257,3 +256,6 @@ def _plot(bench: BenchRun) -> None:
         fontsize=8,
     )
     save_figure(fig, bench.png_path.with_suffix(".scaling.png"))
+
+
+BENCHMARKS.register("cluster")(BenchmarkSpec(run=run, replot=_plot))

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from bench.benchmarks import BENCHMARKS
+from bench.benchmarks import BENCHMARKS, BenchmarkSpec
 from bench.benchmarks.harness import BenchRun
 
 METHODS = ["dense", "fp16", "powersgd", "topk", "mstopk", "hitopk"]
@@ -135,7 +135,6 @@ def _worker(
     return rows
 
 
-@BENCHMARKS.register("comm")
 def run(results_dir: str = "results", quick: bool = False) -> Path:
     from bench.benchmarks.spawn import run_workers
 
@@ -226,3 +225,6 @@ def plot(df: Any, hardware: str, path: Path) -> None:
         fontsize=10,
     )
     save_figure(fig, path)
+
+
+BENCHMARKS.register("comm")(BenchmarkSpec(run=run, replot=_plot))

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import pandas as pd
 from filelock import FileLock
 
+from bench.registry import ConfigError
 from bench.results.env import git_sha, hardware, versions
 
 K = TypeVar("K", bound=Hashable)  # the name of a timed case
@@ -114,6 +115,20 @@ class BenchRun:
             **{f"{k}_version": v for k, v in versions().items()},
         }
         self.rows: list[dict[str, Any]] = []
+
+    @classmethod
+    def newest(cls, name: str, results_dir: str | Path = "results") -> BenchRun:
+        """The newest run recorded in ``<results_dir>/bench/<name>.csv``, read back (to redraw
+        its figure without measuring again); its machine facts are the recorded ones."""
+        csv = Path(results_dir) / "bench" / f"{name}.csv"
+        if not csv.is_file():
+            raise ConfigError(f"no {csv}: run `python -m reproduce bench {name}` first")
+        run = cls(name, results_dir)
+        df = latest_run(run.csv_path)
+        run.rows = df.to_dict("records")
+        run.bench_id = str(df["bench_id"].iloc[0])
+        run.meta = {k: run.rows[0][k] for k in run.meta if k in run.rows[0]}
+        return run
 
     @property
     def csv_path(self) -> Path:
