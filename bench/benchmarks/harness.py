@@ -10,11 +10,9 @@ can pick the newest run per hardware.
 
 from __future__ import annotations
 
-import datetime as _dt
 import random
 import statistics
 import time
-import uuid
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,6 +22,7 @@ from filelock import FileLock
 
 from bench.registry import ConfigError
 from bench.results.env import git_sha, hardware, versions
+from bench.results.records import new_run_id, now_iso
 
 K = TypeVar("K", bound=Hashable)  # the name of a timed case
 
@@ -106,10 +105,10 @@ class BenchRun:
         self.name = name
         self.dir = Path(results_dir) / "bench"
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.bench_id = _dt.datetime.now().strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+        self.bench_id = new_run_id()  # the same id format as a training run's
         self.meta = {
             "bench_id": self.bench_id,
-            "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "date": now_iso(),
             "hardware": hardware(),
             "git_sha": git_sha(),
             **{f"{k}_version": v for k, v in versions().items()},
