@@ -25,64 +25,28 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import os
 import struct
 import tempfile
-import threading
 import warnings
 import zlib
 from collections.abc import Iterator
 from typing import Any
 
+from bench.data.shared_file import SharedValue
 from bench.registry import ConfigError
 
 _MAGIC = b"BKC2"
 # magic, payload length (bytes), CRC-32 of the payload, source size (bytes), source mtime (ns)
 _HEADER = struct.Struct("<4sQIQq")
 _STRIPES = 4096  # lock files; two files share a lock with probability 1/4096
-_COUNT = struct.Struct("<q")
 _SLACK = 0.9  # eviction frees the directory down to this fraction of the cap
 
 
-class SharedCounter:
-    """An int64 in a file, read and written under an exclusive ``flock``.
-
-    Each thread of each process opens the file itself: ``flock`` excludes per open file,
-    so a descriptor shared by threads (or inherited over ``fork``) would not exclude them.
-    """
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._local = threading.local()
-
-    def _fd(self) -> int:
-        loc = self._local
-        if getattr(loc, "pid", None) != os.getpid():
-            loc.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
-            loc.pid = os.getpid()
-        return loc.fd
-
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[list[int]]:
-        """Hold the lock; yields ``[value]`` (-1 when the file is new or unreadable) and
-        writes back whatever the caller left in it."""
-        fd = self._fd()
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            raw = os.pread(fd, _COUNT.size, 0)
-            box = [_COUNT.unpack(raw)[0] if len(raw) == _COUNT.size else -1]
-            yield box
-            os.pwrite(fd, _COUNT.pack(box[0]), 0)
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-
-    def __getstate__(self) -> dict:
-        return {"path": self.path}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(state["path"])
+def usage_ledger(path: str) -> SharedValue:
+    """Bytes held by a level 1 directory (-1 until the first process has scanned it)."""
+    return SharedValue(path, "<q", -1)
 
 
 class DiskCache:
@@ -101,7 +65,7 @@ class DiskCache:
         # one sub-folder per data set so that two data sets never share a key
         self.dir = os.path.join(self.root, hashlib.sha1(namespace.encode()).hexdigest()[:16])
         self.lock_dir = os.path.join(self.root, ".locks")
-        self.ledger = SharedCounter(os.path.join(self.root, ".usage"))
+        self.ledger = usage_ledger(os.path.join(self.root, ".usage"))
         self.writable = True
         try:
             os.makedirs(self.dir, exist_ok=True)

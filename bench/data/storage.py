@@ -26,18 +26,16 @@ errors for a missing root or an empty class folder.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
-import struct
 import tempfile
-import threading
 import time
 import warnings
 from dataclasses import dataclass
 from typing import Protocol
 
+from bench.data.shared_file import SharedValue
 from bench.registry import ConfigError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".JPEG", ".JPG", ".PNG")
@@ -176,7 +174,6 @@ def link_path(root: str, bandwidth_mbps: float, latency_ms: float) -> str:
     return os.path.join(link_dir(), hashlib.sha1(key.encode()).hexdigest()[:16] + ".link")
 
 
-_CLOCK = struct.Struct("<d")
 _STALE_S = 3600.0  # a link booked further ahead than this is a leftover, not real traffic
 
 
@@ -184,45 +181,21 @@ class SharedLink:
     """The time (``time.monotonic()``, s) at which an emulated link is next free, in a file.
 
     ``CLOCK_MONOTONIC`` is one clock for every process of a Linux host, so the value means
-    the same in every rank and worker.  Each booking reads and writes it under an exclusive
-    ``flock``.  Each thread of each process opens the file itself: ``flock`` excludes per
-    open file, and a file opened once and shared by threads (or inherited over ``fork``)
-    would not exclude them from each other.
+    the same in every rank and worker; each booking reads and writes it under the file's
+    lock (:class:`~bench.data.shared_file.SharedValue`).
     """
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._local = threading.local()
-
-    def _fd(self) -> int:
-        loc = self._local
-        if getattr(loc, "pid", None) != os.getpid():
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            loc.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
-            loc.pid = os.getpid()
-        return loc.fd
+        self._busy = SharedValue(path, "<d", 0.0)
 
     def book(self, seconds: float) -> float:
         """Book ``seconds`` of the link after every earlier booking; returns when it ends."""
-        fd = self._fd()
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            raw = os.pread(fd, _CLOCK.size, 0)
+        with self._busy.locked() as box:
             now = time.monotonic()
-            busy = _CLOCK.unpack(raw)[0] if len(raw) == _CLOCK.size else 0.0
-            if busy > now + _STALE_S:
-                busy = 0.0
-            end = max(now, busy) + seconds
-            os.pwrite(fd, _CLOCK.pack(end), 0)
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        return end
-
-    def __getstate__(self) -> dict:
-        return {"path": self.path}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(state["path"])
+            busy = box[0] if box[0] <= now + _STALE_S else 0.0
+            box[0] = max(now, busy) + seconds
+        return box[0]
 
 
 class Throttle:
