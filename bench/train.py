@@ -159,7 +159,8 @@ def train_epoch(s: TrainState) -> dict[str, Any]:
     loader.set_epoch(s.epoch)
     s.comm.set_epoch(s.epoch)
     s.ddp.train()
-    sums = torch.zeros(3, dtype=torch.float64, device=s.device)  # loss, correct, samples
+    sums = torch.zeros(2, dtype=torch.float64, device=s.device)  # loss, correct predictions
+    samples = 0  # real samples of this rank (batch labels), counted on the host
     bar = _progress(s)
     s.clock.start()
     t0 = time.perf_counter()
@@ -169,13 +170,15 @@ def train_epoch(s: TrainState) -> dict[str, Any]:
         batch = next(it)
         s.timer.mark("data")
         loss, correct = train_step(s, batch)
-        sums += torch.stack([loss.double(), correct.double(), _count(batch, s.device)])
+        sums += torch.stack([loss.double(), correct.double()])
+        samples += len(batch[1])
         bar.update(1)
     del it
     epoch_s = time.perf_counter() - t0
     s.clock.pause()
     bar.close()
-    loss_sum, correct, samples = runtime.all_reduce_sum(sums).tolist()
+    counts = torch.cat([sums, sums.new_tensor([samples])])
+    loss_sum, correct, samples = runtime.all_reduce_sum(counts).tolist()
     phases = s.timer.pop()
     return {
         # the loader's own counts are this rank's; the totals below are every worker's
@@ -193,11 +196,6 @@ def train_epoch(s: TrainState) -> dict[str, Any]:
         **{f"time/{k}_s": v / s.steps for k, v in phases.items()},
         col.LR: s.scheduler.get_last_lr()[0],
     }
-
-
-def _count(batch: Any, device: torch.device) -> torch.Tensor:
-    """Real samples of a batch (its labels), as a float64 scalar on ``device``."""
-    return torch.tensor(float(len(batch[1])), dtype=torch.float64, device=device)
 
 
 def _progress(s: TrainState) -> Any:
