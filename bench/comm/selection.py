@@ -7,44 +7,45 @@ tensors of any float dtype (float32, float64, float16, bfloat16).
 
 MSTopK (Shi et al., "Towards Scalable Distributed Training of Deep Learning on Public
 Cloud Clusters", MLSys 2021; pseudo-code in ``docs/algorithms.md``) avoids the sort inside
-``torch.topk``: it binary-searches a magnitude threshold with a few cheap counting passes.
-``mstopk(x, k, method=...)`` offers four ways to find that threshold:
+``torch.topk``: it finds a magnitude threshold with a few cheap counting passes.
+``mstopk(x, k, method=...)`` offers four ways to find it:
 
 ``paper``
-    The algorithm as published: ``N`` ratios ``r`` in [0, 1] give thresholds
-    ``mean + r (max - mean)`` of ``|x|``; each is counted over the whole tensor; the indices
-    above the best threshold with at most ``k`` hits are kept and the rest are filled from the
-    band between the two best thresholds (in index order, so it is approximate within the
-    band).  ``N`` full passes: a GPU algorithm, slow on a CPU.
+    As published: ``N`` ratios ``r`` in [0, 1] binary-search thresholds
+    ``mean + r (max - mean)`` of ``|x|``, each counted over the whole tensor; keep the indices
+    above the best threshold with at most ``k`` hits, fill the rest from the band between
+    the two best thresholds in index order (approximate within the band).  ``N`` passes.
 ``sampled``
-    The threshold search on a random (strided) sample of ``|x|`` with a safety margin, then
-    one full compare pass collects the candidates and an exact top-k over those few picks
-    the result.  Exact whenever the sample threshold leaves at least ``k`` candidates (it
-    retries with a lower threshold, then falls back to ``torch.topk``).
+    The threshold from a random (strided) sample of ``|x|`` with a safety margin, one
+    compare pass for the candidates, an exact top-k over those.  Exact (with too few
+    candidates it retries lower, then falls back to ``torch.topk``).
 ``hist``
-    All candidate thresholds counted in one pass (a histogram of ``|x|`` over ``[0, max]``),
-    the threshold is the lowest edge whose tail holds ``k``; candidates and exact top-k as
-    above.  Exact.
+    All thresholds counted in one pass (a histogram of ``|x|`` over ``[0, max]``); the
+    threshold is the highest edge whose tail holds ``k``; candidates as above.  Exact.
 ``tiled`` (default)
-    Two-level selection, this project's CPU-friendly variant.  ``x`` is viewed as a
-    ``(C, R)`` matrix and its column-wise max ``|x|`` is taken with two streaming
-    reductions (``amax``, ``amin``), which are vectorised along the contiguous axis and
-    write only ``R = numel / C`` values.  The threshold search runs on a sample of those
-    column maxima; every element above the threshold lies in a column whose maximum is
-    above it, so only those ~k columns (``C`` elements each) are gathered, compared and
-    passed to an exact top-k.  With at least ``k`` such columns the result is the exact
-    top-k; it costs about two read passes over ``x`` instead of a sort.
+    ``x`` viewed as a ``(C, R)`` matrix; its column maxima of ``|x|`` (two streaming
+    reductions writing only ``R = numel / C`` values) say which columns can hold the top
+    k; only those ~k columns (``C`` elements each) are gathered for an exact top-k.  About
+    two read passes instead of a sort.  Exact.
 
-Ties are broken arbitrarily but the result always has exactly ``k`` unique indices (a
-constant tensor returns ``k`` distinct positions).  ``k == 0`` returns empty tensors,
-``k >= numel`` returns every index; tensors under ``small_numel`` elements go straight to
-``torch.topk``.  NaN or Inf in ``x`` raise ``ValueError`` (the column maxima of ``tiled``
-detect them for free; the other paths check explicitly).
+On CUDA each method runs a variant with at most one host synchronisation per call (the
+``_dev`` functions; ``_device_path`` selects them on any device): thresholds and counts
+stay 0-dim device tensors, ``paper`` runs all ``N`` iterations, and one data-dependent
+step remains (a compaction; for ``tiled`` only the finiteness flag, as it gathers the ``k``
+columns with the largest maxima).  A second sync happens only in rare fallbacks (an
+unlucky sample) and for NaN/Inf.  :func:`host_syncs` counts them.  ``tiled``'s column
+maxima use a Triton kernel on CUDA (one read of ``x``; :mod:`bench.comm.mstopk_triton`).
+
+Ties are broken arbitrarily but the result always has exactly ``k`` unique indices.
+``k == 0`` returns empty tensors, ``k >= numel`` every index; tensors under ``small_numel``
+elements go straight to ``torch.topk``.  NaN or Inf in ``x`` raise ``ValueError``.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import warnings
 
 import torch
 
@@ -81,9 +82,35 @@ def _nonfinite_error() -> ValueError:
     return ValueError("the tensor contains NaN or Inf; refusing to select from it")
 
 
-def _require_finite(flat: torch.Tensor) -> None:
-    if not bool(torch.isfinite(flat).all()):
+_SYNCS = [0]  # device-to-host reads and data-dependent shapes so far (see host_syncs)
+
+
+def host_syncs() -> int:
+    """Host syncs asked for so far: device reads (``_host``) and data-dependent shapes
+    (``_nonzero``).  The difference of two readings around a call is that call's count."""
+    return _SYNCS[0]
+
+
+def _host(t: torch.Tensor) -> object:
+    """The value of a (small) tensor on the host: the one way this module reads a device."""
+    _SYNCS[0] += 1
+    return t.tolist()
+
+
+def _nonzero(mask: torch.Tensor) -> torch.Tensor:
+    """Indices of the True entries of a mask (1-D: a tensor; else a tuple per dimension).
+    Its size is data-dependent: one sync."""
+    _SYNCS[0] += 1
+    return torch.nonzero(mask).squeeze(1) if mask.dim() == 1 else torch.nonzero(mask, as_tuple=True)
+
+
+def _raise_unless(finite: torch.Tensor) -> None:
+    if not _host(finite):
         raise _nonfinite_error()
+
+
+def _require_finite(flat: torch.Tensor) -> None:
+    _raise_unless(torch.isfinite(flat).all())
 
 
 def _trivial(flat: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -99,8 +126,7 @@ def _trivial(flat: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | 
 
 
 def _exact(flat: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    # torch.topk on CPU lacks no float dtype any more, but float32 magnitudes keep
-    # fp16/bf16 ties and comparisons identical across devices.
+    # float32 magnitudes keep fp16/bf16 ties and comparisons identical across devices
     _require_finite(flat)
     idx = torch.topk(flat.abs().float(), k, sorted=False).indices
     return flat[idx], idx
@@ -126,8 +152,7 @@ def randomk(
         return t
     idx = torch.randperm(flat.numel(), device=flat.device, generator=generator)[:k]
     vals = flat[idx]
-    if not bool(torch.isfinite(vals).all()):
-        raise _nonfinite_error()
+    _raise_unless(torch.isfinite(vals).all())
     return vals, idx
 
 
@@ -141,18 +166,22 @@ def _top_of_candidates(
 
 
 def _sample_threshold(
-    a: torch.Tensor, q_frac: float, sample: int, gen: torch.Generator | None
+    a: torch.Tensor, q_frac: float, sample: int, gen: torch.Generator | None, z: float = 0.0
 ) -> torch.Tensor:
     """Magnitude above which a fraction ``q_frac`` of ``a`` (non-negative) lies, from a sample.
 
-    A strided sample with a random offset: one cache line per stride, no index tensor.
+    A strided sample with a random offset: one cache line per stride, no index tensor.  The
+    offset comes from a CPU generator (no device sync).  ``z > 0`` lowers the threshold by
+    ``z`` standard deviations of the sample count, so that it rarely leaves fewer than the
+    aimed-at number of elements above it.  Returns a 0-dim tensor on ``a``'s device.
     """
     n = a.numel()
     s = min(n, sample)
     step = max(1, n // s)
-    off = int(torch.randint(0, step, (1,), generator=gen).item()) if step > 1 else 0
+    off = int(torch.randint(0, step, (1,), generator=gen)) if step > 1 else 0
     samp = a[off::step][:s].float()
-    q = min(samp.numel(), max(1, math.ceil(q_frac * samp.numel())))
+    q = max(1, math.ceil(q_frac * samp.numel()))
+    q = min(samp.numel(), q + math.ceil(z * math.sqrt(q)))
     return torch.topk(samp, q, sorted=False).values.min().to(a.dtype)
 
 
@@ -161,48 +190,78 @@ def _sampled(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     n = flat.numel()
     a = flat.abs()
-    if not bool(torch.isfinite(a.max())):
-        raise _nonfinite_error()
+    _raise_unless(torch.isfinite(a.max()))
     for attempt in range(3):
         thr = _sample_threshold(a, k * margin * (4**attempt) / n, sample, gen)
-        cand = torch.nonzero(a >= thr).squeeze(1)
+        cand = _nonzero(a >= thr)
         if cand.numel() >= k:
             return _top_of_candidates(flat, cand, a[cand], k)
     return _exact(flat, k)
 
 
+def _sampled_dev(
+    flat: torch.Tensor, k: int, sample: int, margin: float, gen: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sampled`` with one sync: finiteness folded into the one data-dependent compaction."""
+    n = flat.numel()
+    a = flat.abs()
+    finite = torch.isfinite(a.amax())
+    thr = _sample_threshold(a, k * margin / n, sample, gen, z=3.0)
+    # NaN threshold when x is not finite: nothing compares >= NaN, no candidates
+    cand = _nonzero(a >= torch.where(finite, thr, float("nan")))
+    if cand.numel() >= k:
+        return _top_of_candidates(flat, cand, a[cand], k)
+    _raise_unless(finite)  # rare: an unlucky sample (or x is not finite)
+    return _exact(flat, k)
+
+
 def _hist(flat: torch.Tensor, k: int, bins: int) -> tuple[torch.Tensor, torch.Tensor]:
     a = flat.abs().float()
-    hi = a.max()
-    if not bool(torch.isfinite(hi)):
+    hi = _host(a.max())
+    if not math.isfinite(hi):
         raise _nonfinite_error()
-    if float(hi) == 0.0:
+    if hi == 0.0:
         return _exact(flat, k)
-    counts = torch.histc(a, bins=bins, min=0.0, max=float(hi))
+    counts = torch.histc(a, bins=bins, min=0.0, max=hi)
     # tail[i] = number of elements in bins i..bins-1 = count of a >= edge_i
     tail = counts.flip(0).cumsum(0).flip(0)
-    b = int(torch.nonzero(tail >= k).max().item())
+    b = int(_host((tail >= k).sum())) - 1  # tail is non-increasing and tail[0] = numel
     for lower in range(b, -1, -1):  # histc's edge rounding can misplace a few elements
-        thr = float(hi) * lower / bins
-        cand = torch.nonzero(a >= thr).squeeze(1)
+        cand = _nonzero(a >= hi * lower / bins)
         if cand.numel() >= k:
             return _top_of_candidates(flat, cand, a[cand], k)
+    return _exact(flat, k)
+
+
+def _hist_dev(flat: torch.Tensor, k: int, bins: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``hist`` with one sync, on the integer bucket ``floor(a * bins / max)``: monotone in
+    ``a``, so ``bucket >= b`` is an upper set of ``tail[b] >= k`` elements (no edge rounding)."""
+    a = flat.abs().float()
+    hi = a.amax()
+    finite = torch.isfinite(hi)
+    scale = torch.where(finite & (hi > 0), bins / hi, torch.zeros_like(hi))
+    u = torch.mul(a, scale).floor_().clamp_(max=bins - 1)
+    counts = torch.histc(u, bins=bins, min=0, max=bins).double()  # u's integers are bins
+    tail = counts.flip(0).cumsum(0).flip(0)
+    b = (tail >= k).sum() - 1
+    cand = _nonzero(u >= torch.where(finite, b.float(), float("nan")))
+    if cand.numel() >= k:
+        return _top_of_candidates(flat, cand, a[cand], k)
+    _raise_unless(finite)  # float32 histogram counts stall past 2**24 per bin: stay exact
     return _exact(flat, k)
 
 
 def _paper(flat: torch.Tensor, k: int, iters: int) -> tuple[torch.Tensor, torch.Tensor]:
     """MSTopK as published: N counting passes, keep above thres1, fill from the band."""
     a = flat.abs().float()
-    hi = a.max()
-    if not bool(torch.isfinite(hi)):
+    u, m = _host(torch.stack([a.max(), a.mean()]))
+    if not math.isfinite(u):
         raise _nonfinite_error()
-    u = float(hi)
-    m = float(a.mean())
     mask = torch.empty_like(a, dtype=torch.bool)
 
     def count(thr: float) -> int:
         torch.ge(a, thr, out=mask)
-        return int(torch.count_nonzero(mask))
+        return _host(torch.count_nonzero(mask))
 
     base = m if count(m) > k else 0.0  # k above the mean: search [0, max] instead
     lo, hi_r = 0.0, 1.0
@@ -222,27 +281,93 @@ def _paper(flat: torch.Tensor, k: int, iters: int) -> tuple[torch.Tensor, torch.
                 k2, thres2 = nnz, thr
         if nnz == k:
             break
-    sure = torch.nonzero(a >= thres1).squeeze(1) if k1 > 0 else a.new_empty(0, dtype=torch.long)
+    sure = _nonzero(a >= thres1) if k1 > 0 else a.new_empty(0, dtype=torch.long)
     sure = sure[:k]
     rest = k - sure.numel()
     if rest > 0:
-        band = torch.nonzero((a >= thres2) & (a < thres1)).squeeze(1)[:rest]
+        band = _nonzero((a >= thres2) & (a < thres1))[:rest]
         if band.numel() < rest:  # degenerate thresholds (e.g. all equal): anything unused
             used = torch.zeros_like(mask)
             used[sure] = True
             used[band] = True
-            band = torch.cat([band, torch.nonzero(~used).squeeze(1)[: rest - band.numel()]])
+            band = torch.cat([band, _nonzero(~used)[: rest - band.numel()]])
         sure = torch.cat([sure, band])
     return flat[sure], sure
+
+
+def _paper_dev(flat: torch.Tensor, k: int, iters: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``paper`` with one sync: :func:`_paper`'s search (same set) on 0-dim device tensors,
+    every iteration run (frozen once a count hits k), one compaction of ``a >= thres2``, and
+    a top-k over a key ranking ``a >= thres1`` first, then the band in index order."""
+    a = flat.abs().float()
+    hi = a.amax()
+    finite = torch.isfinite(hi)
+    u, m = hi.double(), a.mean().double()
+    mask = torch.empty_like(a, dtype=torch.bool)
+
+    def count(thr: torch.Tensor) -> torch.Tensor:
+        torch.ge(a, thr, out=mask)
+        return torch.count_nonzero(mask)
+
+    base = torch.where(count(m) > k, m, torch.zeros_like(m))
+    lo, hi_r = torch.zeros_like(m), torch.ones_like(m)
+    k1, thres1 = torch.zeros_like(hi, dtype=torch.long), torch.full_like(m, math.inf)
+    k2, thres2 = torch.full_like(k1, a.numel()), base
+    done = torch.zeros_like(finite)
+    for _ in range(iters):
+        ratio = (lo + hi_r) / 2
+        thr = base + ratio * (u - base)
+        nnz = count(thr)
+        le, gt = (nnz <= k) & ~done, (nnz > k) & ~done
+        hi_r, lo = torch.where(le, ratio, hi_r), torch.where(gt, ratio, lo)
+        up1 = le & ((nnz > k1) | torch.isinf(thres1))
+        k1, thres1 = torch.where(up1, nnz, k1), torch.where(up1, thr, thres1)
+        up2 = gt & (nnz < k2)
+        k2, thres2 = torch.where(up2, nnz, k2), torch.where(up2, thr, thres2)
+        done = done | (nnz == k)
+    cand = _nonzero(a >= torch.where(finite, thres2, math.nan))
+    if cand.numel() < k:  # thres2 always leaves > k when x is finite
+        _raise_unless(finite)
+        return _paper(flat, k, iters)
+    sure = a[cand] >= thres1
+    band_rank = torch.cumsum(~sure, 0)  # 1, 2, ... along the band in index order
+    key = torch.where(sure, cand.numel() + 1, cand.numel() - band_rank)
+    idx = cand[torch.topk(key, k, sorted=False).indices]
+    return flat[idx], idx
+
+
+def _tiled_shape(n: int, k: int, tiles: int) -> int:
+    # C rows: enough that a column rarely holds two of the top k (fewer gathered elements
+    # per hit), few enough that the column maxima stay >> k.  At 0.1 % density C = 16.
+    return min(tiles, n // (8 * k))
+
+
+_TRITON_BROKEN: list[str] = []  # why the Triton path failed, once it has
+
+
+def _colmax(head: torch.Tensor, kernel: str) -> torch.Tensor:
+    """Column max ``|x|`` of the ``(C, R)`` view (float32; float64 kept); NaN propagates.
+    ``auto``: Triton on contiguous CUDA tensors while it works (else torch, one warning)."""
+    usable = head.is_cuda and head.is_contiguous() and head.dtype != torch.float64
+    if kernel == "triton" or (kernel == "auto" and usable and not _TRITON_BROKEN):
+        try:
+            from bench.comm import mstopk_triton
+
+            return mstopk_triton.colmax_abs(head)
+        except Exception as e:  # noqa: BLE001 - import, compile or launch failure
+            if kernel == "triton":
+                raise RuntimeError(f"mstopk kernel='triton' failed: {e}") from e
+            _TRITON_BROKEN.append(repr(e))
+            warnings.warn(f"mstopk: Triton kernel unusable, using torch ({e!r})", stacklevel=4)
+    m = torch.maximum(torch.amax(head, 0), torch.amin(head, 0).neg_())
+    return m if m.dtype == torch.float64 else m.float()
 
 
 def _tiled(
     flat: torch.Tensor, k: int, tiles: int, sample: int, margin: float, gen: torch.Generator | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     n = flat.numel()
-    # C rows: enough that a column rarely holds two of the top k (fewer gathered elements
-    # per hit), few enough that the column maxima stay >> k.  At 0.1 % density C = 16.
-    c = min(tiles, n // (8 * k))
+    c = _tiled_shape(n, k, tiles)
     if c < 2:
         return _sampled(flat, k, sample, margin, gen)
     r = n // c
@@ -250,28 +375,51 @@ def _tiled(
     tail = flat[c * r :]  # < C elements: always candidates
     # |x| column maxima from two streaming reductions; NaN propagates through both.
     colmax = torch.maximum(torch.amax(head, 0), torch.amin(head, 0).neg_())
-    top = colmax.max()
-    if not bool(torch.isfinite(top)) or (tail.numel() and not bool(torch.isfinite(tail).all())):
-        raise _nonfinite_error()
-    cols = None
+    _raise_unless(torch.isfinite(colmax.max()) & torch.isfinite(tail).all())
     for attempt in range(3):
         thr = _sample_threshold(colmax, k * margin * (4**attempt) / r, sample, gen)
-        cols = torch.nonzero(colmax >= thr).squeeze(1)
+        cols = _nonzero(colmax >= thr)
         if cols.numel() >= k:
             break
     else:  # unlucky samples: the k-th largest column maximum is always safe
         thr = torch.topk(colmax.float(), k, sorted=False).values.min().to(flat.dtype)
-        cols = torch.nonzero(colmax >= thr).squeeze(1)
+        cols = _nonzero(colmax >= thr)
     # >= k columns hold an element >= thr, and every element >= thr is in one of them:
     # the candidates below are exactly {i : |x_i| >= thr}, a superset of the top k.
     g = head.index_select(1, cols).abs_()
-    rows, pos = torch.nonzero(g >= thr, as_tuple=True)
+    rows, pos = _nonzero(g >= thr)
     cand_idx = rows * r + cols[pos]
     cand_abs = g[rows, pos]
     if tail.numel():
         cand_idx = torch.cat([cand_idx, torch.arange(c * r, n, device=flat.device)])
         cand_abs = torch.cat([cand_abs, tail.abs()])
     return _top_of_candidates(flat, cand_idx, cand_abs, k)
+
+
+def _tiled_dev(
+    flat: torch.Tensor, k: int, tiles: int, sample: int, margin: float, gen, kernel: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``tiled`` with one sync (the finiteness flag) and no data-dependent shape.  Exact: of
+    the k columns with the largest maxima, those above the k-th largest value v hold every
+    element > v, and the rest (maximum v) enough elements equal to v."""
+    n = flat.numel()
+    c = _tiled_shape(n, k, tiles)
+    if c < 2:
+        return _sampled_dev(flat, k, sample, margin, gen)
+    r = n // c
+    head = flat[: c * r].view(c, r)
+    tail = flat[c * r :]
+    colmax = _colmax(head, kernel)
+    finite = torch.isfinite(colmax.amax()) & torch.isfinite(tail).all()
+    cols = torch.topk(colmax, k, sorted=False).indices
+    cand_abs = head.index_select(1, cols).abs_().float().reshape(-1)
+    cand_idx = (torch.arange(c, device=flat.device)[:, None] * r + cols).reshape(-1)
+    if tail.numel():
+        cand_idx = torch.cat([cand_idx, torch.arange(c * r, n, device=flat.device)])
+        cand_abs = torch.cat([cand_abs, tail.abs().float()])
+    out = _top_of_candidates(flat, cand_idx, cand_abs, k)
+    _raise_unless(finite)
+    return out
 
 
 @SELECTORS.register("mstopk")
@@ -287,27 +435,23 @@ def mstopk(
     bins: int = 4096,
     small_numel: int = SMALL_NUMEL,
     generator: torch.Generator | None = None,
+    kernel: str = "auto",
+    _device_path: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Approximate-threshold top-k by magnitude (MSTopK); see the module docstring.
 
-    Args:
-        x: any float tensor (CPU or CUDA); selection is over ``x.flatten()``.
-        k: number of elements to return (``0 <= k``; ``k >= numel`` returns all).
-        method: ``tiled`` (default, exact), ``sampled`` (exact), ``hist`` (exact) or
-            ``paper`` (as published: approximate within the last threshold band).
-        iters: threshold-search iterations of ``paper`` (re-implementations use 20-100).
-        sample: sample size (elements) for the threshold estimate of ``sampled``/``tiled``.
-        margin: the sample threshold aims at ``margin * k`` candidates (safety, > 1).
-        tiles: maximum number of rows ``C`` of the ``tiled`` view.
-        bins: histogram bins of ``hist``.
-        small_numel: tensors smaller than this use ``torch.topk`` directly.
-        generator: RNG for the sample offsets (reproducible selections).
-    Returns:
-        ``(values, indices)``: ``min(k, numel)`` values of ``x.flatten()`` and their unique
-        int64 indices.
-    Raises:
-        ConfigError: ``k < 0``, an unknown method or a non-float tensor.
-        ValueError: ``x`` contains NaN or Inf.
+    Args: ``x`` any float tensor (CPU or CUDA), selection over ``x.flatten()``; ``k >= 0``
+    elements (``k >= numel``: all); ``method`` ``tiled`` (default), ``sampled``, ``hist``
+    (all exact) or ``paper`` (approximate within the last band); ``iters`` search steps of
+    ``paper``; ``sample`` size and ``margin`` (> 1, aim at ``margin * k`` candidates) of the
+    sampled thresholds; ``tiles`` rows ``C`` of ``tiled``; ``bins`` of ``hist``; below
+    ``small_numel`` elements ``torch.topk``; ``generator`` a CPU RNG for sample offsets;
+    ``kernel`` ``auto`` (Triton for ``tiled``'s column maxima on CUDA when it works),
+    ``torch`` or ``triton`` (CUDA only; float64 always uses torch).
+
+    Returns ``(values, indices)``: ``min(k, numel)`` values of ``x.flatten()`` and their
+    unique int64 indices.  Raises ConfigError (``k < 0``, unknown method or kernel,
+    non-float tensor) or ValueError (``x`` contains NaN or Inf).
     """
     flat = _check_float(x)
     k = _check_k(k)
@@ -316,11 +460,23 @@ def mstopk(
         raise ConfigError(
             "mstopk needs iters >= 1, sample >= 1, margin >= 1, tiles >= 1, bins >= 2"
         )
+    if kernel not in ("auto", "torch", "triton"):
+        raise ConfigError(f"mstopk kernel must be auto, torch or triton, got {kernel!r}")
+    if kernel == "triton" and not flat.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ConfigError("mstopk kernel='triton' needs a CUDA tensor")
     t = _trivial(flat, k)
     if t is not None:
         return t
     if flat.numel() < small_numel:
         return _exact(flat, k)
+    if flat.is_cuda if _device_path is None else _device_path:  # one sync per call
+        if method is MSTopKMethod.tiled:
+            return _tiled_dev(flat, k, tiles, sample, margin, generator, kernel)
+        if method is MSTopKMethod.sampled:
+            return _sampled_dev(flat, k, sample, margin, generator)
+        if method is MSTopKMethod.hist:
+            return _hist_dev(flat, k, bins)
+        return _paper_dev(flat, k, iters)
     if method is MSTopKMethod.tiled:
         return _tiled(flat, k, tiles, sample, margin, generator)
     if method is MSTopKMethod.sampled:
