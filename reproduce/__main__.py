@@ -8,6 +8,8 @@ commands:
                           a benchmark (see `python -m reproduce bench --list`)
   compare RUN_ID... --out PNG
                           accuracy curves of recorded runs side by side
+  gpucheck [--budget-s 480] [--dry-run]
+                          every CUDA path, measured within a time budget (see README, GPU)
 """
 
 from __future__ import annotations
@@ -84,8 +86,12 @@ def main(argv: list[str]) -> None:
         from reproduce.compare import main as compare_main
 
         compare_main(rest)
+    elif cmd == "gpucheck":
+        from reproduce.gpucheck import main as gpucheck_main
+
+        gpucheck_main(rest)
     else:
-        _fail(f"unknown command {cmd!r}; choose train, dawnbench, bench or compare")
+        _fail(f"unknown command {cmd!r}; choose train, dawnbench, bench, compare or gpucheck")
 
 
 if __name__ == "__main__":

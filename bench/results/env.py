@@ -35,6 +35,11 @@ def hardware() -> str:
 
 @functools.lru_cache(maxsize=1)
 def git_sha() -> str | None:
+    """The checkout's commit (12 hex digits, ``-dirty`` with uncommitted changes).
+
+    A copy of the tree without its ``.git`` (a GPU machine that received only the files)
+    takes the commit from ``BENCH_GIT_SHA``, set by whoever copied a clean checkout.
+    """
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short=12", "HEAD"],
@@ -53,7 +58,7 @@ def git_sha() -> str | None:
         ).stdout.strip()
         return out + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
-        return None
+        return os.environ.get("BENCH_GIT_SHA") or None
 
 
 def versions() -> dict[str, str | None]:

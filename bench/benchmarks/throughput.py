@@ -1,0 +1,186 @@
+"""``bench throughput``: ResNet-50 training images/s per GPU on synthetic data.
+
+One training step is forward, loss, backward and a fused SGD update (momentum 0.9) of
+``torchvision.models.resnet50()`` on a batch of random 224 px images that stays on the device
+(so this measures the GPU, not the input pipeline).  Three cases run in the same process,
+interleaved in rounds so that clock and thermal drift fall on all of them alike:
+
+* ``bf16+channels_last``: bf16 autocast, channels_last model and input (the suite's default
+  on CUDA: ``train.amp=auto``, ``model.channels_last=true``);
+* ``bf16``: bf16 autocast, default (NCHW) memory format;
+* ``tf32``: no autocast, TF32 matrix units allowed (the strongest fp32 baseline).
+
+Columns: ``case``, ``batch``, ``image_size``, ``median_step_ms`` (CUDA-event time of one step;
+perf_counter on the CPU), ``images_per_s`` (batch / median step), ``speedup_vs_tf32``, and
+the anchor: the number NVIDIA publishes for its own PyTorch reference of the same model
+(ResNet-50 v1.5, DeepLearningExamples, mixed precision, 1x A100 80GB, 2,470 images/s, with
+DALI input, 21.03 NGC container) in ``anchor_images_per_s`` and ``anchor``, for scale: it is
+another GPU and a real input pipeline, so the ratio is no like-for-like comparison.
+
+On a CPU (no CUDA) it runs a tiny version (batch 2, 32 px, fp32 and bf16) so the code path is
+tested; those rows say ``device=cpu``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.benchmarks import BENCHMARKS, BenchmarkSpec
+from bench.benchmarks.harness import BenchRun
+
+ANCHOR_IMAGES_PER_S = 2470.0
+ANCHOR = (
+    "NVIDIA DeepLearningExamples ResNet-50 v1.5 PyTorch, 1x A100 80GB, mixed precision, "
+    "DALI input, NGC 21.03"
+)
+CASES = {  # name -> (autocast dtype or None, channels_last)
+    "bf16+channels_last": (torch.bfloat16, True),
+    "bf16": (torch.bfloat16, False),
+    "tf32": (None, False),
+}
+
+
+class Step:
+    """One model, optimizer and synthetic batch; ``__call__`` runs one training step."""
+
+    def __init__(
+        self,
+        device: torch.device,
+        amp: torch.dtype | None,
+        channels_last: bool,
+        batch: int,
+        px: int,
+    ) -> None:
+        import torchvision
+
+        torch.manual_seed(0)
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+        self.model = torchvision.models.resnet50().to(device, memory_format=fmt)
+        self.opt = torch.optim.SGD(
+            self.model.parameters(),
+            lr=0.1,
+            momentum=0.9,
+            weight_decay=5e-5,
+            fused=device.type == "cuda",
+        )
+        self.x = torch.randn(batch, 3, px, px, device=device).to(memory_format=fmt)
+        self.y = torch.randint(0, 1000, (batch,), device=device)
+        self.amp, self.device = amp, device
+        self.loss = torch.nn.CrossEntropyLoss()
+
+    def __call__(self) -> None:
+        with torch.autocast(
+            self.device.type, dtype=self.amp or torch.float32, enabled=bool(self.amp)
+        ):
+            loss = self.loss(self.model(self.x), self.y)
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+
+def _time(fn: Callable[[], None], device: torch.device, iters: int) -> float:
+    """Milliseconds per call over ``iters`` calls (CUDA events on a GPU)."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / iters
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - t0) * 1e3 / iters
+
+
+def measure(
+    device: torch.device,
+    batch: int,
+    px: int,
+    rounds: int,
+    iters: int,
+    cases: dict[str, Any],
+    warmup: int = 3,
+) -> dict[str, list[float]]:
+    """ms per step of each case: ``rounds`` rounds of ``iters`` steps per case, after a
+    warm-up round (cuDNN autotuning, allocator growth) that is discarded."""
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    steps = {name: Step(device, amp, cl, batch, px) for name, (amp, cl) in cases.items()}
+    for s in steps.values():
+        _time(s, device, warmup)
+    times: dict[str, list[float]] = {n: [] for n in steps}
+    for r in range(rounds):
+        order = list(steps)[r % len(steps) :] + list(steps)[: r % len(steps)]
+        for n in order:
+            times[n].append(_time(steps[n], device, iters))
+    return times
+
+
+def run(results_dir: str = "results", quick: bool = False) -> Path:
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    if cuda and not quick:
+        batch, px, rounds, iters, cases = 256, 224, 3, 10, CASES
+    else:  # the code path, not a measurement worth reading
+        batch, px, rounds, iters = 2, 32, 2, 1
+        cases = {"bf16": CASES["bf16"], "fp32": (None, False)}
+    warmup = 3 if cuda and not quick else 1
+    bench = BenchRun("throughput", results_dir)
+    times = measure(device, batch, px, rounds, iters, cases, warmup)
+    base = "tf32" if "tf32" in times else "fp32"
+    med = {n: statistics.median(t) for n, t in times.items()}
+    for name, t in times.items():
+        row = bench.add(
+            case=name,
+            device=device.type,
+            batch=batch,
+            image_size=px,
+            rounds=rounds,
+            iters_per_round=iters,
+            median_step_ms=med[name],
+            min_step_ms=min(t),
+            images_per_s=batch / med[name] * 1e3,
+            speedup_vs_tf32=med[base] / med[name],
+            anchor_images_per_s=ANCHOR_IMAGES_PER_S,
+            anchor=ANCHOR,
+        )
+        print(
+            f"{name:>20} batch {batch} {px}px: {row['median_step_ms']:8.2f} ms/step, "
+            f"{row['images_per_s']:8.0f} images/s (x{row['speedup_vs_tf32']:.2f} vs {base})",
+            flush=True,
+        )
+    path = bench.save()
+    _plot(bench)
+    return path
+
+
+def _plot(bench: BenchRun) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from bench.results.plots import save_figure
+
+    df = bench.frame()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.barh(df["case"], df["images_per_s"], color="#4c72b0")
+    if (df["device"] == "cuda").any():
+        ax.axvline(ANCHOR_IMAGES_PER_S, color="k", ls="--", label="NVIDIA reference, 1x A100")
+        ax.legend(fontsize=7)
+    ax.set_xlabel("images/s (ResNet-50 training, synthetic data)")
+    ax.set_title(bench.meta["hardware"], fontsize=8)
+    save_figure(fig, bench.png_path)
+
+
+BENCHMARKS.register("throughput")(BenchmarkSpec(run=run, replot=_plot))

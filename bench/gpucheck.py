@@ -1,0 +1,300 @@
+"""``python -m reproduce gpucheck``: every CUDA path of the suite, measured in a fixed budget.
+
+GPU time comes in short windows, on machines that hold nothing but what the repository
+brings, so one prepared command checks what the machine has (:func:`probe`: CUDA, the GPU's
+name and memory, NCCL, DALI, Triton), then runs the :data:`STEPS` in order, each in its own
+process group with its own time cap:
+
+``topk``        ``bench topk`` on CUDA: torch.topk vs every MSTopK method, 25.6 M and 100 M
+``update``      ``bench update`` on CUDA: naive / foreach / fused / flat, fp32 and bf16 masters
+``input``       ``bench input_gpu``: DALI mixed vs DALI CPU vs torchvision, pre-decoded level
+``train-nccl``  the embedded default recipe on one GPU with NCCL (world 1), to its target
+``train-hitopk`` 2 processes sharing the GPU over gloo with CUDA tensors, ``comm=hitopk
+                comm.procs_per_node=1`` (each worker a node), to its target
+``throughput``  ``bench throughput``: ResNet-50, synthetic 224 px, bf16 + channels_last
+``gpu-tests``   ``pytest -m gpu``: the tests only a CUDA machine can run
+
+A step whose requirement is missing is skipped with one line; a step is given
+``min(cap, budget left)`` seconds and killed (with its children) when it overruns; once the
+budget left is under a step's ``min_s`` the check stops and says which steps were left.
+Every step appends to the usual CSVs and records (which name the GPU); the check itself
+appends one row per step to ``<results>/bench/gpucheck.csv``, keeps each step's output in
+``<results>/gpucheck/<bench_id>/<step>.log`` and prints a summary table, also written to
+``<results>/gpucheck/<bench_id>.md``.  ``--dry-run`` prints the probe and the plan and runs
+nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.benchmarks.harness import BenchRun
+
+PY = sys.executable
+LOG_TAIL_BYTES = 256_000  # a step's log keeps its last this many bytes
+
+
+def probe() -> dict[str, Any]:
+    """What this machine offers the suite: CUDA and the GPU, NCCL, DALI, Triton."""
+    import torch
+
+    info: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.cuda.is_available()}
+    if info["cuda"]:
+        props = torch.cuda.get_device_properties(0)
+        info.update(
+            gpu=props.name,
+            gpus=torch.cuda.device_count(),
+            gpu_mem_gib=round(props.total_memory / 2**30, 1),
+            capability=f"{props.major}.{props.minor}",
+            cuda_version=torch.version.cuda,
+            cudnn=torch.backends.cudnn.version(),
+            bf16=torch.cuda.is_bf16_supported(),
+        )
+    import torch.distributed as dist
+
+    info["nccl"] = bool(info["cuda"] and dist.is_available() and dist.is_nccl_available())
+    if info["nccl"]:
+        try:
+            info["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:  # noqa: BLE001 - the version is informative only
+            info["nccl_version"] = "?"
+    for name, module in (("dali", "nvidia.dali"), ("triton", "triton")):
+        try:
+            mod = __import__(module, fromlist=["__version__"])
+            info[name] = getattr(mod, "__version__", "?")
+        except Exception:  # noqa: BLE001 - optional
+            info[name] = None
+    return info
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One measured part of the check: a command, what it needs and its time cap."""
+
+    name: str
+    what: str
+    argv: Callable[[str], list[str]]  # results dir -> command line
+    cap_s: float
+    needs: tuple[str, ...] = ("cuda",)
+    min_s: float = 30.0  # not started with less budget left than this
+
+    def missing(self, info: dict[str, Any]) -> str | None:
+        gone = [n for n in self.needs if not info.get(n)]
+        return f"no {', '.join(gone).upper()} on this machine" if gone else None
+
+
+def _bench(name: str) -> Callable[[str], list[str]]:
+    return lambda res: [PY, "-m", "reproduce", "bench", name, "--results-dir", res]
+
+
+def _train(*overrides: str) -> Callable[[str], list[str]]:
+    return lambda res: [
+        PY,
+        "-m",
+        "reproduce",
+        "dawnbench",
+        "train.device=cuda",
+        "train.progress=false",
+        f"results.dir={res}",
+        *overrides,
+    ]
+
+
+STEPS: tuple[Step, ...] = (
+    Step("topk", "torch.topk vs MSTopK methods, 25.6 M / 100 M, CUDA events", _bench("topk"), 90),
+    Step("update", "optimizer update modes, ResNet-50 / Transformer-base", _bench("update"), 90),
+    Step("input", "DALI mixed vs DALI CPU vs torchvision decode", _bench("input_gpu"), 75),
+    Step(
+        "train-nccl",
+        "embedded default recipe, 1 GPU, NCCL",
+        _train("cluster.nproc_per_node=1", "cluster.backend=nccl"),
+        120,
+        needs=("cuda", "nccl"),
+        min_s=45,
+    ),
+    Step(
+        "train-hitopk",
+        "2 workers on the GPU over gloo, comm=hitopk, each worker a node",
+        _train(
+            "cluster.nproc_per_node=2",
+            "cluster.backend=gloo",
+            "comm=hitopk",
+            "comm.procs_per_node=1",
+        ),
+        150,
+        min_s=60,
+    ),
+    Step(
+        "throughput", "ResNet-50 synthetic 224 px, bf16 + channels_last", _bench("throughput"), 75
+    ),
+    Step(
+        "gpu-tests",
+        "pytest -m gpu",
+        lambda res: [PY, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests"],
+        120,
+    ),
+)
+
+
+@dataclasses.dataclass
+class Outcome:
+    step: str
+    status: str  # ok | failed | timeout | skipped | not run
+    seconds: float = 0.0
+    returncode: int | None = None
+    detail: str = ""
+
+
+def _pump(stream: Any, prefix: str, log: Any) -> None:
+    for line in iter(stream.readline, ""):
+        sys.stdout.write(f"[{prefix}] {line}")
+        sys.stdout.flush()
+        log.write(line)
+    stream.close()
+
+
+def run_step(argv: list[str], timeout_s: float, log_path: Path, prefix: str) -> tuple[str, int]:
+    """Run ``argv`` in its own process group, echoing and logging its output; kill the
+    whole group after ``timeout_s``.  Returns (status, return code)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
+        pump = threading.Thread(target=_pump, args=(proc.stdout, prefix, log), daemon=True)
+        pump.start()
+        try:
+            rc = proc.wait(timeout=timeout_s)
+            status = "ok" if rc == 0 else "failed"
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            rc, status = proc.wait(), "timeout"
+        pump.join(timeout=10)
+    _trim(log_path)
+    return status, rc
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _trim(path: Path) -> None:
+    data = path.read_bytes()
+    if len(data) > LOG_TAIL_BYTES:
+        path.write_bytes(b"[... earlier output cut ...]\n" + data[-LOG_TAIL_BYTES:])
+
+
+def plan(steps: tuple[Step, ...], info: dict[str, Any]) -> list[tuple[Step, str]]:
+    """Each step and what would happen to it: ``run`` or the reason it is skipped."""
+    return [(s, s.missing(info) or "run") for s in steps]
+
+
+def check(
+    results_dir: str = "results",
+    budget_s: float = 480.0,
+    dry_run: bool = False,
+    steps: tuple[Step, ...] = STEPS,
+    info: dict[str, Any] | None = None,
+) -> list[Outcome]:
+    """Probe, then run ``steps`` within ``budget_s`` seconds (see the module docstring)."""
+    info = probe() if info is None else info
+    print("machine: " + json.dumps(info))
+    planned = plan(steps, info)
+    caps = sum(s.cap_s for s, what in planned if what == "run")
+    over = " (more than the budget: the last steps may be left)" if caps > budget_s else ""
+    print(f"plan (budget {budget_s:.0f} s; caps of the steps to run: {caps:.0f} s{over}):")
+    for s, what in planned:
+        mark = f"cap {s.cap_s:4.0f} s" if what == "run" else f"skip: {what}"
+        print(f"  {s.name:<13} {mark:<36} {s.what}")
+        print(f"  {'':<13} $ {' '.join(s.argv(results_dir))}")
+    if dry_run:
+        print("dry run: nothing was run")
+        return [Outcome(s.name, "not run", detail="dry run") for s, _ in planned]
+    bench = BenchRun("gpucheck", results_dir)
+    log_dir = Path(results_dir) / "gpucheck" / bench.bench_id
+    outcomes = _run_all(planned, budget_s, results_dir, log_dir)
+    _record(bench, outcomes, info, log_dir, budget_s)
+    return outcomes
+
+
+def _run_all(
+    planned: list[tuple[Step, str]], budget_s: float, results_dir: str, log_dir: Path
+) -> list[Outcome]:
+    from bench.gpucheck_summary import headline, snapshot
+
+    t0 = time.monotonic()
+    outcomes: list[Outcome] = []
+    for i, (s, what) in enumerate(planned):
+        if what != "run":
+            print(f"[{s.name}] skipped: {what}")
+            outcomes.append(Outcome(s.name, "skipped", detail=what))
+            continue
+        left = budget_s - (time.monotonic() - t0)
+        if left < s.min_s:
+            rest = [p.name for p, w in planned[i:] if w == "run"]
+            print(f"budget spent ({left:.0f} s left): not run: {', '.join(rest)}")
+            outcomes += [Outcome(n, "not run", detail="budget spent") for n in rest]
+            outcomes += [Outcome(p.name, "skipped", detail=w) for p, w in planned[i:] if w != "run"]
+            break
+        before = snapshot(results_dir)
+        start = time.monotonic()
+        status, rc = run_step(
+            s.argv(results_dir), min(s.cap_s, left), log_dir / f"{s.name}.log", s.name
+        )
+        took = time.monotonic() - start
+        detail = headline(s.name, results_dir, before, log_dir / f"{s.name}.log")
+        print(f"[{s.name}] {status} in {took:.0f} s: {detail}")
+        outcomes.append(Outcome(s.name, status, took, rc, detail))
+    return outcomes
+
+
+def _record(
+    bench: BenchRun, outcomes: list[Outcome], info: dict[str, Any], log_dir: Path, budget_s: float
+) -> None:
+    facts = {
+        k: info.get(k)
+        for k in ("gpu", "gpu_mem_gib", "capability", "nccl_version", "triton", "dali")
+    }
+    for o in outcomes:
+        bench.add(**dataclasses.asdict(o), budget_s=budget_s, **facts)
+    bench.save()
+    lines = [
+        f"# gpucheck {bench.bench_id}",
+        "",
+        f"{bench.meta['hardware']}; git {bench.meta['git_sha']}; {bench.meta['date']}",
+        "",
+        "machine: `" + json.dumps(info) + "`",
+        "",
+        "| step | status | seconds | result |",
+        "| --- | --- | ---: | --- |",
+    ]
+    lines += [f"| {o.step} | {o.status} | {o.seconds:.0f} | {o.detail} |" for o in outcomes]
+    table = "\n".join(lines) + "\n"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    (log_dir.parent / f"{bench.bench_id}.md").write_text(table)
+    print("\n" + table)

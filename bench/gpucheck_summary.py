@@ -1,0 +1,130 @@
+"""One line of numbers per gpucheck step, read from what the step itself recorded.
+
+:func:`snapshot` notes how many rows each results CSV and ``runs.jsonl`` held before a step;
+:func:`headline` reads the rows the step added and condenses them.  A step that recorded
+nothing gets the last line of its log instead.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+BENCH_OF_STEP = {
+    "topk": "topk",
+    "update": "update",
+    "input": "input_gpu",
+    "throughput": "throughput",
+}
+
+
+def _csv(results_dir: str, name: str) -> Path:
+    return Path(results_dir) / "bench" / f"{name}.csv"
+
+
+def _runs(results_dir: str) -> Path:
+    return Path(results_dir) / "runs.jsonl"
+
+
+def snapshot(results_dir: str) -> dict[str, int]:
+    """Rows per benchmark CSV and lines of runs.jsonl, right now."""
+    out: dict[str, int] = {}
+    for name in BENCH_OF_STEP.values():
+        p = _csv(results_dir, name)
+        out[name] = len(pd.read_csv(p)) if p.is_file() and p.stat().st_size else 0
+    p = _runs(results_dir)
+    out["runs"] = len(p.read_text().splitlines()) if p.is_file() else 0
+    return out
+
+
+def _new_rows(results_dir: str, name: str, before: dict[str, int]) -> pd.DataFrame:
+    p = _csv(results_dir, name)
+    if not p.is_file():
+        return pd.DataFrame()
+    return pd.read_csv(p).iloc[before.get(name, 0) :]
+
+
+def _last_line(log: Path) -> str:
+    try:
+        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return "no log"
+    return lines[-1][:200] if lines else "no output"
+
+
+def _topk(df: pd.DataFrame) -> str:
+    parts = []
+    for (n, d), g in df[df["input"] == "gaussian"].groupby(["numel", "density"]):
+        g = g.set_index("method")
+        ms = g[g.index.str.startswith("mstopk")]
+        if "torch.topk" not in g.index or ms.empty:
+            continue
+        best = ms["median_ms"].idxmin()
+        cov = ms.loc[best, "coverage"]
+        parts.append(
+            f"{n / 1e6:g}M d={d:g}: topk {g.loc['torch.topk', 'median_ms']:.2f} ms, "
+            f"{best} {ms.loc[best, 'median_ms']:.2f} ms (cov {cov:.4f})"
+        )
+    return "; ".join(parts)
+
+
+def _update(df: pd.DataFrame) -> str:
+    parts = []
+    for (model, opt), g in df.groupby(["model", "optimizer"], sort=False):
+        g = g[g["variant"].fillna("") == ""].set_index("mode")
+        if "flat" in g.index and "fused" in g.index:
+            parts.append(
+                f"{model} {opt}: flat {g.loc['flat', 'median_ms']:.2f} ms vs fused "
+                f"{g.loc['fused', 'median_ms']:.2f} ms"
+            )
+    return "; ".join(parts)
+
+
+def _images(df: pd.DataFrame, key: str) -> str:
+    col = "images_per_s"
+    return "; ".join(
+        f"{r[key]} {r[col]:.0f} img/s" for _, r in df.iterrows() if pd.notna(r.get(col))
+    )
+
+
+def _train(results_dir: str, before: dict[str, int]) -> str:
+    p = _runs(results_dir)
+    if not p.is_file():
+        return ""
+    recs: list[dict[str, Any]] = [
+        json.loads(ln) for ln in p.read_text().splitlines()[before.get("runs", 0) :] if ln.strip()
+    ]
+    return "; ".join(
+        f"run {r['run_id']} {r['status']}: best {r['target_metric']} "
+        f"{(r.get('best_value') or float('nan')):.4f}, time to target "
+        f"{r.get('time_to_target_s') or float('nan'):.1f} s, "
+        f"{(r.get('throughput_samples_per_s') or float('nan')):.0f} samples/s"
+        for r in recs
+    )
+
+
+def headline(step: str, results_dir: str, before: dict[str, int], log: Path) -> str:
+    """The step's result in one line (never raises: a summary must not end the check)."""
+    try:
+        if step.startswith("train"):
+            text = _train(results_dir, before)
+        elif step in BENCH_OF_STEP:
+            df = _new_rows(results_dir, BENCH_OF_STEP[step], before)
+            if df.empty:
+                text = ""
+            elif step == "topk":
+                text = _topk(df)
+            elif step == "update":
+                text = _update(df)
+            elif step == "throughput":
+                text = _images(df, "case")
+            else:
+                text = _images(df, next(c for c in ("case", "loader") if c in df))
+        else:
+            text = ""
+    except Exception as e:  # noqa: BLE001 - report, do not stop
+        text = f"(summary failed: {type(e).__name__}: {e})"
+    return (text or _last_line(log)).replace("|", "/")

@@ -1,0 +1,42 @@
+"""``python -m reproduce gpucheck [--budget-s 480] [--dry-run] [--results-dir DIR]``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str]) -> None:
+    from bench.gpucheck import STEPS, check
+
+    ap = argparse.ArgumentParser(
+        prog="python -m reproduce gpucheck",
+        description="Exercise and measure every CUDA path of the suite within a time budget.",
+    )
+    ap.add_argument("--budget-s", type=float, default=480.0, help="seconds for all steps")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
+    ap.add_argument("--results-dir", default="results", help="where CSVs and records go")
+    ap.add_argument(
+        "--only",
+        default="",
+        help=f"comma-separated steps to run (default all): {','.join(s.name for s in STEPS)}",
+    )
+    args = ap.parse_args(argv)
+    if args.budget_s <= 0:
+        print(f"error: --budget-s must be > 0, got {args.budget_s:g}", file=sys.stderr)
+        sys.exit(2)
+    steps = STEPS
+    if args.only:
+        names = [n.strip() for n in args.only.split(",") if n.strip()]
+        unknown = [n for n in names if n not in {s.name for s in STEPS}]
+        if unknown:
+            print(
+                f"error: unknown step(s) {', '.join(unknown)}; "
+                f"choose from {', '.join(s.name for s in STEPS)}",
+                file=sys.stderr,
+            )
+            sys.exit(2)
+        steps = tuple(s for s in STEPS if s.name in names)
+    outcomes = check(args.results_dir, args.budget_s, args.dry_run, steps)
+    bad = [o for o in outcomes if o.status in ("failed", "timeout")]
+    sys.exit(1 if bad else 0)

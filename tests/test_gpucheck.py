@@ -1,0 +1,119 @@
+"""gpucheck's plan, budget and step handling, on the CPU (fake steps stand in for the GPU)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from bench.gpucheck import STEPS, Step, check
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _py(code: str):
+    return lambda res: [sys.executable, "-c", code]
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie, killed and not yet reaped by its new parent, is not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "reproduce", "gpucheck", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path):
+    r = _cli("--dry-run", "--results-dir", str(tmp_path / "res"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    for s in STEPS:
+        assert s.name in r.stdout
+    assert "machine: {" in r.stdout and "dry run: nothing was run" in r.stdout
+    assert not (tmp_path / "res").exists()  # nothing recorded
+
+
+def test_bad_arguments_are_refused(tmp_path):
+    r = _cli("--only", "topk,bogus", "--dry-run", cwd=tmp_path)
+    assert r.returncode == 2 and "unknown step(s) bogus" in r.stderr
+    r = _cli("--budget-s", "0", "--dry-run", cwd=tmp_path)
+    assert r.returncode == 2 and "--budget-s must be > 0" in r.stderr
+
+
+def test_budget_caps_skips_and_what_was_left(tmp_path):
+    pidfile = tmp_path / "child.pid"
+    hang = (
+        "import subprocess, time, pathlib\n"
+        "c = subprocess.Popen(['sleep', '60'])\n"
+        f"pathlib.Path({str(pidfile)!r}).write_text(str(c.pid))\n"
+        "time.sleep(60)\n"
+    )
+    steps = (
+        Step("quick", "prints", _py("print('hello from quick')"), cap_s=30, min_s=1),
+        Step("fails", "exits 3", _py("raise SystemExit(3)"), cap_s=30, min_s=1),
+        Step("hangs", "overruns its cap", _py(hang), cap_s=3, min_s=1),
+        Step("no-nccl", "needs nccl", _py("print(1)"), cap_s=5, needs=("cuda", "nccl"), min_s=1),
+        Step("big", "needs more than is left", _py("print(1)"), cap_s=30, min_s=1000),
+        Step("after", "never reached", _py("print(1)"), cap_s=30, min_s=1),
+    )
+    res = tmp_path / "res"
+    t0 = time.monotonic()
+    out = check(str(res), budget_s=60, steps=steps, info={"cuda": True, "nccl": False})
+    assert time.monotonic() - t0 < 45  # the hanging step was cut at its cap
+    got = {o.step: (o.status, o.returncode) for o in out}
+    assert got["quick"] == ("ok", 0)
+    assert got["fails"] == ("failed", 3)
+    assert got["hangs"][0] == "timeout"
+    assert got["no-nccl"][0] == "skipped"
+    assert got["big"][0] == "not run" and got["after"][0] == "not run"
+    # the hanging step's own child was killed with it (the whole process group)
+    child = int(pidfile.read_text())
+    time.sleep(0.5)
+    assert not _alive(child)
+    # one row per step, logs, and the summary table
+    df = pd.read_csv(res / "bench" / "gpucheck.csv")
+    assert list(df["step"]) == [s.name for s in steps]
+    bench_id = df["bench_id"].iloc[0]
+    log = (res / "gpucheck" / bench_id / "quick.log").read_text()
+    assert "hello from quick" in log
+    table = (res / "gpucheck" / f"{bench_id}.md").read_text()
+    assert "| hangs | timeout |" in table and "| big | not run |" in table
+    assert df.set_index("step").loc["quick", "detail"] == "hello from quick"
+
+
+def test_every_step_is_planned_with_a_cap_within_the_default_budget():
+    # the order the check promises, and caps that each fit the default budget
+    assert [s.name for s in STEPS][:3] == ["topk", "update", "input"]
+    assert all(0 < s.min_s <= s.cap_s <= 480 for s in STEPS)
+
+
+def test_throughput_benchmark_runs_on_cpu_and_feeds_the_summary(tmp_path):
+    from bench.benchmarks.throughput import ANCHOR_IMAGES_PER_S, run
+    from bench.gpucheck_summary import headline, snapshot
+
+    before = snapshot(str(tmp_path))
+    run(results_dir=str(tmp_path), quick=True)
+    df = pd.read_csv(tmp_path / "bench" / "throughput.csv")
+    assert sorted(df["case"]) == ["bf16", "fp32"]
+    assert (df["images_per_s"] > 0).all() and (df["device"] == "cpu").all()
+    assert (df["anchor_images_per_s"] == ANCHOR_IMAGES_PER_S).all()
+    fp32 = df.set_index("case").loc["fp32"]
+    assert fp32["speedup_vs_tf32"] == 1.0  # the baseline of its own run
+    line = headline("throughput", str(tmp_path), before, tmp_path / "none.log")
+    assert "bf16" in line and "fp32" in line and "img/s" in line
