@@ -404,3 +404,85 @@ def test_dali_array_loader_matches_tensor_loader_on_digits() -> None:
     for (xt, yt), (xd, yd) in zip(out["torch"][1], out["dali"][1], strict=True):
         assert torch.equal(yt, yd)
         assert torch.allclose(xt, xd, atol=1e-4)
+
+
+def test_dali_device_choice() -> None:
+    pytest.importorskip("nvidia.dali")
+    from bench.data.dali_common import dali_device_id
+    from bench.registry import ConfigError
+
+    assert dali_device_id(CPU, "auto") is None  # training on the CPU: a CPU pipeline
+    assert dali_device_id(torch.device("cuda", 1), "auto") == 1  # the training GPU
+    assert dali_device_id(torch.device("cuda", 1), "gpu") == 1
+    assert dali_device_id(torch.device("cuda", 1), "cpu") is None
+    with pytest.raises(ConfigError, match="needs a CUDA"):
+        dali_device_id(CPU, "gpu")
+    with pytest.raises(ConfigError, match="dali_device"):
+        dali_device_id(CPU, "tpu")
+
+
+def graph_ops(node, acc=None) -> list[tuple[str, str, str]]:
+    """(operator, its backend, output device) of every node a DALI output depends on."""
+    acc = [] if acc is None else acc
+    op = node.source._op
+    acc.append((type(op).__name__, op.device, node.device))
+    for i in node.source.inputs:
+        graph_ops(i, acc)
+    return acc
+
+
+@pytest.mark.parametrize("mode,cache", [("reader", "none"), ("external", "multilevel"),
+                                        ("external", "predecoded")])  # fmt: skip
+@pytest.mark.parametrize("train", [True, False])
+def test_dali_cuda_graph_decodes_mixed_and_augments_on_the_gpu(
+    folder: Path, tmp_path: Path, mode: str, cache: str, train: bool
+) -> None:
+    """On a CUDA device (the graph only: defining it needs no GPU) JPEGs are decoded by
+    the ``mixed`` decoder and every later operator runs on the GPU; pre-decoded pixels go
+    to the GPU right after the external source; the sample indices stay on the host."""
+    pytest.importorskip("nvidia.dali")
+    ld = dali_loader(folder, "train" if train else "val", mode=mode, cache=cache, rank=0,
+                     world=1, train=train, tmp=tmp_path)  # fmt: skip
+    ld.device_id = 0  # what dali_device_id gives for cuda:0 (test_dali_device_choice)
+    pipe = ld._reader_pipe(16, ld._plan()[0]) if mode == "reader" else ld._external_pipe(16)
+    assert pipe.device_id == 0
+    pipe._build_graph()
+    images, index = pipe._graph_out
+    ops = graph_ops(images)
+    assert ops[0] == ("CropMirrorNormalize", "gpu", "gpu")
+    decoders = [(op, be) for op, be, _ in ops if op in ("Image", "ImageRandomCrop")]
+    if cache == "predecoded":
+        assert decoders == [] and ("ExternalSource", "cpu", "gpu") in ops
+        assert ("RandomResizedCrop" if train else "Resize", "gpu", "gpu") in ops
+    else:
+        assert decoders == [("ImageRandomCrop" if train else "Image", "mixed")]
+    on_host = {"ExternalSource", "File", "CoinFlip"}  # sources and random draws
+    assert all(dev == "gpu" for op, _, dev in ops if op not in on_host), ops
+    assert index.device == "cpu"
+    ld.close()
+
+
+def test_dali_batches_stay_valid_after_later_batches(folder: Path, tmp_path: Path) -> None:
+    """Batches handed over without a copy (DLPack, no_copy external source) are the
+    caller's: later batches and epochs never overwrite them; the external source reading
+    the cached bytes in place gives exactly the file reader's pixels."""
+    pytest.importorskip("nvidia.dali")
+    for cache in ("predecoded", "multilevel"):
+        ld = dali_loader(folder, "train", mode="external", cache=cache, rank=0, world=1,
+                         train=True, tmp=tmp_path / cache)  # fmt: skip
+        kept = []
+        for epoch in range(2):
+            ld.set_epoch(epoch)
+            for x, _, _ in ld.iter_indexed():
+                kept.append((x, x.clone()))
+        assert len(kept) == 2 * len(ld)
+        for x, copy in kept:
+            assert torch.equal(x, copy)
+        ld.close()
+    ev = {
+        mode: torch.cat([x for x, _, _ in dali_loader(
+            folder, "val", mode=mode, cache="memory", rank=0, world=1, train=False,
+            tmp=tmp_path / mode).iter_indexed()])
+        for mode in ("reader", "external")
+    }  # fmt: skip
+    assert torch.equal(ev["reader"], ev["external"])

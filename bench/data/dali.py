@@ -36,7 +36,15 @@ import numpy as np
 
 from bench.data.cache import CachedReader, merge_stats
 from bench.data.cached_folder import warn_corrupt, zero_stats
-from bench.data.dali_common import ExternalEpochs, augment, dali_device_id, require_dali, to_torch
+from bench.data.dali_common import (
+    ExternalEpochs,
+    KeepAlive,
+    augment,
+    dali_device_id,
+    require_dali,
+    to_torch,
+    zero_copy,
+)
 from bench.data.dali_feed import ExternalFeed
 from bench.data.sampling import rank_batches, steps_per_epoch
 from bench.data.types import SAMPLES
@@ -244,16 +252,21 @@ class DaliFolderLoader:
         gpu = self.device_id is not None
         decoded = bool(self.predecode_size)
 
+        keep = KeepAlive(2 * self.prefetch + 4)
+
         @pipeline_def
         def pipe():
             # the source is called ahead of run(), one batch per call; it raises
-            # StopIteration after the epoch's plan (then the pipeline is reset)
+            # StopIteration after the epoch's plan (then the pipeline is reset).  no_copy:
+            # DALI reads the fetched arrays (cached bytes or pixels) in place, no host
+            # copy; ``keep`` holds them until the pipeline is done with them
             data, index = fn.external_source(
-                source=self.feed,
+                source=lambda: keep(self.feed()),
                 num_outputs=2,
                 batch=True,
                 dtype=[types.UINT8, types.INT64],
                 layout=["HWC" if decoded else "", ""],
+                no_copy=True,
             )
             images = augment(
                 fn,
@@ -324,8 +337,8 @@ class DaliFolderLoader:
         """(images, sample indices) of a batch without the reader's padding."""
         import torch
 
-        idx = to_torch(index, torch.device("cpu")).view(-1)
-        x = to_torch(images, self.device)
+        idx = to_torch(index, torch.device("cpu")).view(-1)  # a copy: see KeepAlive
+        x = to_torch(images, self.device, wrap=zero_copy(self._pipe[1]))
         if batch is None:  # external source: every sample is real
             return x, idx
         n = len(batch)  # the file reader pads the last batch of a pass: cut by count

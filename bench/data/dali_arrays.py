@@ -7,7 +7,14 @@ from typing import Any
 
 import numpy as np
 
-from bench.data.dali_common import ExternalEpochs, dali_device_id, require_dali, to_torch
+from bench.data.dali_common import (
+    ExternalEpochs,
+    KeepAlive,
+    dali_device_id,
+    require_dali,
+    to_torch,
+    zero_copy,
+)
 from bench.data.sampling import rank_batches, steps_per_epoch
 from bench.data.types import SAMPLES
 
@@ -100,14 +107,19 @@ class DaliArrayLoader:
         gpu = self.device_id is not None
         dtype = types.UINT8 if self.x.dtype == np.uint8 else types.FLOAT
 
+        keep = KeepAlive(2 * self.prefetch + 4)
+
         @pipeline_def
         def pipe():
+            # no_copy: DALI reads the images in place (views of the array); ``keep`` holds
+            # the batch's index arrays until the pipeline is done with them
             images, index = fn.external_source(
-                source=self._next,
+                source=lambda: keep(self._next()),
                 num_outputs=2,
                 batch=True,
                 dtype=[dtype, types.INT64],
                 layout=["HWC", ""],
+                no_copy=True,
             )
             if gpu:
                 images = images.gpu()
@@ -141,10 +153,11 @@ class DaliArrayLoader:
             self._pipe = self._build()
         self._epochs.finish(self._stop)  # an epoch the training loop cut short
         self._batches = self._plan()
+        wrap = zero_copy(self._pipe)
         for images, index in self._epochs.run(self._pipe, lambda run: run()):
-            idx = to_torch(index, torch.device("cpu")).view(-1).numpy()
+            idx = to_torch(index, torch.device("cpu")).view(-1).numpy()  # a copy
             self._samples += len(idx)
             yield (
-                to_torch(images, self.device).to(self.device),
+                to_torch(images, self.device, wrap=wrap),
                 torch.from_numpy(self.labels[idx]).to(self.device),
             )

@@ -4,8 +4,16 @@ graph and the copy of DALI outputs into torch tensors.
 Augmentation: training = decode + random-resized-crop (fused as
 ``decoders.image_random_crop``, which decodes only the crop window) + flip + normalise;
 evaluation = resize (shorter side = size / 0.875) + centre crop + normalise.  With CUDA
-the decoder is ``mixed`` (nvJPEG) and the rest runs on the GPU; without it everything runs
-on the CPU (``device_id=None``).
+(``data.dali_device=auto`` or ``gpu``) the decoder is ``mixed`` (nvJPEG: Huffman decoding
+on the CPU or the hardware JPEG decoder, the rest on the GPU) and every later operator
+runs on the GPU; pre-decoded pixels are moved to the GPU right after the external
+source.  Without CUDA everything runs on the CPU (``device_id=None``).
+
+Hand-over to torch (:func:`to_torch`): with DALI's dynamic executor (the default since
+DALI 2.0) a pipeline's outputs belong to the caller, so they are wrapped by DLPack with no
+copy (on the GPU, DALI makes torch's current stream wait for the batch); with the older
+executor, whose output buffers are reused, GPU batches are copied device to device on
+torch's current stream (``feed_ndarray``) and CPU batches once to host memory.
 """
 
 from __future__ import annotations
@@ -31,13 +39,21 @@ def require_dali():
 
 
 def dali_device_id(device: Any, dali_device: str) -> int | None:
-    """The CUDA device for GPU operators, or None for a CPU-only pipeline."""
-    use_gpu = getattr(device, "type", str(device)) == "cuda"
-    if dali_device == "cpu" or not use_gpu:
+    """The CUDA device for GPU operators, or None for a CPU-only pipeline.
+
+    ``auto``: the training device's GPU when training on CUDA, else the CPU; ``cpu``: always
+    the CPU; ``gpu``: the training device's GPU, an error when training on the CPU.
+    """
+    import torch
+
+    device = torch.device(device)
+    if str(dali_device) not in ("auto", "cpu", "gpu"):
+        raise ConfigError(f"data.dali_device must be auto, cpu or gpu, got {dali_device!r}")
+    if dali_device == "cpu" or device.type != "cuda":
         if dali_device == "gpu":
             raise ConfigError("data.dali_device=gpu needs a CUDA training device")
         return None
-    return device.index if device.index is not None else 0
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def augment(
@@ -92,22 +108,58 @@ def augment(
     )
 
 
-def to_torch(out: Any, device: Any):
-    """A DALI TensorList (CPU or GPU) as a torch tensor on ``device``."""
+def zero_copy(pipe: Any) -> bool:
+    """Whether ``pipe``'s outputs belong to the caller (DALI's dynamic executor), so that
+    they can be wrapped by DLPack instead of copied."""
+    return bool(getattr(pipe, "exec_dynamic", False))
+
+
+def to_torch(out: Any, device: Any, *, wrap: bool = False):
+    """A dense DALI TensorList (CPU or GPU) as a torch tensor on ``device``.
+
+    ``wrap`` (outputs owned by the caller, see :func:`zero_copy`): DLPack, no copy; for a
+    GPU batch ``torch.from_dlpack`` passes torch's current stream, on which DALI inserts a
+    wait for the batch.  Otherwise GPU batches are copied on torch's current stream into
+    a new CUDA tensor (``feed_ndarray``, as DALI's own iterator does) and CPU batches are
+    copied to host memory.  A GPU batch asked for on the CPU is copied to the host.
+    """
     import torch
 
-    if type(out).__name__ == "TensorListGPU":
-        from nvidia.dali.plugin.pytorch import feed_ndarray
+    device = torch.device(device)
+    gpu = type(out).__name__ == "TensorListGPU"
+    if gpu and device.type != "cuda":
+        out, gpu = out.as_cpu(), False
+    t = out.as_tensor()
+    if wrap:
+        x = torch.from_dlpack(t)
+    elif gpu:
+        from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 
-        t = out.as_tensor()
-        dst = torch.empty(
-            t.shape(),
-            dtype=torch.float32 if "FLOAT" in str(t.dtype) else torch.int64,
-            device=device,
-        )
-        feed_ndarray(t, dst, cuda_stream=torch.cuda.current_stream(device))
-        return dst
-    return torch.from_numpy(out.as_array())
+        cuda = torch.device("cuda", out.device_id())
+        x = torch.empty(t.shape(), dtype=to_torch_type[t.dtype], device=cuda)
+        feed_ndarray(t, x, cuda_stream=torch.cuda.current_stream(cuda))
+    else:
+        x = torch.from_numpy(out.as_array())
+    return x.to(device, non_blocking=x.is_cuda)
+
+
+class KeepAlive:
+    """References to the last batches given to a ``no_copy`` external source.
+
+    With ``no_copy=True`` DALI reads the source's arrays in place (no host copy) until the
+    pipeline has consumed them, up to ``prefetch_queue_depth`` iterations later; holding
+    the latest ``depth`` batches keeps their memory valid that long (for pre-decoded
+    images the cache may drop its own reference meanwhile).
+    """
+
+    def __init__(self, depth: int) -> None:
+        from collections import deque
+
+        self.ring: deque = deque(maxlen=max(2, depth))
+
+    def __call__(self, batch: Any) -> Any:
+        self.ring.append(batch)
+        return batch
 
 
 class ExternalEpochs:
