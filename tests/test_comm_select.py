@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 from bench.comm import mstopk, randomk, topk
-from bench.comm.selection import MSTOPK_METHODS, k_for
+from bench.comm.selection import MSTOPK_METHODS, host_syncs, k_for
 from bench.registry import ConfigError
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
@@ -118,3 +123,95 @@ def test_large_tiled_is_exact() -> None:
     x[-3] = 1e6  # in the tail that does not fill a column
     vals, idx = mstopk(x, k)
     assert x.numel() - 3 in set(idx.tolist())
+
+
+# --- the CUDA structure (one host sync per call), exercised on the CPU -----------------
+
+
+@pytest.mark.parametrize("method", MSTOPK_METHODS)
+@pytest.mark.parametrize("kind", ["gaussian", "heavy"])
+@pytest.mark.parametrize("density", [0.001, 0.01])
+def test_device_path_one_sync_and_exact(method: str, kind: str, density: float) -> None:
+    x = _inputs(300_007)[kind]  # 300_007: tiled has a tail that does not fill a column
+    k = k_for(x.numel(), density)
+    before = host_syncs()
+    vals, idx = mstopk(x, k, method, _device_path=True)
+    assert host_syncs() - before == 1
+    _check(x, vals, idx, k)
+    if method == "paper":  # the same search as the CPU structure: the same set
+        assert set(idx.tolist()) == set(mstopk(x, k, method)[1].tolist())
+    else:  # exact: the magnitudes of the true top k
+        exact = torch.topk(x.abs(), k).values
+        assert torch.equal(vals.abs().sort().values, exact.sort().values)
+
+
+@pytest.mark.parametrize("method", MSTOPK_METHODS)
+def test_cpu_structure_counts_its_syncs(method: str) -> None:
+    x = _inputs(300_000)["gaussian"]
+    before = host_syncs()
+    mstopk(x, 300, method)
+    assert host_syncs() - before >= 2  # the CPU structure reads the host freely
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("method", MSTOPK_METHODS)
+def test_device_path_dtypes_and_ties(dtype: torch.dtype, method: str) -> None:
+    # bf16/fp16 magnitudes tie a lot: compare magnitudes, not index sets
+    x = torch.randn(100, 1001, generator=torch.Generator().manual_seed(2)).to(dtype)
+    vals, idx = mstopk(x, 500, method, _device_path=True)
+    _check(x, vals, idx, 500)
+    if method != "paper":
+        exact = torch.topk(x.reshape(-1).abs().float(), 500).values
+        assert torch.equal(vals.abs().float().sort().values, exact.sort().values)
+    for const in (torch.full((40_000,), 0.5, dtype=dtype), torch.zeros(40_000, dtype=dtype)):
+        vals, idx = mstopk(const, 7, method, _device_path=True)
+        _check(const, vals, idx, 7)
+
+
+@pytest.mark.parametrize("method", MSTOPK_METHODS)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("where", [0, 33_333, 100_006])  # first column, middle, tiled's tail
+def test_device_path_nonfinite_is_an_error(method: str, bad: float, where: int) -> None:
+    x = torch.randn(100_007)
+    x[where] = bad
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        mstopk(x, 10, method, _device_path=True)
+
+
+def test_kernel_option() -> None:
+    x = torch.randn(100_000)
+    with pytest.raises(ConfigError, match="kernel must be"):
+        mstopk(x, 10, kernel="cuda")
+    if "TRITON_INTERPRET" not in os.environ:
+        with pytest.raises(ConfigError, match="needs a CUDA tensor"):
+            mstopk(x, 10, kernel="triton")
+    a = mstopk(x, 100, kernel="torch", _device_path=True)[1]
+    assert set(a.tolist()) == set(torch.topk(x.abs(), 100).indices.tolist())
+
+
+_INTERPRET = """
+import torch
+from bench.comm.selection import mstopk, host_syncs
+for dtype in (torch.float32, torch.bfloat16):
+    x = torch.randn(200_003, generator=torch.Generator().manual_seed(5)).to(dtype)
+    s = host_syncs()
+    v, i = mstopk(x, 200, kernel="triton", _device_path=True)
+    assert host_syncs() - s == 1
+    ref = torch.topk(x.abs().float(), 200).values.sort().values
+    assert torch.equal(v.abs().float().sort().values, ref), dtype
+x[7] = float("nan")
+try:
+    mstopk(x, 200, kernel="triton", _device_path=True)
+except ValueError:
+    print("OK")
+"""
+
+
+def test_triton_kernel_in_the_interpreter() -> None:
+    """The Triton column-max kernel, run by Triton's CPU interpreter (no GPU needed)."""
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    out = subprocess.run(
+        [sys.executable, "-c", _INTERPRET], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "OK", out.stderr[-2000:]
