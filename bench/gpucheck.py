@@ -9,6 +9,8 @@ process group with its own time cap:
 ``update``      ``bench update`` on CUDA: naive / foreach / fused / flat, fp32 and bf16 masters
 ``input``       ``bench input_gpu``: DALI mixed vs DALI CPU vs torchvision, pre-decoded level
 ``train-nccl``  the embedded default recipe on one GPU with NCCL (world 1), to its target
+``train-flat``  the same with ``optim.update=flat optim.master_weights=bf16`` (bf16 model,
+                fp32 master weights, bf16 autocast, channels_last)
 ``train-hitopk`` 2 processes sharing the GPU over gloo with CUDA tensors, ``comm=hitopk
                 comm.procs_per_node=1`` (each worker a node), to its target
 ``throughput``  ``bench throughput``: ResNet-50, synthetic 224 px, bf16 + channels_last
@@ -119,6 +121,19 @@ STEPS: tuple[Step, ...] = (
         "embedded default recipe, 1 GPU, NCCL",
         _train("cluster.nproc_per_node=1", "cluster.backend=nccl"),
         120,
+        needs=("cuda", "nccl"),
+        min_s=45,
+    ),
+    Step(
+        "train-flat",
+        "the same with the flat update, bf16 model and fp32 master weights",
+        _train(
+            "cluster.nproc_per_node=1",
+            "cluster.backend=nccl",
+            "optim.update=flat",
+            "optim.master_weights=bf16",
+        ),
+        90,
         needs=("cuda", "nccl"),
         min_s=45,
     ),
