@@ -27,7 +27,8 @@ import torch
 from bench.optim import adam, lars, sgd  # noqa: F401  (each registers its specs)
 from bench.optim.adam import Adam, AdamW, FlatAdam
 from bench.optim.config import MasterWeights, OptimConfig, Schedule, UpdateMode
-from bench.optim.flat import FlatOptimizer, after_ddp_broadcast
+from bench.optim.ddp import after_ddp_broadcast
+from bench.optim.flat import FlatOptimizer
 from bench.optim.lars import LARS, FlatLARS
 from bench.optim.sgd import SGD, FlatSGD
 from bench.optim.spec import OPTIMIZERS, OptimizerSpec
@@ -96,13 +97,12 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Opt
 def ddp_kwargs(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """Extra ``DistributedDataParallel`` keyword arguments this optimizer needs.
 
-    ``flat``: ``p.grad`` must stay views into the flat gradient buffer, so DDP must copy
-    its all-reduced buckets back into ``p.grad`` (its default) instead of re-pointing
-    ``p.grad`` at its buckets (``gradient_as_bucket_view=True``; that would still work,
-    at the price of one gathering copy per step in :meth:`FlatBucket.gather_grads`).
+    ``flat``: ``gradient_as_bucket_view=True``: ``p.grad`` are views into DDP's buckets,
+    which the flat update reads in place (its buffers are re-laid in bucket order at the
+    first step), so no gradient is copied between backward and update.
     """
     if isinstance(optimizer, FlatOptimizer):
-        return {"gradient_as_bucket_view": False}
+        return {"gradient_as_bucket_view": True}
     return {}
 
 

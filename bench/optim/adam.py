@@ -129,6 +129,9 @@ class FlatAdam(FlatOptimizer):
         denom = torch.sqrt(v, out=s).div_(math.sqrt(1.0 - b2**t)).add_(eps)
         p.addcdiv_(m, denom, value=-lr / (1.0 - b1**t))
 
+    def _permute_extra(self, bi: int, perm: list[int]) -> None:
+        self._counts[bi] = self._counts[bi][perm].clone()
+
     def _extra_state(self, bi: int, k: int) -> dict[str, Any]:
         return {"step": self._counts[bi][k]}  # a view: the live count
 

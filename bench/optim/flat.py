@@ -1,12 +1,9 @@
 """Flat-buffer optimizer base: parameters, gradients and state as views into one buffer.
 
-A faster optimizer update over the hundreds of small tensors of a CNN (the "parallel
-tensor operator" of Shi et al., MLSys 2021, section 4; see docs/algorithms.md).  The
-known way to do that is the one of apex's ``FusedSGD``/``multi_tensor_apply`` and of
-Megatron/DeepSpeed's contiguous gradient buffers: lay every parameter, its gradient and
-its optimizer state out as views into ONE contiguous buffer per (device, dtype), so that
-the update is a handful of vectorized operations over a single buffer instead of a
-kernel chain per tensor.
+The "parallel tensor operator" of Shi et al. (MLSys 2021, section 4; docs/algorithms.md),
+done as apex's ``multi_tensor_apply`` and Megatron/DeepSpeed's contiguous buffers: every
+parameter, gradient and optimizer state is a view into ONE buffer per (device, dtype),
+so the update is a handful of vector operations instead of a kernel chain per tensor.
 
 Layout (one :class:`FlatBucket` per (device, model dtype)):
 
@@ -15,22 +12,28 @@ Layout (one :class:`FlatBucket` per (device, model dtype)):
   parameters of 2 or more dimensions; norm parameters and biases stay fp32, as apex's
   ``keep_batchnorm_fp32``), else the same tensor as ``model``; the update runs on it and
   is copied back to ``model``;
-* ``grad``   flat tensor in the model's dtype; once a parameter has a gradient, ``p.grad``
-  is its view into this buffer, so autograd accumulates into it in place and DDP
-  (``gradient_as_bucket_view=False``) copies its all-reduced bucket back into it;
-* ``state[name]`` one flat fp32 buffer per state name (momentum, exp_avg ...);
-* parameters are ordered by param group, so every group is one contiguous range.
+* ``grad``   flat tensor in the model's dtype: ``p.grad`` is its view, except under DDP;
+* ``state[name]`` one flat fp32 buffer per state name (momentum, exp_avg ...).
 
-Parameters without a gradient, as torch: a parameter has a gradient in a step when its
-``p.grad`` is not None when :meth:`FlatOptimizer.step` runs; the others are skipped (no
-weight decay, no momentum, no Adam step) and have no optimizer state until their first
-gradient.  ``zero_grad(set_to_none=True)`` sets every ``p.grad`` to None (autograd then
-allocates fresh gradients, which the next step copies into the buffer, counted in
-``FlatBucket.copies``); ``set_to_none=False`` zeroes the buffer and keeps None as None.
-A new optimizer leaves ``p.grad`` None (the first step copies), so a layer that is never
-used is never touched, with either ``zero_grad``.  The update runs over maximal runs of
-neighbouring parameters that have a gradient and the same state age: one run per param
-group in the usual step where every parameter has one.
+Zero-copy under DDP (``gradient_as_bucket_view=True``, :func:`bench.optim.ddp_kwargs`):
+DDP makes every ``p.grad`` a view into its bucket; at the first step (and whenever the
+gradients are other tensors than at the last step: DDP's bucket rebuild) the buffers are
+re-laid in DDP's bucket order (:mod:`bench.optim.layout`), each bucket one contiguous
+range, and the update reads the bucket tensors themselves: no gradient copy.  Param
+groups interleaved within a bucket become sub-ranges.  Elsewhere (no DDP) parameters are
+ordered by param group and ``p.grad`` are views of ``grad``; a gradient that is neither
+(autograd's after ``zero_grad(set_to_none=True)``) is copied in, counted in
+``FlatBucket.copies``.
+
+Parameters without a gradient, as torch: a parameter whose ``p.grad`` is None when
+:meth:`FlatOptimizer.step` runs is skipped (no weight decay, momentum or Adam step) and
+has no state until its first gradient.  ``zero_grad(set_to_none=True)`` drops gradients,
+except those in DDP's buckets, which are zeroed in place (dropping them would make DDP
+copy every new gradient into its bucket; so under DDP a parameter that had a gradient
+and is unused in a later step gets a zero gradient, as with ``set_to_none=False``);
+``set_to_none=False`` zeroes and keeps None as None.  The update runs over maximal runs
+of neighbouring parameters of one group and one bucket with a gradient and the same
+state age.
 
 Master weights follow the model: a master that no longer rounds to its model tensor
 (the model was written in place without it: ``model.load_state_dict``, DDP's broadcast)
@@ -49,45 +52,13 @@ from typing import Any
 
 import torch
 
+from bench.optim import layout
+from bench.optim.layout import dense_view as _dense_view
+from bench.optim.layout import is_dense as _is_dense
+from bench.optim.modes import MODE_KEYS, fused_kernels_available, keep_mode_keys
 from bench.registry import ConfigError
 
-# Group keys that say HOW the update is computed, not what it computes: when a state
-# dict moves between update modes these keep the values of the optimizer loading it.
-MODE_KEYS = ("foreach", "fused", "flat", "differentiable", "capturable")
-
-
-def keep_mode_keys(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``state_dict`` whose param groups keep ``optimizer``'s own mode keys."""
-    groups = []
-    for saved, own in zip(state_dict["param_groups"], optimizer.param_groups, strict=False):
-        g = {k: v for k, v in saved.items() if k not in MODE_KEYS}
-        g.update({k: own[k] for k in MODE_KEYS if k in own})
-        groups.append(g)
-    groups += state_dict["param_groups"][len(groups) :]  # length mismatch: torch reports it
-    return {"state": state_dict["state"], "param_groups": groups}
-
-
-def fused_kernels_available(device: torch.device) -> bool:
-    """Whether torch ships ``_fused_sgd_``/``_fused_adamw_`` kernels for this device type."""
-    try:
-        from torch.optim.optimizer import _get_fused_kernels_supported_devices
-
-        return device.type in _get_fused_kernels_supported_devices()
-    except ImportError:  # older torch: CUDA only
-        return device.type == "cuda"
-
-
-def _dense_view(flat: torch.Tensor, offset: int, like: torch.Tensor) -> torch.Tensor:
-    """A view of ``flat[offset : offset + like.numel()]`` with ``like``'s shape and strides."""
-    return flat.as_strided(like.size(), like.stride(), flat.storage_offset() + offset)
-
-
-def _is_dense(p: torch.Tensor) -> bool:
-    if p.is_contiguous():
-        return True
-    if p.ndim == 4 and p.is_contiguous(memory_format=torch.channels_last):
-        return True
-    return p.ndim == 5 and p.is_contiguous(memory_format=torch.channels_last_3d)
+__all__ = ["MODE_KEYS", "FlatBucket", "FlatOptimizer", "fused_kernels_available", "keep_mode_keys"]
 
 
 class FlatBucket:
@@ -140,16 +111,29 @@ class FlatBucket:
         self.initialized = [False] * len(params)  # has optimizer state, as torch's self.state
         self.versions: list[int] = []  # p._version when the master last matched the model
         self.record_versions()
-        # contiguous ranges per param group: [(group index, start, end, first, last param)]
-        self.ranges: list[tuple[int, int, int, int, int]] = []
-        i = 0
-        while i < len(params):
-            j = i
-            while j < len(params) and group_ids[j] == group_ids[i]:
-                j += 1
-            self.ranges.append((group_ids[i], self.offsets[i], self.end(j), i, j))
-            i = j
+        self.group_ids = list(group_ids)
+        # gradients that live in DDP's buckets (layout.Segment), the segment of each
+        # parameter (-1: its gradient is its view of self.grad), the grads last seen
+        self.segments: list[layout.Segment] = []
+        self.seg_of = [-1] * len(params)
+        self.seen: list[torch.Tensor | None] = [p.grad for p in params]
+        self.on_relayout: Callable[[list[int]], None] | None = None
+        self.relayouts = 0  # times the buffers were re-laid after DDP's buckets
+        self._build_ranges()
         self.copies = 0  # gradients that had to be copied into the buffer (not views)
+
+    def _build_ranges(self) -> None:
+        # contiguous ranges of one param group and one gradient segment:
+        # [(group index, start, end, first, last param)]
+        self.ranges: list[tuple[int, int, int, int, int]] = []
+        n, gid, seg = len(self.params), self.group_ids, self.seg_of
+        i = 0
+        while i < n:
+            j = i
+            while j < n and gid[j] == gid[i] and seg[j] == seg[i]:
+                j += 1
+            self.ranges.append((gid[i], self.offsets[i], self.end(j), i, j))
+            i = j
 
     @property
     def has_master(self) -> bool:
@@ -179,12 +163,18 @@ class FlatBucket:
         return _dense_view(flat, self.offsets[i], self.params[i])
 
     def gather_grads(self) -> list[bool]:
-        """Point every gradient at its view of the flat buffer; which parameters have one.
+        """Find every gradient, without copying DDP's; which parameters have one.
 
-        A gradient that is not the view (autograd's after ``set_to_none``, DDP's with
-        ``gradient_as_bucket_view=True``) is copied in (counted); a parameter whose
-        ``p.grad`` is None keeps it None and its view is zeroed (it is skipped).
+        Gradients in DDP's buckets (``gradient_as_bucket_view=True``) are used where they
+        are: when they are not the ones seen at the last step, :meth:`check_layout`
+        re-lays the buffers after them.  Any other gradient that is not the parameter's
+        view of ``self.grad`` (autograd's after ``set_to_none``) is copied in (counted in
+        ``copies``); a parameter whose ``p.grad`` is None keeps it None (it is skipped).
         """
+        grads = [p.grad for p in self.params]
+        if any(g is not s for g, s in zip(grads, self.seen, strict=True)):
+            self.check_layout(grads)
+            grads = self.seen
         has = []
         moved = []
         for k, (p, g) in enumerate(zip(self.params, self.grad_views, strict=True)):
@@ -195,19 +185,83 @@ class FlatBucket:
                 )
             if p._version != self.versions[k]:
                 moved.append(k)
-            pg = p.grad
+            pg = grads[k]
             has.append(pg is not None)
-            if pg is g:
+            if pg is g or self.seg_of[k] >= 0:
                 continue
             if pg is None:
                 g.zero_()
             else:
                 g.copy_(pg)
                 self.copies += 1
-                p.grad = g
+                p.grad = self.seen[k] = g
         if moved:
             self.refresh_masters(moved)
         return has
+
+    def check_layout(self, grads: list[torch.Tensor | None]) -> None:
+        """Lay the buffers out after the storages of ``grads`` (:func:`layout.plan`):
+        re-laid when the order changes (DDP's first step, its bucket rebuild)."""
+        order, lengths = layout.plan(self.params, grads, self.group_ids, self.dtype, self.grad)
+        if order != list(range(len(order))):
+            self.relayout(order)
+            grads = [grads[k] for k in order]
+        self.segments = layout.segments(grads, self.offsets, self.numels, lengths)
+        self.seg_of = [-1] * len(self.params)
+        for s, seg in enumerate(self.segments):
+            self.seg_of[seg.i : seg.j] = [s] * (seg.j - seg.i)
+        self._build_ranges()
+        self.seen = list(grads)
+
+    def relayout(self, perm: list[int]) -> None:
+        """New buffers whose parameter ``n`` is the old parameter ``perm[n]``."""
+        stale = [k for k, p in enumerate(self.params) if p._version != self.versions[k]]
+        self.refresh_masters(stale)  # before the version counters are taken again
+        layout.relayout(self, perm)
+        self.model_ptrs = [p.data_ptr() for p in self.params]
+        self.record_versions()
+        self.relayouts += 1
+        if self.on_relayout is not None:
+            self.on_relayout(perm)
+
+    def run_grad(self, i: int, start: int, end: int) -> torch.Tensor:
+        """The gradient of the range ``start:end`` (parameters from ``i`` on, in one
+        segment): the fp32 upcast, a slice of a DDP bucket, or of ``self.grad``."""
+        if self.grad32 is not None:
+            return self.grad32[start:end]
+        s = self.seg_of[i]
+        if s < 0:
+            return self.grad[start:end]
+        seg = self.segments[s]
+        return seg.grad[start - seg.start : end - seg.start]
+
+    def prepare(self, grad_scale: torch.Tensor | None) -> None:
+        """fp32 upcast of bf16/fp16 gradients (one pass per segment), GradScaler's
+        unscaling (in place, as torch's GradScaler.unscale_)."""
+        rest = self.segments[-1].end if self.segments else 0
+        if self.grad32 is not None:
+            for seg in self.segments:
+                self.grad32[seg.start : seg.end].copy_(seg.grad)
+            self.grad32[rest:].copy_(self.grad[rest:])
+            grads = [self.grad32]
+        else:
+            grads = [seg.grad for seg in self.segments] + [self.grad[rest:]]
+        if grad_scale is not None:
+            for g in grads:
+                g.div_(grad_scale.to(self.device))
+
+    def zero_grad(self, set_to_none: bool) -> None:
+        """Gradients in DDP's buckets are zeroed in place, with either ``set_to_none``
+        (dropping them would make DDP copy every gradient into its bucket again);
+        the others are dropped or zeroed (their view of ``self.grad``) as torch's."""
+        for seg in self.segments:
+            seg.grad.zero_()
+        if not set_to_none:
+            self.grad.zero_()
+        for k, (p, g) in enumerate(zip(self.params, self.grad_views, strict=True)):
+            if self.seg_of[k] >= 0 or p.grad is None:
+                continue
+            p.grad = self.seen[k] = None if set_to_none else g
 
     @torch.no_grad()
     def refresh_masters(self, ks: Iterable[int]) -> None:
@@ -285,6 +339,19 @@ class FlatOptimizer(torch.optim.Optimizer):
         self.use_fused = [
             self.allow_fused and fused_kernels_available(b.device) for b in self.buckets
         ]
+        for bi, b in enumerate(self.buckets):
+            b.on_relayout = lambda perm, bi=bi: self._relaid(bi, perm)
+
+    def _relaid(self, bi: int, perm: list[int]) -> None:
+        """Bucket ``bi`` was re-laid (parameter n is the old perm[n]): follow it."""
+        self._permute_extra(bi, perm)
+        b = self.buckets[bi]
+        for k in range(len(b.params)):
+            if b.initialized[k]:
+                self._expose_state(bi, k)
+
+    def _permute_extra(self, bi: int, perm: list[int]) -> None:
+        pass
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         if getattr(self, "buckets", None) is not None:
@@ -293,17 +360,9 @@ class FlatOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """As torch: ``set_to_none`` drops every gradient; otherwise the existing ones are
-        zeroed (one memset of the flat buffer; they become its views) and None stays None."""
+        """As torch, but gradients in DDP's buckets are zeroed (:meth:`FlatBucket.zero_grad`)."""
         for b in self.buckets:
-            if set_to_none:
-                for p in b.params:
-                    p.grad = None
-                continue
-            b.grad.zero_()
-            for p, g in zip(b.params, b.grad_views, strict=True):
-                if p.grad is not None and p.grad is not g:
-                    p.grad = g
+            b.zero_grad(set_to_none)
 
     def _prepare(self) -> list[list[bool]] | None:
         """Gather grads, handle GradScaler's scale; which parameters have a gradient, per
@@ -315,10 +374,7 @@ class FlatOptimizer(torch.optim.Optimizer):
         has = []
         for b in self.buckets:
             has.append(b.gather_grads())
-            if b.grad32 is not None:
-                b.grad32.copy_(b.grad)  # upcast bf16/fp16 -> fp32, one pass
-            if grad_scale is not None:
-                (b.grad32 if b.grad32 is not None else b.grad).div_(grad_scale.to(b.device))
+            b.prepare(grad_scale)
         return has
 
     @torch.no_grad()
@@ -331,12 +387,12 @@ class FlatOptimizer(torch.optim.Optimizer):
         if has is None:
             return loss
         for bi, b in enumerate(self.buckets):
-            grad = b.grad32 if b.grad32 is not None else b.grad
             for gi, i, j in b.runs(has[bi], self._run_keys(bi)):
                 start, end = b.offsets[i], b.end(j)
                 first = not b.initialized[i]
                 group = self.param_groups[gi]
-                self._update_range(bi, group, grad[start:end], start, end, i, j, first)
+                grad = b.run_grad(i, start, end)
+                self._update_range(bi, group, grad, start, end, i, j, first)
                 if first:
                     for k in range(i, j):
                         b.initialized[k] = True
@@ -444,36 +500,3 @@ class FlatOptimizer(torch.optim.Optimizer):
         tensor is kept, with the precision that the model copy lacks."""
         for b in self.buckets:
             b.refresh_masters(range(len(b.params)))
-
-    @torch.no_grad()
-    def broadcast_masters(self, src: int = 0, group: Any = None) -> None:
-        """Every rank takes rank ``src``'s masters and model copy (a collective: call it
-        on every rank of ``group``)."""
-        import torch.distributed as dist
-
-        self.sync_master_from_model()
-        for b in self.buckets:
-            if b.has_master:
-                dist.broadcast(b.master, src=src, group=group)
-                b.model.copy_(b.master)
-                b.record_versions()
-
-
-def after_ddp_broadcast(optimizer: torch.optim.Optimizer, process_group: Any = None) -> None:
-    """Call on every rank right after ``DistributedDataParallel(model, ...)`` is built.
-
-    DDP broadcasts rank 0's parameters into the model only: the fp32 masters of a flat
-    optimizer stay as each rank built them.  This gives every rank the masters of rank 0
-    of ``process_group`` (the group DDP was given; None: the default group), or, without
-    an initialized multi-process group, re-derives stale masters from the model.  A
-    no-op for optimizers without master weights.
-    """
-    import torch.distributed as dist
-
-    if not isinstance(optimizer, FlatOptimizer):
-        return
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size(process_group) > 1:
-        src = 0 if process_group is None else dist.get_global_rank(process_group, 0)
-        optimizer.broadcast_masters(src, process_group)
-    else:
-        optimizer.sync_master_from_model()

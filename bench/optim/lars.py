@@ -202,6 +202,9 @@ class FlatLARS(FlatOptimizer):
             self._segments[key] = (lengths, ids)
         return self._segments[key]
 
+    def _permute_extra(self, bi: int, perm: list[int]) -> None:
+        self._segments = {k: v for k, v in self._segments.items() if k[0] != bi}
+
     def _update_range(
         self,
         bi: int,
