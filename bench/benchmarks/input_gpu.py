@@ -1,0 +1,292 @@
+"""Benchmark ``input_gpu``: images/s of a warm training epoch, DALI on the GPU vs on the CPU
+vs torchvision, and the pre-decoded cache level.
+
+Data: a generated ImageNet-like JPEG folder (:func:`bench.data.jpegs.cached_jpeg_folder`:
+``64 x cores`` images of about 110 KB, ~450 x 350 pixels, made once under the temp
+directory; quick mode: 64 tiny images).  Every case reads the whole folder per epoch as
+training batches of 32 (random-resized crop to 224, flip, normalise, float NCHW), with the
+batches and labels on the training device (CUDA when there is one):
+
+* ``torchvision``: a DataLoader over torchvision's ImageFolder (PIL decode +
+  RandomResizedCrop + flip + ToTensor + Normalize) with ``cores`` persistent worker
+  processes, pinned memory, batches moved to the GPU (``non_blocking``): the baseline;
+* ``dali_mixed``: ``data.loader=dali`` on CUDA (:class:`bench.data.dali.DaliFolderLoader`):
+  ``mixed`` decoding (nvJPEG / the hardware JPEG decoder) and the augmentation on the GPU;
+* ``dali_cpu``: the same loader with ``data.dali_device=cpu``, ``cores`` threads; its
+  batches are then copied to the training device;
+* ``dali_predecoded``: the same loader over the pre-decoded cache level (decoded uint8
+  pixels held in memory at their original resolution, read in place by the external
+  source), augmented on the GPU when there is one (``device`` says where).
+
+The DALI cases use the external source (files read by the loader's fetch threads), which
+builds one pipeline for the run: DALI's file reader would be rebuilt for every training
+epoch's file list, which at this folder size would time pipeline builds, not decoding.
+All files sit in the page cache (the warm-up epoch read them), so no case waits for disk.
+
+Timing: one untimed warm-up epoch per case (worker start-up, pipeline builds, filling the
+pre-decoded level; torchvision's first, so its workers are forked before any DALI thread
+exists), then ``reps`` epochs of each case interleaved (:func:`interleaved_times`, the
+order rotated every round), CUDA synchronised around each epoch.  Rows: ``case, library,
+device, images, batch, image_size, workers, reps, median_ms / min_ms / iqr_ms`` (per
+epoch), ``images_per_s`` (images over the median epoch), ``vs_torchvision`` (that over
+torchvision's, same run), ``device`` (where decoding and augmentation ran),
+``train_device`` (where the batches went), ``load_1m``, ``skipped`` (why a case has no
+numbers: no CUDA for ``dali_mixed``, no NVIDIA DALI, or the error its warm-up epoch
+raised; the other cases still run).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+import tempfile
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.benchmarks import BENCHMARKS, BenchmarkSpec
+from bench.benchmarks.harness import BenchRun, interleaved_times, latest_run, summarize
+
+CASES = ("torchvision", "dali_mixed", "dali_cpu", "dali_predecoded")
+OUT = 224  # training crop (pixels)
+BATCH = 32
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
+
+
+def have_dali() -> bool:
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class _Epochs:
+    """One call = one full training epoch of a loader (its next epoch number)."""
+
+    def __init__(self, loader: Any, close: Callable[[], None]) -> None:
+        self.loader, self.close, self.epoch, self.images = loader, close, 0, []
+
+    def __call__(self) -> None:
+        if hasattr(self.loader, "set_epoch"):
+            self.loader.set_epoch(self.epoch)
+        self.epoch += 1
+        n = 0
+        for x, y in self.loader:
+            assert x.device == y.device
+            n += x.shape[0]
+        self.images.append(n)
+
+
+def _torchvision(root: str, size: int, batch: int, workers: int, device: Any) -> _Epochs:
+    import torch
+    from torch.utils.data import DataLoader
+    from torchvision.datasets import ImageFolder
+
+    from bench.data.folder import build_transforms, check_split
+
+    transform, _ = build_transforms(size, size, flip=True)
+    train = ImageFolder(str(check_split(root, "train")), transform=transform)
+    dl = DataLoader(
+        train,
+        batch_size=batch,
+        shuffle=True,
+        drop_last=True,
+        num_workers=workers,
+        pin_memory=device.type == "cuda",
+        persistent_workers=workers > 0,
+        prefetch_factor=2 if workers > 0 else None,
+        generator=torch.Generator().manual_seed(0),
+    )
+    nb = device.type == "cuda"
+
+    class OnDevice:
+        def __iter__(self):
+            for x, y in dl:
+                yield x.to(device, non_blocking=nb), y.to(device, non_blocking=nb)
+
+    def close() -> None:
+        nonlocal dl
+        dl = None  # persistent workers stop with the loader
+
+    return _Epochs(OnDevice(), close)
+
+
+def _dali(
+    root: str, size: int, batch: int, threads: int, device: Any, where: str, cache: str, tmp: str
+) -> _Epochs:
+    from bench.data.cache import build_reader
+    from bench.data.config import CacheConfig
+    from bench.data.dali import DaliFolderLoader
+    from bench.data.storage import LocalStorage, list_folder
+
+    store = LocalStorage(root)
+    cfg = CacheConfig(name=cache, dir=tmp, disk_gb=10.0, memory_gb=8.0, predecode_size=0)
+    loader = DaliFolderLoader(
+        list_folder(store, "train"),
+        mode="external",
+        reader=build_reader(store, cfg, root),
+        local_root=root,
+        train=True,
+        batch_size=batch,
+        rank=0,
+        world_size=1,
+        device=device,
+        threads=threads,
+        prefetch=2,
+        seed=0,
+        size_at=lambda epoch: size,
+        flip=True,
+        strict=False,
+        dali_device=where,
+        predecode_size=size if cache == "predecoded" else 0,  # marks the level as decoded
+    )
+    return _Epochs(loader, loader.close)
+
+
+def _skip_reason(case: str, cuda: bool, dali: bool) -> str:
+    if case != "torchvision" and not dali:
+        return "NVIDIA DALI is not installed"
+    if case == "dali_mixed" and not cuda:
+        return "no CUDA device"
+    return ""
+
+
+def _plan(quick: bool) -> dict[str, Any]:
+    cores = 2 if quick else _cores()
+    if quick:
+        return dict(images=64, small=True, size=32, batch=8, workers=2, reps=2, cores=cores)
+    return dict(images=64 * max(2, cores), small=False, size=OUT, batch=BATCH, workers=cores,
+                reps=5, cores=cores)  # fmt: skip
+
+
+def measure(quick: bool = False, dali: bool | None = None) -> list[dict[str, Any]]:
+    """The rows of one run (every case; skipped ones say why)."""
+    import torch
+
+    from bench.data.jpegs import cached_jpeg_folder
+
+    p = _plan(quick)
+    dali = have_dali() if dali is None else dali
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    root = cached_jpeg_folder(
+        p["images"], 16 if not quick else 4, small=p["small"], workers=max(2, p["cores"])
+    )
+    tmp = tempfile.mkdtemp(prefix="tkb-input-gpu-")
+    size, batch, workers = p["size"], p["batch"], p["workers"]
+    makers: dict[str, Callable[[], _Epochs]] = {
+        "torchvision": lambda: _torchvision(root, size, batch, workers, device),
+        "dali_mixed": lambda: _dali(root, size, batch, workers, device, "auto", "none", tmp),
+        "dali_cpu": lambda: _dali(root, size, batch, workers, device, "cpu", "none", tmp),
+        "dali_predecoded": lambda: _dali(
+            root, size, batch, workers, device, "auto", "predecoded", tmp
+        ),
+    }
+    skipped = {c: _skip_reason(c, cuda, dali) for c in CASES}
+    for c, why in skipped.items():
+        if why:
+            print(f"  {c}: skipped ({why})", flush=True)
+    runs: dict[str, _Epochs] = {}
+    try:
+        for c in CASES:  # torchvision first: its workers fork before any DALI thread runs
+            if skipped[c]:
+                continue
+            try:
+                runs[c] = makers[c]()
+                runs[c]()  # the warm-up epoch, untimed
+            except Exception as e:  # noqa: BLE001 - one case failing keeps the others' rows
+                traceback.print_exc()
+                skipped[c] = f"failed: {type(e).__name__}: {e}"[:300]
+                print(f"  {c}: {skipped[c]}", flush=True)
+                if c in runs:
+                    runs.pop(c).close()
+        load = round(os.getloadavg()[0], 2)
+        times = interleaved_times(runs, warmup=0, reps=p["reps"])
+    finally:
+        for r in runs.values():
+            r.close()
+        runs_images = {c: r.images for c, r in runs.items()}
+        del runs
+        gc.collect()
+        shutil.rmtree(tmp, ignore_errors=True)
+    rows = []
+    for c in CASES:
+        row: dict[str, Any] = dict(
+            case=c,
+            library="torchvision" if c == "torchvision" else "dali",
+            device="gpu" if c in ("dali_mixed", "dali_predecoded") and cuda else "cpu",
+            train_device=device.type,
+            images=p["images"] // batch * batch,
+            batch=batch,
+            image_size=size,
+            workers=workers,
+            reps=p["reps"],
+            skipped=skipped[c],
+        )
+        if not skipped[c]:
+            imgs = set(runs_images[c])
+            if imgs != {row["images"]}:
+                raise RuntimeError(f"{c} read {sorted(imgs)} images per epoch, not {row['images']}")
+            s = summarize(times[c])
+            row.update({k: round(v, 2) for k, v in s.items() if k != "reps"})
+            row.update(images_per_s=round(row["images"] / (s["median_ms"] / 1e3), 1), load_1m=load)
+        rows.append(row)
+    base = rows[0].get("images_per_s")  # torchvision
+    for r in rows:
+        ips = r.get("images_per_s")
+        r["vs_torchvision"] = round(ips / base, 3) if ips and base else float("nan")
+        if ips:
+            print(f"  {r['case']:16s} {r['device']}: {ips:9.1f} images/s "
+                  f"({r['vs_torchvision']:.2f}x torchvision)", flush=True)  # fmt: skip
+    return rows
+
+
+def _plot(csv: Path, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from bench.results.plots import save_figure
+
+    df = latest_run(csv)
+    df = df[df["skipped"].fillna("") == ""] if "skipped" in df else df
+    fig, ax = plt.subplots(figsize=(7, 4))
+    labels = [f"{c}\n({d})" for c, d in zip(df["case"], df["device"], strict=True)]
+    bars = ax.bar(labels, df["images_per_s"], color="tab:blue")
+    for b, ratio in zip(bars, df["vs_torchvision"], strict=True):
+        ax.annotate(f"{ratio:.2f}x", (b.get_x() + b.get_width() / 2, b.get_height()),
+                    ha="center", va="bottom", fontsize=8)  # fmt: skip
+    ax.set_ylabel("training images / s (warm epoch, median)")
+    if len(df):
+        r = df.iloc[0]
+        ax.set_title(
+            f"{int(r['images'])} JPEGs, RRC {int(r['image_size'])} + flip, batch "
+            f"{int(r['batch'])}: {r['hardware']}",
+            fontsize=9,
+        )
+    ax.grid(axis="y", alpha=0.3)
+    save_figure(fig, png)
+
+
+def run(results_dir: str = "results", quick: bool = False) -> Path:
+    """Measure every case; CSV + PNG; returns the CSV."""
+    bench = BenchRun("input_gpu", results_dir)
+    for r in measure(quick):
+        bench.add(**r)
+    path = bench.save()
+    _plot(path, bench.png_path)
+    return path
+
+
+def _replot(bench: BenchRun) -> None:
+    _plot(bench.csv_path, bench.png_path)
+
+
+BENCHMARKS.register("input_gpu")(BenchmarkSpec(run=run, replot=_replot))
