@@ -2,23 +2,24 @@
 
 Run on a GPU machine with ``pytest -m gpu tests/test_mstopk_cuda.py``.  The sync count is
 taken twice: from torch's sync debug mode (every synchronising CUDA call warns) and from the
-module's own counter (:func:`bench.comm.selection.host_syncs`).
+module's own counter (:func:`bench.comm.selection.host_syncs`).  The last tests run the CUDA
+branch of ``bench topk`` on the CPU with stand-in CUDA events (default suite).
 """
 
 from __future__ import annotations
 
+import time
 import warnings
 
 import pytest
 import torch
 
+from bench.benchmarks import topk as topk_bench
+from bench.benchmarks.harness import BenchRun
 from bench.comm import selection
 from bench.comm.selection import MSTOPK_METHODS, host_syncs, k_for, mstopk
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 N = 25_600_000  # ResNet-50's gradient
 
@@ -52,6 +53,8 @@ def _magnitudes(v: torch.Tensor) -> torch.Tensor:
     return v.abs().float().sort().values
 
 
+@pytest.mark.gpu
+@needs_gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("density", [0.001, 0.01])
 @pytest.mark.parametrize("method", MSTOPK_METHODS)
@@ -74,6 +77,8 @@ def test_one_sync_and_exact(gaussian: torch.Tensor, method: str, density: float,
         assert torch.equal(_magnitudes(vals), _magnitudes(exact))
 
 
+@pytest.mark.gpu
+@needs_gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_triton_column_maxima_match_torch(dtype) -> None:
     from bench.comm import mstopk_triton
@@ -88,6 +93,8 @@ def test_triton_column_maxima_match_torch(dtype) -> None:
     assert torch.isnan(mstopk_triton.colmax_abs(head)[0])
 
 
+@pytest.mark.gpu
+@needs_gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("density", [0.001, 0.01])
 def test_triton_and_torch_paths_select_alike(gaussian: torch.Tensor, density: float, dtype) -> None:
@@ -105,6 +112,8 @@ def test_triton_and_torch_paths_select_alike(gaussian: torch.Tensor, density: fl
     assert not selection._TRITON_BROKEN
 
 
+@pytest.mark.gpu
+@needs_gpu
 @pytest.mark.parametrize("method", MSTOPK_METHODS)
 def test_nonfinite_raises_on_cuda(gaussian: torch.Tensor, method: str) -> None:
     for pos, bad in [(0, float("nan")), (N // 2 + 3, float("inf")), (N - 1, -float("inf"))]:
@@ -112,3 +121,52 @@ def test_nonfinite_raises_on_cuda(gaussian: torch.Tensor, method: str) -> None:
         x[pos] = bad
         with pytest.raises(ValueError, match="NaN or Inf"):
             mstopk(x, k_for(N, 0.001), method)
+
+
+# --- the CUDA branch of ``bench topk`` without a GPU: stand-in events, CPU tensors -------
+
+
+class _FakeEvent:
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.t = 0.0
+
+    def record(self) -> None:
+        self.t = time.perf_counter()
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end: _FakeEvent) -> float:
+        return (end.t - self.t) * 1e3
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: None)
+
+
+def test_cuda_event_times_interleaves(fake_cuda: None) -> None:
+    calls: list[str] = []
+    cases = {n: (lambda n=n: calls.append(n)) for n in "abc"}
+    res = topk_bench.cuda_event_times(cases, warmup=2, reps=4)
+    assert calls[:6] == list("abcabc")  # warm-up rounds, untimed
+    assert calls[6:] == list("abcbcacababc")  # rotated by one each round
+    assert all(r["reps"] == 4 and r["median_ms"] >= 0 for r in res.values())
+
+
+def test_cuda_bench_rows(fake_cuda: None, tmp_path) -> None:
+    bench = BenchRun("topk", tmp_path)
+    x = torch.randn(100_000, generator=torch.Generator().manual_seed(0))
+    cuda = torch.device("cuda")
+    topk_bench._one(bench, x, "gaussian", x.numel(), 0.01, 2, 1, cuda, False, ef=False)
+    df = bench.frame().set_index("method")
+    assert set(df.index) == {"sum", "torch.topk", "mstopk-tiled[torch]"} | {
+        f"mstopk-{m}" for m in MSTOPK_METHODS if m != "tiled"
+    }
+    assert (df["device"] == "cuda").all() and (df["cuda_syncs"] == 0).all()
+    ms = df[df.index.str.startswith("mstopk")]
+    assert (ms["coverage"] >= 0.99).all() and (ms["syncs"] >= 1).all()
+    assert df.loc["mstopk-tiled[torch]", "coverage"] == pytest.approx(1.0)
+    assert df.loc["sum", "x_floor"] == 1.0

@@ -13,8 +13,15 @@ density (0.001, 0.01) it times, in the same run and on the same tensor:
 Columns: ``method``, ``input`` (gaussian; heavy = Student-t with 1.5 dof at 25.6 M),
 ``numel``, ``density``, ``k``, ``median_ms`` (see Timing below), ``coverage`` (the fraction of
 the exact top-k's squared magnitude captured), ``speedup_vs_topk`` (torch.topk's median /
-this median) and ``x_floor`` (this median / ``sum``'s median), ``threads``.  Runs on CUDA
-when available.
+this median) and ``x_floor`` (this median / ``sum``'s median), ``threads``, ``syncs`` (host
+syncs of one mstopk call, counted by :func:`bench.comm.selection.host_syncs`) and, on
+CUDA, ``cuda_syncs`` (synchronising CUDA calls of one call of the case, from torch's sync
+debug mode; every case).
+
+On CUDA (when available) the sizes are 25.6 M and 100 M elements, generated on the GPU,
+and ``tiled`` is timed twice: ``mstopk-tiled[triton]`` (its column maxima by the Triton
+kernel, the default there) and ``mstopk-tiled[torch]``; each case is timed with CUDA events
+(2 warm-up rounds, then 10 interleaved rounds; the GPU is idle before each call).
 
 Timing: the cases of one (size, density) are measured *interleaved* (one call of each in
 turn, the order rotated every round, after a warm-up round), so that load from other
@@ -27,28 +34,100 @@ torch's default thread count for comparison).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
-from bench.benchmarks.harness import BenchRun, interleaved
+from bench.benchmarks.harness import BenchRun, interleaved, summarize
 from bench.comm.compressors import MSTopKCompressor, ResidualMemory
-from bench.comm.selection import MSTOPK_METHODS, k_for, mstopk
+from bench.comm.selection import MSTOPK_METHODS, host_syncs, k_for, mstopk
 
 SIZES = [1_000_000, 4_000_000, 16_000_000, 25_600_000, 64_000_000]
+CUDA_SIZES = [25_600_000, 100_000_000]
 DENSITIES = [0.001, 0.01]
 RESNET50 = 25_600_000
+CUDA_WARMUP, CUDA_REPS = 2, 10
 
 
 def _input(kind: str, n: int, device: torch.device) -> torch.Tensor:
+    if device.type == "cuda":  # generated where it is used: 100 M normals in milliseconds
+        if kind == "heavy":
+            return (
+                torch.distributions.StudentT(torch.tensor(1.5, device=device)).sample((n,)) * 1e-3
+            )
+        return torch.randn(n, device=device, generator=torch.Generator(device).manual_seed(0))
     g = torch.Generator().manual_seed(0)
     if kind == "heavy":
         x = torch.distributions.StudentT(1.5).sample((n,)) * 1e-3
     else:
         x = torch.randn(n, generator=g)
     return x.to(device)
+
+
+def cuda_event_times(
+    cases: dict[str, Callable[[], object]], warmup: int = CUDA_WARMUP, reps: int = CUDA_REPS
+) -> dict[str, dict[str, float]]:
+    """:func:`~bench.benchmarks.harness.summarize` of each case's GPU times (ms) by CUDA events.
+
+    Interleaved like :func:`~bench.benchmarks.harness.interleaved` (``warmup`` untimed
+    rounds, then one call of each case per round, the order rotated by one each round); the
+    GPU is drained before each call, so a call's time includes its own host waits.
+    """
+    names = list(cases)
+    for _ in range(warmup):
+        for n in names:
+            cases[n]()
+    times: dict[str, list[float]] = {n: [] for n in names}
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for r in range(reps):
+        for n in names[r % len(names) :] + names[: r % len(names)]:
+            torch.cuda.synchronize()
+            start.record()
+            cases[n]()
+            end.record()
+            end.synchronize()
+            times[n].append(start.elapsed_time(end))
+    return {n: summarize(ts) for n, ts in times.items()}
+
+
+def _cuda_syncs(fn: Callable[[], object]) -> int:
+    """Synchronising CUDA calls made by one call of ``fn`` (torch's sync debug mode)."""
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return sum("synchroniz" in str(w.message).lower() for w in caught)
+
+
+def _triton_works(device: torch.device) -> bool:
+    """Whether ``mstopk(kernel="triton")`` compiles and runs here (CUDA only)."""
+    if device.type != "cuda":
+        return False
+    try:
+        mstopk(torch.randn(1 << 20, device=device), 1000, kernel="triton")
+        return True
+    except Exception as e:  # noqa: BLE001 - reported, and the torch path is timed alone
+        print(f"bench topk: no Triton rows ({e!r})", flush=True)
+        return False
+
+
+def _mstopk_cases(device: torch.device, triton: bool) -> dict[str, tuple[str, dict[str, str]]]:
+    """Row name -> (method, extra mstopk options)."""
+    out: dict[str, tuple[str, dict[str, str]]] = {}
+    for m in MSTOPK_METHODS:
+        if m == "tiled" and device.type == "cuda":
+            for kern in ("triton", "torch") if triton else ("torch",):
+                out[f"mstopk-tiled[{kern}]"] = (m, {"kernel": kern})
+        else:
+            out[f"mstopk-{m}"] = (m, {})
+    return out
 
 
 def _coverage(x: torch.Tensor, idx: torch.Tensor, exact_sq: float) -> float:
@@ -81,7 +160,8 @@ def _ef_cases(x: torch.Tensor, k: int, density: float) -> dict[str, object]:
 
 def run(results_dir: str = "results", quick: bool = False) -> Path:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    sizes = [100_000] if quick else SIZES
+    sizes = [100_000] if quick else (CUDA_SIZES if device.type == "cuda" else SIZES)
+    triton = _triton_works(device)
     ef_size = 100_000 if quick else RESNET50
     densities = [0.01] if quick else DENSITIES
     default_threads = torch.get_num_threads()
@@ -108,6 +188,7 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
                         reps,
                         threads,
                         device,
+                        triton,
                         ef=n == ef_size and kind == "gaussian" and threads == 1,
                     )
                 del x
@@ -127,6 +208,7 @@ def _one(
     reps: int,
     threads: int,
     device: torch.device,
+    triton: bool,
     ef: bool,
 ) -> None:
     k = k_for(n, density)
@@ -136,19 +218,24 @@ def _one(
         "sum": lambda: x.sum(),
         "torch.topk": lambda: torch.topk(x.abs(), k, sorted=False),
     }
-    for m in MSTOPK_METHODS:
-        cases[f"mstopk-{m}"] = lambda m=m: mstopk(x, k, m)
+    ms_cases = _mstopk_cases(device, triton)
+    for name, (m, kw) in ms_cases.items():
+        cases[name] = lambda m=m, kw=kw: mstopk(x, k, m, **kw)
     if ef:
         cases.update(_ef_cases(x, k, density))
-    res = interleaved(cases, warmup=1, reps=reps)
+    cuda = device.type == "cuda"
+    res = cuda_event_times(cases) if cuda else interleaved(cases, warmup=1, reps=reps)
     floor, base = res["sum"]["median_ms"], res["torch.topk"]["median_ms"]
     for name, t in res.items():
-        if name.startswith("mstopk-"):
-            cov = _coverage(x, mstopk(x, k, name[7:])[1], exact_sq)
+        cov, syncs = float("nan"), float("nan")
+        if name in ms_cases:
+            before = host_syncs()
+            idx = mstopk(x, k, ms_cases[name][0], **ms_cases[name][1])[1]
+            syncs = host_syncs() - before
+            cov = _coverage(x, idx, exact_sq)
         elif name == "torch.topk":
             cov = 1.0
-        else:
-            cov = float("nan")
+        extra = {"cuda_syncs": _cuda_syncs(cases[name])} if cuda else {}
         row = bench.add(
             method=name,
             input=kind,
@@ -160,11 +247,14 @@ def _one(
             speedup_vs_topk=base / t["median_ms"],
             x_floor=t["median_ms"] / floor,
             device=device.type,
+            syncs=syncs,
+            **extra,
             **t,
         )
+        cs = f"/{extra['cuda_syncs']}" if cuda else ""
         print(
-            f"{name:>14} {kind:>8} n={n:>11,} d={density:<6} thr={threads} "
-            f"{row['median_ms']:9.2f} ms  cov={cov:.5f}  "
+            f"{name:>20} {kind:>8} n={n:>11,} d={density:<6} thr={threads} "
+            f"{row['median_ms']:9.3f} ms  cov={cov:.5f}  syncs={syncs}{cs}  "
             f"x{row['speedup_vs_topk']:.1f} vs topk  {row['x_floor']:.1f}x floor",
             flush=True,
         )
@@ -194,7 +284,8 @@ def _plot(bench: BenchRun) -> None:
         ax.set_yscale("log")
         ax.set_xlabel("elements (float32)")
         ax.set_ylabel("median ms")
-        ax.set_title(f"density {d}, 1 thread")
+        on_cpu = "device" not in sub or (sub["device"] == "cpu").all()
+        ax.set_title(f"density {d}, 1 thread" if on_cpu else f"density {d}, CUDA")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(f"top-k selection time on {bench.meta['hardware']}", fontsize=10)
