@@ -42,6 +42,7 @@ from bench.data.dali_common import (
     augment,
     dali_device_id,
     require_dali,
+    to_device,
     to_torch,
     zero_copy,
 )
@@ -325,13 +326,13 @@ class DaliFolderLoader:
             x, idx = self._real(images, index, batch)
             y = self._to_device(self.labels[idx.numpy()])
             self._stats[SAMPLES] += len(idx)
-            yield x.to(self.device), y, idx
+            yield x, y, idx  # x: on self.device (to_torch)
             t0 = time.perf_counter()
 
     def _to_device(self, labels: np.ndarray):
         import torch
 
-        return torch.from_numpy(labels).to(self.device)
+        return to_device(torch.from_numpy(labels), self.device)
 
     def _real(self, images: Any, index: Any, batch: np.ndarray | None):
         """(images, sample indices) of a batch without the reader's padding."""

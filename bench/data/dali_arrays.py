@@ -12,6 +12,7 @@ from bench.data.dali_common import (
     KeepAlive,
     dali_device_id,
     require_dali,
+    to_device,
     to_torch,
     zero_copy,
 )
@@ -159,5 +160,5 @@ class DaliArrayLoader:
             self._samples += len(idx)
             yield (
                 to_torch(images, self.device, wrap=wrap),
-                torch.from_numpy(self.labels[idx]).to(self.device),
+                to_device(torch.from_numpy(self.labels[idx]), self.device),
             )

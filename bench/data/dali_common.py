@@ -140,7 +140,23 @@ def to_torch(out: Any, device: Any, *, wrap: bool = False):
         feed_ndarray(t, x, cuda_stream=torch.cuda.current_stream(cuda))
     else:
         x = torch.from_numpy(out.as_array())
-    return x.to(device, non_blocking=x.is_cuda)
+    return to_device(x, device)
+
+
+def to_device(x: Any, device: Any):
+    """``x`` on ``device``; host to GPU without waiting for the GPU's queued work.
+
+    A blocking copy to the GPU waits for everything queued on torch's stream (the previous
+    training step), which would stall the loop.  From pageable host memory an asynchronous
+    copy is staged before it returns, so the source may be dropped at once; from pinned
+    memory that torch did not allocate (DALI's) it would not be, so that one is blocking.
+    """
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda" and not x.is_cuda:
+        return x.to(device, non_blocking=not x.is_pinned())
+    return x.to(device)
 
 
 class KeepAlive:
