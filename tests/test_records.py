@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 from pathlib import Path
 
@@ -11,23 +12,45 @@ import pytest
 from bench.results import records
 
 
-def _writer(d: str, i: int) -> None:
-    for j in range(20):
-        records.append_record(d, {"run_id": f"r{i}-{j}", "status": "ok", "pad": "x" * 5000})
+def _writer(d: str, i: int, n: int) -> None:
+    for j in range(n):
+        records.append_record(d, {"run_id": f"r{i}-{j}", "status": "ok", "pad": "x" * 70000})
 
 
 def test_concurrent_appends_keep_every_record(tmp_path: Path) -> None:
+    """8 processes appending at once (a parallel multirun): every line whole, none lost."""
     records.append_record(tmp_path, {"run_id": "old", "status": "ok"})
-    ctx = mp.get_context("spawn")
-    ps = [ctx.Process(target=_writer, args=(str(tmp_path), i)) for i in range(3)]
+    ctx = mp.get_context("fork")  # the writers import nothing that forking could break
+    ps = [ctx.Process(target=_writer, args=(str(tmp_path), i, 1)) for i in range(8)]
     for p in ps:
         p.start()
     for p in ps:
         p.join(60)
-    recs = records.load_records(tmp_path)
-    ids = [r["run_id"] for r in recs]
+    assert [p.exitcode for p in ps] == [0] * 8
+    lines = records.runs_path(tmp_path).read_text().splitlines()
+    ids = [json.loads(line)["run_id"] for line in lines]  # each line valid JSON
     assert ids[0] == "old"
-    assert len(ids) == 61 and len(set(ids)) == 61
+    assert len(ids) == 9 and len(set(ids)) == 9
+
+
+def test_a_torn_line_is_skipped_with_a_warning_and_not_glued_to(tmp_path: Path) -> None:
+    records.append_record(tmp_path, {"run_id": "a", "status": "ok"})
+    with open(records.runs_path(tmp_path), "a") as f:
+        f.write('{"run_id": "b", "sta')  # a writer killed mid-line
+    records.append_record(tmp_path, {"run_id": "c", "status": "ok"})
+    with pytest.warns(UserWarning, match=r"runs.jsonl:2: skipped"):
+        recs = records.load_records(tmp_path)
+    assert [r["run_id"] for r in recs] == ["a", "c"]
+
+
+def test_a_record_is_never_appended_twice_and_a_resume_is_a_new_attempt(tmp_path: Path) -> None:
+    records.append_record(tmp_path, {"run_id": "a", "status": "interrupted"})
+    with pytest.raises(records.AlreadyRecorded):
+        records.append_record(tmp_path, {"run_id": "a", "status": "ok"})
+    records.append_record(tmp_path, {"run_id": "a", "status": "ok", "attempt": 2})
+    assert [r["status"] for r in records.load_records(tmp_path)] == ["ok"]
+    assert len(records.load_records(tmp_path, attempts=True)) == 2
+    assert records.find_record(tmp_path, "a")["attempt"] == 2
 
 
 def test_bad_status_is_refused(tmp_path: Path) -> None:
@@ -41,6 +64,13 @@ def test_curve_is_never_replaced(tmp_path: Path) -> None:
         records.write_curve(tmp_path, "run1", [{"epoch": 1, "top1": 0.9}])
     # read back under today's name (a flat-named curve is renamed on reading)
     assert records.load_curve(tmp_path, "run1")["acc/top1"].tolist() == [0.5]
+    assert not list((tmp_path / "curves").glob(".*tmp"))
+    # a run's curve grows epoch by epoch; another curve never replaces it
+    grown = [{"epoch": 1, "top1": 0.5}, {"epoch": 2, "top1": 0.7}]
+    records.write_curve(tmp_path, "run1", grown, extend=True)
+    assert records.load_curve(tmp_path, "run1")["acc/top1"].tolist() == [0.5, 0.7]
+    with pytest.raises(FileExistsError):
+        records.write_curve(tmp_path, "run1", [{"epoch": 3, "top1": 0.1}], extend=True)
     assert not list((tmp_path / "curves").glob(".*tmp"))
 
 

@@ -8,7 +8,11 @@ users' scripts: fields are added, never renamed.
 
 Writers never rewrite what is recorded: a record is appended under a file lock with an
 fsync (several runs, or several sweeps, may finish at once), and a curve file is created
-with a temporary file and an atomic rename, refusing to replace an existing one.
+with a temporary file and an atomic rename, refusing to replace an existing one (a run's
+own curve grows epoch by epoch: it may replace it only with a longer curve of the same
+epochs).  A run resumed by hand appends its final record as a new ``attempt`` of the same
+``run_id``; readers keep the latest attempt of each run, and skip (with a warning naming
+the line) a line torn by a writer that died mid-write.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import math
 import os
 import time
 import uuid
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,7 +35,7 @@ from filelock import FileLock
 from bench.results import columns as col
 from bench.results.timing import best_value, time_to_target
 
-STATUSES = ("ok", "target_missed", "diverged", "error")
+STATUSES = ("ok", "target_missed", "diverged", "error", "interrupted")
 
 
 def new_run_id() -> str:
@@ -58,8 +63,15 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
+class AlreadyRecorded(ValueError):
+    """This attempt of this run already has its record."""
+
+
 def append_record(results_dir: str | Path, record: Mapping[str, Any]) -> Path:
-    """Append one record as a JSON line (atomic with respect to other writers)."""
+    """Append one record as a JSON line (atomic with respect to other writers).
+
+    Refuses (:class:`AlreadyRecorded`) a second record of the same run and ``attempt``.
+    """
     missing = [f for f in ("run_id", "status") if f not in record]
     if missing:
         raise ValueError(f"record lacks {missing}")
@@ -68,10 +80,19 @@ def append_record(results_dir: str | Path, record: Mapping[str, Any]) -> Path:
     path = runs_path(results_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     line = json.dumps(record, default=_json_default, allow_nan=False) + "\n"
+    attempt = record.get("attempt", 1)
     with FileLock(str(path) + ".lock"):
+        for old in _read_lines(path, warn=False):
+            if old.get("run_id") == record["run_id"] and old.get("attempt", 1) == attempt:
+                raise AlreadyRecorded(
+                    f"run {record['run_id']} (attempt {attempt}) is already in {path}"
+                )
         # O_APPEND: the line lands after everything already there, never over it
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                line = "\n" + line  # a torn last line stays alone on its line
             os.write(fd, line.encode())
             os.fsync(fd)
         finally:
@@ -79,29 +100,70 @@ def append_record(results_dir: str | Path, record: Mapping[str, Any]) -> Path:
     return path
 
 
-def write_curve(results_dir: str | Path, run_id: str, rows: Iterable[Mapping[str, Any]]) -> Path:
+def write_curve(
+    results_dir: str | Path,
+    run_id: str,
+    rows: Iterable[Mapping[str, Any]],
+    *,
+    extend: bool = False,
+) -> Path:
+    """Write a run's curve CSV atomically; an existing curve is never replaced, except with
+    ``extend`` by a curve that continues it (its epochs, then more)."""
     path = curve_path(results_dir, run_id)
     path.parent.mkdir(parents=True, exist_ok=True)
+    rows = list(rows)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    pd.DataFrame(list(rows)).to_csv(tmp, index=False)
+    pd.DataFrame(rows).to_csv(tmp, index=False)
     try:
-        os.link(tmp, path)  # fails if the curve exists: never replace a recorded curve
+        if extend and path.exists():
+            old = pd.read_csv(path)
+            new = [r.get(col.EPOCH) for r in rows]
+            if col.EPOCH not in old or list(old[col.EPOCH]) != new[: len(old)]:
+                raise FileExistsError(f"{path} holds another curve; it is not replaced")
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)  # fails if the curve exists: never replace a recorded curve
     finally:
         tmp.unlink(missing_ok=True)
     return path
 
 
-def load_records(results_dir: str | Path) -> list[dict[str, Any]]:
-    path = runs_path(results_dir)
+def _read_lines(path: Path, warn: bool = True) -> list[dict[str, Any]]:
+    """Every record line of ``path``; a line that is not a JSON object is skipped with a
+    warning naming it (a writer that died mid-write leaves a torn line)."""
     if not path.exists():
         return []
     out = []
     with open(path) as f:
-        for line in f:
+        for n, line in enumerate(f, 1):
             line = line.strip()
-            if line:
-                out.append(json.loads(line))
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+                why = "" if isinstance(rec, dict) else "not an object"
+            except json.JSONDecodeError as e:
+                why = e.msg
+            if why and warn:
+                warnings.warn(f"{path}:{n}: skipped, not a JSON record ({why})", stacklevel=3)
+            if not why:
+                out.append(rec)
     return out
+
+
+def load_records(results_dir: str | Path, *, attempts: bool = False) -> list[dict[str, Any]]:
+    """The records of ``runs.jsonl`` in order: one per run, its latest attempt (a run
+    resumed by hand has one record per attempt; ``attempts=True`` returns them all)."""
+    recs = _read_lines(runs_path(results_dir))
+    if attempts:
+        return recs
+    latest: dict[str, int] = {}
+    for i, r in enumerate(recs):
+        key = str(r.get("run_id"))
+        if key not in latest or r.get("attempt", 1) >= recs[latest[key]].get("attempt", 1):
+            latest[key] = i
+    keep = set(latest.values())
+    return [r for i, r in enumerate(recs) if i in keep]
 
 
 def find_record(results_dir: str | Path, run_id: str) -> dict[str, Any] | None:
@@ -179,6 +241,11 @@ class RunRecord:
     curve: str | None = None
     figure: str | None = None
     exit_status: int | None = None  # the launcher's, when the workers failed
+    reason: str | None = None  # why an error, interrupted or diverged run stopped
+    attempt: int = 1  # 1, then + 1 for each resume by hand (the latest record counts)
+    restarts: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # elastic
+    checkpoint: str | None = None  # the last checkpoint (resume from it)
+    diverged_at: dict[str, Any] | None = None  # step and place of the first NaN/Inf
     link_check: dict[str, Any] | None = None
     git_sha: str | None = None
     torch_version: str = ""
@@ -226,6 +293,7 @@ class RunRecord:
             target_metric=str(cfg.train.target_metric),
             target_value=float(cfg.train.target_value),
             wall_time_s=time.time() - run["launch_time"],
+            attempt=int(run.get("attempt", 1)),
             git_sha=git_sha(),
             torch_version=torch.__version__,
             versions=versions(),
