@@ -7,6 +7,7 @@ Kept apart from the loop (:mod:`bench.train`) so that the loop reads as training
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import time
 from collections.abc import Callable
@@ -36,13 +37,44 @@ def setup_distributed(cfg: Any) -> tuple[int, int, torch.device]:
     if backend == "auto":
         backend = "nccl" if use_cuda else "gloo"
     if "RANK" in os.environ and not dist.is_initialized():
-        dist.init_process_group(backend=backend, device_id=device if backend == "nccl" else None)
+        timeout = datetime.timedelta(seconds=float(cfg.comm.timeout_s))
+        dist.init_process_group(
+            backend=backend,
+            device_id=device if backend == "nccl" else None,
+            timeout=timeout,
+            **_attempt_store(timeout),
+        )
     # share the cores of a node between its workers (intra-op threads)
     threads = cfg.cluster.threads_per_worker or max(1, (os.cpu_count() or 1) // local_world)
     torch.set_num_threads(threads)
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
     return rank, world, device
+
+
+def _attempt_store(timeout: datetime.timedelta) -> dict[str, Any]:
+    """The process group's store, in a namespace of its own for each elastic restart.
+
+    torch.distributed's elastic agent hosts one TCPStore for the whole job and its workers
+    connect to it without a per-restart prefix; restarted workers would then read the
+    keys of the group they replace (a dead peer's address, old barrier counters) and fail
+    to connect or wait forever.  A ``PrefixStore`` per restart attempt keeps each group's
+    keys apart.  Empty (``env://`` as usual) when the agent hosts no store.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    client = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=timeout,
+    )
+    return {
+        "store": dist.PrefixStore(f"/bench/attempt_{attempt}", client),
+        "rank": int(os.environ["RANK"]),
+        "world_size": int(os.environ["WORLD_SIZE"]),
+    }
 
 
 def node_count(world: int) -> int:

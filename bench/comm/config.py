@@ -68,3 +68,4 @@ class CommConfig:
     mstopk_method: MSTopKMethod = MSTopKMethod.tiled
     procs_per_node: int = 0  # workers per node for hitopk; 0 = from the launcher (LOCAL_WORLD_SIZE)
     powersgd_rank: int = 4  # PowerSGD matrix_approximation_rank
+    timeout_s: float = 600.0  # a collective waiting longer than this for a peer ends the run
