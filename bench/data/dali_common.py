@@ -70,6 +70,11 @@ def augment(
 ):
     """The shared DALI augmentation graph (see the module docstring)."""
     dec = "mixed" if gpu else "cpu"
+    # mixed: the decoder's host threads are not pinned to cores (affine=False), since
+    # several training processes of a node may each run a pipeline on their own GPU
+    dec_kw: dict[str, Any] = {"device": dec, "output_type": types.RGB}
+    if gpu:
+        dec_kw["affine"] = False
     mirror = fn.random.coin_flip(probability=0.5) if (train and flip) else 0
     if train:
         if decoded_input:
@@ -83,8 +88,7 @@ def augment(
         else:
             images = fn.decoders.image_random_crop(
                 images,
-                device=dec,
-                output_type=types.RGB,
+                **dec_kw,
                 random_area=[0.08, 1.0],
                 random_aspect_ratio=[3 / 4, 4 / 3],
             )
@@ -92,7 +96,7 @@ def augment(
         crop = None
     else:
         if not decoded_input:
-            images = fn.decoders.image(images, device=dec, output_type=types.RGB)
+            images = fn.decoders.image(images, **dec_kw)
         elif gpu:
             images = images.gpu()
         images = fn.resize(images, resize_shorter=round(size / 0.875))
