@@ -247,7 +247,7 @@ def _hist_dev(flat: torch.Tensor, k: int, bins: int) -> tuple[torch.Tensor, torc
     cand = _nonzero(u >= torch.where(finite, b.float(), float("nan")))
     if cand.numel() >= k:
         return _top_of_candidates(flat, cand, a[cand], k)
-    _raise_unless(finite)  # float32 histogram counts stall past 2**24 per bin: stay exact
+    _raise_unless(finite)  # x not finite (or a subnormal max overflowed the scale)
     return _exact(flat, k)
 
 
