@@ -91,14 +91,14 @@ class FlatAdam(FlatOptimizer):
         i: int,
         j: int,
         first: bool,
+        age: int,
     ) -> None:
         b = self.buckets[bi]
         p = b.master[start:end]
         m, v = b.state["exp_avg"][start:end], b.state["exp_avg_sq"][start:end]
-        self._counts[bi][i:j] += 1
-        t = float(self._counts[bi][i])
+        t = float(self._counts[bi][age]) + 1  # counted in _ran
         lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-        if self.use_fused[bi]:
+        if self.fused(bi, end - start):
             step = self._step_dev[bi].fill_(t)
             fn = torch._fused_adamw_ if self.decoupled else torch._fused_adam_
             fn(
@@ -128,6 +128,10 @@ class FlatAdam(FlatOptimizer):
         v.mul_(b2).addcmul_(g, g, value=1.0 - b2)
         denom = torch.sqrt(v, out=s).div_(math.sqrt(1.0 - b2**t)).add_(eps)
         p.addcdiv_(m, denom, value=-lr / (1.0 - b1**t))
+
+    def _ran(self, bi: int, i: int, j: int, first: bool) -> None:
+        self._counts[bi][i:j] += 1
+        super()._ran(bi, i, j, first)
 
     def _permute_extra(self, bi: int, perm: list[int]) -> None:
         self._counts[bi] = self._counts[bi][perm].clone()

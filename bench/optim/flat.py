@@ -58,6 +58,8 @@ from bench.optim.layout import is_dense as _is_dense
 from bench.optim.modes import MODE_KEYS, fused_kernels_available, keep_mode_keys
 from bench.registry import ConfigError
 
+CPU_FUSED_MIN = 1 << 17  # values: smaller ranges take the vector-op path on CPU
+
 __all__ = ["MODE_KEYS", "FlatBucket", "FlatOptimizer", "fused_kernels_available", "keep_mode_keys"]
 
 
@@ -117,6 +119,7 @@ class FlatBucket:
         self.segments: list[layout.Segment] = []
         self.seg_of = [-1] * len(params)
         self.seen: list[torch.Tensor | None] = [p.grad for p in params]
+        self.whole_cache: dict[Any, Any] = {}  # layout.schedule's, for this layout
         self.on_relayout: Callable[[list[int]], None] | None = None
         self.relayouts = 0  # times the buffers were re-laid after DDP's buckets
         self._build_ranges()
@@ -212,6 +215,7 @@ class FlatBucket:
             self.seg_of[seg.i : seg.j] = [s] * (seg.j - seg.i)
         self._build_ranges()
         self.seen = list(grads)
+        self.whole_cache: dict[Any, Any] = {}  # layout.schedule's, for this layout
 
     def relayout(self, perm: list[int]) -> None:
         """New buffers whose parameter ``n`` is the old parameter ``perm[n]``."""
@@ -342,6 +346,13 @@ class FlatOptimizer(torch.optim.Optimizer):
         for bi, b in enumerate(self.buckets):
             b.on_relayout = lambda perm, bi=bi: self._relaid(bi, perm)
 
+    def fused(self, bi: int, numel: int) -> bool:
+        """Whether to update ``numel`` values of bucket ``bi`` with torch's fused kernel:
+        on CPU only for large ranges (it splits even a few values over all threads: a
+        fork-join that costs milliseconds on a loaded machine; small ranges run inline)."""
+        cpu = self.buckets[bi].device.type == "cpu"
+        return self.use_fused[bi] and (not cpu or numel >= CPU_FUSED_MIN)
+
     def _relaid(self, bi: int, perm: list[int]) -> None:
         """Bucket ``bi`` was re-laid (parameter n is the old perm[n]): follow it."""
         self._permute_extra(bi, perm)
@@ -387,19 +398,43 @@ class FlatOptimizer(torch.optim.Optimizer):
         if has is None:
             return loss
         for bi, b in enumerate(self.buckets):
-            for gi, i, j in b.runs(has[bi], self._run_keys(bi)):
+            keys = self._run_keys(bi)
+            for gi, i, j, whole in layout.schedule(b, b.runs(has[bi], keys), keys):
+                if whole is not None:  # one update over a whole DDP bucket, see schedule
+                    self._whole_segment(bi, gi, i, whole)
+                    continue
                 start, end = b.offsets[i], b.end(j)
-                first = not b.initialized[i]
-                group = self.param_groups[gi]
                 grad = b.run_grad(i, start, end)
-                self._update_range(bi, group, grad, start, end, i, j, first)
-                if first:
-                    for k in range(i, j):
-                        b.initialized[k] = True
-                        self._expose_state(bi, k)
+                first = not b.initialized[i]
+                self._update_range(bi, self.param_groups[gi], grad, start, end, i, j, first, i)
+                self._ran(bi, i, j, first)
             if b.has_master:
                 b.model.copy_(b.master)  # fp32 master -> bf16/fp16 model copy, one pass
         return loss
+
+    def _whole_segment(self, bi: int, gi: int, age: int, w: layout.Whole) -> None:
+        """Update a DDP bucket (segment) as if all of it were the major runs ``w.runs``
+        of group ``gi``, then put back the values outside them (updated as their own runs
+        later): a handful of whole-bucket operations instead of one chain per run."""
+        b = self.buckets[bi]
+        seg = b.segments[w.segment]
+        kept = [b.master, *b.state.values()]
+        saved = [buf.index_select(0, w.others) for buf in kept]
+        grad = b.run_grad(seg.i, seg.start, seg.end)
+        first = not b.initialized[age]
+        group = self.param_groups[gi]
+        self._update_range(bi, group, grad, seg.start, seg.end, seg.i, seg.j, first, age)
+        for buf, v in zip(kept, saved, strict=True):
+            buf.index_copy_(0, w.others, v)
+        for _, i, j in w.runs:
+            self._ran(bi, i, j, first)
+
+    def _ran(self, bi: int, i: int, j: int, first: bool) -> None:
+        """Parameters ``i..j-1`` of bucket ``bi`` took one step."""
+        if first:
+            for k in range(i, j):
+                self.buckets[bi].initialized[k] = True
+                self._expose_state(bi, k)
 
     def _run_keys(self, bi: int) -> list[Any]:
         """Per parameter of bucket ``bi``: what must be equal along a run (state age)."""
@@ -415,9 +450,11 @@ class FlatOptimizer(torch.optim.Optimizer):
         i: int,
         j: int,
         first: bool,
+        age: int,
     ) -> None:
         """Update parameters ``i..j-1`` of bucket ``bi`` (flat range ``start:end``);
-        ``first``: none of them has optimizer state yet."""
+        ``first``: none of them has optimizer state yet; ``age``: a parameter whose
+        state age (step count) is the range's."""
         raise NotImplementedError
 
     # ---- checkpoints in the standard torch format ----------------------------------

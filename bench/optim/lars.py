@@ -215,6 +215,7 @@ class FlatLARS(FlatOptimizer):
         i: int,
         j: int,
         first: bool,
+        age: int,
     ) -> None:
         b = self.buckets[bi]
         p = b.master[start:end]
@@ -226,7 +227,7 @@ class FlatLARS(FlatOptimizer):
             dampening=0.0,
             nesterov=group["nesterov"],
             first=first,
-            use_fused=self.use_fused[bi],
+            use_fused=self.fused(bi, end - start),
             scratch_slice=slice(start, end),
         )
         if not group["lars_adapt"]:

@@ -156,3 +156,96 @@ def relayout(b, perm: list[int]) -> None:
         p.data = dense_view(b.model, b.offsets[n], p)
         if own:
             p.grad = b.grad_views[n]
+
+
+def ddp_like_buckets(
+    params: list[torch.Tensor], cap_mb: float = 25.0, first_mb: float = 1.0
+) -> list[torch.Tensor]:
+    """Give ``params`` gradients laid out as DDP's initial buckets with
+    ``gradient_as_bucket_view=True``, without a process group (benchmarks, tests).
+
+    As ``DistributedDataParallel``: parameters in registration order fill buckets of one
+    (device, dtype) up to ``first_mb`` MiB for the first bucket and ``cap_mb`` MiB after
+    it; each bucket is one flat tensor and every ``p.grad`` the view of its range (a
+    gradient already there is copied into it).  Returns the bucket tensors.
+    """
+    open_: dict[tuple, list[torch.Tensor]] = {}
+    done: list[list[torch.Tensor]] = []
+    for p in params:
+        key = (p.device, p.dtype)
+        cur = open_.setdefault(key, [])
+        cur.append(p)
+        limit = (first_mb if not done else cap_mb) * 2**20
+        if sum(q.numel() for q in cur) * p.element_size() >= limit:
+            done.append(open_.pop(key))
+    done += [ps for ps in open_.values() if ps]
+    buckets = []
+    for ps in done:
+        flat = torch.zeros(sum(p.numel() for p in ps), dtype=ps[0].dtype, device=ps[0].device)
+        off = 0
+        for p in ps:
+            view = dense_view(flat, off, p)
+            if p.grad is not None:
+                view.copy_(p.grad)
+            p.grad = view
+            off += p.numel()
+        buckets.append(flat)
+    return buckets
+
+
+@dataclass
+class Whole:
+    """One update over all of segment ``segment`` for its major ``runs``; ``others``:
+    the flat positions of the segment outside them (int64), saved and put back."""
+
+    segment: int
+    runs: list[tuple[int, int, int]]
+    others: torch.Tensor
+
+
+def schedule(b, runs: list[tuple[int, int, int]], keys: list) -> list[tuple]:
+    """The updates of a step of bucket ``b``: ``(group, i, j, None)`` for a run of its
+    own, ``(group, age, 0, Whole)`` for a DDP bucket updated whole.
+
+    In a DDP bucket the param groups interleave (a ResNet's conv weights and the BN
+    parameters beside them: a hundred runs).  When one class of runs (one group, one
+    state age) holds most of a segment's values, the segment is updated once as if all of
+    it were that class (``age``: one of its parameters), and the few values of the other
+    runs and of parameters without a gradient are saved before and put back after (an
+    ``index_select``/``index_copy_`` per buffer); the other runs are then updated as
+    usual: small tensors, cheap operations.
+    """
+    by_seg: dict[int, list[tuple[int, int, int]]] = {}
+    out: list[tuple] = []
+    for r in runs:
+        s = b.seg_of[r[1]]
+        if s < 0:
+            out.append((*r, None))
+        else:
+            by_seg.setdefault(s, []).append(r)
+    for s, rs in by_seg.items():
+        if len(rs) < 3:
+            out += [(*r, None) for r in rs]
+            continue
+        size: dict[tuple, int] = {}
+        for g, i, j in rs:
+            c = (g, keys[i])
+            size[c] = size.get(c, 0) + b.end(j) - b.offsets[i]
+        major = max(size, key=lambda c: size[c])
+        seg = b.segments[s]
+        if 2 * size[major] < seg.end - seg.start:
+            out += [(*r, None) for r in rs]
+            continue
+        mine = [r for r in rs if (r[0], keys[r[1]]) == major]
+        key = (s, tuple(mine))
+        if key not in b.whole_cache:
+            mask = torch.ones(seg.end - seg.start, dtype=torch.bool)
+            for _, i, j in mine:
+                mask[b.offsets[i] - seg.start : b.end(j) - seg.start] = False
+            others = (mask.nonzero().flatten() + seg.start).to(b.device)
+            if len(b.whole_cache) > 4 * len(b.segments):  # state ages changing: bound it
+                b.whole_cache.clear()
+            b.whole_cache[key] = Whole(s, mine, others)
+        out.append((major[0], mine[0][1], 0, b.whole_cache[key]))
+        out += [(*r, None) for r in rs if (r[0], keys[r[1]]) != major]
+    return out

@@ -118,6 +118,7 @@ class FlatSGD(FlatOptimizer):
         i: int,
         j: int,
         first: bool,
+        age: int,
     ) -> None:
         b = self.buckets[bi]
         if group["momentum"] != 0 and "momentum_buffer" not in b.state:
@@ -134,7 +135,7 @@ class FlatSGD(FlatOptimizer):
             weight_decay=group["weight_decay"],
             nesterov=group["nesterov"],
             first=first,
-            use_fused=self.use_fused[bi],
+            use_fused=self.fused(bi, end - start),
             scratch_slice=slice(start, end),
         )
 
