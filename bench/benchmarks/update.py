@@ -27,9 +27,23 @@ p, g, buf and writes p, buf = 20 B per value; LARS also reads p and g once for t
 measured in the same run, interleaved with the cases, on buffers as large as the parameter
 set (:class:`BandwidthProbe`: a copy, ``copy_gbps``, and an in-place add, ``rmw_gbps``;
 bytes read + written / time; the faster of the two is used).  ``floor_ratio = median_ms /
-floor_ms``; about 1 means the update runs at memory speed.  ``ddp_copy_ms``: two copies
-of the parameter set (the probe's copy, twice), the per-step cost of the gradient copies
-that DDP makes with ``gradient_as_bucket_view=False``, which ``flat`` mode requires.
+floor_ms``; about 1 means the update runs at memory speed.
+
+Gradients as under DDP: every mode's ``p.grad`` are views into flat bucket tensors laid
+out as ``DistributedDataParallel(gradient_as_bucket_view=True)`` lays them
+(:func:`bench.optim.layout.ddp_like_buckets`; :func:`bench.optim.ddp_kwargs` asks DDP for
+that in every mode), so ``flat`` mode is timed over DDP's buckets (re-laid in the warm-up
+rounds) and torch's modes over the same views.  ``ddp_copies``: gradient tensors copied
+per step between backward and update (``flat``: its counter over the timed steps;
+torch's modes: 0, DDP accumulates into the bucket views), ``ddp_copy_ms`` their cost at
+the measured copy speed (``copy_ms``: one copy of the parameter set; DDP with
+``gradient_as_bucket_view=False``, the former requirement of ``flat`` mode, made two per
+step), ``total_ms = median_ms + ddp_copy_ms`` and ``total_vs_fused``: a mode's total over
+torch fused's, the same run.
+
+On CUDA every case runs too (fp32, and ``master=bf16``: a bf16 model with fp32 master
+weights, for every optimizer), with more repetitions; CUDA work is synchronised around
+each timed call.
 
 Run: ``python -m reproduce bench update`` (a few minutes on 2 CPU cores).
 """
@@ -49,6 +63,7 @@ import torch
 
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
 from bench.benchmarks.harness import BenchRun, interleaved_times
+from bench.optim.layout import ddp_like_buckets
 
 # bytes read + written per parameter value by an ideal update, per fp32 value
 TRAFFIC_VALUES = {"sgd": 5, "lars": 7, "adamw": 7}
@@ -141,15 +156,18 @@ def _build(
     optimizer = build_optimizer(m, cfg)
     if variant.startswith("norms="):
         optimizer.norm_method = variant.split("=")[1]
+    ddp_like_buckets(list(m.parameters()))  # p.grad: views into DDP-like buckets
     gen = torch.Generator(device=device).manual_seed(1)
     with torch.no_grad():
         for p in m.parameters():
             g = torch.randn(p.shape, generator=gen, device=device).mul_(1e-2).to(p.dtype)
-            if p.grad is None:
-                p.grad = g
-            else:
-                p.grad.copy_(g)  # flat: keep the views
+            p.grad.copy_(g)
     return m, optimizer
+
+
+def _copies(optimizer: Any) -> int:
+    """Gradient tensors the optimizer copied so far (torch's modes copy none)."""
+    return sum(b.copies for b in getattr(optimizer, "buckets", []))
 
 
 def cases(device: torch.device) -> list[tuple[str, str, str]]:
@@ -210,6 +228,8 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     run = BenchRun("update", results_dir)
     reps, warmup = (3, 1) if quick else (9, 2)
+    if device.type == "cuda" and not quick:
+        reps, warmup = 21, 3  # cheap there: a step takes milliseconds
     models = ("resnet18_head", "transformer_tiny") if quick else ("resnet50", "transformer_base")
     for model_name in models:
         model = param_set(model_name)
@@ -221,6 +241,7 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
         for opt, modes in by_opt.items():
             built = {(mode, v): _build(model, opt, mode, device, v) for mode, v in modes}
             probe = BandwidthProbe(n_values, device)  # as large as the parameter set
+            copies0 = {k: _copies(o) for k, (_, o) in built.items()}
             steps = interleaved_times(
                 {**{k: o.step for k, (_, o) in built.items()}, **probe.fns()},
                 warmup=warmup,
@@ -228,15 +249,18 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
                 shuffle=True,
             )
             copy_gbps, rmw_gbps = probe.gbps(steps)
-            # DDP with gradient_as_bucket_view=False (what flat mode needs) copies every
-            # gradient into its bucket and back: two copies of the parameter set per step
-            ddp_copy_ms = 2 * statistics.median(steps["_copy"])
+            copy_ms = statistics.median(steps["_copy"])  # one copy of the parameter set
+            n_steps = warmup + reps
+            ddp_copies = {k: (_copies(o) - copies0[k]) / n_steps for k, (_, o) in built.items()}
             bw = max(copy_gbps, rmw_gbps) * 1e9
             del probe, steps["_copy"], steps["_rmw"]
             zero = {k: (lambda o=o: o.zero_grad(set_to_none=False)) for k, (_, o) in built.items()}
             zeros = interleaved_times(zero, warmup=1, reps=reps, shuffle=True)
             floor_ms = TRAFFIC_VALUES[opt] * 4 * n_values / bw * 1e3
             med = {k: statistics.median(t) for k, t in steps.items()}
+            # a copied gradient costs its share of a copy of the parameter set
+            copy_cost = {k: ddp_copies[k] / len(params) * copy_ms for k in med}
+            total = {k: med[k] + copy_cost[k] for k in med}
             for (mode, variant), t in steps.items():
                 q = statistics.quantiles(t, n=4) if len(t) >= 2 else [t[0]] * 3
                 row: dict[str, Any] = dict(
@@ -259,7 +283,13 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
                     rmw_gbps=rmw_gbps,
                     floor_ms=floor_ms,
                     floor_ratio=med[(mode, variant)] / floor_ms,
-                    ddp_copy_ms=ddp_copy_ms,
+                    copy_ms=copy_ms,
+                    ddp_copies=ddp_copies[(mode, variant)],
+                    ddp_copy_ms=copy_cost[(mode, variant)],
+                    total_ms=total[(mode, variant)],
+                    total_vs_fused=(total[(mode, variant)] / total[("fused", "")])
+                    if ("fused", "") in total
+                    else None,
                     speedup_vs_naive=med[("naive", "")] / med[(mode, variant)],
                     speedup_vs_fused=(med[("fused", "")] / med[(mode, variant)])
                     if ("fused", "") in med
@@ -269,7 +299,8 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
                 run.add(**row)
                 print(
                     f"{model_name:>16} {opt:>6} {mode:>8} {variant:>22} {row['median_ms']:9.2f} ms "
-                    f"(floor {floor_ms:7.2f} ms, x{row['floor_ratio']:.2f}; "
+                    f"(+copies {row['ddp_copy_ms']:.2f} ms; floor {floor_ms:7.2f} ms, "
+                    f"x{row['floor_ratio']:.2f}; "
                     f"vs naive x{row['speedup_vs_naive']:.2f})",
                     flush=True,
                 )

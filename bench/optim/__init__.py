@@ -95,15 +95,17 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Opt
 
 
 def ddp_kwargs(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Extra ``DistributedDataParallel`` keyword arguments this optimizer needs.
+    """Extra ``DistributedDataParallel`` keyword arguments for this optimizer.
 
-    ``flat``: ``gradient_as_bucket_view=True``: ``p.grad`` are views into DDP's buckets,
-    which the flat update reads in place (its buffers are re-laid in bucket order at the
-    first step), so no gradient is copied between backward and update.
+    Every mode: ``gradient_as_bucket_view=True``: ``p.grad`` are views into DDP's buckets,
+    which autograd accumulates into and the update reads in place, so DDP copies no
+    gradient into its buckets and back (it would, twice per step, by default).  ``flat``
+    re-lays its buffers in bucket order at its first step (:mod:`bench.optim.layout`).
+    Keep ``zero_grad(set_to_none=False)`` with torch's optimizers: a dropped gradient is
+    copied into its bucket again by the next backward.
     """
-    if isinstance(optimizer, FlatOptimizer):
-        return {"gradient_as_bucket_view": True}
-    return {}
+    del optimizer  # the same for every optimizer
+    return {"gradient_as_bucket_view": True}
 
 
 def lr_factor(step: int, cfg: OptimConfig, steps_per_epoch: int, epochs: int) -> float:

@@ -68,8 +68,9 @@ def plan(
     """``(order, tile_lengths)``: the parameter order that puts every tile first, each
     as a run of ``tile_lengths[t]`` parameters, then the others by param group.
 
-    A storage holding the gradients of at least two of these parameters (other than the
-    bucket's own gradient buffer ``own``) is split into tiles: runs of gradients that
+    A storage holding the gradients of at least two of these parameters, or one as a
+    view (a bucket of DDP's, other than the bucket's own gradient buffer ``own``), is
+    split into tiles: runs of gradients that
     follow each other without a gap (a gap: a parameter of another optimizer, or of
     another dtype).  Overlapping gradients are never tiled.
     """
@@ -83,8 +84,8 @@ def plan(
             by_storage.setdefault(ptr, []).append((g.storage_offset(), k))
     tiles: list[list[int]] = []
     for entries in by_storage.values():
-        if len(entries) < 2:
-            continue
+        if len(entries) < 2 and not grads[entries[0][1]]._is_view():
+            continue  # a gradient of its own (autograd's): the copying path
         entries.sort()
         ends = [off + params[k].numel() for off, k in entries]
         if any(entries[n + 1][0] < ends[n] for n in range(len(entries) - 1)):
