@@ -15,7 +15,7 @@ sent plus what is kept equals what came in.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -209,6 +209,18 @@ class Memory:
     def reset(self) -> None:
         pass
 
+    def state_dict(self, rename: Callable[[Hashable], Any] = lambda k: k) -> list[Any]:
+        """The residuals as ``[(rename(key), tensor)]`` (checkpoints; none without memory).
+
+        Bucket keys name parameters by ``id``, which a restarted process does not share:
+        ``rename`` maps a key to a stable one (parameter names), and back on loading."""
+        return []
+
+    def load_state_dict(
+        self, items: list[Any], rename: Callable[[Any], Hashable] = lambda k: k
+    ) -> None:
+        pass
+
 
 @MEMORIES.register("none")
 class NoMemory(Memory):
@@ -249,6 +261,16 @@ class ResidualMemory(Memory):
 
     def reset(self) -> None:
         self.buffers.clear()
+
+    def state_dict(self, rename: Callable[[Hashable], Any] = lambda k: k) -> list[Any]:
+        return [(rename(k), b.detach().clone()) for k, b in self.buffers.items()]
+
+    def load_state_dict(
+        self, items: list[Any], rename: Callable[[Any], Hashable] = lambda k: k
+    ) -> None:
+        """Residuals saved by :meth:`state_dict`; a bucket whose key, shape, dtype or device
+        no longer matches starts from zero (as after DDP rebuilt its buckets)."""
+        self.buffers = {rename(k): b.clone() for k, b in items}
 
 
 def build_memory(error_feedback: bool) -> Memory:

@@ -25,6 +25,7 @@ or while ``state.force_dense`` is set, go through the dense allreduce.
 
 # No ``from __future__ import annotations``: DDP's register_comm_hook checks that the hook's
 # ``bucket`` annotation *is* dist.GradBucket, which a string annotation is not.
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -54,6 +55,17 @@ class HookState:
     force_dense: bool = False
     step: int = 0
     stats: CommStats = field(default_factory=CommStats)
+    nan_check: bool = False  # flag each reduced bucket that holds a NaN or Inf
+    # (bucket index, device bool "all finite") per reduced bucket, until the loop pops them
+    finite: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+
+
+def _check_finite(state: HookState, index: int, fut: torch.futures.Future) -> torch.Tensor:
+    """The reduced (decompressed) bucket, its finiteness noted without a host sync."""
+    out = fut.value()
+    t = out[0] if isinstance(out, list) else out
+    state.finite.append((index, torch.isfinite(t).all()))
+    return t
 
 
 def _bucket_key(bucket: dist.GradBucket) -> tuple:
@@ -74,6 +86,8 @@ def sparse_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Futu
     dense = state.force_dense or state.step < state.warmup_steps or buf.numel() < state.min_numel
     comm = state.dense if dense else state.comm
     fut = comm.reduce(buf, _bucket_key(bucket), state.density, state.stats)
+    if state.nan_check:
+        fut = fut.then(functools.partial(_check_finite, state, bucket.index()))
     if bucket.is_last():
         state.step += 1
         state.stats.steps += 1
