@@ -33,6 +33,7 @@ from bench.cluster.config import ClusterConfig
 from bench.cluster.linkcheck import run_link_check, write_link_check
 from bench.cluster.netns import EmulatedCluster, parse_bandwidth, parse_latency, require_tools
 from bench.cluster.registry import LauncherSpec, register
+from bench.cluster.torchrun import AGENT_MODULE, events_env
 from bench.registry import ConfigError
 
 WORKER_MEM_GIB = 0.5  # resident memory of one CPU worker (torch + a small model), rough
@@ -143,7 +144,7 @@ def _agent_argv(
 ) -> list[str]:  # fmt: skip
     """Node ``i``'s ``python -m torch.distributed.run`` command, inside its namespace."""
     argv = [
-        sys.executable, "-m", "torch.distributed.run",
+        sys.executable, "-m", AGENT_MODULE,
         # no --node-rank: the c10d rendezvous ranks the agents (ranks stay contiguous per node)
         "--nnodes", str(cluster.nodes), "--nproc-per-node", str(nproc_per_node),
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{cluster.addr(0)}:{rdzv_port}",
@@ -259,7 +260,7 @@ def launch_emulated(c: ClusterConfig, run_json: Path) -> int:
     require_tools()
     run_json = Path(run_json)
     with EmulatedCluster(nnodes, bw, lat, subnet=c.subnet) as cluster:
-        env: dict[str, str] = {}
+        env: dict[str, str] = events_env(run_json)
         if c.link_check:
             result = run_link_check(cluster, c.link_tolerance, c.link_check_s)
             result["procs_per_node"] = nproc

@@ -7,23 +7,74 @@
 - ``multinode``: this machine is node ``cluster.node_rank`` of a real cluster; run the same
   command on every node with the same ``cluster.rdzv_endpoint`` (host:port of node 0).
 
-Every worker runs ``python -m bench.train --config <run.json>``.
+Every worker runs ``python -m bench.train --config <run.json>``.  A node's agent runs as
+``python -m bench.cluster.agent <torchrun arguments>``: torch's ``torchrun`` with
+:func:`note_failures` applied, so that each failed worker group (which the agent then
+restarts, up to ``cluster.max_restarts`` times) is noted in the run's event log.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from bench.cluster.config import ClusterConfig
 from bench.cluster.registry import LauncherSpec, register
 from bench.registry import ConfigError
 
 WORKER_MODULE = "bench.train"
+AGENT_MODULE = "bench.cluster.agent"  # torchrun, noting failed worker groups
+EVENTS_ENV = "BENCH_EVENTS"  # the run's event log (bench.checkpoint.events_path)
+
+
+def events_env(run_json: Path) -> dict[str, str]:
+    """``BENCH_EVENTS`` for the agents of the run described by ``run_json``."""
+    payload = json.loads(Path(run_json).read_text())
+    root = Path(payload["config"]["results"]["dir"]) / "checkpoints"
+    return {EVENTS_ENV: str((root / payload["run"]["run_id"] / "events.jsonl").resolve())}
+
+
+def _note(path: str, **fields: Any) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps({"time": time.time(), **fields}) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def note_failures() -> None:
+    """Make torch's local elastic agent note each failed worker group in ``$BENCH_EVENTS``:
+    the failed (global) rank, its exit code, and the restart that follows (if any left)."""
+    from torch.distributed.elastic.agent.server.api import WorkerState
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    orig = LocalElasticAgent._monitor_workers
+    if getattr(orig, "_bench_notes", False):
+        return
+
+    def monitor(self: Any, worker_group: Any) -> Any:
+        result = orig(self, worker_group)
+        path = os.environ.get(EVENTS_ENV)
+        if path and result.state == WorkerState.FAILED and result.failures:
+            rank, failure = min(result.failures.items(), key=lambda kv: kv[1].timestamp)
+            spec = worker_group.spec
+            _note(
+                path, kind="failure", failed_rank=rank, exit_code=failure.exitcode,
+                restart=spec.max_restarts - self._remaining_restarts + 1,
+                restarts_left=self._remaining_restarts, node=worker_group.group_rank,
+            )  # fmt: skip
+        return result
+
+    monitor._bench_notes = True  # type: ignore[attr-defined]
+    LocalElasticAgent._monitor_workers = monitor  # type: ignore[method-assign]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -49,7 +100,7 @@ def torchrun_cmd(c: ClusterConfig, run_json: Path, *, endpoint: str, rdzv_id: st
     so no node rank is passed to torchrun.
     """
     return [
-        sys.executable, "-m", "torch.distributed.run",
+        sys.executable, "-m", AGENT_MODULE,
         f"--nnodes={c.nnodes}", f"--nproc-per-node={c.nproc_per_node}",
         "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}",
         f"--rdzv-conf=join_timeout={c.rdzv_timeout_s}", f"--max-restarts={c.max_restarts}",
@@ -71,6 +122,8 @@ def _launch_in_process(c: ClusterConfig, run_json: Path) -> int:
         max_restarts=c.max_restarts, monitor_interval=0.5, start_method="spawn",
     )  # fmt: skip
     os.environ["OMP_NUM_THREADS"] = worker_env(c)["OMP_NUM_THREADS"]
+    os.environ.update(events_env(run_json))
+    note_failures()
     try:
         elastic_launch(lc, sys.executable)("-u", "-m", WORKER_MODULE, "--config", str(run_json))
     except ChildFailedError as e:
@@ -91,7 +144,7 @@ def launch_local(c: ClusterConfig, run_json: Path) -> int:
     # several "nodes" on this machine: one torchrun agent each, c10d rendezvous on loopback
     endpoint = f"127.0.0.1:{free_port()}"
     rdzv_id = f"bench-{uuid.uuid4().hex[:8]}"
-    env = worker_env(c)
+    env = {**worker_env(c), **events_env(run_json)}
     cmd = torchrun_cmd(c, run_json, endpoint=endpoint, rdzv_id=rdzv_id)
     return _wait_all([subprocess.Popen(cmd, env=env) for _ in range(c.nnodes)])
 
@@ -130,7 +183,7 @@ def launch_multinode(c: ClusterConfig, run_json: Path) -> int:
     check_multinode(c)
     rdzv_id = c.rdzv_id or "topk-bench"
     cmd = torchrun_cmd(c, run_json, endpoint=c.rdzv_endpoint, rdzv_id=rdzv_id)
-    return _wait_all([subprocess.Popen(cmd, env=worker_env(c))])
+    return _wait_all([subprocess.Popen(cmd, env={**worker_env(c), **events_env(run_json)})])
 
 
 LOCAL = register(LauncherSpec("local", launch_local))

@@ -1,0 +1,30 @@
+"""A node's elastic agent: ``python -m bench.cluster.agent <torchrun arguments>``.
+
+torch.distributed's ``torchrun``, unchanged, except that each failed worker group is noted
+in the run's event log (:func:`bench.cluster.torchrun.note_failures`) before the agent
+restarts it, so that the run's record can list its restarts.
+"""
+
+from __future__ import annotations
+
+import os
+
+from bench.cluster.torchrun import EVENTS_ENV, _note, note_failures
+
+
+def main() -> None:
+    """torchrun; an error of the agent itself (a rendezvous that timed out) is noted too."""
+    from torch.distributed.run import main as torchrun
+
+    note_failures()
+    try:
+        torchrun()
+    except Exception as e:
+        if os.environ.get(EVENTS_ENV):
+            reason = f"{type(e).__name__}: {e}".strip().splitlines()[0][:500]
+            _note(os.environ[EVENTS_ENV], kind="agent_error", reason=reason)
+        raise
+
+
+if __name__ == "__main__":
+    main()
