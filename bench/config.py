@@ -36,6 +36,12 @@ class Device(Choice):
     cuda = "cuda"
 
 
+class NanCheck(Choice):
+    step = "step"  # every step: a reduced gradient bucket with NaN/Inf stops before the update
+    epoch = "epoch"  # the epoch's mean training loss only
+    off = "off"
+
+
 @dataclass
 class TrainConfig:
     epochs: int = 10  # epoch budget
@@ -50,6 +56,9 @@ class TrainConfig:
     device: Device = Device.auto
     time_phases: bool = True  # on CUDA, synchronise at phase boundaries to attribute step time
     workload: str = "classification"  # registry key in bench.workload
+    checkpoint_every: int = 1  # checkpoint every N epochs and at the end; 0 = never
+    keep_checkpoints: int = 2  # the newest N checkpoints are kept under <results>/checkpoints
+    nan_check: NanCheck = NanCheck.step  # where a NaN/Inf stops the run as diverged
 
 
 @dataclass

@@ -4,6 +4,8 @@ record exists afterwards (a failed launch still leaves an ``error`` record)."""
 from __future__ import annotations
 
 import json
+import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -13,6 +15,7 @@ from omegaconf import DictConfig
 
 from bench.config import Config, to_container, to_object
 from bench.registry import ConfigError
+from bench.results import columns as col
 from bench.results import records
 
 
@@ -75,30 +78,149 @@ def run(
     launch_time = time.time()
     cfg = to_object(cfg)
     validate(cfg)
-    from bench.cluster.launch import launch
-
     run_meta = {
         "run_id": records.new_run_id(),
         "started_at": records.now_iso(),
         "launch_time": launch_time,
         "experiment": experiment,
     }
+    return launch_and_record(cfg, run_meta, output_dir)
+
+
+def resume(
+    run_id: str, overrides: list[str], results_dir: str = "results"
+) -> tuple[int, dict[str, Any] | None]:
+    """Continue run ``run_id`` from its last checkpoint, into the same run id (a new
+    ``attempt`` of its record).  The config is the checkpoint's; ``overrides`` may change
+    only what :data:`bench.checkpoint.MAY_DIFFER` lists."""
+    from omegaconf import OmegaConf
+
+    from bench import checkpoint as ck
+    from bench.config import from_container
+
+    results_dir = next(
+        (o.split("=", 1)[1] for o in overrides if o.startswith("results.dir=")), results_dir
+    )
+    manifest = ck.latest(results_dir, run_id)
+    if manifest is None:
+        raise ConfigError(
+            f"run {run_id} has no checkpoint under {ck.run_dir(results_dir, run_id)} "
+            "(results.dir=... names another results directory)"
+        )
+    done = [r for r in records.load_records(results_dir, attempts=True) if r["run_id"] == run_id]
+    if done and done[-1]["status"] not in ("interrupted", "error"):
+        raise ConfigError(f"run {run_id} has finished (status {done[-1]['status']})")
+    try:
+        merged = OmegaConf.merge(manifest["config"], OmegaConf.from_dotlist(overrides))
+        cfg = from_container(OmegaConf.to_container(merged))  # type: ignore[arg-type]
+    except Exception as e:  # noqa: BLE001  (a bad override: one line)
+        raise ConfigError(f"resume={run_id}: {str(e).splitlines()[0]}") from None
+    ck.check_compatible(manifest, to_container(cfg))
+    validate(cfg)
+    attempt = max((r.get("attempt", 1) for r in done), default=0) + 1
+    run_meta = {**manifest["run"], "resume": True, "attempt": attempt}
+    print(f"resuming run {run_id} from {manifest['path']} (attempt {attempt})", flush=True)
+    return launch_and_record(cfg, run_meta, None)
+
+
+class Interrupted(BaseException):
+    """SIGTERM (or SIGINT) reached the launcher."""
+
+
+def _on_signal(signum: int, frame: Any) -> None:  # noqa: ARG001
+    raise Interrupted(signal.Signals(signum).name)
+
+
+def launch_and_record(
+    cfg: Config, run_meta: dict[str, Any], output_dir: str | Path | None
+) -> tuple[int, dict[str, Any] | None]:
+    """Launch the workers of a run; afterwards a record exists whatever happened: the
+    workers' own, or an ``error``/``interrupted`` one written here with the reason."""
+    from bench.cluster.launch import launch
+
     payload = {"config": to_container(cfg), "run": run_meta}
     out = Path(output_dir) if output_dir else Path(tempfile.mkdtemp(prefix="bench-run-"))
     out.mkdir(parents=True, exist_ok=True)
     run_json = out / f"run-{run_meta['run_id']}.json"
     run_json.write_text(json.dumps(payload, indent=1))
-    rc = launch(cfg, run_json)
-    rec = records.find_record(cfg.results.dir, run_meta["run_id"])
-    if rec is None and (cfg.cluster.name != "multinode" or cfg.cluster.node_rank == 0):
-        # the workers died before rank 0 could write: keep the attempt on record
-        from bench.comm import is_sparse
-
-        err = records.RunRecord.start(
-            cfg, run_meta, config=payload["config"], comm_sparse=is_sparse(cfg.comm.name)
-        )
-        err.exit_status = rc
-        err.append(cfg.results.dir)
-        rec = err.to_dict()
+    old = signal.signal(signal.SIGTERM, _on_signal)
+    status, reason, raised, since = "error", None, None, time.time()
+    try:
+        rc = launch(cfg, run_json)
+    except (KeyboardInterrupt, Interrupted) as e:
+        rc, status, reason = 130, "interrupted", f"interrupted by {e or 'SIGINT'}"
+    except Exception as e:  # noqa: BLE001  (recorded, then raised again)
+        rc, reason, raised = 1, f"{type(e).__name__}: {e}", e
+        if type(e).__name__ == "SignalException":  # torch's agent got the signal first
+            status, reason, raised = "interrupted", f"interrupted by {e}", None
+            rc = 130
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    rec = _record_after(cfg, payload, rc, status, reason, since)
+    if raised is not None:
+        raise raised
+    if rec is not None and rec["status"] in ("error", "interrupted"):
         rc = rc or 1
     return rc, rec
+
+
+def _reason(events: list[dict[str, Any]], rc: int) -> str:
+    """Why the workers failed: the worker that died first, then the first traceback."""
+    parts = []
+    fails = [e for e in events if e.get("kind") == "failure"]
+    if fails:
+        code = fails[-1]["exit_code"]
+        sig = f" ({signal.Signals(-code).name})" if isinstance(code, int) and code < 0 else ""
+        parts.append(f"worker rank {fails[-1]['failed_rank']} exited with code {code}{sig}")
+    errs = [e for e in events if e.get("kind") in ("worker_error", "agent_error")]
+    if errs:
+        who = f"rank {errs[0]['rank']}" if "rank" in errs[0] else "elastic agent"
+        parts.append(f"{who}: {errs[0]['reason']}")
+    return "; ".join(parts) or f"the workers exited with status {rc}"
+
+
+def _record_after(
+    cfg: Config, payload: dict[str, Any], rc: int, status: str, reason: str | None, since: float
+) -> dict[str, Any] | None:
+    """The run's record: the workers' if they wrote it, else one written here."""
+    from bench import checkpoint as ck
+    from bench.comm import is_sparse
+
+    meta = payload["run"]
+    rec = records.find_record(cfg.results.dir, meta["run_id"])
+    if rec is not None and rec.get("attempt", 1) == meta.get("attempt", 1):
+        return rec
+    if cfg.cluster.name == "multinode" and cfg.cluster.node_rank != 0:
+        return None  # node 0 records the run
+    events = ck.read_events(ck.events_path(cfg.results.dir, meta["run_id"]))
+    reason = reason or _reason([e for e in events if e["time"] >= since], rc)
+    if status == "interrupted":
+        ck.log_event(ck.events_path(cfg.results.dir, meta["run_id"]), kind="stop", reason=reason)
+    err = records.RunRecord.start(
+        cfg, meta, config=payload["config"], comm_sparse=is_sparse(cfg.comm.name)
+    )
+    curve_file = records.curve_path(cfg.results.dir, meta["run_id"])
+    curve = records.read_curve(curve_file).to_dict("records") if curve_file.exists() else []
+    if curve:
+        err = err.finish(
+            curve,
+            status=status,
+            train_time_s=float(curve[-1][col.TRAIN_TIME]),
+            world_size=err.world_size,
+            launch_time=meta["launch_time"],
+        )
+        err.curve = str(curve_file)
+    err.status, err.exit_status, err.reason = status, rc, reason
+    err.restarts = ck.restarts(events)
+    last = ck.latest(cfg.results.dir, meta["run_id"])
+    err.checkpoint = last["path"] if last else None
+    err.append(cfg.results.dir)
+    print(f"{status}: {reason}", file=sys.stderr, flush=True)
+    if last is not None:
+        print(
+            f"the last checkpoint is epoch {last['epoch']}; continue with: python -m reproduce "
+            f"train resume={meta['run_id']} results.dir={cfg.results.dir}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return err.to_dict()

@@ -113,6 +113,11 @@ def broadcast_buffers(model: torch.nn.Module) -> None:
             dist.broadcast(b, 0)
 
 
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     if dist.is_initialized():
         dist.all_reduce(t)

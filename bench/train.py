@@ -68,6 +68,7 @@ class TrainState:
     epoch: int = 0  # epochs completed (the next epoch's 0-based index)
     step: int = 0  # optimizer steps completed
     status: str = "target_missed"
+    diverged_at: dict[str, Any] | None = None  # step, epoch and place of the first NaN/Inf
 
 
 def setup(payload: dict[str, Any]) -> TrainState:
@@ -89,7 +90,7 @@ def setup(payload: dict[str, Any]) -> TrainState:
     ddp = _wrap(model, optimizer, cfg, device)
     after_ddp_broadcast(optimizer)  # fp32 masters follow the model DDP just broadcast
     autocast, scaler = runtime.amp_context(cfg.train.amp, device)
-    return TrainState(
+    s = TrainState(
         cfg=cfg,
         run=run,
         rank=rank,
@@ -107,6 +108,35 @@ def setup(payload: dict[str, Any]) -> TrainState:
         steps=steps,
         timer=runtime.PhaseTimer(device, cfg.train.time_phases),
     )
+    if hasattr(s.comm.state, "nan_check"):
+        s.comm.state.nan_check = cfg.train.nan_check == "step"
+    _resume(s)
+    return s
+
+
+def _resume(s: TrainState) -> None:
+    """Continue from the run's last checkpoint after an elastic restart or by hand.
+
+    The training clock counts the work being repeated: the time from the checkpoint to
+    the failure (or the stop) that lost it is added back."""
+    from bench import checkpoint as ck
+
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    by = "hand" if s.run.get("resume") else "restart" if restart > 0 else None
+    manifest = ck.latest(s.cfg.results.dir, s.run["run_id"]) if by else None
+    events = ck.events_path(s.cfg.results.dir, s.run["run_id"])
+    if manifest is not None:
+        ck.load(s, manifest)
+        lost = [
+            e["time"] - manifest["saved_at"]
+            for e in ck.read_events(events)
+            if e.get("kind") in ("failure", "stop") and e["time"] > manifest["saved_at"]
+        ]
+        s.clock.load_state_dict({"elapsed": s.clock.elapsed + max(lost, default=0.0)})
+    if by and s.rank == 0:
+        epoch = s.epoch if manifest is not None else 0
+        ck.log_event(events, kind="resume", by=by, epoch=epoch, restart=restart)
+        print(f"resuming run {s.run['run_id']} from epoch {epoch} ({by})", flush=True)
 
 
 def _steps_per_epoch(batches: int, max_steps: int, rank: int) -> int:
@@ -135,12 +165,18 @@ def _wrap(model: nn.Module, optimizer: Any, cfg: Config, device: torch.device) -
     )
 
 
-def train_step(s: TrainState, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward, backward (DDP communicates), update; returns (loss, correct predictions)."""
+def train_step(s: TrainState, batch: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Forward, backward (DDP communicates), update; returns (loss, correct predictions),
+    or None when a NaN/Inf was found (the update is skipped, ``s.status`` is diverged)."""
     with s.autocast():
         loss, correct = s.workload.loss(s.ddp, batch)
+    if _inject_nan(s):
+        loss = loss * float("nan")
     (s.scaler.scale(loss) if s.scaler is not None else loss).backward()
     s.timer.mark("compute")
+    if s.cfg.train.nan_check == "step" and _diverged(s, loss):
+        s.optimizer.zero_grad(set_to_none=False)
+        return None
     if s.scaler is not None:
         s.scaler.step(s.optimizer)
         s.scaler.update()
@@ -151,6 +187,34 @@ def train_step(s: TrainState, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
     s.timer.mark("update")
     s.step += 1
     return loss.detach(), correct
+
+
+def _inject_nan(s: TrainState) -> bool:
+    """Fault injection for tests: BENCH_FAULT_NAN_STEP=N makes rank 0's loss NaN at step N."""
+    return s.rank == 0 and os.environ.get("BENCH_FAULT_NAN_STEP") == str(s.step + 1)
+
+
+def _diverged(s: TrainState, loss: torch.Tensor) -> bool:
+    """Whether this step's reduced gradient (or, without a comm hook, any gradient) holds
+    a NaN or Inf; notes where in ``s.diverged_at``.  The reduced buckets are the same on
+    every rank, so every rank stops at the same step."""
+    hook = s.comm.state
+    if getattr(hook, "nan_check", False):
+        found, hook.finite = hook.finite, []
+        if not found or bool(torch.stack([ok for _, ok in found]).all()):
+            return False
+        bad = [i for i, ok in found if not bool(ok)]
+        where = f"gradient bucket {bad[0]} after decompression"
+    else:
+        grads = [(n, p.grad) for n, p in s.model.named_parameters() if p.grad is not None]
+        if not grads or bool(torch.stack([g.isfinite().all() for _, g in grads]).all()):
+            return False
+        where = f"gradient of {next(n for n, g in grads if not bool(g.isfinite().all()))}"
+    if not bool(torch.isfinite(loss)):
+        where = f"loss (then {where})"
+    s.status = "diverged"
+    s.diverged_at = {"step": s.step + 1, "epoch": s.epoch + 1, "where": where}
+    return True
 
 
 def train_epoch(s: TrainState) -> dict[str, Any]:
@@ -166,12 +230,17 @@ def train_epoch(s: TrainState) -> dict[str, Any]:
     t0 = time.perf_counter()
     s.timer.restart()
     it = iter(loader)
+    steps = 0
     for _ in range(s.steps):
         batch = next(it)
         s.timer.mark("data")
-        loss, correct = train_step(s, batch)
-        sums += torch.stack([loss.double(), correct.double()])
+        out = train_step(s, batch)
+        if out is None:  # diverged: this step's gradient never reaches the model
+            sums += float("nan")
+            break
+        sums += torch.stack([out[0].double(), out[1].double()])
         samples += len(batch[1])
+        steps += 1
         bar.update(1)
     del it
     epoch_s = time.perf_counter() - t0
@@ -187,13 +256,13 @@ def train_epoch(s: TrainState) -> dict[str, Any]:
         col.EPOCH: s.epoch + 1,
         col.TRAIN_TIME: s.clock.elapsed,
         col.EPOCH_TIME: epoch_s,
-        col.TRAIN_LOSS: loss_sum / (s.steps * s.world),
+        col.TRAIN_LOSS: loss_sum / (max(1, steps) * s.world),
         col.TRAIN_TOP1: correct / max(1.0, samples),
         col.SAMPLES: int(samples),
-        col.STEPS: s.steps,
+        col.STEPS: steps,
         col.THROUGHPUT: samples / epoch_s,
         col.DATA_SHARE: phases.get("data", 0.0) / epoch_s,
-        **{f"time/{k}_s": v / s.steps for k, v in phases.items()},
+        **{f"time/{k}_s": v / max(1, steps) for k, v in phases.items()},
         col.LR: s.scheduler.get_last_lr()[0],
     }
 
@@ -230,8 +299,11 @@ def end_epoch(
     s.epoch += 1
     if s.rank == 0:
         print(_table_row(s, row), flush=True)
-    if not math.isfinite(row[col.TRAIN_LOSS]):
+        records.write_curve(s.cfg.results.dir, s.run["run_id"], s.curve, extend=True)
+    check = s.cfg.train.nan_check != "off"
+    if s.status == "diverged" or (check and not math.isfinite(row[col.TRAIN_LOSS])):
         s.status = "diverged"
+        s.diverged_at = s.diverged_at or {"step": s.step, "epoch": s.epoch, "where": "loss"}
         return False
     if reached(evaluated.get(col.metric_column(metric)), target):
         s.status = "ok"
@@ -241,7 +313,7 @@ def end_epoch(
 
 
 def _eval_due(s: TrainState, row: dict[str, Any]) -> bool:
-    if not math.isfinite(row[col.TRAIN_LOSS]):
+    if s.status == "diverged" or not math.isfinite(row[col.TRAIN_LOSS]):
         return False  # a diverged model is not evaluated
     return (s.epoch + 1) % s.cfg.train.eval_every == 0 or s.epoch + 1 == s.cfg.train.epochs
 
@@ -279,10 +351,11 @@ def write_outputs(s: TrainState) -> records.RunRecord:
         world_size=s.world,
         launch_time=s.run["launch_time"],
     )
+    _outcome(s, rec)
     link = os.environ.get("BENCH_LINK_CHECK")
     if link and Path(link).is_file():
         rec.link_check = json.loads(Path(link).read_text())
-    rec.curve = str(records.write_curve(res, rec.run_id, s.curve))
+    rec.curve = str(records.write_curve(res, rec.run_id, s.curve, extend=True))
     if cfg.results.plot and s.curve:
         rec.figure = str(_plot(s, rec))
     rec.append(res)
@@ -294,6 +367,19 @@ def write_outputs(s: TrainState) -> records.RunRecord:
         flush=True,
     )
     return rec
+
+
+def _outcome(s: TrainState, rec: records.RunRecord) -> None:
+    """Restarts, last checkpoint and divergence into the record."""
+    from bench import checkpoint as ck
+
+    rec.restarts = ck.restarts(ck.read_events(ck.events_path(s.cfg.results.dir, rec.run_id)))
+    last = ck.latest(s.cfg.results.dir, rec.run_id)
+    rec.checkpoint = last["path"] if last else None
+    if s.diverged_at is not None:
+        rec.diverged_at = s.diverged_at
+        d = s.diverged_at
+        rec.reason = f"NaN/Inf at step {d['step']} (epoch {d['epoch']}) in the {d['where']}"
 
 
 def _plot(s: TrainState, rec: records.RunRecord) -> Path:
@@ -361,14 +447,35 @@ def train(payload: dict[str, Any]) -> dict[str, Any] | None:
         t_eval = time.perf_counter()
         evaluated = evaluate(s) if _eval_due(s, row) else {}
         go_on = end_epoch(s, row, evaluated, time.perf_counter() - t_eval)
+        _checkpoint(s, last=not go_on)
     return finish(s)
+
+
+def _checkpoint(s: TrainState, last: bool) -> None:
+    """Every rank: a checkpoint every ``train.checkpoint_every`` epochs and at the end
+    (not of a diverged model); its time is not training time (the clock is paused)."""
+    from bench import checkpoint
+
+    every = s.cfg.train.checkpoint_every
+    if every <= 0 or s.status == "diverged" or not (last or s.epoch % every == 0):
+        return
+    checkpoint.save(s, barrier=runtime.barrier)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="one data-parallel training worker")
     ap.add_argument("--config", required=True, help="run JSON written by the launcher")
     args = ap.parse_args(argv)
-    train(json.loads(Path(args.config).read_text()))
+    payload = json.loads(Path(args.config).read_text())
+    try:
+        train(payload)
+    except BaseException as e:  # noted for the launcher's error record, then re-raised
+        from bench import checkpoint as ck
+
+        where = ck.events_path(payload["config"]["results"]["dir"], payload["run"]["run_id"])
+        reason = f"{type(e).__name__}: {e}".strip().splitlines()[0][:500]
+        ck.log_event(where, kind="worker_error", rank=os.environ.get("RANK"), reason=reason)
+        raise
     return 0
 
 

@@ -2,6 +2,9 @@
 
 commands:
   train [overrides]       one training run (Hydra overrides; -m for a multirun sweep)
+  train resume=RUN_ID [results.dir=DIR] [train.epochs=N ...]
+                          continue a stopped, interrupted or killed run from its last
+                          checkpoint, into the same run id (also: dawnbench resume=RUN_ID)
   dawnbench [overrides]   the DAWNBench-style time-to-accuracy recipe for the chosen data
                           (digits by default; data=cifar10|imagenet data.root=... for the real ones)
   bench NAME [--quick] [--results-dir DIR]
@@ -53,7 +56,23 @@ def _precheck(overrides: list[str]) -> None:
         _fail((lines[0] if lines else type(e).__name__) + detail)
 
 
+def _resume(overrides: list[str]) -> None:
+    """``resume=<run_id>``: the checkpoint's config, not Hydra's composition."""
+    from bench.registry import ConfigError
+    from bench.run import resume
+
+    run_id = next(o.split("=", 1)[1] for o in overrides if o.startswith("resume="))
+    rest = [o for o in overrides if not o.startswith(("resume=", "experiment=", "data="))]
+    try:
+        rc, _ = resume(run_id, rest)
+    except ConfigError as e:
+        _fail(str(e))
+    sys.exit(rc)
+
+
 def _hydra(overrides: list[str]) -> None:
+    if any(o.startswith("resume=") for o in overrides):
+        _resume(overrides)
     _precheck(overrides)
     from reproduce.train import app
 

@@ -29,6 +29,9 @@ def app(cfg: DictConfig) -> float | None:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except Exception as e:  # noqa: BLE001  (a launch that failed: recorded, one line here)
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        sys.exit(1)
     if rc and hc.mode != RunMode.MULTIRUN:
         sys.exit(rc)
     # the sweep objective (e.g. for an optimizer sweeper): time to target, if reached

@@ -1,0 +1,162 @@
+"""Checkpoints in one process: what is saved comes back exactly (model, optimizer in every
+update mode, schedule, residuals, RNG, clock, curve), an incompatible config is refused
+naming the keys, old checkpoints are pruned; a failed launch still leaves a full record."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from bench import checkpoint as ck
+from bench.comm.compressors import ResidualMemory
+from bench.config import Config, to_container
+from bench.registry import ConfigError
+from bench.results import records
+from bench.results.timing import TrainClock
+
+
+def _state(tmp_path: Path, update: str, seed: int = 0) -> SimpleNamespace:
+    from bench.optim import build_optimizer, build_scheduler
+
+    cfg = Config()
+    cfg.results.dir = str(tmp_path)
+    cfg.optim.update = update
+    cfg.train.keep_checkpoints = 2
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    opt = build_optimizer(model, cfg.optim)
+    memory = ResidualMemory()
+    hook = SimpleNamespace(comm=SimpleNamespace(memory=memory), step=0)
+    return SimpleNamespace(
+        cfg=cfg,
+        run={"run_id": "r1", "launch_time": 0.0},
+        rank=0,
+        world=1,
+        device=torch.device("cpu"),
+        model=model,
+        optimizer=opt,
+        scheduler=build_scheduler(opt, cfg.optim, steps_per_epoch=4, epochs=3),
+        scaler=None,
+        comm=SimpleNamespace(state=hook),
+        clock=TrainClock(),
+        curve=[],
+        epoch=0,
+        step=0,
+        status="target_missed",
+    )
+
+
+def _steps(s: SimpleNamespace, n: int) -> None:
+    """``n`` training steps; the noise comes from the global RNG (restored by a checkpoint);
+    the residual of a fake bucket keyed by parameter ids follows the gradient."""
+    p0 = next(s.model.parameters())
+    key = (0, 99, id(p0))
+    for _ in range(n):
+        x = torch.randn(5, 8)
+        loss = s.model(x).square().mean()
+        loss.backward()
+        mem = s.comm.state.comm.memory
+        mem.compensate(p0.grad.flatten().clone(), key).mul_(0.5)
+        s.optimizer.step()
+        s.optimizer.zero_grad(set_to_none=False)
+        s.scheduler.step()
+        s.step += 1
+        s.comm.state.step += 1
+
+
+@pytest.mark.parametrize("update", ["naive", "foreach", "fused", "flat"])
+def test_a_resumed_state_continues_exactly(tmp_path: Path, update: str) -> None:
+    a = _state(tmp_path, update)
+    _steps(a, 3)
+    a.epoch, a.curve = 1, [{"epoch": 1, "loss/train": 1.5}]
+    a.clock.load_state_dict({"elapsed": 7.0})
+    ck.save(a, barrier=lambda: None)
+    _steps(a, 3)  # the uninterrupted run goes on
+    b = _state(tmp_path, update, seed=1)  # another process: other weights, other ids
+    manifest = ck.latest(tmp_path, "r1")
+    assert manifest is not None and manifest["epoch"] == 1
+    ck.load(b, manifest)
+    assert (b.epoch, b.step, b.clock.elapsed, b.curve) == (1, 3, 7.0, a.curve)
+    assert b.comm.state.step == 3
+    _steps(b, 3)
+    for pa, pb in zip(a.model.parameters(), b.model.parameters(), strict=True):
+        assert torch.equal(pa, pb)
+    assert b.scheduler.get_last_lr() == a.scheduler.get_last_lr()
+    (ra,) = a.comm.state.comm.memory.buffers.values()
+    (rb,) = b.comm.state.comm.memory.buffers.values()
+    assert torch.equal(ra, rb)  # the residual came back under this process's key
+
+
+def test_old_checkpoints_are_pruned_and_files_are_whole(tmp_path: Path) -> None:
+    s = _state(tmp_path, "foreach")
+    for epoch in (1, 2, 3):
+        s.epoch = epoch
+        ck.save(s, barrier=lambda: None)
+    d = ck.run_dir(tmp_path, "r1")
+    assert sorted(p.name for p in d.glob("epoch-*.json")) == ["epoch-0002.json", "epoch-0003.json"]
+    assert sorted(p.name for p in d.iterdir() if p.is_dir()) == ["epoch-0002", "epoch-0003"]
+    assert not list(d.rglob(".*tmp"))
+    # weights_only loading: nothing but tensors and plain containers inside
+    torch.load(d / "epoch-0003" / "common.pt", weights_only=True)
+    torch.load(d / "epoch-0003" / "rank0.pt", weights_only=True)
+
+
+def test_an_incompatible_config_is_refused_naming_the_keys(tmp_path: Path) -> None:
+    s = _state(tmp_path, "foreach")
+    s.epoch = 1
+    ck.save(s, barrier=lambda: None)
+    manifest = ck.latest(tmp_path, "r1")
+    other = to_container(s.cfg)
+    other["optim"]["lr"] = 0.1
+    other["comm"]["name"] = "mstopk"
+    other["train"]["epochs"] = 50  # may differ: a longer budget
+    with pytest.raises(ConfigError, match=r"comm\.name .*optim\.lr"):
+        ck.check_compatible(manifest, other)
+    ck.check_compatible(manifest, to_container(s.cfg))
+
+
+def test_restarts_pair_each_failure_with_the_epoch_resumed_from(tmp_path: Path) -> None:
+    ev = tmp_path / "events.jsonl"
+    ck.log_event(ev, kind="failure", failed_rank=1, exit_code=-9, restart=1, restarts_left=1)
+    ck.log_event(ev, kind="resume", by="restart", epoch=2)
+    ck.log_event(ev, kind="failure", failed_rank=0, exit_code=1, restart=2, restarts_left=0)
+    (r,) = ck.restarts(ck.read_events(ev))  # the last failure ended the run: no restart
+    assert (r["failed_rank"], r["exit_code"], r["epoch_resumed_from"]) == (1, -9, 2)
+
+
+@pytest.mark.parametrize(
+    ("exc", "status"),
+    [
+        (TimeoutError("the emulated run did not finish within 5 s"), "error"),
+        (ConfigError("link check: measured 0.3 Gbit/s, 1 Gbit/s wanted"), "error"),
+        (KeyboardInterrupt(), "interrupted"),
+    ],
+)
+def test_a_failed_launch_leaves_a_full_record_with_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exc: BaseException, status: str
+) -> None:
+    from bench import run as run_mod
+    from bench.cluster import launch
+
+    def fail(cfg: Config, run_json: Path) -> int:
+        raise exc
+
+    monkeypatch.setattr(launch, "launch", fail)
+    cfg = Config()
+    cfg.results.dir = str(tmp_path)
+    meta = {"run_id": "r9", "started_at": records.now_iso(), "launch_time": 0.0}
+    if status == "error":
+        with pytest.raises(type(exc)):
+            run_mod.launch_and_record(cfg, meta, tmp_path / "out")
+    else:
+        rc, _ = run_mod.launch_and_record(cfg, meta, tmp_path / "out")
+        assert rc == 130
+    (line,) = records.runs_path(tmp_path).read_text().splitlines()
+    rec = json.loads(line)
+    assert tuple(rec) == records.RECORD_FIELDS and rec["status"] == status
+    assert rec["git_sha"] and rec["hardware"] and rec["versions"] and rec["torch_version"]
+    assert rec["reason"] and (str(exc) in rec["reason"] or "interrupted" in rec["reason"])
