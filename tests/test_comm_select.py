@@ -199,34 +199,49 @@ for dtype in (torch.float32, torch.bfloat16):
     assert host_syncs() - s == 1
     ref = torch.topk(x.abs().float(), 200).values.sort().values
     assert torch.equal(v.abs().float().sort().values, ref), dtype
+x = torch.randn(40_000, generator=torch.Generator().manual_seed(6))
+s = host_syncs()
+i = mstopk(x, 400, "paper", iters=8, kernel="triton", _device_path=True)[1]
+assert host_syncs() - s == 1
+assert set(i.tolist()) == set(mstopk(x, 400, "paper", iters=8, _device_path=False)[1].tolist())
 x[7] = float("nan")
-try:
-    mstopk(x, 200, kernel="triton", _device_path=True)
-except ValueError:
-    print("OK")
+for method in ("tiled", "paper"):
+    try:
+        mstopk(x, 200, method, iters=2, kernel="triton", _device_path=True)
+    except ValueError:
+        print("OK")
 """
 
 
 def test_triton_kernel_in_the_interpreter() -> None:
-    """The Triton column-max kernel, run by Triton's CPU interpreter (no GPU needed)."""
+    """The Triton kernels (column maxima; paper's search: the same set as the CPU loop), run
+    by Triton's CPU interpreter (no GPU needed)."""
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
     out = subprocess.run(
         [sys.executable, "-c", _INTERPRET], env=env, capture_output=True, text=True, timeout=300
     )
-    assert out.returncode == 0 and out.stdout.strip() == "OK", out.stderr[-2000:]
+    assert out.returncode == 0 and out.stdout.split() == ["OK", "OK"], out.stderr[-2000:]
 
 
 def test_triton_kernel_compiles_for_hopper() -> None:
-    """The kernel compiles down to an sm_90 (H100/H200) binary; no GPU needed to compile."""
+    """The kernels compile down to sm_90 (H100/H200) binaries; no GPU needed to compile.
+    ``paper``'s step is compiled without fused multiply-adds: the torch loop's rounding."""
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from bench.comm import mstopk_triton as mt
 
-    for ptr in ("*fp32", "*bf16"):
-        sig = {"x_ptr": ptr, "out_ptr": "*fp32", "rows": "i32", "cols": "i32", "BLOCK": "constexpr"}
-        src = ASTSource(fn=mt._colmax_kernel, signature=sig, constexprs={"BLOCK": mt.BLOCK})
-        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-        assert k.asm["cubin"]
+    block = {"BLOCK": mt.BLOCK}
+    jobs = [
+        (mt._colmax_kernel, ["*bf16", "*fp32", "i32", "i32", "constexpr"], block, 4),
+        (mt._count_ge_kernel, ["*fp32", "*fp64", "*i64", "i32", "constexpr"], block, 4),
+        (mt._paper_step_kernel, ["*fp64", "*i64", "i32"], {}, 1),
+    ]
+    for fn, types, consts, warps in jobs:
+        sig = dict(zip(fn.arg_names, types, strict=True))
+        src = ASTSource(fn=fn, signature=sig, constexprs=consts)
+        opts = {"num_warps": warps, "enable_fp_fusion": False}
+        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+        assert k.asm["cubin"] and "fma.rn.f64" not in k.asm["ptx"]

@@ -114,6 +114,23 @@ def test_triton_and_torch_paths_select_alike(gaussian: torch.Tensor, density: fl
 
 @pytest.mark.gpu
 @needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("density", [0.001, 0.01])
+def test_paper_search_in_triton_matches_torch(
+    gaussian: torch.Tensor, density: float, dtype
+) -> None:
+    """The same float64 search in two launches per iteration: the very same set."""
+    x = gaussian.to(dtype)
+    k = k_for(N, density)
+    (_, ti), syncs, _ = _synced_call(x, k, "paper", kernel="triton")
+    assert len(syncs) <= 1, syncs
+    pi = mstopk(x, k, "paper", kernel="torch")[1]
+    assert ti.numel() == k and set(ti.tolist()) == set(pi.tolist())
+    assert not selection._TRITON_BROKEN
+
+
+@pytest.mark.gpu
+@needs_gpu
 @pytest.mark.parametrize("method", MSTOPK_METHODS)
 def test_nonfinite_raises_on_cuda(gaussian: torch.Tensor, method: str) -> None:
     for pos, bad in [(0, float("nan")), (N // 2 + 3, float("inf")), (N - 1, -float("inf"))]:
@@ -160,13 +177,21 @@ def test_cuda_bench_rows(fake_cuda: None, tmp_path) -> None:
     bench = BenchRun("topk", tmp_path)
     x = torch.randn(100_000, generator=torch.Generator().manual_seed(0))
     cuda = torch.device("cuda")
-    topk_bench._one(bench, x, "gaussian", x.numel(), 0.01, 2, 1, cuda, False, ef=False)
+    topk_bench._one(bench, x, "gaussian", x.numel(), 0.01, 2, 1, cuda, (), ef=False)
     df = bench.frame().set_index("method")
-    assert set(df.index) == {"sum", "torch.topk", "mstopk-tiled[torch]"} | {
-        f"mstopk-{m}" for m in MSTOPK_METHODS if m != "tiled"
+    assert set(df.index) == {
+        "sum",
+        "torch.topk",
+        "mstopk-tiled[torch]",
+        "mstopk-paper[torch]",
+        "mstopk-sampled",
+        "mstopk-hist",
     }
     assert (df["device"] == "cuda").all() and (df["cuda_syncs"] == 0).all()
     ms = df[df.index.str.startswith("mstopk")]
     assert (ms["coverage"] >= 0.99).all() and (ms["syncs"] >= 1).all()
     assert df.loc["mstopk-tiled[torch]", "coverage"] == pytest.approx(1.0)
     assert df.loc["sum", "x_floor"] == 1.0
+    names = topk_bench._mstopk_cases(cuda, ("tiled",))  # where only tiled's kernel works
+    assert names["mstopk-tiled[triton]"] == ("tiled", {"kernel": "triton"})
+    assert "mstopk-paper[torch]" in names and "mstopk-paper[triton]" not in names

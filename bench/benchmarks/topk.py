@@ -19,8 +19,9 @@ CUDA, ``cuda_syncs`` (synchronising CUDA calls of one call of the case, from tor
 debug mode; every case).
 
 On CUDA (when available) the sizes are 25.6 M and 100 M elements, generated on the GPU,
-and ``tiled`` is timed twice: ``mstopk-tiled[triton]`` (its column maxima by the Triton
-kernel, the default there) and ``mstopk-tiled[torch]``; each case is timed with CUDA events
+and ``tiled`` and ``paper`` are timed twice: ``mstopk-tiled[triton]`` (the column maxima
+by a Triton kernel, the default there) and ``mstopk-tiled[torch]``, likewise
+``mstopk-paper[triton]`` (its search in Triton) and ``[torch]``; each case is timed with CUDA events
 (2 warm-up rounds, then 10 interleaved rounds; the GPU is idle before each call).
 
 Timing: the cases of one (size, density) are measured *interleaved* (one call of each in
@@ -50,6 +51,7 @@ CUDA_SIZES = [25_600_000, 100_000_000]
 DENSITIES = [0.001, 0.01]
 RESNET50 = 25_600_000
 CUDA_WARMUP, CUDA_REPS = 2, 10
+TRITON_METHODS = ("tiled", "paper")  # the mstopk methods with a Triton kernel
 
 
 def _input(kind: str, n: int, device: torch.device) -> torch.Tensor:
@@ -106,25 +108,30 @@ def _cuda_syncs(fn: Callable[[], object]) -> int:
     return sum("synchroniz" in str(w.message).lower() for w in caught)
 
 
-def _triton_works(device: torch.device) -> bool:
-    """Whether ``mstopk(kernel="triton")`` compiles and runs here (CUDA only)."""
+def _triton_methods(device: torch.device) -> tuple[str, ...]:
+    """The methods of :data:`TRITON_METHODS` whose ``kernel="triton"`` compiles and runs here."""
     if device.type != "cuda":
-        return False
-    try:
-        mstopk(torch.randn(1 << 20, device=device), 1000, kernel="triton")
-        return True
-    except Exception as e:  # noqa: BLE001 - reported, and the torch path is timed alone
-        print(f"bench topk: no Triton rows ({e!r})", flush=True)
-        return False
+        return ()
+    ok = []
+    x = torch.randn(1 << 20, device=device)
+    for m in TRITON_METHODS:
+        try:
+            mstopk(x, 1000, m, kernel="triton")
+            ok.append(m)
+        except Exception as e:  # noqa: BLE001 - reported; its torch path is timed alone
+            print(f"bench topk: no mstopk-{m}[triton] rows ({e!r})", flush=True)
+    return tuple(ok)
 
 
-def _mstopk_cases(device: torch.device, triton: bool) -> dict[str, tuple[str, dict[str, str]]]:
+def _mstopk_cases(
+    device: torch.device, triton: tuple[str, ...]
+) -> dict[str, tuple[str, dict[str, str]]]:
     """Row name -> (method, extra mstopk options)."""
     out: dict[str, tuple[str, dict[str, str]]] = {}
     for m in MSTOPK_METHODS:
-        if m == "tiled" and device.type == "cuda":
-            for kern in ("triton", "torch") if triton else ("torch",):
-                out[f"mstopk-tiled[{kern}]"] = (m, {"kernel": kern})
+        if m in TRITON_METHODS and device.type == "cuda":
+            for kern in ("triton", "torch") if m in triton else ("torch",):
+                out[f"mstopk-{m}[{kern}]"] = (m, {"kernel": kern})
         else:
             out[f"mstopk-{m}"] = (m, {})
     return out
@@ -161,7 +168,7 @@ def _ef_cases(x: torch.Tensor, k: int, density: float) -> dict[str, object]:
 def run(results_dir: str = "results", quick: bool = False) -> Path:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     sizes = [100_000] if quick else (CUDA_SIZES if device.type == "cuda" else SIZES)
-    triton = _triton_works(device)
+    triton = _triton_methods(device)
     ef_size = 100_000 if quick else RESNET50
     densities = [0.01] if quick else DENSITIES
     default_threads = torch.get_num_threads()
@@ -208,7 +215,7 @@ def _one(
     reps: int,
     threads: int,
     device: torch.device,
-    triton: bool,
+    triton: tuple[str, ...],
     ef: bool,
 ) -> None:
     k = k_for(n, density)

@@ -1,4 +1,4 @@
-"""Triton kernel for MSTopK on CUDA: the ``|x|`` column maxima of the ``tiled`` view in one read.
+"""Triton kernels for MSTopK on CUDA: ``tiled``'s column maxima, ``paper``'s threshold search.
 
 ``tiled`` views the flat tensor as a ``(C, R)`` matrix and needs, for every column ``j``,
 ``max_c |x[c * R + j]|``.  In torch that is two streaming reductions (``amax`` and ``amin``
@@ -14,6 +14,12 @@ False when it cannot be imported, and the caller falls back to torch.
 """
 
 from __future__ import annotations
+
+import math
+import sys
+import warnings
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -45,6 +51,66 @@ if AVAILABLE:
         acc = tl.where(bad != 0, float("nan"), acc)
         tl.store(out_ptr + offs, acc, mask=inb)
 
+    @triton.jit
+    def _count_ge_kernel(x_ptr, f_ptr, i_ptr, n, BLOCK: tl.constexpr):
+        # i[3] += #(|x| >= thr), thr = f[6] rounded to float32 as torch compares it
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        inb = offs < n
+        thr = tl.load(f_ptr + 6).to(tl.float32)
+        v = tl.abs(tl.load(x_ptr + offs, mask=inb, other=0.0).to(tl.float32))
+        tl.atomic_add(i_ptr + 3, tl.sum(((v >= thr) & inb).to(tl.int64), axis=0))
+
+    @triton.jit
+    def _paper_step_kernel(f_ptr, i_ptr, k):
+        # f = [lo, hi, base, u, thres1, thres2, thr], i = [k1, k2, done, count]: one step
+        # of the search with the count of thr, then the next thr; the torch loop's updates
+        lo, hi, base, u = tl.load(f_ptr), tl.load(f_ptr + 1), tl.load(f_ptr + 2), tl.load(f_ptr + 3)
+        t1, t2, thr = tl.load(f_ptr + 4), tl.load(f_ptr + 5), tl.load(f_ptr + 6)
+        k1, k2, done, nnz = (
+            tl.load(i_ptr),
+            tl.load(i_ptr + 1),
+            tl.load(i_ptr + 2),
+            tl.load(i_ptr + 3),
+        )
+        ratio = (lo + hi) / 2  # the ratio thr came from
+        le = (nnz <= k) & (done == 0)
+        gt = (nnz > k) & (done == 0)
+        hi = tl.where(le, ratio, hi)
+        lo = tl.where(gt, ratio, lo)
+        up1 = le & ((nnz > k1) | (t1 == float("inf")))
+        k1 = tl.where(up1, nnz, k1)
+        t1 = tl.where(up1, thr, t1)
+        up2 = gt & (nnz < k2)
+        k2 = tl.where(up2, nnz, k2)
+        t2 = tl.where(up2, thr, t2)
+        done = tl.where(nnz == k, 1, done)
+        ratio = (lo + hi) / 2
+        thr = base + ratio * (u - base)
+        tl.store(f_ptr, lo)
+        tl.store(f_ptr + 1, hi)
+        tl.store(f_ptr + 4, t1)
+        tl.store(f_ptr + 5, t2)
+        tl.store(f_ptr + 6, thr)
+        tl.store(i_ptr, k1)
+        tl.store(i_ptr + 1, k2)
+        tl.store(i_ptr + 2, done)
+        tl.store(i_ptr + 3, 0)
+
+
+def guarded(name: str, forced: bool, call: Callable[[Any], Any], broken: dict[str, str]) -> Any:
+    """``call(this module)``; on failure (import, compile, launch) raise when ``forced``, else
+    record ``broken[name]``, warn once and return None (the caller uses torch)."""
+    try:
+        if not AVAILABLE:
+            raise RuntimeError("triton is not importable")
+        return call(sys.modules[__name__])
+    except Exception as e:  # noqa: BLE001 - any failure means "use torch"
+        if forced:
+            raise RuntimeError(f"mstopk kernel='triton' failed: {e}") from e
+        broken[name] = repr(e)
+        warnings.warn(f"mstopk: Triton {name} kernel unusable, using torch ({e!r})", stacklevel=5)
+        return None
+
 
 def colmax_abs(head: torch.Tensor) -> torch.Tensor:
     """``max_c |head[c, j]|`` for each column ``j`` of a contiguous ``(C, R)`` tensor, float32.
@@ -60,3 +126,34 @@ def colmax_abs(head: torch.Tensor) -> torch.Tensor:
     grid = (triton.cdiv(cols, BLOCK),)
     _colmax_kernel[grid](head, out, rows, cols, BLOCK=BLOCK, num_warps=4)
     return out
+
+
+def paper_search(
+    a: torch.Tensor, hi: torch.Tensor, k: int, iters: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``paper``'s threshold search over ``a = |x|`` (contiguous float32): ``(thres1, thres2)``.
+
+    Each iteration is two launches (a count of ``a >= thr`` in one read, then a one-program
+    step of the search), with the float64 arithmetic of the torch loop (no fused
+    multiply-add), so both find the same thresholds.  0-dim device tensors; no host sync.
+    """
+    if not AVAILABLE:
+        raise RuntimeError("triton is not importable")
+    if a.dtype != torch.float32 or not a.is_contiguous():
+        raise ValueError("paper_search needs a contiguous float32 tensor")
+    n = a.numel()
+    grid = (triton.cdiv(n, BLOCK),)
+    opts = {"BLOCK": BLOCK, "num_warps": 4}
+    u, m = hi.double(), a.mean().double()
+    z = torch.zeros_like(m)
+    f = torch.stack([z, z + 1, m, u, z + math.inf, m, m])  # thr = the mean first
+    i = torch.zeros(4, dtype=torch.long, device=a.device)
+    _count_ge_kernel[grid](a, f, i, n, **opts)
+    base = torch.where(i[3] > k, m, z)  # k above the mean: search [0, max] instead
+    f[2], f[5], f[6] = base, base, base + (f[0] + f[1]) / 2 * (u - base)
+    i.zero_()
+    i[1].fill_(n)
+    for _ in range(iters):
+        _count_ge_kernel[grid](a, f, i, n, **opts)
+        _paper_step_kernel[(1,)](f, i, k, num_warps=1, enable_fp_fusion=False)
+    return f[4], f[5]

@@ -10,31 +10,19 @@ Cloud Clusters", MLSys 2021; pseudo-code in ``docs/algorithms.md``) avoids the s
 ``torch.topk``: it finds a magnitude threshold with a few cheap counting passes.
 ``mstopk(x, k, method=...)`` offers four ways to find it:
 
-``paper``
-    As published: ``N`` ratios ``r`` in [0, 1] binary-search thresholds
-    ``mean + r (max - mean)`` of ``|x|``, each counted over the whole tensor; keep the indices
-    above the best threshold with at most ``k`` hits, fill the rest from the band between
-    the two best thresholds in index order (approximate within the band).  ``N`` passes.
-``sampled``
-    The threshold from a random (strided) sample of ``|x|`` with a safety margin, one
-    compare pass for the candidates, an exact top-k over those.  Exact (with too few
-    candidates it retries lower, then falls back to ``torch.topk``).
-``hist``
-    All thresholds counted in one pass (a histogram of ``|x|`` over ``[0, max]``); the
-    threshold is the highest edge whose tail holds ``k``; candidates as above.  Exact.
-``tiled`` (default)
-    ``x`` viewed as a ``(C, R)`` matrix; its column maxima of ``|x|`` (two streaming
-    reductions writing only ``R = numel / C`` values) say which columns can hold the top
-    k; only those ~k columns (``C`` elements each) are gathered for an exact top-k.  About
-    two read passes instead of a sort.  Exact.
+``paper`` (as published, approximate within the last band): ``N`` thresholds
+``mean + r (max - mean)`` of ``|x|`` binary-searched over the ratio ``r``, ``N`` passes.
+``sampled`` (exact): the threshold from a strided random sample of ``|x|`` with a margin,
+one compare pass for the candidates, an exact top-k over those.
+``hist`` (exact): all thresholds counted in one pass (a histogram of ``|x|`` over
+``[0, max]``), candidates above the highest edge whose tail holds ``k``.
+``tiled`` (default, exact): ``x`` viewed as a ``(C, R)`` matrix; its column maxima of
+``|x|`` say which ~k columns can hold the top k; only those are gathered.  ~2 passes.
 
-On CUDA each method runs a variant with at most one host synchronisation per call (the
-``_dev`` functions; ``_device_path`` selects them on any device): thresholds and counts
-stay 0-dim device tensors, ``paper`` runs all ``N`` iterations, and one data-dependent
-step remains (a compaction; for ``tiled`` only the finiteness flag, as it gathers the ``k``
-columns with the largest maxima).  A second sync happens only in rare fallbacks (an
-unlucky sample) and for NaN/Inf.  :func:`host_syncs` counts them.  ``tiled``'s column
-maxima use a Triton kernel on CUDA (one read of ``x``; :mod:`bench.comm.mstopk_triton`).
+On CUDA each method runs a variant with one host sync per call (the ``_dev`` functions,
+``_device_path`` selects them anywhere; more only in rare fallbacks and for NaN/Inf;
+:func:`host_syncs` counts them; see ``docs/algorithms.md``), with Triton kernels for
+``tiled``'s column maxima and ``paper``'s search (:mod:`bench.comm.mstopk_triton`).
 
 Ties are broken arbitrarily but the result always has exactly ``k`` unique indices.
 ``k == 0`` returns empty tensors, ``k >= numel`` every index; tensors under ``small_numel``
@@ -45,7 +33,8 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -295,13 +284,11 @@ def _paper(flat: torch.Tensor, k: int, iters: int) -> tuple[torch.Tensor, torch.
     return flat[sure], sure
 
 
-def _paper_dev(flat: torch.Tensor, k: int, iters: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``paper`` with one sync: :func:`_paper`'s search (same set) on 0-dim device tensors,
-    every iteration run (frozen once a count hits k), one compaction of ``a >= thres2``, and
-    a top-k over a key ranking ``a >= thres1`` first, then the band in index order."""
-    a = flat.abs().float()
-    hi = a.amax()
-    finite = torch.isfinite(hi)
+def _paper_search(
+    a: torch.Tensor, hi: torch.Tensor, k: int, iters: int
+) -> tuple[torch.Tensor, ...]:
+    """:func:`_paper`'s search on 0-dim device tensors, every iteration run (frozen once a
+    count hits k): ``(thres1, thres2)``, the same as the CPU loop's."""
     u, m = hi.double(), a.mean().double()
     mask = torch.empty_like(a, dtype=torch.bool)
 
@@ -311,9 +298,9 @@ def _paper_dev(flat: torch.Tensor, k: int, iters: int) -> tuple[torch.Tensor, to
 
     base = torch.where(count(m) > k, m, torch.zeros_like(m))
     lo, hi_r = torch.zeros_like(m), torch.ones_like(m)
-    k1, thres1 = torch.zeros_like(hi, dtype=torch.long), torch.full_like(m, math.inf)
+    k1, thres1 = torch.zeros_like(m, dtype=torch.long), torch.full_like(m, math.inf)
     k2, thres2 = torch.full_like(k1, a.numel()), base
-    done = torch.zeros_like(finite)
+    done = torch.zeros_like(m, dtype=torch.bool)
     for _ in range(iters):
         ratio = (lo + hi_r) / 2
         thr = base + ratio * (u - base)
@@ -325,6 +312,20 @@ def _paper_dev(flat: torch.Tensor, k: int, iters: int) -> tuple[torch.Tensor, to
         up2 = gt & (nnz < k2)
         k2, thres2 = torch.where(up2, nnz, k2), torch.where(up2, thr, thres2)
         done = done | (nnz == k)
+    return thres1, thres2
+
+
+def _paper_dev(
+    flat: torch.Tensor, k: int, iters: int, kernel: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``paper`` with one sync: the search (Triton or torch), one compaction of
+    ``a >= thres2``, a top-k over a key ranking ``a >= thres1`` first, then the band in
+    index order."""
+    a = flat.abs().float()
+    hi = a.amax()
+    finite = torch.isfinite(hi)
+    found = _triton_run("paper", kernel, a, lambda t: t.paper_search(a, hi, k, iters))
+    thres1, thres2 = found if found is not None else _paper_search(a, hi, k, iters)
     cand = _nonzero(a >= torch.where(finite, thres2, math.nan))
     if cand.numel() < k:  # thres2 always leaves > k when x is finite
         _raise_unless(finite)
@@ -336,29 +337,26 @@ def _paper_dev(flat: torch.Tensor, k: int, iters: int) -> tuple[torch.Tensor, to
     return flat[idx], idx
 
 
-def _tiled_shape(n: int, k: int, tiles: int) -> int:
-    # C rows: enough that a column rarely holds two of the top k (fewer gathered elements
-    # per hit), few enough that the column maxima stay >> k.  At 0.1 % density C = 16.
-    return min(tiles, n // (8 * k))
+_TRITON_BROKEN: dict[str, str] = {}  # kernel -> why it failed here (torch is used since)
 
 
-_TRITON_BROKEN: list[str] = []  # why the Triton path failed, once it has
+def _triton_run(name: str, kernel: str, x: torch.Tensor, call: Callable[[Any], Any]) -> Any:
+    """``call(mstopk_triton)`` when kernel ``name`` is to run on ``x``, else None: ``auto``
+    on contiguous CUDA tensors while it works (else torch, with one warning); ``triton``
+    always (raising on failure); ``torch`` never; float64 never (the kernels use float32)."""
+    wanted = kernel == "triton" or (kernel == "auto" and x.is_cuda and x.is_contiguous())
+    if not wanted or x.dtype == torch.float64 or (kernel == "auto" and name in _TRITON_BROKEN):
+        return None
+    from bench.comm import mstopk_triton  # imports triton: CUDA (or forced) only
+
+    return mstopk_triton.guarded(name, kernel == "triton", call, _TRITON_BROKEN)
 
 
 def _colmax(head: torch.Tensor, kernel: str) -> torch.Tensor:
-    """Column max ``|x|`` of the ``(C, R)`` view (float32; float64 kept); NaN propagates.
-    ``auto``: Triton on contiguous CUDA tensors while it works (else torch, one warning)."""
-    usable = head.is_cuda and head.is_contiguous() and head.dtype != torch.float64
-    if kernel == "triton" or (kernel == "auto" and usable and not _TRITON_BROKEN):
-        try:
-            from bench.comm import mstopk_triton
-
-            return mstopk_triton.colmax_abs(head)
-        except Exception as e:  # noqa: BLE001 - import, compile or launch failure
-            if kernel == "triton":
-                raise RuntimeError(f"mstopk kernel='triton' failed: {e}") from e
-            _TRITON_BROKEN.append(repr(e))
-            warnings.warn(f"mstopk: Triton kernel unusable, using torch ({e!r})", stacklevel=4)
+    """Column max ``|x|`` of the ``(C, R)`` view (float32; float64 kept); NaN propagates."""
+    out = _triton_run("colmax", kernel, head, lambda t: t.colmax_abs(head))
+    if out is not None:
+        return out
     m = torch.maximum(torch.amax(head, 0), torch.amin(head, 0).neg_())
     return m if m.dtype == torch.float64 else m.float()
 
@@ -367,7 +365,9 @@ def _tiled(
     flat: torch.Tensor, k: int, tiles: int, sample: int, margin: float, gen: torch.Generator | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     n = flat.numel()
-    c = _tiled_shape(n, k, tiles)
+    # C rows: enough that a column rarely holds two of the top k (fewer gathered elements
+    # per hit), few enough that the column maxima stay >> k.  At 0.1 % density C = 16.
+    c = min(tiles, n // (8 * k))
     if c < 2:
         return _sampled(flat, k, sample, margin, gen)
     r = n // c
@@ -403,7 +403,7 @@ def _tiled_dev(
     the k columns with the largest maxima, those above the k-th largest value v hold every
     element > v, and the rest (maximum v) enough elements equal to v."""
     n = flat.numel()
-    c = _tiled_shape(n, k, tiles)
+    c = min(tiles, n // (8 * k))  # as in _tiled
     if c < 2:
         return _sampled_dev(flat, k, sample, margin, gen)
     r = n // c
@@ -476,7 +476,7 @@ def mstopk(
             return _sampled_dev(flat, k, sample, margin, generator)
         if method is MSTopKMethod.hist:
             return _hist_dev(flat, k, bins)
-        return _paper_dev(flat, k, iters)
+        return _paper_dev(flat, k, iters, kernel)
     if method is MSTopKMethod.tiled:
         return _tiled(flat, k, tiles, sample, margin, generator)
     if method is MSTopKMethod.sampled:
