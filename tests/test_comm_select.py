@@ -233,10 +233,10 @@ def test_triton_kernel_compiles_for_hopper() -> None:
 
     from bench.comm import mstopk_triton as mt
 
-    block = {"BLOCK": mt.BLOCK}
+    block, count = {"BLOCK": mt.BLOCK}, {"BLOCK": mt.COUNT_BLOCK}
     jobs = [
         (mt._colmax_kernel, ["*bf16", "*fp32", "i32", "i32", "constexpr"], block, 4),
-        (mt._count_ge_kernel, ["*fp32", "*fp64", "*i64", "i32", "constexpr"], block, 4),
+        (mt._count_ge_kernel, ["*fp32", "*fp64", "*i64", "i32", "constexpr"], count, 8),
         (mt._paper_step_kernel, ["*fp64", "*i64", "i32"], {}, 1),
     ]
     for fn, types, consts, warps in jobs:

@@ -8,6 +8,11 @@ loads of ``BLOCK`` contiguous elements per row) and keeps a float32 running maxi
 anywhere in a column makes that column's maximum NaN (tracked explicitly, whatever
 ``tl.maximum`` does with NaN), so the caller's finiteness check sees it.
 
+``paper`` counts ``|x| >= thr`` ``N`` times, ``thr`` moving by a binary search; in torch
+each step is a compare pass, a count pass and about twenty tiny kernels on 0-dim tensors.
+:func:`paper_search` runs a step as two launches: a count in one read (one atomic add per
+program) and a one-program kernel doing the step's float64 arithmetic.
+
 Triton ships with torch's CUDA build.  This module imports it when it is itself imported
 (only from the CUDA path of :func:`bench.comm.selection.mstopk`); :data:`AVAILABLE` is
 False when it cannot be imported, and the caller falls back to torch.
@@ -32,6 +37,7 @@ except Exception:  # noqa: BLE001 - any import failure means "no triton"
 
 AVAILABLE = triton is not None
 BLOCK = 1024  # columns per program: 8 float32 per thread with 4 warps
+COUNT_BLOCK = 8192  # elements per program of a count: few atomics on the one counter
 
 if AVAILABLE:
 
@@ -142,8 +148,8 @@ def paper_search(
     if a.dtype != torch.float32 or not a.is_contiguous():
         raise ValueError("paper_search needs a contiguous float32 tensor")
     n = a.numel()
-    grid = (triton.cdiv(n, BLOCK),)
-    opts = {"BLOCK": BLOCK, "num_warps": 4}
+    grid = (triton.cdiv(n, COUNT_BLOCK),)
+    opts = {"BLOCK": COUNT_BLOCK, "num_warps": 8}
     u, m = hi.double(), a.mean().double()
     z = torch.zeros_like(m)
     f = torch.stack([z, z + 1, m, u, z + math.inf, m, m])  # thr = the mean first
