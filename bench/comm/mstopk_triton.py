@@ -20,6 +20,7 @@ False when it cannot be imported, and the caller falls back to torch.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import warnings
@@ -118,6 +119,12 @@ def guarded(name: str, forced: bool, call: Callable[[Any], Any], broken: dict[st
         return None
 
 
+def _on(device: torch.device) -> contextlib.AbstractContextManager:
+    """Make ``device`` current: Triton launches on the current CUDA device (a CPU tensor only
+    runs under Triton's interpreter, in tests)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
 def colmax_abs(head: torch.Tensor) -> torch.Tensor:
     """``max_c |head[c, j]|`` for each column ``j`` of a contiguous ``(C, R)`` tensor, float32.
 
@@ -130,7 +137,8 @@ def colmax_abs(head: torch.Tensor) -> torch.Tensor:
     rows, cols = head.shape
     out = torch.empty(cols, dtype=torch.float32, device=head.device)
     grid = (triton.cdiv(cols, BLOCK),)
-    _colmax_kernel[grid](head, out, rows, cols, BLOCK=BLOCK, num_warps=4)
+    with _on(head.device):
+        _colmax_kernel[grid](head, out, rows, cols, BLOCK=BLOCK, num_warps=4)
     return out
 
 
@@ -154,12 +162,14 @@ def paper_search(
     z = torch.zeros_like(m)
     f = torch.stack([z, z + 1, m, u, z + math.inf, m, m])  # thr = the mean first
     i = torch.zeros(4, dtype=torch.long, device=a.device)
-    _count_ge_kernel[grid](a, f, i, n, **opts)
+    with _on(a.device):
+        _count_ge_kernel[grid](a, f, i, n, **opts)
     base = torch.where(i[3] > k, m, z)  # k above the mean: search [0, max] instead
     f[2], f[5], f[6] = base, base, base + (f[0] + f[1]) / 2 * (u - base)
     i.zero_()
     i[1].fill_(n)
-    for _ in range(iters):
-        _count_ge_kernel[grid](a, f, i, n, **opts)
-        _paper_step_kernel[(1,)](f, i, k, num_warps=1, enable_fp_fusion=False)
+    with _on(a.device):
+        for _ in range(iters):
+            _count_ge_kernel[grid](a, f, i, n, **opts)
+            _paper_step_kernel[(1,)](f, i, k, num_warps=1, enable_fp_fusion=False)
     return f[4], f[5]
