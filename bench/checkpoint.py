@@ -285,3 +285,45 @@ def load(s: Any, manifest: Mapping[str, Any]) -> None:
     s.clock.load_state_dict({"elapsed": manifest["train_time_s"]})
     s.curve = [dict(r) for r in manifest["curve"]]
     s.epoch, s.step, s.status = manifest["epoch"], manifest["step"], manifest["status"]
+
+
+def resume(s: Any) -> None:
+    """Continue from the run's last checkpoint after an elastic restart or by hand.
+
+    The training clock counts the work being repeated: the time from the checkpoint to
+    the failure (or the stop) that lost it is added back."""
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    by = "hand" if s.run.get("resume") else "restart" if restart > 0 else None
+    manifest = latest(s.cfg.results.dir, s.run["run_id"]) if by else None
+    events = events_path(s.cfg.results.dir, s.run["run_id"])
+    if manifest is not None:
+        _settle_buckets(s)
+        load(s, manifest)
+        lost = [
+            e["time"] - manifest["saved_at"]
+            for e in read_events(events)
+            if e.get("kind") in ("failure", "stop") and e["time"] > manifest["saved_at"]
+        ]
+        s.clock.load_state_dict({"elapsed": s.clock.elapsed + max(lost, default=0.0)})
+    if by and s.rank == 0:
+        epoch = s.epoch if manifest is not None else 0
+        log_event(events, kind="resume", by=by, epoch=epoch, restart=restart)
+        print(f"resuming run {s.run['run_id']} from epoch {epoch} ({by})", flush=True)
+
+
+def _settle_buckets(s: Any) -> None:
+    """One forward/backward on an evaluation batch, its gradient dropped, before a resume.
+
+    DDP re-lays its buckets (in the order gradients became ready) after the first backward;
+    the run being continued reduced in that layout, and the error-feedback residuals are
+    positional in its buckets.  Everything this step touches (BN statistics, RNG, the comm
+    hook's counters and residuals) is overwritten by the checkpoint right after."""
+    if s.ddp is s.model:
+        return
+    with s.autocast():
+        loss, _ = s.workload.loss(s.ddp, next(iter(s.workload.data.eval)))
+    loss.backward()
+    s.optimizer.zero_grad(set_to_none=False)
+    s.comm.pop_stats()
+    if hasattr(s.comm.state, "finite"):
+        s.comm.state.finite = []

@@ -59,6 +59,17 @@ def _validate_train(cfg: Config) -> None:
         )
     if t.eval_every < 1:
         raise ConfigError("train.eval_every must be >= 1")
+    if t.checkpoint_every < 0 or t.keep_checkpoints < 1:
+        raise ConfigError(
+            "train.checkpoint_every must be >= 0 (0 = no checkpoints) and "
+            f"train.keep_checkpoints >= 1, got {t.checkpoint_every} and {t.keep_checkpoints}"
+        )
+    c = cfg.cluster
+    if cfg.comm.timeout_s <= 0 or c.rdzv_timeout_s <= 0 or c.max_restarts < 0:
+        raise ConfigError(
+            "comm.timeout_s and cluster.rdzv_timeout_s must be > 0 and cluster.max_restarts "
+            f">= 0, got {cfg.comm.timeout_s}, {c.rdzv_timeout_s} and {c.max_restarts}"
+        )
 
 
 def _check_writable(results_dir: str) -> None:

@@ -110,33 +110,10 @@ def setup(payload: dict[str, Any]) -> TrainState:
     )
     if hasattr(s.comm.state, "nan_check"):
         s.comm.state.nan_check = cfg.train.nan_check == "step"
-    _resume(s)
+    from bench.checkpoint import resume
+
+    resume(s)  # after an elastic restart or by hand: from the run's last checkpoint
     return s
-
-
-def _resume(s: TrainState) -> None:
-    """Continue from the run's last checkpoint after an elastic restart or by hand.
-
-    The training clock counts the work being repeated: the time from the checkpoint to
-    the failure (or the stop) that lost it is added back."""
-    from bench import checkpoint as ck
-
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    by = "hand" if s.run.get("resume") else "restart" if restart > 0 else None
-    manifest = ck.latest(s.cfg.results.dir, s.run["run_id"]) if by else None
-    events = ck.events_path(s.cfg.results.dir, s.run["run_id"])
-    if manifest is not None:
-        ck.load(s, manifest)
-        lost = [
-            e["time"] - manifest["saved_at"]
-            for e in ck.read_events(events)
-            if e.get("kind") in ("failure", "stop") and e["time"] > manifest["saved_at"]
-        ]
-        s.clock.load_state_dict({"elapsed": s.clock.elapsed + max(lost, default=0.0)})
-    if by and s.rank == 0:
-        epoch = s.epoch if manifest is not None else 0
-        ck.log_event(events, kind="resume", by=by, epoch=epoch, restart=restart)
-        print(f"resuming run {s.run['run_id']} from epoch {epoch} ({by})", flush=True)
 
 
 def _steps_per_epoch(batches: int, max_steps: int, rank: int) -> int:
@@ -207,9 +184,9 @@ def _diverged(s: TrainState, loss: torch.Tensor) -> bool:
         where = f"gradient bucket {bad[0]} after decompression"
     else:
         grads = [(n, p.grad) for n, p in s.model.named_parameters() if p.grad is not None]
-        if not grads or bool(torch.stack([g.isfinite().all() for _, g in grads]).all()):
+        if not grads or bool(torch.stack([g.sum().float() for _, g in grads]).sum().isfinite()):
             return False
-        where = f"gradient of {next(n for n, g in grads if not bool(g.isfinite().all()))}"
+        where = f"gradient of {next(n for n, g in grads if not bool(g.sum().isfinite()))}"
     if not bool(torch.isfinite(loss)):
         where = f"loss (then {where})"
     s.status = "diverged"
