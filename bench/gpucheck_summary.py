@@ -59,7 +59,7 @@ def _topk(df: pd.DataFrame) -> str:
     parts = []
     for (n, d), g in df[df["input"] == "gaussian"].groupby(["numel", "density"]):
         g = g.set_index("method")
-        ms = g[g.index.str.startswith("mstopk")]
+        ms = g[g.index.str.startswith("mstopk-")]
         if "torch.topk" not in g.index or ms.empty:
             continue
         best = ms["median_ms"].idxmin()
