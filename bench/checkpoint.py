@@ -84,23 +84,21 @@ def read_events(path: str | Path) -> list[dict[str, Any]]:
 
 
 def restarts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The record's ``restarts``: each elastic restart (the first failure that caused it,
-    as seen by any node's agent) and the epoch its group resumed from."""
-    out: dict[tuple[int, int], dict[str, Any]] = {}
-    launch = 0  # restarts are counted per launch: a resume by hand starts again at 1
+    """The record's ``restarts``: each elastic restart (the first worker failure that
+    caused it, as any node's agent saw it) and the epoch its group resumed from."""
+    out: list[dict[str, Any]] = []
+    pending: dict[str, Any] | None = None
     for e in events:
-        if e.get("kind") == "resume" and e.get("by") == "hand":
-            launch += 1
-        if e.get("kind") == "failure" and e.get("restarts_left", 0) > 0:
-            n = (launch, int(e.get("restart", 0)))
-            if n not in out or e["time"] < out[n]["time"]:
-                keep = ("time", "failed_rank", "exit_code", "restart")
-                out[n] = {**{k: e.get(k) for k in keep}, "epoch_resumed_from": None}
-        elif e.get("kind") == "resume" and e.get("by") == "restart":
-            n = (launch, int(e.get("restart", 0)))
-            if n in out:
-                out[n]["epoch_resumed_from"] = e.get("epoch")
-    return [out[n] for n in sorted(out)]
+        kind = e.get("kind")
+        if kind == "failure" and e.get("restarts_left", 0) > 0 and pending is None:
+            keep = ("time", "failed_rank", "exit_code")
+            pending = {**{k: e.get(k) for k in keep}, "epoch_resumed_from": None}
+        elif kind == "resume" and pending is not None:
+            if e.get("by") == "restart":
+                pending["epoch_resumed_from"] = e.get("epoch")
+            out.append(pending)
+            pending = None
+    return out + ([pending] if pending is not None else [])
 
 
 def _atomic_save(obj: Any, path: Path) -> None:
@@ -292,9 +290,12 @@ def resume(s: Any) -> None:
 
     The training clock counts the work being repeated: the time from the checkpoint to
     the failure (or the stop) that lost it is added back."""
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    by = "hand" if s.run.get("resume") else "restart" if restart > 0 else None
-    manifest = latest(s.cfg.results.dir, s.run["run_id"]) if by else None
+    from bench import runtime
+
+    # a new run's id has no checkpoint yet: one exists after a restart or for a resume;
+    # rank 0 decides for all (an agent whose workers did not fail counts no restart)
+    manifest = runtime.broadcast_object(latest(s.cfg.results.dir, s.run["run_id"]))
+    by = "hand" if s.run.get("resume") else "restart" if manifest is not None else None
     events = events_path(s.cfg.results.dir, s.run["run_id"])
     if manifest is not None:
         _settle_buckets(s)
@@ -307,7 +308,7 @@ def resume(s: Any) -> None:
         s.clock.load_state_dict({"elapsed": s.clock.elapsed + max(lost, default=0.0)})
     if by and s.rank == 0:
         epoch = s.epoch if manifest is not None else 0
-        log_event(events, kind="resume", by=by, epoch=epoch, restart=restart)
+        log_event(events, kind="resume", by=by, epoch=epoch)
         print(f"resuming run {s.run['run_id']} from epoch {epoch} ({by})", flush=True)
 
 

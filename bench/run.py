@@ -160,6 +160,11 @@ def launch_and_record(
         rc = launch(cfg, run_json)
     except (KeyboardInterrupt, Interrupted) as e:
         rc, status, reason = 130, "interrupted", f"interrupted by {e or 'SIGINT'}"
+    except SystemExit as e:  # a launcher's own signal handler (the emulated cluster's)
+        if e.code not in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+            raise
+        sig = signal.Signals(int(e.code) - 128).name  # type: ignore[arg-type]
+        rc, status, reason = 130, "interrupted", f"interrupted by {sig}"
     except Exception as e:  # noqa: BLE001  (recorded, then raised again)
         rc, reason, raised = 1, f"{type(e).__name__}: {e}", e
         if type(e).__name__ == "SignalException":  # torch's agent got the signal first

@@ -59,11 +59,15 @@ def _attempt_store(timeout: datetime.timedelta) -> dict[str, Any]:
     connect to it without a per-restart prefix; restarted workers would then read the
     keys of the group they replace (a dead peer's address, old barrier counters) and fail
     to connect or wait forever.  A ``PrefixStore`` per restart attempt keeps each group's
-    keys apart.  Empty (``env://`` as usual) when the agent hosts no store.
+    keys apart (one per rendezvous round, the same on every node).  Empty (``env://`` as
+    usual) when the agent hosts no store.
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return {}
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    # the agents' token of this rendezvous round (bench.cluster.torchrun.instrument_agent)
+    attempt = os.environ.get("BENCH_GENERATION") or os.environ.get(
+        "TORCHELASTIC_RESTART_COUNT", "0"
+    )
     client = dist.TCPStore(
         os.environ["MASTER_ADDR"],
         int(os.environ["MASTER_PORT"]),

@@ -335,7 +335,10 @@ def write_outputs(s: TrainState) -> records.RunRecord:
     rec.curve = str(records.write_curve(res, rec.run_id, s.curve, extend=True))
     if cfg.results.plot and s.curve:
         rec.figure = str(_plot(s, rec))
-    rec.append(res)
+    try:
+        rec.append(res)
+    except records.AlreadyRecorded as e:  # restarted after the record was written
+        print(f"record kept as it was: {e}", flush=True)
     tt = rec.time_to_target_s
     tts = f"{tt:.1f} s (epoch {rec.epochs_to_target})" if tt is not None else "not reached"
     print(
@@ -418,7 +421,8 @@ def train(payload: dict[str, Any]) -> dict[str, Any] | None:
         print(_table_header(s), flush=True)
     if dist.is_initialized():
         dist.barrier()
-    go_on = True
+    stopped = s.status == "ok" and cfg.train.stop_at_target  # resumed from the last checkpoint
+    go_on = s.epoch < cfg.train.epochs and not stopped
     while go_on:
         row = train_epoch(s)
         t_eval = time.perf_counter()

@@ -121,11 +121,14 @@ def test_an_incompatible_config_is_refused_naming_the_keys(tmp_path: Path) -> No
 
 def test_restarts_pair_each_failure_with_the_epoch_resumed_from(tmp_path: Path) -> None:
     ev = tmp_path / "events.jsonl"
-    ck.log_event(ev, kind="failure", failed_rank=1, exit_code=-9, restart=1, restarts_left=1)
-    ck.log_event(ev, kind="resume", by="restart", epoch=2, restart=1)
-    ck.log_event(ev, kind="failure", failed_rank=0, exit_code=1, restart=2, restarts_left=0)
-    (r,) = ck.restarts(ck.read_events(ev))  # the last failure ended the run: no restart
-    assert (r["failed_rank"], r["exit_code"], r["epoch_resumed_from"]) == (1, -9, 2)
+    ck.log_event(ev, kind="failure", failed_rank=3, exit_code=-9, restarts_left=1, node=1)
+    ck.log_event(ev, kind="failure", failed_rank=0, exit_code=1, restarts_left=1, node=0)
+    ck.log_event(ev, kind="resume", by="restart", epoch=2)
+    ck.log_event(ev, kind="failure", failed_rank=0, exit_code=1, restarts_left=0)
+    # one restart (both nodes' agents saw it; the first failure caused it); the last
+    # failure ended the run: no restart
+    (r,) = ck.restarts(ck.read_events(ev))
+    assert (r["failed_rank"], r["exit_code"], r["epoch_resumed_from"]) == (3, -9, 2)
 
 
 @pytest.mark.parametrize(

@@ -133,6 +133,26 @@ def test_a_peer_that_never_joins_ends_with_a_timeout(tmp_path: Path) -> None:
     assert rec["status"] == "error" and "Rendezvous" in rec["reason"], rec["reason"]
 
 
+@pytest.mark.slow
+def test_a_hung_peer_ends_the_run_within_the_collective_timeout(tmp_path: Path) -> None:
+    """One worker stopped (SIGSTOP) mid-epoch: the other's collective gives up after
+    comm.timeout_s, the run ends with an error record saying so, no process left."""
+    proc = _start(tmp_path, "train.epochs=3", "comm.timeout_s=10")
+    _wait_checkpoint(tmp_path, 1, proc, 300)
+    victim = _workers(tmp_path)[-1]
+    os.kill(victim, signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        out = _finish(proc, 300)
+    finally:
+        if victim in _workers(tmp_path):
+            os.kill(victim, signal.SIGKILL)
+    assert proc.returncode != 0 and time.monotonic() - t0 < 10 + 120, out[-3000:]
+    (rec,) = records.load_records(tmp_path)
+    assert rec["status"] == "error" and rec["reason"], rec
+    assert rec["epochs_run"] >= 1 and rec["checkpoint"]  # what was done stays on record
+
+
 def test_an_injected_nan_stops_the_run_as_diverged(tmp_path: Path) -> None:
     env_before = os.environ.get("BENCH_FAULT_NAN_STEP")
     os.environ["BENCH_FAULT_NAN_STEP"] = "3"  # rank 0's loss at step 3 (epoch 2)

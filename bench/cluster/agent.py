@@ -1,7 +1,7 @@
 """A node's elastic agent: ``python -m bench.cluster.agent <torchrun arguments>``.
 
 torch.distributed's ``torchrun``, unchanged, except that each failed worker group is noted
-in the run's event log (:func:`bench.cluster.torchrun.note_failures`) before the agent
+in the run's event log (:func:`bench.cluster.torchrun.instrument_agent`) before the agent
 restarts it, so that the run's record can list its restarts.
 """
 
@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import os
 
-from bench.cluster.torchrun import EVENTS_ENV, _note, note_failures
+from bench.cluster.torchrun import EVENTS_ENV, _note, instrument_agent
 
 
 def main() -> None:
     """torchrun; an error of the agent itself (a rendezvous that timed out) is noted too."""
     from torch.distributed.run import main as torchrun
 
-    note_failures()
+    instrument_agent()
     try:
         torchrun()
     except Exception as e:

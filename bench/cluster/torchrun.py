@@ -9,7 +9,7 @@
 
 Every worker runs ``python -m bench.train --config <run.json>``.  A node's agent runs as
 ``python -m bench.cluster.agent <torchrun arguments>``: torch's ``torchrun`` with
-:func:`note_failures` applied, so that each failed worker group (which the agent then
+:func:`instrument_agent` applied, so that each failed worker group (which the agent then
 restarts, up to ``cluster.max_restarts`` times) is noted in the run's event log.
 """
 
@@ -32,6 +32,7 @@ from bench.registry import ConfigError
 WORKER_MODULE = "bench.train"
 AGENT_MODULE = "bench.cluster.agent"  # torchrun, noting failed worker groups
 EVENTS_ENV = "BENCH_EVENTS"  # the run's event log (bench.checkpoint.events_path)
+GENERATION_ENV = "BENCH_GENERATION"  # one token per rendezvous round, the same on every node
 
 
 def events_env(run_json: Path) -> dict[str, str]:
@@ -50,18 +51,29 @@ def _note(path: str, **fields: Any) -> None:
         os.close(fd)
 
 
-def note_failures() -> None:
-    """Make torch's local elastic agent note each failed worker group in ``$BENCH_EVENTS``:
-    the failed (global) rank, its exit code, and the restart that follows (if any left)."""
+def instrument_agent() -> None:
+    """Two additions to torch's local elastic agent (this process's, in place):
+
+    - each failed worker group is noted in ``$BENCH_EVENTS``: the failed (global) rank,
+      its exit code, and the restart that follows (if any are left);
+    - the workers of each rendezvous round get ``$BENCH_GENERATION``, a token shared by
+      every node's agent of that round (set once in the round's store): the workers keep
+      their process group's keys under it, apart from the keys of the group they replace
+      (each agent's restart count cannot serve: an agent whose own workers did not fail
+      restarts without counting).
+    """
     from torch.distributed.elastic.agent.server.api import WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
-    orig = LocalElasticAgent._monitor_workers
-    if getattr(orig, "_bench_notes", False):
+    monitor_workers, start_workers = (
+        LocalElasticAgent._monitor_workers,
+        LocalElasticAgent._start_workers,
+    )
+    if getattr(monitor_workers, "_bench", False):
         return
 
     def monitor(self: Any, worker_group: Any) -> Any:
-        result = orig(self, worker_group)
+        result = monitor_workers(self, worker_group)
         path = os.environ.get(EVENTS_ENV)
         if path and result.state == WorkerState.FAILED and result.failures:
             rank, failure = min(result.failures.items(), key=lambda kv: kv[1].timestamp)
@@ -73,8 +85,16 @@ def note_failures() -> None:
             )  # fmt: skip
         return result
 
-    monitor._bench_notes = True  # type: ignore[attr-defined]
+    def start(self: Any, worker_group: Any) -> Any:
+        token = uuid.uuid4().hex[:12]
+        # the round's store (c10d rendezvous: prefixed by the round); the first agent wins
+        shared = worker_group.store.compare_set("bench_generation", "", token)
+        os.environ[GENERATION_ENV] = shared.decode() if isinstance(shared, bytes) else shared
+        return start_workers(self, worker_group)
+
+    monitor._bench = True  # type: ignore[attr-defined]
     LocalElasticAgent._monitor_workers = monitor  # type: ignore[method-assign]
+    LocalElasticAgent._start_workers = start  # type: ignore[method-assign]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -123,7 +143,7 @@ def _launch_in_process(c: ClusterConfig, run_json: Path) -> int:
     )  # fmt: skip
     os.environ["OMP_NUM_THREADS"] = worker_env(c)["OMP_NUM_THREADS"]
     os.environ.update(events_env(run_json))
-    note_failures()
+    instrument_agent()
     try:
         elastic_launch(lc, sys.executable)("-u", "-m", WORKER_MODULE, "--config", str(run_json))
     except ChildFailedError as e:
