@@ -38,6 +38,17 @@ def validate(cfg: Config) -> None:
     _check_writable(cfg.results.dir)
 
 
+def _amp_dtype(t: object) -> str:
+    """``train.amp`` as it will resolve: ``auto`` is bf16 when training on CUDA, else off."""
+    amp = str(t.amp)
+    if amp != "auto":
+        return amp
+    import torch
+
+    cuda = str(t.device) in ("auto", "cuda") and torch.cuda.is_available()
+    return "bf16" if cuda else "off"
+
+
 def _validate_train(cfg: Config) -> None:
     from bench.workload import WORKLOADS
 
@@ -53,9 +64,10 @@ def _validate_train(cfg: Config) -> None:
     if not 0 < t.target_value <= 1:
         raise ConfigError(f"train.target_value is a fraction in (0, 1], got {t.target_value}")
     mw = cfg.optim.master_weights
-    if mw != "off" and t.amp != mw:
+    if mw != "off" and _amp_dtype(t) != mw:
         raise ConfigError(
-            f"optim.master_weights={mw} keeps a {mw} model copy: set train.amp={mw} too"
+            f"optim.master_weights={mw} keeps a {mw} model copy: set train.amp={mw} too "
+            "(train.amp=auto is bf16 on CUDA only)"
         )
     if t.eval_every < 1:
         raise ConfigError("train.eval_every must be >= 1")
