@@ -37,9 +37,12 @@ def hardware() -> str:
 def git_sha() -> str | None:
     """The checkout's commit (12 hex digits, ``-dirty`` with uncommitted changes).
 
-    A copy of the tree without its ``.git`` (a GPU machine that received only the files)
-    takes the commit from ``BENCH_GIT_SHA``, set by whoever copied a clean checkout.
+    ``BENCH_GIT_SHA``, when set, wins: a clean checkout copied to another machine (a GPU
+    machine that received the files, or a copy nested inside another repository) is named by
+    whoever copied it.
     """
+    if os.environ.get("BENCH_GIT_SHA"):
+        return os.environ["BENCH_GIT_SHA"]
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short=12", "HEAD"],
@@ -58,7 +61,7 @@ def git_sha() -> str | None:
         ).stdout.strip()
         return out + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
-        return os.environ.get("BENCH_GIT_SHA") or None
+        return None
 
 
 def versions() -> dict[str, str | None]:
