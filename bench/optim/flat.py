@@ -150,8 +150,10 @@ class FlatBucket:
 
     def buffer(self, name: str) -> torch.Tensor:
         """A scratch buffer of the master dtype, allocated on first use and kept."""
-        if name not in self.scratch:
-            self.scratch[name] = torch.empty_like(self.master)
+        if name not in self.scratch:  # sized by numel: self.master may be a compact swap
+            self.scratch[name] = torch.empty(
+                self.numel, dtype=self.master_dtype, device=self.device
+            )
         return self.scratch[name]
 
     def small_buffer(self, name: str, numel: int) -> torch.Tensor:
@@ -415,20 +417,51 @@ class FlatOptimizer(FlatCheckpoint, torch.optim.Optimizer):
 
     def _whole_segment(self, bi: int, gi: int, age: int, w: layout.Whole) -> None:
         """Update a DDP bucket (segment) as if all of it were the major runs ``w.runs``
-        of group ``gi``, then put back the values outside them (updated as their own runs
-        later): a handful of whole-bucket operations instead of one chain per run."""
+        of group ``gi``, then put back the values outside them and update those (the
+        ``w.minor`` runs): gathered into compact buffers when they are one group of one
+        state age, else run by run.  A handful of operations instead of one per run."""
         b = self.buckets[bi]
         seg = b.segments[w.segment]
         kept = [b.master, *b.state.values()]
         saved = [buf.index_select(0, w.others) for buf in kept]
         grad = b.run_grad(seg.i, seg.start, seg.end)
+        minor = w.minor[0] if w.minor else None
+        compact = w.compact and minor is not None and self._compact_ok(self.param_groups[minor[0]])
+        small_g = grad.index_select(0, w.others - seg.start) if compact else None
         first = not b.initialized[age]
         group = self.param_groups[gi]
         self._update_range(bi, group, grad, seg.start, seg.end, seg.i, seg.j, first, age)
-        for buf, v in zip(kept, saved, strict=True):
-            buf.index_copy_(0, w.others, v)
+        if not compact:
+            for buf, v in zip(kept, saved, strict=True):
+                buf.index_copy_(0, w.others, v)
         for _, i, j in w.runs:
             self._ran(bi, i, j, first)
+        if not compact:
+            for g2, i, j in w.minor:
+                start, end = b.offsets[i], b.end(j)
+                grad = b.run_grad(i, start, end)
+                first = not b.initialized[i]
+                self._update_range(bi, self.param_groups[g2], grad, start, end, i, j, first, i)
+                self._ran(bi, i, j, first)
+            return
+        # one update of the gathered values, then scattered back in place
+        g2, i2 = minor[0], minor[1]
+        first = not b.initialized[i2]
+        master, state = b.master, b.state
+        b.master, b.state = saved[0], dict(zip(state, saved[1:], strict=True))
+        try:
+            n = w.others.numel()
+            self._update_range(bi, self.param_groups[g2], small_g, 0, n, i2, i2, first, i2)
+        finally:
+            b.master, b.state = master, state
+        for buf, v in zip(kept, saved, strict=True):
+            buf.index_copy_(0, w.others, v)
+        for _, i, j in w.minor:
+            self._ran(bi, i, j, first)
+
+    def _compact_ok(self, group: dict) -> bool:
+        """Whether a group's update may run on gathered values (no per-tensor terms)."""
+        return True
 
     def _ran(self, bi: int, i: int, j: int, first: bool) -> None:
         """Parameters ``i..j-1`` of bucket ``bi`` took one step."""

@@ -202,6 +202,9 @@ class FlatLARS(FlatOptimizer):
             self._segments[key] = (lengths, ids)
         return self._segments[key]
 
+    def _compact_ok(self, group: dict) -> bool:
+        return not group["lars_adapt"]  # per-layer norms need the layers' own ranges
+
     def _permute_extra(self, bi: int, perm: list[int]) -> None:
         self._segments = {k: v for k, v in self._segments.items() if k[0] != bi}
 

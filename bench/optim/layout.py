@@ -202,6 +202,8 @@ class Whole:
     segment: int
     runs: list[tuple[int, int, int]]
     others: torch.Tensor
+    minor: list[tuple[int, int, int]]  # the other runs, updated after
+    compact: bool  # the other runs are one class and all of ``others``
 
 
 def schedule(b, runs: list[tuple[int, int, int]], keys: list) -> list[tuple]:
@@ -213,8 +215,9 @@ def schedule(b, runs: list[tuple[int, int, int]], keys: list) -> list[tuple]:
     state age) holds most of a segment's values, the segment is updated once as if all of
     it were that class (``age``: one of its parameters), and the few values of the other
     runs and of parameters without a gradient are saved before and put back after (an
-    ``index_select``/``index_copy_`` per buffer); the other runs are then updated as
-    usual: small tensors, cheap operations.
+    ``index_select``/``index_copy_`` per buffer); the other runs are then updated, in
+    one update of their gathered values when they are one class (see
+    ``FlatOptimizer._whole_segment``).
     """
     by_seg: dict[int, list[tuple[int, int, int]]] = {}
     out: list[tuple] = []
@@ -238,15 +241,17 @@ def schedule(b, runs: list[tuple[int, int, int]], keys: list) -> list[tuple]:
             out += [(*r, None) for r in rs]
             continue
         mine = [r for r in rs if (r[0], keys[r[1]]) == major]
-        key = (s, tuple(mine))
+        minor = [r for r in rs if (r[0], keys[r[1]]) != major]
+        key = (s, tuple(mine), tuple(minor))
         if key not in b.whole_cache:
             mask = torch.ones(seg.end - seg.start, dtype=torch.bool)
             for _, i, j in mine:
                 mask[b.offsets[i] - seg.start : b.end(j) - seg.start] = False
             others = (mask.nonzero().flatten() + seg.start).to(b.device)
+            one = len({(g, keys[i]) for g, i, _ in minor}) == 1
+            covered = sum(b.end(j) - b.offsets[i] for _, i, j in minor) == others.numel()
             if len(b.whole_cache) > 4 * len(b.segments):  # state ages changing: bound it
                 b.whole_cache.clear()
-            b.whole_cache[key] = Whole(s, mine, others)
+            b.whole_cache[key] = Whole(s, mine, others, minor, one and covered)
         out.append((major[0], mine[0][1], 0, b.whole_cache[key]))
-        out += [(*r, None) for r in rs if (r[0], keys[r[1]]) != major]
     return out
