@@ -166,7 +166,10 @@ def launch_and_record(
     out.mkdir(parents=True, exist_ok=True)
     run_json = out / f"run-{run_meta['run_id']}.json"
     run_json.write_text(json.dumps(payload, indent=1))
-    old = signal.signal(signal.SIGTERM, _on_signal)
+    try:
+        old = signal.signal(signal.SIGTERM, _on_signal)
+    except ValueError:  # not the main thread (a threaded sweep): the caller handles signals
+        old = None
     status, reason, raised, since = "error", None, None, time.time()
     try:
         rc = launch(cfg, run_json)
@@ -183,7 +186,8 @@ def launch_and_record(
             status, reason, raised = "interrupted", f"interrupted by {e}", None
             rc = 130
     finally:
-        signal.signal(signal.SIGTERM, old)
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
     rec = _record_after(cfg, payload, rc, status, reason, since)
     if raised is not None:
         raise raised

@@ -21,7 +21,10 @@ def main() -> None:
         torchrun()
     except Exception as e:
         if os.environ.get(EVENTS_ENV):
-            reason = f"{type(e).__name__}: {e}".strip().splitlines()[0][:500]
+            msg = str(e).strip().splitlines()[0][:500] if str(e).strip() else ""
+            if not msg and "Rendezvous" in type(e).__name__:
+                msg = "not every node joined within cluster.rdzv_timeout_s"
+            reason = f"{type(e).__name__}: {msg}"
             _note(os.environ[EVENTS_ENV], kind="agent_error", reason=reason)
         raise
 
