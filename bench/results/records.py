@@ -116,9 +116,11 @@ def write_curve(
     pd.DataFrame(rows).to_csv(tmp, index=False)
     try:
         if extend and path.exists():
+            # the run's own curve: epochs 1..n, replaced by epochs 1..m (m < n when a
+            # restart repeats the epochs after its checkpoint)
             old = pd.read_csv(path)
             new = [r.get(col.EPOCH) for r in rows]
-            if col.EPOCH not in old or list(old[col.EPOCH]) != new[: len(old)]:
+            if not _from_one(list(old.get(col.EPOCH, []))) or not _from_one(new):
                 raise FileExistsError(f"{path} holds another curve; it is not replaced")
             os.replace(tmp, path)
         else:
@@ -126,6 +128,10 @@ def write_curve(
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def _from_one(epochs: list[Any]) -> bool:
+    return bool(epochs) and epochs == list(range(1, len(epochs) + 1))
 
 
 def _read_lines(path: Path, warn: bool = True) -> list[dict[str, Any]]:
