@@ -427,7 +427,7 @@ class FlatOptimizer(FlatCheckpoint, torch.optim.Optimizer):
         grad = b.run_grad(seg.i, seg.start, seg.end)
         minor = w.minor[0] if w.minor else None
         compact = w.compact and minor is not None and self._compact_ok(self.param_groups[minor[0]])
-        small_g = grad.index_select(0, w.others - seg.start) if compact else None
+        small_g = grad.index_select(0, w.local) if compact else None
         first = not b.initialized[age]
         group = self.param_groups[gi]
         self._update_range(bi, group, grad, seg.start, seg.end, seg.i, seg.j, first, age)

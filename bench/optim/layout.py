@@ -204,6 +204,7 @@ class Whole:
     others: torch.Tensor
     minor: list[tuple[int, int, int]]  # the other runs, updated after
     compact: bool  # the other runs are one class and all of ``others``
+    local: torch.Tensor  # ``others`` within the segment (into its gradient)
 
 
 def schedule(b, runs: list[tuple[int, int, int]], keys: list) -> list[tuple]:
@@ -252,6 +253,7 @@ def schedule(b, runs: list[tuple[int, int, int]], keys: list) -> list[tuple]:
             covered = sum(b.end(j) - b.offsets[i] for _, i, j in minor) == others.numel()
             if len(b.whole_cache) > 4 * len(b.segments):  # state ages changing: bound it
                 b.whole_cache.clear()
-            b.whole_cache[key] = Whole(s, mine, others, minor, one and covered)
+            w = Whole(s, mine, others, minor, one and covered, others - seg.start)
+            b.whole_cache[key] = w
         out.append((major[0], mine[0][1], 0, b.whole_cache[key]))
     return out
