@@ -246,6 +246,7 @@ class RunRecord:
     comm_s_per_step: float | None = None
     curve: str | None = None
     figure: str | None = None
+    translations: str | None = None  # translation: the last evaluation's decoded output
     exit_status: int | None = None  # the launcher's, when the workers failed
     reason: str | None = None  # why an error, interrupted or diverged run stopped
     attempt: int = 1  # 1, then + 1 for each resume by hand (the latest record counts)
