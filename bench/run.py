@@ -183,8 +183,9 @@ def launch_and_record(
     except Exception as e:  # noqa: BLE001  (recorded, then raised again)
         rc, reason, raised = 1, f"{type(e).__name__}: {e}", e
         if type(e).__name__ == "SignalException":  # torch's agent got the signal first
-            status, reason, raised = "interrupted", f"interrupted by {e}", None
-            rc = 130
+            sig = getattr(e, "sigval", None)
+            name = signal.Signals(sig).name if sig is not None else str(e)
+            status, reason, raised, rc = "interrupted", f"interrupted by {name}", None, 130
     finally:
         if old is not None:
             signal.signal(signal.SIGTERM, old)

@@ -26,13 +26,14 @@ LONG += ["train.stop_at_target=false"]
 SPARSE = ["comm=mstopk", "comm.density=0.1", "comm.min_numel=0"]
 
 
-def _start(results: Path, *args: str) -> subprocess.Popen:
+def _start(results: Path, *args: str, session: bool = False) -> subprocess.Popen:
     env = dict(os.environ, PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0")
     cmd = [sys.executable, "-m", "reproduce", "train", f"results.dir={results}", *LONG, *args]
     cmd.append(f"hydra.run.dir={results / 'hydra'}")
     return subprocess.Popen(
-        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=session,  # its own process group, as a terminal's foreground job
+    )  # fmt: skip
 
 
 def _workers(results: Path) -> list[int]:
@@ -107,6 +108,22 @@ def test_sigterm_then_resume_continues_like_an_uninterrupted_run(tmp_path: Path)
     pd.testing.assert_frame_equal(curve[cols], ref_curve[cols], check_exact=False, rtol=1e-5)
     assert final["train_time_s"] >= float(curve["clock/train_s"].iloc[-1]) - 1e-9
     assert final["wall_time_s"] > stopped["wall_time_s"]
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_process_and_records_the_interrupted_run(tmp_path: Path) -> None:
+    """Ctrl-C in a terminal: SIGINT to the launcher and its workers at once."""
+    proc = _start(tmp_path, "train.epochs=3", session=True)
+    _wait_checkpoint(tmp_path, 1, proc, 300)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    out = _finish(proc, 120)
+    assert time.monotonic() - t0 < 30 and not _workers(tmp_path), out[-3000:]
+    (rec,) = records.load_records(tmp_path)
+    assert rec["status"] == "interrupted" and "SIGINT" in rec["reason"], rec
+    assert rec["checkpoint"].endswith(("epoch-0001", "epoch-0002")) and rec["epochs_run"] >= 1
+    assert f"resume={rec['run_id']}" in out
 
 
 @pytest.mark.slow
