@@ -5,7 +5,9 @@
 - ``resnet9``: the small residual network of the fastest CIFAR-10 DAWNBench entries
   (Myrtle.ai, D. Page, "How to train your ResNet", 2018), for 32x32 inputs;
 - ``resnet18`` / ``resnet50``: torchvision's ResNets (``resnet50`` is v1.5: stride 2 in
-  the 3x3 convolution of the bottleneck).
+  the 3x3 convolution of the bottleneck);
+- ``transformer_base`` / ``transformer_big`` / ``transformer_tiny``: encoder-decoder
+  Transformers (:mod:`bench.models.transformer`); ``num_classes`` is the vocabulary size.
 """
 
 from __future__ import annotations
@@ -90,6 +92,19 @@ def _resnet50(cfg: ModelConfig, num_classes: int, in_channels: int = 3) -> nn.Mo
     return resnet50(num_classes=num_classes, zero_init_residual=cfg.zero_init_residual)
 
 
+def _transformer(name: str) -> ModelBuilder:
+    def builder(cfg: ModelConfig, num_classes: int, in_channels: int = 3) -> nn.Module:
+        from bench.models.transformer import build
+
+        return build(name, cfg, num_classes)
+
+    return builder
+
+
+for _name in ("transformer_base", "transformer_big", "transformer_tiny"):
+    MODELS.register(_name)(_transformer(_name))
+
+
 def build_model(cfg: ModelConfig, num_classes: int, in_channels: int = 3) -> nn.Module:
     return MODELS.get(cfg.name)(cfg, num_classes, in_channels)
 
@@ -99,3 +114,8 @@ def validate(cfg: ModelConfig) -> None:
     MODELS.get(cfg.name)
     if cfg.width < 1:
         raise ConfigError(f"model.width must be >= 1, got {cfg.width}")
+    if not 0 <= cfg.dropout < 1 or cfg.max_positions < 1:
+        raise ConfigError(
+            f"model.dropout must be in [0, 1) and model.max_positions >= 1, got "
+            f"{cfg.dropout} and {cfg.max_positions}"
+        )
