@@ -130,6 +130,20 @@ def _synthetic(
     return DataBundle(train, ev, cfg.num_classes, len(train) * b * world, cfg.channels)
 
 
+def _translation(
+    cfg: DataConfig, cache: CacheConfig, rank: int, world: int, device: torch.device, seed: int
+) -> DataBundle:
+    from bench.data.translation import build
+
+    return build(cfg, cache, rank, world, device, seed)
+
+
+def _check_translation(cfg: DataConfig) -> None:
+    from bench.data.translation import check
+
+    check(cfg)
+
+
 def _check_cifar(cfg: DataConfig) -> None:
     from bench.data.cifar10 import check_root
 
@@ -151,6 +165,7 @@ DATASETS.register("cifar10")(DatasetSpec(_cifar10, _check_cifar))
 DATASETS.register("imagefolder")(DatasetSpec(_folder, _check_folder))
 DATASETS.register("imagenet")(DatasetSpec(_folder, _check_folder))
 DATASETS.register("synthetic")(DatasetSpec(_synthetic))
+DATASETS.register("translation")(DatasetSpec(_translation, _check_translation))
 
 
 def validate(cfg: DataConfig, cache_cfg: CacheConfig, world_size: int) -> None:

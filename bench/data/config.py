@@ -62,6 +62,16 @@ class DataConfig:
     progressive: list[list[int]] = field(default_factory=list)
     throttle_mbps: float = 0.0  # slow-storage emulator on level 0: bandwidth MB/s (0 = off)
     throttle_ms: float = 0.0  # slow-storage emulator: latency per file, ms (0 = off)
+    # --- translation (data=translation): parallel text <root>/<split>.<src|tgt> ---
+    src: str = "en"  # source language suffix of the files
+    tgt: str = "sym"  # target language suffix
+    max_tokens: int = 4096  # per worker and step: padded source + target tokens of a batch
+    max_len: int = 256  # tokens; longer training pairs are skipped (counted, reported)
+    vocab_size: int = 8000  # sentencepiece vocabulary, a soft limit (a small corpus gets less)
+    spm_model: str = ""  # a sentencepiece model file; "" = train one on train.<src>+<tgt>
+    eval_split: str = "valid"  # held-out split scored each evaluation: valid | test
+    beam_size: int = 1  # evaluation decoding: 1 = greedy, > 1 = beam search
+    corpus_size: int = 20000  # data.root="": training pairs of the generated corpus
 
 
 @dataclass

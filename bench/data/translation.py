@@ -1,0 +1,368 @@
+"""Parallel text for translation (``data=translation``): files, tokenizer, token batches.
+
+Layout (WMT/IWSLT style): ``<data.root>/{train,valid,test}.{<data.src>,<data.tgt>}``, one
+sentence per line, line ``i`` of the source file translating line ``i`` of the target
+file.  ``data.root=""`` generates the embedded corpus (:mod:`bench.data.corpus`) under the
+data cache directory.
+
+Tokenizer: one sentencepiece model shared by both languages (the model shares its
+embeddings), given by ``data.spm_model`` or trained on the training text and cached next
+to the data under a name keyed by its settings (``spm-<hash>.model``).  The vocabulary
+size is a soft limit: a corpus too small for ``data.vocab_size`` gets the vocabulary it
+supports, and the size chosen is printed.  Ids: pad 0, unk 1, bos 2, eos 3.
+
+Batches (:class:`TokenLoader`) hold at most ``data.max_tokens`` padded source + target
+tokens each, per worker and step.  Training takes the sentences of the one sampling rule
+(:func:`bench.data.sampling.epoch_indices`: a per-epoch global permutation dealt over
+the ranks), sorts them by length in windows of 64 batches (length buckets, little
+padding) and packs them greedily; the batches are then shuffled.  Every rank takes the
+same ``len(loader)`` steps in every epoch: an epoch that packs into more batches drops
+the surplus (its sentences are trained on in other epochs), one that packs into fewer
+splits its largest batches.  Training pairs longer than ``data.max_len`` tokens, or
+that do not fit ``data.max_tokens`` alone, are **skipped**: counted, printed once and
+reported as ``data/skipped_long`` in every epoch's curve row.  Evaluation scores every
+held-out line in order (the strided shard ``rank::world``), truncating a longer source to
+``data.max_len`` tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from bench.data.config import DataConfig
+from bench.data.sampling import epoch_indices, eval_indices
+from bench.data.types import SAMPLES, DataBundle
+from bench.registry import ConfigError
+
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
+SPLITS = ("train", "valid", "test")
+
+
+class Tokens(NamedTuple):
+    """The model inputs of a batch: padded source, padded decoder input (bos + target),
+    and each sentence's line number in its split."""
+
+    src: torch.Tensor  # (batch, source length), int64
+    tgt_in: torch.Tensor  # (batch, target length + 1)
+    index: torch.Tensor  # (batch,)
+
+
+def gold(tgt_out: torch.Tensor) -> torch.Tensor:
+    """The non-pad target tokens (target + eos) in row-major order: a batch's labels."""
+    return tgt_out[tgt_out != PAD]
+
+
+# --- files ---------------------------------------------------------------------------
+
+
+def corpus_root(cfg: DataConfig) -> Path:
+    """``data.root``, or the embedded corpus (generated on first use)."""
+    if cfg.root:
+        return Path(cfg.root)
+    from bench.data.cache import default_cache_dir
+    from bench.data.corpus import embedded_root, write_corpus
+
+    return write_corpus(embedded_root(default_cache_dir(), cfg.corpus_size, 0), cfg.corpus_size)
+
+
+def _lines(path: Path) -> list[str]:
+    if not path.is_file():
+        raise ConfigError(f"data=translation: {path} does not exist (a split is missing)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"data=translation: cannot read {path} ({e})") from None
+    lines = text.splitlines()
+    if not any(s.strip() for s in lines):
+        raise ConfigError(f"data=translation: {path} is empty")
+    return lines
+
+
+def read_split(cfg: DataConfig, root: Path, split: str) -> tuple[list[str], list[str]]:
+    """(source lines, target lines) of a split, refused unless both exist, are non-empty
+    and have the same number of lines."""
+    sp, tp = root / f"{split}.{cfg.src}", root / f"{split}.{cfg.tgt}"
+    src, tgt = _lines(sp), _lines(tp)
+    if len(src) != len(tgt):
+        raise ConfigError(
+            f"data=translation: {sp} has {len(src)} lines but {tp} has {len(tgt)}; "
+            "line i of one must translate line i of the other"
+        )
+    return src, tgt
+
+
+def check(cfg: DataConfig) -> None:
+    """Configuration-time checks (before any worker): settings, files, tokenizer."""
+    if cfg.src == cfg.tgt:
+        raise ConfigError(f"data.src and data.tgt are both {cfg.src!r}: name two languages")
+    if cfg.eval_split not in ("valid", "test"):
+        raise ConfigError(f"data.eval_split must be valid or test, got {cfg.eval_split!r}")
+    if cfg.max_tokens < 2 or cfg.max_len < 1 or cfg.beam_size < 1 or cfg.vocab_size < 8:
+        raise ConfigError(
+            "data.max_tokens >= 2, data.max_len >= 1, data.beam_size >= 1 and "
+            f"data.vocab_size >= 8 needed, got {cfg.max_tokens}, {cfg.max_len}, "
+            f"{cfg.beam_size}, {cfg.vocab_size}"
+        )
+    root = corpus_root(cfg)
+    if not root.is_dir():
+        raise ConfigError(f"data.root={cfg.root!r} is not a directory")
+    for split in ("train", cfg.eval_split):
+        read_split(cfg, root, split)
+    tokenizer(cfg, root, verbose=True)
+
+
+# --- tokenizer -----------------------------------------------------------------------
+
+
+def _spm_settings(cfg: DataConfig, root: Path) -> dict[str, Any]:
+    files = [root / f"train.{cfg.src}", root / f"train.{cfg.tgt}"]
+    stamp = [(p.name, p.stat().st_size, int(p.stat().st_mtime)) for p in files]
+    return {"vocab_size": cfg.vocab_size, "split_digits": True, "model_type": "unigram",
+            "files": stamp, "version": 1}  # fmt: skip
+
+
+def tokenizer(cfg: DataConfig, root: Path, verbose: bool = False) -> Any:
+    """The sentencepiece processor of the run: ``data.spm_model``, or one trained on the
+    training text and cached in ``root`` (keyed by its settings)."""
+    import sentencepiece as spm
+
+    if cfg.spm_model:
+        path = Path(cfg.spm_model)
+        try:
+            sp = spm.SentencePieceProcessor(model_file=str(path))
+        except (OSError, RuntimeError) as e:
+            why = "does not exist" if not path.exists() else f"is not a sentencepiece model ({e})"
+            raise ConfigError(f"data.spm_model={cfg.spm_model}: {why}") from None
+        if sp.pad_id() != PAD or sp.bos_id() != BOS or sp.eos_id() != EOS:
+            raise ConfigError(
+                f"data.spm_model={cfg.spm_model}: ids pad/bos/eos are "
+                f"{sp.pad_id()}/{sp.bos_id()}/{sp.eos_id()}, the model needs {PAD}/{BOS}/{EOS} "
+                "(train it with --pad_id=0 --unk_id=1 --bos_id=2 --eos_id=3)"
+            )
+        return sp
+    settings = _spm_settings(cfg, root)
+    key = hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+    prefix = root / f"spm-{key}"
+    model = prefix.with_suffix(".model")
+    if not model.is_file():
+        from filelock import FileLock
+
+        with FileLock(str(prefix) + ".lock"):
+            if not model.is_file():
+                _train_spm(cfg, root, prefix)
+    sp = spm.SentencePieceProcessor(model_file=str(model))
+    if verbose:
+        print(
+            f"data=translation: sentencepiece vocabulary {sp.get_piece_size()} "
+            f"(data.vocab_size={cfg.vocab_size}, a soft limit) in {model}",
+            flush=True,
+        )
+    return sp
+
+
+def _train_spm(cfg: DataConfig, root: Path, prefix: Path) -> None:
+    import sentencepiece as spm
+
+    tmp = prefix.with_name(f".{prefix.name}.tmp")
+    try:
+        spm.SentencePieceTrainer.train(
+            input=[str(root / f"train.{cfg.src}"), str(root / f"train.{cfg.tgt}")],
+            model_prefix=str(tmp),
+            vocab_size=cfg.vocab_size,
+            hard_vocab_limit=False,  # a small corpus gets a smaller vocabulary, no error
+            model_type="unigram",
+            split_digits=True,
+            character_coverage=1.0,
+            input_sentence_size=2_000_000,
+            shuffle_input_sentence=True,
+            pad_id=PAD,
+            unk_id=UNK,
+            bos_id=BOS,
+            eos_id=EOS,
+            minloglevel=2,
+        )
+    except (OSError, RuntimeError) as e:
+        raise ConfigError(
+            f"data=translation: sentencepiece training failed in {root}: {e}"
+        ) from None
+    Path(str(tmp) + ".vocab").replace(prefix.with_suffix(".vocab"))
+    Path(str(tmp) + ".model").replace(prefix.with_suffix(".model"))
+
+
+# --- batches -------------------------------------------------------------------------
+
+
+def pack(lengths: np.ndarray, order: np.ndarray, max_tokens: int) -> list[np.ndarray]:
+    """Greedy batches of ``order`` (in that order): a batch's padded size, sentences x
+    (longest source + longest target) with ``lengths[i] = (source, target)``, stays within
+    ``max_tokens`` (a sentence larger than that alone makes a batch of one)."""
+    out, cur, ms, mt = [], [], 0, 0
+    for i in order:
+        s, t = int(lengths[i, 0]), int(lengths[i, 1])
+        ns, nt = max(ms, s), max(mt, t)
+        if cur and (len(cur) + 1) * (ns + nt) > max_tokens:
+            out.append(np.array(cur))
+            cur, ns, nt = [], s, t
+        cur.append(i)
+        ms, mt = ns, nt
+    if cur:
+        out.append(np.array(cur))
+    return out
+
+
+def _split(batches: list[np.ndarray], steps: int) -> list[np.ndarray]:
+    """Exactly ``steps`` batches: drop the surplus, or halve the largest until enough."""
+    batches = list(batches[:steps])
+    while len(batches) < steps:
+        big = max(range(len(batches)), key=lambda k: len(batches[k]))
+        if len(batches[big]) < 2:
+            raise RuntimeError("too few training sentences for the steps of an epoch")
+        b = batches.pop(big)
+        batches += [b[: len(b) // 2], b[len(b) // 2 :]]
+    return batches
+
+
+@dataclass
+class TokenLoader:
+    """Token-budget batches of (:class:`Tokens`, gold target tokens) on ``device``."""
+
+    src: list[np.ndarray]  # token ids per sentence (eos appended)
+    tgt: list[np.ndarray]
+    rank: int
+    world: int
+    max_tokens: int
+    device: torch.device
+    train: bool
+    seed: int = 0
+    skipped: int = 0  # training pairs left out as too long
+    epoch: int = 0
+    _tokens: int = field(default=0, repr=False)
+    _samples: int = field(default=0, repr=False)
+    _t0: float | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.lengths = np.array(
+            [(len(s), len(t)) for s, t in zip(self.src, self.tgt)], dtype=np.int64
+        ).reshape(-1, 2)
+        self.steps = (
+            min(len(self._plan(0, r)) for r in range(self.world))
+            if self.train
+            else len(self._plan(0, self.rank))
+        )
+
+    def _plan(self, epoch: int, rank: int) -> list[np.ndarray]:
+        n = len(self.src)
+        if not self.train:
+            mine = eval_indices(n, rank, self.world)
+            return pack(self.lengths, mine[np.argsort(self.lengths[mine, 0], kind="stable")],
+                        self.max_tokens)  # fmt: skip
+        mine = epoch_indices(n, rank, self.world, self.seed, epoch)
+        window = max(1, 64 * self.max_tokens // max(1, int(self.lengths.sum(1).mean())))
+        order = np.concatenate(
+            [
+                c[np.argsort(self.lengths[c].sum(1), kind="stable")]
+                for c in np.array_split(mine, max(1, -(-len(mine) // window)))
+            ]
+        )
+        batches = pack(self.lengths, order, self.max_tokens)
+        g = np.random.default_rng([self.seed, epoch, rank])
+        return [batches[k] for k in g.permutation(len(batches))]
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def epoch_stats(self) -> dict[str, Any]:
+        """This rank's sentences, source + target tokens (no padding) and their rate since
+        the last call; the training pairs skipped as too long (the whole split's)."""
+        dt = time.perf_counter() - self._t0 if self._t0 is not None else 0.0
+        out = {
+            SAMPLES: self._samples,
+            "data/rank_tokens": self._tokens,
+            "throughput/rank_tokens_per_s": self._tokens / dt if dt > 0 else 0.0,
+            "data/skipped_long": self.skipped,
+        }
+        self._samples, self._tokens, self._t0 = 0, 0, None
+        return out
+
+    def batch(self, idx: np.ndarray) -> tuple[Tokens, torch.Tensor]:
+        ls, lt = self.lengths[idx, 0], self.lengths[idx, 1]
+        src = torch.full((len(idx), int(ls.max())), PAD, dtype=torch.long)
+        tgt = torch.full((len(idx), int(lt.max()) + 1), PAD, dtype=torch.long)
+        for j, i in enumerate(idx):
+            src[j, : ls[j]] = torch.from_numpy(self.src[i])
+            tgt[j, 0] = BOS
+            tgt[j, 1 : lt[j] + 1] = torch.from_numpy(self.tgt[i])
+        tgt_in = tgt[:, :-1].masked_fill(tgt[:, :-1] == EOS, PAD)  # eos is never an input
+        x = Tokens(src.to(self.device), tgt_in.to(self.device), torch.from_numpy(idx))
+        return x, gold(tgt[:, 1:]).to(self.device)
+
+    def __iter__(self) -> Iterator[tuple[Tokens, torch.Tensor]]:
+        plan = self._plan(self.epoch, self.rank)
+        if self.train:
+            plan = _split(plan, self.steps)
+        if self._t0 is None:
+            self._t0 = time.perf_counter()
+        for idx in plan:
+            x, y = self.batch(idx)
+            self._samples += len(idx)
+            self._tokens += int(self.lengths[idx].sum())
+            yield x, y
+
+
+# --- the bundle ----------------------------------------------------------------------
+
+
+@dataclass
+class TranslationBundle(DataBundle):
+    """A :class:`DataBundle` (``num_classes`` = vocabulary size) with what evaluation
+    needs: the tokenizer and the held-out split's source and reference lines."""
+
+    tokenizer: Any = None
+    eval_src: list[str] = field(default_factory=list)
+    eval_ref: list[str] = field(default_factory=list)
+
+
+def encode(sp: Any, lines: list[str]) -> list[np.ndarray]:
+    return [np.array(ids + [EOS], dtype=np.int64) for ids in sp.encode(lines)]
+
+
+def build(
+    cfg: DataConfig, cache: Any, rank: int, world: int, device: torch.device, seed: int
+) -> TranslationBundle:
+    root = corpus_root(cfg)
+    sp = tokenizer(cfg, root)
+    src, tgt = read_split(cfg, root, "train")
+    s_ids, t_ids = encode(sp, src), encode(sp, tgt)
+    keep = [
+        i
+        for i, (s, t) in enumerate(zip(s_ids, t_ids))
+        if max(len(s), len(t)) <= cfg.max_len and len(s) + len(t) <= cfg.max_tokens
+    ]
+    skipped = len(s_ids) - len(keep)
+    if skipped and rank == 0:
+        print(
+            f"data=translation: {skipped} of {len(s_ids)} training pairs skipped, longer than "
+            f"data.max_len={cfg.max_len} tokens or than data.max_tokens={cfg.max_tokens} alone",
+            flush=True,
+        )
+    train = TokenLoader([s_ids[i] for i in keep], [t_ids[i] for i in keep], rank, world,
+                        cfg.max_tokens, device, True, seed, skipped)  # fmt: skip
+    vs, vt = read_split(cfg, root, cfg.eval_split)
+    ev_src = [ids[: cfg.max_len - 1] + [EOS] for ids in sp.encode(vs)]
+    ev = TokenLoader([np.array(s, dtype=np.int64) for s in ev_src], encode(sp, vt), rank,
+                     world, cfg.max_tokens, device, False, seed)  # fmt: skip
+    return TranslationBundle(
+        train, ev, sp.get_piece_size(), len(keep), 1, tokenizer=sp, eval_src=vs, eval_ref=vt
+    )
