@@ -118,6 +118,8 @@ def lr_factor(step: int, cfg: OptimConfig, steps_per_epoch: int, epochs: int) ->
     schedule = Schedule(cfg.schedule)
     if schedule is Schedule.constant:
         return 1.0
+    if schedule is Schedule.inverse_sqrt:
+        return math.sqrt(max(1, warm) / max(1, step))
     if schedule is Schedule.step:
         frac = step / total
         return cfg.gamma ** sum(frac >= m for m in cfg.milestones)

@@ -47,6 +47,7 @@ class Schedule(Choice):
     cosine = "cosine"
     step = "step"
     constant = "constant"
+    inverse_sqrt = "inverse_sqrt"  # lr * sqrt(warm-up steps / step) (the Transformer's)
 
 
 @dataclass
