@@ -333,6 +333,8 @@ def write_outputs(s: TrainState) -> records.RunRecord:
     if link and Path(link).is_file():
         rec.link_check = json.loads(Path(link).read_text())
     rec.curve = str(records.write_curve(res, rec.run_id, s.curve, extend=True))
+    if hasattr(s.workload, "write_translations"):  # translation: the last decoded output
+        rec.translations = s.workload.write_translations(res, rec.run_id)
     if cfg.results.plot and s.curve:
         rec.figure = str(_plot(s, rec))
     try:

@@ -6,7 +6,8 @@ commands:
                           continue a stopped, interrupted or killed run from its last
                           checkpoint, into the same run id (also: dawnbench resume=RUN_ID)
   dawnbench [overrides]   the DAWNBench-style time-to-accuracy recipe for the chosen data
-                          (digits by default; data=cifar10|imagenet data.root=... for the real ones)
+                          (digits by default; data=cifar10|imagenet data.root=... for the real ones;
+                          data=translation: a Transformer on the embedded corpus or data.root=...)
   bench NAME [--quick] [--results-dir DIR]
                           a benchmark (see `python -m reproduce bench --list`)
   compare RUN_ID... --out PNG
@@ -23,6 +24,7 @@ DAWNBENCH = {
     "digits": "dawnbench_digits",
     "cifar10": "dawnbench_cifar10",
     "imagenet": "dawnbench_imagenet",
+    "translation": "transformer_embedded",
 }
 
 
