@@ -16,8 +16,9 @@ the momentum buffer, so ``lr`` is the global rate and ``eta * lr`` the typical l
 Non-adapted groups are plain SGD.  Modes: ``naive`` (per-tensor loop, the reference),
 ``foreach`` (``torch._foreach_*`` incl. ``_foreach_norm``), ``flat`` (per-layer norms by
 segment-wise reductions over the flat buffer -- ``_foreach_norm`` over the segment views,
-or ``torch.segment_reduce`` -- the trust ratios applied back per segment, then one fused
-SGD pass over the whole range).  No ``fused`` mode.
+or ``torch.segment_reduce`` -- then, on a CPU, one fused SGD pass per layer with the trust
+ratio folded into the kernel's gradient scale and weight decay, elsewhere the trust ratios
+applied back per segment and one fused SGD pass over the whole range).  No ``fused`` mode.
 """
 
 from __future__ import annotations
@@ -247,6 +248,9 @@ class FlatLARS(FlatOptimizer):
         pn = segment_norms(p, sizes, None if sq is None else sq[start:end], self.norm_method)
         gn = segment_norms(grad, sizes, None if sq is None else sq[start:end], self.norm_method)
         trust = trust_ratio(pn, gn, group["trust_coefficient"], wd, group["eps"])
+        if b.device.type == "cpu" and self.use_fused[bi] and grad.dtype == p.dtype:
+            _fused_layers(p, grad, buf, b.numels[i:j], trust.tolist(), wd, common)
+            return
         # pass 2: d = trust * (g + wd * p) in a scratch buffer, then one fused momentum
         # pass without decay.  The per-layer scale: on CPU one multi-tensor op over the
         # segment views (per-element gathers run at ~1.5 ns/value there, 6x a streaming
@@ -263,6 +267,39 @@ class FlatLARS(FlatOptimizer):
             torch.index_select(trust, 0, ids, out=s)
             d.mul_(s)
         sgd_range(b, p, d, buf, weight_decay=0.0, **common)
+
+
+def _fused_layers(
+    p: torch.Tensor,
+    grad: torch.Tensor,
+    buf: torch.Tensor | None,
+    sizes: list[int],
+    trust: list[float],
+    wd: float,
+    common: dict[str, Any],
+) -> None:
+    """Pass 2 on a CPU as one fused SGD pass per layer: torch's kernel divides the gradient
+    by ``grad_scale`` before adding ``weight_decay * p``, so ``grad_scale = 1 / trust`` and
+    ``weight_decay = trust * wd`` give ``d = trust * (g + wd * p)`` inside the momentum pass
+    (reads p, g, buf and writes p, buf once: the update's memory floor).  The kernel leaves
+    the scaled gradient in ``grad``, as torch's fused optimizers do with a scale; the loop
+    zeroes the gradients after the step."""
+    bufs = buf.split(sizes) if buf is not None else [None] * len(sizes)
+    for pl, gl, bl, t in zip(p.split(sizes), grad.split(sizes), bufs, trust):
+        torch._fused_sgd_(
+            [pl],
+            [gl],
+            [] if bl is None else [bl],
+            weight_decay=wd * t,
+            momentum=common["momentum"],
+            lr=common["lr"],
+            dampening=0.0,
+            nesterov=common["nesterov"],
+            maximize=False,
+            is_first_step=common["first"],
+            grad_scale=torch.tensor(1.0 / t, dtype=torch.float32),
+            found_inf=None,
+        )
 
 
 def _lars_groups(groups: list[dict], cfg: OptimConfig) -> list[dict]:
