@@ -321,8 +321,11 @@ def _settle_buckets(s: Any) -> None:
     hook's counters and residuals) is overwritten by the checkpoint right after."""
     if s.ddp is s.model:
         return
+    x, y = next(iter(s.workload.data.eval))[:2]
+    n = max(1, s.cfg.data.batch_size // s.world)  # no larger than a training batch (memory)
+    batch = (x[:n].to(s.device), y[:n].to(s.device))
     with s.autocast():
-        loss, _ = s.workload.loss(s.ddp, next(iter(s.workload.data.eval)))
+        loss, _ = s.workload.loss(s.ddp, batch)
     loss.backward()
     s.optimizer.zero_grad(set_to_none=False)
     s.comm.pop_stats()
