@@ -91,8 +91,9 @@ class Translation:
 
     def loss(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean loss per target token, number of correctly predicted target tokens)."""
-        x, y = batch
+        x = batch[0]  # the labels are x.tgt_out's tokens (a batch's own are for counting)
         logits = model(x.src, x.tgt_in)[x.tgt_in != 0]
+        y = x.tgt_out[x.tgt_out != 0]
         loss = nn.functional.cross_entropy(logits.float(), y, label_smoothing=self.smoothing)
         return loss, (logits.argmax(-1) == y).sum()
 

@@ -33,7 +33,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,13 +47,26 @@ PAD, UNK, BOS, EOS = 0, 1, 2, 3
 SPLITS = ("train", "valid", "test")
 
 
-class Tokens(NamedTuple):
+@dataclass
+class Tokens:
     """The model inputs of a batch: padded source, padded decoder input (bos + target),
-    and each sentence's line number in its split."""
+    padded decoder output (target + eos) and each sentence's line number in its split.
+    ``tokens[:n]`` is its first ``n`` sentences; ``tokens.to(device)`` moves it."""
 
     src: torch.Tensor  # (batch, source length), int64
     tgt_in: torch.Tensor  # (batch, target length + 1)
-    index: torch.Tensor  # (batch,)
+    tgt_out: torch.Tensor  # (batch, target length + 1)
+    index: torch.Tensor  # (batch,), on the host
+
+    def __getitem__(self, rows: slice) -> Tokens:
+        return Tokens(self.src[rows], self.tgt_in[rows], self.tgt_out[rows], self.index[rows])
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def to(self, device: torch.device | str) -> Tokens:
+        return Tokens(self.src.to(device), self.tgt_in.to(device), self.tgt_out.to(device),
+                      self.index)  # fmt: skip
 
 
 def gold(tgt_out: torch.Tensor) -> torch.Tensor:
@@ -305,8 +318,8 @@ class TokenLoader:
             tgt[j, 0] = BOS
             tgt[j, 1 : lt[j] + 1] = torch.from_numpy(self.tgt[i])
         tgt_in = tgt[:, :-1].masked_fill(tgt[:, :-1] == EOS, PAD)  # eos is never an input
-        x = Tokens(src.to(self.device), tgt_in.to(self.device), torch.from_numpy(idx))
-        return x, gold(tgt[:, 1:]).to(self.device)
+        x = Tokens(src, tgt_in, tgt[:, 1:], torch.from_numpy(idx)).to(self.device)
+        return x, gold(x.tgt_out)
 
     def __iter__(self) -> Iterator[tuple[Tokens, torch.Tensor]]:
         plan = self._plan(self.epoch, self.rank)
