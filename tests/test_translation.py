@@ -140,3 +140,18 @@ def test_bad_input_is_refused_with_one_line_naming_it(tmp_path: Path) -> None:
         check(_cfg(good, spm_model=str(tmp_path / "bad.model")))
     with pytest.raises(ConfigError, match="data.max_tokens >= 2"):
         check(_cfg(good, max_tokens=0))
+
+
+def test_bench_comm_uses_transformer_base_real_buckets() -> None:
+    from bench.benchmarks.comm import MODELS, model_buckets
+
+    assert "transformer_base" in MODELS
+    buckets = model_buckets("transformer_base", vocab=32000)
+    shapes = [s for b in buckets for s in b]
+    # every parameter once; the shared embedding/output projection is one 32000 x 512 matrix
+    from bench.models import build_model
+    from bench.models.config import ModelConfig
+
+    model = build_model(ModelConfig(name="transformer_base"), 32000)
+    assert sorted(shapes) == sorted(p.shape for p in model.parameters())
+    assert shapes.count(torch.Size([32000, 512])) == 1 and len(buckets) > 2

@@ -1,11 +1,15 @@
-"""``bench comm``: gradient aggregation per step for ResNet-50's DDP buckets on 2 nodes x 2.
+"""``bench comm``: gradient aggregation per step for ResNet-50's and Transformer-base's DDP
+buckets on 2 nodes x 2.
 
-The buckets are ResNet-50's real ones: torchvision's ``resnet50`` parameters in reverse
-order, cut by DDP's own ``_compute_bucket_assignment_by_size`` with its 1 MB first bucket
-and the 25 MB cap (25.6 M elements in 5 buckets).  Four local gloo workers get torchrun's
-environment for 2 nodes x 2 (:func:`bench.benchmarks.spawn.run_workers`), so ``hitopk`` builds
-its intra-node and inter-node groups exactly as on a cluster.  Every method runs through
-the same hook function a DDP model would call, on duck-typed buckets (buffer, gradient
+The buckets are the models' real ones: torchvision's ``resnet50`` parameters (and
+``transformer_base``'s, with a 32 k joint vocabulary: its shared embedding, which is also
+the output projection, is a 16 M-element row-sparse gradient) in reverse order, cut by
+DDP's own ``_compute_bucket_assignment_by_size`` with its 1 MB first bucket and the 25 MB
+cap (ResNet-50: 25.6 M elements in 5 buckets); the ``model`` column names the model.
+Four local gloo workers get torchrun's environment for 2 nodes x 2
+(:func:`bench.benchmarks.spawn.run_workers`), so ``hitopk`` builds its intra-node and
+inter-node groups exactly as on a cluster.  Every method runs through the same hook
+function a DDP model would call, on duck-typed buckets (buffer, gradient
 views with the parameters' shapes, index, is_last), so PowerSGD sees real matrix shapes.
 
 Methods: ``dense`` (allreduce), ``fp16``, ``powersgd`` (PyTorch's hook, rank 4, after its
@@ -32,19 +36,36 @@ from bench.benchmarks import BENCHMARKS, BenchmarkSpec
 from bench.benchmarks.harness import BenchRun
 
 METHODS = ["dense", "fp16", "powersgd", "topk", "mstopk", "hitopk"]
+MODELS = ["resnet50", "transformer_base"]
 DENSITIES = [0.001, 0.01]
 
 
-def resnet50_buckets(bucket_cap_mb: float = 25.0) -> list[list[torch.Size]]:
-    """Parameter shapes per DDP bucket of torchvision's ResNet-50 (DDP's initial assignment)."""
+def model_buckets(
+    model: str = "resnet50", bucket_cap_mb: float = 25.0, vocab: int = 32000
+) -> list[list[torch.Size]]:
+    """Parameter shapes per DDP bucket (DDP's initial assignment) of torchvision's ResNet-50
+    or of ``transformer_base`` with a joint vocabulary of ``vocab`` tokens (WMT's 32 k)."""
     import torch.distributed as dist
-    import torchvision
 
-    params = [p for p in torchvision.models.resnet50().parameters() if p.requires_grad]
+    if model == "resnet50":
+        import torchvision
+
+        net = torchvision.models.resnet50()
+    else:
+        from bench.models import build_model
+        from bench.models.config import ModelConfig
+
+        net = build_model(ModelConfig(name=model), vocab)
+    params = [p for p in net.parameters() if p.requires_grad]
     rev = list(reversed(params))  # DDP fills buckets from the last parameter (ready first)
     limits = [dist._DEFAULT_FIRST_BUCKET_BYTES, int(bucket_cap_mb * 1024 * 1024)]
     assignment, _ = dist._compute_bucket_assignment_by_size(rev, limits, [False] * len(rev))
     return [[rev[i].shape for i in b] for b in assignment]
+
+
+def resnet50_buckets(bucket_cap_mb: float = 25.0) -> list[list[torch.Size]]:
+    """Parameter shapes per DDP bucket of torchvision's ResNet-50 (DDP's initial assignment)."""
+    return model_buckets("resnet50", bucket_cap_mb)
 
 
 class FakeBucket:
@@ -140,23 +161,34 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
 
     world, ppn = 4, 2
     if quick:  # two small buckets: seconds
-        shapes = [[torch.Size([64, 300]), torch.Size([64])], [torch.Size([128, 256])]]
+        models = {"tiny": [[torch.Size([64, 300]), torch.Size([64])], [torch.Size([128, 256])]]}
         cases = [("dense", 1.0), ("fp16", 1.0), ("topk", 0.01), ("hitopk", 0.01)]
         warmup, reps = 1, 2
     else:
-        shapes = resnet50_buckets()
+        models = {m: model_buckets(m) for m in MODELS}
         cases = [(m, 1.0) for m in ("dense", "fp16", "powersgd")]
         cases += [(m, d) for d in DENSITIES for m in ("topk", "mstopk", "hitopk")]
         warmup, reps = 3, 5  # powersgd compresses from its 3rd step on
     bench = BenchRun("comm", results_dir)
-    # 4 workers share the cores: one thread each
-    rows = run_workers(_worker, world, ppn, shapes, cases, warmup, reps, timeout_s=1800)[0]
+    for model, shapes in models.items():
+        # 4 workers share the cores: one thread each
+        rows = run_workers(_worker, world, ppn, shapes, cases, warmup, reps, timeout_s=1800)[0]
+        _add_rows(bench, model, shapes, rows, world, ppn, reps)
+    path = bench.save()
+    _plot(bench)
+    return path
+
+
+def _add_rows(
+    bench: BenchRun, model: str, shapes: list, rows: list, world: int, ppn: int, reps: int
+) -> None:
     dense = next(r for r in rows if r["method"] == "dense")
     numel = sum(int(torch.Size(s).numel()) for b in shapes for s in b)
     for r in rows:
         inter = r["inter_node_bytes_per_worker"]
         dense_inter = dense["inter_node_bytes_per_worker"]
         bench.add(
+            model=model,
             **r,
             world_size=world,
             nnodes=world // ppn,
@@ -169,15 +201,12 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
             inter_bytes_ratio_vs_dense=dense_inter / inter if inter else float("inf"),
         )
         print(
-            f"{r['method']:>9} d={r['density']:<6} {r['median_ms']:9.1f} ms/step  "
+            f"{model:>16} {r['method']:>9} d={r['density']:<6} {r['median_ms']:9.1f} ms/step  "
             f"{r['bytes_per_worker'] / 1e6:9.3f} MB/worker  "
             f"{inter / 1e6:9.3f} MB inter-node  "
             f"(dense/this inter bytes {dense_inter / max(inter, 1):.0f}x)",
             flush=True,
         )
-    path = bench.save()
-    _plot(bench)
-    return path
 
 
 def _plot(bench: BenchRun) -> None:
@@ -195,9 +224,11 @@ def plot(df: Any, hardware: str, path: Path) -> None:
     from bench.comm import is_sparse
     from bench.results.plots import save_figure
 
+    models = df["model"] if "model" in df.columns else ["resnet50"] * len(df)  # older runs
+    several = len(set(models)) > 1
     labels = [
-        f"{m}\n{d:g}" if is_sparse(m) else m
-        for m, d in zip(df["method"], df["density"], strict=True)
+        (f"{mo}\n" if several else "") + (f"{m}\n{d:g}" if is_sparse(m) else m)
+        for mo, m, d in zip(models, df["method"], df["density"], strict=True)
     ]
     x = np.arange(len(labels))
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -220,7 +251,8 @@ def plot(df: Any, hardware: str, path: Path) -> None:
         ax.tick_params(axis="x", labelsize=8)
         ax.grid(True, axis="y", which="both", alpha=0.3)
     fig.suptitle(
-        f"ResNet-50 gradient aggregation, {int(df['world_size'].iloc[0])} gloo workers as "
+        f"{' and '.join(dict.fromkeys(str(m) for m in models))} gradient aggregation, "
+        f"{int(df['world_size'].iloc[0])} gloo workers as "
         f"{int(df['nnodes'].iloc[0])} nodes x {int(df['procs_per_node'].iloc[0])}, on {hardware}",
         fontsize=10,
     )
