@@ -159,6 +159,7 @@ def train_step(s: TrainState, batch: Any) -> tuple[torch.Tensor, torch.Tensor] |
         s.scaler.update()
     else:
         s.optimizer.step()
+    # every update mode: p.grad are views into DDP's buckets; zero them, never drop them
     s.optimizer.zero_grad(set_to_none=False)
     s.scheduler.step()
     s.timer.mark("update")
