@@ -153,3 +153,17 @@ class PhaseTimer:
     def pop(self) -> dict[str, float]:
         out, self.totals = self.totals, {}
         return out
+
+
+def clip_gradients(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler | None,
+    max_norm: float,
+) -> torch.Tensor:
+    """Clip the global L2 norm of ``model``'s gradients to ``max_norm`` (after unscaling them
+    when a gradient scaler is in use); returns the norm before clipping.  Under DDP the
+    gradients are the averaged ones, identical on every rank, so every rank clips alike."""
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)

@@ -154,6 +154,8 @@ def train_step(s: TrainState, batch: Any) -> tuple[torch.Tensor, torch.Tensor] |
     if s.cfg.train.nan_check == "step" and _diverged(s, loss):
         s.optimizer.zero_grad(set_to_none=False)
         return None
+    if s.cfg.optim.clip_norm > 0:
+        runtime.clip_gradients(s.model, s.optimizer, s.scaler, s.cfg.optim.clip_norm)
     if s.scaler is not None:
         s.scaler.step(s.optimizer)
         s.scaler.update()

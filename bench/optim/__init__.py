@@ -70,6 +70,8 @@ def validate(cfg: OptimConfig) -> None:
         raise ConfigError(f"optim.lr must be positive, got {cfg.lr}")
     if cfg.momentum < 0 or cfg.weight_decay < 0:
         raise ConfigError("optim.momentum and optim.weight_decay must be >= 0")
+    if cfg.clip_norm < 0:
+        raise ConfigError(f"optim.clip_norm must be >= 0 (0 = no clipping), got {cfg.clip_norm}")
     if not cfg.eps > 0:
         raise ConfigError(f"optim.eps must be positive, got {cfg.eps}")
     master = MasterWeights(cfg.master_weights)

@@ -67,6 +67,7 @@ class OptimConfig:
     # forward/backward use (update=flat only; run the forward under autocast)
     master_weights: MasterWeights = MasterWeights.off
     label_smoothing: float = 0.0
+    clip_norm: float = 0.0  # > 0: clip the global gradient norm to this before each update
     warmup_epochs: float = 1.0  # linear warm-up from warmup_start_factor * lr to lr
     warmup_start_factor: float = 0.1
     schedule: Schedule = Schedule.cosine  # after the warm-up
