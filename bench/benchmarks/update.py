@@ -74,6 +74,22 @@ OPTIMIZERS = {
 }
 
 
+def _transformer(d_model: int, heads: int, layers: int, ffn: int, vocab: int) -> torch.nn.Module:
+    """``nn.Transformer`` (``layers`` + ``layers``) beside one shared embedding."""
+    return torch.nn.ModuleDict(
+        {
+            "transformer": torch.nn.Transformer(
+                d_model=d_model,
+                nhead=heads,
+                num_encoder_layers=layers,
+                num_decoder_layers=layers,
+                dim_feedforward=ffn,
+            ),
+            "embedding": torch.nn.Embedding(vocab, d_model),
+        }
+    )
+
+
 def param_set(name: str) -> torch.nn.Module:
     """A module holding the parameter set ``name`` (no forward is ever run)."""
     import torchvision
@@ -83,35 +99,13 @@ def param_set(name: str) -> torch.nn.Module:
     torch.manual_seed(0)
     if name == "resnet50":
         return torchvision.models.resnet50()
-    if name == "transformer_base":
-        return torch.nn.ModuleDict(
-            {
-                "transformer": torch.nn.Transformer(
-                    d_model=512,
-                    nhead=8,
-                    num_encoder_layers=6,
-                    num_decoder_layers=6,
-                    dim_feedforward=2048,
-                ),
-                "embedding": torch.nn.Embedding(37000, 512),
-            }
-        )
+    if name == "transformer_base":  # "Attention is all you need" base + a 37 k vocabulary
+        return _transformer(d_model=512, heads=8, layers=6, ffn=2048, vocab=37000)
     if name == "resnet18_head":  # quick: ResNet-18's first 30 tensors
         m = torchvision.models.resnet18()
         return torch.nn.Sequential(m.conv1, m.bn1, m.layer1, m.layer2)
     if name == "transformer_tiny":  # quick
-        return torch.nn.ModuleDict(
-            {
-                "transformer": torch.nn.Transformer(
-                    d_model=64,
-                    nhead=4,
-                    num_encoder_layers=1,
-                    num_decoder_layers=1,
-                    dim_feedforward=128,
-                ),
-                "embedding": torch.nn.Embedding(1000, 64),
-            }
-        )
+        return _transformer(d_model=64, heads=4, layers=1, ffn=128, vocab=1000)
     raise KeyError(name)
 
 
