@@ -8,12 +8,6 @@ commands:
   dawnbench [overrides]   the DAWNBench-style time-to-accuracy recipe for the chosen data
                           (digits by default; data=cifar10|imagenet data.root=... for the real ones;
                           data=translation: a Transformer on the embedded corpus or data.root=...)
-  bench NAME [--quick] [--results-dir DIR]
-                          a benchmark (see `python -m reproduce bench --list`)
-  compare RUN_ID... --out PNG
-                          accuracy curves of recorded runs side by side
-  gpucheck [--budget-s 480] [--dry-run]
-                          every CUDA path, measured within a time budget (see README, GPU)
 """
 
 from __future__ import annotations
@@ -82,9 +76,32 @@ def _hydra(overrides: list[str]) -> None:
     app()
 
 
+def _commands() -> dict[str, str]:
+    """Every command module of this package: ``reproduce/<name>.py`` with ``USAGE`` and
+    ``main(argv)``; the module's first docstring line is its help."""
+    import importlib
+    import pkgutil
+
+    import reproduce
+
+    out = {}
+    for m in pkgutil.iter_modules(reproduce.__path__):
+        if m.name.startswith("_") or m.name == "train":
+            continue
+        mod = importlib.import_module(f"reproduce.{m.name}")
+        if hasattr(mod, "USAGE") and hasattr(mod, "main"):
+            out[m.name] = mod.USAGE
+    return out
+
+
+def _help() -> str:
+    extra = "".join(f"  {usage}\n" for usage in _commands().values())
+    return __doc__.rstrip() + "\n" + extra
+
+
 def main(argv: list[str]) -> None:
     if not argv or argv[0] in ("-h", "--help", "help"):
-        print(__doc__)
+        print(_help())
         sys.exit(0 if argv else 2)
     cmd, rest = argv[0], argv[1:]
     if cmd == "train":
@@ -99,20 +116,13 @@ def main(argv: list[str]) -> None:
                 *[o for o in rest if not o.startswith("data=")],
             ]
         _hydra(rest)
-    elif cmd == "bench":
-        from reproduce.bench import main as bench_main
+    elif cmd in (commands := _commands()):
+        import importlib
 
-        bench_main(rest)
-    elif cmd == "compare":
-        from reproduce.compare import main as compare_main
-
-        compare_main(rest)
-    elif cmd == "gpucheck":
-        from reproduce.gpucheck import main as gpucheck_main
-
-        gpucheck_main(rest)
+        importlib.import_module(f"reproduce.{cmd}").main(rest)
     else:
-        _fail(f"unknown command {cmd!r}; choose train, dawnbench, bench, compare or gpucheck")
+        names = ", ".join(["train", "dawnbench", *sorted(commands)])
+        _fail(f"unknown command {cmd!r}; choose one of: {names}")
 
 
 if __name__ == "__main__":

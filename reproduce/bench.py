@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+USAGE = """bench NAME [--quick] [--replot] [--results-dir DIR]
+                          a benchmark (see `python -m reproduce bench --list`)"""
+
 
 def main(argv: list[str]) -> None:
     from bench.benchmarks import load_all

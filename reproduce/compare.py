@@ -10,6 +10,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+USAGE = """compare RUN_ID... --out PNG
+                          accuracy curves of recorded runs side by side"""
+
 
 def main(argv: list[str]) -> None:
     from bench.results import records

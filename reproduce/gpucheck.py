@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+USAGE = """gpucheck [--budget-s 480] [--dry-run]
+                          every CUDA path, measured within a time budget (see README, GPU)"""
+
 
 def main(argv: list[str]) -> None:
     from bench.gpucheck import STEPS, check
