@@ -32,6 +32,7 @@ from torch import nn
 
 from bench import runtime
 from bench.config import Config, from_container
+from bench.data.types import RANK_TOKENS
 from bench.results import columns as col
 from bench.results import records
 from bench.results.timing import TrainClock, reached
@@ -226,12 +227,17 @@ def train_epoch(s: TrainState) -> dict[str, Any]:
     epoch_s = time.perf_counter() - t0
     s.clock.pause()
     bar.close()
-    counts = torch.cat([sums, sums.new_tensor([samples])])
-    loss_sum, correct, samples = runtime.all_reduce_sum(counts).tolist()
+    stats = loader.epoch_stats()
+    # token-batched loaders also count source + target tokens (this rank's; summed below)
+    tokens = stats.get(RANK_TOKENS)
+    extra = [] if tokens is None else [float(tokens)]
+    counts = torch.cat([sums, sums.new_tensor([samples, *extra])])
+    loss_sum, correct, samples, *total_tokens = runtime.all_reduce_sum(counts).tolist()
     phases = s.timer.pop()
     return {
         # the loader's own counts are this rank's; the totals below are every worker's
-        **loader.epoch_stats(),
+        **stats,
+        **_token_columns(total_tokens, epoch_s),
         **s.comm.pop_stats(),
         col.EPOCH: s.epoch + 1,
         col.TRAIN_TIME: s.clock.elapsed,
@@ -245,6 +251,13 @@ def train_epoch(s: TrainState) -> dict[str, Any]:
         **{f"time/{k}_s": v / max(1, steps) for k, v in phases.items()},
         col.LR: s.scheduler.get_last_lr()[0],
     }
+
+
+def _token_columns(total: list[float], epoch_s: float) -> dict[str, float]:
+    """Every worker's source + target tokens of the epoch and their rate (token loaders)."""
+    if not total:
+        return {}
+    return {col.TOKENS: int(total[0]), col.TOKEN_THROUGHPUT: total[0] / epoch_s}
 
 
 def _progress(s: TrainState) -> Any:

@@ -65,6 +65,16 @@ def test_two_worker_run_records_bleu_and_translations(tmp_path: Path) -> None:
     assert rec["translations"] == str(res / "translations" / f"{rec['run_id']}.txt")
     assert rec["comm_bytes_per_step"] > 0 and rec["throughput_samples_per_s"] > 0
     _check_bleu(rec, corpus)
+    # source + target tokens of both workers: more than rank 0's own, more than the
+    # target tokens alone (the loop's "samples"), and the record's rate is theirs
+    curve = pd.read_csv(res / "curves" / f"{rec['run_id']}.csv")
+    tokens, mine = curve["data/tokens"], curve["data/rank_tokens"]
+    assert (tokens > 1.5 * mine).all() and (tokens < 2.5 * mine).all()
+    assert (tokens > curve["data/samples"]).all()
+    assert curve["throughput/tokens_per_s"].iloc[0] == pytest.approx(
+        tokens.iloc[0] / curve["clock/epoch_s"].iloc[0]
+    )
+    assert rec["throughput_tokens_per_s"] == pytest.approx(tokens.sum() / rec["train_time_s"])
 
 
 def test_greedy_decoding_of_a_model_trained_to_copy_returns_its_input() -> None:

@@ -40,7 +40,7 @@ import torch
 
 from bench.data.config import DataConfig
 from bench.data.sampling import epoch_indices, eval_indices
-from bench.data.types import SAMPLES, DataBundle
+from bench.data.types import RANK_TOKENS, SAMPLES, DataBundle
 from bench.registry import ConfigError
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
@@ -302,7 +302,7 @@ class TokenLoader:
         dt = time.perf_counter() - self._t0 if self._t0 is not None else 0.0
         out = {
             SAMPLES: self._samples,
-            "data/rank_tokens": self._tokens,
+            RANK_TOKENS: self._tokens,
             "throughput/rank_tokens_per_s": self._tokens / dt if dt > 0 else 0.0,
             "data/skipped_long": self.skipped,
         }

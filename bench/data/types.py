@@ -14,6 +14,9 @@ from bench.registry import ConfigError
 # epoch_stats() key: real samples (no padding) this rank's loader yielded since the last
 # call; the curve's data/samples column is their sum over the ranks
 SAMPLES = "data/rank_samples"
+# token-batched loaders also report their source + target tokens (no padding); the curve's
+# data/tokens column is their sum over the ranks
+RANK_TOKENS = "data/rank_tokens"
 
 
 @dataclass

@@ -237,6 +237,9 @@ class RunRecord:
     train_time_s: float | None = None
     wall_time_s: float | None = None
     throughput_samples_per_s: float | None = None
+    # source + target tokens (non-pad) per second of training time, every worker's
+    # (token-batched workloads; None for images)
+    throughput_tokens_per_s: float | None = None
     step_time_s: float | None = None  # data + compute + update, s per step
     data_share: float | None = None
     update_share: float | None = None
@@ -321,6 +324,7 @@ class RunRecord:
         metric, target = self.target_metric, self.target_value
         tt, et = time_to_target(curve, metric, target)
         samples = sum(r.get(col.SAMPLES, 0) for r in curve)
+        tokens = [v for r in curve if (v := r.get(col.TOKENS)) is not None and v == v]
         step_s = sum(
             _mean(curve, k) or 0.0 for k in ("time/data_s", "time/compute_s", "time/update_s")
         )
@@ -335,6 +339,9 @@ class RunRecord:
             train_time_s=train_time_s,
             wall_time_s=time.time() - launch_time,
             throughput_samples_per_s=samples / train_time_s if train_time_s > 0 else None,
+            throughput_tokens_per_s=(
+                sum(tokens) / train_time_s if tokens and train_time_s > 0 else None
+            ),
             step_time_s=step_s,
             data_share=(_mean(curve, "time/data_s") or 0.0) / step_s if step_s else None,
             update_share=(_mean(curve, "time/update_s") or 0.0) / step_s if step_s else None,
