@@ -65,6 +65,12 @@ class TrainConfig:
 class ResultsConfig:
     dir: str = "results"  # runs.jsonl, curves/, figures/ live here
     plot: bool = True  # write a time-to-accuracy PNG under <dir>/figures
+    # DAWNBench submission files (<dir>/dawnbench) and the MLPerf log (<dir>/mllog):
+    # author and e-mail (DAWNBench wants both; "unknown" until set), the hardware's cost
+    # in USD per hour (the JSON's costPerHour; null = unknown, left out)
+    author: str = "unknown"
+    author_email: str = "unknown"
+    cost_per_hour: float | None = None
 
 
 @dataclass

@@ -250,6 +250,11 @@ class RunRecord:
     curve: str | None = None
     figure: str | None = None
     translations: str | None = None  # translation: the last evaluation's decoded output
+    # DAWNBench submission files (top-1/top-5 targets, an evaluated epoch) and the MLPerf
+    # log, under <dir>/dawnbench and <dir>/mllog (bench.results.dawnbench, .mllog)
+    dawnbench_json: str | None = None
+    dawnbench_tsv: str | None = None
+    mllog: str | None = None
     exit_status: int | None = None  # the launcher's, when the workers failed
     reason: str | None = None  # why an error, interrupted or diverged run stopped
     attempt: int = 1  # 1, then + 1 for each resume by hand (the latest record counts)

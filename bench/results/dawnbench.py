@@ -1,0 +1,168 @@
+"""DAWNBench submission files of a run: ``<dir>/dawnbench/<run_id>.json`` and ``.tsv``.
+
+The format is the DAWNBench entries repository's (version ``v1.0``): a JSON description
+(author, framework, model, hardware, date, cost per hour, and a free ``misc`` object that
+holds our recipe) beside a tab-separated curve of the evaluated epochs with the columns
+``epoch hours top1Accuracy`` (top-1 target) or ``epoch hours top1Accuracy top5Accuracy``
+(top-5 target); accuracies in percent, hours of training time (the curve's
+``clock/train_s``, evaluation excluded).
+
+Both files are derived from the run's record and curve, never a second truth: they are
+written when the record is (by rank 0 after training, or by the launcher for a run whose
+workers died), and rewritten from the whole curve when a resumed run records again.
+Written for every run with a top-1 or top-5 target and at least one evaluated epoch, also
+when the target was missed (``misc.reachedTarget`` says so: DAWNBench only accepts runs
+that reach it, but the curve is still worth having); none for other metrics (BLEU:
+DAWNBench has no translation category).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.results import columns as col
+
+VERSION = "v1.0"
+UNSET = "unknown"  # results.author / results.author_email when not given
+# target metric -> the TSV's accuracy columns (and the curve columns they come from)
+TSV_COLUMNS = {
+    "top1": (("top1Accuracy", "top1"),),
+    "top5": (("top1Accuracy", "top1"), ("top5Accuracy", "top5")),
+}
+
+
+def paths(results_dir: str | Path, run_id: str) -> tuple[Path, Path]:
+    d = Path(results_dir) / "dawnbench"
+    return d / f"{run_id}.json", d / f"{run_id}.tsv"
+
+
+def tsv_rows(curve: Sequence[Mapping[str, Any]], metric: str) -> list[dict[str, Any]]:
+    """The evaluated epochs of ``curve`` as DAWNBench rows (accuracies in percent)."""
+    cols = TSV_COLUMNS[metric]
+    rows = []
+    for r in curve:
+        r = col.normalise(r)
+        accs = [r.get(col.metric_column(m)) for _, m in cols]
+        if any(not isinstance(a, (int, float)) or math.isnan(a) for a in accs):
+            continue  # not evaluated after this epoch
+        row = {"epoch": int(r[col.EPOCH]), "hours": float(r[col.TRAIN_TIME]) / 3600}
+        row.update({name: 100.0 * float(a) for (name, _), a in zip(cols, accs)})
+        rows.append(row)
+    return rows
+
+
+def entry(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The DAWNBench JSON of a record (its ``config`` holds the recipe)."""
+    cfg = record.get("config") or {}
+    res = cfg.get("results", {})
+    cost = res.get("cost_per_hour")
+    out = {
+        "version": VERSION,
+        "author": res.get("author") or UNSET,
+        "authorEmail": res.get("author_email") or UNSET,
+        "framework": f"PyTorch {record.get('torch_version') or 'unknown'}",
+        "model": record["model"],
+        "hardware": _hardware(record),
+        "timestamp": str(record["started_at"])[:10],
+        "misc": _misc(record, cfg),
+    }
+    if cost is not None:
+        out["costPerHour"] = float(cost)
+    return out
+
+
+def _hardware(record: Mapping[str, Any]) -> str:
+    n, nodes = record.get("world_size"), record.get("nnodes")
+    what = record.get("hardware") or "unknown hardware"
+    return f"{n} worker(s) on {nodes} node(s): {what}"
+
+
+def _misc(record: Mapping[str, Any], cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The recipe: optimizer, batch sizes, image size per epoch, communication, cache."""
+    optim, data, train = cfg.get("optim", {}), cfg.get("data", {}), cfg.get("train", {})
+    tt = record.get("time_to_target_s")
+    return {
+        "runId": record["run_id"],
+        "attempt": record.get("attempt", 1),
+        "experiment": record.get("experiment"),
+        "status": record.get("status"),
+        "reachedTarget": tt is not None,
+        "target": {"metric": record["target_metric"], "percent": 100 * record["target_value"]},
+        "timeToTargetHours": tt / 3600 if tt is not None else None,
+        "epochsToTarget": record.get("epochs_to_target"),
+        "optimizer": {
+            k: optim.get(k)
+            for k in ("name", "lr", "momentum", "nesterov", "weight_decay", "warmup_epochs")
+        }
+        | {"schedule": optim.get("schedule"), "labelSmoothing": optim.get("label_smoothing")},
+        "updateMode": record.get("update"),
+        "globalBatchSize": data.get("batch_size"),
+        "evalBatchSize": data.get("eval_batch_size"),
+        "imageSizes": _image_sizes(data, int(record.get("epochs_run") or 0)),
+        "evalImageSize": data.get("eval_image_size"),
+        "data": record.get("data"),
+        "communication": {
+            "method": record.get("comm"),
+            "density": record.get("comm_density"),
+            "warmupEpochs": record.get("comm_warmup_epochs"),
+            "densitySchedule": record.get("comm_density_schedule"),
+        },
+        "cache": record.get("cache"),
+        "loader": record.get("loader"),
+        "epochBudget": train.get("epochs"),
+        "gitSha": record.get("git_sha"),
+    }
+
+
+def _image_sizes(data: Mapping[str, Any], epochs: int) -> list[int]:
+    """The training image size of each epoch run (``data.progressive`` resizing)."""
+    from bench.data.config import DataConfig, train_size_at
+
+    d = DataConfig(
+        image_size=int(data.get("image_size", 32)), progressive=data.get("progressive", [])
+    )
+    return [train_size_at(d, e) for e in range(epochs)]
+
+
+def write(
+    results_dir: str | Path, record: Mapping[str, Any], curve: Sequence[Mapping[str, Any]]
+) -> tuple[str | None, str | None]:
+    """Write (or rewrite, from the whole curve) the run's two files; their paths, or
+    ``(None, None)`` when the run has none (not a top-1/top-5 target, nothing evaluated)."""
+    metric = record["target_metric"]
+    if metric not in TSV_COLUMNS:
+        return None, None
+    rows = tsv_rows(curve, metric)
+    if not rows:
+        return None, None
+    js = entry(record)
+    if UNSET in (js["author"], js["authorEmail"]):
+        print(
+            "note: results.author / results.author_email are unset: the DAWNBench JSON says "
+            f"{UNSET!r} (DAWNBench wants both)",
+            flush=True,
+        )
+    jpath, tpath = paths(results_dir, record["run_id"])
+    header = ["epoch", "hours", *(name for name, _ in TSV_COLUMNS[metric])]
+    lines = ["\t".join(header)]
+    lines += ["\t".join(_fmt(r[h]) for h in header) for r in rows]
+    _replace(tpath, "\n".join(lines) + "\n")
+    _replace(jpath, json.dumps(js, indent=4, allow_nan=False) + "\n")
+    return str(jpath), str(tpath)
+
+
+def _fmt(v: Any) -> str:
+    return str(v) if isinstance(v, int) else repr(float(v))
+
+
+def _replace(path: Path, text: str) -> None:
+    """Atomically (re)write a derived file: a reader sees the old or the new one whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
