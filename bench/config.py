@@ -71,6 +71,7 @@ class ResultsConfig:
     author: str = "unknown"
     author_email: str = "unknown"
     cost_per_hour: float | None = None
+    sweep_id: str = ""  # set by `reproduce ablation|scaling`: the sweep this run belongs to
 
 
 @dataclass

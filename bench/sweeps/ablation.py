@@ -1,0 +1,243 @@
+"""The ablation: time to target per (communication, cache, update mode), several seeds.
+
+:class:`Plan` is the grid and the Hydra multirun that trains it (every job an ordinary
+``python -m reproduce train`` run, tagged ``results.sweep_id``); :func:`aggregate` builds
+the table from the sweep's records alone, so a sweep is re-tabulated at any time.
+
+Per configuration: ``n_runs`` records, ``n_reached`` of them reached the target (a run
+that missed it is counted, never dropped); the mean and sample standard deviation of the
+time to target and the mean epochs to target over the runs that reached it; the mean
+throughput over all runs that report one.  ``speedup_vs_baseline`` is the baseline's mean
+time to target over the configuration's (baseline: dense communication, no cache, the
+naive update), and ``speedup_std`` its uncertainty by first-order propagation of the
+standard errors of both means: ``S * sqrt((se_b / m_b)^2 + (se_c / m_c)^2)`` with
+``se = std / sqrt(n_reached)`` (NaN with fewer than 2 runs that reached the target on
+either side; 0 for the baseline itself, whose ratio is 1 by definition).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from bench.registry import ConfigError
+from bench.sweeps.common import check_names, compose_all, options
+
+COMMS = ("dense", "fp16", "powersgd", "topk", "mstopk", "hitopk")
+CACHES = ("none", "multilevel")
+UPDATES = ("naive", "flat")
+BASELINE = ("dense", "none", "naive")  # comm, cache, update
+QUICK = {"comm": ("dense", "hitopk"), "cache": ("none",), "update": ("naive",), "seeds": 1}
+COLUMNS = [
+    "sweep_id",
+    "experiment",
+    "cluster",
+    "comm",
+    "cache",
+    "update",
+    "n_runs",
+    "n_reached",
+    "time_to_target_mean_s",
+    "time_to_target_std_s",
+    "epochs_to_target_mean",
+    "throughput_mean",
+    "speedup_vs_baseline",
+    "speedup_std",
+    "run_ids",
+    # beyond the columns the report reads: what the target was, and failed runs
+    "target_metric",
+    "target_value",
+    "n_error",
+]
+# on the local cluster every job runs 2 launcher agents of one worker each, so that
+# hitopk (which needs 2 nodes) and the others train on the same topology
+LOCAL_TOPOLOGY = ("cluster.nnodes=2", "cluster.nproc_per_node=1")
+
+
+@dataclass
+class Plan:
+    """One ablation sweep: the grid, where it runs and where its records go."""
+
+    sweep_id: str
+    experiment: str = "dawnbench_digits"
+    cluster: str = "emulated"
+    comms: Sequence[str] = COMMS
+    caches: Sequence[str] = CACHES
+    updates: Sequence[str] = UPDATES
+    seeds: int = 3
+    results_dir: str = "results"
+    cluster_overrides: Sequence[str] = ()  # e.g. cluster.profile=paper (common.cluster_profile)
+    extra: Sequence[str] = ()  # further Hydra overrides, applied to every job
+    notes: list[str] = field(default_factory=list)
+
+    def check_names(self) -> None:
+        """Every name known (ConfigError naming the known ones otherwise)."""
+        check_names("experiment", [self.experiment], options("experiment"))
+        check_names("cluster", [self.cluster], options("cluster"))
+        check_names("comm", list(self.comms), [c for c in COMMS if c in options("comm")])
+        check_names("cache", list(self.caches), options("cache"))
+        check_names("update", list(self.updates), ("naive", "foreach", "fused", "flat"))
+        if self.seeds < 1:
+            raise ConfigError(f"--seeds must be >= 1, got {self.seeds}")
+
+    def check_jobs(self) -> None:
+        """Every configuration composes and passes the run's own checks (bench.run)."""
+        from bench.config import to_object
+        from bench.run import validate
+
+        for dcfg in compose_all([self.job_overrides(*job, seed=0) for job in self.configs()]):
+            cfg = to_object(dcfg)
+            validate(cfg)
+        if "multilevel" in self.caches and cfg.data.name not in ("imagefolder", "imagenet"):
+            self.notes.append(
+                f"the cache levels act on image-folder data only: on data={cfg.data.name} "
+                "cache=multilevel trains on the same in-memory input as cache=none"
+            )
+
+    def configs(self) -> list[tuple[str, str, str]]:
+        return list(itertools.product(self.comms, self.caches, self.updates))
+
+    def common_overrides(self) -> list[str]:
+        topo = list(LOCAL_TOPOLOGY) if self.cluster == "local" else []
+        return [
+            f"experiment={self.experiment}",
+            f"cluster={self.cluster}",
+            *topo,
+            *self.cluster_overrides,
+            f"results.dir={self.results_dir}",
+            f"results.sweep_id={self.sweep_id}",
+            "train.progress=false",
+            *self.extra,
+        ]
+
+    def job_overrides(self, comm: str, cache: str, update: str, seed: int) -> list[str]:
+        """The overrides of one job (as the multirun composes it)."""
+        return [
+            *self.common_overrides(),
+            f"comm={comm}",
+            f"cache={cache}",
+            f"optim.update={update}",
+            f"train.seed={seed}",
+        ]
+
+    def jobs(self) -> list[list[str]]:
+        return [
+            self.job_overrides(c, k, u, s)
+            for (c, k, u), s in itertools.product(self.configs(), range(self.seeds))
+        ]
+
+    def multirun_args(self, sweep_dir: str | Path) -> list[str]:
+        """Arguments of ``python -m reproduce train`` for the whole grid in one multirun."""
+        return [
+            "-m",
+            *self.common_overrides(),
+            f"comm={','.join(self.comms)}",
+            f"cache={','.join(self.caches)}",
+            f"optim.update={','.join(self.updates)}",
+            f"train.seed={','.join(str(s) for s in range(self.seeds))}",
+            f"hydra.sweep.dir={sweep_dir}",
+        ]
+
+
+def _config_of(rec: dict[str, Any]) -> tuple[str, str, str]:
+    return str(rec.get("comm")), str(rec.get("cache")), str(rec.get("update"))
+
+
+def _stats(recs: list[dict[str, Any]]) -> dict[str, Any]:
+    reached = [r for r in recs if r.get("time_to_target_s") is not None]
+    times = pd.Series([float(r["time_to_target_s"]) for r in reached], dtype=float)
+    epochs = pd.Series([float(r["epochs_to_target"]) for r in reached], dtype=float)
+    thr = pd.Series(
+        [float(r["throughput_samples_per_s"]) for r in recs if r.get("throughput_samples_per_s")],
+        dtype=float,
+    )
+    return {
+        "n_runs": len(recs),
+        "n_reached": len(reached),
+        "time_to_target_mean_s": times.mean() if len(times) else math.nan,
+        "time_to_target_std_s": times.std(ddof=1) if len(times) > 1 else math.nan,
+        "epochs_to_target_mean": epochs.mean() if len(epochs) else math.nan,
+        "throughput_mean": thr.mean() if len(thr) else math.nan,
+        "run_ids": " ".join(str(r["run_id"]) for r in recs),
+        "n_error": sum(r.get("status") == "error" for r in recs),
+    }
+
+
+def speedup(base: dict[str, Any], row: dict[str, Any]) -> tuple[float, float]:
+    """(mean-time ratio, its propagated standard error); see the module docstring."""
+    mb, mc = base["time_to_target_mean_s"], row["time_to_target_mean_s"]
+    if not (mb > 0 and mc > 0):  # NaN (nothing reached the target) or a zero time
+        return math.nan, math.nan
+    s = mb / mc
+    if base is row:
+        return 1.0, 0.0
+    nb, nc = base["n_reached"], row["n_reached"]
+    if nb < 2 or nc < 2:
+        return s, math.nan
+    rel_b = base["time_to_target_std_s"] / math.sqrt(nb) / mb
+    rel_c = row["time_to_target_std_s"] / math.sqrt(nc) / mc
+    return s, s * math.sqrt(rel_b**2 + rel_c**2)
+
+
+def aggregate(
+    records: Sequence[dict[str, Any]], sweep_id: str, baseline: tuple[str, str, str] = BASELINE
+) -> pd.DataFrame:
+    """One row per configuration (comm, cache, update) found in ``records``."""
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault(_config_of(r), []).append(r)
+    rows = {}
+    for key in sorted(groups, key=lambda k: (k != baseline, k)):
+        recs = groups[key]
+        first = recs[0]
+        cluster = ((first.get("config") or {}).get("cluster") or {}).get("name", "")
+        rows[key] = {
+            "sweep_id": sweep_id,
+            "experiment": first.get("experiment"),
+            "cluster": cluster,
+            "comm": key[0],
+            "cache": key[1],
+            "update": key[2],
+            "target_metric": first.get("target_metric"),
+            "target_value": first.get("target_value"),
+            **_stats(recs),
+        }
+    base = rows.get(baseline)
+    for row in rows.values():
+        s, sd = speedup(base, row) if base is not None else (math.nan, math.nan)
+        row["speedup_vs_baseline"], row["speedup_std"] = s, sd
+    return pd.DataFrame(list(rows.values()), columns=COLUMNS)
+
+
+def format_table(df: pd.DataFrame) -> str:
+    """The table as printed: times in s, speedup +- its uncertainty."""
+    if df.empty:
+        return "(no records)"
+    show = pd.DataFrame(
+        {
+            "comm": df["comm"],
+            "cache": df["cache"],
+            "update": df["update"],
+            "reached": [f"{a}/{b}" for a, b in zip(df["n_reached"], df["n_runs"])],
+            "tta_s": [
+                _pm(m, s, 1)
+                for m, s in zip(df["time_to_target_mean_s"], df["time_to_target_std_s"])
+            ],
+            "epochs": df["epochs_to_target_mean"].round(1),
+            "samples/s": df["throughput_mean"].round(0),
+            "speedup": [_pm(m, s, 2) for m, s in zip(df["speedup_vs_baseline"], df["speedup_std"])],
+        }
+    )
+    return show.to_string(index=False)
+
+
+def _pm(mean: float, std: float, digits: int) -> str:
+    if mean != mean:  # NaN
+        return "-"
+    return f"{mean:.{digits}f}" + ("" if std != std else f" +- {std:.{digits}f}")

@@ -1,0 +1,127 @@
+"""What the sweeps share: the known config options, a checked composition, sweep ids,
+the emulated cluster's profile, the records of one sweep and tables that never replace
+what is already written."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from bench.registry import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+CONF_DIR = REPO / "conf"
+
+
+def options(group: str) -> list[str]:
+    """The choices of a config group: the stems of ``conf/<group>/*.yaml``."""
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def check_names(kind: str, names: Sequence[str], known: Sequence[str]) -> None:
+    """ConfigError naming the first of ``names`` not in ``known``, and the known ones."""
+    if not names:
+        raise ConfigError(f"no {kind} given; known: {', '.join(known)}")
+    for n in names:
+        if n not in known:
+            raise ConfigError(f"unknown {kind} {n!r}; known: {', '.join(known)}")
+
+
+def split_list(text: str) -> list[str]:
+    """``"a,b, c"`` -> ``["a", "b", "c"]`` (empty items dropped)."""
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def new_sweep_id(kind: str) -> str:
+    """``<kind>-YYYYmmdd-HHMMSS-<6 hex>``: sorts by start time, unique across machines."""
+    from bench.results.records import new_run_id
+
+    return f"{kind}-{new_run_id()}"
+
+
+def compose(overrides: Sequence[str]) -> Any:
+    """The composed run config (a DictConfig) or one ConfigError line naming the problem."""
+    return compose_all([overrides])[0]
+
+
+def compose_all(jobs: Sequence[Sequence[str]]) -> list[Any]:
+    """:func:`compose` of each override list, Hydra initialised once for all of them."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from bench.config import register_configs
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return [hydra_compose(config_name="config", overrides=list(o)) for o in jobs]
+    except (HydraException, OmegaConfBaseException) as e:
+        lines = [ln for ln in str(e).splitlines() if ln.strip()]
+        raise ConfigError(lines[0] if lines else type(e).__name__) from e
+
+
+def cluster_profile(cluster: str) -> tuple[list[str], str]:
+    """Overrides that put ``cluster`` on the paper-scaled link profile, and a line saying
+    what the runs' links are.  Only the emulated cluster has links to shape; it takes
+    ``cluster.profile=paper`` when its config has a ``profile`` key, else the configured
+    bandwidth."""
+    if cluster != "emulated":
+        return [], f"cluster {cluster}: the machine's own links, nothing shaped"
+    node = compose([f"cluster={cluster}"]).cluster
+    if "profile" in node:
+        return ["cluster.profile=paper"], "cluster emulated: paper-scaled profile (profile=paper)"
+    bw = node.get("inter_node_bandwidth", "?")
+    return [], (
+        f"cluster emulated: its config has no 'profile' key, so the links run at the "
+        f"configured inter_node_bandwidth={bw}"
+    )
+
+
+def sweep_records(results_dir: str | Path, sweep_id: str) -> list[dict[str, Any]]:
+    """The records (latest attempt of each run) tagged with ``results.sweep_id``."""
+    from bench.results.records import load_records
+
+    return [
+        r
+        for r in load_records(results_dir)
+        if ((r.get("config") or {}).get("results") or {}).get("sweep_id") == sweep_id
+    ]
+
+
+def write_table(df: pd.DataFrame, path: Path) -> bool:
+    """Write ``df`` as CSV at ``path``; an existing file is never replaced.  Returns False
+    when the same table is already there; raises ConfigError when another one is."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = df.to_csv(index=False)
+    if path.exists():
+        if path.read_text() == text:
+            return False
+        raise ConfigError(f"{path} exists with another table; it is not replaced")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    try:
+        os.link(tmp, path)  # fails if a concurrent writer got there first
+    finally:
+        tmp.unlink(missing_ok=True)
+    return True
+
+
+def run_train(args: Sequence[str], timeout: float | None = None) -> int:
+    """``python -m reproduce train ARGS`` in a subprocess, its output passed through."""
+    cmd = [sys.executable, "-m", "reproduce", "train", *args]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    try:
+        return subprocess.run(cmd, cwd=REPO, env=env, timeout=timeout, check=False).returncode
+    except subprocess.TimeoutExpired:
+        print(f"timed out after {timeout:.0f} s: {' '.join(cmd)}", file=sys.stderr, flush=True)
+        return 124

@@ -1,0 +1,118 @@
+"""``python -m reproduce ablation [options] [overrides]``
+
+Time to target over communication x cache x update mode x seeds on one experiment and
+cluster: a Hydra multirun of ordinary training runs (each writes its record, tagged with
+the sweep id), then one table per sweep, printed and written to
+``results/ablation/<sweep_id>.csv`` (``bench/sweeps/ablation.py`` says what each column
+is).  Trailing ``key=value`` overrides apply to every job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+USAGE = """ablation [--experiment E] [--cluster C] [--seeds N] [--comm a,b] [--quick]
+           [--dry-run] [--aggregate SWEEP_ID]
+                          time to target over comm x cache x update x seeds (Hydra
+                          multirun), one table in results/ablation/<sweep_id>.csv"""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        print(f"error: ablation: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog="python -m reproduce ablation", description=__doc__)
+    ap.add_argument("--experiment", default="dawnbench_digits", help="conf/experiment/<E>.yaml")
+    ap.add_argument("--cluster", default="emulated", help="local | emulated | multinode")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds per configuration")
+    ap.add_argument("--comm", default="", help="comma-separated (default: all six)")
+    ap.add_argument("--cache", default="", help="comma-separated (default: none,multilevel)")
+    ap.add_argument("--update", default="", help="comma-separated (default: naive,flat)")
+    ap.add_argument("--quick", action="store_true", help="dense and hitopk, 1 seed")
+    ap.add_argument("--dry-run", action="store_true", help="print the jobs, run nothing")
+    ap.add_argument("--aggregate", metavar="SWEEP_ID", help="rebuild the table from records")
+    ap.add_argument("--results-dir", default="results", help="where the records are")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides for every job")
+    return ap
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(code)
+
+
+def _plan(args: argparse.Namespace):
+    from bench.sweeps import ablation as ab
+    from bench.sweeps.common import cluster_profile, new_sweep_id, split_list
+
+    quick = ab.QUICK if args.quick else {}
+    plan = ab.Plan(
+        sweep_id=new_sweep_id("ablation"),
+        experiment=args.experiment,
+        cluster=args.cluster,
+        comms=split_list(args.comm) or quick.get("comm", ab.COMMS),
+        caches=split_list(args.cache) or quick.get("cache", ab.CACHES),
+        updates=split_list(args.update) or quick.get("update", ab.UPDATES),
+        seeds=quick.get("seeds", args.seeds) if args.quick else args.seeds,
+        results_dir=args.results_dir,
+        extra=args.overrides,
+    )
+    plan.check_names()
+    plan.cluster_overrides, note = cluster_profile(args.cluster)
+    plan.notes.append(note)
+    plan.check_jobs()  # every job's config, before anything runs
+    return plan
+
+
+def _table(records_dir: str, sweep_id: str, expected: int | None = None) -> None:
+    from bench.sweeps.ablation import aggregate, format_table
+    from bench.sweeps.common import sweep_records, write_table
+
+    recs = sweep_records(records_dir, sweep_id)
+    if not recs:
+        _fail(f"no records tagged results.sweep_id={sweep_id} in {records_dir}/runs.jsonl")
+    if expected is not None and len(recs) < expected:
+        print(f"note: {len(recs)} of {expected} jobs left a record", flush=True)
+    df = aggregate(recs, sweep_id)
+    path = Path(records_dir) / "ablation" / f"{sweep_id}.csv"
+    wrote = write_table(df, path)
+    print(format_table(df))
+    print(f"table: {path}" + ("" if wrote else " (unchanged)"), flush=True)
+
+
+def main(argv: list[str]) -> None:
+    from bench.registry import ConfigError
+
+    args = _parser().parse_args(argv)
+    try:
+        if args.aggregate:
+            _table(args.results_dir, args.aggregate)
+            return
+        plan = _plan(args)
+    except ConfigError as e:
+        _fail(str(e))
+    jobs = plan.jobs()
+    print(f"sweep {plan.sweep_id}: {args.experiment} on cluster {args.cluster}, {len(jobs)} jobs")
+    for note in plan.notes:
+        print(f"note: {note}")
+    sweep_dir = Path("outputs") / "ablation" / plan.sweep_id
+    if args.dry_run:
+        for i, job in enumerate(jobs):
+            print(f"job {i}: " + " ".join(job[len(plan.common_overrides()) :]))
+        print("would run: python -m reproduce train " + " ".join(plan.multirun_args(sweep_dir)))
+        return
+    from bench.sweeps.common import run_train
+
+    rc = run_train(plan.multirun_args(sweep_dir))
+    if rc:
+        print(f"note: the multirun exited with status {rc}", file=sys.stderr, flush=True)
+    try:
+        _table(args.results_dir, plan.sweep_id, expected=len(jobs))
+    except ConfigError as e:
+        _fail(str(e), 1)
+    sys.exit(1 if rc else 0)

@@ -1,0 +1,177 @@
+"""``reproduce ablation``: the table from fixture records (means, stds, missed targets,
+speedups), the CSV never replaced, dry runs that run nothing, bad input refused."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from bench.results.records import append_record
+from bench.sweeps import ablation as ab
+from reproduce import ablation as cli
+from tests.conftest import TINY, run_cli
+
+SWEEP = "ablation-test-0001"
+
+
+def _record(run_id: str, comm: str, tta: float | None, *, sweep: str = SWEEP, **kw) -> dict:
+    return {
+        "run_id": run_id,
+        "status": "ok" if tta is not None else "target_missed",
+        "experiment": "dawnbench_digits",
+        "comm": comm,
+        "cache": kw.get("cache", "none"),
+        "update": kw.get("update", "naive"),
+        "target_metric": "top1",
+        "target_value": 0.98,
+        "time_to_target_s": tta,
+        "epochs_to_target": None if tta is None else kw.get("epochs", 5),
+        "throughput_samples_per_s": kw.get("thr", 100.0),
+        "config": {"results": {"sweep_id": sweep}, "cluster": {"name": "local"}},
+    }
+
+
+@pytest.fixture
+def results(tmp_path: Path) -> Path:
+    recs = [
+        _record("b1", "dense", 10.0, thr=100.0),
+        _record("b2", "dense", 12.0, thr=200.0),
+        _record("b3", "dense", 14.0, thr=300.0, epochs=6),
+        _record("h1", "hitopk", 5.0),
+        _record("h2", "hitopk", 6.0),
+        _record("h3", "hitopk", None),  # missed the target: counted, not dropped
+        _record("f1", "dense", 24.0, update="flat"),  # one run: no std
+        _record("x1", "dense", 1.0, sweep="another-sweep"),  # not this sweep
+    ]
+    for r in recs:
+        append_record(tmp_path, r)
+    return tmp_path
+
+
+def test_aggregate_means_stds_missed_targets_and_speedups(results: Path) -> None:
+    from bench.sweeps.common import sweep_records
+
+    df = ab.aggregate(sweep_records(results, SWEEP), SWEEP)
+    assert list(df.columns[:15]) == ab.COLUMNS[:15]
+    rows = {(r.comm, r.update): r for r in df.itertuples()}
+    assert set(rows) == {("dense", "naive"), ("hitopk", "naive"), ("dense", "flat")}
+    base, hi, flat = rows["dense", "naive"], rows["hitopk", "naive"], rows["dense", "flat"]
+    assert df.iloc[0]["comm"] == "dense" and df.iloc[0]["update"] == "naive"  # baseline first
+    assert (base.n_runs, base.n_reached) == (3, 3)
+    assert base.time_to_target_mean_s == pytest.approx(12.0)
+    assert base.time_to_target_std_s == pytest.approx(2.0)
+    assert base.epochs_to_target_mean == pytest.approx(16 / 3)
+    assert base.throughput_mean == pytest.approx(200.0)
+    assert (base.speedup_vs_baseline, base.speedup_std) == (1.0, 0.0)
+    assert (hi.n_runs, hi.n_reached) == (3, 2)
+    assert hi.time_to_target_mean_s == pytest.approx(5.5)
+    assert hi.time_to_target_std_s == pytest.approx(math.sqrt(0.5))
+    assert hi.speedup_vs_baseline == pytest.approx(12 / 5.5)
+    # standard errors 2/sqrt(3) on 12 and 0.5 on 5.5, worked by hand
+    assert hi.speedup_std == pytest.approx(0.28882, abs=1e-4)
+    assert hi.run_ids == "h1 h2 h3"
+    assert flat.n_runs == 1 and math.isnan(flat.time_to_target_std_s)
+    assert flat.speedup_vs_baseline == pytest.approx(0.5) and math.isnan(flat.speedup_std)
+
+
+def test_no_run_reached_and_no_baseline() -> None:
+    recs = [_record("a", "topk", None), _record("b", "topk", None)]
+    df = ab.aggregate(recs, SWEEP)
+    (row,) = df.itertuples()
+    assert (row.n_runs, row.n_reached) == (2, 0)
+    assert math.isnan(row.time_to_target_mean_s) and math.isnan(row.speedup_vs_baseline)
+
+
+def test_aggregate_command_writes_the_csv_once(
+    results: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cli.main(["--aggregate", SWEEP, "--results-dir", str(results)])
+    out = capsys.readouterr().out
+    path = results / "ablation" / f"{SWEEP}.csv"
+    assert f"table: {path}" in out and "2/3" in out
+    df = pd.read_csv(path)
+    assert len(df) == 3 and set(df["sweep_id"]) == {SWEEP}
+    before = path.read_text()
+    cli.main(["--aggregate", SWEEP, "--results-dir", str(results)])
+    assert "(unchanged)" in capsys.readouterr().out and path.read_text() == before
+    # a record added later makes another table: the written one is not replaced
+    append_record(results, _record("h4", "hitopk", 7.0))
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--aggregate", SWEEP, "--results-dir", str(results)])
+    assert e.value.code == 2 and "not replaced" in capsys.readouterr().err
+    assert path.read_text() == before
+
+
+def test_aggregate_of_an_unknown_sweep_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--aggregate", "no-such-sweep", "--results-dir", str(tmp_path)])
+    assert e.value.code == 2 and "no-such-sweep" in capsys.readouterr().err
+
+
+def test_dry_run_runs_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import bench.sweeps.common as common
+
+    def no_run(*a, **k):
+        raise AssertionError("a dry run started a job")
+
+    monkeypatch.setattr(common, "run_train", no_run)
+    argv = ["--quick", "--dry-run", "--cluster", "local", "--results-dir", str(tmp_path)]
+    cli.main(argv)
+    out = capsys.readouterr().out
+    assert "2 jobs" in out and "comm=dense" in out and "comm=hitopk" in out
+    assert "would run: python -m reproduce train -m" in out
+    assert not (tmp_path / "runs.jsonl").exists()
+    grid = ["--comm", "dense", "--seeds", "2", "--cluster", "local"]
+    cli.main(["--dry-run", *grid, "--results-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert f"{1 * 2 * 2 * 2} jobs" in out and "train.seed=1" in out
+    assert "comm=dense cache=none,multilevel optim.update=naive,flat train.seed=0,1" in out
+    assert "cache=multilevel trains on the same in-memory input" in out  # digits: said
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--comm", "dense,gzip"], "unknown comm 'gzip'; known: dense, fp16, powersgd"),
+        (["--experiment", "nope"], "unknown experiment 'nope'; known: dawnbench_cifar10"),
+        (["--cache", "ssd"], "unknown cache 'ssd'"),
+        (["--update", "fast"], "unknown update 'fast'"),
+        (["--seeds", "0"], "--seeds must be >= 1"),
+        (["--seeds", "two"], "invalid int value"),
+        (["optim.learning_rate=1"], "learning_rate"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli.main([*argv, "--cluster", "local", "--dry-run", "--results-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "runs.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_quick_ablation_trains_and_tabulates(tmp_path: Path) -> None:
+    """The real thing, tiny: 2 jobs of the Hydra multirun, each a recorded run."""
+    tiny = [o for o in TINY if not o.startswith("train.progress")]
+    p = run_cli(
+        "ablation", "--quick", "--cluster", "local", "--results-dir", str(tmp_path),
+        "train.epochs=1", "train.target_metric=top5", "train.target_value=0.01", *tiny,
+        timeout=600,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    (csv,) = (tmp_path / "ablation").glob("*.csv")
+    df = pd.read_csv(csv)
+    assert sorted(df["comm"]) == ["dense", "hitopk"] and (df["n_runs"] == 1).all()
+    recs = [json.loads(x) for x in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    assert {r["config"]["results"]["sweep_id"] for r in recs} == {csv.stem}
+    assert all(r["nnodes"] == 2 for r in recs)
