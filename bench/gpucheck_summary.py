@@ -90,6 +90,17 @@ def _images(df: pd.DataFrame, key: str) -> str:
     )
 
 
+def _throughput(df: pd.DataFrame) -> str:
+    """ResNet-50 images/s, then the Transformer's tokens/s, per case."""
+    model = df["model"].fillna("resnet50") if "model" in df else pd.Series("resnet50", df.index)
+    parts = [_images(df[model == "resnet50"], "case")]
+    parts += [
+        f"{r['model']} {r['case']} {r['tokens_per_s']:.0f} tok/s"
+        for _, r in df[model != "resnet50"].iterrows()
+    ]
+    return "; ".join(p for p in parts if p)
+
+
 def _train(results_dir: str, before: dict[str, int]) -> str:
     p = _runs(results_dir)
     if not p.is_file():
@@ -120,7 +131,7 @@ def headline(step: str, results_dir: str, before: dict[str, int], log: Path) -> 
             elif step == "update":
                 text = _update(df)
             elif step == "throughput":
-                text = _images(df, "case")
+                text = _throughput(df)
             else:
                 text = _images(df, next(c for c in ("case", "loader") if c in df))
         else:

@@ -110,10 +110,17 @@ def test_throughput_benchmark_runs_on_cpu_and_feeds_the_summary(tmp_path):
     before = snapshot(str(tmp_path))
     run(results_dir=str(tmp_path), quick=True)
     df = pd.read_csv(tmp_path / "bench" / "throughput.csv")
-    assert sorted(df["case"]) == ["bf16", "fp32"]
-    assert (df["images_per_s"] > 0).all() and (df["device"] == "cpu").all()
-    assert (df["anchor_images_per_s"] == ANCHOR_IMAGES_PER_S).all()
-    fp32 = df.set_index("case").loc["fp32"]
-    assert fp32["speedup_vs_tf32"] == 1.0  # the baseline of its own run
+    assert (df["device"] == "cpu").all()
+    images, tokens = df[df["model"] == "resnet50"], df[df["model"] == "transformer_tiny"]
+    assert sorted(images["case"]) == ["bf16", "fp32"] == sorted(tokens["case"])
+    assert (images["images_per_s"] > 0).all()
+    assert (images["anchor_images_per_s"] == ANCHOR_IMAGES_PER_S).all()
+    # quick: 2 sentences of 8 source + 8 target tokens per step
+    assert (tokens["tokens_per_step"] == 32).all()
+    rate = tokens["tokens_per_step"] / tokens["median_step_ms"] * 1e3
+    assert (tokens["tokens_per_s"] - rate).abs().max() < 1e-6
+    for part in (images, tokens):
+        fp32 = part.set_index("case").loc["fp32"]
+        assert fp32["speedup_vs_tf32"] == 1.0  # the baseline of its own run
     line = headline("throughput", str(tmp_path), before, tmp_path / "none.log")
-    assert "bf16" in line and "fp32" in line and "img/s" in line
+    assert "bf16" in line and "fp32" in line and "img/s" in line and "tok/s" in line

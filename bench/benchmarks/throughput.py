@@ -1,4 +1,5 @@
-"""``bench throughput``: ResNet-50 training images/s per GPU on synthetic data.
+"""``bench throughput``: training throughput per device on synthetic data: ResNet-50
+images/s and ``transformer_base`` tokens/s.
 
 One training step is forward, loss, backward and a fused SGD update (momentum 0.9) of
 ``torchvision.models.resnet50()`` on a batch of random 224 px images that stays on the device
@@ -17,8 +18,16 @@ the anchor: the number NVIDIA publishes for its own PyTorch reference of the sam
 DALI input, 21.03 NGC container) in ``anchor_images_per_s`` and ``anchor``, for scale: it is
 another GPU and a real input pipeline, so the ratio is no like-for-like comparison.
 
-On a CPU (no CUDA) it runs a tiny version (batch 2, 32 px, fp32 and bf16) so the code path is
-tested; those rows say ``device=cpu``.
+``transformer_base`` (the registry's model: :mod:`bench.models.transformer`, 6+6 layers,
+d_model 512, shared 32 k-token embedding) runs the same way on synthetic sentences of fixed
+length (no padding, so every token counts): label-smoothed cross-entropy, fused AdamW on
+CUDA; cases ``bf16`` and ``tf32`` (``fp32`` on a CPU).  Its rows carry ``model``,
+``batch`` (sentences), ``seq_len`` (source = target length), ``tokens_per_step`` (source +
+target tokens) and ``tokens_per_s``; there is no published anchor beside them.
+
+On a CPU (no CUDA), ResNet-50 runs in a tiny version (batch 2, 32 px, fp32 and bf16) so the
+code path is tested (rows say ``device=cpu``), and ``transformer_base`` at batch 8 x 32 + 32
+tokens, a real measurement of this CPU; ``--quick`` shrinks both to ``transformer_tiny``.
 """
 
 from __future__ import annotations
@@ -84,6 +93,46 @@ class Step:
         self.opt.zero_grad(set_to_none=True)
 
 
+class TokenStep:
+    """A registry Transformer, AdamW and one synthetic batch of ``batch`` sentences of
+    ``seq_len`` source and ``seq_len`` target tokens; ``__call__`` runs one training step."""
+
+    def __init__(
+        self,
+        device: torch.device,
+        amp: torch.dtype | None,
+        model: str,
+        batch: int,
+        seq_len: int,
+        vocab: int = 32000,
+    ) -> None:
+        from bench.models import build_model
+        from bench.models.config import ModelConfig
+
+        torch.manual_seed(0)
+        self.model = build_model(ModelConfig(name=model), vocab).to(device)
+        self.opt = torch.optim.AdamW(
+            self.model.parameters(), lr=1e-4, betas=(0.9, 0.98), fused=device.type == "cuda"
+        )
+        # ids from 4 up: 0-3 are pad, unk, bos and eos
+        self.src = torch.randint(4, vocab, (batch, seq_len), device=device)
+        self.tgt = torch.randint(4, vocab, (batch, seq_len + 1), device=device)
+        self.tokens = batch * 2 * seq_len  # source + target tokens fed per step
+        self.amp, self.device = amp, device
+
+    def __call__(self) -> None:
+        with torch.autocast(
+            self.device.type, dtype=self.amp or torch.float32, enabled=bool(self.amp)
+        ):
+            logits = self.model(self.src, self.tgt[:, :-1])
+        loss = torch.nn.functional.cross_entropy(
+            logits.float().flatten(0, 1), self.tgt[:, 1:].flatten(), label_smoothing=0.1
+        )
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+
 def _time(fn: Callable[[], None], device: torch.device, iters: int) -> float:
     """Milliseconds per call over ``iters`` calls (CUDA events on a GPU)."""
     if device.type == "cuda":
@@ -109,13 +158,24 @@ def measure(
     cases: dict[str, Any],
     warmup: int = 3,
 ) -> dict[str, list[float]]:
-    """ms per step of each case: ``rounds`` rounds of ``iters`` steps per case, after a
-    warm-up round (cuDNN autotuning, allocator growth) that is discarded."""
+    """ms per ResNet-50 step of each case (see :func:`interleave`)."""
+    steps = {name: Step(device, amp, cl, batch, px) for name, (amp, cl) in cases.items()}
+    return interleave(steps, device, rounds, iters, warmup)
+
+
+def interleave(
+    steps: dict[str, Callable[[], None]],
+    device: torch.device,
+    rounds: int,
+    iters: int,
+    warmup: int = 3,
+) -> dict[str, list[float]]:
+    """ms per step of each case: ``rounds`` rounds of ``iters`` steps per case, the order
+    rotated each round, after a warm-up (cuDNN autotuning, allocator growth) discarded."""
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    steps = {name: Step(device, amp, cl, batch, px) for name, (amp, cl) in cases.items()}
     for s in steps.values():
         _time(s, device, warmup)
     times: dict[str, list[float]] = {n: [] for n in steps}
@@ -142,6 +202,7 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
     for name, t in times.items():
         row = bench.add(
             case=name,
+            model="resnet50",
             device=device.type,
             batch=batch,
             image_size=px,
@@ -159,9 +220,51 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
             f"{row['images_per_s']:8.0f} images/s (x{row['speedup_vs_tf32']:.2f} vs {base})",
             flush=True,
         )
+    _tokens(bench, device, quick)
     path = bench.save()
     _plot(bench)
     return path
+
+
+def _tokens(bench: BenchRun, device: torch.device, quick: bool) -> None:
+    """``transformer_base`` tokens/s (``transformer_tiny`` with ``quick``), bf16 vs fp32/TF32."""
+    cuda = device.type == "cuda"
+    model = "transformer_tiny" if quick else "transformer_base"
+    if cuda and not quick:
+        batch, seq, rounds, iters = 128, 64, 3, 10
+    elif quick:
+        batch, seq, rounds, iters = 2, 8, 2, 1
+    else:  # CPU: a real measurement of this machine, at a batch it runs in about a second
+        batch, seq, rounds, iters = 8, 32, 3, 2
+    base = "tf32" if cuda else "fp32"
+    steps = {
+        n: TokenStep(device, amp, model, batch, seq)
+        for n, amp in (("bf16", torch.bfloat16), (base, None))
+    }
+    times = interleave(steps, device, rounds, iters, warmup=1 if quick or not cuda else 3)
+    med = {n: statistics.median(t) for n, t in times.items()}
+    for name, t in times.items():
+        tokens = steps[name].tokens
+        row = bench.add(
+            case=name,
+            model=model,
+            device=device.type,
+            batch=batch,
+            seq_len=seq,
+            tokens_per_step=tokens,
+            rounds=rounds,
+            iters_per_round=iters,
+            median_step_ms=med[name],
+            min_step_ms=min(t),
+            tokens_per_s=tokens / med[name] * 1e3,
+            speedup_vs_tf32=med[base] / med[name],
+        )
+        print(
+            f"{model} {name:>6} batch {batch} x {seq}+{seq} tokens: "
+            f"{row['median_step_ms']:8.1f} ms/step, {row['tokens_per_s']:8.0f} tokens/s "
+            f"(x{row['speedup_vs_tf32']:.2f} vs {base})",
+            flush=True,
+        )
 
 
 def _plot(bench: BenchRun) -> None:
@@ -173,13 +276,23 @@ def _plot(bench: BenchRun) -> None:
     from bench.results.plots import save_figure
 
     df = bench.frame()
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.barh(df["case"], df["images_per_s"], color="#4c72b0")
-    if (df["device"] == "cuda").any():
-        ax.axvline(ANCHOR_IMAGES_PER_S, color="k", ls="--", label="NVIDIA reference, 1x A100")
-        ax.legend(fontsize=7)
-    ax.set_xlabel("images/s (ResNet-50 training, synthetic data)")
-    ax.set_title(bench.meta["hardware"], fontsize=8)
+    model = df["model"].fillna("resnet50") if "model" in df else "resnet50"
+    images = df[model == "resnet50"]
+    tokens = df[model != "resnet50"]
+    panels = [p for p in (images, tokens) if len(p)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 3.5), squeeze=False)
+    for ax, part in zip(axes[0], panels, strict=True):
+        if part is images:
+            ax.barh(part["case"], part["images_per_s"], color="#4c72b0")
+            if (part["device"] == "cuda").any():
+                ax.axvline(ANCHOR_IMAGES_PER_S, color="k", ls="--", label="NVIDIA ref., 1x A100")
+                ax.legend(fontsize=7)
+            ax.set_xlabel("images/s (ResNet-50 training, synthetic data)")
+        else:
+            name = part["model"].iloc[0]
+            ax.barh(part["case"], part["tokens_per_s"], color="#dd8452")
+            ax.set_xlabel(f"source + target tokens/s ({name} training, synthetic)")
+        ax.set_title(bench.meta["hardware"], fontsize=8)
     save_figure(fig, bench.png_path)
 
 

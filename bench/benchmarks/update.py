@@ -5,9 +5,11 @@ faster optimizer update over the hundreds of small tensors of a CNN.  This measu
 parameter sets,
 
 * ``resnet50``: ``torchvision.models.resnet50()`` (161 tensors, 25.6 M values);
-* ``transformer_base``: ``torch.nn.Transformer(d_model=512, nhead=8, 6 + 6 layers,
-  dim_feedforward=2048)`` plus one shared 37 000 x 512 embedding (the shared BPE vocabulary
-  of Transformer-base on WMT En-De): 185 tensors, 63.1 M values,
+* ``transformer_base``: the model the suite trains (the registry's, :mod:`bench.models.
+  transformer`: 6 + 6 layers, d_model 512, 8 heads, FFN 2048) with one shared 37 000 x 512
+  embedding (the shared BPE vocabulary of Transformer-base on WMT En-De): 181 tensors,
+  63.1 M values (runs before this used ``torch.nn.Transformer`` of the same dimensions
+  beside the embedding: 185 tensors, 63.1 M values; ``n_tensors`` tells them apart),
 
 every optimizer (``sgd`` momentum 0.9 + Nesterov + weight decay 5e-4 on weights only,
 ``lars``, ``adamw``) in every update mode it supports (its spec in
@@ -74,22 +76,6 @@ OPTIMIZERS = {
 }
 
 
-def _transformer(d_model: int, heads: int, layers: int, ffn: int, vocab: int) -> torch.nn.Module:
-    """``nn.Transformer`` (``layers`` + ``layers``) beside one shared embedding."""
-    return torch.nn.ModuleDict(
-        {
-            "transformer": torch.nn.Transformer(
-                d_model=d_model,
-                nhead=heads,
-                num_encoder_layers=layers,
-                num_decoder_layers=layers,
-                dim_feedforward=ffn,
-            ),
-            "embedding": torch.nn.Embedding(vocab, d_model),
-        }
-    )
-
-
 def param_set(name: str) -> torch.nn.Module:
     """A module holding the parameter set ``name`` (no forward is ever run)."""
     import torchvision
@@ -99,13 +85,14 @@ def param_set(name: str) -> torch.nn.Module:
     torch.manual_seed(0)
     if name == "resnet50":
         return torchvision.models.resnet50()
-    if name == "transformer_base":  # "Attention is all you need" base + a 37 k vocabulary
-        return _transformer(d_model=512, heads=8, layers=6, ffn=2048, vocab=37000)
+    if name in ("transformer_base", "transformer_tiny"):  # the registry's models
+        from bench.models import build_model
+        from bench.models.config import ModelConfig
+
+        return build_model(ModelConfig(name=name), 37000 if name == "transformer_base" else 1000)
     if name == "resnet18_head":  # quick: ResNet-18's first 30 tensors
         m = torchvision.models.resnet18()
         return torch.nn.Sequential(m.conv1, m.bn1, m.layer1, m.layer2)
-    if name == "transformer_tiny":  # quick
-        return _transformer(d_model=64, heads=4, layers=1, ffn=128, vocab=1000)
     raise KeyError(name)
 
 
