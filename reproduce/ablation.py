@@ -1,8 +1,9 @@
 """``python -m reproduce ablation [options] [overrides]``
 
 Time to target over communication x cache x update mode x seeds on one experiment and
-cluster: a Hydra multirun of ordinary training runs (each writes its record, tagged with
-the sweep id), then one table per sweep, printed and written to
+cluster: ordinary training runs, one after the other (each ``python -m reproduce train``
+with Hydra overrides, writing its record tagged with the sweep id; a failed job does not
+stop the others), then one table per sweep, printed and written to
 ``results/ablation/<sweep_id>.csv`` (``bench/sweeps/ablation.py`` says what each column
 is).  Trailing ``key=value`` overrides apply to every job.
 """
@@ -15,8 +16,8 @@ from pathlib import Path
 
 USAGE = """ablation [--experiment E] [--cluster C] [--seeds N] [--comm a,b] [--quick]
            [--dry-run] [--aggregate SWEEP_ID]
-                          time to target over comm x cache x update x seeds (Hydra
-                          multirun), one table in results/ablation/<sweep_id>.csv"""
+                          time to target over comm x cache x update x seeds (training
+                          runs), one table in results/ablation/<sweep_id>.csv"""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -103,16 +104,15 @@ def main(argv: list[str]) -> None:
     sweep_dir = Path("outputs") / "ablation" / plan.sweep_id
     if args.dry_run:
         for i, job in enumerate(jobs):
-            print(f"job {i}: " + " ".join(job[len(plan.common_overrides()) :]))
-        print("would run: python -m reproduce train " + " ".join(plan.multirun_args(sweep_dir)))
+            print(f"job {i}: python -m reproduce train " + " ".join(job))
         return
     from bench.sweeps.common import run_train
 
-    rc = run_train(plan.multirun_args(sweep_dir))
-    if rc:
-        print(f"note: the multirun exited with status {rc}", file=sys.stderr, flush=True)
+    failed = sum(rc != 0 for rc in plan.run(sweep_dir, run_train))
+    if failed:
+        print(f"note: {failed} of {len(jobs)} jobs failed", file=sys.stderr, flush=True)
     try:
         _table(args.results_dir, plan.sweep_id, expected=len(jobs))
     except ConfigError as e:
         _fail(str(e), 1)
-    sys.exit(1 if rc else 0)
+    sys.exit(1 if failed else 0)

@@ -1,6 +1,6 @@
 """Sweeps of ordinary training runs and the tables built from their records.
 
-``ablation`` (:mod:`bench.sweeps.ablation`) runs a Hydra multirun over communication,
+``ablation`` (:mod:`bench.sweeps.ablation`) runs training jobs over communication,
 cache and update mode with several seeds and aggregates time to target per
 configuration; ``scaling`` (:mod:`bench.sweeps.scaling`) measures throughput against the
 number of workers and nodes beside the performance model's projection.  Every job is a

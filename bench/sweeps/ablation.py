@@ -1,7 +1,7 @@
 """The ablation: time to target per (communication, cache, update mode), several seeds.
 
-:class:`Plan` is the grid and the Hydra multirun that trains it (every job an ordinary
-``python -m reproduce train`` run, tagged ``results.sweep_id``); :func:`aggregate` builds
+:class:`Plan` is the grid and its jobs (every job an ordinary ``python -m reproduce train``
+run with Hydra overrides, tagged ``results.sweep_id``); :func:`aggregate` builds
 the table from the sweep's records alone, so a sweep is re-tabulated at any time.
 
 Per configuration: ``n_runs`` records, ``n_reached`` of them reached the target (a run
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,7 +117,7 @@ class Plan:
         ]
 
     def job_overrides(self, comm: str, cache: str, update: str, seed: int) -> list[str]:
-        """The overrides of one job (as the multirun composes it)."""
+        """The Hydra overrides of one job."""
         return [
             *self.common_overrides(),
             f"comm={comm}",
@@ -132,17 +132,15 @@ class Plan:
             for (c, k, u), s in itertools.product(self.configs(), range(self.seeds))
         ]
 
-    def multirun_args(self, sweep_dir: str | Path) -> list[str]:
-        """Arguments of ``python -m reproduce train`` for the whole grid in one multirun."""
-        return [
-            "-m",
-            *self.common_overrides(),
-            f"comm={','.join(self.comms)}",
-            f"cache={','.join(self.caches)}",
-            f"optim.update={','.join(self.updates)}",
-            f"train.seed={','.join(str(s) for s in range(self.seeds))}",
-            f"hydra.sweep.dir={sweep_dir}",
-        ]
+    def run(self, sweep_dir: str | Path, runner: Callable[[list[str]], int]) -> list[int]:
+        """Run every job, one after the other, each as its own ``reproduce train`` (Hydra
+        output under ``sweep_dir/<n>``); a failed job leaves its error record and the sweep
+        goes on (Hydra's own multirun would stop at it).  Returns the exit statuses."""
+        jobs, statuses = self.jobs(), []
+        for i, job in enumerate(jobs):
+            print(f"[{i + 1}/{len(jobs)}] {' '.join(job[-4:])}", flush=True)
+            statuses.append(runner([*job, f"hydra.run.dir={Path(sweep_dir) / str(i)}"]))
+        return statuses
 
 
 def _config_of(rec: dict[str, Any]) -> tuple[str, str, str]:
