@@ -36,6 +36,9 @@ def validate(cfg: Config) -> None:
     comm.validate(cfg.comm, world_size=world, nnodes=cfg.cluster.nnodes)
     _validate_train(cfg)
     _check_writable(cfg.results.dir)
+    cost = cfg.results.cost_per_hour
+    if cost is not None and not cost >= 0:
+        raise ConfigError(f"results.cost_per_hour is USD per hour, >= 0; got {cost}")
 
 
 def _amp_dtype(t: object) -> str:
@@ -197,6 +200,15 @@ def launch_and_record(
     return rc, rec
 
 
+def _close_outputs(rec: records.RunRecord, results_dir: str, curve: list[dict[str, Any]]) -> None:
+    """The workers died before their record: end their MLPerf log (``run_stop`` aborted)
+    and write the DAWNBench files of the curve they left."""
+    from bench.results import dawnbench, mllog
+
+    rec.mllog = mllog.close_after_failure(results_dir, rec.run_id, rec.reason or rec.status)
+    rec.dawnbench_json, rec.dawnbench_tsv = dawnbench.write(results_dir, rec.to_dict(), curve)
+
+
 def _reason(events: list[dict[str, Any]], rc: int) -> str:
     """Why the workers failed: the worker that died first, then the first traceback."""
     parts = []
@@ -247,6 +259,7 @@ def _record_after(
     err.restarts = ck.restarts(events)
     last = ck.latest(cfg.results.dir, meta["run_id"])
     err.checkpoint = last["path"] if last else None
+    _close_outputs(err, cfg.results.dir, curve)
     err.append(cfg.results.dir)
     print(f"{status}: {reason}", file=sys.stderr, flush=True)
     if last is not None:

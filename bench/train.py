@@ -34,7 +34,8 @@ from bench import runtime
 from bench.config import Config, from_container
 from bench.data.types import RANK_TOKENS
 from bench.results import columns as col
-from bench.results import records
+from bench.results import dawnbench, records
+from bench.results.mllog import RunLog
 from bench.results.timing import TrainClock, reached
 
 
@@ -70,6 +71,7 @@ class TrainState:
     step: int = 0  # optimizer steps completed
     status: str = "target_missed"
     diverged_at: dict[str, Any] | None = None  # step, epoch and place of the first NaN/Inf
+    mllog: RunLog = field(default_factory=lambda: RunLog(None))  # rank 0's MLPerf log
 
 
 def setup(payload: dict[str, Any]) -> TrainState:
@@ -276,8 +278,10 @@ def _progress(s: TrainState) -> Any:
 
 def evaluate(s: TrainState) -> dict[str, float]:
     """Held-out metrics as curve columns, every rank with rank 0's BN statistics."""
+    s.mllog.eval_start(s.epoch + 1)
     runtime.broadcast_buffers(s.model)
     ev = s.workload.evaluate(s.model, s.workload.data.eval, s.autocast)
+    s.mllog.eval_stop(s, ev)  # every rank: the first evaluation's samples are summed
     return {col.metric_column(k): v for k, v in ev.items()}
 
 
@@ -349,6 +353,8 @@ def write_outputs(s: TrainState) -> records.RunRecord:
     if link and Path(link).is_file():
         rec.link_check = json.loads(Path(link).read_text())
     rec.curve = str(records.write_curve(res, rec.run_id, s.curve, extend=True))
+    rec.mllog = s.mllog.run_stop(s.status)
+    rec.dawnbench_json, rec.dawnbench_tsv = dawnbench.write(res, rec.to_dict(), s.curve)
     if hasattr(s.workload, "write_translations"):  # translation: the last decoded output
         rec.translations = s.workload.write_translations(res, rec.run_id)
     if cfg.results.plot and s.curve:
@@ -427,8 +433,10 @@ def train(payload: dict[str, Any]) -> dict[str, Any] | None:
     """Run one training job in this worker; rank 0 returns (and writes) the record."""
     import torch.distributed as dist
 
+    init_start = time.time()
     s = setup(payload)
     cfg = s.cfg
+    s.mllog = RunLog.open(cfg.results.dir, s.run["run_id"], s.rank)
     if s.rank == 0:
         print(
             f"run {s.run['run_id']}: {cfg.model.name} on {cfg.data.name}, {s.world} workers "
@@ -441,8 +449,11 @@ def train(payload: dict[str, Any]) -> dict[str, Any] | None:
         dist.barrier()
     stopped = s.status == "ok" and cfg.train.stop_at_target  # resumed from the last checkpoint
     go_on = s.epoch < cfg.train.epochs and not stopped
+    s.mllog.begin(s, init_start)
     while go_on:
+        s.mllog.epoch_start(s.epoch + 1)
         row = train_epoch(s)
+        s.mllog.epoch_stop(s.epoch + 1, row[col.SAMPLES])
         t_eval = time.perf_counter()
         evaluated = evaluate(s) if _eval_due(s, row) else {}
         go_on = end_epoch(s, row, evaluated, time.perf_counter() - t_eval)
