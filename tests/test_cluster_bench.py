@@ -71,7 +71,8 @@ def test_quick_cluster_benchmark_writes_its_columns(tmp_path: Path):
         assert col in df.columns, col
     assert set(df["kind"]) == {"measured", "whatif", "projection"}
     m = df[df["kind"] == "measured"]
-    assert set(m["comm"]) == {"dense", "mstopk", "hitopk"}
+    assert set(m["comm"]) == {"dense", "topk", "mstopk", "hitopk"}
+    assert m["wire_error"].abs().max() < 0.10 and m["heldout_error"].notna().all()
     assert set(m["bandwidth"]) == {"1gbit", "10gbit"}
     assert (m["median_ms"] > 0).all() and (m["predicted_ms"] > 0).all()
     p = df[df["kind"] == "projection"]

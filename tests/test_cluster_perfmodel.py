@@ -1,10 +1,11 @@
-"""The alpha-beta model (bench.cluster.perfmodel) on hand-computed cases."""
+"""The alpha-beta model (bench.cluster.perfmodel) and its projection on hand-computed cases."""
 
 import math
 
 import pytest
 
 from bench.cluster import perfmodel as pm
+from bench.cluster import projection
 
 
 def test_ring_allreduce_across_nodes_uses_the_slow_link():
@@ -17,6 +18,18 @@ def test_ring_allreduce_inside_one_node_uses_the_fast_link():
     c = pm.Cluster(nodes=1, procs_per_node=4, inter_bw=1.0, intra_bw=2000.0, intra_lat=0.0)
     assert pm.ring_allreduce(1000, c, pm.Costs()) == pytest.approx(3.0)
     assert pm.ring_allreduce(1000, pm.Cluster(1, 1, 1.0), pm.Costs()) == 0.0
+
+
+def test_nccl_allreduce_is_hierarchical():
+    c = pm.Cluster(
+        nodes=4, procs_per_node=2, inter_bw=1000.0, inter_lat=0.01, intra_bw=4000.0, intra_lat=0
+    )
+    # shard 2000 B; intra reduce-scatter and allgather 2000 B each at 4000 B/s: 1.0 s;
+    # inter ring of the shards: 2 * 3/4 * 2000 B per worker, both workers on one link:
+    # 6000 B / 1000 B/s = 6 s, plus 2 (n-1) = 6 latencies of 0.01 s
+    assert pm.nccl_allreduce(1000, c, pm.Costs()) == pytest.approx(7.06)
+    # a flat ring pays 2 (w-1) = 14 inter-node latencies instead of 6
+    assert pm.ring_allreduce(1000, c, pm.Costs()) == pytest.approx(2 * 7 / 8 * 4 + 0.14)
 
 
 def test_flat_topk_allgather():
@@ -32,61 +45,72 @@ def test_hitopk_phases():
         nodes=2, procs_per_node=2, inter_bw=800.0, inter_lat=0.1, intra_bw=4000.0, intra_lat=0.0
     )
     # reduce-scatter 1/2 * 40000 / 4000 = 5.0; shard 5000, k_s = 50 pairs = 400 B;
-    # inter allgather over the link shared by 2 workers: 400 / 400 + 0.1 = 1.1;
+    # inter allgather: both workers of a node send 400 B over its link: 800 / 800 + 0.1 = 1.1;
     # intra allgather of 2 * 400 B: 800 / 4000 = 0.2
     assert pm.hitopk(10_000, 0.01, c, pm.Costs()) == pytest.approx(6.3)
 
 
 def test_hitopk_beats_dense_on_a_slow_link_and_small_buckets_go_dense():
-    c = pm.Cluster(nodes=16, procs_per_node=8, inter_bw=25e9 / 8, inter_lat=50e-6)
+    c = projection.paper_cluster(16, 25, 0.7)
     b = pm.buckets_for(pm.RESNET50_NUMEL)
-    dense = pm.aggregation_time("dense", b, 0.001, c, pm.PAPER_COSTS)
-    hi = pm.aggregation_time("hitopk", b, 0.001, c, pm.PAPER_COSTS)
+    dense = pm.aggregation_time("dense", b, 0.001, c, projection.GPU_COSTS)
+    hi = pm.aggregation_time("hitopk", b, 0.001, c, projection.GPU_COSTS)
     assert hi < dense / 5
-    # a bucket below min_numel is allreduced densely whatever the comm
     assert pm.aggregation_time("hitopk", [1000], 0.001, c, pm.Costs()) == pytest.approx(
-        pm.ring_allreduce(1000, c, pm.Costs())
+        pm.nccl_allreduce(1000, c, pm.Costs())
     )
     with pytest.raises(ValueError):
         pm.aggregation_time("nope", b, 0.001, c, pm.Costs())
 
 
-def test_buckets_and_step_time_with_overlap():
-    assert pm.buckets_for(10, bucket_cap_mb=16 / 2**20) == (4, 4, 2)
-    assert sum(pm.buckets_for(pm.RESNET50_NUMEL)) == pm.RESNET50_NUMEL
-    wl = pm.Workload(buckets=(1000,), compute_s=1.0, overlap=0.5)  # hides 1/3 s
-    c = pm.Cluster(nodes=2, procs_per_node=1, inter_bw=2000.0)  # dense: 2*1/2*4000/2000 = 2 s
-    assert pm.step_time("dense", wl, 1.0, c, pm.Costs()) == pytest.approx(1.0 + 2.0 - 1 / 3)
-    assert pm.scaling_efficiency("dense", wl, 1.0, c, pm.Costs()) == pytest.approx(1 / (8 / 3))
+def test_step_time_hides_by_measured_share_but_never_the_last_bucket():
+    c = pm.Cluster(nodes=2, procs_per_node=1, inter_bw=2000.0)  # 1000 el: 2*1/2*4000/2000 = 2 s
+    wl = pm.Workload(buckets=(1000, 1000), compute_s=3.0, hidden={"dense": 0.5})
+    # 4 s of aggregation, half hidden = 2 s exposed; the last bucket alone is 2 s
+    assert pm.step_time("dense", wl, 1.0, c, pm.Costs()) == pytest.approx(3.0 + 2.0)
+    wl = pm.Workload(buckets=(100, 1000), compute_s=3.0, hidden={"dense": 0.9})
+    # 2.2 s in all, 10 % = 0.22 s; but the last bucket's 2 s cannot hide
+    assert pm.step_time("dense", wl, 1.0, c, pm.Costs()) == pytest.approx(5.0)
+    wl = pm.Workload(buckets=(1000, 100), compute_s=0.3, hidden={"dense": 1.0})
+    # backward is 0.2 s: at most 0.2 of the 2.2 s hide
+    assert pm.step_time("dense", wl, 1.0, c, pm.Costs()) == pytest.approx(0.3 + 2.0)
+    # no measurement for a method: nothing hidden
+    assert pm.exposed_time("dense", pm.Workload((1000,), 9.0), 1.0, c, pm.Costs()) == 2.0
 
 
-def test_fit_alpha_beta_and_calibrate():
+def test_fit_alpha_beta_and_calibrate_from_micro_measurements():
     sizes = [1e3, 1e4, 1e5]
     alpha, bw = pm.fit_alpha_beta(sizes, [1e-3 + s / 1e6 for s in sizes])
     assert alpha == pytest.approx(1e-3) and bw == pytest.approx(1e6)
     with pytest.raises(ValueError):
         pm.fit_alpha_beta([1.0], [1.0])
     meas = pm.Measurements(
-        inter_bw=125e6,
+        inter_bw=125e6,  # link check: replaced by the ring shift
         inter_lat=1e-4,
-        # m = 2: a ring allreduce moves 2 (m-1)/m s = s bytes: t = 2e-3 + s / 1e9
-        intra_allreduce=[(1e6, 2e-3 + 1e-3), (4e6, 2e-3 + 4e-3)],
+        ring_shift=[(1e6, 2e-3 + 1e-2), (4e6, 2e-3 + 4e-2)],
+        intra_shift=[(1e6, 1e-3 + 1e-3), (4e6, 1e-3 + 4e-3)],
         select=[(1000, 1e-3), (3000, 3e-3)],
-        # m = 2 moves half the input: 1e6 of 2e6 bytes in 2e-3 s minus the 1e-3 s latency
-        intra_reduce_scatter=[(2e6, 2e-3)],
+        reduce=[(1000, 2e-6)],
     )
     c, k = pm.calibrate(pm.Cluster(2, 2, inter_bw=1.0), pm.Costs(), meas)
-    assert c.inter_bw == 125e6 and c.inter_lat == 1e-4
+    assert c.inter_bw == pytest.approx(1e8) and c.inter_lat == pytest.approx(2e-3)
     assert c.intra_bw == pytest.approx(1e9) and c.intra_lat == pytest.approx(1e-3)
-    assert k.select_s == pytest.approx(1e-6) and k.scatter_s == 0.0
-    assert c.intra_rs_bw == pytest.approx(1e9)
+    assert k.select_s == pytest.approx(1e-6) and k.reduce_s == pytest.approx(2e-9)
+    assert k.scatter_s == 0.0
+    c, _ = pm.calibrate(pm.Cluster(2, 2, 1.0), pm.Costs(), pm.Measurements(inter_bw=125e6))
+    assert c.inter_bw == 125e6
 
 
-def test_projection_covers_the_paper_cluster():
-    rows = pm.project(gbps=(25, 400), nodes=(1, 16))
+def test_projection_has_bands_and_sources():
+    rows = projection.project({"hitopk": 0.5}, gbps=(25, 400), nodes=(1, 16))
     assert len(rows) == 2 * 2 * 3
     for r in rows:
-        assert 0 < r["efficiency"] <= 1 + 1e-9 and math.isfinite(r["step_ms"])
-    eff = {(r["gbps"], r["nodes"], r["comm"]): r["efficiency"] for r in rows}
-    assert eff[(25, 16, "hitopk")] > eff[(25, 16, "dense")]
-    assert eff[(400, 16, "dense")] > eff[(25, 16, "dense")]
+        assert 0 < r["efficiency_min"] <= r["efficiency"] <= r["efficiency_max"] <= 1 + 1e-9
+        assert math.isfinite(r["step_ms"])
+    eff = {(r["gbps"], r["nodes"], r["comm"]): r for r in rows}
+    assert eff[(25, 16, "hitopk")]["efficiency"] > eff[(25, 16, "dense")]["efficiency"]
+    # the last bucket cannot hide: no method reaches 100 % on 16 nodes
+    assert eff[(25, 16, "hitopk")]["efficiency_max"] < 1
+    assert eff[(25, 16, "hitopk")]["efficiency_min"] < eff[(25, 16, "hitopk")]["efficiency_max"]
+    assert all(a.source for a in projection.ASSUMPTIONS.values())
+    assert "NVIDIA DeepLearningExamples" in projection.describe()

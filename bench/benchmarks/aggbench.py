@@ -13,10 +13,13 @@ project's communicators (``bench.comm.make_hook``; the hook's own ``reduce`` per
 
 The time of one step is the slowest rank's (an allreduce-max of the per-rank times);
 ``median_ms`` is the median over ``--reps`` steps after ``--warmup``; fresh gradients are
-copied into the bucket buffers before each step, outside the timing.  The same run also
-measures what :func:`bench.cluster.perfmodel.calibrate` needs: allreduces within a node
-and among all workers at a few sizes, selection, scatter-add and one elementwise pass,
-all ranks at once (so the CPU contention of the measured case is in the calibration too).
+copied into the bucket buffers before each step, outside the timing.  Around each case,
+every node's link counters (``/proc/net/dev`` in its namespace) give the bytes per step
+that crossed it (``wire_bytes``), to compare with :mod:`bench.comm.cost`.  Before and
+after the cases, micro-measurements for :func:`bench.cluster.perfmodel.calibrate`: a
+ring shift of messages among all workers and within each node at a few sizes, selection,
+scatter-add, elementwise and summation passes -- all ranks at once (the CPU contention of
+a step is in them too), and no collective of the measured cases.
 Rank 0 writes ``--out``.
 """
 
@@ -37,17 +40,11 @@ from bench.cluster.perfmodel import buckets_for
 
 
 class Aggregator:
-    """The gradient buckets of one rank and one DDP hook state per comm (bench.comm)."""
+    """The gradient buckets of one rank and one DDP hook per comm (bench.comm.make_hook),
+    called as DDP calls it: every bucket handed over, then all futures awaited."""
 
-    def __init__(
-        self,
-        buckets: list[int],
-        density: float,
-        nodes: int,
-        m: int,
-        comms: list[str],
-        selector: str = "mstopk",
-    ) -> None:
+    def __init__(self, buckets: list[int], density: float, nodes: int, m: int, comms: list[str]):
+        from bench.benchmarks.comm import FakeBucket
         from bench.comm import make_hook
 
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
@@ -55,29 +52,23 @@ class Aggregator:
         self.node, self.local = divmod(self.rank, m)
         self.density = density
         # every rank creates every group, in the same order
-        self.states = {c: make_hook(c, density=density, selector=selector)[0] for c in comms}
-        intra = [dist.new_group(list(range(i * m, (i + 1) * m))) for i in range(nodes)]
-        self.intra = intra[self.node]
-        g = torch.Generator().manual_seed(self.rank)
-        self.grads = [torch.randn(d, generator=g) for d in buckets]
-        self.bufs = [torch.empty(d) for d in buckets]
-        self.shard = [math.ceil(d / m) for d in buckets]
+        self.hooks = {c: make_hook(c, density=density) for c in comms}
+        self.states = {c: h[0] for c, h in self.hooks.items()}
+        self.buckets = [
+            FakeBucket(i, [torch.Size([d])], i == len(buckets) - 1, seed=100 * self.rank + i)
+            for i, d in enumerate(buckets)
+        ]
+        self.grads = [b._src for b in self.buckets]
+        self.bufs = [b.buffer() for b in self.buckets]
 
     def fresh(self) -> None:
         """New gradients in the bucket buffers (untimed: hooks overwrite their input)."""
-        for b, gr in zip(self.bufs, self.grads, strict=True):
-            b.copy_(gr)
+        for b in self.buckets:
+            b.refill()
 
     def aggregate(self, comm: str) -> None:
-        st = self.states[comm]
-        for i, b in enumerate(self.bufs):
-            dense = b.numel() < st.min_numel
-            c = st.dense if dense else st.comm
-            c.reduce(b, (i, b.numel()), st.density, st.stats).wait()
-
-
-# torch >= 2.10 calls it reduce_scatter_single (reduce_scatter_tensor is deprecated)
-_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        state, hook = self.hooks[comm]
+        torch.futures.wait_all([hook(state, b) for b in self.buckets])
 
 
 def _step_ms(
@@ -98,35 +89,38 @@ def _step_ms(
     return out
 
 
+def _shift_ms(t: torch.Tensor, out: torch.Tensor, dst: int, src: int, reps: int) -> float:
+    """Median time (ms, slowest rank) of sending ``t`` to ``dst`` while receiving from ``src``."""
+
+    def shift() -> None:
+        reqs = [dist.isend(t, dst), dist.irecv(out, src)]
+        for r in reqs:
+            r.wait()
+
+    return statistics.median(_step_ms(shift, 1, reps))
+
+
 def _calibrate(agg: Aggregator, sizes_mb: list[float], reps: int) -> dict[str, list]:
-    """Primitive costs with all ranks busy at once (s), for perfmodel.calibrate."""
+    """Micro-measurements for perfmodel.calibrate (s), all ranks busy at once: no
+    collective and no end-to-end case, so every aggregation case is held out."""
     from bench.comm import mstopk
 
-    cal: dict[str, list] = {
-        "intra_allreduce": [],
-        "world_allreduce": [],
-        "intra_reduce_scatter": [],
-        "select": [],
-        "scatter": [],
-        "dense_pass": [],
-    }
+    cal: dict[str, list] = {k: [] for k in ("ring_shift", "intra_shift", "select", "scatter")}
+    cal.update(dense_pass=[], reduce=[])
+    r, w, m = agg.rank, agg.world, agg.m
+    intra_next = agg.node * m + (agg.local + 1) % m
+    intra_prev = agg.node * m + (agg.local - 1) % m
     for mb in sizes_mb:
-        t = torch.ones(int(mb * 2**20 / 4 / agg.m) * agg.m)
-        for key, grp in (("intra_allreduce", agg.intra), ("world_allreduce", None)):
-            ms = statistics.median(
-                _step_ms(lambda t=t, g=grp: dist.all_reduce(t, group=g), 1, reps)
-            )
-            cal[key].append((t.numel() * 4, ms / 1e3))
-        if agg.m > 1 and mb >= 1:  # the bandwidth term: large sizes only
-            out = torch.empty(t.numel() // agg.m)
-            ms = statistics.median(
-                _step_ms(lambda t=t, o=out: _REDUCE_SCATTER(o, t, group=agg.intra), 1, reps)
-            )
-            cal["intra_reduce_scatter"].append((t.numel() * 4, ms / 1e3))
+        t = torch.ones(max(1, int(mb * 2**20 / 4)))
+        out = torch.empty_like(t)
+        ms = _shift_ms(t, out, (r + 1) % w, (r - 1) % w, reps)
+        cal["ring_shift"].append((t.numel() * 4, ms / 1e3))
+        if m > 1:
+            ms = _shift_ms(t, out, intra_next, intra_prev, reps)
+            cal["intra_shift"].append((t.numel() * 4, ms / 1e3))
     # selection over what the comms select from -- a node's shard (hitopk) and a whole
-    # bucket (flat) -- in every bucket's own memory, one synchronised call per bucket as
-    # in a step (each is followed by a collective that waits for the slowest rank)
-    for parts in (agg.m, 1):
+    # bucket (flat) -- in every bucket's own memory, one synchronised call per bucket
+    for parts in (m, 1):
         total_ms, total_n = 0.0, 0
         for g in agg.grads:
             x = g[: math.ceil(g.numel() / parts)]
@@ -134,16 +128,21 @@ def _calibrate(agg: Aggregator, sizes_mb: list[float], reps: int) -> dict[str, l
             total_ms += statistics.median(_step_ms(lambda x=x, k=k: mstopk(x, k), 1, reps))
             total_n += x.numel()
         cal["select"].append((total_n, total_ms / 1e3))
+    if "topk" in agg.states:  # exact top-k of whole buckets (torch.topk)
+        x = agg.grads[0]
+        k = max(1, math.ceil(agg.density * x.numel()))
+        ms = statistics.median(_step_ms(lambda: torch.topk(x.abs(), k, sorted=False), 1, reps))
+        cal["select_topk"] = [(x.numel(), ms / 1e3)]
     x = agg.grads[0].clone()  # one whole bucket
     k = max(1, math.ceil(agg.density * x.numel()))
-    pairs = agg.world * k  # what a flat allgather brings back
+    pairs = w * k  # what a flat allgather brings back
     v, i = torch.randn(pairs), torch.randint(x.numel(), (pairs,))
     out = torch.zeros(x.numel())
     ms = statistics.median(_step_ms(lambda: out.index_add_(0, i, v), 1, reps))
     cal["scatter"].append((pairs, ms / 1e3))
 
     # the elementwise passes the communicators make: add (error feedback), zero, scale --
-    # over all bucket buffers, as in a step
+    # over all bucket buffers, as in a step; and the summation of a reduction (add_)
     def passes() -> None:
         for b, g in zip(agg.bufs, agg.grads, strict=True):
             b.add_(g)
@@ -152,11 +151,45 @@ def _calibrate(agg: Aggregator, sizes_mb: list[float], reps: int) -> dict[str, l
 
     ms = statistics.median(_step_ms(passes, 1, reps))
     cal["dense_pass"].append((3 * sum(g.numel() for g in agg.grads), ms / 1e3))
+
+    def sums() -> None:
+        for b, g in zip(agg.bufs, agg.grads, strict=True):
+            b.add_(g)
+
+    ms = statistics.median(_step_ms(sums, 1, reps))
+    cal["reduce"].append((sum(g.numel() for g in agg.grads), ms / 1e3))
     return cal
+
+
+def link_counters() -> tuple[int, int]:
+    """Bytes transmitted and received by this network namespace's non-loopback
+    interfaces (``/proc/net/dev`` shows the reading process's namespace): in the emulated
+    cluster, the node's one link."""
+    tx = rx = 0
+    with open("/proc/net/dev") as f:
+        for line in f.readlines()[2:]:
+            name, rest = line.split(":", 1)
+            if name.strip() != "lo":
+                fields = rest.split()
+                rx, tx = rx + int(fields[0]), tx + int(fields[8])
+    return tx, rx
+
+
+def _node_counters(agg: Aggregator) -> list[tuple[int, int]]:
+    """Each node's link counters (read by its local rank 0), on every rank."""
+    mine = torch.tensor(link_counters() if agg.local == 0 else (0, 0), dtype=torch.int64)
+    every = [torch.zeros(2, dtype=torch.int64) for _ in range(agg.world)]
+    dist.all_gather(every, mine)
+    return [tuple(int(v) for v in every[i * agg.m]) for i in range(agg.n)]
 
 
 def _merge(a: dict[str, list], b: dict[str, list]) -> dict[str, list]:
     return {key: a.get(key, []) + b.get(key, []) for key in {*a, *b}}
+
+
+def _per_step(before: list, after: list, steps: int) -> list[list[float]]:
+    """Per node, (tx, rx) bytes per step between two readings of the counters."""
+    return [[(b[0] - a[0]) / steps, (b[1] - a[1]) / steps] for a, b in zip(before, after)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,11 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--numel", type=int, default=25_557_032)
     ap.add_argument("--density", type=float, default=0.001)
-    ap.add_argument("--comms", default="dense,mstopk,hitopk")
+    ap.add_argument("--comms", default="dense,topk,mstopk,hitopk")
     ap.add_argument("--bucket-mb", type=float, default=25.0)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--calib-mb", default="0.0625,8,25")
+    ap.add_argument("--calib-mb", default="0.0625,2,8", help="ring-shift sizes; '' skips")
     a = ap.parse_args(argv)
     dist.init_process_group("gloo")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -185,22 +218,32 @@ def main(argv: list[str] | None = None) -> int:
         "density": a.density,
     }
     # calibration before and after the measured cases: the machine's load drifts
-    calib_mb = [float(x) for x in a.calib_mb.split(",")]
-    cal = _calibrate(agg, calib_mb, a.reps)
+    calib_mb = [float(x) for x in a.calib_mb.split(",") if x]
+    cal = _calibrate(agg, calib_mb, a.reps) if calib_mb else {}
+    # the timing harness's own traffic per step (barrier, allreduce of the time), to subtract
+    wire0 = _node_counters(agg)
+    _step_ms(lambda: None, a.warmup, a.reps, prepare=agg.fresh)
+    wire1 = _node_counters(agg)
+    res["harness_wire_bytes"] = _per_step(wire0, wire1, a.warmup + a.reps)
     for comm in comms:
         st = agg.states[comm].stats
-        st0 = (st.select_s, st.comm_s)
+        st.pop()  # zero the sums
+        wire0 = _node_counters(agg)
         times = _step_ms(lambda c=comm: agg.aggregate(c), a.warmup, a.reps, prepare=agg.fresh)
+        wire1 = _node_counters(agg)
         steps = a.warmup + a.reps
+        tot = st.pop()  # per-step means (the hook counts steps at the last bucket)
         res[comm] = {
             "median_ms": statistics.median(times),
             "min_ms": min(times),
             "times_ms": times,
             # rank 0's own split (hook stats), per step, ms
-            "select_ms": (st.select_s - st0[0]) / steps * 1e3,
-            "comm_ms": (st.comm_s - st0[1]) / steps * 1e3,
+            "select_ms": tot["time/select_s"] * 1e3,
+            "comm_ms": tot["time/comm_s"] * 1e3,
+            # per node: (tx, rx) bytes of its link per step, timed steps and warm-up alike
+            "wire_bytes": _per_step(wire0, wire1, steps),
         }
-    res["calibration"] = _merge(cal, _calibrate(agg, calib_mb, a.reps))
+    res["calibration"] = _merge(cal, _calibrate(agg, calib_mb, a.reps) if calib_mb else {})
     if dist.get_rank() == 0:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)

@@ -1,46 +1,45 @@
 """Alpha-beta model of gradient aggregation and of one data-parallel training step.
 
-Sending ``s`` bytes over a link costs ``alpha + s / B`` (latency alpha in s, bandwidth B
-in bytes/s).  With ``n`` nodes of ``m`` workers (world ``w = n m``), a bucket of ``d``
-elements of ``b`` bytes, density ``rho`` and ``p`` bytes per sent (value, index) pair:
+Bytes come from the project's one cost function, :mod:`bench.comm.cost`: each collective
+is a list of stages, and a stage costs ``steps * alpha + bytes / B`` on its link -- an
+inter-node stage charges the bytes that leave each node (``link_bytes``) to the node's
+link (``inter_bw``, ``inter_lat``), an intra-node stage a worker's bytes to the
+intra-node path (``intra_bw``, ``intra_lat``).  Compute costs are per element: top-k
+selection over what is selected from, scatter-add of the received pairs, elementwise
+passes (error feedback, zero-fill, scaling) and the summation inside reductions.
 
-* dense ring allreduce (gloo, NCCL): ``2 (w-1)`` steps each moving ``d b / w``; with
-  ``n > 1`` every step waits for a ring edge that crosses a node boundary, so
-  ``T = 2 (w-1)/w * d b / B_inter + 2 (w-1) alpha_inter`` (``B_intra``/``alpha_intra``
-  when ``n = 1``), plus the summation, ``(w-1)/w * d`` element additions.
-* flat top-k allgather (``mstopk``, ``topk``): every worker selects ``k = rho d`` of its
-  whole bucket and a ring allgather moves ``(w-1)`` chunks of ``k p`` bytes:
-  ``T = t_sel(d) + (w-1) (k p / B + alpha) + t_scatter(w k) + 3 t_dense(d)`` (error-feedback
-  add, zero-fill and scaling, as bench.comm's communicators do them).
-* ``hitopk`` (HiTopKComm, Shi et al., MLSys 2021; the algorithm and its cost are described
-  in ``docs/algorithms.md``): intra-node reduce-scatter
-  ``(m-1)/m * d b / B_intra + (m-1) alpha_intra``; selection on the ``d/m`` shard,
-  ``k_s = rho d / m``; inter-node allgather among same-local-rank workers
-  ``(n-1) * k_s p / (B_inter / m) + (n-1) alpha_inter`` -- the ``m`` allgathers of a node
-  run at once and share its one link, hence ``B_inter / m``, where the paper's rough cost
-  charges each of them the whole link ``B_inter``; intra-node allgather
-  ``(m-1) * n k_s p / B_intra + (m-1) alpha_intra``; scatter-add of the ``n rho d``
-  received pairs into the dense gradient (plus one elementwise pass on the shard and three
-  on the bucket).
+* ``dense`` on the emulated cluster (gloo): a flat ring allreduce over all ``w`` workers.
+* ``dense`` on an NCCL cluster (:func:`nccl_allreduce`, for projections): intra-node
+  reduce-scatter, inter-node ring allreduce of the ``1/m`` shards (the ``m`` rings share the
+  node's NIC), intra-node allgather -- NCCL's hierarchical schedule, not a flat ring that
+  pays ``2 (w-1)`` inter-node latencies.
+* flat top-k (``topk``, ``mstopk``, ``randomk``): selection on the whole bucket, ring
+  allgather of packets, scatter-add of ``w k`` pairs, three dense passes.
+* ``hitopk``: intra reduce-scatter, selection on the shard, inter-node allgather (the
+  node's ``m`` workers share its link), intra allgather, scatter-add, dense passes.
 
-Buckets below ``min_numel`` elements go through dense allreduce.  One step is
-``compute + max(0, T_comm - overlap * backward) + update``: communication hides behind
-the part ``overlap`` of the backward pass (DDP starts a bucket once its gradients exist).
-Scaling efficiency (weak scaling, fixed batch per worker) is ``t_single / t_step``.
+Buckets below ``min_numel`` go through dense allreduce.  A step is ``compute + exposed +
+update`` with ``exposed = max(t_last, (1 - hidden) t_comm, t_comm - backward)``: the last
+bucket (ready when the backward pass ends) cannot hide; ``hidden`` is the share of the
+aggregation that overlapped the backward pass in a measurement of the method
+(``bench comm``'s overlap case), not a constant; nothing hides beyond the backward pass.
 
-Compute costs of the aggregation (selection, scatter-add, dense passes) are per element
-and come from measurements (:func:`calibrate`), as do the link parameters (the link
-check of the emulated cluster, or :func:`fit_alpha_beta` on timed transfers).
+Calibration (:func:`calibrate`) uses micro-measurements only -- a ring shift of messages
+among all workers (one ring edge leaves each node: the inter-node link as the collective
+library gets it), the same within each node, and per-element costs timed on their own --
+so that every end-to-end case is a held-out prediction.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from bench.comm import cost
+
 COMMS = ("dense", "mstopk", "hitopk")  # the hook names of bench.comm this model covers
-FLAT = ("topk", "mstopk", "randomk")  # flat allgather of selected pairs: one formula
+FLAT = cost.FLAT  # flat allgather of selected pairs: one formula
 RESNET50_NUMEL = 25_557_032  # parameters of torchvision's ResNet-50
 
 
@@ -51,13 +50,10 @@ class Cluster:
     nodes: int
     procs_per_node: int
     inter_bw: float  # one node's link, bytes/s
-    inter_lat: float = 0.0  # one-way, s
+    inter_lat: float = 0.0  # per message step, s
     intra_bw: float = 100e9  # between workers of one node, bytes/s (NVLink ~ 100 GB/s)
     intra_lat: float = 10e-6
-    # effective bandwidth of the intra-node reduce-scatter (bytes of the input per s, at
-    # (m-1)/m of them moved); None = intra_bw.  Collective libraries on CPUs reach far less
-    # in a reduce-scatter than an allreduce suggests (gloo), so it is calibrated on its own.
-    intra_rs_bw: float | None = None
+    hierarchical_dense: bool = False  # dense as NCCL's hierarchical allreduce
 
     @property
     def world(self) -> int:
@@ -66,10 +62,8 @@ class Cluster:
 
 @dataclass(frozen=True)
 class Costs:
-    """Per-element compute costs of aggregation (s per element) and sizes (bytes)."""
+    """Per-element compute costs of aggregation (s per element)."""
 
-    elem_bytes: int = 4  # gradient element (fp32)
-    pair_bytes: int = 8  # fp32 value + int32 index
     select_s: float = 0.0  # top-k selection, per element scanned
     scatter_s: float = 0.0  # scatter-add, per received pair
     dense_s: float = 0.0  # one elementwise pass (zero, add residual, scale), per element
@@ -80,11 +74,12 @@ class Costs:
 class Workload:
     """A model's gradient and compute time of one step per worker (s)."""
 
-    buckets: tuple[int, ...]  # elements per gradient bucket
+    buckets: tuple[int, ...]  # elements per gradient bucket, in the order DDP reduces them
     compute_s: float = 0.0  # forward + backward of one step
     backward_frac: float = 2 / 3  # share of compute that is the backward pass
     update_s: float = 0.0  # optimizer update
-    overlap: float = 0.0  # share of the backward pass that can hide communication
+    # share of each method's aggregation time hidden behind the backward pass (measured)
+    hidden: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def numel(self) -> int:
@@ -98,52 +93,70 @@ def buckets_for(numel: int, bucket_cap_mb: float = 25.0, elem_bytes: int = 4) ->
     return tuple([cap] * full + ([rest] if rest else []))
 
 
+def transfer_time(t: cost.Traffic, c: Cluster) -> float:
+    """Time of a collective's stages, one after the other (s)."""
+    total = 0.0
+    for s in t.stages:
+        if s.inter:
+            total += s.steps * c.inter_lat + s.link_bytes / c.inter_bw
+        else:
+            total += s.steps * c.intra_lat + s.worker_bytes / c.intra_bw
+    return total
+
+
 def ring_allreduce(d: int, c: Cluster, k: Costs) -> float:
-    """Dense ring allreduce of ``d`` elements over all ``w`` workers (s)."""
-    w = c.world
-    if w == 1:
+    """Dense flat ring allreduce of ``d`` elements over all workers (s)."""
+    if c.world == 1:
         return 0.0
-    bw, lat = (c.inter_bw, c.inter_lat) if c.nodes > 1 else (c.intra_bw, c.intra_lat)
-    return (
-        2 * (w - 1) / w * d * k.elem_bytes / bw + 2 * (w - 1) * lat + (w - 1) / w * d * k.reduce_s
-    )
+    t = transfer_time(cost.allreduce(d, c.nodes, c.procs_per_node), c)
+    return t + (c.world - 1) / c.world * d * k.reduce_s
 
 
-def ring_allgather(chunk_bytes: float, parties: int, bw: float, lat: float) -> float:
-    """Ring allgather: ``parties - 1`` steps of one chunk each (s)."""
-    if parties <= 1:
-        return 0.0
-    return (parties - 1) * (chunk_bytes / bw + lat)
+def nccl_allreduce(d: int, c: Cluster, k: Costs) -> float:
+    """Hierarchical allreduce (intra reduce-scatter, inter ring, intra allgather) (s)."""
+    n, m = c.nodes, c.procs_per_node
+    if n == 1 or m == 1:
+        return ring_allreduce(d, c, k)
+    t = transfer_time(cost.hierarchical_allreduce(d, n, m), c)
+    return t + ((m - 1) / m + (n - 1) / n / m) * d * k.reduce_s
 
 
 def topk_allgather(d: int, density: float, c: Cluster, k: Costs) -> float:
     """Flat top-k: select on the whole bucket, allgather pairs among all workers (s)."""
-    kk = max(1, math.ceil(density * d))
-    bw, lat = (c.inter_bw, c.inter_lat) if c.nodes > 1 else (c.intra_bw, c.intra_lat)
-    return (
-        d * k.select_s
-        + ring_allgather(kk * k.pair_bytes, c.world, bw, lat)
-        + c.world * kk * k.scatter_s
-        + 3 * d * k.dense_s  # error-feedback add; zero-fill and scaling of the rebuilt gradient
-    )
+    kk = cost.k_for(d, density)
+    t = transfer_time(cost.flat_topk(d, density, c.nodes, c.procs_per_node), c)
+    # error-feedback add; zero-fill and scaling of the rebuilt gradient
+    return d * k.select_s + t + c.world * kk * k.scatter_s + 3 * d * k.dense_s
 
 
 def hitopk(d: int, density: float, c: Cluster, k: Costs) -> float:
     """HiTopKComm: intra reduce-scatter, shard top-k, inter allgather, intra allgather (s)."""
-    n, m = c.nodes, c.procs_per_node
-    shard = d / m
-    ks = max(1, math.ceil(density * shard))
-    t = 0.0
-    if m > 1:  # intra-node reduce-scatter
-        t += (m - 1) / m * d * k.elem_bytes / (c.intra_rs_bw or c.intra_bw) + (m - 1) * c.intra_lat
-        t += (m - 1) / m * d * k.reduce_s
+    m = c.procs_per_node
+    shard = -(-d // m)
+    ks = cost.k_for(shard, density)
+    t = transfer_time(cost.hitopk(d, density, c.nodes, m), c)
+    t += (m - 1) / m * d * k.reduce_s
     t += shard * (k.select_s + k.dense_s)  # error feedback + selection on the shard
-    # m parallel allgathers share the node's link: each gets B_inter / m
-    t += ring_allgather(ks * k.pair_bytes, n, c.inter_bw / m, c.inter_lat)
-    t += ring_allgather(n * ks * k.pair_bytes, m, c.intra_bw, c.intra_lat)
     # rebuild: zero-fill, scatter-add, copy out of the padded buffer, scale
-    t += n * m * ks * k.scatter_s + 3 * d * k.dense_s
-    return t
+    return t + c.world * ks * k.scatter_s + 3 * d * k.dense_s
+
+
+def bucket_time(comm: str, d: int, density: float, c: Cluster, k: Costs, min_numel: int) -> float:
+    """One bucket's aggregation time under ``comm`` (s)."""
+    if comm == "dense" or d < min_numel or c.world == 1:
+        reduce = nccl_allreduce if c.hierarchical_dense else ring_allreduce
+        return reduce(d, c, k) + d * k.dense_s  # and the division by w
+    if comm in FLAT:
+        return topk_allgather(d, density, c, k)
+    return hitopk(d, density, c, k)
+
+
+def bucket_times(
+    comm: str, buckets: Iterable[int], density: float, c: Cluster, k: Costs, min_numel: int = 16384
+) -> list[float]:
+    if comm not in COMMS and comm not in FLAT:
+        raise ValueError(f"unknown comm {comm!r}; the model knows {', '.join(COMMS + FLAT)}")
+    return [bucket_time(comm, d, density, c, k, min_numel) for d in buckets]
 
 
 def aggregation_time(
@@ -155,24 +168,22 @@ def aggregation_time(
     min_numel: int = 16384,
 ) -> float:
     """Time to aggregate all buckets one after the other (s)."""
-    if comm not in COMMS and comm not in FLAT:
-        raise ValueError(f"unknown comm {comm!r}; the model knows {', '.join(COMMS + FLAT)}")
-    total = 0.0
-    for d in buckets:
-        if comm == "dense" or d < min_numel or c.world == 1:
-            total += ring_allreduce(d, c, k) + d * k.dense_s  # and the division by w
-        elif comm in FLAT:
-            total += topk_allgather(d, density, c, k)
-        else:
-            total += hitopk(d, density, c, k)
-    return total
+    return sum(bucket_times(comm, buckets, density, c, k, min_numel))
+
+
+def exposed_time(comm: str, wl: Workload, density: float, c: Cluster, k: Costs) -> float:
+    """The aggregation time not hidden behind the backward pass (s)."""
+    times = bucket_times(comm, wl.buckets, density, c, k)
+    total = sum(times)
+    last = times[-1] if times else 0.0
+    backward = wl.backward_frac * wl.compute_s
+    hidden = min(1.0, max(0.0, wl.hidden.get(comm, 0.0)))
+    return max(last, (1 - hidden) * total, total - backward)
 
 
 def step_time(comm: str, wl: Workload, density: float, c: Cluster, k: Costs) -> float:
     """One training step: compute, the exposed part of aggregation, update (s)."""
-    t_comm = aggregation_time(comm, wl.buckets, density, c, k)
-    hidden = wl.overlap * wl.backward_frac * wl.compute_s
-    return wl.compute_s + max(0.0, t_comm - hidden) + wl.update_s
+    return wl.compute_s + exposed_time(comm, wl, density, c, k) + wl.update_s
 
 
 def scaling_efficiency(comm: str, wl: Workload, density: float, c: Cluster, k: Costs) -> float:
@@ -197,109 +208,54 @@ def fit_alpha_beta(sizes_bytes: Sequence[float], times_s: Sequence[float]) -> tu
 
 @dataclass
 class Measurements:
-    """What :func:`calibrate` reads; any field left ``None`` keeps the default."""
+    """Micro-measurements :func:`calibrate` reads; empty fields keep the defaults."""
 
-    inter_bw: float | None = None  # bytes/s (link check)
-    inter_lat: float | None = None  # s, one way (link check)
-    # (bytes, s) of ring allreduces among all workers of n > 1 nodes: when given, the
-    # inter-node link is fitted from them (what the collective library achieves on the
-    # link) instead of being taken from inter_bw / inter_lat
-    world_allreduce: list[tuple[float, float]] = field(default_factory=list)
-    intra_allreduce: list[tuple[float, float]] = field(
-        default_factory=list
-    )  # (bytes, s), m workers
-    intra_reduce_scatter: list[tuple[float, float]] = field(
-        default_factory=list
-    )  # (input bytes, s)
+    inter_bw: float | None = None  # bytes/s (link check), used without a ring shift
+    inter_lat: float | None = None  # s (link check)
+    # (bytes per message, s): every worker sends one message to the next rank at once; one
+    # ring edge leaves each node, so this is one ring step over the inter-node link
+    ring_shift: list[tuple[float, float]] = field(default_factory=list)
+    # (bytes per message, s): the same ring shift among the m workers of each node
+    intra_shift: list[tuple[float, float]] = field(default_factory=list)
     select: list[tuple[int, float]] = field(default_factory=list)  # (elements, s)
     scatter: list[tuple[int, float]] = field(default_factory=list)  # (pairs, s)
     dense_pass: list[tuple[int, float]] = field(default_factory=list)  # (elements, s)
+    reduce: list[tuple[int, float]] = field(default_factory=list)  # (elements summed, s)
 
 
 def _per_elem(pairs: list[tuple[int, float]]) -> float:
     return sum(t for _, t in pairs) / max(1, sum(n for n, _ in pairs))
 
 
-def calibrate(base: Cluster, costs: Costs, meas: Measurements) -> tuple[Cluster, Costs]:
-    """Replace the model's parameters by measured ones.
+def _fit(pairs: list[tuple[float, float]]) -> tuple[float, float] | None:
+    if len({s for s, _ in pairs}) < 2:
+        return None
+    return fit_alpha_beta([s for s, _ in pairs], [t for _, t in pairs])
 
-    The intra-node bandwidth comes from allreduce timings among the ``m`` workers of a
-    node: a ring allreduce of ``s`` bytes moves ``2 (m-1)/m s`` per worker, so the fit of
-    ``t`` against ``2 (m-1)/m s`` gives ``(2 (m-1) alpha, B)``; likewise the inter-node
-    link from allreduces among all ``w`` workers, ``(2 (w-1) alpha, B)``.
-    """
+
+def calibrate(base: Cluster, costs: Costs, meas: Measurements) -> tuple[Cluster, Costs]:
+    """Replace the model's parameters by micro-measured ones (no end-to-end case)."""
     c, k = base, costs
     if meas.inter_bw is not None:
         c = replace(c, inter_bw=meas.inter_bw)
     if meas.inter_lat is not None:
         c = replace(c, inter_lat=meas.inter_lat)
-    w = c.world
-    if meas.world_allreduce and c.nodes > 1 and len({s for s, _ in meas.world_allreduce}) >= 2:
-        f = 2 * (w - 1) / w
-        a, bw = fit_alpha_beta(
-            [f * s for s, _ in meas.world_allreduce], [t for _, t in meas.world_allreduce]
-        )
-        c = replace(c, inter_bw=bw, inter_lat=a / (2 * (w - 1)))
-    m = c.procs_per_node
-    if meas.intra_allreduce and m > 1:
-        f = 2 * (m - 1) / m
-        if len({s for s, _ in meas.intra_allreduce}) >= 2:
-            a, bw = fit_alpha_beta(
-                [f * s for s, _ in meas.intra_allreduce], [t for _, t in meas.intra_allreduce]
-            )
-            c = replace(c, intra_bw=bw, intra_lat=a / (2 * (m - 1)))
-        else:
-            s, t = meas.intra_allreduce[0]
-            c = replace(c, intra_bw=f * s / t)
-    if meas.intra_reduce_scatter and m > 1:
-        # the latency is the allreduce's; the slope gives the reduce-scatter's bandwidth
-        f = (m - 1) / m
-        rs = [(f * b, t - (m - 1) * c.intra_lat) for b, t in meas.intra_reduce_scatter]
-        c = replace(c, intra_rs_bw=sum(b for b, _ in rs) / max(1e-12, sum(t for _, t in rs)))
-    if meas.select:
-        k = replace(k, select_s=_per_elem(meas.select))
-    if meas.scatter:
-        k = replace(k, scatter_s=_per_elem(meas.scatter))
-    if meas.dense_pass:
-        k = replace(k, dense_s=_per_elem(meas.dense_pass))
+    fit = _fit(meas.ring_shift) if c.nodes > 1 else None
+    if fit is not None:
+        c = replace(c, inter_lat=fit[0], inter_bw=fit[1])
+    fit = _fit(meas.intra_shift) if c.procs_per_node > 1 else None
+    if fit is not None:
+        c = replace(c, intra_lat=fit[0], intra_bw=fit[1])
+    for name, pairs in (
+        ("select_s", meas.select),
+        ("scatter_s", meas.scatter),
+        ("dense_s", meas.dense_pass),
+        ("reduce_s", meas.reduce),
+    ):
+        if pairs:
+            k = replace(k, **{name: _per_elem(pairs)})
     return c, k
 
 
-# --- the paper's cluster, for projections ---------------------------------------------
-# Assumptions (not measurements): V100 ResNet-50 mixed precision ~1250 images/s, 64 per
-# GPU per step -> 50 ms forward+backward, 2 ms update; NVLink ~100 GB/s effective per GPU;
-# a GPU top-k (MSTopK) ~0.1 ns per element (2.5 ms for ResNet-50); scatter-add 1 ns per
-# pair; elementwise passes at ~200 GB/s; half of the backward pass can hide communication.
-PAPER_COSTS = Costs(select_s=1e-10, scatter_s=1e-9, dense_s=2e-11)
-PAPER_WORKLOAD = Workload(
-    buckets=buckets_for(RESNET50_NUMEL), compute_s=0.05, update_s=0.002, overlap=0.5
-)
-
-
-def project(
-    gbps: Sequence[float] = (25, 100, 400),
-    nodes: Sequence[int] = tuple(range(1, 17)),
-    procs_per_node: int = 8,
-    density: float = 0.001,
-    wl: Workload = PAPER_WORKLOAD,
-    costs: Costs = PAPER_COSTS,
-    inter_lat: float = 50e-6,
-) -> list[dict[str, float | int | str]]:
-    """Scaling efficiency for ``nodes`` x ``procs_per_node`` GPUs at each link speed."""
-    rows: list[dict[str, float | int | str]] = []
-    for g in gbps:
-        for n in nodes:
-            c = Cluster(n, procs_per_node, inter_bw=g * 1e9 / 8, inter_lat=inter_lat)
-            for comm in COMMS:
-                rows.append(
-                    {
-                        "gbps": g,
-                        "nodes": n,
-                        "procs_per_node": procs_per_node,
-                        "comm": comm,
-                        "density": density,
-                        "step_ms": step_time(comm, wl, density, c, costs) * 1e3,
-                        "efficiency": scaling_efficiency(comm, wl, density, c, costs),
-                    }
-                )
-    return rows
+def relative_error(predicted: float, measured: float) -> float:
+    return predicted / measured - 1 if measured > 0 else math.nan

@@ -1,0 +1,229 @@
+"""Bytes of gradient aggregation: the project's one cost function.
+
+Every figure of bytes -- the hooks' statistics, ``bench comm``, the emulated cluster's
+predictions, the performance model's transfer times and the README -- comes from here.
+
+Setting: ``n`` nodes of ``m`` workers (``w = n m``), ranks numbered node by node (ranks
+``i m .. i m + m - 1`` on node ``i``), one bucket of ``d`` elements.  Each collective is
+split into stages; a :class:`Stage` says
+
+* ``worker_bytes``: the bytes each worker sends in the stage;
+* ``link_bytes``: the bytes that leave each node through its inter-node link (0 for a
+  stage inside a node);
+* ``steps``: the sequential message steps of the stage (the latency terms).
+
+Ring collectives (gloo's and NCCL's rings): rank ``r`` sends to ``r + 1``.  A ring
+allreduce sends ``2 (w-1)/w d b`` per worker, a ring allgather of one packet per worker
+``(w-1)`` packets.  With ranks numbered by node, ``n`` ring edges cross node boundaries,
+one leaving each node, and that edge carries what one worker sends: ``link_bytes`` of a
+flat ring equals one worker's ``worker_bytes`` (when ``n > 1``).
+
+HiTopKComm (``hitopk``): (1) intra-node reduce-scatter, ``(m-1)/m`` of the padded
+bucket per worker; (2) inter-node allgather among the workers of the same local rank,
+``(n-1)`` packets per worker -- and all ``m`` workers of a node send at once, so the
+node's link carries ``m (n-1)`` packets; (3) intra-node allgather of the ``n`` packets
+each worker received, ``(m-1) n`` packets per worker.
+
+A packet (the wire format of ``bench.comm.communicators``) holds ``k`` indices (int32
+below 2**31 elements, else int64) then ``k`` values, padded to a multiple of 8 bytes.
+
+:func:`on_wire` adds TCP/IP framing to payload bytes, for comparison with interface
+counters.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+ALIGN = 8  # packet padding (bytes)
+DENSE = ("dense", "fp16", "bf16")
+FLAT = ("topk", "mstopk", "randomk")
+METHODS = (*DENSE, *FLAT, "hitopk", "powersgd")
+MIN_NUMEL = 16384  # buckets below this go through dense allreduce (the hooks' default)
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    worker_bytes: float  # bytes each worker sends
+    link_bytes: float  # bytes leaving each node over its inter-node link
+    steps: int  # sequential message steps (latency terms)
+    inter: bool  # the stage's messages cross nodes
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """The stages of aggregating some buckets, and their sums."""
+
+    stages: tuple[Stage, ...]
+
+    @property
+    def worker_bytes(self) -> float:
+        return sum(s.worker_bytes for s in self.stages)
+
+    @property
+    def inter_worker_bytes(self) -> float:
+        """Bytes a worker sends in stages that cross nodes."""
+        return sum(s.worker_bytes for s in self.stages if s.inter)
+
+    @property
+    def link_bytes(self) -> float:
+        """Bytes leaving each node over its link (what a slow inter-node link charges)."""
+        return sum(s.link_bytes for s in self.stages)
+
+    def __add__(self, other: Traffic) -> Traffic:
+        return Traffic(self.stages + other.stages)
+
+
+def k_for(numel: int, density: float) -> int:
+    """Pairs sent for ``numel`` elements at ``density`` (as ``bench.comm.selection``)."""
+    if not 0.0 < density <= 1.0:
+        raise ValueError(f"density must be in (0, 1], got {density}")
+    return min(numel, max(1, math.ceil(density * numel))) if numel else 0
+
+
+def packet_bytes(k: int, numel: int, value_bytes: int = 4) -> int:
+    """One worker's packet of ``k`` (index, value) pairs of a ``numel``-element tensor."""
+    index_bytes = 4 if numel < 2**31 else 8
+    return -(-k * (index_bytes + value_bytes) // ALIGN) * ALIGN
+
+
+def allreduce(numel: int, n: int, m: int, elem_bytes: int = 4, name: str = "allreduce") -> Traffic:
+    """Flat ring allreduce among all ``w`` workers."""
+    w = n * m
+    if w == 1:
+        return Traffic(())
+    b = 2 * (w - 1) / w * numel * elem_bytes
+    return Traffic((Stage(name, b, b if n > 1 else 0.0, 2 * (w - 1), n > 1),))
+
+
+def hierarchical_allreduce(numel: int, n: int, m: int, elem_bytes: int = 4) -> Traffic:
+    """NCCL's hierarchical allreduce: intra-node reduce-scatter, inter-node ring allreduce
+    of each worker's ``1/m`` shard among the ``n`` workers of its local rank (the node's
+    ``m`` rings share its link), intra-node allgather."""
+    shard = -(-numel // m) * elem_bytes
+    intra = (m - 1) * shard
+    inter = 2 * (n - 1) / n * shard
+    return Traffic(
+        (
+            Stage("intra_reduce_scatter", intra, 0.0, m - 1, False),
+            Stage("inter_allreduce", inter, m * inter, 2 * (n - 1), True),
+            Stage("intra_allgather", intra, 0.0, m - 1, False),
+        )
+    )
+
+
+def allgather(packet: int, n: int, m: int, name: str = "allgather") -> Traffic:
+    """Flat ring allgather of one ``packet``-byte packet per worker among all workers."""
+    w = n * m
+    b = float((w - 1) * packet)
+    return Traffic((Stage(name, b, b if n > 1 else 0.0, w - 1, n > 1),))
+
+
+def flat_topk(numel: int, density: float, n: int, m: int, value_bytes: int = 4) -> Traffic:
+    """``topk``/``mstopk``/``randomk``: every worker's ``k`` pairs to every worker."""
+    return allgather(packet_bytes(k_for(numel, density), numel, value_bytes), n, m, "allgather")
+
+
+def hitopk(
+    numel: int, density: float, n: int, m: int, elem_bytes: int = 4, value_bytes: int = 4
+) -> Traffic:
+    """HiTopKComm's three stages (see the module docstring)."""
+    shard = -(-numel // m)
+    pkt = packet_bytes(k_for(shard, density), shard, value_bytes)
+    stages = []
+    if m > 1:
+        rs = (m - 1) / m * shard * m * elem_bytes
+        stages.append(Stage("intra_reduce_scatter", rs, 0.0, m - 1, False))
+    if n > 1:
+        inter = float((n - 1) * pkt)
+        stages.append(Stage("inter_allgather", inter, m * inter, n - 1, True))
+    if m > 1:
+        stages.append(Stage("intra_allgather", float((m - 1) * n * pkt), 0.0, m - 1, False))
+    return Traffic(tuple(stages))
+
+
+def powersgd_sizes(
+    shapes: Sequence[Sequence[int]], rank: int, min_compression_rate: float = 2.0
+) -> tuple[int, int]:
+    """Elements PowerSGD allreduces for one bucket: ``(uncompressed, P + Q)``.
+
+    As PyTorch's ``powerSGD_hook``: a tensor viewed as ``rows x cols`` (first dimension by
+    the rest) is compressed to ``P`` (rows x r) and ``Q`` (cols x r), with ``r`` the
+    smaller of ``rank``, rows and cols, when ``(rows + cols) r min_compression_rate <
+    rows cols``; 1-D tensors and the others are allreduced as they are.
+    """
+    plain = pq = 0
+    for s in shapes:
+        numel = math.prod(s)
+        if len(s) <= 1:
+            plain += numel
+            continue
+        rows, cols = s[0], numel // s[0]
+        r = min(rank, rows, cols)
+        if (rows + cols) * r * min_compression_rate < rows * cols:
+            pq += (rows + cols) * r
+        else:
+            plain += numel
+    return plain, pq
+
+
+def bucket(
+    method: str,
+    numel: int,
+    density: float,
+    n: int,
+    m: int,
+    shapes: Sequence[Sequence[int]] | None = None,
+    powersgd_rank: int = 4,
+    min_numel: int = MIN_NUMEL,
+) -> Traffic:
+    """The traffic of one bucket of ``numel`` elements under ``method``."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; the cost function knows {METHODS}")
+    if method in ("fp16", "bf16"):
+        return allreduce(numel, n, m, 2)
+    if method == "powersgd":
+        plain, pq = powersgd_sizes(shapes or [(numel,)], powersgd_rank)
+        return allreduce(plain, n, m, 4, "allreduce_plain") + allreduce(pq, n, m, 4, "allreduce_pq")
+    if method == "dense" or numel < min_numel or n * m == 1:
+        return allreduce(numel, n, m)
+    if method in FLAT:
+        return flat_topk(numel, density, n, m)
+    return hitopk(numel, density, n, m)
+
+
+def step(
+    method: str,
+    buckets: Iterable[int],
+    density: float,
+    n: int,
+    m: int,
+    shapes: Sequence[Sequence[Sequence[int]]] | None = None,
+    **kw: int,
+) -> Traffic:
+    """All buckets of one step (``shapes``: each bucket's parameter shapes, for PowerSGD)."""
+    out = Traffic(())
+    for i, d in enumerate(buckets):
+        out = out + bucket(method, d, density, n, m, shapes[i] if shapes else None, **kw)
+    return out
+
+
+# --- TCP/IP framing, for comparison with interface counters ----------------------------
+HEADER_BYTES = 66  # Ethernet 14 + IPv4 20 + TCP 20 + timestamps option 12
+MSS = 1448  # TCP payload of a 1500-byte MTU segment with timestamps
+
+
+def on_wire(sent: float, received: float, segment: int = MSS, ack_every: int = 2) -> float:
+    """Bytes an interface transmits for ``sent`` payload bytes out and ``received`` in.
+
+    Data: one header per ``segment`` payload bytes (MTU-sized segments: what gloo's
+    traffic takes on the emulated cluster's veths, about 1.3 kB per frame measured, and on
+    a physical 1500-byte-MTU link).  ACKs: one header-only frame per ``ack_every``
+    segments received.
+    """
+    data = sent + math.ceil(sent / segment) * HEADER_BYTES
+    acks = math.ceil(math.ceil(received / segment) / ack_every) * HEADER_BYTES
+    return data + acks
