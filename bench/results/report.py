@@ -1,0 +1,273 @@
+"""``<dir>/REPORT.md``: the reproduction's figures and numbers beside the paper's claims.
+
+Every number of ours names the hardware it came from and the command that made it; the
+paper's numbers and the public records are cited constants (:mod:`report_claims`).  Where
+a comparison lacks its runs, the report gives the command that would make them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from bench.results import figures_bench as fb
+from bench.results.figures import target_text
+from bench.results.figures_data import OURS, PEERS, Inputs, config_stats
+from bench.results.figures_plan import Figure
+from bench.results.report_claims import BENCH_CLAIMS, RECORDS, SPEEDUP_CLAIM
+from bench.results.report_commands import CommandMaker
+from bench.results.report_tables import comparison_section, fmt_s, recipe_command, unrun_experiments
+
+
+def _rel(path: Path, base: Path) -> str:
+    return Path(os.path.relpath(path, base)).as_posix()
+
+
+def _record(inputs: Inputs, run_id: str) -> dict:
+    return next(r for r in inputs.records if r.get("run_id") == run_id)
+
+
+def _best_runs(inputs: Inputs) -> pd.DataFrame:
+    """The fastest run to target of each experiment and hardware."""
+    r = inputs.runs[inputs.runs["reached"]]
+    if r.empty:
+        return r
+    return r.sort_values("time_to_target_s").groupby(["experiment", "hardware"], sort=True).head(1)
+
+
+def _ours_vs_peers(inputs: Inputs) -> list[tuple[str, str, str]]:
+    """(our number, hardware, run ids) for each group where hitopk/mstopk and a peer both
+    reached the target, against the strongest peer of the same cache and update."""
+    stats = config_stats(inputs.runs)
+    out: list[tuple[str, str, str]] = []
+    if stats.empty:
+        return out
+    for key, g in stats.groupby(["experiment", "cluster", "hardware", "cache", "update"]):
+        peers = g[g["comm_name"].isin(PEERS) & (g["n_reached"] > 0)]
+        ours = g[g["comm_name"].isin(OURS) & (g["n_reached"] > 0)]
+        if peers.empty or ours.empty:
+            continue
+        p = peers.sort_values("tt_mean").iloc[0]
+        for _, o in ours.iterrows():
+            pct = 100 * (p["tt_mean"] - o["tt_mean"]) / p["tt_mean"]
+            text = (
+                f"{key[0]} ({key[1]}): {o['comm']} {o['tt_mean']:.1f} s vs {p['comm']} "
+                f"{p['tt_mean']:.1f} s: {pct:+.0f} % time saved"
+            )
+            out.append((text, key[2], " ".join(o["run_ids"] + p["run_ids"])))
+    return out
+
+
+def headline_section(inputs: Inputs, maker: CommandMaker, bench_rows: dict) -> list[str]:
+    """Rows: what the paper or a public record says (cited once per claim), our number, the
+    hardware it came from and the command that made it."""
+    lines = [
+        "| claim | the paper / public record (cited, not measured here) | ours (measured) "
+        "| hardware | command |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    seen: set[str] = set()
+
+    def row(what: str, cited: str, ours: str, hw: str, cmd: str) -> None:
+        shown = "as above" if cited in seen else cited
+        seen.add(cited)
+        lines.append(f"| {what} | {shown} | {ours} | {hw} | {cmd} |")
+
+    c = SPEEDUP_CLAIM
+    cited = f"{c.value} [{c.source}]"
+    ours = _ours_vs_peers(inputs)
+    if not ours:
+        none = (
+            "no experiment has a hitopk/mstopk run and an fp16/PowerSGD run that reached the "
+            "target on the same cluster and hardware: see the next section for what to run"
+        )
+        row(c.what, cited, none, "-", "-")
+    for text, hw, ids in ours:
+        row(c.what, cited, text, hw, f"runs {ids}")
+    _time_rows(inputs, maker, row)
+    for name, claim in BENCH_CLAIMS.items():
+        cited = f"{claim.value} [{claim.source}]"
+        cmd = f"`python -m reproduce bench {name}`"
+        for hw, text in bench_rows.get(name, []):
+            row(claim.what, cited, text, hw, cmd)
+        if not bench_rows.get(name):
+            row(claim.what, cited, f"no rows in bench/{name}.csv", "-", cmd)
+    return lines
+
+
+def _time_rows(inputs: Inputs, maker: CommandMaker, row) -> None:
+    """Per experiment: the public records of its task beside our fastest run per hardware."""
+    best = _best_runs(inputs)
+    for exp in sorted(set(RECORDS) | set(inputs.runs["experiment"])):
+        claims = RECORDS.get(exp, ())
+        cited = "; ".join(f"{k.what}: {k.value} [{k.source}]" for k in claims)
+        cited = cited or "no public record (a stand-in task of this project)"
+        mine = best[best["experiment"] == exp]
+        if mine.empty:
+            row(
+                f"time to target, {exp}",
+                cited,
+                "not run, or no run reached the target",
+                "-",
+                f"`{recipe_command(exp)}`",
+            )
+        for _, r in mine.iterrows():
+            target = target_text(r["metric"], r["target"])
+            what = (
+                f"{fmt_s(r['time_to_target_s'])} to {target} (fastest run: {r['comm']}, "
+                f"{r['cluster']}, run {r['run_id']})"
+            )
+            cmd = maker.command(_record(inputs, r["run_id"]))
+            row(f"time to target, {exp}", cited, what, r["hardware"], f"`{cmd}`")
+
+
+def bench_headlines(inputs: Inputs) -> dict[str, list[tuple[str, str]]]:
+    """name -> [(hardware, one headline line)] from each hardware's newest run."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for name, fn in fb.HEADLINES.items():
+        csv = inputs.bench.get(name)
+        for hw, rows in fb.newest_runs(csv) if csv else []:
+            for text in fn(rows):
+                out.setdefault(name, []).append(
+                    (hw.split(";")[0], f"{text} (run {rows['bench_id'].iloc[0]})")
+                )
+    return out
+
+
+def figures_section(figs: list[Figure], base: Path) -> list[str]:
+    out = []
+    for f in figs:
+        if not f.drawn:
+            why = f.error or "nothing to draw"
+            out += [f"- not drawn: {f.path.name} ({f.what}): {why}", ""]
+            continue
+        for p in [f.path, *f.extra]:
+            out += [f"**{p.name}**: {f.what}", "", f"![{f.what}]({_rel(p, base)})", ""]
+    note = [f for f in figs if f.kind == "breakdown" and f.drawn]
+    if note:
+        out += [
+            "Per-step breakdowns: forward+backward is the loop's compute time less the selection "
+            "and communication measured inside the communication hook; unless a curve records "
+            "exposed communication (`comm/exposed_s`), the communication bar is the time "
+            "measured, not the part left exposed after overlap.",
+            "",
+        ]
+    return out
+
+
+def records_section(inputs: Inputs, maker: CommandMaker) -> list[str]:
+    lines = [
+        "| run | experiment | comm / cache / update | cluster | hardware | status "
+        "| time to target | command |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for _, r in inputs.runs.iterrows():
+        cmd = maker.command(_record(inputs, r["run_id"]))
+        lines.append(
+            f"| {r['run_id']} | {r['experiment']} | {r['comm']} / {r['cache']} / {r['update']} | "
+            f"{r['cluster']} | {r['hardware']} | {r['status']} "
+            f"| {fmt_s(r['time_to_target_s'])} | `{cmd}` |"
+        )
+    return lines
+
+
+def md_table(df: pd.DataFrame) -> list[str]:
+    """A frame as Markdown table lines (numbers to 4 significant digits)."""
+
+    def cell(v: object) -> str:
+        if isinstance(v, float):
+            return "" if v != v else f"{v:.4g}"
+        return str(v).replace("|", "/")
+
+    head = ["| " + " | ".join(map(str, df.columns)) + " |", "|" + " --- |" * len(df.columns)]
+    return head + [
+        "| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)
+    ]
+
+
+def csv_section(paths: list[Path], columns: list[str], base: Path, made_by: str) -> list[str]:
+    if not paths:
+        return [f"No CSV yet: `{made_by}` writes one.", ""]
+    out = []
+    for p in paths:
+        try:
+            df = pd.read_csv(p)
+        except (OSError, ValueError, pd.errors.ParserError) as e:
+            out += [f"- {_rel(p, base)}: unreadable ({e})", ""]
+            continue
+        cols = [c for c in columns if c in df.columns]
+        out += [f"From `{_rel(p, base)}` ({len(df)} rows):", "", *md_table(df[cols]), ""]
+    return out
+
+
+ABLATION_COLUMNS = [
+    "experiment",
+    "cluster",
+    "comm",
+    "cache",
+    "update",
+    "n_runs",
+    "n_reached",
+    "time_to_target_mean_s",
+    "time_to_target_std_s",
+    "speedup_vs_baseline",
+    "speedup_std",
+]
+SCALING_COLUMNS = [
+    "cluster",
+    "comm",
+    "nnodes",
+    "world_size",
+    "throughput_samples_per_s",
+    "efficiency",
+    "kind",
+    "run_id",
+]
+
+
+def write_report(inputs: Inputs, figs: list[Figure], path: Path, header: str) -> Path:
+    """Write the report; returns its path."""
+    maker = CommandMaker()
+    base = path.parent
+    problems = [f"- {p}" for p in inputs.problems] or ["- none"]
+    unrun = unrun_experiments(inputs)
+    parts = [
+        "# Reproduction report",
+        "",
+        header,
+        "",
+        "## Our numbers beside the paper's",
+        "",
+        *headline_section(inputs, maker, bench_headlines(inputs)),
+        "",
+        "## How much sooner hitopk and mstopk reach the target",
+        "",
+        "Per experiment, cluster and hardware (runs compare only within one), each configuration's "
+        "time to target over its seeds; runs that missed the target are counted. hitopk and mstopk "
+        "are set against dense DDP and the strongest peer (fp16, bf16, PowerSGD) of the same cache "
+        "and update.",
+        "",
+        *comparison_section(inputs, maker),
+        *(["Recipes with no record yet; to run:", "", *unrun, ""] if unrun else []),
+        "## Figures",
+        "",
+        *figures_section(figs, base),
+        "## Ablation",
+        "",
+        *csv_section(inputs.ablation, ABLATION_COLUMNS, base, "python -m reproduce ablation"),
+        "## Scaling",
+        "",
+        *csv_section(inputs.scaling, SCALING_COLUMNS, base, "python -m reproduce scaling"),
+        "## Records",
+        "",
+        *records_section(inputs, maker),
+        "",
+        "## Input problems",
+        "",
+        *problems,
+        "",
+    ]
+    path.write_text("\n".join(parts))
+    return path

@@ -1,0 +1,130 @@
+"""The command that made a record, and the command that would fill a missing one.
+
+A record stores its whole config, not the command line.  The command is recovered by
+composing the recipe it names (``experiment=...`` and its group choices: model, data,
+cache, optim, comm, cluster) with Hydra, and adding ``key=value`` for every key whose
+recorded value differs.  Keys the schema no longer has are left out (an older record's
+config may carry them), so the command is today's way of asking for the same run.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from bench.results.env import REPO_ROOT
+
+CONF_DIR = REPO_ROOT / "conf"
+GROUPS = ("model", "data", "cache", "optim", "comm", "cluster")
+# keys that differ between runs of one command without being asked for
+_IGNORE = {"cluster.rdzv_id", "cluster.rdzv_port", "cluster.node_rank", "train.progress"}
+
+
+def known_experiments() -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
+
+
+def _options(group: str) -> set[str]:
+    return {p.stem for p in (CONF_DIR / group).glob("*.yaml")}
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, dict):
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: d.value if isinstance(d, enum.Enum) else d}
+
+
+def _text(v: Any) -> str:
+    if isinstance(v, str) and v.startswith(str(REPO_ROOT) + "/"):
+        v = v[len(str(REPO_ROOT)) + 1 :]  # a path inside the checkout, as typed from its root
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, (list, tuple)):
+        return "'[" + ",".join(_text(x) for x in v) + "]'"
+    if v is None:
+        return "null"
+    s = str(v)
+    return f"'{s}'" if (not s or any(c in s for c in " ,[]{}()'\"=")) else s
+
+
+class CommandMaker:
+    """Recovers commands, composing each distinct recipe once (composition takes seconds)."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[str, ...], dict[str, Any] | None] = {}
+
+    def _compose(self, choices: tuple[str, ...]) -> dict[str, Any] | None:
+        if choices not in self._cache:
+            from hydra import compose, initialize_config_dir
+            from hydra.errors import HydraException
+            from omegaconf import OmegaConf
+            from omegaconf.errors import OmegaConfBaseException
+
+            from bench.config import register_configs
+
+            register_configs()
+            try:
+                with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+                    cfg = compose(config_name="config", overrides=list(choices))
+                self._cache[choices] = _flat(OmegaConf.to_container(cfg, resolve=True))
+            except (HydraException, OmegaConfBaseException, ValueError):
+                self._cache[choices] = None
+        return self._cache[choices]
+
+    def choices(self, record: dict[str, Any]) -> list[str]:
+        """``experiment=...`` and the group options a record's config names."""
+        config = record.get("config") if isinstance(record.get("config"), dict) else {}
+        exp = record.get("experiment") or config.get("experiment")
+        out = [f"experiment={exp}"] if exp in known_experiments() else []
+        for g in GROUPS:
+            name = (config.get(g) or {}).get("name") if isinstance(config.get(g), dict) else None
+            if name in _options(g):
+                out.append(f"{g}={name}")
+        return out
+
+    def overrides(self, record: dict[str, Any]) -> list[str] | None:
+        """The overrides that make this record's config; None when it cannot be composed."""
+        if isinstance(record.get("overrides"), list):
+            return [str(o) for o in record["overrides"]]
+        choices = self.choices(record)
+        base = self._compose(tuple(choices))
+        if base is None or not isinstance(record.get("config"), dict):
+            return None
+        rec = _flat({k: v for k, v in record["config"].items() if k != "experiment"})
+        diff = [
+            f"{k}={_text(v)}"
+            for k, v in rec.items()
+            if k in base and k not in _IGNORE and base[k] != v and _text(base[k]) != _text(v)
+        ]
+        exp = [c for c in choices if c.startswith("experiment=")]
+        groups = [c for c in choices if not c.startswith("experiment=")]
+        recipe = self._compose(tuple(exp)) or {}
+        kept = [c for c in groups if recipe.get(c.split("=")[0] + ".name") != c.split("=")[1]]
+        return exp + kept + diff
+
+    def command(self, record: dict[str, Any]) -> str:
+        """``python -m reproduce train ...`` that makes a run like this record's."""
+        if isinstance(record.get("command"), str):
+            return record["command"]
+        ov = self.overrides(record)
+        if ov is None:
+            return "(not recoverable from the record: its config does not compose today)"
+        return " ".join(["python -m reproduce train", *ov])
+
+    def command_with(self, record: dict[str, Any], comm: str) -> str:
+        """The command of ``record`` with ``comm=<comm>``: its comm keys kept only for a
+        sparse method, which needs them (density, warm-up)."""
+        from bench.results.figures_data import SPARSE
+
+        ov = self.overrides(record)
+        if ov is None:
+            return f"python -m reproduce train experiment={record.get('experiment')} comm={comm}"
+        ov = [o for o in ov if not o.startswith("comm=")]
+        if comm not in SPARSE:
+            ov = [o for o in ov if not o.startswith("comm.")]
+        keep_results = [o for o in ov if o.startswith("results.")]
+        ov = [o for o in ov if not o.startswith("results.")]
+        return " ".join(["python -m reproduce train", *ov, f"comm={comm}", *keep_results])
