@@ -5,6 +5,8 @@ commands:
   train resume=RUN_ID [results.dir=DIR] [train.epochs=N ...]
                           continue a stopped, interrupted or killed run from its last
                           checkpoint, into the same run id (also: dawnbench resume=RUN_ID)
+  train|dawnbench --dry-run [overrides]
+                          print the resolved config and what would be launched; run nothing
   dawnbench [overrides]   the DAWNBench-style time-to-accuracy recipe for the chosen data
                           (digits by default; data=cifar10|imagenet data.root=... for the real ones;
                           data=translation: a Transformer on the embedded corpus or data.root=...)
@@ -43,13 +45,9 @@ def _precheck(overrides: list[str]) -> None:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
             compose(config_name="config", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as e:
-        lines = [ln for ln in str(e).splitlines() if ln.strip()]
-        cause = e.__cause__
-        detail = ""
-        if cause is not None:
-            c = [ln for ln in str(cause).splitlines() if ln.strip()]
-            detail = f" ({c[0]})" if c else ""
-        _fail((lines[0] if lines else type(e).__name__) + detail)
+        from reproduce._dryrun import hydra_error
+
+        _fail(hydra_error(e))  # one line; an unknown group option lists the known ones
 
 
 def _resume(overrides: list[str]) -> None:
@@ -67,6 +65,11 @@ def _resume(overrides: list[str]) -> None:
 
 
 def _hydra(overrides: list[str]) -> None:
+    if "--dry-run" in overrides:
+        from reproduce._dryrun import dry_run
+
+        dry_run([o for o in overrides if o != "--dry-run"])
+        return
     if any(o.startswith("resume=") for o in overrides):
         _resume(overrides)
     _precheck(overrides)

@@ -5,8 +5,39 @@ from __future__ import annotations
 import argparse
 import sys
 
-USAGE = """bench NAME [--quick] [--replot] [--results-dir DIR]
+USAGE = """bench NAME [--quick] [--replot] [--results-dir DIR] [--dry-run]
                           a benchmark (see `python -m reproduce bench --list`)"""
+
+
+def _settings(module) -> list[str]:
+    """The module's upper-case constants of plain values (its sizes, cases, densities)."""
+    out = []
+    for k in sorted(vars(module)):
+        v = getattr(module, k)
+        if k.isupper() and isinstance(v, (int, float, str, tuple, list, dict)):
+            text = repr(v)
+            out.append(f"  {k} = {text if len(text) <= 120 else text[:117] + '...'}")
+    return out
+
+
+def _dry_run(name: str, spec, results_dir: str, quick: bool, replot: bool) -> None:
+    """What ``bench NAME`` would do: the benchmark, its settings, where its rows would go."""
+    import sys as _sys
+    from pathlib import Path
+
+    module = _sys.modules[spec.run.__module__]
+    csv = Path(results_dir) / "bench" / f"{name}.csv"
+    rows = len(csv.read_text().splitlines()) - 1 if csv.is_file() else 0
+    doc = (module.__doc__ or name).strip().split("\n\n")[0]
+    print(f"benchmark {name} ({module.__name__}): {doc}")
+    if replot:
+        print(f"would redraw {csv.with_suffix('.png')} from the newest run in {csv} ({rows} rows)")
+    else:
+        mode = "quick (tiny sizes)" if quick else "full"
+        print(f"would measure, {mode}, and append its rows to {csv} ({rows} rows there now),")
+        print(f"then draw {csv.with_suffix('.png')}; settings of the module:")
+        print("\n".join(_settings(module)) or "  (none declared)")
+    print("nothing run (--dry-run)")
 
 
 def main(argv: list[str]) -> None:
@@ -25,12 +56,16 @@ def main(argv: list[str]) -> None:
     )
     ap.add_argument("--results-dir", default="results", help="where bench/<name>.csv and .png go")
     ap.add_argument("--list", action="store_true", help="list the benchmarks")
+    ap.add_argument("--dry-run", action="store_true", help="say what would run; run nothing")
     args = ap.parse_args(argv)
     if args.list or not args.name:
         print("\n".join(registry.names()))
         sys.exit(0 if args.list else 2)
     try:
         spec = registry.get(args.name)
+        if args.dry_run:
+            _dry_run(args.name, spec, args.results_dir, args.quick, args.replot)
+            return
         if args.replot:
             run = BenchRun.newest(args.name, args.results_dir)
             spec.replot(run)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-USAGE = """compare RUN_ID... --out PNG
+USAGE = """compare RUN_ID... --out PNG [--dry-run]
                           accuracy curves of recorded runs side by side"""
 
 
@@ -28,6 +28,7 @@ def main(argv: list[str]) -> None:
         "--label", default="comm", help="record field(s) naming each run, comma-separated"
     )
     ap.add_argument("--title", default="")
+    ap.add_argument("--dry-run", action="store_true", help="say what would be drawn; write nothing")
     args = ap.parse_args(argv)
     from pathlib import Path
 
@@ -50,6 +51,11 @@ def main(argv: list[str]) -> None:
     if any((r["target_metric"], r["target_value"]) != (metric, target) for r in recs):
         print("error: the runs have different targets", file=sys.stderr)
         sys.exit(2)
+    if args.dry_run:
+        for (label, curve), r in zip(runs, recs):
+            print(f"{r['run_id']}: {label!r}, {len(curve)} epoch(s), {r.get('hardware', '')}")
+        print(f"would draw {args.out} ({metric} >= {target}); nothing written (--dry-run)")
+        return
     title = args.title or f"{recs[0]['experiment']}: {metric} >= {100 * target:g} %"
     hw = sorted({r.get("hardware", "") for r in recs})
     plot_comparison(
