@@ -5,9 +5,14 @@ Three separate pieces with registries (GRACE-style), combined into DDP communica
 - ``selection.py``: ``topk``, ``mstopk`` (MSTopK and its faster variants), ``randomk``;
 - ``compressors.py``: compressors (dense, fp16, bf16, topk, mstopk, randomk) and the
   error-feedback memory;
-- ``communicators.py``: dense allreduce, flat sparse allgather, HiTopKComm, wire format;
+- ``communicators.py``: dense allreduce, flat sparse allgather, HiTopKComm, all
+  asynchronous (``futures.py``: timed collectives, stages chained in bucket order);
+- ``wire.py``: packet format, low-precision wire values that never overflow;
+- ``stats.py`` and ``timing.py``: bytes sent and the definitions of ``time/select_s`` and
+  ``time/comm_s``, the same for every method;
 - ``topology.py``: intra-node and inter-node process groups;
-- ``hooks.py``: :func:`make_hook` for any DDP user.
+- ``hooks.py``: :func:`make_hook` for any DDP user; every hook returns its future without
+  waiting for a collective.
 
 Public API::
 

@@ -3,11 +3,13 @@
 The third GRACE piece (see ``compressors.py``).  A communicator takes one flat bucket,
 applies error-feedback memory and a compressor, runs *one collective per bucket and
 stage* and returns a future holding the bucket averaged over all workers (what a DDP
-communication hook must return).
+communication hook must return).  Every collective is issued with ``async_op=True`` and
+``reduce`` returns without waiting for any of them: what follows a collective runs in a
+callback of its future (``futures.py``), so DDP overlaps bucket ``i``'s communication with
+the backward pass of bucket ``i+1``.  Nothing synchronises the device.
 
 ``allreduce``
-    Dense ring allreduce of the (possibly fp16/bf16-cast) bucket.  Asynchronous, like
-    DDP's built-in reduction.
+    Dense ring allreduce of the (possibly fp16/bf16-cast) bucket.
 ``allgather``
     Flat sparse allgather: every worker sends its ``k`` (index, value) pairs to every
     other worker, which scatter-adds them.  Traffic per worker grows with the world size.
@@ -15,32 +17,23 @@ communication hook must return).
     HiTopKComm (Shi et al., MLSys 2021; ``docs/algorithms.md``), with ``n`` nodes of
     ``m`` workers:
     (1) intra-node reduce-scatter of the dense bucket, so each local worker holds its
-    node's sum of one 1/m shard; (2) error feedback on that shard; (3) top-k of the shard
-    with ``k = density * numel / m``; (4) inter-node allgather of the packed pairs among
-    the workers with the same local rank (m small allgathers in parallel, one per shard);
-    (5) intra-node allgather of the ``n`` packets each local worker received; scatter-add
-    into the dense bucket and divide by the world size.  On a single node there is no
-    slow link to save: it refuses (ConfigError) rather than silently running a flat
-    scheme under the hierarchical name; pass ``procs_per_node=1`` to treat every worker as
-    a node, or use ``allgather``.
+    node's sum of one 1/m shard (issued by the hook); (2) error feedback on that shard;
+    (3) top-k of the shard with ``k = density * numel / m``; (4) inter-node allgather of
+    the packed pairs among the workers with the same local rank (m small allgathers in
+    parallel, one per shard); (5) intra-node allgather of the ``n`` packets each local
+    worker received; scatter-add into the dense bucket and divide by the world size.
+    (2)-(4) run when (1) completes and (5) when (4) completes, each in bucket order on its
+    own process group (:class:`~bench.comm.futures.Lane`).  It needs at least 2 nodes
+    (:func:`bench.comm.topology.check_hierarchical`).
 
-Wire format (``pack``/``unpack``): one uint8 buffer per worker and bucket holding the
-indices first (int32 when the bucket has < 2**31 elements, else int64) and then the values
-(float32, or float16/bfloat16 with ``value_dtype``), padded to a multiple of 8 bytes so
-gathered packets stay aligned.  ``k`` is the same on every worker, so no header is needed.
-
-Byte accounting (per worker per step, what it sends): ring allreduce ``2 (w-1)/w`` of the
-bucket; ring allgather ``(w-1)`` packets; hitopk ``(m-1)/m`` of the bucket (intra) +
-``(n-1)`` packets (inter) + ``(m-1) n`` packets (intra).  Inter-node bytes are those on
-the slow links: for the flat rings every node boundary carries the whole ring traffic, so
-they equal the worker's total when ``n > 1``; for hitopk only stage (4) crosses nodes.
+Wire format and the safe cast of low-precision values: ``wire.py``.  Bytes sent and the
+times: ``stats.py`` and ``timing.py``.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Hashable
-from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -48,94 +41,24 @@ import torch.distributed as dist
 
 from bench.comm.compressors import Compressed, Compressor, Memory, torch_dtype
 from bench.comm.config import ValueDtype
+from bench.comm.futures import Future, collective, done
 from bench.comm.selection import k_for
-from bench.comm.topology import Groups
+from bench.comm.stats import CommStats, allgather_traffic, allreduce_traffic, hitopk_traffic
+from bench.comm.topology import Groups, check_hierarchical
+from bench.comm.wire import accumulator, pack, packet_bytes, to_wire, unpack
 from bench.registry import ConfigError, Registry
 
-COMMUNICATORS: Registry = Registry("communicator")
+__all__ = ["COMMUNICATORS", "AllGather", "AllReduce", "CommStats", "Communicator", "HiTopK"]
 
-_ALIGN = 8  # bytes: largest element size in a packet (int64 indices)
+COMMUNICATORS: Registry = Registry("communicator")
 
 # torch >= 2.10 renamed the tensor-in/tensor-out collectives; keep older releases working
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
-@dataclass
-class CommStats:
-    """Sums since the last :meth:`pop`; ``pop`` turns them into per-step means."""
-
-    steps: int = 0
-    bytes: float = 0.0  # bytes sent by this worker, all buckets
-    inter_bytes: float = 0.0  # of which across nodes
-    select_s: float = 0.0  # error feedback + selection + packing (s)
-    comm_s: float = 0.0  # collectives, from launch to completion (s)
-    sent: float = 0.0  # elements sent (k per sparse bucket, numel per dense bucket)
-    numel: float = 0.0  # elements reduced
-
-    def pop(self) -> dict[str, float]:
-        s = max(self.steps, 1)
-        out = {
-            "comm/bytes_per_step": self.bytes / s,
-            "comm/inter_node_bytes_per_step": self.inter_bytes / s,
-            "comm/density": self.sent / self.numel if self.numel else 1.0,
-            "time/select_s": self.select_s / s,
-            "time/comm_s": self.comm_s / s,
-        }
-        self.__init__()  # type: ignore[misc]
-        return out
-
-
-def _sync(t: torch.Tensor) -> None:
-    if t.is_cuda:  # wall-clock phases need the GPU queue drained
-        torch.cuda.synchronize(t.device)
-
-
-def _done(t: torch.Tensor) -> torch.futures.Future:
-    fut: torch.futures.Future = torch.futures.Future()
-    fut.set_result(t)
-    return fut
-
-
-def index_dtype(numel: int) -> torch.dtype:
-    return torch.int32 if numel < 2**31 else torch.int64
-
-
-def packet_bytes(k: int, numel: int, vdtype: torch.dtype) -> int:
-    isz = torch.empty(0, dtype=index_dtype(numel)).element_size()
-    vsz = torch.empty(0, dtype=vdtype).element_size()
-    raw = k * (isz + vsz)
-    return -(-raw // _ALIGN) * _ALIGN
-
-
-def pack(c: Compressed, vdtype: torch.dtype) -> torch.Tensor:
-    """One uint8 buffer: indices (int32/int64), then values (``vdtype``), then padding."""
-    assert c.indices is not None
-    k = c.values.numel()
-    idx = c.indices.to(index_dtype(c.numel))
-    vals = c.values.to(vdtype)
-    out = torch.zeros(packet_bytes(k, c.numel, vdtype), dtype=torch.uint8, device=vals.device)
-    ib = k * idx.element_size()
-    out[:ib] = idx.view(torch.uint8)
-    out[ib : ib + k * vals.element_size()] = vals.view(torch.uint8)
-    return out
-
-
-def unpack(
-    buf: torch.Tensor, packets: int, k: int, numel: int, vdtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``packets`` gathered packets -> values and int64 indices, both ``(packets, k)``."""
-    idt = index_dtype(numel)
-    rows = buf.view(packets, -1)
-    ib = k * torch.empty(0, dtype=idt).element_size()
-    vb = k * torch.empty(0, dtype=vdtype).element_size()
-    idx = rows[:, :ib].contiguous().view(idt).long()
-    vals = rows[:, ib : ib + vb].contiguous().view(vdtype)
-    return vals, idx
-
-
 class Communicator:
-    """``reduce(flat, key, density, stats) -> Future[averaged flat tensor]``."""
+    """``reduce(flat, key, density, stats) -> Future[averaged flat tensor]``, not waiting."""
 
     sparse: bool = False  # needs a sparse compressor
 
@@ -169,43 +92,49 @@ class Communicator:
 
         The compressor must see the *compensated* gradient (this step's plus the residual of
         the earlier ones): selecting from ``flat`` alone would keep the residual but never
-        send it (``tests/test_comm_feedback.py`` checks that it is sent).
+        send it (``tests/test_comm_feedback.py`` checks that it is sent).  Sparse values
+        leave as wire values (``wire.to_wire``) *before* the memory keeps the rest, so the
+        residual holds the clamp and rounding error of the wire dtype too.
         """
         comp = self.memory.compensate(flat, key)
         c = self.compressor.compress(comp, density)
+        if c.sparse and c.values.dtype != self.vdtype:
+            c.values = to_wire(c.values, self.vdtype)
         self.memory.update(key, comp, c)
         return c
 
-    def reduce(
-        self, flat: torch.Tensor, key: Hashable, density: float, stats: CommStats
-    ) -> torch.futures.Future:
+    def reduce(self, flat: torch.Tensor, key: Hashable, density: float, stats: CommStats) -> Future:
         raise NotImplementedError
+
+
+def _scatter_mean(
+    flat: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor, world: int, padded: int
+) -> None:
+    """``flat`` = (sum of the received pairs) / ``world``, summed in float32 or wider."""
+    acc = accumulator(flat, padded)
+    acc.index_add_(0, idx.reshape(-1), vals.reshape(-1).to(acc.dtype))
+    flat.copy_(acc[: flat.numel()].div_(world))
 
 
 @COMMUNICATORS.register("allreduce")
 class AllReduce(Communicator):
-    def reduce(
-        self, flat: torch.Tensor, key: Hashable, density: float, stats: CommStats
-    ) -> torch.futures.Future:
-        w = self.world
-        t0 = time.perf_counter()
+    def reduce(self, flat: torch.Tensor, key: Hashable, density: float, stats: CommStats) -> Future:
+        w, times = self.world, stats.times
+        t0 = times.now(flat)
         c = self.compress(flat, key, density)
         # divide before the sum (as DDP's hooks do): fp16 sums of w gradients overflow less
         vals = c.values.div_(w) if c.values.data_ptr() != flat.data_ptr() else flat.div_(w)
-        t1 = time.perf_counter()
-        stats.select_s += t1 - t0
-        nbytes = 2.0 * (w - 1) / w * vals.numel() * vals.element_size()
-        stats.bytes += nbytes
-        stats.inter_bytes += nbytes if self.multinode else 0.0
-        stats.sent += flat.numel()
-        stats.numel += flat.numel()
-        fut = dist.all_reduce(vals, group=self.pg, async_op=True).get_future()
+        times.add_select(t0, times.now(flat))
+        traffic = allreduce_traffic(vals.numel() * vals.element_size(), w, self.multinode)
+        stats.count(traffic, flat.numel(), flat.numel())
+        fut = collective(stats, flat, partial(dist.all_reduce, vals, group=self.pg, async_op=True))
 
-        def finish(f: torch.futures.Future) -> torch.Tensor:
+        def finish(f: Future) -> torch.Tensor:
             out = f.value()[0]
             if out.data_ptr() != flat.data_ptr():
+                t1 = times.now(flat)
                 flat.copy_(out)
-            stats.comm_s += time.perf_counter() - t1
+                times.add_select(t1, times.now(flat))
             return flat
 
         return fut.then(finish)
@@ -215,33 +144,26 @@ class AllReduce(Communicator):
 class AllGather(Communicator):
     sparse = True
 
-    def reduce(
-        self, flat: torch.Tensor, key: Hashable, density: float, stats: CommStats
-    ) -> torch.futures.Future:
-        w = self.world
-        n = flat.numel()
-        _sync(flat)
-        t0 = time.perf_counter()
+    def reduce(self, flat: torch.Tensor, key: Hashable, density: float, stats: CommStats) -> Future:
+        w, n, times = self.world, flat.numel(), stats.times
+        t0 = times.now(flat)
         c = self.compress(flat, key, density)
-        k = c.values.numel()
-        pkt = pack(c, self.vdtype)
-        _sync(pkt)
-        t1 = time.perf_counter()
+        assert c.indices is not None
+        k, vdtype = c.values.numel(), c.values.dtype
+        pkt = pack(c.values, c.indices, n)
+        times.add_select(t0, times.now(flat))
+        stats.count(allgather_traffic(pkt.numel(), w, self.multinode), k, n)
         out = pkt.new_empty(w * pkt.numel())
-        _all_gather(out, pkt, group=self.pg)
-        _sync(out)
-        t2 = time.perf_counter()
-        vals, idx = unpack(out, w, k, n, self.vdtype)
-        flat.zero_()
-        flat.index_add_(0, idx.reshape(-1), vals.reshape(-1).to(flat.dtype))
-        flat.div_(w)
-        stats.select_s += t1 - t0
-        stats.comm_s += t2 - t1
-        stats.bytes += (w - 1) * pkt.numel()
-        stats.inter_bytes += (w - 1) * pkt.numel() if self.multinode else 0.0
-        stats.sent += k
-        stats.numel += n
-        return _done(flat)
+        fut = collective(stats, flat, partial(_all_gather, out, pkt, group=self.pg, async_op=True))
+
+        def finish(_: Future) -> torch.Tensor:
+            t1 = times.now(flat)
+            vals, idx = unpack(out, w, k, n, vdtype)
+            _scatter_mean(flat, idx, vals, w, n)
+            times.add_select(t1, times.now(flat))
+            return flat
+
+        return fut.then(finish)
 
 
 @COMMUNICATORS.register("hitopk")
@@ -258,68 +180,85 @@ class HiTopK(Communicator):
     ) -> None:
         if groups is None:
             raise ConfigError("hitopk needs a node topology (intra/inter-node process groups)")
-        if groups.topo.nnodes < 2:
-            raise ConfigError(
-                "hitopk needs at least 2 nodes (it saves inter-node traffic only); on one node "
-                "use comm=mstopk, or set comm.procs_per_node=1 to treat each worker as a node"
-            )
+        check_hierarchical(groups.topo.nnodes)
         if process_group is not None:
             raise ConfigError("hitopk runs on the default (world) process group only")
         super().__init__(compressor, memory, groups, None, value_dtype_name)
 
-    def reduce(
-        self, flat: torch.Tensor, key: Hashable, density: float, stats: CommStats
-    ) -> torch.futures.Future:
+    def reduce(self, flat: torch.Tensor, key: Hashable, density: float, stats: CommStats) -> Future:
         assert self.groups is not None
-        topo = self.groups.topo
-        m, nn, w = topo.procs_per_node, topo.nnodes, topo.world_size
+        g, times = self.groups, stats.times
+        m, nn, w = g.topo.procs_per_node, g.topo.nnodes, g.topo.world_size
         d = flat.numel()
         s = -(-d // m)  # shard length (elements); the last shard is zero-padded
-        _sync(flat)
-        t0 = time.perf_counter()
-        # (1) intra-node reduce-scatter: this worker gets its node's sum of shard local_rank
-        if m > 1:
-            src = flat if d == s * m else torch.cat([flat, flat.new_zeros(s * m - d)])
-            shard = flat.new_empty(s)
-            _reduce_scatter(shard, src, group=self.groups.intra)
-        else:
-            shard = flat.clone()
-        _sync(shard)
-        t1 = time.perf_counter()
-        # (2)+(3) error feedback and top-k on the shard, k = density * numel / m
-        c = self.compress(shard, (key, "shard"), density)
-        k = c.values.numel()
-        pkt = pack(c, self.vdtype)
-        _sync(pkt)
-        t2 = time.perf_counter()
-        # (4) inter-node allgather among the workers with this local rank
-        inter = pkt.new_empty(nn * pkt.numel())
-        _all_gather(inter, pkt, group=self.groups.inter)
-        # (5) intra-node allgather: every worker gets all m shards' n packets
-        if m > 1:
+        k = k_for(s, density)
+        pkt_bytes = packet_bytes(k, s, self.vdtype)
+        stats.count(hitopk_traffic(s * m * flat.element_size(), pkt_bytes, m, nn), k * m, d)
+        shard, reduced = self._reduce_scatter(flat, s, stats)
+        inter = flat.new_empty(nn * pkt_bytes, dtype=torch.uint8)
+
+        def select_and_gather(_: Any) -> Future:  # (2)-(4), once the shard is reduced
+            t0 = times.now(flat)
+            c = self.compress(shard, (key, "shard"), density)
+            assert c.indices is not None and c.values.numel() == k
+            pkt = pack(c.values, c.indices, s)
+            times.add_select(t0, times.now(flat))
+            issue = partial(_all_gather, inter, pkt, group=g.inter, async_op=True)
+            return collective(stats, flat, issue)
+
+        gathered = g.lane("inter").after(reduced, select_and_gather, flat)
+        full = inter
+        if m > 1:  # (5) every local worker gets the other shards' n packets
             full = inter.new_empty(m * inter.numel())
-            _all_gather(full, inter, group=self.groups.intra)
-        else:
-            full = inter
-        _sync(full)
-        t3 = time.perf_counter()
-        vals, idx = unpack(full, m * nn, k, s, self.vdtype)
-        # packets [j*n, (j+1)*n) came from local rank j: their indices are into shard j
-        idx += (torch.arange(m * nn, device=idx.device) // nn * s).unsqueeze(1)
-        dense = flat.new_zeros(s * m)
-        dense.index_add_(0, idx.reshape(-1), vals.reshape(-1).to(flat.dtype))
-        flat.copy_(dense[:d]).div_(w)
-        stats.select_s += t2 - t1
-        stats.comm_s += (t1 - t0) + (t3 - t2)
-        intra_b = (m - 1) / m * s * m * flat.element_size() + (m - 1) * nn * pkt.numel()
-        inter_b = (nn - 1) * pkt.numel()
-        stats.bytes += intra_b + inter_b
-        stats.inter_bytes += inter_b
-        stats.sent += k * m  # the node's m shards together send m*k of the bucket's d
-        stats.numel += d
-        return _done(flat)
+
+            def gather_node(_: Any) -> Future:
+                issue = partial(_all_gather, full, inter, group=g.intra_gather, async_op=True)
+                return collective(stats, flat, issue)
+
+            gathered = g.lane("intra_gather").after(gathered, gather_node, flat)
+
+        def finish(_: Future) -> torch.Tensor:
+            t0 = times.now(flat)
+            vals, idx = unpack(full, m * nn, k, s, self.vdtype)
+            # packets [j*n, (j+1)*n) came from local rank j: their indices are into shard j
+            idx += (torch.arange(m * nn, device=idx.device) // nn * s).unsqueeze(1)
+            _scatter_mean(flat, idx, vals, w, s * m)
+            times.add_select(t0, times.now(flat))
+            return flat
+
+        return gathered.then(finish)
+
+    def _reduce_scatter(
+        self, flat: torch.Tensor, s: int, stats: CommStats
+    ) -> tuple[torch.Tensor, Future]:
+        """(1): this worker's shard and the future of its node sum (issued now)."""
+        g, times = self.groups, stats.times
+        assert g is not None
+        m = g.topo.procs_per_node
+        if m == 1:
+            return flat, done(flat)
+        t0 = times.now(flat)
+        d = flat.numel()
+        src = flat if d == s * m else torch.cat([flat, flat.new_zeros(s * m - d)])
+        shard = flat.new_empty(s)
+        times.add_select(t0, times.now(flat))
+        return shard, _reduce_scatter_async(stats, flat, shard, src, g.intra)
 
 
-def shard_k(numel: int, procs_per_node: int, density: float) -> int:
-    """Elements each local worker sends for a bucket of ``numel`` under hitopk."""
-    return k_for(-(-numel // procs_per_node), density)
+def _reduce_scatter_async(
+    stats: CommStats, like: torch.Tensor, shard: torch.Tensor, src: torch.Tensor, group: Any
+) -> Future:
+    """Reduce-scatter of ``src`` into ``shard`` with a future.  Gloo's reduce-scatter has
+    none (``Work::getFuture not implemented``): there it is an all-to-all of the shards
+    (the same ``(m-1)/m`` of the bucket sent per worker) and a local sum of the ``m``
+    received shards, which counts as part of the collective."""
+    if dist.get_backend(group) != "gloo":
+        issue = partial(_reduce_scatter, shard, src, group=group, async_op=True)
+        return collective(stats, like, issue)
+    parts = torch.empty_like(src)
+    issue = partial(dist.all_to_all_single, parts, src, group=group, async_op=True)
+
+    def add(_: Future) -> torch.Tensor:
+        return torch.sum(parts.view(-1, shard.numel()), dim=0, out=shard)
+
+    return collective(stats, like, issue, then=add)

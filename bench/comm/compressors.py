@@ -8,13 +8,19 @@ the compressed data between workers.  Each piece has its own registry, so any co
 can be combined with any memory and any communicator that accepts its kind (dense or
 sparse).
 
-Conservation (tested): with :class:`ResidualMemory`, for every call
-``compensated == decompress(compressed) + residual_after``; summed over steps, what was
-sent plus what is kept equals what came in.
+Conservation (tested for float32, bfloat16 and float16 gradients): with
+:class:`ResidualMemory`, for every call ``old residual + gradient == sent + new residual``,
+where ``sent`` are the wire values (clamped and rounded to the wire dtype,
+:func:`bench.comm.wire.to_wire`) at their positions; summed over steps, what was sent plus
+what is kept equals what came in, up to the gradient dtype's rounding of the sums.
+
+Options: a compressor refuses an option it does not know (ConfigError naming the option
+and the allowed ones): the keyword options of its selector (``selection.py``).
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +29,8 @@ import torch
 
 from bench.comm import selection
 from bench.comm.config import MSTopKMethod, Selector, ValueDtype, parse
-from bench.registry import Registry
+from bench.comm.wire import to_wire
+from bench.registry import ConfigError, Registry
 
 COMPRESSORS: Registry[type[Compressor]] = Registry("compressor")
 MEMORIES: Registry[type[Memory]] = Registry("memory")
@@ -68,13 +75,6 @@ class Compressor:
     def compress(self, x: torch.Tensor, density: float) -> Compressed:
         raise NotImplementedError
 
-    def decompress(self, c: Compressed) -> torch.Tensor:
-        if c.indices is None:
-            return c.values.to(c.dtype)
-        out = torch.zeros(c.numel, dtype=c.dtype, device=c.values.device)
-        out.index_put_((c.indices,), c.values.to(c.dtype))
-        return out
-
 
 @COMPRESSORS.register("dense")
 class NoCompressor(Compressor):
@@ -88,7 +88,7 @@ class _CastCompressor(Compressor):
     target: torch.dtype = torch.float16
 
     def compress(self, x: torch.Tensor, density: float) -> Compressed:
-        return Compressed(x.to(self.target), None, x.numel(), x.dtype)
+        return Compressed(to_wire(x, self.target), None, x.numel(), x.dtype)
 
 
 @COMPRESSORS.register("fp16")
@@ -105,13 +105,30 @@ class BF16Compressor(_CastCompressor):
     target = torch.bfloat16
 
 
+def _selector_options(selector: str) -> list[str]:
+    """The keyword options of a selector function (``selection.py``), public ones only."""
+    params = list(inspect.signature(selection.SELECTORS.get(selector)).parameters.values())
+    return [p.name for p in params[2:] if not p.name.startswith("_")]  # after (x, k)
+
+
 class _SparseCompressor(Compressor):
     sparse = True
     selector = "topk"
 
     def __init__(self, value_dtype: ValueDtype | str = "float32", **select_options: Any) -> None:
+        allowed = self.allowed_options()
+        for name in select_options:
+            if name not in allowed:
+                raise ConfigError(
+                    f"unknown option {name!r} of compressor {self.selector!r}; "
+                    f"allowed: {', '.join(allowed) or 'none'}"
+                )
         self.vdtype = torch_dtype(value_dtype)
         self.options = select_options
+
+    @classmethod
+    def allowed_options(cls) -> list[str]:
+        return _selector_options(cls.selector)
 
     @classmethod
     def build(
@@ -122,12 +139,14 @@ class _SparseCompressor(Compressor):
     ) -> Compressor:
         return cls(value_dtype)
 
+    def select_options(self, x: torch.Tensor) -> dict[str, Any]:
+        return self.options
+
     def compress(self, x: torch.Tensor, density: float) -> Compressed:
         k = selection.k_for(x.numel(), density)
-        vals, idx = selection.select(self.selector, x, k, **self.options)
-        if vals.dtype != self.vdtype and x.dtype == torch.float32:
-            vals = vals.to(self.vdtype)
-        return Compressed(vals, idx, x.numel(), x.dtype)
+        vals, idx = selection.select(self.selector, x, k, **self.select_options(x))
+        # wire values for every gradient dtype: the memory keeps the cast's error
+        return Compressed(to_wire(vals, self.vdtype), idx, x.numel(), x.dtype)
 
 
 @COMPRESSORS.register("topk")
@@ -135,9 +154,6 @@ class TopKCompressor(_SparseCompressor):
     """Exact top-k by magnitude (``torch.topk``): the baseline of every top-k paper."""
 
     selector = "topk"
-
-    def __init__(self, value_dtype: ValueDtype | str = "float32", **_: Any) -> None:
-        super().__init__(value_dtype)
 
 
 @COMPRESSORS.register("mstopk")
@@ -163,12 +179,24 @@ class RandomKCompressor(_SparseCompressor):
     selector = "randomk"
 
     def __init__(
-        self, value_dtype: ValueDtype | str = "float32", seed: int | None = None, **_: Any
+        self, value_dtype: ValueDtype | str = "float32", seed: int | None = None, **options: Any
     ) -> None:
-        opts: dict[str, Any] = {}
-        if seed is not None:  # CPU generator: reproducible CPU selections only
-            opts["generator"] = torch.Generator().manual_seed(seed)
-        super().__init__(value_dtype, **opts)
+        super().__init__(value_dtype, **options)  # refuses any option but seed
+        self.seed = seed
+        self._generators: dict[torch.device, torch.Generator] = {}
+
+    @classmethod
+    def allowed_options(cls) -> list[str]:
+        return ["seed"]  # the generator is made from it, on the bucket's device
+
+    def select_options(self, x: torch.Tensor) -> dict[str, Any]:
+        if self.seed is None:
+            return {}
+        gen = self._generators.get(x.device)
+        if gen is None:  # randperm draws on the device of its generator
+            gen = torch.Generator(device=x.device).manual_seed(self.seed)
+            self._generators[x.device] = gen
+        return {"generator": gen}
 
     @classmethod
     def build(
@@ -203,8 +231,8 @@ class Memory:
     def update(self, key: Hashable, compensated: torch.Tensor, c: Compressed) -> None:
         pass
 
-    def residual(self, key: Hashable) -> torch.Tensor | None:
-        return None
+    def sweep(self) -> None:
+        """Between steps: forget the buckets the last step did not use."""
 
     def reset(self) -> None:
         pass
@@ -236,17 +264,31 @@ class ResidualMemory(Memory):
     fused with the selection: ``compensate`` adds the gradient *into* the residual buffer
     and returns that buffer (no temporary of the bucket's size), the compressor selects
     from it, and ``update`` subtracts the sent values at the sent positions in place, so
-    what stays in the buffer is exactly what was not sent.
+    what stays in the buffer is exactly what was not sent (the sent values are the wire
+    values, so the clamp and rounding of a low-precision wire dtype stay too).
+
+    DDP rebuilds its buckets after the first step: the residuals of keys that a step did
+    not use are freed by :meth:`sweep`, which the hook calls before each step.
     """
 
     buffers: dict[Hashable, torch.Tensor] = field(default_factory=dict)
+    used: set[Hashable] = field(default_factory=set)  # keys compensated since the last sweep
 
     def compensate(self, x: torch.Tensor, key: Hashable) -> torch.Tensor:
         buf = self.buffers.get(key)
         if buf is None or buf.shape != x.shape or buf.device != x.device or buf.dtype != x.dtype:
             buf = torch.zeros_like(x)  # new bucket (or DDP rebuilt its buckets): no history
             self.buffers[key] = buf
+        self.used.add(key)
         return buf.add_(x)
+
+    def sweep(self) -> None:
+        """Free the residuals of keys not used since the last sweep (none if nothing was:
+        dense warm-up steps keep them)."""
+        if self.used:
+            for key in [k for k in self.buffers if k not in self.used]:
+                del self.buffers[key]
+        self.used = set()
 
     def update(self, key: Hashable, compensated: torch.Tensor, c: Compressed) -> None:
         buf = self.buffers[key]
@@ -256,11 +298,9 @@ class ResidualMemory(Memory):
             # buf[idx] -= sent; equals 0 for float32 values, the rounding error for fp16
             buf.index_put_((c.indices,), -c.values.to(buf.dtype), accumulate=True)
 
-    def residual(self, key: Hashable) -> torch.Tensor | None:
-        return self.buffers.get(key)
-
     def reset(self) -> None:
         self.buffers.clear()
+        self.used = set()
 
     def state_dict(self, rename: Callable[[Hashable], Any] = lambda k: k) -> list[Any]:
         return [(rename(k), b.detach().clone()) for k, b in self.buffers.items()]

@@ -26,7 +26,6 @@ or while ``state.force_dense`` is set, go through the dense allreduce.
 # No ``from __future__ import annotations``: DDP's register_comm_hook checks that the hook's
 # ``bucket`` annotation *is* dist.GradBucket, which a string annotation is not.
 import functools
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,10 +33,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bench.comm.communicators import COMMUNICATORS, AllReduce, CommStats, Communicator
+from bench.comm.communicators import COMMUNICATORS, AllReduce, Communicator
 from bench.comm.compressors import NoMemory, build_compressor, build_memory
 from bench.comm.config import MSTopKMethod, Selector, ValueDtype, parse
-from bench.comm.topology import Groups, Topology, detect, groups
+from bench.comm.futures import Future, forward, new_future
+from bench.comm.stats import CommStats, allreduce_traffic
+from bench.comm.topology import Groups, Topology, check_hierarchical, detect, groups
 from bench.registry import ConfigError, Registry
 
 HookFn = Callable[[Any, dist.GradBucket], torch.futures.Future]
@@ -55,6 +56,7 @@ class HookState:
     force_dense: bool = False
     step: int = 0
     stats: CommStats = field(default_factory=CommStats)
+    step_started: bool = False  # a bucket of the current step has been handed over
     nan_check: bool = False  # flag each reduced bucket that holds a NaN or Inf
     # (bucket index, device bool "all finite") per reduced bucket, until the loop pops them
     finite: list[tuple[int, torch.Tensor]] = field(default_factory=list)
@@ -84,6 +86,10 @@ def _bucket_key(bucket: dist.GradBucket) -> tuple:
 
 def sparse_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """The DDP hook of every name but ``powersgd``: dispatch one bucket to a communicator."""
+    if not state.step_started:  # every bucket of the step before has completed
+        state.step_started = True
+        # residuals of buckets the last step did not use (DDP rebuilt its buckets) go
+        state.comm.memory.sweep()
     buf = bucket.buffer()
     dense = state.force_dense or state.step < state.warmup_steps or buf.numel() < state.min_numel
     comm = state.dense if dense else state.comm
@@ -93,6 +99,7 @@ def sparse_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Futu
     if bucket.is_last():
         state.step += 1
         state.stats.steps += 1
+        state.step_started = False
     return fut
 
 
@@ -103,49 +110,62 @@ class PowerSGDHookState:
     step: int = 0
     density: float = 1.0  # unused; the controller may set it
     force_dense: bool = False  # unused: PowerSGD's own start_powerSGD_iter is the warm-up
-    serialize: bool = False  # wait for each bucket (needed on gloo, see powersgd_hook)
+    serialize: bool = False  # start each bucket when the one before is done (gloo; see below)
     multinode: bool = False  # count the allreduce bytes as inter-node
+    last: Future | None = None  # the future of the bucket before (serialize)
 
 
-def powersgd_hook(
-    state: PowerSGDHookState, bucket: dist.GradBucket
-) -> torch.futures.Future[torch.Tensor]:
-    """PyTorch's PowerSGD hook, counting the elements it allreduces and its time."""
+def _run_powersgd(state: PowerSGDHookState, bucket: dist.GradBucket) -> Future:
+    """PyTorch's PowerSGD hook on one bucket, counting the elements it allreduces and its
+    span (``timing.py``: all of it is ``comm_s``)."""
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import powerSGD_hook
 
-    ps = state.psgd
+    ps, st = state.psgd, state.stats
     buf = bucket.buffer()
     w = dist.get_world_size(ps.process_group)
     before, compressing = ps.total_numel_after_compression, ps.iter >= ps.start_powerSGD_iter
-    t0 = time.perf_counter()
+    t0 = st.times.now(buf)
     fut = powerSGD_hook(ps, bucket)
     # before start_powerSGD_iter it is a plain allreduce and the counters do not move
     sent = ps.total_numel_after_compression - before if compressing else buf.numel()
-    nbytes = 2.0 * (w - 1) / w * sent * buf.element_size()
-    st = state.stats
-    st.bytes += nbytes
-    st.inter_bytes += nbytes if state.multinode else 0.0
-    st.sent += sent
-    st.numel += buf.numel()
-    if bucket.is_last():
-        state.step += 1
-        st.steps += 1
+    traffic = allreduce_traffic(sent * buf.element_size(), w, state.multinode)
+    st.count(traffic, sent, buf.numel())
 
-    if state.serialize:
-        # gloo: PowerSGD issues its P/Q allreduces from future callbacks, which run in
-        # different orders on different ranks once several buckets are in flight (gloo
-        # then aborts with "collective mismatch"); finishing each bucket first keeps order.
-        out = fut.wait()
-        st.comm_s += time.perf_counter() - t0
-        done: torch.futures.Future = torch.futures.Future()
-        done.set_result(out)
-        return done
-
-    def finish(f: torch.futures.Future) -> torch.Tensor:
-        st.comm_s += time.perf_counter() - t0
+    def finish(f: Future) -> torch.Tensor:
+        st.times.add_comm(t0, st.times.now(buf))
         return f.value()
 
     return fut.then(finish)
+
+
+def powersgd_hook(state: PowerSGDHookState, bucket: dist.GradBucket) -> Future[torch.Tensor]:
+    """PyTorch's PowerSGD hook, counted (:func:`_run_powersgd`); returns without waiting.
+
+    On gloo, PowerSGD issues its P/Q allreduces from future callbacks, which run in
+    different orders on different ranks once several buckets are in flight (gloo then
+    aborts with "collective mismatch").  With ``serialize`` each bucket starts from the
+    completion callback of the bucket before: one bucket in flight, in bucket order, and
+    still no wait in the hook.
+    """
+    if bucket.is_last():
+        state.step += 1
+        state.stats.steps += 1
+    if not state.serialize:
+        return _run_powersgd(state, bucket)
+    out = new_future(bucket.buffer())
+    prev, state.last = state.last, out
+
+    def start(_: Any = None) -> None:
+        try:
+            forward(_run_powersgd(state, bucket), out)
+        except BaseException as e:  # the step fails with it instead of hanging DDP
+            out.set_exception(e)
+
+    if prev is None:
+        start()
+    else:
+        prev.add_done_callback(start)
+    return out
 
 
 @dataclass(frozen=True)
@@ -241,12 +261,7 @@ def _build_powersgd(opts: HookOptions, topo_groups: Groups | None, pg: Any) -> t
 
 
 def _two_nodes(opts: HookOptions, world_size: int, nnodes: int) -> None:
-    if nnodes < 2:
-        raise ConfigError(
-            "hitopk needs at least 2 nodes (it saves inter-node traffic only); use "
-            "cluster.nnodes=2, or comm.procs_per_node=1 to treat each worker as a node, "
-            "or comm=mstopk on one node"
-        )
+    check_hierarchical(nnodes)
 
 
 for _spec in (

@@ -10,17 +10,23 @@ The topology comes from torchrun's environment (``LOCAL_WORLD_SIZE``, ``GROUP_RA
 several nodes (``procs_per_node=1`` turns every worker into its own "node").  The process
 groups are created once per (world, topology) and cached: ``new_group`` is a collective
 that every rank must call in the same order, so creating them lazily inside a DDP hook on
-some ranks only would deadlock.
+some ranks only would deadlock.  The cache entry remembers the default group it was made
+under and is replaced when ``init_process_group`` has made a new one.
+
+Each node has two intra-node groups: ``intra`` for the reduce-scatter that the hook issues
+itself and ``intra_gather`` for the allgather issued from future callbacks, so that the
+issue order within each group is the same on every worker (``futures.Lane``).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch.distributed as dist
 
+from bench.comm.futures import Lane
 from bench.registry import ConfigError
 
 
@@ -53,6 +59,16 @@ def check_topology(world_size: int, procs_per_node: int) -> None:
         )
 
 
+def check_hierarchical(nnodes: int) -> None:
+    """Raise ConfigError unless there are 2+ nodes: hitopk saves inter-node traffic only."""
+    if nnodes < 2:
+        raise ConfigError(
+            "hitopk needs at least 2 nodes (it saves inter-node traffic only); use "
+            "cluster.nnodes=2, or comm.procs_per_node=1 to treat each worker as a node, "
+            "or comm=mstopk on one node"
+        )
+
+
 def detect(world_size: int, rank: int, procs_per_node: int = 0) -> Topology:
     """The topology from an explicit ``procs_per_node`` (> 0) or from torchrun's environment."""
     if procs_per_node <= 0:
@@ -73,32 +89,46 @@ class Groups:
     topo: Topology
     intra: Any  # ProcessGroup of this node's workers (None when m == 1)
     inter: Any  # ProcessGroup of the workers with this local rank (None when n == 1)
+    intra_gather: Any = None  # a second group of this node's workers (see the docstring)
+    lanes: dict[str, Lane] = field(default_factory=dict, repr=False)
+
+    def lane(self, name: str) -> Lane:
+        """The issue order of the collectives that callbacks issue on group ``name``."""
+        return self.lanes.setdefault(name, Lane())
 
 
-_CACHE: dict[tuple[int, int, int], Groups] = {}
+# (world size, procs per node) -> (the default group they were made under, the groups)
+_CACHE: dict[tuple[int, int], tuple[Any, Groups]] = {}
+
+
+def _node_groups(topo: Topology) -> Any:
+    """One new group per node (every rank calls this); this rank's, None when m == 1."""
+    m, mine = topo.procs_per_node, None
+    for node in range(topo.nnodes):
+        g = dist.new_group(list(range(node * m, (node + 1) * m))) if m > 1 else None
+        if node == topo.node:
+            mine = g
+    return mine
 
 
 def groups(topo: Topology) -> Groups:
-    """Create (once) and return this rank's intra-node and inter-node process groups.
+    """Create (once per default group) and return this rank's process groups.
 
     Every rank must call this the first time with the same topology.
     """
-    key = (id(dist.group.WORLD), topo.world_size, topo.procs_per_node)
-    if key in _CACHE:
-        return _CACHE[key]
+    key = (topo.world_size, topo.procs_per_node)
+    hit = _CACHE.get(key)
+    if hit is not None and hit[0] is dist.group.WORLD:  # the entry holds it: no id reuse
+        return hit[1]
     m, n = topo.procs_per_node, topo.nnodes
-    intra = inter = None
     # new_group must be called by all ranks for every group, in the same order
-    for node in range(n):
-        ranks = list(range(node * m, (node + 1) * m))
-        g = dist.new_group(ranks) if m > 1 else None
-        if node == topo.node:
-            intra = g
+    intra = _node_groups(topo)
+    intra_gather = _node_groups(topo)
+    inter = None
     for lr in range(m):
-        ranks = list(range(lr, topo.world_size, m))
-        g = dist.new_group(ranks) if n > 1 else None
+        g = dist.new_group(list(range(lr, topo.world_size, m))) if n > 1 else None
         if lr == topo.local_rank:
             inter = g
-    out = Groups(topo, intra, inter)
-    _CACHE[key] = out
+    out = Groups(topo, intra, inter, intra_gather)
+    _CACHE[key] = (dist.group.WORLD, out)
     return out

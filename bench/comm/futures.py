@@ -1,0 +1,107 @@
+"""Future plumbing of the asynchronous hooks: timed collectives and ordered stages.
+
+A DDP hook must return a future at once, so that DDP can start the communication of
+bucket ``i`` while the backward pass computes bucket ``i+1``.  The communicators issue
+every collective with ``async_op=True`` and chain what follows with callbacks, the way
+PyTorch's PowerSGD hook chains its allreduces with ``Future.then``.
+
+A stage issued from a callback (hitopk's inter-node allgather runs when the bucket's
+reduce-scatter has completed) needs care: callbacks run when collectives complete, in
+an order that differs between workers, while the workers of a process group must issue
+their collectives in the same order (gloo matches them by sequence number; NCCL would
+mix buckets up).  A :class:`Lane` restores the order: each stage takes its turn on its
+process group's lane when the hook is called (in bucket order, the same on every worker,
+since DDP launches buckets in index order), and is issued only when its input is ready
+*and* the stage before it on the lane has been issued.  Nothing blocks: a stage whose
+turn has not come is a callback waiting on a future.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from bench.comm.stats import CommStats
+
+Future = torch.futures.Future
+
+
+def new_future(like: torch.Tensor) -> Future:
+    """An empty future, CUDA-aware on ``like``'s device (its value syncs the streams)."""
+    return Future(devices=[like.device]) if like.is_cuda else Future()
+
+
+def done(t: torch.Tensor) -> Future:
+    fut = new_future(t)
+    fut.set_result(t)
+    return fut
+
+
+def forward(src: Future, dst: Future, value: Callable[[Any], Any] = lambda v: v) -> None:
+    """When ``src`` completes, complete ``dst`` with ``value(src's value)`` (or its error)."""
+
+    def copy(f: Future) -> None:
+        try:
+            result = value(f.value())
+        except BaseException as e:  # the error reaches whoever waits on dst
+            dst.set_exception(e)
+            return
+        dst.set_result(result)
+
+    src.add_done_callback(copy)
+
+
+def collective(
+    stats: CommStats,
+    like: torch.Tensor,
+    issue: Callable[[], Any],
+    then: Callable[[Future], Any] | None = None,
+) -> Future:
+    """Issue one async collective (``issue()`` returns its Work) and time it for ``stats``:
+    the interval from the issue to the completion callback (:mod:`bench.comm.timing`),
+    including ``then``, the local part of a collective made of others (its result is the
+    future's value)."""
+    times = stats.times
+    start = times.now(like)
+    fut = issue().get_future()
+    if then is not None:
+        fut = fut.then(then)
+
+    def stamp(_: Future) -> None:
+        times.add_comm(start, times.now(like))
+
+    fut.add_done_callback(stamp)
+    return fut
+
+
+class Lane:
+    """Issue order of the collectives that one process group receives from callbacks."""
+
+    def __init__(self) -> None:
+        self._last: Future = Future()
+        self._last.set_result(None)
+
+    def after(self, ready: Future, issue: Callable[[Any], Future], like: torch.Tensor) -> Future:
+        """``issue(ready's value)`` once ``ready`` completed and the lane's previous stage
+        was issued; the returned future completes with the future ``issue`` returns.
+
+        Call from the hook (in bucket order).  An error in ``ready`` or ``issue`` completes
+        the result with that error and still hands the turn on."""
+        out = new_future(like)
+        turn: Future = Future()
+        prev, self._last = self._last, turn
+
+        def go(f: Future) -> None:
+            try:
+                inner = issue(f.value())
+            except BaseException as e:
+                turn.set_result(None)
+                out.set_exception(e)
+                return
+            turn.set_result(None)
+            forward(inner, out)
+
+        prev.add_done_callback(lambda _: ready.add_done_callback(go))
+        return out
