@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from bench.cluster import netns
+from bench.cluster import netns, netstate
 from bench.cluster.emulated import (
     RendezvousTimeoutError,
     check_capacity,
@@ -115,6 +115,10 @@ def test_namespaces_come_up_shaped_and_are_removed():
                     text=True,
                 ).stdout
                 assert "tbf" in q and "rate 1Gbit" in q
+                q_in = subprocess.run(
+                    ["tc", "qdisc", "show", "dev", c.host_if(i)], capture_output=True, text=True
+                ).stdout
+                assert "tbf" in q_in and "rate 1Gbit" in q_in  # what node i receives
             assert f"link:{c.bridge}" in names
             assert max(len(n.split(":", 1)[1]) for n in names if n.startswith("link:")) <= 15
             raise RuntimeError("boom")  # removal on error
@@ -128,13 +132,16 @@ def test_namespaces_come_up_shaped_and_are_removed():
 def test_leftovers_of_a_dead_run_are_removed_and_live_ones_kept():
     dead = netns.EmulatedCluster(2, 1e9)
     dead.up()
-    # pretend its owner crashed: a pid that cannot exist, and no teardown
+    # pretend its owner and its guardian crashed: a pid that cannot exist, and no teardown
+    guardian = netstate.read_state(dead.run_id)["guardian"]
+    os.kill(guardian["pid"], signal.SIGKILL)
     (netns.STATE_DIR / f"{dead.run_id}.json").write_text(json.dumps({"pid": 2**22 + 7}))
     dead._up = False
     dead._restore_handlers()
+    os.close(dead._guardian_fd)
     with netns.EmulatedCluster(2, 1e9) as live:
         assert _mine(dead.run_id) == []  # removed by live.up()
-        assert netns.cleanup_leftovers() == []  # the live run is not touched
+        assert not [n for n in netns.cleanup_leftovers() if live.run_id in n]  # not touched
         assert _mine(live.run_id)
     assert _mine(live.run_id) == []
 
@@ -161,8 +168,12 @@ def test_sigterm_removes_everything():
 @pytest.mark.skipif(not HAVE_ROOT, reason="needs root and iproute2 (ip, tc)")
 def test_link_check_measures_the_shaped_link():
     with netns.EmulatedCluster(2, netns.parse_bandwidth("200mbit")) as c:
-        r = run_link_check(c, tolerance=0.25, seconds=0.5)
+        r = run_link_check(c, tolerance=0.25, seconds=0.25)
     assert r["ok"] and abs(r["bandwidth_ratio"] - 1) <= 0.25
+    # every node's link both ways, bulk and small messages after an idle gap
+    assert {(m["src"], m["dst"]) for m in r["links"]} == {(0, 1), (1, 0)}
+    assert all(abs(m["small_ratio"] - 1) <= 0.25 for m in r["links"])
+    assert r["small_message_bytes"] == 48_000 and r["burst_bytes"] < 0.25 * 48_000
     # a node's own address is routed over loopback: not shaped
     assert r["intra_node_bandwidth_gbps"] > 2 * r["bandwidth_gbps"]
     assert r["rtt_ms"] > 0

@@ -1,19 +1,83 @@
 """A node's elastic agent: ``python -m bench.cluster.agent <torchrun arguments>``.
 
-torch.distributed's ``torchrun``, unchanged, except that each failed worker group is noted
-in the run's event log (:func:`bench.cluster.torchrun.instrument_agent`) before the agent
-restarts it, so that the run's record can list its restarts.
+torch.distributed's ``torchrun``, unchanged, except that
+
+- each failed worker group is noted in the run's event log
+  (:func:`bench.cluster.torchrun.instrument_agent`) before the agent restarts it, so that
+  the run's record can list its restarts;
+- with ``BENCH_LAUNCHER_PID`` set (the launchers set it to their own pid), the agent dies
+  with its launcher: the kernel sends it SIGUSR1 when the launcher dies
+  (``prctl(PR_SET_PDEATHSIG)``), and it then SIGKILLs its workers and their children and
+  exits, so that no worker of a killed launcher goes on to write a record.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
+import signal
+from pathlib import Path
+from types import FrameType
 
-from bench.cluster.torchrun import EVENTS_ENV, _note, instrument_agent
+from bench.cluster.torchrun import EVENTS_ENV, LAUNCHER_ENV, _note, instrument_agent
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+DEATH_SIGNAL = signal.SIGUSR1  # torchrun handles TERM/INT/HUP/QUIT itself, gracefully
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children, grandchildren ...), from ``/proc``."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        ppid = int(text[text.rindex(")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out.extend(kids)
+        todo.extend(kids)
+    return out
+
+
+def kill_tree_and_exit(launcher: int) -> None:
+    """SIGKILL every descendant (twice: a child may fork while the first pass runs), exit."""
+    for _ in range(2):
+        for pid in descendants(os.getpid()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    print(f"agent: the launcher (pid {launcher}) is gone; workers killed", flush=True)
+    os._exit(128 + signal.SIGKILL)
+
+
+def die_with_launcher() -> None:
+    """Arm the parent-death signal when ``BENCH_LAUNCHER_PID`` names the launcher."""
+    text = os.environ.get(LAUNCHER_ENV, "")
+    if not text.isdigit():
+        return
+    launcher = int(text)
+
+    def on_death(signum: int, frame: FrameType | None) -> None:
+        # the signal also comes when the launcher's thread that started us ends; only a
+        # re-parented agent has lost its launcher
+        if os.getppid() != launcher:
+            kill_tree_and_exit(launcher)
+
+    signal.signal(DEATH_SIGNAL, on_death)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, int(DEATH_SIGNAL), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != launcher:  # it died before the signal was armed
+        kill_tree_and_exit(launcher)
 
 
 def main() -> None:
     """torchrun; an error of the agent itself (a rendezvous that timed out) is noted too."""
+    die_with_launcher()
     from torch.distributed.run import main as torchrun
 
     instrument_agent()

@@ -31,16 +31,17 @@ class ClusterConfig:
     rdzv_timeout_s: int = 300  # give up when the rendezvous is not complete after this long
     max_restarts: int = 0  # elastic restarts of the worker group
     backend: Backend = Backend.auto
-    threads_per_worker: int = 0  # torch intra-op threads per worker; 0 = cores / local workers
+    # torch intra-op threads per worker; 0 = $OMP_NUM_THREADS, else cores / workers on this host
+    threads_per_worker: int = 0
     # --- emulated cluster (cluster=emulated) ---
     inter_node_bandwidth: str = (
-        "1gbit"  # each node's link rate (tc tbf), e.g. 100mbit, 1gbit, 25gbit
+        "1gbit"  # each node's link rate, each way (tc tbf; bucket 4 frames, queue 64 KiB/2 ms)
     )
     inter_node_latency: str = (
         "0.2ms"  # one-way node-to-node delay (tc netem, where the kernel has it)
     )
-    link_check: bool = True  # measure the link before starting; refuse when off by > link_tolerance
-    link_tolerance: float = 0.25  # allowed relative deviation of the measured bandwidth
+    link_check: bool = True  # measure every link both ways; refuse when off by > link_tolerance
+    link_tolerance: float = 0.25  # allowed relative deviation of bandwidth and small-message time
     link_check_s: float = 0.5  # seconds of traffic the bandwidth check sends at the nominal rate
     subnet: str = "10.213.0.0/24"  # private addresses of the emulated nodes (node i gets .i+1)
     rdzv_port: int = 29400  # c10d rendezvous port on node 0 (inside its namespace)

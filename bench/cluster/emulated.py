@@ -12,7 +12,10 @@ node inside that node's namespace, with a c10d rendezvous on node 0's address::
 ``GLOO_SOCKET_IFNAME`` (and NCCL's/TensorPipe's) names the node's veth, so inter-node
 traffic crosses the shaped link while traffic between workers of one node goes to a
 local address and is routed over loopback, unshaped.  When one node fails, the others
-are stopped; the namespaces are removed in every case (error, Ctrl-C, SIGTERM).
+are stopped; the namespaces are removed in every case (error, Ctrl-C, SIGTERM, SIGHUP).
+Each agent gets the launcher's pid in ``BENCH_LAUNCHER_PID`` and dies with it, killing
+its workers first (:mod:`bench.cluster.agent`); if the launcher is killed outright, the
+cluster's guardian (:mod:`bench.cluster.netstate`) removes the rest.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from bench.cluster.config import ClusterConfig
 from bench.cluster.linkcheck import run_link_check, write_link_check
 from bench.cluster.netns import EmulatedCluster, parse_bandwidth, parse_latency, require_tools
 from bench.cluster.registry import LauncherSpec, register
-from bench.cluster.torchrun import AGENT_MODULE, events_env
+from bench.cluster.torchrun import AGENT_MODULE, LAUNCHER_ENV, events_env
 from bench.registry import ConfigError
 
 WORKER_MEM_GIB = 0.5  # resident memory of one CPU worker (torch + a small model), rough
@@ -168,8 +171,21 @@ def _node_env(
         **os.environ, **env,
         "GLOO_SOCKET_IFNAME": ifname, "NCCL_SOCKET_IFNAME": ifname, "TP_SOCKET_IFNAME": ifname,
         "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
-        "BENCH_EMULATED_NODE": str(i),
+        "BENCH_EMULATED_NODE": str(i), LAUNCHER_ENV: str(os.getpid()),
     }  # fmt: skip
+
+
+def worker_threads(threads_per_worker: int, workers: int) -> int:
+    """Intra-op threads per worker: ``cluster.threads_per_worker``, else the launcher's
+    ``OMP_NUM_THREADS``, else this machine's cores shared by all ``workers`` of every
+    emulated node (they all run here)."""
+    if threads_per_worker:
+        return threads_per_worker
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // workers)
 
 
 def _wait(procs: list[subprocess.Popen[str]], timeout_s: float | None) -> None:
@@ -209,8 +225,7 @@ def run_nodes(
     """
     n = cluster.nodes
     ensure_port_free(cluster.addr(0), rdzv_port, cluster.exec_argv(0, []))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-    threads = threads_per_worker or max(1, cores // (n * nproc_per_node))
+    threads = worker_threads(threads_per_worker, n * nproc_per_node)
     nodes: list[_Node] = []
     try:
         for i in start_nodes if start_nodes is not None else range(n):

@@ -1,55 +1,62 @@
 """A small public-cloud cluster emulated on one Linux machine.
 
-One network namespace per node, joined by a Linux bridge through veth pairs; each
-node's egress is shaped with ``tc``: ``tbf`` for the link rate and, where the kernel
-has ``sch_netem``, ``netem delay`` for the one-way latency.  Inside a node, workers
-talk over loopback (traffic to a node's own address is routed over ``lo``, so it is
-not shaped): fast links inside a node, a slow link between nodes -- the setting of
-Shi et al. (MLSys 2021), 8 V100 per node over NVLink, 25 Gbps Ethernet between nodes.
+One network namespace per node, joined by a Linux bridge through veth pairs.  Each node's
+link is shaped in both directions with ``tc tbf``: on the node-side veth (what the node
+sends) and on the bridge-side veth (what the bridge delivers to the node), so a node's
+link is full duplex at the nominal rate each way and never more -- two nodes sending to a
+third share the third node's rate.  Where the kernel has ``sch_netem``, ``netem delay``
+adds the one-way latency on the sending side.  Inside a node, workers talk over loopback
+(traffic to a node's own address is routed over ``lo``, so it is not shaped): fast links
+inside a node, a slow link between nodes -- the setting of Shi et al. (MLSys 2021).
 
-Names carry the project prefix ``tkb`` and a 4-hex-digit run id, so that leftovers of a
-crashed run can be found and removed without touching anything else, and a live run
-(whose owner pid is still alive) is never touched::
+The token bucket (:func:`shaping`) holds ``max(4 full frames, 20 us at the rate)``, so a
+message sent after an idle gap is shaped too (at most 6 kB pass at wire speed below
+2.4 Gbit/s); the queue behind it holds ``max(64 KiB, 2 ms at the rate)``, a switch port's
+buffer that still takes one full TCP segmentation burst (64 KiB), and drops beyond that
+(tail drop): a request waits behind a bulk transfer at most the bucket plus the queue,
+57 ms at 10 Mbit/s, 5.7 ms at 100 Mbit/s, about 2 ms above 260 Mbit/s.
+
+Names carry the project prefix ``tkb`` and a 6-hex-digit run id claimed through
+:mod:`bench.cluster.netstate`, which also records the owner (pid and start time) and
+starts a guardian that removes everything if the launcher dies without cleaning up::
 
     netns   tkb-<id>-n<i>      bridge  tkb<id>br
     veth    tkb<id>h<i> (bridge side) <-> tkb<id>n<i> (inside node i)
 
-Measured on a 2-core VM (kernel without ``sch_netem``, so no added latency): at ``tbf rate
-1gbit`` the link check gets 0.95 Gbit/s from node 0 to node 1 and ~11 Gbit/s from node 0
-to its own address (loopback, unshaped); a gloo allreduce of 25 MB takes 130-180 ms
-among the 2 workers of one node and 350 ms among all 4 workers of 2 nodes (the 1 Gbit/s
-bound is 315 ms).  ``tbf rate 10gbit`` is above what such a machine's veths carry under
-load (5-9 Gbit/s measured).
+Addresses come from a private subnet that only these namespaces use; the root namespace
+gets no address on the bridge (IPv6 is off on the bridge and the veths), and the
+namespaces have no default route, so traffic can never leave the emulated cluster.
 
-Addresses come from a private subnet that only these namespaces use; the root
-namespace gets no address on the bridge, and the namespaces have no default route, so
-traffic can never leave the emulated cluster.
+CLI: ``python -m bench.cluster list`` (resources by run id and their owners) and
+``python -m bench.cluster cleanup`` (remove those of runs whose owner is dead).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ipaddress
 import json
 import os
 import re
-import secrets
 import shutil
 import signal
-import subprocess
 import sys
-import time
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from bench.cluster import netstate
+from bench.cluster.netstate import (  # noqa: F401  (STATE_DIR, list_resources: re-exported)
+    PREFIX,
+    STATE_DIR,
+    cleanup_leftovers,
+    list_resources,
+)
 from bench.registry import ConfigError
 
-PREFIX = "tkb"
-# owner pids of live runs: <STATE_DIR>/<id>.json
-STATE_DIR = Path(os.environ.get("BENCH_NETNS_STATE", "/run/tkb-netns"))
-_NS_RE = re.compile(rf"^{PREFIX}-([0-9a-f]{{4}})-n\d+$")
-_LINK_RE = re.compile(rf"^{PREFIX}([0-9a-f]{{4}})(?:br|h\d+|n\d+)$")
+FRAME = 1514  # bytes of a full Ethernet frame (MTU 1500), as tbf counts them
+BURST_FRAMES, BURST_S = 4, 20e-6  # token bucket: max(4 frames, 20 us at the rate)
+QUEUE_MIN, QUEUE_S = 65536, 2e-3  # queue behind it: max(64 KiB, 2 ms at the rate)
 
 _BW_UNITS = {  # bits per second; tc's spelling (kbit, mbit, gbit) plus the usual "Gbps"
     "bit": 1.0,
@@ -105,93 +112,32 @@ def require_tools() -> None:
             )
 
 
-def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    p = subprocess.run(list(argv), capture_output=True, text=True)
-    if check and p.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed: {p.stderr.strip()}")
-    return p
+def shaping(rate_bps: float) -> tuple[int, int]:
+    """tbf's ``burst`` and ``limit`` (bytes) for a link of ``rate_bps``.
+
+    The bucket is a few frames, so a message after an idle gap is shaped like a long
+    transfer (a bucket of 1 ms or 64 KiB let whole 40-60 kB messages pass at wire speed);
+    above 2.4 Gbit/s it is 20 us at the rate, the timer granularity that keeps the rate
+    accurate.  The queue is what a switch port buffers, at least one 64 KiB segmentation
+    burst of TCP (a smaller one drops the tail of every such burst); beyond it packets are
+    dropped.
+    """
+    burst = max(BURST_FRAMES * FRAME, int(rate_bps / 8 * BURST_S))
+    queue = max(QUEUE_MIN, int(rate_bps / 8 * QUEUE_S))
+    return burst, burst + queue
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def list_resources() -> dict[str, list[str]]:
-    """Every namespace and link named with the project prefix, by run id."""
-    found: dict[str, list[str]] = {}
-    for line in _run("ip", "netns", "list", check=False).stdout.splitlines():
-        name = line.split()[0] if line.strip() else ""
-        m = _NS_RE.match(name)
-        if m:
-            found.setdefault(m.group(1), []).append(f"netns:{name}")
-    for line in _run("ip", "-o", "link", "show", check=False).stdout.splitlines():
-        # "12: tkbab12h0@if11: <...>" -> tkbab12h0
-        parts = line.split(":", 2)
-        if len(parts) < 2:
-            continue
-        name = parts[1].strip().split("@")[0]
-        m = _LINK_RE.match(name)
-        if m:
-            found.setdefault(m.group(1), []).append(f"link:{name}")
-    return found
-
-
-def _owner_alive(run_id: str) -> bool:
-    try:
-        pid = int(json.loads((STATE_DIR / f"{run_id}.json").read_text())["pid"])
-    except (OSError, ValueError, KeyError):
-        return False
-    return _pid_alive(pid)
-
-
-def _remove_run(run_id: str, names: list[str]) -> None:
-    """Kill what runs in the run's namespaces, delete its links and namespaces, and wait."""
-    namespaces = [n.split(":", 1)[1] for n in names if n.startswith("netns:")]
-    for ns in namespaces:
-        pids = _run("ip", "netns", "pids", ns, check=False).stdout.split()
-        for pid in pids:
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except (ProcessLookupError, ValueError):
-                pass
-    for n in names:
-        if n.startswith("link:"):
-            # deleting one end of a veth deletes both; the bridge goes last
-            _run("ip", "link", "del", n.split(":", 1)[1], check=False)
-    for ns in namespaces:
-        _run("ip", "netns", "del", ns, check=False)
-    # links inside a deleted namespace vanish a moment later, not at once
-    deadline = time.monotonic() + 15.0
-    while time.monotonic() < deadline and run_id in list_resources():
-        for n in list_resources().get(run_id, []):
-            if n.startswith("link:"):
-                _run("ip", "link", "del", n.split(":", 1)[1], check=False)
-        time.sleep(0.1)
-    (STATE_DIR / f"{run_id}.json").unlink(missing_ok=True)
-
-
-def cleanup_leftovers() -> list[str]:
-    """Remove namespaces and links of earlier runs whose owner process is gone."""
-    removed: list[str] = []
-    for run_id, names in list_resources().items():
-        if not _owner_alive(run_id):
-            _remove_run(run_id, names)
-            removed.extend(names)
-    return removed
+_run = netstate.run_cmd
 
 
 class EmulatedCluster:
     """``nodes`` namespaces on one bridge, each node's link shaped to ``bandwidth_bps``.
 
     Use as a context manager; :meth:`down` is idempotent and also runs from ``atexit``
-    and on SIGINT/SIGTERM (the handler raises ``KeyboardInterrupt`` / ``SystemExit`` so
-    that ``finally`` blocks of the caller run too).
+    and on SIGINT/SIGTERM/SIGHUP (the handler raises ``KeyboardInterrupt`` /
+    ``SystemExit(128 + signal)`` so that ``finally`` blocks of the caller run too).  If
+    this process dies without running it (``kill -9``), the run's guardian removes
+    everything within a second.
     """
 
     def __init__(
@@ -204,6 +150,10 @@ class EmulatedCluster:
     ) -> None:
         if nodes < 1:
             raise ConfigError(f"an emulated cluster needs at least 1 node, got {nodes}")
+        if nodes > 999:
+            raise ConfigError(f"an emulated cluster has at most 999 nodes, got {nodes}")
+        if run_id is not None and not re.fullmatch(r"[0-9a-f]{6}", run_id):
+            raise ConfigError(f"an emulated cluster id is 6 hex digits, got {run_id!r}")
         try:
             net = ipaddress.ip_network(subnet, strict=False)
         except ValueError:
@@ -216,9 +166,11 @@ class EmulatedCluster:
         self.bandwidth_bps = bandwidth_bps
         self.latency_s = latency_s
         self.net = net
-        self.run_id = run_id or secrets.token_hex(2)
+        self.run_id = run_id or ""  # claimed by up()
+        self._wanted_id = run_id
         self.latency_emulated = False
         self._up = False
+        self._guardian_fd: int | None = None
         self._old_handlers: dict[int, Any] = {}
 
     # --- names (interface names are limited to 15 characters) ---
@@ -229,7 +181,8 @@ class EmulatedCluster:
         """The node-side veth of node ``i`` (GLOO_SOCKET_IFNAME inside its namespace)."""
         return f"{PREFIX}{self.run_id}n{i}"
 
-    def _host_if(self, i: int) -> str:
+    def host_if(self, i: int) -> str:
+        """The bridge-side veth of node ``i``: its egress is what node ``i`` receives."""
         return f"{PREFIX}{self.run_id}h{i}"
 
     @property
@@ -247,11 +200,11 @@ class EmulatedCluster:
     def up(self) -> EmulatedCluster:
         require_tools()
         cleanup_leftovers()
-        STATE_DIR.mkdir(parents=True, exist_ok=True)
-        (STATE_DIR / f"{self.run_id}.json").write_text(json.dumps({"pid": os.getpid()}))
+        self.run_id = netstate.claim(self._wanted_id, nodes=self.nodes)
         self._install_handlers()
         self._up = True  # from here on, down() has something to remove
         try:
+            self._guardian_fd = netstate.start_guardian(self.run_id)
             self._build()
         except BaseException:
             self.down()
@@ -260,11 +213,8 @@ class EmulatedCluster:
 
     def _build(self) -> None:
         _run("ip", "link", "add", self.bridge, "type", "bridge")
+        _run("ip", "link", "set", self.bridge, "addrgenmode", "none")  # no IPv6 address
         _run("ip", "link", "set", self.bridge, "up")
-        prefix = self.net.prefixlen
-        rate_bits = self.bandwidth_bps
-        # tbf bucket: >= 1 ms at the rate (timer granularity) and >= 64 KiB (GSO packets)
-        burst = max(int(rate_bits / 8 * 1e-3), 65536)
         netem_ok = self.latency_s > 0 and self._has_netem()
         if self.latency_s > 0 and not netem_ok:
             print(
@@ -274,56 +224,39 @@ class EmulatedCluster:
             )
         self.latency_emulated = netem_ok
         for i in range(self.nodes):
-            ns, nif, hif = self.ns(i), self.ifname(i), self._host_if(i)
-            _run("ip", "netns", "add", ns)
-            _run("ip", "link", "add", hif, "type", "veth", "peer", "name", nif, "netns", ns)
-            _run("ip", "link", "set", hif, "master", self.bridge, "up")
-            _run("ip", "-n", ns, "link", "set", "lo", "up")
-            _run("ip", "-n", ns, "addr", "add", f"{self.addr(i)}/{prefix}", "dev", nif)
-            _run("ip", "-n", ns, "link", "set", nif, "up")
-            parent = ["root", "handle", "1:"]
-            if netem_ok:
-                delay_us = f"{self.latency_s * 1e6:.0f}us"
-                _run(
-                    "tc",
-                    "-n",
-                    ns,
-                    "qdisc",
-                    "add",
-                    "dev",
-                    nif,
-                    "root",
-                    "handle",
-                    "1:",
-                    "netem",
-                    "delay",
-                    delay_us,
-                    "limit",
-                    "100000",
-                )
-                parent = ["parent", "1:", "handle", "2:"]
-            _run(
-                "tc",
-                "-n",
-                ns,
-                "qdisc",
-                "add",
-                "dev",
-                nif,
-                *parent,
-                "tbf",
-                "rate",
-                f"{int(rate_bits)}bit",
-                "burst",
-                str(burst),
-                "latency",
-                "100ms",
-            )
+            self._add_node(i, netem_ok)
+
+    def _add_node(self, i: int, netem: bool) -> None:
+        ns, nif, hif = self.ns(i), self.ifname(i), self.host_if(i)
+        _run("ip", "netns", "add", ns)
+        _run("ip", "link", "add", hif, "type", "veth", "peer", "name", nif, "netns", ns)
+        _run("ip", "link", "set", hif, "addrgenmode", "none")
+        _run("ip", "link", "set", hif, "master", self.bridge, "up")
+        _run("ip", "-n", ns, "link", "set", "lo", "up")
+        _run("ip", "-n", ns, "link", "set", nif, "addrgenmode", "none")
+        _run("ip", "-n", ns, "addr", "add", f"{self.addr(i)}/{self.net.prefixlen}", "dev", nif)
+        _run("ip", "-n", ns, "link", "set", nif, "up")
+        parent = ["root", "handle", "1:"]
+        if netem:
+            delay = f"{self.latency_s * 1e6:.0f}us"
+            tc = ["tc", "-n", ns, "qdisc", "add", "dev", nif, "root", "handle", "1:"]
+            _run(*tc, "netem", "delay", delay, "limit", "100000")
+            parent = ["parent", "1:", "handle", "2:"]
+        self._tbf(["tc", "-n", ns], nif, parent)  # what node i sends
+        self._tbf(["tc"], hif, ["root", "handle", "1:"])  # what node i receives
+
+    def _tbf(self, tc: list[str], dev: str, parent: list[str]) -> None:
+        burst, limit = shaping(self.bandwidth_bps)
+        rate = f"{int(self.bandwidth_bps)}bit"
+        _run(*tc, "qdisc", "add", "dev", dev, *parent, "tbf", "rate", rate,
+             "burst", str(burst), "limit", str(limit))  # fmt: skip
 
     def _has_netem(self) -> bool:
-        """Whether ``tc ... netem`` works here (a probe on a throw-away dummy link)."""
-        probe = f"{PREFIX}{self.run_id}h99"
-        if _run("ip", "link", "add", probe, "type", "dummy", check=False).returncode != 0:
+        """Whether ``tc ... netem`` works here (a probe on a throw-away veth pair)."""
+        probe = f"{PREFIX}{self.run_id}h998"
+        peer = f"{PREFIX}{self.run_id}h999"
+        if _run("ip", "link", "add", probe, "type", "veth", "peer", "name", peer,
+                check=False).returncode != 0:  # fmt: skip
             return False
         try:
             r = _run(
@@ -334,13 +267,18 @@ class EmulatedCluster:
             _run("ip", "link", "del", probe, check=False)
 
     def down(self) -> None:
-        """Remove every namespace, link and qdisc of this run (idempotent)."""
+        """Remove every namespace, link and qdisc of this run (idempotent); resources of
+        another live run are never touched."""
         if not self._up:
             return
         self._up = False
         try:
-            _remove_run(self.run_id, list_resources().get(self.run_id, []))
+            if netstate.owned_by_me(self.run_id):
+                netstate.remove_run(self.run_id)
         finally:
+            if self._guardian_fd is not None:
+                os.close(self._guardian_fd)  # the guardian finds nothing left and exits
+                self._guardian_fd = None
             self._restore_handlers()
 
     def _install_handlers(self) -> None:
@@ -351,19 +289,15 @@ class EmulatedCluster:
                 raise KeyboardInterrupt
             raise SystemExit(128 + signum)
 
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            with contextlib.suppress(ValueError):  # not the main thread: finally/atexit
                 self._old_handlers[sig] = signal.signal(sig, handler)
-            except ValueError:  # not the main thread: rely on finally/atexit
-                pass
 
     def _restore_handlers(self) -> None:
         atexit.unregister(self.down)
         for sig, old in self._old_handlers.items():
-            try:
+            with contextlib.suppress(ValueError):
                 signal.signal(sig, old)
-            except ValueError:
-                pass
         self._old_handlers.clear()
 
     def __enter__(self) -> EmulatedCluster:
@@ -373,19 +307,31 @@ class EmulatedCluster:
         self.down()
 
     def describe(self) -> dict[str, Any]:
+        burst, limit = shaping(self.bandwidth_bps)
         return {
             "run_id": self.run_id,
             "nodes": self.nodes,
             "bandwidth_bps": self.bandwidth_bps,
             "latency_s": self.latency_s,
             "latency_emulated": self.latency_emulated,
+            "burst_bytes": burst,
+            "queue_bytes": limit - burst,
             "addresses": [self.addr(i) for i in range(self.nodes)],
         }
 
 
-if __name__ == "__main__":  # python -m bench.cluster.netns [list|cleanup]
-    cmd = sys.argv[1] if len(sys.argv) > 1 else "list"
+def main(argv: list[str]) -> int:
+    """``list`` or ``cleanup``."""
+    cmd = argv[0] if argv else "list"
     if cmd == "cleanup":
         print("\n".join(cleanup_leftovers()) or "nothing to remove")
+    elif cmd == "list":
+        print(json.dumps(netstate.describe_all(), indent=1))
     else:
-        print(json.dumps(list_resources(), indent=1))
+        print(f"error: unknown command {cmd!r}; use list or cleanup", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":  # python -m bench.cluster [list|cleanup] says the same
+    raise SystemExit(main(sys.argv[1:]))

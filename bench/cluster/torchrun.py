@@ -33,6 +33,7 @@ WORKER_MODULE = "bench.train"
 AGENT_MODULE = "bench.cluster.agent"  # torchrun, noting failed worker groups
 EVENTS_ENV = "BENCH_EVENTS"  # the run's event log (bench.checkpoint.events_path)
 GENERATION_ENV = "BENCH_GENERATION"  # one token per rendezvous round, the same on every node
+LAUNCHER_ENV = "BENCH_LAUNCHER_PID"  # an agent dies with this process (bench.cluster.agent)
 
 
 def events_env(run_json: Path) -> dict[str, str]:
@@ -105,11 +106,13 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def worker_env(c: ClusterConfig) -> dict[str, str]:
     """This process's environment with the workers' intra-op thread count."""
-    env = dict(os.environ)
+    env = {**os.environ, LAUNCHER_ENV: str(os.getpid())}
     if c.threads_per_worker:
         env["OMP_NUM_THREADS"] = str(c.threads_per_worker)
-    else:  # the cores shared among the workers of this node
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // c.nproc_per_node)))
+    else:  # the cores shared among the workers of every node that runs on this machine
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        here = c.nproc_per_node * (c.nnodes if c.name == "local" else 1)
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (cores or os.cpu_count() or 1) // here)))
     return env
 
 

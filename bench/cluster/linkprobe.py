@@ -1,0 +1,150 @@
+"""Both ends of the link check, run inside the emulated nodes' namespaces.
+
+``python bench/cluster/linkprobe.py serve HOST PORT`` answers pings, then receives a bulk
+transfer and small messages, acknowledging each with one byte;
+``python bench/cluster/linkprobe.py blast HOST PORT NBYTES [PINGS [SMALLS BYTES GAP_S]]``
+is the client and prints its timings as JSON.  A plain script with the standard library
+only, so that starting it inside a namespace costs ~50 ms (:mod:`bench.cluster.linkcheck`
+runs it and judges the result).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import statistics
+import sys
+import time
+
+CHUNK = 1 << 20  # bytes per send/recv call
+
+
+def _recv_exact(c: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        r = c.recv(n - len(out))
+        if not r:
+            raise ConnectionError("the link check peer went away")
+        out += r
+    return out
+
+
+def _drain(c: socket.socket, buf: bytearray, n: int) -> None:
+    got = 0
+    while got < n:
+        r = c.recv_into(buf, min(CHUNK, n - got))
+        if r == 0:
+            raise ConnectionError("the link check client went away")
+        got += r
+
+
+def serve(host: str, port: int, conns: int = 1) -> None:
+    """Accept ``conns`` connections: answer pings, receive a bulk transfer and the small
+    messages, acknowledging each with one byte."""
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind((host, port))
+    srv.listen(1)
+    print("ready", flush=True)
+    buf = bytearray(CHUNK)
+    for _ in range(conns):
+        c, _ = srv.accept()
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with c:
+            head = _recv_exact(c, 24)
+            pings, smalls = int.from_bytes(head[:4], "big"), int.from_bytes(head[4:8], "big")
+            small, bulk = int.from_bytes(head[8:16], "big"), int.from_bytes(head[16:], "big")
+            for _ in range(pings):
+                c.sendall(_recv_exact(c, 1))
+            for n in [bulk] + [small] * smalls:
+                _drain(c, buf, n)
+                c.sendall(b"k")
+    srv.close()
+
+
+def _connect(host: str, port: int, connect_s: float) -> socket.socket:
+    deadline = time.monotonic() + connect_s
+    while True:
+        try:
+            c = socket.create_connection((host, port), timeout=60)
+            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return c
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def _timed_send(c: socket.socket, data: memoryview, nbytes: int) -> float:
+    t0 = time.perf_counter()
+    sent = 0
+    while sent < nbytes:
+        sent += c.send(data[: min(CHUNK, nbytes - sent)])
+    _recv_exact(c, 1)
+    return time.perf_counter() - t0
+
+
+def blast(
+    host: str,
+    port: int,
+    nbytes: int,
+    pings: int = 20,
+    connect_s: float = 10.0,
+    smalls: int = 0,
+    small_bytes: int = 0,
+    gap_s: float = 0.05,
+) -> dict:
+    """Client side: RTT by ping-pong, the time of one ``nbytes`` transfer, then the times
+    of ``smalls`` messages of ``small_bytes``, each sent ``gap_s`` after the last ack."""
+    with _connect(host, port, connect_s) as c:
+        head = [pings.to_bytes(4, "big"), smalls.to_bytes(4, "big")]
+        c.sendall(b"".join([*head, small_bytes.to_bytes(8, "big"), nbytes.to_bytes(8, "big")]))
+        rtts = []
+        for _ in range(pings):
+            t0 = time.perf_counter()
+            c.sendall(b"p")
+            _recv_exact(c, 1)
+            rtts.append(time.perf_counter() - t0)
+        data = memoryview(b"\0" * min(CHUNK, max(nbytes, small_bytes)))
+        dt = _timed_send(c, data, nbytes)
+        small_s = []
+        for _ in range(smalls):
+            time.sleep(gap_s)  # idle: the token bucket refills
+            small_s.append(_timed_send(c, data, small_bytes))
+    rtt = statistics.median(rtts[2:] if len(rtts) > 4 else rtts)  # first pings warm up
+    out = {
+        "bytes": nbytes,
+        "seconds": dt,
+        # the ack costs half an RTT beyond the last byte's arrival
+        "bps": nbytes * 8 / max(dt - rtt / 2, 1e-9),
+        "rtt_s": rtt,
+    }
+    if smalls:
+        # first byte out to last byte in: the message's time less one round trip
+        out["small_bytes"] = small_bytes
+        # the fastest: the one least delayed by a busy CPU, and the one a token bucket
+        # that is too large would show first
+        out["small_s"] = max(min(small_s) - rtt, 0.0)
+        out["small_all_s"] = small_s
+    return out
+
+
+def main(argv: list[str]) -> None:
+    if argv[:1] == ["serve"] and len(argv) == 3:
+        serve(argv[1], int(argv[2]))
+    elif argv[:1] == ["blast"] and len(argv) in (4, 5, 8):
+        a = argv[1:]
+        pings = int(a[3]) if len(a) > 3 else 20
+        smalls = {}
+        if len(a) > 6:
+            smalls = {"smalls": int(a[4]), "small_bytes": int(a[5]), "gap_s": float(a[6])}
+        print(json.dumps(blast(a[0], int(a[1]), int(a[2]), pings, **smalls)))
+    else:
+        raise SystemExit(
+            "usage: linkprobe.py serve HOST PORT | blast HOST PORT NBYTES "
+            "[PINGS [SMALLS SMALL_BYTES GAP_S]]"
+        )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
