@@ -189,3 +189,15 @@ def test_a_resumed_run_rewrites_its_files_from_the_whole_curve(tmp_path: Path) -
         f"{rec['run_id']}.json",
         f"{rec['run_id']}.tsv",
     ]
+
+
+def test_a_negative_cost_per_hour_is_refused_before_the_run(tmp_path: Path) -> None:
+    from bench.registry import ConfigError
+    from bench.run import validate
+
+    cfg = Config()
+    cfg.results.dir, cfg.results.cost_per_hour = str(tmp_path), -3.0
+    with pytest.raises(ConfigError, match="results.cost_per_hour"):
+        validate(cfg)
+    cfg.results.cost_per_hour = 3.06
+    validate(cfg)
