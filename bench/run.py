@@ -179,7 +179,7 @@ def launch_and_record(
     except (KeyboardInterrupt, Interrupted) as e:
         rc, status, reason = 130, "interrupted", f"interrupted by {e or 'SIGINT'}"
     except SystemExit as e:  # a launcher's own signal handler (the emulated cluster's)
-        if e.code not in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+        if e.code not in (128 + signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGHUP):
             raise
         sig = signal.Signals(int(e.code) - 128).name  # type: ignore[arg-type]
         rc, status, reason = 130, "interrupted", f"interrupted by {sig}"
