@@ -155,3 +155,15 @@ def test_the_bridge_has_no_address_and_both_directions_are_shaped():
             ).stdout
             for q in (q_out, q_in):
                 assert "tbf" in q and "rate 100Mbit" in q, q
+
+
+def test_the_link_check_refuses_a_bucket_that_lets_small_messages_through(monkeypatch):
+    from bench.cluster.linkcheck import LinkCheckError, run_link_check
+
+    monkeypatch.setattr(netns, "BURST_FRAMES", 44)  # the old 64 KiB bucket
+    with netns.EmulatedCluster(2, 100e6) as c:
+        r = run_link_check(c, 0.25, 0.2, intra=False, attempts=1, strict=False)
+        assert not r["ok"] and r["small_message_ratio"] < 0.5, r  # bulk alone looks fine
+        assert all(abs(m["bandwidth_ratio"] - 1) <= 0.25 for m in r["links"]), r
+        with pytest.raises(LinkCheckError, match="48000 B message takes"):
+            run_link_check(c, 0.25, 0.2, intra=False, attempts=1)
