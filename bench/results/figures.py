@@ -33,11 +33,12 @@ EXPOSED = ("comm/exposed_s", "time/exposed_comm_s")
 
 def target_text(metric: str, target: float | None) -> str:
     """``93 % top-5``, ``98 % top-1``, ``BLEU 90``: the target as the field says it."""
+    name = "BLEU" if metric == "bleu" else metric.replace("top", "top-")
     if target is None:
-        return metric
+        return name
     if metric == "bleu":
         return f"BLEU {100 * target:g}"
-    return f"{100 * target:g} % {metric.replace('top', 'top-')}"
+    return f"{100 * target:g} % {name}"
 
 
 def slug(text: str) -> str:
@@ -109,7 +110,7 @@ def plot_speedup(stats: pd.DataFrame, experiment: str, path: Path) -> Path | Non
         return None
     groups = list(sp.groupby(["cluster", "hardware"], sort=True))
     fig, axes = _panels(
-        len(groups), w=max(4.0, 1.2 * sp.groupby(["cluster", "hardware"]).size().max())
+        len(groups), w=max(6.5, 1.2 * sp.groupby(["cluster", "hardware"]).size().max())
     )
     for ax, ((cluster, hw), g) in zip(axes, groups, strict=True):
         labels = [config_name(r) for _, r in g.iterrows()]
@@ -124,7 +125,7 @@ def plot_speedup(stats: pd.DataFrame, experiment: str, path: Path) -> Path | Non
         ax.set_ylabel("speedup in time to target over dense (x)")
         ax.set_title(f"{cluster} on {hw}", fontsize=9)
         ax.grid(axis="y", alpha=0.3)
-    fig.suptitle(f"{experiment}: speedup over dense DDP (mean +- std over seeds)", fontsize=10)
+    fig.suptitle(f"{experiment}: speedup over dense DDP\n(mean +- std over seeds)", fontsize=10)
     return save_figure(fig, path)
 
 

@@ -68,11 +68,11 @@ def headline_section(inputs: Inputs, maker: CommandMaker, bench_rows: dict) -> l
         "| hardware | command |",
         "| --- | --- | --- | --- | --- |",
     ]
-    seen: set[str] = set()
+    last = [""]
 
     def row(what: str, cited: str, ours: str, hw: str, cmd: str) -> None:
-        shown = "as above" if cited in seen else cited
-        seen.add(cited)
+        shown = "as above" if cited == last[0] else cited  # cited once per run of rows
+        last[0] = cited
         lines.append(f"| {what} | {shown} | {ours} | {hw} | {cmd} |")
 
     c = SPEEDUP_CLAIM
