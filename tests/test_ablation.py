@@ -175,3 +175,22 @@ def test_quick_ablation_trains_and_tabulates(tmp_path: Path) -> None:
     recs = [json.loads(x) for x in (tmp_path / "runs.jsonl").read_text().splitlines()]
     assert {r["config"]["results"]["sweep_id"] for r in recs} == {csv.stem}
     assert all(r["nnodes"] == 2 for r in recs)
+
+
+def test_emulated_cluster_takes_the_paper_profile_when_it_has_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from omegaconf import OmegaConf
+
+    import bench.sweeps.common as common
+
+    overrides, note = common.cluster_profile("local")
+    assert overrides == [] and "nothing shaped" in note
+    with_profile = OmegaConf.create({"cluster": {"name": "emulated", "profile": "none"}})
+    monkeypatch.setattr(common, "compose", lambda o: with_profile)
+    overrides, note = common.cluster_profile("emulated")
+    assert overrides == ["cluster.profile=paper"] and "paper-scaled" in note
+    plain = OmegaConf.create({"cluster": {"name": "emulated", "inter_node_bandwidth": "1gbit"}})
+    monkeypatch.setattr(common, "compose", lambda o: plain)
+    overrides, note = common.cluster_profile("emulated")
+    assert overrides == [] and "no 'profile' key" in note and "1gbit" in note
