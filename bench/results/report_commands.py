@@ -122,7 +122,7 @@ class CommandMaker:
         ov = self.overrides(record)
         if ov is None:
             return f"python -m reproduce train experiment={record.get('experiment')} comm={comm}"
-        ov = [o for o in ov if not o.startswith("comm=")]
+        ov = [o for o in ov if not o.startswith(("comm=", "results.sweep_id="))]
         if comm not in SPARSE:
             ov = [o for o in ov if not o.startswith("comm.")]
         keep_results = [o for o in ov if o.startswith("results.")]
