@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 BENCHMARKS = {"classification": "resnet", "translation": "transformer"}
+_REPO = str(Path(__file__).resolve().parents[2])
 
 
 def log_path(results_dir: str | Path, run_id: str) -> Path:
@@ -49,7 +50,8 @@ class RunLog:
         self._handler = logging.FileHandler(path, mode="a")  # a resumed run appends
         self._handler.setFormatter(logging.Formatter("%(message)s"))
         logger.addHandler(self._handler)
-        self._mll = mllog.MLLogger(logger=logger, default_stack_offset=3)  # the loop's line
+        # each event names the loop's line calling it, relative to the repository
+        self._mll = mllog.MLLogger(logger=logger, default_stack_offset=3, root_dir=_REPO)
 
     @classmethod
     def open(cls, results_dir: str | Path, run_id: str, rank: int) -> RunLog:
@@ -85,7 +87,7 @@ class RunLog:
         self.start("init_start", time_ms=t0)
         for key, value in _submission(cfg, s.world, s.nnodes).items():
             self.event(key, value, time_ms=t0)
-        for key, value in _hyperparameters(cfg, s.steps).items():
+        for key, value in _hyperparameters(cfg, s.steps, s.world).items():
             self.event(key, value)
         self.event("train_samples", int(s.workload.data.train_samples))
         self.end("init_stop")
@@ -146,11 +148,13 @@ def _submission(cfg: Any, world: int, nnodes: int) -> dict[str, Any]:
     }
 
 
-def _hyperparameters(cfg: Any, steps_per_epoch: int) -> dict[str, Any]:
-    """The recipe under MLPerf's names; the optimizer's own keys for sgd and lars."""
-    o = cfg.optim
+def _hyperparameters(cfg: Any, steps_per_epoch: int, world: int) -> dict[str, Any]:
+    """The recipe under MLPerf's names; the optimizer's own keys for sgd and lars.  A
+    token-batched workload's global batch is its token budget (``data.max_tokens`` per
+    worker)."""
+    o, tokens = cfg.optim, cfg.train.workload == "translation"
     out: dict[str, Any] = {
-        "global_batch_size": int(cfg.data.batch_size),
+        "global_batch_size": int(cfg.data.max_tokens * world if tokens else cfg.data.batch_size),
         "seed": int(cfg.train.seed),
         "opt_name": str(o.name),
         "opt_base_learning_rate": float(o.lr),
