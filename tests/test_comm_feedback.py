@@ -8,6 +8,10 @@ coordinate is sent within a few ``1/density`` steps and what was sent approaches
 of the gradients; without it, top-k sends the same ``k`` coordinates forever.  Keeping the
 residual but selecting from the raw gradient (so the residual is never re-sent) conserves
 ``sent + residual == inputs`` just as well, which is why conservation alone cannot catch it.
+
+Conservation itself is checked per call for float32, bfloat16 and float16 gradients and
+each wire dtype, with gradients beyond float16's range: the wire values stay finite and
+the residual (float32 for 16-bit buckets) keeps what the clamp and rounding held back.
 """
 
 from __future__ import annotations
@@ -92,3 +96,61 @@ def test_without_feedback_small_coordinates_are_never_sent(selector: str) -> Non
     sent, first = _run(_comm("allgather", selector, False, "float32"), g)
     assert int((first >= 0).sum()) == DENSITY * NUMEL  # the same k coordinates every step
     assert float(sent.abs().sum() / (STEPS * g.double()).abs().sum()) < 0.1
+
+
+GRAD_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+WIRE_DTYPES = ["float32", "float16", "bfloat16"]
+
+
+def _steep_gradient(step: int, dtype: torch.dtype) -> torch.Tensor:
+    """Normal values plus a few at and beyond float16's range (65504) in every step."""
+    g = 3 * torch.randn(NUMEL, generator=torch.Generator().manual_seed(step))
+    big = [1e6, -2e5, 7e4, 65500.0] if dtype != torch.float16 else [65504.0, -65504.0, 6e4, 1e-7]
+    g[: len(big)] = torch.tensor(big)
+    return g.to(dtype)
+
+
+@pytest.mark.parametrize("comm", ["allgather", "hitopk"])
+@pytest.mark.parametrize("value_dtype", WIRE_DTYPES)
+@pytest.mark.parametrize("dtype", GRAD_DTYPES, ids=str)
+def test_each_call_conserves_for_every_gradient_dtype(
+    comm: str, value_dtype: str, dtype: torch.dtype
+) -> None:
+    """sent + new residual == old residual + gradient, exactly in the residual's dtype
+    (float32 for 16-bit buckets), with wire values that never overflow."""
+    c = _comm(comm, "topk", True, value_dtype)
+    wire = getattr(torch, value_dtype)
+    for step in range(6):
+        g = _steep_gradient(step, dtype)
+        old = c.memory.buffers.get("bucket")
+        old = torch.zeros(NUMEL) if old is None else old.clone()
+        assert old.dtype == torch.float32  # 16-bit buckets too: the residual is float32
+        out = c.compress(g.clone(), "bucket", DENSITY)
+        new = c.memory.buffers["bucket"]
+        assert out.values.dtype == wire and bool(torch.isfinite(out.values).all())
+        assert bool(torch.isfinite(new).all())
+        # nothing above what the bucket's dtype holds goes out (the receivers' mean fits)
+        assert float(out.values.float().abs().max()) <= torch.finfo(dtype).max
+        sent = torch.zeros(NUMEL, dtype=torch.float64)
+        sent[out.indices] = out.values.double()
+        assert torch.equal(sent + new.double(), (old + g.to(old.dtype)).double())
+        # the same against the exact sum: only the residual dtype's rounding of old + g
+        exact = old.double() + g.double()
+        assert float(((sent + new.double() - exact).abs() / exact.abs().clamp_min(1)).max()) < 1e-6
+
+
+def test_float16_bucket_keeps_what_the_wire_clamp_holds_back() -> None:
+    """Values at float16's limit that randomk does not send pile up past 65504 in the
+    residual (float32), which re-sends them clamped, instead of turning inf."""
+    c = _comm("allgather", "randomk", True, "float16")
+    g = torch.full((NUMEL,), 60000.0, dtype=torch.float16)
+    total = torch.zeros(NUMEL, dtype=torch.float64)
+    sent = torch.zeros(NUMEL, dtype=torch.float64)
+    for _ in range(5):
+        out = c.compress(g.clone(), "bucket", DENSITY)
+        assert float(out.values.float().abs().max()) <= 65504 and bool(out.values.isfinite().all())
+        sent.index_add_(0, out.indices, out.values.double())
+        total += g.double()
+    res = c.memory.buffers["bucket"]
+    assert res.dtype == torch.float32 and float(res.max()) > 65504
+    assert torch.equal(sent + res.double(), total)

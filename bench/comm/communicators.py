@@ -45,7 +45,7 @@ from bench.comm.futures import Future, collective, done
 from bench.comm.selection import k_for
 from bench.comm.stats import CommStats, allgather_traffic, allreduce_traffic, hitopk_traffic
 from bench.comm.topology import Groups, check_hierarchical
-from bench.comm.wire import accumulator, pack, packet_bytes, to_wire, unpack
+from bench.comm.wire import accumulator, pack, packet_bytes, to_wire, unpack, widened
 from bench.registry import ConfigError, Registry
 
 __all__ = ["COMMUNICATORS", "AllGather", "AllReduce", "CommStats", "Communicator", "HiTopK"]
@@ -93,13 +93,13 @@ class Communicator:
         The compressor must see the *compensated* gradient (this step's plus the residual of
         the earlier ones): selecting from ``flat`` alone would keep the residual but never
         send it (``tests/test_comm_feedback.py`` checks that it is sent).  Sparse values
-        leave as wire values (``wire.to_wire``) *before* the memory keeps the rest, so the
-        residual holds the clamp and rounding error of the wire dtype too.
+        leave as wire values, clamped for the bucket's dtype (``wire.to_wire``), *before*
+        the memory keeps the rest, so the residual holds the clamp and rounding error too.
         """
         comp = self.memory.compensate(flat, key)
         c = self.compressor.compress(comp, density)
-        if c.sparse and c.values.dtype != self.vdtype:
-            c.values = to_wire(c.values, self.vdtype)
+        if c.sparse:
+            c.values = to_wire(c.values, self.vdtype, flat.dtype)
         self.memory.update(key, comp, c)
         return c
 
@@ -231,7 +231,8 @@ class HiTopK(Communicator):
     def _reduce_scatter(
         self, flat: torch.Tensor, s: int, stats: CommStats
     ) -> tuple[torch.Tensor, Future]:
-        """(1): this worker's shard and the future of its node sum (issued now)."""
+        """(1): this worker's shard and the future of its node sum (issued now).  The
+        shard of a float16/bfloat16 bucket is float32: a node sum must not overflow."""
         g, times = self.groups, stats.times
         assert g is not None
         m = g.topo.procs_per_node
@@ -240,7 +241,7 @@ class HiTopK(Communicator):
         t0 = times.now(flat)
         d = flat.numel()
         src = flat if d == s * m else torch.cat([flat, flat.new_zeros(s * m - d)])
-        shard = flat.new_empty(s)
+        shard = flat.new_empty(s, dtype=widened(flat.dtype))
         times.add_select(t0, times.now(flat))
         return shard, _reduce_scatter_async(stats, flat, shard, src, g.intra)
 
@@ -248,17 +249,25 @@ class HiTopK(Communicator):
 def _reduce_scatter_async(
     stats: CommStats, like: torch.Tensor, shard: torch.Tensor, src: torch.Tensor, group: Any
 ) -> Future:
-    """Reduce-scatter of ``src`` into ``shard`` with a future.  Gloo's reduce-scatter has
-    none (``Work::getFuture not implemented``): there it is an all-to-all of the shards
-    (the same ``(m-1)/m`` of the bucket sent per worker) and a local sum of the ``m``
-    received shards, which counts as part of the collective."""
-    if dist.get_backend(group) != "gloo":
+    """Reduce-scatter of ``src`` into ``shard`` (``m`` shards' sum) with a future.
+
+    Gloo's reduce-scatter has none (``Work::getFuture not implemented``): there it is an
+    all-to-all of the shards (the same ``(m-1)/m`` of the bucket sent per worker) and a
+    local sum of the ``m`` received shards in ``shard``'s dtype, which counts as part of
+    the collective.  Elsewhere a 16-bit bucket is reduced as its mean over the ``m``
+    workers (a 16-bit sum could overflow) and scaled back in ``shard``'s float32."""
+    m = src.numel() // shard.numel()
+    if dist.get_backend(group) == "gloo":
+        parts = torch.empty_like(src)
+        issue = partial(dist.all_to_all_single, parts, src, group=group, async_op=True)
+
+        def add(_: Future) -> torch.Tensor:
+            return torch.sum(parts.view(m, -1), dim=0, dtype=shard.dtype, out=shard)
+
+        return collective(stats, like, issue, then=add)
+    if shard.dtype == src.dtype:
         issue = partial(_reduce_scatter, shard, src, group=group, async_op=True)
         return collective(stats, like, issue)
-    parts = torch.empty_like(src)
-    issue = partial(dist.all_to_all_single, parts, src, group=group, async_op=True)
-
-    def add(_: Future) -> torch.Tensor:
-        return torch.sum(parts.view(-1, shard.numel()), dim=0, out=shard)
-
-    return collective(stats, like, issue, then=add)
+    part = src.new_empty(shard.numel())
+    issue = partial(_reduce_scatter, part, src / m, group=group, async_op=True)
+    return collective(stats, like, issue, then=lambda _: shard.copy_(part).mul_(m))

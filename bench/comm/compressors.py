@@ -29,7 +29,7 @@ import torch
 
 from bench.comm import selection
 from bench.comm.config import MSTopKMethod, Selector, ValueDtype, parse
-from bench.comm.wire import to_wire
+from bench.comm.wire import to_wire, widened
 from bench.registry import ConfigError, Registry
 
 COMPRESSORS: Registry[type[Compressor]] = Registry("compressor")
@@ -265,7 +265,10 @@ class ResidualMemory(Memory):
     and returns that buffer (no temporary of the bucket's size), the compressor selects
     from it, and ``update`` subtracts the sent values at the sent positions in place, so
     what stays in the buffer is exactly what was not sent (the sent values are the wire
-    values, so the clamp and rounding of a low-precision wire dtype stay too).
+    values, so the clamp and rounding of a low-precision wire dtype stay too).  The
+    residual of a float16 or bfloat16 bucket is float32: it must hold what the wire's
+    clamp holds back, past float16's range, and small gradients that a 16-bit sum with a
+    large residual would round away.
 
     DDP rebuilds its buckets after the first step: the residuals of keys that a step did
     not use are freed by :meth:`sweep`, which the hook calls before each step.
@@ -276,8 +279,9 @@ class ResidualMemory(Memory):
 
     def compensate(self, x: torch.Tensor, key: Hashable) -> torch.Tensor:
         buf = self.buffers.get(key)
-        if buf is None or buf.shape != x.shape or buf.device != x.device or buf.dtype != x.dtype:
-            buf = torch.zeros_like(x)  # new bucket (or DDP rebuilt its buckets): no history
+        dtype = widened(x.dtype)  # float16/bfloat16 buckets: a float32 residual
+        if buf is None or buf.shape != x.shape or buf.device != x.device or buf.dtype != dtype:
+            buf = torch.zeros_like(x, dtype=dtype)  # new bucket (or rebuilt buckets): no history
             self.buffers[key] = buf
         self.used.add(key)
         return buf.add_(x)

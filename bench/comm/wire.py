@@ -11,7 +11,9 @@ error-feedback residual NaN); a bfloat16 one above ~3.39e38 likewise, and bfloat
 65504 up to 65536, past float16's range.  ``to_wire`` clamps to :func:`wire_limit`, the
 largest value representable in the wire dtype that is also finite in the gradient's dtype,
 before casting.  What the clamp and the rounding leave out stays in the residual: the
-memory subtracts the wire values themselves (``ResidualMemory.update``).  Receivers add
+memory subtracts the wire values themselves (``ResidualMemory.update``), and keeps the
+residual of float16/bfloat16 buckets in float32 (a float16 residual would overflow
+where the clamp holds values back).  Receivers add
 low-precision values into a float32 accumulator (:func:`accumulator`), so the sum of ``w``
 workers' values cannot overflow either, and the mean (at most the limit) is finite in the
 gradient's dtype.
@@ -73,16 +75,23 @@ def wire_limit(wire: torch.dtype, grad: torch.dtype) -> float:
     return float(t)
 
 
-def to_wire(values: torch.Tensor, wire: torch.dtype) -> torch.Tensor:
-    """``values`` cast to ``wire``, clamped into :func:`wire_limit` (never inf)."""
-    lim = wire_limit(wire, values.dtype)
+def to_wire(
+    values: torch.Tensor, wire: torch.dtype, bucket: torch.dtype | None = None
+) -> torch.Tensor:
+    """``values`` cast to ``wire``, clamped into ``wire_limit(wire, bucket)`` (never inf;
+    ``bucket``: the dtype the receivers' mean lands in, default ``values.dtype``)."""
+    lim = wire_limit(wire, bucket or values.dtype)
     if lim >= torch.finfo(values.dtype).max:  # nothing finite can overflow
         return values.to(wire)
     # clamp in float32, where the limit is exact (a bfloat16 clamp would round it up)
     return torch.clamp(values.float(), -lim, lim).to(wire)
 
 
+def widened(dtype: torch.dtype) -> torch.dtype:
+    """``dtype``, or float32 for the 16-bit float dtypes (sums and residuals)."""
+    return dtype if torch.finfo(dtype).bits >= 32 else torch.float32
+
+
 def accumulator(like: torch.Tensor, numel: int) -> torch.Tensor:
     """Zeroed sum buffer for received values: ``like``'s dtype, float32 below that."""
-    dtype = like.dtype if torch.finfo(like.dtype).bits >= 32 else torch.float32
-    return torch.zeros(numel, dtype=dtype, device=like.device)
+    return torch.zeros(numel, dtype=widened(like.dtype), device=like.device)

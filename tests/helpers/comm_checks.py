@@ -70,6 +70,23 @@ def density_one(rank: int, world: int) -> dict[str, float]:
     return out
 
 
+def _placed(comm: Any, numel: int) -> torch.Tensor:
+    """This worker's residuals at their bucket positions (float64): flat -> the whole
+    bucket; hitopk -> this worker's shard of its node sum."""
+    placed = torch.zeros(numel, dtype=torch.float64)
+    for key, r in comm.memory.buffers.items():
+        if isinstance(key, tuple) and key[-1] == "shard":
+            m = comm.groups.topo.procs_per_node
+            s = r.numel()
+            lr = comm.groups.topo.local_rank
+            lo, hi = lr * s, min(numel, (lr + 1) * s)
+            placed[lo:hi] += r[: hi - lo].double()
+            assert s == -(-numel // m)
+        else:
+            placed += r.double()
+    return placed
+
+
 def conservation(rank: int, world: int) -> dict[str, float]:
     """Relative error of sum(applied) + sum(residual) vs sum(gradients), per setting."""
     out: dict[str, float] = {}
@@ -87,18 +104,7 @@ def conservation(rank: int, world: int) -> dict[str, float]:
                 buf = g.clone()
                 res = comm.reduce(buf, "bucket", state.density, CommStats()).wait()
                 applied += res.double() * world  # the hook returns the mean
-            # residuals: flat -> whole bucket; hitopk -> this worker's shard of its node sum
-            placed = torch.zeros(numel, dtype=torch.float64)
-            for key, r in comm.memory.buffers.items():
-                if isinstance(key, tuple) and key[-1] == "shard":
-                    m = comm.groups.topo.procs_per_node
-                    s = r.numel()
-                    lr = comm.groups.topo.local_rank
-                    lo, hi = lr * s, min(numel, (lr + 1) * s)
-                    placed[lo:hi] += r[: hi - lo].double()
-                    assert s == -(-numel // m)
-                else:
-                    placed += r.double()
+            placed = _placed(comm, numel)
             dist.all_reduce(grad_sum)
             dist.all_reduce(placed)
             # applied is already the all-worker sum (identical on every rank)
@@ -168,3 +174,99 @@ if __name__ == "__main__":
 
     for r, res in enumerate(run_workers(run_all, 4, 2)):
         print(r, res)
+
+
+def wire_range(rank: int, world: int) -> dict[str, float]:
+    """float16 wire values of gradients beyond float16's range (float32 buckets) and at its
+    edge on every worker at once (float16 buckets, whose 4-worker sum is past 65504):
+    per setting, whether every result is finite, and the relative conservation error of
+    sum(applied) + sum(residuals) vs sum(gradients)."""
+    out: dict[str, float] = {}
+    numel = 20_000
+    for name in ("mstopk", "hitopk"):
+        for dtype in (torch.float32, torch.float16):
+            state, _ = make_hook(name, density=0.01, value_dtype="float16", min_numel=0)
+            big = [1e6, -2e5, 7e4] if dtype == torch.float32 else [6e4, -6e4, 65504.0]
+            grad_sum = torch.zeros(numel, dtype=torch.float64)
+            applied = torch.zeros(numel, dtype=torch.float64)
+            finite = True
+            for step in range(3):
+                g = 3 * torch.randn(numel, generator=torch.Generator().manual_seed(step + rank))
+                g[: len(big)] = torch.tensor(big)
+                g = g.to(dtype)
+                res = state.comm.reduce(g.clone(), "b", state.density, CommStats()).wait()
+                finite &= bool(torch.isfinite(res).all())
+                applied += res.double() * world
+                grad_sum += g.double()
+            placed = _placed(state.comm, numel)
+            dist.all_reduce(grad_sum)
+            dist.all_reduce(placed)
+            err = (applied + placed - grad_sum).abs() / (grad_sum.abs() + 1)
+            label = f"{name}/{str(dtype).removeprefix('torch.')}"
+            out[f"{label}/finite"] = float(finite)
+            out[f"{label}/error"] = float(err.max())
+    return out
+
+
+DELAY_S = 1.0  # how late the other workers join on rank 0
+
+
+class _Bucket:
+    """The part of ``dist.GradBucket`` that the hooks use (2-D gradients for PowerSGD)."""
+
+    def __init__(self, index: int, rows: int, cols: int, last: bool, seed: int) -> None:
+        self._index, self._last, self._shape = index, last, (rows, cols)
+        self._buf = torch.randn(rows * cols, generator=torch.Generator().manual_seed(seed))
+        self._param = torch.empty(0)
+
+    def buffer(self) -> torch.Tensor:
+        return self._buf
+
+    def set_buffer(self, t: torch.Tensor) -> None:
+        self._buf = t
+
+    def gradients(self) -> list[torch.Tensor]:
+        return [self._buf.view(self._shape)]
+
+    def parameters(self) -> list[torch.Tensor]:
+        return [self._param]
+
+    def index(self) -> int:
+        return self._index
+
+    def is_last(self) -> bool:
+        return self._last
+
+
+def asynchronous(rank: int, world: int) -> dict[str, dict[str, float]]:
+    """Per hook, 4 buckets handed over at once while the other ranks join ``DELAY_S``
+    late on rank 0: seconds the 4 hook calls took, until all futures completed, and the
+    popped per-step ``time/comm_s`` and ``time/select_s``."""
+    import time
+
+    out = {}
+    for name in ("dense", "fp16", "mstopk", "hitopk", "powersgd"):
+        state, hook = make_hook(name, density=0.01, min_numel=0)
+        buckets = [_Bucket(i, 64, 500, i == 3, 10 * rank + i) for i in range(4)]
+        dist.barrier()
+        if rank != 0:
+            time.sleep(DELAY_S)
+        t0 = time.perf_counter()
+        futs = [hook(state, b) for b in buckets]
+        call_s = time.perf_counter() - t0
+        results = torch.futures.wait_all(futs)
+        wall_s = time.perf_counter() - t0
+        st = state.stats.pop()
+        finite = all(bool(torch.isfinite(r).all()) for r in results)
+        out[name] = {
+            "call_s": call_s,
+            "wall_s": wall_s,
+            "comm_s": st["time/comm_s"],
+            "select_s": st["time/select_s"],
+            "finite": float(finite),
+        }
+    return out
+
+
+def run_async(rank: int, world: int) -> dict[str, Any]:
+    return {"asynchronous": asynchronous(rank, world), "wire_range": wire_range(rank, world)}
