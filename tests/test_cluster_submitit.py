@@ -87,7 +87,7 @@ def test_training_on_the_emulated_cluster_records_the_link_check(tmp_path: Path)
     p = run_cli(
         "train",
         "cluster=emulated",
-        "cluster.inter_node_bandwidth=1gbit",
+        "cluster.inter_node_bandwidth=100mbit",
         "cluster.nproc_per_node=1",
         f"results.dir={tmp_path}",
         "train.epochs=1",
