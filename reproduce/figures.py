@@ -61,8 +61,6 @@ def _load(results_dir: str):
             f"{e}: run a training first, e.g. `python -m reproduce dawnbench "
             f"results.dir={results_dir}`, or point --results-dir at a directory with records"
         )
-    for p in inputs.problems:
-        print(f"warning: {p}", file=sys.stderr)
     return inputs
 
 
@@ -87,6 +85,8 @@ def main(argv: list[str]) -> None:
     from bench.results.report import write_report
 
     figs = plan(inputs, args.experiment)
+    for p in inputs.problems:
+        print(f"warning: {p}", file=sys.stderr)
     report = inputs.results_dir / "REPORT.md"
     if args.dry_run:
         _print_inputs(inputs)

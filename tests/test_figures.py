@@ -79,7 +79,8 @@ def _topk_csv(path: Path) -> None:
 @pytest.fixture
 def results(tmp_path: Path) -> Path:
     """dense (10 s, 12 s), hitopk (8 s; one seed missed), powersgd (9 s) on 2 x 2 workers,
-    a torn line, an older record without the later fields, and a topk benchmark CSV."""
+    a torn line, an older record without the later fields, a topk benchmark CSV and an
+    empty update CSV."""
     d = tmp_path / "results"
     recs = [
         _record("r-dense-0", "dense", 0, 10.0),
@@ -97,6 +98,7 @@ def results(tmp_path: Path) -> Path:
     for r in [*recs, old]:
         _curve(d / "curves" / f"{r['run_id']}.csv", r["time_to_target_s"], r is old)
     _topk_csv(d / "bench" / "topk.csv")
+    (d / "bench" / "update.csv").write_text("")  # a benchmark CSV cut to nothing
     return d
 
 
@@ -126,7 +128,9 @@ def test_figures_and_report_from_records(results: Path, capsys) -> None:
     assert "python -m reproduce train experiment=dawnbench_digits comm=hitopk" in report
     assert "mstopk: `python -m reproduce train" in report  # missing: what to run
     assert "mstopk-tiled 5.00 ms vs torch.topk 20.00 ms: 4.00x" in report
-    assert "r-old" in report.split("## Input problems")[1]  # older schema, named
+    problems = report.split("## Input problems")[1]
+    assert "r-old" in problems  # older schema, named
+    assert "update.csv: unreadable" in problems
 
 
 def test_no_records_is_one_clear_error(tmp_path: Path, capsys) -> None:

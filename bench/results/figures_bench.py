@@ -27,9 +27,15 @@ class BenchFigure:
     error: str = ""
 
 
-def newest_runs(csv: Path) -> list[tuple[str, pd.DataFrame]]:
-    """(hardware, rows of the newest run on it) for each hardware of a benchmark CSV."""
-    df = pd.read_csv(csv)
+def newest_runs(csv: Path, problems: list[str] | None = None) -> list[tuple[str, pd.DataFrame]]:
+    """(hardware, rows of the newest run on it) for each hardware of a benchmark CSV; an
+    unreadable CSV gives none, and a line in ``problems`` naming it."""
+    try:
+        df = pd.read_csv(csv)
+    except (OSError, ValueError, pd.errors.ParserError) as e:
+        if problems is not None and not any(str(csv) in p for p in problems):
+            problems.append(f"{csv}: unreadable, its figure and numbers are left out ({e})")
+        return []
     if df.empty or "bench_id" not in df:
         return []
     if "hardware" not in df:

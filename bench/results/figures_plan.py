@@ -97,7 +97,7 @@ def _bench_figures(inputs: Inputs) -> list[Figure]:
     for name, csv in inputs.bench.items():
         if name not in known:
             continue
-        for hw, rows in fb.newest_runs(csv):
+        for hw, rows in fb.newest_runs(csv, inputs.problems):
             p = fb.figure_path(figures_dir(inputs), name, hw)
             what = (
                 f"bench {name}: newest run {rows['bench_id'].iloc[0]} on {hw.split(';')[0]} "

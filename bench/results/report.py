@@ -128,7 +128,7 @@ def bench_headlines(inputs: Inputs) -> dict[str, list[tuple[str, str]]]:
     out: dict[str, list[tuple[str, str]]] = {}
     for name, fn in fb.HEADLINES.items():
         csv = inputs.bench.get(name)
-        for hw, rows in fb.newest_runs(csv) if csv else []:
+        for hw, rows in fb.newest_runs(csv, inputs.problems) if csv else []:
             for text in fn(rows):
                 out.setdefault(name, []).append(
                     (hw.split(";")[0], f"{text} (run {rows['bench_id'].iloc[0]})")
