@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
-from bench.comm import COMPRESSORS, HOOKS, SELECTORS, CommController, is_sparse, validate
+from bench.comm import COMPRESSORS, HOOKS, MEMORIES, SELECTORS, CommController, is_sparse, validate
 from bench.comm.config import CommConfig, Selector
 from bench.comm.hooks import HookOptions
 from bench.registry import ConfigError
@@ -111,3 +111,61 @@ def test_controller_leaves_density_of_whole_bucket_hooks(name: str) -> None:
     c = CommController(S(), _cfg(name=name, density_schedule=[0.25]), steps_per_epoch=10)
     c.set_epoch(0)
     assert c.state.density == 0.5
+
+
+@pytest.mark.parametrize(
+    "name, kw, allowed",
+    [
+        ("topk", {"method": "tiled"}, "none"),
+        ("randomk", {"generator": None}, "seed"),
+        ("mstopk", {"itres": 3}, "method, iters"),
+    ],
+)
+def test_compressor_refuses_unknown_options(name: str, kw: dict, allowed: str) -> None:
+    (opt,) = kw
+    with pytest.raises(ConfigError, match=f"unknown option '{opt}' of compressor '{name}'"):
+        COMPRESSORS.get(name)("float32", **kw)
+    with pytest.raises(ConfigError, match=f"allowed: {allowed}"):
+        COMPRESSORS.get(name)("float32", **kw)
+
+
+def test_seeded_randomk_draws_on_the_buckets_device() -> None:
+    import torch
+
+    x = torch.randn(5000)
+    a, b = COMPRESSORS.get("randomk")("float32", seed=3), COMPRESSORS.get("randomk")(seed=3)
+    ia, ib = a.compress(x, 0.01).indices, b.compress(x, 0.01).indices
+    assert torch.equal(ia, ib)  # the seed reproduces the selection
+    assert [g.device for g in a._generators.values()] == [x.device]
+
+
+def test_memory_sweep_frees_buckets_a_step_did_not_use() -> None:
+    import torch
+
+    mem = MEMORIES.get("residual")()
+    for key in ("old", "kept"):
+        mem.compensate(torch.ones(4), key)
+    mem.sweep()
+    mem.sweep()  # a step without sparse buckets (dense warm-up) frees nothing
+    assert set(mem.buffers) == {"old", "kept"}
+    mem.compensate(torch.ones(4), "kept")  # DDP rebuilt its buckets: "old" is gone
+    mem.sweep()
+    assert set(mem.buffers) == {"kept"} and float(mem.buffers["kept"][0]) == 2.0
+
+
+def test_process_groups_are_made_again_after_reinitialisation(tmp_path) -> None:
+    import torch.distributed as dist
+
+    from bench.comm.topology import Topology, groups
+
+    made = []
+    for i in range(2):
+        store = dist.FileStore(str(tmp_path / f"store{i}"), 1)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        try:
+            topo = Topology(world_size=1, procs_per_node=1, rank=0)
+            made.append(groups(topo))
+            assert groups(topo) is made[-1]  # cached within one world
+        finally:
+            dist.destroy_process_group()
+    assert made[0] is not made[1]
