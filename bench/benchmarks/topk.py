@@ -5,12 +5,22 @@ density (0.001, 0.01) it times, in the same run and on the same tensor:
 
 - ``sum``: ``x.sum()``, one read pass over the tensor: the floor any selection pays;
 - ``torch.topk``: ``torch.topk(x.abs(), k)``, the exact baseline;
-- ``mstopk-<method>`` for each method of :func:`bench.comm.selection.mstopk`;
-- at 25.6 M, the error-feedback step too: ``topk+ef`` (``acc = g + r``; exact top-k of
-  ``acc``; ``r = acc`` with the sent entries zeroed, each a separate tensor) against
-  ``mstopk+ef`` (the fused residual memory: ``r += g`` in place, select, subtract in place).
+- ``mstopk-<method>`` for each method of :func:`bench.comm.selection.mstopk`: ``tiled``
+  (the default of ``mstopk``) is this project's own exact variant, ``paper`` the paper's
+  multi-threshold search (approximate within its last band), timed beside it on the same
+  tensor; ``sampled`` and ``hist`` are exact too;
+- at 25.6 M, the error-feedback step (``r += g``; select from ``r``; ``r`` keeps what was
+  not sent) in three in-place forms, each on its own residual: ``topk+ef`` (the careful
+  user's baseline: ``r.add_(g)``, ``torch.topk`` of ``|r|``, gather the values, zero the
+  sent entries in place; no copy of the accumulator), ``mstopk+ef`` (the very same steps
+  with ``mstopk`` as the selector: the gain of faster selection alone) and
+  ``mstopk+ef[fused]`` (:func:`bench.comm.selection.mstopk_ef`: the addition fused into
+  ``tiled``'s sweep: the further gain of fusing the update).  Before timing, one step of
+  each from the same residual must select the same set as ``torch.topk`` (else the run
+  stops).
 
-Columns: ``method``, ``input`` (gaussian; heavy = Student-t with 1.5 dof at 25.6 M),
+Columns: ``method``, ``input`` (gaussian; at 25.6 M also heavy = Student-t with 1.5 dof
+and cauchy = standard Cauchy, both scaled by 1e-3),
 ``numel``, ``density``, ``k``, ``median_ms`` (see Timing below), ``coverage`` (the fraction of
 the exact top-k's squared magnitude captured), ``speedup_vs_topk`` (torch.topk's median /
 this median) and ``x_floor`` (this median / ``sum``'s median), ``threads``, ``syncs`` (host
@@ -38,13 +48,13 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
 from bench.benchmarks.harness import BenchRun, interleaved, summarize
-from bench.comm.compressors import MSTopKCompressor, ResidualMemory
-from bench.comm.selection import MSTOPK_METHODS, host_syncs, k_for, mstopk
+from bench.comm.selection import MSTOPK_METHODS, host_syncs, k_for, mstopk, mstopk_ef
 
 SIZES = [1_000_000, 4_000_000, 16_000_000, 25_600_000, 64_000_000]
 CUDA_SIZES = [25_600_000, 100_000_000]
@@ -55,6 +65,9 @@ TRITON_METHODS = ("tiled", "paper")  # the mstopk methods with a Triton kernel
 
 
 def _input(kind: str, n: int, device: torch.device) -> torch.Tensor:
+    if kind == "cauchy":  # heavier still: no mean; values spread over many octaves
+        g = torch.Generator().manual_seed(0)
+        return torch.empty(n).cauchy_(generator=g).mul_(1e-3).to(device)
     if device.type == "cuda":  # generated where it is used: 100 M normals in milliseconds
         if kind == "heavy":
             return (
@@ -141,28 +154,39 @@ def _coverage(x: torch.Tensor, idx: torch.Tensor, exact_sq: float) -> float:
     return float(x[idx].double().pow(2).sum()) / exact_sq
 
 
-def _ef_cases(x: torch.Tensor, k: int, density: float) -> dict[str, object]:
-    """Unfused exact top-k + error feedback vs the fused residual memory with MSTopK."""
-    grad = x
-    resid = torch.zeros_like(x)
+def _ef_cases(grad: torch.Tensor, k: int, resid0: torch.Tensor | None = None) -> dict[str, Any]:
+    """The error-feedback step in its three in-place forms, each with its own residual
+    (``resid0`` or zeros); each call returns the sent ``(values, indices)``."""
+    cases: dict[str, Any] = {}
 
-    def unfused() -> torch.Tensor:
-        acc = grad + resid
-        idx = torch.topk(acc.abs(), k, sorted=False).indices
-        vals = acc[idx]
-        new = acc.clone()
-        new[idx] = 0
-        resid.copy_(new)
-        return vals
+    def unfused(select: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[], Any]:
+        resid = torch.zeros_like(grad) if resid0 is None else resid0.clone()
 
-    mem, comp = ResidualMemory(), MSTopKCompressor()
+        def step() -> tuple[torch.Tensor, torch.Tensor]:
+            resid.add_(grad)
+            idx = select(resid)
+            sent = resid[idx]
+            resid[idx] = 0
+            return sent, idx
 
-    def fused() -> None:
-        acc = mem.compensate(grad, "b")
-        c = comp.compress(acc, density)
-        mem.update("b", acc, c)
+        return step
 
-    return {"topk+ef": unfused, "mstopk+ef": fused}
+    cases["topk+ef"] = unfused(lambda r: torch.topk(r.abs(), k, sorted=False).indices)
+    cases["mstopk+ef"] = unfused(lambda r: mstopk(r, k)[1])
+    fused_resid = torch.zeros_like(grad) if resid0 is None else resid0.clone()
+    cases["mstopk+ef[fused]"] = lambda: mstopk_ef(fused_resid, grad, k)
+    return cases
+
+
+def check_ef_cases(grad: torch.Tensor, k: int) -> None:
+    """One step of each error-feedback form from the same nonzero residual selects the set
+    ``torch.topk`` selects from ``residual + grad``; raises RuntimeError otherwise."""
+    g = torch.Generator().manual_seed(1)
+    resid0 = (torch.randn(grad.numel(), generator=g) * float(grad.std())).to(grad)
+    want = set(torch.topk((resid0 + grad).abs(), k, sorted=False).indices.tolist())
+    for name, step in _ef_cases(grad, k, resid0.view_as(grad)).items():
+        if set(step()[1].tolist()) != want:
+            raise RuntimeError(f"bench topk: {name} does not select torch.topk's set")
 
 
 def run(results_dir: str = "results", quick: bool = False) -> Path:
@@ -173,11 +197,17 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
     densities = [0.01] if quick else DENSITIES
     default_threads = torch.get_num_threads()
     bench = BenchRun("topk", results_dir)
+    print(
+        "bench topk: mstopk-tiled is mstopk's default method, this project's own exact variant "
+        "(column maxima, then a gather); mstopk-paper is the paper's multi-threshold search "
+        "(approximate within its last band), timed beside it on the same tensor",
+        flush=True,
+    )
     try:
         for n in sizes:
             settings = [("gaussian", 1)]
             if n == ef_size:
-                settings += [("heavy", 1)]
+                settings += [("heavy", 1), ("cauchy", 1)]
                 if device.type == "cpu" and default_threads > 1:
                     settings += [("gaussian", default_threads)]
             for kind, threads in settings:
@@ -229,7 +259,8 @@ def _one(
     for name, (m, kw) in ms_cases.items():
         cases[name] = lambda m=m, kw=kw: mstopk(x, k, m, **kw)
     if ef:
-        cases.update(_ef_cases(x, k, density))
+        check_ef_cases(x, k)
+        cases.update(_ef_cases(x, k))
     cuda = device.type == "cuda"
     res = cuda_event_times(cases) if cuda else interleaved(cases, warmup=1, reps=reps)
     floor, base = res["sum"]["median_ms"], res["torch.topk"]["median_ms"]
@@ -240,8 +271,8 @@ def _one(
             idx = mstopk(x, k, ms_cases[name][0], **ms_cases[name][1])[1]
             syncs = host_syncs() - before
             cov = _coverage(x, idx, exact_sq)
-        elif name == "torch.topk":
-            cov = 1.0
+        elif name == "torch.topk" or "+ef" in name:
+            cov = 1.0  # the error-feedback forms were checked to select torch.topk's set
         extra = {"cuda_syncs": _cuda_syncs(cases[name])} if cuda else {}
         row = bench.add(
             method=name,
@@ -265,6 +296,29 @@ def _one(
             f"x{row['speedup_vs_topk']:.1f} vs topk  {row['x_floor']:.1f}x floor",
             flush=True,
         )
+    _summary(res)
+
+
+def _summary(res: dict[str, dict[str, float]]) -> None:
+    """The ratios the benchmark is about, printed after each (size, density)."""
+    ms = {name: t["median_ms"] for name, t in res.items()}
+    tiled = next((n for n in ms if n.startswith("mstopk-tiled")), None)
+    paper = next((n for n in ms if n.startswith("mstopk-paper")), None)
+    if tiled and paper:
+        print(
+            f"  {tiled} (mstopk's default: this project's exact variant) "
+            f"{ms[tiled] / ms['sum']:.1f}x floor; {paper} (the paper's search, same tensor) "
+            f"{ms[paper] / ms['sum']:.1f}x floor; torch.topk {ms['torch.topk'] / ms['sum']:.1f}x",
+            flush=True,
+        )
+    if "topk+ef" in ms:
+        print(
+            "  error feedback: topk+ef (in place) / torch.topk "
+            f"{ms['topk+ef'] / ms['torch.topk']:.2f}; "
+            f"faster selection: topk+ef / mstopk+ef {ms['topk+ef'] / ms['mstopk+ef']:.2f}; "
+            f"fusing: mstopk+ef / mstopk+ef[fused] {ms['mstopk+ef'] / ms['mstopk+ef[fused]']:.2f}",
+            flush=True,
+        )
 
 
 def _plot(bench: BenchRun) -> None:
@@ -282,7 +336,7 @@ def _plot(bench: BenchRun) -> None:
     for ax, d in zip(axes[0], dens, strict=True):
         sub = df[df["density"] == d]
         for method, g in sub.groupby("method", sort=False):
-            if method in ("topk+ef", "mstopk+ef"):
+            if "+ef" in method:
                 continue
             g = g.sort_values("numel")
             style = "k--" if method == "sum" else ("r-o" if method == "torch.topk" else "-o")

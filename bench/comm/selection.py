@@ -12,12 +12,16 @@ Cloud Clusters", MLSys 2021; pseudo-code in ``docs/algorithms.md``) avoids the s
 
 ``paper`` (as published, approximate within the last band): ``N`` thresholds
 ``mean + r (max - mean)`` of ``|x|`` binary-searched over the ratio ``r``, ``N`` passes.
-``sampled`` (exact): the threshold from a strided random sample of ``|x|`` with a margin,
-one compare pass for the candidates, an exact top-k over those.
-``hist`` (exact): all thresholds counted in one pass (a histogram of ``|x|`` over
-``[0, max]``), candidates above the highest edge whose tail holds ``k``.
-``tiled`` (default, exact): ``x`` viewed as a ``(C, R)`` matrix; its column maxima of
-``|x|`` say which ~k columns can hold the top k; only those are gathered.  ~2 passes.
+``tiled`` (default, exact, this project's own variant, not the paper's search): ``x``
+viewed as a ``(C, R)`` matrix; its column maxima of ``|x|`` (one sweep, see
+:mod:`bench.comm.selection_tiled`) say which ~k columns can hold the top k; only those
+are gathered.  ``sampled`` (exact): the threshold from a strided random sample of ``|x|``
+with a margin, one compare pass for the candidates, an exact top-k over those.
+``hist`` (exact): all thresholds counted in one pass over logarithmic buckets of ``|x|``
+(:mod:`bench.comm.selection_hist`), candidates from the highest bucket whose tail holds k.
+
+:func:`mstopk_ef` is the error-feedback step around it (``residual += grad``, select, zero
+the sent entries), with the addition fused into ``tiled``'s sweep on the CPU.
 
 On CUDA each method runs a variant with one host sync per call (the ``_dev`` functions,
 ``_device_path`` selects them anywhere; more only in rare fallbacks and for NaN/Inf;
@@ -33,12 +37,24 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
-from typing import Any
 
 import torch
 
+from bench.comm import selection_hist, selection_tiled
 from bench.comm.config import MSTopKMethod, parse
+from bench.comm.selection_core import (  # noqa: F401 - host_syncs, _TRITON_BROKEN: public here
+    _TRITON_BROKEN,
+    check_float,
+    check_k,
+    exact,
+    host,
+    host_syncs,
+    nonfinite_error,
+    nonzero,
+    raise_unless,
+    triton_run,
+    trivial,
+)
 from bench.registry import ConfigError, Registry
 
 MSTOPK_METHODS = tuple(MSTopKMethod.values())  # ("tiled", "sampled", "hist", "paper")
@@ -50,83 +66,12 @@ SMALL_NUMEL = 1 << 15
 SELECTORS: Registry = Registry("selector")
 
 
-def _check_k(k: int) -> int:
-    if isinstance(k, bool) or not isinstance(k, int):
-        try:
-            k = int(k)  # numpy / 0-dim tensor integers
-        except (TypeError, ValueError):
-            raise ConfigError(f"k must be an integer, got {k!r}") from None
-    if k < 0:
-        raise ConfigError(f"k must be >= 0, got {k}")
-    return k
-
-
-def _check_float(x: torch.Tensor) -> torch.Tensor:
-    if not x.is_floating_point():
-        raise ConfigError(f"top-k selection needs a floating-point tensor, got {x.dtype}")
-    return x.reshape(-1)
-
-
-def _nonfinite_error() -> ValueError:
-    return ValueError("the tensor contains NaN or Inf; refusing to select from it")
-
-
-_SYNCS = [0]  # device-to-host reads and data-dependent shapes so far (see host_syncs)
-
-
-def host_syncs() -> int:
-    """Host syncs asked for so far: device reads (``_host``) and data-dependent shapes
-    (``_nonzero``).  The difference of two readings around a call is that call's count."""
-    return _SYNCS[0]
-
-
-def _host(t: torch.Tensor) -> object:
-    """The value of a (small) tensor on the host: the one way this module reads a device."""
-    _SYNCS[0] += 1
-    return t.tolist()
-
-
-def _nonzero(mask: torch.Tensor) -> torch.Tensor:
-    """Indices of the True entries of a mask (1-D: a tensor; else a tuple per dimension).
-    Its size is data-dependent: one sync."""
-    _SYNCS[0] += 1
-    return torch.nonzero(mask).squeeze(1) if mask.dim() == 1 else torch.nonzero(mask, as_tuple=True)
-
-
-def _raise_unless(finite: torch.Tensor) -> None:
-    if not _host(finite):
-        raise _nonfinite_error()
-
-
-def _require_finite(flat: torch.Tensor) -> None:
-    _raise_unless(torch.isfinite(flat).all())
-
-
-def _trivial(flat: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The cases every selector treats alike: k == 0, k >= numel, tiny tensors."""
-    n = flat.numel()
-    if k == 0:
-        _require_finite(flat)
-        return flat.new_empty(0), torch.empty(0, dtype=torch.long, device=flat.device)
-    if k >= n:
-        _require_finite(flat)
-        return flat.clone(), torch.arange(n, device=flat.device)
-    return None
-
-
-def _exact(flat: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    # float32 magnitudes keep fp16/bf16 ties and comparisons identical across devices
-    _require_finite(flat)
-    idx = torch.topk(flat.abs().float(), k, sorted=False).indices
-    return flat[idx], idx
-
-
 @SELECTORS.register("topk")
 def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact top-k by magnitude through ``torch.topk`` (the baseline)."""
-    flat = _check_float(x)
-    k = _check_k(k)
-    return _trivial(flat, k) or _exact(flat, k)
+    flat = check_float(x)
+    k = check_k(k)
+    return trivial(flat, k) or exact(flat, k)
 
 
 @SELECTORS.register("randomk")
@@ -134,123 +79,28 @@ def randomk(
     x: torch.Tensor, k: int, generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``k`` indices drawn uniformly without replacement (magnitude-blind control)."""
-    flat = _check_float(x)
-    k = _check_k(k)
-    t = _trivial(flat, k)
+    flat = check_float(x)
+    k = check_k(k)
+    t = trivial(flat, k)
     if t is not None:
         return t
     idx = torch.randperm(flat.numel(), device=flat.device, generator=generator)[:k]
     vals = flat[idx]
-    _raise_unless(torch.isfinite(vals).all())
+    raise_unless(torch.isfinite(vals).all())
     return vals, idx
-
-
-def _top_of_candidates(
-    flat: torch.Tensor, cand_idx: torch.Tensor, cand_abs: torch.Tensor, k: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact top-k among candidates that are known to contain the global top-k."""
-    sel = torch.topk(cand_abs.float(), k, sorted=False).indices
-    idx = cand_idx[sel]
-    return flat[idx], idx
-
-
-def _sample_threshold(
-    a: torch.Tensor, q_frac: float, sample: int, gen: torch.Generator | None, z: float = 0.0
-) -> torch.Tensor:
-    """Magnitude above which a fraction ``q_frac`` of ``a`` (non-negative) lies, from a sample.
-
-    A strided sample with a random offset: one cache line per stride, no index tensor.  The
-    offset comes from a CPU generator (no device sync).  ``z > 0`` lowers the threshold by
-    ``z`` standard deviations of the sample count, so that it rarely leaves fewer than the
-    aimed-at number of elements above it.  Returns a 0-dim tensor on ``a``'s device.
-    """
-    n = a.numel()
-    s = min(n, sample)
-    step = max(1, n // s)
-    off = int(torch.randint(0, step, (1,), generator=gen)) if step > 1 else 0
-    samp = a[off::step][:s].float()
-    q = max(1, math.ceil(q_frac * samp.numel()))
-    q = min(samp.numel(), q + math.ceil(z * math.sqrt(q)))
-    return torch.topk(samp, q, sorted=False).values.min().to(a.dtype)
-
-
-def _sampled(
-    flat: torch.Tensor, k: int, sample: int, margin: float, gen: torch.Generator | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    n = flat.numel()
-    a = flat.abs()
-    _raise_unless(torch.isfinite(a.max()))
-    for attempt in range(3):
-        thr = _sample_threshold(a, k * margin * (4**attempt) / n, sample, gen)
-        cand = _nonzero(a >= thr)
-        if cand.numel() >= k:
-            return _top_of_candidates(flat, cand, a[cand], k)
-    return _exact(flat, k)
-
-
-def _sampled_dev(
-    flat: torch.Tensor, k: int, sample: int, margin: float, gen: torch.Generator | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``sampled`` with one sync: finiteness folded into the one data-dependent compaction."""
-    n = flat.numel()
-    a = flat.abs()
-    finite = torch.isfinite(a.amax())
-    thr = _sample_threshold(a, k * margin / n, sample, gen, z=3.0)
-    # NaN threshold when x is not finite: nothing compares >= NaN, no candidates
-    cand = _nonzero(a >= torch.where(finite, thr, float("nan")))
-    if cand.numel() >= k:
-        return _top_of_candidates(flat, cand, a[cand], k)
-    _raise_unless(finite)  # rare: an unlucky sample (or x is not finite)
-    return _exact(flat, k)
-
-
-def _hist(flat: torch.Tensor, k: int, bins: int) -> tuple[torch.Tensor, torch.Tensor]:
-    a = flat.abs().float()
-    hi = _host(a.max())
-    if not math.isfinite(hi):
-        raise _nonfinite_error()
-    if hi == 0.0:
-        return _exact(flat, k)
-    counts = torch.histc(a, bins=bins, min=0.0, max=hi)
-    # tail[i] = number of elements in bins i..bins-1 = count of a >= edge_i
-    tail = counts.flip(0).cumsum(0).flip(0)
-    b = int(_host((tail >= k).sum())) - 1  # tail is non-increasing and tail[0] = numel
-    for lower in range(b, -1, -1):  # histc's edge rounding can misplace a few elements
-        cand = _nonzero(a >= hi * lower / bins)
-        if cand.numel() >= k:
-            return _top_of_candidates(flat, cand, a[cand], k)
-    return _exact(flat, k)
-
-
-def _hist_dev(flat: torch.Tensor, k: int, bins: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``hist`` with one sync, on the integer bucket ``floor(a * bins / max)``: monotone in
-    ``a``, so ``bucket >= b`` is an upper set of ``tail[b] >= k`` elements (no edge rounding)."""
-    a = flat.abs().float()
-    hi = a.amax()
-    finite = torch.isfinite(hi)
-    scale = torch.where(finite & (hi > 0), bins / hi, torch.zeros_like(hi))
-    u = torch.mul(a, scale).floor_().clamp_(max=bins - 1)
-    counts = torch.histc(u, bins=bins, min=0, max=bins).double()  # u's integers are bins
-    tail = counts.flip(0).cumsum(0).flip(0)
-    b = (tail >= k).sum() - 1
-    cand = _nonzero(u >= torch.where(finite, b.float(), float("nan")))
-    if cand.numel() >= k:
-        return _top_of_candidates(flat, cand, a[cand], k)
-    _raise_unless(finite)  # x not finite (or a subnormal max overflowed the scale)
-    return _exact(flat, k)
 
 
 def _paper(flat: torch.Tensor, k: int, iters: int) -> tuple[torch.Tensor, torch.Tensor]:
     """MSTopK as published: N counting passes, keep above thres1, fill from the band."""
     a = flat.abs().float()
-    u, m = _host(torch.stack([a.max(), a.mean()]))
+    u, m = host(torch.stack([a.max(), a.mean()]))
     if not math.isfinite(u):
-        raise _nonfinite_error()
+        raise nonfinite_error()
     mask = torch.empty_like(a, dtype=torch.bool)
 
     def count(thr: float) -> int:
         torch.ge(a, thr, out=mask)
-        return _host(torch.count_nonzero(mask))
+        return host(torch.count_nonzero(mask))
 
     base = m if count(m) > k else 0.0  # k above the mean: search [0, max] instead
     lo, hi_r = 0.0, 1.0
@@ -270,16 +120,16 @@ def _paper(flat: torch.Tensor, k: int, iters: int) -> tuple[torch.Tensor, torch.
                 k2, thres2 = nnz, thr
         if nnz == k:
             break
-    sure = _nonzero(a >= thres1) if k1 > 0 else a.new_empty(0, dtype=torch.long)
+    sure = nonzero(a >= thres1) if k1 > 0 else a.new_empty(0, dtype=torch.long)
     sure = sure[:k]
     rest = k - sure.numel()
     if rest > 0:
-        band = _nonzero((a >= thres2) & (a < thres1))[:rest]
+        band = nonzero((a >= thres2) & (a < thres1))[:rest]
         if band.numel() < rest:  # degenerate thresholds (e.g. all equal): anything unused
             used = torch.zeros_like(mask)
             used[sure] = True
             used[band] = True
-            band = torch.cat([band, _nonzero(~used)[: rest - band.numel()]])
+            band = torch.cat([band, nonzero(~used)[: rest - band.numel()]])
         sure = torch.cat([sure, band])
     return flat[sure], sure
 
@@ -324,102 +174,17 @@ def _paper_dev(
     a = flat.abs().float()
     hi = a.amax()
     finite = torch.isfinite(hi)
-    found = _triton_run("paper", kernel, a, lambda t: t.paper_search(a, hi, k, iters))
+    found = triton_run("paper", kernel, a, lambda t: t.paper_search(a, hi, k, iters))
     thres1, thres2 = found if found is not None else _paper_search(a, hi, k, iters)
-    cand = _nonzero(a >= torch.where(finite, thres2, math.nan))
+    cand = nonzero(a >= torch.where(finite, thres2, math.nan))
     if cand.numel() < k:  # thres2 always leaves > k when x is finite
-        _raise_unless(finite)
+        raise_unless(finite)
         return _paper(flat, k, iters)
     sure = a[cand] >= thres1
     band_rank = torch.cumsum(~sure, 0)  # 1, 2, ... along the band in index order
     key = torch.where(sure, cand.numel() + 1, cand.numel() - band_rank)
     idx = cand[torch.topk(key, k, sorted=False).indices]
     return flat[idx], idx
-
-
-_TRITON_BROKEN: dict[str, str] = {}  # kernel -> why it failed here (torch is used since)
-
-
-def _triton_run(name: str, kernel: str, x: torch.Tensor, call: Callable[[Any], Any]) -> Any:
-    """``call(mstopk_triton)`` when kernel ``name`` is to run on ``x``, else None: ``auto``
-    on contiguous CUDA tensors while it works (else torch, with one warning); ``triton``
-    always (raising on failure); ``torch`` never; float64 never (the kernels use float32)."""
-    wanted = kernel == "triton" or (kernel == "auto" and x.is_cuda and x.is_contiguous())
-    if not wanted or x.dtype == torch.float64 or (kernel == "auto" and name in _TRITON_BROKEN):
-        return None
-    from bench.comm import mstopk_triton  # imports triton: CUDA (or forced) only
-
-    return mstopk_triton.guarded(name, kernel == "triton", call, _TRITON_BROKEN)
-
-
-def _colmax(head: torch.Tensor, kernel: str) -> torch.Tensor:
-    """Column max ``|x|`` of the ``(C, R)`` view (float32; float64 kept); NaN propagates."""
-    out = _triton_run("colmax", kernel, head, lambda t: t.colmax_abs(head))
-    if out is not None:
-        return out
-    m = torch.maximum(torch.amax(head, 0), torch.amin(head, 0).neg_())
-    return m if m.dtype == torch.float64 else m.float()
-
-
-def _tiled(
-    flat: torch.Tensor, k: int, tiles: int, sample: int, margin: float, gen: torch.Generator | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    n = flat.numel()
-    # C rows: enough that a column rarely holds two of the top k (fewer gathered elements
-    # per hit), few enough that the column maxima stay >> k.  At 0.1 % density C = 16.
-    c = min(tiles, n // (8 * k))
-    if c < 2:
-        return _sampled(flat, k, sample, margin, gen)
-    r = n // c
-    head = flat[: c * r].view(c, r)
-    tail = flat[c * r :]  # < C elements: always candidates
-    # |x| column maxima from two streaming reductions; NaN propagates through both.
-    colmax = torch.maximum(torch.amax(head, 0), torch.amin(head, 0).neg_())
-    _raise_unless(torch.isfinite(colmax.max()) & torch.isfinite(tail).all())
-    for attempt in range(3):
-        thr = _sample_threshold(colmax, k * margin * (4**attempt) / r, sample, gen)
-        cols = _nonzero(colmax >= thr)
-        if cols.numel() >= k:
-            break
-    else:  # unlucky samples: the k-th largest column maximum is always safe
-        thr = torch.topk(colmax.float(), k, sorted=False).values.min().to(flat.dtype)
-        cols = _nonzero(colmax >= thr)
-    # >= k columns hold an element >= thr, and every element >= thr is in one of them:
-    # the candidates below are exactly {i : |x_i| >= thr}, a superset of the top k.
-    g = head.index_select(1, cols).abs_()
-    rows, pos = _nonzero(g >= thr)
-    cand_idx = rows * r + cols[pos]
-    cand_abs = g[rows, pos]
-    if tail.numel():
-        cand_idx = torch.cat([cand_idx, torch.arange(c * r, n, device=flat.device)])
-        cand_abs = torch.cat([cand_abs, tail.abs()])
-    return _top_of_candidates(flat, cand_idx, cand_abs, k)
-
-
-def _tiled_dev(
-    flat: torch.Tensor, k: int, tiles: int, sample: int, margin: float, gen, kernel: str
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``tiled`` with one sync (the finiteness flag) and no data-dependent shape.  Exact: of
-    the k columns with the largest maxima, those above the k-th largest value v hold every
-    element > v, and the rest (maximum v) enough elements equal to v."""
-    n = flat.numel()
-    c = min(tiles, n // (8 * k))  # as in _tiled
-    if c < 2:
-        return _sampled_dev(flat, k, sample, margin, gen)
-    r = n // c
-    head = flat[: c * r].view(c, r)
-    tail = flat[c * r :]
-    colmax = _colmax(head, kernel)
-    finite = torch.isfinite(colmax.amax()) & torch.isfinite(tail).all()
-    cols = torch.topk(colmax, k, sorted=False).indices
-    cand_abs = head.index_select(1, cols).abs_().float().reshape(-1)
-    cand_idx = (torch.arange(c, device=flat.device)[:, None] * r + cols).reshape(-1)
-    if tail.numel():
-        cand_idx = torch.cat([cand_idx, torch.arange(c * r, n, device=flat.device)])
-        cand_abs = torch.cat([cand_abs, tail.abs().float()])
-    out = _top_of_candidates(flat, cand_idx, cand_abs, k)
-    _raise_unless(finite)
-    return out
 
 
 @SELECTORS.register("mstopk")
@@ -432,11 +197,12 @@ def mstopk(
     sample: int = 65536,
     margin: float = 1.25,
     tiles: int = 16,
-    bins: int = 4096,
+    bins: int = 65536,
     small_numel: int = SMALL_NUMEL,
     generator: torch.Generator | None = None,
     kernel: str = "auto",
     _device_path: bool | None = None,
+    _add: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Approximate-threshold top-k by magnitude (MSTopK); see the module docstring.
 
@@ -444,46 +210,84 @@ def mstopk(
     elements (``k >= numel``: all); ``method`` ``tiled`` (default), ``sampled``, ``hist``
     (all exact) or ``paper`` (approximate within the last band); ``iters`` search steps of
     ``paper``; ``sample`` size and ``margin`` (> 1, aim at ``margin * k`` candidates) of the
-    sampled thresholds; ``tiles`` rows ``C`` of ``tiled``; ``bins`` of ``hist``; below
-    ``small_numel`` elements ``torch.topk``; ``generator`` a CPU RNG for sample offsets;
-    ``kernel`` ``auto`` (Triton for ``tiled``'s column maxima on CUDA when it works),
-    ``torch`` or ``triton`` (CUDA only; float64 always uses torch).
+    sampled thresholds; ``tiles`` rows ``C`` of ``tiled``; ``bins`` logarithmic buckets of
+    ``hist`` over all float32 magnitudes (a power of two, 512 to 2**24; 65536: 256 per
+    octave); below ``small_numel`` elements ``torch.topk``; ``generator`` a CPU RNG for
+    sample offsets; ``kernel`` ``auto`` (Triton for ``tiled``'s column maxima and
+    ``paper``'s search on CUDA when it works), ``torch`` or ``triton`` (CUDA only; float64
+    always uses torch).
 
     Returns ``(values, indices)``: ``min(k, numel)`` values of ``x.flatten()`` and their
     unique int64 indices.  Raises ConfigError (``k < 0``, unknown method or kernel,
-    non-float tensor) or ValueError (``x`` contains NaN or Inf).
+    non-float tensor) or ValueError (``x`` contains NaN or Inf).  ``_add`` (for
+    :func:`mstopk_ef`): ``x += _add`` in place first, fused into ``tiled``'s CPU sweep.
     """
-    flat = _check_float(x)
-    k = _check_k(k)
+    flat = check_float(x)
+    k = check_k(k)
     method = parse(MSTopKMethod, method, "mstopk method")
-    if iters < 1 or sample < 1 or margin < 1.0 or tiles < 1 or bins < 2:
-        raise ConfigError(
-            "mstopk needs iters >= 1, sample >= 1, margin >= 1, tiles >= 1, bins >= 2"
-        )
+    _check_options(flat, iters, sample, margin, tiles, bins, kernel)
+    on_device = flat.is_cuda if _device_path is None else _device_path  # one sync per call
+    tiled_cpu = method is MSTopKMethod.tiled and not on_device
+    if _add is not None and not (
+        tiled_cpu and small_numel <= flat.numel() and 0 < k < flat.numel()
+    ):
+        flat, _add = flat.add_(_add.reshape(-1)), None  # not fused into the selection
+    t = trivial(flat, k)
+    if t is not None:
+        return t
+    if flat.numel() < small_numel:
+        return exact(flat, k)
+    if tiled_cpu:
+        return selection_tiled.tiled(flat, k, tiles, sample, margin, generator, add=_add)
+    if on_device:
+        if method is MSTopKMethod.tiled:
+            return selection_tiled.tiled_dev(flat, k, tiles, sample, margin, generator, kernel)
+        if method is MSTopKMethod.sampled:
+            return selection_tiled.sampled_dev(flat, k, sample, margin, generator)
+        if method is MSTopKMethod.hist:
+            return selection_hist.hist_dev(flat, k, bins)
+        return _paper_dev(flat, k, iters, kernel)
+    if method is MSTopKMethod.sampled:
+        return selection_tiled.sampled(flat, k, sample, margin, generator)
+    if method is MSTopKMethod.hist:
+        return selection_hist.hist(flat, k, bins)
+    return _paper(flat, k, iters)
+
+
+def _check_options(
+    flat: torch.Tensor, iters: int, sample: int, margin: float, tiles: int, bins: int, kernel: str
+) -> None:
+    if iters < 1 or sample < 1 or margin < 1.0 or tiles < 1:
+        raise ConfigError("mstopk needs iters >= 1, sample >= 1, margin >= 1, tiles >= 1")
+    if not (512 <= bins <= 1 << 24) or bins & (bins - 1):
+        raise ConfigError(f"mstopk bins must be a power of two from 512 to 2**24, got {bins}")
     if kernel not in ("auto", "torch", "triton"):
         raise ConfigError(f"mstopk kernel must be auto, torch or triton, got {kernel!r}")
     if kernel == "triton" and not flat.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         raise ConfigError("mstopk kernel='triton' needs a CUDA tensor")
-    t = _trivial(flat, k)
-    if t is not None:
-        return t
-    if flat.numel() < small_numel:
-        return _exact(flat, k)
-    if flat.is_cuda if _device_path is None else _device_path:  # one sync per call
-        if method is MSTopKMethod.tiled:
-            return _tiled_dev(flat, k, tiles, sample, margin, generator, kernel)
-        if method is MSTopKMethod.sampled:
-            return _sampled_dev(flat, k, sample, margin, generator)
-        if method is MSTopKMethod.hist:
-            return _hist_dev(flat, k, bins)
-        return _paper_dev(flat, k, iters, kernel)
-    if method is MSTopKMethod.tiled:
-        return _tiled(flat, k, tiles, sample, margin, generator)
-    if method is MSTopKMethod.sampled:
-        return _sampled(flat, k, sample, margin, generator)
-    if method is MSTopKMethod.hist:
-        return _hist(flat, k, bins)
-    return _paper(flat, k, iters)
+
+
+def mstopk_ef(
+    residual: torch.Tensor,
+    grad: torch.Tensor,
+    k: int,
+    method: MSTopKMethod | str = MSTopKMethod.tiled,
+    **options: object,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Error feedback around :func:`mstopk`, in place: ``residual += grad``, select the top
+    ``k`` of the sum, set the selected entries of ``residual`` to zero (what stays is what
+    was not sent).  On the CPU, ``tiled`` adds ``grad`` in the same sweep over ``residual``
+    that finds its column maxima (one read of each instead of an extra pass).
+
+    ``residual``: contiguous, the shape, dtype and device of ``grad``; ``options`` those of
+    :func:`mstopk`.  Returns the selected ``(values, indices)`` of the sum."""
+    if residual.shape != grad.shape or residual.dtype != grad.dtype:
+        raise ConfigError("mstopk_ef needs a residual of the gradient's shape and dtype")
+    if residual.device != grad.device or not residual.is_contiguous():
+        raise ConfigError("mstopk_ef needs a contiguous residual on the gradient's device")
+    vals, idx = mstopk(residual, k, method, _add=grad, **options)  # type: ignore[arg-type]
+    residual.view(-1)[idx] = 0
+    return vals, idx
 
 
 def select(

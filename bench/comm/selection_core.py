@@ -1,0 +1,145 @@
+"""What every top-k selector shares: argument checks, host-sync counting, the exact fallback.
+
+The selectors themselves live in :mod:`bench.comm.selection` (``topk``, ``randomk``,
+``mstopk`` with ``sampled`` and ``paper``), :mod:`bench.comm.selection_tiled` (``tiled``,
+the default, and the error-feedback form) and :mod:`bench.comm.selection_hist` (``hist``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from bench.registry import ConfigError
+
+_SYNCS = [0]  # device-to-host reads and data-dependent shapes so far (see host_syncs)
+_TRITON_BROKEN: dict[str, str] = {}  # kernel -> why it failed here (torch is used since)
+
+
+def check_k(k: int) -> int:
+    if isinstance(k, bool) or not isinstance(k, int):
+        try:
+            k = int(k)  # numpy / 0-dim tensor integers
+        except (TypeError, ValueError):
+            raise ConfigError(f"k must be an integer, got {k!r}") from None
+    if k < 0:
+        raise ConfigError(f"k must be >= 0, got {k}")
+    return k
+
+
+def check_float(x: torch.Tensor) -> torch.Tensor:
+    if not x.is_floating_point():
+        raise ConfigError(f"top-k selection needs a floating-point tensor, got {x.dtype}")
+    return x.reshape(-1)
+
+
+def nonfinite_error() -> ValueError:
+    return ValueError("the tensor contains NaN or Inf; refusing to select from it")
+
+
+def host_syncs() -> int:
+    """Host syncs asked for so far: device reads (``host``) and data-dependent shapes
+    (``nonzero``).  The difference of two readings around a call is that call's count."""
+    return _SYNCS[0]
+
+
+def host(t: torch.Tensor) -> object:
+    """The value of a (small) tensor on the host: the one way the selectors read a device."""
+    _SYNCS[0] += 1
+    return t.tolist()
+
+
+def nonzero(mask: torch.Tensor) -> torch.Tensor:
+    """Indices of the True entries of a mask (1-D: a tensor; else a tuple per dimension).
+    Its size is data-dependent: one sync."""
+    _SYNCS[0] += 1
+    return torch.nonzero(mask).squeeze(1) if mask.dim() == 1 else torch.nonzero(mask, as_tuple=True)
+
+
+def raise_unless(finite: torch.Tensor) -> None:
+    if not host(finite):
+        raise nonfinite_error()
+
+
+def require_finite(flat: torch.Tensor) -> None:
+    raise_unless(torch.isfinite(flat).all())
+
+
+def trivial(flat: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The cases every selector treats alike: k == 0, k >= numel."""
+    n = flat.numel()
+    if k == 0:
+        require_finite(flat)
+        return flat.new_empty(0), torch.empty(0, dtype=torch.long, device=flat.device)
+    if k >= n:
+        require_finite(flat)
+        return flat.clone(), torch.arange(n, device=flat.device)
+    return None
+
+
+def exact(flat: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    # float32 magnitudes keep fp16/bf16 ties and comparisons identical across devices
+    require_finite(flat)
+    idx = torch.topk(flat.abs().float(), k, sorted=False).indices
+    return flat[idx], idx
+
+
+def top_of_candidates(
+    flat: torch.Tensor, cand_idx: torch.Tensor, cand_abs: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact top-k among candidates that are known to contain the global top-k.
+
+    With few more candidates than ``k`` (the usual case) the ``m - k`` smallest are found
+    and dropped instead: a top-k of ``m - k << k`` elements is the cheaper one."""
+    m = cand_idx.numel()
+    a = cand_abs.float()
+    if m - k < k and not a.is_cuda:  # the CUDA top-k is as fast either way: one kernel
+        drop = torch.topk(a, m - k, largest=False, sorted=False).indices
+        keep = torch.ones(m, dtype=torch.bool, device=a.device)
+        keep[drop] = False
+        idx = cand_idx[keep]  # boolean mask of known count: no sync on CUDA either
+    else:
+        idx = cand_idx[torch.topk(a, k, sorted=False).indices]
+    return flat[idx], idx
+
+
+def sample_threshold(
+    a: torch.Tensor,
+    q_frac: float,
+    sample: int,
+    gen: torch.Generator | None,
+    z: float = 0.0,
+    absolute: bool = False,
+) -> torch.Tensor:
+    """Magnitude above which a fraction ``q_frac`` of ``a`` (non-negative) lies, from a sample.
+
+        A strided sample with a random offset: one cache line per stride, no index tensor.  The
+        offset comes from a CPU generator (no device sync).  ``z > 0`` lowers the threshold by
+        ``z`` standard deviations of the sample count, so that it rarely leaves fewer than the
+        aimed-at number of elements above it.  ``absolute``: of ``|a|`` (``a`` may be signed; only
+    the sample's magnitudes are taken).  Returns a 0-dim tensor on ``a``'s device.
+    """
+    n = a.numel()
+    s = min(n, sample)
+    step = max(1, n // s)
+    off = int(torch.randint(0, step, (1,), generator=gen)) if step > 1 else 0
+    samp = a[off::step][:s]
+    samp = samp.abs().float() if absolute else samp.float()
+    q = max(1, math.ceil(q_frac * samp.numel()))
+    q = min(samp.numel(), q + math.ceil(z * math.sqrt(q)))
+    return torch.topk(samp, q, sorted=False).values.min().to(a.dtype)
+
+
+def triton_run(name: str, kernel: str, x: torch.Tensor, call: Callable[[Any], Any]) -> Any:
+    """``call(mstopk_triton)`` when kernel ``name`` is to run on ``x``, else None: ``auto``
+    on contiguous CUDA tensors while it works (else torch, with one warning); ``triton``
+    always (raising on failure); ``torch`` never; float64 never (the kernels use float32)."""
+    wanted = kernel == "triton" or (kernel == "auto" and x.is_cuda and x.is_contiguous())
+    if not wanted or x.dtype == torch.float64 or (kernel == "auto" and name in _TRITON_BROKEN):
+        return None
+    from bench.comm import mstopk_triton  # imports triton: CUDA (or forced) only
+
+    return mstopk_triton.guarded(name, kernel == "triton", call, _TRITON_BROKEN)
