@@ -76,6 +76,30 @@ def _topk_csv(path: Path) -> None:
     pd.DataFrame(rows).to_csv(path, index=False)
 
 
+def _sweep_csvs(d: Path) -> None:
+    """An ablation table (the ablation command's columns) and a scaling table."""
+    (d / "ablation").mkdir()
+    pd.DataFrame(
+        [
+            {"sweep_id": "s1", "experiment": "dawnbench_digits", "cluster": "local"}
+            | {"comm": c, "cache": "none", "update": "foreach", "n_runs": 2, "n_reached": 2}
+            | {"time_to_target_mean_s": t, "time_to_target_std_s": 1.0, "run_ids": ids}
+            | {"speedup_vs_baseline": 11.0 / t, "speedup_std": 0.1}
+            for c, t, ids in (("dense", 11.0, "r-dense-0 r-dense-1"), ("hitopk", 8.0, "r-hitopk-0"))
+        ]
+    ).to_csv(d / "ablation" / "s1.csv", index=False)
+    (d / "scaling").mkdir()
+    pd.DataFrame(
+        [
+            {"sweep_id": "s2", "cluster": "local", "comm": c, "nnodes": n, "nproc_per_node": 2}
+            | {"world_size": 2 * n, "throughput_samples_per_s": 100.0 * n * e, "efficiency": e}
+            | {"kind": k, "run_id": "r-dense-0" if k == "measured" else ""}
+            for c in ("dense", "hitopk")
+            for n, e, k in ((1, 1.0, "measured"), (2, 0.8, "measured"), (16, 0.5, "projected"))
+        ]
+    ).to_csv(d / "scaling" / "s2.csv", index=False)
+
+
 @pytest.fixture
 def results(tmp_path: Path) -> Path:
     """dense (10 s, 12 s), hitopk (8 s; one seed missed), powersgd (9 s) on 2 x 2 workers,
@@ -99,6 +123,7 @@ def results(tmp_path: Path) -> Path:
         _curve(d / "curves" / f"{r['run_id']}.csv", r["time_to_target_s"], r is old)
     _topk_csv(d / "bench" / "topk.csv")
     (d / "bench" / "update.csv").write_text("")  # a benchmark CSV cut to nothing
+    _sweep_csvs(d)
     return d
 
 
@@ -112,6 +137,7 @@ def test_figures_and_report_from_records(results: Path, capsys) -> None:
         "speedup_dawnbench-digits.png",
         "breakdown_dawnbench-digits.png",
         "bench_topk_cpu-test-cpu-2-cores-no-gpu.png",
+        "scaling_efficiency.png",
     ]
     for name in names:
         png = results / "figures" / name
@@ -128,6 +154,10 @@ def test_figures_and_report_from_records(results: Path, capsys) -> None:
     assert "python -m reproduce train experiment=dawnbench_digits comm=hitopk" in report
     assert "mstopk: `python -m reproduce train" in report  # missing: what to run
     assert "mstopk-tiled 5.00 ms vs torch.topk 20.00 ms: 4.00x" in report
+    ablation = report.split("## Ablation")[1].split("## Scaling")[0]
+    assert f"| hitopk | none | foreach | 2 | 2 | 8 | 1 | 1.375 | 0.1 | {HW} |" in ablation
+    scaling = report.split("## Scaling")[1].split("## Records")[0]
+    assert "projection (alpha-beta model)" in scaling and f"| r-dense-0 | {HW} |" in scaling
     problems = report.split("## Input problems")[1]
     assert "r-old" in problems  # older schema, named
     assert "update.csv: unreadable" in problems

@@ -75,7 +75,8 @@ def plot_tta(results_dir: Path, runs: pd.DataFrame, experiment: str, path: Path)
         ax.set_title(
             f"time to {target_text(r0['metric'], r0['target'])}\n{cluster} on {hw}", fontsize=9
         )
-        ax.set_xlabel("training time (s, evaluation excluded)")
+        target = target_text(r0["metric"], r0["target"])
+        ax.set_xlabel(f"training time (s, evaluation excluded); * = time to {target}")
         ax.set_ylabel(f"held-out {target_text(r0['metric'], None)} (%)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -101,7 +102,9 @@ def _tta_line(ax, results_dir: Path, r, colour: str) -> None:
         ax.plot(hit[TRAIN_TIME], 100 * hit[column], "*", ms=12, color=colour)
 
 
-def plot_speedup(stats: pd.DataFrame, experiment: str, path: Path) -> Path | None:
+def plot_speedup(
+    stats: pd.DataFrame, experiment: str, path: Path, target: str = "target"
+) -> Path | None:
     """Time-to-target speedup over dense per configuration (mean over seeds, error bar one
     standard deviation), one panel per cluster and hardware that has a dense baseline.
     Configurations that missed the target in every run are shown at 0 with their count."""
@@ -122,7 +125,7 @@ def plot_speedup(stats: pd.DataFrame, experiment: str, path: Path) -> Path | Non
             ax.text(i, heights[i], txt, ha="center", va="bottom", fontsize=7)
         ax.axhline(1.0, color="k", lw=1, ls="--")
         ax.set_xticks(range(len(g)), labels, rotation=30, ha="right", fontsize=7)
-        ax.set_ylabel("speedup in time to target over dense (x)")
+        ax.set_ylabel(f"speedup in time to {target} over dense (x)")
         ax.set_title(f"{cluster} on {hw}", fontsize=9)
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle(f"{experiment}: speedup over dense DDP\n(mean +- std over seeds)", fontsize=10)
@@ -195,24 +198,30 @@ def plot_breakdown(table: pd.DataFrame, experiment: str, path: Path) -> Path | N
 
 
 def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
-    """Scaling efficiency against nodes per cluster and method: measured points solid,
-    projections dashed (the scaling study's CSV columns)."""
+    """Scaling efficiency against nodes per cluster, method and workers per node: measured
+    points solid, projections dashed (the scaling study's CSV columns)."""
     need = {"nnodes", "efficiency", "comm"}
     if frame.empty or not need <= set(frame.columns):
         return None
-    frame = frame.assign(kind=frame.get("kind", "measured"), cluster=frame.get("cluster", "?"))
+    frame = frame.assign(
+        kind=frame.get("kind", "measured"),
+        cluster=frame.get("cluster", "?"),
+        per_node=frame.get("nproc_per_node", 0),
+    )
     clusters = sorted(frame["cluster"].astype(str).unique())
     fig, axes = _panels(len(clusters))
     for ax, cl in zip(axes, clusters, strict=True):
         sub = frame[frame["cluster"].astype(str) == cl]
-        for i, (comm, g) in enumerate(sub.groupby("comm", sort=True)):
+        for i, ((comm, per), g) in enumerate(sub.groupby(["comm", "per_node"], sort=True)):
+            name = f"{comm}, {per:g}/node" if per else str(comm)
             for kind, style in (("measured", "-o"), ("projected", "--s")):
                 k = g[g["kind"] == kind].sort_values("nnodes")
                 if not k.empty:
                     ax.plot(
-                        k["nnodes"], k["efficiency"], style, color=f"C{i}", label=f"{comm} ({kind})"
+                        k["nnodes"], k["efficiency"], style, color=f"C{i}", label=f"{name} ({kind})"
                     )
-        ax.set_xlabel("nodes")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("nodes (log 2)")
         ax.set_ylabel("scaling efficiency")
         ax.set_title(str(cl), fontsize=9)
         ax.grid(alpha=0.3)

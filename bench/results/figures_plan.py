@@ -35,6 +35,12 @@ def figures_dir(inputs: Inputs) -> Path:
     return inputs.results_dir / "figures"
 
 
+def _target(runs: pd.DataFrame) -> str:
+    """The experiment's target as its records name it (the first record's)."""
+    r = runs.iloc[0]
+    return fg.target_text(r["metric"], r["target"])
+
+
 def _experiment_figures(inputs: Inputs, exp: str, stats: pd.DataFrame) -> list[Figure]:
     out, d, runs = [], figures_dir(inputs), inputs.runs
     mine = runs[runs["experiment"] == exp]
@@ -57,7 +63,7 @@ def _experiment_figures(inputs: Inputs, exp: str, stats: pd.DataFrame) -> list[F
             Figure(
                 p,
                 f"{exp}: speedup over dense of {len(sp)} configuration(s)",
-                lambda p=p: fg.plot_speedup(stats, exp, p),
+                lambda p=p: fg.plot_speedup(stats, exp, p, _target(mine)),
                 "speedup",
                 exp,
             )

@@ -187,7 +187,26 @@ def md_table(df: pd.DataFrame) -> list[str]:
     ]
 
 
-def csv_section(paths: list[Path], columns: list[str], base: Path, made_by: str) -> list[str]:
+def with_hardware(df: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """A sweep table with the hardware of its runs (``run_id`` or ``run_ids`` looked up in
+    the records); a projected row names the model instead."""
+    if "hardware" in df:
+        return df
+    hw = dict(zip(runs["run_id"], runs["hardware"], strict=True)) if len(runs) else {}
+
+    def one(row: pd.Series) -> str:
+        if str(row.get("kind")) == "projected":
+            return "projection (alpha-beta model)"
+        ids = str(row.get("run_ids", row.get("run_id", ""))).replace(",", " ").split()
+        found = sorted({hw[i] for i in ids if i in hw})
+        return "; ".join(found) or "not in the records"
+
+    return df.assign(hardware=[one(r) for _, r in df.iterrows()]) if len(df) else df
+
+
+def csv_section(
+    paths: list[Path], columns: list[str], base: Path, made_by: str, runs: pd.DataFrame
+) -> list[str]:
     if not paths:
         return [f"No CSV yet: `{made_by}` writes one.", ""]
     out = []
@@ -197,6 +216,7 @@ def csv_section(paths: list[Path], columns: list[str], base: Path, made_by: str)
         except (OSError, ValueError, pd.errors.ParserError) as e:
             out += [f"- {_rel(p, base)}: unreadable ({e})", ""]
             continue
+        df = with_hardware(df, runs)
         cols = [c for c in columns if c in df.columns]
         out += [f"From `{_rel(p, base)}` ({len(df)} rows):", "", *md_table(df[cols]), ""]
     return out
@@ -214,6 +234,7 @@ ABLATION_COLUMNS = [
     "time_to_target_std_s",
     "speedup_vs_baseline",
     "speedup_std",
+    "hardware",
 ]
 SCALING_COLUMNS = [
     "cluster",
@@ -224,6 +245,7 @@ SCALING_COLUMNS = [
     "efficiency",
     "kind",
     "run_id",
+    "hardware",
 ]
 
 
@@ -256,10 +278,14 @@ def write_report(inputs: Inputs, figs: list[Figure], path: Path, header: str) ->
         *figures_section(figs, base),
         "## Ablation",
         "",
-        *csv_section(inputs.ablation, ABLATION_COLUMNS, base, "python -m reproduce ablation"),
+        *csv_section(
+            inputs.ablation, ABLATION_COLUMNS, base, "python -m reproduce ablation", inputs.runs
+        ),
         "## Scaling",
         "",
-        *csv_section(inputs.scaling, SCALING_COLUMNS, base, "python -m reproduce scaling"),
+        *csv_section(
+            inputs.scaling, SCALING_COLUMNS, base, "python -m reproduce scaling", inputs.runs
+        ),
         "## Records",
         "",
         *records_section(inputs, maker),
