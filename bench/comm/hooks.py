@@ -18,9 +18,12 @@ Each name is one :class:`HookSpec` in ``HOOKS``: its builder and the flags the l
 the training loop and the result records read (``is_sparse(name)``), so adding a method
 touches this file only.
 
-The hook's per-step statistics are in ``state.stats`` (:class:`CommStats`).  Buckets with
-fewer than ``min_numel`` elements, and every bucket during the first ``warmup_steps`` steps
-or while ``state.force_dense`` is set, go through the dense allreduce.
+Every hook returns its future without waiting for a collective (``communicators.py``),
+so DDP overlaps a bucket's communication with the backward pass of the next.  The hook's
+per-step statistics are in ``state.stats`` (:class:`CommStats`; the times are defined in
+``timing.py``; ``timing=False`` turns the CUDA events off).  Buckets with fewer than
+``min_numel`` elements, and every bucket during the first ``warmup_steps`` steps or while
+``state.force_dense`` is set, go through the dense allreduce.
 """
 
 # No ``from __future__ import annotations``: DDP's register_comm_hook checks that the hook's
@@ -182,6 +185,7 @@ class HookOptions:
     procs_per_node: int = 0
     powersgd_rank: int = 4
     seed: int | None = None
+    timing: bool = True  # time/select_s and time/comm_s of CUDA buckets (CUDA events)
 
     def __post_init__(self) -> None:
         # strings from Python callers become the enums (ConfigError listing the values)
@@ -238,6 +242,7 @@ def _reducer(compressor: str | None, communicator: str) -> Build:
         comm = COMMUNICATORS.get(communicator)(comp, memory, topo_groups, pg, opts.value_dtype)
         dense = AllReduce(build_compressor("dense"), NoMemory(), topo_groups, pg)
         state = HookState(comm, dense, float(opts.density), opts.warmup_steps, opts.min_numel)
+        state.stats.times.enabled = opts.timing
         return state, sparse_hook
 
     return build
@@ -257,7 +262,9 @@ def _build_powersgd(opts: HookOptions, topo_groups: Groups | None, pg: Any) -> t
     )
     multinode = topo_groups is not None and topo_groups.topo.nnodes > 1
     serialize = dist.get_backend(pg) == "gloo"
-    return PowerSGDHookState(ps, serialize=serialize, multinode=multinode), powersgd_hook
+    state = PowerSGDHookState(ps, serialize=serialize, multinode=multinode)
+    state.stats.times.enabled = opts.timing
+    return state, powersgd_hook
 
 
 def _two_nodes(opts: HookOptions, world_size: int, nnodes: int) -> None:
@@ -307,6 +314,7 @@ def make_hook(
     process_group: Any = None,
     powersgd_rank: int = 4,
     seed: int | None = None,
+    timing: bool = True,
 ) -> tuple[Any, HookFn]:
     """Build ``(state, hook)`` for ``ddp_model.register_comm_hook(state, hook)``.
 
@@ -326,6 +334,8 @@ def make_hook(
         process_group: group to reduce over (default: world; not for ``hitopk``).
         powersgd_rank: PowerSGD's ``matrix_approximation_rank``.
         seed: RNG seed of ``randomk``.
+        timing: record CUDA events for the times of CUDA buckets (``timing.py``); CPU
+            buckets are always timed (the host clock costs nothing).
     Raises:
         ConfigError: an unknown name or option value (naming the allowed ones), or a
             topology the method cannot use.
@@ -342,6 +352,7 @@ def make_hook(
         procs_per_node=procs_per_node,
         powersgd_rank=powersgd_rank,
         seed=seed,
+        timing=timing,
     )
     if not dist.is_initialized():
         raise ConfigError("make_hook needs torch.distributed to be initialised first")
