@@ -154,3 +154,14 @@ def test_float16_bucket_keeps_what_the_wire_clamp_holds_back() -> None:
     res = c.memory.buffers["bucket"]
     assert res.dtype == torch.float32 and float(res.max()) > 65504
     assert torch.equal(sent + res.double(), total)
+
+
+@pytest.mark.parametrize("name", ["fp16", "bf16"])
+@pytest.mark.parametrize("dtype", GRAD_DTYPES, ids=str)
+def test_cast_compressors_never_overflow(name: str, dtype: torch.dtype) -> None:
+    """The dense fp16/bf16 hooks' values: clamped into what the wire and bucket hold."""
+    x = torch.tensor([1e6, -1e6, 65504.0, 3.0, 1e39]).clamp(-torch.finfo(dtype).max, None)
+    x = x.clamp(None, torch.finfo(dtype).max).to(dtype)
+    out = build_compressor(name).compress(x, 1.0).values
+    assert bool(torch.isfinite(out).all()) and bool(torch.isfinite(out.to(dtype)).all())
+    assert float(out[3]) == 3.0
