@@ -69,7 +69,7 @@ def test_quick_cluster_benchmark_writes_its_columns(tmp_path: Path):
         "efficiency",
     ):
         assert col in df.columns, col
-    assert set(df["kind"]) == {"measured", "whatif", "projection"}
+    assert set(df["kind"]) == {"measured", "whatif", "projection", "overlap"}
     m = df[df["kind"] == "measured"]
     assert set(m["comm"]) == {"dense", "topk", "mstopk", "hitopk"}
     assert m["wire_error"].abs().max() < 0.10 and m["heldout_error"].notna().all()

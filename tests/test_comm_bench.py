@@ -44,11 +44,19 @@ def test_comm_benchmark_quick(tmp_path) -> None:
         "nnodes",
     ):
         assert col in df.columns, col
-    assert set(df["method"]) == {"dense", "fp16", "topk", "hitopk"}
-    by = df.set_index("method")
+    agg = df[df["kind"] == "aggregation"]
+    assert set(agg["method"]) == {"dense", "fp16", "topk", "hitopk"}
+    by = agg.set_index("method")
     assert by.loc["fp16", "bytes_per_worker"] == by.loc["dense", "bytes_per_worker"] / 2
     assert (
         by.loc["hitopk", "inter_node_bytes_per_worker"]
         < by.loc["topk", "inter_node_bytes_per_worker"]
     )
+    # each node's link: hitopk sends fewer bytes than the flat allgather
+    assert by.loc["hitopk", "link_bytes_per_node"] < by.loc["topk", "link_bytes_per_node"]
+    ov = df[df["kind"] == "overlap"]
+    assert set(ov["method"]) == {"dense", "hitopk"}
+    for col in ("step_ms", "backward_ms", "comm_alone_ms"):
+        assert (ov[col] > 0).all(), col
+    assert (ov["exposed_ms"] == ov["step_ms"] - ov["backward_ms"]).all()
     assert (tmp_path / "bench" / "comm.png").exists()

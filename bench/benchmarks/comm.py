@@ -16,11 +16,17 @@ Methods: ``dense`` (allreduce), ``fp16``, ``powersgd`` (PyTorch's hook, rank 4, 
 2 warm-up steps), ``topk`` (flat allgather of exact top-k), ``mstopk`` (flat allgather of
 MSTopK), ``hitopk`` (HiTopKComm with MSTopK) at density 0.001 and 0.01.  Columns:
 ``median_ms`` per step (all buckets, rank 0, after a barrier), ``bytes_per_worker`` and
-``inter_node_bytes_per_worker`` (per step, what each worker sends; see
-``communicators.py`` for the accounting), mean ``select_ms`` / ``comm_ms``, and the ratios
-to dense of time and of inter-node bytes, measured in the same run.  Loopback has no
+``inter_node_bytes_per_worker`` (per step, what each worker sends, from the hooks'
+statistics), ``link_bytes_per_node`` (bytes per step leaving each node over its link,
+from :mod:`bench.comm.cost`: hitopk's inter-node stage counts the node's ``m`` workers
+sending at once), mean ``select_ms`` / ``comm_ms``, and the ratios to dense of time and of
+link bytes (``inter_bytes_ratio_vs_dense``), measured in the same run.  Loopback has no
 bandwidth limit, so times here show compute and latency costs; the byte columns are what
 a slow inter-node link would charge for (``bench/cluster`` emulates such links).
+
+Rows ``kind=overlap`` (:mod:`bench.benchmarks.overlap`): a real ResNet-18 step under DDP
+with each hook beside its backward pass alone and its communication alone; the exposed
+communication per step and its ratio to the communication alone.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from bench.benchmarks.harness import BenchRun
 METHODS = ["dense", "fp16", "powersgd", "topk", "mstopk", "hitopk"]
 MODELS = ["resnet50", "transformer_base"]
 DENSITIES = [0.001, 0.01]
+OVERLAP_METHODS = ["dense", "fp16", "powersgd", "topk", "mstopk", "hitopk"]
 
 
 def model_buckets(
@@ -174,9 +181,18 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
         # 4 workers share the cores: one thread each
         rows = run_workers(_worker, world, ppn, shapes, cases, warmup, reps, timeout_s=1800)[0]
         _add_rows(bench, model, shapes, rows, world, ppn, reps)
+    _overlap(bench, world, ppn, quick)
     path = bench.save()
     _plot(bench)
     return path
+
+
+def _link_bytes(method: str, density: float, shapes: list, n: int, m: int) -> float:
+    """Bytes per step leaving each node over its link (bench.comm.cost)."""
+    from bench.comm import cost
+
+    numels = [sum(int(torch.Size(s).numel()) for s in b) for b in shapes]
+    return cost.step(method, numels, density, n, m, shapes=shapes).link_bytes
 
 
 def _add_rows(
@@ -184,12 +200,14 @@ def _add_rows(
 ) -> None:
     dense = next(r for r in rows if r["method"] == "dense")
     numel = sum(int(torch.Size(s).numel()) for b in shapes for s in b)
+    dense_inter = _link_bytes("dense", 1.0, shapes, world // ppn, ppn)
     for r in rows:
-        inter = r["inter_node_bytes_per_worker"]
-        dense_inter = dense["inter_node_bytes_per_worker"]
+        inter = _link_bytes(r["method"], r["density"], shapes, world // ppn, ppn)
         bench.add(
+            kind="aggregation",
             model=model,
             **r,
+            link_bytes_per_node=inter,
             world_size=world,
             nnodes=world // ppn,
             procs_per_node=ppn,
@@ -203,8 +221,31 @@ def _add_rows(
         print(
             f"{model:>16} {r['method']:>9} d={r['density']:<6} {r['median_ms']:9.1f} ms/step  "
             f"{r['bytes_per_worker'] / 1e6:9.3f} MB/worker  "
-            f"{inter / 1e6:9.3f} MB inter-node  "
-            f"(dense/this inter bytes {dense_inter / max(inter, 1):.0f}x)",
+            f"{inter / 1e6:9.3f} MB over each node's link  "
+            f"(dense/this {dense_inter / max(inter, 1):.0f}x)",
+            flush=True,
+        )
+
+
+def _overlap(bench: BenchRun, world: int, ppn: int, quick: bool) -> None:
+    """Rows ``kind=overlap``: a real ResNet-18 step with each hook, beside its backward pass
+    alone and its communication alone (bench.benchmarks.overlap)."""
+    from bench.benchmarks.overlap import overlap_worker
+    from bench.benchmarks.spawn import run_workers
+
+    methods = ["dense", "hitopk"] if quick else OVERLAP_METHODS
+    batch, image, warmup, reps = (2, 16, 1, 1) if quick else (32, 64, 3, 4)
+    rows = run_workers(
+        overlap_worker, world, ppn, methods, 0.01, batch, image, warmup, reps, timeout_s=1800
+    )[0]
+    for r in rows:
+        bench.add(
+            **r, median_ms=r["step_ms"], world_size=world, nnodes=world // ppn, procs_per_node=ppn
+        )
+        print(
+            f"overlap {r['method']:>9}: step {r['step_ms']:7.1f} ms, backward alone "
+            f"{r['backward_ms']:7.1f}, exposed {r['exposed_ms']:7.1f} = "
+            f"{r['exposed_ratio']:.2f} x the communication alone ({r['comm_alone_ms']:.1f})",
             flush=True,
         )
 
@@ -224,6 +265,8 @@ def plot(df: Any, hardware: str, path: Path) -> None:
     from bench.comm import is_sparse
     from bench.results.plots import save_figure
 
+    ov = df[df["kind"] == "overlap"] if "kind" in df.columns else df.iloc[:0]
+    df = df[df["kind"] != "overlap"] if "kind" in df.columns else df
     models = df["model"] if "model" in df.columns else ["resnet50"] * len(df)  # older runs
     several = len(set(models)) > 1
     labels = [
@@ -231,7 +274,8 @@ def plot(df: Any, hardware: str, path: Path) -> None:
         for mo, m, d in zip(models, df["method"], df["density"], strict=True)
     ]
     x = np.arange(len(labels))
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, axes = plt.subplots(1, 3 if len(ov) else 2, figsize=(18 if len(ov) else 12, 4.5))
+    a1, a2 = axes[0], axes[1]
     a1.bar(x, df["median_ms"], color="tab:blue")
     a1.set_ylabel("median ms per step (all buckets)")
     a1.set_yscale("log")
@@ -250,6 +294,8 @@ def plot(df: Any, hardware: str, path: Path) -> None:
         ax.set_xticks(x, labels)
         ax.tick_params(axis="x", labelsize=8)
         ax.grid(True, axis="y", which="both", alpha=0.3)
+    if len(ov):
+        _plot_overlap(axes[2], ov)
     fig.suptitle(
         f"{' and '.join(dict.fromkeys(str(m) for m in models))} gradient aggregation, "
         f"{int(df['world_size'].iloc[0])} gloo workers as "
@@ -257,6 +303,26 @@ def plot(df: Any, hardware: str, path: Path) -> None:
         fontsize=10,
     )
     save_figure(fig, path)
+
+
+def _plot_overlap(ax: Any, ov: Any) -> None:
+    """Communication alone beside the part of it the step exposes (ResNet-18 step)."""
+    import numpy as np
+
+    x = np.arange(len(ov))
+    ax.bar(x - 0.2, ov["comm_alone_ms"], 0.4, color="tab:gray", label="communication alone")
+    ax.bar(x + 0.2, ov["exposed_ms"].clip(lower=0), 0.4, color="tab:red", label="exposed in step")
+    for i, r in enumerate(ov["exposed_ratio"]):
+        ax.annotate(f"{r:.2f}x", (i + 0.2, 0), ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(x, list(ov["method"]))
+    ax.set_ylabel("ms per step")
+    b = ov.iloc[0]
+    ax.set_title(
+        f"overlap: ResNet-18 step (batch {int(b['batch'])}, {int(b['image'])} px), backward alone "
+        f"{ov['backward_ms'].median():.0f} ms",
+        fontsize=8,
+    )
+    ax.legend(fontsize=7)
 
 
 BENCHMARKS.register("comm")(BenchmarkSpec(run=run, replot=_plot))

@@ -1,0 +1,172 @@
+"""Overlap of gradient aggregation with the backward pass, measured on a real model's step.
+
+For each method, in one process group, interleaved step by step (the machine's load drifts):
+
+* ``step_ms``: forward + backward of torchvision's ResNet-18 under DDP with the method's
+  hook (``bench.comm.make_hook``); DDP's backward returns when every bucket's future is
+  done, so this is the step's time up to the optimizer;
+* ``backward_ms``: the same forward + backward under ``ddp.no_sync()`` (no communication);
+* ``comm_alone_ms``: the same hook on buckets of the same parameter shapes (recorded from
+  DDP's own buckets), with no backward pass running.
+
+``exposed_ms = step_ms - backward_ms`` is the communication the step pays for;
+``exposed_ratio = exposed_ms / comm_alone_ms`` (1 = nothing hidden) and ``hidden = 1 -
+exposed_ratio`` (clipped to [0, 1]) is what the performance model uses.  Times are the
+slowest rank's, medians over ``reps`` steps after ``warmup``.
+
+Runs under :func:`bench.benchmarks.spawn.run_workers` (loopback, ``bench comm``) or as
+``python -m bench.benchmarks.overlap --out FILE`` under torchrun (the emulated cluster,
+``bench cluster``).
+"""
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+MODEL = "resnet18"
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    """The slowest rank's time of ``fn`` (ms), all ranks starting together."""
+    dist.barrier()
+    t0 = time.perf_counter()
+    fn()
+    t = torch.tensor([(time.perf_counter() - t0) * 1e3])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _recording(hook: Callable, shapes: dict[int, list[torch.Size]]) -> Callable:
+    """``hook`` that also records each bucket's parameter shapes (DDP's own buckets)."""
+
+    def wrapped(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        shapes[bucket.index()] = [g.shape for g in bucket.gradients()]
+        return hook(state, bucket)
+
+    return wrapped
+
+
+def _case(
+    method: str, density: float, batch: int, image: int, warmup: int, reps: int
+) -> dict[str, Any]:
+    import torchvision
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from bench.benchmarks.comm import FakeBucket
+    from bench.comm import is_sparse, make_hook
+
+    torch.manual_seed(0)
+    ddp = DDP(torchvision.models.resnet18(num_classes=10))
+    state, hook = make_hook(method, density=density, powersgd_rank=4)
+    shapes: dict[int, list[torch.Size]] = {}
+    ddp.register_comm_hook(state, _recording(hook, shapes))
+    alone_state, alone_hook = make_hook(method, density=density, powersgd_rank=4)
+    x = torch.randn(batch, 3, image, image)
+    y = torch.randint(10, (batch,))
+
+    def fwd_bwd() -> None:
+        ddp.zero_grad(set_to_none=False)
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+
+    def backward_only() -> None:
+        with ddp.no_sync():
+            fwd_bwd()
+
+    buckets: list[FakeBucket] = []
+
+    def comm_alone() -> None:
+        torch.futures.wait_all([alone_hook(alone_state, b) for b in buckets])
+
+    out: dict[str, list[float]] = {"step": [], "backward": [], "alone": []}
+    layout: list[list[torch.Size]] = []
+    for step in range(warmup + reps):
+        shapes.clear()
+        t_step = _timed(fwd_bwd)
+        now = [shapes[i] for i in sorted(shapes)]
+        if now != layout:  # DDP's buckets as its hook saw them (rebuilt after step 1)
+            layout = now
+            n = len(now)
+            buckets = [FakeBucket(i, now[i], i == n - 1, seed=i) for i in range(n)]
+        t_bwd = _timed(backward_only)
+        for b in buckets:
+            b.refill()
+        t_alone = _timed(comm_alone)
+        if step >= warmup:
+            out["step"].append(t_step)
+            out["backward"].append(t_bwd)
+            out["alone"].append(t_alone)
+    med = {k: statistics.median(v) for k, v in out.items()}
+    exposed = med["step"] - med["backward"]
+    ratio = exposed / med["alone"] if med["alone"] > 0 else float("nan")
+    return {
+        "kind": "overlap",
+        "model": MODEL,
+        "method": method,
+        "density": density if is_sparse(method) else 1.0,
+        "batch": batch,
+        "image": image,
+        "buckets": len(buckets),
+        "step_ms": med["step"],
+        "backward_ms": med["backward"],
+        "comm_alone_ms": med["alone"],
+        "exposed_ms": exposed,
+        "exposed_ratio": ratio,
+        "hidden": min(1.0, max(0.0, 1 - ratio)),
+        "reps": reps,
+    }
+
+
+def overlap_worker(
+    rank: int,
+    world: int,
+    methods: list[str],
+    density: float,
+    batch: int,
+    image: int,
+    warmup: int,
+    reps: int,
+) -> list[dict[str, Any]]:
+    """One row per method (every rank returns the same rows)."""
+    return [_case(m, density, batch, image, warmup, reps) for m in methods]
+
+
+def main(argv: list[str] | None = None) -> int:
+    import os
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--methods", default="dense,topk,mstopk,hitopk")
+    ap.add_argument("--density", type=float, default=0.01)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--image", type=int, default=64)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=4)
+    a = ap.parse_args(argv)
+    dist.init_process_group("gloo")
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    rows = overlap_worker(
+        dist.get_rank(),
+        dist.get_world_size(),
+        a.methods.split(","),
+        a.density,
+        a.batch,
+        a.image,
+        a.warmup,
+        a.reps,
+    )
+    if dist.get_rank() == 0:
+        with open(a.out, "w") as f:
+            json.dump(rows, f, indent=1)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
