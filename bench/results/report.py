@@ -111,7 +111,7 @@ def _time_rows(inputs: Inputs, maker: CommandMaker, row) -> None:
                 cited,
                 "not run, or no run reached the target",
                 "-",
-                f"`{recipe_command(exp)}`",
+                recipe_command(exp),
             )
         for _, r in mine.iterrows():
             target = target_text(r["metric"], r["target"])

@@ -142,14 +142,29 @@ def _experiment_comparisons(inputs: Inputs, stats: pd.DataFrame, maker: CommandM
 
 
 def recipe_command(exp: str) -> str:
-    """The ``to run:`` line of a recipe's config file."""
+    """The ``to run:`` comment of a recipe's config file, as Markdown: the command (its
+    continuation lines joined) in backticks, then any words before it."""
     path = CONF_DIR / "experiment" / f"{exp}.yaml"
-    m = re.search(r"#\s*to run:\s*(.+)", path.read_text()) if path.is_file() else None
-    return (
-        m.group(1).split("(or:")[0].strip() if m else f"python -m reproduce train experiment={exp}"
-    )
+    lines = path.read_text().splitlines() if path.is_file() else []
+    start = next((i for i, ln in enumerate(lines) if re.match(r"#\s*to run:", ln)), None)
+    if start is None:
+        return f"`python -m reproduce train experiment={exp}`"
+    text = [re.sub(r"^#\s*(to run:)?\s*", "", ln) for ln in lines[start : start + 6]]
+    first = next((i for i, t in enumerate(text) if "python -m reproduce" in t), None)
+    if first is None:
+        return f"`python -m reproduce train experiment={exp}` ({text[0]})"
+    note, _, cmd = text[first].partition("python -m reproduce")
+    parts = ["python -m reproduce" + cmd]
+    for t in text[first + 1 :]:
+        if not parts[-1].rstrip().endswith("\\"):
+            break
+        parts[-1] = parts[-1].rstrip()[:-1].rstrip()
+        parts.append(t.strip())
+    cmd = " ".join(parts).split("(or:")[0].strip()
+    note = (text[0] if first else note).strip(" (")
+    return f"`{cmd}`" + (f" ({note})" if note else "")
 
 
 def unrun_experiments(inputs: Inputs) -> list[str]:
     ran = set(inputs.runs["experiment"])
-    return [f"- {e}: `{recipe_command(e)}`" for e in known_experiments() if e not in ran]
+    return [f"- {e}: {recipe_command(e)}" for e in known_experiments() if e not in ran]
