@@ -77,3 +77,30 @@ def test_phase_times_pop_and_start_over() -> None:
     select_s, comm_s = t.pop()
     assert select_s == pytest.approx(0.75) and comm_s == pytest.approx(1.5)
     assert t.pop() == (0.0, 0.0)
+
+
+class _Event:
+    """Stands in for torch.cuda.Event: a time stamp (s) read as milliseconds."""
+
+    def __init__(self, t: float, done: bool = True) -> None:
+        self.t, self.done = t, done
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.done = True
+
+    def elapsed_time(self, end: _Event) -> float:
+        return (end.t - self.t) * 1e3
+
+
+def test_phase_times_read_cuda_events_only_when_complete() -> None:
+    t = PhaseTimes()
+    t.add_comm(_Event(10.0), _Event(11.0))
+    t.add_comm(_Event(10.5), _Event(12.0, done=False))  # still in flight
+    t.add_select(_Event(12.0), _Event(12.25))
+    t.add_comm(None, None)  # timing off: nothing recorded
+    t._read_cuda(wait=False)
+    assert len(t._cuda) == 1  # the pair in flight is kept, not waited for
+    assert t.pop() == pytest.approx((0.25, 2.0))  # pop waits: union of [10, 11], [10.5, 12]
