@@ -224,5 +224,7 @@ def speedups(stats: pd.DataFrame, axis: str, baseline: str) -> pd.DataFrame:
             continue  # the baseline alone: nothing to compare
         for _, o in g.iterrows():
             s, sd = ratio(b, o)
-            out.append({**o.to_dict(), "speedup": s, "speedup_std": sd, "baseline": b[axis]})
+            base = {"baseline": b[axis], "base_tt": b["tt_mean"], "base_run_ids": b["run_ids"]}
+            base |= {"base_reached": b["n_reached"], "base_runs": b["n_runs"]}
+            out.append({**o.to_dict(), "speedup": s, "speedup_std": sd, **base})
     return pd.DataFrame(out)
