@@ -133,15 +133,22 @@ def hitopk(
     """HiTopKComm's three stages (see the module docstring)."""
     shard = -(-numel // m)
     pkt = packet_bytes(k_for(shard, density), shard, value_bytes)
+    return hitopk_stages(shard * m * elem_bytes, pkt, n, m)
+
+
+def hitopk_stages(bucket_bytes: float, packet: int, n: int, m: int) -> Traffic:
+    """HiTopKComm's stages for a (padded) bucket of ``bucket_bytes`` and ``packet``-byte
+    packets: intra-node reduce-scatter, inter-node allgather (the node's ``m`` workers at
+    once on its link), intra-node allgather."""
     stages = []
     if m > 1:
-        rs = (m - 1) / m * shard * m * elem_bytes
+        rs = (m - 1) / m * bucket_bytes
         stages.append(Stage("intra_reduce_scatter", rs, 0.0, m - 1, False))
     if n > 1:
-        inter = float((n - 1) * pkt)
+        inter = float((n - 1) * packet)
         stages.append(Stage("inter_allgather", inter, m * inter, n - 1, True))
     if m > 1:
-        stages.append(Stage("intra_allgather", float((m - 1) * n * pkt), 0.0, m - 1, False))
+        stages.append(Stage("intra_allgather", float((m - 1) * n * packet), 0.0, m - 1, False))
     return Traffic(tuple(stages))
 
 
