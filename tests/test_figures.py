@@ -173,6 +173,11 @@ def test_no_records_is_one_clear_error(tmp_path: Path, capsys) -> None:
     err = capsys.readouterr().err
     assert "no run record" in err and "python -m reproduce dawnbench" in err
     assert "Traceback" not in err and not (tmp_path / "REPORT.md").exists()
+    (tmp_path / "runs.jsonl").write_text('{"run_id": "a", "sta\n')  # only a torn line
+    with pytest.raises(SystemExit) as e:
+        main(["--results-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "1 line(s) skipped" in err and "runs.jsonl:1" in err
     with pytest.raises(SystemExit) as e:
         main(["--results-dir", str(tmp_path / "nowhere")])
     assert e.value.code == 2 and "not a directory" in capsys.readouterr().err

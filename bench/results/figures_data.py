@@ -56,7 +56,10 @@ def load_inputs(results_dir: str | Path) -> Inputs:
         records = rec.load_records(d)
     problems = [str(w.message) for w in caught]
     if not records:
-        raise NoRecords(f"no run record in {rec.runs_path(d)}")
+        skipped = (
+            f" ({len(problems)} line(s) skipped, the first: {problems[0]})" if problems else ""
+        )
+        raise NoRecords(f"no run record in {rec.runs_path(d)}{skipped}")
     runs = run_table(records, d)
     problems += [
         f"{r.run_id}: curve {r.curve_path} missing (the record's own numbers are used)"
