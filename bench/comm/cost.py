@@ -90,7 +90,9 @@ def packet_bytes(k: int, numel: int, value_bytes: int = 4) -> int:
     return -(-k * (index_bytes + value_bytes) // ALIGN) * ALIGN
 
 
-def allreduce(numel: int, n: int, m: int, elem_bytes: int = 4, name: str = "allreduce") -> Traffic:
+def allreduce(
+    numel: float, n: int, m: int, elem_bytes: int = 4, name: str = "allreduce"
+) -> Traffic:
     """Flat ring allreduce among all ``w`` workers."""
     w = n * m
     if w == 1:
