@@ -110,10 +110,15 @@ class Communicator:
 def _scatter_mean(
     flat: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor, world: int, padded: int
 ) -> None:
-    """``flat`` = (sum of the received pairs) / ``world``, summed in float32 or wider."""
-    acc = accumulator(flat, padded)
+    """``flat`` = (sum of the received pairs) / ``world``, summed in float32 or wider
+    (in ``flat`` itself when it is that wide and needs no padding)."""
+    in_place = padded == flat.numel() and widened(flat.dtype) == flat.dtype
+    acc = flat.zero_() if in_place else accumulator(flat, padded)
     acc.index_add_(0, idx.reshape(-1), vals.reshape(-1).to(acc.dtype))
-    flat.copy_(acc[: flat.numel()].div_(world))
+    if in_place:
+        flat.div_(world)
+    else:
+        flat.copy_(acc[: flat.numel()].div_(world))
 
 
 @COMMUNICATORS.register("allreduce")
