@@ -51,7 +51,7 @@ def test_the_benchmarks_use_the_harness_timing():
     assert not hasattr(update, "_interleaved") and not hasattr(harness, "measure")
 
 
-@pytest.mark.parametrize("name", ["topk", "comm", "update", "input", "cluster"])
+@pytest.mark.parametrize("name", ["topk", "comm", "update", "input", "cluster", "throughput"])
 def test_replot_redraws_a_committed_figure_without_measuring(name: str, tmp_path: Path) -> None:
     import shutil
 

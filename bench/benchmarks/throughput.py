@@ -272,11 +272,13 @@ def _plot(bench: BenchRun) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import pandas as pd
 
     from bench.results.plots import save_figure
 
     df = bench.frame()
-    model = df["model"].fillna("resnet50") if "model" in df else "resnet50"
+    # runs before the Transformer rows have no model column: all ResNet-50
+    model = df["model"].fillna("resnet50") if "model" in df else pd.Series("resnet50", df.index)
     images = df[model == "resnet50"]
     tokens = df[model != "resnet50"]
     panels = [p for p in (images, tokens) if len(p)]
