@@ -108,7 +108,15 @@ def main(argv: list[str]) -> None:
         return
     from bench.sweeps.common import run_train
 
-    failed = sum(rc != 0 for rc in plan.run(sweep_dir, run_train))
+    try:
+        failed = sum(rc != 0 for rc in plan.run(sweep_dir, run_train))
+    except KeyboardInterrupt:
+        print(
+            f"interrupted; the finished jobs' table: python -m reproduce ablation "
+            f"--aggregate {plan.sweep_id} --results-dir {args.results_dir}",
+            file=sys.stderr,
+        )
+        sys.exit(130)
     if failed:
         print(f"note: {failed} of {len(jobs)} jobs failed", file=sys.stderr, flush=True)
     try:
