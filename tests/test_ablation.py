@@ -123,12 +123,13 @@ def test_dry_run_runs_nothing(
         raise AssertionError("a dry run started a job")
 
     monkeypatch.setattr(common, "run_train", no_run)
-    argv = ["--quick", "--dry-run", "--cluster", "local", "--results-dir", str(tmp_path)]
+    res = tmp_path / "res"
+    argv = ["--quick", "--dry-run", "--cluster", "local", "--results-dir", str(res)]
     cli.main(argv)
     out = capsys.readouterr().out
     assert "2 jobs" in out and "comm=dense" in out and "comm=hitopk" in out
     assert "job 1: python -m reproduce train experiment=dawnbench_digits cluster=local" in out
-    assert not (tmp_path / "runs.jsonl").exists()
+    assert not res.exists()  # nothing recorded, no directory made
     grid = ["--comm", "dense", "--seeds", "2", "--cluster", "local"]
     cli.main(["--dry-run", *grid, "--results-dir", str(tmp_path)])
     out = capsys.readouterr().out

@@ -131,10 +131,10 @@ def test_dry_run_runs_nothing(
         raise AssertionError("a dry run started a job")
 
     monkeypatch.setattr(common, "run_train", no_run)
-    cli.main(["--quick", "--dry-run", "--results-dir", str(tmp_path)])
+    cli.main(["--quick", "--dry-run", "--results-dir", str(tmp_path / "res")])
     out = capsys.readouterr().out
     assert "3 runs" in out and "cluster.nnodes=2 cluster.nproc_per_node=1 comm=hitopk" in out
-    assert "projected: 10 rows" in out and not (tmp_path / "runs.jsonl").exists()
+    assert "projected: 10 rows" in out and not (tmp_path / "res").exists()
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,7 @@ from typing import Any
 import pandas as pd
 
 from bench.registry import ConfigError
-from bench.sweeps.common import check_names, compose_all, options
+from bench.sweeps.common import check_names, options, validate_jobs
 
 COMMS = ("dense", "fp16", "powersgd", "topk", "mstopk", "hitopk")
 CACHES = ("none", "multilevel")
@@ -88,12 +88,8 @@ class Plan:
 
     def check_jobs(self) -> None:
         """Every configuration composes and passes the run's own checks (bench.run)."""
-        from bench.config import to_object
-        from bench.run import validate
-
-        for dcfg in compose_all([self.job_overrides(*job, seed=0) for job in self.configs()]):
-            cfg = to_object(dcfg)
-            validate(cfg)
+        jobs = [self.job_overrides(*job, seed=0) for job in self.configs()]
+        cfg = validate_jobs(jobs, self.results_dir)[-1]
         if "multilevel" in self.caches and cfg.data.name not in ("imagefolder", "imagenet"):
             self.notes.append(
                 f"the cache levels act on image-folder data only: on data={cfg.data.name} "

@@ -70,6 +70,28 @@ def compose_all(jobs: Sequence[Sequence[str]]) -> list[Any]:
         raise ConfigError(lines[0] if lines else type(e).__name__) from e
 
 
+def validate_jobs(jobs: Sequence[Sequence[str]], results_dir: str) -> list[Any]:
+    """Compose each job and run the run's own checks (``bench.run.validate``) on it, with
+    a scratch results directory (the checks create theirs): nothing is made in
+    ``results_dir``, only its write permission checked.  Returns the typed configs."""
+    import tempfile
+
+    from bench.config import to_object
+    from bench.run import validate
+
+    cfgs = [to_object(c) for c in compose_all(jobs)]
+    with tempfile.TemporaryDirectory() as tmp:
+        for cfg in cfgs:
+            real, cfg.results.dir = cfg.results.dir, tmp
+            validate(cfg)
+            cfg.results.dir = real
+    path = Path(results_dir)
+    parent = next(p for p in [path, *path.absolute().parents] if p.exists())
+    if not os.access(parent, os.W_OK):
+        raise ConfigError(f"results dir {results_dir!r} is not writable ({parent} is not)")
+    return cfgs
+
+
 def cluster_profile(cluster: str) -> tuple[list[str], str]:
     """Overrides that put ``cluster`` on the paper-scaled link profile, and a line saying
     what the runs' links are.  Only the emulated cluster has links to shape; it takes

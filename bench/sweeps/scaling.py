@@ -26,7 +26,7 @@ from typing import Any
 import pandas as pd
 
 from bench.registry import ConfigError
-from bench.sweeps.common import check_names, compose_all, options
+from bench.sweeps.common import check_names, options, validate_jobs
 
 COLUMNS = [
     "sweep_id",
@@ -85,11 +85,7 @@ class Plan:
             raise ConfigError("--steps and --batch-per-worker must be >= 1")
         if (1, 1) not in self.topologies:
             raise ConfigError("the topologies must include 1x1, the reference of efficiency")
-        from bench.config import to_object
-        from bench.run import validate
-
-        for dcfg in compose_all([job for _, job in self.jobs()]):
-            validate(to_object(dcfg))
+        validate_jobs([job for _, job in self.jobs()], self.results_dir)
 
     def points(self) -> list[tuple[str, int, int]]:
         """(comm, nodes, workers per node) of each run: 1 x 1 once (dense), each method
