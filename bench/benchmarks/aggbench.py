@@ -44,7 +44,7 @@ class Aggregator:
     called as DDP calls it: every bucket handed over, then all futures awaited."""
 
     def __init__(self, buckets: list[int], density: float, nodes: int, m: int, comms: list[str]):
-        from bench.benchmarks.comm import FakeBucket
+        from bench.benchmarks.buckets import FakeBucket
         from bench.comm import make_hook
 
         self.rank, self.world = dist.get_rank(), dist.get_world_size()

@@ -58,7 +58,7 @@ def _case(
     import torchvision
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from bench.benchmarks.comm import FakeBucket
+    from bench.benchmarks.buckets import FakeBucket
     from bench.comm import is_sparse, make_hook
 
     torch.manual_seed(0)
