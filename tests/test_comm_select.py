@@ -380,3 +380,21 @@ def test_bench_ef_baselines_select_torch_topks_set(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(topk_bench, "mstopk_ef", lambda r, g, k: randomk(r.add_(g), k))
     with pytest.raises(RuntimeError, match="does not select"):
         topk_bench.check_ef_cases(grad, 1000)
+
+
+def test_tiled_sweeps_in_one_chunk_with_several_threads() -> None:
+    """With one intra-op thread the CPU sweep goes in cache-sized column chunks (two
+    compactions per chunk); with more, in one (few parallel regions); exact either way."""
+    x = torch.randn(4_000_000, generator=torch.Generator().manual_seed(4))
+    ref = set(torch.topk(x.abs(), 4000).indices.tolist())
+    threads = torch.get_num_threads()
+    syncs = {}
+    try:
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            before = host_syncs()
+            assert set(mstopk(x, 4000)[1].tolist()) == ref
+            syncs[t] = host_syncs() - before
+    finally:
+        torch.set_num_threads(threads)
+    assert syncs[2] == 3 < syncs[1], syncs  # finiteness, columns, elements: one chunk
