@@ -17,8 +17,9 @@ copied into the bucket buffers before each step, outside the timing.  Around eac
 every node's link counters (``/proc/net/dev`` in its namespace) give the bytes per step
 that crossed it (``wire_bytes``), to compare with :mod:`bench.comm.cost`.  Before and
 after the cases, micro-measurements for :func:`bench.cluster.perfmodel.calibrate`: a
-ring shift of messages among all workers and within each node at a few sizes, selection,
-scatter-add, elementwise and summation passes -- all ranks at once (the CPU contention of
+ring shift of messages among all workers and within each node at a few sizes, each sparse
+method's own selection stage (``Communicator.compress``: error feedback and selector) per
+bucket, scatter-add, elementwise and summation passes -- all ranks at once (the CPU contention of
 a step is in them too), and no collective of the measured cases.
 Rank 0 writes ``--out``.
 """
@@ -128,11 +129,7 @@ def _calibrate(agg: Aggregator, sizes_mb: list[float], reps: int) -> dict[str, l
             total_ms += statistics.median(_step_ms(lambda x=x, k=k: mstopk(x, k), 1, reps))
             total_n += x.numel()
         cal["select"].append((total_n, total_ms / 1e3))
-    if "topk" in agg.states:  # exact top-k of whole buckets (torch.topk)
-        x = agg.grads[0]
-        k = max(1, math.ceil(agg.density * x.numel()))
-        ms = statistics.median(_step_ms(lambda: torch.topk(x.abs(), k, sorted=False), 1, reps))
-        cal["select_topk"] = [(x.numel(), ms / 1e3)]
+    cal.update(_hook_selection(agg, reps))
     x = agg.grads[0].clone()  # one whole bucket
     k = max(1, math.ceil(agg.density * x.numel()))
     pairs = w * k  # what a flat allgather brings back
@@ -159,6 +156,32 @@ def _calibrate(agg: Aggregator, sizes_mb: list[float], reps: int) -> dict[str, l
     ms = statistics.median(_step_ms(sums, 1, reps))
     cal["reduce"].append((sum(g.numel() for g in agg.grads), ms / 1e3))
     return cal
+
+
+def _hook_selection(agg: Aggregator, reps: int) -> dict[str, list]:
+    """Per sparse comm: its communicator's own selection stage (error feedback, selector,
+    wire values; ``Communicator.compress``) on what it selects from -- each whole bucket
+    (flat) or each bucket's shard (hitopk) -- one synchronised call per bucket."""
+    out: dict[str, list] = {}
+    for comm, st in agg.states.items():
+        if comm == "dense":
+            continue
+        parts = agg.m if comm == "hitopk" else 1
+        total_ms, total_n = 0.0, 0
+        for i, g in enumerate(agg.grads):
+            src = g[: math.ceil(g.numel() / parts)]
+            buf = torch.empty_like(src)
+            total_ms += statistics.median(
+                _step_ms(
+                    lambda b=buf, i=i, st=st: st.comm.compress(b, ("calibrate", i), st.density),
+                    1,
+                    reps,
+                    prepare=lambda b=buf, s=src: b.copy_(s),
+                )
+            )
+            total_n += src.numel()
+        out[f"select_{comm}"] = [(total_n, total_ms / 1e3)]
+    return out
 
 
 def link_counters() -> tuple[int, int]:

@@ -131,8 +131,8 @@ def _predict_ms(comm: str, res: dict[str, Any], c: Cluster, k: Costs) -> float:
 
     from bench.cluster import perfmodel as pm
 
-    if comm == "topk":  # exact selection has its own per-element cost
-        sel = res["calibration"].get("select_topk", [])
+    sel = res["calibration"].get(f"select_{comm}", [])
+    if sel:  # the method's own selection stage (error feedback included), per element
         k = replace(k, select_s=sum(t for _, t in sel) / max(1, sum(n for n, _ in sel)))
     return pm.aggregation_time(comm, res["buckets"], res["density"], c, k) * 1e3
 

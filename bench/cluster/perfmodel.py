@@ -6,7 +6,8 @@ inter-node stage charges the bytes that leave each node (``link_bytes``) to the 
 link (``inter_bw``, ``inter_lat``), an intra-node stage a worker's bytes to the
 intra-node path (``intra_bw``, ``intra_lat``).  Compute costs are per element: top-k
 selection over what is selected from, scatter-add of the received pairs, elementwise
-passes (error feedback, zero-fill, scaling) and the summation inside reductions.
+passes (zero-fill, scaling) and the summation inside reductions; the selection stage
+includes error feedback (the compensated gradient is what is selected from).
 
 * ``dense`` on the emulated cluster (gloo): a flat ring allreduce over all ``w`` workers.
 * ``dense`` on an NCCL cluster (:func:`nccl_allreduce`, for projections): intra-node
@@ -14,7 +15,7 @@ passes (error feedback, zero-fill, scaling) and the summation inside reductions.
   node's NIC), intra-node allgather -- NCCL's hierarchical schedule, not a flat ring that
   pays ``2 (w-1)`` inter-node latencies.
 * flat top-k (``topk``, ``mstopk``, ``randomk``): selection on the whole bucket, ring
-  allgather of packets, scatter-add of ``w k`` pairs, three dense passes.
+  allgather of packets, scatter-add of ``w k`` pairs, two dense passes.
 * ``hitopk``: intra reduce-scatter, selection on the shard, inter-node allgather (the
   node's ``m`` workers share its link), intra allgather, scatter-add, dense passes.
 
@@ -64,7 +65,7 @@ class Cluster:
 class Costs:
     """Per-element compute costs of aggregation (s per element)."""
 
-    select_s: float = 0.0  # top-k selection, per element scanned
+    select_s: float = 0.0  # selection stage (error feedback + top-k), per element scanned
     scatter_s: float = 0.0  # scatter-add, per received pair
     dense_s: float = 0.0  # one elementwise pass (zero, add residual, scale), per element
     reduce_s: float = 0.0  # summation inside a reduction, per element added
@@ -125,8 +126,8 @@ def topk_allgather(d: int, density: float, c: Cluster, k: Costs) -> float:
     """Flat top-k: select on the whole bucket, allgather pairs among all workers (s)."""
     kk = cost.k_for(d, density)
     t = transfer_time(cost.flat_topk(d, density, c.nodes, c.procs_per_node), c)
-    # error-feedback add; zero-fill and scaling of the rebuilt gradient
-    return d * k.select_s + t + c.world * kk * k.scatter_s + 3 * d * k.dense_s
+    # zero-fill and scaling of the rebuilt gradient
+    return d * k.select_s + t + c.world * kk * k.scatter_s + 2 * d * k.dense_s
 
 
 def hitopk(d: int, density: float, c: Cluster, k: Costs) -> float:
@@ -136,7 +137,7 @@ def hitopk(d: int, density: float, c: Cluster, k: Costs) -> float:
     ks = cost.k_for(shard, density)
     t = transfer_time(cost.hitopk(d, density, c.nodes, m), c)
     t += (m - 1) / m * d * k.reduce_s
-    t += shard * (k.select_s + k.dense_s)  # error feedback + selection on the shard
+    t += shard * k.select_s  # error feedback + selection on the shard
     # rebuild: zero-fill, scatter-add, copy out of the padded buffer, scale
     return t + c.world * ks * k.scatter_s + 3 * d * k.dense_s
 
