@@ -97,7 +97,16 @@ def _overlap(c: Any, out: Path, quick: bool) -> list[dict[str, Any]]:
 
     args = ["--out", str(out), "--methods", ",".join(COMMS), "--density", "0.01"]
     args += ["--batch", "2", "--image", "16", "--warmup", "1", "--reps", "1"] if quick else []
-    rc = run_nodes(c, PROCS, "bench.benchmarks.overlap", args, rdzv_timeout_s=300, timeout_s=1800)
+    # a port of its own: the aggregation run's rendezvous port may still be in TIME_WAIT
+    rc = run_nodes(
+        c,
+        PROCS,
+        "bench.benchmarks.overlap",
+        args,
+        rdzv_port=29401,
+        rdzv_timeout_s=300,
+        timeout_s=1800,
+    )
     if rc != 0 or not out.exists():
         raise RuntimeError(f"the overlap benchmark failed (exit status {rc})")
     return json.loads(out.read_text())
