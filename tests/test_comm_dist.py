@@ -50,7 +50,8 @@ def test_topology_env_equals_explicit_and_single_node_refused(results: list[dict
         t = r["topology"]
         assert t["env_vs_explicit"] == 0.0
         assert t["env/inter_bytes"] == t["explicit/inter_bytes"] > 0
-        assert t["env/inter_bytes"] * 100 <= t["dense/inter_bytes"]
+        # 75x less at density 0.01 on 2 x 2: a node's two workers both send (bench.comm.cost)
+        assert t["env/inter_bytes"] * 70 <= t["dense/inter_bytes"]
         assert "at least 2 nodes" in t["single_node"]
     # every worker got the same averaged gradient
     assert len({repr(r["density_one"]) for r in results}) == 1

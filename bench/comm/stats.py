@@ -1,18 +1,11 @@
 """Per-step statistics of a hook: bytes sent (total, inter-node), density, times.
 
-The byte accounting of every method is here and only here (``*_traffic``), so a change of
-cost model touches this module alone.  Bytes are what one worker sends per step:
-
-- ring allreduce: ``2 (w-1)/w`` of the bucket;
-- ring allgather: ``(w-1)`` packets;
-- hitopk with ``n`` nodes of ``m`` workers: ``(m-1)/m`` of the bucket (intra-node
-  reduce-scatter) + ``(n-1)`` packets (inter-node allgather) + ``(m-1) n`` packets
-  (intra-node allgather).
-
-Inter-node bytes are those on the slow links: for the flat rings every node boundary
-carries the whole ring traffic, so they equal the worker's total when ``n > 1``; for
-hitopk only the inter-node allgather crosses nodes.  The times are defined in
-:mod:`bench.comm.timing`.
+The byte accounting of every method is here and only here (``*_traffic``), and each
+function asks the project's one cost function, :mod:`bench.comm.cost`.  ``total`` is what
+one worker sends per step; ``inter-node`` is what leaves each node over its link per step:
+for the flat rings one worker's total when ``n > 1`` (one ring edge leaves each node); for
+hitopk the inter-node allgather of all ``m`` workers of the node, which send at once.  The
+times are defined in :mod:`bench.comm.timing`.
 """
 
 from __future__ import annotations
@@ -20,26 +13,31 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+from bench.comm import cost
 from bench.comm.timing import PhaseTimes
 
 
+def _flat(world: int, multinode: bool) -> tuple[int, int]:
+    """(nodes, workers per node) of a flat ring: only whether it crosses nodes matters."""
+    return (world, 1) if multinode else (1, world)
+
+
 def allreduce_traffic(nbytes: float, world: int, multinode: bool) -> tuple[float, float]:
-    """(total, inter-node) bytes one worker sends in a ring allreduce of ``nbytes``."""
-    total = 2.0 * (world - 1) / world * nbytes
-    return total, total if multinode else 0.0
+    """(total, inter-node) bytes of a ring allreduce of ``nbytes`` (see the docstring)."""
+    t = cost.allreduce(nbytes, *_flat(world, multinode), elem_bytes=1)
+    return t.worker_bytes, t.link_bytes
 
 
 def allgather_traffic(packet: int, world: int, multinode: bool) -> tuple[float, float]:
-    """(total, inter-node) bytes one worker sends in a ring allgather of ``packet`` bytes."""
-    total = float((world - 1) * packet)
-    return total, total if multinode else 0.0
+    """(total, inter-node) bytes of a ring allgather of ``packet``-byte packets."""
+    t = cost.allgather(packet, *_flat(world, multinode))
+    return t.worker_bytes, t.link_bytes
 
 
 def hitopk_traffic(bucket_bytes: float, packet: int, m: int, n: int) -> tuple[float, float]:
-    """(total, inter-node) bytes one worker sends in hitopk's three stages."""
-    intra = (m - 1) / m * bucket_bytes + (m - 1) * n * packet
-    inter = float((n - 1) * packet)
-    return intra + inter, inter
+    """(total, inter-node) bytes of hitopk's three stages."""
+    t = cost.hitopk_stages(bucket_bytes, packet, n, m)
+    return t.worker_bytes, t.link_bytes
 
 
 @dataclass
