@@ -247,14 +247,14 @@ def plot(df: Any, hardware: str, path: Path) -> None:
         df["inter_node_bytes_per_worker"] / 1e6,
         0.4,
         color="tab:orange",
-        label="inter-node",
+        label="inter-node (each node's link)",
     )
     a2.set_ylabel("MB sent per worker per step")
     a2.set_yscale("log")
     a2.legend()
     for ax in (a1, a2):
         ax.set_xticks(x, labels)
-        ax.tick_params(axis="x", labelsize=8)
+        ax.tick_params(axis="x", labelsize=7, labelrotation=90 if several else 0)
         ax.grid(True, axis="y", which="both", alpha=0.3)
     if len(ov):
         _plot_overlap(axes[2], ov)
