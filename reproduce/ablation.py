@@ -64,7 +64,7 @@ def _plan(args: argparse.Namespace):
         extra=args.overrides,
     )
     plan.check_names()
-    plan.cluster_overrides, note = cluster_profile(args.cluster)
+    plan.cluster_overrides, note = cluster_profile(args.cluster, args.overrides)
     plan.notes.append(note)
     plan.check_jobs()  # every job's config, before anything runs
     return plan

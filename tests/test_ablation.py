@@ -195,3 +195,9 @@ def test_emulated_cluster_takes_the_paper_profile_when_it_has_one(
     monkeypatch.setattr(common, "compose", lambda o: plain)
     overrides, note = common.cluster_profile("emulated")
     assert overrides == [] and "no 'profile' key" in note and "1gbit" in note
+    # the sweep's own bandwidth wins, and the note says so
+    monkeypatch.setattr(common, "compose", lambda o: OmegaConf.create({"cluster": {
+        "name": "emulated", "profile": "none",
+        "inter_node_bandwidth": o[-1].split("=")[1]}}))  # fmt: skip
+    overrides, note = common.cluster_profile("emulated", ["cluster.inter_node_bandwidth=100mbit"])
+    assert overrides == [] and "100mbit" in note and "as overridden" in note

@@ -92,17 +92,23 @@ def validate_jobs(jobs: Sequence[Sequence[str]], results_dir: str) -> list[Any]:
     return cfgs
 
 
-def cluster_profile(cluster: str) -> tuple[list[str], str]:
+def cluster_profile(cluster: str, extra: Sequence[str] = ()) -> tuple[list[str], str]:
     """Overrides that put ``cluster`` on the paper-scaled link profile, and a line saying
     what the runs' links are.  Only the emulated cluster has links to shape; it takes
     ``cluster.profile=paper`` when its config has a ``profile`` key, else the configured
-    bandwidth."""
+    bandwidth.  The sweep's own ``cluster.*`` overrides (``extra``) win: a bandwidth or a
+    profile given there is what the note reports, and no profile is added."""
     if cluster != "emulated":
         return [], f"cluster {cluster}: the machine's own links, nothing shaped"
-    node = compose([f"cluster={cluster}"]).cluster
-    if "profile" in node:
+    mine = [o for o in extra if o.startswith("cluster.")]
+    node = compose([f"cluster={cluster}", *mine]).cluster
+    given = {o.split("=", 1)[0] for o in mine}
+    if "profile" in node and not given & {"cluster.profile", "cluster.inter_node_bandwidth"}:
         return ["cluster.profile=paper"], "cluster emulated: paper-scaled profile (profile=paper)"
     bw = node.get("inter_node_bandwidth", "?")
+    if given & {"cluster.profile", "cluster.inter_node_bandwidth"}:
+        prof = node.get("profile")
+        return [], f"cluster emulated: as overridden, inter_node_bandwidth={bw}, profile={prof}"
     return [], (
         f"cluster emulated: its config has no 'profile' key, so the links run at the "
         f"configured inter_node_bandwidth={bw}"
