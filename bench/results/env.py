@@ -35,7 +35,8 @@ def hardware() -> str:
 
 @functools.lru_cache(maxsize=1)
 def git_sha() -> str | None:
-    """The checkout's commit (12 hex digits, ``-dirty`` with uncommitted changes).
+    """The checkout's commit (12 hex digits, ``-dirty`` with uncommitted changes outside
+    ``results/``).
 
     ``BENCH_GIT_SHA``, when set, wins: a clean checkout copied to another machine (a GPU
     machine that received the files, or a copy nested inside another repository) is named by
@@ -53,7 +54,9 @@ def git_sha() -> str | None:
             check=True,
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            # results/ holds outputs, not code: a sweep's own records must not mark the
+            # runs after its first as dirty
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!results"],
             cwd=REPO_ROOT,
             capture_output=True,
             text=True,
