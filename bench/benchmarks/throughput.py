@@ -117,7 +117,6 @@ class TokenStep:
         # ids from 4 up: 0-3 are pad, unk, bos and eos
         self.src = torch.randint(4, vocab, (batch, seq_len), device=device)
         self.tgt = torch.randint(4, vocab, (batch, seq_len + 1), device=device)
-        self.tokens = batch * 2 * seq_len  # source + target tokens fed per step
         self.amp, self.device = amp, device
 
     def __call__(self) -> None:
@@ -197,29 +196,12 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
     warmup = 3 if cuda and not quick else 1
     bench = BenchRun("throughput", results_dir)
     times = measure(device, batch, px, rounds, iters, cases, warmup)
-    base = "tf32" if "tf32" in times else "fp32"
-    med = {n: statistics.median(t) for n, t in times.items()}
-    for name, t in times.items():
-        row = bench.add(
-            case=name,
-            model="resnet50",
-            device=device.type,
-            batch=batch,
-            image_size=px,
-            rounds=rounds,
-            iters_per_round=iters,
-            median_step_ms=med[name],
-            min_step_ms=min(t),
-            images_per_s=batch / med[name] * 1e3,
-            speedup_vs_tf32=med[base] / med[name],
-            anchor_images_per_s=ANCHOR_IMAGES_PER_S,
-            anchor=ANCHOR,
-        )
-        print(
-            f"{name:>20} batch {batch} {px}px: {row['median_step_ms']:8.2f} ms/step, "
-            f"{row['images_per_s']:8.0f} images/s (x{row['speedup_vs_tf32']:.2f} vs {base})",
-            flush=True,
-        )
+    _add_rows(
+        bench, times, "tf32" if "tf32" in times else "fp32", batch, "images_per_s",
+        label=f"resnet50 batch {batch} {px}px", model="resnet50", device=device.type,
+        batch=batch, image_size=px, rounds=rounds, iters_per_round=iters,
+        anchor_images_per_s=ANCHOR_IMAGES_PER_S, anchor=ANCHOR,
+    )  # fmt: skip
     _tokens(bench, device, quick)
     path = bench.save()
     _plot(bench)
@@ -242,26 +224,39 @@ def _tokens(bench: BenchRun, device: torch.device, quick: bool) -> None:
         for n, amp in (("bf16", torch.bfloat16), (base, None))
     }
     times = interleave(steps, device, rounds, iters, warmup=1 if quick or not cuda else 3)
+    tokens = batch * 2 * seq
+    _add_rows(
+        bench, times, base, tokens, "tokens_per_s",
+        label=f"{model} batch {batch} x {seq}+{seq} tokens", model=model,
+        device=device.type, batch=batch, seq_len=seq, tokens_per_step=tokens,
+        rounds=rounds, iters_per_round=iters,
+    )  # fmt: skip
+
+
+def _add_rows(
+    bench: BenchRun,
+    times: dict[str, list[float]],
+    base: str,
+    per_step: int,
+    rate: str,
+    label: str,
+    **fixed: Any,
+) -> None:
+    """One row per case: median and fastest step, ``rate`` (``per_step`` items per second
+    at the median step) and the speed-up over the ``base`` case of the same run; printed."""
     med = {n: statistics.median(t) for n, t in times.items()}
     for name, t in times.items():
-        tokens = steps[name].tokens
         row = bench.add(
             case=name,
-            model=model,
-            device=device.type,
-            batch=batch,
-            seq_len=seq,
-            tokens_per_step=tokens,
-            rounds=rounds,
-            iters_per_round=iters,
+            **fixed,
             median_step_ms=med[name],
             min_step_ms=min(t),
-            tokens_per_s=tokens / med[name] * 1e3,
+            **{rate: per_step / med[name] * 1e3},
             speedup_vs_tf32=med[base] / med[name],
         )
         print(
-            f"{model} {name:>6} batch {batch} x {seq}+{seq} tokens: "
-            f"{row['median_step_ms']:8.1f} ms/step, {row['tokens_per_s']:8.0f} tokens/s "
+            f"{label} {name:>18}: {row['median_step_ms']:9.2f} ms/step, "
+            f"{row[rate]:9.0f} {rate.removesuffix('_per_s')}/s "
             f"(x{row['speedup_vs_tf32']:.2f} vs {base})",
             flush=True,
         )
