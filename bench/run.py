@@ -26,9 +26,10 @@ def validate(cfg: Config) -> None:
     ranges and checks across groups, each in the package that owns the group.
     """
     from bench import comm, data, models, optim
-    from bench.cluster import launch
+    from bench.cluster import launch, profile
 
     launch.validate(cfg)
+    profile.check(cfg.cluster.profile, cfg.cluster.name)
     world = cfg.cluster.nnodes * cfg.cluster.nproc_per_node
     models.validate(cfg.model)
     data.validate(cfg.data, cfg.cache, world)
@@ -101,6 +102,8 @@ def run(
     cfg: DictConfig | Config, *, experiment: str, output_dir: str | Path | None = None
 ) -> tuple[int, dict[str, Any] | None]:
     """Validate, launch, and return (exit status, the run's record)."""
+    from bench.cluster import profile
+
     launch_time = time.time()
     cfg = to_object(cfg)
     validate(cfg)
@@ -110,6 +113,10 @@ def run(
         "launch_time": launch_time,
         "experiment": experiment,
     }
+    prof = profile.apply(cfg)  # sets the emulated link before anything is launched
+    if prof is not None:
+        run_meta["cluster_profile"] = prof
+        print(profile.describe(prof), flush=True)
     return launch_and_record(cfg, run_meta, output_dir)
 
 

@@ -49,7 +49,7 @@ def _fail(msg: str, code: int = 2) -> None:
 
 def _plan(args: argparse.Namespace):
     from bench.sweeps import ablation as ab
-    from bench.sweeps.common import cluster_profile, new_sweep_id, split_list
+    from bench.sweeps.common import cluster_profile, new_sweep_id, pin_profile, split_list
 
     quick = ab.QUICK if args.quick else {}
     plan = ab.Plan(
@@ -67,6 +67,11 @@ def _plan(args: argparse.Namespace):
     plan.cluster_overrides, note = cluster_profile(args.cluster, args.overrides)
     plan.notes.append(note)
     plan.check_jobs()  # every job's config, before anything runs
+    if not args.dry_run and plan.jobs():  # one link for the whole sweep
+        pinned, note = pin_profile(plan.jobs()[0])
+        plan.cluster_overrides = [*plan.cluster_overrides, *pinned]
+        if note:
+            plan.notes.append(note)
     return plan
 
 

@@ -50,11 +50,19 @@ def _fail(msg: str, code: int = 2) -> None:
 def main(argv: list[str]) -> None:
     from bench.registry import ConfigError
     from bench.sweeps import scaling as sc
-    from bench.sweeps.common import new_sweep_id, split_list, sweep_records, write_table
+    from bench.sweeps.common import (
+        cluster_profile,
+        new_sweep_id,
+        pin_link,
+        split_list,
+        sweep_records,
+        write_table,
+    )
 
     args = _parser().parse_args(argv)
     quick = QUICK if args.quick else {}
     try:
+        link, note = cluster_profile(args.cluster, args.overrides)
         plan = sc.Plan(
             sweep_id=new_sweep_id("scaling"),
             experiment=args.experiment,
@@ -66,14 +74,19 @@ def main(argv: list[str]) -> None:
             steps=args.steps or quick.get("steps", 5),
             batch_per_worker=args.batch_per_worker,
             results_dir=args.results_dir,
-            extra=args.overrides,
+            extra=[*args.overrides, *link],
         )
         plan.check()
+        if link and not args.dry_run:  # the link of the largest topology, for every run
+            biggest = max(plan.jobs(), key=lambda j: j[0][1] * j[0][2])[1]
+            pinned, pnote = pin_link(biggest)
+            plan.extra, note = [*plan.extra, *pinned], pnote or note
         proj = sc.projected(plan.comms, plan.sweep_id)  # before any run: a changed model stops here
     except (ConfigError, sc.ModelChanged) as e:
         _fail(str(e))
     jobs = plan.jobs()
     print(f"sweep {plan.sweep_id}: {args.experiment} on cluster {args.cluster}, {len(jobs)} runs")
+    print(f"note: {note}")
     for s in plan.skipped():
         print(f"note: skipped {s}")
     if args.dry_run:

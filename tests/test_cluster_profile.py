@@ -6,6 +6,7 @@ import torch
 
 from bench.cluster import perfmodel as pm
 from bench.cluster import profile, projection
+from bench.models import build_model
 from bench.registry import ConfigError
 
 
@@ -36,3 +37,76 @@ def test_resolve_measures_compute_and_refuses_unknown_profiles():
     assert r["inter_node_bandwidth"].endswith("mbit")
     with pytest.raises(ConfigError, match="unknown cluster profile"):
         profile.resolve("nope", net, batch, 27, 2, 2)
+
+
+def _cfg(*overrides: str):
+    from bench.config import to_object
+    from bench.sweeps.common import compose
+
+    return to_object(compose(["experiment=dawnbench_digits", "cluster=emulated", *overrides]))
+
+
+def test_a_profile_needs_the_emulated_cluster_and_a_known_name():
+    from bench.run import validate
+
+    cfg = _cfg("cluster.profile=paper")
+    cfg.cluster.name = "local"
+    with pytest.raises(ConfigError, match="no link to shape"):
+        validate(cfg)
+    with pytest.raises(ConfigError, match="unknown cluster profile 'fast'"):
+        profile.check("fast")
+    bad = _cfg("cluster.profile=paper", "cluster.profile_compute_s=-1")
+    with pytest.raises(ConfigError, match="profile_compute_s must be > 0"):
+        profile.apply(bad)
+
+
+def test_host_contention_counts_every_emulated_worker_on_this_host():
+    assert profile.host_contention(2, 2, 1, 2) == 2.0  # 4 one-thread workers, 2 cores
+    assert profile.host_contention(1, 2, 1, 2) == 1.0
+    assert profile.host_contention(2, 2, 4, 16) == 1.0  # never below 1
+
+
+def test_apply_times_this_host_and_sets_the_link():
+    cfg = _cfg("cluster.profile=paper")
+    assert profile.apply(_cfg()) is None  # no profile: the configured link is kept
+    p = profile.apply(cfg)
+    assert p["compute_measured_here"] and p["compute_alone_s"] > 0
+    assert p["compute_s"] == pytest.approx(p["compute_alone_s"] * p["contention"])
+    n = sum(q.numel() for q in build_model(cfg.model, 10, 3).parameters())
+    assert p["numel"] == n  # the model the run trains (digits: 10 classes, as RGB)
+    assert cfg.cluster.inter_node_bandwidth == p["inter_node_bandwidth"]
+    # the chosen link sends a dense step's link bytes in the paper's ratio x compute time
+    expect = profile.bandwidth_for_ratio(p["target_ratio"], p["compute_s"], n, 2, 2)
+    assert p["bandwidth_bps"] == pytest.approx(expect)
+
+
+def test_a_given_compute_time_is_not_timed_again_and_halves_the_link_when_doubled():
+    one = profile.apply(_cfg("cluster.profile=paper", "cluster.profile_compute_s=0.2"))
+    two = profile.apply(_cfg("cluster.profile=paper", "cluster.profile_compute_s=0.4"))
+    assert not one["compute_measured_here"] and one["compute_s"] == 0.2
+    assert one["bandwidth_bps"] == pytest.approx(2 * two["bandwidth_bps"])
+    assert "as given" in profile.describe(one)
+
+
+def test_a_sweep_times_once_and_pins_the_compute_time_for_every_run():
+    from bench.sweeps.common import pin_link, pin_profile
+
+    job = ["experiment=dawnbench_digits", "cluster=emulated", "cluster.profile=paper"]
+    pinned, note = pin_profile(job)
+    assert len(pinned) == 1 and pinned[0].startswith("cluster.profile_compute_s=")
+    assert float(pinned[0].split("=")[1]) > 0 and "once for the sweep" in note
+    assert pin_profile([*job, *pinned]) == ([], "")  # already pinned: not timed again
+    link, note = pin_link([*job, *pinned])
+    assert link[0] == "cluster.profile=null" and link[1].endswith("mbit") and "2x2" in note
+
+
+def test_the_record_keeps_the_profile(tmp_path):
+    from bench.config import to_container
+    from bench.results.records import RunRecord
+
+    cfg = _cfg("cluster.profile=paper", "cluster.profile_compute_s=0.3")
+    p = profile.apply(cfg)
+    meta = {"run_id": "r", "started_at": "now", "launch_time": 0.0, "cluster_profile": p}
+    rec = RunRecord.start(cfg, meta, config=to_container(cfg), comm_sparse=False)
+    assert rec.cluster_profile == p
+    assert rec.config["cluster"]["inter_node_bandwidth"] == p["inter_node_bandwidth"]

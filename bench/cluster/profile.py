@@ -55,37 +55,145 @@ def bandwidth_for_ratio(
     return link * 8 / (ratio * compute_s)
 
 
-def measure_compute_s(net: Any, batch: Any, reps: int = 3) -> float:
-    """Median time of ``net``'s forward + backward on ``batch`` (inputs, targets), s."""
+def measure_compute_s(net: Any, batch: Any, reps: int = 3, loss: Any = None) -> float:
+    """Median time of ``net``'s forward + backward on ``batch``, s.  ``loss(net, batch)``
+    gives the loss (default: cross-entropy of ``net(inputs)`` against ``targets``)."""
     import statistics
 
     import torch
 
-    x, y = batch
+    if loss is None:
+
+        def loss(n: Any, b: Any) -> Any:
+            return torch.nn.functional.cross_entropy(n(b[0]), b[1])
+
     times = []
     for _ in range(reps + 1):  # the first call warms up
         t0 = time.perf_counter()
-        torch.nn.functional.cross_entropy(net(x), y).backward()
+        loss(net, batch).backward()
         times.append(time.perf_counter() - t0)
     return statistics.median(times[1:])
 
 
 def resolve(
-    profile: str | None, net: Any, batch: Any, numel: int, nodes: int, procs: int
+    profile: str | None,
+    net: Any,
+    batch: Any,
+    numel: int,
+    nodes: int,
+    procs: int,
+    compute_s: float | None = None,
 ) -> dict[str, Any] | None:
-    """The emulated link for ``profile`` (None: no profile): measured compute time, target
-    ratio, chosen bandwidth (bits/s and in ``tc``'s spelling)."""
+    """The emulated link for ``profile`` (None: no profile): compute time per step (measured
+    here unless ``compute_s`` is given), target ratio, chosen bandwidth (bits/s and in
+    ``tc``'s spelling)."""
     if profile is None:
         return None
-    if profile not in PROFILES:
-        raise ConfigError(f"unknown cluster profile {profile!r}; known: {', '.join(PROFILES)}")
-    compute = measure_compute_s(net, batch)
+    check(profile)
+    measured = compute_s is None
+    compute = measure_compute_s(net, batch) if measured else float(compute_s)
     ratio = paper_ratio()
     bps = bandwidth_for_ratio(ratio, compute, numel, nodes, procs)
     return {
         "profile": profile,
         "compute_s": compute,
+        "compute_measured_here": measured,
         "target_ratio": ratio,
+        "numel": numel,
         "bandwidth_bps": bps,
         "inter_node_bandwidth": f"{max(1, round(bps / 1e6))}mbit",
     }
+
+
+def check(profile: str | None, cluster: str = "emulated") -> None:
+    """ConfigError for an unknown profile, or a profile on a cluster with no link to shape."""
+    if profile is None:
+        return
+    if profile not in PROFILES:
+        raise ConfigError(f"unknown cluster profile {profile!r}; known: {', '.join(PROFILES)}")
+    if cluster != "emulated":
+        raise ConfigError(
+            f"cluster.profile={profile} sets the emulated cluster's link; cluster {cluster} "
+            "has no link to shape (use cluster=emulated, or drop cluster.profile)"
+        )
+
+
+def host_contention(nodes: int, procs: int, threads: int, cores: int) -> float:
+    """How much slower each worker computes when all ``nodes x procs`` workers of the
+    emulated cluster, ``threads`` intra-op threads each, share this host's ``cores``."""
+    return max(1.0, nodes * procs * threads / max(1, cores))
+
+
+def step_compute_s(cfg: Any, time_it: bool = True) -> dict[str, Any]:
+    """One worker's forward + backward time per step on this host, for ``cfg``'s workload,
+    model and per-worker batch: timed alone with the worker's intra-op threads, then
+    scaled by :func:`host_contention` (every emulated worker runs on this host).  Also the
+    model's trainable parameter count; ``time_it=False``: that count alone."""
+    import os
+
+    import torch
+
+    from bench.workload import WORKLOADS
+
+    c = cfg.cluster
+    cores = os.cpu_count() or 1
+    threads = c.threads_per_worker or max(1, cores // c.nproc_per_node)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(cfg.train.seed)
+        world = c.nnodes * c.nproc_per_node
+        wl = WORKLOADS.get(cfg.train.workload)(cfg, 0, world, torch.device("cpu"))
+        numel = sum(p.numel() for p in wl.model.parameters() if p.requires_grad)
+        if not time_it:
+            return {"numel": numel}
+        wl.data.train.set_epoch(0)
+        batch = next(iter(wl.data.train))
+        alone = measure_compute_s(wl.model, batch, loss=lambda n, b: wl.loss(n, b)[0])
+    finally:
+        torch.set_num_threads(before)
+    factor = host_contention(c.nnodes, c.nproc_per_node, threads, cores)
+    return {
+        "numel": numel,
+        "compute_alone_s": alone,
+        "contention": factor,
+        "compute_s": alone * factor,
+        "threads_per_worker": threads,
+    }
+
+
+def apply(cfg: Any) -> dict[str, Any] | None:
+    """Put ``cfg.cluster.profile`` into effect: time this host's compute per step (or take
+    ``cluster.profile_compute_s``, a sweep's one measurement for all its runs), choose the
+    bandwidth and set ``cluster.inter_node_bandwidth``.  Returns what the record keeps
+    (None without a profile)."""
+    c = cfg.cluster
+    if c.profile is None:
+        return None
+    check(c.profile, c.name)
+    given = c.profile_compute_s
+    if given is not None and not given > 0:
+        raise ConfigError(f"cluster.profile_compute_s must be > 0 s, got {given}")
+    step = step_compute_s(cfg, time_it=given is None)
+    compute = step["compute_s"] if given is None else float(given)
+    out = resolve(c.profile, None, None, step["numel"], c.nnodes, c.nproc_per_node, compute)
+    assert out is not None
+    out["compute_measured_here"] = given is None
+    out.update({k: v for k, v in step.items() if k not in ("numel", "compute_s")})
+    c.inter_node_bandwidth = out["inter_node_bandwidth"]
+    return out
+
+
+def describe(p: dict[str, Any]) -> str:
+    """One line: what the profile measured and chose."""
+    how = (
+        f"timed here: {p['compute_alone_s'] * 1e3:.1f} ms alone x {p['contention']:.2f} "
+        "host contention"
+        if p.get("compute_measured_here")
+        else "as given (cluster.profile_compute_s)"
+    )
+    return (
+        f"cluster profile {p['profile']}: compute {p['compute_s'] * 1e3:.1f} ms per step "
+        f"({how}), target dense comm / compute {p['target_ratio']:.2f} over "
+        f"{p['numel']:,} parameters -> inter_node_bandwidth={p['inter_node_bandwidth']}"
+    )

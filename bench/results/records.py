@@ -262,6 +262,7 @@ class RunRecord:
     checkpoint: str | None = None  # the last checkpoint (resume from it)
     diverged_at: dict[str, Any] | None = None  # step and place of the first NaN/Inf
     link_check: dict[str, Any] | None = None
+    cluster_profile: dict[str, Any] | None = None  # the link profile's measurement and choice
     git_sha: str | None = None
     torch_version: str = ""
     versions: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -309,6 +310,7 @@ class RunRecord:
             target_value=float(cfg.train.target_value),
             wall_time_s=time.time() - run["launch_time"],
             attempt=int(run.get("attempt", 1)),
+            cluster_profile=run.get("cluster_profile"),
             git_sha=git_sha(),
             torch_version=torch.__version__,
             versions=versions(),

@@ -115,6 +115,44 @@ def cluster_profile(cluster: str, extra: Sequence[str] = ()) -> tuple[list[str],
     )
 
 
+def pin_profile(job: Sequence[str]) -> tuple[list[str], str]:
+    """Time the compute per step of ``job`` (a profiled emulated run's overrides) once,
+    here, and return ``cluster.profile_compute_s=...`` for every job of the sweep, so that
+    all of its runs share one link instead of each timing (and choosing) its own; with a
+    line saying what was measured.  No profile, or one already pinned: nothing."""
+    from bench.cluster import profile
+    from bench.config import to_object
+
+    cfg = to_object(compose(job))
+    c = cfg.cluster
+    if c.profile is None or c.profile_compute_s is not None:
+        return [], ""
+    p = profile.apply(cfg)
+    assert p is not None
+    return [f"cluster.profile_compute_s={p['compute_s']:.6g}"], "once for the sweep: " + (
+        profile.describe(p)
+    )
+
+
+def pin_link(job: Sequence[str]) -> tuple[list[str], str]:
+    """The paper-scaled bandwidth for ``job`` (the sweep's largest topology), as one
+    ``cluster.inter_node_bandwidth=...`` for every run of a sweep whose topologies differ
+    (the scaling study compares them over one link); with a line saying how it was chosen.
+    No profile in ``job``: nothing."""
+    from bench.cluster import profile
+    from bench.config import to_object
+
+    cfg = to_object(compose(job))
+    p = profile.apply(cfg)
+    if p is None:
+        return [], ""
+    topo = f"{cfg.cluster.nnodes}x{cfg.cluster.nproc_per_node}"
+    return [
+        "cluster.profile=null",
+        f"cluster.inter_node_bandwidth={p['inter_node_bandwidth']}",
+    ], f"one link for every topology, chosen on {topo}: {profile.describe(p)}"
+
+
 def sweep_records(results_dir: str | Path, sweep_id: str) -> list[dict[str, Any]]:
     """The records (latest attempt of each run) tagged with ``results.sweep_id``."""
     from bench.results.records import load_records
