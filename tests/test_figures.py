@@ -198,3 +198,19 @@ def test_dry_run_lists_and_writes_nothing(results: Path, capsys) -> None:
     assert "tta_dawnbench-digits.png" in out and "bench_topk_" in out
     assert "6 record(s)" in out and "topk.csv" in out
     assert sorted(p for p in results.rglob("*")) == before
+
+
+def test_emulated_runs_compare_only_over_the_same_link():
+    from bench.results.figures_data import cluster_label
+
+    def rec(bw, prof=None):
+        cfg = {"cluster": {"name": "emulated", "nnodes": 2, "nproc_per_node": 2}}
+        cfg["cluster"]["inter_node_bandwidth"] = bw
+        return {"nnodes": 2, "world_size": 4, "config": cfg, "cluster_profile": prof}
+
+    slow, fast = cluster_label(rec("100mbit")), cluster_label(rec("1gbit"))
+    assert slow == "emulated 2x2 at 100mbit" and slow != fast
+    paper = {"profile": "paper", "inter_node_bandwidth": "47mbit"}
+    assert cluster_label(rec("47mbit", paper)) == "emulated 2x2 paper-scaled link"
+    local = {"nnodes": 1, "world_size": 2, "config": {"cluster": {"name": "local"}}}
+    assert cluster_label(local) == "local 1x2"

@@ -114,7 +114,17 @@ def cluster_label(r: dict[str, Any]) -> str:
         per = world / nnodes
     name = _cfg(r, "cluster", "name") or "?"
     dims = f"{nnodes or 1:g}x{per:g}" if per else f"{nnodes or 1:g} node(s)"
-    return f"{name} {dims}"
+    return f"{name} {dims}{link_label(r) if name == 'emulated' else ''}"
+
+
+def link_label(r: dict[str, Any]) -> str:
+    """An emulated run's link: `` paper-scaled link`` (its profile; the bandwidth the
+    profile chose differs a little between sweeps) or `` at 100mbit``."""
+    prof = r.get("cluster_profile")
+    if isinstance(prof, dict) and prof.get("profile"):
+        return f" {prof['profile']}-scaled link"
+    bw = _cfg(r, "cluster", "inter_node_bandwidth")
+    return f" at {bw}" if bw else ""
 
 
 def hardware_label(r: dict[str, Any]) -> str:
