@@ -214,3 +214,13 @@ def test_emulated_runs_compare_only_over_the_same_link():
     assert cluster_label(rec("47mbit", paper)) == "emulated 2x2 paper-scaled link"
     local = {"nnodes": 1, "world_size": 2, "config": {"cluster": {"name": "local"}}}
     assert cluster_label(local) == "local 1x2"
+
+
+def test_powersgd_runs_of_different_ranks_are_different_configurations():
+    from bench.results.figures_data import comm_label
+
+    def rec(rank):
+        return {"comm": "powersgd", "config": {"comm": {"name": "powersgd", "powersgd_rank": rank}}}
+
+    assert comm_label(rec(4)) == "powersgd r=4" and comm_label(rec(8)) == "powersgd r=8"
+    assert comm_label({"comm": "powersgd"}) == "powersgd"  # an older record: no rank known

@@ -134,8 +134,12 @@ def hardware_label(r: dict[str, Any]) -> str:
 
 
 def comm_label(r: dict[str, Any]) -> str:
-    """The method, with its density and dense warm-up epochs when it sparsifies."""
+    """The method, with its density and dense warm-up epochs when it sparsifies (PowerSGD:
+    its rank)."""
     comm = str(r.get("comm") or "?")
+    if comm == "powersgd":
+        rank = num(_cfg(r, "comm", "powersgd_rank"))
+        return comm + (f" r={rank:g}" if rank else "")
     if comm not in SPARSE:
         return comm
     d = num(r.get("comm_density")) or num(_cfg(r, "comm", "density"))
