@@ -382,19 +382,123 @@ def test_bench_ef_baselines_select_torch_topks_set(monkeypatch: pytest.MonkeyPat
         topk_bench.check_ef_cases(grad, 1000)
 
 
-def test_tiled_sweeps_in_one_chunk_with_several_threads() -> None:
-    """With one intra-op thread the CPU sweep goes in cache-sized column chunks (two
-    compactions per chunk); with more, in one (few parallel regions); exact either way."""
-    x = torch.randn(4_000_000, generator=torch.Generator().manual_seed(4))
-    ref = set(torch.topk(x.abs(), 4000).indices.tolist())
+def test_tiled_torch_structure_blocks_with_one_thread_one_block_with_more() -> None:
+    """float16 (no numpy sweep) takes the torch column structure: with one intra-op thread
+    in blocks of about a MiB (a compaction per group of blocks), with more in one block (few
+    parallel regions); the top magnitudes either way."""
+    x = torch.randn(4_000_000, generator=torch.Generator().manual_seed(4)).half()
+    ref = torch.topk(x.abs().float(), 4000).values.sort().values
     threads = torch.get_num_threads()
     syncs = {}
     try:
         for t in (1, 2):
             torch.set_num_threads(t)
             before = host_syncs()
-            assert set(mstopk(x, 4000)[1].tolist()) == ref
+            vals, idx = mstopk(x, 4000)
             syncs[t] = host_syncs() - before
+            _check(x, vals, idx, 4000)
+            assert torch.equal(vals.abs().float().sort().values, ref)
     finally:
         torch.set_num_threads(threads)
-    assert syncs[2] == 3 < syncs[1], syncs  # finiteness, columns, elements: one chunk
+    assert syncs[2] == 3 < syncs[1], syncs  # finiteness, columns, elements: one block
+
+
+# --- the numpy sweep of float32 / float64 on the CPU ---------------------------------------
+
+
+@pytest.fixture
+def small_pieces(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The numpy sweep in pieces of 4 KiB (many pieces, the last one partial), spied on:
+    the list receives the candidate count of each sweep."""
+    from bench.comm import selection_tiled
+
+    seen: list[int] = []
+    real = selection_tiled._above_np
+
+    def spy(xn, an, thr):
+        idx, val = real(xn, an, thr)
+        seen.append(sum(i.size for i in idx))
+        return idx, val
+
+    monkeypatch.setattr(selection_tiled, "NP_CHUNK_BYTES", 4096)
+    monkeypatch.setattr(selection_tiled, "_above_np", spy)
+    return seen
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kind", ["gaussian", "heavy", "cauchy", "lognormal"])
+def test_numpy_sweep_is_exact(small_pieces: list[int], kind: str, dtype: torch.dtype) -> None:
+    n = 300_007  # not a multiple of the piece
+    x = (_inputs(n)["heavy"] if kind == "heavy" else _hard_input(kind, n)).to(dtype)
+    for k in (30, 300, 3000):
+        vals, idx = mstopk(x, k)
+        _check(x, vals, idx, k)
+        assert set(idx.tolist()) == set(torch.topk(x.abs(), k).indices.tolist())
+    assert len(small_pieces) == 3 and all(m >= k for m, k in zip(small_pieces, (30, 300, 3000)))
+
+
+def test_numpy_sweep_ties_and_zeros(small_pieces: list[int]) -> None:
+    x = _hard_input("ties", 200_003)  # 7 magnitudes: the k-th is shared by thousands
+    vals, idx = mstopk(x, 500)
+    _check(x, vals, idx, 500)
+    assert torch.equal(vals.abs(), torch.full((500,), 3.0))
+    x = torch.zeros(200_003)
+    x[[5, 77_777, 200_002]] = torch.tensor([1.0, -2.0, 3.0])
+    vals, idx = mstopk(x, 100)  # the sampled threshold is 0: the exact path
+    _check(x, vals, idx, 100)
+    assert {5, 77_777, 200_002} <= set(idx.tolist())
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("where", [0, 123_457, 200_002])  # first piece, middle, partial last
+def test_numpy_sweep_refuses_nonfinite(small_pieces: list[int], bad: float, where: int) -> None:
+    x = torch.randn(200_003, generator=torch.Generator().manual_seed(8))
+    x[where] = bad
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        mstopk(x, 200)
+    r = torch.zeros(200_003)
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        from bench.comm.selection import mstopk_ef
+
+        mstopk_ef(r, x, 200)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_numpy_sweep_fuses_the_error_feedback_sum(
+    small_pieces: list[int], dtype: torch.dtype
+) -> None:
+    from bench.comm.selection import mstopk_ef
+
+    g = torch.Generator().manual_seed(12)
+    grad = torch.randn(300_007, generator=g, dtype=dtype)
+    resid = torch.randn(300_007, generator=g, dtype=dtype) * 0.5
+    total = resid + grad
+    vals, idx = mstopk_ef(resid, grad, 3000)
+    _check(total, vals, idx, 3000)
+    assert set(idx.tolist()) == set(torch.topk(total.abs(), 3000).indices.tolist())
+    want = total.clone()
+    want[idx] = 0
+    assert torch.equal(resid, want) and small_pieces
+
+
+def test_numpy_sweep_unlucky_sample_falls_back_exactly(
+    small_pieces: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sampled threshold that leaves fewer than k candidates (here: the 100th largest
+    magnitude for k = 400): the torch column structure follows (the residual summed once),
+    exact."""
+    from bench.comm import selection_tiled
+    from bench.comm.selection import mstopk_ef
+
+    def too_high(flat, add, q_frac, sample, gen):
+        s = flat if add is None else flat + add
+        return torch.topk(s.abs(), 100).values[-1]
+
+    monkeypatch.setattr(selection_tiled, "_sample_of_sum", too_high)
+    x = _hard_input("gaussian", 400_000)
+    ref = set(torch.topk(x.abs(), 400).indices.tolist())
+    assert set(mstopk(x, 400)[1].tolist()) == ref
+    r = torch.zeros_like(x)
+    assert set(mstopk_ef(r, x, 400)[1].tolist()) == ref
+    assert torch.equal(r[r != 0], x[r != 0]) and int((r == 0).sum()) == 400
+    assert small_pieces == [100, 100]

@@ -1,12 +1,14 @@
 """MSTopK's ``tiled`` method (the default) and ``sampled``, on the CPU and on CUDA.
 
-``tiled`` (exact): ``x`` viewed as a ``(C, R)`` matrix; the column maxima of ``|x|`` say
-which few columns can hold the top k, and only those are gathered.  On the CPU the column
-maxima take one sweep over column chunks of a few MiB: ``amax`` streams a chunk from memory,
-``amin`` rereads it from the cache, so ``x`` is read from memory once (no ``|x|`` is
-materialised); the error-feedback form adds the gradient into the residual in the same
-sweep.  ``sampled`` (exact): a threshold from a strided sample of ``|x|``, one compare pass
-for the candidates.  Both end with an exact top-k over candidates that contain the top k.
+``tiled`` (exact): a threshold aimed at ``margin * k`` elements from a sample of ``|x|``
+(runs of adjacent elements: one cache line each), then every element at or above it.  On
+the CPU, float32 and float64 go through one numpy pass in cache-sized pieces (compare the
+magnitude bits, compact: both vectorised, unlike torch's ``ge`` and ``nonzero`` here) and
+an O(m) selection over the m candidates; other dtypes (and an unlucky sample) take the
+column structure: ``x`` viewed as contiguous blocks of ``C`` rows, the column maxima of
+``|x|`` say which few columns can hold the top k, and only those are gathered.  The
+error-feedback form adds the gradient into the residual in the same pass.  ``sampled``
+(exact): a threshold from a strided sample of ``|x|``, one compare pass for the candidates.
 
 The ``_dev`` functions are the CUDA structure (one host sync per call, no other
 data-dependent shape); ``_device_path`` selects them anywhere (tests run them on the CPU).
@@ -16,10 +18,12 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import torch
 
 from bench.comm.selection_core import (
     exact,
+    host,
     nonzero,
     raise_unless,
     sample_threshold,
@@ -27,7 +31,11 @@ from bench.comm.selection_core import (
     triton_run,
 )
 
-CHUNK_BYTES = 4 << 20  # one chunk of columns of the (C, R) view: stays in the cache
+BLOCK_BYTES = 1 << 20  # one block of the CPU sweep: C rows of w adjacent columns
+GROUP_BLOCKS = 4  # blocks whose columns are compacted and gathered together
+NP_DTYPES = (torch.float32, torch.float64)  # swept by numpy (no bfloat16; float16 is slow)
+NP_CHUNK_BYTES = 1 << 20  # one piece of the numpy sweep: stays in the core's cache
+RUN = 16  # adjacent elements per run of the threshold sample: a 64-byte line of float32
 
 
 def rows_for(n: int, k: int, tiles: int) -> int:
@@ -70,21 +78,36 @@ def _sample_of_sum(
     flat: torch.Tensor, add: torch.Tensor | None, q_frac: float, sample: int, gen
 ) -> torch.Tensor:
     """:func:`sample_threshold` of ``|flat + add|`` (``add`` may be None) aiming at a
-    fraction ``q_frac``, with 2 standard deviations to spare: the sum only where sampled."""
-    if add is None:
-        return sample_threshold(flat, q_frac, sample, gen, z=2.0, absolute=True)
+    fraction ``q_frac``, with 2 standard deviations to spare: the sum only where sampled.
+
+    The sample is ``sample // RUN`` runs of ``RUN`` adjacent elements, evenly spaced with one
+    random offset: one cache line per run instead of one per element (16x fewer misses)."""
     n = flat.numel()
-    step = max(1, n // min(n, sample))
-    off = int(torch.randint(0, step, (1,), generator=gen)) if step > 1 else 0
-    part = flat[off::step][:sample] + add[off::step][:sample]
-    return sample_threshold(part, q_frac, sample, None, z=2.0, absolute=True)
+    runs = min(n, sample) // RUN
+    step = n // max(1, runs)
+    if runs < 1 or step < 2 * RUN:  # too few or too close for runs: single elements
+        part = flat if add is None else flat + add
+        return sample_threshold(part, q_frac, sample, gen, z=2.0, absolute=True)
+    off = int(torch.randint(0, step - RUN + 1, (1,), generator=gen))
+
+    def pick(t: torch.Tensor) -> torch.Tensor:
+        return t[: runs * step].view(runs, step)[:, off : off + RUN]
+
+    part = pick(flat) if add is None else pick(flat) + pick(add)
+    return sample_threshold(part.reshape(-1), q_frac, part.numel(), None, z=2.0, absolute=True)
 
 
-def _gather(head: torch.Tensor, cols: torch.Tensor, thr: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Flat indices and magnitudes of the elements ``>= thr`` of ``head``'s columns ``cols``."""
-    g = head.index_select(1, cols).abs_()  # row by row, rising addresses
-    rows, pos = nonzero(g >= thr)
-    return rows * head.shape[1] + cols[pos], g[rows, pos]
+def _gather(
+    flat: torch.Tensor, cols: torch.Tensor, thr: torch.Tensor, c: int, w: int
+) -> tuple[torch.Tensor, ...]:
+    """Flat indices and (signed) values of the elements ``|x| >= thr`` of the columns ``cols``
+    of blocks of ``c`` rows of ``w`` columns (column ``q``: block ``q // w``, the values come
+    from here, where they are cached, not from a later gather)."""
+    first = cols.div(w, rounding_mode="floor").mul_(c * w - w).add_(cols)  # row 0's element
+    idx = (first[:, None] + torch.arange(0, c * w, w, device=flat.device)).view(-1)
+    g = flat.index_select(0, idx)
+    f = nonzero(g.abs() >= thr)
+    return idx[f], g[f]
 
 
 _WORK = threading.local()  # per-thread buffers reused across calls (see _buffer)
@@ -101,44 +124,46 @@ def _buffer(slot: str, numel: int, like: torch.Tensor) -> torch.Tensor:
     return buf[:numel]
 
 
-def _chunk_columns(c: int, r: int, itemsize: int) -> int:
-    """Columns per chunk: a few MiB with one intra-op thread; all of them with more, where
-    every op is a parallel region that waits for its slower thread, and on a loaded machine
-    a few hundred small regions cost whole scheduler slices (25.6 M elements with 2 threads
-    took 6.5 s in 4 MiB chunks, 80x a read pass)."""
-    if torch.get_num_threads() > 1:
-        return r
-    return max(1, CHUNK_BYTES // (c * itemsize))
+def _layout(n: int, c: int, itemsize: int) -> tuple[int, int]:
+    """``(w, nb)``: ``nb`` contiguous blocks of ``c`` rows of ``w`` columns, all but fewer than
+    ``nb * c`` elements of ``x``.  With one intra-op thread, blocks of about BLOCK_BYTES: a
+    block read once from memory by ``amax`` is reread from the core's own cache by ``amin``,
+    and one stream of rising addresses reads faster than ``c`` far-apart ones.  With more
+    threads one block: every op is a parallel region that waits for its slower thread, and
+    on a loaded machine a few hundred small regions cost whole scheduler slices (25.6 M
+    elements with 2 threads took 6.5 s in 4 MiB pieces, 80x a read pass)."""
+    nb = 1 if torch.get_num_threads() > 1 else max(1, round(n * itemsize / BLOCK_BYTES))
+    return n // (c * nb), nb
 
 
 def _sweep(
-    head: torch.Tensor, thr: torch.Tensor, add: torch.Tensor | None
+    flat: torch.Tensor, head: torch.Tensor, thr: torch.Tensor, add: torch.Tensor | None
 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-    """One pass over column chunks of ``head`` (``+= add`` first): the column maxima of
-    ``|x|`` (``amax`` streams a chunk from memory, ``amin`` rereads it from the cache; no
-    ``|x|`` is materialised) and the flat indices and magnitudes of the elements ``>= thr``,
-    gathered from the columns whose maximum reaches it while the chunk is still cached."""
-    c, r = head.shape
-    w = _chunk_columns(c, r, head.element_size())
-    colmax = _buffer("colmax", r, head)
-    low = _buffer("low", min(w, r), head)
+    """One pass over the ``(nb, c, w)`` blocks ``head`` of ``flat`` (``+= add`` first): the
+    column maxima of ``|x|`` (``amax`` streams a block from memory, ``amin`` rereads it from
+    the cache; no ``|x|`` is materialised) and the flat indices and values of the elements
+    ``|x| >= thr``, gathered from the columns whose maximum reaches it, GROUP_BLOCKS blocks
+    at a time while they are still cached (fewer small ops)."""
+    nb, c, w = head.shape
+    colmax = _buffer("colmax", nb * w, flat).view(nb, w)
+    low = _buffer("low", min(nb, GROUP_BLOCKS) * w, flat).view(-1, w)
     idx: list[torch.Tensor] = []
-    mag: list[torch.Tensor] = []
-    for j in range(0, r, w):
-        chunk = head[:, j : j + w]
-        if add is not None:
-            chunk.add_(add[:, j : j + w])
-        m = colmax[j : j + w]
-        s = low[: m.numel()]
-        torch.amax(chunk, 0, out=m)
-        torch.amin(chunk, 0, out=s)
-        torch.maximum(m, s.neg_(), out=m)
-        cols = nonzero(m >= thr)
+    val: list[torch.Tensor] = []
+    for b0 in range(0, nb, GROUP_BLOCKS):
+        b1 = min(nb, b0 + GROUP_BLOCKS)
+        for b in range(b0, b1):
+            if add is not None:
+                head[b].add_(add[b])
+            torch.amax(head[b], 0, out=colmax[b])
+            torch.amin(head[b], 0, out=low[b - b0])
+        m = colmax[b0:b1]
+        torch.maximum(m, low[: b1 - b0].neg_(), out=m)
+        cols = nonzero(m.view(-1) >= thr)
         if cols.numel():
-            i, a = _gather(head, cols.add_(j), thr)
+            i, v = _gather(flat, cols.add_(b0 * w), thr, c, w)
             idx.append(i)
-            mag.append(a)
-    return colmax, idx, mag
+            val.append(v)
+    return colmax.view(-1), idx, val
 
 
 def _candidate_columns(
@@ -167,30 +192,124 @@ def tiled(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``tiled`` on the CPU; ``add`` (flat, like ``flat``): ``flat += add`` first, fused.
 
-    A threshold aimed at ``margin * k`` elements comes first, from a strided sample; one
-    sweep then yields the column maxima and every element at or above it.  Rarely (an
-    unlucky sample) fewer than ``k`` are: a threshold from the column maxima follows."""
+    float32 and float64: the numpy pass (:func:`_tiled_np`); other dtypes, or when an
+    unlucky sample leaves fewer than ``k`` candidates there: :func:`_tiled_torch`."""
     n = flat.numel()
     c = rows_for(n, k, tiles)
     if c < 2:
         return sampled(flat if add is None else flat.add_(add), k, sample, margin, gen)
-    r = n // c
-    head, tail = flat[: c * r].view(c, r), flat[c * r :]  # tail: < C elements, all candidates
+    if flat.dtype in NP_DTYPES:
+        found = _tiled_np(flat, k, sample, margin, gen, add)
+        if found is not None:
+            return found
+        add = None  # an unlucky sample: the column structure below, flat += add done
+    return _tiled_torch(flat, k, c, sample, margin, gen, add)
+
+
+def _tiled_torch(
+    flat: torch.Tensor,
+    k: int,
+    c: int,
+    sample: int,
+    margin: float,
+    gen: torch.Generator | None,
+    add: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``tiled`` in torch ops (any float dtype): a threshold aimed at ``margin * k``
+    elements from a sample; one sweep over blocks of ``c`` rows yields the column maxima and
+    every element at or above it.  Rarely (an unlucky sample) fewer than ``k`` are: a
+    threshold from the column maxima follows."""
+    n = flat.numel()
+    w, nb = _layout(n, c, flat.element_size())
+    h = nb * c * w
+    head, tail = flat[:h].view(nb, c, w), flat[h:]  # tail: < nb * c elements, all candidates
     if add is not None:
-        tail.add_(add[c * r :])
+        tail.add_(add[h:])
     thr = _sample_of_sum(flat, add, k * margin / n, sample, gen)
-    colmax, idx, mag = _sweep(head, thr, None if add is None else add[: c * r].view(c, r))
+    colmax, idx, val = _sweep(flat, head, thr, None if add is None else add[:h].view(nb, c, w))
     raise_unless(torch.isfinite(colmax.max()) & torch.isfinite(tail).all())
     if sum(i.numel() for i in idx) + tail.numel() < k:
         thr, cols = _candidate_columns(colmax, k, sample, margin, gen)
-        i, a = _gather(head, cols, thr)
-        idx, mag = [i], [a]
+        i, v = _gather(flat, cols, thr, c, w)
+        idx, val = [i], [v]
     # every element >= thr is in a column whose maximum is >= thr: the candidates are
     # exactly {i : |x_i| >= thr} (and the tail), at least k of them, a superset of the top k
     if tail.numel():
-        idx.append(torch.arange(c * r, n, device=flat.device))
-        mag.append(tail.abs())
-    return top_of_candidates(flat, torch.cat(idx), torch.cat(mag), k)
+        idx.append(torch.arange(h, n, device=flat.device))
+        val.append(tail)
+    return _top_of_values(torch.cat(idx), torch.cat(val), k)
+
+
+def _tiled_np(
+    flat: torch.Tensor,
+    k: int,
+    sample: int,
+    margin: float,
+    gen: torch.Generator | None,
+    add: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``tiled`` for float32 and float64 on the CPU: one numpy pass compares ``|x|`` with
+    the sampled threshold (numpy's compare and compaction are vectorised; torch's ``ge``
+    and ``nonzero`` take ~1 and ~2.5 ns an element here, 10x more), then an O(m) selection
+    of the exact top ``k`` of the m candidates.  None when fewer than ``k`` reach the
+    threshold (an unlucky sample; ``flat += add`` is done then)."""
+    thr = _sample_of_sum(flat, add, k * margin / flat.numel(), sample, gen)
+    t = host(thr)
+    if not t > 0:  # mostly zeros (every element would be a candidate), or NaN sampled
+        return exact(flat if add is None else flat.add_(add), k)
+    xn = flat.detach().numpy()
+    idx, val = _above_np(xn, None if add is None else add.detach().numpy(), t)
+    if sum(i.size for i in idx) < k:
+        return None
+    idx, val = np.concatenate(idx), np.concatenate(val)
+    mag = np.abs(val)
+    raise_unless(torch.isfinite(torch.from_numpy(mag).amax()))  # NaN, Inf: always candidates
+    keep = np.argpartition(mag, mag.size - k)[mag.size - k :]  # introselect, O(m)
+    return torch.from_numpy(val[keep]), torch.from_numpy(idx[keep])
+
+
+def _above_np(
+    xn: np.ndarray, an: np.ndarray | None, thr: float
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Indices and values of the elements of ``xn`` (``+= an`` first, in place) whose
+    magnitude is not below ``thr > 0``: ``|x| >= thr``, and NaN (for the caller to refuse),
+    piece by piece, each read once from memory and then from the cache.  Compared as
+    unsigned integers without the sign bit, whose order is that of ``|x|`` (NaN above Inf)."""
+    uint = np.dtype(f"u{xn.itemsize}")
+    bits = xn.view(uint)
+    low = uint.type(~(1 << (8 * xn.itemsize - 1)) & ((1 << (8 * xn.itemsize)) - 1))
+    tb = np.array(thr, xn.dtype).view(uint)[()]
+    w = min(xn.size, max(1, NP_CHUNK_BYTES // xn.itemsize))
+    like = torch.from_numpy(xn[:0])
+    buf = _buffer("np_abs", w, like).numpy().view(uint)
+    mask = _buffer("np_mask", w, like.bool()).numpy()
+    idx: list[np.ndarray] = []
+    val: list[np.ndarray] = []
+    for j in range(0, xn.size, w):
+        x = xn[j : j + w]
+        if an is not None:
+            np.add(x, an[j : j + w], out=x)
+        a, m = buf[: x.size], mask[: x.size]
+        np.bitwise_and(bits[j : j + w], low, out=a)
+        i = np.flatnonzero(np.greater_equal(a, tb, out=m))
+        if i.size:
+            val.append(x[i])
+            idx.append(i + j)
+    return idx, val
+
+
+def _top_of_values(
+    cand_idx: torch.Tensor, cand_val: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`top_of_candidates` given the candidates' values: no gather from ``x``."""
+    m = cand_idx.numel()
+    a = cand_val.abs().float()  # float32 magnitudes: the ties and order of the other paths
+    if m - k < k:  # few beyond k (the usual case): drop the m - k smallest
+        keep = torch.ones(m, dtype=torch.bool)
+        keep[torch.topk(a, m - k, largest=False, sorted=False).indices] = False
+    else:
+        keep = torch.topk(a, k, sorted=False).indices
+    return cand_val[keep], cand_idx[keep]
 
 
 def colmax_dev(head: torch.Tensor, kernel: str) -> torch.Tensor:
