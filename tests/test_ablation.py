@@ -201,3 +201,15 @@ def test_emulated_cluster_takes_the_paper_profile_when_it_has_one(
         "inter_node_bandwidth": o[-1].split("=")[1]}}))  # fmt: skip
     overrides, note = common.cluster_profile("emulated", ["cluster.inter_node_bandwidth=100mbit"])
     assert overrides == [] and "100mbit" in note and "as overridden" in note
+
+
+def test_jobs_go_seed_by_seed_through_every_configuration() -> None:
+    plan = ab.Plan(sweep_id="s", comms=["dense", "hitopk"], caches=["none"], updates=["flat"])
+    plan.seeds = 2
+    order = [(j[-4], j[-1]) for j in plan.jobs()]
+    assert order == [
+        ("comm=dense", "train.seed=0"),
+        ("comm=hitopk", "train.seed=0"),
+        ("comm=dense", "train.seed=1"),
+        ("comm=hitopk", "train.seed=1"),
+    ]

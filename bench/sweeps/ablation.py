@@ -123,9 +123,12 @@ class Plan:
         ]
 
     def jobs(self) -> list[list[str]]:
+        """Seed by seed, every configuration in turn: load that drifts during a long sweep
+        on a shared machine hits every configuration alike, and a sweep stopped early has
+        whole seeds of every configuration."""
         return [
             self.job_overrides(c, k, u, s)
-            for (c, k, u), s in itertools.product(self.configs(), range(self.seeds))
+            for s, (c, k, u) in itertools.product(range(self.seeds), self.configs())
         ]
 
     def run(self, sweep_dir: str | Path, runner: Callable[[list[str]], int]) -> list[int]:
