@@ -264,8 +264,19 @@ def _tiled_np(
     idx, val = np.concatenate(idx), np.concatenate(val)
     mag = np.abs(val)
     raise_unless(torch.isfinite(torch.from_numpy(mag).amax()))  # NaN, Inf: always candidates
-    keep = np.argpartition(mag, mag.size - k)[mag.size - k :]  # introselect, O(m)
+    keep = _top_mask(mag, k)
     return torch.from_numpy(val[keep]), torch.from_numpy(idx[keep])
+
+
+def _top_mask(mag: np.ndarray, k: int) -> np.ndarray:
+    """A mask of ``k`` of the largest of ``mag`` (finite): the k-th largest by introselect
+    (O(m)), everything above it, then as many of its ties as needed in index order (masks
+    read in order: cheaper than gathering by the positions ``argpartition`` returns)."""
+    kth = np.partition(mag, mag.size - k)[mag.size - k]
+    keep = mag > kth
+    short = k - int(np.count_nonzero(keep))
+    keep[np.nonzero(mag == kth)[0][:short]] = True
+    return keep
 
 
 def _above_np(
@@ -291,10 +302,11 @@ def _above_np(
             np.add(x, an[j : j + w], out=x)
         a, m = buf[: x.size], mask[: x.size]
         np.bitwise_and(bits[j : j + w], low, out=a)
-        i = np.flatnonzero(np.greater_equal(a, tb, out=m))
+        i = np.nonzero(np.greater_equal(a, tb, out=m))[0]
         if i.size:
             val.append(x[i])
-            idx.append(i + j)
+            i += j
+            idx.append(i)
     return idx, val
 
 
