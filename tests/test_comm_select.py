@@ -481,6 +481,24 @@ def test_numpy_sweep_fuses_the_error_feedback_sum(
     assert torch.equal(resid, want) and small_pieces
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_fused_error_feedback_of_a_matrix(dtype: torch.dtype) -> None:
+    """A 2-D gradient and residual (a weight matrix): the fused sum sees them flat."""
+    from bench.comm.selection import mstopk_ef
+
+    g = torch.Generator().manual_seed(13)
+    grad = torch.randn(300, 1001, generator=g).to(dtype)
+    resid = (torch.randn(300, 1001, generator=g) * 0.5).to(dtype)
+    total = resid + grad
+    vals, idx = mstopk_ef(resid, grad, 300)
+    _check(total, vals, idx, 300)
+    ref = torch.topk(total.reshape(-1).abs().float(), 300).values
+    assert torch.equal(vals.abs().float().sort().values, ref.sort().values)
+    want = total.reshape(-1).clone()
+    want[idx] = 0
+    assert torch.equal(resid.reshape(-1), want)
+
+
 def test_numpy_sweep_unlucky_sample_falls_back_exactly(
     small_pieces: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:

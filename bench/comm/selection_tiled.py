@@ -195,6 +195,7 @@ def tiled(
     float32 and float64: the numpy pass (:func:`_tiled_np`); other dtypes, or when an
     unlucky sample leaves fewer than ``k`` candidates there: :func:`_tiled_torch`."""
     n = flat.numel()
+    add = None if add is None else add.reshape(-1)  # the gradient keeps its own shape
     c = rows_for(n, k, tiles)
     if c < 2:
         return sampled(flat if add is None else flat.add_(add), k, sample, margin, gen)
