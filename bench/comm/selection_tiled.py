@@ -2,8 +2,8 @@
 
 ``tiled`` (exact): a threshold aimed at ``margin * k`` elements from a sample of ``|x|``
 (runs of adjacent elements: one cache line each), then every element at or above it.  On
-the CPU, float32 and float64 go through one numpy pass in cache-sized pieces (compare the
-magnitude bits, compact: both vectorised, unlike torch's ``ge`` and ``nonzero`` here) and
+the CPU, float32 and float64 go through one numpy pass in cache-sized pieces (compare
+with the threshold, compact: both vectorised, unlike torch's ``ge`` and ``nonzero`` here) and
 an O(m) selection over the m candidates; other dtypes (and an unlucky sample) take the
 column structure: ``x`` viewed as contiguous blocks of ``C`` rows, the column maxima of
 ``|x|`` say which few columns can hold the top k, and only those are gathered.  The
@@ -34,7 +34,7 @@ from bench.comm.selection_core import (
 BLOCK_BYTES = 1 << 20  # one block of the CPU sweep: C rows of w adjacent columns
 GROUP_BLOCKS = 4  # blocks whose columns are compacted and gathered together
 NP_DTYPES = (torch.float32, torch.float64)  # swept by numpy (no bfloat16; float16 is slow)
-NP_CHUNK_BYTES = 1 << 20  # one piece of the numpy sweep: stays in the core's cache
+NP_CHUNK_BYTES = 2 << 20  # one piece of the numpy sweep: stays in the cache
 RUN = 16  # adjacent elements per run of the threshold sample: a 64-byte line of float32
 
 
@@ -267,6 +267,47 @@ def _tiled_np(
     raise_unless(torch.isfinite(torch.from_numpy(mag).amax()))  # NaN, Inf: always candidates
     keep = _top_mask(mag, k)
     return torch.from_numpy(val[keep]), torch.from_numpy(idx[keep])
+
+
+def _top_mask(mag: np.ndarray, k: int) -> np.ndarray:
+    """A mask of ``k`` of the largest of ``mag`` (finite): the k-th largest by introselect
+    (O(m)), everything above it, then as many of its ties as needed in index order (masks
+    read in order: cheaper than gathering by the positions ``argpartition`` returns)."""
+    kth = np.partition(mag, mag.size - k)[mag.size - k]
+    keep = mag > kth
+    short = k - int(np.count_nonzero(keep))
+    keep[np.nonzero(mag == kth)[0][:short]] = True
+    return keep
+
+
+def _above_np(
+    xn: np.ndarray, an: np.ndarray | None, thr: float
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Indices and values of the elements of ``xn`` (``+= an`` first, in place) with
+    ``|x| >= thr > 0``, and of any NaN (for the caller to refuse), piece by piece, each read
+    once from memory and then from the cache: ``(x < thr) == (x <= -thr)`` holds for
+    ``x >= thr`` (both false), ``x <= -thr`` (both true) and NaN (both false), not in
+    between; two compares and one of masks write bytes, not a magnitude buffer."""
+    w = min(xn.size, max(1, NP_CHUNK_BYTES // xn.itemsize))
+    like = torch.from_numpy(xn[:0]).bool()
+    below = _buffer("np_below", w, like).numpy()
+    neg = _buffer("np_neg", w, like).numpy()
+    hi, lo = xn.dtype.type(thr), xn.dtype.type(-thr)
+    idx: list[np.ndarray] = []
+    val: list[np.ndarray] = []
+    for j in range(0, xn.size, w):
+        x = xn[j : j + w]
+        if an is not None:
+            np.add(x, an[j : j + w], out=x)
+        b, m = below[: x.size], neg[: x.size]
+        np.less(x, hi, out=b)
+        np.less_equal(x, lo, out=m)
+        i = np.nonzero(np.equal(b, m, out=b))[0]
+        if i.size:
+            val.append(x[i])
+            i += j
+            idx.append(i)
+    return idx, val
 
 
 def _top_mask(mag: np.ndarray, k: int) -> np.ndarray:
