@@ -310,48 +310,6 @@ def _above_np(
     return idx, val
 
 
-def _top_mask(mag: np.ndarray, k: int) -> np.ndarray:
-    """A mask of ``k`` of the largest of ``mag`` (finite): the k-th largest by introselect
-    (O(m)), everything above it, then as many of its ties as needed in index order (masks
-    read in order: cheaper than gathering by the positions ``argpartition`` returns)."""
-    kth = np.partition(mag, mag.size - k)[mag.size - k]
-    keep = mag > kth
-    short = k - int(np.count_nonzero(keep))
-    keep[np.nonzero(mag == kth)[0][:short]] = True
-    return keep
-
-
-def _above_np(
-    xn: np.ndarray, an: np.ndarray | None, thr: float
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Indices and values of the elements of ``xn`` (``+= an`` first, in place) whose
-    magnitude is not below ``thr > 0``: ``|x| >= thr``, and NaN (for the caller to refuse),
-    piece by piece, each read once from memory and then from the cache.  Compared as
-    unsigned integers without the sign bit, whose order is that of ``|x|`` (NaN above Inf)."""
-    uint = np.dtype(f"u{xn.itemsize}")
-    bits = xn.view(uint)
-    low = uint.type(~(1 << (8 * xn.itemsize - 1)) & ((1 << (8 * xn.itemsize)) - 1))
-    tb = np.array(thr, xn.dtype).view(uint)[()]
-    w = min(xn.size, max(1, NP_CHUNK_BYTES // xn.itemsize))
-    like = torch.from_numpy(xn[:0])
-    buf = _buffer("np_abs", w, like).numpy().view(uint)
-    mask = _buffer("np_mask", w, like.bool()).numpy()
-    idx: list[np.ndarray] = []
-    val: list[np.ndarray] = []
-    for j in range(0, xn.size, w):
-        x = xn[j : j + w]
-        if an is not None:
-            np.add(x, an[j : j + w], out=x)
-        a, m = buf[: x.size], mask[: x.size]
-        np.bitwise_and(bits[j : j + w], low, out=a)
-        i = np.nonzero(np.greater_equal(a, tb, out=m))[0]
-        if i.size:
-            val.append(x[i])
-            i += j
-            idx.append(i)
-    return idx, val
-
-
 def _top_of_values(
     cand_idx: torch.Tensor, cand_val: torch.Tensor, k: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
