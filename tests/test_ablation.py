@@ -78,6 +78,21 @@ def test_aggregate_means_stds_missed_targets_and_speedups(results: Path) -> None
     assert flat.speedup_vs_baseline == pytest.approx(0.5) and math.isnan(flat.speedup_std)
 
 
+def test_a_narrowed_sweep_compares_with_dense_of_its_own_cache_and_update() -> None:
+    recs = [
+        _record("d1", "dense", 20.0, update="flat"),
+        _record("d2", "dense", 22.0, update="flat"),
+        _record("h1", "hitopk", 10.0, update="flat"),
+        _record("h2", "hitopk", 12.0, update="flat"),
+        _record("p1", "powersgd", 10.0, cache="multilevel", update="flat"),  # no dense there
+    ]
+    rows = {r.comm: r for r in ab.aggregate(recs, SWEEP).itertuples()}
+    assert rows["hitopk"].speedup_vs_baseline == pytest.approx(21 / 11)
+    assert rows["hitopk"].baseline == "dense/none/flat"
+    assert rows["dense"].speedup_vs_baseline == 1.0
+    assert math.isnan(rows["powersgd"].speedup_vs_baseline) and rows["powersgd"].baseline == ""
+
+
 def test_no_run_reached_and_no_baseline() -> None:
     recs = [_record("a", "topk", None), _record("b", "topk", None)]
     df = ab.aggregate(recs, SWEEP)

@@ -9,9 +9,11 @@ that missed it is counted, never dropped); the mean and sample standard deviatio
 time to target and the mean epochs to target over the runs that reached it; the mean
 throughput over all runs that report one.  ``speedup_vs_baseline`` is the baseline's mean
 time to target over the configuration's (baseline: dense communication, no cache, the
-naive update), and ``speedup_std`` its uncertainty by first-order propagation of the
-standard errors of both means: ``S * sqrt((se_b / m_b)^2 + (se_c / m_c)^2)`` with
-``se = std / sqrt(n_reached)`` (NaN with fewer than 2 runs that reached the target on
+naive update; in a sweep without that configuration, dense communication with the
+configuration's own cache and update; column ``baseline`` says which), and
+``speedup_std`` its uncertainty by first-order propagation of the standard errors of
+both means: ``S * sqrt((se_b / m_b)^2 + (se_c / m_c)^2)`` with ``se = std /
+sqrt(n_reached)`` (NaN with fewer than 2 runs that reached the target on
 either side; 0 for the baseline itself, whose ratio is 1 by definition).
 """
 
@@ -54,6 +56,7 @@ COLUMNS = [
     "target_metric",
     "target_value",
     "n_error",
+    "baseline",  # the configuration the speedup is against (comm/cache/update)
 ]
 # on the local cluster every job runs 2 launcher agents of one worker each, so that
 # hitopk (which needs 2 nodes) and the others train on the same topology
@@ -182,6 +185,17 @@ def speedup(base: dict[str, Any], row: dict[str, Any]) -> tuple[float, float]:
     return s, s * math.sqrt(rel_b**2 + rel_c**2)
 
 
+def _baseline_for(
+    key: tuple[str, str, str], rows: dict, baseline: tuple[str, str, str]
+) -> tuple[str, str, str] | None:
+    """``baseline`` when the sweep ran it; else (a sweep narrowed with ``--cache`` or
+    ``--update``) dense communication with the configuration's own cache and update."""
+    if baseline in rows:
+        return baseline
+    own = (baseline[0], key[1], key[2])
+    return own if own in rows else None
+
+
 def aggregate(
     records: Sequence[dict[str, Any]], sweep_id: str, baseline: tuple[str, str, str] = BASELINE
 ) -> pd.DataFrame:
@@ -205,10 +219,12 @@ def aggregate(
             "target_value": first.get("target_value"),
             **_stats(recs),
         }
-    base = rows.get(baseline)
-    for row in rows.values():
+    for key, row in rows.items():
+        bkey = _baseline_for(key, rows, baseline)
+        base = rows.get(bkey) if bkey else None
         s, sd = speedup(base, row) if base is not None else (math.nan, math.nan)
         row["speedup_vs_baseline"], row["speedup_std"] = s, sd
+        row["baseline"] = "/".join(bkey) if base is not None else ""
     return pd.DataFrame(list(rows.values()), columns=COLUMNS)
 
 
