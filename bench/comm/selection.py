@@ -12,11 +12,14 @@ Cloud Clusters", MLSys 2021; pseudo-code in ``docs/algorithms.md``) avoids the s
 
 ``paper`` (as published, approximate within the last band): ``N`` thresholds
 ``mean + r (max - mean)`` of ``|x|`` binary-searched over the ratio ``r``, ``N`` passes.
-``tiled`` (default, exact, this project's own variant, not the paper's search): ``x``
-viewed as a ``(C, R)`` matrix; its column maxima of ``|x|`` (one sweep, see
-:mod:`bench.comm.selection_tiled`) say which ~k columns can hold the top k; only those
-are gathered.  ``sampled`` (exact): the threshold from a strided random sample of ``|x|``
-with a margin, one compare pass for the candidates, an exact top-k over those.
+``tiled`` (default, exact, this project's own variant, not the paper's search): on the
+CPU, float32/float64 take a threshold aimed at a little more than k elements from a
+sample of ``|x|``, one compare-and-compact pass (numpy, in cache-sized pieces) and an
+exact selection over the few candidates; other dtypes, an unlucky sample and CUDA view
+``x`` as a ``(C, R)`` matrix whose column maxima of ``|x|`` say which ~k columns can hold
+the top k, and gather only those (see :mod:`bench.comm.selection_tiled`).
+``sampled`` (exact): the threshold from a strided random sample of ``|x|`` with a margin,
+one compare pass for the candidates, an exact top-k over those.
 ``hist`` (exact): all thresholds counted in one pass over logarithmic buckets of ``|x|``
 (:mod:`bench.comm.selection_hist`), candidates from the highest bucket whose tail holds k.
 
