@@ -60,3 +60,15 @@ def test_comm_benchmark_quick(tmp_path) -> None:
         assert (ov[col] > 0).all(), col
     assert (ov["exposed_ms"] == ov["step_ms"] - ov["backward_ms"]).all()
     assert (tmp_path / "bench" / "comm.png").exists()
+
+
+def test_overlap_case_takes_ddp_bucket_size() -> None:
+    from bench.benchmarks.overlap import overlap_worker
+    from bench.benchmarks.spawn import run_workers
+
+    rows = run_workers(overlap_worker, 2, 2, ["dense"], 0.01, 2, 16, 1, 1, 25.0)[0]
+    small = run_workers(overlap_worker, 2, 2, ["dense"], 0.01, 2, 16, 1, 1, 2.0)[0]
+    assert rows[0]["bucket_cap_mb"] == 25.0 and small[0]["bucket_cap_mb"] == 2.0
+    # ResNet-18's 44.7 MB of fp32 gradients: DDP's buckets follow the cap
+    assert small[0]["buckets"] > rows[0]["buckets"] >= 2
+    assert small[0]["comm_alone_ms"] > 0 and small[0]["backward_ms"] > 0

@@ -53,7 +53,13 @@ def _recording(hook: Callable, shapes: dict[int, list[torch.Size]]) -> Callable:
 
 
 def _case(
-    method: str, density: float, batch: int, image: int, warmup: int, reps: int
+    method: str,
+    density: float,
+    batch: int,
+    image: int,
+    warmup: int,
+    reps: int,
+    bucket_mb: float = 25.0,
 ) -> dict[str, Any]:
     import torchvision
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -62,7 +68,7 @@ def _case(
     from bench.comm import is_sparse, make_hook
 
     torch.manual_seed(0)
-    ddp = DDP(torchvision.models.resnet18(num_classes=10))
+    ddp = DDP(torchvision.models.resnet18(num_classes=10), bucket_cap_mb=bucket_mb)
     state, hook = make_hook(method, density=density, powersgd_rank=4)
     shapes: dict[int, list[torch.Size]] = {}
     ddp.register_comm_hook(state, _recording(hook, shapes))
@@ -112,6 +118,7 @@ def _case(
         "batch": batch,
         "image": image,
         "buckets": len(buckets),
+        "bucket_cap_mb": bucket_mb,
         "step_ms": med["step"],
         "backward_ms": med["backward"],
         "comm_alone_ms": med["alone"],
@@ -131,9 +138,10 @@ def overlap_worker(
     image: int,
     warmup: int,
     reps: int,
+    bucket_mb: float = 25.0,
 ) -> list[dict[str, Any]]:
     """One row per method (every rank returns the same rows)."""
-    return [_case(m, density, batch, image, warmup, reps) for m in methods]
+    return [_case(m, density, batch, image, warmup, reps, bucket_mb) for m in methods]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--image", type=int, default=64)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--reps", type=int, default=4)
+    ap.add_argument("--bucket-mb", type=float, default=25.0, help="DDP's bucket_cap_mb")
     a = ap.parse_args(argv)
     dist.init_process_group("gloo")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -159,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         a.image,
         a.warmup,
         a.reps,
+        a.bucket_mb,
     )
     if dist.get_rank() == 0:
         with open(a.out, "w") as f:
