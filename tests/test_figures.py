@@ -224,3 +224,12 @@ def test_powersgd_runs_of_different_ranks_are_different_configurations():
 
     assert comm_label(rec(4)) == "powersgd r=4" and comm_label(rec(8)) == "powersgd r=8"
     assert comm_label({"comm": "powersgd"}) == "powersgd"  # an older record: no rank known
+
+
+def test_a_density_schedule_is_part_of_the_configuration():
+    from bench.results.figures_data import comm_label
+
+    plain = {"comm": "hitopk", "comm_density": 0.01}
+    warm = {**plain, "comm_density_schedule": [0.1, 0.05, 0.01]}
+    assert comm_label(plain) == "hitopk d=0.01"
+    assert comm_label(warm) == "hitopk d=0.01 schedule 0.1/0.05/0.01"

@@ -134,8 +134,8 @@ def hardware_label(r: dict[str, Any]) -> str:
 
 
 def comm_label(r: dict[str, Any]) -> str:
-    """The method, with its density and dense warm-up epochs when it sparsifies (PowerSGD:
-    its rank)."""
+    """The method, with its density, dense warm-up epochs and per-epoch density schedule
+    when it sparsifies (PowerSGD: its rank)."""
     comm = str(r.get("comm") or "?")
     if comm == "powersgd":
         rank = num(_cfg(r, "comm", "powersgd_rank"))
@@ -144,7 +144,14 @@ def comm_label(r: dict[str, Any]) -> str:
         return comm
     d = num(r.get("comm_density")) or num(_cfg(r, "comm", "density"))
     wu = num(r.get("comm_warmup_epochs")) or 0
-    return comm + (f" d={d:g}" if d else "") + (f" wu={wu:g}" if wu else "")
+    sched = r.get("comm_density_schedule") or _cfg(r, "comm", "density_schedule") or []
+    steps = "/".join(f"{x:g}" for x in (num(v) for v in sched) if x is not None)
+    return (
+        comm
+        + (f" d={d:g}" if d else "")
+        + (f" wu={wu:g}" if wu else "")
+        + (f" schedule {steps}" if steps else "")
+    )
 
 
 def _row(r: dict[str, Any], results_dir: Path) -> dict[str, Any]:
