@@ -297,7 +297,9 @@ def write_report(inputs: Inputs, figs: list[Figure], path: Path, header: str) ->
         "Per experiment, cluster and hardware (runs compare only within one), each configuration's "
         "time to target over its seeds; runs that missed the target are counted. hitopk and mstopk "
         "are set against dense DDP and the strongest peer (fp16, bf16, PowerSGD) of the same cache "
-        "and update.",
+        "and update: the mean-time ratio, +- the spread the seeds' standard deviations give it "
+        "(relative deviations added in quadrature; the ablation's own table gives the standard "
+        "error of the mean instead, smaller by about sqrt(n)).",
         "",
         *comparison_section(inputs, maker),
         *(["Recipes with no record yet; to run:", "", *unrun, ""] if unrun else []),
