@@ -136,3 +136,28 @@ def test_data_sets_are_specs_carrying_their_check() -> None:
     assert DATASETS.get("cifar10").check is not None and DATASETS.get("digits").check is None
     with pytest.raises(KeyError, match="already registered"):
         DATASETS.register("digits")(DATASETS.get("digits"))
+
+
+def test_digits_split_is_prepared_once_then_read_back(tmp_path, monkeypatch):
+    import torch
+
+    from bench.data import digits
+
+    monkeypatch.setenv("BENCH_CACHE_DIR", str(tmp_path / "cache"))
+    digits.load_digits_split.cache_clear()
+    first = digits.load_digits_split(16, 0.2, 0)
+    (saved,) = (tmp_path / "cache").glob("digits-*-16-0.2-0.pt")
+    digits.load_digits_split.cache_clear()
+    monkeypatch.setattr(digits, "_prepare", lambda *a: pytest.fail("prepared again"))
+    again = digits.load_digits_split(16, 0.2, 0)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    monkeypatch.undo()  # _prepare back
+    monkeypatch.setenv("BENCH_CACHE_DIR", str(tmp_path / "cache"))
+    saved.write_bytes(b"truncated")  # a broken cache is prepared again and replaced
+    digits.load_digits_split.cache_clear()
+    assert all(torch.equal(a, b) for a, b in zip(first, digits.load_digits_split(16, 0.2, 0)))
+    assert saved.stat().st_size > 1000
+    monkeypatch.setenv("BENCH_CACHE_DIR", str(saved))  # a file: the cache cannot be written
+    digits.load_digits_split.cache_clear()
+    assert all(torch.equal(a, b) for a, b in zip(first, digits.load_digits_split(16, 0.2, 0)))
+    digits.load_digits_split.cache_clear()

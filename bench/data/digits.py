@@ -9,15 +9,51 @@ a fixed stratified one (``data.test_fraction``, ``data.split_seed``).
 from __future__ import annotations
 
 import functools
+import importlib.metadata
+import os
+from pathlib import Path
 
 import torch
 
+Split = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def cache_dir() -> Path:
+    """Where the prepared split is kept: ``$BENCH_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/topk-dawnbench`` (``~/.cache/topk-dawnbench``)."""
+    env = os.environ.get("BENCH_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "topk-dawnbench"
+
 
 @functools.lru_cache(maxsize=4)
-def load_digits_split(
-    size: int = 32, test_fraction: float = 0.2, split_seed: int = 0
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(train_x, train_y, test_x, test_y); x float in [0, 1], shape (N, 3, size, size)."""
+def load_digits_split(size: int = 32, test_fraction: float = 0.2, split_seed: int = 0) -> Split:
+    """(train_x, train_y, test_x, test_y); x float in [0, 1], shape (N, 3, size, size).
+
+    Importing scikit-learn takes ~3 s of CPU per process on a small machine (every worker
+    of every run), so the prepared split is saved once per scikit-learn version and
+    arguments and read back from then on; a cache that cannot be read or written is
+    only skipped."""
+    version = importlib.metadata.version("scikit-learn")
+    path = cache_dir() / f"digits-{version}-{size}-{test_fraction:g}-{split_seed}.pt"
+    try:
+        return tuple(torch.load(path, weights_only=True))  # type: ignore[return-value]
+    except Exception:  # noqa: BLE001  (absent, partial or foreign: prepare it again)
+        pass
+    split = _prepare(size, test_fraction, split_seed)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        torch.save(list(split), tmp)
+        tmp.replace(path)  # atomic: workers preparing at once never read a partial file
+    except OSError:
+        pass
+    return split
+
+
+def _prepare(size: int, test_fraction: float, split_seed: int) -> Split:
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
