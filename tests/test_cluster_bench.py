@@ -75,6 +75,11 @@ def test_quick_cluster_benchmark_writes_its_columns(tmp_path: Path):
     assert m["wire_error"].abs().max() < 0.10 and m["heldout_error"].notna().all()
     assert set(m["bandwidth"]) == {"1gbit", "10gbit"}
     assert (m["median_ms"] > 0).all() and (m["predicted_ms"] > 0).all()
+    ov = df[df["kind"] == "overlap"]
+    lb = ov[ov["scenario"] == "link-bound"]
+    assert set(lb["comm"]) == set(m["comm"]) and (lb["procs_per_node"] == 1).all()
+    assert (lb["bucket_cap_mb"] == 5.0).all() and (lb["comm_alone_ms"] > 0).all()
+    assert (ov[ov["scenario"] != "link-bound"]["bucket_cap_mb"] == 25.0).all()
     p = df[df["kind"] == "projection"]
     assert set(p["nodes"]) == set(range(1, 17)) and p["efficiency"].between(0, 1.0001).all()
     assert (tmp_path / "bench" / "cluster.png").is_file()
