@@ -31,12 +31,13 @@ def test_bandwidth_for_ratio_sends_the_link_bytes_in_ratio_times_compute():
 def test_resolve_measures_compute_and_refuses_unknown_profiles():
     net = torch.nn.Linear(8, 3)
     batch = (torch.randn(4, 8), torch.randint(3, (4,)))
-    assert profile.resolve(None, net, batch, 27, 2, 2) is None
-    r = profile.resolve("paper", net, batch, 27, 2, 2)
+    compute = profile.measure_compute_s(net, batch)
+    assert profile.resolve(None, compute, 27, 2, 2) is None
+    r = profile.resolve("paper", compute, 27, 2, 2)
     assert r["compute_s"] > 0 and r["target_ratio"] > 0
     assert r["inter_node_bandwidth"].endswith("mbit")
     with pytest.raises(ConfigError, match="unknown cluster profile"):
-        profile.resolve("nope", net, batch, 27, 2, 2)
+        profile.resolve("nope", compute, 27, 2, 2)
 
 
 def _cfg(*overrides: str):

@@ -129,19 +129,10 @@ def _case(
     }
 
 
-def overlap_worker(
-    rank: int,
-    world: int,
-    methods: list[str],
-    density: float,
-    batch: int,
-    image: int,
-    warmup: int,
-    reps: int,
-    bucket_mb: float = 25.0,
-) -> list[dict[str, Any]]:
-    """One row per method (every rank returns the same rows)."""
-    return [_case(m, density, batch, image, warmup, reps, bucket_mb) for m in methods]
+def overlap_worker(rank: int, world: int, methods: list[str], *case: Any) -> list[dict[str, Any]]:
+    """One row per method (every rank returns the same rows); ``case``: :func:`_case`'s
+    arguments after the method (density, batch, image, warmup, reps[, bucket_mb])."""
+    return [_case(m, *case) for m in methods]
 
 
 def main(argv: list[str] | None = None) -> int:

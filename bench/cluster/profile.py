@@ -11,7 +11,7 @@ ring allreduce sends over each node's link (:mod:`bench.comm.cost`) take ``ratio
 that compute time -- latency and this machine's reduction costs are left out, so the
 emulated ratio is, if anything, a little higher than the target.
 
-:func:`resolve` is what a launcher calls; its result says what was measured and chosen
+:func:`apply` is what a launcher calls; its result says what was measured and chosen
 (store it in the run's record).
 """
 
@@ -76,28 +76,18 @@ def measure_compute_s(net: Any, batch: Any, reps: int = 3, loss: Any = None) -> 
 
 
 def resolve(
-    profile: str | None,
-    net: Any,
-    batch: Any,
-    numel: int,
-    nodes: int,
-    procs: int,
-    compute_s: float | None = None,
+    profile: str | None, compute_s: float, numel: int, nodes: int, procs: int
 ) -> dict[str, Any] | None:
-    """The emulated link for ``profile`` (None: no profile): compute time per step (measured
-    here unless ``compute_s`` is given), target ratio, chosen bandwidth (bits/s and in
-    ``tc``'s spelling)."""
+    """The emulated link for ``profile`` (None: no profile) given the compute time per step:
+    target ratio, chosen bandwidth (bits/s and in ``tc``'s spelling)."""
     if profile is None:
         return None
     check(profile)
-    measured = compute_s is None
-    compute = measure_compute_s(net, batch) if measured else float(compute_s)
     ratio = paper_ratio()
-    bps = bandwidth_for_ratio(ratio, compute, numel, nodes, procs)
+    bps = bandwidth_for_ratio(ratio, compute_s, numel, nodes, procs)
     return {
         "profile": profile,
-        "compute_s": compute,
-        "compute_measured_here": measured,
+        "compute_s": float(compute_s),
         "target_ratio": ratio,
         "numel": numel,
         "bandwidth_bps": bps,
@@ -176,7 +166,7 @@ def apply(cfg: Any) -> dict[str, Any] | None:
         raise ConfigError(f"cluster.profile_compute_s must be > 0 s, got {given}")
     step = step_compute_s(cfg, time_it=given is None)
     compute = step["compute_s"] if given is None else float(given)
-    out = resolve(c.profile, None, None, step["numel"], c.nnodes, c.nproc_per_node, compute)
+    out = resolve(c.profile, compute, step["numel"], c.nnodes, c.nproc_per_node)
     assert out is not None
     out["compute_measured_here"] = given is None
     out.update({k: v for k, v in step.items() if k not in ("numel", "compute_s")})
