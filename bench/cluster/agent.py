@@ -17,6 +17,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import sys
 from pathlib import Path
 from types import FrameType
 
@@ -83,6 +84,11 @@ def main() -> None:
     instrument_agent()
     try:
         torchrun()
+        # every worker has exited: skip the interpreter's teardown (a second of garbage
+        # collection over torch's objects, while the launcher waits for this agent)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     except Exception as e:
         if os.environ.get(EVENTS_ENV):
             msg = str(e).strip().splitlines()[0][:500] if str(e).strip() else ""
