@@ -102,10 +102,19 @@ def run(
     cfg: DictConfig | Config, *, experiment: str, output_dir: str | Path | None = None
 ) -> tuple[int, dict[str, Any] | None]:
     """Validate, launch, and return (exit status, the run's record)."""
-    from bench.cluster import profile
-
     launch_time = time.time()
     cfg = to_object(cfg)
+    run_meta = prepare(cfg, experiment, launch_time)
+    return launch_and_record(cfg, run_meta, output_dir)
+
+
+def prepare(
+    cfg: Config, experiment: str, launch_time: float, quiet: bool = False
+) -> dict[str, Any]:
+    """Validate ``cfg`` and set its emulated link (``cluster.profile``); the run's metadata
+    (run id, start and launch time, experiment, the profile applied)."""
+    from bench.cluster import profile
+
     validate(cfg)
     run_meta = {
         "run_id": records.new_run_id(),
@@ -116,8 +125,9 @@ def run(
     prof = profile.apply(cfg)  # sets the emulated link before anything is launched
     if prof is not None:
         run_meta["cluster_profile"] = prof
-        print(profile.describe(prof), flush=True)
-    return launch_and_record(cfg, run_meta, output_dir)
+        if not quiet:
+            print(profile.describe(prof), flush=True)
+    return run_meta
 
 
 def resume(
@@ -164,23 +174,17 @@ def _on_signal(signum: int, frame: Any) -> None:  # noqa: ARG001
     raise Interrupted(signal.Signals(signum).name)
 
 
-def launch_and_record(
-    cfg: Config, run_meta: dict[str, Any], output_dir: str | Path | None
-) -> tuple[int, dict[str, Any] | None]:
-    """Launch the workers of a run; afterwards a record exists whatever happened: the
-    workers' own, or an ``error``/``interrupted`` one written here with the reason."""
+def guarded_launch(cfg: Config, run_json: Path) -> tuple[int, str, str | None, Exception | None]:
+    """Launch the workers of ``run_json`` (a run or a queue of runs), turning interrupts
+    and the launcher's own failures into (exit status, status, reason, the exception to
+    raise again after recording)."""
     from bench.cluster.launch import launch
 
-    payload = {"config": to_container(cfg), "run": run_meta}
-    out = Path(output_dir) if output_dir else Path(tempfile.mkdtemp(prefix="bench-run-"))
-    out.mkdir(parents=True, exist_ok=True)
-    run_json = out / f"run-{run_meta['run_id']}.json"
-    run_json.write_text(json.dumps(payload, indent=1))
     try:
         old = signal.signal(signal.SIGTERM, _on_signal)
     except ValueError:  # not the main thread (a threaded sweep): the caller handles signals
         old = None
-    status, reason, raised, since = "error", None, None, time.time()
+    status, reason, raised = "error", None, None
     try:
         rc = launch(cfg, run_json)
     except (KeyboardInterrupt, Interrupted) as e:
@@ -199,7 +203,22 @@ def launch_and_record(
     finally:
         if old is not None:
             signal.signal(signal.SIGTERM, old)
-    rec = _record_after(cfg, payload, rc, status, reason, since)
+    return rc, status, reason, raised
+
+
+def launch_and_record(
+    cfg: Config, run_meta: dict[str, Any], output_dir: str | Path | None
+) -> tuple[int, dict[str, Any] | None]:
+    """Launch the workers of a run; afterwards a record exists whatever happened: the
+    workers' own, or an ``error``/``interrupted`` one written here with the reason."""
+    payload = {"config": to_container(cfg), "run": run_meta}
+    out = Path(output_dir) if output_dir else Path(tempfile.mkdtemp(prefix="bench-run-"))
+    out.mkdir(parents=True, exist_ok=True)
+    run_json = out / f"run-{run_meta['run_id']}.json"
+    run_json.write_text(json.dumps(payload, indent=1))
+    since = time.time()
+    rc, status, reason, raised = guarded_launch(cfg, run_json)
+    rec = record_after(cfg, payload, rc, status, reason, since)
     if raised is not None:
         raise raised
     if rec is not None and rec["status"] in ("error", "interrupted"):
@@ -231,7 +250,7 @@ def _reason(events: list[dict[str, Any]], rc: int) -> str:
     return "; ".join(parts) or f"the workers exited with status {rc}"
 
 
-def _record_after(
+def record_after(
     cfg: Config, payload: dict[str, Any], rc: int, status: str, reason: str | None, since: float
 ) -> dict[str, Any] | None:
     """The run's record: the workers' if they wrote it, else one written here."""

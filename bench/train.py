@@ -315,8 +315,9 @@ def _eval_due(s: TrainState, row: dict[str, Any]) -> bool:
     return (s.epoch + 1) % s.cfg.train.eval_every == 0 or s.epoch + 1 == s.cfg.train.epochs
 
 
-def finish(s: TrainState) -> dict[str, Any] | None:
-    """Stop the loaders, write the outputs (rank 0), leave the process group."""
+def finish(s: TrainState, leave_group: bool = True) -> dict[str, Any] | None:
+    """Stop the loaders, write the outputs (rank 0), leave the process group (a queue of
+    runs keeps it for the next run: :mod:`bench.runqueue`)."""
     import torch.distributed as dist
 
     for loader in (s.workload.data.train, s.workload.data.eval):
@@ -325,7 +326,8 @@ def finish(s: TrainState) -> dict[str, Any] | None:
     record = write_outputs(s).to_dict() if s.rank == 0 else None
     if dist.is_initialized():
         dist.barrier()
-        dist.destroy_process_group()
+        if leave_group:
+            dist.destroy_process_group()
     return record
 
 
@@ -429,7 +431,7 @@ def _table_header(s: TrainState) -> str:
     return " ".join(f"{name:>{w}}" for name, _, w, _, _ in _columns(s))
 
 
-def train(payload: dict[str, Any]) -> dict[str, Any] | None:
+def train(payload: dict[str, Any], leave_group: bool = True) -> dict[str, Any] | None:
     """Run one training job in this worker; rank 0 returns (and writes) the record."""
     import torch.distributed as dist
 
@@ -458,7 +460,7 @@ def train(payload: dict[str, Any]) -> dict[str, Any] | None:
         evaluated = evaluate(s) if _eval_due(s, row) else {}
         go_on = end_epoch(s, row, evaluated, time.perf_counter() - t_eval)
         _checkpoint(s, last=not go_on)
-    return finish(s)
+    return finish(s, leave_group)
 
 
 def _checkpoint(s: TrainState, last: bool) -> None:
@@ -473,21 +475,26 @@ def _checkpoint(s: TrainState, last: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from bench import runqueue
+
     ap = argparse.ArgumentParser(description="one data-parallel training worker")
-    ap.add_argument("--config", required=True, help="run JSON written by the launcher")
-    args = ap.parse_args(argv)
-    payload = json.loads(Path(args.config).read_text())
+    ap.add_argument("--config", required=True, help="run (or run queue) JSON from the launcher")
+    payload = json.loads(Path(ap.parse_args(argv).config).read_text())
+    if runqueue.is_queue(payload):
+        runqueue.worker_loop(payload, train)
+        return 0
     try:
         train(payload)
     except BaseException as e:  # noted for the launcher's error record, then re-raised
-        from bench import checkpoint as ck
-
-        where = ck.events_path(payload["config"]["results"]["dir"], payload["run"]["run_id"])
-        reason = f"{type(e).__name__}: {e}".strip().splitlines()[0][:500]
-        ck.log_event(where, kind="worker_error", rank=os.environ.get("RANK"), reason=reason)
+        runqueue.note_worker_error(payload, e)
         raise
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # done and written: skip the interpreter's teardown (seconds of garbage collection
+    # over torch's objects in every worker, while the launcher waits)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

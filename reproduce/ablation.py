@@ -1,9 +1,11 @@
 """``python -m reproduce ablation [options] [overrides]``
 
 Time to target over communication x cache x update mode x seeds on one experiment and
-cluster: ordinary training runs, one after the other (each ``python -m reproduce train``
-with Hydra overrides, writing its record tagged with the sweep id; a failed job does not
-stop the others), then one table per sweep, printed and written to
+cluster: ordinary training runs, one after the other (each what ``python -m reproduce
+train`` with the job's Hydra overrides runs, writing its record tagged with the sweep id;
+a failed job does not stop the others), trained through a run queue
+(:mod:`bench.runqueue`: the workers are launched once, not once per run), then one table
+per sweep, printed and written to
 ``results/ablation/<sweep_id>.csv`` (``bench/sweeps/ablation.py`` says what each column
 is).  Trailing ``key=value`` overrides apply to every job.
 """
@@ -110,11 +112,12 @@ def main(argv: list[str]) -> None:
     if args.dry_run:
         for i, job in enumerate(jobs):
             print(f"job {i}: python -m reproduce train " + " ".join(job))
+        print("the jobs would run through one run queue: one launch of the workers, a warm-up")
         return
-    from bench.sweeps.common import run_train
+    from bench.sweeps.common import run_queued
 
     try:
-        failed = sum(rc != 0 for rc in plan.run(sweep_dir, run_train))
+        failed = sum(rc != 0 for rc in plan.run(sweep_dir, run_queued))
     except KeyboardInterrupt:
         print(
             f"interrupted; the finished jobs' table: python -m reproduce ablation "

@@ -263,6 +263,7 @@ class RunRecord:
     diverged_at: dict[str, Any] | None = None  # step and place of the first NaN/Inf
     link_check: dict[str, Any] | None = None
     cluster_profile: dict[str, Any] | None = None  # the link profile's measurement and choice
+    queue: dict[str, Any] | None = None  # run queue: id, index, size, label (bench.runqueue)
     git_sha: str | None = None
     torch_version: str = ""
     versions: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -311,6 +312,7 @@ class RunRecord:
             wall_time_s=time.time() - run["launch_time"],
             attempt=int(run.get("attempt", 1)),
             cluster_profile=run.get("cluster_profile"),
+            queue=run.get("queue"),
             git_sha=git_sha(),
             torch_version=torch.__version__,
             versions=versions(),

@@ -134,15 +134,12 @@ class Plan:
             for s, (c, k, u) in itertools.product(range(self.seeds), self.configs())
         ]
 
-    def run(self, sweep_dir: str | Path, runner: Callable[[list[str]], int]) -> list[int]:
-        """Run every job, one after the other, each as its own ``reproduce train`` (Hydra
-        output under ``sweep_dir/<n>``); a failed job leaves its error record and the sweep
-        goes on (Hydra's own multirun would stop at it).  Returns the exit statuses."""
-        jobs, statuses = self.jobs(), []
-        for i, job in enumerate(jobs):
-            print(f"[{i + 1}/{len(jobs)}] {' '.join(job[-4:])}", flush=True)
-            statuses.append(runner([*job, f"hydra.run.dir={Path(sweep_dir) / str(i)}"]))
-        return statuses
+    def run(self, sweep_dir: str | Path, runner: Callable[..., list[int]]) -> list[int]:
+        """Run every job: ``runner(jobs, sweep_dir, experiment)`` (``common.run_queued``:
+        one launch of the workers for the whole grid, each job its own run and record; a
+        failed job leaves its error record and the sweep goes on).  Returns the exit
+        statuses."""
+        return runner(self.jobs(), sweep_dir, self.experiment)
 
 
 def _config_of(rec: dict[str, Any]) -> tuple[str, str, str]:

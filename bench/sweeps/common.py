@@ -188,3 +188,22 @@ def run_train(args: Sequence[str]) -> int:
     cmd = [sys.executable, "-m", "reproduce", "train", *args]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.run(cmd, env=env, check=False).returncode
+
+
+def run_queued(jobs: Sequence[Sequence[str]], sweep_dir: str | Path, experiment: str) -> list[int]:
+    """Every job (Hydra overrides, as for ``python -m reproduce train``) through a run queue
+    (:mod:`bench.runqueue`): the workers are launched once for each stretch of consecutive
+    jobs on the same cluster config, and each job is still its own run with its own
+    record.  Run JSONs go to ``sweep_dir``.  Returns the exit statuses."""
+    from bench.runqueue import run_queue
+
+    labels = [" ".join(o for o in job if o.split("=", 1)[0] in LABEL_KEYS) for job in jobs]
+    results = run_queue(
+        compose_all(jobs), experiment=experiment, output_dir=sweep_dir, labels=labels
+    )
+    return [rc for rc, _ in results]
+
+
+# the overrides that tell the jobs of a sweep apart, shown as each queued run starts
+LABEL_KEYS = ("comm", "cache", "optim.update", "train.seed", "cluster.nnodes",
+              "cluster.nproc_per_node")  # fmt: skip
