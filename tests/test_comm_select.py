@@ -437,6 +437,33 @@ def test_numpy_sweep_is_exact(small_pieces: list[int], kind: str, dtype: torch.d
     assert len(small_pieces) == 3 and all(m >= k for m, k in zip(small_pieces, (30, 300, 3000)))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_numpy_sweep_finds_every_element_at_or_above_the_threshold(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
+) -> None:
+    """The sweep's candidates are exactly the elements with ``|x| >= thr``, each once, and
+    the NaNs (for the caller to refuse; found by both masks), each with its own value,
+    wherever they lie: first and last element, a piece boundary, the last partial piece, the
+    last ``n % 8`` elements; pieces of 64 elements."""
+    import numpy as np
+
+    from bench.comm import selection_tiled
+
+    monkeypatch.setattr(selection_tiled, "NP_CHUNK_BYTES", 64 * torch.finfo(dtype).bits // 8)
+    g = torch.Generator().manual_seed(21)
+    for n in (8, 13, 64, 65, 130, 1000, 4099):
+        x = torch.randn(n, generator=g, dtype=dtype)
+        where = sorted({0, n - 1, min(n - 1, 63), min(n - 1, 64), n // 2})
+        x[where] = torch.tensor([3.0, -5.0, float("nan"), -2.5, 2.5][: len(where)], dtype=dtype)
+        xn = x.numpy()
+        idx, val = selection_tiled._above_np(xn, None, 2.5)
+        idx, val = np.concatenate(idx), np.concatenate(val)
+        want = np.flatnonzero((np.abs(xn) >= 2.5) | np.isnan(xn))
+        finite = idx[~np.isnan(xn[idx])]
+        assert np.array_equal(np.unique(idx), want) and np.unique(finite).size == finite.size
+        assert np.array_equal(val, xn[idx], equal_nan=True)
+
+
 def test_numpy_sweep_ties_and_zeros(small_pieces: list[int]) -> None:
     x = _hard_input("ties", 200_003)  # 7 magnitudes: the k-th is shared by thousands
     vals, idx = mstopk(x, 500)

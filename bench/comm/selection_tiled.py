@@ -2,13 +2,14 @@
 
 ``tiled`` (exact): a threshold aimed at ``margin * k`` elements from a sample of ``|x|``
 (runs of adjacent elements: one cache line each), then every element at or above it.  On
-the CPU, float32 and float64 go through one numpy pass in cache-sized pieces (compare
-with the threshold, compact: both vectorised, unlike torch's ``ge`` and ``nonzero`` here) and
-an O(m) selection over the m candidates; other dtypes (and an unlucky sample) take the
-column structure: ``x`` viewed as contiguous blocks of ``C`` rows, the column maxima of
-``|x|`` say which few columns can hold the top k, and only those are gathered.  The
-error-feedback form adds the gradient into the residual in the same pass.  ``sampled``
-(exact): a threshold from a strided sample of ``|x|``, one compare pass for the candidates.
+the CPU, float32 and float64 go through one numpy pass in cache-sized pieces (two compares
+with the threshold into byte masks, searched a word at a time: vectorised, unlike torch's
+``ge`` and ``nonzero`` here) and an O(m) selection over the m candidates; other dtypes
+(and an unlucky sample) take the column structure: ``x`` viewed as contiguous blocks of
+``C`` rows, the column maxima of ``|x|`` say which few columns can hold the top k, and only
+those are gathered.  The error-feedback form adds the gradient into the residual in the
+same pass.  ``sampled`` (exact): a threshold from a strided sample of ``|x|``, one compare
+pass for the candidates.
 
 The ``_dev`` functions are the CUDA structure (one host sync per call, no other
 data-dependent shape); ``_device_path`` selects them anywhere (tests run them on the CPU).
@@ -284,30 +285,84 @@ def _above_np(
     xn: np.ndarray, an: np.ndarray | None, thr: float
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Indices and values of the elements of ``xn`` (``+= an`` first, in place) with
-    ``|x| >= thr > 0``, and of any NaN (for the caller to refuse), piece by piece, each read
-    once from memory and then from the cache: ``(x < thr) == (x <= -thr)`` holds for
-    ``x >= thr`` (both false), ``x <= -thr`` (both true) and NaN (both false), not in
-    between; two compares and one of masks write bytes, not a magnitude buffer."""
-    w = min(xn.size, max(1, NP_CHUNK_BYTES // xn.itemsize))
-    like = torch.from_numpy(xn[:0]).bool()
-    below = _buffer("np_below", w, like).numpy()
-    neg = _buffer("np_neg", w, like).numpy()
+    ``|x| >= thr > 0``, and of any NaN (for the caller to refuse; found twice), piece by
+    piece, each read once from memory and then from the cache.  Two compares write byte
+    masks side by side, ``x < thr`` and ``x > -thr``: a candidate is false in one of them
+    (``x >= thr`` and NaN in the first, ``x <= -thr`` in the second).  Candidates are rare,
+    so the masks are searched 8 bytes at a time (a word not all true; those flags again 8 at
+    a time) and only the few flagged words are expanded, at the end: no compaction of a
+    full-size mask (``np.flatnonzero`` of one took a third of the sweep)."""
+    n = xn.size
+    h = n - n % 8
+    w = max(64, min(h, NP_CHUNK_BYTES // xn.itemsize) // 64 * 64)
     hi, lo = xn.dtype.type(thr), xn.dtype.type(-thr)
     idx: list[np.ndarray] = []
     val: list[np.ndarray] = []
-    for j in range(0, xn.size, w):
-        x = xn[j : j + w]
+    if h:
+        keys, words = _flag_words(xn[:h], None if an is None else an[:h], hi, lo, w)
+        if keys:
+            idx, val = _expand_words(xn, keys, words, w)
+    if h < n:  # the last n % 8 elements: compared one by one
+        t = xn[h:]
         if an is not None:
-            np.add(x, an[j : j + w], out=x)
-        b, m = below[: x.size], neg[: x.size]
-        np.less(x, hi, out=b)
-        np.less_equal(x, lo, out=m)
-        i = np.nonzero(np.equal(b, m, out=b))[0]
-        if i.size:
-            val.append(x[i])
-            i += j
-            idx.append(i)
+            np.add(t, an[h:], out=t)
+        i = np.nonzero(np.less(t, hi) == np.less_equal(t, lo))[0]
+        val.append(t[i])
+        idx.append(i + h)
     return idx, val
+
+
+_ONES = np.frombuffer(bytes([1] * 8), np.float64)[0]  # 8 true bytes, read as one float64
+
+
+def _flag_words(
+    xn: np.ndarray, an: np.ndarray | None, hi: np.generic, lo: np.generic, w: int
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The sweep of :func:`_above_np` over ``xn`` (a multiple of 8 elements) in pieces of
+    ``w``: per piece, the masks ``x < hi`` and ``x > lo`` in one buffer of ``2 w`` bytes,
+    compared 8 bytes at a time with all true (as float64: 0/1 bytes are never NaN).  Returns
+    each flagged word's key (its index in the buffer's words plus ``piece * 2 w / 8``) and
+    its 8 mask bytes (as one uint64)."""
+    like = torch.from_numpy(xn[:0]).bool()
+    buf = _buffer("np_masks", 2 * w, like).numpy()
+    flags = _buffer("np_flags", w // 4, like).numpy()
+    flags2 = _buffer("np_flags2", w // 32, like).numpy()
+    words = buf.view(np.uint64)
+    keys: list[np.ndarray] = []
+    found: list[np.ndarray] = []
+    for c, j in enumerate(range(0, xn.size, w)):
+        x = xn[j : j + w]
+        s = x.size
+        if an is not None:
+            np.add(x, an[j : j + s], out=x)
+        if s < w:  # the last piece: no masks left over from the one before
+            buf[:] = True
+        np.less(x, hi, out=buf[:s])
+        np.greater(x, lo, out=buf[w : w + s])
+        np.not_equal(buf.view(np.float64), _ONES, out=flags)
+        q = np.flatnonzero(np.not_equal(flags.view(np.float64), 0.0, out=flags2))
+        if q.size:  # the flagged words among the 8 of each flagged word of flags
+            e = np.flatnonzero(flags.view(np.uint64)[q].view(bool))
+            q = q[e >> 3] * 8 + (e & 7)
+            found.append(words[q])
+            q += c * (w // 4)
+            keys.append(q)
+    return keys, found
+
+
+def _expand_words(
+    xn: np.ndarray, keys: list[np.ndarray], words: list[np.ndarray], w: int
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The candidates in the flagged words of :func:`_flag_words` (pieces of ``w``): the
+    false bytes; their values read from ``xn``."""
+    piece, r = np.divmod(np.concatenate(keys), w // 4)
+    r %= w // 8  # the word of the piece, in either mask
+    r += piece * (w // 8)
+    bits = np.concatenate(words)
+    bits ^= np.uint64(0x0101010101010101)  # candidates: true
+    e = np.flatnonzero(bits.view(bool))
+    i = r[e >> 3] * 8 + (e & 7)
+    return [i], [np.take(xn, i)]
 
 
 def _top_of_values(
