@@ -165,3 +165,15 @@ def test_cast_compressors_never_overflow(name: str, dtype: torch.dtype) -> None:
     out = build_compressor(name).compress(x, 1.0).values
     assert bool(torch.isfinite(out).all()) and bool(torch.isfinite(out.to(dtype)).all())
     assert float(out[3]) == 3.0
+
+
+def test_loaded_residuals_survive_the_sweep_after_a_settling_step() -> None:
+    """A resume runs one step in DDP's first bucket layout, then loads the residuals the
+    checkpoint saved in the rebuilt layout: the next step's sweep must keep them."""
+    mem = build_memory(True)
+    mem.sweep()
+    mem.compensate(torch.ones(4), key="first-layout")  # the settling step
+    saved = torch.tensor([0.5, -0.25, 0.0, 1.0])
+    mem.load_state_dict([("rebuilt", saved)])
+    mem.sweep()  # the first step after the resume
+    assert torch.equal(mem.compensate(torch.zeros(4), key="rebuilt"), saved)

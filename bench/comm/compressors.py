@@ -313,8 +313,11 @@ class ResidualMemory(Memory):
         self, items: list[Any], rename: Callable[[Any], Hashable] = lambda k: k
     ) -> None:
         """Residuals saved by :meth:`state_dict`; a bucket whose key, shape, dtype or device
-        no longer matches starts from zero (as after DDP rebuilt its buckets)."""
+        no longer matches starts from zero (as after DDP rebuilt its buckets).  What was
+        used before (a resume's bucket-settling step) is forgotten: the next sweep must
+        not free the residuals just loaded."""
         self.buffers = {rename(k): b.clone() for k, b in items}
+        self.used = set()
 
 
 def build_memory(error_feedback: bool) -> Memory:
