@@ -299,9 +299,7 @@ def _above_np(
     idx: list[np.ndarray] = []
     val: list[np.ndarray] = []
     if h:
-        keys, words = _flag_words(xn[:h], None if an is None else an[:h], hi, lo, w)
-        if keys:
-            idx, val = _expand_words(xn, keys, words, w)
+        _sweep_np(xn[:h], None if an is None else an[:h], hi, lo, w, idx, val)
     if h < n:  # the last n % 8 elements: compared one by one
         t = xn[h:]
         if an is not None:
@@ -315,22 +313,25 @@ def _above_np(
 _ONES = np.frombuffer(bytes([1] * 8), np.float64)[0]  # 8 true bytes, read as one float64
 
 
-def _flag_words(
-    xn: np.ndarray, an: np.ndarray | None, hi: np.generic, lo: np.generic, w: int
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def _sweep_np(
+    xn: np.ndarray,
+    an: np.ndarray | None,
+    hi: np.generic,
+    lo: np.generic,
+    w: int,
+    idx: list[np.ndarray],
+    val: list[np.ndarray],
+) -> None:
     """The sweep of :func:`_above_np` over ``xn`` (a multiple of 8 elements) in pieces of
     ``w``: per piece, the masks ``x < hi`` and ``x > lo`` in one buffer of ``2 w`` bytes,
-    compared 8 bytes at a time with all true (as float64: 0/1 bytes are never NaN).  Returns
-    each flagged word's key (its index in the buffer's words plus ``piece * 2 w / 8``) and
-    its 8 mask bytes (as one uint64)."""
+    compared 8 bytes at a time with all true (as float64: 0/1 bytes are never NaN), those
+    flags 8 at a time with all false; appends the candidates of each piece to ``idx`` and
+    ``val`` (:func:`_expand_words`, while the piece is cached)."""
     like = torch.from_numpy(xn[:0]).bool()
     buf = _buffer("np_masks", 2 * w, like).numpy()
     flags = _buffer("np_flags", w // 4, like).numpy()
     flags2 = _buffer("np_flags2", w // 32, like).numpy()
-    words = buf.view(np.uint64)
-    keys: list[np.ndarray] = []
-    found: list[np.ndarray] = []
-    for c, j in enumerate(range(0, xn.size, w)):
+    for j in range(0, xn.size, w):
         x = xn[j : j + w]
         s = x.size
         if an is not None:
@@ -341,28 +342,23 @@ def _flag_words(
         np.greater(x, lo, out=buf[w : w + s])
         np.not_equal(buf.view(np.float64), _ONES, out=flags)
         q = np.flatnonzero(np.not_equal(flags.view(np.float64), 0.0, out=flags2))
-        if q.size:  # the flagged words among the 8 of each flagged word of flags
-            e = np.flatnonzero(flags.view(np.uint64)[q].view(bool))
-            q = q[e >> 3] * 8 + (e & 7)
-            found.append(words[q])
-            q += c * (w // 4)
-            keys.append(q)
-    return keys, found
+        if q.size:
+            i = _expand_words(buf, flags, q, w)
+            val.append(x[i])
+            i += j
+            idx.append(i)
 
 
-def _expand_words(
-    xn: np.ndarray, keys: list[np.ndarray], words: list[np.ndarray], w: int
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """The candidates in the flagged words of :func:`_flag_words` (pieces of ``w``): the
-    false bytes; their values read from ``xn``."""
-    piece, r = np.divmod(np.concatenate(keys), w // 4)
-    r %= w // 8  # the word of the piece, in either mask
-    r += piece * (w // 8)
-    bits = np.concatenate(words)
+def _expand_words(buf: np.ndarray, flags: np.ndarray, q: np.ndarray, w: int) -> np.ndarray:
+    """Positions in the piece of the false bytes of the mask buffer ``buf`` (two masks of
+    ``w`` bytes) in its words flagged in ``flags``, given the flagged words ``q`` of those."""
+    e = np.flatnonzero(flags.view(np.uint64)[q].view(bool))
+    q = q[e >> 3] * 8 + (e & 7)  # the flagged words of buf
+    bits = buf.view(np.uint64)[q]
     bits ^= np.uint64(0x0101010101010101)  # candidates: true
     e = np.flatnonzero(bits.view(bool))
-    i = r[e >> 3] * 8 + (e & 7)
-    return [i], [np.take(xn, i)]
+    q %= w // 8  # the word of the piece, in either mask
+    return q[e >> 3] * 8 + (e & 7)
 
 
 def _top_of_values(
