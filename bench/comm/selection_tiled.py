@@ -272,8 +272,10 @@ def _tiled_np(
 
 def _top_mask(mag: np.ndarray, k: int) -> np.ndarray:
     """A mask of ``k`` of the largest of ``mag`` (finite): the k-th largest by introselect
-    (O(m)), everything above it, then as many of its ties as needed in index order (masks
-    read in order: cheaper than gathering by the positions ``argpartition`` returns)."""
+    (O(m)), everything above it, then as many of its ties as needed in the order of ``mag``
+    (masks read in order: cheaper than gathering by the positions ``argpartition`` returns;
+    the sweep lists a piece's candidates at or above ``thr`` before those at or below
+    ``-thr``)."""
     kth = np.partition(mag, mag.size - k)[mag.size - k]
     keep = mag > kth
     short = k - int(np.count_nonzero(keep))
