@@ -206,6 +206,14 @@ def guarded_launch(cfg: Config, run_json: Path) -> tuple[int, str, str | None, E
     return rc, status, reason, raised
 
 
+def write_run_json(out: Path, payload: dict[str, Any]) -> Path:
+    """``out/run-<run id>.json``: what the workers of a run read (config and run metadata)."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"run-{payload['run']['run_id']}.json"
+    path.write_text(json.dumps(payload, indent=1))
+    return path
+
+
 def launch_and_record(
     cfg: Config, run_meta: dict[str, Any], output_dir: str | Path | None
 ) -> tuple[int, dict[str, Any] | None]:
@@ -213,9 +221,7 @@ def launch_and_record(
     workers' own, or an ``error``/``interrupted`` one written here with the reason."""
     payload = {"config": to_container(cfg), "run": run_meta}
     out = Path(output_dir) if output_dir else Path(tempfile.mkdtemp(prefix="bench-run-"))
-    out.mkdir(parents=True, exist_ok=True)
-    run_json = out / f"run-{run_meta['run_id']}.json"
-    run_json.write_text(json.dumps(payload, indent=1))
+    run_json = write_run_json(out, payload)
     since = time.time()
     rc, status, reason, raised = guarded_launch(cfg, run_json)
     rec = record_after(cfg, payload, rc, status, reason, since)

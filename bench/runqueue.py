@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import gc
 import json
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -52,20 +53,19 @@ def worker_loop(payload: dict[str, Any], train: Callable[..., Any]) -> None:
     from bench.results import records
 
     paths = payload[QUEUE_KEY]["runs"]
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    rank, _, _ = runtime.setup_distributed(from_container(runs[0]["config"]))  # one group
+    # the runs recorded before an elastic restart restarted this queue: rank 0 reads them
+    done = runtime.broadcast_object(_recorded(runs) if rank == 0 else None)
     first = True
-    for i, path in enumerate(paths):
-        run = json.loads(Path(path).read_text())
-        if i == 0:  # one process group for the whole queue
-            runtime.setup_distributed(from_container(run["config"]))
-        res, run_id = run["config"]["results"]["dir"], run["run"]["run_id"]
-        # recorded before an elastic restart: rank 0 decides for everyone
-        if runtime.broadcast_object(records.find_record(res, run_id) is not None):
+    for i, run in enumerate(runs):
+        if run["run"]["run_id"] in done:
             continue
         if not first:  # the run starts now, not when the queue was launched
             run["run"]["launch_time"] = time.time()
             run["run"]["started_at"] = records.now_iso()
         first = False
-        if dist.get_rank() == 0:
+        if rank == 0:
             label = run["run"].get("queue", {}).get("label", "")
             qid = payload[QUEUE_KEY]["id"]
             print(f"queue {qid}: run {i + 1} of {len(paths)} {label}", flush=True)
@@ -80,11 +80,17 @@ def worker_loop(payload: dict[str, Any], train: Callable[..., Any]) -> None:
         dist.destroy_process_group()
 
 
+def _recorded(runs: list[dict[str, Any]]) -> set[str]:
+    """The run ids of ``runs`` that already have a record."""
+    from bench.results import records
+
+    dirs = {r["config"]["results"]["dir"] for r in runs}
+    return {r["run_id"] for d in dirs for r in records.load_records(d)}
+
+
 def note_worker_error(run: dict[str, Any], e: BaseException) -> None:
     """The exception that ends a worker, in the run's event log (the launcher's error
     record names it)."""
-    import os
-
     from bench import checkpoint as ck
 
     where = ck.events_path(run["config"]["results"]["dir"], run["run"]["run_id"])
@@ -124,8 +130,7 @@ def run_queue(
     launch_time = time.time()
     typed = [to_object(c) for c in cfgs]
     metas = [prepare(c, experiment, launch_time, quiet=i > 0) for i, c in enumerate(typed)]
-    for i, m in enumerate(metas):
-        m["queue_label"] = labels[i] if labels else ""
+    names = list(labels) if labels else [""] * len(typed)
     keys = [json.dumps(to_container(c)["cluster"], sort_keys=True) for c in typed]
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -134,11 +139,12 @@ def run_queue(
     while pending:
         todo, warm = pending.pop(0)
         cfgs, run_metas = [typed[j] for j in todo], [metas[j] for j in todo]
+        run_labels = [names[j] for j in todo]
         if warm:
             w = warmup_config(cfgs[0], out)
-            wmeta = {**prepare(w, experiment, time.time(), quiet=True), "queue_label": "warm-up"}
-            cfgs, run_metas = [w, *cfgs], [wmeta, *run_metas]
-        rest, stop = _launch(records.new_run_id(), cfgs, run_metas, out)
+            cfgs, run_labels = [w, *cfgs], ["warm-up", *run_labels]
+            run_metas = [prepare(w, experiment, time.time(), quiet=True), *run_metas]
+        rest, stop = _launch(records.new_run_id(), cfgs, run_metas, run_labels, out)
         warm_failed = warm and rest[0] is not None and rest[0][0] != 0
         rest = rest[1:] if warm else rest
         for j, res in zip(todo, rest):
@@ -170,21 +176,20 @@ WARMUP_STEPS = 5
 
 
 def _launch(
-    qid: str, cfgs: list[Any], metas: list[dict[str, Any]], out: Path
+    qid: str, cfgs: list[Any], metas: list[dict[str, Any]], labels: list[str], out: Path
 ) -> tuple[list[tuple[int, dict[str, Any] | None] | None], bool]:
     """One launch of the workers for ``cfgs``: per run (status, record), None for the runs
     after a failure (to be launched again); and whether to stop (an interrupt)."""
     from bench import checkpoint as ck
     from bench.config import to_container
     from bench.results import records
-    from bench.run import guarded_launch, record_after
+    from bench.run import guarded_launch, record_after, write_run_json
 
     payloads, paths = [], []
-    for i, (cfg, meta) in enumerate(zip(cfgs, metas)):
-        meta["queue"] = {"id": qid, "index": i, "size": len(cfgs), "label": meta["queue_label"]}
+    for i, (cfg, meta, label) in enumerate(zip(cfgs, metas, labels)):
+        meta["queue"] = {"id": qid, "index": i, "size": len(cfgs), "label": label}
         payloads.append({"config": to_container(cfg), "run": meta})
-        paths.append(out / f"run-{meta['run_id']}.json")
-        paths[-1].write_text(json.dumps(payloads[-1], indent=1))
+        paths.append(write_run_json(out, payloads[-1]))
     events = out / f"queue-{qid}.events.jsonl"
     queue_json = out / f"queue-{qid}.json"
     body = {"id": qid, "runs": [str(p.resolve()) for p in paths], "events": str(events.resolve())}
@@ -196,9 +201,12 @@ def _launch(
         print(f"error: queue {qid}: {type(raised).__name__}: {raised}", flush=True)
     results: list[tuple[int, dict[str, Any] | None] | None] = []
     failed = False
+    recorded = {
+        r["run_id"]: r for d in {c.results.dir for c in cfgs} for r in records.load_records(d)
+    }
     for cfg, payload in zip(cfgs, payloads):
         run_id = payload["run"]["run_id"]
-        rec = records.find_record(cfg.results.dir, run_id)
+        rec = recorded.get(run_id)
         if rec is not None:
             ok = rec["status"] not in ("error", "interrupted")
             results.append((0 if ok else 1, rec))

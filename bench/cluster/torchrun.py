@@ -39,9 +39,11 @@ LAUNCHER_ENV = "BENCH_LAUNCHER_PID"  # an agent dies with this process (bench.cl
 def events_env(run_json: Path) -> dict[str, str]:
     """``BENCH_EVENTS`` for the agents of the run described by ``run_json`` (of a queue
     of runs: the queue's own log, :mod:`bench.runqueue`)."""
+    from bench.runqueue import QUEUE_KEY
+
     payload = json.loads(Path(run_json).read_text())
-    if "queue" in payload:
-        return {EVENTS_ENV: payload["queue"]["events"]}
+    if QUEUE_KEY in payload:
+        return {EVENTS_ENV: payload[QUEUE_KEY]["events"]}
     root = Path(payload["config"]["results"]["dir"]) / "checkpoints"
     return {EVENTS_ENV: str((root / payload["run"]["run_id"] / "events.jsonl").resolve())}
 
