@@ -14,6 +14,20 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """The machine in the log's header: float results differ in the last bits between CPU
+    kinds, so a failing CI log has to say which one it ran on."""
+    import torch
+
+    from bench.results.env import hardware
+
+    return [
+        f"hardware: {hardware()}",
+        f"torch {torch.__version__}, {torch.get_num_threads()} intra-op threads, "
+        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}",
+    ]
+
+
 def make_cifar_dir(root: Path, per_batch: int = 20, seed: int = 0) -> Path:
     """A CIFAR-10 python-pickle folder with ``per_batch`` images per batch file."""
     rng = np.random.default_rng(seed)

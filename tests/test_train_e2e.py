@@ -152,18 +152,43 @@ def test_multirun_runs_every_job(tmp_path: Path) -> None:
     assert sorted(r["model"] for r in recs) == ["resnet18", "resnet9"]
 
 
+# A fresh run is compared with this committed record of the default `dawnbench`, measured
+# on the hardware it names. On that CPU kind the arithmetic is the same, so the curve must
+# match to float rounding. On another CPU kind (vector units, BLAS kernels) the trajectory
+# drifts from the first step; what must hold there is the training as a whole: measured on
+# an Intel Xeon against this AMD EPYC record, train loss per epoch differed by up to 15 %
+# and train top-1 by up to 1.8 points, and the target came one epoch sooner.
+REFERENCE_RUN = "20261130-194057-57c3a4"
+OTHER_CPU_LOSS_RTOL = 0.3  # relative, per epoch
+OTHER_CPU_TRAIN_TOP1_ATOL = 0.04  # fraction, per epoch
+OTHER_CPU_EPOCHS_ATOL = 1  # epochs to target
+
+
 @pytest.mark.slow
 def test_dawnbench_reproduces_the_committed_curve(tmp_path: Path) -> None:
     """Same seed, same curve: the embedded default's losses and accuracies, epoch by epoch,
-    as in the committed record (timings differ; the arithmetic must not)."""
+    as in the committed record (timings differ; the arithmetic must not) on the record's
+    CPU kind, and within the stated tolerances on any other."""
+    from bench.results.env import hardware
     from bench.results.records import load_curve, load_records
 
-    ref_rec = next(
-        r for r in load_records(REPO / "results") if r["experiment"] == "dawnbench_digits"
-    )
-    ref = load_curve(REPO / "results", ref_rec["run_id"])
+    ref_rec = next(r for r in load_records(REPO / "results") if r["run_id"] == REFERENCE_RUN)
+    assert ref_rec["experiment"] == "dawnbench_digits" and ref_rec["comm"] == "dense"
+    ref = load_curve(REPO / "results", REFERENCE_RUN)
     p = run_cli("dawnbench", f"results.dir={tmp_path}", "train.progress=false", timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    new = pd.read_csv(_one_record(tmp_path)["curve"])
-    cols = ["epoch", "loss/train", "acc/train_top1", "acc/top1", "acc/top5", "loss/eval"]
-    pd.testing.assert_frame_equal(new[cols], ref[cols], check_exact=False, rtol=1e-6)
+    rec = _one_record(tmp_path)
+    new = pd.read_csv(rec["curve"])
+    if hardware() == ref_rec["hardware"]:
+        cols = ["epoch", "loss/train", "acc/train_top1", "acc/top1", "acc/top5", "loss/eval"]
+        pd.testing.assert_frame_equal(new[cols], ref[cols], check_exact=False, rtol=1e-6)
+        return
+    # another CPU kind than the record's: the same training within the stated tolerances
+    assert rec["status"] == "ok", f"{hardware()}: target missed against {ref_rec['hardware']}"
+    assert abs(rec["epochs_to_target"] - ref_rec["epochs_to_target"]) <= OTHER_CPU_EPOCHS_ATOL
+    both = new.merge(ref, on="epoch", suffixes=("", "_ref"))
+    assert len(both) >= 4, both["epoch"].tolist()
+    loss, loss_ref = both["loss/train"], both["loss/train_ref"]
+    assert ((loss - loss_ref).abs() <= OTHER_CPU_LOSS_RTOL * loss_ref).all(), both
+    top1 = (both["acc/train_top1"] - both["acc/train_top1_ref"]).abs()
+    assert (top1 <= OTHER_CPU_TRAIN_TOP1_ATOL).all(), both
