@@ -75,6 +75,11 @@ def describe(bucket: Any, names: Mapping[int, str]) -> BucketLayout:
     buf = bucket.buffer()
     es = buf.element_size()
     params = bucket.parameters()
+    if any(id(p) not in names for p in params):
+        raise ValueError(
+            "DDP reduces parameters of another model than the hook state's: give it the "
+            "DDP's model (make_hook(..., model=) or state.set_model())"
+        )
     grads = bucket.gradients()
     offsets = tuple((g.data_ptr() - buf.data_ptr()) // es for g in grads)
     return BucketLayout(

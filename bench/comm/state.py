@@ -116,12 +116,12 @@ class CommHookState:
         object.__setattr__(self, "process_group", pg)
         object.__setattr__(self, "inner", inner)
         object.__setattr__(self, "hook", fn)
-        for k, v in self._preset.items():
-            setattr(inner, k, v)
-        self._preset = {}
+        preset, self._preset = self._preset, {}
         if self._loaded is not None:
             loaded, self._loaded = self._loaded, None
             self.load_state_dict(loaded)
+        for k, v in preset.items():  # set after the load: they win over the loaded ones
+            setattr(inner, k, v)
         return self
 
     def set_model(self, model: torch.nn.Module) -> None:
@@ -138,9 +138,9 @@ class CommHookState:
         preset = self.__dict__.get("_preset", {})
         if key in preset:
             return preset[key]
-        defaults = {"density": float(self.options.density), "step": 0, "force_dense": False}
-        if key in defaults:
-            return defaults[key]
+        scalars = self._scalars(self.__dict__.get("_loaded") or {})
+        if key in scalars:
+            return scalars[key]
         raise AttributeError(f"{key!r}: the hook state is not bound yet (bind())")
 
     def __setattr__(self, key: str, value: Any) -> None:
@@ -203,10 +203,9 @@ class CommHookState:
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's state, keyed by parameter names (module docstring)."""
-        if self.inner is None:
-            if self._loaded is not None:
-                return dict(self._loaded)
-            return {"version": VERSION, "hook": self.name, **self._scalars(self._preset)}
+        if self.inner is None:  # what was loaded, and the attributes set since
+            out = dict(self._loaded or {"version": VERSION, "hook": self.name})
+            return {**out, **self._scalars({**out, **self._preset})}
         from bench.comm import state_io
 
         return state_io.save(self)
