@@ -42,6 +42,7 @@ from bench.comm.communicators import COMMUNICATORS, AllReduce, Communicator
 from bench.comm.compressors import NoMemory, build_compressor, build_memory
 from bench.comm.config import MSTopKMethod, Selector, ValueDtype, parse
 from bench.comm.futures import Future, forward, new_future
+from bench.comm.state import CommHookState, comm_hook
 from bench.comm.stats import CommStats, allreduce_traffic
 from bench.comm.topology import Groups, Topology, check_hierarchical, detect, groups
 from bench.registry import ConfigError, Registry
@@ -364,10 +365,7 @@ def make_hook(
         seed=seed,
         timing=timing,
     )
-    # state.py builds on this module: imported here, not at the top (an import cycle)
-    from bench.comm.state import CommHookState, comm_hook
-
-    state = CommHookState(name, opts, process_group=process_group, model=model)
+    state = CommHookState(name, opts, build, process_group=process_group, model=model)
     if dist.is_initialized():  # otherwise it binds on the hook's first call (or bind())
         state.bind()
     return state, comm_hook

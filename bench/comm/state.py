@@ -41,24 +41,24 @@ residuals are discarded (counted, warned about).
 """
 
 import warnings
-from collections.abc import Mapping
-from dataclasses import asdict, fields
-from enum import Enum
+from collections.abc import Callable, Mapping
+from dataclasses import asdict
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
-from bench.comm import hooks
-from bench.comm.compressors import RandomKCompressor, ResidualMemory
+from bench.comm import state_io
+from bench.comm.compressors import ResidualMemory
 from bench.comm.layout import BucketLayout, Layout, Replay, describe
 
 __all__ = ["CommHookState", "comm_hook"]
 
 VERSION = 1
 #: attributes of the state itself; any other goes to the bound hook's state
-_OWN = frozenset({"name", "options", "process_group", "inner", "hook"})
+_OWN = frozenset({"name", "options", "build", "process_group", "inner", "hook"})
+#: (name, options, process group) -> the bound hook's (state, hook): ``hooks.build``
+Build = Callable[[str, Any, Any], tuple[Any, Callable]]
 
 
 def _base(model: torch.nn.Module) -> torch.nn.Module:
@@ -76,13 +76,16 @@ class CommHookState:
     def __init__(
         self,
         name: str,
-        options: "hooks.HookOptions",
+        options: Any,
+        build: Build,
         process_group: Any = None,
         model: torch.nn.Module | None = None,
     ) -> None:
-        hooks.HOOKS.get(name)
+        # ``options`` (hooks.HookOptions) and ``build`` come from make_hook: this module
+        # does not import hooks.py, which imports it
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "options", options)
+        object.__setattr__(self, "build", build)
         object.__setattr__(self, "process_group", process_group)
         object.__setattr__(self, "inner", None)  # the bound hook's own state
         object.__setattr__(self, "hook", None)  # the bound hook's own function
@@ -112,7 +115,7 @@ class CommHookState:
         if not dist.is_initialized():
             raise RuntimeError("bind() needs torch.distributed.init_process_group first")
         pg = process_group if process_group is not None else self.process_group
-        inner, fn = hooks.build(self.name, self.options, pg)
+        inner, fn = self.build(self.name, self.options, pg)
         object.__setattr__(self, "process_group", pg)
         object.__setattr__(self, "inner", inner)
         object.__setattr__(self, "hook", fn)
@@ -206,8 +209,6 @@ class CommHookState:
         if self.inner is None:  # what was loaded, and the attributes set since
             out = dict(self._loaded or {"version": VERSION, "hook": self.name})
             return {**out, **self._scalars({**out, **self._preset})}
-        from bench.comm import state_io
-
         return state_io.save(self)
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
@@ -219,8 +220,6 @@ class CommHookState:
         if self.inner is None:
             self._loaded = sd
             return
-        from bench.comm import state_io
-
         state_io.load(self, sd)
 
     def _scalars(self, src: Mapping[str, Any]) -> dict[str, Any]:
@@ -231,15 +230,16 @@ class CommHookState:
         }
 
     def __getstate__(self) -> dict[str, Any]:
-        opts = {
-            f.name: (v.value if isinstance(v, Enum) else v)
-            for f in fields(self.options)
-            for v in [getattr(self.options, f.name)]
+        # the options and the builder pickle by reference to their module-level classes
+        return {
+            "name": self.name,
+            "options": self.options,
+            "build": self.build,
+            "state": self.state_dict(),
         }
-        return {"name": self.name, "options": opts, "state": self.state_dict()}
 
     def __setstate__(self, d: Mapping[str, Any]) -> None:
-        self.__init__(d["name"], hooks.HookOptions(**d["options"]))
+        self.__init__(d["name"], d["options"], d["build"])
         self.load_state_dict(d["state"])
 
     def __repr__(self) -> str:
@@ -251,29 +251,3 @@ def comm_hook(state: CommHookState, bucket: dist.GradBucket) -> torch.futures.Fu
     """The DDP communication hook of every name: binds ``state`` on its first call, then
     reduces the bucket with the hook of ``state.name`` (in the saved layout after a load)."""
     return state(bucket)
-
-
-def numpy_rng_state(rng: np.random.RandomState) -> list[Any]:
-    """A numpy generator's state as tensors and numbers (``weights_only`` loads it)."""
-    name, keys, pos, has_gauss, cached = rng.get_state()
-    return [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached]
-
-
-def set_numpy_rng_state(rng: np.random.RandomState, st: list[Any]) -> None:
-    name, keys, pos, has_gauss, cached = st
-    rng.set_state((name, keys.numpy().astype(np.uint32), int(pos), int(has_gauss), cached))
-
-
-def randomk_generators(comp: Any) -> dict[str, torch.Tensor]:
-    if not isinstance(comp, RandomKCompressor):
-        return {}
-    return {str(dev): g.get_state() for dev, g in comp._generators.items()}
-
-
-def set_randomk_generators(comp: Any, states: Mapping[str, torch.Tensor]) -> None:
-    if not isinstance(comp, RandomKCompressor) or comp.seed is None:
-        return
-    for dev, st in states.items():
-        gen = torch.Generator(device=torch.device(dev)).manual_seed(comp.seed)
-        gen.set_state(st.cpu())
-        comp._generators[torch.device(dev)] = gen

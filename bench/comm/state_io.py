@@ -10,18 +10,19 @@ string, list or dict, which ``torch.load(weights_only=True)`` reads.
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
-from bench.comm.compressors import ResidualMemory
+from bench.comm.compressors import RandomKCompressor, ResidualMemory
 from bench.comm.layout import BucketLayout, Layout, Replay
 
-if TYPE_CHECKING:
-    from bench.comm.state import CommHookState
-
 __all__ = ["load", "save"]
+
+#: a bench.comm.state.CommHookState (not imported: that module imports this one)
+CommHookState = Any
 
 #: PowerSGDState slots that are neither its process group nor its numpy generator
 _PSGD_SKIP = ("process_group", "rng")
@@ -86,13 +87,9 @@ def save(st: CommHookState) -> dict[str, Any]:
         ]
     comp = getattr(getattr(inner, "comm", None), "compressor", None)
     if comp is not None:
-        from bench.comm.state import randomk_generators
-
         out["generators"] = randomk_generators(comp)
     ps = getattr(inner, "psgd", None)
     if ps is not None:
-        from bench.comm.state import numpy_rng_state
-
         if ps.error_dict or ps.p_memory_dict:
             _names(st, "saving PowerSGD's memories")  # their layout must be known
         d = {s: getattr(ps, s) for s in ps.__slots__ if s not in _PSGD_SKIP}
@@ -160,13 +157,9 @@ def load(st: CommHookState, sd: Mapping[str, Any]) -> None:
         st._discard(sum(r["value"].numel() for r in residuals), "this hook has no error feedback")
     comp = getattr(getattr(inner, "comm", None), "compressor", None)
     if comp is not None and sd.get("generators"):
-        from bench.comm.state import set_randomk_generators
-
         set_randomk_generators(comp, sd["generators"])
     ps = getattr(inner, "psgd", None)
     if ps is not None and psgd is not None:
-        from bench.comm.state import set_numpy_rng_state
-
         for k, v in psgd.items():
             if k in ("error_dict", "p_memory_dict", "q_memory_dict"):
                 v = {int(i): t.clone() for i, t in v.items()}
@@ -174,3 +167,29 @@ def load(st: CommHookState, sd: Mapping[str, Any]) -> None:
                 setattr(ps, k, v)
         set_numpy_rng_state(ps.rng, psgd["rng"])
         inner.last = None  # no bucket of this process is in flight
+
+
+def numpy_rng_state(rng: np.random.RandomState) -> list[Any]:
+    """A numpy generator's state as tensors and numbers (``weights_only`` loads it)."""
+    name, keys, pos, has_gauss, cached = rng.get_state()
+    return [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached]
+
+
+def set_numpy_rng_state(rng: np.random.RandomState, st: list[Any]) -> None:
+    name, keys, pos, has_gauss, cached = st
+    rng.set_state((name, keys.numpy().astype(np.uint32), int(pos), int(has_gauss), cached))
+
+
+def randomk_generators(comp: Any) -> dict[str, torch.Tensor]:
+    if not isinstance(comp, RandomKCompressor):
+        return {}
+    return {str(dev): g.get_state() for dev, g in comp._generators.items()}
+
+
+def set_randomk_generators(comp: Any, states: Mapping[str, torch.Tensor]) -> None:
+    if not isinstance(comp, RandomKCompressor) or comp.seed is None:
+        return
+    for dev, st in states.items():
+        gen = torch.Generator(device=torch.device(dev)).manual_seed(comp.seed)
+        gen.set_state(st.cpu())
+        comp._generators[torch.device(dev)] = gen
