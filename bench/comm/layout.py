@@ -24,6 +24,7 @@ anyway, so no future waits on another bucket's collective.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -166,6 +167,8 @@ class Replay:
         self.owner_of = {n: i for i, b in enumerate(self.layout) for n in b.names}
         self.hook = hook
         self.matched = False  # a whole step went through without regrouping
+        # completions run in the backend's threads: two may count down one bucket at once
+        self._lock = threading.Lock()
         self._reset()
 
     def _reset(self) -> None:
@@ -228,8 +231,7 @@ class Replay:
         fut = self.hook(_SavedBucket(lay, buf, params, last))
         fut.add_done_callback(lambda f: self._done(f, uniq, pieces))
 
-    @staticmethod
-    def _done(f: Future, owners: list[_Present], pieces: list[tuple] | None) -> None:
+    def _done(self, f: Future, owners: list[_Present], pieces: list[tuple] | None) -> None:
         try:
             out = f.value()
             out = out[0] if isinstance(out, list) else out
@@ -243,6 +245,8 @@ class Replay:
                     o.fut.set_exception(e)
             return
         for o in owners:
-            o.pending -= 1
-            if o.pending == 0:
+            with self._lock:
+                o.pending -= 1
+                complete = o.pending == 0
+            if complete:
                 o.fut.set_result(o.buf)
