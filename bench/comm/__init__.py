@@ -25,8 +25,9 @@ Public API::
     torch.save(state.state_dict(), f"hook-rank{rank}.pt")   # and state.load_state_dict(...)
 
 ``hitopk`` on a single node is refused with a ConfigError (by :func:`validate` before
-launch and by :func:`make_hook`): with no slow link there is nothing for the hierarchy to
-save, and a record named ``hitopk`` that silently ran a flat scheme would mislead.  Use
+launch and by :func:`make_hook`, or when a state made before the process group binds):
+with no slow link there is nothing for the hierarchy to save, and a record named
+``hitopk`` that silently ran a flat scheme would mislead.  Use
 ``mstopk`` (flat allgather) on one node, or ``procs_per_node=1`` to make every worker its
 own "node".
 

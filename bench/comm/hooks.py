@@ -319,7 +319,7 @@ def make_hook(
     seed: int | None = None,
     timing: bool = True,
     model: torch.nn.Module | None = None,
-) -> tuple[Any, HookFn]:
+) -> tuple[CommHookState, HookFn]:
     """Build ``(state, hook)`` for ``ddp_model.register_comm_hook(state, hook)``.
 
     The state is a :class:`~bench.comm.state.CommHookState`: it may be made before
