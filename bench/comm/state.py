@@ -28,9 +28,12 @@ parameter order, before it rebuilds them; a bucket size or model wrapping may di
 The loaded state is not matched against those buckets: the hook regroups DDP's gradients
 into the saved buckets and reduces those (:class:`bench.comm.layout.Replay`), so a resume
 continues bit for bit like the uninterrupted run, and once DDP's own buckets are the
-saved ones, they go through as they are.  If the model's trainable parameters are not the
-saved ones (names or shapes), the buckets cannot be rebuilt: the saved residuals are
-discarded, counted in ``state.discarded`` with a warning, never dropped silently.
+saved ones, they go through as they are.  Under another ``bucket_cap_mb`` they never are:
+the hook keeps reducing in the saved layout, at the cost of copying each gradient into it
+and back (a state that loads nothing takes DDP's layout).  If the model's trainable
+parameters are not the saved ones (names or shapes), the buckets cannot be rebuilt: the
+saved residuals are discarded, counted in ``state.discarded`` with a warning, never
+dropped silently.
 
 **Another world size.**  Residuals and PowerSGD's error are each rank's own unsent
 gradient: a rank loads its own and goes on (ranks beyond the saved world start from
