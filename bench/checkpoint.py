@@ -4,8 +4,8 @@ Layout, under ``<results.dir>/checkpoints/<run_id>/``::
 
     epoch-0003/common.pt   rank 0: model, optimizer (its own state_dict format, whatever the
                            update mode), LR schedule, gradient scaler
-    epoch-0003/rank<r>.pt  every rank: its error-feedback residuals, RNG states, the comm
-                           hook's step counter
+    epoch-0003/rank<r>.pt  every rank: its comm hook's state (``state_dict()``: residuals,
+                           counters, bucket layout, by parameter name), RNG states
     epoch-0003.json        rank 0, written last (so a checkpoint without it is incomplete):
                            config, epoch, step, training time, the curve so far, status
     events.jsonl           one line per worker failure seen by an elastic agent, per resume
@@ -155,31 +155,6 @@ def check_compatible(manifest: Mapping[str, Any], config: Mapping[str, Any]) -> 
 # state of one worker
 
 
-def _param_names(model: torch.nn.Module) -> dict[int, str]:
-    return {id(p): n for n, p in model.named_parameters()}
-
-
-def _stable(key: Any, names: Mapping[int, str]) -> Any:
-    """A bucket key with parameter ids replaced by names (ids differ between processes)."""
-    if isinstance(key, tuple):
-        return tuple(_stable(k, names) for k in key)
-    if isinstance(key, int) and key in names:
-        return f"param:{names[key]}"
-    return key
-
-
-def _local(key: Any, ids: Mapping[str, int]) -> Any:
-    if isinstance(key, tuple):
-        return tuple(_local(k, ids) for k in key)
-    if isinstance(key, str) and key.startswith("param:"):
-        return ids.get(key[6:], -1)
-    return key
-
-
-def _memory(comm: Any) -> Any:
-    return getattr(getattr(getattr(comm, "state", None), "comm", None), "memory", None)
-
-
 def rng_state(device: torch.device) -> dict[str, Any]:
     st = np.random.get_state()
     out = {
@@ -202,13 +177,11 @@ def set_rng_state(d: Mapping[str, Any], device: torch.device) -> None:
 
 
 def rank_state(s: Any) -> dict[str, Any]:
-    mem = _memory(s.comm)
-    names = _param_names(s.model)
+    hook = s.comm.state  # one process has no hook: a stand-in without state
     return {
         "rank": s.rank,
         "rng": rng_state(s.device),
-        "residuals": mem.state_dict(lambda k: _stable(k, names)) if mem is not None else [],
-        "comm_step": int(getattr(s.comm.state, "step", 0)),
+        "hook": hook.state_dict() if hasattr(hook, "state_dict") else None,
     }
 
 
@@ -273,12 +246,9 @@ def load(s: Any, manifest: Mapping[str, Any]) -> None:
     s.scheduler.load_state_dict(common["scheduler"])
     if s.scaler is not None and common["scaler"] is not None:
         s.scaler.load_state_dict(common["scaler"])
-    mem = _memory(s.comm)
-    if mem is not None:
-        ids = {n: i for i, n in _param_names(s.model).items()}
-        mem.load_state_dict(mine["residuals"], lambda k: _local(k, ids))
-    if hasattr(s.comm.state, "step"):
-        s.comm.state.step = mine["comm_step"]
+    if mine["hook"] is not None and hasattr(s.comm.state, "load_state_dict"):
+        # the hook regroups DDP's first buckets into the saved ones: no settling step
+        s.comm.state.load_state_dict(mine["hook"])
     set_rng_state(mine["rng"], s.device)
     s.clock.load_state_dict({"elapsed": manifest["train_time_s"]})
     s.curve = [dict(r) for r in manifest["curve"]]
@@ -298,7 +268,6 @@ def resume(s: Any) -> None:
     by = "hand" if s.run.get("resume") else "restart" if manifest is not None else None
     events = events_path(s.cfg.results.dir, s.run["run_id"])
     if manifest is not None:
-        _settle_buckets(s)
         load(s, manifest)
         lost = [
             e["time"] - manifest["saved_at"]
@@ -310,24 +279,3 @@ def resume(s: Any) -> None:
         epoch = s.epoch if manifest is not None else 0
         log_event(events, kind="resume", by=by, epoch=epoch)
         print(f"resuming run {s.run['run_id']} from epoch {epoch} ({by})", flush=True)
-
-
-def _settle_buckets(s: Any) -> None:
-    """One forward/backward on an evaluation batch, its gradient dropped, before a resume.
-
-    DDP re-lays its buckets (in the order gradients became ready) after the first backward;
-    the run being continued reduced in that layout, and the error-feedback residuals are
-    positional in its buckets.  Everything this step touches (BN statistics, RNG, the comm
-    hook's counters and residuals) is overwritten by the checkpoint right after."""
-    if s.ddp is s.model:
-        return
-    x, y = next(iter(s.workload.data.eval))[:2]
-    n = max(1, s.cfg.data.batch_size // s.world)  # no larger than a training batch (memory)
-    batch = (x[:n].to(s.device), y[:n].to(s.device))
-    with s.autocast():
-        loss, _ = s.workload.loss(s.ddp, batch)
-    loss.backward()
-    s.optimizer.zero_grad(set_to_none=False)
-    s.comm.pop_stats()
-    if hasattr(s.comm.state, "finite"):
-        s.comm.state.finite = []

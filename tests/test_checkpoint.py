@@ -1,6 +1,7 @@
 """Checkpoints in one process: what is saved comes back exactly (model, optimizer in every
-update mode, schedule, residuals, RNG, clock, curve), an incompatible config is refused
-naming the keys, old checkpoints are pruned; a failed launch still leaves a full record."""
+update mode, schedule, the comm hook's residuals through its public state API, RNG, clock,
+curve), an incompatible config is refused naming the keys, old checkpoints are pruned; a
+failed launch still leaves a full record."""
 
 from __future__ import annotations
 
@@ -10,13 +11,24 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from bench import checkpoint as ck
-from bench.comm.compressors import ResidualMemory
+from bench.comm import attach
 from bench.config import Config, to_container
 from bench.registry import ConfigError
 from bench.results import records
 from bench.results.timing import TrainClock
+
+
+@pytest.fixture(autouse=True)
+def one_process_world(tmp_path: Path):
+    """A world of one (gloo): DDP and its comm hook run as in a training worker."""
+    dist.init_process_group(
+        "gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1
+    )
+    yield
+    dist.destroy_process_group()
 
 
 def _state(tmp_path: Path, update: str, seed: int = 0) -> SimpleNamespace:
@@ -26,12 +38,13 @@ def _state(tmp_path: Path, update: str, seed: int = 0) -> SimpleNamespace:
     cfg.results.dir = str(tmp_path)
     cfg.optim.update = update
     cfg.train.keep_checkpoints = 2
+    cfg.comm.name, cfg.comm.density, cfg.comm.min_numel = "mstopk", 0.1, 0
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
     opt = build_optimizer(model, cfg.optim)
-    memory = ResidualMemory()
-    hook = SimpleNamespace(comm=SimpleNamespace(memory=memory), step=0)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
     return SimpleNamespace(
+        ddp=ddp,
         cfg=cfg,
         run={"run_id": "r1", "launch_time": 0.0},
         rank=0,
@@ -41,7 +54,7 @@ def _state(tmp_path: Path, update: str, seed: int = 0) -> SimpleNamespace:
         optimizer=opt,
         scheduler=build_scheduler(opt, cfg.optim, steps_per_epoch=4, epochs=3),
         scaler=None,
-        comm=SimpleNamespace(state=hook),
+        comm=attach(ddp, cfg.comm, steps_per_epoch=4),
         clock=TrainClock(),
         curve=[],
         epoch=0,
@@ -51,21 +64,16 @@ def _state(tmp_path: Path, update: str, seed: int = 0) -> SimpleNamespace:
 
 
 def _steps(s: SimpleNamespace, n: int) -> None:
-    """``n`` training steps; the noise comes from the global RNG (restored by a checkpoint);
-    the residual of a fake bucket keyed by parameter ids follows the gradient."""
-    p0 = next(s.model.parameters())
-    key = (0, 99, id(p0))
+    """``n`` training steps through DDP and its mstopk hook (error feedback); the data come
+    from the global RNG (restored by a checkpoint)."""
     for _ in range(n):
         x = torch.randn(5, 8)
-        loss = s.model(x).square().mean()
+        loss = s.ddp(x).square().mean()
         loss.backward()
-        mem = s.comm.state.comm.memory
-        mem.compensate(p0.grad.flatten().clone(), key).mul_(0.5)
         s.optimizer.step()
         s.optimizer.zero_grad(set_to_none=False)
         s.scheduler.step()
         s.step += 1
-        s.comm.state.step += 1
 
 
 @pytest.mark.parametrize("update", ["naive", "foreach", "fused", "flat"])
@@ -88,7 +96,8 @@ def test_a_resumed_state_continues_exactly(tmp_path: Path, update: str) -> None:
     assert b.scheduler.get_last_lr() == a.scheduler.get_last_lr()
     (ra,) = a.comm.state.comm.memory.buffers.values()
     (rb,) = b.comm.state.comm.memory.buffers.values()
-    assert torch.equal(ra, rb)  # the residual came back under this process's key
+    assert torch.equal(ra, rb) and ra.abs().sum() > 0  # came back under this process's ids
+    assert b.comm.state.discarded == 0  # (a: its first sparse step, before DDP rebuilt)
 
 
 def test_old_checkpoints_are_pruned_and_files_are_whole(tmp_path: Path) -> None:
@@ -112,7 +121,7 @@ def test_an_incompatible_config_is_refused_naming_the_keys(tmp_path: Path) -> No
     manifest = ck.latest(tmp_path, "r1")
     other = to_container(s.cfg)
     other["optim"]["lr"] = 0.1
-    other["comm"]["name"] = "mstopk"
+    other["comm"]["name"] = "topk"
     other["train"]["epochs"] = 50  # may differ: a longer budget
     with pytest.raises(ConfigError, match=r"comm\.name .*optim\.lr"):
         ck.check_compatible(manifest, other)

@@ -167,12 +167,12 @@ def test_cast_compressors_never_overflow(name: str, dtype: torch.dtype) -> None:
     assert float(out[3]) == 3.0
 
 
-def test_loaded_residuals_survive_the_sweep_after_a_settling_step() -> None:
-    """A resume runs one step in DDP's first bucket layout, then loads the residuals the
-    checkpoint saved in the rebuilt layout: the next step's sweep must keep them."""
+def test_loaded_residuals_survive_the_sweep_after_earlier_use() -> None:
+    """Residuals loaded into a memory that has reduced other buckets (a hook state loaded
+    mid-run) are kept by the next step's sweep, which would free buckets left unused."""
     mem = build_memory(True)
     mem.sweep()
-    mem.compensate(torch.ones(4), key="first-layout")  # the settling step
+    mem.compensate(torch.ones(4), key="first-layout")  # a step before the load
     saved = torch.tensor([0.5, -0.25, 0.0, 1.0])
     mem.load_state_dict([("rebuilt", saved)])
     mem.sweep()  # the first step after the resume

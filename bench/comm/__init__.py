@@ -12,17 +12,22 @@ Three separate pieces with registries (GRACE-style), combined into DDP communica
   ``time/comm_s``, the same for every method;
 - ``topology.py``: intra-node and inter-node process groups;
 - ``hooks.py``: :func:`make_hook` for any DDP user; every hook returns its future without
-  waiting for a collective.
+  waiting for a collective;
+- ``state.py``, ``state_io.py``, ``layout.py``: the hook's public state
+  (:class:`CommHookState`): made before the process group and bound on first use, saved
+  and restored by parameter names, continued exactly in another bucket layout.
 
 Public API::
 
     values, indices = bench.comm.mstopk(x, k)
-    state, hook = bench.comm.make_hook("hitopk", density=0.001)
+    state, hook = bench.comm.make_hook("hitopk", density=0.001, model=model)
     ddp_model.register_comm_hook(state, hook)
+    torch.save(state.state_dict(), f"hook-rank{rank}.pt")   # and state.load_state_dict(...)
 
 ``hitopk`` on a single node is refused with a ConfigError (by :func:`validate` before
-launch and by :func:`make_hook`): with no slow link there is nothing for the hierarchy to
-save, and a record named ``hitopk`` that silently ran a flat scheme would mislead.  Use
+launch and by :func:`make_hook`, or when a state made before the process group binds):
+with no slow link there is nothing for the hierarchy to save, and a record named
+``hitopk`` that silently ran a flat scheme would mislead.  Use
 ``mstopk`` (flat allgather) on one node, or ``procs_per_node=1`` to make every worker its
 own "node".
 
@@ -46,6 +51,7 @@ from bench.comm.compressors import COMPRESSORS, MEMORIES
 from bench.comm.config import CommConfig
 from bench.comm.hooks import HOOKS, HookOptions, HookSpec, is_sparse, make_hook
 from bench.comm.selection import SELECTORS, mstopk, randomk, topk
+from bench.comm.state import CommHookState, comm_hook
 from bench.comm.topology import check_topology
 from bench.registry import ConfigError
 
@@ -56,9 +62,11 @@ __all__ = [
     "MEMORIES",
     "SELECTORS",
     "CommController",
+    "CommHookState",
     "CommStats",
     "HookSpec",
     "attach",
+    "comm_hook",
     "is_sparse",
     "make_hook",
     "mstopk",
@@ -152,6 +160,6 @@ def attach(ddp_model: torch.nn.Module, cfg: CommConfig, steps_per_epoch: int) ->
     # a hook with its own warm-up counter (PowerSGD's start_powerSGD_iter) counts steps
     own = HOOKS.get(cfg.name).own_warmup
     warmup_steps = int(cfg.warmup_epochs) * int(steps_per_epoch) if own else 0
-    state, hook = make_hook(cfg.name, **_hook_options(cfg, warmup_steps))
+    state, hook = make_hook(cfg.name, **_hook_options(cfg, warmup_steps), model=ddp_model)
     ddp_model.register_comm_hook(state, hook)
     return CommController(state, cfg, steps_per_epoch)

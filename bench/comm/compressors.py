@@ -21,6 +21,7 @@ and the allowed ones): the keyword options of its selector (``selection.py``).
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -276,11 +277,14 @@ class ResidualMemory(Memory):
 
     buffers: dict[Hashable, torch.Tensor] = field(default_factory=dict)
     used: set[Hashable] = field(default_factory=set)  # keys compensated since the last sweep
+    discarded: int = 0  # residual elements freed unsent (warned about: :meth:`discard`)
 
     def compensate(self, x: torch.Tensor, key: Hashable) -> torch.Tensor:
         buf = self.buffers.get(key)
         dtype = widened(x.dtype)  # float16/bfloat16 buckets: a float32 residual
         if buf is None or buf.shape != x.shape or buf.device != x.device or buf.dtype != dtype:
+            if buf is not None:
+                self.discard(buf.numel(), "a bucket changed its size, dtype or device")
             buf = torch.zeros_like(x, dtype=dtype)  # new bucket (or rebuilt buckets): no history
             self.buffers[key] = buf
         self.used.add(key)
@@ -290,9 +294,22 @@ class ResidualMemory(Memory):
         """Free the residuals of keys not used since the last sweep (none if nothing was:
         dense warm-up steps keep them)."""
         if self.used:
-            for key in [k for k in self.buffers if k not in self.used]:
-                del self.buffers[key]
+            stale = [k for k in self.buffers if k not in self.used]
+            if stale:
+                n = sum(self.buffers.pop(k).numel() for k in stale)
+                self.discard(n, f"{len(stale)} bucket(s) the last step did not reduce")
         self.used = set()
+
+    def discard(self, numel: int, why: str) -> None:
+        """Count ``numel`` residual elements given up, with a warning: unsent gradient is
+        lost (DDP rebuilding its buckets after a first sparse step does this: a dense
+        first step, ``warmup_steps >= 1``, avoids it)."""
+        self.discarded += numel
+        warnings.warn(
+            f"error feedback: discarded {numel} residual elements ({why}); {self.discarded} in all",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     def update(self, key: Hashable, compensated: torch.Tensor, c: Compressed) -> None:
         buf = self.buffers[key]
@@ -314,8 +331,7 @@ class ResidualMemory(Memory):
     ) -> None:
         """Residuals saved by :meth:`state_dict`; a bucket whose key, shape, dtype or device
         no longer matches starts from zero (as after DDP rebuilt its buckets).  What was
-        used before (a resume's bucket-settling step) is forgotten: the next sweep must
-        not free the residuals just loaded."""
+        used before is forgotten: the next sweep must not free the residuals just loaded."""
         self.buffers = {rename(k): b.clone() for k, b in items}
         self.used = set()
 

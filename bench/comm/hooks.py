@@ -6,8 +6,10 @@ Usable by any PyTorch DDP user::
     state, hook = make_hook("hitopk", density=0.001, warmup_steps=100)
     ddp_model.register_comm_hook(state, hook)
 
-``make_hook`` must be called on every rank in the same order after
-``torch.distributed.init_process_group`` (``hitopk`` creates its process groups there).
+``make_hook`` must be called on every rank in the same order; made before
+``torch.distributed.init_process_group``, the state binds to the process group on the
+hook's first call or on ``state.bind()`` (``hitopk`` creates its process groups then).
+Saving and restoring the state: ``state.py``.
 Names (``HOOKS``): ``dense``, ``fp16``, ``bf16`` (dense allreduce of cast values, as
 ``default_hooks.fp16_compress_hook``; no error feedback), ``topk``, ``mstopk``, ``randomk``
 (flat sparse allgather), ``hitopk`` (hierarchical; its selector is ``mstopk`` unless
@@ -40,6 +42,7 @@ from bench.comm.communicators import COMMUNICATORS, AllReduce, Communicator
 from bench.comm.compressors import NoMemory, build_compressor, build_memory
 from bench.comm.config import MSTopKMethod, Selector, ValueDtype, parse
 from bench.comm.futures import Future, forward, new_future
+from bench.comm.state import CommHookState, comm_hook
 from bench.comm.stats import CommStats, allreduce_traffic
 from bench.comm.topology import Groups, Topology, check_hierarchical, detect, groups
 from bench.registry import ConfigError, Registry
@@ -315,8 +318,14 @@ def make_hook(
     powersgd_rank: int = 4,
     seed: int | None = None,
     timing: bool = True,
-) -> tuple[Any, HookFn]:
+    model: torch.nn.Module | None = None,
+) -> tuple[CommHookState, HookFn]:
     """Build ``(state, hook)`` for ``ddp_model.register_comm_hook(state, hook)``.
+
+    The state is a :class:`~bench.comm.state.CommHookState`: it may be made before
+    ``init_process_group`` (it binds on the hook's first call, or on ``state.bind()``),
+    and ``state.state_dict()`` / ``load_state_dict()`` / pickling save and restore it
+    keyed by the names of ``model``'s parameters.
 
     Args:
         name: ``dense``, ``fp16``, ``bf16``, ``topk``, ``mstopk``, ``randomk``, ``hitopk`` or
@@ -336,11 +345,13 @@ def make_hook(
         seed: RNG seed of ``randomk``.
         timing: record CUDA events for the times of CUDA buckets (``timing.py``); CPU
             buckets are always timed (the host clock costs nothing).
+        model: the model (or its DDP module) whose parameter names key the saved state
+            (or ``state.set_model(model)`` later); needed to save or load bucket state.
     Raises:
         ConfigError: an unknown name or option value (naming the allowed ones), or a
             topology the method cannot use.
     """
-    spec = HOOKS.get(name)
+    HOOKS.get(name)  # an unknown name fails here, listing the known ones
     opts = HookOptions(
         density=density,
         error_feedback=error_feedback,
@@ -354,8 +365,16 @@ def make_hook(
         seed=seed,
         timing=timing,
     )
-    if not dist.is_initialized():
-        raise ConfigError("make_hook needs torch.distributed to be initialised first")
+    state = CommHookState(name, opts, build, process_group=process_group, model=model)
+    if dist.is_initialized():  # otherwise it binds on the hook's first call (or bind())
+        state.bind()
+    return state, comm_hook
+
+
+def build(name: str, opts: HookOptions, process_group: Any = None) -> tuple[Any, HookFn]:
+    """The inner ``(state, hook)`` of ``name`` on the initialised process group (what a
+    :class:`~bench.comm.state.CommHookState` holds once bound)."""
+    spec = HOOKS.get(name)
     topo = _topology(spec, opts, process_group)
     if spec.validate is not None:
         spec.validate(opts, dist.get_world_size(process_group), topo.nnodes if topo else 1)
