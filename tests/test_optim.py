@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import io
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from omegaconf.errors import ValidationError
 from bench.optim import build_optimizer, ddp_kwargs, param_groups, validate
 from bench.optim.config import OptimConfig, UpdateMode
 from bench.optim.flat import FlatOptimizer
+from bench.optim.lars import FlatLARS
 from bench.registry import ConfigError
 
 UPDATE_MODES = UpdateMode.values()
@@ -402,8 +404,6 @@ def test_ddp_flat_trains_like_foreach(tmp_path) -> None:
 
 
 def test_flat_lars_segment_reduce_norms_match(resnet18: torch.nn.Module) -> None:
-    from bench.optim.lars import FlatLARS
-
     old = FlatLARS.norm_method
     FlatLARS.norm_method = "segment_reduce"
     try:
@@ -413,10 +413,6 @@ def test_flat_lars_segment_reduce_norms_match(resnet18: torch.nn.Module) -> None
 
 
 def test_optim_config_files_validate() -> None:
-    from pathlib import Path
-
-    from omegaconf import OmegaConf
-
     files = sorted((Path(__file__).resolve().parents[1] / "conf" / "optim").glob("*.yaml"))
     assert {f.stem for f in files} >= {"sgd", "lars", "adam", "adamw"}
     for f in files:

@@ -13,6 +13,7 @@ import copy
 import pytest
 import torch
 
+import bench.optim.flat as flat
 from bench.optim import build_optimizer, ddp_kwargs
 from bench.optim.layout import ddp_like_buckets
 from tests.test_optim import OPTS, cfg, rel_err
@@ -63,6 +64,7 @@ def test_bucket_views_are_updated_in_place(opt: str) -> None:
     ddp_like_buckets(list(subj.parameters()), cap_mb=0.005, first_mb=0.001)
     b = o_subj.buckets[0]
     skip_s, skip_r = subj[8].bias, ref[8].bias  # no gradient in steps 2 and 3
+    compact: list[bool] = []
     for s in range(6):
         if s == 4:  # DDP's rebuild: new buckets, other order
             ddp_like_buckets(list(subj.parameters())[::-1], cap_mb=0.01, first_mb=0.01)
@@ -73,12 +75,16 @@ def test_bucket_views_are_updated_in_place(opt: str) -> None:
         o_ref.step()
         o_subj.zero_grad(set_to_none=False)
         o_ref.zero_grad(set_to_none=False)
+        # the general path's whole-bucket updates (the steady state takes none)
+        compact += [w.compact for w in b.whole_cache.values()]
     assert b.copies == 0
     assert b.relayouts >= 2
     assert len(b.segments) >= 2
+    # after the rebuild, the steady state: one update per group (not Adam, whose
+    # skipped bias is steps behind its group)
+    assert bool(b._group_spans) == (opt in ("sgd", "lars"))
     # buckets updated whole; the interleaved group gathered, updated and put back, or
     # (Adam: the skipped bias is steps behind its group) updated run by run
-    compact = [w.compact for w in b.whole_cache.values()]
     assert compact and (all(compact) if opt in ("sgd", "lars") else not all(compact))
     assert all(k >= 0 for k in b.seg_of)
     assert all(p.grad.untyped_storage().data_ptr() not in _own_storage(o_subj) for p in b.params)
@@ -174,10 +180,13 @@ def test_ddp_flat_copies_no_gradient(tmp_path) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("group_steps", [True, False], ids=["per_group", "general"])
 @pytest.mark.parametrize("opt", ["sgd", "lars", "adamw"])
-def test_bucket_views_on_cuda(opt: str) -> None:
-    """The CUDA path (fused kernels, LARS's segment-id gather, the whole-bucket update)
-    over DDP-like buckets: torch's result, no copy; bf16 model with fp32 masters too."""
+def test_bucket_views_on_cuda(opt: str, group_steps: bool, monkeypatch) -> None:
+    """The CUDA path (fused kernels, LARS's segment-id gather; one update per group in
+    the steady state, or the whole-bucket update of the general path) over DDP-like
+    buckets: torch's result, no copy; bf16 model with fp32 masters too."""
+    monkeypatch.setattr(flat.FlatOptimizer, "group_steps", group_steps)
     dev = torch.device("cuda")
     model = _net().to(dev)
     subj, ref, low = copy.deepcopy(model), copy.deepcopy(model), copy.deepcopy(model)
@@ -199,7 +208,8 @@ def test_bucket_views_on_cuda(opt: str) -> None:
             o.zero_grad(set_to_none=False)
     torch.cuda.synchronize()
     assert all(b.copies == 0 and b.segments for b in o_subj.buckets + o_low.buckets)
-    assert o_subj.buckets[0].whole_cache
+    assert bool(o_subj.buckets[0].whole_cache) != group_steps
+    assert bool(o_subj.buckets[0]._group_spans) == group_steps
     assert rel_err(subj, ref) < 1e-5
     assert rel_err(low, ref) < 2e-2  # bf16 model copy of fp32 masters
 
@@ -220,10 +230,10 @@ def test_update_benchmark_quick_on_cuda(tmp_path) -> None:
 @pytest.mark.parametrize("opt", ["sgd", "adamw"])
 def test_fused_bucket_then_compact_group(opt: str, monkeypatch) -> None:
     """Fused kernel over the bucket, vector ops over the gathered group (scratch buffers
-    first allocated while the compact values are swapped in): torch's result."""
-    import bench.optim.flat as flat
-
+    first allocated by the gathered span): torch's result.  The general path, which the
+    steady state would not take here."""
     monkeypatch.setattr(flat, "CPU_FUSED_MIN", 100)
+    monkeypatch.setattr(flat.FlatOptimizer, "group_steps", False)
     model = _net()
     subj, ref = copy.deepcopy(model), copy.deepcopy(model)
     o_subj = build_optimizer(subj, cfg(update="flat", **OPTS[opt]))

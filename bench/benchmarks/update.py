@@ -65,6 +65,9 @@ import torch
 
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
 from bench.benchmarks.harness import BenchRun, interleaved_times
+from bench.optim import OPTIMIZERS as SPECS
+from bench.optim import build_optimizer
+from bench.optim.config import OptimConfig
 from bench.optim.layout import ddp_like_buckets
 
 # bytes read + written per parameter value by an ideal update, per fp32 value
@@ -127,9 +130,6 @@ class BandwidthProbe:
 def _build(
     model: torch.nn.Module, opt: str, mode: str, device: torch.device, variant: str
 ) -> tuple:
-    from bench.optim import build_optimizer
-    from bench.optim.config import OptimConfig
-
     m = copy.deepcopy(model).to(device)
     cfg = SimpleNamespace(**{**OptimConfig().__dict__, **OPTIMIZERS[opt], "update": mode})
     if variant.startswith("master="):
@@ -153,8 +153,6 @@ def _copies(optimizer: Any) -> int:
 
 def cases(device: torch.device) -> list[tuple[str, str, str]]:
     """(optimizer, mode, variant) in measurement order."""
-    from bench.optim import OPTIMIZERS as SPECS
-
     out = []
     for opt in OPTIMIZERS:
         for mode in SPECS.get(opt).mode_names():

@@ -7,8 +7,9 @@ decoupled weight decay of Loshchilov and Hutter 2019), no amsgrad::
     m = b1 * m + (1 - b1) * g;  v = b2 * v + (1 - b2) * g * g
     p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
 
-once per param group over one contiguous range of the flat buffer: torch's fused Adam(W)
-kernel where the device has one, else in-place vector ops with one scratch buffer.
+once per param group over the ranges of the flat buffer that it holds (a
+:class:`~bench.optim.bucket.Span`): torch's fused Adam(W) kernel where the device has
+one, else in-place multi-tensor ops with one scratch buffer.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from typing import Any
 
 import torch
 
+from bench.optim.bucket import Span
 from bench.optim.config import OptimConfig
-from bench.optim.flat import FlatOptimizer, keep_mode_keys
+from bench.optim.flat import FlatOptimizer
+from bench.optim.modes import keep_mode_keys
 from bench.optim.spec import OptimizerSpec, check_betas, register
 
 
@@ -41,8 +44,10 @@ class FlatAdam(FlatOptimizer):
     """Adam (``decoupled=False``) or AdamW (``decoupled=True``) over flat buffers.
 
     Step counts are per parameter, as torch's (a parameter without a gradient does not
-    count a step): one float32 CPU tensor per bucket, whose elements are the ``step``
-    tensors of the checkpoint; a run of parameters with equal counts is one update.
+    count a step): Python ints (``_ages``: what the update and the run keys read, no
+    device or tensor read per step), mirrored in one float32 CPU tensor per bucket whose
+    elements are the ``step`` tensors of the checkpoint; parameters with equal counts
+    are updated together.
     """
 
     state_names = ("exp_avg", "exp_avg_sq")
@@ -72,42 +77,32 @@ class FlatAdam(FlatOptimizer):
         )
         super().__init__(params, defaults, model_dtype)
         self.decoupled = decoupled
-        self._counts = [torch.zeros(len(b.params), dtype=torch.float32) for b in self.buckets]
+        self._ages = [[0] * len(b.params) for b in self.buckets]
+        self._steps = [torch.zeros(len(b.params), dtype=torch.float32) for b in self.buckets]
         # the fused kernels read the step from a float32 tensor on the parameters' device
         self._step_dev = [
             torch.zeros((), dtype=torch.float32, device=b.device) for b in self.buckets
         ]
 
     def _run_keys(self, bi: int) -> list[Any]:
-        return self._counts[bi].tolist()
+        return list(self._ages[bi])  # a snapshot: the counts move during the step
 
-    def _update_range(
-        self,
-        bi: int,
-        group: dict,
-        grad: torch.Tensor,
-        start: int,
-        end: int,
-        i: int,
-        j: int,
-        first: bool,
-        age: int,
-    ) -> None:
-        b = self.buckets[bi]
-        p = b.master[start:end]
-        m, v = b.state["exp_avg"][start:end], b.state["exp_avg_sq"][start:end]
-        t = float(self._counts[bi][age]) + 1  # counted in _ran
+    def _update(self, group: dict, span: Span) -> None:
+        p, grads = span.params, span.grads
+        m, v = span.state["exp_avg"], span.state["exp_avg_sq"]
+        t = self._ages[span.bucket][span.age] + 1  # counted in _ran
         lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-        if self.fused(bi, end - start):
-            step = self._step_dev[bi].fill_(t)
+        if self.fused(span):
+            # one device tensor read by every entry (the kernels only read their steps)
+            step = self._step_dev[span.bucket].fill_(t)
             fn = torch._fused_adamw_ if self.decoupled else torch._fused_adam_
             fn(
-                [p],
-                [grad],
-                [m],
-                [v],
+                p,
+                grads,
+                m,
+                v,
                 [],
-                [step],
+                [step] * len(p),
                 amsgrad=False,
                 lr=lr,
                 beta1=b1,
@@ -117,36 +112,50 @@ class FlatAdam(FlatOptimizer):
                 maximize=False,
             )
             return
-        s = b.buffer("s")[start:end]
-        g = grad
+        s = span.scratch("s")
+        g = grads
         if wd:
             if self.decoupled:
-                p.mul_(1.0 - lr * wd)
+                torch._foreach_mul_(p, 1.0 - lr * wd)
             else:
-                g = torch.add(grad, p, alpha=wd, out=s)
-        m.lerp_(g, 1.0 - b1)
-        v.mul_(b2).addcmul_(g, g, value=1.0 - b2)
-        denom = torch.sqrt(v, out=s).div_(math.sqrt(1.0 - b2**t)).add_(eps)
-        p.addcdiv_(m, denom, value=-lr / (1.0 - b1**t))
+                torch._foreach_copy_(s, grads)
+                torch._foreach_add_(s, p, alpha=wd)
+                g = s
+        torch._foreach_lerp_(m, g, 1.0 - b1)
+        torch._foreach_mul_(v, b2)
+        torch._foreach_addcmul_(v, g, g, value=1.0 - b2)
+        torch._foreach_copy_(s, v)  # g (when it is s) is read for the last time above
+        torch._foreach_sqrt_(s)
+        torch._foreach_div_(s, math.sqrt(1.0 - b2**t))
+        torch._foreach_add_(s, eps)
+        torch._foreach_addcdiv_(p, m, s, value=-lr / (1.0 - b1**t))
 
     def _ran(self, bi: int, i: int, j: int, first: bool) -> None:
-        self._counts[bi][i:j] += 1
+        ages = self._ages[bi]
+        ages[i:j] = map(_one_more, ages[i:j])  # C-level, no Python per parameter
+        self._steps[bi][i:j] += 1
         super()._ran(bi, i, j, first)
 
     def _permute_extra(self, bi: int, perm: list[int]) -> None:
-        self._counts[bi] = self._counts[bi][perm].clone()
+        self._ages[bi] = [self._ages[bi][k] for k in perm]
+        self._steps[bi] = self._steps[bi][perm].clone()
 
     def _extra_state(self, bi: int, k: int) -> dict[str, Any]:
-        return {"step": self._counts[bi][k]}  # a view: the live count
+        return {"step": self._steps[bi][k]}  # a view: the live count
 
     def _reset_state(self) -> None:
         super()._reset_state()
-        for c in self._counts:
+        for bi, c in enumerate(self._steps):
             c.zero_()
+            self._ages[bi] = [0] * len(self._ages[bi])
 
     def _load_extra_state(self, bi: int, k: int, st: dict[str, Any]) -> None:
         if "step" in st:
-            self._counts[bi][k] = float(st["step"])
+            self._steps[bi][k] = float(st["step"])
+            self._ages[bi][k] = int(float(st["step"]))
+
+
+_one_more = (1).__add__
 
 
 def _adam_kwargs(cfg: OptimConfig) -> dict[str, Any]:

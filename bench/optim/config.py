@@ -35,7 +35,9 @@ class MasterWeights(Choice):
     fp16 = "fp16"
 
     @property
-    def dtype(self):  # torch.dtype | None; torch is imported here only when asked
+    def dtype(self):  # torch.dtype | None
+        # deferred: the config schema is composed (Hydra, the launcher) without torch,
+        # whose import takes seconds; only a worker building its optimizer asks this
         import torch
 
         return {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}[self.value]

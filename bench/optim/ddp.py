@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from bench.optim.flat import FlatOptimizer
 
@@ -18,8 +19,6 @@ def after_ddp_broadcast(optimizer: torch.optim.Optimizer, process_group: Any = N
     an initialized multi-process group, re-derives stale masters from the model.  A
     no-op for optimizers without master weights.
     """
-    import torch.distributed as dist
-
     if not isinstance(optimizer, FlatOptimizer):
         return
     if dist.is_available() and dist.is_initialized() and dist.get_world_size(process_group) > 1:
@@ -33,8 +32,6 @@ def after_ddp_broadcast(optimizer: torch.optim.Optimizer, process_group: Any = N
 def broadcast_masters(optimizer: FlatOptimizer, src: int = 0, group: Any = None) -> None:
     """Every rank takes rank ``src``'s masters and model copy (a collective: call it on
     every rank of ``group``)."""
-    import torch.distributed as dist
-
     optimizer.sync_master_from_model()
     for b in optimizer.buckets:
         if b.has_master:

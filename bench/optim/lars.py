@@ -28,9 +28,11 @@ from typing import Any
 
 import torch
 
+from bench.optim.bucket import Span
 from bench.optim.config import OptimConfig, UpdateMode
-from bench.optim.flat import FlatBucket, FlatOptimizer, keep_mode_keys
-from bench.optim.sgd import sgd_range
+from bench.optim.flat import FlatOptimizer
+from bench.optim.modes import keep_mode_keys
+from bench.optim.sgd import sgd_update
 from bench.optim.spec import OptimizerSpec, check_nesterov, register
 from bench.registry import ConfigError
 
@@ -183,24 +185,18 @@ class FlatLARS(FlatOptimizer):
             foreach=None,
         )
         super().__init__(params, defaults, model_dtype)
-        # per (bucket, run): segment lengths (int64) and the segment id of every element
-        self._segments: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        # per (bucket, span positions): the layer index of every value (GPUs only)
+        self._segments: dict[tuple[int, tuple[tuple[int, int], ...]], torch.Tensor] = {}
 
-    def _segment_ids(
-        self, bi: int, b: FlatBucket, i: int, j: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (bi, i, j)
+    def _layer_ids(self, span: Span, sizes: list[int]) -> torch.Tensor:
+        """The layer (0, 1, ... over the span's layers) of every value of ``span``, in the
+        order of its entries: int32, 4 bytes per value, built once per layout."""
+        key = (span.bucket, tuple(span.where))
         if key not in self._segments:
-            lengths = torch.tensor(b.numels[i:j], dtype=torch.int64, device=b.device)
-            # segment id of every value (int32, 4 bytes per value, built once): GPUs only
-            ids = (
-                lengths
-                if b.device.type == "cpu"
-                else torch.repeat_interleave(
-                    torch.arange(j - i, dtype=torch.int32, device=b.device), lengths
-                )
-            )
-            self._segments[key] = (lengths, ids)
+            dev = span.flat.device
+            lengths = torch.tensor(sizes, dtype=torch.int64, device=dev)
+            layer = torch.arange(len(sizes), dtype=torch.int32, device=dev)
+            self._segments[key] = torch.repeat_interleave(layer, lengths)
         return self._segments[key]
 
     def _compact_ok(self, group: dict) -> bool:
@@ -209,83 +205,104 @@ class FlatLARS(FlatOptimizer):
     def _permute_extra(self, bi: int, perm: list[int]) -> None:
         self._segments = {k: v for k, v in self._segments.items() if k[0] != bi}
 
-    def _update_range(
-        self,
-        bi: int,
-        group: dict,
-        grad: torch.Tensor,
-        start: int,
-        end: int,
-        i: int,
-        j: int,
-        first: bool,
-        age: int,
-    ) -> None:
-        b = self.buckets[bi]
-        p = b.master[start:end]
+    def _norms(
+        self, span: Span, xs: list[torch.Tensor], layers: list[torch.Tensor]
+    ) -> torch.Tensor:
+        """Per-layer L2 norms of the span's entries ``xs`` (``layers``: their layer views)."""
+        if self.norm_method != "segment_reduce":
+            return torch.stack(torch._foreach_norm(layers))  # one multi-tensor op
+        b = span.flat
+        if "sq64" not in b.scratch:
+            b.scratch["sq64"] = torch.empty(b.numel, dtype=torch.float64, device=b.device)
+        sq = b.scratch["sq64"]
+        assert span.layers is not None
+        parts = [
+            segment_norms(x, sizes, sq[s:e], "segment_reduce")
+            for x, sizes, (s, e) in zip(xs, span.layers, span.where, strict=True)
+        ]
+        return torch.cat(parts)
+
+    def _update(self, group: dict, span: Span) -> None:
         wd, m = group["weight_decay"], group["momentum"]
-        buf = b.state["momentum_buffer"][start:end] if m != 0 else None
         common = dict(
             lr=group["lr"],
             momentum=m,
             dampening=0.0,
             nesterov=group["nesterov"],
-            first=first,
-            use_fused=self.fused(bi, end - start),
-            scratch_slice=slice(start, end),
+            use_fused=self.fused(span),
         )
         if not group["lars_adapt"]:
-            sgd_range(b, p, grad, buf, weight_decay=wd, **common)
+            sgd_update(span, span.grads, weight_decay=wd, **common)
             return
-        lengths, ids = self._segment_ids(bi, b, i, j)
-        # pass 1: per-layer norms of p and g (segment-wise reductions over the range)
-        sq = None
-        if self.norm_method == "segment_reduce":
-            if "sq64" not in b.scratch:
-                b.scratch["sq64"] = torch.empty(b.numel, dtype=torch.float64, device=b.device)
-            sq = b.scratch["sq64"]
-        sizes = lengths if self.norm_method == "segment_reduce" else b.numels[i:j]
-        pn = segment_norms(p, sizes, None if sq is None else sq[start:end], self.norm_method)
-        gn = segment_norms(grad, sizes, None if sq is None else sq[start:end], self.norm_method)
+        pl, gl, bl, sizes = _layer_views(span)
+        # pass 1: per-layer norms of p and g (segment-wise reductions over the span)
+        pn = self._norms(span, span.params, pl)
+        gn = self._norms(span, span.grads, gl)
         trust = trust_ratio(pn, gn, group["trust_coefficient"], wd, group["eps"])
-        if b.device.type == "cpu" and self.use_fused[bi] and grad.dtype == p.dtype:
-            _fused_layers(p, grad, buf, b.numels[i:j], trust.tolist(), wd, common)
+        cpu = span.flat.device.type == "cpu"
+        if cpu and self.use_fused[span.bucket] and span.grads[0].dtype == span.params[0].dtype:
+            _fused_layers(pl, gl, bl, trust.tolist(), wd, span.first, common)
             return
         # pass 2: d = trust * (g + wd * p) in a scratch buffer, then one fused momentum
         # pass without decay.  The per-layer scale: on CPU one multi-tensor op over the
-        # segment views (per-element gathers run at ~1.5 ns/value there, 6x a streaming
-        # pass); on GPUs one gather of the trust ratios by segment id.
-        d = b.buffer("lars_d")[start:end]
+        # layer views (per-element gathers run at ~1.5 ns/value there, 6x a streaming
+        # pass); on GPUs one gather of the trust ratios by layer id over the span.
+        d = span.scratch("lars_d")
+        torch._foreach_copy_(d, span.grads)
         if wd:
-            torch.add(grad, p, alpha=wd, out=d)
+            torch._foreach_add_(d, span.params, alpha=wd)
+        if cpu:
+            if "d_layers" not in span.cache:
+                assert span.layers is not None
+                span.cache["d_layers"] = _split_entries(d, span.layers)
+            torch._foreach_mul_(span.cache["d_layers"], trust.tolist())
         else:
-            d.copy_(grad)
-        if b.device.type == "cpu":
-            torch._foreach_mul_(list(d.split(b.numels[i:j])), trust.tolist())
-        else:
-            s = b.buffer("s")[start:end]
-            torch.index_select(trust, 0, ids, out=s)
-            d.mul_(s)
-        sgd_range(b, p, d, buf, weight_decay=0.0, **common)
+            s = span.flat.buffer("s")[: span.numel]
+            torch.index_select(trust, 0, self._layer_ids(span, sizes), out=s)
+            torch._foreach_mul_(d, list(s.split([e - a for a, e in span.where])))
+        sgd_update(span, d, weight_decay=0.0, **common)
+
+
+def _split_entries(xs: list[torch.Tensor], layers: list[list[int]]) -> list[torch.Tensor]:
+    """Every layer's view: the entries ``xs`` split by the layer sizes of each."""
+    return [v for x, sizes in zip(xs, layers, strict=True) for v in x.split(sizes)]
+
+
+def _layer_views(
+    span: Span,
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor] | None, list[int]]:
+    """Per-layer views of the span's values, gradients and momentum, and the layer sizes
+    (kept with the span: built once per layout for the steady state's spans)."""
+    if "layers" not in span.cache:
+        assert span.layers is not None  # _compact_ok: adapted values are never gathered
+        bufs = span.state.get("momentum_buffer")
+        span.cache["layers"] = (
+            _split_entries(span.params, span.layers),
+            _split_entries(span.grads, span.layers),
+            None if bufs is None else _split_entries(bufs, span.layers),
+            [n for sizes in span.layers for n in sizes],
+        )
+    return span.cache["layers"]
 
 
 def _fused_layers(
-    p: torch.Tensor,
-    grad: torch.Tensor,
-    buf: torch.Tensor | None,
-    sizes: list[int],
+    p: list[torch.Tensor],
+    grad: list[torch.Tensor],
+    buf: list[torch.Tensor] | None,
     trust: list[float],
     wd: float,
+    first: bool,
     common: dict[str, Any],
 ) -> None:
     """Pass 2 on a CPU as one fused SGD pass per layer: torch's kernel divides the gradient
     by ``grad_scale`` before adding ``weight_decay * p``, so ``grad_scale = 1 / trust`` and
     ``weight_decay = trust * wd`` give ``d = trust * (g + wd * p)`` inside the momentum pass
-    (reads p, g, buf and writes p, buf once: the update's memory floor).  The kernel leaves
-    the scaled gradient in ``grad``, as torch's fused optimizers do with a scale; the loop
-    zeroes the gradients after the step."""
-    bufs = buf.split(sizes) if buf is not None else [None] * len(sizes)
-    for pl, gl, bl, t in zip(p.split(sizes), grad.split(sizes), bufs, trust):
+    (reads p, g, buf and writes p, buf once: the update's memory floor; one kernel call per
+    layer, which on a CPU costs microseconds, not a launch).  The kernel leaves the scaled
+    gradient in ``grad``, as torch's fused optimizers do with a scale; the loop zeroes the
+    gradients after the step."""
+    bufs = buf if buf is not None else [None] * len(p)
+    for pl, gl, bl, t in zip(p, grad, bufs, trust, strict=True):
         torch._fused_sgd_(
             [pl],
             [gl],
@@ -296,7 +313,7 @@ def _fused_layers(
             dampening=0.0,
             nesterov=common["nesterov"],
             maximize=False,
-            is_first_step=common["first"],
+            is_first_step=first,
             grad_scale=torch.tensor(1.0 / t, dtype=torch.float32),
             found_inf=None,
         )

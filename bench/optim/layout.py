@@ -130,7 +130,7 @@ def permute(flat: torch.Tensor, perm: list[int], old: list[int], new: list[int],
 
 @torch.no_grad()
 def relayout(b, perm: list[int]) -> None:
-    """Re-lay a :class:`~bench.optim.flat.FlatBucket` ``b`` in place: its parameter ``n``
+    """Re-lay a :class:`~bench.optim.bucket.FlatBucket` ``b`` in place: its parameter ``n``
     becomes the old parameter ``perm[n]``; every flat buffer is moved (one copy per
     parameter, once), ``p.data`` and the ``p.grad`` that were views follow."""
     old_offsets, numels, old_views = b.offsets, b.numels, b.grad_views

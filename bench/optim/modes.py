@@ -24,7 +24,7 @@ def keep_mode_keys(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any])
 
 def fused_kernels_available(device: torch.device) -> bool:
     """Whether torch ships ``_fused_sgd_``/``_fused_adamw_`` kernels for this device type."""
-    try:
+    try:  # deferred: a private torch helper that older torch releases lack
         from torch.optim.optimizer import _get_fused_kernels_supported_devices
 
         return device.type in _get_fused_kernels_supported_devices()

@@ -8,9 +8,10 @@ applied after the momentum buffer)::
     d = g + wd * p;  buf = d (first step) or m * buf + (1 - dampening) * d
     d = d + m * buf (nesterov) or buf;  p -= lr * d
 
-computed once per param group over ONE contiguous range of the flat buffer: with torch's
-fused SGD kernel (one pass over p, g, buf: the memory-traffic minimum) where the device
-has it, else with four in-place vector operations over the range.
+computed once per param group over the ranges of the flat buffer that it holds (a
+:class:`~bench.optim.bucket.Span`): with torch's fused SGD kernel (one pass over p, g,
+buf: the memory-traffic minimum) where the device has it, else with a few in-place
+multi-tensor operations.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from typing import Any
 
 import torch
 
+from bench.optim.bucket import Span
 from bench.optim.config import OptimConfig
-from bench.optim.flat import FlatBucket, FlatOptimizer, keep_mode_keys
+from bench.optim.flat import FlatOptimizer
+from bench.optim.modes import keep_mode_keys
 from bench.optim.spec import OptimizerSpec, check_nesterov, register
 
 
@@ -31,52 +34,51 @@ class SGD(torch.optim.SGD):
         super().load_state_dict(keep_mode_keys(self, state_dict))
 
 
-def sgd_range(
-    b: FlatBucket,
-    p: torch.Tensor,
-    g: torch.Tensor,
-    buf: torch.Tensor | None,
+def sgd_update(
+    span: Span,
+    grads: list[torch.Tensor],
     *,
     lr: float,
     momentum: float,
     dampening: float,
     weight_decay: float,
     nesterov: bool,
-    first: bool,
     use_fused: bool,
-    scratch_slice: slice,
 ) -> None:
-    """One SGD update of the flat ranges ``p`` (master), ``g``, ``buf`` (same length)."""
+    """One SGD step of ``span``'s values with the gradients ``grads`` (``span.grads``, or
+    LARS's scaled ones): one multi-tensor call per operation, whatever the entries."""
+    p = span.params
+    bufs = span.state["momentum_buffer"] if momentum != 0 else None
     if use_fused:
         torch._fused_sgd_(
-            [p],
-            [g],
-            [] if buf is None else [buf],
+            p,
+            grads,
+            [] if bufs is None else bufs,
             weight_decay=weight_decay,
             momentum=momentum,
             lr=lr,
             dampening=dampening,
             nesterov=nesterov,
             maximize=False,
-            is_first_step=first,
+            is_first_step=span.first,
         )
         return
-    # portable path: in-place ops on one scratch range, never on the user's gradients
-    d = b.buffer("d")[scratch_slice]
+    # portable path: in-place ops on the span's scratch, never on the user's gradients
+    d = span.scratch("d")
+    torch._foreach_copy_(d, grads)
     if weight_decay:
-        torch.add(g, p, alpha=weight_decay, out=d)
-    else:
-        d.copy_(g)
-    if buf is not None:
-        if first:
-            buf.copy_(d)
+        torch._foreach_add_(d, p, alpha=weight_decay)
+    if bufs is not None:
+        if span.first:
+            torch._foreach_copy_(bufs, d)
         else:
-            buf.mul_(momentum).add_(d, alpha=1.0 - dampening)
+            torch._foreach_mul_(bufs, momentum)
+            torch._foreach_add_(bufs, d, alpha=1.0 - dampening)
         if nesterov:
-            d.add_(buf, alpha=momentum)
+            torch._foreach_add_(d, bufs, alpha=momentum)
         else:
-            d = buf
-    p.add_(d, alpha=-lr)
+            d = bufs
+    torch._foreach_add_(p, d, alpha=-lr)
 
 
 class FlatSGD(FlatOptimizer):
@@ -108,35 +110,18 @@ class FlatSGD(FlatOptimizer):
         )
         super().__init__(params, defaults, model_dtype)
 
-    def _update_range(
-        self,
-        bi: int,
-        group: dict,
-        grad: torch.Tensor,
-        start: int,
-        end: int,
-        i: int,
-        j: int,
-        first: bool,
-        age: int,
-    ) -> None:
-        b = self.buckets[bi]
-        if group["momentum"] != 0 and "momentum_buffer" not in b.state:
+    def _update(self, group: dict, span: Span) -> None:
+        if group["momentum"] != 0 and "momentum_buffer" not in span.state:
             raise RuntimeError("momentum was switched on after a flat SGD was built without it")
-        buf = b.state["momentum_buffer"][start:end] if group["momentum"] != 0 else None
-        sgd_range(
-            b,
-            b.master[start:end],
-            grad,
-            buf,
+        sgd_update(
+            span,
+            span.grads,
             lr=group["lr"],
             momentum=group["momentum"],
             dampening=group["dampening"],
             weight_decay=group["weight_decay"],
             nesterov=group["nesterov"],
-            first=first,
-            use_fused=self.fused(bi, end - start),
-            scratch_slice=slice(start, end),
+            use_fused=self.fused(span),
         )
 
 
