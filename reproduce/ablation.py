@@ -4,7 +4,7 @@ Time to target over communication x cache x update mode x seeds on one experimen
 cluster: ordinary training runs, one after the other (each what ``python -m reproduce
 train`` with the job's Hydra overrides runs, writing its record tagged with the sweep id;
 a failed job does not stop the others), trained through a run queue
-(:mod:`bench.runqueue`: the workers are launched once, not once per run), then one table
+(:mod:`bench.launch.runqueue`: the workers are launched once, not once per run), then one table
 per sweep, printed and written to
 ``results/ablation/<sweep_id>.csv`` (``bench/sweeps/ablation.py`` says what each column
 is).  Trailing ``key=value`` overrides apply to every job.

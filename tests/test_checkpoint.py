@@ -11,12 +11,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from bench import checkpoint as ck
 from bench.comm.compressors import ResidualMemory
 from bench.config import Config, to_container
 from bench.registry import ConfigError
 from bench.results import records
 from bench.results.timing import TrainClock
+from bench.train import checkpoint as ck
 
 
 def _state(tmp_path: Path, update: str, seed: int = 0) -> SimpleNamespace:
@@ -142,8 +142,8 @@ def test_restarts_pair_each_failure_with_the_epoch_resumed_from(tmp_path: Path) 
 def test_a_failed_launch_leaves_a_full_record_with_the_reason(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exc: BaseException, status: str
 ) -> None:
-    from bench import run as run_mod
     from bench.cluster import launch
+    from bench.launch import run as run_mod
 
     def fail(cfg: Config, run_json: Path) -> int:
         raise exc

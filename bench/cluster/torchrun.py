@@ -31,15 +31,15 @@ from bench.registry import ConfigError
 
 WORKER_MODULE = "bench.train"
 AGENT_MODULE = "bench.cluster.agent"  # torchrun, noting failed worker groups
-EVENTS_ENV = "BENCH_EVENTS"  # the run's event log (bench.checkpoint.events_path)
+EVENTS_ENV = "BENCH_EVENTS"  # the run's event log (bench.train.checkpoint.events_path)
 GENERATION_ENV = "BENCH_GENERATION"  # one token per rendezvous round, the same on every node
 LAUNCHER_ENV = "BENCH_LAUNCHER_PID"  # an agent dies with this process (bench.cluster.agent)
 
 
 def events_env(run_json: Path) -> dict[str, str]:
     """``BENCH_EVENTS`` for the agents of the run described by ``run_json`` (of a queue
-    of runs: the queue's own log, :mod:`bench.runqueue`)."""
-    from bench.runqueue import QUEUE_KEY
+    of runs: the queue's own log, :mod:`bench.launch.runqueue`)."""
+    from bench.launch.runqueue import QUEUE_KEY
 
     payload = json.loads(Path(run_json).read_text())
     if QUEUE_KEY in payload:

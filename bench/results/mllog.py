@@ -127,8 +127,8 @@ def _eval_samples(s: Any) -> int:
     (each loader's ``epoch_stats`` counts what it yielded since it was last asked)."""
     import torch
 
-    from bench import runtime
     from bench.data.types import SAMPLES
+    from bench.train import runtime
 
     mine = s.workload.data.eval.epoch_stats().get(SAMPLES, 0)
     total = torch.tensor([float(mine)], dtype=torch.float64, device=s.device)

@@ -263,7 +263,7 @@ class RunRecord:
     diverged_at: dict[str, Any] | None = None  # step and place of the first NaN/Inf
     link_check: dict[str, Any] | None = None
     cluster_profile: dict[str, Any] | None = None  # the link profile's measurement and choice
-    queue: dict[str, Any] | None = None  # run queue: id, index, size, label (bench.runqueue)
+    queue: dict[str, Any] | None = None  # run queue: id, index, size, label (bench.launch.runqueue)
     git_sha: str | None = None
     torch_version: str = ""
     versions: dict[str, Any] = dataclasses.field(default_factory=dict)

@@ -90,7 +90,7 @@ class Plan:
             raise ConfigError(f"--seeds must be >= 1, got {self.seeds}")
 
     def check_jobs(self) -> None:
-        """Every configuration composes and passes the run's own checks (bench.run)."""
+        """Every configuration composes and passes the run's own checks (bench.launch.run)."""
         jobs = [self.job_overrides(*job, seed=0) for job in self.configs()]
         cfg = validate_jobs(jobs, self.results_dir)[-1]
         if "multilevel" in self.caches and cfg.data.name not in ("imagefolder", "imagenet"):

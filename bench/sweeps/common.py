@@ -71,13 +71,13 @@ def compose_all(jobs: Sequence[Sequence[str]]) -> list[Any]:
 
 
 def validate_jobs(jobs: Sequence[Sequence[str]], results_dir: str) -> list[Any]:
-    """Compose each job and run the run's own checks (``bench.run.validate``) on it, with
+    """Compose each job and run the run's own checks (``bench.launch.run.validate``) on it, with
     a scratch results directory (the checks create theirs): nothing is made in
     ``results_dir``, only its write permission checked.  Returns the typed configs."""
     import tempfile
 
     from bench.config import to_object
-    from bench.run import validate
+    from bench.launch.run import validate
 
     cfgs = [to_object(c) for c in compose_all(jobs)]
     with tempfile.TemporaryDirectory() as tmp:
@@ -120,8 +120,8 @@ def pin_profile(job: Sequence[str]) -> tuple[list[str], str]:
     here, and return ``cluster.profile_compute_s=...`` for every job of the sweep, so that
     all of its runs share one link instead of each timing (and choosing) its own; with a
     line saying what was measured.  No profile, or one already pinned: nothing."""
-    from bench.cluster import profile
     from bench.config import to_object
+    from bench.launch import profile
 
     cfg = to_object(compose(job))
     c = cfg.cluster
@@ -139,8 +139,8 @@ def pin_link(job: Sequence[str]) -> tuple[list[str], str]:
     ``cluster.inter_node_bandwidth=...`` for every run of a sweep whose topologies differ
     (the scaling study compares them over one link); with a line saying how it was chosen.
     No profile in ``job``: nothing."""
-    from bench.cluster import profile
     from bench.config import to_object
+    from bench.launch import profile
 
     cfg = to_object(compose(job))
     p = profile.apply(cfg)
@@ -192,10 +192,10 @@ def run_train(args: Sequence[str]) -> int:
 
 def run_queued(jobs: Sequence[Sequence[str]], sweep_dir: str | Path, experiment: str) -> list[int]:
     """Every job (Hydra overrides, as for ``python -m reproduce train``) through a run queue
-    (:mod:`bench.runqueue`): the workers are launched once for each stretch of consecutive
+    (:mod:`bench.launch.runqueue`): the workers are launched once for each stretch of consecutive
     jobs on the same cluster config, and each job is still its own run with its own
     record.  Run JSONs go to ``sweep_dir``.  Returns the exit statuses."""
-    from bench.runqueue import run_queue
+    from bench.launch.runqueue import run_queue
 
     labels = [" ".join(o for o in job if o.split("=", 1)[0] in LABEL_KEYS) for job in jobs]
     results = run_queue(

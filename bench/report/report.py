@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.results import figures_bench as fb
-from bench.results.figures import target_text
-from bench.results.figures_data import OURS, PEERS, Inputs, config_stats, speedups
-from bench.results.figures_plan import Figure
-from bench.results.report_claims import BENCH_CLAIMS, RECORDS, SPEEDUP_CLAIM
-from bench.results.report_commands import CommandMaker
-from bench.results.report_tables import comparison_section, fmt_s, recipe_command, unrun_experiments
+from bench.report import figures_bench as fb
+from bench.report.figures import target_text
+from bench.report.figures_data import OURS, PEERS, Inputs, config_stats, speedups
+from bench.report.figures_plan import Figure
+from bench.report.report_claims import BENCH_CLAIMS, RECORDS, SPEEDUP_CLAIM
+from bench.report.report_commands import CommandMaker
+from bench.report.report_tables import comparison_section, fmt_s, recipe_command, unrun_experiments
 
 
 def _rel(path: Path, base: Path) -> str:

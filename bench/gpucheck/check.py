@@ -260,7 +260,7 @@ def check(
 def _run_all(
     planned: list[tuple[Step, str]], budget_s: float, results_dir: str, log_dir: Path
 ) -> list[Outcome]:
-    from bench.gpucheck_summary import headline, snapshot
+    from bench.gpucheck.summary import headline, snapshot
 
     t0 = time.monotonic()
     outcomes: list[Outcome] = []

@@ -10,7 +10,7 @@ same worker processes, in one process group.
 
 Each run is still a run of its own: its own run JSON, run id, seed, model, optimizer, DDP
 and communication hook, data loaders, curve, MLPerf log, DAWNBench files and record,
-exactly as :func:`bench.train.train` builds them for a single run.  Only the process,
+exactly as :func:`bench.train.loop.train` builds them for a single run.  Only the process,
 the process group and the cluster (its namespaces and link) are shared.  Training time
 is measured from each run's first step, as for a single run; a queued run's
 ``wall_time_s`` counts from its start in the queue (the first run of a launch: from the
@@ -48,9 +48,9 @@ def worker_loop(payload: dict[str, Any], train: Callable[..., Any]) -> None:
     """Train every run of the queue in ``payload``, in order, in this worker process."""
     import torch.distributed as dist
 
-    from bench import runtime
     from bench.config import from_container
     from bench.results import records
+    from bench.train import runtime
 
     paths = payload[QUEUE_KEY]["runs"]
     runs = [json.loads(Path(p).read_text()) for p in paths]
@@ -91,7 +91,7 @@ def _recorded(runs: list[dict[str, Any]]) -> set[str]:
 def note_worker_error(run: dict[str, Any], e: BaseException) -> None:
     """The exception that ends a worker, in the run's event log (the launcher's error
     record names it)."""
-    from bench import checkpoint as ck
+    from bench.train import checkpoint as ck
 
     where = ck.events_path(run["config"]["results"]["dir"], run["run"]["run_id"])
     reason = f"{type(e).__name__}: {e}".strip().splitlines()[0][:500]
@@ -124,8 +124,8 @@ def run_queue(
     each; returns (exit status, record) per run, in order (status 0: recorded by the
     workers; a run never started, after an interrupt: (130, None))."""
     from bench.config import to_container, to_object
+    from bench.launch.run import prepare
     from bench.results import records
-    from bench.run import prepare
 
     launch_time = time.time()
     typed = [to_object(c) for c in cfgs]
@@ -180,10 +180,10 @@ def _launch(
 ) -> tuple[list[tuple[int, dict[str, Any] | None] | None], bool]:
     """One launch of the workers for ``cfgs``: per run (status, record), None for the runs
     after a failure (to be launched again); and whether to stop (an interrupt)."""
-    from bench import checkpoint as ck
     from bench.config import to_container
+    from bench.launch.run import guarded_launch, record_after, write_run_json
     from bench.results import records
-    from bench.run import guarded_launch, record_after, write_run_json
+    from bench.train import checkpoint as ck
 
     payloads, paths = [], []
     for i, (cfg, meta, label) in enumerate(zip(cfgs, metas, labels)):

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.results.figures import slug
-from bench.results.figures_data import num
+from bench.report.figures import slug
+from bench.report.figures_data import num
 
 
 @dataclass

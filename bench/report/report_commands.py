@@ -117,7 +117,7 @@ class CommandMaker:
     def command_with(self, record: dict[str, Any], comm: str) -> str:
         """The command of ``record`` with ``comm=<comm>``: its comm keys kept only for a
         sparse method, which needs them (density, warm-up)."""
-        from bench.results.figures_data import SPARSE
+        from bench.report.figures_data import SPARSE
 
         ov = self.overrides(record)
         if ov is None:

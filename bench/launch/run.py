@@ -26,7 +26,8 @@ def validate(cfg: Config) -> None:
     ranges and checks across groups, each in the package that owns the group.
     """
     from bench import comm, data, models, optim
-    from bench.cluster import launch, profile
+    from bench.cluster import launch
+    from bench.launch import profile
 
     launch.validate(cfg)
     profile.check(cfg.cluster.profile, cfg.cluster.name)
@@ -54,7 +55,7 @@ def _amp_dtype(t: object) -> str:
 
 
 def _validate_train(cfg: Config) -> None:
-    from bench.workload import WORKLOADS
+    from bench.train.workload import WORKLOADS
 
     t = cfg.train
     metrics = [m for m in WORKLOADS.get(t.workload).metrics if m != "loss"]
@@ -113,7 +114,7 @@ def prepare(
 ) -> dict[str, Any]:
     """Validate ``cfg`` and set its emulated link (``cluster.profile``); the run's metadata
     (run id, start and launch time, experiment, the profile applied)."""
-    from bench.cluster import profile
+    from bench.launch import profile
 
     validate(cfg)
     run_meta = {
@@ -135,11 +136,11 @@ def resume(
 ) -> tuple[int, dict[str, Any] | None]:
     """Continue run ``run_id`` from its last checkpoint, into the same run id (a new
     ``attempt`` of its record).  The config is the checkpoint's; ``overrides`` may change
-    only what :data:`bench.checkpoint.MAY_DIFFER` lists."""
+    only what :data:`bench.train.checkpoint.MAY_DIFFER` lists."""
     from omegaconf import OmegaConf
 
-    from bench import checkpoint as ck
     from bench.config import from_container
+    from bench.train import checkpoint as ck
 
     results_dir = next(
         (o.split("=", 1)[1] for o in overrides if o.startswith("results.dir=")), results_dir
@@ -260,8 +261,8 @@ def record_after(
     cfg: Config, payload: dict[str, Any], rc: int, status: str, reason: str | None, since: float
 ) -> dict[str, Any] | None:
     """The run's record: the workers' if they wrote it, else one written here."""
-    from bench import checkpoint as ck
     from bench.comm import is_sparse
+    from bench.train import checkpoint as ck
 
     meta = payload["run"]
     rec = records.find_record(cfg.results.dir, meta["run_id"])

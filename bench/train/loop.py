@@ -30,13 +30,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from bench import runtime
 from bench.config import Config, from_container
 from bench.data.types import RANK_TOKENS
 from bench.results import columns as col
 from bench.results import dawnbench, records
 from bench.results.mllog import RunLog
 from bench.results.timing import TrainClock, reached
+from bench.train import runtime
 
 
 @dataclass
@@ -55,7 +55,7 @@ class TrainState:
     world: int
     nnodes: int
     device: torch.device
-    workload: Any  # bench.workload.Workload: data, model, loss, evaluate
+    workload: Any  # bench.train.workload.Workload: data, model, loss, evaluate
     model: nn.Module  # the bare model (evaluation, checkpoints)
     ddp: nn.Module  # what trains: the DDP wrapper, or the model in a single process
     optimizer: torch.optim.Optimizer
@@ -78,7 +78,7 @@ def setup(payload: dict[str, Any]) -> TrainState:
     """Process group, workload, optimizer, DDP and its communication hook, from the run JSON."""
     from bench.comm import attach
     from bench.optim import after_ddp_broadcast, build_optimizer, build_scheduler
-    from bench.workload import WORKLOADS
+    from bench.train.workload import WORKLOADS
 
     cfg = from_container(payload["config"])
     rank, world, device = runtime.setup_distributed(cfg)
@@ -113,7 +113,7 @@ def setup(payload: dict[str, Any]) -> TrainState:
     )
     if hasattr(s.comm.state, "nan_check"):
         s.comm.state.nan_check = cfg.train.nan_check == "step"
-    from bench.checkpoint import resume
+    from bench.train.checkpoint import resume
 
     resume(s)  # after an elastic restart or by hand: from the run's last checkpoint
     return s
@@ -317,7 +317,7 @@ def _eval_due(s: TrainState, row: dict[str, Any]) -> bool:
 
 def finish(s: TrainState, leave_group: bool = True) -> dict[str, Any] | None:
     """Stop the loaders, write the outputs (rank 0), leave the process group (a queue of
-    runs keeps it for the next run: :mod:`bench.runqueue`)."""
+    runs keeps it for the next run: :mod:`bench.launch.runqueue`)."""
     import torch.distributed as dist
 
     for loader in (s.workload.data.train, s.workload.data.eval):
@@ -377,7 +377,7 @@ def write_outputs(s: TrainState) -> records.RunRecord:
 
 def _outcome(s: TrainState, rec: records.RunRecord) -> None:
     """Restarts, last checkpoint and divergence into the record."""
-    from bench import checkpoint as ck
+    from bench.train import checkpoint as ck
 
     rec.restarts = ck.restarts(ck.read_events(ck.events_path(s.cfg.results.dir, rec.run_id)))
     last = ck.latest(s.cfg.results.dir, rec.run_id)
@@ -466,7 +466,7 @@ def train(payload: dict[str, Any], leave_group: bool = True) -> dict[str, Any] |
 def _checkpoint(s: TrainState, last: bool) -> None:
     """Every rank: a checkpoint every ``train.checkpoint_every`` epochs and at the end
     (not of a diverged model); its time is not training time (the clock is paused)."""
-    from bench import checkpoint
+    from bench.train import checkpoint
 
     every = s.cfg.train.checkpoint_every
     if every <= 0 or s.status == "diverged" or not (last or s.epoch % every == 0):
@@ -475,7 +475,7 @@ def _checkpoint(s: TrainState, last: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench import runqueue
+    from bench.launch import runqueue
 
     ap = argparse.ArgumentParser(description="one data-parallel training worker")
     ap.add_argument("--config", required=True, help="run (or run queue) JSON from the launcher")
@@ -489,12 +489,3 @@ def main(argv: list[str] | None = None) -> int:
         runqueue.note_worker_error(payload, e)
         raise
     return 0
-
-
-if __name__ == "__main__":
-    code = main()
-    # done and written: skip the interpreter's teardown (seconds of garbage collection
-    # over torch's objects in every worker, while the launcher waits)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)

@@ -222,7 +222,7 @@ def common_state(s: Any) -> dict[str, Any]:
 
 
 def save(s: Any, barrier: Any) -> Path:
-    """Every rank: write this epoch's checkpoint of ``s`` (a :class:`bench.train.TrainState`);
+    """Every rank: write this epoch's checkpoint of ``s`` (a :class:`bench.train.loop.TrainState`);
     rank 0 completes it with the manifest and drops the oldest beyond ``keep_checkpoints``.
     ``barrier()`` waits for every rank's shard."""
     cfg = s.cfg
@@ -290,7 +290,7 @@ def resume(s: Any) -> None:
 
     The training clock counts the work being repeated: the time from the checkpoint to
     the failure (or the stop) that lost it is added back."""
-    from bench import runtime
+    from bench.train import runtime
 
     # a new run's id has no checkpoint yet: one exists after a restart or for a resume;
     # rank 0 decides for all (an agent whose workers did not fail counts no restart)

@@ -123,7 +123,7 @@ def step_compute_s(cfg: Any, time_it: bool = True) -> dict[str, Any]:
 
     import torch
 
-    from bench.workload import WORKLOADS
+    from bench.train.workload import WORKLOADS
 
     c = cfg.cluster
     cores = os.cpu_count() or 1
