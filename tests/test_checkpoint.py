@@ -119,18 +119,6 @@ def test_an_incompatible_config_is_refused_naming_the_keys(tmp_path: Path) -> No
     ck.check_compatible(manifest, to_container(s.cfg))
 
 
-def test_restarts_pair_each_failure_with_the_epoch_resumed_from(tmp_path: Path) -> None:
-    ev = tmp_path / "events.jsonl"
-    ck.log_event(ev, kind="failure", failed_rank=3, exit_code=-9, restarts_left=1, node=1)
-    ck.log_event(ev, kind="failure", failed_rank=0, exit_code=1, restarts_left=1, node=0)
-    ck.log_event(ev, kind="resume", by="restart", epoch=2)
-    ck.log_event(ev, kind="failure", failed_rank=0, exit_code=1, restarts_left=0)
-    # one restart (both nodes' agents saw it; the first failure caused it); the last
-    # failure ended the run: no restart
-    (r,) = ck.restarts(ck.read_events(ev))
-    assert (r["failed_rank"], r["exit_code"], r["epoch_resumed_from"]) == (3, -9, 2)
-
-
 @pytest.mark.parametrize(
     ("exc", "status"),
     [

@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from bench.config import Config, to_container, to_object
 from bench.registry import ConfigError
 from bench.results import columns as col
+from bench.results import events as ev
 from bench.results import records
 
 
@@ -242,21 +243,6 @@ def _close_outputs(rec: records.RunRecord, results_dir: str, curve: list[dict[st
     rec.dawnbench_json, rec.dawnbench_tsv = dawnbench.write(results_dir, rec.to_dict(), curve)
 
 
-def _reason(events: list[dict[str, Any]], rc: int) -> str:
-    """Why the workers failed: the worker that died first, then the first traceback."""
-    parts = []
-    fails = [e for e in events if e.get("kind") == "failure"]
-    if fails:
-        code = fails[-1]["exit_code"]
-        sig = f" ({signal.Signals(-code).name})" if isinstance(code, int) and code < 0 else ""
-        parts.append(f"worker rank {fails[-1]['failed_rank']} exited with code {code}{sig}")
-    errs = [e for e in events if e.get("kind") in ("worker_error", "agent_error")]
-    if errs:
-        who = f"rank {errs[0]['rank']}" if "rank" in errs[0] else "elastic agent"
-        parts.append(f"{who}: {errs[0]['reason']}")
-    return "; ".join(parts) or f"the workers exited with status {rc}"
-
-
 def record_after(
     cfg: Config, payload: dict[str, Any], rc: int, status: str, reason: str | None, since: float
 ) -> dict[str, Any] | None:
@@ -270,10 +256,11 @@ def record_after(
         return rec
     if cfg.cluster.name == "multinode" and cfg.cluster.node_rank != 0:
         return None  # node 0 records the run
-    events = ck.read_events(ck.events_path(cfg.results.dir, meta["run_id"]))
-    reason = reason or _reason([e for e in events if e["time"] >= since], rc)
+    log = ev.events_path(cfg.results.dir, meta["run_id"])
+    events = ev.read_events(log)
+    reason = reason or ev.failure_reason([e for e in events if e["time"] >= since], rc)
     if status == "interrupted":
-        ck.log_event(ck.events_path(cfg.results.dir, meta["run_id"]), kind="stop", reason=reason)
+        ev.log_event(log, kind=ev.STOP, reason=reason)
     err = records.RunRecord.start(
         cfg, meta, config=payload["config"], comm_sparse=is_sparse(cfg.comm.name)
     )
@@ -289,7 +276,7 @@ def record_after(
         )
         err.curve = str(curve_file)
     err.status, err.exit_status, err.reason = status, rc, reason
-    err.restarts = ck.restarts(events)
+    err.restarts = ev.restarts(events)
     last = ck.latest(cfg.results.dir, meta["run_id"])
     err.checkpoint = last["path"] if last else None
     _close_outputs(err, cfg.results.dir, curve)

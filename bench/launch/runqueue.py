@@ -28,18 +28,12 @@ from __future__ import annotations
 import copy
 import gc
 import json
-import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-QUEUE_KEY = "queue"
-
-
-def is_queue(payload: dict[str, Any]) -> bool:
-    return QUEUE_KEY in payload
-
+from bench.results.events import QUEUE_KEY, events_path, log_event, note_error, read_events
 
 # --- in each worker ---------------------------------------------------------------------
 
@@ -91,11 +85,7 @@ def _recorded(runs: list[dict[str, Any]]) -> set[str]:
 def note_worker_error(run: dict[str, Any], e: BaseException) -> None:
     """The exception that ends a worker, in the run's event log (the launcher's error
     record names it)."""
-    from bench.train import checkpoint as ck
-
-    where = ck.events_path(run["config"]["results"]["dir"], run["run"]["run_id"])
-    reason = f"{type(e).__name__}: {e}".strip().splitlines()[0][:500]
-    ck.log_event(where, kind="worker_error", rank=os.environ.get("RANK"), reason=reason)
+    note_error(run["config"]["results"]["dir"], run["run"]["run_id"], e)
 
 
 # --- in the launcher --------------------------------------------------------------------
@@ -183,7 +173,6 @@ def _launch(
     from bench.config import to_container
     from bench.launch.run import guarded_launch, record_after, write_run_json
     from bench.results import records
-    from bench.train import checkpoint as ck
 
     payloads, paths = [], []
     for i, (cfg, meta, label) in enumerate(zip(cfgs, metas, labels)):
@@ -212,9 +201,9 @@ def _launch(
             results.append((0 if ok else 1, rec))
         elif not failed:  # the run that was training when the launch ended
             failed = True
-            for e in ck.read_events(events):  # the agents' notes of this launch
+            for e in read_events(events):  # the agents' notes of this launch
                 if e.get("time", 0) >= since:
-                    ck.log_event(ck.events_path(cfg.results.dir, run_id), **{
+                    log_event(events_path(cfg.results.dir, run_id), **{
                         k: v for k, v in e.items() if k != "time"})  # fmt: skip
             rec = record_after(cfg, payload, rc or 1, status, reason, since)
             results.append((rc or 1, rec))

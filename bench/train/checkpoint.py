@@ -8,7 +8,7 @@ Layout, under ``<results.dir>/checkpoints/<run_id>/``::
                            hook's step counter
     epoch-0003.json        rank 0, written last (so a checkpoint without it is incomplete):
                            config, epoch, step, training time, the curve so far, status
-    events.jsonl           one line per worker failure seen by an elastic agent, per resume
+    events.jsonl           the run's event log (:mod:`bench.results.events`)
 
 Every file is written to a temporary name and renamed.  The sampler position is the
 epoch (loaders order their samples by (seed, epoch)); checkpoints are taken at epoch ends.
@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from bench.registry import ConfigError
+from bench.results.events import RESUME, events_path, log_event, lost_since, read_events, run_dir
 
 #: config keys that may differ between a checkpoint and the run that resumes from it
 MAY_DIFFER = (
@@ -46,59 +47,6 @@ MAY_DIFFER = (
     "cluster.rdzv_port",
     "comm.timeout_s",
 )
-
-EVENTS_ENV = "BENCH_EVENTS"  # where an elastic agent notes worker failures
-
-
-def run_dir(results_dir: str | Path, run_id: str) -> Path:
-    return Path(results_dir) / "checkpoints" / run_id
-
-
-def events_path(results_dir: str | Path, run_id: str) -> Path:
-    return run_dir(results_dir, run_id) / "events.jsonl"
-
-
-def log_event(path: str | Path, **fields: Any) -> None:
-    """Append one event line (one ``write`` of a short line with O_APPEND: never torn)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps({"time": time.time(), **fields}) + "\n"
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
-
-
-def read_events(path: str | Path) -> list[dict[str, Any]]:
-    path = Path(path)
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
-
-
-def restarts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The record's ``restarts``: each elastic restart (the first worker failure that
-    caused it, as any node's agent saw it) and the epoch its group resumed from."""
-    out: list[dict[str, Any]] = []
-    pending: dict[str, Any] | None = None
-    for e in events:
-        kind = e.get("kind")
-        if kind == "failure" and e.get("restarts_left", 0) > 0 and pending is None:
-            keep = ("time", "failed_rank", "exit_code")
-            pending = {**{k: e.get(k) for k in keep}, "epoch_resumed_from": None}
-        elif kind == "resume" and pending is not None:
-            if e.get("by") == "restart":
-                pending["epoch_resumed_from"] = e.get("epoch")
-            out.append(pending)
-            pending = None
-    return out + ([pending] if pending is not None else [])
 
 
 def _atomic_save(obj: Any, path: Path) -> None:
@@ -300,15 +248,11 @@ def resume(s: Any) -> None:
     if manifest is not None:
         _settle_buckets(s)
         load(s, manifest)
-        lost = [
-            e["time"] - manifest["saved_at"]
-            for e in read_events(events)
-            if e.get("kind") in ("failure", "stop") and e["time"] > manifest["saved_at"]
-        ]
-        s.clock.load_state_dict({"elapsed": s.clock.elapsed + max(lost, default=0.0)})
+        lost = lost_since(read_events(events), manifest["saved_at"])
+        s.clock.load_state_dict({"elapsed": s.clock.elapsed + lost})
     if by and s.rank == 0:
         epoch = s.epoch if manifest is not None else 0
-        log_event(events, kind="resume", by=by, epoch=epoch)
+        log_event(events, kind=RESUME, by=by, epoch=epoch)
         print(f"resuming run {s.run['run_id']} from epoch {epoch} ({by})", flush=True)
 
 

@@ -34,6 +34,7 @@ from bench.config import Config, from_container
 from bench.data.types import RANK_TOKENS
 from bench.results import columns as col
 from bench.results import dawnbench, records
+from bench.results import events as ev
 from bench.results.mllog import RunLog
 from bench.results.timing import TrainClock, reached
 from bench.train import runtime
@@ -379,7 +380,7 @@ def _outcome(s: TrainState, rec: records.RunRecord) -> None:
     """Restarts, last checkpoint and divergence into the record."""
     from bench.train import checkpoint as ck
 
-    rec.restarts = ck.restarts(ck.read_events(ck.events_path(s.cfg.results.dir, rec.run_id)))
+    rec.restarts = ev.restarts(ev.read_events(ev.events_path(s.cfg.results.dir, rec.run_id)))
     last = ck.latest(s.cfg.results.dir, rec.run_id)
     rec.checkpoint = last["path"] if last else None
     if s.diverged_at is not None:
@@ -480,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="one data-parallel training worker")
     ap.add_argument("--config", required=True, help="run (or run queue) JSON from the launcher")
     payload = json.loads(Path(ap.parse_args(argv).config).read_text())
-    if runqueue.is_queue(payload):
+    if ev.is_queue(payload):
         runqueue.worker_loop(payload, train)
         return 0
     try:
