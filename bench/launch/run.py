@@ -8,6 +8,7 @@ import signal
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -224,14 +225,63 @@ def launch_and_record(
     payload = {"config": to_container(cfg), "run": run_meta}
     out = Path(output_dir) if output_dir else Path(tempfile.mkdtemp(prefix="bench-run-"))
     run_json = write_run_json(out, payload)
-    since = time.time()
-    rc, status, reason, raised = guarded_launch(cfg, run_json)
-    rec = record_after(cfg, payload, rc, status, reason, since)
-    if raised is not None:
-        raise raised
+    launched = launch_runs([cfg], [payload], run_json)
+    if launched.raised is not None:
+        raise launched.raised
+    rc, rec = launched.rc, launched.records[0]
     if rec is not None and rec["status"] in ("error", "interrupted"):
         rc = rc or 1
     return rc, rec
+
+
+@dataclass
+class Launched:
+    """One launch of the workers: its exit status and status (``error`` or
+    ``interrupted`` when it did not end well), the launcher's own exception (recorded,
+    to be raised again or reported), and per run its record (None: not recorded here,
+    a node other than 0) and whether the workers wrote it, for the runs up to the one
+    that was training when the workers ended (the runs after it are not listed)."""
+
+    rc: int
+    status: str
+    raised: Exception | None
+    records: list[dict[str, Any] | None]
+    by_workers: list[bool]
+
+
+def launch_runs(
+    cfgs: list[Config],
+    payloads: list[dict[str, Any]],
+    launch_json: Path,
+    agent_log: Path | None = None,
+) -> Launched:
+    """Launch the workers of ``launch_json`` (one run's JSON, or a queue's of the runs of
+    ``payloads``) and record what they did not: the runs the workers recorded, in order,
+    then an ``error``/``interrupted`` record for the run that was training when the
+    launch ended (with the agents' notes of this launch from ``agent_log``, a queue's
+    own event log); the runs after it are left for another launch."""
+    since = time.time()
+    rc, status, reason, raised = guarded_launch(cfgs[0], launch_json)
+    dirs = {c.results.dir for c in cfgs}
+    recorded = {r["run_id"]: r for d in dirs for r in records.load_records(d)}
+    out = Launched(rc, status, raised, [], [])
+    for cfg, payload in zip(cfgs, payloads):
+        meta = payload["run"]
+        rec = recorded.get(meta["run_id"])
+        if rec is not None and rec.get("attempt", 1) == meta.get("attempt", 1):
+            out.records.append(rec)
+            out.by_workers.append(True)
+            continue
+        if agent_log is not None:  # the agents' notes of this launch, in the run's log
+            for e in ev.read_events(agent_log):
+                if e.get("time", 0) >= since:
+                    fields = {k: v for k, v in e.items() if k != "time"}
+                    ev.log_event(ev.events_path(cfg.results.dir, meta["run_id"]), **fields)
+        exit_status = rc if len(cfgs) == 1 else rc or 1  # a queue's run left unrecorded failed
+        out.records.append(record_after(cfg, payload, exit_status, status, reason, since))
+        out.by_workers.append(False)
+        break
+    return out
 
 
 def _close_outputs(rec: records.RunRecord, results_dir: str, curve: list[dict[str, Any]]) -> None:

@@ -3,7 +3,7 @@
 import os
 import sys
 
-from bench.train.loop import main
+from bench.train.worker import main
 
 if __name__ == "__main__":
     code = main()

@@ -16,7 +16,6 @@ Rank 0 writes the run record, the per-epoch curve and the time-to-accuracy plot.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -473,20 +472,3 @@ def _checkpoint(s: TrainState, last: bool) -> None:
     if every <= 0 or s.status == "diverged" or not (last or s.epoch % every == 0):
         return
     checkpoint.save(s, barrier=runtime.barrier)
-
-
-def main(argv: list[str] | None = None) -> int:
-    from bench.launch import runqueue
-
-    ap = argparse.ArgumentParser(description="one data-parallel training worker")
-    ap.add_argument("--config", required=True, help="run (or run queue) JSON from the launcher")
-    payload = json.loads(Path(ap.parse_args(argv).config).read_text())
-    if ev.is_queue(payload):
-        runqueue.worker_loop(payload, train)
-        return 0
-    try:
-        train(payload)
-    except BaseException as e:  # noted for the launcher's error record, then re-raised
-        runqueue.note_worker_error(payload, e)
-        raise
-    return 0
