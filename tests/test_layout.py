@@ -25,10 +25,26 @@ def _module_name(path: Path) -> str:
 MODULES = {_module_name(p): p for p in sorted(BENCH.rglob("*.py"))}
 
 
+def _type_checking_only(tree: ast.Module) -> set[ast.AST]:
+    """The import statements under ``if TYPE_CHECKING:``: they name types for a checker and
+    never run, so they are no dependency (a module may name the type of a higher layer's
+    object it is handed, such as the loop's ``TrainState``)."""
+    out: set[ast.AST] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            out |= {n for b in node.body for n in ast.walk(b)}
+    return out
+
+
 def _imports(path: Path) -> set[str]:
-    """bench modules that ``path`` imports anywhere (module level or inside functions)."""
+    """bench modules that ``path`` imports anywhere (module level or inside functions),
+    those under ``if TYPE_CHECKING:`` aside."""
     out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    typing_only = _type_checking_only(tree)
+    for node in ast.walk(tree):
+        if node in typing_only:
+            continue
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:

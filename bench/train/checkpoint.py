@@ -22,15 +22,20 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from bench.config import to_container
 from bench.registry import ConfigError
 from bench.results.events import RESUME, events_path, log_event, lost_since, read_events, run_dir
+from bench.train import runtime
+
+if TYPE_CHECKING:  # the loop imports this module; the state's type is only named here
+    from bench.train.loop import TrainState
 
 #: config keys that may differ between a checkpoint and the run that resumes from it
 MAY_DIFFER = (
@@ -149,7 +154,7 @@ def set_rng_state(d: Mapping[str, Any], device: torch.device) -> None:
         torch.cuda.set_rng_state(d["cuda"], device)
 
 
-def rank_state(s: Any) -> dict[str, Any]:
+def rank_state(s: TrainState) -> dict[str, Any]:
     mem = _memory(s.comm)
     names = _param_names(s.model)
     return {
@@ -160,7 +165,7 @@ def rank_state(s: Any) -> dict[str, Any]:
     }
 
 
-def common_state(s: Any) -> dict[str, Any]:
+def common_state(s: TrainState) -> dict[str, Any]:
     return {
         "model": s.model.state_dict(),
         "optimizer": s.optimizer.state_dict(),
@@ -169,7 +174,7 @@ def common_state(s: Any) -> dict[str, Any]:
     }
 
 
-def save(s: Any, barrier: Any) -> Path:
+def save(s: TrainState, barrier: Callable[[], None]) -> Path:
     """Every rank: write this epoch's checkpoint of ``s`` (a :class:`bench.train.loop.TrainState`);
     rank 0 completes it with the manifest and drops the oldest beyond ``keep_checkpoints``.
     ``barrier()`` waits for every rank's shard."""
@@ -182,8 +187,6 @@ def save(s: Any, barrier: Any) -> Path:
     _atomic_save(rank_state(s), d / f"rank{s.rank}.pt")
     barrier()
     if s.rank == 0:
-        from bench.config import to_container
-
         manifest = {
             "run": s.run,
             "config": to_container(cfg),
@@ -202,11 +205,9 @@ def save(s: Any, barrier: Any) -> Path:
     return d
 
 
-def load(s: Any, manifest: Mapping[str, Any]) -> None:
+def load(s: TrainState, manifest: Mapping[str, Any]) -> None:
     """Every rank: restore ``s`` from a checkpoint (the model, optimizer, schedule and
     scaler rank 0 saved; this rank's residuals and RNG states; clock, curve, position)."""
-    from bench.config import to_container
-
     check_compatible(manifest, to_container(s.cfg))
     if manifest["world_size"] != s.world:
         raise ConfigError(
@@ -233,13 +234,11 @@ def load(s: Any, manifest: Mapping[str, Any]) -> None:
     s.epoch, s.step, s.status = manifest["epoch"], manifest["step"], manifest["status"]
 
 
-def resume(s: Any) -> None:
+def resume(s: TrainState) -> None:
     """Continue from the run's last checkpoint after an elastic restart or by hand.
 
     The training clock counts the work being repeated: the time from the checkpoint to
     the failure (or the stop) that lost it is added back."""
-    from bench.train import runtime
-
     # a new run's id has no checkpoint yet: one exists after a restart or for a resume;
     # rank 0 decides for all (an agent whose workers did not fail counts no restart)
     manifest = runtime.broadcast_object(latest(s.cfg.results.dir, s.run["run_id"]))
@@ -256,7 +255,7 @@ def resume(s: Any) -> None:
         print(f"resuming run {s.run['run_id']} from epoch {epoch} ({by})", flush=True)
 
 
-def _settle_buckets(s: Any) -> None:
+def _settle_buckets(s: TrainState) -> None:
     """One forward/backward on an evaluation batch, its gradient dropped, before a resume.
 
     DDP re-lays its buckets (in the order gradients became ready) after the first backward;
