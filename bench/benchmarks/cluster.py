@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
 from bench.benchmarks.harness import BenchRun
+from bench.results.paths import bench_csv
 
 if TYPE_CHECKING:
     from bench.cluster.perfmodel import Cluster, Costs
@@ -195,7 +196,7 @@ def _hidden_from_comm_bench(results_dir: str) -> tuple[dict[str, float], str]:
     ``bench comm`` overlap rows; none hidden without a measurement."""
     from bench.benchmarks.harness import latest_run
 
-    path = Path(results_dir) / "bench" / "comm.csv"
+    path = bench_csv(results_dir, "comm")
     try:
         df = latest_run(path)
     except (FileNotFoundError, ValueError, KeyError):

@@ -48,6 +48,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
 from bench.benchmarks.harness import BenchRun, latest_run
 
@@ -331,4 +333,25 @@ def _replot(bench: BenchRun) -> None:
     _plot(bench.csv_path, bench.png_path)
 
 
-BENCHMARKS.register("input")(BenchmarkSpec(run=run, replot=_replot))
+def headline(rows: pd.DataFrame) -> list[str]:
+    """Per loader and cache, throttled storage, epochs 2 on: images/s against no cache."""
+    need = {"loader", "cache", "epoch", "images_per_s"}
+    if not need <= set(rows.columns):
+        return []
+    r = rows[rows["epoch"] >= 2]
+    if "throttled" in r:
+        r = r[r["throttled"].astype(str) == "True"]
+    out = []
+    for loader, g in r.groupby("loader", sort=False):
+        ips = g.groupby("cache", sort=False)["images_per_s"].mean()
+        if "none" not in ips:
+            continue
+        parts = [f"{c} {v:,.0f}/s ({v / ips['none']:.2f}x)" for c, v in ips.items() if c != "none"]
+        out.append(
+            f"{loader}, throttled storage, epochs 2+: no cache {ips['none']:,.0f} images/s; "
+            + ", ".join(parts)
+        )
+    return out
+
+
+BENCHMARKS.register("input")(BenchmarkSpec(run=run, replot=_replot, headline=headline))

@@ -61,10 +61,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pandas as pd
 import torch
 
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
-from bench.benchmarks.harness import BenchRun, interleaved_times
+from bench.benchmarks.harness import BenchRun, fmt, interleaved_times
 from bench.optim.layout import ddp_like_buckets
 
 # bytes read + written per parameter value by an ideal update, per fp32 value
@@ -298,4 +299,25 @@ def _replot(run: BenchRun) -> None:
     _plot(df, run.png_path, run.meta["hardware"])
 
 
-BENCHMARKS.register("update")(BenchmarkSpec(run=run, replot=_replot))
+def headline(rows: pd.DataFrame) -> list[str]:
+    """Per model and optimizer: the flat update against naive and fused, same run."""
+    need = {"model", "optimizer", "mode", "median_ms"}
+    if not need <= set(rows.columns):
+        return []
+    rows = rows.assign(variant=rows.get("variant", pd.Series("", index=rows.index)).fillna(""))
+    out = []
+    for (model, opt), g in rows[rows["variant"] == ""].groupby(["model", "optimizer"], sort=False):
+        ms = {m: float(x["median_ms"].median()) for m, x in g.groupby("mode")}
+        if "flat" not in ms or "naive" not in ms:
+            continue
+        line = (
+            f"{model} {opt}: flat {fmt(ms['flat'], ' ms')} vs naive {fmt(ms['naive'], ' ms')} "
+            f"({ms['naive'] / ms['flat']:.2f}x)"
+        )
+        if "fused" in ms:
+            line += f", vs torch fused {fmt(ms['fused'], ' ms')} ({ms['fused'] / ms['flat']:.2f}x)"
+        out.append(line)
+    return out
+
+
+BENCHMARKS.register("update")(BenchmarkSpec(run=run, replot=_replot, headline=headline))

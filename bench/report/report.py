@@ -154,7 +154,7 @@ def _time_rows(inputs: Inputs, maker: CommandMaker, row) -> None:
 def bench_headlines(inputs: Inputs) -> dict[str, list[tuple[str, str]]]:
     """name -> [(hardware, one headline line)] from each hardware's newest run."""
     out: dict[str, list[tuple[str, str]]] = {}
-    for name, fn in fb.HEADLINES.items():
+    for name, fn in fb.headlines().items():
         csv = inputs.bench.get(name)
         for hw, rows in fb.newest_runs(csv, inputs.problems) if csv else []:
             for text in fn(rows):
