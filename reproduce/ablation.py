@@ -16,20 +16,16 @@ import argparse
 import sys
 from pathlib import Path
 
+from reproduce._cli import Parser
+
 USAGE = """ablation [--experiment E] [--cluster C] [--seeds N] [--comm a,b] [--quick]
            [--dry-run] [--aggregate SWEEP_ID]
                           time to target over comm x cache x update x seeds (training
                           runs), one table in results/ablation/<sweep_id>.csv"""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2
-        print(f"error: ablation: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def _parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="python -m reproduce ablation", description=__doc__)
+    ap = Parser("ablation", description=__doc__)
     ap.add_argument("--experiment", default="dawnbench_digits", help="conf/experiment/<E>.yaml")
     ap.add_argument("--cluster", default="emulated", help="local | emulated | multinode")
     ap.add_argument("--seeds", type=int, default=3, help="seeds per configuration")

@@ -17,11 +17,11 @@ measurement per method.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
 from bench.results.paths import bench_csv
+from reproduce._cli import Parser
 
 USAGE = """advise [--profile paper | --nodes N --workers M --inter-gbps G --intra-gbps G]
        [--model resnet50|transformer_base | --params N] [--density D] [--costs gpu|cpu]
@@ -34,14 +34,8 @@ PROFILES = {"paper": {"nodes": 16, "workers": 8, "inter_gbps": 25.0, "intra_gbps
 METHODS = ("dense", "mstopk", "hitopk")  # the selection cost modelled is MSTopK's
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2
-        print(f"error: advise: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def _parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="python -m reproduce advise")
+    ap = Parser("advise")
     ap.add_argument("--profile", choices=sorted(PROFILES))
     ap.add_argument("--nodes", type=int)
     ap.add_argument("--workers", type=int, help="workers per node")

@@ -58,6 +58,20 @@ COLUMNS = [
     "n_error",
     "baseline",  # the configuration the speedup is against (comm/cache/update)
 ]
+# the columns of the table the report shows (bench.report.report)
+REPORT_COLUMNS = [
+    "experiment",
+    "cluster",
+    "comm",
+    "cache",
+    "update",
+    "n_runs",
+    "n_reached",
+    "time_to_target_mean_s",
+    "time_to_target_std_s",
+    "speedup_vs_baseline",
+    "speedup_std",
+]
 # on the local cluster every job runs 2 launcher agents of one worker each, so that
 # hitopk (which needs 2 nodes) and the others train on the same topology
 LOCAL_TOPOLOGY = ("cluster.nnodes=2", "cluster.nproc_per_node=1")

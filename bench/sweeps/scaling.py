@@ -40,6 +40,17 @@ COLUMNS = [
     "kind",
     "run_id",
 ]
+# the columns of the table the report shows (bench.report.report)
+REPORT_COLUMNS = [
+    "cluster",
+    "comm",
+    "nnodes",
+    "world_size",
+    "throughput_samples_per_s",
+    "efficiency",
+    "kind",
+    "run_id",
+]
 PAPER = {"gbps": 25.0, "nodes": (1, 2, 4, 8, 16), "procs_per_node": 8}
 NEEDS_NODES = {"hitopk": 2}  # methods refused below this many nodes
 
