@@ -30,6 +30,7 @@ K = TypeVar("K", bound=Hashable)  # the name of a timed case
 
 
 def _sync() -> None:
+    # deferred: torch takes seconds to load, and this module is read without it
     import torch
 
     if torch.cuda.is_available() and torch.cuda.is_initialized():

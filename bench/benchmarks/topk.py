@@ -56,6 +56,7 @@ import torch
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
 from bench.benchmarks.harness import BenchRun, finite, fmt, interleaved, summarize
 from bench.comm.selection import MSTOPK_METHODS, host_syncs, k_for, mstopk, mstopk_ef
+from bench.results.plots import save_figure
 
 SIZES = [1_000_000, 4_000_000, 16_000_000, 25_600_000, 64_000_000]
 CUDA_SIZES = [25_600_000, 100_000_000]
@@ -324,12 +325,11 @@ def _summary(res: dict[str, dict[str, float]]) -> None:
 
 
 def _plot(bench: BenchRun) -> None:
+    # deferred: matplotlib is slow to load, and only drawing needs it
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from bench.results.plots import save_figure
 
     df = bench.frame()
     df = df[(df["input"] == "gaussian") & (df["threads"] == 1)]

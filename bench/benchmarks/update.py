@@ -66,7 +66,13 @@ import torch
 
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
 from bench.benchmarks.harness import BenchRun, fmt, interleaved_times
+from bench.models import build_model
+from bench.models.config import ModelConfig
+from bench.optim import OPTIMIZERS as SPECS
+from bench.optim import build_optimizer
+from bench.optim.config import OptimConfig
 from bench.optim.layout import ddp_like_buckets
+from bench.results.plots import save_figure
 
 # bytes read + written per parameter value by an ideal update, per fp32 value
 TRAFFIC_VALUES = {"sgd": 5, "lars": 7, "adamw": 7}
@@ -79,6 +85,7 @@ OPTIMIZERS = {
 
 def param_set(name: str) -> torch.nn.Module:
     """A module holding the parameter set ``name`` (no forward is ever run)."""
+    # deferred: torchvision is slow to load, and only this path needs it
     import torchvision
 
     # nn.Transformer warns about nested tensors, irrelevant here: no forward is run
@@ -87,9 +94,6 @@ def param_set(name: str) -> torch.nn.Module:
     if name == "resnet50":
         return torchvision.models.resnet50()
     if name in ("transformer_base", "transformer_tiny"):  # the registry's models
-        from bench.models import build_model
-        from bench.models.config import ModelConfig
-
         return build_model(ModelConfig(name=name), 37000 if name == "transformer_base" else 1000)
     if name == "resnet18_head":  # quick: ResNet-18's first 30 tensors
         m = torchvision.models.resnet18()
@@ -128,8 +132,6 @@ class BandwidthProbe:
 def _build(
     model: torch.nn.Module, opt: str, mode: str, device: torch.device, variant: str
 ) -> tuple:
-    from bench.optim import build_optimizer
-    from bench.optim.config import OptimConfig
 
     m = copy.deepcopy(model).to(device)
     cfg = SimpleNamespace(**{**OptimConfig().__dict__, **OPTIMIZERS[opt], "update": mode})
@@ -154,7 +156,6 @@ def _copies(optimizer: Any) -> int:
 
 def cases(device: torch.device) -> list[tuple[str, str, str]]:
     """(optimizer, mode, variant) in measurement order."""
-    from bench.optim import OPTIMIZERS as SPECS
 
     out = []
     for opt in OPTIMIZERS:
@@ -167,12 +168,11 @@ def cases(device: torch.device) -> list[tuple[str, str, str]]:
 
 
 def _plot(df: Any, path: Path, hw: str) -> None:
+    # deferred: matplotlib is slow to load, and only drawing needs it
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from bench.results.plots import save_figure
 
     models = list(dict.fromkeys(df["model"]))
     fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4.5), squeeze=False)

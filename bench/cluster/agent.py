@@ -80,6 +80,7 @@ def die_with_launcher() -> None:
 def main() -> None:
     """torchrun; an error of the agent itself (a rendezvous that timed out) is noted too."""
     die_with_launcher()
+    # deferred: torch takes seconds to load, and this module is read without it
     from torch.distributed.run import main as torchrun
 
     instrument_agent()

@@ -45,6 +45,7 @@ def instrument_agent() -> None:
       (each agent's restart count cannot serve: an agent whose own workers did not fail
       restarts without counting).
     """
+    # deferred: torch takes seconds to load, and this module is read without it
     from torch.distributed.elastic.agent.server.api import WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
@@ -116,6 +117,7 @@ def torchrun_cmd(c: ClusterConfig, run_json: Path, *, endpoint: str, rdzv_id: st
 
 def _launch_in_process(c: ClusterConfig, run_json: Path) -> int:
     """One node: the elastic agent runs in this process."""
+    # deferred: torch takes seconds to load, and this module is read without it
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 

@@ -12,13 +12,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+import torch
+from omegaconf import DictConfig, OmegaConf
 
-from bench.config import Config, to_container, to_object
+from bench import comm, data, models, optim
+from bench.cluster import launch as cluster_launch
+from bench.comm import is_sparse
+from bench.config import Config, from_container, to_container, to_object
+from bench.launch import profile
 from bench.registry import ConfigError
 from bench.results import columns as col
+from bench.results import dawnbench, mllog, records
 from bench.results import events as ev
-from bench.results import records
+from bench.train import checkpoint as ck
+from bench.train.workload import WORKLOADS
 
 
 def validate(cfg: Config) -> None:
@@ -27,11 +34,8 @@ def validate(cfg: Config) -> None:
     Types and choices were checked when the config was composed; what is left are
     ranges and checks across groups, each in the package that owns the group.
     """
-    from bench import comm, data, models, optim
-    from bench.cluster import launch
-    from bench.launch import profile
 
-    launch.validate(cfg)
+    cluster_launch.validate(cfg)
     profile.check(cfg.cluster.profile, cfg.cluster.name)
     world = cfg.cluster.nnodes * cfg.cluster.nproc_per_node
     models.validate(cfg.model)
@@ -50,15 +54,11 @@ def _amp_dtype(t: object) -> str:
     amp = str(t.amp)
     if amp != "auto":
         return amp
-    import torch
-
     cuda = str(t.device) in ("auto", "cuda") and torch.cuda.is_available()
     return "bf16" if cuda else "off"
 
 
 def _validate_train(cfg: Config) -> None:
-    from bench.train.workload import WORKLOADS
-
     t = cfg.train
     metrics = [m for m in WORKLOADS.get(t.workload).metrics if m != "loss"]
     if t.target_metric not in metrics:
@@ -116,8 +116,6 @@ def prepare(
 ) -> dict[str, Any]:
     """Validate ``cfg`` and set its emulated link (``cluster.profile``); the run's metadata
     (run id, start and launch time, experiment, the profile applied)."""
-    from bench.launch import profile
-
     validate(cfg)
     run_meta = {
         "run_id": records.new_run_id(),
@@ -139,10 +137,6 @@ def resume(
     """Continue run ``run_id`` from its last checkpoint, into the same run id (a new
     ``attempt`` of its record).  The config is the checkpoint's; ``overrides`` may change
     only what :data:`bench.train.checkpoint.MAY_DIFFER` lists."""
-    from omegaconf import OmegaConf
-
-    from bench.config import from_container
-    from bench.train import checkpoint as ck
 
     results_dir = next(
         (o.split("=", 1)[1] for o in overrides if o.startswith("results.dir=")), results_dir
@@ -181,15 +175,13 @@ def guarded_launch(cfg: Config, run_json: Path) -> tuple[int, str, str | None, E
     """Launch the workers of ``run_json`` (a run or a queue of runs), turning interrupts
     and the launcher's own failures into (exit status, status, reason, the exception to
     raise again after recording)."""
-    from bench.cluster.launch import launch
-
     try:
         old = signal.signal(signal.SIGTERM, _on_signal)
     except ValueError:  # not the main thread (a threaded sweep): the caller handles signals
         old = None
     status, reason, raised = "error", None, None
     try:
-        rc = launch(cfg, run_json)
+        rc = cluster_launch.launch(cfg, run_json)
     except (KeyboardInterrupt, Interrupted) as e:
         rc, status, reason = 130, "interrupted", f"interrupted by {e or 'SIGINT'}"
     except SystemExit as e:  # a launcher's own signal handler (the emulated cluster's)
@@ -287,8 +279,6 @@ def launch_runs(
 def _close_outputs(rec: records.RunRecord, results_dir: str, curve: list[dict[str, Any]]) -> None:
     """The workers died before their record: end their MLPerf log (``run_stop`` aborted)
     and write the DAWNBench files of the curve they left."""
-    from bench.results import dawnbench, mllog
-
     rec.mllog = mllog.close_after_failure(results_dir, rec.run_id, rec.reason or rec.status)
     rec.dawnbench_json, rec.dawnbench_tsv = dawnbench.write(results_dir, rec.to_dict(), curve)
 
@@ -297,9 +287,6 @@ def record_after(
     cfg: Config, payload: dict[str, Any], rc: int, status: str, reason: str | None, since: float
 ) -> dict[str, Any] | None:
     """The run's record: the workers' if they wrote it, else one written here."""
-    from bench.comm import is_sparse
-    from bench.train import checkpoint as ck
-
     meta = payload["run"]
     rec = records.find_record(cfg.results.dir, meta["run_id"])
     if rec is not None and rec.get("attempt", 1) == meta.get("attempt", 1):

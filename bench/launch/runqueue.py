@@ -33,6 +33,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.config import to_container, to_object
+from bench.launch.run import launch_runs, prepare, write_run_json
+from bench.results import records
 from bench.results.events import QUEUE_KEY
 
 # --- in the launcher --------------------------------------------------------------------
@@ -60,9 +63,6 @@ def run_queue(
     """Validate every run, then launch consecutive runs with the same cluster config once
     each; returns (exit status, record) per run, in order (status 0: recorded by the
     workers; a run never started, after an interrupt: (130, None))."""
-    from bench.config import to_container, to_object
-    from bench.launch.run import prepare
-    from bench.results import records
 
     launch_time = time.time()
     typed = [to_object(c) for c in cfgs]
@@ -117,8 +117,6 @@ def _launch(
 ) -> tuple[list[tuple[int, dict[str, Any] | None] | None], bool]:
     """One launch of the workers for ``cfgs``: per run (status, record), None for the runs
     after a failure (to be launched again); and whether to stop (an interrupt)."""
-    from bench.config import to_container
-    from bench.launch.run import launch_runs, write_run_json
 
     payloads, paths = [], []
     for i, (cfg, meta, label) in enumerate(zip(cfgs, metas, labels)):
