@@ -55,7 +55,7 @@ class TrainConfig:
     progress: bool = True  # progress bar on rank 0
     device: Device = Device.auto
     time_phases: bool = True  # on CUDA, synchronise at phase boundaries to attribute step time
-    workload: str = "classification"  # registry key in bench.workload
+    workload: str = "classification"  # registry key in bench.train.workload
     checkpoint_every: int = 1  # checkpoint every N epochs and at the end; 0 = never
     keep_checkpoints: int = 2  # the newest N checkpoints are kept under <results>/checkpoints
     nan_check: NanCheck = NanCheck.step  # where a NaN/Inf stops the run as diverged

@@ -52,8 +52,8 @@ def _precheck(overrides: list[str]) -> None:
 
 def _resume(overrides: list[str]) -> None:
     """``resume=<run_id>``: the checkpoint's config, not Hydra's composition."""
+    from bench.launch.run import resume
     from bench.registry import ConfigError
-    from bench.run import resume
 
     run_id = next(o.split("=", 1)[1] for o in overrides if o.startswith("resume="))
     rest = [o for o in overrides if not o.startswith(("resume=", "experiment=", "data="))]

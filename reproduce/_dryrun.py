@@ -56,8 +56,8 @@ def _refusal(cfg: Any) -> str | None:
     from pathlib import Path
 
     from bench.config import to_object
+    from bench.launch.run import validate
     from bench.registry import ConfigError
-    from bench.run import validate
 
     obj = to_object(cfg)
     real = Path(str(obj.results.dir))

@@ -4,7 +4,7 @@ Time to target over communication x cache x update mode x seeds on one experimen
 cluster: ordinary training runs, one after the other (each what ``python -m reproduce
 train`` with the job's Hydra overrides runs, writing its record tagged with the sweep id;
 a failed job does not stop the others), trained through a run queue
-(:mod:`bench.runqueue`: the workers are launched once, not once per run), then one table
+(:mod:`bench.launch.runqueue`: the workers are launched once, not once per run), then one table
 per sweep, printed and written to
 ``results/ablation/<sweep_id>.csv`` (``bench/sweeps/ablation.py`` says what each column
 is).  Trailing ``key=value`` overrides apply to every job.
@@ -16,20 +16,16 @@ import argparse
 import sys
 from pathlib import Path
 
+from reproduce._cli import Parser
+
 USAGE = """ablation [--experiment E] [--cluster C] [--seeds N] [--comm a,b] [--quick]
            [--dry-run] [--aggregate SWEEP_ID]
                           time to target over comm x cache x update x seeds (training
                           runs), one table in results/ablation/<sweep_id>.csv"""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2
-        print(f"error: ablation: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def _parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="python -m reproduce ablation", description=__doc__)
+    ap = Parser("ablation", description=__doc__)
     ap.add_argument("--experiment", default="dawnbench_digits", help="conf/experiment/<E>.yaml")
     ap.add_argument("--cluster", default="emulated", help="local | emulated | multinode")
     ap.add_argument("--seeds", type=int, default=3, help="seeds per configuration")

@@ -17,9 +17,11 @@ measurement per method.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
+
+from bench.results.paths import bench_csv
+from reproduce._cli import Parser
 
 USAGE = """advise [--profile paper | --nodes N --workers M --inter-gbps G --intra-gbps G]
        [--model resnet50|transformer_base | --params N] [--density D] [--costs gpu|cpu]
@@ -32,14 +34,8 @@ PROFILES = {"paper": {"nodes": 16, "workers": 8, "inter_gbps": 25.0, "intra_gbps
 METHODS = ("dense", "mstopk", "hitopk")  # the selection cost modelled is MSTopK's
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2
-        print(f"error: advise: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def _parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="python -m reproduce advise")
+    ap = Parser("advise")
     ap.add_argument("--profile", choices=sorted(PROFILES))
     ap.add_argument("--nodes", type=int)
     ap.add_argument("--workers", type=int, help="workers per node")
@@ -93,17 +89,16 @@ def _measured(results_dir: str, costs: str) -> tuple[Any, dict[str, float], list
     from bench.cluster.projection import GPU_COSTS
 
     notes, hidden, k = [], {}, GPU_COSTS
-    bench = Path(results_dir) / "bench"
-    ov = _newest(bench / "cluster.csv", "overlap")
+    ov = _newest(bench_csv(results_dir, "cluster"), "overlap")
     if ov is None:
-        ov = _newest(bench / "comm.csv", "overlap")
+        ov = _newest(bench_csv(results_dir, "comm"), "overlap")
     if ov is not None:
         hidden = {str(r["method"]): float(r["hidden"]) for _, r in ov.iterrows()}
         notes.append(f"measured: hidden share per method, overlap run {ov['bench_id'].iloc[0]}")
     else:
         notes.append("assumed: nothing hidden behind the backward pass (no overlap measurement)")
     if costs == "cpu":
-        m = _newest(bench / "cluster.csv", "measured")
+        m = _newest(bench_csv(results_dir, "cluster"), "measured")
         if m is None or "model_reduce_ns_per_elem" not in m.columns:
             raise SystemExit("error: advise: --costs cpu needs a bench cluster run's calibration")
         r = m.iloc[0]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from bench.results.paths import bench_csv
+
 USAGE = """bench NAME [--quick] [--replot] [--results-dir DIR] [--dry-run]
                           a benchmark (see `python -m reproduce bench --list`)"""
 
@@ -23,10 +25,9 @@ def _settings(module) -> list[str]:
 def _dry_run(name: str, spec, results_dir: str, quick: bool, replot: bool) -> None:
     """What ``bench NAME`` would do: the benchmark, its settings, where its rows would go."""
     import sys as _sys
-    from pathlib import Path
 
     module = _sys.modules[spec.run.__module__]
-    csv = Path(results_dir) / "bench" / f"{name}.csv"
+    csv = bench_csv(results_dir, name)
     rows = len(csv.read_text().splitlines()) - 1 if csv.is_file() else 0
     doc = (module.__doc__ or name).strip().split("\n\n")[0]
     print(f"benchmark {name} ({module.__name__}): {doc}")

@@ -38,7 +38,7 @@ def _args(argv: list[str]) -> argparse.Namespace:
 
 
 def _check_experiments(names: list[str] | None, recorded: set[str]) -> None:
-    from bench.results.report_commands import known_experiments
+    from bench.report.report_commands import known_experiments
 
     known = set(known_experiments()) | recorded
     bad = [n for n in names or [] if n not in known]
@@ -50,7 +50,7 @@ def _check_experiments(names: list[str] | None, recorded: set[str]) -> None:
 
 
 def _load(results_dir: str):
-    from bench.results.figures_data import NoRecords, load_inputs
+    from bench.report.figures_data import NoRecords, load_inputs
 
     try:
         with warnings.catch_warnings():
@@ -81,8 +81,8 @@ def main(argv: list[str]) -> None:
     args = _args(argv)
     inputs = _load(args.results_dir)
     _check_experiments(args.experiment, set(inputs.runs["experiment"]))
-    from bench.results.figures_plan import draw, plan
-    from bench.results.report import write_report
+    from bench.report.figures_plan import draw, plan
+    from bench.report.report import write_report
 
     figs = plan(inputs, args.experiment)
     for p in inputs.problems:

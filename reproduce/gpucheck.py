@@ -10,7 +10,7 @@ USAGE = """gpucheck [--budget-s 480] [--dry-run]
 
 
 def main(argv: list[str]) -> None:
-    from bench.gpucheck import STEPS, check
+    from bench.gpucheck.check import STEPS, check
 
     ap = argparse.ArgumentParser(
         prog="python -m reproduce gpucheck",

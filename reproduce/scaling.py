@@ -13,6 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from reproduce._cli import Parser
+
 USAGE = """scaling [--cluster local|emulated|multinode] [--comm a,b] [--topologies 1x1,2x2]
            [--steps N] [--quick] [--dry-run]
                           throughput and scaling efficiency vs workers and nodes, beside
@@ -21,14 +23,8 @@ USAGE = """scaling [--cluster local|emulated|multinode] [--comm a,b] [--topologi
 QUICK = {"topologies": "1x1,2x1", "steps": 3}
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2
-        print(f"error: scaling: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def _parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="python -m reproduce scaling", description=__doc__)
+    ap = Parser("scaling", description=__doc__)
     ap.add_argument("--experiment", default="dawnbench_digits", help="conf/experiment/<E>.yaml")
     ap.add_argument("--cluster", default="local", help="local | emulated | multinode")
     ap.add_argument("--comm", default="dense,hitopk", help="comma-separated methods")

@@ -19,8 +19,8 @@ def app(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    from bench.launch.run import run
     from bench.registry import ConfigError
-    from bench.run import run
 
     hc = HydraConfig.get()
     experiment = hc.runtime.choices.get("experiment") or cfg.experiment

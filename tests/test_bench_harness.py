@@ -76,3 +76,24 @@ def test_replot_without_a_csv_is_one_clear_error(tmp_path: Path) -> None:
     p = run_cli("bench", "topk", "--replot", "--results-dir", str(tmp_path / "none"))
     assert p.returncode == 2 and "no " in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "none").exists()
+
+
+def test_a_recorded_run_is_rebuilt_from_its_rows_without_measuring(tmp_path: Path, monkeypatch):
+    import pandas as pd
+
+    monkeypatch.setattr(harness, "hardware", lambda: pytest.fail("measured the machine"))
+    rows = pd.DataFrame(
+        [{"case": "a", "median_ms": 1.0, "bench_id": "b1", "hardware": "hw", "git_sha": "s"}]
+    )
+    png = tmp_path / "figures" / "x.png"
+    run = harness.BenchRun.from_rows("demo", rows, tmp_path / "scratch", png)
+    assert run.bench_id == "b1" and run.meta == {"bench_id": "b1", "hardware": "hw", "git_sha": "s"}
+    assert run.rows == rows.to_dict("records") and run.png_path == png
+    assert run.csv_path == tmp_path / "scratch" / "bench" / "demo.csv"
+    assert pd.read_csv(run.csv_path).equals(rows) and png.parent.is_dir()
+
+
+def test_the_benchmarks_with_a_headline_are_the_reports():
+    from bench.report.figures_bench import headlines
+
+    assert sorted(headlines()) == ["input", "topk", "update"]

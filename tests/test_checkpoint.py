@@ -13,12 +13,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from bench import checkpoint as ck
 from bench.comm import attach
 from bench.config import Config, to_container
 from bench.registry import ConfigError
 from bench.results import records
 from bench.results.timing import TrainClock
+from bench.train import checkpoint as ck
 
 
 @pytest.fixture(autouse=True)
@@ -128,18 +128,6 @@ def test_an_incompatible_config_is_refused_naming_the_keys(tmp_path: Path) -> No
     ck.check_compatible(manifest, to_container(s.cfg))
 
 
-def test_restarts_pair_each_failure_with_the_epoch_resumed_from(tmp_path: Path) -> None:
-    ev = tmp_path / "events.jsonl"
-    ck.log_event(ev, kind="failure", failed_rank=3, exit_code=-9, restarts_left=1, node=1)
-    ck.log_event(ev, kind="failure", failed_rank=0, exit_code=1, restarts_left=1, node=0)
-    ck.log_event(ev, kind="resume", by="restart", epoch=2)
-    ck.log_event(ev, kind="failure", failed_rank=0, exit_code=1, restarts_left=0)
-    # one restart (both nodes' agents saw it; the first failure caused it); the last
-    # failure ended the run: no restart
-    (r,) = ck.restarts(ck.read_events(ev))
-    assert (r["failed_rank"], r["exit_code"], r["epoch_resumed_from"]) == (3, -9, 2)
-
-
 @pytest.mark.parametrize(
     ("exc", "status"),
     [
@@ -151,8 +139,8 @@ def test_restarts_pair_each_failure_with_the_epoch_resumed_from(tmp_path: Path) 
 def test_a_failed_launch_leaves_a_full_record_with_the_reason(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exc: BaseException, status: str
 ) -> None:
-    from bench import run as run_mod
     from bench.cluster import launch
+    from bench.launch import run as run_mod
 
     def fail(cfg: Config, run_json: Path) -> int:
         raise exc

@@ -10,7 +10,7 @@ import torch
 from bench.optim import build_optimizer, validate
 from bench.optim.config import OptimConfig
 from bench.registry import ConfigError
-from bench.runtime import clip_gradients
+from bench.train.runtime import clip_gradients
 
 
 def _cfg(**kw):

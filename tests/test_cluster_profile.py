@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from bench.cluster import perfmodel as pm
-from bench.cluster import profile, projection
+from bench.cluster import projection
+from bench.launch import profile
 from bench.models import build_model
 from bench.registry import ConfigError
 
@@ -48,7 +49,7 @@ def _cfg(*overrides: str):
 
 
 def test_a_profile_needs_the_emulated_cluster_and_a_known_name():
-    from bench.run import validate
+    from bench.launch.run import validate
 
     cfg = _cfg("cluster.profile=paper")
     cfg.cluster.name = "local"

@@ -62,8 +62,8 @@ def _run(name: str, cap: float, model: torch.nn.Module, **opts) -> tuple:
 def test_import_bench_comm_loads_no_hydra_dali_or_training_loop() -> None:
     code = (
         "import sys, bench.comm\n"
-        "heavy = ('hydra', 'omegaconf', 'nvidia', 'bench.train', 'bench.checkpoint',"
-        " 'bench.config', 'bench.data', 'bench.run', 'lightning', 'accelerate')\n"
+        "heavy = ('hydra', 'omegaconf', 'nvidia', 'bench.train', 'bench.launch',"
+        " 'bench.config', 'bench.data', 'bench.report', 'lightning', 'accelerate')\n"
         "print(sorted(m for m in sys.modules if m.startswith(heavy)))\n"
     )
     out = subprocess.run(

@@ -192,8 +192,8 @@ def test_a_resumed_run_rewrites_its_files_from_the_whole_curve(tmp_path: Path) -
 
 
 def test_a_negative_cost_per_hour_is_refused_before_the_run(tmp_path: Path) -> None:
+    from bench.launch.run import validate
     from bench.registry import ConfigError
-    from bench.run import validate
 
     cfg = Config()
     cfg.results.dir, cfg.results.cost_per_hour = str(tmp_path), -3.0

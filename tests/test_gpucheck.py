@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.gpucheck import STEPS, Step, check
+from bench.gpucheck.check import STEPS, Step, check
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -105,7 +105,7 @@ def test_every_step_is_planned_with_a_cap_within_the_default_budget():
 
 def test_throughput_benchmark_runs_on_cpu_and_feeds_the_summary(tmp_path):
     from bench.benchmarks.throughput import ANCHOR_IMAGES_PER_S, run
-    from bench.gpucheck_summary import headline, snapshot
+    from bench.gpucheck.summary import headline, snapshot
 
     before = snapshot(str(tmp_path))
     run(results_dir=str(tmp_path), quick=True)

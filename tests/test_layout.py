@@ -1,5 +1,6 @@
-"""The layout of the library: no import cycle, every module importable on its own, short
-files and functions, no reference outside the repository, ruff-clean."""
+"""The layout of the library: no import cycle, the folders of ``bench`` on floors that
+import only downwards, few loose files, every module importable on its own, short files
+and functions, no reference outside the repository, ruff-clean."""
 
 from __future__ import annotations
 
@@ -25,10 +26,26 @@ def _module_name(path: Path) -> str:
 MODULES = {_module_name(p): p for p in sorted(BENCH.rglob("*.py"))}
 
 
+def _type_checking_only(tree: ast.Module) -> set[ast.AST]:
+    """The import statements under ``if TYPE_CHECKING:``: they name types for a checker and
+    never run, so they are no dependency (a module may name the type of a higher layer's
+    object it is handed, such as the loop's ``TrainState``)."""
+    out: set[ast.AST] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            out |= {n for b in node.body for n in ast.walk(b)}
+    return out
+
+
 def _imports(path: Path) -> set[str]:
-    """bench modules that ``path`` imports anywhere (module level or inside functions)."""
+    """bench modules that ``path`` imports anywhere (module level or inside functions),
+    those under ``if TYPE_CHECKING:`` aside."""
     out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    typing_only = _type_checking_only(tree)
+    for node in ast.walk(tree):
+        if node in typing_only:
+            continue
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -89,6 +106,71 @@ def test_cycle_detector_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+# The floors of bench, lowest first: a folder (or loose module) imports only those on the
+# floors below it, never one on its own floor or above.  The one statement of the order:
+# the README's and docs/layout.md's trees describe the folders, this list ranks them.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("registry",),  # named factories and ConfigError: everything registers here
+    ("models", "data", "comm", "optim"),  # the concerns of one training step, apart
+    ("results",),  # records, curves, the event log, run outputs: written by both halves
+    ("cluster",),  # launchers and network emulation: start the worker processes
+    ("config",),  # the run's structured config, assembled from every group's schema
+    ("train", "benchmarks"),  # the worker side of a run; measurements beside it
+    ("launch",),  # the launcher side: validate, launch, record what the workers did not
+    ("sweeps",),  # many runs through the launcher
+    ("report", "gpucheck"),  # read what the others recorded; run benchmarks and runs
+)
+MAX_LOOSE = 4  # files directly in bench/, __init__.py included
+
+
+def _unit(module: str) -> str:
+    """The folder (or loose module) of ``bench`` that holds ``module``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _floor(unit: str) -> int:
+    return next(i for i, floor in enumerate(LAYERS) if unit in floor)
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    """Imports of a module from a folder on its own floor or above (``a -> b``)."""
+    return sorted(
+        f"{a} -> {b}"
+        for a, deps in graph.items()
+        for b in deps
+        if _unit(a) and _unit(b) and _unit(a) != _unit(b) and _floor(_unit(b)) >= _floor(_unit(a))
+    )
+
+
+def test_every_folder_of_bench_has_a_floor() -> None:
+    units = {_unit(n) for n in MODULES} - {"", "__init__"}
+    listed = [u for floor in LAYERS for u in floor]
+    assert sorted(units) == sorted(listed) and len(set(listed)) == len(listed)
+
+
+def test_no_import_from_a_lower_floor_to_a_higher_one() -> None:
+    assert _upward({name: _imports(path) for name, path in MODULES.items()}) == []
+
+
+def test_the_floor_check_finds_an_upward_import() -> None:
+    graph = {
+        "bench.results.events": {"bench.registry"},  # down: fine
+        "bench.train.loop": {"bench.train.checkpoint", "bench.results.records"},  # fine
+        "bench.results.mllog": {"bench.train.runtime"},  # up
+        "bench.data.cache": {"bench.models.config"},  # sideways, same floor
+    }
+    assert _upward(graph) == [
+        "bench.data.cache -> bench.models.config",
+        "bench.results.mllog -> bench.train.runtime",
+    ]
+
+
+def test_few_loose_files_in_bench() -> None:
+    loose = sorted(p.name for p in BENCH.glob("*.py"))
+    assert len(loose) <= MAX_LOOSE, loose
+
+
 _IMPORT_EACH = """
 import importlib, os, sys, traceback
 import torch, numpy, pandas, omegaconf, hydra  # third-party, loaded once before forking
@@ -128,7 +210,7 @@ def test_no_library_file_over_500_lines() -> None:
 
 
 def test_training_loop_functions_are_short() -> None:
-    tree = ast.parse((BENCH / "train.py").read_text())
+    tree = ast.parse((BENCH / "train" / "loop.py").read_text())
     sizes = {
         f.name: f.end_lineno - f.lineno + 1
         for f in ast.walk(tree)

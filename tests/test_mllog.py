@@ -60,7 +60,7 @@ def _payload(results: Path, *overrides: str) -> dict:
 
 
 def test_two_runs_in_one_process_each_write_their_own_compliant_log(tmp_path: Path) -> None:
-    from bench.train import train
+    from bench.train.loop import train
 
     recs = []
     runs = {"Org A": 2, "Org B": 1}  # author: epochs; one worker each, in this process

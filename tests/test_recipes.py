@@ -79,7 +79,7 @@ def test_recipe_says_how_to_run_it_and_on_what(name: str) -> None:
 @pytest.mark.parametrize("name", RECIPES)
 def test_tiny_recipe_passes_the_run_checks(name: str, tmp_path: Path) -> None:
     from bench.config import to_object
-    from bench.run import validate
+    from bench.launch.run import validate
 
     cfg = to_object(compose(_tiny(name, tmp_path)))
     validate(cfg)

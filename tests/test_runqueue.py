@@ -19,8 +19,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from bench.launch.runqueue import _sessions
 from bench.results import records
-from bench.runqueue import _sessions
 from tests.conftest import REPO, TINY
 
 LOCAL2 = ["cluster=local", "cluster.nnodes=1", "cluster.nproc_per_node=2"]
@@ -30,7 +30,7 @@ def _script(results: Path, out: Path, jobs: list[list[str]]) -> str:
     return textwrap.dedent(
         f"""
         from bench.sweeps.common import compose_all
-        from bench.runqueue import run_queue
+        from bench.launch.runqueue import run_queue
         jobs = {jobs!r}
         res = run_queue(compose_all(jobs), experiment="dawnbench_digits",
                         output_dir={str(out)!r}, labels=[str(i) for i in range(len(jobs))])

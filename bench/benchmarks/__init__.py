@@ -27,6 +27,8 @@ class BenchmarkSpec:
 
     run: Callable[..., Path]  # (results_dir="results", quick=False) -> the CSV appended to
     replot: Callable[[Any], None]  # (harness.BenchRun of recorded rows) -> draws its PNG(s)
+    # (rows of one recorded run) -> the report's lines: its result against its baseline
+    headline: Callable[[Any], list[str]] | None = None
 
 
 BENCHMARKS: Registry[BenchmarkSpec] = Registry("benchmark")

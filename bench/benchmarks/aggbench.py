@@ -37,7 +37,9 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from bench.benchmarks.buckets import FakeBucket
 from bench.cluster.perfmodel import buckets_for
+from bench.comm import make_hook, mstopk
 
 
 class Aggregator:
@@ -45,8 +47,6 @@ class Aggregator:
     called as DDP calls it: every bucket handed over, then all futures awaited."""
 
     def __init__(self, buckets: list[int], density: float, nodes: int, m: int, comms: list[str]):
-        from bench.benchmarks.buckets import FakeBucket
-        from bench.comm import make_hook
 
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.n, self.m = nodes, m
@@ -104,7 +104,6 @@ def _shift_ms(t: torch.Tensor, out: torch.Tensor, dst: int, src: int, reps: int)
 def _calibrate(agg: Aggregator, sizes_mb: list[float], reps: int) -> dict[str, list]:
     """Micro-measurements for perfmodel.calibrate (s), all ranks busy at once: no
     collective and no end-to-end case, so every aggregation case is held out."""
-    from bench.comm import mstopk
 
     cal: dict[str, list] = {k: [] for k in ("ring_shift", "intra_shift", "select", "scatter")}
     cal.update(dense_pass=[], reduce=[])

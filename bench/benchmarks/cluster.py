@@ -40,11 +40,21 @@ from __future__ import annotations
 
 import json
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
-from bench.benchmarks.harness import BenchRun
+from bench.benchmarks.harness import BenchRun, latest_run
+from bench.cluster import perfmodel as pm
+from bench.cluster import projection
+from bench.cluster.emulated import run_nodes
+from bench.cluster.linkcheck import run_link_check
+from bench.cluster.netns import EmulatedCluster, parse_bandwidth, require_tools
+from bench.cluster.projection import GPU_COSTS
+from bench.comm import cost
+from bench.results.paths import bench_csv
+from bench.results.plots import save_figure
 
 if TYPE_CHECKING:
     from bench.cluster.perfmodel import Cluster, Costs
@@ -61,9 +71,6 @@ DENSITY = 0.001
 
 def _measure(bw: str, numel: int, reps: int, quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     """The aggregation worker's results and the link check, on a fresh emulated cluster."""
-    from bench.cluster.emulated import run_nodes
-    from bench.cluster.linkcheck import run_link_check
-    from bench.cluster.netns import EmulatedCluster, parse_bandwidth
 
     with tempfile.TemporaryDirectory(prefix="tkb-bench-") as tmp:
         out = Path(tmp) / "agg.json"
@@ -104,7 +111,6 @@ def _overlap(
     c: Any, out: Path, quick: bool, procs: int = PROCS, bucket_mb: float = 25.0
 ) -> list[dict[str, Any]]:
     """bench.benchmarks.overlap on the emulated cluster: a ResNet-18 step per method."""
-    from bench.cluster.emulated import run_nodes
 
     args = ["--out", str(out), "--methods", ",".join(COMMS), "--density", "0.01"]
     args += ["--bucket-mb", str(bucket_mb)]
@@ -126,8 +132,6 @@ def _overlap(
 
 def _overlap_link_bound(quick: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The overlap case of :data:`LINK_BOUND` on a fresh emulated cluster, and its link."""
-    from bench.cluster.linkcheck import run_link_check
-    from bench.cluster.netns import EmulatedCluster, parse_bandwidth
 
     lb = LINK_BOUND
     with tempfile.TemporaryDirectory(prefix="tkb-bench-") as tmp:
@@ -139,7 +143,6 @@ def _overlap_link_bound(quick: bool) -> tuple[list[dict[str, Any]], dict[str, An
 
 def _calibrated(res: dict[str, Any], link: dict[str, Any]) -> tuple[Cluster, Costs]:
     """The model calibrated on this run's micro-measurements (no aggregation case)."""
-    from bench.cluster import perfmodel as pm
 
     cal = res["calibration"]
 
@@ -161,9 +164,6 @@ def _calibrated(res: dict[str, Any], link: dict[str, Any]) -> tuple[Cluster, Cos
 
 
 def _predict_ms(comm: str, res: dict[str, Any], c: Cluster, k: Costs) -> float:
-    from dataclasses import replace
-
-    from bench.cluster import perfmodel as pm
 
     sel = res["calibration"].get(f"select_{comm}", [])
     if sel:  # the method's own selection stage (error feedback included), per element
@@ -173,7 +173,6 @@ def _predict_ms(comm: str, res: dict[str, Any], c: Cluster, k: Costs) -> float:
 
 def _wire(comm: str, res: dict[str, Any]) -> dict[str, float]:
     """Measured link bytes per step and node beside the cost function's prediction."""
-    from bench.comm import cost
 
     n, m = res["nodes"], res["procs_per_node"]
     link = cost.step(comm, res["buckets"], res["density"], n, m).link_bytes
@@ -193,9 +192,8 @@ def _wire(comm: str, res: dict[str, Any]) -> dict[str, float]:
 def _hidden_from_comm_bench(results_dir: str) -> tuple[dict[str, float], str]:
     """Share of aggregation hidden behind the backward pass per method, from the newest
     ``bench comm`` overlap rows; none hidden without a measurement."""
-    from bench.benchmarks.harness import latest_run
 
-    path = Path(results_dir) / "bench" / "comm.csv"
+    path = bench_csv(results_dir, "comm")
     try:
         df = latest_run(path)
     except (FileNotFoundError, ValueError, KeyError):
@@ -212,8 +210,6 @@ def _hidden_from_comm_bench(results_dir: str) -> tuple[dict[str, float], str]:
 
 
 def run(results_dir: str = "results", quick: bool = False) -> Path:
-    from bench.cluster import perfmodel as pm
-    from bench.cluster.netns import require_tools
 
     require_tools()
     numel = 2_000_000 if quick else pm.RESNET50_NUMEL
@@ -280,8 +276,6 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
 
 
 def _projection(bench: BenchRun, results_dir: str, hidden: dict[str, float]) -> None:
-    from bench.cluster import perfmodel as pm
-    from bench.cluster import projection
 
     source = f"overlap case of this run at {OVERLAP_BW}"
     if not hidden:
@@ -311,10 +305,6 @@ def _what_if(
     """Rows ``kind=whatif``: the calibrated model with this machine's intra-node path
     replaced by NVLink (100 GB/s, 10 us), then also its CPU aggregation costs by GPU ones
     (``projection.GPU_COSTS``): what keeps ``hitopk`` from its paper speed-up here."""
-    from dataclasses import replace
-
-    from bench.cluster import perfmodel as pm
-    from bench.cluster.projection import GPU_COSTS
 
     nvlink = replace(c, intra_bw=100e9, intra_lat=10e-6)
     for scenario, cc, kk in (("nvlink", nvlink, k), ("nvlink+gpu", nvlink, GPU_COSTS)):
@@ -340,12 +330,11 @@ def _what_if(
 
 def _plot(bench: BenchRun) -> None:
     """``cluster.png`` (measured vs model, per bandwidth) and ``cluster.scaling.png``."""
+    # deferred: matplotlib is slow to load, and only drawing needs it
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from bench.results.plots import save_figure
 
     df = bench.frame()
     hw = bench.meta["hardware"]

@@ -36,11 +36,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+import torch.distributed as dist
 
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
 from bench.benchmarks.buckets import FakeBucket
 from bench.benchmarks.harness import BenchRun
+from bench.benchmarks.overlap import overlap_worker
+from bench.benchmarks.spawn import run_workers
+from bench.comm import cost, is_sparse, make_hook
+from bench.models import build_model
+from bench.models.config import ModelConfig
+from bench.results.plots import save_figure
 
 METHODS = ["dense", "fp16", "powersgd", "topk", "mstopk", "hitopk"]
 MODELS = ["resnet50", "transformer_base"]
@@ -53,16 +61,13 @@ def model_buckets(
 ) -> list[list[torch.Size]]:
     """Parameter shapes per DDP bucket (DDP's initial assignment) of torchvision's ResNet-50
     or of ``transformer_base`` with a joint vocabulary of ``vocab`` tokens (WMT's 32 k)."""
-    import torch.distributed as dist
 
     if model == "resnet50":
+        # deferred: torchvision is slow to load, and only this path needs it
         import torchvision
 
         net = torchvision.models.resnet50()
     else:
-        from bench.models import build_model
-        from bench.models.config import ModelConfig
-
         net = build_model(ModelConfig(name=model), vocab)
     params = [p for p in net.parameters() if p.requires_grad]
     rev = list(reversed(params))  # DDP fills buckets from the last parameter (ready first)
@@ -84,9 +89,6 @@ def _worker(
     warmup: int,
     reps: int,
 ) -> list[dict[str, Any]]:
-    import torch.distributed as dist
-
-    from bench.comm import is_sparse, make_hook
 
     buckets = [
         FakeBucket(i, s, i == len(shapes) - 1, seed=100 * rank + i) for i, s in enumerate(shapes)
@@ -126,7 +128,6 @@ def _worker(
 
 
 def run(results_dir: str = "results", quick: bool = False) -> Path:
-    from bench.benchmarks.spawn import run_workers
 
     world, ppn = 4, 2
     if quick:  # two small buckets: seconds
@@ -151,7 +152,6 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
 
 def _link_bytes(method: str, density: float, shapes: list, n: int, m: int) -> float:
     """Bytes per step leaving each node over its link (bench.comm.cost)."""
-    from bench.comm import cost
 
     numels = [sum(int(torch.Size(s).numel()) for s in b) for b in shapes]
     return cost.step(method, numels, density, n, m, shapes=shapes).link_bytes
@@ -192,8 +192,6 @@ def _add_rows(
 def _overlap(bench: BenchRun, world: int, ppn: int, quick: bool) -> None:
     """Rows ``kind=overlap``: a real ResNet-18 step with each hook, beside its backward pass
     alone and its communication alone (bench.benchmarks.overlap)."""
-    from bench.benchmarks.overlap import overlap_worker
-    from bench.benchmarks.spawn import run_workers
 
     methods = ["dense", "hitopk"] if quick else OVERLAP_METHODS
     batch, image, warmup, reps = (2, 16, 1, 1) if quick else (32, 64, 3, 4)
@@ -218,14 +216,11 @@ def _plot(bench: BenchRun) -> None:
 
 def plot(df: Any, hardware: str, path: Path) -> None:
     """Step time and bytes per worker (total and inter-node) of one run's rows."""
+    # deferred: matplotlib is slow to load, and only drawing needs it
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
-
-    from bench.comm import is_sparse
-    from bench.results.plots import save_figure
 
     ov = df[df["kind"] == "overlap"] if "kind" in df.columns else df.iloc[:0]
     df = df[df["kind"] != "overlap"] if "kind" in df.columns else df
@@ -269,7 +264,6 @@ def plot(df: Any, hardware: str, path: Path) -> None:
 
 def _plot_overlap(ax: Any, ov: Any) -> None:
     """Communication alone beside the part of it the step exposes (ResNet-18 step)."""
-    import numpy as np
 
     x = np.arange(len(ov))
     ax.bar(x - 0.2, ov["comm_alone_ms"], 0.4, color="tab:gray", label="communication alone")

@@ -48,8 +48,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+import torch
+
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
 from bench.benchmarks.harness import BenchRun, latest_run
+from bench.data.config import CacheConfig, DataConfig
+from bench.data.folder_input import build_folder
+from bench.data.jpegs import cached_jpeg_folder
+from bench.data.pagecache import drop_page_cache, resident_fraction
+from bench.results.plots import save_figure
 
 CACHES = ("none", "disk", "memory", "multilevel", "predecoded")
 THROTTLE = (50.0, 5.0)  # MB/s, ms per file
@@ -65,7 +73,6 @@ def _config(
     loader: str, cache: str, throttled: bool, root: str, quick: bool, size: int, cache_dir: str
 ):
     """DataConfig and CacheConfig of one case: ``2 x cores`` reads outstanding in both loaders."""
-    from bench.data.config import CacheConfig, DataConfig
 
     cores = 1 if quick else _cores()
     # uncached unthrottled DALI uses its file reader, whose decode threads do the reads
@@ -117,7 +124,6 @@ def _time_epoch(loader: Any) -> tuple[int, float, list[float]]:
 
 def _cold(paths: list[str]) -> float:
     """Drop the page cache of ``paths``; returns the share (%) still resident after it."""
-    from bench.data.pagecache import drop_page_cache, resident_fraction
 
     drop_page_cache(paths)
     try:
@@ -135,9 +141,6 @@ def _epochs(
     quick: bool,
     size: int | None = None,
 ) -> list[dict[str, Any]]:
-    import torch
-
-    from bench.data.folder_input import build_folder
 
     size = size or (32 if quick else OUT)
     cache_dir = tempfile.mkdtemp(prefix="tkb-input-cache-")
@@ -192,7 +195,7 @@ def _epochs(
 def upsampled_share(sizes: list[tuple[int, int]], out: int = OUT, draws: int = 20) -> float:
     """Share of RandomResizedCrop(out) crops (scale 0.08-1, ratio 3/4-4/3) of images of these
     (width, height) that have fewer than ``out`` pixels on a side, so are enlarged."""
-    import torch
+    # deferred: torchvision is slow to load, and only this path needs it
     from torchvision.transforms import RandomResizedCrop
 
     torch.manual_seed(0)
@@ -207,6 +210,7 @@ def upsampled_share(sizes: list[tuple[int, int]], out: int = OUT, draws: int = 2
 
 def _pixels_note(root: str) -> None:
     """Print what pre-decoding at the original resolution costs, and what a 256 cap would do."""
+    # deferred: Pillow only where images are decoded
     from PIL import Image
 
     train = Path(root) / "train"
@@ -238,12 +242,11 @@ def _ratios(rows: list[dict[str, Any]]) -> None:
 
 
 def _plot(csv: Path, png: Path) -> None:
+    # deferred: matplotlib is slow to load, and only drawing needs it
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from bench.results.plots import save_figure
 
     df = latest_run(csv)
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
@@ -279,7 +282,6 @@ def _plot(csv: Path, png: Path) -> None:
 
 
 def _folders(quick: bool) -> tuple[str, tuple[str, ...], int]:
-    from bench.data.jpegs import cached_jpeg_folder
 
     if quick:
         return (
@@ -296,7 +298,6 @@ def _folders(quick: bool) -> tuple[str, tuple[str, ...], int]:
 
 def run(results_dir: str = "results", quick: bool = False) -> Path:
     """Measure every (loader, cache, throttle) case for 3 epochs; CSV + PNG; returns the CSV."""
-    from bench.data.jpegs import cached_jpeg_folder
 
     try:
         import nvidia.dali  # noqa: F401
@@ -331,4 +332,25 @@ def _replot(bench: BenchRun) -> None:
     _plot(bench.csv_path, bench.png_path)
 
 
-BENCHMARKS.register("input")(BenchmarkSpec(run=run, replot=_replot))
+def headline(rows: pd.DataFrame) -> list[str]:
+    """Per loader and cache, throttled storage, epochs 2 on: images/s against no cache."""
+    need = {"loader", "cache", "epoch", "images_per_s"}
+    if not need <= set(rows.columns):
+        return []
+    r = rows[rows["epoch"] >= 2]
+    if "throttled" in r:
+        r = r[r["throttled"].astype(str) == "True"]
+    out = []
+    for loader, g in r.groupby("loader", sort=False):
+        ips = g.groupby("cache", sort=False)["images_per_s"].mean()
+        if "none" not in ips:
+            continue
+        parts = [f"{c} {v:,.0f}/s ({v / ips['none']:.2f}x)" for c, v in ips.items() if c != "none"]
+        out.append(
+            f"{loader}, throttled storage, epochs 2+: no cache {ips['none']:,.0f} images/s; "
+            + ", ".join(parts)
+        )
+    return out
+
+
+BENCHMARKS.register("input")(BenchmarkSpec(run=run, replot=_replot, headline=headline))

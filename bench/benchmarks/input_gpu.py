@@ -46,8 +46,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch.utils.data import DataLoader
+
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
 from bench.benchmarks.harness import BenchRun, interleaved_times, latest_run, summarize
+from bench.data.cache import build_reader
+from bench.data.config import CacheConfig
+from bench.data.dali import DaliFolderLoader
+from bench.data.folder import build_transforms, check_split
+from bench.data.jpegs import cached_jpeg_folder
+from bench.data.storage import LocalStorage, list_folder
+from bench.results.plots import save_figure
 
 CASES = ("torchvision", "dali_mixed", "dali_cpu", "dali_predecoded")
 OUT = 224  # training crop (pixels)
@@ -84,11 +94,8 @@ class _Epochs:
 
 
 def _torchvision(root: str, size: int, batch: int, workers: int, device: Any) -> _Epochs:
-    import torch
-    from torch.utils.data import DataLoader
+    # deferred: torchvision is slow to load, and only this path needs it
     from torchvision.datasets import ImageFolder
-
-    from bench.data.folder import build_transforms, check_split
 
     transform, _ = build_transforms(size, size, flip=True)
     train = ImageFolder(str(check_split(root, "train")), transform=transform)
@@ -120,10 +127,6 @@ def _torchvision(root: str, size: int, batch: int, workers: int, device: Any) ->
 def _dali(
     root: str, size: int, batch: int, threads: int, device: Any, where: str, cache: str, tmp: str
 ) -> _Epochs:
-    from bench.data.cache import build_reader
-    from bench.data.config import CacheConfig
-    from bench.data.dali import DaliFolderLoader
-    from bench.data.storage import LocalStorage, list_folder
 
     store = LocalStorage(root)
     cfg = CacheConfig(name=cache, dir=tmp, disk_gb=10.0, memory_gb=8.0, predecode_size=0)
@@ -167,9 +170,6 @@ def _plan(quick: bool) -> dict[str, Any]:
 
 def measure(quick: bool = False, dali: bool | None = None) -> list[dict[str, Any]]:
     """The rows of one run (every case; skipped ones say why)."""
-    import torch
-
-    from bench.data.jpegs import cached_jpeg_folder
 
     p = _plan(quick)
     dali = have_dali() if dali is None else dali
@@ -248,12 +248,11 @@ def measure(quick: bool = False, dali: bool | None = None) -> list[dict[str, Any
 
 
 def _plot(csv: Path, png: Path) -> None:
+    # deferred: matplotlib is slow to load, and only drawing needs it
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from bench.results.plots import save_figure
 
     df = latest_run(csv)
     df = df[df["skipped"].fillna("") == ""] if "skipped" in df else df

@@ -21,6 +21,7 @@ Runs under :func:`bench.benchmarks.spawn.run_workers` (loopback, ``bench comm``)
 
 import argparse
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -28,6 +29,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from bench.benchmarks.buckets import FakeBucket
+from bench.comm import is_sparse, make_hook
 
 MODEL = "resnet18"
 
@@ -61,11 +66,8 @@ def _case(
     reps: int,
     bucket_mb: float = 25.0,
 ) -> dict[str, Any]:
+    # deferred: torchvision is slow to load, and only this path needs it
     import torchvision
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from bench.benchmarks.buckets import FakeBucket
-    from bench.comm import is_sparse, make_hook
 
     torch.manual_seed(0)
     ddp = DDP(torchvision.models.resnet18(num_classes=10), bucket_cap_mb=bucket_mb)
@@ -136,7 +138,6 @@ def overlap_worker(rank: int, world: int, methods: list[str], *case: Any) -> lis
 
 
 def main(argv: list[str] | None = None) -> int:
-    import os
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)

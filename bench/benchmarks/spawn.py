@@ -16,6 +16,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
@@ -46,8 +48,6 @@ def _entry(
         GROUP_RANK=str(rank // ppn),
         GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
     )
-    import torch
-    import torch.distributed as dist
 
     torch.set_num_threads(threads)
     try:

@@ -38,10 +38,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import torch
 
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
 from bench.benchmarks.harness import BenchRun
+from bench.models import build_model
+from bench.models.config import ModelConfig
+from bench.results.plots import save_figure
 
 ANCHOR_IMAGES_PER_S = 2470.0
 ANCHOR = (
@@ -66,6 +70,7 @@ class Step:
         batch: int,
         px: int,
     ) -> None:
+        # deferred: torchvision is slow to load, and only this path needs it
         import torchvision
 
         torch.manual_seed(0)
@@ -106,8 +111,6 @@ class TokenStep:
         seq_len: int,
         vocab: int = 32000,
     ) -> None:
-        from bench.models import build_model
-        from bench.models.config import ModelConfig
 
         torch.manual_seed(0)
         self.model = build_model(ModelConfig(name=model), vocab).to(device)
@@ -263,13 +266,11 @@ def _add_rows(
 
 
 def _plot(bench: BenchRun) -> None:
+    # deferred: matplotlib is slow to load, and only drawing needs it
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import pandas as pd
-
-    from bench.results.plots import save_figure
 
     df = bench.frame()
     # runs before the Transformer rows have no model column: all ResNet-50

@@ -61,14 +61,18 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pandas as pd
 import torch
 
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
-from bench.benchmarks.harness import BenchRun, interleaved_times
+from bench.benchmarks.harness import BenchRun, fmt, interleaved_times
+from bench.models import build_model
+from bench.models.config import ModelConfig
 from bench.optim import OPTIMIZERS as SPECS
 from bench.optim import build_optimizer
 from bench.optim.config import OptimConfig
 from bench.optim.layout import ddp_like_buckets
+from bench.results.plots import save_figure
 
 # bytes read + written per parameter value by an ideal update, per fp32 value
 TRAFFIC_VALUES = {"sgd": 5, "lars": 7, "adamw": 7}
@@ -81,6 +85,7 @@ OPTIMIZERS = {
 
 def param_set(name: str) -> torch.nn.Module:
     """A module holding the parameter set ``name`` (no forward is ever run)."""
+    # deferred: torchvision is slow to load, and only this path needs it
     import torchvision
 
     # nn.Transformer warns about nested tensors, irrelevant here: no forward is run
@@ -89,9 +94,6 @@ def param_set(name: str) -> torch.nn.Module:
     if name == "resnet50":
         return torchvision.models.resnet50()
     if name in ("transformer_base", "transformer_tiny"):  # the registry's models
-        from bench.models import build_model
-        from bench.models.config import ModelConfig
-
         return build_model(ModelConfig(name=name), 37000 if name == "transformer_base" else 1000)
     if name == "resnet18_head":  # quick: ResNet-18's first 30 tensors
         m = torchvision.models.resnet18()
@@ -164,12 +166,11 @@ def cases(device: torch.device) -> list[tuple[str, str, str]]:
 
 
 def _plot(df: Any, path: Path, hw: str) -> None:
+    # deferred: matplotlib is slow to load, and only drawing needs it
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from bench.results.plots import save_figure
 
     models = list(dict.fromkeys(df["model"]))
     fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4.5), squeeze=False)
@@ -296,4 +297,25 @@ def _replot(run: BenchRun) -> None:
     _plot(df, run.png_path, run.meta["hardware"])
 
 
-BENCHMARKS.register("update")(BenchmarkSpec(run=run, replot=_replot))
+def headline(rows: pd.DataFrame) -> list[str]:
+    """Per model and optimizer: the flat update against naive and fused, same run."""
+    need = {"model", "optimizer", "mode", "median_ms"}
+    if not need <= set(rows.columns):
+        return []
+    rows = rows.assign(variant=rows.get("variant", pd.Series("", index=rows.index)).fillna(""))
+    out = []
+    for (model, opt), g in rows[rows["variant"] == ""].groupby(["model", "optimizer"], sort=False):
+        ms = {m: float(x["median_ms"].median()) for m, x in g.groupby("mode")}
+        if "flat" not in ms or "naive" not in ms:
+            continue
+        line = (
+            f"{model} {opt}: flat {fmt(ms['flat'], ' ms')} vs naive {fmt(ms['naive'], ' ms')} "
+            f"({ms['naive'] / ms['flat']:.2f}x)"
+        )
+        if "fused" in ms:
+            line += f", vs torch fused {fmt(ms['fused'], ' ms')} ({ms['fused'] / ms['flat']:.2f}x)"
+        out.append(line)
+    return out
+
+
+BENCHMARKS.register("update")(BenchmarkSpec(run=run, replot=_replot, headline=headline))

@@ -21,7 +21,8 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from bench.cluster.torchrun import EVENTS_ENV, LAUNCHER_ENV, _note, instrument_agent
+from bench.cluster.torchrun import LAUNCHER_ENV, instrument_agent
+from bench.results.events import AGENT_ERROR, EVENTS_ENV, log_event
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 DEATH_SIGNAL = signal.SIGUSR1  # torchrun handles TERM/INT/HUP/QUIT itself, gracefully
@@ -79,6 +80,7 @@ def die_with_launcher() -> None:
 def main() -> None:
     """torchrun; an error of the agent itself (a rendezvous that timed out) is noted too."""
     die_with_launcher()
+    # deferred: torch takes seconds to load, and this module is read without it
     from torch.distributed.run import main as torchrun
 
     instrument_agent()
@@ -95,7 +97,7 @@ def main() -> None:
             if not msg and "Rendezvous" in type(e).__name__:
                 msg = "not every node joined within cluster.rdzv_timeout_s"
             reason = f"{type(e).__name__}: {msg}"
-            _note(os.environ[EVENTS_ENV], kind="agent_error", reason=reason)
+            log_event(os.environ[EVENTS_ENV], kind=AGENT_ERROR, reason=reason)
         raise
 
 

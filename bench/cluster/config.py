@@ -43,7 +43,7 @@ class ClusterConfig:
     link_check: bool = True  # measure every link both ways; refuse when off by > link_tolerance
     link_tolerance: float = 0.25  # allowed relative deviation of bandwidth and small-message time
     link_check_s: float = 0.5  # seconds of traffic the bandwidth check sends at the nominal rate
-    # a named link profile (bench.cluster.profile): ``paper`` sets inter_node_bandwidth so
+    # a named link profile (bench.launch.profile): ``paper`` sets inter_node_bandwidth so
     # that dense communication / compute per step is the paper's cluster's ratio
     profile: str | None = None
     profile_compute_s: float | None = None  # the profile's compute time per step; None = timed

@@ -36,8 +36,9 @@ from bench.cluster.config import ClusterConfig
 from bench.cluster.linkcheck import run_link_check, write_link_check
 from bench.cluster.netns import EmulatedCluster, parse_bandwidth, parse_latency, require_tools
 from bench.cluster.registry import LauncherSpec, register
-from bench.cluster.torchrun import AGENT_MODULE, LAUNCHER_ENV, events_env
+from bench.cluster.torchrun import AGENT_MODULE, LAUNCHER_ENV
 from bench.registry import ConfigError
+from bench.results.events import events_env
 
 WORKER_MEM_GIB = 0.5  # resident memory of one CPU worker (torch + a small model), rough
 MAX_WORKERS_PER_CORE = 4  # beyond this, CPU workers mostly wait for each other

@@ -1,6 +1,6 @@
 """Launching the workers of a run: the checks every launcher shares, then the named launcher.
 
-The launcher process (the Hydra app, :mod:`bench.run`) validates the whole configuration,
+The launcher process (the Hydra app, :mod:`bench.launch.run`) validates the whole configuration,
 writes a run JSON (config + run id + launch time) and hands it to :func:`launch`, which
 looks ``cluster.name`` up in :data:`bench.cluster.registry.LAUNCHERS`: ``local`` and
 ``multinode`` (:mod:`bench.cluster.torchrun`), ``emulated`` (:mod:`bench.cluster.emulated`).

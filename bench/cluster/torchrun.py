@@ -15,12 +15,10 @@ restarts, up to ``cluster.max_restarts`` times) is noted in the run's event log.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -28,33 +26,12 @@ from typing import Any
 from bench.cluster.config import ClusterConfig
 from bench.cluster.registry import LauncherSpec, register
 from bench.registry import ConfigError
+from bench.results.events import EVENTS_ENV, FAILURE, events_env, log_event
 
 WORKER_MODULE = "bench.train"
 AGENT_MODULE = "bench.cluster.agent"  # torchrun, noting failed worker groups
-EVENTS_ENV = "BENCH_EVENTS"  # the run's event log (bench.checkpoint.events_path)
 GENERATION_ENV = "BENCH_GENERATION"  # one token per rendezvous round, the same on every node
 LAUNCHER_ENV = "BENCH_LAUNCHER_PID"  # an agent dies with this process (bench.cluster.agent)
-
-
-def events_env(run_json: Path) -> dict[str, str]:
-    """``BENCH_EVENTS`` for the agents of the run described by ``run_json`` (of a queue
-    of runs: the queue's own log, :mod:`bench.runqueue`)."""
-    from bench.runqueue import QUEUE_KEY
-
-    payload = json.loads(Path(run_json).read_text())
-    if QUEUE_KEY in payload:
-        return {EVENTS_ENV: payload[QUEUE_KEY]["events"]}
-    root = Path(payload["config"]["results"]["dir"]) / "checkpoints"
-    return {EVENTS_ENV: str((root / payload["run"]["run_id"] / "events.jsonl").resolve())}
-
-
-def _note(path: str, **fields: Any) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (json.dumps({"time": time.time(), **fields}) + "\n").encode())
-    finally:
-        os.close(fd)
 
 
 def instrument_agent() -> None:
@@ -68,6 +45,7 @@ def instrument_agent() -> None:
       (each agent's restart count cannot serve: an agent whose own workers did not fail
       restarts without counting).
     """
+    # deferred: torch takes seconds to load, and this module is read without it
     from torch.distributed.elastic.agent.server.api import WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
@@ -84,8 +62,8 @@ def instrument_agent() -> None:
         if path and result.state == WorkerState.FAILED and result.failures:
             rank, failure = min(result.failures.items(), key=lambda kv: kv[1].timestamp)
             spec = worker_group.spec
-            _note(
-                path, kind="failure", failed_rank=rank, exit_code=failure.exitcode,
+            log_event(
+                path, kind=FAILURE, failed_rank=rank, exit_code=failure.exitcode,
                 restart=spec.max_restarts - self._remaining_restarts + 1,
                 restarts_left=self._remaining_restarts, node=worker_group.group_rank,
             )  # fmt: skip
@@ -139,6 +117,7 @@ def torchrun_cmd(c: ClusterConfig, run_json: Path, *, endpoint: str, rdzv_id: st
 
 def _launch_in_process(c: ClusterConfig, run_json: Path) -> int:
     """One node: the elastic agent runs in this process."""
+    # deferred: torch takes seconds to load, and this module is read without it
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -33,14 +34,18 @@ class DatasetSpec:
     check: Callable[[DataConfig], None] | None = None  # e.g. the files are on disk
 
 
+# Each data set's modules are imported by its builder or check, when it runs: this
+# package's __init__ runs on the first import of any of its modules (the config schema
+# imports bench.data.config), so importing every loader here would load them all for
+# every run, DALI and torchvision paths included, and would make their own imports of
+# this package's modules circular.
 DATASETS: Registry[DatasetSpec] = Registry("data set")
 
 
 def _array_loader(cfg: DataConfig) -> Callable[..., Any]:
     """The loader class for in-memory arrays: batched torch ops, or DALI (data.loader=dali)."""
     if cfg.loader == "dali":
-        from functools import partial
-
+        # deferred: see the note above DATASETS
         from bench.data.dali_arrays import DaliArrayLoader
 
         return partial(
@@ -72,6 +77,7 @@ def _arrays(
 def _digits(
     cfg: DataConfig, cache: CacheConfig, rank: int, world: int, device: torch.device, seed: int
 ) -> DataBundle:
+    # deferred: see the note above DATASETS
     from bench.data.digits import load_digits_split
 
     arrays = load_digits_split(cfg.image_size, cfg.test_fraction, cfg.split_seed)
@@ -82,6 +88,7 @@ def _digits(
 def _cifar10(
     cfg: DataConfig, cache: CacheConfig, rank: int, world: int, device: torch.device, seed: int
 ) -> DataBundle:
+    # deferred: see the note above DATASETS
     from bench.data.cifar10 import MEAN, STD, load_cifar10
 
     return _arrays(cfg, rank, world, device, seed, load_cifar10(cfg.root), (MEAN, STD))
@@ -90,6 +97,7 @@ def _cifar10(
 def _folder(
     cfg: DataConfig, cache: CacheConfig, rank: int, world: int, device: torch.device, seed: int
 ) -> DataBundle:
+    # deferred: see the note above DATASETS
     from bench.data.folder_input import build_folder, uses_cached_input
 
     if uses_cached_input(cfg, cache):  # DALI, a cache level, progressive sizes, slow/remote
@@ -117,6 +125,7 @@ def _folder(
 def _synthetic(
     cfg: DataConfig, cache: CacheConfig, rank: int, world: int, device: torch.device, seed: int
 ) -> DataBundle:
+    # deferred: see the note above DATASETS
     from bench.data.synthetic import SyntheticLoader
 
     b = per_rank(cfg.batch_size, world, "data.batch_size")
@@ -133,24 +142,28 @@ def _synthetic(
 def _translation(
     cfg: DataConfig, cache: CacheConfig, rank: int, world: int, device: torch.device, seed: int
 ) -> DataBundle:
+    # deferred: see the note above DATASETS
     from bench.data.translation import build
 
     return build(cfg, cache, rank, world, device, seed)
 
 
 def _check_translation(cfg: DataConfig) -> None:
+    # deferred: see the note above DATASETS
     from bench.data.translation import check
 
     check(cfg)
 
 
 def _check_cifar(cfg: DataConfig) -> None:
+    # deferred: see the note above DATASETS
     from bench.data.cifar10 import check_root
 
     check_root(cfg.root)
 
 
 def _check_folder(cfg: DataConfig) -> None:
+    # deferred: see the note above DATASETS
     from bench.data.folder import check_split
     from bench.data.storage import is_url
 
@@ -181,6 +194,7 @@ def validate(cfg: DataConfig, cache_cfg: CacheConfig, world_size: int) -> None:
         raise ConfigError("data.image_size and data.eval_image_size must be positive")
     if spec.check is not None:
         spec.check(cfg)
+    # deferred: see the note above DATASETS
     from bench.data.folder_input import validate_input  # cache, DALI, throttle, progressive
 
     validate_input(cfg, cache_cfg)

@@ -10,12 +10,20 @@ storage or a remote root is configured (:func:`bench.data.folder_input.uses_cach
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import sys
+import time
 import warnings
 from typing import Any
+
+import torch
+import torch.utils.data._utils as du
+from torch.utils.data import DataLoader
 
 from bench.data.cache import CACHES, ZERO_STATS, CachedReader, build_reader, merge_stats
 from bench.data.config import CacheConfig
 from bench.data.folder import IMAGENET_MEAN, IMAGENET_STD
+from bench.data.jpegs import CorruptImage, decode_rgb
 from bench.data.sampling import rank_batches, steps_per_epoch, worker_affine
 from bench.data.storage import Storage
 from bench.data.types import SAMPLES
@@ -28,7 +36,6 @@ def zero_stats() -> dict[str, float]:
 
 
 def warn_corrupt(names: list[str], seen: set[str], strict: bool) -> None:
-    from bench.data.jpegs import CorruptImage
 
     for msg in names:
         if strict:
@@ -77,11 +84,9 @@ class FolderDataset:
         return len(self.listing)
 
     def __getitem__(self, key: tuple[int, int]) -> tuple[Any, int, int, str | None]:
-        import torch
+        # deferred: torchvision is slow to load, and only this path needs it
         from torchvision.transforms import RandomResizedCrop
         from torchvision.transforms import functional as F
-
-        from bench.data.jpegs import CorruptImage, decode_rgb
 
         i, size = key
         rel = self.listing.files[i]
@@ -110,7 +115,6 @@ class FolderDataset:
 
     def collate(self, items: list) -> tuple[Any, Any, Any, dict]:
         """Stack the good items; the worker's cache counters ride along with the batch."""
-        import torch
 
         good = [it for it in items if it[0] is not None]
         stats: dict[str, Any] = self.reader.stats.take() if (self._reader or good) else {}
@@ -156,7 +160,6 @@ class CachedFolderLoader:
         strict: bool,
         prefetch: int = 2,
     ) -> None:
-        from torch.utils.data import DataLoader
 
         self.ds, self.batch_size, self.rank, self.world = dataset, batch_size, rank, world_size
         self.device, self.seed, self.size_at, self.strict = device, seed, size_at, strict
@@ -210,9 +213,6 @@ class CachedFolderLoader:
         self.loader._iterator = None
 
     def iter_indexed(self):
-        import time
-
-        import torch
 
         mean = torch.tensor(IMAGENET_MEAN, device=self.device).view(1, 3, 1, 1) * 255
         std = torch.tensor(IMAGENET_STD, device=self.device).view(1, 3, 1, 1) * 255
@@ -237,8 +237,6 @@ def _worker_context():
     A child forked from a process whose DALI threads hold a lock deadlocks on it (seen when
     one process builds DALI pipelines and then a DataLoader, as the input benchmark does).
     """
-    import multiprocessing as mp
-    import sys
 
     if "nvidia.dali" not in sys.modules:
         return None
@@ -255,7 +253,6 @@ def _worker_init(worker_id: int) -> None:
     # iterator; without this its __del__ tries to join processes that are not its children
     # at exit ("can only test a child process").  The flag only gates that parent-side
     # shutdown code.
-    import torch.utils.data._utils as du
 
     du.python_exit_status = True
 

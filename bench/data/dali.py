@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+import torch
 
 from bench.data.cache import CachedReader, merge_stats
 from bench.data.cached_folder import warn_corrupt, zero_stats
@@ -47,6 +48,7 @@ from bench.data.dali_common import (
     zero_copy,
 )
 from bench.data.dali_feed import ExternalFeed
+from bench.data.jpegs import jpeg_looks_complete
 from bench.data.sampling import rank_batches, steps_per_epoch
 from bench.data.types import SAMPLES
 
@@ -177,7 +179,6 @@ class DaliFolderLoader:
         a warning (or stop the run with data.strict=true).  The paths and sizes are per
         sample index (the sizes count level 0 bytes).
         """
-        from bench.data.jpegs import jpeg_looks_complete
 
         paths = [os.path.join(self.local_root, f) for f in self.listing.files]
 
@@ -330,13 +331,11 @@ class DaliFolderLoader:
             t0 = time.perf_counter()
 
     def _to_device(self, labels: np.ndarray):
-        import torch
 
         return to_device(torch.from_numpy(labels), self.device)
 
     def _real(self, images: Any, index: Any, batch: np.ndarray | None):
         """(images, sample indices) of a batch without the reader's padding."""
-        import torch
 
         idx = to_torch(index, torch.device("cpu")).view(-1)  # a copy: see KeepAlive
         x = to_torch(images, self.device, wrap=zero_copy(self._pipe[1]))

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import torch
 
 from bench.data.dali_common import (
     ExternalEpochs,
@@ -148,7 +149,6 @@ class DaliArrayLoader:
         return p
 
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
-        import torch
 
         if self._pipe is None:
             self._pipe = self._build()

@@ -18,8 +18,11 @@ torch's current stream (``feed_ndarray``) and CPU batches once to host memory.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
+
+import torch
 
 from bench.data.folder import IMAGENET_MEAN, IMAGENET_STD
 from bench.registry import ConfigError
@@ -29,6 +32,8 @@ def require_dali():
     """Import DALI or fail with one sentence."""
     try:
         import nvidia.dali as dali  # noqa: F401
+
+        # deferred: DALI is optional (GPU machines), loaded only when asked for
         from nvidia.dali import fn, pipeline_def, types
     except ImportError:
         raise ConfigError(
@@ -44,7 +49,6 @@ def dali_device_id(device: Any, dali_device: str) -> int | None:
     ``auto``: the training device's GPU when training on CUDA, else the CPU; ``cpu``: always
     the CPU; ``gpu``: the training device's GPU, an error when training on the CPU.
     """
-    import torch
 
     device = torch.device(device)
     if str(dali_device) not in ("auto", "cpu", "gpu"):
@@ -127,7 +131,6 @@ def to_torch(out: Any, device: Any, *, wrap: bool = False):
     a new CUDA tensor (``feed_ndarray``, as DALI's own iterator does) and CPU batches are
     copied to host memory.  A GPU batch asked for on the CPU is copied to the host.
     """
-    import torch
 
     device = torch.device(device)
     gpu = type(out).__name__ == "TensorListGPU"
@@ -137,6 +140,7 @@ def to_torch(out: Any, device: Any, *, wrap: bool = False):
     if wrap:
         x = torch.from_dlpack(t)
     elif gpu:
+        # deferred: DALI is optional (GPU machines), loaded only when asked for
         from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 
         cuda = torch.device("cuda", out.device_id())
@@ -155,7 +159,6 @@ def to_device(x: Any, device: Any):
     copy is staged before it returns, so the source may be dropped at once; from pinned
     memory that torch did not allocate (DALI's) it would not be, so that one is blocking.
     """
-    import torch
 
     device = torch.device(device)
     if device.type == "cuda" and not x.is_cuda:
@@ -173,7 +176,6 @@ class KeepAlive:
     """
 
     def __init__(self, depth: int) -> None:
-        from collections import deque
 
         self.ring: deque = deque(maxlen=max(2, depth))
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from bench.data.cache import CachedReader
 from bench.data.cached_folder import warn_corrupt
+from bench.data.jpegs import CorruptImage, jpeg_looks_complete
 
 
 class ExternalFeed:
@@ -59,7 +60,6 @@ class ExternalFeed:
         self.pool.shutdown(wait=True)
 
     def _fetch_one(self, i: int) -> tuple[np.ndarray | None, str | None]:
-        from bench.data.jpegs import CorruptImage, jpeg_looks_complete
 
         rel = self.listing.files[i]
         if self.predecode_size:
@@ -91,7 +91,6 @@ class ExternalFeed:
 
     def __call__(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """external_source's callback: the next fetched batch with at least one good image."""
-        from bench.data.jpegs import CorruptImage
 
         while self.futs:
             data, index, bad = self._gather(self.futs.pop(0))

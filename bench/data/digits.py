@@ -54,6 +54,7 @@ def load_digits_split(size: int = 32, test_fraction: float = 0.2, split_seed: in
 
 
 def _prepare(size: int, test_fraction: float, split_seed: int) -> Split:
+    # deferred: scikit-learn only for the digits data set
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 

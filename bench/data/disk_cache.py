@@ -34,6 +34,8 @@ import zlib
 from collections.abc import Iterator
 from typing import Any
 
+from filelock import FileLock
+
 from bench.data.shared_file import SharedValue
 from bench.registry import ConfigError
 
@@ -84,7 +86,6 @@ class DiskCache:
         return os.path.join(self.dir, h[:2], h)
 
     def lock_for(self, key: str):
-        from filelock import FileLock
 
         stripe = int(self._digest(key)[:8], 16) % _STRIPES
         return FileLock(os.path.join(self.lock_dir, f"{stripe:03x}.lock"))

@@ -35,6 +35,7 @@ def check_split(root: str, sub: str) -> Path:
 
 
 def build_transforms(image_size: int, eval_image_size: int, flip: bool):
+    # deferred: torchvision is slow to load, and only this path needs it
     from torchvision import transforms as T
 
     norm = T.Normalize(IMAGENET_MEAN, IMAGENET_STD)
@@ -58,6 +59,7 @@ def image_folders(
     root: str, train_dir: str, val_dir: str, image_size: int, eval_image_size: int, flip: bool
 ):
     """(train ImageFolder, val ImageFolder) with the class index of the training split."""
+    # deferred: torchvision is slow to load, and only this path needs it
     from torchvision.datasets import ImageFolder
 
     tr_t, ev_t = build_transforms(image_size, eval_image_size, flip)

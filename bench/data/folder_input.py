@@ -13,7 +13,12 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from bench.data.config import CacheConfig, DataConfig
+from bench.data.cache import CACHES, build_reader, validate_cache
+from bench.data.cached_folder import CachedFolderLoader, FolderDataset
+from bench.data.config import CacheConfig, DataConfig, train_size_at, train_sizes
+from bench.data.dali import DaliFolderLoader
+from bench.data.dali_common import require_dali
+from bench.data.storage import LocalStorage, is_url, list_folder, open_storage
 from bench.data.types import DataBundle, per_rank
 from bench.registry import ConfigError
 
@@ -25,7 +30,6 @@ if TYPE_CHECKING:
 
 def uses_cached_input(data_cfg: DataConfig, cache_cfg: CacheConfig) -> bool:
     """Whether a folder data set needs this module's loaders instead of plain torchvision."""
-    from bench.data.storage import is_url
 
     return (
         data_cfg.loader == "dali"
@@ -46,7 +50,6 @@ def build_folder(
     seed: int,
 ) -> DataBundle:
     """The DataBundle of an ImageNet-style folder read through the cache (torch or DALI)."""
-    from bench.data.storage import list_folder, open_storage
 
     store = open_storage(data_cfg.root, data_cfg.throttle_mbps, data_cfg.throttle_ms)
     tr = list_folder(store, data_cfg.train_dir)
@@ -64,7 +67,6 @@ def build_folder(
 
 def _sizes(data_cfg: DataConfig) -> tuple[Callable[[int], int], Callable[[int], int]]:
     """(training size, evaluation size) in pixels as functions of the epoch."""
-    from bench.data.config import train_size_at
 
     return partial(train_size_at, data_cfg), lambda epoch: data_cfg.eval_image_size
 
@@ -83,8 +85,6 @@ def _predecoded(data_cfg: DataConfig, cache_cfg: CacheConfig) -> int:
     original images give).  The value passed here (the largest training or evaluation
     size) only marks the level as decoded.
     """
-    from bench.data.cache import CACHES
-    from bench.data.config import train_sizes
 
     if not CACHES.get(cache_cfg.name).decoded:
         return 0
@@ -101,9 +101,6 @@ def _dali_loaders(
     device: torch.device,
     seed: int,
 ) -> tuple[Any, Any]:
-    from bench.data.cache import build_reader
-    from bench.data.dali import DaliFolderLoader
-    from bench.data.storage import LocalStorage
 
     plain = isinstance(store, LocalStorage) and cache_cfg.name == "none"
 
@@ -140,7 +137,6 @@ def _torch_loaders(
     device: torch.device,
     seed: int,
 ) -> tuple[Any, Any]:
-    from bench.data.cached_folder import CachedFolderLoader, FolderDataset
 
     workers = data_cfg.num_workers
     common = dict(
@@ -164,12 +160,9 @@ def _torch_loaders(
 
 def validate_input(data_cfg: DataConfig, cache_cfg: CacheConfig) -> None:
     """Configuration-time checks of the input-pipeline settings (ConfigError on bad ones)."""
-    from bench.data.cache import validate_cache
 
     validate_cache(cache_cfg)
     if data_cfg.loader == "dali":
-        from bench.data.dali_common import require_dali
-
         require_dali()
     if data_cfg.dali_threads < 0 or data_cfg.prefetch < 1:
         raise ConfigError("data.dali_threads must be >= 0 and data.prefetch >= 1")

@@ -32,6 +32,7 @@ class CorruptImage(ValueError):
 
 def decode_rgb(data: bytes, name: str):
     """A PIL RGB image, fully decoded; :class:`CorruptImage` when truncated or damaged."""
+    # deferred: Pillow only where images are decoded
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -49,6 +50,7 @@ def decode_resized(data: bytes, short_side: int, name: str) -> np.ndarray:
     when that is still at least the target size, which makes low-resolution pre-decoding
     several times cheaper than a full decode.
     """
+    # deferred: Pillow only where images are decoded
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -73,6 +75,7 @@ def decode_capped(data: bytes, max_short_side: int, name: str) -> np.ndarray:
     (draft-mode decode, then bilinear).  Never upsamples: a random-resized crop resamples
     anyway, and enlarging before it only blurs and costs memory.
     """
+    # deferred: Pillow only where images are decoded
     from PIL import Image, UnidentifiedImageError
 
     if max_short_side > 0:
@@ -99,6 +102,7 @@ def jpeg_looks_complete(data: bytes) -> bool:
 
 def synthetic_photo(rng: np.random.Generator, width: int, height: int, noise: float) -> np.ndarray:
     """uint8 HWC: a bicubic-upsampled 6x6 colour grid plus Gaussian noise (sigma = noise)."""
+    # deferred: Pillow only where images are decoded
     from PIL import Image
 
     grid = rng.integers(0, 256, size=(6, 6, 3), dtype=np.uint8)
@@ -117,6 +121,7 @@ def _noise_for(target_kb: float) -> float:
 
 
 def _write_class(args: tuple) -> int:
+    # deferred: Pillow only where images are decoded
     from PIL import Image
 
     root, split, cls, n, seed, target_kb, quality, small = args

@@ -98,6 +98,7 @@ class FsspecStorage:
 
     def __init__(self, url: str) -> None:
         try:
+            # deferred: fsspec only for remote storage
             import fsspec
         except ImportError:
             raise ConfigError(

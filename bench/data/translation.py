@@ -37,8 +37,11 @@ from typing import Any
 
 import numpy as np
 import torch
+from filelock import FileLock
 
+from bench.data.cache import default_cache_dir
 from bench.data.config import DataConfig
+from bench.data.corpus import embedded_root, write_corpus
 from bench.data.sampling import epoch_indices, eval_indices
 from bench.data.types import RANK_TOKENS, SAMPLES, DataBundle
 from bench.registry import ConfigError
@@ -81,8 +84,6 @@ def corpus_root(cfg: DataConfig) -> Path:
     """``data.root``, or the embedded corpus (generated on first use)."""
     if cfg.root:
         return Path(cfg.root)
-    from bench.data.cache import default_cache_dir
-    from bench.data.corpus import embedded_root, write_corpus
 
     return write_corpus(embedded_root(default_cache_dir(), cfg.corpus_size, 0), cfg.corpus_size)
 
@@ -146,6 +147,7 @@ def _spm_settings(cfg: DataConfig, root: Path) -> dict[str, Any]:
 def tokenizer(cfg: DataConfig, root: Path, verbose: bool = False) -> Any:
     """The sentencepiece processor of the run: ``data.spm_model``, or one trained on the
     training text and cached in ``root`` (keyed by its settings)."""
+    # deferred: sentencepiece only for the translation workload
     import sentencepiece as spm
 
     if cfg.spm_model:
@@ -167,8 +169,6 @@ def tokenizer(cfg: DataConfig, root: Path, verbose: bool = False) -> Any:
     prefix = root / f"spm-{key}"
     model = prefix.with_suffix(".model")
     if not model.is_file():
-        from filelock import FileLock
-
         with FileLock(str(prefix) + ".lock"):
             if not model.is_file():
                 _train_spm(cfg, root, prefix)
@@ -183,6 +183,7 @@ def tokenizer(cfg: DataConfig, root: Path, verbose: bool = False) -> Any:
 
 
 def _train_spm(cfg: DataConfig, root: Path, prefix: Path) -> None:
+    # deferred: sentencepiece only for the translation workload
     import sentencepiece as spm
 
     tmp = prefix.with_name(f".{prefix.name}.tmp")

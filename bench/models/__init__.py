@@ -80,6 +80,7 @@ def _resnet9(cfg: ModelConfig, num_classes: int, in_channels: int = 3) -> nn.Mod
 
 @MODELS.register("resnet18")
 def _resnet18(cfg: ModelConfig, num_classes: int, in_channels: int = 3) -> nn.Module:
+    # deferred: torchvision is slow to load, and only the ResNet-18/50 runs need it
     from torchvision.models import resnet18
 
     return resnet18(num_classes=num_classes, zero_init_residual=cfg.zero_init_residual)
@@ -87,6 +88,7 @@ def _resnet18(cfg: ModelConfig, num_classes: int, in_channels: int = 3) -> nn.Mo
 
 @MODELS.register("resnet50")
 def _resnet50(cfg: ModelConfig, num_classes: int, in_channels: int = 3) -> nn.Module:
+    # deferred: torchvision is slow to load, and only the ResNet-18/50 runs need it
     from torchvision.models import resnet50
 
     return resnet50(num_classes=num_classes, zero_init_residual=cfg.zero_init_residual)
@@ -94,6 +96,8 @@ def _resnet50(cfg: ModelConfig, num_classes: int, in_channels: int = 3) -> nn.Mo
 
 def _transformer(name: str) -> ModelBuilder:
     def builder(cfg: ModelConfig, num_classes: int, in_channels: int = 3) -> nn.Module:
+        # deferred: the config schema imports bench.models.config, which runs this __init__;
+        # the Transformer's module loads only for the runs that train one
         from bench.models.transformer import build
 
         return build(name, cfg, num_classes)

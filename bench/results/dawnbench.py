@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.data.config import DataConfig, train_size_at
 from bench.results import columns as col
 
 VERSION = "v1.0"
@@ -121,7 +122,6 @@ def _misc(record: Mapping[str, Any], cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 def _image_sizes(data: Mapping[str, Any], epochs: int) -> list[int]:
     """The training image size of each epoch run (``data.progressive`` resizing)."""
-    from bench.data.config import DataConfig, train_size_at
 
     d = DataConfig(
         image_size=int(data.get("image_size", 32)), progressive=data.get("progressive", [])

@@ -24,6 +24,7 @@ def cpu_model() -> str:
 
 def hardware() -> str:
     """One line naming the compute: GPU name and count when CUDA is visible, else the CPU."""
+    # deferred: torch takes seconds to load, and this module is read without it
     import torch
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -68,6 +69,7 @@ def git_sha() -> str | None:
 
 
 def versions() -> dict[str, str | None]:
+    # deferred: torch takes seconds to load, and this module is read without it
     import torch
 
     v: dict[str, str | None] = {

@@ -22,7 +22,16 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from bench.data.types import SAMPLES
+from bench.results.env import hardware
+
+if TYPE_CHECKING:  # the training loop, a layer above, passes its state; only its type is named
+    from bench.train.loop import TrainState
 
 BENCHMARKS = {"classification": "resnet", "translation": "transformer"}
 _REPO = str(Path(__file__).resolve().parents[2])
@@ -42,7 +51,7 @@ class RunLog:
         self._eval_samples_logged = False
         if path is None:
             return
-        from mlperf_logging.mllog import mllog
+        from mlperf_logging.mllog import mllog  # rank 0 only: the other ranks never load it
 
         path.parent.mkdir(parents=True, exist_ok=True)
         logger = logging.Logger(f"bench.mllog.{run_id}")  # not registered: no global state
@@ -77,7 +86,7 @@ class RunLog:
 
     # --- the events of a training run, one call each from the loop ---
 
-    def begin(self, s: Any, init_start_s: float) -> None:
+    def begin(self, s: TrainState, init_start_s: float) -> None:
         """Everything up to ``run_start``: initialisation began at ``init_start_s`` (the
         worker's start, epoch seconds) and ends now, with ``s`` (the TrainState) built."""
         if self._mll is None:
@@ -102,7 +111,7 @@ class RunLog:
     def eval_start(self, epoch: int) -> None:
         self.start("eval_start", epoch_num=epoch)
 
-    def eval_stop(self, s: Any, metrics: dict[str, float]) -> None:
+    def eval_stop(self, s: TrainState, metrics: dict[str, float]) -> None:
         """The end of the evaluation after epoch ``s.epoch + 1`` with ``metrics`` (the
         workload's): ``eval_accuracy`` is the target metric's value.  The one call every
         rank must make: the first time, the ranks sum the samples their evaluation loaders
@@ -122,22 +131,17 @@ class RunLog:
         return str(self.path) if self.path is not None else None
 
 
-def _eval_samples(s: Any) -> int:
+def _eval_samples(s: TrainState) -> int:
     """Every rank: the real samples of the evaluation just done, summed over the ranks
     (each loader's ``epoch_stats`` counts what it yielded since it was last asked)."""
-    import torch
-
-    from bench import runtime
-    from bench.data.types import SAMPLES
-
     mine = s.workload.data.eval.epoch_stats().get(SAMPLES, 0)
     total = torch.tensor([float(mine)], dtype=torch.float64, device=s.device)
-    return int(runtime.all_reduce_sum(total).item())
+    if dist.is_initialized():
+        dist.all_reduce(total)
+    return int(total.item())
 
 
 def _submission(cfg: Any, world: int, nnodes: int) -> dict[str, Any]:
-    from bench.results.env import hardware
-
     return {
         "submission_benchmark": BENCHMARKS.get(cfg.train.workload, cfg.train.workload),
         "submission_org": cfg.results.author or "unknown",

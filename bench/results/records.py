@@ -33,6 +33,7 @@ import pandas as pd
 from filelock import FileLock
 
 from bench.results import columns as col
+from bench.results.env import git_sha, hardware, versions
 from bench.results.timing import best_value, time_to_target
 
 STATUSES = ("ok", "target_missed", "diverged", "error", "interrupted")
@@ -263,7 +264,7 @@ class RunRecord:
     diverged_at: dict[str, Any] | None = None  # step and place of the first NaN/Inf
     link_check: dict[str, Any] | None = None
     cluster_profile: dict[str, Any] | None = None  # the link profile's measurement and choice
-    queue: dict[str, Any] | None = None  # run queue: id, index, size, label (bench.runqueue)
+    queue: dict[str, Any] | None = None  # run queue: id, index, size, label (bench.launch.runqueue)
     git_sha: str | None = None
     torch_version: str = ""
     versions: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -285,9 +286,8 @@ class RunRecord:
         ``cfg`` is the typed config, ``config`` the same as a plain dict (stored whole),
         ``comm_sparse`` whether ``cfg.comm.name`` sends a fraction of the gradient.
         """
+        # deferred: torch takes seconds to load, and this module is read without it
         import torch
-
-        from bench.results.env import git_sha, hardware, versions
 
         c = cfg.cluster
         return cls(

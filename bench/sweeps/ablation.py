@@ -58,6 +58,20 @@ COLUMNS = [
     "n_error",
     "baseline",  # the configuration the speedup is against (comm/cache/update)
 ]
+# the columns of the table the report shows (bench.report.report)
+REPORT_COLUMNS = [
+    "experiment",
+    "cluster",
+    "comm",
+    "cache",
+    "update",
+    "n_runs",
+    "n_reached",
+    "time_to_target_mean_s",
+    "time_to_target_std_s",
+    "speedup_vs_baseline",
+    "speedup_std",
+]
 # on the local cluster every job runs 2 launcher agents of one worker each, so that
 # hitopk (which needs 2 nodes) and the others train on the same topology
 LOCAL_TOPOLOGY = ("cluster.nnodes=2", "cluster.nproc_per_node=1")
@@ -90,7 +104,7 @@ class Plan:
             raise ConfigError(f"--seeds must be >= 1, got {self.seeds}")
 
     def check_jobs(self) -> None:
-        """Every configuration composes and passes the run's own checks (bench.run)."""
+        """Every configuration composes and passes the run's own checks (bench.launch.run)."""
         jobs = [self.job_overrides(*job, seed=0) for job in self.configs()]
         cfg = validate_jobs(jobs, self.results_dir)[-1]
         if "multilevel" in self.caches and cfg.data.name not in ("imagefolder", "imagenet"):

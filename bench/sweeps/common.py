@@ -7,13 +7,24 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
 
+from bench.config import register_configs, to_object
+from bench.launch import profile
+from bench.launch.run import validate
+from bench.launch.runqueue import run_queue
 from bench.registry import ConfigError
+from bench.results.records import load_records, new_run_id
 
 REPO = Path(__file__).resolve().parents[2]
 CONF_DIR = REPO / "conf"
@@ -40,7 +51,6 @@ def split_list(text: str) -> list[str]:
 
 def new_sweep_id(kind: str) -> str:
     """``<kind>-YYYYmmdd-HHMMSS-<6 hex>``: sorts by start time, unique across machines."""
-    from bench.results.records import new_run_id
 
     return f"{kind}-{new_run_id()}"
 
@@ -52,13 +62,6 @@ def compose(overrides: Sequence[str]) -> Any:
 
 def compose_all(jobs: Sequence[Sequence[str]]) -> list[Any]:
     """:func:`compose` of each override list, Hydra initialised once for all of them."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from bench.config import register_configs
 
     register_configs()
     GlobalHydra.instance().clear()
@@ -71,13 +74,9 @@ def compose_all(jobs: Sequence[Sequence[str]]) -> list[Any]:
 
 
 def validate_jobs(jobs: Sequence[Sequence[str]], results_dir: str) -> list[Any]:
-    """Compose each job and run the run's own checks (``bench.run.validate``) on it, with
+    """Compose each job and run the run's own checks (``bench.launch.run.validate``) on it, with
     a scratch results directory (the checks create theirs): nothing is made in
     ``results_dir``, only its write permission checked.  Returns the typed configs."""
-    import tempfile
-
-    from bench.config import to_object
-    from bench.run import validate
 
     cfgs = [to_object(c) for c in compose_all(jobs)]
     with tempfile.TemporaryDirectory() as tmp:
@@ -120,8 +119,6 @@ def pin_profile(job: Sequence[str]) -> tuple[list[str], str]:
     here, and return ``cluster.profile_compute_s=...`` for every job of the sweep, so that
     all of its runs share one link instead of each timing (and choosing) its own; with a
     line saying what was measured.  No profile, or one already pinned: nothing."""
-    from bench.cluster import profile
-    from bench.config import to_object
 
     cfg = to_object(compose(job))
     c = cfg.cluster
@@ -139,8 +136,6 @@ def pin_link(job: Sequence[str]) -> tuple[list[str], str]:
     ``cluster.inter_node_bandwidth=...`` for every run of a sweep whose topologies differ
     (the scaling study compares them over one link); with a line saying how it was chosen.
     No profile in ``job``: nothing."""
-    from bench.cluster import profile
-    from bench.config import to_object
 
     cfg = to_object(compose(job))
     p = profile.apply(cfg)
@@ -155,7 +150,6 @@ def pin_link(job: Sequence[str]) -> tuple[list[str], str]:
 
 def sweep_records(results_dir: str | Path, sweep_id: str) -> list[dict[str, Any]]:
     """The records (latest attempt of each run) tagged with ``results.sweep_id``."""
-    from bench.results.records import load_records
 
     return [
         r
@@ -192,10 +186,9 @@ def run_train(args: Sequence[str]) -> int:
 
 def run_queued(jobs: Sequence[Sequence[str]], sweep_dir: str | Path, experiment: str) -> list[int]:
     """Every job (Hydra overrides, as for ``python -m reproduce train``) through a run queue
-    (:mod:`bench.runqueue`): the workers are launched once for each stretch of consecutive
+    (:mod:`bench.launch.runqueue`): the workers are launched once for each stretch of consecutive
     jobs on the same cluster config, and each job is still its own run with its own
     record.  Run JSONs go to ``sweep_dir``.  Returns the exit statuses."""
-    from bench.runqueue import run_queue
 
     labels = [" ".join(o for o in job if o.split("=", 1)[0] in LABEL_KEYS) for job in jobs]
     results = run_queue(

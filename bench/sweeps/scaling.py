@@ -25,7 +25,9 @@ from typing import Any
 
 import pandas as pd
 
+from bench.cluster import perfmodel, projection
 from bench.registry import ConfigError
+from bench.results.records import read_curve
 from bench.sweeps.common import check_names, options, validate_jobs
 
 COLUMNS = [
@@ -34,6 +36,17 @@ COLUMNS = [
     "comm",
     "nnodes",
     "nproc_per_node",
+    "world_size",
+    "throughput_samples_per_s",
+    "efficiency",
+    "kind",
+    "run_id",
+]
+# the columns of the table the report shows (bench.report.report)
+REPORT_COLUMNS = [
+    "cluster",
+    "comm",
+    "nnodes",
     "world_size",
     "throughput_samples_per_s",
     "efficiency",
@@ -140,7 +153,6 @@ class Plan:
 
 def run_throughput(rec: dict[str, Any]) -> float:
     """Samples/s of the run's last epoch (its curve), else the record's whole-run figure."""
-    from bench.results.records import read_curve
 
     curve = rec.get("curve")
     if curve and Path(curve).is_file():
@@ -183,13 +195,10 @@ def measured(records: Sequence[dict[str, Any]], sweep_id: str) -> pd.DataFrame:
 
 
 def _project_fn() -> Callable[..., Any]:
-    from bench.cluster import perfmodel
 
     fn = getattr(perfmodel, "project", None)
     if fn is None:  # the projection to the paper's cluster may live in its own module
         try:
-            from bench.cluster import projection
-
             fn = getattr(projection, "project", None)
         except ImportError:
             fn = None

@@ -16,8 +16,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from bench.report.figures_data import CONFIG, GROUP, curve, num, speedups  # noqa: E402
 from bench.results.columns import TRAIN_TIME, metric_column  # noqa: E402
-from bench.results.figures_data import CONFIG, GROUP, curve, num, speedups  # noqa: E402
 from bench.results.plots import save_figure  # noqa: E402
 
 # per-step phases of a curve row: (label, column(s)); the first column present is used

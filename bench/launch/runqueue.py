@@ -10,7 +10,8 @@ same worker processes, in one process group.
 
 Each run is still a run of its own: its own run JSON, run id, seed, model, optimizer, DDP
 and communication hook, data loaders, curve, MLPerf log, DAWNBench files and record,
-exactly as :func:`bench.train.train` builds them for a single run.  Only the process,
+exactly as :func:`bench.train.loop.train` builds them for a single run (the workers' half
+is :mod:`bench.train.worker`; this module is the launcher's).  Only the process,
 the process group and the cluster (its namespaces and link) are shared.  Training time
 is measured from each run's first step, as for a single run; a queued run's
 ``wall_time_s`` counts from its start in the queue (the first run of a launch: from the
@@ -26,77 +27,16 @@ stops the queue.  After an elastic restart the workers skip the runs already rec
 from __future__ import annotations
 
 import copy
-import gc
 import json
-import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-QUEUE_KEY = "queue"
-
-
-def is_queue(payload: dict[str, Any]) -> bool:
-    return QUEUE_KEY in payload
-
-
-# --- in each worker ---------------------------------------------------------------------
-
-
-def worker_loop(payload: dict[str, Any], train: Callable[..., Any]) -> None:
-    """Train every run of the queue in ``payload``, in order, in this worker process."""
-    import torch.distributed as dist
-
-    from bench import runtime
-    from bench.config import from_container
-    from bench.results import records
-
-    paths = payload[QUEUE_KEY]["runs"]
-    runs = [json.loads(Path(p).read_text()) for p in paths]
-    rank, _, _ = runtime.setup_distributed(from_container(runs[0]["config"]))  # one group
-    # the runs recorded before an elastic restart restarted this queue: rank 0 reads them
-    done = runtime.broadcast_object(_recorded(runs) if rank == 0 else None)
-    first = True
-    for i, run in enumerate(runs):
-        if run["run"]["run_id"] in done:
-            continue
-        if not first:  # the run starts now, not when the queue was launched
-            run["run"]["launch_time"] = time.time()
-            run["run"]["started_at"] = records.now_iso()
-        first = False
-        if rank == 0:
-            label = run["run"].get("queue", {}).get("label", "")
-            qid = payload[QUEUE_KEY]["id"]
-            print(f"queue {qid}: run {i + 1} of {len(paths)} {label}", flush=True)
-        try:
-            train(run, leave_group=False)
-        except BaseException as e:
-            note_worker_error(run, e)
-            raise
-        gc.collect()  # the finished run's model, loaders and buffers, before the next one
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-
-
-def _recorded(runs: list[dict[str, Any]]) -> set[str]:
-    """The run ids of ``runs`` that already have a record."""
-    from bench.results import records
-
-    dirs = {r["config"]["results"]["dir"] for r in runs}
-    return {r["run_id"] for d in dirs for r in records.load_records(d)}
-
-
-def note_worker_error(run: dict[str, Any], e: BaseException) -> None:
-    """The exception that ends a worker, in the run's event log (the launcher's error
-    record names it)."""
-    from bench import checkpoint as ck
-
-    where = ck.events_path(run["config"]["results"]["dir"], run["run"]["run_id"])
-    reason = f"{type(e).__name__}: {e}".strip().splitlines()[0][:500]
-    ck.log_event(where, kind="worker_error", rank=os.environ.get("RANK"), reason=reason)
-
+from bench.config import to_container, to_object
+from bench.launch.run import launch_runs, prepare, write_run_json
+from bench.results import records
+from bench.results.events import QUEUE_KEY
 
 # --- in the launcher --------------------------------------------------------------------
 
@@ -123,9 +63,6 @@ def run_queue(
     """Validate every run, then launch consecutive runs with the same cluster config once
     each; returns (exit status, record) per run, in order (status 0: recorded by the
     workers; a run never started, after an interrupt: (130, None))."""
-    from bench.config import to_container, to_object
-    from bench.results import records
-    from bench.run import prepare
 
     launch_time = time.time()
     typed = [to_object(c) for c in cfgs]
@@ -180,10 +117,6 @@ def _launch(
 ) -> tuple[list[tuple[int, dict[str, Any] | None] | None], bool]:
     """One launch of the workers for ``cfgs``: per run (status, record), None for the runs
     after a failure (to be launched again); and whether to stop (an interrupt)."""
-    from bench import checkpoint as ck
-    from bench.config import to_container
-    from bench.results import records
-    from bench.run import guarded_launch, record_after, write_run_json
 
     payloads, paths = [], []
     for i, (cfg, meta, label) in enumerate(zip(cfgs, metas, labels)):
@@ -195,29 +128,16 @@ def _launch(
     body = {"id": qid, "runs": [str(p.resolve()) for p in paths], "events": str(events.resolve())}
     queue_json.write_text(json.dumps({QUEUE_KEY: body}, indent=1))
     print(f"queue {qid}: {len(cfgs)} run(s) in one launch of the workers", flush=True)
-    since = time.time()
-    rc, status, reason, raised = guarded_launch(cfgs[0], queue_json)
-    if raised is not None:  # the launch itself failed: the first run's record says why
+    launched = launch_runs(cfgs, payloads, queue_json, agent_log=events)
+    if launched.raised is not None:  # the launch itself failed: the first run's record says why
+        raised = launched.raised
         print(f"error: queue {qid}: {type(raised).__name__}: {raised}", flush=True)
     results: list[tuple[int, dict[str, Any] | None] | None] = []
-    failed = False
-    recorded = {
-        r["run_id"]: r for d in {c.results.dir for c in cfgs} for r in records.load_records(d)
-    }
-    for cfg, payload in zip(cfgs, payloads):
-        run_id = payload["run"]["run_id"]
-        rec = recorded.get(run_id)
-        if rec is not None:
-            ok = rec["status"] not in ("error", "interrupted")
-            results.append((0 if ok else 1, rec))
-        elif not failed:  # the run that was training when the launch ended
-            failed = True
-            for e in ck.read_events(events):  # the agents' notes of this launch
-                if e.get("time", 0) >= since:
-                    ck.log_event(ck.events_path(cfg.results.dir, run_id), **{
-                        k: v for k, v in e.items() if k != "time"})  # fmt: skip
-            rec = record_after(cfg, payload, rc or 1, status, reason, since)
-            results.append((rc or 1, rec))
-        else:
-            results.append(None)
-    return results, status == "interrupted"
+    for rec, by_workers in zip(launched.records, launched.by_workers):
+        if by_workers:
+            assert rec is not None
+            results.append((0 if rec["status"] not in ("error", "interrupted") else 1, rec))
+        else:  # the run that was training when the launch ended
+            results.append((launched.rc or 1, rec))
+    results += [None] * (len(cfgs) - len(launched.records))
+    return results, launched.status == "interrupted"

@@ -16,7 +16,6 @@ Rank 0 writes the run record, the per-epoch curve and the time-to-accuracy plot.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -27,16 +26,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
 
-from bench import runtime
-from bench.config import Config, from_container
+from bench.comm import attach, is_sparse
+from bench.config import Config, from_container, to_container
 from bench.data.types import RANK_TOKENS
+from bench.optim import after_ddp_broadcast, build_optimizer, build_scheduler, ddp_kwargs
 from bench.results import columns as col
 from bench.results import dawnbench, records
+from bench.results.events import events_path, read_events, restarts
 from bench.results.mllog import RunLog
+from bench.results.plots import plot_time_to_accuracy
 from bench.results.timing import TrainClock, reached
+from bench.train import checkpoint, runtime
+from bench.train import checkpoint as ck
+from bench.train.checkpoint import resume
+from bench.train.workload import WORKLOADS
 
 
 @dataclass
@@ -55,7 +65,7 @@ class TrainState:
     world: int
     nnodes: int
     device: torch.device
-    workload: Any  # bench.workload.Workload: data, model, loss, evaluate
+    workload: Any  # bench.train.workload.Workload: data, model, loss, evaluate
     model: nn.Module  # the bare model (evaluation, checkpoints)
     ddp: nn.Module  # what trains: the DDP wrapper, or the model in a single process
     optimizer: torch.optim.Optimizer
@@ -76,9 +86,6 @@ class TrainState:
 
 def setup(payload: dict[str, Any]) -> TrainState:
     """Process group, workload, optimizer, DDP and its communication hook, from the run JSON."""
-    from bench.comm import attach
-    from bench.optim import after_ddp_broadcast, build_optimizer, build_scheduler
-    from bench.workload import WORKLOADS
 
     cfg = from_container(payload["config"])
     rank, world, device = runtime.setup_distributed(cfg)
@@ -113,7 +120,6 @@ def setup(payload: dict[str, Any]) -> TrainState:
     )
     if hasattr(s.comm.state, "nan_check"):
         s.comm.state.nan_check = cfg.train.nan_check == "step"
-    from bench.checkpoint import resume
 
     resume(s)  # after an elastic restart or by hand: from the run's last checkpoint
     return s
@@ -130,10 +136,6 @@ def _steps_per_epoch(batches: int, max_steps: int, rank: int) -> int:
 
 def _wrap(model: nn.Module, optimizer: Any, cfg: Config, device: torch.device) -> nn.Module:
     """DDP around the model (its constructor broadcasts rank 0's weights), or the model alone."""
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from bench.optim import ddp_kwargs
 
     if not dist.is_initialized():
         return model
@@ -263,7 +265,6 @@ def _token_columns(total: list[float], epoch_s: float) -> dict[str, float]:
 
 
 def _progress(s: TrainState) -> Any:
-    from tqdm import tqdm
 
     show = s.rank == 0 and s.cfg.train.progress
     return tqdm(
@@ -317,8 +318,7 @@ def _eval_due(s: TrainState, row: dict[str, Any]) -> bool:
 
 def finish(s: TrainState, leave_group: bool = True) -> dict[str, Any] | None:
     """Stop the loaders, write the outputs (rank 0), leave the process group (a queue of
-    runs keeps it for the next run: :mod:`bench.runqueue`)."""
-    import torch.distributed as dist
+    runs keeps it for the next run: :mod:`bench.launch.runqueue`)."""
 
     for loader in (s.workload.data.train, s.workload.data.eval):
         if hasattr(loader, "close"):  # loader workers and DALI pipelines stop now, not at exit
@@ -333,8 +333,6 @@ def finish(s: TrainState, leave_group: bool = True) -> dict[str, Any] | None:
 
 def write_outputs(s: TrainState) -> records.RunRecord:
     """Rank 0: the curve CSV, the time-to-accuracy figure and the run's record."""
-    from bench.comm import is_sparse
-    from bench.config import to_container
 
     cfg, res = s.cfg, s.cfg.results.dir
     rec = records.RunRecord.start(
@@ -377,9 +375,8 @@ def write_outputs(s: TrainState) -> records.RunRecord:
 
 def _outcome(s: TrainState, rec: records.RunRecord) -> None:
     """Restarts, last checkpoint and divergence into the record."""
-    from bench import checkpoint as ck
 
-    rec.restarts = ck.restarts(ck.read_events(ck.events_path(s.cfg.results.dir, rec.run_id)))
+    rec.restarts = restarts(read_events(events_path(s.cfg.results.dir, rec.run_id)))
     last = ck.latest(s.cfg.results.dir, rec.run_id)
     rec.checkpoint = last["path"] if last else None
     if s.diverged_at is not None:
@@ -389,9 +386,6 @@ def _outcome(s: TrainState, rec: records.RunRecord) -> None:
 
 
 def _plot(s: TrainState, rec: records.RunRecord) -> Path:
-    import pandas as pd
-
-    from bench.results.plots import plot_time_to_accuracy
 
     return plot_time_to_accuracy(
         [(f"{rec.model} {rec.comm} x{rec.world_size}", pd.DataFrame(s.curve))],
@@ -433,7 +427,6 @@ def _table_header(s: TrainState) -> str:
 
 def train(payload: dict[str, Any], leave_group: bool = True) -> dict[str, Any] | None:
     """Run one training job in this worker; rank 0 returns (and writes) the record."""
-    import torch.distributed as dist
 
     init_start = time.time()
     s = setup(payload)
@@ -466,35 +459,8 @@ def train(payload: dict[str, Any], leave_group: bool = True) -> dict[str, Any] |
 def _checkpoint(s: TrainState, last: bool) -> None:
     """Every rank: a checkpoint every ``train.checkpoint_every`` epochs and at the end
     (not of a diverged model); its time is not training time (the clock is paused)."""
-    from bench import checkpoint
 
     every = s.cfg.train.checkpoint_every
     if every <= 0 or s.status == "diverged" or not (last or s.epoch % every == 0):
         return
     checkpoint.save(s, barrier=runtime.barrier)
-
-
-def main(argv: list[str] | None = None) -> int:
-    from bench import runqueue
-
-    ap = argparse.ArgumentParser(description="one data-parallel training worker")
-    ap.add_argument("--config", required=True, help="run (or run queue) JSON from the launcher")
-    payload = json.loads(Path(ap.parse_args(argv).config).read_text())
-    if runqueue.is_queue(payload):
-        runqueue.worker_loop(payload, train)
-        return 0
-    try:
-        train(payload)
-    except BaseException as e:  # noted for the launcher's error record, then re-raised
-        runqueue.note_worker_error(payload, e)
-        raise
-    return 0
-
-
-if __name__ == "__main__":
-    code = main()
-    # done and written: skip the interpreter's teardown (seconds of garbage collection
-    # over torch's objects in every worker, while the launcher waits)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.benchmarks.harness import BenchRun
+from bench.gpucheck.summary import headline, snapshot
 
 PY = sys.executable
 LOG_TAIL_BYTES = 256_000  # a step's log keeps its last this many bytes
@@ -48,6 +49,7 @@ LOG_TAIL_BYTES = 256_000  # a step's log keeps its last this many bytes
 
 def probe() -> dict[str, Any]:
     """What this machine offers the suite: CUDA and the GPU, NCCL, DALI, Triton."""
+    # deferred: torch takes seconds to load, and this module is read without it
     import torch
 
     info: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.cuda.is_available()}
@@ -260,7 +262,6 @@ def check(
 def _run_all(
     planned: list[tuple[Step, str]], budget_s: float, results_dir: str, log_dir: Path
 ) -> list[Outcome]:
-    from bench.gpucheck_summary import headline, snapshot
 
     t0 = time.monotonic()
     outcomes: list[Outcome] = []

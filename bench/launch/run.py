@@ -8,15 +8,24 @@ import signal
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+import torch
+from omegaconf import DictConfig, OmegaConf
 
-from bench.config import Config, to_container, to_object
+from bench import comm, data, models, optim
+from bench.cluster import launch as cluster_launch
+from bench.comm import is_sparse
+from bench.config import Config, from_container, to_container, to_object
+from bench.launch import profile
 from bench.registry import ConfigError
 from bench.results import columns as col
-from bench.results import records
+from bench.results import dawnbench, mllog, records
+from bench.results import events as ev
+from bench.train import checkpoint as ck
+from bench.train.workload import WORKLOADS
 
 
 def validate(cfg: Config) -> None:
@@ -25,10 +34,8 @@ def validate(cfg: Config) -> None:
     Types and choices were checked when the config was composed; what is left are
     ranges and checks across groups, each in the package that owns the group.
     """
-    from bench import comm, data, models, optim
-    from bench.cluster import launch, profile
 
-    launch.validate(cfg)
+    cluster_launch.validate(cfg)
     profile.check(cfg.cluster.profile, cfg.cluster.name)
     world = cfg.cluster.nnodes * cfg.cluster.nproc_per_node
     models.validate(cfg.model)
@@ -47,15 +54,11 @@ def _amp_dtype(t: object) -> str:
     amp = str(t.amp)
     if amp != "auto":
         return amp
-    import torch
-
     cuda = str(t.device) in ("auto", "cuda") and torch.cuda.is_available()
     return "bf16" if cuda else "off"
 
 
 def _validate_train(cfg: Config) -> None:
-    from bench.workload import WORKLOADS
-
     t = cfg.train
     metrics = [m for m in WORKLOADS.get(t.workload).metrics if m != "loss"]
     if t.target_metric not in metrics:
@@ -113,8 +116,6 @@ def prepare(
 ) -> dict[str, Any]:
     """Validate ``cfg`` and set its emulated link (``cluster.profile``); the run's metadata
     (run id, start and launch time, experiment, the profile applied)."""
-    from bench.cluster import profile
-
     validate(cfg)
     run_meta = {
         "run_id": records.new_run_id(),
@@ -135,11 +136,7 @@ def resume(
 ) -> tuple[int, dict[str, Any] | None]:
     """Continue run ``run_id`` from its last checkpoint, into the same run id (a new
     ``attempt`` of its record).  The config is the checkpoint's; ``overrides`` may change
-    only what :data:`bench.checkpoint.MAY_DIFFER` lists."""
-    from omegaconf import OmegaConf
-
-    from bench import checkpoint as ck
-    from bench.config import from_container
+    only what :data:`bench.train.checkpoint.MAY_DIFFER` lists."""
 
     results_dir = next(
         (o.split("=", 1)[1] for o in overrides if o.startswith("results.dir=")), results_dir
@@ -178,15 +175,13 @@ def guarded_launch(cfg: Config, run_json: Path) -> tuple[int, str, str | None, E
     """Launch the workers of ``run_json`` (a run or a queue of runs), turning interrupts
     and the launcher's own failures into (exit status, status, reason, the exception to
     raise again after recording)."""
-    from bench.cluster.launch import launch
-
     try:
         old = signal.signal(signal.SIGTERM, _on_signal)
     except ValueError:  # not the main thread (a threaded sweep): the caller handles signals
         old = None
     status, reason, raised = "error", None, None
     try:
-        rc = launch(cfg, run_json)
+        rc = cluster_launch.launch(cfg, run_json)
     except (KeyboardInterrupt, Interrupted) as e:
         rc, status, reason = 130, "interrupted", f"interrupted by {e or 'SIGINT'}"
     except SystemExit as e:  # a launcher's own signal handler (the emulated cluster's)
@@ -222,57 +217,87 @@ def launch_and_record(
     payload = {"config": to_container(cfg), "run": run_meta}
     out = Path(output_dir) if output_dir else Path(tempfile.mkdtemp(prefix="bench-run-"))
     run_json = write_run_json(out, payload)
-    since = time.time()
-    rc, status, reason, raised = guarded_launch(cfg, run_json)
-    rec = record_after(cfg, payload, rc, status, reason, since)
-    if raised is not None:
-        raise raised
+    launched = launch_runs([cfg], [payload], run_json)
+    if launched.raised is not None:
+        raise launched.raised
+    rc, rec = launched.rc, launched.records[0]
     if rec is not None and rec["status"] in ("error", "interrupted"):
         rc = rc or 1
     return rc, rec
 
 
+@dataclass
+class Launched:
+    """One launch of the workers: its exit status and status (``error`` or
+    ``interrupted`` when it did not end well), the launcher's own exception (recorded,
+    to be raised again or reported), and per run its record (None: not recorded here,
+    a node other than 0) and whether the workers wrote it, for the runs up to the one
+    that was training when the workers ended (the runs after it are not listed)."""
+
+    rc: int
+    status: str
+    raised: Exception | None
+    records: list[dict[str, Any] | None]
+    by_workers: list[bool]
+
+
+def launch_runs(
+    cfgs: list[Config],
+    payloads: list[dict[str, Any]],
+    launch_json: Path,
+    agent_log: Path | None = None,
+) -> Launched:
+    """Launch the workers of ``launch_json`` (one run's JSON, or a queue's of the runs of
+    ``payloads``) and record what they did not: the runs the workers recorded, in order,
+    then an ``error``/``interrupted`` record for the run that was training when the
+    launch ended (with the agents' notes of this launch from ``agent_log``, a queue's
+    own event log); the runs after it are left for another launch."""
+    since = time.time()
+    rc, status, reason, raised = guarded_launch(cfgs[0], launch_json)
+    dirs = {c.results.dir for c in cfgs}
+    recorded = {r["run_id"]: r for d in dirs for r in records.load_records(d)}
+    out = Launched(rc, status, raised, [], [])
+    for cfg, payload in zip(cfgs, payloads):
+        meta = payload["run"]
+        rec = recorded.get(meta["run_id"])
+        if rec is not None and rec.get("attempt", 1) == meta.get("attempt", 1):
+            out.records.append(rec)
+            out.by_workers.append(True)
+            continue
+        if agent_log is not None:  # the agents' notes of this launch, in the run's log
+            for e in ev.read_events(agent_log):
+                if e.get("time", 0) >= since:
+                    fields = {k: v for k, v in e.items() if k != "time"}
+                    ev.log_event(ev.events_path(cfg.results.dir, meta["run_id"]), **fields)
+        exit_status = rc if len(cfgs) == 1 else rc or 1  # a queue's run left unrecorded failed
+        out.records.append(record_after(cfg, payload, exit_status, status, reason, since))
+        out.by_workers.append(False)
+        break
+    return out
+
+
 def _close_outputs(rec: records.RunRecord, results_dir: str, curve: list[dict[str, Any]]) -> None:
     """The workers died before their record: end their MLPerf log (``run_stop`` aborted)
     and write the DAWNBench files of the curve they left."""
-    from bench.results import dawnbench, mllog
-
     rec.mllog = mllog.close_after_failure(results_dir, rec.run_id, rec.reason or rec.status)
     rec.dawnbench_json, rec.dawnbench_tsv = dawnbench.write(results_dir, rec.to_dict(), curve)
-
-
-def _reason(events: list[dict[str, Any]], rc: int) -> str:
-    """Why the workers failed: the worker that died first, then the first traceback."""
-    parts = []
-    fails = [e for e in events if e.get("kind") == "failure"]
-    if fails:
-        code = fails[-1]["exit_code"]
-        sig = f" ({signal.Signals(-code).name})" if isinstance(code, int) and code < 0 else ""
-        parts.append(f"worker rank {fails[-1]['failed_rank']} exited with code {code}{sig}")
-    errs = [e for e in events if e.get("kind") in ("worker_error", "agent_error")]
-    if errs:
-        who = f"rank {errs[0]['rank']}" if "rank" in errs[0] else "elastic agent"
-        parts.append(f"{who}: {errs[0]['reason']}")
-    return "; ".join(parts) or f"the workers exited with status {rc}"
 
 
 def record_after(
     cfg: Config, payload: dict[str, Any], rc: int, status: str, reason: str | None, since: float
 ) -> dict[str, Any] | None:
     """The run's record: the workers' if they wrote it, else one written here."""
-    from bench import checkpoint as ck
-    from bench.comm import is_sparse
-
     meta = payload["run"]
     rec = records.find_record(cfg.results.dir, meta["run_id"])
     if rec is not None and rec.get("attempt", 1) == meta.get("attempt", 1):
         return rec
     if cfg.cluster.name == "multinode" and cfg.cluster.node_rank != 0:
         return None  # node 0 records the run
-    events = ck.read_events(ck.events_path(cfg.results.dir, meta["run_id"]))
-    reason = reason or _reason([e for e in events if e["time"] >= since], rc)
+    log = ev.events_path(cfg.results.dir, meta["run_id"])
+    events = ev.read_events(log)
+    reason = reason or ev.failure_reason([e for e in events if e["time"] >= since], rc)
     if status == "interrupted":
-        ck.log_event(ck.events_path(cfg.results.dir, meta["run_id"]), kind="stop", reason=reason)
+        ev.log_event(log, kind=ev.STOP, reason=reason)
     err = records.RunRecord.start(
         cfg, meta, config=payload["config"], comm_sparse=is_sparse(cfg.comm.name)
     )
@@ -288,7 +313,7 @@ def record_after(
         )
         err.curve = str(curve_file)
     err.status, err.exit_status, err.reason = status, rc, reason
-    err.restarts = ck.restarts(events)
+    err.restarts = ev.restarts(events)
     last = ck.latest(cfg.results.dir, meta["run_id"])
     err.checkpoint = last["path"] if last else None
     _close_outputs(err, cfg.results.dir, curve)

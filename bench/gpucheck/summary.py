@@ -13,6 +13,8 @@ from typing import Any
 
 import pandas as pd
 
+from bench.results.paths import bench_csv
+
 BENCH_OF_STEP = {
     "topk": "topk",
     "update": "update",
@@ -22,7 +24,7 @@ BENCH_OF_STEP = {
 
 
 def _csv(results_dir: str, name: str) -> Path:
-    return Path(results_dir) / "bench" / f"{name}.csv"
+    return bench_csv(results_dir, name)
 
 
 def _runs(results_dir: str) -> Path:

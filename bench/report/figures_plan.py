@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.results import figures as fg
-from bench.results import figures_bench as fb
-from bench.results.figures_data import Inputs, config_stats, speedups
+from bench.report import figures as fg
+from bench.report import figures_bench as fb
+from bench.report.figures_data import Inputs, config_stats, speedups
 
 
 @dataclass

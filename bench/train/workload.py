@@ -6,6 +6,8 @@ accuracy) and translation (BLEU, ``train.workload=translation``).
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -14,6 +16,7 @@ from torch import nn
 
 from bench.data import DataBundle, build_data
 from bench.models import build_model
+from bench.models.transformer import translate
 from bench.registry import Registry
 
 WORKLOADS: Registry = Registry("workload")
@@ -99,11 +102,9 @@ class Translation:
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, loader: Any, autocast: Any) -> dict[str, float]:
-        import math
 
+        # deferred: sacrebleu only for the translation workload
         import sacrebleu
-
-        from bench.models.transformer import translate
 
         model.eval()
         dev = next(model.parameters()).device
@@ -133,7 +134,6 @@ class Translation:
 
     def write_translations(self, results_dir: str, run_id: str) -> str | None:
         """The last evaluation's hypotheses in ``<results>/translations/<run_id>.txt``."""
-        from pathlib import Path
 
         if self.hypotheses is None:
             return None

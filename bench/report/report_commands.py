@@ -12,6 +12,13 @@ from __future__ import annotations
 import enum
 from typing import Any
 
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from bench.config import register_configs
+from bench.report.figures_data import SPARSE
 from bench.results.env import REPO_ROOT
 
 CONF_DIR = REPO_ROOT / "conf"
@@ -58,13 +65,6 @@ class CommandMaker:
 
     def _compose(self, choices: tuple[str, ...]) -> dict[str, Any] | None:
         if choices not in self._cache:
-            from hydra import compose, initialize_config_dir
-            from hydra.errors import HydraException
-            from omegaconf import OmegaConf
-            from omegaconf.errors import OmegaConfBaseException
-
-            from bench.config import register_configs
-
             register_configs()
             try:
                 with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -117,7 +117,6 @@ class CommandMaker:
     def command_with(self, record: dict[str, Any], comm: str) -> str:
         """The command of ``record`` with ``comm=<comm>``: its comm keys kept only for a
         sparse method, which needs them (density, warm-up)."""
-        from bench.results.figures_data import SPARSE
 
         ov = self.overrides(record)
         if ov is None:

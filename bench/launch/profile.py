@@ -17,10 +17,18 @@ emulated ratio is, if anything, a little higher than the target.
 
 from __future__ import annotations
 
+import os
+import statistics
 import time
 from typing import Any
 
+import torch
+
+from bench.cluster import perfmodel as pm
+from bench.cluster import projection
+from bench.comm import cost
 from bench.registry import ConfigError
+from bench.train.workload import WORKLOADS
 
 PROFILES = ("paper",)
 PAPER = {"nodes": 16, "procs_per_node": 8, "gbps": 25.0, "numel": 25_557_032}
@@ -28,8 +36,6 @@ PAPER = {"nodes": 16, "procs_per_node": 8, "gbps": 25.0, "numel": 25_557_032}
 
 def paper_ratio(compute_s: float | None = None, nic_efficiency: float | None = None) -> float:
     """Dense aggregation time over compute time per step on the paper's cluster."""
-    from bench.cluster import perfmodel as pm
-    from bench.cluster import projection
 
     a = projection.ASSUMPTIONS
     compute = compute_s if compute_s is not None else a["compute_s"].value
@@ -44,8 +50,6 @@ def bandwidth_for_ratio(
 ) -> float:
     """Inter-node bits/s at which a dense ring allreduce of ``numel`` fp32 elements over
     ``nodes`` x ``procs`` workers sends its link bytes in ``ratio * compute_s``."""
-    from bench.cluster import perfmodel as pm
-    from bench.comm import cost
 
     if ratio <= 0 or compute_s <= 0:
         raise ConfigError(
@@ -58,9 +62,6 @@ def bandwidth_for_ratio(
 def measure_compute_s(net: Any, batch: Any, reps: int = 3, loss: Any = None) -> float:
     """Median time of ``net``'s forward + backward on ``batch``, s.  ``loss(net, batch)``
     gives the loss (default: cross-entropy of ``net(inputs)`` against ``targets``)."""
-    import statistics
-
-    import torch
 
     if loss is None:
 
@@ -119,11 +120,6 @@ def step_compute_s(cfg: Any, time_it: bool = True) -> dict[str, Any]:
     model and per-worker batch: timed alone with the worker's intra-op threads, then
     scaled by :func:`host_contention` (every emulated worker runs on this host).  Also the
     model's trainable parameter count; ``time_it=False``: that count alone."""
-    import os
-
-    import torch
-
-    from bench.workload import WORKLOADS
 
     c = cfg.cluster
     cores = os.cpu_count() or 1

@@ -9,9 +9,9 @@ from typing import Any
 
 import pandas as pd
 
-from bench.results.figures import target_text
-from bench.results.figures_data import GROUP, OURS, PEERS, Inputs, config_stats, num, ratio
-from bench.results.report_commands import CONF_DIR, CommandMaker, known_experiments
+from bench.report.figures import target_text
+from bench.report.figures_data import GROUP, OURS, PEERS, Inputs, config_stats, num, ratio
+from bench.report.report_commands import CONF_DIR, CommandMaker, known_experiments
 
 WANTED = ("dense", *OURS, "fp16", "powersgd")  # the runs a full comparison needs per group
 

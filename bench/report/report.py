@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.results import figures_bench as fb
-from bench.results.figures import target_text
-from bench.results.figures_data import OURS, PEERS, Inputs, config_stats, speedups
-from bench.results.figures_plan import Figure
-from bench.results.report_claims import BENCH_CLAIMS, RECORDS, SPEEDUP_CLAIM
-from bench.results.report_commands import CommandMaker
-from bench.results.report_tables import comparison_section, fmt_s, recipe_command, unrun_experiments
+from bench.report import figures_bench as fb
+from bench.report.figures import target_text
+from bench.report.figures_data import OURS, PEERS, Inputs, config_stats, speedups
+from bench.report.figures_plan import Figure
+from bench.report.report_claims import BENCH_CLAIMS, RECORDS, SPEEDUP_CLAIM
+from bench.report.report_commands import CommandMaker
+from bench.report.report_tables import comparison_section, fmt_s, recipe_command, unrun_experiments
+from bench.sweeps import ablation, scaling
 
 
 def _rel(path: Path, base: Path) -> str:
@@ -154,7 +155,7 @@ def _time_rows(inputs: Inputs, maker: CommandMaker, row) -> None:
 def bench_headlines(inputs: Inputs) -> dict[str, list[tuple[str, str]]]:
     """name -> [(hardware, one headline line)] from each hardware's newest run."""
     out: dict[str, list[tuple[str, str]]] = {}
-    for name, fn in fb.HEADLINES.items():
+    for name, fn in fb.headlines().items():
         csv = inputs.bench.get(name)
         for hw, rows in fb.newest_runs(csv, inputs.problems) if csv else []:
             for text in fn(rows):
@@ -250,31 +251,10 @@ def csv_section(
     return out
 
 
-ABLATION_COLUMNS = [
-    "experiment",
-    "cluster",
-    "comm",
-    "cache",
-    "update",
-    "n_runs",
-    "n_reached",
-    "time_to_target_mean_s",
-    "time_to_target_std_s",
-    "speedup_vs_baseline",
-    "speedup_std",
-    "hardware",
-]
-SCALING_COLUMNS = [
-    "cluster",
-    "comm",
-    "nnodes",
-    "world_size",
-    "throughput_samples_per_s",
-    "efficiency",
-    "kind",
-    "run_id",
-    "hardware",
-]
+# each sweep's table as the report shows it: the columns its sweep module names, then the
+# hardware of its runs (looked up in the records)
+ABLATION_COLUMNS = [*ablation.REPORT_COLUMNS, "hardware"]
+SCALING_COLUMNS = [*scaling.REPORT_COLUMNS, "hardware"]
 
 
 def write_report(inputs: Inputs, figs: list[Figure], path: Path, header: str) -> Path:

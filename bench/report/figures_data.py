@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 
 from bench.results import records as rec
+from bench.results.paths import bench_dir
 
 GROUP = ["experiment", "cluster", "hardware"]  # runs compare only inside one such group
 CONFIG = ["comm", "cache", "update"]  # a configuration, inside a group
@@ -72,7 +73,7 @@ def load_inputs(results_dir: str | Path) -> Inputs:
         records=records,
         runs=runs,
         problems=problems,
-        bench={p.stem: p for p in sorted((d / "bench").glob("*.csv"))},
+        bench={p.stem: p for p in sorted(bench_dir(d).glob("*.csv"))},
         ablation=sorted((d / "ablation").glob("*.csv")),
         scaling=sorted((d / "scaling").glob("*.csv")),
     )

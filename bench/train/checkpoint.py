@@ -8,7 +8,7 @@ Layout, under ``<results.dir>/checkpoints/<run_id>/``::
                            counters, bucket layout, by parameter name), RNG states
     epoch-0003.json        rank 0, written last (so a checkpoint without it is incomplete):
                            config, epoch, step, training time, the curve so far, status
-    events.jsonl           one line per worker failure seen by an elastic agent, per resume
+    events.jsonl           the run's event log (:mod:`bench.results.events`)
 
 Every file is written to a temporary name and renamed.  The sampler position is the
 epoch (loaders order their samples by (seed, epoch)); checkpoints are taken at epoch ends.
@@ -22,14 +22,20 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from bench.config import to_container
 from bench.registry import ConfigError
+from bench.results.events import RESUME, events_path, log_event, lost_since, read_events, run_dir
+from bench.train import runtime
+
+if TYPE_CHECKING:  # the loop imports this module; the state's type is only named here
+    from bench.train.loop import TrainState
 
 #: config keys that may differ between a checkpoint and the run that resumes from it
 MAY_DIFFER = (
@@ -46,59 +52,6 @@ MAY_DIFFER = (
     "cluster.rdzv_port",
     "comm.timeout_s",
 )
-
-EVENTS_ENV = "BENCH_EVENTS"  # where an elastic agent notes worker failures
-
-
-def run_dir(results_dir: str | Path, run_id: str) -> Path:
-    return Path(results_dir) / "checkpoints" / run_id
-
-
-def events_path(results_dir: str | Path, run_id: str) -> Path:
-    return run_dir(results_dir, run_id) / "events.jsonl"
-
-
-def log_event(path: str | Path, **fields: Any) -> None:
-    """Append one event line (one ``write`` of a short line with O_APPEND: never torn)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps({"time": time.time(), **fields}) + "\n"
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
-
-
-def read_events(path: str | Path) -> list[dict[str, Any]]:
-    path = Path(path)
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
-
-
-def restarts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The record's ``restarts``: each elastic restart (the first worker failure that
-    caused it, as any node's agent saw it) and the epoch its group resumed from."""
-    out: list[dict[str, Any]] = []
-    pending: dict[str, Any] | None = None
-    for e in events:
-        kind = e.get("kind")
-        if kind == "failure" and e.get("restarts_left", 0) > 0 and pending is None:
-            keep = ("time", "failed_rank", "exit_code")
-            pending = {**{k: e.get(k) for k in keep}, "epoch_resumed_from": None}
-        elif kind == "resume" and pending is not None:
-            if e.get("by") == "restart":
-                pending["epoch_resumed_from"] = e.get("epoch")
-            out.append(pending)
-            pending = None
-    return out + ([pending] if pending is not None else [])
 
 
 def _atomic_save(obj: Any, path: Path) -> None:
@@ -176,7 +129,7 @@ def set_rng_state(d: Mapping[str, Any], device: torch.device) -> None:
         torch.cuda.set_rng_state(d["cuda"], device)
 
 
-def rank_state(s: Any) -> dict[str, Any]:
+def rank_state(s: TrainState) -> dict[str, Any]:
     hook = s.comm.state  # one process has no hook: a stand-in without state
     return {
         "rank": s.rank,
@@ -185,7 +138,7 @@ def rank_state(s: Any) -> dict[str, Any]:
     }
 
 
-def common_state(s: Any) -> dict[str, Any]:
+def common_state(s: TrainState) -> dict[str, Any]:
     return {
         "model": s.model.state_dict(),
         "optimizer": s.optimizer.state_dict(),
@@ -194,8 +147,8 @@ def common_state(s: Any) -> dict[str, Any]:
     }
 
 
-def save(s: Any, barrier: Any) -> Path:
-    """Every rank: write this epoch's checkpoint of ``s`` (a :class:`bench.train.TrainState`);
+def save(s: TrainState, barrier: Callable[[], None]) -> Path:
+    """Every rank: write this epoch's checkpoint of ``s`` (a :class:`bench.train.loop.TrainState`);
     rank 0 completes it with the manifest and drops the oldest beyond ``keep_checkpoints``.
     ``barrier()`` waits for every rank's shard."""
     cfg = s.cfg
@@ -207,8 +160,6 @@ def save(s: Any, barrier: Any) -> Path:
     _atomic_save(rank_state(s), d / f"rank{s.rank}.pt")
     barrier()
     if s.rank == 0:
-        from bench.config import to_container
-
         manifest = {
             "run": s.run,
             "config": to_container(cfg),
@@ -227,11 +178,9 @@ def save(s: Any, barrier: Any) -> Path:
     return d
 
 
-def load(s: Any, manifest: Mapping[str, Any]) -> None:
+def load(s: TrainState, manifest: Mapping[str, Any]) -> None:
     """Every rank: restore ``s`` from a checkpoint (the model, optimizer, schedule and
     scaler rank 0 saved; this rank's residuals and RNG states; clock, curve, position)."""
-    from bench.config import to_container
-
     check_compatible(manifest, to_container(s.cfg))
     if manifest["world_size"] != s.world:
         raise ConfigError(
@@ -255,13 +204,11 @@ def load(s: Any, manifest: Mapping[str, Any]) -> None:
     s.epoch, s.step, s.status = manifest["epoch"], manifest["step"], manifest["status"]
 
 
-def resume(s: Any) -> None:
+def resume(s: TrainState) -> None:
     """Continue from the run's last checkpoint after an elastic restart or by hand.
 
     The training clock counts the work being repeated: the time from the checkpoint to
     the failure (or the stop) that lost it is added back."""
-    from bench import runtime
-
     # a new run's id has no checkpoint yet: one exists after a restart or for a resume;
     # rank 0 decides for all (an agent whose workers did not fail counts no restart)
     manifest = runtime.broadcast_object(latest(s.cfg.results.dir, s.run["run_id"]))
@@ -269,13 +216,9 @@ def resume(s: Any) -> None:
     events = events_path(s.cfg.results.dir, s.run["run_id"])
     if manifest is not None:
         load(s, manifest)
-        lost = [
-            e["time"] - manifest["saved_at"]
-            for e in read_events(events)
-            if e.get("kind") in ("failure", "stop") and e["time"] > manifest["saved_at"]
-        ]
-        s.clock.load_state_dict({"elapsed": s.clock.elapsed + max(lost, default=0.0)})
+        lost = lost_since(read_events(events), manifest["saved_at"])
+        s.clock.load_state_dict({"elapsed": s.clock.elapsed + lost})
     if by and s.rank == 0:
         epoch = s.epoch if manifest is not None else 0
-        log_event(events, kind="resume", by=by, epoch=epoch)
+        log_event(events, kind=RESUME, by=by, epoch=epoch)
         print(f"resuming run {s.run['run_id']} from epoch {epoch} ({by})", flush=True)

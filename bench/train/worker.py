@@ -1,0 +1,84 @@
+"""The worker side of a run queue, and the entry point of every training worker.
+
+``python -m bench.train --config <json>`` ends here (:func:`main`): the JSON is one run's
+(config and run metadata) or a queue's (:data:`bench.results.events.QUEUE_KEY`: several
+runs in one launch of the workers, :mod:`bench.launch.runqueue`).  A queue's runs are
+trained one after the other in this process and its process group; each is still a run
+of its own, exactly as :func:`bench.train.loop.train` builds it for a single run.  After
+an elastic restart the runs already recorded are skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from bench.config import from_container
+from bench.results import records
+from bench.results.events import QUEUE_KEY, is_queue, note_error
+from bench.train import runtime
+from bench.train.loop import train
+
+
+def worker_loop(payload: dict[str, Any], train: Callable[..., Any]) -> None:
+    """Train every run of the queue in ``payload``, in order, in this worker process."""
+    paths = payload[QUEUE_KEY]["runs"]
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    rank, _, _ = runtime.setup_distributed(from_container(runs[0]["config"]))  # one group
+    # the runs recorded before an elastic restart restarted this queue: rank 0 reads them
+    done = runtime.broadcast_object(_recorded(runs) if rank == 0 else None)
+    first = True
+    for i, run in enumerate(runs):
+        if run["run"]["run_id"] in done:
+            continue
+        if not first:  # the run starts now, not when the queue was launched
+            run["run"]["launch_time"] = time.time()
+            run["run"]["started_at"] = records.now_iso()
+        first = False
+        if rank == 0:
+            label = run["run"].get("queue", {}).get("label", "")
+            qid = payload[QUEUE_KEY]["id"]
+            print(f"queue {qid}: run {i + 1} of {len(paths)} {label}", flush=True)
+        try:
+            train(run, leave_group=False)
+        except BaseException as e:
+            note_worker_error(run, e)
+            raise
+        gc.collect()  # the finished run's model, loaders and buffers, before the next one
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def _recorded(runs: list[dict[str, Any]]) -> set[str]:
+    """The run ids of ``runs`` that already have a record."""
+    dirs = {r["config"]["results"]["dir"] for r in runs}
+    return {r["run_id"] for d in dirs for r in records.load_records(d)}
+
+
+def note_worker_error(run: dict[str, Any], e: BaseException) -> None:
+    """The exception that ends a worker, in the run's event log (the launcher's error
+    record names it)."""
+    note_error(run["config"]["results"]["dir"], run["run"]["run_id"], e)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="one data-parallel training worker")
+    ap.add_argument("--config", required=True, help="run (or run queue) JSON from the launcher")
+    payload = json.loads(Path(ap.parse_args(argv).config).read_text())
+    if is_queue(payload):
+        worker_loop(payload, train)
+        return 0
+    try:
+        train(payload)
+    except BaseException as e:  # noted for the launcher's error record, then re-raised
+        note_worker_error(payload, e)
+        raise
+    return 0
