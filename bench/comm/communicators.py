@@ -6,7 +6,11 @@ stage* and returns a future holding the bucket averaged over all workers (what a
 communication hook must return).  Every collective is issued with ``async_op=True`` and
 ``reduce`` returns without waiting for any of them: what follows a collective runs in a
 callback of its future (``futures.py``), so DDP overlaps bucket ``i``'s communication with
-the backward pass of bucket ``i+1``.  Nothing synchronises the device.
+the backward pass of bucket ``i+1``.  Nothing synchronises the device: NCCL completes a
+future when its collective is enqueued, so a callback runs inline on DDP's thread and a
+device read there would stall the backward pass.  The selectors' finiteness flags stay
+on the device (:attr:`Communicator.flags`, see ``selection_core.deferred_finite``); the
+hook state hands them to the training loop, which reads them once per step.
 
 ``allreduce``
     Dense ring allreduce of the (possibly fp16/bf16-cast) bucket.
@@ -43,6 +47,7 @@ from bench.comm.compressors import Compressed, Compressor, Memory, torch_dtype
 from bench.comm.config import ValueDtype
 from bench.comm.futures import Future, collective, done
 from bench.comm.selection import k_for
+from bench.comm.selection_core import deferred_finite
 from bench.comm.stats import CommStats, allgather_traffic, allreduce_traffic, hitopk_traffic
 from bench.comm.topology import Groups, check_hierarchical
 from bench.comm.wire import accumulator, pack, packet_bytes, to_wire, unpack, widened
@@ -78,6 +83,14 @@ class Communicator:
         self.groups = groups
         self.pg = process_group
         self.vdtype = torch_dtype(value_dtype_name)
+        # device bool "input finite" flags of the selections since the hook state took them
+        # (list.append is atomic: callbacks of several process groups' threads append)
+        self.flags: list[torch.Tensor] = []
+
+    def take_flags(self) -> list[torch.Tensor]:
+        """The finiteness flags noted so far (device tensors, unread); starts a new list."""
+        flags, self.flags = self.flags, []
+        return flags
 
     @property
     def world(self) -> int:
@@ -97,7 +110,8 @@ class Communicator:
         the memory keeps the rest, so the residual holds the clamp and rounding error too.
         """
         comp = self.memory.compensate(flat, key)
-        c = self.compressor.compress(comp, density)
+        with deferred_finite(self.flags):  # no host read here; the loop checks once a step
+            c = self.compressor.compress(comp, density)
         if c.sparse:
             c.values = to_wire(c.values, self.vdtype, flat.dtype)
         self.memory.update(key, comp, c)

@@ -64,6 +64,29 @@ class HookState:
     # (bucket index, device bool "all finite") per reduced bucket, until the loop pops them
     finite: list[tuple[int, torch.Tensor]] = field(default_factory=list)
 
+    def take_finite(self) -> list[tuple[int, torch.Tensor]]:
+        """The device flags noted since the last call, unread: ``(bucket index, all finite)``
+        of each reduced bucket (with ``nan_check``) and ``(-1, input finite)`` of each
+        selection (always).  The loop reads them in one sync per step, off the hooks."""
+        found, self.finite = self.finite, []
+        return found + [(-1, f) for c in (self.comm, self.dense) for f in c.take_flags()]
+
+    def check_finite(self) -> None:
+        """Read every flag noted so far (one sync) and raise ValueError if one is false:
+        where no per-step check runs (``nan_check`` off), at the end of an epoch."""
+        found = self.take_finite()
+        dev = found[0][1].device if found else None
+        if found and not bool(torch.stack([ok.to(dev) for _, ok in found]).all()):
+            raise ValueError("the tensor contains NaN or Inf: a gradient bucket of the comm hook")
+
+    def fold_flags(self, keep: int = 64) -> None:
+        """Past ``keep`` unread selection flags, AND them into one on the device (no sync):
+        without a per-step reader the list would grow by one per sparse bucket and step."""
+        for c in (self.comm, self.dense):
+            if len(c.flags) > keep:
+                flags = c.take_flags()
+                c.flags.append(torch.stack([f.to(flags[0].device) for f in flags]).all())
+
 
 def _check_finite(state: HookState, index: int, fut: torch.futures.Future) -> torch.Tensor:
     """The reduced (decompressed) bucket, its finiteness noted without a host sync."""
@@ -93,6 +116,7 @@ def sparse_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Futu
         state.step_started = True
         # residuals of buckets the last step did not use (DDP rebuilt its buckets) go
         state.comm.memory.sweep()
+        state.fold_flags()  # the last step's callbacks have all run: no append races this
     buf = bucket.buffer()
     dense = state.force_dense or state.step < state.warmup_steps or buf.numel() < state.min_numel
     comm = state.dense if dense else state.comm

@@ -265,7 +265,9 @@ def _tiled_np(
         return None
     idx, val = np.concatenate(idx), np.concatenate(val)
     mag = np.abs(val)
-    raise_unless(torch.isfinite(torch.from_numpy(mag).amax()))  # NaN, Inf: always candidates
+    # NaN, Inf: always candidates; read here (a CPU array: no device), since _top_mask
+    # would keep fewer than k of a non-finite one
+    raise_unless(torch.isfinite(torch.from_numpy(mag).amax()), deferrable=False)
     keep = _top_mask(mag, k)
     return torch.from_numpy(val[keep]), torch.from_numpy(idx[keep])
 
