@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bench.comm.communicators import COMMUNICATORS, AllReduce, Communicator
+from bench.comm.communicators import COMMUNICATORS, AllReduce, Communicator, uses_gloo
 from bench.comm.compressors import NoMemory, build_compressor, build_memory
 from bench.comm.config import MSTopKMethod, Selector, ValueDtype, parse
 from bench.comm.futures import Future, forward, new_future
@@ -137,7 +137,9 @@ class PowerSGDHookState:
     step: int = 0
     density: float = 1.0  # unused; the controller may set it
     force_dense: bool = False  # unused: PowerSGD's own start_powerSGD_iter is the warm-up
-    serialize: bool = False  # start each bucket when the one before is done (gloo; see below)
+    # start each bucket when the one before is done (gloo; see below); None: decided by the
+    # first bucket's device (a "cpu:gloo,cuda:nccl" group sends CUDA buckets over NCCL)
+    serialize: bool | None = False
     multinode: bool = False  # count the allreduce bytes as inter-node
     last: Future | None = None  # the future of the bucket before (serialize)
 
@@ -177,6 +179,8 @@ def powersgd_hook(state: PowerSGDHookState, bucket: dist.GradBucket) -> Future[t
     if bucket.is_last():
         state.step += 1
         state.stats.steps += 1
+    if state.serialize is None:
+        state.serialize = uses_gloo(state.psgd.process_group, bucket.buffer().device)
     if not state.serialize:
         return _run_powersgd(state, bucket)
     out = new_future(bucket.buffer())
@@ -285,8 +289,7 @@ def _build_powersgd(opts: HookOptions, topo_groups: Groups | None, pg: Any) -> t
         random_seed=0 if opts.seed is None else opts.seed,
     )
     multinode = topo_groups is not None and topo_groups.topo.nnodes > 1
-    serialize = dist.get_backend(pg) == "gloo"
-    state = PowerSGDHookState(ps, serialize=serialize, multinode=multinode)
+    state = PowerSGDHookState(ps, serialize=None, multinode=multinode)
     state.stats.times.enabled = opts.timing
     return state, powersgd_hook
 
