@@ -40,7 +40,9 @@ def check_float(x: torch.Tensor) -> torch.Tensor:
 
 
 def nonfinite_error() -> ValueError:
-    return ValueError("the tensor contains NaN or Inf; refusing to select from it")
+    e = ValueError("the tensor contains NaN or Inf; refusing to select from it")
+    e.select_refusal = True  # type: ignore[attr-defined]  # mstopk_triton.guarded re-raises it
+    return e
 
 
 def host_syncs() -> int:
