@@ -136,6 +136,9 @@ def _train(*overrides: str) -> Callable[[str], list[str]]:
     ]
 
 
+GPU_TEST_FILES = ("tests/test_mstopk_cuda.py", "tests/test_optim_ddp.py", "tests/test_dali_gpu.py")
+
+
 def _module(module: str, *args: str) -> Callable[[str], list[str]]:
     """``python -m module *args --out <results>/gpucheck/<name>.json`` (torch only)."""
     name = args[0] if args else module.rsplit("_", 1)[-1]
@@ -183,7 +186,20 @@ STEPS: tuple[Step, ...] = (
     Step(
         "gpu-tests",
         "pytest -m gpu",
-        lambda res: [PY, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests"],
+        # the files holding gpu tests, not the whole suite: a test module that imports a
+        # package this machine lacks must not keep the others from running
+        lambda res: [
+            PY,
+            "-m",
+            "pytest",
+            "-m",
+            "gpu",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--continue-on-collection-errors",
+            *GPU_TEST_FILES,
+        ],
         100,
         needs=("cuda", "pytest"),
     ),

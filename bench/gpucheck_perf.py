@@ -92,7 +92,8 @@ def select(device: torch.device, cpu: bool) -> list[dict]:
         "mstopk-torch": lambda x, k: mstopk(x, k, "tiled", kernel="torch", _device_path=True),
     }
     if device.type == "cuda" and mstopk_triton.AVAILABLE:
-        methods["mstopk"] = lambda x, k: mstopk(x, k, "tiled", kernel="triton")
+        # auto: a Triton failure falls back to torch (and is printed below), not a crash
+        methods["mstopk"] = lambda x, k: mstopk(x, k, "tiled", kernel="auto")
     else:
         print("select: no Triton on a CUDA device here: the fast kernels are not measured")
     for n in sizes:

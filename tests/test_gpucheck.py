@@ -152,3 +152,17 @@ def test_throughput_benchmark_runs_on_cpu_and_feeds_the_summary(tmp_path):
         assert fp32["speedup_vs_tf32"] == 1.0  # the baseline of its own run
     line = headline("throughput", str(tmp_path), before, tmp_path / "none.log")
     assert "bf16" in line and "fp32" in line and "img/s" in line and "tok/s" in line
+
+
+def test_the_gpu_test_files_are_the_ones_with_gpu_tests():
+    from bench.gpucheck import GPU_TEST_FILES
+
+    marked = sorted(
+        f"tests/{p.name}"
+        for p in (REPO / "tests").glob("test_*.py")
+        if any(
+            ln.startswith(("@pytest.mark.gpu", "pytestmark = [pytest.mark.gpu"))
+            for ln in p.read_text().splitlines()
+        )
+    )
+    assert sorted(GPU_TEST_FILES) == marked
