@@ -97,7 +97,8 @@ def threshold(
     tail = torch.cat([hist.flip(0).cumsum(0).flip(0), hist.new_zeros(1)])
     finite = tail[INF_BIN] == 0
     b1 = (tail[:-1] >= k).sum() - 1  # tail[0] = all columns >= k: b1 >= 0
-    above = tail[b1 + 1]  # columns in buckets above b1
+    # index_select, not tail[b1 + 1]: indexing by a 0-dim integer tensor reads it (a sync)
+    above = tail.index_select(0, (b1 + 1).reshape(1))[0]  # columns in buckets above b1
     fine = ops.refine_hist(colmax, b1, SHIFT1, SHIFT2, FINE)
     tail2 = fine.flip(0).cumsum(0).flip(0) + above  # tail2[0] = tail[b1] >= k
     f2 = (tail2 >= k).sum() - 1
