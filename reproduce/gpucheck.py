@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-USAGE = """gpucheck [--budget-s 480] [--dry-run]
+USAGE = """gpucheck [--budget-s 480] [--dry-run] [--cpu]
                           every CUDA path, measured within a time budget (see README, GPU)"""
 
 
@@ -18,6 +18,9 @@ def main(argv: list[str]) -> None:
     )
     ap.add_argument("--budget-s", type=float, default=480.0, help="seconds for all steps")
     ap.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
+    ap.add_argument(
+        "--cpu", action="store_true", help="the steps with a CPU mode, on the CPU (plumbing)"
+    )
     ap.add_argument("--results-dir", default="results", help="where CSVs and records go")
     ap.add_argument(
         "--only",
@@ -40,6 +43,6 @@ def main(argv: list[str]) -> None:
             )
             sys.exit(2)
         steps = tuple(s for s in STEPS if s.name in names)
-    outcomes = check(args.results_dir, args.budget_s, args.dry_run, steps)
+    outcomes = check(args.results_dir, args.budget_s, args.dry_run, steps, cpu=args.cpu)
     bad = [o for o in outcomes if o.status in ("failed", "timeout")]
     sys.exit(1 if bad else 0)

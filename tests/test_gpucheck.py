@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.gpucheck.check import STEPS, Step, check
+from bench.gpucheck.check import STEPS, Step, check, plan
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -98,9 +98,37 @@ def test_budget_caps_skips_and_what_was_left(tmp_path):
 
 
 def test_every_step_is_planned_with_a_cap_within_the_default_budget():
-    # the order the check promises, and caps that each fit the default budget
-    assert [s.name for s in STEPS][:3] == ["topk", "update", "input"]
+    # the order the check promises (the torch-only device checks first), caps that each
+    # fit the default budget, and the first five together within it
+    assert [s.name for s in STEPS][:5] == ["hooks", "select", "update", "profile", "gpu-tests"]
     assert all(0 < s.min_s <= s.cap_s <= 480 for s in STEPS)
+    assert sum(s.cap_s for s in STEPS[:5]) <= 480
+
+
+def test_a_machine_with_torch_and_triton_only_runs_the_torch_steps():
+    """The last device machine had torch and Triton but no Hydra, DALI or pandas."""
+    info = {"cuda": True, "nccl": True, "triton": "3", "pytest": "8", "torchvision": None}
+    got = dict((s.name, what) for s, what in plan(STEPS, info))
+    for name in ("hooks", "select", "update", "profile", "gpu-tests"):
+        assert got[name] == "run", (name, got[name])
+    assert got["train-nccl"] == "no HYDRA on this machine"
+    assert got["input"] == "no DALI, PANDAS on this machine"
+    assert got["throughput"] == "no PANDAS, TORCHVISION on this machine"
+
+
+def test_cpu_mode_runs_the_device_steps_end_to_end(tmp_path):
+    """``--cpu``: the hooks, select, update and profile steps on CPU tensors, through the
+    same check, logs and summary as on the GPU: a typo there fails here, not on the GPU."""
+    res = tmp_path / "res"
+    steps = tuple(s for s in STEPS if s.cpu_args)
+    assert [s.name for s in steps] == ["hooks", "select", "update", "profile"]
+    out = check(str(res), budget_s=900, steps=steps, info={"cuda": False}, cpu=True)
+    got = {o.step: o for o in out}
+    for name in ("hooks", "select", "update", "profile"):
+        assert got[name].status == "ok", (name, got[name])
+        assert (res / "gpucheck" / f"{name}.json").is_file()
+    assert "cases, 0 failed" in got["hooks"].detail
+    assert "ms" in got["update"].detail and "img/s" in got["profile"].detail
 
 
 def test_throughput_benchmark_runs_on_cpu_and_feeds_the_summary(tmp_path):
@@ -124,3 +152,17 @@ def test_throughput_benchmark_runs_on_cpu_and_feeds_the_summary(tmp_path):
         assert fp32["speedup_vs_tf32"] == 1.0  # the baseline of its own run
     line = headline("throughput", str(tmp_path), before, tmp_path / "none.log")
     assert "bf16" in line and "fp32" in line and "img/s" in line and "tok/s" in line
+
+
+def test_the_gpu_test_files_are_the_ones_with_gpu_tests():
+    from bench.gpucheck.check import GPU_TEST_FILES
+
+    marked = sorted(
+        f"tests/{p.name}"
+        for p in (REPO / "tests").glob("test_*.py")
+        if any(
+            ln.startswith(("@pytest.mark.gpu", "pytestmark = [pytest.mark.gpu"))
+            for ln in p.read_text().splitlines()
+        )
+    )
+    assert sorted(GPU_TEST_FILES) == marked

@@ -196,3 +196,46 @@ def test_cuda_bench_rows(fake_cuda: None, tmp_path) -> None:
     names = topk_bench._mstopk_cases(cuda, ("tiled",))  # where only tiled's kernel works
     assert names["mstopk-tiled[triton]"] == ("tiled", {"kernel": "triton"})
     assert "mstopk-paper[torch]" in names and "mstopk-paper[triton]" not in names
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("density", [0.001, 0.01])
+def test_fast_tiled_kernels_exact_and_sync_free_when_deferred(
+    gaussian: torch.Tensor, density: float, dtype
+) -> None:
+    """The histogram threshold and one compaction (selection_fast) on the GPU: exact with
+    one sync; inside deferred_finite (a hook) no sync at all, by torch's own count."""
+    from bench.comm import mstopk_triton, selection_fast
+    from bench.comm.selection_core import deferred_finite
+
+    x = gaussian.to(dtype)
+    k = k_for(N, density)
+    c = selection.selection_tiled.rows_for(N, k, 16)
+    exact = torch.topk(x.abs().float(), k, sorted=False).values
+    vals, idx = selection_fast.tiled_fast(x, k, c, mstopk_triton)
+    assert idx.unique().numel() == k and torch.equal(_magnitudes(vals), _magnitudes(exact))
+    ref_m, ref_h = selection_fast.TorchOps.colmax_hist(
+        x[: c * (N // c)].view(c, -1), selection_fast.BINS1, selection_fast.SHIFT1
+    )
+    m, h = mstopk_triton.colmax_hist(
+        x[: c * (N // c)].view(c, -1), selection_fast.BINS1, selection_fast.SHIFT1
+    )
+    assert torch.equal(m, ref_m) and torch.equal(h, ref_h)
+    finite: list[torch.Tensor] = []
+    flags: list[torch.Tensor] = []
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with deferred_finite(finite, flags):
+                vals2, _ = mstopk(x, k, "tiled")
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    syncs = [w for w in caught if "synchronizing cuda operation" in str(w.message).lower()]
+    assert not syncs, [str(w.message) for w in syncs]
+    assert bool(torch.stack(finite).all()) and bool(torch.stack(flags).all())
+    assert torch.equal(_magnitudes(vals2), _magnitudes(exact))
+    assert "fast" not in selection._TRITON_BROKEN

@@ -88,6 +88,7 @@ def _hook_options(cfg: CommConfig, warmup_steps: int = 0) -> dict[str, Any]:
         mstopk_method=cfg.mstopk_method,
         procs_per_node=int(cfg.procs_per_node),
         powersgd_rank=int(cfg.powersgd_rank),
+        timing=bool(cfg.timing),
     )
 
 
@@ -148,6 +149,11 @@ class CommController:
             self.state.density = self.density_for(epoch)
 
     def pop_stats(self) -> dict[str, float]:
+        """Per-step means since the last pop; first reads the hook's unread finiteness flags
+        (one sync, raising ValueError on NaN/Inf: the hooks never read the device)."""
+        check = getattr(self.state, "check_finite", None)
+        if check is not None:
+            check()
         return self.state.stats.pop()
 
 

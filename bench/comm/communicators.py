@@ -6,7 +6,11 @@ stage* and returns a future holding the bucket averaged over all workers (what a
 communication hook must return).  Every collective is issued with ``async_op=True`` and
 ``reduce`` returns without waiting for any of them: what follows a collective runs in a
 callback of its future (``futures.py``), so DDP overlaps bucket ``i``'s communication with
-the backward pass of bucket ``i+1``.  Nothing synchronises the device.
+the backward pass of bucket ``i+1``.  Nothing synchronises the device: NCCL completes a
+future when its collective is enqueued, so a callback runs inline on DDP's thread and a
+device read there would stall the backward pass.  The selectors' finiteness flags stay
+on the device (:attr:`Communicator.flags`, see ``selection_core.deferred_finite``); the
+hook state hands them to the training loop, which reads them once per step.
 
 ``allreduce``
     Dense ring allreduce of the (possibly fp16/bf16-cast) bucket.
@@ -43,18 +47,38 @@ from bench.comm.compressors import Compressed, Compressor, Memory, torch_dtype
 from bench.comm.config import ValueDtype
 from bench.comm.futures import Future, collective, done
 from bench.comm.selection import k_for
+from bench.comm.selection_core import deferred_finite
 from bench.comm.stats import CommStats, allgather_traffic, allreduce_traffic, hitopk_traffic
 from bench.comm.topology import Groups, check_hierarchical
 from bench.comm.wire import accumulator, pack, packet_bytes, to_wire, unpack, widened
 from bench.registry import ConfigError, Registry
 
-__all__ = ["COMMUNICATORS", "AllGather", "AllReduce", "CommStats", "Communicator", "HiTopK"]
+__all__ = [
+    "COMMUNICATORS",
+    "AllGather",
+    "AllReduce",
+    "CommStats",
+    "Communicator",
+    "HiTopK",
+    "uses_gloo",
+]
 
 COMMUNICATORS: Registry = Registry("communicator")
 
 # torch >= 2.10 renamed the tensor-in/tensor-out collectives; keep older releases working
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def uses_gloo(group: Any, device: torch.device) -> bool:
+    """Whether ``group`` runs collectives of ``device``'s tensors on gloo.  A group made
+    with ``backend="cpu:gloo,cuda:nccl"`` names one backend per device type: its CUDA
+    tensors go to NCCL although the name contains gloo."""
+    backend = str(dist.get_backend(group))
+    if ":" not in backend:
+        return backend == "gloo"
+    per_device = dict(part.split(":", 1) for part in backend.split(","))
+    return per_device.get(device.type) == "gloo"
 
 
 class Communicator:
@@ -78,6 +102,23 @@ class Communicator:
         self.groups = groups
         self.pg = process_group
         self.vdtype = torch_dtype(value_dtype_name)
+        # device bool "input finite" flags of the selections since the hook state took them
+        # (list.append is atomic: callbacks of several process groups' threads append)
+        self.flags: list[torch.Tensor] = []
+        # device bool "exact top k" of selections that cannot check their capacity without a
+        # sync (selection_fast: false when more candidates than slots were found)
+        self.exact: list[torch.Tensor] = []
+
+    def take_flags(self) -> list[torch.Tensor]:
+        """The finiteness flags noted so far (device tensors, unread); starts a new list."""
+        flags, self.flags = self.flags, []
+        return flags
+
+    def inexact_count(self) -> int:
+        """Selections since the last call that returned k candidates but not the top k
+        (one sync; for benchmarks and the device check, not the hot path)."""
+        exact, self.exact = self.exact, []
+        return int((~torch.stack(exact)).sum()) if exact else 0
 
     @property
     def world(self) -> int:
@@ -97,7 +138,9 @@ class Communicator:
         the memory keeps the rest, so the residual holds the clamp and rounding error too.
         """
         comp = self.memory.compensate(flat, key)
-        c = self.compressor.compress(comp, density)
+        # no host read here: the loop checks the flags once a step
+        with deferred_finite(self.flags, self.exact):
+            c = self.compressor.compress(comp, density)
         if c.sparse:
             c.values = to_wire(c.values, self.vdtype, flat.dtype)
         self.memory.update(key, comp, c)
@@ -189,6 +232,9 @@ class HiTopK(Communicator):
         if process_group is not None:
             raise ConfigError("hitopk runs on the default (world) process group only")
         super().__init__(compressor, memory, groups, None, value_dtype_name)
+        # bucket key -> its zero-padded copy (m shards of equal length), reused every step:
+        # the step before has finished with it when DDP calls the hook again
+        self._padded: dict[Hashable, torch.Tensor] = {}
 
     def reduce(self, flat: torch.Tensor, key: Hashable, density: float, stats: CommStats) -> Future:
         assert self.groups is not None
@@ -199,7 +245,7 @@ class HiTopK(Communicator):
         k = k_for(s, density)
         pkt_bytes = packet_bytes(k, s, self.vdtype)
         stats.count(hitopk_traffic(s * m * flat.element_size(), pkt_bytes, m, nn), k * m, d)
-        shard, reduced = self._reduce_scatter(flat, s, stats)
+        shard, reduced = self._reduce_scatter(flat, s, stats, key)
         inter = flat.new_empty(nn * pkt_bytes, dtype=torch.uint8)
 
         def select_and_gather(_: Any) -> Future:  # (2)-(4), once the shard is reduced
@@ -234,7 +280,7 @@ class HiTopK(Communicator):
         return gathered.then(finish)
 
     def _reduce_scatter(
-        self, flat: torch.Tensor, s: int, stats: CommStats
+        self, flat: torch.Tensor, s: int, stats: CommStats, key: Hashable
     ) -> tuple[torch.Tensor, Future]:
         """(1): this worker's shard and the future of its node sum (issued now).  The
         shard of a float16/bfloat16 bucket is float32: a node sum must not overflow."""
@@ -245,7 +291,12 @@ class HiTopK(Communicator):
             return flat, done(flat)
         t0 = times.now(flat)
         d = flat.numel()
-        src = flat if d == s * m else torch.cat([flat, flat.new_zeros(s * m - d)])
+        src = flat
+        if d != s * m:  # a padded copy, in a buffer kept per bucket (no allocation per step)
+            src = self._padded.get(key)
+            if src is None or src.dtype != flat.dtype or src.device != flat.device:
+                src = self._padded[key] = flat.new_zeros(s * m)
+            src[:d].copy_(flat)
         shard = flat.new_empty(s, dtype=widened(flat.dtype))
         times.add_select(t0, times.now(flat))
         return shard, _reduce_scatter_async(stats, flat, shard, src, g.intra)
@@ -260,9 +311,10 @@ def _reduce_scatter_async(
     all-to-all of the shards (the same ``(m-1)/m`` of the bucket sent per worker) and a
     local sum of the ``m`` received shards in ``shard``'s dtype, which counts as part of
     the collective.  Elsewhere a 16-bit bucket is reduced as its mean over the ``m``
-    workers (a 16-bit sum could overflow) and scaled back in ``shard``'s float32."""
+    workers (``ReduceOp.AVG``: a 16-bit sum could overflow; no divided copy of the bucket)
+    and scaled back in ``shard``'s float32."""
     m = src.numel() // shard.numel()
-    if dist.get_backend(group) == "gloo":
+    if uses_gloo(group, src.device):
         parts = torch.empty_like(src)
         issue = partial(dist.all_to_all_single, parts, src, group=group, async_op=True)
 
@@ -274,5 +326,6 @@ def _reduce_scatter_async(
         issue = partial(_reduce_scatter, shard, src, group=group, async_op=True)
         return collective(stats, like, issue)
     part = src.new_empty(shard.numel())
-    issue = partial(_reduce_scatter, part, src / m, group=group, async_op=True)
+    avg = dist.ReduceOp.AVG
+    issue = partial(_reduce_scatter, part, src, op=avg, group=group, async_op=True)
     return collective(stats, like, issue, then=lambda _: shard.copy_(part).mul_(m))

@@ -68,4 +68,7 @@ class CommConfig:
     mstopk_method: MSTopKMethod = MSTopKMethod.tiled
     procs_per_node: int = 0  # workers per node for hitopk; 0 = from the launcher (LOCAL_WORLD_SIZE)
     powersgd_rank: int = 4  # PowerSGD matrix_approximation_rank
+    # CUDA events for time/select_s and time/comm_s of CUDA buckets: off in training (each
+    # event is a record on the stream and a read at the epoch's end); on for `bench comm`
+    timing: bool = False
     timeout_s: float = 600.0  # a collective waiting longer than this for a peer ends the run

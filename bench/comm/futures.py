@@ -53,6 +53,19 @@ def forward(src: Future, dst: Future, value: Callable[[Any], Any] = lambda v: v)
     src.add_done_callback(copy)
 
 
+def on_device(src: Future, like: torch.Tensor) -> Future:
+    """``src`` as a CUDA-aware future on ``like``'s device.  Gloo returns a CPU future even
+    for CUDA tensors: it completes it from its own thread once that thread's current
+    (default) stream waited for the copy back to the device, so a consumer on any other
+    stream (a backward pass off the default stream, DDP's copy-out) could read the tensors
+    before the copy landed.  Completing a CUDA-aware future records an event on that
+    stream, and everything chained after it waits for the event.  NCCL's futures are
+    CUDA-aware already: for them this costs one event record."""
+    dst = new_future(like)
+    forward(src, dst)
+    return dst
+
+
 def collective(
     stats: CommStats,
     like: torch.Tensor,
@@ -66,6 +79,8 @@ def collective(
     times = stats.times
     start = times.now(like)
     fut = issue().get_future()
+    if like.is_cuda:
+        fut = on_device(fut, like)
     if then is not None:
         fut = fut.then(then)
 

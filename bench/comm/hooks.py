@@ -38,7 +38,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bench.comm.communicators import COMMUNICATORS, AllReduce, Communicator
+from bench.comm.communicators import COMMUNICATORS, AllReduce, Communicator, uses_gloo
 from bench.comm.compressors import NoMemory, build_compressor, build_memory
 from bench.comm.config import MSTopKMethod, Selector, ValueDtype, parse
 from bench.comm.futures import Future, forward, new_future
@@ -66,6 +66,32 @@ class HookState:
     nan_check: bool = False  # flag each reduced bucket that holds a NaN or Inf
     # (bucket index, device bool "all finite") per reduced bucket, until the loop pops them
     finite: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+
+    def take_finite(self) -> list[tuple[int, torch.Tensor]]:
+        """The device flags noted since the last call, unread: ``(bucket index, all finite)``
+        of each reduced bucket (with ``nan_check``) and ``(-1, input finite)`` of each
+        selection (always).  The loop reads them in one sync per step, off the hooks."""
+        found, self.finite = self.finite, []
+        return found + [(-1, f) for c in (self.comm, self.dense) for f in c.take_flags()]
+
+    def check_finite(self) -> None:
+        """Read every flag noted so far (one sync) and raise ValueError if one is false:
+        where no per-step check runs (``nan_check`` off), at the end of an epoch."""
+        found = self.take_finite()
+        dev = found[0][1].device if found else None
+        if found and not bool(torch.stack([ok.to(dev) for _, ok in found]).all()):
+            raise ValueError("the tensor contains NaN or Inf: a gradient bucket of the comm hook")
+
+    def fold_flags(self, keep: int = 64) -> None:
+        """Past ``keep`` unread selection flags, AND them into one on the device (no sync):
+        without a per-step reader the list would grow by one per sparse bucket and step."""
+        for c in (self.comm, self.dense):
+            if len(c.flags) > keep:
+                flags = c.take_flags()
+                c.flags.append(torch.stack([f.to(flags[0].device) for f in flags]).all())
+            if len(c.exact) > keep:  # kept as "all exact" (inexact_count then says 0 or 1)
+                exact, c.exact = c.exact, []
+                c.exact.append(torch.stack([f.to(exact[0].device) for f in exact]).all())
 
 
 def _check_finite(state: HookState, index: int, fut: torch.futures.Future) -> torch.Tensor:
@@ -96,6 +122,7 @@ def sparse_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Futu
         state.step_started = True
         # residuals of buckets the last step did not use (DDP rebuilt its buckets) go
         state.comm.memory.sweep()
+        state.fold_flags()  # the last step's callbacks have all run: no append races this
     buf = bucket.buffer()
     dense = state.force_dense or state.step < state.warmup_steps or buf.numel() < state.min_numel
     comm = state.dense if dense else state.comm
@@ -116,7 +143,9 @@ class PowerSGDHookState:
     step: int = 0
     density: float = 1.0  # unused; the controller may set it
     force_dense: bool = False  # unused: PowerSGD's own start_powerSGD_iter is the warm-up
-    serialize: bool = False  # start each bucket when the one before is done (gloo; see below)
+    # start each bucket when the one before is done (gloo; see below); None: decided by the
+    # first bucket's device (a "cpu:gloo,cuda:nccl" group sends CUDA buckets over NCCL)
+    serialize: bool | None = False
     multinode: bool = False  # count the allreduce bytes as inter-node
     last: Future | None = None  # the future of the bucket before (serialize)
 
@@ -156,6 +185,8 @@ def powersgd_hook(state: PowerSGDHookState, bucket: dist.GradBucket) -> Future[t
     if bucket.is_last():
         state.step += 1
         state.stats.steps += 1
+    if state.serialize is None:
+        state.serialize = uses_gloo(state.psgd.process_group, bucket.buffer().device)
     if not state.serialize:
         return _run_powersgd(state, bucket)
     out = new_future(bucket.buffer())
@@ -264,8 +295,7 @@ def _build_powersgd(opts: HookOptions, topo_groups: Groups | None, pg: Any) -> t
         random_seed=0 if opts.seed is None else opts.seed,
     )
     multinode = topo_groups is not None and topo_groups.topo.nnodes > 1
-    serialize = dist.get_backend(pg) == "gloo"
-    state = PowerSGDHookState(ps, serialize=serialize, multinode=multinode)
+    state = PowerSGDHookState(ps, serialize=None, multinode=multinode)
     state.stats.times.enabled = opts.timing
     return state, powersgd_hook
 

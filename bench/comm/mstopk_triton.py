@@ -103,6 +103,96 @@ if AVAILABLE:
         tl.store(i_ptr + 2, done)
         tl.store(i_ptr + 3, 0)
 
+    @triton.jit
+    def _colmax_hist_kernel(
+        x_ptr,
+        out_ptr,
+        hist_ptr,
+        rows,
+        cols,
+        BLOCK: tl.constexpr,
+        BINS: tl.constexpr,
+        SHIFT: tl.constexpr,
+    ):
+        # persistent: program p owns column blocks p, p + P, ...; per block the column
+        # maxima of |x| (NaN kept, as _colmax_kernel) and their histogram over float32 bit
+        # patterns >> SHIFT, summed in registers, added to hist once per program
+        pid = tl.program_id(0)
+        nblocks = tl.cdiv(cols, BLOCK)
+        counts = tl.zeros((BINS,), dtype=tl.int32)
+        for blk in range(pid, nblocks, tl.num_programs(0)):
+            offs = blk * BLOCK + tl.arange(0, BLOCK).to(tl.int64)  # blk: int in the interpreter
+            inb = offs < cols
+            acc = tl.zeros((BLOCK,), dtype=tl.float32)
+            bad = tl.zeros((BLOCK,), dtype=tl.int32)
+            ptr = x_ptr + offs
+            for _ in range(rows):
+                v = tl.load(ptr, mask=inb, other=0.0).to(tl.float32)
+                bad = bad | (v != v).to(tl.int32)
+                acc = tl.maximum(acc, tl.abs(v))
+                ptr += cols
+            acc = tl.where(bad != 0, float("nan"), acc)
+            tl.store(out_ptr + offs, acc, mask=inb)
+            key = (acc.to(tl.int32, bitcast=True) & 0x7FFFFFFF) >> SHIFT
+            # lanes past the end count in bin 0; the caller subtracts them
+            counts += tl.histogram(tl.where(inb, key, 0), BINS)
+        tl.atomic_add(hist_ptr + tl.arange(0, BINS), counts)
+
+    @triton.jit
+    def _refine_kernel(
+        colmax_ptr,
+        b1_ptr,
+        fine_ptr,
+        cols,
+        BLOCK: tl.constexpr,
+        SHIFT1: tl.constexpr,
+        SHIFT2: tl.constexpr,
+        FINE: tl.constexpr,
+    ):
+        # fine[(bits >> SHIFT2) % FINE] += 1 for the columns in coarse bucket b1 only
+        # (about k of them): one atomic each, spread over FINE counters
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        inb = offs < cols
+        bits = tl.load(colmax_ptr + offs, mask=inb, other=0.0).to(tl.int32, bitcast=True)
+        bits = bits & 0x7FFFFFFF
+        b1 = tl.load(b1_ptr).to(tl.int32)
+        sel = inb & ((bits >> SHIFT1) == b1)
+        ones = tl.full((BLOCK,), 1, dtype=tl.int32)
+        tl.atomic_add(fine_ptr + ((bits >> SHIFT2) & (FINE - 1)), ones, mask=sel)
+
+    @triton.jit
+    def _compact_kernel(
+        x_ptr,
+        colmax_ptr,
+        thr_ptr,
+        abs_ptr,
+        idx_ptr,
+        count_ptr,
+        rows,
+        cols,
+        cap,
+        BLOCK: tl.constexpr,
+        ROWS: tl.constexpr,
+    ):
+        # every |x| >= thr of the columns whose maximum reaches it, appended at slots taken
+        # with one atomic per program that has any (their order: unspecified)
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        inb = offs < cols
+        thr = tl.load(thr_ptr)
+        hot = inb & (tl.load(colmax_ptr + offs, mask=inb, other=0.0) >= thr)
+        r = tl.arange(0, ROWS)
+        pos = r[:, None].to(tl.int64) * cols + offs[None, :]
+        live = hot[None, :] & (r[:, None] < rows)
+        v = tl.abs(tl.load(x_ptr + pos, mask=live, other=0.0).to(tl.float32))
+        cand = tl.reshape((live & (v >= thr)).to(tl.int32), (ROWS * BLOCK,))
+        n = tl.sum(cand, axis=0)
+        if n > 0:
+            base = tl.atomic_add(count_ptr, n.to(tl.int64))
+            slot = base + tl.cumsum(cand, 0).to(tl.int64) - 1
+            ok = (cand != 0) & (slot < cap)
+            tl.store(abs_ptr + slot, tl.reshape(v, (ROWS * BLOCK,)), mask=ok)
+            tl.store(idx_ptr + slot, tl.reshape(pos, (ROWS * BLOCK,)), mask=ok)
+
 
 def guarded(name: str, forced: bool, call: Callable[[Any], Any], broken: dict[str, str]) -> Any:
     """``call(this module)``; on failure (import, compile, launch) raise when ``forced``, else
@@ -112,6 +202,8 @@ def guarded(name: str, forced: bool, call: Callable[[Any], Any], broken: dict[st
             raise RuntimeError("triton is not importable")
         return call(sys.modules[__name__])
     except Exception as e:  # noqa: BLE001 - any failure means "use torch"
+        if getattr(e, "select_refusal", False):  # the input's fault (NaN/Inf), not Triton's
+            raise
         if forced:
             raise RuntimeError(f"mstopk kernel='triton' failed: {e}") from e
         broken[name] = repr(e)
@@ -173,3 +265,91 @@ def paper_search(
             _count_ge_kernel[grid](a, f, i, n, **opts)
             _paper_step_kernel[(1,)](f, i, k, num_warps=1, enable_fp_fusion=False)
     return f[4], f[5]
+
+
+HIST_BLOCK = 1024  # columns per block of the column-max + histogram kernel
+COMPACT_BLOCK = 128  # columns per program of the compaction (times up to 16 rows)
+
+
+def _programs(device: torch.device, blocks: int) -> int:
+    """Programs of the persistent kernel: 4 per SM keep the reads in flight (one per block
+    on the CPU interpreter), and each adds its histogram once."""
+    if device.type != "cuda":
+        return max(1, min(blocks, 4))
+    return max(1, min(blocks, 4 * torch.cuda.get_device_properties(device).multi_processor_count))
+
+
+def colmax_hist(head: torch.Tensor, bins: int, shift: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Column maxima of ``|head|`` (contiguous ``(C, R)``; float32) and the int64 histogram
+    of their float32 bit patterns ``>> shift`` in ``bins`` bins, from one read of ``head``."""
+    if not AVAILABLE:
+        raise RuntimeError("triton is not importable")
+    rows, cols = head.shape
+    out = torch.empty(cols, dtype=torch.float32, device=head.device)
+    hist = torch.zeros(bins, dtype=torch.int32, device=head.device)
+    blocks = triton.cdiv(cols, HIST_BLOCK)
+    grid = (_programs(head.device, blocks),)
+    with _on(head.device):
+        _colmax_hist_kernel[grid](
+            head, out, hist, rows, cols, BLOCK=HIST_BLOCK, BINS=bins, SHIFT=shift, num_warps=8
+        )
+    hist = hist.long()
+    hist[0] -= blocks * HIST_BLOCK - cols  # the padding lanes of the last block
+    return out, hist
+
+
+def refine_hist(
+    colmax: torch.Tensor, b1: torch.Tensor, shift1: int, shift2: int, fine: int
+) -> torch.Tensor:
+    """int64 counts of ``(bits >> shift2) % fine`` over the columns in coarse bucket ``b1``
+    (a 0-dim device integer)."""
+    if not AVAILABLE:
+        raise RuntimeError("triton is not importable")
+    out = torch.zeros(fine, dtype=torch.int32, device=colmax.device)
+    cols = colmax.numel()
+    b1 = b1.to(torch.int32).reshape(1)
+    with _on(colmax.device):
+        _refine_kernel[(triton.cdiv(cols, BLOCK),)](
+            colmax,
+            b1,
+            out,
+            cols,
+            BLOCK=BLOCK,
+            SHIFT1=shift1,
+            SHIFT2=shift2,
+            FINE=fine,
+            num_warps=4,
+        )
+    return out.long()
+
+
+def compact_ge(
+    head: torch.Tensor, colmax: torch.Tensor, thr: torch.Tensor, cap: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(abs, idx, count)``: the float32 magnitudes and flat int64 indices of every element
+    ``|x| >= thr`` (a 0-dim float32 device tensor) of the columns whose maximum reaches it,
+    in the first ``count`` of ``cap`` slots (unused slots: magnitude -1, index 0).  ``count``
+    (0-dim int64, on the device) may exceed ``cap``: those past it were dropped."""
+    if not AVAILABLE:
+        raise RuntimeError("triton is not importable")
+    rows, cols = head.shape
+    absb = torch.full((cap,), -1.0, dtype=torch.float32, device=head.device)
+    idxb = torch.zeros(cap, dtype=torch.int64, device=head.device)
+    count = torch.zeros(1, dtype=torch.int64, device=head.device)
+    rows_p2 = triton.next_power_of_2(rows)
+    with _on(head.device):
+        _compact_kernel[(triton.cdiv(cols, COMPACT_BLOCK),)](
+            head,
+            colmax,
+            thr.reshape(1),
+            absb,
+            idxb,
+            count,
+            rows,
+            cols,
+            cap,
+            BLOCK=COMPACT_BLOCK,
+            ROWS=rows_p2,
+            num_warps=4,
+        )
+    return absb, idxb, count[0]

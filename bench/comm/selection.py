@@ -29,7 +29,12 @@ the sent entries), with the addition fused into ``tiled``'s sweep on the CPU.
 On CUDA each method runs a variant with one host sync per call (the ``_dev`` functions,
 ``_device_path`` selects them anywhere; more only in rare fallbacks and for NaN/Inf;
 :func:`host_syncs` counts them; see ``docs/algorithms.md``), with Triton kernels for
-``tiled``'s column maxima and ``paper``'s search (:mod:`bench.comm.mstopk_triton`).
+``tiled`` (column maxima with a histogram of them, one compaction, no ``torch.topk`` over
+millions of elements: :mod:`bench.comm.selection_fast`) and ``paper``'s search
+(:mod:`bench.comm.mstopk_triton`).  Inside a DDP hook
+(:func:`~bench.comm.selection_core.deferred_finite`) ``tiled``, ``topk`` and ``randomk``
+make no host sync at all; ``sampled``, ``hist`` and ``paper`` still make one
+(a data-dependent candidate count).
 
 Ties are broken arbitrarily but the result always has exactly ``k`` unique indices.
 ``k == 0`` returns empty tensors, ``k >= numel`` every index; tensors under ``small_numel``

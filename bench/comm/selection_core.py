@@ -7,8 +7,10 @@ the default, and the error-feedback form) and :mod:`bench.comm.selection_hist` (
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -17,6 +19,7 @@ from bench.registry import ConfigError
 
 _SYNCS = [0]  # device-to-host reads and data-dependent shapes so far (see host_syncs)
 _TRITON_BROKEN: dict[str, str] = {}  # kernel -> why it failed here (torch is used since)
+_DEFER = threading.local()  # .sink: where finiteness flags go instead of being read (deferred)
 
 
 def check_k(k: int) -> int:
@@ -37,7 +40,9 @@ def check_float(x: torch.Tensor) -> torch.Tensor:
 
 
 def nonfinite_error() -> ValueError:
-    return ValueError("the tensor contains NaN or Inf; refusing to select from it")
+    e = ValueError("the tensor contains NaN or Inf; refusing to select from it")
+    e.select_refusal = True  # type: ignore[attr-defined]  # mstopk_triton.guarded re-raises it
+    return e
 
 
 def host_syncs() -> int:
@@ -59,9 +64,48 @@ def nonzero(mask: torch.Tensor) -> torch.Tensor:
     return torch.nonzero(mask).squeeze(1) if mask.dim() == 1 else torch.nonzero(mask, as_tuple=True)
 
 
-def raise_unless(finite: torch.Tensor) -> None:
+@contextlib.contextmanager
+def deferred_finite(
+    sink: list[torch.Tensor] | None, exact: list[torch.Tensor] | None = None
+) -> Iterator[None]:
+    """Within the block (on this thread), :func:`raise_unless` appends its flag to ``sink``
+    instead of reading it: no host sync, and whoever owns ``sink`` checks the flags later
+    (the DDP hooks: once per step, from the training loop).  ``None``: read as usual.
+
+    A selection over a non-finite tensor still returns ``k`` unique indices then (values
+    are garbage, NaN among them), so the collective that follows keeps its shapes.
+    ``exact``: where a selection that cannot check its own capacity without a sync puts
+    its device flag "the result is the exact top k" (:func:`note_exact`)."""
+    prev = getattr(_DEFER, "sink", None), getattr(_DEFER, "exact", None)
+    _DEFER.sink, _DEFER.exact = sink, exact
+    try:
+        yield
+    finally:
+        _DEFER.sink, _DEFER.exact = prev
+
+
+def note_exact(flag: torch.Tensor) -> None:
+    """Hand a device flag "exact" to the :func:`deferred_finite` block's ``exact`` list."""
+    exact = getattr(_DEFER, "exact", None)
+    if exact is not None:
+        exact.append(flag.detach().reshape(()))
+
+
+def raise_unless(finite: torch.Tensor, deferrable: bool = True) -> None:
+    """Refuse a non-finite input: read the device flag ``finite`` (one sync), or, inside
+    :func:`deferred_finite`, hand it to the sink unread.  ``deferrable=False`` for paths
+    that would return fewer than ``k`` indices from a non-finite input."""
+    sink = getattr(_DEFER, "sink", None)
+    if sink is not None and deferrable:
+        sink.append(finite.detach().reshape(()))
+        return
     if not host(finite):
         raise nonfinite_error()
+
+
+def deferring() -> bool:
+    """Whether finiteness flags are deferred here (the selection must not sync either)."""
+    return getattr(_DEFER, "sink", None) is not None
 
 
 def require_finite(flat: torch.Tensor) -> None:

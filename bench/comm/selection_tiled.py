@@ -22,6 +22,7 @@ import threading
 import numpy as np
 import torch
 
+from bench.comm import selection_fast
 from bench.comm.selection_core import (
     exact,
     host,
@@ -265,7 +266,9 @@ def _tiled_np(
         return None
     idx, val = np.concatenate(idx), np.concatenate(val)
     mag = np.abs(val)
-    raise_unless(torch.isfinite(torch.from_numpy(mag).amax()))  # NaN, Inf: always candidates
+    # NaN, Inf: always candidates; read here (a CPU array: no device), since _top_mask
+    # would keep fewer than k of a non-finite one
+    raise_unless(torch.isfinite(torch.from_numpy(mag).amax()), deferrable=False)
     keep = _top_mask(mag, k)
     return torch.from_numpy(val[keep]), torch.from_numpy(idx[keep])
 
@@ -389,15 +392,21 @@ def colmax_dev(head: torch.Tensor, kernel: str) -> torch.Tensor:
 def tiled_dev(
     flat: torch.Tensor, k: int, tiles: int, sample: int, margin: float, gen, kernel: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``tiled`` with one sync (the finiteness flag) and no data-dependent shape.  Exact: of
-    the k columns with the largest maxima, those above the k-th largest value v hold every
-    element > v, and the rest (maximum v) enough elements equal to v."""
+    """``tiled`` with one sync (the finiteness flag; none while deferred) and no
+    data-dependent shape.  With Triton, :func:`bench.comm.selection_fast.tiled_fast`;
+    in torch: of the k columns with the largest maxima, those above the k-th largest
+    value v hold every element > v, and the rest (maximum v) enough elements equal to v
+    (two multi-pass ``torch.topk`` calls, over ``n / C`` and ``C k`` elements)."""
     n = flat.numel()
     c = rows_for(n, k, tiles)
     if c < 2:
         return sampled_dev(flat, k, sample, margin, gen)
     r = n // c
     head = flat[: c * r].view(c, r)
+    # Triton: the threshold from a histogram of the column maxima, one compaction
+    found = triton_run("fast", kernel, head, lambda t: selection_fast.tiled_fast(flat, k, c, t))
+    if found is not None:
+        return found
     tail = flat[c * r :]
     colmax = colmax_dev(head, kernel)
     finite = torch.isfinite(colmax.amax()) & torch.isfinite(tail).all()

@@ -24,9 +24,14 @@ controller: the ``time/select_s`` and ``time/comm_s`` columns of a training curv
 
 Clocks: CPU tensors are timed on the host with :func:`time.perf_counter` (a collective
 completes when its future's callback runs).  CUDA tensors are timed only while
-``enabled`` is set, with CUDA events recorded on the current stream; the events are read
-when they have completed (or at :meth:`PhaseTimes.pop`), never waited for while a step is
-in flight.  With timing off on CUDA both times read 0.
+``enabled`` is set (``comm.timing``: off in training, on in ``bench comm``), with CUDA
+events recorded on the current stream *of the tensor's device*: gloo runs callbacks on its
+own threads, where the current device is 0, and an event pair on two devices cannot be
+measured.  Inside a CUDA future's callback that stream is the one torch made wait for the
+collective only, so an end stamp does not queue behind later backward kernels.  The
+events are read when they have completed (or at :meth:`PhaseTimes.pop`), never waited for
+while a step is in flight; all of one :class:`PhaseTimes` must be on one device (one
+DDP model).  With timing off on CUDA both times read 0.
 """
 
 from __future__ import annotations
@@ -72,7 +77,7 @@ class PhaseTimes:
         if not self.enabled:
             return None
         ev = torch.cuda.Event(enable_timing=True)
-        ev.record()
+        ev.record(torch.cuda.current_stream(like.device))
         return ev
 
     def add_select(self, start: Stamp, end: Stamp) -> None:

@@ -1,29 +1,44 @@
 """``python -m reproduce gpucheck``: every CUDA path of the suite, measured in a fixed budget.
 
 GPU time comes in short windows, on machines that hold nothing but what the repository
-brings, so one prepared command checks what the machine has (:func:`probe`: CUDA, the GPU's
-name and memory, NCCL, DALI, Triton), then runs the :data:`STEPS` in order, each in its own
-process group with its own time cap:
+brings (torch and Triton; no Hydra, no DALI, maybe no pandas), so one prepared command
+checks what the machine has (:func:`probe`: CUDA, the GPU, NCCL, Triton, and the Python
+packages the steps need), then runs the :data:`STEPS` in order, most important first, each
+in its own process group with its own time cap:
 
-``topk``        ``bench topk`` on CUDA: torch.topk vs every MSTopK method, 25.6 M and 100 M
-``update``      ``bench update`` on CUDA: naive / foreach / fused / flat, fp32 and bf16 masters
-``input``       ``bench input_gpu``: DALI mixed vs DALI CPU vs torchvision, pre-decoded level
-``train-nccl``  the embedded default recipe on one GPU with NCCL (world 1), to its target
-``train-flat``  the same with ``optim.update=flat optim.master_weights=bf16`` (bf16 model,
-                fp32 master weights, bf16 autocast, channels_last)
-``train-hitopk`` 2 processes sharing the GPU over gloo with CUDA tensors, ``comm=hitopk
-                comm.procs_per_node=1`` (each worker a node), to its target
-``throughput``  ``bench throughput``: ResNet-50, synthetic 224 px, bf16 + channels_last
+``hooks``       every DDP hook on CUDA tensors: NCCL world 1, 4 gloo workers sharing the GPU
+                as 2 x 2 and 4 x 1, timing on and off; equal on every rank, equal to dense
+                at density 1.0, zero host syncs in the hooks, a race probe
+                (:mod:`bench.gpucheck.hooks`; torch only)
+``select``      torch.topk vs MSTopK ``tiled`` (Triton and torch) at 25.6 M / 100 M,
+                densities 0.001 / 0.01, against the read floor, kernels and syncs per call
+``update``      one optimizer step, torch fused / flat / flat with bf16 masters, ResNet-50
+                and Transformer-base, SGD and AdamW, against the HBM floor, kernels per step
+``profile``     ResNet-50 compute per step at 64 / 256 images and 128 / 224 px (bf16,
+                channels-last) and when each DDP bucket becomes ready during backward
+                (the last three: :mod:`bench.gpucheck.perf`; torch, torchvision for ResNet-50)
 ``gpu-tests``   ``pytest -m gpu``: the tests only a CUDA machine can run
+``topk``        ``bench topk`` on CUDA: torch.topk vs every MSTopK method (pandas)
+``update-bench`` ``bench update``: naive / foreach / fused / flat, fp32 and bf16 masters
+``input``       ``bench input_gpu``: DALI mixed vs DALI CPU vs torchvision (DALI)
+``train-nccl``  the embedded default recipe on one GPU with NCCL (world 1), to its target
+``train-flat``  the same with ``optim.update=flat optim.master_weights=bf16``
+``train-hitopk`` 2 processes sharing the GPU over gloo with CUDA tensors, ``comm=hitopk
+                comm.procs_per_node=1`` (each worker a node), to its target (these three:
+                Hydra)
+``throughput``  ``bench throughput``: ResNet-50, synthetic 224 px, bf16 + channels_last
 
 A step whose requirement is missing is skipped with one line; a step is given
 ``min(cap, budget left)`` seconds and killed (with its children) when it overruns; once the
 budget left is under a step's ``min_s`` the check stops and says which steps were left.
-Every step appends to the usual CSVs and records (which name the GPU); the check itself
+The first five steps' caps add up to 445 s: the default budget of 480 s leaves the later
+steps whatever the first ones did not use.  Every step appends to the usual CSVs and
+records (which name the GPU) or writes ``<results>/gpucheck/<step>.json``; the check itself
 appends one row per step to ``<results>/bench/gpucheck.csv``, keeps each step's output in
 ``<results>/gpucheck/<bench_id>/<step>.log`` and prints a summary table, also written to
 ``<results>/gpucheck/<bench_id>.md``.  ``--dry-run`` prints the probe and the plan and runs
-nothing.
+nothing; ``--cpu`` runs the steps that have a CPU mode on CPU tensors with small sizes (the
+plumbing of the device run: ``tests/test_gpucheck.py``).
 """
 
 from __future__ import annotations
@@ -39,9 +54,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-from bench.benchmarks.harness import BenchRun
-from bench.gpucheck.summary import headline, snapshot
 
 PY = sys.executable
 LOG_TAIL_BYTES = 256_000  # a step's log keeps its last this many bytes
@@ -72,7 +84,14 @@ def probe() -> dict[str, Any]:
             info["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
         except Exception:  # noqa: BLE001 - the version is informative only
             info["nccl_version"] = "?"
-    for name, module in (("dali", "nvidia.dali"), ("triton", "triton")):
+    for name, module in (
+        ("dali", "nvidia.dali"),
+        ("triton", "triton"),
+        ("hydra", "hydra"),
+        ("pandas", "pandas"),
+        ("torchvision", "torchvision"),
+        ("pytest", "pytest"),
+    ):
         try:
             mod = __import__(module, fromlist=["__version__"])
             info[name] = getattr(mod, "__version__", "?")
@@ -91,10 +110,14 @@ class Step:
     cap_s: float
     needs: tuple[str, ...] = ("cuda",)
     min_s: float = 30.0  # not started with less budget left than this
+    cpu_args: tuple[str, ...] = ()  # the arguments that run the step on the CPU; () if none
 
     def missing(self, info: dict[str, Any]) -> str | None:
         gone = [n for n in self.needs if not info.get(n)]
         return f"no {', '.join(gone).upper()} on this machine" if gone else None
+
+    def command(self, results_dir: str, cpu: bool = False) -> list[str]:
+        return self.argv(results_dir) + (list(self.cpu_args) if cpu else [])
 
 
 def _bench(name: str) -> Callable[[str], list[str]]:
@@ -114,16 +137,105 @@ def _train(*overrides: str) -> Callable[[str], list[str]]:
     ]
 
 
+GPU_TEST_FILES = (
+    "tests/test_mstopk_cuda.py",
+    "tests/test_optim_ddp.py",
+    "tests/test_optim_ops.py",
+    "tests/test_dali_gpu.py",
+)
+
+
+def _module(module: str, *args: str) -> Callable[[str], list[str]]:
+    """``python -m module *args --out <results>/gpucheck/<name>.json`` (torch only)."""
+    name = args[0] if args else module.rsplit(".", 1)[-1]
+    return lambda res: [
+        PY,
+        "-m",
+        module,
+        *args,
+        "--out",
+        str(Path(res) / "gpucheck" / f"{name}.json"),
+    ]
+
+
 STEPS: tuple[Step, ...] = (
-    Step("topk", "torch.topk vs MSTopK methods, 25.6 M / 100 M, CUDA events", _bench("topk"), 90),
-    Step("update", "optimizer update modes, ResNet-50 / Transformer-base", _bench("update"), 90),
-    Step("input", "DALI mixed vs DALI CPU vs torchvision decode", _bench("input_gpu"), 75),
+    Step(
+        "hooks",
+        "every hook, NCCL 1 + gloo 2x2 / 4x1 on one GPU: ranks, dense, syncs, race",
+        _module("bench.gpucheck.hooks"),
+        150,
+        min_s=60,
+        # on the CPU, one 4-worker layout and the hooks whose plumbing differs most
+        cpu_args=("--cpu", "--layouts", "1,2x2", "--hooks", "dense,mstopk,hitopk,powersgd"),
+    ),
+    Step(
+        "select",
+        "torch.topk vs MSTopK tiled, 25.6 M / 100 M, vs the read floor, kernels",
+        _module("bench.gpucheck.perf", "select"),
+        60,
+        cpu_args=("--cpu",),
+    ),
+    Step(
+        "update",
+        "fused / flat / flat+bf16 step, ResNet-50 / Transformer-base, vs the HBM floor",
+        _module("bench.gpucheck.perf", "update"),
+        75,
+        cpu_args=("--cpu",),
+    ),
+    Step(
+        "profile",
+        "ResNet-50 compute at 64/256 img x 128/224 px, DDP bucket readiness",
+        _module("bench.gpucheck.perf", "profile"),
+        60,
+        cpu_args=("--cpu",),
+    ),
+    Step(
+        "gpu-tests",
+        "pytest -m gpu",
+        # the files holding gpu tests, not the whole suite: a test module that imports a
+        # package this machine lacks must not keep the others from running
+        lambda res: [
+            PY,
+            "-m",
+            "pytest",
+            "-m",
+            "gpu",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--continue-on-collection-errors",
+            *GPU_TEST_FILES,
+        ],
+        100,
+        needs=("cuda", "pytest"),
+    ),
+    Step(
+        "topk",
+        "torch.topk vs MSTopK methods, 25.6 M / 100 M, CUDA events",
+        _bench("topk"),
+        90,
+        needs=("cuda", "pandas"),
+    ),
+    Step(
+        "update-bench",
+        "optimizer update modes, ResNet-50 / Transformer-base",
+        _bench("update"),
+        90,
+        needs=("cuda", "pandas"),
+    ),
+    Step(
+        "input",
+        "DALI mixed vs DALI CPU vs torchvision decode",
+        _bench("input_gpu"),
+        75,
+        needs=("cuda", "dali", "pandas"),
+    ),
     Step(
         "train-nccl",
         "embedded default recipe, 1 GPU, NCCL",
         _train("cluster.nproc_per_node=1", "cluster.backend=nccl"),
         120,
-        needs=("cuda", "nccl"),
+        needs=("cuda", "nccl", "hydra"),
         min_s=45,
     ),
     Step(
@@ -136,7 +248,7 @@ STEPS: tuple[Step, ...] = (
             "optim.master_weights=bf16",
         ),
         90,
-        needs=("cuda", "nccl"),
+        needs=("cuda", "nccl", "hydra"),
         min_s=45,
     ),
     Step(
@@ -149,16 +261,15 @@ STEPS: tuple[Step, ...] = (
             "comm.procs_per_node=1",
         ),
         150,
+        needs=("cuda", "hydra"),
         min_s=60,
     ),
     Step(
-        "throughput", "ResNet-50 synthetic 224 px, bf16 + channels_last", _bench("throughput"), 75
-    ),
-    Step(
-        "gpu-tests",
-        "pytest -m gpu",
-        lambda res: [PY, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests"],
-        120,
+        "throughput",
+        "ResNet-50 synthetic 224 px, bf16 + channels_last",
+        _bench("throughput"),
+        75,
+        needs=("cuda", "pandas", "torchvision"),
     ),
 )
 
@@ -226,9 +337,44 @@ def _trim(path: Path) -> None:
         path.write_bytes(b"[... earlier output cut ...]\n" + data[-LOG_TAIL_BYTES:])
 
 
-def plan(steps: tuple[Step, ...], info: dict[str, Any]) -> list[tuple[Step, str]]:
-    """Each step and what would happen to it: ``run`` or the reason it is skipped."""
+def plan(
+    steps: tuple[Step, ...], info: dict[str, Any], cpu: bool = False
+) -> list[tuple[Step, str]]:
+    """Each step and what would happen to it: ``run`` or the reason it is skipped
+    (``cpu``: the steps with a CPU mode run, whatever the machine has)."""
+    if cpu:
+        return [(s, "run" if s.cpu_args else "no CPU mode") for s in steps]
     return [(s, s.missing(info) or "run") for s in steps]
+
+
+class _PlainRun:
+    """What the check records where pandas is missing (BenchRun needs it): the rows as
+    JSON lines in ``<results>/bench/gpucheck.jsonl``."""
+
+    def __init__(self, results_dir: str) -> None:
+        import platform
+
+        self.bench_id = time.strftime("%Y%m%d-%H%M%S")
+        self.meta = {"hardware": platform.node(), "git_sha": "?", "date": time.ctime()}
+        self.path = Path(results_dir) / "bench" / "gpucheck.jsonl"
+        self.rows: list[dict[str, Any]] = []
+
+    def add(self, **row: Any) -> None:
+        self.rows.append({"bench_id": self.bench_id, **row})
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in self.rows)
+
+
+def _bench_run(results_dir: str) -> Any:
+    try:
+        from bench.benchmarks.harness import BenchRun
+    except ImportError as e:  # pandas or filelock missing on the device machine
+        print(f"recording without pandas ({e}): {results_dir}/bench/gpucheck.jsonl")
+        return _PlainRun(results_dir)
+    return BenchRun("gpucheck", results_dir)
 
 
 def check(
@@ -237,31 +383,47 @@ def check(
     dry_run: bool = False,
     steps: tuple[Step, ...] = STEPS,
     info: dict[str, Any] | None = None,
+    cpu: bool = False,
 ) -> list[Outcome]:
-    """Probe, then run ``steps`` within ``budget_s`` seconds (see the module docstring)."""
+    """Probe, then run ``steps`` within ``budget_s`` seconds (see the module docstring);
+    ``cpu``: only the steps with a CPU mode, on the CPU."""
     info = probe() if info is None else info
     print("machine: " + json.dumps(info))
-    planned = plan(steps, info)
+    planned = plan(steps, info, cpu)
     caps = sum(s.cap_s for s, what in planned if what == "run")
     over = " (more than the budget: the last steps may be left)" if caps > budget_s else ""
     print(f"plan (budget {budget_s:.0f} s; caps of the steps to run: {caps:.0f} s{over}):")
     for s, what in planned:
         mark = f"cap {s.cap_s:4.0f} s" if what == "run" else f"skip: {what}"
         print(f"  {s.name:<13} {mark:<36} {s.what}")
-        print(f"  {'':<13} $ {' '.join(s.argv(results_dir))}")
+        print(f"  {'':<13} $ {' '.join(s.command(results_dir, cpu))}")
     if dry_run:
         print("dry run: nothing was run")
         return [Outcome(s.name, "not run", detail="dry run") for s, _ in planned]
-    bench = BenchRun("gpucheck", results_dir)
+    bench = _bench_run(results_dir)
     log_dir = Path(results_dir) / "gpucheck" / bench.bench_id
-    outcomes = _run_all(planned, budget_s, results_dir, log_dir)
+    outcomes = _run_all(planned, budget_s, results_dir, log_dir, cpu)
     _record(bench, outcomes, info, log_dir, budget_s)
     return outcomes
 
 
 def _run_all(
-    planned: list[tuple[Step, str]], budget_s: float, results_dir: str, log_dir: Path
+    planned: list[tuple[Step, str]],
+    budget_s: float,
+    results_dir: str,
+    log_dir: Path,
+    cpu: bool = False,
 ) -> list[Outcome]:
+    try:  # deferred: the device machine may lack pandas, which the summary reads with
+        from bench.gpucheck.summary import headline, snapshot
+    except ImportError:  # no pandas: each step's last line of output
+
+        def snapshot(results_dir: str) -> dict[str, int]:
+            return {}
+
+        def headline(step: str, results_dir: str, before: dict, log: Path) -> str:
+            lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+            return (lines[-1][:200] if lines else "no output").replace("|", "/")
 
     t0 = time.monotonic()
     outcomes: list[Outcome] = []
@@ -280,7 +442,7 @@ def _run_all(
         before = snapshot(results_dir)
         start = time.monotonic()
         status, rc = run_step(
-            s.argv(results_dir), min(s.cap_s, left), log_dir / f"{s.name}.log", s.name
+            s.command(results_dir, cpu), min(s.cap_s, left), log_dir / f"{s.name}.log", s.name
         )
         took = time.monotonic() - start
         detail = headline(s.name, results_dir, before, log_dir / f"{s.name}.log")
@@ -290,7 +452,7 @@ def _run_all(
 
 
 def _record(
-    bench: BenchRun, outcomes: list[Outcome], info: dict[str, Any], log_dir: Path, budget_s: float
+    bench: Any, outcomes: list[Outcome], info: dict[str, Any], log_dir: Path, budget_s: float
 ) -> None:
     facts = {
         k: info.get(k)

@@ -17,7 +17,7 @@ from bench.results.paths import bench_csv
 
 BENCH_OF_STEP = {
     "topk": "topk",
-    "update": "update",
+    "update-bench": "update",
     "input": "input_gpu",
     "throughput": "throughput",
 }
@@ -119,6 +119,37 @@ def _train(results_dir: str, before: dict[str, int]) -> str:
     )
 
 
+JSON_STEPS = ("hooks", "select", "update", "profile")  # bench.gpucheck.hooks / _perf
+
+
+def _from_json(step: str, path: Path) -> str:
+    """One line from a torch-only step's JSON file (``bench.gpucheck.hooks`` / ``_perf``)."""
+    if not path.is_file():
+        return ""
+    data = json.loads(path.read_text())
+    rows = data.get("rows", [])
+    if step == "hooks":
+        bad = data.get("failed", [])
+        why = "; ".join(f"{b['layout']} {b['hook']}: {b['why'][0]}" for b in bad[:3])
+        return f"{len(rows)} cases, {len(bad)} failed" + (f": {why}" if why else "")
+    if step == "select":
+        return "; ".join(data.get("targets", [])) or f"{len(rows)} rows"
+    if step == "update":
+        return "; ".join(
+            f"{r['model']} {r['optimizer']} {r['mode']} {r['ms']:.2f} ms"
+            f" ({r['x_floor']:.1f}x floor, {r['kernels']} kernels)"
+            for r in rows
+        )
+    compute = [r for r in rows if r.get("what") == "compute"]
+    buckets = [r for r in rows if r.get("what") == "bucket"]
+    parts = [f"{r['images']} img {r['px']} px {r['img_s']:.0f} img/s" for r in compute]
+    if buckets:
+        parts.append(
+            "buckets ready at " + ", ".join(f"{r['ready_ms']:.1f}" for r in buckets) + " ms"
+        )
+    return "; ".join(parts)
+
+
 def headline(step: str, results_dir: str, before: dict[str, int], log: Path) -> str:
     """The step's result in one line (never raises: a summary must not end the check)."""
     try:
@@ -130,12 +161,14 @@ def headline(step: str, results_dir: str, before: dict[str, int], log: Path) -> 
                 text = ""
             elif step == "topk":
                 text = _topk(df)
-            elif step == "update":
+            elif step == "update-bench":
                 text = _update(df)
             elif step == "throughput":
                 text = _throughput(df)
             else:
                 text = _images(df, next(c for c in ("case", "loader") if c in df))
+        elif step in JSON_STEPS:
+            text = _from_json(step, Path(results_dir) / "gpucheck" / f"{step}.json")
         else:
             text = ""
     except Exception as e:  # noqa: BLE001 - report, do not stop

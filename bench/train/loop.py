@@ -185,11 +185,17 @@ def _diverged(s: TrainState, loss: torch.Tensor) -> bool:
     every rank, so every rank stops at the same step."""
     hook = s.comm.state
     if getattr(hook, "nan_check", False):
-        found, hook.finite = hook.finite, []
+        # the hooks' device flags (reduced buckets, and the inputs of sparse selections):
+        # one read here per step, none inside the hooks
+        found = hook.take_finite()
         if not found or bool(torch.stack([ok for _, ok in found]).all()):
             return False
         bad = [i for i, ok in found if not bool(ok)]
-        where = f"gradient bucket {bad[0]} after decompression"
+        where = (
+            f"gradient bucket {bad[0]} after decompression"
+            if bad[0] >= 0
+            else "a sparse selection's input (gradient plus residual)"
+        )
     else:
         grads = [(n, p.grad) for n, p in s.model.named_parameters() if p.grad is not None]
         if not grads or bool(torch.stack([g.sum().float() for _, g in grads]).sum().isfinite()):

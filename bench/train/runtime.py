@@ -164,6 +164,25 @@ def clip_gradients(
     """Clip the global L2 norm of ``model``'s gradients to ``max_norm`` (after unscaling them
     when a gradient scaler is in use); returns the norm before clipping.  Under DDP the
     gradients are the averaged ones, identical on every rank, so every rank clips alike."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if scaler is not None and scaler.is_enabled() and any(g.dtype == torch.float16 for g in grads):
+        # fp16 gradients (the flat update's fp16 model copy): GradScaler.unscale_ refuses
+        # them (unscaled in fp16 they would underflow), and the flat optimizer unscales in
+        # fp32 itself (GradScaler hands it grad_scale).  Clip the scaled gradients instead.
+        return _clip_scaled(grads, scaler._get_scale_async(), max_norm)
     if scaler is not None:
         scaler.unscale_(optimizer)
     return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+
+
+def _clip_scaled(grads: list[torch.Tensor], scale: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """Clip gradients that are still multiplied by ``scale`` to an unscaled global norm of
+    ``max_norm``; returns the unscaled norm before clipping.  The norm is summed in float32
+    (an fp16 norm of scaled gradients overflows); no host sync.  A NaN/Inf gradient makes
+    every gradient NaN, which GradScaler's own check then skips, as after unscale_."""
+    norms = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads])
+    total = torch.linalg.vector_norm(norms) / scale.float()
+    coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    for g in grads:
+        g.mul_(coef.to(g.device))
+    return total

@@ -1,0 +1,325 @@
+"""Device measurements against memory floors (gpucheck steps ``select``, ``update``, ``profile``).
+
+``python -m bench.gpucheck.perf {select,update,profile} [--cpu] [--out FILE]``, needing only
+torch (torchvision for ResNet-50, Triton for the selection kernels: skipped with a line
+when absent).  Every time is the median of CUDA-event-timed repetitions after a warm-up;
+kernel counts come from torch's profiler (CUDA kernels launched by one call).
+
+``select``  ``torch.topk`` against MSTopK ``tiled`` (Triton: a histogram threshold and one
+            compaction; and its torch structure) at 25.6 M and 100 M float32 elements,
+            densities 0.001 and 0.01: ms, times the read floor (``4 n`` bytes at the HBM
+            bandwidth, :data:`HBM_BYTES_S`; and the measured ``amax`` pass), kernels and
+            host syncs per call.  Targets: within 3x of the floor at 100 M, at least 2x
+            faster than ``torch.topk`` at 25.6 M.
+``update``  one optimizer step (torch fused, flat, flat with bf16 master weights) for
+            ResNet-50 and Transformer-base, SGD with momentum and AdamW: ms, kernels per
+            step, times the HBM floor (20 and 28 bytes per parameter).  Gradients are set
+            once outside the timing, without DDP (the flat modes then copy them in).
+``profile`` what the paper-scaled profile assumes: ResNet-50 forward and backward per step
+            at 64 and 256 images and 128 and 224 px (bf16 autocast, channels-last), and the
+            time after the start of backward at which each DDP bucket is handed to the
+            hook (25 MB buckets, one process).
+
+``--cpu`` shrinks every size and runs on the CPU (host clocks, no floors): the plumbing of
+the device run, checked by ``tests/test_gpucheck.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+HBM_BYTES_S = 4.8e12  # H200 HBM3e, bytes per second (the floors' denominator)
+UPDATE_BYTES = {"sgd": 20, "adamw": 28}  # per parameter: p, g, state(s) read, p, state written
+
+
+def _timer(device: torch.device) -> Callable[[Callable[[], Any], int], float]:
+    """``time(fn, reps)``: median seconds of one call (CUDA events on a GPU)."""
+
+    def cuda_time(fn: Callable[[], Any], reps: int) -> float:
+        times = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / 1e3)
+        return statistics.median(times)
+
+    def host_time(fn: Callable[[], Any], reps: int) -> float:
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    return cuda_time if device.type == "cuda" else host_time
+
+
+def kernels(fn: Callable[[], Any], device: torch.device) -> int:
+    """CUDA kernels one call of ``fn`` launches (0 on the CPU)."""
+    if device.type != "cuda":
+        return 0
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def select(device: torch.device, cpu: bool) -> list[dict]:
+    from bench.comm import mstopk_triton
+    from bench.comm.selection import _TRITON_BROKEN, host_syncs, k_for, mstopk
+
+    timed = _timer(device)
+    sizes = (256_000, 1_000_000) if cpu else (25_600_000, 100_000_000)
+    reps = 3 if cpu else 20
+    rows = []
+    methods: dict[str, Callable[[torch.Tensor, int], Any]] = {
+        "torch.topk": lambda x, k: torch.topk(x.abs(), k, sorted=False),
+        "mstopk-torch": lambda x, k: mstopk(x, k, "tiled", kernel="torch", _device_path=True),
+    }
+    if device.type == "cuda" and mstopk_triton.AVAILABLE:
+        # auto: a Triton failure falls back to torch (and is printed below), not a crash
+        methods["mstopk"] = lambda x, k: mstopk(x, k, "tiled", kernel="auto")
+    else:
+        print("select: no Triton on a CUDA device here: the fast kernels are not measured")
+    for n in sizes:
+        x = torch.randn(n, device=device, generator=torch.Generator(device).manual_seed(n))
+        read = timed(lambda x=x: torch.amax(x), reps)  # one read of x: the practical floor
+        floor = 4 * n / HBM_BYTES_S
+        for density in (0.001, 0.01):
+            k = k_for(n, density)
+            for name, fn in methods.items():
+                fn(x, k)  # warm-up: Triton compiles, the allocator settles
+                before = host_syncs()
+                fn(x, k)
+                syncs = host_syncs() - before
+                s = timed(lambda fn=fn, x=x, k=k: fn(x, k), reps)
+                rows.append(
+                    {
+                        "n": n,
+                        "density": density,
+                        "method": name,
+                        "ms": 1e3 * s,
+                        "x_floor": s / floor,
+                        "x_read": s / read,
+                        "kernels": kernels(lambda fn=fn, x=x, k=k: fn(x, k), device),
+                        "syncs": syncs,
+                    }
+                )
+        del x
+    if _TRITON_BROKEN:
+        print(f"select: Triton kernels fell back to torch: {_TRITON_BROKEN}")
+    return rows
+
+
+def select_targets(rows: list[dict]) -> list[str]:
+    """The issue's two selection targets, met or missed, with their numbers."""
+    by = {(r["n"], r["density"], r["method"]): r for r in rows}
+    out = []
+    big, small = max(r["n"] for r in rows), min(r["n"] for r in rows)
+    for d in (0.001, 0.01):
+        ms = by.get((big, d, "mstopk"))
+        if ms:
+            ok = "met" if ms["x_floor"] <= 3 else "MISSED"
+            out.append(f"mstopk {big / 1e6:g} M d={d}: {ms['x_floor']:.2f}x the floor (<= 3x) {ok}")
+        ms, tk = by.get((small, d, "mstopk")), by.get((small, d, "torch.topk"))
+        if ms and tk:
+            sp = tk["ms"] / ms["ms"]
+            ok = "met" if sp >= 2 else "MISSED"
+            out.append(f"mstopk {small / 1e6:g} M d={d}: {sp:.2f}x faster than torch.topk {ok}")
+    return out
+
+
+def _models(cpu: bool) -> dict[str, Callable[[], torch.nn.Module]]:
+    from bench.models.config import ModelConfig
+    from bench.models.transformer import build
+
+    out: dict[str, Callable[[], torch.nn.Module]] = {}
+    try:
+        from torchvision.models import resnet18, resnet50
+
+        out["resnet50"] = (lambda: resnet18(num_classes=10)) if cpu else (lambda: resnet50())
+    except ImportError:
+        print("update/profile: no torchvision here: ResNet-50 is not measured")
+    name = "transformer_tiny" if cpu else "transformer_base"
+    out["transformer_base"] = lambda: build(name, ModelConfig(name=name), 1000 if cpu else 32000)
+    return out
+
+
+def update(device: torch.device, cpu: bool) -> list[dict]:
+    from types import SimpleNamespace
+
+    from bench.optim import build_optimizer
+    from bench.optim.config import OptimConfig
+
+    timed = _timer(device)
+    reps = 3 if cpu else 30
+    modes = (("fused", "off"), ("flat", "off"), ("flat", "bf16"))
+    rows = []
+    for model_name, make in _models(cpu).items():
+        for opt in ("sgd", "adamw"):
+            for update_mode, master in modes:
+                if cpu and update_mode == "fused":
+                    continue  # torch's fused kernels: CUDA (and recent CPUs) only
+                torch.manual_seed(0)
+                model = make().to(device)
+                fields = {**OptimConfig().__dict__, "name": opt, "update": update_mode}
+                cfg = SimpleNamespace(**{**fields, "master_weights": master})
+                optimizer = build_optimizer(model, cfg)
+                for p in model.parameters():
+                    p.grad = torch.randn_like(p).mul_(1e-3)
+                numel = sum(p.numel() for p in model.parameters())
+                optimizer.step()  # warm-up: state allocated, schedule built
+                s = timed(optimizer.step, reps)
+                floor = UPDATE_BYTES[opt] * numel / HBM_BYTES_S
+                mode = update_mode + ("+bf16 masters" if master != "off" else "")
+                rows.append(
+                    {
+                        "model": model_name,
+                        "optimizer": opt,
+                        "mode": mode,
+                        "params_m": numel / 1e6,
+                        "ms": 1e3 * s,
+                        "x_floor": s / floor,
+                        "kernels": kernels(optimizer.step, device),
+                    }
+                )
+                del model, optimizer
+    return rows
+
+
+def _bucket_times(device: torch.device, cpu: bool) -> list[dict]:
+    """When each DDP bucket reaches the hook, ms after backward started (one process)."""
+    import datetime
+
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from bench.benchmarks.spawn import free_port
+
+    make = _models(cpu).get("resnet50")
+    if make is None:
+        return []
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, rank=0, world_size=1, timeout=datetime.timedelta(300))
+    try:
+        model = make().to(device, memory_format=torch.channels_last)
+        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        marks: list[tuple[int, int, Any]] = []
+
+        # no annotation on bucket: DDP refuses any but dist.GradBucket, which this module's
+        # postponed (string) annotations are not
+        def hook(state, bucket):  # noqa: ANN001, ANN202
+            stamp: Any = time.perf_counter()
+            if device.type == "cuda":
+                stamp = torch.cuda.Event(enable_timing=True)
+                stamp.record(torch.cuda.current_stream(device))
+            marks.append((bucket.index(), bucket.buffer().numel(), stamp))
+            return allreduce_hook(state, bucket)
+
+        ddp.register_comm_hook(None, hook)
+        batch, px = (4, 64) if cpu else (64, 224)
+        x = torch.randn(batch, 3, px, px, device=device).to(memory_format=torch.channels_last)
+        rows: list[dict] = []
+        for step in range(3):  # DDP rebuilds its buckets after the first step
+            marks.clear()
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                loss = ddp(x).float().square().mean()
+            start: Any = time.perf_counter()
+            if device.type == "cuda":
+                start = torch.cuda.Event(enable_timing=True)
+                start.record()
+            loss.backward()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            if step == 2:
+                for index, numel, stamp in marks:
+                    after = (
+                        start.elapsed_time(stamp)
+                        if device.type == "cuda"
+                        else 1e3 * (stamp - start)
+                    )
+                    rows.append({"bucket": index, "mb": numel * 4 / 2**20, "ready_ms": after})
+        return rows
+    finally:
+        dist.destroy_process_group()
+
+
+def profile(device: torch.device, cpu: bool) -> list[dict]:
+    timed = _timer(device)
+    make = _models(cpu).get("resnet50")
+    rows: list[dict] = []
+    if make is not None:
+        model = make().to(device, memory_format=torch.channels_last)
+        configs = ((2, 32), (4, 64)) if cpu else ((64, 128), (64, 224), (256, 128), (256, 224))
+        for batch, px in configs:
+            x = torch.randn(batch, 3, px, px, device=device).to(memory_format=torch.channels_last)
+
+            def step(x: torch.Tensor = x) -> None:
+                with torch.autocast(device.type, dtype=torch.bfloat16):
+                    loss = model(x).float().square().mean()
+                loss.backward()
+
+            step()  # warm-up: cuDNN picks its algorithms
+            s = timed(step, 2 if cpu else 10)
+            rows.append(
+                {"what": "compute", "images": batch, "px": px, "ms": 1e3 * s, "img_s": batch / s}
+            )
+            del x
+    rows += [{"what": "bucket", **r} for r in _bucket_times(device, cpu)]
+    return rows
+
+
+CHECKS: dict[str, Callable[[torch.device, bool], list[dict]]] = {
+    "select": select,
+    "update": update,
+    "profile": profile,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.gpucheck.perf", description=__doc__)
+    ap.add_argument("check", choices=sorted(CHECKS))
+    ap.add_argument("--cpu", action="store_true", help="small sizes on the CPU (plumbing only)")
+    ap.add_argument("--out", default="", help="JSON file for the rows")
+    args = ap.parse_args(argv)
+    if not args.cpu and not torch.cuda.is_available():
+        print(f"{args.check}: no CUDA device; --cpu checks the plumbing only")
+        return 2
+    device = torch.device("cpu" if args.cpu else "cuda:0")
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+    rows = CHECKS[args.check](device, args.cpu)
+    for r in rows:
+        print(
+            f"{args.check}: "
+            + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items())
+        )
+    targets = select_targets(rows) if args.check == "select" else []
+    for line in targets:
+        print(f"target: {line}")
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump({"check": args.check, "rows": rows, "targets": targets}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
