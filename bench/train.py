@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from bench import runtime
+from bench.cluster.parentwatch import die_with_parent
 from bench.config import Config, from_container
 from bench.data.types import RANK_TOKENS
 from bench.results import columns as col
@@ -474,12 +475,23 @@ def _checkpoint(s: TrainState, last: bool) -> None:
     checkpoint.save(s, barrier=runtime.barrier)
 
 
+def _resume_hint(payload: dict[str, Any]) -> str:
+    run, cfg = payload.get("run"), payload.get("config")
+    if not run or not cfg:  # a queue: each of its runs says how when it is resumed
+        return ""
+    return (
+        f"; continue from its last checkpoint with: python -m reproduce train "
+        f"resume={run['run_id']} results.dir={cfg['results']['dir']}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     from bench import runqueue
 
     ap = argparse.ArgumentParser(description="one data-parallel training worker")
     ap.add_argument("--config", required=True, help="run (or run queue) JSON from the launcher")
     payload = json.loads(Path(ap.parse_args(argv).config).read_text())
+    die_with_parent(_resume_hint(payload))  # a SIGKILLed launcher must not leave us training
     if runqueue.is_queue(payload):
         runqueue.worker_loop(payload, train)
         return 0
