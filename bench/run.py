@@ -27,7 +27,16 @@ def validate(cfg: Config) -> None:
     """
     from bench import comm, data, models, optim
     from bench.cluster import launch, profile
+    from bench.results.safejson import non_finite
 
+    # first: a range check such as ``lr > 0`` passes inf, and every check passes NaN
+    bad = non_finite(to_container(cfg))
+    if bad:
+        raise ConfigError(
+            "not a finite number: "
+            + ", ".join(f"{k}={v}" for k, v in bad)
+            + " (every number of the config must be finite)"
+        )
     launch.validate(cfg)
     profile.check(cfg.cluster.profile, cfg.cluster.name)
     world = cfg.cluster.nnodes * cfg.cluster.nproc_per_node

@@ -43,3 +43,61 @@ def test_a_sigkilled_single_node_launcher_takes_its_workers_and_the_run_resumes(
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     (final,) = records.load_records(tmp_path)
     assert final["run_id"] == run_dir.name and final["epochs_run"] == 3
+
+
+def _config(tmp_path: Path, *overrides: str):
+    from hydra import compose, initialize_config_dir
+
+    from bench.config import register_configs, to_object
+    from tests.conftest import REPO
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"results.dir={tmp_path}", *overrides])
+    return to_object(cfg)
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["optim.lr=inf", "optim.momentum=nan", "optim.weight_decay=nan", "optim.warmup_epochs=nan"],
+)
+def test_a_non_finite_config_number_is_refused_by_validation(tmp_path: Path, override: str) -> None:
+    from bench.registry import ConfigError
+    from bench.run import validate
+
+    with pytest.raises(ConfigError, match=rf"not a finite number: {override}"):
+        validate(_config(tmp_path, override))
+
+
+def test_a_non_finite_config_number_stops_the_cli_with_one_line(tmp_path: Path) -> None:
+    p = run_cli("train", f"results.dir={tmp_path}", "optim.lr=inf", timeout=120)
+    assert p.returncode == 2, p.stdout[-2000:] + p.stderr[-2000:]
+    err = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(err) == 1 and "optim.lr=inf" in err[0], p.stderr
+    assert not records.runs_path(tmp_path).exists()
+
+
+def test_the_record_writer_keeps_a_record_it_cannot_encode_exactly(tmp_path: Path) -> None:
+    import json
+
+    import numpy as np
+
+    records.append_record(tmp_path, {"run_id": "old", "status": "ok"})
+    before = records.runs_path(tmp_path).read_bytes()
+    rec = {
+        "run_id": "r",
+        "status": "error",
+        "best_value": float("nan"),
+        "config": {"optim": {"lr": float("inf")}},
+        "curve": [np.float32(-np.inf), 1.0],
+        "odd": object(),
+    }
+    with pytest.warns(UserWarning, match="recorded as strings"):
+        records.append_record(tmp_path, rec)
+    text = records.runs_path(tmp_path).read_bytes()
+    assert text.startswith(before)
+    line = json.loads(text[len(before) :])  # strict JSON: no NaN/Infinity tokens
+    assert line["best_value"] == "nan" and line["config"]["optim"]["lr"] == "inf"
+    assert line["curve"] == ["-inf", 1.0] and line["odd"].startswith("<object")
+    assert line["unencodable"] == ["best_value", "config.optim.lr", "curve[0]", "odd"]
+    assert records.find_record(tmp_path, "r")["status"] == "error"

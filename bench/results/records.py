@@ -33,6 +33,7 @@ import pandas as pd
 from filelock import FileLock
 
 from bench.results import columns as col
+from bench.results import safejson
 from bench.results.timing import best_value, time_to_target
 
 STATUSES = ("ok", "target_missed", "diverged", "error", "interrupted")
@@ -55,14 +56,6 @@ def curve_path(results_dir: str | Path, run_id: str) -> Path:
     return Path(results_dir) / "curves" / f"{run_id}.csv"
 
 
-def _json_default(o: Any) -> Any:
-    if hasattr(o, "item"):
-        return o.item()
-    if isinstance(o, Path):
-        return str(o)
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
-
-
 class AlreadyRecorded(ValueError):
     """This attempt of this run already has its record."""
 
@@ -79,7 +72,14 @@ def append_record(results_dir: str | Path, record: Mapping[str, Any]) -> Path:
         raise ValueError(f"status {record['status']!r} not in {STATUSES}")
     path = runs_path(results_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps(record, default=_json_default, allow_nan=False) + "\n"
+    line, unencodable = safejson.encode(record)  # never fails: a record is not lost
+    line += "\n"
+    if unencodable:
+        warnings.warn(
+            f"run {record['run_id']}: {', '.join(unencodable)} recorded as strings (not "
+            f"JSON numbers), listed in the record's {safejson.NOTE_FIELD!r} field",
+            stacklevel=2,
+        )
     attempt = record.get("attempt", 1)
     with FileLock(str(path) + ".lock"):
         for old in _read_lines(path, warn=False):
