@@ -101,3 +101,42 @@ def test_the_record_writer_keeps_a_record_it_cannot_encode_exactly(tmp_path: Pat
     assert line["curve"] == ["-inf", 1.0] and line["odd"].startswith("<object")
     assert line["unencodable"] == ["best_value", "config.optim.lr", "curve[0]", "odd"]
     assert records.find_record(tmp_path, "r")["status"] == "error"
+
+
+def _short_writes(monkeypatch: pytest.MonkeyPatch, fail_after: int | None) -> None:
+    """``os.write`` writes at most 100 bytes a call and, after ``fail_after`` calls, fails
+    with ENOSPC: a nearly full disk."""
+    import errno
+
+    real, calls = os.write, [0]
+
+    def write(fd: int, data: bytes) -> int:
+        calls[0] += 1
+        if fail_after is not None and calls[0] > fail_after:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd, bytes(data[:100]))
+
+    monkeypatch.setattr(os, "write", write)
+
+
+def test_a_record_that_does_not_fit_leaves_the_file_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bench.results.whole import NotAppended
+
+    records.append_record(tmp_path, {"run_id": "old", "status": "ok"})
+    before = records.runs_path(tmp_path).read_bytes()
+    _short_writes(monkeypatch, fail_after=3)  # 300 of the line's bytes, then a full disk
+    with pytest.raises(NotAppended, match="not appended"):
+        records.append_record(tmp_path, {"run_id": "big", "status": "ok", "pad": "x" * 4000})
+    assert records.runs_path(tmp_path).read_bytes() == before
+
+
+def test_short_writes_still_append_the_whole_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    records.append_record(tmp_path, {"run_id": "old", "status": "ok"})
+    _short_writes(monkeypatch, fail_after=None)
+    records.append_record(tmp_path, {"run_id": "big", "status": "ok", "pad": "x" * 4000})
+    monkeypatch.undo()
+    assert [r["run_id"] for r in records.load_records(tmp_path)] == ["old", "big"]

@@ -33,7 +33,7 @@ import pandas as pd
 from filelock import FileLock
 
 from bench.results import columns as col
-from bench.results import safejson
+from bench.results import safejson, whole
 from bench.results.timing import best_value, time_to_target
 
 STATUSES = ("ok", "target_missed", "diverged", "error", "interrupted")
@@ -64,6 +64,8 @@ def append_record(results_dir: str | Path, record: Mapping[str, Any]) -> Path:
     """Append one record as a JSON line (atomic with respect to other writers).
 
     Refuses (:class:`AlreadyRecorded`) a second record of the same run and ``attempt``.
+    All or nothing: a line that cannot be written whole (a full disk) leaves the file as
+    it was and raises :class:`bench.results.whole.NotAppended`.
     """
     missing = [f for f in ("run_id", "status") if f not in record]
     if missing:
@@ -93,8 +95,7 @@ def append_record(results_dir: str | Path, record: Mapping[str, Any]) -> Path:
             size = os.fstat(fd).st_size
             if size and os.pread(fd, 1, size - 1) != b"\n":
                 line = "\n" + line  # a torn last line stays alone on its line
-            os.write(fd, line.encode())
-            os.fsync(fd)
+            whole.append(fd, line.encode(), what=f"{path} (run {record['run_id']})")
         finally:
             os.close(fd)
     return path
