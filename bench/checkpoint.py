@@ -17,6 +17,7 @@ Loading uses ``torch.load(weights_only=True)``.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -103,14 +104,31 @@ def restarts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _atomic_save(obj: Any, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    full = False
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    except RuntimeError:  # torch's writer says neither ENOSPC nor the file
+        from bench.results.reserve import nearly_full
+
+        if not nearly_full(tmp.parent):
+            raise
+        # not chained: the error's frames hold torch's open file, whose blocks would stay
+        # allocated (the disk full) for as long as the error lives
+        full = True
+    finally:  # a full disk must not keep the partial file (and the disk full)
+        tmp.unlink(missing_ok=True)
+    if full:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp))
 
 
 def _atomic_json(obj: Any, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(obj, indent=1))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def latest(results_dir: str | Path, run_id: str) -> dict[str, Any] | None:

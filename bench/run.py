@@ -3,6 +3,7 @@ record exists afterwards (a failed launch still leaves an ``error`` record)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import signal
 import sys
@@ -16,7 +17,7 @@ from omegaconf import DictConfig
 from bench.config import Config, to_container, to_object
 from bench.registry import ConfigError
 from bench.results import columns as col
-from bench.results import records
+from bench.results import records, reserve
 
 
 def validate(cfg: Config) -> None:
@@ -232,7 +233,11 @@ def launch_and_record(
     out = Path(output_dir) if output_dir else Path(tempfile.mkdtemp(prefix="bench-run-"))
     run_json = write_run_json(out, payload)
     since = time.time()
-    rc, status, reason, raised = guarded_launch(cfg, run_json)
+    room = reserve.hold(cfg.results.dir, run_meta["run_id"])  # for the record, disk full
+    try:
+        rc, status, reason, raised = guarded_launch(cfg, run_json)
+    finally:
+        room.release()
     rec = record_after(cfg, payload, rc, status, reason, since)
     if raised is not None:
         raise raised
@@ -246,8 +251,14 @@ def _close_outputs(rec: records.RunRecord, results_dir: str, curve: list[dict[st
     and write the DAWNBench files of the curve they left."""
     from bench.results import dawnbench, mllog
 
-    rec.mllog = mllog.close_after_failure(results_dir, rec.run_id, rec.reason or rec.status)
-    rec.dawnbench_json, rec.dawnbench_tsv = dawnbench.write(results_dir, rec.to_dict(), curve)
+    try:
+        rec.mllog = mllog.close_after_failure(results_dir, rec.run_id, rec.reason or rec.status)
+        rec.dawnbench_json, rec.dawnbench_tsv = dawnbench.write(results_dir, rec.to_dict(), curve)
+    except OSError as e:  # a full disk: the record itself matters more than these files
+        print(f"note: the run's MLPerf/DAWNBench files are incomplete ({e})", file=sys.stderr)
+
+
+NO_SPACE = f"[Errno {errno.ENOSPC}]"  # in an OSError's text
 
 
 def _reason(events: list[dict[str, Any]], rc: int) -> str:
@@ -259,9 +270,13 @@ def _reason(events: list[dict[str, Any]], rc: int) -> str:
         sig = f" ({signal.Signals(-code).name})" if isinstance(code, int) and code < 0 else ""
         parts.append(f"worker rank {fails[-1]['failed_rank']} exited with code {code}{sig}")
     errs = [e for e in events if e.get("kind") in ("worker_error", "agent_error")]
+    # a full disk first: the other ranks' errors (a peer gone) are its consequences
+    errs.sort(key=lambda e: NO_SPACE not in str(e.get("reason")))
     if errs:
         who = f"rank {errs[0]['rank']}" if "rank" in errs[0] else "elastic agent"
         parts.append(f"{who}: {errs[0]['reason']}")
+    if errs and NO_SPACE in str(errs[0].get("reason")):
+        parts.insert(0, "no space left on device")  # the cause first, as the user acts on it
     return "; ".join(parts) or f"the workers exited with status {rc}"
 
 

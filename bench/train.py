@@ -17,6 +17,8 @@ Rank 0 writes the run record, the per-epoch curve and the time-to-accuracy plot.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
 import math
 import os
@@ -475,6 +477,9 @@ def _checkpoint(s: TrainState, last: bool) -> None:
     checkpoint.save(s, barrier=runtime.barrier)
 
 
+PEER_GONE = "Connection closed by peer"  # gloo, when another worker has exited
+
+
 def _resume_hint(payload: dict[str, Any]) -> str:
     run, cfg = payload.get("run"), payload.get("config")
     if not run or not cfg:  # a queue: each of its runs says how when it is resumed
@@ -497,8 +502,25 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         train(payload)
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            runqueue.note_worker_error(payload, e)
+            raise
+        # a full disk: one line, not a traceback per rank; the note may not fit either
+        with contextlib.suppress(OSError):
+            runqueue.note_worker_error(payload, e)
+        rank = os.environ.get("RANK", "0")
+        print(
+            f"error: rank {rank}: no space left on device ({e.filename or e.strerror})",
+            file=sys.stderr,
+        )
+        return 1
     except BaseException as e:  # noted for the launcher's error record, then re-raised
         runqueue.note_worker_error(payload, e)
+        if isinstance(e, RuntimeError) and PEER_GONE in str(e):
+            # the consequence of another worker's end, which says why: one line, no traceback
+            print(f"error: rank {os.environ.get('RANK', '0')}: {PEER_GONE}", file=sys.stderr)
+            return 1
         raise
     return 0
 

@@ -4,8 +4,11 @@ lines in ``runs.jsonl`` (earlier ones byte for byte), and no temporary file left
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -13,7 +16,7 @@ import pytest
 
 from bench import checkpoint as ck
 from bench.results import records
-from tests.conftest import run_cli
+from tests.conftest import TINY, run_cli
 from tests.test_fault_tolerance import _start, _wait_checkpoint, _workers
 
 
@@ -140,3 +143,101 @@ def test_short_writes_still_append_the_whole_record(
     records.append_record(tmp_path, {"run_id": "big", "status": "ok", "pad": "x" * 4000})
     monkeypatch.undo()
     assert [r["run_id"] for r in records.load_records(tmp_path)] == ["old", "big"]
+
+
+@contextlib.contextmanager
+def _tmpfs(where: Path, size: str):
+    """A small tmpfs at ``where`` (root only), always unmounted."""
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("needs root to mount a tmpfs")
+    where.mkdir(parents=True, exist_ok=True)
+    p = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if p.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {p.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def _fill(disk: Path, leave: int) -> None:
+    """Fill ``disk`` up to ``leave`` free bytes."""
+    st = os.statvfs(disk)
+    free = st.f_bavail * st.f_frsize
+    with open(disk / "filler", "wb") as f:
+        f.write(bytes(max(0, free - leave)))
+
+
+def test_writers_on_a_full_disk_fail_cleanly_and_leave_no_temporary_file(
+    tmp_path: Path,
+) -> None:
+    import errno
+
+    import torch
+
+    from bench.checkpoint import _atomic_save
+    from bench.results import dawnbench
+    from bench.results.whole import NotAppended
+
+    with _tmpfs(tmp_path / "disk", "256k") as disk:
+        records.append_record(disk, {"run_id": "old", "status": "ok"})
+        before = records.runs_path(disk).read_bytes()
+        _fill(disk, leave=8192)
+        with pytest.raises(OSError) as e:
+            _atomic_save({"w": torch.zeros(50_000)}, disk / "common.pt")
+        assert e.value.errno == errno.ENOSPC
+        with pytest.raises(OSError):
+            dawnbench._replace(disk / "dawnbench" / "r.tsv", "x" * 50_000)
+        with pytest.raises(OSError):
+            records.write_curve(disk, "r", [{"epoch": i, "pad": "x" * 100} for i in range(999)])
+        with pytest.raises(NotAppended):
+            records.append_record(disk, {"run_id": "r", "status": "ok", "pad": "x" * 50_000})
+        assert records.runs_path(disk).read_bytes() == before
+        left = [p.name for p in disk.rglob("*") if p.is_file() and p.name.endswith(".tmp")]
+        assert left == [] and not (disk / "common.pt").exists()
+
+
+def test_the_room_held_for_a_record_is_freed_and_a_dead_launchers_is_removed(
+    tmp_path: Path,
+) -> None:
+    from bench.results import reserve
+
+    stale = tmp_path / f"{reserve.PREFIX}old-run-{2**22 + 12345}"  # above any pid in use
+    stale.write_bytes(b"x")
+    room = reserve.hold(tmp_path, "run")
+    assert room.path is not None and room.path.stat().st_size == reserve.ROOM
+    assert not stale.exists()
+    room.release()
+    room.release()
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_full_disk_ends_the_run_with_one_error_record_and_its_last_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """keep_checkpoints=1: epoch 1's checkpoint fits, epoch 2's (the two held at once)
+    does not."""
+    args = [o for o in TINY if not o.startswith("train.max_steps_per_epoch")]
+    args += ["train.max_steps_per_epoch=2", "train.epochs=3", "train.keep_checkpoints=1"]
+    with _tmpfs(tmp_path / "disk", "512k") as disk:
+        records.append_record(disk, {"run_id": "earlier", "status": "ok"})
+        before = records.runs_path(disk).read_bytes()
+        p = run_cli("train", f"results.dir={disk}", *args, f"hydra.run.dir={tmp_path / 'hydra'}")
+        out = p.stdout + p.stderr
+        assert p.returncode != 0, out[-3000:]
+        text = records.runs_path(disk).read_bytes()
+        assert text.startswith(before)
+        recs = records.load_records(disk)
+        assert [r["run_id"] for r in recs][0] == "earlier" and len(recs) == 2, out[-3000:]
+        rec = recs[1]
+        assert rec["status"] == "error" and "no space left" in rec["reason"], rec["reason"]
+        assert rec["checkpoint"] and rec["checkpoint"].endswith("epoch-0001"), out[-3000:]
+        assert ck.latest(disk, rec["run_id"])["epoch"] == 1
+        left = [str(q) for q in disk.rglob("*") if q.name.endswith(".tmp") or ".room-" in q.name]
+        assert left == [], left
+        assert "Traceback" not in p.stderr, p.stderr[-3000:]
+        assert "resume=" in p.stderr

@@ -114,8 +114,8 @@ def write_curve(
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = list(rows)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    pd.DataFrame(rows).to_csv(tmp, index=False)
     try:
+        pd.DataFrame(rows).to_csv(tmp, index=False)  # in the try: a partial file is removed
         if extend and path.exists():
             # the run's own curve: epochs 1..n, replaced by epochs 1..m (m < n when a
             # restart repeats the epochs after its checkpoint)
