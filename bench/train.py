@@ -35,6 +35,7 @@ from torch import nn
 from bench import runtime
 from bench.cluster.parentwatch import die_with_parent
 from bench.config import Config, from_container
+from bench.data.jpegs import CorruptImage
 from bench.data.types import RANK_TOKENS
 from bench.results import columns as col
 from bench.results import dawnbench, records
@@ -236,8 +237,9 @@ def train_epoch(s: TrainState) -> dict[str, Any]:
     # token-batched loaders also count source + target tokens (this rank's; summed below)
     tokens = stats.get(RANK_TOKENS)
     extra = [] if tokens is None else [float(tokens)]
-    counts = torch.cat([sums, sums.new_tensor([samples, *extra])])
-    loss_sum, correct, samples, *total_tokens = runtime.all_reduce_sum(counts).tolist()
+    skipped = float(stats.get("data/corrupt", 0))  # this rank's damaged images (loaders)
+    counts = torch.cat([sums, sums.new_tensor([samples, skipped, *extra])])
+    loss_sum, correct, samples, skipped, *total_tokens = runtime.all_reduce_sum(counts).tolist()
     phases = s.timer.pop()
     return {
         # the loader's own counts are this rank's; the totals below are every worker's
@@ -251,6 +253,7 @@ def train_epoch(s: TrainState) -> dict[str, Any]:
         col.TRAIN_TOP1: correct / max(1.0, samples),
         col.SAMPLES: int(samples),
         col.STEPS: steps,
+        col.SKIPPED: int(skipped),
         col.THROUGHPUT: samples / epoch_s,
         col.DATA_SHARE: phases.get("data", 0.0) / epoch_s,
         **{f"time/{k}_s": v / max(1, steps) for k, v in phases.items()},
@@ -517,9 +520,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except BaseException as e:  # noted for the launcher's error record, then re-raised
         runqueue.note_worker_error(payload, e)
-        if isinstance(e, RuntimeError) and PEER_GONE in str(e):
-            # the consequence of another worker's end, which says why: one line, no traceback
-            print(f"error: rank {os.environ.get('RANK', '0')}: {PEER_GONE}", file=sys.stderr)
+        # one line, no traceback: a damaged image (data.strict=true) names its file; a
+        # peer gone is the consequence of another worker's end, which says why
+        peer_gone = isinstance(e, RuntimeError) and PEER_GONE in str(e)
+        if isinstance(e, CorruptImage) or peer_gone:
+            msg = PEER_GONE if peer_gone else str(e)
+            print(f"error: rank {os.environ.get('RANK', '0')}: {msg}", file=sys.stderr)
             return 1
         raise
     return 0

@@ -241,3 +241,87 @@ def test_a_full_disk_ends_the_run_with_one_error_record_and_its_last_checkpoint(
         assert left == [], left
         assert "Traceback" not in p.stderr, p.stderr[-3000:]
         assert "resume=" in p.stderr
+
+
+def _damaged_folder(root: Path, all_bad_class: bool = False) -> Path:
+    """3 classes x 4 JPEGs per split, plus in train: a text file named ``notes.JPEG`` and
+    a truncated JPEG (or, ``all_bad_class``, text files but one)."""
+    from tests.conftest import make_jpeg_folder
+
+    make_jpeg_folder(root, classes=3, per_class=4, size=24)
+    if all_bad_class:  # one good training image: at least two batches of 4 are all damaged
+        for f in sorted((root / "train").glob("*/*.jpg"))[1:]:
+            f.write_text("not an image")
+        return root
+    (root / "train" / "c0" / "notes.JPEG").write_text("shopping list")
+    good = (root / "train" / "c1" / "0.jpg").read_bytes()
+    (root / "train" / "c1" / "cut.jpg").write_bytes(good[: len(good) // 2])
+    return root
+
+
+def _folder_data(root: Path, batch: int, strict: bool = False):
+    import torch
+
+    from bench.data import build_data, validate
+    from bench.data.config import CacheConfig, DataConfig
+
+    cfg = DataConfig(
+        name="imagefolder", root=str(root), batch_size=batch, eval_batch_size=4,
+        image_size=16, eval_image_size=16, num_classes=0, loader="torch", num_workers=0,
+        strict=strict,
+    )  # fmt: skip
+    validate(cfg, CacheConfig(), 1)
+    return build_data(cfg, CacheConfig(), 0, 1, torch.device("cpu"), 0)
+
+
+def test_the_default_folder_loader_skips_and_counts_damaged_images(tmp_path: Path) -> None:
+    b = _folder_data(_damaged_folder(tmp_path / "imgs"), batch=7)  # 14 files: 2 batches
+    b.train.set_epoch(0)
+    with pytest.warns(UserWarning, match="skipping corrupt image") as seen:
+        batches = list(b.train)
+    assert [len(y) for _, y in batches] == [7, 7]  # full batches: no epoch ends early
+    assert b.train.epoch_stats()["data/corrupt"] == 2
+    named = " ".join(str(w.message) for w in seen)
+    assert "notes.JPEG" in named and "cut.jpg" in named
+    assert sum(len(y) for _, y in b.eval) == 12
+
+
+def test_a_batch_of_damaged_images_only_keeps_the_epoch_whole(tmp_path: Path) -> None:
+    b = _folder_data(_damaged_folder(tmp_path / "imgs", all_bad_class=True), batch=4)
+    b.train.set_epoch(0)
+    with pytest.warns(UserWarning):
+        batches = list(b.train)
+    assert len(batches) == len(b.train) == 3 and all(len(y) == 4 for _, y in batches)
+    assert b.train.epoch_stats()["data/corrupt"] == 11
+    assert all(int(v) == 0 for _, y in batches for v in y)  # the one good image, c0's
+
+
+def test_the_default_folder_loader_stops_at_a_damaged_image_when_strict(tmp_path: Path) -> None:
+    from bench.data.jpegs import CorruptImage
+
+    b = _folder_data(_damaged_folder(tmp_path / "imgs"), batch=7, strict=True)
+    b.train.set_epoch(0)
+    with pytest.raises(CorruptImage, match=r"data.strict=true.*(notes\.JPEG|cut\.jpg)"):
+        list(b.train)
+
+
+@pytest.mark.slow
+def test_runs_on_a_damaged_folder_count_the_skipped_images_or_stop_in_one_line(
+    tmp_path: Path,
+) -> None:
+    root = _damaged_folder(tmp_path / "imgs")
+    args = ["data=imagefolder", f"data.root={root}", "data.loader=torch", "cache=none"]
+    args += ["data.image_size=16", "data.eval_image_size=16", "data.batch_size=14"]
+    args += ["data.num_workers=0", "model.width=4", "train.epochs=1", "train.progress=false"]
+    args += ["results.plot=false"]
+    ok = run_cli("train", f"results.dir={tmp_path / 'lax'}", *args)
+    assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-3000:]
+    (rec,) = records.load_records(tmp_path / "lax")
+    assert rec["images_skipped"] == 2 and rec["status"] != "error", rec
+    stop = run_cli("train", f"results.dir={tmp_path / 'strict'}", *args, "data.strict=true")
+    assert stop.returncode != 0
+    assert "Traceback" not in stop.stderr, stop.stderr[-3000:]
+    lines = [ln for ln in stop.stderr.splitlines() if "data.strict=true" in ln]
+    assert lines and ("notes.JPEG" in lines[0] or "cut.jpg" in lines[0]), stop.stderr[-3000:]
+    (rec,) = records.load_records(tmp_path / "strict")
+    assert rec["status"] == "error" and "CorruptImage" in rec["reason"], rec["reason"]

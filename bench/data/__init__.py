@@ -94,12 +94,13 @@ def _folder(
 
     if uses_cached_input(cfg, cache):  # DALI, a cache level, progressive sizes, slow/remote
         return build_folder(cfg, cache, rank, world, device, seed)
+    from bench.data.damaged import SkipDamaged, SkippingLoader, load_rgb
     from bench.data.folder import image_folders
-    from bench.data.loaders import DeviceLoader
 
     tr, va = image_folders(
-        cfg.root, cfg.train_dir, cfg.val_dir, cfg.image_size, cfg.eval_image_size, cfg.flip
-    )
+        cfg.root, cfg.train_dir, cfg.val_dir, cfg.image_size, cfg.eval_image_size, cfg.flip,
+        loader=load_rgb,  # damaged files: skipped and counted, or one error (data.strict)
+    )  # fmt: skip
     n_classes = len(tr.classes)
     if cfg.num_classes and cfg.num_classes != n_classes:
         raise ConfigError(
@@ -109,8 +110,10 @@ def _folder(
         rank=rank, world_size=world, device=device, num_workers=cfg.num_workers, seed=seed
     )
     b = per_rank(cfg.batch_size, world, "data.batch_size")
-    train = DeviceLoader(tr, batch_size=b, train=True, **common)
-    ev = DeviceLoader(va, batch_size=max(1, cfg.eval_batch_size // world), train=False, **common)
+    common["strict"] = cfg.strict
+    train = SkippingLoader(SkipDamaged(tr, substitute=True), batch_size=b, train=True, **common)
+    eb = max(1, cfg.eval_batch_size // world)
+    ev = SkippingLoader(SkipDamaged(va, substitute=False), batch_size=eb, train=False, **common)
     return DataBundle(train, ev, n_classes, len(train) * cfg.batch_size)
 
 

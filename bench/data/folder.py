@@ -9,6 +9,7 @@ protocol.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from bench.registry import ConfigError
 
@@ -55,14 +56,22 @@ def build_transforms(image_size: int, eval_image_size: int, flip: bool):
 
 
 def image_folders(
-    root: str, train_dir: str, val_dir: str, image_size: int, eval_image_size: int, flip: bool
+    root: str,
+    train_dir: str,
+    val_dir: str,
+    image_size: int,
+    eval_image_size: int,
+    flip: bool,
+    loader: Any = None,
 ):
-    """(train ImageFolder, val ImageFolder) with the class index of the training split."""
+    """(train ImageFolder, val ImageFolder) with the class index of the training split;
+    ``loader`` reads one file (torchvision's default when None)."""
     from torchvision.datasets import ImageFolder
 
     tr_t, ev_t = build_transforms(image_size, eval_image_size, flip)
-    train = ImageFolder(str(check_split(root, train_dir)), transform=tr_t)
-    val = ImageFolder(str(check_split(root, val_dir)), transform=ev_t)
+    kw = {} if loader is None else {"loader": loader}
+    train = ImageFolder(str(check_split(root, train_dir)), transform=tr_t, **kw)
+    val = ImageFolder(str(check_split(root, val_dir)), transform=ev_t, **kw)
     if val.class_to_idx != train.class_to_idx:
         missing = sorted(set(train.classes) ^ set(val.classes))[:5]
         raise ConfigError(f"train and val class folders differ (e.g. {', '.join(missing)})")

@@ -235,6 +235,8 @@ class RunRecord:
     time_to_target_s: float | None = None
     epochs_to_target: int | None = None
     epochs_run: int = 0
+    # damaged images skipped (data.strict=false), every worker's, over the epochs run
+    images_skipped: int | None = None
     train_time_s: float | None = None
     wall_time_s: float | None = None
     throughput_samples_per_s: float | None = None
@@ -335,6 +337,7 @@ class RunRecord:
         tt, et = time_to_target(curve, metric, target)
         samples = sum(r.get(col.SAMPLES, 0) for r in curve)
         tokens = [v for r in curve if (v := r.get(col.TOKENS)) is not None and v == v]
+        skipped = [v for r in curve if (v := r.get(col.SKIPPED)) is not None and v == v]
         step_s = sum(
             _mean(curve, k) or 0.0 for k in ("time/data_s", "time/compute_s", "time/update_s")
         )
@@ -346,6 +349,7 @@ class RunRecord:
             time_to_target_s=tt,
             epochs_to_target=et,
             epochs_run=len(curve),
+            images_skipped=int(sum(skipped)) if skipped else None,
             train_time_s=train_time_s,
             wall_time_s=time.time() - launch_time,
             throughput_samples_per_s=samples / train_time_s if train_time_s > 0 else None,
