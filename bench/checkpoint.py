@@ -23,6 +23,7 @@ import os
 import random
 import shutil
 import time
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -131,14 +132,20 @@ def _atomic_json(obj: Any, path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def latest(results_dir: str | Path, run_id: str) -> dict[str, Any] | None:
-    """The manifest of the newest complete checkpoint of a run (None when there is none)."""
-    d = run_dir(results_dir, run_id)
-    manifests = sorted(d.glob("epoch-*.json")) if d.is_dir() else []
-    if not manifests:
-        return None
-    m = json.loads(manifests[-1].read_text())
-    m["path"] = str(manifests[-1].with_suffix(""))
+def latest(
+    results_dir: str | Path, run_id: str, skipped: list[str] | None = None
+) -> dict[str, Any] | None:
+    """The manifest of the newest complete, intact checkpoint of a run (None when there is
+    none); each newer damaged one is skipped with a warning, or added to ``skipped`` for
+    the caller to report."""
+    from bench.checkpoint_verify import choose
+
+    m, passed = choose(run_dir(results_dir, run_id))
+    if skipped is not None:
+        skipped.extend(passed)
+    else:
+        for line in passed:
+            warnings.warn(f"damaged checkpoint skipped: {line}", stacklevel=2)
     return m
 
 
@@ -252,6 +259,7 @@ def save(s: Any, barrier: Any) -> Path:
     _atomic_save(rank_state(s), d / f"rank{s.rank}.pt")
     barrier()
     if s.rank == 0:
+        from bench.checkpoint_verify import shard_sizes
         from bench.config import to_container
 
         manifest = {
@@ -264,6 +272,7 @@ def save(s: Any, barrier: Any) -> Path:
             "status": s.status,
             "saved_at": time.time(),
             "curve": s.curve,
+            "files": shard_sizes(d),  # every rank's shard is in place (the barrier)
         }
         _atomic_json(manifest, d.with_suffix(".json"))
         for old in sorted(root.glob("epoch-*.json"))[: -max(1, cfg.train.keep_checkpoints)]:

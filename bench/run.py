@@ -154,7 +154,12 @@ def resume(
     results_dir = next(
         (o.split("=", 1)[1] for o in overrides if o.startswith("results.dir=")), results_dir
     )
-    manifest = ck.latest(results_dir, run_id)
+    skipped: list[str] = []
+    manifest = ck.latest(results_dir, run_id, skipped)
+    if manifest is None and skipped:
+        raise ConfigError(f"run {run_id} has no intact checkpoint: {'; '.join(skipped)}")
+    for line in skipped:
+        print(f"warning: damaged checkpoint skipped: {line}", file=sys.stderr, flush=True)
     if manifest is None:
         raise ConfigError(
             f"run {run_id} has no checkpoint under {ck.run_dir(results_dir, run_id)} "

@@ -325,3 +325,73 @@ def test_runs_on_a_damaged_folder_count_the_skipped_images_or_stop_in_one_line(
     assert lines and ("notes.JPEG" in lines[0] or "cut.jpg" in lines[0]), stop.stderr[-3000:]
     (rec,) = records.load_records(tmp_path / "strict")
     assert rec["status"] == "error" and "CorruptImage" in rec["reason"], rec["reason"]
+
+
+def _fake_checkpoint(results: Path, run_id: str, epoch: int, files: bool = True) -> Path:
+    """A checkpoint as bench.checkpoint.save lays it out (2 ranks), small shards."""
+    import json
+
+    import torch
+
+    from bench.checkpoint_verify import shard_sizes
+
+    d = ck.run_dir(results, run_id) / f"epoch-{epoch:04d}"
+    d.mkdir(parents=True)
+    for name in ("common.pt", "rank0.pt", "rank1.pt"):
+        torch.save({"w": torch.arange(1000) * epoch}, d / name)
+    m = {"run": {"run_id": run_id}, "config": {}, "epoch": epoch, "step": 2 * epoch}
+    m |= {"world_size": 2, "train_time_s": 1.0, "curve": [], "status": "target_missed"}
+    if files:
+        m["files"] = shard_sizes(d)
+    d.with_suffix(".json").write_text(json.dumps(m))
+    return d
+
+
+def _truncate(p: Path) -> None:
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+
+
+@pytest.mark.parametrize(
+    "damage", ["manifest", "common.pt", "rank1.pt without recorded sizes", "rank0.pt missing"]
+)
+def test_a_damaged_newest_checkpoint_falls_back_to_the_intact_one(
+    tmp_path: Path, damage: str
+) -> None:
+    _fake_checkpoint(tmp_path, "r", 1)
+    new = _fake_checkpoint(tmp_path, "r", 2, files="without" not in damage)
+    if damage == "manifest":
+        _truncate(new.with_suffix(".json"))
+    elif damage == "rank0.pt missing":
+        (new / "rank0.pt").unlink()
+    else:
+        _truncate(new / damage.split()[0])
+    with pytest.warns(UserWarning, match=r"damaged checkpoint skipped: .*epoch-0002"):
+        m = ck.latest(tmp_path, "r")
+    assert m is not None and m["epoch"] == 1 and m["path"].endswith("epoch-0001")
+    skipped: list[str] = []
+    assert ck.latest(tmp_path, "r", skipped)["epoch"] == 1 and len(skipped) == 1
+
+
+def test_a_resume_with_no_intact_checkpoint_is_refused_in_one_line(tmp_path: Path) -> None:
+    _truncate(_fake_checkpoint(tmp_path, "r", 1) / "common.pt")
+    _truncate(_fake_checkpoint(tmp_path, "r", 2).with_suffix(".json"))
+    p = run_cli("train", "resume=r", f"results.dir={tmp_path}", timeout=120)
+    assert p.returncode == 2, p.stdout[-2000:] + p.stderr[-2000:]
+    err = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(err) == 1 and "no intact checkpoint" in err[0], p.stderr
+    assert "epoch-0001" in err[0] and "epoch-0002" in err[0]
+
+
+def test_a_saved_checkpoint_records_its_shard_sizes_and_verifies(tmp_path: Path) -> None:
+    from tests.test_checkpoint import _state
+
+    s = _state(tmp_path, "foreach")
+    for epoch in (1, 2):
+        s.epoch = epoch
+        ck.save(s, barrier=lambda: None)
+    m = ck.latest(tmp_path, "r1")
+    assert m["epoch"] == 2 and set(m["files"]) == {"common.pt", "rank0.pt"}
+    common = Path(m["path"]) / "common.pt"
+    common.write_bytes(common.read_bytes() + b"\0")  # the right archive, the wrong size
+    with pytest.warns(UserWarning, match=r"epoch-0002: common.pt has \d+ bytes"):
+        assert ck.latest(tmp_path, "r1")["epoch"] == 1
