@@ -47,6 +47,9 @@ MAY_DIFFER = (
     "cluster.rdzv_id",
     "cluster.rdzv_port",
     "comm.timeout_s",
+    # where the results are, not what runs: a trailing slash, or a results folder moved
+    # (the checkpoint is found through it, by run id)
+    "results.dir",
 )
 
 EVENTS_ENV = "BENCH_EVENTS"  # where an elastic agent notes worker failures

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import shutil
 import signal
 import sys
 import tempfile
@@ -82,6 +83,11 @@ def _validate_train(cfg: Config) -> None:
         raise ConfigError(
             f"optim.master_weights={mw} keeps a {mw} model copy: set train.amp={mw} too "
             "(train.amp=auto is bf16 on CUDA only)"
+        )
+    if t.max_steps_per_epoch < 0:  # else a negative limit would silently mean none
+        raise ConfigError(
+            f"train.max_steps_per_epoch must be >= 0 (0 = whole epochs), "
+            f"got {t.max_steps_per_epoch}"
         )
     if t.eval_every < 1:
         raise ConfigError("train.eval_every must be >= 1")
@@ -243,6 +249,8 @@ def launch_and_record(
         rc, status, reason, raised = guarded_launch(cfg, run_json)
     finally:
         room.release()
+        if not output_dir:  # our own temporary folder (a resume's): its workers are done
+            shutil.rmtree(out, ignore_errors=True)
     rec = record_after(cfg, payload, rc, status, reason, since)
     if raised is not None:
         raise raised

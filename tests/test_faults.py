@@ -395,3 +395,52 @@ def test_a_saved_checkpoint_records_its_shard_sizes_and_verifies(tmp_path: Path)
     common.write_bytes(common.read_bytes() + b"\0")  # the right archive, the wrong size
     with pytest.warns(UserWarning, match=r"epoch-0002: common.pt has \d+ bytes"):
         assert ck.latest(tmp_path, "r1")["epoch"] == 1
+
+
+def test_a_negative_step_limit_is_refused(tmp_path: Path) -> None:
+    from bench.registry import ConfigError
+    from bench.run import validate
+
+    with pytest.raises(ConfigError, match="train.max_steps_per_epoch must be >= 0"):
+        validate(_config(tmp_path, "train.max_steps_per_epoch=-5"))
+
+
+def test_folder_splits_that_cannot_train_are_refused_before_launch(tmp_path: Path) -> None:
+    from bench.data import validate
+    from bench.data.config import CacheConfig, DataConfig
+    from bench.registry import ConfigError
+    from tests.conftest import make_jpeg_folder
+
+    root = make_jpeg_folder(tmp_path / "imgs", classes=3, per_class=4)  # 12 training images
+    cfg = DataConfig(name="imagefolder", root=str(root), batch_size=16, eval_batch_size=4)
+    with pytest.raises(ConfigError, match="batch_size=16 is larger than the 12 training"):
+        validate(cfg, CacheConfig(), 1)
+    shutil.rmtree(root / "val" / "c2")
+    cfg.batch_size = 4
+    with pytest.raises(ConfigError, match=r"class folders differ: c2 \(only in train\)"):
+        validate(cfg, CacheConfig(), 1)
+
+
+def test_a_resume_may_name_the_results_folder_differently() -> None:
+    saved = {"config": {"results": {"dir": "/data/results"}, "optim": {"lr": 0.1}}, "path": "p"}
+    ck.check_compatible(saved, {"results": {"dir": "/data/results/"}, "optim": {"lr": 0.1}})
+    ck.check_compatible(saved, {"results": {"dir": "/moved/results"}, "optim": {"lr": 0.1}})
+
+
+def test_a_launch_leaves_no_temporary_run_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
+    import bench.cluster.launch
+    from bench import run
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    monkeypatch.setattr(bench.cluster.launch, "launch", lambda cfg, run_json: 0)
+    cfg = _config(tmp_path / "res", *TINY)
+    meta = {"run_id": "r", "started_at": records.now_iso(), "launch_time": time.time()}
+    run.launch_and_record(cfg, {**meta, "experiment": "t"}, None)
+    assert list(temp.iterdir()) == []  # no bench-run-* folder left (resume= passes None)
+    assert not list((tmp_path / "res").glob(".room-*"))

@@ -154,13 +154,13 @@ def _check_cifar(cfg: DataConfig) -> None:
 
 
 def _check_folder(cfg: DataConfig) -> None:
-    from bench.data.folder import check_split
+    from bench.data.folder import check_pair, check_split
     from bench.data.storage import is_url
 
     if is_url(cfg.root):  # remote (fsspec) roots are listed when the loaders are built
         return
-    check_split(cfg.root, cfg.train_dir)
-    check_split(cfg.root, cfg.val_dir)
+    train, val = check_split(cfg.root, cfg.train_dir), check_split(cfg.root, cfg.val_dir)
+    check_pair(train, val, cfg.batch_size)
 
 
 DATASETS.register("digits")(DatasetSpec(_digits))

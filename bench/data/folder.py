@@ -35,6 +35,26 @@ def check_split(root: str, sub: str) -> Path:
     return split
 
 
+def check_pair(train: Path, val: Path, batch_size: int) -> None:
+    """Refuse, before any worker starts, what the workers would otherwise fail on: a
+    class folder in one split only (the label indices would differ), and a global batch
+    larger than the training split (no full batch: epochs of no steps)."""
+    a = {d.name for d in train.iterdir() if d.is_dir()}
+    b = {d.name for d in val.iterdir() if d.is_dir()}
+    if a != b:
+        only = [f"{n} (only in {train.name})" for n in sorted(a - b)]
+        only += [f"{n} (only in {val.name})" for n in sorted(b - a)]
+        raise ConfigError(f"train and val class folders differ: {', '.join(only[:5])}")
+    n = sum(
+        1 for d in train.iterdir() if d.is_dir()
+        for f in d.iterdir() if f.suffix.lower() in IMAGE_EXTENSIONS
+    )  # fmt: skip
+    if batch_size > n:
+        raise ConfigError(
+            f"data.batch_size={batch_size} is larger than the {n} training images of {train}"
+        )
+
+
 def build_transforms(image_size: int, eval_image_size: int, flip: bool):
     from torchvision import transforms as T
 
