@@ -39,6 +39,7 @@ from bench.data.jpegs import CorruptImage
 from bench.data.types import RANK_TOKENS
 from bench.results import columns as col
 from bench.results import dawnbench, records
+from bench.results.divergence import exploded
 from bench.results.mllog import RunLog
 from bench.results.timing import TrainClock, reached
 
@@ -308,6 +309,11 @@ def end_epoch(
         s.status = "diverged"
         s.diverged_at = s.diverged_at or {"step": s.step, "epoch": s.epoch, "where": "loss"}
         return False
+    grown = exploded([r[col.TRAIN_LOSS] for r in s.curve]) if check else None
+    if grown:  # finite, but orders of magnitude up: diverged too (bench.results.divergence)
+        s.status = "diverged"
+        s.diverged_at = {"step": s.step, "epoch": s.epoch, "where": "loss", "reason": grown}
+        return False
     if reached(evaluated.get(col.metric_column(metric)), target):
         s.status = "ok"
         if s.cfg.train.stop_at_target:
@@ -392,6 +398,8 @@ def _outcome(s: TrainState, rec: records.RunRecord) -> None:
         rec.diverged_at = s.diverged_at
         d = s.diverged_at
         rec.reason = f"NaN/Inf at step {d['step']} (epoch {d['epoch']}) in the {d['where']}"
+        if d.get("reason"):
+            rec.reason = f"{d['reason']} in epoch {d['epoch']}"
 
 
 def _plot(s: TrainState, rec: records.RunRecord) -> Path:

@@ -444,3 +444,24 @@ def test_a_launch_leaves_no_temporary_run_folder(
     run.launch_and_record(cfg, {**meta, "experiment": "t"}, None)
     assert list(temp.iterdir()) == []  # no bench-run-* folder left (resume= passes None)
     assert not list((tmp_path / "res").glob(".room-*"))
+
+
+def test_the_divergence_rule_for_a_finite_loss() -> None:
+    from bench.results.divergence import exploded
+
+    assert exploded([2.3, 1.1, 0.7]) is None  # training
+    assert exploded([2.3, 0.001, 1.5]) is None  # back up from near zero: not divergence
+    assert exploded([float("nan")]) is None  # the NaN check's case
+    assert "above" in exploded([4.5e22])  # lr=1e6: gone in the first epoch
+    assert "lowest before (2)" in exploded([2.0, 2500.0])  # 1000 x 2 exceeded
+
+
+@pytest.mark.slow
+def test_a_run_whose_loss_explodes_is_recorded_diverged(tmp_path: Path) -> None:
+    p = run_cli(
+        "train", f"results.dir={tmp_path}", *TINY, "optim.lr=1e6", "train.epochs=2",
+        f"hydra.run.dir={tmp_path / 'hydra'}",
+    )  # fmt: skip
+    (rec,) = records.load_records(tmp_path)
+    assert rec["status"] == "diverged", (rec["status"], p.stdout[-2000:])
+    assert "training loss" in rec["reason"] and rec["diverged_at"]["epoch"] == 1
