@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import shutil
 import signal
 import sys
@@ -112,6 +113,14 @@ def _check_writable(results_dir: str) -> None:
             pass
     except OSError as e:
         raise ConfigError(f"results.dir={results_dir!r} is not writable ({e.strerror})") from None
+    # the record is appended to runs.jsonl (under its lock file): a writable folder with a
+    # read-only runs.jsonl would fail only after the whole training run
+    for f in (records.runs_path(res), Path(f"{records.runs_path(res)}.lock")):
+        if f.exists():
+            try:
+                os.close(os.open(f, os.O_WRONLY | os.O_APPEND))  # opened, nothing written
+            except OSError as e:
+                raise ConfigError(f"{f} is not writable ({e.strerror})") from None
 
 
 def run(

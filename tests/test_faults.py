@@ -465,3 +465,24 @@ def test_a_run_whose_loss_explodes_is_recorded_diverged(tmp_path: Path) -> None:
     (rec,) = records.load_records(tmp_path)
     assert rec["status"] == "diverged", (rec["status"], p.stdout[-2000:])
     assert "training loss" in rec["reason"] and rec["diverged_at"]["epoch"] == 1
+
+
+def test_a_read_only_runs_file_is_refused_before_work_starts(tmp_path: Path) -> None:
+    from bench.registry import ConfigError
+    from bench.run import _check_writable
+
+    records.append_record(tmp_path, {"run_id": "old", "status": "ok"})
+    runs = records.runs_path(tmp_path)
+    if os.geteuid() == 0:  # root writes a mode-444 file: a read-only bind mount stops it
+        subprocess.run(["mount", "--bind", str(runs), str(runs)], check=True)
+        try:
+            subprocess.run(["mount", "-o", "remount,ro,bind", str(runs)], check=True)
+            with pytest.raises(ConfigError, match="runs.jsonl is not writable"):
+                _check_writable(str(tmp_path))
+        finally:
+            subprocess.run(["umount", str(runs)], check=False)
+    else:
+        runs.chmod(0o444)
+        with pytest.raises(ConfigError, match="runs.jsonl is not writable"):
+            _check_writable(str(tmp_path))
+    assert runs.read_text().startswith('{"run_id": "old"')
