@@ -486,3 +486,29 @@ def test_a_read_only_runs_file_is_refused_before_work_starts(tmp_path: Path) -> 
         with pytest.raises(ConfigError, match="runs.jsonl is not writable"):
             _check_writable(str(tmp_path))
     assert runs.read_text().startswith('{"run_id": "old"')
+
+
+def test_figures_on_a_read_only_results_folder_fail_in_one_line(tmp_path: Path) -> None:
+    from bench.config import Config, to_container
+
+    cfg = Config()
+    run = {"run_id": records.new_run_id(), "started_at": records.now_iso(), "launch_time": 0.0}
+    rec = records.RunRecord.start(cfg, run, config=to_container(cfg), comm_sparse=False)
+    rec.append(tmp_path)
+    if os.geteuid() == 0:  # root writes anywhere: a read-only bind mount stops it
+        subprocess.run(["mount", "--bind", str(tmp_path), str(tmp_path)], check=True)
+        try:
+            subprocess.run(["mount", "-o", "remount,ro,bind", str(tmp_path)], check=True)
+            p = run_cli("figures", "--results-dir", str(tmp_path), timeout=300)
+        finally:
+            subprocess.run(["umount", str(tmp_path)], check=False)
+    else:
+        tmp_path.chmod(0o555)
+        try:
+            p = run_cli("figures", "--results-dir", str(tmp_path), timeout=300)
+        finally:
+            tmp_path.chmod(0o755)
+    assert p.returncode == 2, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "Traceback" not in p.stderr, p.stderr[-3000:]
+    errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "not writable" in errors[0], p.stderr[-2000:]
