@@ -259,7 +259,7 @@ def _damaged_folder(root: Path, all_bad_class: bool = False) -> Path:
     return root
 
 
-def _folder_data(root: Path, batch: int, strict: bool = False):
+def _folder_data(root: Path, batch: int, strict: bool = False, cache: str = "none"):
     import torch
 
     from bench.data import build_data, validate
@@ -270,8 +270,9 @@ def _folder_data(root: Path, batch: int, strict: bool = False):
         image_size=16, eval_image_size=16, num_classes=0, loader="torch", num_workers=0,
         strict=strict,
     )  # fmt: skip
-    validate(cfg, CacheConfig(), 1)
-    return build_data(cfg, CacheConfig(), 0, 1, torch.device("cpu"), 0)
+    c = CacheConfig(name=cache, dir=str(root.parent / "cache"), disk_gb=1.0, memory_gb=1.0)
+    validate(cfg, c, 1)
+    return build_data(cfg, c, 0, 1, torch.device("cpu"), 0)
 
 
 def test_the_default_folder_loader_skips_and_counts_damaged_images(tmp_path: Path) -> None:
@@ -286,8 +287,10 @@ def test_the_default_folder_loader_skips_and_counts_damaged_images(tmp_path: Pat
     assert sum(len(y) for _, y in b.eval) == 12
 
 
-def test_a_batch_of_damaged_images_only_keeps_the_epoch_whole(tmp_path: Path) -> None:
-    b = _folder_data(_damaged_folder(tmp_path / "imgs", all_bad_class=True), batch=4)
+@pytest.mark.parametrize("cache", ["none", "memory"])  # plain torchvision, the cached path
+def test_a_batch_of_damaged_images_only_keeps_the_epoch_whole(tmp_path: Path, cache: str) -> None:
+    root = _damaged_folder(tmp_path / "imgs", all_bad_class=True)
+    b = _folder_data(root, batch=4, cache=cache)
     b.train.set_epoch(0)
     with pytest.warns(UserWarning):
         batches = list(b.train)
