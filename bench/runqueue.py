@@ -182,7 +182,7 @@ def _launch(
     after a failure (to be launched again); and whether to stop (an interrupt)."""
     from bench import checkpoint as ck
     from bench.config import to_container
-    from bench.results import records
+    from bench.results import records, reserve
     from bench.run import guarded_launch, record_after, write_run_json
 
     payloads, paths = [], []
@@ -196,7 +196,11 @@ def _launch(
     queue_json.write_text(json.dumps({QUEUE_KEY: body}, indent=1))
     print(f"queue {qid}: {len(cfgs)} run(s) in one launch of the workers", flush=True)
     since = time.time()
-    rc, status, reason, raised = guarded_launch(cfgs[0], queue_json)
+    room = reserve.hold(cfgs[0].results.dir, qid)  # the failed run's record fits, disk full
+    try:
+        rc, status, reason, raised = guarded_launch(cfgs[0], queue_json)
+    finally:
+        room.release()
     if raised is not None:  # the launch itself failed: the first run's record says why
         print(f"error: queue {qid}: {type(raised).__name__}: {raised}", flush=True)
     results: list[tuple[int, dict[str, Any] | None] | None] = []

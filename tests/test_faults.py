@@ -515,3 +515,23 @@ def test_figures_on_a_read_only_results_folder_fail_in_one_line(tmp_path: Path) 
     assert "Traceback" not in p.stderr, p.stderr[-3000:]
     errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and "not writable" in errors[0], p.stderr[-2000:]
+
+
+def test_a_queue_launch_holds_room_for_a_record_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import bench.run
+    from bench import runqueue
+
+    cfg = _config(tmp_path / "res", *TINY)
+    held = []
+
+    def launch(c, queue_json):
+        held.extend((tmp_path / "res").glob(".room-*"))
+        return 1, "error", "the workers failed", None
+
+    monkeypatch.setattr(bench.run, "guarded_launch", launch)
+    meta = {"run_id": "q1", "started_at": records.now_iso(), "launch_time": time.time()}
+    results, stop = runqueue._launch("qid", [cfg], [meta], [""], tmp_path / "out")
+    assert len(held) == 1 and not held[0].exists()  # held during the launch, then freed
+    assert results[0][1]["status"] == "error" and not stop

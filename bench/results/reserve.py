@@ -54,9 +54,10 @@ def _remove_stale(results_dir: Path) -> None:
 def hold(results_dir: str | Path, run_id: str, size: int = ROOM) -> Room:
     """Hold ``size`` bytes on the results directory's file system for run ``run_id``."""
     d = Path(results_dir)
-    _remove_stale(d)
     path = d / f"{PREFIX}{run_id}-{os.getpid()}"
     try:
+        d.mkdir(parents=True, exist_ok=True)
+        _remove_stale(d)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except OSError:
         return Room(None)
