@@ -508,35 +508,41 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", required=True, help="run (or run queue) JSON from the launcher")
     payload = json.loads(Path(ap.parse_args(argv).config).read_text())
     die_with_parent(_resume_hint(payload))  # a SIGKILLed launcher must not leave us training
-    if runqueue.is_queue(payload):
-        runqueue.worker_loop(payload, train)
-        return 0
     try:
-        train(payload)
-    except OSError as e:
-        if e.errno != errno.ENOSPC:
-            runqueue.note_worker_error(payload, e)
+        if runqueue.is_queue(payload):
+            runqueue.worker_loop(payload, train)  # notes the failing run's error itself
+            return 0
+        try:
+            train(payload)
+        except BaseException as e:  # noted for the launcher's error record, then re-raised
+            # on a full disk the note may not fit either: the error itself is the news
+            with contextlib.suppress(OSError) if _no_space(e) else contextlib.nullcontext():
+                runqueue.note_worker_error(payload, e)
             raise
-        # a full disk: one line, not a traceback per rank; the note may not fit either
-        with contextlib.suppress(OSError):
-            runqueue.note_worker_error(payload, e)
-        rank = os.environ.get("RANK", "0")
-        print(
-            f"error: rank {rank}: no space left on device ({e.filename or e.strerror})",
-            file=sys.stderr,
-        )
+    except BaseException as e:
+        msg = _one_line(e)
+        if msg is None:
+            raise
+        print(f"error: rank {os.environ.get('RANK', '0')}: {msg}", file=sys.stderr, flush=True)
         return 1
-    except BaseException as e:  # noted for the launcher's error record, then re-raised
-        runqueue.note_worker_error(payload, e)
-        # one line, no traceback: a damaged image (data.strict=true) names its file; a
-        # peer gone is the consequence of another worker's end, which says why
-        peer_gone = isinstance(e, RuntimeError) and PEER_GONE in str(e)
-        if isinstance(e, CorruptImage) or peer_gone:
-            msg = PEER_GONE if peer_gone else str(e)
-            print(f"error: rank {os.environ.get('RANK', '0')}: {msg}", file=sys.stderr)
-            return 1
-        raise
     return 0
+
+
+def _no_space(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno == errno.ENOSPC
+
+
+def _one_line(e: BaseException) -> str | None:
+    """What ends this worker in one line, for the errors that need no traceback: a full
+    disk, a damaged image (data.strict=true; it names the file), a peer gone (the
+    consequence of another worker's end, which says why)."""
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        return f"no space left on device ({e.filename or e.strerror})"
+    if isinstance(e, CorruptImage):
+        return str(e)
+    if isinstance(e, RuntimeError) and PEER_GONE in str(e):
+        return PEER_GONE
+    return None
 
 
 if __name__ == "__main__":

@@ -535,3 +535,17 @@ def test_a_queue_launch_holds_room_for_a_record_too(
     results, stop = runqueue._launch("qid", [cfg], [meta], [""], tmp_path / "out")
     assert len(held) == 1 and not held[0].exists()  # held during the launch, then freed
     assert results[0][1]["status"] == "error" and not stop
+
+
+def test_a_worker_ends_in_one_line_on_a_full_disk_a_damaged_image_or_a_peer_gone() -> None:
+    import errno
+
+    from bench.data.jpegs import CorruptImage
+    from bench.train import _one_line
+
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/r/common.pt")
+    assert _one_line(full) == "no space left on device (/r/common.pt)"
+    assert _one_line(CorruptImage("a/b.jpg: cannot decode")) == "a/b.jpg: cannot decode"
+    gloo = RuntimeError("[pair.cc:561] Connection closed by peer [127.0.0.1]:1")
+    assert _one_line(gloo) == "Connection closed by peer"
+    assert _one_line(ValueError("a bug")) is None  # anything else keeps its traceback
