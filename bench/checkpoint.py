@@ -262,7 +262,7 @@ def save(s: Any, barrier: Any) -> Path:
     _atomic_save(rank_state(s), d / f"rank{s.rank}.pt")
     barrier()
     if s.rank == 0:
-        from bench.checkpoint_verify import shard_sizes
+        from bench.checkpoint_verify import remove_incomplete, shard_sizes
         from bench.config import to_container
 
         manifest = {
@@ -281,6 +281,7 @@ def save(s: Any, barrier: Any) -> Path:
         for old in sorted(root.glob("epoch-*.json"))[: -max(1, cfg.train.keep_checkpoints)]:
             old.unlink(missing_ok=True)
             shutil.rmtree(old.with_suffix(""), ignore_errors=True)
+        remove_incomplete(root, keep=d)  # every rank is past the barrier: none writes
     return d
 
 

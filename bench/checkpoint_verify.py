@@ -16,6 +16,7 @@ truncated shard fails here without reading the whole file).
 from __future__ import annotations
 
 import json
+import shutil
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -69,3 +70,15 @@ def choose(run_dir: Path) -> tuple[dict[str, Any] | None, list[str]]:
             return m, skipped
         skipped.append(f"{mp.with_suffix('')}: {why}")
     return None, skipped
+
+
+def remove_incomplete(run_dir: Path, keep: Path | None = None) -> list[Path]:
+    """Remove each checkpoint folder without its manifest (a save that failed part way,
+    on a full disk: its shards would keep the disk full), except ``keep`` (the one being
+    written); the folders removed.  Call it only when no rank is writing another."""
+    gone = []
+    for d in sorted(run_dir.glob("epoch-*")) if run_dir.is_dir() else []:
+        if d.is_dir() and d != keep and not d.with_suffix(".json").exists():
+            shutil.rmtree(d, ignore_errors=True)
+            gone.append(d)
+    return gone

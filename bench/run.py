@@ -307,6 +307,7 @@ def record_after(
 ) -> dict[str, Any] | None:
     """The run's record: the workers' if they wrote it, else one written here."""
     from bench import checkpoint as ck
+    from bench.checkpoint_verify import remove_incomplete
     from bench.comm import is_sparse
 
     meta = payload["run"]
@@ -335,6 +336,7 @@ def record_after(
         err.curve = str(curve_file)
     err.status, err.exit_status, err.reason = status, rc, reason
     err.restarts = ck.restarts(events)
+    remove_incomplete(ck.run_dir(cfg.results.dir, meta["run_id"]))  # the workers are gone
     last = ck.latest(cfg.results.dir, meta["run_id"])
     err.checkpoint = last["path"] if last else None
     _close_outputs(err, cfg.results.dir, curve)

@@ -239,6 +239,9 @@ def test_a_full_disk_ends_the_run_with_one_error_record_and_its_last_checkpoint(
         assert ck.latest(disk, rec["run_id"])["epoch"] == 1
         left = [str(q) for q in disk.rglob("*") if q.name.endswith(".tmp") or ".room-" in q.name]
         assert left == [], left
+        # the failed save's shards are gone too (epoch 2 had no manifest): the disk is free
+        kept = sorted(q.name for q in ck.run_dir(disk, rec["run_id"]).glob("epoch-*"))
+        assert kept == ["epoch-0001", "epoch-0001.json"], kept
         assert "Traceback" not in p.stderr, p.stderr[-3000:]
         assert "resume=" in p.stderr
 
@@ -549,3 +552,17 @@ def test_a_worker_ends_in_one_line_on_a_full_disk_a_damaged_image_or_a_peer_gone
     gloo = RuntimeError("[pair.cc:561] Connection closed by peer [127.0.0.1]:1")
     assert _one_line(gloo) == "Connection closed by peer"
     assert _one_line(ValueError("a bug")) is None  # anything else keeps its traceback
+
+
+def test_a_save_removes_the_shards_of_a_failed_one(tmp_path: Path) -> None:
+    from tests.test_checkpoint import _state
+
+    s = _state(tmp_path, "foreach")
+    s.epoch = 1
+    ck.save(s, barrier=lambda: None)
+    stray = ck.run_dir(tmp_path, "r1") / "epoch-0002"  # shards written, no manifest
+    stray.mkdir()
+    (stray / "rank0.pt").write_bytes(b"x" * 1000)
+    s.epoch = 3
+    ck.save(s, barrier=lambda: None)
+    assert not stray.exists() and ck.latest(tmp_path, "r1")["epoch"] == 3
