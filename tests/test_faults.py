@@ -566,3 +566,15 @@ def test_a_save_removes_the_shards_of_a_failed_one(tmp_path: Path) -> None:
     s.epoch = 3
     ck.save(s, barrier=lambda: None)
     assert not stray.exists() and ck.latest(tmp_path, "r1")["epoch"] == 3
+
+
+def test_a_batch_larger_than_an_array_data_set_is_refused(tmp_path: Path) -> None:
+    from bench.data import validate
+    from bench.data.config import CacheConfig, DataConfig
+    from bench.registry import ConfigError
+
+    validate(DataConfig(name="digits", batch_size=1436), CacheConfig(), 2)  # 1437 fit
+    with pytest.raises(ConfigError, match=r"batch_size=2048 is larger than the digits.*1437"):
+        validate(DataConfig(name="digits", batch_size=2048), CacheConfig(), 2)
+    with pytest.raises(ConfigError, match="test_fraction"):
+        validate(DataConfig(name="digits", test_fraction=1.5), CacheConfig(), 1)

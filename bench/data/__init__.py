@@ -151,6 +151,27 @@ def _check_cifar(cfg: DataConfig) -> None:
     from bench.data.cifar10 import check_root
 
     check_root(cfg.root)
+    _check_batch(cfg, 50_000, "CIFAR-10's training split")
+
+
+DIGITS_SAMPLES = 1797  # scikit-learn's digits, a fixed data set
+
+
+def _check_digits(cfg: DataConfig) -> None:
+    import math
+
+    if not 0 < cfg.test_fraction < 1:
+        raise ConfigError(f"data.test_fraction is a fraction in (0, 1), got {cfg.test_fraction}")
+    # train_test_split holds out ceil(fraction x samples)
+    n = DIGITS_SAMPLES - math.ceil(cfg.test_fraction * DIGITS_SAMPLES)
+    _check_batch(cfg, n, "the digits training split")
+
+
+def _check_batch(cfg: DataConfig, n: int, what: str) -> None:
+    """A global batch larger than the training set gives epochs of no full batch (no
+    steps): refused here rather than found by the workers."""
+    if cfg.batch_size > n:
+        raise ConfigError(f"data.batch_size={cfg.batch_size} is larger than {what} ({n} samples)")
 
 
 def _check_folder(cfg: DataConfig) -> None:
@@ -163,7 +184,7 @@ def _check_folder(cfg: DataConfig) -> None:
     check_pair(train, val, cfg.batch_size)
 
 
-DATASETS.register("digits")(DatasetSpec(_digits))
+DATASETS.register("digits")(DatasetSpec(_digits, _check_digits))
 DATASETS.register("cifar10")(DatasetSpec(_cifar10, _check_cifar))
 DATASETS.register("imagefolder")(DatasetSpec(_folder, _check_folder))
 DATASETS.register("imagenet")(DatasetSpec(_folder, _check_folder))
