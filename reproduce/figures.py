@@ -77,6 +77,19 @@ def _print_inputs(inputs) -> None:
     )
 
 
+def _check_writable(folders: list) -> None:
+    """One line before anything is drawn, rather than a traceback at the first write."""
+    import tempfile
+
+    for d in folders:
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=d):
+                pass
+        except OSError as e:
+            _fail(f"{d} is not writable ({e.strerror}); nothing was drawn")
+
+
 def main(argv: list[str]) -> None:
     args = _args(argv)
     inputs = _load(args.results_dir)
@@ -95,6 +108,7 @@ def main(argv: list[str]) -> None:
             print(f"  {f.path}: {f.what}")
         print(f"and {report}; nothing written (--dry-run)")
         return
+    _check_writable([report.parent, *{f.path.parent for f in figs}])
     draw(figs)
     for f in figs:
         state = "written" if f.drawn else f"not drawn ({f.error or 'nothing to draw'})"

@@ -137,7 +137,7 @@ def _launch_in_process(c: ClusterConfig, run_json: Path) -> int:
         rank, failure = e.get_first_failure()
         print(
             f"error: worker rank {rank} failed with exit code {failure.exitcode} "
-            "(its traceback is above)",
+            "(its error is above)",
             file=sys.stderr,
         )
         return 1

@@ -102,12 +102,13 @@ def _folder(
 
     if uses_cached_input(cfg, cache):  # DALI, a cache level, progressive sizes, slow/remote
         return build_folder(cfg, cache, rank, world, device, seed)
+    from bench.data.damaged import SkipDamaged, SkippingLoader, load_rgb
     from bench.data.folder import image_folders
-    from bench.data.loaders import DeviceLoader
 
     tr, va = image_folders(
-        cfg.root, cfg.train_dir, cfg.val_dir, cfg.image_size, cfg.eval_image_size, cfg.flip
-    )
+        cfg.root, cfg.train_dir, cfg.val_dir, cfg.image_size, cfg.eval_image_size, cfg.flip,
+        loader=load_rgb,  # damaged files: skipped and counted, or one error (data.strict)
+    )  # fmt: skip
     n_classes = len(tr.classes)
     if cfg.num_classes and cfg.num_classes != n_classes:
         raise ConfigError(
@@ -117,8 +118,10 @@ def _folder(
         rank=rank, world_size=world, device=device, num_workers=cfg.num_workers, seed=seed
     )
     b = per_rank(cfg.batch_size, world, "data.batch_size")
-    train = DeviceLoader(tr, batch_size=b, train=True, **common)
-    ev = DeviceLoader(va, batch_size=max(1, cfg.eval_batch_size // world), train=False, **common)
+    common["strict"] = cfg.strict
+    train = SkippingLoader(SkipDamaged(tr, substitute=True), batch_size=b, train=True, **common)
+    eb = max(1, cfg.eval_batch_size // world)
+    ev = SkippingLoader(SkipDamaged(va, substitute=False), batch_size=eb, train=False, **common)
     return DataBundle(train, ev, n_classes, len(train) * cfg.batch_size)
 
 
@@ -160,20 +163,41 @@ def _check_cifar(cfg: DataConfig) -> None:
     from bench.data.cifar10 import check_root
 
     check_root(cfg.root)
+    _check_batch(cfg, 50_000, "CIFAR-10's training split")
+
+
+DIGITS_SAMPLES = 1797  # scikit-learn's digits, a fixed data set
+
+
+def _check_digits(cfg: DataConfig) -> None:
+    import math
+
+    if not 0 < cfg.test_fraction < 1:
+        raise ConfigError(f"data.test_fraction is a fraction in (0, 1), got {cfg.test_fraction}")
+    # train_test_split holds out ceil(fraction x samples)
+    n = DIGITS_SAMPLES - math.ceil(cfg.test_fraction * DIGITS_SAMPLES)
+    _check_batch(cfg, n, "the digits training split")
+
+
+def _check_batch(cfg: DataConfig, n: int, what: str) -> None:
+    """A global batch larger than the training set gives epochs of no full batch (no
+    steps): refused here rather than found by the workers."""
+    if cfg.batch_size > n:
+        raise ConfigError(f"data.batch_size={cfg.batch_size} is larger than {what} ({n} samples)")
 
 
 def _check_folder(cfg: DataConfig) -> None:
     # deferred: see the note above DATASETS
-    from bench.data.folder import check_split
+    from bench.data.folder import check_pair, check_split
     from bench.data.storage import is_url
 
     if is_url(cfg.root):  # remote (fsspec) roots are listed when the loaders are built
         return
-    check_split(cfg.root, cfg.train_dir)
-    check_split(cfg.root, cfg.val_dir)
+    train, val = check_split(cfg.root, cfg.train_dir), check_split(cfg.root, cfg.val_dir)
+    check_pair(train, val, cfg.batch_size)
 
 
-DATASETS.register("digits")(DatasetSpec(_digits))
+DATASETS.register("digits")(DatasetSpec(_digits, _check_digits))
 DATASETS.register("cifar10")(DatasetSpec(_cifar10, _check_cifar))
 DATASETS.register("imagefolder")(DatasetSpec(_folder, _check_folder))
 DATASETS.register("imagenet")(DatasetSpec(_folder, _check_folder))

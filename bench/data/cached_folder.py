@@ -89,18 +89,16 @@ class FolderDataset:
         from torchvision.transforms import functional as F
 
         i, size = key
-        rel = self.listing.files[i]
+        msg = None
         try:
-            if self.predecode_size:
-                from PIL import Image
-
-                # PIL's crop + resize on uint8 is several times faster than torchvision's
-                # tensor path (which resamples in float); the copy is ~0.3 MB at 256 pixels
-                img = Image.fromarray(self.reader.get_decoded(rel, self.predecode_size))
-            else:
-                img = decode_rgb(self.reader.get(rel), rel)
+            img = self._image(i)
         except CorruptImage as e:
-            return None, self.listing.labels[i], i, str(e)
+            if not self.train:  # evaluation drops it: no held-out image is scored twice
+                return None, self.listing.labels[i], i, str(e)
+            # training: the next decodable image stands in, so that every rank keeps full
+            # batches and its number of steps (a batch of damaged files only would end
+            # the epoch early); counted and warned about as skipped all the same
+            msg, i, img = str(e), *self._substitute(i)
         if self.train:
             top, left, h, w = RandomResizedCrop.get_params(
                 img, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)
@@ -111,14 +109,37 @@ class FolderDataset:
         else:
             img = F.center_crop(F.resize(img, round(size / 0.875), antialias=True), [size, size])
         img = F.pil_to_tensor(img)
-        return img, self.listing.labels[i], i, None
+        return img, self.listing.labels[i], i, msg
+
+    def _image(self, i: int) -> Any:
+        """The PIL image of file ``i``; CorruptImage when it does not decode."""
+        rel = self.listing.files[i]
+        if self.predecode_size:
+            from PIL import Image
+
+            # PIL's crop + resize on uint8 is several times faster than torchvision's
+            # tensor path (which resamples in float); the copy is ~0.3 MB at 256 pixels
+            return Image.fromarray(self.reader.get_decoded(rel, self.predecode_size))
+        return decode_rgb(self.reader.get(rel), rel)
+
+    def _substitute(self, i: int) -> tuple[int, Any]:
+        """The first file after ``i`` (wrapping around) that decodes, and its image."""
+        from bench.data.jpegs import CorruptImage
+
+        n = len(self.listing)
+        for k in range(1, n):
+            try:
+                return (i + k) % n, self._image((i + k) % n)
+            except CorruptImage:
+                continue
+        raise CorruptImage(f"{self.namespace}: not one image of the split decodes")
 
     def collate(self, items: list) -> tuple[Any, Any, Any, dict]:
         """Stack the good items; the worker's cache counters ride along with the batch."""
 
         good = [it for it in items if it[0] is not None]
         stats: dict[str, Any] = self.reader.stats.take() if (self._reader or good) else {}
-        bad = [it[3] for it in items if it[0] is None]
+        bad = [it[3] for it in items if it[3] is not None]  # dropped or stood in for
         if bad:
             stats["data/corrupt"] = len(bad)
             stats["_corrupt"] = bad

@@ -9,6 +9,7 @@ protocol.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from bench.registry import ConfigError
 
@@ -34,6 +35,26 @@ def check_split(root: str, sub: str) -> Path:
     return split
 
 
+def check_pair(train: Path, val: Path, batch_size: int) -> None:
+    """Refuse, before any worker starts, what the workers would otherwise fail on: a
+    class folder in one split only (the label indices would differ), and a global batch
+    larger than the training split (no full batch: epochs of no steps)."""
+    a = {d.name for d in train.iterdir() if d.is_dir()}
+    b = {d.name for d in val.iterdir() if d.is_dir()}
+    if a != b:
+        only = [f"{n} (only in {train.name})" for n in sorted(a - b)]
+        only += [f"{n} (only in {val.name})" for n in sorted(b - a)]
+        raise ConfigError(f"train and val class folders differ: {', '.join(only[:5])}")
+    n = sum(
+        1 for d in train.iterdir() if d.is_dir()
+        for f in d.iterdir() if f.suffix.lower() in IMAGE_EXTENSIONS
+    )  # fmt: skip
+    if batch_size > n:
+        raise ConfigError(
+            f"data.batch_size={batch_size} is larger than the {n} training images of {train}"
+        )
+
+
 def build_transforms(image_size: int, eval_image_size: int, flip: bool):
     # deferred: torchvision is slow to load, and only this path needs it
     from torchvision import transforms as T
@@ -56,15 +77,23 @@ def build_transforms(image_size: int, eval_image_size: int, flip: bool):
 
 
 def image_folders(
-    root: str, train_dir: str, val_dir: str, image_size: int, eval_image_size: int, flip: bool
+    root: str,
+    train_dir: str,
+    val_dir: str,
+    image_size: int,
+    eval_image_size: int,
+    flip: bool,
+    loader: Any = None,
 ):
-    """(train ImageFolder, val ImageFolder) with the class index of the training split."""
+    """(train ImageFolder, val ImageFolder) with the class index of the training split;
+    ``loader`` reads one file (torchvision's default when None)."""
     # deferred: torchvision is slow to load, and only this path needs it
     from torchvision.datasets import ImageFolder
 
     tr_t, ev_t = build_transforms(image_size, eval_image_size, flip)
-    train = ImageFolder(str(check_split(root, train_dir)), transform=tr_t)
-    val = ImageFolder(str(check_split(root, val_dir)), transform=ev_t)
+    kw = {} if loader is None else {"loader": loader}
+    train = ImageFolder(str(check_split(root, train_dir)), transform=tr_t, **kw)
+    val = ImageFolder(str(check_split(root, val_dir)), transform=ev_t, **kw)
     if val.class_to_idx != train.class_to_idx:
         missing = sorted(set(train.classes) ^ set(val.classes))[:5]
         raise ConfigError(f"train and val class folders differ (e.g. {', '.join(missing)})")

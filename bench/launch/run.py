@@ -4,6 +4,8 @@ record exists afterwards (a failed launch still leaves an ``error`` record)."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -22,9 +24,11 @@ from bench.config import Config, from_container, to_container, to_object
 from bench.launch import profile
 from bench.registry import ConfigError
 from bench.results import columns as col
-from bench.results import dawnbench, mllog, records
+from bench.results import dawnbench, mllog, records, reserve
 from bench.results import events as ev
+from bench.results.safejson import non_finite
 from bench.train import checkpoint as ck
+from bench.train.checkpoint_verify import remove_incomplete
 from bench.train.workload import WORKLOADS
 
 
@@ -35,6 +39,14 @@ def validate(cfg: Config) -> None:
     ranges and checks across groups, each in the package that owns the group.
     """
 
+    # first: a range check such as ``lr > 0`` passes inf, and every check passes NaN
+    bad = non_finite(to_container(cfg))
+    if bad:
+        raise ConfigError(
+            "not a finite number: "
+            + ", ".join(f"{k}={v}" for k, v in bad)
+            + " (every number of the config must be finite)"
+        )
     cluster_launch.validate(cfg)
     profile.check(cfg.cluster.profile, cfg.cluster.name)
     world = cfg.cluster.nnodes * cfg.cluster.nproc_per_node
@@ -76,6 +88,11 @@ def _validate_train(cfg: Config) -> None:
             f"optim.master_weights={mw} keeps a {mw} model copy: set train.amp={mw} too "
             "(train.amp=auto is bf16 on CUDA only)"
         )
+    if t.max_steps_per_epoch < 0:  # else a negative limit would silently mean none
+        raise ConfigError(
+            f"train.max_steps_per_epoch must be >= 0 (0 = whole epochs), "
+            f"got {t.max_steps_per_epoch}"
+        )
     if t.eval_every < 1:
         raise ConfigError("train.eval_every must be >= 1")
     if t.checkpoint_every < 0 or t.keep_checkpoints < 1:
@@ -99,6 +116,14 @@ def _check_writable(results_dir: str) -> None:
             pass
     except OSError as e:
         raise ConfigError(f"results.dir={results_dir!r} is not writable ({e.strerror})") from None
+    # the record is appended to runs.jsonl (under its lock file): a writable folder with a
+    # read-only runs.jsonl would fail only after the whole training run
+    for f in (records.runs_path(res), Path(f"{records.runs_path(res)}.lock")):
+        if f.exists():
+            try:
+                os.close(os.open(f, os.O_WRONLY | os.O_APPEND))  # opened, nothing written
+            except OSError as e:
+                raise ConfigError(f"{f} is not writable ({e.strerror})") from None
 
 
 def run(
@@ -141,7 +166,12 @@ def resume(
     results_dir = next(
         (o.split("=", 1)[1] for o in overrides if o.startswith("results.dir=")), results_dir
     )
-    manifest = ck.latest(results_dir, run_id)
+    skipped: list[str] = []
+    manifest = ck.latest(results_dir, run_id, skipped)
+    if manifest is None and skipped:
+        raise ConfigError(f"run {run_id} has no intact checkpoint: {'; '.join(skipped)}")
+    for line in skipped:
+        print(f"warning: damaged checkpoint skipped: {line}", file=sys.stderr, flush=True)
     if manifest is None:
         raise ConfigError(
             f"run {run_id} has no checkpoint under {ck.run_dir(results_dir, run_id)} "
@@ -217,7 +247,11 @@ def launch_and_record(
     payload = {"config": to_container(cfg), "run": run_meta}
     out = Path(output_dir) if output_dir else Path(tempfile.mkdtemp(prefix="bench-run-"))
     run_json = write_run_json(out, payload)
-    launched = launch_runs([cfg], [payload], run_json)
+    try:
+        launched = launch_runs([cfg], [payload], run_json)
+    finally:
+        if not output_dir:  # our own temporary folder (a resume's): its workers are done
+            shutil.rmtree(out, ignore_errors=True)
     if launched.raised is not None:
         raise launched.raised
     rc, rec = launched.rc, launched.records[0]
@@ -253,7 +287,12 @@ def launch_runs(
     launch ended (with the agents' notes of this launch from ``agent_log``, a queue's
     own event log); the runs after it are left for another launch."""
     since = time.time()
-    rc, status, reason, raised = guarded_launch(cfgs[0], launch_json)
+    # room for the record of a run the workers could not record, should the disk fill up
+    room = reserve.hold(cfgs[0].results.dir, launch_json.stem)
+    try:
+        rc, status, reason, raised = guarded_launch(cfgs[0], launch_json)
+    finally:
+        room.release()
     dirs = {c.results.dir for c in cfgs}
     recorded = {r["run_id"]: r for d in dirs for r in records.load_records(d)}
     out = Launched(rc, status, raised, [], [])
@@ -279,8 +318,11 @@ def launch_runs(
 def _close_outputs(rec: records.RunRecord, results_dir: str, curve: list[dict[str, Any]]) -> None:
     """The workers died before their record: end their MLPerf log (``run_stop`` aborted)
     and write the DAWNBench files of the curve they left."""
-    rec.mllog = mllog.close_after_failure(results_dir, rec.run_id, rec.reason or rec.status)
-    rec.dawnbench_json, rec.dawnbench_tsv = dawnbench.write(results_dir, rec.to_dict(), curve)
+    try:
+        rec.mllog = mllog.close_after_failure(results_dir, rec.run_id, rec.reason or rec.status)
+        rec.dawnbench_json, rec.dawnbench_tsv = dawnbench.write(results_dir, rec.to_dict(), curve)
+    except OSError as e:  # a full disk: the record itself matters more than these files
+        print(f"note: the run's MLPerf/DAWNBench files are incomplete ({e})", file=sys.stderr)
 
 
 def record_after(
@@ -314,6 +356,7 @@ def record_after(
         err.curve = str(curve_file)
     err.status, err.exit_status, err.reason = status, rc, reason
     err.restarts = ev.restarts(events)
+    remove_incomplete(ck.run_dir(cfg.results.dir, meta["run_id"]))  # the workers are gone
     last = ck.latest(cfg.results.dir, meta["run_id"])
     err.checkpoint = last["path"] if last else None
     _close_outputs(err, cfg.results.dir, curve)

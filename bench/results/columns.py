@@ -23,6 +23,7 @@ LR = "optim/lr"  # learning rate at the end of the epoch
 SAMPLES = "data/samples"  # training samples of the epoch, summed over every worker
 STEPS = "data/steps"  # optimizer steps of the epoch
 THROUGHPUT = "throughput/samples_per_s"  # SAMPLES / EPOCH_TIME
+SKIPPED = "data/skipped"  # damaged training images skipped in the epoch, every worker's
 TOKENS = "data/tokens"  # source + target tokens (non-pad) of the epoch, every worker's
 TOKEN_THROUGHPUT = "throughput/tokens_per_s"  # TOKENS / EPOCH_TIME
 DATA_SHARE = "time/data_pct"  # fraction of the epoch spent waiting for data

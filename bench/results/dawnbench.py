@@ -164,5 +164,8 @@ def _replace(path: Path, text: str) -> None:
     """Atomically (re)write a derived file: a reader sees the old or the new one whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:  # a full disk must not keep the partial file
+        tmp.unlink(missing_ok=True)

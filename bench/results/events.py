@@ -15,6 +15,7 @@ workers (resumes, errors).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -119,6 +120,9 @@ def lost_since(events: list[dict[str, Any]], saved_at: float) -> float:
     return max(lost, default=0.0)
 
 
+NO_SPACE = f"[Errno {errno.ENOSPC}]"  # in an OSError's text
+
+
 def failure_reason(events: list[dict[str, Any]], rc: int) -> str:
     """Why the workers failed: the worker that died first, then the first traceback."""
     parts = []
@@ -128,7 +132,11 @@ def failure_reason(events: list[dict[str, Any]], rc: int) -> str:
         sig = f" ({signal.Signals(-code).name})" if isinstance(code, int) and code < 0 else ""
         parts.append(f"worker rank {fails[-1]['failed_rank']} exited with code {code}{sig}")
     errs = [e for e in events if e.get("kind") in (WORKER_ERROR, AGENT_ERROR)]
+    # a full disk first: the other ranks' errors (a peer gone) are its consequences
+    errs.sort(key=lambda e: NO_SPACE not in str(e.get("reason")))
     if errs:
         who = f"rank {errs[0]['rank']}" if "rank" in errs[0] else "elastic agent"
         parts.append(f"{who}: {errs[0]['reason']}")
+    if errs and NO_SPACE in str(errs[0].get("reason")):
+        parts.insert(0, "no space left on device")  # the cause first, as the user acts on it
     return "; ".join(parts) or f"the workers exited with status {rc}"

@@ -33,6 +33,7 @@ import pandas as pd
 from filelock import FileLock
 
 from bench.results import columns as col
+from bench.results import safejson, whole
 from bench.results.env import git_sha, hardware, versions
 from bench.results.timing import best_value, time_to_target
 
@@ -56,14 +57,6 @@ def curve_path(results_dir: str | Path, run_id: str) -> Path:
     return Path(results_dir) / "curves" / f"{run_id}.csv"
 
 
-def _json_default(o: Any) -> Any:
-    if hasattr(o, "item"):
-        return o.item()
-    if isinstance(o, Path):
-        return str(o)
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
-
-
 class AlreadyRecorded(ValueError):
     """This attempt of this run already has its record."""
 
@@ -72,6 +65,8 @@ def append_record(results_dir: str | Path, record: Mapping[str, Any]) -> Path:
     """Append one record as a JSON line (atomic with respect to other writers).
 
     Refuses (:class:`AlreadyRecorded`) a second record of the same run and ``attempt``.
+    All or nothing: a line that cannot be written whole (a full disk) leaves the file as
+    it was and raises :class:`bench.results.whole.NotAppended`.
     """
     missing = [f for f in ("run_id", "status") if f not in record]
     if missing:
@@ -80,7 +75,14 @@ def append_record(results_dir: str | Path, record: Mapping[str, Any]) -> Path:
         raise ValueError(f"status {record['status']!r} not in {STATUSES}")
     path = runs_path(results_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps(record, default=_json_default, allow_nan=False) + "\n"
+    line, unencodable = safejson.encode(record)  # never fails: a record is not lost
+    line += "\n"
+    if unencodable:
+        warnings.warn(
+            f"run {record['run_id']}: {', '.join(unencodable)} recorded as strings (not "
+            f"JSON numbers), listed in the record's {safejson.NOTE_FIELD!r} field",
+            stacklevel=2,
+        )
     attempt = record.get("attempt", 1)
     with FileLock(str(path) + ".lock"):
         for old in _read_lines(path, warn=False):
@@ -94,8 +96,7 @@ def append_record(results_dir: str | Path, record: Mapping[str, Any]) -> Path:
             size = os.fstat(fd).st_size
             if size and os.pread(fd, 1, size - 1) != b"\n":
                 line = "\n" + line  # a torn last line stays alone on its line
-            os.write(fd, line.encode())
-            os.fsync(fd)
+            whole.append(fd, line.encode(), what=f"{path} (run {record['run_id']})")
         finally:
             os.close(fd)
     return path
@@ -114,8 +115,8 @@ def write_curve(
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = list(rows)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    pd.DataFrame(rows).to_csv(tmp, index=False)
     try:
+        pd.DataFrame(rows).to_csv(tmp, index=False)  # in the try: a partial file is removed
         if extend and path.exists():
             # the run's own curve: epochs 1..n, replaced by epochs 1..m (m < n when a
             # restart repeats the epochs after its checkpoint)
@@ -235,6 +236,8 @@ class RunRecord:
     time_to_target_s: float | None = None
     epochs_to_target: int | None = None
     epochs_run: int = 0
+    # damaged images skipped (data.strict=false), every worker's, over the epochs run
+    images_skipped: int | None = None
     train_time_s: float | None = None
     wall_time_s: float | None = None
     throughput_samples_per_s: float | None = None
@@ -334,6 +337,7 @@ class RunRecord:
         tt, et = time_to_target(curve, metric, target)
         samples = sum(r.get(col.SAMPLES, 0) for r in curve)
         tokens = [v for r in curve if (v := r.get(col.TOKENS)) is not None and v == v]
+        skipped = [v for r in curve if (v := r.get(col.SKIPPED)) is not None and v == v]
         step_s = sum(
             _mean(curve, k) or 0.0 for k in ("time/data_s", "time/compute_s", "time/update_s")
         )
@@ -345,6 +349,7 @@ class RunRecord:
             time_to_target_s=tt,
             epochs_to_target=et,
             epochs_run=len(curve),
+            images_skipped=int(sum(skipped)) if skipped else None,
             train_time_s=train_time_s,
             wall_time_s=time.time() - launch_time,
             throughput_samples_per_s=samples / train_time_s if train_time_s > 0 else None,

@@ -17,11 +17,13 @@ Loading uses ``torch.load(weights_only=True)``.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
 import shutil
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,6 +35,7 @@ from bench.config import to_container
 from bench.registry import ConfigError
 from bench.results.events import RESUME, events_path, log_event, lost_since, read_events, run_dir
 from bench.train import runtime
+from bench.train.checkpoint_verify import choose, remove_incomplete, shard_sizes
 
 if TYPE_CHECKING:  # the loop imports this module; the state's type is only named here
     from bench.train.loop import TrainState
@@ -51,29 +54,53 @@ MAY_DIFFER = (
     "cluster.rdzv_id",
     "cluster.rdzv_port",
     "comm.timeout_s",
+    # where the results are, not what runs: a trailing slash, or a results folder moved
+    # (the checkpoint is found through it, by run id)
+    "results.dir",
 )
 
 
 def _atomic_save(obj: Any, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    full = False
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    except RuntimeError:  # torch's writer says neither ENOSPC nor the file
+        from bench.results.reserve import nearly_full
+
+        if not nearly_full(tmp.parent):
+            raise
+        # not chained: the error's frames hold torch's open file, whose blocks would stay
+        # allocated (the disk full) for as long as the error lives
+        full = True
+    finally:  # a full disk must not keep the partial file (and the disk full)
+        tmp.unlink(missing_ok=True)
+    if full:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp))
 
 
 def _atomic_json(obj: Any, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(obj, indent=1))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
-def latest(results_dir: str | Path, run_id: str) -> dict[str, Any] | None:
-    """The manifest of the newest complete checkpoint of a run (None when there is none)."""
-    d = run_dir(results_dir, run_id)
-    manifests = sorted(d.glob("epoch-*.json")) if d.is_dir() else []
-    if not manifests:
-        return None
-    m = json.loads(manifests[-1].read_text())
-    m["path"] = str(manifests[-1].with_suffix(""))
+def latest(
+    results_dir: str | Path, run_id: str, skipped: list[str] | None = None
+) -> dict[str, Any] | None:
+    """The manifest of the newest complete, intact checkpoint of a run (None when there is
+    none); each newer damaged one is skipped with a warning, or added to ``skipped`` for
+    the caller to report."""
+    m, passed = choose(run_dir(results_dir, run_id))
+    if skipped is not None:
+        skipped.extend(passed)
+    else:
+        for line in passed:
+            warnings.warn(f"damaged checkpoint skipped: {line}", stacklevel=2)
     return m
 
 
@@ -170,11 +197,13 @@ def save(s: TrainState, barrier: Callable[[], None]) -> Path:
             "status": s.status,
             "saved_at": time.time(),
             "curve": s.curve,
+            "files": shard_sizes(d),  # every rank's shard is in place (the barrier)
         }
         _atomic_json(manifest, d.with_suffix(".json"))
         for old in sorted(root.glob("epoch-*.json"))[: -max(1, cfg.train.keep_checkpoints)]:
             old.unlink(missing_ok=True)
             shutil.rmtree(old.with_suffix(""), ignore_errors=True)
+        remove_incomplete(root, keep=d)  # every rank is past the barrier: none writes
     return d
 
 

@@ -39,6 +39,7 @@ from bench.data.types import RANK_TOKENS
 from bench.optim import after_ddp_broadcast, build_optimizer, build_scheduler, ddp_kwargs
 from bench.results import columns as col
 from bench.results import dawnbench, records
+from bench.results.divergence import exploded
 from bench.results.events import events_path, read_events, restarts
 from bench.results.mllog import RunLog
 from bench.results.plots import plot_time_to_accuracy
@@ -241,8 +242,9 @@ def train_epoch(s: TrainState) -> dict[str, Any]:
     # token-batched loaders also count source + target tokens (this rank's; summed below)
     tokens = stats.get(RANK_TOKENS)
     extra = [] if tokens is None else [float(tokens)]
-    counts = torch.cat([sums, sums.new_tensor([samples, *extra])])
-    loss_sum, correct, samples, *total_tokens = runtime.all_reduce_sum(counts).tolist()
+    skipped = float(stats.get("data/corrupt", 0))  # this rank's damaged images (loaders)
+    counts = torch.cat([sums, sums.new_tensor([samples, skipped, *extra])])
+    loss_sum, correct, samples, skipped, *total_tokens = runtime.all_reduce_sum(counts).tolist()
     phases = s.timer.pop()
     return {
         # the loader's own counts are this rank's; the totals below are every worker's
@@ -256,6 +258,7 @@ def train_epoch(s: TrainState) -> dict[str, Any]:
         col.TRAIN_TOP1: correct / max(1.0, samples),
         col.SAMPLES: int(samples),
         col.STEPS: steps,
+        col.SKIPPED: int(skipped),
         col.THROUGHPUT: samples / epoch_s,
         col.DATA_SHARE: phases.get("data", 0.0) / epoch_s,
         **{f"time/{k}_s": v / max(1, steps) for k, v in phases.items()},
@@ -308,6 +311,11 @@ def end_epoch(
     if s.status == "diverged" or (check and not math.isfinite(row[col.TRAIN_LOSS])):
         s.status = "diverged"
         s.diverged_at = s.diverged_at or {"step": s.step, "epoch": s.epoch, "where": "loss"}
+        return False
+    grown = exploded([r[col.TRAIN_LOSS] for r in s.curve]) if check else None
+    if grown:  # finite, but orders of magnitude up: diverged too (bench.results.divergence)
+        s.status = "diverged"
+        s.diverged_at = {"step": s.step, "epoch": s.epoch, "where": "loss", "reason": grown}
         return False
     if reached(evaluated.get(col.metric_column(metric)), target):
         s.status = "ok"
@@ -389,6 +397,8 @@ def _outcome(s: TrainState, rec: records.RunRecord) -> None:
         rec.diverged_at = s.diverged_at
         d = s.diverged_at
         rec.reason = f"NaN/Inf at step {d['step']} (epoch {d['epoch']}) in the {d['where']}"
+        if d.get("reason"):
+            rec.reason = f"{d['reason']} in epoch {d['epoch']}"
 
 
 def _plot(s: TrainState, rec: records.RunRecord) -> Path:

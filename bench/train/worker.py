@@ -11,8 +11,12 @@ an elastic restart the runs already recorded are skipped.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import gc
 import json
+import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +24,9 @@ from typing import Any
 
 import torch.distributed as dist
 
+from bench.cluster.parentwatch import die_with_parent
 from bench.config import from_container
+from bench.data.jpegs import CorruptImage
 from bench.results import records
 from bench.results.events import QUEUE_KEY, is_queue, note_error
 from bench.train import runtime
@@ -69,16 +75,56 @@ def note_worker_error(run: dict[str, Any], e: BaseException) -> None:
     note_error(run["config"]["results"]["dir"], run["run"]["run_id"], e)
 
 
+PEER_GONE = "Connection closed by peer"  # gloo, when another worker has exited
+
+
+def _resume_hint(payload: dict[str, Any]) -> str:
+    run, cfg = payload.get("run"), payload.get("config")
+    if not run or not cfg:  # a queue: each of its runs says how when it is resumed
+        return ""
+    return (
+        f"; continue from its last checkpoint with: python -m reproduce train "
+        f"resume={run['run_id']} results.dir={cfg['results']['dir']}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="one data-parallel training worker")
     ap.add_argument("--config", required=True, help="run (or run queue) JSON from the launcher")
     payload = json.loads(Path(ap.parse_args(argv).config).read_text())
-    if is_queue(payload):
-        worker_loop(payload, train)
-        return 0
+    die_with_parent(_resume_hint(payload))  # a SIGKILLed launcher must not leave us training
     try:
-        train(payload)
-    except BaseException as e:  # noted for the launcher's error record, then re-raised
-        note_worker_error(payload, e)
-        raise
+        if is_queue(payload):
+            worker_loop(payload, train)  # notes the failing run's error itself
+            return 0
+        try:
+            train(payload)
+        except BaseException as e:  # noted for the launcher's error record, then re-raised
+            # on a full disk the note may not fit either: the error itself is the news
+            with contextlib.suppress(OSError) if _no_space(e) else contextlib.nullcontext():
+                note_worker_error(payload, e)
+            raise
+    except BaseException as e:
+        msg = _one_line(e)
+        if msg is None:
+            raise
+        print(f"error: rank {os.environ.get('RANK', '0')}: {msg}", file=sys.stderr, flush=True)
+        return 1
     return 0
+
+
+def _no_space(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno == errno.ENOSPC
+
+
+def _one_line(e: BaseException) -> str | None:
+    """What ends this worker in one line, for the errors that need no traceback: a full
+    disk, a damaged image (data.strict=true; it names the file), a peer gone (the
+    consequence of another worker's end, which says why)."""
+    if _no_space(e):
+        return f"no space left on device ({e.filename or e.strerror})"  # type: ignore[attr-defined]
+    if isinstance(e, CorruptImage):
+        return str(e)
+    if isinstance(e, RuntimeError) and PEER_GONE in str(e):
+        return PEER_GONE
+    return None

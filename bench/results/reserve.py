@@ -1,0 +1,91 @@
+"""Room kept for a run's last record while its workers fill the disk.
+
+A run that fills the disk (checkpoints, curves, logs) would leave no room for the
+``error`` record that says so, and the run would vanish from ``runs.jsonl``.  The
+launcher therefore holds :data:`ROOM` bytes in a hidden file of the results directory
+while the workers run (:func:`hold`) and frees them just before it writes that record
+(:meth:`Room.release`); a record is a few KiB.  A launcher killed while holding room
+leaves its file behind: the next :func:`hold` in that directory removes files whose
+launcher is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+ROOM = 64 * 1024  # bytes: an error record and the closing lines of its logs, many times
+PREFIX = ".room-"
+
+
+class Room:
+    """Bytes held in ``path`` (None: nothing could be held, the disk was full already)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+
+    def release(self) -> None:
+        """Free the bytes (idempotent)."""
+        if self.path is not None:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+            self.path = None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale(results_dir: Path) -> None:
+    for p in results_dir.glob(f"{PREFIX}*"):
+        pid = p.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _alive(int(pid)):
+            with contextlib.suppress(OSError):
+                p.unlink()
+
+
+def hold(results_dir: str | Path, run_id: str, size: int = ROOM) -> Room:
+    """Hold ``size`` bytes on the results directory's file system for run ``run_id``."""
+    d = Path(results_dir)
+    path = d / f"{PREFIX}{run_id}-{os.getpid()}"
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        _remove_stale(d)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError:
+        return Room(None)
+    try:
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError:  # a file system without fallocate: real blocks of zeros
+            os.ftruncate(fd, 0)
+            os.write(fd, bytes(size))
+        os.fsync(fd)
+    except OSError:  # not even this fits: hold nothing, leave nothing
+        os.close(fd)
+        path.unlink(missing_ok=True)
+        return Room(None)
+    os.close(fd)
+    return Room(path)
+
+
+FULL_BELOW = 1 << 20  # bytes: less free than this, after a failed write, is a full disk
+
+
+def nearly_full(path: str | Path) -> bool:
+    """Whether the file system of ``path`` is (as good as) full: for writers whose
+    failure does not carry ENOSPC (torch.save raises a bare RuntimeError)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    # root may write into the blocks reserved for it; other users may not
+    blocks = st.f_bfree if os.geteuid() == 0 else st.f_bavail
+    return blocks * st.f_frsize < FULL_BELOW

@@ -1,0 +1,74 @@
+"""Strict JSON for run records, which cannot fail over a value.
+
+A record line must be strict JSON (no ``NaN``/``Infinity`` tokens: other readers of
+``runs.jsonl`` refuse them), yet a record must never be lost because one field holds a
+value JSON cannot express: a run's outcome is worth more than the exactness of one
+number.  :func:`encode` therefore writes such a value as a string (``"inf"``, ``"nan"``,
+or the ``repr`` of an unknown object) and names every replaced field in the record
+itself (:data:`NOTE_FIELD`), so that a reader can tell a string that was a number.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+NOTE_FIELD = "unencodable"  # the dotted paths of fields written as strings
+
+
+def non_finite(obj: Any, prefix: str = "") -> list[tuple[str, float]]:
+    """(dotted path, value) of every non-finite float below ``obj`` (dicts and lists)."""
+    if isinstance(obj, float):
+        return [] if math.isfinite(obj) else [(prefix, obj)]
+    if isinstance(obj, Mapping):
+        items = ((f"{prefix}.{k}" if prefix else str(k), v) for k, v in obj.items())
+    elif isinstance(obj, (list, tuple)):
+        items = ((f"{prefix}[{i}]", v) for i, v in enumerate(obj))
+    else:
+        return []
+    return [p for key, v in items for p in non_finite(v, key)]
+
+
+def _plain(o: Any) -> Any:
+    """What the record writer always accepted: numpy/torch scalars and paths."""
+    if hasattr(o, "item"):
+        return o.item()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def _clean(obj: Any, path: str, notes: list[str]) -> Any:
+    if isinstance(obj, bool) or obj is None or isinstance(obj, (int, str)):
+        return obj
+    if isinstance(obj, float):
+        if math.isfinite(obj):
+            return obj
+        notes.append(path)
+        return repr(obj)  # "inf", "-inf", "nan"
+    if isinstance(obj, Mapping):
+        return {str(k): _clean(v, f"{path}.{k}" if path else str(k), notes) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v, f"{path}[{i}]", notes) for i, v in enumerate(obj)]
+    try:
+        plain = _plain(obj)
+    except Exception:  # noqa: BLE001  (any object at all: recorded by its repr)
+        notes.append(path)
+        return repr(obj)
+    return _clean(plain, path, notes)
+
+
+def encode(record: Mapping[str, Any]) -> tuple[str, list[str]]:
+    """One strict-JSON line (no newline) of ``record``, and the fields written as strings
+    (none for an ordinary record, which is encoded exactly as before)."""
+    try:
+        return json.dumps(record, default=_plain, allow_nan=False), []
+    except (ValueError, TypeError):
+        pass
+    notes: list[str] = []
+    clean = _clean(record, "", notes)
+    clean[NOTE_FIELD] = notes
+    return json.dumps(clean, allow_nan=False), notes

@@ -1,0 +1,43 @@
+"""All-or-nothing appends: a line is in the file whole, or the file is as it was.
+
+``os.write`` may write fewer bytes than it was given (a nearly full disk writes what
+fits), and a later call may then fail; a line cut short that way would read as a torn
+record although no writer died.  :func:`append` writes until every byte is in, and on
+any failure truncates the file back to its length before the append, so that every
+earlier line stays byte for byte and the caller learns that nothing was written.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+
+class NotAppended(OSError):
+    """Nothing was appended (the file was truncated back to its previous length)."""
+
+
+def append(fd: int, data: bytes, *, what: str) -> None:
+    """Append ``data`` to the file open at ``fd`` (``O_APPEND``, under the caller's lock)
+    and fsync it, or raise :class:`NotAppended` with the file as it was; ``what`` names
+    the file in the error."""
+    size = os.fstat(fd).st_size
+    done = 0
+    try:
+        while done < len(data):
+            n = os.write(fd, data[done:])
+            if n <= 0:  # nothing written and no error: no progress is possible
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            done += n
+        os.fsync(fd)
+    except OSError as e:
+        try:
+            os.ftruncate(fd, size)  # freeing the partial line also frees its blocks
+            os.fsync(fd)
+        except OSError as again:
+            raise NotAppended(
+                again.errno, f"{what}: a partial line could not be removed ({again.strerror})"
+            ) from e
+        raise NotAppended(
+            e.errno, f"{what}: not appended, the file is unchanged ({e.strerror})"
+        ) from e
