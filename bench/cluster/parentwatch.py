@@ -24,14 +24,14 @@ import sys
 import threading
 import time
 
+from bench.cluster.agent import descendants
+
 POLL_S = 0.2  # how quickly a worker notices that its launcher is gone
 EXIT_STATUS = 128 + signal.SIGKILL  # as if the launcher's death had killed it
 
 
 def _children(pid: int) -> list[int]:
     """Every process below ``pid``, from ``/proc`` (Linux; elsewhere none are found)."""
-    from bench.cluster.agent import descendants
-
     return descendants(pid)
 
 

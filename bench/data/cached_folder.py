@@ -124,8 +124,6 @@ class FolderDataset:
 
     def _substitute(self, i: int) -> tuple[int, Any]:
         """The first file after ``i`` (wrapping around) that decodes, and its image."""
-        from bench.data.jpegs import CorruptImage
-
         n = len(self.listing)
         for k in range(1, n):
             try:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from bench.data.cached_folder import warn_corrupt
 from bench.data.jpegs import CorruptImage, decode_rgb
 from bench.data.loaders import Batch, DeviceLoader
 
@@ -82,8 +83,6 @@ class SkippingLoader(DeviceLoader):
         return out
 
     def __iter__(self) -> Iterator[Batch]:
-        from bench.data.cached_folder import warn_corrupt
-
         nb = self.device.type == "cuda"
         for x, y, bad in self.loader:
             if bad:

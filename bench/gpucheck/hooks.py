@@ -38,6 +38,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from bench.benchmarks.spawn import free_port, run_workers
+from bench.comm import communicators, futures, make_hook
+from bench.comm.selection_core import host_syncs
+
 HOOKS = ("dense", "fp16", "bf16", "powersgd", "topk", "mstopk", "hitopk")
 STEPS = 3
 SLEEP_CYCLES = 2_000_000  # ~1 ms at the H200's ~1.9 GHz: far longer than any kernel here
@@ -59,7 +63,6 @@ def _race(device: torch.device, on: bool) -> Iterator[None]:
     if not on:
         yield
         return
-    from bench.comm import communicators, futures
 
     def pause() -> None:
         if device.type == "cuda":
@@ -120,9 +123,6 @@ def _run(
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """The reduced gradient after STEPS backward passes, and what was counted."""
     from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from bench.comm import make_hook
-    from bench.comm.selection_core import host_syncs
 
     model = _model(device, width)
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=1)
@@ -234,7 +234,6 @@ def verdict(row: dict) -> list[str]:
 
 
 def _nccl_world1(device_name: str, width: int, hooks: tuple[str, ...]) -> list[dict]:
-    from bench.benchmarks.spawn import free_port
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
@@ -256,7 +255,6 @@ def run(
     hooks: tuple[str, ...] = HOOKS,
 ) -> dict[str, Any]:
     """Every case of ``layouts``; returns ``{"rows": [...], "failed": [...]}``."""
-    from bench.benchmarks.spawn import run_workers
 
     device = "cpu" if cpu else "cuda:0"
     width = width or (64 if cpu else 1024)

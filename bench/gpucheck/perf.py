@@ -37,6 +37,13 @@ from typing import Any
 
 import torch
 
+from bench.benchmarks.spawn import free_port
+from bench.comm.selection import _TRITON_BROKEN, host_syncs, k_for, mstopk
+from bench.models.config import ModelConfig
+from bench.models.transformer import build
+from bench.optim import build_optimizer
+from bench.optim.config import OptimConfig
+
 HBM_BYTES_S = 4.8e12  # H200 HBM3e, bytes per second (the floors' denominator)
 UPDATE_BYTES = {"sgd": 20, "adamw": 28}  # per parameter: p, g, state(s) read, p, state written
 
@@ -80,8 +87,7 @@ def kernels(fn: Callable[[], Any], device: torch.device) -> int:
 
 
 def select(device: torch.device, cpu: bool) -> list[dict]:
-    from bench.comm import mstopk_triton
-    from bench.comm.selection import _TRITON_BROKEN, host_syncs, k_for, mstopk
+    from bench.comm import mstopk_triton  # deferred: imports Triton, optional
 
     timed = _timer(device)
     sizes = (256_000, 1_000_000) if cpu else (25_600_000, 100_000_000)
@@ -145,8 +151,6 @@ def select_targets(rows: list[dict]) -> list[str]:
 
 
 def _models(cpu: bool) -> dict[str, Callable[[], torch.nn.Module]]:
-    from bench.models.config import ModelConfig
-    from bench.models.transformer import build
 
     out: dict[str, Callable[[], torch.nn.Module]] = {}
     try:
@@ -162,9 +166,6 @@ def _models(cpu: bool) -> dict[str, Callable[[], torch.nn.Module]]:
 
 def update(device: torch.device, cpu: bool) -> list[dict]:
     from types import SimpleNamespace
-
-    from bench.optim import build_optimizer
-    from bench.optim.config import OptimConfig
 
     timed = _timer(device)
     reps = 3 if cpu else 30
@@ -209,8 +210,6 @@ def _bucket_times(device: torch.device, cpu: bool) -> list[dict]:
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from bench.benchmarks.spawn import free_port
 
     make = _models(cpu).get("resnet50")
     if make is None:

@@ -34,6 +34,7 @@ import torch
 from bench.config import to_container
 from bench.registry import ConfigError
 from bench.results.events import RESUME, events_path, log_event, lost_since, read_events, run_dir
+from bench.results.reserve import nearly_full
 from bench.train import runtime
 from bench.train.checkpoint_verify import choose, remove_incomplete, shard_sizes
 
@@ -67,8 +68,6 @@ def _atomic_save(obj: Any, path: Path) -> None:
         torch.save(obj, tmp)
         os.replace(tmp, path)
     except RuntimeError:  # torch's writer says neither ENOSPC nor the file
-        from bench.results.reserve import nearly_full
-
         if not nearly_full(tmp.parent):
             raise
         # not chained: the error's frames hold torch's open file, whose blocks would stay
