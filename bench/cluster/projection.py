@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -76,7 +77,8 @@ ASSUMPTIONS: dict[str, Assumption] = {
         0.7,
         0.5,
         0.9,
-        "assumed: the share of the 25 Gbit/s line rate TCP reaches between cloud VMs",
+        "assumed: the share of a link's line rate that TCP reaches between cloud VMs (the "
+        "paper's nodes are VMs on a 25 Gbit/s VPC); not measured on that network",
     ),
     "hidden": Assumption(
         1.0,
@@ -121,37 +123,37 @@ def paper_cluster(nodes: int, gbps: float, nic_efficiency: float, procs: int = 8
     )
 
 
-@functools.lru_cache(maxsize=4)
-def resnet50_buckets(
-    bucket_cap_mb: float = 25.0,
+@functools.lru_cache(maxsize=8)
+def model_buckets(
+    model: str = "resnet50", bucket_cap_mb: float = 25.0, vocab: int = 32000
 ) -> tuple[tuple[int, ...], tuple[tuple[tuple[int, ...], ...], ...]]:
-    """torchvision ResNet-50's gradient as DDP buckets it: parameters in reverse order
-    (the order backward produces them), a new bucket when the next one would pass
-    ``bucket_cap_mb`` MiB of fp32; returns each bucket's elements and parameter shapes."""
-    import torch  # deferred: the model's shapes only, built on the meta device
-    import torchvision
+    """A model's gradient as DDP buckets it (DDP's own initial assignment: parameters in
+    reverse order, a small first bucket, then ``bucket_cap_mb`` MiB): each bucket's
+    elements and parameter shapes.  ``resnet50`` is torchvision's; the others are built by
+    :func:`bench.models.build_model` with a joint vocabulary of ``vocab`` tokens."""
+    import torch  # deferred: the shapes only, on the meta device
+    import torch.distributed as dist
 
     with torch.device("meta"):
-        net = torchvision.models.resnet50(weights=None)
-    cap = bucket_cap_mb * 2**20 / 4
-    buckets: list[list[tuple[int, ...]]] = [[]]
-    size = 0
-    for p in reversed(list(net.parameters())):
-        if buckets[-1] and size + p.numel() > cap:
-            buckets.append([])
-            size = 0
-        buckets[-1].append(tuple(p.shape))
-        size += p.numel()
-    shapes = tuple(tuple(b) for b in buckets)
-    numel = tuple(sum(_prod(s) for s in b) for b in shapes)
-    return numel, shapes
+        if model == "resnet50":
+            import torchvision
+
+            net = torchvision.models.resnet50(weights=None)
+        else:
+            from bench.models import build_model
+            from bench.models.config import ModelConfig
+
+            net = build_model(ModelConfig(name=model), vocab)
+    rev = [p for p in reversed(list(net.parameters())) if p.requires_grad]
+    limits = [dist._DEFAULT_FIRST_BUCKET_BYTES, int(bucket_cap_mb * 2**20)]
+    assignment, _ = dist._compute_bucket_assignment_by_size(rev, limits, [False] * len(rev))
+    shapes = tuple(tuple(tuple(rev[i].shape) for i in b) for b in assignment)
+    return tuple(sum(math.prod(s) for s in b) for b in shapes), shapes
 
 
-def _prod(shape: Sequence[int]) -> int:
-    out = 1
-    for x in shape:
-        out *= x
-    return out
+def resnet50_buckets() -> tuple[tuple[int, ...], tuple[tuple[tuple[int, ...], ...], ...]]:
+    """torchvision ResNet-50's DDP buckets (:func:`model_buckets`)."""
+    return model_buckets("resnet50")
 
 
 def paper_workload(
