@@ -161,3 +161,13 @@ def test_runs_of_one_seed_are_one_sample(tmp_path):
     t = np.mean([R.run_time_s(dense[0], 1.0), R.run_time_s(dense[-1], 1.0)])
     h = R.run_time_s([r for r in runs if r.group == "hitopk"][0], 1.0)
     assert float(row.speedup.iloc[0]) == pytest.approx(t / h)
+
+
+def test_the_figure_is_written_at_a_readable_size(tmp_path):
+    from PIL import Image
+
+    runs = _fixture(tmp_path)
+    df = R.compose(runs, [0.3, 1.0, 3.0], n_boot=50)
+    png = R.plot(df, tmp_path / "ratios.png", "fixture")
+    w, h = Image.open(png).size
+    assert 800 < w <= 2400 and h < 1200

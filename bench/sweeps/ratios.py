@@ -347,6 +347,66 @@ def named_ratios() -> dict[str, float]:
     }
 
 
+COLOURS = {  # one colour per method (the paper's in warm colours)
+    "dense": "tab:gray",
+    "fp16": "tab:blue",
+    "bf16": "tab:cyan",
+    "powersgd": "tab:green",
+    "topk": "tab:purple",
+    "mstopk": "tab:orange",
+    "hitopk": "tab:red",
+}
+
+
+def plot(df: pd.DataFrame, path: str | Path, title: str) -> Path:
+    """Speedup against ratio, against dense and against the best peer: the central line,
+    the seed interval (shaded) and the model band (dotted), the named settings marked."""
+    import matplotlib.pyplot as plt
+
+    from bench.results.plots import save_figure
+
+    fig, all_axes = plt.subplots(
+        1, 3, figsize=(14, 4.4), gridspec_kw={"width_ratios": [1, 1, 0.32]}
+    )
+    axes, legend_ax = all_axes[:2], all_axes[2]
+    axes[1].sharey(axes[0])
+    named = named_ratios()
+    for ax, role in zip(axes, ("dense", "best peer"), strict=True):
+        d = df[df["vs_role"] == role]
+        for g, dg in d.groupby("group", sort=False):
+            dg = dg.sort_values("ratio")
+            c = COLOURS.get(str(dg["comm"].iloc[0]), "k")
+            lw = 2.2 if dg["comm"].iloc[0] in ("hitopk", "mstopk") else 1.2
+            n = int(dg["n_seeds"].iloc[0])
+            ax.plot(dg["ratio"], dg["speedup"], color=c, lw=lw, label=f"{g} (n = {n} seeds)")
+            ax.fill_between(dg["ratio"], dg["ci_low"], dg["ci_high"], color=c, alpha=0.2)
+            for col_ in ("band_low", "band_high"):
+                ax.plot(dg["ratio"], dg[col_], color=c, lw=0.6, ls=":")
+        ax.axhline(1.0, color="k", lw=0.8)
+        for name, r in named.items():
+            if name != "paper-fp16":  # the same point as paper
+                ax.axvline(r, color="k", lw=0.5, ls="--")
+                ax.annotate(name, (r, 0.02), xycoords=("data", "axes fraction"), fontsize=7)
+        ax.set_xscale("log")
+        ax.set_xlabel("dense fp32 communication / compute per step (paper's 16 x 8 V100)")
+        ax.set_title(
+            f"against {role}" + (" (fastest peer at each ratio)" if role != "dense" else "")
+        )
+        ax.grid(alpha=0.3, which="both")
+    axes[0].set_ylabel("speedup in time to target (x, > 1 is sooner)")
+    seen: dict[str, Any] = {}  # one entry per configuration, from both panels
+    for ax in axes:
+        for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            seen.setdefault(label, h)
+    handles, labels = list(seen.values()), list(seen)
+    legend_ax.axis("off")  # the legend's own panel: it covers no data
+    legend_ax.legend(handles, labels, loc="center left", fontsize=8, frameon=False)
+    fig.suptitle(
+        title + "\nshaded: 95 % bootstrap over seeds; dotted: the model's band", fontsize=9
+    )
+    return save_figure(fig, path)
+
+
 GRID = tuple(round(10 ** (x / 8), 3) for x in range(-8, 9))  # 0.1 .. 10, log-spaced
 
 
@@ -360,6 +420,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--profile", help="only records run on this cluster profile (e.g. paper)")
     ap.add_argument("--sweep", help="only records of this sweep (the record's queue id)")
     ap.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples")
+    ap.add_argument("--figure", help="also draw speedup against ratio to this PNG")
     a = ap.parse_args(argv)
 
     def select(r: Mapping[str, Any]) -> bool:
@@ -382,6 +443,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(show[cols + ["n_reached", "n_runs"]].round(3).to_string(index=False))
     print(stops_winning(df).round(3).to_string(index=False))
     print(end_to_end_check(runs).round(3).to_string(index=False))
+    if a.figure:
+        what = " ".join(x for x in (a.experiment, a.profile and f"profile {a.profile}") if x)
+        title = f"time to target across ratios: {what or a.results_dir}"
+        print(f"figure: {plot(df, a.figure, title)}")
 
 
 if __name__ == "__main__":
