@@ -1,17 +1,21 @@
 """``python -m reproduce advise [options]``
 
-Ranks every communication method the performance model covers by predicted step time and
-scaling efficiency for a cluster and a model, and prints the table with its inputs, each
-marked measured (where it was measured, from the committed benchmark CSVs) or assumed
-(with its source, ``bench/cluster/projection.py``).
+Ranks the communication methods the performance model covers (dense fp32, fp16, PowerSGD,
+MSTopK, HiTopKComm) by predicted step time and scaling efficiency for a cluster and a
+model, and prints the table with every input it used: its value and where it came from
+(given on the command line, cited, assumed with its source in
+``bench/cluster/projection.py``, or measured -- with the run and the hardware it ran on).
+A method it cannot rank gets a line saying why.
 
 The cluster is ``--nodes`` x ``--workers`` with ``--inter-gbps`` between nodes and
 ``--intra-gbps`` inside a node, or ``--profile paper`` (16 x 8 V100, 25 Gbit/s, NVLink).
-The model is ``--model resnet50|transformer_base`` or ``--params N`` (elements, cut into
-25 MiB buckets).  Aggregation costs per element are GPU ones (assumed) with ``--costs
+The model is ``--model resnet50|transformer_base`` (their DDP buckets and parameter
+shapes) or ``--params N`` (elements, cut into 25 MiB buckets, no shapes).  Compute per
+step is cited for ResNet-50 on a V100 (``--batch``, ``--px``) and otherwise must be given
+(``--compute-ms``).  Aggregation costs per element are GPU ones (assumed) with ``--costs
 gpu``, or this machine's, from the newest ``bench cluster`` calibration, with ``--costs
-cpu``; the share of aggregation hidden behind the backward pass is the newest overlap
-measurement per method.
+cpu``; the share hidden behind the backward pass is the projection's assumption unless
+given (``--hidden``) or, with ``--costs cpu``, measured on this machine.
 """
 
 from __future__ import annotations
@@ -24,50 +28,138 @@ from bench.results.paths import bench_csv
 from reproduce._cli import Parser
 
 USAGE = """advise [--profile paper | --nodes N --workers M --inter-gbps G --intra-gbps G]
-       [--model resnet50|transformer_base | --params N] [--density D] [--costs gpu|cpu]
-       [--compute-ms T] [--dry-run]
+       [--model resnet50|transformer_base | --params N] [--batch B --px P | --compute-ms T]
+       [--density D] [--powersgd-rank R] [--nic-efficiency E] [--hidden H]
+       [--costs gpu|cpu] [--results-dir DIR] [--dry-run]
                           ranks comm methods by the performance model's step time and
                           scaling efficiency, with what is measured and what is assumed"""
 
-MODELS = {"resnet50": 25_557_032, "transformer_base": 63_100_000}
+# parameters: torchvision's ResNet-50 and this project's transformer_base (shared 32 k
+# embedding), both counted from the models' DDP buckets (bench.cluster.projection)
+MODELS = ("resnet50", "transformer_base")
+CITED_COMPUTE = ("resnet50",)  # models with a cited V100 compute time per step
 PROFILES = {"paper": {"nodes": 16, "workers": 8, "inter_gbps": 25.0, "intra_gbps": 800.0}}
-METHODS = ("dense", "mstopk", "hitopk")  # the selection cost modelled is MSTopK's
+PROFILE_SOURCE = "profile paper: Shi et al. (MLSys 2021), 16 nodes x 8 V100, 25 Gbit/s, NVLink"
+RANKED = ("dense", "fp16", "powersgd", "mstopk", "hitopk")  # the model's selection is MSTopK's
+NOT_RANKED = {
+    "bf16": "sends the same 2-byte elements as fp16: its row is fp16's",
+    "topk": "the model's selection cost is MSTopK's; torch.topk's was not measured on the "
+    "projected GPU (its bytes are mstopk's)",
+    "randomk": "its selection cost (random indices) is not in the model",
+}
+# bounds past which an input is not a cluster or a model (refused, one line)
+LIMITS = {
+    "nodes": (1, 100_000),
+    "workers": (1, 1024),
+    "inter_gbps": (1e-3, 1e5),
+    "intra_gbps": (1e-3, 1e5),
+    "params": (1, 10**13),
+    "compute_ms": (1e-3, 1e7),
+    "batch": (1, 10**6),
+    "px": (8, 10_000),
+    "powersgd_rank": (1, 1024),
+}
 
 
 def _parser() -> argparse.ArgumentParser:
     ap = Parser("advise")
-    ap.add_argument("--profile", choices=sorted(PROFILES))
-    ap.add_argument("--nodes", type=int)
-    ap.add_argument("--workers", type=int, help="workers per node")
-    ap.add_argument("--inter-gbps", type=float)
-    ap.add_argument("--intra-gbps", type=float, default=800.0)
-    ap.add_argument("--model", choices=sorted(MODELS))
-    ap.add_argument("--params", type=int, help="gradient elements (instead of --model)")
-    ap.add_argument("--density", type=float, default=0.001)
-    ap.add_argument("--costs", choices=("gpu", "cpu"), default="gpu")
-    ap.add_argument("--compute-ms", type=float, help="forward+backward per step (default: V100)")
-    ap.add_argument("--results-dir", default="results")
+    ap.add_argument(
+        "--profile", choices=sorted(PROFILES), help="a named cluster: " + PROFILE_SOURCE
+    )
+    ap.add_argument("--nodes", type=int, help="nodes (count, >= 1)")
+    ap.add_argument("--workers", type=int, help="workers (GPUs) per node (count, >= 1)")
+    ap.add_argument("--inter-gbps", type=float, help="line rate of each node's link, Gbit/s")
+    ap.add_argument(
+        "--intra-gbps",
+        type=float,
+        help="bandwidth between the workers of a node, Gbit/s (default: the NVLink assumption)",
+    )
+    ap.add_argument("--model", choices=MODELS, help="model (default resnet50)")
+    ap.add_argument("--params", type=int, help="gradient elements, instead of --model")
+    ap.add_argument("--batch", type=int, help="resnet50: images per GPU per step (default 256)")
+    ap.add_argument("--px", type=int, help="resnet50: training image size, px (default 128)")
+    ap.add_argument(
+        "--compute-ms", type=float, help="forward + backward per step per worker, ms (> 0)"
+    )
+    ap.add_argument(
+        "--density", type=float, default=0.001, help="top-k density, in (0, 1] (default 0.001)"
+    )
+    ap.add_argument("--powersgd-rank", type=int, default=4, help="PowerSGD's rank (default 4)")
+    ap.add_argument(
+        "--nic-efficiency",
+        type=float,
+        help="share of the line rate TCP reaches, in (0, 1] (default: the assumption)",
+    )
+    ap.add_argument(
+        "--hidden",
+        type=float,
+        help="share of aggregation hidden behind the backward pass, in [0, 1], every method "
+        "(default: the assumption, or this machine's measurement with --costs cpu)",
+    )
+    ap.add_argument(
+        "--costs",
+        choices=("gpu", "cpu"),
+        default="gpu",
+        help="per-element aggregation costs: assumed GPU ones, or this machine's measured",
+    )
+    ap.add_argument(
+        "--results-dir",
+        help="where the benchmark CSVs are (default results/; must exist when given)",
+    )
     ap.add_argument("--dry-run", action="store_true", help="print the inputs; predict nothing")
     return ap
 
 
+def _fail(msg: str) -> None:
+    _parser().error(msg)
+
+
+def _bounded(name: str, value: float | None) -> None:
+    lo, hi = LIMITS[name]
+    if value is not None and not lo <= value <= hi:
+        _fail(f"--{name.replace('_', '-')} must be in [{lo:g}, {hi:g}], got {value:g}")
+
+
 def _inputs(a: argparse.Namespace) -> dict[str, Any]:
-    """The cluster and model; one error line on anything missing or out of range."""
-    p = dict(PROFILES[a.profile]) if a.profile else {}
-    for key in ("nodes", "workers", "inter_gbps"):
-        if getattr(a, key) is not None:
-            p[key] = getattr(a, key)
-        if key not in p:
-            _parser().error(f"--{key.replace('_', '-')} is required without --profile")
-    p.setdefault("intra_gbps", a.intra_gbps)
-    if p["nodes"] < 1 or p["workers"] < 1 or p["inter_gbps"] <= 0 or p["intra_gbps"] <= 0:
-        _parser().error("nodes and workers must be >= 1 and bandwidths > 0")
+    """The cluster and model with each value's source; one error line on anything
+    missing, out of range or not citable."""
+    base = dict(PROFILES[a.profile]) if a.profile else {}
+    p: dict[str, Any] = {"src": {}}
+    for key in ("nodes", "workers", "inter_gbps", "intra_gbps"):
+        flag = f"--{key.replace('_', '-')}"
+        v = getattr(a, key)
+        if v is not None:
+            p[key], p["src"][key] = v, f"given ({flag})"
+        elif key in base:
+            p[key], p["src"][key] = base[key], PROFILE_SOURCE
+        elif key == "intra_gbps":
+            from bench.cluster.projection import ASSUMPTIONS
+
+            x = ASSUMPTIONS["intra_bw"]
+            p[key], p["src"][key] = x.value * 8 / 1e9, x.source
+        else:
+            _fail(f"{flag} is required without --profile")
+        _bounded(key, p[key])
+    for name in ("params", "compute_ms", "batch", "px", "powersgd_rank"):
+        _bounded(name, getattr(a, name))
     if not 0 < a.density <= 1:
-        _parser().error(f"--density must be in (0, 1], got {a.density}")
-    if a.params is not None and a.params < 1:
-        _parser().error(f"--params must be >= 1, got {a.params}")
-    p["params"] = a.params or MODELS[a.model or "resnet50"]
-    p["model"] = a.model or ("custom" if a.params else "resnet50")
+        _fail(f"--density must be in (0, 1], got {a.density:g}")
+    if a.nic_efficiency is not None and not 0 < a.nic_efficiency <= 1:
+        _fail(f"--nic-efficiency must be in (0, 1], got {a.nic_efficiency:g}")
+    if a.hidden is not None and not 0 <= a.hidden <= 1:
+        _fail(f"--hidden must be in [0, 1], got {a.hidden:g}")
+    if a.params is not None and a.model is not None:
+        _fail("give --model or --params, not both")
+    if a.results_dir is not None and not Path(a.results_dir).is_dir():
+        _fail(f"--results-dir {a.results_dir}: no such directory")
+    p["model"] = "custom" if a.params is not None else (a.model or "resnet50")
+    if (a.batch or a.px) and (p["model"] != "resnet50" or a.compute_ms is not None):
+        _fail("--batch and --px set the cited ResNet-50 compute time; not with --compute-ms")
+    if a.compute_ms is None and p["model"] not in CITED_COMPUTE:
+        _fail(
+            f"no cited compute time for {p['model']}; give --compute-ms (models with a cited "
+            f"one: {', '.join(CITED_COMPUTE)})"
+        )
     return p
 
 
@@ -80,27 +172,48 @@ def _newest(path: Path, kind: str) -> Any:
     if "kind" not in df.columns or not (df["kind"] == kind).any():
         return None
     df = df[df["kind"] == kind]
+    if "scenario" in df.columns:  # the main case, not the link-bound variant
+        df = df[df["scenario"].isna()] if df["scenario"].isna().any() else df
     return df[df["bench_id"] == df["bench_id"].iloc[-1]]
 
 
-def _measured(results_dir: str, costs: str) -> tuple[Any, dict[str, float], list[str]]:
-    """Per-element costs and hidden shares, and lines saying where each came from."""
-    from bench.cluster import perfmodel as pm
-    from bench.cluster.projection import GPU_COSTS
+def _where(df: Any) -> str:
+    hw = df["hardware"].iloc[0] if "hardware" in df.columns else "unrecorded hardware"
+    return f"run {df['bench_id'].iloc[0]} on {hw}"
 
-    notes, hidden, k = [], {}, GPU_COSTS
-    ov = _newest(bench_csv(results_dir, "cluster"), "overlap")
+
+def _measured(a: argparse.Namespace) -> tuple[Any, float | dict[str, float], list[str]]:
+    """Per-element costs and hidden share(s), and lines saying where each came from."""
+    from bench.cluster import perfmodel as pm
+    from bench.cluster.projection import ASSUMPTIONS, GPU_COSTS
+
+    results = a.results_dir or "results"
+    notes: list[str] = []
+    ov = _newest(bench_csv(results, "cluster"), "overlap")
     if ov is None:
-        ov = _newest(bench_csv(results_dir, "comm"), "overlap")
-    if ov is not None:
+        ov = _newest(bench_csv(results, "comm"), "overlap")
+    h = ASSUMPTIONS["hidden"]
+    hidden: float | dict[str, float] = h.value
+    if a.hidden is not None:
+        hidden = a.hidden
+        notes.append(f"hidden = {a.hidden:g} for every method: given (--hidden)")
+    elif a.costs == "cpu" and ov is not None:
         hidden = {str(r["method"]): float(r["hidden"]) for _, r in ov.iterrows()}
-        notes.append(f"measured: hidden share per method, overlap run {ov['bench_id'].iloc[0]}")
+        shown = ", ".join(f"{m} {v:.2f}" for m, v in hidden.items())
+        notes.append(f"hidden = {shown}: measured (overlap case), {_where(ov)}")
     else:
-        notes.append("assumed: nothing hidden behind the backward pass (no overlap measurement)")
-    if costs == "cpu":
-        m = _newest(bench_csv(results_dir, "cluster"), "measured")
+        notes.append(
+            f"hidden = {h.value:g} for every method (band {h.low:g}..{h.high:g}): {h.source}"
+        )
+        if ov is not None:
+            notes.append(
+                f"not used: the overlap measurement of {_where(ov)} -- not the projected "
+                "GPUs (it is used with --costs cpu)"
+            )
+    if a.costs == "cpu":
+        m = _newest(bench_csv(results, "cluster"), "measured")
         if m is None or "model_reduce_ns_per_elem" not in m.columns:
-            raise SystemExit("error: advise: --costs cpu needs a bench cluster run's calibration")
+            _fail(f"--costs cpu needs a bench cluster run's calibration in {results}/bench")
         r = m.iloc[0]
         k = pm.Costs(
             select_s=r["model_select_ns_per_elem"] * 1e-9,
@@ -108,10 +221,48 @@ def _measured(results_dir: str, costs: str) -> tuple[Any, dict[str, float], list
             dense_s=r["model_dense_ns_per_elem"] * 1e-9,
             reduce_s=r["model_reduce_ns_per_elem"] * 1e-9,
         )
-        notes.append(f"measured: per-element costs, bench cluster run {r['bench_id']}")
+        src = f"measured, bench cluster {_where(m)}"
     else:
-        notes.append("assumed: GPU per-element costs (select, scatter, dense, reduce)")
+        k, src = GPU_COSTS, None
+    for name in ("select_s", "scatter_s", "dense_s", "reduce_s"):
+        x, unit = ASSUMPTIONS[name], "pair" if name == "scatter_s" else "element"
+        notes.append(f"{name} = {getattr(k, name):.3g} s per {unit}: {src or x.source}")
     return k, hidden, notes
+
+
+def _workload(a: argparse.Namespace, p: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Buckets, shapes, compute and update time of the model, and their source lines."""
+    from bench.cluster import perfmodel as pm
+    from bench.cluster import projection
+
+    A = projection.ASSUMPTIONS
+    notes = []
+    if p["model"] == "custom":
+        buckets, shapes = pm.buckets_for(a.params), None
+        notes.append(f"params = {a.params:,}: given (--params), in 25 MiB buckets, no shapes")
+    else:
+        buckets, shapes = projection.model_buckets(p["model"])
+        notes.append(
+            f"params = {sum(buckets):,} in {len(buckets)} DDP buckets: counted from "
+            f"{p['model']}'s parameters (bench.cluster.projection.model_buckets)"
+        )
+    if a.compute_ms is not None:
+        compute = a.compute_ms / 1e3
+        notes.append(f"compute = {a.compute_ms:g} ms per step: given (--compute-ms)")
+    else:
+        batch, px = a.batch or 256, a.px or 128
+        compute = projection.v100_compute_s(batch, px)
+        notes.append(
+            f"compute = {compute * 1e3:.1f} ms per step ({batch} images at {px} px): "
+            f"{projection.V100_SOURCE}, x ({px}/224)**2 for the area"
+        )
+    update = A["update_s"].value * sum(buckets) / pm.RESNET50_NUMEL
+    notes.append(
+        f"update_s = {update * 1e3:.2f} ms: {A['update_s'].source}, scaled by the parameters"
+    )
+    bw = A["backward_frac"]
+    notes.append(f"backward_frac = {bw.value:.3g}: {bw.source}")
+    return {"buckets": buckets, "shapes": shapes, "compute": compute, "update": update}, notes
 
 
 def main(argv: list[str]) -> None:
@@ -121,17 +272,29 @@ def main(argv: list[str]) -> None:
     from bench.cluster import projection
 
     A = projection.ASSUMPTIONS
-    compute = a.compute_ms / 1e3 if a.compute_ms else A["compute_s"].value
-    nic = A["nic_efficiency"].value
+    nic = a.nic_efficiency if a.nic_efficiency is not None else A["nic_efficiency"].value
+    nic_src = (
+        "given (--nic-efficiency)" if a.nic_efficiency is not None else A["nic_efficiency"].source
+    )
+    w, wnotes = _workload(a, p)
+    k, hidden, knotes = _measured(a)
+    s = p["src"]
     print(
         f"cluster: {p['nodes']} x {p['workers']}, {p['inter_gbps']:g} Gbit/s between nodes "
-        f"(x {nic:g} NIC efficiency), {p['intra_gbps']:g} Gbit/s inside; model {p['model']} "
-        f"({p['params']:,} gradient elements), density {a.density:g}"
+        f"(x {nic:g} NIC efficiency), {p['intra_gbps']:g} Gbit/s inside; model {p['model']}, "
+        f"density {a.density:g}, PowerSGD rank {a.powersgd_rank}"
     )
-    k, hidden, notes = _measured(a.results_dir, a.costs)
-    src = "given (--compute-ms)" if a.compute_ms else A["compute_s"].source
-    notes.append(f"{'given' if a.compute_ms else 'assumed'}: compute {compute * 1e3:.0f} ms: {src}")
-    notes += [f"assumed: {n} = {x.value:g}: {x.source}" for n, x in A.items() if n != "compute_s"]
+    notes = [
+        f"nodes = {p['nodes']}: {s['nodes']}",
+        f"workers = {p['workers']} per node: {s['workers']}",
+        f"inter_bw = {p['inter_gbps']:g} Gbit/s: {s['inter_gbps']}",
+        f"nic_efficiency = {nic:g}: {nic_src}",
+        f"intra_bw = {p['intra_gbps']:g} Gbit/s: {s['intra_gbps']}",
+        f"inter_lat = {A['inter_lat'].value * 1e6:g} us: {A['inter_lat'].source}",
+        f"intra_lat = {A['intra_lat'].value * 1e6:g} us: {A['intra_lat'].source}",
+        *wnotes,
+        *knotes,
+    ]
     if a.dry_run:
         print("\n".join(notes))
         return
@@ -144,14 +307,25 @@ def main(argv: list[str]) -> None:
         intra_lat=A["intra_lat"].value,
         hierarchical_dense=True,
     )
-    wl = projection.paper_workload(compute, hidden, pm.buckets_for(p["params"]))
-    rows = []
-    for m in METHODS:
-        if m == "hitopk" and p["nodes"] < 2:
-            continue  # hitopk needs 2 nodes
-        rows.append((pm.step_time(m, wl, a.density, c, k), m))
+    shares = hidden if isinstance(hidden, dict) else {m: hidden for m in RANKED}
+    wl = projection.paper_workload(w["compute"], shares, w["buckets"], w["shapes"], a.powersgd_rank)
+    wl = pm.Workload(**{**wl.__dict__, "update_s": w["update"]})
+    skipped = dict(NOT_RANKED)
+    if p["nodes"] < 2:
+        skipped["hitopk"] = "it needs 2 or more nodes (one node has no inter-node stage)"
+    if w["shapes"] is None:
+        skipped["powersgd"] = "--params gives no parameter shapes, and PowerSGD compresses matrices"
+    if isinstance(hidden, dict):
+        for m in RANKED:
+            if m not in hidden and m not in skipped:
+                skipped[m] = "no overlap measurement of it in the run used (--hidden gives one)"
+    if c.world == 1:
+        print("one worker: nothing to aggregate, every method takes the compute time")
+    rows = [(pm.step_time(m, wl, a.density, c, k), m) for m in RANKED if m not in skipped]
     print(f"{'method':>8} {'step ms':>9} {'efficiency':>10} {'hidden':>7}")
     for t, m in sorted(rows):
         eff = (wl.compute_s + wl.update_s) / t
-        print(f"{m:>8} {t * 1e3:9.1f} {eff:10.3f} {hidden.get(m, 0.0):7.2f}")
+        print(f"{m:>8} {t * 1e3:9.1f} {eff:10.3f} {shares.get(m, 0.0):7.2f}")
+    for m, why in skipped.items():
+        print(f"not ranked: {m}: {why}")
     print("\n".join(notes))

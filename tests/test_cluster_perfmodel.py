@@ -103,7 +103,7 @@ def test_fit_alpha_beta_and_calibrate_from_micro_measurements():
 
 def test_projection_has_bands_and_sources():
     rows = projection.project({"hitopk": 0.5}, gbps=(25, 400), nodes=(1, 16))
-    assert len(rows) == 2 * 2 * 3
+    assert len(rows) == 2 * 2 * len(pm.PROJECTED)
     for r in rows:
         assert 0 < r["efficiency_min"] <= r["efficiency"] <= r["efficiency_max"] <= 1 + 1e-9
         assert math.isfinite(r["step_ms"])
@@ -114,3 +114,41 @@ def test_projection_has_bands_and_sources():
     assert eff[(25, 16, "hitopk")]["efficiency_min"] < eff[(25, 16, "hitopk")]["efficiency_max"]
     assert all(a.source for a in projection.ASSUMPTIONS.values())
     assert "NVIDIA DeepLearningExamples" in projection.describe()
+
+
+def test_the_projection_carries_2020s_dense_baselines_and_powersgd():
+    rows = projection.project(gbps=(25,), nodes=(16,))
+    by = {r["comm"]: r for r in rows}
+    assert {"dense", "fp16", "powersgd", "hitopk"} <= set(by)
+    # fp16 on the wire halves the bytes: faster than fp32 dense on a slow link
+    assert by["fp16"]["step_ms"] < by["dense"]["step_ms"]
+    # no overlap measured on V100s: the assumption, with a band from nothing hidden
+    assert all(r["hidden_source"] == "assumed" for r in rows)
+    assert by["fp16"]["hidden"] == projection.ASSUMPTIONS["hidden"].value
+    assert by["fp16"]["efficiency_min"] < by["fp16"]["efficiency"]
+    measured = projection.project({"fp16": 0.0}, gbps=(25,), nodes=(16,), comms=("fp16",))
+    assert measured[0]["hidden_source"] == "measured"
+    assert measured[0]["efficiency"] < by["fp16"]["efficiency"]
+
+
+def test_fp16_and_powersgd_bucket_times():
+    c = projection.paper_cluster(16, 25, 0.7)
+    k = pm.Costs()  # transfers only
+    d = 1_000_000
+    half = pm.aggregation_time("fp16", [d], 1.0, c, k)
+    full = pm.aggregation_time("dense", [d], 1.0, c, k)
+    lat = pm.aggregation_time("dense", [1], 1.0, c, k)  # the latency terms alone
+    assert half - lat == pytest.approx((full - lat) / 2, rel=1e-3)
+    # PowerSGD: a 1000 x 1000 matrix at rank 4 sends 8,000 elements (P and Q)
+    psgd = pm.aggregation_time("powersgd", [d], 1.0, c, k, shapes=[[(1000, 1000)]], rank=4)
+    expect = 2 * pm.nccl_allreduce(4000, c, k)
+    assert psgd == pytest.approx(expect)
+    # without shapes nothing is compressed: a plain fp32 allreduce
+    assert pm.aggregation_time("powersgd", [d], 1.0, c, k) == pytest.approx(full)
+
+
+def test_resnet50_buckets_follow_ddp():
+    numel, shapes = projection.resnet50_buckets()
+    assert sum(numel) == pm.RESNET50_NUMEL and len(shapes) == len(numel) > 2
+    # the last parameter (the classifier's bias) is reduced first
+    assert shapes[0][0] == (1000,)

@@ -112,3 +112,33 @@ def test_the_record_keeps_the_profile(tmp_path):
     rec = RunRecord.start(cfg, meta, config=to_container(cfg), comm_sparse=False)
     assert rec.cluster_profile == p
     assert rec.config["cluster"]["inter_node_bandwidth"] == p["inter_node_bandwidth"]
+
+
+def test_each_named_setting_derives_its_ratio_from_its_inputs():
+    d = {name: profile.derive(name) for name in profile.PROFILES}
+    assert {"paper", "paper-b64", "paper-224", "paper-fp16"} <= set(d)
+    for r in d.values():
+        # the ratio is the model's dense time over the V100's compute, with a NIC band
+        assert r["ratio"] == pytest.approx(r["dense_s"] / r["compute_s"])
+        assert r["ratio_low"] < r["ratio"] < r["ratio_high"]
+        assert "DeepLearningExamples" in r["compute_source"] and r["setting_source"]
+    # 1,156 img/s at 224 px: 256 images take 0.221 s, a quarter of them a quarter of that
+    assert d["paper-224"]["compute_s"] == pytest.approx(256 / 1156)
+    assert d["paper-b64"]["compute_s"] == pytest.approx(d["paper"]["compute_s"] / 4)
+    assert d["paper"]["compute_s"] == pytest.approx(256 / 1156 * (128 / 224) ** 2)
+    # the settings span the paper's: 64 per GPU about 4x, 224 px about 1/3, fp16 about 1/2
+    assert d["paper-b64"]["ratio"] == pytest.approx(4 * d["paper"]["ratio"])
+    assert d["paper-224"]["ratio"] < 0.5 < d["paper"]["ratio"] < d["paper-b64"]["ratio"]
+    assert 0.5 < d["paper-fp16"]["ratio"] / d["paper"]["ratio"] < 0.6  # latency stays
+    assert d["paper-fp16"]["flat_ring_link_bytes"] == d["paper"]["flat_ring_link_bytes"] / 2
+
+
+def test_fp16_on_the_wire_is_the_same_link_as_fp32():
+    # the same cluster: the fp16 profile's lower ratio comes from its half-size elements
+    compute = 0.5
+    fp32 = profile.resolve("paper", compute, 1_000_000, 2, 2)
+    fp16 = profile.resolve("paper-fp16", compute, 1_000_000, 2, 2)
+    b32, b16 = fp32["bandwidth_bps"], fp16["bandwidth_bps"]
+    ratio = fp16["target_ratio"] / fp32["target_ratio"]
+    assert b16 == pytest.approx(b32 * 0.5 / ratio)  # halved bytes over a lower ratio
+    assert fp16["derivation"]["wire_bytes"] == 2

@@ -45,9 +45,8 @@ from bench.benchmarks.buckets import FakeBucket
 from bench.benchmarks.harness import BenchRun
 from bench.benchmarks.overlap import overlap_worker
 from bench.benchmarks.spawn import run_workers
+from bench.cluster import projection
 from bench.comm import cost, is_sparse, make_hook
-from bench.models import build_model
-from bench.models.config import ModelConfig
 from bench.results.plots import save_figure
 
 METHODS = ["dense", "fp16", "powersgd", "topk", "mstopk", "hitopk"]
@@ -60,20 +59,10 @@ def model_buckets(
     model: str = "resnet50", bucket_cap_mb: float = 25.0, vocab: int = 32000
 ) -> list[list[torch.Size]]:
     """Parameter shapes per DDP bucket (DDP's initial assignment) of torchvision's ResNet-50
-    or of ``transformer_base`` with a joint vocabulary of ``vocab`` tokens (WMT's 32 k)."""
-
-    if model == "resnet50":
-        # deferred: torchvision is slow to load, and only this path needs it
-        import torchvision
-
-        net = torchvision.models.resnet50()
-    else:
-        net = build_model(ModelConfig(name=model), vocab)
-    params = [p for p in net.parameters() if p.requires_grad]
-    rev = list(reversed(params))  # DDP fills buckets from the last parameter (ready first)
-    limits = [dist._DEFAULT_FIRST_BUCKET_BYTES, int(bucket_cap_mb * 1024 * 1024)]
-    assignment, _ = dist._compute_bucket_assignment_by_size(rev, limits, [False] * len(rev))
-    return [[rev[i].shape for i in b] for b in assignment]
+    or of ``transformer_base`` with a joint vocabulary of ``vocab`` tokens (WMT's 32 k);
+    the one assignment the projection also uses."""
+    _, shapes = projection.model_buckets(model, bucket_cap_mb, vocab)
+    return [[torch.Size(s) for s in b] for b in shapes]
 
 
 def resnet50_buckets(bucket_cap_mb: float = 25.0) -> list[list[torch.Size]]:

@@ -18,6 +18,15 @@ includes error feedback (the compensated gradient is what is selected from).
   allgather of packets, scatter-add of ``w k`` pairs, two dense passes.
 * ``hitopk``: intra reduce-scatter, selection on the shard, inter-node allgather (the
   node's ``m`` workers share its link), intra allgather, scatter-add, dense passes.
+* ``fp16`` / ``bf16``: the dense allreduce of 2-byte elements, plus the two casts (to
+  half precision and back) as elementwise passes -- torch's ``fp16_compress_hook``.
+* ``powersgd`` (torch's ``powerSGD_hook``): allreduce of the tensors it leaves
+  uncompressed, then of ``P`` and of ``Q`` one after the other (the ``P + Q`` elements of
+  :func:`cost.powersgd_sizes`, half each for the latency terms); compute is 4 elementwise
+  passes over the bucket -- error feedback, the two products that read the matrix
+  (``M Q`` and ``M^T P``) and the rebuild ``P Q^T`` -- the orthogonalisation of the thin
+  ``P`` is left out (``r`` columns: small next to the passes).  Without the buckets'
+  parameter shapes a bucket is one 1-D tensor and nothing is compressed.
 
 Buckets below ``min_numel`` go through dense allreduce.  A step is ``compute + exposed +
 update`` with ``exposed = max(t_last, (1 - hidden) t_comm, t_comm - backward)``: the last
@@ -39,7 +48,10 @@ from dataclasses import dataclass, field, replace
 
 from bench.comm import cost
 
-COMMS = ("dense", "mstopk", "hitopk")  # the hook names of bench.comm this model covers
+COMMS = ("dense", "mstopk", "hitopk")  # the methods `bench cluster` measures and predicts
+HALF = ("fp16", "bf16")  # dense allreduce of 2-byte elements
+# every method the model times (projections and `advise`): 2020's dense baselines too
+PROJECTED = ("dense", *HALF, "powersgd", "mstopk", "hitopk")
 FLAT = cost.FLAT  # flat allgather of selected pairs: one formula
 RESNET50_NUMEL = 25_557_032  # parameters of torchvision's ResNet-50
 
@@ -79,6 +91,9 @@ class Workload:
     compute_s: float = 0.0  # forward + backward of one step
     backward_frac: float = 2 / 3  # share of compute that is the backward pass
     update_s: float = 0.0  # optimizer update
+    # each bucket's parameter shapes (PowerSGD compresses the matrices); None = unknown
+    shapes: tuple[tuple[tuple[int, ...], ...], ...] | None = None
+    powersgd_rank: int = 4
     # share of each method's aggregation time hidden behind the backward pass (measured)
     hidden: Mapping[str, float] = field(default_factory=dict)
 
@@ -105,21 +120,40 @@ def transfer_time(t: cost.Traffic, c: Cluster) -> float:
     return total
 
 
-def ring_allreduce(d: int, c: Cluster, k: Costs) -> float:
+def ring_allreduce(d: float, c: Cluster, k: Costs, elem_bytes: int = 4) -> float:
     """Dense flat ring allreduce of ``d`` elements over all workers (s)."""
     if c.world == 1:
         return 0.0
-    t = transfer_time(cost.allreduce(d, c.nodes, c.procs_per_node), c)
+    t = transfer_time(cost.allreduce(d, c.nodes, c.procs_per_node, elem_bytes), c)
     return t + (c.world - 1) / c.world * d * k.reduce_s
 
 
-def nccl_allreduce(d: int, c: Cluster, k: Costs) -> float:
+def nccl_allreduce(d: float, c: Cluster, k: Costs, elem_bytes: int = 4) -> float:
     """Hierarchical allreduce (intra reduce-scatter, inter ring, intra allgather) (s)."""
     n, m = c.nodes, c.procs_per_node
     if n == 1 or m == 1:
-        return ring_allreduce(d, c, k)
-    t = transfer_time(cost.hierarchical_allreduce(d, n, m), c)
+        return ring_allreduce(d, c, k, elem_bytes)
+    t = transfer_time(cost.hierarchical_allreduce(math.ceil(d), n, m, elem_bytes), c)
     return t + ((m - 1) / m + (n - 1) / n / m) * d * k.reduce_s
+
+
+def dense_allreduce(d: float, c: Cluster, k: Costs, elem_bytes: int = 4) -> float:
+    """The cluster's dense allreduce: NCCL's hierarchical one or a flat ring (s)."""
+    reduce = nccl_allreduce if c.hierarchical_dense else ring_allreduce
+    return reduce(d, c, k, elem_bytes)
+
+
+def powersgd(
+    d: int, c: Cluster, k: Costs, shapes: Sequence[Sequence[int]] | None, rank: int
+) -> float:
+    """PowerSGD's allreduces of one bucket and its 4 elementwise passes (s)."""
+    if c.world == 1:
+        return 0.0
+    plain, pq = cost.powersgd_sizes(shapes or [(d,)], rank)
+    t = dense_allreduce(plain, c, k) if plain else 0.0
+    if pq:  # P, then Q: two collectives
+        t += 2 * dense_allreduce(pq / 2, c, k)
+    return t + 4 * d * k.dense_s
 
 
 def topk_allgather(d: int, density: float, c: Cluster, k: Costs) -> float:
@@ -142,22 +176,47 @@ def hitopk(d: int, density: float, c: Cluster, k: Costs) -> float:
     return t + c.world * ks * k.scatter_s + 3 * d * k.dense_s
 
 
-def bucket_time(comm: str, d: int, density: float, c: Cluster, k: Costs, min_numel: int) -> float:
+def bucket_time(
+    comm: str,
+    d: int,
+    density: float,
+    c: Cluster,
+    k: Costs,
+    min_numel: int,
+    shapes: Sequence[Sequence[int]] | None = None,
+    rank: int = 4,
+) -> float:
     """One bucket's aggregation time under ``comm`` (s)."""
+    if comm in HALF:  # cast to 2 bytes and back: two elementwise passes, then the division
+        return dense_allreduce(d, c, k, 2) + 3 * d * k.dense_s
+    if comm == "powersgd":
+        return powersgd(d, c, k, shapes, rank)
     if comm == "dense" or d < min_numel or c.world == 1:
-        reduce = nccl_allreduce if c.hierarchical_dense else ring_allreduce
-        return reduce(d, c, k) + d * k.dense_s  # and the division by w
+        return dense_allreduce(d, c, k) + d * k.dense_s  # and the division by w
     if comm in FLAT:
         return topk_allgather(d, density, c, k)
     return hitopk(d, density, c, k)
 
 
+KNOWN = tuple(dict.fromkeys(PROJECTED + FLAT))  # every method bucket_time times
+
+
 def bucket_times(
-    comm: str, buckets: Iterable[int], density: float, c: Cluster, k: Costs, min_numel: int = 16384
+    comm: str,
+    buckets: Iterable[int],
+    density: float,
+    c: Cluster,
+    k: Costs,
+    min_numel: int = 16384,
+    shapes: Sequence[Sequence[Sequence[int]]] | None = None,
+    rank: int = 4,
 ) -> list[float]:
-    if comm not in COMMS and comm not in FLAT:
-        raise ValueError(f"unknown comm {comm!r}; the model knows {', '.join(COMMS + FLAT)}")
-    return [bucket_time(comm, d, density, c, k, min_numel) for d in buckets]
+    if comm not in KNOWN:
+        raise ValueError(f"unknown comm {comm!r}; the model knows {', '.join(KNOWN)}")
+    return [
+        bucket_time(comm, d, density, c, k, min_numel, shapes[i] if shapes else None, rank)
+        for i, d in enumerate(buckets)
+    ]
 
 
 def aggregation_time(
@@ -167,14 +226,16 @@ def aggregation_time(
     c: Cluster,
     k: Costs,
     min_numel: int = 16384,
+    shapes: Sequence[Sequence[Sequence[int]]] | None = None,
+    rank: int = 4,
 ) -> float:
     """Time to aggregate all buckets one after the other (s)."""
-    return sum(bucket_times(comm, buckets, density, c, k, min_numel))
+    return sum(bucket_times(comm, buckets, density, c, k, min_numel, shapes, rank))
 
 
 def exposed_time(comm: str, wl: Workload, density: float, c: Cluster, k: Costs) -> float:
     """The aggregation time not hidden behind the backward pass (s)."""
-    times = bucket_times(comm, wl.buckets, density, c, k)
+    times = bucket_times(comm, wl.buckets, density, c, k, shapes=wl.shapes, rank=wl.powersgd_rank)
     total = sum(times)
     last = times[-1] if times else 0.0
     backward = wl.backward_frac * wl.compute_s

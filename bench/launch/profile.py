@@ -1,14 +1,27 @@
 """Named cluster profiles: an emulated link scaled so that this machine keeps the paper's
 ratio of communication to computation.
 
-``paper``: in Shi et al. (MLSys 2021), 16 nodes x 8 V100 (NVLink inside, 25 Gbit/s
-between nodes) train ResNet-50 v1.5.  The performance model (dense as NCCL's hierarchical
-allreduce, :mod:`bench.cluster.projection` for every assumed input and its source) gives
-that cluster's dense aggregation time per step; divided by the V100's compute time per
-step it is the target ratio.  Here, the model's forward + backward of one step is timed on
-this machine, and the emulated inter-node bandwidth is chosen so that the bytes a dense
-ring allreduce sends over each node's link (:mod:`bench.comm.cost`) take ``ratio x``
-that compute time -- latency and this machine's reduction costs are left out, so the
+In Shi et al. (MLSys 2021), 16 nodes x 8 V100 (NVLink inside, 25 Gbit/s between nodes)
+train ResNet-50 v1.5.  The performance model (dense as NCCL's hierarchical allreduce,
+:mod:`bench.cluster.projection` for every assumed input and its source) gives that
+cluster's dense aggregation time per step; divided by the V100's compute time per step it
+is the target ratio.  The paper's own setting spans several ratios, so each is a named
+profile (:data:`SETTINGS`): images per GPU per step, image size and the bytes of a
+gradient element on the wire -- the V100's compute time follows from the cited 224 px
+throughput (:func:`projection.v100_compute_s`), the dense time from the model; and
+:func:`derive` records every input, its source and the result.
+
+* ``paper``: 256 images per GPU at 128 px, fp32 gradients (the ratio the suite has used);
+* ``paper-b64``: 64 per GPU at 128 px, fp32 (the project's ImageNet recipe: global batch
+  8192 over 16 x 8);
+* ``paper-224``: 256 per GPU at 224 px, fp32 (the end of progressive resizing);
+* ``paper-fp16``: 256 per GPU at 128 px with fp16 gradients on the wire (a mixed
+  precision recipe's dense baseline) -- the same link as ``paper``, half the bytes.
+
+Here, the model's forward + backward of one step is timed on this machine, and the
+emulated inter-node bandwidth is chosen so that the bytes a dense ring allreduce of the
+setting's element size sends over each node's link (:mod:`bench.comm.cost`) take ``ratio
+x`` that compute time -- latency and this machine's reduction costs are left out, so the
 emulated ratio is, if anything, a little higher than the target.
 
 :func:`apply` is what a launcher calls; its result says what was measured and chosen
@@ -20,6 +33,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,32 +44,122 @@ from bench.comm import cost
 from bench.registry import ConfigError
 from bench.train.workload import WORKLOADS
 
-PROFILES = ("paper",)
 PAPER = {"nodes": 16, "procs_per_node": 8, "gbps": 25.0, "numel": 25_557_032}
 
 
-def paper_ratio(compute_s: float | None = None, nic_efficiency: float | None = None) -> float:
-    """Dense aggregation time over compute time per step on the paper's cluster."""
+@dataclass(frozen=True)
+class Setting:
+    """One point of the paper's setting: what a V100 computes per step, what dense sends."""
 
+    batch: int  # images per GPU per step
+    px: int  # training image size, px (square)
+    wire_bytes: int  # bytes per gradient element on the wire: 4 fp32, 2 fp16
+    why: str  # where the setting comes from
+
+    @property
+    def dense(self) -> str:
+        """The dense method of the performance model that sends these elements."""
+        return "dense" if self.wire_bytes == 4 else "fp16"
+
+
+SETTINGS: dict[str, Setting] = {
+    "paper": Setting(
+        256, 128, 4, "Shi et al. train mostly at 128 px (progressive resizing), 256 per V100"
+    ),
+    "paper-b64": Setting(
+        64, 128, 4, "this project's ImageNet recipe: global batch 8192 over 16 x 8 = 64 per GPU"
+    ),
+    "paper-224": Setting(256, 224, 4, "the last phase of progressive resizing: 224 px"),
+    "paper-fp16": Setting(
+        256, 128, 2, "a mixed-precision recipe's dense baseline sends fp16 gradients"
+    ),
+}
+PROFILES = tuple(SETTINGS)
+
+
+def _setting(profile: str) -> Setting:
+    check(profile)
+    return SETTINGS[profile]
+
+
+def dense_time_s(profile: str = "paper", nic_efficiency: float | None = None) -> float:
+    """The paper cluster's dense aggregation time per step in ``profile``'s wire format (s)."""
+    st = _setting(profile)
     a = projection.ASSUMPTIONS
-    compute = compute_s if compute_s is not None else a["compute_s"].value
     nic = nic_efficiency if nic_efficiency is not None else a["nic_efficiency"].value
     c = projection.paper_cluster(PAPER["nodes"], PAPER["gbps"], nic, PAPER["procs_per_node"])
     buckets = pm.buckets_for(PAPER["numel"])
-    return pm.aggregation_time("dense", buckets, 1.0, c, projection.GPU_COSTS) / compute
+    return pm.aggregation_time(st.dense, buckets, 1.0, c, projection.GPU_COSTS)
+
+
+def compute_time_s(profile: str = "paper") -> float:
+    """One V100's forward + backward per step in ``profile`` (s)."""
+    st = _setting(profile)
+    return projection.v100_compute_s(st.batch, st.px)
+
+
+def paper_ratio(
+    compute_s: float | None = None,
+    nic_efficiency: float | None = None,
+    profile: str = "paper",
+) -> float:
+    """Dense aggregation time over compute time per step on the paper's cluster."""
+    compute = compute_s if compute_s is not None else compute_time_s(profile)
+    return dense_time_s(profile, nic_efficiency) / compute
+
+
+def derive(profile: str) -> dict[str, Any]:
+    """Every input of ``profile``'s ratio with its source, the band over the ranged
+    inputs (NIC efficiency) and the result: what the record and the report keep."""
+    st = _setting(profile)
+    a = projection.ASSUMPTIONS
+    nic = a["nic_efficiency"]
+    link = cost.step(
+        "dense" if st.wire_bytes == 4 else "fp16",
+        pm.buckets_for(PAPER["numel"]),
+        1.0,
+        PAPER["nodes"],
+        PAPER["procs_per_node"],
+    ).link_bytes
+    compute = compute_time_s(profile)
+    ratios = [paper_ratio(None, e, profile) for e in (nic.low, nic.value, nic.high)]
+    return {
+        "profile": profile,
+        "batch_per_gpu": st.batch,
+        "image_px": st.px,
+        "wire_bytes": st.wire_bytes,
+        "setting_source": st.why,
+        "compute_s": compute,
+        "compute_source": f"{projection.V100_SOURCE}; x {st.batch}/1156 images x "
+        f"({st.px}/224)**2 for the area",
+        "dense_method": st.dense,
+        "dense_s": dense_time_s(profile),
+        "dense_source": "bench.cluster.perfmodel: NCCL hierarchical allreduce of "
+        f"{PAPER['numel']:,} elements of {st.wire_bytes} B in 25 MiB buckets over "
+        f"{PAPER['nodes']} x {PAPER['procs_per_node']} at {PAPER['gbps']:g} Gbit/s",
+        "flat_ring_link_bytes": link,
+        "nic_efficiency": nic.value,
+        "nic_source": nic.source,
+        "ratio": ratios[1],
+        "ratio_low": min(ratios),
+        "ratio_high": max(ratios),
+    }
 
 
 def bandwidth_for_ratio(
-    ratio: float, compute_s: float, numel: int, nodes: int, procs: int
+    ratio: float, compute_s: float, numel: int, nodes: int, procs: int, elem_bytes: int = 4
 ) -> float:
-    """Inter-node bits/s at which a dense ring allreduce of ``numel`` fp32 elements over
-    ``nodes`` x ``procs`` workers sends its link bytes in ``ratio * compute_s``."""
+    """Inter-node bits/s at which a dense ring allreduce of ``numel`` elements of
+    ``elem_bytes`` over ``nodes`` x ``procs`` workers sends its link bytes in
+    ``ratio * compute_s``."""
 
     if ratio <= 0 or compute_s <= 0:
         raise ConfigError(
             f"a profile needs a positive ratio and compute time ({ratio}, {compute_s})"
         )
-    link = cost.step("dense", pm.buckets_for(numel), 1.0, nodes, procs).link_bytes
+    link = cost.step(
+        "dense" if elem_bytes == 4 else "fp16", pm.buckets_for(numel), 1.0, nodes, procs
+    ).link_bytes
     return link * 8 / (ratio * compute_s)
 
 
@@ -84,12 +188,14 @@ def resolve(
     if profile is None:
         return None
     check(profile)
-    ratio = paper_ratio()
-    bps = bandwidth_for_ratio(ratio, compute_s, numel, nodes, procs)
+    st = SETTINGS[profile]
+    ratio = paper_ratio(profile=profile)
+    bps = bandwidth_for_ratio(ratio, compute_s, numel, nodes, procs, st.wire_bytes)
     return {
         "profile": profile,
         "compute_s": float(compute_s),
         "target_ratio": ratio,
+        "derivation": derive(profile),
         "numel": numel,
         "bandwidth_bps": bps,
         "inter_node_bandwidth": f"{max(1, round(bps / 1e6))}mbit",

@@ -60,7 +60,8 @@ RECORDS: dict[str, tuple[Claim, ...]] = {
 # the benchmarks' subjects: what the paper says of each (no number is known for two)
 BENCH_CLAIMS = {
     "topk": Claim(
-        "MSTopK selection vs sort-based top-k",
+        "top-k selection: the paper's MSTopK threshold search and this project's exact "
+        "variant (tiled), each against torch.topk",
         "GPU top-k is sort-based and slow for tens of millions of elements; MSTopK replaces it "
         "with a few streaming threshold passes (no timing known to us)",
         PAPER,

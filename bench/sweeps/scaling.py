@@ -216,9 +216,9 @@ def projected(comms: Sequence[str], sweep_id: str) -> pd.DataFrame:
     if "procs_per_node" in params:
         known["procs_per_node"] = PAPER["procs_per_node"]
     if "comms" in params:
-        known["comms"] = tuple(c for c in comms if c in ("dense", "mstopk", "hitopk", "topk"))
+        known["comms"] = tuple(c for c in comms if c in perfmodel.KNOWN)
     if "hidden" in params:
-        known["hidden"] = {}  # nothing measured here: no aggregation hidden
+        known["hidden"] = {}  # nothing measured on V100s: the projection's assumed share
     missing = [p.name for p in params.values() if p.default is p.empty and p.name not in known]
     if missing or not {"gbps", "nodes"} <= set(params):
         raise ModelChanged(

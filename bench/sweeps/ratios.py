@@ -1,0 +1,453 @@
+"""Time to target across communication/compute ratios: steps from the records, time per
+step from the performance model, composed with their uncertainty.
+
+In synchronous data-parallel training the trajectory does not depend on the link, so a
+run's time to target on another cluster is its steps to target times that cluster's time
+per step.  Steps come from the records (:mod:`bench.results.records`): each run's curve
+gives the steps of every evaluated interval up to the first evaluation at the target, and
+each interval is charged at the density the run sent then (the dense warm-up epochs, the
+density schedule, PowerSGD's dense first iterations).  A run that missed the target is
+counted at every step it ran (its budget: a lower bound on its time, so it is never
+flattered) and reported in ``n_reached``.
+
+Time per step is the model's (:mod:`bench.cluster.projection`) on the paper's cluster, 16
+x 8 V100 at 25 Gbit/s with ResNet-50's gradient: at ``ratio`` the V100 compute per step is
+the dense fp32 aggregation time (``paper`` profile, central NIC efficiency) over
+``ratio``, so ``ratio`` is the x axis of the named settings of
+:mod:`bench.launch.profile` (``paper-224`` 0.44, ``paper`` 1.34, ``paper-b64`` 5.4;
+``paper-fp16`` is ``paper``'s cluster with fp16 dense as the baseline).
+
+Uncertainty: ``ci_low``/``ci_high`` are a 95 % percentile bootstrap over seeds (runs of
+one seed -- the cache x update cells of an ablation -- are replicates of one trajectory,
+averaged into one sample), each method resampled on its own, at the model's central
+inputs; ``band_low``/
+``band_high`` widen that interval over the model's ranged inputs (NIC efficiency, hidden
+share), the same corner for both methods of a ratio.  A speedup is a win only where
+``ci_low > 1``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from bench.cluster import perfmodel as pm
+from bench.cluster import projection
+from bench.comm import CommController
+from bench.launch import profile
+from bench.results import columns as col
+from bench.results.records import load_curve, load_records
+
+PEERS = ("fp16", "bf16", "powersgd")  # what a user would pick instead of dense fp32
+SPARSE = (*pm.FLAT, "hitopk")  # methods that send a density (dense in their warm-up)
+
+
+@dataclass(frozen=True)
+class Phase:
+    steps: int
+    method: str  # the model's method these steps ran as ("dense" in a warm-up)
+    density: float
+    rank: int = 4  # PowerSGD's rank (the others ignore it)
+
+
+@dataclass(frozen=True)
+class Run:
+    run_id: str
+    group: str  # the configuration (method and its tuning)
+    comm: str
+    seed: int | None
+    reached: bool
+    phases: tuple[Phase, ...]  # up to the target, or the whole run when it missed
+    time_to_target_s: float | None  # measured, this machine
+    train_time_s: float | None
+    steps_run: int
+
+    @property
+    def steps(self) -> int:
+        return sum(p.steps for p in self.phases)
+
+
+def default_group(rec: Mapping[str, Any]) -> str:
+    """A protocol run's method and trial label, else its comm method."""
+    trial = (rec.get("protocol") or {}).get("trial")
+    return f"{rec['comm']} {trial}" if trial else str(rec["comm"])
+
+
+def _density_for(rec: Mapping[str, Any], epoch0: int) -> float:
+    """The density ``rec`` sent in (0-based) ``epoch0``, as the training loop set it."""
+    cfg = SimpleNamespace(
+        name=rec["comm"],
+        density=rec.get("comm_density", 1.0),
+        warmup_epochs=rec.get("comm_warmup_epochs", 0),
+        density_schedule=rec.get("comm_density_schedule") or [],
+    )
+    return CommController(None, cfg, 0).density_for(epoch0)
+
+
+def _powersgd_dense_steps(rec: Mapping[str, Any]) -> int:
+    """PowerSGD allreduces uncompressed before ``start_powerSGD_iter`` (the hook's
+    ``max(2, warmup_steps)`` unless the config names the start)."""
+    c = (rec.get("config") or {}).get("comm") or {}
+    start = c.get("start_powerSGD_iter", c.get("powersgd_start_iter"))
+    return int(start) if start is not None else max(2, int(c.get("warmup_steps") or 0))
+
+
+def run_from_record(rec: Mapping[str, Any], curve: pd.DataFrame) -> Run | None:
+    """``rec``'s phases from its curve; None when the curve has no step counts."""
+    if col.STEPS not in curve.columns or rec.get("comm") not in pm.KNOWN:
+        return None
+    metric = col.metric_column(str(rec["target_metric"]))
+    target = float(rec["target_value"])
+    phases: list[Phase] = []
+    reached = False
+    for _, row in curve.iterrows():
+        steps = int(row[col.STEPS]) if row[col.STEPS] == row[col.STEPS] else 0
+        epoch0 = int(row[col.EPOCH]) - 1 if col.EPOCH in row else len(phases)
+        d = _density_for(rec, epoch0) if rec["comm"] in SPARSE else 1.0
+        method = str(rec["comm"]) if d < 1.0 or rec["comm"] not in SPARSE else "dense"
+        phases.append(Phase(steps, method, d))
+        v = row.get(metric)
+        if v is not None and v == v and float(v) >= target:
+            reached = True
+            break
+    if rec["comm"] == "powersgd" and phases:  # its dense iterations first
+        c = (rec.get("config") or {}).get("comm") or {}
+        rank = int(c.get("powersgd_rank", 4))
+        dense = min(_powersgd_dense_steps(rec), phases[0].steps)
+        phases = [Phase(p.steps, "powersgd", 1.0, rank) for p in phases]
+        phases[0] = Phase(phases[0].steps - dense, "powersgd", 1.0, rank)
+        phases.insert(0, Phase(dense, "dense", 1.0))
+    seed = ((rec.get("config") or {}).get("train") or {}).get("seed")
+    return Run(
+        run_id=str(rec["run_id"]),
+        group=default_group(rec),
+        comm=str(rec["comm"]),
+        seed=None if seed is None else int(seed),
+        reached=reached,
+        phases=tuple(phases),
+        time_to_target_s=rec.get("time_to_target_s"),
+        train_time_s=rec.get("train_time_s"),
+        steps_run=int(curve[col.STEPS].fillna(0).sum()),
+    )
+
+
+def load_runs(
+    results_dir: str | Path,
+    select: Callable[[Mapping[str, Any]], bool] = lambda r: True,
+    group: Callable[[Mapping[str, Any]], str] = default_group,
+) -> tuple[list[Run], list[str]]:
+    """The runs of ``results_dir`` that ``select`` keeps (protocol tuning runs never: their
+    seeds chose the configuration), and the run ids left out with why."""
+    runs, skipped = [], []
+    for rec in load_records(results_dir):
+        if (rec.get("protocol") or {}).get("role") == "tune" or not select(rec):
+            continue
+        if rec.get("status") not in ("ok", "target_missed"):
+            skipped.append(f"{rec.get('run_id')}: status {rec.get('status')}")
+            continue
+        try:
+            curve = load_curve(results_dir, str(rec["run_id"]))
+        except FileNotFoundError:
+            skipped.append(f"{rec['run_id']}: no curve")
+            continue
+        run = run_from_record(rec, curve)
+        if run is None:
+            skipped.append(f"{rec['run_id']}: no step counts, or a method the model lacks")
+            continue
+        runs.append(run if group is default_group else _regroup(run, group(rec)))
+    return runs, skipped
+
+
+def _regroup(run: Run, group: str) -> Run:
+    return Run(**{**run.__dict__, "group": group})
+
+
+def compute_for_ratio(ratio: float) -> float:
+    """The V100 compute per step (s) at which dense fp32 on the paper's cluster takes
+    ``ratio`` times it (central NIC efficiency)."""
+    if not ratio > 0:
+        raise ValueError(f"a communication/compute ratio must be > 0, got {ratio}")
+    return profile.dense_time_s("paper") / ratio
+
+
+@functools.lru_cache(maxsize=4096)
+def step_time_s(
+    method: str,
+    density: float,
+    ratio: float,
+    nic_efficiency: float | None = None,
+    hidden: float | None = None,
+    powersgd_rank: int = 4,
+) -> float:
+    """The model's time per step of ``method`` at ``ratio`` on the paper's cluster (s)."""
+    a = projection.ASSUMPTIONS
+    nic = a["nic_efficiency"].value if nic_efficiency is None else nic_efficiency
+    h = a["hidden"].value if hidden is None else hidden
+    c = projection.paper_cluster(profile.PAPER["nodes"], profile.PAPER["gbps"], nic)
+    wl = projection.paper_workload(compute_for_ratio(ratio), {method: h}, None, None)
+    wl = pm.Workload(**{**wl.__dict__, "powersgd_rank": powersgd_rank})
+    return pm.step_time(method, wl, min(1.0, density), c, projection.GPU_COSTS)
+
+
+def run_time_s(run: Run, ratio: float, **model: Any) -> float:
+    """``run``'s projected time to target (or to its end, missed) at ``ratio`` (s)."""
+    return sum(
+        p.steps * step_time_s(p.method, p.density, ratio, powersgd_rank=p.rank, **model)
+        for p in run.phases
+    )
+
+
+def _corners() -> list[dict[str, float | None]]:
+    a = projection.ASSUMPTIONS
+    nic, hid = a["nic_efficiency"], a["hidden"]
+    return [{"nic_efficiency": None, "hidden": None}] + [
+        {"nic_efficiency": n, "hidden": h} for n in (nic.low, nic.high) for h in (hid.low, hid.high)
+    ]
+
+
+def _by_seed(runs: Sequence[Run]) -> list[list[Run]]:
+    """``runs`` grouped by seed (a run without one is its own sample)."""
+    out: dict[Any, list[Run]] = {}
+    for i, r in enumerate(runs):
+        out.setdefault(r.seed if r.seed is not None else ("run", i), []).append(r)
+    return list(out.values())
+
+
+def _best_peer(means: Mapping[str, float], groups: Mapping[str, list[Run]]) -> str | None:
+    peers = [g for g in means if groups[g][0].comm in PEERS]
+    return min(peers, key=lambda g: means[g]) if peers else None
+
+
+def compose(
+    runs: Sequence[Run],
+    ratios: Iterable[float],
+    baseline: str = "dense",
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Per ratio and configuration: projected mean time to target, and the speedup
+    against ``baseline`` (a group) and against the best peer at that ratio, with their
+    seed intervals and model bands (one row per comparison)."""
+    groups: dict[str, list[Run]] = {}
+    for r in runs:
+        groups.setdefault(r.group, []).append(r)
+    if baseline not in groups:
+        raise ValueError(f"no runs of the baseline {baseline!r}; groups: {sorted(groups)}")
+    # runs of one seed are replicates (same trajectory up to noise): one sample per seed
+    seeds = {g: _by_seed(rs) for g, rs in groups.items()}
+    rng = np.random.default_rng(seed)
+    boot = {g: rng.integers(0, len(ss), size=(n_boot, len(ss))) for g, ss in seeds.items()}
+    rows = []
+    for ratio in ratios:
+        # per corner of the model's inputs: each group's time per seed (mean of its runs), s
+        times = [
+            {
+                g: np.array([np.mean([run_time_s(r, ratio, **c) for r in rs]) for rs in ss])
+                for g, ss in seeds.items()
+            }
+            for c in _corners()
+        ]
+        means = {g: float(t.mean()) for g, t in times[0].items()}
+        peer = _best_peer(means, groups)
+        for g, rs in groups.items():
+            for vs, role in ((baseline, "dense"), (peer, "best peer")):
+                if vs is None or vs == g:
+                    continue
+                lo, hi = [], []
+                for t in times:
+                    s = t[vs][boot[vs]].mean(axis=1) / t[g][boot[g]].mean(axis=1)
+                    lo.append(float(np.percentile(s, 2.5)))
+                    hi.append(float(np.percentile(s, 97.5)))
+                rows.append(
+                    {
+                        "ratio": ratio,
+                        "group": g,
+                        "comm": rs[0].comm,
+                        "vs": vs,
+                        "vs_role": role,
+                        "n_runs": len(rs),
+                        "n_seeds": len(seeds[g]),
+                        "n_reached": sum(r.reached for r in rs),
+                        "steps_mean": float(np.mean([r.steps for r in rs])),
+                        "time_to_target_s": means[g],
+                        "speedup": means[vs] / means[g],
+                        "ci_low": lo[0],
+                        "ci_high": hi[0],
+                        "band_low": min(lo),
+                        "band_high": max(hi),
+                        "win": lo[0] > 1.0,
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
+def stops_winning(df: pd.DataFrame) -> pd.DataFrame:
+    """Per configuration and comparison: the ratio where the central speedup crosses 1
+    (log-linear between grid points; NaN if it does not cross in the grid) and the lowest
+    ratio from which every larger ratio of the grid is a measurable win (NaN: none)."""
+    out = []
+    for (g, role), d in df.groupby(["group", "vs_role"], sort=False):
+        d = d.sort_values("ratio")
+        r, s = d["ratio"].to_numpy(), d["speedup"].to_numpy()
+        cross = math.nan
+        for i in range(len(r) - 1):
+            if (s[i] - 1) * (s[i + 1] - 1) <= 0 and s[i] != s[i + 1]:
+                f = (1 - s[i]) / (s[i + 1] - s[i])
+                cross = float(math.exp(math.log(r[i]) + f * (math.log(r[i + 1]) - math.log(r[i]))))
+                break
+        wins = d["win"].to_numpy()
+        above = math.nan
+        for i in range(len(r) - 1, -1, -1):
+            if not wins[i]:
+                break
+            above = float(r[i])
+        out.append({"group": g, "vs_role": role, "breakeven_ratio": cross, "wins_from": above})
+    return pd.DataFrame(out)
+
+
+def end_to_end_check(runs: Sequence[Run]) -> pd.DataFrame:
+    """The composition against the runs' own clock: per configuration, mean steps to
+    target x this machine's measured time per step (training time / steps run, median
+    over runs) against the mean measured time to target (runs that reached it)."""
+    groups: dict[str, list[Run]] = {}
+    for r in runs:
+        if r.reached and r.time_to_target_s and r.train_time_s and r.steps_run:
+            groups.setdefault(r.group, []).append(r)
+    rows = []
+    for g, rs in groups.items():
+        per_step = float(np.median([r.train_time_s / r.steps_run for r in rs]))
+        predicted = float(np.mean([r.steps for r in rs])) * per_step
+        measured = float(np.mean([r.time_to_target_s for r in rs]))
+        rows.append(
+            {
+                "group": g,
+                "n": len(rs),
+                "step_s": per_step,
+                "predicted_s": predicted,
+                "measured_s": measured,
+                "relative_error": predicted / measured - 1,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def named_ratios() -> dict[str, float]:
+    """Each named profile's point on this module's axis (dense fp32 comm / compute)."""
+    return {
+        name: profile.dense_time_s("paper") / profile.compute_time_s(name)
+        for name in profile.PROFILES
+    }
+
+
+COLOURS = {  # one colour per method (the paper's in warm colours)
+    "dense": "tab:gray",
+    "fp16": "tab:blue",
+    "bf16": "tab:cyan",
+    "powersgd": "tab:green",
+    "topk": "tab:purple",
+    "mstopk": "tab:orange",
+    "hitopk": "tab:red",
+}
+
+
+def plot(df: pd.DataFrame, path: str | Path, title: str) -> Path:
+    """Speedup against ratio, against dense and against the best peer: the central line,
+    the seed interval (shaded) and the model band (dotted), the named settings marked."""
+    import matplotlib.pyplot as plt
+
+    from bench.results.plots import save_figure
+
+    fig, all_axes = plt.subplots(
+        1, 3, figsize=(14, 4.4), gridspec_kw={"width_ratios": [1, 1, 0.32]}
+    )
+    axes, legend_ax = all_axes[:2], all_axes[2]
+    axes[1].sharey(axes[0])
+    named = named_ratios()
+    for ax, role in zip(axes, ("dense", "best peer"), strict=True):
+        d = df[df["vs_role"] == role]
+        for g, dg in d.groupby("group", sort=False):
+            dg = dg.sort_values("ratio")
+            c = COLOURS.get(str(dg["comm"].iloc[0]), "k")
+            lw = 2.2 if dg["comm"].iloc[0] in ("hitopk", "mstopk") else 1.2
+            n = int(dg["n_seeds"].iloc[0])
+            ax.plot(dg["ratio"], dg["speedup"], color=c, lw=lw, label=f"{g} (n = {n} seeds)")
+            ax.fill_between(dg["ratio"], dg["ci_low"], dg["ci_high"], color=c, alpha=0.2)
+            for col_ in ("band_low", "band_high"):
+                ax.plot(dg["ratio"], dg[col_], color=c, lw=0.6, ls=":")
+        ax.axhline(1.0, color="k", lw=0.8)
+        for name, r in named.items():
+            if name != "paper-fp16":  # the same point as paper
+                ax.axvline(r, color="k", lw=0.5, ls="--")
+                ax.annotate(name, (r, 0.02), xycoords=("data", "axes fraction"), fontsize=7)
+        ax.set_xscale("log")
+        ax.set_xlabel("dense fp32 communication / compute per step (paper's 16 x 8 V100)")
+        ax.set_title(
+            f"against {role}" + (" (fastest peer at each ratio)" if role != "dense" else "")
+        )
+        ax.grid(alpha=0.3, which="both")
+    axes[0].set_ylabel("speedup in time to target (x, > 1 is sooner)")
+    seen: dict[str, Any] = {}  # one entry per configuration, from both panels
+    for ax in axes:
+        for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            seen.setdefault(label, h)
+    handles, labels = list(seen.values()), list(seen)
+    legend_ax.axis("off")  # the legend's own panel: it covers no data
+    legend_ax.legend(handles, labels, loc="center left", fontsize=8, frameon=False)
+    fig.suptitle(
+        title + "\nshaded: 95 % bootstrap over seeds; dotted: the model's band", fontsize=9
+    )
+    return save_figure(fig, path)
+
+
+GRID = tuple(round(10 ** (x / 8), 3) for x in range(-8, 9))  # 0.1 .. 10, log-spaced
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m bench.sweeps.ratios``: the composition on a results directory's records."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m bench.sweeps.ratios", description=__doc__)
+    ap.add_argument("--results-dir", default="results", help="where runs.jsonl is")
+    ap.add_argument("--experiment", help="only records of this experiment")
+    ap.add_argument("--profile", help="only records run on this cluster profile (e.g. paper)")
+    ap.add_argument("--sweep", help="only records of this sweep (the record's queue id)")
+    ap.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples")
+    ap.add_argument("--figure", help="also draw speedup against ratio to this PNG")
+    a = ap.parse_args(argv)
+
+    def select(r: Mapping[str, Any]) -> bool:
+        return (
+            (a.experiment is None or r.get("experiment") == a.experiment)
+            and (a.profile is None or (r.get("cluster_profile") or {}).get("profile") == a.profile)
+            and (a.sweep is None or (r.get("queue") or {}).get("id") == a.sweep)
+        )
+
+    runs, skipped = load_runs(a.results_dir, select)
+    if not runs:
+        raise SystemExit(f"error: no usable records in {a.results_dir} ({len(skipped)} left out)")
+    named = named_ratios()
+    grid = sorted(set(GRID) | set(named.values()))
+    df = compose(runs, grid, n_boot=a.n_boot)
+    show = df[df["ratio"].isin(named.values())]
+    cols = ["ratio", "group", "vs", "speedup", "ci_low", "ci_high", "band_low", "band_high"]
+    print(f"{len(runs)} runs ({len(skipped)} left out); named settings on the axis:")
+    print("  " + ", ".join(f"{k} {v:.2f}" for k, v in named.items()))
+    print(show[cols + ["n_reached", "n_runs"]].round(3).to_string(index=False))
+    print(stops_winning(df).round(3).to_string(index=False))
+    print(end_to_end_check(runs).round(3).to_string(index=False))
+    if a.figure:
+        what = " ".join(x for x in (a.experiment, a.profile and f"profile {a.profile}") if x)
+        title = f"time to target across ratios: {what or a.results_dir}"
+        print(f"figure: {plot(df, a.figure, title)}")
+
+
+if __name__ == "__main__":
+    main()
