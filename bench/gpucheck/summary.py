@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from bench.benchmarks import load_all
 from bench.results.paths import bench_csv
 
 BENCH_OF_STEP = {
@@ -57,32 +58,11 @@ def _last_line(log: Path) -> str:
     return lines[-1][:200] if lines else "no output"
 
 
-def _topk(df: pd.DataFrame) -> str:
-    parts = []
-    for (n, d), g in df[df["input"] == "gaussian"].groupby(["numel", "density"]):
-        g = g.set_index("method")
-        ms = g[g.index.str.startswith("mstopk-")]
-        if "torch.topk" not in g.index or ms.empty:
-            continue
-        best = ms["median_ms"].idxmin()
-        cov = ms.loc[best, "coverage"]
-        parts.append(
-            f"{n / 1e6:g}M d={d:g}: topk {g.loc['torch.topk', 'median_ms']:.2f} ms, "
-            f"{best} {ms.loc[best, 'median_ms']:.2f} ms (cov {cov:.4f})"
-        )
-    return "; ".join(parts)
-
-
-def _update(df: pd.DataFrame) -> str:
-    parts = []
-    for (model, opt), g in df.groupby(["model", "optimizer"], sort=False):
-        g = g[g["variant"].fillna("") == ""].set_index("mode")
-        if "flat" in g.index and "fused" in g.index:
-            parts.append(
-                f"{model} {opt}: flat {g.loc['flat', 'median_ms']:.2f} ms vs fused "
-                f"{g.loc['fused', 'median_ms']:.2f} ms"
-            )
-    return "; ".join(parts)
+def _spec_headline(name: str, df: pd.DataFrame) -> str:
+    """The benchmark's own headline of the rows this step added: one definition of what
+    a top-k or update result says (strongest baseline of the same run first)."""
+    spec = load_all().get(name)
+    return "; ".join(spec.headline(df)) if spec.headline is not None else ""
 
 
 def _images(df: pd.DataFrame, key: str) -> str:
@@ -159,10 +139,8 @@ def headline(step: str, results_dir: str, before: dict[str, int], log: Path) -> 
             df = _new_rows(results_dir, BENCH_OF_STEP[step], before)
             if df.empty:
                 text = ""
-            elif step == "topk":
-                text = _topk(df)
-            elif step == "update-bench":
-                text = _update(df)
+            elif step in ("topk", "update-bench"):
+                text = _spec_headline(BENCH_OF_STEP[step], df)
             elif step == "throughput":
                 text = _throughput(df)
             else:
