@@ -170,6 +170,7 @@ def save(s: TrainState, barrier: Callable[[], None]) -> Path:
             "status": s.status,
             "saved_at": time.time(),
             "curve": s.curve,
+            "evals": s.evals,  # sub-epoch evaluations so far (train.eval_every_steps)
         }
         _atomic_json(manifest, d.with_suffix(".json"))
         for old in sorted(root.glob("epoch-*.json"))[: -max(1, cfg.train.keep_checkpoints)]:
@@ -201,6 +202,7 @@ def load(s: TrainState, manifest: Mapping[str, Any]) -> None:
     set_rng_state(mine["rng"], s.device)
     s.clock.load_state_dict({"elapsed": manifest["train_time_s"]})
     s.curve = [dict(r) for r in manifest["curve"]]
+    s.evals = [dict(e) for e in manifest.get("evals", [])]  # older checkpoints have none
     s.epoch, s.step, s.status = manifest["epoch"], manifest["step"], manifest["status"]
 
 
