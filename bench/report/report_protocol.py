@@ -91,7 +91,7 @@ def protocol_section(paths: list[Path], base: Path) -> list[str]:
         tuning = p.with_name(f"{p.stem}{TUNING_SUFFIX}.csv")
         if tuning.exists():
             t = pd.read_csv(tuning)
-            t = t[["comm", "trial", "overrides", "n_runs", "n_reached", "median_time_s",
-                   "selected"]].fillna("")  # fmt: skip
+            cols = ["comm", "trial", "overrides", "n_runs", "n_reached", "median_time_s"]
+            t = t[[*cols, "selected"]].astype(object).where(t.notna(), "")
             out += [f"Its tuning trials (`{tuning.name}`):", "", *_md(t), ""]
     return out
