@@ -263,3 +263,13 @@ def test_the_report_shows_a_protocol_sweep_with_its_intervals_and_trials(tmp_pat
     assert "| hitopk | d0.01-warmup | 5/5 | 12.0 [" in text and "| faster |" in text
     assert f"`{SWEEP}-tuning.csv`" in text and "| hitopk | d0.01-warmup |" in text
     assert protocol_section([d / "grid-sweep.csv"], tmp_path)[0].startswith("No protocol sweep")
+
+
+def test_tuning_runs_never_enter_the_reports_comparison(tmp_path: Path) -> None:
+    from bench.report.figures_data import config_stats, run_table
+
+    recs = [_rec("t1", "dense", "default", 1000, 1.0)] + [
+        _rec(f"e{s}", "dense", "default", s, 10.0 + s, role="eval") for s in range(2)
+    ]
+    (row,) = config_stats(run_table(recs, tmp_path)).itertuples()
+    assert row.n_runs == 2 and row.tt_mean == pytest.approx(10.5) and "t1" not in row.run_ids
