@@ -52,6 +52,9 @@ class TrainConfig:
     amp: Amp = Amp.auto
     max_steps_per_epoch: int = 0  # > 0 truncates epochs (smoke tests, throughput runs)
     eval_every: int = 1  # evaluate every N epochs (and always after the last)
+    # > 0: also evaluate after every N-th optimizer step inside an epoch, so that time to
+    # target is resolved to N steps, not to an epoch (the evaluations are not training time)
+    eval_every_steps: int = 0
     progress: bool = True  # progress bar on rank 0
     device: Device = Device.auto
     time_phases: bool = True  # on CUDA, synchronise at phase boundaries to attribute step time
@@ -72,6 +75,13 @@ class ResultsConfig:
     author_email: str = "unknown"
     cost_per_hour: float | None = None
     sweep_id: str = ""  # set by `reproduce ablation|scaling`: the sweep this run belongs to
+    # set by the tuning protocol (bench.sweeps.protocol), stored as the record's `protocol`:
+    # its name ("" = not a protocol run), the run's role (tune | eval), the trial's label
+    # and whether the trial was the one carried forward when the run was launched
+    protocol: str = ""
+    protocol_role: str = ""
+    protocol_trial: str = ""
+    protocol_selected: bool = False
 
 
 @dataclass

@@ -141,12 +141,18 @@ def test_dry_run_runs_nothing(
     monkeypatch.setattr(common, "run_queued", no_run)
     res = tmp_path / "res"
     argv = ["--quick", "--dry-run", "--cluster", "local", "--results-dir", str(res)]
-    cli.main(argv)
+    cli.main([*argv, "--grid"])
     out = capsys.readouterr().out
     assert "2 jobs" in out and "comm=dense" in out and "comm=hitopk" in out
     assert "job 1: python -m reproduce train experiment=dawnbench_digits cluster=local" in out
     assert not res.exists()  # nothing recorded, no directory made
-    grid = ["--comm", "dense", "--seeds", "2", "--cluster", "local"]
+    # the default: the protocol, its tuning runs listed, nothing run or written
+    cli.main(argv)
+    out = capsys.readouterr().out
+    assert "protocol equal-budget-v1" in out and "2 tuning runs" in out
+    assert "results.protocol_role=tune" in out and "comm=hitopk" in out
+    assert not res.exists()
+    grid = ["--grid", "--comm", "dense", "--seeds", "2", "--cluster", "local"]
     cli.main(["--dry-run", *grid, "--results-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert f"{1 * 2 * 2 * 2} jobs" in out and "train.seed=1" in out
@@ -159,9 +165,12 @@ def test_dry_run_runs_nothing(
     [
         (["--comm", "dense,gzip"], "unknown comm 'gzip'; known: dense, fp16, powersgd"),
         (["--experiment", "nope"], "unknown experiment 'nope'; known: dawnbench_cifar10"),
-        (["--cache", "ssd"], "unknown cache 'ssd'"),
-        (["--update", "fast"], "unknown update 'fast'"),
+        (["--grid", "--cache", "ssd"], "unknown cache 'ssd'"),
+        (["--grid", "--update", "fast"], "unknown update 'fast'"),
+        (["--cache", "none"], "--cache and --update narrow the --grid sweep only"),
         (["--seeds", "0"], "--seeds must be >= 1"),
+        (["--grid", "--seeds", "0"], "--seeds must be >= 1"),
+        (["--workload", "audio"], "unknown workload 'audio'; known: image, translation"),
         (["--seeds", "two"], "invalid int value"),
         (["optim.learning_rate=1"], "learning_rate"),
     ],
@@ -178,7 +187,7 @@ def test_bad_input_exits_2_with_one_line(
 
 @pytest.mark.slow
 def test_quick_ablation_trains_and_tabulates(tmp_path: Path) -> None:
-    """The real thing, tiny: 2 jobs, each a recorded run."""
+    """The real thing, tiny: the quick protocol's 4 jobs, each a recorded run."""
     tiny = [o for o in TINY if not o.startswith("train.progress")]
     p = run_cli(
         "ablation", "--quick", "--cluster", "local", "--results-dir", str(tmp_path),
@@ -186,12 +195,17 @@ def test_quick_ablation_trains_and_tabulates(tmp_path: Path) -> None:
         timeout=600,
     )  # fmt: skip
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    (csv,) = (tmp_path / "ablation").glob("*.csv")
-    df = pd.read_csv(csv)
+    (plan,) = (tmp_path / "ablation").glob("*.plan.json")
+    sweep = plan.name.removesuffix(".plan.json")
+    df = pd.read_csv(tmp_path / "ablation" / f"{sweep}.csv")
     assert sorted(df["comm"]) == ["dense", "hitopk"] and (df["n_runs"] == 1).all()
+    tuning = pd.read_csv(tmp_path / "ablation" / f"{sweep}-tuning.csv")
+    assert len(tuning[tuning["comm"] == "hitopk"]) == 2 and tuning["selected"].sum() == 2
     recs = [json.loads(x) for x in (tmp_path / "runs.jsonl").read_text().splitlines()]
-    assert {r["config"]["results"]["sweep_id"] for r in recs} == {csv.stem}
+    assert {r["config"]["results"]["sweep_id"] for r in recs} == {sweep}
     assert all(r["nnodes"] == 2 for r in recs)
+    roles = sorted(r["protocol"]["role"] for r in recs)
+    assert roles == ["eval", "eval", "tune", "tune"]  # 2 hitopk trials, then dense and hitopk
 
 
 def test_emulated_cluster_takes_the_paper_profile_when_it_has_one(

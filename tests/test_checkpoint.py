@@ -57,6 +57,7 @@ def _state(tmp_path: Path, update: str, seed: int = 0) -> SimpleNamespace:
         comm=attach(ddp, cfg.comm, steps_per_epoch=4),
         clock=TrainClock(),
         curve=[],
+        evals=[],
         epoch=0,
         step=0,
         status="target_missed",
@@ -81,6 +82,7 @@ def test_a_resumed_state_continues_exactly(tmp_path: Path, update: str) -> None:
     a = _state(tmp_path, update)
     _steps(a, 3)
     a.epoch, a.curve = 1, [{"epoch": 1, "loss/train": 1.5}]
+    a.evals = [{"step": 2, "epoch": 1, "clock/train_s": 4.0, "acc/top1": 0.5}]  # sub-epoch
     a.clock.load_state_dict({"elapsed": 7.0})
     ck.save(a, barrier=lambda: None)
     _steps(a, 3)  # the uninterrupted run goes on
@@ -89,6 +91,7 @@ def test_a_resumed_state_continues_exactly(tmp_path: Path, update: str) -> None:
     assert manifest is not None and manifest["epoch"] == 1
     ck.load(b, manifest)
     assert (b.epoch, b.step, b.clock.elapsed, b.curve) == (1, 3, 7.0, a.curve)
+    assert b.evals == a.evals
     assert b.comm.state.step == 3
     _steps(b, 3)
     for pa, pb in zip(a.model.parameters(), b.model.parameters(), strict=True):

@@ -119,3 +119,26 @@ def test_run_record_is_the_one_schema(tmp_path: Path) -> None:
     done.append(tmp_path)
     (line,) = records.load_records(tmp_path)
     assert tuple(line) == records.RECORD_FIELDS and line["comm_density"] == 1.0
+    assert line["protocol"] is None and line["steps_to_target"] is None  # not a protocol run
+
+
+def test_a_protocol_run_says_what_it_was_for() -> None:
+    from bench.config import Config, to_container
+
+    cfg = Config()
+    cfg.results.protocol, cfg.results.protocol_role = "equal-budget-v1", "eval"
+    cfg.results.protocol_trial, cfg.results.protocol_selected = "d0.01-warmup", True
+    run = {"run_id": records.new_run_id(), "started_at": records.now_iso(), "launch_time": 0.0}
+    rec = records.RunRecord.start(cfg, run, config=to_container(cfg), comm_sparse=True)
+    assert rec.protocol == {
+        "name": "equal-budget-v1",
+        "role": "eval",
+        "trial": "d0.01-warmup",
+        "selected": True,
+    }
+    curve = [{"epoch": 1, "clock/train_s": 2.0, "data/steps": 10, "acc/top1": 0.5}]
+    evals = [{"step": 4, "epoch": 1, "clock/train_s": 0.8, "acc/top1": 0.99}]
+    done = rec.finish(curve, status="ok", train_time_s=2.0, world_size=2, launch_time=0.0,
+                      evals=evals)  # fmt: skip
+    assert (done.time_to_target_s, done.epochs_to_target, done.steps_to_target) == (0.8, 1, 4)
+    assert done.evals == evals

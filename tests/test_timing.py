@@ -42,3 +42,20 @@ def test_clock_excludes_paused_time() -> None:
     clock2 = TrainClock()
     clock2.load_state_dict(clock.state_dict())
     assert clock2.elapsed == t
+
+
+def test_a_sub_epoch_evaluation_resolves_time_to_target_below_an_epoch() -> None:
+    from bench.results.timing import time_to_target_steps
+
+    curve = [
+        {"epoch": 1, "clock/train_s": 10.0, "data/steps": 11, "acc/top1": 0.90},
+        {"epoch": 2, "clock/train_s": 20.0, "data/steps": 11, "acc/top1": 0.985},
+    ]
+    assert time_to_target_steps(curve, [], "top1", 0.98) == (20.0, 2, 22)  # epoch end
+    evals = [  # every 2 steps inside the epochs
+        {"step": 14, "epoch": 2, "clock/train_s": 12.7, "acc/top1": 0.95},
+        {"step": 16, "epoch": 2, "clock/train_s": 14.5, "acc/top1": 0.981},  # the first hit
+        {"step": 18, "epoch": 2, "clock/train_s": 16.4, "acc/top1": 0.99},
+    ]
+    assert time_to_target_steps(curve, evals, "top1", 0.98) == (14.5, 2, 16)
+    assert time_to_target_steps(curve, evals, "top1", 0.999) == (None, None, None)

@@ -253,6 +253,10 @@ class HookSpec:
     hierarchical: bool = False  # uses intra- and inter-node process groups (made by make_hook)
     own_warmup: bool = False  # counts its dense warm-up steps itself (``warmup_steps``)
     validate: Check | None = None  # checks of this method only, before launch and in make_hook
+    # the tuning protocol's search space (bench.sweeps.protocol): trial label -> CommConfig
+    # field values; one entry: nothing to tune.  Every tunable method declares as many
+    # trials as the others (tests/test_protocol.py checks it).
+    search_space: tuple[tuple[str, dict[str, Any]], ...] = (("default", {}),)
 
 
 #: hook name -> :class:`HookSpec`
@@ -304,17 +308,51 @@ def _two_nodes(opts: HookOptions, world_size: int, nnodes: int) -> None:
     check_hierarchical(nnodes)
 
 
+# the sparse methods' warm-up schedule: per-epoch densities after which the final density
+# repeats (the schedule the committed sweeps used, ending at the trial's final density)
+WARMUP_SCHEDULE = (0.1, 0.05, 0.03)
+
+
+def _sparse_space() -> tuple[tuple[str, dict[str, Any]], ...]:
+    """density schedule {none, warm-up} x final density {0.01, 0.001}: 4 trials."""
+    out = []
+    for d in (0.01, 0.001):
+        out.append((f"d{d:g}", {"density": d, "density_schedule": []}))
+        out.append((f"d{d:g}-warmup", {"density": d, "density_schedule": [*WARMUP_SCHEDULE, d]}))
+    return tuple(out)
+
+
+# PowerSGD: rank {4, 8} x start {step 2, after one dense epoch}.  One epoch is the "about
+# 10 % of the steps to target" of torch's guidance on the embedded tasks (6-8 epochs to
+# target on digits, 12-16 % of them); warmup_epochs x steps per epoch is its start step.
+_POWERSGD_SPACE = tuple(
+    (f"rank{r}-start{'1ep' if w else '2'}", {"powersgd_rank": r, "warmup_epochs": w})
+    for r in (4, 8)
+    for w in (0, 1)
+)
+
+
 for _spec in (
     HookSpec("dense", _reducer("dense", "allreduce"), sparse=False),
     HookSpec("fp16", _reducer("fp16", "allreduce"), sparse=False),
     HookSpec("bf16", _reducer("bf16", "allreduce"), sparse=False),
-    HookSpec("topk", _reducer("topk", "allgather"), sparse=True),
-    HookSpec("mstopk", _reducer("mstopk", "allgather"), sparse=True),
-    HookSpec("randomk", _reducer("randomk", "allgather"), sparse=True),
-    HookSpec(
-        "hitopk", _reducer(None, "hitopk"), sparse=True, hierarchical=True, validate=_two_nodes
+    # dense, fp16, bf16: nothing to tune that moves the trajectory (the bucket size changes
+    # step time only, and the embedded models fit one 25 MB bucket): one trial
+    *(
+        HookSpec(n, _reducer(n, "allgather"), sparse=True, search_space=_sparse_space())
+        for n in ("topk", "mstopk", "randomk")
     ),
-    HookSpec("powersgd", _build_powersgd, sparse=False, own_warmup=True),
+    HookSpec(
+        "hitopk",
+        _reducer(None, "hitopk"),
+        sparse=True,
+        hierarchical=True,
+        validate=_two_nodes,
+        search_space=_sparse_space(),
+    ),
+    HookSpec(
+        "powersgd", _build_powersgd, sparse=False, own_warmup=True, search_space=_POWERSGD_SPACE
+    ),
 ):
     HOOKS.register(_spec.name)(_spec)
 

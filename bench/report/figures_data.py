@@ -174,6 +174,9 @@ def _row(r: dict[str, Any], results_dir: Path) -> dict[str, Any]:
         "status": status,
         "trained": status in OUTCOMES,
         "reached": status in OUTCOMES and tt is not None,
+        # a tuning-protocol run's role: "tune" runs chose a configuration and are never
+        # among the reported numbers (bench.report.report_protocol shows them)
+        "protocol_role": str((r.get("protocol") or {}).get("role") or ""),
         "time_to_target_s": tt,
         "epochs_to_target": num(r.get("epochs_to_target")),
         "train_time_s": num(r.get("train_time_s")),
@@ -203,6 +206,8 @@ def config_stats(runs: pd.DataFrame) -> pd.DataFrame:
     """Per group and configuration: runs that trained, runs that reached the target, and the
     mean and standard deviation (over seeds) of the time to target of those that reached it."""
     trained = runs[runs["trained"]]
+    if "protocol_role" in trained:
+        trained = trained[trained["protocol_role"] != "tune"]
     rows = []
     for key, g in trained.groupby(GROUP + CONFIG, sort=True):
         tt = g.loc[g["reached"], "time_to_target_s"].astype(float)

@@ -18,6 +18,7 @@ from bench.report.figures_data import OURS, PEERS, Inputs, config_stats, speedup
 from bench.report.figures_plan import Figure
 from bench.report.report_claims import BENCH_CLAIMS, RECORDS, SPEEDUP_CLAIM
 from bench.report.report_commands import CommandMaker
+from bench.report.report_protocol import is_protocol, protocol_section
 from bench.report.report_tables import comparison_section, fmt_s, recipe_command, unrun_experiments
 from bench.sweeps import ablation, scaling
 
@@ -291,10 +292,17 @@ def write_report(inputs: Inputs, figs: list[Figure], path: Path, header: str) ->
         "## Figures",
         "",
         *figures_section(figs, base),
+        "## Tuning protocol",
+        "",
+        *protocol_section(inputs.ablation, base),
         "## Ablation",
         "",
         *csv_section(
-            inputs.ablation, ABLATION_COLUMNS, base, "python -m reproduce ablation", inputs.runs
+            [p for p in inputs.ablation if not is_protocol(p)],
+            ABLATION_COLUMNS,
+            base,
+            "python -m reproduce ablation --grid",
+            inputs.runs,
         ),
         "## Scaling",
         "",

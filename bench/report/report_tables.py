@@ -122,7 +122,7 @@ def comparison_section(inputs: Inputs, maker: CommandMaker) -> list[str]:
         out += [
             "The whole comparison over seeds (crossed with the ablation's cache and update "
             "modes, on its own cluster): "
-            f"`python -m reproduce ablation --experiment {exp} --comm {methods} --seeds 3`.",
+            f"`python -m reproduce ablation --grid --experiment {exp} --comm {methods} --seeds 3`.",
             "",
         ]
     return out

@@ -35,7 +35,7 @@ from filelock import FileLock
 from bench.results import columns as col
 from bench.results import safejson, whole
 from bench.results.env import git_sha, hardware, versions
-from bench.results.timing import best_value, time_to_target
+from bench.results.timing import best_value, time_to_target_steps
 
 STATUSES = ("ok", "target_missed", "diverged", "error", "interrupted")
 
@@ -268,6 +268,13 @@ class RunRecord:
     link_check: dict[str, Any] | None = None
     cluster_profile: dict[str, Any] | None = None  # the link profile's measurement and choice
     queue: dict[str, Any] | None = None  # run queue: id, index, size, label (bench.launch.runqueue)
+    # a tuning-protocol run: {"name", "role": "tune" | "eval", "trial", "selected"}
+    # (bench.sweeps.protocol); None outside a protocol
+    protocol: dict[str, Any] | None = None
+    # with train.eval_every_steps: optimizer steps to the first evaluation at or above the
+    # target, and the sub-epoch evaluations (step, training time in s, metrics) behind it
+    steps_to_target: int | None = None
+    evals: list[dict[str, Any]] | None = None
     git_sha: str | None = None
     torch_version: str = ""
     versions: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -316,6 +323,7 @@ class RunRecord:
             attempt=int(run.get("attempt", 1)),
             cluster_profile=run.get("cluster_profile"),
             queue=run.get("queue"),
+            protocol=_protocol(cfg.results),
             git_sha=git_sha(),
             torch_version=torch.__version__,
             versions=versions(),
@@ -331,10 +339,12 @@ class RunRecord:
         train_time_s: float,
         world_size: int,
         launch_time: float,
+        evals: Sequence[Mapping[str, Any]] | None = None,
     ) -> RunRecord:
-        """The outcome, from the per-epoch curve (one truth: nothing is counted twice)."""
+        """The outcome, from the per-epoch curve and the sub-epoch evaluations, if any
+        (one truth: nothing is counted twice)."""
         metric, target = self.target_metric, self.target_value
-        tt, et = time_to_target(curve, metric, target)
+        tt, et, st = time_to_target_steps(curve, evals or (), metric, target)
         samples = sum(r.get(col.SAMPLES, 0) for r in curve)
         tokens = [v for r in curve if (v := r.get(col.TOKENS)) is not None and v == v]
         skipped = [v for r in curve if (v := r.get(col.SKIPPED)) is not None and v == v]
@@ -348,6 +358,8 @@ class RunRecord:
             best_value=best_value(curve, metric),
             time_to_target_s=tt,
             epochs_to_target=et,
+            steps_to_target=st,
+            evals=[dict(e) for e in evals] if evals else None,
             epochs_run=len(curve),
             images_skipped=int(sum(skipped)) if skipped else None,
             train_time_s=train_time_s,
@@ -370,6 +382,18 @@ class RunRecord:
 
     def append(self, results_dir: str | Path) -> Path:
         return append_record(results_dir, self.to_dict())
+
+
+def _protocol(results: Any) -> dict[str, Any] | None:
+    """The record's ``protocol`` field from the results config (None outside a protocol)."""
+    if not getattr(results, "protocol", ""):
+        return None
+    return {
+        "name": results.protocol,
+        "role": results.protocol_role,
+        "trial": results.protocol_trial,
+        "selected": bool(results.protocol_selected),
+    }
 
 
 # The fields every record carries (RunRecord's, in order).

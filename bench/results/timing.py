@@ -5,17 +5,21 @@ last training step, including data loading and preprocessing, gradient communica
 the optimizer update; it excludes start-up (process launch, model build, data set
 indexing) and every evaluation.  *Time-to-target* is the training time at the end of the
 first epoch whose held-out evaluation is at or above the target; *epochs to target* is
-that epoch's number (1-based).
+that epoch's number (1-based).  With sub-epoch evaluations (``train.eval_every_steps``),
+time to target is the training time at the first evaluation, after an epoch or after
+a step inside one, at or above the target: it is then resolved to that many optimizer
+steps; *steps to target* counts the optimizer steps up to it, and epochs to target is the
+epoch it fell in.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from bench.results.columns import EPOCH, TRAIN_TIME, metric_column, normalise
+from bench.results.columns import EPOCH, STEPS, TRAIN_TIME, metric_column, normalise
 
 
 class TrainClock:
@@ -79,6 +83,32 @@ def time_to_target(
         if reached(v, target):
             return float(row[TRAIN_TIME]), int(row[EPOCH])
     return None, None
+
+
+def time_to_target_steps(
+    curve: Sequence[Mapping[str, Any]],
+    evals: Iterable[Mapping[str, Any]],
+    metric: str,
+    target: float,
+) -> tuple[float | None, int | None, int | None]:
+    """(training time in s, epoch, optimizer steps) at the first evaluation at or above
+    ``target``, of the per-epoch ``curve`` and the sub-epoch ``evals`` together
+    (rows ``{"step", "epoch", TRAIN_TIME, <metric column>}``, ``step`` counted from the
+    run's start, ``epoch`` 1-based); (None, None, None) if none reached it."""
+    points: list[tuple[float, int, int | None]] = []
+    steps = 0
+    for raw in curve:
+        row = normalise(raw)
+        steps += int(row.get(STEPS) or 0)
+        v = row.get(metric_column(metric))
+        if v is not None and reached(float(v), target):
+            points.append((float(row[TRAIN_TIME]), int(row[EPOCH]), steps or None))
+    for v, row in _metric_values(evals, metric):
+        if reached(v, target):
+            points.append((float(row[TRAIN_TIME]), int(row[EPOCH]), int(row["step"])))
+    if not points:
+        return None, None, None
+    return min(points, key=lambda p: p[0])
 
 
 def best_value(curve: Iterable[Mapping[str, Any]], metric: str) -> float | None:

@@ -199,4 +199,5 @@ def run_queued(jobs: Sequence[Sequence[str]], sweep_dir: str | Path, experiment:
 
 # the overrides that tell the jobs of a sweep apart, shown as each queued run starts
 LABEL_KEYS = ("comm", "cache", "optim.update", "train.seed", "cluster.nnodes",
-              "cluster.nproc_per_node")  # fmt: skip
+              "cluster.nproc_per_node", "results.protocol_role",
+              "results.protocol_trial")  # fmt: skip

@@ -197,6 +197,7 @@ def save(s: TrainState, barrier: Callable[[], None]) -> Path:
             "saved_at": time.time(),
             "curve": s.curve,
             "files": shard_sizes(d),  # every rank's shard is in place (the barrier)
+            "evals": s.evals,  # sub-epoch evaluations so far (train.eval_every_steps)
         }
         _atomic_json(manifest, d.with_suffix(".json"))
         for old in sorted(root.glob("epoch-*.json"))[: -max(1, cfg.train.keep_checkpoints)]:
@@ -229,6 +230,7 @@ def load(s: TrainState, manifest: Mapping[str, Any]) -> None:
     set_rng_state(mine["rng"], s.device)
     s.clock.load_state_dict({"elapsed": manifest["train_time_s"]})
     s.curve = [dict(r) for r in manifest["curve"]]
+    s.evals = [dict(e) for e in manifest.get("evals", [])]  # older checkpoints have none
     s.epoch, s.step, s.status = manifest["epoch"], manifest["step"], manifest["status"]
 
 

@@ -47,6 +47,8 @@ from bench.results.timing import TrainClock, reached
 from bench.train import checkpoint, runtime
 from bench.train import checkpoint as ck
 from bench.train.checkpoint import resume
+from bench.train.console import table_header, table_row
+from bench.train.step_eval import step_eval_due, step_evaluate
 from bench.train.workload import WORKLOADS
 
 
@@ -82,6 +84,8 @@ class TrainState:
     step: int = 0  # optimizer steps completed
     status: str = "target_missed"
     diverged_at: dict[str, Any] | None = None  # step, epoch and place of the first NaN/Inf
+    # sub-epoch evaluations (train.eval_every_steps): step, epoch, training time, metrics
+    evals: list[dict[str, Any]] = field(default_factory=list)
     mllog: RunLog = field(default_factory=lambda: RunLog(None))  # rank 0's MLPerf log
 
 
@@ -223,7 +227,8 @@ def train_epoch(s: TrainState) -> dict[str, Any]:
     s.timer.restart()
     it = iter(loader)
     steps = 0
-    for _ in range(s.steps):
+    eval_s = 0.0  # sub-epoch evaluations: wall time inside the epoch, not training time
+    for i in range(s.steps):
         batch = next(it)
         s.timer.mark("data")
         out = train_step(s, batch)
@@ -234,11 +239,27 @@ def train_epoch(s: TrainState) -> dict[str, Any]:
         samples += len(batch[1])
         steps += 1
         bar.update(1)
+        if step_eval_due(s, last=i == s.steps - 1):
+            dt, hit = step_evaluate(s)
+            eval_s += dt
+            if hit and s.cfg.train.stop_at_target:
+                break  # every rank: the metrics are reduced, so all stop at this step
     del it
-    epoch_s = time.perf_counter() - t0
+    epoch_s = time.perf_counter() - t0 - eval_s
     s.clock.pause()
     bar.close()
-    stats = loader.epoch_stats()
+    return _epoch_row(s, loader.epoch_stats(), sums, samples, steps, epoch_s)
+
+
+def _epoch_row(
+    s: TrainState,
+    stats: dict[str, Any],
+    sums: torch.Tensor,
+    samples: int,
+    steps: int,
+    epoch_s: float,
+) -> dict[str, Any]:
+    """The epoch's curve columns: this rank's loader counts, every worker's totals."""
     # token-batched loaders also count source + target tokens (this rank's; summed below)
     tokens = stats.get(RANK_TOKENS)
     extra = [] if tokens is None else [float(tokens)]
@@ -305,7 +326,7 @@ def end_epoch(
     s.curve.append(row)
     s.epoch += 1
     if s.rank == 0:
-        print(_table_row(s, row), flush=True)
+        print(table_row(s, row), flush=True)
         records.write_curve(s.cfg.results.dir, s.run["run_id"], s.curve, extend=True)
     check = s.cfg.train.nan_check != "off"
     if s.status == "diverged" or (check and not math.isfinite(row[col.TRAIN_LOSS])):
@@ -317,7 +338,9 @@ def end_epoch(
         s.status = "diverged"
         s.diverged_at = {"step": s.step, "epoch": s.epoch, "where": "loss", "reason": grown}
         return False
-    if reached(evaluated.get(col.metric_column(metric)), target):
+    mcol = col.metric_column(metric)
+    fine = any(reached(e.get(mcol), target) for e in s.evals if e[col.EPOCH] == s.epoch)
+    if fine or reached(evaluated.get(mcol), target):
         s.status = "ok"
         if s.cfg.train.stop_at_target:
             return False
@@ -361,6 +384,7 @@ def write_outputs(s: TrainState) -> records.RunRecord:
         train_time_s=s.clock.elapsed,
         world_size=s.world,
         launch_time=s.run["launch_time"],
+        evals=s.evals,
     )
     _outcome(s, rec)
     link = os.environ.get("BENCH_LINK_CHECK")
@@ -414,33 +438,6 @@ def _plot(s: TrainState, rec: records.RunRecord) -> Path:
     )
 
 
-def _columns(s: TrainState) -> list[tuple[str, str, int, str, float]]:
-    """The per-epoch table: (header, curve column, width, format, scale)."""
-    metrics = [m for m in s.workload.metrics if m != "loss"]
-    return [
-        ("epoch", col.EPOCH, 5, "d", 1),
-        ("lr", col.LR, 8, ".4f", 1),
-        ("train_loss", col.TRAIN_LOSS, 10, ".4f", 1),
-        ("train_top1", col.TRAIN_TOP1, 9, ".2f", 100),
-        *[(f"{m}%", col.metric_column(m), 8, ".2f", 100) for m in metrics],
-        ("train_s", col.TRAIN_TIME, 10, ".2f", 1),
-        ("epoch_s", col.EPOCH_TIME, 8, ".2f", 1),
-        ("samples/s", col.THROUGHPUT, 9, ".1f", 1),
-        ("data%", col.DATA_SHARE, 6, ".1f", 100),
-    ]
-
-
-def _table_row(s: TrainState, row: dict[str, Any]) -> str:
-    return " ".join(
-        format(row[key] * scale if scale != 1 else row[key], f">{w}{fmt}")
-        for _, key, w, fmt, scale in _columns(s)
-    )
-
-
-def _table_header(s: TrainState) -> str:
-    return " ".join(f"{name:>{w}}" for name, _, w, _, _ in _columns(s))
-
-
 def train(payload: dict[str, Any], leave_group: bool = True) -> dict[str, Any] | None:
     """Run one training job in this worker; rank 0 returns (and writes) the record."""
 
@@ -455,7 +452,7 @@ def train(payload: dict[str, Any], leave_group: bool = True) -> dict[str, Any] |
             f"target {cfg.train.target_metric} >= {cfg.train.target_value}",
             flush=True,
         )
-        print(_table_header(s), flush=True)
+        print(table_header(s), flush=True)
     if dist.is_initialized():
         dist.barrier()
     stopped = s.status == "ok" and cfg.train.stop_at_target  # resumed from the last checkpoint

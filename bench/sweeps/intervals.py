@@ -1,0 +1,124 @@
+"""Intervals over seeds for the tuning protocol's table (:mod:`bench.sweeps.protocol`).
+
+A run's time to target is *censored* when it missed the target (status ``target_missed``,
+``diverged`` or ``error``): it is counted at the budget ``B`` (:func:`budget_s`, the
+longest training time any run of the sweep recorded, i.e. at least the time a run takes
+to exhaust the epoch budget), never dropped.  ``B`` is a lower bound of the missed run's
+true time, so a configuration with misses is shown *faster* than it is: its row's
+``n_reached < n_runs`` says so, and a win by such a row is an upper bound of the truth.
+
+Intervals are percentile bootstraps (``scipy.stats.bootstrap``, 95 %, 9,999 resamples of
+the seeds, a fixed generator seed so a table is rebuilt identically): of the mean time to
+target, and of the ratio ``mean(reference) / mean(configuration)`` (> 1: the
+configuration reaches the target sooner).  When both sides ran the same seeds the
+resamples are paired by seed (a seed fixes the initialisation and data order of every
+method, so pairing removes that shared variation); otherwise the two sides are resampled
+independently.  The percentile method is used rather than BCa because BCa is undefined on
+the degenerate samples a 5-seed table can hold (every seed at the same time, or every run
+censored); with n = 5 a percentile interval is somewhat too narrow, which is why a win is
+only called when the whole interval lies on one side of 1.0 (:func:`verdict`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+CONFIDENCE = 0.95
+N_RESAMPLES = 9999
+RNG_SEED = 0  # the bootstrap's generator: a table rebuilt from the same records is the same
+REACHED = ("ok",)  # statuses whose time to target counts as measured
+
+
+def budget_s(records: Sequence[Mapping[str, Any]]) -> float:
+    """``B`` in s: the longest training time (or time to target) recorded by any run of
+    ``records``; NaN when none recorded one."""
+    vals = [
+        float(v)
+        for r in records
+        for v in (r.get("train_time_s"), r.get("time_to_target_s"))
+        if v is not None
+    ]
+    return max(vals) if vals else math.nan
+
+
+def censored_time(rec: Mapping[str, Any], budget: float) -> float:
+    """A run's time to target in s, or ``budget`` when it missed the target."""
+    t = rec.get("time_to_target_s")
+    return float(t) if t is not None else float(budget)
+
+
+def _mean(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.mean(x, axis=axis)
+
+
+def mean_interval(x: Sequence[float]) -> tuple[float, float, float]:
+    """(mean, low, high) of ``x``: the 95 % percentile-bootstrap interval of the mean;
+    NaN bounds below 2 values."""
+    a = np.asarray(x, dtype=float)
+    if a.size == 0:
+        return math.nan, math.nan, math.nan
+    m = float(a.mean())
+    if a.size < 2:
+        return m, math.nan, math.nan
+    if np.all(a == a[0]):  # every resample has the same mean
+        return m, m, m
+    res = stats.bootstrap(
+        (a,),
+        _mean,
+        confidence_level=CONFIDENCE,
+        n_resamples=N_RESAMPLES,
+        method="percentile",
+        rng=np.random.default_rng(RNG_SEED),
+    )
+    ci = res.confidence_interval
+    return m, float(ci.low), float(ci.high)
+
+
+def _ratio(ref: np.ndarray, other: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.mean(ref, axis=axis) / np.mean(other, axis=axis)
+
+
+def ratio_interval(
+    ref: Sequence[float], other: Sequence[float], paired: bool
+) -> tuple[float, float, float]:
+    """(mean(ref) / mean(other), low, high): the ratio of mean times (a speedup of
+    ``other`` over ``ref``) and its 95 % percentile-bootstrap interval, resampled by
+    seed (``paired``: ``ref[i]`` and ``other[i]`` are the same seed).  NaN bounds below
+    2 values on either side."""
+    a, b = np.asarray(ref, dtype=float), np.asarray(other, dtype=float)
+    if a.size == 0 or b.size == 0 or not (a.mean() > 0 and b.mean() > 0):
+        return math.nan, math.nan, math.nan
+    r = float(a.mean() / b.mean())
+    if a.size < 2 or b.size < 2:
+        return r, math.nan, math.nan
+    if paired and a.size != b.size:
+        raise ValueError(f"paired samples differ in size: {a.size} and {b.size}")
+    if np.all(a == a[0]) and np.all(b == b[0]):
+        return r, r, r
+    res = stats.bootstrap(
+        (a, b),
+        _ratio,
+        paired=paired,
+        confidence_level=CONFIDENCE,
+        n_resamples=N_RESAMPLES,
+        method="percentile",
+        rng=np.random.default_rng(RNG_SEED),
+    )
+    ci = res.confidence_interval
+    return r, float(ci.low), float(ci.high)
+
+
+def verdict(low: float, high: float, n: int) -> str:
+    """``faster`` / ``slower`` when the ratio's interval excludes 1.0, else
+    ``no difference measurable at n = N`` (N: seeds on the smaller side)."""
+    if low == low and high == high:  # not NaN
+        if low > 1.0:
+            return "faster"
+        if high < 1.0:
+            return "slower"
+    return f"no difference measurable at n = {n}"

@@ -1,0 +1,349 @@
+"""The tuning protocol: the same tuning budget for every method, then fresh seeds.
+
+Modelled on AlgoPerf's external-tuning ruleset (a search space per submission, a fixed
+number of trials, the configuration chosen by a rule fixed before any run, then scored
+on independent repetitions):
+
+1. **Search spaces.** Each communication method declares its trials in its registry entry
+   (``HookSpec.search_space`` in ``bench.comm.hooks``): PowerSGD rank {4, 8} x start
+   {step 2, after one dense epoch}; topk, mstopk, hitopk, randomk density schedule {none,
+   warm-up} x final density {0.01, 0.001}; dense, fp16, bf16 nothing (one trial).  Every
+   tunable method has the same number of trials (4).
+2. **Tuning.** Every trial of every tunable method trains on each of :data:`TUNE_SEEDS`,
+   which are never evaluation seeds.  A one-trial method runs no tuning: its only
+   configuration is carried forward.
+3. **Selection rule, fixed in advance** (:func:`select`): per method the trial with the
+   lowest *median* time to target over the tuning seeds, a run that missed the target
+   counted at the budget ``B`` (:func:`bench.sweeps.intervals.budget_s`); ties go to the
+   trial declared first.  Every trial's median, its runs and the choice are written to
+   ``<results>/ablation/<sweep_id>-tuning.csv``.
+4. **Evaluation.** Each method's selected configuration trains on each of
+   :data:`EVAL_SEEDS` (5 by default); the table (:mod:`bench.sweeps.protocol_table`) is
+   built from these runs alone.
+
+Runs go seed-major (every configuration of one seed before the next seed), the order of
+the configurations within a seed shuffled by ``order_seed`` (recorded in the plan), so
+that load drift on a shared machine cannot align with a method.  Every run evaluates
+every :data:`EVAL_EVERY_STEPS` optimizer steps (``train.eval_every_steps``; evaluation
+is not training time), so time to target is resolved to a few steps, not to an epoch.
+Every run's record carries ``protocol`` = {name, role, trial, selected}.
+
+The plan is written to ``<results>/ablation/<sweep_id>.plan.json`` before the first run;
+:func:`pending` compares it with the sweep's records, so an interrupted sweep resumes
+(``python -m reproduce ablation --resume SWEEP_ID``) without redoing any recorded run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from bench.comm import HOOKS
+from bench.registry import ConfigError
+from bench.sweeps.common import check_names, options, sweep_records, validate_jobs
+from bench.sweeps.intervals import budget_s, censored_time
+
+NAME = "equal-budget-v1"  # the protocol's name in every record; change it with the rules
+COMMS = ("dense", "fp16", "powersgd", "topk", "mstopk", "hitopk")
+PAPER_METHODS = ("hitopk", "mstopk")  # the paper's; every other method is a peer
+TUNE_SEEDS = (1000, 1001)  # tuning only: never an evaluation seed
+EVAL_SEEDS = (0, 1, 2, 3, 4)
+# optimizer steps between evaluations, per workload.  Digits on 2 workers takes 11 steps
+# per epoch, so 2 steps resolve time to target to 0.18 epoch (about 0.6 s of training
+# here) for one evaluation of the 360 held-out images (0.3-0.5 s, not training time);
+# every step would double a run's wall time.  The Transformer takes 154 steps per epoch
+# and one greedy-decoding evaluation costs about 5 s (about 10 steps): every 20 steps
+# is 0.13 epoch, for 40 % more wall time per epoch.
+EVAL_EVERY_STEPS = {"classification": 2, "translation": 20}
+# the workloads the protocol runs on: --workload NAME -> experiment
+WORKLOADS = {"image": "dawnbench_digits", "translation": "transformer_embedded"}
+QUICK = {"comms": ("dense", "hitopk"), "tune_seeds": (1000,), "eval_seeds": (0,), "trials": 2}
+TUNE, EVAL = "tune", "eval"
+# on the local cluster every job runs 2 launcher agents of one worker each (hitopk needs
+# 2 nodes; every method trains on the same topology)
+LOCAL_TOPOLOGY = ("cluster.nnodes=2", "cluster.nproc_per_node=1")
+
+
+def space(comm: str, trials: int | None = None) -> tuple[tuple[str, dict[str, Any]], ...]:
+    """The search space of ``comm``: (trial label, CommConfig field values), in declared
+    order; ``trials`` keeps the first that many (the quick protocol)."""
+    s = tuple(HOOKS.get(comm).search_space)
+    return s[:trials] if trials else s
+
+
+def _value(v: Any) -> str:
+    """A Hydra override value: lists as ``[a,b]``, floats in their shortest form."""
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(_value(x) for x in v) + "]"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return repr(v)
+    return str(v)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One protocol run: its role, method, trial and seed (the key :func:`pending` uses)."""
+
+    role: str
+    comm: str
+    trial: str
+    seed: int
+
+    @property
+    def key(self) -> tuple[str, str, str, int]:
+        return (self.role, self.comm, self.trial, self.seed)
+
+
+@dataclass
+class Plan:
+    """One protocol sweep; :meth:`save` writes it, :meth:`load` reads it back to resume."""
+
+    sweep_id: str
+    experiment: str = "dawnbench_digits"
+    cluster: str = "emulated"
+    comms: Sequence[str] = COMMS
+    tune_seeds: Sequence[int] = TUNE_SEEDS
+    eval_seeds: Sequence[int] = EVAL_SEEDS
+    trials: int | None = None  # None: every trial of each space (QUICK keeps 2)
+    order_seed: int = 0  # shuffles the configurations within each seed
+    eval_every_steps: int = 0  # 0: the workload's EVAL_EVERY_STEPS
+    results_dir: str = "results"
+    cluster_overrides: Sequence[str] = ()
+    extra: Sequence[str] = ()  # further Hydra overrides, applied to every job
+    name: str = NAME
+    notes: list[str] = field(default_factory=list)
+
+    # -- checks -------------------------------------------------------------------------
+    def check(self) -> None:
+        """Names known, seeds disjoint and enough of them (ConfigError otherwise)."""
+        check_names("experiment", [self.experiment], options("experiment"))
+        check_names("cluster", [self.cluster], options("cluster"))
+        known = [*COMMS, *(c for c in HOOKS if c not in COMMS)]
+        check_names("comm", list(self.comms), [c for c in known if c in options("comm")])
+        if not self.eval_seeds or not self.tune_seeds:
+            raise ConfigError("the protocol needs tuning seeds and evaluation seeds")
+        shared = set(self.tune_seeds) & set(self.eval_seeds)
+        if shared:
+            raise ConfigError(f"tuning and evaluation seeds overlap: {sorted(shared)}")
+        if len(set(self.eval_seeds)) != len(self.eval_seeds):
+            raise ConfigError(f"evaluation seeds repeat: {list(self.eval_seeds)}")
+        sizes = {c: len(space(c, self.trials)) for c in self.comms}
+        tuned = {n for n in sizes.values() if n > 1}
+        if len(tuned) > 1:  # every tunable method gets the same budget of trials
+            raise ConfigError(f"unequal numbers of trials: {sizes}")
+
+    def check_jobs(self) -> None:
+        """Every (method, trial) composes and passes the run's own checks."""
+        jobs = [self.overrides(Job(TUNE, c, t, 0)) for c in self.comms for t, _ in self._space(c)]
+        validate_jobs(jobs, self.results_dir)
+
+    # -- jobs ---------------------------------------------------------------------------
+    def _space(self, comm: str) -> tuple[tuple[str, dict[str, Any]], ...]:
+        return space(comm, self.trials)
+
+    def workload(self) -> str:
+        return "translation" if self.experiment == WORKLOADS["translation"] else "classification"
+
+    def every(self) -> int:
+        return self.eval_every_steps or EVAL_EVERY_STEPS[self.workload()]
+
+    def _order(self, items: list[Any], phase: str, seed: int) -> list[Any]:
+        """``items`` shuffled by (order_seed, phase, seed): a recorded, reproducible order."""
+        out = list(items)
+        random.Random(f"{self.order_seed}/{phase}/{seed}").shuffle(out)
+        return out
+
+    def tune_jobs(self) -> list[Job]:
+        """Seed-major: every trial of every tunable method on one tuning seed, shuffled."""
+        trials = [(c, t) for c in self.comms if len(self._space(c)) > 1 for t, _ in self._space(c)]
+        return [
+            Job(TUNE, c, t, s) for s in self.tune_seeds for c, t in self._order(trials, TUNE, s)
+        ]
+
+    def eval_jobs(self, selected: Mapping[str, str]) -> list[Job]:
+        """Seed-major: each method's selected trial on one evaluation seed, shuffled."""
+        return [
+            Job(EVAL, c, selected[c], s)
+            for s in self.eval_seeds
+            for c in self._order(list(self.comms), EVAL, s)
+        ]
+
+    def common_overrides(self) -> list[str]:
+        topo = list(LOCAL_TOPOLOGY) if self.cluster == "local" else []
+        return [
+            f"experiment={self.experiment}",
+            f"cluster={self.cluster}",
+            *topo,
+            *self.cluster_overrides,
+            f"results.dir={self.results_dir}",
+            f"results.sweep_id={self.sweep_id}",
+            "train.progress=false",
+            f"train.eval_every_steps={self.every()}",
+            *self.extra,
+        ]
+
+    def overrides(self, job: Job) -> list[str]:
+        """The Hydra overrides of one job: the trial's comm fields, seed and protocol tags."""
+        values = dict(self._space(job.comm))[job.trial]
+        return [
+            *self.common_overrides(),
+            f"comm={job.comm}",
+            *(f"comm.{k}={_value(v)}" for k, v in values.items()),
+            f"train.seed={job.seed}",
+            f"results.protocol={self.name}",
+            f"results.protocol_role={job.role}",
+            f"results.protocol_trial={job.trial}",
+            f"results.protocol_selected={_value(job.role == EVAL)}",
+        ]
+
+    # -- persistence --------------------------------------------------------------------
+    def path(self) -> Path:
+        return Path(self.results_dir) / "ablation" / f"{self.sweep_id}.plan.json"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.pop("notes")
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+    def save(self) -> Path:
+        """Write the plan before the first run; an existing plan is never replaced."""
+        path = self.path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n"
+        if path.exists() and path.read_text() != text:
+            raise ConfigError(f"{path} exists with another plan; it is not replaced")
+        path.write_text(text)
+        return path
+
+    @classmethod
+    def load(cls, results_dir: str | Path, sweep_id: str) -> Plan:
+        path = Path(results_dir) / "ablation" / f"{sweep_id}.plan.json"
+        if not path.exists():
+            raise ConfigError(f"no protocol plan {path}: not a protocol sweep, or another dir")
+        d = json.loads(path.read_text())
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+# -- records --------------------------------------------------------------------------------
+
+
+def job_of(rec: Mapping[str, Any]) -> Job | None:
+    """The job a record ran, from its ``protocol`` field and seed; None if not a protocol run."""
+    p = rec.get("protocol") or {}
+    if not p.get("role"):
+        return None
+    seed = ((rec.get("config") or {}).get("train") or {}).get("seed")
+    return Job(str(p["role"]), str(rec.get("comm")), str(p.get("trial")), int(seed or 0))
+
+
+def recorded(records: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str, str, int], dict]:
+    """Job key -> its record; an ``interrupted`` run is not recorded (it is run again)."""
+    out: dict[tuple[str, str, str, int], dict] = {}
+    for r in records:
+        j = job_of(r)
+        if j is not None and r.get("status") != "interrupted":
+            out[j.key] = dict(r)
+    return out
+
+
+def pending(jobs: Sequence[Job], records: Sequence[Mapping[str, Any]]) -> list[Job]:
+    """The jobs without a record, in their order: what a resumed sweep still runs."""
+    done = recorded(records)
+    return [j for j in jobs if j.key not in done]
+
+
+def tuning_table(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """One row per (method, trial): its tuning runs, their median time to target with
+    misses at the budget, and whether the rule selects it (:func:`select`)."""
+    runs = [r for r in recorded(records).values() if (r.get("protocol") or {}).get("role") == TUNE]
+    budget = budget_s(runs)
+    rows = []
+    for comm in plan.comms:
+        trials = plan._space(comm)
+        for order, (trial, values) in enumerate(trials):
+            mine = [r for r in runs if r.get("comm") == comm and r["protocol"]["trial"] == trial]
+            times = [censored_time(r, budget) for r in mine]
+            rows.append(
+                {
+                    "sweep_id": plan.sweep_id,
+                    "protocol": plan.name,
+                    "comm": comm,
+                    "trial": trial,
+                    "order": order,
+                    "overrides": " ".join(f"comm.{k}={_value(v)}" for k, v in values.items()),
+                    "n_runs": len(mine),
+                    "n_reached": sum(r.get("time_to_target_s") is not None for r in mine),
+                    "median_time_s": statistics.median(times) if times else math.nan,
+                    "budget_s": budget,
+                    "seeds": " ".join(str(job_of(r).seed) for r in mine),  # type: ignore[union-attr]
+                    "run_ids": " ".join(str(r["run_id"]) for r in mine),
+                    "tuned": len(trials) > 1,
+                }
+            )
+    df = pd.DataFrame(rows)
+    df["selected"] = False
+    for comm, trial in select(df).items():
+        df.loc[(df["comm"] == comm) & (df["trial"] == trial), "selected"] = True
+    return df
+
+
+def select(tuning: pd.DataFrame) -> dict[str, str]:
+    """The rule, fixed in advance: per method, the trial of lowest median time to target
+    (misses at the budget); ties, and a method without tuning runs, go to the trial
+    declared first."""
+    out = {}
+    for comm, g in tuning.groupby("comm", sort=False):
+        g = g.sort_values("order", kind="stable")
+        med = g["median_time_s"].fillna(math.inf)
+        out[str(comm)] = (
+            str(g.loc[med.idxmin(), "trial"]) if med.notna().any() else str(g["trial"].iloc[0])
+        )
+    return out
+
+
+def tuning_complete(plan: Plan, records: Sequence[Mapping[str, Any]]) -> bool:
+    return not pending(plan.tune_jobs(), records)
+
+
+def run(
+    plan: Plan,
+    runner: Callable[[list[list[str]], Path, str], list[int]],
+    sweep_dir: str | Path,
+    write: Callable[[pd.DataFrame, Path], bool],
+    log: Callable[[str], None] = print,
+) -> list[int]:
+    """Tune, select, evaluate; the jobs already recorded are skipped.  ``runner`` is
+    ``common.run_queued`` (one launch of the workers per phase), ``write`` the
+    never-replacing ``common.write_table``.  Returns the exit statuses of the jobs run."""
+    sweep_dir = Path(sweep_dir)
+    rcs: list[int] = []
+    recs = sweep_records(plan.results_dir, plan.sweep_id)
+    todo = pending(plan.tune_jobs(), recs)
+    if todo:
+        log(f"tuning: {len(todo)} of {len(plan.tune_jobs())} runs to go")
+        rcs += runner([plan.overrides(j) for j in todo], sweep_dir / TUNE, plan.experiment)
+        recs = sweep_records(plan.results_dir, plan.sweep_id)
+    if not tuning_complete(plan, recs):
+        raise ConfigError("tuning runs left no record; rerun with --resume " + plan.sweep_id)
+    tuning = tuning_table(plan, recs)
+    path = Path(plan.results_dir) / "ablation" / f"{plan.sweep_id}-tuning.csv"
+    write(tuning, path)
+    chosen = select(tuning)
+    log("selected: " + ", ".join(f"{c} {t}" for c, t in chosen.items()) + f" ({path})")
+    todo = pending(plan.eval_jobs(chosen), recs)
+    if todo:
+        log(f"evaluation: {len(todo)} of {len(plan.eval_jobs(chosen))} runs to go")
+        rcs += runner([plan.overrides(j) for j in todo], sweep_dir / EVAL, plan.experiment)
+    return rcs
