@@ -6,7 +6,7 @@ train`` with the job's Hydra overrides runs, writing its record tagged with the 
 a failed job does not stop the others), trained through a run queue
 (:mod:`bench.launch.runqueue`: the workers are launched once, not once per run), then one table
 per sweep, printed and written to
-``results/ablation/<sweep_id>.csv`` (``bench/sweeps/ablation.py`` says what each column
+``<results-dir>/ablation/<sweep_id>.csv`` (``bench/sweeps/ablation.py`` says what each column
 is).  Trailing ``key=value`` overrides apply to every job.
 """
 
@@ -16,16 +16,23 @@ import argparse
 import sys
 from pathlib import Path
 
-from reproduce._cli import Parser
+from reproduce._cli import RESULTS, Parser
 
 USAGE = """ablation [--experiment E] [--cluster C] [--seeds N] [--comm a,b] [--quick]
            [--dry-run] [--aggregate SWEEP_ID]
                           time to target over comm x cache x update x seeds (training
-                          runs), one table in results/ablation/<sweep_id>.csv"""
+                          runs), one table in runs/ablation/<sweep_id>.csv"""
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = Parser("ablation", description=__doc__)
+    ap = Parser(
+        "ablation",
+        summary="Time to target over communication x cache x update mode x seeds: one "
+        "training run per job, through one run queue, and one table of the sweep "
+        f"({RESULTS}/ablation/<sweep_id>.csv by default).",
+        example="python -m reproduce ablation --quick --cluster local --dry-run",
+        details=__doc__,
+    )
     ap.add_argument("--experiment", default="dawnbench_digits", help="conf/experiment/<E>.yaml")
     ap.add_argument("--cluster", default="emulated", help="local | emulated | multinode")
     ap.add_argument("--seeds", type=int, default=3, help="seeds per configuration")
@@ -35,7 +42,12 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--quick", action="store_true", help="dense and hitopk, 1 seed")
     ap.add_argument("--dry-run", action="store_true", help="print the jobs, run nothing")
     ap.add_argument("--aggregate", metavar="SWEEP_ID", help="rebuild the table from records")
-    ap.add_argument("--results-dir", default="results", help="where the records are")
+    ap.add_argument(
+        "--results-dir",
+        metavar="DIR",
+        default=RESULTS,
+        help=f"where the jobs' records and the table go (default {RESULTS}/, git-ignored)",
+    )
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every job")
     return ap
 
@@ -104,7 +116,7 @@ def main(argv: list[str]) -> None:
     print(f"sweep {plan.sweep_id}: {args.experiment} on cluster {args.cluster}, {len(jobs)} jobs")
     for note in plan.notes:
         print(f"note: {note}")
-    sweep_dir = Path("outputs") / "ablation" / plan.sweep_id
+    sweep_dir = Path(args.results_dir) / "hydra" / "ablation" / plan.sweep_id
     if args.dry_run:
         for i, job in enumerate(jobs):
             print(f"job {i}: python -m reproduce train " + " ".join(job))
