@@ -4,6 +4,7 @@ record exists afterwards (a failed launch still leaves an ``error`` record)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import tempfile
@@ -18,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from bench import comm, data, models, optim
 from bench.cluster import launch as cluster_launch
 from bench.comm import is_sparse
-from bench.config import Config, from_container, to_container, to_object
+from bench.config import Config, ResultsConfig, from_container, to_container, to_object
 from bench.launch import profile
 from bench.registry import ConfigError
 from bench.results import columns as col
@@ -28,11 +29,13 @@ from bench.train import checkpoint as ck
 from bench.train.workload import WORKLOADS
 
 
-def validate(cfg: Config) -> None:
+def validate(cfg: Config, *, create_results: bool = True) -> None:
     """All configuration-time checks, before any worker process starts.
 
     Types and choices were checked when the config was composed; what is left are
-    ranges and checks across groups, each in the package that owns the group.
+    ranges and checks across groups, each in the package that owns the group.  A dry run
+    passes ``create_results=False``: the same checks, but the results directory is only
+    inspected, not made.
     """
 
     cluster_launch.validate(cfg)
@@ -43,7 +46,7 @@ def validate(cfg: Config) -> None:
     optim.validate(cfg.optim)
     comm.validate(cfg.comm, world_size=world, nnodes=cfg.cluster.nnodes)
     _validate_train(cfg)
-    _check_writable(cfg.results.dir)
+    check_results_dir(cfg.results.dir, create=create_results)
     cost = cfg.results.cost_per_hour
     if cost is not None and not cost >= 0:
         raise ConfigError(f"results.cost_per_hour is USD per hour, >= 0; got {cost}")
@@ -91,14 +94,30 @@ def _validate_train(cfg: Config) -> None:
         )
 
 
-def _check_writable(results_dir: str) -> None:
+def check_results_dir(results_dir: str, *, create: bool = True) -> None:
+    """Refuse a results directory the run could not write to.  The same tests with and
+    without ``create`` (a dry run makes nothing): the nearest existing path must be a
+    writable directory, and the record file, if there, a writable file; ``create`` then
+    makes the directory and writes a scratch file in it, which catches the rest (a full
+    or read-only file system)."""
     res = Path(results_dir)
+    where = f"results.dir={results_dir!r}"
+    existing = next(p for p in [res, *res.absolute().parents] if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"{where} is not a directory ({existing} is a file)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{where} is not writable ({existing} is not)")
+    runs = records.runs_path(res)
+    if runs.exists() and not (runs.is_file() and os.access(runs, os.W_OK)):
+        raise ConfigError(f"{where}: its {runs.name} is not a writable file")
+    if not create:
+        return
     try:
         res.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=res):
             pass
     except OSError as e:
-        raise ConfigError(f"results.dir={results_dir!r} is not writable ({e.strerror})") from None
+        raise ConfigError(f"{where} is not writable ({e.strerror})") from None
 
 
 def run(
@@ -132,7 +151,7 @@ def prepare(
 
 
 def resume(
-    run_id: str, overrides: list[str], results_dir: str = "results"
+    run_id: str, overrides: list[str], results_dir: str = ResultsConfig.dir
 ) -> tuple[int, dict[str, Any] | None]:
     """Continue run ``run_id`` from its last checkpoint, into the same run id (a new
     ``attempt`` of its record).  The config is the checkpoint's; ``overrides`` may change
