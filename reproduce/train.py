@@ -32,6 +32,10 @@ def app(cfg: DictConfig) -> float | None:
     except Exception as e:  # noqa: BLE001  (a launch that failed: recorded, one line here)
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         sys.exit(1)
+    if rec is not None and hc.mode != RunMode.MULTIRUN:  # after the workers' closing lines
+        from bench.results.outputs import WIDTH
+
+        print(f"  {'launch files':<{WIDTH}}  {hc.runtime.output_dir}/ (Hydra's config and log)")
     if rc and hc.mode != RunMode.MULTIRUN:
         sys.exit(rc)
     # the sweep objective (e.g. for an optimizer sweeper): time to target, if reached

@@ -25,6 +25,7 @@ from bench.registry import ConfigError
 from bench.results import columns as col
 from bench.results import dawnbench, mllog, records
 from bench.results import events as ev
+from bench.results.outputs import closing_lines
 from bench.train import checkpoint as ck
 from bench.train.workload import WORKLOADS
 
@@ -338,6 +339,7 @@ def record_after(
     _close_outputs(err, cfg.results.dir, curve)
     err.append(cfg.results.dir)
     print(f"{status}: {reason}", file=sys.stderr, flush=True)
+    print(closing_lines(err.to_dict(), cfg.results.dir), file=sys.stderr, flush=True)
     if last is not None:
         print(
             f"the last checkpoint is epoch {last['epoch']}; continue with: python -m reproduce "
