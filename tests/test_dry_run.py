@@ -131,3 +131,16 @@ def test_compare_dry_run(tmp_path: Path, capsys) -> None:
     out = capsys.readouterr().out
     assert "a: 'dense', 3 epoch(s)" in out and f"would draw {out_png}" in out
     assert _files(tmp_path) == before
+
+
+@pytest.mark.parametrize("cmd", ["ablation", "scaling"])
+def test_sweep_dry_run_refuses_a_results_dir_that_is_a_file(
+    tmp_path: Path, capsys, cmd: str
+) -> None:
+    bad = tmp_path / "a-file"
+    bad.write_text("x")
+    with pytest.raises(SystemExit) as e:
+        main([cmd, "--quick", "--cluster", "local", "--dry-run", "--results-dir", str(bad)])
+    assert e.value.code == 2
+    assert "is not a directory" in capsys.readouterr().err
+    assert bad.read_text() == "x"
