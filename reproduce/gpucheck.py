@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from reproduce._cli import RESULTS, Parser
+from reproduce._cli import RESULTS, Parser, did_you_mean
 
 USAGE = """gpucheck [--budget-s 480] [--dry-run]
                           every CUDA path, measured within a time budget (see README, GPU)"""
@@ -38,8 +38,9 @@ def main(argv: list[str]) -> None:
         names = [n.strip() for n in args.only.split(",") if n.strip()]
         unknown = [n for n in names if n not in {s.name for s in STEPS}]
         if unknown:
+            hint = did_you_mean(unknown[0], [s.name for s in STEPS])
             print(
-                f"error: unknown step(s) {', '.join(unknown)}; "
+                f"error: unknown step(s) {', '.join(unknown)}{hint}; "
                 f"choose from {', '.join(s.name for s in STEPS)}",
                 file=sys.stderr,
             )
