@@ -33,9 +33,13 @@ def app(cfg: DictConfig) -> float | None:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         sys.exit(1)
     if rec is not None and hc.mode != RunMode.MULTIRUN:  # after the workers' closing lines
+        import os
+
         from bench.results.outputs import WIDTH
 
-        print(f"  {'launch files':<{WIDTH}}  {hc.runtime.output_dir}/ (Hydra's config and log)")
+        out = hc.runtime.output_dir  # relative when results.dir is, as the lines above
+        out = out if os.path.isabs(str(cfg.results.dir)) else os.path.relpath(out)
+        print(f"  {'launch files':<{WIDTH}}  {out}/ (Hydra's config and log)")
     if rc and hc.mode != RunMode.MULTIRUN:
         sys.exit(rc)
     # the sweep objective (e.g. for an optimizer sweeper): time to target, if reached
