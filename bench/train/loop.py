@@ -227,7 +227,7 @@ def train_epoch(s: TrainState) -> dict[str, Any]:
         sums += torch.stack([out[0].double(), out[1].double()])
         samples += len(batch[1])
         steps += 1
-        _show_step(bar, out[0], samples, t0)
+        _show_step(bar, out[0], samples * s.world, t0)  # every worker: as many per step
     del it
     epoch_s = time.perf_counter() - t0
     s.clock.pause()
@@ -281,9 +281,9 @@ def _progress(s: TrainState) -> Any:
 
 
 def _show_step(bar: Any, loss: torch.Tensor, samples: int, t0: float) -> None:
-    """The bar's step, with this rank's samples/s and the step's mean loss.  Reading the
-    loss synchronises with the device, so it is read only for a bar that is shown, and
-    at most about twice a second (tqdm's own redraw interval)."""
+    """The bar's step, with the samples/s of all workers (as in the epoch's row) and the
+    step's mean loss (this rank's).  Reading the loss synchronises with the device, so it
+    is read only for a bar that is shown, and at most twice a second."""
     bar.update(1)
     if bar.disable or time.perf_counter() - getattr(bar, "_shown_at", 0.0) < 0.5:
         return
