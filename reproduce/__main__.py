@@ -111,12 +111,17 @@ def _check_flags(cmd: str, overrides: list[str]) -> None:
 
 
 def _precheck(overrides: list[str]) -> None:
-    """Compose the config once to turn Hydra's errors into one clear line (single runs)."""
-    if any(o.startswith("-") for o in overrides):
-        return  # sweeps and Hydra flags: Hydra reports its own errors
-    from reproduce._dryrun import compose
+    """Compose the config of the run (of each job of a ``-m`` sweep) once, to turn
+    Hydra's errors into one clear line; an unknown key or group option says "did you
+    mean"."""
+    from reproduce._dryrun import FLAGS, _jobs, compose
 
-    compose(overrides)  # one line; an unknown key or group option says "did you mean"
+    flags = [o for o in overrides if o.startswith("-")]
+    if any(f not in FLAGS for f in flags):
+        return  # Hydra's own flags (--cfg, --info, ...): Hydra reports its own errors
+    args = [o for o in overrides if not o.startswith(("-", "hydra.", "hydra/"))]
+    for job in _jobs(args) if flags else [args]:
+        compose(job)
 
 
 def _resume(overrides: list[str]) -> None:

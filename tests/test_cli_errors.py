@@ -65,6 +65,7 @@ def test_unknown_command_and_dawnbench_data() -> None:
         (["trian"], ["did you mean train?"]),
         (["figurse"], ["did you mean figures?"]),
         (["train", "com=hitopk"], ["'com'", "did you mean comm?"]),
+        (["train", "-m", "com=dense,hitopk"], ["'com'", "did you mean comm?"]),
         (["train", "optim.lrr=0.1"], ["'optim.lrr'", "did you mean optim.lr?"]),
         (["train", "trian.epochs=3"], ["did you mean train?"]),
         (["train", "model=resnet5"], ["model=resnet5", "did you mean resnet50?", "known:"]),
