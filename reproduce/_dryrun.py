@@ -20,6 +20,7 @@ from reproduce._cli import REFERENCE, RESULTS, did_you_mean, fail
 
 FLAGS = ("-m", "--multirun")
 VERBOSE = ("-v", "--verbose")
+_DEFAULT: Any = None  # the default config, composed on the first suggestion
 
 
 def _default_config() -> Any:
@@ -33,9 +34,6 @@ def _default_config() -> Any:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
             _DEFAULT = compose(config_name="config")
     return _DEFAULT
-
-
-_DEFAULT: Any = None
 
 
 def _suggest_key(full_key: str) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import re
 import shutil
 import sys
 import warnings
@@ -25,7 +26,9 @@ from reproduce._cli import REFERENCE, RESULTS, Parser, fail
 USAGE = """figures [--results-dir DIR] [--reference REF] [--experiment NAME] [--dry-run]
                           every figure and DIR/REPORT.md from the records and CSVs alone"""
 
-OLDER = "record(s) written before the fields"  # how figures_data words an older record
+# how bench.report.figures_data words a set of older records ("12 record(s) written
+# before the fields ... existed"); worded otherwise, they are printed one line each
+OLDER = re.compile(r"^(\d+) record\(s\) written before the fields")
 
 
 def _fail(msg: str) -> None:
@@ -74,7 +77,10 @@ def with_reference(results_dir: str, reference: str) -> Path:
     src = [Path(reference), Path(results_dir)]
     for d in src:
         if not d.is_dir():
-            fail(f"{d} is not a directory")
+            fail(
+                f"{d} is not a directory (no runs yet? `python -m reproduce dawnbench` makes "
+                f"some in {RESULTS}/)"
+            )
     out = Path(results_dir) / "with-reference"
     lines: list[str] = []
     for d in src:
@@ -137,13 +143,13 @@ def _problems(problems: list[str], verbose: bool) -> None:
     """Each input problem on one line, but the records of older formats (read as
     absent where a field is missing; nothing wrong with them) in one line, their run
     ids only with ``--verbose``."""
-    older = [p for p in problems if OLDER in p]
+    older = [p for p in problems if OLDER.match(p)]
     for p in problems:
         if p not in older:
             print(f"warning: {p}", file=sys.stderr)
     if not older:
         return
-    n = sum(int(p.split(" ", 1)[0]) for p in older)
+    n = sum(int(OLDER.match(p).group(1)) for p in older)  # type: ignore[union-attr]
     if verbose:
         for p in older:
             print(f"note: {p}", file=sys.stderr)
