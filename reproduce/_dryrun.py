@@ -16,7 +16,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from reproduce._cli import REFERENCE, RESULTS, did_you_mean, fail
+from reproduce._cli import REFERENCE, did_you_mean, fail
 
 FLAGS = ("-m", "--multirun")
 VERBOSE = ("-v", "--verbose")
@@ -191,15 +191,24 @@ def _jobs(overrides: list[str]) -> list[list[str]]:
 
 
 def _resume(overrides: list[str]) -> None:
-    from bench.results.records import find_record
+    """``resume=RUN_ID --dry-run``: the checks the resume makes (a checkpoint, a run not
+    finished, overrides it may take, the config's own checks), then its plan."""
+    from bench.launch.run import prepare_resume
+    from bench.registry import ConfigError
 
     run_id = next(o.split("=", 1)[1] for o in overrides if o.startswith("resume="))
-    results = next((o.split("=", 1)[1] for o in overrides if o.startswith("results.dir=")), RESULTS)
-    rec = find_record(results, run_id)
-    if rec is None:
-        _fail(f"no record {run_id!r} in {results}/runs.jsonl (results.dir=... names another)")
-    print(f"would resume run {run_id} ({rec.get('status')}, {rec.get('epochs_run')} epoch(s))")
-    print(f"from its last checkpoint {rec.get('checkpoint')}; record appended to {results}")
+    # as the real resume: the checkpoint has the recipe (dawnbench adds experiment=)
+    rest = [o for o in overrides if not o.startswith(("resume=", "experiment=", "data=", "-"))]
+    try:
+        cfg, meta, path = prepare_resume(run_id, rest, dry=True)
+    except ConfigError as e:
+        _fail(f"the resume would be refused: {e}")
+    runs = Path(str(cfg.results.dir)) / "runs.jsonl"
+    print(
+        f"would resume run {run_id} from its checkpoint {path} (attempt {meta['attempt']}, "
+        f"to at most {cfg.train.epochs} epochs); record appended to {runs}"
+    )
+    print("nothing run (--dry-run)")
 
 
 def dry_run(overrides: list[str]) -> None:

@@ -144,3 +144,27 @@ def test_sweep_dry_run_refuses_a_results_dir_that_is_a_file(
     assert e.value.code == 2
     assert "is not a directory" in capsys.readouterr().err
     assert bad.read_text() == "x"
+
+
+def test_resume_dry_run_makes_the_resumes_checks(tmp_path: Path, capsys) -> None:
+    """``resume=RUN_ID --dry-run`` refuses what the resume refuses (no checkpoint, a
+    finished run) and plans what it would continue; nothing is written."""
+    from tests.conftest import TINY, run_cli
+
+    p = run_cli("train", f"results.dir={tmp_path}", "train.epochs=1", *TINY, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    runs = tmp_path / "runs.jsonl"
+    rec = json.loads(runs.read_text())
+    args = ["train", "--dry-run", f"results.dir={tmp_path}"]
+    for run_id, needle in [("nosuchrun", "no checkpoint"), (rec["run_id"], "has finished")]:
+        with pytest.raises(SystemExit) as e:
+            main([*args, f"resume={run_id}"])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert "the resume would be refused" in err and needle in err
+    runs.write_text(json.dumps({**rec, "status": "interrupted"}) + "\n")  # as if stopped
+    before = {f: f.read_bytes() for f in _files(tmp_path) if f.is_file()}
+    main(["dawnbench", *args[1:], f"resume={rec['run_id']}"])
+    out = capsys.readouterr().out
+    assert f"would resume run {rec['run_id']}" in out and "attempt 2" in out
+    assert {f: f.read_bytes() for f in _files(tmp_path) if f.is_file()} == before

@@ -157,7 +157,17 @@ def resume(
     """Continue run ``run_id`` from its last checkpoint, into the same run id (a new
     ``attempt`` of its record).  The config is the checkpoint's; ``overrides`` may change
     only what :data:`bench.train.checkpoint.MAY_DIFFER` lists."""
+    cfg, run_meta, path = prepare_resume(run_id, overrides, results_dir)
+    print(f"resuming run {run_id} from {path} (attempt {run_meta['attempt']})", flush=True)
+    return launch_and_record(cfg, run_meta, None)
 
+
+def prepare_resume(
+    run_id: str, overrides: list[str], results_dir: str = ResultsConfig.dir, dry: bool = False
+) -> tuple[Config, dict[str, Any], str]:
+    """The checks of :func:`resume`, all made before anything is launched (a dry run
+    makes them too, with ``dry``: nothing created): the config, run metadata and
+    checkpoint path to resume from."""
     results_dir = next(
         (o.split("=", 1)[1] for o in overrides if o.startswith("results.dir=")), results_dir
     )
@@ -176,11 +186,10 @@ def resume(
     except Exception as e:  # noqa: BLE001  (a bad override: one line)
         raise ConfigError(f"resume={run_id}: {str(e).splitlines()[0]}") from None
     ck.check_compatible(manifest, to_container(cfg))
-    validate(cfg)
+    validate(cfg, create_results=not dry)
     attempt = max((r.get("attempt", 1) for r in done), default=0) + 1
     run_meta = {**manifest["run"], "resume": True, "attempt": attempt}
-    print(f"resuming run {run_id} from {manifest['path']} (attempt {attempt})", flush=True)
-    return launch_and_record(cfg, run_meta, None)
+    return cfg, run_meta, str(manifest["path"])
 
 
 class Interrupted(BaseException):
