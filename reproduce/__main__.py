@@ -114,14 +114,20 @@ def _precheck(overrides: list[str]) -> None:
     """Compose the config of the run (of each job of a ``-m`` sweep) once, to turn
     Hydra's errors into one clear line; an unknown key or group option says "did you
     mean"."""
-    from reproduce._dryrun import FLAGS, _jobs, compose
+    from reproduce._dryrun import FLAGS, _jobs, _refusal, compose
 
     flags = [o for o in overrides if o.startswith("-")]
     if any(f not in FLAGS for f in flags):
         return  # Hydra's own flags (--cfg, --info, ...): Hydra reports its own errors
     args = [o for o in overrides if not o.startswith(("-", "hydra.", "hydra/"))]
     for job in _jobs(args) if flags else [args]:
-        compose(job)
+        cfg = compose(job)
+        # a single run's checks too, before Hydra makes its output folder under the
+        # results directory: a refused run leaves nothing behind (a sweep's refused job
+        # is recorded as such and the others go on, so its checks stay in the run)
+        why = None if flags else _refusal(cfg)
+        if why:
+            _fail(why)
 
 
 def _resume(overrides: list[str]) -> None:
