@@ -114,18 +114,18 @@ def _precheck(overrides: list[str]) -> None:
     """Compose the config of the run (of each job of a ``-m`` sweep) once, to turn
     Hydra's errors into one clear line; an unknown key or group option says "did you
     mean"."""
-    from reproduce._dryrun import FLAGS, _jobs, _refusal, compose
+    from reproduce._dryrun import FLAGS, compose, refusal, sweep_jobs
 
     flags = [o for o in overrides if o.startswith("-")]
     if any(f not in FLAGS for f in flags):
         return  # Hydra's own flags (--cfg, --info, ...): Hydra reports its own errors
     args = [o for o in overrides if not o.startswith(("-", "hydra.", "hydra/"))]
-    for job in _jobs(args) if flags else [args]:
+    for job in sweep_jobs(args) if flags else [args]:
         cfg = compose(job)
         # a single run's checks too, before Hydra makes its output folder under the
         # results directory: a refused run leaves nothing behind (a sweep's refused job
         # is recorded as such and the others go on, so its checks stay in the run)
-        why = None if flags else _refusal(cfg)
+        why = None if flags else refusal(cfg)
         if why:
             _fail(why)
 
@@ -144,7 +144,7 @@ def _resume(overrides: list[str]) -> None:
     sys.exit(rc)
 
 
-def _hydra(cmd: str, overrides: list[str]) -> None:
+def _hydra(overrides: list[str]) -> None:
     if "--dry-run" in overrides:
         from reproduce._dryrun import dry_run
 
@@ -202,7 +202,7 @@ def main(argv: list[str]) -> None:
         rest = flags_to_overrides(rest)
         _check_flags(cmd, rest)
     if cmd == "train":
-        _hydra(cmd, rest)
+        _hydra(rest)
     elif cmd == "dawnbench":
         data = next((o.split("=", 1)[1] for o in rest if o.startswith("data=")), "digits")
         if data not in DAWNBENCH:
@@ -215,7 +215,7 @@ def main(argv: list[str]) -> None:
                 f"experiment={DAWNBENCH[data]}",
                 *[o for o in rest if not o.startswith("data=")],
             ]
-        _hydra(cmd, rest)
+        _hydra(rest)
     elif cmd in (commands := _commands()):
         import importlib
 

@@ -103,7 +103,7 @@ def compose(overrides: list[str]) -> Any:
         _fail(hydra_error(e))
 
 
-def _refusal(cfg: Any) -> str | None:
+def refusal(cfg: Any) -> str | None:
     """Why the run would be refused before its workers start, or None: the run's own
     checks, with the results directory inspected rather than made."""
     from bench.config import to_object
@@ -177,7 +177,7 @@ def estimate(cfg: Any) -> str:
     )
 
 
-def _jobs(overrides: list[str]) -> list[list[str]]:
+def sweep_jobs(overrides: list[str]) -> list[list[str]]:
     """The overrides of each job of a ``-m`` sweep, in Hydra's order."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -226,11 +226,11 @@ def dry_run(overrides: list[str]) -> None:
     hydra_args = [o for o in args if o.startswith(("hydra.", "hydra/"))]
     args = [o for o in args if o not in hydra_args]
     if any(o in FLAGS for o in overrides):
-        jobs = _jobs(args)
+        jobs = sweep_jobs(args)
         print(f"sweep of {len(jobs)} job(s)" + (f" ({' '.join(hydra_args)})" if hydra_args else ""))
         for i, job in enumerate(jobs):
             cfg = compose(job)
-            why = _refusal(cfg)
+            why = refusal(cfg)
             print(f"job {i}: {' '.join(job) or '(defaults)'}")
             print("  " + (f"would be refused: {why}" if why else launch_line(cfg)))
             if not why:
@@ -238,7 +238,7 @@ def dry_run(overrides: list[str]) -> None:
         print("nothing run (--dry-run)")
         return
     cfg = compose(args)
-    why = _refusal(cfg)
+    why = refusal(cfg)
     if why:
         _fail(f"the run would be refused: {why}")
     print(launch_line(cfg))
