@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from bench.results.paths import bench_csv
-from reproduce._cli import REFERENCE, RESULTS, Parser
+from reproduce._cli import REFERENCE, RESULTS, Parser, did_you_mean, fail
 
 USAGE = """bench NAME [--quick] [--replot] [--results-dir DIR] [--dry-run]
                           a benchmark (see `python -m reproduce bench --list`)"""
@@ -75,6 +75,11 @@ def main(argv: list[str]) -> None:
     if args.list or not args.name:
         print("\n".join(registry.names()))
         sys.exit(0 if args.list else 2)
+    if args.name not in registry.names():
+        fail(
+            f"bench: unknown benchmark {args.name!r}{did_you_mean(args.name, registry.names())}; "
+            f"choose one of: {', '.join(registry.names())}"
+        )
     try:
         spec = registry.get(args.name)
         if args.dry_run:

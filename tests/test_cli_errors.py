@@ -76,6 +76,7 @@ def test_unknown_command_and_dawnbench_data() -> None:
         (["ablation", "--seds", "2"], ["ablation:", "did you mean --seeds?"]),
         (["advise", "--model", "resnet5"], ["did you mean resnet50?"]),
         (["gpucheck", "--only", "train-ncl"], ["did you mean train-nccl?"]),
+        (["bench", "topkk"], ["'topkk'", "did you mean topk?"]),
     ],
 )
 def test_did_you_mean(tmp_path: Path, args: list[str], needles: list[str]) -> None:
