@@ -128,6 +128,10 @@ def _precheck(overrides: list[str]) -> None:
         why = None if flags else refusal(cfg)
         if why:
             _fail(why)
+    if not flags:
+        import reproduce.train
+
+        reproduce.train.PRECHECKED = True
 
 
 def _resume(overrides: list[str]) -> None:

@@ -12,6 +12,9 @@ from bench.config import register_configs
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 register_configs()
+# set by ``python -m reproduce`` once it has made the run's checks on the same overrides
+# (before Hydra makes its output folder), so that the run does not make them again
+PRECHECKED = False
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
@@ -25,7 +28,8 @@ def app(cfg: DictConfig) -> float | None:
     hc = HydraConfig.get()
     experiment = hc.runtime.choices.get("experiment") or cfg.experiment
     try:
-        rc, rec = run(cfg, experiment=experiment, output_dir=hc.runtime.output_dir)
+        checked = PRECHECKED and hc.mode != RunMode.MULTIRUN
+        rc, rec = run(cfg, experiment=experiment, output_dir=hc.runtime.output_dir, checked=checked)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

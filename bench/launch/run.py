@@ -122,21 +122,31 @@ def check_results_dir(results_dir: str, *, create: bool = True) -> None:
 
 
 def run(
-    cfg: DictConfig | Config, *, experiment: str, output_dir: str | Path | None = None
+    cfg: DictConfig | Config,
+    *,
+    experiment: str,
+    output_dir: str | Path | None = None,
+    checked: bool = False,
 ) -> tuple[int, dict[str, Any] | None]:
-    """Validate, launch, and return (exit status, the run's record)."""
+    """Validate, launch, and return (exit status, the run's record).  ``checked``: the
+    caller has made :func:`validate`'s checks on this config (``create_results=False``),
+    so that only the results directory is left to make."""
     launch_time = time.time()
     cfg = to_object(cfg)
-    run_meta = prepare(cfg, experiment, launch_time)
+    run_meta = prepare(cfg, experiment, launch_time, checked=checked)
     return launch_and_record(cfg, run_meta, output_dir)
 
 
 def prepare(
-    cfg: Config, experiment: str, launch_time: float, quiet: bool = False
+    cfg: Config, experiment: str, launch_time: float, quiet: bool = False, checked: bool = False
 ) -> dict[str, Any]:
-    """Validate ``cfg`` and set its emulated link (``cluster.profile``); the run's metadata
-    (run id, start and launch time, experiment, the profile applied)."""
-    validate(cfg)
+    """Validate ``cfg`` (``checked``: only make its results directory) and set its
+    emulated link (``cluster.profile``); the run's metadata (run id, start and launch
+    time, experiment, the profile applied)."""
+    if checked:  # some checks read whole files (a corpus, a tokenizer): not twice
+        check_results_dir(cfg.results.dir)
+    else:
+        validate(cfg)
     run_meta = {
         "run_id": records.new_run_id(),
         "started_at": records.now_iso(),
