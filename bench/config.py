@@ -66,7 +66,9 @@ class TrainConfig:
 
 @dataclass
 class ResultsConfig:
-    dir: str = "results"  # runs.jsonl, curves/, figures/ live here
+    # runs.jsonl, curves/, figures/ live here; runs/ is git-ignored, so that a user's runs
+    # never change the committed reference results (results/: written only when named)
+    dir: str = "runs"
     plot: bool = True  # write a time-to-accuracy PNG under <dir>/figures
     # DAWNBench submission files (<dir>/dawnbench) and the MLPerf log (<dir>/mllog):
     # author and e-mail (DAWNBench wants both; "unknown" until set), the hardware's cost

@@ -1,12 +1,14 @@
-"""python -m reproduce <command> [args]
+"""python -m reproduce <command> [args]: train, benchmark, sweep and report the
+reproduction; `python -m reproduce <command> --help` says what each command does.
 
 commands:
   train [overrides]       one training run (Hydra overrides; -m for a multirun sweep)
   train resume=RUN_ID [results.dir=DIR] [train.epochs=N ...]
                           continue a stopped, interrupted or killed run from its last
                           checkpoint, into the same run id (also: dawnbench resume=RUN_ID)
-  train|dawnbench --dry-run [overrides]
-                          print the resolved config and what would be launched; run nothing
+  train|dawnbench --dry-run [--verbose] [overrides]
+                          the checks a run makes and its plan (what, where, how long);
+                          --verbose adds the resolved config; nothing run
   dawnbench [overrides]   the DAWNBench-style time-to-accuracy recipe for the chosen data
                           (digits by default; data=cifar10|imagenet data.root=... for the real ones;
                           data=translation: a Transformer on the embedded corpus or data.root=...)
@@ -15,6 +17,16 @@ commands:
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+from reproduce._cli import (
+    REFERENCE,
+    RESULTS,
+    SYNONYMS,
+    did_you_mean,
+    fail,
+    flags_to_overrides,
+)
 
 DAWNBENCH = {
     "digits": "dawnbench_digits",
@@ -23,31 +35,103 @@ DAWNBENCH = {
     "translation": "transformer_embedded",
 }
 
+# the flags of the Hydra commands: ours, then Hydra's own (passed to Hydra)
+OUR_FLAGS = ("--dry-run", "-v", "--verbose")
+HYDRA_FLAGS = (
+    "-m", "--multirun", "--hydra-help", "--cfg", "-c", "--resolve", "--package", "-p",
+    "--info", "-i", "--shell-completion", "-sc", "--config-path", "-cp", "--config-name",
+    "-cn", "--config-dir", "-cd", "--experimental-rerun",
+)  # fmt: skip
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
 
 def _fail(msg: str) -> None:
-    print(f"error: {msg}", file=sys.stderr)
-    sys.exit(2)
+    fail(msg)
+
+
+def _groups() -> dict[str, list[str]]:
+    """Each config group of ``conf/`` and its options."""
+    return {
+        d.name: sorted(p.stem for p in d.glob("*.yaml"))
+        for d in sorted(CONF.iterdir())
+        if d.is_dir() and d.name != "hydra"
+    }
+
+
+def _train_help(cmd: str) -> str:
+    groups = "\n".join(f"  {g}={'|'.join(opts)}" for g, opts in _groups().items())
+    what = (
+        "train: one training run: trains the model, evaluates it every epoch and records\n"
+        "the run (record, curve, plot, DAWNBench files, MLPerf log); configured by conf/\n"
+        "and key=value overrides."
+        if cmd == "train"
+        else "dawnbench: the DAWNBench-style time-to-accuracy recipe for the chosen data set\n"
+        f"({', '.join(f'data={d}' for d in DAWNBENCH)}), trained and recorded as by train."
+    )
+    example = (
+        "python -m reproduce train comm=hitopk cluster.nnodes=2 train.epochs=5"
+        if cmd == "train"
+        else "python -m reproduce dawnbench --dry-run   (then without --dry-run)"
+    )
+    return f"""{what}
+
+usage: python -m reproduce {cmd} [--dry-run [--verbose]] [key=value ...]
+       python -m reproduce {cmd} -m key=a,b ...     (a sweep: one run per combination)
+       python -m reproduce {cmd} resume=RUN_ID [results.dir=DIR]
+
+config groups (group=option):
+{groups}
+
+main keys (key=value; any key of the resolved config, see --dry-run --verbose):
+  results.dir=DIR          where the record and its files go (default {RESULTS}/, git-ignored;
+                           results.dir={REFERENCE} writes the committed reference results)
+  train.epochs=N  train.target_value=F  train.seed=N  optim.lr=F  data.batch_size=N
+  data.root=DIR            the data set (cifar10, imagenet, translation files)
+  cluster.nnodes=N  cluster.nproc_per_node=N   nodes x workers per node
+
+flags:
+  --dry-run                the checks a real run makes, and its plan; nothing run
+  -v, --verbose            with --dry-run: the resolved config in full
+  --results-dir DIR        the same as results.dir=DIR (also --experiment, --cluster)
+  -m, --multirun           a sweep over comma-separated values
+  --hydra-help             Hydra's own help
+
+example:
+  {example}
+"""
+
+
+def _check_flags(cmd: str, overrides: list[str]) -> None:
+    """An unknown ``-flag`` is one error line, with the closest known flag."""
+    known = (*OUR_FLAGS, *HYDRA_FLAGS)
+    for o in overrides:
+        if o.startswith("-") and o.split("=")[0] not in known:
+            hint = did_you_mean(o.split("=")[0], [*known, *SYNONYMS.values()])
+            _fail(f"{cmd}: unknown option {o}{hint}")
 
 
 def _precheck(overrides: list[str]) -> None:
-    """Compose the config once to turn Hydra's errors into one clear line (single runs)."""
-    if any(o in ("-m", "--multirun") for o in overrides) or any(
-        o.startswith("-") for o in overrides
-    ):
-        return  # sweeps and Hydra flags: Hydra reports its own errors
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
+    """Compose the config of the run (of each job of a ``-m`` sweep) once, to turn
+    Hydra's errors into one clear line; an unknown key or group option says "did you
+    mean"."""
+    from reproduce._dryrun import FLAGS, compose, refusal, sweep_jobs
 
-    from reproduce.train import CONF_DIR
+    flags = [o for o in overrides if o.startswith("-")]
+    if any(f not in FLAGS for f in flags):
+        return  # Hydra's own flags (--cfg, --info, ...): Hydra reports its own errors
+    args = [o for o in overrides if not o.startswith(("-", "hydra.", "hydra/"))]
+    for job in sweep_jobs(args) if flags else [args]:
+        cfg = compose(job)
+        # a single run's checks too, before Hydra makes its output folder under the
+        # results directory: a refused run leaves nothing behind (a sweep's refused job
+        # is recorded as such and the others go on, so its checks stay in the run)
+        why = None if flags else refusal(cfg)
+        if why:
+            _fail(why)
+    if not flags:
+        import reproduce.train
 
-    try:
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            compose(config_name="config", overrides=overrides)
-    except (HydraException, OmegaConfBaseException) as e:
-        from reproduce._dryrun import hydra_error
-
-        _fail(hydra_error(e))  # one line; an unknown group option lists the known ones
+        reproduce.train.PRECHECKED = True
 
 
 def _resume(overrides: list[str]) -> None:
@@ -72,7 +156,15 @@ def _hydra(overrides: list[str]) -> None:
         return
     if any(o.startswith("resume=") for o in overrides):
         _resume(overrides)
+    verbose = any(o in ("-v", "--verbose") for o in overrides)
+    overrides = [o for o in overrides if o not in ("-v", "--verbose")]
     _precheck(overrides)
+    if verbose and not any(o.startswith("-") for o in overrides):
+        from omegaconf import OmegaConf
+
+        from reproduce._dryrun import compose
+
+        print(OmegaConf.to_yaml(compose(overrides), resolve=True), end="", flush=True)
     from reproduce.train import app
 
     sys.argv = [sys.argv[0], *overrides]
@@ -99,7 +191,7 @@ def _commands() -> dict[str, str]:
 
 def _help() -> str:
     extra = "".join(f"  {usage}\n" for usage in _commands().values())
-    return __doc__.rstrip() + "\n" + extra
+    return __doc__.rstrip() + "\n" + extra + "\nexample:\n  python -m reproduce dawnbench\n"
 
 
 def main(argv: list[str]) -> None:
@@ -107,12 +199,21 @@ def main(argv: list[str]) -> None:
         print(_help())
         sys.exit(0 if argv else 2)
     cmd, rest = argv[0], argv[1:]
+    if cmd in ("train", "dawnbench"):
+        if any(o in ("-h", "--help") for o in rest):
+            print(_train_help(cmd), end="")
+            sys.exit(0)
+        rest = flags_to_overrides(rest)
+        _check_flags(cmd, rest)
     if cmd == "train":
         _hydra(rest)
     elif cmd == "dawnbench":
         data = next((o.split("=", 1)[1] for o in rest if o.startswith("data=")), "digits")
         if data not in DAWNBENCH:
-            _fail(f"dawnbench has recipes for data={', '.join(DAWNBENCH)}; got data={data}")
+            _fail(
+                f"dawnbench has recipes for data={', '.join(DAWNBENCH)}; got data={data}"
+                f"{did_you_mean(data, DAWNBENCH)}"
+            )
         if not any(o.startswith("experiment=") for o in rest):
             rest = [
                 f"experiment={DAWNBENCH[data]}",
@@ -124,8 +225,10 @@ def main(argv: list[str]) -> None:
 
         importlib.import_module(f"reproduce.{cmd}").main(rest)
     else:
-        names = ", ".join(["train", "dawnbench", *sorted(commands)])
-        _fail(f"unknown command {cmd!r}; choose one of: {names}")
+        names = ["train", "dawnbench", *sorted(commands)]
+        _fail(
+            f"unknown command {cmd!r}{did_you_mean(cmd, names)}; choose one of: {', '.join(names)}"
+        )
 
 
 if __name__ == "__main__":

@@ -1,19 +1,116 @@
-"""What the commands of ``python -m reproduce`` share."""
+"""What the commands of ``python -m reproduce`` share: the default results directories,
+the argument parser (help layout, one-line errors with "did you mean") and the flag
+forms every command accepts."""
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
 import sys
+import textwrap
+from collections.abc import Iterable, Sequence
+
+from bench.config import ResultsConfig
+
+# A user's runs go to RESULTS (git-ignored); the committed reference results are in
+# REFERENCE and change only when a command is pointed at them by name.
+RESULTS = ResultsConfig.dir
+REFERENCE = "results"
+
+# One flag style across commands: both forms are accepted everywhere.  Training takes
+# Hydra overrides and these flags as their synonyms; the other commands take flags and
+# these overrides as their synonyms (where the command has the option).
+SYNONYMS = {"results.dir": "--results-dir", "experiment": "--experiment", "cluster": "--cluster"}
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """``"; did you mean X?"`` for the closest of ``choices``, or ``""``."""
+    close = difflib.get_close_matches(word, sorted(set(choices)), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def fail(msg: str, code: int = 2) -> None:
+    """One error line on stderr and exit ``code`` (2: bad input, nothing started)."""
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(code)
+
+
+def flags_to_overrides(argv: Sequence[str]) -> list[str]:
+    """``--results-dir DIR`` (or ``--results-dir=DIR``) as ``results.dir=DIR``, and the
+    other :data:`SYNONYMS`, for the Hydra commands (train, dawnbench)."""
+    flags = {v: k for k, v in SYNONYMS.items()}
+    out: list[str] = []
+    it = iter(argv)
+    for a in it:
+        name, eq, value = a.partition("=")
+        if name in flags:
+            if not eq:
+                value = next(it, None)
+                if value is None:
+                    fail(f"{name} needs a value ({flags[name]}=VALUE works too)")
+            out.append(f"{flags[name]}={value}")
+        else:
+            out.append(a)
+    return out
 
 
 class Parser(argparse.ArgumentParser):
-    """The argument parser of one command: a bad argument is one line naming the command
-    (``error: <command>: ...``), exit status 2, like a bad config key."""
+    """The argument parser of one command.  ``--help`` opens with ``summary`` (what the
+    command does), then its usage and options, then ``example`` and the longer
+    ``details``.  A bad argument is one line naming the command (``error: <command>:
+    ...``, with "did you mean" for a misspelt option or choice), exit status 2, like a
+    bad config key.  ``results.dir=DIR`` is accepted for ``--results-dir DIR`` (and the
+    other :data:`SYNONYMS`)."""
 
-    def __init__(self, command: str, **kwargs: object) -> None:
-        super().__init__(prog=f"python -m reproduce {command}", **kwargs)  # type: ignore[arg-type]
+    def __init__(
+        self,
+        command: str,
+        summary: str = "",
+        example: str = "",
+        details: str = "",
+        **kwargs: object,
+    ) -> None:
+        kwargs.pop("description", None)  # the summary and details take its place
+        epilog = "\n\n".join(
+            p for p in (f"example:\n  {example}" if example else "", details.strip()) if p
+        )
+        super().__init__(
+            prog=f"python -m reproduce {command}",
+            epilog=epilog or None,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            **kwargs,  # type: ignore[arg-type]
+        )
         self.command = command
+        self.summary = summary
+
+    def format_help(self) -> str:
+        text = super().format_help()
+        if not self.summary:
+            return text
+        return f"{textwrap.fill(' '.join(self.summary.split()), width=88)}\n\n{text}"
+
+    def _options(self) -> list[str]:
+        return [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace=None):  # type: ignore[override]
+        argv = list(sys.argv[1:] if args is None else args)
+        opts = set(self._options())
+        out = []
+        for a in argv:
+            key, eq, value = a.partition("=")
+            if eq and key in SYNONYMS and SYNONYMS[key] in opts:
+                out += [SYNONYMS[key], value]
+            else:
+                out.append(a)
+        return super().parse_args(out, namespace)
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        m = re.match(r"unrecognized arguments: (\S+)", message)
+        if m and m.group(1).startswith("-"):
+            message += did_you_mean(m.group(1).split("=")[0], self._options())
+        m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if m:
+            message += did_you_mean(m.group(1), re.findall(r"'([^']*)'", m.group(2)))
         print(f"error: {self.command}: {message}", file=sys.stderr)
         sys.exit(2)

@@ -1,40 +1,96 @@
-"""``train --dry-run`` / ``dawnbench --dry-run``: the resolved config and what would run.
+"""``train --dry-run`` / ``dawnbench --dry-run``: the checks of a run and its plan.
 
-The config is composed as for a run (the same Hydra composition and the same validation
-across groups), printed, and nothing is launched, recorded or written.  A ``-m`` sweep
-lists its jobs, one line each.
+The config is composed as for a run (the same Hydra composition) and goes through the
+same checks a real run makes before its workers start (:func:`bench.launch.run.validate`:
+ranges and choices across groups, the data root, the cluster's requirements, the results
+directory, only inspected here, not made).  Then a short plan: what would run, where its
+results would go and how long it should take (from earlier records of the same
+configuration); the resolved config only with ``--verbose``.  Nothing is launched,
+recorded or written.  A ``-m`` sweep lists its jobs, two lines each.
 """
 
 from __future__ import annotations
 
-import sys
+import statistics
+import warnings
+from pathlib import Path
 from typing import Any
 
+from reproduce._cli import REFERENCE, did_you_mean, fail
+
 FLAGS = ("-m", "--multirun")
+VERBOSE = ("-v", "--verbose")
+_DEFAULT: Any = None  # the default config, composed on the first suggestion
+
+
+def _default_config() -> Any:
+    """The composed default config, for suggesting keys (composed once per process)."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        from hydra import compose, initialize_config_dir
+
+        from reproduce.train import CONF_DIR
+
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            _DEFAULT = compose(config_name="config")
+    return _DEFAULT
+
+
+def _suggest_key(full_key: str) -> str:
+    """``"; did you mean optim.lr?"`` for an unknown key, from the default config's keys
+    at the same level (and the config groups, at the top)."""
+    from omegaconf import DictConfig
+
+    parent, _, leaf = full_key.rpartition(".")
+    try:
+        node = _default_config()
+        for part in parent.split(".") if parent else []:
+            node = node[part]
+    except Exception:  # noqa: BLE001  (no such parent: nothing to suggest at its level)
+        return ""
+    if not isinstance(node, DictConfig):
+        return ""
+    hint = did_you_mean(leaf, [str(k) for k in node.keys()])
+    return hint.replace("mean ", f"mean {parent}.") if parent and hint else hint
 
 
 def hydra_error(e: BaseException) -> str:
-    """One line from a Hydra/OmegaConf error; a missing group option lists the known ones."""
-    lines = [ln for ln in str(e).splitlines() if ln.strip()]
+    """One line from a Hydra/OmegaConf error, with "did you mean" for a misspelt key,
+    group or group option; a missing group option lists the known ones."""
+    import re
+
+    text = str(e)
+    lines = [ln for ln in text.splitlines() if ln.strip()]
     msg = lines[0] if lines else type(e).__name__
-    if "Available options in" in str(e):
+    cause = e.__cause__
+    ctext = str(cause) if cause is not None else ""
+    missing_key = re.search(r"Key '([^']+)' not in", ctext)
+    full_key = re.search(r"full_key: (\S+)", ctext)
+    if msg.startswith("Could not override") and missing_key and full_key:
+        # Hydra's "To append to your config use +key=..." would add a key nothing reads
+        key = full_key.group(1)
+        return f"unknown config key {key!r}{_suggest_key(key)}"
+    if "Available options in" in text:
         opts = [ln.strip() for ln in lines if ln.startswith("\t") and "provider=" not in ln]
+        m = re.search(r"Could not find '([^']+)/([^'/]+)'", text)
+        if m:
+            msg = f"unknown {m.group(1)}={m.group(2)}{did_you_mean(m.group(2), opts)}"
         if opts:
             msg += f"; known: {', '.join(opts)}"
-    cause = e.__cause__
-    if cause is not None:
-        c = [ln for ln in str(cause).splitlines() if ln.strip()]
+    if ctext:
+        c = [ln for ln in ctext.splitlines() if ln.strip()]
         msg += f" ({c[0]})" if c else ""
     return msg
 
 
 def _fail(msg: str) -> None:
-    print(f"error: {msg}", file=sys.stderr)
-    sys.exit(2)
+    fail(msg)
 
 
-def _compose(overrides: list[str]) -> Any:
-    from hydra import compose, initialize_config_dir
+def compose(overrides: list[str]) -> Any:
+    """The run's config from ``overrides``, or one error line and exit 2."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -42,41 +98,27 @@ def _compose(overrides: list[str]) -> Any:
 
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            return compose(config_name="config", overrides=overrides)
+            return hydra_compose(config_name="config", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as e:
         _fail(hydra_error(e))
 
 
-def _refusal(cfg: Any) -> str | None:
-    """Why the run would be refused before its workers start, or None.  The run's own
-    checks run against a scratch results directory (they create it); the real one is
-    only checked for write permission, so that nothing is made there."""
-    import os
-    import tempfile
-    from pathlib import Path
-
+def refusal(cfg: Any) -> str | None:
+    """Why the run would be refused before its workers start, or None: the run's own
+    checks, with the results directory inspected rather than made."""
     from bench.config import to_object
     from bench.launch.run import validate
     from bench.registry import ConfigError
 
-    obj = to_object(cfg)
-    real = Path(str(obj.results.dir))
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            obj.results.dir = tmp
-            validate(obj)
+        validate(to_object(cfg), create_results=False)
     except ConfigError as e:
         return str(e)
-    parent = next(p for p in [real, *real.absolute().parents] if p.exists())
-    if not os.access(parent, os.W_OK):
-        return f"results.dir={str(real)!r} is not writable ({parent} is not)"
     return None
 
 
 def launch_line(cfg: Any) -> str:
     """World size, nodes, launcher and where the record would go."""
-    from pathlib import Path
-
     c = cfg.cluster
     world = int(c.nnodes) * int(c.nproc_per_node)
     runs = Path(str(cfg.results.dir)) / "runs.jsonl"
@@ -84,11 +126,58 @@ def launch_line(cfg: Any) -> str:
         f"would launch: {world} worker(s) = {c.nnodes} node(s) x {c.nproc_per_node} "
         f"(cluster={c.name}), {cfg.model.name} on {cfg.data.name}, comm={cfg.comm.name}, "
         f"update={cfg.optim['update']}, to {cfg.train.target_metric} >= {cfg.train.target_value} "
-        f"in <= {cfg.train.epochs} epochs; record appended to {runs}"
+        f"in <= {cfg.train.epochs} epochs (experiment {cfg.experiment}); record appended to {runs}"
     )
 
 
-def _jobs(overrides: list[str]) -> list[list[str]]:
+def _duration(s: float) -> str:
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min"
+
+
+def estimate(cfg: Any) -> str:
+    """How long the run should take: the median wall time of the earlier runs of the same
+    experiment, comm, world size and epochs in the results directory and the reference
+    results (on this machine's hardware when some were; else saying on which)."""
+    from bench.results.env import REPO_ROOT, hardware
+    from bench.results.records import load_records
+
+    c = cfg.cluster
+    key = (
+        str(cfg.experiment),
+        str(cfg.comm.name),
+        int(c.nnodes) * int(c.nproc_per_node),
+        int(cfg.train.epochs),
+    )
+    dirs = list(dict.fromkeys([Path(str(cfg.results.dir)), REPO_ROOT / REFERENCE]))
+    same = []
+    for d in dirs:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a torn line elsewhere does not matter here
+            recs = load_records(d) if (d / "runs.jsonl").is_file() else []
+        for r in recs:
+            conf = r.get("config") or {}
+            epochs = (conf.get("train") or {}).get("epochs")
+            this = (r.get("experiment"), r.get("comm"), r.get("world_size"), epochs)
+            if this == key and r.get("status") in ("ok", "target_missed") and r.get("wall_time_s"):
+                same.append(r)
+    if not same:
+        return (
+            f"expected time: unknown (no earlier run of {key[0]} with comm={key[1]} on "
+            f"{key[2]} worker(s) in {' or '.join(str(d) for d in dirs)}); at most "
+            f"{key[3]} epoch(s)"
+        )
+    here = hardware()
+    local = [r for r in same if r.get("hardware") == here]
+    pick = local or same
+    t = statistics.median(float(r["wall_time_s"]) for r in pick)
+    on = "this machine's hardware" if local else f"other hardware ({pick[0].get('hardware')})"
+    return (
+        f"expected time: about {_duration(t)} (median wall time of {len(pick)} earlier "
+        f"run(s) of this configuration, on {on})"
+    )
+
+
+def sweep_jobs(overrides: list[str]) -> list[list[str]]:
     """The overrides of each job of a ``-m`` sweep, in Hydra's order."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -102,46 +191,62 @@ def _jobs(overrides: list[str]) -> list[list[str]]:
 
 
 def _resume(overrides: list[str]) -> None:
-    from bench.results.records import find_record
+    """``resume=RUN_ID --dry-run``: the checks the resume makes (a checkpoint, a run not
+    finished, overrides it may take, the config's own checks), then its plan."""
+    from bench.launch.run import prepare_resume
+    from bench.registry import ConfigError
 
     run_id = next(o.split("=", 1)[1] for o in overrides if o.startswith("resume="))
-    results = next(
-        (o.split("=", 1)[1] for o in overrides if o.startswith("results.dir=")), "results"
+    # as the real resume: the checkpoint has the recipe (dawnbench adds experiment=)
+    rest = [o for o in overrides if not o.startswith(("resume=", "experiment=", "data=", "-"))]
+    try:
+        cfg, meta, path = prepare_resume(run_id, rest, dry=True)
+    except ConfigError as e:
+        _fail(f"the resume would be refused: {e}")
+    runs = Path(str(cfg.results.dir)) / "runs.jsonl"
+    print(
+        f"would resume run {run_id} from its checkpoint {path} (attempt {meta['attempt']}, "
+        f"to at most {cfg.train.epochs} epochs); record appended to {runs}"
     )
-    rec = find_record(results, run_id)
-    if rec is None:
-        _fail(f"no record {run_id!r} in {results}/runs.jsonl")
-    print(f"would resume run {run_id} ({rec.get('status')}, {rec.get('epochs_run')} epoch(s))")
-    print(f"from its last checkpoint {rec.get('checkpoint')}; record appended to {results}")
+    print("nothing run (--dry-run)")
 
 
 def dry_run(overrides: list[str]) -> None:
-    """Print what ``train <overrides>`` would run, and run nothing."""
+    """Check and plan what ``train <overrides>`` would run, and run nothing."""
     from omegaconf import OmegaConf
 
     if any(o.startswith("resume=") for o in overrides):
         _resume(overrides)
         return
-    ignored = [o for o in overrides if o.startswith("-") and o not in FLAGS]
+    verbose = any(o in VERBOSE for o in overrides)
+    ignored = [o for o in overrides if o.startswith("-") and o not in (*FLAGS, *VERBOSE)]
     if ignored:
         print(f"(ignored with --dry-run: {' '.join(ignored)})")
     args = [o for o in overrides if not o.startswith("-")]
     hydra_args = [o for o in args if o.startswith(("hydra.", "hydra/"))]
     args = [o for o in args if o not in hydra_args]
     if any(o in FLAGS for o in overrides):
-        jobs = _jobs(args)
+        jobs = sweep_jobs(args)
         print(f"sweep of {len(jobs)} job(s)" + (f" ({' '.join(hydra_args)})" if hydra_args else ""))
         for i, job in enumerate(jobs):
-            cfg = _compose(job)
-            why = _refusal(cfg)
+            cfg = compose(job)
+            why = refusal(cfg)
             print(f"job {i}: {' '.join(job) or '(defaults)'}")
             print("  " + (f"would be refused: {why}" if why else launch_line(cfg)))
+            if not why:
+                print("  " + estimate(cfg))
         print("nothing run (--dry-run)")
         return
-    cfg = _compose(args)
-    print(OmegaConf.to_yaml(cfg, resolve=True), end="")
-    why = _refusal(cfg)
+    cfg = compose(args)
+    why = refusal(cfg)
     if why:
         _fail(f"the run would be refused: {why}")
     print(launch_line(cfg))
+    print(estimate(cfg))
+    print("checks passed: the config, the data, the cluster's requirements, the results directory")
+    if verbose:
+        print("resolved config:")
+        print(OmegaConf.to_yaml(cfg, resolve=True), end="")
+    else:
+        print("(--verbose prints the resolved config)")
     print("nothing run (--dry-run)")

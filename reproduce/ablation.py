@@ -12,7 +12,7 @@ train`` with the job's Hydra overrides runs, writing its record tagged with the 
 a failed job does not stop the others), trained through a run queue
 (:mod:`bench.launch.runqueue`: the workers are launched once, not once per run), then one table
 per sweep, printed and written to
-``results/ablation/<sweep_id>.csv`` (``bench/sweeps/ablation.py`` says what each column
+``<results-dir>/ablation/<sweep_id>.csv`` (``bench/sweeps/ablation.py`` says what each column
 is).  Trailing ``key=value`` overrides apply to every job.
 """
 
@@ -22,17 +22,26 @@ import argparse
 import sys
 from pathlib import Path
 
-from reproduce._cli import Parser
+from reproduce._cli import RESULTS, Parser
 
 USAGE = """ablation [--workload W | --experiment E] [--cluster C] [--seeds N] [--comm a,b]
            [--quick] [--grid] [--dry-run] [--resume SWEEP_ID] [--aggregate SWEEP_ID]
                           the tuning protocol (tune, select, 5 evaluation seeds; --grid:
                           comm x cache x update x seeds), one table in
-                          results/ablation/<sweep_id>.csv"""
+                          runs/ablation/<sweep_id>.csv"""
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = Parser("ablation", description=__doc__)
+    ap = Parser(
+        "ablation",
+        summary="The comparison the suite exists for: every communication method tuned with "
+        "the same budget on tuning seeds, the chosen configuration evaluated on 5 fresh "
+        "seeds, time to target with 95 % intervals against dense and the best peer "
+        f"({RESULTS}/ablation/<sweep_id>.csv by default); --grid runs the older "
+        "comm x cache x update x seeds grid instead.",
+        example="python -m reproduce ablation --quick --cluster local --dry-run",
+        details=__doc__,
+    )
     ap.add_argument("--experiment", default="", help="conf/experiment/<E>.yaml")
     ap.add_argument("--workload", default="", help="image | translation (the protocol's)")
     ap.add_argument("--cluster", default="emulated", help="local | emulated | multinode")
@@ -47,7 +56,12 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--resume", metavar="SWEEP_ID", help="protocol: go on with a sweep")
     ap.add_argument("--dry-run", action="store_true", help="print the jobs, run nothing")
     ap.add_argument("--aggregate", metavar="SWEEP_ID", help="rebuild the table from records")
-    ap.add_argument("--results-dir", default="results", help="where the records are")
+    ap.add_argument(
+        "--results-dir",
+        metavar="DIR",
+        default=RESULTS,
+        help=f"where the jobs' records and the table go (default {RESULTS}/, git-ignored)",
+    )
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every job")
     return ap
 
@@ -250,7 +264,7 @@ def main(argv: list[str]) -> None:
     print(f"sweep {plan.sweep_id}: {plan.experiment} on cluster {args.cluster}, {len(jobs)} jobs")
     for note in plan.notes:
         print(f"note: {note}")
-    sweep_dir = Path("outputs") / "ablation" / plan.sweep_id
+    sweep_dir = Path(args.results_dir) / "hydra" / "ablation" / plan.sweep_id
     if args.dry_run:
         for i, job in enumerate(jobs):
             print(f"job {i}: python -m reproduce train " + " ".join(job))

@@ -62,7 +62,14 @@ LIMITS = {
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = Parser("advise")
+    ap = Parser(
+        "advise",
+        summary="Ranks the communication methods by the performance model's predicted step "
+        "time and scaling efficiency for a cluster and a model; nothing is run.",
+        example="python -m reproduce advise --nodes 16 --workers 8 --inter-gbps 25 "
+        "--model resnet50",
+        details=__doc__,
+    )
     ap.add_argument(
         "--profile", choices=sorted(PROFILES), help="a named cluster: " + PROFILE_SOURCE
     )

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from bench.results.paths import bench_csv
+from reproduce._cli import REFERENCE, RESULTS, Parser, did_you_mean, fail
 
 USAGE = """bench NAME [--quick] [--replot] [--results-dir DIR] [--dry-run]
                           a benchmark (see `python -m reproduce bench --list`)"""
@@ -47,7 +47,14 @@ def main(argv: list[str]) -> None:
     from bench.registry import ConfigError
 
     registry = load_all()
-    ap = argparse.ArgumentParser(prog="python -m reproduce bench")
+    ap = Parser(
+        "bench",
+        summary="Runs one micro-benchmark (top-k selection, optimizer update, input "
+        "pipeline, communication, cluster, throughput), appends its rows to "
+        "<results-dir>/bench/NAME.csv and draws NAME.png.",
+        example="python -m reproduce bench topk --quick",
+        details="benchmarks: " + ", ".join(registry.names()),
+    )
     ap.add_argument("name", nargs="?", help=f"one of: {', '.join(registry.names())}")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (seconds), for smoke tests")
     ap.add_argument(
@@ -55,13 +62,24 @@ def main(argv: list[str]) -> None:
         action="store_true",
         help="measure nothing: redraw the figure from the newest run in the CSV",
     )
-    ap.add_argument("--results-dir", default="results", help="where bench/<name>.csv and .png go")
+    ap.add_argument(
+        "--results-dir",
+        metavar="DIR",
+        default=RESULTS,
+        help=f"where bench/<name>.csv and .png go (default {RESULTS}/; the committed ones: "
+        f"{REFERENCE})",
+    )
     ap.add_argument("--list", action="store_true", help="list the benchmarks")
     ap.add_argument("--dry-run", action="store_true", help="say what would run; run nothing")
     args = ap.parse_args(argv)
     if args.list or not args.name:
         print("\n".join(registry.names()))
         sys.exit(0 if args.list else 2)
+    if args.name not in registry.names():
+        fail(
+            f"bench: unknown benchmark {args.name!r}{did_you_mean(args.name, registry.names())}; "
+            f"choose one of: {', '.join(registry.names())}"
+        )
     try:
         spec = registry.get(args.name)
         if args.dry_run:

@@ -1,14 +1,17 @@
 """``python -m reproduce compare RUN_ID [RUN_ID ...] --out PNG [--label KEY]``
 
 Accuracy curves of recorded runs side by side (per epoch and against training time),
-drawn from ``results/runs.jsonl`` and the curve CSVs alone, with each run's time to
-target printed as a table.
+drawn from the records (``runs.jsonl``) and the curve CSVs alone, with each run's time to
+target printed as a table.  Each run id is looked up in the ``--results-dir`` directories
+in order (by default a user's ``runs/`` and then the committed reference ``results/``),
+so that a user's run compares with a reference one by naming both.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
+
+from reproduce._cli import REFERENCE, RESULTS, Parser
 
 USAGE = """compare RUN_ID... --out PNG [--dry-run]
                           accuracy curves of recorded runs side by side"""
@@ -18,12 +21,23 @@ def main(argv: list[str]) -> None:
     from bench.results import records
     from bench.results.plots import plot_comparison
 
-    ap = argparse.ArgumentParser(prog="python -m reproduce compare")
+    ap = Parser(
+        "compare",
+        summary="Draws the accuracy curves of recorded runs side by side and prints their "
+        "times to target; a user's runs and the reference ones compare by run id.",
+        example="python -m reproduce compare <your run id> 20261130-222143-510ca9 --out cmp.png",
+        details=__doc__,
+    )
     ap.add_argument("run_ids", nargs="+")
     ap.add_argument(
         "--out", required=True, help="PNG to write (refuses to replace an existing file)"
     )
-    ap.add_argument("--results-dir", default="results")
+    ap.add_argument(
+        "--results-dir",
+        action="append",
+        help=f"where to look for the runs, repeatable, in order (default: {RESULTS}, "
+        f"then {REFERENCE})",
+    )
     ap.add_argument(
         "--label", default="comm", help="record field(s) naming each run, comma-separated"
     )
@@ -35,17 +49,17 @@ def main(argv: list[str]) -> None:
     if Path(args.out).exists():
         print(f"error: {args.out} exists; choose another --out", file=sys.stderr)
         sys.exit(2)
+    dirs = args.results_dir or [RESULTS, REFERENCE]
     runs, recs = [], []
     for rid in args.run_ids:
-        rec = records.find_record(args.results_dir, rid)
-        if rec is None:
-            print(
-                f"error: no record {rid!r} in {records.runs_path(args.results_dir)}",
-                file=sys.stderr,
-            )
+        found = [(d, r) for d in dirs if (r := records.find_record(d, rid)) is not None]
+        if not found:
+            where = ", ".join(str(records.runs_path(d)) for d in dirs)
+            print(f"error: no record {rid!r} in {where}", file=sys.stderr)
             sys.exit(2)
+        where, rec = found[0]
         label = " ".join(str(rec.get(k)) for k in args.label.split(","))
-        runs.append((label, records.load_curve(args.results_dir, rid)))
+        runs.append((label, records.load_curve(where, rid)))
         recs.append(rec)
     metric, target = recs[0]["target_metric"], recs[0]["target_value"]
     if any((r["target_metric"], r["target_value"]) != (metric, target) for r in recs):

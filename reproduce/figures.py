@@ -1,30 +1,60 @@
-"""``python -m reproduce figures [--results-dir DIR] [--experiment NAME] [--dry-run]``
+"""``python -m reproduce figures [--results-dir DIR] [--reference REF] [--experiment NAME]
+[--dry-run] [--verbose]``
 
 Every figure of the reproduction, and ``DIR/REPORT.md``, regenerated from the records
 (``DIR/runs.jsonl``), curves (``DIR/curves/``) and benchmark CSVs (``DIR/bench/*.csv``)
-alone: nothing is trained or measured.  Figures go to ``DIR/figures/``.
+alone: nothing is trained or measured.  Figures go to ``DIR/figures/``.  ``DIR`` is a
+user's own runs by default (``runs/``); the committed reference results are
+``--results-dir results``.  ``--reference results`` draws a user's runs beside the
+reference ones: both directories' records, curves and CSVs are copied into
+``DIR/with-reference/`` (the inputs are only read), and the figures and report are made
+there.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import re
+import shutil
 import sys
 import warnings
+from pathlib import Path
 
-USAGE = """figures [--results-dir DIR] [--experiment NAME] [--dry-run]
+from reproduce._cli import REFERENCE, RESULTS, Parser, fail
+
+USAGE = """figures [--results-dir DIR] [--reference REF] [--experiment NAME] [--dry-run]
                           every figure and DIR/REPORT.md from the records and CSVs alone"""
+
+# how bench.report.figures_data words a set of older records ("12 record(s) written
+# before the fields ... existed"); worded otherwise, they are printed one line each
+OLDER = re.compile(r"^(\d+) record\(s\) written before the fields")
 
 
 def _fail(msg: str) -> None:
-    print(f"error: {msg}", file=sys.stderr)
-    sys.exit(2)
+    fail(msg)
 
 
 def _args(argv: list[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m reproduce figures")
+    ap = Parser(
+        "figures",
+        summary="Draws every figure and writes REPORT.md from the records, curves and "
+        "benchmark CSVs of a results directory alone; nothing is trained or measured.",
+        example=f"python -m reproduce figures --results-dir {RESULTS} --reference {REFERENCE}",
+        details=__doc__,
+    )
     ap.add_argument(
-        "--results-dir", default="results", help="records, curves/, bench/ (default results)"
+        "--results-dir",
+        metavar="DIR",
+        default=RESULTS,
+        help=f"records, curves/, bench/ (default {RESULTS}, a user's runs; the committed "
+        f"reference results: {REFERENCE})",
+    )
+    ap.add_argument(
+        "--reference",
+        metavar="REF",
+        help=f"also draw REF's records beside DIR's (e.g. {REFERENCE}); the figures and "
+        "report go to DIR/with-reference/",
     )
     ap.add_argument(
         "--experiment", action="append", help="only this experiment's figures (repeatable)"
@@ -34,7 +64,38 @@ def _args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="list the inputs found and the figures it would write",
     )
+    ap.add_argument(
+        "-v", "--verbose", action="store_true", help="name every record of an older format"
+    )
     return ap.parse_args(argv)
+
+
+def with_reference(results_dir: str, reference: str) -> Path:
+    """``results_dir/with-reference/``: the reference's inputs, then the user's (a user's
+    CSV of the same name wins), copied so that one directory holds both; the two
+    directories themselves are only read."""
+    src = [Path(reference), Path(results_dir)]
+    for d in src:
+        if not d.is_dir():
+            fail(
+                f"{d} is not a directory (no runs yet? `python -m reproduce dawnbench` makes "
+                f"some in {RESULTS}/)"
+            )
+    out = Path(results_dir) / "with-reference"
+    lines: list[str] = []
+    for d in src:
+        runs = d / "runs.jsonl"
+        if runs.is_file():
+            text = runs.read_text()
+            lines.append(text if text.endswith("\n") or not text else text + "\n")
+        for sub in ("curves", "bench", "ablation", "scaling"):
+            if (d / sub).is_dir() and (d / sub).resolve() != (out / sub).resolve():
+                shutil.copytree(
+                    d / sub, out / sub, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.lock")
+                )
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "runs.jsonl").write_text("".join(lines))
+    return out
 
 
 def _check_experiments(names: list[str] | None, recorded: set[str]) -> None:
@@ -59,7 +120,8 @@ def _load(results_dir: str):
     except NoRecords as e:
         _fail(
             f"{e}: run a training first, e.g. `python -m reproduce dawnbench "
-            f"results.dir={results_dir}`, or point --results-dir at a directory with records"
+            f"results.dir={results_dir}`, or point --results-dir at a directory with records "
+            f"(the committed reference results: --results-dir {REFERENCE})"
         )
     return inputs
 
@@ -90,16 +152,47 @@ def _check_writable(folders: list) -> None:
             _fail(f"{d} is not writable ({e.strerror}); nothing was drawn")
 
 
+def _problems(problems: list[str], verbose: bool) -> None:
+    """Each input problem on one line, but the records of older formats (read as
+    absent where a field is missing; nothing wrong with them) in one line, their run
+    ids only with ``--verbose``."""
+    older = [p for p in problems if OLDER.match(p)]
+    for p in problems:
+        if p not in older:
+            print(f"warning: {p}", file=sys.stderr)
+    if not older:
+        return
+    n = sum(int(OLDER.match(p).group(1)) for p in older)  # type: ignore[union-attr]
+    if verbose:
+        for p in older:
+            print(f"note: {p}", file=sys.stderr)
+    else:
+        print(
+            f"note: {n} record(s) of older formats, read with their later fields absent "
+            "(--verbose names them)",
+            file=sys.stderr,
+        )
+
+
 def main(argv: list[str]) -> None:
     args = _args(argv)
-    inputs = _load(args.results_dir)
+    if args.reference:
+        if args.dry_run:
+            print(
+                f"would copy the inputs of {args.reference} and {args.results_dir} into "
+                f"{Path(args.results_dir) / 'with-reference'} and draw from there"
+            )
+            inputs = _load(args.results_dir)
+        else:
+            inputs = _load(str(with_reference(args.results_dir, args.reference)))
+    else:
+        inputs = _load(args.results_dir)
     _check_experiments(args.experiment, set(inputs.runs["experiment"]))
     from bench.report.figures_plan import draw, plan
     from bench.report.report import write_report
 
     figs = plan(inputs, args.experiment)
-    for p in inputs.problems:
-        print(f"warning: {p}", file=sys.stderr)
+    _problems(inputs.problems, args.verbose)
     report = inputs.results_dir / "REPORT.md"
     if args.dry_run:
         _print_inputs(inputs)
@@ -109,7 +202,11 @@ def main(argv: list[str]) -> None:
         print(f"and {report}; nothing written (--dry-run)")
         return
     _check_writable([report.parent, *{f.path.parent for f in figs}])
-    draw(figs)
+    with warnings.catch_warnings():
+        # matplotlib's layout notes and pandas' future warnings say nothing about the
+        # results; the figures' own problems are reported per figure below
+        warnings.simplefilter("ignore")
+        draw(figs)
     for f in figs:
         state = "written" if f.drawn else f"not drawn ({f.error or 'nothing to draw'})"
         print(f"{f.path}: {state}")

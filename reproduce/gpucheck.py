@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
+
+from reproduce._cli import RESULTS, Parser, did_you_mean
 
 USAGE = """gpucheck [--budget-s 480] [--dry-run] [--cpu]
                           every CUDA path, measured within a time budget (see README, GPU)"""
@@ -12,16 +13,20 @@ USAGE = """gpucheck [--budget-s 480] [--dry-run] [--cpu]
 def main(argv: list[str]) -> None:
     from bench.gpucheck.check import STEPS, check
 
-    ap = argparse.ArgumentParser(
-        prog="python -m reproduce gpucheck",
-        description="Exercise and measure every CUDA path of the suite within a time budget.",
+    ap = Parser(
+        "gpucheck",
+        summary="Exercises and measures every CUDA path of the suite within a time budget, "
+        "one row per step in <results-dir>/bench/gpucheck.csv and a summary table.",
+        example="python -m reproduce gpucheck --budget-s 480 --dry-run",
     )
     ap.add_argument("--budget-s", type=float, default=480.0, help="seconds for all steps")
     ap.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
     ap.add_argument(
         "--cpu", action="store_true", help="the steps with a CPU mode, on the CPU (plumbing)"
     )
-    ap.add_argument("--results-dir", default="results", help="where CSVs and records go")
+    ap.add_argument(
+        "--results-dir", default=RESULTS, help=f"where CSVs and records go (default {RESULTS}/)"
+    )
     ap.add_argument(
         "--only",
         default="",
@@ -36,8 +41,9 @@ def main(argv: list[str]) -> None:
         names = [n.strip() for n in args.only.split(",") if n.strip()]
         unknown = [n for n in names if n not in {s.name for s in STEPS}]
         if unknown:
+            hint = did_you_mean(unknown[0], [s.name for s in STEPS])
             print(
-                f"error: unknown step(s) {', '.join(unknown)}; "
+                f"error: unknown step(s) {', '.join(unknown)}{hint}; "
                 f"choose from {', '.join(s.name for s in STEPS)}",
                 file=sys.stderr,
             )

@@ -3,7 +3,7 @@
 Training throughput and scaling efficiency against workers and nodes, per communication
 method, from short recorded runs (a fixed number of steps, no target), beside the
 performance model's projection to the paper's 16 x 8 V100 at 25 Gbit/s; one table,
-printed and written to ``results/scaling/<sweep_id>.csv`` (``bench/sweeps/scaling.py``
+printed and written to ``<results-dir>/scaling/<sweep_id>.csv`` (``bench/sweeps/scaling.py``
 says how each number is made).  Trailing ``key=value`` overrides apply to every run.
 """
 
@@ -13,18 +13,25 @@ import argparse
 import sys
 from pathlib import Path
 
-from reproduce._cli import Parser
+from reproduce._cli import RESULTS, Parser
 
 USAGE = """scaling [--cluster local|emulated|multinode] [--comm a,b] [--topologies 1x1,2x2]
            [--steps N] [--quick] [--dry-run]
                           throughput and scaling efficiency vs workers and nodes, beside
-                          the model's projection; results/scaling/<sweep_id>.csv"""
+                          the model's projection; runs/scaling/<sweep_id>.csv"""
 
 QUICK = {"topologies": "1x1,2x1", "steps": 3}
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = Parser("scaling", description=__doc__)
+    ap = Parser(
+        "scaling",
+        summary="Training throughput and scaling efficiency against workers and nodes, per "
+        "communication method, from short recorded runs, beside the performance model's "
+        f"projection ({RESULTS}/scaling/<sweep_id>.csv by default).",
+        example="python -m reproduce scaling --quick --comm dense,hitopk --dry-run",
+        details=__doc__,
+    )
     ap.add_argument("--experiment", default="dawnbench_digits", help="conf/experiment/<E>.yaml")
     ap.add_argument("--cluster", default="local", help="local | emulated | multinode")
     ap.add_argument("--comm", default="dense,hitopk", help="comma-separated methods")
@@ -33,7 +40,12 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch-per-worker", type=int, default=64)
     ap.add_argument("--quick", action="store_true", help="1x1 and 2x1, 3 steps")
     ap.add_argument("--dry-run", action="store_true", help="print the runs, run nothing")
-    ap.add_argument("--results-dir", default="results")
+    ap.add_argument(
+        "--results-dir",
+        metavar="DIR",
+        default=RESULTS,
+        help=f"where the runs' records and the table go (default {RESULTS}/, git-ignored)",
+    )
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     return ap
 
@@ -92,7 +104,10 @@ def main(argv: list[str]) -> None:
         return
     from bench.sweeps.common import run_train
 
-    failed = sum(rc != 0 for rc in plan.run(Path("outputs") / "scaling" / plan.sweep_id, run_train))
+    failed = sum(
+        rc != 0
+        for rc in plan.run(Path(args.results_dir) / "hydra" / "scaling" / plan.sweep_id, run_train)
+    )
     df = sc.measured(sweep_records(args.results_dir, plan.sweep_id), plan.sweep_id)
     if failed or len(df) < len(jobs):
         print(f"note: {len(df)} of {len(jobs)} runs finished", file=sys.stderr, flush=True)

@@ -12,6 +12,9 @@ from bench.config import register_configs
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 register_configs()
+# set by ``python -m reproduce`` once it has made the run's checks on the same overrides
+# (before Hydra makes its output folder), so that the run does not make them again
+PRECHECKED = False
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
@@ -25,13 +28,22 @@ def app(cfg: DictConfig) -> float | None:
     hc = HydraConfig.get()
     experiment = hc.runtime.choices.get("experiment") or cfg.experiment
     try:
-        rc, rec = run(cfg, experiment=experiment, output_dir=hc.runtime.output_dir)
+        checked = PRECHECKED and hc.mode != RunMode.MULTIRUN
+        rc, rec = run(cfg, experiment=experiment, output_dir=hc.runtime.output_dir, checked=checked)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except Exception as e:  # noqa: BLE001  (a launch that failed: recorded, one line here)
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         sys.exit(1)
+    if rec is not None and hc.mode != RunMode.MULTIRUN:  # after the workers' closing lines
+        import os
+
+        from bench.results.outputs import WIDTH
+
+        out = hc.runtime.output_dir  # relative when results.dir is, as the lines above
+        out = out if os.path.isabs(str(cfg.results.dir)) else os.path.relpath(out)
+        print(f"  {'launch files':<{WIDTH}}  {out}/ (Hydra's config and log)")
     if rc and hc.mode != RunMode.MULTIRUN:
         sys.exit(rc)
     # the sweep objective (e.g. for an optimizer sweeper): time to target, if reached

@@ -42,7 +42,7 @@ def _one_line_error(p, *needles: str) -> None:
 def test_bad_input(tmp_path: Path, overrides: list[str], needles: list[str]) -> None:
     p = run_cli("train", f"results.dir={tmp_path}", *overrides, timeout=120)
     _one_line_error(p, *needles)
-    assert not (tmp_path / "runs.jsonl").exists()
+    assert list(tmp_path.iterdir()) == []  # no record, and no Hydra output either
 
 
 def test_cifar_dir_without_batches(tmp_path: Path) -> None:
@@ -57,3 +57,32 @@ def test_unknown_command_and_dawnbench_data() -> None:
     _one_line_error(run_cli("frobnicate"), "frobnicate")
     _one_line_error(run_cli("dawnbench", "data=synthetic"), "data=synthetic")
     _one_line_error(run_cli("bench", "nosuchbench"), "nosuchbench")
+
+
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["trian"], ["did you mean train?"]),
+        (["figurse"], ["did you mean figures?"]),
+        (["train", "com=hitopk"], ["'com'", "did you mean comm?"]),
+        (["train", "-m", "com=dense,hitopk"], ["'com'", "did you mean comm?"]),
+        (["train", "optim.lrr=0.1"], ["'optim.lrr'", "did you mean optim.lr?"]),
+        (["train", "trian.epochs=3"], ["did you mean train?"]),
+        (["train", "model=resnet5"], ["model=resnet5", "did you mean resnet50?", "known:"]),
+        (["dawnbench", "data=cifar"], ["data=cifar", "did you mean cifar10?"]),
+        (["train", "--dryrun"], ["--dryrun", "did you mean --dry-run?"]),
+        (["train", "--resuls-dir", "x"], ["did you mean --results-dir?"]),
+        (["figures", "--resuls-dir", "x"], ["figures:", "did you mean --results-dir?"]),
+        (["ablation", "--seds", "2"], ["ablation:", "did you mean --seeds?"]),
+        (["advise", "--model", "resnet5"], ["did you mean resnet50?"]),
+        (["gpucheck", "--only", "train-ncl"], ["did you mean train-nccl?"]),
+        (["bench", "topkk"], ["'topkk'", "did you mean topk?"]),
+    ],
+)
+def test_did_you_mean(tmp_path: Path, args: list[str], needles: list[str]) -> None:
+    """A misspelt command, config key, group, group option or flag: one line naming it
+    and the closest known one, exit 2, nothing started."""
+    p = run_cli(*args, f"results.dir={tmp_path}", timeout=120)
+    _one_line_error(p, *needles)
+    assert p.returncode == 2
+    assert not (tmp_path / "runs.jsonl").exists()

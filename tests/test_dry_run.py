@@ -16,20 +16,69 @@ def _files(d: Path) -> list[Path]:
     return sorted(d.rglob("*")) if d.exists() else []
 
 
-def test_train_dry_run_prints_config_and_launch(tmp_path: Path, capsys) -> None:
+def test_train_dry_run_prints_the_plan_then_the_config_with_verbose(tmp_path: Path, capsys) -> None:
     res = tmp_path / "r"
     main(["train", "--dry-run", f"results.dir={res}", "comm=hitopk", "cluster.nnodes=2"])
     out = capsys.readouterr().out
-    assert "model:" in out and "name: resnet9" in out and "name: hitopk" in out  # the YAML
-    assert "would launch: 4 worker(s) = 2 node(s) x 2" in out
-    assert f"record appended to {res / 'runs.jsonl'}" in out
+    lines = out.splitlines()
+    assert lines[0].startswith("would launch: 4 worker(s) = 2 node(s) x 2")  # the plan first
+    assert f"record appended to {res / 'runs.jsonl'}" in lines[0]
+    assert lines[1].startswith("expected time: ")
+    assert "model:" not in out and len(lines) <= 6  # no YAML without --verbose
     assert not res.exists()  # nothing recorded, no directory made
+    main(["train", "--dry-run", "-v", f"results.dir={res}", "comm=hitopk", "cluster.nnodes=2"])
+    out = capsys.readouterr().out
+    assert out.index("would launch") < out.index("resolved config:") < out.index("model:")
+    assert "name: resnet9" in out and "name: hitopk" in out
+    assert not res.exists()
+
+
+def test_dry_run_estimates_from_earlier_records(tmp_path: Path, capsys) -> None:
+    from bench.results.env import hardware
+
+    rec = {
+        "run_id": "old",
+        "status": "ok",
+        "experiment": "dawnbench_digits",
+        "comm": "dense",
+        "world_size": 2,
+        "hardware": hardware(),
+        "wall_time_s": 90.0,
+        "config": {"train": {"epochs": 12}},
+    }
+    (tmp_path / "runs.jsonl").write_text(json.dumps(rec) + "\n")
+    main(["dawnbench", "--dry-run", f"results.dir={tmp_path}"])
+    out = capsys.readouterr().out
+    assert "expected time: about 90 s" in out and "this machine's hardware" in out
+
+
+@pytest.mark.parametrize("where", ["file", "runs_dir"])
+def test_dry_run_refuses_what_the_run_refuses(tmp_path: Path, capsys, where: str) -> None:
+    """A results directory that is a file (or whose runs.jsonl is a directory) is refused
+    by the dry run with the real run's message, and nothing is made."""
+    from bench.launch.run import check_results_dir
+    from bench.registry import ConfigError
+
+    target = tmp_path / "res"
+    if where == "file":
+        target.write_text("not a directory")
+    else:
+        (target / "runs.jsonl").mkdir(parents=True)
+    before = _files(tmp_path)
+    with pytest.raises(ConfigError) as real:
+        check_results_dir(str(target))  # what the run itself says
+    with pytest.raises(SystemExit) as e:
+        main(["dawnbench", "--dry-run", f"results.dir={target}"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert str(real.value) in err and "would be refused" in err
+    assert _files(tmp_path) == before
 
 
 def test_dawnbench_dry_run_uses_the_recipe(tmp_path: Path, capsys) -> None:
     main(["dawnbench", "--dry-run", f"results.dir={tmp_path / 'r'}"])
     out = capsys.readouterr().out
-    assert "experiment: dawnbench_digits" in out and "nothing run" in out
+    assert "(experiment dawnbench_digits)" in out and "nothing run" in out
     assert _files(tmp_path) == []
 
 
@@ -47,7 +96,7 @@ def test_multirun_dry_run_lists_the_jobs(tmp_path: Path, capsys) -> None:
     out = capsys.readouterr().out
     assert "sweep of 2 job(s)" in out
     assert "job 0: comm=dense" in out and "job 1: comm=hitopk" in out
-    assert out.count("would launch: 4 worker(s)") == 2
+    assert out.count("would launch: 4 worker(s)") == 2 and out.count("expected time:") == 2
     assert _files(tmp_path) == []
 
 
@@ -82,3 +131,40 @@ def test_compare_dry_run(tmp_path: Path, capsys) -> None:
     out = capsys.readouterr().out
     assert "a: 'dense', 3 epoch(s)" in out and f"would draw {out_png}" in out
     assert _files(tmp_path) == before
+
+
+@pytest.mark.parametrize("cmd", ["ablation", "scaling"])
+def test_sweep_dry_run_refuses_a_results_dir_that_is_a_file(
+    tmp_path: Path, capsys, cmd: str
+) -> None:
+    bad = tmp_path / "a-file"
+    bad.write_text("x")
+    with pytest.raises(SystemExit) as e:
+        main([cmd, "--quick", "--cluster", "local", "--dry-run", "--results-dir", str(bad)])
+    assert e.value.code == 2
+    assert "is not a directory" in capsys.readouterr().err
+    assert bad.read_text() == "x"
+
+
+def test_resume_dry_run_makes_the_resumes_checks(tmp_path: Path, capsys) -> None:
+    """``resume=RUN_ID --dry-run`` refuses what the resume refuses (no checkpoint, a
+    finished run) and plans what it would continue; nothing is written."""
+    from tests.conftest import TINY, run_cli
+
+    p = run_cli("train", f"results.dir={tmp_path}", "train.epochs=1", *TINY, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    runs = tmp_path / "runs.jsonl"
+    rec = json.loads(runs.read_text())
+    args = ["train", "--dry-run", f"results.dir={tmp_path}"]
+    for run_id, needle in [("nosuchrun", "no checkpoint"), (rec["run_id"], "has finished")]:
+        with pytest.raises(SystemExit) as e:
+            main([*args, f"resume={run_id}"])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert "the resume would be refused" in err and needle in err
+    runs.write_text(json.dumps({**rec, "status": "interrupted"}) + "\n")  # as if stopped
+    before = {f: f.read_bytes() for f in _files(tmp_path) if f.is_file()}
+    main(["dawnbench", *args[1:], f"resume={rec['run_id']}"])
+    out = capsys.readouterr().out
+    assert f"would resume run {rec['run_id']}" in out and "attempt 2" in out
+    assert {f: f.read_bytes() for f in _files(tmp_path) if f.is_file()} == before

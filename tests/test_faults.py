@@ -487,7 +487,7 @@ def test_a_run_whose_loss_explodes_is_recorded_diverged(tmp_path: Path) -> None:
 
 
 def test_a_read_only_runs_file_is_refused_before_work_starts(tmp_path: Path) -> None:
-    from bench.launch.run import _check_writable
+    from bench.launch.run import check_results_dir
     from bench.registry import ConfigError
 
     records.append_record(tmp_path, {"run_id": "old", "status": "ok"})
@@ -496,14 +496,14 @@ def test_a_read_only_runs_file_is_refused_before_work_starts(tmp_path: Path) -> 
         subprocess.run(["mount", "--bind", str(runs), str(runs)], check=True)
         try:
             subprocess.run(["mount", "-o", "remount,ro,bind", str(runs)], check=True)
-            with pytest.raises(ConfigError, match="runs.jsonl is not writable"):
-                _check_writable(str(tmp_path))
+            with pytest.raises(ConfigError, match="runs.jsonl is not (a )?writable"):
+                check_results_dir(str(tmp_path))
         finally:
             subprocess.run(["umount", str(runs)], check=False)
     else:
         runs.chmod(0o444)
-        with pytest.raises(ConfigError, match="runs.jsonl is not writable"):
-            _check_writable(str(tmp_path))
+        with pytest.raises(ConfigError, match="runs.jsonl is not (a )?writable"):
+            check_results_dir(str(tmp_path))
     assert runs.read_text().startswith('{"run_id": "old"')
 
 

@@ -20,23 +20,26 @@ from omegaconf import DictConfig, OmegaConf
 from bench import comm, data, models, optim
 from bench.cluster import launch as cluster_launch
 from bench.comm import is_sparse
-from bench.config import Config, from_container, to_container, to_object
+from bench.config import Config, ResultsConfig, from_container, to_container, to_object
 from bench.launch import profile
 from bench.registry import ConfigError
 from bench.results import columns as col
 from bench.results import dawnbench, mllog, records, reserve
 from bench.results import events as ev
+from bench.results.outputs import closing_lines
 from bench.results.safejson import non_finite
 from bench.train import checkpoint as ck
 from bench.train.checkpoint_verify import remove_incomplete
 from bench.train.workload import WORKLOADS
 
 
-def validate(cfg: Config) -> None:
+def validate(cfg: Config, *, create_results: bool = True) -> None:
     """All configuration-time checks, before any worker process starts.
 
     Types and choices were checked when the config was composed; what is left are
-    ranges and checks across groups, each in the package that owns the group.
+    ranges and checks across groups, each in the package that owns the group.  A dry run
+    passes ``create_results=False``: the same checks, but the results directory is only
+    inspected, not made.
     """
 
     # first: a range check such as ``lr > 0`` passes inf, and every check passes NaN
@@ -55,7 +58,7 @@ def validate(cfg: Config) -> None:
     optim.validate(cfg.optim)
     comm.validate(cfg.comm, world_size=world, nnodes=cfg.cluster.nnodes)
     _validate_train(cfg)
-    _check_writable(cfg.results.dir)
+    check_results_dir(cfg.results.dir, create=create_results)
     cost = cfg.results.cost_per_hour
     if cost is not None and not cost >= 0:
         raise ConfigError(f"results.cost_per_hour is USD per hour, >= 0; got {cost}")
@@ -108,40 +111,66 @@ def _validate_train(cfg: Config) -> None:
         )
 
 
-def _check_writable(results_dir: str) -> None:
+def check_results_dir(results_dir: str, *, create: bool = True) -> None:
+    """Refuse a results directory the run could not write to.  The same tests with and
+    without ``create`` (a dry run makes nothing): the nearest existing path must be a
+    writable directory, and the record file, if there, a writable file; ``create`` then
+    makes the directory and writes a scratch file in it, which catches the rest (a full
+    or read-only file system)."""
     res = Path(results_dir)
-    try:
-        res.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=res):
-            pass
-    except OSError as e:
-        raise ConfigError(f"results.dir={results_dir!r} is not writable ({e.strerror})") from None
-    # the record is appended to runs.jsonl (under its lock file): a writable folder with a
-    # read-only runs.jsonl would fail only after the whole training run
-    for f in (records.runs_path(res), Path(f"{records.runs_path(res)}.lock")):
+    where = f"results.dir={results_dir!r}"
+    existing = next(p for p in [res, *res.absolute().parents] if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"{where} is not a directory ({existing} is a file)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{where} is not writable ({existing} is not)")
+    runs = records.runs_path(res)
+    if runs.exists() and not (runs.is_file() and os.access(runs, os.W_OK)):
+        raise ConfigError(f"{where}: its {runs.name} is not a writable file")
+    # the record is appended to runs.jsonl (under its lock file): opened for appending, as
+    # the writer will (root passes os.access; a read-only mount or file does not open)
+    for f in (runs, Path(f"{runs}.lock")):
         if f.exists():
             try:
                 os.close(os.open(f, os.O_WRONLY | os.O_APPEND))  # opened, nothing written
             except OSError as e:
                 raise ConfigError(f"{f} is not writable ({e.strerror})") from None
+    if not create:
+        return
+    try:
+        res.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=res):
+            pass
+    except OSError as e:
+        raise ConfigError(f"{where} is not writable ({e.strerror})") from None
 
 
 def run(
-    cfg: DictConfig | Config, *, experiment: str, output_dir: str | Path | None = None
+    cfg: DictConfig | Config,
+    *,
+    experiment: str,
+    output_dir: str | Path | None = None,
+    checked: bool = False,
 ) -> tuple[int, dict[str, Any] | None]:
-    """Validate, launch, and return (exit status, the run's record)."""
+    """Validate, launch, and return (exit status, the run's record).  ``checked``: the
+    caller has made :func:`validate`'s checks on this config (``create_results=False``),
+    so that only the results directory is left to make."""
     launch_time = time.time()
     cfg = to_object(cfg)
-    run_meta = prepare(cfg, experiment, launch_time)
+    run_meta = prepare(cfg, experiment, launch_time, checked=checked)
     return launch_and_record(cfg, run_meta, output_dir)
 
 
 def prepare(
-    cfg: Config, experiment: str, launch_time: float, quiet: bool = False
+    cfg: Config, experiment: str, launch_time: float, quiet: bool = False, checked: bool = False
 ) -> dict[str, Any]:
-    """Validate ``cfg`` and set its emulated link (``cluster.profile``); the run's metadata
-    (run id, start and launch time, experiment, the profile applied)."""
-    validate(cfg)
+    """Validate ``cfg`` (``checked``: only make its results directory) and set its
+    emulated link (``cluster.profile``); the run's metadata (run id, start and launch
+    time, experiment, the profile applied)."""
+    if checked:  # some checks read whole files (a corpus, a tokenizer): not twice
+        check_results_dir(cfg.results.dir)
+    else:
+        validate(cfg)
     run_meta = {
         "run_id": records.new_run_id(),
         "started_at": records.now_iso(),
@@ -157,12 +186,22 @@ def prepare(
 
 
 def resume(
-    run_id: str, overrides: list[str], results_dir: str = "results"
+    run_id: str, overrides: list[str], results_dir: str = ResultsConfig.dir
 ) -> tuple[int, dict[str, Any] | None]:
     """Continue run ``run_id`` from its last checkpoint, into the same run id (a new
     ``attempt`` of its record).  The config is the checkpoint's; ``overrides`` may change
     only what :data:`bench.train.checkpoint.MAY_DIFFER` lists."""
+    cfg, run_meta, path = prepare_resume(run_id, overrides, results_dir)
+    print(f"resuming run {run_id} from {path} (attempt {run_meta['attempt']})", flush=True)
+    return launch_and_record(cfg, run_meta, None)
 
+
+def prepare_resume(
+    run_id: str, overrides: list[str], results_dir: str = ResultsConfig.dir, dry: bool = False
+) -> tuple[Config, dict[str, Any], str]:
+    """The checks of :func:`resume`, all made before anything is launched (a dry run
+    makes them too, with ``dry``: nothing created): the config, run metadata and
+    checkpoint path to resume from."""
     results_dir = next(
         (o.split("=", 1)[1] for o in overrides if o.startswith("results.dir=")), results_dir
     )
@@ -186,11 +225,10 @@ def resume(
     except Exception as e:  # noqa: BLE001  (a bad override: one line)
         raise ConfigError(f"resume={run_id}: {str(e).splitlines()[0]}") from None
     ck.check_compatible(manifest, to_container(cfg))
-    validate(cfg)
+    validate(cfg, create_results=not dry)
     attempt = max((r.get("attempt", 1) for r in done), default=0) + 1
     run_meta = {**manifest["run"], "resume": True, "attempt": attempt}
-    print(f"resuming run {run_id} from {manifest['path']} (attempt {attempt})", flush=True)
-    return launch_and_record(cfg, run_meta, None)
+    return cfg, run_meta, str(manifest["path"])
 
 
 class Interrupted(BaseException):
@@ -362,6 +400,7 @@ def record_after(
     _close_outputs(err, cfg.results.dir, curve)
     err.append(cfg.results.dir)
     print(f"{status}: {reason}", file=sys.stderr, flush=True)
+    print(closing_lines(err.to_dict(), cfg.results.dir), file=sys.stderr, flush=True)
     if last is not None:
         print(
             f"the last checkpoint is epoch {last['epoch']}; continue with: python -m reproduce "

@@ -23,8 +23,16 @@ from bench.results.env import REPO_ROOT
 
 CONF_DIR = REPO_ROOT / "conf"
 GROUPS = ("model", "data", "cache", "optim", "comm", "cluster")
-# keys that differ between runs of one command without being asked for
-_IGNORE = {"cluster.rdzv_id", "cluster.rdzv_port", "cluster.node_rank", "train.progress"}
+# keys that differ between runs of one command without being asked for; results.dir too,
+# so that a command copied from the report writes to the reader's default results
+# directory, not into the committed reference results it was recorded in
+_IGNORE = {
+    "cluster.rdzv_id",
+    "cluster.rdzv_port",
+    "cluster.node_rank",
+    "train.progress",
+    "results.dir",
+}
 
 
 def known_experiments() -> list[str]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from bench.config import register_configs, to_object
 from bench.launch import profile
-from bench.launch.run import validate
+from bench.launch.run import check_results_dir, validate
 from bench.launch.runqueue import run_queue
 from bench.registry import ConfigError
 from bench.results.records import load_records, new_run_id
@@ -74,20 +73,14 @@ def compose_all(jobs: Sequence[Sequence[str]]) -> list[Any]:
 
 
 def validate_jobs(jobs: Sequence[Sequence[str]], results_dir: str) -> list[Any]:
-    """Compose each job and run the run's own checks (``bench.launch.run.validate``) on it, with
-    a scratch results directory (the checks create theirs): nothing is made in
-    ``results_dir``, only its write permission checked.  Returns the typed configs."""
+    """Compose each job and run the run's own checks (``bench.launch.run.validate``) on it,
+    the results directories inspected, not made (a results directory that is a file is
+    refused here, as the run would).  Returns the typed configs."""
 
     cfgs = [to_object(c) for c in compose_all(jobs)]
-    with tempfile.TemporaryDirectory() as tmp:
-        for cfg in cfgs:
-            real, cfg.results.dir = cfg.results.dir, tmp
-            validate(cfg)
-            cfg.results.dir = real
-    path = Path(results_dir)
-    parent = next(p for p in [path, *path.absolute().parents] if p.exists())
-    if not os.access(parent, os.W_OK):
-        raise ConfigError(f"results dir {results_dir!r} is not writable ({parent} is not)")
+    for cfg in cfgs:
+        validate(cfg, create_results=False)
+    check_results_dir(results_dir, create=False)
     return cfgs
 
 

@@ -42,6 +42,7 @@ from bench.results import dawnbench, records
 from bench.results.divergence import exploded
 from bench.results.events import events_path, read_events, restarts
 from bench.results.mllog import RunLog
+from bench.results.outputs import closing_lines
 from bench.results.plots import plot_time_to_accuracy
 from bench.results.timing import TrainClock, reached
 from bench.train import checkpoint, runtime
@@ -238,7 +239,7 @@ def train_epoch(s: TrainState) -> dict[str, Any]:
         sums += torch.stack([out[0].double(), out[1].double()])
         samples += len(batch[1])
         steps += 1
-        bar.update(1)
+        _show_step(bar, out[0], samples * s.world, t0 + eval_s)  # every worker: as many per step
         if step_eval_due(s, last=i == s.steps - 1):
             dt, hit = step_evaluate(s)
             eval_s += dt
@@ -295,16 +296,30 @@ def _token_columns(total: list[float], epoch_s: float) -> dict[str, float]:
 
 
 def _progress(s: TrainState) -> Any:
-
-    show = s.rank == 0 and s.cfg.train.progress
+    """Rank 0's bar over the epoch's steps, on a terminal only: in a log file or a pipe
+    its redraws would be noise between the per-epoch rows."""
+    show = s.rank == 0 and s.cfg.train.progress and sys.stderr.isatty()
     return tqdm(
         total=s.steps,
         desc=f"epoch {s.epoch + 1}",
+        unit="step",
         leave=False,
         dynamic_ncols=True,
         disable=not show,
         file=sys.stderr,
     )
+
+
+def _show_step(bar: Any, loss: torch.Tensor, samples: int, t0: float) -> None:
+    """The bar's step, with the samples/s of all workers (as in the epoch's row) and the
+    step's mean loss (this rank's).  Reading the loss synchronises with the device, so it
+    is read only for a bar that is shown, and at most twice a second."""
+    bar.update(1)
+    if bar.disable or time.perf_counter() - getattr(bar, "_shown_at", 0.0) < 0.5:
+        return
+    bar._shown_at = time.perf_counter()
+    rate = samples / max(1e-9, time.perf_counter() - t0)
+    bar.set_postfix_str(f"loss {float(loss):.3f}, {rate:.0f} samples/s", refresh=False)
 
 
 def evaluate(s: TrainState) -> dict[str, float]:
@@ -405,9 +420,10 @@ def write_outputs(s: TrainState) -> records.RunRecord:
     tts = f"{tt:.1f} s (epoch {rec.epochs_to_target})" if tt is not None else "not reached"
     print(
         f"status {rec.status}; time to {100 * rec.target_value:g} % {rec.target_metric}: {tts}; "
-        f"training time {rec.train_time_s:.1f} s; record appended to {records.runs_path(res)}",
+        f"training time {rec.train_time_s:.1f} s",
         flush=True,
     )
+    print(closing_lines(rec.to_dict(), res), flush=True)
     return rec
 
 

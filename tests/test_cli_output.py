@@ -1,0 +1,112 @@
+"""What the commands print: a progress bar within an epoch on a terminal only, closing
+lines naming every file a run wrote, one summary line for records of older formats in
+``figures`` (and no library warnings), and a user's runs beside the reference ones."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from bench.results.outputs import closing_lines, written
+from bench.train.loop import _progress, _show_step
+from reproduce.__main__ import main
+from tests.test_figures import _curve, _record, results  # noqa: F401  (a fixture)
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _state(rank: int = 0) -> SimpleNamespace:
+    return SimpleNamespace(
+        rank=rank, steps=5, epoch=0, cfg=SimpleNamespace(train=SimpleNamespace(progress=True))
+    )
+
+
+def test_progress_on_a_terminal_only(monkeypatch) -> None:
+    monkeypatch.setattr("sys.stderr", io.StringIO())  # a log file or a pipe
+    bar = _progress(_state())
+    assert bar.disable
+    _show_step(bar, torch.tensor(float("nan")), 64, time.perf_counter())  # no read, no output
+    bar.close()
+    term = _Terminal()
+    monkeypatch.setattr("sys.stderr", term)
+    assert _progress(_state(rank=1)).disable  # rank 0 only
+    bar = _progress(_state())
+    assert not bar.disable
+    _show_step(bar, torch.tensor(1.25), 64, time.perf_counter() - 1.0)
+    assert "loss 1.250" in bar.postfix and "samples/s" in bar.postfix
+    bar.refresh()
+    assert "1/5" in term.getvalue() and "loss 1.250" in term.getvalue()
+    bar.close()
+
+
+def test_closing_lines_name_every_file(tmp_path: Path) -> None:
+    rid = "20261201-000000-abcdef"
+    files = {
+        "curve": tmp_path / "curves" / f"{rid}.csv",
+        "figure": tmp_path / "figures" / f"{rid}_tta.png",
+        "dawnbench_json": tmp_path / "dawnbench" / f"{rid}.json",
+        "dawnbench_tsv": tmp_path / "dawnbench" / f"{rid}.tsv",
+        "mllog": tmp_path / "mllog" / f"{rid}.log",
+    }
+    for p in [*files.values(), tmp_path / "checkpoints" / rid / "epoch-0002.json"]:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text("x")
+    rec = {"run_id": rid, **{k: str(v) for k, v in files.items()}, "translations": None}
+    listed = dict(written(rec, tmp_path))
+    assert listed["record"] == f"{tmp_path / 'runs.jsonl'} (run {rid})"
+    assert set(listed.values()) >= {str(p) for p in files.values()}
+    assert "epoch-0002" in listed["checkpoints"]
+    text = closing_lines(rec, tmp_path)
+    assert text.startswith("wrote:\n") and len(text.splitlines()) == 1 + len(listed)
+
+
+def test_figures_summarises_older_records_in_one_line(results: Path, capsys) -> None:  # noqa: F811
+    main(["figures", "--results-dir", str(results), "--dry-run"])
+    err = capsys.readouterr().err
+    older = [ln for ln in err.splitlines() if "older formats" in ln]
+    assert len(older) == 1 and "6 record(s)" in older[0]
+    assert "r-old" not in err and "r-dense-0" not in err  # run ids only with --verbose
+    main(["figures", "--results-dir", str(results), "--dry-run", "--verbose"])
+    assert "r-old" in capsys.readouterr().err  # named with --verbose
+
+
+def test_figures_beside_the_reference(results: Path, tmp_path: Path, capsys) -> None:  # noqa: F811
+    """A user's runs drawn with the reference ones: both read, neither changed, the
+    figures and report in the user's directory."""
+    mine = tmp_path / "mine"
+    rec = _record("r-mine", "hitopk", 5, 7.0)
+    (mine / "curves").mkdir(parents=True)
+    (mine / "runs.jsonl").write_text(json.dumps(rec) + "\n")
+    _curve(mine / "curves" / "r-mine.csv", 7.0)
+    ref_before = {p: p.read_bytes() for p in results.rglob("*") if p.is_file()}
+    main(["figures", "--results-dir", str(mine), "--reference", str(results)])
+    captured = capsys.readouterr()
+    assert "Warning" not in captured.err  # no library warnings
+    out = mine / "with-reference"
+    report = (out / "REPORT.md").read_text()
+    assert "r-mine" in report and "r-dense-0" in report
+    assert {p: p.read_bytes() for p in results.rglob("*") if p.is_file()} == ref_before
+    assert (mine / "runs.jsonl").read_text() == json.dumps(rec) + "\n"
+
+
+def test_compare_finds_runs_in_each_directory(results: Path, tmp_path: Path, capsys) -> None:  # noqa: F811
+    mine = tmp_path / "mine"
+    (mine / "curves").mkdir(parents=True)
+    (mine / "runs.jsonl").write_text(json.dumps(_record("r-mine", "hitopk", 5, 7.0)) + "\n")
+    _curve(mine / "curves" / "r-mine.csv", 7.0)
+    args = ["compare", "r-mine", "r-dense-0", "--out", str(tmp_path / "c.png"), "--dry-run"]
+    main([*args, "--results-dir", str(mine), "--results-dir", str(results)])
+    out = capsys.readouterr().out
+    assert "r-mine: 'hitopk'" in out and "r-dense-0: 'dense'" in out
+    with pytest.raises(SystemExit) as e:
+        main([*args, "--results-dir", str(mine)])
+    assert e.value.code == 2 and "no record 'r-dense-0'" in capsys.readouterr().err
