@@ -103,8 +103,11 @@ def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
         right.text(0.5, 0.5, f"projection not drawn:\n{why}", ha="center", va="center",
                    transform=right.transAxes, fontsize=9)  # fmt: skip
     right.set_xlabel("nodes of 8 V100 at 25 Gbit/s (model; log 2)")
-    for ax in (left, right):
+    for ax, rows in ((left, meas), (right, proj if drawn else proj[:0])):
         ax.set_xscale("log", base=2)
+        ticks = sorted({int(n) for n in rows["nodes"].dropna()})
+        if ticks:  # the node counts themselves, not powers of 2
+            ax.set_xticks(ticks, [str(t) for t in ticks])
         ax.set_ylim(0, 1.1)
         ax.grid(alpha=0.3)
     handles = [Line2D([], [], color=colours[c], lw=2, label=c) for c in comms]
