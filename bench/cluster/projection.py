@@ -26,6 +26,7 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from bench.cluster import perfmodel as pm
 
@@ -132,7 +133,6 @@ def model_buckets(
     elements and parameter shapes.  ``resnet50`` is torchvision's; the others are built by
     :func:`bench.models.build_model` with a joint vocabulary of ``vocab`` tokens."""
     import torch  # deferred: the shapes only, on the meta device
-    import torch.distributed as dist
 
     with torch.device("meta"):
         if model == "resnet50":
@@ -144,6 +144,17 @@ def model_buckets(
             from bench.models.config import ModelConfig
 
             net = build_model(ModelConfig(name=model), vocab)
+    return ddp_buckets(net, bucket_cap_mb)
+
+
+def ddp_buckets(
+    net: Any, bucket_cap_mb: float = 25.0
+) -> tuple[tuple[int, ...], tuple[tuple[tuple[int, ...], ...], ...]]:
+    """``net``'s trainable parameters as DDP buckets them at wrapping (parameters in
+    reverse order, a small first bucket, then ``bucket_cap_mb`` MiB): each bucket's
+    elements and parameter shapes."""
+    import torch.distributed as dist  # deferred, as in model_buckets
+
     rev = [p for p in reversed(list(net.parameters())) if p.requires_grad]
     limits = [dist._DEFAULT_FIRST_BUCKET_BYTES, int(bucket_cap_mb * 2**20)]
     assignment, _ = dist._compute_bucket_assignment_by_size(rev, limits, [False] * len(rev))

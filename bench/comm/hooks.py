@@ -14,7 +14,9 @@ Names (``HOOKS``): ``dense``, ``fp16``, ``bf16`` (dense allreduce of cast values
 ``default_hooks.fp16_compress_hook``; no error feedback), ``topk``, ``mstopk``, ``randomk``
 (flat sparse allgather), ``hitopk`` (hierarchical; its selector is ``mstopk`` unless
 ``selector=`` says otherwise) and ``powersgd`` (PyTorch's own
-``ddp_comm_hooks.powerSGD_hook``, wrapped only to count bytes and time).
+``ddp_comm_hooks.powerSGD_hook``, wrapped only to count bytes and time); ``nocomm``
+returns each worker's local gradient and sends nothing: a measurement device (the
+compute-only step of the scaling study, ``nocomm.py``), not a training method.
 
 Each name is one :class:`HookSpec` in ``HOOKS``: its builder and the flags the launcher,
 the training loop and the result records read (``is_sparse(name)``), so adding a method
@@ -42,6 +44,7 @@ from bench.comm.communicators import COMMUNICATORS, AllReduce, Communicator, use
 from bench.comm.compressors import NoMemory, build_compressor, build_memory
 from bench.comm.config import MSTopKMethod, Selector, ValueDtype, parse
 from bench.comm.futures import Future, forward, new_future
+from bench.comm.nocomm import build_nocomm
 from bench.comm.state import CommHookState, comm_hook
 from bench.comm.stats import CommStats, allreduce_traffic
 from bench.comm.topology import Groups, Topology, check_hierarchical, detect, groups
@@ -257,6 +260,8 @@ class HookSpec:
     # field values; one entry: nothing to tune.  Every tunable method declares as many
     # trials as the others (tests/test_protocol.py checks it).
     search_space: tuple[tuple[str, dict[str, Any]], ...] = (("default", {}),)
+    # a measurement device, not a training method (``nocomm``): no sweep trains with it
+    measurement: bool = False
 
 
 #: hook name -> :class:`HookSpec`
@@ -353,6 +358,8 @@ for _spec in (
     HookSpec(
         "powersgd", _build_powersgd, sparse=False, own_warmup=True, search_space=_POWERSGD_SPACE
     ),
+    # the compute-only step of the scaling study (bench/comm/nocomm.py): nothing is sent
+    HookSpec("nocomm", build_nocomm, sparse=False, measurement=True),
 ):
     HOOKS.register(_spec.name)(_spec)
 

@@ -40,6 +40,7 @@ import torch
 
 from bench.cluster import perfmodel as pm
 from bench.cluster import projection
+from bench.cluster.emulated import worker_threads
 from bench.comm import cost
 from bench.registry import ConfigError
 from bench.train.workload import WORKLOADS
@@ -229,7 +230,9 @@ def step_compute_s(cfg: Any, time_it: bool = True) -> dict[str, Any]:
 
     c = cfg.cluster
     cores = os.cpu_count() or 1
-    threads = c.threads_per_worker or max(1, cores // c.nproc_per_node)
+    # the intra-op threads the launchers give each worker: every worker of every node
+    # runs on this host (a local cluster's agents and an emulated cluster's namespaces alike)
+    threads = worker_threads(c.threads_per_worker, c.nnodes * c.nproc_per_node)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

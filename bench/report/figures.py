@@ -17,6 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from bench.report.figures_data import CONFIG, GROUP, curve, num, speedups  # noqa: E402
+from bench.report.figures_scaling import plot_scaling  # noqa: E402,F401  (drawn from here)
 from bench.results.columns import TRAIN_TIME, metric_column  # noqa: E402
 from bench.results.plots import save_figure  # noqa: E402
 
@@ -194,39 +195,4 @@ def plot_breakdown(table: pd.DataFrame, experiment: str, path: Path) -> Path | N
         else "communication time measured in the hook, not exposed"
     )
     fig.suptitle(f"{experiment}: per-step time by phase ({note})", fontsize=10)
-    return save_figure(fig, path)
-
-
-def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
-    """Scaling efficiency against nodes per cluster, method and workers per node: measured
-    points solid, projections dashed (the scaling study's CSV columns)."""
-    need = {"nnodes", "efficiency", "comm"}
-    if frame.empty or not need <= set(frame.columns):
-        return None
-    frame = frame.assign(
-        kind=frame.get("kind", "measured"),
-        cluster=frame.get("cluster", "?"),
-        per_node=frame.get("nproc_per_node", 0),
-    )
-    clusters = sorted(frame["cluster"].astype(str).unique())
-    fig, axes = _panels(len(clusters))
-    for ax, cl in zip(axes, clusters, strict=True):
-        sub = frame[frame["cluster"].astype(str) == cl]
-        for i, ((comm, per), g) in enumerate(sub.groupby(["comm", "per_node"], sort=True)):
-            name = f"{comm}, {per:g}/node" if per else str(comm)
-            for kind, style in (("measured", "-o"), ("projected", "--s")):
-                k = g[g["kind"] == kind].sort_values("nnodes")
-                if not k.empty:
-                    ax.plot(
-                        k["nnodes"], k["efficiency"], style, color=f"C{i}", label=f"{name} ({kind})"
-                    )
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("nodes (log 2)")
-        ax.set_ylabel("scaling efficiency")
-        ax.set_title(str(cl), fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle(
-        "scaling efficiency against nodes: measured (solid), projected (dashed)", fontsize=10
-    )
     return save_figure(fig, path)

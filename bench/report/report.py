@@ -20,7 +20,7 @@ from bench.report.report_claims import BENCH_CLAIMS, RECORDS, SPEEDUP_CLAIM
 from bench.report.report_commands import CommandMaker
 from bench.report.report_protocol import is_protocol, protocol_section
 from bench.report.report_tables import comparison_section, fmt_s, recipe_command, unrun_experiments
-from bench.sweeps import ablation, scaling
+from bench.sweeps import ablation, scaling_table
 
 
 def _rel(path: Path, base: Path) -> str:
@@ -260,7 +260,7 @@ def csv_section(
 # each sweep's table as the report shows it: the columns its sweep module names, then the
 # hardware of its runs (looked up in the records)
 ABLATION_COLUMNS = [*ablation.REPORT_COLUMNS, "hardware"]
-SCALING_COLUMNS = [*scaling.REPORT_COLUMNS, "hardware"]
+SCALING_COLUMNS = [*scaling_table.REPORT_COLUMNS, "hardware"]
 
 
 def write_report(inputs: Inputs, figs: list[Figure], path: Path, header: str) -> Path:

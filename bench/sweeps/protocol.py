@@ -129,7 +129,8 @@ class Plan:
         """Names known, seeds disjoint and enough of them (ConfigError otherwise)."""
         check_names("experiment", [self.experiment], options("experiment"))
         check_names("cluster", [self.cluster], options("cluster"))
-        known = [*COMMS, *(c for c in HOOKS if c not in COMMS)]
+        # every training method (a measurement device such as nocomm trains nothing)
+        known = [*COMMS, *(c for c in HOOKS if c not in COMMS and not HOOKS.get(c).measurement)]
         check_names("comm", list(self.comms), [c for c in known if c in options("comm")])
         if not self.eval_seeds or not self.tune_seeds:
             raise ConfigError("the protocol needs tuning seeds and evaluation seeds")

@@ -1,260 +1,236 @@
-"""Scaling: training throughput against workers and nodes, beside the model's projection.
+"""Scaling: step time and scaling efficiency against nodes, measured on emulated clusters of
+1 to 8 nodes, each size predicted by the performance model before it runs.
 
-Every measured point is an ordinary training run (``python -m reproduce train``, tagged
-``results.sweep_id``) of a fixed number of steps, no target: 2 epochs of ``steps`` steps,
-the throughput taken from the second epoch's curve row (samples / training seconds of
-that epoch: start-up and the first steps' warm-up excluded).  Weak scaling, as in the
-performance model: the global batch is ``batch_per_worker x world size``.
+At each size (``NODESxWORKERS``; one node runs on the local cluster, more on ``--cluster``,
+by default emulated: each node its own network namespace on a shaped link) the sweep runs,
+in one launch of the workers (:mod:`bench.launch.runqueue`), the same ``N`` workers with
+communication removed (``comm=nocomm``, :mod:`bench.comm.nocomm`: the compute-only step)
+and then with each method.  Every run is a short recorded run of ``epochs`` epochs of
+``steps`` steps at a fixed batch per worker (weak scaling), no target, evaluated once at
+its end; its first epoch is warm-up, and its step time is the later epochs' training time
+per step.  ``efficiency = compute_only_step_s / step_s`` at the same size: on one shared
+machine N workers compute slower than one, which a cluster does not do, and this ratio
+leaves that out.  Beside it, ``textbook_efficiency = throughput(N) / (N x
+throughput(1x1))``, which on this machine also counts the sharing of the cores.
 
-``efficiency`` = throughput at N workers / (N x throughput of the 1 x 1 run).  One worker
-communicates nothing, so the 1 x 1 run (dense) is the reference of every method; HiTopKComm
-needs 2 nodes, so it has no 1-node points.  Projected rows come from the performance
-model's public ``project`` (the paper's 16 x 8 V100 at 25 Gbit/s and fewer nodes); the
-model gives efficiency, not samples/s, so their throughput is empty.
+Per-size paper-scaled links: on the emulated cluster each size's link comes from its own
+profile (``cluster.profile=paper``): one worker's compute per step timed at that size
+(:func:`bench.launch.profile.apply`), and the rate at which a dense allreduce's link
+bytes take the paper's ratio times it; timed once per size before any run, pinned for
+every run of the size (``cluster.profile_compute_s``), and kept in the sweep's plan.
+
+Before the first run, the plan (``<results>/scaling/<sweep_id>.plan.json``) holds every
+size's profile and the model's prediction of every (size, method) step time
+(:mod:`bench.sweeps.scaling_model`); :mod:`bench.sweeps.scaling_table` sets the
+measurements beside them.
 """
 
 from __future__ import annotations
 
-import inspect
-import itertools
-import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
-from bench.cluster import perfmodel, projection
+from bench.config import to_object
+from bench.launch import profile
 from bench.registry import ConfigError
-from bench.results.records import read_curve
-from bench.sweeps.common import check_names, options, validate_jobs
+from bench.sweeps import scaling_model as sm
+from bench.sweeps.common import check_names, compose, options, validate_jobs
 
-COLUMNS = [
-    "sweep_id",
-    "cluster",
-    "comm",
-    "nnodes",
-    "nproc_per_node",
-    "world_size",
-    "throughput_samples_per_s",
-    "efficiency",
-    "kind",
-    "run_id",
-]
-# the columns of the table the report shows (bench.report.report)
-REPORT_COLUMNS = [
-    "cluster",
-    "comm",
-    "nnodes",
-    "world_size",
-    "throughput_samples_per_s",
-    "efficiency",
-    "kind",
-    "run_id",
-]
-PAPER = {"gbps": 25.0, "nodes": (1, 2, 4, 8, 16), "procs_per_node": 8}
 NEEDS_NODES = {"hitopk": 2}  # methods refused below this many nodes
-
-
-class ModelChanged(RuntimeError):
-    """The performance model's public interface is not what this module calls."""
+COMMS = ("dense", "fp16", "powersgd", "topk", "mstopk", "hitopk")
+TOPOLOGIES = "1x1,2x1,4x1,8x1"
+QUICK = {"cluster": "local", "comms": "dense,hitopk", "topologies": "1x1,2x1", "steps": 2}
 
 
 def parse_topologies(text: str) -> list[tuple[int, int]]:
-    """``"1x1,1x2,2x2"`` -> ``[(1, 1), (1, 2), (2, 2)]`` (nodes x workers per node)."""
+    """``"1x1,2x1,2x2"`` -> ``[(1, 1), (2, 1), (2, 2)]`` (nodes x workers per node)."""
     out = []
     for item in (t.strip() for t in text.split(",") if t.strip()):
         try:
             n, m = (int(v) for v in item.lower().split("x"))
         except ValueError:
-            raise ConfigError(f"topology {item!r} is not NODESxWORKERS, e.g. 2x2") from None
+            raise ConfigError(f"topology {item!r} is not NODESxWORKERS, e.g. 2x1") from None
         if n < 1 or m < 1:
             raise ConfigError(f"topology {item!r}: nodes and workers must be >= 1")
+        if (n, m) in out:
+            raise ConfigError(f"topology {item!r} is given twice")
         out.append((n, m))
     if not out:
-        raise ConfigError("no topology given (e.g. --topologies 1x1,1x2,2x2)")
-    return out
+        raise ConfigError("no topology given (e.g. --topologies 1x1,2x1,4x1)")
+    return sorted(out, key=lambda t: (t[0] * t[1], t))
 
 
 @dataclass
 class Plan:
     sweep_id: str
     experiment: str = "dawnbench_digits"
-    cluster: str = "local"
-    comms: Sequence[str] = ("dense", "hitopk")
-    topologies: Sequence[tuple[int, int]] = ((1, 1), (1, 2), (2, 1), (2, 2))
-    steps: int = 5
-    batch_per_worker: int = 64
-    results_dir: str = "results"
+    cluster: str = "emulated"  # the cluster of the sizes with 2 nodes or more
+    comms: Sequence[str] = COMMS
+    topologies: Sequence[tuple[int, int]] = ((1, 1), (2, 1), (4, 1), (8, 1))
+    steps: int = 4  # steps per epoch
+    epochs: int = 3  # the first is warm-up
+    batch_per_worker: int = 32
+    results_dir: str = "runs"
+    link: Sequence[str] = ()  # the profile overrides of the shaped sizes (cluster_profile)
     extra: Sequence[str] = ()
+    pinned: dict[tuple[int, int], list[str]] = field(default_factory=dict)
 
     def check(self) -> None:
-        """Names, sizes and every job's config, before anything runs."""
+        """Names, sizes and every job's config, before anything runs (ConfigError)."""
         check_names("experiment", [self.experiment], options("experiment"))
         check_names("cluster", [self.cluster], options("cluster"))
-        check_names("comm", list(self.comms), options("comm"))
+        check_names("comm", list(self.comms), [c for c in options("comm") if c != sm.NOCOMM])
         if self.steps < 1 or self.batch_per_worker < 1:
             raise ConfigError("--steps and --batch-per-worker must be >= 1")
+        if self.epochs < 2:
+            raise ConfigError(f"--epochs must be >= 2 (the first is warm-up), got {self.epochs}")
         if (1, 1) not in self.topologies:
-            raise ConfigError("the topologies must include 1x1, the reference of efficiency")
+            raise ConfigError("the topologies must include 1x1, the reference of throughput")
         validate_jobs([job for _, job in self.jobs()], self.results_dir)
 
-    def points(self) -> list[tuple[str, int, int]]:
-        """(comm, nodes, workers per node) of each run: 1 x 1 once (dense), each method
-        where it runs."""
-        pts = [("dense", 1, 1)]
-        for comm, (n, m) in itertools.product(self.comms, self.topologies):
-            if (n, m) != (1, 1) and n >= NEEDS_NODES.get(comm, 1):
-                pts.append((comm, n, m))
-        return pts
+    def cluster_of(self, nodes: int) -> str:
+        return "local" if nodes == 1 else self.cluster
 
-    def skipped(self) -> list[str]:
-        return [
-            f"{comm} on {n}x{m}: needs >= {NEEDS_NODES[comm]} nodes"
-            for comm, (n, m) in itertools.product(self.comms, self.topologies)
-            if n < NEEDS_NODES.get(comm, 1) and (n, m) != (1, 1)
-        ]
-
-    def jobs(self) -> list[tuple[tuple[str, int, int], list[str]]]:
+    def points(self) -> list[tuple[int, int, str]]:
+        """(nodes, workers per node, comm) of each run, size by size: the compute-only
+        run first and again last (the size's reference is their mean, and their spread
+        says how much the machine drifted meanwhile); one worker communicates nothing,
+        so 1x1 runs dense only beside it."""
         out = []
-        for comm, n, m in self.points():
-            out.append(
-                (
-                    (comm, n, m),
-                    [
-                        f"experiment={self.experiment}",
-                        f"cluster={self.cluster}",
-                        f"cluster.nnodes={n}",
-                        f"cluster.nproc_per_node={m}",
-                        f"comm={comm}",
-                        f"data.batch_size={self.batch_per_worker * n * m}",
-                        "train.epochs=2",
-                        f"train.max_steps_per_epoch={self.steps}",
-                        "train.stop_at_target=false",
-                        "train.checkpoint_every=0",
-                        "train.progress=false",
-                        "results.plot=false",
-                        f"results.dir={self.results_dir}",
-                        f"results.sweep_id={self.sweep_id}",
-                        *self.extra,
-                    ],
-                )
-            )
+        for n, m in self.topologies:
+            methods = ["dense"] if n * m == 1 else list(self.comms)
+            out.append((n, m, sm.NOCOMM))
+            out += [(n, m, c) for c in methods if n >= NEEDS_NODES.get(c, 1)]
+            out.append((n, m, sm.NOCOMM))
         return out
 
-    def run(self, sweep_dir: str | Path, runner: Callable[[list[str]], int]) -> list[int]:
-        jobs, statuses = self.jobs(), []
-        for i, ((comm, n, m), job) in enumerate(jobs):
-            print(f"[{i + 1}/{len(jobs)}] {comm} on {n}x{m}", flush=True)
-            statuses.append(runner([*job, f"hydra.run.dir={Path(sweep_dir) / str(i)}"]))
-        return statuses
+    def skipped(self) -> list[str]:
+        out = []
+        for (n, m), c in ((t, c) for t in self.topologies for c in self.comms):
+            if n * m == 1 and c != "dense":
+                out.append(f"{c} on 1x1: one worker sends nothing (dense stands for all)")
+            elif n < NEEDS_NODES.get(c, 1):
+                out.append(f"{c} on {n}x{m}: needs >= {NEEDS_NODES[c]} nodes")
+        return out
 
+    def size_overrides(self, n: int, m: int) -> list[str]:
+        cl = self.cluster_of(n)
+        return [
+            f"experiment={self.experiment}",
+            f"cluster={cl}",
+            f"cluster.nnodes={n}",
+            f"cluster.nproc_per_node={m}",
+            f"data.batch_size={self.batch_per_worker * n * m}",
+            f"train.epochs={self.epochs}",
+            f"train.max_steps_per_epoch={self.steps}",
+            f"train.eval_every={self.epochs}",
+            "train.stop_at_target=false",
+            "train.checkpoint_every=0",
+            "train.progress=false",
+            "results.plot=false",
+            f"results.dir={self.results_dir}",
+            f"results.sweep_id={self.sweep_id}",
+            *(self.link if cl == "emulated" else ()),
+            *self.extra,
+            *self.pinned.get((n, m), []),
+        ]
 
-def run_throughput(rec: dict[str, Any]) -> float:
-    """Samples/s of the run's last epoch (its curve), else the record's whole-run figure."""
+    def jobs(self) -> list[tuple[tuple[int, int, str], list[str]]]:
+        return [((n, m, c), [*self.size_overrides(n, m), f"comm={c}"]) for n, m, c in self.points()]
 
-    curve = rec.get("curve")
-    if curve and Path(curve).is_file():
-        df = read_curve(curve)
-        if len(df) and {"data/samples", "clock/epoch_s"} <= set(df.columns):
-            last = df.iloc[-1]
-            if last["clock/epoch_s"] > 0:
-                return float(last["data/samples"] / last["clock/epoch_s"])
-    v = rec.get("throughput_samples_per_s")
-    return float(v) if v else math.nan
-
-
-def measured(records: Sequence[dict[str, Any]], sweep_id: str) -> pd.DataFrame:
-    """One row per run that finished (an error run has no throughput: left out, counted
-    by the caller); efficiency against the sweep's 1 x 1 run."""
-    rows = []
-    for r in records:
-        if r.get("status") not in ("ok", "target_missed"):
-            continue
-        cl = (r.get("config") or {}).get("cluster") or {}
-        n, m = int(cl.get("nnodes", r.get("nnodes", 1))), int(cl.get("nproc_per_node", 1))
-        rows.append(
-            {
-                "sweep_id": sweep_id,
-                "cluster": cl.get("name", ""),
-                "comm": r.get("comm"),
-                "nnodes": n,
-                "nproc_per_node": m,
-                "world_size": n * m,
-                "throughput_samples_per_s": run_throughput(r),
-                "kind": "measured",
-                "run_id": r.get("run_id"),
-            }
-        )
-    df = pd.DataFrame(rows, columns=[c for c in COLUMNS if c != "efficiency"])
-    single = df[df["world_size"] == 1]["throughput_samples_per_s"]
-    ref = single.mean() if len(single) else math.nan
-    df["efficiency"] = df["throughput_samples_per_s"] / (df["world_size"] * ref)
-    return df[COLUMNS]
-
-
-def _project_fn() -> Callable[..., Any]:
-
-    fn = getattr(perfmodel, "project", None)
-    if fn is None:  # the projection to the paper's cluster may live in its own module
-        try:
-            fn = getattr(projection, "project", None)
-        except ImportError:
-            fn = None
-    if fn is None:
-        raise ModelChanged("bench.cluster.perfmodel has no public project(); no projection")
-    return fn
-
-
-def projected(comms: Sequence[str], sweep_id: str) -> pd.DataFrame:
-    """The model's scaling efficiency of ``comms`` on the paper's cluster (ModelChanged,
-    naming what differs, when its interface is not the one called here)."""
-    fn = _project_fn()
-    params = inspect.signature(fn).parameters
-    known = {"gbps": (PAPER["gbps"],), "nodes": PAPER["nodes"]}
-    if "procs_per_node" in params:
-        known["procs_per_node"] = PAPER["procs_per_node"]
-    if "comms" in params:
-        known["comms"] = tuple(c for c in comms if c in perfmodel.KNOWN)
-    if "hidden" in params:
-        known["hidden"] = {}  # nothing measured on V100s: the projection's assumed share
-    missing = [p.name for p in params.values() if p.default is p.empty and p.name not in known]
-    if missing or not {"gbps", "nodes"} <= set(params):
-        raise ModelChanged(
-            f"the performance model's project{inspect.signature(fn)} is not the one this "
-            f"sweep calls (needs gbps, nodes; cannot fill {missing}); no projection"
-        )
-    rows = fn(**{k: v for k, v in known.items() if k in params})
-    out = []
-    for r in rows:
-        try:
-            n, m, comm, eff = r["nodes"], r["procs_per_node"], r["comm"], r["efficiency"]
-            g = r["gbps"]
-        except (KeyError, TypeError) as e:
-            raise ModelChanged(f"the model's project() rows lack {e}; no projection") from None
-        if comm in comms and float(g) == PAPER["gbps"]:
-            out.append(
+    # -- before the first run: per-size profiles, then the model's predictions -------------
+    def prepare(self) -> dict[str, Any]:
+        """Time each size's compute (its profile, or the same timing where nothing is
+        shaped), pin it for the size's runs, calibrate the model and predict every run.
+        Returns the plan the sweep writes before its first run."""
+        sizes = []
+        for n, m in self.topologies:
+            cfg = to_object(compose([*self.size_overrides(n, m), f"comm={sm.NOCOMM}"]))
+            prof = profile.apply(cfg)  # None without a profile: time it the same way
+            step = prof if prof is not None else profile.step_compute_s(cfg)
+            if prof is not None:
+                self.pinned[(n, m)] = [f"cluster.profile_compute_s={prof['compute_s']:.6g}"]
+            link = prof["inter_node_bandwidth"] if prof else None
+            if link is None and self.cluster_of(n) == "emulated":
+                link = cfg.cluster.inter_node_bandwidth
+            sizes.append(
                 {
-                    "sweep_id": sweep_id,
-                    "cluster": f"model: {n}x{m} V100, {g:g} Gbit/s",
-                    "comm": comm,
-                    "nnodes": n,
-                    "nproc_per_node": m,
-                    "world_size": n * m,
-                    "throughput_samples_per_s": math.nan,
-                    "efficiency": float(eff),
-                    "kind": "projected",
-                    "run_id": "",
+                    "nodes": n,
+                    "workers_per_node": m,
+                    "cluster": self.cluster_of(n),
+                    "compute_s": float(step["compute_s"]),
+                    "compute_alone_s": step.get("compute_alone_s"),
+                    "contention": step.get("contention"),
+                    "threads_per_worker": step.get("threads_per_worker"),
+                    "target_ratio": prof["target_ratio"] if prof else None,
+                    "inter_node_bandwidth": link,
+                    "profile": profile.describe(prof) if prof else "no shaped link",
                 }
             )
-    return pd.DataFrame(out, columns=COLUMNS)
+        cfg = to_object(compose([*self.size_overrides(1, 1), f"comm={sm.NOCOMM}"]))
+        cal, numel = _calibrate(cfg)
+        return {
+            "sweep_id": self.sweep_id,
+            "made": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "experiment": self.experiment,
+            "batch_per_worker": self.batch_per_worker,
+            "steps": self.steps,
+            "epochs": self.epochs,
+            "numel": numel,
+            "calibration": cal.to_dict(),
+            "assumed": dict(sm.ASSUMED),
+            "sizes": sizes,
+            "predictions": self.predict(sizes, cal, cfg),
+        }
+
+    def predict(self, sizes: list[dict[str, Any]], cal: sm.Calibration, cfg: Any) -> list[dict]:
+        from bench.cluster.netns import parse_bandwidth
+
+        by = {(s["nodes"], s["workers_per_node"]): s for s in sizes}
+        out = []
+        for n, m, comm in self.points():
+            s = by[(n, m)]
+            bw = s["inter_node_bandwidth"]
+            link_bps = parse_bandwidth(bw) if bw and n > 1 else None
+            density = float(cfg.comm.density) if comm in ("topk", "mstopk", "hitopk") else 1.0
+            p = sm.predict(comm, n, m, s["compute_s"], link_bps, cal, density)
+            out.append({"nodes": n, "workers_per_node": m, "comm": comm,
+                        "density": density, **p})  # fmt: skip
+        return out
 
 
-def format_table(df: pd.DataFrame) -> str:
-    if df.empty:
-        return "(no rows)"
-    show = df[["kind", "comm", "nnodes", "nproc_per_node", "throughput_samples_per_s"]].copy()
-    show["throughput_samples_per_s"] = show["throughput_samples_per_s"].round(1)
-    show["efficiency"] = df["efficiency"].round(3)
-    return show.to_string(index=False)
+def _calibrate(cfg: Any) -> tuple[sm.Calibration, int]:
+    """The model's micro-measurements on ``cfg``'s model (built as a worker builds it)."""
+    import torch
+
+    from bench.train.workload import WORKLOADS
+
+    torch.manual_seed(cfg.train.seed)
+    wl = WORKLOADS.get(cfg.train.workload)(cfg, 0, 1, torch.device("cpu"))
+    numel = sum(p.numel() for p in wl.model.parameters() if p.requires_grad)
+    return sm.calibrate(wl.model, float(cfg.comm.density), float(cfg.comm.bucket_cap_mb)), numel
+
+
+def plan_path(results_dir: str | Path, sweep_id: str) -> Path:
+    return Path(results_dir) / "scaling" / f"{sweep_id}.plan.json"
+
+
+def write_plan(plan: dict[str, Any], results_dir: str | Path) -> Path:
+    """The plan, before the first run: the predictions precede every measurement."""
+    path = plan_path(results_dir, plan["sweep_id"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        raise ConfigError(f"{path} exists; a sweep's plan is never replaced")
+    path.write_text(json.dumps(plan, indent=1))
+    return path
+
+
+def read_plan(results_dir: str | Path, sweep_id: str) -> dict[str, Any]:
+    path = plan_path(results_dir, sweep_id)
+    if not path.is_file():
+        raise ConfigError(f"no plan for sweep {sweep_id!r} at {path}")
+    return json.loads(path.read_text())
