@@ -321,8 +321,11 @@ def bench_sections(figs: list[Figure], bench_rows: dict, base: Path) -> list[str
     out = []
     for title, names in BENCH_SECTIONS.items():
         out += [f"### {title}", ""]
-        lines = [f"- {text} ({hw})" for n in names for hw, text in bench_rows.get(n, [])]
-        out += lines or [f"- no rows yet: `python -m reproduce bench {names[0]}`"]
+        lines = [f"| {hw} | {text} |" for n in names for hw, text in bench_rows.get(n, [])]
+        if lines:
+            out += ["| hardware | measured (newest run per hardware) |", "| --- | --- |", *lines]
+        else:
+            out.append(f"No headline rows yet: `python -m reproduce bench {names[0]}`.")
         out.append("")
         out += figures_section(
             [f for f in figs if f.kind == "bench" and f.experiment in names], base
