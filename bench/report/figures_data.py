@@ -177,6 +177,8 @@ def _row(r: dict[str, Any], results_dir: Path) -> dict[str, Any]:
         # a tuning-protocol run's role: "tune" runs chose a configuration and are never
         # among the reported numbers (bench.report.report_protocol shows them)
         "protocol_role": str((r.get("protocol") or {}).get("role") or ""),
+        "protocol_trial": str((r.get("protocol") or {}).get("trial") or ""),
+        "sweep_id": str(_cfg(r, "results", "sweep_id") or ""),
         "time_to_target_s": tt,
         "epochs_to_target": num(r.get("epochs_to_target")),
         "train_time_s": num(r.get("train_time_s")),

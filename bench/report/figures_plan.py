@@ -16,7 +16,9 @@ import pandas as pd
 
 from bench.report import figures as fg
 from bench.report import figures_bench as fb
+from bench.report import figures_protocol as fp
 from bench.report.figures_data import Inputs, config_stats, speedups
+from bench.report.report_protocol import TUNING_SUFFIX, is_protocol
 
 
 @dataclass
@@ -41,29 +43,98 @@ def _target(runs: pd.DataFrame) -> str:
     return fg.target_text(r["metric"], r["target"])
 
 
+MAX_GROUPS = 6  # panels of an experiment's figures without a protocol sweep (largest first)
+
+
+def protocol_tables(inputs: Inputs) -> dict[str, Path]:
+    """experiment -> the table of its newest protocol sweep (sweep ids sort by time)."""
+    out: dict[str, Path] = {}
+    for p in sorted(inputs.ablation):
+        if not is_protocol(p) or p.stem.endswith(TUNING_SUFFIX):
+            continue
+        try:
+            exps = pd.read_csv(p, usecols=["experiment"])["experiment"].dropna().unique()
+        except (OSError, ValueError, pd.errors.ParserError):
+            continue
+        for exp in exps:
+            out[str(exp)] = p
+    return out
+
+
+def figure_runs(inputs: Inputs, exp: str) -> tuple[pd.DataFrame, str]:
+    """The runs an experiment's figures draw, and a phrase saying which: the evaluation
+    runs of its newest protocol sweep when it has one, else its trained runs in the
+    :data:`MAX_GROUPS` clusters / hardware with the most runs."""
+    runs = inputs.runs
+    mine = runs[(runs["experiment"] == exp) & runs["trained"]]
+    table = protocol_tables(inputs).get(exp)
+    if table is not None:
+        ev = mine[(mine["sweep_id"] == table.stem) & (mine["protocol_role"] == "eval")]
+        if not ev.empty:
+            return ev, f"the evaluation runs of protocol sweep {table.stem}"
+    mine = mine[mine["protocol_role"] != "tune"]
+    sizes = mine.groupby(["cluster", "hardware"]).size().sort_values(ascending=False)
+    keep = set(sizes.index[:MAX_GROUPS])
+    left = len(sizes) - len(keep)
+    picked = mine[[k in keep for k in zip(mine["cluster"], mine["hardware"], strict=True)]]
+    more = f"; {left} smaller group(s) in the records table" if left else ""
+    return picked, f"{len(picked)} run(s) in {len(keep)} cluster/hardware group(s){more}"
+
+
 def _experiment_figures(inputs: Inputs, exp: str, stats: pd.DataFrame) -> list[Figure]:
-    out, d, runs = [], figures_dir(inputs), inputs.runs
-    mine = runs[runs["experiment"] == exp]
-    n_curves = int(mine["has_curve"].sum())
+    out, d = [], figures_dir(inputs)
+    runs, which = figure_runs(inputs, exp)
+    if runs.empty:
+        return out
+    table = protocol_tables(inputs).get(exp)
+    n_curves = int(runs["has_curve"].sum())
     if n_curves:
         p = d / f"tta_{fg.slug(exp)}.png"
         out.append(
             Figure(
                 p,
-                f"{exp}: time-to-accuracy curves of {n_curves} run(s)",
+                f"{exp}: time to accuracy, median and band over seeds, of {which}",
                 lambda p=p: fg.plot_tta(inputs.results_dir, runs, exp, p),
                 "tta",
                 exp,
             )
         )
-    sp = speedups(stats[stats["experiment"] == exp], "comm", "dense")
-    if not sp.empty:
-        p = d / f"speedup_{fg.slug(exp)}.png"
+    p = d / f"speedup_{fg.slug(exp)}.png"
+    if table is not None:
+        title = f"{exp}: each method's tuned configuration, protocol sweep {table.stem}"
         out.append(
             Figure(
                 p,
-                f"{exp}: speedup over dense of {len(sp)} configuration(s)",
-                lambda p=p: fg.plot_speedup(stats, exp, p, _target(mine)),
+                f"{exp}: speedup over dense and the best peer with 95 % intervals, {table.name}",
+                lambda p=p, t=table, title=title: fp.plot_protocol_speedup(
+                    pd.read_csv(t), p, title
+                ),
+                "speedup",
+                exp,
+            )
+        )
+        q = d / f"ratios_{fg.slug(exp)}.png"
+        out.append(
+            Figure(
+                q,
+                f"{exp}: speedup against communication / compute ratio, {table.name}'s "
+                "evaluation runs composed with the performance model",
+                lambda q=q, t=table: fp.plot_protocol_ratios(
+                    fp.ratios_table(inputs.results_dir, pd.read_csv(t)),
+                    q,
+                    f"{exp}: time to target across ratios, protocol sweep {t.stem}",
+                ),
+                "ratios",
+                exp,
+            )
+        )
+    elif not speedups(stats[stats["experiment"] == exp], "comm", "dense").empty:
+        st = config_stats(runs)
+        out.append(
+            Figure(
+                p,
+                f"{exp}: speedup over dense (mean +- std over seeds), {which}",
+                lambda p=p, st=st: fg.plot_speedup(st, exp, p, _target(runs)),
                 "speedup",
                 exp,
             )
@@ -73,7 +144,7 @@ def _experiment_figures(inputs: Inputs, exp: str, stats: pd.DataFrame) -> list[F
         out.append(
             Figure(
                 p,
-                f"{exp}: per-step time by phase",
+                f"{exp}: per-step time by phase, {which}",
                 lambda p=p: fg.plot_breakdown(
                     fg.breakdown_table(inputs.results_dir, runs, exp), exp, p
                 ),

@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
-from bench.results.plots import save_figure  # noqa: E402
+from bench.results.plots import method_colour, save_figure  # noqa: E402
 
 MARKERS = {1: "o", 2: "s", 4: "^", 8: "D"}  # workers per node
 REFERENCE = "nocomm"  # the compute-only runs: efficiency 1 by definition, not drawn
@@ -89,7 +89,7 @@ def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
     if meas.empty and proj.empty:
         return None
     comms = list(dict.fromkeys([*meas["comm"], *proj["comm"]]))
-    colours = {c: f"C{i % 10}" for i, c in enumerate(comms)}
+    colours = {c: method_colour(c) for c in comms}  # the suite's one palette
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5), sharey=True)
     _measured(left, meas, colours)
     cluster = ", ".join(sorted(meas["cluster"].dropna().astype(str).unique())) or "?"

@@ -116,7 +116,7 @@ def comparison_section(inputs: Inputs, maker: CommandMaker) -> list[str]:
     if stats.empty:
         return ["No run trained to an outcome (every record is an error or interrupted run).", ""]
     for exp in sorted(stats["experiment"].unique()):
-        out += [f"### {exp}", ""]
+        out += [f"#### {exp}", ""]
         out += _experiment_comparisons(inputs, stats[stats["experiment"] == exp], maker)
         methods = ",".join(WANTED)
         out += [
@@ -132,7 +132,7 @@ def _experiment_comparisons(inputs: Inputs, stats: pd.DataFrame, maker: CommandM
     out: list[str] = []
     for (exp, cluster, hw), g in stats.groupby(GROUP, sort=True):
         first = inputs.runs[inputs.runs["run_id"] == g["run_ids"].iloc[0][0]].iloc[0]
-        out += [f"#### {exp}: {cluster} on {hw}", ""]
+        out += [f"##### {exp}: {cluster} on {hw}", ""]
         out += [f"Target: {target_text(first['metric'], first['target'])}.", ""]
         out += group_table(g) + [""]
         miss = missing_commands(inputs, g, maker)

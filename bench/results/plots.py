@@ -14,6 +14,48 @@ import pandas as pd  # noqa: E402
 from bench.results.columns import EPOCH, RENAMES, TRAIN_TIME, metric_column  # noqa: E402
 
 TIME_LABEL = "training time (s, evaluation excluded)"
+MAX_WIDTH_PX = 2400  # no figure of the suite is wider (at DPI); tests check it
+DPI = 120
+
+# one colour per communication method in every figure of the suite; the paper's methods
+# (hitopk, mstopk) in warm, saturated colours and drawn thicker, the peers in cool ones
+METHOD_COLOURS = {
+    "dense": "#555555",
+    "fp16": "#1f77b4",
+    "bf16": "#17becf",
+    "powersgd": "#2ca02c",
+    "topk": "#9467bd",
+    "randomk": "#8c564b",
+    "mstopk": "#ff7f0e",
+    "hitopk": "#d62728",
+    "nocomm": "#bbbbbb",
+}
+PAPER_METHODS = ("hitopk", "mstopk")
+# the per-step phases of a breakdown, in stacking order, each its own colour
+PHASE_COLOURS = {
+    "data wait": "#c7c7c7",
+    "forward+backward": "#6b8fb5",
+    "selection": "#f2b134",
+    "communication": "#c0392b",
+    "optimizer update": "#7fb17f",
+}
+
+
+def method_colour(comm: str) -> str:
+    """The suite's colour of a method (its name, or a label that starts with it)."""
+    name = str(comm).split()[0].split("/")[0].strip()
+    return METHOD_COLOURS.get(name, "#000000")
+
+
+def method_width(comm: str) -> float:
+    """Line width: the paper's methods drawn thicker."""
+    return 2.4 if str(comm).split()[0] in PAPER_METHODS else 1.4
+
+
+def fig_width(panels: int, per_panel: float = 5.0, extra: float = 0.0) -> float:
+    """Figure width in inches for ``panels`` panels in one row, capped at
+    :data:`MAX_WIDTH_PX`."""
+    return min(per_panel * panels + extra, MAX_WIDTH_PX / DPI)
 
 
 def _accuracy_panel(
@@ -33,15 +75,17 @@ def _accuracy_panel(
     ax.grid(alpha=0.3)
 
 
-def save_figure(fig, path: str | Path) -> Path:
-    """Lay out, write (120 dpi, parents created) and close a figure.
+def save_figure(fig, path: str | Path, layout: bool = True) -> Path:
+    """Lay out (unless the caller did: ``layout=False``), write (:data:`DPI`, parents
+    created) and close a figure.
 
     Every PNG of the suite goes through here.
     """
-    fig.tight_layout()
+    if layout:
+        fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
 

@@ -73,10 +73,13 @@ TUNE, EVAL = "tune", "eval"
 LOCAL_TOPOLOGY = ("cluster.nnodes=2", "cluster.nproc_per_node=1")
 
 
-def space(comm: str, trials: int | None = None) -> tuple[tuple[str, dict[str, Any]], ...]:
-    """The search space of ``comm``: (trial label, CommConfig field values), in declared
-    order; ``trials`` keeps the first that many (the quick protocol)."""
-    s = tuple(HOOKS.get(comm).search_space)
+def space(
+    comm: str, trials: int | None = None, workload: str = "classification"
+) -> tuple[tuple[str, dict[str, Any]], ...]:
+    """The search space of ``comm`` on ``workload``: (trial label, CommConfig field
+    values), in declared order; ``trials`` keeps the first that many (the quick protocol)."""
+    spec = HOOKS.get(comm)
+    s = tuple(spec.workload_spaces.get(workload, spec.search_space))
     return s[:trials] if trials else s
 
 
@@ -139,7 +142,7 @@ class Plan:
             raise ConfigError(f"tuning and evaluation seeds overlap: {sorted(shared)}")
         if len(set(self.eval_seeds)) != len(self.eval_seeds):
             raise ConfigError(f"evaluation seeds repeat: {list(self.eval_seeds)}")
-        sizes = {c: len(space(c, self.trials)) for c in self.comms}
+        sizes = {c: len(self._space(c)) for c in self.comms}
         tuned = {n for n in sizes.values() if n > 1}
         if len(tuned) > 1:  # every tunable method gets the same budget of trials
             raise ConfigError(f"unequal numbers of trials: {sizes}")
@@ -151,7 +154,7 @@ class Plan:
 
     # -- jobs ---------------------------------------------------------------------------
     def _space(self, comm: str) -> tuple[tuple[str, dict[str, Any]], ...]:
-        return space(comm, self.trials)
+        return space(comm, self.trials, self.workload())
 
     def workload(self) -> str:
         return "translation" if self.experiment == WORKLOADS["translation"] else "classification"

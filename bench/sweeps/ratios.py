@@ -347,23 +347,12 @@ def named_ratios() -> dict[str, float]:
     }
 
 
-COLOURS = {  # one colour per method (the paper's in warm colours)
-    "dense": "tab:gray",
-    "fp16": "tab:blue",
-    "bf16": "tab:cyan",
-    "powersgd": "tab:green",
-    "topk": "tab:purple",
-    "mstopk": "tab:orange",
-    "hitopk": "tab:red",
-}
-
-
 def plot(df: pd.DataFrame, path: str | Path, title: str) -> Path:
     """Speedup against ratio, against dense and against the best peer: the central line,
     the seed interval (shaded) and the model band (dotted), the named settings marked."""
     import matplotlib.pyplot as plt
 
-    from bench.results.plots import save_figure
+    from bench.results.plots import method_colour, method_width, save_figure
 
     fig, all_axes = plt.subplots(
         1, 3, figsize=(14, 4.4), gridspec_kw={"width_ratios": [1, 1, 0.32]}
@@ -375,8 +364,8 @@ def plot(df: pd.DataFrame, path: str | Path, title: str) -> Path:
         d = df[df["vs_role"] == role]
         for g, dg in d.groupby("group", sort=False):
             dg = dg.sort_values("ratio")
-            c = COLOURS.get(str(dg["comm"].iloc[0]), "k")
-            lw = 2.2 if dg["comm"].iloc[0] in ("hitopk", "mstopk") else 1.2
+            c = method_colour(str(dg["comm"].iloc[0]))
+            lw = method_width(str(dg["comm"].iloc[0]))
             n = int(dg["n_seeds"].iloc[0])
             ax.plot(dg["ratio"], dg["speedup"], color=c, lw=lw, label=f"{g} (n = {n} seeds)")
             ax.fill_between(dg["ratio"], dg["ci_low"], dg["ci_high"], color=c, alpha=0.2)
