@@ -245,7 +245,9 @@ def plot_breakdown(table: pd.DataFrame, experiment: str, path: Path) -> Path | N
         return None
     groups = list(table.groupby(["cluster", "hardware"], sort=True))
     most = int(table.groupby(["cluster", "hardware"]).size().max())
-    fig, axes = _panels(len(groups), w=6.0, h=max(2.8, 1.2 + 0.32 * most))
+    fig, axes = _panels(
+        len(groups), w=8.5 if len(groups) == 1 else 6.0, h=max(3.2, 1.6 + 0.32 * most)
+    )
     for ax, ((cluster, hw), g) in zip(axes, groups, strict=True):
         left = np.zeros(len(g))
         for label, _ in PHASES:

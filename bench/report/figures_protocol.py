@@ -42,6 +42,11 @@ def plan_of(table: Path) -> dict[str, Any]:
     return json.loads(table.with_name(f"{table.stem}.plan.json").read_text())
 
 
+def _b(x: float) -> str:
+    """An interval bound: 3 digits where 2 would print a bound off 1 as 1.00."""
+    return f"{x:.3f}" if round(x, 2) == 1.0 and x != 1.0 else f"{x:.2f}"
+
+
 def _verdict(v: object, n: int) -> str:
     text = str(v)
     return VERDICT_SHORT.get(text, f"no difference (n = {n})")
@@ -57,7 +62,7 @@ def plot_protocol_speedup(df: pd.DataFrame, path: Path, title: str) -> Path | No
     peer = str(df["best_peer"].dropna().iloc[0]) if df["best_peer"].notna().any() else "peer"
     fig, axes = plt.subplots(1, 2, figsize=(fig_width(2, 6.2), 1.6 + 0.42 * len(df)), sharey=True)
     for ax, (key, label) in zip(
-        axes, (("speedup_vs_dense", "dense DDP"), ("speedup_vs_peer", f"the best peer ({peer})"))
+        axes, (("speedup_vs_dense", "dense DDP"), ("speedup_vs_peer", f"the best peer, {peer}"))
     ):
         for i, r in df.iterrows():
             m, lo, hi = r[key], r[f"{key}_ci_low"], r[f"{key}_ci_high"]
@@ -79,7 +84,7 @@ def plot_protocol_speedup(df: pd.DataFrame, path: Path, title: str) -> Path | No
             verdict = _verdict(r[key.replace("speedup", "verdict")], int(r["n_runs"]))
             itself = r["comm"] == ("dense" if key == "speedup_vs_dense" else peer)
             ax.annotate(
-                "the baseline" if itself else f"{m:.2f}x [{lo:.2f}, {hi:.2f}], {verdict}",
+                "the baseline" if itself else f"{m:.2f}x [{_b(lo)}, {_b(hi)}], {verdict}",
                 (hi if hi == hi else m, i),
                 xytext=(6, 0),
                 textcoords="offset points",
@@ -87,14 +92,13 @@ def plot_protocol_speedup(df: pd.DataFrame, path: Path, title: str) -> Path | No
                 fontsize=7,
             )
         ax.axvline(1.0, color="k", lw=0.8, ls="--")
-        ax.set_xlabel(f"speedup in time to target over {label} (x, > 1: sooner)")
+        ax.set_xlabel(f"speedup over {label} (x; > 1: sooner to target)")
         ax.grid(alpha=0.3, axis="x")
         lo_all = pd.concat([df[f"{key}_ci_low"], df[key]]).min()
         hi_all = pd.concat([df[f"{key}_ci_high"], df[key]]).max()
         if lo_all == lo_all and hi_all == hi_all:
-            ax.set_xlim(
-                min(0.8, lo_all - 0.1), max(1.25, hi_all + 0.45 * (hi_all - min(0.8, lo_all)))
-            )
+            left = min(0.8, lo_all - 0.1)  # room on the right for the written interval
+            ax.set_xlim(left, max(1.25, hi_all + 0.75 * (hi_all - left)))
     labels = [
         f"{r['comm']} {r['trial']} ({r['n_reached']}/{r['n_runs']} reached)"
         for _, r in df.iterrows()

@@ -363,6 +363,8 @@ def plot(df: pd.DataFrame, path: str | Path, title: str) -> Path:
     for ax, role in zip(axes, ("dense", "best peer"), strict=True):
         d = df[df["vs_role"] == role]
         for g, dg in d.groupby("group", sort=False):
+            if role != "dense" and str(dg["comm"].iloc[0]) in ("dense", *PEERS):
+                continue  # against the best peer: the methods that are not peers
             dg = dg.sort_values("ratio")
             c = method_colour(str(dg["comm"].iloc[0]))
             lw = method_width(str(dg["comm"].iloc[0]))

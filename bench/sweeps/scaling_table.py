@@ -6,8 +6,9 @@ One row per (size, method), ``kind`` ``measured`` or ``projected``:
 
 * ``step_s``: training seconds per step over the run's epochs after the first (warm-up);
 * ``compute_only_step_s``: the same of the size's two ``nocomm`` runs (no communication;
-  the first and the last run of the size), ``compute_only_spread`` their difference over
-  their mean (how much the machine drifted while the size ran);
+  the one before the methods and the last run of the size; a third before them warms the
+  launch up and is left out), ``compute_only_spread`` their difference over their mean
+  (how much the machine drifted while the size ran);
 * ``efficiency = compute_only_step_s / step_s``;
 * ``throughput``: samples per training second over the same epochs (all workers);
 * ``textbook_efficiency = throughput / (world_size x throughput of the 1x1 nocomm run)``:
@@ -119,7 +120,8 @@ def measured_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         else:
             rows[(n, m, str(row["comm"]))] = row
     for (n, m), runs in nocomm.items():
-        rows[(n, m, sm.NOCOMM)] = _merge(runs)
+        # three or more: the first warmed the launch up (bench.sweeps.scaling.points)
+        rows[(n, m, sm.NOCOMM)] = _merge(runs[1:] if len(runs) > 2 else runs)
     return list(rows.values())
 
 
