@@ -28,7 +28,8 @@ import pandas as pd
 from bench.cluster import perfmodel, projection
 from bench.registry import ConfigError
 from bench.results.records import read_curve
-from bench.sweeps.common import check_names, options, validate_jobs
+from bench.sweeps.common import check_names, options, sweep_records, validate_jobs
+from bench.sweeps.resume import RERUN_FAILED, latest, load_plan, pending, save_plan
 
 COLUMNS = [
     "sweep_id",
@@ -88,6 +89,8 @@ class Plan:
     batch_per_worker: int = 64
     results_dir: str = "results"
     extra: Sequence[str] = ()
+    launcher: str = ""  # "" = one run after the other here, else a Hydra launcher
+    launcher_overrides: Sequence[str] = ()
 
     def check(self) -> None:
         """Names, sizes and every job's config, before anything runs."""
@@ -143,12 +146,37 @@ class Plan:
             )
         return out
 
-    def run(self, sweep_dir: str | Path, runner: Callable[[list[str]], int]) -> list[int]:
-        jobs, statuses = self.jobs(), []
-        for i, ((comm, n, m), job) in enumerate(jobs):
-            print(f"[{i + 1}/{len(jobs)}] {comm} on {n}x{m}", flush=True)
-            statuses.append(runner([*job, f"hydra.run.dir={Path(sweep_dir) / str(i)}"]))
-        return statuses
+    def path(self) -> Path:
+        return Path(self.results_dir) / "scaling" / f"{self.sweep_id}.plan.json"
+
+    def save(self) -> Path:
+        return save_plan(self, self.path(), compare_skip=("launcher", "launcher_overrides"))
+
+    @classmethod
+    def load(cls, results_dir: str | Path, sweep_id: str) -> Plan:
+        path = Path(results_dir) / "scaling" / f"{sweep_id}.plan.json"
+        return load_plan(cls, path, "scaling")
+
+    def pending(self) -> list[int]:
+        """Indices of the runs without a finished record: a failed run measured nothing,
+        so it is run again too (``RERUN_FAILED``)."""
+        keys = [p for p, _ in self.jobs()]
+        recs = sweep_records(self.results_dir, self.sweep_id)
+        return pending(keys, recs, key_of, RERUN_FAILED)
+
+    def run(self, sweep_dir: str | Path, runner: Callable[..., list[int]]) -> list[int]:
+        """The runs not yet done, through ``runner(jobs, sweep_dir, experiment)``
+        (``common.run_each``: one after the other here; or a Hydra launcher)."""
+        jobs = self.jobs()
+        todo = [jobs[i][1] for i in self.pending()]
+        return runner(todo, sweep_dir, self.experiment)
+
+
+def key_of(rec: dict[str, Any]) -> tuple[str, int, int] | None:
+    """A scaling run's key: (comm, nodes, workers per node)."""
+    cl = (rec.get("config") or {}).get("cluster") or {}
+    n, m = int(cl.get("nnodes", rec.get("nnodes", 1))), int(cl.get("nproc_per_node", 1))
+    return (str(rec.get("comm")), n, m)
 
 
 def run_throughput(rec: dict[str, Any]) -> float:
@@ -169,7 +197,7 @@ def measured(records: Sequence[dict[str, Any]], sweep_id: str) -> pd.DataFrame:
     """One row per run that finished (an error run has no throughput: left out, counted
     by the caller); efficiency against the sweep's 1 x 1 run."""
     rows = []
-    for r in records:
+    for r in latest(records, key_of, RERUN_FAILED).values():
         if r.get("status") not in ("ok", "target_missed"):
             continue
         cl = (r.get("config") or {}).get("cluster") or {}
