@@ -137,8 +137,21 @@ def test_a_rerun_submits_only_missing_and_interrupted_jobs(tmp_path: Path) -> No
     ]
 
 
+def _main(capsys, *args: str) -> tuple[int, str, str]:
+    """``python -m reproduce ablation ARGS`` in this process: (exit status, out, err)."""
+    from reproduce.ablation import main
+
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def test_aggregate_and_status_of_an_unfinished_protocol_name_what_is_missing(
-    tmp_path: Path,
+    tmp_path: Path, capsys
 ) -> None:
     plan = pr.Plan(sweep_id="p1", cluster="local", comms=("dense", "hitopk"), trials=2,
                    tune_seeds=(1000,), eval_seeds=(0,), results_dir=str(tmp_path),
@@ -149,21 +162,21 @@ def test_aggregate_and_status_of_an_unfinished_protocol_name_what_is_missing(
     rec["protocol"] = {"name": pr.NAME, "role": "tune", "trial": job.trial, "selected": False}
     rec["train_time_s"] = 3.0
     append_record(tmp_path, rec)
-    p = run_cli("ablation", "--status", "p1", "--results-dir", str(tmp_path))
-    assert p.returncode == 0, p.stderr
-    assert "launcher submitit_local" in p.stdout
-    assert "tuning: 1 of 2 recorded (1 target_missed), 1 without a record" in p.stdout
-    assert "evaluation: 0 of 2 recorded, submitted once tuning is recorded" in p.stdout
-    p = run_cli("ablation", "--aggregate", "p1", "--results-dir", str(tmp_path))
-    assert p.returncode == 0, p.stderr
-    assert "missing: tuning: 1 of 2 recorded" in p.stdout and "partial" in p.stdout
+    code, out, err = _main(capsys, "--status", "p1", "--results-dir", str(tmp_path))
+    assert code == 0, err
+    assert "launcher submitit_local" in out
+    assert "tuning: 1 of 2 recorded (1 target_missed), 1 without a record" in out
+    assert "evaluation: 0 of 2 recorded, submitted once tuning is recorded" in out
+    code, out, err = _main(capsys, "--aggregate", "p1", "--results-dir", str(tmp_path))
+    assert code == 0, err
+    assert "missing: tuning: 1 of 2 recorded" in out and "partial" in out
     assert (tmp_path / "ablation" / "partial" / "p1.csv").exists()
     assert not (tmp_path / "ablation" / "p1.csv").exists()  # the final table: when complete
     # the same sweep id with another command: refused before anything runs
-    p = run_cli("ablation", "--sweep-id", "p1", "--quick", "--comm", "dense", "--cluster",
-                "local", "--results-dir", str(tmp_path))  # fmt: skip
-    assert p.returncode == 2 and "differs in comms" in p.stderr, p.stderr
-    assert len(p.stderr.strip().splitlines()) == 1
+    code, out, err = _main(capsys, "--sweep-id", "p1", "--quick", "--comm", "dense",
+                           "--cluster", "local", "--results-dir", str(tmp_path))  # fmt: skip
+    assert code == 2 and "differs in comms" in err, err
+    assert len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize(
@@ -176,11 +189,11 @@ def test_aggregate_and_status_of_an_unfinished_protocol_name_what_is_missing(
         (["--status", "nope"], "no plan of sweep nope"),
     ],
 )
-def test_bad_launcher_input_is_one_line_and_exit_2(tmp_path: Path, args, message) -> None:
-    p = run_cli("ablation", "--quick", "--cluster", "local", "--dry-run",
-                "--results-dir", str(tmp_path), *args)  # fmt: skip
-    assert p.returncode == 2 and message in p.stderr, p.stdout + p.stderr
-    assert len(p.stderr.strip().splitlines()) == 1 and not (tmp_path / "runs.jsonl").exists()
+def test_bad_launcher_input_is_one_line_and_exit_2(tmp_path: Path, capsys, args, message) -> None:
+    code, out, err = _main(capsys, "--quick", "--cluster", "local", "--dry-run",
+                           "--results-dir", str(tmp_path), *args)  # fmt: skip
+    assert code == 2 and message in err, out + err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "runs.jsonl").exists()
 
 
 # -- real runs through submitit's local executor ------------------------------------------
