@@ -194,14 +194,14 @@ def _same(args: argparse.Namespace, jobs: list[str], plan) -> None:
     differs) when it would make another sweep under the same id."""
     from bench.registry import ConfigError
     from bench.sweeps import protocol as pr
-    from bench.sweeps.resume import save_plan
+    from bench.sweeps.resume import RUN_FIELDS, save_plan
 
     if args.grid == isinstance(plan, pr.Plan):
         kind = "protocol" if isinstance(plan, pr.Plan) else "grid"
         raise ConfigError(f"sweep {plan.sweep_id} is a {kind} sweep: give --grid only for a grid")
     fresh = (_grid_plan if args.grid else _protocol_plan)(args, jobs)
     chosen = [f for f in pr.START_FIELDS if f != "order_seed" or args.order_seed is None]
-    save_plan(fresh, plan.path(), compare_skip=(*pr.RUN_FIELDS, *chosen))
+    save_plan(fresh, plan.path(), compare_skip=(*RUN_FIELDS, *chosen))
 
 
 def _first_job(plan) -> list[str]:

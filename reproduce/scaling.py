@@ -96,7 +96,7 @@ def _new_plan(args: argparse.Namespace, jobs: list[str], pin: bool = True):
 def _plan(args: argparse.Namespace):
     """(the plan, a note on its links, whether it is resumed)."""
     from bench.sweeps import scaling as sc
-    from bench.sweeps.resume import save_plan
+    from bench.sweeps.resume import RUN_FIELDS, save_plan
 
     jobs, hydra, launcher = _sweep.launcher_of(args)
     args.cluster = _sweep.default_cluster(args.cluster, launcher, "local")
@@ -110,7 +110,7 @@ def _plan(args: argparse.Namespace):
                 n = len(fresh.extra)  # the link pinned when the sweep started comes after
                 if list(plan.extra[:n]) == list(fresh.extra):
                     fresh.extra = plan.extra
-                save_plan(fresh, path, compare_skip=("launcher", "launcher_overrides"))
+                save_plan(fresh, path, compare_skip=RUN_FIELDS)
             resumed = True
         else:
             (plan, note), resumed = _new_plan(args, jobs), False

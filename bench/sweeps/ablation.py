@@ -30,7 +30,7 @@ import pandas as pd
 
 from bench.registry import ConfigError
 from bench.sweeps.common import check_names, options, sweep_records, validate_jobs
-from bench.sweeps.resume import RERUN, latest, load_plan, pending, save_plan
+from bench.sweeps.resume import RERUN, Saved, latest, pending
 
 COMMS = ("dense", "fp16", "powersgd", "topk", "mstopk", "hitopk")
 CACHES = ("none", "multilevel")
@@ -79,8 +79,11 @@ LOCAL_TOPOLOGY = ("cluster.nnodes=2", "cluster.nproc_per_node=1")
 
 
 @dataclass
-class Plan:
-    """One ablation sweep: the grid, where it runs and where its records go."""
+class Plan(Saved):
+    """One ablation sweep: the grid, where it runs and where its records go; saved at
+    ``<results>/ablation/<sweep_id>.grid.json``."""
+
+    FOLDER, SUFFIX, WHAT = "ablation", ".grid.json", "grid"
 
     sweep_id: str
     experiment: str = "dawnbench_digits"
@@ -152,16 +155,6 @@ class Plan:
         on a shared machine hits every configuration alike, and a sweep stopped early has
         whole seeds of every configuration."""
         return [self.job_overrides(c, k, u, s) for c, k, u, s in self.keys()]
-
-    def path(self) -> Path:
-        return Path(self.results_dir) / "ablation" / f"{self.sweep_id}.grid.json"
-
-    def save(self) -> Path:
-        return save_plan(self, self.path(), compare_skip=("launcher", "launcher_overrides"))
-
-    @classmethod
-    def load(cls, results_dir: str | Path, sweep_id: str) -> Plan:
-        return load_plan(cls, Path(results_dir) / "ablation" / f"{sweep_id}.grid.json", "grid")
 
     def pending(self, rerun: Sequence[str] = RERUN) -> list[int]:
         """Indices of the jobs not done (no record, or its latest one in ``rerun``)."""

@@ -49,7 +49,7 @@ from bench.comm import HOOKS
 from bench.registry import ConfigError
 from bench.sweeps.common import check_names, options, sweep_records, validate_jobs
 from bench.sweeps.intervals import budget_s, censored_time
-from bench.sweeps.resume import RERUN, latest, load_plan, progress, save_plan
+from bench.sweeps.resume import RERUN, Saved, latest, progress
 
 NAME = "equal-budget-v1"  # the protocol's name in every record; change it with the rules
 COMMS = ("dense", "fp16", "powersgd", "topk", "mstopk", "hitopk")
@@ -105,8 +105,11 @@ class Job:
 
 
 @dataclass
-class Plan:
-    """One protocol sweep; :meth:`save` writes it, :meth:`load` reads it back to resume."""
+class Plan(Saved):
+    """One protocol sweep; :meth:`save` writes it (``<results>/ablation/<sweep_id>.plan.json``),
+    :meth:`load` reads it back to resume."""
+
+    FOLDER, WHAT = "ablation", "protocol"
 
     sweep_id: str
     experiment: str = "dawnbench_digits"
@@ -210,24 +213,8 @@ class Plan:
             f"results.protocol_selected={_value(job.role == EVAL)}",
         ]
 
-    # -- persistence --------------------------------------------------------------------
-    def path(self) -> Path:
-        return Path(self.results_dir) / "ablation" / f"{self.sweep_id}.plan.json"
 
-    def save(self) -> Path:
-        """Write the plan before the first run; an existing plan is never replaced (the
-        same plan again, whatever its launcher, is accepted)."""
-        return save_plan(self, self.path(), compare_skip=RUN_FIELDS)
-
-    @classmethod
-    def load(cls, results_dir: str | Path, sweep_id: str) -> Plan:
-        path = Path(results_dir) / "ablation" / f"{sweep_id}.plan.json"
-        return load_plan(cls, path, "protocol")
-
-
-# fields that say how a sweep runs, not what: a rerun may change them
-RUN_FIELDS = ("launcher", "launcher_overrides")
-# ... and those chosen when a sweep starts (a rerun of its command does not repeat them)
+# the fields chosen when a sweep starts (a rerun of its command does not choose them again)
 START_FIELDS = ("order_seed", "cluster_overrides")
 
 

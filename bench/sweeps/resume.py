@@ -73,6 +73,28 @@ def load_plan(cls: type, path: Path, what: str) -> Any:
     return cls(**kw)
 
 
+RUN_FIELDS = ("launcher", "launcher_overrides")  # how a sweep runs, not what: may change
+
+
+class Saved:
+    """``save``/``load`` of a plan dataclass (with ``sweep_id`` and ``results_dir``) at
+    ``<results>/<FOLDER>/<sweep_id><SUFFIX>``; what it is called in errors: ``WHAT``."""
+
+    FOLDER, SUFFIX, WHAT = "", ".plan.json", "sweep"
+
+    def path(self) -> Path:
+        return Path(self.results_dir) / self.FOLDER / f"{self.sweep_id}{self.SUFFIX}"  # type: ignore[attr-defined]
+
+    def save(self) -> Path:
+        """Write the plan before the first job; never replaced (the same plan again,
+        whatever its launcher, is accepted)."""
+        return save_plan(self, self.path(), compare_skip=RUN_FIELDS)
+
+    @classmethod
+    def load(cls, results_dir: str | Path, sweep_id: str) -> Any:
+        return load_plan(cls, Path(results_dir) / cls.FOLDER / f"{sweep_id}{cls.SUFFIX}", cls.WHAT)
+
+
 def latest(
     records: Sequence[Mapping[str, Any]], key_of: KeyOf, rerun: Sequence[str] = RERUN
 ) -> dict[Hashable, dict[str, Any]]:

@@ -29,7 +29,7 @@ from bench.cluster import perfmodel, projection
 from bench.registry import ConfigError
 from bench.results.records import read_curve
 from bench.sweeps.common import check_names, options, sweep_records, validate_jobs
-from bench.sweeps.resume import RERUN_FAILED, latest, load_plan, pending, save_plan
+from bench.sweeps.resume import RERUN_FAILED, Saved, latest, pending
 
 COLUMNS = [
     "sweep_id",
@@ -79,7 +79,10 @@ def parse_topologies(text: str) -> list[tuple[int, int]]:
 
 
 @dataclass
-class Plan:
+class Plan(Saved):
+    """One scaling sweep, saved at ``<results>/scaling/<sweep_id>.plan.json``."""
+
+    FOLDER, WHAT = "scaling", "scaling"
     sweep_id: str
     experiment: str = "dawnbench_digits"
     cluster: str = "local"
@@ -145,17 +148,6 @@ class Plan:
                 )
             )
         return out
-
-    def path(self) -> Path:
-        return Path(self.results_dir) / "scaling" / f"{self.sweep_id}.plan.json"
-
-    def save(self) -> Path:
-        return save_plan(self, self.path(), compare_skip=("launcher", "launcher_overrides"))
-
-    @classmethod
-    def load(cls, results_dir: str | Path, sweep_id: str) -> Plan:
-        path = Path(results_dir) / "scaling" / f"{sweep_id}.plan.json"
-        return load_plan(cls, path, "scaling")
 
     def pending(self) -> list[int]:
         """Indices of the runs without a finished record: a failed run measured nothing,
