@@ -14,6 +14,15 @@ a failed job does not stop the others), trained through a run queue
 per sweep, printed and written to
 ``<results-dir>/ablation/<sweep_id>.csv`` (``bench/sweeps/ablation.py`` says what each column
 is).  Trailing ``key=value`` overrides apply to every job.
+
+``--launcher slurm`` (or ``hydra/launcher=...``; ``submitit_local`` on one machine):
+each job is submitted as its own Hydra multirun job through hydra-submitit-launcher, one
+allocation of the nodes and GPUs its topology needs (``bench/launch/submit.py``); the
+protocol submits its evaluation runs once the tuning runs are recorded.  ``--sweep-id
+ID`` names a sweep so that the same command again resumes it (only the jobs without a
+record, or interrupted, are submitted), ``--status ID`` says what is recorded and what
+is not, ``--aggregate ID`` builds the table from whatever is recorded (under
+``ablation/partial/`` while jobs are missing).
 """
 
 from __future__ import annotations
@@ -22,13 +31,15 @@ import argparse
 import sys
 from pathlib import Path
 
+from reproduce import _sweep
 from reproduce._cli import RESULTS, Parser
 
 USAGE = """ablation [--workload W | --experiment E] [--cluster C] [--seeds N] [--comm a,b]
-           [--quick] [--grid] [--dry-run] [--resume SWEEP_ID] [--aggregate SWEEP_ID]
+           [--quick] [--grid] [--dry-run] [--launcher slurm] [--sweep-id ID]
+           [--resume ID] [--status ID] [--aggregate ID]
                           the tuning protocol (tune, select, 5 evaluation seeds; --grid:
                           comm x cache x update x seeds), one table in
-                          runs/ablation/<sweep_id>.csv"""
+                          runs/ablation/<sweep_id>.csv; --launcher: each job a Slurm job"""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--experiment", default="", help="conf/experiment/<E>.yaml")
     ap.add_argument("--workload", default="", help="image | translation (the protocol's)")
-    ap.add_argument("--cluster", default="emulated", help="local | emulated | multinode")
+    ap.add_argument("--cluster", default="", help="local | emulated | multinode (default "
+                    "emulated; multinode on Slurm, local with submitit_local)")  # fmt: skip
     ap.add_argument("--seeds", type=int, default=None, help="evaluation seeds (protocol: 5) "
                     "or seeds per configuration (--grid: 3)")  # fmt: skip
     ap.add_argument("--comm", default="", help="comma-separated (default: all six)")
@@ -53,9 +65,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--quick", action="store_true", help="dense and hitopk, 1 seed each")
     ap.add_argument("--grid", action="store_true", help="the comm x cache x update grid")
     ap.add_argument("--order-seed", type=int, default=None, help="protocol: run order seed")
-    ap.add_argument("--resume", metavar="SWEEP_ID", help="protocol: go on with a sweep")
     ap.add_argument("--dry-run", action="store_true", help="print the jobs, run nothing")
     ap.add_argument("--aggregate", metavar="SWEEP_ID", help="rebuild the table from records")
+    _sweep.add_options(ap)
     ap.add_argument(
         "--results-dir",
         metavar="DIR",
@@ -84,17 +96,32 @@ def _experiment(args: argparse.Namespace) -> str:
     return args.experiment or "dawnbench_digits"
 
 
-def _protocol_plan(args: argparse.Namespace):
+def _kind(results_dir: str, sweep_id: str) -> str:
+    """``protocol`` or ``grid`` by the plan the sweep saved; "" when it saved none."""
+    d = Path(results_dir) / "ablation"
+    if (d / f"{sweep_id}.plan.json").exists():
+        return "protocol"
+    return "grid" if (d / f"{sweep_id}.grid.json").exists() else ""
+
+
+def _load(results_dir: str, sweep_id: str):
+    from bench.registry import ConfigError
+    from bench.sweeps import ablation as ab
+    from bench.sweeps import protocol as pr
+
+    kind = _kind(results_dir, sweep_id)
+    if not kind:
+        raise ConfigError(f"no plan of sweep {sweep_id} in {results_dir}/ablation/")
+    return (pr.Plan if kind == "protocol" else ab.Plan).load(results_dir, sweep_id)
+
+
+def _protocol_plan(args: argparse.Namespace, jobs: list[str]):
     import random
 
     from bench.registry import ConfigError
     from bench.sweeps import protocol as pr
     from bench.sweeps.common import cluster_profile, new_sweep_id, split_list
 
-    if args.resume:
-        plan = pr.Plan.load(args.results_dir, args.resume)
-        plan.notes.append(f"resuming {args.resume}: recorded runs are not run again")
-        return plan
     if args.cache or args.update:
         raise ConfigError("--cache and --update narrow the --grid sweep only")
     quick = pr.QUICK if args.quick else {}
@@ -103,7 +130,7 @@ def _protocol_plan(args: argparse.Namespace):
         raise ConfigError(f"--seeds must be >= 1, got {n}")
     order_seed = args.order_seed if args.order_seed is not None else random.randrange(10**6)
     plan = pr.Plan(
-        sweep_id=new_sweep_id("ablation"),
+        sweep_id=args.sweep_id or new_sweep_id("ablation"),
         experiment=_experiment(args),
         cluster=args.cluster,
         comms=split_list(args.comm) or quick.get("comms", pr.COMMS),
@@ -112,7 +139,7 @@ def _protocol_plan(args: argparse.Namespace):
         trials=quick.get("trials"),
         order_seed=order_seed,
         results_dir=args.results_dir,
-        extra=args.overrides,
+        extra=jobs,
     )
     plan.check()
     if n < 5 and not args.quick:
@@ -122,30 +149,20 @@ def _protocol_plan(args: argparse.Namespace):
         f"{list(plan.eval_seeds)}, run order seed {plan.order_seed}, evaluation every "
         f"{plan.every()} steps"
     )
-    plan.cluster_overrides, note = cluster_profile(args.cluster, args.overrides)
+    plan.cluster_overrides, note = cluster_profile(args.cluster, jobs)
     plan.notes.append(note)
     plan.check_jobs()
     return plan
 
 
-def _pin(plan, job: list[str], dry_run: bool) -> None:
-    from bench.sweeps.common import pin_profile
-
-    if not dry_run:  # one link for the whole sweep
-        pinned, note = pin_profile(job)
-        plan.cluster_overrides = [*plan.cluster_overrides, *pinned]
-        if note:
-            plan.notes.append(note)
-
-
-def _plan(args: argparse.Namespace):
+def _grid_plan(args: argparse.Namespace, jobs: list[str]):
     from bench.sweeps import ablation as ab
-    from bench.sweeps.common import cluster_profile, new_sweep_id, pin_profile, split_list
+    from bench.sweeps.common import cluster_profile, new_sweep_id, split_list
 
     quick = ab.QUICK if args.quick else {}
     seeds = args.seeds if args.seeds is not None else 3
     plan = ab.Plan(
-        sweep_id=new_sweep_id("ablation"),
+        sweep_id=args.sweep_id or new_sweep_id("ablation"),
         experiment=_experiment(args),
         cluster=args.cluster,
         comms=split_list(args.comm) or quick.get("comm", ab.COMMS),
@@ -153,88 +170,180 @@ def _plan(args: argparse.Namespace):
         updates=split_list(args.update) or quick.get("update", ab.UPDATES),
         seeds=quick.get("seeds", seeds) if args.quick else seeds,
         results_dir=args.results_dir,
-        extra=args.overrides,
+        extra=jobs,
     )
     plan.check_names()
-    plan.cluster_overrides, note = cluster_profile(args.cluster, args.overrides)
+    plan.cluster_overrides, note = cluster_profile(args.cluster, jobs)
     plan.notes.append(note)
     plan.check_jobs()  # every job's config, before anything runs
-    if not args.dry_run and plan.jobs():  # one link for the whole sweep
-        pinned, note = pin_profile(plan.jobs()[0])
-        plan.cluster_overrides = [*plan.cluster_overrides, *pinned]
-        if note:
-            plan.notes.append(note)
     return plan
 
 
-def _table(records_dir: str, sweep_id: str, expected: int | None = None) -> None:
-    from bench.sweeps.ablation import aggregate, format_table
-    from bench.sweeps.common import sweep_records, write_table
+def _pin(plan, job: list[str]) -> None:
+    """One link for the whole sweep (an emulated profile timed once, here)."""
+    from bench.sweeps.common import pin_profile
 
-    recs = sweep_records(records_dir, sweep_id)
+    pinned, note = pin_profile(job)
+    plan.cluster_overrides = [*plan.cluster_overrides, *pinned]
+    if note:
+        plan.notes.append(note)
+
+
+def _same(args: argparse.Namespace, jobs: list[str], plan) -> None:
+    """The command that made ``plan``, given again: refused (one line naming what
+    differs) when it would make another sweep under the same id."""
+    from bench.registry import ConfigError
+    from bench.sweeps import protocol as pr
+    from bench.sweeps.resume import RUN_FIELDS, save_plan
+
+    if args.grid == isinstance(plan, pr.Plan):
+        kind = "protocol" if isinstance(plan, pr.Plan) else "grid"
+        raise ConfigError(f"sweep {plan.sweep_id} is a {kind} sweep: give --grid only for a grid")
+    fresh = (_grid_plan if args.grid else _protocol_plan)(args, jobs)
+    chosen = [f for f in pr.START_FIELDS if f != "order_seed" or args.order_seed is None]
+    save_plan(fresh, plan.path(), compare_skip=(*RUN_FIELDS, *chosen))
+
+
+def _first_job(plan) -> list[str]:
+    from bench.sweeps import protocol as pr
+
+    if not isinstance(plan, pr.Plan):
+        return plan.jobs()[0]
+    return plan.overrides((plan.tune_jobs() or [pr.Job(pr.EVAL, plan.comms[0], "default", 0)])[0])
+
+
+def _plan(args: argparse.Namespace):
+    """(the sweep the command names, whether it is resumed): a new one, or (``--resume``,
+    or ``--sweep-id`` of a sweep that exists) the saved one, its launcher replaced by the
+    one given now."""
+    jobs, hydra, launcher = _sweep.launcher_of(args)
+    args.cluster = _sweep.default_cluster(args.cluster, launcher, "emulated")
+    sid = args.resume or args.sweep_id
+    resumed = bool(sid and (args.resume or _kind(args.results_dir, sid)))
+    with _sweep.checking_for(launcher):
+        if resumed:
+            plan = _load(args.results_dir, sid)
+            if not args.resume:
+                _same(args, jobs, plan)
+            plan.notes.append(f"resuming {sid}: recorded runs are not run again")
+        else:
+            plan = (_grid_plan if args.grid else _protocol_plan)(args, jobs)
+    _sweep.use_launcher(plan, launcher, hydra)
+    _sweep.check_launch(plan, [_first_job(plan)])
+    return plan, resumed
+
+
+def _write(df, results_dir: str, sweep_id: str, complete: bool, lines: list[str]) -> None:
+    from bench.sweeps.resume import write_sweep_table
+
+    path, wrote = write_sweep_table(df, results_dir, "ablation", sweep_id, complete)
+    for line in lines if not complete else []:
+        print(f"missing: {line}", flush=True)
+    print(f"table: {path}" + ("" if wrote else " (unchanged)")
+          + ("" if complete else " (partial: jobs are missing)"), flush=True)  # fmt: skip
+
+
+def _table(results_dir: str, sweep_id: str, plan=None) -> None:
+    """The grid's table; with its plan, what is missing (an old sweep without one: its
+    records are the whole sweep)."""
+    from bench.sweeps.ablation import aggregate, format_table, key_of
+    from bench.sweeps.common import sweep_records
+    from bench.sweeps.resume import progress
+
+    recs = sweep_records(results_dir, sweep_id)
     if not recs:
-        _fail(f"no records tagged results.sweep_id={sweep_id} in {records_dir}/runs.jsonl")
-    if expected is not None and len(recs) < expected:
-        print(f"note: {len(recs)} of {expected} jobs left a record", flush=True)
+        _fail(f"no records tagged results.sweep_id={sweep_id} in {results_dir}/runs.jsonl")
     df = aggregate(recs, sweep_id)
-    path = Path(records_dir) / "ablation" / f"{sweep_id}.csv"
-    wrote = write_table(df, path)
     print(format_table(df))
-    print(f"table: {path}" + ("" if wrote else " (unchanged)"), flush=True)
+    lines = [progress("grid", plan.keys(), recs, key_of)] if plan else []
+    _write(df, results_dir, sweep_id, plan is None or not plan.pending(), lines)
 
 
 def _protocol_table(results_dir: str, plan) -> None:
+    from bench.sweeps import protocol as pr
     from bench.sweeps import protocol_table as pt
-    from bench.sweeps.common import sweep_records, write_table
+    from bench.sweeps.common import sweep_records
 
     recs = sweep_records(results_dir, plan.sweep_id)
     df = pt.aggregate(plan, recs)
-    path = Path(results_dir) / "ablation" / f"{plan.sweep_id}.csv"
-    wrote = write_table(df, path)
     print(pt.format_table(df))
-    print(f"table: {path}" + ("" if wrote else " (unchanged)"), flush=True)
+    _write(df, results_dir, plan.sweep_id, pr.complete(plan, recs), pr.status(plan, recs))
 
 
-def _protocol(args: argparse.Namespace) -> None:
+def _status(args: argparse.Namespace) -> None:
+    from bench.sweeps import ablation as ab
+    from bench.sweeps import protocol as pr
+    from bench.sweeps.common import sweep_records
+    from bench.sweeps.resume import progress
+
+    plan = _load(args.results_dir, args.status)
+    recs = sweep_records(args.results_dir, plan.sweep_id)
+    how = f"launcher {plan.launcher}" if plan.launcher else "the local run queue"
+    lines = (
+        pr.status(plan, recs) if isinstance(plan, pr.Plan)
+        else [progress("grid", plan.keys(), recs, ab.key_of)]
+    )  # fmt: skip
+    _sweep.print_status(f"sweep {plan.sweep_id}: {plan.experiment} on cluster {plan.cluster}, "
+                        f"{how}", lines)  # fmt: skip
+
+
+def _dry_run(plan) -> None:
+    from bench.sweeps import protocol as pr
+
+    for note in plan.notes:
+        print(f"note: {note}")
+    how = f"submitted through {plan.launcher}" if plan.launcher else "run through one run queue"
+    if isinstance(plan, pr.Plan):
+        for i, job in enumerate(plan.tune_jobs()):
+            print(f"tune {i}: python -m reproduce train " + " ".join(plan.overrides(job)))
+        print(f"then the selected configuration of each method on each evaluation seed ({how})")
+        return
+    for i, job in enumerate(plan.jobs()):
+        print(f"job {i}: python -m reproduce train " + " ".join(job))
+    warm = "" if plan.launcher else ": one launch of the workers, a warm-up"
+    print(f"the jobs would be {how}{warm}")
+
+
+def _run(args: argparse.Namespace, plan, resumed: bool) -> None:
     from bench.registry import ConfigError
     from bench.sweeps import protocol as pr
     from bench.sweeps.common import run_queued, write_table
 
-    plan = _protocol_plan(args)
-    tune = plan.tune_jobs()
-    print(
-        f"sweep {plan.sweep_id}: protocol {plan.name} on {plan.experiment}, cluster "
-        f"{plan.cluster}: {len(tune)} tuning runs, then {len(plan.eval_seeds)} evaluation "
-        f"seeds x {len(plan.comms)} methods"
-    )
+    protocol = isinstance(plan, pr.Plan)
+    if protocol:
+        n = f"{len(plan.tune_jobs())} tuning runs, then {len(plan.eval_seeds)} evaluation " \
+            f"seeds x {len(plan.comms)} methods"  # fmt: skip
+        what = f"protocol {plan.name} on {plan.experiment}"
+    else:
+        n, what = f"{len(plan.jobs())} jobs", plan.experiment
+    how = f", launcher {plan.launcher}" if plan.launcher else ""
+    print(f"sweep {plan.sweep_id}: {what}, cluster {plan.cluster}{how}: {n}")
     if args.dry_run:
-        for note in plan.notes:
-            print(f"note: {note}")
-        for i, job in enumerate(tune):
-            print(f"tune {i}: python -m reproduce train " + " ".join(plan.overrides(job)))
-        print("then the selected configuration of each method on each evaluation seed")
+        _dry_run(plan)
         return
-    if not args.resume:
-        first = plan.overrides(tune[0] if tune else pr.Job(pr.EVAL, plan.comms[0], "default", 0))
-        _pin(plan, first, args.dry_run)
+    if not resumed:
+        _pin(plan, _first_job(plan))
         print(f"plan: {plan.save()}")
     for note in plan.notes:
         print(f"note: {note}")
-    sweep_dir = Path("outputs") / "ablation" / plan.sweep_id
+    sweep_dir = Path(args.results_dir) / "hydra" / "ablation" / plan.sweep_id
+    run = _sweep.runner(plan, run_queued)
     try:
-        rcs = pr.run(plan, run_queued, sweep_dir, write_table)
+        if protocol:
+            rcs = pr.run(plan, run, sweep_dir, write_table, rerun=_sweep.rerun_of(args))
+        else:
+            rcs = plan.run(sweep_dir, run, rerun=_sweep.rerun_of(args))
     except KeyboardInterrupt:
-        print(
-            f"interrupted; go on with: python -m reproduce ablation --resume {plan.sweep_id} "
-            f"--results-dir {args.results_dir}",
-            file=sys.stderr,
-        )
+        print(f"interrupted; go on with: {_sweep.again('ablation', plan)}", file=sys.stderr)
         sys.exit(130)
+    except ConfigError as e:  # tuning runs left no record: no evaluation submitted
+        _fail(str(e), 1)
     failed = sum(rc != 0 for rc in rcs)
     if failed:
         print(f"note: {failed} of {len(rcs)} jobs failed", file=sys.stderr, flush=True)
     try:
-        _protocol_table(args.results_dir, plan)
+        _protocol_table(args.results_dir, plan) if protocol else _table(
+            args.results_dir, plan.sweep_id, plan)  # fmt: skip
     except ConfigError as e:
         _fail(str(e), 1)
     sys.exit(1 if failed else 0)
@@ -242,49 +351,22 @@ def _protocol(args: argparse.Namespace) -> None:
 
 def main(argv: list[str]) -> None:
     from bench.registry import ConfigError
+    from bench.sweeps import protocol as pr
 
     args = _parser().parse_args(argv)
     try:
+        if args.status:
+            _status(args)
+            return
         if args.aggregate:
-            plan_file = Path(args.results_dir) / "ablation" / f"{args.aggregate}.plan.json"
-            if plan_file.exists():
-                from bench.sweeps.protocol import Plan
-
-                _protocol_table(args.results_dir, Plan.load(args.results_dir, args.aggregate))
+            kind = _kind(args.results_dir, args.aggregate)
+            plan = _load(args.results_dir, args.aggregate) if kind else None
+            if isinstance(plan, pr.Plan):
+                _protocol_table(args.results_dir, plan)
             else:
-                _table(args.results_dir, args.aggregate)
+                _table(args.results_dir, args.aggregate, plan)
             return
-        if not args.grid:
-            _protocol(args)
-            return
-        plan = _plan(args)
+        plan, resumed = _plan(args)
     except ConfigError as e:
         _fail(str(e))
-    jobs = plan.jobs()
-    print(f"sweep {plan.sweep_id}: {plan.experiment} on cluster {args.cluster}, {len(jobs)} jobs")
-    for note in plan.notes:
-        print(f"note: {note}")
-    sweep_dir = Path(args.results_dir) / "hydra" / "ablation" / plan.sweep_id
-    if args.dry_run:
-        for i, job in enumerate(jobs):
-            print(f"job {i}: python -m reproduce train " + " ".join(job))
-        print("the jobs would run through one run queue: one launch of the workers, a warm-up")
-        return
-    from bench.sweeps.common import run_queued
-
-    try:
-        failed = sum(rc != 0 for rc in plan.run(sweep_dir, run_queued))
-    except KeyboardInterrupt:
-        print(
-            f"interrupted; the finished jobs' table: python -m reproduce ablation "
-            f"--aggregate {plan.sweep_id} --results-dir {args.results_dir}",
-            file=sys.stderr,
-        )
-        sys.exit(130)
-    if failed:
-        print(f"note: {failed} of {len(jobs)} jobs failed", file=sys.stderr, flush=True)
-    try:
-        _table(args.results_dir, plan.sweep_id, expected=len(jobs))
-    except ConfigError as e:
-        _fail(str(e), 1)
-    sys.exit(1 if failed else 0)
+    _run(args, plan, resumed)

@@ -12,6 +12,14 @@ projection to 16 x 8 V100 at 25 Gbit/s with its band.  One table, printed and wr
 ``scaling_table.py`` say how each number is made).  Trailing ``key=value`` overrides
 apply to every run.  ``--aggregate SWEEP_ID`` writes the table again from the records
 and the plan alone.
+
+``--launcher slurm`` (or ``submitit_local``, or ``hydra/launcher=...``): each run (one per
+size and method, the compute-only runs included) submitted as its own Hydra job, on an
+allocation of its size's nodes and GPUs (``bench/launch/submit.py``); on Slurm the
+cluster is ``multinode`` and a size NxG is N nodes of G GPUs.  The profiles and the
+predictions are still made here, before anything is submitted.  ``--sweep-id``,
+``--resume``, ``--status`` and ``--aggregate`` work as for ``ablation``; a failed run
+measured nothing, so a resumed sweep runs it again.
 """
 
 from __future__ import annotations
@@ -20,10 +28,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from reproduce import _sweep
 from reproduce._cli import RESULTS, Parser, fail
 
 USAGE = """scaling [--cluster emulated|local] [--comm a,b] [--topologies 1x1,2x1,4x1,8x1]
-           [--steps N] [--epochs N] [--quick] [--dry-run] [--aggregate SWEEP_ID]
+           [--steps N] [--epochs N] [--quick] [--dry-run] [--launcher slurm]
+           [--sweep-id ID] [--resume ID] [--status ID] [--aggregate SWEEP_ID]
                           measured scaling efficiency vs nodes per method, the model's
                           prediction of every step time; runs/scaling/<sweep_id>.csv"""
 
@@ -41,8 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--experiment", default="dawnbench_digits", help="conf/experiment/<E>.yaml")
     ap.add_argument(
-        "--cluster", default="emulated", help="cluster of the sizes of >= 2 nodes: emulated | local"
-    )
+        "--cluster", default="", help="cluster of the sizes of >= 2 nodes: emulated | local "
+        "(default emulated; multinode on Slurm, local under submitit_local)",
+    )  # fmt: skip
     ap.add_argument("--comm", default=",".join(sc.COMMS), help="comma-separated methods")
     ap.add_argument(
         "--topologies", default="", help=f"NODESxWORKERS list (default {sc.TOPOLOGIES})"
@@ -56,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     ap.add_argument("--dry-run", action="store_true", help="print the runs, run nothing")
     ap.add_argument("--aggregate", metavar="SWEEP_ID", default="", help="table of a finished sweep")
+    _sweep.add_options(ap, rerun_failed=False)
     ap.add_argument(
         "--results-dir",
         metavar="DIR",
@@ -66,60 +78,78 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _plan(args: argparse.Namespace):
+def _new_plan(args: argparse.Namespace, jobs: list[str], launcher: str):
+    from bench.registry import ConfigError
     from bench.sweeps import scaling as sc
     from bench.sweeps.common import cluster_profile, new_sweep_id, split_list
 
     q = sc.QUICK if args.quick else {}
-    cluster = q.get("cluster", args.cluster) if args.cluster == "emulated" else args.cluster
-    if cluster not in ("emulated", "local"):
-        from bench.registry import ConfigError
-
-        raise ConfigError(f"--cluster {cluster!r}: the study runs on emulated or local")
-    link, note = cluster_profile(cluster, args.overrides)
+    cluster = args.cluster or _sweep.default_cluster("", launcher, q.get("cluster", "emulated"))
+    allowed = ("emulated", "local", "multinode") if launcher else ("emulated", "local")
+    if cluster not in allowed:
+        raise ConfigError(
+            f"--cluster {cluster!r}: the study runs on emulated or local"
+            + (" (or multinode through a launcher)" if launcher else "")
+        )
+    link, note = cluster_profile(cluster, jobs)
     comm = q.get("comms", args.comm) if args.comm == ",".join(sc.COMMS) else args.comm
     plan = sc.Plan(
-        sweep_id=new_sweep_id("scaling"),
+        sweep_id=args.sweep_id or new_sweep_id("scaling"),
         experiment=args.experiment,
         cluster=cluster,
         comms=split_list(comm),
-        topologies=sc.parse_topologies(args.topologies or q.get("topologies", sc.TOPOLOGIES)),
+        topologies=tuple(
+            sc.parse_topologies(args.topologies or q.get("topologies", sc.TOPOLOGIES))
+        ),
         steps=args.steps or q.get("steps", 4),
         epochs=args.epochs,
         batch_per_worker=args.batch_per_worker,
         results_dir=args.results_dir,
         link=link,
-        extra=list(args.overrides),
+        extra=list(jobs),
     )
     return plan, note
 
 
+def _plan(args: argparse.Namespace):
+    """(the plan, a note on its links, its saved document or None when it is new)."""
+    from bench.sweeps import scaling as sc
+
+    jobs, hydra, launcher = _sweep.launcher_of(args)
+    sid = args.resume or args.sweep_id
+    with _sweep.checking_for(launcher or ""):
+        if sid and (args.resume or sc.plan_path(args.results_dir, sid).exists()):
+            plan, doc = sc.load(args.results_dir, sid)
+            note = f"resuming {sid}"
+            if not args.resume:  # the same command again: the same sweep, or refused
+                fresh, _ = _new_plan(args, jobs, launcher)
+                sc.check_same(fresh, doc)
+        else:
+            (plan, note), doc = _new_plan(args, jobs, launcher), None
+        _sweep.use_launcher(plan, launcher, hydra)
+        plan.check()
+        _sweep.check_launch(plan, [job for _, job in plan.jobs()])
+    return plan, note, doc
+
+
 def main(argv: list[str]) -> None:
     from bench.registry import ConfigError
-    from bench.sweeps import scaling as sc
-    from bench.sweeps import scaling_table as st
 
     args = _parser().parse_args(argv)
-    if args.aggregate:
-        from bench.sweeps.common import sweep_records, write_table
-
-        try:
-            plan_doc = sc.read_plan(args.results_dir, args.aggregate)
-        except ConfigError as e:
-            fail(str(e))
-        table = st.build_table(sweep_records(args.results_dir, args.aggregate), plan_doc)
-        _report(table, Path(args.results_dir) / "scaling" / f"{args.aggregate}.csv", write_table)
+    if args.aggregate or args.status:
+        _from_records(args.aggregate or args.status, args.results_dir, bool(args.status))
         return
     try:
-        plan, note = _plan(args)
-        plan.check()
+        plan, note, doc = _plan(args)
     except ConfigError as e:
         fail(str(e))
     jobs = plan.jobs()
     sizes = ", ".join(f"{n}x{m}" for n, m in plan.topologies)
+    how = f", launcher {plan.launcher}" if plan.launcher else ""
+    launches = "jobs" if plan.launcher else f"runs in {len(plan.topologies)} launches"
     print(
-        f"sweep {plan.sweep_id}: {args.experiment}, sizes {sizes} ({plan.cluster} from 2 "
-        f"nodes), {len(jobs)} runs in {len(plan.topologies)} launches"
+        f"sweep {plan.sweep_id}: {plan.experiment}, sizes {sizes} ({plan.cluster} from 2 "
+        f"nodes{how}), {len(jobs)} {launches}"
     )
     print(f"note: {note}; one profile per size")
     for s in plan.skipped():
@@ -128,39 +158,76 @@ def main(argv: list[str]) -> None:
         for i, (_, job) in enumerate(jobs):
             print(f"run {i}: python -m reproduce train " + " ".join(job))
         return
-    _run(plan, args.results_dir)
+    _run(plan, doc)
 
 
-def _run(plan, results_dir: str) -> None:
+def _from_records(sweep_id: str, results_dir: str, status_only: bool) -> None:
+    """``--status`` (what is recorded) or ``--aggregate`` (the table) of a sweep."""
+    from bench.registry import ConfigError
     from bench.sweeps import scaling as sc
     from bench.sweeps import scaling_table as st
-    from bench.sweeps.common import run_queued, sweep_records, write_table
-
-    doc = plan.prepare()  # every size's profile and every prediction, before any run
-    for s in doc["sizes"]:
-        print(f"size {s['nodes']}x{s['workers_per_node']}: {s['profile']}", flush=True)
-    print(f"plan (predictions before the runs): {sc.write_plan(doc, results_dir)}", flush=True)
-    jobs = [job for _, job in plan.jobs()]
-    sweep_dir = Path(results_dir) / "hydra" / "scaling" / plan.sweep_id
-    statuses = run_queued(jobs, sweep_dir, plan.experiment)
-    failed = sum(rc != 0 for rc in statuses)
-    table = st.build_table(sweep_records(results_dir, plan.sweep_id), doc)
-    done = int((table["kind"] == "measured").sum())
-    if failed or done < len(jobs):
-        print(f"note: {done} of {len(jobs)} runs finished", file=sys.stderr, flush=True)
-    _report(table, Path(results_dir) / "scaling" / f"{plan.sweep_id}.csv", write_table)
-    sys.exit(1 if failed else 0)
-
-
-def _report(table, path: Path, write_table) -> None:
-    from bench.registry import ConfigError
-    from bench.sweeps import scaling_table as st
+    from bench.sweeps.common import sweep_records
 
     try:
-        write_table(table, path)
+        doc = sc.read_plan(results_dir, sweep_id)
+        plan = sc.load(results_dir, sweep_id)[0] if status_only or "topologies" in doc else None
+    except ConfigError as e:
+        fail(str(e))
+    recs = sweep_records(results_dir, sweep_id)
+    if status_only:
+        how = f"launcher {plan.launcher}" if plan.launcher else "the run queue here"
+        _sweep.print_status(
+            f"sweep {plan.sweep_id}: cluster {plan.cluster}, {how}", [plan.progress(recs)]
+        )
+        return
+    # a plan made before sweeps were resumable: every run is taken as done
+    _report(st.build_table(recs, doc), plan, recs, results_dir, sweep_id)
+
+
+def _run(plan, doc) -> None:
+    from bench.sweeps import scaling as sc
+    from bench.sweeps import scaling_table as st
+    from bench.sweeps.common import run_queued, sweep_records
+
+    results_dir = plan.results_dir
+    if doc is None:  # every size's profile and every prediction, before any run
+        with _sweep.checking_for(plan.launcher):
+            doc = plan.prepare()
+        for s in doc["sizes"]:
+            print(f"size {s['nodes']}x{s['workers_per_node']}: {s['profile']}", flush=True)
+        path = sc.write_plan(doc, results_dir, plan)
+        print(f"plan (predictions before the runs): {path}", flush=True)
+    todo = len(plan.pending())
+    if todo < len(plan.jobs()):
+        print(f"{todo} of {len(plan.jobs())} runs to go", flush=True)
+    sweep_dir = Path(results_dir) / "hydra" / "scaling" / plan.sweep_id
+    try:
+        statuses = plan.run(sweep_dir, _sweep.runner(plan, run_queued))
+    except KeyboardInterrupt:
+        print(f"interrupted; go on with: {_sweep.again('scaling', plan)}", file=sys.stderr)
+        sys.exit(130)
+    failed = sum(rc != 0 for rc in statuses)
+    recs = sweep_records(results_dir, plan.sweep_id)
+    missing = _report(st.build_table(recs, doc), plan, recs, results_dir, plan.sweep_id)
+    sys.exit(1 if failed or missing else 0)
+
+
+def _report(table, plan, recs, results_dir: str, sweep_id: str) -> int:
+    """Print and write the table (``partial/`` while runs are missing); the number of
+    runs without a finished record (0 for a plan without sweep fields)."""
+    from bench.registry import ConfigError
+    from bench.sweeps import scaling_table as st
+    from bench.sweeps.resume import write_sweep_table
+
+    missing = len(plan.pending(recs)) if plan is not None else 0
+    try:
+        path, _ = write_sweep_table(table, results_dir, "scaling", sweep_id, not missing)
     except ConfigError as e:
         fail(str(e), 1)
     print(st.format_table(table))
     for line in st.summary(table):
         print(line)
-    print(f"table: {path}", flush=True)
+    if missing:
+        print(f"missing: {plan.progress(recs)}", file=sys.stderr, flush=True)
+    print(f"table: {path}" + (" (partial: runs are missing)" if missing else ""), flush=True)
+    return missing

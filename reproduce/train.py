@@ -17,8 +17,9 @@ register_configs()
 PRECHECKED = False
 
 
-@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
-def app(cfg: DictConfig) -> float | None:
+def task(cfg: DictConfig) -> float | None:
+    """One Hydra job: the run of ``cfg`` (the task of :data:`app`, and of each job a sweep
+    submits through a Hydra launcher, ``bench.launch.submit``)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -48,3 +49,6 @@ def app(cfg: DictConfig) -> float | None:
         sys.exit(rc)
     # the sweep objective (e.g. for an optimizer sweeper): time to target, if reached
     return rec.get("time_to_target_s") if rec else None
+
+
+app = hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")(task)

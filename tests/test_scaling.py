@@ -253,3 +253,34 @@ def test_quick_scaling_measures_predicts_and_projects(tmp_path: Path) -> None:
     assert meas["predicted_step_s"].notna().all() and meas["efficiency"].between(0, 3).all()
     assert (df["kind"] == "projected").sum() == 2 * 5
     assert plan.stat().st_mtime < min((tmp_path / "curves").stat().st_mtime, csv.stat().st_mtime)
+
+
+def test_a_resumed_sweep_runs_only_what_has_no_finished_record(tmp_path: Path, capsys) -> None:
+    plan = sc.Plan(sweep_id=SWEEP, cluster="local", comms=("dense",),
+                   topologies=((1, 1), (2, 1)), results_dir=str(tmp_path),
+                   launcher="submitit_local")  # fmt: skip
+    sc.write_plan(_plan_doc(), tmp_path, plan)
+    _run(tmp_path, "n1", "nocomm", 1, [(64, 2, 9.0), (128, 4, 0.4)])
+    _run(tmp_path, "d1", "dense", 1, [(64, 2, 9.0), (128, 4, 0.4)])
+    _run(tmp_path, "n2", "nocomm", 2, [(128, 2, 9.0), (256, 4, 0.8)])
+    cfg = {"results": {"sweep_id": SWEEP}, "cluster": {"nnodes": 2, "nproc_per_node": 1}}
+    append_record(tmp_path, {"run_id": "x", "status": "error", "comm": "dense", "config": cfg})
+    # 1x1: nocomm, dense, nocomm; 2x1: nocomm, dense (failed: measured nothing), nocomm
+    assert plan.pending() == [2, 4, 5]
+    loaded, doc = sc.load(tmp_path, SWEEP)
+    assert loaded.topologies == ((1, 1), (2, 1)) and loaded.launcher == "submitit_local"
+    assert loaded.jobs() == plan.jobs() and doc["predictions"]
+    cli.main(["--status", SWEEP, "--results-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "launcher submitit_local" in out and "3 of 6 runs done, 3 to go" in out
+    cli.main(["--aggregate", SWEEP, "--results-dir", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert "partial" in out and "missing: scaling: 3 of 6 runs done" in err
+    part = pd.read_csv(tmp_path / "scaling" / "partial" / f"{SWEEP}.csv")
+    assert set(part[part["kind"] == "measured"]["run_id"]) == {"n1", "d1", "n2"}
+    assert not (tmp_path / "scaling" / f"{SWEEP}.csv").exists()
+    # the same sweep id with another command: refused before anything runs
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--sweep-id", SWEEP, "--cluster", "local", "--comm", "dense", "--topologies",
+                  "1x1,4x1", "--dry-run", "--results-dir", str(tmp_path)])  # fmt: skip
+    assert e.value.code == 2 and "differs in topologies" in capsys.readouterr().err

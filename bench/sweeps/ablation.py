@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,8 @@ from typing import Any
 import pandas as pd
 
 from bench.registry import ConfigError
-from bench.sweeps.common import check_names, options, validate_jobs
+from bench.sweeps.common import check_names, options, sweep_records, validate_jobs
+from bench.sweeps.resume import RERUN, Saved, latest, pending
 
 COMMS = ("dense", "fp16", "powersgd", "topk", "mstopk", "hitopk")
 CACHES = ("none", "multilevel")
@@ -78,8 +79,11 @@ LOCAL_TOPOLOGY = ("cluster.nnodes=2", "cluster.nproc_per_node=1")
 
 
 @dataclass
-class Plan:
-    """One ablation sweep: the grid, where it runs and where its records go."""
+class Plan(Saved):
+    """One ablation sweep: the grid, where it runs and where its records go; saved at
+    ``<results>/ablation/<sweep_id>.grid.json``."""
+
+    FOLDER, SUFFIX, WHAT = "ablation", ".grid.json", "grid"
 
     sweep_id: str
     experiment: str = "dawnbench_digits"
@@ -91,6 +95,8 @@ class Plan:
     results_dir: str = "results"
     cluster_overrides: Sequence[str] = ()  # e.g. cluster.profile=paper (common.cluster_profile)
     extra: Sequence[str] = ()  # further Hydra overrides, applied to every job
+    launcher: str = ""  # "" = the local run queue, else a Hydra launcher (bench.launch.submit)
+    launcher_overrides: Sequence[str] = ()
     notes: list[str] = field(default_factory=list)
 
     def check_names(self) -> None:
@@ -139,24 +145,44 @@ class Plan:
             f"train.seed={seed}",
         ]
 
+    def keys(self) -> list[tuple[str, str, str, int]]:
+        """Each job's key (what :func:`key_of` reads back from its record), in job order."""
+        seeds_configs = itertools.product(range(self.seeds), self.configs())
+        return [(c, k, u, s) for s, (c, k, u) in seeds_configs]
+
     def jobs(self) -> list[list[str]]:
         """Seed by seed, every configuration in turn: load that drifts during a long sweep
         on a shared machine hits every configuration alike, and a sweep stopped early has
         whole seeds of every configuration."""
-        return [
-            self.job_overrides(c, k, u, s)
-            for s, (c, k, u) in itertools.product(range(self.seeds), self.configs())
-        ]
+        return [self.job_overrides(c, k, u, s) for c, k, u, s in self.keys()]
 
-    def run(self, sweep_dir: str | Path, runner: Callable[..., list[int]]) -> list[int]:
-        """Run every job: ``runner(jobs, sweep_dir, experiment)`` (``common.run_queued``:
-        one launch of the workers for the whole grid, each job its own run and record; a
-        failed job leaves its error record and the sweep goes on).  Returns the exit
-        statuses."""
-        return runner(self.jobs(), sweep_dir, self.experiment)
+    def pending(self, rerun: Sequence[str] = RERUN) -> list[int]:
+        """Indices of the jobs not done (no record, or its latest one in ``rerun``)."""
+        return pending(self.keys(), sweep_records(self.results_dir, self.sweep_id), key_of, rerun)
+
+    def run(
+        self, sweep_dir: str | Path, runner: Callable[..., list[int]], rerun: Sequence[str] = RERUN
+    ) -> list[int]:
+        """Run every job not yet done: ``runner(jobs, sweep_dir, experiment)``
+        (``common.run_queued``: one launch of the workers for the whole grid, each job its
+        own run and record; a failed job leaves its error record and the sweep goes on;
+        or a Hydra launcher's submission).  Returns the exit statuses."""
+        jobs = self.jobs()
+        return runner([jobs[i] for i in self.pending(rerun)], sweep_dir, self.experiment)
 
 
-def _config_of(rec: dict[str, Any]) -> tuple[str, str, str]:
+def key_of(rec: Mapping[str, Any]) -> tuple[str, str, str, int] | None:
+    """A grid record's job key (comm, cache, update, seed); None for a protocol run; a
+    record without a seed is a job of its own."""
+    if (rec.get("protocol") or {}).get("role"):
+        return None
+    seed = ((rec.get("config") or {}).get("train") or {}).get("seed")
+    if seed is None:
+        return ("run", str(rec.get("run_id")), "", -1)
+    return (*_config_of(rec), int(seed))
+
+
+def _config_of(rec: Mapping[str, Any]) -> tuple[str, str, str]:
     return str(rec.get("comm")), str(rec.get("cache")), str(rec.get("update"))
 
 
@@ -210,9 +236,10 @@ def _baseline_for(
 def aggregate(
     records: Sequence[dict[str, Any]], sweep_id: str, baseline: tuple[str, str, str] = BASELINE
 ) -> pd.DataFrame:
-    """One row per configuration (comm, cache, update) found in ``records``."""
+    """One row per configuration (comm, cache, update) found in ``records``: each job's
+    latest record, a job whose latest is ``interrupted`` left out (it is run again)."""
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
-    for r in records:
+    for r in latest(records, key_of).values():
         groups.setdefault(_config_of(r), []).append(r)
     rows = {}
     for key in sorted(groups, key=lambda k: (k != baseline, k)):

@@ -177,16 +177,23 @@ def run_train(args: Sequence[str]) -> int:
     return subprocess.run(cmd, env=env, check=False).returncode
 
 
+def job_label(job: Sequence[str]) -> str:
+    """The overrides that tell the jobs of a sweep apart (:data:`LABEL_KEYS`)."""
+    return " ".join(o for o in job if o.split("=", 1)[0] in LABEL_KEYS)
+
+
 def run_queued(jobs: Sequence[Sequence[str]], sweep_dir: str | Path, experiment: str) -> list[int]:
     """Every job (Hydra overrides, as for ``python -m reproduce train``) through a run queue
     (:mod:`bench.launch.runqueue`): the workers are launched once for each stretch of consecutive
     jobs on the same cluster config, and each job is still its own run with its own
     record.  Run JSONs go to ``sweep_dir``.  Returns the exit statuses."""
 
-    labels = [" ".join(o for o in job if o.split("=", 1)[0] in LABEL_KEYS) for job in jobs]
+    if not jobs:
+        return []
     results = run_queue(
-        compose_all(jobs), experiment=experiment, output_dir=sweep_dir, labels=labels
-    )
+        compose_all(jobs), experiment=experiment, output_dir=sweep_dir,
+        labels=[job_label(j) for j in jobs],
+    )  # fmt: skip
     return [rc for rc, _ in results]
 
 

@@ -35,8 +35,6 @@ The plan is written to ``<results>/ablation/<sweep_id>.plan.json`` before the fi
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 import random
 import statistics
@@ -51,6 +49,7 @@ from bench.comm import HOOKS
 from bench.registry import ConfigError
 from bench.sweeps.common import check_names, options, sweep_records, validate_jobs
 from bench.sweeps.intervals import budget_s, censored_time
+from bench.sweeps.resume import RERUN, Saved, latest, progress
 
 NAME = "equal-budget-v1"  # the protocol's name in every record; change it with the rules
 COMMS = ("dense", "fp16", "powersgd", "topk", "mstopk", "hitopk")
@@ -109,8 +108,11 @@ class Job:
 
 
 @dataclass
-class Plan:
-    """One protocol sweep; :meth:`save` writes it, :meth:`load` reads it back to resume."""
+class Plan(Saved):
+    """One protocol sweep; :meth:`save` writes it (``<results>/ablation/<sweep_id>.plan.json``),
+    :meth:`load` reads it back to resume."""
+
+    FOLDER, WHAT = "ablation", "protocol"
 
     sweep_id: str
     experiment: str = "dawnbench_digits"
@@ -125,6 +127,10 @@ class Plan:
     cluster_overrides: Sequence[str] = ()
     extra: Sequence[str] = ()  # further Hydra overrides, applied to every job
     name: str = NAME
+    # how the jobs are submitted (not what they are): "" = the local run queue, else a
+    # Hydra launcher (bench.launch.submit) and its hydra.* overrides
+    launcher: str = ""
+    launcher_overrides: Sequence[str] = ()
     notes: list[str] = field(default_factory=list)
 
     # -- checks -------------------------------------------------------------------------
@@ -211,33 +217,9 @@ class Plan:
             f"results.protocol_selected={_value(job.role == EVAL)}",
         ]
 
-    # -- persistence --------------------------------------------------------------------
-    def path(self) -> Path:
-        return Path(self.results_dir) / "ablation" / f"{self.sweep_id}.plan.json"
 
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d.pop("notes")
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
-
-    def save(self) -> Path:
-        """Write the plan before the first run; an existing plan is never replaced."""
-        path = self.path()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n"
-        if path.exists() and path.read_text() != text:
-            raise ConfigError(f"{path} exists with another plan; it is not replaced")
-        path.write_text(text)
-        return path
-
-    @classmethod
-    def load(cls, results_dir: str | Path, sweep_id: str) -> Plan:
-        path = Path(results_dir) / "ablation" / f"{sweep_id}.plan.json"
-        if not path.exists():
-            raise ConfigError(f"no protocol plan {path}: not a protocol sweep, or another dir")
-        d = json.loads(path.read_text())
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
+# the fields chosen when a sweep starts (a rerun of its command does not choose them again)
+START_FIELDS = ("order_seed", "cluster_overrides")
 
 
 # -- records --------------------------------------------------------------------------------
@@ -252,20 +234,43 @@ def job_of(rec: Mapping[str, Any]) -> Job | None:
     return Job(str(p["role"]), str(rec.get("comm")), str(p.get("trial")), int(seed or 0))
 
 
-def recorded(records: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str, str, int], dict]:
-    """Job key -> its record; an ``interrupted`` run is not recorded (it is run again)."""
-    out: dict[tuple[str, str, str, int], dict] = {}
-    for r in records:
-        j = job_of(r)
-        if j is not None and r.get("status") != "interrupted":
-            out[j.key] = dict(r)
-    return out
+def _key(rec: Mapping[str, Any]) -> tuple[str, str, str, int] | None:
+    j = job_of(rec)
+    return j.key if j is not None else None
 
 
-def pending(jobs: Sequence[Job], records: Sequence[Mapping[str, Any]]) -> list[Job]:
+def recorded(
+    records: Sequence[Mapping[str, Any]], rerun: Sequence[str] = RERUN
+) -> dict[tuple[str, str, str, int], dict]:
+    """Job key -> its latest record; a run whose latest record is ``interrupted`` (or in
+    ``rerun``) is not recorded (it is run again)."""
+    return latest(records, _key, rerun)  # type: ignore[return-value]
+
+
+def pending(
+    jobs: Sequence[Job], records: Sequence[Mapping[str, Any]], rerun: Sequence[str] = RERUN
+) -> list[Job]:
     """The jobs without a record, in their order: what a resumed sweep still runs."""
-    done = recorded(records)
+    done = recorded(records, rerun)
     return [j for j in jobs if j.key not in done]
+
+
+def status(plan: Plan, records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Where the sweep stands, one line per stage (``--status``, ``--aggregate``)."""
+    tune = plan.tune_jobs()
+    lines = [progress("tuning", [j.key for j in tune], records, _key)] if tune else []
+    if not tuning_complete(plan, records):
+        n = len(plan.comms) * len(plan.eval_seeds)
+        return [*lines, f"evaluation: 0 of {n} recorded, submitted once tuning is recorded"]
+    ev = plan.eval_jobs(select(tuning_table(plan, records)))
+    return [*lines, progress("evaluation", [j.key for j in ev], records, _key)]
+
+
+def complete(plan: Plan, records: Sequence[Mapping[str, Any]]) -> bool:
+    """Every tuning and evaluation job recorded."""
+    if not tuning_complete(plan, records):
+        return False
+    return not pending(plan.eval_jobs(select(tuning_table(plan, records))), records)
 
 
 def tuning_table(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
@@ -327,26 +332,32 @@ def run(
     sweep_dir: str | Path,
     write: Callable[[pd.DataFrame, Path], bool],
     log: Callable[[str], None] = print,
+    rerun: Sequence[str] = RERUN,
 ) -> list[int]:
-    """Tune, select, evaluate; the jobs already recorded are skipped.  ``runner`` is
-    ``common.run_queued`` (one launch of the workers per phase), ``write`` the
+    """Tune, select, evaluate; the jobs already recorded are skipped (``rerun``: the
+    statuses run again).  ``runner`` is ``common.run_queued`` (one launch of the workers
+    per phase) or a Hydra launcher's submission (``bench.launch.submit``), ``write`` the
     never-replacing ``common.write_table``.  Returns the exit statuses of the jobs run."""
     sweep_dir = Path(sweep_dir)
     rcs: list[int] = []
     recs = sweep_records(plan.results_dir, plan.sweep_id)
-    todo = pending(plan.tune_jobs(), recs)
+    todo = pending(plan.tune_jobs(), recs, rerun)
     if todo:
         log(f"tuning: {len(todo)} of {len(plan.tune_jobs())} runs to go")
         rcs += runner([plan.overrides(j) for j in todo], sweep_dir / TUNE, plan.experiment)
         recs = sweep_records(plan.results_dir, plan.sweep_id)
-    if not tuning_complete(plan, recs):
-        raise ConfigError("tuning runs left no record; rerun with --resume " + plan.sweep_id)
+    left = pending(plan.tune_jobs(), recs)
+    if left:
+        raise ConfigError(
+            f"{len(left)} tuning run(s) left no record, so no evaluation was submitted; "
+            f"run the same command again (or --resume {plan.sweep_id}) to submit them"
+        )
     tuning = tuning_table(plan, recs)
     path = Path(plan.results_dir) / "ablation" / f"{plan.sweep_id}-tuning.csv"
     write(tuning, path)
     chosen = select(tuning)
     log("selected: " + ", ".join(f"{c} {t}" for c, t in chosen.items()) + f" ({path})")
-    todo = pending(plan.eval_jobs(chosen), recs)
+    todo = pending(plan.eval_jobs(chosen), recs, rerun)
     if todo:
         log(f"evaluation: {len(todo)} of {len(plan.eval_jobs(chosen))} runs to go")
         rcs += runner([plan.overrides(j) for j in todo], sweep_dir / EVAL, plan.experiment)

@@ -23,13 +23,21 @@ Before the first run, the plan (``<results>/scaling/<sweep_id>.plan.json``) hold
 size's profile and the model's prediction of every (size, method) step time
 (:mod:`bench.sweeps.scaling_model`); :mod:`bench.sweeps.scaling_table` sets the
 measurements beside them.
+
+The same plan holds the sweep's own fields (:class:`Plan`), so that a sweep submitted
+through a Hydra launcher (``reproduce/_sweep.py``, ``bench/launch/submit.py``: one job per
+(size, method), the compute-only runs included) can be resumed, checked and tabulated
+from its records (:mod:`bench.sweeps.resume`): a job is done when a finished record of its
+(size, method) exists (a size's two compute-only runs: two such records); a failed run
+measured nothing, so it is run again.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +46,8 @@ from bench.config import to_object
 from bench.launch import profile
 from bench.registry import ConfigError
 from bench.sweeps import scaling_model as sm
-from bench.sweeps.common import check_names, compose, options, validate_jobs
+from bench.sweeps.common import check_names, compose, options, sweep_records, validate_jobs
+from bench.sweeps.resume import RERUN_FAILED, RUN_FIELDS, Saved, plan_dict
 
 NEEDS_NODES = {"hitopk": 2}  # methods refused below this many nodes
 COMMS = ("dense", "fp16", "powersgd", "topk", "mstopk", "hitopk")
@@ -65,7 +74,11 @@ def parse_topologies(text: str) -> list[tuple[int, int]]:
 
 
 @dataclass
-class Plan:
+class Plan(Saved):
+    """One scaling sweep; saved with its profiles and predictions (:meth:`prepare`) at
+    ``<results>/scaling/<sweep_id>.plan.json`` before its first run."""
+
+    FOLDER, WHAT = "scaling", "scaling"
     sweep_id: str
     experiment: str = "dawnbench_digits"
     cluster: str = "emulated"  # the cluster of the sizes with 2 nodes or more
@@ -77,7 +90,9 @@ class Plan:
     results_dir: str = "runs"
     link: Sequence[str] = ()  # the profile overrides of the shaped sizes (cluster_profile)
     extra: Sequence[str] = ()
-    pinned: dict[tuple[int, int], list[str]] = field(default_factory=dict)
+    pinned: dict[str, list[str]] = field(default_factory=dict)  # "NxM" -> its profile's pin
+    launcher: str = ""  # "" = the run queue here, else a Hydra launcher
+    launcher_overrides: Sequence[str] = ()
 
     def check(self) -> None:
         """Names, sizes and every job's config, before anything runs (ConfigError)."""
@@ -93,7 +108,7 @@ class Plan:
         validate_jobs([job for _, job in self.jobs()], self.results_dir)
 
     def cluster_of(self, nodes: int) -> str:
-        return "local" if nodes == 1 else self.cluster
+        return "local" if nodes == 1 and self.cluster == "emulated" else self.cluster
 
     def points(self) -> list[tuple[int, int, str]]:
         """(nodes, workers per node, comm) of each run, size by size: a compute-only run
@@ -138,11 +153,44 @@ class Plan:
             f"results.sweep_id={self.sweep_id}",
             *(self.link if cl == "emulated" else ()),
             *self.extra,
-            *self.pinned.get((n, m), []),
+            *self.pinned.get(f"{n}x{m}", []),
         ]
 
     def jobs(self) -> list[tuple[tuple[int, int, str], list[str]]]:
         return [((n, m, c), [*self.size_overrides(n, m), f"comm={c}"]) for n, m, c in self.points()]
+
+    # -- resuming: which runs have a finished record ---------------------------------------
+    def pending(self, records: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
+        """Indices of the runs (:meth:`points`) without a finished record (a failed or
+        interrupted run measured nothing, ``RERUN_FAILED``): a size's two compute-only
+        runs need two such records."""
+        if records is None:
+            records = sweep_records(self.results_dir, self.sweep_id)
+        done = Counter(k for r in records if r.get("status") not in RERUN_FAILED
+                       and (k := key_of(r)) is not None)  # fmt: skip
+        seen: Counter = Counter()
+        out = []
+        for i, p in enumerate(self.points()):
+            if seen[p] >= done[p]:
+                out.append(i)
+            seen[p] += 1
+        return out
+
+    def progress(self, records: Sequence[Mapping[str, Any]]) -> str:
+        """One line: how many runs are done, how many to go, the records by status."""
+        points, todo = set(self.points()), len(self.pending(records))
+        by = Counter(str(r.get("status")) for r in records if key_of(r) in points)
+        total = len(self.points())
+        how = ", ".join(f"{n} {s}" for s, n in sorted(by.items()))
+        return f"scaling: {total - todo} of {total} runs done, {todo} to go" + (
+            f" (records: {how})" if how else ""
+        )
+
+    def run(self, sweep_dir: str | Path, runner: Callable[..., list[int]]) -> list[int]:
+        """The runs not yet done, through ``runner(jobs, sweep_dir, experiment)``
+        (``common.run_queued``: one launch per size here; or a Hydra launcher)."""
+        jobs = self.jobs()
+        return runner([jobs[i][1] for i in self.pending()], sweep_dir, self.experiment)
 
     # -- before the first run: per-size profiles, then the model's predictions -------------
     def prepare(self) -> dict[str, Any]:
@@ -155,7 +203,7 @@ class Plan:
             prof = profile.apply(cfg)  # None without a profile: time it the same way
             step = prof if prof is not None else profile.step_compute_s(cfg)
             if prof is not None:
-                self.pinned[(n, m)] = [f"cluster.profile_compute_s={prof['compute_s']:.6g}"]
+                self.pinned[f"{n}x{m}"] = [f"cluster.profile_compute_s={prof['compute_s']:.6g}"]
             link = prof["inter_node_bandwidth"] if prof else None
             if link is None and self.cluster_of(n) == "emulated":
                 link = cfg.cluster.inter_node_bandwidth
@@ -217,18 +265,56 @@ def _calibrate(cfg: Any) -> tuple[sm.Calibration, int]:
     return sm.calibrate(wl.model, float(cfg.comm.density), float(cfg.comm.bucket_cap_mb)), numel
 
 
+def key_of(rec: Mapping[str, Any]) -> tuple[int, int, str] | None:
+    """A scaling run's (nodes, workers per node, comm), as :meth:`Plan.points` has it."""
+    cl = (rec.get("config") or {}).get("cluster") or {}
+    if rec.get("comm") is None:
+        return None
+    return (int(cl.get("nnodes", 1)), int(cl.get("nproc_per_node", 1)), str(rec["comm"]))
+
+
 def plan_path(results_dir: str | Path, sweep_id: str) -> Path:
     return Path(results_dir) / "scaling" / f"{sweep_id}.plan.json"
 
 
-def write_plan(plan: dict[str, Any], results_dir: str | Path) -> Path:
-    """The plan, before the first run: the predictions precede every measurement."""
+def write_plan(plan: dict[str, Any], results_dir: str | Path, fields: Plan | None = None) -> Path:
+    """The plan, before the first run: the predictions precede every measurement; with
+    ``fields``, that sweep's own fields beside them (what a resumed sweep reloads)."""
     path = plan_path(results_dir, plan["sweep_id"])
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists():
         raise ConfigError(f"{path} exists; a sweep's plan is never replaced")
-    path.write_text(json.dumps(plan, indent=1))
+    doc = {**plan, **(plan_dict(fields) if fields is not None else {})}
+    path.write_text(json.dumps(doc, indent=1))
     return path
+
+
+COMPARE_SKIP = (*RUN_FIELDS, "pinned")  # how a sweep runs, and what its first start timed
+
+
+def check_same(fresh: Plan, saved: Mapping[str, Any]) -> None:
+    """ConfigError unless ``fresh`` (the command given again with the sweep's id) is the
+    plan saved (its fields but ``COMPARE_SKIP``; the profiles and predictions aside)."""
+    d = plan_dict(fresh)
+    diff = sorted(k for k in d if k not in COMPARE_SKIP and d[k] != saved.get(k))
+    if diff:
+        raise ConfigError(
+            f"{plan_path(fresh.results_dir, fresh.sweep_id)} exists with another plan "
+            f"(differs in {', '.join(diff)}); it is not replaced: rerun the command it was "
+            "made by, or give a new sweep id"
+        )
+
+
+def load(results_dir: str | Path, sweep_id: str) -> tuple[Plan, dict[str, Any]]:
+    """(the sweep's plan, its saved document: profiles and predictions); a plan written
+    before sweeps were resumable (no fields of its own) cannot be resumed: ConfigError."""
+    doc = read_plan(results_dir, sweep_id)
+    if "topologies" not in doc:
+        raise ConfigError(
+            f"{plan_path(results_dir, sweep_id)} has no sweep fields (made before --resume "
+            "existed): only --aggregate reads it"
+        )
+    return Plan.load(results_dir, sweep_id), doc
 
 
 def read_plan(results_dir: str | Path, sweep_id: str) -> dict[str, Any]:

@@ -1,0 +1,156 @@
+"""What every sweep (the protocol, the grid, the scaling study) does with its records to
+resume and to tabulate: its plan saved before the first job, each job's key read back
+from a record, the jobs still to run, what is missing, and where a table goes.
+
+A job is *done* when the latest record with its key has a status other than the ones
+run again: ``interrupted`` always (a preempted, timed-out or Ctrl-C'd run), ``error``
+too with ``--rerun-failed`` (by default a failed run is a recorded outcome: the
+protocol's rule, ``docs/protocol.md``).  A job with no record at all (its job killed
+before the launcher could write one) is missing and is submitted again.  The latest
+record per key is also the one a table counts, so a job run twice counts once.
+
+A table of a sweep with every job done goes to ``<results>/<kind>/<sweep_id>.csv`` and
+is never replaced; one built while jobs are missing goes to
+``<results>/<kind>/partial/<sweep_id>.csv`` (replaced each time: the report reads only
+complete tables).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from bench.registry import ConfigError
+from bench.sweeps.common import write_table
+
+RERUN = ("interrupted",)  # statuses whose job is run again
+RERUN_FAILED = ("interrupted", "error")  # with --rerun-failed
+KeyOf = Callable[[Mapping[str, Any]], Hashable | None]
+
+
+def plan_dict(plan: Any, skip: Sequence[str] = ("notes",)) -> dict[str, Any]:
+    """A plan dataclass as JSON-ready values (tuples as lists), ``skip`` left out."""
+    d = dataclasses.asdict(plan)
+    for k in skip:
+        d.pop(k, None)
+    return json.loads(json.dumps(d))
+
+
+def save_plan(plan: Any, path: Path, compare_skip: Sequence[str] = ()) -> Path:
+    """Write ``plan`` at ``path`` before the first job; an existing plan that differs (in
+    any field but ``compare_skip``) is refused, naming the fields, and never replaced."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    d = plan_dict(plan)
+    if path.exists():
+        old = json.loads(path.read_text())
+        diff = sorted(k for k in set(d) | set(old)
+                      if k not in compare_skip and d.get(k) != old.get(k))  # fmt: skip
+        if diff:
+            raise ConfigError(
+                f"{path} exists with another plan (differs in {', '.join(diff)}); it is not "
+                "replaced: rerun the command it was made by, or give a new sweep id"
+            )
+        return path
+    path.write_text(json.dumps(d, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def load_plan(cls: type, path: Path, what: str) -> Any:
+    """The plan dataclass saved at ``path`` (unknown keys ignored), or ConfigError."""
+    if not path.exists():
+        raise ConfigError(f"no {what} plan {path}: not such a sweep, or another results dir")
+    d = json.loads(path.read_text())
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    kw = {k: v for k, v in d.items() if k in known}
+    for k, v in kw.items():  # JSON lists back to the tuples the plan holds
+        if isinstance(v, list) and v and isinstance(v[0], list):
+            kw[k] = tuple(tuple(x) for x in v)
+    return cls(**kw)
+
+
+RUN_FIELDS = ("launcher", "launcher_overrides")  # how a sweep runs, not what: may change
+
+
+class Saved:
+    """``save``/``load`` of a plan dataclass (with ``sweep_id`` and ``results_dir``) at
+    ``<results>/<FOLDER>/<sweep_id><SUFFIX>``; what it is called in errors: ``WHAT``."""
+
+    FOLDER, SUFFIX, WHAT = "", ".plan.json", "sweep"
+
+    def path(self) -> Path:
+        return Path(self.results_dir) / self.FOLDER / f"{self.sweep_id}{self.SUFFIX}"  # type: ignore[attr-defined]
+
+    def save(self) -> Path:
+        """Write the plan before the first job; never replaced (the same plan again,
+        whatever its launcher, is accepted)."""
+        return save_plan(self, self.path(), compare_skip=RUN_FIELDS)
+
+    @classmethod
+    def load(cls, results_dir: str | Path, sweep_id: str) -> Any:
+        return load_plan(cls, Path(results_dir) / cls.FOLDER / f"{sweep_id}{cls.SUFFIX}", cls.WHAT)
+
+
+def latest(
+    records: Sequence[Mapping[str, Any]], key_of: KeyOf, rerun: Sequence[str] = RERUN
+) -> dict[Hashable, dict[str, Any]]:
+    """Job key -> its latest record, the keys whose latest record is to be run again
+    (``rerun``) left out."""
+    last: dict[Hashable, dict[str, Any]] = {}
+    for r in records:
+        k = key_of(r)
+        if k is not None:
+            last[k] = dict(r)
+    return {k: r for k, r in last.items() if r.get("status") not in rerun}
+
+
+def pending(
+    keys: Sequence[Hashable],
+    records: Sequence[Mapping[str, Any]],
+    key_of: KeyOf,
+    rerun: Sequence[str] = RERUN,
+) -> list[int]:
+    """Indices of ``keys`` (the planned jobs, in order) that are not done."""
+    done = latest(records, key_of, rerun)
+    return [i for i, k in enumerate(keys) if k not in done]
+
+
+def progress(
+    stage: str, keys: Sequence[Hashable], records: Sequence[Mapping[str, Any]], key_of: KeyOf
+) -> str:
+    """One line: how many of a stage's jobs are recorded, by status, and how many not."""
+    last: dict[Hashable, str] = {}
+    for r in records:
+        k = key_of(r)
+        if k is not None:
+            last[k] = str(r.get("status"))
+    got = [last[k] for k in keys if k in last]
+    counts = pd.Series(got, dtype=object).value_counts().to_dict() if got else {}
+    by = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    missing = len(keys) - len(got)
+    return (
+        f"{stage}: {len(got)} of {len(keys)} recorded"
+        + (f" ({by})" if by else "")
+        + (f", {missing} without a record" if missing else "")
+    )
+
+
+def table_path(results_dir: str | Path, kind: str, sweep_id: str, complete: bool) -> Path:
+    d = Path(results_dir) / kind
+    return d / f"{sweep_id}.csv" if complete else d / "partial" / f"{sweep_id}.csv"
+
+
+def write_sweep_table(
+    df: pd.DataFrame, results_dir: str | Path, kind: str, sweep_id: str, complete: bool
+) -> tuple[Path, bool]:
+    """The sweep's table (see the module docstring); (its path, whether it was written)."""
+    path = table_path(results_dir, kind, sweep_id, complete)
+    if complete:
+        return path, write_table(df, path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    df.to_csv(path, index=False)
+    return path, True

@@ -1,0 +1,137 @@
+"""What the sweep commands (``ablation``, ``scaling``) share: submitting through a Hydra
+launcher (``--launcher`` or ``hydra/launcher=...``), naming, resuming and checking a
+sweep (``--sweep-id``, ``--resume``, ``--status``, ``--rerun-failed``)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def add_options(ap: argparse.ArgumentParser, rerun_failed: bool = True) -> None:
+    ap.add_argument(
+        "--launcher",
+        metavar="NAME",
+        default="",
+        help="submit each job through this Hydra launcher (slurm: conf/hydra/launcher/"
+        "slurm.yaml; submitit_local; hydra/launcher=NAME works too) instead of running "
+        "the jobs here; hydra.launcher.KEY=VALUE overrides go to it",
+    )
+    ap.add_argument("--sweep-id", metavar="ID", default="",
+                    help="name the sweep; the same command again resumes it")  # fmt: skip
+    ap.add_argument("--resume", metavar="SWEEP_ID", help="go on with a sweep: only the "
+                    "jobs without a record (or interrupted) are run")  # fmt: skip
+    ap.add_argument("--status", metavar="SWEEP_ID", help="what is recorded and what is not")
+    if rerun_failed:
+        ap.add_argument(
+            "--rerun-failed",
+            action="store_true",
+            help="with a resumed sweep, run the failed (error) jobs again too",
+        )
+
+
+def launcher_of(args: argparse.Namespace) -> tuple[list[str], list[str], str]:
+    """(the jobs' overrides, the hydra.* overrides, the launcher name or ""); a launcher
+    named twice, differently, or unknown: ConfigError."""
+    from bench.launch.submit import check_launcher, split_overrides
+    from bench.registry import ConfigError
+
+    jobs, hydra, choice = split_overrides(args.overrides)
+    name = args.launcher or choice
+    if args.launcher and choice and choice != args.launcher:
+        raise ConfigError(f"--launcher {args.launcher} and hydra/launcher={choice} differ")
+    if hydra and not name and any(o.startswith("hydra.launcher.") for o in hydra):
+        raise ConfigError("hydra.launcher.* overrides need a launcher (--launcher slurm)")
+    if name:
+        check_launcher(name)
+    return jobs, hydra, name
+
+
+def default_cluster(given: str | None, launcher: str, here: str) -> str:
+    """``--cluster`` as given; else multinode on Slurm, local under the local executor,
+    ``here`` (the command's own default) without a launcher."""
+    if given:
+        return given
+    if not launcher:
+        return here
+    from bench.launch.submit import is_slurm
+
+    return "multinode" if is_slurm(launcher) else "local"
+
+
+@contextlib.contextmanager
+def checking_for(launcher: str) -> Iterator[None]:
+    """While the jobs are checked here for a Slurm launcher: node 0's rendezvous endpoint,
+    which each Slurm job sets for itself (``conf/hydra/launcher/slurm.yaml``), stands in
+    as ``node0:29500`` so that ``cluster=multinode``'s check of it passes."""
+    from bench.launch.submit import is_slurm
+
+    key = "BENCH_RDZV_ENDPOINT"
+    if not launcher or not is_slurm(launcher) or key in os.environ:
+        yield
+        return
+    os.environ[key] = "node0:29500"
+    try:
+        yield
+    finally:
+        os.environ.pop(key, None)
+
+
+def use_launcher(plan: Any, launcher: str, hydra: Sequence[str]) -> None:
+    """The launcher given now, else the one the plan was submitted through."""
+    if launcher:
+        plan.launcher, plan.launcher_overrides = launcher, list(hydra)
+
+
+def check_launch(plan: Any, jobs: Sequence[Sequence[str]]) -> None:
+    """Compose the launcher's config for every allocation the jobs need (a bad
+    ``hydra.launcher.*`` key stops here, before anything is submitted)."""
+    if not plan.launcher or not jobs:
+        return
+    from bench.launch.submit import check_groups
+    from bench.sweeps.common import compose_all
+
+    check_groups(plan.launcher, plan.launcher_overrides, compose_all(jobs))
+
+
+def runner(plan: Any, local: Callable[..., list[int]]) -> Callable[..., list[int]]:
+    """``local`` without a launcher; else each batch of jobs submitted through it."""
+    if not plan.launcher:
+        return local
+    from bench.launch.submit import submit
+    from bench.sweeps.common import compose_all, job_label
+    from reproduce.train import task
+
+    def run(jobs: list[list[str]], sweep_dir: Path, experiment: str) -> list[int]:  # noqa: ARG001
+        if not jobs:
+            return []
+        return submit(jobs, compose_all(jobs), launcher=plan.launcher,
+                      hydra_overrides=plan.launcher_overrides, sweep_dir=sweep_dir,
+                      task=task, labels=[job_label(j) for j in jobs])  # fmt: skip
+
+    return run
+
+
+def rerun_of(args: argparse.Namespace) -> tuple[str, ...]:
+    from bench.sweeps.resume import RERUN, RERUN_FAILED
+
+    return RERUN_FAILED if args.rerun_failed else RERUN
+
+
+def again(command: str, plan: Any) -> str:
+    """The line that goes on with ``plan``'s sweep."""
+    return (
+        f"python -m reproduce {command} --resume {plan.sweep_id} --results-dir {plan.results_dir}"
+    )
+
+
+def print_status(head: str, lines: Sequence[str]) -> None:
+    print(head)
+    for line in lines:
+        print(f"  {line}")
+    sys.stdout.flush()
