@@ -265,17 +265,18 @@ def test_a_resumed_sweep_runs_only_what_has_no_finished_record(tmp_path: Path, c
     _run(tmp_path, "n2", "nocomm", 2, [(128, 2, 9.0), (256, 4, 0.8)])
     cfg = {"results": {"sweep_id": SWEEP}, "cluster": {"nnodes": 2, "nproc_per_node": 1}}
     append_record(tmp_path, {"run_id": "x", "status": "error", "comm": "dense", "config": cfg})
-    # 1x1: nocomm, dense, nocomm; 2x1: nocomm, dense (failed: measured nothing), nocomm
-    assert plan.pending() == [2, 4, 5]
+    # per size: nocomm (the launch's warm-up), nocomm, dense, nocomm; 2x1's dense failed
+    # (it measured nothing): 1x1 lacks two nocomm runs, 2x1 two nocomm runs and dense
+    assert plan.pending() == [1, 3, 5, 6, 7]
     loaded, doc = sc.load(tmp_path, SWEEP)
     assert loaded.topologies == ((1, 1), (2, 1)) and loaded.launcher == "submitit_local"
     assert loaded.jobs() == plan.jobs() and doc["predictions"]
     cli.main(["--status", SWEEP, "--results-dir", str(tmp_path)])
     out = capsys.readouterr().out
-    assert "launcher submitit_local" in out and "3 of 6 runs done, 3 to go" in out
+    assert "launcher submitit_local" in out and "3 of 8 runs done, 5 to go" in out
     cli.main(["--aggregate", SWEEP, "--results-dir", str(tmp_path)])
     out, err = capsys.readouterr()
-    assert "partial" in out and "missing: scaling: 3 of 6 runs done" in err
+    assert "partial" in out and "missing: scaling: 3 of 8 runs done" in err
     part = pd.read_csv(tmp_path / "scaling" / "partial" / f"{SWEEP}.csv")
     assert set(part[part["kind"] == "measured"]["run_id"]) == {"n1", "d1", "n2"}
     assert not (tmp_path / "scaling" / f"{SWEEP}.csv").exists()
