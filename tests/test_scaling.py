@@ -285,3 +285,16 @@ def test_a_resumed_sweep_runs_only_what_has_no_finished_record(tmp_path: Path, c
         cli.main(["--sweep-id", SWEEP, "--cluster", "local", "--comm", "dense", "--topologies",
                   "1x1,4x1", "--dry-run", "--results-dir", str(tmp_path)])  # fmt: skip
     assert e.value.code == 2 and "differs in topologies" in capsys.readouterr().err
+
+
+def test_the_figure_reads_an_older_csv_beside_a_newer_one(tmp_path: Path) -> None:
+    from bench.report.figures_scaling import newest_sweep
+
+    old = pd.DataFrame({"sweep_id": ["scaling-1"], "comm": ["dense"], "nnodes": [2],
+                        "nproc_per_node": [1], "efficiency": [0.7]})  # fmt: skip
+    new = pd.DataFrame({"sweep_id": ["scaling-2"], "comm": ["dense"], "nodes": [4],
+                        "workers_per_node": [1], "efficiency": [0.5],
+                        "predicted_step_s": [0.3]})  # fmt: skip
+    df = newest_sweep(pd.concat([old, new], ignore_index=True, sort=False))
+    assert list(df["nodes"]) == [4] and list(df["workers_per_node"]) == [1]
+    assert list(newest_sweep(old)["nodes"]) == [2]

@@ -24,13 +24,18 @@ from matplotlib.lines import Line2D  # noqa: E402
 from bench.results.plots import method_colour, save_figure  # noqa: E402
 
 MARKERS = {1: "o", 2: "s", 4: "^", 8: "D"}  # workers per node
+INVALID_ABOVE = 1.05  # efficiency above this: the compute-only reference is at fault
 REFERENCE = "nocomm"  # the compute-only runs: efficiency 1 by definition, not drawn
 
 
 def newest_sweep(frame: pd.DataFrame) -> pd.DataFrame:
     """The rows of the newest sweep (sweep ids sort by start time), preferring one with
     predictions; older column names renamed (``nnodes`` -> ``nodes`` ...)."""
-    df = frame.rename(columns={"nnodes": "nodes", "nproc_per_node": "workers_per_node"})
+    df = frame.copy()
+    for old, new in (("nnodes", "nodes"), ("nproc_per_node", "workers_per_node")):
+        if old in df.columns:  # an older CSV's name, alone or beside a newer CSV's rows
+            df[new] = df[new].fillna(df[old]) if new in df.columns else df[old]
+            df = df.drop(columns=old)
     if "workers_per_node" not in df.columns:
         df["workers_per_node"] = 1
     if "sweep_id" not in df.columns or df["sweep_id"].isna().all():
@@ -92,6 +97,14 @@ def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
     colours = {c: method_colour(c) for c in comms}  # the suite's one palette
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5), sharey=True)
     _measured(left, meas, colours)
+    over = meas[meas["efficiency"] > INVALID_ABOVE]
+    if len(over):  # a compute-only run slower than a communicating one: a fault, say it
+        sizes = ", ".join(sorted({f"{int(n)}x{int(m)}" for n, m in
+                                  zip(over["nodes"], over["workers_per_node"], strict=True)}))
+        left.text(0.02, 0.03, f"{len(over)} point(s) above {INVALID_ABOVE:g} (sizes {sizes}) lie "
+                  "off the axis: their compute-only\nruns were slower than runs that "
+                  "communicate -- a measurement fault, not an efficiency",
+                  transform=left.transAxes, fontsize=7, color="firebrick")  # fmt: skip
     cluster = ", ".join(sorted(meas["cluster"].dropna().astype(str).unique())) or "?"
     left.set_xlabel(f"nodes measured on this machine ({cluster}; log 2)")
     left.set_ylabel("scaling efficiency (compute-only step / step, ratio)")
