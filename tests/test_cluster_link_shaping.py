@@ -162,8 +162,20 @@ def test_the_link_check_refuses_a_bucket_that_lets_small_messages_through(monkey
 
     monkeypatch.setattr(netns, "BURST_FRAMES", 44)  # the old 64 KiB bucket
     with netns.EmulatedCluster(2, 100e6) as c:
-        r = run_link_check(c, 0.25, 0.2, intra=False, attempts=1, strict=False)
-        assert not r["ok"] and r["small_message_ratio"] < 0.5, r  # bulk alone looks fine
+        # a small message passes a 64 KiB bucket at line rate only when the bucket has
+        # refilled since the bulk transfer; on a loaded machine one check can miss that,
+        # so the leak must show in one of 3 checks (each a fresh measurement)
+        checks = [run_link_check(c, 0.25, 0.2, intra=False, attempts=1, strict=False)]
+        while checks[-1]["ok"] and len(checks) < 3:
+            checks.append(run_link_check(c, 0.25, 0.2, intra=False, attempts=1, strict=False))
+        r = checks[-1]
+        assert not r["ok"] and r["small_message_ratio"] < 0.5, checks  # bulk alone looks fine
         assert all(abs(m["bandwidth_ratio"] - 1) <= 0.25 for m in r["links"]), r
-        with pytest.raises(LinkCheckError, match="48000 B message takes"):
-            run_link_check(c, 0.25, 0.2, intra=False, attempts=1)
+        for _ in range(3):
+            try:
+                run_link_check(c, 0.25, 0.2, intra=False, attempts=1)
+            except LinkCheckError as e:
+                assert "48000 B message takes" in str(e)
+                break
+        else:
+            pytest.fail("the strict link check accepted a leaky bucket in 3 checks")

@@ -99,8 +99,14 @@ def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
     _measured(left, meas, colours)
     over = meas[meas["efficiency"] > INVALID_ABOVE]
     if len(over):  # a compute-only run slower than a communicating one: a fault, say it
-        sizes = ", ".join(sorted({f"{int(n)}x{int(m)}" for n, m in
-                                  zip(over["nodes"], over["workers_per_node"], strict=True)}))
+        sizes = ", ".join(
+            sorted(
+                {
+                    f"{int(n)}x{int(m)}"
+                    for n, m in zip(over["nodes"], over["workers_per_node"], strict=True)
+                }
+            )
+        )
         left.text(0.02, 0.03, f"{len(over)} point(s) above {INVALID_ABOVE:g} (sizes {sizes}) lie "
                   "off the axis: their compute-only\nruns were slower than runs that "
                   "communicate -- a measurement fault, not an efficiency",
