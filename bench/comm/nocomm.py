@@ -8,8 +8,14 @@ means nothing.  What it measures is the step time of the same ``N`` workers, on 
 cores and with the same per-worker batch, with the gradient exchange removed: the
 compute-only step that the scaling study (:mod:`bench.sweeps.scaling`) divides by each
 method's step time to get a scaling efficiency that means on one shared machine what it
-means on a cluster.  DDP's one broadcast of the initial parameters (at wrapping) still
-happens; nothing else crosses a link.
+means on a cluster.
+
+The workers are kept in step: the step's last bucket waits for one 4-byte allreduce (a
+step barrier, counted as sent), as every method's step waits for its collectives.  Without
+it the workers drift apart on the shared cores, and the first scaling runs measured such
+drifting compute-only steps at 1.2-3x the step of runs that did communicate (sweeps
+``scaling-20261201-231356-194478`` and ``-234403-45ec6c``): no reference.  DDP's one
+broadcast of the initial parameters (at wrapping) still happens.
 """
 
 from __future__ import annotations
@@ -32,19 +38,36 @@ class NoCommState:
     step: int = 0
     density: float = 1.0  # unused: nothing is sent
     force_dense: bool = False  # unused
+    group: Any = None  # the process group of the step barrier (None: the default group)
+    multinode: bool = False  # the barrier's bytes cross a node's link
     # no ``nan_check``: the loop then checks the (local) gradients themselves, as for PowerSGD
 
 
+BARRIER_BYTES = 4  # the step barrier: one float32 element
+
+
 def nocomm_hook(state: NoCommState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """The bucket's own (local) gradient as a completed future: no collective, no bytes."""
+    """The bucket's own (local) gradient: no gradient sent.  The step's last bucket
+    resolves after a one-element allreduce, which keeps the workers in step."""
     buf = bucket.buffer()
-    state.stats.count((0.0, 0.0), 0, buf.numel())
-    if bucket.is_last():
-        state.step += 1
-        state.stats.steps += 1
-    return done(buf)
+    if not bucket.is_last():
+        state.stats.count((0.0, 0.0), 0, buf.numel())
+        return done(buf)
+    state.step += 1
+    state.stats.steps += 1
+    world = dist.get_world_size(state.group) if dist.is_initialized() else 1
+    if world == 1:
+        state.stats.count((0.0, 0.0), 0, buf.numel())
+        return done(buf)
+    traffic = (float(BARRIER_BYTES), float(BARRIER_BYTES) if state.multinode else 0.0)
+    state.stats.count(traffic, 1, buf.numel())
+    flag = torch.zeros(1, dtype=torch.float32, device=buf.device)
+    fut = dist.all_reduce(flag, group=state.group, async_op=True).get_future()
+    return fut.then(lambda _: buf)
 
 
 def build_nocomm(opts: Any, topo_groups: Any, pg: Any) -> tuple[NoCommState, Any]:
-    """The ``HookSpec.build`` of ``nocomm`` (options, groups and process group unused)."""
-    return NoCommState(), nocomm_hook
+    """The ``HookSpec.build`` of ``nocomm`` (options unused; the process group carries the
+    step barrier)."""
+    multinode = topo_groups is not None and topo_groups.topo.nnodes > 1
+    return NoCommState(group=pg, multinode=multinode), nocomm_hook
