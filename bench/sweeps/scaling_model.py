@@ -46,6 +46,7 @@ from bench.cluster.emulated import worker_threads
 from bench.comm import cost, mstopk
 from bench.launch.profile import host_contention
 
+WARMUP_RUNS = 2  # compute-only runs that open each size's launch, left out of its table
 NOCOMM = "nocomm"  # the compute-only reference of every size (bench/comm/nocomm.py)
 ASSUMED = {
     "hidden": 0.0,  # share of the aggregation hidden behind the backward pass

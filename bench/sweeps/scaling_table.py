@@ -5,10 +5,10 @@ same size, the textbook efficiency beside it, and the projection to the paper's 
 One row per (size, method), ``kind`` ``measured`` or ``projected``:
 
 * ``step_s``: training seconds per step over the run's epochs after the first (warm-up);
-* ``compute_only_step_s``: the same of the size's two ``nocomm`` runs (no communication;
-  the one before the methods and the last run of the size; a third before them warms the
-  launch up and is left out), ``compute_only_spread`` their difference over their mean
-  (how much the machine drifted while the size ran);
+* ``compute_only_step_s``: the same of the size's ``nocomm`` run after its methods (no
+  gradient sent; the two before the methods warm the launch up and are left out; an older
+  plan's two runs, before and after the methods, are merged), ``compute_only_spread`` the
+  difference of the merged runs over their mean (NaN for one run);
 * ``efficiency = compute_only_step_s / step_s``;
 * ``throughput``: samples per training second over the same epochs (all workers);
 * ``textbook_efficiency = throughput / (world_size x throughput of the 1x1 nocomm run)``:
@@ -83,7 +83,9 @@ def _merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "step_s": secs / steps if steps else math.nan,
         "throughput": sum(r["throughput"] for r in runs) / len(runs),
         "measured_steps": steps,
-        "compute_only_spread": (max(each) - min(each)) / mean if mean > 0 else math.nan,
+        "compute_only_spread": (max(each) - min(each)) / mean
+        if mean > 0 and len(each) > 1
+        else math.nan,
         "run_id": " ".join(str(r["run_id"]) for r in runs),
     }
 
@@ -120,8 +122,10 @@ def measured_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         else:
             rows[(n, m, str(row["comm"]))] = row
     for (n, m), runs in nocomm.items():
-        # three or more: the first warmed the launch up (bench.sweeps.scaling.points)
-        rows[(n, m, sm.NOCOMM)] = _merge(runs[1:] if len(runs) > 2 else runs)
+        # the first WARMUP_RUNS warmed the launch up (bench.sweeps.scaling.points); a
+        # size with fewer runs (an older plan: one before the methods, one after) keeps all
+        kept = runs[sm.WARMUP_RUNS :] if len(runs) > sm.WARMUP_RUNS else runs
+        rows[(n, m, sm.NOCOMM)] = _merge(kept)
     return list(rows.values())
 
 
