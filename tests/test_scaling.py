@@ -298,3 +298,16 @@ def test_the_figure_reads_an_older_csv_beside_a_newer_one(tmp_path: Path) -> Non
     df = newest_sweep(pd.concat([old, new], ignore_index=True, sort=False))
     assert list(df["nodes"]) == [4] and list(df["workers_per_node"]) == [1]
     assert list(newest_sweep(old)["nodes"]) == [2]
+
+
+def test_the_report_says_what_the_measured_curve_shows(table: pd.DataFrame, tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from bench.report.report import scaling_lines
+
+    csv = tmp_path / "s.csv"
+    table.to_csv(csv, index=False)
+    (text, _) = scaling_lines(SimpleNamespace(scaling=[csv]))
+    assert f"sweep `{SWEEP}`" in text
+    assert "dense 0.50 at 2x1" in text and "hitopk 0.80 at 2x1" in text  # 0.2 / 0.4, / 0.25
+    assert "not drawn" in text and "within 25%" in text

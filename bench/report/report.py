@@ -365,6 +365,7 @@ def write_report(inputs: Inputs, figs: list[Figure], path: Path, header: str) ->
         "## Figures",
         "",
         *figures_section(main_figs, base),
+        *scaling_lines(inputs),
         "## Micro-benchmarks",
         "",
         "Each against the strongest baseline in the same run first (torch.topk, torch's "
@@ -413,3 +414,40 @@ def write_report(inputs: Inputs, figs: list[Figure], path: Path, header: str) ->
     ]
     path.write_text("\n".join(parts))
     return path
+
+
+def scaling_lines(inputs: Inputs) -> list[str]:
+    """What the newest measured scaling sweep shows: each method's efficiency per size
+    (the compute-only step over its step) and whether the model held."""
+    from bench.report.figures_scaling import newest_sweep
+    from bench.sweeps import scaling_table as st
+
+    frames = []
+    for f in inputs.scaling:
+        try:
+            frames.append(pd.read_csv(f))
+        except (OSError, ValueError, pd.errors.ParserError):
+            continue
+    if not frames:
+        return []
+    df = newest_sweep(pd.concat(frames, ignore_index=True, sort=False))
+    if "predicted_step_s" not in df or df["predicted_step_s"].isna().all():
+        return []
+    df = df.astype({"nodes": int, "workers_per_node": int})  # 4x1, not 4.0x1.0
+    meas = df[(df["kind"] == "measured") & (df["comm"] != "nocomm") & (df["nodes"] > 1)]
+    per = []
+    for comm, g in meas.groupby("comm", sort=False):
+        g = g.sort_values("nodes")
+        cells = ", ".join(
+            f"{e:.2f} at {int(n)}x{int(m)}"
+            for n, m, e in zip(g["nodes"], g["workers_per_node"], g["efficiency"], strict=True)
+        )
+        per.append(f"{comm} {cells}")
+    sweep = str(df["sweep_id"].iloc[0])
+    return [
+        f"Scaling, sweep `{sweep}` (efficiency = the compute-only step / the method's step at "
+        f"the same size, measured on this machine): {'; '.join(per)}.  "
+        + "; ".join(x.strip() for x in st.summary(df))
+        + ".",
+        "",
+    ]
