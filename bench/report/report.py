@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from bench.report import figures_bench as fb
+from bench.report import report_answer as ra
 from bench.report.figures import target_text
 from bench.report.figures_data import OURS, PEERS, Inputs, config_stats, speedups
 from bench.report.figures_plan import Figure, protocol_tables
@@ -92,13 +93,18 @@ def _protocol_claim_rows(tables: dict[str, Path]) -> list[tuple[str, str, str]]:
     for exp, t in sorted(tables.items()):
         df = pd.read_csv(t)
         for _, r in df[df["comm"].isin(OURS)].iterrows():
-            n = int(r["n_runs"])
-            v = str(r["verdict_vs_peer"])
-            v = v if v in ("faster", "slower") else f"no difference measurable at n = {n}"
+            # the answer section's formatting: the same digits and verdict words
+            ci = ra.ci_text(
+                r["speedup_vs_peer"],
+                r["speedup_vs_peer_ci_low"],
+                r["speedup_vs_peer_ci_high"],
+                2,
+                "x",
+            )
+            v = ra.verdict_text(r["verdict_vs_peer"], int(r["n_runs"]))
             text = (
                 f"{exp}: {r['comm']} `{r['trial']}` vs the best-tuned peer {r['best_peer']}: "
-                f"{r['speedup_vs_peer']:.2f}x [{r['speedup_vs_peer_ci_low']:.2f}, "
-                f"{r['speedup_vs_peer_ci_high']:.2f}], {v} (see the answer above)"
+                f"{ci}, {v} (see the answer above)"
             )
             out.append((text, _sweep_hardware(t), f"sweep `{t.stem}`"))
     return out

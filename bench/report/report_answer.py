@@ -34,7 +34,7 @@ NAMED = {
 }
 
 
-def _ci(m: Any, lo: Any, hi: Any, d: int = 2, unit: str = "") -> str:
+def ci_text(m: Any, lo: Any, hi: Any, d: int = 2, unit: str = "") -> str:
     m, lo, hi = (float(x) if x is not None else math.nan for x in (m, lo, hi))
     if m != m:
         return "-"
@@ -45,7 +45,7 @@ def _ci(m: Any, lo: Any, hi: Any, d: int = 2, unit: str = "") -> str:
     return f"{m:.{d}f}{unit} [{lo:.{d}f}, {hi:.{d}f}]"
 
 
-def _verdict(v: Any, n: int) -> str:
+def verdict_text(v: Any, n: int) -> str:
     v = str(v)
     return v if v in ("faster", "slower") else f"no difference measurable at n = {n}"
 
@@ -99,7 +99,7 @@ def answer_table(df: pd.DataFrame) -> list[str]:
     for _, r in df.iterrows():
         paper = r["comm"] in protocol.PAPER_METHODS
         name = f"**{r['comm']}** (paper)" if paper else str(r["comm"])
-        tt = _ci(
+        tt = ci_text(
             r["time_to_target_mean_s"],
             r["time_to_target_ci_low_s"],
             r["time_to_target_ci_high_s"],
@@ -108,7 +108,7 @@ def answer_table(df: pd.DataFrame) -> list[str]:
         vd = (
             "1 (baseline)"
             if r["comm"] == "dense"
-            else _ci(
+            else ci_text(
                 r["speedup_vs_dense"],
                 r["speedup_vs_dense_ci_low"],
                 r["speedup_vs_dense_ci_high"],
@@ -119,7 +119,7 @@ def answer_table(df: pd.DataFrame) -> list[str]:
         vp = (
             "1 (best peer)"
             if r["comm"] == peer
-            else _ci(
+            else ci_text(
                 r["speedup_vs_peer"],
                 r["speedup_vs_peer_ci_low"],
                 r["speedup_vs_peer_ci_high"],
@@ -138,20 +138,20 @@ def verdicts(df: pd.DataFrame, target: str) -> list[str]:
     out = []
     for _, r in df[df["comm"].isin(protocol.PAPER_METHODS)].iterrows():
         n = int(r["n_runs"])
-        d = _ci(
+        d = ci_text(
             r["speedup_vs_dense"],
             r["speedup_vs_dense_ci_low"],
             r["speedup_vs_dense_ci_high"],
             2,
             "x",
         )
-        p = _ci(
+        p = ci_text(
             r["speedup_vs_peer"], r["speedup_vs_peer_ci_low"], r["speedup_vs_peer_ci_high"], 2, "x"
         )
         out.append(
             f"- **{r['comm']}** (`{r['trial']}`) to {target}: against dense {d}, "
-            f"{_verdict(r['verdict_vs_dense'], n)}; against the best peer ({r['best_peer']}) "
-            f"{p}, {_verdict(r['verdict_vs_peer'], n)}."
+            f"{verdict_text(r['verdict_vs_dense'], n)}; against the best peer ({r['best_peer']}) "
+            f"{p}, {verdict_text(r['verdict_vs_peer'], n)}."
         )
     return out
 
@@ -186,7 +186,9 @@ def ratios_lines(comp: pd.DataFrame) -> list[str]:
                     "win" if x["ci_low"] > 1 else ("loss" if x["ci_high"] < 1 else "no difference")
                 )
                 who = f" vs {x['vs']}" if role != "dense" else ""
-                cells.append(f"{_ci(x['speedup'], x['ci_low'], x['ci_high'], 2, 'x')} {win}{who}")
+                cells.append(
+                    f"{ci_text(x['speedup'], x['ci_low'], x['ci_high'], 2, 'x')} {win}{who}"
+                )
             if any(c != "-" for c in cells):
                 lines.append(f"| {comm} | {role} | " + " | ".join(cells) + " |")
     sw = ratios.stops_winning(comp)
