@@ -169,7 +169,9 @@ def test_the_link_check_refuses_a_bucket_that_lets_small_messages_through(monkey
         while checks[-1]["ok"] and len(checks) < 3:
             checks.append(run_link_check(c, 0.25, 0.2, intra=False, attempts=1, strict=False))
         r = checks[-1]
-        assert not r["ok"] and r["small_message_ratio"] < 0.5, checks  # bulk alone looks fine
+        # flagged for the reason the check gives: small messages faster than the rate
+        # allows by more than its tolerance (a loaded CI run measured 0.52 of nominal)
+        assert not r["ok"] and r["small_message_ratio"] < 1 - 0.25, checks  # bulk looks fine
         assert all(abs(m["bandwidth_ratio"] - 1) <= 0.25 for m in r["links"]), r
         for _ in range(3):
             try:
