@@ -90,10 +90,32 @@ def _experiment(args: argparse.Namespace) -> str:
     if args.workload and args.experiment:
         raise ConfigError("give --workload or --experiment, not both")
     if args.workload:
-        if args.workload not in WORKLOADS:
-            raise ConfigError(f"unknown workload {args.workload!r}; known: {', '.join(WORKLOADS)}")
-        return WORKLOADS[args.workload]
+        return WORKLOADS[_workload_name(args)]
     return args.experiment or "dawnbench_digits"
+
+
+def _workload_name(args: argparse.Namespace) -> str:
+    """The protocol workload whose defaults apply (``image`` for any other experiment)."""
+    from bench.sweeps.protocol import WORKLOADS
+
+    if args.workload:
+        if args.workload not in WORKLOADS:
+            from bench.registry import ConfigError
+
+            known = ", ".join(WORKLOADS)
+            raise ConfigError(f"unknown workload {args.workload!r}; known: {known}")
+        return args.workload
+    return next((w for w, e in WORKLOADS.items() if e == args.experiment), "image")
+
+
+def _workloads(args: argparse.Namespace) -> list[str]:
+    """The workloads this command runs: the one it names, else (the protocol with no
+    --workload, --experiment, --quick, --sweep-id or --resume) each of them, one sweep
+    after the other."""
+    from bench.sweeps.protocol import WORKLOADS
+
+    one = args.workload or args.experiment or args.grid or args.quick
+    return [args.workload] if one or args.resume or args.sweep_id else list(WORKLOADS)
 
 
 def _kind(results_dir: str, sweep_id: str) -> str:
@@ -125,6 +147,7 @@ def _protocol_plan(args: argparse.Namespace, jobs: list[str]):
     if args.cache or args.update:
         raise ConfigError("--cache and --update narrow the --grid sweep only")
     quick = pr.QUICK if args.quick else {}
+    defaults = pr.WORKLOAD_DEFAULTS[_workload_name(args)]
     n = args.seeds if args.seeds is not None else len(quick.get("eval_seeds", pr.EVAL_SEEDS))
     if n < 1:
         raise ConfigError(f"--seeds must be >= 1, got {n}")
@@ -133,8 +156,8 @@ def _protocol_plan(args: argparse.Namespace, jobs: list[str]):
         sweep_id=args.sweep_id or new_sweep_id("ablation"),
         experiment=_experiment(args),
         cluster=args.cluster,
-        comms=split_list(args.comm) or quick.get("comms", pr.COMMS),
-        tune_seeds=quick.get("tune_seeds", pr.TUNE_SEEDS),
+        comms=split_list(args.comm) or quick.get("comms") or defaults.get("comms", pr.COMMS),
+        tune_seeds=quick.get("tune_seeds") or defaults.get("tune_seeds", pr.TUNE_SEEDS),
         eval_seeds=tuple(range(n)),
         trials=quick.get("trials"),
         order_seed=order_seed,
@@ -216,8 +239,11 @@ def _plan(args: argparse.Namespace):
     """(the sweep the command names, whether it is resumed): a new one, or (``--resume``,
     or ``--sweep-id`` of a sweep that exists) the saved one, its launcher replaced by the
     one given now."""
+    from bench.sweeps.protocol import WORKLOAD_DEFAULTS
+
     jobs, hydra, launcher = _sweep.launcher_of(args)
-    args.cluster = _sweep.default_cluster(args.cluster, launcher, "emulated")
+    here = "emulated" if args.grid else WORKLOAD_DEFAULTS[_workload_name(args)]["cluster"]
+    args.cluster = _sweep.default_cluster(args.cluster, launcher, here)
     sid = args.resume or args.sweep_id
     resumed = bool(sid and (args.resume or _kind(args.results_dir, sid)))
     with _sweep.checking_for(launcher):
@@ -304,7 +330,8 @@ def _dry_run(plan) -> None:
     print(f"the jobs would be {how}{warm}")
 
 
-def _run(args: argparse.Namespace, plan, resumed: bool) -> None:
+def _run(args: argparse.Namespace, plan, resumed: bool) -> int:
+    """Run the sweep (what is missing of it, when resumed); its exit status."""
     from bench.registry import ConfigError
     from bench.sweeps import protocol as pr
     from bench.sweeps.common import run_queued, write_table
@@ -320,7 +347,7 @@ def _run(args: argparse.Namespace, plan, resumed: bool) -> None:
     print(f"sweep {plan.sweep_id}: {what}, cluster {plan.cluster}{how}: {n}")
     if args.dry_run:
         _dry_run(plan)
-        return
+        return 0
     if not resumed:
         _pin(plan, _first_job(plan))
         print(f"plan: {plan.save()}")
@@ -346,7 +373,7 @@ def _run(args: argparse.Namespace, plan, resumed: bool) -> None:
             args.results_dir, plan.sweep_id, plan)  # fmt: skip
     except ConfigError as e:
         _fail(str(e), 1)
-    sys.exit(1 if failed else 0)
+    return 1 if failed else 0
 
 
 def main(argv: list[str]) -> None:
@@ -366,7 +393,12 @@ def main(argv: list[str]) -> None:
             else:
                 _table(args.results_dir, args.aggregate, plan)
             return
-        plan, resumed = _plan(args)
+        sweeps = []  # every sweep planned and checked before the first one runs
+        for w in _workloads(args):
+            a = argparse.Namespace(**{**vars(args), "workload": w})
+            sweeps.append((a, *_plan(a)))
     except ConfigError as e:
         _fail(str(e))
-    _run(args, plan, resumed)
+    code = max(_run(a, plan, resumed) for a, plan, resumed in sweeps)
+    if code:
+        sys.exit(code)

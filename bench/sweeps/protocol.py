@@ -61,15 +61,41 @@ EVAL_SEEDS = (0, 1, 2, 3, 4)
 # here) for one evaluation of the 360 held-out images (0.3-0.5 s, not training time);
 # every step would double a run's wall time.  The Transformer takes 154 steps per epoch
 # and one greedy-decoding evaluation costs about 5 s (about 10 steps): every 20 steps
-# is 0.13 epoch, for 40 % more wall time per epoch.
+# is 0.13 epoch, for 40 % more wall time per epoch.  transformer_protocol (the protocol's
+# Transformer, 512 tokens per worker) takes about 300 steps per epoch and reaches the
+# target in about 240: 20 steps are 8 % of dense's steps to target, for about 2.5 s of
+# evaluation each.
 EVAL_EVERY_STEPS = {"classification": 2, "translation": 20}
-# the workloads the protocol runs on: --workload NAME -> experiment
-WORKLOADS = {"image": "dawnbench_digits", "translation": "transformer_embedded"}
+# the workloads the protocol runs on: --workload NAME -> experiment; python -m reproduce
+# ablation with neither --workload nor --experiment runs each, one sweep after the other
+WORKLOADS = {"image": "dawnbench_digits", "translation": "transformer_protocol"}
+TRANSLATION = ("transformer_protocol", "transformer_embedded")  # the translation experiments
+# what a workload's protocol sweep runs unless the command says otherwise.  Translation,
+# sized to fit beside the image sweep in 120 minutes on 2 cores: the local cluster at 2 x 2
+# (no shaped link: the answer on the paper's link and at the other ratios comes from the
+# composition of its steps with the model's time per step, bench/sweeps/ratios.py), one
+# tuning seed, and the methods the question names (dense, the peers fp16 and PowerSGD,
+# the paper's mstopk and hitopk; the exact flat topk is the image sweep's reference).
+WORKLOAD_DEFAULTS: dict[str, dict[str, Any]] = {
+    "image": {"cluster": "emulated"},
+    "translation": {
+        "cluster": "local",
+        "comms": ("dense", "fp16", "powersgd", "mstopk", "hitopk"),
+        "tune_seeds": (1000,),
+        "local_topology": (2, 2),
+    },
+}
 QUICK = {"comms": ("dense", "hitopk"), "tune_seeds": (1000,), "eval_seeds": (0,), "trials": 2}
 TUNE, EVAL = "tune", "eval"
-# on the local cluster every job runs 2 launcher agents of one worker each (hitopk needs
-# 2 nodes; every method trains on the same topology)
-LOCAL_TOPOLOGY = ("cluster.nnodes=2", "cluster.nproc_per_node=1")
+
+
+def local_topology(workload: str) -> list[str]:
+    """The local cluster's topology overrides for ``workload`` (classification or
+    translation, :meth:`Plan.workload`): by default 2 launcher agents of one worker each
+    (hitopk needs 2 nodes; every method trains on the same topology)."""
+    name = "translation" if workload == "translation" else "image"
+    n, m = WORKLOAD_DEFAULTS[name].get("local_topology", (2, 1))
+    return [f"cluster.nnodes={n}", f"cluster.nproc_per_node={m}"]
 
 
 def space(
@@ -163,7 +189,7 @@ class Plan(Saved):
         return space(comm, self.trials, self.workload())
 
     def workload(self) -> str:
-        return "translation" if self.experiment == WORKLOADS["translation"] else "classification"
+        return "translation" if self.experiment in TRANSLATION else "classification"
 
     def every(self) -> int:
         return self.eval_every_steps or EVAL_EVERY_STEPS[self.workload()]
@@ -190,7 +216,7 @@ class Plan(Saved):
         ]
 
     def common_overrides(self) -> list[str]:
-        topo = list(LOCAL_TOPOLOGY) if self.cluster == "local" else []
+        topo = local_topology(self.workload()) if self.cluster == "local" else []
         return [
             f"experiment={self.experiment}",
             f"cluster={self.cluster}",
