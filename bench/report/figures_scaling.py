@@ -132,7 +132,15 @@ def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
     handles = [Line2D([], [], color=colours[c], lw=2, label=c) for c in comms]
     handles += [
         Line2D([], [], color="k", ls="-", marker="o", label="measured"),
-        Line2D([], [], color="k", ls=":", marker="o", mfc="none", label="model, predicted first"),
+        Line2D(
+            [],
+            [],
+            color="k",
+            ls=":",
+            marker="o",
+            mfc="none",
+            label="model (compute: the size's calibration run)",
+        ),
     ]
     if drawn:
         handles.append(Line2D([], [], color="k", ls="--", label="projected (band: assumptions)"))

@@ -7,17 +7,22 @@ in one launch of the workers (:mod:`bench.launch.runqueue`), the same ``N`` work
 communication removed (``comm=nocomm``, :mod:`bench.comm.nocomm`: the compute-only step)
 and then with each method.  Every run is a short recorded run of ``epochs`` epochs of
 ``steps`` steps at a fixed batch per worker (weak scaling), no target, evaluated once at
-its end; its first epoch is warm-up, and its step time is the later epochs' training time
-per step.  ``efficiency = compute_only_step_s / step_s`` at the same size: on one shared
-machine N workers compute slower than one, which a cluster does not do, and this ratio
-leaves that out.  Beside it, ``textbook_efficiency = throughput(N) / (N x
-throughput(1x1))``, which on this machine also counts the sharing of the cores.
+its end (the compute-only runs: two that warm the launch up, one that calibrates the
+model's compute, and the reference after the methods); its first epoch is warm-up, and
+its step time is the later epochs' training time per step.  ``efficiency =
+compute_only_step_s / step_s`` at the same size: on one shared machine N workers compute
+slower than one, which a cluster does not do, and this ratio leaves that out.  Beside
+it, ``textbook_efficiency = throughput(N) / (N x throughput(1x1))``, which on this
+machine also counts the sharing of the cores.
 
 Per-size paper-scaled links: on the emulated cluster each size's link comes from its own
-profile (``cluster.profile=paper``): one worker's compute per step timed at that size
-(:func:`bench.launch.profile.apply`), and the rate at which a dense allreduce's link
-bytes take the paper's ratio times it; timed once per size before any run, pinned for
-every run of the size (``cluster.profile_compute_s``), and kept in the sweep's plan.
+profile (``cluster.profile=paper``): the compute-only step of the size's workers timed
+at once before any run (:func:`bench.sweeps.scaling_model.concurrent_step_s`), and the
+rate at which a dense allreduce's link bytes take the paper's ratio times it
+(:func:`bench.launch.profile.apply`); pinned for every run of the size
+(``cluster.profile_compute_s``), and kept in the sweep's plan.  The table's
+``link_ratio`` says what the ratio came to against the compute-only step measured in
+the launch.
 
 Before the first run, the plan (``<results>/scaling/<sweep_id>.plan.json``) holds every
 size's profile and the model's prediction of every (size, method) step time
@@ -51,7 +56,7 @@ from bench.sweeps.resume import RERUN_FAILED, RUN_FIELDS, Saved, plan_dict
 
 NEEDS_NODES = {"hitopk": 2}  # methods refused below this many nodes
 COMMS = ("dense", "fp16", "powersgd", "topk", "mstopk", "hitopk")
-TOPOLOGIES = "1x1,2x1,4x1,8x1"
+TOPOLOGIES = "1x1,2x1,2x2,4x1,4x2,8x1"  # one worker per node, and 2 per node
 QUICK = {"cluster": "local", "comms": "dense,hitopk", "topologies": "1x1,2x1", "steps": 2}
 
 
@@ -83,7 +88,7 @@ class Plan(Saved):
     experiment: str = "dawnbench_digits"
     cluster: str = "emulated"  # the cluster of the sizes with 2 nodes or more
     comms: Sequence[str] = COMMS
-    topologies: Sequence[tuple[int, int]] = ((1, 1), (2, 1), (4, 1), (8, 1))
+    topologies: Sequence[tuple[int, int]] = ((1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (8, 1))
     steps: int = 4  # steps per epoch
     epochs: int = 3  # the first is warm-up
     batch_per_worker: int = 32
@@ -112,16 +117,17 @@ class Plan(Saved):
 
     def points(self) -> list[tuple[int, int, str]]:
         """(nodes, workers per node, comm) of each run, size by size: two compute-only
-        runs that warm the launch up, the methods, then the compute-only run the size's
-        efficiency divides by.  On the emulated cluster the first two runs of every launch
-        ran 2-6x slower than the same run after the methods (sweep
-        ``scaling-20261201-235457-8b63f4``: 8 x 1 compute-only 3.0-3.4 s per step in
-        the first two, 0.53 s in the last), so the table leaves WARMUP_RUNS out; one worker
-        communicates nothing, so 1x1 runs dense only beside it."""
+        runs that warm the launch up, one that calibrates the model's compute at the size,
+        the methods, then the compute-only run the size's efficiency divides by.  On the
+        emulated cluster the first two runs of every launch ran 2-6x slower than the same
+        run after the methods (sweep ``scaling-20261201-235457-8b63f4``: 8 x 1
+        compute-only 3.0-3.4 s per step in the first two, 0.53 s in the last), so the
+        table leaves WARMUP_RUNS out; one worker communicates nothing, so 1x1 runs dense
+        only beside it."""
         out = []
         for n, m in self.topologies:
             methods = ["dense"] if n * m == 1 else list(self.comms)
-            out += [(n, m, sm.NOCOMM)] * sm.WARMUP_RUNS
+            out += [(n, m, sm.NOCOMM)] * (sm.WARMUP_RUNS + sm.CALIBRATION_RUNS)
             out += [(n, m, c) for c in methods if n >= NEEDS_NODES.get(c, 1)]
             out.append((n, m, sm.NOCOMM))
         return out
@@ -200,9 +206,15 @@ class Plan(Saved):
         Returns the plan the sweep writes before its first run."""
         sizes = []
         for n, m in self.topologies:
-            cfg = to_object(compose([*self.size_overrides(n, m), f"comm={sm.NOCOMM}"]))
-            prof = profile.apply(cfg)  # None without a profile: time it the same way
-            step = prof if prof is not None else profile.step_compute_s(cfg)
+            over = [*self.size_overrides(n, m), f"comm={sm.NOCOMM}"]
+            cfg = to_object(compose(over))
+            # the size's workers computing at once (loader to update), the profile's
+            # compute: its link takes the paper's ratio times that
+            together = sm.concurrent_step_s(over, n, m)
+            if cfg.cluster.profile is not None:
+                cfg.cluster.profile_compute_s = together
+            prof = profile.apply(cfg)  # None without a profile
+            step = prof if prof is not None else {"compute_s": together}
             if prof is not None:
                 self.pinned[f"{n}x{m}"] = [f"cluster.profile_compute_s={prof['compute_s']:.6g}"]
             link = prof["inter_node_bandwidth"] if prof else None
@@ -214,9 +226,9 @@ class Plan(Saved):
                     "workers_per_node": m,
                     "cluster": self.cluster_of(n),
                     "compute_s": float(step["compute_s"]),
-                    "compute_alone_s": step.get("compute_alone_s"),
-                    "contention": step.get("contention"),
-                    "threads_per_worker": step.get("threads_per_worker"),
+                    "compute_how": f"{n * m} worker(s) at once, loader, forward, backward "
+                    f"and update, median of {sm.CONCURRENT_STEPS} steps of the slowest",
+                    "update_included": True,
                     "target_ratio": prof["target_ratio"] if prof else None,
                     "inter_node_bandwidth": link,
                     "profile": profile.describe(prof) if prof else "no shaped link",
@@ -231,6 +243,8 @@ class Plan(Saved):
             "batch_per_worker": self.batch_per_worker,
             "steps": self.steps,
             "epochs": self.epochs,
+            "warmup_runs": sm.WARMUP_RUNS,
+            "calibration_runs": sm.CALIBRATION_RUNS,
             "numel": numel,
             "calibration": cal.to_dict(),
             "assumed": dict(sm.ASSUMED),
@@ -248,7 +262,8 @@ class Plan(Saved):
             bw = s["inter_node_bandwidth"]
             link_bps = parse_bandwidth(bw) if bw and n > 1 else None
             density = float(cfg.comm.density) if comm in ("topk", "mstopk", "hitopk") else 1.0
-            p = sm.predict(comm, n, m, s["compute_s"], link_bps, cal, density)
+            p = sm.predict(comm, n, m, s["compute_s"], link_bps, cal, density,
+                           update_included=bool(s.get("update_included")))  # fmt: skip
             out.append({"nodes": n, "workers_per_node": m, "comm": comm,
                         "density": density, **p})  # fmt: skip
         return out

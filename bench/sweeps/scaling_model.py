@@ -1,14 +1,22 @@
 """The performance model's prediction of every step time the scaling study measures, made
 before the first run of the sweep, and its projection to the paper's cluster.
 
-Calibrated on micro-measurements only, all made in the launcher before any training step
-of the sweep (none of them is a step, so every measured step time is held out):
+Calibrated, for every method's step, on what was measured before that step's run:
 
-* **compute**: one worker's forward + backward at each size, as the paper-scaled profile
-  times it (:func:`bench.launch.profile.step_compute_s`: alone, with the intra-op threads
-  a worker of that size gets, times the host contention of that size's workers);
+* **compute** (the compute-only step, loader to update): at each size, the size's
+  calibration run, a compute-only run in the size's launch after its warm-ups and before
+  any method (:data:`CALIBRATION_RUNS`; :func:`bench.sweeps.scaling_table.with_predictions`
+  puts it in).  The plan's own prediction, made before the sweep's first run with the
+  compute of :func:`concurrent_step_s` (the size's workers computing at once in spawned
+  processes), stays beside it (``predicted_before_launch_s``).  Why both: in the sweep
+  ``scaling-20261202-000357-2b18a2`` the compute-only steps inside a launch ran 24-40 %
+  slower than one worker timed alone times a contention factor (the earlier input), and
+  a first concurrent timing measured 0.06 / 0.10 / 0.21 / 0.49 s at 1 / 2 / 4 / 8
+  workers against 0.10 / 0.13 / 0.26 / 0.52 s inside the launch: a launch's workers
+  compute slower than the same work outside it, by 0.03-0.04 s a step here, which no
+  micro-measurement before the launch has shown;
 * **update**: one SGD-momentum step over the model's parameters, alone on one thread,
-  times the same contention;
+  times the host contention of the size's workers (a concurrent timing already holds it);
 * **per-element costs**: a summation pass, an elementwise pass, each method's selection
   (``torch.topk``; MSTopK for ``mstopk`` and ``hitopk``) with its error-feedback add, and
   scatter-add, on the model's largest bucket, alone on one thread, times the contention;
@@ -47,6 +55,10 @@ from bench.comm import cost, mstopk
 from bench.launch.profile import host_contention
 
 WARMUP_RUNS = 2  # compute-only runs that open each size's launch, left out of its table
+# compute-only runs after the warm-ups and before any method: their step time is the
+# model's compute input at that size (:func:`bench.sweeps.scaling_table.with_predictions`)
+CALIBRATION_RUNS = 1
+CONCURRENT_STEPS = 10  # timed steps of :func:`concurrent_step_s` (after 3 untimed)
 NOCOMM = "nocomm"  # the compute-only reference of every size (bench/comm/nocomm.py)
 ASSUMED = {
     "hidden": 0.0,  # share of the aggregation hidden behind the backward pass
@@ -134,6 +146,54 @@ def ring_shift(rank: int, world: int, sizes: Sequence[int], reps: int = 5) -> li
     return out
 
 
+def _concurrent_worker(rank: int, world: int, overrides: list[str], steps: int) -> float:
+    """One of :func:`concurrent_step_s`'s workers: the size's workload, its loader, forward,
+    backward and SGD-momentum update, no DDP and nothing sent; each step starts at a
+    barrier and counts as long as its slowest worker took (median over ``steps``)."""
+    from bench.config import to_object
+    from bench.sweeps.common import compose
+    from bench.train.workload import WORKLOADS
+
+    cfg = to_object(compose(overrides))
+    torch.manual_seed(cfg.train.seed)
+    wl = WORKLOADS.get(cfg.train.workload)(cfg, rank, world, torch.device("cpu"))
+    params = [p for p in wl.model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=0.01, momentum=0.9, weight_decay=5e-4, foreach=True)
+    wl.data.train.set_epoch(0)
+    batches = iter(wl.data.train)
+    times = []
+    for i in range(steps + 3):
+        dist.barrier()
+        t0 = time.perf_counter()
+        try:
+            batch = next(batches)
+        except StopIteration:
+            batches = iter(wl.data.train)
+            batch = next(batches)
+        opt.zero_grad(set_to_none=True)
+        wl.loss(wl.model, batch)[0].backward()
+        opt.step()
+        dt = torch.tensor([time.perf_counter() - t0])
+        dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+        if i >= 3:
+            times.append(dt.item())
+    return statistics.median(times)
+
+
+def concurrent_step_s(overrides: Sequence[str], nodes: int, per_node: int) -> float:
+    """The compute-only step of ``nodes x per_node`` workers computing at once on this
+    host, each with the intra-op threads the launchers give it (s): loader, forward,
+    backward and update, timed in spawned processes before the sweep's first run.  It
+    replaces one worker timed alone times a contention factor, which measured 24-40 %
+    below the sweeps' compute-only steps (``scaling-20261202-000357-2b18a2``)."""
+    from bench.benchmarks.spawn import run_workers  # deferred: spawns gloo workers
+
+    world = nodes * per_node
+    out = run_workers(_concurrent_worker, world, per_node, list(overrides), CONCURRENT_STEPS,
+                      threads=worker_threads(0, world), timeout_s=600.0)  # fmt: skip
+    return float(out[0])
+
+
 def calibrate(net: torch.nn.Module, density: float, bucket_cap_mb: float) -> Calibration:
     """Every micro-measurement of :class:`Calibration` (about 10 s on 2 cores)."""
     from bench.benchmarks.spawn import run_workers  # deferred: spawns 2 gloo workers
@@ -172,11 +232,13 @@ def predict(
     cal: Calibration,
     density: float,
     powersgd_rank: int = 4,
+    update_included: bool = False,
 ) -> dict[str, float]:
     """The model's step time (and its compute-only step) of ``comm`` at one size (s).
 
-    ``compute_s``: forward + backward per step at this size (the profile's timing);
-    ``link_bps``: the shaped link's rate (None: no shaping, the loopback path)."""
+    ``compute_s``: forward + backward per step at this size (``update_included``: and the
+    update, as :func:`concurrent_step_s` times it); ``link_bps``: the shaped link's rate
+    (None: no shaping, the loopback path)."""
     f = contention(nodes, per_node, cal.cores)
     sel = cal.select_s.get("topk" if comm == "topk" else "mstopk", 0.0)
     k = pm.Costs(select_s=sel * f, scatter_s=cal.scatter_s * f, dense_s=cal.dense_s * f,
@@ -187,7 +249,7 @@ def predict(
     wl = pm.Workload(
         buckets=cal.buckets,
         compute_s=compute_s,
-        update_s=cal.update_s * f + ASSUMED["other_step_s"],
+        update_s=(0.0 if update_included else cal.update_s * f) + ASSUMED["other_step_s"],
         shapes=cal.shapes,
         powersgd_rank=powersgd_rank,
         hidden={comm: ASSUMED["hidden"]},
