@@ -243,3 +243,36 @@ def test_jobs_go_seed_by_seed_through_every_configuration() -> None:
         ("comm=dense", "train.seed=1"),
         ("comm=hitopk", "train.seed=1"),
     ]
+
+
+def test_the_default_protocol_runs_each_workload_in_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No --workload: one sweep per workload, both planned before either runs; the
+    translation sweep with its own defaults (2 x 2 workers, one tuning seed, five methods)."""
+    import bench.sweeps.common as common
+
+    def no_run(*a, **k):
+        raise AssertionError("a dry run started a job")
+
+    monkeypatch.setattr(common, "run_queued", no_run)
+    res = tmp_path / "res"
+    cli.main(["--dry-run", "--cluster", "local", "--results-dir", str(res)])
+    out = capsys.readouterr().out
+    sweeps = [line for line in out.splitlines() if line.startswith("sweep ablation-")]
+    assert len(sweeps) == 2
+    assert "on dawnbench_digits" in sweeps[0] and "32 tuning runs" in sweeps[0]
+    assert "on transformer_protocol" in sweeps[1]
+    assert "12 tuning runs, then 5 evaluation seeds x 5 methods" in sweeps[1]
+    text = out[out.index(sweeps[1]) :]
+    assert "cluster.nnodes=2 cluster.nproc_per_node=2" in text and "comm=topk" not in text
+    assert "tuning seeds [1000]" in text
+    assert not res.exists()
+    # a named workload, or a sweep id, is one sweep
+    cli.main(["--dry-run", "--cluster", "local", "--workload", "translation",
+              "--results-dir", str(res)])  # fmt: skip
+    assert capsys.readouterr().out.count("sweep ablation-") == 1
+    cli.main(["--dry-run", "--cluster", "local", "--sweep-id", "ablation-x",
+              "--results-dir", str(res)])  # fmt: skip
+    out = capsys.readouterr().out
+    assert out.count("sweep ablation-x") == 1 and "on dawnbench_digits" in out
