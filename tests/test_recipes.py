@@ -47,7 +47,7 @@ def _tiny(name: str, tmp_path: Path) -> list[str]:
         ]
     if name == "dawnbench_cifar10":
         return [*base, f"data.root={make_cifar_dir(tmp_path / 'cifar')}", "train.epochs=1"]
-    if name == "transformer_embedded":
+    if name.startswith("transformer_"):
         from bench.data.corpus import write_corpus
 
         corpus = write_corpus(tmp_path / "corpus", train=200, valid=20, test=20)
