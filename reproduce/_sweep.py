@@ -52,6 +52,27 @@ def launcher_of(args: argparse.Namespace) -> tuple[list[str], list[str], str]:
     return jobs, hydra, name
 
 
+def refuse_plan_options(
+    args: argparse.Namespace, parser: argparse.ArgumentParser, shaping: Sequence[str],
+    jobs: Sequence[str],
+) -> None:  # fmt: skip
+    """``--resume`` runs the sweep's saved plan: an option in ``shaping`` given with a value
+    other than its default, or a job override, would be ignored; ConfigError naming them."""
+    from bench.registry import ConfigError
+
+    if not args.resume:
+        return
+    given = [f"--{d.replace('_', '-')}" for d in shaping
+             if getattr(args, d, None) != parser.get_default(d)]  # fmt: skip
+    given += [f"override {o}" for o in jobs]
+    if given:
+        raise ConfigError(
+            f"--resume {args.resume} runs the sweep's saved plan, so {', '.join(given)} "
+            f"would be ignored: drop them, or give --sweep-id {args.resume} with the "
+            "command that made the sweep (it is checked against the plan)"
+        )
+
+
 def default_cluster(given: str | None, launcher: str, here: str) -> str:
     """``--cluster`` as given; else multinode on Slurm, local under the local executor,
     ``here`` (the command's own default) without a launcher."""

@@ -242,6 +242,9 @@ def _plan(args: argparse.Namespace):
     from bench.sweeps.protocol import WORKLOAD_DEFAULTS
 
     jobs, hydra, launcher = _sweep.launcher_of(args)
+    shaping = ("workload", "experiment", "cluster", "seeds", "comm", "cache", "update",
+               "quick", "grid", "order_seed")  # fmt: skip
+    _sweep.refuse_plan_options(args, _parser(), shaping, jobs)
     here = "emulated" if args.grid else WORKLOAD_DEFAULTS[_workload_name(args)]["cluster"]
     args.cluster = _sweep.default_cluster(args.cluster, launcher, here)
     sid = args.resume or args.sweep_id

@@ -116,6 +116,9 @@ def _plan(args: argparse.Namespace):
     from bench.sweeps import scaling as sc
 
     jobs, hydra, launcher = _sweep.launcher_of(args)
+    shaping = ("experiment", "cluster", "comm", "topologies", "steps", "epochs",
+               "batch_per_worker", "quick")  # fmt: skip
+    _sweep.refuse_plan_options(args, _parser(), shaping, jobs)
     sid = args.resume or args.sweep_id
     with _sweep.checking_for(launcher or ""):
         if sid and (args.resume or sc.plan_path(args.results_dir, sid).exists()):

@@ -173,6 +173,11 @@ def test_dry_run_runs_nothing(
         (["--workload", "audio"], "unknown workload 'audio'; known: image, translation"),
         (["--seeds", "two"], "invalid int value"),
         (["optim.learning_rate=1"], "learning_rate"),
+        (
+            ["--resume", "abl-x", "--comm", "dense"],
+            "--resume abl-x runs the sweep's saved plan, so --cluster, --comm would be ignored",
+        ),
+        (["--resume", "abl-x", "train.seed=3"], "so --cluster, override train.seed=3 would"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(

@@ -231,6 +231,10 @@ def test_dry_run_runs_nothing(tmp_path: Path, monkeypatch, capsys) -> None:
         (["--epochs", "1"], "--epochs must be >= 2"),
         (["--cluster", "moon"], "the study runs on emulated or local"),
         (["--experiment", "nope"], "unknown experiment 'nope'"),
+        (
+            ["--resume", "sc-x", "--steps", "9"],
+            "--resume sc-x runs the sweep's saved plan, so --steps would be ignored",
+        ),
     ],
 )
 def test_bad_input_exits_2_with_one_line(argv, message, tmp_path: Path, capsys) -> None:
