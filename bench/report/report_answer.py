@@ -24,7 +24,7 @@ TASKS = {
     "digits": "scikit-learn's 1,797 8x8 digits upsampled to 32 px (ResNet-9); 360 held-out "
     "images, so one image is 0.28 points of top-1",
     "translation": "the embedded translation corpus (a tiny Transformer, AdamW); BLEU on "
-    "its valid split",
+    "its 500 valid sentences, greedy decoding",
 }
 # the named settings the answer is given at, in order (profile name -> what it stands for)
 NAMED = {
