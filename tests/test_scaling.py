@@ -338,6 +338,8 @@ def test_the_calibration_run_sets_the_model_compute_at_its_size(tmp_path: Path) 
     assert two.loc["nocomm", "run_id"] == "ref"  # the reference: the run after the methods
     assert two.loc["nocomm", "compute_only_step_s"] == pytest.approx(0.3)
     assert two.loc["nocomm", "calibration_step_s"] == pytest.approx(0.25)
+    assert two.loc["nocomm", "compute_drift"] == pytest.approx(0.3 / 0.25 - 1)
+    assert "+20% at 2x1" in st.summary(table)[-2]  # the drift, said
     # the plan predicted 0.6 with a compute-only step of 0.2: 0.4 of communication
     assert two.loc["dense", "predicted_before_launch_s"] == pytest.approx(0.6)
     assert two.loc["dense", "predicted_step_s"] == pytest.approx(0.25 + 0.4)

@@ -15,7 +15,8 @@ One row per (size, method), ``kind`` ``measured`` or ``projected``:
   what a cluster's efficiency would be if compute did not slow with N -- here it also
   counts N workers sharing the cores, so it is labelled as what it is;
 * ``calibration_step_s`` (on the size's ``nocomm`` row): the step of the size's
-  calibration run, after the warm-ups and before any method;
+  calibration run, after the warm-ups and before any method; ``compute_drift`` the
+  compute-only step after the methods over it, less 1;
 * ``predicted_step_s``: the model's step with that calibration as its compute (the
   plan's prediction shifted by calibration - the plan's compute-only step; a size
   without a calibration run keeps the plan's), ``predicted_efficiency`` (the model's
@@ -48,7 +49,7 @@ COLUMNS = [
     "sweep_id", "kind", "cluster", "nodes", "workers_per_node", "world_size", "comm",
     "density", "step_s", "compute_only_step_s", "efficiency", "textbook_efficiency",
     "throughput", "predicted_step_s", "predicted_efficiency", "model_error",
-    "compute_only_spread", "calibration_step_s", "predicted_before_launch_s",
+    "compute_only_spread", "calibration_step_s", "compute_drift", "predicted_before_launch_s",
     "model_error_before_launch", "efficiency_min", "efficiency_max", "model_holds",
     "inter_node_bandwidth", "target_ratio", "link_ratio", "measured_steps", "run_id", "note",
 ]  # fmt: skip
@@ -140,6 +141,8 @@ def measured_rows(
         cal = runs[sm.WARMUP_RUNS : first] if len(runs) > first else []
         row = _merge(kept)
         row["calibration_step_s"] = _merge(cal)["step_s"] if cal else math.nan
+        # how far the compute-only step moved while the methods ran
+        row["compute_drift"] = row["step_s"] / row["calibration_step_s"] - 1 if cal else math.nan
         rows[(n, m, sm.NOCOMM)] = row
     return list(rows.values())
 
@@ -269,6 +272,13 @@ def summary(df: pd.DataFrame) -> list[str]:
                     f"{int((pre.abs() <= sm.HOLDS_WITHIN).sum())} of {len(pre)} within "
                     f"{sm.HOLDS_WITHIN:.0%}"
                 )
+            ref = meas[(meas["comm"] == sm.NOCOMM) & meas["compute_drift"].notna()]
+            if len(ref):
+                cells = ", ".join(f"{d:+.0%} at {int(n)}x{int(m)}" for n, m, d in
+                                  zip(ref["nodes"], ref["workers_per_node"],
+                                      ref["compute_drift"]))  # fmt: skip
+                out.append(f"compute-only step after the methods vs the calibration run "
+                           f"before them: {cells}")  # fmt: skip
     holds = model_holds(df)
     out.append(
         "projection to 16x8 V100 at 25 Gbit/s: "
