@@ -177,13 +177,13 @@ def test_predictions_order_methods_on_a_slow_link() -> None:
 def test_plan_runs_the_compute_only_step_first_at_every_size() -> None:
     plan = sc.Plan(sweep_id="x", comms=("dense", "hitopk"), topologies=((1, 1), (2, 1), (2, 2)))
     n = "nocomm"
-    # per size: two compute-only runs that warm the launch up, one that calibrates the
-    # model's compute, the methods, the compute-only run the efficiency divides by
-    assert plan.points() == [(1, 1, n), (1, 1, n), (1, 1, n), (1, 1, "dense"), (1, 1, n),
-                             (2, 1, n), (2, 1, n), (2, 1, n), (2, 1, "dense"),
-                             (2, 1, "hitopk"), (2, 1, n),
-                             (2, 2, n), (2, 2, n), (2, 2, n), (2, 2, "dense"),
-                             (2, 2, "hitopk"), (2, 2, n)]  # fmt: skip
+    # per size: a dense run that warms the launch up, a compute-only run that calibrates
+    # the model's compute, the methods, the compute-only run the efficiency divides by
+    d = "dense"
+    assert plan.points() == [(1, 1, d), (1, 1, n), (1, 1, d), (1, 1, n),
+                             (2, 1, d), (2, 1, n), (2, 1, d), (2, 1, "hitopk"), (2, 1, n),
+                             (2, 2, d), (2, 2, n), (2, 2, d), (2, 2, "hitopk"),
+                             (2, 2, n)]  # fmt: skip
     jobs = dict(plan.jobs())
     assert "cluster=local" in jobs[(1, 1, "dense")] and "cluster=emulated" in jobs[(2, 1, "dense")]
     assert "data.batch_size=128" in jobs[(2, 2, "hitopk")]  # 32 per worker
@@ -215,7 +215,7 @@ def test_dry_run_runs_nothing(tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.setattr(sc.Plan, "prepare", no_run)
     cli.main(["--quick", "--dry-run", "--results-dir", str(tmp_path / "res")])
     out = capsys.readouterr().out
-    assert "11 runs in 2 launches" in out and "comm=nocomm" in out
+    assert "9 runs in 2 launches" in out and "comm=nocomm" in out
     assert "cluster=local cluster.nnodes=2 cluster.nproc_per_node=1" in out
     assert not (tmp_path / "res").exists()
 
@@ -270,18 +270,19 @@ def test_a_resumed_sweep_runs_only_what_has_no_finished_record(tmp_path: Path, c
     _run(tmp_path, "n2", "nocomm", 2, [(128, 2, 9.0), (256, 4, 0.8)])
     cfg = {"results": {"sweep_id": SWEEP}, "cluster": {"nnodes": 2, "nproc_per_node": 1}}
     append_record(tmp_path, {"run_id": "x", "status": "error", "comm": "dense", "config": cfg})
-    # per size: nocomm x 3 (two warm-ups, the calibration), dense, nocomm; 2x1's dense
-    # failed (it measured nothing): 1x1 lacks three nocomm runs, 2x1 three and dense
-    assert plan.pending() == [1, 2, 4, 6, 7, 8, 9]
+    # per size: dense (the warm-up), nocomm (the calibration), dense, nocomm; 2x1's dense
+    # failed (it measured nothing): 1x1 lacks its second dense and nocomm runs, 2x1 both
+    # dense runs and its last nocomm
+    assert plan.pending() == [2, 3, 4, 6, 7]
     loaded, doc = sc.load(tmp_path, SWEEP)
     assert loaded.topologies == ((1, 1), (2, 1)) and loaded.launcher == "submitit_local"
     assert loaded.jobs() == plan.jobs() and doc["predictions"]
     cli.main(["--status", SWEEP, "--results-dir", str(tmp_path)])
     out = capsys.readouterr().out
-    assert "launcher submitit_local" in out and "3 of 10 runs done, 7 to go" in out
+    assert "launcher submitit_local" in out and "3 of 8 runs done, 5 to go" in out
     cli.main(["--aggregate", SWEEP, "--results-dir", str(tmp_path)])
     out, err = capsys.readouterr()
-    assert "partial" in out and "missing: scaling: 3 of 10 runs done" in err
+    assert "partial" in out and "missing: scaling: 3 of 8 runs done" in err
     part = pd.read_csv(tmp_path / "scaling" / "partial" / f"{SWEEP}.csv")
     assert set(part[part["kind"] == "measured"]["run_id"]) == {"n1", "d1", "n2"}
     assert not (tmp_path / "scaling" / f"{SWEEP}.csv").exists()
@@ -326,7 +327,7 @@ def test_the_calibration_run_sets_the_model_compute_at_its_size(tmp_path: Path) 
 
     _run(tmp_path, "n1", "nocomm", 1, [(64, 2, 9.0), (128, 4, 0.4)])
     _run(tmp_path, "d1", "dense", 1, [(64, 2, 9.0), (128, 4, 0.4)])
-    for i in range(sm.WARMUP_RUNS):  # warm-ups: slow, left out of everything
+    for i in range(sm.OLD_WARMUP_NOCOMM):  # a plan of compute-only warm-ups: left out
         _run(tmp_path, f"w{i}", "nocomm", 2, [(128, 2, 9.0), (256, 4, 5.6)])
     _run(tmp_path, "cal", "nocomm", 2, [(128, 2, 9.0), (256, 4, 1.0)])  # 0.25 s/step
     _run(tmp_path, "d2", "dense", 2, [(128, 2, 9.0), (256, 4, 2.6)])  # 0.65 s/step
@@ -348,3 +349,22 @@ def test_the_calibration_run_sets_the_model_compute_at_its_size(tmp_path: Path) 
     assert two.loc["nocomm", "predicted_step_s"] == pytest.approx(0.25)
     one = meas[meas["nodes"] == 1]  # no calibration run at 1x1 here: the plan's prediction
     assert one.loc["dense", "predicted_step_s"] == pytest.approx(0.1)
+
+
+def test_the_dense_warm_up_is_left_out_and_the_later_dense_run_kept(tmp_path: Path) -> None:
+    """A plan whose launches open with a dense warm-up: the size's dense row is its later
+    run, and the first compute-only run is the calibration."""
+    from bench.sweeps.common import sweep_records
+
+    _run(tmp_path, "wd", "dense", 2, [(128, 2, 9.0), (256, 4, 4.0)])  # warm-up: 1 s/step
+    _run(tmp_path, "cal", "nocomm", 2, [(128, 2, 9.0), (256, 4, 1.0)])  # 0.25 s/step
+    _run(tmp_path, "d2", "dense", 2, [(128, 2, 9.0), (256, 4, 2.6)])  # 0.65 s/step
+    _run(tmp_path, "ref", "nocomm", 2, [(128, 2, 9.0), (256, 4, 1.2)])
+    doc = {**_plan_doc(dense_2=0.6), "calibration_runs": 1, "warmup_runs": 1,
+           "warmup_comm": "dense"}  # fmt: skip
+    meas = st.build_table(sweep_records(tmp_path, SWEEP), doc)
+    two = meas[(meas["kind"] == "measured") & (meas["nodes"] == 2)].set_index("comm")
+    assert two.loc["dense", "run_id"] == "d2" and two.loc["dense", "step_s"] == pytest.approx(0.65)
+    assert two.loc["nocomm", "run_id"] == "ref"
+    assert two.loc["nocomm", "calibration_step_s"] == pytest.approx(0.25)
+    assert two.loc["dense", "predicted_step_s"] == pytest.approx(0.25 + 0.4)

@@ -116,18 +116,16 @@ class Plan(Saved):
         return "local" if nodes == 1 and self.cluster == "emulated" else self.cluster
 
     def points(self) -> list[tuple[int, int, str]]:
-        """(nodes, workers per node, comm) of each run, size by size: two compute-only
-        runs that warm the launch up, one that calibrates the model's compute at the size,
-        the methods, then the compute-only run the size's efficiency divides by.  On the
-        emulated cluster the first two runs of every launch ran 2-6x slower than the same
-        run after the methods (sweep ``scaling-20261201-235457-8b63f4``: 8 x 1
-        compute-only 3.0-3.4 s per step in the first two, 0.53 s in the last), so the
-        table leaves WARMUP_RUNS out; one worker communicates nothing, so 1x1 runs dense
-        only beside it."""
+        """(nodes, workers per node, comm) of each run, size by size: a dense run that
+        warms the launch up (left out of the table; sm.WARMUP_COMM says why it
+        communicates), a compute-only run that calibrates the model's compute at the
+        size, the methods, then the compute-only run the size's efficiency divides by.
+        One worker communicates nothing, so 1x1 runs dense only beside it."""
         out = []
         for n, m in self.topologies:
             methods = ["dense"] if n * m == 1 else list(self.comms)
-            out += [(n, m, sm.NOCOMM)] * (sm.WARMUP_RUNS + sm.CALIBRATION_RUNS)
+            out += [(n, m, sm.WARMUP_COMM)] * sm.WARMUP_RUNS
+            out += [(n, m, sm.NOCOMM)] * sm.CALIBRATION_RUNS
             out += [(n, m, c) for c in methods if n >= NEEDS_NODES.get(c, 1)]
             out.append((n, m, sm.NOCOMM))
         return out
@@ -244,6 +242,7 @@ class Plan(Saved):
             "steps": self.steps,
             "epochs": self.epochs,
             "warmup_runs": sm.WARMUP_RUNS,
+            "warmup_comm": sm.WARMUP_COMM,
             "calibration_runs": sm.CALIBRATION_RUNS,
             "numel": numel,
             "calibration": cal.to_dict(),

@@ -54,7 +54,15 @@ from bench.cluster.emulated import worker_threads
 from bench.comm import cost, mstopk
 from bench.launch.profile import host_contention
 
-WARMUP_RUNS = 2  # compute-only runs that open each size's launch, left out of its table
+# each size's launch opens with WARMUP_RUNS runs of WARMUP_COMM, left out of its table
+# (the method's own row is its later run).  A communicating run, because compute-only runs
+# before any communication in an emulated launch ran 1.3-6x slower than the same run after
+# the methods (sweep scaling-20261202-024650-351018: its third compute-only run of each
+# size, the calibration, 0.50 s per step at 2 x 1 against 0.12 s at the end, 1.42 s
+# against 0.26 s at 2 x 2), while the dense run right after them ran at its usual speed
+WARMUP_RUNS = 1
+WARMUP_COMM = "dense"
+OLD_WARMUP_NOCOMM = 2  # a plan without ``warmup_comm``: two compute-only warm-up runs
 # compute-only runs after the warm-ups and before any method: their step time is the
 # model's compute input at that size (:func:`bench.sweeps.scaling_table.with_predictions`)
 CALIBRATION_RUNS = 1

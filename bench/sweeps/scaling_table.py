@@ -99,8 +99,9 @@ def _merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def measured_rows(
-    records: Sequence[dict[str, Any]], calibration_runs: int = 0
-) -> list[dict[str, Any]]:
+    records: Sequence[dict[str, Any]], calibration_runs: int = 0,
+    warmup_nocomm: int = sm.OLD_WARMUP_NOCOMM,
+) -> list[dict[str, Any]]:  # fmt: skip
     """A row per (size, method) that finished (an error run has no step time: left out,
     counted by the caller); the latest attempt of a method wins, a size's compute-only
     runs after the warm-ups and ``calibration_runs`` are merged (:func:`_merge`); the
@@ -133,12 +134,13 @@ def measured_rows(
         else:
             rows[(n, m, str(row["comm"]))] = row
     for (n, m), runs in nocomm.items():
-        # the first WARMUP_RUNS warmed the launch up (bench.sweeps.scaling.points), the
-        # next calibration_runs calibrated the model; a size with fewer runs (an older
-        # plan: one before the methods, one after) keeps all
-        first = sm.WARMUP_RUNS + calibration_runs
+        # the first warmup_nocomm warmed the launch up (a plan whose warm-ups were
+        # compute-only runs; bench.sweeps.scaling.points), the next calibration_runs
+        # calibrated the model; a size with fewer runs (an older plan: one before the
+        # methods, one after) keeps all
+        first = warmup_nocomm + calibration_runs
         kept = runs[first:] if len(runs) > first else runs
-        cal = runs[sm.WARMUP_RUNS : first] if len(runs) > first else []
+        cal = runs[warmup_nocomm:first] if len(runs) > first else []
         row = _merge(kept)
         row["calibration_step_s"] = _merge(cal)["step_s"] if cal else math.nan
         # how far the compute-only step moved while the methods ran
@@ -212,7 +214,8 @@ def model_holds(df: pd.DataFrame, within: float = sm.HOLDS_WITHIN) -> bool:
 
 def build_table(records: Sequence[dict[str, Any]], plan: dict[str, Any]) -> pd.DataFrame:
     """Measured rows with predictions, then the projection (``model_holds`` on its rows)."""
-    meas = pd.DataFrame(measured_rows(records, int(plan.get("calibration_runs", 0))))
+    warm = 0 if plan.get("warmup_comm", sm.NOCOMM) != sm.NOCOMM else sm.OLD_WARMUP_NOCOMM
+    meas = pd.DataFrame(measured_rows(records, int(plan.get("calibration_runs", 0)), warm))
     if meas.empty:
         meas = pd.DataFrame(columns=[c for c in COLUMNS if c != "sweep_id"])
     else:
