@@ -98,6 +98,11 @@ def tta_bands(results_dir: Path, runs: pd.DataFrame) -> dict[str, dict]:
         column = metric_column(r["metric"])
         if df is None or column not in df or TRAIN_TIME not in df:
             continue
+        evals = r.get("evals")
+        if isinstance(evals, list) and evals:  # the sub-epoch points, where the run has them
+            ev = pd.DataFrame(evals)
+            if {column, TRAIN_TIME} <= set(ev.columns):
+                df = pd.concat([df[[TRAIN_TIME, column]], ev[[TRAIN_TIME, column]]])
         d = df.dropna(subset=[column, TRAIN_TIME]).sort_values(TRAIN_TIME)
         if d.empty:
             continue

@@ -188,6 +188,8 @@ def _row(r: dict[str, Any], results_dir: Path) -> dict[str, Any]:
         "git_sha": r.get("git_sha"),
         "curve_path": curve,
         "has_curve": curve.is_file(),
+        # evaluations inside an epoch (train.eval_every_steps): points the curve lacks
+        "evals": list(r.get("evals") or []),
     }
 
 

@@ -108,8 +108,8 @@ def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
             )
         )
         left.text(0.02, 0.03, f"{len(over)} point(s) above {INVALID_ABOVE:g} (sizes {sizes}) lie "
-                  "off the axis: their compute-only\nruns were slower than runs that "
-                  "communicate -- a measurement fault, not an efficiency",
+                  "off the axis:\ntheir compute-only runs were slower than runs that "
+                  "communicate --\na measurement fault, not an efficiency",
                   transform=left.transAxes, fontsize=7, color="firebrick")  # fmt: skip
     cluster = ", ".join(sorted(meas["cluster"].dropna().astype(str).unique())) or "?"
     left.set_xlabel(f"nodes measured on this machine ({cluster}; log 2)")

@@ -80,8 +80,14 @@ def setting(records: list[dict], table: pd.DataFrame, plan: dict) -> str:
         )
     seeds = plan.get("eval_seeds") or []
     tune = plan.get("tune_seeds") or []
+    cluster = str(((r.get("config") or {}).get("cluster") or {}).get("name") or "")
+    kind = (
+        "emulated nodes" if cluster == "emulated"
+        else "launcher nodes of the local cluster (loopback links, nothing shaped)"
+        if cluster == "local" else "nodes"
+    )  # fmt: skip
     return (
-        f"**Setting:** {task}; {world} workers on {nodes} emulated nodes sharing a {hw}"
+        f"**Setting:** {task}; {world} workers on {nodes} {kind} sharing a {hw}"
         f"{link_txt}; every method tuned with the same budget on seeds {tune}, then "
         f"{len(seeds)} evaluation seeds {seeds} (sweep `{table['sweep_id'].iloc[0]}`, "
         f"{len(records)} evaluation runs)."
