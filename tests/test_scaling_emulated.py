@@ -42,7 +42,7 @@ def test_three_emulated_nodes_measure_predict_and_clean_up(tmp_path: Path) -> No
     plan = json.loads(plan_file.read_text())
     size3 = next(s for s in plan["sizes"] if s["nodes"] == 3)
     assert size3["cluster"] == "emulated" and size3["inter_node_bandwidth"].endswith("mbit")
-    assert size3["compute_alone_s"] > 0 and size3["target_ratio"] > 0
+    assert size3["compute_s"] > 0 and size3["update_included"] and size3["target_ratio"] > 0
     df = pd.read_csv(csv)
     meas = df[(df["kind"] == "measured") & (df["nodes"] == 3)].set_index("comm")
     assert set(meas.index) == {"nocomm", "dense", "hitopk"}
