@@ -172,17 +172,16 @@ def with_predictions(df: pd.DataFrame, plan: dict[str, Any]) -> pd.DataFrame:
     get = [pred.get(k, {}) for k in keys]
     df["density"] = [p.get("density", math.nan) for p in get]
     before = [p.get("predicted_step_s", math.nan) for p in get]
-    compute = [p.get("predicted_compute_only_step_s", math.nan) for p in get]
+    planned = [p.get("predicted_compute_only_step_s", math.nan) for p in get]
     df["predicted_before_launch_s"] = before
     # the model's compute input at each size: the size's calibration run, measured in
-    # its launch before any method ran (a plan without one: the timing before the launch)
+    # its launch before any method ran (a plan without one: the timing before the launch);
+    # the model's step is compute + exposed aggregation + update, so a new compute shifts it
     cal = calibration(df)
     cal_of = [cal.get((n, m), math.nan) for n, m, _ in keys]
-    compute = [c if c == c else p for c, p in zip(cal_of, compute)]
-    df["predicted_step_s"] = [
-        b - p.get("predicted_compute_only_step_s", math.nan) + c if c == c else b
-        for b, p, c in zip(before, get, cal_of)
-    ]
+    compute = [c if c == c else p for c, p in zip(cal_of, planned)]
+    df["predicted_step_s"] = [b - p + c if c == c and p == p else b
+                              for b, p, c in zip(before, planned, cal_of)]  # fmt: skip
     df["predicted_efficiency"] = [c / s if s else math.nan
                                   for c, s in zip(compute, df["predicted_step_s"])]  # fmt: skip
     df["model_error"] = df["predicted_step_s"] / df["step_s"] - 1
