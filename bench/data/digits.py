@@ -10,12 +10,19 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import math
 import os
 from pathlib import Path
 
 import torch
 
 Split = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+N_IMAGES = 1797  # scikit-learn's load_digits
+
+
+def heldout_size(test_fraction: float = 0.2) -> int:
+    """How many images the split holds out (scikit-learn rounds a fractional test size up)."""
+    return math.ceil(N_IMAGES * test_fraction)
 
 
 def cache_dir() -> Path:

@@ -162,6 +162,50 @@ def verdicts(df: pd.DataFrame, target: str) -> list[str]:
     return out
 
 
+def resolution_lines(base: Path, recs: list[dict], df: pd.DataFrame) -> list[str]:
+    """How finely the evaluation runs resolve time to target (:mod:`bench.sweeps.resolution`),
+    beside the differences the table reports; ``[]`` when no run reached the target."""
+    from bench.data.digits import heldout_size
+    from bench.sweeps import resolution
+
+    if not recs or df.empty:
+        return []
+    metric, value = str(df["target_metric"].iloc[0]), float(df["target_value"].iloc[0])
+    cfg = recs[0].get("config") or {}
+    data = cfg.get("data") or {}
+    n_heldout = heldout_size(float(data.get("test_fraction", 0.2)))
+    sample = 1 / n_heldout if data.get("name") == "digits" else None
+    s = resolution.summary(resolution.sweep_resolution(base, recs, metric, value, sample))
+    if not s:
+        return []
+    every = (cfg.get("train") or {}).get("eval_every_steps")
+    text = (
+        f"**Resolution:** in the {s['n']} runs that reached the target, "
+        f"{f'evaluations every {every} steps ' if every else 'the evaluations '}bracket the "
+        f"crossing to a median {s['bracket_median_s']:.2f} s of training (the time since the "
+        f"evaluation before it; at most {s['bracket_max_s']:.2f} s)"
+    )
+    if "one_sample_median_s" in s:
+        text += (
+            f"; a target one held-out image lower ({100 * (value - sample):.2f} %) is reached "
+            f"a median {s['one_sample_median_s']:.2f} s sooner (mean "
+            f"{s['one_sample_mean_s']:.2f} s, at most {s['one_sample_max_s']:.2f} s; sooner "
+            f"at all in {s['one_sample_moved']} of {s['n']} runs)"
+        )
+    means = dict(zip(df["comm"], df["time_to_target_mean_s"], strict=False))
+    peer = df["best_peer"].dropna()
+    peer = str(peer.iloc[0]) if len(peer) else None
+    gaps = []
+    for m in protocol.PAPER_METHODS:
+        if m not in means:
+            continue
+        ref = [r for r in dict.fromkeys(("dense", peer)) if r and r != m and r in means]
+        gaps.append(f"{m} {', '.join(f'{abs(means[m] - means[r]):.1f} s from {r}' for r in ref)}")
+    if gaps:
+        text += f"; the mean times differ by: {'; '.join(gaps)}"
+    return [text + ".", ""]
+
+
 def ratios_lines(comp: pd.DataFrame, translation: bool = False) -> list[str]:
     """The composition at the named settings, and where each paper method stops winning."""
     if comp.empty:
@@ -249,6 +293,7 @@ def answer_section(records: list[dict], tables: dict[str, Path], base: Path) -> 
             "",
             *verdicts(df, target),
             "",
+            *resolution_lines(base, recs, df),
             *ratios_lines(ratios_table(base, df), translation=name == "translation"),
             *model_lines(ratio_runs(base, df)),
             "",

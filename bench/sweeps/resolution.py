@@ -1,0 +1,105 @@
+"""How finely a protocol sweep's evaluation runs resolve time to target, from their records.
+
+Two numbers per run that reached the target, both read from its per-epoch curve and its
+sub-epoch evaluations (the same points :func:`bench.results.timing.time_to_target_steps`
+reads):
+
+- ``bracket_s``: the training time between the first evaluation at or above the target
+  and the evaluation before it.  The true crossing lies somewhere in that bracket, so it
+  is the clock's resolution;
+- ``one_sample_s`` (only where the metric is a share of held-out samples): how much sooner
+  the run reached a target one held-out sample lower.  Zero means the crossing jumped
+  past that sample too, so the finite held-out set moved nothing here.
+
+:func:`summary` puts them beside the differences the sweep reports.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.results.columns import TRAIN_TIME, metric_column, normalise
+from bench.results.records import load_curve
+from bench.results.timing import time_to_target_steps
+
+
+def _points(
+    curve: Sequence[Mapping[str, Any]], evals: Iterable[Mapping[str, Any]], metric: str
+) -> list[tuple[float, float]]:
+    """(training time, value) of every evaluation, epoch ends and inside epochs, in time."""
+    col = metric_column(metric)
+    out = []
+    for raw in [*curve, *evals]:
+        row = normalise(raw)
+        v, t = row.get(col), row.get(TRAIN_TIME)
+        if v is None or t is None or (isinstance(v, float) and math.isnan(v)):
+            continue
+        out.append((float(t), float(v)))
+    return sorted(set(out))
+
+
+def run_resolution(
+    curve: Sequence[Mapping[str, Any]],
+    evals: Iterable[Mapping[str, Any]],
+    metric: str,
+    target: float,
+    sample: float | None = None,
+) -> dict[str, float] | None:
+    """``bracket_s`` and ``one_sample_s`` (module doc) of one run; ``None`` if it never
+    reached ``target``.  ``sample`` is one held-out sample in the metric's units
+    (``1 / 360`` for 360 images), ``None`` where a sample has no fixed weight (BLEU)."""
+    evals = list(evals)
+    t, _, _ = time_to_target_steps(curve, evals, metric, target)
+    if t is None:
+        return None
+    before = [p for p, _ in _points(curve, evals, metric) if p < t]
+    out = {"time_to_target_s": t, "bracket_s": t - max(before) if before else t}
+    if sample:
+        lower, _, _ = time_to_target_steps(curve, evals, metric, target - sample)
+        out["one_sample_s"] = t - lower if lower is not None else 0.0
+    return out
+
+
+def sweep_resolution(
+    results_dir: str | Path,
+    records: Iterable[Mapping[str, Any]],
+    metric: str,
+    target: float,
+    sample: float | None = None,
+) -> list[dict[str, float]]:
+    """:func:`run_resolution` of every record that reached the target (curves read from
+    ``results_dir``); a record whose curve cannot be read is left out."""
+    out = []
+    for r in records:
+        if r.get("time_to_target_s") is None:
+            continue
+        try:
+            curve = load_curve(results_dir, str(r["run_id"])).to_dict("records")
+        except (OSError, ValueError, KeyError):
+            continue
+        res = run_resolution(curve, r.get("evals") or (), metric, target, sample)
+        if res is not None:
+            out.append(res)
+    return out
+
+
+def summary(runs: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Median and largest bracket, and (where measured) median, mean and largest
+    one-sample shift with how many runs it moved at all; ``{}`` for no runs."""
+    if not runs:
+        return {}
+    br = [r["bracket_s"] for r in runs]
+    out = {"n": len(runs), "bracket_median_s": statistics.median(br), "bracket_max_s": max(br)}
+    one = [r["one_sample_s"] for r in runs if "one_sample_s" in r]
+    if one:
+        out |= {
+            "one_sample_median_s": statistics.median(one),
+            "one_sample_mean_s": statistics.fmean(one),
+            "one_sample_max_s": max(one),
+            "one_sample_moved": sum(x > 0 for x in one),
+        }
+    return out
