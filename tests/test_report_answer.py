@@ -173,3 +173,18 @@ def test_every_linked_image_exists_and_is_readable_in_width(sweep: Path, checked
         assert png.is_file(), link
         assert Image.open(png).size[0] <= MAX_WIDTH_PX, link
     assert not checked.problems, checked.problems
+
+
+def test_the_setting_gives_the_ratio_dense_measured() -> None:
+    from bench.report.report_answer import measured_ratio_text
+
+    recs = [
+        {"comm": "dense", "step_time_s": 0.5, "comm_s_per_step": 0.3},
+        {"comm": "dense", "step_time_s": 0.7, "comm_s_per_step": 0.3},
+        {"comm": "hitopk", "step_time_s": 0.3, "comm_s_per_step": 0.05},
+    ]
+    text = measured_ratio_text(recs)
+    # means over dense's runs only: 300 ms of 600 ms, 1.00 x the remaining 300 ms
+    assert "dense's 2 runs" in text and "300 ms of a 600 ms step, 1.00 x" in text
+    assert measured_ratio_text(recs[2:]) == ""
+    assert measured_ratio_text([{"comm": "dense", "step_time_s": 0.5}]) == ""

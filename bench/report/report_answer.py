@@ -78,6 +78,7 @@ def setting(records: list[dict], table: pd.DataFrame, plan: dict) -> str:
             f" (scaled so dense fp32 communication / compute per step = "
             f"{prof['target_ratio']:.2f}, profile `{prof.get('profile')}`)"
         )
+    link_txt += measured_ratio_text(records)
     seeds = plan.get("eval_seeds") or []
     tune = plan.get("tune_seeds") or []
     cluster = str(((r.get("config") or {}).get("cluster") or {}).get("name") or "")
@@ -91,6 +92,27 @@ def setting(records: list[dict], table: pd.DataFrame, plan: dict) -> str:
         f"{link_txt}; every method tuned with the same budget on seeds {tune}, then "
         f"{len(seeds)} evaluation seeds {seeds} (sweep `{table['sweep_id'].iloc[0]}`, "
         f"{len(records)} evaluation runs)."
+    )
+
+
+def measured_ratio_text(records: list[dict]) -> str:
+    """What dense's runs measured: their communication inside the step against the rest of
+    it (the ratio the sweep ran at, which the machine's load can move away from the one
+    the link was scaled for); ``""`` without dense runs that timed both."""
+    dense = [
+        r
+        for r in records
+        if r.get("comm") == "dense" and r.get("step_time_s") and r.get("comm_s_per_step")
+    ]
+    if not dense:
+        return ""
+    step = sum(float(r["step_time_s"]) for r in dense) / len(dense)
+    comm = sum(float(r["comm_s_per_step"]) for r in dense) / len(dense)
+    if not 0 < comm < step:
+        return ""
+    return (
+        f"; measured in dense's {len(dense)} runs: communication {1e3 * comm:.0f} ms of a "
+        f"{1e3 * step:.0f} ms step, {comm / (step - comm):.2f} x the rest of it"
     )
 
 
