@@ -84,3 +84,16 @@ def test_quick_cluster_benchmark_writes_its_columns(tmp_path: Path):
     assert set(p["nodes"]) == set(range(1, 17)) and p["efficiency"].between(0, 1.0001).all()
     assert (tmp_path / "bench" / "cluster.png").is_file()
     assert (tmp_path / "bench" / "cluster.scaling.png").is_file()
+
+
+def test_the_cluster_figures_redraw_from_the_committed_run(tmp_path: Path):
+    """The newest committed run (dense, fp16, bf16, PowerSGD and the top-k methods in its
+    projection rows) draws both figures: a dash pattern passed as a format string failed."""
+    from reproduce.bench import main
+
+    repo = Path(__file__).resolve().parents[1]
+    (tmp_path / "bench").mkdir()
+    shutil.copy(repo / "results" / "bench" / "cluster.csv", tmp_path / "bench" / "cluster.csv")
+    main(["cluster", "--replot", "--results-dir", str(tmp_path)])
+    for name in ("cluster.png", "cluster.scaling.png"):
+        assert (tmp_path / "bench" / name).stat().st_size > 10_000, name
