@@ -349,9 +349,10 @@ def _plot(bench: BenchRun) -> None:
     styles = {"dense": "-", "fp16": (0, (5, 1)), "powersgd": (0, (3, 1, 1, 1)), "topk": "-."}
     styles.update({"mstopk": ":", "hitopk": "--"})
     comms = [c for c in dict.fromkeys(proj["comm"]) if c != "bf16"]  # bf16 = fp16 on the wire
+    colour = {c: f"C{j}" for j, c in enumerate(("dense", "fp16", "powersgd", *COMMS[1:]))}
     for ax, bw in zip(axes[0], bws, strict=False):
         dbw = proj[proj["bandwidth"] == bw]
-        for j, comm in enumerate(comms):
+        for comm in comms:
             dc = dbw[dbw["comm"] == comm].sort_values("nodes")
             if dc.empty:
                 continue
@@ -360,7 +361,7 @@ def _plot(bench: BenchRun) -> None:
                 dc["efficiency"],
                 linestyle=styles.get(comm, "-"),  # a dash tuple is no format string
                 marker=".",
-                color=f"C{j}",
+                color=colour.get(comm, "k"),
                 label=comm,
             )
             if "efficiency_min" in dc.columns and dc["efficiency_min"].notna().all():
@@ -368,7 +369,7 @@ def _plot(bench: BenchRun) -> None:
                     dc["nodes"],
                     dc["efficiency_min"],
                     dc["efficiency_max"],
-                    color=f"C{j}",
+                    color=colour.get(comm, "k"),
                     alpha=0.08,
                 )
         ax.set_title(f"inter-node link {bw.replace('gbit', ' Gbit/s')}", fontsize=9)
@@ -388,7 +389,7 @@ def _plot(bench: BenchRun) -> None:
     )
     fig.suptitle(
         "Projection to the paper's cluster (ResNet-50; top-k at density 0.001; dense = NCCL "
-        "hierarchical; bf16 as fp16)"
+        f"hierarchical{'; bf16 as fp16' if 'bf16' in set(proj['comm']) else ''})"
         f"\nbands: V100 compute, NIC 0.5-0.9 of line rate, {hidden} "
         f"(bench.cluster.projection); drawn on {hw}",
         fontsize=8,
