@@ -213,7 +213,12 @@ def model_holds(df: pd.DataFrame, within: float = sm.HOLDS_WITHIN) -> bool:
 
 def build_table(records: Sequence[dict[str, Any]], plan: dict[str, Any]) -> pd.DataFrame:
     """Measured rows with predictions, then the projection (``model_holds`` on its rows)."""
-    warm = 0 if plan.get("warmup_comm", sm.NOCOMM) != sm.NOCOMM else sm.OLD_WARMUP_NOCOMM
+    # compute-only warm-ups to leave out: the plan's own count, where it recorded one
+    warm = (
+        0
+        if plan.get("warmup_comm", sm.NOCOMM) != sm.NOCOMM
+        else int(plan.get("warmup_runs", sm.OLD_WARMUP_NOCOMM))
+    )
     meas = pd.DataFrame(measured_rows(records, int(plan.get("calibration_runs", 0)), warm))
     if meas.empty:
         meas = pd.DataFrame(columns=[c for c in COLUMNS if c != "sweep_id"])
