@@ -195,8 +195,9 @@ def resolution_lines(base: Path, recs: list[dict], df: pd.DataFrame) -> list[str
     metric, value = str(df["target_metric"].iloc[0]), float(df["target_value"].iloc[0])
     cfg = recs[0].get("config") or {}
     data = cfg.get("data") or {}
-    n_heldout = heldout_size(float(data.get("test_fraction", 0.2)))
-    sample = 1 / n_heldout if data.get("name") == "digits" else None
+    # one held-out image, where the metric counts images (BLEU is a corpus score)
+    digits = data.get("name") == "digits"
+    sample = 1 / heldout_size(float(data.get("test_fraction", 0.2))) if digits else None
     s = resolution.summary(resolution.sweep_resolution(base, recs, metric, value, sample))
     if not s:
         return []
