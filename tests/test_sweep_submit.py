@@ -1,7 +1,7 @@
 """The sweeps through a Hydra launcher (``bench/launch/submit.py``), resumed and
-aggregated from their records (``bench/sweeps/resume.py``): the README's three Slurm
+aggregated from their records (``bench/sweeps/resume.py``): docs/sweeps.md's three Slurm
 commands, each job's allocation, what a rerun submits, what an aggregate says is
-missing; and (slow) the README's commands run with submitit's local executor, a killed
+missing; and (slow) those commands run with submitit's local executor, a killed
 job resubmitted, the aggregate beside the local run queue's, a 2-size scaling run."""
 
 from __future__ import annotations
@@ -25,20 +25,20 @@ from bench.sweeps.resume import RERUN_FAILED, latest, pending, progress
 from tests.conftest import REPO, TINY, run_cli
 
 FILL = {"<nodes>": "2", "<gpus_per_node>": "1"}  # one machine: 2 local agents of 1 worker
-# what the tests add to the README's commands: a tiny sweep in a temporary directory
+# what the tests add to the docs' commands: a tiny sweep in a temporary directory
 OPTS = ["--quick", "--comm", "dense,hitopk", "--order-seed", "7"]
 TINY_RUN = ["train.epochs=1", *TINY]
 
 
-def readme_commands() -> list[list[str]]:
-    """The three commands of the README's Slurm block, split into words."""
-    text = (REPO / "README.md").read_text()
+def slurm_commands() -> list[list[str]]:
+    """The three commands of docs/sweeps.md's Slurm block, split into words."""
+    text = (REPO / "docs" / "sweeps.md").read_text()
     block = text.split("<!-- slurm-commands", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
     return [line.split() for line in block.strip().splitlines()]
 
 
 def local(cmd: list[str], results: Path, opts=(), extra=()) -> list[str]:
-    """A README command as the tests run it (after ``python -m reproduce``): the local
+    """A docs command as the tests run it (after ``python -m reproduce``): the local
     executor for Slurm, no partition, the GPU counts filled in, the results in
     ``results``; ``opts`` after the command's name, ``extra`` overrides at the end."""
     words = []
@@ -51,10 +51,10 @@ def local(cmd: list[str], results: Path, opts=(), extra=()) -> list[str]:
     return [words[0], *opts, "--results-dir", str(results), *words[1:], *extra]
 
 
-def test_the_readme_shows_three_slurm_commands_with_only_partition_and_gpus_to_fill() -> None:
+def test_the_docs_show_three_slurm_commands_with_only_partition_and_gpus_to_fill() -> None:
     from reproduce.ablation import _parser
 
-    submit, status, aggregate = readme_commands()
+    submit, status, aggregate = slurm_commands()
     assert [c[:4] for c in (submit, status, aggregate)] == [
         ["python", "-m", "reproduce", "ablation"]
     ] * 3
@@ -235,8 +235,8 @@ def _sweep_recs(results: Path, sweep: str) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_the_readme_protocol_through_submitit_local_resumes_a_killed_job(tmp_path: Path) -> None:
-    submit, status, aggregate = readme_commands()
+def test_the_docs_protocol_through_submitit_local_resumes_a_killed_job(tmp_path: Path) -> None:
+    submit, status, aggregate = slurm_commands()
     submit = local(submit, tmp_path, OPTS, TINY_RUN)
     status, aggregate = local(status, tmp_path), local(aggregate, tmp_path)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
