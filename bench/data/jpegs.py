@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
@@ -28,6 +29,17 @@ import numpy as np
 
 class CorruptImage(ValueError):
     """An image file that cannot be decoded; the message names the file."""
+
+
+def warn_corrupt(names: list[str], seen: set[str], strict: bool) -> None:
+    """Warn once per damaged file (``names``: messages naming them), or raise the first as
+    :class:`CorruptImage` when ``strict`` (``data.strict=true``)."""
+    for msg in names:
+        if strict:
+            raise CorruptImage(f"corrupt image (data.strict=true): {msg}")
+        if msg not in seen:
+            seen.add(msg)
+            warnings.warn(f"skipping corrupt image {msg}", stacklevel=3)
 
 
 def decode_rgb(data: bytes, name: str):
@@ -225,21 +237,3 @@ def cached_jpeg_folder(
     except OSError:  # another process made it first
         shutil.rmtree(tmp, ignore_errors=True)
     return root
-
-
-def corrupt_files(root: str, split: str = "train") -> list[str]:
-    """Damage a folder for tests: truncate one JPEG and replace another with junk.
-
-    Returns the two relative paths (``split/class/file``) that were damaged.
-    """
-    d = os.path.join(root, split)
-    cls = sorted(os.listdir(d))[0]
-    names = sorted(os.listdir(os.path.join(d, cls)))
-    a, b = os.path.join(d, cls, names[0]), os.path.join(d, cls, names[1])
-    with open(a, "rb") as f:
-        data = f.read()
-    with open(a, "wb") as f:
-        f.write(data[: len(data) // 2])  # truncated: no end-of-image marker
-    with open(b, "wb") as f:
-        f.write(b"this is not a JPEG file" * 10)
-    return [f"{split}/{cls}/{names[0]}", f"{split}/{cls}/{names[1]}"]

@@ -42,8 +42,7 @@ from filelock import FileLock
 from bench.data.cache import default_cache_dir
 from bench.data.config import DataConfig
 from bench.data.corpus import embedded_root, write_corpus
-from bench.data.sampling import epoch_indices, eval_indices
-from bench.data.types import RANK_TOKENS, SAMPLES, DataBundle
+from bench.data.loaders import RANK_TOKENS, SAMPLES, DataBundle, epoch_indices, eval_indices
 from bench.registry import ConfigError
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
