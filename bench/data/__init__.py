@@ -68,12 +68,8 @@ def cache_dir() -> Path:
 
 @functools.lru_cache(maxsize=4)
 def load_digits_split(size: int = 32, test_fraction: float = 0.2, split_seed: int = 0) -> Split:
-    """(train_x, train_y, test_x, test_y); x float in [0, 1], shape (N, 3, size, size).
-
-    Importing scikit-learn takes ~3 s of CPU per process on a small machine (every worker
-    of every run), so the prepared split is saved once per scikit-learn version and
-    arguments and read back from then on; a cache that cannot be read or written is
-    only skipped."""
+    """(train_x, train_y, test_x, test_y); x float in [0, 1], shape (N, 3, size, size), prepared
+    once per scikit-learn version and arguments and read back from the cache directory."""
     version = importlib.metadata.version("scikit-learn")
     path = cache_dir() / f"digits-{version}-{size}-{test_fraction:g}-{split_seed}.pt"
     try:

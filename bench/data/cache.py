@@ -56,15 +56,8 @@ def levels(name: str) -> Levels:
 
 
 class CacheStats:
-    """Counters of one process: hits and misses per level, bytes from each level.
-
-    Keys: ``cache/hits`` (level 1 or 2), ``cache/hits_l1``, ``cache/hits_l2``,
-    ``cache/misses`` (read from level 0), ``cache/bytes_l0|l1|l2`` (bytes served by that
-    level), ``cache/refetched`` (level 1 files that failed verification or were copies
-    of an older source version), ``cache/evicted`` (files evicted from level 1),
-    ``cache/bytes_decoded`` (bytes of pixels added to the pre-decoded level: its memory
-    cost), ``data/corrupt`` (images skipped).
-    """
+    """Counters of one process (``cache/hits``, ``cache/misses``, ``cache/bytes_l0`` ...; listed in
+    docs/internals/data.md)."""
 
     def __init__(self) -> None:
         self._c: Counter[str] = Counter()
@@ -142,8 +135,8 @@ def usage_ledger(path: str) -> SharedValue:
 
 
 class DiskCache:
-    """Level 1 (see the module docstring).  ``stats`` counts ``cache/refetched`` (a copy
-    that failed verification or was of an older source version) and ``cache/evicted``."""
+    """Level 1: a size-capped LRU directory shared by the node's processes; ``stats`` counts
+    ``cache/refetched`` and ``cache/evicted``."""
 
     def __init__(
         self, path: str, cap_bytes: int, namespace: str, stats: Any, verify: str = "crc32"
@@ -243,10 +236,8 @@ class DiskCache:
 
     # -- write, evict ------------------------------------------------------------------------
     def put(self, key: str, data: bytes, version: tuple[int, int] | None = None) -> None:
-        """Store ``data`` (of source ``version``) atomically under the directory's cap.
-
-        Errors turn level 1 off, nothing else.  Data larger than the cap is not stored.
-        """
+        """Store ``data`` (of source ``version``) atomically under the directory's cap; errors turn
+        level 1 off, and data larger than the cap is not stored."""
         size = len(data) + _HEADER.size
         if not self.writable or size > self.cap:
             return
@@ -366,11 +357,8 @@ class MemoryCache:
 
 
 class CachedReader:
-    """Read a file of the data set through the configured levels, counting everything.
-
-    ``predecode_max``: cap (pixels) on the shorter side of pre-decoded images, 0 = the
-    original resolution; None = the ``short_side`` each :meth:`get_decoded` call gives.
-    """
+    """Read a file of the data set through the configured levels, counting everything;
+    ``predecode_max`` caps pre-decoded images' shorter side (0 = original, None = per call)."""
 
     def __init__(
         self,
@@ -433,13 +421,8 @@ class CachedReader:
         return data
 
     def get_decoded(self, rel: str, short_side: int | None = None) -> np.ndarray:
-        """uint8 HWC pixels of ``rel``, decoded once and then served from the decoded level.
-
-        The shorter side is capped at ``predecode_max`` pixels (0 = the original
-        resolution, decoded exactly as :func:`bench.data.jpegs.decode_rgb` does); a reader
-        made without a cap (``predecode_max=None``) caps at ``short_side`` instead.  Images
-        are never upsampled.  Raises :class:`CorruptImage` when the bytes do not decode.
-        """
+        """uint8 HWC pixels of ``rel``, decoded once (shorter side capped, never upsampled) and then
+        served from the decoded level; :class:`CorruptImage` when the bytes do not decode."""
         cap = self.predecode_max if self.predecode_max is not None else int(short_side or 0)
         key = f"{rel}@{cap}"
         if self.decoded is not None:
@@ -459,11 +442,8 @@ class CachedReader:
 def build_reader(
     store: Storage, cache_cfg: Any, namespace: str, memory_share: int = 1
 ) -> CachedReader:
-    """The levels named by ``cache_cfg.name`` over ``store``.
-
-    ``memory_share``: how many processes (loader workers) split ``cache.memory_gb``.
-    Pre-decoded images are capped at ``cache.predecode_size`` pixels (0 = original size).
-    """
+    """The levels named by ``cache_cfg.name`` over ``store``; ``memory_share``: how many
+    processes (loader workers) split ``cache.memory_gb``."""
     lv = levels(cache_cfg.name)
     stats = CacheStats()
     disk = None

@@ -43,13 +43,8 @@ from bench.registry import ConfigError
 
 
 class FolderDataset:
-    """Map-style data set over a folder listing, read through a :class:`CachedReader`.
-
-    Keys are ``(index, size)`` so that the image size (progressive resizing) travels with
-    each request to persistent DataLoader workers.  Items are uint8 CHW tensors: the
-    float conversion and normalisation happen on the training device, on whole batches.
-    The reader (and so the memory level) is made lazily in each worker process.
-    """
+    """Map-style data set over a folder listing, read through a :class:`CachedReader`; keys
+    ``(index, size)``, items uint8 CHW tensors (normalised later on the device)."""
 
     def __init__(
         self,
@@ -152,15 +147,8 @@ class FolderDataset:
 
 
 class CachedFolderLoader:
-    """Torch DataLoader over a folder through the cache; the ``data.loader=torch`` path.
-
-    Follows the loader contract of :mod:`bench.data.loaders` (``len``, ``set_epoch``,
-    ``epoch_stats``, batches on the device).  Sharding: :func:`bench.data.sampling.rank_batches`
-    (the rule of every loader), each training batch's samples re-dealt so that every
-    DataLoader worker reads the same files each epoch
-    (:func:`bench.data.sampling.worker_affine`).  ``iter_indexed()`` also yields the
-    sample indices (for tests).
-    """
+    """Torch DataLoader over a folder through the cache (the loader contract of
+    :mod:`bench.data.loaders`); ``iter_indexed()`` also yields the sample indices."""
 
     def __init__(
         self,
@@ -248,11 +236,8 @@ class CachedFolderLoader:
 
 
 def _worker_context():
-    """fork (fast start), unless DALI is loaded in this process: then forkserver.
-
-    A child forked from a process whose DALI threads hold a lock deadlocks on it (seen when
-    one process builds DALI pipelines and then a DataLoader, as the input benchmark does).
-    """
+    """fork (fast start), unless DALI is loaded in this process: then forkserver (a fork
+    of a process whose DALI threads hold a lock deadlocks on it)."""
 
     if "nvidia.dali" not in sys.modules:
         return None
@@ -336,13 +321,8 @@ def _batches(data_cfg: DataConfig, world_size: int) -> tuple[int, int]:
 
 
 def _predecoded(data_cfg: DataConfig, cache_cfg: CacheConfig) -> int:
-    """Non-zero when the cache level holds decoded pixels, which the loaders then read.
-
-    The size itself is the reader's: ``cache.predecode_size`` caps the shorter side, 0 keeps
-    the original resolution (never upsampled, so random-resized crops are those the
-    original images give).  The value passed here (the largest training or evaluation
-    size) only marks the level as decoded.
-    """
+    """Non-zero (the largest training or evaluation size) when the cache level holds decoded
+    pixels; their size itself is the reader's ``cache.predecode_size``."""
 
     if not levels(cache_cfg.name).decoded:
         return 0

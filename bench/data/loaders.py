@@ -61,7 +61,7 @@ def eval_indices(n: int, rank: int, world: int) -> np.ndarray:
 def rank_batches(
     n: int, rank: int, world: int, batch: int, train: bool, seed: int, epoch: int
 ) -> list[np.ndarray]:
-    """Batches of sample indices for one rank and epoch (see the module docstring)."""
+    """Batches of sample indices for one rank and epoch (the sampling rule)."""
     if train:
         mine = epoch_indices(n, rank, world, seed, epoch)
         steps = len(mine) // batch  # drop the last partial batch
@@ -72,15 +72,8 @@ def rank_batches(
 
 
 def worker_affine(batches: list[np.ndarray], parts: int) -> list[np.ndarray]:
-    """The same training batches' samples re-dealt for ``parts`` DataLoader workers.
-
-    DataLoader sends batch ``k`` to worker ``k % parts``, and each worker keeps its own
-    memory cache level.  Sample ``i`` is given a home worker ``i % parts`` and goes into
-    one of that worker's batches when there is room (the few that do not fit fill the
-    other workers' batches), so a worker reads the same files epoch after epoch and its
-    memory level hits.  The epoch's samples, the number of batches and their sizes are
-    the rule's; only which batch holds which sample changes.
-    """
+    """The same training batches' samples re-dealt so that each of ``parts`` DataLoader workers
+    reads the same files every epoch (see docs/internals/data.md)."""
     if parts <= 1 or not batches:
         return batches
     b, steps = len(batches[0]), len(batches)

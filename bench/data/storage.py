@@ -152,11 +152,8 @@ def link_dir() -> str:
 
 
 def link_path(root: str, bandwidth_mbps: float, latency_ms: float) -> str:
-    """The link file of this node for a storage root and throttle setting.
-
-    ``GROUP_RANK`` (set by torchrun and by the emulated cluster) is part of the key, so
-    emulated nodes that share one host still get one link each.
-    """
+    """The link file of this node for a storage root and throttle setting (``GROUP_RANK`` is
+    part of the key: emulated nodes sharing a host get one link each)."""
     node = os.environ.get("GROUP_RANK", "0")
     key = json.dumps([root, float(bandwidth_mbps), float(latency_ms), node])
     return os.path.join(link_dir(), hashlib.sha1(key.encode()).hexdigest()[:16] + ".link")
@@ -226,11 +223,8 @@ class SharedLink:
 
 
 class Throttle:
-    """Per-file latency (ms) plus a bandwidth (MB/s) shared by every process of the node.
-
-    ``wait(nbytes, started)``, called after the real read, sleeps until the read took as long
-    as the emulated storage would need.  ``link``: the shared link file (:func:`link_path`);
-    "" = a link of its own, for tests."""
+    """Per-file latency (ms) plus a bandwidth (MB/s) shared by every process of the node;
+    ``wait(nbytes, started)`` sleeps until the read took as long as the emulated storage would."""
 
     def __init__(
         self, bandwidth_mbps: float = 0.0, latency_ms: float = 0.0, link: str = ""
@@ -289,11 +283,8 @@ def is_url(root: str) -> bool:
 
 
 def open_storage(root: str, bandwidth_mbps: float = 0.0, latency_ms: float = 0.0) -> Storage:
-    """Level 0 for ``root`` (a path or an fsspec URL), throttled when asked to.
-
-    Every process that opens the same root with the same throttle on one node shares one
-    emulated link (see :func:`link_path`).
-    """
+    """Level 0 for ``root`` (a path or an fsspec URL), throttled when asked to (one
+    emulated link per node, see :func:`link_path`)."""
     if not root:
         raise ConfigError("data.root is empty; set it to the data set directory or URL")
     if root.startswith("file://"):
@@ -318,10 +309,8 @@ class FolderListing:
 
 
 def list_folder(store: Storage, split: str, classes: list[str] | None = None) -> FolderListing:
-    """List ``<root>/<split>/<class>/<image>``; classes sorted by name (torchvision order).
-
-    ``classes`` fixes the class list (evaluation uses the training split's).  A missing root or
-    split is a ConfigError; an empty class folder is a warning."""
+    """List ``<root>/<split>/<class>/<image>``, classes sorted by name (``classes`` fixes the
+    list); a missing root or split is a ConfigError, an empty class folder a warning."""
     if not store.exists(""):
         raise ConfigError(f"data.root {store.root!r} does not exist")
     if not store.exists(split):
