@@ -204,12 +204,8 @@ def run_nodes(
     start_nodes: list[int] | None = None,
     timeout_s: float | None = None,
 ) -> int:
-    """Run ``python -m module *args`` on every node; 0 when all nodes succeed.
-
-    ``start_nodes`` starts only some nodes (tests of a rendezvous that never completes);
-    ``timeout_s`` bounds the whole run.  Raises :class:`RendezvousTimeoutError` with one
-    line when the rendezvous does not complete within ``rdzv_timeout_s``.
-    """
+    """Run ``python -m module *args`` on every node (``start_nodes``: only some); 0 when all
+    succeed, :class:`RendezvousTimeoutError` when the rendezvous does not complete."""
     n = cluster.nodes
     ensure_port_free(cluster.addr(0), rdzv_port, cluster.exec_argv(0, []))
     threads = worker_threads(threads_per_worker, n * nproc_per_node)

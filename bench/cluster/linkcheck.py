@@ -147,12 +147,8 @@ def run_link_check(
     attempts: int = 3,
     strict: bool = True,
 ) -> dict[str, Any]:
-    """Measure every node's link both ways (and node 0 -> itself); raise when a link's
-    bandwidth or its small messages' time is off by more than ``tolerance``.
-
-    ``strict=False`` records ``ok: false`` instead of raising (benchmarks that calibrate on
-    the measured link).
-    """
+    """Measure every node's link both ways (and node 0 -> itself); raise when one is off by
+    more than ``tolerance`` (``strict=False``: record ``ok: false`` instead)."""
     if cluster.nodes < 2:
         return {"skipped": "one node: no inter-node link"}
     expected = cluster.bandwidth_bps

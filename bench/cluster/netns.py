@@ -172,11 +172,8 @@ def cleanup_leftovers() -> list[str]:
 
 
 def claim(run_id: str | None = None, **info: Any) -> str:
-    """A run id no namespace, link or state file uses, claimed for this process.
-
-    A given ``run_id`` whose owner is alive is refused; leftovers of a dead owner under
-    that id are removed first.
-    """
+    """A run id no namespace, link or state file uses, claimed for this process (a given id
+    of a live owner is refused; a dead owner's leftovers under it are removed)."""
     with locked():
         found = list_resources()
         for _ in range(1000):
@@ -314,29 +311,16 @@ def require_tools() -> None:
 
 
 def shaping(rate_bps: float) -> tuple[int, int]:
-    """tbf's ``burst`` and ``limit`` (bytes) for a link of ``rate_bps``.
-
-    The bucket is a few frames, so a message after an idle gap is shaped like a long
-    transfer (a bucket of 1 ms or 64 KiB let whole 40-60 kB messages pass at wire speed);
-    above 2.4 Gbit/s it is 20 us at the rate, the timer granularity that keeps the rate
-    accurate.  The queue is what a switch port buffers, at least one 64 KiB segmentation
-    burst of TCP (a smaller one drops the tail of every such burst); beyond it packets are
-    dropped.
-    """
+    """tbf's ``burst`` and ``limit`` (bytes) for a link of ``rate_bps``: a bucket of a few frames
+    (20 us above 2.4 Gbit/s) and a switch port's queue (docs/internals/cluster.md)."""
     burst = max(BURST_FRAMES * FRAME, int(rate_bps / 8 * BURST_S))
     queue = max(QUEUE_MIN, int(rate_bps / 8 * QUEUE_S))
     return burst, burst + queue
 
 
 class EmulatedCluster:
-    """``nodes`` namespaces on one bridge, each node's link shaped to ``bandwidth_bps``.
-
-    Use as a context manager; :meth:`down` is idempotent and also runs from ``atexit``
-    and on SIGINT/SIGTERM/SIGHUP (the handler raises ``KeyboardInterrupt`` /
-    ``SystemExit(128 + signal)`` so that ``finally`` blocks of the caller run too).  If
-    this process dies without running it (``kill -9``), the run's guardian removes
-    everything within a second.
-    """
+    """``nodes`` namespaces on one bridge, each node's link shaped to ``bandwidth_bps``; a
+    context manager whose :meth:`down` is idempotent and also runs at exit and on signals."""
 
     def __init__(
         self,

@@ -24,12 +24,8 @@ V100_SOURCE = (
 
 
 def v100_compute_s(batch: int, px: int) -> float:
-    """Forward + backward of ``batch`` images at ``px`` x ``px`` on one V100 (s).
-
-    The measured 224 px throughput, scaled by the pixel count: a convolution's work is
-    proportional to its input's area, so a ResNet's compute per image goes as ``px**2``
-    ((224/128)**2 = 3.06 at 128 px).  Small images keep a GPU less busy, so at 128 px the
-    true time is if anything longer, and the ratio it gives an upper bound."""
+    """Forward + backward of ``batch`` images at ``px`` x ``px`` on one V100 (s): the measured
+    224 px throughput scaled by the pixel count (an upper bound on the ratio at small sizes)."""
     if batch < 1 or px < 1:
         raise ValueError(f"v100_compute_s needs a positive batch and size ({batch}, {px})")
     return batch / V100_IMG_PER_S_224 * (px / 224) ** 2

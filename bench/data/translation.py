@@ -25,7 +25,6 @@ from bench.data.loaders import RANK_TOKENS, SAMPLES, DataBundle, epoch_indices, 
 from bench.registry import ConfigError
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
-SPLITS = ("train", "valid", "test")
 
 
 @dataclass
