@@ -92,9 +92,7 @@ def test_an_agent_dies_with_its_launcher_and_kills_its_workers_first(tmp_path):
         os.kill(p.pid, signal.SIGKILL)
         p.wait()
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and (
-            netns.start_time(agent) or netns.start_time(worker)
-        ):
+        while time.monotonic() < deadline and (netns.start_time(agent) or netns.start_time(worker)):
             time.sleep(0.05)
         assert netns.start_time(agent) is None and netns.start_time(worker) is None
         time.sleep(3.5)
