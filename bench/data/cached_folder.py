@@ -285,12 +285,7 @@ def uses_cached_input(data_cfg: DataConfig, cache_cfg: CacheConfig) -> bool:
 
 
 def build_folder(
-    data_cfg: DataConfig,
-    cache_cfg: CacheConfig,
-    rank: int,
-    world_size: int,
-    device: torch.device,
-    seed: int,
+    data_cfg: DataConfig, cache_cfg: CacheConfig, rank: int, world_size: int, device: Any, seed: int
 ) -> DataBundle:
     """The DataBundle of an ImageNet-style folder read through the cache (torch or DALI)."""
 
@@ -303,8 +298,7 @@ def build_folder(
             f"data.num_classes={data_cfg.num_classes} but {data_cfg.root} "
             f"has {n_classes} class folders"
         )
-    make = _dali_loaders if data_cfg.loader == "dali" else _torch_loaders
-    train, ev = make(data_cfg, cache_cfg, store, (tr, va), rank, world_size, device, seed)
+    train, ev = _loaders(data_cfg, cache_cfg, store, (tr, va), rank, world_size, device, seed)
     return DataBundle(train, ev, n_classes, len(train) * data_cfg.batch_size)
 
 
@@ -329,7 +323,7 @@ def _predecoded(data_cfg: DataConfig, cache_cfg: CacheConfig) -> int:
     return max(train_sizes(data_cfg) + [data_cfg.eval_image_size])
 
 
-def _dali_loaders(
+def _loaders(
     data_cfg: DataConfig,
     cache_cfg: CacheConfig,
     store: Storage,
@@ -339,43 +333,34 @@ def _dali_loaders(
     device: torch.device,
     seed: int,
 ) -> tuple[Any, Any]:
-
-    plain = isinstance(store, LocalStorage) and cache_cfg.name == "none"
-
-    def reader():  # one per loader: evaluation reads never count in the training epoch
-        return None if plain else build_reader(store, cache_cfg, store.root)
-
-    common = dict(
-        mode="reader" if plain else "external",
-        local_root=store.root,
-        rank=rank,
-        world_size=world_size,
-        device=device,
-        threads=data_cfg.dali_threads or max(1, data_cfg.num_workers),
-        prefetch=data_cfg.prefetch,
-        seed=seed,
-        flip=data_cfg.flip,
-        strict=data_cfg.strict,
-        dali_device=data_cfg.dali_device,
-        predecode_size=_predecoded(data_cfg, cache_cfg),
-    )
+    """(train, evaluation) loaders: DALI's (``data.loader=dali``) or the cached torch path."""
     (tr, va), (b, eb), (ts, es) = listings, _batches(data_cfg, world_size), _sizes(data_cfg)
-    train = DaliFolderLoader(tr, train=True, batch_size=b, size_at=ts, reader=reader(), **common)
-    ev = DaliFolderLoader(va, train=False, batch_size=eb, size_at=es, reader=reader(), **common)
-    return train, ev
+    pre = _predecoded(data_cfg, cache_cfg)
+    if data_cfg.loader == "dali":
+        plain = isinstance(store, LocalStorage) and cache_cfg.name == "none"
 
+        def reader():  # one per loader: evaluation reads never count in the training epoch
+            return None if plain else build_reader(store, cache_cfg, store.root)
 
-def _torch_loaders(
-    data_cfg: DataConfig,
-    cache_cfg: CacheConfig,
-    store: Storage,
-    listings: tuple,
-    rank: int,
-    world_size: int,
-    device: torch.device,
-    seed: int,
-) -> tuple[Any, Any]:
-
+        common = dict(
+            mode="reader" if plain else "external",
+            local_root=store.root,
+            rank=rank,
+            world_size=world_size,
+            device=device,
+            threads=data_cfg.dali_threads or max(1, data_cfg.num_workers),
+            prefetch=data_cfg.prefetch,
+            seed=seed,
+            flip=data_cfg.flip,
+            strict=data_cfg.strict,
+            dali_device=data_cfg.dali_device,
+            predecode_size=pre,
+        )
+        train = DaliFolderLoader(
+            tr, train=True, batch_size=b, size_at=ts, reader=reader(), **common
+        )
+        ev = DaliFolderLoader(va, train=False, batch_size=eb, size_at=es, reader=reader(), **common)
+        return train, ev
     workers = data_cfg.num_workers
     common = dict(
         rank=rank,
@@ -386,9 +371,7 @@ def _torch_loaders(
         strict=data_cfg.strict,
         prefetch=data_cfg.prefetch,
     )
-    pre, share = _predecoded(data_cfg, cache_cfg), max(1, workers)
-    (tr, va), (b, eb), (ts, es) = listings, _batches(data_cfg, world_size), _sizes(data_cfg)
-    flip = data_cfg.flip
+    share, flip = max(1, workers), data_cfg.flip
     train_ds = FolderDataset(store, tr, cache_cfg, store.root, True, flip, pre, share)
     eval_ds = FolderDataset(store, va, cache_cfg, store.root, False, False, pre, share)
     train = CachedFolderLoader(train_ds, batch_size=b, size_at=ts, **common)
