@@ -1,6 +1,5 @@
-"""What the sweep commands (``ablation``, ``scaling``) share: submitting through a Hydra
-launcher (``--launcher`` or ``hydra/launcher=...``), naming, resuming and checking a
-sweep (``--sweep-id``, ``--resume``, ``--status``, ``--rerun-failed``)."""
+"""What the sweep commands share: Hydra-launcher submission, and naming, resuming and
+checking a sweep."""
 
 from __future__ import annotations
 

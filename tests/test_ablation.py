@@ -137,7 +137,6 @@ def test_dry_run_runs_nothing(
     def no_run(*a, **k):
         raise AssertionError("a dry run started a job")
 
-    monkeypatch.setattr(common, "run_train", no_run)
     monkeypatch.setattr(common, "run_queued", no_run)
     res = tmp_path / "res"
     argv = ["--quick", "--dry-run", "--cluster", "local", "--results-dir", str(res)]

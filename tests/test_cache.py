@@ -317,8 +317,8 @@ def test_predecoded_evaluation_sees_the_uncached_pixels(folder: Path, tmp_path: 
     """The torch evaluation batches are the same with and without the pre-decoded level."""
     import torch
 
+    from bench.data.cached_folder import build_folder
     from bench.data.config import CacheConfig, DataConfig
-    from bench.data.folder_input import build_folder
 
     d = DataConfig(name="imagefolder", root=str(folder), batch_size=4, eval_batch_size=4,
                    image_size=32, eval_image_size=32, num_classes=0, num_workers=0)  # fmt: skip

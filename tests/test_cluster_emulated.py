@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from bench.cluster import netns, netstate
+from bench.cluster import netns
 from bench.cluster.emulated import (
     RendezvousTimeoutError,
     check_capacity,
@@ -133,7 +133,7 @@ def test_leftovers_of_a_dead_run_are_removed_and_live_ones_kept():
     dead = netns.EmulatedCluster(2, 1e9)
     dead.up()
     # pretend its owner and its guardian crashed: a pid that cannot exist, and no teardown
-    guardian = netstate.read_state(dead.run_id)["guardian"]
+    guardian = netns.read_state(dead.run_id)["guardian"]
     os.kill(guardian["pid"], signal.SIGKILL)
     (netns.STATE_DIR / f"{dead.run_id}.json").write_text(json.dumps({"pid": 2**22 + 7}))
     dead._up = False

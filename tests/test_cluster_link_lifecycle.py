@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.cluster import netns, netstate
+from bench.cluster import netns
 from bench.cluster.emulated import worker_threads
 from bench.registry import ConfigError
 from tests.conftest import REPO
@@ -45,11 +45,11 @@ LAUNCHER = textwrap.dedent("""
 
 
 def test_a_reused_pid_is_not_the_owner():
-    me = netstate.identity()
-    assert netstate.is_alive(me)
-    assert not netstate.is_alive({**me, "start": me["start"] + 1})  # same pid, other process
-    assert not netstate.is_alive({"pid": 2**22 + 7, "start": 1})
-    assert not netstate.is_alive({})
+    me = netns.identity()
+    assert netns.is_alive(me)
+    assert not netns.is_alive({**me, "start": me["start"] + 1})  # same pid, other process
+    assert not netns.is_alive({"pid": 2**22 + 7, "start": 1})
+    assert not netns.is_alive({})
 
 
 def test_threads_per_worker(monkeypatch):
@@ -92,11 +92,9 @@ def test_an_agent_dies_with_its_launcher_and_kills_its_workers_first(tmp_path):
         os.kill(p.pid, signal.SIGKILL)
         p.wait()
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and (
-            netstate.start_time(agent) or netstate.start_time(worker)
-        ):
+        while time.monotonic() < deadline and (netns.start_time(agent) or netns.start_time(worker)):
             time.sleep(0.05)
-        assert netstate.start_time(agent) is None and netstate.start_time(worker) is None
+        assert netns.start_time(agent) is None and netns.start_time(worker) is None
         time.sleep(3.5)
         assert not out.exists()
     finally:
@@ -117,7 +115,7 @@ def _spawn(out: Path) -> subprocess.Popen:
 
 def _started(p: subprocess.Popen) -> dict:
     info = json.loads(p.stdout.readline())
-    info["guardian"] = netstate.read_state(info["run_id"])["guardian"]
+    info["guardian"] = netns.read_state(info["run_id"])["guardian"]
     return info
 
 
@@ -130,10 +128,10 @@ def _gone_within(info: dict, seconds: float) -> float:
     """Seconds until nothing of the run is left (namespaces, links, state, processes)."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < seconds:
-        left = netstate.list_resources().get(info["run_id"], [])
-        alive = [p for p in info["pids"] if netstate.start_time(p) is not None]
-        state = netstate.state_path(info["run_id"]).exists()
-        if not left and not alive and not state and not netstate.is_alive(info["guardian"]):
+        left = netns.list_resources().get(info["run_id"], [])
+        alive = [p for p in info["pids"] if netns.start_time(p) is not None]
+        state = netns.state_path(info["run_id"]).exists()
+        if not left and not alive and not state and not netns.is_alive(info["guardian"]):
             return time.monotonic() - t0
         time.sleep(0.05)
     raise AssertionError(f"left after {seconds} s: {left} {alive} state={state}")
@@ -144,7 +142,7 @@ def _gone_within(info: dict, seconds: float) -> float:
 def test_kill_9_of_the_launcher_leaves_nothing_and_no_late_output(tmp_path):
     p, info = _start_launcher(tmp_path)
     try:
-        assert netstate.list_resources()[info["run_id"]]
+        assert netns.list_resources()[info["run_id"]]
         t0 = time.monotonic()
         os.kill(p.pid, signal.SIGKILL)
         p.wait()
@@ -154,7 +152,7 @@ def test_kill_9_of_the_launcher_leaves_nothing_and_no_late_output(tmp_path):
     finally:
         p.kill()
         p.wait()
-        netstate.cleanup_leftovers()
+        netns.cleanup_leftovers()
 
 
 @pytest.mark.root
@@ -180,18 +178,18 @@ def test_runs_started_at_once_get_their_own_ids_and_leave_each_other_alone(tmp_p
         # a third run may neither take a live run's id nor remove its resources
         with pytest.raises(ConfigError, match="belongs to the live run"):
             netns.EmulatedCluster(2, 10e6, run_id=a["run_id"]).up()
-        removed = netstate.cleanup_leftovers()
+        removed = netns.cleanup_leftovers()
         assert not [n for n in removed if a["run_id"] in n or b["run_id"] in n]
         procs[0].send_signal(signal.SIGTERM)
         procs[0].wait(timeout=30)
         _gone_within(a, 10)
-        names = netstate.list_resources()[b["run_id"]]
+        names = netns.list_resources()[b["run_id"]]
         assert len(names) == 2 + 2 + 1  # b's namespaces, veths, bridge: untouched
     finally:
         for p in procs:
             p.kill()
             p.wait()
-        netstate.cleanup_leftovers()
+        netns.cleanup_leftovers()
 
 
 AGENT_LAUNCHER = textwrap.dedent("""
@@ -239,4 +237,4 @@ def test_kill_9_during_a_run_kills_agents_and_workers_before_they_record(tmp_pat
     finally:
         p.kill()
         p.wait()
-        netstate.cleanup_leftovers()
+        netns.cleanup_leftovers()

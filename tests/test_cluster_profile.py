@@ -91,7 +91,8 @@ def test_a_given_compute_time_is_not_timed_again_and_halves_the_link_when_double
 
 
 def test_a_sweep_times_once_and_pins_the_compute_time_for_every_run():
-    from bench.sweeps.common import pin_link, pin_profile
+    from bench.sweeps.common import pin_profile
+    from tests.helpers.sweeps import pin_link
 
     job = ["experiment=dawnbench_digits", "cluster=emulated", "cluster.profile=paper"]
     pinned, note = pin_profile(job)

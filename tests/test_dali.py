@@ -13,8 +13,9 @@ import torch
 
 from bench.data.cache import build_reader
 from bench.data.cached_folder import CachedFolderLoader, FolderDataset
-from bench.data.jpegs import CorruptImage, corrupt_files, make_jpeg_folder
+from bench.data.jpegs import CorruptImage, make_jpeg_folder
 from bench.data.storage import LocalStorage, list_folder, open_storage
+from tests.helpers.corrupt import corrupt_files
 
 CPU = torch.device("cpu")
 
@@ -173,7 +174,7 @@ def test_dali_shards_cover_each_sample_once(
     ]
     for epoch in range(3):
         per_rank = [epoch_indices(ld, epoch)[0] for ld in loaders]
-        # one rule for every loader (bench.data.sampling): training drops the partial
+        # one rule for every loader (bench.data.loaders): training drops the partial
         # batches and n % world (they change every epoch), evaluation is exact; no repeats
         check_cover(per_rank, n, exact=not train)
         if train:
@@ -408,7 +409,7 @@ def test_dali_array_loader_matches_tensor_loader_on_digits() -> None:
 
 def test_dali_device_choice() -> None:
     pytest.importorskip("nvidia.dali")
-    from bench.data.dali_common import dali_device_id
+    from bench.data.dali import dali_device_id
     from bench.registry import ConfigError
 
     assert dali_device_id(CPU, "auto") is None  # training on the CPU: a CPU pipeline

@@ -122,7 +122,7 @@ def test_mixed_decoding_matches_cpu_decoding(
 
 
 def test_array_loader_on_cuda_matches_cpu() -> None:
-    from bench.data.dali_arrays import DaliArrayLoader
+    from bench.data.dali import DaliArrayLoader
 
     g = torch.Generator().manual_seed(0)
     images = torch.randint(0, 256, (40, 3, 16, 16), dtype=torch.uint8, generator=g)
@@ -148,7 +148,7 @@ def test_to_torch_copy_and_wrap_agree_on_gpu_outputs() -> None:
     hold the same numbers, as CUDA tensors of the right dtype."""
     from nvidia.dali import fn, pipeline_def, types
 
-    from bench.data.dali_common import to_torch
+    from bench.data.dali import to_torch
 
     @pipeline_def
     def pipe():

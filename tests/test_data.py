@@ -19,7 +19,7 @@ def _labels_seen(loader) -> list[int]:
 
 
 def test_digits_split_is_fixed_and_stratified() -> None:
-    from bench.data.digits import load_digits_split
+    from bench.data import load_digits_split
 
     tx, ty, vx, vy = load_digits_split(32, 0.2, 0)
     assert tx.shape[1:] == (3, 32, 32) and len(tx) + len(vx) == 1797
@@ -142,7 +142,7 @@ def test_data_sets_are_specs_carrying_their_check() -> None:
 def test_digits_split_is_prepared_once_then_read_back(tmp_path, monkeypatch):
     import torch
 
-    from bench.data import digits
+    import bench.data as digits
 
     monkeypatch.setenv("BENCH_CACHE_DIR", str(tmp_path / "cache"))
     digits.load_digits_split.cache_clear()

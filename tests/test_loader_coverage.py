@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from bench.data.sampling import rank_batches
+from bench.data.loaders import rank_batches
 
 CPU = torch.device("cpu")
 WORLD, BATCH, SEED = 2, 3, 5
@@ -64,7 +64,7 @@ def _tensor(kind: str, train: bool, rank: int, tmp: Path, batch: int):
         seed=SEED,
     )
     if kind == "dali_arrays":
-        from bench.data.dali_arrays import DaliArrayLoader
+        from bench.data.dali import DaliArrayLoader
 
         return DaliArrayLoader(x, y, threads=1, **kw)
     from bench.data.loaders import TensorLoader

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench.data.digits import heldout_size, load_digits_split
+from bench.data import heldout_size, load_digits_split
 from bench.sweeps import resolution as rs
 
 N = 360

@@ -10,8 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from bench.data.pagecache import drop_page_cache, resident_fraction
-from bench.data.storage import LocalStorage, link_path, open_storage
+from bench.data.storage import (
+    LocalStorage,
+    drop_page_cache,
+    link_path,
+    open_storage,
+    resident_fraction,
+)
 
 FILE_KB = 50  # four files of 50 KB per reader
 

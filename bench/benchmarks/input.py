@@ -22,7 +22,7 @@ The cases are like for like:
 * **one storage budget per node**: the emulated link is shared by every worker and
   thread (:func:`bench.data.storage.link_path`);
 * **real reads**: before each epoch the page cache is dropped for the data set and the
-  level 1 directory (:func:`bench.data.pagecache.drop_page_cache`), so ``none`` and
+  level 1 directory (:func:`bench.data.storage.drop_page_cache`), so ``none`` and
   ``disk`` read the disk, not memory; ``resident_pct`` records what was still cached;
 * **the same pixels**: pre-decoded images keep their original resolution (the default
   ``cache.predecode_size=0``), so random-resized crops are upsampled as often as from the
@@ -53,10 +53,10 @@ import torch
 
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
 from bench.benchmarks.harness import BenchRun, latest_run
+from bench.data.cached_folder import build_folder
 from bench.data.config import CacheConfig, DataConfig
-from bench.data.folder_input import build_folder
 from bench.data.jpegs import cached_jpeg_folder
-from bench.data.pagecache import drop_page_cache, resident_fraction
+from bench.data.storage import drop_page_cache, resident_fraction
 from bench.results.plots import save_figure
 
 CACHES = ("none", "disk", "memory", "multilevel", "predecoded")

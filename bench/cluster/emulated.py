@@ -1,22 +1,8 @@
-"""``cluster=emulated``: run the workers on a cluster emulated with network namespaces.
+"""``cluster=emulated``: the workers on a cluster emulated with network namespaces.
 
-The launcher builds :class:`bench.cluster.netns.EmulatedCluster` (``nnodes``
-namespaces, each node's link shaped to ``inter_node_bandwidth``), checks the link
-(:mod:`bench.cluster.linkcheck`), then runs torch.distributed's elastic launcher once per
-node inside that node's namespace, with a c10d rendezvous on node 0's address::
-
-    ip netns exec tkb-<id>-n<i> python -m torch.distributed.run --nnodes N
-        --nproc-per-node M --rdzv-backend c10d
-        --rdzv-endpoint <node 0>:<port> --rdzv-id <id> -m bench.train --config run.json
-
-``GLOO_SOCKET_IFNAME`` (and NCCL's/TensorPipe's) names the node's veth, so inter-node
-traffic crosses the shaped link while traffic between workers of one node goes to a
-local address and is routed over loopback, unshaped.  When one node fails, the others
-are stopped; the namespaces are removed in every case (error, Ctrl-C, SIGTERM, SIGHUP).
-Each agent gets the launcher's pid in ``BENCH_LAUNCHER_PID`` and dies with it, killing
-its workers first (:mod:`bench.cluster.agent`); if the launcher is killed outright, the
-cluster's guardian (:mod:`bench.cluster.netstate`) removes the rest.
-"""
+Builds the cluster (:mod:`bench.cluster.netns`), checks its link, then runs torch's
+elastic launcher once per node inside that node's namespace, with a c10d rendezvous on node
+0; inter-node traffic crosses the shaped link (docs/internals/cluster.md)."""
 
 from __future__ import annotations
 
@@ -218,12 +204,8 @@ def run_nodes(
     start_nodes: list[int] | None = None,
     timeout_s: float | None = None,
 ) -> int:
-    """Run ``python -m module *args`` on every node; 0 when all nodes succeed.
-
-    ``start_nodes`` starts only some nodes (tests of a rendezvous that never completes);
-    ``timeout_s`` bounds the whole run.  Raises :class:`RendezvousTimeoutError` with one
-    line when the rendezvous does not complete within ``rdzv_timeout_s``.
-    """
+    """Run ``python -m module *args`` on every node (``start_nodes``: only some); 0 when all
+    succeed, :class:`RendezvousTimeoutError` when the rendezvous does not complete."""
     n = cluster.nodes
     ensure_port_free(cluster.addr(0), rdzv_port, cluster.exec_argv(0, []))
     threads = worker_threads(threads_per_worker, n * nproc_per_node)

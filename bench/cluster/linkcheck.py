@@ -1,28 +1,8 @@
 """Link check of an emulated cluster: is every node's link what it claims, both ways?
 
-Each node's link is measured as sender and as receiver by a ring of transfers, node i to
-node i+1 (for 2 nodes: 0 -> 1 and 1 -> 0), which crosses every shaper of the cluster once.
-A TCP server in the receiving node's namespace answers 1-byte ping-pongs (round-trip time;
-one-way latency = RTT / 2), then receives a bulk transfer of ``link_check_s`` seconds at
-the nominal rate (bandwidth: first byte to acknowledgement), then ``SMALL_COUNT`` small
-messages, each after an idle gap that refills the shaper's token bucket (a bucket that is
-too large lets such messages pass at wire speed, which a bulk transfer does not show).
-A small message is ``max(48 kB, 1 ms at the rate)``, the order of hitopk's inter-node bytes
-per bucket; its time is first byte to acknowledgement less one RTT, and the fastest of
-them counts (the least delayed by a busy CPU, and the first to show a bucket too large).
-The same transfer to node 0's own address measures the intra-node (loopback, unshaped)
-path for comparison.
-
-The result is written as ``link_check.json`` beside the run's json and passed to the
-workers in ``BENCH_LINK_CHECK``, so that the run record keeps it under ``link_check``.
-The run refuses to start when, on any link, the bulk bandwidth or the small messages'
-time is off its nominal value by more than the tolerance.  Top-level figures are those of
-the slowest link (``bandwidth_gbps``) and the worst small-message ratio; ``links`` has
-every transfer.
-
-The two ends run inside the namespaces as :mod:`bench.cluster.linkprobe`, a script that
-imports nothing of the project (a process starts in ~50 ms, not ~1 s).
-"""
+A ring of transfers (node i to i+1) measures each link's RTT, bulk bandwidth and the time
+of small messages after an idle gap; the run refuses to start when one is off by more than
+the tolerance.  The two ends are :mod:`bench.cluster.linkprobe` (docs/internals/cluster.md)."""
 
 from __future__ import annotations
 
@@ -34,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from bench.cluster import linkprobe
-from bench.cluster.linkprobe import blast, serve  # noqa: F401  (the old API, re-exported)
 from bench.cluster.netns import EmulatedCluster, shaping
 from bench.registry import ConfigError
 
@@ -168,12 +147,8 @@ def run_link_check(
     attempts: int = 3,
     strict: bool = True,
 ) -> dict[str, Any]:
-    """Measure every node's link both ways (and node 0 -> itself); raise when a link's
-    bandwidth or its small messages' time is off by more than ``tolerance``.
-
-    ``strict=False`` records ``ok: false`` instead of raising (benchmarks that calibrate on
-    the measured link).
-    """
+    """Measure every node's link both ways (and node 0 -> itself); raise when one is off by
+    more than ``tolerance`` (``strict=False``: record ``ok: false`` instead)."""
     if cluster.nodes < 2:
         return {"skipped": "one node: no inter-node link"}
     expected = cluster.bandwidth_bps
@@ -208,7 +183,3 @@ def write_link_check(result: dict[str, Any], run_json: Path) -> Path:
     path = Path(run_json).with_name("link_check.json")
     path.write_text(json.dumps(result, indent=1))
     return path
-
-
-if __name__ == "__main__":  # the probe's CLI, as before
-    linkprobe.main(sys.argv[1:])

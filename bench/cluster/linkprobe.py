@@ -1,12 +1,8 @@
 """Both ends of the link check, run inside the emulated nodes' namespaces.
 
-``python bench/cluster/linkprobe.py serve HOST PORT`` answers pings, then receives a bulk
-transfer and small messages, acknowledging each with one byte;
-``python bench/cluster/linkprobe.py blast HOST PORT NBYTES [PINGS [SMALLS BYTES GAP_S]]``
-is the client and prints its timings as JSON.  A plain script with the standard library
-only, so that starting it inside a namespace costs ~50 ms (:mod:`bench.cluster.linkcheck`
-runs it and judges the result).
-"""
+``python bench/cluster/linkprobe.py serve HOST PORT`` and ``... blast HOST PORT NBYTES
+[PINGS [SMALLS BYTES GAP_S]]`` (timings as JSON): the standard library only, so that it
+starts in ~50 ms."""
 
 from __future__ import annotations
 

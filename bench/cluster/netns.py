@@ -1,58 +1,256 @@
-"""A small public-cloud cluster emulated on one Linux machine.
+"""A small cluster emulated on one Linux machine: network namespaces, a bridge, tc shaping.
 
-One network namespace per node, joined by a Linux bridge through veth pairs.  Each node's
-link is shaped in both directions with ``tc tbf``: on the node-side veth (what the node
-sends) and on the bridge-side veth (what the bridge delivers to the node), so a node's
-link is full duplex at the nominal rate each way and never more -- two nodes sending to a
-third share the third node's rate.  Where the kernel has ``sch_netem``, ``netem delay``
-adds the one-way latency on the sending side.  Inside a node, workers talk over loopback
-(traffic to a node's own address is routed over ``lo``, so it is not shaped): fast links
-inside a node, a slow link between nodes -- the setting of Shi et al. (MLSys 2021).
-
-The token bucket (:func:`shaping`) holds ``max(4 full frames, 20 us at the rate)``, so a
-message sent after an idle gap is shaped too (at most 6 kB pass at wire speed below
-2.4 Gbit/s); the queue behind it holds ``max(64 KiB, 2 ms at the rate)``, a switch port's
-buffer that still takes one full TCP segmentation burst (64 KiB), and drops beyond that
-(tail drop): a request waits behind a bulk transfer at most the bucket plus the queue,
-57 ms at 10 Mbit/s, 5.7 ms at 100 Mbit/s, about 2 ms above 260 Mbit/s.
-
-Names carry the project prefix ``tkb`` and a 6-hex-digit run id claimed through
-:mod:`bench.cluster.netstate`, which also records the owner (pid and start time) and
-starts a guardian that removes everything if the launcher dies without cleaning up::
-
-    netns   tkb-<id>-n<i>      bridge  tkb<id>br
-    veth    tkb<id>h<i> (bridge side) <-> tkb<id>n<i> (inside node i)
-
-Addresses come from a private subnet that only these namespaces use; the root namespace
-gets no address on the bridge (IPv6 is off on the bridge and the veths), and the
-namespaces have no default route, so traffic can never leave the emulated cluster.
-
-CLI: ``python -m bench.cluster list`` (resources by run id and their owners) and
-``python -m bench.cluster cleanup`` (remove those of runs whose owner is dead).
+One namespace per node on a Linux bridge; each node's veth is shaped both ways with
+``tc tbf`` (plus ``netem`` latency where the kernel has it), so nodes talk over a slow
+shaped link and workers of one node over loopback, as in Shi et al. (MLSys 2021).  Run ids,
+owners and a guardian process make cleanup safe; see docs/internals/cluster.md.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import ipaddress
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
+import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from bench.cluster import netstate
-from bench.cluster.netstate import (  # noqa: F401  (STATE_DIR, list_resources: re-exported)
-    PREFIX,
-    STATE_DIR,
-    cleanup_leftovers,
-    list_resources,
-)
 from bench.registry import ConfigError
+
+PREFIX = "tkb"
+ID_HEX = 6  # run id length: "tkb" + 6 + "h" + 3 digits = 13 <= 15, Linux's interface name limit
+# owners of live runs: <STATE_DIR>/<id>.json
+STATE_DIR = Path(os.environ.get("BENCH_NETNS_STATE", "/run/tkb-netns"))
+# ids of 4 hex digits are those of older versions, whose leftovers are still recognised
+NS_RE = re.compile(rf"^{PREFIX}-([0-9a-f]{{4}}|[0-9a-f]{{{ID_HEX}}})-n\d+$")
+LINK_RE = re.compile(rf"^{PREFIX}([0-9a-f]{{4}}|[0-9a-f]{{{ID_HEX}}})(?:br|h\d+|n\d+|i\d+)$")
+
+
+def run_cmd(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    p = subprocess.run(list(argv), capture_output=True, text=True)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed: {p.stderr.strip()}")
+    return p
+
+
+def start_time(pid: int) -> int | None:
+    """The start time of process ``pid`` (clock ticks since boot); None when it is gone or
+    a zombie (a killed process not yet reaped by its parent is dead too)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) "
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])  # field 22 of the whole line
+
+
+def identity(pid: int | None = None) -> dict[str, int]:
+    pid = os.getpid() if pid is None else pid
+    return {"pid": pid, "start": start_time(pid) or 0}
+
+
+def is_alive(who: dict[str, Any]) -> bool:
+    """Whether the process ``{"pid", "start"}`` still runs (same pid *and* start time)."""
+    try:
+        pid = int(who["pid"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    st = start_time(pid)
+    return st is not None and ("start" not in who or int(who["start"]) == st)
+
+
+def state_path(run_id: str) -> Path:
+    return STATE_DIR / f"{run_id}.json"
+
+
+def read_state(run_id: str) -> dict[str, Any] | None:
+    try:
+        return json.loads(state_path(run_id).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def owner_alive(run_id: str) -> bool:
+    state = read_state(run_id)
+    return state is not None and is_alive(state)
+
+
+def owned_by_me(run_id: str) -> bool:
+    state = read_state(run_id)
+    return state is not None and is_alive(state) and int(state["pid"]) == os.getpid()
+
+
+@contextlib.contextmanager
+def locked() -> Iterator[None]:
+    """Serialise id claims and cleanups of every run on this machine."""
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(STATE_DIR / ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def list_resources() -> dict[str, list[str]]:
+    """Every namespace and link named with the project prefix, by run id."""
+    found: dict[str, list[str]] = {}
+    for line in run_cmd("ip", "netns", "list", check=False).stdout.splitlines():
+        name = line.split()[0] if line.strip() else ""
+        m = NS_RE.match(name)
+        if m:
+            found.setdefault(m.group(1), []).append(f"netns:{name}")
+    for line in run_cmd("ip", "-o", "link", "show", check=False).stdout.splitlines():
+        # "12: tkbab12cdh0@if11: <...>" -> tkbab12cdh0
+        parts = line.split(":", 2)
+        if len(parts) < 2:
+            continue
+        name = parts[1].strip().split("@")[0]
+        m = LINK_RE.match(name)
+        if m:
+            found.setdefault(m.group(1), []).append(f"link:{name}")
+    return found
+
+
+def _kill_namespace_pids(namespaces: list[str]) -> None:
+    for ns in namespaces:
+        for pid in run_cmd("ip", "netns", "pids", ns, check=False).stdout.split():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), signal.SIGKILL)
+
+
+def remove_run(run_id: str, names: list[str] | None = None) -> None:
+    """Kill what runs in the run's namespaces, delete its links and namespaces, wait until
+    they are gone, then delete its state file.  The caller checks the ownership."""
+    names = list_resources().get(run_id, []) if names is None else names
+    namespaces = [n.split(":", 1)[1] for n in names if n.startswith("netns:")]
+    _kill_namespace_pids(namespaces)
+    for n in names:
+        if n.startswith("link:"):  # deleting one end of a veth deletes both
+            run_cmd("ip", "link", "del", n.split(":", 1)[1], check=False)
+    for ns in namespaces:
+        run_cmd("ip", "netns", "del", ns, check=False)
+    # links inside a deleted namespace vanish a moment later, not at once
+    deadline = time.monotonic() + 15.0
+    while time.monotonic() < deadline:
+        left = list_resources().get(run_id, [])
+        if not left:
+            break
+        _kill_namespace_pids([n.split(":", 1)[1] for n in left if n.startswith("netns:")])
+        for n in left:
+            if n.startswith("link:"):
+                run_cmd("ip", "link", "del", n.split(":", 1)[1], check=False)
+        time.sleep(0.1)
+    state_path(run_id).unlink(missing_ok=True)
+
+
+def cleanup_leftovers() -> list[str]:
+    """Remove the resources and state files of runs whose owner is gone; a live run's are
+    never touched."""
+    removed: list[str] = []
+    with locked():
+        found = list_resources()
+        stale = {p.stem for p in STATE_DIR.glob("*.json")}
+        for run_id in sorted(set(found) | stale):
+            if not owner_alive(run_id):
+                remove_run(run_id, found.get(run_id, []))
+                removed.extend(found.get(run_id, []) or [f"state:{run_id}"])
+    return removed
+
+
+def claim(run_id: str | None = None, **info: Any) -> str:
+    """A run id no namespace, link or state file uses, claimed for this process (a given id
+    of a live owner is refused; a dead owner's leftovers under it are removed)."""
+    with locked():
+        found = list_resources()
+        for _ in range(1000):
+            rid = run_id or secrets.token_hex(ID_HEX // 2)
+            if owner_alive(rid):
+                if run_id:
+                    raise ConfigError(
+                        f"the emulated cluster id {rid} belongs to the live run of pid "
+                        f"{read_state(rid)['pid']}; choose another id"  # type: ignore[index]
+                    )
+                continue
+            if rid in found or state_path(rid).exists():  # a dead owner's leftovers
+                if not run_id:
+                    continue  # a fresh random id is cheaper than a cleanup
+                remove_run(rid, found.get(rid, []))
+            fd = os.open(state_path(rid), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            with os.fdopen(fd, "w") as f:
+                json.dump({**identity(), **info}, f)
+            return rid
+    raise RuntimeError("no free emulated cluster id after 1000 tries")
+
+
+def update_state(run_id: str, **fields: Any) -> None:
+    """Add ``fields`` to this process's own state file (atomically replaced)."""
+    state = read_state(run_id) or {}
+    tmp = state_path(run_id).with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({**state, **fields}))
+    os.replace(tmp, state_path(run_id))
+
+
+def start_guardian(run_id: str) -> int:
+    """Start the guardian of ``run_id``; the returned fd is the pipe's write end, which this
+    process keeps open for as long as the run lives (closing it ends the guardian)."""
+    r, w = os.pipe()
+    code = "from bench.cluster.netns import guard; guard()"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, run_id],
+        stdin=r,
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,  # a signal to the launcher's process group spares it
+        env={**os.environ, "BENCH_NETNS_STATE": str(STATE_DIR), "PYTHONPATH": _pythonpath()},
+    )
+    os.close(r)
+    update_state(run_id, guardian=identity(proc.pid))
+    return w
+
+
+def _pythonpath() -> str:
+    """This package's root first, so that the guardian imports the same code."""
+    root = str(Path(__file__).resolve().parents[2])
+    return os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+
+
+def guard() -> None:
+    """The guardian (``sys.argv[1]`` is the run id): wait for the launcher's end, then
+    remove whatever of the run it left behind."""
+    run_id = sys.argv[1]
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    while sys.stdin.buffer.read(4096):
+        pass  # end-of-file: the launcher closed the pipe or died
+    with locked():
+        state = read_state(run_id)
+        if state is None or is_alive(state):
+            return  # torn down already, or (never) a live owner
+        remove_run(run_id)
+
+
+def describe_all() -> dict[str, Any]:
+    """``list`` of the CLI: resources by run id, with each run's owner and whether it lives."""
+    found = list_resources()
+    ids = set(found) | ({p.stem for p in STATE_DIR.glob("*.json")} if STATE_DIR.exists() else set())
+    return {
+        rid: {"owner": read_state(rid), "alive": owner_alive(rid), "resources": found.get(rid, [])}
+        for rid in sorted(ids)
+    }
+
 
 FRAME = 1514  # bytes of a full Ethernet frame (MTU 1500), as tbf counts them
 BURST_FRAMES, BURST_S = 4, 20e-6  # token bucket: max(4 frames, 20 us at the rate)
@@ -113,32 +311,16 @@ def require_tools() -> None:
 
 
 def shaping(rate_bps: float) -> tuple[int, int]:
-    """tbf's ``burst`` and ``limit`` (bytes) for a link of ``rate_bps``.
-
-    The bucket is a few frames, so a message after an idle gap is shaped like a long
-    transfer (a bucket of 1 ms or 64 KiB let whole 40-60 kB messages pass at wire speed);
-    above 2.4 Gbit/s it is 20 us at the rate, the timer granularity that keeps the rate
-    accurate.  The queue is what a switch port buffers, at least one 64 KiB segmentation
-    burst of TCP (a smaller one drops the tail of every such burst); beyond it packets are
-    dropped.
-    """
+    """tbf's ``burst`` and ``limit`` (bytes) for a link of ``rate_bps``: a bucket of a few frames
+    (20 us above 2.4 Gbit/s) and a switch port's queue (docs/internals/cluster.md)."""
     burst = max(BURST_FRAMES * FRAME, int(rate_bps / 8 * BURST_S))
     queue = max(QUEUE_MIN, int(rate_bps / 8 * QUEUE_S))
     return burst, burst + queue
 
 
-_run = netstate.run_cmd
-
-
 class EmulatedCluster:
-    """``nodes`` namespaces on one bridge, each node's link shaped to ``bandwidth_bps``.
-
-    Use as a context manager; :meth:`down` is idempotent and also runs from ``atexit``
-    and on SIGINT/SIGTERM/SIGHUP (the handler raises ``KeyboardInterrupt`` /
-    ``SystemExit(128 + signal)`` so that ``finally`` blocks of the caller run too).  If
-    this process dies without running it (``kill -9``), the run's guardian removes
-    everything within a second.
-    """
+    """``nodes`` namespaces on one bridge, each node's link shaped to ``bandwidth_bps``; a
+    context manager whose :meth:`down` is idempotent and also runs at exit and on signals."""
 
     def __init__(
         self,
@@ -200,11 +382,11 @@ class EmulatedCluster:
     def up(self) -> EmulatedCluster:
         require_tools()
         cleanup_leftovers()
-        self.run_id = netstate.claim(self._wanted_id, nodes=self.nodes)
+        self.run_id = claim(self._wanted_id, nodes=self.nodes)
         self._install_handlers()
         self._up = True  # from here on, down() has something to remove
         try:
-            self._guardian_fd = netstate.start_guardian(self.run_id)
+            self._guardian_fd = start_guardian(self.run_id)
             self._build()
         except BaseException:
             self.down()
@@ -212,9 +394,9 @@ class EmulatedCluster:
         return self
 
     def _build(self) -> None:
-        _run("ip", "link", "add", self.bridge, "type", "bridge")
-        _run("ip", "link", "set", self.bridge, "addrgenmode", "none")  # no IPv6 address
-        _run("ip", "link", "set", self.bridge, "up")
+        run_cmd("ip", "link", "add", self.bridge, "type", "bridge")
+        run_cmd("ip", "link", "set", self.bridge, "addrgenmode", "none")  # no IPv6 address
+        run_cmd("ip", "link", "set", self.bridge, "up")
         netem_ok = self.latency_s > 0 and self._has_netem()
         if self.latency_s > 0 and not netem_ok:
             print(
@@ -228,19 +410,19 @@ class EmulatedCluster:
 
     def _add_node(self, i: int, netem: bool) -> None:
         ns, nif, hif = self.ns(i), self.ifname(i), self.host_if(i)
-        _run("ip", "netns", "add", ns)
-        _run("ip", "link", "add", hif, "type", "veth", "peer", "name", nif, "netns", ns)
-        _run("ip", "link", "set", hif, "addrgenmode", "none")
-        _run("ip", "link", "set", hif, "master", self.bridge, "up")
-        _run("ip", "-n", ns, "link", "set", "lo", "up")
-        _run("ip", "-n", ns, "link", "set", nif, "addrgenmode", "none")
-        _run("ip", "-n", ns, "addr", "add", f"{self.addr(i)}/{self.net.prefixlen}", "dev", nif)
-        _run("ip", "-n", ns, "link", "set", nif, "up")
+        run_cmd("ip", "netns", "add", ns)
+        run_cmd("ip", "link", "add", hif, "type", "veth", "peer", "name", nif, "netns", ns)
+        run_cmd("ip", "link", "set", hif, "addrgenmode", "none")
+        run_cmd("ip", "link", "set", hif, "master", self.bridge, "up")
+        run_cmd("ip", "-n", ns, "link", "set", "lo", "up")
+        run_cmd("ip", "-n", ns, "link", "set", nif, "addrgenmode", "none")
+        run_cmd("ip", "-n", ns, "addr", "add", f"{self.addr(i)}/{self.net.prefixlen}", "dev", nif)
+        run_cmd("ip", "-n", ns, "link", "set", nif, "up")
         parent = ["root", "handle", "1:"]
         if netem:
             delay = f"{self.latency_s * 1e6:.0f}us"
             tc = ["tc", "-n", ns, "qdisc", "add", "dev", nif, "root", "handle", "1:"]
-            _run(*tc, "netem", "delay", delay, "limit", "100000")
+            run_cmd(*tc, "netem", "delay", delay, "limit", "100000")
             parent = ["parent", "1:", "handle", "2:"]
         self._tbf(["tc", "-n", ns], nif, parent)  # what node i sends
         self._tbf(["tc"], hif, ["root", "handle", "1:"])  # what node i receives
@@ -248,23 +430,23 @@ class EmulatedCluster:
     def _tbf(self, tc: list[str], dev: str, parent: list[str]) -> None:
         burst, limit = shaping(self.bandwidth_bps)
         rate = f"{int(self.bandwidth_bps)}bit"
-        _run(*tc, "qdisc", "add", "dev", dev, *parent, "tbf", "rate", rate,
+        run_cmd(*tc, "qdisc", "add", "dev", dev, *parent, "tbf", "rate", rate,
              "burst", str(burst), "limit", str(limit))  # fmt: skip
 
     def _has_netem(self) -> bool:
         """Whether ``tc ... netem`` works here (a probe on a throw-away veth pair)."""
         probe = f"{PREFIX}{self.run_id}h998"
         peer = f"{PREFIX}{self.run_id}h999"
-        if _run("ip", "link", "add", probe, "type", "veth", "peer", "name", peer,
+        if run_cmd("ip", "link", "add", probe, "type", "veth", "peer", "name", peer,
                 check=False).returncode != 0:  # fmt: skip
             return False
         try:
-            r = _run(
+            r = run_cmd(
                 "tc", "qdisc", "add", "dev", probe, "root", "netem", "delay", "1ms", check=False
             )
             return r.returncode == 0
         finally:
-            _run("ip", "link", "del", probe, check=False)
+            run_cmd("ip", "link", "del", probe, check=False)
 
     def down(self) -> None:
         """Remove every namespace, link and qdisc of this run (idempotent); resources of
@@ -273,8 +455,8 @@ class EmulatedCluster:
             return
         self._up = False
         try:
-            if netstate.owned_by_me(self.run_id):
-                netstate.remove_run(self.run_id)
+            if owned_by_me(self.run_id):
+                remove_run(self.run_id)
         finally:
             if self._guardian_fd is not None:
                 os.close(self._guardian_fd)  # the guardian finds nothing left and exits
@@ -326,7 +508,7 @@ def main(argv: list[str]) -> int:
     if cmd == "cleanup":
         print("\n".join(cleanup_leftovers()) or "nothing to remove")
     elif cmd == "list":
-        print(json.dumps(netstate.describe_all(), indent=1))
+        print(json.dumps(describe_all(), indent=1))
     else:
         print(f"error: unknown command {cmd!r}; use list or cleanup", file=sys.stderr)
         return 2

@@ -1,19 +1,6 @@
-"""A worker dies with the process that started it.
-
-With one node the elastic agent runs inside the launcher, and torch starts each worker
-in a session of its own: a SIGKILLed launcher (no handler can run) would leave the
-workers training, and rank 0 would go on to append the run's final record, so that the
-run could no longer be resumed.  :func:`die_with_parent` closes that gap in the worker
-itself, whatever launched it: a daemon thread watches the parent pid, and once the
-worker has been re-parented (its parent is gone) it SIGKILLs its own children
-(data-loader processes) and exits without writing anything, leaving the last checkpoint
-as the point to resume from.
-
-A thread rather than ``prctl(PR_SET_PDEATHSIG)``: the kernel sends that signal when the
-parent's *thread* that forked the worker ends, not only when the parent dies, and a
-Python signal handler would wait for the main thread to leave a long collective call;
-the polling thread runs while the main thread is inside torch (which releases the GIL).
-"""
+"""A worker dies with the process that started it: a daemon thread watches the parent pid
+and, once the worker is re-parented, kills its children and exits without a record, so a
+killed launcher leaves a resumable run (docs/internals/cluster.md)."""
 
 from __future__ import annotations
 
@@ -30,15 +17,10 @@ POLL_S = 0.2  # how quickly a worker notices that its launcher is gone
 EXIT_STATUS = 128 + signal.SIGKILL  # as if the launcher's death had killed it
 
 
-def _children(pid: int) -> list[int]:
-    """Every process below ``pid``, from ``/proc`` (Linux; elsewhere none are found)."""
-    return descendants(pid)
-
-
 def stop(parent: int, hint: str) -> None:
     """Kill this worker's descendants and exit at once, writing nothing else."""
     for _ in range(2):  # a child may fork while the first pass runs
-        for pid in _children(os.getpid()):
+        for pid in descendants(os.getpid()):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     print(

@@ -1,44 +1,8 @@
 """Alpha-beta model of gradient aggregation and of one data-parallel training step.
 
-Bytes come from the project's one cost function, :mod:`bench.comm.cost`: each collective
-is a list of stages, and a stage costs ``steps * alpha + bytes / B`` on its link -- an
-inter-node stage charges the bytes that leave each node (``link_bytes``) to the node's
-link (``inter_bw``, ``inter_lat``), an intra-node stage a worker's bytes to the
-intra-node path (``intra_bw``, ``intra_lat``).  Compute costs are per element: top-k
-selection over what is selected from, scatter-add of the received pairs, elementwise
-passes (zero-fill, scaling) and the summation inside reductions; the selection stage
-includes error feedback (the compensated gradient is what is selected from).
-
-* ``dense`` on the emulated cluster (gloo): a flat ring allreduce over all ``w`` workers.
-* ``dense`` on an NCCL cluster (:func:`nccl_allreduce`, for projections): intra-node
-  reduce-scatter, inter-node ring allreduce of the ``1/m`` shards (the ``m`` rings share the
-  node's NIC), intra-node allgather -- NCCL's hierarchical schedule, not a flat ring that
-  pays ``2 (w-1)`` inter-node latencies.
-* flat top-k (``topk``, ``mstopk``, ``randomk``): selection on the whole bucket, ring
-  allgather of packets, scatter-add of ``w k`` pairs, two dense passes.
-* ``hitopk``: intra reduce-scatter, selection on the shard, inter-node allgather (the
-  node's ``m`` workers share its link), intra allgather, scatter-add, dense passes.
-* ``fp16`` / ``bf16``: the dense allreduce of 2-byte elements, plus the two casts (to
-  half precision and back) as elementwise passes -- torch's ``fp16_compress_hook``.
-* ``powersgd`` (torch's ``powerSGD_hook``): allreduce of the tensors it leaves
-  uncompressed, then of ``P`` and of ``Q`` one after the other (the ``P + Q`` elements of
-  :func:`cost.powersgd_sizes`, half each for the latency terms); compute is 4 elementwise
-  passes over the bucket -- error feedback, the two products that read the matrix
-  (``M Q`` and ``M^T P``) and the rebuild ``P Q^T`` -- the orthogonalisation of the thin
-  ``P`` is left out (``r`` columns: small next to the passes).  Without the buckets'
-  parameter shapes a bucket is one 1-D tensor and nothing is compressed.
-
-Buckets below ``min_numel`` go through dense allreduce.  A step is ``compute + exposed +
-update`` with ``exposed = max(t_last, (1 - hidden) t_comm, t_comm - backward)``: the last
-bucket (ready when the backward pass ends) cannot hide; ``hidden`` is the share of the
-aggregation that overlapped the backward pass in a measurement of the method
-(``bench comm``'s overlap case), not a constant; nothing hides beyond the backward pass.
-
-Calibration (:func:`calibrate`) uses micro-measurements only -- a ring shift of messages
-among all workers (one ring edge leaves each node: the inter-node link as the collective
-library gets it), the same within each node, and per-element costs timed on their own --
-so that every end-to-end case is a held-out prediction.
-"""
+Each collective is stages of ``steps * alpha + bytes / B`` (bytes from
+:mod:`bench.comm.cost`) plus per-element compute, calibrated on micro-measurements only;
+the per-method schedules are in docs/internals/cluster.md."""
 
 from __future__ import annotations
 

@@ -1,23 +1,7 @@
-"""Projection of the performance model to the paper's cluster, with its assumptions.
-
-The paper's setting (Shi et al., MLSys 2021): 16 nodes x 8 V100, NVLink inside a node,
-25 Gbit/s Ethernet between nodes, ResNet-50.  None of it is measured here; every input is
-in :data:`ASSUMPTIONS` with its value, the range the band spans and its source.
-
-The dense baseline is 2020's state of the art as users ran it (Horovod, PyTorch DDP over
-NCCL): NCCL's hierarchical allreduce (:func:`perfmodel.nccl_allreduce`, not a flat
-128-rank ring), tensor fusion into 25 MiB buckets, and communication overlapped with the
-backward pass; ``fp16`` (gradients cast to half precision on the wire, as a mixed
-precision recipe sends them) and ``powersgd`` are projected beside it.  The share of the
-aggregation hidden behind the backward pass was never measured on V100s with NCCL here,
-so it is an assumption with a band (``hidden``: from nothing hidden to every bucket but
-the last), the same for every method; a measurement on the projected hardware may be
-passed in per method instead.
-
-:func:`project` returns, per link speed, node count and method, the central step time and
-scaling efficiency and the band's minimum and maximum efficiency over every combination
-of the ranged inputs (compute time, NIC efficiency, hidden share).
-"""
+"""Projection of the performance model to the paper's cluster (Shi et al., MLSys 2021: 16 x
+8 V100, 25 Gbit/s, ResNet-50), with every assumption, its band and its source in
+:data:`ASSUMPTIONS`; :func:`project` gives step times and efficiency bands
+(docs/internals/cluster.md)."""
 
 from __future__ import annotations
 
@@ -40,12 +24,8 @@ V100_SOURCE = (
 
 
 def v100_compute_s(batch: int, px: int) -> float:
-    """Forward + backward of ``batch`` images at ``px`` x ``px`` on one V100 (s).
-
-    The measured 224 px throughput, scaled by the pixel count: a convolution's work is
-    proportional to its input's area, so a ResNet's compute per image goes as ``px**2``
-    ((224/128)**2 = 3.06 at 128 px).  Small images keep a GPU less busy, so at 128 px the
-    true time is if anything longer, and the ratio it gives an upper bound."""
+    """Forward + backward of ``batch`` images at ``px`` x ``px`` on one V100 (s): the measured
+    224 px throughput scaled by the pixel count (an upper bound on the ratio at small sizes)."""
     if batch < 1 or px < 1:
         raise ValueError(f"v100_compute_s needs a positive batch and size ({batch}, {px})")
     return batch / V100_IMG_PER_S_224 * (px / 224) ** 2

@@ -1,27 +1,30 @@
-"""Data sets and per-rank loaders by name.
+"""Data sets and per-rank loaders by name: the DATASETS registry, and the two built-in ones.
 
-``build_data(data_cfg, cache_cfg, rank, world_size, device, seed) -> DataBundle``
-looks ``data_cfg.name`` up in :data:`DATASETS`, whose entries are :class:`DatasetSpec`
-objects carrying the builder and the configuration-time check of one data set (adding a
-data set touches this file only).  ``validate(data_cfg, cache_cfg, world_size)`` runs the
-configuration-time checks in the launcher, before any worker.  Loaders follow the
-contract in :mod:`bench.data.loaders`.
+Each :class:`DatasetSpec` carries a data set's builder and its configuration-time check;
+adding a data set touches this file only.  Built in: scikit-learn's 8x8 digits (upsampled
+to 32x32, 3 channels, a fixed stratified split; no download) and CIFAR-10 from its
+python-pickle folder.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
+import math
+import os
+import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from bench.data.config import CacheConfig, DataConfig
-from bench.data.types import DataBundle, per_rank
+from bench.data.loaders import DataBundle, per_rank
 from bench.registry import ConfigError, Registry
-
-__all__ = ["DATASETS", "DataBundle", "DatasetSpec", "build_data", "per_rank", "validate"]
 
 Builder = Callable[[DataConfig, CacheConfig, int, int, torch.device, int], DataBundle]
 
@@ -42,11 +45,115 @@ class DatasetSpec:
 DATASETS: Registry[DatasetSpec] = Registry("data set")
 
 
+# --- the embedded digits ---
+
+Split = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+N_IMAGES = 1797  # scikit-learn's load_digits
+
+
+def heldout_size(test_fraction: float = 0.2) -> int:
+    """How many images the split holds out (scikit-learn rounds a fractional test size up)."""
+    return math.ceil(N_IMAGES * test_fraction)
+
+
+def cache_dir() -> Path:
+    """Where the prepared split is kept: ``$BENCH_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/topk-dawnbench`` (``~/.cache/topk-dawnbench``)."""
+    env = os.environ.get("BENCH_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "topk-dawnbench"
+
+
+@functools.lru_cache(maxsize=4)
+def load_digits_split(size: int = 32, test_fraction: float = 0.2, split_seed: int = 0) -> Split:
+    """(train_x, train_y, test_x, test_y); x float in [0, 1], shape (N, 3, size, size), prepared
+    once per scikit-learn version and arguments and read back from the cache directory."""
+    version = importlib.metadata.version("scikit-learn")
+    path = cache_dir() / f"digits-{version}-{size}-{test_fraction:g}-{split_seed}.pt"
+    try:
+        return tuple(torch.load(path, weights_only=True))  # type: ignore[return-value]
+    except Exception:  # noqa: BLE001  (absent, partial or foreign: prepare it again)
+        pass
+    split = _prepare(size, test_fraction, split_seed)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        torch.save(list(split), tmp)
+        tmp.replace(path)  # atomic: workers preparing at once never read a partial file
+    except OSError:
+        pass
+    return split
+
+
+def _prepare(size: int, test_fraction: float, split_seed: int) -> Split:
+    # deferred: scikit-learn only for the digits data set
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    d = load_digits()
+    x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0  # (N, 1, 8, 8), pixel 0..16
+    x = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+    x = x.clamp_(0, 1).expand(-1, 3, -1, -1).contiguous()
+    y = torch.tensor(d.target, dtype=torch.long)
+    idx = torch.arange(len(y)).numpy()
+    tr, te = train_test_split(
+        idx, test_size=test_fraction, stratify=d.target, random_state=split_seed
+    )
+    tr, te = torch.as_tensor(sorted(tr)), torch.as_tensor(sorted(te))
+    return x[tr], y[tr], x[te], y[te]
+
+
+# --- CIFAR-10 ---
+
+TRAIN_FILES = [f"data_batch_{i}" for i in range(1, 6)]
+TEST_FILE = "test_batch"
+MEAN = torch.tensor([0.4914, 0.4822, 0.4465]) * 255  # per channel, uint8 pixel units
+STD = torch.tensor([0.2470, 0.2435, 0.2616]) * 255
+
+
+def check_root(root: str) -> Path:
+    p = Path(root).expanduser()
+    if not root or not p.is_dir():
+        raise ConfigError(
+            f"data.root={root!r} is not a directory (expected the CIFAR-10 python-pickle folder)"
+        )
+    missing = [f for f in [*TRAIN_FILES, TEST_FILE] if not (p / f).is_file()]
+    if missing:
+        raise ConfigError(
+            f"data.root={root!r} lacks the CIFAR-10 batch files: {', '.join(missing)}"
+        )
+    return p
+
+
+def _read(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    with open(path, "rb") as f:
+        d = pickle.load(f, encoding="bytes")
+    data = d.get(b"data", d.get("data"))
+    labels = d.get(b"labels", d.get("labels"))
+    if data is None or labels is None:
+        raise ConfigError(f"{path} is not a CIFAR-10 batch file (no data/labels)")
+    return np.asarray(data, dtype=np.uint8).reshape(-1, 3, 32, 32), np.asarray(
+        labels, dtype=np.int64
+    )
+
+
+def load_cifar10(root: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(train_x uint8 NCHW, train_y, test_x, test_y)."""
+    p = check_root(root)
+    parts = [_read(p / f) for f in TRAIN_FILES]
+    tx = np.concatenate([a for a, _ in parts])
+    ty = np.concatenate([b for _, b in parts])
+    vx, vy = _read(p / TEST_FILE)
+    return torch.from_numpy(tx), torch.from_numpy(ty), torch.from_numpy(vx), torch.from_numpy(vy)
+
+
 def _array_loader(cfg: DataConfig) -> Callable[..., Any]:
     """The loader class for in-memory arrays: batched torch ops, or DALI (data.loader=dali)."""
     if cfg.loader == "dali":
         # deferred: see the note above DATASETS
-        from bench.data.dali_arrays import DaliArrayLoader
+        from bench.data.dali import DaliArrayLoader
 
         return partial(
             DaliArrayLoader,
@@ -77,9 +184,6 @@ def _arrays(
 def _digits(
     cfg: DataConfig, cache: CacheConfig, rank: int, world: int, device: torch.device, seed: int
 ) -> DataBundle:
-    # deferred: see the note above DATASETS
-    from bench.data.digits import load_digits_split
-
     arrays = load_digits_split(cfg.image_size, cfg.test_fraction, cfg.split_seed)
     tx = arrays[0]
     return _arrays(cfg, rank, world, device, seed, arrays, (tx.mean((0, 2, 3)), tx.std((0, 2, 3))))
@@ -88,9 +192,6 @@ def _digits(
 def _cifar10(
     cfg: DataConfig, cache: CacheConfig, rank: int, world: int, device: torch.device, seed: int
 ) -> DataBundle:
-    # deferred: see the note above DATASETS
-    from bench.data.cifar10 import MEAN, STD, load_cifar10
-
     return _arrays(cfg, rank, world, device, seed, load_cifar10(cfg.root), (MEAN, STD))
 
 
@@ -98,12 +199,11 @@ def _folder(
     cfg: DataConfig, cache: CacheConfig, rank: int, world: int, device: torch.device, seed: int
 ) -> DataBundle:
     # deferred: see the note above DATASETS
-    from bench.data.folder_input import build_folder, uses_cached_input
+    from bench.data.cached_folder import build_folder, uses_cached_input
 
     if uses_cached_input(cfg, cache):  # DALI, a cache level, progressive sizes, slow/remote
         return build_folder(cfg, cache, rank, world, device, seed)
-    from bench.data.damaged import SkipDamaged, SkippingLoader, load_rgb
-    from bench.data.folder import image_folders
+    from bench.data.folder import SkipDamaged, SkippingLoader, image_folders, load_rgb
 
     tr, va = image_folders(
         cfg.root, cfg.train_dir, cfg.val_dir, cfg.image_size, cfg.eval_image_size, cfg.flip,
@@ -129,7 +229,7 @@ def _synthetic(
     cfg: DataConfig, cache: CacheConfig, rank: int, world: int, device: torch.device, seed: int
 ) -> DataBundle:
     # deferred: see the note above DATASETS
-    from bench.data.synthetic import SyntheticLoader
+    from bench.data.loaders import SyntheticLoader
 
     b = per_rank(cfg.batch_size, world, "data.batch_size")
     shape = (cfg.channels, cfg.image_size, cfg.image_size)
@@ -159,23 +259,14 @@ def _check_translation(cfg: DataConfig) -> None:
 
 
 def _check_cifar(cfg: DataConfig) -> None:
-    # deferred: see the note above DATASETS
-    from bench.data.cifar10 import check_root
-
     check_root(cfg.root)
     _check_batch(cfg, 50_000, "CIFAR-10's training split")
 
 
-DIGITS_SAMPLES = 1797  # scikit-learn's digits, a fixed data set
-
-
 def _check_digits(cfg: DataConfig) -> None:
-    import math
-
     if not 0 < cfg.test_fraction < 1:
         raise ConfigError(f"data.test_fraction is a fraction in (0, 1), got {cfg.test_fraction}")
-    # train_test_split holds out ceil(fraction x samples)
-    n = DIGITS_SAMPLES - math.ceil(cfg.test_fraction * DIGITS_SAMPLES)
+    n = N_IMAGES - heldout_size(cfg.test_fraction)
     _check_batch(cfg, n, "the digits training split")
 
 
@@ -219,7 +310,7 @@ def validate(cfg: DataConfig, cache_cfg: CacheConfig, world_size: int) -> None:
     if spec.check is not None:
         spec.check(cfg)
     # deferred: see the note above DATASETS
-    from bench.data.folder_input import validate_input  # cache, DALI, throttle, progressive
+    from bench.data.cached_folder import validate_input  # cache, DALI, throttle, progressive
 
     validate_input(cfg, cache_cfg)
 

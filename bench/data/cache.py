@@ -1,51 +1,35 @@
-"""The multi-level data cache: remote storage -> local disk -> memory.
+"""The multi-level data cache: storage (level 0) -> local disk (level 1) -> memory (level 2).
 
-Levels, from slow to fast:
-
-* level 0 - the data set's storage (:mod:`bench.data.storage`; NFS, ``s3://`` ..., or the
-  slow-storage emulator, one emulated link per node);
-* level 1 - :class:`bench.data.disk_cache.DiskCache`: a local directory filled on first
-  read and kept across runs, shared by every process of the node: one size cap for the
-  directory (a usage ledger under a file lock, LRU eviction), verified and atomically
-  written files, each tagged with its source's size and mtime so that a changed source is
-  fetched again, and one fetch per file per node.  A cache directory that is not writable
-  or is full only turns level 1 off, with one warning.
-* level 2 - :class:`MemoryCache`: encoded bytes under a byte cap, LRU; or, for
-  ``cache=predecoded``, uint8 images decoded once, which saves the JPEG decode in every
-  later epoch.  Pre-decoded images keep their original resolution unless
-  ``cache.predecode_size`` caps their shorter side (never upsampled), so random-resized
-  crops and evaluation see the pixels the uncached path decodes; the price is memory:
-  about ``width x height x 3`` bytes per image (~4x the JPEG for ImageNet-like photos),
-  counted as ``cache/bytes_decoded``.
-
-DALI's own decoder cache works only with its GPU decoder, so this cache is the project's
-own and feeds both loaders: the torchvision DataLoader
-(:class:`bench.data.cached_folder.CachedFolderLoader`; each worker process keeps its own
-level 2, and :func:`bench.data.sampling.worker_affine` sends nearly every file to the same
-worker every epoch so that it hits) and DALI through ``fn.external_source``
-(:mod:`bench.data.dali`).
-
-Per-epoch numbers (``cache/hits``, ``cache/misses``, ``cache/bytes_l0`` ...) are counted in
-a :class:`CacheStats` and written to the curve CSV by the training loop.
+Level 1 is a size-capped LRU directory shared by every process of a node (a usage ledger
+under ``flock``, atomic CRC-checked files tagged with their source's version, one fetch
+per file per node); level 2 holds encoded bytes or decoded pixels per process.  Both the
+torch and the DALI folder loaders read through :class:`CachedReader`; see
+docs/internals/data.md.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import hashlib
 import os
+import struct
 import tempfile
 import threading
+import warnings
+import zlib
 from collections import Counter, OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from filelock import FileLock
 
-from bench.data.disk_cache import DiskCache
 from bench.data.jpegs import decode_capped
-from bench.data.storage import Storage
-from bench.registry import ConfigError, Registry
-
-__all__ = ["CACHES", "CacheStats", "CachedReader", "DiskCache", "MemoryCache", "build_reader"]
+from bench.data.loaders import SAMPLES
+from bench.data.storage import SharedValue, Storage
+from bench.registry import ConfigError
 
 
 @dataclass(frozen=True)
@@ -55,27 +39,25 @@ class Levels:
     decoded: bool  # level 2: uint8 pixels in memory (replaces the encoded memory level)
 
 
-CACHES: Registry = Registry("cache")
-for _name, _levels in {
+CACHES: dict[str, Levels] = {
     "none": Levels(False, False, False),
     "disk": Levels(True, False, False),
     "memory": Levels(False, True, False),
     "multilevel": Levels(True, True, False),
     "predecoded": Levels(True, False, True),
-}.items():
-    CACHES.register(_name)(_levels)
+}
+
+
+def levels(name: str) -> Levels:
+    """The levels of the cache ``name`` (ConfigError naming the choices when unknown)."""
+    if name not in CACHES:
+        raise ConfigError(f"unknown cache {name!r}; choose one of: {', '.join(sorted(CACHES))}")
+    return CACHES[name]
 
 
 class CacheStats:
-    """Counters of one process: hits and misses per level, bytes from each level.
-
-    Keys: ``cache/hits`` (level 1 or 2), ``cache/hits_l1``, ``cache/hits_l2``,
-    ``cache/misses`` (read from level 0), ``cache/bytes_l0|l1|l2`` (bytes served by that
-    level), ``cache/refetched`` (level 1 files that failed verification or were copies
-    of an older source version), ``cache/evicted`` (files evicted from level 1),
-    ``cache/bytes_decoded`` (bytes of pixels added to the pre-decoded level: its memory
-    cost), ``data/corrupt`` (images skipped).
-    """
+    """Counters of one process (``cache/hits``, ``cache/misses``, ``cache/bytes_l0`` ...; listed in
+    docs/internals/data.md)."""
 
     def __init__(self) -> None:
         self._c: Counter[str] = Counter()
@@ -117,6 +99,12 @@ ZERO_STATS = {
 }
 
 
+def zero_stats() -> dict[str, float]:
+    """A loader's per-epoch counters at the start of an epoch: the cache's and
+    ``data/rank_samples``."""
+    return {**ZERO_STATS, SAMPLES: 0}
+
+
 def default_cache_dir() -> str:
     return os.environ.get("BENCH_CACHE_DIR") or os.path.join(
         os.path.expanduser("~"), ".cache", "topk-dawnbench", "data"
@@ -132,6 +120,202 @@ def check_cache_dir(path: str) -> None:
         os.unlink(tmp)
     except OSError as e:
         raise ConfigError(f"cache.dir {path!r} is not writable ({e.strerror})") from None
+
+
+_MAGIC = b"BKC2"
+# magic, payload length (bytes), CRC-32 of the payload, source size (bytes), source mtime (ns)
+_HEADER = struct.Struct("<4sQIQq")
+_STRIPES = 4096  # lock files; two files share a lock with probability 1/4096
+_SLACK = 0.9  # eviction frees the directory down to this fraction of the cap
+
+
+def usage_ledger(path: str) -> SharedValue:
+    """Bytes held by a level 1 directory (-1 until the first process has scanned it)."""
+    return SharedValue(path, "<q", -1)
+
+
+class DiskCache:
+    """Level 1: a size-capped LRU directory shared by the node's processes; ``stats`` counts
+    ``cache/refetched`` and ``cache/evicted``."""
+
+    def __init__(
+        self, path: str, cap_bytes: int, namespace: str, stats: Any, verify: str = "crc32"
+    ) -> None:
+        if verify not in ("crc32", "size"):
+            raise ConfigError(f"cache.verify must be crc32 or size, not {verify!r}")
+        self.root = os.path.abspath(path)
+        self.cap = int(cap_bytes)
+        self.verify = verify
+        self.stats = stats
+        # one sub-folder per data set so that two data sets never share a key
+        self.dir = os.path.join(self.root, hashlib.sha1(namespace.encode()).hexdigest()[:16])
+        self.lock_dir = os.path.join(self.root, ".locks")
+        self.ledger = usage_ledger(os.path.join(self.root, ".usage"))
+        self.writable = True
+        try:
+            os.makedirs(self.dir, exist_ok=True)
+            os.makedirs(self.lock_dir, exist_ok=True)
+            with self._usage():  # the first process of the node builds the ledger
+                pass
+        except OSError as e:
+            self._disable(e)
+
+    # -- paths, locks, the ledger --------------------------------------------------------
+    def _digest(self, key: str) -> str:
+        return hashlib.sha1(key.encode()).hexdigest()
+
+    def file_for(self, key: str) -> str:
+        h = self._digest(key)
+        return os.path.join(self.dir, h[:2], h)
+
+    def lock_for(self, key: str):
+
+        stripe = int(self._digest(key)[:8], 16) % _STRIPES
+        return FileLock(os.path.join(self.lock_dir, f"{stripe:03x}.lock"))
+
+    @contextlib.contextmanager
+    def _usage(self) -> Iterator[list[int]]:
+        """The ledger, locked: ``[bytes held]``; a missing ledger is rebuilt by a scan."""
+        with self.ledger.locked() as box:
+            if box[0] < 0:
+                box[0] = self._scan_usage()
+            yield box
+
+    def _disable(self, e: OSError) -> None:
+        if self.writable:
+            full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+            why = "is full" if full else f"is not writable ({e.strerror})"
+            warnings.warn(
+                f"cache directory {self.root!r} {why}; level 1 (disk) is off for this run, "
+                "reading from the data set instead",
+                stacklevel=3,
+            )
+        self.writable = False
+
+    # -- read --------------------------------------------------------------------------------
+    def get(self, key: str, version: tuple[int, int] | None = None) -> bytes | None:
+        """The cached bytes, or None when absent, damaged or of another source ``version``
+        (then deleted).  ``version=None`` skips the version check."""
+        path = self.file_for(key)
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+        except OSError:
+            return None
+        data = self._check(raw, version)
+        if data is None:
+            self.stats.add("cache/refetched")
+            self._remove(path)
+            return None
+        try:
+            os.utime(path)  # mtime = last use, the LRU clock shared by all processes
+        except OSError:
+            pass
+        return data
+
+    def _check(self, raw: bytes, version: tuple[int, int] | None) -> bytes | None:
+        if len(raw) < _HEADER.size:
+            return None
+        magic, length, crc, src_size, src_mtime = _HEADER.unpack_from(raw)
+        data = raw[_HEADER.size :]
+        if magic != _MAGIC or len(data) != length:
+            return None
+        if version is not None and (src_size, src_mtime) != tuple(version):
+            return None
+        if self.verify == "crc32" and zlib.crc32(data) != crc:
+            return None
+        return data
+
+    def _remove(self, path: str) -> None:
+        if not self.writable:
+            return
+        with contextlib.suppress(OSError), self._usage() as used:
+            size = os.stat(path).st_size
+            os.unlink(path)
+            used[0] = max(0, used[0] - size)
+
+    # -- write, evict ------------------------------------------------------------------------
+    def put(self, key: str, data: bytes, version: tuple[int, int] | None = None) -> None:
+        """Store ``data`` (of source ``version``) atomically under the directory's cap; errors turn
+        level 1 off, and data larger than the cap is not stored."""
+        size = len(data) + _HEADER.size
+        if not self.writable or size > self.cap:
+            return
+        path = self.file_for(key)
+        src_size, src_mtime = version or (0, 0)
+        header = _HEADER.pack(_MAGIC, len(data), zlib.crc32(data), src_size, src_mtime)
+        tmp = None
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path))
+            with os.fdopen(fd, "wb") as f:
+                f.write(header)
+                f.write(data)
+            with self._usage() as used:
+                if used[0] - _size_of(path) + size > self.cap:
+                    used[0] = self._evict(int(self.cap * _SLACK) - size)
+                old = _size_of(path)
+                os.replace(tmp, path)
+                tmp = None
+                used[0] += size - old
+        except OSError as e:
+            self._disable(e)
+        finally:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+
+    def _entries(self) -> list[tuple[float, int, str]]:
+        """(mtime, size, path) of every cached file, all data sets (hidden files excluded)."""
+        out = []
+        for dirpath, dirs, names in os.walk(self.root):
+            dirs[:] = [d for d in dirs if not d.startswith(".")]  # .locks
+            for n in names:
+                if n.startswith("."):  # .usage, .tmp-*, .probe-*
+                    continue
+                p = os.path.join(dirpath, n)
+                try:
+                    st = os.stat(p)
+                except OSError:
+                    continue
+                out.append((st.st_mtime, st.st_size, p))
+        return out
+
+    def _scan_usage(self) -> int:
+        return sum(size for _, size, _ in self._entries())
+
+    def _evict(self, target: int) -> int:
+        """Delete least recently used files until at most ``target`` bytes remain (called
+        with the ledger locked); returns the bytes that remain."""
+        entries = sorted(self._entries())
+        total = sum(size for _, size, _ in entries)
+        for _, size, p in entries:
+            if total <= target:
+                break
+            try:
+                os.unlink(p)
+                total -= size
+                self.stats.add("cache/evicted")
+            except OSError:
+                pass
+        return total
+
+    def evict(self) -> None:
+        """Evict down to 90 % of the cap now."""
+        with self._usage() as used:
+            used[0] = self._evict(int(self.cap * _SLACK))
+
+    def usage(self) -> int:
+        """Bytes in the cache directory now (a scan, under the ledger's lock)."""
+        with self.ledger.locked():
+            return self._scan_usage()
+
+
+def _size_of(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
 
 
 class MemoryCache:
@@ -173,11 +357,8 @@ class MemoryCache:
 
 
 class CachedReader:
-    """Read a file of the data set through the configured levels, counting everything.
-
-    ``predecode_max``: cap (pixels) on the shorter side of pre-decoded images, 0 = the
-    original resolution; None = the ``short_side`` each :meth:`get_decoded` call gives.
-    """
+    """Read a file of the data set through the configured levels, counting everything;
+    ``predecode_max`` caps pre-decoded images' shorter side (0 = original, None = per call)."""
 
     def __init__(
         self,
@@ -240,13 +421,8 @@ class CachedReader:
         return data
 
     def get_decoded(self, rel: str, short_side: int | None = None) -> np.ndarray:
-        """uint8 HWC pixels of ``rel``, decoded once and then served from the decoded level.
-
-        The shorter side is capped at ``predecode_max`` pixels (0 = the original
-        resolution, decoded exactly as :func:`bench.data.jpegs.decode_rgb` does); a reader
-        made without a cap (``predecode_max=None``) caps at ``short_side`` instead.  Images
-        are never upsampled.  Raises :class:`CorruptImage` when the bytes do not decode.
-        """
+        """uint8 HWC pixels of ``rel``, decoded once (shorter side capped, never upsampled) and then
+        served from the decoded level; :class:`CorruptImage` when the bytes do not decode."""
         cap = self.predecode_max if self.predecode_max is not None else int(short_side or 0)
         key = f"{rel}@{cap}"
         if self.decoded is not None:
@@ -266,15 +442,12 @@ class CachedReader:
 def build_reader(
     store: Storage, cache_cfg: Any, namespace: str, memory_share: int = 1
 ) -> CachedReader:
-    """The levels named by ``cache_cfg.name`` over ``store``.
-
-    ``memory_share``: how many processes (loader workers) split ``cache.memory_gb``.
-    Pre-decoded images are capped at ``cache.predecode_size`` pixels (0 = original size).
-    """
-    levels: Levels = CACHES.get(cache_cfg.name)
+    """The levels named by ``cache_cfg.name`` over ``store``; ``memory_share``: how many
+    processes (loader workers) split ``cache.memory_gb``."""
+    lv = levels(cache_cfg.name)
     stats = CacheStats()
     disk = None
-    if levels.disk:
+    if lv.disk:
         disk = DiskCache(
             cache_cfg.dir or default_cache_dir(),
             int(cache_cfg.disk_gb * 1e9),
@@ -283,22 +456,22 @@ def build_reader(
             cache_cfg.verify,
         )
     mem_cap = int(cache_cfg.memory_gb * 1e9 / max(1, memory_share))
-    memory = MemoryCache(mem_cap) if levels.memory else None
-    decoded = MemoryCache(mem_cap) if levels.decoded else None
+    memory = MemoryCache(mem_cap) if lv.memory else None
+    decoded = MemoryCache(mem_cap) if lv.decoded else None
     cap = int(cache_cfg.predecode_size)
     return CachedReader(store, disk, memory, decoded, stats, predecode_max=cap)
 
 
 def validate_cache(cache_cfg: Any) -> None:
     """Configuration-time checks of the ``cache`` group (ConfigError on bad values)."""
-    levels: Levels = CACHES.get(cache_cfg.name)
+    lv = levels(cache_cfg.name)
     if cache_cfg.verify not in ("crc32", "size"):
         raise ConfigError(f"cache.verify must be crc32 or size, not {cache_cfg.verify!r}")
-    if levels.disk:
+    if lv.disk:
         if cache_cfg.disk_gb <= 0:
             raise ConfigError("cache.disk_gb must be > 0 for a cache with a disk level")
         check_cache_dir(cache_cfg.dir or default_cache_dir())
-    if (levels.memory or levels.decoded) and cache_cfg.memory_gb <= 0:
+    if (lv.memory or lv.decoded) and cache_cfg.memory_gb <= 0:
         raise ConfigError("cache.memory_gb must be > 0 for a cache with a memory level")
     if cache_cfg.predecode_size < 0:
         raise ConfigError(

@@ -1,11 +1,8 @@
-"""The torch input path over an image folder read through the data cache (``data.loader=torch``).
+"""Image folders read through the data cache, slow storage or DALI: loaders and assembly.
 
-:class:`FolderDataset` decodes and augments one image per request, reading its bytes (or
-pre-decoded pixels) through a :class:`bench.data.cache.CachedReader`;
-:class:`CachedFolderLoader` batches it with a torch DataLoader, sharded by
-:func:`bench.data.sampling.rank_batches`, and normalises whole batches on the device.
-Used instead of plain torchvision folders when a cache level, progressive resizing, slow
-storage or a remote root is configured (:func:`bench.data.folder_input.uses_cached_input`).
+:class:`FolderDataset` and :class:`CachedFolderLoader` are the torch path (a DataLoader
+over a :class:`~bench.data.cache.CachedReader`, batches normalised on the device);
+:func:`build_folder` picks it or DALI's loader, :func:`validate_input` checks the settings.
 """
 
 from __future__ import annotations
@@ -13,46 +10,41 @@ from __future__ import annotations
 import multiprocessing as mp
 import sys
 import time
-import warnings
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
 import torch.utils.data._utils as du
 from torch.utils.data import DataLoader
 
-from bench.data.cache import CACHES, ZERO_STATS, CachedReader, build_reader, merge_stats
-from bench.data.config import CacheConfig
+from bench.data.cache import (
+    CachedReader,
+    build_reader,
+    levels,
+    merge_stats,
+    validate_cache,
+    zero_stats,
+)
+from bench.data.config import CacheConfig, DataConfig, train_size_at, train_sizes
+from bench.data.dali import DaliFolderLoader, require_dali
 from bench.data.folder import IMAGENET_MEAN, IMAGENET_STD
-from bench.data.jpegs import CorruptImage, decode_rgb
-from bench.data.sampling import rank_batches, steps_per_epoch, worker_affine
-from bench.data.storage import Storage
-from bench.data.types import SAMPLES
-
-
-def zero_stats() -> dict[str, float]:
-    """A loader's per-epoch counters at the start of an epoch: the cache's and
-    ``data/rank_samples`` (real samples yielded, see :mod:`bench.data.loaders`)."""
-    return {**ZERO_STATS, SAMPLES: 0}
-
-
-def warn_corrupt(names: list[str], seen: set[str], strict: bool) -> None:
-
-    for msg in names:
-        if strict:
-            raise CorruptImage(f"corrupt image (data.strict=true): {msg}")
-        if msg not in seen:
-            seen.add(msg)
-            warnings.warn(f"skipping corrupt image {msg}", stacklevel=3)
+from bench.data.jpegs import CorruptImage, decode_rgb, warn_corrupt
+from bench.data.loaders import (
+    SAMPLES,
+    DataBundle,
+    per_rank,
+    rank_batches,
+    steps_per_epoch,
+    worker_affine,
+)
+from bench.data.storage import LocalStorage, Storage, is_url, list_folder, open_storage
+from bench.registry import ConfigError
 
 
 class FolderDataset:
-    """Map-style data set over a folder listing, read through a :class:`CachedReader`.
-
-    Keys are ``(index, size)`` so that the image size (progressive resizing) travels with
-    each request to persistent DataLoader workers.  Items are uint8 CHW tensors: the
-    float conversion and normalisation happen on the training device, on whole batches.
-    The reader (and so the memory level) is made lazily in each worker process.
-    """
+    """Map-style data set over a folder listing, read through a :class:`CachedReader`; keys
+    ``(index, size)``, items uint8 CHW tensors (normalised later on the device)."""
 
     def __init__(
         self,
@@ -67,7 +59,7 @@ class FolderDataset:
     ) -> None:
         self.store, self.listing, self.cache_cfg = store, listing, cache_cfg
         self.namespace, self.train, self.flip = namespace, train, flip
-        self.predecode_size = predecode_size if CACHES.get(cache_cfg.name).decoded else 0
+        self.predecode_size = predecode_size if levels(cache_cfg.name).decoded else 0
         self.memory_share = memory_share
         self._reader: CachedReader | None = None
         import torchvision.transforms.functional  # noqa: F401  (import once, before workers fork)
@@ -155,15 +147,8 @@ class FolderDataset:
 
 
 class CachedFolderLoader:
-    """Torch DataLoader over a folder through the cache; the ``data.loader=torch`` path.
-
-    Follows the loader contract of :mod:`bench.data.loaders` (``len``, ``set_epoch``,
-    ``epoch_stats``, batches on the device).  Sharding: :func:`bench.data.sampling.rank_batches`
-    (the rule of every loader), each training batch's samples re-dealt so that every
-    DataLoader worker reads the same files each epoch
-    (:func:`bench.data.sampling.worker_affine`).  ``iter_indexed()`` also yields the
-    sample indices (for tests).
-    """
+    """Torch DataLoader over a folder through the cache (the loader contract of
+    :mod:`bench.data.loaders`); ``iter_indexed()`` also yields the sample indices."""
 
     def __init__(
         self,
@@ -251,11 +236,8 @@ class CachedFolderLoader:
 
 
 def _worker_context():
-    """fork (fast start), unless DALI is loaded in this process: then forkserver.
-
-    A child forked from a process whose DALI threads hold a lock deadlocks on it (seen when
-    one process builds DALI pipelines and then a DataLoader, as the input benchmark does).
-    """
+    """fork (fast start), unless DALI is loaded in this process: then forkserver (a fork
+    of a process whose DALI threads hold a lock deadlocks on it)."""
 
     if "nvidia.dali" not in sys.modules:
         return None
@@ -287,3 +269,128 @@ class _BatchSampler:
 
     def __len__(self) -> int:
         return len(self.owner)
+
+
+def uses_cached_input(data_cfg: DataConfig, cache_cfg: CacheConfig) -> bool:
+    """Whether a folder data set needs this module's loaders instead of plain torchvision."""
+
+    return (
+        data_cfg.loader == "dali"
+        or cache_cfg.name != "none"
+        or bool(data_cfg.progressive)
+        or data_cfg.throttle_mbps > 0
+        or data_cfg.throttle_ms > 0
+        or is_url(data_cfg.root)
+    )
+
+
+def build_folder(
+    data_cfg: DataConfig, cache_cfg: CacheConfig, rank: int, world_size: int, device: Any, seed: int
+) -> DataBundle:
+    """The DataBundle of an ImageNet-style folder read through the cache (torch or DALI)."""
+
+    store = open_storage(data_cfg.root, data_cfg.throttle_mbps, data_cfg.throttle_ms)
+    tr = list_folder(store, data_cfg.train_dir)
+    va = list_folder(store, data_cfg.val_dir, tr.classes)
+    n_classes = len(tr.classes)
+    if data_cfg.num_classes and data_cfg.num_classes != n_classes:
+        raise ConfigError(
+            f"data.num_classes={data_cfg.num_classes} but {data_cfg.root} "
+            f"has {n_classes} class folders"
+        )
+    train, ev = _loaders(data_cfg, cache_cfg, store, (tr, va), rank, world_size, device, seed)
+    return DataBundle(train, ev, n_classes, len(train) * data_cfg.batch_size)
+
+
+def _sizes(data_cfg: DataConfig) -> tuple[Callable[[int], int], Callable[[int], int]]:
+    """(training size, evaluation size) in pixels as functions of the epoch."""
+
+    return partial(train_size_at, data_cfg), lambda epoch: data_cfg.eval_image_size
+
+
+def _batches(data_cfg: DataConfig, world_size: int) -> tuple[int, int]:
+    """(training, evaluation) batch per rank."""
+    b = per_rank(data_cfg.batch_size, world_size, "data.batch_size")
+    return b, max(1, data_cfg.eval_batch_size // world_size)
+
+
+def _predecoded(data_cfg: DataConfig, cache_cfg: CacheConfig) -> int:
+    """Non-zero (the largest training or evaluation size) when the cache level holds decoded
+    pixels; their size itself is the reader's ``cache.predecode_size``."""
+
+    if not levels(cache_cfg.name).decoded:
+        return 0
+    return max(train_sizes(data_cfg) + [data_cfg.eval_image_size])
+
+
+def _loaders(
+    data_cfg: DataConfig,
+    cache_cfg: CacheConfig,
+    store: Storage,
+    listings: tuple,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    seed: int,
+) -> tuple[Any, Any]:
+    """(train, evaluation) loaders: DALI's (``data.loader=dali``) or the cached torch path."""
+    (tr, va), (b, eb), (ts, es) = listings, _batches(data_cfg, world_size), _sizes(data_cfg)
+    pre = _predecoded(data_cfg, cache_cfg)
+    if data_cfg.loader == "dali":
+        plain = isinstance(store, LocalStorage) and cache_cfg.name == "none"
+
+        def reader():  # one per loader: evaluation reads never count in the training epoch
+            return None if plain else build_reader(store, cache_cfg, store.root)
+
+        common = dict(
+            mode="reader" if plain else "external",
+            local_root=store.root,
+            rank=rank,
+            world_size=world_size,
+            device=device,
+            threads=data_cfg.dali_threads or max(1, data_cfg.num_workers),
+            prefetch=data_cfg.prefetch,
+            seed=seed,
+            flip=data_cfg.flip,
+            strict=data_cfg.strict,
+            dali_device=data_cfg.dali_device,
+            predecode_size=pre,
+        )
+        train = DaliFolderLoader(
+            tr, train=True, batch_size=b, size_at=ts, reader=reader(), **common
+        )
+        ev = DaliFolderLoader(va, train=False, batch_size=eb, size_at=es, reader=reader(), **common)
+        return train, ev
+    workers = data_cfg.num_workers
+    common = dict(
+        rank=rank,
+        world_size=world_size,
+        device=device,
+        num_workers=workers,
+        seed=seed,
+        strict=data_cfg.strict,
+        prefetch=data_cfg.prefetch,
+    )
+    share, flip = max(1, workers), data_cfg.flip
+    train_ds = FolderDataset(store, tr, cache_cfg, store.root, True, flip, pre, share)
+    eval_ds = FolderDataset(store, va, cache_cfg, store.root, False, False, pre, share)
+    train = CachedFolderLoader(train_ds, batch_size=b, size_at=ts, **common)
+    ev = CachedFolderLoader(eval_ds, batch_size=eb, size_at=es, **common)
+    return train, ev
+
+
+def validate_input(data_cfg: DataConfig, cache_cfg: CacheConfig) -> None:
+    """Configuration-time checks of the input-pipeline settings (ConfigError on bad ones)."""
+
+    validate_cache(cache_cfg)
+    if data_cfg.loader == "dali":
+        require_dali()
+    if data_cfg.dali_threads < 0 or data_cfg.prefetch < 1:
+        raise ConfigError("data.dali_threads must be >= 0 and data.prefetch >= 1")
+    if data_cfg.throttle_mbps < 0 or data_cfg.throttle_ms < 0:
+        raise ConfigError("data.throttle_mbps and data.throttle_ms must be >= 0 (0 = off)")
+    for pair in data_cfg.progressive:
+        if len(pair) != 2 or int(pair[0]) < 0 or int(pair[1]) <= 0:
+            raise ConfigError(
+                f"data.progressive entries are [epoch >= 0, size > 0] pairs, got {list(pair)}"
+            )

@@ -1,10 +1,4 @@
-"""Schema of the ``data`` and ``cache`` config groups (conf/data, conf/cache).
-
-Fields with a fixed set of values are :class:`bench.registry.Choice` enums, so a bad value
-is refused when the config is composed, naming the allowed ones; names looked up in a
-registry (``data.name`` in ``bench.data.DATASETS``, ``cache.name`` in
-``bench.data.cache.CACHES``) stay strings and are refused by the registry.
-"""
+"""Schema of the ``data`` and ``cache`` config groups (conf/data, conf/cache)."""
 
 from dataclasses import dataclass, field
 
@@ -78,7 +72,7 @@ class DataConfig:
 class CacheConfig:
     """Levels of the data cache (bench/data/cache.py); the name is stored in every record."""
 
-    name: str = "none"  # registry key in bench.data.cache.CACHES
+    name: str = "none"  # a key of bench.data.cache.CACHES
     # level 1 directory, kept across runs; "" = $BENCH_CACHE_DIR or ~/.cache/topk-dawnbench/data
     dir: str = ""
     disk_gb: float = 100.0  # level 1 size cap (1e9 bytes), LRU eviction above it

@@ -1,19 +1,8 @@
-"""The embedded translation corpus: generated offline and deterministically, no download.
+"""The embedded translation corpus (``en`` words -> ``sym`` symbols): numbers, dates and
+small events, generated offline and deterministically, with disjoint splits.
 
-The source language (``en``) writes numbers, dates and small events out in English words;
-the target (``sym``) writes them in a compact symbolic form with another word order:
-
-- arithmetic: ``seven hundred twelve plus thirty four`` -> ``+ 712 34`` (prefix notation);
-- dates: ``march twenty first nineteen ninety nine`` -> ``1999 . 03 . 21`` (year first);
-- events: ``alice gives three red apples to bob`` -> ``bob recoit 3 pommes rouges de alice``
-  (receiver first, a pseudo-French lexicon, adjective after the noun).
-
-Numbers must be composed from several words into digits placed elsewhere in the sentence,
-so attention is needed and copying the source scores a low BLEU.  The sentences are
-drawn by a seeded :class:`random.Random` (the same files on every machine and Python
-version); valid and test are drawn first and the training split never repeats one of
-their sentences, so the three splits are disjoint.
-"""
+Numbers must be composed from several words into digits placed elsewhere, so copying the
+source scores a low BLEU; see docs/internals/data.md."""
 
 from __future__ import annotations
 

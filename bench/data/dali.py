@@ -1,33 +1,16 @@
-"""NVIDIA DALI input pipelines over image folders (``data.loader=dali``).
+"""NVIDIA DALI input pipelines (``data.loader=dali``): image folders and in-memory arrays.
 
-Two ways in for image folders:
-
-* **reader** - ``fn.readers.file`` straight from the data set directory.  Used when
-  level 0 is a local directory with no cache and no throttle.  The reader is given this
-  rank's files of the epoch in order (no DALI sharding or shuffling): training builds the
-  pipeline for each epoch's list, evaluation once for the rank's fixed shard.  The
-  reader's "labels" are the sample indices (the class labels are looked up afterwards);
-  ``pad_last_batch`` fills an evaluation pass's last batch with repeats of its last file,
-  which are cut off by count, so a pass is exactly the shard and the next pass starts in
-  step.  Training lists are whole batches (drop_last), so they are never padded.
-* **external** - ``fn.external_source`` fed with encoded bytes from the multi-level cache
-  (:mod:`bench.data.cache`), fetched by a thread pool ahead of the pipeline
-  (:mod:`bench.data.dali_feed`); DALI then decodes.  With ``cache=predecoded`` the source
-  gives uint8 pixels and decoding is skipped.  An epoch cut short by the training loop is
-  closed before the next starts (:class:`bench.data.dali_common.ExternalEpochs`).
-
-Both take their batches from :func:`bench.data.sampling.rank_batches`, the rule of every
-loader.
-
-Augmentation: :func:`bench.data.dali_common.augment`.  Progressive resizing: one pipeline
-per training size, built when an epoch first needs it.  CIFAR-10 and the embedded digits
-go through ``fn.external_source`` from arrays (:mod:`bench.data.dali_arrays`).
+Folders go through ``fn.readers.file`` (a plain local folder) or ``fn.external_source`` fed
+from the data cache by a thread pool; arrays (CIFAR-10, digits) through
+``fn.external_source``.  Batches follow :func:`bench.data.loaders.rank_batches`; the
+details are in docs/internals/data.md.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -35,31 +18,273 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.data.cache import CachedReader, merge_stats
-from bench.data.cached_folder import warn_corrupt, zero_stats
-from bench.data.dali_common import (
-    ExternalEpochs,
-    KeepAlive,
-    augment,
-    dali_device_id,
-    require_dali,
-    to_device,
-    to_torch,
-    zero_copy,
-)
-from bench.data.dali_feed import ExternalFeed
-from bench.data.jpegs import jpeg_looks_complete
-from bench.data.sampling import rank_batches, steps_per_epoch
-from bench.data.types import SAMPLES
+from bench.data.cache import CachedReader, merge_stats, zero_stats
+from bench.data.folder import IMAGENET_MEAN, IMAGENET_STD
+from bench.data.jpegs import CorruptImage, jpeg_looks_complete, warn_corrupt
+from bench.data.loaders import SAMPLES, rank_batches, steps_per_epoch
+from bench.registry import ConfigError
+
+
+def require_dali():
+    """Import DALI or fail with one sentence."""
+    try:
+        import nvidia.dali as dali  # noqa: F401
+
+        # deferred: DALI is optional (GPU machines), loaded only when asked for
+        from nvidia.dali import fn, pipeline_def, types
+    except ImportError:
+        raise ConfigError(
+            "data.loader=dali needs NVIDIA DALI: pip install nvidia-dali-cuda120 "
+            "(or the 'dali' extra), or use data.loader=torch"
+        ) from None
+    return fn, pipeline_def, types
+
+
+def dali_device_id(device: Any, dali_device: str) -> int | None:
+    """The CUDA device for GPU operators, or None for a CPU-only pipeline
+    (``data.dali_device``: auto, cpu or gpu)."""
+
+    device = torch.device(device)
+    if str(dali_device) not in ("auto", "cpu", "gpu"):
+        raise ConfigError(f"data.dali_device must be auto, cpu or gpu, got {dali_device!r}")
+    if dali_device == "cpu" or device.type != "cuda":
+        if dali_device == "gpu":
+            raise ConfigError("data.dali_device=gpu needs a CUDA training device")
+        return None
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def augment(
+    fn,
+    types,
+    images,
+    *,
+    train: bool,
+    size: int,
+    decoded_input: bool,
+    gpu: bool,
+    flip: bool,
+):
+    """The DALI augmentation graph: random-resized crop + flip (training) or resize + centre
+    crop (evaluation), then normalise; decoded by nvJPEG (``mixed``) on CUDA."""
+    dec = "mixed" if gpu else "cpu"
+    # mixed: the decoder's host threads are not pinned to cores (affine=False), since
+    # several training processes of a node may each run a pipeline on their own GPU
+    dec_kw: dict[str, Any] = {"device": dec, "output_type": types.RGB}
+    if gpu:
+        dec_kw["affine"] = False
+    mirror = fn.random.coin_flip(probability=0.5) if (train and flip) else 0
+    if train:
+        if decoded_input:
+            images = images.gpu() if gpu else images
+            images = fn.random_resized_crop(
+                images,
+                size=[size, size],
+                random_area=[0.08, 1.0],
+                random_aspect_ratio=[3 / 4, 4 / 3],
+            )
+        else:
+            images = fn.decoders.image_random_crop(
+                images,
+                **dec_kw,
+                random_area=[0.08, 1.0],
+                random_aspect_ratio=[3 / 4, 4 / 3],
+            )
+            images = fn.resize(images, resize_x=size, resize_y=size)
+        crop = None
+    else:
+        if not decoded_input:
+            images = fn.decoders.image(images, **dec_kw)
+        elif gpu:
+            images = images.gpu()
+        images = fn.resize(images, resize_shorter=round(size / 0.875))
+        crop = (size, size)
+    return fn.crop_mirror_normalize(
+        images,
+        crop=crop,
+        mirror=mirror,
+        dtype=types.FLOAT,
+        output_layout="CHW",
+        mean=[m * 255 for m in IMAGENET_MEAN],
+        std=[s * 255 for s in IMAGENET_STD],
+    )
+
+
+def zero_copy(pipe: Any) -> bool:
+    """Whether ``pipe``'s outputs belong to the caller (DALI's dynamic executor), so that
+    they can be wrapped by DLPack instead of copied."""
+    return bool(getattr(pipe, "exec_dynamic", False))
+
+
+def to_torch(out: Any, device: Any, *, wrap: bool = False):
+    """A dense DALI TensorList (CPU or GPU) as a torch tensor on ``device``: wrapped by DLPack
+    when ``wrap`` (see :func:`zero_copy`), else copied on torch's current stream."""
+
+    device = torch.device(device)
+    gpu = type(out).__name__ == "TensorListGPU"
+    if gpu and device.type != "cuda":
+        out, gpu = out.as_cpu(), False
+    t = out.as_tensor()
+    if wrap:
+        x = torch.from_dlpack(t)
+    elif gpu:
+        # deferred: DALI is optional (GPU machines), loaded only when asked for
+        from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
+
+        cuda = torch.device("cuda", out.device_id())
+        x = torch.empty(t.shape(), dtype=to_torch_type[t.dtype], device=cuda)
+        feed_ndarray(t, x, cuda_stream=torch.cuda.current_stream(cuda))
+    else:
+        x = torch.from_numpy(out.as_array())
+    return to_device(x, device)
+
+
+def to_device(x: Any, device: Any):
+    """``x`` on ``device``; host to GPU without waiting for the GPU's queued work (blocking
+    only from pinned memory that torch did not allocate)."""
+
+    device = torch.device(device)
+    if device.type == "cuda" and not x.is_cuda:
+        return x.to(device, non_blocking=not x.is_pinned())
+    return x.to(device)
+
+
+class KeepAlive:
+    """The last ``depth`` batches given to a ``no_copy`` external source, kept alive until
+    the pipeline has consumed them."""
+
+    def __init__(self, depth: int) -> None:
+
+        self.ring: deque = deque(maxlen=max(2, depth))
+
+    def __call__(self, batch: Any) -> Any:
+        self.ring.append(batch)
+        return batch
+
+
+class ExternalEpochs:
+    """Runs an ``fn.external_source`` pipeline one epoch at a time; :meth:`finish` closes
+    an epoch the training loop cut short (stop the source, drain, reset)."""
+
+    def __init__(self) -> None:
+        self.open: Any = None  # the pipeline whose epoch has not reached StopIteration
+
+    def finish(self, stop_source: Any) -> None:
+        pipe, self.open = self.open, None
+        if pipe is None:
+            return
+        stop_source()
+        while True:
+            try:
+                pipe.run()
+            except StopIteration:
+                break
+        pipe.reset()
+
+    def run(self, pipe: Any, call: Any) -> Iterator[Any]:
+        """``call(pipe.run)`` once per batch until the source's StopIteration."""
+        self.open = pipe
+        while True:
+            try:
+                out = call(pipe.run)
+            except StopIteration:
+                pipe.reset()
+                self.open = None
+                return
+            yield out
+
+
+class ExternalFeed:
+    """Encoded bytes (or pre-decoded uint8 pixels) of one epoch's batches, fetched ahead."""
+
+    def __init__(
+        self,
+        listing: Any,
+        reader: CachedReader,
+        *,
+        threads: int,
+        ahead: int,
+        predecode_size: int,
+        strict: bool,
+        stats: dict[str, float],
+    ) -> None:
+        self.listing, self.reader, self.predecode_size = listing, reader, predecode_size
+        self.strict, self.stats, self.ahead = strict, stats, ahead  # ahead: batches in flight
+        self.pool = ThreadPoolExecutor(threads * 2)
+        self.seen_corrupt: set[str] = set()
+        self.todo: list[np.ndarray] = []
+        self.futs: list[list] = []
+        self.error: Exception | None = None
+
+    def start(self, plan: list[np.ndarray]) -> None:
+        """Begin an epoch: ``plan`` = this rank's batches of sample indices."""
+        self.stop()
+        self.todo, self.error = list(plan), None
+        self._top_up()
+
+    def stop(self) -> None:
+        """Drop the rest of the epoch: the next call raises StopIteration."""
+        for batch in self.futs:
+            for _, f in batch:
+                f.cancel()  # not started yet: never read; running ones finish unseen
+        self.todo, self.futs = [], []
+
+    def close(self) -> None:
+        self.stop()
+        self.pool.shutdown(wait=True)
+
+    def _fetch_one(self, i: int) -> tuple[np.ndarray | None, str | None]:
+
+        rel = self.listing.files[i]
+        if self.predecode_size:
+            try:
+                return self.reader.get_decoded(rel, self.predecode_size), None
+            except CorruptImage as e:
+                return None, str(e)
+        data = self.reader.get(rel)
+        if not jpeg_looks_complete(data):
+            return None, f"{rel}: truncated or not an image"
+        return np.frombuffer(data, dtype=np.uint8), None
+
+    def _top_up(self) -> None:
+        while self.todo and len(self.futs) < self.ahead:
+            batch = self.todo.pop(0)
+            self.futs.append([(i, self.pool.submit(self._fetch_one, i)) for i in batch.tolist()])
+
+    @staticmethod
+    def _gather(futs: list) -> tuple[list[np.ndarray], list[np.ndarray], list[str]]:
+        data, index, bad = [], [], []
+        for i, f in futs:
+            d, err = f.result()
+            if d is None:
+                bad.append(err)
+            else:
+                data.append(d)
+                index.append(np.array(i, dtype=np.int64))
+        return data, index, bad
+
+    def __call__(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """external_source's callback: the next fetched batch with at least one good image."""
+
+        while self.futs:
+            data, index, bad = self._gather(self.futs.pop(0))
+            self._top_up()
+            if bad:
+                self.stats["data/corrupt"] = self.stats.get("data/corrupt", 0) + len(bad)
+                try:
+                    warn_corrupt(bad, self.seen_corrupt, self.strict)
+                except CorruptImage as e:
+                    self.error = e
+                    self.stop()
+                    break
+            if data:
+                return data, index
+        raise StopIteration
 
 
 class DaliFolderLoader:
-    """A DALI loader over a folder listing; the training-loop contract of bench.data.loaders.
-
-    ``mode``: ``reader`` (``fn.readers.file`` on local files) or ``external`` (bytes or
-    pixels from ``reader``, a :class:`CachedReader`).  ``iter_indexed()`` also yields the
-    sample indices (for tests).
-    """
+    """A DALI loader over a folder listing (``mode``: ``reader`` or ``external``);
+    ``iter_indexed()`` also yields the sample indices."""
 
     def __init__(
         self,
@@ -119,10 +344,6 @@ class DaliFolderLoader:
         """Threads reading files ahead of DALI (external source); 0 for the file reader."""
         return self.feed.pool._max_workers if self.feed is not None else 0
 
-    @property
-    def _pool(self) -> Any:  # the fetch pool under its former name (input benchmark)
-        return self.feed.pool if self.feed is not None else None
-
     # -- epochs, lengths, counters -------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         self._end_open_epoch()
@@ -172,13 +393,8 @@ class DaliFolderLoader:
 
     # -- the reader path -------------------------------------------------------------------
     def _checked_files(self) -> tuple[np.ndarray, list[str], np.ndarray]:
-        """(indices, absolute paths, sizes in bytes) of the files that look like images.
-
-        A truncated or non-image file would fail a whole DALI batch, so the files are
-        checked (first and last bytes) once, in threads, and the bad ones are skipped with
-        a warning (or stop the run with data.strict=true).  The paths and sizes are per
-        sample index (the sizes count level 0 bytes).
-        """
+        """(indices, absolute paths, sizes) of the files that look like images; the others
+        are skipped with a warning (or stop the run with ``data.strict=true``)."""
 
         paths = [os.path.join(self.local_root, f) for f in self.listing.files]
 
@@ -357,3 +573,140 @@ class DaliFolderLoader:
                 f"DALI could not process a batch on rank {self.rank} "
                 f"(run data.loader=torch to name the file): {e}"
             ) from e
+
+
+class DaliArrayLoader:
+    """In-memory image arrays through ``fn.external_source``: padded random crop + flip
+    (training) or normalise only (evaluation), by ``crop_mirror_normalize``."""
+
+    def __init__(
+        self,
+        images: Any,
+        labels: Any,
+        *,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        device: Any,
+        mean: Any,
+        std: Any,
+        train: bool,
+        seed: int = 0,
+        pad: int = 0,
+        flip: bool = False,
+        threads: int = 1,
+        prefetch: int = 2,
+        dali_device: str = "auto",
+    ) -> None:
+        require_dali()
+        x = np.ascontiguousarray(images.numpy().transpose(0, 2, 3, 1))  # NHWC, as DALI wants
+        self.h, self.w = x.shape[1:3]
+        self.mean = [float(m) for m in mean]
+        self.std = [float(s) for s in std]
+        if train and pad:
+            padded = np.empty(
+                (x.shape[0], self.h + 2 * pad, self.w + 2 * pad, x.shape[3]), dtype=x.dtype
+            )
+            padded[...] = np.asarray(self.mean, dtype=np.float64).astype(x.dtype)
+            padded[:, pad : pad + self.h, pad : pad + self.w] = x
+            x = padded
+        self.x, self.labels = x, labels.numpy().astype(np.int64)
+        self.batch_size, self.rank, self.world, self.device = batch_size, rank, world_size, device
+        self.train, self.seed, self.pad, self.flip = train, seed, pad, flip
+        self.threads, self.prefetch = max(1, threads), max(1, prefetch)
+        self.device_id = dali_device_id(device, dali_device)
+        self.epoch = 0
+        n = len(self.labels)
+        self.num_samples = (
+            n // world_size if train else len(range(rank, n, world_size))
+        )  # this rank's
+        self._batches: list[np.ndarray] = []
+        self._pipe = None
+        self._epochs = ExternalEpochs()
+        self._samples = 0  # yielded since the last epoch_stats()
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epochs.finish(self._stop)
+        self.epoch = epoch
+
+    def _plan(self) -> list[np.ndarray]:
+        n = len(self.labels)
+        return rank_batches(
+            n, self.rank, self.world, self.batch_size, self.train, self.seed, self.epoch
+        )
+
+    def __len__(self) -> int:
+        n = len(self.labels)
+        return steps_per_epoch(n, self.world, self.batch_size, self.train, self.rank)
+
+    def epoch_stats(self) -> dict[str, float]:
+        out, self._samples = {SAMPLES: self._samples}, 0
+        return out
+
+    def _stop(self) -> None:
+        self._batches = []
+
+    def _next(self):
+        if not self._batches:
+            raise StopIteration
+        b = self._batches.pop(0)
+        return [self.x[i] for i in b], [np.array(i, dtype=np.int64) for i in b]
+
+    def _build(self):
+        fn, pipeline_def, types = require_dali()
+        gpu = self.device_id is not None
+        dtype = types.UINT8 if self.x.dtype == np.uint8 else types.FLOAT
+
+        keep = KeepAlive(2 * self.prefetch + 4)
+
+        @pipeline_def
+        def pipe():
+            # no_copy: DALI reads the images in place (views of the array); ``keep`` holds
+            # the batch's index arrays until the pipeline is done with them
+            images, index = fn.external_source(
+                source=lambda: keep(self._next()),
+                num_outputs=2,
+                batch=True,
+                dtype=[dtype, types.INT64],
+                layout=["HWC", ""],
+                no_copy=True,
+            )
+            if gpu:
+                images = images.gpu()
+            kw: dict[str, Any] = {}
+            if self.train:
+                kw = dict(
+                    crop=(self.h, self.w),
+                    crop_pos_x=fn.random.uniform(range=(0.0, 1.0)),
+                    crop_pos_y=fn.random.uniform(range=(0.0, 1.0)),
+                    mirror=fn.random.coin_flip(probability=0.5) if self.flip else 0,
+                )
+            images = fn.crop_mirror_normalize(
+                images, dtype=types.FLOAT, output_layout="CHW", mean=self.mean, std=self.std, **kw
+            )
+            return images, index
+
+        p = pipe(
+            batch_size=self.batch_size,
+            num_threads=self.threads,
+            device_id=self.device_id,
+            prefetch_queue_depth=self.prefetch,
+            seed=self.seed + self.rank,
+        )
+        p.build()
+        return p
+
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+
+        if self._pipe is None:
+            self._pipe = self._build()
+        self._epochs.finish(self._stop)  # an epoch the training loop cut short
+        self._batches = self._plan()
+        wrap = zero_copy(self._pipe)
+        for images, index in self._epochs.run(self._pipe, lambda run: run()):
+            idx = to_torch(index, torch.device("cpu")).view(-1).numpy()  # a copy
+            self._samples += len(idx)
+            yield (
+                to_torch(images, self.device, wrap=wrap),
+                to_device(torch.from_numpy(self.labels[idx]), self.device),
+            )

@@ -1,16 +1,21 @@
-"""ImageNet-style class folders read with torchvision (the baseline input path).
+"""ImageNet-style class folders read with torchvision: the baseline input path.
 
-Layout: ``<root>/<train_dir>/<class>/*.jpg`` and ``<root>/<val_dir>/<class>/*.jpg``.
-Training: RandomResizedCrop(image_size) + horizontal flip + normalise; evaluation:
-Resize(eval_image_size / 0.875) + CenterCrop(eval_image_size), the standard ImageNet
-protocol.
+``<root>/<train_dir>/<class>/*.jpg`` and ``<root>/<val_dir>/...``: RandomResizedCrop + flip
+for training, resize to size / 0.875 + centre crop for evaluation (the standard ImageNet
+protocol).  Damaged images are skipped and counted, or stop the run (``data.strict``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch.utils.data import Dataset
+
+from bench.data.jpegs import CorruptImage, decode_rgb, warn_corrupt
+from bench.data.loaders import Batch, DeviceLoader
 from bench.registry import ConfigError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -98,3 +103,73 @@ def image_folders(
         missing = sorted(set(train.classes) ^ set(val.classes))[:5]
         raise ConfigError(f"train and val class folders differ (e.g. {', '.join(missing)})")
     return train, val
+
+
+CORRUPT = "data/corrupt"  # the loaders' per-epoch count of damaged images met
+
+
+def load_rgb(path: str) -> Any:
+    """ImageFolder's loader, decoding fully (PIL is lazy): :class:`CorruptImage` names a
+    file that is not a whole image."""
+    with open(path, "rb") as f:
+        return decode_rgb(f.read(), path)
+
+
+class SkipDamaged(Dataset):
+    """Items ``(image or None, label, [messages of the damaged files met])`` of an
+    ImageFolder built with :func:`load_rgb`."""
+
+    def __init__(self, folder: Any, *, substitute: bool) -> None:
+        self.folder, self.substitute = folder, substitute
+
+    def __len__(self) -> int:
+        return len(self.folder)
+
+    def __getitem__(self, i: int) -> tuple[Any, int, list[str]]:
+        bad: list[str] = []  # this index's file only: a substitute's is counted at its own
+        n = len(self.folder)
+        for k in range(n if self.substitute else 1):
+            try:
+                x, y = self.folder[(i + k) % n]
+                return x, y, bad
+            except CorruptImage as e:
+                if k == 0:
+                    bad.append(str(e))
+        if self.substitute:
+            raise CorruptImage(f"{self.folder.root}: not one image of the split decodes")
+        return None, self.folder.targets[i], bad
+
+
+def collate(items: list[tuple[Any, int, list[str]]]) -> tuple[Any, Any, list[str]]:
+    good = [(x, y) for x, y, _ in items if x is not None]
+    bad = [m for _, _, msgs in items for m in msgs]
+    if not good:
+        return None, None, bad
+    return torch.stack([x for x, _ in good]), torch.tensor([y for _, y in good]), bad
+
+
+class SkippingLoader(DeviceLoader):
+    """:class:`DeviceLoader` over a :class:`SkipDamaged` set: warns once per damaged file
+    (or raises, ``strict``) and counts them in ``epoch_stats()['data/corrupt']``."""
+
+    def __init__(self, dataset: SkipDamaged, *, strict: bool, **kw: Any) -> None:
+        super().__init__(dataset, collate_fn=collate, **kw)
+        self.strict = strict
+        self._corrupt = 0
+        self._seen: set[str] = set()
+
+    def epoch_stats(self) -> dict[str, Any]:
+        out = {**super().epoch_stats(), CORRUPT: self._corrupt}
+        self._corrupt = 0
+        return out
+
+    def __iter__(self) -> Iterator[Batch]:
+        nb = self.device.type == "cuda"
+        for x, y, bad in self.loader:
+            if bad:
+                self._corrupt += len(bad)
+                warn_corrupt(bad, self._seen, self.strict)
+            if y is None:  # evaluation: every image of the batch was damaged
+                continue
+            self._samples += len(y)
+            yield x.to(self.device, non_blocking=nb), y.to(self.device, non_blocking=nb)

@@ -1,17 +1,8 @@
-"""ImageNet-like JPEG folders for tests and benchmarks, and the JPEG helpers both loaders use.
+"""Generated ImageNet-like JPEG folders (for tests and benchmarks) and the JPEG helpers the
+loaders share: decoding that names a damaged file, and the warning or error it gives.
 
-:func:`make_jpeg_folder` writes ``<root>/<split>/<class>/<i>.jpg``: photographs are not
-needed to measure an input pipeline, only files that cost what ImageNet's cost to move and
-decode.  ILSVRC-2012 training images average about 110 KB at roughly 400 x 350 to 500 x 375
-pixels, so each image here is a smooth random colour field (low-frequency structure, like a
-photograph, which JPEG compresses well) plus a little per-pixel noise whose amplitude sets
-the file size; sizes and aspect ratios vary per image.  Everything is derived from a seed,
-so a folder is reproducible, and :func:`cached_jpeg_folder` reuses one across runs.
-
-Decoding (:func:`decode_rgb`, :func:`decode_resized`, :func:`decode_capped`) raises
-:class:`CorruptImage` naming the file, so that a loader can skip it with a warning or stop
-(``data.strict=true``).
-"""
+Each image is a smooth random colour field plus noise sized to ImageNet's ~110 KB files;
+see docs/internals/data.md."""
 
 from __future__ import annotations
 
@@ -21,6 +12,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
@@ -28,6 +20,17 @@ import numpy as np
 
 class CorruptImage(ValueError):
     """An image file that cannot be decoded; the message names the file."""
+
+
+def warn_corrupt(names: list[str], seen: set[str], strict: bool) -> None:
+    """Warn once per damaged file (``names``: messages naming them), or raise the first as
+    :class:`CorruptImage` when ``strict`` (``data.strict=true``)."""
+    for msg in names:
+        if strict:
+            raise CorruptImage(f"corrupt image (data.strict=true): {msg}")
+        if msg not in seen:
+            seen.add(msg)
+            warnings.warn(f"skipping corrupt image {msg}", stacklevel=3)
 
 
 def decode_rgb(data: bytes, name: str):
@@ -44,12 +47,8 @@ def decode_rgb(data: bytes, name: str):
 
 
 def decode_resized(data: bytes, short_side: int, name: str) -> np.ndarray:
-    """Decode and resize so that the shorter side is ``short_side`` pixels (uint8 HWC).
-
-    PIL's JPEG draft mode decodes straight at 1/2, 1/4 or 1/8 scale (in the DCT domain)
-    when that is still at least the target size, which makes low-resolution pre-decoding
-    several times cheaper than a full decode.
-    """
+    """Decode and resize so that the shorter side is ``short_side`` pixels (uint8 HWC), by
+    PIL's JPEG draft mode where it can."""
     # deferred: Pillow only where images are decoded
     from PIL import Image, UnidentifiedImageError
 
@@ -68,13 +67,8 @@ def decode_resized(data: bytes, short_side: int, name: str) -> np.ndarray:
 
 
 def decode_capped(data: bytes, max_short_side: int, name: str) -> np.ndarray:
-    """Decode (uint8 HWC); when the shorter side exceeds ``max_short_side`` > 0, shrink to it.
-
-    An image at or under the cap (or with ``max_short_side=0``) is decoded in full, pixel
-    for pixel as :func:`decode_rgb`; a larger one goes through :func:`decode_resized`
-    (draft-mode decode, then bilinear).  Never upsamples: a random-resized crop resamples
-    anyway, and enlarging before it only blurs and costs memory.
-    """
+    """Decode (uint8 HWC); when the shorter side exceeds ``max_short_side`` > 0, shrink to it
+    (never upsamples; at or under the cap, pixel for pixel as :func:`decode_rgb`)."""
     # deferred: Pillow only where images are decoded
     from PIL import Image, UnidentifiedImageError
 
@@ -89,12 +83,8 @@ def decode_capped(data: bytes, max_short_side: int, name: str) -> np.ndarray:
 
 
 def jpeg_looks_complete(data: bytes) -> bool:
-    """Cheap structural check: a JPEG starts with SOI (FFD8) and ends with EOI (FFD9).
-
-    Catches truncated copies and non-image junk before they reach DALI's decoder, which
-    would fail the whole batch; a damaged middle is caught by the decoder itself.
-    PNG files pass.
-    """
+    """Cheap structural check: a JPEG starts with SOI (FFD8) and ends with EOI (FFD9); PNG
+    files pass."""
     if data[:8] == b"\x89PNG\r\n\x1a\n":
         return True
     return len(data) > 4 and data[:2] == b"\xff\xd8" and b"\xff\xd9" in data[-64:]
@@ -159,11 +149,8 @@ def make_jpeg_folder(
     seed: int = 0,
     workers: int = 1,
 ) -> dict:
-    """Write ``images`` JPEGs spread over ``classes`` folders under ``root/split``.
-
-    ``small=True`` writes tiny (about 50 x 50 pixel) images for unit tests.  Returns a
-    summary: number of images and the mean file size in KB.
-    """
+    """Write ``images`` JPEGs spread over ``classes`` folders under ``root/split`` (tiny ones
+    with ``small=True``); returns the number of images and the mean file size in KB."""
     per = [images // classes + (1 if c < images % classes else 0) for c in range(classes)]
     jobs = [
         (root, split, f"c{c:04d}", per[c], seed * 1_000_003 + c, target_kb, quality, small)
@@ -188,13 +175,8 @@ def cached_jpeg_folder(
     workers: int = 2,
     small: bool = False,
 ) -> str:
-    """A generated ``train`` (and ``val`` when ``val_images``) folder, made once and reused.
-
-    It lives under ``base`` (default: the temp dir, never the repository).
-
-    The folder name is a hash of the parameters; it is written into a temporary folder
-    and renamed into place, so an interrupted run never leaves a partial folder behind.
-    """
+    """A generated ``train`` (and ``val`` when ``val_images``) folder under ``base`` (default:
+    the temp dir), made once (named by a hash of the parameters) and reused."""
     base = base or os.path.join(tempfile.gettempdir(), "topk-dawnbench-jpegs")
     params = dict(
         images=images, classes=classes, val=val_images, kb=target_kb, seed=seed, small=small, v=1
@@ -225,21 +207,3 @@ def cached_jpeg_folder(
     except OSError:  # another process made it first
         shutil.rmtree(tmp, ignore_errors=True)
     return root
-
-
-def corrupt_files(root: str, split: str = "train") -> list[str]:
-    """Damage a folder for tests: truncate one JPEG and replace another with junk.
-
-    Returns the two relative paths (``split/class/file``) that were damaged.
-    """
-    d = os.path.join(root, split)
-    cls = sorted(os.listdir(d))[0]
-    names = sorted(os.listdir(os.path.join(d, cls)))
-    a, b = os.path.join(d, cls, names[0]), os.path.join(d, cls, names[1])
-    with open(a, "rb") as f:
-        data = f.read()
-    with open(a, "wb") as f:
-        f.write(data[: len(data) // 2])  # truncated: no end-of-image marker
-    with open(b, "wb") as f:
-        f.write(b"this is not a JPEG file" * 10)
-    return [f"{split}/{cls}/{names[0]}", f"{split}/{cls}/{names[1]}"]

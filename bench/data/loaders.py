@@ -1,31 +1,125 @@
-"""Per-rank loaders that the training loop iterates.
+"""Per-rank loaders, the contract they follow and the one sampling rule they share.
 
-Every loader yields ``(images, labels)`` already on the training device (images float,
-normalised, NCHW), has ``len()`` = steps per epoch on this rank, ``set_epoch(epoch)``
-(reshuffle, and for later loaders progressive resizing) and ``epoch_stats()`` (numbers
-for the per-epoch curve, e.g. cache hits; reset when read).
-
-``epoch_stats()`` always holds ``data/rank_samples``: the real samples this loader yielded
-since the last call (no padding), which the training loop can sum over ranks.
-
-Sharding: every loader takes its batches from :mod:`bench.data.sampling` (training: a
-per-epoch global permutation dealt over the ranks as DistributedSampler with
-``drop_last=True`` does, so every rank takes the same number of steps; evaluation: the
-strided shard ``rank::world``, every held-out sample scored exactly once).
+A loader yields ``(x, y)`` on the training device, has ``len()`` (steps per epoch),
+``set_epoch`` and ``epoch_stats()`` (reset when read; always ``data/rank_samples``).
+Sampling follows torch's ``DistributedSampler`` (shuffle, drop_last); see
+docs/internals/data.md.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from bench.data.sampling import EpochSampler, rank_batches, steps_per_epoch
-from bench.data.types import SAMPLES
+from bench.registry import ConfigError
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+
+# epoch_stats() key: real samples (no padding) this rank's loader yielded since the last
+# call; the curve's data/samples column is their sum over the ranks
+SAMPLES = "data/rank_samples"
+# token-batched loaders also report their source + target tokens (no padding); the curve's
+# data/tokens column is their sum over the ranks
+RANK_TOKENS = "data/rank_tokens"
+
+
+@dataclass
+class DataBundle:
+    train: Any  # loader: iterable of (x, y) on device, len, set_epoch, epoch_stats
+    eval: Any
+    num_classes: int
+    train_samples: int  # global samples in one training epoch
+    in_channels: int = 3
+
+
+def per_rank(batch: int, world_size: int, what: str) -> int:
+    """``batch`` split evenly over ``world_size`` workers (ConfigError when it does not split)."""
+    if batch % world_size:
+        raise ConfigError(f"{what}={batch} is not divisible by the {world_size} workers")
+    return batch // world_size
+
+
+def epoch_indices(n: int, rank: int, world: int, seed: int, epoch: int) -> np.ndarray:
+    """This rank's training samples in ``epoch`` (DistributedSampler's, drop_last=True)."""
+    g = torch.Generator()
+    g.manual_seed(seed + epoch)
+    perm = torch.randperm(n, generator=g).numpy()
+    total = (n // world) * world
+    return perm[rank:total:world]
+
+
+def eval_indices(n: int, rank: int, world: int) -> np.ndarray:
+    """This rank's held-out samples: the strided shard ``rank::world``."""
+    return np.arange(rank, n, world)
+
+
+def rank_batches(
+    n: int, rank: int, world: int, batch: int, train: bool, seed: int, epoch: int
+) -> list[np.ndarray]:
+    """Batches of sample indices for one rank and epoch (the sampling rule)."""
+    if train:
+        mine = epoch_indices(n, rank, world, seed, epoch)
+        steps = len(mine) // batch  # drop the last partial batch
+    else:
+        mine = eval_indices(n, rank, world)
+        steps = -(-len(mine) // batch)
+    return [mine[i * batch : (i + 1) * batch] for i in range(steps)]
+
+
+def worker_affine(batches: list[np.ndarray], parts: int) -> list[np.ndarray]:
+    """The same training batches' samples re-dealt so that each of ``parts`` DataLoader workers
+    reads the same files every epoch (see docs/internals/data.md)."""
+    if parts <= 1 or not batches:
+        return batches
+    b, steps = len(batches[0]), len(batches)
+    samples = np.concatenate(batches)
+    slots = [range(p, steps, parts) for p in range(parts)]
+    own = [samples[samples % parts == p] for p in range(parts)]
+    need = [len(slots[p]) * b for p in range(parts)]
+    spill = np.concatenate([own[p][need[p] :] for p in range(parts)])
+    out: list[np.ndarray] = [samples[:0]] * steps
+    taken = 0
+    for p in range(parts):
+        short = need[p] - min(need[p], len(own[p]))
+        mine = np.concatenate([own[p][: need[p]], spill[taken : taken + short]])
+        taken += short
+        for j, k in enumerate(slots[p]):
+            out[k] = mine[j * b : (j + 1) * b]
+    return out
+
+
+def steps_per_epoch(n: int, world: int, batch: int, train: bool, rank: int = 0) -> int:
+    """``len(rank_batches(...))`` without drawing the permutation."""
+    if train:
+        return (n // world) // batch
+    return -(-len(range(rank, n, world)) // batch)
+
+
+class EpochSampler(torch.utils.data.Sampler):
+    """:func:`epoch_indices` (training) or :func:`eval_indices` as a torch Sampler."""
+
+    def __init__(self, n: int, rank: int, world: int, seed: int, train: bool) -> None:
+        self.n, self.rank, self.world, self.seed, self.train = n, rank, world, seed, train
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _indices(self) -> np.ndarray:
+        if self.train:
+            return epoch_indices(self.n, self.rank, self.world, self.seed, self.epoch)
+        return eval_indices(self.n, self.rank, self.world)
+
+    def __iter__(self):
+        return iter(self._indices().tolist())
+
+    def __len__(self) -> int:
+        return self.n // self.world if self.train else len(range(self.rank, self.n, self.world))
 
 
 def random_crop(x: torch.Tensor, pad: int, gen: torch.Generator) -> torch.Tensor:
@@ -161,3 +255,41 @@ class DeviceLoader:
         for x, y in self.loader:
             self._samples += len(y)
             yield x.to(self.device, non_blocking=nb), y.to(self.device, non_blocking=nb)
+
+
+class SyntheticLoader:
+    def __init__(
+        self,
+        *,
+        samples: int,
+        batch_size: int,
+        shape: tuple[int, int, int],
+        num_classes: int,
+        device: torch.device,
+        seed: int,
+        rank: int,
+        world_size: int,
+    ) -> None:
+        self.steps = max(1, samples // (batch_size * world_size))
+        self.batch_size, self.shape, self.num_classes = batch_size, shape, num_classes
+        self.device = device
+        self._samples = 0  # yielded since the last epoch_stats()
+        self.gen = torch.Generator(device=device).manual_seed(seed * 1000 + rank)
+        # one fixed batch: generating fresh noise every step would time the RNG, not the model
+        self.x = torch.randn(batch_size, *shape, device=device, generator=self.gen)
+        self.y = torch.randint(0, num_classes, (batch_size,), device=device, generator=self.gen)
+
+    def set_epoch(self, epoch: int) -> None:
+        pass
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def epoch_stats(self) -> dict[str, Any]:
+        out, self._samples = {SAMPLES: self._samples}, 0
+        return out
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for _ in range(self.steps):
+            self._samples += self.batch_size
+            yield self.x, self.y

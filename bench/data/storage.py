@@ -1,41 +1,28 @@
-"""Level 0 of the data cache: the data set's own storage, treated as remote.
+"""Level 0 of the data cache: the data set's own storage, local, fsspec or throttled.
 
-On a public cloud the training set sits on NFS or object storage: every file read pays a
-request latency and shares a limited bandwidth.  This module gives one small interface over
-
-* :class:`LocalStorage`: a directory (a local disk or an NFS mount),
-* :class:`FsspecStorage`: an fsspec URL (``s3://bucket/imagenet``, ``gs://``, ``memory://``
-  ...), when fsspec and the protocol's package are installed,
-
-and :class:`Throttle`, a slow-storage emulator that makes "remote storage" reproducible on
-one machine: each read first waits ``latency_ms`` (requests overlap, like a real NFS client
-with several outstanding reads) and then holds a link of ``bandwidth_mbps`` MB/s.  The link
-is one per node: a :class:`SharedLink` file under ``/dev/shm`` (or ``$BENCH_LINK_DIR``),
-keyed by the storage root, the throttle settings and the node (``GROUP_RANK``), holds the
-time the link is busy until, so every thread, DataLoader worker and DDP rank of the node
-books its transfers on the same link: two readers get half the bandwidth each, and four
-ranks of one node share 50 MB/s instead of getting 50 MB/s each.
-
-Every storage also reports a file's *version* (size and modification time, from the
-listing where the storage has one), which level 1 keeps beside its copy so that a changed
-source file is fetched again.
-
-It also lists ImageNet-style class folders (``<root>/<class>/<file>.jpg``) with clear
-errors for a missing root or an empty class folder.
+A local folder or an fsspec URL, optionally behind a slow-storage emulator (per-file
+latency plus one bandwidth shared by every process of a node, booked in a file under
+``flock``); also lists class folders, and drops files from the page cache so that an input
+benchmark reads the disk.  See docs/internals/data.md.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import fcntl
 import hashlib
 import json
 import os
+import struct
 import tempfile
+import threading
 import time
 import warnings
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from bench.data.shared_file import SharedValue
 from bench.registry import ConfigError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".JPEG", ".JPG", ".PNG")
@@ -165,26 +152,62 @@ def link_dir() -> str:
 
 
 def link_path(root: str, bandwidth_mbps: float, latency_ms: float) -> str:
-    """The link file of this node for a storage root and throttle setting.
-
-    ``GROUP_RANK`` (set by torchrun and by the emulated cluster) is part of the key, so
-    emulated nodes that share one host still get one link each.
-    """
+    """The link file of this node for a storage root and throttle setting (``GROUP_RANK`` is
+    part of the key: emulated nodes sharing a host get one link each)."""
     node = os.environ.get("GROUP_RANK", "0")
     key = json.dumps([root, float(bandwidth_mbps), float(latency_ms), node])
     return os.path.join(link_dir(), hashlib.sha1(key.encode()).hexdigest()[:16] + ".link")
+
+
+class SharedValue:
+    """A ``struct`` value (format ``fmt``) in the file ``path`` (``default`` when new), shared by
+    every process and thread of a machine under ``flock``; each thread of each process opens
+    the file itself, since ``flock`` excludes per open file."""
+
+    def __init__(self, path: str, fmt: str, default: float) -> None:
+        self.path, self.fmt, self.default = path, fmt, default
+        self._struct = struct.Struct(fmt)
+        self._local = threading.local()
+
+    def _fd(self) -> int:
+        loc = self._local
+        if getattr(loc, "pid", None) != os.getpid():
+            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+            loc.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            loc.pid = os.getpid()
+        return loc.fd
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[list]:
+        """Hold the lock; yields ``[value]`` (``default`` when the file is new or short)
+        and writes back whatever the caller left in it."""
+        fd = self._fd()
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            raw = os.pread(fd, self._struct.size, 0)
+            ok = len(raw) == self._struct.size
+            box = [self._struct.unpack(raw)[0] if ok else self.default]
+            yield box
+            os.pwrite(fd, self._struct.pack(box[0]), 0)
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def __getstate__(self) -> dict:
+        return {"path": self.path, "fmt": self.fmt, "default": self.default}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["path"], state["fmt"], state["default"])
+
+
+_PROT_READ, _MAP_SHARED = 1, 1
 
 
 _STALE_S = 3600.0  # a link booked further ahead than this is a leftover, not real traffic
 
 
 class SharedLink:
-    """The time (``time.monotonic()``, s) at which an emulated link is next free, in a file.
-
-    ``CLOCK_MONOTONIC`` is one clock for every process of a Linux host, so the value means
-    the same in every rank and worker; each booking reads and writes it under the file's
-    lock (:class:`~bench.data.shared_file.SharedValue`).
-    """
+    """The time (``time.monotonic()``, s) at which an emulated link is next free, in a
+    :class:`SharedValue` file: one clock for every process of a Linux host."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -200,13 +223,8 @@ class SharedLink:
 
 
 class Throttle:
-    """Per-file latency (ms) plus a bandwidth (MB/s) shared by every process of the node.
-
-    ``wait(nbytes, started)`` is called after the bytes were read from the real storage; it
-    sleeps so that the read as a whole took as long as the emulated remote storage would
-    need.  ``link``: the shared link file (see :func:`link_path`); "" = a link of this
-    object's own, for tests.  Metadata (listing, :meth:`Storage.version`) is not charged.
-    """
+    """Per-file latency (ms) plus a bandwidth (MB/s) shared by every process of the node;
+    ``wait(nbytes, started)`` sleeps until the read took as long as the emulated storage would."""
 
     def __init__(
         self, bandwidth_mbps: float = 0.0, latency_ms: float = 0.0, link: str = ""
@@ -265,11 +283,8 @@ def is_url(root: str) -> bool:
 
 
 def open_storage(root: str, bandwidth_mbps: float = 0.0, latency_ms: float = 0.0) -> Storage:
-    """Level 0 for ``root`` (a path or an fsspec URL), throttled when asked to.
-
-    Every process that opens the same root with the same throttle on one node shares one
-    emulated link (see :func:`link_path`).
-    """
+    """Level 0 for ``root`` (a path or an fsspec URL), throttled when asked to (one
+    emulated link per node, see :func:`link_path`)."""
     if not root:
         raise ConfigError("data.root is empty; set it to the data set directory or URL")
     if root.startswith("file://"):
@@ -294,13 +309,8 @@ class FolderListing:
 
 
 def list_folder(store: Storage, split: str, classes: list[str] | None = None) -> FolderListing:
-    """List ``<root>/<split>/<class>/<image>``; classes sorted by name (torchvision order).
-
-    ``classes`` fixes the class list (the evaluation split uses the training split's), so a
-    class missing from one split keeps the labels of the other aligned.  A missing root or
-    split is a :class:`ConfigError`; an empty class folder is a warning (it has no images to
-    learn from, but the label numbering stays the same as torchvision's).
-    """
+    """List ``<root>/<split>/<class>/<image>``, classes sorted by name (``classes`` fixes the
+    list); a missing root or split is a ConfigError, an empty class folder a warning."""
     if not store.exists(""):
         raise ConfigError(f"data.root {store.root!r} does not exist")
     if not store.exists(split):
@@ -345,3 +355,76 @@ def list_folder(store: Storage, split: str, classes: list[str] | None = None) ->
             f"no images (.jpg/.jpeg/.png) found under {os.path.join(store.root, split)!r}"
         )
     return FolderListing(files, labels, list(classes))
+
+
+def _files(paths: Iterable[str]) -> Iterable[str]:
+    """Files among ``paths``, and every file below the folders among them."""
+    for p in paths:
+        if os.path.isdir(p):
+            for dirpath, _, names in os.walk(p):
+                for n in names:
+                    yield os.path.join(dirpath, n)
+        else:
+            yield p
+
+
+def drop_page_cache(paths: Iterable[str]) -> int:
+    """Drop the cached pages of these files (and of the files below these folders) with
+    ``fsync`` + ``posix_fadvise(DONTNEED)``; returns the number of files advised (0 where
+    ``posix_fadvise`` does not exist)."""
+    if not hasattr(os, "posix_fadvise"):
+        return 0
+    n = 0
+    for path in _files(paths):
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.fsync(fd)  # dirty pages are never dropped: write them back first (a no-op if clean)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            n += 1
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return n
+
+
+def _libc():
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [
+        ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long,
+    ]  # fmt: skip
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    return libc
+
+
+def resident_fraction(paths: Iterable[str]) -> float:
+    """Fraction (0..1) of the pages of these files that are in the page cache now (``mincore``)."""
+    libc = _libc()
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = resident = 0
+    for path in _files(paths):
+        size = os.path.getsize(path)
+        if not size:
+            continue
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            addr = libc.mmap(None, size, _PROT_READ, _MAP_SHARED, fd, 0)
+            if addr in (None, ctypes.c_void_p(-1).value):
+                raise OSError(ctypes.get_errno(), f"mmap failed for {path}")
+            pages = (size + page - 1) // page
+            vec = (ctypes.c_ubyte * pages)()
+            try:
+                if libc.mincore(addr, size, vec) != 0:
+                    raise OSError(ctypes.get_errno(), f"mincore failed for {path}")
+            finally:
+                libc.munmap(addr, size)
+        finally:
+            os.close(fd)
+        total += pages
+        resident += sum(v & 1 for v in vec)
+    return resident / total if total else 0.0

@@ -1,29 +1,8 @@
 """Parallel text for translation (``data=translation``): files, tokenizer, token batches.
 
-Layout (WMT/IWSLT style): ``<data.root>/{train,valid,test}.{<data.src>,<data.tgt>}``, one
-sentence per line, line ``i`` of the source file translating line ``i`` of the target
-file.  ``data.root=""`` generates the embedded corpus (:mod:`bench.data.corpus`) under the
-data cache directory.
-
-Tokenizer: one sentencepiece model shared by both languages (the model shares its
-embeddings), given by ``data.spm_model`` or trained on the training text and cached next
-to the data under a name keyed by its settings (``spm-<hash>.model``).  The vocabulary
-size is a soft limit: a corpus too small for ``data.vocab_size`` gets the vocabulary it
-supports, and the size chosen is printed.  Ids: pad 0, unk 1, bos 2, eos 3.
-
-Batches (:class:`TokenLoader`) hold at most ``data.max_tokens`` padded source + target
-tokens each, per worker and step.  Training takes the sentences of the one sampling rule
-(:func:`bench.data.sampling.epoch_indices`: a per-epoch global permutation dealt over
-the ranks), sorts them by length in windows of 64 batches (length buckets, little
-padding) and packs them greedily; the batches are then shuffled.  Every rank takes the
-same ``len(loader)`` steps in every epoch: an epoch that packs into more batches drops
-the surplus (its sentences are trained on in other epochs), one that packs into fewer
-splits its largest batches.  Training pairs longer than ``data.max_len`` tokens, or
-that do not fit ``data.max_tokens`` alone, are **skipped**: counted, printed once and
-reported as ``data/skipped_long`` in every epoch's curve row.  Evaluation scores every
-held-out line in order (the strided shard ``rank::world``), truncating a longer source to
-``data.max_len`` tokens.
-"""
+``<data.root>/{train,valid,test}.{src,tgt}`` (or the embedded corpus), one sentencepiece
+model for both languages, and batches of at most ``data.max_tokens`` tokens packed from
+length-sorted windows; see docs/internals/data.md."""
 
 from __future__ import annotations
 
@@ -42,12 +21,10 @@ from filelock import FileLock
 from bench.data.cache import default_cache_dir
 from bench.data.config import DataConfig
 from bench.data.corpus import embedded_root, write_corpus
-from bench.data.sampling import epoch_indices, eval_indices
-from bench.data.types import RANK_TOKENS, SAMPLES, DataBundle
+from bench.data.loaders import RANK_TOKENS, SAMPLES, DataBundle, epoch_indices, eval_indices
 from bench.registry import ConfigError
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
-SPLITS = ("train", "valid", "test")
 
 
 @dataclass

@@ -1,28 +1,6 @@
-"""Several runs in one launch of the workers: a *run queue*.
-
-A sweep (``python -m reproduce ablation`` or ``scaling``) runs dozens of short training
-runs on the same cluster.  Launched one by one, each pays the cluster's set-up and
-tear-down again (namespaces, link check, agents and workers importing torch, the first
-optimizer importing torch's compiler, interpreter shutdown): about 40 s a run on a
-2-core machine, more than many of the runs train.  A queue launches the workers once for
-consecutive runs that share a cluster config and trains them one after the other in the
-same worker processes, in one process group.
-
-Each run is still a run of its own: its own run JSON, run id, seed, model, optimizer, DDP
-and communication hook, data loaders, curve, MLPerf log, DAWNBench files and record,
-exactly as :func:`bench.train.loop.train` builds them for a single run (the workers' half
-is :mod:`bench.train.worker`; this module is the launcher's).  Only the process,
-the process group and the cluster (its namespaces and link) are shared.  Training time
-is measured from each run's first step, as for a single run; a queued run's
-``wall_time_s`` counts from its start in the queue (the first run of a launch: from the
-launch).
-
-The queue JSON (``{"queue": {"id", "runs": [run JSON paths], "events"}}``) is passed to
-the launcher in place of a run JSON.  When the workers fail, the run that was training
-gets its ``error`` record (with the failure events of the launch) and the runs after it
-continue in a new launch; an interrupt records the current run as ``interrupted`` and
-stops the queue.  After an elastic restart the workers skip the runs already recorded.
-"""
+"""Several runs in one launch of the workers (a run queue): each run keeps its own JSON, id,
+record and everything else; only the processes, the process group and the cluster are
+shared (docs/internals/sweeps.md)."""
 
 from __future__ import annotations
 
@@ -95,10 +73,8 @@ def run_queue(
 
 
 def warmup_config(cfg: Any, out: Path) -> Any:
-    """A few steps of ``cfg``, recorded apart (``out/warmup``, no sweep id): run first in
-    each launch, so that the first real run finds the workers as warm as the later ones
-    (the first steps of a fresh process are slower: about 0.4 s over the first epoch of
-    the embedded default on 2 x 2 emulated workers, measured)."""
+    """A few steps of ``cfg``, recorded apart (``out/warmup``), run first in each launch so that
+    the first real run finds the workers as warm as the later ones."""
     w = copy.deepcopy(cfg)
     w.cluster.profile = None  # the link ``cfg``'s profile chose stays; nothing timed again
     w.results.dir = str(out / "warmup")

@@ -1,20 +1,5 @@
-"""A sweep's jobs submitted through a Hydra launcher (hydra-submitit-launcher), one
-scheduler job per training run.
-
-``python -m reproduce train -m ...`` submits the cartesian product of its overrides; a
-sweep's jobs are a list (the protocol's trials, the grid, the scaling study's
-topologies), and each job needs its own allocation: the nodes and GPUs of its topology.
-:func:`submit` does what Hydra's multirun does with such a list: it composes the sweep's
-Hydra config with the launcher (``hydra/launcher=slurm`` and the user's
-``hydra.launcher.*`` overrides) once per distinct allocation, instantiates the launcher
-(Hydra's own ``SlurmLauncher`` or ``LocalLauncher``), and gives each group of jobs to
-its submitit executor (one Slurm job array per group), every group submitted before any
-is waited on.  Each job is then an ordinary Hydra multirun job: Hydra composes its config
-on the node, makes its output folder (``hydra.sweep.dir``/<job number>) and calls the
-training app, which launches the workers and writes the run's record.  A job that fails
-(killed, preempted, out of time) is reported; what it left is judged from the records
-(:mod:`bench.sweeps.resume`), not from the scheduler.
-"""
+"""A sweep's jobs submitted through a Hydra launcher (hydra-submitit-launcher), one scheduler
+job per training run, grouped by allocation (docs/internals/sweeps.md)."""
 
 from __future__ import annotations
 
@@ -71,10 +56,8 @@ def is_slurm(launcher: str) -> bool:
 
 
 def resources(launcher: str, cfg: Any) -> list[str]:
-    """The ``hydra.launcher.*`` overrides of one job's allocation, from its composed
-    config: on Slurm a multi-node cluster gets ``cluster.nnodes`` nodes of
-    ``cluster.nproc_per_node`` GPUs, one task (the suite's launcher) per node; any other
-    cluster one node.  The local executor runs every job on this machine: nothing."""
+    """The ``hydra.launcher.*`` overrides of one job's allocation: on Slurm ``cluster.nnodes``
+    nodes of ``cluster.nproc_per_node`` GPUs, one task per node; otherwise nothing."""
     if not is_slurm(launcher):
         return []
     c = cfg.cluster

@@ -1,14 +1,6 @@
-"""Networks by name.  Model code knows nothing of parallelism or communication.
-
-``build_model(cfg, num_classes)`` looks ``cfg.name`` up in :data:`MODELS`:
-
-- ``resnet9``: the small residual network of the fastest CIFAR-10 DAWNBench entries
-  (Myrtle.ai, D. Page, "How to train your ResNet", 2018), for 32x32 inputs;
-- ``resnet18`` / ``resnet50``: torchvision's ResNets (``resnet50`` is v1.5: stride 2 in
-  the 3x3 convolution of the bottleneck);
-- ``transformer_base`` / ``transformer_big`` / ``transformer_tiny``: encoder-decoder
-  Transformers (:mod:`bench.models.transformer`); ``num_classes`` is the vocabulary size.
-"""
+"""Networks by name (the MODELS registry): ResNet-9 of the DAWNBench CIFAR-10 entries
+(Page, "How to train your ResNet", 2018), torchvision's ResNet-18/50 (v1.5), and the
+Transformers of :mod:`bench.models.transformer`; see docs/internals/models.md."""
 
 from __future__ import annotations
 

@@ -1,18 +1,6 @@
-"""Encoder-decoder Transformer ("Attention is all you need", Vaswani et al. 2017).
-
-Built on PyTorch's own ``nn.TransformerEncoderLayer`` / ``nn.TransformerDecoderLayer``
-(which use ``scaled_dot_product_attention``), with sinusoidal positions and one embedding
-matrix shared by the source, the target and the output projection (a joint vocabulary),
-scaled by sqrt(d_model) at the input.  ``model.pre_norm`` puts the layer norm before each
-sub-layer (and a final norm after each stack); post-norm is the paper's.
-
-- ``transformer_base``: 6+6 layers, d_model 512, 8 heads, FFN 2048 (the paper's base);
-- ``transformer_big``: 6+6 layers, d_model 1024, 16 heads, FFN 4096;
-- ``transformer_tiny``: 2+2 layers, d_model 128, 4 heads, FFN 512, for CPU runs.
-
-The vocabulary size comes from the data (``num_classes``); token id 0 is padding, which the
-model never attends to.
-"""
+"""Encoder-decoder Transformer (Vaswani et al., 2017) on torch's own encoder and decoder
+layers, with sinusoidal positions and one shared embedding; base, big and tiny sizes
+(docs/internals/models.md)."""
 
 from __future__ import annotations
 

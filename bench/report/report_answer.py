@@ -187,7 +187,7 @@ def verdicts(df: pd.DataFrame, target: str) -> list[str]:
 def resolution_lines(base: Path, recs: list[dict], df: pd.DataFrame) -> list[str]:
     """How finely the evaluation runs resolve time to target (:mod:`bench.sweeps.resolution`),
     beside the differences the table reports; ``[]`` when no run reached the target."""
-    from bench.data.digits import heldout_size
+    from bench.data import heldout_size
     from bench.sweeps import resolution
 
     if not recs or df.empty:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from bench.data.types import SAMPLES
+from bench.data.loaders import SAMPLES
 from bench.results.env import hardware
 
 if TYPE_CHECKING:  # the training loop, a layer above, passes its state; only its type is named

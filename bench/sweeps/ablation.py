@@ -1,21 +1,8 @@
 """The ablation: time to target per (communication, cache, update mode), several seeds.
 
-:class:`Plan` is the grid and its jobs (every job an ordinary ``python -m reproduce train``
-run with Hydra overrides, tagged ``results.sweep_id``); :func:`aggregate` builds
-the table from the sweep's records alone, so a sweep is re-tabulated at any time.
-
-Per configuration: ``n_runs`` records, ``n_reached`` of them reached the target (a run
-that missed it is counted, never dropped); the mean and sample standard deviation of the
-time to target and the mean epochs to target over the runs that reached it; the mean
-throughput over all runs that report one.  ``speedup_vs_baseline`` is the baseline's mean
-time to target over the configuration's (baseline: dense communication, no cache, the
-naive update; in a sweep without that configuration, dense communication with the
-configuration's own cache and update; column ``baseline`` says which), and
-``speedup_std`` its uncertainty by first-order propagation of the standard errors of
-both means: ``S * sqrt((se_b / m_b)^2 + (se_c / m_c)^2)`` with ``se = std /
-sqrt(n_reached)`` (NaN with fewer than 2 runs that reached the target on
-either side; 0 for the baseline itself, whose ratio is 1 by definition).
-"""
+:class:`Plan` is the grid and its jobs; :func:`aggregate` builds the table (means, standard
+deviations, speed-up over the baseline with first-order error propagation) from the
+sweep's records alone (docs/internals/sweeps.md)."""
 
 from __future__ import annotations
 
@@ -163,10 +150,8 @@ class Plan(Saved):
     def run(
         self, sweep_dir: str | Path, runner: Callable[..., list[int]], rerun: Sequence[str] = RERUN
     ) -> list[int]:
-        """Run every job not yet done: ``runner(jobs, sweep_dir, experiment)``
-        (``common.run_queued``: one launch of the workers for the whole grid, each job its
-        own run and record; a failed job leaves its error record and the sweep goes on;
-        or a Hydra launcher's submission).  Returns the exit statuses."""
+        """Run every job not yet done through ``runner(jobs, sweep_dir, experiment)`` (a run queue
+        or a Hydra launcher); returns the exit statuses."""
         jobs = self.jobs()
         return runner([jobs[i] for i in self.pending(rerun)], sweep_dir, self.experiment)
 

@@ -1,12 +1,9 @@
-"""What the sweeps share: the known config options, a checked composition, sweep ids,
-the emulated cluster's profile, the records of one sweep and tables that never replace
-what is already written."""
+"""What the sweeps share: config options, checked composition, sweep ids, the emulated
+cluster's profile, one sweep's records, tables that are never replaced, the run queue."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -85,11 +82,8 @@ def validate_jobs(jobs: Sequence[Sequence[str]], results_dir: str) -> list[Any]:
 
 
 def cluster_profile(cluster: str, extra: Sequence[str] = ()) -> tuple[list[str], str]:
-    """Overrides that put ``cluster`` on the paper-scaled link profile, and a line saying
-    what the runs' links are.  Only the emulated cluster has links to shape; it takes
-    ``cluster.profile=paper`` when its config has a ``profile`` key, else the configured
-    bandwidth.  The sweep's own ``cluster.*`` overrides (``extra``) win: a bandwidth or a
-    profile given there is what the note reports, and no profile is added."""
+    """Overrides that put ``cluster`` on the paper-scaled link profile (the emulated cluster
+    only, unless ``extra`` sets its own), and a line saying what the runs' links are."""
     if cluster != "emulated":
         return [], f"cluster {cluster}: the machine's own links, nothing shaped"
     mine = [o for o in extra if o.startswith("cluster.")]
@@ -108,10 +102,9 @@ def cluster_profile(cluster: str, extra: Sequence[str] = ()) -> tuple[list[str],
 
 
 def pin_profile(job: Sequence[str]) -> tuple[list[str], str]:
-    """Time the compute per step of ``job`` (a profiled emulated run's overrides) once,
-    here, and return ``cluster.profile_compute_s=...`` for every job of the sweep, so that
-    all of its runs share one link instead of each timing (and choosing) its own; with a
-    line saying what was measured.  No profile, or one already pinned: nothing."""
+    """Time the compute per step of ``job`` once and return the
+    ``cluster.profile_compute_s=...`` override that gives every run of the sweep one link, with
+    a line saying what was measured (nothing when there is no profile or it is pinned)."""
 
     cfg = to_object(compose(job))
     c = cfg.cluster
@@ -122,23 +115,6 @@ def pin_profile(job: Sequence[str]) -> tuple[list[str], str]:
     return [f"cluster.profile_compute_s={p['compute_s']:.6g}"], "once for the sweep: " + (
         profile.describe(p)
     )
-
-
-def pin_link(job: Sequence[str]) -> tuple[list[str], str]:
-    """The paper-scaled bandwidth for ``job`` (the sweep's largest topology), as one
-    ``cluster.inter_node_bandwidth=...`` for every run of a sweep whose topologies differ
-    (the scaling study compares them over one link); with a line saying how it was chosen.
-    No profile in ``job``: nothing."""
-
-    cfg = to_object(compose(job))
-    p = profile.apply(cfg)
-    if p is None:
-        return [], ""
-    topo = f"{cfg.cluster.nnodes}x{cfg.cluster.nproc_per_node}"
-    return [
-        "cluster.profile=null",
-        f"cluster.inter_node_bandwidth={p['inter_node_bandwidth']}",
-    ], f"one link for every topology, chosen on {topo}: {profile.describe(p)}"
 
 
 def sweep_records(results_dir: str | Path, sweep_id: str) -> list[dict[str, Any]]:
@@ -169,24 +145,14 @@ def write_table(df: pd.DataFrame, path: Path) -> bool:
     return True
 
 
-def run_train(args: Sequence[str]) -> int:
-    """``python -m reproduce train ARGS`` in a subprocess, its output passed through (in
-    this process's working directory, so that relative result paths mean the same)."""
-    cmd = [sys.executable, "-m", "reproduce", "train", *args]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return subprocess.run(cmd, env=env, check=False).returncode
-
-
 def job_label(job: Sequence[str]) -> str:
     """The overrides that tell the jobs of a sweep apart (:data:`LABEL_KEYS`)."""
     return " ".join(o for o in job if o.split("=", 1)[0] in LABEL_KEYS)
 
 
 def run_queued(jobs: Sequence[Sequence[str]], sweep_dir: str | Path, experiment: str) -> list[int]:
-    """Every job (Hydra overrides, as for ``python -m reproduce train``) through a run queue
-    (:mod:`bench.launch.runqueue`): the workers are launched once for each stretch of consecutive
-    jobs on the same cluster config, and each job is still its own run with its own
-    record.  Run JSONs go to ``sweep_dir``.  Returns the exit statuses."""
+    """Every job (Hydra overrides) through a run queue (:mod:`bench.launch.runqueue`), its run
+    JSONs in ``sweep_dir``; returns the exit statuses."""
 
     if not jobs:
         return []

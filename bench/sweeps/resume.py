@@ -1,19 +1,6 @@
-"""What every sweep (the protocol, the grid, the scaling study) does with its records to
-resume and to tabulate: its plan saved before the first job, each job's key read back
-from a record, the jobs still to run, what is missing, and where a table goes.
-
-A job is *done* when the latest record with its key has a status other than the ones
-run again: ``interrupted`` always (a preempted, timed-out or Ctrl-C'd run), ``error``
-too with ``--rerun-failed`` (by default a failed run is a recorded outcome: the
-protocol's rule, ``docs/protocol.md``).  A job with no record at all (its job killed
-before the launcher could write one) is missing and is submitted again.  The latest
-record per key is also the one a table counts, so a job run twice counts once.
-
-A table of a sweep with every job done goes to ``<results>/<kind>/<sweep_id>.csv`` and
-is never replaced; one built while jobs are missing goes to
-``<results>/<kind>/partial/<sweep_id>.csv`` (replaced each time: the report reads only
-complete tables).
-"""
+"""What every sweep does with its records to resume and to tabulate: its saved plan, each
+job's key, the jobs still to run (no record, or ``interrupted``), and where a complete or a
+partial table goes (docs/internals/sweeps.md)."""
 
 from __future__ import annotations
 

@@ -1,41 +1,8 @@
-"""Scaling: step time and scaling efficiency against nodes, measured on emulated clusters of
-1 to 8 nodes, each size predicted by the performance model before it runs.
+"""Scaling: step time and scaling efficiency against nodes on emulated clusters of 1 to 8
+nodes, each size predicted by the performance model before it runs.
 
-At each size (``NODESxWORKERS``; one node runs on the local cluster, more on ``--cluster``,
-by default emulated: each node its own network namespace on a shaped link) the sweep runs,
-in one launch of the workers (:mod:`bench.launch.runqueue`), the same ``N`` workers with
-communication removed (``comm=nocomm``, :mod:`bench.comm.nocomm`: the compute-only step)
-and then with each method.  Every run is a short recorded run of ``epochs`` epochs of
-``steps`` steps at a fixed batch per worker (weak scaling), no target, evaluated once at
-its end (the compute-only runs: two that warm the launch up, one that calibrates the
-model's compute, and the reference after the methods); its first epoch is warm-up, and
-its step time is the later epochs' training time per step.  ``efficiency =
-compute_only_step_s / step_s`` at the same size: on one shared machine N workers compute
-slower than one, which a cluster does not do, and this ratio leaves that out.  Beside
-it, ``textbook_efficiency = throughput(N) / (N x throughput(1x1))``, which on this
-machine also counts the sharing of the cores.
-
-Per-size paper-scaled links: on the emulated cluster each size's link comes from its own
-profile (``cluster.profile=paper``): the compute-only step of the size's workers timed
-at once before any run (:func:`bench.sweeps.scaling_model.concurrent_step_s`), and the
-rate at which a dense allreduce's link bytes take the paper's ratio times it
-(:func:`bench.launch.profile.apply`); pinned for every run of the size
-(``cluster.profile_compute_s``), and kept in the sweep's plan.  The table's
-``link_ratio`` says what the ratio came to against the compute-only step measured in
-the launch.
-
-Before the first run, the plan (``<results>/scaling/<sweep_id>.plan.json``) holds every
-size's profile and the model's prediction of every (size, method) step time
-(:mod:`bench.sweeps.scaling_model`); :mod:`bench.sweeps.scaling_table` sets the
-measurements beside them.
-
-The same plan holds the sweep's own fields (:class:`Plan`), so that a sweep submitted
-through a Hydra launcher (``reproduce/_sweep.py``, ``bench/launch/submit.py``: one job per
-(size, method), the compute-only runs included) can be resumed, checked and tabulated
-from its records (:mod:`bench.sweeps.resume`): a job is done when a finished record of its
-(size, method) exists (a size's two compute-only runs: two such records); a failed run
-measured nothing, so it is run again.
-"""
+Per size, one launch runs the compute-only step (``comm=nocomm``) and each method on a
+paper-scaled link; efficiency = compute-only step / step (docs/internals/sweeps.md)."""
 
 from __future__ import annotations
 
@@ -116,11 +83,8 @@ class Plan(Saved):
         return "local" if nodes == 1 and self.cluster == "emulated" else self.cluster
 
     def points(self) -> list[tuple[int, int, str]]:
-        """(nodes, workers per node, comm) of each run, size by size: a dense run that
-        warms the launch up (left out of the table; sm.WARMUP_COMM says why it
-        communicates), a compute-only run that calibrates the model's compute at the
-        size, the methods, then the compute-only run the size's efficiency divides by.
-        One worker communicates nothing, so 1x1 runs dense only beside it."""
+        """(nodes, workers per node, comm) of each run, size by size: a dense warm-up, a
+        compute-only calibration, the methods, then the compute-only reference (1x1: dense only)."""
         out = []
         for n, m in self.topologies:
             methods = ["dense"] if n * m == 1 else list(self.comms)

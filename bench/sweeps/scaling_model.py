@@ -1,39 +1,7 @@
 """The performance model's prediction of every step time the scaling study measures, made
-before the first run of the sweep, and its projection to the paper's cluster.
-
-Calibrated, for every method's step, on what was measured before that step's run:
-
-* **compute** (the compute-only step, loader to update): at each size, the size's
-  calibration run, a compute-only run in the size's launch after its warm-ups and before
-  any method (:data:`CALIBRATION_RUNS`; :func:`bench.sweeps.scaling_table.with_predictions`
-  puts it in).  The plan's own prediction, made before the sweep's first run with the
-  compute of :func:`concurrent_step_s` (the size's workers computing at once in spawned
-  processes), stays beside it (``predicted_before_launch_s``).  Why both: in the sweep
-  ``scaling-20261202-000357-2b18a2`` the compute-only steps inside a launch ran 24-40 %
-  slower than one worker timed alone times a contention factor (the earlier input), and
-  a first concurrent timing measured 0.06 / 0.10 / 0.21 / 0.49 s at 1 / 2 / 4 / 8
-  workers against 0.10 / 0.13 / 0.26 / 0.52 s inside the launch: a launch's workers
-  compute slower than the same work outside it, by 0.03-0.04 s a step here, which no
-  micro-measurement before the launch has shown;
-* **update**: one SGD-momentum step over the model's parameters, alone on one thread,
-  times the host contention of the size's workers (a concurrent timing already holds it);
-* **per-element costs**: a summation pass, an elementwise pass, each method's selection
-  (``torch.topk``; MSTopK for ``mstopk`` and ``hitopk``) with its error-feedback add, and
-  scatter-add, on the model's largest bucket, alone on one thread, times the contention;
-* **messages**: a ring shift between 2 local gloo workers over loopback at a few sizes:
-  per-message latency and the intra-node path (``perfmodel.fit_alpha_beta``);
-* **the link**: the rate the size's profile chose (``tc`` shapes it to that rate and the
-  link check holds it within 25 %), less TCP/IP framing (:func:`bench.comm.cost.on_wire`);
-  on a cluster with no shaped link (``local``), the loopback path.
-
-Assumed, not measured (:data:`ASSUMED`): nothing of the aggregation hides behind the
-backward pass (the workers oversubscribe the cores, so the backward pass and the
-collective's copies and sums compete for them), and a step's time beyond forward,
-backward, aggregation and update (the data loader, the loss) is left out.
-
-The projection rows are :func:`bench.cluster.projection.project` at 25 Gbit/s on 1-16
-nodes x 8 V100 with its band; they say how far they extrapolate from what was measured.
-"""
+before the sweep's first run from micro-measurements (compute, update, per-element costs,
+messages, the shaped link), and its projection to the paper's cluster
+(docs/internals/sweeps.md)."""
 
 from __future__ import annotations
 
@@ -189,11 +157,8 @@ def _concurrent_worker(rank: int, world: int, overrides: list[str], steps: int) 
 
 
 def concurrent_step_s(overrides: Sequence[str], nodes: int, per_node: int) -> float:
-    """The compute-only step of ``nodes x per_node`` workers computing at once on this
-    host, each with the intra-op threads the launchers give it (s): loader, forward,
-    backward and update, timed in spawned processes before the sweep's first run.  It
-    replaces one worker timed alone times a contention factor, which measured 24-40 %
-    below the sweeps' compute-only steps (``scaling-20261202-000357-2b18a2``)."""
+    """The compute-only step of ``nodes x per_node`` workers computing at once on this host
+    (s), timed in spawned processes before the sweep's first run."""
     from bench.benchmarks.spawn import run_workers  # deferred: spawns gloo workers
 
     world = nodes * per_node
@@ -242,11 +207,8 @@ def predict(
     powersgd_rank: int = 4,
     update_included: bool = False,
 ) -> dict[str, float]:
-    """The model's step time (and its compute-only step) of ``comm`` at one size (s).
-
-    ``compute_s``: forward + backward per step at this size (``update_included``: and the
-    update, as :func:`concurrent_step_s` times it); ``link_bps``: the shaped link's rate
-    (None: no shaping, the loopback path)."""
+    """The model's step time (and its compute-only step) of ``comm`` at one size (s), from
+    ``compute_s`` and the shaped link's rate ``link_bps`` (None: the loopback path)."""
     f = contention(nodes, per_node, cal.cores)
     sel = cal.select_s.get("topk" if comm == "topk" else "mstopk", 0.0)
     k = pm.Costs(select_s=sel * f, scatter_s=cal.scatter_s * f, dense_s=cal.dense_s * f,

@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from bench.comm import attach, is_sparse
 from bench.config import Config, from_container, to_container
-from bench.data.types import RANK_TOKENS
+from bench.data.loaders import RANK_TOKENS
 from bench.optim import after_ddp_broadcast, build_optimizer, build_scheduler, ddp_kwargs
 from bench.results import columns as col
 from bench.results import dawnbench, records
