@@ -22,7 +22,7 @@ class Backend(Choice):
 
 @dataclass
 class ClusterConfig:
-    name: str = "local"  # registry key in bench.cluster.registry: local | multinode | emulated
+    name: str = "local"  # bench.launch.run.LAUNCHERS: local | multinode | emulated
     nnodes: int = 1
     nproc_per_node: int = 2  # workers per node (CPU default 2; set to the GPU count on GPU nodes)
     node_rank: int = 0  # multinode: this node's rank

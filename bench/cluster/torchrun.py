@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from bench.cluster.config import ClusterConfig
-from bench.cluster.registry import LauncherSpec, register
 from bench.registry import ConfigError
 from bench.results.events import EVENTS_ENV, FAILURE, events_env, log_event
 
@@ -191,7 +190,3 @@ def launch_multinode(c: ClusterConfig, run_json: Path) -> int:
     rdzv_id = c.rdzv_id or "topk-bench"
     cmd = torchrun_cmd(c, run_json, endpoint=c.rdzv_endpoint, rdzv_id=rdzv_id)
     return _wait_all([subprocess.Popen(cmd, env={**worker_env(c), **events_env(run_json)})])
-
-
-LOCAL = register(LauncherSpec("local", launch_local))
-MULTINODE = register(LauncherSpec("multinode", launch_multinode, validate=check_multinode))

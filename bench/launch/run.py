@@ -1,5 +1,6 @@
-"""One run from a composed config: validate everything, launch the workers, make sure a
-record exists afterwards (a failed launch still leaves an ``error`` record)."""
+"""One run from a composed config: validate everything, launch the workers with the
+launcher ``cluster.name`` names, make sure a record exists afterwards (a failed launch
+still leaves an ``error`` record)."""
 
 from __future__ import annotations
 
@@ -18,19 +19,44 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from bench import comm, data, models, optim
-from bench.cluster import launch as cluster_launch
+from bench.cluster import emulated, torchrun
 from bench.comm import is_sparse
 from bench.config import Config, ResultsConfig, from_container, to_container, to_object
 from bench.launch import profile
 from bench.registry import ConfigError
 from bench.results import columns as col
-from bench.results import dawnbench, mllog, records, reserve
 from bench.results import events as ev
+from bench.results import mllog, records, reserve
 from bench.results.outputs import closing_lines
 from bench.results.safejson import non_finite
 from bench.train import checkpoint as ck
-from bench.train.checkpoint_verify import remove_incomplete
 from bench.train.workload import WORKLOADS
+
+#: cluster.name -> (start this node's workers, the launcher's own config checks)
+LAUNCHERS = {
+    "local": (torchrun.launch_local, lambda c: None),
+    "multinode": (torchrun.launch_multinode, torchrun.check_multinode),
+    "emulated": (emulated.launch_emulated, emulated.check_emulated),
+}
+
+
+def check_cluster(cfg: Config) -> None:
+    """Refuse a cluster config that cannot run, before anything starts (one sentence)."""
+    c = cfg.cluster
+    if c.name not in LAUNCHERS:
+        raise ConfigError(
+            f"unknown cluster launcher {c.name!r}; choose one of: {', '.join(sorted(LAUNCHERS))}"
+        )
+    if c.nproc_per_node < 1:
+        raise ConfigError(f"cluster.nproc_per_node must be >= 1, got {c.nproc_per_node}")
+    if c.nnodes < 1:
+        raise ConfigError(f"cluster.nnodes must be >= 1, got {c.nnodes}")
+    LAUNCHERS[c.name][1](c)
+
+
+def launch_workers(cfg: Config, run_json: Path) -> int:
+    """Start the workers of this node; their exit status (0 = every worker succeeded)."""
+    return LAUNCHERS[cfg.cluster.name][0](cfg.cluster, Path(run_json))
 
 
 def validate(cfg: Config, *, create_results: bool = True) -> None:
@@ -50,7 +76,7 @@ def validate(cfg: Config, *, create_results: bool = True) -> None:
             + ", ".join(f"{k}={v}" for k, v in bad)
             + " (every number of the config must be finite)"
         )
-    cluster_launch.validate(cfg)
+    check_cluster(cfg)
     profile.check(cfg.cluster.profile, cfg.cluster.name)
     world = cfg.cluster.nnodes * cfg.cluster.nproc_per_node
     models.validate(cfg.model)
@@ -249,7 +275,7 @@ def guarded_launch(cfg: Config, run_json: Path) -> tuple[int, str, str | None, E
         old = None
     status, reason, raised = "error", None, None
     try:
-        rc = cluster_launch.launch(cfg, run_json)
+        rc = launch_workers(cfg, run_json)
     except (KeyboardInterrupt, Interrupted) as e:
         rc, status, reason = 130, "interrupted", f"interrupted by {e or 'SIGINT'}"
     except SystemExit as e:  # a launcher's own signal handler (the emulated cluster's)
@@ -353,16 +379,6 @@ def launch_runs(
     return out
 
 
-def _close_outputs(rec: records.RunRecord, results_dir: str, curve: list[dict[str, Any]]) -> None:
-    """The workers died before their record: end their MLPerf log (``run_stop`` aborted)
-    and write the DAWNBench files of the curve they left."""
-    try:
-        rec.mllog = mllog.close_after_failure(results_dir, rec.run_id, rec.reason or rec.status)
-        rec.dawnbench_json, rec.dawnbench_tsv = dawnbench.write(results_dir, rec.to_dict(), curve)
-    except OSError as e:  # a full disk: the record itself matters more than these files
-        print(f"note: the run's MLPerf/DAWNBench files are incomplete ({e})", file=sys.stderr)
-
-
 def record_after(
     cfg: Config, payload: dict[str, Any], rc: int, status: str, reason: str | None, since: float
 ) -> dict[str, Any] | None:
@@ -393,11 +409,18 @@ def record_after(
         )
         err.curve = str(curve_file)
     err.status, err.exit_status, err.reason = status, rc, reason
-    err.restarts = ev.restarts(events)
-    remove_incomplete(ck.run_dir(cfg.results.dir, meta["run_id"]))  # the workers are gone
+    ck.remove_incomplete(ck.run_dir(cfg.results.dir, meta["run_id"]))  # the workers are gone
     last = ck.latest(cfg.results.dir, meta["run_id"])
-    err.checkpoint = last["path"] if last else None
-    _close_outputs(err, cfg.results.dir, curve)
+    try:  # the workers died before their record: end their MLPerf log (run_stop aborted)
+        records.settle(
+            err,
+            cfg.results.dir,
+            curve,
+            checkpoint=last["path"] if last else None,
+            mllog=lambda: mllog.close_after_failure(cfg.results.dir, err.run_id, reason or status),
+        )
+    except OSError as e:  # a full disk: the record itself matters more than these files
+        print(f"note: the run's MLPerf/DAWNBench files are incomplete ({e})", file=sys.stderr)
     err.append(cfg.results.dir)
     print(f"{status}: {reason}", file=sys.stderr, flush=True)
     print(closing_lines(err.to_dict(), cfg.results.dir), file=sys.stderr, flush=True)
