@@ -1,11 +1,6 @@
-"""Schema of the ``cluster`` config group (conf/cluster/*.yaml).
-
-``local`` runs every worker on this machine; ``multinode`` is one node of a real
-cluster (torchrun-style ``nnodes`` / ``node_rank`` / ``rdzv_endpoint``, one launcher per
-node, e.g. one Slurm task per node); ``emulated`` builds ``nnodes`` Linux network
-namespaces on this machine, joined by a bridge whose links are shaped with ``tc``
-(see :mod:`bench.cluster.netns`), and runs one launcher per namespace.
-"""
+"""Schema of the ``cluster`` config group (conf/cluster/*.yaml): ``local`` (this machine),
+``multinode`` (one node of a real cluster) or ``emulated`` (network namespaces joined by
+a ``tc``-shaped bridge on this machine)."""
 
 from dataclasses import dataclass
 

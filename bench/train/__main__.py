@@ -1,10 +1,5 @@
-"""``python -m bench.train --config <json>``: one training worker, as the launchers start it.
-
-The JSON is one run's (config and run metadata) or a queue's (:data:`QUEUE_KEY`: several
-runs trained one after the other in this process and its process group,
-:mod:`bench.launch.runqueue`); after an elastic restart the runs already recorded are
-skipped.
-"""
+"""``python -m bench.train --config <json>``: one training worker, as the launchers start
+it, for one run or a queue of runs (docs/internals/train.md)."""
 
 from __future__ import annotations
 
@@ -52,7 +47,7 @@ def worker_loop(payload: dict[str, Any]) -> None:
         try:
             train(run, leave_group=False)
         except BaseException as e:
-            note_worker_error(run, e)
+            note_error(run["config"]["results"]["dir"], run["run"]["run_id"], e)
             raise
         gc.collect()  # the finished run's model, loaders and buffers, before the next one
     if dist.is_initialized():
@@ -64,12 +59,6 @@ def _recorded(runs: list[dict[str, Any]]) -> set[str]:
     """The run ids of ``runs`` that already have a record."""
     dirs = {r["config"]["results"]["dir"] for r in runs}
     return {r["run_id"] for d in dirs for r in records.load_records(d)}
-
-
-def note_worker_error(run: dict[str, Any], e: BaseException) -> None:
-    """The exception that ends a worker, in the run's event log (the launcher's error
-    record names it)."""
-    note_error(run["config"]["results"]["dir"], run["run"]["run_id"], e)
 
 
 PEER_GONE = "Connection closed by peer"  # gloo, when another worker has exited
@@ -99,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         except BaseException as e:  # noted for the launcher's error record, then re-raised
             # on a full disk the note may not fit either: the error itself is the news
             with contextlib.suppress(OSError) if _no_space(e) else contextlib.nullcontext():
-                note_worker_error(payload, e)
+                note_error(payload["config"]["results"]["dir"], payload["run"]["run_id"], e)
             raise
     except BaseException as e:
         msg = _one_line(e)
@@ -115,9 +104,8 @@ def _no_space(e: BaseException) -> bool:
 
 
 def _one_line(e: BaseException) -> str | None:
-    """What ends this worker in one line, for the errors that need no traceback: a full
-    disk, a damaged image (data.strict=true; it names the file), a peer gone (the
-    consequence of another worker's end, which says why)."""
+    """What ends this worker in one line, for the errors that need no traceback (a full
+    disk, a damaged image, a peer gone), else None."""
     if _no_space(e):
         return f"no space left on device ({e.filename or e.strerror})"  # type: ignore[attr-defined]
     if isinstance(e, CorruptImage):

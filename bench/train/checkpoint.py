@@ -143,9 +143,8 @@ def remove_incomplete(run_dir: Path, keep: Path | None = None) -> list[Path]:
 def latest(
     results_dir: str | Path, run_id: str, skipped: list[str] | None = None
 ) -> dict[str, Any] | None:
-    """The manifest of the newest complete, intact checkpoint of a run (None when there is
-    none); each newer damaged one is skipped with a warning, or added to ``skipped`` for
-    the caller to report."""
+    """The manifest of a run's newest whole checkpoint (None if none); each newer damaged
+    one is skipped with a warning, or added to ``skipped`` for the caller to report."""
     m, passed = choose(run_dir(results_dir, run_id))
     if skipped is not None:
         skipped.extend(passed)

@@ -41,7 +41,6 @@ from bench.train.workload import WORKLOADS
 
 def setup(payload: dict[str, Any]) -> TrainState:
     """Process group, workload, optimizer, DDP and its communication hook, from the run JSON."""
-
     cfg = from_container(payload["config"])
     rank, world, device = runtime.setup_distributed(cfg)
     run = runtime.broadcast_object(dict(payload["run"]))  # one run id and launch time
@@ -105,7 +104,6 @@ def _steps_per_epoch(batches: int, max_steps: int, rank: int) -> int:
 
 def _wrap(model: nn.Module, optimizer: Any, cfg: Config, device: torch.device) -> nn.Module:
     """DDP around the model (its constructor broadcasts rank 0's weights), or the model alone."""
-
     if not dist.is_initialized():
         return model
     return DDP(
@@ -149,9 +147,8 @@ def _inject_nan(s: TrainState) -> bool:
 
 
 def _diverged(s: TrainState, loss: torch.Tensor) -> bool:
-    """Whether this step's reduced gradient (or, without a comm hook, any gradient) holds
-    a NaN or Inf; notes where in ``s.diverged_at``.  The reduced buckets are the same on
-    every rank, so every rank stops at the same step."""
+    """Whether this step's reduced gradient (without a comm hook: any gradient) holds a
+    NaN or Inf; notes where in ``s.diverged_at``."""
     hook = s.comm.state
     if getattr(hook, "nan_check", False):
         # the hooks' device flags (reduced buckets, and the inputs of sparse selections):
@@ -259,8 +256,7 @@ def _token_columns(total: list[float], epoch_s: float) -> dict[str, float]:
 
 
 def _progress(s: TrainState) -> Any:
-    """Rank 0's bar over the epoch's steps, on a terminal only: in a log file or a pipe
-    its redraws would be noise between the per-epoch rows."""
+    """Rank 0's bar over the epoch's steps, on a terminal only (not in a log file)."""
     show = s.rank == 0 and s.cfg.train.progress and sys.stderr.isatty()
     return tqdm(
         total=s.steps,
@@ -274,9 +270,8 @@ def _progress(s: TrainState) -> Any:
 
 
 def _show_step(bar: Any, loss: torch.Tensor, samples: int, t0: float) -> None:
-    """The bar's step, with the samples/s of all workers (as in the epoch's row) and the
-    step's mean loss (this rank's).  Reading the loss synchronises with the device, so it
-    is read only for a bar that is shown, and at most twice a second."""
+    """The bar's step, with every worker's samples/s and this rank's loss (a device sync:
+    read only for a bar that is shown, at most twice a second)."""
     bar.update(1)
     if bar.disable or time.perf_counter() - getattr(bar, "_shown_at", 0.0) < 0.5:
         return
@@ -326,8 +321,7 @@ def evaluate(s: TrainState) -> dict[str, float]:
 
 
 def _eval_samples(s: TrainState) -> int:
-    """Every rank: the real samples of the evaluation just done, summed over the ranks
-    (each loader's ``epoch_stats`` counts what it yielded since it was last asked)."""
+    """Every rank: the samples of the evaluation just done, summed over the ranks."""
     mine = s.workload.data.eval.epoch_stats().get(SAMPLES, 0)
     total = torch.tensor([float(mine)], dtype=torch.float64, device=s.device)
     return int(runtime.all_reduce_sum(total).item())
@@ -388,8 +382,7 @@ def _eval_due(s: TrainState, row: dict[str, Any]) -> bool:
 
 def finish(s: TrainState, leave_group: bool = True) -> dict[str, Any] | None:
     """Stop the loaders, write the outputs (rank 0), leave the process group (a queue of
-    runs keeps it for the next run: :mod:`bench.launch.runqueue`)."""
-
+    runs keeps it)."""
     for loader in (s.workload.data.train, s.workload.data.eval):
         if hasattr(loader, "close"):  # loader workers and DALI pipelines stop now, not at exit
             loader.close()
@@ -403,7 +396,6 @@ def finish(s: TrainState, leave_group: bool = True) -> dict[str, Any] | None:
 
 def write_outputs(s: TrainState) -> records.RunRecord:
     """Rank 0: the curve CSV, the time-to-accuracy figure and the run's record."""
-
     cfg, res = s.cfg, s.cfg.results.dir
     rec = records.RunRecord.start(
         cfg,
@@ -470,7 +462,6 @@ def _plot(s: TrainState, rec: records.RunRecord) -> Path:
 
 def train(payload: dict[str, Any], leave_group: bool = True) -> dict[str, Any] | None:
     """Run one training job in this worker; rank 0 returns (and writes) the record."""
-
     init_start = time.time()
     s = setup(payload)
     cfg = s.cfg
@@ -509,8 +500,7 @@ def train(payload: dict[str, Any], leave_group: bool = True) -> dict[str, Any] |
 
 def _checkpoint(s: TrainState, last: bool) -> None:
     """Every rank: a checkpoint every ``train.checkpoint_every`` epochs and at the end
-    (not of a diverged model); its time is not training time (the clock is paused)."""
-
+    (not of a diverged model), the clock paused."""
     every = s.cfg.train.checkpoint_every
     if every <= 0 or s.status == "diverged" or not (last or s.epoch % every == 0):
         return
