@@ -231,7 +231,9 @@ def _epoch_row(
     return {
         # the loader's own counts are this rank's; the totals below are every worker's
         **stats,
-        **_token_columns(total_tokens, epoch_s),
+        # token loaders: every worker's source + target tokens and their rate
+        **({col.TOKENS: int(total_tokens[0])} if total_tokens else {}),
+        **({col.TOKEN_THROUGHPUT: total_tokens[0] / epoch_s} if total_tokens else {}),
         **s.comm.pop_stats(),
         col.EPOCH: s.epoch + 1,
         col.TRAIN_TIME: s.clock.elapsed,
@@ -246,13 +248,6 @@ def _epoch_row(
         **{f"time/{k}_s": v / max(1, steps) for k, v in phases.items()},
         col.LR: s.scheduler.get_last_lr()[0],
     }
-
-
-def _token_columns(total: list[float], epoch_s: float) -> dict[str, float]:
-    """Every worker's source + target tokens of the epoch and their rate (token loaders)."""
-    if not total:
-        return {}
-    return {col.TOKENS: int(total[0]), col.TOKEN_THROUGHPUT: total[0] / epoch_s}
 
 
 def _progress(s: TrainState) -> Any:
