@@ -1,11 +1,6 @@
-"""The structured configuration of a run.
-
-Each config group has its schema in its own sub-package (``bench/<group>/config.py``);
-this module assembles them into :class:`Config` and registers it in Hydra's
-ConfigStore as ``base_config``, which ``conf/config.yaml`` puts first in its defaults
-list.  Every group file in ``conf/`` is merged onto its typed node, so a misspelt key or
-a value of the wrong type is refused before anything starts.
-"""
+"""The structured configuration of a run: each group's schema (``bench/<group>/config.py``)
+assembled into :class:`Config`, registered in Hydra's ConfigStore as ``base_config``, so
+that a misspelt key or a value of the wrong type is refused before anything starts."""
 
 from __future__ import annotations
 
@@ -112,11 +107,8 @@ def to_container(cfg: DictConfig | Config) -> dict[str, Any]:
 
 
 def to_object(cfg: DictConfig | Config) -> Config:
-    """The config as plain dataclass instances.
-
-    Library code takes these, not DictConfigs: attribute access on a DictConfig can
-    resolve to one of its methods (``cfg.optim.update`` is ``dict.update`` there).
-    """
+    """The config as plain dataclass instances (on a DictConfig, ``cfg.optim.update``
+    would be ``dict.update``)."""
     if isinstance(cfg, Config):
         return cfg
     return OmegaConf.to_object(cfg)  # type: ignore[return-value]

@@ -1,10 +1,6 @@
-"""Name -> factory registries.
-
-Every pluggable piece of the suite (models, data sets, compressors, communicators,
-update modes, cluster launchers ...) is looked up by a short name that is also the
-Hydra config file stem and the name stored in result records.  A registry refuses
-duplicate names so that two modules can never silently shadow each other.
-"""
+"""Name -> factory registries for the pieces users add (models, data sets, comm methods,
+optimizers ...), looked up by the name that is also the config file stem and the name in
+records; a registry refuses duplicates.  Also the config's ``ConfigError`` and ``Choice``."""
 
 from __future__ import annotations
 
@@ -20,12 +16,8 @@ class ConfigError(ValueError):
 
 
 class Choice(str, Enum):
-    """Base of the typed choice fields of the structured configs.
-
-    A member equals its string value (``Update.flat == "flat"``) and prints as it, so
-    records, file names and comparisons see the same plain strings as before; Hydra
-    refuses any other value when the config is composed, naming the allowed ones.
-    """
+    """Base of the typed choice fields of the configs: a member equals and prints as its
+    string value; Hydra refuses any other value, naming the allowed ones."""
 
     def __str__(self) -> str:
         return str(self.value)

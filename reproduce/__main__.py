@@ -45,10 +45,6 @@ HYDRA_FLAGS = (
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
-def _fail(msg: str) -> None:
-    fail(msg)
-
-
 def _groups() -> dict[str, list[str]]:
     """Each config group of ``conf/`` and its options."""
     return {
@@ -107,13 +103,12 @@ def _check_flags(cmd: str, overrides: list[str]) -> None:
     for o in overrides:
         if o.startswith("-") and o.split("=")[0] not in known:
             hint = did_you_mean(o.split("=")[0], [*known, *SYNONYMS.values()])
-            _fail(f"{cmd}: unknown option {o}{hint}")
+            fail(f"{cmd}: unknown option {o}{hint}")
 
 
 def _precheck(overrides: list[str]) -> None:
-    """Compose the config of the run (of each job of a ``-m`` sweep) once, to turn
-    Hydra's errors into one clear line; an unknown key or group option says "did you
-    mean"."""
+    """Compose the config of the run (of each job of a ``-m`` sweep) once: Hydra's errors
+    become one line with "did you mean"."""
     from reproduce._dryrun import FLAGS, compose, refusal, sweep_jobs
 
     flags = [o for o in overrides if o.startswith("-")]
@@ -127,7 +122,7 @@ def _precheck(overrides: list[str]) -> None:
         # is recorded as such and the others go on, so its checks stay in the run)
         why = None if flags else refusal(cfg)
         if why:
-            _fail(why)
+            fail(why)
     if not flags:
         import reproduce.train
 
@@ -144,7 +139,7 @@ def _resume(overrides: list[str]) -> None:
     try:
         rc, _ = resume(run_id, rest)
     except ConfigError as e:
-        _fail(str(e))
+        fail(str(e))
     sys.exit(rc)
 
 
@@ -173,7 +168,7 @@ def _hydra(overrides: list[str]) -> None:
 
 def _commands() -> dict[str, str]:
     """Every command module of this package: ``reproduce/<name>.py`` with ``USAGE`` and
-    ``main(argv)``; the module's first docstring line is its help."""
+    ``main(argv)``."""
     import importlib
     import pkgutil
 
@@ -210,7 +205,7 @@ def main(argv: list[str]) -> None:
     elif cmd == "dawnbench":
         data = next((o.split("=", 1)[1] for o in rest if o.startswith("data=")), "digits")
         if data not in DAWNBENCH:
-            _fail(
+            fail(
                 f"dawnbench has recipes for data={', '.join(DAWNBENCH)}; got data={data}"
                 f"{did_you_mean(data, DAWNBENCH)}"
             )
@@ -226,7 +221,7 @@ def main(argv: list[str]) -> None:
         importlib.import_module(f"reproduce.{cmd}").main(rest)
     else:
         names = ["train", "dawnbench", *sorted(commands)]
-        _fail(
+        fail(
             f"unknown command {cmd!r}{did_you_mean(cmd, names)}; choose one of: {', '.join(names)}"
         )
 

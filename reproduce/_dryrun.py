@@ -1,13 +1,6 @@
-"""``train --dry-run`` / ``dawnbench --dry-run``: the checks of a run and its plan.
-
-The config is composed as for a run (the same Hydra composition) and goes through the
-same checks a real run makes before its workers start (:func:`bench.launch.run.validate`:
-ranges and choices across groups, the data root, the cluster's requirements, the results
-directory, only inspected here, not made).  Then a short plan: what would run, where its
-results would go and how long it should take (from earlier records of the same
-configuration); the resolved config only with ``--verbose``.  Nothing is launched,
-recorded or written.  A ``-m`` sweep lists its jobs, two lines each.
-"""
+"""``train --dry-run`` / ``dawnbench --dry-run``: the config composed and checked as for
+a real run (:func:`bench.launch.run.validate`, the results directory only inspected),
+then a short plan (what, where, how long from earlier records); nothing is launched."""
 
 from __future__ import annotations
 
@@ -83,10 +76,6 @@ def hydra_error(e: BaseException) -> str:
     return msg
 
 
-def _fail(msg: str) -> None:
-    fail(msg)
-
-
 def compose(overrides: list[str]) -> Any:
     """The run's config from ``overrides``, or one error line and exit 2."""
     from hydra import compose as hydra_compose
@@ -100,7 +89,7 @@ def compose(overrides: list[str]) -> Any:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
             return hydra_compose(config_name="config", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as e:
-        _fail(hydra_error(e))
+        fail(hydra_error(e))
 
 
 def refusal(cfg: Any) -> str | None:
@@ -135,9 +124,8 @@ def _duration(s: float) -> str:
 
 
 def estimate(cfg: Any) -> str:
-    """How long the run should take: the median wall time of the earlier runs of the same
-    experiment, comm, world size and epochs in the results directory and the reference
-    results (on this machine's hardware when some were; else saying on which)."""
+    """How long the run should take: the median wall time of earlier runs of the same
+    experiment, comm, world size and epochs (on this hardware when some were)."""
     from bench.results.env import REPO_ROOT, hardware
     from bench.results.records import load_records
 
@@ -186,7 +174,7 @@ def sweep_jobs(overrides: list[str]) -> list[list[str]]:
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except HydraException as e:
-        _fail(hydra_error(e))
+        fail(hydra_error(e))
     return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
 
 
@@ -202,7 +190,7 @@ def _resume(overrides: list[str]) -> None:
     try:
         cfg, meta, path = prepare_resume(run_id, rest, dry=True)
     except ConfigError as e:
-        _fail(f"the resume would be refused: {e}")
+        fail(f"the resume would be refused: {e}")
     runs = Path(str(cfg.results.dir)) / "runs.jsonl"
     print(
         f"would resume run {run_id} from its checkpoint {path} (attempt {meta['attempt']}, "
@@ -240,7 +228,7 @@ def dry_run(overrides: list[str]) -> None:
     cfg = compose(args)
     why = refusal(cfg)
     if why:
-        _fail(f"the run would be refused: {why}")
+        fail(f"the run would be refused: {why}")
     print(launch_line(cfg))
     print(estimate(cfg))
     print("checks passed: the config, the data, the cluster's requirements, the results directory")

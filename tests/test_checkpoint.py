@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,8 +16,10 @@ from bench.comm import attach
 from bench.config import Config, to_container
 from bench.registry import ConfigError
 from bench.results import records
-from bench.results.timing import TrainClock
 from bench.train import checkpoint as ck
+from bench.train.loop import checkpoints
+from bench.train.runtime import PhaseTimer
+from bench.train.state import TrainState
 
 
 @pytest.fixture(autouse=True)
@@ -31,7 +32,7 @@ def one_process_world(tmp_path: Path):
     dist.destroy_process_group()
 
 
-def _state(tmp_path: Path, update: str, seed: int = 0) -> SimpleNamespace:
+def _state(tmp_path: Path, update: str, seed: int = 0) -> TrainState:
     from bench.optim import build_optimizer, build_scheduler
 
     cfg = Config()
@@ -43,28 +44,27 @@ def _state(tmp_path: Path, update: str, seed: int = 0) -> SimpleNamespace:
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
     opt = build_optimizer(model, cfg.optim)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
-    return SimpleNamespace(
+    return TrainState(
         ddp=ddp,
         cfg=cfg,
         run={"run_id": "r1", "launch_time": 0.0},
         rank=0,
         world=1,
+        nnodes=1,
         device=torch.device("cpu"),
+        workload=None,
         model=model,
         optimizer=opt,
         scheduler=build_scheduler(opt, cfg.optim, steps_per_epoch=4, epochs=3),
         scaler=None,
         comm=attach(ddp, cfg.comm, steps_per_epoch=4),
-        clock=TrainClock(),
-        curve=[],
-        evals=[],
-        epoch=0,
-        step=0,
-        status="target_missed",
+        autocast=None,
+        steps=4,
+        timer=PhaseTimer(torch.device("cpu"), False),
     )
 
 
-def _steps(s: SimpleNamespace, n: int) -> None:
+def _steps(s: TrainState, n: int) -> None:
     """``n`` training steps through DDP and its mstopk hook (error feedback); the data come
     from the global RNG (restored by a checkpoint)."""
     for _ in range(n):
@@ -84,12 +84,12 @@ def test_a_resumed_state_continues_exactly(tmp_path: Path, update: str) -> None:
     a.epoch, a.curve = 1, [{"epoch": 1, "loss/train": 1.5}]
     a.evals = [{"step": 2, "epoch": 1, "clock/train_s": 4.0, "acc/top1": 0.5}]  # sub-epoch
     a.clock.load_state_dict({"elapsed": 7.0})
-    ck.save(a, barrier=lambda: None)
+    checkpoints(a).save(barrier=lambda: None)
     _steps(a, 3)  # the uninterrupted run goes on
     b = _state(tmp_path, update, seed=1)  # another process: other weights, other ids
     manifest = ck.latest(tmp_path, "r1")
     assert manifest is not None and manifest["epoch"] == 1
-    ck.load(b, manifest)
+    checkpoints(b).load(manifest)
     assert (b.epoch, b.step, b.clock.elapsed, b.curve) == (1, 3, 7.0, a.curve)
     assert b.evals == a.evals
     assert b.comm.state.step == 3
@@ -107,7 +107,7 @@ def test_old_checkpoints_are_pruned_and_files_are_whole(tmp_path: Path) -> None:
     s = _state(tmp_path, "foreach")
     for epoch in (1, 2, 3):
         s.epoch = epoch
-        ck.save(s, barrier=lambda: None)
+        checkpoints(s).save(barrier=lambda: None)
     d = ck.run_dir(tmp_path, "r1")
     assert sorted(p.name for p in d.glob("epoch-*.json")) == ["epoch-0002.json", "epoch-0003.json"]
     assert sorted(p.name for p in d.iterdir() if p.is_dir()) == ["epoch-0002", "epoch-0003"]
@@ -120,7 +120,7 @@ def test_old_checkpoints_are_pruned_and_files_are_whole(tmp_path: Path) -> None:
 def test_an_incompatible_config_is_refused_naming_the_keys(tmp_path: Path) -> None:
     s = _state(tmp_path, "foreach")
     s.epoch = 1
-    ck.save(s, barrier=lambda: None)
+    checkpoints(s).save(barrier=lambda: None)
     manifest = ck.latest(tmp_path, "r1")
     other = to_container(s.cfg)
     other["optim"]["lr"] = 0.1
@@ -142,13 +142,12 @@ def test_an_incompatible_config_is_refused_naming_the_keys(tmp_path: Path) -> No
 def test_a_failed_launch_leaves_a_full_record_with_the_reason(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exc: BaseException, status: str
 ) -> None:
-    from bench.cluster import launch
     from bench.launch import run as run_mod
 
     def fail(cfg: Config, run_json: Path) -> int:
         raise exc
 
-    monkeypatch.setattr(launch, "launch", fail)
+    monkeypatch.setattr(run_mod, "launch_workers", fail)
     cfg = Config()
     cfg.results.dir = str(tmp_path)
     meta = {"run_id": "r9", "started_at": records.now_iso(), "launch_time": 0.0}

@@ -42,10 +42,9 @@ def test_emulated_launcher_refuses_bad_input_before_building(tmp_path, cluster, 
 
 def test_emulated_launcher_is_registered():
     from bench.cluster.emulated import check_emulated, launch_emulated
-    from bench.cluster.registry import LAUNCHERS
+    from bench.launch.run import LAUNCHERS
 
-    spec = LAUNCHERS.get("emulated")
-    assert spec.launch is launch_emulated and spec.validate is check_emulated
+    assert LAUNCHERS["emulated"] == (launch_emulated, check_emulated)
 
 
 @pytest.mark.slow

@@ -351,7 +351,7 @@ def _fake_checkpoint(results: Path, run_id: str, epoch: int, files: bool = True)
 
     import torch
 
-    from bench.train.checkpoint_verify import shard_sizes
+    from bench.train.checkpoint import shard_sizes
 
     d = ck.run_dir(results, run_id) / f"epoch-{epoch:04d}"
     d.mkdir(parents=True)
@@ -402,12 +402,13 @@ def test_a_resume_with_no_intact_checkpoint_is_refused_in_one_line(tmp_path: Pat
 
 @pytest.mark.usefixtures("one_process_world")
 def test_a_saved_checkpoint_records_its_shard_sizes_and_verifies(tmp_path: Path) -> None:
+    from bench.train.loop import checkpoints
     from tests.test_checkpoint import _state
 
     s = _state(tmp_path, "foreach")
     for epoch in (1, 2):
         s.epoch = epoch
-        ck.save(s, barrier=lambda: None)
+        checkpoints(s).save(barrier=lambda: None)
     m = ck.latest(tmp_path, "r1")
     assert m["epoch"] == 2 and set(m["files"]) == {"common.pt", "rank0.pt"}
     common = Path(m["path"]) / "common.pt"
@@ -451,13 +452,12 @@ def test_a_launch_leaves_no_temporary_run_folder(
 ) -> None:
     import tempfile
 
-    import bench.cluster.launch
     from bench.launch import run
 
     temp = tmp_path / "tmp"
     temp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
-    monkeypatch.setattr(bench.cluster.launch, "launch", lambda cfg, run_json: 0)
+    monkeypatch.setattr(run, "launch_workers", lambda cfg, run_json: 0)
     cfg = _config(tmp_path / "res", *TINY)
     meta = {"run_id": "r", "started_at": records.now_iso(), "launch_time": time.time()}
     run.launch_and_record(cfg, {**meta, "experiment": "t"}, None)
@@ -557,7 +557,7 @@ def test_a_worker_ends_in_one_line_on_a_full_disk_a_damaged_image_or_a_peer_gone
     import errno
 
     from bench.data.jpegs import CorruptImage
-    from bench.train.worker import _one_line
+    from bench.train.__main__ import _one_line
 
     full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/r/common.pt")
     assert _one_line(full) == "no space left on device (/r/common.pt)"
@@ -569,16 +569,17 @@ def test_a_worker_ends_in_one_line_on_a_full_disk_a_damaged_image_or_a_peer_gone
 
 @pytest.mark.usefixtures("one_process_world")
 def test_a_save_removes_the_shards_of_a_failed_one(tmp_path: Path) -> None:
+    from bench.train.loop import checkpoints
     from tests.test_checkpoint import _state
 
     s = _state(tmp_path, "foreach")
     s.epoch = 1
-    ck.save(s, barrier=lambda: None)
+    checkpoints(s).save(barrier=lambda: None)
     stray = ck.run_dir(tmp_path, "r1") / "epoch-0002"  # shards written, no manifest
     stray.mkdir()
     (stray / "rank0.pt").write_bytes(b"x" * 1000)
     s.epoch = 3
-    ck.save(s, barrier=lambda: None)
+    checkpoints(s).save(barrier=lambda: None)
     assert not stray.exists() and ck.latest(tmp_path, "r1")["epoch"] == 3
 
 

@@ -1,6 +1,7 @@
 """The layout of the library: no import cycle, the folders of ``bench`` on floors that
-import only downwards, few loose files, every module importable on its own, short files
-and functions, no reference outside the repository, ruff-clean."""
+import only downwards (imports under ``TYPE_CHECKING`` count), few loose files, every
+module importable on its own and saying its one job, short loop functions, a run path
+through at most ten files, no reference outside the repository, ruff-clean."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import ast
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
@@ -26,26 +29,11 @@ def _module_name(path: Path) -> str:
 MODULES = {_module_name(p): p for p in sorted(BENCH.rglob("*.py"))}
 
 
-def _type_checking_only(tree: ast.Module) -> set[ast.AST]:
-    """The import statements under ``if TYPE_CHECKING:``: they name types for a checker and
-    never run, so they are no dependency (a module may name the type of a higher layer's
-    object it is handed, such as the loop's ``TrainState``)."""
-    out: set[ast.AST] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            out |= {n for b in node.body for n in ast.walk(b)}
-    return out
-
-
 def _imports(path: Path) -> set[str]:
-    """bench modules that ``path`` imports anywhere (module level or inside functions),
-    those under ``if TYPE_CHECKING:`` aside."""
+    """bench modules that ``path`` imports anywhere (module level, inside functions, under
+    ``if TYPE_CHECKING:``: a type named from a higher floor is a dependency too)."""
     out: set[str] = set()
-    tree = ast.parse(path.read_text())
-    typing_only = _type_checking_only(tree)
-    for node in ast.walk(tree):
-        if node in typing_only:
-            continue
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -153,6 +141,20 @@ def test_no_import_from_a_lower_floor_to_a_higher_one() -> None:
     assert _upward({name: _imports(path) for name, path in MODULES.items()}) == []
 
 
+def test_the_library_imports_nothing_of_a_run() -> None:
+    """results, comm and optim never reach up into the run (train, launch, sweeps,
+    report): a component is handed plain values or the objects it needs."""
+    low, high = ("results", "comm", "optim"), ("train", "launch", "sweeps", "report")
+    up = [
+        f"{a} -> {b}"
+        for a, path in MODULES.items()
+        if _unit(a) in low
+        for b in _imports(path)
+        if _unit(b) in high
+    ]
+    assert up == []
+
+
 def test_the_floor_check_finds_an_upward_import() -> None:
     graph = {
         "bench.results.events": {"bench.registry"},  # down: fine
@@ -204,9 +206,10 @@ def test_every_module_imports_on_its_own() -> None:
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
 
 
-def test_no_library_file_over_500_lines() -> None:
-    long = {n: len(p.read_text().splitlines()) for n, p in MODULES.items()}
-    assert {n: k for n, k in long.items() if k > 500} == {}
+def test_every_module_says_its_one_job() -> None:
+    """Modules are cut by cohesion, not by size: each opens with what it is for."""
+    silent = [n for n, p in MODULES.items() if not ast.get_docstring(ast.parse(p.read_text()))]
+    assert silent == []
 
 
 def test_training_loop_functions_are_short() -> None:
@@ -239,3 +242,84 @@ def test_no_reference_outside_the_repository() -> None:
 def test_ruff(args: list[str]) -> None:
     p = subprocess.run(["ruff", *args, "."], cwd=REPO, capture_output=True, text=True)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
+
+
+# ---------------------------------------------------------------------------------------
+# the run path: from ``python -m reproduce train`` to the first training step
+
+
+RUN_PATH_MAX = 10
+
+
+def _project_files(frames: list[traceback.FrameSummary]) -> set[str]:
+    """The files of bench/ and reproduce/ among ``frames``, relative to the repository."""
+    out = set()
+    for f in frames:
+        p = Path(f.filename).resolve()
+        if p.is_relative_to(REPO) and p.relative_to(REPO).parts[0] in ("bench", "reproduce"):
+            out.add(p.relative_to(REPO).as_posix())
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_run_path_touches_at_most_ten_files(tmp_path: Path, monkeypatch) -> None:
+    """The project files on the call stack of the launcher when it starts the workers,
+    and of the worker when ``train_step`` first runs: one tiny run, launcher and worker
+    in this process (a world of one, gloo).  docs/layout.md lists them."""
+    import torch
+    import torch.distributed.launcher.api as api
+
+    import bench.train.__main__ as worker
+    import reproduce.train
+    from bench.train import loop
+    from reproduce.__main__ import main
+
+    stacks: dict[str, list[traceback.FrameSummary]] = {}
+
+    def elastic_launch(config, entrypoint):  # the elastic agent, as the worker it starts
+        def start(*args: str) -> None:
+            stacks["launcher"] = traceback.extract_stack()
+            env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
+            for k, v in {
+                **env,
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(_free_port()),
+            }.items():
+                monkeypatch.setenv(k, v)
+            assert worker.main(list(args[args.index("--config") :])) == 0
+
+        return start
+
+    first_step = loop.train_step
+
+    def train_step(s, batch):
+        stacks.setdefault("worker", traceback.extract_stack())
+        return first_step(s, batch)
+
+    monkeypatch.setattr(api, "elastic_launch", elastic_launch)
+    monkeypatch.setattr(loop, "train_step", train_step)
+    monkeypatch.setattr(reproduce.train, "PRECHECKED", False)
+    monkeypatch.setattr(sys, "argv", ["reproduce"])
+    for k in ("OMP_NUM_THREADS", "BENCH_EVENTS"):
+        monkeypatch.setenv(k, "1")
+    threads = torch.get_num_threads()
+    try:
+        main(
+            ["train", f"results.dir={tmp_path}", "model.width=4", "train.max_steps_per_epoch=1"]
+            + ["train.epochs=1", "train.progress=false", "train.checkpoint_every=0"]
+            + ["data.batch_size=32", "data.eval_batch_size=512", "results.plot=false"]
+            + ["cluster.nproc_per_node=1", "cluster.backend=gloo", "cluster.threads_per_worker=1"]
+        )
+    finally:
+        torch.set_num_threads(threads)
+    frames = stacks["worker"]
+    entry = next(i for i, f in enumerate(frames) if f.filename == worker.__file__)
+    on_path = _project_files(stacks["launcher"]) | _project_files(frames[entry:])
+    assert len(on_path) <= RUN_PATH_MAX, sorted(on_path)
+    listed = (REPO / "docs" / "layout.md").read_text()
+    assert [f for f in sorted(on_path) if f"`{f}`" not in listed] == []

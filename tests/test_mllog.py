@@ -102,11 +102,19 @@ def _fake_state(tmp_path: Path, author: str = "unknown") -> SimpleNamespace:
 
 
 def _one_epoch_log(log: RunLog, s: SimpleNamespace, top1: float = 0.5) -> None:
-    log.begin(s, time.time())
+    log.begin(
+        s.cfg,
+        world=s.world,
+        nnodes=s.nnodes,
+        steps_per_epoch=s.steps,
+        train_samples=s.workload.data.train_samples,
+        first_epoch=s.epoch + 1,
+        init_start_s=time.time(),
+    )
     log.epoch_start(1)
     log.epoch_stop(1, 1000)
     log.eval_start(1)
-    log.eval_stop(s, {"top1": top1, "top5": 0.9})
+    log.eval_stop(1, "top1", top1, samples=100)
 
 
 def test_ranks_other_than_0_write_nothing(tmp_path: Path) -> None:

@@ -1,15 +1,6 @@
-"""A node's elastic agent: ``python -m bench.cluster.agent <torchrun arguments>``.
-
-torch.distributed's ``torchrun``, unchanged, except that
-
-- each failed worker group is noted in the run's event log
-  (:func:`bench.cluster.torchrun.instrument_agent`) before the agent restarts it, so that
-  the run's record can list its restarts;
-- with ``BENCH_LAUNCHER_PID`` set (the launchers set it to their own pid), the agent dies
-  with its launcher: the kernel sends it SIGUSR1 when the launcher dies
-  (``prctl(PR_SET_PDEATHSIG)``), and it then SIGKILLs its workers and their children and
-  exits, so that no worker of a killed launcher goes on to write a record.
-"""
+"""A node's elastic agent, ``python -m bench.cluster.agent <torchrun arguments>``: torch's
+``torchrun`` that notes failed worker groups in the run's event log and dies, with its
+workers, with its launcher (docs/internals/launch.md)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Schema of the ``cluster`` config group (conf/cluster/*.yaml).
-
-``local`` runs every worker on this machine; ``multinode`` is one node of a real
-cluster (torchrun-style ``nnodes`` / ``node_rank`` / ``rdzv_endpoint``, one launcher per
-node, e.g. one Slurm task per node); ``emulated`` builds ``nnodes`` Linux network
-namespaces on this machine, joined by a bridge whose links are shaped with ``tc``
-(see :mod:`bench.cluster.netns`), and runs one launcher per namespace.
-"""
+"""Schema of the ``cluster`` config group (conf/cluster/*.yaml): ``local`` (this machine),
+``multinode`` (one node of a real cluster) or ``emulated`` (network namespaces joined by
+a ``tc``-shaped bridge on this machine)."""
 
 from dataclasses import dataclass
 
@@ -22,7 +17,7 @@ class Backend(Choice):
 
 @dataclass
 class ClusterConfig:
-    name: str = "local"  # registry key in bench.cluster.registry: local | multinode | emulated
+    name: str = "local"  # bench.launch.run.LAUNCHERS: local | multinode | emulated
     nnodes: int = 1
     nproc_per_node: int = 2  # workers per node (CPU default 2; set to the GPU count on GPU nodes)
     node_rank: int = 0  # multinode: this node's rank

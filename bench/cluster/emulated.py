@@ -21,7 +21,6 @@ from typing import Any
 from bench.cluster.config import ClusterConfig
 from bench.cluster.linkcheck import run_link_check, write_link_check
 from bench.cluster.netns import EmulatedCluster, parse_bandwidth, parse_latency, require_tools
-from bench.cluster.registry import LauncherSpec, register
 from bench.cluster.torchrun import AGENT_MODULE, LAUNCHER_ENV
 from bench.registry import ConfigError
 from bench.results.events import events_env
@@ -276,6 +275,3 @@ def launch_emulated(c: ClusterConfig, run_json: Path) -> int:
             threads_per_worker=c.threads_per_worker,
             env=env,
         )
-
-
-EMULATED = register(LauncherSpec("emulated", launch_emulated, validate=check_emulated))

@@ -1,17 +1,7 @@
-"""The ``local`` and ``multinode`` launchers: torch.distributed's elastic agents on real hosts.
-
-- ``local``: this machine.  One node: ``torch.distributed.launcher.api.elastic_launch``
-  (the engine behind ``torchrun``) in-process.  ``cluster.nnodes > 1``: one
-  ``torchrun`` agent per node started here, joined by a c10d rendezvous on loopback, so
-  that workers see GROUP_RANK / LOCAL_WORLD_SIZE exactly as on separate nodes.
-- ``multinode``: this machine is node ``cluster.node_rank`` of a real cluster; run the same
-  command on every node with the same ``cluster.rdzv_endpoint`` (host:port of node 0).
-
-Every worker runs ``python -m bench.train --config <run.json>``.  A node's agent runs as
-``python -m bench.cluster.agent <torchrun arguments>``: torch's ``torchrun`` with
-:func:`instrument_agent` applied, so that each failed worker group (which the agent then
-restarts, up to ``cluster.max_restarts`` times) is noted in the run's event log.
-"""
+"""The ``local`` and ``multinode`` launchers: torch.distributed's elastic agents on real
+hosts (``local``: this machine, one agent in-process or one per emulated node;
+``multinode``: node ``cluster.node_rank`` of a real cluster).  Each worker runs
+``python -m bench.train --config <run.json>`` (docs/internals/launch.md)."""
 
 from __future__ import annotations
 
@@ -24,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from bench.cluster.config import ClusterConfig
-from bench.cluster.registry import LauncherSpec, register
 from bench.registry import ConfigError
 from bench.results.events import EVENTS_ENV, FAILURE, events_env, log_event
 
@@ -35,16 +24,9 @@ LAUNCHER_ENV = "BENCH_LAUNCHER_PID"  # an agent dies with this process (bench.cl
 
 
 def instrument_agent() -> None:
-    """Two additions to torch's local elastic agent (this process's, in place):
-
-    - each failed worker group is noted in ``$BENCH_EVENTS``: the failed (global) rank,
-      its exit code, and the restart that follows (if any are left);
-    - the workers of each rendezvous round get ``$BENCH_GENERATION``, a token shared by
-      every node's agent of that round (set once in the round's store): the workers keep
-      their process group's keys under it, apart from the keys of the group they replace
-      (each agent's restart count cannot serve: an agent whose own workers did not fail
-      restarts without counting).
-    """
+    """Patch torch's local elastic agent in place: each failed worker group is noted in
+    ``$BENCH_EVENTS``, and each rendezvous round's workers get ``$BENCH_GENERATION``,
+    a token shared by every node's agent of that round."""
     # deferred: torch takes seconds to load, and this module is read without it
     from torch.distributed.elastic.agent.server.api import WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
@@ -100,11 +82,8 @@ def worker_env(c: ClusterConfig) -> dict[str, str]:
 
 
 def torchrun_cmd(c: ClusterConfig, run_json: Path, *, endpoint: str, rdzv_id: str) -> list[str]:
-    """A ``python -m torch.distributed.run`` command line for one node's agent.
-
-    With the c10d rendezvous the agents are ranked by the rendezvous itself (GROUP_RANK),
-    so no node rank is passed to torchrun.
-    """
+    """The command line of one node's agent (torchrun; the c10d rendezvous ranks the
+    nodes, so no node rank is passed)."""
     return [
         sys.executable, "-m", AGENT_MODULE,
         f"--nnodes={c.nnodes}", f"--nproc-per-node={c.nproc_per_node}",
@@ -191,7 +170,3 @@ def launch_multinode(c: ClusterConfig, run_json: Path) -> int:
     rdzv_id = c.rdzv_id or "topk-bench"
     cmd = torchrun_cmd(c, run_json, endpoint=c.rdzv_endpoint, rdzv_id=rdzv_id)
     return _wait_all([subprocess.Popen(cmd, env={**worker_env(c), **events_env(run_json)})])
-
-
-LOCAL = register(LauncherSpec("local", launch_local))
-MULTINODE = register(LauncherSpec("multinode", launch_multinode, validate=check_multinode))

@@ -1,5 +1,6 @@
-"""One run from a composed config: validate everything, launch the workers, make sure a
-record exists afterwards (a failed launch still leaves an ``error`` record)."""
+"""One run from a composed config: validate everything, launch the workers with the
+launcher ``cluster.name`` names, make sure a record exists afterwards (a failed launch
+still leaves an ``error`` record)."""
 
 from __future__ import annotations
 
@@ -18,30 +19,50 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from bench import comm, data, models, optim
-from bench.cluster import launch as cluster_launch
+from bench.cluster import emulated, torchrun
 from bench.comm import is_sparse
 from bench.config import Config, ResultsConfig, from_container, to_container, to_object
 from bench.launch import profile
 from bench.registry import ConfigError
 from bench.results import columns as col
-from bench.results import dawnbench, mllog, records, reserve
 from bench.results import events as ev
+from bench.results import mllog, records, reserve
 from bench.results.outputs import closing_lines
 from bench.results.safejson import non_finite
 from bench.train import checkpoint as ck
-from bench.train.checkpoint_verify import remove_incomplete
 from bench.train.workload import WORKLOADS
+
+#: cluster.name -> (start this node's workers, the launcher's own config checks)
+LAUNCHERS = {
+    "local": (torchrun.launch_local, lambda c: None),
+    "multinode": (torchrun.launch_multinode, torchrun.check_multinode),
+    "emulated": (emulated.launch_emulated, emulated.check_emulated),
+}
+
+
+def check_cluster(cfg: Config) -> None:
+    """Refuse a cluster config that cannot run, before anything starts (one sentence)."""
+    c = cfg.cluster
+    if c.name not in LAUNCHERS:
+        raise ConfigError(
+            f"unknown cluster launcher {c.name!r}; choose one of: {', '.join(sorted(LAUNCHERS))}"
+        )
+    if c.nproc_per_node < 1:
+        raise ConfigError(f"cluster.nproc_per_node must be >= 1, got {c.nproc_per_node}")
+    if c.nnodes < 1:
+        raise ConfigError(f"cluster.nnodes must be >= 1, got {c.nnodes}")
+    LAUNCHERS[c.name][1](c)
+
+
+def launch_workers(cfg: Config, run_json: Path) -> int:
+    """Start the workers of this node; their exit status (0 = every worker succeeded)."""
+    return LAUNCHERS[cfg.cluster.name][0](cfg.cluster, Path(run_json))
 
 
 def validate(cfg: Config, *, create_results: bool = True) -> None:
-    """All configuration-time checks, before any worker process starts.
-
-    Types and choices were checked when the config was composed; what is left are
-    ranges and checks across groups, each in the package that owns the group.  A dry run
-    passes ``create_results=False``: the same checks, but the results directory is only
-    inspected, not made.
-    """
-
+    """All configuration-time checks (ranges and checks across groups, each in the package
+    that owns the group), before any worker starts; a dry run only inspects the results
+    directory (``create_results=False``)."""
     # first: a range check such as ``lr > 0`` passes inf, and every check passes NaN
     bad = non_finite(to_container(cfg))
     if bad:
@@ -50,7 +71,7 @@ def validate(cfg: Config, *, create_results: bool = True) -> None:
             + ", ".join(f"{k}={v}" for k, v in bad)
             + " (every number of the config must be finite)"
         )
-    cluster_launch.validate(cfg)
+    check_cluster(cfg)
     profile.check(cfg.cluster.profile, cfg.cluster.name)
     world = cfg.cluster.nnodes * cfg.cluster.nproc_per_node
     models.validate(cfg.model)
@@ -112,11 +133,8 @@ def _validate_train(cfg: Config) -> None:
 
 
 def check_results_dir(results_dir: str, *, create: bool = True) -> None:
-    """Refuse a results directory the run could not write to.  The same tests with and
-    without ``create`` (a dry run makes nothing): the nearest existing path must be a
-    writable directory, and the record file, if there, a writable file; ``create`` then
-    makes the directory and writes a scratch file in it, which catches the rest (a full
-    or read-only file system)."""
+    """Refuse a results directory the run could not write to; ``create`` (not in a dry run)
+    then makes it and writes a scratch file in it (a full or read-only file system)."""
     res = Path(results_dir)
     where = f"results.dir={results_dir!r}"
     existing = next(p for p in [res, *res.absolute().parents] if p.exists())
@@ -152,9 +170,8 @@ def run(
     output_dir: str | Path | None = None,
     checked: bool = False,
 ) -> tuple[int, dict[str, Any] | None]:
-    """Validate, launch, and return (exit status, the run's record).  ``checked``: the
-    caller has made :func:`validate`'s checks on this config (``create_results=False``),
-    so that only the results directory is left to make."""
+    """Validate, launch, and return (exit status, the run's record); ``checked``: the
+    caller has made :func:`validate`'s checks already."""
     launch_time = time.time()
     cfg = to_object(cfg)
     run_meta = prepare(cfg, experiment, launch_time, checked=checked)
@@ -164,9 +181,8 @@ def run(
 def prepare(
     cfg: Config, experiment: str, launch_time: float, quiet: bool = False, checked: bool = False
 ) -> dict[str, Any]:
-    """Validate ``cfg`` (``checked``: only make its results directory) and set its
-    emulated link (``cluster.profile``); the run's metadata (run id, start and launch
-    time, experiment, the profile applied)."""
+    """Validate ``cfg`` and set its emulated link (``cluster.profile``); the run's metadata
+    (run id, start and launch time, experiment, the profile applied)."""
     if checked:  # some checks read whole files (a corpus, a tokenizer): not twice
         check_results_dir(cfg.results.dir)
     else:
@@ -188,9 +204,8 @@ def prepare(
 def resume(
     run_id: str, overrides: list[str], results_dir: str = ResultsConfig.dir
 ) -> tuple[int, dict[str, Any] | None]:
-    """Continue run ``run_id`` from its last checkpoint, into the same run id (a new
-    ``attempt`` of its record).  The config is the checkpoint's; ``overrides`` may change
-    only what :data:`bench.train.checkpoint.MAY_DIFFER` lists."""
+    """Continue run ``run_id`` from its last checkpoint as a new ``attempt`` of its record;
+    ``overrides`` may change only what :data:`bench.train.checkpoint.MAY_DIFFER` lists."""
     cfg, run_meta, path = prepare_resume(run_id, overrides, results_dir)
     print(f"resuming run {run_id} from {path} (attempt {run_meta['attempt']})", flush=True)
     return launch_and_record(cfg, run_meta, None)
@@ -199,9 +214,8 @@ def resume(
 def prepare_resume(
     run_id: str, overrides: list[str], results_dir: str = ResultsConfig.dir, dry: bool = False
 ) -> tuple[Config, dict[str, Any], str]:
-    """The checks of :func:`resume`, all made before anything is launched (a dry run
-    makes them too, with ``dry``: nothing created): the config, run metadata and
-    checkpoint path to resume from."""
+    """The checks of :func:`resume` (``dry``: nothing created); the config, run metadata
+    and checkpoint path to resume from."""
     results_dir = next(
         (o.split("=", 1)[1] for o in overrides if o.startswith("results.dir=")), results_dir
     )
@@ -240,16 +254,15 @@ def _on_signal(signum: int, frame: Any) -> None:  # noqa: ARG001
 
 
 def guarded_launch(cfg: Config, run_json: Path) -> tuple[int, str, str | None, Exception | None]:
-    """Launch the workers of ``run_json`` (a run or a queue of runs), turning interrupts
-    and the launcher's own failures into (exit status, status, reason, the exception to
-    raise again after recording)."""
+    """Launch the workers of ``run_json``; interrupts and the launcher's own failures become
+    (exit status, status, reason, the exception to raise again after recording)."""
     try:
         old = signal.signal(signal.SIGTERM, _on_signal)
     except ValueError:  # not the main thread (a threaded sweep): the caller handles signals
         old = None
     status, reason, raised = "error", None, None
     try:
-        rc = cluster_launch.launch(cfg, run_json)
+        rc = launch_workers(cfg, run_json)
     except (KeyboardInterrupt, Interrupted) as e:
         rc, status, reason = 130, "interrupted", f"interrupted by {e or 'SIGINT'}"
     except SystemExit as e:  # a launcher's own signal handler (the emulated cluster's)
@@ -280,8 +293,7 @@ def write_run_json(out: Path, payload: dict[str, Any]) -> Path:
 def launch_and_record(
     cfg: Config, run_meta: dict[str, Any], output_dir: str | Path | None
 ) -> tuple[int, dict[str, Any] | None]:
-    """Launch the workers of a run; afterwards a record exists whatever happened: the
-    workers' own, or an ``error``/``interrupted`` one written here with the reason."""
+    """Launch the workers of a run; afterwards a record exists whatever happened."""
     payload = {"config": to_container(cfg), "run": run_meta}
     out = Path(output_dir) if output_dir else Path(tempfile.mkdtemp(prefix="bench-run-"))
     run_json = write_run_json(out, payload)
@@ -300,11 +312,9 @@ def launch_and_record(
 
 @dataclass
 class Launched:
-    """One launch of the workers: its exit status and status (``error`` or
-    ``interrupted`` when it did not end well), the launcher's own exception (recorded,
-    to be raised again or reported), and per run its record (None: not recorded here,
-    a node other than 0) and whether the workers wrote it, for the runs up to the one
-    that was training when the workers ended (the runs after it are not listed)."""
+    """One launch of the workers: exit status, status, the launcher's own exception, and
+    for each run up to the one training when it ended, its record (None on a node other
+    than 0) and whether the workers wrote it."""
 
     rc: int
     status: str
@@ -319,11 +329,9 @@ def launch_runs(
     launch_json: Path,
     agent_log: Path | None = None,
 ) -> Launched:
-    """Launch the workers of ``launch_json`` (one run's JSON, or a queue's of the runs of
-    ``payloads``) and record what they did not: the runs the workers recorded, in order,
-    then an ``error``/``interrupted`` record for the run that was training when the
-    launch ended (with the agents' notes of this launch from ``agent_log``, a queue's
-    own event log); the runs after it are left for another launch."""
+    """Launch the workers of ``launch_json`` (a run's, or a queue's of ``payloads``) and
+    record what they did not: an ``error``/``interrupted`` record for the run training
+    when the launch ended (with ``agent_log``'s notes); the runs after it are left."""
     since = time.time()
     # room for the record of a run the workers could not record, should the disk fill up
     room = reserve.hold(cfgs[0].results.dir, launch_json.stem)
@@ -351,16 +359,6 @@ def launch_runs(
         out.by_workers.append(False)
         break
     return out
-
-
-def _close_outputs(rec: records.RunRecord, results_dir: str, curve: list[dict[str, Any]]) -> None:
-    """The workers died before their record: end their MLPerf log (``run_stop`` aborted)
-    and write the DAWNBench files of the curve they left."""
-    try:
-        rec.mllog = mllog.close_after_failure(results_dir, rec.run_id, rec.reason or rec.status)
-        rec.dawnbench_json, rec.dawnbench_tsv = dawnbench.write(results_dir, rec.to_dict(), curve)
-    except OSError as e:  # a full disk: the record itself matters more than these files
-        print(f"note: the run's MLPerf/DAWNBench files are incomplete ({e})", file=sys.stderr)
 
 
 def record_after(
@@ -393,11 +391,18 @@ def record_after(
         )
         err.curve = str(curve_file)
     err.status, err.exit_status, err.reason = status, rc, reason
-    err.restarts = ev.restarts(events)
-    remove_incomplete(ck.run_dir(cfg.results.dir, meta["run_id"]))  # the workers are gone
+    ck.remove_incomplete(ck.run_dir(cfg.results.dir, meta["run_id"]))  # the workers are gone
     last = ck.latest(cfg.results.dir, meta["run_id"])
-    err.checkpoint = last["path"] if last else None
-    _close_outputs(err, cfg.results.dir, curve)
+    try:  # the workers died before their record: end their MLPerf log (run_stop aborted)
+        records.settle(
+            err,
+            cfg.results.dir,
+            curve,
+            checkpoint=last["path"] if last else None,
+            mllog=lambda: mllog.close_after_failure(cfg.results.dir, err.run_id, reason or status),
+        )
+    except OSError as e:  # a full disk: the record itself matters more than these files
+        print(f"note: the run's MLPerf/DAWNBench files are incomplete ({e})", file=sys.stderr)
     err.append(cfg.results.dir)
     print(f"{status}: {reason}", file=sys.stderr, flush=True)
     print(closing_lines(err.to_dict(), cfg.results.dir), file=sys.stderr, flush=True)

@@ -1,20 +1,6 @@
-"""DAWNBench submission files of a run: ``<dir>/dawnbench/<run_id>.json`` and ``.tsv``.
-
-The format is the DAWNBench entries repository's (version ``v1.0``): a JSON description
-(author, framework, model, hardware, date, cost per hour, and a free ``misc`` object that
-holds our recipe) beside a tab-separated curve of the evaluated epochs with the columns
-``epoch hours top1Accuracy`` (top-1 target) or ``epoch hours top1Accuracy top5Accuracy``
-(top-5 target); accuracies in percent, hours of training time (the curve's
-``clock/train_s``, evaluation excluded).
-
-Both files are derived from the run's record and curve, never a second truth: they are
-written when the record is (by rank 0 after training, or by the launcher for a run whose
-workers died), and rewritten from the whole curve when a resumed run records again.
-Written for every run with a top-1 or top-5 target and at least one evaluated epoch, also
-when the target was missed (``misc.reachedTarget`` says so: DAWNBench only accepts runs
-that reach it, but the curve is still worth having); none for other metrics (BLEU:
-DAWNBench has no translation category).
-"""
+"""DAWNBench submission files of a run, ``<dir>/dawnbench/<run_id>.json`` and ``.tsv``, in
+the DAWNBench entries repository's format (v1.0), derived from the run's record and
+curve; written for top-1 and top-5 targets only (docs/internals/launch.md)."""
 
 from __future__ import annotations
 
@@ -122,7 +108,6 @@ def _misc(record: Mapping[str, Any], cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 def _image_sizes(data: Mapping[str, Any], epochs: int) -> list[int]:
     """The training image size of each epoch run (``data.progressive`` resizing)."""
-
     d = DataConfig(
         image_size=int(data.get("image_size", 32)), progressive=data.get("progressive", [])
     )

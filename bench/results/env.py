@@ -36,13 +36,8 @@ def hardware() -> str:
 
 @functools.lru_cache(maxsize=1)
 def git_sha() -> str | None:
-    """The checkout's commit (12 hex digits, ``-dirty`` with uncommitted changes outside
-    ``results/``).
-
-    ``BENCH_GIT_SHA``, when set, wins: a clean checkout copied to another machine (a GPU
-    machine that received the files, or a copy nested inside another repository) is named by
-    whoever copied it.
-    """
+    """The checkout's commit (12 hex digits, ``-dirty`` with changes outside ``results/``);
+    ``BENCH_GIT_SHA`` wins, for a checkout copied without its git history."""
     if os.environ.get("BENCH_GIT_SHA"):
         return os.environ["BENCH_GIT_SHA"]
     try:

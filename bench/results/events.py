@@ -1,17 +1,6 @@
-"""The event log of a run: one JSON line per thing that happened outside the training loop.
-
-``<results.dir>/checkpoints/<run_id>/events.jsonl`` (beside the run's checkpoints) holds,
-in order: each failed worker group an elastic agent saw (``failure``), each resume of the
-run after a restart or by hand (``resume``), the exception that ended a worker
-(``worker_error``) or an agent (``agent_error``), and an interrupt the launcher recorded
-(``stop``).  The elastic agents find the log through ``$BENCH_EVENTS``; a queue of runs
-(its JSON has the :data:`QUEUE_KEY`) gives its agents the queue's own log, whose lines
-the launcher copies into the log of the run that was training when the launch ended.
-
-Everything that writes, reads or interprets these lines is here: the launcher (the
-reason of an error record, the record's ``restarts``), the agents (failures) and the
-workers (resumes, errors).
-"""
+"""The event log of a run, ``<results.dir>/checkpoints/<run_id>/events.jsonl``: one JSON
+line per thing that happened outside the training loop (failures, resumes, errors,
+stops), and everything that writes, reads or interprets it (docs/internals/launch.md)."""
 
 from __future__ import annotations
 
@@ -49,8 +38,7 @@ def events_path(results_dir: str | Path, run_id: str) -> Path:
 
 
 def events_env(run_json: Path) -> dict[str, str]:
-    """``BENCH_EVENTS`` for the agents of the run described by ``run_json`` (of a queue
-    of runs: the queue's own log)."""
+    """``BENCH_EVENTS`` for the agents of ``run_json``'s run (a queue's: its own log)."""
     payload = json.loads(Path(run_json).read_text())
     if is_queue(payload):
         return {EVENTS_ENV: payload[QUEUE_KEY]["events"]}
@@ -84,16 +72,15 @@ def read_events(path: str | Path) -> list[dict[str, Any]]:
 
 
 def note_error(results_dir: str | Path, run_id: str, e: BaseException) -> None:
-    """The exception that ends a worker, in the run's event log (the launcher's error
-    record names it)."""
+    """The exception that ends a worker, in the run's event log."""
     reason = f"{type(e).__name__}: {e}".strip().splitlines()[0][:500]
     where = events_path(results_dir, run_id)
     log_event(where, kind=WORKER_ERROR, rank=os.environ.get("RANK"), reason=reason)
 
 
 def restarts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The record's ``restarts``: each elastic restart (the first worker failure that
-    caused it, as any node's agent saw it) and the epoch its group resumed from."""
+    """The record's ``restarts``: each elastic restart's first worker failure and the
+    epoch its group resumed from."""
     out: list[dict[str, Any]] = []
     pending: dict[str, Any] | None = None
     for e in events:

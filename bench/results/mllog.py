@@ -1,20 +1,8 @@
-"""The MLPerf training log of a run: ``<dir>/mllog/<run_id>.log``, through ``mlperf-logging``.
+"""The MLPerf training log of a run, ``<dir>/mllog/<run_id>.log``, through ``mlperf-logging``.
 
-:class:`RunLog` wraps one ``mllog.MLLogger`` with a logger and a file of its own (not the
-package's shared, globally configured one), so several runs in one process never mix
-their lines.  Rank 0 writes; on every other rank each call does nothing, so the training
-loop calls it unconditionally, one line per event.
-
-The log is an open-division submission log: ``submission_*`` keys (organisation from
-``results.author``, status ``research``), ``cache_clear``, ``init_start``/``init_stop``,
-the hyperparameters (``global_batch_size``, ``opt_*`` and the optimizer's own keys),
-``train_samples``/``eval_samples``, ``run_start``, ``epoch_start``/``epoch_stop`` and
-``eval_start``/``eval_stop``/``eval_accuracy`` (the target metric, a fraction) per epoch
-with ``epoch_num`` (1-based, the curve's epoch), and ``run_stop`` with ``status``
-``success`` (target reached) or ``aborted``.  Image classification logs as benchmark
-``resnet``, translation as ``transformer``.  A resumed run appends its attempt to the
-same file (MLPerf has no resume: such a log holds two ``run_start`` and is not a valid
-submission).
+:class:`RunLog` writes an open-division submission log (rank 0; a no-op elsewhere), with
+a logger and file of its own so that runs in one process never mix their lines; it
+takes plain values from the loop.  The events it logs: docs/internals/train.md.
 """
 
 from __future__ import annotations
@@ -22,16 +10,9 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import torch
-import torch.distributed as dist
-
-from bench.data.loaders import SAMPLES
 from bench.results.env import hardware
-
-if TYPE_CHECKING:  # the training loop, a layer above, passes its state; only its type is named
-    from bench.train.loop import TrainState
 
 BENCHMARKS = {"classification": "resnet", "translation": "transformer"}
 _REPO = str(Path(__file__).resolve().parents[2])
@@ -48,7 +29,7 @@ class RunLog:
         self.path = path
         self._mll: Any = None
         self._handler: logging.Handler | None = None
-        self._eval_samples_logged = False
+        self.wants_eval_samples = True  # until the first evaluation's are logged
         if path is None:
             return
         from mlperf_logging.mllog import mllog  # rank 0 only: the other ranks never load it
@@ -86,21 +67,31 @@ class RunLog:
 
     # --- the events of a training run, one call each from the loop ---
 
-    def begin(self, s: TrainState, init_start_s: float) -> None:
+    def begin(
+        self,
+        cfg: Any,
+        *,
+        world: int,
+        nnodes: int,
+        steps_per_epoch: int,
+        train_samples: int,
+        first_epoch: int,
+        init_start_s: float,
+    ) -> None:
         """Everything up to ``run_start``: initialisation began at ``init_start_s`` (the
-        worker's start, epoch seconds) and ends now, with ``s`` (the TrainState) built."""
+        worker's start, epoch seconds) and ends now."""
         if self._mll is None:
             return
-        cfg, t0 = s.cfg, int(init_start_s * 1e3)
+        t0 = int(init_start_s * 1e3)
         self.event("cache_clear", True, time_ms=t0)
         self.start("init_start", time_ms=t0)
-        for key, value in _submission(cfg, s.world, s.nnodes).items():
+        for key, value in _submission(cfg, world, nnodes).items():
             self.event(key, value, time_ms=t0)
-        for key, value in _hyperparameters(cfg, s.steps, s.world).items():
+        for key, value in _hyperparameters(cfg, steps_per_epoch, world).items():
             self.event(key, value)
-        self.event("train_samples", int(s.workload.data.train_samples))
+        self.event("train_samples", train_samples)
         self.end("init_stop")
-        self.start("run_start", first_epoch_num=s.epoch + 1)
+        self.start("run_start", first_epoch_num=first_epoch)
 
     def epoch_start(self, epoch: int) -> None:
         self.start("epoch_start", epoch_num=epoch)
@@ -111,17 +102,14 @@ class RunLog:
     def eval_start(self, epoch: int) -> None:
         self.start("eval_start", epoch_num=epoch)
 
-    def eval_stop(self, s: TrainState, metrics: dict[str, float]) -> None:
-        """The end of the evaluation after epoch ``s.epoch + 1`` with ``metrics`` (the
-        workload's): ``eval_accuracy`` is the target metric's value.  The one call every
-        rank must make: the first time, the ranks sum the samples their evaluation loaders
-        yielded (``eval_samples``, one collective)."""
-        if not self._eval_samples_logged:
-            self._eval_samples_logged = True
-            self.event("eval_samples", _eval_samples(s))
-        metric, epoch = s.cfg.train.target_metric, s.epoch + 1
+    def eval_stop(self, epoch: int, metric: str, value: float, samples: int | None) -> None:
+        """The end of the evaluation after ``epoch``: ``eval_accuracy`` is the target
+        metric's ``value``; ``samples`` (every rank's, summed) the first time."""
+        if samples is not None and self.wants_eval_samples:
+            self.wants_eval_samples = False
+            self.event("eval_samples", samples)
         self.end("eval_stop", epoch_num=epoch)
-        self.event("eval_accuracy", float(metrics[metric]), epoch_num=epoch, metric=metric)
+        self.event("eval_accuracy", value, epoch_num=epoch, metric=metric)
 
     def run_stop(self, status: str) -> str | None:
         """``status`` is the run's (``ok`` is MLPerf's ``success``); closes the file and
@@ -129,16 +117,6 @@ class RunLog:
         self.end("run_stop", status="success" if status == "ok" else "aborted", run=status)
         self.close()
         return str(self.path) if self.path is not None else None
-
-
-def _eval_samples(s: TrainState) -> int:
-    """Every rank: the real samples of the evaluation just done, summed over the ranks
-    (each loader's ``epoch_stats`` counts what it yielded since it was last asked)."""
-    mine = s.workload.data.eval.epoch_stats().get(SAMPLES, 0)
-    total = torch.tensor([float(mine)], dtype=torch.float64, device=s.device)
-    if dist.is_initialized():
-        dist.all_reduce(total)
-    return int(total.item())
 
 
 def _submission(cfg: Any, world: int, nnodes: int) -> dict[str, Any]:

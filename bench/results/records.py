@@ -25,7 +25,7 @@ import os
 import time
 import uuid
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -398,3 +398,23 @@ def _protocol(results: Any) -> dict[str, Any] | None:
 
 # The fields every record carries (RunRecord's, in order).
 RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(RunRecord))
+
+
+def settle(
+    rec: RunRecord,
+    results_dir: str | Path,
+    curve: Sequence[Mapping[str, Any]],
+    *,
+    checkpoint: str | None,
+    mllog: Callable[[], str | None],
+) -> None:
+    """The fields both ends of a run set last, in one place: its elastic restarts, last
+    checkpoint, MLPerf log (``mllog()`` ends it) and DAWNBench files.  Rank 0 calls it
+    after training, the launcher for workers that died before their record."""
+    from bench.results import dawnbench  # here: the record's last step, not its schema
+    from bench.results.events import events_path, read_events, restarts
+
+    rec.restarts = restarts(read_events(events_path(results_dir, rec.run_id)))
+    rec.checkpoint = checkpoint
+    rec.mllog = mllog()
+    rec.dawnbench_json, rec.dawnbench_tsv = dawnbench.write(results_dir, rec.to_dict(), curve)

@@ -1,13 +1,6 @@
-"""Room kept for a run's last record while its workers fill the disk.
-
-A run that fills the disk (checkpoints, curves, logs) would leave no room for the
-``error`` record that says so, and the run would vanish from ``runs.jsonl``.  The
-launcher therefore holds :data:`ROOM` bytes in a hidden file of the results directory
-while the workers run (:func:`hold`) and frees them just before it writes that record
-(:meth:`Room.release`); a record is a few KiB.  A launcher killed while holding room
-leaves its file behind: the next :func:`hold` in that directory removes files whose
-launcher is gone.
-"""
+"""Room kept for a run's last record while its workers fill the disk: the launcher holds
+:data:`ROOM` bytes in a hidden file of the results directory while the workers run and
+frees them just before it writes an ``error`` record (docs/internals/launch.md)."""
 
 from __future__ import annotations
 
@@ -80,8 +73,8 @@ FULL_BELOW = 1 << 20  # bytes: less free than this, after a failed write, is a f
 
 
 def nearly_full(path: str | Path) -> bool:
-    """Whether the file system of ``path`` is (as good as) full: for writers whose
-    failure does not carry ENOSPC (torch.save raises a bare RuntimeError)."""
+    """Whether the file system of ``path`` is (as good as) full (torch.save's failure
+    does not carry ENOSPC)."""
     try:
         st = os.statvfs(path)
     except OSError:

@@ -1,12 +1,6 @@
-"""Strict JSON for run records, which cannot fail over a value.
-
-A record line must be strict JSON (no ``NaN``/``Infinity`` tokens: other readers of
-``runs.jsonl`` refuse them), yet a record must never be lost because one field holds a
-value JSON cannot express: a run's outcome is worth more than the exactness of one
-number.  :func:`encode` therefore writes such a value as a string (``"inf"``, ``"nan"``,
-or the ``repr`` of an unknown object) and names every replaced field in the record
-itself (:data:`NOTE_FIELD`), so that a reader can tell a string that was a number.
-"""
+"""Strict JSON for run records, which cannot fail over a value: a value JSON cannot
+express is written as a string (``"inf"``, ``"nan"``, a ``repr``) and the field named in
+the record's :data:`NOTE_FIELD` (docs/internals/launch.md)."""
 
 from __future__ import annotations
 

@@ -1,18 +1,8 @@
-"""Checkpoints of a training run and its event log (elastic restarts, resumes).
+"""Checkpoints of a training run: save, verify and restore one worker's state.
 
-Layout, under ``<results.dir>/checkpoints/<run_id>/``::
-
-    epoch-0003/common.pt   rank 0: model, optimizer (its own state_dict format, whatever the
-                           update mode), LR schedule, gradient scaler
-    epoch-0003/rank<r>.pt  every rank: its comm hook's state (``state_dict()``: residuals,
-                           counters, bucket layout, by parameter name), RNG states
-    epoch-0003.json        rank 0, written last (so a checkpoint without it is incomplete):
-                           config, epoch, step, training time, the curve so far, status
-    events.jsonl           the run's event log (:mod:`bench.results.events`)
-
-Every file is written to a temporary name and renamed.  The sampler position is the
-epoch (loaders order their samples by (seed, epoch)); checkpoints are taken at epoch ends.
-Loading uses ``torch.load(weights_only=True)``.
+Under ``<results.dir>/checkpoints/<run_id>/``: ``epoch-NNNN/common.pt`` (rank 0),
+``epoch-NNNN/rank<r>.pt`` (every rank) and the manifest ``epoch-NNNN.json``, written last;
+a resume takes the newest whole one (layout and checks: docs/internals/train.md).
 """
 
 from __future__ import annotations
@@ -24,6 +14,7 @@ import random
 import shutil
 import time
 import warnings
+import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,15 +22,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from bench.config import to_container
+from bench.config import Config, to_container
 from bench.registry import ConfigError
 from bench.results.events import RESUME, events_path, log_event, lost_since, read_events, run_dir
 from bench.results.reserve import nearly_full
 from bench.train import runtime
-from bench.train.checkpoint_verify import choose, remove_incomplete, shard_sizes
 
-if TYPE_CHECKING:  # the loop imports this module; the state's type is only named here
-    from bench.train.loop import TrainState
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.stateful import Stateful
 
 #: config keys that may differ between a checkpoint and the run that resumes from it
 MAY_DIFFER = (
@@ -88,12 +78,73 @@ def _atomic_json(obj: Any, path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
+NEEDED = ("config", "epoch", "step", "world_size", "train_time_s", "curve", "status", "run")
+
+
+def shard_sizes(d: Path) -> dict[str, int]:
+    """The manifest's ``files``: every shard of checkpoint folder ``d`` and its size."""
+    return {p.name: p.stat().st_size for p in sorted(d.glob("*.pt"))}
+
+
+def problem(manifest_path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(the manifest, None) for a whole checkpoint, (None, what is wrong) otherwise."""
+    try:
+        m = json.loads(manifest_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return None, f"its manifest does not parse ({e})"
+    if not isinstance(m, dict) or any(k not in m for k in NEEDED):
+        return None, "its manifest lacks fields"
+    d = manifest_path.with_suffix("")
+    try:
+        world = int(m["world_size"])
+    except (TypeError, ValueError):
+        return None, "its manifest lacks fields"
+    sizes = m.get("files") or {}
+    names = set(sizes) | {"common.pt", *(f"rank{r}.pt" for r in range(world))}
+    for name in sorted(names):
+        p = d / name
+        if not p.is_file():
+            return None, f"{name} is missing"
+        if name in sizes and p.stat().st_size != sizes[name]:
+            return None, f"{name} has {p.stat().st_size} bytes, {sizes[name]} were saved"
+        try:
+            with zipfile.ZipFile(p):  # torch.save's zip: its directory is at the end
+                pass
+        except (OSError, zipfile.BadZipFile) as e:
+            return None, f"{name} is damaged ({e})"
+    return m, None
+
+
+def choose(run_dir: Path) -> tuple[dict[str, Any] | None, list[str]]:
+    """The manifest of the newest whole checkpoint under ``run_dir`` (None if there is
+    none) with ``path`` set, and one line for each newer one skipped."""
+    manifests = sorted(run_dir.glob("epoch-*.json")) if run_dir.is_dir() else []
+    skipped: list[str] = []
+    for mp in reversed(manifests):
+        m, why = problem(mp)
+        if m is not None:
+            m["path"] = str(mp.with_suffix(""))
+            return m, skipped
+        skipped.append(f"{mp.with_suffix('')}: {why}")
+    return None, skipped
+
+
+def remove_incomplete(run_dir: Path, keep: Path | None = None) -> list[Path]:
+    """Remove each checkpoint folder without its manifest (a save that failed part way),
+    except ``keep`` (the one being written); call it only when no rank is writing."""
+    gone = []
+    for d in sorted(run_dir.glob("epoch-*")) if run_dir.is_dir() else []:
+        if d.is_dir() and d != keep and not d.with_suffix(".json").exists():
+            shutil.rmtree(d, ignore_errors=True)
+            gone.append(d)
+    return gone
+
+
 def latest(
     results_dir: str | Path, run_id: str, skipped: list[str] | None = None
 ) -> dict[str, Any] | None:
-    """The manifest of the newest complete, intact checkpoint of a run (None when there is
-    none); each newer damaged one is skipped with a warning, or added to ``skipped`` for
-    the caller to report."""
+    """The manifest of a run's newest whole checkpoint (None if none); each newer damaged
+    one is skipped with a warning, or added to ``skipped`` for the caller to report."""
     m, passed = choose(run_dir(results_dir, run_id))
     if skipped is not None:
         skipped.extend(passed)
@@ -130,10 +181,6 @@ def check_compatible(manifest: Mapping[str, Any], config: Mapping[str, Any]) -> 
         )
 
 
-# ---------------------------------------------------------------------------------------
-# state of one worker
-
-
 def rng_state(device: torch.device) -> dict[str, Any]:
     st = np.random.get_state()
     out = {
@@ -155,100 +202,96 @@ def set_rng_state(d: Mapping[str, Any], device: torch.device) -> None:
         torch.cuda.set_rng_state(d["cuda"], device)
 
 
-def rank_state(s: TrainState) -> dict[str, Any]:
-    hook = s.comm.state  # one process has no hook: a stand-in without state
-    return {
-        "rank": s.rank,
-        "rng": rng_state(s.device),
-        "hook": hook.state_dict() if hasattr(hook, "state_dict") else None,
-    }
+class CheckpointManager:
+    """One worker's checkpoints of a run: rank 0 saves ``states`` (``common.pt``), every
+    rank its comm ``hook``'s state and RNG states (``rank<r>.pt``); ``progress`` (epoch,
+    step, training time, curve, status) goes to the manifest, written last."""
 
+    def __init__(
+        self,
+        cfg: Config,
+        run: dict[str, Any],
+        *,
+        rank: int,
+        world: int,
+        device: torch.device,
+        states: Mapping[str, Stateful | None],
+        hook: Any,
+        progress: Stateful,
+    ) -> None:
+        self.cfg, self.run, self.rank, self.world, self.device = cfg, run, rank, world, device
+        self.states, self.hook, self.progress = states, hook, progress
+        self.root = run_dir(cfg.results.dir, run["run_id"])
 
-def common_state(s: TrainState) -> dict[str, Any]:
-    return {
-        "model": s.model.state_dict(),
-        "optimizer": s.optimizer.state_dict(),
-        "scheduler": s.scheduler.state_dict(),
-        "scaler": s.scaler.state_dict() if s.scaler is not None else None,
-    }
+    def save(self, barrier: Callable[[], None]) -> Path:
+        """Every rank: write this epoch's checkpoint; rank 0 completes it with the manifest
+        and drops the oldest beyond ``keep_checkpoints``.  ``barrier()`` waits for every
+        rank's shard."""
+        p = self.progress.state_dict()
+        d = self.root / f"epoch-{p['epoch']:04d}"
+        d.mkdir(parents=True, exist_ok=True)
+        if self.rank == 0:
+            common = {k: v.state_dict() if v is not None else None for k, v in self.states.items()}
+            _atomic_save(common, d / "common.pt")
+        hook = self.hook.state_dict() if hasattr(self.hook, "state_dict") else None
+        mine = {"rank": self.rank, "rng": rng_state(self.device), "hook": hook}
+        _atomic_save(mine, d / f"rank{self.rank}.pt")
+        barrier()
+        if self.rank == 0:
+            manifest = {
+                "run": self.run,
+                "config": to_container(self.cfg),
+                "epoch": p["epoch"],
+                "step": p["step"],
+                "world_size": self.world,
+                "train_time_s": p["train_time_s"],
+                "status": p["status"],
+                "saved_at": time.time(),
+                "curve": p["curve"],
+                "files": shard_sizes(d),  # every rank's shard is in place (the barrier)
+                "evals": p["evals"],
+            }
+            _atomic_json(manifest, d.with_suffix(".json"))
+            keep = max(1, self.cfg.train.keep_checkpoints)
+            for old in sorted(self.root.glob("epoch-*.json"))[:-keep]:
+                old.unlink(missing_ok=True)
+                shutil.rmtree(old.with_suffix(""), ignore_errors=True)
+            remove_incomplete(self.root, keep=d)  # every rank is past the barrier: none writes
+        return d
 
-
-def save(s: TrainState, barrier: Callable[[], None]) -> Path:
-    """Every rank: write this epoch's checkpoint of ``s`` (a :class:`bench.train.loop.TrainState`);
-    rank 0 completes it with the manifest and drops the oldest beyond ``keep_checkpoints``.
-    ``barrier()`` waits for every rank's shard."""
-    cfg = s.cfg
-    root = run_dir(cfg.results.dir, s.run["run_id"])
-    d = root / f"epoch-{s.epoch:04d}"
-    d.mkdir(parents=True, exist_ok=True)
-    if s.rank == 0:
-        _atomic_save(common_state(s), d / "common.pt")
-    _atomic_save(rank_state(s), d / f"rank{s.rank}.pt")
-    barrier()
-    if s.rank == 0:
-        manifest = {
-            "run": s.run,
-            "config": to_container(cfg),
-            "epoch": s.epoch,
-            "step": s.step,
-            "world_size": s.world,
-            "train_time_s": s.clock.elapsed,
-            "status": s.status,
-            "saved_at": time.time(),
-            "curve": s.curve,
-            "files": shard_sizes(d),  # every rank's shard is in place (the barrier)
-            "evals": s.evals,  # sub-epoch evaluations so far (train.eval_every_steps)
-        }
-        _atomic_json(manifest, d.with_suffix(".json"))
-        for old in sorted(root.glob("epoch-*.json"))[: -max(1, cfg.train.keep_checkpoints)]:
-            old.unlink(missing_ok=True)
-            shutil.rmtree(old.with_suffix(""), ignore_errors=True)
-        remove_incomplete(root, keep=d)  # every rank is past the barrier: none writes
-    return d
-
-
-def load(s: TrainState, manifest: Mapping[str, Any]) -> None:
-    """Every rank: restore ``s`` from a checkpoint (the model, optimizer, schedule and
-    scaler rank 0 saved; this rank's residuals and RNG states; clock, curve, position)."""
-    check_compatible(manifest, to_container(s.cfg))
-    if manifest["world_size"] != s.world:
-        raise ConfigError(
-            f"checkpoint {manifest['path']} has {manifest['world_size']} workers, "
-            f"this run {s.world}"
+    def load(self, manifest: Mapping[str, Any], lost_s: float = 0.0) -> None:
+        """Every rank: restore from a checkpoint; ``lost_s`` is added to its training time."""
+        check_compatible(manifest, to_container(self.cfg))
+        if manifest["world_size"] != self.world:
+            raise ConfigError(
+                f"checkpoint {manifest['path']} has {manifest['world_size']} workers, "
+                f"this run {self.world}"
+            )
+        d = Path(manifest["path"])
+        common = torch.load(d / "common.pt", map_location=self.device, weights_only=True)
+        mine = torch.load(d / f"rank{self.rank}.pt", map_location=self.device, weights_only=True)
+        for key, obj in self.states.items():
+            if obj is not None and common[key] is not None:
+                obj.load_state_dict(common[key])
+        if mine["hook"] is not None and hasattr(self.hook, "load_state_dict"):
+            # the hook regroups DDP's first buckets into the saved ones: no settling step
+            self.hook.load_state_dict(mine["hook"])
+        set_rng_state(mine["rng"], self.device)
+        self.progress.load_state_dict(
+            {**manifest, "train_time_s": manifest["train_time_s"] + lost_s}
         )
-    d = Path(manifest["path"])
-    common = torch.load(d / "common.pt", map_location=s.device, weights_only=True)
-    mine = torch.load(d / f"rank{s.rank}.pt", map_location=s.device, weights_only=True)
-    s.model.load_state_dict(common["model"])
-    s.optimizer.load_state_dict(common["optimizer"])
-    s.scheduler.load_state_dict(common["scheduler"])
-    if s.scaler is not None and common["scaler"] is not None:
-        s.scaler.load_state_dict(common["scaler"])
-    if mine["hook"] is not None and hasattr(s.comm.state, "load_state_dict"):
-        # the hook regroups DDP's first buckets into the saved ones: no settling step
-        s.comm.state.load_state_dict(mine["hook"])
-    set_rng_state(mine["rng"], s.device)
-    s.clock.load_state_dict({"elapsed": manifest["train_time_s"]})
-    s.curve = [dict(r) for r in manifest["curve"]]
-    s.evals = [dict(e) for e in manifest.get("evals", [])]  # older checkpoints have none
-    s.epoch, s.step, s.status = manifest["epoch"], manifest["step"], manifest["status"]
 
-
-def resume(s: TrainState) -> None:
-    """Continue from the run's last checkpoint after an elastic restart or by hand.
-
-    The training clock counts the work being repeated: the time from the checkpoint to
-    the failure (or the stop) that lost it is added back."""
-    # a new run's id has no checkpoint yet: one exists after a restart or for a resume;
-    # rank 0 decides for all (an agent whose workers did not fail counts no restart)
-    manifest = runtime.broadcast_object(latest(s.cfg.results.dir, s.run["run_id"]))
-    by = "hand" if s.run.get("resume") else "restart" if manifest is not None else None
-    events = events_path(s.cfg.results.dir, s.run["run_id"])
-    if manifest is not None:
-        load(s, manifest)
-        lost = lost_since(read_events(events), manifest["saved_at"])
-        s.clock.load_state_dict({"elapsed": s.clock.elapsed + lost})
-    if by and s.rank == 0:
-        epoch = s.epoch if manifest is not None else 0
-        log_event(events, kind=RESUME, by=by, epoch=epoch)
-        print(f"resuming run {s.run['run_id']} from epoch {epoch} ({by})", flush=True)
+    def resume(self) -> None:
+        """Continue from the run's last checkpoint after an elastic restart or by hand; the
+        time from the checkpoint to the failure that lost it counts as training time."""
+        run_id = self.run["run_id"]
+        # rank 0 decides for all (an agent whose workers did not fail counts no restart)
+        manifest = runtime.broadcast_object(latest(self.cfg.results.dir, run_id))
+        by = "hand" if self.run.get("resume") else "restart" if manifest is not None else None
+        events = events_path(self.cfg.results.dir, run_id)
+        if manifest is not None:
+            self.load(manifest, lost_s=lost_since(read_events(events), manifest["saved_at"]))
+        if by and self.rank == 0:
+            epoch = manifest["epoch"] if manifest is not None else 0
+            log_event(events, kind=RESUME, by=by, epoch=epoch)
+            print(f"resuming run {run_id} from epoch {epoch} ({by})", flush=True)

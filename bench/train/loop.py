@@ -1,17 +1,8 @@
-"""The data-parallel training loop (one process per worker).
-
-Started by a launcher (:mod:`bench.cluster.launch`) through torch.distributed's elastic
-agent; entry points ``python -m bench.train --config run.json`` and :func:`train`.
-
-One :class:`TrainState` holds everything a worker's run is built from and everything
-that changes while it trains; :func:`setup` builds it, :func:`train_epoch` and
-:func:`evaluate` advance it, :func:`finish` closes it and (rank 0) writes the record.
-
-Per step, the phases are timed: ``data`` (waiting for the next batch), ``compute``
-(forward and backward, including DDP's gradient communication, which overlaps the
-backward pass), ``update`` (optimizer step); the communication library adds its own
-selection and communication times.  Training time follows :mod:`bench.results.timing`.
-Rank 0 writes the run record, the per-epoch curve and the time-to-accuracy plot.
+"""The data-parallel training loop, one process per worker: :func:`train` builds a
+:class:`~bench.train.state.TrainState` (:func:`setup`), trains it epoch by epoch
+(:func:`train_epoch`, :func:`train_step`), evaluates it, checkpoints it, and rank 0
+writes the run's record and outputs (:func:`write_outputs`).  Each step is timed in
+phases (data, compute, update); training time follows :mod:`bench.results.timing`.
 """
 
 from __future__ import annotations
@@ -21,8 +12,6 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,64 +24,23 @@ from tqdm import tqdm
 
 from bench.comm import attach, is_sparse
 from bench.config import Config, from_container, to_container
-from bench.data.loaders import RANK_TOKENS
+from bench.data.loaders import RANK_TOKENS, SAMPLES
 from bench.optim import after_ddp_broadcast, build_optimizer, build_scheduler, ddp_kwargs
 from bench.results import columns as col
-from bench.results import dawnbench, records
+from bench.results import records
 from bench.results.divergence import exploded
-from bench.results.events import events_path, read_events, restarts
 from bench.results.mllog import RunLog
 from bench.results.outputs import closing_lines
 from bench.results.plots import plot_time_to_accuracy
-from bench.results.timing import TrainClock, reached
-from bench.train import checkpoint, runtime
+from bench.results.timing import reached
 from bench.train import checkpoint as ck
-from bench.train.checkpoint import resume
-from bench.train.console import table_header, table_row
-from bench.train.step_eval import step_eval_due, step_evaluate
+from bench.train import runtime
+from bench.train.state import TrainState
 from bench.train.workload import WORKLOADS
-
-
-@dataclass
-class TrainState:
-    """One worker's run: what it is built from, and all that changes during training.
-
-    The changing part (model and optimizer tensors, scheduler, scaler, the comm hook's
-    residuals inside ``comm``, ``clock``, ``curve``, ``epoch``, ``step``, ``status``) is
-    what a checkpoint must save.  The sampler position is ``epoch``: loaders derive their
-    order from (seed, epoch); the global torch generator is seeded once in :func:`setup`.
-    """
-
-    cfg: Config
-    run: dict[str, Any]  # run id, start time, launch time, experiment (rank 0's)
-    rank: int
-    world: int
-    nnodes: int
-    device: torch.device
-    workload: Any  # bench.train.workload.Workload: data, model, loss, evaluate
-    model: nn.Module  # the bare model (evaluation, checkpoints)
-    ddp: nn.Module  # what trains: the DDP wrapper, or the model in a single process
-    optimizer: torch.optim.Optimizer
-    scheduler: Any  # torch LR scheduler, stepped once per optimizer step
-    comm: Any  # bench.comm.CommController: warm-up, density schedule, statistics
-    autocast: Callable[[], Any]
-    scaler: torch.amp.GradScaler | None
-    steps: int  # optimizer steps per epoch
-    timer: runtime.PhaseTimer
-    clock: TrainClock = field(default_factory=TrainClock)
-    curve: list[dict[str, Any]] = field(default_factory=list)
-    epoch: int = 0  # epochs completed (the next epoch's 0-based index)
-    step: int = 0  # optimizer steps completed
-    status: str = "target_missed"
-    diverged_at: dict[str, Any] | None = None  # step, epoch and place of the first NaN/Inf
-    # sub-epoch evaluations (train.eval_every_steps): step, epoch, training time, metrics
-    evals: list[dict[str, Any]] = field(default_factory=list)
-    mllog: RunLog = field(default_factory=lambda: RunLog(None))  # rank 0's MLPerf log
 
 
 def setup(payload: dict[str, Any]) -> TrainState:
     """Process group, workload, optimizer, DDP and its communication hook, from the run JSON."""
-
     cfg = from_container(payload["config"])
     rank, world, device = runtime.setup_distributed(cfg)
     run = runtime.broadcast_object(dict(payload["run"]))  # one run id and launch time
@@ -126,9 +74,23 @@ def setup(payload: dict[str, Any]) -> TrainState:
     )
     if hasattr(s.comm.state, "nan_check"):
         s.comm.state.nan_check = cfg.train.nan_check == "step"
-
-    resume(s)  # after an elastic restart or by hand: from the run's last checkpoint
+    checkpoints(s).resume()  # after an elastic restart or by hand: from its last checkpoint
     return s
+
+
+def checkpoints(s: TrainState) -> ck.CheckpointManager:
+    """The run's checkpoints: what rank 0 saves, each rank's hook, ``s``'s progress."""
+    states = {"model": s.model, "optimizer": s.optimizer, "scheduler": s.scheduler}
+    return ck.CheckpointManager(
+        s.cfg,
+        s.run,
+        rank=s.rank,
+        world=s.world,
+        device=s.device,
+        states={**states, "scaler": s.scaler},  # common.pt's keys, in this order
+        hook=s.comm.state,  # one process has no hook: a stand-in without state
+        progress=s,
+    )
 
 
 def _steps_per_epoch(batches: int, max_steps: int, rank: int) -> int:
@@ -142,7 +104,6 @@ def _steps_per_epoch(batches: int, max_steps: int, rank: int) -> int:
 
 def _wrap(model: nn.Module, optimizer: Any, cfg: Config, device: torch.device) -> nn.Module:
     """DDP around the model (its constructor broadcasts rank 0's weights), or the model alone."""
-
     if not dist.is_initialized():
         return model
     return DDP(
@@ -186,9 +147,8 @@ def _inject_nan(s: TrainState) -> bool:
 
 
 def _diverged(s: TrainState, loss: torch.Tensor) -> bool:
-    """Whether this step's reduced gradient (or, without a comm hook, any gradient) holds
-    a NaN or Inf; notes where in ``s.diverged_at``.  The reduced buckets are the same on
-    every rank, so every rank stops at the same step."""
+    """Whether this step's reduced gradient (without a comm hook: any gradient) holds a
+    NaN or Inf; notes where in ``s.diverged_at``."""
     hook = s.comm.state
     if getattr(hook, "nan_check", False):
         # the hooks' device flags (reduced buckets, and the inputs of sparse selections):
@@ -240,8 +200,8 @@ def train_epoch(s: TrainState) -> dict[str, Any]:
         samples += len(batch[1])
         steps += 1
         _show_step(bar, out[0], samples * s.world, t0 + eval_s)  # every worker: as many per step
-        if step_eval_due(s, last=i == s.steps - 1):
-            dt, hit = step_evaluate(s)
+        if _step_eval_due(s, last=i == s.steps - 1):
+            dt, hit = _step_evaluate(s)
             eval_s += dt
             if hit and s.cfg.train.stop_at_target:
                 break  # every rank: the metrics are reduced, so all stop at this step
@@ -271,7 +231,9 @@ def _epoch_row(
     return {
         # the loader's own counts are this rank's; the totals below are every worker's
         **stats,
-        **_token_columns(total_tokens, epoch_s),
+        # token loaders: every worker's source + target tokens and their rate
+        **({col.TOKENS: int(total_tokens[0])} if total_tokens else {}),
+        **({col.TOKEN_THROUGHPUT: total_tokens[0] / epoch_s} if total_tokens else {}),
         **s.comm.pop_stats(),
         col.EPOCH: s.epoch + 1,
         col.TRAIN_TIME: s.clock.elapsed,
@@ -288,16 +250,8 @@ def _epoch_row(
     }
 
 
-def _token_columns(total: list[float], epoch_s: float) -> dict[str, float]:
-    """Every worker's source + target tokens of the epoch and their rate (token loaders)."""
-    if not total:
-        return {}
-    return {col.TOKENS: int(total[0]), col.TOKEN_THROUGHPUT: total[0] / epoch_s}
-
-
 def _progress(s: TrainState) -> Any:
-    """Rank 0's bar over the epoch's steps, on a terminal only: in a log file or a pipe
-    its redraws would be noise between the per-epoch rows."""
+    """Rank 0's bar over the epoch's steps, on a terminal only (not in a log file)."""
     show = s.rank == 0 and s.cfg.train.progress and sys.stderr.isatty()
     return tqdm(
         total=s.steps,
@@ -311,9 +265,8 @@ def _progress(s: TrainState) -> Any:
 
 
 def _show_step(bar: Any, loss: torch.Tensor, samples: int, t0: float) -> None:
-    """The bar's step, with the samples/s of all workers (as in the epoch's row) and the
-    step's mean loss (this rank's).  Reading the loss synchronises with the device, so it
-    is read only for a bar that is shown, and at most twice a second."""
+    """The bar's step, with every worker's samples/s and this rank's loss (a device sync:
+    read only for a bar that is shown, at most twice a second)."""
     bar.update(1)
     if bar.disable or time.perf_counter() - getattr(bar, "_shown_at", 0.0) < 0.5:
         return
@@ -322,13 +275,67 @@ def _show_step(bar: Any, loss: torch.Tensor, samples: int, t0: float) -> None:
     bar.set_postfix_str(f"loss {float(loss):.3f}, {rate:.0f} samples/s", refresh=False)
 
 
+def _step_eval_due(s: TrainState, last: bool) -> bool:
+    """A sub-epoch evaluation after this step (``train.eval_every_steps``)?  Not after the
+    epoch's last step, which the epoch's own evaluation follows."""
+    n = s.cfg.train.eval_every_steps
+    return n > 0 and not last and s.step % n == 0 and s.status != "diverged"
+
+
+def _step_evaluate(s: TrainState) -> tuple[float, bool]:
+    """Evaluate inside an epoch with the training clock paused; append the point to
+    ``s.evals``.  Returns (its wall time in s, whether it reached the target)."""
+    s.clock.pause()
+    t = time.perf_counter()
+    runtime.broadcast_buffers(s.model)
+    ev = s.workload.evaluate(s.model, s.workload.data.eval, s.autocast)
+    point = {
+        "step": s.step,
+        col.EPOCH: s.epoch + 1,
+        col.TRAIN_TIME: s.clock.elapsed,
+        **{col.metric_column(k): v for k, v in ev.items()},
+    }
+    s.evals.append(point)
+    s.ddp.train()
+    dt = time.perf_counter() - t
+    s.clock.resume()
+    s.timer.restart()  # the evaluation is no step phase
+    metric = col.metric_column(s.cfg.train.target_metric)
+    return dt, reached(point.get(metric), s.cfg.train.target_value)
+
+
 def evaluate(s: TrainState) -> dict[str, float]:
     """Held-out metrics as curve columns, every rank with rank 0's BN statistics."""
     s.mllog.eval_start(s.epoch + 1)
     runtime.broadcast_buffers(s.model)
     ev = s.workload.evaluate(s.model, s.workload.data.eval, s.autocast)
-    s.mllog.eval_stop(s, ev)  # every rank: the first evaluation's samples are summed
+    metric = s.cfg.train.target_metric
+    samples = _eval_samples(s) if s.mllog.wants_eval_samples else None  # all ranks: once
+    s.mllog.eval_stop(s.epoch + 1, metric, float(ev[metric]), samples)
     return {col.metric_column(k): v for k, v in ev.items()}
+
+
+def _eval_samples(s: TrainState) -> int:
+    """Every rank: the samples of the evaluation just done, summed over the ranks."""
+    mine = s.workload.data.eval.epoch_stats().get(SAMPLES, 0)
+    total = torch.tensor([float(mine)], dtype=torch.float64, device=s.device)
+    return int(runtime.all_reduce_sum(total).item())
+
+
+def _table(s: TrainState) -> list[tuple[str, str, int, str, float]]:
+    """The per-epoch table rank 0 prints: (header, curve column, width, format, scale)."""
+    metrics = [m for m in s.workload.metrics if m != "loss"]
+    return [
+        ("epoch", col.EPOCH, 5, "d", 1),
+        ("lr", col.LR, 8, ".4f", 1),
+        ("train_loss", col.TRAIN_LOSS, 10, ".4f", 1),
+        ("train_top1", col.TRAIN_TOP1, 9, ".2f", 100),
+        *[(f"{m}%", col.metric_column(m), 8, ".2f", 100) for m in metrics],
+        ("train_s", col.TRAIN_TIME, 10, ".2f", 1),
+        ("epoch_s", col.EPOCH_TIME, 8, ".2f", 1),
+        ("samples/s", col.THROUGHPUT, 9, ".1f", 1),
+        ("data%", col.DATA_SHARE, 6, ".1f", 100),
+    ]
 
 
 def end_epoch(
@@ -341,7 +348,7 @@ def end_epoch(
     s.curve.append(row)
     s.epoch += 1
     if s.rank == 0:
-        print(table_row(s, row), flush=True)
+        print(" ".join(format(row[k] * sc, f">{w}{f}") for _, k, w, f, sc in _table(s)), flush=True)
         records.write_curve(s.cfg.results.dir, s.run["run_id"], s.curve, extend=True)
     check = s.cfg.train.nan_check != "off"
     if s.status == "diverged" or (check and not math.isfinite(row[col.TRAIN_LOSS])):
@@ -370,8 +377,7 @@ def _eval_due(s: TrainState, row: dict[str, Any]) -> bool:
 
 def finish(s: TrainState, leave_group: bool = True) -> dict[str, Any] | None:
     """Stop the loaders, write the outputs (rank 0), leave the process group (a queue of
-    runs keeps it for the next run: :mod:`bench.launch.runqueue`)."""
-
+    runs keeps it)."""
     for loader in (s.workload.data.train, s.workload.data.eval):
         if hasattr(loader, "close"):  # loader workers and DALI pipelines stop now, not at exit
             loader.close()
@@ -385,7 +391,6 @@ def finish(s: TrainState, leave_group: bool = True) -> dict[str, Any] | None:
 
 def write_outputs(s: TrainState) -> records.RunRecord:
     """Rank 0: the curve CSV, the time-to-accuracy figure and the run's record."""
-
     cfg, res = s.cfg, s.cfg.results.dir
     rec = records.RunRecord.start(
         cfg,
@@ -401,13 +406,23 @@ def write_outputs(s: TrainState) -> records.RunRecord:
         launch_time=s.run["launch_time"],
         evals=s.evals,
     )
-    _outcome(s, rec)
+    if s.diverged_at is not None:
+        d = rec.diverged_at = s.diverged_at
+        rec.reason = f"NaN/Inf at step {d['step']} (epoch {d['epoch']}) in the {d['where']}"
+        if d.get("reason"):
+            rec.reason = f"{d['reason']} in epoch {d['epoch']}"
     link = os.environ.get("BENCH_LINK_CHECK")
     if link and Path(link).is_file():
         rec.link_check = json.loads(Path(link).read_text())
     rec.curve = str(records.write_curve(res, rec.run_id, s.curve, extend=True))
-    rec.mllog = s.mllog.run_stop(s.status)
-    rec.dawnbench_json, rec.dawnbench_tsv = dawnbench.write(res, rec.to_dict(), s.curve)
+    last = ck.latest(res, rec.run_id)
+    records.settle(
+        rec,
+        res,
+        s.curve,
+        checkpoint=last["path"] if last else None,
+        mllog=lambda: s.mllog.run_stop(s.status),
+    )
     if hasattr(s.workload, "write_translations"):  # translation: the last decoded output
         rec.translations = s.workload.write_translations(res, rec.run_id)
     if cfg.results.plot and s.curve:
@@ -427,20 +442,6 @@ def write_outputs(s: TrainState) -> records.RunRecord:
     return rec
 
 
-def _outcome(s: TrainState, rec: records.RunRecord) -> None:
-    """Restarts, last checkpoint and divergence into the record."""
-
-    rec.restarts = restarts(read_events(events_path(s.cfg.results.dir, rec.run_id)))
-    last = ck.latest(s.cfg.results.dir, rec.run_id)
-    rec.checkpoint = last["path"] if last else None
-    if s.diverged_at is not None:
-        rec.diverged_at = s.diverged_at
-        d = s.diverged_at
-        rec.reason = f"NaN/Inf at step {d['step']} (epoch {d['epoch']}) in the {d['where']}"
-        if d.get("reason"):
-            rec.reason = f"{d['reason']} in epoch {d['epoch']}"
-
-
 def _plot(s: TrainState, rec: records.RunRecord) -> Path:
 
     return plot_time_to_accuracy(
@@ -456,7 +457,6 @@ def _plot(s: TrainState, rec: records.RunRecord) -> Path:
 
 def train(payload: dict[str, Any], leave_group: bool = True) -> dict[str, Any] | None:
     """Run one training job in this worker; rank 0 returns (and writes) the record."""
-
     init_start = time.time()
     s = setup(payload)
     cfg = s.cfg
@@ -468,12 +468,20 @@ def train(payload: dict[str, Any], leave_group: bool = True) -> dict[str, Any] |
             f"target {cfg.train.target_metric} >= {cfg.train.target_value}",
             flush=True,
         )
-        print(table_header(s), flush=True)
+        print(" ".join(f"{name:>{w}}" for name, _, w, _, _ in _table(s)), flush=True)
     if dist.is_initialized():
         dist.barrier()
     stopped = s.status == "ok" and cfg.train.stop_at_target  # resumed from the last checkpoint
     go_on = s.epoch < cfg.train.epochs and not stopped
-    s.mllog.begin(s, init_start)
+    s.mllog.begin(
+        cfg,
+        world=s.world,
+        nnodes=s.nnodes,
+        steps_per_epoch=s.steps,
+        train_samples=int(s.workload.data.train_samples),
+        first_epoch=s.epoch + 1,
+        init_start_s=init_start,
+    )
     while go_on:
         s.mllog.epoch_start(s.epoch + 1)
         row = train_epoch(s)
@@ -487,9 +495,8 @@ def train(payload: dict[str, Any], leave_group: bool = True) -> dict[str, Any] |
 
 def _checkpoint(s: TrainState, last: bool) -> None:
     """Every rank: a checkpoint every ``train.checkpoint_every`` epochs and at the end
-    (not of a diverged model); its time is not training time (the clock is paused)."""
-
+    (not of a diverged model), the clock paused."""
     every = s.cfg.train.checkpoint_every
     if every <= 0 or s.status == "diverged" or not (last or s.epoch % every == 0):
         return
-    checkpoint.save(s, barrier=runtime.barrier)
+    checkpoints(s).save(barrier=runtime.barrier)

@@ -1,8 +1,5 @@
 """What a training worker needs from its process: the process group, the device, mixed
-precision, and a per-phase step timer.
-
-Kept apart from the loop (:mod:`bench.train`) so that the loop reads as training only.
-"""
+precision, gradient clipping and a per-phase step timer."""
 
 from __future__ import annotations
 
@@ -18,11 +15,8 @@ import torch.distributed as dist
 
 
 def setup_distributed(cfg: Any) -> tuple[int, int, torch.device]:
-    """Initialise the default process group from the launcher's environment.
-
-    Returns (rank, world size, device).  torch.distributed's launcher sets RANK,
-    WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE; without RANK this is a single process.
-    """
+    """(rank, world size, device), the process group initialised from the launcher's
+    environment (RANK, WORLD_SIZE, LOCAL_RANK ...; without RANK a single process)."""
     use_cuda = torch.cuda.is_available() and cfg.train.device in ("auto", "cuda")
     if cfg.train.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("train.device=cuda but CUDA is not available")
@@ -44,11 +38,8 @@ def setup_distributed(cfg: Any) -> tuple[int, int, torch.device]:
             timeout=timeout,
             **_attempt_store(timeout),
         )
-    # intra-op threads: cluster.threads_per_worker, else what the launcher put in
-    # OMP_NUM_THREADS (it counts every worker on this host: a local cluster's agents and an
-    # emulated cluster's nodes all share its cores), else the node's cores shared by its
-    # workers.  More threads than cores oversubscribe them, and idle OpenMP threads then
-    # spin on the cores the other workers compute on (10x slower steps, measured)
+    # intra-op threads: cluster.threads_per_worker, else the launcher's OMP_NUM_THREADS,
+    # else the node's cores shared by its workers (never more: docs/internals/train.md)
     env = os.environ.get("OMP_NUM_THREADS", "")
     threads = cfg.cluster.threads_per_worker or (
         int(env) if env.isdigit() and int(env) > 0 else max(1, (os.cpu_count() or 1) // local_world)
@@ -60,15 +51,9 @@ def setup_distributed(cfg: Any) -> tuple[int, int, torch.device]:
 
 
 def _attempt_store(timeout: datetime.timedelta) -> dict[str, Any]:
-    """The process group's store, in a namespace of its own for each elastic restart.
-
-    torch.distributed's elastic agent hosts one TCPStore for the whole job and its workers
-    connect to it without a per-restart prefix; restarted workers would then read the
-    keys of the group they replace (a dead peer's address, old barrier counters) and fail
-    to connect or wait forever.  A ``PrefixStore`` per restart attempt keeps each group's
-    keys apart (one per rendezvous round, the same on every node).  Empty (``env://`` as
-    usual) when the agent hosts no store.
-    """
+    """The process group's store, in a namespace of its own for each elastic restart (a
+    restarted group must not read the keys of the one it replaces); empty when the agent
+    hosts no store."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return {}
     # the agents' token of this rendezvous round (bench.cluster.torchrun.instrument_agent)
@@ -136,11 +121,8 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
 
 
 class PhaseTimer:
-    """Seconds per phase of a step (data, compute, update), summed until :meth:`pop`.
-
-    On CUDA with ``sync`` it synchronises the device at each boundary, so that queued
-    kernels are charged to the phase that launched them.
-    """
+    """Seconds per phase of a step (data, compute, update), summed until :meth:`pop`; on
+    CUDA with ``sync`` each boundary synchronises, charging kernels to their phase."""
 
     def __init__(self, device: torch.device, sync: bool) -> None:
         self.sync = sync and device.type == "cuda"
@@ -168,14 +150,12 @@ def clip_gradients(
     scaler: torch.amp.GradScaler | None,
     max_norm: float,
 ) -> torch.Tensor:
-    """Clip the global L2 norm of ``model``'s gradients to ``max_norm`` (after unscaling them
-    when a gradient scaler is in use); returns the norm before clipping.  Under DDP the
-    gradients are the averaged ones, identical on every rank, so every rank clips alike."""
+    """Clip the global L2 norm of ``model``'s (averaged) gradients to ``max_norm``, unscaled
+    first under a gradient scaler; returns the norm before clipping."""
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     if scaler is not None and scaler.is_enabled() and any(g.dtype == torch.float16 for g in grads):
-        # fp16 gradients (the flat update's fp16 model copy): GradScaler.unscale_ refuses
-        # them (unscaled in fp16 they would underflow), and the flat optimizer unscales in
-        # fp32 itself (GradScaler hands it grad_scale).  Clip the scaled gradients instead.
+        # fp16 gradients (the flat update's model copy): unscale_ refuses them, and the flat
+        # optimizer unscales in fp32 itself; clip the scaled gradients instead
         return _clip_scaled(grads, scaler._get_scale_async(), max_norm)
     if scaler is not None:
         scaler.unscale_(optimizer)
@@ -183,10 +163,8 @@ def clip_gradients(
 
 
 def _clip_scaled(grads: list[torch.Tensor], scale: torch.Tensor, max_norm: float) -> torch.Tensor:
-    """Clip gradients that are still multiplied by ``scale`` to an unscaled global norm of
-    ``max_norm``; returns the unscaled norm before clipping.  The norm is summed in float32
-    (an fp16 norm of scaled gradients overflows); no host sync.  A NaN/Inf gradient makes
-    every gradient NaN, which GradScaler's own check then skips, as after unscale_."""
+    """Clip gradients still multiplied by ``scale`` to an unscaled global norm of
+    ``max_norm`` (summed in float32, no host sync); returns the unscaled norm."""
     norms = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads])
     total = torch.linalg.vector_norm(norms) / scale.float()
     coef = (max_norm / (total + 1e-6)).clamp(max=1.0)

@@ -1,8 +1,5 @@
-"""A workload: model, data, loss, metric and target as one pluggable unit.
-
-The training loop only talks to a :class:`Workload`: image classification (top-1/top-5
-accuracy) and translation (BLEU, ``train.workload=translation``).
-"""
+"""A workload: model, data, loss and metrics as one pluggable unit, the only thing the
+loop talks to: image classification (top-1/top-5) and translation (BLEU)."""
 
 from __future__ import annotations
 
@@ -69,19 +66,8 @@ class Classification:
 
 @WORKLOADS.register("translation")
 class Translation:
-    """Sequence-to-sequence translation (``data=translation``, ``model=transformer_*``).
-
-    Training: label-smoothed cross-entropy (``optim.label_smoothing``) over the non-pad
-    target tokens.  A batch is ``(Tokens, gold target tokens)``, so the loop's "samples"
-    are target tokens: ``acc/train_top1`` is the teacher-forced token accuracy and
-    ``throughput/samples_per_s`` target tokens/s; the loader adds this rank's source +
-    target tokens and tokens/s (``data/rank_tokens``, ``throughput/rank_tokens_per_s``).
-    Evaluation: validation loss and perplexity, then greedy decoding (beam search with
-    ``data.beam_size`` > 1) of the held-out split, scored by sacrebleu on detokenized text;
-    ``bleu`` is sacrebleu's score / 100 (targets are fractions).  Rank 0 keeps the last
-    evaluation's hypotheses, one per held-out line in order, for
-    :meth:`write_translations`.
-    """
+    """Sequence-to-sequence translation: label-smoothed cross-entropy over the target
+    tokens (the loop's "samples"), BLEU of decoded held-out lines (docs/internals/train.md)."""
 
     metrics = ("bleu", "loss")
 
@@ -134,7 +120,6 @@ class Translation:
 
     def write_translations(self, results_dir: str, run_id: str) -> str | None:
         """The last evaluation's hypotheses in ``<results>/translations/<run_id>.txt``."""
-
         if self.hypotheses is None:
             return None
         path = Path(results_dir) / "translations" / f"{run_id}.txt"

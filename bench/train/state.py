@@ -1,0 +1,68 @@
+"""One worker's run as one object: what it is built from and all that changes while it
+trains.  A leaf of the worker side: the loop builds it and hands its parts to the
+checkpoints (:mod:`bench.train.checkpoint`) and the MLPerf log; its progress follows
+torch's ``Stateful`` protocol (``state_dict`` / ``load_state_dict``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from bench.config import Config
+from bench.results.mllog import RunLog
+from bench.results.timing import TrainClock
+from bench.train.runtime import PhaseTimer
+
+
+@dataclass
+class TrainState:
+    """The changing part (model and optimizer tensors, scheduler, scaler, the comm hook's
+    residuals inside ``comm``, and the progress below) is what a checkpoint saves.  The
+    sampler position is ``epoch``: loaders derive their order from (seed, epoch)."""
+
+    cfg: Config
+    run: dict[str, Any]  # run id, start time, launch time, experiment (rank 0's)
+    rank: int
+    world: int
+    nnodes: int
+    device: torch.device
+    workload: Any  # bench.train.workload: data, model, loss, evaluate
+    model: nn.Module  # the bare model (evaluation, checkpoints)
+    ddp: nn.Module  # what trains: the DDP wrapper, or the model in a single process
+    optimizer: torch.optim.Optimizer
+    scheduler: Any  # torch LR scheduler, stepped once per optimizer step
+    comm: Any  # the comm controller: warm-up, density schedule, statistics, the hook
+    autocast: Callable[[], Any]
+    scaler: torch.amp.GradScaler | None
+    steps: int  # optimizer steps per epoch
+    timer: PhaseTimer
+    clock: TrainClock = field(default_factory=TrainClock)
+    curve: list[dict[str, Any]] = field(default_factory=list)
+    epoch: int = 0  # epochs completed (the next epoch's 0-based index)
+    step: int = 0  # optimizer steps completed
+    status: str = "target_missed"
+    diverged_at: dict[str, Any] | None = None  # step, epoch and place of the first NaN/Inf
+    # sub-epoch evaluations (train.eval_every_steps): step, epoch, training time, metrics
+    evals: list[dict[str, Any]] = field(default_factory=list)
+    mllog: RunLog = field(default_factory=lambda: RunLog(None))  # rank 0's MLPerf log
+
+    def state_dict(self) -> dict[str, Any]:
+        """The progress a checkpoint's manifest holds."""
+        return {
+            "epoch": self.epoch,
+            "step": self.step,
+            "train_time_s": self.clock.elapsed,
+            "status": self.status,
+            "curve": self.curve,
+            "evals": self.evals,
+        }
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.clock.load_state_dict({"elapsed": d["train_time_s"]})
+        self.curve = [dict(r) for r in d["curve"]]
+        self.evals = [dict(e) for e in d.get("evals", [])]  # older checkpoints have none
+        self.epoch, self.step, self.status = d["epoch"], d["step"], d["status"]
