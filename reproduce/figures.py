@@ -26,7 +26,7 @@ from reproduce._cli import REFERENCE, RESULTS, Parser, fail
 USAGE = """figures [--results-dir DIR] [--reference REF] [--experiment NAME] [--dry-run]
                           every figure and DIR/REPORT.md from the records and CSVs alone"""
 
-# how bench.report.figures_data words a set of older records ("12 record(s) written
+# how bench.results.columns.older_records words a set of older records ("12 record(s) written
 # before the fields ... existed"); worded otherwise, they are printed one line each
 OLDER = re.compile(r"^(\d+) record\(s\) written before the fields")
 
@@ -99,7 +99,7 @@ def with_reference(results_dir: str, reference: str) -> Path:
 
 
 def _check_experiments(names: list[str] | None, recorded: set[str]) -> None:
-    from bench.report.report_commands import known_experiments
+    from bench.report.tables import known_experiments
 
     known = set(known_experiments()) | recorded
     bad = [n for n in names or [] if n not in known]
@@ -111,7 +111,7 @@ def _check_experiments(names: list[str] | None, recorded: set[str]) -> None:
 
 
 def _load(results_dir: str):
-    from bench.report.figures_data import NoRecords, load_inputs
+    from bench.report.tables import NoRecords, load_inputs
 
     try:
         with warnings.catch_warnings():
@@ -188,8 +188,8 @@ def main(argv: list[str]) -> None:
     else:
         inputs = _load(args.results_dir)
     _check_experiments(args.experiment, set(inputs.runs["experiment"]))
-    from bench.report.figures_plan import draw, plan
-    from bench.report.report import write_report
+    from bench.report.figures import draw, plan
+    from bench.report.answer import write_report
 
     figs = plan(inputs, args.experiment)
     _problems(inputs.problems, args.verbose)
