@@ -1,22 +1,7 @@
-"""The protocol sweep's table, ``<results>/ablation/<sweep_id>.csv``, from its records.
-
-One row per evaluated configuration (each method's selected trial, evaluation runs only;
-tuning runs are in ``<sweep_id>-tuning.csv``):
-
-- ``n_runs``, ``n_reached`` (``n_error`` of the misses failed): a miss is counted at the
-  budget ``budget_s`` (:mod:`bench.sweeps.intervals` says why and what that biases);
-- ``time_to_target_mean_s`` and its 95 % interval ``time_to_target_ci_low_s`` /
-  ``time_to_target_ci_high_s`` (bootstrap over seeds, misses at the budget);
-- ``steps_to_target_mean`` (runs that reached it) and ``step_time_mean_s`` (s per
-  optimizer step, every run): time to target is about their product, convergence times
-  systems;
-- ``speedup_vs_dense`` = mean time of dense / this row's, with ``_ci_low`` / ``_ci_high``
-  and ``verdict_vs_dense`` (``faster`` / ``slower`` only when the interval excludes 1.0,
-  else ``no difference measurable at n = N``);
-- ``best_peer``: the peer (a method not in ``PAPER_METHODS``) with the lowest mean time,
-  and ``speedup_vs_peer`` against it, with its interval and verdict (the best peer's own
-  row compares with itself: 1.0);
-- ``order_seed``, the seeds and the run ids behind the row.
+"""The protocol sweep's table, ``<results>/ablation/<sweep_id>.csv``, from its records: one
+row per evaluated configuration with its time to target, speedups over dense and over the
+best peer (95 % intervals, verdicts) and the runs behind it; columns:
+docs/internals/report.md.
 """
 
 from __future__ import annotations
