@@ -393,7 +393,12 @@ def answer_sections(
             *rows,
             "",
         ]
-    short += [f"**Setting:** {'; '.join(settings)}.  Each in full: below.", ""]
+    short += [
+        "**Setting:** every method tuned with the same budget, then trained on fresh "
+        "evaluation seeds; each in full: below.",
+        *(f"- {x}." for x in settings),
+        "",
+    ]
     return short, detail, appendix
 
 
@@ -753,7 +758,7 @@ def answer_of(report: str, prefix: str = "results/") -> str:
     body = "\n".join(lines[i + 1 : j]).strip("\n")
     # `ablation/x.csv` -> `results/ablation/x.csv` (paths the report gives from its folder)
     body = re.sub(r"`(ablation|figures|scaling|bench)/", lambda m: f"`{prefix}{m.group(1)}/", body)
-    return body.replace("Each in full: below.", f"Each in full: `{prefix}REPORT.md`.")
+    return body.replace("each in full: below.", f"each in full: `{prefix}REPORT.md`.")
 
 
 def block_of(readme: str) -> str:
