@@ -27,6 +27,7 @@ from bench.report.figures import (
 )
 from bench.report.tables import (
     BENCH_CLAIMS,
+    GROUP,
     OURS,
     PEERS,
     RECORDS,
@@ -46,7 +47,6 @@ from bench.report.tables import (
     record_of,
     records_section,
     rel,
-    speedups,
     target_text,
     unrun_experiments,
     verdict_text,
@@ -402,49 +402,6 @@ def answer_sections(
     return short, detail, appendix
 
 
-def _ours_vs_peers(inputs: Inputs) -> list[tuple[str, str, str]]:
-    """(our number, hardware, run ids) for each group where hitopk/mstopk and a peer both
-    reached the target, against the strongest peer of the same cache and update."""
-    stats = config_stats(inputs.runs)
-    out: list[tuple[str, str, str]] = []
-    if stats.empty:
-        return out
-    for key, g in stats.groupby(["experiment", "cluster", "hardware", "cache", "update"]):
-        peers = g[g["comm_name"].isin(PEERS) & (g["n_reached"] > 0)]
-        ours = g[g["comm_name"].isin(OURS) & (g["n_reached"] > 0)]
-        if peers.empty or ours.empty:
-            continue
-        p = peers.sort_values("tt_mean").iloc[0]
-        for _, o in ours.iterrows():
-            pct = 100 * (p["tt_mean"] - o["tt_mean"]) / p["tt_mean"]
-            text = (
-                f"{key[0]} ({key[1]}): {o['comm']} {o['tt_mean']:.1f} s vs {p['comm']} "
-                f"{p['tt_mean']:.1f} s: {pct:+.0f} % time saved"
-            )
-            out.append((text, key[2], " ".join(o["run_ids"] + p["run_ids"])))
-    return out
-
-
-def _ours_vs_dense(inputs: Inputs) -> list[tuple[str, str, str]]:
-    """(our number, hardware, run ids) for each hitopk/mstopk configuration that has a dense
-    baseline of the same experiment, cluster, hardware, cache and update."""
-    stats = config_stats(inputs.runs)
-    sp = speedups(stats, "comm", "dense") if not stats.empty else stats
-    out = []
-    for _, o in sp.iterrows() if not sp.empty else []:
-        if o["comm_name"] not in OURS or o["speedup"] is None or o["speedup"] != o["speedup"]:
-            continue
-        pct = 100 * (o["base_tt"] - o["tt_mean"]) / o["base_tt"]
-        text = (
-            f"{o['experiment']} ({o['cluster']}, update {o['update']}): {o['comm']} "
-            f"{o['tt_mean']:.1f} s vs dense {o['base_tt']:.1f} s to target: {pct:+.0f} % time "
-            f"saved ({o['n_reached']}/{o['n_runs']} and {o['base_reached']}/{o['base_runs']} "
-            "runs reached)"
-        )
-        out.append((text, o["hardware"], " ".join(o["run_ids"] + o["base_run_ids"])))
-    return out
-
-
 def _protocol_claim_rows(
     tables: dict[str, Path], hardware: dict[str, str]
 ) -> list[tuple[str, str, str]]:
@@ -510,8 +467,34 @@ def headline_section(
 
 
 def earlier_section(inputs: Inputs) -> list[str]:
-    """The comparisons made before the tuning protocol: kept as recorded, never the answer."""
-    rows = _ours_vs_peers(inputs) + _ours_vs_dense(inputs)
+    """The comparisons made before the tuning protocol: hitopk / mstopk against the
+    strongest peer and against dense of the same group, cache and update, as recorded."""
+    stats = config_stats(inputs.runs)
+    vs_peer, vs_dense = [], []
+    for key, g in [] if stats.empty else stats.groupby([*GROUP, "cache", "update"]):
+        reached = g[g["n_reached"] > 0]
+        peers = reached[reached["comm_name"].isin(PEERS)].sort_values("tt_mean")
+        dense = reached[reached["comm_name"] == "dense"]
+        for _, o in reached[reached["comm_name"].isin(OURS)].iterrows():
+            if len(peers):
+                p = peers.iloc[0]
+                pct = 100 * (p["tt_mean"] - o["tt_mean"]) / p["tt_mean"]
+                text = (
+                    f"{key[0]} ({key[1]}): {o['comm']} {o['tt_mean']:.1f} s vs {p['comm']} "
+                    f"{p['tt_mean']:.1f} s: {pct:+.0f} % time saved"
+                )
+                vs_peer.append((text, key[2], " ".join(o["run_ids"] + p["run_ids"])))
+            if len(dense):  # one dense configuration per group
+                b = dense.iloc[0]
+                pct = 100 * (b["tt_mean"] - o["tt_mean"]) / b["tt_mean"]
+                text = (
+                    f"{key[0]} ({key[1]}, update {key[4]}): {o['comm']} {o['tt_mean']:.1f} s "
+                    f"vs dense {b['tt_mean']:.1f} s to target: {pct:+.0f} % time saved "
+                    f"({o['n_reached']}/{o['n_runs']} and {b['n_reached']}/{b['n_runs']} runs "
+                    "reached)"
+                )
+                vs_dense.append((text, key[2], " ".join(o["run_ids"] + b["run_ids"])))
+    rows = vs_peer + vs_dense
     if not rows:
         return []
     out = [

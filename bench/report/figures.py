@@ -385,12 +385,6 @@ def ratios_table(results_dir: Path, table: pd.DataFrame, n_boot: int = 2000) -> 
     return ratios.compose(runs, grid, n_boot=n_boot)
 
 
-def plot_protocol_ratios(df: pd.DataFrame, path: Path, title: str) -> Path | None:
-    if df.empty:
-        return None
-    return ratios.plot(df, path, title)
-
-
 MARKERS = {1: "o", 2: "s", 4: "^", 8: "D"}  # workers per node
 INVALID_ABOVE = 1.05  # efficiency above this: the compute-only reference is at fault
 REFERENCE = "nocomm"  # the compute-only runs: efficiency 1 by definition, not drawn
@@ -592,6 +586,11 @@ def figures_dir(inputs: Inputs) -> Path:
     return inputs.results_dir / "figures"
 
 
+def _ratios_figure(results_dir: Path, table: Path, path: Path, title: str) -> Path | None:
+    df = ratios_table(results_dir, pd.read_csv(table))
+    return None if df.empty else ratios.plot(df, path, title)
+
+
 def _target(runs: pd.DataFrame) -> str:
     """The experiment's target as its records name it (the first record's)."""
     r = runs.iloc[0]
@@ -622,72 +621,35 @@ def figure_runs(inputs: Inputs, exp: str) -> tuple[pd.DataFrame, str]:
 
 
 def _experiment_figures(inputs: Inputs, exp: str, stats: pd.DataFrame) -> list[Figure]:
-    out, d = [], figures_dir(inputs)
     runs, which = figure_runs(inputs, exp)
     if runs.empty:
-        return out
-    table = protocol_tables(inputs).get(exp)
-    n_curves = int(runs["has_curve"].sum())
-    if n_curves:
-        p = d / f"tta_{slug(exp)}.png"
-        out.append(
-            Figure(
-                p,
-                f"{exp}: time to accuracy, median and band over seeds, of {which}",
-                lambda p=p: plot_tta(inputs.results_dir, runs, exp, p),
-                "tta",
-                exp,
-            )
-        )
-    p = d / f"speedup_{slug(exp)}.png"
+        return []
+    res, table, out = inputs.results_dir, protocol_tables(inputs).get(exp), []
+
+    def add(kind: str, what: str, make: Callable[[Path], object]) -> None:
+        path = figures_dir(inputs) / f"{kind}_{slug(exp)}.png"
+        out.append(Figure(path, f"{exp}: {what}", lambda: make(path), kind, exp))
+
+    curves = bool(runs["has_curve"].sum())
+    if curves:
+        what = f"time to accuracy, median and band over seeds, of {which}"
+        add("tta", what, lambda p: plot_tta(res, runs, exp, p))
     if table is not None:
         title = f"{exp}: each method's tuned configuration, protocol sweep {table.stem}"
-        out.append(
-            Figure(
-                p,
-                f"{exp}: speedup over dense and the best peer with 95 % intervals, {table.name}",
-                lambda p=p, t=table, title=title: plot_protocol_speedup(pd.read_csv(t), p, title),
-                "speedup",
-                exp,
-            )
+        what = f"speedup over dense and the best peer with 95 % intervals, {table.name}"
+        add("speedup", what, lambda p: plot_protocol_speedup(pd.read_csv(table), p, title))
+        what = (
+            f"speedup against communication / compute ratio, {table.name}'s evaluation runs "
+            "composed with the performance model"
         )
-        q = d / f"ratios_{slug(exp)}.png"
-        out.append(
-            Figure(
-                q,
-                f"{exp}: speedup against communication / compute ratio, {table.name}'s "
-                "evaluation runs composed with the performance model",
-                lambda q=q, t=table: plot_protocol_ratios(
-                    ratios_table(inputs.results_dir, pd.read_csv(t)),
-                    q,
-                    f"{exp}: time to target across ratios, protocol sweep {t.stem}",
-                ),
-                "ratios",
-                exp,
-            )
-        )
+        title2 = f"{exp}: time to target across ratios, protocol sweep {table.stem}"
+        add("ratios", what, lambda p: _ratios_figure(res, table, p, title2))
     elif not speedups(stats[stats["experiment"] == exp], "comm", "dense").empty:
-        st = config_stats(runs)
-        out.append(
-            Figure(
-                p,
-                f"{exp}: speedup over dense (mean +- std over seeds), {which}",
-                lambda p=p, st=st: plot_speedup(st, exp, p, _target(runs)),
-                "speedup",
-                exp,
-            )
-        )
-    if n_curves:
-        p = d / f"breakdown_{slug(exp)}.png"
-        out.append(
-            Figure(
-                p,
-                f"{exp}: per-step time by phase, {which}",
-                lambda p=p: plot_breakdown(breakdown_table(inputs.results_dir, runs, exp), exp, p),
-                "breakdown",
-                exp,
-            )
-        )
+        what = f"speedup over dense (mean +- std over seeds), {which}"
+        add("speedup", what, lambda p: plot_speedup(config_stats(runs), exp, p, _target(runs)))
+    if curves:
+        what = f"per-step time by phase, {which}"
+        add("breakdown", what, lambda p: plot_breakdown(breakdown_table(res, runs, exp), exp, p))
     return out
 
 
