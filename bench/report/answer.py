@@ -412,14 +412,9 @@ def _protocol_claim_rows(
         df = pd.read_csv(t)
         ids = str(df["run_ids"].dropna().iloc[0]).replace(",", " ").split() if len(df) else []
         hw = hardware.get(ids[0], "-") if ids else "-"
-        df = df[df["comm"].isin(OURS)]
-        for (_, r), ci in zip(df.iterrows(), ci_column(df, "speedup_vs_peer", 2, "x")):
-            v = verdict_text(r["verdict_vs_peer"], int(r["n_runs"]))
-            text = (
-                f"{exp}: {r['comm']} `{r['trial']}` vs the best-tuned peer {r['best_peer']}: "
-                f"{ci}, {v} (see the answer above)"
-            )
-            out.append((text, hw, f"sweep `{t.stem}`"))
+        for r, _, _, p, vp in _paper_rows(df):
+            text = f"{exp}: {r['comm']} `{r['trial']}` vs the best-tuned peer {r['best_peer']}"
+            out.append((f"{text}: {p}, {vp} (see the answer above)", hw, f"sweep `{t.stem}`"))
     return out
 
 

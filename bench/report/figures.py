@@ -324,7 +324,7 @@ def plot_protocol_speedup(df: pd.DataFrame, path: Path, title: str) -> Path | No
                 capsize=4,
                 lw=2.2 if paper else 1.4,
             )
-            verdict = verdict_text(r[key.replace("speedup", "verdict")], int(r["n_runs"]))
+            verdict = verdict_text(r[key.replace("speedup", "verdict")], int(r["n_runs"]), True)
             itself = r["comm"] == ("dense" if key == "speedup_vs_dense" else peer)
             ax.annotate(
                 "the baseline" if itself else f"{ci_text(m, lo, hi, 2, 'x')}, {verdict}",

@@ -513,9 +513,11 @@ def ci_column(df: pd.DataFrame, key: str, d: int, unit: str = "") -> list[str]:
     return [ci_text(*v, d, unit) for v in zip(df[key], df[lo], df[hi], strict=True)]
 
 
-def verdict_text(v: Any, n: int) -> str:
+def verdict_text(v: Any, n: int, short: bool = False) -> str:
     v = str(v)
-    return v if v in ("faster", "slower") else f"no difference measurable at n = {n}"
+    if v in ("faster", "slower"):
+        return v
+    return f"no difference (n = {n})" if short else f"no difference measurable at n = {n}"
 
 
 def target_text(metric: str, target: float | None) -> str:
