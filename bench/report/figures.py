@@ -513,9 +513,6 @@ def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
 
 @dataclass
 class BenchFigure:
-    name: str
-    hardware: str
-    bench_id: str
     paths: list[Path]
     error: str = ""
 
@@ -540,14 +537,10 @@ def newest_runs(csv: Path, problems: list[str] | None = None) -> list[tuple[str,
     return out
 
 
-def figure_path(figures_dir: Path, name: str, hardware: str) -> Path:
-    return figures_dir / f"bench_{name}_{slug(hardware.split(';')[0])}.png"
-
-
 def replot(name: str, rows: pd.DataFrame, png: Path) -> BenchFigure:
     """One hardware's newest run of benchmark ``name`` drawn by the benchmark's own replot."""
     spec = load_all().get(name)
-    fig = BenchFigure(name, str(rows["hardware"].iloc[0]), str(rows["bench_id"].iloc[0]), [])
+    fig = BenchFigure([])
     for old in (png, png.with_suffix(".scaling.png")):
         old.unlink(missing_ok=True)  # this command's own figure of an earlier call
     with tempfile.TemporaryDirectory() as tmp:
@@ -558,10 +551,6 @@ def replot(name: str, rows: pd.DataFrame, png: Path) -> BenchFigure:
             fig.error = f"{type(e).__name__}: {e}"
     fig.paths = [p for p in (png, png.with_suffix(".scaling.png")) if p.is_file()]
     return fig
-
-
-def registered() -> list[str]:
-    return list(load_all().names())
 
 
 def headlines() -> dict[str, Callable[[pd.DataFrame], list[str]]]:
@@ -668,12 +657,12 @@ def _scaling_figure(inputs: Inputs) -> list[Figure]:
 
 def _bench_figures(inputs: Inputs) -> list[Figure]:
     out = []
-    known = set(registered())
+    known = set(load_all().names())
     for name, csv in inputs.bench.items():
         if name not in known:
             continue
         for hw, rows in newest_runs(csv, inputs.problems):
-            p = figure_path(figures_dir(inputs), name, hw)
+            p = figures_dir(inputs) / f"bench_{name}_{slug(hw.split(';')[0])}.png"
             what = (
                 f"bench {name}: newest run {rows['bench_id'].iloc[0]} on {hw.split(';')[0]} "
                 f"({len(rows)} rows of {csv.name})"
