@@ -34,8 +34,6 @@ from bench.report.tables import (
     SPEEDUP_CLAIM,
     CommandMaker,
     Inputs,
-    ci_column,
-    ci_text,
     comparison_section,
     config_stats,
     csv_section,
@@ -52,6 +50,7 @@ from bench.report.tables import (
     verdict_text,
 )
 from bench.sweeps import ablation, protocol, ratios, scaling_table
+from bench.sweeps.intervals import ci_column, ci_text
 
 APPENDIX = "REPORT-appendix.md"
 # what each embedded task is, in a phrase (the records name the data set, not its size)

@@ -30,7 +30,6 @@ from bench.report.tables import (  # noqa: E402
     CONFIG,
     GROUP,
     Inputs,
-    ci_text,
     config_stats,
     curve,
     num,
@@ -49,6 +48,7 @@ from bench.results.plots import (  # noqa: E402
     save_figure,
 )
 from bench.sweeps import ratios  # noqa: E402
+from bench.sweeps.intervals import ci_text
 
 # per-step phases of a curve row: (label, column(s)); the first column present is used
 PHASES = (

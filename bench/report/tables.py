@@ -29,6 +29,7 @@ from bench.results import columns as col
 from bench.results import records as rec
 from bench.results.env import REPO_ROOT
 from bench.results.paths import bench_dir
+from bench.sweeps.intervals import ci_column
 
 GROUP = ["experiment", "cluster", "hardware"]  # runs compare only inside one such group
 CONFIG = ["comm", "cache", "update"]  # a configuration, inside a group
@@ -491,26 +492,6 @@ def protocol_section(paths: list[Path], base: Path) -> list[str]:
             t = t[[*cols, "selected"]].astype(object).where(t.notna(), "")
             out += [f"Its tuning trials (`{tuning.name}`):", "", *md_table(t, exact=True), ""]
     return out
-
-
-def ci_text(m: Any, lo: Any, hi: Any, d: int = 2, unit: str = "") -> str:
-    """``1.23x [1.10, 1.40]``; a bound that would print as 1.00 gets one more digit."""
-    m, lo, hi = (float(x) if x is not None else math.nan for x in (m, lo, hi))
-    if m != m:
-        return "-"
-    if lo != lo:
-        return f"{m:.{d}f}{unit} (no interval)"
-    if any(round(b, d) == 1.0 and b != 1.0 for b in (lo, hi)):
-        d += 1
-    return f"{m:.{d}f}{unit} [{lo:.{d}f}, {hi:.{d}f}]"
-
-
-def ci_column(df: pd.DataFrame, key: str, d: int, unit: str = "") -> list[str]:
-    """:func:`ci_text` of a protocol table's ``key`` with its interval columns."""
-    lo, hi = (f"{key}_ci_low", f"{key}_ci_high")
-    if key == "time_to_target":
-        key, lo, hi = f"{key}_mean_s", f"{key}_ci_low_s", f"{key}_ci_high_s"
-    return [ci_text(*v, d, unit) for v in zip(df[key], df[lo], df[hi], strict=True)]
 
 
 def verdict_text(v: Any, n: int, short: bool = False) -> str:

@@ -106,3 +106,24 @@ def verdict(low: float, high: float, n: int) -> str:
         if high < 1.0:
             return "slower"
     return f"no difference measurable at n = {n}"
+
+
+def ci_text(m: Any, lo: Any, hi: Any, d: int = 2, unit: str = "", plain: bool = False) -> str:
+    """``1.23x [1.10, 1.40]``: a bound that would print as 1.00 gets one more digit, and a
+    missing interval is said (``plain``: neither, as the sweeps print their tables)."""
+    m, lo, hi = (float(x) if x is not None else math.nan for x in (m, lo, hi))
+    if m != m:
+        return "-"
+    if lo != lo:
+        return f"{m:.{d}f}" if plain else f"{m:.{d}f}{unit} (no interval)"
+    if not plain and any(round(b, d) == 1.0 and b != 1.0 for b in (lo, hi)):
+        d += 1
+    return f"{m:.{d}f}{unit} [{lo:.{d}f}, {hi:.{d}f}]"
+
+
+def ci_column(df: Any, key: str, d: int, unit: str = "", plain: bool = False) -> list[str]:
+    """:func:`ci_text` of a protocol table's column ``key`` with its interval columns."""
+    lo, hi = f"{key}_ci_low", f"{key}_ci_high"
+    if key == "time_to_target":
+        key, lo, hi = f"{key}_mean_s", f"{key}_ci_low_s", f"{key}_ci_high_s"
+    return [ci_text(*v, d, unit, plain) for v in zip(df[key], df[lo], df[hi], strict=True)]
