@@ -314,16 +314,8 @@ def plot_protocol_speedup(df: pd.DataFrame, path: Path, title: str) -> Path | No
             colour = method_colour(r["comm"])
             paper = r["comm"] in PAPER_METHODS
             err = [[max(0.0, m - lo)], [max(0.0, hi - m)]] if lo == lo else None
-            ax.errorbar(
-                [m],
-                [i],
-                xerr=err,
-                fmt="o",
-                color=colour,
-                ms=8 if paper else 6,
-                capsize=4,
-                lw=2.2 if paper else 1.4,
-            )
+            style = {"ms": 8, "lw": 2.2} if paper else {"ms": 6, "lw": 1.4}
+            ax.errorbar([m], [i], xerr=err, fmt="o", color=colour, capsize=4, **style)
             verdict = verdict_text(r[key.replace("speedup", "verdict")], int(r["n_runs"]), True)
             itself = r["comm"] == ("dense" if key == "speedup_vs_dense" else peer)
             ax.annotate(
