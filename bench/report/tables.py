@@ -170,7 +170,7 @@ def _row(r: dict[str, Any], results_dir: Path) -> dict[str, Any]:
         "trained": status in OUTCOMES,
         "reached": status in OUTCOMES and tt is not None,
         # a tuning-protocol run's role: "tune" runs chose a configuration and are never
-        # among the reported numbers (bench.report.report_protocol shows them)
+        # among the reported numbers (the appendix shows them)
         "protocol_role": str((r.get("protocol") or {}).get("role") or ""),
         "protocol_trial": str((r.get("protocol") or {}).get("trial") or ""),
         "sweep_id": str(_cfg(r, "results", "sweep_id") or ""),
