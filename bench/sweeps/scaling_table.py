@@ -26,7 +26,7 @@ COLUMNS = [
     "model_error_before_launch", "efficiency_min", "efficiency_max", "model_holds",
     "inter_node_bandwidth", "target_ratio", "link_ratio", "measured_steps", "run_id", "note",
 ]  # fmt: skip
-# the columns of the table the report shows (bench.report.report)
+# the columns of the table the report shows (bench.report.answer)
 REPORT_COLUMNS = [
     "kind", "nodes", "workers_per_node", "comm", "step_s", "compute_only_step_s",
     "efficiency", "textbook_efficiency", "throughput", "predicted_step_s", "model_error",
