@@ -64,7 +64,8 @@ class ResultsConfig:
     # runs.jsonl, curves/, figures/ live here; runs/ is git-ignored, so that a user's runs
     # never change the committed reference results (results/: written only when named)
     dir: str = "runs"
-    plot: bool = True  # write a time-to-accuracy PNG under <dir>/figures
+    plot: bool = True  # write a time-to-accuracy PNG beside the run's curve, <dir>/curves
+    plot_sweeps: bool = False  # a sweep's runs (sweep_id set) draw theirs only with this
     # DAWNBench submission files (<dir>/dawnbench) and the MLPerf log (<dir>/mllog):
     # author and e-mail (DAWNBench wants both; "unknown" until set), the hardware's cost
     # in USD per hour (the JSON's costPerHour; null = unknown, left out)

@@ -19,7 +19,7 @@ USAGE = """compare RUN_ID... --out PNG [--dry-run]
 
 def main(argv: list[str]) -> None:
     from bench.results import records
-    from bench.results.plots import plot_comparison
+    from bench.results.plots import plot_time_to_accuracy
 
     ap = Parser(
         "compare",
@@ -72,8 +72,14 @@ def main(argv: list[str]) -> None:
         return
     title = args.title or f"{recs[0]['experiment']}: {metric} >= {100 * target:g} %"
     hw = sorted({r.get("hardware", "") for r in recs})
-    plot_comparison(
-        runs, metric=metric, target=target, path=args.out, title=title, hardware="; ".join(hw)
+    plot_time_to_accuracy(
+        runs,
+        metric=metric,
+        target=target,
+        path=args.out,
+        title=title,
+        hardware="; ".join(hw),
+        per_epoch=True,
     )
     print(
         f"{'label':<24} {'status':<14} {'time_to_target_s':>16} {'epochs':>6} {'train_time_s':>12}"

@@ -1,8 +1,8 @@
 """``python -m reproduce figures [--results-dir DIR] [--reference REF] [--experiment NAME]
 [--dry-run] [--verbose]``
 
-Every figure of the reproduction, and ``DIR/REPORT.md``, regenerated from the records
-(``DIR/runs.jsonl``), curves (``DIR/curves/``) and benchmark CSVs (``DIR/bench/*.csv``)
+Every figure of the reproduction, ``DIR/REPORT.md`` and ``DIR/REPORT-appendix.md``, from
+the records (``DIR/runs.jsonl``), curves (``DIR/curves/``) and benchmark CSVs (``DIR/bench/*.csv``)
 alone: nothing is trained or measured.  Figures go to ``DIR/figures/``.  ``DIR`` is a
 user's own runs by default (``runs/``); the committed reference results are
 ``--results-dir results``.  ``--reference results`` draws a user's runs beside the
@@ -18,6 +18,7 @@ import datetime as _dt
 import re
 import shutil
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -26,13 +27,9 @@ from reproduce._cli import REFERENCE, RESULTS, Parser, fail
 USAGE = """figures [--results-dir DIR] [--reference REF] [--experiment NAME] [--dry-run]
                           every figure and DIR/REPORT.md from the records and CSVs alone"""
 
-# how bench.report.figures_data words a set of older records ("12 record(s) written
+# how bench.results.columns.older_records words a set of older records ("12 record(s) written
 # before the fields ... existed"); worded otherwise, they are printed one line each
 OLDER = re.compile(r"^(\d+) record\(s\) written before the fields")
-
-
-def _fail(msg: str) -> None:
-    fail(msg)
 
 
 def _args(argv: list[str]) -> argparse.Namespace:
@@ -99,26 +96,26 @@ def with_reference(results_dir: str, reference: str) -> Path:
 
 
 def _check_experiments(names: list[str] | None, recorded: set[str]) -> None:
-    from bench.report.report_commands import known_experiments
+    from bench.report.tables import known_experiments
 
     known = set(known_experiments()) | recorded
     bad = [n for n in names or [] if n not in known]
     if bad:
-        _fail(
+        fail(
             f"unknown experiment {', '.join(bad)}; known: {', '.join(sorted(known))} "
             "(conf/experiment/*.yaml and the records)"
         )
 
 
 def _load(results_dir: str):
-    from bench.report.figures_data import NoRecords, load_inputs
+    from bench.report.tables import NoRecords, load_inputs
 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # load_inputs keeps each warning as a problem
             inputs = load_inputs(results_dir)
     except NoRecords as e:
-        _fail(
+        fail(
             f"{e}: run a training first, e.g. `python -m reproduce dawnbench "
             f"results.dir={results_dir}`, or point --results-dir at a directory with records "
             f"(the committed reference results: --results-dir {REFERENCE})"
@@ -141,21 +138,18 @@ def _print_inputs(inputs) -> None:
 
 def _check_writable(folders: list) -> None:
     """One line before anything is drawn, rather than a traceback at the first write."""
-    import tempfile
-
     for d in folders:
         try:
             d.mkdir(parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile(dir=d):
                 pass
         except OSError as e:
-            _fail(f"{d} is not writable ({e.strerror}); nothing was drawn")
+            fail(f"{d} is not writable ({e.strerror}); nothing was drawn")
 
 
 def _problems(problems: list[str], verbose: bool) -> None:
-    """Each input problem on one line, but the records of older formats (read as
-    absent where a field is missing; nothing wrong with them) in one line, their run
-    ids only with ``--verbose``."""
+    """Each input problem on one line; the records of older formats in one (``--verbose``:
+    their run ids)."""
     older = [p for p in problems if OLDER.match(p)]
     for p in problems:
         if p not in older:
@@ -188,8 +182,8 @@ def main(argv: list[str]) -> None:
     else:
         inputs = _load(args.results_dir)
     _check_experiments(args.experiment, set(inputs.runs["experiment"]))
-    from bench.report.figures_plan import draw, plan
-    from bench.report.report import write_report
+    from bench.report.answer import write_report
+    from bench.report.figures import draw, plan
 
     figs = plan(inputs, args.experiment)
     _problems(inputs.problems, args.verbose)

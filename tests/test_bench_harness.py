@@ -94,6 +94,6 @@ def test_a_recorded_run_is_rebuilt_from_its_rows_without_measuring(tmp_path: Pat
 
 
 def test_the_benchmarks_with_a_headline_are_the_reports():
-    from bench.report.figures_bench import headlines
+    from bench.report.figures import headlines
 
     assert sorted(headlines()) == ["input", "topk", "update"]

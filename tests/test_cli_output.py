@@ -92,7 +92,7 @@ def test_figures_beside_the_reference(results: Path, tmp_path: Path, capsys) -> 
     captured = capsys.readouterr()
     assert "Warning" not in captured.err  # no library warnings
     out = mine / "with-reference"
-    report = (out / "REPORT.md").read_text()
+    report = (out / "REPORT.md").read_text() + (out / "REPORT-appendix.md").read_text()
     assert "r-mine" in report and "r-dense-0" in report
     assert {p: p.read_bytes() for p in results.rglob("*") if p.is_file()} == ref_before
     assert (mine / "runs.jsonl").read_text() == json.dumps(rec) + "\n"

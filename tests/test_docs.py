@@ -18,7 +18,7 @@ from tests.conftest import REPO
 README = REPO / "README.md"
 PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]  # where the commands are
 LINKING = [README, *sorted((REPO / "docs").rglob("*.md"))]  # whose links must resolve
-ANSWER = ("<!-- answer: ", "<!-- answer end -->")  # the block bench.report.readme writes
+ANSWER = ("<!-- answer: ", "<!-- answer end -->")  # the block bench.report.answer writes
 
 # Every placeholder the docs write in a command, and what the check puts in its place
 # ("..." is dropped).  A placeholder not listed here fails the check.

@@ -136,7 +136,7 @@ def test_figures_and_report_from_records(results: Path, capsys) -> None:
     main(["--results-dir", str(results)])
     err = capsys.readouterr().err
     assert "runs.jsonl:3" in err and "skipped" in err  # the torn line, by file and line
-    report = (results / "REPORT.md").read_text()
+    report = (results / "REPORT.md").read_text() + (results / "REPORT-appendix.md").read_text()
     names = [
         "tta_dawnbench-digits.png",
         "speedup_dawnbench-digits.png",
@@ -213,7 +213,7 @@ def test_dry_run_lists_and_writes_nothing(results: Path, capsys) -> None:
 
 
 def test_emulated_runs_compare_only_over_the_same_link():
-    from bench.report.figures_data import cluster_label
+    from bench.report.tables import cluster_label
 
     def rec(bw, prof=None):
         cfg = {"cluster": {"name": "emulated", "nnodes": 2, "nproc_per_node": 2}}
@@ -229,7 +229,7 @@ def test_emulated_runs_compare_only_over_the_same_link():
 
 
 def test_powersgd_runs_of_different_ranks_are_different_configurations():
-    from bench.report.figures_data import comm_label
+    from bench.report.tables import comm_label
 
     def rec(rank):
         return {"comm": "powersgd", "config": {"comm": {"name": "powersgd", "powersgd_rank": rank}}}
@@ -239,7 +239,7 @@ def test_powersgd_runs_of_different_ranks_are_different_configurations():
 
 
 def test_a_density_schedule_is_part_of_the_configuration():
-    from bench.report.figures_data import comm_label
+    from bench.report.tables import comm_label
 
     plain = {"comm": "hitopk", "comm_density": 0.01}
     warm = {**plain, "comm_density_schedule": [0.1, 0.05, 0.01]}

@@ -241,7 +241,7 @@ def test_an_interrupted_sweep_resumes_without_redoing_recorded_runs(tmp_path: Pa
 
 
 def test_the_report_shows_a_protocol_sweep_with_its_intervals_and_trials(tmp_path: Path) -> None:
-    from bench.report.report_protocol import is_protocol, protocol_section
+    from bench.report.tables import is_protocol, protocol_section
 
     plan = _plan(tmp_path, comms=("dense", "hitopk"), trials=2)
     plan.save()
@@ -266,7 +266,7 @@ def test_the_report_shows_a_protocol_sweep_with_its_intervals_and_trials(tmp_pat
 
 
 def test_tuning_runs_never_enter_the_reports_comparison(tmp_path: Path) -> None:
-    from bench.report.figures_data import config_stats, run_table
+    from bench.report.tables import config_stats, run_table
 
     recs = [_rec("t1", "dense", "default", 1000, 1.0)] + [
         _rec(f"e{s}", "dense", "default", s, 10.0 + s, role="eval") for s in range(2)

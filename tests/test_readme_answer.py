@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.report import readme
+from bench.report import answer as readme
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -17,7 +17,7 @@ def test_the_readme_answer_block_is_the_reports() -> None:
     text = (ROOT / "README.md").read_text()
     report = (ROOT / "results" / "REPORT.md").read_text()
     assert readme.block_of(text) == readme.answer_of(report), (
-        "README's answer is stale: python -m bench.report.readme rewrites it"
+        "README's answer is stale: python -m bench.report.answer rewrites it"
     )
     first = "\n".join(text.splitlines()[:45])
     assert "## The answer" in first and "**Setting:**" in first

@@ -176,7 +176,7 @@ def test_every_linked_image_exists_and_is_readable_in_width(sweep: Path, checked
 
 
 def test_the_setting_gives_the_ratio_dense_measured() -> None:
-    from bench.report.report_answer import measured_ratio_text
+    from bench.report.answer import measured_ratio_text
 
     recs = [
         {"comm": "dense", "step_time_s": 0.5, "comm_s_per_step": 0.3},

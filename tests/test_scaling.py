@@ -127,7 +127,7 @@ def test_projection_only_after_the_model_holds(table: pd.DataFrame, tmp_path: Pa
 def test_figure_from_fixture_rows(table: pd.DataFrame, tmp_path: Path, monkeypatch) -> None:
     from PIL import Image
 
-    from bench.report import figures_scaling as fs
+    from bench.report import figures as fs
 
     figs = []
     real = fs.save_figure
@@ -294,7 +294,7 @@ def test_a_resumed_sweep_runs_only_what_has_no_finished_record(tmp_path: Path, c
 
 
 def test_the_figure_reads_an_older_csv_beside_a_newer_one(tmp_path: Path) -> None:
-    from bench.report.figures_scaling import newest_sweep
+    from bench.report.figures import newest_sweep
 
     old = pd.DataFrame({"sweep_id": ["scaling-1"], "comm": ["dense"], "nnodes": [2],
                         "nproc_per_node": [1], "efficiency": [0.7]})  # fmt: skip
@@ -309,7 +309,7 @@ def test_the_figure_reads_an_older_csv_beside_a_newer_one(tmp_path: Path) -> Non
 def test_the_report_says_what_the_measured_curve_shows(table: pd.DataFrame, tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from bench.report.report import scaling_lines
+    from bench.report.answer import scaling_lines
 
     csv = tmp_path / "s.csv"
     table.to_csv(csv, index=False)

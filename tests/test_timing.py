@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 import time
 
-from bench.results.timing import TrainClock, best_value, time_to_target
+from bench.results.timing import TrainClock, best_value
+from tests.helpers.timing import time_to_target
 
 
 def test_first_epoch_at_or_above_target_counts() -> None:

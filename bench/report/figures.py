@@ -1,15 +1,20 @@
-"""The reproduction's figures, drawn from records and curves alone (nothing is trained).
+"""The report's figures, drawn from records, curves and CSVs alone (nothing is trained).
 
-Per experiment: time-to-accuracy curves of every run (one panel per cluster and hardware,
-one colour per configuration), the speedup of each configuration over dense communication
-with error bars over seeds, and the per-step time of each method by phase.  Every
-function returns the path written, or None when there was nothing to draw.
+:func:`plan` lists every figure the inputs support, :func:`draw` draws them: per
+experiment the time-to-accuracy bands over seeds, the speedup over dense (with 95 %
+intervals from a protocol sweep), the composition across communication / compute ratios
+and the per-step breakdown; the scaling study; each benchmark's own figure.
 """
 
 from __future__ import annotations
 
+import json
+import tempfile
 import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -17,17 +22,33 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 
-from bench.report.figures_data import CONFIG, GROUP, curve, num, speedups  # noqa: E402
-from bench.report.figures_scaling import plot_scaling  # noqa: E402,F401  (drawn from here)
-from bench.results.columns import TRAIN_TIME, metric_column  # noqa: E402
+from bench.benchmarks import load_all  # noqa: E402
+from bench.benchmarks.harness import BenchRun  # noqa: E402
+from bench.report.tables import (  # noqa: E402
+    CONFIG,
+    GROUP,
+    Inputs,
+    config_stats,
+    curve,
+    num,
+    protocol_tables,
+    speedups,
+    target_text,
+    verdict_text,
+)
+from bench.results.columns import TRAIN_TIME, metric_column, newer_scaling  # noqa: E402
 from bench.results.plots import (  # noqa: E402
+    PAPER_METHODS,
     PHASE_COLOURS,
     fig_width,
     method_colour,
     method_width,
     save_figure,
 )
+from bench.sweeps import ratios  # noqa: E402
+from bench.sweeps.intervals import ci_text
 
 # per-step phases of a curve row: (label, column(s)); the first column present is used
 PHASES = (
@@ -38,16 +59,6 @@ PHASES = (
     ("optimizer update", ("time/update_s",)),
 )
 EXPOSED = ("comm/exposed_s", "time/exposed_comm_s")
-
-
-def target_text(metric: str, target: float | None) -> str:
-    """``93 % top-5``, ``98 % top-1``, ``BLEU 90``: the target as the field says it."""
-    name = "BLEU" if metric == "bleu" else metric.replace("top", "top-")
-    if target is None:
-        return name
-    if metric == "bleu":
-        return f"BLEU {100 * target:g}"
-    return f"{100 * target:g} % {name}"
 
 
 def slug(text: str) -> str:
@@ -277,3 +288,404 @@ def plot_breakdown(table: pd.DataFrame, experiment: str, path: Path) -> Path | N
     h_in = fig.get_figheight()
     fig.tight_layout(rect=(0, 0.6 / h_in, 1, 1 - 0.35 / h_in))
     return save_figure(fig, path, layout=False)
+
+
+def plan_of(table: Path) -> dict[str, Any]:
+    """The sweep's plan (``<sweep_id>.plan.json`` beside its table)."""
+    return json.loads(table.with_name(f"{table.stem}.plan.json").read_text())
+
+
+def plot_protocol_speedup(df: pd.DataFrame, path: Path, title: str) -> Path | None:
+    """Two panels: speedup over dense and over the best peer, one row per method (its
+    selected trial), point = ratio of mean times, bar = 95 % interval, the verdict and
+    runs reached written beside it."""
+    if df.empty or "speedup_vs_dense" not in df:
+        return None
+    df = df.sort_values("time_to_target_mean_s").reset_index(drop=True)
+    peer = str(df["best_peer"].dropna().iloc[0]) if df["best_peer"].notna().any() else "peer"
+    fig, axes = plt.subplots(1, 2, figsize=(fig_width(2, 6.2), 1.6 + 0.42 * len(df)), sharey=True)
+    for ax, (key, label) in zip(
+        axes, (("speedup_vs_dense", "dense DDP"), ("speedup_vs_peer", f"the best peer, {peer}"))
+    ):
+        for i, r in df.iterrows():
+            m, lo, hi = r[key], r[f"{key}_ci_low"], r[f"{key}_ci_high"]
+            if m != m:
+                continue
+            colour = method_colour(r["comm"])
+            paper = r["comm"] in PAPER_METHODS
+            err = [[max(0.0, m - lo)], [max(0.0, hi - m)]] if lo == lo else None
+            style = {"ms": 8, "lw": 2.2} if paper else {"ms": 6, "lw": 1.4}
+            ax.errorbar([m], [i], xerr=err, fmt="o", color=colour, capsize=4, **style)
+            verdict = verdict_text(r[key.replace("speedup", "verdict")], int(r["n_runs"]), True)
+            itself = r["comm"] == ("dense" if key == "speedup_vs_dense" else peer)
+            ax.annotate(
+                "the baseline" if itself else f"{ci_text(m, lo, hi, 2, 'x')}, {verdict}",
+                (hi if hi == hi else m, i),
+                xytext=(6, 0),
+                textcoords="offset points",
+                va="center",
+                fontsize=7,
+            )
+        ax.axvline(1.0, color="k", lw=0.8, ls="--")
+        ax.set_xlabel(f"speedup over {label} (x; > 1: sooner to target)")
+        ax.grid(alpha=0.3, axis="x")
+        lo_all = pd.concat([df[f"{key}_ci_low"], df[key]]).min()
+        hi_all = pd.concat([df[f"{key}_ci_high"], df[key]]).max()
+        if lo_all == lo_all and hi_all == hi_all:
+            left = min(0.8, lo_all - 0.1)  # room on the right for the written interval
+            ax.set_xlim(left, max(1.25, hi_all + 0.75 * (hi_all - left)))
+    labels = [
+        f"{r['comm']} {r['trial']} ({r['n_reached']}/{r['n_runs']} reached)"
+        for _, r in df.iterrows()
+    ]
+    axes[0].set_yticks(range(len(df)), labels, fontsize=8)
+    axes[0].invert_yaxis()
+    for t, c in zip(axes[0].get_yticklabels(), df["comm"], strict=True):
+        t.set_color(method_colour(c))
+        if c in PAPER_METHODS:
+            t.set_fontweight("bold")
+    fig.suptitle(
+        f"{title}\npoint: ratio of mean times to target; bar: 95 % bootstrap interval over "
+        "evaluation seeds",
+        fontsize=9,
+    )
+    return save_figure(fig, path)
+
+
+def ratio_runs(results_dir: Path, table: pd.DataFrame) -> list:
+    """The sweep's evaluation runs as :class:`bench.sweeps.ratios.Run` (grouped by method),
+    the runs the composition uses; ``[]`` when none has step counts."""
+    sweep = str(table["sweep_id"].iloc[0])
+    ids = {i for v in table["run_ids"].dropna() for i in str(v).replace(",", " ").split()}
+
+    def select(r: Mapping[str, Any]) -> bool:
+        res = (r.get("config") or {}).get("results") or {}
+        return res.get("sweep_id") == sweep and (not ids or r.get("run_id") in ids)
+
+    runs, _ = ratios.load_runs(results_dir, select, group=lambda r: str(r["comm"]))
+    return runs
+
+
+def ratios_table(results_dir: Path, table: pd.DataFrame, n_boot: int = 2000) -> pd.DataFrame:
+    """The composition (:func:`bench.sweeps.ratios.compose`) of the sweep's evaluation
+    runs on the ratio grid and at the named settings; empty when it cannot be made."""
+    runs = ratio_runs(results_dir, table)
+    if not runs or "dense" not in {r.group for r in runs}:
+        return pd.DataFrame()
+    named = ratios.named_ratios()
+    grid = sorted(set(ratios.GRID) | set(named.values()))
+    return ratios.compose(runs, grid, n_boot=n_boot)
+
+
+MARKERS = {1: "o", 2: "s", 4: "^", 8: "D"}  # workers per node
+INVALID_ABOVE = 1.05  # efficiency above this: the compute-only reference is at fault
+REFERENCE = "nocomm"  # the compute-only runs: efficiency 1 by definition, not drawn
+
+
+def newest_sweep(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the newest sweep (sweep ids sort by start time), preferring one with
+    predictions; an older table's columns read as today's."""
+    df = newer_scaling(frame)
+    if "sweep_id" not in df.columns or df["sweep_id"].isna().all():
+        return df
+    new = df[df["predicted_step_s"].notna()] if "predicted_step_s" in df.columns else df[:0]
+    ids = sorted((new if len(new) else df)["sweep_id"].dropna().astype(str).unique())
+    return df[df["sweep_id"].astype(str) == ids[-1]]
+
+
+def _measured(ax, meas: pd.DataFrame, colours: dict[str, str]) -> None:
+    for (comm, per), g in meas.groupby(["comm", "workers_per_node"], sort=True):
+        g = g.sort_values("nodes")
+        mk = MARKERS.get(int(per), "o")
+        ax.plot(g["nodes"], g["efficiency"], "-", marker=mk, color=colours[comm])
+        if "predicted_efficiency" in g.columns and g["predicted_efficiency"].notna().any():
+            ax.plot(g["nodes"], g["predicted_efficiency"], ":", marker=mk, mfc="none",
+                    color=colours[comm], alpha=0.8)  # fmt: skip
+
+
+def _projected(ax, proj: pd.DataFrame, colours: dict[str, str]) -> None:
+    for comm, g in proj.groupby("comm", sort=True):
+        g = g.sort_values("nodes")
+        ax.plot(g["nodes"], g["efficiency"], "--", marker=".", color=colours[comm])
+        if {"efficiency_min", "efficiency_max"} <= set(g.columns):
+            if g["efficiency_min"].notna().all():
+                ax.fill_between(g["nodes"], g["efficiency_min"], g["efficiency_max"],
+                                color=colours[comm], alpha=0.12)  # fmt: skip
+
+
+def _holds(proj: pd.DataFrame) -> bool:
+    if proj.empty or "model_holds" not in proj.columns:
+        return False
+    v = proj["model_holds"].dropna()
+    return bool(len(v)) and bool(v.astype(str).str.lower().isin(["true", "1", "1.0"]).all())
+
+
+def _worst(meas: pd.DataFrame) -> str:
+    if "model_error" not in meas.columns or meas["model_error"].dropna().empty:
+        return "this sweep has no prediction to check the model against"
+    r = meas.loc[meas["model_error"].abs().idxmax()]
+    return (
+        f"the model missed {r['comm']} on {int(r['nodes'])}x{int(r['workers_per_node'])} "
+        f"by {r['model_error']:+.0%}"
+    )
+
+
+def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
+    """Efficiency against nodes of the newest sweep in ``frame`` (its CSV's rows)."""
+    need = {"efficiency", "comm"}
+    if frame.empty or not need <= set(frame.columns):
+        return None
+    df = newest_sweep(frame)
+    kind = df["kind"] if "kind" in df.columns else pd.Series("measured", index=df.index)
+    meas = df[(kind == "measured") & (df["comm"] != REFERENCE)].dropna(subset=["efficiency"])
+    proj = df[kind == "projected"]
+    if meas.empty and proj.empty:
+        return None
+    comms = list(dict.fromkeys([*meas["comm"], *proj["comm"]]))
+    colours = {c: method_colour(c) for c in comms}  # the suite's one palette
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5), sharey=True)
+    _measured(left, meas, colours)
+    over = meas[meas["efficiency"] > INVALID_ABOVE]
+    if len(over):  # a compute-only run slower than a communicating one: a fault, say it
+        sizes = ", ".join(
+            sorted(
+                {
+                    f"{int(n)}x{int(m)}"
+                    for n, m in zip(over["nodes"], over["workers_per_node"], strict=True)
+                }
+            )
+        )
+        left.text(0.02, 0.03, f"{len(over)} point(s) above {INVALID_ABOVE:g} (sizes {sizes}) lie "
+                  "off the axis:\ntheir compute-only runs were slower than runs that "
+                  "communicate --\na measurement fault, not an efficiency",
+                  transform=left.transAxes, fontsize=7, color="firebrick")  # fmt: skip
+    cluster = ", ".join(sorted(meas["cluster"].dropna().astype(str).unique())) or "?"
+    left.set_xlabel(f"nodes measured on this machine ({cluster}; log 2)")
+    left.set_ylabel("scaling efficiency (compute-only step / step, ratio)")
+    drawn = _holds(proj)
+    if drawn:
+        _projected(right, proj, colours)
+    else:
+        why = "no projection in this table" if proj.empty else _worst(meas)
+        right.text(0.5, 0.5, f"projection not drawn:\n{why}", ha="center", va="center",
+                   transform=right.transAxes, fontsize=9)  # fmt: skip
+    right.set_xlabel("nodes of 8 V100 at 25 Gbit/s (model; log 2)")
+    for ax, rows in ((left, meas), (right, proj if drawn else proj[:0])):
+        ax.set_xscale("log", base=2)
+        ticks = sorted({int(n) for n in rows["nodes"].dropna()})
+        if ticks:  # the node counts themselves, not powers of 2
+            ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.set_ylim(0, 1.1)
+        ax.grid(alpha=0.3)
+    handles = [Line2D([], [], color=colours[c], lw=2, label=c) for c in comms]
+    handles += [
+        Line2D([], [], color="k", ls="-", marker="o", label="measured"),
+        Line2D(
+            [],
+            [],
+            color="k",
+            ls=":",
+            marker="o",
+            mfc="none",
+            label="model (compute: the size's calibration run)",
+        ),
+    ]
+    if drawn:
+        handles.append(Line2D([], [], color="k", ls="--", label="projected (band: assumptions)"))
+    pers = sorted({int(p) for p in meas["workers_per_node"].dropna()}) if len(meas) else []
+    if len(pers) > 1:
+        handles += [Line2D([], [], color="grey", ls="", marker=MARKERS.get(p, "o"),
+                           label=f"{p} worker(s)/node") for p in pers]  # fmt: skip
+    # one legend, outside the right panel (tight_layout makes room for an axes' legend)
+    right.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8)
+    sweep = str(df["sweep_id"].iloc[0]) if "sweep_id" in df.columns and len(df) else ""
+    fig.suptitle(f"Scaling efficiency against nodes per method, {sweep}", fontsize=11)
+    return save_figure(fig, path)
+
+
+@dataclass
+class BenchFigure:
+    paths: list[Path]
+    error: str = ""
+
+
+def newest_runs(csv: Path, problems: list[str] | None = None) -> list[tuple[str, pd.DataFrame]]:
+    """(hardware, rows of the newest run on it) for each hardware of a benchmark CSV; an
+    unreadable CSV gives none, and a line in ``problems`` naming it."""
+    try:
+        df = pd.read_csv(csv)
+    except (OSError, ValueError, pd.errors.ParserError) as e:
+        if problems is not None and not any(str(csv) in p for p in problems):
+            problems.append(f"{csv}: unreadable, its figure and numbers are left out ({e})")
+        return []
+    if df.empty or "bench_id" not in df:
+        return []
+    if "hardware" not in df:
+        df = df.assign(hardware="unknown hardware")
+    out = []
+    for hw in df["hardware"].dropna().unique():
+        sub = df[df["hardware"] == hw]
+        out.append((str(hw), sub[sub["bench_id"] == sub["bench_id"].iloc[-1]]))
+    return out
+
+
+def replot(name: str, rows: pd.DataFrame, png: Path) -> BenchFigure:
+    """One hardware's newest run of benchmark ``name`` drawn by the benchmark's own replot."""
+    spec = load_all().get(name)
+    fig = BenchFigure([])
+    for old in (png, png.with_suffix(".scaling.png")):
+        old.unlink(missing_ok=True)  # this command's own figure of an earlier call
+    with tempfile.TemporaryDirectory() as tmp:
+        run = BenchRun.from_rows(name, rows, tmp, png)
+        try:
+            spec.replot(run)
+        except Exception as e:  # noqa: BLE001 - one bad CSV must not stop the report
+            fig.error = f"{type(e).__name__}: {e}"
+    fig.paths = [p for p in (png, png.with_suffix(".scaling.png")) if p.is_file()]
+    return fig
+
+
+def headlines() -> dict[str, Callable[[pd.DataFrame], list[str]]]:
+    """name -> the headline function of each benchmark that has one."""
+    reg = load_all()
+    return {n: reg.get(n).headline for n in reg.names() if reg.get(n).headline is not None}
+
+
+@dataclass
+class Figure:
+    path: Path
+    what: str  # one line: what it shows and from which inputs
+    make: Callable[[], object] = field(repr=False)
+    kind: str = ""  # tta, speedup, breakdown, scaling, bench
+    experiment: str = ""
+    drawn: bool = False
+    error: str = ""
+    extra: list[Path] = field(default_factory=list)  # further files the same call drew
+
+
+def figures_dir(inputs: Inputs) -> Path:
+    return inputs.results_dir / "figures"
+
+
+def _ratios_figure(results_dir: Path, table: Path, path: Path, title: str) -> Path | None:
+    df = ratios_table(results_dir, pd.read_csv(table))
+    return None if df.empty else ratios.plot(df, path, title)
+
+
+def _target(runs: pd.DataFrame) -> str:
+    """The experiment's target as its records name it (the first record's)."""
+    r = runs.iloc[0]
+    return target_text(r["metric"], r["target"])
+
+
+MAX_GROUPS = 6  # panels of an experiment's figures without a protocol sweep (largest first)
+
+
+def figure_runs(inputs: Inputs, exp: str) -> tuple[pd.DataFrame, str]:
+    """The runs an experiment's figures draw, and a phrase saying which: the evaluation
+    runs of its newest protocol sweep when it has one, else its trained runs in the
+    :data:`MAX_GROUPS` clusters / hardware with the most runs."""
+    runs = inputs.runs
+    mine = runs[(runs["experiment"] == exp) & runs["trained"]]
+    table = protocol_tables(inputs).get(exp)
+    if table is not None:
+        ev = mine[(mine["sweep_id"] == table.stem) & (mine["protocol_role"] == "eval")]
+        if not ev.empty:
+            return ev, f"the evaluation runs of protocol sweep {table.stem}"
+    mine = mine[mine["protocol_role"] != "tune"]
+    sizes = mine.groupby(["cluster", "hardware"]).size().sort_values(ascending=False)
+    keep = set(sizes.index[:MAX_GROUPS])
+    left = len(sizes) - len(keep)
+    picked = mine[[k in keep for k in zip(mine["cluster"], mine["hardware"], strict=True)]]
+    more = f"; {left} smaller group(s) in the records table" if left else ""
+    return picked, f"{len(picked)} run(s) in {len(keep)} cluster/hardware group(s){more}"
+
+
+def _experiment_figures(inputs: Inputs, exp: str, stats: pd.DataFrame) -> list[Figure]:
+    runs, which = figure_runs(inputs, exp)
+    if runs.empty:
+        return []
+    res, table, out = inputs.results_dir, protocol_tables(inputs).get(exp), []
+
+    def add(kind: str, what: str, make: Callable[[Path], object]) -> None:
+        path = figures_dir(inputs) / f"{kind}_{slug(exp)}.png"
+        out.append(Figure(path, f"{exp}: {what}", lambda: make(path), kind, exp))
+
+    curves = bool(runs["has_curve"].sum())
+    if curves:
+        what = f"time to accuracy, median and band over seeds, of {which}"
+        add("tta", what, lambda p: plot_tta(res, runs, exp, p))
+    if table is not None:
+        title = f"{exp}: each method's tuned configuration, protocol sweep {table.stem}"
+        what = f"speedup over dense and the best peer with 95 % intervals, {table.name}"
+        add("speedup", what, lambda p: plot_protocol_speedup(pd.read_csv(table), p, title))
+        what = (
+            f"speedup against communication / compute ratio, {table.name}'s evaluation runs "
+            "composed with the performance model"
+        )
+        title2 = f"{exp}: time to target across ratios, protocol sweep {table.stem}"
+        add("ratios", what, lambda p: _ratios_figure(res, table, p, title2))
+    elif not speedups(stats[stats["experiment"] == exp], "comm", "dense").empty:
+        what = f"speedup over dense (mean +- std over seeds), {which}"
+        add("speedup", what, lambda p: plot_speedup(config_stats(runs), exp, p, _target(runs)))
+    if curves:
+        what = f"per-step time by phase, {which}"
+        add("breakdown", what, lambda p: plot_breakdown(breakdown_table(res, runs, exp), exp, p))
+    return out
+
+
+def _scaling_figure(inputs: Inputs) -> list[Figure]:
+    if not inputs.scaling:
+        return []
+    p = figures_dir(inputs) / "scaling_efficiency.png"
+
+    def make() -> Path | None:
+        frames = [pd.read_csv(f) for f in inputs.scaling]
+        return plot_scaling(pd.concat(frames, ignore_index=True, sort=False), p)
+
+    names = ", ".join(f.name for f in inputs.scaling)
+    return [Figure(p, f"scaling efficiency against nodes, from {names}", make, "scaling")]
+
+
+def _bench_figures(inputs: Inputs) -> list[Figure]:
+    out = []
+    known = set(load_all().names())
+    for name, csv in inputs.bench.items():
+        if name not in known:
+            continue
+        for hw, rows in newest_runs(csv, inputs.problems):
+            p = figures_dir(inputs) / f"bench_{name}_{slug(hw.split(';')[0])}.png"
+            what = (
+                f"bench {name}: newest run {rows['bench_id'].iloc[0]} on {hw.split(';')[0]} "
+                f"({len(rows)} rows of {csv.name})"
+            )
+            out.append(Figure(p, what, lambda n=name, r=rows, p=p: replot(n, r, p), "bench", name))
+    return out
+
+
+def plan(inputs: Inputs, experiments: list[str] | None = None) -> list[Figure]:
+    """Every figure the inputs support (restricted to ``experiments`` when given)."""
+    stats = config_stats(inputs.runs)
+    exps = sorted(inputs.runs["experiment"].unique())
+    out = []
+    for exp in exps:
+        if experiments is None or exp in experiments:
+            out += _experiment_figures(inputs, exp, stats)
+    return out + _scaling_figure(inputs) + _bench_figures(inputs)
+
+
+def draw(figs: list[Figure]) -> list[Figure]:
+    """Draw each figure; one that fails or has nothing to draw is marked, not fatal."""
+    for f in figs:
+        try:
+            res = f.make()
+        except Exception as e:  # noqa: BLE001 - a bad input skips its figure, not the report
+            f.error = f"{type(e).__name__}: {e}"
+            continue
+        if isinstance(res, BenchFigure):
+            f.error = res.error
+            f.drawn = bool(res.paths) and not res.error
+            f.extra = [p for p in res.paths if p != f.path]
+        else:
+            f.drawn = res is not None
+    return figs

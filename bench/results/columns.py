@@ -1,16 +1,16 @@
-"""Names of the per-epoch curve columns, defined once.
-
-Columns are namespaced by what they measure: ``loss/*``, ``acc/*`` (held-out metrics),
-``clock/*`` (seconds of wall clock per epoch or cumulated), ``time/*`` (seconds per
-training step, by phase), ``throughput/*``, ``comm/*``, ``cache/*``, ``data/*``.  Curves
-committed before the namespacing used flat names; :func:`normalise` renames them on
-reading, so every reader sees one set of names.
+"""Names of the per-epoch curve columns, defined once, and the one place where older
+recorded formats are read as today's: flat curve names (:data:`RENAMES`), older scaling
+tables (:func:`newer_scaling`) and records written before a field existed
+(:func:`older_records`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 EPOCH = "epoch"
 TRAIN_TIME = "clock/train_s"  # cumulative training time (DAWNBench's clock), s
@@ -57,3 +57,35 @@ def metric_column(metric: str) -> str:
 def normalise(row: Mapping[str, Any]) -> dict[str, Any]:
     """A curve row with today's column names (old flat names renamed)."""
     return {RENAMES.get(k, k): v for k, v in row.items()}
+
+
+# an older scaling table's names -> today's
+SCALING_RENAMES = {"nnodes": "nodes", "nproc_per_node": "workers_per_node"}
+
+
+def newer_scaling(frame: pd.DataFrame) -> pd.DataFrame:
+    """A scaling table with today's column names (an older table's, alone or beside newer
+    rows, filled in; one worker per node where none is said)."""
+    df = frame.copy()
+    for old, new in SCALING_RENAMES.items():
+        if old in df.columns:
+            df[new] = df[new].fillna(df[old]) if new in df.columns else df[old]
+            df = df.drop(columns=old)
+    if "workers_per_node" not in df.columns:
+        df["workers_per_node"] = 1
+    return df
+
+
+def older_records(records: Iterable[Mapping[str, Any]], fields: Iterable[str]) -> list[str]:
+    """One line per set of ``fields`` that some records lack (written before they existed:
+    they read as absent)."""
+    lacking: dict[tuple[str, ...], list[str]] = {}
+    for r in records:
+        miss = tuple(f for f in fields if f not in r)
+        if miss:
+            lacking.setdefault(miss, []).append(str(r.get("run_id")))
+    return [
+        f"{len(ids)} record(s) written before the fields {', '.join(m)} existed "
+        f"(read as absent): {', '.join(ids)}"
+        for m, ids in lacking.items()
+    ]

@@ -1,8 +1,5 @@
-"""The closing lines of a run: every file it wrote, from its record.
-
-Rank 0 (a run that trained) and the launcher (a run whose workers died first) both end
-with these lines, so that a user finds each output without knowing the layout of the
-results directory.
+"""The closing lines of a run: every file it wrote, from its record (printed by rank 0, or
+by the launcher when the workers died first).
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
 """Where benchmark results live under a results directory: ``<results>/bench/<name>.csv``
-(append-only rows, :class:`bench.benchmarks.harness.BenchRun`) and its figure beside it.
-
-Run records, curves, MLPerf logs and the event log keep their paths next to their one
-writer (:mod:`bench.results.records`, :mod:`bench.results.mllog`,
-:mod:`bench.results.events`).
+and its figure beside it.
 """
 
 from __future__ import annotations

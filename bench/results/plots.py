@@ -1,4 +1,5 @@
-"""Figures drawn from result records and curves alone (no rerun needed)."""
+"""The suite's one palette (a colour per method and per step phase) and figure writer,
+and a run's own time-to-accuracy figure, drawn from its curve alone."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from bench.results.columns import EPOCH, RENAMES, TRAIN_TIME, metric_column  # noqa: E402
+from bench.results.columns import EPOCH, TRAIN_TIME, metric_column  # noqa: E402
 
 TIME_LABEL = "training time (s, evaluation excluded)"
 MAX_WIDTH_PX = 2400  # no figure of the suite is wider (at DPI); tests check it
@@ -58,29 +59,8 @@ def fig_width(panels: int, per_panel: float = 5.0, extra: float = 0.0) -> float:
     return min(per_panel * panels + extra, MAX_WIDTH_PX / DPI)
 
 
-def _accuracy_panel(
-    ax, runs: Sequence[tuple[str, pd.DataFrame]], metric: str, target: float, x: str
-) -> None:
-    """Held-out ``metric`` (%) against column ``x``, one line per run, target dashed.
-
-    Curves may carry the flat column names of older runs: they are renamed first.
-    """
-    column = metric_column(metric)
-    for label, df in runs:
-        d = df.rename(columns=RENAMES).dropna(subset=[column])
-        ax.plot(d[x], 100 * d[column], marker="o", ms=3, label=label)
-    ax.axhline(100 * target, color="k", ls="--", lw=1, label=f"target {100 * target:g} %")
-    ax.set_xlabel(TIME_LABEL if x == TRAIN_TIME else x)
-    ax.set_ylabel(f"held-out {metric} (%)")
-    ax.grid(alpha=0.3)
-
-
 def save_figure(fig, path: str | Path, layout: bool = True) -> Path:
-    """Lay out (unless the caller did: ``layout=False``), write (:data:`DPI`, parents
-    created) and close a figure.
-
-    Every PNG of the suite goes through here.
-    """
+    """Lay out (unless the caller did), write at :data:`DPI` and close: every PNG of the suite."""
     if layout:
         fig.tight_layout()
     path = Path(path)
@@ -98,28 +78,25 @@ def plot_time_to_accuracy(
     path: str | Path,
     title: str,
     hardware: str = "",
+    per_epoch: bool = False,
 ) -> Path:
-    """Held-out ``metric`` against training time (s), one line per run."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    _accuracy_panel(ax, curves, metric, target, TRAIN_TIME)
-    ax.set_title(title + (f"\n{hardware}" if hardware else ""), fontsize=9)
-    ax.legend(fontsize=8)
-    return save_figure(fig, path)
-
-
-def plot_comparison(
-    runs: Sequence[tuple[str, pd.DataFrame]],
-    *,
-    metric: str,
-    target: float,
-    path: str | Path,
-    title: str,
-    hardware: str = "",
-) -> Path:
-    """Two panels: held-out ``metric`` per epoch, and against training time."""
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    _accuracy_panel(axes[0], runs, metric, target, EPOCH)
-    _accuracy_panel(axes[1], runs, metric, target, TRAIN_TIME)
-    axes[0].legend(fontsize=8)
-    fig.suptitle(title + (f"\n{hardware}" if hardware else ""), fontsize=9)
+    """Held-out ``metric`` against training time (s), one line per run; ``per_epoch``: a
+    panel against epochs beside it."""
+    xs = (EPOCH, TRAIN_TIME) if per_epoch else (TRAIN_TIME,)
+    fig = plt.subplots(1, len(xs), figsize=(11, 4.2) if per_epoch else (7, 4.5))[0]
+    column = metric_column(metric)
+    for ax, x in zip(fig.axes, xs, strict=True):
+        for label, df in curves:
+            d = df.dropna(subset=[column])
+            ax.plot(d[x], 100 * d[column], marker="o", ms=3, label=label)
+        ax.axhline(100 * target, color="k", ls="--", lw=1, label=f"target {100 * target:g} %")
+        ax.set_xlabel(TIME_LABEL if x == TRAIN_TIME else x)
+        ax.set_ylabel(f"held-out {metric} (%)")
+        ax.grid(alpha=0.3)
+    fig.axes[0].legend(fontsize=8)
+    head = title + (f"\n{hardware}" if hardware else "")
+    if per_epoch:
+        fig.suptitle(head, fontsize=9)
+    else:
+        fig.axes[0].set_title(head, fontsize=9)
     return save_figure(fig, path)

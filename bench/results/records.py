@@ -1,18 +1,8 @@
 """Run records: one JSON line per run in ``<dir>/runs.jsonl``, a curve CSV per run.
 
-:class:`RunRecord` is the one schema of a record and :meth:`RunRecord.append` the only
-writer of ``runs.jsonl``: the launcher starts a record from the config alone
-(:meth:`RunRecord.start`, which is all an ``error`` record can know), rank 0 completes
-it from the run's curve (:meth:`RunRecord.finish`).  Top-level field names are read by
-users' scripts: fields are added, never renamed.
-
-Writers never rewrite what is recorded: a record is appended under a file lock with an
-fsync (several runs, or several sweeps, may finish at once), and a curve file is created
-with a temporary file and an atomic rename, refusing to replace an existing one (a run's
-own curve grows epoch by epoch: it may replace it only with a longer curve of the same
-epochs).  A run resumed by hand appends its final record as a new ``attempt`` of the same
-``run_id``; readers keep the latest attempt of each run, and skip (with a warning naming
-the line) a line torn by a writer that died mid-write.
+:class:`RunRecord` is the one schema and :meth:`RunRecord.append` the only writer of
+``runs.jsonl``: appended under a file lock with an fsync, never rewritten; readers keep the
+latest attempt of each run and skip a torn line.  Rules: docs/internals/results.md.
 """
 
 from __future__ import annotations
@@ -55,6 +45,11 @@ def runs_path(results_dir: str | Path) -> Path:
 
 def curve_path(results_dir: str | Path, run_id: str) -> Path:
     return Path(results_dir) / "curves" / f"{run_id}.csv"
+
+
+def figure_path(results_dir: str | Path, run_id: str) -> Path:
+    """A run's own time-to-accuracy figure, beside its curve."""
+    return Path(results_dir) / "curves" / f"{run_id}_tta.png"
 
 
 class AlreadyRecorded(ValueError):
@@ -179,14 +174,6 @@ def find_record(results_dir: str | Path, run_id: str) -> dict[str, Any] | None:
         if r.get("run_id") == run_id:
             return r
     return None
-
-
-def records_frame(results_dir: str | Path) -> pd.DataFrame:
-    """All records as one table, the config flattened to ``config.<group>.<key>`` columns."""
-    recs = load_records(results_dir)
-    if not recs:
-        return pd.DataFrame(columns=list(RECORD_FIELDS))
-    return pd.json_normalize(recs)
 
 
 def load_curve(results_dir: str | Path, run_id: str) -> pd.DataFrame:

@@ -1,15 +1,7 @@
-"""Time-to-accuracy, defined once (DAWNBench's rule) and used by everything that reports it.
-
-*Training time* counts from the first training step's data request to the end of the
-last training step, including data loading and preprocessing, gradient communication and
-the optimizer update; it excludes start-up (process launch, model build, data set
-indexing) and every evaluation.  *Time-to-target* is the training time at the end of the
-first epoch whose held-out evaluation is at or above the target; *epochs to target* is
-that epoch's number (1-based).  With sub-epoch evaluations (``train.eval_every_steps``),
-time to target is the training time at the first evaluation, after an epoch or after
-a step inside one, at or above the target: it is then resolved to that many optimizer
-steps; *steps to target* counts the optimizer steps up to it, and epochs to target is the
-epoch it fell in.
+"""Time-to-accuracy, defined once (DAWNBench's rule) and used by everything that reports it:
+the training time (evaluations excluded) at the first evaluation at or above the target,
+after an epoch or, with ``train.eval_every_steps``, after a step inside one.  The rule in
+full: docs/internals/results.md.
 """
 
 from __future__ import annotations
@@ -68,21 +60,6 @@ def _metric_values(
         if v is None or (isinstance(v, float) and math.isnan(v)):
             continue  # no evaluation that epoch
         yield float(v), row
-
-
-def time_to_target(
-    curve: Iterable[Mapping[str, Any]], metric: str, target: float
-) -> tuple[float | None, int | None]:
-    """(training time, epoch) of the first evaluation at or above ``target``; (None, None) if none.
-
-    ``curve`` rows are the per-epoch rows of a run in order (column names of
-    :mod:`bench.results.columns`, or the flat names of older curves); ``metric`` is the
-    workload's name (``top1``); rows without an evaluation are skipped.
-    """
-    for v, row in _metric_values(curve, metric):
-        if reached(v, target):
-            return float(row[TRAIN_TIME]), int(row[EPOCH])
-    return None, None
 
 
 def time_to_target_steps(

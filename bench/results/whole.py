@@ -1,10 +1,5 @@
-"""All-or-nothing appends: a line is in the file whole, or the file is as it was.
-
-``os.write`` may write fewer bytes than it was given (a nearly full disk writes what
-fits), and a later call may then fail; a line cut short that way would read as a torn
-record although no writer died.  :func:`append` writes until every byte is in, and on
-any failure truncates the file back to its length before the append, so that every
-earlier line stays byte for byte and the caller learns that nothing was written.
+"""All-or-nothing appends: a line is in the file whole, or the file is as it was
+(a short write on a full disk is truncated back, not left as a torn line).
 """
 
 from __future__ import annotations

@@ -1,22 +1,6 @@
-"""Intervals over seeds for the tuning protocol's table (:mod:`bench.sweeps.protocol`).
-
-A run's time to target is *censored* when it missed the target (status ``target_missed``,
-``diverged`` or ``error``): it is counted at the budget ``B`` (:func:`budget_s`, the
-longest training time any run of the sweep recorded, i.e. at least the time a run takes
-to exhaust the epoch budget), never dropped.  ``B`` is a lower bound of the missed run's
-true time, so a configuration with misses is shown *faster* than it is: its row's
-``n_reached < n_runs`` says so, and a win by such a row is an upper bound of the truth.
-
-Intervals are percentile bootstraps (``scipy.stats.bootstrap``, 95 %, 9,999 resamples of
-the seeds, a fixed generator seed so a table is rebuilt identically): of the mean time to
-target, and of the ratio ``mean(reference) / mean(configuration)`` (> 1: the
-configuration reaches the target sooner).  When both sides ran the same seeds the
-resamples are paired by seed (a seed fixes the initialisation and data order of every
-method, so pairing removes that shared variation); otherwise the two sides are resampled
-independently.  The percentile method is used rather than BCa because BCa is undefined on
-the degenerate samples a 5-seed table can hold (every seed at the same time, or every run
-censored); with n = 5 a percentile interval is somewhat too narrow, which is why a win is
-only called when the whole interval lies on one side of 1.0 (:func:`verdict`).
+"""Intervals over seeds for the tuning protocol's table: misses counted at the budget
+(:func:`budget_s`), percentile bootstraps of the mean time and of the ratio of means,
+paired by seed where both sides ran the same seeds.  Why: docs/internals/report.md.
 """
 
 from __future__ import annotations
@@ -122,3 +106,24 @@ def verdict(low: float, high: float, n: int) -> str:
         if high < 1.0:
             return "slower"
     return f"no difference measurable at n = {n}"
+
+
+def ci_text(m: Any, lo: Any, hi: Any, d: int = 2, unit: str = "", plain: bool = False) -> str:
+    """``1.23x [1.10, 1.40]``: a bound that would print as 1.00 gets one more digit, and a
+    missing interval is said (``plain``: neither, as the sweeps print their tables)."""
+    m, lo, hi = (float(x) if x is not None else math.nan for x in (m, lo, hi))
+    if m != m:
+        return "-"
+    if lo != lo:
+        return f"{m:.{d}f}" if plain else f"{m:.{d}f}{unit} (no interval)"
+    if not plain and any(round(b, d) == 1.0 and b != 1.0 for b in (lo, hi)):
+        d += 1
+    return f"{m:.{d}f}{unit} [{lo:.{d}f}, {hi:.{d}f}]"
+
+
+def ci_column(df: Any, key: str, d: int, unit: str = "", plain: bool = False) -> list[str]:
+    """:func:`ci_text` of a protocol table's column ``key`` with its interval columns."""
+    lo, hi = f"{key}_ci_low", f"{key}_ci_high"
+    if key == "time_to_target":
+        key, lo, hi = f"{key}_mean_s", f"{key}_ci_low_s", f"{key}_ci_high_s"
+    return [ci_text(*v, d, unit, plain) for v in zip(df[key], df[lo], df[hi], strict=True)]

@@ -1,22 +1,7 @@
-"""The protocol sweep's table, ``<results>/ablation/<sweep_id>.csv``, from its records.
-
-One row per evaluated configuration (each method's selected trial, evaluation runs only;
-tuning runs are in ``<sweep_id>-tuning.csv``):
-
-- ``n_runs``, ``n_reached`` (``n_error`` of the misses failed): a miss is counted at the
-  budget ``budget_s`` (:mod:`bench.sweeps.intervals` says why and what that biases);
-- ``time_to_target_mean_s`` and its 95 % interval ``time_to_target_ci_low_s`` /
-  ``time_to_target_ci_high_s`` (bootstrap over seeds, misses at the budget);
-- ``steps_to_target_mean`` (runs that reached it) and ``step_time_mean_s`` (s per
-  optimizer step, every run): time to target is about their product, convergence times
-  systems;
-- ``speedup_vs_dense`` = mean time of dense / this row's, with ``_ci_low`` / ``_ci_high``
-  and ``verdict_vs_dense`` (``faster`` / ``slower`` only when the interval excludes 1.0,
-  else ``no difference measurable at n = N``);
-- ``best_peer``: the peer (a method not in ``PAPER_METHODS``) with the lowest mean time,
-  and ``speedup_vs_peer`` against it, with its interval and verdict (the best peer's own
-  row compares with itself: 1.0);
-- ``order_seed``, the seeds and the run ids behind the row.
+"""The protocol sweep's table, ``<results>/ablation/<sweep_id>.csv``, from its records: one
+row per evaluated configuration with its time to target, speedups over dense and over the
+best peer (95 % intervals, verdicts) and the runs behind it; columns:
+docs/internals/report.md.
 """
 
 from __future__ import annotations
@@ -31,36 +16,13 @@ from bench.sweeps import intervals as iv
 from bench.sweeps.protocol import EVAL, PAPER_METHODS, Plan, job_of, recorded
 
 COLUMNS = [
-    "sweep_id",
-    "protocol",
-    "experiment",
-    "cluster",
-    "comm",
-    "trial",
-    "n_runs",
-    "n_reached",
-    "n_error",
-    "time_to_target_mean_s",
-    "time_to_target_ci_low_s",
-    "time_to_target_ci_high_s",
-    "budget_s",
-    "steps_to_target_mean",
-    "step_time_mean_s",
-    "speedup_vs_dense",
-    "speedup_vs_dense_ci_low",
-    "speedup_vs_dense_ci_high",
-    "verdict_vs_dense",
-    "best_peer",
-    "speedup_vs_peer",
-    "speedup_vs_peer_ci_low",
-    "speedup_vs_peer_ci_high",
-    "verdict_vs_peer",
-    "target_metric",
-    "target_value",
-    "order_seed",
-    "seeds",
-    "run_ids",
-]
+    "sweep_id", "protocol", "experiment", "cluster", "comm", "trial", "n_runs", "n_reached",
+    "n_error", "time_to_target_mean_s", "time_to_target_ci_low_s", "time_to_target_ci_high_s",
+    "budget_s", "steps_to_target_mean", "step_time_mean_s", "speedup_vs_dense",
+    "speedup_vs_dense_ci_low", "speedup_vs_dense_ci_high", "verdict_vs_dense", "best_peer",
+    "speedup_vs_peer", "speedup_vs_peer_ci_low", "speedup_vs_peer_ci_high", "verdict_vs_peer",
+    "target_metric", "target_value", "order_seed", "seeds", "run_ids",
+]  # fmt: skip
 
 
 def _mean(vals: Sequence[Any]) -> float:
@@ -133,47 +95,20 @@ def aggregate(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(list(rows.values()), columns=COLUMNS)
 
 
-def _ci(m: float, lo: float, hi: float, digits: int) -> str:
-    if m != m:
-        return "-"
-    if lo != lo:
-        return f"{m:.{digits}f}"
-    return f"{m:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
-
-
 def format_table(df: pd.DataFrame) -> str:
     """The table as printed: times in s and ratios with their 95 % intervals."""
     if df.empty:
         return "(no evaluation records)"
+    peers = [f" ({p})" if p else "" for p in df["best_peer"]]
     show = pd.DataFrame(
         {
             "comm": df["comm"],
             "trial": df["trial"],
             "reached": [f"{a}/{b}" for a, b in zip(df["n_reached"], df["n_runs"])],
-            "tta_s [95 %]": [
-                _ci(m, lo, hi, 1)
-                for m, lo, hi in zip(
-                    df["time_to_target_mean_s"],
-                    df["time_to_target_ci_low_s"],
-                    df["time_to_target_ci_high_s"],
-                )
-            ],
-            "vs dense": [
-                _ci(m, lo, hi, 2)
-                for m, lo, hi in zip(
-                    df["speedup_vs_dense"],
-                    df["speedup_vs_dense_ci_low"],
-                    df["speedup_vs_dense_ci_high"],
-                )
-            ],
+            "tta_s [95 %]": iv.ci_column(df, "time_to_target", 1, plain=True),
+            "vs dense": iv.ci_column(df, "speedup_vs_dense", 2, plain=True),
             "vs best peer": [
-                _ci(m, lo, hi, 2) + (f" ({p})" if p else "")
-                for m, lo, hi, p in zip(
-                    df["speedup_vs_peer"],
-                    df["speedup_vs_peer_ci_low"],
-                    df["speedup_vs_peer_ci_high"],
-                    df["best_peer"],
-                )
+                c + p for c, p in zip(iv.ci_column(df, "speedup_vs_peer", 2, plain=True), peers)
             ],
             "verdict vs dense / peer": [
                 f"{a} / {b}" for a, b in zip(df["verdict_vs_dense"], df["verdict_vs_peer"])

@@ -1,29 +1,7 @@
-"""Time to target across communication/compute ratios: steps from the records, time per
-step from the performance model, composed with their uncertainty.
-
-In synchronous data-parallel training the trajectory does not depend on the link, so a
-run's time to target on another cluster is its steps to target times that cluster's time
-per step.  Steps come from the records (:mod:`bench.results.records`): each run's curve
-gives the steps of every evaluated interval up to the first evaluation at the target, and
-each interval is charged at the density the run sent then (the dense warm-up epochs, the
-density schedule, PowerSGD's dense first iterations).  A run that missed the target is
-counted at every step it ran (its budget: a lower bound on its time, so it is never
-flattered) and reported in ``n_reached``.
-
-Time per step is the model's (:mod:`bench.cluster.projection`) on the paper's cluster, 16
-x 8 V100 at 25 Gbit/s with ResNet-50's gradient: at ``ratio`` the V100 compute per step is
-the dense fp32 aggregation time (``paper`` profile, central NIC efficiency) over
-``ratio``, so ``ratio`` is the x axis of the named settings of
-:mod:`bench.launch.profile` (``paper-224`` 0.44, ``paper`` 1.34, ``paper-b64`` 5.4;
-``paper-fp16`` is ``paper``'s cluster with fp16 dense as the baseline).
-
-Uncertainty: ``ci_low``/``ci_high`` are a 95 % percentile bootstrap over seeds (runs of
-one seed -- the cache x update cells of an ablation -- are replicates of one trajectory,
-averaged into one sample), each method resampled on its own, at the model's central
-inputs; ``band_low``/
-``band_high`` widen that interval over the model's ranged inputs (NIC efficiency, hidden
-share), the same corner for both methods of a ratio.  A speedup is a win only where
-``ci_low > 1``.
+"""Time to target across communication / compute ratios: a run's steps to target (from its
+record, each interval charged at the density it sent) times the performance model's time
+per step on the paper's cluster (:mod:`bench.cluster.projection`), with a bootstrap
+interval over seeds.  Why and how: docs/internals/report.md.
 """
 
 from __future__ import annotations

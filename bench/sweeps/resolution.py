@@ -1,17 +1,6 @@
-"""How finely a protocol sweep's evaluation runs resolve time to target, from their records.
-
-Two numbers per run that reached the target, both read from its per-epoch curve and its
-sub-epoch evaluations (the same points :func:`bench.results.timing.time_to_target_steps`
-reads):
-
-- ``bracket_s``: the training time between the first evaluation at or above the target
-  and the evaluation before it.  The true crossing lies somewhere in that bracket, so it
-  is the clock's resolution;
-- ``one_sample_s`` (only where the metric is a share of held-out samples): how much sooner
-  the run reached a target one held-out sample lower.  Zero means the crossing jumped
-  past that sample too, so the finite held-out set moved nothing here.
-
-:func:`summary` puts them beside the differences the sweep reports.
+"""How finely a protocol sweep's evaluation runs resolve time to target: per run that
+reached it, the bracket between the crossing evaluation and the one before, and how much
+sooner a target one held-out sample lower is reached (docs/internals/report.md).
 """
 
 from __future__ import annotations

@@ -1,34 +1,7 @@
 """The scaling study's table: each run's measured step time beside the model's prediction
-(made before the run: the sweep's plan), efficiency against the compute-only run of the
-same size, the textbook efficiency beside it, and the projection to the paper's cluster.
-
-One row per (size, method), ``kind`` ``measured`` or ``projected``:
-
-* ``step_s``: training seconds per step over the run's epochs after the first (warm-up);
-* ``compute_only_step_s``: the same of the size's ``nocomm`` run after its methods (no
-  gradient sent; the two before the methods warm the launch up and are left out; an older
-  plan's two runs, before and after the methods, are merged), ``compute_only_spread`` the
-  difference of the merged runs over their mean (NaN for one run);
-* ``efficiency = compute_only_step_s / step_s``;
-* ``throughput``: samples per training second over the same epochs (all workers);
-* ``textbook_efficiency = throughput / (world_size x throughput of the 1x1 nocomm run)``:
-  what a cluster's efficiency would be if compute did not slow with N -- here it also
-  counts N workers sharing the cores, so it is labelled as what it is;
-* ``calibration_step_s`` (on the size's ``nocomm`` row): the step of the size's
-  calibration run, after the warm-ups and before any method; ``compute_drift`` the
-  compute-only step after the methods over it, less 1;
-* ``predicted_step_s``: the model's step with that calibration as its compute (the
-  plan's prediction shifted by calibration - the plan's compute-only step; a size
-  without a calibration run keeps the plan's), ``predicted_efficiency`` (the model's
-  compute-only step over its step) and ``model_error = predicted_step_s / step_s - 1``;
-  ``predicted_before_launch_s`` and ``model_error_before_launch``: the plan's prediction,
-  made before the sweep's first run, and its error;
-* ``link_ratio``: a dense allreduce's link time at the size's rate over the measured
-  compute-only step, beside ``target_ratio`` (the paper's, which the profile aimed at).
-
-The projected rows (:func:`bench.sweeps.scaling_model.projected_rows`) carry
-``model_holds``: whether every measured step time was predicted within
-``HOLDS_WITHIN``; the figure draws the projection only then.
+(the sweep's plan), efficiency against the compute-only run of the same size, the
+textbook efficiency beside it, and the projection to the paper's cluster.  One row per
+(size, method), ``kind`` ``measured`` or ``projected``; every column: docs/internals/report.md.
 """
 
 from __future__ import annotations
@@ -53,7 +26,7 @@ COLUMNS = [
     "model_error_before_launch", "efficiency_min", "efficiency_max", "model_holds",
     "inter_node_bandwidth", "target_ratio", "link_ratio", "measured_steps", "run_id", "note",
 ]  # fmt: skip
-# the columns of the table the report shows (bench.report.report)
+# the columns of the table the report shows (bench.report.answer)
 REPORT_COLUMNS = [
     "kind", "nodes", "workers_per_node", "comm", "step_s", "compute_only_step_s",
     "efficiency", "textbook_efficiency", "throughput", "predicted_step_s", "model_error",

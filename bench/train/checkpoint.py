@@ -39,6 +39,7 @@ MAY_DIFFER = (
     "train.keep_checkpoints",
     "train.nan_check",
     "results.plot",
+    "results.plot_sweeps",
     "cluster.max_restarts",
     "cluster.rdzv_timeout_s",
     "cluster.rdzv_endpoint",

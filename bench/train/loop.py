@@ -425,7 +425,7 @@ def write_outputs(s: TrainState) -> records.RunRecord:
     )
     if hasattr(s.workload, "write_translations"):  # translation: the last decoded output
         rec.translations = s.workload.write_translations(res, rec.run_id)
-    if cfg.results.plot and s.curve:
+    if cfg.results.plot and s.curve and (cfg.results.plot_sweeps or not cfg.results.sweep_id):
         rec.figure = str(_plot(s, rec))
     try:
         rec.append(res)
@@ -448,7 +448,7 @@ def _plot(s: TrainState, rec: records.RunRecord) -> Path:
         [(f"{rec.model} {rec.comm} x{rec.world_size}", pd.DataFrame(s.curve))],
         metric=rec.target_metric,
         target=rec.target_value,
-        path=Path(s.cfg.results.dir) / "figures" / f"{rec.run_id}_tta.png",
+        path=records.figure_path(s.cfg.results.dir, rec.run_id),
         hardware=rec.hardware,
         title=f"{rec.experiment}: time to {100 * rec.target_value:g} % {rec.target_metric} "
         f"({rec.run_id})",
