@@ -13,12 +13,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from bench.comm import attach
 from bench.config import Config, to_container
 from bench.registry import ConfigError
 from bench.results import records
 from bench.results.timing import TrainClock
 from bench.train import checkpoint as ck
+from bench.train.comm import attach
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from bench.benchmarks.spawn import run_workers
-from bench.comm.timing import PhaseTimes, union_length
+from bench.comm.stats import PhaseTimes, union_length
 from tests.helpers.comm_checks import DELAY_S, run_async
 
 HOOKS = ("dense", "fp16", "mstopk", "hitopk", "powersgd")

@@ -37,6 +37,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from bench.registry import ConfigError
+
 ALIGN = 8  # packet padding (bytes)
 DENSE = ("dense", "fp16", "bf16")
 FLAT = ("topk", "mstopk", "randomk")
@@ -64,11 +66,6 @@ class Traffic:
         return sum(s.worker_bytes for s in self.stages)
 
     @property
-    def inter_worker_bytes(self) -> float:
-        """Bytes a worker sends in stages that cross nodes."""
-        return sum(s.worker_bytes for s in self.stages if s.inter)
-
-    @property
     def link_bytes(self) -> float:
         """Bytes leaving each node over its link (what a slow inter-node link charges)."""
         return sum(s.link_bytes for s in self.stages)
@@ -78,9 +75,9 @@ class Traffic:
 
 
 def k_for(numel: int, density: float) -> int:
-    """Pairs sent for ``numel`` elements at ``density`` (as ``bench.comm.selection``)."""
+    """Elements sent of ``numel`` at ``density`` (at least 1 when numel > 0)."""
     if not 0.0 < density <= 1.0:
-        raise ValueError(f"density must be in (0, 1], got {density}")
+        raise ConfigError(f"density must be in (0, 1], got {density}")
     return min(numel, max(1, math.ceil(density * numel))) if numel else 0
 
 

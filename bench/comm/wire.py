@@ -25,7 +25,7 @@ import functools
 
 import torch
 
-_ALIGN = 8  # bytes: largest element size in a packet (int64 indices)
+from bench.comm.cost import packet_bytes
 
 
 def index_dtype(numel: int) -> torch.dtype:
@@ -36,16 +36,12 @@ def _size(dtype: torch.dtype) -> int:
     return torch.empty(0, dtype=dtype).element_size()
 
 
-def packet_bytes(k: int, numel: int, vdtype: torch.dtype) -> int:
-    raw = k * (_size(index_dtype(numel)) + _size(vdtype))
-    return -(-raw // _ALIGN) * _ALIGN
-
-
 def pack(values: torch.Tensor, indices: torch.Tensor, numel: int) -> torch.Tensor:
     """One uint8 buffer: indices (int32/int64), then ``values`` (already wire values)."""
     k = values.numel()
     idx = indices.to(index_dtype(numel))
-    out = torch.zeros(packet_bytes(k, numel, values.dtype), dtype=torch.uint8, device=idx.device)
+    size = packet_bytes(k, numel, values.element_size())
+    out = torch.zeros(size, dtype=torch.uint8, device=idx.device)
     ib = k * idx.element_size()
     out[:ib] = idx.view(torch.uint8)
     out[ib : ib + k * values.element_size()] = values.view(torch.uint8)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from bench import comm, data, models, optim
+from bench import data, models, optim
 from bench.cluster import launch as cluster_launch
 from bench.comm import is_sparse
 from bench.config import Config, ResultsConfig, from_container, to_container, to_object
@@ -29,6 +29,7 @@ from bench.results import events as ev
 from bench.results.outputs import closing_lines
 from bench.results.safejson import non_finite
 from bench.train import checkpoint as ck
+from bench.train import comm
 from bench.train.checkpoint_verify import remove_incomplete
 from bench.train.workload import WORKLOADS
 

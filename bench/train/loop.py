@@ -33,7 +33,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from bench.comm import attach, is_sparse
+from bench.comm import is_sparse
 from bench.config import Config, from_container, to_container
 from bench.data.types import RANK_TOKENS
 from bench.optim import after_ddp_broadcast, build_optimizer, build_scheduler, ddp_kwargs
@@ -48,6 +48,7 @@ from bench.results.timing import TrainClock, reached
 from bench.train import checkpoint, runtime
 from bench.train import checkpoint as ck
 from bench.train.checkpoint import resume
+from bench.train.comm import attach
 from bench.train.console import table_header, table_row
 from bench.train.step_eval import step_eval_due, step_evaluate
 from bench.train.workload import WORKLOADS
