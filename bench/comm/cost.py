@@ -1,34 +1,9 @@
 """Bytes of gradient aggregation: the project's one cost function.
 
-Every figure of bytes -- the hooks' statistics, ``bench comm``, the emulated cluster's
-predictions, the performance model's transfer times and the README -- comes from here.
-
-Setting: ``n`` nodes of ``m`` workers (``w = n m``), ranks numbered node by node (ranks
-``i m .. i m + m - 1`` on node ``i``), one bucket of ``d`` elements.  Each collective is
-split into stages; a :class:`Stage` says
-
-* ``worker_bytes``: the bytes each worker sends in the stage;
-* ``link_bytes``: the bytes that leave each node through its inter-node link (0 for a
-  stage inside a node);
-* ``steps``: the sequential message steps of the stage (the latency terms).
-
-Ring collectives (gloo's and NCCL's rings): rank ``r`` sends to ``r + 1``.  A ring
-allreduce sends ``2 (w-1)/w d b`` per worker, a ring allgather of one packet per worker
-``(w-1)`` packets.  With ranks numbered by node, ``n`` ring edges cross node boundaries,
-one leaving each node, and that edge carries what one worker sends: ``link_bytes`` of a
-flat ring equals one worker's ``worker_bytes`` (when ``n > 1``).
-
-HiTopKComm (``hitopk``): (1) intra-node reduce-scatter, ``(m-1)/m`` of the padded
-bucket per worker; (2) inter-node allgather among the workers of the same local rank,
-``(n-1)`` packets per worker -- and all ``m`` workers of a node send at once, so the
-node's link carries ``m (n-1)`` packets; (3) intra-node allgather of the ``n`` packets
-each worker received, ``(m-1) n`` packets per worker.
-
-A packet (the wire format of ``bench.comm.communicators``) holds ``k`` indices (int32
-below 2**31 elements, else int64) then ``k`` values, padded to a multiple of 8 bytes.
-
-:func:`on_wire` adds TCP/IP framing to payload bytes, for comparison with interface
-counters.
+Every figure of bytes (the hooks' statistics, ``bench comm``, the emulated cluster's
+predictions, the performance model, the README) comes from here: per method, the stages
+of one bucket's exchange among ``n`` nodes of ``m`` workers, each with the bytes a worker
+sends, the bytes leaving a node over its link, and its message steps (docs/internals/comm.md).
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
 """Future plumbing of the asynchronous hooks: timed collectives and ordered stages.
 
-A DDP hook must return a future at once, so that DDP can start the communication of
-bucket ``i`` while the backward pass computes bucket ``i+1``.  The communicators issue
-every collective with ``async_op=True`` and chain what follows with callbacks, the way
-PyTorch's PowerSGD hook chains its allreduces with ``Future.then``.
-
-A stage issued from a callback (hitopk's inter-node allgather runs when the bucket's
-reduce-scatter has completed) needs care: callbacks run when collectives complete, in
-an order that differs between workers, while the workers of a process group must issue
-their collectives in the same order (gloo matches them by sequence number; NCCL would
-mix buckets up).  A :class:`Lane` restores the order: each stage takes its turn on its
-process group's lane when the hook is called (in bucket order, the same on every worker,
-since DDP launches buckets in index order), and is issued only when its input is ready
-*and* the stage before it on the lane has been issued.  Nothing blocks: a stage whose
-turn has not come is a callback waiting on a future.
+Every collective is issued with ``async_op=True`` and what follows runs in its future's
+callbacks (as PyTorch's PowerSGD hook chains its allreduces).  A :class:`Lane` keeps the
+collectives that callbacks issue on one process group in bucket order on every worker.
 """
 
 from __future__ import annotations

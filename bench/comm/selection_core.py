@@ -1,8 +1,7 @@
 """What every top-k selector shares: argument checks, host-sync counting, the exact fallback.
 
-The selectors themselves live in :mod:`bench.comm.selection` (``topk``, ``randomk``,
-``mstopk`` with ``sampled`` and ``paper``), :mod:`bench.comm.selection_tiled` (``tiled``,
-the default, and the error-feedback form) and :mod:`bench.comm.selection_hist` (``hist``).
+Also the deferred finiteness flags (:func:`deferred_finite`): inside a DDP hook a
+selector hands its "input finite" flag to a list instead of reading the device.
 """
 
 from __future__ import annotations

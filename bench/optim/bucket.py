@@ -1,22 +1,8 @@
 """The flat buffers of a flat optimizer, and the spans of them that one update call takes.
 
-Layout (one :class:`FlatBucket` per (device, model dtype)):
-
-* ``model``  flat tensor in the model's dtype; every ``p.data`` is a view into it;
-* ``master`` fp32 flat copy when a low-precision (bf16/fp16) model copy is kept (for
-  parameters of 2 or more dimensions; norm parameters and biases stay fp32, as apex's
-  ``keep_batchnorm_fp32``), else the same tensor as ``model``; the update runs on it and
-  is copied back to ``model``;
-* ``grad``   flat tensor in the model's dtype: ``p.grad`` is its view, except under DDP;
-* ``state[name]`` one flat fp32 buffer per state name (momentum, exp_avg ...).
-
-Under DDP (``gradient_as_bucket_view=True``) the gradients are DDP's bucket tensors and
-the buffers are re-laid in DDP's bucket order (:mod:`bench.optim.layout`).  A
-:class:`Span` is what one update call works on: ranges of the master values with their
-gradients and state (lists of 1-D tensors of equal lengths).  :meth:`FlatBucket.group_spans`
-builds, once per layout, one span per param group over all of that group's ranges: the
-steady-state step is then one multi-tensor call per group, whatever the number of
-parameters.
+One :class:`FlatBucket` per (device, model dtype): model copy, fp32 masters, gradients
+and state as flat tensors; a :class:`Span` is the ranges one update call works on
+(docs/internals/optim.md).
 """
 
 from __future__ import annotations

@@ -1,24 +1,9 @@
-"""LARS: layer-wise adaptive rate scaling, reference (naive/foreach) and flat versions.
+"""LARS (You, Gitman and Ginsburg 2017, as in the MLPerf ResNet-50 reference): reference
+and flat versions.
 
-Algorithm (You, Gitman and Ginsburg, "Large Batch Training of Convolutional Networks",
-2017, as in the MLPerf ResNet-50 reference): for each parameter tensor ("layer") whose
-group has ``lars_adapt`` (weights; BN parameters and biases are excluded when
-``no_decay_bn_bias``, as in the large-batch DAWNBench/MLPerf recipes)::
-
-    trust = eta * ||p|| / (||g|| + wd * ||p|| + eps)   if ||p|| > 0 and ||g|| > 0 else 1
-    d = trust * (g + wd * p)
-
-then SGD momentum in the PyTorch convention (as :mod:`bench.optim.sgd`, lr applied after
-the momentum buffer, so ``lr`` is the global rate and ``eta * lr`` the typical local one)::
-
-    buf = d (first step) or m * buf + d;  p -= lr * (d + m * buf if nesterov else buf)
-
-Non-adapted groups are plain SGD.  Modes: ``naive`` (per-tensor loop, the reference),
-``foreach`` (``torch._foreach_*`` incl. ``_foreach_norm``), ``flat`` (per-layer norms by
-segment-wise reductions over the flat buffer -- ``_foreach_norm`` over the segment views,
-or ``torch.segment_reduce`` -- then, on a CPU, one fused SGD pass per layer with the trust
-ratio folded into the kernel's gradient scale and weight decay, elsewhere the trust ratios
-applied back per segment and one fused SGD pass over the whole range).  No ``fused`` mode.
+Per layer ``trust = eta |p| / (|g| + wd |p| + eps)``, ``d = trust (g + wd p)``, then SGD
+momentum in PyTorch's convention; modes ``naive``, ``foreach`` and ``flat`` (per-layer norms
+by segment reductions over the flat buffer; docs/internals/optim.md).
 """
 
 from __future__ import annotations
@@ -31,9 +16,8 @@ import torch
 from bench.optim.bucket import Span
 from bench.optim.config import OptimConfig, UpdateMode
 from bench.optim.flat import FlatOptimizer
-from bench.optim.modes import keep_mode_keys
 from bench.optim.sgd import sgd_update
-from bench.optim.spec import OptimizerSpec, check_nesterov, register
+from bench.optim.spec import OptimizerSpec, check_nesterov, keep_mode_keys, register
 from bench.registry import ConfigError
 
 

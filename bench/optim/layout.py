@@ -1,18 +1,8 @@
 """Where the gradients of a flat bucket live: DDP's bucket buffers, found at step time.
 
-With ``DistributedDataParallel(..., gradient_as_bucket_view=True)`` DDP makes every
-``p.grad`` a view into the flat gradient tensor of its communication bucket (the
-parameters of a bucket lie one after the other, in bucket order; DDP may rebuild its
-buckets once, after the first iteration, in gradient-ready order).  A flat optimizer
-that lays its own model/master/state buffers out in the same order can then update a
-whole bucket with the bucket tensor itself as the gradient: no gradient is copied
-between backward and update.
-
-:func:`plan` reads the layout off the gradients: a *tile* is a maximal run of this
-bucket's parameters whose gradients tile one foreign storage (a DDP bucket) without
-gaps, in storage order.  The flat buffers are then re-laid (:func:`permute`) with the
-tiles first, each as one contiguous range, and the other parameters (no gradient, a
-gradient of its own: the copying path) after them, ordered by param group.
+:func:`plan` reads DDP's bucket layout off the gradients (``gradient_as_bucket_view``) and
+the flat buffers are re-laid in that order, so a whole DDP bucket is updated with its own
+tensor as the gradient (docs/internals/optim.md).
 """
 
 from __future__ import annotations
