@@ -66,7 +66,7 @@ class Communicator:
         # (list.append is atomic: callbacks of several process groups' threads append)
         self.flags: list[torch.Tensor] = []
         # device bool "exact top k" of selections that cannot check their capacity without a
-        # sync (selection_fast: false when more candidates than slots were found)
+        # sync (selection_tiled.tiled_fast: false when more candidates than slots were found)
         self.exact: list[torch.Tensor] = []
 
     def take_flags(self) -> list[torch.Tensor]:
@@ -89,14 +89,7 @@ class Communicator:
         return self.groups is not None and self.groups.topo.nnodes > 1
 
     def compress(self, flat: torch.Tensor, key: Hashable, density: float) -> Compressed:
-        """What this worker sends for one bucket: error feedback, then compression.
-
-        The compressor must see the *compensated* gradient (this step's plus the residual of
-        the earlier ones): selecting from ``flat`` alone would keep the residual but never
-        send it (``tests/test_comm_feedback.py`` checks that it is sent).  Sparse values
-        leave as wire values, clamped for the bucket's dtype (``wire.to_wire``), *before*
-        the memory keeps the rest, so the residual holds the clamp and rounding error too.
-        """
+        """What this worker sends for one bucket."""
         comp = self.memory.compensate(flat, key)
         # no host read here: the loop checks the flags once a step
         with deferred_finite(self.flags, self.exact):
@@ -262,14 +255,7 @@ class HiTopK(Communicator):
 def _reduce_scatter_async(
     stats: CommStats, like: torch.Tensor, shard: torch.Tensor, src: torch.Tensor, group: Any
 ) -> Future:
-    """Reduce-scatter of ``src`` into ``shard`` (``m`` shards' sum) with a future.
-
-    Gloo's reduce-scatter has none (``Work::getFuture not implemented``): there it is an
-    all-to-all of the shards (the same ``(m-1)/m`` of the bucket sent per worker) and a
-    local sum of the ``m`` received shards in ``shard``'s dtype, which counts as part of
-    the collective.  Elsewhere a 16-bit bucket is reduced as its mean over the ``m``
-    workers (``ReduceOp.AVG``: a 16-bit sum could overflow; no divided copy of the bucket)
-    and scaled back in ``shard``'s float32."""
+    """Reduce-scatter of ``src`` into ``shard`` (``m`` shards' sum) with a future."""
     m = src.numel() // shard.numel()
     if uses_gloo(group, src.device):
         parts = torch.empty_like(src)

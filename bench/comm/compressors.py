@@ -217,18 +217,9 @@ class NoMemory(Memory):
 class ResidualMemory(Memory):
     """Error feedback (Seide et al. 2014; Stich et al. 2018; Karimireddy et al. 2019).
 
-    The residual lives on the gradient's device, one flat buffer per bucket key.  It is
-    fused with the selection: ``compensate`` adds the gradient *into* the residual buffer
-    and returns that buffer (no temporary of the bucket's size), the compressor selects
-    from it, and ``update`` subtracts the sent values at the sent positions in place, so
-    what stays in the buffer is exactly what was not sent (the sent values are the wire
-    values, so the clamp and rounding of a low-precision wire dtype stay too).  The
-    residual of a float16 or bfloat16 bucket is float32: it must hold what the wire's
-    clamp holds back, past float16's range, and small gradients that a 16-bit sum with a
-    large residual would round away.
-
-    DDP rebuilds its buckets after the first step: the residuals of keys that a step did
-    not use are freed by :meth:`sweep`, which the hook calls before each step.
+    A residual per bucket key, on the gradient's device (float32 for 16-bit buckets),
+    fused with the selection: ``compensate`` adds the gradient into it and ``update``
+    subtracts the sent wire values, so it holds exactly what was not sent.
     """
 
     buffers: dict[Hashable, torch.Tensor] = field(default_factory=dict)

@@ -129,13 +129,7 @@ def hitopk_stages(bucket_bytes: float, packet: int, n: int, m: int) -> Traffic:
 def powersgd_sizes(
     shapes: Sequence[Sequence[int]], rank: int, min_compression_rate: float = 2.0
 ) -> tuple[int, int]:
-    """Elements PowerSGD allreduces for one bucket: ``(uncompressed, P + Q)``.
-
-    As PyTorch's ``powerSGD_hook``: a tensor viewed as ``rows x cols`` (first dimension by
-    the rest) is compressed to ``P`` (rows x r) and ``Q`` (cols x r), with ``r`` the
-    smaller of ``rank``, rows and cols, when ``(rows + cols) r min_compression_rate <
-    rows cols``; 1-D tensors and the others are allreduced as they are.
-    """
+    """Elements PowerSGD allreduces for one bucket."""
     plain = pq = 0
     for s in shapes:
         numel = math.prod(s)
@@ -198,13 +192,7 @@ MSS = 1448  # TCP payload of a 1500-byte MTU segment with timestamps
 
 
 def on_wire(sent: float, received: float, segment: int = MSS, ack_every: int = 2) -> float:
-    """Bytes an interface transmits for ``sent`` payload bytes out and ``received`` in.
-
-    Data: one header per ``segment`` payload bytes (MTU-sized segments: what gloo's
-    traffic takes on the emulated cluster's veths, about 1.3 kB per frame measured, and on
-    a physical 1500-byte-MTU link).  ACKs: one header-only frame per ``ack_every``
-    segments received.
-    """
+    """Bytes an interface transmits for ``sent`` payload bytes out and ``received`` in."""
     data = sent + math.ceil(sent / segment) * HEADER_BYTES
     acks = math.ceil(math.ceil(received / segment) / ack_every) * HEADER_BYTES
     return data + acks

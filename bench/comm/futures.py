@@ -43,13 +43,7 @@ def forward(src: Future, dst: Future, value: Callable[[Any], Any] = lambda v: v)
 
 
 def on_device(src: Future, like: torch.Tensor) -> Future:
-    """``src`` as a CUDA-aware future on ``like``'s device.  Gloo returns a CPU future even
-    for CUDA tensors: it completes it from its own thread once that thread's current
-    (default) stream waited for the copy back to the device, so a consumer on any other
-    stream (a backward pass off the default stream, DDP's copy-out) could read the tensors
-    before the copy landed.  Completing a CUDA-aware future records an event on that
-    stream, and everything chained after it waits for the event.  NCCL's futures are
-    CUDA-aware already: for them this costs one event record."""
+    """``src`` as a CUDA-aware future on ``like``'s device."""
     dst = new_future(like)
     forward(src, dst)
     return dst
@@ -62,7 +56,7 @@ def collective(
     then: Callable[[Future], Any] | None = None,
 ) -> Future:
     """Issue one async collective (``issue()`` returns its Work) and time it for ``stats``:
-    the interval from the issue to the completion callback (:mod:`bench.comm.timing`),
+    the interval from the issue to the completion callback (:mod:`bench.comm.stats`),
     including ``then``, the local part of a collective made of others (its result is the
     future's value)."""
     times = stats.times
@@ -88,11 +82,8 @@ class Lane:
         self._last.set_result(None)
 
     def after(self, ready: Future, issue: Callable[[Any], Future], like: torch.Tensor) -> Future:
-        """``issue(ready's value)`` once ``ready`` completed and the lane's previous stage
-        was issued; the returned future completes with the future ``issue`` returns.
-
-        Call from the hook (in bucket order).  An error in ``ready`` or ``issue`` completes
-        the result with that error and still hands the turn on."""
+        """``issue(ready's value)`` once ``ready`` completed and the lane's previous stage was
+        issued; the returned future completes with the future ``issue`` returns."""
         out = new_future(like)
         turn: Future = Future()
         prev, self._last = self._last, turn

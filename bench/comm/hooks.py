@@ -132,7 +132,7 @@ class PowerSGDHookState:
 
 def _run_powersgd(state: PowerSGDHookState, bucket: dist.GradBucket) -> Future:
     """PyTorch's PowerSGD hook on one bucket, counting the elements it allreduces and its
-    span (``timing.py``: all of it is ``comm_s``)."""
+    span (``stats.py``: all of it is ``comm_s``)."""
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import powerSGD_hook
 
     ps, st = state.psgd, state.stats
@@ -155,14 +155,7 @@ def _run_powersgd(state: PowerSGDHookState, bucket: dist.GradBucket) -> Future:
 
 
 def powersgd_hook(state: PowerSGDHookState, bucket: dist.GradBucket) -> Future[torch.Tensor]:
-    """PyTorch's PowerSGD hook, counted (:func:`_run_powersgd`); returns without waiting.
-
-    On gloo, PowerSGD issues its P/Q allreduces from future callbacks, which run in
-    different orders on different ranks once several buckets are in flight (gloo then
-    aborts with "collective mismatch").  With ``serialize`` each bucket starts from the
-    completion callback of the bucket before: one bucket in flight, in bucket order, and
-    still no wait in the hook.
-    """
+    """PyTorch's PowerSGD hook, counted (:func:`_run_powersgd`); returns without waiting."""
     if bucket.is_last():
         state.step += 1
         state.stats.steps += 1
@@ -324,15 +317,7 @@ def _topology(spec: HookSpec, opts: HookOptions, process_group: Any) -> Topology
 def make_hook(
     name: str, *, model: torch.nn.Module | None = None, process_group: Any = None, **options: Any
 ) -> tuple[CommHookState, HookFn]:
-    """``(state, hook)`` for ``ddp_model.register_comm_hook(state, hook)``; call on every rank.
-
-    ``options`` are :class:`~bench.comm.config.HookOptions`.  ``model`` (or its DDP
-    module) names the parameters that key the saved state (``state.set_model`` later
-    does too); ``process_group``: the group to reduce over (default: the world; not for
-    ``hitopk``).  The state may be made before ``init_process_group``: it binds on the
-    hook's first call or on ``state.bind()``.  Raises ConfigError on an unknown name or
-    option value, or a topology the method cannot use.
-    """
+    """``(state, hook)`` for ``ddp_model.register_comm_hook(state, hook)``; call on every rank."""
     HOOKS.get(name)  # an unknown name fails here, listing the known ones
     state = CommHookState(name, HookOptions(**options), build, process_group, model)
     if dist.is_initialized():  # otherwise it binds on the hook's first call (or bind())

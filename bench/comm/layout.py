@@ -130,11 +130,7 @@ class _Present:
 
 
 class Replay:
-    """Reduces DDP's buckets in a saved layout (module docstring).
-
-    ``params``: name -> parameter of the model; ``hook(bucket)``: the inner hook, called
-    with each saved bucket in index order.  Call :meth:`__call__` with each of DDP's
-    buckets; it returns that bucket's future."""
+    """Reduces DDP's buckets in a saved layout (module docstring)."""
 
     def __init__(
         self,

@@ -225,12 +225,7 @@ def colmax_abs(head: torch.Tensor) -> torch.Tensor:
 def paper_search(
     a: torch.Tensor, hi: torch.Tensor, k: int, iters: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``paper``'s threshold search over ``a = |x|`` (contiguous float32): ``(thres1, thres2)``.
-
-    Each iteration is two launches (a count of ``a >= thr`` in one read, then a one-program
-    step of the search), with the float64 arithmetic of the torch loop (no fused
-    multiply-add), so both find the same thresholds.  0-dim device tensors; no host sync.
-    """
+    """``paper``'s threshold search over ``a = |x|`` (contiguous float32)."""
     if not AVAILABLE:
         raise RuntimeError("triton is not importable")
     if a.dtype != torch.float32 or not a.is_contiguous():

@@ -173,24 +173,7 @@ def mstopk(
     _device_path: bool | None = None,
     _add: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Approximate-threshold top-k by magnitude (MSTopK); see the module docstring.
-
-    Args: ``x`` any float tensor (CPU or CUDA), selection over ``x.flatten()``; ``k >= 0``
-    elements (``k >= numel``: all); ``method`` ``tiled`` (default), ``sampled``, ``hist``
-    (all exact) or ``paper`` (approximate within the last band); ``iters`` search steps of
-    ``paper``; ``sample`` size and ``margin`` (> 1, aim at ``margin * k`` candidates) of the
-    sampled thresholds; ``tiles`` rows ``C`` of ``tiled``; ``bins`` logarithmic buckets of
-    ``hist`` over all float32 magnitudes (a power of two, 512 to 2**24; 65536: 256 per
-    octave); below ``small_numel`` elements ``torch.topk``; ``generator`` a CPU RNG for
-    sample offsets; ``kernel`` ``auto`` (Triton for ``tiled``'s column maxima and
-    ``paper``'s search on CUDA when it works), ``torch`` or ``triton`` (CUDA only; float64
-    always uses torch).
-
-    Returns ``(values, indices)``: ``min(k, numel)`` values of ``x.flatten()`` and their
-    unique int64 indices.  Raises ConfigError (``k < 0``, unknown method or kernel,
-    non-float tensor) or ValueError (``x`` contains NaN or Inf).  ``_add`` (for
-    :func:`mstopk_ef`): ``x += _add`` in place first, fused into ``tiled``'s CPU sweep.
-    """
+    """Approximate-threshold top-k by magnitude (MSTopK); see the module docstring."""
     flat = check_float(x)
     k = check_k(k)
     method = parse(MSTopKMethod, method, "mstopk method")
@@ -243,13 +226,7 @@ def mstopk_ef(
     method: MSTopKMethod | str = MSTopKMethod.tiled,
     **options: object,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Error feedback around :func:`mstopk`, in place: ``residual += grad``, select the top
-    ``k`` of the sum, set the selected entries of ``residual`` to zero (what stays is what
-    was not sent).  On the CPU, ``tiled`` adds ``grad`` in the same sweep over ``residual``
-    that finds its column maxima (one read of each instead of an extra pass).
-
-    ``residual``: contiguous, the shape, dtype and device of ``grad``; ``options`` those of
-    :func:`mstopk`.  Returns the selected ``(values, indices)`` of the sum."""
+    """Error feedback around :func:`mstopk`, in place."""
     if residual.shape != grad.shape or residual.dtype != grad.dtype:
         raise ConfigError("mstopk_ef needs a residual of the gradient's shape and dtype")
     if residual.device != grad.device or not residual.is_contiguous():

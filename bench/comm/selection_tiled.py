@@ -73,11 +73,8 @@ def sampled_dev(
 def _sample_of_sum(
     flat: torch.Tensor, add: torch.Tensor | None, q_frac: float, sample: int, gen
 ) -> torch.Tensor:
-    """:func:`sample_threshold` of ``|flat + add|`` (``add`` may be None) aiming at a
-    fraction ``q_frac``, with 2 standard deviations to spare: the sum only where sampled.
-
-    The sample is ``sample // RUN`` runs of ``RUN`` adjacent elements, evenly spaced with one
-    random offset: one cache line per run instead of one per element (16x fewer misses)."""
+    """:func:`sample_threshold` of ``|flat + add|`` (``add`` may be None) aiming at a fraction
+    ``q_frac``, with 2 standard deviations to spare."""
     n = flat.numel()
     runs = min(n, sample) // RUN
     step = n // max(1, runs)
@@ -121,13 +118,7 @@ def _buffer(slot: str, numel: int, like: torch.Tensor) -> torch.Tensor:
 
 
 def _layout(n: int, c: int, itemsize: int) -> tuple[int, int]:
-    """``(w, nb)``: ``nb`` contiguous blocks of ``c`` rows of ``w`` columns, all but fewer than
-    ``nb * c`` elements of ``x``.  With one intra-op thread, blocks of about BLOCK_BYTES: a
-    block read once from memory by ``amax`` is reread from the core's own cache by ``amin``,
-    and one stream of rising addresses reads faster than ``c`` far-apart ones.  With more
-    threads one block: every op is a parallel region that waits for its slower thread, and
-    on a loaded machine a few hundred small regions cost whole scheduler slices (25.6 M
-    elements with 2 threads took 6.5 s in 4 MiB pieces, 80x a read pass)."""
+    """``(w, nb)``: ``nb`` blocks of ``c`` rows of ``w`` columns (docs/internals/comm.md)."""
     nb = 1 if torch.get_num_threads() > 1 else max(1, round(n * itemsize / BLOCK_BYTES))
     return n // (c * nb), nb
 
@@ -135,11 +126,7 @@ def _layout(n: int, c: int, itemsize: int) -> tuple[int, int]:
 def _sweep(
     flat: torch.Tensor, head: torch.Tensor, thr: torch.Tensor, add: torch.Tensor | None
 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-    """One pass over the ``(nb, c, w)`` blocks ``head`` of ``flat`` (``+= add`` first): the
-    column maxima of ``|x|`` (``amax`` streams a block from memory, ``amin`` rereads it from
-    the cache; no ``|x|`` is materialised) and the flat indices and values of the elements
-    ``|x| >= thr``, gathered from the columns whose maximum reaches it, GROUP_BLOCKS blocks
-    at a time while they are still cached (fewer small ops)."""
+    """One pass over the ``(nb, c, w)`` blocks ``head`` of ``flat`` (``+= add`` first)."""
     nb, c, w = head.shape
     colmax = _buffer("colmax", nb * w, flat).view(nb, w)
     low = _buffer("low", min(nb, GROUP_BLOCKS) * w, flat).view(-1, w)
@@ -245,11 +232,7 @@ def _tiled_np(
     gen: torch.Generator | None,
     add: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``tiled`` for float32 and float64 on the CPU: one numpy pass compares ``|x|`` with
-    the sampled threshold (numpy's compare and compaction are vectorised; torch's ``ge``
-    and ``nonzero`` take ~1 and ~2.5 ns an element here, 10x more), then an O(m) selection
-    of the exact top ``k`` of the m candidates.  None when fewer than ``k`` reach the
-    threshold (an unlucky sample; ``flat += add`` is done then)."""
+    """``tiled`` for float32 and float64 on the CPU."""
     thr = _sample_of_sum(flat, add, k * margin / flat.numel(), sample, gen)
     t = host(thr)
     if not t > 0:  # mostly zeros (every element would be a candidate), or NaN sampled
@@ -268,11 +251,7 @@ def _tiled_np(
 
 
 def _top_mask(mag: np.ndarray, k: int) -> np.ndarray:
-    """A mask of ``k`` of the largest of ``mag`` (finite): the k-th largest by introselect
-    (O(m)), everything above it, then as many of its ties as needed in the order of ``mag``
-    (masks read in order: cheaper than gathering by the positions ``argpartition`` returns;
-    the sweep lists a piece's candidates at or above ``thr`` before those at or below
-    ``-thr``)."""
+    """A mask of ``k`` of the largest of ``mag`` (finite)."""
     kth = np.partition(mag, mag.size - k)[mag.size - k]
     keep = mag > kth
     short = k - int(np.count_nonzero(keep))
@@ -321,11 +300,7 @@ def _sweep_np(
     idx: list[np.ndarray],
     val: list[np.ndarray],
 ) -> None:
-    """The sweep of :func:`_above_np` over ``xn`` (a multiple of 8 elements) in pieces of
-    ``w``: per piece, the masks ``x < hi`` and ``x > lo`` in one buffer of ``2 w`` bytes,
-    compared 8 bytes at a time with all true (as float64: 0/1 bytes are never NaN), those
-    flags 8 at a time with all false; appends the candidates of each piece to ``idx`` and
-    ``val`` (:func:`_expand_words`, while the piece is cached)."""
+    """The sweep of :func:`_above_np` over ``xn`` (a multiple of 8 elements) in pieces of ``w``."""
     like = torch.from_numpy(xn[:0]).bool()
     buf = _buffer("np_masks", 2 * w, like).numpy()
     flags = _buffer("np_flags", w // 4, like).numpy()
@@ -386,11 +361,8 @@ def colmax_dev(head: torch.Tensor, kernel: str) -> torch.Tensor:
 def tiled_dev(
     flat: torch.Tensor, k: int, tiles: int, sample: int, margin: float, gen, kernel: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``tiled`` with one sync (the finiteness flag; none while deferred) and no
-    data-dependent shape.  With Triton, :func:`tiled_fast`;
-    in torch: of the k columns with the largest maxima, those above the k-th largest
-    value v hold every element > v, and the rest (maximum v) enough elements equal to v
-    (two multi-pass ``torch.topk`` calls, over ``n / C`` and ``C k`` elements)."""
+    """``tiled`` with one sync (the finiteness flag; none while deferred) and no data-dependent
+    shape."""
     n = flat.numel()
     c = rows_for(n, k, tiles)
     if c < 2:

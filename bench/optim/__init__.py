@@ -88,15 +88,7 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Opt
 
 
 def ddp_kwargs(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Extra ``DistributedDataParallel`` keyword arguments for this optimizer.
-
-    Every mode: ``gradient_as_bucket_view=True``: ``p.grad`` are views into DDP's buckets,
-    which autograd accumulates into and the update reads in place, so DDP copies no
-    gradient into its buckets and back (it would, twice per step, by default).  ``flat``
-    re-lays its buffers in bucket order at its first step (:mod:`bench.optim.layout`).
-    Keep ``zero_grad(set_to_none=False)`` with torch's optimizers: a dropped gradient is
-    copied into its bucket again by the next backward.
-    """
+    """Extra ``DistributedDataParallel`` keyword arguments for this optimizer."""
     del optimizer  # the same for every optimizer
     return {"gradient_as_bucket_view": True}
 

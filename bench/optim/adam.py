@@ -33,14 +33,7 @@ class AdamW(torch.optim.AdamW):
 
 
 class FlatAdam(FlatOptimizer):
-    """Adam (``decoupled=False``) or AdamW (``decoupled=True``) over flat buffers.
-
-    Step counts are per parameter, as torch's (a parameter without a gradient does not
-    count a step): Python ints (``_ages``: what the update and the run keys read, no
-    device or tensor read per step), mirrored in one float32 CPU tensor per bucket whose
-    elements are the ``step`` tensors of the checkpoint; parameters with equal counts
-    are updated together.
-    """
+    """Adam (``decoupled=False``) or AdamW (``decoupled=True``) over flat buffers."""
 
     state_names = ("exp_avg", "exp_avg_sq")
 

@@ -236,14 +236,7 @@ class FlatOptimizer(FlatCheckpoint, torch.optim.Optimizer):
 
 
 def after_ddp_broadcast(optimizer: torch.optim.Optimizer, process_group: Any = None) -> None:
-    """Call on every rank right after ``DistributedDataParallel(model, ...)`` is built.
-
-    DDP broadcasts rank 0's parameters into the model only: the fp32 masters of a flat
-    optimizer stay as each rank built them.  This gives every rank the masters of rank 0
-    of ``process_group`` (the group DDP was given; None: the default group), or, without
-    an initialized multi-process group, re-derives stale masters from the model.  A
-    no-op for optimizers without master weights.
-    """
+    """Call on every rank right after ``DistributedDataParallel(model, ...)`` is built."""
     if not isinstance(optimizer, FlatOptimizer):
         return
     if dist.is_available() and dist.is_initialized() and dist.get_world_size(process_group) > 1:

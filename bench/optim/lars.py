@@ -32,13 +32,7 @@ def trust_ratio(
 def segment_norms(
     x: torch.Tensor, lengths: torch.Tensor | list[int], scratch: torch.Tensor | None, method: str
 ) -> torch.Tensor:
-    """L2 norm of each contiguous segment of the 1-D ``x`` (segment sizes ``lengths``).
-
-    ``segment_reduce``: squares into ``scratch`` then ``torch.segment_reduce(sum)``; the
-    scratch is float64 because that reduction sums sequentially (fp32 loses ~1e-6 over a
-    million values, pairwise summation in ``norm`` does not);
-    ``foreach``: ``torch._foreach_norm`` over the segment views (one multi-tensor op).
-    """
+    """L2 norm of each contiguous segment of the 1-D ``x`` (segment sizes ``lengths``)."""
     if method == "segment_reduce":
         assert scratch is not None
         torch.mul(x, x, out=scratch)
@@ -278,13 +272,7 @@ def _fused_layers(
     first: bool,
     common: dict[str, Any],
 ) -> None:
-    """Pass 2 on a CPU as one fused SGD pass per layer: torch's kernel divides the gradient
-    by ``grad_scale`` before adding ``weight_decay * p``, so ``grad_scale = 1 / trust`` and
-    ``weight_decay = trust * wd`` give ``d = trust * (g + wd * p)`` inside the momentum pass
-    (reads p, g, buf and writes p, buf once: the update's memory floor; one kernel call per
-    layer, which on a CPU costs microseconds, not a launch).  The kernel leaves the scaled
-    gradient in ``grad``, as torch's fused optimizers do with a scale; the loop zeroes the
-    gradients after the step."""
+    """Pass 2 on a CPU as one fused SGD pass per layer."""
     bufs = buf if buf is not None else [None] * len(p)
     for pl, gl, bl, t in zip(p, grad, bufs, trust, strict=True):
         torch._fused_sgd_(

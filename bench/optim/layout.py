@@ -55,15 +55,8 @@ def plan(
     dtype: torch.dtype,
     own: torch.Tensor,
 ) -> tuple[list[int], list[int]]:
-    """``(order, tile_lengths)``: the parameter order that puts every tile first, each
-    as a run of ``tile_lengths[t]`` parameters, then the others by param group.
-
-    A storage holding the gradients of at least two of these parameters, or one as a
-    view (a bucket of DDP's, other than the bucket's own gradient buffer ``own``), is
-    split into tiles: runs of gradients that
-    follow each other without a gap (a gap: a parameter of another optimizer, or of
-    another dtype).  Overlapping gradients are never tiled.
-    """
+    """``(order, tile_lengths)``: every tile first, each a run of ``tile_lengths[t]``
+    parameters, then the others by param group."""
     own_ptr = own.untyped_storage().data_ptr()
     by_storage: dict[int, list[tuple[int, int]]] = {}
     for k, (p, g) in enumerate(zip(params, grads, strict=True)):
@@ -153,13 +146,7 @@ def ddp_like_buckets(
     params: list[torch.Tensor], cap_mb: float = 25.0, first_mb: float = 1.0
 ) -> list[torch.Tensor]:
     """Give ``params`` gradients laid out as DDP's initial buckets with
-    ``gradient_as_bucket_view=True``, without a process group (benchmarks, tests).
-
-    As ``DistributedDataParallel``: parameters in registration order fill buckets of one
-    (device, dtype) up to ``first_mb`` MiB for the first bucket and ``cap_mb`` MiB after
-    it; each bucket is one flat tensor and every ``p.grad`` the view of its range (a
-    gradient already there is copied into it).  Returns the bucket tensors.
-    """
+    ``gradient_as_bucket_view=True``, without a process group (benchmarks, tests)."""
     open_: dict[tuple, list[torch.Tensor]] = {}
     done: list[list[torch.Tensor]] = []
     for p in params:
@@ -198,18 +185,7 @@ class Whole:
 
 
 def schedule(b, runs: list[tuple[int, int, int]], keys: list) -> list[tuple]:
-    """The updates of a step of bucket ``b``: ``(group, i, j, None)`` for a run of its
-    own, ``(group, age, 0, Whole)`` for a DDP bucket updated whole.
-
-    In a DDP bucket the param groups interleave (a ResNet's conv weights and the BN
-    parameters beside them: a hundred runs).  When one class of runs (one group, one
-    state age) holds most of a segment's values, the segment is updated once as if all of
-    it were that class (``age``: one of its parameters), and the few values of the other
-    runs and of parameters without a gradient are saved before and put back after (an
-    ``index_select``/``index_copy_`` per buffer); the other runs are then updated, in
-    one update of their gathered values when they are one class (see
-    ``FlatOptimizer._whole_segment``).
-    """
+    """The updates of a step of bucket ``b``."""
     by_seg: dict[int, list[tuple[int, int, int]]] = {}
     out: list[tuple] = []
     for r in runs:
