@@ -12,11 +12,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from bench.comm import attach
 from bench.config import Config, to_container
 from bench.registry import ConfigError
 from bench.results import records
 from bench.train import checkpoint as ck
+from bench.train.comm import attach
 from bench.train.loop import checkpoints
 from bench.train.runtime import PhaseTimer
 from bench.train.state import TrainState

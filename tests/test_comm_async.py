@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from bench.benchmarks.spawn import run_workers
-from bench.comm.timing import PhaseTimes, union_length
+from bench.comm.stats import PhaseTimes, union_length
 from tests.helpers.comm_checks import DELAY_S, run_async
 
 HOOKS = ("dense", "fp16", "mstopk", "hitopk", "powersgd")
@@ -43,7 +43,7 @@ def test_comm_time_is_the_union_of_collectives_in_flight(results: list[dict]) ->
                 assert t["comm_s"] >= 0.8 * DELAY_S, (name, t)
             if name in ("mstopk", "hitopk"):  # selection, packing, scatter-add were timed
                 assert t["select_s"] > 0, (name, t)
-            if name == "powersgd":  # torch's hook: all of its span is comm (timing.py)
+            if name == "powersgd":  # torch's hook: all of its span is comm (stats.py)
                 assert t["select_s"] == 0.0, t
 
 

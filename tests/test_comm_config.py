@@ -8,10 +8,11 @@ import pytest
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
-from bench.comm import COMPRESSORS, HOOKS, MEMORIES, SELECTORS, CommController, is_sparse, validate
-from bench.comm.config import CommConfig, Selector
-from bench.comm.hooks import HookOptions
+from bench.comm import COMPRESSORS, HOOKS, SELECTORS, is_sparse
+from bench.comm.compressors import ResidualMemory
+from bench.comm.config import CommConfig, HookOptions, Selector
 from bench.registry import ConfigError
+from bench.train.comm import CommController, validate
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "comm"
 
@@ -142,7 +143,7 @@ def test_seeded_randomk_draws_on_the_buckets_device() -> None:
 def test_memory_sweep_frees_buckets_a_step_did_not_use() -> None:
     import torch
 
-    mem = MEMORIES.get("residual")()
+    mem = ResidualMemory()
     for key in ("old", "kept"):
         mem.compensate(torch.ones(4), key)
     mem.sweep()

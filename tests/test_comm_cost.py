@@ -3,12 +3,13 @@
 import pytest
 
 from bench.comm import cost
+from tests.helpers.cost_checks import inter_worker_bytes
 
 
 def test_dense_ring_allreduce_bytes_and_link():
     t = cost.allreduce(1000, n=2, m=2)
     # 2 (w-1)/w * 4000 B = 6000 B per worker; one ring edge leaves each node
-    assert t.worker_bytes == 6000 and t.link_bytes == 6000 and t.inter_worker_bytes == 6000
+    assert t.worker_bytes == 6000 and t.link_bytes == 6000 and inter_worker_bytes(t) == 6000
     assert cost.allreduce(1000, n=1, m=4).link_bytes == 0
     assert cost.bucket("fp16", 1000, 1.0, 2, 2).worker_bytes == 3000
 

@@ -20,7 +20,13 @@ import pytest
 import torch
 
 from bench.comm.communicators import AllGather, Communicator, HiTopK
-from bench.comm.compressors import MSTopKCompressor, build_compressor, build_memory
+from bench.comm.compressors import (
+    COMPRESSORS,
+    MSTopKCompressor,
+    NoMemory,
+    ResidualMemory,
+)
+from bench.comm.config import HookOptions
 from bench.comm.topology import Groups, Topology
 
 NUMEL = 4000
@@ -42,8 +48,8 @@ def _comm(comm: str, selector: str, error_feedback: bool, value_dtype: str) -> C
     if selector == "mstopk":  # small_numel=0: the tiled MSTopK path even on a small bucket
         compressor = MSTopKCompressor(value_dtype, method="tiled", small_numel=0)
     else:
-        compressor = build_compressor(selector, value_dtype, seed=0)
-    memory = build_memory(error_feedback)
+        compressor = COMPRESSORS.get(selector).build(HookOptions(value_dtype=value_dtype, seed=0))
+    memory = ResidualMemory() if error_feedback else NoMemory()
     if comm == "hitopk":  # 2 nodes x 2: compress() runs on this worker's shard, no collective
         groups = Groups(Topology(world_size=4, procs_per_node=2, rank=0), None, None)
         return HiTopK(compressor, memory, groups, None, value_dtype)
@@ -162,7 +168,7 @@ def test_cast_compressors_never_overflow(name: str, dtype: torch.dtype) -> None:
     """The dense fp16/bf16 hooks' values: clamped into what the wire and bucket hold."""
     x = torch.tensor([1e6, -1e6, 65504.0, 3.0, 1e39]).clamp(-torch.finfo(dtype).max, None)
     x = x.clamp(None, torch.finfo(dtype).max).to(dtype)
-    out = build_compressor(name).compress(x, 1.0).values
+    out = COMPRESSORS.get(name)().compress(x, 1.0).values
     assert bool(torch.isfinite(out).all()) and bool(torch.isfinite(out.to(dtype)).all())
     assert float(out[3]) == 3.0
 
@@ -170,7 +176,7 @@ def test_cast_compressors_never_overflow(name: str, dtype: torch.dtype) -> None:
 def test_loaded_residuals_survive_the_sweep_after_earlier_use() -> None:
     """Residuals loaded into a memory that has reduced other buckets (a hook state loaded
     mid-run) are kept by the next step's sweep, which would free buckets left unused."""
-    mem = build_memory(True)
+    mem = ResidualMemory()
     mem.sweep()
     mem.compensate(torch.ones(4), key="first-layout")  # a step before the load
     saved = torch.tensor([0.5, -0.25, 0.0, 1.0])

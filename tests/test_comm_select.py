@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from bench.comm import mstopk, randomk, topk
-from bench.comm.selection import MSTOPK_METHODS, host_syncs, k_for
+from bench.comm.cost import k_for
+from bench.comm.selection import MSTOPK_METHODS, host_syncs
 from bench.registry import ConfigError
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
@@ -289,7 +290,7 @@ def test_hist_log_buckets_keep_heavy_tails_cheap(
 ) -> None:
     """On heavy-tailed input the logarithmic buckets leave few candidates beyond k (linear
     bins over [0, max] put almost everything into the lowest bin); the result is exact."""
-    from bench.comm import selection_hist
+    from bench.comm import selection as selection_hist
 
     seen: list[int] = []
     real = selection_hist.top_of_candidates

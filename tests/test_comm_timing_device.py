@@ -12,10 +12,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from bench.comm import _hook_options
 from bench.comm.communicators import uses_gloo
-from bench.comm.config import CommConfig
-from bench.comm.timing import PhaseTimes
+from bench.comm.config import CommConfig, HookOptions
+from bench.comm.stats import PhaseTimes
 
 
 class _FakeEvent:
@@ -40,8 +39,8 @@ def test_events_go_on_the_tensors_device_stream(monkeypatch) -> None:
 
 def test_timing_is_off_in_training_unless_asked_for() -> None:
     assert CommConfig().timing is False
-    assert _hook_options(CommConfig())["timing"] is False
-    assert _hook_options(CommConfig(timing=True))["timing"] is True
+    assert HookOptions.of(CommConfig()).timing is False
+    assert HookOptions.of(CommConfig(timing=True)).timing is True
 
 
 @pytest.mark.parametrize(

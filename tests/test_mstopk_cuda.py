@@ -17,7 +17,8 @@ import torch
 from bench.benchmarks import topk as topk_bench
 from bench.benchmarks.harness import BenchRun
 from bench.comm import selection
-from bench.comm.selection import MSTOPK_METHODS, host_syncs, k_for, mstopk
+from bench.comm.cost import k_for
+from bench.comm.selection import MSTOPK_METHODS, host_syncs, mstopk
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -207,7 +208,8 @@ def test_fast_tiled_kernels_exact_and_sync_free_when_deferred(
 ) -> None:
     """The histogram threshold and one compaction (selection_fast) on the GPU: exact with
     one sync; inside deferred_finite (a hook) no sync at all, by torch's own count."""
-    from bench.comm import mstopk_triton, selection_fast
+    from bench.comm import mstopk_triton
+    from bench.comm import selection_tiled as selection_fast
     from bench.comm.selection_core import deferred_finite
 
     x = gaussian.to(dtype)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.comm import HOOKS
 from bench.sweeps import protocol as pr
 
 
@@ -24,7 +23,7 @@ def test_the_translation_workload_tunes_density_005_with_an_equal_budget(tmp_pat
         assert tr["d0.05-warmup"]["density_schedule"] == [0.1, 0.05]  # down to the final
         assert img["d0.01-warmup"]["density_schedule"] == [0.1, 0.05, 0.03, 0.01]
     text.check()  # every tunable method still has the same number of trials
-    sizes = {len(text._space(c)) for c in pr.COMMS if len(HOOKS.get(c).search_space) > 1}
+    sizes = {len(text._space(c)) for c in pr.COMMS if len(pr.space(c)) > 1}
     assert sizes == {4}
     jobs = text.tune_jobs()
     assert any(j.trial == "d0.05-warmup" for j in jobs)

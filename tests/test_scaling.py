@@ -193,7 +193,7 @@ def test_plan_runs_the_compute_only_step_first_at_every_size() -> None:
 def test_nocomm_hook_returns_the_local_gradient_and_sends_nothing() -> None:
     from bench.benchmarks.buckets import FakeBucket
     from bench.comm import HOOKS, is_sparse
-    from bench.comm.hooks import HookOptions
+    from bench.comm.config import HookOptions
 
     spec = HOOKS.get("nocomm")
     assert spec.measurement and not is_sparse("nocomm")

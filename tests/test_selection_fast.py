@@ -1,6 +1,6 @@
 """``tiled``'s CUDA fast path (threshold from a histogram, one compaction) on the CPU.
 
-:class:`~bench.comm.selection_fast.TorchOps` are the three kernels in torch ops, so the
+:class:`~bench.comm.selection_tiled.TorchOps` are the three kernels in torch ops, so the
 threshold logic, the exactness, the capacity overflow and the sync counts are checked on
 any CPU; one test runs the Triton kernels themselves under Triton's interpreter.  The
 speed is the device run's (``python -m reproduce gpucheck``, step ``select``).
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.comm import selection_fast as sf
+from bench.comm import selection_tiled as sf
 from bench.comm.selection_core import deferred_finite, host_syncs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -106,7 +106,7 @@ def test_threshold_leaves_at_least_k_columns_and_few_more() -> None:
 
 _INTERPRETED = """
 import torch
-from bench.comm import mstopk_triton as t, selection_fast as sf
+from bench.comm import mstopk_triton as t, selection_tiled as sf
 for n, k, c in [(100_003, 100, 16), (50_000, 50, 3)]:
     x = torch.randn(n, generator=torch.Generator().manual_seed(n))
     v, i = sf.tiled_fast(x, k, c, t)

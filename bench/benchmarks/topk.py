@@ -55,7 +55,8 @@ import torch
 
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
 from bench.benchmarks.harness import BenchRun, finite, fmt, interleaved, summarize
-from bench.comm.selection import MSTOPK_METHODS, host_syncs, k_for, mstopk, mstopk_ef
+from bench.comm.cost import k_for
+from bench.comm.selection import MSTOPK_METHODS, host_syncs, mstopk, mstopk_ef
 from bench.results.plots import save_figure
 
 SIZES = [1_000_000, 4_000_000, 16_000_000, 25_600_000, 64_000_000]

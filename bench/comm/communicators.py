@@ -1,37 +1,9 @@
-"""Communicators: how compressed gradient buckets move between workers.
+"""Communicators: how a compressed bucket moves between workers (GRACE's third piece).
 
-The third GRACE piece (see ``compressors.py``).  A communicator takes one flat bucket,
-applies error-feedback memory and a compressor, runs *one collective per bucket and
-stage* and returns a future holding the bucket averaged over all workers (what a DDP
-communication hook must return).  Every collective is issued with ``async_op=True`` and
-``reduce`` returns without waiting for any of them: what follows a collective runs in a
-callback of its future (``futures.py``), so DDP overlaps bucket ``i``'s communication with
-the backward pass of bucket ``i+1``.  Nothing synchronises the device: NCCL completes a
-future when its collective is enqueued, so a callback runs inline on DDP's thread and a
-device read there would stall the backward pass.  The selectors' finiteness flags stay
-on the device (:attr:`Communicator.flags`, see ``selection_core.deferred_finite``); the
-hook state hands them to the training loop, which reads them once per step.
-
-``allreduce``
-    Dense ring allreduce of the (possibly fp16/bf16-cast) bucket.
-``allgather``
-    Flat sparse allgather: every worker sends its ``k`` (index, value) pairs to every
-    other worker, which scatter-adds them.  Traffic per worker grows with the world size.
-``hitopk``
-    HiTopKComm (Shi et al., MLSys 2021; ``docs/algorithms.md``), with ``n`` nodes of
-    ``m`` workers:
-    (1) intra-node reduce-scatter of the dense bucket, so each local worker holds its
-    node's sum of one 1/m shard (issued by the hook); (2) error feedback on that shard;
-    (3) top-k of the shard with ``k = density * numel / m``; (4) inter-node allgather of
-    the packed pairs among the workers with the same local rank (m small allgathers in
-    parallel, one per shard); (5) intra-node allgather of the ``n`` packets each local
-    worker received; scatter-add into the dense bucket and divide by the world size.
-    (2)-(4) run when (1) completes and (5) when (4) completes, each in bucket order on its
-    own process group (:class:`~bench.comm.futures.Lane`).  It needs at least 2 nodes
-    (:func:`bench.comm.topology.check_hierarchical`).
-
-Wire format and the safe cast of low-precision values: ``wire.py``.  Bytes sent and the
-times: ``stats.py`` and ``timing.py``.
+``AllReduce`` (dense ring allreduce), ``AllGather`` (flat sparse allgather) and ``HiTopK``
+(HiTopKComm, Shi et al., MLSys 2021).  ``reduce`` issues every collective asynchronously
+and returns a future of the averaged bucket without waiting or reading the device, so DDP
+overlaps communication with the backward pass (docs/internals/comm.md).
 """
 
 from __future__ import annotations
@@ -43,27 +15,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from bench.comm import cost
 from bench.comm.compressors import Compressed, Compressor, Memory, torch_dtype
 from bench.comm.config import ValueDtype
 from bench.comm.futures import Future, collective, done
-from bench.comm.selection import k_for
 from bench.comm.selection_core import deferred_finite
-from bench.comm.stats import CommStats, allgather_traffic, allreduce_traffic, hitopk_traffic
+from bench.comm.stats import CommStats, ring
 from bench.comm.topology import Groups, check_hierarchical
-from bench.comm.wire import accumulator, pack, packet_bytes, to_wire, unpack, widened
-from bench.registry import ConfigError, Registry
-
-__all__ = [
-    "COMMUNICATORS",
-    "AllGather",
-    "AllReduce",
-    "CommStats",
-    "Communicator",
-    "HiTopK",
-    "uses_gloo",
-]
-
-COMMUNICATORS: Registry = Registry("communicator")
+from bench.comm.wire import accumulator, pack, to_wire, unpack, widened
+from bench.registry import ConfigError
 
 # torch >= 2.10 renamed the tensor-in/tensor-out collectives; keep older releases working
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -106,7 +66,7 @@ class Communicator:
         # (list.append is atomic: callbacks of several process groups' threads append)
         self.flags: list[torch.Tensor] = []
         # device bool "exact top k" of selections that cannot check their capacity without a
-        # sync (selection_fast: false when more candidates than slots were found)
+        # sync (selection_tiled.tiled_fast: false when more candidates than slots were found)
         self.exact: list[torch.Tensor] = []
 
     def take_flags(self) -> list[torch.Tensor]:
@@ -129,14 +89,7 @@ class Communicator:
         return self.groups is not None and self.groups.topo.nnodes > 1
 
     def compress(self, flat: torch.Tensor, key: Hashable, density: float) -> Compressed:
-        """What this worker sends for one bucket: error feedback, then compression.
-
-        The compressor must see the *compensated* gradient (this step's plus the residual of
-        the earlier ones): selecting from ``flat`` alone would keep the residual but never
-        send it (``tests/test_comm_feedback.py`` checks that it is sent).  Sparse values
-        leave as wire values, clamped for the bucket's dtype (``wire.to_wire``), *before*
-        the memory keeps the rest, so the residual holds the clamp and rounding error too.
-        """
+        """What this worker sends for one bucket."""
         comp = self.memory.compensate(flat, key)
         # no host read here: the loop checks the flags once a step
         with deferred_finite(self.flags, self.exact):
@@ -164,7 +117,6 @@ def _scatter_mean(
         flat.copy_(acc[: flat.numel()].div_(world))
 
 
-@COMMUNICATORS.register("allreduce")
 class AllReduce(Communicator):
     def reduce(self, flat: torch.Tensor, key: Hashable, density: float, stats: CommStats) -> Future:
         w, times = self.world, stats.times
@@ -173,8 +125,8 @@ class AllReduce(Communicator):
         # divide before the sum (as DDP's hooks do): fp16 sums of w gradients overflow less
         vals = c.values.div_(w) if c.values.data_ptr() != flat.data_ptr() else flat.div_(w)
         times.add_select(t0, times.now(flat))
-        traffic = allreduce_traffic(vals.numel() * vals.element_size(), w, self.multinode)
-        stats.count(traffic, flat.numel(), flat.numel())
+        nbytes = vals.numel() * vals.element_size()
+        stats.count(cost.allreduce(nbytes, *ring(w, self.multinode), 1), flat.numel(), flat.numel())
         fut = collective(stats, flat, partial(dist.all_reduce, vals, group=self.pg, async_op=True))
 
         def finish(f: Future) -> torch.Tensor:
@@ -188,7 +140,6 @@ class AllReduce(Communicator):
         return fut.then(finish)
 
 
-@COMMUNICATORS.register("allgather")
 class AllGather(Communicator):
     sparse = True
 
@@ -200,7 +151,7 @@ class AllGather(Communicator):
         k, vdtype = c.values.numel(), c.values.dtype
         pkt = pack(c.values, c.indices, n)
         times.add_select(t0, times.now(flat))
-        stats.count(allgather_traffic(pkt.numel(), w, self.multinode), k, n)
+        stats.count(cost.allgather(pkt.numel(), *ring(w, self.multinode)), k, n)
         out = pkt.new_empty(w * pkt.numel())
         fut = collective(stats, flat, partial(_all_gather, out, pkt, group=self.pg, async_op=True))
 
@@ -214,7 +165,6 @@ class AllGather(Communicator):
         return fut.then(finish)
 
 
-@COMMUNICATORS.register("hitopk")
 class HiTopK(Communicator):
     sparse = True
 
@@ -242,9 +192,9 @@ class HiTopK(Communicator):
         m, nn, w = g.topo.procs_per_node, g.topo.nnodes, g.topo.world_size
         d = flat.numel()
         s = -(-d // m)  # shard length (elements); the last shard is zero-padded
-        k = k_for(s, density)
-        pkt_bytes = packet_bytes(k, s, self.vdtype)
-        stats.count(hitopk_traffic(s * m * flat.element_size(), pkt_bytes, m, nn), k * m, d)
+        k = cost.k_for(s, density)
+        pkt_bytes = cost.packet_bytes(k, s, self.vdtype.itemsize)
+        stats.count(cost.hitopk_stages(s * m * flat.element_size(), pkt_bytes, nn, m), k * m, d)
         shard, reduced = self._reduce_scatter(flat, s, stats, key)
         inter = flat.new_empty(nn * pkt_bytes, dtype=torch.uint8)
 
@@ -305,14 +255,7 @@ class HiTopK(Communicator):
 def _reduce_scatter_async(
     stats: CommStats, like: torch.Tensor, shard: torch.Tensor, src: torch.Tensor, group: Any
 ) -> Future:
-    """Reduce-scatter of ``src`` into ``shard`` (``m`` shards' sum) with a future.
-
-    Gloo's reduce-scatter has none (``Work::getFuture not implemented``): there it is an
-    all-to-all of the shards (the same ``(m-1)/m`` of the bucket sent per worker) and a
-    local sum of the ``m`` received shards in ``shard``'s dtype, which counts as part of
-    the collective.  Elsewhere a 16-bit bucket is reduced as its mean over the ``m``
-    workers (``ReduceOp.AVG``: a 16-bit sum could overflow; no divided copy of the bucket)
-    and scaled back in ``shard``'s float32."""
+    """Reduce-scatter of ``src`` into ``shard`` (``m`` shards' sum) with a future."""
     m = src.numel() // shard.numel()
     if uses_gloo(group, src.device):
         parts = torch.empty_like(src)

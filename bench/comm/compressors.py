@@ -1,21 +1,9 @@
-"""Compressors and error-feedback memory: two of the three pieces of a gradient exchange.
+"""Compressors and error-feedback memory: two of GRACE's three pieces of a gradient exchange.
 
-The split follows GRACE (Xu et al., "GRACE: A Compressed Communication Framework for
-Distributed Machine Learning", ICDCS 2021): a *compressor* turns a flat gradient into what
-goes on the wire (:class:`Compressed`) and back, a *memory* decides what is added before
-compression and what is kept afterwards, and a *communicator* (``communicators.py``) moves
-the compressed data between workers.  Each piece has its own registry, so any compressor
-can be combined with any memory and any communicator that accepts its kind (dense or
-sparse).
-
-Conservation (tested for float32, bfloat16 and float16 gradients): with
-:class:`ResidualMemory`, for every call ``old residual + gradient == sent + new residual``,
-where ``sent`` are the wire values (clamped and rounded to the wire dtype,
-:func:`bench.comm.wire.to_wire`) at their positions; summed over steps, what was sent plus
-what is kept equals what came in, up to the gradient dtype's rounding of the sums.
-
-Options: a compressor refuses an option it does not know (ConfigError naming the option
-and the allowed ones): the keyword options of its selector (``selection.py``).
+The split follows GRACE (Xu et al., ICDCS 2021): a compressor turns a flat gradient into
+what goes on the wire, a memory decides what is added before compression and kept after
+it, a communicator (``communicators.py``) moves it.  With :class:`ResidualMemory`, old
+residual + gradient == sent wire values + new residual, every call (docs/internals/comm.md).
 """
 
 from __future__ import annotations
@@ -28,13 +16,13 @@ from typing import Any
 
 import torch
 
-from bench.comm import selection
-from bench.comm.config import MSTopKMethod, Selector, ValueDtype, parse
+from bench.comm.config import HookOptions, ValueDtype, parse
+from bench.comm.cost import k_for
+from bench.comm.selection import SELECTORS
 from bench.comm.wire import to_wire, widened
 from bench.registry import ConfigError, Registry
 
 COMPRESSORS: Registry[type[Compressor]] = Registry("compressor")
-MEMORIES: Registry[type[Memory]] = Registry("memory")
 
 
 def torch_dtype(value_dtype: ValueDtype | str) -> torch.dtype:
@@ -64,12 +52,7 @@ class Compressor:
     sparse: bool = False  # sends (index, value) pairs: needs a sparse communicator
 
     @classmethod
-    def build(
-        cls,
-        value_dtype: ValueDtype | str = ValueDtype.float32,
-        mstopk_method: MSTopKMethod | str = MSTopKMethod.tiled,
-        seed: int | None = None,
-    ) -> Compressor:
+    def build(cls, opts: HookOptions) -> Compressor:
         """The compressor from ``make_hook``'s options; each class takes those it uses."""
         return cls()
 
@@ -108,7 +91,7 @@ class BF16Compressor(_CastCompressor):
 
 def _selector_options(selector: str) -> list[str]:
     """The keyword options of a selector function (``selection.py``), public ones only."""
-    params = list(inspect.signature(selection.SELECTORS.get(selector)).parameters.values())
+    params = list(inspect.signature(SELECTORS[selector]).parameters.values())
     return [p.name for p in params[2:] if not p.name.startswith("_")]  # after (x, k)
 
 
@@ -132,20 +115,15 @@ class _SparseCompressor(Compressor):
         return _selector_options(cls.selector)
 
     @classmethod
-    def build(
-        cls,
-        value_dtype: ValueDtype | str = ValueDtype.float32,
-        mstopk_method: MSTopKMethod | str = MSTopKMethod.tiled,
-        seed: int | None = None,
-    ) -> Compressor:
-        return cls(value_dtype)
+    def build(cls, opts: HookOptions) -> Compressor:
+        return cls(opts.value_dtype)
 
     def select_options(self, x: torch.Tensor) -> dict[str, Any]:
         return self.options
 
     def compress(self, x: torch.Tensor, density: float) -> Compressed:
-        k = selection.k_for(x.numel(), density)
-        vals, idx = selection.select(self.selector, x, k, **self.select_options(x))
+        k = k_for(x.numel(), density)
+        vals, idx = SELECTORS[self.selector](x, k, **self.select_options(x))
         # wire values for every gradient dtype: the memory keeps the cast's error
         return Compressed(to_wire(vals, self.vdtype), idx, x.numel(), x.dtype)
 
@@ -164,13 +142,8 @@ class MSTopKCompressor(_SparseCompressor):
     selector = "mstopk"
 
     @classmethod
-    def build(
-        cls,
-        value_dtype: ValueDtype | str = ValueDtype.float32,
-        mstopk_method: MSTopKMethod | str = MSTopKMethod.tiled,
-        seed: int | None = None,
-    ) -> Compressor:
-        return cls(value_dtype, method=parse(MSTopKMethod, mstopk_method, "mstopk method"))
+    def build(cls, opts: HookOptions) -> Compressor:
+        return cls(opts.value_dtype, method=opts.mstopk_method)
 
 
 @COMPRESSORS.register("randomk")
@@ -200,23 +173,8 @@ class RandomKCompressor(_SparseCompressor):
         return {"generator": gen}
 
     @classmethod
-    def build(
-        cls,
-        value_dtype: ValueDtype | str = ValueDtype.float32,
-        mstopk_method: MSTopKMethod | str = MSTopKMethod.tiled,
-        seed: int | None = None,
-    ) -> Compressor:
-        return cls(value_dtype, seed=seed)
-
-
-def build_compressor(
-    name: str | Selector,
-    value_dtype: ValueDtype | str = ValueDtype.float32,
-    mstopk_method: MSTopKMethod | str = MSTopKMethod.tiled,
-    seed: int | None = None,
-) -> Compressor:
-    """The compressor registered as ``name``, given ``make_hook``'s options."""
-    return COMPRESSORS.get(str(name)).build(value_dtype, mstopk_method, seed)
+    def build(cls, opts: HookOptions) -> Compressor:
+        return cls(opts.value_dtype, seed=opts.seed)
 
 
 # ---------------------------------------------------------------------------------------
@@ -251,28 +209,17 @@ class Memory:
         pass
 
 
-@MEMORIES.register("none")
 class NoMemory(Memory):
     """No error feedback: whatever is not sent is lost."""
 
 
-@MEMORIES.register("residual")
 @dataclass
 class ResidualMemory(Memory):
     """Error feedback (Seide et al. 2014; Stich et al. 2018; Karimireddy et al. 2019).
 
-    The residual lives on the gradient's device, one flat buffer per bucket key.  It is
-    fused with the selection: ``compensate`` adds the gradient *into* the residual buffer
-    and returns that buffer (no temporary of the bucket's size), the compressor selects
-    from it, and ``update`` subtracts the sent values at the sent positions in place, so
-    what stays in the buffer is exactly what was not sent (the sent values are the wire
-    values, so the clamp and rounding of a low-precision wire dtype stay too).  The
-    residual of a float16 or bfloat16 bucket is float32: it must hold what the wire's
-    clamp holds back, past float16's range, and small gradients that a 16-bit sum with a
-    large residual would round away.
-
-    DDP rebuilds its buckets after the first step: the residuals of keys that a step did
-    not use are freed by :meth:`sweep`, which the hook calls before each step.
+    A residual per bucket key, on the gradient's device (float32 for 16-bit buckets),
+    fused with the selection: ``compensate`` adds the gradient into it and ``update``
+    subtracts the sent wire values, so it holds exactly what was not sent.
     """
 
     buffers: dict[Hashable, torch.Tensor] = field(default_factory=dict)
@@ -334,7 +281,3 @@ class ResidualMemory(Memory):
         used before is forgotten: the next sweep must not free the residuals just loaded."""
         self.buffers = {rename(k): b.clone() for k, b in items}
         self.used = set()
-
-
-def build_memory(error_feedback: bool) -> Memory:
-    return MEMORIES.get("residual" if error_feedback else "none")()

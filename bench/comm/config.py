@@ -1,16 +1,17 @@
-"""Schema of the ``comm`` config group (conf/comm/*.yaml) and its typed choices.
+"""The hooks' options (:class:`HookOptions`) and the ``comm`` config group's schema.
 
-Hydra refuses a value outside a :class:`~bench.registry.Choice` when the config is composed;
-:func:`parse` gives the same refusal (as a ConfigError) to strings that reach the library
-from Python, e.g. ``make_hook(..., value_dtype="int8")``.  Cross-field checks (density
-range, topology) are in :func:`bench.comm.validate`.
+:class:`HookOptions` is the one list of what a hook can be told: ``make_hook``'s keywords,
+checked on construction.  :class:`CommConfig` (conf/comm/*.yaml) holds the same options
+under the same names, beside what only a training run needs; :meth:`HookOptions.of`
+takes them from it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TypeVar
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar
 
+from bench.comm.cost import MIN_NUMEL
 from bench.registry import Choice, ConfigError
 
 
@@ -52,23 +53,67 @@ def parse(kind: type[C], value: str, what: str) -> C:
         ) from None
 
 
-@dataclass
-class CommConfig:
-    # registry key: dense | fp16 | bf16 | topk | mstopk | randomk | hitopk | powersgd
-    name: str = "dense"
-    density: float = 0.01  # fraction of gradient elements sent (top-k family), in (0, 1]
-    error_feedback: bool = True  # keep what was not sent and add it to the next step
-    warmup_epochs: int = 0  # dense epochs before compression starts
-    # per-epoch densities after warm-up (the last one repeats)
-    density_schedule: list[float] = field(default_factory=list)
-    min_numel: int = 16384  # buckets with fewer elements go through dense allreduce
-    bucket_cap_mb: float = 25.0  # DDP bucket size (MB)
+@dataclass(frozen=True)
+class HookOptions:
+    """``make_hook``'s options, converted to their types and checked on construction."""
+
+    density: float = 0.01  # fraction of each bucket's elements sent, in (0, 1] (top-k family)
+    error_feedback: bool = True  # keep what is not sent and add it to the next step
+    warmup_steps: int = 0  # dense steps first (PowerSGD: its start_powerSGD_iter, >= 2)
+    min_numel: int = MIN_NUMEL  # buckets with fewer elements go through dense allreduce
     value_dtype: ValueDtype = ValueDtype.float32  # sparse values on the wire
     selector: Selector = Selector.mstopk  # hitopk's shard selector
     mstopk_method: MSTopKMethod = MSTopKMethod.tiled
-    procs_per_node: int = 0  # workers per node for hitopk; 0 = from the launcher (LOCAL_WORLD_SIZE)
-    powersgd_rank: int = 4  # PowerSGD matrix_approximation_rank
-    # CUDA events for time/select_s and time/comm_s of CUDA buckets: off in training (each
-    # event is a record on the stream and a read at the epoch's end); on for `bench comm`
-    timing: bool = False
+    procs_per_node: int = 0  # workers per node (hitopk); 0 = torchrun's LOCAL_WORLD_SIZE
+    powersgd_rank: int = 4  # PowerSGD's matrix_approximation_rank
+    seed: int | None = None  # RNG seed of randomk
+    # CUDA events for time/select_s and time/comm_s of CUDA buckets (CPU: always timed)
+    timing: bool = True
+
+    def __post_init__(self) -> None:
+        # strings from Python callers become the enums (ConfigError listing the values)
+        for name, kind, what in (
+            ("value_dtype", ValueDtype, "value dtype"),
+            ("selector", Selector, "selector"),
+            ("mstopk_method", MSTopKMethod, "mstopk method"),
+        ):
+            object.__setattr__(self, name, parse(kind, getattr(self, name), what))
+        for name, kind in (("density", float), ("error_feedback", bool), ("timing", bool)):
+            object.__setattr__(self, name, kind(getattr(self, name)))
+        for name in ("warmup_steps", "min_numel", "procs_per_node", "powersgd_rank"):
+            object.__setattr__(self, name, int(getattr(self, name)))
+        if not 0.0 < self.density <= 1.0:
+            raise ConfigError(f"comm density must be in (0, 1], got {self.density}")
+        if self.min_numel < 0 or self.warmup_steps < 0:
+            raise ConfigError("min_numel and warmup_steps must be >= 0")
+        if self.powersgd_rank < 1:
+            raise ConfigError(f"powersgd rank must be >= 1, got {self.powersgd_rank}")
+
+    @classmethod
+    def of(cls, cfg: Any, **more: Any) -> HookOptions:
+        """The options that ``cfg`` (a ``comm`` config) holds by name, and ``more``."""
+        own = {f.name: getattr(cfg, f.name) for f in fields(cls) if hasattr(cfg, f.name)}
+        return cls(**{**own, **more})
+
+
+@dataclass
+class CommConfig:
+    """The ``comm`` group: a hook name, the :class:`HookOptions` it trains with (same
+    names and meanings; ``timing`` off: each CUDA event costs a record and a read), and
+    the run's schedule around it."""
+
+    name: str = "dense"  # a key of bench.comm.HOOKS
+    density: float = 0.01
+    error_feedback: bool = True
+    warmup_epochs: int = 0  # dense epochs before compression starts
+    # per-epoch densities after warm-up (the last one repeats)
+    density_schedule: list[float] = field(default_factory=list)
+    min_numel: int = MIN_NUMEL
+    bucket_cap_mb: float = 25.0  # DDP bucket size (MB)
+    value_dtype: ValueDtype = ValueDtype.float32
+    selector: Selector = Selector.mstopk
+    mstopk_method: MSTopKMethod = MSTopKMethod.tiled
+    procs_per_node: int = 0  # 0 = from the launcher (LOCAL_WORLD_SIZE)
+    powersgd_rank: int = 4
+    timing: bool = False  # on for `bench comm`
     timeout_s: float = 600.0  # a collective waiting longer than this for a peer ends the run

@@ -1,34 +1,9 @@
 """Bytes of gradient aggregation: the project's one cost function.
 
-Every figure of bytes -- the hooks' statistics, ``bench comm``, the emulated cluster's
-predictions, the performance model's transfer times and the README -- comes from here.
-
-Setting: ``n`` nodes of ``m`` workers (``w = n m``), ranks numbered node by node (ranks
-``i m .. i m + m - 1`` on node ``i``), one bucket of ``d`` elements.  Each collective is
-split into stages; a :class:`Stage` says
-
-* ``worker_bytes``: the bytes each worker sends in the stage;
-* ``link_bytes``: the bytes that leave each node through its inter-node link (0 for a
-  stage inside a node);
-* ``steps``: the sequential message steps of the stage (the latency terms).
-
-Ring collectives (gloo's and NCCL's rings): rank ``r`` sends to ``r + 1``.  A ring
-allreduce sends ``2 (w-1)/w d b`` per worker, a ring allgather of one packet per worker
-``(w-1)`` packets.  With ranks numbered by node, ``n`` ring edges cross node boundaries,
-one leaving each node, and that edge carries what one worker sends: ``link_bytes`` of a
-flat ring equals one worker's ``worker_bytes`` (when ``n > 1``).
-
-HiTopKComm (``hitopk``): (1) intra-node reduce-scatter, ``(m-1)/m`` of the padded
-bucket per worker; (2) inter-node allgather among the workers of the same local rank,
-``(n-1)`` packets per worker -- and all ``m`` workers of a node send at once, so the
-node's link carries ``m (n-1)`` packets; (3) intra-node allgather of the ``n`` packets
-each worker received, ``(m-1) n`` packets per worker.
-
-A packet (the wire format of ``bench.comm.communicators``) holds ``k`` indices (int32
-below 2**31 elements, else int64) then ``k`` values, padded to a multiple of 8 bytes.
-
-:func:`on_wire` adds TCP/IP framing to payload bytes, for comparison with interface
-counters.
+Every figure of bytes (the hooks' statistics, ``bench comm``, the emulated cluster's
+predictions, the performance model, the README) comes from here: per method, the stages
+of one bucket's exchange among ``n`` nodes of ``m`` workers, each with the bytes a worker
+sends, the bytes leaving a node over its link, and its message steps (docs/internals/comm.md).
 """
 
 from __future__ import annotations
@@ -36,6 +11,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+from bench.registry import ConfigError
 
 ALIGN = 8  # packet padding (bytes)
 DENSE = ("dense", "fp16", "bf16")
@@ -64,11 +41,6 @@ class Traffic:
         return sum(s.worker_bytes for s in self.stages)
 
     @property
-    def inter_worker_bytes(self) -> float:
-        """Bytes a worker sends in stages that cross nodes."""
-        return sum(s.worker_bytes for s in self.stages if s.inter)
-
-    @property
     def link_bytes(self) -> float:
         """Bytes leaving each node over its link (what a slow inter-node link charges)."""
         return sum(s.link_bytes for s in self.stages)
@@ -78,9 +50,9 @@ class Traffic:
 
 
 def k_for(numel: int, density: float) -> int:
-    """Pairs sent for ``numel`` elements at ``density`` (as ``bench.comm.selection``)."""
+    """Elements sent of ``numel`` at ``density`` (at least 1 when numel > 0)."""
     if not 0.0 < density <= 1.0:
-        raise ValueError(f"density must be in (0, 1], got {density}")
+        raise ConfigError(f"density must be in (0, 1], got {density}")
     return min(numel, max(1, math.ceil(density * numel))) if numel else 0
 
 
@@ -157,13 +129,7 @@ def hitopk_stages(bucket_bytes: float, packet: int, n: int, m: int) -> Traffic:
 def powersgd_sizes(
     shapes: Sequence[Sequence[int]], rank: int, min_compression_rate: float = 2.0
 ) -> tuple[int, int]:
-    """Elements PowerSGD allreduces for one bucket: ``(uncompressed, P + Q)``.
-
-    As PyTorch's ``powerSGD_hook``: a tensor viewed as ``rows x cols`` (first dimension by
-    the rest) is compressed to ``P`` (rows x r) and ``Q`` (cols x r), with ``r`` the
-    smaller of ``rank``, rows and cols, when ``(rows + cols) r min_compression_rate <
-    rows cols``; 1-D tensors and the others are allreduced as they are.
-    """
+    """Elements PowerSGD allreduces for one bucket."""
     plain = pq = 0
     for s in shapes:
         numel = math.prod(s)
@@ -226,13 +192,7 @@ MSS = 1448  # TCP payload of a 1500-byte MTU segment with timestamps
 
 
 def on_wire(sent: float, received: float, segment: int = MSS, ack_every: int = 2) -> float:
-    """Bytes an interface transmits for ``sent`` payload bytes out and ``received`` in.
-
-    Data: one header per ``segment`` payload bytes (MTU-sized segments: what gloo's
-    traffic takes on the emulated cluster's veths, about 1.3 kB per frame measured, and on
-    a physical 1500-byte-MTU link).  ACKs: one header-only frame per ``ack_every``
-    segments received.
-    """
+    """Bytes an interface transmits for ``sent`` payload bytes out and ``received`` in."""
     data = sent + math.ceil(sent / segment) * HEADER_BYTES
     acks = math.ceil(math.ceil(received / segment) / ack_every) * HEADER_BYTES
     return data + acks

@@ -1,19 +1,8 @@
 """Future plumbing of the asynchronous hooks: timed collectives and ordered stages.
 
-A DDP hook must return a future at once, so that DDP can start the communication of
-bucket ``i`` while the backward pass computes bucket ``i+1``.  The communicators issue
-every collective with ``async_op=True`` and chain what follows with callbacks, the way
-PyTorch's PowerSGD hook chains its allreduces with ``Future.then``.
-
-A stage issued from a callback (hitopk's inter-node allgather runs when the bucket's
-reduce-scatter has completed) needs care: callbacks run when collectives complete, in
-an order that differs between workers, while the workers of a process group must issue
-their collectives in the same order (gloo matches them by sequence number; NCCL would
-mix buckets up).  A :class:`Lane` restores the order: each stage takes its turn on its
-process group's lane when the hook is called (in bucket order, the same on every worker,
-since DDP launches buckets in index order), and is issued only when its input is ready
-*and* the stage before it on the lane has been issued.  Nothing blocks: a stage whose
-turn has not come is a callback waiting on a future.
+Every collective is issued with ``async_op=True`` and what follows runs in its future's
+callbacks (as PyTorch's PowerSGD hook chains its allreduces).  A :class:`Lane` keeps the
+collectives that callbacks issue on one process group in bucket order on every worker.
 """
 
 from __future__ import annotations
@@ -54,13 +43,7 @@ def forward(src: Future, dst: Future, value: Callable[[Any], Any] = lambda v: v)
 
 
 def on_device(src: Future, like: torch.Tensor) -> Future:
-    """``src`` as a CUDA-aware future on ``like``'s device.  Gloo returns a CPU future even
-    for CUDA tensors: it completes it from its own thread once that thread's current
-    (default) stream waited for the copy back to the device, so a consumer on any other
-    stream (a backward pass off the default stream, DDP's copy-out) could read the tensors
-    before the copy landed.  Completing a CUDA-aware future records an event on that
-    stream, and everything chained after it waits for the event.  NCCL's futures are
-    CUDA-aware already: for them this costs one event record."""
+    """``src`` as a CUDA-aware future on ``like``'s device."""
     dst = new_future(like)
     forward(src, dst)
     return dst
@@ -73,7 +56,7 @@ def collective(
     then: Callable[[Future], Any] | None = None,
 ) -> Future:
     """Issue one async collective (``issue()`` returns its Work) and time it for ``stats``:
-    the interval from the issue to the completion callback (:mod:`bench.comm.timing`),
+    the interval from the issue to the completion callback (:mod:`bench.comm.stats`),
     including ``then``, the local part of a collective made of others (its result is the
     future's value)."""
     times = stats.times
@@ -99,11 +82,8 @@ class Lane:
         self._last.set_result(None)
 
     def after(self, ready: Future, issue: Callable[[Any], Future], like: torch.Tensor) -> Future:
-        """``issue(ready's value)`` once ``ready`` completed and the lane's previous stage
-        was issued; the returned future completes with the future ``issue`` returns.
-
-        Call from the hook (in bucket order).  An error in ``ready`` or ``issue`` completes
-        the result with that error and still hands the turn on."""
+        """``issue(ready's value)`` once ``ready`` completed and the lane's previous stage was
+        issued; the returned future completes with the future ``issue`` returns."""
         out = new_future(like)
         turn: Future = Future()
         prev, self._last = self._last, turn

@@ -1,52 +1,29 @@
-"""DDP communication hooks built from compressor + memory + communicator.
+"""DDP communication hooks: compressor + memory + communicator, by name (``HOOKS``).
 
-Usable by any PyTorch DDP user::
-
-    from bench.comm import make_hook
-    state, hook = make_hook("hitopk", density=0.001, warmup_steps=100)
-    ddp_model.register_comm_hook(state, hook)
-
-``make_hook`` must be called on every rank in the same order; made before
-``torch.distributed.init_process_group``, the state binds to the process group on the
-hook's first call or on ``state.bind()`` (``hitopk`` creates its process groups then).
-Saving and restoring the state: ``state.py``.
-Names (``HOOKS``): ``dense``, ``fp16``, ``bf16`` (dense allreduce of cast values, as
-``default_hooks.fp16_compress_hook``; no error feedback), ``topk``, ``mstopk``, ``randomk``
-(flat sparse allgather), ``hitopk`` (hierarchical; its selector is ``mstopk`` unless
-``selector=`` says otherwise) and ``powersgd`` (PyTorch's own
-``ddp_comm_hooks.powerSGD_hook``, wrapped only to count bytes and time); ``nocomm``
-returns each worker's local gradient and sends nothing: a measurement device (the
-compute-only step of the scaling study, ``nocomm.py``), not a training method.
-
-Each name is one :class:`HookSpec` in ``HOOKS``: its builder and the flags the launcher,
-the training loop and the result records read (``is_sparse(name)``), so adding a method
-touches this file only.
-
-Every hook returns its future without waiting for a collective (``communicators.py``),
-so DDP overlaps a bucket's communication with the backward pass of the next.  The hook's
-per-step statistics are in ``state.stats`` (:class:`CommStats`; the times are defined in
-``timing.py``; ``timing=False`` turns the CUDA events off).  Buckets with fewer than
-``min_numel`` elements, and every bucket during the first ``warmup_steps`` steps or while
-``state.force_dense`` is set, go through the dense allreduce.
+``make_hook(name, **options)`` gives ``(state, hook)`` for ``register_comm_hook``; the
+options are :class:`~bench.comm.config.HookOptions`.  Each name is one :class:`HookSpec`:
+its builder and the flags the launcher, the loop and the records read.  ``powersgd`` wraps
+PyTorch's own ``powerSGD_hook``; ``nocomm`` sends nothing (the scaling study's
+compute-only step).  The design is in docs/internals/comm.md.
 """
 
 # No ``from __future__ import annotations``: DDP's register_comm_hook checks that the hook's
 # ``bucket`` annotation *is* dist.GradBucket, which a string annotation is not.
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from bench.comm.communicators import COMMUNICATORS, AllReduce, Communicator, uses_gloo
-from bench.comm.compressors import NoMemory, build_compressor, build_memory
-from bench.comm.config import MSTopKMethod, Selector, ValueDtype, parse
-from bench.comm.futures import Future, forward, new_future
-from bench.comm.nocomm import build_nocomm
+from bench.comm import cost
+from bench.comm.communicators import AllGather, AllReduce, Communicator, HiTopK, uses_gloo
+from bench.comm.compressors import COMPRESSORS, NoCompressor, NoMemory, ResidualMemory
+from bench.comm.config import HookOptions
+from bench.comm.futures import Future, done, forward, new_future
 from bench.comm.state import CommHookState, comm_hook
-from bench.comm.stats import CommStats, allreduce_traffic
+from bench.comm.stats import CommStats, ring
 from bench.comm.topology import Groups, Topology, check_hierarchical, detect, groups
 from bench.registry import ConfigError, Registry
 
@@ -61,7 +38,7 @@ class HookState:
     dense: Communicator
     density: float = 0.01
     warmup_steps: int = 0
-    min_numel: int = 16384
+    min_numel: int = cost.MIN_NUMEL
     force_dense: bool = False
     step: int = 0
     stats: CommStats = field(default_factory=CommStats)
@@ -155,7 +132,7 @@ class PowerSGDHookState:
 
 def _run_powersgd(state: PowerSGDHookState, bucket: dist.GradBucket) -> Future:
     """PyTorch's PowerSGD hook on one bucket, counting the elements it allreduces and its
-    span (``timing.py``: all of it is ``comm_s``)."""
+    span (``stats.py``: all of it is ``comm_s``)."""
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import powerSGD_hook
 
     ps, st = state.psgd, state.stats
@@ -166,8 +143,9 @@ def _run_powersgd(state: PowerSGDHookState, bucket: dist.GradBucket) -> Future:
     fut = powerSGD_hook(ps, bucket)
     # before start_powerSGD_iter it is a plain allreduce and the counters do not move
     sent = ps.total_numel_after_compression - before if compressing else buf.numel()
-    traffic = allreduce_traffic(sent * buf.element_size(), w, state.multinode)
-    st.count(traffic, sent, buf.numel())
+    st.count(
+        cost.allreduce(sent * buf.element_size(), *ring(w, state.multinode), 1), sent, buf.numel()
+    )
 
     def finish(f: Future) -> torch.Tensor:
         st.times.add_comm(t0, st.times.now(buf))
@@ -177,14 +155,7 @@ def _run_powersgd(state: PowerSGDHookState, bucket: dist.GradBucket) -> Future:
 
 
 def powersgd_hook(state: PowerSGDHookState, bucket: dist.GradBucket) -> Future[torch.Tensor]:
-    """PyTorch's PowerSGD hook, counted (:func:`_run_powersgd`); returns without waiting.
-
-    On gloo, PowerSGD issues its P/Q allreduces from future callbacks, which run in
-    different orders on different ranks once several buckets are in flight (gloo then
-    aborts with "collective mismatch").  With ``serialize`` each bucket starts from the
-    completion callback of the bucket before: one bucket in flight, in bucket order, and
-    still no wait in the hook.
-    """
+    """PyTorch's PowerSGD hook, counted (:func:`_run_powersgd`); returns without waiting."""
     if bucket.is_last():
         state.step += 1
         state.stats.steps += 1
@@ -208,36 +179,47 @@ def powersgd_hook(state: PowerSGDHookState, bucket: dist.GradBucket) -> Future[t
     return out
 
 
-@dataclass(frozen=True)
-class HookOptions:
-    """``make_hook``'s options, converted to their types and checked on construction."""
+@dataclass
+class NoCommState:
+    """What the training controller and the saved state read of a hook's state."""
 
-    density: float = 0.01  # fraction of each bucket's elements sent, in (0, 1]
-    error_feedback: bool = True
-    warmup_steps: int = 0
-    min_numel: int = 16384
-    value_dtype: ValueDtype = ValueDtype.float32
-    selector: Selector = Selector.mstopk
-    mstopk_method: MSTopKMethod = MSTopKMethod.tiled
-    procs_per_node: int = 0
-    powersgd_rank: int = 4
-    seed: int | None = None
-    timing: bool = True  # time/select_s and time/comm_s of CUDA buckets (CUDA events)
+    stats: CommStats = field(default_factory=CommStats)
+    step: int = 0
+    density: float = 1.0  # unused: nothing is sent
+    force_dense: bool = False  # unused
+    group: Any = None  # the process group of the step barrier (None: the default group)
+    multinode: bool = False  # the barrier's bytes cross a node's link
+    # no ``nan_check``: the loop then checks the (local) gradients themselves, as for PowerSGD
 
-    def __post_init__(self) -> None:
-        # strings from Python callers become the enums (ConfigError listing the values)
-        for name, kind, what in (
-            ("value_dtype", ValueDtype, "value dtype"),
-            ("selector", Selector, "selector"),
-            ("mstopk_method", MSTopKMethod, "mstopk method"),
-        ):
-            object.__setattr__(self, name, parse(kind, getattr(self, name), what))
-        if not 0.0 < float(self.density) <= 1.0:
-            raise ConfigError(f"comm density must be in (0, 1], got {self.density}")
-        if self.min_numel < 0 or self.warmup_steps < 0:
-            raise ConfigError("min_numel and warmup_steps must be >= 0")
-        if self.powersgd_rank < 1:
-            raise ConfigError(f"powersgd rank must be >= 1, got {self.powersgd_rank}")
+
+BARRIER_BYTES = 4  # the step barrier: one float32 element
+
+
+def nocomm_hook(state: NoCommState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """The bucket's own (local) gradient, unsent; the step's last bucket resolves after a
+    one-element allreduce, which keeps the workers in step (docs/internals/comm.md)."""
+    buf = bucket.buffer()
+    if not bucket.is_last():
+        state.stats.count(cost.Traffic(()), 0, buf.numel())
+        return done(buf)
+    state.step += 1
+    state.stats.steps += 1
+    world = dist.get_world_size(state.group) if dist.is_initialized() else 1
+    if world == 1:
+        state.stats.count(cost.Traffic(()), 0, buf.numel())
+        return done(buf)
+    link = BARRIER_BYTES if state.multinode else 0
+    barrier = cost.Stage("barrier", BARRIER_BYTES, link, 1, state.multinode)
+    state.stats.count(cost.Traffic((barrier,)), 1, buf.numel())
+    flag = torch.zeros(1, dtype=torch.float32, device=buf.device)
+    fut = dist.all_reduce(flag, group=state.group, async_op=True).get_future()
+    return fut.then(lambda _: buf)
+
+
+def build_nocomm(opts: Any, topo_groups: Any, pg: Any) -> tuple[NoCommState, Any]:
+    """The ``HookSpec.build`` of ``nocomm`` (the process group carries the step barrier)."""
+    multinode = topo_groups is not None and topo_groups.topo.nnodes > 1
+    return NoCommState(group=pg, multinode=multinode), nocomm_hook
 
 
 #: (options, node groups or None, process group) -> (state, hook)
@@ -256,17 +238,7 @@ class HookSpec:
     hierarchical: bool = False  # uses intra- and inter-node process groups (made by make_hook)
     own_warmup: bool = False  # counts its dense warm-up steps itself (``warmup_steps``)
     validate: Check | None = None  # checks of this method only, before launch and in make_hook
-    # the tuning protocol's search space (bench.sweeps.protocol): trial label -> CommConfig
-    # field values; one entry: nothing to tune.  Every tunable method declares as many
-    # trials as the others (tests/test_protocol.py checks it).
-    search_space: tuple[tuple[str, dict[str, Any]], ...] = (("default", {}),)
-    # a measurement device, not a training method (``nocomm``): no sweep trains with it
-    measurement: bool = False
-    # a workload's own search space where the default's does not fit it (workload ->
-    # trials, as many as the default's): the Transformer learns at density 0.05, not 0.01
-    workload_spaces: Mapping[str, tuple[tuple[str, dict[str, Any]], ...]] = field(
-        default_factory=dict
-    )
+    measurement: bool = False  # a measurement device, not a training method (``nocomm``)
 
 
 #: hook name -> :class:`HookSpec`
@@ -278,17 +250,15 @@ def is_sparse(name: str) -> bool:
     return HOOKS.get(name).sparse
 
 
-def _reducer(compressor: str | None, communicator: str) -> Build:
+def _reducer(compressor: str | None, communicator: type[Communicator]) -> Build:
     """Builder of ``(HookState, sparse_hook)``; ``compressor=None``: the ``selector`` option."""
 
     def build(opts: HookOptions, topo_groups: Groups | None, pg: Any) -> tuple[Any, HookFn]:
-        comp = build_compressor(
-            compressor or opts.selector, opts.value_dtype, opts.mstopk_method, opts.seed
-        )
+        comp = COMPRESSORS.get(str(compressor or opts.selector)).build(opts)
         # dense values alias the bucket, and the cast hooks follow PyTorch's: no feedback
-        memory = build_memory(opts.error_feedback) if comp.sparse else NoMemory()
-        comm = COMMUNICATORS.get(communicator)(comp, memory, topo_groups, pg, opts.value_dtype)
-        dense = AllReduce(build_compressor("dense"), NoMemory(), topo_groups, pg)
+        memory = ResidualMemory() if comp.sparse and opts.error_feedback else NoMemory()
+        comm = communicator(comp, memory, topo_groups, pg, opts.value_dtype)
+        dense = AllReduce(NoCompressor(), NoMemory(), topo_groups, pg)
         state = HookState(comm, dense, float(opts.density), opts.warmup_steps, opts.min_numel)
         state.stats.times.enabled = opts.timing
         return state, sparse_hook
@@ -318,68 +288,13 @@ def _two_nodes(opts: HookOptions, world_size: int, nnodes: int) -> None:
     check_hierarchical(nnodes)
 
 
-# the sparse methods' warm-up schedule: per-epoch densities after which the final density
-# repeats (the schedule the committed sweeps used, ending at the trial's final density)
-WARMUP_SCHEDULE = (0.1, 0.05, 0.03)
-
-
-def _sparse_space(
-    densities: tuple[float, ...] = (0.01, 0.001),
-) -> tuple[tuple[str, dict[str, Any]], ...]:
-    """density schedule {none, warm-up} x final density ``densities``: 4 trials.  The
-    warm-up sends the schedule's densities above the final one, then the final one."""
-    out = []
-    for d in densities:
-        warm = [*(x for x in WARMUP_SCHEDULE if x > d), d]
-        out.append((f"d{d:g}", {"density": d, "density_schedule": []}))
-        out.append((f"d{d:g}-warmup", {"density": d, "density_schedule": warm}))
-    return tuple(out)
-
-
-# the embedded Transformer (AdamW) barely learns at density 0.01 and learns at 0.05
-# (docs/protocol.md): its trials are final density {0.05, 0.01} x {none, warm-up}
-_SPARSE_WORKLOADS = {"translation": _sparse_space((0.05, 0.01))}
-
-
-# PowerSGD: rank {4, 8} x start {step 2, after one dense epoch}.  One epoch is the "about
-# 10 % of the steps to target" of torch's guidance on the embedded tasks (6-8 epochs to
-# target on digits, 12-16 % of them); warmup_epochs x steps per epoch is its start step.
-_POWERSGD_SPACE = tuple(
-    (f"rank{r}-start{'1ep' if w else '2'}", {"powersgd_rank": r, "warmup_epochs": w})
-    for r in (4, 8)
-    for w in (0, 1)
-)
-
-
 for _spec in (
-    HookSpec("dense", _reducer("dense", "allreduce"), sparse=False),
-    HookSpec("fp16", _reducer("fp16", "allreduce"), sparse=False),
-    HookSpec("bf16", _reducer("bf16", "allreduce"), sparse=False),
-    # dense, fp16, bf16: nothing to tune that moves the trajectory (the bucket size changes
-    # step time only, and the embedded models fit one 25 MB bucket): one trial
-    *(
-        HookSpec(
-            n,
-            _reducer(n, "allgather"),
-            sparse=True,
-            search_space=_sparse_space(),
-            workload_spaces=_SPARSE_WORKLOADS,
-        )
-        for n in ("topk", "mstopk", "randomk")
-    ),
-    HookSpec(
-        "hitopk",
-        _reducer(None, "hitopk"),
-        sparse=True,
-        hierarchical=True,
-        validate=_two_nodes,
-        search_space=_sparse_space(),
-        workload_spaces=_SPARSE_WORKLOADS,
-    ),
-    HookSpec(
-        "powersgd", _build_powersgd, sparse=False, own_warmup=True, search_space=_POWERSGD_SPACE
-    ),
-    # the compute-only step of the scaling study (bench/comm/nocomm.py): nothing is sent
+    HookSpec("dense", _reducer("dense", AllReduce), sparse=False),
+    HookSpec("fp16", _reducer("fp16", AllReduce), sparse=False),
+    HookSpec("bf16", _reducer("bf16", AllReduce), sparse=False),
+    *(HookSpec(n, _reducer(n, AllGather), sparse=True) for n in ("topk", "mstopk", "randomk")),
+    HookSpec("hitopk", _reducer(None, HiTopK), sparse=True, hierarchical=True, validate=_two_nodes),
+    HookSpec("powersgd", _build_powersgd, sparse=False, own_warmup=True),
     HookSpec("nocomm", build_nocomm, sparse=False, measurement=True),
 ):
     HOOKS.register(_spec.name)(_spec)
@@ -400,68 +315,11 @@ def _topology(spec: HookSpec, opts: HookOptions, process_group: Any) -> Topology
 
 
 def make_hook(
-    name: str,
-    *,
-    density: float = 0.01,
-    error_feedback: bool = True,
-    warmup_steps: int = 0,
-    min_numel: int = 16384,
-    value_dtype: ValueDtype | str = ValueDtype.float32,
-    selector: Selector | str = Selector.mstopk,
-    mstopk_method: MSTopKMethod | str = MSTopKMethod.tiled,
-    procs_per_node: int = 0,
-    process_group: Any = None,
-    powersgd_rank: int = 4,
-    seed: int | None = None,
-    timing: bool = True,
-    model: torch.nn.Module | None = None,
+    name: str, *, model: torch.nn.Module | None = None, process_group: Any = None, **options: Any
 ) -> tuple[CommHookState, HookFn]:
-    """Build ``(state, hook)`` for ``ddp_model.register_comm_hook(state, hook)``.
-
-    The state is a :class:`~bench.comm.state.CommHookState`: it may be made before
-    ``init_process_group`` (it binds on the hook's first call, or on ``state.bind()``),
-    and ``state.state_dict()`` / ``load_state_dict()`` / pickling save and restore it
-    keyed by the names of ``model``'s parameters.
-
-    Args:
-        name: ``dense``, ``fp16``, ``bf16``, ``topk``, ``mstopk``, ``randomk``, ``hitopk`` or
-            ``powersgd``.
-        density: fraction of each bucket's elements sent, in (0, 1] (top-k family).
-        error_feedback: keep what is not sent and add it to the next step (top-k family and
-            PowerSGD).
-        warmup_steps: dense steps before compression starts (PowerSGD: its
-            ``start_powerSGD_iter``, at least 2).
-        min_numel: buckets with fewer elements use the dense allreduce.
-        value_dtype: ``float32``, ``float16`` or ``bfloat16`` values on the wire (sparse).
-        selector: top-k selector of ``hitopk``: ``mstopk`` (default), ``topk``, ``randomk``.
-        mstopk_method: ``tiled``, ``sampled``, ``hist`` or ``paper`` (see ``selection.py``).
-        procs_per_node: workers per node for ``hitopk``; 0 = torchrun's ``LOCAL_WORLD_SIZE``.
-        process_group: group to reduce over (default: world; not for ``hitopk``).
-        powersgd_rank: PowerSGD's ``matrix_approximation_rank``.
-        seed: RNG seed of ``randomk``.
-        timing: record CUDA events for the times of CUDA buckets (``timing.py``); CPU
-            buckets are always timed (the host clock costs nothing).
-        model: the model (or its DDP module) whose parameter names key the saved state
-            (or ``state.set_model(model)`` later); needed to save or load bucket state.
-    Raises:
-        ConfigError: an unknown name or option value (naming the allowed ones), or a
-            topology the method cannot use.
-    """
+    """``(state, hook)`` for ``ddp_model.register_comm_hook(state, hook)``; call on every rank."""
     HOOKS.get(name)  # an unknown name fails here, listing the known ones
-    opts = HookOptions(
-        density=density,
-        error_feedback=error_feedback,
-        warmup_steps=warmup_steps,
-        min_numel=min_numel,
-        value_dtype=value_dtype,  # a str becomes the enum (HookOptions.__post_init__)
-        selector=selector,
-        mstopk_method=mstopk_method,
-        procs_per_node=procs_per_node,
-        powersgd_rank=powersgd_rank,
-        seed=seed,
-        timing=timing,
-    )
-    state = CommHookState(name, opts, build, process_group=process_group, model=model)
+    state = CommHookState(name, HookOptions(**options), build, process_group, model)
     if dist.is_initialized():  # otherwise it binds on the hook's first call (or bind())
         state.bind()
     return state, comm_hook

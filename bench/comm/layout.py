@@ -1,25 +1,9 @@
 """Bucket layouts by parameter name, and the exact replay of a saved layout.
 
-A hook's state (error-feedback residuals, PowerSGD's error and P/Q memories) is
-positional in DDP's gradient buckets.  DDP lays its buckets out twice: a fresh DDP's
-first backward uses buckets in parameter order, and after it DDP rebuilds them in the
-order the gradients became ready.  A run resumed from a checkpoint therefore meets, on
-its first step, buckets that match none of the saved state, and loses that state if it
-reduces them as they come.
-
-:class:`Replay` avoids that without any extra step: given the layout the state was saved
-in (:class:`Layout`, each bucket as parameter names, offsets and shapes), it gathers the
-gradients of DDP's present buckets into buckets of the saved layout, reduces those with
-the hook (same elements at the same positions, the same bucket indices, issued in the
-saved index order on every rank), and copies the results back into DDP's buckets.  A
-saved bucket whose parameters are one present bucket, at the same offsets, goes through
-as it is.  DDP's own rebuilt layout equals the saved one when the model and the bucket
-size are the same; from the first step in which every bucket went through as it is, the
-replay is no longer needed (:attr:`Replay.matched`).
-
-Every present bucket's future completes when all the saved buckets that cover its
-parameters are reduced; DDP waits for all of them at the end of the backward pass
-anyway, so no future waits on another bucket's collective.
+A hook's state is positional in DDP's buckets, which DDP lays out anew after a restart.
+:class:`Replay` regroups the gradients of DDP's present buckets into the saved layout,
+reduces those and copies the results back, so a resumed run continues bit for bit
+(docs/internals/comm.md).
 """
 
 from __future__ import annotations
@@ -146,11 +130,7 @@ class _Present:
 
 
 class Replay:
-    """Reduces DDP's buckets in a saved layout (module docstring).
-
-    ``params``: name -> parameter of the model; ``hook(bucket)``: the inner hook, called
-    with each saved bucket in index order.  Call :meth:`__call__` with each of DDP's
-    buckets; it returns that bucket's future."""
+    """Reduces DDP's buckets in a saved layout (module docstring)."""
 
     def __init__(
         self,

@@ -1,21 +1,9 @@
-"""Triton kernels for MSTopK on CUDA: ``tiled``'s column maxima, ``paper``'s threshold search.
+"""Triton kernels for MSTopK on CUDA: ``tiled``'s column maxima and histogram threshold,
+``paper``'s threshold search.
 
-``tiled`` views the flat tensor as a ``(C, R)`` matrix and needs, for every column ``j``,
-``max_c |x[c * R + j]|``.  In torch that is two streaming reductions (``amax`` and ``amin``
-over the rows) and an elementwise ``maximum``: two reads of ``x``.  :func:`colmax_abs` does
-it in one: each program owns ``BLOCK`` consecutive columns, walks the ``C`` rows (coalesced
-loads of ``BLOCK`` contiguous elements per row) and keeps a float32 running maximum.  A NaN
-anywhere in a column makes that column's maximum NaN (tracked explicitly, whatever
-``tl.maximum`` does with NaN), so the caller's finiteness check sees it.
-
-``paper`` counts ``|x| >= thr`` ``N`` times, ``thr`` moving by a binary search; in torch
-each step is a compare pass, a count pass and about twenty tiny kernels on 0-dim tensors.
-:func:`paper_search` runs a step as two launches: a count in one read (one atomic add per
-program) and a one-program kernel doing the step's float64 arithmetic.
-
-Triton ships with torch's CUDA build.  This module imports it when it is itself imported
-(only from the CUDA path of :func:`bench.comm.selection.mstopk`); :data:`AVAILABLE` is
-False when it cannot be imported, and the caller falls back to torch.
+Imported only on the CUDA path (:func:`bench.comm.selection_core.triton_run`);
+:data:`AVAILABLE` is False without Triton and the callers fall back to torch
+(docs/internals/comm.md).
 """
 
 from __future__ import annotations
@@ -237,12 +225,7 @@ def colmax_abs(head: torch.Tensor) -> torch.Tensor:
 def paper_search(
     a: torch.Tensor, hi: torch.Tensor, k: int, iters: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``paper``'s threshold search over ``a = |x|`` (contiguous float32): ``(thres1, thres2)``.
-
-    Each iteration is two launches (a count of ``a >= thr`` in one read, then a one-program
-    step of the search), with the float64 arithmetic of the torch loop (no fused
-    multiply-add), so both find the same thresholds.  0-dim device tensors; no host sync.
-    """
+    """``paper``'s threshold search over ``a = |x|`` (contiguous float32)."""
     if not AVAILABLE:
         raise RuntimeError("triton is not importable")
     if a.dtype != torch.float32 or not a.is_contiguous():

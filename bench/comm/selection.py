@@ -1,44 +1,10 @@
-"""Top-k selection by magnitude: exact ``torch.topk``, MSTopK and its faster variants, random-k.
+"""Top-k selection by magnitude: exact ``torch.topk``, MSTopK and its variants, random-k.
 
-Every selector takes a tensor ``x`` and a count ``k`` and returns ``(values, indices)``:
-exactly ``min(k, x.numel())`` unique int64 indices into ``x.flatten()`` and the signed values
-``x.flatten()[indices]`` (in ``x``'s dtype, in no particular order).  They run on CPU and CUDA
-tensors of any float dtype (float32, float64, float16, bfloat16).
-
-MSTopK (Shi et al., "Towards Scalable Distributed Training of Deep Learning on Public
-Cloud Clusters", MLSys 2021; pseudo-code in ``docs/algorithms.md``) avoids the sort inside
-``torch.topk``: it finds a magnitude threshold with a few cheap counting passes.
-``mstopk(x, k, method=...)`` offers four ways to find it:
-
-``paper`` (as published, approximate within the last band): ``N`` thresholds
-``mean + r (max - mean)`` of ``|x|`` binary-searched over the ratio ``r``, ``N`` passes.
-``tiled`` (default, exact, this project's own variant, not the paper's search): on the
-CPU, float32/float64 take a threshold aimed at a little more than k elements from a
-sample of ``|x|``, one compare-and-compact pass (numpy, in cache-sized pieces) and an
-exact selection over the few candidates; other dtypes, an unlucky sample and CUDA view
-``x`` as a ``(C, R)`` matrix whose column maxima of ``|x|`` say which ~k columns can hold
-the top k, and gather only those (see :mod:`bench.comm.selection_tiled`).
-``sampled`` (exact): the threshold from a strided random sample of ``|x|`` with a margin,
-one compare pass for the candidates, an exact top-k over those.
-``hist`` (exact): all thresholds counted in one pass over logarithmic buckets of ``|x|``
-(:mod:`bench.comm.selection_hist`), candidates from the highest bucket whose tail holds k.
-
-:func:`mstopk_ef` is the error-feedback step around it (``residual += grad``, select, zero
-the sent entries), with the addition fused into ``tiled``'s sweep on the CPU.
-
-On CUDA each method runs a variant with one host sync per call (the ``_dev`` functions,
-``_device_path`` selects them anywhere; more only in rare fallbacks and for NaN/Inf;
-:func:`host_syncs` counts them; see ``docs/algorithms.md``), with Triton kernels for
-``tiled`` (column maxima with a histogram of them, one compaction, no ``torch.topk`` over
-millions of elements: :mod:`bench.comm.selection_fast`) and ``paper``'s search
-(:mod:`bench.comm.mstopk_triton`).  Inside a DDP hook
-(:func:`~bench.comm.selection_core.deferred_finite`) ``tiled``, ``topk`` and ``randomk``
-make no host sync at all; ``sampled``, ``hist`` and ``paper`` still make one
-(a data-dependent candidate count).
-
-Ties are broken arbitrarily but the result always has exactly ``k`` unique indices.
-``k == 0`` returns empty tensors, ``k >= numel`` every index; tensors under ``small_numel``
-elements go straight to ``torch.topk``.  NaN or Inf in ``x`` raise ``ValueError``.
+Every selector ``f(x, k, **options)`` returns exactly ``min(k, numel)`` unique int64
+indices into ``x.flatten()`` and their signed values, on CPU and CUDA, for any float dtype;
+NaN or Inf in ``x`` raise ValueError.  MSTopK (Shi et al., MLSys 2021; docs/algorithms.md)
+finds a magnitude threshold by counting instead of sorting: ``mstopk(x, k, method=...)``
+with ``tiled`` (``selection_tiled.py``), ``sampled``, ``hist`` or ``paper``.
 """
 
 from __future__ import annotations
@@ -48,7 +14,7 @@ import os
 
 import torch
 
-from bench.comm import selection_hist, selection_tiled
+from bench.comm import selection_tiled
 from bench.comm.config import MSTopKMethod, parse
 from bench.comm.selection_core import (  # noqa: F401 - host_syncs, _TRITON_BROKEN: public here
     _TRITON_BROKEN,
@@ -60,21 +26,18 @@ from bench.comm.selection_core import (  # noqa: F401 - host_syncs, _TRITON_BROK
     nonfinite_error,
     nonzero,
     raise_unless,
+    top_of_candidates,
     triton_run,
     trivial,
 )
-from bench.registry import ConfigError, Registry
+from bench.registry import ConfigError
 
 MSTOPK_METHODS = tuple(MSTopKMethod.values())  # ("tiled", "sampled", "hist", "paper")
 
 # Below this many elements a sort is as fast as anything else and always exact.
 SMALL_NUMEL = 1 << 15
 
-#: Selector functions ``f(x, k, **options) -> (values, indices)`` by name.
-SELECTORS: Registry = Registry("selector")
 
-
-@SELECTORS.register("topk")
 def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact top-k by magnitude through ``torch.topk`` (the baseline)."""
     flat = check_float(x)
@@ -82,7 +45,6 @@ def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return trivial(flat, k) or exact(flat, k)
 
 
-@SELECTORS.register("randomk")
 def randomk(
     x: torch.Tensor, k: int, generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -195,7 +157,6 @@ def _paper_dev(
     return flat[idx], idx
 
 
-@SELECTORS.register("mstopk")
 def mstopk(
     x: torch.Tensor,
     k: int,
@@ -212,24 +173,7 @@ def mstopk(
     _device_path: bool | None = None,
     _add: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Approximate-threshold top-k by magnitude (MSTopK); see the module docstring.
-
-    Args: ``x`` any float tensor (CPU or CUDA), selection over ``x.flatten()``; ``k >= 0``
-    elements (``k >= numel``: all); ``method`` ``tiled`` (default), ``sampled``, ``hist``
-    (all exact) or ``paper`` (approximate within the last band); ``iters`` search steps of
-    ``paper``; ``sample`` size and ``margin`` (> 1, aim at ``margin * k`` candidates) of the
-    sampled thresholds; ``tiles`` rows ``C`` of ``tiled``; ``bins`` logarithmic buckets of
-    ``hist`` over all float32 magnitudes (a power of two, 512 to 2**24; 65536: 256 per
-    octave); below ``small_numel`` elements ``torch.topk``; ``generator`` a CPU RNG for
-    sample offsets; ``kernel`` ``auto`` (Triton for ``tiled``'s column maxima and
-    ``paper``'s search on CUDA when it works), ``torch`` or ``triton`` (CUDA only; float64
-    always uses torch).
-
-    Returns ``(values, indices)``: ``min(k, numel)`` values of ``x.flatten()`` and their
-    unique int64 indices.  Raises ConfigError (``k < 0``, unknown method or kernel,
-    non-float tensor) or ValueError (``x`` contains NaN or Inf).  ``_add`` (for
-    :func:`mstopk_ef`): ``x += _add`` in place first, fused into ``tiled``'s CPU sweep.
-    """
+    """Approximate-threshold top-k by magnitude (MSTopK); see the module docstring."""
     flat = check_float(x)
     k = check_k(k)
     method = parse(MSTopKMethod, method, "mstopk method")
@@ -253,12 +197,12 @@ def mstopk(
         if method is MSTopKMethod.sampled:
             return selection_tiled.sampled_dev(flat, k, sample, margin, generator)
         if method is MSTopKMethod.hist:
-            return selection_hist.hist_dev(flat, k, bins)
+            return hist_dev(flat, k, bins)
         return _paper_dev(flat, k, iters, kernel)
     if method is MSTopKMethod.sampled:
         return selection_tiled.sampled(flat, k, sample, margin, generator)
     if method is MSTopKMethod.hist:
-        return selection_hist.hist(flat, k, bins)
+        return hist(flat, k, bins)
     return _paper(flat, k, iters)
 
 
@@ -282,13 +226,7 @@ def mstopk_ef(
     method: MSTopKMethod | str = MSTopKMethod.tiled,
     **options: object,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Error feedback around :func:`mstopk`, in place: ``residual += grad``, select the top
-    ``k`` of the sum, set the selected entries of ``residual`` to zero (what stays is what
-    was not sent).  On the CPU, ``tiled`` adds ``grad`` in the same sweep over ``residual``
-    that finds its column maxima (one read of each instead of an extra pass).
-
-    ``residual``: contiguous, the shape, dtype and device of ``grad``; ``options`` those of
-    :func:`mstopk`.  Returns the selected ``(values, indices)`` of the sum."""
+    """Error feedback around :func:`mstopk`, in place."""
     if residual.shape != grad.shape or residual.dtype != grad.dtype:
         raise ConfigError("mstopk_ef needs a residual of the gradient's shape and dtype")
     if residual.device != grad.device or not residual.is_contiguous():
@@ -298,15 +236,63 @@ def mstopk_ef(
     return vals, idx
 
 
-def select(
-    name: str, x: torch.Tensor, k: int, **options: object
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the selector registered as ``name`` (``topk``, ``mstopk`` or ``randomk``)."""
-    return SELECTORS.get(name)(x, k, **options)
+#: the selectors by name (``Selector``; the compressors of the same names call them)
+SELECTORS = {"topk": topk, "mstopk": mstopk, "randomk": randomk}
 
 
-def k_for(numel: int, density: float) -> int:
-    """Elements to send for a tensor of ``numel`` at ``density`` (at least 1 when numel > 0)."""
-    if not 0.0 < density <= 1.0:
-        raise ConfigError(f"density must be in (0, 1], got {density}")
-    return min(numel, max(1, math.ceil(density * numel))) if numel else 0
+# --- ``hist``: every threshold counted in one pass over logarithmic buckets -------------
+
+_INF_BITS = 0x7F800000  # float32 +Inf; NaN patterns lie above it
+
+
+def shift_for(bins: int) -> int:
+    """Right shift of the 31 magnitude bits that leaves ``bins`` (a power of two) buckets."""
+    return 31 - (bins.bit_length() - 1)
+
+
+def _buckets(flat: torch.Tensor, shift: int) -> torch.Tensor:
+    """int32 bucket of each ``|x_i|`` (monotone in it): float32 magnitude bits >> shift."""
+    a = flat if flat.dtype == torch.float32 else flat.float()  # rounding is monotone
+    return torch.bitwise_and(a.view(torch.int32), 0x7FFFFFFF).bitwise_right_shift_(shift)
+
+
+def _finite64(flat: torch.Tensor) -> torch.Tensor:
+    """float64 values beyond float32's range land in the Inf bucket: their own check."""
+    if flat.dtype == torch.float64:
+        return torch.isfinite(flat).all()
+    return torch.ones((), dtype=torch.bool, device=flat.device)
+
+
+def _tail(counts: torch.Tensor) -> torch.Tensor:
+    """``tail[b]``: elements in buckets ``b`` and above (float64: exact to 2**53)."""
+    return counts.double().flip(0).cumsum(0).flip(0)
+
+
+def hist(flat: torch.Tensor, k: int, bins: int) -> tuple[torch.Tensor, torch.Tensor]:
+    shift = shift_for(bins)
+    key = _buckets(flat, shift)
+    counts = torch.bincount(key, minlength=1 << (31 - shift))  # every key < 2**(31-shift)
+    tail = _tail(counts)
+    big = _INF_BITS >> shift
+    bad = ((tail[big] > 0) | ~_finite64(flat)).long()
+    bad, b = host(torch.stack([bad, (tail >= k).sum() - 1]))
+    if bad:
+        raise nonfinite_error()
+    cand = nonzero(key >= int(b))  # tail[b] >= k elements, every one above the rest
+    return top_of_candidates(flat, cand, flat[cand].abs(), k)
+
+
+def hist_dev(flat: torch.Tensor, k: int, bins: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``hist`` with one sync: ``torch.histc`` of the integer buckets (bincount's output
+    size would need one more), non-finite entries turn the threshold into "none"."""
+    shift = shift_for(bins)
+    nb = 1 << (31 - shift)
+    key = _buckets(flat, shift)
+    tail = _tail(torch.histc(key.float(), bins=nb, min=0, max=nb))  # the keys are the bins
+    finite = (tail[_INF_BITS >> shift] == 0) & _finite64(flat)
+    b = (tail >= k).sum() - 1
+    cand = nonzero(key >= torch.where(finite, b, nb))
+    if cand.numel() >= k:
+        return top_of_candidates(flat, cand, flat[cand].abs(), k)
+    raise_unless(finite)
+    return exact(flat, k)

@@ -1,8 +1,7 @@
 """What every top-k selector shares: argument checks, host-sync counting, the exact fallback.
 
-The selectors themselves live in :mod:`bench.comm.selection` (``topk``, ``randomk``,
-``mstopk`` with ``sampled`` and ``paper``), :mod:`bench.comm.selection_tiled` (``tiled``,
-the default, and the error-feedback form) and :mod:`bench.comm.selection_hist` (``hist``).
+Also the deferred finiteness flags (:func:`deferred_finite`): inside a DDP hook a
+selector hands its "input finite" flag to a list instead of reading the device.
 """
 
 from __future__ import annotations
@@ -69,13 +68,7 @@ def deferred_finite(
     sink: list[torch.Tensor] | None, exact: list[torch.Tensor] | None = None
 ) -> Iterator[None]:
     """Within the block (on this thread), :func:`raise_unless` appends its flag to ``sink``
-    instead of reading it: no host sync, and whoever owns ``sink`` checks the flags later
-    (the DDP hooks: once per step, from the training loop).  ``None``: read as usual.
-
-    A selection over a non-finite tensor still returns ``k`` unique indices then (values
-    are garbage, NaN among them), so the collective that follows keeps its shapes.
-    ``exact``: where a selection that cannot check its own capacity without a sync puts
-    its device flag "the result is the exact top k" (:func:`note_exact`)."""
+    instead of reading it."""
     prev = getattr(_DEFER, "sink", None), getattr(_DEFER, "exact", None)
     _DEFER.sink, _DEFER.exact = sink, exact
     try:
@@ -158,14 +151,7 @@ def sample_threshold(
     z: float = 0.0,
     absolute: bool = False,
 ) -> torch.Tensor:
-    """Magnitude above which a fraction ``q_frac`` of ``a`` (non-negative) lies, from a sample.
-
-        A strided sample with a random offset: one cache line per stride, no index tensor.  The
-        offset comes from a CPU generator (no device sync).  ``z > 0`` lowers the threshold by
-        ``z`` standard deviations of the sample count, so that it rarely leaves fewer than the
-        aimed-at number of elements above it.  ``absolute``: of ``|a|`` (``a`` may be signed; only
-    the sample's magnitudes are taken).  Returns a 0-dim tensor on ``a``'s device.
-    """
+    """Magnitude above which a fraction ``q_frac`` of ``a`` (non-negative) lies, from a sample."""
     n = a.numel()
     s = min(n, sample)
     step = max(1, n // s)

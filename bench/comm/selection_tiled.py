@@ -1,32 +1,26 @@
 """MSTopK's ``tiled`` method (the default) and ``sampled``, on the CPU and on CUDA.
 
-``tiled`` (exact): a threshold aimed at ``margin * k`` elements from a sample of ``|x|``
-(runs of adjacent elements: one cache line each), then every element at or above it.  On
-the CPU, float32 and float64 go through one numpy pass in cache-sized pieces (two compares
-with the threshold into byte masks, searched a word at a time: vectorised, unlike torch's
-``ge`` and ``nonzero`` here) and an O(m) selection over the m candidates; other dtypes
-(and an unlucky sample) take the column structure: ``x`` viewed as contiguous blocks of
-``C`` rows, the column maxima of ``|x|`` say which few columns can hold the top k, and only
-those are gathered.  The error-feedback form adds the gradient into the residual in the
-same pass.  ``sampled`` (exact): a threshold from a strided sample of ``|x|``, one compare
-pass for the candidates.
-
-The ``_dev`` functions are the CUDA structure (one host sync per call, no other
-data-dependent shape); ``_device_path`` selects them anywhere (tests run them on the CPU).
+``tiled`` (exact; this project's variant of MSTopK's threshold search): a threshold from
+a sample of ``|x|``, then every element at or above it, through a numpy sweep on the CPU or
+the column maxima of a ``(C, R)`` view; on CUDA a histogram of the column maxima and one
+compaction (:func:`tiled_fast`, Triton kernels in ``mstopk_triton.py``).  ``sampled``
+(exact): a threshold from a strided sample, one compare pass.  See docs/internals/comm.md.
 """
 
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 import torch
 
-from bench.comm import selection_fast
 from bench.comm.selection_core import (
+    deferring,
     exact,
     host,
     nonzero,
+    note_exact,
     raise_unless,
     sample_threshold,
     top_of_candidates,
@@ -79,11 +73,8 @@ def sampled_dev(
 def _sample_of_sum(
     flat: torch.Tensor, add: torch.Tensor | None, q_frac: float, sample: int, gen
 ) -> torch.Tensor:
-    """:func:`sample_threshold` of ``|flat + add|`` (``add`` may be None) aiming at a
-    fraction ``q_frac``, with 2 standard deviations to spare: the sum only where sampled.
-
-    The sample is ``sample // RUN`` runs of ``RUN`` adjacent elements, evenly spaced with one
-    random offset: one cache line per run instead of one per element (16x fewer misses)."""
+    """:func:`sample_threshold` of ``|flat + add|`` (``add`` may be None) aiming at a fraction
+    ``q_frac``, with 2 standard deviations to spare."""
     n = flat.numel()
     runs = min(n, sample) // RUN
     step = n // max(1, runs)
@@ -127,13 +118,7 @@ def _buffer(slot: str, numel: int, like: torch.Tensor) -> torch.Tensor:
 
 
 def _layout(n: int, c: int, itemsize: int) -> tuple[int, int]:
-    """``(w, nb)``: ``nb`` contiguous blocks of ``c`` rows of ``w`` columns, all but fewer than
-    ``nb * c`` elements of ``x``.  With one intra-op thread, blocks of about BLOCK_BYTES: a
-    block read once from memory by ``amax`` is reread from the core's own cache by ``amin``,
-    and one stream of rising addresses reads faster than ``c`` far-apart ones.  With more
-    threads one block: every op is a parallel region that waits for its slower thread, and
-    on a loaded machine a few hundred small regions cost whole scheduler slices (25.6 M
-    elements with 2 threads took 6.5 s in 4 MiB pieces, 80x a read pass)."""
+    """``(w, nb)``: ``nb`` blocks of ``c`` rows of ``w`` columns (docs/internals/comm.md)."""
     nb = 1 if torch.get_num_threads() > 1 else max(1, round(n * itemsize / BLOCK_BYTES))
     return n // (c * nb), nb
 
@@ -141,11 +126,7 @@ def _layout(n: int, c: int, itemsize: int) -> tuple[int, int]:
 def _sweep(
     flat: torch.Tensor, head: torch.Tensor, thr: torch.Tensor, add: torch.Tensor | None
 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-    """One pass over the ``(nb, c, w)`` blocks ``head`` of ``flat`` (``+= add`` first): the
-    column maxima of ``|x|`` (``amax`` streams a block from memory, ``amin`` rereads it from
-    the cache; no ``|x|`` is materialised) and the flat indices and values of the elements
-    ``|x| >= thr``, gathered from the columns whose maximum reaches it, GROUP_BLOCKS blocks
-    at a time while they are still cached (fewer small ops)."""
+    """One pass over the ``(nb, c, w)`` blocks ``head`` of ``flat`` (``+= add`` first)."""
     nb, c, w = head.shape
     colmax = _buffer("colmax", nb * w, flat).view(nb, w)
     low = _buffer("low", min(nb, GROUP_BLOCKS) * w, flat).view(-1, w)
@@ -251,11 +232,7 @@ def _tiled_np(
     gen: torch.Generator | None,
     add: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``tiled`` for float32 and float64 on the CPU: one numpy pass compares ``|x|`` with
-    the sampled threshold (numpy's compare and compaction are vectorised; torch's ``ge``
-    and ``nonzero`` take ~1 and ~2.5 ns an element here, 10x more), then an O(m) selection
-    of the exact top ``k`` of the m candidates.  None when fewer than ``k`` reach the
-    threshold (an unlucky sample; ``flat += add`` is done then)."""
+    """``tiled`` for float32 and float64 on the CPU."""
     thr = _sample_of_sum(flat, add, k * margin / flat.numel(), sample, gen)
     t = host(thr)
     if not t > 0:  # mostly zeros (every element would be a candidate), or NaN sampled
@@ -274,11 +251,7 @@ def _tiled_np(
 
 
 def _top_mask(mag: np.ndarray, k: int) -> np.ndarray:
-    """A mask of ``k`` of the largest of ``mag`` (finite): the k-th largest by introselect
-    (O(m)), everything above it, then as many of its ties as needed in the order of ``mag``
-    (masks read in order: cheaper than gathering by the positions ``argpartition`` returns;
-    the sweep lists a piece's candidates at or above ``thr`` before those at or below
-    ``-thr``)."""
+    """A mask of ``k`` of the largest of ``mag`` (finite)."""
     kth = np.partition(mag, mag.size - k)[mag.size - k]
     keep = mag > kth
     short = k - int(np.count_nonzero(keep))
@@ -327,11 +300,7 @@ def _sweep_np(
     idx: list[np.ndarray],
     val: list[np.ndarray],
 ) -> None:
-    """The sweep of :func:`_above_np` over ``xn`` (a multiple of 8 elements) in pieces of
-    ``w``: per piece, the masks ``x < hi`` and ``x > lo`` in one buffer of ``2 w`` bytes,
-    compared 8 bytes at a time with all true (as float64: 0/1 bytes are never NaN), those
-    flags 8 at a time with all false; appends the candidates of each piece to ``idx`` and
-    ``val`` (:func:`_expand_words`, while the piece is cached)."""
+    """The sweep of :func:`_above_np` over ``xn`` (a multiple of 8 elements) in pieces of ``w``."""
     like = torch.from_numpy(xn[:0]).bool()
     buf = _buffer("np_masks", 2 * w, like).numpy()
     flags = _buffer("np_flags", w // 4, like).numpy()
@@ -392,11 +361,8 @@ def colmax_dev(head: torch.Tensor, kernel: str) -> torch.Tensor:
 def tiled_dev(
     flat: torch.Tensor, k: int, tiles: int, sample: int, margin: float, gen, kernel: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``tiled`` with one sync (the finiteness flag; none while deferred) and no
-    data-dependent shape.  With Triton, :func:`bench.comm.selection_fast.tiled_fast`;
-    in torch: of the k columns with the largest maxima, those above the k-th largest
-    value v hold every element > v, and the rest (maximum v) enough elements equal to v
-    (two multi-pass ``torch.topk`` calls, over ``n / C`` and ``C k`` elements)."""
+    """``tiled`` with one sync (the finiteness flag; none while deferred) and no data-dependent
+    shape."""
     n = flat.numel()
     c = rows_for(n, k, tiles)
     if c < 2:
@@ -404,7 +370,7 @@ def tiled_dev(
     r = n // c
     head = flat[: c * r].view(c, r)
     # Triton: the threshold from a histogram of the column maxima, one compaction
-    found = triton_run("fast", kernel, head, lambda t: selection_fast.tiled_fast(flat, k, c, t))
+    found = triton_run("fast", kernel, head, lambda t: tiled_fast(flat, k, c, t))
     if found is not None:
         return found
     tail = flat[c * r :]
@@ -419,3 +385,103 @@ def tiled_dev(
     out = top_of_candidates(flat, cand_idx, cand_abs, k)
     raise_unless(finite)
     return out
+
+
+# --- ``tiled`` on CUDA near the read floor: a histogram threshold, one compaction ------
+
+SHIFT1 = 20  # coarse buckets: float32 bits >> 20 (sign dropped): 2048, 8 per octave
+BINS1 = 1 << (31 - SHIFT1)
+SHIFT2 = 12  # fine sub-buckets of one coarse bucket: the next 8 bits
+FINE = 1 << (SHIFT1 - SHIFT2)
+INF_BIN = 0x7F800000 >> SHIFT1  # float32 +Inf's bucket; NaN patterns lie above it
+
+
+def capacity(n: int, k: int) -> int:
+    """Candidate slots: about 1.5 k (the histogram leaves ~1.003 k candidates when columns
+    rarely hold two), never more than ``n``."""
+    return min(n, k + k // 2 + 4096)
+
+
+class TorchOps:
+    """The three kernels in torch ops (any device; full-size temporaries, tests only)."""
+
+    @staticmethod
+    def colmax_hist(head: torch.Tensor, bins: int, shift: int) -> tuple[torch.Tensor, ...]:
+        m = torch.maximum(torch.amax(head, 0), torch.amin(head, 0).neg()).float()
+        key = m.view(torch.int32).bitwise_and(0x7FFFFFFF).bitwise_right_shift(shift).long()
+        return m, torch.bincount(key, minlength=bins)[:bins]
+
+    @staticmethod
+    def refine_hist(
+        colmax: torch.Tensor, b1: torch.Tensor, shift1: int, shift2: int, fine: int
+    ) -> torch.Tensor:
+        bits = colmax.view(torch.int32).bitwise_and(0x7FFFFFFF)
+        sel = (bits >> shift1) == b1
+        sub = ((bits >> shift2) & (fine - 1)).long()
+        return torch.zeros(fine, dtype=torch.long, device=colmax.device).index_add_(
+            0, sub, sel.long()
+        )
+
+    @staticmethod
+    def compact_ge(
+        head: torch.Tensor, colmax: torch.Tensor, thr: torch.Tensor, cap: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        a = head.abs().float().reshape(-1)
+        hot = (colmax >= thr).expand(head.shape[0], -1).reshape(-1)
+        cand = hot & (a >= thr)
+        slot = torch.cumsum(cand, 0) - 1
+        dst = torch.where(cand & (slot < cap), slot, cap)  # the rest into a dump slot
+        absb = torch.full((cap + 1,), -1.0, device=a.device).scatter_(0, dst, a)
+        pos = torch.arange(a.numel(), device=a.device)
+        idxb = torch.zeros(cap + 1, dtype=torch.long, device=a.device).scatter_(0, dst, pos)
+        absb[cap], idxb[cap] = -1.0, 0
+        return absb[:cap], idxb[:cap], cand.sum()
+
+
+def threshold(
+    colmax: torch.Tensor, hist: torch.Tensor, k: int, ops: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(T, finite)`` from the coarse histogram and the fine one of its bucket ``b1``:
+    0-dim float32 and bool device tensors, no sync.  At least ``k`` column maxima are
+    ``>= T``; ``T`` is 0 when a column maximum is NaN or Inf."""
+    dev = hist.device
+    tail = torch.cat([hist.flip(0).cumsum(0).flip(0), hist.new_zeros(1)])
+    finite = tail[INF_BIN] == 0
+    b1 = (tail[:-1] >= k).sum() - 1  # tail[0] = all columns >= k: b1 >= 0
+    # index_select, not tail[b1 + 1]: indexing by a 0-dim integer tensor reads it (a sync)
+    above = tail.index_select(0, (b1 + 1).reshape(1))[0]  # columns in buckets above b1
+    fine = ops.refine_hist(colmax, b1, SHIFT1, SHIFT2, FINE)
+    tail2 = fine.flip(0).cumsum(0).flip(0) + above  # tail2[0] = tail[b1] >= k
+    f2 = (tail2 >= k).sum() - 1
+    bits = (b1 << SHIFT1) | (f2 << SHIFT2)
+    thr = bits.to(torch.int32).view(torch.float32)
+    return torch.where(finite, thr, torch.zeros((), device=dev)), finite
+
+
+def tiled_fast(flat: torch.Tensor, k: int, c: int, ops: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top ``k`` of ``flat`` by magnitude through the ``(c, n // c)`` view (see the
+    module docstring); ``ops``: :mod:`bench.comm.mstopk_triton` or :class:`TorchOps`.
+    One host sync, or none inside :func:`~bench.comm.selection_core.deferred_finite`."""
+    n = flat.numel()
+    r = n // c
+    head, tail = flat[: c * r].view(c, r), flat[c * r :]
+    colmax, hist = ops.colmax_hist(head, BINS1, SHIFT1)
+    thr, finite = threshold(colmax, hist, k, ops)
+    if tail.numel():
+        finite = finite & torch.isfinite(tail).all()
+    cap = capacity(c * r, k)
+    absb, idxb, count = ops.compact_ge(head, colmax, thr, cap)
+    if deferring():
+        note_exact(count <= cap)
+        raise_unless(finite)  # deferred: no read
+    else:
+        got, ok = host(torch.stack([count, finite.long()]))
+        if not ok:
+            raise_unless(finite, deferrable=False)
+        if got > cap:  # columns holding several candidates: all of them, exactly
+            absb, idxb, _ = ops.compact_ge(head, colmax, thr, int(got))
+    if tail.numel():
+        absb = torch.cat([absb, tail.abs().float()])
+        idxb = torch.cat([idxb, torch.arange(c * r, n, device=flat.device)])
+    idx = idxb[torch.topk(absb, k, sorted=False).indices]
+    return flat[idx], idx

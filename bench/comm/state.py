@@ -1,58 +1,22 @@
 """The public state of a communication hook: made before the process group, saved and
 restored by parameter name.
 
-:func:`bench.comm.make_hook` returns a :class:`CommHookState` and :func:`comm_hook`::
-
-    state, hook = make_hook("hitopk", density=0.01, model=model)  # before or after
-    ddp = DDP(model); ddp.register_comm_hook(state, hook)           # init_process_group
-    torch.save({"hook": state.state_dict(), ...}, f"ckpt-rank{rank}.pt")
-    ...
-    state.load_state_dict(torch.load(f"ckpt-rank{rank}.pt")["hook"])
-
-**Binding.**  Made before ``init_process_group``, the state holds only its options; it
-binds to the process group on the hook's first call, or on :meth:`CommHookState.bind`
-(the topology of ``hitopk`` is ``procs_per_node`` or read from torchrun's environment
-then).  Every rank must bind in the same order, as every rank calls the hook.
-
-**What is saved** (:meth:`CommHookState.state_dict`, this rank's; every rank saves and
-loads its own): the step counter, density and dense flag (the schedule position), the
-error-feedback residuals, randomk's generator, PowerSGD's state (its error, P and Q
-memories, iteration and generator) and the bucket layout they belong to, each bucket as
-parameter names, offsets and shapes.  Everything is a tensor, number, string, list or
-dict: ``torch.load(weights_only=True)`` reads it.  Pickling saves the same (and the
-options); an unpickled state binds like a new one and needs :meth:`set_model` before it
-reduces.
-
-**Loading into another layout.**  DDP's first step after a restart reduces buckets in
-parameter order, before it rebuilds them; a bucket size or model wrapping may differ too.
-The loaded state is not matched against those buckets: the hook regroups DDP's gradients
-into the saved buckets and reduces those (:class:`bench.comm.layout.Replay`), so a resume
-continues bit for bit like the uninterrupted run, and once DDP's own buckets are the
-saved ones, they go through as they are.  Under another ``bucket_cap_mb`` they never are:
-the hook keeps reducing in the saved layout, at the cost of copying each gradient into it
-and back (a state that loads nothing takes DDP's layout).  If the model's trainable
-parameters are not the saved ones (names or shapes), the buckets cannot be rebuilt: the
-saved residuals are discarded, counted in ``state.discarded`` with a warning, never
-dropped silently.
-
-**Another world size.**  Residuals and PowerSGD's error are each rank's own unsent
-gradient: a rank loads its own and goes on (ranks beyond the saved world start from
-zero; the residuals of saved ranks beyond the new world are lost with their files, which
-the caller chooses not to load).  ``hitopk`` keeps each residual in the shard of a node
-sum, whose size depends on the workers per node: with another ``procs_per_node`` those
-residuals are discarded (counted, warned about).
+A :class:`CommHookState` binds to the process group on the hook's first call (or
+``bind()``); ``state_dict()`` holds this rank's step, density, residuals, generators and
+PowerSGD state keyed by parameter names with the bucket layout, so a resume continues bit
+for bit in another bucket layout or world size (docs/internals/comm.md).
 """
 
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import asdict
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
-from bench.comm import state_io
-from bench.comm.compressors import ResidualMemory
+from bench.comm.compressors import RandomKCompressor, ResidualMemory
 from bench.comm.layout import BucketLayout, Layout, Replay, describe
 
 __all__ = ["CommHookState", "comm_hook"]
@@ -212,7 +176,7 @@ class CommHookState:
         if self.inner is None:  # what was loaded, and the attributes set since
             out = dict(self._loaded or {"version": VERSION, "hook": self.name})
             return {**out, **self._scalars({**out, **self._preset})}
-        return state_io.save(self)
+        return _save(self)
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` saved (before binding: applied when it binds)."""
@@ -223,7 +187,7 @@ class CommHookState:
         if self.inner is None:
             self._loaded = sd
             return
-        state_io.load(self, sd)
+        _load(self, sd)
 
     def _scalars(self, src: Mapping[str, Any]) -> dict[str, Any]:
         return {
@@ -248,6 +212,177 @@ class CommHookState:
     def __repr__(self) -> str:
         opts = ", ".join(f"{k}={v}" for k, v in asdict(self.options).items())
         return f"CommHookState({self.name!r}, {opts}, bound={self.bound})"
+
+
+#: PowerSGDState slots that are neither its process group nor its numpy generator
+_PSGD_SKIP = ("process_group", "rng")
+
+
+def _procs_per_node(inner: Any) -> int:
+    groups = getattr(getattr(inner, "comm", None), "groups", None)
+    return groups.topo.procs_per_node if groups is not None and groups.intra is not None else 0
+
+
+def _named_key(key: Hashable, names: Mapping[int, str]) -> dict[str, Any]:
+    shard = isinstance(key, tuple) and len(key) == 2 and key[1] == "shard"
+    index, numel, first, last = key[0] if shard else key  # type: ignore[index,misc]
+    return {
+        "index": int(index),
+        "numel": int(numel),
+        "first": names.get(first, ""),  # "": a bucket without parameters (id 0)
+        "last": names.get(last, ""),
+        "shard": shard,
+    }
+
+
+def _local_key(d: Mapping[str, Any], params: Mapping[str, torch.Tensor]) -> Hashable:
+    def pid(name: str) -> int:
+        return id(params[name]) if name else 0
+
+    key = (d["index"], d["numel"], pid(d["first"]), pid(d["last"]))
+    return (key, "shard") if d["shard"] else key
+
+
+def _names(st: CommHookState, what: str) -> dict[int, str]:
+    if st._params is None:
+        raise ValueError(
+            f"{what} needs the model's parameter names: make_hook(..., model=model) or "
+            "state.set_model(model)"
+        )
+    return {id(p): n for n, p in st._params.items()}
+
+
+def _save(st: CommHookState) -> dict[str, Any]:
+    inner, pg = st.inner, st.process_group
+    layout = st._replay.layout if st._replay is not None else st._layout
+    out: dict[str, Any] = {
+        "version": VERSION,
+        "hook": st.name,
+        "world_size": dist.get_world_size(pg),
+        "rank": dist.get_rank(pg),
+        "procs_per_node": _procs_per_node(inner),
+        "step": int(inner.step),
+        "density": float(inner.density),
+        "force_dense": bool(inner.force_dense),
+        "layout": [b.to_dict() for b in layout],
+        "residuals": [],
+        "generators": {},
+        "powersgd": None,
+    }
+    mem = getattr(getattr(inner, "comm", None), "memory", None)
+    if isinstance(mem, ResidualMemory) and mem.buffers:
+        names = _names(st, "saving residuals")
+        out["residuals"] = [
+            {**_named_key(k, names), "value": b.detach().clone()} for k, b in mem.buffers.items()
+        ]
+    comp = getattr(getattr(inner, "comm", None), "compressor", None)
+    if comp is not None:
+        out["generators"] = randomk_generators(comp)
+    ps = getattr(inner, "psgd", None)
+    if ps is not None:
+        if ps.error_dict or ps.p_memory_dict:
+            _names(st, "saving PowerSGD's memories")  # their layout must be known
+        d = {s: getattr(ps, s) for s in ps.__slots__ if s not in _PSGD_SKIP}
+        for k in ("error_dict", "p_memory_dict", "q_memory_dict"):
+            d[k] = {int(i): t.detach().clone() for i, t in d[k].items()}
+        d["rng"] = numpy_rng_state(ps.rng)
+        out["powersgd"] = d
+    return out
+
+
+def _fits(layout: Layout, params: Mapping[str, torch.Tensor]) -> str | None:
+    """Why the saved buckets cannot be rebuilt from this model's parameters (None: they can)."""
+    saved = {n: s for b in layout for n, s in zip(b.names, b.shapes, strict=True)}
+    trainable = {n: tuple(p.shape) for n, p in params.items() if p.requires_grad}
+    if set(saved) != set(trainable):
+        diff = sorted(set(saved) ^ set(trainable))
+        return f"the model's trainable parameters are not the saved ones ({diff[:4]} ...)"
+    bad = [n for n, s in saved.items() if s != trainable[n]]
+    return f"parameters of another shape ({bad[:4]} ...)" if bad else None
+
+
+def _positional(sd: Mapping[str, Any]) -> int:
+    """Elements of the saved state that only make sense in the saved buckets."""
+    n = sum(r["value"].numel() for r in sd["residuals"])
+    ps = sd.get("powersgd") or {}
+    return n + sum(t.numel() for t in (ps.get("error_dict") or {}).values())
+
+
+def _load(st: CommHookState, sd: Mapping[str, Any]) -> None:
+    inner = st.inner
+    for k in ("step", "density", "force_dense"):
+        setattr(inner, k, type(getattr(inner, k))(sd[k]))
+    if hasattr(inner, "step_started"):
+        inner.step_started = False
+        inner.finite = []
+    layout = [BucketLayout.from_dict(b) for b in sd["layout"]]
+    st._layout, st._step_layout, st._replay = [], [], None
+    residuals = list(sd["residuals"])
+    psgd = sd.get("powersgd")
+    if _positional(sd):
+        _names(st, "loading bucket state")
+    params = st._params or {}
+    why = _fits(layout, params) if layout else "no bucket layout was saved"
+    if why is not None and _positional(sd):
+        st._discard(_positional(sd), f"{why}: its buckets cannot be rebuilt")
+        residuals = []
+        if psgd is not None:
+            psgd = {**psgd, "error_dict": {}, "p_memory_dict": {}, "q_memory_dict": {}}
+    elif why is None:
+        st._replay = Replay(layout, params, st._reduce)
+    mem = getattr(getattr(inner, "comm", None), "memory", None)
+    ppn = _procs_per_node(inner)
+    shards = [r for r in residuals if r["shard"]]
+    if shards and int(sd["procs_per_node"]) != ppn:
+        n = sum(r["value"].numel() for r in shards)
+        st._discard(n, f"hitopk shards of {sd['procs_per_node']} workers per node, now {ppn}")
+        residuals = [r for r in residuals if not r["shard"]]
+    if isinstance(mem, ResidualMemory):
+        items = [
+            (_local_key(r, params), r["value"].to(params[r["first"] or r["last"]].device))
+            for r in residuals
+        ]
+        mem.load_state_dict(items)
+    elif residuals:
+        st._discard(sum(r["value"].numel() for r in residuals), "this hook has no error feedback")
+    comp = getattr(getattr(inner, "comm", None), "compressor", None)
+    if comp is not None and sd.get("generators"):
+        set_randomk_generators(comp, sd["generators"])
+    ps = getattr(inner, "psgd", None)
+    if ps is not None and psgd is not None:
+        for k, v in psgd.items():
+            if k in ("error_dict", "p_memory_dict", "q_memory_dict"):
+                v = {int(i): t.clone() for i, t in v.items()}
+            if k != "rng":
+                setattr(ps, k, v)
+        set_numpy_rng_state(ps.rng, psgd["rng"])
+        inner.last = None  # no bucket of this process is in flight
+
+
+def numpy_rng_state(rng: np.random.RandomState) -> list[Any]:
+    """A numpy generator's state as tensors and numbers (``weights_only`` loads it)."""
+    name, keys, pos, has_gauss, cached = rng.get_state()
+    return [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached]
+
+
+def set_numpy_rng_state(rng: np.random.RandomState, st: list[Any]) -> None:
+    name, keys, pos, has_gauss, cached = st
+    rng.set_state((name, keys.numpy().astype(np.uint32), int(pos), int(has_gauss), cached))
+
+
+def randomk_generators(comp: Any) -> dict[str, torch.Tensor]:
+    if not isinstance(comp, RandomKCompressor):
+        return {}
+    return {str(dev): g.get_state() for dev, g in comp._generators.items()}
+
+
+def set_randomk_generators(comp: Any, states: Mapping[str, torch.Tensor]) -> None:
+    if not isinstance(comp, RandomKCompressor) or comp.seed is None:
+        return
+    for dev, st in states.items():
+        gen = torch.Generator(device=torch.device(dev)).manual_seed(comp.seed)
+        gen.set_state(st.cpu())
+        comp._generators[torch.device(dev)] = gen
 
 
 def comm_hook(state: CommHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -1,21 +1,8 @@
 """Node topology and the intra-node / inter-node process groups of hierarchical collectives.
 
-HiTopKComm (``communicators.py``; ``docs/algorithms.md``) runs dense collectives among the
-``m`` workers of a node (fast links) and sparse collectives among the ``n`` workers that
-share a local rank across nodes (slow links).  Ranks are laid out node-major, as torchrun
-assigns them: ``rank = node * m + local_rank``.
-
-The topology comes from torchrun's environment (``LOCAL_WORLD_SIZE``, ``GROUP_RANK``,
-``LOCAL_RANK``) unless ``procs_per_node`` is given, which also lets one machine pose as
-several nodes (``procs_per_node=1`` turns every worker into its own "node").  The process
-groups are created once per (world, topology) and cached: ``new_group`` is a collective
-that every rank must call in the same order, so creating them lazily inside a DDP hook on
-some ranks only would deadlock.  The cache entry remembers the default group it was made
-under and is replaced when ``init_process_group`` has made a new one.
-
-Each node has two intra-node groups: ``intra`` for the reduce-scatter that the hook issues
-itself and ``intra_gather`` for the allgather issued from future callbacks, so that the
-issue order within each group is the same on every worker (``futures.Lane``).
+Ranks are node-major (torchrun's layout); the topology comes from ``procs_per_node`` or
+torchrun's environment.  The groups are made once per (world, topology) and default group,
+on every rank in the same order (``new_group`` is a collective).
 """
 
 from __future__ import annotations

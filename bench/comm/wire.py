@@ -1,22 +1,9 @@
 """What sparse values look like on the wire: the packet format and safe low-precision values.
 
-Packet (``pack``/``unpack``): one uint8 buffer per worker and bucket holding the indices
-first (int32 when the bucket has < 2**31 elements, else int64) and then the values
-(float32, or float16/bfloat16 with ``value_dtype``), padded to a multiple of 8 bytes so
-gathered packets stay aligned.  ``k`` is the same on every worker for a bucket, so the
-packet size is known in advance and no header is exchanged.
-
-Values (``to_wire``): a float16 wire value above 65504 would become inf (and the
-error-feedback residual NaN); a bfloat16 one above ~3.39e38 likewise, and bfloat16 rounds
-65504 up to 65536, past float16's range.  ``to_wire`` clamps to :func:`wire_limit`, the
-largest value representable in the wire dtype that is also finite in the gradient's dtype,
-before casting.  What the clamp and the rounding leave out stays in the residual: the
-memory subtracts the wire values themselves (``ResidualMemory.update``), and keeps the
-residual of float16/bfloat16 buckets in float32 (a float16 residual would overflow
-where the clamp holds values back).  Receivers add
-low-precision values into a float32 accumulator (:func:`accumulator`), so the sum of ``w``
-workers' values cannot overflow either, and the mean (at most the limit) is finite in the
-gradient's dtype.
+A packet holds ``k`` indices (int32, int64 past 2**31 elements) then ``k`` values, padded
+to 8 bytes (``pack``/``unpack``).  ``to_wire`` clamps values to the largest that is finite
+in both the wire dtype and the gradient's, so float16/bfloat16 values never overflow; the
+receivers sum in float32 (docs/internals/comm.md).
 """
 
 from __future__ import annotations
@@ -25,7 +12,7 @@ import functools
 
 import torch
 
-_ALIGN = 8  # bytes: largest element size in a packet (int64 indices)
+from bench.comm.cost import packet_bytes
 
 
 def index_dtype(numel: int) -> torch.dtype:
@@ -36,16 +23,12 @@ def _size(dtype: torch.dtype) -> int:
     return torch.empty(0, dtype=dtype).element_size()
 
 
-def packet_bytes(k: int, numel: int, vdtype: torch.dtype) -> int:
-    raw = k * (_size(index_dtype(numel)) + _size(vdtype))
-    return -(-raw // _ALIGN) * _ALIGN
-
-
 def pack(values: torch.Tensor, indices: torch.Tensor, numel: int) -> torch.Tensor:
     """One uint8 buffer: indices (int32/int64), then ``values`` (already wire values)."""
     k = values.numel()
     idx = indices.to(index_dtype(numel))
-    out = torch.zeros(packet_bytes(k, numel, values.dtype), dtype=torch.uint8, device=idx.device)
+    size = packet_bytes(k, numel, values.element_size())
+    out = torch.zeros(size, dtype=torch.uint8, device=idx.device)
     ib = k * idx.element_size()
     out[:ib] = idx.view(torch.uint8)
     out[ib : ib + k * values.element_size()] = values.view(torch.uint8)

@@ -38,7 +38,8 @@ from typing import Any
 import torch
 
 from bench.benchmarks.spawn import free_port
-from bench.comm.selection import _TRITON_BROKEN, host_syncs, k_for, mstopk
+from bench.comm.cost import k_for
+from bench.comm.selection import _TRITON_BROKEN, host_syncs, mstopk
 from bench.models.config import ModelConfig
 from bench.models.transformer import build
 from bench.optim import build_optimizer

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from bench import comm, data, models, optim
+from bench import data, models, optim
 from bench.cluster import emulated, torchrun
 from bench.comm import is_sparse
 from bench.config import Config, ResultsConfig, from_container, to_container, to_object
@@ -30,6 +30,7 @@ from bench.results import mllog, records, reserve
 from bench.results.outputs import closing_lines
 from bench.results.safejson import non_finite
 from bench.train import checkpoint as ck
+from bench.train import comm
 from bench.train.workload import WORKLOADS
 
 #: cluster.name -> (start this node's workers, the launcher's own config checks)

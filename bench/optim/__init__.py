@@ -1,20 +1,12 @@
 """Optimizers, update modes and learning-rate schedules.
 
-Training integration (used by :mod:`bench.train`)::
-
     optimizer = build_optimizer(model, cfg.optim)     # after model.to(device), BEFORE DDP
     ddp = DDP(model, **ddp_kwargs(optimizer))          # flat mode owns the gradient buffer
     after_ddp_broadcast(optimizer)                     # every rank: rank 0's master weights
-    scheduler = build_scheduler(optimizer, cfg.optim, steps_per_epoch, epochs)  # step() per step
+    scheduler = build_scheduler(optimizer, cfg.optim, steps_per_epoch, epochs)
 
-``cfg.update`` (:class:`~bench.optim.config.UpdateMode`) chooses how the same arithmetic
-is computed (the "parallel tensor operator" of docs/algorithms.md): ``naive`` a
-per-tensor Python loop, ``foreach`` torch's multi-tensor ops, ``fused`` torch's fused
-kernels, ``flat`` this package's flat-buffer optimizers (:mod:`bench.optim.flat`).  Each
-optimizer is an :class:`~bench.optim.spec.OptimizerSpec` in :data:`OPTIMIZERS`, registered
-by its module, carrying its builders, the modes it supports and its own checks; an
-unsupported pair is refused by :func:`validate` at configuration time.  Every mode saves
-and loads the standard torch state-dict format, interchangeably.
+``cfg.update`` chooses how the same arithmetic runs: ``naive``, ``foreach``, ``fused``
+(torch's) or ``flat`` (this package's flat buffers; docs/internals/optim.md).
 """
 
 from __future__ import annotations
@@ -27,8 +19,7 @@ import torch
 from bench.optim import adam, lars, sgd  # noqa: F401  (each registers its specs)
 from bench.optim.adam import Adam, AdamW, FlatAdam
 from bench.optim.config import MasterWeights, OptimConfig, Schedule, UpdateMode
-from bench.optim.ddp import after_ddp_broadcast
-from bench.optim.flat import FlatOptimizer
+from bench.optim.flat import FlatOptimizer, after_ddp_broadcast
 from bench.optim.lars import LARS, FlatLARS
 from bench.optim.sgd import SGD, FlatSGD
 from bench.optim.spec import OPTIMIZERS, OptimizerSpec
@@ -97,15 +88,7 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Opt
 
 
 def ddp_kwargs(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Extra ``DistributedDataParallel`` keyword arguments for this optimizer.
-
-    Every mode: ``gradient_as_bucket_view=True``: ``p.grad`` are views into DDP's buckets,
-    which autograd accumulates into and the update reads in place, so DDP copies no
-    gradient into its buckets and back (it would, twice per step, by default).  ``flat``
-    re-lays its buffers in bucket order at its first step (:mod:`bench.optim.layout`).
-    Keep ``zero_grad(set_to_none=False)`` with torch's optimizers: a dropped gradient is
-    copied into its bucket again by the next backward.
-    """
+    """Extra ``DistributedDataParallel`` keyword arguments for this optimizer."""
     del optimizer  # the same for every optimizer
     return {"gradient_as_bucket_view": True}
 

@@ -1,15 +1,8 @@
-"""Adam and AdamW in the four update modes (``naive``/``foreach``/``fused`` are torch's).
+"""Adam and AdamW (Kingma and Ba 2015; Loshchilov and Hutter 2019) in the four update modes.
 
-:class:`FlatAdam` computes exactly ``torch.optim.Adam``/``AdamW`` (Kingma and Ba 2015;
-decoupled weight decay of Loshchilov and Hutter 2019), no amsgrad::
-
-    AdamW: p *= 1 - lr * wd            Adam: g = g + wd * p
-    m = b1 * m + (1 - b1) * g;  v = b2 * v + (1 - b2) * g * g
-    p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
-
-once per param group over the ranges of the flat buffer that it holds (a
-:class:`~bench.optim.bucket.Span`): torch's fused Adam(W) kernel where the device has
-one, else in-place multi-tensor ops with one scratch buffer.
+``naive``/``foreach``/``fused`` are torch's; :class:`FlatAdam` computes exactly what
+``torch.optim.Adam``/``AdamW`` do (no amsgrad), once per param group over the flat
+buffer, with torch's fused kernel where the device has one.
 """
 
 from __future__ import annotations
@@ -22,8 +15,7 @@ import torch
 from bench.optim.bucket import Span
 from bench.optim.config import OptimConfig
 from bench.optim.flat import FlatOptimizer
-from bench.optim.modes import keep_mode_keys
-from bench.optim.spec import OptimizerSpec, check_betas, register
+from bench.optim.spec import OptimizerSpec, check_betas, keep_mode_keys, register
 
 
 class Adam(torch.optim.Adam):
@@ -41,14 +33,7 @@ class AdamW(torch.optim.AdamW):
 
 
 class FlatAdam(FlatOptimizer):
-    """Adam (``decoupled=False``) or AdamW (``decoupled=True``) over flat buffers.
-
-    Step counts are per parameter, as torch's (a parameter without a gradient does not
-    count a step): Python ints (``_ages``: what the update and the run keys read, no
-    device or tensor read per step), mirrored in one float32 CPU tensor per bucket whose
-    elements are the ``step`` tensors of the checkpoint; parameters with equal counts
-    are updated together.
-    """
+    """Adam (``decoupled=False``) or AdamW (``decoupled=True``) over flat buffers."""
 
     state_names = ("exp_avg", "exp_avg_sq")
 

@@ -1,22 +1,8 @@
 """The flat buffers of a flat optimizer, and the spans of them that one update call takes.
 
-Layout (one :class:`FlatBucket` per (device, model dtype)):
-
-* ``model``  flat tensor in the model's dtype; every ``p.data`` is a view into it;
-* ``master`` fp32 flat copy when a low-precision (bf16/fp16) model copy is kept (for
-  parameters of 2 or more dimensions; norm parameters and biases stay fp32, as apex's
-  ``keep_batchnorm_fp32``), else the same tensor as ``model``; the update runs on it and
-  is copied back to ``model``;
-* ``grad``   flat tensor in the model's dtype: ``p.grad`` is its view, except under DDP;
-* ``state[name]`` one flat fp32 buffer per state name (momentum, exp_avg ...).
-
-Under DDP (``gradient_as_bucket_view=True``) the gradients are DDP's bucket tensors and
-the buffers are re-laid in DDP's bucket order (:mod:`bench.optim.layout`).  A
-:class:`Span` is what one update call works on: ranges of the master values with their
-gradients and state (lists of 1-D tensors of equal lengths).  :meth:`FlatBucket.group_spans`
-builds, once per layout, one span per param group over all of that group's ranges: the
-steady-state step is then one multi-tensor call per group, whatever the number of
-parameters.
+One :class:`FlatBucket` per (device, model dtype): model copy, fp32 masters, gradients
+and state as flat tensors; a :class:`Span` is the ranges one update call works on
+(docs/internals/optim.md).
 """
 
 from __future__ import annotations
@@ -39,17 +25,7 @@ _data_ptr_of = torch.Tensor.data_ptr
 
 @dataclass(eq=False)
 class Span:
-    """Values of one flat bucket that one update call takes, with their gradients and state.
-
-    ``params`` (fp32 master values), ``grads`` and every ``state[name]`` are lists of 1-D
-    tensors, entry ``r`` of each as long as the others' (a range of the bucket, or values
-    gathered out of it).  ``where[r]``: the flat positions ``(start, end)`` of entry ``r``
-    in the bucket's scratch buffers.  ``layers[r]``: the numels of the parameters that
-    entry ``r`` holds, one after the other (per-layer terms such as LARS's trust ratio);
-    None for gathered values, which are no whole layers.  ``first``: none of the values has
-    optimizer state yet; ``age``: a parameter whose step count is the span's (both set for
-    each call).  ``cache``: what an optimizer derives from the span once (views, ids).
-    """
+    """Values of one flat bucket that one update call takes, with their gradients and state."""
 
     bucket: int  # index of the bucket in its optimizer's ``buckets``
     flat: FlatBucket
@@ -234,16 +210,7 @@ class FlatBucket:
         return self._group_spans[split_below]
 
     def gather_grads(self) -> list[bool]:
-        """Find every gradient, without copying DDP's; which parameters have one.
-
-        Gradients in DDP's buckets (``gradient_as_bucket_view=True``) are used where they
-        are: when they are not the ones seen at the last step, :meth:`check_layout`
-        re-lays the buffers after them.  Any other gradient that is not the parameter's
-        view of ``self.grad`` (autograd's after ``set_to_none``) is copied in (counted in
-        ``copies``); a parameter whose ``p.grad`` is None keeps it None (it is skipped).
-        When every gradient is the one seen at the last step (the steady state) this is
-        three attribute sweeps in C (``map``), no Python per parameter.
-        """
+        """Find every gradient, without copying DDP's; which parameters have one."""
         grads = list(map(_grad_of, self.params))
         if not all(map(is_, grads, self.seen)):
             self.check_layout(grads)

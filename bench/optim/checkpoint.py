@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from bench.optim.modes import keep_mode_keys
+from bench.optim.spec import keep_mode_keys
 
 
 class FlatCheckpoint:

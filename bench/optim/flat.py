@@ -1,48 +1,9 @@
 """Flat-buffer optimizer base: parameters, gradients and state as views into one buffer.
 
-The "parallel tensor operator" of Shi et al. (MLSys 2021, section 4; docs/algorithms.md),
-done as apex's ``multi_tensor_apply`` and Megatron/DeepSpeed's contiguous buffers: every
-parameter, gradient and optimizer state is a view into ONE buffer per (device, dtype),
-so the update is a handful of vector operations instead of a kernel chain per tensor.
-
-The buffers (model copy, fp32 masters, gradients, state) are one
-:class:`~bench.optim.bucket.FlatBucket` per (device, model dtype); an update call takes a
-:class:`~bench.optim.bucket.Span` of one: ranges of it with their gradients and state.
-
-The steady-state step (every parameter has a gradient, all of a bucket's parameters have
-the same state age) is one multi-tensor call per param group and bucket, over spans built
-once per layout (:meth:`FlatBucket.group_spans`): a constant number of operator calls per
-step, however many parameters (on a CPU, a group's short ranges are a second call).
-Other steps take the general path: maximal runs of neighbouring parameters of one group
-with a gradient and the same state age, and DDP buckets updated whole
-(:func:`bench.optim.layout.schedule`).
-
-Zero-copy under DDP (``gradient_as_bucket_view=True``, :func:`bench.optim.ddp_kwargs`):
-DDP makes every ``p.grad`` a view into its bucket; at the first step (and whenever the
-gradients are other tensors than at the last step: DDP's bucket rebuild) the buffers are
-re-laid in DDP's bucket order (:mod:`bench.optim.layout`), each bucket one contiguous
-range, and the update reads the bucket tensors themselves: no gradient copy.  Param
-groups interleaved within a bucket become sub-ranges.  Elsewhere (no DDP) parameters are
-ordered by param group and ``p.grad`` are views of ``grad``; a gradient that is neither
-(autograd's after ``zero_grad(set_to_none=True)``) is copied in, counted in
-``FlatBucket.copies``.
-
-Parameters without a gradient, as torch: a parameter whose ``p.grad`` is None when
-:meth:`FlatOptimizer.step` runs is skipped (no weight decay, momentum or Adam step) and
-has no state until its first gradient.  ``zero_grad(set_to_none=True)`` drops gradients,
-except those in DDP's buckets, which are zeroed in place (dropping them would make DDP
-copy every new gradient into its bucket; so under DDP a parameter that had a gradient
-and is unused in a later step gets a zero gradient, as with ``set_to_none=False``);
-``set_to_none=False`` zeroes and keeps None as None.
-
-Master weights follow the model: a master that no longer rounds to its model tensor
-(the model was written in place without it: ``model.load_state_dict``, DDP's broadcast)
-is re-derived from the model, checked by the parameters' version counters at every step
-and at ``load_state_dict``.  ``state_dict``/``load_state_dict`` use the standard torch
-format (per-parameter tensors keyed by index), so a state saved in ``flat`` mode loads in
-``naive``/``foreach``/``fused`` mode and vice versa; a saved ``master_param`` is used
-only when a flat optimizer wrote it and it rounds to the model's current values (other
-optimizers carry it through their state dicts unchanged, however the weights moved).
+The "parallel tensor operator" of Shi et al. (MLSys 2021; docs/algorithms.md), done as
+apex's ``multi_tensor_apply``: the steady-state step is one multi-tensor call per param
+group and bucket; under DDP the buffers follow DDP's bucket order and the update reads the
+bucket tensors themselves, copying no gradient (docs/internals/optim.md).
 """
 
 from __future__ import annotations
@@ -51,23 +12,15 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from bench.optim import layout
 from bench.optim.bucket import FlatBucket, Span
 from bench.optim.checkpoint import FlatCheckpoint
-from bench.optim.modes import MODE_KEYS, fused_kernels_available, keep_mode_keys
+from bench.optim.spec import fused_kernels_available
 from bench.registry import ConfigError
 
 CPU_FUSED_MIN = 1 << 17  # values: smaller ranges take the vector-op path on CPU
-
-__all__ = [
-    "MODE_KEYS",
-    "FlatBucket",
-    "FlatOptimizer",
-    "Span",
-    "fused_kernels_available",
-    "keep_mode_keys",
-]
 
 
 def _uniform(xs: list[Any]) -> bool:
@@ -280,3 +233,26 @@ class FlatOptimizer(FlatCheckpoint, torch.optim.Optimizer):
         tensor is kept, with the precision that the model copy lacks."""
         for b in self.buckets:
             b.refresh_masters(range(len(b.params)))
+
+
+def after_ddp_broadcast(optimizer: torch.optim.Optimizer, process_group: Any = None) -> None:
+    """Call on every rank right after ``DistributedDataParallel(model, ...)`` is built."""
+    if not isinstance(optimizer, FlatOptimizer):
+        return
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size(process_group) > 1:
+        src = 0 if process_group is None else dist.get_global_rank(process_group, 0)
+        broadcast_masters(optimizer, src, process_group)
+    else:
+        optimizer.sync_master_from_model()
+
+
+@torch.no_grad()
+def broadcast_masters(optimizer: FlatOptimizer, src: int = 0, group: Any = None) -> None:
+    """Every rank takes rank ``src``'s masters and model copy (a collective: call it on
+    every rank of ``group``)."""
+    optimizer.sync_master_from_model()
+    for b in optimizer.buckets:
+        if b.has_master:
+            dist.broadcast(b.master, src=src, group=group)
+            b.model.copy_(b.master)
+            b.record_versions()

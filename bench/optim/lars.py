@@ -1,24 +1,9 @@
-"""LARS: layer-wise adaptive rate scaling, reference (naive/foreach) and flat versions.
+"""LARS (You, Gitman and Ginsburg 2017, as in the MLPerf ResNet-50 reference): reference
+and flat versions.
 
-Algorithm (You, Gitman and Ginsburg, "Large Batch Training of Convolutional Networks",
-2017, as in the MLPerf ResNet-50 reference): for each parameter tensor ("layer") whose
-group has ``lars_adapt`` (weights; BN parameters and biases are excluded when
-``no_decay_bn_bias``, as in the large-batch DAWNBench/MLPerf recipes)::
-
-    trust = eta * ||p|| / (||g|| + wd * ||p|| + eps)   if ||p|| > 0 and ||g|| > 0 else 1
-    d = trust * (g + wd * p)
-
-then SGD momentum in the PyTorch convention (as :mod:`bench.optim.sgd`, lr applied after
-the momentum buffer, so ``lr`` is the global rate and ``eta * lr`` the typical local one)::
-
-    buf = d (first step) or m * buf + d;  p -= lr * (d + m * buf if nesterov else buf)
-
-Non-adapted groups are plain SGD.  Modes: ``naive`` (per-tensor loop, the reference),
-``foreach`` (``torch._foreach_*`` incl. ``_foreach_norm``), ``flat`` (per-layer norms by
-segment-wise reductions over the flat buffer -- ``_foreach_norm`` over the segment views,
-or ``torch.segment_reduce`` -- then, on a CPU, one fused SGD pass per layer with the trust
-ratio folded into the kernel's gradient scale and weight decay, elsewhere the trust ratios
-applied back per segment and one fused SGD pass over the whole range).  No ``fused`` mode.
+Per layer ``trust = eta |p| / (|g| + wd |p| + eps)``, ``d = trust (g + wd p)``, then SGD
+momentum in PyTorch's convention; modes ``naive``, ``foreach`` and ``flat`` (per-layer norms
+by segment reductions over the flat buffer; docs/internals/optim.md).
 """
 
 from __future__ import annotations
@@ -31,9 +16,8 @@ import torch
 from bench.optim.bucket import Span
 from bench.optim.config import OptimConfig, UpdateMode
 from bench.optim.flat import FlatOptimizer
-from bench.optim.modes import keep_mode_keys
 from bench.optim.sgd import sgd_update
-from bench.optim.spec import OptimizerSpec, check_nesterov, register
+from bench.optim.spec import OptimizerSpec, check_nesterov, keep_mode_keys, register
 from bench.registry import ConfigError
 
 
@@ -48,13 +32,7 @@ def trust_ratio(
 def segment_norms(
     x: torch.Tensor, lengths: torch.Tensor | list[int], scratch: torch.Tensor | None, method: str
 ) -> torch.Tensor:
-    """L2 norm of each contiguous segment of the 1-D ``x`` (segment sizes ``lengths``).
-
-    ``segment_reduce``: squares into ``scratch`` then ``torch.segment_reduce(sum)``; the
-    scratch is float64 because that reduction sums sequentially (fp32 loses ~1e-6 over a
-    million values, pairwise summation in ``norm`` does not);
-    ``foreach``: ``torch._foreach_norm`` over the segment views (one multi-tensor op).
-    """
+    """L2 norm of each contiguous segment of the 1-D ``x`` (segment sizes ``lengths``)."""
     if method == "segment_reduce":
         assert scratch is not None
         torch.mul(x, x, out=scratch)
@@ -294,13 +272,7 @@ def _fused_layers(
     first: bool,
     common: dict[str, Any],
 ) -> None:
-    """Pass 2 on a CPU as one fused SGD pass per layer: torch's kernel divides the gradient
-    by ``grad_scale`` before adding ``weight_decay * p``, so ``grad_scale = 1 / trust`` and
-    ``weight_decay = trust * wd`` give ``d = trust * (g + wd * p)`` inside the momentum pass
-    (reads p, g, buf and writes p, buf once: the update's memory floor; one kernel call per
-    layer, which on a CPU costs microseconds, not a launch).  The kernel leaves the scaled
-    gradient in ``grad``, as torch's fused optimizers do with a scale; the loop zeroes the
-    gradients after the step."""
+    """Pass 2 on a CPU as one fused SGD pass per layer."""
     bufs = buf if buf is not None else [None] * len(p)
     for pl, gl, bl, t in zip(p, grad, bufs, trust, strict=True):
         torch._fused_sgd_(

@@ -1,18 +1,8 @@
 """Where the gradients of a flat bucket live: DDP's bucket buffers, found at step time.
 
-With ``DistributedDataParallel(..., gradient_as_bucket_view=True)`` DDP makes every
-``p.grad`` a view into the flat gradient tensor of its communication bucket (the
-parameters of a bucket lie one after the other, in bucket order; DDP may rebuild its
-buckets once, after the first iteration, in gradient-ready order).  A flat optimizer
-that lays its own model/master/state buffers out in the same order can then update a
-whole bucket with the bucket tensor itself as the gradient: no gradient is copied
-between backward and update.
-
-:func:`plan` reads the layout off the gradients: a *tile* is a maximal run of this
-bucket's parameters whose gradients tile one foreign storage (a DDP bucket) without
-gaps, in storage order.  The flat buffers are then re-laid (:func:`permute`) with the
-tiles first, each as one contiguous range, and the other parameters (no gradient, a
-gradient of its own: the copying path) after them, ordered by param group.
+:func:`plan` reads DDP's bucket layout off the gradients (``gradient_as_bucket_view``) and
+the flat buffers are re-laid in that order, so a whole DDP bucket is updated with its own
+tensor as the gradient (docs/internals/optim.md).
 """
 
 from __future__ import annotations
@@ -65,15 +55,8 @@ def plan(
     dtype: torch.dtype,
     own: torch.Tensor,
 ) -> tuple[list[int], list[int]]:
-    """``(order, tile_lengths)``: the parameter order that puts every tile first, each
-    as a run of ``tile_lengths[t]`` parameters, then the others by param group.
-
-    A storage holding the gradients of at least two of these parameters, or one as a
-    view (a bucket of DDP's, other than the bucket's own gradient buffer ``own``), is
-    split into tiles: runs of gradients that
-    follow each other without a gap (a gap: a parameter of another optimizer, or of
-    another dtype).  Overlapping gradients are never tiled.
-    """
+    """``(order, tile_lengths)``: every tile first, each a run of ``tile_lengths[t]``
+    parameters, then the others by param group."""
     own_ptr = own.untyped_storage().data_ptr()
     by_storage: dict[int, list[tuple[int, int]]] = {}
     for k, (p, g) in enumerate(zip(params, grads, strict=True)):
@@ -163,13 +146,7 @@ def ddp_like_buckets(
     params: list[torch.Tensor], cap_mb: float = 25.0, first_mb: float = 1.0
 ) -> list[torch.Tensor]:
     """Give ``params`` gradients laid out as DDP's initial buckets with
-    ``gradient_as_bucket_view=True``, without a process group (benchmarks, tests).
-
-    As ``DistributedDataParallel``: parameters in registration order fill buckets of one
-    (device, dtype) up to ``first_mb`` MiB for the first bucket and ``cap_mb`` MiB after
-    it; each bucket is one flat tensor and every ``p.grad`` the view of its range (a
-    gradient already there is copied into it).  Returns the bucket tensors.
-    """
+    ``gradient_as_bucket_view=True``, without a process group (benchmarks, tests)."""
     open_: dict[tuple, list[torch.Tensor]] = {}
     done: list[list[torch.Tensor]] = []
     for p in params:
@@ -208,18 +185,7 @@ class Whole:
 
 
 def schedule(b, runs: list[tuple[int, int, int]], keys: list) -> list[tuple]:
-    """The updates of a step of bucket ``b``: ``(group, i, j, None)`` for a run of its
-    own, ``(group, age, 0, Whole)`` for a DDP bucket updated whole.
-
-    In a DDP bucket the param groups interleave (a ResNet's conv weights and the BN
-    parameters beside them: a hundred runs).  When one class of runs (one group, one
-    state age) holds most of a segment's values, the segment is updated once as if all of
-    it were that class (``age``: one of its parameters), and the few values of the other
-    runs and of parameters without a gradient are saved before and put back after (an
-    ``index_select``/``index_copy_`` per buffer); the other runs are then updated, in
-    one update of their gathered values when they are one class (see
-    ``FlatOptimizer._whole_segment``).
-    """
+    """The updates of a step of bucket ``b``."""
     by_seg: dict[int, list[tuple[int, int, int]]] = {}
     out: list[tuple] = []
     for r in runs:

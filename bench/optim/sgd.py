@@ -1,17 +1,8 @@
 """SGD with momentum / Nesterov / weight decay in the four update modes.
 
-``naive``, ``foreach`` and ``fused`` are ``torch.optim.SGD`` (a per-tensor loop,
-multi-tensor ``_foreach_*`` ops, and the fused per-tensor kernels).  ``flat`` is
-:class:`FlatSGD`: the same arithmetic as ``torch.optim.SGD`` (PyTorch convention, lr
-applied after the momentum buffer)::
-
-    d = g + wd * p;  buf = d (first step) or m * buf + (1 - dampening) * d
-    d = d + m * buf (nesterov) or buf;  p -= lr * d
-
-computed once per param group over the ranges of the flat buffer that it holds (a
-:class:`~bench.optim.bucket.Span`): with torch's fused SGD kernel (one pass over p, g,
-buf: the memory-traffic minimum) where the device has it, else with a few in-place
-multi-tensor operations.
+``naive``/``foreach``/``fused`` are ``torch.optim.SGD``; :class:`FlatSGD` computes the same
+(PyTorch's convention, lr applied after the momentum buffer) once per param group over the
+flat buffer, with torch's fused SGD kernel where the device has it.
 """
 
 from __future__ import annotations
@@ -23,8 +14,7 @@ import torch
 from bench.optim.bucket import Span
 from bench.optim.config import OptimConfig
 from bench.optim.flat import FlatOptimizer
-from bench.optim.modes import keep_mode_keys
-from bench.optim.spec import OptimizerSpec, check_nesterov, register
+from bench.optim.spec import OptimizerSpec, check_nesterov, keep_mode_keys, register
 
 
 class SGD(torch.optim.SGD):

@@ -1,18 +1,15 @@
-"""The optimizer registry: one frozen :class:`OptimizerSpec` per optimizer name.
+"""The optimizer registry: one :class:`OptimizerSpec` per optimizer name.
 
-A spec carries everything the suite needs to know about an optimizer: how to build it in
-torch's update modes (``naive``/``foreach``/``fused``: keyword arguments of a torch
-optimizer) and in ``flat`` mode, which modes it supports, and its own configuration
-checks.  Each optimizer module (:mod:`bench.optim.sgd`, ``lars``, ``adam``) registers
-its specs beside its implementation, so adding an optimizer touches that module only
-(and the import in :mod:`bench.optim`); adding an update mode touches
-:class:`~bench.optim.config.UpdateMode`.
+A spec says how to build the optimizer in each update mode, which modes it supports and
+its own checks; each optimizer module registers its specs beside its implementation.
+Also what every mode shares: the param-group keys that name a mode, torch's fused kernels.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -52,6 +49,31 @@ class OptimizerSpec:
 
 
 OPTIMIZERS: Registry[OptimizerSpec] = Registry("optimizer")
+
+# Group keys that say HOW the update is computed, not what it computes: when a state
+# dict moves between update modes these keep the values of the optimizer loading it.
+MODE_KEYS = ("foreach", "fused", "flat", "differentiable", "capturable")
+
+
+def keep_mode_keys(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``state_dict`` whose param groups keep ``optimizer``'s own mode keys."""
+    groups = []
+    for saved, own in zip(state_dict["param_groups"], optimizer.param_groups, strict=False):
+        g = {k: v for k, v in saved.items() if k not in MODE_KEYS}
+        g.update({k: own[k] for k in MODE_KEYS if k in own})
+        groups.append(g)
+    groups += state_dict["param_groups"][len(groups) :]  # length mismatch: torch reports it
+    return {"state": state_dict["state"], "param_groups": groups}
+
+
+def fused_kernels_available(device: torch.device) -> bool:
+    """Whether torch ships ``_fused_sgd_``/``_fused_adamw_`` kernels for this device type."""
+    try:  # deferred: a private torch helper that older torch releases lack
+        from torch.optim.optimizer import _get_fused_kernels_supported_devices
+
+        return device.type in _get_fused_kernels_supported_devices()
+    except ImportError:  # older torch: CUDA only
+        return device.type == "cuda"
 
 
 def register(spec: OptimizerSpec) -> OptimizerSpec:

@@ -19,10 +19,10 @@ import pandas as pd
 
 from bench.cluster import perfmodel as pm
 from bench.cluster import projection
-from bench.comm import CommController
 from bench.launch import profile
 from bench.results import columns as col
 from bench.results.records import load_curve, load_records
+from bench.train.comm import CommController
 
 PEERS = ("fp16", "bf16", "powersgd")  # what a user would pick instead of dense fp32
 SPARSE = (*pm.FLAT, "hitopk")  # methods that send a density (dense in their warm-up)

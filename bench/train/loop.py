@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from bench.comm import attach, is_sparse
+from bench.comm import is_sparse
 from bench.config import Config, from_container, to_container
 from bench.data.loaders import RANK_TOKENS, SAMPLES
 from bench.optim import after_ddp_broadcast, build_optimizer, build_scheduler, ddp_kwargs
@@ -35,6 +35,7 @@ from bench.results.plots import plot_time_to_accuracy
 from bench.results.timing import reached
 from bench.train import checkpoint as ck
 from bench.train import runtime
+from bench.train.comm import attach
 from bench.train.state import TrainState
 from bench.train.workload import WORKLOADS
 

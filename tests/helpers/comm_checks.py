@@ -23,8 +23,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bench.comm.communicators import CommStats
 from bench.comm.hooks import make_hook
+from bench.comm.stats import CommStats
 from bench.registry import ConfigError
 
 

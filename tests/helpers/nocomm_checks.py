@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 
 def run(rank: int, world: int) -> dict:
-    from bench.comm.nocomm import build_nocomm
+    from bench.comm.hooks import build_nocomm
 
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 1, bias=False)
