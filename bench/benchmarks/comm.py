@@ -32,19 +32,18 @@ communication per step and its ratio to the communication alone.
 from __future__ import annotations
 
 import statistics
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
 from bench.benchmarks.buckets import FakeBucket
 from bench.benchmarks.harness import BenchRun
 from bench.benchmarks.overlap import overlap_worker
 from bench.benchmarks.spawn import run_workers
+from bench.benchmarks.timing import interleaved_times
 from bench.cluster import projection
 from bench.comm import cost, is_sparse, make_hook
 from bench.results.plots import save_figure
@@ -82,30 +81,23 @@ def _worker(
     buckets = [
         FakeBucket(i, s, i == len(shapes) - 1, seed=100 * rank + i) for i, s in enumerate(shapes)
     ]
+    timed: dict[str, Any] = dict(
+        slowest_rank=True, setup={0: lambda: [b.refill() for b in buckets]}
+    )
     rows = []
     for name, density in cases:
         state, hook = make_hook(name, density=density, powersgd_rank=4)
-        times = []
-        for step in range(warmup + reps):
-            if step == warmup:
-                state.stats.pop()  # count only the timed steps
-            for b in buckets:
-                b.refill()
-            dist.barrier()
-            t0 = time.perf_counter()
-            futs = [hook(state, b) for b in buckets]
-            torch.futures.wait_all(futs)
-            times.append((time.perf_counter() - t0) * 1e3)
+        step = {0: lambda h=hook, s=state: torch.futures.wait_all([h(s, b) for b in buckets])}
+        interleaved_times(step, warmup=warmup, reps=0, **timed)
+        state.stats.pop()  # count only the timed steps
+        t = interleaved_times(step, warmup=0, reps=reps, **timed)[0]  # the slowest worker's
         st = state.stats.pop()
-        # the slowest worker sets the step time
-        t = torch.tensor(times[warmup:])
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
         rows.append(
             {
                 "method": name,
                 "density": density if is_sparse(name) else 1.0,
-                "median_ms": statistics.median(t.tolist()),
-                "min_ms": float(t.min()),
+                "median_ms": statistics.median(t),
+                "min_ms": min(t),
                 "bytes_per_worker": st["comm/bytes_per_step"],
                 "inter_node_bytes_per_worker": st["comm/inter_node_bytes_per_step"],
                 "sent_density": st["comm/density"],

@@ -50,7 +50,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
-from bench.benchmarks.harness import BenchRun, interleaved_times, latest_run, summarize
+from bench.benchmarks.harness import BenchRun, latest_run
+from bench.benchmarks.timing import interleaved_times, summarize
 from bench.data.cache import build_reader
 from bench.data.config import CacheConfig
 from bench.data.dali import DaliFolderLoader

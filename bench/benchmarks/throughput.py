@@ -33,7 +33,6 @@ tokens, a real measurement of this CPU; ``--quick`` shrinks both to ``transforme
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,6 +42,7 @@ import torch
 
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
 from bench.benchmarks.harness import BenchRun
+from bench.benchmarks.timing import interleaved_times
 from bench.models import build_model
 from bench.models.config import ModelConfig
 from bench.results.plots import save_figure
@@ -135,36 +135,6 @@ class TokenStep:
         self.opt.zero_grad(set_to_none=True)
 
 
-def _time(fn: Callable[[], None], device: torch.device, iters: int) -> float:
-    """Milliseconds per call over ``iters`` calls (CUDA events on a GPU)."""
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / iters
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return (time.perf_counter() - t0) * 1e3 / iters
-
-
-def measure(
-    device: torch.device,
-    batch: int,
-    px: int,
-    rounds: int,
-    iters: int,
-    cases: dict[str, Any],
-    warmup: int = 3,
-) -> dict[str, list[float]]:
-    """ms per ResNet-50 step of each case (see :func:`interleave`)."""
-    steps = {name: Step(device, amp, cl, batch, px) for name, (amp, cl) in cases.items()}
-    return interleave(steps, device, rounds, iters, warmup)
-
-
 def interleave(
     steps: dict[str, Callable[[], None]],
     device: torch.device,
@@ -172,20 +142,14 @@ def interleave(
     iters: int,
     warmup: int = 3,
 ) -> dict[str, list[float]]:
-    """ms per step of each case: ``rounds`` rounds of ``iters`` steps per case, the order
-    rotated each round, after a warm-up (cuDNN autotuning, allocator growth) discarded."""
-    if device.type == "cuda":
+    """ms per step of each case: ``rounds`` interleaved rounds of ``iters`` steps per case
+    (CUDA events on a GPU), after ``warmup`` steps of each (cuDNN autotuning, allocator)."""
+    cuda = device.type == "cuda"
+    if cuda:
         torch.backends.cudnn.benchmark = True
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    for s in steps.values():
-        _time(s, device, warmup)
-    times: dict[str, list[float]] = {n: [] for n in steps}
-    for r in range(rounds):
-        order = list(steps)[r % len(steps) :] + list(steps)[: r % len(steps)]
-        for n in order:
-            times[n].append(_time(steps[n], device, iters))
-    return times
+    return interleaved_times(steps, warmup=warmup, reps=rounds, iters=iters, events=cuda)
 
 
 def run(results_dir: str = "results", quick: bool = False) -> Path:
@@ -198,7 +162,8 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
         cases = {"bf16": CASES["bf16"], "fp32": (None, False)}
     warmup = 3 if cuda and not quick else 1
     bench = BenchRun("throughput", results_dir)
-    times = measure(device, batch, px, rounds, iters, cases, warmup)
+    steps = {name: Step(device, amp, cl, batch, px) for name, (amp, cl) in cases.items()}
+    times = interleave(steps, device, rounds, iters, warmup)
     _add_rows(
         bench, times, "tf32" if "tf32" in times else "fp32", batch, "images_per_s",
         label=f"resnet50 batch {batch} {px}px", model="resnet50", device=device.type,

@@ -54,7 +54,8 @@ import pandas as pd
 import torch
 
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
-from bench.benchmarks.harness import BenchRun, finite, fmt, interleaved, summarize
+from bench.benchmarks.harness import BenchRun, finite, fmt
+from bench.benchmarks.timing import interleaved
 from bench.comm.selection import MSTOPK_METHODS, host_syncs, k_for, mstopk, mstopk_ef
 from bench.results.plots import save_figure
 
@@ -82,32 +83,6 @@ def _input(kind: str, n: int, device: torch.device) -> torch.Tensor:
     else:
         x = torch.randn(n, generator=g)
     return x.to(device)
-
-
-def cuda_event_times(
-    cases: dict[str, Callable[[], object]], warmup: int = CUDA_WARMUP, reps: int = CUDA_REPS
-) -> dict[str, dict[str, float]]:
-    """:func:`~bench.benchmarks.harness.summarize` of each case's GPU times (ms) by CUDA events.
-
-    Interleaved like :func:`~bench.benchmarks.harness.interleaved` (``warmup`` untimed
-    rounds, then one call of each case per round, the order rotated by one each round); the
-    GPU is drained before each call, so a call's time includes its own host waits.
-    """
-    names = list(cases)
-    for _ in range(warmup):
-        for n in names:
-            cases[n]()
-    times: dict[str, list[float]] = {n: [] for n in names}
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for r in range(reps):
-        for n in names[r % len(names) :] + names[: r % len(names)]:
-            torch.cuda.synchronize()
-            start.record()
-            cases[n]()
-            end.record()
-            end.synchronize()
-            times[n].append(start.elapsed_time(end))
-    return {n: summarize(ts) for n, ts in times.items()}
 
 
 def _cuda_syncs(fn: Callable[[], object]) -> int:
@@ -265,7 +240,8 @@ def _one(
         check_ef_cases(x, k)
         cases.update(_ef_cases(x, k))
     cuda = device.type == "cuda"
-    res = cuda_event_times(cases) if cuda else interleaved(cases, warmup=1, reps=reps)
+    warmup, reps = (CUDA_WARMUP, CUDA_REPS) if cuda else (1, reps)
+    res = interleaved(cases, warmup=warmup, reps=reps, events=cuda)
     floor, base = res["sum"]["median_ms"], res["torch.topk"]["median_ms"]
     for name, t in res.items():
         cov, syncs = float("nan"), float("nan")

@@ -65,7 +65,8 @@ import pandas as pd
 import torch
 
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
-from bench.benchmarks.harness import BenchRun, fmt, interleaved_times
+from bench.benchmarks.harness import BenchRun, fmt
+from bench.benchmarks.timing import interleaved_times, summarize
 from bench.models import build_model
 from bench.models.config import ModelConfig
 from bench.optim import OPTIMIZERS as SPECS
@@ -242,7 +243,6 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
             copy_cost = {k: ddp_copies[k] / len(params) * copy_ms for k in med}
             total = {k: med[k] + copy_cost[k] for k in med}
             for (mode, variant), t in steps.items():
-                q = statistics.quantiles(t, n=4) if len(t) >= 2 else [t[0]] * 3
                 row: dict[str, Any] = dict(
                     model=model_name,
                     optimizer=opt,
@@ -253,10 +253,7 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
                     loadavg_1m=os.getloadavg()[0],  # a shared machine's load
                     n_tensors=len(params),
                     n_values=n_values,
-                    median_ms=med[(mode, variant)],
-                    min_ms=min(t),
-                    iqr_ms=q[2] - q[0],
-                    reps=reps,
+                    **summarize(t),
                     zero_grad_ms=statistics.median(zeros[(mode, variant)]),
                     bytes_per_step=TRAFFIC_VALUES[opt] * 4 * n_values,
                     copy_gbps=copy_gbps,

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -38,6 +37,7 @@ from typing import Any
 import torch
 
 from bench.benchmarks.spawn import free_port
+from bench.benchmarks.timing import median_s
 from bench.comm.selection import _TRITON_BROKEN, host_syncs, k_for, mstopk
 from bench.models.config import ModelConfig
 from bench.models.transformer import build
@@ -46,31 +46,6 @@ from bench.optim.config import OptimConfig
 
 HBM_BYTES_S = 4.8e12  # H200 HBM3e, bytes per second (the floors' denominator)
 UPDATE_BYTES = {"sgd": 20, "adamw": 28}  # per parameter: p, g, state(s) read, p, state written
-
-
-def _timer(device: torch.device) -> Callable[[Callable[[], Any], int], float]:
-    """``time(fn, reps)``: median seconds of one call (CUDA events on a GPU)."""
-
-    def cuda_time(fn: Callable[[], Any], reps: int) -> float:
-        times = []
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
-        return statistics.median(times)
-
-    def host_time(fn: Callable[[], Any], reps: int) -> float:
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
-
-    return cuda_time if device.type == "cuda" else host_time
 
 
 def kernels(fn: Callable[[], Any], device: torch.device) -> int:
@@ -89,7 +64,7 @@ def kernels(fn: Callable[[], Any], device: torch.device) -> int:
 def select(device: torch.device, cpu: bool) -> list[dict]:
     from bench.comm import mstopk_triton  # deferred: imports Triton, optional
 
-    timed = _timer(device)
+    cuda = device.type == "cuda"
     sizes = (256_000, 1_000_000) if cpu else (25_600_000, 100_000_000)
     reps = 3 if cpu else 20
     rows = []
@@ -97,14 +72,15 @@ def select(device: torch.device, cpu: bool) -> list[dict]:
         "torch.topk": lambda x, k: torch.topk(x.abs(), k, sorted=False),
         "mstopk-torch": lambda x, k: mstopk(x, k, "tiled", kernel="torch", _device_path=True),
     }
-    if device.type == "cuda" and mstopk_triton.AVAILABLE:
+    if cuda and mstopk_triton.AVAILABLE:
         # auto: a Triton failure falls back to torch (and is printed below), not a crash
         methods["mstopk"] = lambda x, k: mstopk(x, k, "tiled", kernel="auto")
     else:
         print("select: no Triton on a CUDA device here: the fast kernels are not measured")
     for n in sizes:
         x = torch.randn(n, device=device, generator=torch.Generator(device).manual_seed(n))
-        read = timed(lambda x=x: torch.amax(x), reps)  # one read of x: the practical floor
+        # one read of x: the practical floor
+        read = median_s(lambda x=x: torch.amax(x), warmup=0, reps=reps, events=cuda)
         floor = 4 * n / HBM_BYTES_S
         for density in (0.001, 0.01):
             k = k_for(n, density)
@@ -113,7 +89,7 @@ def select(device: torch.device, cpu: bool) -> list[dict]:
                 before = host_syncs()
                 fn(x, k)
                 syncs = host_syncs() - before
-                s = timed(lambda fn=fn, x=x, k=k: fn(x, k), reps)
+                s = median_s(lambda fn=fn, x=x, k=k: fn(x, k), warmup=0, reps=reps, events=cuda)
                 rows.append(
                     {
                         "n": n,
@@ -167,7 +143,6 @@ def _models(cpu: bool) -> dict[str, Callable[[], torch.nn.Module]]:
 def update(device: torch.device, cpu: bool) -> list[dict]:
     from types import SimpleNamespace
 
-    timed = _timer(device)
     reps = 3 if cpu else 30
     modes = (("fused", "off"), ("flat", "off"), ("flat", "bf16"))
     rows = []
@@ -184,8 +159,8 @@ def update(device: torch.device, cpu: bool) -> list[dict]:
                 for p in model.parameters():
                     p.grad = torch.randn_like(p).mul_(1e-3)
                 numel = sum(p.numel() for p in model.parameters())
-                optimizer.step()  # warm-up: state allocated, schedule built
-                s = timed(optimizer.step, reps)
+                # warm-up: state allocated, schedule built
+                s = median_s(optimizer.step, reps=reps, events=device.type == "cuda")
                 floor = UPDATE_BYTES[opt] * numel / HBM_BYTES_S
                 mode = update_mode + ("+bf16 masters" if master != "off" else "")
                 rows.append(
@@ -261,7 +236,6 @@ def _bucket_times(device: torch.device, cpu: bool) -> list[dict]:
 
 
 def profile(device: torch.device, cpu: bool) -> list[dict]:
-    timed = _timer(device)
     make = _models(cpu).get("resnet50")
     rows: list[dict] = []
     if make is not None:
@@ -275,8 +249,8 @@ def profile(device: torch.device, cpu: bool) -> list[dict]:
                     loss = model(x).float().square().mean()
                 loss.backward()
 
-            step()  # warm-up: cuDNN picks its algorithms
-            s = timed(step, 2 if cpu else 10)
+            # warm-up: cuDNN picks its algorithms
+            s = median_s(step, reps=2 if cpu else 10, events=device.type == "cuda")
             rows.append(
                 {"what": "compute", "images": batch, "px": px, "ms": 1e3 * s, "img_s": batch / s}
             )

@@ -31,13 +31,12 @@ emulated ratio is, if anything, a little higher than the target.
 from __future__ import annotations
 
 import os
-import statistics
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from bench.benchmarks.timing import median_s
 from bench.cluster import perfmodel as pm
 from bench.cluster import projection
 from bench.cluster.emulated import worker_threads
@@ -165,20 +164,14 @@ def bandwidth_for_ratio(
 
 
 def measure_compute_s(net: Any, batch: Any, reps: int = 3, loss: Any = None) -> float:
-    """Median time of ``net``'s forward + backward on ``batch``, s.  ``loss(net, batch)``
-    gives the loss (default: cross-entropy of ``net(inputs)`` against ``targets``)."""
-
+    """Median time of ``net``'s forward + backward on ``batch``, s, after one warm-up call.
+    ``loss(net, batch)`` gives the loss (default: cross-entropy of ``net(inputs)``)."""
     if loss is None:
 
         def loss(n: Any, b: Any) -> Any:
             return torch.nn.functional.cross_entropy(n(b[0]), b[1])
 
-    times = []
-    for _ in range(reps + 1):  # the first call warms up
-        t0 = time.perf_counter()
-        loss(net, batch).backward()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times[1:])
+    return median_s(lambda: loss(net, batch).backward(), reps=reps)
 
 
 def resolve(
