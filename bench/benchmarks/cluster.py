@@ -55,7 +55,7 @@ from bench.cluster.linkcheck import run_link_check
 from bench.cluster.netns import EmulatedCluster, parse_bandwidth, require_tools
 from bench.cluster.projection import GPU_COSTS
 from bench.comm import cost
-from bench.results.plots import save_figure
+from bench.results.plots import BENCH_COLOURS, method_colour, save_figure
 
 if TYPE_CHECKING:
     from bench.cluster.perfmodel import Cluster, Costs
@@ -321,8 +321,20 @@ def _plot(bench: BenchRun) -> None:
     for ax, bw in zip(axes[0], BANDWIDTHS, strict=True):
         d = meas[meas["bandwidth"] == bw]
         x = range(len(d))
-        ax.bar([i - 0.2 for i in x], d["median_ms"], 0.4, label="measured (median)")
-        ax.bar([i + 0.2 for i in x], d["predicted_ms"], 0.4, label="model (held out)")
+        ax.bar(
+            [i - 0.2 for i in x],
+            d["median_ms"],
+            0.4,
+            label="measured (median)",
+            color=BENCH_COLOURS["measured"],
+        )
+        ax.bar(
+            [i + 0.2 for i in x],
+            d["predicted_ms"],
+            0.4,
+            label="model (held out)",
+            color=BENCH_COLOURS["model"],
+        )
         ax.set_xticks(
             list(x),
             [f"{c}\n{s:.1f}x" for c, s in zip(d["comm"], d["speedup_vs_dense"], strict=True)],
@@ -349,7 +361,6 @@ def _plot(bench: BenchRun) -> None:
     styles = {"dense": "-", "fp16": (0, (5, 1)), "powersgd": (0, (3, 1, 1, 1)), "topk": "-."}
     styles.update({"mstopk": ":", "hitopk": "--"})
     comms = [c for c in dict.fromkeys(proj["comm"]) if c != "bf16"]  # bf16 = fp16 on the wire
-    colour = {c: f"C{j}" for j, c in enumerate(("dense", "fp16", "powersgd", *COMMS[1:]))}
     for ax, bw in zip(axes[0], bws, strict=False):
         dbw = proj[proj["bandwidth"] == bw]
         for comm in comms:
@@ -361,7 +372,7 @@ def _plot(bench: BenchRun) -> None:
                 dc["efficiency"],
                 linestyle=styles.get(comm, "-"),  # a dash tuple is no format string
                 marker=".",
-                color=colour.get(comm, "k"),
+                color=method_colour(comm),
                 label=comm,
             )
             if "efficiency_min" in dc.columns and dc["efficiency_min"].notna().all():
@@ -369,7 +380,7 @@ def _plot(bench: BenchRun) -> None:
                     dc["nodes"],
                     dc["efficiency_min"],
                     dc["efficiency_max"],
-                    color=colour.get(comm, "k"),
+                    color=method_colour(comm),
                     alpha=0.08,
                 )
         ax.set_title(f"inter-node link {bw.replace('gbit', ' Gbit/s')}", fontsize=9)

@@ -46,7 +46,7 @@ from bench.benchmarks.spawn import run_workers
 from bench.benchmarks.timing import interleaved_times
 from bench.cluster import projection
 from bench.comm import cost, is_sparse, make_hook
-from bench.results.plots import save_figure
+from bench.results.plots import BENCH_COLOURS, method_colour, save_figure
 
 METHODS = ["dense", "fp16", "powersgd", "topk", "mstopk", "hitopk"]
 MODELS = ["resnet50", "transformer_base"]
@@ -214,15 +214,15 @@ def plot(df: Any, hardware: str, path: Path) -> None:
     x = np.arange(len(labels))
     fig, axes = plt.subplots(1, 3 if len(ov) else 2, figsize=(18 if len(ov) else 12, 4.5))
     a1, a2 = axes[0], axes[1]
-    a1.bar(x, df["median_ms"], color="tab:blue")
+    a1.bar(x, df["median_ms"], color=[method_colour(m) for m in df["method"]])
     a1.set_ylabel("median ms per step (all buckets)")
     a1.set_yscale("log")
-    a2.bar(x - 0.2, df["bytes_per_worker"] / 1e6, 0.4, color="tab:gray", label="total")
+    a2.bar(x - 0.2, df["bytes_per_worker"] / 1e6, 0.4, color=BENCH_COLOURS["total"], label="total")
     a2.bar(
         x + 0.2,
         df["inter_node_bytes_per_worker"] / 1e6,
         0.4,
-        color="tab:orange",
+        color=BENCH_COLOURS["inter-node"],
         label="inter-node (each node's link)",
     )
     a2.set_ylabel("MB sent per worker per step")
@@ -246,9 +246,11 @@ def plot(df: Any, hardware: str, path: Path) -> None:
 def _plot_overlap(ax: Any, ov: Any) -> None:
     """Communication alone beside the part of it the step exposes (ResNet-18 step)."""
 
-    x = np.arange(len(ov))
-    ax.bar(x - 0.2, ov["comm_alone_ms"], 0.4, color="tab:gray", label="communication alone")
-    ax.bar(x + 0.2, ov["exposed_ms"].clip(lower=0), 0.4, color="tab:red", label="exposed in step")
+    x, c = np.arange(len(ov)), BENCH_COLOURS
+    ax.bar(x - 0.2, ov["comm_alone_ms"], 0.4, color=c["alone"], label="communication alone")
+    ax.bar(
+        x + 0.2, ov["exposed_ms"].clip(lower=0), 0.4, color=c["exposed"], label="exposed in step"
+    )
     for i, r in enumerate(ov["exposed_ratio"]):
         ax.annotate(f"{r:.2f}x", (i + 0.2, 0), ha="center", va="bottom", fontsize=7)
     ax.set_xticks(x, list(ov["method"]))

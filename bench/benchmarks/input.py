@@ -57,7 +57,7 @@ from bench.data.config import CacheConfig, DataConfig
 from bench.data.folder_input import build_folder
 from bench.data.jpegs import cached_jpeg_folder
 from bench.data.pagecache import drop_page_cache, resident_fraction
-from bench.results.plots import save_figure
+from bench.results.plots import CACHE_COLOURS, save_figure
 
 CACHES = ("none", "disk", "memory", "multilevel", "predecoded")
 THROTTLE = (50.0, 5.0)  # MB/s, ms per file
@@ -258,6 +258,7 @@ def _plot(csv: Path, png: Path) -> None:
                 g["images_per_s"],
                 marker="o",
                 linestyle="-" if loader == "dali" else "--",
+                color=CACHE_COLOURS.get(cache, CACHE_COLOURS["other"]),
                 label=f"{loader} / {cache}",
             )
         ax.set_title(

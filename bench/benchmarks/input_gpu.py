@@ -58,7 +58,7 @@ from bench.data.dali import DaliFolderLoader
 from bench.data.folder import build_transforms, check_split
 from bench.data.jpegs import cached_jpeg_folder
 from bench.data.storage import LocalStorage, list_folder
-from bench.results.plots import save_figure
+from bench.results.plots import BENCH_COLOURS, save_figure
 
 CASES = ("torchvision", "dali_mixed", "dali_cpu", "dali_predecoded")
 OUT = 224  # training crop (pixels)
@@ -259,7 +259,7 @@ def _plot(csv: Path, png: Path) -> None:
     df = df[df["skipped"].fillna("") == ""] if "skipped" in df else df
     fig, ax = plt.subplots(figsize=(7, 4))
     labels = [f"{c}\n({d})" for c, d in zip(df["case"], df["device"], strict=True)]
-    bars = ax.bar(labels, df["images_per_s"], color="tab:blue")
+    bars = ax.bar(labels, df["images_per_s"], color=BENCH_COLOURS["images"])
     for b, ratio in zip(bars, df["vs_torchvision"], strict=True):
         ax.annotate(f"{ratio:.2f}x", (b.get_x() + b.get_width() / 2, b.get_height()),
                     ha="center", va="bottom", fontsize=8)  # fmt: skip

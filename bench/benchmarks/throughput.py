@@ -45,7 +45,7 @@ from bench.benchmarks.harness import BenchRun
 from bench.benchmarks.timing import interleaved_times
 from bench.models import build_model
 from bench.models.config import ModelConfig
-from bench.results.plots import save_figure
+from bench.results.plots import BENCH_COLOURS, save_figure
 
 ANCHOR_IMAGES_PER_S = 2470.0
 ANCHOR = (
@@ -246,14 +246,19 @@ def _plot(bench: BenchRun) -> None:
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 3.5), squeeze=False)
     for ax, part in zip(axes[0], panels, strict=True):
         if part is images:
-            ax.barh(part["case"], part["images_per_s"], color="#4c72b0")
+            ax.barh(part["case"], part["images_per_s"], color=BENCH_COLOURS["images"])
             if (part["device"] == "cuda").any():
-                ax.axvline(ANCHOR_IMAGES_PER_S, color="k", ls="--", label="NVIDIA ref., 1x A100")
+                ax.axvline(
+                    ANCHOR_IMAGES_PER_S,
+                    ls="--",
+                    color=BENCH_COLOURS["reference"],
+                    label="NVIDIA ref., 1x A100",
+                )
                 ax.legend(fontsize=7)
             ax.set_xlabel("images/s (ResNet-50 training, synthetic data)")
         else:
             name = part["model"].iloc[0]
-            ax.barh(part["case"], part["tokens_per_s"], color="#dd8452")
+            ax.barh(part["case"], part["tokens_per_s"], color=BENCH_COLOURS["tokens"])
             ax.set_xlabel(f"source + target tokens/s ({name} training, synthetic)")
         ax.set_title(bench.meta["hardware"], fontsize=8)
     save_figure(fig, bench.png_path)

@@ -57,7 +57,7 @@ from bench.benchmarks import BENCHMARKS, BenchmarkSpec
 from bench.benchmarks.harness import BenchRun, finite, fmt
 from bench.benchmarks.timing import interleaved
 from bench.comm.selection import MSTOPK_METHODS, host_syncs, k_for, mstopk, mstopk_ef
-from bench.results.plots import save_figure
+from bench.results.plots import SELECTION_COLOURS, save_figure
 
 SIZES = [1_000_000, 4_000_000, 16_000_000, 25_600_000, 64_000_000]
 CUDA_SIZES = [25_600_000, 100_000_000]
@@ -317,8 +317,10 @@ def _plot(bench: BenchRun) -> None:
             if "+ef" in method:
                 continue
             g = g.sort_values("numel")
-            style = "k--" if method == "sum" else ("r-o" if method == "torch.topk" else "-o")
-            ax.plot(g["numel"], g["median_ms"], style, label=method, markersize=4)
+            key = method.removeprefix("mstopk-").split("[")[0]
+            colour = SELECTION_COLOURS.get(key, SELECTION_COLOURS["other"])
+            style = "--" if method == "sum" else (":o" if method.endswith("[torch]") else "-o")
+            ax.plot(g["numel"], g["median_ms"], style, color=colour, label=method, markersize=4)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("elements (float32)")

@@ -73,7 +73,7 @@ from bench.optim import OPTIMIZERS as SPECS
 from bench.optim import build_optimizer
 from bench.optim.config import OptimConfig
 from bench.optim.layout import ddp_like_buckets
-from bench.results.plots import save_figure
+from bench.results.plots import BENCH_COLOURS, UPDATE_COLOURS, save_figure
 
 # bytes read + written per parameter value by an ideal update, per fp32 value
 TRAFFIC_VALUES = {"sgd": 5, "lars": 7, "adamw": 7}
@@ -175,7 +175,6 @@ def _plot(df: Any, path: Path, hw: str) -> None:
 
     models = list(dict.fromkeys(df["model"]))
     fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4.5), squeeze=False)
-    colors = {"naive": "#999999", "foreach": "#4c72b0", "fused": "#dd8452", "flat": "#55a868"}
     for ax, model in zip(axes[0], models, strict=True):
         sub = df[df["model"] == model]
         labels = [
@@ -183,13 +182,17 @@ def _plot(df: Any, path: Path, hw: str) -> None:
             for r in sub.itertuples()
         ]
         x = range(len(sub))
-        ax.bar(x, sub["median_ms"], color=[colors.get(m, "#8172b3") for m in sub["mode"]])
+        ax.bar(
+            x,
+            sub["median_ms"],
+            color=[UPDATE_COLOURS.get(m, UPDATE_COLOURS["other"]) for m in sub["mode"]],
+        )
         ax.scatter(
             x,
             sub["floor_ms"],
             marker="_",
             s=400,
-            color="black",
+            color=BENCH_COLOURS["reference"],
             zorder=3,
             label="memory-traffic floor",
         )
