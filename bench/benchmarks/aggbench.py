@@ -1,27 +1,8 @@
 """Worker of the ``cluster`` benchmark: time gradient aggregation on an (emulated) cluster.
 
-Run on every node by :func:`bench.cluster.emulated.run_nodes`; all ranks aggregate a
-gradient of ``--numel`` float32 elements, split into DDP-sized buckets, through the
-project's communicators (``bench.comm.make_hook``; the hook's own ``reduce`` per bucket):
-
-* ``dense``: allreduce per bucket (gloo's ring), divided by the world size;
-* ``mstopk``: flat top-k -- error feedback, MSTopK of the whole bucket, one allgather of
-  (value, index) pairs among all workers, scatter-add;
-* ``hitopk``: HiTopKComm (Shi et al., MLSys 2021; see ``docs/algorithms.md``) --
-  intra-node reduce-scatter, error feedback and MSTopK on the 1/m shard, allgather among
-  the workers of the same local rank across nodes, allgather inside the node, scatter-add.
-
-The time of one step is the slowest rank's (an allreduce-max of the per-rank times);
-``median_ms`` is the median over ``--reps`` steps after ``--warmup``; fresh gradients are
-copied into the bucket buffers before each step, outside the timing.  Around each case,
-every node's link counters (``/proc/net/dev`` in its namespace) give the bytes per step
-that crossed it (``wire_bytes``), to compare with :mod:`bench.comm.cost`.  Before and
-after the cases, micro-measurements for :func:`bench.cluster.perfmodel.calibrate`: a
-ring shift of messages among all workers and within each node at a few sizes, each sparse
-method's own selection stage (``Communicator.compress``: error feedback and selector) per
-bucket, scatter-add, elementwise and summation passes -- all ranks at once (the CPU contention of
-a step is in them too), and no collective of the measured cases.
-Rank 0 writes ``--out``.
+Every rank aggregates DDP-sized buckets through the project's hooks (dense, flat top-k,
+HiTopKComm), the slowest rank's time per step, each node's link bytes around each case,
+and micro-measurements for the model's calibration.  Rank 0 writes ``--out``.
 """
 
 from __future__ import annotations

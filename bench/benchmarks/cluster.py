@@ -1,41 +1,9 @@
 """Benchmark ``cluster``: gradient aggregation on an emulated cluster, beside the model.
 
-For each inter-node bandwidth (1 and 10 Gbit/s), an emulated cluster of 2 nodes x 2
-workers (network namespaces, ``tc`` shaping: :mod:`bench.cluster.netns`) is checked
-(:mod:`bench.cluster.linkcheck`) and runs :mod:`bench.benchmarks.aggbench`: the time per step
-to aggregate a ResNet-50-sized gradient (25.6 M fp32 in 25 MiB buckets) with dense
-allreduce, flat top-k allgather (``topk``: exact, ``mstopk``) and ``hitopk`` at density
-0.001, through the project's DDP hooks (``bench.comm.make_hook``).
-
-Bytes: every node's link counters are read around each case; ``wire_bytes_per_node`` (tx
-per step, mean over nodes) stands beside :mod:`bench.comm.cost`'s ``link_bytes_per_node``
-with TCP/IP framing (``predicted_wire_bytes``; ``wire_error``).
-
-Time: the alpha-beta model (:mod:`bench.cluster.perfmodel`) is calibrated on
-micro-measurements of the same run only -- a ring shift of messages over the inter-node
-link and inside each node, per-element selection, scatter-add, elementwise and summation
-costs -- and predicts every aggregation case, none of which it was fitted to
-(``predicted_ms``, ``heldout_error``).  The link check is recorded beside (``link_gbps``)
-and not overridden.
-
-Rows with ``kind=whatif`` are the calibrated model with the intra-node path replaced by
-NVLink and then the CPU aggregation costs by GPU ones (``scenario``).  Rows with
-``kind=projection`` project to the paper's cluster (1..16 nodes x 8 GPUs at 25, 100 and
-400 Gbit/s; :mod:`bench.cluster.projection`, every assumption with its source): dense as
-NCCL's hierarchical allreduce, fp16 and PowerSGD beside it, the share hidden behind the
-backward pass the projection's assumption with its band (this run's overlap is measured on
-this machine's CPU workers over gloo, not on V100s over NCCL, so it is recorded, not
-projected), the last bucket never hidden, and ``efficiency_min``/``efficiency_max`` over
-the assumptions' ranges.  Figures:
-``cluster.png`` (measured vs predicted), ``cluster.scaling.png`` (bands).
-
-Rows with ``kind=overlap`` time a ResNet-18 step per method (:mod:`bench.benchmarks.overlap`:
-step, backward alone, communication alone, exposed): on the 1 Gbit/s 2 x 2 cluster (four
-one-thread workers on this machine's cores), and with
-``scenario=link-bound`` on :data:`LINK_BOUND` (2 x 1 at 400 Mbit/s, 5 MB buckets), where the
-link rather than the CPU limits, which shows what the asynchronous hooks hide there.
-
-Needs root and iproute2; run with ``python -m reproduce bench cluster``.
+2 nodes x 2 workers at 1 and 10 Gbit/s (network namespaces, ``tc``) run :mod:`.aggbench`;
+the alpha-beta model, calibrated on the same run's micro-measurements, predicts every case
+held out; what-if, projection and overlap rows beside.  Needs root and iproute2.
+Protocol: docs/internals/benchmarks.md (cluster).
 """
 
 from __future__ import annotations

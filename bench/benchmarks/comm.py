@@ -1,32 +1,9 @@
 """``bench comm``: gradient aggregation per step for ResNet-50's and Transformer-base's DDP
 buckets on 2 nodes x 2.
 
-The buckets are the models' real ones: torchvision's ``resnet50`` parameters (and
-``transformer_base``'s, with a 32 k joint vocabulary: its shared embedding, which is also
-the output projection, is a 16 M-element row-sparse gradient) in reverse order, cut by
-DDP's own ``_compute_bucket_assignment_by_size`` with its 1 MB first bucket and the 25 MB
-cap (ResNet-50: 25.6 M elements in 5 buckets); the ``model`` column names the model.
-Four local gloo workers get torchrun's environment for 2 nodes x 2
-(:func:`bench.benchmarks.spawn.run_workers`), so ``hitopk`` builds its intra-node and
-inter-node groups exactly as on a cluster.  Every method runs through the same hook
-function a DDP model would call, on duck-typed buckets (buffer, gradient
-views with the parameters' shapes, index, is_last), so PowerSGD sees real matrix shapes.
-
-Methods: ``dense`` (allreduce), ``fp16``, ``powersgd`` (PyTorch's hook, rank 4, after its
-2 warm-up steps), ``topk`` (flat allgather of exact top-k), ``mstopk`` (flat allgather of
-MSTopK), ``hitopk`` (HiTopKComm with MSTopK) at density 0.001 and 0.01.  Columns:
-``median_ms`` per step (all buckets, rank 0, after a barrier), ``bytes_per_worker`` and
-``inter_node_bytes_per_worker`` (per step, what each worker sends, from the hooks'
-statistics), ``link_bytes_per_node`` (bytes per step leaving each node over its link,
-from :mod:`bench.comm.cost`: hitopk's inter-node stage counts the node's ``m`` workers
-sending at once), mean ``select_ms`` / ``comm_ms``, and the ratios to dense of time and of
-link bytes (``inter_bytes_ratio_vs_dense``), measured in the same run.  Loopback has no
-bandwidth limit, so times here show compute and latency costs; the byte columns are what
-a slow inter-node link would charge for (``bench/cluster`` emulates such links).
-
-Rows ``kind=overlap`` (:mod:`bench.benchmarks.overlap`): a real ResNet-18 step under DDP
-with each hook beside its backward pass alone and its communication alone; the exposed
-communication per step and its ratio to the communication alone.
+Four local gloo workers pose as 2 nodes x 2 and call every method's DDP hook on the models'
+real buckets; rows ``kind=overlap`` come from :mod:`.overlap`.  Columns and protocol:
+docs/internals/benchmarks.md (comm).
 """
 
 from __future__ import annotations

@@ -1,40 +1,8 @@
 """Benchmark ``input``: images/s of the input pipeline per epoch, torch vs DALI, per cache.
 
-Data: a generated ImageNet-like JPEG folder (:func:`bench.data.jpegs.cached_jpeg_folder`:
-1,024 images of about 110 KB in 100 classes, made once under the temp directory; quick
-mode: 64 tiny images).  For every loader, every cache (none, disk, memory, multilevel,
-predecoded) and level 0 with and without the slow-storage emulator (50 MB/s and 5 ms per
-file), a fresh loader and an empty cache directory read 3 epochs of training batches
-(random-resized crop to 224, flip, normalise; batch 32) and nothing else: epoch 1 is cold,
-epochs 2 and 3 show the cache.  A tiny unrecorded run per loader first takes DALI's and
-the worker server's one-time start-up out of the timings.
-
-The cases are like for like:
-
-* **the same images**: every case reads all 1,024 images per epoch (torch splits them into
-  one part per worker, DALI reads one part; 1,024 = 4 x 8 x 32 leaves no partial batch);
-* **the same read concurrency**: at most ``2 x cores`` storage reads outstanding.  torch:
-  ``2 x cores`` worker processes, each reading and decoding one image at a time; DALI:
-  ``cores`` pipeline threads fed by its ``2 x cores`` fetch threads; for uncached
-  unthrottled reads DALI uses its file reader, which maps the files so that the decode
-  threads read them: ``2 x cores`` of those.  Recorded per row: ``processes``,
-  ``threads``, ``reads_outstanding``;
-* **one storage budget per node**: the emulated link is shared by every worker and
-  thread (:func:`bench.data.storage.link_path`);
-* **real reads**: before each epoch the page cache is dropped for the data set and the
-  level 1 directory (:func:`bench.data.pagecache.drop_page_cache`), so ``none`` and
-  ``disk`` read the disk, not memory; ``resident_pct`` records what was still cached;
-* **the same pixels**: pre-decoded images keep their original resolution (the default
-  ``cache.predecode_size=0``), so random-resized crops are upsampled as often as from the
-  JPEGs; ``mb_decoded`` is the memory this costs (the decoded level's growth per epoch).
-
-Rows (one per case and epoch): ``loader, cache, throttled, epoch, images, epoch_s,
-images_per_s, median_ms`` (median time per *batch*, ms), the cache counters of the
-epoch (``hits, misses, mb_l0, mb_decoded``), the concurrency columns, ``load_1m`` (the
-1-minute load average when the epoch started) and two ratios taken in the same run:
-``speedup_vs_none`` (images/s over the same loader's ``cache=none`` in the same epoch and
-throttle setting) and ``dali_vs_torch`` (DALI's images/s over torch's, same case).
-Targets: throttled, epochs 2-3, multilevel >= 5x none; DALI CPU >= torch.
+Every loader and cache, level 0 throttled and not, 3 epochs from cold on a generated JPEG
+folder, like for like (images, read concurrency, storage budget, real reads, pixels).
+Columns and protocol: docs/internals/benchmarks.md (input).
 """
 
 from __future__ import annotations

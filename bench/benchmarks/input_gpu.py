@@ -1,38 +1,8 @@
 """Benchmark ``input_gpu``: images/s of a warm training epoch, DALI on the GPU vs on the CPU
 vs torchvision, and the pre-decoded cache level.
 
-Data: a generated ImageNet-like JPEG folder (:func:`bench.data.jpegs.cached_jpeg_folder`:
-``64 x cores`` images of about 110 KB, ~450 x 350 pixels, made once under the temp
-directory; quick mode: 64 tiny images).  Every case reads the whole folder per epoch as
-training batches of 32 (random-resized crop to 224, flip, normalise, float NCHW), with the
-batches and labels on the training device (CUDA when there is one):
-
-* ``torchvision``: a DataLoader over torchvision's ImageFolder (PIL decode +
-  RandomResizedCrop + flip + ToTensor + Normalize) with ``cores`` persistent worker
-  processes, pinned memory, batches moved to the GPU (``non_blocking``): the baseline;
-* ``dali_mixed``: ``data.loader=dali`` on CUDA (:class:`bench.data.dali.DaliFolderLoader`):
-  ``mixed`` decoding (nvJPEG / the hardware JPEG decoder) and the augmentation on the GPU;
-* ``dali_cpu``: the same loader with ``data.dali_device=cpu``, ``cores`` threads; its
-  batches are then copied to the training device;
-* ``dali_predecoded``: the same loader over the pre-decoded cache level (decoded uint8
-  pixels held in memory at their original resolution, read in place by the external
-  source), augmented on the GPU when there is one (``device`` says where).
-
-The DALI cases use the external source (files read by the loader's fetch threads), which
-builds one pipeline for the run: DALI's file reader would be rebuilt for every training
-epoch's file list, which at this folder size would time pipeline builds, not decoding.
-All files sit in the page cache (the warm-up epoch read them), so no case waits for disk.
-
-Timing: one untimed warm-up epoch per case (worker start-up, pipeline builds, filling the
-pre-decoded level; torchvision's first, so its workers are forked before any DALI thread
-exists), then ``reps`` epochs of each case interleaved (:func:`interleaved_times`, the
-order rotated every round), CUDA synchronised around each epoch.  Rows: ``case, library,
-device, images, batch, image_size, workers, reps, median_ms / min_ms / iqr_ms`` (per
-epoch), ``images_per_s`` (images over the median epoch), ``vs_torchvision`` (that over
-torchvision's, same run), ``device`` (where decoding and augmentation ran),
-``train_device`` (where the batches went), ``load_1m``, ``skipped`` (why a case has no
-numbers: no CUDA for ``dali_mixed``, no NVIDIA DALI, or the error its warm-up epoch
-raised; the other cases still run).
+One untimed warm-up epoch per case, then interleaved epochs; a case that cannot run says
+why.  Columns and protocol: docs/internals/benchmarks.md (input_gpu).
 """
 
 from __future__ import annotations

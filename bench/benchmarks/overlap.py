@@ -1,22 +1,8 @@
 """Overlap of gradient aggregation with the backward pass, measured on a real model's step.
 
-For each method, in one process group, interleaved step by step (the machine's load drifts):
-
-* ``step_ms``: forward + backward of torchvision's ResNet-18 under DDP with the method's
-  hook (``bench.comm.make_hook``); DDP's backward returns when every bucket's future is
-  done, so this is the step's time up to the optimizer;
-* ``backward_ms``: the same forward + backward under ``ddp.no_sync()`` (no communication);
-* ``comm_alone_ms``: the same hook on buckets of the same parameter shapes (recorded from
-  DDP's own buckets), with no backward pass running.
-
-``exposed_ms = step_ms - backward_ms`` is the communication the step pays for;
-``exposed_ratio = exposed_ms / comm_alone_ms`` (1 = nothing hidden) and ``hidden = 1 -
-exposed_ratio`` (clipped to [0, 1]) is what the performance model uses.  Times are the
-slowest rank's, medians over ``reps`` steps after ``warmup``.
-
-Runs under :func:`bench.benchmarks.spawn.run_workers` (loopback, ``bench comm``) or as
-``python -m bench.benchmarks.overlap --out FILE`` under torchrun (the emulated cluster,
-``bench cluster``).
+Per method: a ResNet-18 DDP step, its backward alone and its communication alone, the
+slowest rank's medians; ``exposed_ms`` and ``hidden`` feed the performance model.  Runs on
+local workers or as ``python -m bench.benchmarks.overlap --out FILE`` under torchrun.
 """
 
 import argparse

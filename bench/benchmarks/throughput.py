@@ -1,33 +1,8 @@
 """``bench throughput``: training throughput per device on synthetic data: ResNet-50
 images/s and ``transformer_base`` tokens/s.
 
-One training step is forward, loss, backward and a fused SGD update (momentum 0.9) of
-``torchvision.models.resnet50()`` on a batch of random 224 px images that stays on the device
-(so this measures the GPU, not the input pipeline).  Three cases run in the same process,
-interleaved in rounds so that clock and thermal drift fall on all of them alike:
-
-* ``bf16+channels_last``: bf16 autocast, channels_last model and input (the suite's default
-  on CUDA: ``train.amp=auto``, ``model.channels_last=true``);
-* ``bf16``: bf16 autocast, default (NCHW) memory format;
-* ``tf32``: no autocast, TF32 matrix units allowed (the strongest fp32 baseline).
-
-Columns: ``case``, ``batch``, ``image_size``, ``median_step_ms`` (CUDA-event time of one step;
-perf_counter on the CPU), ``images_per_s`` (batch / median step), ``speedup_vs_tf32``, and
-the anchor: the number NVIDIA publishes for its own PyTorch reference of the same model
-(ResNet-50 v1.5, DeepLearningExamples, mixed precision, 1x A100 80GB, 2,470 images/s, with
-DALI input, 21.03 NGC container) in ``anchor_images_per_s`` and ``anchor``, for scale: it is
-another GPU and a real input pipeline, so the ratio is no like-for-like comparison.
-
-``transformer_base`` (the registry's model: :mod:`bench.models.transformer`, 6+6 layers,
-d_model 512, shared 32 k-token embedding) runs the same way on synthetic sentences of fixed
-length (no padding, so every token counts): label-smoothed cross-entropy, fused AdamW on
-CUDA; cases ``bf16`` and ``tf32`` (``fp32`` on a CPU).  Its rows carry ``model``,
-``batch`` (sentences), ``seq_len`` (source = target length), ``tokens_per_step`` (source +
-target tokens) and ``tokens_per_s``; there is no published anchor beside them.
-
-On a CPU (no CUDA), ResNet-50 runs in a tiny version (batch 2, 32 px, fp32 and bf16) so the
-code path is tested (rows say ``device=cpu``), and ``transformer_base`` at batch 8 x 32 + 32
-tokens, a real measurement of this CPU; ``--quick`` shrinks both to ``transformer_tiny``.
+bf16 + channels-last, bf16 and TF32 steps interleaved in one process, beside NVIDIA's
+published ResNet-50 number for scale.  Columns and protocol: docs/internals/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -1,46 +1,8 @@
 """``bench topk``: top-k selection time, torch.topk vs the MSTopK variants, one read pass as floor.
 
-For each size (1 M, 4 M, 16 M, 25.6 M = ResNet-50's gradient, 64 M float32 elements) and
-density (0.001, 0.01) it times, in the same run and on the same tensor:
-
-- ``sum``: ``x.sum()``, one read pass over the tensor: the floor any selection pays;
-- ``torch.topk``: ``torch.topk(x.abs(), k)``, the exact baseline;
-- ``mstopk-<method>`` for each method of :func:`bench.comm.selection.mstopk`: ``tiled``
-  (the default of ``mstopk``) is this project's own exact variant, ``paper`` the paper's
-  multi-threshold search (approximate within its last band), timed beside it on the same
-  tensor; ``sampled`` and ``hist`` are exact too;
-- at 25.6 M, the error-feedback step (``r += g``; select from ``r``; ``r`` keeps what was
-  not sent) in three in-place forms, each on its own residual: ``topk+ef`` (the careful
-  user's baseline: ``r.add_(g)``, ``torch.topk`` of ``|r|``, gather the values, zero the
-  sent entries in place; no copy of the accumulator), ``mstopk+ef`` (the very same steps
-  with ``mstopk`` as the selector: the gain of faster selection alone) and
-  ``mstopk+ef[fused]`` (:func:`bench.comm.selection.mstopk_ef`: the addition fused into
-  ``tiled``'s sweep: the further gain of fusing the update).  Before timing, one step of
-  each from the same residual must select the same set as ``torch.topk`` (else the run
-  stops).
-
-Columns: ``method``, ``input`` (gaussian; at 25.6 M also heavy = Student-t with 1.5 dof
-and cauchy = standard Cauchy, both scaled by 1e-3),
-``numel``, ``density``, ``k``, ``median_ms`` (see Timing below), ``coverage`` (the fraction of
-the exact top-k's squared magnitude captured), ``speedup_vs_topk`` (torch.topk's median /
-this median) and ``x_floor`` (this median / ``sum``'s median), ``threads``, ``syncs`` (host
-syncs of one mstopk call, counted by :func:`bench.comm.selection.host_syncs`) and, on
-CUDA, ``cuda_syncs`` (synchronising CUDA calls of one call of the case, from torch's sync
-debug mode; every case).
-
-On CUDA (when available) the sizes are 25.6 M and 100 M elements, generated on the GPU,
-and ``tiled`` and ``paper`` are timed twice: ``mstopk-tiled[triton]`` (the column maxima
-by a Triton kernel, the default there) and ``mstopk-tiled[torch]``, likewise
-``mstopk-paper[triton]`` (its search in Triton) and ``[torch]``; each case is timed with CUDA events
-(2 warm-up rounds, then 10 interleaved rounds; the GPU is idle before each call).
-
-Timing: the cases of one (size, density) are measured *interleaved* (one call of each in
-turn, the order rotated every round, after a warm-up round), so that load from other
-processes on a shared machine hits baseline and subject alike; the median per case is
-reported.  On the CPU every case runs with one intra-op thread (``threads=1``): that is a
-DDP worker's share of this 2-core machine (2 workers per node), and on a loaded machine
-torch's 2-thread kernels wait for the slower thread (the 25.6 M rows are repeated with
-torch's default thread count for comparison).
+Sizes 1 M to 64 M (25.6 M and 100 M on CUDA), densities 0.001 and 0.01, interleaved on the
+same tensor; at 25.6 M also the error-feedback step in three in-place forms.  Columns and
+protocol: docs/internals/benchmarks.md (topk).
 """
 
 from __future__ import annotations

@@ -1,27 +1,8 @@
 """Device measurements against memory floors (gpucheck steps ``select``, ``update``, ``profile``).
 
 ``python -m bench.gpucheck.perf {select,update,profile} [--cpu] [--out FILE]``, needing only
-torch (torchvision for ResNet-50, Triton for the selection kernels: skipped with a line
-when absent).  Every time is the median of CUDA-event-timed repetitions after a warm-up;
-kernel counts come from torch's profiler (CUDA kernels launched by one call).
-
-``select``  ``torch.topk`` against MSTopK ``tiled`` (Triton: a histogram threshold and one
-            compaction; and its torch structure) at 25.6 M and 100 M float32 elements,
-            densities 0.001 and 0.01: ms, times the read floor (``4 n`` bytes at the HBM
-            bandwidth, :data:`HBM_BYTES_S`; and the measured ``amax`` pass), kernels and
-            host syncs per call.  Targets: within 3x of the floor at 100 M, at least 2x
-            faster than ``torch.topk`` at 25.6 M.
-``update``  one optimizer step (torch fused, flat, flat with bf16 master weights) for
-            ResNet-50 and Transformer-base, SGD with momentum and AdamW: ms, kernels per
-            step, times the HBM floor (20 and 28 bytes per parameter).  Gradients are set
-            once outside the timing, without DDP (the flat modes then copy them in).
-``profile`` what the paper-scaled profile assumes: ResNet-50 forward and backward per step
-            at 64 and 256 images and 128 and 224 px (bf16 autocast, channels-last), and the
-            time after the start of backward at which each DDP bucket is handed to the
-            hook (25 MB buckets, one process).
-
-``--cpu`` shrinks every size and runs on the CPU (host clocks, no floors): the plumbing of
-the device run, checked by ``tests/test_gpucheck.py``.
+torch (torchvision, Triton optional); ``--cpu`` checks the plumbing on small CPU sizes.
+What each step measures and its targets: docs/internals/gpucheck.md.
 """
 
 from __future__ import annotations

@@ -1,31 +1,9 @@
 """Named cluster profiles: an emulated link scaled so that this machine keeps the paper's
-ratio of communication to computation.
+ratio of communication to computation (Shi et al., MLSys 2021: 16 x 8 V100, 25 Gbit/s).
 
-In Shi et al. (MLSys 2021), 16 nodes x 8 V100 (NVLink inside, 25 Gbit/s between nodes)
-train ResNet-50 v1.5.  The performance model (dense as NCCL's hierarchical allreduce,
-:mod:`bench.cluster.projection` for every assumed input and its source) gives that
-cluster's dense aggregation time per step; divided by the V100's compute time per step it
-is the target ratio.  The paper's own setting spans several ratios, so each is a named
-profile (:data:`SETTINGS`): images per GPU per step, image size and the bytes of a
-gradient element on the wire -- the V100's compute time follows from the cited 224 px
-throughput (:func:`projection.v100_compute_s`), the dense time from the model; and
-:func:`derive` records every input, its source and the result.
-
-* ``paper``: 256 images per GPU at 128 px, fp32 gradients (the ratio the suite has used);
-* ``paper-b64``: 64 per GPU at 128 px, fp32 (the project's ImageNet recipe: global batch
-  8192 over 16 x 8);
-* ``paper-224``: 256 per GPU at 224 px, fp32 (the end of progressive resizing);
-* ``paper-fp16``: 256 per GPU at 128 px with fp16 gradients on the wire (a mixed
-  precision recipe's dense baseline) -- the same link as ``paper``, half the bytes.
-
-Here, the model's forward + backward of one step is timed on this machine, and the
-emulated inter-node bandwidth is chosen so that the bytes a dense ring allreduce of the
-setting's element size sends over each node's link (:mod:`bench.comm.cost`) take ``ratio
-x`` that compute time -- latency and this machine's reduction costs are left out, so the
-emulated ratio is, if anything, a little higher than the target.
-
-:func:`apply` is what a launcher calls; its result says what was measured and chosen
-(store it in the run's record).
+Each profile (:data:`SETTINGS`) fixes a target ratio from the performance model; this
+machine's compute per step is timed and the link set to match.  Derivation:
+docs/internals/benchmarks.md (cluster profiles).
 """
 
 from __future__ import annotations
