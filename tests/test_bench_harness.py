@@ -34,6 +34,23 @@ def test_shuffled_rounds_follow_a_seeded_shuffle():
     assert calls == expected
 
 
+def test_setup_runs_untimed_before_each_call_and_a_sample_is_iters_calls():
+    calls: list[str] = []
+    cases = {n: (lambda n=n: calls.append(n)) for n in "ab"}
+    times = timing.interleaved_times(
+        cases, warmup=1, reps=2, iters=2, setup={"a": lambda: calls.append("setup")}
+    )
+    assert calls == ["setup", "a", "b"] + ["setup", "a", "a", "b", "b"] + [
+        "b",
+        "b",
+        "setup",
+        "a",
+        "a",
+    ]
+    assert {n: len(t) for n, t in times.items()} == {"a": 2, "b": 2}
+    assert timing.median_s(lambda: None, warmup=0, reps=3) >= 0
+
+
 def test_summaries():
     s = timing.summarize([4.0, 1.0, 3.0, 2.0, 5.0])
     assert s["median_ms"] == 3.0 and s["min_ms"] == 1.0 and s["reps"] == 5

@@ -1,15 +1,18 @@
 """The one timing harness of benchmarks, gpucheck and profiles: warm-up, interleaving, median.
 
-Cases are timed in rounds, one call of each per round, after untimed warm-up rounds; CUDA
-events time the GPU where asked, else the host clock with CUDA synchronised around each
-call.  Imports only the standard library and torch (the GPU machine has nothing else).
+Cases are timed in rounds, one call of each per round, after warm-up rounds; CUDA events
+time the GPU where asked, else the host clock with CUDA synchronised around each call;
+:func:`cuda_syncs` finds synchronising CUDA calls.  Imports only the standard library and
+torch (the GPU machine has nothing else).  Protocol: docs/internals/benchmarks.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -50,6 +53,28 @@ def _time_ms(fn: Callable[[], object], iters: int, events: bool, slowest_rank: b
     return ms / iters
 
 
+@contextlib.contextmanager
+def cuda_syncs(on: bool = True) -> Iterator[list[str]]:
+    """Where synchronising CUDA calls were made from Python threads inside the block (torch's
+    sync debug mode warns at each; gloo's own C++ threads do not reach Python's warnings)."""
+    found: list[str] = []
+    if not on:
+        yield found
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield found
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    found += [
+        f"{w.filename}:{w.lineno}"
+        for w in caught
+        if "synchronizing cuda operation" in str(w.message).lower()
+    ]
+
+
 def summarize(times_ms: Sequence[float]) -> dict[str, float]:
     """Median, min and inter-quartile range (ms) of timed calls, and their count."""
     q = statistics.quantiles(times_ms, n=4) if len(times_ms) >= 2 else [times_ms[0]] * 3
@@ -85,12 +110,9 @@ def interleaved_times(
     slowest_rank: bool = False,
     setup: Mapping[K, Callable[[], object]] | None = None,
 ) -> dict[K, list[float]]:
-    """Times (ms per call) of ``reps`` rounds, one sample of each case per round.
-
-    Interleaving makes the load of a shared machine fall on every case alike.  ``warmup``
-    rounds of one call each run first, in order, timed alike and discarded; a sample is
-    ``iters`` back-to-back calls; ``setup[name]`` runs untimed before each call of a case.
-    """
+    """Times (ms per call) of ``reps`` rounds, one sample (``iters`` calls) of each case per
+    round, after ``warmup`` rounds of one call each (in order, discarded); ``setup[name]``
+    runs untimed before each call of its case."""
     names = list(cases)
 
     def sample(name: K, n: int) -> float:

@@ -7,7 +7,6 @@ protocol: docs/internals/benchmarks.md (topk).
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ import torch
 
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
 from bench.benchmarks.harness import BenchRun, finite, fmt
-from bench.benchmarks.timing import interleaved
+from bench.benchmarks.timing import cuda_syncs, interleaved
 from bench.comm.selection import MSTOPK_METHODS, host_syncs, k_for, mstopk, mstopk_ef
 from bench.results.plots import SELECTION_COLOURS, save_figure
 
@@ -50,14 +49,9 @@ def _input(kind: str, n: int, device: torch.device) -> torch.Tensor:
 def _cuda_syncs(fn: Callable[[], object]) -> int:
     """Synchronising CUDA calls made by one call of ``fn`` (torch's sync debug mode)."""
     torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    return sum("synchroniz" in str(w.message).lower() for w in caught)
+    with cuda_syncs() as found:
+        fn()
+    return len(found)
 
 
 def _triton_methods(device: torch.device) -> tuple[str, ...]:

@@ -14,7 +14,6 @@ import json
 import os
 import sys
 import time
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from bench.benchmarks.spawn import free_port, run_workers
+from bench.benchmarks.timing import cuda_syncs
 from bench.comm import communicators, futures, make_hook
 from bench.comm.selection_core import host_syncs
 
@@ -80,28 +80,6 @@ def _race(device: torch.device, on: bool) -> Iterator[None]:
         communicators.collective = orig_collective
 
 
-@contextlib.contextmanager
-def _syncs(device: torch.device) -> Iterator[list[str]]:
-    """Synchronising CUDA calls made from Python threads inside the block (torch's sync
-    debug mode warns at each; gloo's own C++ threads do not reach Python's warnings)."""
-    found: list[str] = []
-    if device.type != "cuda":
-        yield found
-        return
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            yield found
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    found += [
-        f"{w.filename}:{w.lineno}"
-        for w in caught
-        if "synchronizing cuda operation" in str(w.message).lower()
-    ]
-
-
 def _run(
     name: str, device: torch.device, ppn: int, density: float, timing: bool, race: bool, width: int
 ) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -126,7 +104,7 @@ def _run(
         ddp.zero_grad(set_to_none=False)
         loss = ddp(x).square().mean()
         before = host_syncs()
-        with _race(device, race), _syncs(device) as found:
+        with _race(device, race), cuda_syncs(device.type == "cuda") as found:
             loss.backward()
         counted += host_syncs() - before
         syncs += found
