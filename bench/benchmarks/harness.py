@@ -7,6 +7,7 @@ other machines too) are kept and a figure can pick the newest run.  Timing: :mod
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -127,6 +128,20 @@ def latest_run(path: Path, hardware_name: str | None = None) -> pd.DataFrame:
     if df.empty:
         return df
     return df[df["bench_id"] == df["bench_id"].iloc[-1]]
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
+
+
+def have_dali() -> bool:
+    """Whether NVIDIA DALI is installed."""
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def finite(x: Any) -> float | None:

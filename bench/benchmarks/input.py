@@ -20,7 +20,7 @@ import pandas as pd
 import torch
 
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
-from bench.benchmarks.harness import BenchRun, latest_run
+from bench.benchmarks.harness import BenchRun, have_dali, latest_run, usable_cores
 from bench.data.config import CacheConfig, DataConfig
 from bench.data.folder_input import build_folder
 from bench.data.jpegs import cached_jpeg_folder
@@ -33,16 +33,12 @@ IMAGES = 1024  # ~113 MB of JPEGs; a multiple of 4 parts x 32 images: no case dr
 OUT = 224  # training crop (pixels)
 
 
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
-
-
 def _config(
     loader: str, cache: str, throttled: bool, root: str, quick: bool, size: int, cache_dir: str
 ):
     """DataConfig and CacheConfig of one case: ``2 x cores`` reads outstanding in both loaders."""
 
-    cores = 1 if quick else _cores()
+    cores = 1 if quick else usable_cores()
     # uncached unthrottled DALI uses its file reader, whose decode threads do the reads
     # (the files are memory-mapped): give it 2 x cores of them; otherwise DALI fetches
     # through 2 x its threads
@@ -268,13 +264,9 @@ def _folders(quick: bool) -> tuple[str, tuple[str, ...], int]:
 def run(results_dir: str = "results", quick: bool = False) -> Path:
     """Measure every (loader, cache, throttle) case for 3 epochs; CSV + PNG; returns the CSV."""
 
-    try:
-        import nvidia.dali  # noqa: F401
-
-        loaders = ("torch", "dali")
-    except ImportError:
+    loaders: tuple[str, ...] = ("torch", "dali") if have_dali() else ("torch",)
+    if not have_dali():
         print("NVIDIA DALI is not installed: measuring the torch loader only")
-        loaders = ("torch",)
     root, caches, epochs = _folders(quick)
     # warm-up, not recorded: DALI's one-time library start-up and the DataLoader's
     # forkserver (which imports torch once) would otherwise land in the first case's epoch 1

@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
-from bench.benchmarks.harness import BenchRun, latest_run
+from bench.benchmarks.harness import BenchRun, have_dali, latest_run, usable_cores
 from bench.benchmarks.timing import interleaved_times, summarize
 from bench.data.cache import build_reader
 from bench.data.config import CacheConfig
@@ -33,18 +33,6 @@ from bench.results.plots import BENCH_COLOURS, save_figure
 CASES = ("torchvision", "dali_mixed", "dali_cpu", "dali_predecoded")
 OUT = 224  # training crop (pixels)
 BATCH = 32
-
-
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
-
-
-def have_dali() -> bool:
-    try:
-        import nvidia.dali  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 class _Epochs:
@@ -132,7 +120,7 @@ def _skip_reason(case: str, cuda: bool, dali: bool) -> str:
 
 
 def _plan(quick: bool) -> dict[str, Any]:
-    cores = 2 if quick else _cores()
+    cores = 2 if quick else usable_cores()
     if quick:
         return dict(images=64, small=True, size=32, batch=8, workers=2, reps=2, cores=cores)
     return dict(images=64 * max(2, cores), small=False, size=OUT, batch=BATCH, workers=cores,
