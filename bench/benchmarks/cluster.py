@@ -47,26 +47,11 @@ def _measure(bw: str, numel: int, reps: int, quick: bool) -> tuple[dict[str, Any
             # not strict: at 10 Gbit/s a 2-core machine's veths may not keep up; the model
             # is calibrated on the measured link either way, and link_ok says which it was
             link = run_link_check(c, 0.25, 0.25 if quick else 0.5, strict=False)
+            args = ["--out", str(out), "--numel", str(numel), "--density", str(DENSITY)]
+            args += ["--reps", str(reps), "--comms", ",".join(COMMS)]
+            args += ["--calib-mb", "0.0625,1,2" if quick else "0.0625,2,8"]
             rc = run_nodes(
-                c,
-                PROCS,
-                "bench.benchmarks.aggbench",
-                [
-                    "--out",
-                    str(out),
-                    "--numel",
-                    str(numel),
-                    "--density",
-                    str(DENSITY),
-                    "--reps",
-                    str(reps),
-                    "--comms",
-                    ",".join(COMMS),
-                    "--calib-mb",
-                    "0.0625,1,2" if quick else "0.0625,2,8",
-                ],
-                rdzv_timeout_s=300,
-                timeout_s=1800,
+                c, PROCS, "bench.benchmarks.aggbench", args, rdzv_timeout_s=300, timeout_s=1800
             )
             if rc != 0 or not out.exists():
                 raise RuntimeError(f"the aggregation benchmark at {bw} failed (exit status {rc})")

@@ -41,11 +41,6 @@ def model_buckets(
     return [[torch.Size(s) for s in b] for b in shapes]
 
 
-def resnet50_buckets(bucket_cap_mb: float = 25.0) -> list[list[torch.Size]]:
-    """Parameter shapes per DDP bucket of torchvision's ResNet-50 (DDP's initial assignment)."""
-    return model_buckets("resnet50", bucket_cap_mb)
-
-
 def _worker(
     rank: int,
     world: int,
@@ -169,10 +164,6 @@ def _overlap(bench: BenchRun, world: int, ppn: int, quick: bool) -> None:
 
 
 def _plot(bench: BenchRun) -> None:
-    plot(bench.frame(), bench.meta["hardware"], bench.png_path)
-
-
-def plot(df: Any, hardware: str, path: Path) -> None:
     """Step time and bytes per worker (total and inter-node) of one run's rows."""
     # deferred: matplotlib is slow to load, and only drawing needs it
     import matplotlib
@@ -180,6 +171,7 @@ def plot(df: Any, hardware: str, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    df = bench.frame()
     ov = df[df["kind"] == "overlap"] if "kind" in df.columns else df.iloc[:0]
     df = df[df["kind"] != "overlap"] if "kind" in df.columns else df
     models = df["model"] if "model" in df.columns else ["resnet50"] * len(df)  # older runs
@@ -214,10 +206,11 @@ def plot(df: Any, hardware: str, path: Path) -> None:
     fig.suptitle(
         f"{' and '.join(dict.fromkeys(str(m) for m in models))} gradient aggregation, "
         f"{int(df['world_size'].iloc[0])} gloo workers as "
-        f"{int(df['nnodes'].iloc[0])} nodes x {int(df['procs_per_node'].iloc[0])}, on {hardware}",
+        f"{int(df['nnodes'].iloc[0])} nodes x {int(df['procs_per_node'].iloc[0])}, on "
+        f"{bench.meta['hardware']}",
         fontsize=10,
     )
-    save_figure(fig, path)
+    save_figure(fig, bench.png_path)
 
 
 def _plot_overlap(ax: Any, ov: Any) -> None:

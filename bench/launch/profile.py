@@ -194,10 +194,8 @@ def host_contention(nodes: int, procs: int, threads: int, cores: int) -> float:
 
 
 def step_compute_s(cfg: Any, time_it: bool = True) -> dict[str, Any]:
-    """One worker's forward + backward time per step on this host, for ``cfg``'s workload,
-    model and per-worker batch: timed alone with the worker's intra-op threads, then
-    scaled by :func:`host_contention` (every emulated worker runs on this host).  Also the
-    model's trainable parameter count; ``time_it=False``: that count alone."""
+    """One worker's forward + backward time per step of ``cfg``'s workload on this host (timed
+    alone, scaled by :func:`host_contention`) and its parameter count (alone: ``time_it=False``)."""
 
     c = cfg.cluster
     cores = os.cpu_count() or 1
@@ -229,10 +227,8 @@ def step_compute_s(cfg: Any, time_it: bool = True) -> dict[str, Any]:
 
 
 def apply(cfg: Any) -> dict[str, Any] | None:
-    """Put ``cfg.cluster.profile`` into effect: time this host's compute per step (or take
-    ``cluster.profile_compute_s``, a sweep's one measurement for all its runs), choose the
-    bandwidth and set ``cluster.inter_node_bandwidth``.  Returns what the record keeps
-    (None without a profile)."""
+    """Put ``cfg.cluster.profile`` into effect: time the compute per step (or take
+    ``cluster.profile_compute_s``), set ``cluster.inter_node_bandwidth``; what the record keeps."""
     c = cfg.cluster
     if c.profile is None:
         return None
