@@ -24,9 +24,7 @@ def _settings(module) -> list[str]:
 
 def _dry_run(name: str, spec, results_dir: str, quick: bool, replot: bool) -> None:
     """What ``bench NAME`` would do: the benchmark, its settings, where its rows would go."""
-    import sys as _sys
-
-    module = _sys.modules[spec.run.__module__]
+    module = sys.modules[spec.run.__module__]
     csv = bench_csv(results_dir, name)
     rows = len(csv.read_text().splitlines()) - 1 if csv.is_file() else 0
     doc = (module.__doc__ or name).strip().split("\n\n")[0]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.benchmarks import harness
+from bench.benchmarks import harness, timing
 
 
 def _recorder(names: list[str]) -> tuple[list[str], dict[str, object]]:
@@ -17,7 +17,7 @@ def _recorder(names: list[str]) -> tuple[list[str], dict[str, object]]:
 
 def test_rounds_are_rotated_after_untimed_warmup():
     calls, cases = _recorder(["a", "b", "c"])
-    times = harness.interleaved_times(cases, warmup=1, reps=4)
+    times = timing.interleaved_times(cases, warmup=1, reps=4)
     assert calls == list("abc" + "abc" + "bca" + "cab" + "abc")
     assert {n: len(t) for n, t in times.items()} == {"a": 4, "b": 4, "c": 4}
     assert all(t >= 0 for ts in times.values() for t in ts)
@@ -26,7 +26,7 @@ def test_rounds_are_rotated_after_untimed_warmup():
 def test_shuffled_rounds_follow_a_seeded_shuffle():
     names = ["a", "b", "c", "d"]
     calls, cases = _recorder(names)
-    harness.interleaved_times(cases, warmup=0, reps=3, shuffle=True)
+    timing.interleaved_times(cases, warmup=0, reps=3, shuffle=True)
     rng, order, expected = random.Random(0), list(names), []
     for _ in range(3):
         rng.shuffle(order)
@@ -34,20 +34,37 @@ def test_shuffled_rounds_follow_a_seeded_shuffle():
     assert calls == expected
 
 
+def test_setup_runs_untimed_before_each_call_and_a_sample_is_iters_calls():
+    calls: list[str] = []
+    cases = {n: (lambda n=n: calls.append(n)) for n in "ab"}
+    times = timing.interleaved_times(
+        cases, warmup=1, reps=2, iters=2, setup={"a": lambda: calls.append("setup")}
+    )
+    assert calls == ["setup", "a", "b"] + ["setup", "a", "a", "b", "b"] + [
+        "b",
+        "b",
+        "setup",
+        "a",
+        "a",
+    ]
+    assert {n: len(t) for n, t in times.items()} == {"a": 2, "b": 2}
+    assert timing.median_s(lambda: None, warmup=0, reps=3) >= 0
+
+
 def test_summaries():
-    s = harness.summarize([4.0, 1.0, 3.0, 2.0, 5.0])
+    s = timing.summarize([4.0, 1.0, 3.0, 2.0, 5.0])
     assert s["median_ms"] == 3.0 and s["min_ms"] == 1.0 and s["reps"] == 5
     assert s["iqr_ms"] == pytest.approx(3.0)  # quartiles 1.5 and 4.5 (exclusive method)
-    assert harness.summarize([2.0]) == {"median_ms": 2.0, "min_ms": 2.0, "iqr_ms": 0.0, "reps": 1}
-    out = harness.interleaved({"x": lambda: None}, warmup=0, reps=3)
+    assert timing.summarize([2.0]) == {"median_ms": 2.0, "min_ms": 2.0, "iqr_ms": 0.0, "reps": 1}
+    out = timing.interleaved({"x": lambda: None}, warmup=0, reps=3)
     assert set(out["x"]) == {"median_ms", "min_ms", "iqr_ms", "reps"} and out["x"]["reps"] == 3
 
 
 def test_the_benchmarks_use_the_harness_timing():
     from bench.benchmarks import topk, update
 
-    assert topk.interleaved is harness.interleaved
-    assert update.interleaved_times is harness.interleaved_times
+    assert topk.interleaved is timing.interleaved
+    assert update.interleaved_times is timing.interleaved_times
     assert not hasattr(update, "_interleaved") and not hasattr(harness, "measure")
 
 

@@ -11,7 +11,8 @@ import torch
 
 
 def test_input_gpu_benchmark_quick(tmp_path) -> None:
-    from bench.benchmarks.input_gpu import CASES, have_dali, run
+    from bench.benchmarks.harness import have_dali
+    from bench.benchmarks.input_gpu import CASES, run
 
     df = pd.read_csv(run(str(tmp_path), quick=True)).set_index("case")
     assert list(df.index) == list(CASES)

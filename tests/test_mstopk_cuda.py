@@ -16,6 +16,7 @@ import torch
 
 from bench.benchmarks import topk as topk_bench
 from bench.benchmarks.harness import BenchRun
+from bench.benchmarks.timing import interleaved
 from bench.comm import selection
 from bench.comm.cost import k_for
 from bench.comm.selection import MSTOPK_METHODS, host_syncs, mstopk
@@ -169,7 +170,7 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_cuda_event_times_interleaves(fake_cuda: None) -> None:
     calls: list[str] = []
     cases = {n: (lambda n=n: calls.append(n)) for n in "abc"}
-    res = topk_bench.cuda_event_times(cases, warmup=2, reps=4)
+    res = interleaved(cases, warmup=2, reps=4, events=True)
     assert calls[:6] == list("abcabc")  # warm-up rounds, untimed
     assert calls[6:] == list("abcbcacababc")  # rotated by one each round
     assert all(r["reps"] == 4 and r["median_ms"] >= 0 for r in res.values())

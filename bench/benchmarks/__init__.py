@@ -1,12 +1,8 @@
 """Benchmarks: ``python -m reproduce bench <name>``.
 
-Each benchmark module registers one benchmark in :data:`BENCHMARKS`; it measures the
-subject and its baseline in the same run and appends one row per case to
-``results/bench/<name>.csv`` through :class:`bench.benchmarks.harness.BenchRun` (never
-overwriting earlier rows), then draws ``results/bench/<name>.png`` from its rows;
-``python -m reproduce bench <name> --replot`` redraws it from the newest recorded run.  The
-other modules are what the benchmarks share: ``harness`` (timing and CSV rows), ``spawn``
-(worker processes on this machine) and ``aggbench`` (the ``cluster`` benchmark's worker).
+Each benchmark module registers one benchmark in :data:`BENCHMARKS`: it measures, appends
+its rows to ``results/bench/<name>.csv`` (:mod:`.harness`) and draws its figure; ``timing``
+times, ``spawn`` starts local workers.  How each one measures: docs/internals/benchmarks.md.
 """
 
 from __future__ import annotations

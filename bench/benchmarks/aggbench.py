@@ -1,27 +1,8 @@
 """Worker of the ``cluster`` benchmark: time gradient aggregation on an (emulated) cluster.
 
-Run on every node by :func:`bench.cluster.emulated.run_nodes`; all ranks aggregate a
-gradient of ``--numel`` float32 elements, split into DDP-sized buckets, through the
-project's communicators (``bench.comm.make_hook``; the hook's own ``reduce`` per bucket):
-
-* ``dense``: allreduce per bucket (gloo's ring), divided by the world size;
-* ``mstopk``: flat top-k -- error feedback, MSTopK of the whole bucket, one allgather of
-  (value, index) pairs among all workers, scatter-add;
-* ``hitopk``: HiTopKComm (Shi et al., MLSys 2021; see ``docs/algorithms.md``) --
-  intra-node reduce-scatter, error feedback and MSTopK on the 1/m shard, allgather among
-  the workers of the same local rank across nodes, allgather inside the node, scatter-add.
-
-The time of one step is the slowest rank's (an allreduce-max of the per-rank times);
-``median_ms`` is the median over ``--reps`` steps after ``--warmup``; fresh gradients are
-copied into the bucket buffers before each step, outside the timing.  Around each case,
-every node's link counters (``/proc/net/dev`` in its namespace) give the bytes per step
-that crossed it (``wire_bytes``), to compare with :mod:`bench.comm.cost`.  Before and
-after the cases, micro-measurements for :func:`bench.cluster.perfmodel.calibrate`: a
-ring shift of messages among all workers and within each node at a few sizes, each sparse
-method's own selection stage (``Communicator.compress``: error feedback and selector) per
-bucket, scatter-add, elementwise and summation passes -- all ranks at once (the CPU contention of
-a step is in them too), and no collective of the measured cases.
-Rank 0 writes ``--out``.
+Every rank aggregates DDP-sized buckets through the project's hooks (dense, flat top-k,
+HiTopKComm), the slowest rank's time per step, each node's link bytes around each case,
+and micro-measurements for the model's calibration.  Rank 0 writes ``--out``.
 """
 
 from __future__ import annotations
@@ -31,13 +12,13 @@ import json
 import math
 import os
 import statistics
-import time
-from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from bench.benchmarks.buckets import FakeBucket
+from bench.benchmarks.timing import interleaved_times, median_s
 from bench.cluster.perfmodel import buckets_for
 from bench.comm import make_hook, mstopk
 
@@ -72,33 +53,15 @@ class Aggregator:
         torch.futures.wait_all([hook(state, b) for b in self.buckets])
 
 
-def _step_ms(
-    fn: Callable[[], object], warmup: int, reps: int, prepare: Callable[[], None] | None = None
-) -> list[float]:
-    """Per step: the slowest rank's time (ms)."""
-    out = []
-    for r in range(warmup + reps):
-        if prepare is not None:
-            prepare()
-        dist.barrier()
-        t0 = time.perf_counter()
-        fn()
-        t = torch.tensor([(time.perf_counter() - t0) * 1e3])
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        if r >= warmup:
-            out.append(t.item())
-    return out
-
-
-def _shift_ms(t: torch.Tensor, out: torch.Tensor, dst: int, src: int, reps: int) -> float:
-    """Median time (ms, slowest rank) of sending ``t`` to ``dst`` while receiving from ``src``."""
+def _shift_s(t: torch.Tensor, out: torch.Tensor, dst: int, src: int, reps: int) -> float:
+    """Median time (s, slowest rank) of sending ``t`` to ``dst`` while receiving from ``src``."""
 
     def shift() -> None:
         reqs = [dist.isend(t, dst), dist.irecv(out, src)]
         for r in reqs:
             r.wait()
 
-    return statistics.median(_step_ms(shift, 1, reps))
+    return median_s(shift, reps=reps, slowest_rank=True)
 
 
 def _calibrate(agg: Aggregator, sizes_mb: list[float], reps: int) -> dict[str, list]:
@@ -108,34 +71,34 @@ def _calibrate(agg: Aggregator, sizes_mb: list[float], reps: int) -> dict[str, l
     cal: dict[str, list] = {k: [] for k in ("ring_shift", "intra_shift", "select", "scatter")}
     cal.update(dense_pass=[], reduce=[])
     r, w, m = agg.rank, agg.world, agg.m
+    timed: dict[str, Any] = dict(reps=reps, slowest_rank=True)
     intra_next = agg.node * m + (agg.local + 1) % m
     intra_prev = agg.node * m + (agg.local - 1) % m
     for mb in sizes_mb:
         t = torch.ones(max(1, int(mb * 2**20 / 4)))
         out = torch.empty_like(t)
-        ms = _shift_ms(t, out, (r + 1) % w, (r - 1) % w, reps)
-        cal["ring_shift"].append((t.numel() * 4, ms / 1e3))
+        cal["ring_shift"].append((t.numel() * 4, _shift_s(t, out, (r + 1) % w, (r - 1) % w, reps)))
         if m > 1:
-            ms = _shift_ms(t, out, intra_next, intra_prev, reps)
-            cal["intra_shift"].append((t.numel() * 4, ms / 1e3))
+            cal["intra_shift"].append(
+                (t.numel() * 4, _shift_s(t, out, intra_next, intra_prev, reps))
+            )
     # selection over what the comms select from -- a node's shard (hitopk) and a whole
     # bucket (flat) -- in every bucket's own memory, one synchronised call per bucket
     for parts in (m, 1):
-        total_ms, total_n = 0.0, 0
+        total_s, total_n = 0.0, 0
         for g in agg.grads:
             x = g[: math.ceil(g.numel() / parts)]
             k = max(1, math.ceil(agg.density * x.numel()))
-            total_ms += statistics.median(_step_ms(lambda x=x, k=k: mstopk(x, k), 1, reps))
+            total_s += median_s(lambda x=x, k=k: mstopk(x, k), **timed)
             total_n += x.numel()
-        cal["select"].append((total_n, total_ms / 1e3))
+        cal["select"].append((total_n, total_s))
     cal.update(_hook_selection(agg, reps))
     x = agg.grads[0].clone()  # one whole bucket
     k = max(1, math.ceil(agg.density * x.numel()))
     pairs = w * k  # what a flat allgather brings back
     v, i = torch.randn(pairs), torch.randint(x.numel(), (pairs,))
     out = torch.zeros(x.numel())
-    ms = statistics.median(_step_ms(lambda: out.index_add_(0, i, v), 1, reps))
-    cal["scatter"].append((pairs, ms / 1e3))
+    cal["scatter"].append((pairs, median_s(lambda: out.index_add_(0, i, v), **timed)))
 
     # the elementwise passes the communicators make: add (error feedback), zero, scale --
     # over all bucket buffers, as in a step; and the summation of a reduction (add_)
@@ -145,15 +108,13 @@ def _calibrate(agg: Aggregator, sizes_mb: list[float], reps: int) -> dict[str, l
             b.zero_()
             b.div_(4.0)
 
-    ms = statistics.median(_step_ms(passes, 1, reps))
-    cal["dense_pass"].append((3 * sum(g.numel() for g in agg.grads), ms / 1e3))
+    cal["dense_pass"].append((3 * sum(g.numel() for g in agg.grads), median_s(passes, **timed)))
 
     def sums() -> None:
         for b, g in zip(agg.bufs, agg.grads, strict=True):
             b.add_(g)
 
-    ms = statistics.median(_step_ms(sums, 1, reps))
-    cal["reduce"].append((sum(g.numel() for g in agg.grads), ms / 1e3))
+    cal["reduce"].append((sum(g.numel() for g in agg.grads), median_s(sums, **timed)))
     return cal
 
 
@@ -166,20 +127,18 @@ def _hook_selection(agg: Aggregator, reps: int) -> dict[str, list]:
         if comm == "dense":
             continue
         parts = agg.m if comm == "hitopk" else 1
-        total_ms, total_n = 0.0, 0
+        total_s, total_n = 0.0, 0
         for i, g in enumerate(agg.grads):
             src = g[: math.ceil(g.numel() / parts)]
             buf = torch.empty_like(src)
-            total_ms += statistics.median(
-                _step_ms(
-                    lambda b=buf, i=i, st=st: st.comm.compress(b, ("calibrate", i), st.density),
-                    1,
-                    reps,
-                    prepare=lambda b=buf, s=src: b.copy_(s),
-                )
+            total_s += median_s(
+                lambda b=buf, i=i, st=st: st.comm.compress(b, ("calibrate", i), st.density),
+                setup=lambda b=buf, s=src: b.copy_(s),
+                reps=reps,
+                slowest_rank=True,
             )
             total_n += src.numel()
-        out[f"select_{comm}"] = [(total_n, total_ms / 1e3)]
+        out[f"select_{comm}"] = [(total_n, total_s)]
     return out
 
 
@@ -243,15 +202,18 @@ def main(argv: list[str] | None = None) -> int:
     calib_mb = [float(x) for x in a.calib_mb.split(",") if x]
     cal = _calibrate(agg, calib_mb, a.reps) if calib_mb else {}
     # the timing harness's own traffic per step (barrier, allreduce of the time), to subtract
+    timed: dict[str, Any] = dict(
+        warmup=a.warmup, reps=a.reps, slowest_rank=True, setup={0: agg.fresh}
+    )
     wire0 = _node_counters(agg)
-    _step_ms(lambda: None, a.warmup, a.reps, prepare=agg.fresh)
+    interleaved_times({0: lambda: None}, **timed)
     wire1 = _node_counters(agg)
     res["harness_wire_bytes"] = _per_step(wire0, wire1, a.warmup + a.reps)
     for comm in comms:
         st = agg.states[comm].stats
         st.pop()  # zero the sums
         wire0 = _node_counters(agg)
-        times = _step_ms(lambda c=comm: agg.aggregate(c), a.warmup, a.reps, prepare=agg.fresh)
+        times = interleaved_times({0: lambda c=comm: agg.aggregate(c)}, **timed)[0]
         wire1 = _node_counters(agg)
         steps = a.warmup + a.reps
         tot = st.pop()  # per-step means (the hook counts steps at the last bucket)

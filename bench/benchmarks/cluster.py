@@ -1,41 +1,9 @@
 """Benchmark ``cluster``: gradient aggregation on an emulated cluster, beside the model.
 
-For each inter-node bandwidth (1 and 10 Gbit/s), an emulated cluster of 2 nodes x 2
-workers (network namespaces, ``tc`` shaping: :mod:`bench.cluster.netns`) is checked
-(:mod:`bench.cluster.linkcheck`) and runs :mod:`bench.benchmarks.aggbench`: the time per step
-to aggregate a ResNet-50-sized gradient (25.6 M fp32 in 25 MiB buckets) with dense
-allreduce, flat top-k allgather (``topk``: exact, ``mstopk``) and ``hitopk`` at density
-0.001, through the project's DDP hooks (``bench.comm.make_hook``).
-
-Bytes: every node's link counters are read around each case; ``wire_bytes_per_node`` (tx
-per step, mean over nodes) stands beside :mod:`bench.comm.cost`'s ``link_bytes_per_node``
-with TCP/IP framing (``predicted_wire_bytes``; ``wire_error``).
-
-Time: the alpha-beta model (:mod:`bench.cluster.perfmodel`) is calibrated on
-micro-measurements of the same run only -- a ring shift of messages over the inter-node
-link and inside each node, per-element selection, scatter-add, elementwise and summation
-costs -- and predicts every aggregation case, none of which it was fitted to
-(``predicted_ms``, ``heldout_error``).  The link check is recorded beside (``link_gbps``)
-and not overridden.
-
-Rows with ``kind=whatif`` are the calibrated model with the intra-node path replaced by
-NVLink and then the CPU aggregation costs by GPU ones (``scenario``).  Rows with
-``kind=projection`` project to the paper's cluster (1..16 nodes x 8 GPUs at 25, 100 and
-400 Gbit/s; :mod:`bench.cluster.projection`, every assumption with its source): dense as
-NCCL's hierarchical allreduce, fp16 and PowerSGD beside it, the share hidden behind the
-backward pass the projection's assumption with its band (this run's overlap is measured on
-this machine's CPU workers over gloo, not on V100s over NCCL, so it is recorded, not
-projected), the last bucket never hidden, and ``efficiency_min``/``efficiency_max`` over
-the assumptions' ranges.  Figures:
-``cluster.png`` (measured vs predicted), ``cluster.scaling.png`` (bands).
-
-Rows with ``kind=overlap`` time a ResNet-18 step per method (:mod:`bench.benchmarks.overlap`:
-step, backward alone, communication alone, exposed): on the 1 Gbit/s 2 x 2 cluster (four
-one-thread workers on this machine's cores), and with
-``scenario=link-bound`` on :data:`LINK_BOUND` (2 x 1 at 400 Mbit/s, 5 MB buckets), where the
-link rather than the CPU limits, which shows what the asynchronous hooks hide there.
-
-Needs root and iproute2; run with ``python -m reproduce bench cluster``.
+2 nodes x 2 workers at 1 and 10 Gbit/s (network namespaces, ``tc``) run :mod:`.aggbench`;
+the alpha-beta model, calibrated on the same run's micro-measurements, predicts every case
+held out; what-if, projection and overlap rows beside.  Needs root and iproute2.
+Protocol: docs/internals/benchmarks.md (cluster).
 """
 
 from __future__ import annotations
@@ -55,7 +23,7 @@ from bench.cluster.linkcheck import run_link_check
 from bench.cluster.netns import EmulatedCluster, parse_bandwidth, require_tools
 from bench.cluster.projection import GPU_COSTS
 from bench.comm import cost
-from bench.results.plots import save_figure
+from bench.results.plots import BENCH_COLOURS, method_colour, save_figure
 
 if TYPE_CHECKING:
     from bench.cluster.perfmodel import Cluster, Costs
@@ -79,26 +47,11 @@ def _measure(bw: str, numel: int, reps: int, quick: bool) -> tuple[dict[str, Any
             # not strict: at 10 Gbit/s a 2-core machine's veths may not keep up; the model
             # is calibrated on the measured link either way, and link_ok says which it was
             link = run_link_check(c, 0.25, 0.25 if quick else 0.5, strict=False)
+            args = ["--out", str(out), "--numel", str(numel), "--density", str(DENSITY)]
+            args += ["--reps", str(reps), "--comms", ",".join(COMMS)]
+            args += ["--calib-mb", "0.0625,1,2" if quick else "0.0625,2,8"]
             rc = run_nodes(
-                c,
-                PROCS,
-                "bench.benchmarks.aggbench",
-                [
-                    "--out",
-                    str(out),
-                    "--numel",
-                    str(numel),
-                    "--density",
-                    str(DENSITY),
-                    "--reps",
-                    str(reps),
-                    "--comms",
-                    ",".join(COMMS),
-                    "--calib-mb",
-                    "0.0625,1,2" if quick else "0.0625,2,8",
-                ],
-                rdzv_timeout_s=300,
-                timeout_s=1800,
+                c, PROCS, "bench.benchmarks.aggbench", args, rdzv_timeout_s=300, timeout_s=1800
             )
             if rc != 0 or not out.exists():
                 raise RuntimeError(f"the aggregation benchmark at {bw} failed (exit status {rc})")
@@ -321,8 +274,20 @@ def _plot(bench: BenchRun) -> None:
     for ax, bw in zip(axes[0], BANDWIDTHS, strict=True):
         d = meas[meas["bandwidth"] == bw]
         x = range(len(d))
-        ax.bar([i - 0.2 for i in x], d["median_ms"], 0.4, label="measured (median)")
-        ax.bar([i + 0.2 for i in x], d["predicted_ms"], 0.4, label="model (held out)")
+        ax.bar(
+            [i - 0.2 for i in x],
+            d["median_ms"],
+            0.4,
+            label="measured (median)",
+            color=BENCH_COLOURS["measured"],
+        )
+        ax.bar(
+            [i + 0.2 for i in x],
+            d["predicted_ms"],
+            0.4,
+            label="model (held out)",
+            color=BENCH_COLOURS["model"],
+        )
         ax.set_xticks(
             list(x),
             [f"{c}\n{s:.1f}x" for c, s in zip(d["comm"], d["speedup_vs_dense"], strict=True)],
@@ -349,7 +314,6 @@ def _plot(bench: BenchRun) -> None:
     styles = {"dense": "-", "fp16": (0, (5, 1)), "powersgd": (0, (3, 1, 1, 1)), "topk": "-."}
     styles.update({"mstopk": ":", "hitopk": "--"})
     comms = [c for c in dict.fromkeys(proj["comm"]) if c != "bf16"]  # bf16 = fp16 on the wire
-    colour = {c: f"C{j}" for j, c in enumerate(("dense", "fp16", "powersgd", *COMMS[1:]))}
     for ax, bw in zip(axes[0], bws, strict=False):
         dbw = proj[proj["bandwidth"] == bw]
         for comm in comms:
@@ -361,7 +325,7 @@ def _plot(bench: BenchRun) -> None:
                 dc["efficiency"],
                 linestyle=styles.get(comm, "-"),  # a dash tuple is no format string
                 marker=".",
-                color=colour.get(comm, "k"),
+                color=method_colour(comm),
                 label=comm,
             )
             if "efficiency_min" in dc.columns and dc["efficiency_min"].notna().all():
@@ -369,7 +333,7 @@ def _plot(bench: BenchRun) -> None:
                     dc["nodes"],
                     dc["efficiency_min"],
                     dc["efficiency_max"],
-                    color=colour.get(comm, "k"),
+                    color=method_colour(comm),
                     alpha=0.08,
                 )
         ax.set_title(f"inter-node link {bw.replace('gbit', ' Gbit/s')}", fontsize=9)

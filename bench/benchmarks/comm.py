@@ -1,53 +1,29 @@
 """``bench comm``: gradient aggregation per step for ResNet-50's and Transformer-base's DDP
 buckets on 2 nodes x 2.
 
-The buckets are the models' real ones: torchvision's ``resnet50`` parameters (and
-``transformer_base``'s, with a 32 k joint vocabulary: its shared embedding, which is also
-the output projection, is a 16 M-element row-sparse gradient) in reverse order, cut by
-DDP's own ``_compute_bucket_assignment_by_size`` with its 1 MB first bucket and the 25 MB
-cap (ResNet-50: 25.6 M elements in 5 buckets); the ``model`` column names the model.
-Four local gloo workers get torchrun's environment for 2 nodes x 2
-(:func:`bench.benchmarks.spawn.run_workers`), so ``hitopk`` builds its intra-node and
-inter-node groups exactly as on a cluster.  Every method runs through the same hook
-function a DDP model would call, on duck-typed buckets (buffer, gradient
-views with the parameters' shapes, index, is_last), so PowerSGD sees real matrix shapes.
-
-Methods: ``dense`` (allreduce), ``fp16``, ``powersgd`` (PyTorch's hook, rank 4, after its
-2 warm-up steps), ``topk`` (flat allgather of exact top-k), ``mstopk`` (flat allgather of
-MSTopK), ``hitopk`` (HiTopKComm with MSTopK) at density 0.001 and 0.01.  Columns:
-``median_ms`` per step (all buckets, rank 0, after a barrier), ``bytes_per_worker`` and
-``inter_node_bytes_per_worker`` (per step, what each worker sends, from the hooks'
-statistics), ``link_bytes_per_node`` (bytes per step leaving each node over its link,
-from :mod:`bench.comm.cost`: hitopk's inter-node stage counts the node's ``m`` workers
-sending at once), mean ``select_ms`` / ``comm_ms``, and the ratios to dense of time and of
-link bytes (``inter_bytes_ratio_vs_dense``), measured in the same run.  Loopback has no
-bandwidth limit, so times here show compute and latency costs; the byte columns are what
-a slow inter-node link would charge for (``bench/cluster`` emulates such links).
-
-Rows ``kind=overlap`` (:mod:`bench.benchmarks.overlap`): a real ResNet-18 step under DDP
-with each hook beside its backward pass alone and its communication alone; the exposed
-communication per step and its ratio to the communication alone.
+Four local gloo workers pose as 2 nodes x 2 and call every method's DDP hook on the models'
+real buckets; rows ``kind=overlap`` come from :mod:`.overlap`.  Columns and protocol:
+docs/internals/benchmarks.md (comm).
 """
 
 from __future__ import annotations
 
 import statistics
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
 from bench.benchmarks.buckets import FakeBucket
 from bench.benchmarks.harness import BenchRun
 from bench.benchmarks.overlap import overlap_worker
 from bench.benchmarks.spawn import run_workers
+from bench.benchmarks.timing import interleaved_times
 from bench.cluster import projection
 from bench.comm import cost, is_sparse, make_hook
-from bench.results.plots import save_figure
+from bench.results.plots import BENCH_COLOURS, method_colour, save_figure
 
 METHODS = ["dense", "fp16", "powersgd", "topk", "mstopk", "hitopk"]
 MODELS = ["resnet50", "transformer_base"]
@@ -65,11 +41,6 @@ def model_buckets(
     return [[torch.Size(s) for s in b] for b in shapes]
 
 
-def resnet50_buckets(bucket_cap_mb: float = 25.0) -> list[list[torch.Size]]:
-    """Parameter shapes per DDP bucket of torchvision's ResNet-50 (DDP's initial assignment)."""
-    return model_buckets("resnet50", bucket_cap_mb)
-
-
 def _worker(
     rank: int,
     world: int,
@@ -82,30 +53,23 @@ def _worker(
     buckets = [
         FakeBucket(i, s, i == len(shapes) - 1, seed=100 * rank + i) for i, s in enumerate(shapes)
     ]
+    timed: dict[str, Any] = dict(
+        slowest_rank=True, setup={0: lambda: [b.refill() for b in buckets]}
+    )
     rows = []
     for name, density in cases:
         state, hook = make_hook(name, density=density, powersgd_rank=4)
-        times = []
-        for step in range(warmup + reps):
-            if step == warmup:
-                state.stats.pop()  # count only the timed steps
-            for b in buckets:
-                b.refill()
-            dist.barrier()
-            t0 = time.perf_counter()
-            futs = [hook(state, b) for b in buckets]
-            torch.futures.wait_all(futs)
-            times.append((time.perf_counter() - t0) * 1e3)
+        step = {0: lambda h=hook, s=state: torch.futures.wait_all([h(s, b) for b in buckets])}
+        interleaved_times(step, warmup=warmup, reps=0, **timed)
+        state.stats.pop()  # count only the timed steps
+        t = interleaved_times(step, warmup=0, reps=reps, **timed)[0]  # the slowest worker's
         st = state.stats.pop()
-        # the slowest worker sets the step time
-        t = torch.tensor(times[warmup:])
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
         rows.append(
             {
                 "method": name,
                 "density": density if is_sparse(name) else 1.0,
-                "median_ms": statistics.median(t.tolist()),
-                "min_ms": float(t.min()),
+                "median_ms": statistics.median(t),
+                "min_ms": min(t),
                 "bytes_per_worker": st["comm/bytes_per_step"],
                 "inter_node_bytes_per_worker": st["comm/inter_node_bytes_per_step"],
                 "sent_density": st["comm/density"],
@@ -200,10 +164,6 @@ def _overlap(bench: BenchRun, world: int, ppn: int, quick: bool) -> None:
 
 
 def _plot(bench: BenchRun) -> None:
-    plot(bench.frame(), bench.meta["hardware"], bench.png_path)
-
-
-def plot(df: Any, hardware: str, path: Path) -> None:
     """Step time and bytes per worker (total and inter-node) of one run's rows."""
     # deferred: matplotlib is slow to load, and only drawing needs it
     import matplotlib
@@ -211,6 +171,7 @@ def plot(df: Any, hardware: str, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    df = bench.frame()
     ov = df[df["kind"] == "overlap"] if "kind" in df.columns else df.iloc[:0]
     df = df[df["kind"] != "overlap"] if "kind" in df.columns else df
     models = df["model"] if "model" in df.columns else ["resnet50"] * len(df)  # older runs
@@ -222,15 +183,15 @@ def plot(df: Any, hardware: str, path: Path) -> None:
     x = np.arange(len(labels))
     fig, axes = plt.subplots(1, 3 if len(ov) else 2, figsize=(18 if len(ov) else 12, 4.5))
     a1, a2 = axes[0], axes[1]
-    a1.bar(x, df["median_ms"], color="tab:blue")
+    a1.bar(x, df["median_ms"], color=[method_colour(m) for m in df["method"]])
     a1.set_ylabel("median ms per step (all buckets)")
     a1.set_yscale("log")
-    a2.bar(x - 0.2, df["bytes_per_worker"] / 1e6, 0.4, color="tab:gray", label="total")
+    a2.bar(x - 0.2, df["bytes_per_worker"] / 1e6, 0.4, color=BENCH_COLOURS["total"], label="total")
     a2.bar(
         x + 0.2,
         df["inter_node_bytes_per_worker"] / 1e6,
         0.4,
-        color="tab:orange",
+        color=BENCH_COLOURS["inter-node"],
         label="inter-node (each node's link)",
     )
     a2.set_ylabel("MB sent per worker per step")
@@ -245,18 +206,21 @@ def plot(df: Any, hardware: str, path: Path) -> None:
     fig.suptitle(
         f"{' and '.join(dict.fromkeys(str(m) for m in models))} gradient aggregation, "
         f"{int(df['world_size'].iloc[0])} gloo workers as "
-        f"{int(df['nnodes'].iloc[0])} nodes x {int(df['procs_per_node'].iloc[0])}, on {hardware}",
+        f"{int(df['nnodes'].iloc[0])} nodes x {int(df['procs_per_node'].iloc[0])}, on "
+        f"{bench.meta['hardware']}",
         fontsize=10,
     )
-    save_figure(fig, path)
+    save_figure(fig, bench.png_path)
 
 
 def _plot_overlap(ax: Any, ov: Any) -> None:
     """Communication alone beside the part of it the step exposes (ResNet-18 step)."""
 
-    x = np.arange(len(ov))
-    ax.bar(x - 0.2, ov["comm_alone_ms"], 0.4, color="tab:gray", label="communication alone")
-    ax.bar(x + 0.2, ov["exposed_ms"].clip(lower=0), 0.4, color="tab:red", label="exposed in step")
+    x, c = np.arange(len(ov)), BENCH_COLOURS
+    ax.bar(x - 0.2, ov["comm_alone_ms"], 0.4, color=c["alone"], label="communication alone")
+    ax.bar(
+        x + 0.2, ov["exposed_ms"].clip(lower=0), 0.4, color=c["exposed"], label="exposed in step"
+    )
     for i, r in enumerate(ov["exposed_ratio"]):
         ax.annotate(f"{r:.2f}x", (i + 0.2, 0), ha="center", va="bottom", fontsize=7)
     ax.set_xticks(x, list(ov["method"]))

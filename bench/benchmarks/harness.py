@@ -1,22 +1,16 @@
-"""Shared benchmark harness: careful timing and append-only CSV results.
+"""A benchmark's rows: appended to ``<results>/bench/<name>.csv`` with the machine's facts.
 
-Timing (:func:`interleaved`): the cases of one comparison are timed in rounds, one call of
-each case per round, after warm-up rounds that are discarded; CUDA work is synchronised
-around each call.  The median is reported (ms) with the min and the inter-quartile range.
-Rows are appended to ``<results>/bench/<name>.csv`` with the hardware, versions, date and
-git sha of the run, so that older measurements (on other machines too) are kept and a plot
-can pick the newest run per hardware.
+Each run's rows carry its hardware, versions, date and git sha, so older measurements (on
+other machines too) are kept and a figure can pick the newest run.  Timing: :mod:`.timing`.
 """
 
 from __future__ import annotations
 
 import math
-import random
-import statistics
-import time
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pandas as pd
 from filelock import FileLock
@@ -25,80 +19,6 @@ from bench.registry import ConfigError
 from bench.results.env import git_sha, hardware, versions
 from bench.results.paths import bench_csv, bench_dir, bench_png
 from bench.results.records import new_run_id, now_iso
-
-K = TypeVar("K", bound=Hashable)  # the name of a timed case
-
-
-def _sync() -> None:
-    # deferred: torch takes seconds to load, and this module is read without it
-    import torch
-
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-
-
-def summarize(times_ms: Sequence[float]) -> dict[str, float]:
-    """Median, min and inter-quartile range (ms) of timed calls, and their count."""
-    q = statistics.quantiles(times_ms, n=4) if len(times_ms) >= 2 else [times_ms[0]] * 3
-    return {
-        "median_ms": statistics.median(times_ms),
-        "min_ms": min(times_ms),
-        "iqr_ms": q[2] - q[0],
-        "reps": len(times_ms),
-    }
-
-
-def _rounds(names: list[K], reps: int, shuffle: bool) -> Iterator[list[K]]:
-    """The order of the cases in each round: rotated by one each round, or shuffled (seed 0)
-    so that no case always runs right after the same other one."""
-    rng = random.Random(0)
-    order = list(names)
-    for r in range(reps):
-        if shuffle:
-            rng.shuffle(order)
-            yield order
-        else:
-            yield names[r % len(names) :] + names[: r % len(names)]
-
-
-def interleaved_times(
-    cases: Mapping[K, Callable[[], object]],
-    *,
-    warmup: int = 1,
-    reps: int = 5,
-    shuffle: bool = False,
-) -> dict[K, list[float]]:
-    """Times (ms) of ``reps`` calls of each case, one call of each case per round.
-
-    Interleaving makes the load of a shared machine fall on every case alike, so ratios
-    taken within one run are fair.  ``warmup`` rounds run first, untimed; CUDA work is
-    synchronised around each call.
-    """
-    names = list(cases)
-    for _ in range(warmup):
-        for n in names:
-            cases[n]()
-    times: dict[K, list[float]] = {n: [] for n in names}
-    for order in _rounds(names, reps, shuffle):
-        for n in order:
-            _sync()
-            t0 = time.perf_counter()
-            cases[n]()
-            _sync()
-            times[n].append((time.perf_counter() - t0) * 1e3)
-    return times
-
-
-def interleaved(
-    cases: Mapping[K, Callable[[], object]],
-    *,
-    warmup: int = 1,
-    reps: int = 5,
-    shuffle: bool = False,
-) -> dict[K, dict[str, float]]:
-    """:func:`summarize` of each case's :func:`interleaved_times`."""
-    times = interleaved_times(cases, warmup=warmup, reps=reps, shuffle=shuffle)
-    return {n: summarize(ts) for n, ts in times.items()}
 
 
 class BenchRun:
@@ -208,6 +128,20 @@ def latest_run(path: Path, hardware_name: str | None = None) -> pd.DataFrame:
     if df.empty:
         return df
     return df[df["bench_id"] == df["bench_id"].iloc[-1]]
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
+
+
+def have_dali() -> bool:
+    """Whether NVIDIA DALI is installed."""
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def finite(x: Any) -> float | None:

@@ -1,40 +1,8 @@
 """Benchmark ``input``: images/s of the input pipeline per epoch, torch vs DALI, per cache.
 
-Data: a generated ImageNet-like JPEG folder (:func:`bench.data.jpegs.cached_jpeg_folder`:
-1,024 images of about 110 KB in 100 classes, made once under the temp directory; quick
-mode: 64 tiny images).  For every loader, every cache (none, disk, memory, multilevel,
-predecoded) and level 0 with and without the slow-storage emulator (50 MB/s and 5 ms per
-file), a fresh loader and an empty cache directory read 3 epochs of training batches
-(random-resized crop to 224, flip, normalise; batch 32) and nothing else: epoch 1 is cold,
-epochs 2 and 3 show the cache.  A tiny unrecorded run per loader first takes DALI's and
-the worker server's one-time start-up out of the timings.
-
-The cases are like for like:
-
-* **the same images**: every case reads all 1,024 images per epoch (torch splits them into
-  one part per worker, DALI reads one part; 1,024 = 4 x 8 x 32 leaves no partial batch);
-* **the same read concurrency**: at most ``2 x cores`` storage reads outstanding.  torch:
-  ``2 x cores`` worker processes, each reading and decoding one image at a time; DALI:
-  ``cores`` pipeline threads fed by its ``2 x cores`` fetch threads; for uncached
-  unthrottled reads DALI uses its file reader, which maps the files so that the decode
-  threads read them: ``2 x cores`` of those.  Recorded per row: ``processes``,
-  ``threads``, ``reads_outstanding``;
-* **one storage budget per node**: the emulated link is shared by every worker and
-  thread (:func:`bench.data.storage.link_path`);
-* **real reads**: before each epoch the page cache is dropped for the data set and the
-  level 1 directory (:func:`bench.data.storage.drop_page_cache`), so ``none`` and
-  ``disk`` read the disk, not memory; ``resident_pct`` records what was still cached;
-* **the same pixels**: pre-decoded images keep their original resolution (the default
-  ``cache.predecode_size=0``), so random-resized crops are upsampled as often as from the
-  JPEGs; ``mb_decoded`` is the memory this costs (the decoded level's growth per epoch).
-
-Rows (one per case and epoch): ``loader, cache, throttled, epoch, images, epoch_s,
-images_per_s, median_ms`` (median time per *batch*, ms), the cache counters of the
-epoch (``hits, misses, mb_l0, mb_decoded``), the concurrency columns, ``load_1m`` (the
-1-minute load average when the epoch started) and two ratios taken in the same run:
-``speedup_vs_none`` (images/s over the same loader's ``cache=none`` in the same epoch and
-throttle setting) and ``dali_vs_torch`` (DALI's images/s over torch's, same case).
-Targets: throttled, epochs 2-3, multilevel >= 5x none; DALI CPU >= torch.
+Every loader and cache, level 0 throttled and not, 3 epochs from cold on a generated JPEG
+folder, like for like (images, read concurrency, storage budget, real reads, pixels).
+Columns and protocol: docs/internals/benchmarks.md (input).
 """
 
 from __future__ import annotations
@@ -52,12 +20,12 @@ import pandas as pd
 import torch
 
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
-from bench.benchmarks.harness import BenchRun, latest_run
+from bench.benchmarks.harness import BenchRun, have_dali, latest_run, usable_cores
 from bench.data.cached_folder import build_folder
 from bench.data.config import CacheConfig, DataConfig
 from bench.data.jpegs import cached_jpeg_folder
 from bench.data.storage import drop_page_cache, resident_fraction
-from bench.results.plots import save_figure
+from bench.results.plots import CACHE_COLOURS, save_figure
 
 CACHES = ("none", "disk", "memory", "multilevel", "predecoded")
 THROTTLE = (50.0, 5.0)  # MB/s, ms per file
@@ -65,16 +33,12 @@ IMAGES = 1024  # ~113 MB of JPEGs; a multiple of 4 parts x 32 images: no case dr
 OUT = 224  # training crop (pixels)
 
 
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
-
-
 def _config(
     loader: str, cache: str, throttled: bool, root: str, quick: bool, size: int, cache_dir: str
 ):
     """DataConfig and CacheConfig of one case: ``2 x cores`` reads outstanding in both loaders."""
 
-    cores = 1 if quick else _cores()
+    cores = 1 if quick else usable_cores()
     # uncached unthrottled DALI uses its file reader, whose decode threads do the reads
     # (the files are memory-mapped): give it 2 x cores of them; otherwise DALI fetches
     # through 2 x its threads
@@ -258,6 +222,7 @@ def _plot(csv: Path, png: Path) -> None:
                 g["images_per_s"],
                 marker="o",
                 linestyle="-" if loader == "dali" else "--",
+                color=CACHE_COLOURS.get(cache, CACHE_COLOURS["other"]),
                 label=f"{loader} / {cache}",
             )
         ax.set_title(
@@ -299,13 +264,9 @@ def _folders(quick: bool) -> tuple[str, tuple[str, ...], int]:
 def run(results_dir: str = "results", quick: bool = False) -> Path:
     """Measure every (loader, cache, throttle) case for 3 epochs; CSV + PNG; returns the CSV."""
 
-    try:
-        import nvidia.dali  # noqa: F401
-
-        loaders = ("torch", "dali")
-    except ImportError:
+    loaders: tuple[str, ...] = ("torch", "dali") if have_dali() else ("torch",)
+    if not have_dali():
         print("NVIDIA DALI is not installed: measuring the torch loader only")
-        loaders = ("torch",)
     root, caches, epochs = _folders(quick)
     # warm-up, not recorded: DALI's one-time library start-up and the DataLoader's
     # forkserver (which imports torch once) would otherwise land in the first case's epoch 1

@@ -1,38 +1,8 @@
 """Benchmark ``input_gpu``: images/s of a warm training epoch, DALI on the GPU vs on the CPU
 vs torchvision, and the pre-decoded cache level.
 
-Data: a generated ImageNet-like JPEG folder (:func:`bench.data.jpegs.cached_jpeg_folder`:
-``64 x cores`` images of about 110 KB, ~450 x 350 pixels, made once under the temp
-directory; quick mode: 64 tiny images).  Every case reads the whole folder per epoch as
-training batches of 32 (random-resized crop to 224, flip, normalise, float NCHW), with the
-batches and labels on the training device (CUDA when there is one):
-
-* ``torchvision``: a DataLoader over torchvision's ImageFolder (PIL decode +
-  RandomResizedCrop + flip + ToTensor + Normalize) with ``cores`` persistent worker
-  processes, pinned memory, batches moved to the GPU (``non_blocking``): the baseline;
-* ``dali_mixed``: ``data.loader=dali`` on CUDA (:class:`bench.data.dali.DaliFolderLoader`):
-  ``mixed`` decoding (nvJPEG / the hardware JPEG decoder) and the augmentation on the GPU;
-* ``dali_cpu``: the same loader with ``data.dali_device=cpu``, ``cores`` threads; its
-  batches are then copied to the training device;
-* ``dali_predecoded``: the same loader over the pre-decoded cache level (decoded uint8
-  pixels held in memory at their original resolution, read in place by the external
-  source), augmented on the GPU when there is one (``device`` says where).
-
-The DALI cases use the external source (files read by the loader's fetch threads), which
-builds one pipeline for the run: DALI's file reader would be rebuilt for every training
-epoch's file list, which at this folder size would time pipeline builds, not decoding.
-All files sit in the page cache (the warm-up epoch read them), so no case waits for disk.
-
-Timing: one untimed warm-up epoch per case (worker start-up, pipeline builds, filling the
-pre-decoded level; torchvision's first, so its workers are forked before any DALI thread
-exists), then ``reps`` epochs of each case interleaved (:func:`interleaved_times`, the
-order rotated every round), CUDA synchronised around each epoch.  Rows: ``case, library,
-device, images, batch, image_size, workers, reps, median_ms / min_ms / iqr_ms`` (per
-epoch), ``images_per_s`` (images over the median epoch), ``vs_torchvision`` (that over
-torchvision's, same run), ``device`` (where decoding and augmentation ran),
-``train_device`` (where the batches went), ``load_1m``, ``skipped`` (why a case has no
-numbers: no CUDA for ``dali_mixed``, no NVIDIA DALI, or the error its warm-up epoch
-raised; the other cases still run).
+One untimed warm-up epoch per case, then interleaved epochs; a case that cannot run says
+why.  Columns and protocol: docs/internals/benchmarks.md (input_gpu).
 """
 
 from __future__ import annotations
@@ -50,30 +20,19 @@ import torch
 from torch.utils.data import DataLoader
 
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
-from bench.benchmarks.harness import BenchRun, interleaved_times, latest_run, summarize
+from bench.benchmarks.harness import BenchRun, have_dali, latest_run, usable_cores
+from bench.benchmarks.timing import interleaved_times, summarize
 from bench.data.cache import build_reader
 from bench.data.config import CacheConfig
 from bench.data.dali import DaliFolderLoader
 from bench.data.folder import build_transforms, check_split
 from bench.data.jpegs import cached_jpeg_folder
 from bench.data.storage import LocalStorage, list_folder
-from bench.results.plots import save_figure
+from bench.results.plots import BENCH_COLOURS, save_figure
 
 CASES = ("torchvision", "dali_mixed", "dali_cpu", "dali_predecoded")
 OUT = 224  # training crop (pixels)
 BATCH = 32
-
-
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
-
-
-def have_dali() -> bool:
-    try:
-        import nvidia.dali  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 class _Epochs:
@@ -161,7 +120,7 @@ def _skip_reason(case: str, cuda: bool, dali: bool) -> str:
 
 
 def _plan(quick: bool) -> dict[str, Any]:
-    cores = 2 if quick else _cores()
+    cores = 2 if quick else usable_cores()
     if quick:
         return dict(images=64, small=True, size=32, batch=8, workers=2, reps=2, cores=cores)
     return dict(images=64 * max(2, cores), small=False, size=OUT, batch=BATCH, workers=cores,
@@ -258,7 +217,7 @@ def _plot(csv: Path, png: Path) -> None:
     df = df[df["skipped"].fillna("") == ""] if "skipped" in df else df
     fig, ax = plt.subplots(figsize=(7, 4))
     labels = [f"{c}\n({d})" for c, d in zip(df["case"], df["device"], strict=True)]
-    bars = ax.bar(labels, df["images_per_s"], color="tab:blue")
+    bars = ax.bar(labels, df["images_per_s"], color=BENCH_COLOURS["images"])
     for b, ratio in zip(bars, df["vs_torchvision"], strict=True):
         ax.annotate(f"{ratio:.2f}x", (b.get_x() + b.get_width() / 2, b.get_height()),
                     ha="center", va="bottom", fontsize=8)  # fmt: skip

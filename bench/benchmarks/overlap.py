@@ -1,29 +1,14 @@
 """Overlap of gradient aggregation with the backward pass, measured on a real model's step.
 
-For each method, in one process group, interleaved step by step (the machine's load drifts):
-
-* ``step_ms``: forward + backward of torchvision's ResNet-18 under DDP with the method's
-  hook (``bench.comm.make_hook``); DDP's backward returns when every bucket's future is
-  done, so this is the step's time up to the optimizer;
-* ``backward_ms``: the same forward + backward under ``ddp.no_sync()`` (no communication);
-* ``comm_alone_ms``: the same hook on buckets of the same parameter shapes (recorded from
-  DDP's own buckets), with no backward pass running.
-
-``exposed_ms = step_ms - backward_ms`` is the communication the step pays for;
-``exposed_ratio = exposed_ms / comm_alone_ms`` (1 = nothing hidden) and ``hidden = 1 -
-exposed_ratio`` (clipped to [0, 1]) is what the performance model uses.  Times are the
-slowest rank's, medians over ``reps`` steps after ``warmup``.
-
-Runs under :func:`bench.benchmarks.spawn.run_workers` (loopback, ``bench comm``) or as
-``python -m bench.benchmarks.overlap --out FILE`` under torchrun (the emulated cluster,
-``bench cluster``).
+Per method: a ResNet-18 DDP step, its backward alone and its communication alone, the
+slowest rank's medians; ``exposed_ms`` and ``hidden`` feed the performance model.  Runs on
+local workers or as ``python -m bench.benchmarks.overlap --out FILE`` under torchrun.
 """
 
 import argparse
 import json
 import os
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -32,19 +17,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from bench.benchmarks.buckets import FakeBucket
+from bench.benchmarks.timing import interleaved_times
 from bench.comm import is_sparse, make_hook
 
 MODEL = "resnet18"
-
-
-def _timed(fn: Callable[[], object]) -> float:
-    """The slowest rank's time of ``fn`` (ms), all ranks starting together."""
-    dist.barrier()
-    t0 = time.perf_counter()
-    fn()
-    t = torch.tensor([(time.perf_counter() - t0) * 1e3])
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
 
 
 def _recording(hook: Callable, shapes: dict[int, list[torch.Size]]) -> Callable:
@@ -87,28 +63,29 @@ def _case(
             fwd_bwd()
 
     buckets: list[FakeBucket] = []
+    layout: list[list[torch.Size]] = []
 
     def comm_alone() -> None:
         torch.futures.wait_all([alone_hook(alone_state, b) for b in buckets])
 
-    out: dict[str, list[float]] = {"step": [], "backward": [], "alone": []}
-    layout: list[list[torch.Size]] = []
-    for step in range(warmup + reps):
-        shapes.clear()
-        t_step = _timed(fwd_bwd)
+    def rebucket() -> None:  # DDP's buckets as its hook saw them (rebuilt after step 1)
+        nonlocal buckets, layout
         now = [shapes[i] for i in sorted(shapes)]
-        if now != layout:  # DDP's buckets as its hook saw them (rebuilt after step 1)
-            layout = now
-            n = len(now)
+        if now != layout:
+            layout, n = now, len(now)
             buckets = [FakeBucket(i, now[i], i == n - 1, seed=i) for i in range(n)]
-        t_bwd = _timed(backward_only)
+
+    def refill() -> None:
         for b in buckets:
             b.refill()
-        t_alone = _timed(comm_alone)
-        if step >= warmup:
-            out["step"].append(t_step)
-            out["backward"].append(t_bwd)
-            out["alone"].append(t_alone)
+
+    out = interleaved_times(
+        {"step": fwd_bwd, "backward": backward_only, "alone": comm_alone},
+        warmup=warmup,
+        reps=reps,
+        slowest_rank=True,
+        setup={"step": shapes.clear, "backward": rebucket, "alone": refill},
+    )
     med = {k: statistics.median(v) for k, v in out.items()}
     exposed = med["step"] - med["backward"]
     ratio = exposed / med["alone"] if med["alone"] > 0 else float("nan")

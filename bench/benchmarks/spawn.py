@@ -72,11 +72,8 @@ def run_workers(
     threads: int = 1,
     timeout_s: float = 300.0,
 ) -> list[Any]:
-    """``[fn(rank, world_size, *args) for each rank]`` computed by spawned gloo workers.
-
-    ``fn`` must be importable (module level).  A worker's exception is re-raised here
-    as RuntimeError with its traceback.
-    """
+    """``[fn(rank, world_size, *args) for each rank]`` computed by spawned gloo workers
+    (``fn`` importable); a worker's exception is re-raised as RuntimeError."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = free_port()

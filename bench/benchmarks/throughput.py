@@ -1,39 +1,13 @@
 """``bench throughput``: training throughput per device on synthetic data: ResNet-50
 images/s and ``transformer_base`` tokens/s.
 
-One training step is forward, loss, backward and a fused SGD update (momentum 0.9) of
-``torchvision.models.resnet50()`` on a batch of random 224 px images that stays on the device
-(so this measures the GPU, not the input pipeline).  Three cases run in the same process,
-interleaved in rounds so that clock and thermal drift fall on all of them alike:
-
-* ``bf16+channels_last``: bf16 autocast, channels_last model and input (the suite's default
-  on CUDA: ``train.amp=auto``, ``model.channels_last=true``);
-* ``bf16``: bf16 autocast, default (NCHW) memory format;
-* ``tf32``: no autocast, TF32 matrix units allowed (the strongest fp32 baseline).
-
-Columns: ``case``, ``batch``, ``image_size``, ``median_step_ms`` (CUDA-event time of one step;
-perf_counter on the CPU), ``images_per_s`` (batch / median step), ``speedup_vs_tf32``, and
-the anchor: the number NVIDIA publishes for its own PyTorch reference of the same model
-(ResNet-50 v1.5, DeepLearningExamples, mixed precision, 1x A100 80GB, 2,470 images/s, with
-DALI input, 21.03 NGC container) in ``anchor_images_per_s`` and ``anchor``, for scale: it is
-another GPU and a real input pipeline, so the ratio is no like-for-like comparison.
-
-``transformer_base`` (the registry's model: :mod:`bench.models.transformer`, 6+6 layers,
-d_model 512, shared 32 k-token embedding) runs the same way on synthetic sentences of fixed
-length (no padding, so every token counts): label-smoothed cross-entropy, fused AdamW on
-CUDA; cases ``bf16`` and ``tf32`` (``fp32`` on a CPU).  Its rows carry ``model``,
-``batch`` (sentences), ``seq_len`` (source = target length), ``tokens_per_step`` (source +
-target tokens) and ``tokens_per_s``; there is no published anchor beside them.
-
-On a CPU (no CUDA), ResNet-50 runs in a tiny version (batch 2, 32 px, fp32 and bf16) so the
-code path is tested (rows say ``device=cpu``), and ``transformer_base`` at batch 8 x 32 + 32
-tokens, a real measurement of this CPU; ``--quick`` shrinks both to ``transformer_tiny``.
+bf16 + channels-last, bf16 and TF32 steps interleaved in one process, beside NVIDIA's
+published ResNet-50 number for scale.  Columns and protocol: docs/internals/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,9 +17,10 @@ import torch
 
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
 from bench.benchmarks.harness import BenchRun
+from bench.benchmarks.timing import interleaved_times
 from bench.models import build_model
 from bench.models.config import ModelConfig
-from bench.results.plots import save_figure
+from bench.results.plots import BENCH_COLOURS, save_figure
 
 ANCHOR_IMAGES_PER_S = 2470.0
 ANCHOR = (
@@ -135,36 +110,6 @@ class TokenStep:
         self.opt.zero_grad(set_to_none=True)
 
 
-def _time(fn: Callable[[], None], device: torch.device, iters: int) -> float:
-    """Milliseconds per call over ``iters`` calls (CUDA events on a GPU)."""
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / iters
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return (time.perf_counter() - t0) * 1e3 / iters
-
-
-def measure(
-    device: torch.device,
-    batch: int,
-    px: int,
-    rounds: int,
-    iters: int,
-    cases: dict[str, Any],
-    warmup: int = 3,
-) -> dict[str, list[float]]:
-    """ms per ResNet-50 step of each case (see :func:`interleave`)."""
-    steps = {name: Step(device, amp, cl, batch, px) for name, (amp, cl) in cases.items()}
-    return interleave(steps, device, rounds, iters, warmup)
-
-
 def interleave(
     steps: dict[str, Callable[[], None]],
     device: torch.device,
@@ -172,20 +117,14 @@ def interleave(
     iters: int,
     warmup: int = 3,
 ) -> dict[str, list[float]]:
-    """ms per step of each case: ``rounds`` rounds of ``iters`` steps per case, the order
-    rotated each round, after a warm-up (cuDNN autotuning, allocator growth) discarded."""
-    if device.type == "cuda":
+    """ms per step of each case: ``rounds`` interleaved rounds of ``iters`` steps per case
+    (CUDA events on a GPU), after ``warmup`` steps of each (cuDNN autotuning, allocator)."""
+    cuda = device.type == "cuda"
+    if cuda:
         torch.backends.cudnn.benchmark = True
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    for s in steps.values():
-        _time(s, device, warmup)
-    times: dict[str, list[float]] = {n: [] for n in steps}
-    for r in range(rounds):
-        order = list(steps)[r % len(steps) :] + list(steps)[: r % len(steps)]
-        for n in order:
-            times[n].append(_time(steps[n], device, iters))
-    return times
+    return interleaved_times(steps, warmup=warmup, reps=rounds, iters=iters, events=cuda)
 
 
 def run(results_dir: str = "results", quick: bool = False) -> Path:
@@ -198,7 +137,8 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
         cases = {"bf16": CASES["bf16"], "fp32": (None, False)}
     warmup = 3 if cuda and not quick else 1
     bench = BenchRun("throughput", results_dir)
-    times = measure(device, batch, px, rounds, iters, cases, warmup)
+    steps = {name: Step(device, amp, cl, batch, px) for name, (amp, cl) in cases.items()}
+    times = interleave(steps, device, rounds, iters, warmup)
     _add_rows(
         bench, times, "tf32" if "tf32" in times else "fp32", batch, "images_per_s",
         label=f"resnet50 batch {batch} {px}px", model="resnet50", device=device.type,
@@ -281,14 +221,19 @@ def _plot(bench: BenchRun) -> None:
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 3.5), squeeze=False)
     for ax, part in zip(axes[0], panels, strict=True):
         if part is images:
-            ax.barh(part["case"], part["images_per_s"], color="#4c72b0")
+            ax.barh(part["case"], part["images_per_s"], color=BENCH_COLOURS["images"])
             if (part["device"] == "cuda").any():
-                ax.axvline(ANCHOR_IMAGES_PER_S, color="k", ls="--", label="NVIDIA ref., 1x A100")
+                ax.axvline(
+                    ANCHOR_IMAGES_PER_S,
+                    ls="--",
+                    color=BENCH_COLOURS["reference"],
+                    label="NVIDIA ref., 1x A100",
+                )
                 ax.legend(fontsize=7)
             ax.set_xlabel("images/s (ResNet-50 training, synthetic data)")
         else:
             name = part["model"].iloc[0]
-            ax.barh(part["case"], part["tokens_per_s"], color="#dd8452")
+            ax.barh(part["case"], part["tokens_per_s"], color=BENCH_COLOURS["tokens"])
             ax.set_xlabel(f"source + target tokens/s ({name} training, synthetic)")
         ax.set_title(bench.meta["hardware"], fontsize=8)
     save_figure(fig, bench.png_path)

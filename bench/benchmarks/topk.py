@@ -1,51 +1,12 @@
 """``bench topk``: top-k selection time, torch.topk vs the MSTopK variants, one read pass as floor.
 
-For each size (1 M, 4 M, 16 M, 25.6 M = ResNet-50's gradient, 64 M float32 elements) and
-density (0.001, 0.01) it times, in the same run and on the same tensor:
-
-- ``sum``: ``x.sum()``, one read pass over the tensor: the floor any selection pays;
-- ``torch.topk``: ``torch.topk(x.abs(), k)``, the exact baseline;
-- ``mstopk-<method>`` for each method of :func:`bench.comm.selection.mstopk`: ``tiled``
-  (the default of ``mstopk``) is this project's own exact variant, ``paper`` the paper's
-  multi-threshold search (approximate within its last band), timed beside it on the same
-  tensor; ``sampled`` and ``hist`` are exact too;
-- at 25.6 M, the error-feedback step (``r += g``; select from ``r``; ``r`` keeps what was
-  not sent) in three in-place forms, each on its own residual: ``topk+ef`` (the careful
-  user's baseline: ``r.add_(g)``, ``torch.topk`` of ``|r|``, gather the values, zero the
-  sent entries in place; no copy of the accumulator), ``mstopk+ef`` (the very same steps
-  with ``mstopk`` as the selector: the gain of faster selection alone) and
-  ``mstopk+ef[fused]`` (:func:`bench.comm.selection.mstopk_ef`: the addition fused into
-  ``tiled``'s sweep: the further gain of fusing the update).  Before timing, one step of
-  each from the same residual must select the same set as ``torch.topk`` (else the run
-  stops).
-
-Columns: ``method``, ``input`` (gaussian; at 25.6 M also heavy = Student-t with 1.5 dof
-and cauchy = standard Cauchy, both scaled by 1e-3),
-``numel``, ``density``, ``k``, ``median_ms`` (see Timing below), ``coverage`` (the fraction of
-the exact top-k's squared magnitude captured), ``speedup_vs_topk`` (torch.topk's median /
-this median) and ``x_floor`` (this median / ``sum``'s median), ``threads``, ``syncs`` (host
-syncs of one mstopk call, counted by :func:`bench.comm.selection.host_syncs`) and, on
-CUDA, ``cuda_syncs`` (synchronising CUDA calls of one call of the case, from torch's sync
-debug mode; every case).
-
-On CUDA (when available) the sizes are 25.6 M and 100 M elements, generated on the GPU,
-and ``tiled`` and ``paper`` are timed twice: ``mstopk-tiled[triton]`` (the column maxima
-by a Triton kernel, the default there) and ``mstopk-tiled[torch]``, likewise
-``mstopk-paper[triton]`` (its search in Triton) and ``[torch]``; each case is timed with CUDA events
-(2 warm-up rounds, then 10 interleaved rounds; the GPU is idle before each call).
-
-Timing: the cases of one (size, density) are measured *interleaved* (one call of each in
-turn, the order rotated every round, after a warm-up round), so that load from other
-processes on a shared machine hits baseline and subject alike; the median per case is
-reported.  On the CPU every case runs with one intra-op thread (``threads=1``): that is a
-DDP worker's share of this 2-core machine (2 workers per node), and on a loaded machine
-torch's 2-thread kernels wait for the slower thread (the 25.6 M rows are repeated with
-torch's default thread count for comparison).
+Sizes 1 M to 64 M (25.6 M and 100 M on CUDA), densities 0.001 and 0.01, interleaved on the
+same tensor; at 25.6 M also the error-feedback step in three in-place forms.  Columns and
+protocol: docs/internals/benchmarks.md (topk).
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -54,10 +15,11 @@ import pandas as pd
 import torch
 
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
-from bench.benchmarks.harness import BenchRun, finite, fmt, interleaved, summarize
+from bench.benchmarks.harness import BenchRun, finite, fmt
+from bench.benchmarks.timing import cuda_syncs, interleaved
 from bench.comm.cost import k_for
 from bench.comm.selection import MSTOPK_METHODS, host_syncs, mstopk, mstopk_ef
-from bench.results.plots import save_figure
+from bench.results.plots import SELECTION_COLOURS, save_figure
 
 SIZES = [1_000_000, 4_000_000, 16_000_000, 25_600_000, 64_000_000]
 CUDA_SIZES = [25_600_000, 100_000_000]
@@ -85,43 +47,12 @@ def _input(kind: str, n: int, device: torch.device) -> torch.Tensor:
     return x.to(device)
 
 
-def cuda_event_times(
-    cases: dict[str, Callable[[], object]], warmup: int = CUDA_WARMUP, reps: int = CUDA_REPS
-) -> dict[str, dict[str, float]]:
-    """:func:`~bench.benchmarks.harness.summarize` of each case's GPU times (ms) by CUDA events.
-
-    Interleaved like :func:`~bench.benchmarks.harness.interleaved` (``warmup`` untimed
-    rounds, then one call of each case per round, the order rotated by one each round); the
-    GPU is drained before each call, so a call's time includes its own host waits.
-    """
-    names = list(cases)
-    for _ in range(warmup):
-        for n in names:
-            cases[n]()
-    times: dict[str, list[float]] = {n: [] for n in names}
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for r in range(reps):
-        for n in names[r % len(names) :] + names[: r % len(names)]:
-            torch.cuda.synchronize()
-            start.record()
-            cases[n]()
-            end.record()
-            end.synchronize()
-            times[n].append(start.elapsed_time(end))
-    return {n: summarize(ts) for n, ts in times.items()}
-
-
 def _cuda_syncs(fn: Callable[[], object]) -> int:
     """Synchronising CUDA calls made by one call of ``fn`` (torch's sync debug mode)."""
     torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    return sum("synchroniz" in str(w.message).lower() for w in caught)
+    with cuda_syncs() as found:
+        fn()
+    return len(found)
 
 
 def _triton_methods(device: torch.device) -> tuple[str, ...]:
@@ -266,7 +197,8 @@ def _one(
         check_ef_cases(x, k)
         cases.update(_ef_cases(x, k))
     cuda = device.type == "cuda"
-    res = cuda_event_times(cases) if cuda else interleaved(cases, warmup=1, reps=reps)
+    warmup, reps = (CUDA_WARMUP, CUDA_REPS) if cuda else (1, reps)
+    res = interleaved(cases, warmup=warmup, reps=reps, events=cuda)
     floor, base = res["sum"]["median_ms"], res["torch.topk"]["median_ms"]
     for name, t in res.items():
         cov, syncs = float("nan"), float("nan")
@@ -342,8 +274,10 @@ def _plot(bench: BenchRun) -> None:
             if "+ef" in method:
                 continue
             g = g.sort_values("numel")
-            style = "k--" if method == "sum" else ("r-o" if method == "torch.topk" else "-o")
-            ax.plot(g["numel"], g["median_ms"], style, label=method, markersize=4)
+            key = method.removeprefix("mstopk-").split("[")[0]
+            colour = SELECTION_COLOURS.get(key, SELECTION_COLOURS["other"])
+            style = "--" if method == "sum" else (":o" if method.endswith("[torch]") else "-o")
+            ax.plot(g["numel"], g["median_ms"], style, color=colour, label=method, markersize=4)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("elements (float32)")

@@ -1,53 +1,9 @@
 """Benchmark ``update``: time of one optimizer step per update mode, beside the memory floor.
 
-The "parallel tensor operator" (Shi et al., MLSys 2021, section 4; docs/algorithms.md) is a
-faster optimizer update over the hundreds of small tensors of a CNN.  This measures, for two
-parameter sets,
-
-* ``resnet50``: ``torchvision.models.resnet50()`` (161 tensors, 25.6 M values);
-* ``transformer_base``: the model the suite trains (the registry's, :mod:`bench.models.
-  transformer`: 6 + 6 layers, d_model 512, 8 heads, FFN 2048) with one shared 37 000 x 512
-  embedding (the shared BPE vocabulary of Transformer-base on WMT En-De): 181 tensors,
-  63.1 M values (runs before this used ``torch.nn.Transformer`` of the same dimensions
-  beside the embedding: 185 tensors, 63.1 M values; ``n_tensors`` tells them apart),
-
-every optimizer (``sgd`` momentum 0.9 + Nesterov + weight decay 5e-4 on weights only,
-``lars``, ``adamw``) in every update mode it supports (its spec in
-:data:`bench.optim.OPTIMIZERS`): the median time of ``optimizer.step()`` over random
-gradients (``median_ms``) and of the
-``zero_grad(set_to_none=False)`` that the training loop calls after it (``zero_grad_ms``).
-The modes of one (model, optimizer) are timed interleaved, round-robin, so that the load
-of a shared machine falls on all of them alike; ratios are taken within the run.  On an
-oversubscribed CPU (``loadavg_1m`` well above the core count) the per-tensor modes suffer
-far more than ``flat``: every per-tensor kernel is a fork-join of the intra-op threads, and
-each join can wait for a thread that the OS has descheduled (at load 9 on 2 cores, ResNet-50
-SGD: fused 230 ms vs flat 64 ms with 2 threads, 60 vs 56 ms with 1 thread).
-
-Memory-traffic floor: the bytes an ideal one-pass update reads and writes (fp32: SGD reads
-p, g, buf and writes p, buf = 20 B per value; LARS also reads p and g once for the norms =
-28 B; AdamW reads p, g, m, v and writes p, m, v = 28 B) divided by the streaming bandwidth
-measured in the same run, interleaved with the cases, on buffers as large as the parameter
-set (:class:`BandwidthProbe`: a copy, ``copy_gbps``, and an in-place add, ``rmw_gbps``;
-bytes read + written / time; the faster of the two is used).  ``floor_ratio = median_ms /
-floor_ms``; about 1 means the update runs at memory speed.
-
-Gradients as under DDP: every mode's ``p.grad`` are views into flat bucket tensors laid
-out as ``DistributedDataParallel(gradient_as_bucket_view=True)`` lays them
-(:func:`bench.optim.layout.ddp_like_buckets`; :func:`bench.optim.ddp_kwargs` asks DDP for
-that in every mode), so ``flat`` mode is timed over DDP's buckets (re-laid in the warm-up
-rounds) and torch's modes over the same views.  ``ddp_copies``: gradient tensors copied
-per step between backward and update (``flat``: its counter over the timed steps;
-torch's modes: 0, DDP accumulates into the bucket views), ``ddp_copy_ms`` their cost at
-the measured copy speed (``copy_ms``: one copy of the parameter set; DDP with
-``gradient_as_bucket_view=False``, the former requirement of ``flat`` mode, made two per
-step), ``total_ms = median_ms + ddp_copy_ms`` and ``total_vs_fused``: a mode's total over
-torch fused's, the same run.
-
-On CUDA every case runs too (fp32, and ``master=bf16``: a bf16 model with fp32 master
-weights, for every optimizer), with more repetitions; CUDA work is synchronised around
-each timed call.
-
-Run: ``python -m reproduce bench update`` (a few minutes on 2 CPU cores).
+Every optimizer in every update mode over ResNet-50's and Transformer-base's parameters
+(gradients as DDP bucket views), the modes interleaved, beside the streaming bandwidth
+measured in the same run (Shi et al., MLSys 2021, section 4: the parallel tensor operator).
+Columns and protocol: docs/internals/benchmarks.md (update).
 """
 
 from __future__ import annotations
@@ -65,14 +21,15 @@ import pandas as pd
 import torch
 
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
-from bench.benchmarks.harness import BenchRun, fmt, interleaved_times
+from bench.benchmarks.harness import BenchRun, fmt
+from bench.benchmarks.timing import interleaved_times, summarize
 from bench.models import build_model
 from bench.models.config import ModelConfig
 from bench.optim import OPTIMIZERS as SPECS
 from bench.optim import build_optimizer
 from bench.optim.config import OptimConfig
 from bench.optim.layout import ddp_like_buckets
-from bench.results.plots import save_figure
+from bench.results.plots import BENCH_COLOURS, UPDATE_COLOURS, save_figure
 
 # bytes read + written per parameter value by an ideal update, per fp32 value
 TRAFFIC_VALUES = {"sgd": 5, "lars": 7, "adamw": 7}
@@ -102,13 +59,8 @@ def param_set(name: str) -> torch.nn.Module:
 
 
 class BandwidthProbe:
-    """Streaming-bandwidth probes over ``numel`` fp32 values, timed among the cases.
-
-    ``copy``: ``dst.copy_(src)`` (reads ``src``, writes ``dst``: 8 B per value);
-    ``rmw``: ``x.add_(y)`` (reads x and y, writes x: 12 B per value), an in-place pass
-    like the update's own, without the write-allocate traffic that a copy into a
-    different buffer also causes.  The floor uses the faster of the two.
-    """
+    """Streaming-bandwidth probes over ``numel`` fp32 values, timed among the cases: a copy
+    (8 B per value) and an in-place add (12 B per value); the floor uses the faster."""
 
     def __init__(self, numel: int, device: torch.device) -> None:
         self.numel = numel
@@ -174,7 +126,6 @@ def _plot(df: Any, path: Path, hw: str) -> None:
 
     models = list(dict.fromkeys(df["model"]))
     fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4.5), squeeze=False)
-    colors = {"naive": "#999999", "foreach": "#4c72b0", "fused": "#dd8452", "flat": "#55a868"}
     for ax, model in zip(axes[0], models, strict=True):
         sub = df[df["model"] == model]
         labels = [
@@ -182,13 +133,17 @@ def _plot(df: Any, path: Path, hw: str) -> None:
             for r in sub.itertuples()
         ]
         x = range(len(sub))
-        ax.bar(x, sub["median_ms"], color=[colors.get(m, "#8172b3") for m in sub["mode"]])
+        ax.bar(
+            x,
+            sub["median_ms"],
+            color=[UPDATE_COLOURS.get(m, UPDATE_COLOURS["other"]) for m in sub["mode"]],
+        )
         ax.scatter(
             x,
             sub["floor_ms"],
             marker="_",
             s=400,
-            color="black",
+            color=BENCH_COLOURS["reference"],
             zorder=3,
             label="memory-traffic floor",
         )
@@ -242,7 +197,6 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
             copy_cost = {k: ddp_copies[k] / len(params) * copy_ms for k in med}
             total = {k: med[k] + copy_cost[k] for k in med}
             for (mode, variant), t in steps.items():
-                q = statistics.quantiles(t, n=4) if len(t) >= 2 else [t[0]] * 3
                 row: dict[str, Any] = dict(
                     model=model_name,
                     optimizer=opt,
@@ -253,10 +207,7 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
                     loadavg_1m=os.getloadavg()[0],  # a shared machine's load
                     n_tensors=len(params),
                     n_values=n_values,
-                    median_ms=med[(mode, variant)],
-                    min_ms=min(t),
-                    iqr_ms=q[2] - q[0],
-                    reps=reps,
+                    **summarize(t),
                     zero_grad_ms=statistics.median(zeros[(mode, variant)]),
                     bytes_per_step=TRAFFIC_VALUES[opt] * 4 * n_values,
                     copy_gbps=copy_gbps,

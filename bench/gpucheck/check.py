@@ -1,44 +1,8 @@
 """``python -m reproduce gpucheck``: every CUDA path of the suite, measured in a fixed budget.
 
-GPU time comes in short windows, on machines that hold nothing but what the repository
-brings (torch and Triton; no Hydra, no DALI, maybe no pandas), so one prepared command
-checks what the machine has (:func:`probe`: CUDA, the GPU, NCCL, Triton, and the Python
-packages the steps need), then runs the :data:`STEPS` in order, most important first, each
-in its own process group with its own time cap:
-
-``hooks``       every DDP hook on CUDA tensors: NCCL world 1, 4 gloo workers sharing the GPU
-                as 2 x 2 and 4 x 1, timing on and off; equal on every rank, equal to dense
-                at density 1.0, zero host syncs in the hooks, a race probe
-                (:mod:`bench.gpucheck.hooks`; torch only)
-``select``      torch.topk vs MSTopK ``tiled`` (Triton and torch) at 25.6 M / 100 M,
-                densities 0.001 / 0.01, against the read floor, kernels and syncs per call
-``update``      one optimizer step, torch fused / flat / flat with bf16 masters, ResNet-50
-                and Transformer-base, SGD and AdamW, against the HBM floor, kernels per step
-``profile``     ResNet-50 compute per step at 64 / 256 images and 128 / 224 px (bf16,
-                channels-last) and when each DDP bucket becomes ready during backward
-                (the last three: :mod:`bench.gpucheck.perf`; torch, torchvision for ResNet-50)
-``gpu-tests``   ``pytest -m gpu``: the tests only a CUDA machine can run
-``topk``        ``bench topk`` on CUDA: torch.topk vs every MSTopK method (pandas)
-``update-bench`` ``bench update``: naive / foreach / fused / flat, fp32 and bf16 masters
-``input``       ``bench input_gpu``: DALI mixed vs DALI CPU vs torchvision (DALI)
-``train-nccl``  the embedded default recipe on one GPU with NCCL (world 1), to its target
-``train-flat``  the same with ``optim.update=flat optim.master_weights=bf16``
-``train-hitopk`` 2 processes sharing the GPU over gloo with CUDA tensors, ``comm=hitopk
-                comm.procs_per_node=1`` (each worker a node), to its target (these three:
-                Hydra)
-``throughput``  ``bench throughput``: ResNet-50, synthetic 224 px, bf16 + channels_last
-
-A step whose requirement is missing is skipped with one line; a step is given
-``min(cap, budget left)`` seconds and killed (with its children) when it overruns; once the
-budget left is under a step's ``min_s`` the check stops and says which steps were left.
-The first five steps' caps add up to 445 s: the default budget of 480 s leaves the later
-steps whatever the first ones did not use.  Every step appends to the usual CSVs and
-records (which name the GPU) or writes ``<results>/gpucheck/<step>.json``; the check itself
-appends one row per step to ``<results>/bench/gpucheck.csv``, keeps each step's output in
-``<results>/gpucheck/<bench_id>/<step>.log`` and prints a summary table, also written to
-``<results>/gpucheck/<bench_id>.md``.  ``--dry-run`` prints the probe and the plan and runs
-nothing; ``--cpu`` runs the steps that have a CPU mode on CPU tensors with small sizes (the
-plumbing of the device run: ``tests/test_gpucheck.py``).
+Probes the machine, then runs :data:`STEPS` in order, most important first, each in its own
+process group with its own time cap; one row per step in ``<results>/bench/gpucheck.csv``
+and a summary table.  The steps and the budget: docs/internals/gpucheck.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,8 @@
 """Device check of every DDP hook on CUDA tensors (gpucheck step ``hooks``).
 
-``python -m bench.gpucheck.hooks [--cpu] [--out FILE]``: every hook (dense, fp16, bf16,
-PowerSGD, topk, mstopk, hitopk) on NCCL with one process, and on four gloo processes
-sharing the GPU with CUDA tensors, posing as 2 nodes x 2 and 4 nodes x 1; timing on and
-off.  Per hook and layout, over three backward passes of a small MLP (no update: every
-step reduces the gradient of the same weights):
-
-``rank_diff``   largest difference of the reduced gradient between ranks (must be 0)
-``dense_err``   relative error against the dense allreduce at density 1.0 (top-k hooks
-                must match it; fp16/bf16 within their rounding; PowerSGD not compared)
-``syncs``       synchronising CUDA calls during the backward passes, by torch's sync debug
-                mode, plus the selectors' own count (must be 0: no hook reads the device)
-``race_diff``   largest difference when a ``torch.cuda._sleep`` delays the stream before
-                each collective is issued and at the start of every future callback (a
-                missing stream dependency reads stale data then; index_add_'s atomics may
-                reorder float sums, so the limit is a rounding error, not bit equality)
-
-``--cpu`` runs the same cases on CPU tensors over gloo (no sync mode, a host sleep for the
-race probe): the plumbing of the device run, checked by ``tests/test_gpucheck.py``.
-Needs only torch (and the repository); writes one JSON file and prints one line a case.
+``python -m bench.gpucheck.hooks [--cpu] [--out FILE]``: every hook on NCCL with one process
+and on four gloo processes sharing the GPU; ranks equal, equal to dense, no host syncs, no
+race.  Needs only torch.  What each column checks: docs/internals/gpucheck.md.
 """
 
 from __future__ import annotations
@@ -30,7 +14,6 @@ import json
 import os
 import sys
 import time
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from bench.benchmarks.spawn import free_port, run_workers
+from bench.benchmarks.timing import cuda_syncs
 from bench.comm import communicators, futures, make_hook
 from bench.comm.selection_core import host_syncs
 
@@ -96,28 +80,6 @@ def _race(device: torch.device, on: bool) -> Iterator[None]:
         communicators.collective = orig_collective
 
 
-@contextlib.contextmanager
-def _syncs(device: torch.device) -> Iterator[list[str]]:
-    """Synchronising CUDA calls made from Python threads inside the block (torch's sync
-    debug mode warns at each; gloo's own C++ threads do not reach Python's warnings)."""
-    found: list[str] = []
-    if device.type != "cuda":
-        yield found
-        return
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            yield found
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    found += [
-        f"{w.filename}:{w.lineno}"
-        for w in caught
-        if "synchronizing cuda operation" in str(w.message).lower()
-    ]
-
-
 def _run(
     name: str, device: torch.device, ppn: int, density: float, timing: bool, race: bool, width: int
 ) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -142,7 +104,7 @@ def _run(
         ddp.zero_grad(set_to_none=False)
         loss = ddp(x).square().mean()
         before = host_syncs()
-        with _race(device, race), _syncs(device) as found:
+        with _race(device, race), cuda_syncs(device.type == "cuda") as found:
             loss.backward()
         counted += host_syncs() - before
         syncs += found

@@ -1,27 +1,8 @@
 """Device measurements against memory floors (gpucheck steps ``select``, ``update``, ``profile``).
 
 ``python -m bench.gpucheck.perf {select,update,profile} [--cpu] [--out FILE]``, needing only
-torch (torchvision for ResNet-50, Triton for the selection kernels: skipped with a line
-when absent).  Every time is the median of CUDA-event-timed repetitions after a warm-up;
-kernel counts come from torch's profiler (CUDA kernels launched by one call).
-
-``select``  ``torch.topk`` against MSTopK ``tiled`` (Triton: a histogram threshold and one
-            compaction; and its torch structure) at 25.6 M and 100 M float32 elements,
-            densities 0.001 and 0.01: ms, times the read floor (``4 n`` bytes at the HBM
-            bandwidth, :data:`HBM_BYTES_S`; and the measured ``amax`` pass), kernels and
-            host syncs per call.  Targets: within 3x of the floor at 100 M, at least 2x
-            faster than ``torch.topk`` at 25.6 M.
-``update``  one optimizer step (torch fused, flat, flat with bf16 master weights) for
-            ResNet-50 and Transformer-base, SGD with momentum and AdamW: ms, kernels per
-            step, times the HBM floor (20 and 28 bytes per parameter).  Gradients are set
-            once outside the timing, without DDP (the flat modes then copy them in).
-``profile`` what the paper-scaled profile assumes: ResNet-50 forward and backward per step
-            at 64 and 256 images and 128 and 224 px (bf16 autocast, channels-last), and the
-            time after the start of backward at which each DDP bucket is handed to the
-            hook (25 MB buckets, one process).
-
-``--cpu`` shrinks every size and runs on the CPU (host clocks, no floors): the plumbing of
-the device run, checked by ``tests/test_gpucheck.py``.
+torch (torchvision, Triton optional); ``--cpu`` checks the plumbing on small CPU sizes.
+What each step measures and its targets: docs/internals/gpucheck.md.
 """
 
 from __future__ import annotations
@@ -29,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -38,6 +18,7 @@ from typing import Any
 import torch
 
 from bench.benchmarks.spawn import free_port
+from bench.benchmarks.timing import median_s
 from bench.comm.cost import k_for
 from bench.comm.selection import _TRITON_BROKEN, host_syncs, mstopk
 from bench.models.config import ModelConfig
@@ -47,31 +28,6 @@ from bench.optim.config import OptimConfig
 
 HBM_BYTES_S = 4.8e12  # H200 HBM3e, bytes per second (the floors' denominator)
 UPDATE_BYTES = {"sgd": 20, "adamw": 28}  # per parameter: p, g, state(s) read, p, state written
-
-
-def _timer(device: torch.device) -> Callable[[Callable[[], Any], int], float]:
-    """``time(fn, reps)``: median seconds of one call (CUDA events on a GPU)."""
-
-    def cuda_time(fn: Callable[[], Any], reps: int) -> float:
-        times = []
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
-        return statistics.median(times)
-
-    def host_time(fn: Callable[[], Any], reps: int) -> float:
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
-
-    return cuda_time if device.type == "cuda" else host_time
 
 
 def kernels(fn: Callable[[], Any], device: torch.device) -> int:
@@ -90,7 +46,7 @@ def kernels(fn: Callable[[], Any], device: torch.device) -> int:
 def select(device: torch.device, cpu: bool) -> list[dict]:
     from bench.comm import mstopk_triton  # deferred: imports Triton, optional
 
-    timed = _timer(device)
+    cuda = device.type == "cuda"
     sizes = (256_000, 1_000_000) if cpu else (25_600_000, 100_000_000)
     reps = 3 if cpu else 20
     rows = []
@@ -98,14 +54,15 @@ def select(device: torch.device, cpu: bool) -> list[dict]:
         "torch.topk": lambda x, k: torch.topk(x.abs(), k, sorted=False),
         "mstopk-torch": lambda x, k: mstopk(x, k, "tiled", kernel="torch", _device_path=True),
     }
-    if device.type == "cuda" and mstopk_triton.AVAILABLE:
+    if cuda and mstopk_triton.AVAILABLE:
         # auto: a Triton failure falls back to torch (and is printed below), not a crash
         methods["mstopk"] = lambda x, k: mstopk(x, k, "tiled", kernel="auto")
     else:
         print("select: no Triton on a CUDA device here: the fast kernels are not measured")
     for n in sizes:
         x = torch.randn(n, device=device, generator=torch.Generator(device).manual_seed(n))
-        read = timed(lambda x=x: torch.amax(x), reps)  # one read of x: the practical floor
+        # one read of x: the practical floor
+        read = median_s(lambda x=x: torch.amax(x), warmup=0, reps=reps, events=cuda)
         floor = 4 * n / HBM_BYTES_S
         for density in (0.001, 0.01):
             k = k_for(n, density)
@@ -114,7 +71,7 @@ def select(device: torch.device, cpu: bool) -> list[dict]:
                 before = host_syncs()
                 fn(x, k)
                 syncs = host_syncs() - before
-                s = timed(lambda fn=fn, x=x, k=k: fn(x, k), reps)
+                s = median_s(lambda fn=fn, x=x, k=k: fn(x, k), warmup=0, reps=reps, events=cuda)
                 rows.append(
                     {
                         "n": n,
@@ -168,7 +125,6 @@ def _models(cpu: bool) -> dict[str, Callable[[], torch.nn.Module]]:
 def update(device: torch.device, cpu: bool) -> list[dict]:
     from types import SimpleNamespace
 
-    timed = _timer(device)
     reps = 3 if cpu else 30
     modes = (("fused", "off"), ("flat", "off"), ("flat", "bf16"))
     rows = []
@@ -185,8 +141,8 @@ def update(device: torch.device, cpu: bool) -> list[dict]:
                 for p in model.parameters():
                     p.grad = torch.randn_like(p).mul_(1e-3)
                 numel = sum(p.numel() for p in model.parameters())
-                optimizer.step()  # warm-up: state allocated, schedule built
-                s = timed(optimizer.step, reps)
+                # warm-up: state allocated, schedule built
+                s = median_s(optimizer.step, reps=reps, events=device.type == "cuda")
                 floor = UPDATE_BYTES[opt] * numel / HBM_BYTES_S
                 mode = update_mode + ("+bf16 masters" if master != "off" else "")
                 rows.append(
@@ -262,7 +218,6 @@ def _bucket_times(device: torch.device, cpu: bool) -> list[dict]:
 
 
 def profile(device: torch.device, cpu: bool) -> list[dict]:
-    timed = _timer(device)
     make = _models(cpu).get("resnet50")
     rows: list[dict] = []
     if make is not None:
@@ -276,8 +231,8 @@ def profile(device: torch.device, cpu: bool) -> list[dict]:
                     loss = model(x).float().square().mean()
                 loss.backward()
 
-            step()  # warm-up: cuDNN picks its algorithms
-            s = timed(step, 2 if cpu else 10)
+            # warm-up: cuDNN picks its algorithms
+            s = median_s(step, reps=2 if cpu else 10, events=device.type == "cuda")
             rows.append(
                 {"what": "compute", "images": batch, "px": px, "ms": 1e3 * s, "img_s": batch / s}
             )

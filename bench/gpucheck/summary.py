@@ -24,10 +24,6 @@ BENCH_OF_STEP = {
 }
 
 
-def _csv(results_dir: str, name: str) -> Path:
-    return bench_csv(results_dir, name)
-
-
 def _runs(results_dir: str) -> Path:
     return Path(results_dir) / "runs.jsonl"
 
@@ -36,7 +32,7 @@ def snapshot(results_dir: str) -> dict[str, int]:
     """Rows per benchmark CSV and lines of runs.jsonl, right now."""
     out: dict[str, int] = {}
     for name in BENCH_OF_STEP.values():
-        p = _csv(results_dir, name)
+        p = bench_csv(results_dir, name)
         out[name] = len(pd.read_csv(p)) if p.is_file() and p.stat().st_size else 0
     p = _runs(results_dir)
     out["runs"] = len(p.read_text().splitlines()) if p.is_file() else 0
@@ -44,7 +40,7 @@ def snapshot(results_dir: str) -> dict[str, int]:
 
 
 def _new_rows(results_dir: str, name: str, before: dict[str, int]) -> pd.DataFrame:
-    p = _csv(results_dir, name)
+    p = bench_csv(results_dir, name)
     if not p.is_file():
         return pd.DataFrame()
     return pd.read_csv(p).iloc[before.get(name, 0) :]

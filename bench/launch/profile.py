@@ -1,43 +1,20 @@
 """Named cluster profiles: an emulated link scaled so that this machine keeps the paper's
-ratio of communication to computation.
+ratio of communication to computation (Shi et al., MLSys 2021: 16 x 8 V100, 25 Gbit/s).
 
-In Shi et al. (MLSys 2021), 16 nodes x 8 V100 (NVLink inside, 25 Gbit/s between nodes)
-train ResNet-50 v1.5.  The performance model (dense as NCCL's hierarchical allreduce,
-:mod:`bench.cluster.projection` for every assumed input and its source) gives that
-cluster's dense aggregation time per step; divided by the V100's compute time per step it
-is the target ratio.  The paper's own setting spans several ratios, so each is a named
-profile (:data:`SETTINGS`): images per GPU per step, image size and the bytes of a
-gradient element on the wire -- the V100's compute time follows from the cited 224 px
-throughput (:func:`projection.v100_compute_s`), the dense time from the model; and
-:func:`derive` records every input, its source and the result.
-
-* ``paper``: 256 images per GPU at 128 px, fp32 gradients (the ratio the suite has used);
-* ``paper-b64``: 64 per GPU at 128 px, fp32 (the project's ImageNet recipe: global batch
-  8192 over 16 x 8);
-* ``paper-224``: 256 per GPU at 224 px, fp32 (the end of progressive resizing);
-* ``paper-fp16``: 256 per GPU at 128 px with fp16 gradients on the wire (a mixed
-  precision recipe's dense baseline) -- the same link as ``paper``, half the bytes.
-
-Here, the model's forward + backward of one step is timed on this machine, and the
-emulated inter-node bandwidth is chosen so that the bytes a dense ring allreduce of the
-setting's element size sends over each node's link (:mod:`bench.comm.cost`) take ``ratio
-x`` that compute time -- latency and this machine's reduction costs are left out, so the
-emulated ratio is, if anything, a little higher than the target.
-
-:func:`apply` is what a launcher calls; its result says what was measured and chosen
-(store it in the run's record).
+Each profile (:data:`SETTINGS`) fixes a target ratio from the performance model; this
+machine's compute per step is timed and the link set to match.  Derivation:
+docs/internals/benchmarks.md (cluster profiles).
 """
 
 from __future__ import annotations
 
 import os
-import statistics
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from bench.benchmarks.timing import median_s
 from bench.cluster import perfmodel as pm
 from bench.cluster import projection
 from bench.cluster.emulated import worker_threads
@@ -165,20 +142,14 @@ def bandwidth_for_ratio(
 
 
 def measure_compute_s(net: Any, batch: Any, reps: int = 3, loss: Any = None) -> float:
-    """Median time of ``net``'s forward + backward on ``batch``, s.  ``loss(net, batch)``
-    gives the loss (default: cross-entropy of ``net(inputs)`` against ``targets``)."""
-
+    """Median time of ``net``'s forward + backward on ``batch``, s, after one warm-up call.
+    ``loss(net, batch)`` gives the loss (default: cross-entropy of ``net(inputs)``)."""
     if loss is None:
 
         def loss(n: Any, b: Any) -> Any:
             return torch.nn.functional.cross_entropy(n(b[0]), b[1])
 
-    times = []
-    for _ in range(reps + 1):  # the first call warms up
-        t0 = time.perf_counter()
-        loss(net, batch).backward()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times[1:])
+    return median_s(lambda: loss(net, batch).backward(), reps=reps)
 
 
 def resolve(
@@ -223,10 +194,8 @@ def host_contention(nodes: int, procs: int, threads: int, cores: int) -> float:
 
 
 def step_compute_s(cfg: Any, time_it: bool = True) -> dict[str, Any]:
-    """One worker's forward + backward time per step on this host, for ``cfg``'s workload,
-    model and per-worker batch: timed alone with the worker's intra-op threads, then
-    scaled by :func:`host_contention` (every emulated worker runs on this host).  Also the
-    model's trainable parameter count; ``time_it=False``: that count alone."""
+    """One worker's forward + backward time per step of ``cfg``'s workload on this host (timed
+    alone, scaled by :func:`host_contention`) and its parameter count (alone: ``time_it=False``)."""
 
     c = cfg.cluster
     cores = os.cpu_count() or 1
@@ -258,10 +227,8 @@ def step_compute_s(cfg: Any, time_it: bool = True) -> dict[str, Any]:
 
 
 def apply(cfg: Any) -> dict[str, Any] | None:
-    """Put ``cfg.cluster.profile`` into effect: time this host's compute per step (or take
-    ``cluster.profile_compute_s``, a sweep's one measurement for all its runs), choose the
-    bandwidth and set ``cluster.inter_node_bandwidth``.  Returns what the record keeps
-    (None without a profile)."""
+    """Put ``cfg.cluster.profile`` into effect: time the compute per step (or take
+    ``cluster.profile_compute_s``), set ``cluster.inter_node_bandwidth``; what the record keeps."""
     c = cfg.cluster
     if c.profile is None:
         return None

@@ -40,6 +40,43 @@ PHASE_COLOURS = {
     "communication": "#c0392b",
     "optimizer update": "#7fb17f",
 }
+# the benchmark figures' other categories: optimizer update modes, top-k selectors (the
+# read floor, the baseline, mstopk's methods), input caches, and quantities side by side
+UPDATE_COLOURS = {
+    "naive": "#999999",
+    "foreach": "#4c72b0",
+    "fused": "#dd8452",
+    "flat": "#55a868",
+    "other": "#8172b3",
+}
+SELECTION_COLOURS = {
+    "sum": "#000000",
+    "torch.topk": "#d62728",
+    "tiled": "#ff7f0e",
+    "paper": "#1f77b4",
+    "sampled": "#2ca02c",
+    "hist": "#9467bd",
+    "other": "#8c564b",
+}
+CACHE_COLOURS = {
+    "none": "#7f7f7f",
+    "disk": "#1f77b4",
+    "memory": "#2ca02c",
+    "multilevel": "#d62728",
+    "predecoded": "#9467bd",
+    "other": "#8c564b",
+}
+BENCH_COLOURS = {
+    "measured": "#1f77b4",
+    "model": "#ff7f0e",
+    "total": "#7f7f7f",
+    "inter-node": "#ff7f0e",
+    "alone": "#7f7f7f",
+    "exposed": "#d62728",
+    "images": "#4c72b0",
+    "tokens": "#dd8452",
+    "reference": "#000000",
+}
 
 
 def method_colour(comm: str) -> str:

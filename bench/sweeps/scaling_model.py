@@ -9,13 +9,14 @@ import math
 import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from bench.benchmarks.timing import median_s as _median_s
 from bench.cluster import perfmodel as pm
 from bench.cluster import projection
 from bench.cluster.emulated import worker_threads
@@ -64,16 +65,6 @@ class Calibration:
         d = asdict(self)
         d.pop("shapes")
         return d
-
-
-def _median_s(fn: Callable[[], Any], reps: int = 5) -> float:
-    fn()  # warm-up
-    out = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out)
 
 
 def element_costs(buckets: Sequence[int], density: float, world: int = 8) -> dict[str, Any]:

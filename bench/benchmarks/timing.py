@@ -1,0 +1,156 @@
+"""The one timing harness of benchmarks, gpucheck and profiles: warm-up, interleaving, median.
+
+Cases are timed in rounds, one call of each per round, after warm-up rounds; CUDA events
+time the GPU where asked, else the host clock with CUDA synchronised around each call;
+:func:`cuda_syncs` finds synchronising CUDA calls.  Imports only the standard library and
+torch (the GPU machine has nothing else).  Protocol: docs/internals/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+K = TypeVar("K", bound=Hashable)  # the name of a timed case
+
+
+def _sync() -> None:
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def _time_ms(fn: Callable[[], object], iters: int, events: bool, slowest_rank: bool) -> float:
+    """ms per call of ``iters`` back-to-back calls of ``fn``: by CUDA events (``events``)
+    or the host clock; with ``slowest_rank`` the slowest rank's, all starting together."""
+    _sync()
+    if slowest_rank:
+        dist.barrier()
+    if events:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    if events:
+        end.record()
+        end.synchronize()
+        ms = start.elapsed_time(end)
+    else:
+        _sync()
+        ms = (time.perf_counter() - t0) * 1e3
+    if slowest_rank:
+        t = torch.tensor([ms])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        ms = float(t.item())
+    return ms / iters
+
+
+@contextlib.contextmanager
+def cuda_syncs(on: bool = True) -> Iterator[list[str]]:
+    """Where synchronising CUDA calls were made from Python threads inside the block (torch's
+    sync debug mode warns at each; gloo's own C++ threads do not reach Python's warnings)."""
+    found: list[str] = []
+    if not on:
+        yield found
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield found
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    found += [
+        f"{w.filename}:{w.lineno}"
+        for w in caught
+        if "synchronizing cuda operation" in str(w.message).lower()
+    ]
+
+
+def summarize(times_ms: Sequence[float]) -> dict[str, float]:
+    """Median, min and inter-quartile range (ms) of timed calls, and their count."""
+    q = statistics.quantiles(times_ms, n=4) if len(times_ms) >= 2 else [times_ms[0]] * 3
+    return {
+        "median_ms": statistics.median(times_ms),
+        "min_ms": min(times_ms),
+        "iqr_ms": q[2] - q[0],
+        "reps": len(times_ms),
+    }
+
+
+def _rounds(names: list[K], reps: int, shuffle: bool) -> Iterator[list[K]]:
+    """The order of the cases in each round: rotated by one each round, or shuffled (seed 0)
+    so that no case always runs right after the same other one."""
+    rng = random.Random(0)
+    order = list(names)
+    for r in range(reps):
+        if shuffle:
+            rng.shuffle(order)
+            yield order
+        else:
+            yield names[r % len(names) :] + names[: r % len(names)]
+
+
+def interleaved_times(
+    cases: Mapping[K, Callable[[], object]],
+    *,
+    warmup: int = 1,
+    reps: int = 5,
+    shuffle: bool = False,
+    iters: int = 1,
+    events: bool = False,
+    slowest_rank: bool = False,
+    setup: Mapping[K, Callable[[], object]] | None = None,
+) -> dict[K, list[float]]:
+    """Times (ms per call) of ``reps`` rounds, one sample (``iters`` calls) of each case per
+    round, after ``warmup`` rounds of one call each (in order, discarded); ``setup[name]``
+    runs untimed before each call of its case."""
+    names = list(cases)
+
+    def sample(name: K, n: int) -> float:
+        if setup is not None and name in setup:
+            setup[name]()
+        return _time_ms(cases[name], n, events, slowest_rank)
+
+    for _ in range(warmup):
+        for name in names:
+            sample(name, 1)
+    times: dict[K, list[float]] = {name: [] for name in names}
+    for order in _rounds(names, reps, shuffle):
+        for name in order:
+            times[name].append(sample(name, iters))
+    return times
+
+
+def interleaved(
+    cases: Mapping[K, Callable[[], object]], **options: Any
+) -> dict[K, dict[str, float]]:
+    """:func:`summarize` of each case's :func:`interleaved_times` (same options)."""
+    return {n: summarize(ts) for n, ts in interleaved_times(cases, **options).items()}
+
+
+def median_s(
+    fn: Callable[[], object],
+    *,
+    setup: Callable[[], object] | None = None,
+    warmup: int = 1,
+    reps: int = 5,
+    **options: Any,
+) -> float:
+    """Median seconds of one call of ``fn`` over ``reps`` calls after ``warmup`` calls
+    (:func:`interleaved_times` of the one case, same options)."""
+    on = {0: setup} if setup is not None else None
+    return (
+        statistics.median(
+            interleaved_times({0: fn}, warmup=warmup, reps=reps, setup=on, **options)[0]
+        )
+        / 1e3
+    )
