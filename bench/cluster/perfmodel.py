@@ -171,7 +171,7 @@ def bucket_times(
     density: float,
     c: Cluster,
     k: Costs,
-    min_numel: int = 16384,
+    min_numel: int = cost.MIN_NUMEL,
     shapes: Sequence[Sequence[Sequence[int]]] | None = None,
     rank: int = 4,
 ) -> list[float]:
@@ -189,7 +189,7 @@ def aggregation_time(
     density: float,
     c: Cluster,
     k: Costs,
-    min_numel: int = 16384,
+    min_numel: int = cost.MIN_NUMEL,
     shapes: Sequence[Sequence[Sequence[int]]] | None = None,
     rank: int = 4,
 ) -> float:

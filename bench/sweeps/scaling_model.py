@@ -36,7 +36,7 @@ OLD_WARMUP_NOCOMM = 2  # a plan that recorded no ``warmup_runs``: two compute-on
 # model's compute input at that size (:func:`bench.sweeps.scaling_table.with_predictions`)
 CALIBRATION_RUNS = 1
 CONCURRENT_STEPS = 10  # timed steps of :func:`concurrent_step_s` (after 3 untimed)
-NOCOMM = "nocomm"  # the compute-only reference of every size (bench/comm/nocomm.py)
+NOCOMM = "nocomm"  # the compute-only reference of every size (a hook in bench/comm/hooks.py)
 ASSUMED = {
     "hidden": 0.0,  # share of the aggregation hidden behind the backward pass
     "other_step_s": 0.0,  # data loader, loss and bookkeeping per step
