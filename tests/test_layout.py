@@ -96,7 +96,7 @@ def test_cycle_detector_finds_a_cycle() -> None:
 
 # The floors of bench, lowest first: a folder (or loose module) imports only those on the
 # floors below it, never one on its own floor or above.  The one statement of the order:
-# the README's and docs/layout.md's trees describe the folders, this list ranks them.
+# docs/architecture.md's and docs/layout.md's trees describe the folders, this list ranks them.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("registry",),  # named factories and ConfigError: everything registers here
     ("models", "data", "comm", "optim"),  # the concerns of one training step, apart
