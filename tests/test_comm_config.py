@@ -170,3 +170,21 @@ def test_process_groups_are_made_again_after_reinitialisation(tmp_path) -> None:
         finally:
             dist.destroy_process_group()
     assert made[0] is not made[1]
+
+
+def test_the_config_holds_every_hook_option_under_its_name_and_default():
+    """HookOptions is the one list of what a hook can be told; the comm group carries each
+    option a training run sets (all but the per-call seed and the step-axis warm-up, which
+    the controller derives) with the same default, except ``timing`` (off in training)."""
+    from dataclasses import MISSING, fields
+
+    derived = {"seed", "warmup_steps"}
+    config = {f.name: f for f in fields(CommConfig)}
+    for f in fields(HookOptions):
+        if f.name in derived:
+            continue
+        assert f.name in config, f"CommConfig lacks the hook option {f.name}"
+        if f.name != "timing":
+            c = config[f.name]
+            default = c.default if c.default is not MISSING else c.default_factory()
+            assert default == f.default, f.name
