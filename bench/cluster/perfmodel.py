@@ -140,6 +140,33 @@ def hitopk(d: int, density: float, c: Cluster, k: Costs) -> float:
     return t + c.world * ks * k.scatter_s + 3 * d * k.dense_s
 
 
+def demo_exchange(
+    shapes: Sequence[Sequence[int]], chunk: int, topk: int, c: Cluster, k: Costs
+) -> float:
+    """DeMo's exchange in one optimizer step (bench/optim/demo.py) for parameters of
+    ``shapes`` (s): the DCT of the momentum, the inverse DCTs of the part sent and of the
+    average (three passes), top-k per chunk, one flat ring allgather of every worker's
+    packet, the scatter of every worker's pairs."""
+    from bench.optim.demo import Chunking, packet_size  # deferred: imports torch
+
+    chunks = [Chunking.of(s, chunk, topk) for s in shapes]
+    numel = sum(math.prod(s) for s in shapes)
+    pairs = sum(ch.pairs for ch in chunks)
+    t = 0.0
+    if c.world > 1:
+        t = transfer_time(cost.demo(packet_size(chunks), c.nodes, c.procs_per_node), c)
+    return t + numel * k.select_s + c.world * pairs * k.scatter_s + 3 * numel * k.dense_s
+
+
+def demo_step_time(wl: Workload, chunk: int, topk: int, c: Cluster, k: Costs) -> float:
+    """One DeMo training step (s): compute, then its exchange, which starts in the
+    optimizer step after the backward (nothing of it hides), then the update."""
+    if wl.shapes is None:
+        raise ValueError("DeMo's exchange needs the workload's parameter shapes")
+    shapes = [s for b in wl.shapes for s in b]
+    return wl.compute_s + demo_exchange(shapes, chunk, topk, c, k) + wl.update_s
+
+
 def bucket_time(
     comm: str,
     d: int,

@@ -96,6 +96,12 @@ def allgather(packet: int, n: int, m: int, name: str = "allgather") -> Traffic:
     return Traffic((Stage(name, b, b if n > 1 else 0.0, w - 1, n > 1),))
 
 
+def demo(packet: int, n: int, m: int) -> Traffic:
+    """DeMo's step (bench/optim/demo.py): every worker's ``packet`` of (index, value)
+    pairs to every worker in one flat ring allgather."""
+    return allgather(packet, n, m, "demo_allgather")
+
+
 def flat_topk(numel: int, density: float, n: int, m: int, value_bytes: int = 4) -> Traffic:
     """``topk``/``mstopk``/``randomk``: every worker's ``k`` pairs to every worker."""
     return allgather(packet_bytes(k_for(numel, density), numel, value_bytes), n, m, "allgather")

@@ -16,9 +16,10 @@ from typing import Any
 
 import torch
 
-from bench.optim import adam, lars, sgd  # noqa: F401  (each registers its specs)
+from bench.optim import adam, demo, lars, sgd  # noqa: F401  (each registers its specs)
 from bench.optim.adam import Adam, AdamW, FlatAdam
 from bench.optim.config import MasterWeights, OptimConfig, Schedule, UpdateMode
+from bench.optim.demo import DeMo
 from bench.optim.flat import FlatOptimizer, after_ddp_broadcast
 from bench.optim.lars import LARS, FlatLARS
 from bench.optim.sgd import SGD, FlatSGD
@@ -145,4 +146,5 @@ __all__ = [
     "SGD",
     "Adam",
     "AdamW",
+    "DeMo",
 ]

@@ -54,10 +54,10 @@ class Schedule(Choice):
 
 @dataclass
 class OptimConfig:
-    name: str = "sgd"  # registry key in bench.optim: sgd | lars | adam | adamw
+    name: str = "sgd"  # registry key in bench.optim: sgd | lars | adam | adamw | demo
     update: UpdateMode = UpdateMode.foreach  # how the update is computed
     lr: float = 0.4  # peak learning rate for the GLOBAL batch
-    momentum: float = 0.9  # sgd, lars
+    momentum: float = 0.9  # sgd, lars; demo: the decay of its momentum, in [0, 1)
     nesterov: bool = True  # sgd, lars
     weight_decay: float = 5e-4  # L2 (sgd, lars, adam) or decoupled (adamw), per unit lr
     # exclude BN parameters and biases from weight decay (and from LARS adaptation)
@@ -77,3 +77,7 @@ class OptimConfig:
     # step: fractions of the run at which the lr is multiplied by gamma
     milestones: list[float] = field(default_factory=lambda: [0.5, 0.75])
     gamma: float = 0.1  # step: factor at each milestone
+    # demo: side of its square DCT chunks (a matrix in chunks of demo_chunk x demo_chunk
+    # elements, a vector in rows of demo_chunk) and the coefficients sent per chunk
+    demo_chunk: int = 64
+    demo_topk: int = 32

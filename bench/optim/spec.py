@@ -35,6 +35,9 @@ class OptimizerSpec:
     build_flat: FlatBuilder
     modes: frozenset[UpdateMode] = frozenset(UpdateMode)
     validate: Callable[[OptimConfig], None] = no_checks
+    # exchanges its own compressed state in ``step``: trains on each worker's local
+    # gradient, so DDP's own gradient allreduce must stay off (comm=nocomm)
+    local_gradients: bool = False
 
     def build(self, groups: list[dict], cfg: OptimConfig) -> torch.optim.Optimizer:
         """The optimizer over ``groups`` in the configured update mode."""

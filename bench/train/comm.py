@@ -1,8 +1,8 @@
 """The comm hook in a training run: checked before launch, attached after DDP wrapping,
 driven per epoch (dense warm-up epochs, density schedule, per-step statistics).
 
-    validate(cfg.comm, world_size, nnodes)          # in the launcher, before workers start
-    controller = attach(ddp_model, cfg.comm, steps_per_epoch=n)   # after DDP wrapping
+    validate(cfg.comm, world_size, nnodes, optim=cfg.optim.name)  # in the launcher
+    controller = attach(ddp_model, cfg.comm, steps_per_epoch=n, optimizer=opt)  # after DDP
     controller.set_epoch(epoch)     # before each epoch
     stats = controller.pop_stats()  # after each epoch: per-step means since the last pop
 """
@@ -14,15 +14,25 @@ from typing import Any
 
 import torch
 
-from bench.comm import HOOKS, CommStats, HookOptions, is_sparse, make_hook
+from bench.comm import HOOKS, CommStats, HookOptions, cost, is_sparse, make_hook
 from bench.comm.config import CommConfig
+from bench.comm.stats import ring
 from bench.comm.topology import check_topology
+from bench.optim import OPTIMIZERS
 from bench.registry import ConfigError
 
+LOCAL = "nocomm"  # the hook of an optimizer that exchanges its own state: local gradients
 
-def validate(cfg: CommConfig, world_size: int, nnodes: int) -> None:
-    """Refuse a bad ``comm`` config before any worker starts (raises ConfigError)."""
+
+def validate(cfg: CommConfig, world_size: int, nnodes: int, optim: str | None = None) -> None:
+    """Refuse a bad ``comm`` config, or one that ``optim`` cannot train with, before any
+    worker starts (raises ConfigError)."""
     spec = HOOKS.get(cfg.name)
+    if optim is not None and OPTIMIZERS.get(optim).local_gradients and cfg.name != LOCAL:
+        raise ConfigError(
+            f"optim={optim} exchanges its own compressed momentum and trains on each "
+            f"worker's local gradient: use comm={LOCAL}, not comm={cfg.name}"
+        )
     opts = HookOptions.of(cfg)
     for d in cfg.density_schedule:
         if not 0.0 < float(d) <= 1.0:
@@ -85,16 +95,44 @@ class CommController:
         return self.state.stats.pop()
 
 
-def attach(ddp_model: torch.nn.Module, cfg: CommConfig, steps_per_epoch: int) -> CommController:
-    """Register the hook of ``cfg.name`` on a DDP model; call on every rank after DDP wrapping."""
+def attach(
+    ddp_model: torch.nn.Module, cfg: CommConfig, steps_per_epoch: int, optimizer: Any = None
+) -> CommController:
+    """Register the hook of ``cfg.name`` on a DDP model; call on every rank after DDP
+    wrapping.  An ``optimizer`` that sends its own state (``on_send``) counts it there too."""
     import torch.distributed as dist
 
     if not dist.is_initialized() or not hasattr(ddp_model, "register_comm_hook"):
-        return CommController(_LocalState(), cfg, steps_per_epoch)  # one process: no exchange
+        controller = CommController(_LocalState(), cfg, steps_per_epoch)  # one process
+        count_optimizer(controller, optimizer, own_steps=True)
+        return controller
     # a hook with its own warm-up counter (PowerSGD's start_powerSGD_iter) counts steps
     own = HOOKS.get(cfg.name).own_warmup
     warmup_steps = int(cfg.warmup_epochs) * int(steps_per_epoch) if own else 0
     opts = asdict(HookOptions.of(cfg, warmup_steps=warmup_steps))
     state, hook = make_hook(cfg.name, model=ddp_model, **opts)
     ddp_model.register_comm_hook(state, hook)
-    return CommController(state, cfg, steps_per_epoch)
+    controller = CommController(state, cfg, steps_per_epoch)
+    count_optimizer(controller, optimizer, own_steps=False)
+    return controller
+
+
+def count_optimizer(controller: CommController, optimizer: Any, own_steps: bool) -> None:
+    """Count an optimizer's own exchange (DeMo's all-gather of one packet per step) in the
+    run's statistics, priced by :func:`bench.comm.cost.demo` (a flat ring allgather).  With a
+    hook (``nocomm``) the hook counts the steps and the elements; alone, the optimizer does."""
+    if not hasattr(optimizer, "on_send"):
+        return
+    import torch.distributed as dist
+
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    stats = controller.state.stats
+    nodes, per_node = ring(world, bool(getattr(controller.state, "multinode", False)))
+
+    def on_send(packet: int, pairs: int, numel: int) -> None:
+        traffic = cost.demo(packet, nodes, per_node) if world > 1 else None
+        stats.count(traffic or cost.Traffic(()), pairs, numel if own_steps else 0)
+        if own_steps:
+            stats.steps += 1
+
+    optimizer.on_send = on_send
