@@ -584,6 +584,18 @@ def complete(plan: Plan, records: Sequence[Mapping[str, Any]]) -> bool:
     return not pending(plan.eval_jobs(chosen(plan, records)), records)
 
 
+def _row_head(plan: Plan, comm: str, trial: str, order: int, values: Mapping[str, Any]) -> dict:
+    """The columns that name a trial in a tuning table."""
+    return {
+        "sweep_id": plan.sweep_id,
+        "protocol": plan.name,
+        "comm": comm,
+        "trial": trial,
+        "order": order,
+        "overrides": " ".join(f"{k}={_value(v)}" for k, v in values.items()),
+    }
+
+
 def tuning_table(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     """One row per (method, trial): its tuning runs, their median time to target with
     misses at the budget, and whether the rule selects it (:func:`select`)."""
@@ -597,12 +609,7 @@ def tuning_table(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFra
             times = [censored_time(r, budget) for r in mine]
             rows.append(
                 {
-                    "sweep_id": plan.sweep_id,
-                    "protocol": plan.name,
-                    "comm": comm,
-                    "trial": trial,
-                    "order": order,
-                    "overrides": " ".join(f"{k}={_value(v)}" for k, v in values.items()),
+                    **_row_head(plan, comm, trial, order, values),
                     "n_runs": len(mine),
                     "n_reached": sum(r.get("time_to_target_s") is not None for r in mine),
                     "median_time_s": statistics.median(times) if times else math.nan,
@@ -727,14 +734,9 @@ def selection_table(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.Data
                 ts = [cluster_time(run, bucket, ratio, times) for _, run in done]
                 rows.append(
                     {
-                        "sweep_id": plan.sweep_id,
-                        "protocol": plan.name,
-                        "comm": comm,
-                        "trial": trial,
-                        "order": order,
+                        **_row_head(plan, comm, trial, order, values),
                         "cluster": cluster,
                         "ratio": math.nan if ratio is None else ratio,
-                        "overrides": " ".join(f"{k}={_value(v)}" for k, v in values.items()),
                         "n_runs": len(mine),
                         "n_reached": sum(run.reached for _, run in done),
                         "median_steps": statistics.median([run.steps for _, run in done])
