@@ -165,7 +165,7 @@ def _protocol_plan(args: argparse.Namespace, jobs: list[str]):
         extra=jobs,
     )
     plan.check()
-    if n < 5 and not args.quick:
+    if n < 5 and not args.quick and not plan.v2():
         plan.notes.append(f"{n} evaluation seeds: the protocol asks for at least 5")
     plan.notes.append(
         f"protocol {plan.name}: tuning seeds {list(plan.tune_seeds)}, evaluation seeds "
@@ -174,6 +174,16 @@ def _protocol_plan(args: argparse.Namespace, jobs: list[str]):
     )
     plan.cluster_overrides, note = cluster_profile(args.cluster, jobs)
     plan.notes.append(note)
+    if plan.v2():
+        if n < pr.MIN_EVAL_SEEDS and not args.quick:
+            plan.notes.append(f"{n} evaluation seeds: the protocol asks for at least 10")
+        if plan.check_cluster != plan.cluster:
+            plan.check_overrides, note = cluster_profile(plan.check_cluster, jobs)
+            plan.notes.append(f"timing pass and end-to-end check on the {note}")
+        lo, hi, t_lo, t_hi = pr.estimate(plan)
+        plan.notes.append(
+            f"{lo}-{hi} runs, about {t_lo:.0f}-{t_hi:.0f} minutes on 2 cores (docs/protocol.md)"
+        )
     plan.check_jobs()
     return plan
 
@@ -325,7 +335,20 @@ def _dry_run(plan) -> None:
     if isinstance(plan, pr.Plan):
         for i, job in enumerate(plan.tune_jobs()):
             print(f"tune {i}: python -m reproduce train " + " ".join(plan.overrides(job)))
-        print(f"then the selected configuration of each method on each evaluation seed ({how})")
+        for i, job in enumerate(plan.timing_jobs()):
+            print(f"time {i}: python -m reproduce train " + " ".join(plan.overrides(job)))
+        if not plan.v2():
+            print(f"then the selected configuration of each method on each evaluation seed ({how})")
+            return
+        where = ", ".join(pr.clusters(plan))
+        print(
+            f"then per cluster ({where}) each method's trial of lowest median time to target on "
+            "the tuning seeds (steps x step time: the timing pass on "
+            f"{plan.check_cluster}, the performance model at each paper ratio); each "
+            f"configuration selected for any of them runs on each of the {len(plan.eval_seeds)} "
+            f"evaluation seeds, on {plan.check_cluster} when it was selected there (its clock "
+            f"is the end-to-end check), else on {plan.cluster} ({how})"
+        )
         return
     for i, job in enumerate(plan.jobs()):
         print(f"job {i}: python -m reproduce train " + " ".join(job))
@@ -340,7 +363,13 @@ def _run(args: argparse.Namespace, plan, resumed: bool) -> int:
     from bench.sweeps.common import run_queued, write_table
 
     protocol = isinstance(plan, pr.Plan)
-    if protocol:
+    if protocol and plan.v2():
+        lo, hi, _, _ = pr.estimate(plan)
+        n = f"{len(plan.tune_jobs())} tuning runs, {len(plan.timing_jobs())} timing runs, " \
+            f"then {len(plan.eval_seeds)} evaluation seeds x each selected configuration " \
+            f"({lo}-{hi} runs in all)"  # fmt: skip
+        what = f"protocol {plan.name} on {plan.experiment}"
+    elif protocol:
         n = f"{len(plan.tune_jobs())} tuning runs, then {len(plan.eval_seeds)} evaluation " \
             f"seeds x {len(plan.comms)} methods"  # fmt: skip
         what = f"protocol {plan.name} on {plan.experiment}"
@@ -353,6 +382,12 @@ def _run(args: argparse.Namespace, plan, resumed: bool) -> int:
         return 0
     if not resumed:
         _pin(plan, _first_job(plan))
+        if protocol and plan.timing_jobs():  # the check cluster's link, timed once too
+            from bench.sweeps.common import pin_profile
+
+            pinned, note = pin_profile(plan.overrides(plan.timing_jobs()[0]))
+            plan.check_overrides = [*plan.check_overrides, *pinned]
+            plan.notes += [note] if note else []
         print(f"plan: {plan.save()}")
     for note in plan.notes:
         print(f"note: {note}")

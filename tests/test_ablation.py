@@ -148,7 +148,8 @@ def test_dry_run_runs_nothing(
     # the default: the protocol, its tuning runs listed, nothing run or written
     cli.main(argv)
     out = capsys.readouterr().out
-    assert "protocol equal-budget-v1" in out and "2 tuning runs" in out
+    assert "protocol equal-budget-v2" in out and "4 tuning runs" in out  # dense tuned too
+    assert "timing runs" in out and "results.protocol_role=time" in out
     assert "results.protocol_role=tune" in out and "comm=hitopk" in out
     assert not res.exists()
     grid = ["--grid", "--comm", "dense", "--seeds", "2", "--cluster", "local"]
@@ -265,9 +266,10 @@ def test_the_default_protocol_runs_each_workload_in_turn(
     out = capsys.readouterr().out
     sweeps = [line for line in out.splitlines() if line.startswith("sweep ablation-")]
     assert len(sweeps) == 2
-    assert "on dawnbench_digits" in sweeps[0] and "32 tuning runs" in sweeps[0]
+    # v2: every method (dense and fp16 too) x 6 trials x the tuning seeds, a timing pass
+    assert "on dawnbench_digits" in sweeps[0] and "72 tuning runs" in sweeps[0]
     assert "on transformer_protocol" in sweeps[1]
-    assert "12 tuning runs, then 5 evaluation seeds x 5 methods" in sweeps[1]
+    assert "30 tuning runs" in sweeps[1] and "then 10 evaluation seeds" in sweeps[1]
     text = out[out.index(sweeps[1]) :]
     assert "cluster.nnodes=2 cluster.nproc_per_node=2" in text and "comm=topk" not in text
     assert "tuning seeds [1000]" in text

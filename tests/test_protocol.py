@@ -45,7 +45,7 @@ def _rec(
         "train_time_s": train_s if tta is None else tta,
         "steps_to_target": None if tta is None else 25,
         "step_time_s": 0.4,
-        "protocol": {"name": pr.NAME, "role": role, "trial": trial, "selected": role == "eval"},
+        "protocol": {"name": pr.V1, "role": role, "trial": trial, "selected": role == "eval"},
         "config": {
             "results": {"sweep_id": SWEEP},
             "train": {"seed": seed},
@@ -55,6 +55,7 @@ def _rec(
 
 
 def _plan(tmp_path: Path, **kw: Any) -> pr.Plan:
+    kw.setdefault("name", pr.V1)  # the rules of the committed sweeps (v2: test_protocol_v2)
     return pr.Plan(sweep_id=SWEEP, results_dir=str(tmp_path), cluster="local", **kw)
 
 

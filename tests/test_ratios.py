@@ -171,3 +171,57 @@ def test_the_figure_is_written_at_a_readable_size(tmp_path):
     png = R.plot(df, tmp_path / "ratios.png", "fixture")
     w, h = Image.open(png).size
     assert 800 < w <= 2400 and h < 1200
+
+
+def test_a_dense_phase_past_the_target_is_charged_as_dense(tmp_path):
+    """The PowerSGD start-after-one-epoch case: the target is reached inside the dense
+    epoch, so every step to it is charged as dense, from the config (an older record) or
+    from the phase log the hook recorded."""
+    cfg = {"powersgd_rank": 4, "warmup_epochs": 1}
+    _record(tmp_path, "old", "powersgd", 0, 1, 1, comm_cfg=cfg, warmup=1, steps_to_target=7)
+    log = "dense/1/0/10/5671680;powersgd/1/4/10/90000"
+    _record(tmp_path, "new", "powersgd", 1, 2, 2, comm_cfg=cfg, steps_to_target=8)
+    write_curve(
+        tmp_path,
+        "new",
+        [
+            {
+                "epoch": 1,
+                "data/steps": 10,
+                "clock/train_s": 1.0,
+                "acc/top1": 0.5,
+                "comm/phases": "dense/1/0/10/5671680",
+            },
+            {
+                "epoch": 2,
+                "data/steps": 10,
+                "clock/train_s": 2.0,
+                "acc/top1": 0.99,
+                "comm/phases": "powersgd/1/4/10/90000",
+            },
+        ],
+        extend=True,
+    )
+    runs, _ = R.load_runs(tmp_path)
+    by = {r.run_id: r for r in runs}
+    assert [(p.method, p.steps) for p in by["old"].phases] == [("dense", 7)]
+    assert by["old"].accounting == "config" and by["new"].accounting == "recorded"
+    assert [(p.method, p.steps) for p in by["new"].phases] == [("dense", 8)]
+    dense = R.step_time_s("dense", 1.0, 5.0)
+    assert R.run_time_s(by["new"], 5.0) == pytest.approx(8 * dense)
+    assert "charged from their config" in R.accounting_notes(runs)[0]
+    # past the dense epoch the log charges each step by its phase
+    log_run = R.run_from_record(
+        {
+            "run_id": "x",
+            "comm": "powersgd",
+            "target_metric": "top1",
+            "target_value": 0.98,
+            "steps_to_target": 14,
+        },
+        pd.DataFrame([{"epoch": 1, "data/steps": 20, "comm/phases": log}]),
+    )
+    assert [(p.method, p.steps, p.rank) for p in log_run.phases] == [
+        ("dense", 10, 4),
+        ("powersgd", 4, 4),
+    ]

@@ -106,8 +106,13 @@ class CommConfig:
     density: float = 0.01
     error_feedback: bool = True
     warmup_epochs: int = 0  # dense epochs before compression starts
-    # per-epoch densities after warm-up (the last one repeats)
+    # dense optimizer steps before compression starts (the step axis; with warmup_epochs,
+    # whichever ends later; PowerSGD: its start_powerSGD_iter)
+    warmup_steps: int = 0
+    # densities after warm-up (the last one repeats), one per epoch, or with schedule_steps
+    # > 0 one per that many optimizer steps
     density_schedule: list[float] = field(default_factory=list)
+    schedule_steps: int = 0
     min_numel: int = MIN_NUMEL
     bucket_cap_mb: float = 25.0  # DDP bucket size (MB)
     value_dtype: ValueDtype = ValueDtype.float32

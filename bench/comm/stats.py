@@ -1,4 +1,6 @@
-"""What a hook reports per step: bytes sent (total, over a node's link), density, times.
+"""What a hook reports per step: bytes sent (total, over a node's link), density, times,
+and the run-length log of the phase each step ran in (``comm/phases``: which method the
+step sent as, at which density and rank, and its bytes), which the composition charges.
 
 Bytes come from the one cost function, :mod:`bench.comm.cost`.  ``time/select_s`` is the
 compute a method adds around its collectives (a sum of durations); ``time/comm_s`` the
@@ -106,6 +108,59 @@ def ring(world: int, multinode: bool) -> tuple[int, int]:
     return (world, 1) if multinode else (1, world)
 
 
+PHASES = "comm/phases"  # the curve column of the phase log (:func:`format_phases`)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Consecutive steps sent alike: as ``method`` (``dense`` in a warm-up) at ``density``
+    (PowerSGD: 1.0 and its ``rank``), ``bytes`` sent by this worker over them all."""
+
+    method: str
+    density: float
+    rank: int
+    steps: int
+    bytes: float
+
+    @property
+    def key(self) -> tuple[str, float, int]:
+        return (self.method, self.density, self.rank)
+
+    @property
+    def bytes_per_step(self) -> float:
+        return self.bytes / self.steps if self.steps else 0.0
+
+
+def merge(segments: list[Segment]) -> list[Segment]:
+    """``segments`` with neighbours of one phase joined (their steps and bytes summed)."""
+    out: list[Segment] = []
+    for s in segments:
+        if out and out[-1].key == s.key:
+            p = out[-1]
+            out[-1] = Segment(p.method, p.density, p.rank, p.steps + s.steps, p.bytes + s.bytes)
+        elif s.steps:
+            out.append(s)
+    return out
+
+
+def format_phases(segments: list[Segment]) -> str:
+    """``method/density/rank/steps/bytes per step`` per segment, ``;``-joined (one CSV cell)."""
+    return ";".join(
+        f"{s.method}/{s.density:g}/{s.rank}/{s.steps}/{s.bytes_per_step:.0f}" for s in segments
+    )
+
+
+def parse_phases(text: Any) -> list[Segment]:
+    """:func:`format_phases` read back; ``[]`` for an empty or missing cell (NaN)."""
+    if not isinstance(text, str) or not text:
+        return []
+    out = []
+    for part in text.split(";"):
+        m, d, r, n, b = part.split("/")
+        out.append(Segment(m, float(d), int(r), int(n), float(b) * int(n)))
+    return out
+
+
 @dataclass
 class CommStats:
     """Sums since the last :meth:`pop`; ``pop`` turns them into per-step means."""
@@ -117,6 +172,24 @@ class CommStats:
     numel: float = 0.0  # elements reduced
     times: PhaseTimes = field(default_factory=PhaseTimes)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # the phase log since the last pop: closed segments, the running step's phase and the
+    # byte count when it began (a step's bytes are what was counted until the next began:
+    # by then DDP has waited on every bucket of the step before, callbacks included)
+    _segments: list[Segment] = field(default_factory=list, repr=False)
+    _open: tuple[str, float, int] | None = field(default=None, repr=False)
+    _open_bytes: float = field(default=0.0, repr=False)
+
+    def begin_step(self, method: str, density: float, rank: int = 0) -> None:
+        """A step starts, sent as ``method`` at ``density`` (rank: PowerSGD's, else 0)."""
+        with self._lock:
+            self._close()
+            self._open, self._open_bytes = (method, float(density), int(rank)), self.bytes
+
+    def _close(self) -> None:
+        if self._open is not None:
+            seg = Segment(*self._open, 1, self.bytes - self._open_bytes)
+            self._segments = merge([*self._segments, seg])
+            self._open = None
 
     def count(self, traffic: cost.Traffic, sent: float, numel: float) -> None:
         """One bucket: its ``traffic`` (:mod:`bench.comm.cost`), elements sent of ``numel``."""
@@ -130,12 +203,15 @@ class CommStats:
         s = max(self.steps, 1)
         select_s, comm_s = self.times.pop()
         with self._lock:
+            self._close()
+            phases, self._segments = self._segments, []
             out = {
                 "comm/bytes_per_step": self.bytes / s,
                 "comm/inter_node_bytes_per_step": self.inter_bytes / s,
                 "comm/density": self.sent / self.numel if self.numel else 1.0,
                 "time/select_s": select_s / s,
                 "time/comm_s": comm_s / s,
+                **({PHASES: format_phases(phases)} if phases else {}),
             }
             self.steps, self.bytes, self.inter_bytes, self.sent, self.numel = 0, 0.0, 0.0, 0.0, 0.0
         return out

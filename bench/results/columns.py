@@ -27,6 +27,10 @@ SKIPPED = "data/skipped"  # damaged training images skipped in the epoch, every 
 TOKENS = "data/tokens"  # source + target tokens (non-pad) of the epoch, every worker's
 TOKEN_THROUGHPUT = "throughput/tokens_per_s"  # TOKENS / EPOCH_TIME
 DATA_SHARE = "time/data_pct"  # fraction of the epoch spent waiting for data
+# the epoch's steps, run-length by the phase each was sent in (method/density/rank/steps/
+# bytes per step, ``;``-joined: bench.comm.stats.format_phases); absent in older curves
+# (the hook's name for it, bench.comm.stats.PHASES, is the same: importing it would load torch)
+COMM_PHASES = "comm/phases"
 
 # held-out metrics as the workload names them -> curve column
 _METRICS = {"top1": "acc/top1", "top5": "acc/top5", "loss": EVAL_LOSS}

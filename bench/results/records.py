@@ -238,6 +238,9 @@ class RunRecord:
     comm_inter_node_bytes_per_step: float | None = None
     select_s_per_step: float | None = None
     comm_s_per_step: float | None = None
+    # the run's steps by the phase each was sent in, run-length in step order: [{method,
+    # density, rank, steps, bytes_per_step}] from the curve's comm/phases (None: not logged)
+    comm_phases: list[dict[str, Any]] | None = None
     curve: str | None = None
     figure: str | None = None
     translations: str | None = None  # translation: the last evaluation's decoded output
@@ -362,6 +365,7 @@ class RunRecord:
             comm_inter_node_bytes_per_step=_mean(curve, "comm/inter_node_bytes_per_step"),
             select_s_per_step=_mean(curve, "time/select_s"),
             comm_s_per_step=_mean(curve, "time/comm_s"),
+            comm_phases=_phases(curve),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -369,6 +373,22 @@ class RunRecord:
 
     def append(self, results_dir: str | Path) -> Path:
         return append_record(results_dir, self.to_dict())
+
+
+def _phases(curve: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]] | None:
+    """The curve's per-epoch phase logs joined over the run (None when none was logged)."""
+    from bench.comm.stats import merge, parse_phases  # the worker has torch loaded already
+
+    segs = merge([s for r in curve for s in parse_phases(r.get(col.COMM_PHASES))])
+    if not segs:
+        return None
+    return [
+        {
+            **{k: getattr(s, k) for k in ("method", "density", "rank", "steps")},
+            "bytes_per_step": round(s.bytes_per_step),
+        }
+        for s in segs
+    ]
 
 
 def _protocol(results: Any) -> dict[str, Any] | None:

@@ -34,6 +34,7 @@ The plan is written to ``<results>/ablation/<sweep_id>.plan.json`` before the fi
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import statistics
@@ -49,12 +50,24 @@ from bench.registry import ConfigError
 from bench.sweeps.common import check_names, options, sweep_records, validate_jobs
 from bench.sweeps.intervals import budget_s, censored_time
 from bench.sweeps.resume import RERUN, Saved, latest, progress
+from bench.sweeps.trials import (
+    TRIALS,
+    Knobs,
+    Option,
+    Trial,
+    check_distinct,
+    draw,
+    ran,
+    schedule,
+)
 
-NAME = "equal-budget-v1"  # the protocol's name in every record; change it with the rules
+NAME = "equal-budget-v2"  # the protocol's name in every record; change it with the rules
+V1 = "equal-budget-v1"  # the rules the committed sweeps ran (their plans still load and rebuild)
 COMMS = ("dense", "fp16", "powersgd", "topk", "mstopk", "hitopk")
 PAPER_METHODS = ("hitopk", "mstopk")  # the paper's; every other method is a peer
 TUNE_SEEDS = (1000, 1001)  # tuning only: never an evaluation seed
-EVAL_SEEDS = (0, 1, 2, 3, 4)
+EVAL_SEEDS = tuple(range(10))  # at least 10 per method and workload (v1: 5)
+MIN_EVAL_SEEDS = 10
 # optimizer steps between evaluations, per workload.  Digits on 2 workers takes 11 steps
 # per epoch, so 2 steps resolve time to target to 0.18 epoch (about 0.6 s of training
 # here) for one evaluation of the 360 held-out images (0.3-0.5 s, not training time);
@@ -75,8 +88,11 @@ TRANSLATION = ("transformer_protocol", "transformer_embedded")  # the translatio
 # composition of its steps with the model's time per step, bench/sweeps/ratios.py), one
 # tuning seed, and the methods the question names (dense, the peers fp16 and PowerSGD,
 # the paper's mstopk and hitopk; the exact flat topk is the image sweep's reference).
+# v2: steps to target are measured where they are cheapest, on the local cluster at the
+# emulated cluster's 2 x 2 topology (the same gradients, so the same steps); the clock of
+# the emulated cluster (its paper-scaled link) is the timing pass and the end-to-end check.
 WORKLOAD_DEFAULTS: dict[str, dict[str, Any]] = {
-    "image": {"cluster": "emulated"},
+    "image": {"cluster": "local", "local_topology": (2, 2)},
     "translation": {
         "cluster": "local",
         "comms": ("dense", "fp16", "powersgd", "mstopk", "hitopk"),
@@ -85,7 +101,7 @@ WORKLOAD_DEFAULTS: dict[str, dict[str, Any]] = {
     },
 }
 QUICK = {"comms": ("dense", "hitopk"), "tune_seeds": (1000,), "eval_seeds": (0,), "trials": 2}
-TUNE, EVAL = "tune", "eval"
+TUNE, EVAL, TIME = "tune", "eval", "time"
 
 Space = tuple[tuple[str, dict[str, Any]], ...]  # (trial label, CommConfig field values)
 DEFAULT_SPACE: Space = (("default", {}),)  # nothing to tune (dense, fp16, bf16, ...)
@@ -114,11 +130,84 @@ _POWERSGD_SPACE = tuple(
     for r in (4, 8)
     for w in (0, 1)
 )
-#: comm -> its trials; a method not named has one (:data:`DEFAULT_SPACE`)
-SPACES: dict[str, Space] = {**{c: _sparse_space() for c in SPARSE}, "powersgd": _POWERSGD_SPACE}
-#: workload -> comm -> its trials where the default's do not fit (as many): the embedded
-#: Transformer (AdamW) barely learns at density 0.01 and learns at 0.05 (docs/protocol.md)
-WORKLOAD_SPACES = {"translation": {c: _sparse_space((0.05, 0.01)) for c in SPARSE}}
+#: v1 (the committed sweeps): comm -> its trials; a method not named has one
+V1_SPACES: dict[str, Space] = {
+    **{c: _sparse_space() for c in SPARSE},
+    "powersgd": _POWERSGD_SPACE,
+}
+#: v1: workload -> comm -> its trials where the default's do not fit (as many)
+V1_WORKLOAD_SPACES = {"translation": {c: _sparse_space((0.05, 0.01)) for c in SPARSE}}
+
+# -- v2: every method's own knobs x the learning rate, TRIALS drawn per method -------------
+# dense's optimizer steps to target on the tuning seeds of the committed sweeps (image 55-65,
+# translation 220-260): the step axis of every schedule, fixed before the sweep
+REF_STEPS = {"classification": 60, "translation": 240}
+# the budget in optimizer steps (the recipe's epochs x steps per epoch at 2 x 2): trials that
+# send alike up to it are one trial (Plan.check refuses them)
+BUDGET_STEPS = {"classification": 132, "translation": 620}
+WARMUP_SHARE = 0.25  # the sparse warm-up: WARMUP_SCHEDULE over this share of REF_STEPS
+START_SHARE = 0.10  # PowerSGD's later start: torch's "about 10 % of the steps to target"
+BUCKETS_MB = (6.25, 25.0, 100.0)  # DDP's bucket size (25: its default)
+
+
+def _buckets() -> Knobs:
+    return {"bucket": tuple((f"b{b:g}", {"comm.bucket_cap_mb": b}) for b in BUCKETS_MB)}
+
+
+def _powersgd_knobs(ref: int) -> Knobs:
+    late = max(3, round(START_SHARE * ref))
+    return {
+        "rank": tuple((f"rank{r}", {"comm.powersgd_rank": r}) for r in (4, 8)),
+        "start": (
+            ("start2", {"comm.warmup_steps": 0}),
+            (f"start{late}", {"comm.warmup_steps": late}),
+        ),
+    }
+
+
+def _sparse_knobs(ref: int, densities: tuple[float, ...] = (0.01, 0.001)) -> Knobs:
+    """density {none, warm-up} x final ``densities``: the warm-up sends the schedule's
+    densities above the final one over WARMUP_SHARE of ``ref`` steps (each alike), then
+    the final one, so every labelled density is sent well before dense's target."""
+    opts: list[Option] = []
+    for d in densities:
+        above = [x for x in WARMUP_SCHEDULE if x > d]
+        every = max(1, round(WARMUP_SHARE * ref / len(above)))
+        opts.append((f"d{d:g}", {"comm.density": d, "comm.density_schedule": []}))
+        opts.append(
+            (
+                f"d{d:g}-warmup{every * len(above)}",
+                {
+                    "comm.density": d,
+                    "comm.density_schedule": [*above, d],
+                    "comm.schedule_steps": every,
+                },
+            )
+        )
+    return {"schedule": tuple(opts)}
+
+
+#: comm -> its own knobs (knob -> options), or a function of the workload's REF_STEPS
+#: giving them; the protocol crosses them with LR_FACTORS and draws TRIALS per method, so
+#: a method added here gets the same number of trials as every other
+SPACES: dict[str, Knobs | Callable[[int], Knobs]] = {
+    "dense": _buckets(),
+    "fp16": _buckets(),
+    "bf16": _buckets(),
+    "powersgd": _powersgd_knobs,
+    **{c: _sparse_knobs for c in SPARSE},
+}
+#: workload -> comm -> its knobs where the default's do not fit: the embedded Transformer
+#: (AdamW) barely learns at density 0.01 and learns at 0.05 (docs/protocol.md)
+WORKLOAD_SPACES: dict[str, dict[str, Knobs | Callable[[int], Knobs]]] = {
+    "translation": {c: functools.partial(_sparse_knobs, densities=(0.05, 0.01)) for c in SPARSE}
+}
+
+
+def knobs(comm: str, workload: str = "classification") -> Knobs:
+    """``comm``'s own knobs on ``workload`` (a method not named: the bucket size)."""
+    k = WORKLOAD_SPACES.get(workload, {}).get(comm) or SPACES.get(comm) or _buckets()
+    return k(REF_STEPS[workload]) if callable(k) else k
 
 
 def local_topology(workload: str) -> list[str]:
@@ -131,11 +220,22 @@ def local_topology(workload: str) -> list[str]:
 
 
 def space(comm: str, trials: int | None = None, workload: str = "classification") -> Space:
-    """The search space of ``comm`` on ``workload``: (trial label, CommConfig field
+    """v1's search space of ``comm`` on ``workload``: (trial label, CommConfig field
     values), in declared order; ``trials`` keeps the first that many (the quick protocol)."""
     HOOKS.get(comm)  # an unknown name fails here, listing the known ones
-    s = WORKLOAD_SPACES.get(workload, {}).get(comm) or SPACES.get(comm, DEFAULT_SPACE)
+    s = V1_WORKLOAD_SPACES.get(workload, {}).get(comm) or V1_SPACES.get(comm, DEFAULT_SPACE)
     return s[:trials] if trials else s
+
+
+def space_v2(
+    comm: str, recipe_lr: float, trials: int | None = None, workload: str = "classification"
+) -> Space:
+    """v2's trials of ``comm``: TRIALS points of its knobs x the learning rate (trial
+    label, Hydra overrides keyed in full), ``trials`` keeps the first that many."""
+    HOOKS.get(comm)
+    drawn = draw(knobs(comm, workload), recipe_lr, TRIALS)
+    out = tuple((t.label, t.values()) for t in drawn)
+    return out[:trials] if trials else out
 
 
 def _value(v: Any) -> str:
@@ -157,6 +257,7 @@ class Job:
     comm: str
     trial: str
     seed: int
+    where: str = ""  # the cluster it runs on when not the plan's (v2: the end-to-end check)
 
     @property
     def key(self) -> tuple[str, str, str, int]:
@@ -183,6 +284,11 @@ class Plan(Saved):
     cluster_overrides: Sequence[str] = ()
     extra: Sequence[str] = ()  # further Hydra overrides, applied to every job
     name: str = NAME
+    recipe_lr: float = 0.0  # v2: the experiment's learning rate (0: read from its config)
+    # v2: the cluster of the end-to-end check (timing pass, its selected configurations'
+    # evaluation runs on the clock), with its overrides (the paper-scaled profile)
+    check_cluster: str = "emulated"
+    check_overrides: Sequence[str] = ()
     # how the jobs are submitted (not what they are): "" = the local run queue, else a
     # Hydra launcher (bench.launch.submit) and its hydra.* overrides
     launcher: str = ""
@@ -208,6 +314,24 @@ class Plan(Saved):
         tuned = {n for n in sizes.values() if n > 1}
         if len(tuned) > 1:  # every tunable method gets the same budget of trials
             raise ConfigError(f"unequal numbers of trials: {sizes}")
+        if self.v2():
+            budget = BUDGET_STEPS[self.workload()]
+            for c in self.comms:
+                check_distinct(c, [Trial(t, tuple(v.items())) for t, v in self._space(c)], budget)
+                self._check_reached(c)
+
+    def _check_reached(self, comm: str) -> None:
+        """Every density a trial is labelled with is sent before dense's steps to target."""
+        ref = REF_STEPS[self.workload()]
+        for label, values in self._space(comm):
+            final = values.get("comm.density")
+            if comm not in SPARSE or final is None:
+                continue
+            steps = schedule(values, comm, ref)[0]
+            if float(final) not in steps:
+                raise ConfigError(
+                    f"{comm} {label}: density {final:g} is not reached within {ref} steps"
+                )
 
     def check_jobs(self) -> None:
         """Every (method, trial) composes and passes the run's own checks."""
@@ -215,8 +339,25 @@ class Plan(Saved):
         validate_jobs(jobs, self.results_dir)
 
     # -- jobs ---------------------------------------------------------------------------
+    def v2(self) -> bool:
+        return self.name != V1
+
     def _space(self, comm: str) -> Space:
-        return space(comm, self.trials, self.workload())
+        """(label, Hydra overrides keyed in full) of each trial of ``comm``."""
+        if self.v2():
+            return space_v2(comm, self.lr(), self.trials, self.workload())
+        return tuple(
+            (t, {f"comm.{k}": v for k, v in vals.items()})
+            for t, vals in space(comm, self.trials, self.workload())
+        )
+
+    def lr(self) -> float:
+        """The recipe's learning rate (read once from the experiment's config)."""
+        if not self.recipe_lr:
+            from bench.sweeps.common import compose
+
+            self.recipe_lr = float(compose([f"experiment={self.experiment}"]).optim.lr)
+        return self.recipe_lr
 
     def workload(self) -> str:
         return "translation" if self.experiment in TRANSLATION else "classification"
@@ -237,12 +378,52 @@ class Plan(Saved):
             Job(TUNE, c, t, s) for s in self.tune_seeds for c, t in self._order(trials, TUNE, s)
         ]
 
-    def eval_jobs(self, selected: Mapping[str, str]) -> list[Job]:
-        """Seed-major: each method's selected trial on one evaluation seed, shuffled."""
+    def eval_jobs(self, selected: Mapping[str, Any]) -> list[Job]:
+        """Seed-major: each method's selected trial on one evaluation seed, shuffled.  v2:
+        ``selected`` is per cluster (:func:`select_per_cluster`): each configuration
+        selected for any cluster runs once per seed, on the check cluster when it was
+        selected for it (its clock is the end-to-end check), else on the plan's cluster."""
+        if not self.v2():
+            return [
+                Job(EVAL, c, selected[c], s)
+                for s in self.eval_seeds
+                for c in self._order(list(self.comms), EVAL, s)
+            ]
+        check = selected.get(self.check_cluster, {})
+        configs = sorted({(c, t) for sel in selected.values() for c, t in sel.items()})
         return [
-            Job(EVAL, c, selected[c], s)
+            Job(EVAL, c, t, s, self.check_cluster if check.get(c) == t else "")
             for s in self.eval_seeds
-            for c in self._order(list(self.comms), EVAL, s)
+            for c, t in self._order(configs, EVAL, s)
+        ]
+
+    def timing_keys(self) -> list[tuple[str, float, str, float, int]]:
+        """v2: every (bucket, comm, phase method, density, rank) a trial can send in,
+        each timed on the check cluster (:meth:`timing_jobs`)."""
+        keys = set()
+        for comm in self.comms:
+            for _, v in self._space(comm):
+                b = float(v.get("comm.bucket_cap_mb", 25.0))
+                if comm == "powersgd":
+                    keys.add((b, "dense", "dense", 1.0, 0))
+                    keys.add((b, comm, comm, 1.0, int(v.get("comm.powersgd_rank", 4))))
+                elif comm in SPARSE:
+                    for d in {float(v["comm.density"]), *v.get("comm.density_schedule", [])}:
+                        keys.add((b, comm, comm, float(d), 0))
+                else:
+                    keys.add((b, comm, comm, 1.0, 0))
+        return sorted(keys)
+
+    def timing_jobs(self) -> list[Job]:
+        """v2: the interleaved timing pass on the check cluster: every timing key once per
+        round (TIMING_ROUNDS rounds, each shuffled), one epoch each without evaluation."""
+        if not self.v2():
+            return []
+        keys = [_timing_label(k) for k in self.timing_keys()]
+        return [
+            Job(TIME, label.split()[1], label, s, self.check_cluster)
+            for s in TIMING_SEEDS
+            for label in self._order(keys, TIME, s)
         ]
 
     def common_overrides(self) -> list[str]:
@@ -256,16 +437,33 @@ class Plan(Saved):
             f"results.sweep_id={self.sweep_id}",
             "train.progress=false",
             f"train.eval_every_steps={self.every()}",
+            *(["train.checkpoint_every=0"] if self.v2() else []),
             *self.extra,
         ]
 
     def overrides(self, job: Job) -> list[str]:
         """The Hydra overrides of one job: the trial's comm fields, seed and protocol tags."""
-        values = dict(self._space(job.comm))[job.trial]
+        if job.role == TIME:
+            values = _timing_values(job.trial)
+        else:
+            values = dict(self._space(job.comm))[job.trial]
+        where = []
+        if job.where and job.where != self.cluster:  # the check cluster instead of the plan's
+            where = [f"cluster={job.where}", *self.check_overrides]
+        common = self.common_overrides()
+        if where:
+            common = [o for o in common if not o.startswith(("cluster=", "cluster."))] + where
+        if job.role == TIME:  # a fixed number of steps on the clock: no evaluation
+            common += [
+                "train.epochs=1",
+                f"train.max_steps_per_epoch={TIMING_STEPS[self.workload()]}",
+                "train.stop_at_target=false",
+                "train.eval_every_steps=0",
+            ]
         return [
-            *self.common_overrides(),
+            *common,
             f"comm={job.comm}",
-            *(f"comm.{k}={_value(v)}" for k, v in values.items()),
+            *(f"{k}={_value(v)}" for k, v in values.items()),
             f"train.seed={job.seed}",
             f"results.protocol={self.name}",
             f"results.protocol_role={job.role}",
@@ -275,7 +473,29 @@ class Plan(Saved):
 
 
 # the fields chosen when a sweep starts (a rerun of its command does not choose them again)
-START_FIELDS = ("order_seed", "cluster_overrides")
+START_FIELDS = ("order_seed", "cluster_overrides", "check_overrides", "recipe_lr")
+TIMING_SEEDS = (2000, 2001)  # the timing pass's rounds (never a tuning or evaluation seed)
+TIMING_STEPS = {"classification": 20, "translation": 30}  # optimizer steps per timing run
+
+
+def _timing_label(key: tuple[str, float, str, float, int]) -> str:
+    b, _, method, d, r = key
+    what = f"rank{r}" if method == "powersgd" else (f"d{d:g}" if d < 1.0 else "")
+    return " ".join(x for x in ("time", method, what, f"b{b:g}") if x)
+
+
+def _timing_values(label: str) -> dict[str, Any]:
+    """A timing job's comm overrides from its label (:func:`_timing_label`)."""
+    parts = label.split()[2:]
+    out: dict[str, Any] = {}
+    for p in parts:
+        if p.startswith("rank"):
+            out["comm.powersgd_rank"] = int(p[4:])
+        elif p.startswith("d"):
+            out["comm.density"], out["comm.density_schedule"] = float(p[1:]), []
+        elif p.startswith("b"):
+            out["comm.bucket_cap_mb"] = float(p[1:])
+    return out
 
 
 # -- records --------------------------------------------------------------------------------
@@ -315,18 +535,65 @@ def status(plan: Plan, records: Sequence[Mapping[str, Any]]) -> list[str]:
     """Where the sweep stands, one line per stage (``--status``, ``--aggregate``)."""
     tune = plan.tune_jobs()
     lines = [progress("tuning", [j.key for j in tune], records, _key)] if tune else []
+    timing = plan.timing_jobs()
+    if timing:
+        lines.append(progress("timing pass", [j.key for j in timing], records, _key))
     if not tuning_complete(plan, records):
         n = len(plan.comms) * len(plan.eval_seeds)
-        return [*lines, f"evaluation: 0 of {n} recorded, submitted once tuning is recorded"]
-    ev = plan.eval_jobs(select(tuning_table(plan, records)))
+        return [*lines, f"evaluation: at least {n} runs, submitted once tuning is recorded"]
+    ev = plan.eval_jobs(chosen(plan, records))
     return [*lines, progress("evaluation", [j.key for j in ev], records, _key)]
+
+
+# wall seconds per run on the 2-core machine (median of the committed v1 sweeps' runs, wall
+# time with evaluation and start-up: image 28 s on the emulated cluster, translation 78 s on
+# the local one; the unshaped local image run and the shaped translation run scaled by the
+# share of communication in their step, the timing runs' 20-30 steps with no evaluation)
+RUN_S = {
+    "classification": {TUNE: 24.0, TIME: 12.0, "local": 24.0, "check": 28.0},
+    "translation": {TUNE: 78.0, TIME: 25.0, "local": 78.0, "check": 95.0},
+}
+
+
+def estimate(plan: Plan) -> tuple[int, int, float, float]:
+    """(fewest runs, most runs, fewest minutes, most minutes) of ``plan`` on the 2-core
+    machine: its tuning and timing runs, and between one configuration per method (every
+    cluster selects the same) and one per method and cluster on each evaluation seed."""
+    s = RUN_S[plan.workload()]
+    tune, timing = len(plan.tune_jobs()), len(plan.timing_jobs())
+    k = len(clusters(plan)) if plan.v2() else 1
+    n, seeds = len(plan.comms), len(plan.eval_seeds)
+    fixed = tune * s[TUNE] + timing * s[TIME]
+    low = fixed + n * seeds * s["check"]
+    high = fixed + n * seeds * (s["check"] + (k - 1) * s["local"])
+    runs = tune + timing
+    return runs + n * seeds, runs + n * seeds * k, low / 60, high / 60
+
+
+def chosen(plan: Plan, records: Sequence[Mapping[str, Any]]) -> Any:
+    """The selection: v1 per method, v2 per cluster and method."""
+    if plan.v2():
+        return select_per_cluster(selection_table(plan, records))
+    return select(tuning_table(plan, records))
 
 
 def complete(plan: Plan, records: Sequence[Mapping[str, Any]]) -> bool:
     """Every tuning and evaluation job recorded."""
     if not tuning_complete(plan, records):
         return False
-    return not pending(plan.eval_jobs(select(tuning_table(plan, records))), records)
+    return not pending(plan.eval_jobs(chosen(plan, records)), records)
+
+
+def _row_head(plan: Plan, comm: str, trial: str, order: int, values: Mapping[str, Any]) -> dict:
+    """The columns that name a trial in a tuning table."""
+    return {
+        "sweep_id": plan.sweep_id,
+        "protocol": plan.name,
+        "comm": comm,
+        "trial": trial,
+        "order": order,
+        "overrides": " ".join(f"{k}={_value(v)}" for k, v in values.items()),
+    }
 
 
 def tuning_table(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
@@ -342,12 +609,7 @@ def tuning_table(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFra
             times = [censored_time(r, budget) for r in mine]
             rows.append(
                 {
-                    "sweep_id": plan.sweep_id,
-                    "protocol": plan.name,
-                    "comm": comm,
-                    "trial": trial,
-                    "order": order,
-                    "overrides": " ".join(f"comm.{k}={_value(v)}" for k, v in values.items()),
+                    **_row_head(plan, comm, trial, order, values),
                     "n_runs": len(mine),
                     "n_reached": sum(r.get("time_to_target_s") is not None for r in mine),
                     "median_time_s": statistics.median(times) if times else math.nan,
@@ -379,7 +641,129 @@ def select(tuning: pd.DataFrame) -> dict[str, str]:
 
 
 def tuning_complete(plan: Plan, records: Sequence[Mapping[str, Any]]) -> bool:
-    return not pending(plan.tune_jobs(), records)
+    return not pending([*plan.tune_jobs(), *plan.timing_jobs()], records)
+
+
+# -- v2: selection per cluster, on the tuning seeds, from steps and step times -------------
+
+
+def clusters(plan: Plan) -> dict[str, float | None]:
+    """v2's clusters a number is quoted for: the check cluster (None: its timing pass) and
+    the paper's cluster at each named ratio (``paper-fp16`` is ``paper``'s point)."""
+    from bench.sweeps.ratios import named_ratios
+
+    named = {k: v for k, v in named_ratios().items() if k != "paper-fp16"}
+    return {plan.check_cluster: None, **dict(sorted(named.items(), key=lambda kv: kv[1]))}
+
+
+def step_times(records: Sequence[Mapping[str, Any]]) -> dict[tuple[float, str, float, int], float]:
+    """(bucket, method, density, rank) -> the median time per step of the timing pass's
+    runs of it on the check cluster (s)."""
+    got: dict[tuple[float, str, float, int], list[float]] = {}
+    for r in recorded(records).values():
+        if (r.get("protocol") or {}).get("role") != TIME or r.get("status") not in (
+            "ok",
+            "target_missed",
+        ):
+            continue
+        v = _timing_values(str(r["protocol"]["trial"]))
+        method = str(r["comm"])
+        key = (
+            float(v.get("comm.bucket_cap_mb", 25.0)),
+            method,
+            float(v.get("comm.density", 1.0)),
+            int(v.get("comm.powersgd_rank", 0)),
+        )
+        t = r.get("step_time_s") or (r.get("train_time_s") or 0) / max(1, _steps_run(r))
+        if t:
+            got.setdefault(key, []).append(float(t))
+    return {k: statistics.median(v) for k, v in got.items()}
+
+
+def _steps_run(rec: Mapping[str, Any]) -> int:
+    return sum(int(p.get("steps", 0)) for p in rec.get("comm_phases") or []) or 1
+
+
+def cluster_time(
+    run: Any, bucket: float, ratio: float | None, times: Mapping[tuple, float]
+) -> float:
+    """A run's time to target (its whole run, missed) on one cluster: its logged steps x
+    the model's time per step at ``ratio``, or (None) the timing pass's of each phase."""
+    from bench.sweeps.ratios import run_time_s
+
+    if ratio is not None:
+        return run_time_s(run, ratio)
+    total = 0.0
+    for p in run.phases:
+        key = (
+            bucket,
+            p.method,
+            1.0 if p.method == "powersgd" else p.density,
+            p.rank if p.method == "powersgd" else 0,
+        )
+        if key not in times:
+            return math.nan
+        total += p.steps * times[key]
+    return total
+
+
+def selection_table(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """v2's tuning table: per (method, trial, cluster) the median over the tuning seeds of
+    the time to target there (steps x step time; a miss: its whole run), the median steps,
+    what the runs sent, and whether the rule selects it for that cluster."""
+    from bench.results.records import load_curve
+    from bench.sweeps.ratios import run_from_record
+
+    runs = [r for r in recorded(records).values() if (r.get("protocol") or {}).get("role") == TUNE]
+    times = step_times(records)
+    where = clusters(plan)
+    rows = []
+    for comm in plan.comms:
+        for order, (trial, values) in enumerate(plan._space(comm)):
+            mine = [r for r in runs if r.get("comm") == comm and r["protocol"]["trial"] == trial]
+            done = []
+            for r in mine:
+                try:
+                    run = run_from_record(r, load_curve(plan.results_dir, str(r["run_id"])))
+                except FileNotFoundError:
+                    run = None
+                if run is not None:
+                    done.append((r, run))
+            bucket = float(values.get("comm.bucket_cap_mb", 25.0))
+            for cluster, ratio in where.items():
+                ts = [cluster_time(run, bucket, ratio, times) for _, run in done]
+                rows.append(
+                    {
+                        **_row_head(plan, comm, trial, order, values),
+                        "cluster": cluster,
+                        "ratio": math.nan if ratio is None else ratio,
+                        "n_runs": len(mine),
+                        "n_reached": sum(run.reached for _, run in done),
+                        "median_steps": statistics.median([run.steps for _, run in done])
+                        if done
+                        else math.nan,
+                        "median_time_s": statistics.median(ts) if ts else math.nan,
+                        "ran": " | ".join(
+                            sorted({ran([p.__dict__ for p in run.phases]) for _, run in done})
+                        ),
+                        "seeds": " ".join(str(job_of(r).seed) for r, _ in done),  # type: ignore[union-attr]
+                        "run_ids": " ".join(str(r["run_id"]) for r in mine),
+                    }
+                )
+    df = pd.DataFrame(rows)
+    df["selected"] = False
+    for cluster, chosen in select_per_cluster(df).items():
+        for comm, trial in chosen.items():
+            hit = (df["cluster"] == cluster) & (df["comm"] == comm) & (df["trial"] == trial)
+            df.loc[hit, "selected"] = True
+    return df
+
+
+def select_per_cluster(table: pd.DataFrame) -> dict[str, dict[str, str]]:
+    """The rule, fixed before the sweep: per cluster and method, the trial of lowest
+    median time to target on the tuning seeds (:func:`selection_table`); ties, and no
+    time at all, go to the trial declared first."""
+    return {str(cluster): select(g) for cluster, g in table.groupby("cluster", sort=False)}
 
 
 def run(
@@ -402,19 +786,24 @@ def run(
         log(f"tuning: {len(todo)} of {len(plan.tune_jobs())} runs to go")
         rcs += runner([plan.overrides(j) for j in todo], sweep_dir / TUNE, plan.experiment)
         recs = sweep_records(plan.results_dir, plan.sweep_id)
-    left = pending(plan.tune_jobs(), recs)
+    todo = pending(plan.timing_jobs(), recs, rerun)
+    if todo:  # v2: the interleaved timing pass on the check cluster
+        log(f"timing pass: {len(todo)} of {len(plan.timing_jobs())} runs to go")
+        rcs += runner([plan.overrides(j) for j in todo], sweep_dir / TIME, plan.experiment)
+        recs = sweep_records(plan.results_dir, plan.sweep_id)
+    left = pending([*plan.tune_jobs(), *plan.timing_jobs()], recs)
     if left:
         raise ConfigError(
             f"{len(left)} tuning run(s) left no record, so no evaluation was submitted; "
             f"run the same command again (or --resume {plan.sweep_id}) to submit them"
         )
-    tuning = tuning_table(plan, recs)
+    tuning = selection_table(plan, recs) if plan.v2() else tuning_table(plan, recs)
     path = Path(plan.results_dir) / "ablation" / f"{plan.sweep_id}-tuning.csv"
     write(tuning, path)
-    chosen = select(tuning)
-    log("selected: " + ", ".join(f"{c} {t}" for c, t in chosen.items()) + f" ({path})")
-    todo = pending(plan.eval_jobs(chosen), recs, rerun)
+    picked = select_per_cluster(tuning) if plan.v2() else select(tuning)
+    log(f"selected: {picked} ({path})")
+    todo = pending(plan.eval_jobs(picked), recs, rerun)
     if todo:
-        log(f"evaluation: {len(todo)} of {len(plan.eval_jobs(chosen))} runs to go")
+        log(f"evaluation: {len(todo)} of {len(plan.eval_jobs(picked))} runs to go")
         rcs += runner([plan.overrides(j) for j in todo], sweep_dir / EVAL, plan.experiment)
     return rcs

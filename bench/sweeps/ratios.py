@@ -1,7 +1,8 @@
 """Time to target across communication / compute ratios: a run's steps to target (from its
-record, each interval charged at the density it sent) times the performance model's time
-per step on the paper's cluster (:mod:`bench.cluster.projection`), with a bootstrap
-interval over seeds.  Why and how: docs/internals/report.md.
+record, each step charged by the phase its hook logged it in: dense in a warm-up, the
+density and rank it sent; a record older than the log by its config) times the
+performance model's time per step on the paper's cluster (:mod:`bench.cluster.projection`),
+with a bootstrap interval over seeds.  Why and how: docs/internals/report.md.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pandas as pd
 
 from bench.cluster import perfmodel as pm
 from bench.cluster import projection
+from bench.comm.stats import parse_phases
 from bench.launch import profile
 from bench.results import columns as col
 from bench.results.records import load_curve, load_records
@@ -47,6 +49,7 @@ class Run:
     time_to_target_s: float | None  # measured, this machine
     train_time_s: float | None
     steps_run: int
+    accounting: str = "recorded"  # the phases: as the hook logged them, or "config" (older)
 
     @property
     def steps(self) -> int:
@@ -60,7 +63,8 @@ def default_group(rec: Mapping[str, Any]) -> str:
 
 
 def _density_for(rec: Mapping[str, Any], epoch0: int) -> float:
-    """The density ``rec`` sent in (0-based) ``epoch0``, as the training loop set it."""
+    """The density ``rec`` sent in (0-based) ``epoch0``, as the training loop set it (an
+    older record's per-epoch schedule)."""
     cfg = SimpleNamespace(
         name=rec["comm"],
         density=rec.get("comm_density", 1.0),
@@ -70,51 +74,108 @@ def _density_for(rec: Mapping[str, Any], epoch0: int) -> float:
     return CommController(None, cfg, 0).density_for(epoch0)
 
 
-def _powersgd_dense_steps(rec: Mapping[str, Any]) -> int:
-    """PowerSGD allreduces uncompressed before ``start_powerSGD_iter`` (the hook's
-    ``max(2, warmup_steps)`` unless the config names the start)."""
+def _powersgd_dense_steps(rec: Mapping[str, Any], steps_per_epoch: int) -> int:
+    """An older record's PowerSGD start: the hook allreduces uncompressed before
+    ``max(2, warmup_steps)``, where the controller made ``warmup_steps`` of the dense
+    warm-up epochs (``comm.warmup_epochs`` x steps per epoch) or ``comm.warmup_steps``."""
     c = (rec.get("config") or {}).get("comm") or {}
-    start = c.get("start_powerSGD_iter", c.get("powersgd_start_iter"))
-    return int(start) if start is not None else max(2, int(c.get("warmup_steps") or 0))
+    epochs = int(c.get("warmup_epochs", rec.get("comm_warmup_epochs")) or 0)
+    return max(2, epochs * steps_per_epoch, int(c.get("warmup_steps") or 0))
 
 
-def run_from_record(rec: Mapping[str, Any], curve: pd.DataFrame) -> Run | None:
-    """``rec``'s phases from its curve; None when the curve has no step counts."""
-    if col.STEPS not in curve.columns or rec.get("comm") not in pm.KNOWN:
-        return None
+def _target_steps(rec: Mapping[str, Any], curve: pd.DataFrame) -> int | None:
+    """Optimizer steps to the target: the record's (sub-epoch evaluations), else the
+    steps up to the first evaluated epoch at or above it; None when it was missed."""
+    if rec.get("steps_to_target") is not None:
+        return int(rec["steps_to_target"])
     metric = col.metric_column(str(rec["target_metric"]))
-    target = float(rec["target_value"])
-    phases: list[Phase] = []
-    reached = False
+    target, steps = float(rec["target_value"]), 0
     for _, row in curve.iterrows():
+        steps += int(row[col.STEPS]) if row[col.STEPS] == row[col.STEPS] else 0
+        v = row.get(metric)
+        if v is not None and v == v and float(v) >= target:
+            return steps
+    return None
+
+
+def _cut(phases: Sequence[Phase], steps: int | None) -> tuple[Phase, ...]:
+    """``phases`` up to ``steps`` optimizer steps (all of them: None)."""
+    if steps is None:
+        return tuple(p for p in phases if p.steps)
+    out, left = [], steps
+    for p in phases:
+        n = min(p.steps, left)
+        if n:
+            out.append(Phase(n, p.method, p.density, p.rank))
+        left -= n
+    return tuple(out)
+
+
+def recorded_phases(curve: pd.DataFrame) -> list[Phase]:
+    """The phases the run's hook logged step by step (``comm/phases``, run-length, in
+    step order); ``[]`` for a run recorded before the log existed."""
+    if col.COMM_PHASES not in curve.columns:
+        return []
+    out: list[Phase] = []
+    for cell in curve[col.COMM_PHASES]:
+        for seg in parse_phases(cell):
+            method = "dense" if seg.method == "dense" else seg.method
+            out.append(Phase(seg.steps, method, seg.density, seg.rank or 4))
+    return out
+
+
+def configured_phases(rec: Mapping[str, Any], curve: pd.DataFrame) -> list[Phase]:
+    """An older record's phases, from its config: per epoch the density the controller
+    set (dense in a warm-up epoch), PowerSGD's uncompressed steps first."""
+    phases: list[Phase] = []
+    for i, (_, row) in enumerate(curve.iterrows()):
         steps = int(row[col.STEPS]) if row[col.STEPS] == row[col.STEPS] else 0
-        epoch0 = int(row[col.EPOCH]) - 1 if col.EPOCH in row else len(phases)
+        epoch0 = int(row[col.EPOCH]) - 1 if col.EPOCH in row else i
         d = _density_for(rec, epoch0) if rec["comm"] in SPARSE else 1.0
         method = str(rec["comm"]) if d < 1.0 or rec["comm"] not in SPARSE else "dense"
         phases.append(Phase(steps, method, d))
-        v = row.get(metric)
-        if v is not None and v == v and float(v) >= target:
-            reached = True
-            break
     if rec["comm"] == "powersgd" and phases:  # its dense iterations first
         c = (rec.get("config") or {}).get("comm") or {}
         rank = int(c.get("powersgd_rank", 4))
-        dense = min(_powersgd_dense_steps(rec), phases[0].steps)
-        phases = [Phase(p.steps, "powersgd", 1.0, rank) for p in phases]
-        phases[0] = Phase(phases[0].steps - dense, "powersgd", 1.0, rank)
-        phases.insert(0, Phase(dense, "dense", 1.0))
+        total = sum(p.steps for p in phases)
+        dense = min(_powersgd_dense_steps(rec, phases[0].steps), total)
+        phases = [Phase(dense, "dense", 1.0), Phase(total - dense, "powersgd", 1.0, rank)]
+    return phases
+
+
+def run_from_record(rec: Mapping[str, Any], curve: pd.DataFrame) -> Run | None:
+    """``rec``'s phases up to its target (the whole run when it missed): as its hook
+    logged them, or for a record without the log from its config; None when the curve has
+    no step counts."""
+    if col.STEPS not in curve.columns or rec.get("comm") not in pm.KNOWN:
+        return None
+    logged = recorded_phases(curve)
+    target = _target_steps(rec, curve)
+    phases = _cut(logged or configured_phases(rec, curve), target)
     seed = ((rec.get("config") or {}).get("train") or {}).get("seed")
     return Run(
         run_id=str(rec["run_id"]),
         group=default_group(rec),
         comm=str(rec["comm"]),
         seed=None if seed is None else int(seed),
-        reached=reached,
-        phases=tuple(phases),
+        reached=target is not None,
+        phases=phases,
         time_to_target_s=rec.get("time_to_target_s"),
         train_time_s=rec.get("train_time_s"),
         steps_run=int(curve[col.STEPS].fillna(0).sum()),
+        accounting="recorded" if logged else "config",
     )
+
+
+def accounting_notes(runs: Sequence[Run]) -> list[str]:
+    """One line when some runs were charged from their config (no phase log recorded)."""
+    old = [r.run_id for r in runs if r.accounting != "recorded"]
+    if not old:
+        return []
+    return [
+        f"{len(old)} run(s) recorded before the per-step phase log ({col.COMM_PHASES}): "
+        "charged from their config (dense warm-up epochs, PowerSGD's start)"
+    ]
 
 
 def load_runs(

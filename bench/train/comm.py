@@ -1,5 +1,6 @@
 """The comm hook in a training run: checked before launch, attached after DDP wrapping,
-driven per epoch (dense warm-up epochs, density schedule, per-step statistics).
+driven per epoch and per step (dense warm-up in epochs or steps, the density schedule per
+epoch or per ``schedule_steps`` steps, per-step statistics and the log of each step's phase).
 
     validate(cfg.comm, world_size, nnodes, optim=cfg.optim.name)  # in the launcher
     controller = attach(ddp_model, cfg.comm, steps_per_epoch=n, optimizer=opt)  # after DDP
@@ -9,6 +10,7 @@ driven per epoch (dense warm-up epochs, density schedule, per-step statistics).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict
 from typing import Any
 
@@ -37,8 +39,9 @@ def validate(cfg: CommConfig, world_size: int, nnodes: int, optim: str | None = 
     for d in cfg.density_schedule:
         if not 0.0 < float(d) <= 1.0:
             raise ConfigError(f"comm.density_schedule values must be in (0, 1], got {d}")
-    if int(cfg.warmup_epochs) < 0:
-        raise ConfigError(f"comm.warmup_epochs must be >= 0, got {cfg.warmup_epochs}")
+    for name in ("warmup_epochs", "warmup_steps", "schedule_steps"):
+        if int(getattr(cfg, name, 0)) < 0:
+            raise ConfigError(f"comm.{name} must be >= 0, got {getattr(cfg, name)}")
     if float(cfg.bucket_cap_mb) <= 0:
         raise ConfigError(f"comm.bucket_cap_mb must be > 0, got {cfg.bucket_cap_mb}")
     if nnodes < 1 or world_size % nnodes:
@@ -62,7 +65,7 @@ class _LocalState:
 
 
 class CommController:
-    """Applies the warm-up and density schedule per epoch and collects per-step stats."""
+    """Applies the warm-up and density schedule and collects per-step stats and phases."""
 
     def __init__(self, state: Any, cfg: CommConfig, steps_per_epoch: int) -> None:
         self.state = state
@@ -70,21 +73,58 @@ class CommController:
         self.sparse = is_sparse(self.name)
         self.density = float(cfg.density)
         self.warmup_epochs = int(cfg.warmup_epochs)
+        self.warmup_steps = int(getattr(cfg, "warmup_steps", 0) or 0)
         self.schedule = [float(d) for d in cfg.density_schedule]
+        self.schedule_steps = int(getattr(cfg, "schedule_steps", 0) or 0)
         self.steps_per_epoch = steps_per_epoch
+        self.epoch = 0
+        self.in_step = False  # a bucket of the running step has been handed to the hook
 
-    def density_for(self, epoch: int) -> float:
-        """Density of an epoch: 1.0 in warm-up, then the schedule (last value repeats)."""
-        if epoch < self.warmup_epochs:
+    def dense_steps(self) -> int:
+        """Optimizer steps sent dense before compression: the later of both warm-ups."""
+        return max(self.warmup_epochs * int(self.steps_per_epoch or 0), self.warmup_steps)
+
+    def density_for(self, epoch: int, step: int | None = None) -> float:
+        """Density of (0-based) ``epoch``, or of optimizer ``step`` (counted from the run's
+        start) when given: 1.0 in warm-up, then the schedule (its last value repeats)."""
+        if epoch < self.warmup_epochs or (step is not None and step < self.warmup_steps):
             return 1.0
         if self.schedule:
-            return self.schedule[min(epoch - self.warmup_epochs, len(self.schedule) - 1)]
+            if self.schedule_steps and step is not None:
+                i = (step - self.dense_steps()) // self.schedule_steps
+            elif self.schedule_steps:  # per epoch, asked without a step: its first step
+                return self.density_for(epoch, epoch * int(self.steps_per_epoch or 0))
+            else:
+                i = epoch - self.warmup_epochs
+            return self.schedule[max(0, min(i, len(self.schedule) - 1))]
         return self.density
 
     def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
         self.state.force_dense = epoch < self.warmup_epochs
         if self.sparse:  # the others send whole buckets: no density to set
             self.state.density = self.density_for(epoch)
+
+    def begin_step(self) -> None:
+        """Before the step's first bucket: its density on the step axis, and its phase
+        noted in the statistics (what the hook will send it as)."""
+        step = int(getattr(self.state, "step", 0))
+        psgd = getattr(self.state, "psgd", None)
+        if psgd is not None:  # PowerSGD compresses from its own start_powerSGD_iter
+            compressing = psgd.iter >= psgd.start_powerSGD_iter
+            rank = int(psgd.matrix_approximation_rank)
+            self.state.stats.begin_step(
+                *(("powersgd", 1.0, rank) if compressing else ("dense", 1.0))
+            )
+            return
+        if self.sparse:
+            d = self.density_for(self.epoch, step)
+            self.state.density = d
+            self.state.force_dense = d >= 1.0
+            dense = self.state.force_dense or step < getattr(self.state, "warmup_steps", 0)
+            self.state.stats.begin_step(*(("dense", 1.0) if dense else (self.name, d)))
+        else:
+            self.state.stats.begin_step(self.name, 1.0)
 
     def pop_stats(self) -> dict[str, float]:
         """Per-step means since the last pop; first reads the hook's unread finiteness flags
@@ -92,7 +132,23 @@ class CommController:
         check = getattr(self.state, "check_finite", None)
         if check is not None:
             check()
+        self.in_step = False
         return self.state.stats.pop()
+
+    def wrap(self, hook: Any) -> Any:
+        """``hook`` with :meth:`begin_step` before each step's first bucket."""
+
+        # wraps: DDP checks the hook's signature, which then is the hook's own
+        @functools.wraps(hook)
+        def hooked(state, bucket):  # noqa: ANN001, ANN202 (annotations: the hook's)
+            if not self.in_step:
+                self.in_step = True
+                self.begin_step()
+            if bucket.is_last():
+                self.in_step = False
+            return hook(state, bucket)
+
+        return hooked
 
 
 def attach(
@@ -106,13 +162,14 @@ def attach(
         controller = CommController(_LocalState(), cfg, steps_per_epoch)  # one process
         count_optimizer(controller, optimizer, own_steps=True)
         return controller
-    # a hook with its own warm-up counter (PowerSGD's start_powerSGD_iter) counts steps
+    # a hook with its own warm-up counter (PowerSGD's start_powerSGD_iter) counts steps;
+    # the others are told each step's density and warm-up by the controller
     own = HOOKS.get(cfg.name).own_warmup
-    warmup_steps = int(cfg.warmup_epochs) * int(steps_per_epoch) if own else 0
-    opts = asdict(HookOptions.of(cfg, warmup_steps=warmup_steps))
+    controller = CommController(None, cfg, steps_per_epoch)
+    opts = asdict(HookOptions.of(cfg, warmup_steps=controller.dense_steps() if own else 0))
     state, hook = make_hook(cfg.name, model=ddp_model, **opts)
-    ddp_model.register_comm_hook(state, hook)
-    controller = CommController(state, cfg, steps_per_epoch)
+    controller.state = state
+    ddp_model.register_comm_hook(state, controller.wrap(hook))
     count_optimizer(controller, optimizer, own_steps=False)
     return controller
 

@@ -1,0 +1,180 @@
+"""The tuning protocol's second version on fixture records: trials drawn alike for every
+method (knobs x the learning rate), duplicate schedules refused, labelled densities reached
+on the step axis, per-cluster selection from steps x step time, and the unpaired interval
+against a direct computation."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from bench.registry import ConfigError
+from bench.results.records import append_record, load_records, write_curve
+from bench.sweeps import intervals as iv
+from bench.sweeps import protocol as pr
+from bench.sweeps import trials as T
+
+
+def _plan(**kw) -> pr.Plan:
+    kw.setdefault("recipe_lr", 0.4)
+    return pr.Plan(sweep_id="s", **kw)
+
+
+def test_every_method_gets_the_same_number_of_distinct_trials():
+    plan = _plan()
+    for comm in plan.comms:
+        sp = plan._space(comm)
+        assert len(sp) == T.TRIALS and len({t for t, _ in sp}) == T.TRIALS
+        assert all("optim.lr" in v for _, v in sp)
+    lrs = {v["optim.lr"] for c in plan.comms for _, v in plan._space(c)}
+    assert lrs == {0.2, 0.4, 0.8}  # the rate axis reaches every method
+    plan.check()  # distinct, and every labelled density reached within dense's steps
+
+
+def test_a_new_method_adds_one_entry_and_gets_the_same_trials(monkeypatch):
+    monkeypatch.setitem(pr.SPACES, "randomk", {"x": (("a", {"comm.density": 0.1}),)})
+    with pytest.raises(ConfigError, match="cannot give the protocol's 6"):
+        pr.space_v2("randomk", 0.4)
+    two = {"x": tuple((f"d{d}", {"comm.density": d}) for d in (0.1, 0.2))}
+    monkeypatch.setitem(pr.SPACES, "randomk", two)
+    assert len(pr.space_v2("randomk", 0.4)) == T.TRIALS
+
+
+def test_two_trials_that_run_alike_within_the_budget_are_refused():
+    # a per-epoch warm-up that never reaches its final density inside the budget: the v1
+    # translation case (0.1 then 0.05 in 2 epochs, whatever the final density)
+    a = T.Trial(
+        "d0.05-warmup",
+        (
+            ("comm.density", 0.05),
+            ("comm.density_schedule", [0.1, 0.05]),
+            ("comm.schedule_steps", 310),
+        ),
+    )
+    b = T.Trial(
+        "d0.01-warmup",
+        (
+            ("comm.density", 0.01),
+            ("comm.density_schedule", [0.1, 0.05, 0.01]),
+            ("comm.schedule_steps", 310),
+        ),
+    )
+    with pytest.raises(ConfigError, match="run the same schedule within the budget of 620"):
+        T.check_distinct("hitopk", [a, b], 620)
+    T.check_distinct("hitopk", [a, b], 700)  # past 620 steps b reaches 0.01
+    p4 = T.Trial("rank4-start310", (("comm.powersgd_rank", 4), ("comm.warmup_steps", 310)))
+    p4b = T.Trial("rank4-start400", (("comm.powersgd_rank", 4), ("comm.warmup_steps", 400)))
+    with pytest.raises(ConfigError, match="powersgd"):
+        T.check_distinct("powersgd", [p4, p4b], 300)
+
+
+def test_labels_say_what_ran():
+    phases = [
+        {"method": "dense", "density": 1.0, "rank": 0, "steps": 6},
+        {"method": "powersgd", "density": 1.0, "rank": 8, "steps": 40},
+    ]
+    assert T.ran(phases) == "dense x 6, powersgd rank 8 x 40"
+
+
+def _tuning(tmp, run_id, comm, trial, seed, phases, steps_to_target):
+    rows = [
+        {
+            "epoch": 1,
+            "data/steps": 100,
+            "clock/train_s": 1.0,
+            "acc/top1": 0.99,
+            "comm/phases": phases,
+        }
+    ]
+    write_curve(tmp, run_id, rows)
+    append_record(
+        tmp,
+        {
+            "run_id": run_id,
+            "status": "ok",
+            "comm": comm,
+            "target_metric": "top1",
+            "target_value": 0.98,
+            "time_to_target_s": 1.0,
+            "train_time_s": 1.0,
+            "steps_to_target": steps_to_target,
+            "queue": {"id": "q"},
+            "config": {"train": {"seed": seed}},
+            "results": {},
+            "sweep_id": "s",
+            "protocol": {"name": pr.NAME, "role": "tune", "trial": trial, "selected": False},
+        },
+    )
+
+
+def _timing(tmp, run_id, comm, label, seed, step_s):
+    append_record(
+        tmp,
+        {
+            "run_id": run_id,
+            "status": "target_missed",
+            "comm": comm,
+            "step_time_s": step_s,
+            "config": {"train": {"seed": seed}},
+            "protocol": {"name": pr.NAME, "role": "time", "trial": label, "selected": False},
+        },
+    )
+
+
+def test_selection_is_per_cluster_from_steps_and_step_times(tmp_path, monkeypatch):
+    """hitopk at density 0.1 needs fewer steps, at 0.001 sends far less: the model's paper
+    cluster at a high ratio picks the sparse one, the emulated timing pass (where 0.001 is
+    not faster per step) picks the one with fewer steps."""
+    space = (("a", {"comm.density": 0.1}), ("b", {"comm.density": 0.001}))
+    monkeypatch.setattr(pr.Plan, "_space", lambda self, c: space)
+    plan = _plan(comms=("hitopk",), results_dir=str(tmp_path))
+    for seed in (1000, 1001):
+        _tuning(tmp_path, f"a{seed}", "hitopk", "a", seed, "hitopk/0.1/0/100/1", 40)
+        _tuning(tmp_path, f"b{seed}", "hitopk", "b", seed, "hitopk/0.001/0/100/1", 60)
+    _timing(tmp_path, "t1", "hitopk", "time hitopk d0.1 b25", 2000, 0.010)
+    _timing(tmp_path, "t2", "hitopk", "time hitopk d0.001 b25", 2000, 0.010)
+    recs = load_records(tmp_path)
+    table = pr.selection_table(plan, recs)
+    chosen = pr.select_per_cluster(table)
+    assert chosen["emulated"] == {"hitopk": "a"}  # 40 x 10 ms < 60 x 10 ms
+    assert chosen["paper-b64"] == {"hitopk": "b"}  # the model: 0.001 is far cheaper there
+    row = table[(table["cluster"] == "emulated") & (table["trial"] == "a")].iloc[0]
+    assert row["median_time_s"] == pytest.approx(0.4) and row["median_steps"] == 40
+    assert row["ran"] == "hitopk 0.1 x 40"
+    # each selected configuration runs on every evaluation seed, on the check cluster
+    # when it was selected there
+    jobs = plan.eval_jobs(chosen)
+    assert {(j.trial, j.where) for j in jobs} == {("a", "emulated"), ("b", "")}
+    assert len(jobs) == 2 * len(plan.eval_seeds) and len(plan.eval_seeds) >= 10
+    assert "cluster=emulated" in plan.overrides(next(j for j in jobs if j.where))
+
+
+def test_the_unpaired_interval_is_welch_on_log_time():
+    rng = np.random.default_rng(3)
+    a, b = rng.lognormal(1.0, 0.2, 10), rng.lognormal(0.8, 0.3, 12)
+    r, lo, hi = iv.log_t_interval(a, b)
+    res = stats.ttest_ind(np.log(a), np.log(b), equal_var=False)
+    ci = res.confidence_interval(0.95)
+    assert r == pytest.approx(math.exp(np.log(a).mean() - np.log(b).mean()))
+    assert (lo, hi) == pytest.approx((math.exp(ci.low), math.exp(ci.high)))
+    assert iv.verdict(*iv.log_t_interval([1.0, 1.2, 0.9], [1.1, 0.95, 1.05])[1:], 3).startswith(
+        "no difference measurable"
+    )
+    x = {s: float(v) for s, v in enumerate(a)}
+    y = {s: float(v) for s, v in enumerate(-np.log(a) + 5)}
+    assert iv.seed_correlation(x, {s: math.exp(v) for s, v in y.items()}) == pytest.approx(-1.0)
+    assert math.isnan(iv.seed_correlation({0: 1.0}, {0: 2.0}))
+
+
+def test_old_plans_keep_their_rules():
+    old = _plan(name=pr.V1)
+    assert [t for t, _ in old._space("hitopk")] == [
+        "d0.01",
+        "d0.01-warmup",
+        "d0.001",
+        "d0.001-warmup",
+    ]
+    assert old._space("dense") == (("default", {}),) and not old.timing_jobs()
+    assert isinstance(pd.DataFrame(), pd.DataFrame)
