@@ -85,8 +85,11 @@ class CommController:
         return self.state.stats.pop()
 
 
-def attach(ddp_model: torch.nn.Module, cfg: CommConfig, steps_per_epoch: int) -> CommController:
-    """Register the hook of ``cfg.name`` on a DDP model; call on every rank after DDP wrapping."""
+def attach(
+    ddp_model: torch.nn.Module, cfg: CommConfig, steps_per_epoch: int, process_group: Any = None
+) -> CommController:
+    """Register the hook of ``cfg.name`` on a DDP model; call on every rank after DDP wrapping
+    (``process_group``: DDP's, when not the whole world: a node's, under an outer sync)."""
     import torch.distributed as dist
 
     if not dist.is_initialized() or not hasattr(ddp_model, "register_comm_hook"):
@@ -95,6 +98,6 @@ def attach(ddp_model: torch.nn.Module, cfg: CommConfig, steps_per_epoch: int) ->
     own = HOOKS.get(cfg.name).own_warmup
     warmup_steps = int(cfg.warmup_epochs) * int(steps_per_epoch) if own else 0
     opts = asdict(HookOptions.of(cfg, warmup_steps=warmup_steps))
-    state, hook = make_hook(cfg.name, model=ddp_model, **opts)
+    state, hook = make_hook(cfg.name, model=ddp_model, process_group=process_group, **opts)
     ddp_model.register_comm_hook(state, hook)
     return CommController(state, cfg, steps_per_epoch)
