@@ -107,7 +107,8 @@ class ReplicaState:
     """What one replica holds that the others do not, as torch's ``Stateful``: its model
     and inner optimizer (they drift apart between synchronisations), the step within the
     period, the Manager's step (which fragment is next) and, for DiLoCo, each fragment's
-    last global weights and outer optimizer."""
+    last global weights, outer optimizer and an averaged pseudo-gradient not yet applied.
+    (torchft keeps these in its objects without a state dict of its own: read here.)"""
 
     def __init__(
         self, strategy: Any, manager: Manager, model: nn.Module, optimizer: torch.optim.Optimizer
@@ -132,17 +133,37 @@ class ReplicaState:
                 {
                     "global": {k: v.clone() for k, v in f.original_parameters.items()},
                     "outer_optimizer": f._outer_optimizer.state_dict(),
+                    "pending": self._pending(f),
                 }
                 for f in self._fragments()
             ],
         }
+
+    @staticmethod
+    def _pending(fragment: Any) -> dict[str, torch.Tensor] | None:
+        """The averaged pseudo-gradient of a fragment whose allreduce is in flight (Streaming
+        DiLoCo between a fragment's send and its outer step), waited for; else None."""
+        if not fragment._allreduce_work:
+            return None
+        for work in fragment._allreduce_work:
+            work.wait()
+        return {k: g.clone() for k, g in fragment._grads.items()}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         self.model.load_state_dict(d["model"])
         self.optimizer.load_state_dict(d["optimizer"])
         self.strategy._local_step = int(d["local_step"])
         self.manager.load_state_dict(d["manager"])
+        pending = False
         for f, saved in zip(self._fragments(), d["fragments"], strict=True):
             for k, v in saved["global"].items():
                 f.original_parameters[k].copy_(v)
             f._outer_optimizer.load_state_dict(saved["outer_optimizer"])
+            if saved.get("pending") is not None:  # its outer step is still to come
+                from torchft.work import _DummyWork
+
+                f._grads = {k: g.clone() for k, g in saved["pending"].items()}
+                f._allreduce_work = [_DummyWork(None)]
+                pending = True
+        if pending:  # the quorum its send joined: every replica meets again, as it resumes
+            self.manager.start_quorum()

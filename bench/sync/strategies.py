@@ -56,8 +56,8 @@ def split_fragments(model: nn.Module, n: int) -> list[nn.Module]:
         total += p.numel()
         cum.append(total)
     cuts = [0]
-    for j in range(1, n):  # the first tensor past j/n of the elements, one tensor at least
-        at = next(i for i, c in enumerate(cum) if c * n >= j * total)
+    for j in range(1, n):  # after the tensor that reaches j/n of the elements, one at least
+        at = next(i for i, c in enumerate(cum) if c * n >= j * total) + 1
         cuts.append(min(max(at, cuts[-1] + 1), len(params) - (n - j)))
     cuts.append(len(params))
     out = [params[a:b] for a, b in zip(cuts, cuts[1:])]
