@@ -475,7 +475,8 @@ def train(payload: dict[str, Any], leave_group: bool = True) -> dict[str, Any] |
     if s.rank == 0:
         print(
             f"run {s.run['run_id']}: {cfg.model.name} on {cfg.data.name}, {s.world} workers "
-            f"({s.nnodes} node(s)), comm={cfg.comm.name}, update={cfg.optim.update}, "
+            f"({s.nnodes} node(s)), comm={cfg.comm.name}, sync={cfg.sync.name}, "
+            f"update={cfg.optim.update}, "
             f"target {cfg.train.target_metric} >= {cfg.train.target_value}",
             flush=True,
         )
