@@ -16,6 +16,7 @@ from bench.data.config import CacheConfig, DataConfig
 from bench.models.config import ModelConfig
 from bench.optim.config import OptimConfig
 from bench.registry import Choice
+from bench.sync.config import SyncConfig
 
 
 class Amp(Choice):
@@ -89,6 +90,7 @@ class Config:
     cache: CacheConfig = field(default_factory=CacheConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     comm: CommConfig = field(default_factory=CommConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     results: ResultsConfig = field(default_factory=ResultsConfig)

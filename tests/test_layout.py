@@ -100,6 +100,7 @@ def test_cycle_detector_finds_a_cycle() -> None:
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("registry",),  # named factories and ConfigError: everything registers here
     ("models", "data", "comm", "optim"),  # the concerns of one training step, apart
+    ("sync",),  # how the replicas meet: every step, or every H steps through torchft
     ("results",),  # records, curves, the event log, run outputs: written by both halves
     ("cluster",),  # launchers and network emulation: start the worker processes
     ("config",),  # the run's structured config, assembled from every group's schema

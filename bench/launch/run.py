@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from bench import data, models, optim
+from bench import data, models, optim, sync
 from bench.cluster import emulated, torchrun
 from bench.comm import is_sparse
 from bench.config import Config, ResultsConfig, from_container, to_container, to_object
@@ -79,6 +79,15 @@ def validate(cfg: Config, *, create_results: bool = True) -> None:
     data.validate(cfg.data, cfg.cache, world)
     optim.validate(cfg.optim)
     comm.validate(cfg.comm, world_size=world, nnodes=cfg.cluster.nnodes, optim=cfg.optim.name)
+    if sync.is_outer(cfg.sync.name):  # the fragments are cut from the model's tensors
+        sync.validate(
+            cfg.sync,
+            param_tensors=sync.parameter_tensors(cfg.model),
+            comm=cfg.comm.name,
+            update=str(cfg.optim.update),
+            amp=_amp_dtype(cfg.train),
+            master_weights=str(cfg.optim.master_weights),
+        )
     _validate_train(cfg)
     check_results_dir(cfg.results.dir, create=create_results)
     cost = cfg.results.cost_per_hour

@@ -205,8 +205,10 @@ def set_rng_state(d: Mapping[str, Any], device: torch.device) -> None:
 
 class CheckpointManager:
     """One worker's checkpoints of a run: rank 0 saves ``states`` (``common.pt``), every
-    rank its comm ``hook``'s state and RNG states (``rank<r>.pt``); ``progress`` (epoch,
-    step, training time, curve, status) goes to the manifest, written last."""
+    rank its comm ``hook``'s state, RNG states and its ``replica``'s (an outer sync's
+    replica: its own model, inner and outer optimizers, step within the period) in
+    ``rank<r>.pt``; ``progress`` (epoch, step, training time, curve, status) goes to the
+    manifest, written last."""
 
     def __init__(
         self,
@@ -219,9 +221,10 @@ class CheckpointManager:
         states: Mapping[str, Stateful | None],
         hook: Any,
         progress: Stateful,
+        replica: Stateful | None = None,
     ) -> None:
         self.cfg, self.run, self.rank, self.world, self.device = cfg, run, rank, world, device
-        self.states, self.hook, self.progress = states, hook, progress
+        self.states, self.hook, self.progress, self.replica = states, hook, progress, replica
         self.root = run_dir(cfg.results.dir, run["run_id"])
 
     def save(self, barrier: Callable[[], None]) -> Path:
@@ -236,6 +239,8 @@ class CheckpointManager:
             _atomic_save(common, d / "common.pt")
         hook = self.hook.state_dict() if hasattr(self.hook, "state_dict") else None
         mine = {"rank": self.rank, "rng": rng_state(self.device), "hook": hook}
+        if self.replica is not None:
+            mine["replica"] = self.replica.state_dict()
         _atomic_save(mine, d / f"rank{self.rank}.pt")
         barrier()
         if self.rank == 0:
@@ -277,6 +282,8 @@ class CheckpointManager:
         if mine["hook"] is not None and hasattr(self.hook, "load_state_dict"):
             # the hook regroups DDP's first buckets into the saved ones: no settling step
             self.hook.load_state_dict(mine["hook"])
+        if self.replica is not None:  # after common.pt: this replica's own weights win
+            self.replica.load_state_dict(mine["replica"])
         set_rng_state(mine["rng"], self.device)
         self.progress.load_state_dict(
             {**manifest, "train_time_s": manifest["train_time_s"] + lost_s}

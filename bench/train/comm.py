@@ -152,10 +152,15 @@ class CommController:
 
 
 def attach(
-    ddp_model: torch.nn.Module, cfg: CommConfig, steps_per_epoch: int, optimizer: Any = None
+    ddp_model: torch.nn.Module,
+    cfg: CommConfig,
+    steps_per_epoch: int,
+    optimizer: Any = None,
+    process_group: Any = None,
 ) -> CommController:
     """Register the hook of ``cfg.name`` on a DDP model; call on every rank after DDP
-    wrapping.  An ``optimizer`` that sends its own state (``on_send``) counts it there too."""
+    wrapping.  An ``optimizer`` that sends its own state (``on_send``) counts it there too;
+    ``process_group``: DDP's, when not the whole world (a node's, under an outer sync)."""
     import torch.distributed as dist
 
     if not dist.is_initialized() or not hasattr(ddp_model, "register_comm_hook"):
@@ -167,7 +172,7 @@ def attach(
     own = HOOKS.get(cfg.name).own_warmup
     controller = CommController(None, cfg, steps_per_epoch)
     opts = asdict(HookOptions.of(cfg, warmup_steps=controller.dense_steps() if own else 0))
-    state, hook = make_hook(cfg.name, model=ddp_model, **opts)
+    state, hook = make_hook(cfg.name, model=ddp_model, process_group=process_group, **opts)
     controller.state = state
     ddp_model.register_comm_hook(state, controller.wrap(hook))
     count_optimizer(controller, optimizer, own_steps=False)

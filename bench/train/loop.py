@@ -37,6 +37,7 @@ from bench.train import checkpoint as ck
 from bench.train import runtime
 from bench.train.comm import attach
 from bench.train.state import TrainState
+from bench.train.sync import OuterSync
 from bench.train.workload import WORKLOADS
 
 
@@ -52,7 +53,8 @@ def setup(payload: dict[str, Any]) -> TrainState:
         model = model.to(memory_format=torch.channels_last)
     steps = _steps_per_epoch(len(workload.data.train), cfg.train.max_steps_per_epoch, rank)
     optimizer = build_optimizer(model, cfg.optim)
-    ddp = _wrap(model, optimizer, cfg, device)
+    outer = OuterSync(cfg, rank, world)  # sync=ddp: None, the world is DDP's group
+    ddp = _wrap(model, optimizer, cfg, device, outer.group)
     after_ddp_broadcast(optimizer)  # fp32 masters follow the model DDP just broadcast
     autocast, scaler = runtime.amp_context(cfg.train.amp, device)
     s = TrainState(
@@ -67,7 +69,9 @@ def setup(payload: dict[str, Any]) -> TrainState:
         ddp=ddp,
         optimizer=optimizer,
         scheduler=build_scheduler(optimizer, cfg.optim, steps, cfg.train.epochs),
-        comm=attach(ddp, cfg.comm, steps_per_epoch=steps, optimizer=optimizer),
+        comm=attach(
+            ddp, cfg.comm, steps_per_epoch=steps, optimizer=optimizer, process_group=outer.group
+        ),
         autocast=autocast,
         scaler=scaler,
         steps=steps,
@@ -75,6 +79,7 @@ def setup(payload: dict[str, Any]) -> TrainState:
     )
     if hasattr(s.comm.state, "nan_check"):
         s.comm.state.nan_check = cfg.train.nan_check == "step"
+    s.sync = outer.start(model, optimizer, getattr(s.comm.state, "stats", None), device)
     checkpoints(s).resume()  # after an elastic restart or by hand: from its last checkpoint
     return s
 
@@ -91,6 +96,7 @@ def checkpoints(s: TrainState) -> ck.CheckpointManager:
         states={**states, "scaler": s.scaler},  # common.pt's keys, in this order
         hook=s.comm.state,  # one process has no hook: a stand-in without state
         progress=s,
+        replica=s.sync.state,
     )
 
 
@@ -103,12 +109,16 @@ def _steps_per_epoch(batches: int, max_steps: int, rank: int) -> int:
     return steps
 
 
-def _wrap(model: nn.Module, optimizer: Any, cfg: Config, device: torch.device) -> nn.Module:
-    """DDP around the model (its constructor broadcasts rank 0's weights), or the model alone."""
+def _wrap(
+    model: nn.Module, optimizer: Any, cfg: Config, device: torch.device, group: Any = None
+) -> nn.Module:
+    """DDP around the model over ``group`` (None: the world; its constructor broadcasts the
+    group's first weights), or the model alone."""
     if not dist.is_initialized():
         return model
     return DDP(
         model,
+        process_group=group,
         device_ids=[device.index] if device.type == "cuda" else None,
         bucket_cap_mb=cfg.comm.bucket_cap_mb,
         **ddp_kwargs(optimizer),  # update modes that own the gradient buffer
@@ -236,6 +246,7 @@ def _epoch_row(
         **({col.TOKENS: int(total_tokens[0])} if total_tokens else {}),
         **({col.TOKEN_THROUGHPUT: total_tokens[0] / epoch_s} if total_tokens else {}),
         **s.comm.pop_stats(),
+        **s.sync.pop_stats(),  # an outer sync's bytes are in comm/ too, per step
         col.EPOCH: s.epoch + 1,
         col.TRAIN_TIME: s.clock.elapsed,
         col.EPOCH_TIME: epoch_s,
@@ -288,7 +299,7 @@ def _step_evaluate(s: TrainState) -> tuple[float, bool]:
     ``s.evals``.  Returns (its wall time in s, whether it reached the target)."""
     s.clock.pause()
     t = time.perf_counter()
-    runtime.broadcast_buffers(s.model)
+    runtime.broadcast_buffers(s.model, s.sync.node_root, s.sync.group)
     ev = s.workload.evaluate(s.model, s.workload.data.eval, s.autocast)
     point = {
         "step": s.step,
@@ -308,7 +319,7 @@ def _step_evaluate(s: TrainState) -> tuple[float, bool]:
 def evaluate(s: TrainState) -> dict[str, float]:
     """Held-out metrics as curve columns, every rank with rank 0's BN statistics."""
     s.mllog.eval_start(s.epoch + 1)
-    runtime.broadcast_buffers(s.model)
+    runtime.broadcast_buffers(s.model, s.sync.node_root, s.sync.group)
     ev = s.workload.evaluate(s.model, s.workload.data.eval, s.autocast)
     metric = s.cfg.train.target_metric
     samples = _eval_samples(s) if s.mllog.wants_eval_samples else None  # all ranks: once
@@ -382,6 +393,7 @@ def finish(s: TrainState, leave_group: bool = True) -> dict[str, Any] | None:
     for loader in (s.workload.data.train, s.workload.data.eval):
         if hasattr(loader, "close"):  # loader workers and DALI pipelines stop now, not at exit
             loader.close()
+    s.sync.close()  # the outer sync's Manager, then the Lighthouse (every rank takes part)
     record = write_outputs(s).to_dict() if s.rank == 0 else None
     if dist.is_initialized():
         dist.barrier()
@@ -465,7 +477,8 @@ def train(payload: dict[str, Any], leave_group: bool = True) -> dict[str, Any] |
     if s.rank == 0:
         print(
             f"run {s.run['run_id']}: {cfg.model.name} on {cfg.data.name}, {s.world} workers "
-            f"({s.nnodes} node(s)), comm={cfg.comm.name}, update={cfg.optim.update}, "
+            f"({s.nnodes} node(s)), comm={cfg.comm.name}, sync={cfg.sync.name}, "
+            f"update={cfg.optim.update}, "
             f"target {cfg.train.target_metric} >= {cfg.train.target_value}",
             flush=True,
         )

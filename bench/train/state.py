@@ -16,6 +16,7 @@ from bench.config import Config
 from bench.results.mllog import RunLog
 from bench.results.timing import TrainClock
 from bench.train.runtime import PhaseTimer
+from bench.train.sync import OuterSync
 
 
 @dataclass
@@ -49,6 +50,7 @@ class TrainState:
     # sub-epoch evaluations (train.eval_every_steps): step, epoch, training time, metrics
     evals: list[dict[str, Any]] = field(default_factory=list)
     mllog: RunLog = field(default_factory=lambda: RunLog(None))  # rank 0's MLPerf log
+    sync: OuterSync = field(default_factory=OuterSync)  # the nodes' outer sync (none: ddp)
 
     def state_dict(self) -> dict[str, Any]:
         """The progress a checkpoint's manifest holds."""

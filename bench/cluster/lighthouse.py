@@ -1,0 +1,54 @@
+"""torchft's Lighthouse for a run's outer synchronisation: the quorum server every
+node's replica group meets at.  It runs in the process of global rank 0, which every
+launcher puts at node 0's address (emulated namespaces included), so that every node
+reaches it and it ends with the run: no process is left.  ``$TORCHFT_LIGHTHOUSE`` names
+an external one (``torchft_lighthouse``) instead."""
+
+from __future__ import annotations
+
+import os
+import socket
+from urllib.parse import urlparse
+
+ENV = "TORCHFT_LIGHTHOUSE"
+
+
+def node_address(peer: str) -> str:
+    """This host's address on the route to ``peer`` (what the other nodes reach it at)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((socket.gethostbyname(peer), 9))  # no packet: a UDP connect only routes
+            return s.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
+
+
+class Lighthouse:
+    """An in-process Lighthouse waiting for ``min_replicas`` replica groups (every node:
+    fault tolerance off), reachable at ``http://<host>:<port>`` (:attr:`address`)."""
+
+    def __init__(self, min_replicas: int, host: str, join_timeout_ms: int = 100) -> None:
+        os.environ.setdefault("RUST_LOG", "warn")  # torchft logs every quorum otherwise
+        from torchft._torchft import LighthouseServer
+
+        # every replica group is awaited (min_replicas): no wait for late joiners beyond it
+        self._server = LighthouseServer(
+            bind="[::]:0", min_replicas=min_replicas, join_timeout_ms=join_timeout_ms
+        )
+        self.address = f"http://{host}:{urlparse(self._server.address()).port}"
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server = None
+
+    def __enter__(self) -> Lighthouse:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def external() -> str | None:
+    """The address of an external Lighthouse the user started, if ``$TORCHFT_LIGHTHOUSE``."""
+    return os.environ.get(ENV) or None

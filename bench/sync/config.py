@@ -1,0 +1,26 @@
+"""Schema of the ``sync`` config group (conf/sync/*.yaml): how the replicas of a run meet.
+
+``ddp`` is every step's gradient exchange through the comm hook; the others keep one
+replica per node, trained with DDP inside the node, and synchronise the nodes every
+``sync_every`` (H) inner steps through torchft (:mod:`bench.sync`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class SyncConfig:
+    name: str = "ddp"  # a key of bench.sync.SYNCS: ddp | localsgd | diloco | streaming_diloco
+    sync_every: int = 50  # H: inner optimizer steps between two outer synchronisations
+    outer_lr: float = 0.7  # DiLoCo: the outer SGD's learning rate on the pseudo-gradient
+    outer_momentum: float = 0.9  # DiLoCo: the outer SGD's momentum
+    nesterov: bool = True  # DiLoCo: Nesterov momentum in the outer step
+    fragments: int = 1  # Streaming DiLoCo: model fragments synchronised in turn (divides H)
+    # Streaming DiLoCo: inner steps a fragment's allreduce overlaps before its outer step
+    # is applied (< H / fragments)
+    fragment_sync_delay: int = 0
+    # seconds a replica group waits for the others at an outer synchronisation (a period
+    # of H inner steps on the slowest node must fit)
+    quorum_timeout_s: float = 1800.0

@@ -1,0 +1,177 @@
+"""The synchronisation strategies by name (:data:`SYNCS`) and their checks: ``ddp`` (every
+step, through the comm hook), LocalSGD (Lin et al. 2018: average the weights every H
+steps), DiLoCo (Douillard et al. 2023: an outer Nesterov step on the averaged
+pseudo-gradient every H steps) and Streaming DiLoCo (Douillard et al. 2025: fragments of
+the model in turn, each allreduce overlapping ``fragment_sync_delay`` inner steps), the
+last three through torchft's ``LocalSGD`` and ``DiLoCo``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from bench.registry import ConfigError, Registry
+from bench.sync.config import SyncConfig
+
+#: (torchft manager, model, inner optimizer, config) -> torchft's context manager
+Build = Callable[[Any, nn.Module, torch.optim.Optimizer, SyncConfig], Any]
+
+
+@dataclass(frozen=True)
+class SyncSpec:
+    """One strategy: ``build`` is None for ``ddp`` (no outer synchronisation);
+    ``fragmented``: it takes ``sync.fragments`` > 1; ``outer_optimizer``: it steps one."""
+
+    build: Build | None
+    fragmented: bool = False
+    outer_optimizer: bool = False
+    doc: str = ""
+
+    @property
+    def outer(self) -> bool:
+        """Whether the nodes meet only every H steps, through torchft."""
+        return self.build is not None
+
+
+SYNCS: Registry[SyncSpec] = Registry("sync strategy")
+
+
+def is_outer(name: str) -> bool:
+    """Whether strategy ``name`` synchronises the nodes every H steps (not ``ddp``)."""
+    return SYNCS.get(name).outer
+
+
+def split_fragments(model: nn.Module, n: int) -> list[nn.Module]:
+    """``model``'s parameters in ``n`` contiguous fragments of about equal size (in
+    registration order, so that every replica cuts alike), each a module of its own."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not 1 <= n <= len(params):
+        raise ConfigError(f"sync.fragments={n}: the model has {len(params)} parameter tensors")
+    cum, total = [], 0
+    for p in params:
+        total += p.numel()
+        cum.append(total)
+    cuts = [0]
+    for j in range(1, n):  # after the tensor that reaches j/n of the elements, one at least
+        at = next(i for i, c in enumerate(cum) if c * n >= j * total) + 1
+        cuts.append(min(max(at, cuts[-1] + 1), len(params) - (n - j)))
+    cuts.append(len(params))
+    out = [params[a:b] for a, b in zip(cuts, cuts[1:])]
+    frags = []
+    for ps in out:
+        m = nn.Module()
+        m.params = nn.ParameterList(ps)
+        frags.append(m)
+    return frags
+
+
+def _outer_sgd(params: Any, cfg: SyncConfig) -> torch.optim.Optimizer:
+    return torch.optim.SGD(
+        params, lr=cfg.outer_lr, momentum=cfg.outer_momentum, nesterov=cfg.nesterov
+    )
+
+
+def _localsgd(manager: Any, model: nn.Module, opt: torch.optim.Optimizer, cfg: SyncConfig) -> Any:
+    from torchft.local_sgd import LocalSGD
+
+    return LocalSGD(manager, model, opt, sync_every=cfg.sync_every)
+
+
+def _diloco(manager: Any, model: nn.Module, opt: torch.optim.Optimizer, cfg: SyncConfig) -> Any:
+    from torchft.local_sgd import DiLoCo
+
+    frags = split_fragments(model, cfg.fragments)
+    return DiLoCo(
+        manager,
+        frags,
+        opt,
+        [_outer_sgd(f.parameters(), cfg) for f in frags],
+        sync_every=cfg.sync_every,
+        fragment_sync_delay=cfg.fragment_sync_delay,
+    )
+
+
+SYNCS.register("ddp")(SyncSpec(None, doc="every step: DDP through the comm hook"))
+SYNCS.register("localsgd")(
+    SyncSpec(_localsgd, doc="average the replicas' weights every H steps (torchft LocalSGD)")
+)
+SYNCS.register("diloco")(
+    SyncSpec(
+        _diloco,
+        outer_optimizer=True,
+        doc="outer Nesterov step on the averaged pseudo-gradient every H steps (torchft DiLoCo)",
+    )
+)
+SYNCS.register("streaming_diloco")(
+    SyncSpec(
+        _diloco,
+        fragmented=True,
+        outer_optimizer=True,
+        doc="DiLoCo over fragments in turn, each allreduce overlapping inner steps",
+    )
+)
+
+
+def validate(
+    cfg: SyncConfig,
+    *,
+    param_tensors: int | None = None,
+    comm: str = "dense",
+    update: str = "foreach",
+    amp: str = "off",
+    master_weights: str = "off",
+) -> None:
+    """Refuse a ``sync`` config that cannot run, in one line, before any worker starts;
+    ``param_tensors``: the model's parameter tensors (None: not checked here)."""
+    spec = SYNCS.get(cfg.name)
+    if not spec.outer:
+        return
+    h, f, delay = int(cfg.sync_every), int(cfg.fragments), int(cfg.fragment_sync_delay)
+    if h < 1:
+        raise ConfigError(f"sync.sync_every (H) must be >= 1, got {h}")
+    if f < 1 or (f > 1 and not spec.fragmented):
+        raise ConfigError(
+            f"sync.fragments={f}: sync={cfg.name} synchronises the whole model "
+            "(fragments=1; sync=streaming_diloco takes more)"
+        )
+    if f > h:
+        raise ConfigError(f"sync.fragments={f} is more than sync.sync_every (H) = {h}")
+    if h % f:
+        raise ConfigError(f"sync.fragments={f} must divide sync.sync_every (H) = {h}")
+    if param_tensors is not None and f > param_tensors:
+        raise ConfigError(
+            f"sync.fragments={f} is more than the model's {param_tensors} parameter tensors"
+        )
+    if not 0 <= delay < h // f:
+        raise ConfigError(
+            f"sync.fragment_sync_delay must be in [0, H / fragments) = [0, {h // f}), got {delay}"
+        )
+    if spec.outer_optimizer and not (cfg.outer_lr > 0 and 0 <= cfg.outer_momentum < 1):
+        raise ConfigError(
+            f"sync.outer_lr must be > 0 and sync.outer_momentum in [0, 1), got "
+            f"{cfg.outer_lr} and {cfg.outer_momentum}"
+        )
+    if cfg.quorum_timeout_s <= 0:
+        raise ConfigError(f"sync.quorum_timeout_s must be > 0, got {cfg.quorum_timeout_s}")
+    refused = {
+        "comm": (comm == "hitopk", "comm=hitopk spans the nodes itself; inside a node use dense"),
+        "update": (update == "flat", "optim.update=flat owns the parameters; use foreach"),
+        "amp": (amp == "fp16", "train.amp=fp16 skips steps on overflow, unevenly per node"),
+        "master": (master_weights != "off", "optim.master_weights keeps a second model copy"),
+    }
+    for bad, why in refused.values():
+        if bad:
+            raise ConfigError(f"sync={cfg.name} cannot run with {why}")
+
+
+def parameter_tensors(model_cfg: Any) -> int:
+    """The parameter tensors of the model ``model_cfg`` builds (on the meta device: no
+    memory, no data), what fragments are cut from."""
+    from bench.models import build_model
+
+    with torch.device("meta"):
+        return sum(1 for p in build_model(model_cfg, 10).parameters() if p.requires_grad)

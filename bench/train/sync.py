@@ -1,0 +1,109 @@
+"""The outer synchronisation in a training worker (``sync`` other than ``ddp``): one
+replica group per node, trained by DDP over the node's own process group (with any comm
+hook), and torchft's strategy across the nodes every H steps, its Manager meeting the
+others at the Lighthouse of global rank 0 (docs/algorithms.md, "Synchronising rarely").
+
+    outer = OuterSync(cfg, rank, world)   # before DDP: outer.group is DDP's process group
+    outer.start(model, optimizer, stats, device)   # after DDP and the comm hook
+    outer.pop_stats(); outer.state (the checkpoint's share); outer.close()
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from bench.cluster.lighthouse import Lighthouse, external, node_address
+from bench.config import Config
+from bench.sync import build, is_outer
+from bench.train import runtime
+
+
+class OuterSync:
+    """Nothing for ``ddp`` (or a single process): then :attr:`group` is None, the whole
+    world trains as one DDP group, and every method does nothing."""
+
+    def __init__(self, cfg: Config | None = None, rank: int = 0, world: int = 1) -> None:
+        self.cfg, self.rank = cfg, rank
+        self.outer = cfg is not None and is_outer(cfg.sync.name) and dist.is_initialized()
+        self.group: Any = None  # DDP's process group: the node's workers
+        self.manager: Any = None
+        self.strategy: Any = None
+        self.state: Any = None  # bench.sync.replica.ReplicaState: the checkpoint's share
+        self.lighthouse: Lighthouse | None = None
+        self._store: Any = None  # the replica group's TCP store (its first worker hosts it)
+        if not self.outer:
+            return
+        self.local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        self.nnodes = world // self.local_world
+        self.node, self.local_rank = divmod(rank, self.local_world)
+        m = self.local_world
+        ranks = [[n * m + j for j in range(m)] for n in range(self.nnodes)]
+        self.group, _ = dist.new_subgroups_by_enumeration(ranks)
+
+    @property
+    def node_root(self) -> int:
+        """The global rank of this node's first worker (0 without an outer sync)."""
+        return self.node * self.local_world if self.outer else 0
+
+    def start(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, stats: Any, device: Any
+    ) -> OuterSync:
+        """Every rank, after DDP: the same weights on every node, the Lighthouse (rank 0),
+        the node's store, the Manager and the strategy's hooks on ``optimizer``'s step."""
+        if not self.outer:
+            return self
+        from bench.sync.replica import ReplicaState, open_manager  # torchft: only here
+
+        for t in model.state_dict().values():  # seeded alike; DDP only broadcast in the node
+            dist.broadcast(t, 0)
+        host = node_address(os.environ.get("MASTER_ADDR", "127.0.0.1"))
+        address = external()
+        if address is None:
+            if self.rank == 0:
+                self.lighthouse = Lighthouse(min_replicas=self.nnodes, host=host)
+            address = runtime.broadcast_object(self.lighthouse.address if self.lighthouse else None)
+        if self.local_rank == 0:
+            self._store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False)
+        box = [(host, self._store.port) if self._store is not None else None]
+        dist.broadcast_object_list(box, src=self.node_root, group=self.group)
+        cfg = self.cfg
+        backend = "nccl" if device.type == "cuda" and cfg.cluster.backend != "gloo" else "gloo"
+        self.manager = open_manager(
+            node=self.node,
+            nnodes=self.nnodes,
+            local_rank=self.local_rank,
+            local_world=self.local_world,
+            lighthouse=address,
+            store=box[0],
+            hostname=host,
+            backend=backend,
+            timeout_s=float(cfg.comm.timeout_s),
+            quorum_timeout_s=float(cfg.sync.quorum_timeout_s),
+            stats=stats,
+        )
+        self.strategy = build(cfg.sync, self.manager, model, optimizer)
+        self.state = ReplicaState(self.strategy, self.manager, model, optimizer)
+        return self
+
+    def pop_stats(self) -> dict[str, float]:
+        """The outer synchronisations since the last pop, and their bytes per sync."""
+        return self.manager.pop_stats() if self.manager is not None else {}
+
+    def close(self) -> None:
+        """Every rank: the strategy's hooks off, the Manager down, then the Lighthouse."""
+        if self.strategy is not None:
+            self.strategy.__exit__(None, None, None)
+            self.strategy = None
+        if self.manager is not None:
+            dist.barrier()  # no replica still talks to another's Manager
+            self.manager.shutdown(wait=False)
+            self.manager = None
+            dist.barrier()  # every Manager has left the Lighthouse
+        if self.lighthouse is not None:
+            self.lighthouse.stop()
+            self.lighthouse = None
+        self._store = None
