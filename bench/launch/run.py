@@ -78,7 +78,7 @@ def validate(cfg: Config, *, create_results: bool = True) -> None:
     models.validate(cfg.model)
     data.validate(cfg.data, cfg.cache, world)
     optim.validate(cfg.optim)
-    comm.validate(cfg.comm, world_size=world, nnodes=cfg.cluster.nnodes)
+    comm.validate(cfg.comm, world, cfg.cluster.nnodes, optim=cfg.optim, amp=cfg.train.amp)
     _validate_train(cfg)
     check_results_dir(cfg.results.dir, create=create_results)
     cost = cfg.results.cost_per_hour

@@ -67,7 +67,7 @@ def setup(payload: dict[str, Any]) -> TrainState:
         ddp=ddp,
         optimizer=optimizer,
         scheduler=build_scheduler(optimizer, cfg.optim, steps, cfg.train.epochs),
-        comm=attach(ddp, cfg.comm, steps_per_epoch=steps),
+        comm=attach(ddp, cfg.comm, steps_per_epoch=steps, optimizer=optimizer),
         autocast=autocast,
         scaler=scaler,
         steps=steps,
