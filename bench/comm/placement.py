@@ -172,18 +172,22 @@ class DGC:
         gathered, parameter by parameter, from the buckets that held it before (the
         velocity is not: like every residual it goes, see ``ResidualMemory.sweep``)."""
         mom = self.memory.momenta
-        if key in mom or not mom:
+        if key in mom:
             return
+        # only buckets' momenta (hitopk's shards have their own, keyed (key, "shard"))
         old = {pid: (k, off) for k, lay in self.places.items() if k in mom for pid, off, _ in lay}
+        if not any(pid in old for pid, _, _ in self.places[key]):
+            return
         new = torch.zeros_like(buf, dtype=widened(buf.dtype))
         for pid, off, n in self.places[key]:
             if pid in old:
                 k, src = old[pid]
                 new[off : off + n] = mom[k][src : src + n]
         mom[key] = new
-        mine = {pid for pid, _, _ in self.places[key]}
-        for k in [k for k in mom if k != key and {q for q, _, _ in self.places.get(k, [])} <= mine]:
-            del mom[k]  # every parameter of it has moved here
+        for k in [k for k in self.places if k != key and k in mom]:
+            held = {q for j in self.places if j != k and j in mom for q, _, _ in self.places[j]}
+            if {q for q, _, _ in self.places[k]} <= held:
+                del mom[k]  # every parameter of it has moved
 
 
 class FrozenVariance:
