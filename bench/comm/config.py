@@ -40,6 +40,14 @@ class MSTopKMethod(Choice):
     paper = "paper"
 
 
+class Placement(Choice):
+    """Where a sparse method compresses (``bench/comm/placement.py``, docs/algorithms.md)."""
+
+    grad = "grad"  # the raw gradient, error feedback on it, an unmodified optimizer
+    grad_dgc = "grad+dgc"  # DGC: the momentum-corrected velocity, momentum-factor masking
+    update = "update"  # 1-bit Adam's: the momentum, after a dense warm-up freezes the variance
+
+
 C = TypeVar("C", bound=Choice)
 
 
@@ -69,6 +77,7 @@ class HookOptions:
     seed: int | None = None  # RNG seed of randomk
     # CUDA events for time/select_s and time/comm_s of CUDA buckets (CPU: always timed)
     timing: bool = True
+    placement: Placement = Placement.grad  # what a sparse method compresses (Placement)
 
     def __post_init__(self) -> None:
         # strings from Python callers become the enums (ConfigError listing the values)
@@ -76,6 +85,7 @@ class HookOptions:
             ("value_dtype", ValueDtype, "value dtype"),
             ("selector", Selector, "selector"),
             ("mstopk_method", MSTopKMethod, "mstopk method"),
+            ("placement", Placement, "comm placement"),
         ):
             object.__setattr__(self, name, parse(kind, getattr(self, name), what))
         for name, kind in (("density", float), ("error_feedback", bool), ("timing", bool)):
@@ -122,3 +132,6 @@ class CommConfig:
     powersgd_rank: int = 4
     timing: bool = False  # on for `bench comm`
     timeout_s: float = 600.0  # a collective waiting longer than this for a peer ends the run
+    # sparse methods: grad | grad+dgc (SGD with momentum) | update (Adam, after a warm-up);
+    # a string: Hydra matches enum fields by member name, and "grad+dgc" is none
+    placement: str = "grad"

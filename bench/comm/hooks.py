@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bench.comm import cost
+from bench.comm import cost, placement
 from bench.comm.communicators import AllGather, AllReduce, Communicator, HiTopK, uses_gloo
 from bench.comm.compressors import COMPRESSORS, NoCompressor, NoMemory, ResidualMemory
 from bench.comm.config import HookOptions
@@ -46,6 +46,9 @@ class HookState:
     nan_check: bool = False  # flag each reduced bucket that holds a NaN or Inf
     # (bucket index, device bool "all finite") per reduced bucket, until the loop pops them
     finite: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+    # what the method compresses beyond the raw gradient (bench/comm/placement.py): None
+    # for ``grad``, else an object whose ``before`` transforms each bucket in place
+    placement: Any = None
 
     def take_finite(self) -> list[tuple[int, torch.Tensor]]:
         """The device flags noted since the last call, unread: ``(bucket index, all finite)``
@@ -105,8 +108,11 @@ def sparse_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Futu
         state.fold_flags()  # the last step's callbacks have all run: no append races this
     buf = bucket.buffer()
     dense = state.force_dense or state.step < state.warmup_steps or buf.numel() < state.min_numel
+    key = _bucket_key(bucket)
+    if state.placement is not None:
+        dense = state.placement.before(state, bucket, key, dense)
     comm = state.dense if dense else state.comm
-    fut = comm.reduce(buf, _bucket_key(bucket), state.density, state.stats)
+    fut = comm.reduce(buf, key, state.density, state.stats)
     if state.nan_check:
         fut = fut.then(functools.partial(_check_finite, state, bucket.index()))
     if bucket.is_last():
@@ -257,9 +263,11 @@ def _reducer(compressor: str | None, communicator: type[Communicator]) -> Build:
         comp = COMPRESSORS.get(str(compressor or opts.selector)).build(opts)
         # dense values alias the bucket, and the cast hooks follow PyTorch's: no feedback
         memory = ResidualMemory() if comp.sparse and opts.error_feedback else NoMemory()
-        comm = communicator(comp, memory, topo_groups, pg, opts.value_dtype)
+        place, own = placement.make(opts.placement, opts.error_feedback)
+        comm = communicator(comp, memory if own is None else own, topo_groups, pg, opts.value_dtype)
         dense = AllReduce(NoCompressor(), NoMemory(), topo_groups, pg)
         state = HookState(comm, dense, float(opts.density), opts.warmup_steps, opts.min_numel)
+        state.placement = place
         state.stats.times.enabled = opts.timing
         return state, sparse_hook
 
@@ -329,6 +337,8 @@ def build(name: str, opts: HookOptions, process_group: Any = None) -> tuple[Any,
     """The inner ``(state, hook)`` of ``name`` on the initialised process group (what a
     :class:`~bench.comm.state.CommHookState` holds once bound)."""
     spec = HOOKS.get(name)
+    if opts.placement != "grad" and not spec.sparse:
+        raise ConfigError(f"comm.placement={opts.placement} applies to the sparse methods only")
     topo = _topology(spec, opts, process_group)
     if spec.validate is not None:
         spec.validate(opts, dist.get_world_size(process_group), topo.nnodes if topo else 1)

@@ -2,9 +2,10 @@
 restored by parameter name.
 
 A :class:`CommHookState` binds to the process group on the hook's first call (or
-``bind()``); ``state_dict()`` holds this rank's step, density, residuals, generators and
-PowerSGD state keyed by parameter names with the bucket layout, so a resume continues bit
-for bit in another bucket layout or world size (docs/internals/comm.md).
+``bind()``); ``state_dict()`` holds this rank's step, density, residuals (and DGC's
+momenta), generators and PowerSGD state keyed by parameter names with the bucket layout,
+so a resume continues bit for bit in another bucket layout or world size
+(docs/internals/comm.md).
 """
 
 import warnings
@@ -266,6 +267,7 @@ def _save(st: CommHookState) -> dict[str, Any]:
         "force_dense": bool(inner.force_dense),
         "layout": [b.to_dict() for b in layout],
         "residuals": [],
+        "momenta": [],
         "generators": {},
         "powersgd": None,
     }
@@ -274,6 +276,11 @@ def _save(st: CommHookState) -> dict[str, Any]:
         names = _names(st, "saving residuals")
         out["residuals"] = [
             {**_named_key(k, names), "value": b.detach().clone()} for k, b in mem.buffers.items()
+        ]
+    if getattr(mem, "momenta", None):  # comm.placement=grad+dgc: DGC's momenta, alike
+        names = _names(st, "saving momenta")
+        out["momenta"] = [
+            {**_named_key(k, names), "value": b.detach().clone()} for k, b in mem.momenta.items()
         ]
     comp = getattr(getattr(inner, "comm", None), "compressor", None)
     if comp is not None:
@@ -303,7 +310,7 @@ def _fits(layout: Layout, params: Mapping[str, torch.Tensor]) -> str | None:
 
 def _positional(sd: Mapping[str, Any]) -> int:
     """Elements of the saved state that only make sense in the saved buckets."""
-    n = sum(r["value"].numel() for r in sd["residuals"])
+    n = sum(r["value"].numel() for r in [*sd["residuals"], *(sd.get("momenta") or [])])
     ps = sd.get("powersgd") or {}
     return n + sum(t.numel() for t in (ps.get("error_dict") or {}).values())
 
@@ -318,6 +325,7 @@ def _load(st: CommHookState, sd: Mapping[str, Any]) -> None:
     layout = [BucketLayout.from_dict(b) for b in sd["layout"]]
     st._layout, st._step_layout, st._replay = [], [], None
     residuals = list(sd["residuals"])
+    momenta = list(sd.get("momenta") or [])  # older states have none
     psgd = sd.get("powersgd")
     if _positional(sd):
         _names(st, "loading bucket state")
@@ -325,26 +333,32 @@ def _load(st: CommHookState, sd: Mapping[str, Any]) -> None:
     why = _fits(layout, params) if layout else "no bucket layout was saved"
     if why is not None and _positional(sd):
         st._discard(_positional(sd), f"{why}: its buckets cannot be rebuilt")
-        residuals = []
+        residuals = momenta = []
         if psgd is not None:
             psgd = {**psgd, "error_dict": {}, "p_memory_dict": {}, "q_memory_dict": {}}
     elif why is None:
         st._replay = Replay(layout, params, st._reduce)
     mem = getattr(getattr(inner, "comm", None), "memory", None)
     ppn = _procs_per_node(inner)
-    shards = [r for r in residuals if r["shard"]]
+    shards = [r for r in residuals + momenta if r["shard"]]
     if shards and int(sd["procs_per_node"]) != ppn:
         n = sum(r["value"].numel() for r in shards)
         st._discard(n, f"hitopk shards of {sd['procs_per_node']} workers per node, now {ppn}")
         residuals = [r for r in residuals if not r["shard"]]
+        momenta = [r for r in momenta if not r["shard"]]
+
+    def items(saved: list[dict[str, Any]]) -> list[tuple[Hashable, torch.Tensor]]:
+        dev = [params[r["first"] or r["last"]].device for r in saved]
+        return [(_local_key(r, params), r["value"].to(d)) for r, d in zip(saved, dev, strict=True)]
+
     if isinstance(mem, ResidualMemory):
-        items = [
-            (_local_key(r, params), r["value"].to(params[r["first"] or r["last"]].device))
-            for r in residuals
-        ]
-        mem.load_state_dict(items)
+        mem.load_state_dict(items(residuals))
     elif residuals:
         st._discard(sum(r["value"].numel() for r in residuals), "this hook has no error feedback")
+    if hasattr(mem, "momenta"):
+        mem.momenta = {k: v.clone() for k, v in items(momenta)}
+    elif momenta:
+        st._discard(sum(r["value"].numel() for r in momenta), "this hook keeps no momenta")
     comp = getattr(getattr(inner, "comm", None), "compressor", None)
     if comp is not None and sd.get("generators"):
         set_randomk_generators(comp, sd["generators"])

@@ -78,7 +78,7 @@ def validate(cfg: Config, *, create_results: bool = True) -> None:
     models.validate(cfg.model)
     data.validate(cfg.data, cfg.cache, world)
     optim.validate(cfg.optim)
-    comm.validate(cfg.comm, world_size=world, nnodes=cfg.cluster.nnodes, optim=cfg.optim.name)
+    comm.validate(cfg.comm, world, cfg.cluster.nnodes, optim=cfg.optim, amp=cfg.train.amp)
     if sync.is_outer(cfg.sync.name):  # the fragments are cut from the model's tensors
         sync.validate(
             cfg.sync,

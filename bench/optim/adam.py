@@ -17,19 +17,63 @@ from bench.optim.config import OptimConfig
 from bench.optim.flat import FlatOptimizer
 from bench.optim.spec import OptimizerSpec, check_betas, keep_mode_keys, register
 
+#: param-group key set by ``comm.placement=update`` (bench/comm/placement.py) when it
+#: freezes the variance: the step count it froze at.  From then on ``p.grad`` holds the
+#: averaged momentum and :func:`frozen_variance_step` replaces Adam's step.
+FROZEN = "frozen_variance"
 
-class Adam(torch.optim.Adam):
-    """``torch.optim.Adam`` whose ``load_state_dict`` keeps its own update mode."""
+
+@torch.no_grad()
+def frozen_variance_step(optimizer: torch.optim.Optimizer, decoupled: bool) -> None:
+    """Adam's step with the variance of step ``group[FROZEN]`` (1-bit Adam's compression
+    stage, Tang et al. 2021): the momentum is ``p.grad``, the variance is not updated, and
+    both are bias-corrected as torch's Adam does (the variance at the step it froze)."""
+    for group in optimizer.param_groups:
+        lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+        bc2 = math.sqrt(1.0 - b2 ** max(1, int(group[FROZEN])))
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            st = optimizer.state[p]
+            if "exp_avg" not in st:  # no warm-up step reached it: a zero variance
+                st["step"] = torch.zeros((), dtype=torch.float32)
+                st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            st["step"] += 1
+            m = st["exp_avg"].copy_(p.grad)
+            if wd and decoupled:
+                p.mul_(1.0 - lr * wd)
+            denom = (st["exp_avg_sq"].sqrt() / bc2).add_(eps)
+            p.addcdiv_(m, denom, value=-lr / (1.0 - b1 ** float(st["step"])))
+
+
+class _TorchAdam:
+    """What this suite's Adam and AdamW add to torch's: ``load_state_dict`` keeps the
+    optimizer's own update mode, and the step keeps the variance once a group is
+    :data:`FROZEN`."""
+
+    decoupled = False
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        super().load_state_dict(keep_mode_keys(self, state_dict))
+        super().load_state_dict(keep_mode_keys(self, state_dict))  # type: ignore[misc]
+
+    def frozen_variance_step(self) -> None:
+        frozen_variance_step(self, decoupled=self.decoupled)  # type: ignore[arg-type]
+
+    def step(self, closure: Any = None) -> Any:
+        if any(FROZEN in g for g in self.param_groups):  # type: ignore[attr-defined]
+            return self.frozen_variance_step()
+        return super().step(closure)  # type: ignore[misc]
 
 
-class AdamW(torch.optim.AdamW):
-    """``torch.optim.AdamW`` whose ``load_state_dict`` keeps its own update mode."""
+class Adam(_TorchAdam, torch.optim.Adam):
+    """``torch.optim.Adam`` with :class:`_TorchAdam`'s additions."""
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        super().load_state_dict(keep_mode_keys(self, state_dict))
+
+class AdamW(_TorchAdam, torch.optim.AdamW):
+    """``torch.optim.AdamW`` with :class:`_TorchAdam`'s additions."""
+
+    decoupled = True
 
 
 class FlatAdam(FlatOptimizer):

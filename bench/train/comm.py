@@ -2,7 +2,7 @@
 driven per epoch and per step (dense warm-up in epochs or steps, the density schedule per
 epoch or per ``schedule_steps`` steps, per-step statistics and the log of each step's phase).
 
-    validate(cfg.comm, world_size, nnodes, optim=cfg.optim.name)  # in the launcher
+    validate(cfg.comm, world_size, nnodes, optim=cfg.optim, amp=cfg.train.amp)  # launcher
     controller = attach(ddp_model, cfg.comm, steps_per_epoch=n, optimizer=opt)  # after DDP
     controller.set_epoch(epoch)     # before each epoch
     stats = controller.pop_stats()  # after each epoch: per-step means since the last pop
@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from bench.comm import HOOKS, CommStats, HookOptions, cost, is_sparse, make_hook
+from bench.comm import placement as placements
 from bench.comm.config import CommConfig
 from bench.comm.stats import ring
 from bench.comm.topology import check_topology
@@ -26,16 +27,32 @@ from bench.registry import ConfigError
 LOCAL = "nocomm"  # the hook of an optimizer that exchanges its own state: local gradients
 
 
-def validate(cfg: CommConfig, world_size: int, nnodes: int, optim: str | None = None) -> None:
-    """Refuse a bad ``comm`` config, or one that ``optim`` cannot train with, before any
-    worker starts (raises ConfigError)."""
+def validate(
+    cfg: CommConfig, world_size: int, nnodes: int, optim: Any = None, amp: str = "off"
+) -> None:
+    """Refuse a bad ``comm`` config before any worker starts (raises ConfigError); with
+    ``optim`` (the ``optim`` config) also one it cannot train with: a comm method beside an
+    optimizer that exchanges its own state (DeMo), or a placement that does not fit it."""
     spec = HOOKS.get(cfg.name)
-    if optim is not None and OPTIMIZERS.get(optim).local_gradients and cfg.name != LOCAL:
+    name = getattr(optim, "name", None)
+    if name is not None and OPTIMIZERS.get(name).local_gradients and cfg.name != LOCAL:
         raise ConfigError(
-            f"optim={optim} exchanges its own compressed momentum and trains on each "
+            f"optim={name} exchanges its own compressed momentum and trains on each "
             f"worker's local gradient: use comm={LOCAL}, not comm={cfg.name}"
         )
     opts = HookOptions.of(cfg)
+    if int(cfg.warmup_steps) < 0:
+        raise ConfigError(f"comm.warmup_steps must be >= 0, got {cfg.warmup_steps}")
+    if optim is not None or opts.placement != "grad":
+        placements.check(
+            opts.placement,
+            sparse=spec.sparse,
+            comm=cfg.name,
+            optim=optim if optim is not None else _NO_OPTIM,
+            amp=amp,
+            error_feedback=opts.error_feedback,
+            warmup=int(cfg.warmup_steps) + int(cfg.warmup_epochs),
+        )
     for d in cfg.density_schedule:
         if not 0.0 < float(d) <= 1.0:
             raise ConfigError(f"comm.density_schedule values must be in (0, 1], got {d}")
@@ -50,6 +67,15 @@ def validate(cfg: CommConfig, world_size: int, nnodes: int, optim: str | None = 
     check_topology(world_size, ppn)
     if spec.validate is not None:
         spec.validate(opts, world_size, world_size // ppn)
+
+
+class _NoOptim:
+    """The ``optim`` config when the caller has none: fits no placement but ``grad``."""
+
+    name, momentum, weight_decay, clip_norm, update = "none", 0.0, 0.0, 0.0, "naive"
+
+
+_NO_OPTIM = _NoOptim()
 
 
 class _LocalState:
@@ -159,8 +185,11 @@ def attach(
     process_group: Any = None,
 ) -> CommController:
     """Register the hook of ``cfg.name`` on a DDP model; call on every rank after DDP
-    wrapping.  An ``optimizer`` that sends its own state (``on_send``) counts it there too;
-    ``process_group``: DDP's, when not the whole world (a node's, under an outer sync)."""
+    wrapping (and before a checkpoint is loaded).  ``optimizer``: one that sends its own
+    state (``on_send``, DeMo) is counted in the statistics; a placement other than ``grad``
+    gets it (``grad+dgc`` takes its momentum and weight decay over, ``update`` marks its
+    variance frozen: bench/comm/placement.py).  ``process_group``: DDP's, when not the whole
+    world (a node's, under an outer sync)."""
     import torch.distributed as dist
 
     if not dist.is_initialized() or not hasattr(ddp_model, "register_comm_hook"):
@@ -173,6 +202,11 @@ def attach(
     controller = CommController(None, cfg, steps_per_epoch)
     opts = asdict(HookOptions.of(cfg, warmup_steps=controller.dense_steps() if own else 0))
     state, hook = make_hook(cfg.name, model=ddp_model, process_group=process_group, **opts)
+    place = getattr(state, "placement", None) if str(cfg.placement) != "grad" else None
+    if place is not None:
+        if optimizer is None:
+            raise ConfigError(f"comm.placement={cfg.placement} needs the optimizer (attach)")
+        place.bind(optimizer)
     controller.state = state
     ddp_model.register_comm_hook(state, controller.wrap(hook))
     count_optimizer(controller, optimizer, own_steps=False)
