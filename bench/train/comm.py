@@ -146,7 +146,8 @@ class CommController:
         if self.sparse:
             d = self.density_for(self.epoch, step)
             self.state.density = d
-            self.state.force_dense = d >= 1.0
+            # the warm-up sends dense; a configured density of 1.0 stays the sparse path
+            self.state.force_dense = self.epoch < self.warmup_epochs or step < self.warmup_steps
             dense = self.state.force_dense or step < getattr(self.state, "warmup_steps", 0)
             self.state.stats.begin_step(*(("dense", 1.0) if dense else (self.name, d)))
         else:
