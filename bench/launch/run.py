@@ -374,7 +374,9 @@ def record_after(
         return None  # node 0 records the run
     log = ev.events_path(cfg.results.dir, meta["run_id"])
     events = ev.read_events(log)
-    reason = reason or ev.failure_reason([e for e in events if e["time"] >= since], rc)
+    now = [e for e in events if e["time"] >= since]
+    stopped = [e["reason"] for e in now if e.get("kind") == torchrun.STOPPED]  # the cause first
+    reason = reason or "; ".join([*stopped, ev.failure_reason(now, rc)])
     if status == "interrupted":
         ev.log_event(log, kind=ev.STOP, reason=reason)
     err = records.RunRecord.start(
