@@ -109,3 +109,167 @@ def test_a_resume_reads_past_lines_that_are_not_records(tmp_path: Path) -> None:
         warnings.simplefilter("ignore")
         cfg, meta, _ = prepare_resume("r1", [f"results.dir={tmp_path}"], dry=True)
     assert meta["attempt"] == 2
+
+
+# 2. the launcher waits on all agents at once; a stopped process ends the run
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def _spawn(*cmd: str) -> subprocess.Popen:
+    return subprocess.Popen(list(cmd), start_new_session=True)
+
+
+def test_the_launcher_waits_on_every_agent_at_once(monkeypatch) -> None:
+    from bench.cluster import torchrun
+
+    monkeypatch.setattr(torchrun, "GRACE_S", 2.0)
+    slow, failed = _spawn("sleep", "60"), _spawn(sys.executable, "-c", "raise SystemExit(3)")
+    t0 = time.monotonic()
+    assert torchrun._wait_all([slow, failed], timeout_s=60, poll_s=0.1) == 3
+    assert time.monotonic() - t0 < 10 and not _alive(slow.pid)
+
+
+def test_a_stopped_worker_ends_the_run_named_and_nothing_is_left(monkeypatch, tmp_path) -> None:
+    from bench.cluster import torchrun
+    from bench.results.events import read_events
+
+    monkeypatch.setattr(torchrun, "GRACE_S", 1.0)
+    agent = _spawn("bash", "-c", "RANK=1 sleep 60 & wait")
+    other = _spawn("sleep", "60")
+    deadline = time.monotonic() + 10
+    while not (kids := torchrun.descendants(agent.pid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (worker,) = kids
+    os.kill(worker, signal.SIGSTOP)
+    events = tmp_path / "events.jsonl"
+    t0 = time.monotonic()
+    rc = torchrun._wait_all([agent, other], timeout_s=1.0, events=str(events), poll_s=0.1)
+    assert rc == 1 and time.monotonic() - t0 < 1.0 + torchrun.MARGIN_S
+    (e,) = read_events(events)
+    assert e["kind"] == torchrun.STOPPED
+    assert f"worker rank 1 (pid {worker}) under agent 0 stopped responding" in e["reason"]
+    assert [p for p in (agent.pid, other.pid, worker) if _alive(p)] == []
+
+
+def test_an_agent_left_after_the_others_ended_well_is_ended(monkeypatch) -> None:
+    from bench.cluster import torchrun
+
+    monkeypatch.setattr(torchrun, "GRACE_S", 1.0)
+    done, left = _spawn("true"), _spawn("sleep", "60")
+    os.kill(left.pid, signal.SIGSTOP)  # an agent stopped: its workers ended, it did not
+    assert torchrun._wait_all([done, left], timeout_s=1.0, poll_s=0.1) == 1
+    assert not _alive(left.pid)
+
+
+def _rank_of(pid: int) -> str | None:
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return next((e[5:].decode() for e in env if e.startswith(b"RANK=")), None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("victim", ["worker", "agent"])
+def test_a_stopped_process_ends_a_two_agent_run_within_the_bound(tmp_path: Path, victim: str):
+    from bench.cluster import torchrun
+    from tests.test_fault_tolerance import _start, _workers
+
+    timeout = 15
+    proc = _start(
+        tmp_path, "cluster.nnodes=2", "cluster.nproc_per_node=1", f"comm.timeout_s={timeout}",
+        "train.epochs=200", "train.checkpoint_every=0",
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while not (tmp_path / "curves").is_dir():  # an epoch done: every process is up
+            assert proc.poll() is None, proc.stdout.read()[-3000:]  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, "no epoch in time"
+            time.sleep(0.2)
+        workers = _workers(tmp_path)
+        (rank0,) = [p for p in workers if _rank_of(p) == "0"]
+        stat = Path(f"/proc/{rank0}/stat").read_text()
+        pid = rank0 if victim == "worker" else int(stat[stat.rindex(")") + 2 :].split()[1])
+        os.kill(pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        out, _ = proc.communicate(timeout=timeout + torchrun.MARGIN_S + 60)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # the launcher's own record and cleanup, on a loaded machine: 15 s more at most
+    assert took < timeout + torchrun.MARGIN_S + 15, (took, out[-3000:])
+    assert proc.returncode != 0
+    (rec,) = records.load_records(tmp_path)
+    who = f"worker rank 0 (pid {pid})" if victim == "worker" else f"(pid {pid})"
+    assert rec["status"] == "error" and who in rec["reason"], rec["reason"]
+    assert "stopped" in rec["reason"]
+    assert not _alive(pid) and not [p for p in workers if _alive(p)], _workers(tmp_path)
+
+
+# 3. a sweep with error runs is resumable to completion; a finished table is never replaced
+
+
+def _fake_queue(full: dict[str, bool], ran: list[str]):
+    """A run queue whose workers write their curve first: on a full disk (``full["disk"]``,
+    the write raising ENOSPC) each run ends in an ``error`` record."""
+
+    def run_queued(jobs: list[list[str]], sweep_dir: Path, experiment: str) -> list[int]:
+        rcs = []
+        for job in jobs:
+            kv = dict(o.split("=", 1) for o in job if "=" in o)
+            rid = f"r{len(ran)}"
+            ran.append(rid)
+            seed = int(kv["train.seed"])
+            rec = _record(rid, kv["comm"], seed, 5.0 + seed % 3)
+            rec["protocol"] = {"name": kv["results.protocol"],
+                               "role": kv["results.protocol_role"],
+                               "trial": kv["results.protocol_trial"], "selected": False}  # fmt: skip
+            rec["config"]["results"] = {"sweep_id": kv["results.sweep_id"]}
+            rec["train_time_s"], rec["step_time_s"] = 6.0, 0.4
+            try:
+                if full["disk"]:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "curve")
+                _curve(records.curve_path(kv["results.dir"], rid), rec["time_to_target_s"])
+            except OSError as e:
+                rec.update(status="error", time_to_target_s=None, reason=str(e))
+            records.append_record(kv["results.dir"], rec)
+            rcs.append(0 if rec["status"] == "ok" else 1)
+        return rcs
+
+    return run_queued
+
+
+def test_a_sweep_that_failed_on_a_full_disk_resumes_to_completion(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    from bench.sweeps import common
+    from reproduce import ablation
+
+    full, ran = {"disk": True}, []
+    monkeypatch.setattr(common, "run_queued", _fake_queue(full, ran))
+    args = ["--quick", "--results-dir", str(tmp_path), "--sweep-id", "s1"]
+    with pytest.raises(SystemExit) as e:
+        ablation.main(args)
+    assert e.value.code == 1 and ran
+    tables = tmp_path / "ablation"
+    assert sorted(p.name for p in tables.glob("*.csv")) == []  # nothing called finished
+    assert sorted(p.name for p in (tables / "partial").glob("*.csv")) == ["s1-tuning.csv", "s1.csv"]
+    full["disk"] = False
+    first = len(ran)
+    ablation.main(["--resume", "s1", "--results-dir", str(tmp_path)])  # errors stay errors
+    assert len(ran) == first and "--rerun-failed runs them" in capsys.readouterr().out
+    ablation.main(["--resume", "s1", "--rerun-failed", "--results-dir", str(tmp_path)])
+    assert len(ran) == 2 * first  # each failed run once more, then the evaluation
+    assert sorted(p.name for p in tables.glob("*.csv")) == ["s1-tuning.csv", "s1.csv"]
+    assert not list((tables / "partial").glob("*.csv"))
+    done = {p: p.read_bytes() for p in tables.glob("*.csv")}
+    ablation.main(["--resume", "s1", "--rerun-failed", "--results-dir", str(tmp_path)])
+    assert len(ran) == 2 * first and {p: p.read_bytes() for p in done} == done
