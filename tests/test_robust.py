@@ -273,3 +273,27 @@ def test_a_sweep_that_failed_on_a_full_disk_resumes_to_completion(
     done = {p: p.read_bytes() for p in tables.glob("*.csv")}
     ablation.main(["--resume", "s1", "--rerun-failed", "--results-dir", str(tmp_path)])
     assert len(ran) == 2 * first and {p: p.read_bytes() for p in done} == done
+
+
+# 4. a resume holds a lock on the run
+
+
+def test_a_second_concurrent_resume_is_refused_in_one_line(tmp_path: Path, monkeypatch, capsys):
+    from filelock import FileLock
+
+    from bench.launch import run
+    from reproduce.__main__ import main
+
+    _fake_checkpoint(tmp_path, "r1")
+    records.append_record(tmp_path, {"run_id": "r1", "status": "interrupted"})
+    monkeypatch.setattr(run, "launch_and_record", lambda *a: (0, None))  # never launched
+    held = FileLock(str(ck.run_dir(tmp_path, "r1")) + ".lock")
+    with held:  # the first resume, still running
+        with pytest.raises(SystemExit) as e:
+            main(["train", "resume=r1", f"results.dir={tmp_path}"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "r1 is being resumed by another process" in err[0], err
+    with pytest.raises(SystemExit) as e:  # once it ended, the next one goes ahead
+        main(["train", "resume=r1", f"results.dir={tmp_path}"])
+    assert e.value.code == 0

@@ -4,6 +4,7 @@ still leaves an ``error`` record)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -11,11 +12,13 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from filelock import FileLock, Timeout
 from omegaconf import DictConfig, OmegaConf
 
 from bench import data, models, optim
@@ -207,9 +210,36 @@ def resume(
 ) -> tuple[int, dict[str, Any] | None]:
     """Continue run ``run_id`` from its last checkpoint as a new ``attempt`` of its record;
     ``overrides`` may change only what :data:`bench.train.checkpoint.MAY_DIFFER` lists."""
-    cfg, run_meta, path = prepare_resume(run_id, overrides, results_dir)
-    print(f"resuming run {run_id} from {path} (attempt {run_meta['attempt']})", flush=True)
-    return launch_and_record(cfg, run_meta, None)
+    with resume_lock(_results_dir(overrides, results_dir), run_id):
+        cfg, run_meta, path = prepare_resume(run_id, overrides, results_dir)
+        print(f"resuming run {run_id} from {path} (attempt {run_meta['attempt']})", flush=True)
+        return launch_and_record(cfg, run_meta, None)
+
+
+@contextlib.contextmanager
+def resume_lock(results_dir: str, run_id: str) -> Iterator[None]:
+    """Hold ``checkpoints/<run_id>.lock`` while the run is resumed: a second resume of it
+    is refused (ConfigError); without a checkpoint folder there is nothing to lock."""
+    path = Path(f"{ck.run_dir(results_dir, run_id)}.lock")
+    if not path.parent.is_dir():
+        yield
+        return
+    lock = FileLock(str(path))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise ConfigError(
+            f"run {run_id} is being resumed by another process (it holds {path}); "
+            "wait for it to end"
+        ) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _results_dir(overrides: list[str], default: str) -> str:
+    return next((o.split("=", 1)[1] for o in overrides if o.startswith("results.dir=")), default)
 
 
 def prepare_resume(
@@ -217,9 +247,7 @@ def prepare_resume(
 ) -> tuple[Config, dict[str, Any], str]:
     """The checks of :func:`resume` (``dry``: nothing created); the config, run metadata
     and checkpoint path to resume from."""
-    results_dir = next(
-        (o.split("=", 1)[1] for o in overrides if o.startswith("results.dir=")), results_dir
-    )
+    results_dir = _results_dir(overrides, results_dir)
     skipped: list[str] = []
     manifest = ck.latest(results_dir, run_id, skipped)
     if manifest is None and skipped:
