@@ -17,10 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.registry import ConfigError
 from bench.results import records
 from bench.train import checkpoint as ck
-from tests.conftest import REPO, TINY, run_cli
+from tests.conftest import REPO, TINY
 from tests.test_figures import _curve, _record
 from tests.test_figures import results as results  # noqa: F401  (the fixture)
 
@@ -78,10 +77,15 @@ def test_figures_and_compare_survive_lines_that_are_not_records(
 
 def _fake_checkpoint(results: Path, run_id: str, epoch: int = 1, **config) -> Path:
     """A whole (tiny) checkpoint of ``run_id`` with the default config."""
-    from tests.test_faults import _config
+    from hydra import compose, initialize_config_dir
 
-    cfg = _config(results, *TINY, *(f"{k}={v}" for k, v in config.items()))
-    from bench.config import to_container
+    from bench.config import hydra_value, register_configs, to_container, to_object
+
+    register_configs()
+    overrides = [f"results.dir={hydra_value(str(results))}", *TINY]
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = to_object(compose(config_name="config", overrides=overrides + [
+            f"{k}={v}" for k, v in config.items()]))  # fmt: skip
 
     d = ck.run_dir(results, run_id) / f"epoch-{epoch:04d}"
     d.mkdir(parents=True)
@@ -229,9 +233,10 @@ def _fake_queue(full: dict[str, bool], ran: list[str]):
             ran.append(rid)
             seed = int(kv["train.seed"])
             rec = _record(rid, kv["comm"], seed, 5.0 + seed % 3)
-            rec["protocol"] = {"name": kv["results.protocol"],
-                               "role": kv["results.protocol_role"],
-                               "trial": kv["results.protocol_trial"], "selected": False}  # fmt: skip
+            rec["protocol"] = {
+                "name": kv["results.protocol"], "role": kv["results.protocol_role"],
+                "trial": kv["results.protocol_trial"], "selected": False,
+            }  # fmt: skip
             rec["config"]["results"] = {"sweep_id": kv["results.sweep_id"]}
             rec["train_time_s"], rec["step_time_s"] = 6.0, 0.4
             try:
@@ -297,3 +302,104 @@ def test_a_second_concurrent_resume_is_refused_in_one_line(tmp_path: Path, monke
     with pytest.raises(SystemExit) as e:  # once it ended, the next one goes ahead
         main(["train", "resume=r1", f"results.dir={tmp_path}"])
     assert e.value.code == 0
+
+
+# 5. paths and values a run would fail on are refused first, in one line; paths quoted
+
+
+def _one_line_exit(capsys, call, *argv: str) -> str:
+    with pytest.raises(SystemExit) as e:
+        call(list(argv))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1, err
+    return err[0]
+
+
+@pytest.mark.parametrize(
+    ("override", "says"),
+    [
+        ("results.dir=/proc", "not writable"),
+        ("results.dir=/proc/bench", "not writable"),
+        ("results.dir=", "is empty"),
+        ("results.dir={tmp}/gone", "dangling link"),
+        ("results.dir={tmp}/gone/deeper", "dangling link"),
+        ("train.seed=99999999999999999999", "train.seed must be in 0..4294967295"),
+        ("train.seed=-1", "train.seed must be in"),
+        ("data.split_seed=-5", "data.split_seed must be in"),
+    ],
+)
+def test_what_a_run_would_fail_on_is_refused_by_the_dry_run(
+    tmp_path: Path, capsys, override: str, says: str
+) -> None:
+    from reproduce.__main__ import main
+
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    override = override.format(tmp=tmp_path)
+    line = _one_line_exit(capsys, main, "train", "--dry-run", override)
+    assert says in line, line
+
+
+def test_a_run_on_a_file_system_that_takes_no_files_is_refused_before_hydra(capsys) -> None:
+    from reproduce.__main__ import main
+
+    line = _one_line_exit(capsys, main, "train", "results.dir=/proc")
+    assert line.startswith("error: results.dir='/proc' is not writable"), line
+
+
+@pytest.mark.parametrize("sid", ["x" * 300, "../../x", "a/b", ".."])
+def test_sweep_ids_are_checked_like_file_names(tmp_path: Path, capsys, sid: str) -> None:
+    from reproduce import ablation
+
+    line = _one_line_exit(capsys, ablation.main, "--quick", "--dry-run", "--sweep-id", sid,
+                          "--results-dir", str(tmp_path))  # fmt: skip
+    assert "it names files" in line, line
+    assert not list(tmp_path.parent.glob("x*"))
+
+
+def test_compare_of_an_error_run_without_a_curve_is_one_line(tmp_path: Path, capsys) -> None:
+    from reproduce import compare
+
+    rec = _record("r-err", "dense", 0, None, status="error", reason="OSError: disk full")
+    records.append_record(tmp_path, rec)
+    line = _one_line_exit(capsys, compare.main, "r-err", "--results-dir", str(tmp_path),
+                          "--out", str(tmp_path / "c.png"))  # fmt: skip
+    assert "r-err has no curve" in line and "disk full" in line, line
+
+
+WEIRD = "sü, ${x} 'q'"  # a non-ASCII letter, a comma, an interpolation, spaces, quotes
+
+
+def test_odd_paths_reach_hydra_quoted_for_every_command(tmp_path: Path, capsys) -> None:
+    from reproduce import ablation
+    from reproduce.__main__ import main
+
+    weird = tmp_path / WEIRD
+    main(["train", "--dry-run", "--results-dir", str(weird)])
+    assert f"record appended to {weird / 'runs.jsonl'}" in capsys.readouterr().out
+    ablation.main(["--quick", "--dry-run", "--results-dir", str(weird), "--sweep-id", "s1"])
+    out = capsys.readouterr().out
+    assert "tune 0" in out and not list(tmp_path.iterdir())  # checked, nothing written
+
+
+def test_a_resume_of_an_odd_path_and_its_printed_hint_work(tmp_path: Path, monkeypatch) -> None:
+    import shlex
+
+    from bench.launch import run
+    from bench.train.__main__ import _resume_hint
+    from reproduce.__main__ import main
+    from reproduce._sweep import again
+
+    weird = tmp_path / WEIRD
+    _fake_checkpoint(weird, "r1")
+    records.append_record(weird, {"run_id": "r1", "status": "interrupted"})
+    seen = []
+    monkeypatch.setattr(
+        run, "launch_and_record", lambda cfg, meta, out: seen.append(cfg) or (0, None)
+    )
+    with pytest.raises(SystemExit) as e:
+        main(["train", "resume=r1", "--results-dir", str(weird)])
+    assert e.value.code == 0 and seen[0].results.dir == str(weird)
+    hint = _resume_hint({"run": {"run_id": "r1"}, "config": {"results": {"dir": str(weird)}}})
+    assert shlex.split(hint)[-1] == f"results.dir={weird}"
+    plan = type("P", (), {"sweep_id": "s1", "results_dir": str(weird)})
+    assert shlex.split(again("ablation", plan))[-1] == str(weird)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import sys
@@ -42,6 +43,9 @@ LAUNCHERS = {
     "multinode": (torchrun.launch_multinode, torchrun.check_multinode),
     "emulated": (emulated.launch_emulated, emulated.check_emulated),
 }
+
+
+SEED_MAX = 2**32 - 1
 
 
 def check_cluster(cfg: Config) -> None:
@@ -128,6 +132,9 @@ def _validate_train(cfg: Config) -> None:
             "train.checkpoint_every must be >= 0 (0 = no checkpoints) and "
             f"train.keep_checkpoints >= 1, got {t.checkpoint_every} and {t.keep_checkpoints}"
         )
+    for key, seed in (("train.seed", t.seed), ("data.split_seed", cfg.data.split_seed)):
+        if not 0 <= seed <= SEED_MAX:  # numpy's and scikit-learn's seeds are 32-bit
+            raise ConfigError(f"{key} must be in 0..{SEED_MAX} (2**32 - 1), got {seed}")
     c = cfg.cluster
     if cfg.comm.timeout_s <= 0 or c.rdzv_timeout_s <= 0 or c.max_restarts < 0:
         raise ConfigError(
@@ -141,11 +148,21 @@ def check_results_dir(results_dir: str, *, create: bool = True) -> None:
     then makes it and writes a scratch file in it (a full or read-only file system)."""
     res = Path(results_dir)
     where = f"results.dir={results_dir!r}"
+    if not str(results_dir).strip():
+        raise ConfigError(f"{where} is empty: name a directory (default {ResultsConfig.dir})")
+    for p in [res, *res.absolute().parents]:
+        if p.is_symlink() and not p.exists():
+            raise ConfigError(f"{where}: {p} is a dangling link (to {os.readlink(p)})")
     existing = next(p for p in [res, *res.absolute().parents] if p.exists())
     if not existing.is_dir():
         raise ConfigError(f"{where} is not a directory ({existing} is a file)")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"{where} is not writable ({existing} is not)")
+    try:  # a file system that takes no files (/proc), read-only, full: a scratch file, gone
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".bench-check-"):
+            pass
+    except OSError as e:
+        raise ConfigError(f"{where} is not writable ({existing}: {e.strerror})") from None
     runs = records.runs_path(res)
     if runs.exists() and not (runs.is_file() and os.access(runs, os.W_OK)):
         raise ConfigError(f"{where}: its {runs.name} is not a writable file")
@@ -440,7 +457,7 @@ def record_after(
     if last is not None:
         print(
             f"the last checkpoint is epoch {last['epoch']}; continue with: python -m reproduce "
-            f"train resume={meta['run_id']} results.dir={cfg.results.dir}",
+            f"train resume={meta['run_id']} {shlex.quote(f'results.dir={cfg.results.dir}')}",
             file=sys.stderr,
             flush=True,
         )
