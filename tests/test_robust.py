@@ -403,3 +403,74 @@ def test_a_resume_of_an_odd_path_and_its_printed_hint_work(tmp_path: Path, monke
     assert shlex.split(hint)[-1] == f"results.dir={weird}"
     plan = type("P", (), {"sweep_id": "s1", "results_dir": str(weird)})
     assert shlex.split(again("ablation", plan))[-1] == str(weird)
+
+
+# 6. one launch folder per run, every attempt's code, the mismatched key, epochs by number
+
+
+def test_runs_started_in_the_same_second_get_a_launch_folder_each(tmp_path: Path) -> None:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from bench.config import register_configs
+
+    register_configs()
+    dirs = set()
+    for _ in range(3):
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=[f"results.dir={tmp_path}"],
+                          return_hydra_config=True)  # fmt: skip
+            dirs.add(str(cfg.hydra.run.dir))
+    assert len(dirs) == 3, dirs
+
+
+def test_a_resume_under_other_code_warns_and_the_record_lists_each_attempts(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    from bench.config import Config, to_container
+    from bench.launch.run import prepare_resume
+    from bench.results import env
+
+    _fake_checkpoint(tmp_path, "r1")
+    records.append_record(tmp_path, {"run_id": "r1", "status": "interrupted", "git_sha": "aaa"})
+    monkeypatch.setenv("BENCH_GIT_SHA", "bbb")
+    env.git_sha.cache_clear()
+    try:
+        _, meta, _ = prepare_resume("r1", [f"results.dir={tmp_path}"], dry=True)
+        rec = records.RunRecord.start(Config(), meta, config=to_container(Config()),
+                                      comm_sparse=False)  # fmt: skip
+    finally:
+        env.git_sha.cache_clear()
+    assert meta["git_shas"] == ["aaa"] and rec.git_shas == ["aaa", "bbb"]
+    err = capsys.readouterr().err
+    assert "warning: run r1 ran the code of aaa; attempt 2 runs bbb" in err, err
+
+
+def test_a_checkpoint_of_another_shape_names_the_first_mismatched_key(tmp_path: Path) -> None:
+    from bench.registry import ConfigError
+    from bench.train.checkpoint import CheckpointManager
+
+    d = _fake_checkpoint(tmp_path, "r1")
+    saved = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    torch.save({"model": saved.state_dict()}, d / "common.pt")
+    manifest = json.loads(d.with_suffix(".json").read_text()) | {"path": str(d)}
+    manifest["files"] = ck.shard_sizes(d)
+    now = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 5))  # another head
+    from tests.test_faults import _config
+
+    cfg = _config(tmp_path, *TINY)
+    m = CheckpointManager(cfg, manifest["run"], rank=0, world=manifest["world_size"],
+                          device=torch.device("cpu"), states={"model": now}, hook=None,
+                          progress=None)  # type: ignore[arg-type]  # fmt: skip
+    with pytest.raises(ConfigError) as e:
+        m.load(manifest)
+    assert str(e.value).endswith("model: 1.weight has shape (2, 4) in the checkpoint, (5, 4) now")
+
+
+def test_checkpoints_are_ordered_by_number_past_epoch_9999(tmp_path: Path) -> None:
+    for epoch in (9998, 9999, 10000):
+        _fake_checkpoint(tmp_path, "r1", epoch=epoch)
+    assert ck.latest(tmp_path, "r1")["epoch"] == 10000
+    names = [p.name for p in ck.by_epoch(ck.run_dir(tmp_path, "r1").glob("epoch-*.json"))]
+    assert names == ["epoch-9998.json", "epoch-9999.json", "epoch-10000.json"]

@@ -31,6 +31,7 @@ from bench.registry import ConfigError
 from bench.results import columns as col
 from bench.results import events as ev
 from bench.results import mllog, records, reserve
+from bench.results.env import git_sha
 from bench.results.outputs import closing_lines
 from bench.results.safejson import non_finite
 from bench.train import checkpoint as ck
@@ -287,7 +288,15 @@ def prepare_resume(
     ck.check_compatible(manifest, to_container(cfg))
     validate(cfg, create_results=not dry)
     attempt = max((r.get("attempt", 1) for r in done), default=0) + 1
-    run_meta = {**manifest["run"], "resume": True, "attempt": attempt}
+    shas = (done[-1].get("git_shas") or [r.get("git_sha") for r in done]) if done else []
+    if {s for s in shas if s} - {git_sha()}:  # the same shapes resume silently otherwise
+        print(
+            f"warning: run {run_id} ran the code of {', '.join(dict.fromkeys(map(str, shas)))}; "
+            f"attempt {attempt} runs {git_sha()}",
+            file=sys.stderr,
+            flush=True,
+        )
+    run_meta = {**manifest["run"], "resume": True, "attempt": attempt, "git_shas": shas}
     return cfg, run_meta, str(manifest["path"])
 
 

@@ -270,6 +270,7 @@ class RunRecord:
     steps_to_target: int | None = None
     evals: list[dict[str, Any]] | None = None
     git_sha: str | None = None
+    git_shas: list[str | None] = dataclasses.field(default_factory=list)  # each attempt's
     torch_version: str = ""
     versions: dict[str, Any] = dataclasses.field(default_factory=dict)
     hardware: str = ""
@@ -319,6 +320,7 @@ class RunRecord:
             queue=run.get("queue"),
             protocol=_protocol(cfg.results),
             git_sha=git_sha(),
+            git_shas=[*run.get("git_shas", []), git_sha()],
             torch_version=torch.__version__,
             versions=versions(),
             hardware=hardware(),
