@@ -4,6 +4,8 @@ that a misspelt key or a value of the wrong type is refused before anything star
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,10 +104,28 @@ def register_configs() -> None:
     cs.store(name="base_config", node=Config)
 
 
+def hydra_value(text: str) -> str:
+    """``text`` as a Hydra override's value that reads back as ``text``: quoted unless
+    plain (a path with a space, a comma, ``ü`` or ``${``)."""
+    if re.fullmatch(r"[\w./+~@:-]+", text, flags=re.ASCII):
+        return text
+    body = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", text.replace("${", "\\${"))
+    return "'" + re.sub(r"(\\+)$", lambda m: m.group(1) * 2, body) + "'"  # before a quote
+
+
+def _literal(value: Any) -> Any:
+    """A plain value's strings as OmegaConf literals (``${`` in a path is no interpolation)."""
+    if isinstance(value, dict):
+        return {k: _literal(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_literal(v) for v in value]
+    return value.replace("${", "\\${") if isinstance(value, str) else value
+
+
 def to_container(cfg: DictConfig | Config) -> dict[str, Any]:
     """A plain, fully resolved dict (picklable, JSON-able) of a config."""
     if not isinstance(cfg, DictConfig):
-        cfg = OmegaConf.structured(cfg)
+        cfg = OmegaConf.merge(OmegaConf.structured(type(cfg)), _literal(dataclasses.asdict(cfg)))
     return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True, enum_to_str=True)  # type: ignore[return-value]
 
 
@@ -120,4 +140,4 @@ def to_object(cfg: DictConfig | Config) -> Config:
 def from_container(d: dict[str, Any]) -> Config:
     """Typed config back from :func:`to_container`'s dict (in worker processes)."""
     base = OmegaConf.structured(Config)
-    return to_object(OmegaConf.merge(base, d))  # type: ignore[arg-type]
+    return to_object(OmegaConf.merge(base, _literal(d)))  # type: ignore[arg-type]

@@ -26,6 +26,7 @@ from reproduce._cli import (
     did_you_mean,
     fail,
     flags_to_overrides,
+    unquoted,
 )
 
 DAWNBENCH = {
@@ -135,7 +136,7 @@ def _resume(overrides: list[str]) -> None:
     from bench.registry import ConfigError
 
     run_id = next(o.split("=", 1)[1] for o in overrides if o.startswith("resume="))
-    rest = [o for o in overrides if not o.startswith(("resume=", "experiment=", "data="))]
+    rest = unquoted([o for o in overrides if not o.startswith(("resume=", "experiment=", "data="))])
     try:
         rc, _ = resume(run_id, rest)
     except ConfigError as e:

@@ -11,7 +11,7 @@ import sys
 import textwrap
 from collections.abc import Iterable, Sequence
 
-from bench.config import ResultsConfig
+from bench.config import ResultsConfig, hydra_value
 
 # A user's runs go to RESULTS (git-ignored); the committed reference results are in
 # REFERENCE and change only when a command is pointed at them by name.
@@ -49,9 +49,26 @@ def flags_to_overrides(argv: Sequence[str]) -> list[str]:
                 value = next(it, None)
                 if value is None:
                     fail(f"{name} needs a value ({flags[name]}=VALUE works too)")
+            if flags[name] == "results.dir":  # a path, as Hydra reads it back
+                value = hydra_value(value)
             out.append(f"{flags[name]}={value}")
         else:
             out.append(a)
+    return out
+
+
+def unquoted(overrides: Sequence[str]) -> list[str]:
+    """Overrides with a quoted value (``--results-dir``'s) as Hydra reads them, for the
+    commands that take them without Hydra (a resume)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    out = []
+    for o in overrides:
+        key, eq, value = o.partition("=")
+        if eq and value[:1] in ("'", '"'):
+            value = OverridesParser.create().parse_override(o).value()
+            o = key + "=" + value.replace("\\${", "${")  # as OmegaConf reads it
+        out.append(o)
     return out
 
 

@@ -9,7 +9,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from reproduce._cli import REFERENCE, did_you_mean, fail
+from reproduce._cli import REFERENCE, did_you_mean, fail, unquoted
 
 FLAGS = ("-m", "--multirun")
 VERBOSE = ("-v", "--verbose")
@@ -187,6 +187,7 @@ def _resume(overrides: list[str]) -> None:
     run_id = next(o.split("=", 1)[1] for o in overrides if o.startswith("resume="))
     # as the real resume: the checkpoint has the recipe (dawnbench adds experiment=)
     rest = [o for o in overrides if not o.startswith(("resume=", "experiment=", "data=", "-"))]
+    rest = unquoted(rest)
     try:
         cfg, meta, path = prepare_resume(run_id, rest, dry=True)
     except ConfigError as e:

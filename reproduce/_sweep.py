@@ -6,10 +6,28 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+SWEEP_ID_MAX = 200  # bytes: with "-tuning.csv" or a temporary file's suffix, a file name
+
+
+def sweep_id(text: str) -> str:
+    """A sweep id, which names files: at most :data:`SWEEP_ID_MAX` bytes, no ``/``, not
+    ``.`` or ``..`` (``""``: none given)."""
+    n = len(text.encode())
+    why = (
+        "holds '/'" if "/" in text or "\0" in text
+        else "is '.' or '..'" if text in (".", "..")
+        else f"is {n} bytes long (at most {SWEEP_ID_MAX})" if n > SWEEP_ID_MAX
+        else ""
+    )  # fmt: skip
+    if why:
+        raise argparse.ArgumentTypeError(f"sweep id {text[:40]!r} {why}: it names files")
+    return text
 
 
 def add_options(ap: argparse.ArgumentParser, rerun_failed: bool = True) -> None:
@@ -32,6 +50,9 @@ def add_options(ap: argparse.ArgumentParser, rerun_failed: bool = True) -> None:
             action="store_true",
             help="with a resumed sweep, run the failed (error) jobs again too",
         )
+    for a in ap._actions:  # the command's own --aggregate too
+        if a.dest in ("sweep_id", "resume", "status", "aggregate"):
+            a.type = sweep_id
 
 
 def launcher_of(args: argparse.Namespace) -> tuple[list[str], list[str], str]:
@@ -146,7 +167,8 @@ def rerun_of(args: argparse.Namespace) -> tuple[str, ...]:
 def again(command: str, plan: Any) -> str:
     """The line that goes on with ``plan``'s sweep."""
     return (
-        f"python -m reproduce {command} --resume {plan.sweep_id} --results-dir {plan.results_dir}"
+        f"python -m reproduce {command} --resume {plan.sweep_id} "
+        f"--results-dir {shlex.quote(str(plan.results_dir))}"
     )
 
 

@@ -276,10 +276,29 @@ def _write(df, results_dir: str, sweep_id: str, complete: bool, lines: list[str]
     from bench.sweeps.resume import write_sweep_table
 
     path, wrote = write_sweep_table(df, results_dir, "ablation", sweep_id, complete)
-    for line in lines if not complete else []:
+    partial = path.parent.name == "partial"
+    for line in lines if partial else []:
         print(f"missing: {line}", flush=True)
+    why = "jobs are missing" if not complete else "error runs; --rerun-failed runs them again"
     print(f"table: {path}" + ("" if wrote else " (unchanged)")
-          + ("" if complete else " (partial: jobs are missing)"), flush=True)  # fmt: skip
+          + (f" (partial: {why})" if partial else ""), flush=True)  # fmt: skip
+
+
+def _tuning_writer(plan):
+    """The protocol's tuning table: partial (``partial/``) while it counts error runs."""
+    from bench.sweeps.common import sweep_records
+    from bench.sweeps.resume import error_runs, write_sweep_table
+
+    def write(df, path: Path) -> bool:
+        errors = error_runs(df, sweep_records(plan.results_dir, plan.sweep_id))
+        where, wrote = write_sweep_table(df, plan.results_dir, "ablation", path.stem, True, errors)
+        if errors:
+            again = f"--resume {plan.sweep_id} --rerun-failed"
+            print(f"note: tuning table {where} is partial: {errors} error run(s); {again} "
+                  "runs them again", flush=True)  # fmt: skip
+        return wrote
+
+    return write
 
 
 def _table(results_dir: str, sweep_id: str, plan=None) -> None:
@@ -360,7 +379,7 @@ def _run(args: argparse.Namespace, plan, resumed: bool) -> int:
     """Run the sweep (what is missing of it, when resumed); its exit status."""
     from bench.registry import ConfigError
     from bench.sweeps import protocol as pr
-    from bench.sweeps.common import run_queued, write_table
+    from bench.sweeps.common import run_queued, sweep_records
 
     protocol = isinstance(plan, pr.Plan)
     if protocol and plan.v2():
@@ -391,11 +410,15 @@ def _run(args: argparse.Namespace, plan, resumed: bool) -> int:
         print(f"plan: {plan.save()}")
     for note in plan.notes:
         print(f"note: {note}")
+    if resumed and not args.rerun_failed:
+        recs = sweep_records(args.results_dir, plan.sweep_id)
+        if errors := sum(r.get("status") == "error" for r in recs):
+            print(f"note: {errors} error run(s) are not run again; --rerun-failed runs them too")
     sweep_dir = Path(args.results_dir) / "hydra" / "ablation" / plan.sweep_id
     run = _sweep.runner(plan, run_queued)
     try:
         if protocol:
-            rcs = pr.run(plan, run, sweep_dir, write_table, rerun=_sweep.rerun_of(args))
+            rcs = pr.run(plan, run, sweep_dir, _tuning_writer(plan), rerun=_sweep.rerun_of(args))
         else:
             rcs = plan.run(sweep_dir, run, rerun=_sweep.rerun_of(args))
     except KeyboardInterrupt:

@@ -58,6 +58,10 @@ def main(argv: list[str]) -> None:
             print(f"error: no record {rid!r} in {where}", file=sys.stderr)
             sys.exit(2)
         where, rec = found[0]
+        if not records.curve_path(where, rid).is_file():
+            why = "; ".join(str(v) for v in (rec.get("status"), rec.get("reason")) if v)
+            print(f"error: run {rid} has no curve to draw (it ended {why})", file=sys.stderr)
+            sys.exit(2)
         label = " ".join(str(rec.get(k)) for k in args.label.split(","))
         runs.append((label, records.load_curve(where, rid)))
         recs.append(rec)

@@ -79,19 +79,19 @@ def with_reference(results_dir: str, reference: str) -> Path:
                 f"some in {RESULTS}/)"
             )
     out = Path(results_dir) / "with-reference"
-    lines: list[str] = []
+    lines: list[bytes] = []
     for d in src:
         runs = d / "runs.jsonl"
         if runs.is_file():
-            text = runs.read_text()
-            lines.append(text if text.endswith("\n") or not text else text + "\n")
+            text = runs.read_bytes()  # as it is: a line that is not a record is skipped later
+            lines.append(text if text.endswith(b"\n") or not text else text + b"\n")
         for sub in ("curves", "bench", "ablation", "scaling"):
             if (d / sub).is_dir() and (d / sub).resolve() != (out / sub).resolve():
                 shutil.copytree(
                     d / sub, out / sub, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.lock")
                 )
     out.mkdir(parents=True, exist_ok=True)
-    (out / "runs.jsonl").write_text("".join(lines))
+    (out / "runs.jsonl").write_bytes(b"".join(lines))
     return out
 
 

@@ -9,32 +9,13 @@ import ctypes
 import os
 import signal
 import sys
-from pathlib import Path
 from types import FrameType
 
-from bench.cluster.torchrun import LAUNCHER_ENV, instrument_agent
+from bench.cluster.torchrun import LAUNCHER_ENV, descendants, instrument_agent
 from bench.results.events import AGENT_ERROR, EVENTS_ENV, log_event
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 DEATH_SIGNAL = signal.SIGUSR1  # torchrun handles TERM/INT/HUP/QUIT itself, gracefully
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (children, grandchildren ...), from ``/proc``."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        ppid = int(text[text.rindex(")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        out.extend(kids)
-        todo.extend(kids)
-    return out
 
 
 def kill_tree_and_exit(launcher: int) -> None:

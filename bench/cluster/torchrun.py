@@ -5,17 +5,22 @@ hosts (``local``: this machine, one agent in-process or one per emulated node;
 
 from __future__ import annotations
 
+import contextlib
+import json
+import math
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 from bench.cluster.config import ClusterConfig
 from bench.registry import ConfigError
-from bench.results.events import EVENTS_ENV, FAILURE, events_env, log_event
+from bench.results.events import EVENTS_ENV, FAILURE, QUEUE_KEY, events_env, is_queue, log_event
 
 WORKER_MODULE = "bench.train"
 AGENT_MODULE = "bench.cluster.agent"  # torchrun, noting failed worker groups
@@ -132,25 +137,153 @@ def launch_local(c: ClusterConfig, run_json: Path) -> int:
     rdzv_id = f"bench-{uuid.uuid4().hex[:8]}"
     env = {**worker_env(c), **events_env(run_json)}
     cmd = torchrun_cmd(c, run_json, endpoint=endpoint, rdzv_id=rdzv_id)
-    return _wait_all([subprocess.Popen(cmd, env=env) for _ in range(c.nnodes)])
+    agents = [subprocess.Popen(cmd, env=env, start_new_session=True) for _ in range(c.nnodes)]
+    return _wait_all(agents, timeout_s=comm_timeout(run_json), events=env[EVENTS_ENV])
 
 
-def _wait_all(procs: list[subprocess.Popen]) -> int:
-    """The first non-zero exit status of ``procs`` (0 if none); stops what is left."""
-    rc = 0
+MARGIN_S = 15.0  # a stopped run ends within comm.timeout_s plus this (docs/troubleshooting.md)
+GRACE_S = 10.0  # from SIGTERM to SIGKILL of what is left of a run
+STOPPED = "stopped"  # event: a process of the run stopped responding (who, reason)
+
+
+def _wait_gone(procs: list[subprocess.Popen], tree: dict[int, Any]) -> None:
+    """Up to :data:`GRACE_S` for every process of ``tree`` to end."""
+    deadline = time.monotonic() + GRACE_S
+    while time.monotonic() < deadline and any(_state(pid) not in ("", "Z") for pid in tree):
+        for p in procs:
+            p.poll()  # reaps an agent that ended
+        time.sleep(0.1)
+
+
+def comm_timeout(run_json: Path) -> float:
+    """The longest ``comm.timeout_s`` of the run (of the runs of a queue) of ``run_json``."""
+    payload = json.loads(Path(run_json).read_text())
+    paths = payload[QUEUE_KEY]["runs"] if is_queue(payload) else []
+    configs = [json.loads(Path(p).read_text())["config"] for p in paths] or [payload["config"]]
+    return max(float(cfg["comm"]["timeout_s"]) for cfg in configs)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children, grandchildren ...), from ``/proc``."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        ppid = int(text[text.rindex(")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out.extend(kids)
+        todo.extend(kids)
+    return out
+
+
+def _state(pid: int) -> str:
+    """The process's state letter (``T``: stopped), "" when it is gone."""
     try:
-        for p in procs:
-            rc = rc or p.wait()
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return text[text.rindex(")") + 2]
+
+
+def _who(pid: int, agent: int, agent_pid: int) -> str:
+    """``agent 0 (pid 12)`` or ``worker rank 1 (pid 34) under agent 0``."""
+    if pid == agent_pid:
+        return f"agent {agent} (pid {pid})"
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        rank = next((e[5:].decode() for e in env if e.startswith(b"RANK=")), "?")
+    except OSError:
+        rank = "?"
+    return f"worker rank {rank} (pid {pid}) under agent {agent}"
+
+
+def _tree(procs: list[subprocess.Popen]) -> dict[int, tuple[int, int]]:
+    """pid -> (agent index, agent pid) for every live process of the run."""
+    out = {}
+    for i, p in enumerate(procs):
+        if p.poll() is None:
+            out.update({pid: (i, p.pid) for pid in [p.pid, *descendants(p.pid)]})
+    return out
+
+
+def _wait_all(
+    procs: list[subprocess.Popen],
+    *,
+    timeout_s: float = math.inf,
+    events: str | None = None,
+    poll_s: float = 0.5,
+) -> int:
+    """Wait on every agent at once: the first non-zero exit status ends the run (0 if
+    none).  A process of the run stopped (SIGSTOP) for ``timeout_s``, or an agent still
+    there ``timeout_s`` after the others ended well, ends it too, named on stderr and in
+    ``events``; what is left is stopped with its process groups (each agent and each
+    worker leads one)."""
+    rc, stopped_since, since_ok = 0, {}, None
+    note: list[str] = []
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            rc = next((c for c in codes if c), 0)
+            if rc or all(c is not None for c in codes):
+                note = [_who(pid, *a) + " was stopped" for pid, a in _tree(procs).items()
+                        if _state(pid) in ("T", "t")]  # fmt: skip
+                break
+            now = time.monotonic()
+            tree = _tree(procs)
+            stopped_since = {pid: stopped_since.get(pid, now) for pid in tree
+                             if _state(pid) in ("T", "t")}  # fmt: skip
+            late = [pid for pid, t in stopped_since.items() if now - t >= timeout_s]
+            if any(c == 0 for c in codes):
+                since_ok = since_ok or now
+            if late or (since_ok and now - since_ok >= timeout_s):
+                rc = 1
+                note = (
+                    [f"{_who(pid, *tree[pid])} stopped responding (stopped for {timeout_s:g} s, "
+                     "comm.timeout_s)" for pid in late]
+                    or [f"agent {i} (pid {p.pid}) did not end within {timeout_s:g} s "
+                        "(comm.timeout_s) of the others" for i, p in enumerate(procs)
+                        if p.poll() is None]
+                )  # fmt: skip
+                break
+            time.sleep(poll_s)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        _stop(procs)
+    for line in note:
+        print(f"error: {line}; the run was ended", file=sys.stderr, flush=True)
+        if events:
+            log_event(events, kind=STOPPED, reason=f"{line}; the run was ended")
     return rc
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM each agent left (it stops its workers), SIGCONT the stopped; after
+    :data:`GRACE_S`, SIGKILL every process group of the run still there."""
+    tree = _tree(procs)
+    groups = set()
+    for pid in tree:
+        with contextlib.suppress(OSError):
+            groups.add(os.getpgid(pid))
+    groups.discard(os.getpgid(0))  # never our own
+    for p in procs:
+        if p.poll() is None:
+            with contextlib.suppress(OSError):
+                p.terminate()
+    for pid in tree:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGCONT)
+    _wait_gone(procs, tree)
+    for g in groups:
+        with contextlib.suppress(OSError):
+            os.killpg(g, signal.SIGKILL)
+    _wait_gone(procs, tree)
+    for p in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=GRACE_S)
 
 
 def check_multinode(c: ClusterConfig) -> None:
@@ -169,4 +302,6 @@ def launch_multinode(c: ClusterConfig, run_json: Path) -> int:
     check_multinode(c)
     rdzv_id = c.rdzv_id or "topk-bench"
     cmd = torchrun_cmd(c, run_json, endpoint=c.rdzv_endpoint, rdzv_id=rdzv_id)
-    return _wait_all([subprocess.Popen(cmd, env={**worker_env(c), **events_env(run_json)})])
+    env = {**worker_env(c), **events_env(run_json)}
+    agent = subprocess.Popen(cmd, env=env, start_new_session=True)
+    return _wait_all([agent], timeout_s=comm_timeout(run_json), events=env[EVENTS_ENV])

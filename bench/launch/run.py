@@ -4,18 +4,22 @@ still leaves an ``error`` record)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from filelock import FileLock, Timeout
 from omegaconf import DictConfig, OmegaConf
 
 from bench import data, models, optim, sync
@@ -27,6 +31,7 @@ from bench.registry import ConfigError
 from bench.results import columns as col
 from bench.results import events as ev
 from bench.results import mllog, records, reserve
+from bench.results.env import git_sha
 from bench.results.outputs import closing_lines
 from bench.results.safejson import non_finite
 from bench.train import checkpoint as ck
@@ -39,6 +44,9 @@ LAUNCHERS = {
     "multinode": (torchrun.launch_multinode, torchrun.check_multinode),
     "emulated": (emulated.launch_emulated, emulated.check_emulated),
 }
+
+
+SEED_MAX = 2**32 - 1
 
 
 def check_cluster(cfg: Config) -> None:
@@ -134,6 +142,9 @@ def _validate_train(cfg: Config) -> None:
             "train.checkpoint_every must be >= 0 (0 = no checkpoints) and "
             f"train.keep_checkpoints >= 1, got {t.checkpoint_every} and {t.keep_checkpoints}"
         )
+    for key, seed in (("train.seed", t.seed), ("data.split_seed", cfg.data.split_seed)):
+        if not 0 <= seed <= SEED_MAX:  # numpy's and scikit-learn's seeds are 32-bit
+            raise ConfigError(f"{key} must be in 0..{SEED_MAX} (2**32 - 1), got {seed}")
     c = cfg.cluster
     if cfg.comm.timeout_s <= 0 or c.rdzv_timeout_s <= 0 or c.max_restarts < 0:
         raise ConfigError(
@@ -147,11 +158,21 @@ def check_results_dir(results_dir: str, *, create: bool = True) -> None:
     then makes it and writes a scratch file in it (a full or read-only file system)."""
     res = Path(results_dir)
     where = f"results.dir={results_dir!r}"
+    if not str(results_dir).strip():
+        raise ConfigError(f"{where} is empty: name a directory (default {ResultsConfig.dir})")
+    for p in [res, *res.absolute().parents]:
+        if p.is_symlink() and not p.exists():
+            raise ConfigError(f"{where}: {p} is a dangling link (to {os.readlink(p)})")
     existing = next(p for p in [res, *res.absolute().parents] if p.exists())
     if not existing.is_dir():
         raise ConfigError(f"{where} is not a directory ({existing} is a file)")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"{where} is not writable ({existing} is not)")
+    try:  # a file system that takes no files (/proc), read-only, full: a scratch file, gone
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".bench-check-"):
+            pass
+    except OSError as e:
+        raise ConfigError(f"{where} is not writable ({existing}: {e.strerror})") from None
     runs = records.runs_path(res)
     if runs.exists() and not (runs.is_file() and os.access(runs, os.W_OK)):
         raise ConfigError(f"{where}: its {runs.name} is not a writable file")
@@ -216,9 +237,36 @@ def resume(
 ) -> tuple[int, dict[str, Any] | None]:
     """Continue run ``run_id`` from its last checkpoint as a new ``attempt`` of its record;
     ``overrides`` may change only what :data:`bench.train.checkpoint.MAY_DIFFER` lists."""
-    cfg, run_meta, path = prepare_resume(run_id, overrides, results_dir)
-    print(f"resuming run {run_id} from {path} (attempt {run_meta['attempt']})", flush=True)
-    return launch_and_record(cfg, run_meta, None)
+    with resume_lock(_results_dir(overrides, results_dir), run_id):
+        cfg, run_meta, path = prepare_resume(run_id, overrides, results_dir)
+        print(f"resuming run {run_id} from {path} (attempt {run_meta['attempt']})", flush=True)
+        return launch_and_record(cfg, run_meta, None)
+
+
+@contextlib.contextmanager
+def resume_lock(results_dir: str, run_id: str) -> Iterator[None]:
+    """Hold ``checkpoints/<run_id>.lock`` while the run is resumed: a second resume of it
+    is refused (ConfigError); without a checkpoint folder there is nothing to lock."""
+    path = Path(f"{ck.run_dir(results_dir, run_id)}.lock")
+    if not path.parent.is_dir():
+        yield
+        return
+    lock = FileLock(str(path))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise ConfigError(
+            f"run {run_id} is being resumed by another process (it holds {path}); "
+            "wait for it to end"
+        ) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _results_dir(overrides: list[str], default: str) -> str:
+    return next((o.split("=", 1)[1] for o in overrides if o.startswith("results.dir=")), default)
 
 
 def prepare_resume(
@@ -226,9 +274,7 @@ def prepare_resume(
 ) -> tuple[Config, dict[str, Any], str]:
     """The checks of :func:`resume` (``dry``: nothing created); the config, run metadata
     and checkpoint path to resume from."""
-    results_dir = next(
-        (o.split("=", 1)[1] for o in overrides if o.startswith("results.dir=")), results_dir
-    )
+    results_dir = _results_dir(overrides, results_dir)
     skipped: list[str] = []
     manifest = ck.latest(results_dir, run_id, skipped)
     if manifest is None and skipped:
@@ -251,7 +297,15 @@ def prepare_resume(
     ck.check_compatible(manifest, to_container(cfg))
     validate(cfg, create_results=not dry)
     attempt = max((r.get("attempt", 1) for r in done), default=0) + 1
-    run_meta = {**manifest["run"], "resume": True, "attempt": attempt}
+    shas = (done[-1].get("git_shas") or [r.get("git_sha") for r in done]) if done else []
+    if {s for s in shas if s} - {git_sha()}:  # the same shapes resume silently otherwise
+        print(
+            f"warning: run {run_id} ran the code of {', '.join(dict.fromkeys(map(str, shas)))}; "
+            f"attempt {attempt} runs {git_sha()}",
+            file=sys.stderr,
+            flush=True,
+        )
+    run_meta = {**manifest["run"], "resume": True, "attempt": attempt, "git_shas": shas}
     return cfg, run_meta, str(manifest["path"])
 
 
@@ -383,7 +437,9 @@ def record_after(
         return None  # node 0 records the run
     log = ev.events_path(cfg.results.dir, meta["run_id"])
     events = ev.read_events(log)
-    reason = reason or ev.failure_reason([e for e in events if e["time"] >= since], rc)
+    now = [e for e in events if e["time"] >= since]
+    stopped = [e["reason"] for e in now if e.get("kind") == torchrun.STOPPED]  # the cause first
+    reason = reason or "; ".join([*stopped, ev.failure_reason(now, rc)])
     if status == "interrupted":
         ev.log_event(log, kind=ev.STOP, reason=reason)
     err = records.RunRecord.start(
@@ -419,7 +475,7 @@ def record_after(
     if last is not None:
         print(
             f"the last checkpoint is epoch {last['epoch']}; continue with: python -m reproduce "
-            f"train resume={meta['run_id']} results.dir={cfg.results.dir}",
+            f"train resume={meta['run_id']} {shlex.quote(f'results.dir={cfg.results.dir}')}",
             file=sys.stderr,
             flush=True,
         )

@@ -2,7 +2,8 @@
 
 :class:`RunRecord` is the one schema and :meth:`RunRecord.append` the only writer of
 ``runs.jsonl``: appended under a file lock with an fsync, never rewritten; readers keep the
-latest attempt of each run and skip a torn line.  Rules: docs/internals/results.md.
+latest attempt of each run and skip, with a warning, any line that is not a record.
+Rules: docs/internals/results.md.
 """
 
 from __future__ import annotations
@@ -132,23 +133,29 @@ def _from_one(epochs: list[Any]) -> bool:
 
 
 def _read_lines(path: Path, warn: bool = True) -> list[dict[str, Any]]:
-    """Every record line of ``path``; a line that is not a JSON object is skipped with a
-    warning naming it (a writer that died mid-write leaves a torn line)."""
+    """Every record of ``path``; a line that is not a record (bytes that are not UTF-8, not
+    a JSON object, an object without ``run_id``) is skipped with a warning naming the file
+    and line (a writer that died mid-write leaves a torn line; a hand edit, anything)."""
     if not path.exists():
         return []
     out = []
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            if not raw.strip():
                 continue
+            rec, why = None, ""
             try:
-                rec = json.loads(line)
-                why = "" if isinstance(rec, dict) else "not an object"
+                rec = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                why = f"not UTF-8 at byte {e.start}"
             except json.JSONDecodeError as e:
                 why = e.msg
+            if not why and not isinstance(rec, dict):
+                why = "not an object"
+            elif not why and not isinstance(rec.get("run_id"), str):
+                why = "no run_id"
             if why and warn:
-                warnings.warn(f"{path}:{n}: skipped, not a JSON record ({why})", stacklevel=3)
+                warnings.warn(f"{path}:{n}: skipped, not a run record ({why})", stacklevel=3)
             if not why:
                 out.append(rec)
     return out
@@ -266,6 +273,7 @@ class RunRecord:
     steps_to_target: int | None = None
     evals: list[dict[str, Any]] | None = None
     git_sha: str | None = None
+    git_shas: list[str | None] = dataclasses.field(default_factory=list)  # each attempt's
     torch_version: str = ""
     versions: dict[str, Any] = dataclasses.field(default_factory=dict)
     hardware: str = ""
@@ -315,6 +323,7 @@ class RunRecord:
             queue=run.get("queue"),
             protocol=_protocol(cfg.results),
             git_sha=git_sha(),
+            git_shas=[*run.get("git_shas", []), git_sha()],
             torch_version=torch.__version__,
             versions=versions(),
             hardware=hardware(),

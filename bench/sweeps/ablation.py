@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from bench.config import hydra_value
 from bench.registry import ConfigError
 from bench.sweeps.common import check_names, options, sweep_records, validate_jobs
 from bench.sweeps.resume import RERUN, Saved, latest, pending
@@ -116,7 +117,7 @@ class Plan(Saved):
             f"cluster={self.cluster}",
             *topo,
             *self.cluster_overrides,
-            f"results.dir={self.results_dir}",
+            f"results.dir={hydra_value(self.results_dir)}",
             f"results.sweep_id={self.sweep_id}",
             "train.progress=false",
             *self.extra,

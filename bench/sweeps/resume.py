@@ -1,6 +1,6 @@
 """What every sweep does with its records to resume and to tabulate: its saved plan, each
 job's key, the jobs still to run (no record, or ``interrupted``), and where a complete or a
-partial table goes (docs/internals/sweeps.md)."""
+partial table goes (one with jobs missing or error runs; docs/internals/sweeps.md)."""
 
 from __future__ import annotations
 
@@ -132,12 +132,32 @@ def table_path(results_dir: str | Path, kind: str, sweep_id: str, complete: bool
 
 
 def write_sweep_table(
-    df: pd.DataFrame, results_dir: str | Path, kind: str, sweep_id: str, complete: bool
+    df: pd.DataFrame,
+    results_dir: str | Path,
+    kind: str,
+    sweep_id: str,
+    complete: bool,
+    errors: int | None = None,
 ) -> tuple[Path, bool]:
-    """The sweep's table (see the module docstring); (its path, whether it was written)."""
+    """The sweep's table; (its path, whether it was written).  A table with jobs missing,
+    or built from ``error`` runs (``errors``, else its ``n_error`` column), is partial: in
+    ``partial/``, replaced by each later one, as its jobs can run again (``--rerun-failed``).
+    A complete table is never replaced, and removes the partial one."""
+    if errors is None:
+        errors = int(df["n_error"].fillna(0).sum()) if "n_error" in df.columns else 0
+    complete = complete and not errors
     path = table_path(results_dir, kind, sweep_id, complete)
     if complete:
-        return path, write_table(df, path)
+        wrote = write_table(df, path)
+        table_path(results_dir, kind, sweep_id, False).unlink(missing_ok=True)
+        return path, wrote
     path.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(path, index=False)
     return path, True
+
+
+def error_runs(df: pd.DataFrame, records: Sequence[Mapping[str, Any]]) -> int:
+    """How many of the runs a table names (its ``run_ids`` column) ended in ``error``."""
+    status = {r.get("run_id"): r.get("status") for r in records}
+    ids = " ".join(str(v) for v in df.get("run_ids", [])).split()
+    return sum(status.get(i) == "error" for i in ids)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.config import to_object
+from bench.config import hydra_value, to_object
 from bench.launch import profile
 from bench.registry import ConfigError
 from bench.sweeps import scaling_model as sm
@@ -118,7 +118,7 @@ class Plan(Saved):
             "train.checkpoint_every=0",
             "train.progress=false",
             "results.plot=false",
-            f"results.dir={self.results_dir}",
+            f"results.dir={hydra_value(self.results_dir)}",
             f"results.sweep_id={self.sweep_id}",
             *(self.link if cl == "emulated" else ()),
             *self.extra,

@@ -9,6 +9,7 @@ import errno
 import gc
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -68,9 +69,10 @@ def _resume_hint(payload: dict[str, Any]) -> str:
     run, cfg = payload.get("run"), payload.get("config")
     if not run or not cfg:  # a queue: each of its runs says how when it is resumed
         return ""
+    where = shlex.quote(f"results.dir={cfg['results']['dir']}")  # pasted into a shell
     return (
         f"; continue from its last checkpoint with: python -m reproduce train "
-        f"resume={run['run_id']} results.dir={cfg['results']['dir']}"
+        f"resume={run['run_id']} {where}"
     )
 
 

@@ -15,7 +15,7 @@ import shutil
 import time
 import warnings
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -116,10 +116,16 @@ def problem(manifest_path: Path) -> tuple[dict[str, Any] | None, str | None]:
     return m, None
 
 
+def by_epoch(paths: Iterable[Path]) -> list[Path]:
+    """``epoch-N.json`` manifests in the order of N (``epoch-10000`` after ``epoch-9999``)."""
+    numbered = [(p, p.name[len("epoch-") : -len(".json")]) for p in paths]
+    return [p for p, n in sorted(numbered, key=lambda pn: int(pn[1])) if n.isdigit()]
+
+
 def choose(run_dir: Path) -> tuple[dict[str, Any] | None, list[str]]:
     """The manifest of the newest whole checkpoint under ``run_dir`` (None if there is
     none) with ``path`` set, and one line for each newer one skipped."""
-    manifests = sorted(run_dir.glob("epoch-*.json")) if run_dir.is_dir() else []
+    manifests = by_epoch(run_dir.glob("epoch-*.json")) if run_dir.is_dir() else []
     skipped: list[str] = []
     for mp in reversed(manifests):
         m, why = problem(mp)
@@ -203,6 +209,19 @@ def set_rng_state(d: Mapping[str, Any], device: torch.device) -> None:
         torch.cuda.set_rng_state(d["cuda"], device)
 
 
+def first_mismatch(now: Mapping[str, Any], saved: Mapping[str, Any]) -> str | None:
+    """The first key of a state dict that the saved one lacks, holds in another shape, or
+    holds besides (None when the keys and shapes agree)."""
+    for k, v in now.items():
+        if k not in saved:
+            return f"{k} is not in the checkpoint"
+        a, b = getattr(saved[k], "shape", None), getattr(v, "shape", None)
+        if a != b:
+            return f"{k} has shape {tuple(a or ())} in the checkpoint, {tuple(b or ())} now"
+    extra = [k for k in saved if k not in now]
+    return f"{extra[0]} is in the checkpoint only" if extra else None
+
+
 class CheckpointManager:
     """One worker's checkpoints of a run: rank 0 saves ``states`` (``common.pt``), every
     rank its comm ``hook``'s state, RNG states and its ``replica``'s (an outer sync's
@@ -259,7 +278,7 @@ class CheckpointManager:
             }
             _atomic_json(manifest, d.with_suffix(".json"))
             keep = max(1, self.cfg.train.keep_checkpoints)
-            for old in sorted(self.root.glob("epoch-*.json"))[:-keep]:
+            for old in by_epoch(self.root.glob("epoch-*.json"))[:-keep]:
                 old.unlink(missing_ok=True)
                 shutil.rmtree(old.with_suffix(""), ignore_errors=True)
             remove_incomplete(self.root, keep=d)  # every rank is past the barrier: none writes
@@ -278,7 +297,11 @@ class CheckpointManager:
         mine = torch.load(d / f"rank{self.rank}.pt", map_location=self.device, weights_only=True)
         for key, obj in self.states.items():
             if obj is not None and common[key] is not None:
-                obj.load_state_dict(common[key])
+                try:
+                    obj.load_state_dict(common[key])
+                except (RuntimeError, KeyError, ValueError) as e:  # one line, the key first
+                    why = first_mismatch(obj.state_dict(), common[key]) or str(e).splitlines()[0]
+                    raise ConfigError(f"checkpoint {d} does not fit this run's {key}: {why}") from e
         if mine["hook"] is not None and hasattr(self.hook, "load_state_dict"):
             # the hook regroups DDP's first buckets into the saved ones: no settling step
             self.hook.load_state_dict(mine["hook"])
