@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -53,17 +54,19 @@ def test_gpucheck_plans_without_hydra_pandas_or_dali(tmp_path):
 
 
 def test_gpu_test_files_load_without_the_missing_packages(tmp_path):
-    from bench.gpucheck.check import GPU_TEST_FILES
-
-    env = _blocked_env(tmp_path)
+    marked = sorted(
+        f"tests/{p.name}" for p in (REPO / "tests").glob("test_*.py") if "mark.gpu" in p.read_text()
+    )
+    # no plugins of the packages blocked (Hydra brings one): the device machine has none
+    env = {**_blocked_env(tmp_path), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     r = _run(
-        ["-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *GPU_TEST_FILES],
+        ["-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *marked],
         env,
         REPO,
         timeout=300,
     )
-    assert "error" not in r.stdout.lower(), r.stdout[-3000:]
-    assert r.returncode == 0, r.stdout[-3000:]
+    assert r.returncode == 0, r.stdout[-3000:]  # 2 on a collection error
+    assert "tests collected" in r.stdout and "mstopk_cuda" in r.stdout
 
 
 # a real step (perf select on the CPU), stopped after its second row: hangs as a step does
@@ -88,7 +91,7 @@ def test_a_step_killed_at_its_cap_keeps_its_rows(tmp_path, monkeypatch):
     res = tmp_path / "res"
     out = res / "gpucheck" / "select.json"
     argv = [sys.executable, "-c", HANG_AFTER_TWO, str(out)]
-    step = Step("select", "select, stopped", lambda _: argv, cap_s=25, min_s=1)
+    step = Step("select", "select, stopped", lambda _: argv, cap_s=25, needs=(), min_s=1)
     env = _blocked_env(tmp_path)
     monkeypatch.setenv("PYTHONPATH", env["PYTHONPATH"])
     [o] = check(str(res), budget_s=60, steps=(step,), info={"cuda": False})
@@ -155,6 +158,10 @@ def test_the_race_probe_reaches_cpp_futures_and_done_callbacks():
             py.add_done_callback(lambda f: seen.append(2))
             py.set_result(1)
             assert torch.equal(chained.wait(), torch.full((3,), 2.0))
+            for _ in range(500):  # the done-callback runs on gloo's thread, maybe later
+                if len(seen) == 2:
+                    break
+                time.sleep(0.01)
         assert sorted(seen) == [1, 2] and delays[0] == 3
         delays[0] = 0  # restored after the block: later futures are not delayed
         dist.all_reduce(torch.ones(1), async_op=True).get_future().then(lambda f: None).wait()
