@@ -18,6 +18,7 @@ from bench.data.config import CacheConfig, DataConfig
 from bench.models.config import ModelConfig
 from bench.optim.config import OptimConfig
 from bench.registry import Choice
+from bench.results.paths import RUNS_DIR
 from bench.sync.config import SyncConfig
 
 
@@ -66,7 +67,7 @@ class TrainConfig:
 class ResultsConfig:
     # runs.jsonl, curves/, figures/ live here; runs/ is git-ignored, so that a user's runs
     # never change the committed reference results (results/: written only when named)
-    dir: str = "runs"
+    dir: str = RUNS_DIR
     plot: bool = True  # write a time-to-accuracy PNG beside the run's curve, <dir>/curves
     plot_sweeps: bool = False  # a sweep's runs (sweep_id set) draw theirs only with this
     # DAWNBench submission files (<dir>/dawnbench) and the MLPerf log (<dir>/mllog):

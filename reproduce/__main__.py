@@ -167,22 +167,37 @@ def _hydra(overrides: list[str]) -> None:
     app()
 
 
-def _commands() -> dict[str, str]:
-    """Every command module of this package: ``reproduce/<name>.py`` with ``USAGE`` and
-    ``main(argv)``."""
-    import importlib
+def _command_names() -> list[str]:
+    """The modules of this package that may be commands, unimported (one command's run
+    imports only its own module: ``gpucheck`` runs where Hydra and pandas are missing)."""
     import pkgutil
 
     import reproduce
 
+    return [
+        m.name
+        for m in pkgutil.iter_modules(reproduce.__path__)
+        if not m.name.startswith("_") and m.name != "train"
+    ]
+
+
+def _commands() -> dict[str, str]:
+    """Every command module of this package: ``reproduce/<name>.py`` with ``USAGE`` and
+    ``main(argv)``."""
+    import importlib
+
     out = {}
-    for m in pkgutil.iter_modules(reproduce.__path__):
-        if m.name.startswith("_") or m.name == "train":
-            continue
-        mod = importlib.import_module(f"reproduce.{m.name}")
+    for name in _command_names():
+        mod = importlib.import_module(f"reproduce.{name}")
         if hasattr(mod, "USAGE") and hasattr(mod, "main"):
-            out[m.name] = mod.USAGE
+            out[name] = mod.USAGE
     return out
+
+
+def _command(name: str):  # noqa: ANN202 - a module
+    import importlib
+
+    return importlib.import_module(f"reproduce.{name}")
 
 
 def _help() -> str:
@@ -216,12 +231,10 @@ def main(argv: list[str]) -> None:
                 *[o for o in rest if not o.startswith("data=")],
             ]
         _hydra(rest)
-    elif cmd in (commands := _commands()):
-        import importlib
-
-        importlib.import_module(f"reproduce.{cmd}").main(rest)
+    elif cmd in _command_names() and hasattr(mod := _command(cmd), "main"):
+        mod.main(rest)
     else:
-        names = ["train", "dawnbench", *sorted(commands)]
+        names = ["train", "dawnbench", *sorted(_commands())]
         fail(
             f"unknown command {cmd!r}{did_you_mean(cmd, names)}; choose one of: {', '.join(names)}"
         )

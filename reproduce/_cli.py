@@ -11,11 +11,12 @@ import sys
 import textwrap
 from collections.abc import Iterable, Sequence
 
-from bench.config import ResultsConfig, hydra_value
+from bench.results.paths import RUNS_DIR
 
 # A user's runs go to RESULTS (git-ignored); the committed reference results are in
 # REFERENCE and change only when a command is pointed at them by name.
-RESULTS = ResultsConfig.dir
+# (the config's default, read without Hydra: `gpucheck` runs where Hydra is missing)
+RESULTS = RUNS_DIR
 REFERENCE = "results"
 
 # One flag style across commands: both forms are accepted everywhere.  Training takes
@@ -50,6 +51,8 @@ def flags_to_overrides(argv: Sequence[str]) -> list[str]:
                 if value is None:
                     fail(f"{name} needs a value ({flags[name]}=VALUE works too)")
             if flags[name] == "results.dir":  # a path, as Hydra reads it back
+                from bench.config import hydra_value  # Hydra: not on the gpucheck path
+
                 value = hydra_value(value)
             out.append(f"{flags[name]}={value}")
         else:

@@ -8,8 +8,6 @@ import sys
 import time
 from pathlib import Path
 
-import pandas as pd
-
 from bench.gpucheck.check import STEPS, Step, check, plan
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,6 +55,8 @@ def test_bad_arguments_are_refused(tmp_path):
 
 
 def test_budget_caps_skips_and_what_was_left(tmp_path):
+    import pandas as pd
+
     pidfile = tmp_path / "child.pid"
     hang = (
         "import subprocess, time, pathlib\n"
@@ -100,16 +100,19 @@ def test_budget_caps_skips_and_what_was_left(tmp_path):
 def test_every_step_is_planned_with_a_cap_within_the_default_budget():
     # the order the check promises (the torch-only device checks first), caps that each
     # fit the default budget, and the first five together within it
-    assert [s.name for s in STEPS][:5] == ["hooks", "select", "update", "profile", "gpu-tests"]
+    first = ["hooks", "select", "update", "profile", "step", "gpu-tests"]
+    assert [s.name for s in STEPS][:6] == first
     assert all(0 < s.min_s <= s.cap_s <= 480 for s in STEPS)
-    assert sum(s.cap_s for s in STEPS[:5]) <= 480
+    # the device command's budget: twice in a 15-minute window, with the start-ups
+    assert sum(s.cap_s for s in STEPS[:6]) <= 330
+    assert sum(s.cap(cpu=True) for s in STEPS if s.cpu_args) <= 480  # --cpu's default budget
 
 
 def test_a_machine_with_torch_and_triton_only_runs_the_torch_steps():
     """The last device machine had torch and Triton but no Hydra, DALI or pandas."""
     info = {"cuda": True, "nccl": True, "triton": "3", "pytest": "8", "torchvision": None}
     got = dict((s.name, what) for s, what in plan(STEPS, info))
-    for name in ("hooks", "select", "update", "profile", "gpu-tests"):
+    for name in ("hooks", "select", "update", "profile", "step", "gpu-tests"):
         assert got[name] == "run", (name, got[name])
     assert got["train-nccl"] == "no HYDRA on this machine"
     assert got["input"] == "no DALI, PANDAS on this machine"
@@ -121,17 +124,20 @@ def test_cpu_mode_runs_the_device_steps_end_to_end(tmp_path):
     same check, logs and summary as on the GPU: a typo there fails here, not on the GPU."""
     res = tmp_path / "res"
     steps = tuple(s for s in STEPS if s.cpu_args)
-    assert [s.name for s in steps] == ["hooks", "select", "update", "profile"]
+    assert [s.name for s in steps] == ["hooks", "select", "update", "profile", "step"]
     out = check(str(res), budget_s=900, steps=steps, info={"cuda": False}, cpu=True)
     got = {o.step: o for o in out}
-    for name in ("hooks", "select", "update", "profile"):
+    for name in ("hooks", "select", "update", "profile", "step"):
         assert got[name].status == "ok", (name, got[name])
         assert (res / "gpucheck" / f"{name}.json").is_file()
     assert "cases, 0 failed" in got["hooks"].detail
     assert "ms" in got["update"].detail and "img/s" in got["profile"].detail
+    assert "x dense" in got["step"].detail
 
 
 def test_throughput_benchmark_runs_on_cpu_and_feeds_the_summary(tmp_path):
+    import pandas as pd
+
     from bench.benchmarks.throughput import ANCHOR_IMAGES_PER_S, run
     from bench.gpucheck.summary import headline, snapshot
 

@@ -14,8 +14,6 @@ import warnings
 import pytest
 import torch
 
-from bench.benchmarks import topk as topk_bench
-from bench.benchmarks.harness import BenchRun
 from bench.benchmarks.timing import interleaved
 from bench.comm import selection
 from bench.comm.cost import k_for
@@ -177,6 +175,10 @@ def test_cuda_event_times_interleaves(fake_cuda: None) -> None:
 
 
 def test_cuda_bench_rows(fake_cuda: None, tmp_path) -> None:
+    pytest.importorskip("pandas")  # the benchmark's rows (this module loads without it)
+    from bench.benchmarks import topk as topk_bench
+    from bench.benchmarks.harness import BenchRun
+
     bench = BenchRun("topk", tmp_path)
     x = torch.randn(100_000, generator=torch.Generator().manual_seed(0))
     cuda = torch.device("cuda")

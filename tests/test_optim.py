@@ -18,6 +18,7 @@ from bench.optim.config import OptimConfig, UpdateMode
 from bench.optim.flat import FlatOptimizer
 from bench.optim.lars import FlatLARS
 from bench.registry import ConfigError
+from tests.helpers.optim_cases import OPTS, rel_err
 
 UPDATE_MODES = UpdateMode.values()
 
@@ -28,20 +29,6 @@ TOL = 1e-6  # relative, per tensor: ||a - b|| / ||b||
 def cfg(**kw) -> OptimConfig:
     """An OptimConfig composed as Hydra does (strings become the typed choices)."""
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(OptimConfig), kw))
-
-
-OPTS = {
-    "sgd": dict(name="sgd", lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4),
-    "sgd_plain": dict(name="sgd", lr=0.1, momentum=0.9, nesterov=False, weight_decay=1e-3),
-    "lars": dict(
-        name="lars", lr=2.0, momentum=0.9, nesterov=False, weight_decay=5e-4, trust_coefficient=0.01
-    ),
-    "lars_nesterov": dict(
-        name="lars", lr=2.0, momentum=0.9, nesterov=True, weight_decay=5e-4, trust_coefficient=0.01
-    ),
-    "adamw": dict(name="adamw", lr=1e-3, weight_decay=0.05, betas=[0.9, 0.98], eps=1e-8),
-    "adam": dict(name="adam", lr=1e-3, weight_decay=1e-4, betas=[0.9, 0.999], eps=1e-8),
-}
 
 
 def reference_lars(params: list, state: dict, lr: float, o: dict) -> None:
@@ -73,13 +60,6 @@ def reference(model: torch.nn.Module, o: dict):
     if o["name"] == "adam":
         return torch.optim.Adam(groups, lr=o["lr"], betas=o["betas"], eps=o["eps"], foreach=False)
     return None
-
-
-def rel_err(a: torch.nn.Module, b: torch.nn.Module) -> float:
-    return max(
-        ((x.float() - y.float()).norm() / y.float().norm().clamp_min(1e-30)).item()
-        for x, y in zip(a.parameters(), b.parameters(), strict=False)
-    )
 
 
 def set_grads(models: list[torch.nn.Module], step: int) -> None:

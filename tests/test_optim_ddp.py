@@ -16,7 +16,8 @@ import torch
 import bench.optim.flat as flat
 from bench.optim import build_optimizer, ddp_kwargs
 from bench.optim.layout import ddp_like_buckets
-from tests.test_optim import OPTS, cfg, rel_err
+from tests.helpers.optim_cases import OPTS, rel_err
+from tests.helpers.optim_cases import plain_cfg as cfg
 
 
 def _net(seed: int = 0) -> torch.nn.Module:

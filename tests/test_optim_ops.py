@@ -18,7 +18,8 @@ import bench.optim.flat as flat
 from bench.optim import build_optimizer
 from bench.optim.flat import FlatOptimizer
 from bench.optim.layout import ddp_like_buckets
-from tests.test_optim import OPTS, cfg, rel_err
+from tests.helpers.optim_cases import OPTS, rel_err
+from tests.helpers.optim_cases import plain_cfg as cfg
 
 SIZES = (10, 100)  # parameter tensors: Linear(8, 8) weights and biases
 

@@ -12,6 +12,7 @@ import contextlib
 import random
 import statistics
 import time
+import traceback
 import warnings
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
@@ -54,25 +55,29 @@ def _time_ms(fn: Callable[[], object], iters: int, events: bool, slowest_rank: b
 
 
 @contextlib.contextmanager
-def cuda_syncs(on: bool = True) -> Iterator[list[str]]:
+def cuda_syncs(
+    on: bool = True, site: Callable[[list[traceback.FrameSummary]], str] | None = None
+) -> Iterator[list[str]]:
     """Where synchronising CUDA calls were made from Python threads inside the block (torch's
-    sync debug mode warns at each; gloo's own C++ threads do not reach Python's warnings)."""
+    sync debug mode warns at each; gloo's own C++ threads do not reach Python's warnings):
+    ``file:line`` of the warning, or ``site(the Python stack at the call)``."""
     found: list[str] = []
     if not on:
         yield found
         return
-    with warnings.catch_warnings(record=True) as caught:
+
+    def note(message: Any, category: Any, filename: str, lineno: int, *_: Any) -> None:
+        if "synchronizing cuda operation" in str(message).lower():
+            found.append(site(traceback.extract_stack()[:-1]) if site else f"{filename}:{lineno}")
+
+    with warnings.catch_warnings():
         warnings.simplefilter("always")
+        warnings.showwarning = note  # called on the warning's own thread, its stack intact
         torch.cuda.set_sync_debug_mode("warn")
         try:
             yield found
         finally:
             torch.cuda.set_sync_debug_mode(0)
-    found += [
-        f"{w.filename}:{w.lineno}"
-        for w in caught
-        if "synchronizing cuda operation" in str(w.message).lower()
-    ]
 
 
 def summarize(times_ms: Sequence[float]) -> dict[str, float]:

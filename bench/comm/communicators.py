@@ -103,6 +103,15 @@ class Communicator:
         raise NotImplementedError
 
 
+def used_here(*tensors: torch.Tensor) -> None:
+    """Tell the caching allocator that ``tensors``, made on the hook's stream, are read on
+    the current stream (a future callback's pool stream): their memory is not reused before
+    this stream's work on them is done (a no-op on the CPU)."""
+    for t in tensors:
+        if t.is_cuda:
+            t.record_stream(torch.cuda.current_stream(t.device))
+
+
 def _scatter_mean(
     flat: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor, world: int, padded: int
 ) -> None:
@@ -110,7 +119,14 @@ def _scatter_mean(
     (in ``flat`` itself when it is that wide and needs no padding)."""
     in_place = padded == flat.numel() and widened(flat.dtype) == flat.dtype
     acc = flat.zero_() if in_place else accumulator(flat, padded)
-    acc.index_add_(0, idx.reshape(-1), vals.reshape(-1).to(acc.dtype))
+    idx, vals = idx.reshape(-1), vals.reshape(-1).to(acc.dtype)
+    if acc.is_cuda:
+        # deterministic: CUDA's index_add_ adds with atomics in no fixed order, so an index
+        # sent by 3 or more workers could sum to other last bits on each rank (and the
+        # replicas drift apart); index_put_ with accumulate sorts the indices first
+        acc.index_put_((idx,), vals, accumulate=True)
+    else:  # the CPU's index_add_ adds in index order
+        acc.index_add_(0, idx, vals)
     if in_place:
         flat.div_(world)
     else:
@@ -132,6 +148,7 @@ class AllReduce(Communicator):
         def finish(f: Future) -> torch.Tensor:
             out = f.value()[0]
             if out.data_ptr() != flat.data_ptr():
+                used_here(out)  # the cast values, made on the hook's stream
                 t1 = times.now(flat)
                 flat.copy_(out)
                 times.add_select(t1, times.now(flat))
@@ -156,6 +173,7 @@ class AllGather(Communicator):
         fut = collective(stats, flat, partial(_all_gather, out, pkt, group=self.pg, async_op=True))
 
         def finish(_: Future) -> torch.Tensor:
+            used_here(out)
             t1 = times.now(flat)
             vals, idx = unpack(out, w, k, n, vdtype)
             _scatter_mean(flat, idx, vals, w, n)
@@ -199,6 +217,9 @@ class HiTopK(Communicator):
         inter = flat.new_empty(nn * pkt_bytes, dtype=torch.uint8)
 
         def select_and_gather(_: Any) -> Future:  # (2)-(4), once the shard is reduced
+            if shard is not flat:
+                used_here(shard)
+            used_here(inter)
             t0 = times.now(flat)
             c = self.compress(shard, (key, "shard"), density)
             assert c.indices is not None and c.values.numel() == k
@@ -213,12 +234,14 @@ class HiTopK(Communicator):
             full = inter.new_empty(m * inter.numel())
 
             def gather_node(_: Any) -> Future:
+                used_here(full)
                 issue = partial(_all_gather, full, inter, group=g.intra_gather, async_op=True)
                 return collective(stats, flat, issue)
 
             gathered = g.lane("intra_gather").after(gathered, gather_node, flat)
 
         def finish(_: Future) -> torch.Tensor:
+            used_here(full)
             t0 = times.now(flat)
             vals, idx = unpack(full, m * nn, k, s, self.vdtype)
             # packets [j*n, (j+1)*n) came from local rank j: their indices are into shard j
@@ -262,6 +285,7 @@ def _reduce_scatter_async(
         issue = partial(dist.all_to_all_single, parts, src, group=group, async_op=True)
 
         def add(_: Future) -> torch.Tensor:
+            used_here(parts, shard)
             return torch.sum(parts.view(m, -1), dim=0, dtype=shard.dtype, out=shard)
 
         return collective(stats, like, issue, then=add)
@@ -271,4 +295,9 @@ def _reduce_scatter_async(
     part = src.new_empty(shard.numel())
     avg = dist.ReduceOp.AVG
     issue = partial(_reduce_scatter, part, src, op=avg, group=group, async_op=True)
-    return collective(stats, like, issue, then=lambda _: shard.copy_(part).mul_(m))
+
+    def widen(_: Future) -> torch.Tensor:
+        used_here(part, shard)
+        return shard.copy_(part).mul_(m)
+
+    return collective(stats, like, issue, then=widen)

@@ -169,11 +169,18 @@ def powersgd_hook(state: PowerSGDHookState, bucket: dist.GradBucket) -> Future[t
         state.serialize = uses_gloo(state.psgd.process_group, bucket.buffer().device)
     if not state.serialize:
         return _run_powersgd(state, bucket)
-    out = new_future(bucket.buffer())
+    buf = bucket.buffer()
+    out = new_future(buf)
     prev, state.last = state.last, out
+    # the bucket is still being written on the hook's stream; ``start`` may run later in
+    # the callback of the bucket before, on a pool stream that waits on that bucket's
+    # work only (at once, when it is already done): it must wait on this stream too
+    written = torch.cuda.current_stream(buf.device).record_event() if buf.is_cuda else None
 
     def start(_: Any = None) -> None:
         try:
+            if written is not None:
+                torch.cuda.current_stream(buf.device).wait_event(written)
             forward(_run_powersgd(state, bucket), out)
         except BaseException as e:  # the step fails with it instead of hanging DDP
             out.set_exception(e)

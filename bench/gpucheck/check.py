@@ -49,6 +49,7 @@ def probe() -> dict[str, Any]:
         except Exception:  # noqa: BLE001 - the version is informative only
             info["nccl_version"] = "?"
     for name, module in (
+        ("numpy", "numpy"),
         ("dali", "nvidia.dali"),
         ("triton", "triton"),
         ("hydra", "hydra"),
@@ -75,10 +76,14 @@ class Step:
     needs: tuple[str, ...] = ("cuda",)
     min_s: float = 30.0  # not started with less budget left than this
     cpu_args: tuple[str, ...] = ()  # the arguments that run the step on the CPU; () if none
+    cpu_cap_s: float = 0.0  # the cap on the CPU (shared, slower cores); 0: cap_s
 
     def missing(self, info: dict[str, Any]) -> str | None:
         gone = [n for n in self.needs if not info.get(n)]
         return f"no {', '.join(gone).upper()} on this machine" if gone else None
+
+    def cap(self, cpu: bool = False) -> float:
+        return (self.cpu_cap_s or self.cap_s) if cpu else self.cap_s
 
     def command(self, results_dir: str, cpu: bool = False) -> list[str]:
         return self.argv(results_dir) + (list(self.cpu_args) if cpu else [])
@@ -101,17 +106,9 @@ def _train(*overrides: str) -> Callable[[str], list[str]]:
     ]
 
 
-GPU_TEST_FILES = (
-    "tests/test_mstopk_cuda.py",
-    "tests/test_optim_ddp.py",
-    "tests/test_optim_ops.py",
-    "tests/test_dali_gpu.py",
-)
-
-
-def _module(module: str, *args: str) -> Callable[[str], list[str]]:
+def _module(module: str, *args: str, name: str = "") -> Callable[[str], list[str]]:
     """``python -m module *args --out <results>/gpucheck/<name>.json`` (torch only)."""
-    name = args[0] if args else module.rsplit(".", 1)[-1]
+    name = name or (args[0] if args else module.rsplit(".", 1)[-1])
     return lambda res: [
         PY,
         "-m",
@@ -122,36 +119,60 @@ def _module(module: str, *args: str) -> Callable[[str], list[str]]:
     ]
 
 
+GPU_TEST_FILES = (
+    "tests/test_mstopk_cuda.py",
+    "tests/test_optim_ddp.py",
+    "tests/test_optim_ops.py",
+    "tests/test_dali_gpu.py",
+    "tests/test_gpucheck_device.py",
+)
+HOOKS_CAP_S = 85
+
+# The torch-only steps come first and their caps add up to 330 s: a device window of
+# 15 minutes holds the check twice, with each machine's start-up.
 STEPS: tuple[Step, ...] = (
     Step(
         "hooks",
         "every hook, NCCL 1 + gloo 2x2 / 4x1 on one GPU: ranks, dense, syncs, race",
-        _module("bench.gpucheck.hooks"),
-        150,
+        # the workers stop (their stacks dumped) before the step is killed
+        _module("bench.gpucheck.hooks", "--timeout-s", str(HOOKS_CAP_S - 10), name="hooks"),
+        HOOKS_CAP_S,
         min_s=60,
         # on the CPU, one 4-worker layout and the hooks whose plumbing differs most
-        cpu_args=("--cpu", "--layouts", "1,2x2", "--hooks", "dense,mstopk,hitopk,powersgd"),
+        cpu_args=("--cpu", "--layouts", "1,2x2", "--hooks", "dense,hitopk,powersgd"),
+        cpu_cap_s=150,
     ),
     Step(
         "select",
-        "torch.topk vs MSTopK tiled, 25.6 M / 100 M, vs the read floor, kernels",
+        "torch.topk vs MSTopK tiled, 25.6 M / 100 M, bf16, checked vs torch.topk; compile times",
         _module("bench.gpucheck.perf", "select"),
-        60,
+        45,
         cpu_args=("--cpu",),
+        cpu_cap_s=60,
     ),
     Step(
         "update",
-        "fused / flat / flat+bf16 step, ResNet-50 / Transformer-base, vs the HBM floor",
+        "fused / flat / flat+bf16, ResNet-50 / Transformer-base, own and DDP bucket grads",
         _module("bench.gpucheck.perf", "update"),
-        75,
+        40,
         cpu_args=("--cpu",),
+        cpu_cap_s=90,
     ),
     Step(
         "profile",
-        "ResNet-50 compute at 64/256 img x 128/224 px, DDP bucket readiness",
+        "ResNet-50 compute at 64/256 img x 224 px, DDP bucket readiness",
         _module("bench.gpucheck.perf", "profile"),
-        60,
+        40,
         cpu_args=("--cpu",),
+        cpu_cap_s=60,
+    ),
+    Step(
+        "step",
+        "one ResNet-50 DDP step per hook, NCCL 1: tail after the last bucket, peak memory",
+        _module("bench.gpucheck.step", name="step"),
+        60,
+        cpu_args=("--cpu", "--hooks", "dense,powersgd,mstopk"),
+        cpu_cap_s=90,
     ),
     Step(
         "gpu-tests",
@@ -170,7 +191,7 @@ STEPS: tuple[Step, ...] = (
             "--continue-on-collection-errors",
             *GPU_TEST_FILES,
         ],
-        100,
+        60,
         needs=("cuda", "pytest"),
     ),
     Step(
@@ -319,7 +340,10 @@ class _PlainRun:
         import platform
 
         self.bench_id = time.strftime("%Y%m%d-%H%M%S")
-        self.meta = {"hardware": platform.node(), "git_sha": "?", "date": time.ctime()}
+        from bench.results.env import git_sha
+
+        sha = git_sha() or "unknown (no .git here: set BENCH_GIT_SHA)"
+        self.meta = {"hardware": platform.node(), "git_sha": sha, "date": time.ctime()}
         self.path = Path(results_dir) / "bench" / "gpucheck.jsonl"
         self.rows: list[dict[str, Any]] = []
 
@@ -354,11 +378,11 @@ def check(
     info = probe() if info is None else info
     print("machine: " + json.dumps(info))
     planned = plan(steps, info, cpu)
-    caps = sum(s.cap_s for s, what in planned if what == "run")
+    caps = sum(s.cap(cpu) for s, what in planned if what == "run")
     over = " (more than the budget: the last steps may be left)" if caps > budget_s else ""
     print(f"plan (budget {budget_s:.0f} s; caps of the steps to run: {caps:.0f} s{over}):")
     for s, what in planned:
-        mark = f"cap {s.cap_s:4.0f} s" if what == "run" else f"skip: {what}"
+        mark = f"cap {s.cap(cpu):4.0f} s" if what == "run" else f"skip: {what}"
         print(f"  {s.name:<13} {mark:<36} {s.what}")
         print(f"  {'':<13} $ {' '.join(s.command(results_dir, cpu))}")
     if dry_run:
@@ -378,16 +402,7 @@ def _run_all(
     log_dir: Path,
     cpu: bool = False,
 ) -> list[Outcome]:
-    try:  # deferred: the device machine may lack pandas, which the summary reads with
-        from bench.gpucheck.summary import headline, snapshot
-    except ImportError:  # no pandas: each step's last line of output
-
-        def snapshot(results_dir: str) -> dict[str, int]:
-            return {}
-
-        def headline(step: str, results_dir: str, before: dict, log: Path) -> str:
-            lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-            return (lines[-1][:200] if lines else "no output").replace("|", "/")
+    from bench.gpucheck.summary import headline, snapshot  # pandas only where it is
 
     t0 = time.monotonic()
     outcomes: list[Outcome] = []
@@ -406,7 +421,7 @@ def _run_all(
         before = snapshot(results_dir)
         start = time.monotonic()
         status, rc = run_step(
-            s.command(results_dir, cpu), min(s.cap_s, left), log_dir / f"{s.name}.log", s.name
+            s.command(results_dir, cpu), min(s.cap(cpu), left), log_dir / f"{s.name}.log", s.name
         )
         took = time.monotonic() - start
         detail = headline(s.name, results_dir, before, log_dir / f"{s.name}.log")

@@ -1,8 +1,9 @@
 """Device check of every DDP hook on CUDA tensors (gpucheck step ``hooks``).
 
 ``python -m bench.gpucheck.hooks [--cpu] [--out FILE]``: every hook on NCCL with one process
-and on four gloo processes sharing the GPU; ranks equal, equal to dense, no host syncs, no
-race.  Needs only torch.  What each column checks: docs/internals/gpucheck.md.
+and on four gloo processes sharing the GPU; ranks equal, equal to dense, no host syncs in
+this project's code, no race.  Needs only torch.  What each column checks:
+docs/internals/gpucheck.md.
 """
 
 from __future__ import annotations
@@ -10,11 +11,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import faulthandler
 import json
 import os
 import sys
+import tempfile
 import time
+import traceback
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,12 +30,37 @@ from bench.benchmarks.spawn import free_port, run_workers
 from bench.benchmarks.timing import cuda_syncs
 from bench.comm import communicators, futures, make_hook
 from bench.comm.selection_core import host_syncs
+from bench.gpucheck.rows import Rows, read
 
 HOOKS = ("dense", "fp16", "bf16", "powersgd", "topk", "mstopk", "hitopk")
 STEPS = 3
 SLEEP_CYCLES = 2_000_000  # ~1 ms at the H200's ~1.9 GHz: far longer than any kernel here
 DENSE_TOL = {"fp16": 2e-3, "bf16": 1.6e-2}  # relative, the wire dtype's rounding; else 1e-5
-RACE_TOL = 1e-5  # relative to the gradient's largest magnitude
+# Relative to the gradient's largest magnitude.  Ranks must agree bit for bit (rank_diff
+# 0): every reduction here is deterministic (NCCL and gloo allreduce; the sparse scatter is
+# index_put_ with accumulate, sorted, on CUDA; index_add_ on the CPU).  Two separate runs
+# may still pick other elements at exact magnitude ties (Triton's compaction fills its
+# slots in no fixed order), hence a rounding-size limit for the race probe.
+RACE_TOL = 1e-5
+
+_BENCH = Path(__file__).resolve().parents[1]  # this project's library
+_HARNESS = (_BENCH / "gpucheck", _BENCH / "benchmarks")  # the check itself, not judged
+_TORCH_HOOKS = os.path.join("torch", "distributed", "algorithms")  # torch's own DDP hooks
+
+
+def sync_site(stack: list[traceback.FrameSummary]) -> str:
+    """Who made a synchronising call, from its Python stack: ``bench <file:line>`` for the
+    innermost frame of this project's library (the check's own frames left out), ``torch
+    <file:line>`` when torch's own DDP hooks (PowerSGD's) are nearer the call, else
+    ``other <file:line>`` (torch internals called from the check itself)."""
+    for fr in reversed(stack):
+        path = Path(fr.filename)
+        if _TORCH_HOOKS in fr.filename:
+            return f"torch {path.name}:{fr.lineno}"
+        if path.is_relative_to(_BENCH) and not any(path.is_relative_to(h) for h in _HARNESS):
+            return f"bench {path.relative_to(_BENCH.parent)}:{fr.lineno}"
+    last = stack[-1] if stack else None
+    return f"other {Path(last.filename).name}:{last.lineno}" if last else "other ?"
 
 
 def _model(device: torch.device, width: int) -> nn.Module:
@@ -41,27 +71,38 @@ def _model(device: torch.device, width: int) -> nn.Module:
 
 
 @contextlib.contextmanager
-def _race(device: torch.device, on: bool) -> Iterator[None]:
-    """Delay the stream before every collective is issued and at the start of every
-    future callback (``Future.then``), while the block runs."""
+def race(device: torch.device, on: bool = True, counter: list[int] | None = None) -> Iterator[None]:
+    """Delay the stream before every collective is issued and at the start of every future
+    callback, ``then`` and ``add_done_callback``, of Python futures and of the C++ futures
+    that collectives return (``torch._C.Future``, which ``torch.futures.Future`` extends),
+    while the block runs.  ``counter[0]`` counts the delays."""
     if not on:
         yield
         return
+    counter = counter if counter is not None else [0]
 
     def pause() -> None:
+        counter[0] += 1
         if device.type == "cuda":
             torch.cuda._sleep(SLEEP_CYCLES)  # on the current stream of the current device
         else:
             time.sleep(0.001)
 
-    orig_then, orig_collective = torch.futures.Future.then, futures.collective
+    cls = torch._C.Future
+    orig_then, orig_done, orig_collective = cls.then, cls.add_done_callback, futures.collective
 
-    def then(self: Any, callback: Any) -> Any:
+    def slowed(callback: Any) -> Any:
         def slow(f: Any) -> Any:
             pause()
             return callback(f)
 
-        return orig_then(self, slow)
+        return slow
+
+    def then(self: Any, callback: Any) -> Any:
+        return orig_then(self, slowed(callback))
+
+    def add_done_callback(self: Any, callback: Any) -> Any:
+        return orig_done(self, slowed(callback))
 
     def collective(stats: Any, like: torch.Tensor, issue: Any, then: Any = None) -> Any:
         def slow_issue() -> Any:
@@ -71,17 +112,17 @@ def _race(device: torch.device, on: bool) -> Iterator[None]:
 
         return orig_collective(stats, like, slow_issue, then)
 
-    torch.futures.Future.then = then  # type: ignore[method-assign]
+    cls.then, cls.add_done_callback = then, add_done_callback  # type: ignore[method-assign]
     communicators.collective = collective
     try:
         yield
     finally:
-        torch.futures.Future.then = orig_then  # type: ignore[method-assign]
+        cls.then, cls.add_done_callback = orig_then, orig_done  # type: ignore[method-assign]
         communicators.collective = orig_collective
 
 
 def _run(
-    name: str, device: torch.device, ppn: int, density: float, timing: bool, race: bool, width: int
+    name: str, device: torch.device, ppn: int, density: float, timing: bool, slow: bool, width: int
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """The reduced gradient after STEPS backward passes, and what was counted."""
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -95,8 +136,8 @@ def _run(
     ddp.register_comm_hook(state, hook)
     if hasattr(state, "nan_check"):
         state.nan_check = True  # the reduced buckets' flags too, as train.nan_check=step
-    syncs: list[str] = []
-    counted, finite = 0, True
+    sites: list[str] = []
+    counted, finite, delays = 0, True, [0]
     rank = dist.get_rank()
     for step in range(STEPS):
         gen = torch.Generator().manual_seed(1000 * step + rank)
@@ -104,24 +145,31 @@ def _run(
         ddp.zero_grad(set_to_none=False)
         loss = ddp(x).square().mean()
         before = host_syncs()
-        with _race(device, race), cuda_syncs(device.type == "cuda") as found:
+        with race(device, slow, delays), cuda_syncs(device.type == "cuda", sync_site) as found:
             loss.backward()
-        counted += host_syncs() - before
-        syncs += found
+        counted += host_syncs() - before  # the selectors' own reads: this project's code
+        sites += found
         if hasattr(state, "take_finite"):  # the loop's one read per step
             flags = [ok for _, ok in state.take_finite()]
             finite = finite and (not flags or bool(torch.stack(flags).all()))
     grad = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).float()
     stats = state.stats.pop()
     inexact = state.comm.inexact_count() if hasattr(state, "comm") else 0
-    return grad, {
-        "syncs": len(syncs) + counted,
-        "sync_sites": sorted(set(syncs))[:5],
-        "finite": finite,
-        "inexact": inexact,
-        "select_s": stats.get("time/select_s", 0.0),
-        "comm_s": stats.get("time/comm_s", 0.0),
-    }
+    ours = [s for s in sites if s.startswith("bench ")]
+    return (
+        grad,
+        {
+            "syncs": len(ours) + counted,
+            "sync_sites": sorted(set(ours))[:5],
+            "other_syncs": len(sites) - len(ours),  # torch's own (PowerSGD's copy): info only
+            "other_sites": sorted(set(sites) - set(ours))[:5],
+            "delays": delays[0],
+            "finite": finite,
+            "inexact": inexact,
+            "select_s": stats.get("time/select_s", 0.0),
+            "comm_s": stats.get("time/comm_s", 0.0),
+        },
+    )
 
 
 def _rank_diff(t: torch.Tensor) -> float:
@@ -151,33 +199,6 @@ def cases(world: int, ppn: int, hooks: tuple[str, ...] = HOOKS) -> list[tuple]:
     return out
 
 
-def check_layout(
-    rank: int, world: int, device_name: str, ppn: int, width: int, hooks: tuple[str, ...]
-) -> list[dict]:
-    """Every case of one layout on this rank (call on every rank of the default group)."""
-    device = torch.device(device_name)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    ref, _ = _run("dense", device, ppn, 1.0, True, False, width)
-    rows = []
-    for name, density, timing, race in cases(world, ppn, hooks):
-        t0 = time.perf_counter()
-        grad, info = _run(name, device, ppn, density, timing, False, width)
-        row = {"hook": name, "density": density, "timing": timing, "race": race, **info}
-        row.update(world=world, ppn=ppn)
-        if race:  # the same case, delayed: must give what the undelayed run gave
-            slow, rinfo = _run(name, device, ppn, density, timing, True, width)
-            scale = float(grad.abs().max()) or 1.0
-            row["race_diff"] = float((slow - grad).abs().max()) / scale
-            row["syncs"] += rinfo["syncs"]
-        row["rank_diff"] = _rank_diff(grad)
-        if name != "powersgd" and density == 1.0:
-            row["dense_err"] = float((grad - ref).norm() / ref.norm())
-        row["seconds"] = time.perf_counter() - t0
-        rows.append(row)
-    return rows
-
-
 def verdict(row: dict) -> list[str]:
     """What is wrong with one case (empty: it passed)."""
     bad = []
@@ -190,19 +211,84 @@ def verdict(row: dict) -> list[str]:
         bad.append(f"dense_err {row['dense_err']:.3g} > {tol:g}")
     if row.get("race_diff", 0.0) > RACE_TOL:
         bad.append(f"race probe changed the result by {row['race_diff']:.3g}")
+    if row["race"] and not row.get("delays"):
+        bad.append("race probe delayed nothing")
     if not row["finite"] or row["inexact"]:
         bad.append("non-finite or inexact selection flagged")
     return bad
 
 
-def _nccl_world1(device_name: str, width: int, hooks: tuple[str, ...]) -> list[dict]:
+def _layout(r: dict) -> str:
+    return "nccl 1" if r["world"] == 1 else f"gloo {r['world'] // r['ppn']}x{r['ppn']}"
 
+
+def line(r: dict) -> str:
+    """One printed line of a case, its verdict last."""
+    layout = _layout(r)
+    text = (
+        f"{'FAIL' if r['why'] else 'ok  '} {layout:<8} {r['hook']:<9} d={r['density']:<4g}"
+        f" timing={int(r['timing'])} race={int(r['race'])}"
+        f" syncs={r['syncs']} rank_diff={r['rank_diff']:.2g}"
+        f" dense_err={r.get('dense_err', float('nan')):.2g}"
+        f" race_diff={r.get('race_diff', float('nan')):.2g}"
+        f" comm_ms={1e3 * r['comm_s'] / STEPS:.2f} {'; '.join(r['why'])}"
+    )
+    if r["other_syncs"]:  # torch's own code, not judged
+        text += f"\ninfo {layout} {r['hook']}: {r['other_syncs']} syncs outside bench/ "
+        text += f"(not counted) at {r['other_sites']}"
+    return text
+
+
+def check_layout(
+    rank: int,
+    world: int,
+    device_name: str,
+    ppn: int,
+    width: int,
+    hooks: tuple[str, ...],
+    out: str = "",
+    timeout_s: float = 0.0,
+) -> list[dict]:
+    """Every case of one layout on this rank (call on every rank of the default group);
+    rank 0 prints and appends each case's row to ``out``'s rows as it is measured."""
+    if timeout_s:  # a hang shows where each rank was, before the step is killed
+        faulthandler.dump_traceback_later(timeout_s, exit=False)
+    device = torch.device(device_name)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    sink = Rows("hooks", out if rank == 0 else "", fresh=False)
+    ref, _ = _run("dense", device, ppn, 1.0, True, False, width)
+    for name, density, timing, probe in cases(world, ppn, hooks):
+        t0 = time.perf_counter()
+        grad, info = _run(name, device, ppn, density, timing, False, width)
+        row = {"hook": name, "density": density, "timing": timing, "race": probe, **info}
+        row.update(world=world, ppn=ppn)
+        if probe:  # the same case, delayed: must give what the undelayed run gave
+            slow, rinfo = _run(name, device, ppn, density, timing, True, width)
+            scale = float(grad.abs().max()) or 1.0
+            row["race_diff"] = float((slow - grad).abs().max()) / scale
+            row["syncs"] += rinfo["syncs"]
+            row["other_syncs"] += rinfo["other_syncs"]
+            row["delays"] = rinfo["delays"]
+        row["rank_diff"] = _rank_diff(grad)
+        if name != "powersgd" and density == 1.0:
+            row["dense_err"] = float((grad - ref).norm() / ref.norm())
+        row["seconds"] = time.perf_counter() - t0
+        row["why"] = verdict(row)
+        if rank == 0:
+            sink.add(row, line(row))
+    faulthandler.cancel_dump_traceback_later()
+    return sink.rows
+
+
+def _nccl_world1(device_name: str, width: int, hooks: tuple[str, ...], out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
     backend = "nccl" if device_name.startswith("cuda") else "gloo"
-    dist.init_process_group(backend, rank=0, world_size=1, timeout=datetime.timedelta(300))
+    timeout = datetime.timedelta(seconds=300)
+    dist.init_process_group(backend, rank=0, world_size=1, timeout=timeout)
     try:
-        return check_layout(0, 1, device_name, 0, width, hooks)
+        check_layout(0, 1, device_name, 0, width, hooks, out)
     finally:
         dist.destroy_process_group()
 
@@ -215,45 +301,37 @@ def run(
     width: int = 0,
     layouts: tuple[str, ...] = LAYOUTS,
     hooks: tuple[str, ...] = HOOKS,
+    out: str = "",
+    timeout_s: float = 300.0,
 ) -> dict[str, Any]:
-    """Every case of ``layouts``; returns ``{"rows": [...], "failed": [...]}``."""
-
+    """Every case of ``layouts``, each row kept in ``out``'s rows as it is measured; returns
+    ``{"rows": [...], "failed": [...]}``.  The gloo layouts' workers are stopped (their
+    stacks dumped) once ``timeout_s`` has passed since the start."""
     device = "cpu" if cpu else "cuda:0"
     width = width or (64 if cpu else 1024)
-    rows: list[dict] = []
+    out = out or os.path.join(tempfile.mkdtemp(prefix="gpucheck-"), "hooks.json")
+    deadline = time.monotonic() + timeout_s
+    Rows("hooks", out)  # a fresh file for this run's rows
     for lay in layouts:
         if lay == "1":
-            rows += _nccl_world1(device, width, hooks)
+            _nccl_world1(device, width, hooks, out)
             continue
         nodes, ppn = (int(v) for v in lay.split("x"))  # all the workers share the one GPU
-        rows += run_workers(
-            check_layout, nodes * ppn, ppn, device, ppn, width, hooks, timeout_s=400
-        )[0]
-    failed = []
-    for r in rows:
-        bad = verdict(r)
-        layout = "nccl 1" if r["world"] == 1 else f"gloo {r['world'] // r['ppn']}x{r['ppn']}"
-        mark = "ok  " if not bad else "FAIL"
-        print(
-            f"{mark} {layout:<8} {r['hook']:<9} d={r['density']:<4g} timing={int(r['timing'])}"
-            f" race={int(r['race'])}"
-            f" syncs={r['syncs']} rank_diff={r['rank_diff']:.2g}"
-            f" dense_err={r.get('dense_err', float('nan')):.2g}"
-            f" race_diff={r.get('race_diff', float('nan')):.2g}"
-            f" comm_ms={1e3 * r['comm_s'] / STEPS:.2f} {'; '.join(bad)}",
-            flush=True,
-        )
-        if bad:
-            failed.append({"layout": layout, "hook": r["hook"], "why": bad})
+        left = max(10.0, deadline - time.monotonic())
+        args = (device, ppn, width, hooks, out, left - 5)
+        run_workers(check_layout, nodes * ppn, ppn, *args, timeout_s=left)
+    rows = read(out)[0]["rows"]
+    failed = [{"layout": _layout(r), "hook": r["hook"], "why": r["why"]} for r in rows if r["why"]]
     return {"device": device, "rows": rows, "failed": failed}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.gpucheck.hooks", description=__doc__)
     ap.add_argument("--cpu", action="store_true", help="CPU tensors over gloo (plumbing only)")
-    ap.add_argument("--out", default="", help="JSON file for every case")
+    ap.add_argument("--out", default="", help="JSON file for every case (rows: its .jsonl)")
     ap.add_argument("--layouts", default=",".join(LAYOUTS), help="of: " + ",".join(LAYOUTS))
     ap.add_argument("--hooks", default=",".join(HOOKS), help="of: " + ",".join(HOOKS))
+    ap.add_argument("--timeout-s", type=float, default=300.0, help="stop hung workers after")
     args = ap.parse_args(argv)
     if not args.cpu and not torch.cuda.is_available():
         print("hooks: no CUDA device; --cpu checks the plumbing only")
@@ -264,13 +342,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"hooks: unknown layouts or hooks: {', '.join(unknown)}", file=sys.stderr)
         return 2
-    out = run(cpu=args.cpu, layouts=layouts, hooks=hooks)
+    result = run(args.cpu, 0, layouts, hooks, args.out, args.timeout_s)
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
-    print(f"hooks: {len(out['rows'])} cases, {len(out['failed'])} failed")
-    return 1 if out["failed"] else 0
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    print(f"hooks: {len(result['rows'])} cases, {len(result['failed'])} failed")
+    return 1 if result["failed"] else 0
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ What each step measures and its targets: docs/internals/gpucheck.md.
 from __future__ import annotations
 
 import argparse
-import json
+import itertools
 import os
 import sys
 import time
@@ -21,6 +21,7 @@ from bench.benchmarks.spawn import free_port
 from bench.benchmarks.timing import median_s
 from bench.comm.cost import k_for
 from bench.comm.selection import _TRITON_BROKEN, host_syncs, mstopk
+from bench.gpucheck.rows import Rows
 from bench.models.config import ModelConfig
 from bench.models.transformer import build
 from bench.optim import build_optimizer
@@ -40,60 +41,85 @@ def kernels(fn: Callable[[], Any], device: torch.device) -> int:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    return sum(
+        1
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA
+        and not e.name.lower().startswith(("memcpy", "memset"))  # copies, not kernels
+    )
 
 
-def select(device: torch.device, cpu: bool) -> list[dict]:
+def _magnitudes_match(x: torch.Tensor, k: int, got: Any) -> bool:
+    """Whether a selection's values are the ``k`` largest magnitudes of ``x``, as
+    ``torch.topk`` finds them (ties may pick other indices of the same magnitude)."""
+    vals, idx = got if isinstance(got, tuple) else (got.values, got.indices)
+    want = torch.topk(x.abs().float(), k, sorted=True).values
+    have = torch.sort(x[idx].abs().float(), descending=True).values
+    return idx.numel() == k and bool(torch.equal(have, want))
+
+
+def _kernel_ran() -> str:
+    """The selection kernels that ``mstopk(kernel="auto")`` runs now: Triton's one-pass
+    ``fast`` path, or what it falls back to once a kernel failed (``_TRITON_BROKEN``)."""
+    if "fast" not in _TRITON_BROKEN:
+        return "triton-fast"
+    return "torch" if "colmax" in _TRITON_BROKEN else "triton-colmax+torch"
+
+
+def select(device: torch.device, cpu: bool, sink: Rows) -> None:
+    """torch.topk against MSTopK ``tiled``: every result checked against torch.topk's
+    magnitudes, the kernel that ran named on its row; bfloat16 input at the smaller size."""
     from bench.comm import mstopk_triton  # deferred: imports Triton, optional
 
     cuda = device.type == "cuda"
     sizes = (256_000, 1_000_000) if cpu else (25_600_000, 100_000_000)
     reps = 3 if cpu else 20
-    rows = []
     methods: dict[str, Callable[[torch.Tensor, int], Any]] = {
         "torch.topk": lambda x, k: torch.topk(x.abs(), k, sorted=False),
         "mstopk-torch": lambda x, k: mstopk(x, k, "tiled", kernel="torch", _device_path=True),
     }
     if cuda and mstopk_triton.AVAILABLE:
-        # auto: a Triton failure falls back to torch (and is printed below), not a crash
+        # auto: a Triton failure falls back to torch; the row then names what ran
         methods["mstopk"] = lambda x, k: mstopk(x, k, "tiled", kernel="auto")
     else:
         print("select: no Triton on a CUDA device here: the fast kernels are not measured")
-    for n in sizes:
-        x = torch.randn(n, device=device, generator=torch.Generator(device).manual_seed(n))
+    cases = [(n, torch.float32) for n in sizes] + [(sizes[0], torch.bfloat16)]
+    for n, dtype in cases:
+        gen = torch.Generator(device).manual_seed(n)
+        x = torch.randn(n, device=device, generator=gen).to(dtype)
         # one read of x: the practical floor
         read = median_s(lambda x=x: torch.amax(x), warmup=0, reps=reps, events=cuda)
-        floor = 4 * n / HBM_BYTES_S
+        floor = x.element_size() * n / HBM_BYTES_S
         for density in (0.001, 0.01):
             k = k_for(n, density)
             for name, fn in methods.items():
-                fn(x, k)  # warm-up: Triton compiles, the allocator settles
+                got = fn(x, k)  # warm-up: Triton compiles, the allocator settles
+                kernel = _kernel_ran() if name == "mstopk" else name.removeprefix("mstopk-")
                 before = host_syncs()
                 fn(x, k)
                 syncs = host_syncs() - before
                 s = median_s(lambda fn=fn, x=x, k=k: fn(x, k), warmup=0, reps=reps, events=cuda)
-                rows.append(
-                    {
-                        "n": n,
-                        "density": density,
-                        "method": name,
-                        "ms": 1e3 * s,
-                        "x_floor": s / floor,
-                        "x_read": s / read,
-                        "kernels": kernels(lambda fn=fn, x=x, k=k: fn(x, k), device),
-                        "syncs": syncs,
-                    }
-                )
+                # a Triton failure under auto is not scored as the fast kernel
+                fell_back = name == "mstopk" and kernel != "triton-fast"
+                label = f"mstopk-auto({kernel})" if fell_back else name
+                row = {"n": n, "dtype": str(dtype).removeprefix("torch."), "density": density}
+                row.update(method=label, kernel=kernel, exact=_magnitudes_match(x, k, got))
+                row.update(ms=1e3 * s, x_floor=s / floor, x_read=s / read, syncs=syncs)
+                row["kernels"] = kernels(lambda fn=fn, x=x, k=k: fn(x, k), device)
+                sink.add(row)
         del x
     if _TRITON_BROKEN:
         print(f"select: Triton kernels fell back to torch: {_TRITON_BROKEN}")
-    return rows
+    compile_kernels(device, cpu, sink)  # each kernel's compile time, from a fresh cache
 
 
 def select_targets(rows: list[dict]) -> list[str]:
     """The issue's two selection targets, met or missed, with their numbers."""
+    rows = [r for r in rows if r.get("dtype", "float32") == "float32" and "method" in r]
     by = {(r["n"], r["density"], r["method"]): r for r in rows}
-    out = []
+    out: list[str] = []
+    if not rows:
+        return out
     big, small = max(r["n"] for r in rows), min(r["n"] for r in rows)
     for d in (0.001, 0.01):
         ms = by.get((big, d, "mstopk"))
@@ -122,15 +148,18 @@ def _models(cpu: bool) -> dict[str, Callable[[], torch.nn.Module]]:
     return out
 
 
-def update(device: torch.device, cpu: bool) -> list[dict]:
+def update(device: torch.device, cpu: bool, sink: Rows) -> None:
+    """One optimizer step per model, optimizer and mode, over the gradients each parameter
+    owns and over DDP-like bucket views (``gradient_as_bucket_view``: what training has)."""
     from types import SimpleNamespace
+
+    from bench.optim.layout import ddp_like_buckets
 
     reps = 3 if cpu else 30
     modes = (("fused", "off"), ("flat", "off"), ("flat", "bf16"))
-    rows = []
     for model_name, make in _models(cpu).items():
-        for opt in ("sgd", "adamw"):
-            for update_mode, master in modes:
+        for opt in ("sgd",) if cpu else ("sgd", "adamw"):
+            for (update_mode, master), grads in itertools.product(modes, ("own", "ddp")):
                 if cpu and update_mode == "fused":
                     continue  # torch's fused kernels: CUDA (and recent CPUs) only
                 torch.manual_seed(0)
@@ -140,27 +169,21 @@ def update(device: torch.device, cpu: bool) -> list[dict]:
                 optimizer = build_optimizer(model, cfg)
                 for p in model.parameters():
                     p.grad = torch.randn_like(p).mul_(1e-3)
+                if grads == "ddp":  # p.grad: views into DDP-like buckets, values kept
+                    ddp_like_buckets(list(model.parameters()))
                 numel = sum(p.numel() for p in model.parameters())
                 # warm-up: state allocated, schedule built
                 s = median_s(optimizer.step, reps=reps, events=device.type == "cuda")
                 floor = UPDATE_BYTES[opt] * numel / HBM_BYTES_S
                 mode = update_mode + ("+bf16 masters" if master != "off" else "")
-                rows.append(
-                    {
-                        "model": model_name,
-                        "optimizer": opt,
-                        "mode": mode,
-                        "params_m": numel / 1e6,
-                        "ms": 1e3 * s,
-                        "x_floor": s / floor,
-                        "kernels": kernels(optimizer.step, device),
-                    }
-                )
+                row = {"model": model_name, "optimizer": opt, "mode": mode, "grads": grads}
+                row.update(params_m=numel / 1e6, ms=1e3 * s, x_floor=s / floor)
+                row["kernels"] = kernels(optimizer.step, device)
+                sink.add(row)
                 del model, optimizer
-    return rows
 
 
-def _bucket_times(device: torch.device, cpu: bool) -> list[dict]:
+def _bucket_times(device: torch.device, cpu: bool, sink: Rows) -> None:
     """When each DDP bucket reaches the hook, ms after backward started (one process)."""
     import datetime
 
@@ -170,10 +193,11 @@ def _bucket_times(device: torch.device, cpu: bool) -> list[dict]:
 
     make = _models(cpu).get("resnet50")
     if make is None:
-        return []
+        return
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, rank=0, world_size=1, timeout=datetime.timedelta(300))
+    timeout = datetime.timedelta(seconds=300)
+    dist.init_process_group(backend, rank=0, world_size=1, timeout=timeout)
     try:
         model = make().to(device, memory_format=torch.channels_last)
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -192,7 +216,6 @@ def _bucket_times(device: torch.device, cpu: bool) -> list[dict]:
         ddp.register_comm_hook(None, hook)
         batch, px = (4, 64) if cpu else (64, 224)
         x = torch.randn(batch, 3, px, px, device=device).to(memory_format=torch.channels_last)
-        rows: list[dict] = []
         for step in range(3):  # DDP rebuilds its buckets after the first step
             marks.clear()
             with torch.autocast(device.type, dtype=torch.bfloat16):
@@ -211,19 +234,24 @@ def _bucket_times(device: torch.device, cpu: bool) -> list[dict]:
                         if device.type == "cuda"
                         else 1e3 * (stamp - start)
                     )
-                    rows.append({"bucket": index, "mb": numel * 4 / 2**20, "ready_ms": after})
-        return rows
+                    row = {"what": "bucket", "bucket": index, "mb": numel * 4 / 2**20}
+                    sink.add({**row, "ready_ms": after})
     finally:
         dist.destroy_process_group()
 
 
-def profile(device: torch.device, cpu: bool) -> list[dict]:
+PROFILE_SHAPES = ((64, 224), (256, 224))  # images, px: the paper-scaled profile's two
+CUDNN_BENCHMARK_LIMIT = 2  # algorithms cuDNN tries per shape: 12-15 s a shape at its default
+
+
+def profile(device: torch.device, cpu: bool, sink: Rows) -> None:
+    """ResNet-50 forward + backward per step at :data:`PROFILE_SHAPES`, then when each DDP
+    bucket reaches the hook during backward."""
     make = _models(cpu).get("resnet50")
-    rows: list[dict] = []
     if make is not None:
+        torch.backends.cudnn.benchmark_limit = CUDNN_BENCHMARK_LIMIT
         model = make().to(device, memory_format=torch.channels_last)
-        configs = ((2, 32), (4, 64)) if cpu else ((64, 128), (64, 224), (256, 128), (256, 224))
-        for batch, px in configs:
+        for batch, px in ((2, 32), (4, 64)) if cpu else PROFILE_SHAPES:
             x = torch.randn(batch, 3, px, px, device=device).to(memory_format=torch.channels_last)
 
             def step(x: torch.Tensor = x) -> None:
@@ -232,27 +260,52 @@ def profile(device: torch.device, cpu: bool) -> list[dict]:
                 loss.backward()
 
             # warm-up: cuDNN picks its algorithms
-            s = median_s(step, reps=2 if cpu else 10, events=device.type == "cuda")
-            rows.append(
-                {"what": "compute", "images": batch, "px": px, "ms": 1e3 * s, "img_s": batch / s}
-            )
+            t0 = time.perf_counter()
+            s = median_s(step, reps=2 if cpu else 5, events=device.type == "cuda")
+            row = {"what": "compute", "images": batch, "px": px, "ms": 1e3 * s}
+            sink.add({**row, "img_s": batch / s, "seconds": time.perf_counter() - t0})
             del x
-    rows += [{"what": "bucket", **r} for r in _bucket_times(device, cpu)]
-    return rows
+    _bucket_times(device, cpu, sink)
 
 
-CHECKS: dict[str, Callable[[torch.device, bool], list[dict]]] = {
+def compile_kernels(device: torch.device, cpu: bool, sink: Rows) -> None:
+    """Every Triton kernel compiled for this GPU (sm_90 on the CPU), timed, unlaunched."""
+    from bench.comm import mstopk_triton
+    from bench.gpucheck.kernels import compile_all
+
+    if not mstopk_triton.AVAILABLE:
+        print("compile: no Triton here: no kernel compiled")
+        return
+    arch = torch.cuda.get_device_capability(device) if device.type == "cuda" else (9, 0)
+    for row in compile_all(10 * arch[0] + arch[1]):
+        sink.add(row)
+
+
+CHECKS: dict[str, Callable[[torch.device, bool, Rows], None]] = {
     "select": select,
     "update": update,
     "profile": profile,
 }
 
 
+def failures(check: str, rows: list[dict]) -> list[str]:
+    """What a check found wrong: a selection that is not the top k, a kernel that did not
+    compile."""
+    bad = [f"{r['kernel']} ({r['input']}): {r['error']}" for r in rows if r.get("ok") is False]
+    if check == "select":
+        bad += [
+            f"{r['method']} n={r['n']} {r['dtype']} d={r['density']}: not the top k"
+            for r in rows
+            if r.get("exact") is False
+        ]
+    return bad
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.gpucheck.perf", description=__doc__)
     ap.add_argument("check", choices=sorted(CHECKS))
     ap.add_argument("--cpu", action="store_true", help="small sizes on the CPU (plumbing only)")
-    ap.add_argument("--out", default="", help="JSON file for the rows")
+    ap.add_argument("--out", default="", help="JSON file for the rows (as measured: its .jsonl)")
     args = ap.parse_args(argv)
     if not args.cpu and not torch.cuda.is_available():
         print(f"{args.check}: no CUDA device; --cpu checks the plumbing only")
@@ -260,20 +313,16 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cpu" if args.cpu else "cuda:0")
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
-    rows = CHECKS[args.check](device, args.cpu)
-    for r in rows:
-        print(
-            f"{args.check}: "
-            + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items())
-        )
-    targets = select_targets(rows) if args.check == "select" else []
+    sink = Rows(args.check, args.out)
+    CHECKS[args.check](device, args.cpu, sink)
+    targets = select_targets(sink.rows) if args.check == "select" else []
     for line in targets:
         print(f"target: {line}")
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump({"check": args.check, "rows": rows, "targets": targets}, f, indent=1)
-    return 0
+    failed = failures(args.check, sink.rows)
+    for line in failed:
+        print(f"FAIL {args.check}: {line}")
+    sink.finish(targets=targets, failed=failed)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
-from bench.benchmarks import load_all
+from bench.gpucheck.rows import read
 from bench.results.paths import bench_csv
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 BENCH_OF_STEP = {
     "topk": "topk",
@@ -30,16 +31,23 @@ def _runs(results_dir: str) -> Path:
 
 def snapshot(results_dir: str) -> dict[str, int]:
     """Rows per benchmark CSV and lines of runs.jsonl, right now."""
+    try:  # deferred: the device machine may lack pandas (the torch-only steps need none)
+        import pandas as pd
+    except ImportError:
+        pd = None
     out: dict[str, int] = {}
     for name in BENCH_OF_STEP.values():
         p = bench_csv(results_dir, name)
-        out[name] = len(pd.read_csv(p)) if p.is_file() and p.stat().st_size else 0
+        has = pd is not None and p.is_file() and p.stat().st_size
+        out[name] = len(pd.read_csv(p)) if has else 0
     p = _runs(results_dir)
     out["runs"] = len(p.read_text().splitlines()) if p.is_file() else 0
     return out
 
 
 def _new_rows(results_dir: str, name: str, before: dict[str, int]) -> pd.DataFrame:
+    import pandas as pd
+
     p = bench_csv(results_dir, name)
     if not p.is_file():
         return pd.DataFrame()
@@ -57,11 +65,15 @@ def _last_line(log: Path) -> str:
 def _spec_headline(name: str, df: pd.DataFrame) -> str:
     """The benchmark's own headline of the rows this step added: one definition of what
     a top-k or update result says (strongest baseline of the same run first)."""
+    from bench.benchmarks import load_all
+
     spec = load_all().get(name)
     return "; ".join(spec.headline(df)) if spec.headline is not None else ""
 
 
 def _images(df: pd.DataFrame, key: str) -> str:
+    import pandas as pd
+
     col = "images_per_s"
     return "; ".join(
         f"{r[key]} {r[col]:.0f} img/s" for _, r in df.iterrows() if pd.notna(r.get(col))
@@ -70,6 +82,8 @@ def _images(df: pd.DataFrame, key: str) -> str:
 
 def _throughput(df: pd.DataFrame) -> str:
     """ResNet-50 images/s, then the Transformer's tokens/s, per case."""
+    import pandas as pd
+
     model = df["model"].fillna("resnet50") if "model" in df else pd.Series("resnet50", df.index)
     parts = [_images(df[model == "resnet50"], "case")]
     parts += [
@@ -95,25 +109,40 @@ def _train(results_dir: str, before: dict[str, int]) -> str:
     )
 
 
-JSON_STEPS = ("hooks", "select", "update", "profile")  # bench.gpucheck.hooks / _perf
+JSON_STEPS = ("hooks", "select", "update", "profile", "step")  # torch-only: bench.gpucheck
 
 
 def _from_json(step: str, path: Path) -> str:
-    """One line from a torch-only step's JSON file (``bench.gpucheck.hooks`` / ``_perf``)."""
-    if not path.is_file():
-        return ""
-    data = json.loads(path.read_text())
+    """One line from a torch-only step's JSON file, or from the rows it appended before it
+    was stopped (then said first)."""
+    data, complete = read(path)
     rows = data.get("rows", [])
+    if not complete and not rows:
+        return ""
+    head = "" if complete else f"stopped: {len(rows)} rows kept; "
+    return head + _json_line(step, data, rows)
+
+
+def _json_line(step: str, data: dict[str, Any], rows: list[dict]) -> str:
     if step == "hooks":
-        bad = data.get("failed", [])
-        why = "; ".join(f"{b['layout']} {b['hook']}: {b['why'][0]}" for b in bad[:3])
+        bad = data.get("failed") or [r for r in rows if r.get("why")]
+        why = "; ".join(f"{b.get('layout', '')} {b['hook']}: {b['why'][0]}" for b in bad[:3])
         return f"{len(rows)} cases, {len(bad)} failed" + (f": {why}" if why else "")
+    failed = "; ".join(data.get("failed", [])[:3])
     if step == "select":
-        return "; ".join(data.get("targets", [])) or f"{len(rows)} rows"
+        done = "; ".join(data.get("targets", [])) or f"{len(rows)} rows"
+        return done + (f"; FAILED: {failed}" if failed else "")
     if step == "update":
         return "; ".join(
-            f"{r['model']} {r['optimizer']} {r['mode']} {r['ms']:.2f} ms"
+            f"{r['model']} {r['optimizer']} {r['mode']} {r.get('grads', 'own')} {r['ms']:.2f} ms"
             f" ({r['x_floor']:.1f}x floor, {r['kernels']} kernels)"
+            for r in rows
+        )
+    if step == "step":
+        return "; ".join(
+            f"{r['hook']} {r['step_ms']:.1f} ms ({r['x_dense_step']:.2f}x dense),"
+            f" tail {r['tail_ms']:.2f} ms"
+            + (f", peak {r['peak_mib']:.0f} MiB" if r.get("peak_mib") is not None else "")
             for r in rows
         )
     compute = [r for r in rows if r.get("what") == "compute"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+RUNS_DIR = "runs"  # the default results directory (git-ignored; results.dir)
 BENCH_DIR = "bench"  # under the results directory
 
 

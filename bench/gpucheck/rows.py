@@ -1,0 +1,69 @@
+"""The rows of a torch-only gpucheck step, kept as they are measured.
+
+Each row is printed and appended to ``<out>.jsonl`` (flushed to disk) at once, so a step
+killed at its time cap leaves every row it finished; the step's end writes ``<out>``
+(the rows and what was judged from them).  Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def lines_path(out: str | Path) -> Path:
+    """The JSON-lines file beside a step's JSON file ``out``."""
+    return Path(out).with_suffix(".jsonl")
+
+
+def fmt(row: dict[str, Any]) -> str:
+    """``key=value ...`` of one row (floats to 4 significant digits)."""
+    return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items())
+
+
+class Rows:
+    """Rows of one step: :meth:`add` prints and appends one; :meth:`finish` writes the JSON
+    file.  ``out=""`` keeps them in memory only; ``fresh=False`` appends to what another
+    process of the same step wrote (a worker of the hooks step)."""
+
+    def __init__(self, step: str, out: str = "", fresh: bool = True) -> None:
+        self.step, self.out, self.rows = step, out, []
+        self.path = lines_path(out) if out else None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if fresh:
+                self.path.write_text("")
+                Path(out).unlink(missing_ok=True)  # an earlier run's result is not this one's
+
+    def add(self, row: dict[str, Any], line: str = "") -> None:
+        self.rows.append(row)
+        print(line or f"{self.step}: {fmt(row)}", flush=True)
+        if self.path is not None:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+
+    def finish(self, **extra: Any) -> dict[str, Any]:
+        data = {"check": self.step, "rows": self.rows, **extra}
+        if self.out:
+            Path(self.out).write_text(json.dumps(data, indent=1))
+        return data
+
+
+def read(out: str | Path) -> tuple[dict[str, Any], bool]:
+    """A step's result: its JSON file, or, where the step was stopped before writing it,
+    the rows it appended (``complete`` False)."""
+    if Path(out).is_file():
+        return json.loads(Path(out).read_text()), True
+    p = lines_path(out)
+    text = p.read_text() if p.is_file() else ""
+    rows = []
+    for ln in text.splitlines():
+        try:
+            rows.append(json.loads(ln))
+        except ValueError:  # blank, or cut short by the kill
+            continue
+    return {"rows": rows}, False
