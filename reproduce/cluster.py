@@ -12,12 +12,13 @@ and Debian's ``slurm-wlm`` and ``munge``.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from reproduce._cli import Parser, fail
 
 USAGE = """cluster slurm-up [--nodes N] [--inter-node-bandwidth BW] [--inter-node-latency T]
-        [--cpus C] [--mem-mb M] [--partition P] | cluster slurm-down [--id ID]
-        | cluster list | cluster cleanup
+        [--cpus C] [--mem-mb M] [--partition P] [--results-dir DIR] [--dry-run]
+        | cluster slurm-down [--id ID] | cluster list | cluster cleanup
                           a real local Slurm cluster, one slurmd per emulated node
                           (root, slurm-wlm, munge); prints the SLURM_CONF to export"""
 
@@ -32,8 +33,12 @@ def _parser() -> Parser:
         "of this machine.",
         example="python -m reproduce cluster slurm-up --nodes 2 --inter-node-bandwidth 1gbit",
     )
-    p.add_argument("cmd", choices=CMDS, help="slurm-up: start the cluster and hold it until "
-                   "Ctrl-C; slurm-down: stop it; list, cleanup: the emulated clusters")
+    p.add_argument(
+        "cmd",
+        choices=CMDS,
+        help="slurm-up: start the cluster and hold it until "
+        "Ctrl-C; slurm-down: stop it; list, cleanup: the emulated clusters",
+    )
     up = p.add_argument_group("slurm-up")
     up.add_argument("--nodes", type=int, default=1, help="emulated nodes, one slurmd each")
     up.add_argument("--inter-node-bandwidth", default="1gbit", help="each node's link")
@@ -41,6 +46,10 @@ def _parser() -> Parser:
     up.add_argument("--cpus", type=int, default=0, help="CPUs per node (default: this machine's)")
     up.add_argument("--mem-mb", type=int, default=0, help="MiB per node (default: a share)")
     up.add_argument("--partition", default="cpu", help="the one partition's name")
+    up.add_argument("--results-dir", default=None,
+                    help="on stop, keep the daemons' logs under DIR/slurm-logs/")  # fmt: skip
+    up.add_argument("--dry-run", action="store_true",
+                    help="print the slurm.conf it would write; nothing started")  # fmt: skip
     p.add_argument("--id", default=None, help="slurm-down: only this cluster (default: all)")
     return p
 
@@ -61,7 +70,11 @@ def main(argv: list[str]) -> None:
                 cpus=args.cpus,
                 mem_mb=args.mem_mb,
                 partition=args.partition,
+                keep_logs=Path(args.results_dir) if args.results_dir else None,
             )
+            if args.dry_run:
+                print(cluster.plan())
+                return
             slurm.require_slurm()
             try:
                 slurm.serve(cluster)

@@ -52,7 +52,10 @@ def test_sinfo_gives_each_partition_its_nodes_cpus_memory_and_gpus() -> None:
 def test_a_request_no_node_can_satisfy_is_refused_naming_the_value(params, message) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         check_fit(params, parse_sinfo(SINFO, "cpu"))
-    check_fit({"nodes": 2, "gpus_per_node": None, "cpus_per_task": 2, "mem_gb": 3}, parse_sinfo(SINFO, "cpu"))
+    check_fit(
+        {"nodes": 2, "gpus_per_node": None, "cpus_per_task": 2, "mem_gb": 3},
+        parse_sinfo(SINFO, "cpu"),
+    )
     check_fit({"nodes": 2, "gpus_per_node": 8}, parse_sinfo(SINFO, "gpu"))
 
 
@@ -131,7 +134,9 @@ def nothing_left_behind():
         # another run's namespaces, made meanwhile, belong to a live owner
         ids = {c.describe_id for c in made}
         for k in ("namespaces", "mounts"):
-            left[k] = {n for n in left[k] if n.split("-")[1] in ids or not owner_alive(n.split("-")[1])}
+            left[k] = {
+                n for n in left[k] if n.split("-")[1] in ids or not owner_alive(n.split("-")[1])
+            }
         if not any(left.values()) or time.monotonic() > deadline:
             break
         time.sleep(0.5)
@@ -149,8 +154,8 @@ def _cluster(made: list, nodes: int, cpus: int = 0):
 
 
 def _reproduce(cluster, *args: str, timeout: float) -> subprocess.CompletedProcess:
-    env = {**cluster.env(), "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}  # fmt: skip
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = {**cluster.env(), "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0", "PYTHONPATH": path}
     return subprocess.run([sys.executable, "-m", "reproduce", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)  # fmt: skip
 
@@ -181,7 +186,8 @@ def test_a_two_job_sweep_on_a_real_one_node_slurm_sees_both_jobs_end(
     # a request the partition cannot satisfy: one line, nothing submitted
     p = _reproduce(cluster, "train", "-m", "cluster=multinode", "hydra/launcher=slurm",
                    "hydra.launcher.nodes=1", "hydra.launcher.gpus_per_node=8",
-                   "cluster.nnodes=1", "comm=dense", f"results.dir={tmp_path}/x", timeout=120)  # fmt: skip
+                   "cluster.nnodes=1", "comm=dense", f"results.dir={tmp_path}/x",
+                   timeout=120)  # fmt: skip
     assert p.returncode == 2, p.stdout + p.stderr
     assert "hydra.launcher.gpus_per_node=8 cannot be satisfied on partition cpu" in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1, p.stderr

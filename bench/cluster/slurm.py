@@ -167,6 +167,7 @@ class SlurmCluster:
         cpus: int = 0,
         mem_mb: int = 0,
         partition: str = PARTITION,
+        keep_logs: Path | None = None,
     ) -> None:
         host_cpus, host_mem = host_resources()
         self.cpus = cpus or host_cpus
@@ -176,6 +177,7 @@ class SlurmCluster:
         if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", partition):
             raise ConfigError(f"a partition name is a word, got {partition!r}")
         self.partition = partition
+        self.keep_logs = keep_logs  # on down, the daemons' logs are copied under it
         self.nodes = nodes
         self._net_args = (nodes, bandwidth_bps, latency_s)
         self.net: EmulatedCluster | None = None
@@ -191,6 +193,17 @@ class SlurmCluster:
 
     def node_names(self) -> list[str]:
         return [f"node{i}" for i in range(self.nodes)]
+
+    def plan(self) -> str:
+        """What :meth:`up` would make (addresses and the folder are chosen then)."""
+        nodes, bw, lat = self._net_args
+        addrs = [f"<10.231.N.{i + 1}>" for i in range(nodes)]
+        conf = render_conf(Path("<folder>"), addrs, self.cpus, self.mem_mb, self.partition,
+                           f"{PREFIX}<id>")  # fmt: skip
+        head = (f"# {nodes} node(s) on links of {bw / 1e6:g} Mbit/s (+{lat * 1e3:g} ms); "
+                f"would write <folder>/slurm.conf, <folder> = "
+                f"{tempfile.gettempdir()}/{PREFIX}-slurm-<id>:")  # fmt: skip
+        return f"{head}\n{conf}"
 
     def up(self) -> SlurmCluster:
         require_slurm()
@@ -289,6 +302,11 @@ class SlurmCluster:
             self.net.down()  # kills what is left in the namespaces (job steps)
             self.net = None
         if self.folder != Path():
+            if self.keep_logs is not None and self.folder.exists():
+                dest = Path(self.keep_logs) / "slurm-logs" / self.folder.name
+                dest.mkdir(parents=True, exist_ok=True)
+                for log in [*self.folder.glob("*.log"), *self.folder.glob("*.out")]:
+                    shutil.copy(log, dest / log.name)
             shutil.rmtree(self.folder, ignore_errors=True)
 
     def __enter__(self) -> SlurmCluster:
@@ -326,11 +344,12 @@ def tail(path: Path, n: int = 5) -> str:
 
 
 def live_clusters() -> dict[str, dict[str, Any]]:
-    """The local Slurm clusters of this machine by id: their owner's state."""
+    """The local Slurm clusters ``slurm-up`` holds on this machine, by id: their owner's
+    state (a cluster a program holds in-process is its own to stop)."""
     out = {}
     for p in STATE_DIR.glob("*.json") if STATE_DIR.exists() else []:
         state = read_state(p.stem)
-        if state and state.get("slurm_folder") and is_alive(state):
+        if state and state.get("slurm_up") and is_alive(state):
             out[p.stem] = state
     return out
 
@@ -364,6 +383,7 @@ def serve(cluster: SlurmCluster, out: Any = sys.stdout) -> None:
     SIGTERM (``slurm-down``) or a crash, then take everything down."""
     with cluster:
         info = cluster.describe()
+        update_state(info["run_id"], slurm_up=True)  # slurm-down may stop it
         print(f"export {CONF_ENV}={cluster.conf}", file=out, flush=True)
         print(
             f"# local Slurm cluster {info['run_id']}: {cluster.nodes} node(s) "

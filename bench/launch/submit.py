@@ -345,7 +345,9 @@ def slurm_end(job_id: str) -> str | None:
     if state not in ENDED:
         return None
     code = fields.get("ExitCode", "?").split(":")
-    how = f"exit code {code[0]}" + (f", signal {code[1]}" if len(code) > 1 and code[1] != "0" else "")
+    how = f"exit code {code[0]}" + (
+        f", signal {code[1]}" if len(code) > 1 and code[1] != "0" else ""
+    )
     reason = fields.get("Reason", "None")
     return f"{state}, {how}" + ("" if reason in ("None", "") else f", reason {reason}")
 
