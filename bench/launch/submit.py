@@ -3,12 +3,24 @@ job per training run, grouped by allocation (docs/internals/sweeps.md)."""
 
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.registry import ConfigError
+
+try:  # the plugin is optional: check_launcher says how to install it
+    from hydra_plugins.hydra_submitit_launcher.submitit_launcher import (
+        SlurmLauncher as _SubmititSlurm,
+    )
+except ImportError:  # pragma: no cover
+    _SubmititSlurm = object
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 # hydra-submitit-launcher's own configs, beside conf/hydra/launcher/*.yaml
@@ -55,17 +67,129 @@ def is_slurm(launcher: str) -> bool:
     return launcher != "submitit_local"
 
 
-def resources(launcher: str, cfg: Any) -> list[str]:
-    """The ``hydra.launcher.*`` overrides of one job's allocation: on Slurm ``cluster.nnodes``
-    nodes of ``cluster.nproc_per_node`` GPUs, one task per node; otherwise nothing."""
+GRES_GPU = re.compile(r"gpu(?::[^:,(]+)?:(\d+)")
+
+
+@dataclass(frozen=True)
+class Partition:
+    """What the nodes of a Slurm partition offer (``sinfo``): its name, node count and the
+    largest node's CPUs, memory (MiB) and GPUs (GRES)."""
+
+    name: str
+    nodes: int
+    cpus: int
+    mem_mb: int
+    gpus: int
+    gres: str
+
+
+def parse_sinfo(text: str, partition: str | None) -> Partition | None:
+    """``sinfo --noheader --Node --format=%N|%P|%c|%m|%G`` of ``partition`` (None: the
+    default one, marked ``*``); None when the output names no such partition."""
+    rows = [ln.split("|") for ln in text.splitlines() if ln.count("|") == 4]
+    if partition is None:
+        partition = next((r[1].rstrip("*") for r in rows if r[1].endswith("*")), None)
+    rows = [r for r in rows if r[1].rstrip("*") == partition]
+    if not rows:
+        return None
+
+    def gpus(gres: str) -> int:
+        return sum(int(g) for g in GRES_GPU.findall(gres))
+
+    def num(x: str) -> int:
+        return int(re.sub(r"\D.*", "", x) or 0)
+
+    return Partition(
+        name=str(partition),
+        nodes=len({r[0] for r in rows}),
+        cpus=max(num(r[2]) for r in rows),
+        mem_mb=max(num(r[3]) for r in rows),
+        gpus=max(gpus(r[4]) for r in rows),
+        gres=",".join(sorted({r[4] for r in rows})),
+    )
+
+
+def partition_info(partition: str | None) -> Partition | None:
+    """The partition's nodes as ``sinfo`` reports them; None where there is no ``sinfo``
+    (submitit's local executor, a machine outside the cluster)."""
+    if shutil.which("sinfo") is None:
+        return None
+    cmd = ["sinfo", "--noheader", "--Node", "--format=%N|%P|%c|%m|%G"]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if p.returncode != 0:
+        return None
+    info = parse_sinfo(p.stdout, partition)
+    if info is None and partition is not None and p.stdout.strip():
+        known = sorted({ln.split("|")[1].rstrip("*") for ln in p.stdout.splitlines() if "|" in ln})
+        raise ConfigError(
+            f"launcher: hydra.launcher.partition={partition} is not a partition of this "
+            f"cluster; known: {', '.join(known)}"
+        )
+    return info
+
+
+def given_keys(hydra_overrides: Sequence[str]) -> set[str]:
+    """The ``hydra.launcher.*`` keys the user set (they are never replaced)."""
+    return {o.split("=", 1)[0].removeprefix("hydra.launcher.").lstrip("+")
+            for o in hydra_overrides if o.lstrip("+").startswith("hydra.launcher.")}  # fmt: skip
+
+
+def partition_of(hydra_overrides: Sequence[str]) -> str | None:
+    for o in hydra_overrides:
+        key, _, value = o.lstrip("+").partition("=")
+        if key == "hydra.launcher.partition" and value not in ("", "null"):
+            return value
+    return None
+
+
+def resources(
+    launcher: str, cfg: Any, partition: Partition | None = None, given: Sequence[str] = ()
+) -> list[str]:
+    """The ``hydra.launcher.*`` overrides of one job's allocation: on Slurm the nodes of
+    its topology, one task per node with a CPU per worker (times
+    ``cluster.threads_per_worker``), and a GPU per worker only where it trains on GPUs
+    (``train.device=cuda``, or ``auto`` on a partition with GPUs; unknown partition:
+    GPUs); keys in ``given`` are the user's and left alone; otherwise nothing."""
     if not is_slurm(launcher):
         return []
     c = cfg.cluster
-    if c.name == "multinode":
-        n, g = int(c.nnodes), int(c.nproc_per_node)
-        return [f"hydra.launcher.nodes={n}", f"hydra.launcher.gpus_per_node={g}",
-                "hydra.launcher.tasks_per_node=1"]  # fmt: skip
-    return ["hydra.launcher.nodes=1", "hydra.launcher.tasks_per_node=1"]
+    multi = c.name == "multinode"
+    n = int(c.nnodes) if multi else 1
+    workers = int(c.nproc_per_node) * (1 if multi else int(c.nnodes))
+    device = str(cfg.train.device)
+    gpus = device == "cuda" or (device == "auto" and (partition is None or partition.gpus > 0))
+    out = {"nodes": n, "tasks_per_node": 1,
+           "cpus_per_task": workers * max(1, int(c.threads_per_worker or 1))}  # fmt: skip
+    if gpus:
+        out["gpus_per_node"] = workers
+    return [f"hydra.launcher.{k}={v}" for k, v in out.items() if k not in set(given)]
+
+
+def check_fit(params: Any, partition: Partition | None) -> None:
+    """ConfigError naming the first ``hydra.launcher`` value that no node of the partition
+    can satisfy (``params``: the launcher's resolved config)."""
+    if partition is None:
+        return
+    p = partition
+    tasks = int(params.get("tasks_per_node") or 1)
+    checks = [
+        ("nodes", params.get("nodes"), p.nodes, f"the partition has {p.nodes} node(s)"),
+        ("gpus_per_node", params.get("gpus_per_node"), p.gpus,
+         f"its nodes have at most {p.gpus} GPU(s) (GRES {p.gres})"),
+        ("cpus_per_task", params.get("cpus_per_task"), p.cpus // tasks,
+         f"its nodes have at most {p.cpus} CPUs for {tasks} task(s)"),
+        ("mem_gb", params.get("mem_gb"), p.mem_mb / 1024,
+         f"its nodes have at most {p.mem_mb / 1024:.1f} GB"),
+    ]  # fmt: skip
+    for key, want, have, why in checks:
+        if want is not None and float(want) > have:
+            raise ConfigError(
+                f"launcher: hydra.launcher.{key}={want} cannot be satisfied on partition "
+                f"{p.name}: {why}"
+            )
 
 
 def _hydra_config(overrides: Sequence[str]) -> tuple[Any, Any]:
@@ -131,26 +255,33 @@ def _executor(launcher: Any) -> Any:
     return ex
 
 
-def plan_groups(launcher: str, cfgs: Sequence[Any]) -> dict[tuple[str, ...], list[int]]:
+def plan_groups(
+    launcher: str, cfgs: Sequence[Any], hydra_overrides: Sequence[str] = ()
+) -> dict[tuple[str, ...], list[int]]:
     """Job indices grouped by allocation (:func:`resources`), in order of first use."""
+    part = partition_info(partition_of(hydra_overrides)) if is_slurm(launcher) else None
+    given = given_keys(hydra_overrides)
     groups: dict[tuple[str, ...], list[int]] = {}
     for i, cfg in enumerate(cfgs):
-        groups.setdefault(tuple(resources(launcher, cfg)), []).append(i)
+        groups.setdefault(tuple(resources(launcher, cfg, part, given)), []).append(i)
     return groups
 
 
 def check_groups(launcher: str, hydra_overrides: Sequence[str], cfgs: Sequence[Any]) -> None:
     """Compose the launcher's config of every allocation ``cfgs`` need, resolved: a bad
-    launcher key or value is one ConfigError, before anything is submitted."""
+    launcher key or value, or a request no node of the partition can satisfy, is one
+    ConfigError, before anything is submitted."""
     from omegaconf import OmegaConf
 
     check_launcher(launcher)
-    for alloc in plan_groups(launcher, cfgs):
+    part = partition_info(partition_of(hydra_overrides)) if is_slurm(launcher) else None
+    for alloc in plan_groups(launcher, cfgs, hydra_overrides):
         _, cfg = _hydra_config([f"hydra/launcher={launcher}", *hydra_overrides, *alloc])
         try:
-            OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
+            params = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
         except Exception as e:  # noqa: BLE001  (an interpolation that does not resolve)
             raise ConfigError(f"launcher: {str(e).splitlines()[0]}") from e
+        check_fit(params, part)
 
 
 def submit(
@@ -175,7 +306,7 @@ def submit(
     base = [f"hydra/launcher={launcher}", *hydra_overrides, f"hydra.sweep.dir={sweep_dir}",
             "hydra.sweep.subdir=${hydra.job.num}"]  # fmt: skip
     made = []
-    for alloc, idx in plan_groups(launcher, cfgs).items():
+    for alloc, idx in plan_groups(launcher, cfgs, hydra_overrides).items():
         lau = make_launcher([*base, *alloc], task)
         ex = _executor(lau)
         args = [(list(jobs[i]), "hydra.sweep.dir", i, f"job_id_for_{i}", Singleton.get_state())
@@ -186,22 +317,126 @@ def submit(
             + " ".join(str(s.job_id) for s in subs))  # fmt: skip
         made += list(zip(idx, subs))
     log(f"jobs' Hydra output: {sweep_dir}")
-    return _wait(made, names, len(jobs), log)
+    rcs = [1] * len(jobs)
+    for i, why in zip([i for i, _ in made], wait_jobs([s for _, s in made], names, log)):
+        rcs[i] = 0 if why is None else 1
+    return rcs
 
 
-def _wait(
-    made: list[tuple[int, Any]], names: list[str], n: int, log: Callable[[str], None]
-) -> list[int]:
+# Slurm's states of a job that will not run again (a requeued or preempted job will)
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+         "BOOT_FAIL", "DEADLINE")  # fmt: skip
+
+
+def slurm_end(job_id: str) -> str | None:
+    """How job ``job_id`` ended, as the controller says (``scontrol show job``: state,
+    reason, exit code), or None while it is pending, running or requeued.  Works without
+    accounting, where submitit's ``sacct`` never sees a job end."""
+    try:
+        p = subprocess.run(["scontrol", "show", "job", "--oneliner", str(job_id)],
+                           capture_output=True, text=True, timeout=30)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if p.returncode != 0:
+        # purged from the controller's memory: ended long ago, with no word left
+        return "gone from the controller" if "Invalid job id" in p.stderr else None
+    fields = dict(re.findall(r"(\w+)=(\S*)", p.stdout))
+    state = fields.get("JobState", "")
+    if state not in ENDED:
+        return None
+    code = fields.get("ExitCode", "?").split(":")
+    how = f"exit code {code[0]}" + (
+        f", signal {code[1]}" if len(code) > 1 and code[1] != "0" else ""
+    )
+    reason = fields.get("Reason", "None")
+    return f"{state}, {how}" + ("" if reason in ("None", "") else f", reason {reason}")
+
+
+def log_tail(job: Any, n: int = 5) -> str:
+    """The last ``n`` non-empty lines of the job's stderr (else stdout), joined by `` | ``."""
+    for path in (job.paths.stderr, job.paths.stdout):
+        try:
+            lines = [ln for ln in Path(path).read_text(errors="replace").splitlines() if ln.strip()]
+        except OSError:
+            continue
+        if lines:
+            return " | ".join(ln.strip()[:300] for ln in lines[-n:])
+    return "no log"
+
+
+def _outcome(job: Any, slurm: bool) -> tuple[bool, str | None]:
+    """(whether ``job`` has ended, None if it left a result else why not)."""
+    if job.paths.result_pickle.exists() or (not slurm and job.done()):
+        try:
+            err = job.exception()
+        except Exception as e:  # noqa: BLE001  (submitit: no result, e.g. killed)
+            err = e
+        if err is None:
+            return True, None
+        return True, (str(err).strip().splitlines() or ["failed"])[-1][:200]
+    if not slurm:
+        return False, None
+    end = slurm_end(job.job_id)
+    if end is None:
+        return False, None
+    time.sleep(1.0)  # the result is written before the job's end: one last look
+    if job.paths.result_pickle.exists():
+        return _outcome(job, slurm)
+    return True, f"ended without a result ({end}); log: {log_tail(job)}"
+
+
+def wait_jobs(jobs: Sequence[Any], names: Sequence[str], log: Callable[[str], None]) -> list:
+    """Wait for every submitit job, polling each ``POLL_S``; per job None when it ended
+    with a result, else why it failed.  On Slurm a job that ends without a result (exit
+    before the result, killed, a node lost) is seen through the controller
+    (:func:`slurm_end`) within a poll, and reported with its exit code and log's tail."""
     import submitit
 
-    rcs = [1] * n
-    by_job = {id(s): i for i, s in made}
-    done = 0
-    for s in submitit.helpers.as_completed([s for _, s in made], poll_frequency=POLL_S):
-        i, done = by_job[id(s)], done + 1
-        err = s.exception()
-        rcs[i] = 0 if err is None else 1
-        why = "" if err is None else ": " + (str(err).strip().splitlines() or ["failed"])[-1][:200]
-        log(f"[{done}/{len(made)}] job {s.job_id} {'ended' if err is None else 'failed'}"
-            f" ({names[i]}){why}")  # fmt: skip
-    return rcs
+    out: list = [None] * len(jobs)
+    left = list(range(len(jobs)))
+    while left:
+        for i in list(left):
+            s = jobs[i]
+            ended, why = _outcome(s, isinstance(s, submitit.SlurmJob))
+            if not ended:
+                continue
+            left.remove(i)
+            out[i] = why
+            log(f"[{len(jobs) - len(left)}/{len(jobs)}] job {s.job_id} "
+                f"{'ended' if why is None else 'failed'} ({names[i]})"
+                + ("" if why is None else f": {why}"))  # fmt: skip
+        if left:
+            time.sleep(POLL_S)
+    return out
+
+
+class SlurmLauncher(_SubmititSlurm):  # type: ignore[misc,valid-type]
+    """hydra-submitit-launcher's Slurm launcher (``hydra/launcher=slurm``) that refuses a
+    request no node of the partition can satisfy before submitting, and sees a job end
+    without accounting (:func:`wait_jobs`): ``train -m`` never waits forever."""
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
+        from hydra.core.singleton import Singleton
+        from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+
+        try:
+            check_fit(self.params, partition_info(self.params.get("partition")))
+        except ConfigError as e:  # one line, before anything is submitted
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+        ex = _executor(self)
+        Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
+        idx = [initial_job_idx + i for i in range(len(job_overrides))]
+        args = [(list(o), "hydra.sweep.dir", i, f"job_id_for_{i}", Singleton.get_state())
+                for i, o in zip(idx, job_overrides)]  # fmt: skip
+        jobs = ex.map_array(self, *zip(*args))
+        names = [" ".join(filter_overrides(o)) for o in job_overrides]
+        print(f"submitted {len(jobs)} job(s) to Slurm: "
+              + " ".join(str(j.job_id) for j in jobs), flush=True)  # fmt: skip
+        whys = wait_jobs(jobs, names, lambda m: print(m, flush=True))
+        return [
+            j.results()[0] if why is None
+            else JobReturn(overrides=list(o), status=JobStatus.FAILED,
+                           _return_value=RuntimeError(f"job {j.job_id}: {why}"))
+            for j, o, why in zip(jobs, job_overrides, whys)
+        ]  # fmt: skip

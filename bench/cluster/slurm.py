@@ -1,0 +1,400 @@
+"""A real Slurm cluster on one machine, for the sweeps' Slurm path: munge, slurmctld and one
+slurmd per node of an emulated cluster (:mod:`bench.cluster.netns`), each node's daemon in
+its network namespace, so that jobs of several nodes talk over the shaped link.
+
+Every daemon runs in a node's namespace (the controller and munge in node 0's), so the
+emulated cluster's guardian kills them with the namespaces if their owner dies; the
+configuration, spool and logs live in one temporary folder named by the cluster's id
+(docs/sweeps.md, "Trying the Slurm path on one machine")."""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.cluster.netns import (
+    PREFIX,
+    STATE_DIR,
+    EmulatedCluster,
+    cleanup_leftovers,
+    is_alive,
+    read_state,
+    require_tools,
+    run_cmd,
+    update_state,
+)
+from bench.registry import ConfigError
+
+TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "sinfo", "nsenter")
+PACKAGES = "apt-get install slurm-wlm munge"
+PARTITION = "cpu"
+CONF_ENV = "SLURM_CONF"
+READY_S = 60.0  # how long the daemons get to come up and every node to be idle
+SUBNET_BASE = "10.231"  # the cluster's /24 is the first 10.231.N.0 this machine does not use
+
+
+def missing_tools() -> list[str]:
+    return [t for t in TOOLS if shutil.which(t) is None]
+
+
+def require_slurm() -> None:
+    """Refuse, in one sentence, when a local Slurm cluster cannot be made here."""
+    require_tools()  # root, ip, tc
+    missing = missing_tools()
+    if missing:
+        raise ConfigError(
+            f"a local Slurm cluster needs {', '.join(missing)} ({PACKAGES}); "
+            "without them use --launcher submitit_local"
+        )
+
+
+def folder_of(run_id: str) -> Path:
+    """The temporary folder of cluster ``run_id``: conf, munge key and socket, spool, logs."""
+    return Path(tempfile.gettempdir()) / f"{PREFIX}-slurm-{run_id}"
+
+
+def remove_stale_folders() -> list[str]:
+    """Remove the folders of clusters whose owner is gone (after a ``kill -9``)."""
+    removed = []
+    for d in Path(tempfile.gettempdir()).glob(f"{PREFIX}-slurm-*"):
+        run_id = d.name.rsplit("-", 1)[-1]
+        state = read_state(run_id)
+        if state is None or not is_alive(state):
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(str(d))
+    return removed
+
+
+def free_subnet() -> str:
+    """A private /24 that no address or route of this machine uses."""
+    used = run_cmd("ip", "-o", "-4", "addr", check=False).stdout
+    used += run_cmd("ip", "-4", "route", check=False).stdout
+    taken = {ipaddress.ip_interface(a).network for a in re.findall(r"\d+\.\d+\.\d+\.\d+/\d+", used)}
+    for n in range(1, 255):
+        net = ipaddress.ip_network(f"{SUBNET_BASE}.{n}.0/24")
+        if not any(net.overlaps(t) for t in taken):
+            return str(net)
+    raise ConfigError(f"no free {SUBNET_BASE}.N.0/24 subnet on this machine")
+
+
+def host_resources() -> tuple[int, int]:
+    """(cores, MiB of memory) of this machine."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    with open("/proc/meminfo") as f:
+        mem_kib = next(int(x.split()[1]) for x in f if x.startswith("MemTotal"))
+    return cores or 1, mem_kib // 1024
+
+
+def render_conf(
+    folder: Path, addresses: list[str], cpus: int, mem_mb: int, partition: str, name: str
+) -> str:
+    """``slurm.conf`` of a cluster whose nodes ``node0..`` have ``addresses``; the
+    controller runs at node 0's address."""
+    f = folder
+    nodes = "\n".join(
+        f"NodeName=node{i} NodeAddr={a} CPUs={cpus} RealMemory={mem_mb} State=UNKNOWN"
+        for i, a in enumerate(addresses)
+    )
+    return f"""\
+ClusterName={name}
+SlurmctldHost={socket.gethostname()}({addresses[0]})
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={f}/munge.socket
+StateSaveLocation={f}/state
+SlurmdSpoolDir={f}/spool-%n
+SlurmctldPidFile={f}/slurmctld.pid
+SlurmdPidFile={f}/slurmd-%n.pid
+SlurmctldLogFile={f}/slurmctld.log
+SlurmdLogFile={f}/slurmd-%n.log
+PlugStackConfig={f}/plugstack.conf
+TaskProlog={f}/task_prolog.sh
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+SlurmdParameters=config_overrides
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+MpiDefault=none
+ReturnToService=2
+MinJobAge=3600
+KillWait=5
+SlurmdTimeout=30
+InactiveLimit=0
+DefMemPerCPU={max(1, mem_mb // cpus)}
+{nodes}
+PartitionName={partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+# each task's collectives bind the node's own interface (its namespace has one besides lo)
+TASK_PROLOG = """\
+#!/bin/sh
+dev=$(ip -o link show | awk -F': ' '$2 != "lo" {print $2}' | cut -d@ -f1 | head -n 1)
+[ -n "$dev" ] && for v in GLOO_SOCKET_IFNAME NCCL_SOCKET_IFNAME TP_SOCKET_IFNAME; do
+  echo "export $v=$dev"; done
+exit 0
+"""
+
+
+class SlurmCluster:
+    """munged, slurmctld and ``nodes`` slurmd on an emulated cluster of ``nodes``
+    namespaces; a context manager whose :meth:`down` is idempotent (and runs at exit, on
+    Ctrl-C and on SIGTERM, through the emulated cluster's handlers)."""
+
+    def __init__(
+        self,
+        nodes: int,
+        bandwidth_bps: float,
+        latency_s: float = 0.0,
+        *,
+        cpus: int = 0,
+        mem_mb: int = 0,
+        partition: str = PARTITION,
+        keep_logs: Path | None = None,
+    ) -> None:
+        host_cpus, host_mem = host_resources()
+        self.cpus = cpus or host_cpus
+        self.mem_mb = mem_mb or max(512, host_mem // (2 * max(1, nodes)))
+        if self.cpus < 1 or self.mem_mb < 1:
+            raise ConfigError(f"a Slurm node needs >= 1 CPU and memory, got {cpus}, {mem_mb}")
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", partition):
+            raise ConfigError(f"a partition name is a word, got {partition!r}")
+        self.partition = partition
+        self.keep_logs = keep_logs  # on down, the daemons' logs are copied under it
+        self.nodes = nodes
+        self._net_args = (nodes, bandwidth_bps, latency_s)
+        self.net: EmulatedCluster | None = None
+        self.folder = Path()
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    @property
+    def conf(self) -> Path:
+        return self.folder / "slurm.conf"
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, CONF_ENV: str(self.conf)}
+
+    def node_names(self) -> list[str]:
+        return [f"node{i}" for i in range(self.nodes)]
+
+    def plan(self) -> str:
+        """What :meth:`up` would make (addresses and the folder are chosen then)."""
+        nodes, bw, lat = self._net_args
+        addrs = [f"<10.231.N.{i + 1}>" for i in range(nodes)]
+        conf = render_conf(Path("<folder>"), addrs, self.cpus, self.mem_mb, self.partition,
+                           f"{PREFIX}<id>")  # fmt: skip
+        head = (f"# {nodes} node(s) on links of {bw / 1e6:g} Mbit/s (+{lat * 1e3:g} ms); "
+                f"would write <folder>/slurm.conf, <folder> = "
+                f"{tempfile.gettempdir()}/{PREFIX}-slurm-<id>:")  # fmt: skip
+        return f"{head}\n{conf}"
+
+    def up(self) -> SlurmCluster:
+        require_slurm()
+        cleanup_leftovers()
+        remove_stale_folders()
+        nodes, bw, lat = self._net_args
+        self.net = EmulatedCluster(nodes, bw, lat, subnet=free_subnet())
+        self.net.up()  # from here on, down() has something to remove
+        try:
+            self._start()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def _start(self) -> None:
+        net = self.net
+        assert net is not None
+        # the host reaches the controller over the bridge (sbatch, squeue, scontrol)
+        bridge_addr = str(net.net.broadcast_address - 1)
+        run_cmd("ip", "addr", "add", f"{bridge_addr}/{net.net.prefixlen}", "dev", net.bridge)
+        self.folder = folder_of(net.run_id)
+        shutil.rmtree(self.folder, ignore_errors=True)
+        self.folder.mkdir(mode=0o700)
+        (self.folder / "state").mkdir()
+        key = self.folder / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o600)
+        (self.folder / "plugstack.conf").write_text("")
+        prolog = self.folder / "task_prolog.sh"
+        prolog.write_text(TASK_PROLOG)
+        prolog.chmod(0o755)
+        addrs = [net.addr(i) for i in range(self.nodes)]
+        self.conf.write_text(
+            render_conf(self.folder, addrs, self.cpus, self.mem_mb, self.partition,
+                        f"{PREFIX}{net.run_id}")
+        )  # fmt: skip
+        update_state(net.run_id, slurm_folder=str(self.folder))
+        f = self.folder
+        self._daemon("munged", 0, ["munged", "-F", "-f", f"--socket={f}/munge.socket",
+                     f"--key-file={key}", f"--pid-file={f}/munged.pid",
+                     f"--log-file={f}/munged.log", f"--seed-file={f}/munged.seed"])  # fmt: skip
+        self._wait_for(lambda: (f / "munge.socket").exists(), "munged", f / "munged.log")
+        self._daemon("slurmctld", 0, ["slurmctld", "-D", "-i"])
+        for i in range(self.nodes):
+            self._daemon(f"slurmd-node{i}", i, ["slurmd", "-D", "-N", f"node{i}"])
+        self._wait_for(self._all_idle, "every node to be idle", f / "slurmctld.log")
+        update_state(net.run_id, slurm_pids={k: p.pid for k, p in self.procs.items()})
+
+    def _daemon(self, name: str, node: int, argv: list[str]) -> None:
+        """Start ``argv`` in node ``node``'s namespace (``nsenter``: it keeps this machine's
+        /sys, where slurmd finds its cgroup tree)."""
+        assert self.net is not None
+        ns = f"/run/netns/{self.net.ns(node)}"
+        log = open(self.folder / f"{name}.out", "wb")  # noqa: SIM115  (the daemon's)
+        with log:
+            self.procs[name] = subprocess.Popen(
+                ["nsenter", f"--net={ns}", *argv], env={**self.env(), "PATH": _path()},
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+
+    def _wait_for(self, ready: Any, what: str, log: Path) -> None:
+        deadline = time.monotonic() + READY_S
+        while not ready():
+            dead = [k for k, p in self.procs.items() if p.poll() is not None]
+            if dead or time.monotonic() > deadline:
+                why = f"{dead[0]} exited" if dead else f"no {what} after {READY_S:.0f} s"
+                out = self.folder / f"{dead[0]}.out" if dead else log
+                raise RuntimeError(f"the local Slurm cluster did not start: {why}; {tail(out)}")
+            time.sleep(0.2)
+
+    def _all_idle(self) -> bool:
+        p = subprocess.run(["sinfo", "--noheader", "--Node", "--format=%N %t"],
+                           capture_output=True, text=True, env=self.env())  # fmt: skip
+        states = dict(line.split() for line in p.stdout.splitlines() if line.strip())
+        return p.returncode == 0 and all(
+            states.get(n, "").startswith(("idle", "mix", "alloc")) for n in self.node_names()
+        )
+
+    def down(self) -> None:
+        """Stop every daemon (by its pid), then remove the namespaces, links and folder."""
+        for p in self.procs.values():
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        self.procs.clear()
+        if self.net is not None:
+            self.net.down()  # kills what is left in the namespaces (job steps)
+            self.net = None
+        if self.folder != Path():
+            if self.keep_logs is not None and self.folder.exists():
+                dest = Path(self.keep_logs) / "slurm-logs" / self.folder.name
+                dest.mkdir(parents=True, exist_ok=True)
+                for log in [*self.folder.glob("*.log"), *self.folder.glob("*.out")]:
+                    shutil.copy(log, dest / log.name)
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+    def __enter__(self) -> SlurmCluster:
+        return self.up()
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()
+
+    def describe(self) -> dict[str, Any]:
+        assert self.net is not None
+        return {
+            **self.net.describe(),
+            "slurm_conf": str(self.conf),
+            "partition": self.partition,
+            "node_names": self.node_names(),
+            "cpus_per_node": self.cpus,
+            "mem_mb_per_node": self.mem_mb,
+            "pids": {k: p.pid for k, p in self.procs.items()},
+        }
+
+
+def _path() -> str:
+    """PATH with the system folders where the daemons live."""
+    extra = ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
+    return os.pathsep.join([*os.environ.get("PATH", "").split(os.pathsep), *extra])
+
+
+def tail(path: Path, n: int = 5) -> str:
+    """The last ``n`` lines of ``path``, joined with `` | `` (or why there are none)."""
+    try:
+        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return f"no log at {path}"
+    return " | ".join(lines[-n:]) or f"{path} is empty"
+
+
+def live_clusters() -> dict[str, dict[str, Any]]:
+    """The local Slurm clusters ``slurm-up`` holds on this machine, by id: their owner's
+    state (a cluster a program holds in-process is its own to stop)."""
+    out = {}
+    for p in STATE_DIR.glob("*.json") if STATE_DIR.exists() else []:
+        state = read_state(p.stem)
+        if state and state.get("slurm_up") and is_alive(state):
+            out[p.stem] = state
+    return out
+
+
+def stop(run_id: str | None = None, timeout_s: float = 60.0) -> list[str]:
+    """``slurm-down``: ask the owner of each live cluster (or of ``run_id``) to take it
+    down, and wait; then remove what dead owners left.  The ids stopped."""
+    clusters = live_clusters()
+    if run_id is not None:
+        if run_id not in clusters:
+            raise ConfigError(f"no local Slurm cluster {run_id}; running: {sorted(clusters)}")
+        clusters = {run_id: clusters[run_id]}
+    for state in clusters.values():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(state["pid"]), signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while any(is_alive(s) for s in clusters.values()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for state in clusters.values():
+        if is_alive(state):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(state["pid"]), signal.SIGKILL)
+    time.sleep(0.2)
+    cleanup_leftovers()
+    remove_stale_folders()
+    return sorted(clusters)
+
+
+def serve(cluster: SlurmCluster, out: Any = sys.stdout) -> None:
+    """``slurm-up``: bring the cluster up, print how to use it, hold it until Ctrl-C,
+    SIGTERM (``slurm-down``) or a crash, then take everything down."""
+    with cluster:
+        info = cluster.describe()
+        update_state(info["run_id"], slurm_up=True)  # slurm-down may stop it
+        print(f"export {CONF_ENV}={cluster.conf}", file=out, flush=True)
+        print(
+            f"# local Slurm cluster {info['run_id']}: {cluster.nodes} node(s) "
+            f"{' '.join(info['node_names'])} at {' '.join(info['addresses'])}, partition "
+            f"{cluster.partition}, {cluster.cpus} CPUs and {cluster.mem_mb} MiB each; "
+            f"stop it with Ctrl-C or python -m reproduce cluster slurm-down",
+            file=out,
+            flush=True,
+        )
+        print(f"# {json.dumps(info)}", file=out, flush=True)
+        while all(p.poll() is None for p in cluster.procs.values()):
+            time.sleep(0.5)
+        dead = next(k for k, p in cluster.procs.items() if p.poll() is not None)
+        raise RuntimeError(f"{dead} exited; {tail(cluster.folder / f'{dead}.out')}")
