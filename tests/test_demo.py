@@ -202,9 +202,9 @@ def test_bad_values_are_refused_in_one_line(fields: dict, message: str) -> None:
 def test_demo_needs_the_local_gradients_of_nocomm() -> None:
     for comm in ("dense", "topk", "hitopk", "powersgd"):
         with pytest.raises(ConfigError, match=f"use comm=nocomm, not comm={comm}"):
-            validate_comm(CommConfig(name=comm), 4, 2, optim="demo")
-    validate_comm(CommConfig(name="nocomm"), 2, 1, optim="demo")
-    validate_comm(CommConfig(name="topk"), 2, 1, optim="sgd")
+            validate_comm(CommConfig(name=comm), 4, 2, optim=OptimConfig(name="demo"))
+    validate_comm(CommConfig(name="nocomm"), 2, 1, optim=OptimConfig(name="demo"))
+    validate_comm(CommConfig(name="topk"), 2, 1, optim=OptimConfig(name="sgd"))
 
 
 def test_the_model_prices_the_allgather_on_the_paper_cluster() -> None:
