@@ -55,7 +55,7 @@ def _record(run_id: str, comm: str, trial: str, seed: int, tt: float | None) -> 
         "hardware": HW,
         "link_check": {"bandwidth_gbps": 0.089},
         "cluster_profile": {"profile": "paper", "target_ratio": 1.34},
-        "protocol": {"name": pr.NAME, "role": "eval", "trial": trial, "selected": True},
+        "protocol": {"name": pr.V1, "role": "eval", "trial": trial, "selected": True},
         "config": {
             "experiment": "dawnbench_digits",
             "comm": {"name": comm, "density": density, "powersgd_rank": 8},
@@ -82,7 +82,9 @@ def _curve(path: Path, tt: float | None) -> None:
 @pytest.fixture
 def sweep(tmp_path: Path) -> Path:
     d = tmp_path / "results"
-    plan = pr.Plan(sweep_id=SWEEP, results_dir=str(d), cluster="emulated", comms=tuple(METHODS))
+    # the rules of the committed sweeps (v1, 5 evaluation seeds), which the report answers from
+    plan = pr.Plan(sweep_id=SWEEP, results_dir=str(d), cluster="emulated", comms=tuple(METHODS),
+                   name=pr.V1, eval_seeds=tuple(range(5)))  # fmt: skip
     plan.save()
     recs = []
     for comm, (trial, times) in METHODS.items():

@@ -153,13 +153,14 @@ def _main(capsys, *args: str) -> tuple[int, str, str]:
 def test_aggregate_and_status_of_an_unfinished_protocol_name_what_is_missing(
     tmp_path: Path, capsys
 ) -> None:
+    # the rules of the committed sweeps (v1): one trial per knob value, no timing pass
     plan = pr.Plan(sweep_id="p1", cluster="local", comms=("dense", "hitopk"), trials=2,
                    tune_seeds=(1000,), eval_seeds=(0,), results_dir=str(tmp_path),
-                   launcher="submitit_local")  # fmt: skip
+                   launcher="submitit_local", name=pr.V1)  # fmt: skip
     plan.save()
     job = plan.tune_jobs()[0]
     rec = _rec("t1", "hitopk", 1000, "target_missed", sweep="p1")
-    rec["protocol"] = {"name": pr.NAME, "role": "tune", "trial": job.trial, "selected": False}
+    rec["protocol"] = {"name": pr.V1, "role": "tune", "trial": job.trial, "selected": False}
     rec["train_time_s"] = 3.0
     append_record(tmp_path, rec)
     code, out, err = _main(capsys, "--status", "p1", "--results-dir", str(tmp_path))

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from torch import nn
 
 from bench.config import register_configs, to_object
@@ -27,6 +28,7 @@ register_configs()
 
 
 def _cfg(overrides: list[str]):
+    GlobalHydra.instance().clear()  # a launcher test before may leave Hydra initialised
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         return to_object(compose(config_name="config", overrides=overrides))
 

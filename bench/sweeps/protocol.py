@@ -540,8 +540,9 @@ def status(plan: Plan, records: Sequence[Mapping[str, Any]]) -> list[str]:
     if timing:
         lines.append(progress("timing pass", [j.key for j in timing], records, _key))
     if not tuning_complete(plan, records):
-        n = len(plan.comms) * len(plan.eval_seeds)
-        return [*lines, f"evaluation: at least {n} runs, submitted once tuning is recorded"]
+        n = len(plan.comms) * len(plan.eval_seeds)  # v2: one more set per other selection
+        count = f"at least {n} runs" if plan.v2() else f"0 of {n} recorded"
+        return [*lines, f"evaluation: {count}, submitted once tuning is recorded"]
     ev = plan.eval_jobs(chosen(plan, records))
     return [*lines, progress("evaluation", [j.key for j in ev], records, _key)]
 
