@@ -404,6 +404,10 @@ class Plan(Saved):
     launcher_overrides: Sequence[str] = ()
     notes: list[str] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        if not self.v2() and tuple(self.comms) == DEFAULT_METHODS:
+            self.comms = COMMS  # v1's rules knew the comm hooks alone
+
     # -- checks -------------------------------------------------------------------------
     def check(self) -> None:
         """Names known, seeds disjoint and enough of them (ConfigError otherwise)."""
@@ -412,7 +416,7 @@ class Plan(Saved):
         # every training method (a measurement device such as nocomm trains nothing)
         known = [*COMMS, *(c for c in HOOKS if c not in COMMS and not HOOKS.get(c).measurement)]
         known = [c for c in known if c in options("comm")]
-        check_names("method", list(self.comms), [*known, *(METHODS if self.v2() else ())])
+        check_names("comm", list(self.comms), [*known, *(METHODS if self.v2() else ())])
         if not self.eval_seeds or not self.tune_seeds:
             raise ConfigError("the protocol needs tuning seeds and evaluation seeds")
         shared = set(self.tune_seeds) & set(self.eval_seeds)
