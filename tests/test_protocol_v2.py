@@ -193,7 +193,9 @@ def test_the_new_methods_are_names_plus_the_overrides_that_select_them():
     dil = plan.overrides(pr.Job(pr.TUNE, "diloco", trial, 1000))
     assert "sync=diloco" in dil and not any(o.startswith("comm=") for o in dil)
     assert any(o.startswith("sync.sync_every=") for o in dil)
-    assert "comm=hitopk" in plan.overrides(pr.Job(pr.TUNE, "hitopk", plan._space("hitopk")[0][0], 0))
+    assert "comm=hitopk" in plan.overrides(
+        pr.Job(pr.TUNE, "hitopk", plan._space("hitopk")[0][0], 0)
+    )
     with pytest.raises(ConfigError, match="unknown comm 'nosuch'"):
         pr.method_overrides("nosuch")
     # the step-time model cannot price them: no timing runs, and the plan says so

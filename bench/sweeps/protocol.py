@@ -34,7 +34,6 @@ The plan is written to ``<results>/ablation/<sweep_id>.plan.json`` before the fi
 
 from __future__ import annotations
 
-import functools
 import math
 import random
 import statistics
@@ -50,6 +49,15 @@ from bench.config import hydra_value
 from bench.registry import ConfigError
 from bench.sweeps.common import check_names, options, sweep_records, validate_jobs
 from bench.sweeps.intervals import budget_s, censored_time
+from bench.sweeps.methods import (
+    COMMS,
+    DEFAULT_METHODS,
+    METHODS,
+    UNPRICED,
+    method_comm,
+    method_of,
+    method_overrides,
+)
 from bench.sweeps.resume import RERUN, Saved, latest, progress
 from bench.sweeps.trials import (
     TRIALS,
@@ -64,22 +72,6 @@ from bench.sweeps.trials import (
 
 NAME = "equal-budget-v2"  # the protocol's name in every record; change it with the rules
 V1 = "equal-budget-v1"  # the rules the committed sweeps ran (their plans still load and rebuild)
-COMMS = ("dense", "fp16", "powersgd", "topk", "mstopk", "hitopk")
-#: the methods that are not a comm hook: name -> the overrides that select it (a comm hook's
-#: name selects itself, ``comm=<name>``).  DeMo replaces the optimizer and exchanges its own
-#: compressed momentum, so DDP's all-reduce is switched off (its runs record comm=nocomm);
-#: the sync strategies average replicas every H inner steps and need 2 nodes or more.
-METHODS: dict[str, tuple[str, ...]] = {
-    "demo": ("optim=demo", "comm=nocomm"),
-    "localsgd": ("sync=localsgd",),
-    "diloco": ("sync=diloco",),
-    "streaming_diloco": ("sync=streaming_diloco",),
-}
-#: what a protocol sweep runs by default: the comm methods, then the 2024-2025 peers
-DEFAULT_METHODS = (*COMMS, *METHODS)
-#: methods the per-cluster step-time model (bench.cluster.perfmodel) cannot price yet: they
-#: are selected and timed on the check cluster's clock alone, with no time at the ratios
-UNPRICED = tuple(METHODS)
 PAPER_METHODS = ("hitopk", "mstopk")  # the paper's; every other method is a peer
 TUNE_SEEDS = (1000, 1001)  # tuning only: never an evaluation seed
 EVAL_SEEDS = tuple(range(10))  # at least 10 per method and workload (v1: 5)
@@ -283,34 +275,6 @@ WORKLOAD_SPACES: dict[str, dict[str, Knobs | Callable[[int], Knobs]]] = {
 }
 #: the optimizer each workload's recipe trains with (the placements' fit is checked on it)
 WORKLOAD_OPTIM = {"classification": "sgd", "translation": "adamw"}
-
-
-def method_overrides(method: str) -> list[str]:
-    """The Hydra overrides that select ``method``: its :data:`METHODS` entry, else the comm
-    hook of that name (ConfigError for neither, listing the known ones)."""
-    if method in METHODS:
-        return list(METHODS[method])
-    HOOKS.get(method)
-    return [f"comm={method}"]
-
-
-def method_comm(method: str) -> str:
-    """The comm hook ``method`` runs (a :data:`METHODS` entry: its ``comm=``, else dense)."""
-    over = [o.removeprefix("comm=") for o in METHODS.get(method, ()) if o.startswith("comm=")]
-    return over[0] if over else ("dense" if method in METHODS else method)
-
-
-def method_of(rec: Mapping[str, Any]) -> str:
-    """The protocol method a run record ran: ``demo`` when its optimizer is DeMo, its sync
-    strategy when that is not ddp, else its comm hook.  Every grouping of records by
-    method (tables, selection, status, report) goes through this one function."""
-    cfg = rec.get("config") or {}
-    if ((cfg.get("optim") or {}).get("name")) == "demo":
-        return "demo"
-    sync = (cfg.get("sync") or {}).get("name")
-    if sync and sync != "ddp":
-        return str(sync)
-    return str(rec.get("comm"))
 
 
 def knobs(comm: str, workload: str = "classification") -> Knobs:

@@ -59,7 +59,7 @@ class Run:
 def default_group(rec: Mapping[str, Any]) -> str:
     """A protocol run's method and trial label, else its comm method."""
     trial = (rec.get("protocol") or {}).get("trial")
-    from bench.sweeps.protocol import method_of
+    from bench.sweeps.methods import method_of
 
     return f"{method_of(rec)} {trial}" if trial else method_of(rec)
 
@@ -149,7 +149,7 @@ def run_from_record(rec: Mapping[str, Any], curve: pd.DataFrame) -> Run | None:
     """``rec``'s phases up to its target (the whole run when it missed): as its hook
     logged them, or for a record without the log from its config; None when the curve has
     no step counts."""
-    from bench.sweeps.protocol import UNPRICED, method_of
+    from bench.sweeps.methods import UNPRICED, method_of
 
     if col.STEPS not in curve.columns or rec.get("comm") not in pm.KNOWN:
         return None
