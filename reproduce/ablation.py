@@ -156,7 +156,9 @@ def _protocol_plan(args: argparse.Namespace, jobs: list[str]):
         sweep_id=args.sweep_id or new_sweep_id("ablation"),
         experiment=_experiment(args),
         cluster=args.cluster,
-        comms=split_list(args.comm) or quick.get("comms") or defaults.get("comms", pr.COMMS),
+        comms=split_list(args.comm)
+        or quick.get("comms")
+        or defaults.get("comms", pr.DEFAULT_METHODS),
         tune_seeds=quick.get("tune_seeds") or defaults.get("tune_seeds", pr.TUNE_SEEDS),
         eval_seeds=tuple(range(n)),
         trials=quick.get("trials"),
@@ -184,6 +186,8 @@ def _protocol_plan(args: argparse.Namespace, jobs: list[str]):
         plan.notes.append(
             f"{lo}-{hi} runs, about {t_lo:.0f}-{t_hi:.0f} minutes on 2 cores (docs/protocol.md)"
         )
+        if pr.unpriced(plan):
+            plan.notes.append(pr.unpriced(plan))
     plan.check_jobs()
     return plan
 

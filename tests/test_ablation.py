@@ -254,7 +254,7 @@ def test_the_default_protocol_runs_each_workload_in_turn(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """No --workload: one sweep per workload, both planned before either runs; the
-    translation sweep with its own defaults (2 x 2 workers, one tuning seed, five methods)."""
+    translation sweep with its own defaults (2 x 2 workers, one tuning seed, nine methods)."""
     import bench.sweeps.common as common
 
     def no_run(*a, **k):
@@ -266,10 +266,12 @@ def test_the_default_protocol_runs_each_workload_in_turn(
     out = capsys.readouterr().out
     sweeps = [line for line in out.splitlines() if line.startswith("sweep ablation-")]
     assert len(sweeps) == 2
-    # v2: every method (dense and fp16 too) x 6 trials x the tuning seeds, a timing pass
-    assert "on dawnbench_digits" in sweeps[0] and "72 tuning runs" in sweeps[0]
+    # v2: every method (dense, fp16, DeMo and the sync strategies too) x 6 trials x the
+    # tuning seeds, a timing pass; the methods the step-time model cannot price are named
+    assert "on dawnbench_digits" in sweeps[0] and "120 tuning runs" in sweeps[0]
     assert "on transformer_protocol" in sweeps[1]
-    assert "30 tuning runs" in sweeps[1] and "then 10 evaluation seeds" in sweeps[1]
+    assert "54 tuning runs" in sweeps[1] and "then 10 evaluation seeds" in sweeps[1]
+    assert "not priced by the step-time model yet: demo, localsgd" in out
     text = out[out.index(sweeps[1]) :]
     assert "cluster.nnodes=2 cluster.nproc_per_node=2" in text and "comm=topk" not in text
     assert "tuning seeds [1000]" in text

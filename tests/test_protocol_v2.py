@@ -4,6 +4,7 @@ on the step axis, per-cluster selection from steps x step time, and the unpaired
 against a direct computation."""
 
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -178,3 +179,61 @@ def test_old_plans_keep_their_rules():
     ]
     assert old._space("dense") == (("default", {}),) and not old.timing_jobs()
     assert isinstance(pd.DataFrame(), pd.DataFrame)
+
+
+def test_the_new_methods_are_names_plus_the_overrides_that_select_them():
+    plan = _plan()
+    assert {"demo", "localsgd", "diloco", "streaming_diloco"} <= set(plan.comms)
+    sizes = {c: len(plan._space(c)) for c in plan.comms}
+    assert set(sizes.values()) == {T.TRIALS}, sizes  # every method alike
+    demo = plan.overrides(pr.Job(pr.TUNE, "demo", plan._space("demo")[0][0], 1000))
+    assert "optim=demo" in demo and "comm=nocomm" in demo
+    assert not any(o.startswith("comm=") and o != "comm=nocomm" for o in demo)
+    trial = plan._space("diloco")[0][0]
+    dil = plan.overrides(pr.Job(pr.TUNE, "diloco", trial, 1000))
+    assert "sync=diloco" in dil and not any(o.startswith("comm=") for o in dil)
+    assert any(o.startswith("sync.sync_every=") for o in dil)
+    assert "comm=hitopk" in plan.overrides(
+        pr.Job(pr.TUNE, "hitopk", plan._space("hitopk")[0][0], 0)
+    )
+    with pytest.raises(ConfigError, match="unknown comm 'nosuch'"):
+        pr.method_overrides("nosuch")
+    # the step-time model cannot price them: no timing runs, and the plan says so
+    assert not any(j.comm in pr.UNPRICED for j in plan.timing_jobs())
+    assert "demo, localsgd, diloco, streaming_diloco" in pr.unpriced(plan)
+    assert pr.unpriced(_plan(comms=("dense", "hitopk"))) == ""
+
+
+def test_a_record_is_grouped_under_the_method_that_selected_it():
+    def rec(comm, optim="sgd", sync="ddp"):
+        return {"comm": comm, "config": {"optim": {"name": optim}, "sync": {"name": sync}}}
+
+    assert pr.method_of(rec("nocomm", optim="demo")) == "demo"
+    assert pr.method_of(rec("dense", sync="diloco")) == "diloco"
+    assert pr.method_of(rec("dense", sync="streaming_diloco")) == "streaming_diloco"
+    assert pr.method_of(rec("hitopk")) == "hitopk"
+    assert pr.method_of({"comm": "fp16"}) == "fp16"  # an older record without the groups
+    r = {**rec("nocomm", optim="demo"), "protocol": {"role": "tune", "trial": "c32k4-lr1x"}}
+    assert pr.job_of(r).comm == "demo"
+
+
+def test_placement_trials_are_distinct_and_fit_the_workloads_optimizer(monkeypatch):
+    image, translation = _plan(), _plan(experiment="transformer_protocol", recipe_lr=5e-4)
+    for plan, other, fits in ((image, "update", "grad+dgc"), (translation, "grad+dgc", "update")):
+        for c in pr.SPARSE[:1] + ("hitopk",):
+            seen = {v["comm.placement"] for _, v in plan._space(c)}
+            assert seen == {"grad", fits}, (c, seen)
+        plan._check_placements("hitopk")
+        bad = (("x", {"comm.placement": other, "comm.density": 0.01, "comm.warmup_steps": 40}),)
+        monkeypatch.setattr(pr.Plan, "_space", lambda self, c, bad=bad: bad)
+        with pytest.raises(ConfigError, match=re.escape(f"placement {other} does not fit")):
+            plan._check_placements("hitopk")
+        monkeypatch.undo()
+    cold = (("x", {"comm.placement": "update", "comm.density": 0.01}),)
+    monkeypatch.setattr(pr.Plan, "_space", lambda self, c: cold)
+    with pytest.raises(ConfigError, match="needs comm.warmup_steps > 0"):
+        translation._check_placements("hitopk")
+    monkeypatch.undo()
+    labels = [t for t, _ in translation._space("mstopk")]
+    assert len(set(labels)) == len(labels) == T.TRIALS
+    translation.check()  # distinct trials, placements fit AdamW

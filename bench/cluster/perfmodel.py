@@ -312,3 +312,34 @@ def calibrate(base: Cluster, costs: Costs, meas: Measurements) -> tuple[Cluster,
 
 def relative_error(predicted: float, measured: float) -> float:
     return predicted / measured - 1 if measured > 0 else math.nan
+
+
+def outer_sync_time(numel: float, c: Cluster, elem_bytes: int = 4) -> float:
+    """One ring all-reduce of ``numel`` elements between the nodes (one replica each):
+    ``2(n-1)`` steps of ``alpha_inter`` and ``m * 2(n-1)/n * P / B_inter`` (s)."""
+    n = c.nodes
+    if n < 2:
+        return 0.0
+    return elem_bytes * 2 * (n - 1) / n * numel / c.inter_bw + 2 * (n - 1) * c.inter_lat
+
+
+def sync_step_time(
+    wl: Workload,
+    c: Cluster,
+    k: Costs,
+    sync_every: int,
+    fragments: int = 1,
+    delay: int = 0,
+    comm: str = "dense",
+    density: float = 1.0,
+) -> float:
+    """One inner step of Local SGD / DiLoCo (bench/sync/) on ``c`` (s): the node's own
+    step (``comm`` inside the node), plus the outer all-reduce of the whole model every
+    ``sync_every`` (H) steps, amortised; Streaming DiLoCo sends each of ``fragments`` (F)
+    fragments (P/F) every H/F steps, each overlapping ``delay`` inner steps."""
+    if sync_every < 1 or fragments < 1 or delay < 0:
+        raise ValueError("sync_every and fragments must be >= 1, delay >= 0")
+    inner = step_time(comm, wl, density, replace(c, nodes=1), k)
+    frag = outer_sync_time(wl.numel / fragments, c)
+    exposed = max(0.0, frag - delay * inner)
+    return inner + fragments * exposed / sync_every

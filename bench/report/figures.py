@@ -48,7 +48,8 @@ from bench.results.plots import (  # noqa: E402
     save_figure,
 )
 from bench.sweeps import ratios  # noqa: E402
-from bench.sweeps.intervals import ci_text
+from bench.sweeps.intervals import ci_text  # noqa: E402
+from bench.sweeps.methods import method_of  # noqa: E402
 
 # per-step phases of a curve row: (label, column(s)); the first column present is used
 PHASES = (
@@ -117,7 +118,7 @@ def tta_bands(results_dir: Path, runs: pd.DataFrame) -> dict[str, dict]:
         d = df.dropna(subset=[column, TRAIN_TIME]).sort_values(TRAIN_TIME)
         if d.empty:
             continue
-        name = str(r["comm"])
+        name = method_of(r)
         curves.setdefault(name, []).append(d.assign(_metric=d[column]))
         meta.setdefault(name, []).append(r)
     if not curves:
@@ -362,7 +363,7 @@ def ratio_runs(results_dir: Path, table: pd.DataFrame) -> list:
         res = (r.get("config") or {}).get("results") or {}
         return res.get("sweep_id") == sweep and (not ids or r.get("run_id") in ids)
 
-    runs, _ = ratios.load_runs(results_dir, select, group=lambda r: str(r["comm"]))
+    runs, _ = ratios.load_runs(results_dir, select, group=method_of)
     return runs
 
 

@@ -132,7 +132,9 @@ def hardware_label(r: dict[str, Any]) -> str:
 def comm_label(r: dict[str, Any]) -> str:
     """The method, with its density, dense warm-up epochs and per-epoch density schedule
     when it sparsifies (PowerSGD: its rank)."""
-    comm = str(r.get("comm") or "?")
+    from bench.sweeps.methods import method_of
+
+    comm = method_of(r) if r.get("comm") else "?"
     if comm == "powersgd":
         rank = num(_cfg(r, "comm", "powersgd_rank"))
         return comm + (f" r={rank:g}" if rank else "")

@@ -34,7 +34,6 @@ The plan is written to ``<results>/ablation/<sweep_id>.plan.json`` before the fi
 
 from __future__ import annotations
 
-import functools
 import math
 import random
 import statistics
@@ -50,6 +49,15 @@ from bench.config import hydra_value
 from bench.registry import ConfigError
 from bench.sweeps.common import check_names, options, sweep_records, validate_jobs
 from bench.sweeps.intervals import budget_s, censored_time
+from bench.sweeps.methods import (
+    COMMS,
+    DEFAULT_METHODS,
+    METHODS,
+    UNPRICED,
+    method_comm,
+    method_of,
+    method_overrides,
+)
 from bench.sweeps.resume import RERUN, Saved, latest, progress
 from bench.sweeps.trials import (
     TRIALS,
@@ -64,7 +72,6 @@ from bench.sweeps.trials import (
 
 NAME = "equal-budget-v2"  # the protocol's name in every record; change it with the rules
 V1 = "equal-budget-v1"  # the rules the committed sweeps ran (their plans still load and rebuild)
-COMMS = ("dense", "fp16", "powersgd", "topk", "mstopk", "hitopk")
 PAPER_METHODS = ("hitopk", "mstopk")  # the paper's; every other method is a peer
 TUNE_SEEDS = (1000, 1001)  # tuning only: never an evaluation seed
 EVAL_SEEDS = tuple(range(10))  # at least 10 per method and workload (v1: 5)
@@ -96,7 +103,7 @@ WORKLOAD_DEFAULTS: dict[str, dict[str, Any]] = {
     "image": {"cluster": "local", "local_topology": (2, 2)},
     "translation": {
         "cluster": "local",
-        "comms": ("dense", "fp16", "powersgd", "mstopk", "hitopk"),
+        "comms": ("dense", "fp16", "powersgd", "mstopk", "hitopk", *METHODS),
         "tune_seeds": (1000,),
         "local_topology": (2, 2),
     },
@@ -188,6 +195,59 @@ def _sparse_knobs(ref: int, densities: tuple[float, ...] = (0.01, 0.001)) -> Kno
     return {"schedule": tuple(opts)}
 
 
+def _placement_knob(*names: str, **extra: Any) -> Knobs:
+    """Where a sparse method compresses (bench/comm/placement.py): one option per name."""
+    return {"placement": tuple((n, {"comm.placement": n, **extra}) for n in names)}
+
+
+def _image_sparse_knobs(ref: int) -> Knobs:
+    """SGD with momentum: the density schedule x placement {grad, grad+dgc} (DGC)."""
+    return {**_sparse_knobs(ref), **_placement_knob("grad", "grad+dgc")}
+
+
+def _translation_sparse_knobs(ref: int) -> Knobs:
+    """AdamW: final density {0.05, 0.01} from the first sparse step x placement {grad,
+    update}, each after the same dense warm-up (Adam's variance; docs/algorithms.md s. 8)."""
+    dens = {"density": tuple((f"d{d:g}", {"comm.density": d}) for d in (0.05, 0.01))}
+    warm = round(WARMUP_DENSE_SHARE * ref)
+    return {**dens, **_placement_knob("grad", "update", **{"comm.warmup_steps": warm})}
+
+
+# the translation sparse methods' dense warm-up: about 16 % of dense's steps to target
+WARMUP_DENSE_SHARE = 1 / 6
+
+
+def _demo_knobs(ref: int) -> Knobs:
+    """DeMo (bench/optim/demo.py): (chunk, top-k) per chunk."""
+    pairs = ((64, 32), (32, 4))
+    return {
+        "chunk": tuple(
+            (f"c{c}k{k}", {"optim.demo_chunk": c, "optim.demo_topk": k}) for c, k in pairs
+        )
+    }
+
+
+def _localsgd_knobs(hs: tuple[int, ...]) -> Callable[[int], Knobs]:
+    return lambda ref: {"H": tuple((f"H{h}", {"sync.sync_every": h}) for h in hs)}
+
+
+def _diloco_knobs(hs: tuple[int, ...], streaming: bool = False) -> Callable[[int], Knobs]:
+    """DiLoCo: H x outer learning rate, outer momentum 0.5; streaming: 2 fragments, each
+    synchronised with a delay of 1 inner step."""
+    extra = {"sync.fragments": 2, "sync.fragment_sync_delay": 1} if streaming else {}
+
+    def knobs(ref: int) -> Knobs:
+        return {
+            "H": tuple((f"H{h}", {"sync.sync_every": h}) for h in hs),
+            "outer": tuple(
+                (f"olr{o:g}", {"sync.outer_lr": o, "sync.outer_momentum": 0.5, **extra})
+                for o in (0.5, 0.7)
+            ),
+        }
+
+    return knobs
+
+
 #: comm -> its own knobs (knob -> options), or a function of the workload's REF_STEPS
 #: giving them; the protocol crosses them with LR_FACTORS and draws TRIALS per method, so
 #: a method added here gets the same number of trials as every other
@@ -196,13 +256,25 @@ SPACES: dict[str, Knobs | Callable[[int], Knobs]] = {
     "fp16": _buckets(),
     "bf16": _buckets(),
     "powersgd": _powersgd_knobs,
-    **{c: _sparse_knobs for c in SPARSE},
+    **{c: _image_sparse_knobs for c in SPARSE},
+    "demo": _demo_knobs,
+    "localsgd": _localsgd_knobs((5, 10, 20, 40)),
+    "diloco": _diloco_knobs((10, 20)),
+    "streaming_diloco": _diloco_knobs((10, 20), streaming=True),
 }
 #: workload -> comm -> its knobs where the default's do not fit: the embedded Transformer
-#: (AdamW) barely learns at density 0.01 and learns at 0.05 (docs/protocol.md)
+#: (AdamW) barely learns at density 0.01 and learns at 0.05 (docs/protocol.md); there the
+#: placement is grad or update (1-bit Adam's), each after WARMUP_DENSE dense steps
 WORKLOAD_SPACES: dict[str, dict[str, Knobs | Callable[[int], Knobs]]] = {
-    "translation": {c: functools.partial(_sparse_knobs, densities=(0.05, 0.01)) for c in SPARSE}
+    "translation": {
+        **{c: _translation_sparse_knobs for c in SPARSE},
+        "localsgd": _localsgd_knobs((20, 50)),
+        "diloco": _diloco_knobs((20, 50)),
+        "streaming_diloco": _diloco_knobs((20, 50), streaming=True),
+    }
 }
+#: the optimizer each workload's recipe trains with (the placements' fit is checked on it)
+WORKLOAD_OPTIM = {"classification": "sgd", "translation": "adamw"}
 
 
 def knobs(comm: str, workload: str = "classification") -> Knobs:
@@ -233,7 +305,7 @@ def space_v2(
 ) -> Space:
     """v2's trials of ``comm``: TRIALS points of its knobs x the learning rate (trial
     label, Hydra overrides keyed in full), ``trials`` keeps the first that many."""
-    HOOKS.get(comm)
+    method_overrides(comm)
     drawn = draw(knobs(comm, workload), recipe_lr, TRIALS)
     out = tuple((t.label, t.values()) for t in drawn)
     return out[:trials] if trials else out
@@ -275,7 +347,7 @@ class Plan(Saved):
     sweep_id: str
     experiment: str = "dawnbench_digits"
     cluster: str = "emulated"
-    comms: Sequence[str] = COMMS
+    comms: Sequence[str] = DEFAULT_METHODS
     tune_seeds: Sequence[int] = TUNE_SEEDS
     eval_seeds: Sequence[int] = EVAL_SEEDS
     trials: int | None = None  # None: every trial of each space (QUICK keeps 2)
@@ -296,6 +368,10 @@ class Plan(Saved):
     launcher_overrides: Sequence[str] = ()
     notes: list[str] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        if not self.v2() and tuple(self.comms) == DEFAULT_METHODS:
+            self.comms = COMMS  # v1's rules knew the comm hooks alone
+
     # -- checks -------------------------------------------------------------------------
     def check(self) -> None:
         """Names known, seeds disjoint and enough of them (ConfigError otherwise)."""
@@ -303,7 +379,8 @@ class Plan(Saved):
         check_names("cluster", [self.cluster], options("cluster"))
         # every training method (a measurement device such as nocomm trains nothing)
         known = [*COMMS, *(c for c in HOOKS if c not in COMMS and not HOOKS.get(c).measurement)]
-        check_names("comm", list(self.comms), [c for c in known if c in options("comm")])
+        known = [c for c in known if c in options("comm")]
+        check_names("comm", list(self.comms), [*known, *(METHODS if self.v2() else ())])
         if not self.eval_seeds or not self.tune_seeds:
             raise ConfigError("the protocol needs tuning seeds and evaluation seeds")
         shared = set(self.tune_seeds) & set(self.eval_seeds)
@@ -318,8 +395,30 @@ class Plan(Saved):
         if self.v2():
             budget = BUDGET_STEPS[self.workload()]
             for c in self.comms:
-                check_distinct(c, [Trial(t, tuple(v.items())) for t, v in self._space(c)], budget)
+                trials = [Trial(t, tuple(v.items())) for t, v in self._space(c)]
+                check_distinct(method_comm(c), trials, budget)
                 self._check_reached(c)
+                self._check_placements(c)
+
+    def _check_placements(self, comm: str) -> None:
+        """Every placement a trial names fits the workload's optimizer (and ``update`` has
+        its dense warm-up): bench.comm.placement's own refusal, before the sweep."""
+        from bench.comm.config import Placement
+        from bench.comm.placement import FITS
+
+        optim = WORKLOAD_OPTIM[self.workload()]
+        for label, values in self._space(comm):
+            p = values.get("comm.placement")
+            if p is None or p == Placement.grad.value:
+                continue
+            fits = FITS.get(Placement(p), ())
+            if comm not in SPARSE or optim not in fits:
+                raise ConfigError(
+                    f"{comm} {label}: placement {p} does not fit {self.workload()}'s "
+                    f"optimizer {optim} (it needs a sparse method and {' or '.join(fits)})"
+                )
+            if p == Placement.update.value and not int(values.get("comm.warmup_steps", 0)):
+                raise ConfigError(f"{comm} {label}: placement update needs comm.warmup_steps > 0")
 
     def _check_reached(self, comm: str) -> None:
         """Every density a trial is labelled with is sent before dense's steps to target."""
@@ -403,6 +502,8 @@ class Plan(Saved):
         each timed on the check cluster (:meth:`timing_jobs`)."""
         keys = set()
         for comm in self.comms:
+            if comm in UNPRICED:  # no per-step price to compose (unpriced(): stated)
+                continue
             for _, v in self._space(comm):
                 b = float(v.get("comm.bucket_cap_mb", 25.0))
                 if comm == "powersgd":
@@ -463,7 +564,7 @@ class Plan(Saved):
             ]
         return [
             *common,
-            f"comm={job.comm}",
+            *method_overrides(job.comm),
             *(f"{k}={_value(v)}" for k, v in values.items()),
             f"train.seed={job.seed}",
             f"results.protocol={self.name}",
@@ -508,7 +609,7 @@ def job_of(rec: Mapping[str, Any]) -> Job | None:
     if not p.get("role"):
         return None
     seed = ((rec.get("config") or {}).get("train") or {}).get("seed")
-    return Job(str(p["role"]), str(rec.get("comm")), str(p.get("trial")), int(seed or 0))
+    return Job(str(p["role"]), method_of(rec), str(p.get("trial")), int(seed or 0))
 
 
 def _key(rec: Mapping[str, Any]) -> tuple[str, str, str, int] | None:
@@ -530,6 +631,18 @@ def pending(
     """The jobs without a record, in their order: what a resumed sweep still runs."""
     done = recorded(records, rerun)
     return [j for j in jobs if j.key not in done]
+
+
+def unpriced(plan: Plan) -> str:
+    """One line naming ``plan``'s methods the step-time model cannot price ('' for none)."""
+    left = [c for c in plan.comms if c in UNPRICED] if plan.v2() else []
+    if not left:
+        return ""
+    return (
+        f"not priced by the step-time model yet: {', '.join(left)}; their trials are "
+        f"selected on their measured time on the {plan.cluster} cluster, the same at every "
+        f"ratio, and they have no timing-pass runs"
+    )
 
 
 def status(plan: Plan, records: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -607,7 +720,7 @@ def tuning_table(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFra
     for comm in plan.comms:
         trials = plan._space(comm)
         for order, (trial, values) in enumerate(trials):
-            mine = [r for r in runs if r.get("comm") == comm and r["protocol"]["trial"] == trial]
+            mine = [r for r in runs if method_of(r) == comm and r["protocol"]["trial"] == trial]
             times = [censored_time(r, budget) for r in mine]
             rows.append(
                 {
@@ -669,7 +782,7 @@ def step_times(records: Sequence[Mapping[str, Any]]) -> dict[tuple[float, str, f
         ):
             continue
         v = _timing_values(str(r["protocol"]["trial"]))
-        method = str(r["comm"])
+        method = method_of(r)
         key = (
             float(v.get("comm.bucket_cap_mb", 25.0)),
             method,
@@ -722,7 +835,7 @@ def selection_table(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.Data
     rows = []
     for comm in plan.comms:
         for order, (trial, values) in enumerate(plan._space(comm)):
-            mine = [r for r in runs if r.get("comm") == comm and r["protocol"]["trial"] == trial]
+            mine = [r for r in runs if method_of(r) == comm and r["protocol"]["trial"] == trial]
             done = []
             for r in mine:
                 try:
@@ -733,7 +846,10 @@ def selection_table(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.Data
                     done.append((r, run))
             bucket = float(values.get("comm.bucket_cap_mb", 25.0))
             for cluster, ratio in where.items():
-                ts = [cluster_time(run, bucket, ratio, times) for _, run in done]
+                if comm in UNPRICED:  # its measured time on the plan's cluster, everywhere
+                    ts = [censored_time(r, budget_s(runs)) for r in mine]
+                else:
+                    ts = [cluster_time(run, bucket, ratio, times) for _, run in done]
                 rows.append(
                     {
                         **_row_head(plan, comm, trial, order, values),

@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from bench.sweeps import intervals as iv
-from bench.sweeps.protocol import EVAL, PAPER_METHODS, Plan, job_of, recorded
+from bench.sweeps.protocol import EVAL, PAPER_METHODS, Plan, job_of, method_of, recorded
 
 COLUMNS = [
     "sweep_id", "protocol", "experiment", "cluster", "comm", "trial", "n_runs", "n_reached",
@@ -47,7 +47,7 @@ def aggregate(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     rows: dict[str, dict[str, Any]] = {}
     for comm in plan.comms:
         mine = sorted(
-            (r for r in evals if r.get("comm") == comm),
+            (r for r in evals if method_of(r) == comm),
             key=lambda r: job_of(r).seed,  # type: ignore[union-attr]
         )
         if not mine:

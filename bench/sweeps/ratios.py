@@ -59,7 +59,9 @@ class Run:
 def default_group(rec: Mapping[str, Any]) -> str:
     """A protocol run's method and trial label, else its comm method."""
     trial = (rec.get("protocol") or {}).get("trial")
-    return f"{rec['comm']} {trial}" if trial else str(rec["comm"])
+    from bench.sweeps.methods import method_of
+
+    return f"{method_of(rec)} {trial}" if trial else method_of(rec)
 
 
 def _density_for(rec: Mapping[str, Any], epoch0: int) -> float:
@@ -147,7 +149,11 @@ def run_from_record(rec: Mapping[str, Any], curve: pd.DataFrame) -> Run | None:
     """``rec``'s phases up to its target (the whole run when it missed): as its hook
     logged them, or for a record without the log from its config; None when the curve has
     no step counts."""
+    from bench.sweeps.methods import UNPRICED, method_of
+
     if col.STEPS not in curve.columns or rec.get("comm") not in pm.KNOWN:
+        return None
+    if method_of(rec) in UNPRICED:  # e.g. DeMo records comm=nocomm: not free communication
         return None
     logged = recorded_phases(curve)
     target = _target_steps(rec, curve)
