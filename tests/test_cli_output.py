@@ -16,6 +16,7 @@ import torch
 from bench.results.outputs import closing_lines, written
 from bench.train.loop import _progress, _show_step
 from reproduce.__main__ import main
+from tests.conftest import REPO
 from tests.test_figures import _curve, _record, results  # noqa: F401  (a fixture)
 
 
@@ -66,7 +67,28 @@ def test_closing_lines_name_every_file(tmp_path: Path) -> None:
     assert set(listed.values()) >= {str(p) for p in files.values()}
     assert "epoch-0002" in listed["checkpoints"]
     text = closing_lines(rec, tmp_path)
-    assert text.startswith("wrote:\n") and len(text.splitlines()) == 1 + len(listed)
+    assert text.startswith("wrote:\n")
+    lines = text.splitlines()
+    assert all(ln.startswith("  ") for ln in lines[1 : 1 + len(listed)])
+    assert lines[1 + len(listed)].startswith("reference:") and lines[-1].startswith("next:")
+
+
+def test_first_run_ends_with_the_reference_and_a_next_command() -> None:
+    """A dawnbench_digits run is compared with the newest committed run of its recipe,
+    told how many held-out images cleared the target, and given one next command."""
+    import json
+
+    from bench.results.outputs import comparison_lines
+
+    rows = [json.loads(ln) for ln in (REPO / "results" / "runs.jsonl").read_text().splitlines()]
+    ref = [r for r in rows if r.get("experiment") == "dawnbench_digits" and r["status"] == "ok"]
+    rec = dict(ref[-1], run_id="20261203-000000-yours0", time_to_target_s=20.0)
+    rec["best_value"] = 353 / 360
+    lines = comparison_lines(rec, REPO / "results")
+    assert any("353 of 360 held-out images" in ln and "to spare" in ln for ln in lines), lines
+    refline = next(ln for ln in lines if ln.startswith("reference: "))
+    assert " s (" in refline and "yours: 20.0 s (" in refline and " x)" in refline
+    assert lines[-1].startswith(f"next: python -m reproduce compare {rec['run_id']} ")
 
 
 def test_figures_summarises_older_records_in_one_line(results: Path, capsys) -> None:  # noqa: F811
