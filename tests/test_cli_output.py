@@ -132,3 +132,18 @@ def test_compare_finds_runs_in_each_directory(results: Path, tmp_path: Path, cap
     with pytest.raises(SystemExit) as e:
         main([*args, "--results-dir", str(mine)])
     assert e.value.code == 2 and "no record 'r-dense-0'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("classes, target, shown", [(10, "top1", False), (1000, "top1", True),
+                                                    (10, "top5", True)])  # fmt: skip
+def test_top5_column_only_where_it_says_something(classes: int, target: str, shown: bool) -> None:
+    from bench.train.loop import _table
+
+    s = SimpleNamespace(
+        workload=SimpleNamespace(
+            metrics=("top1", "top5", "loss"), data=SimpleNamespace(num_classes=classes)
+        ),
+        cfg=SimpleNamespace(train=SimpleNamespace(target_metric=target)),
+    )
+    headers = [h for h, *_ in _table(s)]
+    assert "top1%" in headers and ("top5%" in headers) == shown
