@@ -89,6 +89,8 @@ def test_first_run_ends_with_the_reference_and_a_next_command() -> None:
     refline = next(ln for ln in lines if ln.startswith("reference: "))
     assert " s (" in refline and "yours: 20.0 s (" in refline and " x)" in refline
     assert lines[-1].startswith(f"next: python -m reproduce compare {rec['run_id']} ")
+    other = comparison_lines(rec, REPO / "results", results_dir="/tmp/mine")
+    assert "--results-dir /tmp/mine --results-dir " in other[-1]  # compare finds both runs
 
 
 def test_figures_summarises_older_records_in_one_line(results: Path, capsys) -> None:  # noqa: F811

@@ -101,7 +101,9 @@ def target_margin(record: Mapping[str, Any]) -> str | None:
 
 
 def comparison_lines(
-    record: Mapping[str, Any], reference_dir: str | Path = REFERENCE_DIR
+    record: Mapping[str, Any],
+    reference_dir: str | Path = REFERENCE_DIR,
+    results_dir: str | Path = RUNS_DIR,
 ) -> list[str]:
     """The run against the reference record of its recipe, and one suggested next command."""
     out = []
@@ -117,13 +119,19 @@ def comparison_lines(
             "yours: target not reached"
         )  # fmt: skip
         out.append(f"reference: {rt:.1f} s ({ref['run_id']}, {ref.get('hardware')}); {mine}")
-        out.append(
-            f"next: python -m reproduce compare {record['run_id']} {ref['run_id']} "
-            f"--out {Path(RUNS_DIR) / 'figures' / ('compare-' + str(record['run_id']) + '.png')}"
+        # compare looks in runs/ then results/ by default; elsewhere, both named
+        dirs = (
+            ""
+            if Path(results_dir) == Path(RUNS_DIR)
+            else f" --results-dir {results_dir} --results-dir {reference_dir}"
         )
+        png = Path(results_dir) / "figures" / f"compare-{record['run_id']}.png"
+        ids = f"{record['run_id']} {ref['run_id']}"
+        out.append(f"next: python -m reproduce compare {ids}{dirs} --out {png}")
     else:
         out.append(f"reference: no committed run of this recipe in {reference_dir}/runs.jsonl")
-        out.append("next: python -m reproduce figures   (this run beside the others)")
+        where = "" if Path(results_dir) == Path(RUNS_DIR) else f" --results-dir {results_dir}"
+        out.append(f"next: python -m reproduce figures{where}   (this run beside the others)")
     return out
 
 
@@ -132,4 +140,4 @@ def closing_lines(record: Mapping[str, Any], results_dir: str | Path) -> str:
     the reference record of its recipe and a suggested next command."""
     files = written(record, results_dir)
     text = "wrote:\n" + "\n".join(f"  {w:<{WIDTH}}  {p}" for w, p in files)
-    return "\n".join([text, *comparison_lines(record)])
+    return "\n".join([text, *comparison_lines(record, results_dir=results_dir)])
