@@ -67,10 +67,7 @@ def test_closing_lines_name_every_file(tmp_path: Path) -> None:
     assert set(listed.values()) >= {str(p) for p in files.values()}
     assert "epoch-0002" in listed["checkpoints"]
     text = closing_lines(rec, tmp_path)
-    assert text.startswith("wrote:\n")
-    lines = text.splitlines()
-    assert all(ln.startswith("  ") for ln in lines[1 : 1 + len(listed)])
-    assert lines[1 + len(listed)].startswith("reference:") and lines[-1].startswith("next:")
+    assert text.startswith("wrote:\n") and len(text.splitlines()) == 1 + len(listed)
 
 
 def test_first_run_ends_with_the_reference_and_a_next_command() -> None:
