@@ -1,6 +1,8 @@
 """python -m reproduce <command> [args]: train, benchmark, sweep and report the
 reproduction; `python -m reproduce <command> --help` says what each command does.
 
+  --version               the package's version and git commit
+
 commands:
   train [overrides]       one training run (Hydra overrides; -m for a multirun sweep)
   train resume=RUN_ID [results.dir=DIR] [train.epochs=N ...]
@@ -46,10 +48,19 @@ HYDRA_FLAGS = (
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
+# options of a group that are not a choice for a user's run: comm=nocomm is the
+# compute-only baseline the scaling sweep measures against, not a training method
+INTERNAL_OPTIONS = {"comm": ("nocomm",)}
+# the flags the help offers (a misspelt flag is told the closest of these only)
+HELP_FLAGS = (*OUR_FLAGS, "-m", "--multirun", "--hydra-help")
+
+
 def _groups() -> dict[str, list[str]]:
-    """Each config group of ``conf/`` and its options."""
+    """Each config group of ``conf/`` and the options a user chooses from."""
     return {
-        d.name: sorted(p.stem for p in d.glob("*.yaml"))
+        d.name: sorted(
+            p.stem for p in d.glob("*.yaml") if p.stem not in INTERNAL_OPTIONS.get(d.name, ())
+        )
         for d in sorted(CONF.iterdir())
         if d.is_dir() and d.name != "hydra"
     }
@@ -103,7 +114,7 @@ def _check_flags(cmd: str, overrides: list[str]) -> None:
     known = (*OUR_FLAGS, *HYDRA_FLAGS)
     for o in overrides:
         if o.startswith("-") and o.split("=")[0] not in known:
-            hint = did_you_mean(o.split("=")[0], [*known, *SYNONYMS.values()])
+            hint = did_you_mean(o.split("=")[0], [*HELP_FLAGS, *SYNONYMS.values()])
             fail(f"{cmd}: unknown option {o}{hint}")
 
 
@@ -205,7 +216,38 @@ def _help() -> str:
     return __doc__.rstrip() + "\n" + extra + "\nexample:\n  python -m reproduce dawnbench\n"
 
 
+def version() -> str:
+    """``reproduce <version> (git <sha>)``: the installed package's version, and the
+    checkout's commit where this is a git checkout."""
+    import subprocess
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as pkg_version
+
+    try:
+        v = pkg_version("topk-dawnbench")
+    except PackageNotFoundError:  # a checkout not installed: pyproject.toml's version
+        import re
+
+        pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+        m = re.search(r'^version = "([^"]+)"', pyproject.read_text(), re.M)
+        v = m.group(1) if m else "unknown"
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        sha = ""
+    return f"reproduce {v}" + (f" (git {sha})" if sha else "")
+
+
 def main(argv: list[str]) -> None:
+    if argv and argv[0] in ("--version", "-V"):
+        print(version())
+        sys.exit(0)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_help())
         sys.exit(0 if argv else 2)

@@ -31,6 +31,15 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     return f"; did you mean {close[0]}?" if close else ""
 
 
+def plain(text: str) -> str:
+    """Help text as a terminal shows it: the docstrings' reStructuredText markup
+    (roles such as :func:, double backquotes, double stars) as plain words."""
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", lambda m: m.group(1), text)
+    text = re.sub(r"``([^`]+)``", r"\1", text)
+    text = re.sub(r"\*\*([^*]+)\*\*", r"\1", text)
+    return re.sub(r"(?<![\w`])`([^`]+)`(?![\w`])", r"\1", text)
+
+
 def fail(msg: str, code: int = 2) -> None:
     """One error line on stderr and exit ``code`` (2: bad input, nothing started)."""
     print(f"error: {msg}", file=sys.stderr)
@@ -105,10 +114,11 @@ class Parser(argparse.ArgumentParser):
         self.summary = summary
 
     def format_help(self) -> str:
-        text = super().format_help()
+        text = plain(super().format_help())
         if not self.summary:
             return text
-        return f"{textwrap.fill(' '.join(self.summary.split()), width=88)}\n\n{text}"
+        summary = textwrap.fill(" ".join(plain(self.summary).split()), width=88)
+        return f"{summary}\n\n{text}"
 
     def _options(self) -> list[str]:
         return [o for a in self._actions for o in a.option_strings if o.startswith("--")]

@@ -76,8 +76,46 @@ def hydra_error(e: BaseException) -> str:
     return msg
 
 
-def compose(overrides: list[str]) -> Any:
-    """The run's config from ``overrides``, or one error line and exit 2."""
+def _added_keys(overrides: list[str]) -> list[tuple[str, str]]:
+    """The ``+key=value`` / ``++key=value`` overrides that name a config key (not a
+    config group): ``(override, key)`` each."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from reproduce.train import CONF_DIR
+
+    out = []
+    for o in overrides:
+        if not o.startswith("+"):
+            continue
+        try:
+            parsed = OverridesParser.create().parse_override(o)
+        except Exception:  # noqa: BLE001  (Hydra reports a malformed override itself)
+            continue
+        key = parsed.key_or_group
+        if parsed.package is None and not (Path(CONF_DIR) / key.replace(".", "/")).is_dir():
+            out.append((o, key))
+    return out
+
+
+def _check_added_keys(overrides: list[str], cfg: Any) -> None:
+    """``+key=``/``++key=`` adds a key to the struct config that nothing reads: refused
+    like a misspelt ``key=``, before work starts (``++`` on a known key overrides it)."""
+    from omegaconf import OmegaConf
+
+    added = _added_keys(overrides)
+    if not added:
+        return
+    plus = {o for o, _ in added}
+    base = _compose([o for o in overrides if o not in plus])
+    for _, key in added:
+        if OmegaConf.select(base, key, default=_MISSING) is _MISSING:
+            fail(f"unknown config key {key!r}{_suggest_key(key)}")
+
+
+_MISSING = object()
+
+
+def _compose(overrides: list[str]) -> Any:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
@@ -90,6 +128,14 @@ def compose(overrides: list[str]) -> Any:
             return hydra_compose(config_name="config", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as e:
         fail(hydra_error(e))
+
+
+def compose(overrides: list[str]) -> Any:
+    """The run's config from ``overrides``, or one error line and exit 2 (a ``+key=``
+    that adds an unknown key too)."""
+    cfg = _compose(overrides)
+    _check_added_keys(overrides, cfg)
+    return cfg
 
 
 def refusal(cfg: Any) -> str | None:

@@ -101,9 +101,11 @@ def _workload_name(args: argparse.Namespace) -> str:
     if args.workload:
         if args.workload not in WORKLOADS:
             from bench.registry import ConfigError
+            from reproduce._cli import did_you_mean
 
             known = ", ".join(WORKLOADS)
-            raise ConfigError(f"unknown workload {args.workload!r}; known: {known}")
+            hint = did_you_mean(args.workload, WORKLOADS)
+            raise ConfigError(f"unknown workload {args.workload!r}{hint}; known: {known}")
         return args.workload
     return next((w for w, e in WORKLOADS.items() if e == args.experiment), "image")
 

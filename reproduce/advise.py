@@ -21,11 +21,13 @@ given (``--hidden``) or, with ``--costs cpu``, measured on this machine.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import itertools
 from pathlib import Path
 from typing import Any
 
 from bench.results.paths import bench_csv
-from reproduce._cli import Parser
+from reproduce._cli import REFERENCE, RESULTS, Parser
 
 USAGE = """advise [--profile paper | --nodes N --workers M --inter-gbps G --intra-gbps G]
        [--model resnet50|transformer_base | --params N] [--batch B --px P | --compute-ms T]
@@ -111,7 +113,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--results-dir",
-        help="where the benchmark CSVs are (default results/; must exist when given)",
+        help=f"where the benchmark CSVs are (default {RESULTS}/; --results-dir {REFERENCE} for "
+        "the committed ones; must exist when given)",
     )
     ap.add_argument("--dry-run", action="store_true", help="print the inputs; predict nothing")
     return ap
@@ -194,7 +197,7 @@ def _measured(a: argparse.Namespace) -> tuple[Any, float | dict[str, float], lis
     from bench.cluster import perfmodel as pm
     from bench.cluster.projection import ASSUMPTIONS, GPU_COSTS
 
-    results = a.results_dir or "results"
+    results = a.results_dir or RESULTS
     notes: list[str] = []
     ov = _newest(bench_csv(results, "cluster"), "overlap")
     if ov is None:
@@ -329,10 +332,37 @@ def main(argv: list[str]) -> None:
     if c.world == 1:
         print("one worker: nothing to aggregate, every method takes the compute time")
     rows = [(pm.step_time(m, wl, a.density, c, k), m) for m in RANKED if m not in skipped]
-    print(f"{'method':>8} {'step ms':>9} {'efficiency':>10} {'hidden':>7}")
+    # the band: every assumption the user did not give at its low and high end
+    h = A["hidden"]
+    hb = (None,) if a.hidden is not None or isinstance(hidden, dict) else (h.low, h.high)
+    nb = (
+        (nic,)
+        if a.nic_efficiency is not None
+        else (A["nic_efficiency"].low, A["nic_efficiency"].high)
+    )
+    cs = A["compute_s"]
+    cb = (1.0,) if a.compute_ms is not None else (cs.low / cs.value, cs.high / cs.value)
+
+    def band(m: str) -> tuple[float, float]:
+        effs = []
+        for hh, nn, cf in itertools.product(hb, nb, cb):
+            cc = dataclasses.replace(c, inter_bw=p["inter_gbps"] * 1e9 / 8 * nn)
+            sh = {**shares, m: hh} if hh is not None else shares
+            ww = dataclasses.replace(wl, compute_s=wl.compute_s * cf, hidden=sh)
+            effs.append((ww.compute_s + ww.update_s) / pm.step_time(m, ww, a.density, cc, k))
+        return min(effs), max(effs)
+
+    print(f"{'method':>8} {'step ms':>9} {'efficiency':>10} {'band':>11} {'hidden':>7}")
     for t, m in sorted(rows):
         eff = (wl.compute_s + wl.update_s) / t
-        print(f"{m:>8} {t * 1e3:9.1f} {eff:10.3f} {shares.get(m, 0.0):7.2f}")
+        lo, hi = band(m)
+        lo, hi = min(lo, eff), max(hi, eff)
+        span = f"{lo:.2f}-{hi:.2f}"
+        print(f"{m:>8} {t * 1e3:9.1f} {eff:10.3f} {span:>11} {shares.get(m, 0.0):7.2f}")
+    print(
+        "band: the efficiency with each assumption not given (hidden share, NIC efficiency, "
+        "compute time) at the low and high end of its range"
+    )
     for m, why in skipped.items():
         print(f"not ranked: {m}: {why}")
     print("\n".join(notes))

@@ -19,7 +19,9 @@ def main(argv: list[str]) -> None:
         "one row per step in <results-dir>/bench/gpucheck.csv and a summary table.",
         example="python -m reproduce gpucheck --budget-s 480 --dry-run",
     )
-    ap.add_argument("--budget-s", type=float, default=480.0, help="seconds for all steps")
+    ap.add_argument(
+        "--budget-s", type=float, default=480.0, help="seconds for all steps (default %(default)g)"
+    )
     ap.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
     ap.add_argument(
         "--cpu", action="store_true", help="the steps with a CPU mode, on the CPU (plumbing)"

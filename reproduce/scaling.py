@@ -1,6 +1,6 @@
 """``python -m reproduce scaling [options] [overrides]``
 
-Measured scaling: at each size NODESxWORKERS (default 1x1,2x1,4x1,8x1; one node on the
+Measured scaling: at each size NODESxWORKERS (default: see --topologies; one node on the
 local cluster, more on emulated nodes, each its own network namespace on a link
 paper-scaled at that size), the step time of the same workers with communication removed
 (``comm=nocomm``) and with each method, in one launch of the workers per size; scaling
@@ -31,7 +31,7 @@ from pathlib import Path
 from reproduce import _sweep
 from reproduce._cli import RESULTS, Parser, fail
 
-USAGE = """scaling [--cluster emulated|local] [--comm a,b] [--topologies 1x1,2x1,4x1,8x1]
+USAGE = """scaling [--cluster emulated|local] [--comm a,b] [--topologies NxW,...]
            [--steps N] [--epochs N] [--quick] [--dry-run] [--launcher slurm]
            [--sweep-id ID] [--resume ID] [--status ID] [--aggregate SWEEP_ID]
                           measured scaling efficiency vs nodes per method, the model's
@@ -59,8 +59,15 @@ def _parser() -> argparse.ArgumentParser:
         "--topologies", default="", help=f"NODESxWORKERS list (default {sc.TOPOLOGIES})"
     )
     ap.add_argument("--steps", type=int, default=0, help="steps per epoch (default 4)")
-    ap.add_argument("--epochs", type=int, default=3, help="epochs per run, the first warm-up")
-    ap.add_argument("--batch-per-worker", type=int, default=32)
+    ap.add_argument(
+        "--epochs",
+        type=int,
+        default=3,
+        help="epochs per run, the first warm-up (default %(default)s)",
+    )
+    ap.add_argument(
+        "--batch-per-worker", type=int, default=32, help="batch per worker (default %(default)s)"
+    )
     ap.add_argument(
         "--quick", action="store_true",
         help="local cluster, 1x1 and 2x1, dense and hitopk, 2 steps (no root needed)",

@@ -40,11 +40,13 @@ def task(cfg: DictConfig) -> float | None:
     if rec is not None and hc.mode != RunMode.MULTIRUN:  # after the workers' closing lines
         import os
 
-        from bench.results.outputs import WIDTH
+        from bench.results.outputs import WIDTH, comparison_lines
 
         out = hc.runtime.output_dir  # relative when results.dir is, as the lines above
         out = out if os.path.isabs(str(cfg.results.dir)) else os.path.relpath(out)
         print(f"  {'launch files':<{WIDTH}}  {out}/ (Hydra's config and log)")
+        # the run against the reference record of its recipe, and what to do next
+        print("\n".join(comparison_lines(rec, results_dir=str(cfg.results.dir))), flush=True)
     if rc and hc.mode != RunMode.MULTIRUN:
         sys.exit(rc)
     # the sweep objective (e.g. for an optimizer sweeper): time to target, if reached

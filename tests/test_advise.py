@@ -24,7 +24,7 @@ def _table(out: str) -> dict[str, tuple[float, float]]:
     rows = {}
     for ln in out.splitlines():
         f = ln.split()
-        if len(f) == 4 and f[0] in advise.RANKED:
+        if len(f) == 5 and f[0] in advise.RANKED:
             rows[f[0]] = (float(f[1]), float(f[2]))
     return rows
 
@@ -162,3 +162,26 @@ def test_the_command_line_entry(tmp_path):
         text=True,
     )
     assert p.returncode == 0 and "step ms" not in p.stdout and "compute = " in p.stdout
+
+
+def test_band_beside_each_estimate_and_runs_by_default(capsys) -> None:
+    """Each ranked method's efficiency with its band (the assumptions at their ends); the
+    CSVs are looked for in a user's runs/ by default, like every other command."""
+    from reproduce._cli import RESULTS
+
+    assert advise._parser().get_default("results_dir") in (None, RESULTS)
+    assert "default runs/" in " ".join(advise._parser().format_help().split())
+    rc, out, _ = _run(capsys, "--profile", "paper")
+    assert rc == 0 and "band" in out.splitlines()[1]
+    for m, (_, eff) in _table(out).items():
+        row = next(ln.split() for ln in out.splitlines() if ln.split()[:1] == [m])
+        lo, hi = (float(x) for x in row[3].split("-"))
+        assert lo <= eff <= hi and lo < hi, row  # an assumed hidden share: a real band
+    # --hidden and --nic-efficiency given: the band narrows
+    rc, out2, _ = _run(capsys, "--profile", "paper", "--hidden", "0.5", "--nic-efficiency", "0.9")
+    wide = {ln.split()[0]: ln.split()[3] for ln in out.splitlines() if ln.split()[:1] == ["dense"]}
+    narrow = {
+        ln.split()[0]: ln.split()[3] for ln in out2.splitlines() if ln.split()[:1] == ["dense"]
+    }
+    w, n = (tuple(map(float, d["dense"].split("-"))) for d in (wide, narrow))
+    assert n[1] - n[0] < w[1] - w[0]

@@ -68,6 +68,12 @@ def test_unknown_command_and_dawnbench_data() -> None:
         (["train", "-m", "com=dense,hitopk"], ["'com'", "did you mean comm?"]),
         (["train", "optim.lrr=0.1"], ["'optim.lrr'", "did you mean optim.lr?"]),
         (["train", "trian.epochs=3"], ["did you mean train?"]),
+        (
+            ["dawnbench", "+comm.densty=0.01", "--dry-run"],
+            ["'comm.densty'", "did you mean comm.density?"],
+        ),
+        (["dawnbench", "++comm.densty=0.01"], ["'comm.densty'", "did you mean comm.density?"]),
+        (["train", "+train.no_such_key=1", "--dry-run"], ["'train.no_such_key'"]),
         (["train", "model=resnet5"], ["model=resnet5", "did you mean resnet50?", "known:"]),
         (["dawnbench", "data=cifar"], ["data=cifar", "did you mean cifar10?"]),
         (["train", "--dryrun"], ["--dryrun", "did you mean --dry-run?"]),

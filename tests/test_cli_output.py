@@ -16,6 +16,7 @@ import torch
 from bench.results.outputs import closing_lines, written
 from bench.train.loop import _progress, _show_step
 from reproduce.__main__ import main
+from tests.conftest import REPO
 from tests.test_figures import _curve, _record, results  # noqa: F401  (a fixture)
 
 
@@ -69,6 +70,26 @@ def test_closing_lines_name_every_file(tmp_path: Path) -> None:
     assert text.startswith("wrote:\n") and len(text.splitlines()) == 1 + len(listed)
 
 
+def test_first_run_ends_with_the_reference_and_a_next_command() -> None:
+    """A dawnbench_digits run is compared with the newest committed run of its recipe,
+    told how many held-out images cleared the target, and given one next command."""
+    import json
+
+    from bench.results.outputs import comparison_lines
+
+    rows = [json.loads(ln) for ln in (REPO / "results" / "runs.jsonl").read_text().splitlines()]
+    ref = [r for r in rows if r.get("experiment") == "dawnbench_digits" and r["status"] == "ok"]
+    rec = dict(ref[-1], run_id="20261203-000000-yours0", time_to_target_s=20.0)
+    rec["best_value"] = 353 / 360
+    lines = comparison_lines(rec, REPO / "results")
+    assert any("353 of 360 held-out images" in ln and "to spare" in ln for ln in lines), lines
+    refline = next(ln for ln in lines if ln.startswith("reference: "))
+    assert " s (" in refline and "yours: 20.0 s (" in refline and " x)" in refline
+    assert lines[-1].startswith(f"next: python -m reproduce compare {rec['run_id']} ")
+    other = comparison_lines(rec, REPO / "results", results_dir="/tmp/mine")
+    assert "--results-dir /tmp/mine --results-dir " in other[-1]  # compare finds both runs
+
+
 def test_figures_summarises_older_records_in_one_line(results: Path, capsys) -> None:  # noqa: F811
     main(["figures", "--results-dir", str(results), "--dry-run"])
     err = capsys.readouterr().err
@@ -110,3 +131,18 @@ def test_compare_finds_runs_in_each_directory(results: Path, tmp_path: Path, cap
     with pytest.raises(SystemExit) as e:
         main([*args, "--results-dir", str(mine)])
     assert e.value.code == 2 and "no record 'r-dense-0'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("classes, target, shown", [(10, "top1", False), (1000, "top1", True),
+                                                    (10, "top5", True)])  # fmt: skip
+def test_top5_column_only_where_it_says_something(classes: int, target: str, shown: bool) -> None:
+    from bench.train.loop import _table
+
+    s = SimpleNamespace(
+        workload=SimpleNamespace(
+            metrics=("top1", "top5", "loss"), data=SimpleNamespace(num_classes=classes)
+        ),
+        cfg=SimpleNamespace(train=SimpleNamespace(target_metric=target)),
+    )
+    headers = [h for h, *_ in _table(s)]
+    assert "top1%" in headers and ("top5%" in headers) == shown

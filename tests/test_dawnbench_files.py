@@ -161,6 +161,12 @@ def test_unset_author_is_said_and_an_unknown_cost_left_out(tmp_path: Path, capsy
     assert d["author"] == d["authorEmail"] == "unknown" and "costPerHour" not in d
     assert "results.author" in capsys.readouterr().out
     assert entries_problems(js, "top1", 90.0) == []  # non-empty placeholders pass
+    # once per results directory: a second run there is not told again
+    rec2 = dict(_record(curve), run_id="20991231-000000-second")
+    dawnbench.write(tmp_path, rec2, curve)
+    assert "results.author" not in capsys.readouterr().out
+    dawnbench.write(tmp_path / "other", rec2, curve)
+    assert "results.author" in capsys.readouterr().out
 
 
 def test_no_files_for_bleu_or_a_run_never_evaluated(tmp_path: Path) -> None:

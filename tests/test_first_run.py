@@ -83,6 +83,10 @@ def test_dawnbench_in_a_fresh_clone_leaves_git_status_clean(tmp_path: Path) -> N
     )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert (clone / "runs" / "runs.jsonl").is_file()
+    # it ends with the reference record of its recipe and one next command
+    tail = p.stdout.splitlines()[-3:]
+    assert tail[0].startswith("best ") and "held-out images" in tail[0], tail
+    assert tail[1].startswith("reference: ") and tail[2].startswith("next: python -m reproduce ")
     status = subprocess.run(
         ["git", "status", "--porcelain", "--untracked-files=all"],
         cwd=clone,

@@ -126,13 +126,15 @@ def write(
     if not rows:
         return None, None
     js = entry(record)
-    if UNSET in (js["author"], js["authorEmail"]):
+    jpath, tpath = paths(results_dir, record["run_id"])
+    # the note once per results directory: before its first DAWNBench JSON
+    first = not any(p != jpath for p in jpath.parent.glob("*.json"))
+    if UNSET in (js["author"], js["authorEmail"]) and first:
         print(
             "note: results.author / results.author_email are unset: the DAWNBench JSON says "
             f"{UNSET!r} (DAWNBench wants both)",
             flush=True,
         )
-    jpath, tpath = paths(results_dir, record["run_id"])
     header = ["epoch", "hours", *(name for name, _ in TSV_COLUMNS[metric])]
     lines = ["\t".join(header)]
     lines += ["\t".join(_fmt(r[h]) for h in header) for r in rows]

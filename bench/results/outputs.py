@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.results.events import events_path, run_dir
+from bench.results.paths import RUNS_DIR
 from bench.results.records import runs_path
 
 # record field -> what the file is, in the order they are listed
@@ -42,7 +43,100 @@ def written(record: Mapping[str, Any], results_dir: str | Path) -> list[tuple[st
     return out
 
 
+# what makes two runs the same recipe, for the comparison with the reference record
+RECIPE = ("experiment", "model", "data", "comm", "comm_density", "cache", "update", "optimizer",
+          "world_size", "nnodes", "target_metric", "target_value")  # fmt: skip
+REFERENCE_DIR = "results"  # the committed reference results
+
+
+def reference_record(
+    record: Mapping[str, Any], reference_dir: str | Path = REFERENCE_DIR
+) -> dict[str, Any] | None:
+    """The newest committed run of the same recipe that reached its target, on the same
+    hardware where there is one, else on any; None when there is none."""
+    import json
+
+    path = runs_path(reference_dir)
+    if not path.is_file():
+        return None
+    same = []
+    for line in path.read_text().splitlines():
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if (
+            r.get("run_id") != record.get("run_id")
+            and r.get("status") == "ok"
+            and r.get("time_to_target_s") is not None
+            and all(r.get(k) == record.get(k) for k in RECIPE)
+        ):
+            same.append(r)
+    if not same:
+        return None
+    here = [r for r in same if r.get("hardware") == record.get("hardware")]
+    return max(here or same, key=lambda r: str(r.get("started_at", "")))
+
+
+def target_margin(record: Mapping[str, Any]) -> str | None:
+    """For the digits data, the best accuracy as images of the held-out split and by how
+    many images it cleared the target (98.06 % is 353 of 360 images, the least that
+    reaches 98 %)."""
+    import math
+
+    from bench.data import heldout_size
+
+    best, target = record.get("best_value"), record.get("target_value")
+    if record.get("data") != "digits" or best is None or target is None:
+        return None
+    frac = ((record.get("config") or {}).get("data") or {}).get("test_fraction", 0.2)
+    n = heldout_size(frac)
+    right, need = round(best * n), math.ceil(target * n - 1e-9)
+    verdict = (
+        f"the target ({100 * target:g} % = {need} images) met with {right - need} to spare"
+        if right >= need
+        else f"{need - right} image(s) short of the target ({100 * target:g} % = {need} images)"
+    )
+    return f"best {100 * best:.2f} % is {right} of {n} held-out images: {verdict}"
+
+
+def comparison_lines(
+    record: Mapping[str, Any],
+    reference_dir: str | Path = REFERENCE_DIR,
+    results_dir: str | Path = RUNS_DIR,
+) -> list[str]:
+    """The run against the reference record of its recipe, and one suggested next command."""
+    out = []
+    margin = target_margin(record)
+    if margin:
+        out.append(margin)
+    ref = reference_record(record, reference_dir)
+    yours = record.get("time_to_target_s")
+    if ref is not None:
+        rt = float(ref["time_to_target_s"])
+        mine = (
+            f"yours: {yours:.1f} s ({yours / rt:.2f} x)" if yours is not None else
+            "yours: target not reached"
+        )  # fmt: skip
+        out.append(f"reference: {rt:.1f} s ({ref['run_id']}, {ref.get('hardware')}); {mine}")
+        # compare looks in runs/ then results/ by default; elsewhere, both named
+        dirs = (
+            ""
+            if Path(results_dir) == Path(RUNS_DIR)
+            else f" --results-dir {results_dir} --results-dir {reference_dir}"
+        )
+        png = Path(results_dir) / "figures" / f"compare-{record['run_id']}.png"
+        ids = f"{record['run_id']} {ref['run_id']}"
+        out.append(f"next: python -m reproduce compare {ids}{dirs} --out {png}")
+    else:
+        out.append(f"reference: no committed run of this recipe in {reference_dir}/runs.jsonl")
+        where = "" if Path(results_dir) == Path(RUNS_DIR) else f" --results-dir {results_dir}"
+        out.append(f"next: python -m reproduce figures{where}   (this run beside the others)")
+    return out
+
+
 def closing_lines(record: Mapping[str, Any], results_dir: str | Path) -> str:
     """``wrote:`` and one indented line per file of :func:`written`."""
     files = written(record, results_dir)
-    return "wrote:\n" + "\n".join(f"  {w:<{WIDTH}}  {p}" for w, p in files)
+    text = "wrote:\n" + "\n".join(f"  {w:<{WIDTH}}  {p}" for w, p in files)
+    return text

@@ -102,10 +102,17 @@ class Plan(Saved):
         jobs = [self.job_overrides(*job, seed=0) for job in self.configs()]
         cfg = validate_jobs(jobs, self.results_dir)[-1]
         if "multilevel" in self.caches and cfg.data.name not in ("imagefolder", "imagenet"):
-            self.notes.append(
-                f"the cache levels act on image-folder data only: on data={cfg.data.name} "
-                "cache=multilevel trains on the same in-memory input as cache=none"
-            )
+            same = f"on data={cfg.data.name} cache=multilevel trains on the same in-memory input"
+            if "none" in self.caches:  # the same runs twice: not run
+                self.caches = [c for c in self.caches if c != "multilevel"]
+                self.notes.append(
+                    f"cache=multilevel dropped from the grid: {same} as cache=none (the cache "
+                    "levels act on image-folder data only)"
+                )
+            else:
+                self.notes.append(
+                    f"the cache levels act on image-folder data only: {same} as cache=none"
+                )
 
     def configs(self) -> list[tuple[str, str, str]]:
         return list(itertools.product(self.comms, self.caches, self.updates))
