@@ -54,6 +54,16 @@ class TrainConfig:
     # > 0: also evaluate after every N-th optimizer step inside an epoch, so that time to
     # target is resolved to N steps, not to an epoch (the evaluations are not training time)
     eval_every_steps: int = 0
+    # no evaluation (inside an epoch or after one, but the last) before this optimizer step:
+    # a sweep that knows no configuration reaches its target sooner skips the evaluations
+    # that cannot hit it (a run that hits at its first evaluation is flagged in its record)
+    eval_from_step: int = 0
+    # > 1 with eval_every_steps and stop_at_target: evaluate every eval_every_steps x this
+    # steps, keeping a copy of the model at each eval_every_steps step between; when an
+    # evaluation reaches the target, the kept copies are evaluated oldest first, so that
+    # the first step reaching it is the one every eval_every_steps would have found, for
+    # fewer evaluations
+    eval_stride: int = 1
     progress: bool = True  # progress bar on rank 0
     device: Device = Device.auto
     time_phases: bool = True  # on CUDA, synchronise at phase boundaries to attribute step time

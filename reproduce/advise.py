@@ -40,9 +40,18 @@ USAGE = """advise [--profile paper | --nodes N --workers M --inter-gbps G --intr
 # embedding), both counted from the models' DDP buckets (bench.cluster.projection)
 MODELS = ("resnet50", "transformer_base")
 CITED_COMPUTE = ("resnet50",)  # models with a cited V100 compute time per step
-PROFILES = {"paper": {"nodes": 16, "workers": 8, "inter_gbps": 25.0, "intra_gbps": 800.0}}
+# the paper's cluster, and the named settings the answer is quoted for (bench.launch.profile:
+# paper 256 per V100 at 128 px, paper-224 at 224 px, paper-b64 64 per V100, paper-fp16 an
+# fp16 dense baseline): the same 16 x 8 cluster, another compute per step
+_PAPER = {"nodes": 16, "workers": 8, "inter_gbps": 25.0, "intra_gbps": 800.0}
+PROFILES = {name: dict(_PAPER) for name in ("paper", "paper-224", "paper-b64", "paper-fp16")}
 PROFILE_SOURCE = "profile paper: Shi et al. (MLSys 2021), 16 nodes x 8 V100, 25 Gbit/s, NVLink"
-RANKED = ("dense", "fp16", "powersgd", "mstopk", "hitopk")  # the model's selection is MSTopK's
+# the model's selection is MSTopK's; DeMo and the sync strategies at the knobs the answer
+# selected for the profile (else --demo-chunk/--demo-topk, --sync-every)
+RANKED = (
+    "dense", "fp16", "powersgd", "mstopk", "hitopk", "demo", "diloco", "streaming_diloco"
+)  # fmt: skip
+SYNC = ("localsgd", "diloco", "streaming_diloco")
 NOT_RANKED = {
     "bf16": "sends the same 2-byte elements as fp16: its row is fp16's",
     "topk": "the model's selection cost is MSTopK's; torch.topk's was not measured on the "
@@ -60,6 +69,9 @@ LIMITS = {
     "batch": (1, 10**6),
     "px": (8, 10_000),
     "powersgd_rank": (1, 1024),
+    "sync_every": (1, 10**6),
+    "demo_chunk": (1, 4096),
+    "demo_topk": (1, 4096 * 4096),
 }
 
 
@@ -94,6 +106,11 @@ def _parser() -> argparse.ArgumentParser:
         "--density", type=float, default=0.001, help="top-k density, in (0, 1] (default 0.001)"
     )
     ap.add_argument("--powersgd-rank", type=int, default=4, help="PowerSGD's rank (default 4)")
+    ap.add_argument(
+        "--sync-every", type=int, default=20, help="DiLoCo's period H, inner steps (default 20)"
+    )
+    ap.add_argument("--demo-chunk", type=int, default=64, help="DeMo's chunk (default 64)")
+    ap.add_argument("--demo-topk", type=int, default=32, help="DeMo's top-k per chunk (32)")
     ap.add_argument(
         "--nic-efficiency",
         type=float,
@@ -150,7 +167,8 @@ def _inputs(a: argparse.Namespace) -> dict[str, Any]:
         else:
             _fail(f"{flag} is required without --profile")
         _bounded(key, p[key])
-    for name in ("params", "compute_ms", "batch", "px", "powersgd_rank"):
+    for name in ("params", "compute_ms", "batch", "px", "powersgd_rank", "sync_every",
+                 "demo_chunk", "demo_topk"):  # fmt: skip
         _bounded(name, getattr(a, name))
     if not 0 < a.density <= 1:
         _fail(f"--density must be in (0, 1], got {a.density:g}")
@@ -260,7 +278,8 @@ def _workload(a: argparse.Namespace, p: dict[str, Any]) -> tuple[dict[str, Any],
         compute = a.compute_ms / 1e3
         notes.append(f"compute = {a.compute_ms:g} ms per step: given (--compute-ms)")
     else:
-        batch, px = a.batch or 256, a.px or 128
+        st = _setting(a.profile)
+        batch, px = a.batch or st[0], a.px or st[1]
         compute = projection.v100_compute_s(batch, px)
         notes.append(
             f"compute = {compute * 1e3:.1f} ms per step ({batch} images at {px} px): "
@@ -273,6 +292,103 @@ def _workload(a: argparse.Namespace, p: dict[str, Any]) -> tuple[dict[str, Any],
     bw = A["backward_frac"]
     notes.append(f"backward_frac = {bw.value:.3g}: {bw.source}")
     return {"buckets": buckets, "shapes": shapes, "compute": compute, "update": update}, notes
+
+
+def _setting(profile: str | None) -> tuple[int, int]:
+    """(images per GPU, px) of a named setting (the paper's 256 at 128 px by default)."""
+    from bench.launch.profile import SETTINGS
+
+    st = SETTINGS.get(profile or "paper", SETTINGS["paper"])
+    return st.batch, st.px
+
+
+def answers(results: str, profile: str | None) -> list[Any]:
+    """The newest v2 protocol table per workload under ``results``/ablation, cut to the
+    rows quoted for ``profile`` ([] for none: no profile, or no sweep tuned for it)."""
+    import pandas as pd
+
+    if profile is None:
+        return []
+    cluster = "paper" if profile == "paper-fp16" else profile  # paper-fp16 is paper's point
+    newest: dict[str, Any] = {}
+    for path in sorted((Path(results) / "ablation").glob("ablation-*.csv")):
+        if path.stem.endswith("-tuning"):
+            continue
+        df = pd.read_csv(path)
+        if "for_cluster" not in df.columns or df.empty:
+            continue
+        df = df[df["for_cluster"] == cluster].assign(table=str(path))
+        if not df.empty:
+            newest[str(df["experiment"].iloc[0])] = df
+    return list(newest.values())
+
+
+def _selected(tables: list[Any], method: str, key: str) -> Any:
+    """A knob of ``method``'s configuration the answer selected (the first workload's)."""
+    import re
+
+    for df in tables:
+        hit = df[df["comm"] == method]
+        if hit.empty:
+            continue
+        trial = str(hit["trial"].iloc[0])
+        m = re.search({"density": r"d([0-9.]+(?:e-?\d+)?)", "rank": r"rank(\d+)", "H": r"H(\d+)",
+                       "chunk": r"c(\d+)k", "topk": r"k(\d+)"}[key], trial)  # fmt: skip
+        if m:
+            return float(m.group(1)) if key == "density" else int(m.group(1))
+    return None
+
+
+def _answer_lines(tables: list[Any], fastest: str) -> list[str]:
+    """The answer's time to target at this profile, per workload: each method's selected
+    configuration, steps and time, against dense; and a line when the method fastest per
+    step is not the fastest to the target there."""
+    from bench.report.tables import verdict_text
+    from bench.sweeps.intervals import ci_text
+
+    out = []
+    for df in tables:
+        df = df.sort_values("time_to_target_mean_s")
+        out.append(
+            f"the answer for this profile, {df['experiment'].iloc[0]} "
+            f"({Path(df['table'].iloc[0]).name}): time to target = each method's steps x its "
+            "step time here, every method tuned for this cluster"
+        )
+        out.append(f"{'method':>17} {'trial':>22} {'steps':>7} {'time s':>8}  vs dense")
+        for _, r in df.iterrows():
+            vs = (
+                "baseline"
+                if r["comm"] == "dense"
+                else ci_text(r["speedup_vs_dense"], r["speedup_vs_dense_ci_low"],
+                             r["speedup_vs_dense_ci_high"], 2, "x") + " "
+                + verdict_text(r["verdict_vs_dense"], int(r["n_runs"]), short=True)
+            )  # fmt: skip
+            out.append(
+                f"{r['comm']:>17} {str(r['trial']):>22} {r['steps_to_target_mean']:7.0f} "
+                f"{r['time_to_target_mean_s']:8.2f}  {vs}"
+            )
+        top = df.iloc[0]["comm"]
+        row = df[df["comm"] == fastest]
+        if fastest != top and not row.empty and row.iloc[0]["verdict_vs_dense"] == "slower":
+            steps = float(row.iloc[0]["steps_to_target_mean"])
+            dense = df[df["comm"] == "dense"]["steps_to_target_mean"]
+            d = f" against dense's {float(dense.iloc[0]):.0f}" if not dense.empty else ""
+            out.append(
+                f"why the ranking differs: {fastest} has the shortest step here, but it needs "
+                f"{steps:.0f} steps to the target{d}, so the answer has it slower than dense; "
+                f"first to the target: {top}"
+            )
+        elif fastest and row.empty:
+            out.append(
+                f"why the ranking differs: {fastest} has the shortest step, but this sweep did "
+                f"not run it (no steps to target measured); first to the target: {top}"
+            )
+        elif fastest != top:
+            out.append(
+                f"why the ranking differs: {fastest} has the shortest step, {top} the "
+                "shortest time to the target (fewer steps)"
+            )
+    return out
 
 
 def main(argv: list[str]) -> None:
@@ -326,12 +442,35 @@ def main(argv: list[str]) -> None:
     if w["shapes"] is None:
         skipped["powersgd"] = "--params gives no parameter shapes, and PowerSGD compresses matrices"
     if isinstance(hidden, dict):
-        for m in RANKED:
+        for m in RANKED[:5]:  # the comm hooks (DeMo and the sync strategies: no overlap)
             if m not in hidden and m not in skipped:
                 skipped[m] = "no overlap measurement of it in the run used (--hidden gives one)"
     if c.world == 1:
         print("one worker: nothing to aggregate, every method takes the compute time")
-    rows = [(pm.step_time(m, wl, a.density, c, k), m) for m in RANKED if m not in skipped]
+    tables = answers(a.results_dir or REFERENCE, a.profile)
+    if w["shapes"] is None:
+        skipped["demo"] = "--params gives no parameter shapes, and DeMo chunks each tensor"
+    if p["nodes"] < 2:
+        for m in SYNC:
+            skipped[m] = "it synchronises nodes, and there is one"
+
+    def knob(method: str, key: str, default: Any) -> Any:
+        got = _selected(tables, method, key)
+        return default if got is None else got
+
+    def step(m: str, ww: Any, cc: Any) -> float:
+        if m == "demo":
+            chunk, topk = knob(m, "chunk", a.demo_chunk), knob(m, "topk", a.demo_topk)
+            return pm.demo_step_time(ww, chunk, topk, cc, k)
+        if m in SYNC:
+            frags = 2 if m == "streaming_diloco" else 1
+            return pm.sync_step_time(ww, cc, k, knob(m, "H", a.sync_every), frags, frags - 1)
+        if m == "powersgd":
+            ww = dataclasses.replace(ww, powersgd_rank=knob(m, "rank", a.powersgd_rank))
+        d = knob(m, "density", a.density) if m in ("mstopk", "hitopk") else a.density
+        return pm.step_time(m, ww, d, cc, k)
+
+    rows = [(step(m, wl, c), m) for m in RANKED if m not in skipped]
     # the band: every assumption the user did not give at its low and high end
     h = A["hidden"]
     hb = (None,) if a.hidden is not None or isinstance(hidden, dict) else (h.low, h.high)
@@ -349,16 +488,24 @@ def main(argv: list[str]) -> None:
             cc = dataclasses.replace(c, inter_bw=p["inter_gbps"] * 1e9 / 8 * nn)
             sh = {**shares, m: hh} if hh is not None else shares
             ww = dataclasses.replace(wl, compute_s=wl.compute_s * cf, hidden=sh)
-            effs.append((ww.compute_s + ww.update_s) / pm.step_time(m, ww, a.density, cc, k))
+            effs.append((ww.compute_s + ww.update_s) / step(m, ww, cc))
         return min(effs), max(effs)
 
-    print(f"{'method':>8} {'step ms':>9} {'efficiency':>10} {'band':>11} {'hidden':>7}")
+    print(f"{'method':>17} {'step ms':>9} {'efficiency':>10} {'band':>11} {'hidden':>7}")
     for t, m in sorted(rows):
         eff = (wl.compute_s + wl.update_s) / t
         lo, hi = band(m)
         lo, hi = min(lo, eff), max(hi, eff)
         span = f"{lo:.2f}-{hi:.2f}"
-        print(f"{m:>8} {t * 1e3:9.1f} {eff:10.3f} {span:>11} {shares.get(m, 0.0):7.2f}")
+        print(f"{m:>17} {t * 1e3:9.1f} {eff:10.3f} {span:>11} {shares.get(m, 0.0):7.2f}")
+    if tables:
+        print("\n".join(_answer_lines(tables, sorted(rows)[0][1] if rows else "")))
+    elif a.profile:
+        print(
+            f"per step only: no protocol sweep tuned for {a.profile} under "
+            f"{a.results_dir or REFERENCE}/ablation, so a method's steps to target are not "
+            "weighed here (python -m reproduce ablation runs one)"
+        )
     print(
         "band: the efficiency with each assumption not given (hidden share, NIC efficiency, "
         "compute time) at the low and high end of its range"

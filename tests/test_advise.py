@@ -1,6 +1,7 @@
 """``python -m reproduce advise``: ranks the methods, prints every input it used with its
 source, names the hardware of each measurement, refuses bad input in one line."""
 
+import math
 import subprocess
 import sys
 
@@ -23,6 +24,8 @@ def _run(capsys, *args: str) -> tuple[int, str, str]:
 def _table(out: str) -> dict[str, tuple[float, float]]:
     rows = {}
     for ln in out.splitlines():
+        if ln.startswith(("the answer for", "per step only")):
+            break  # the ranking ends; the answer's own table follows
         f = ln.split()
         if len(f) == 5 and f[0] in advise.RANKED:
             rows[f[0]] = (float(f[1]), float(f[2]))
@@ -49,7 +52,8 @@ def test_the_paper_profile_ranks_2020s_baselines_with_every_source(capsys, tmp_p
     rc, out, _ = _run(capsys, "--profile", "paper", "--results-dir", str(tmp_path))
     assert rc == 0
     t = _table(out)
-    assert {"dense", "fp16", "powersgd", "mstopk", "hitopk"} == set(t)
+    assert {"dense", "fp16", "powersgd", "mstopk", "hitopk"} | {
+        "demo", "diloco", "streaming_diloco"} == set(t)  # fmt: skip
     steps = [v[0] for v in t.values()]
     assert steps == sorted(steps) and t["fp16"][0] < t["dense"][0]
     assert "NVIDIA DeepLearningExamples" in out and "Shi et al." in out
@@ -185,3 +189,47 @@ def test_band_beside_each_estimate_and_runs_by_default(capsys) -> None:
     }
     w, n = (tuple(map(float, d["dense"].split("-"))) for d in (wide, narrow))
     assert n[1] - n[0] < w[1] - w[0]
+
+
+def _answer(tmp_path, cluster="paper-b64"):
+    """A v2 protocol table: hitopk has the shortest step there but needs many more steps."""
+    rows = [
+        ("dense", "b25-lr1x", 60, 6.0, math.nan, ""),
+        ("hitopk", "d0.001-grad-lr1x", 400, 9.0, 0.66, "slower"),
+        ("diloco", "H20-olr0.7-lr1x", 70, 3.0, 2.0, "faster"),
+    ]
+    df = pd.DataFrame(
+        [
+            {
+                "experiment": "dawnbench_digits", "for_cluster": cluster, "ratio": 5.37,
+                "comm": c, "trial": t, "n_runs": 10, "steps_to_target_mean": n,
+                "time_to_target_mean_s": s, "speedup_vs_dense": x,
+                "speedup_vs_dense_ci_low": x * 0.9, "speedup_vs_dense_ci_high": x * 1.1,
+                "verdict_vs_dense": v,
+            }
+            for c, t, n, s, x, v in rows
+        ]
+    )  # fmt: skip
+    (tmp_path / "ablation").mkdir(exist_ok=True)
+    df.to_csv(tmp_path / "ablation" / "ablation-20261203-000000-aaaaaa.csv", index=False)
+
+
+@pytest.mark.parametrize("profile", ["paper", "paper-224", "paper-b64", "paper-fp16"])
+def test_every_profile_the_answer_names_is_advised(capsys, tmp_path, profile):
+    rc, out, _ = _run(capsys, "--profile", profile, "--results-dir", str(tmp_path))
+    assert rc == 0 and set(_table(out)) >= {"dense", "hitopk", "diloco", "demo"}
+    assert f"per step only: no protocol sweep tuned for {profile}" in out
+
+
+def test_advise_reads_the_answer_and_says_why_its_ranking_differs(capsys, tmp_path):
+    _answer(tmp_path)
+    rc, out, _ = _run(capsys, "--profile", "paper-b64", "--results-dir", str(tmp_path))
+    assert rc == 0
+    assert "the answer for this profile, dawnbench_digits" in out
+    # the answer's selected density and period are what the step times use
+    ranked = _table(out)
+    first = min(ranked, key=lambda m: ranked[m][0])
+    why = [ln for ln in out.splitlines() if ln.startswith("why the ranking differs")]
+    assert first != "diloco" and why and "first to the target: diloco" in why[0]
+    if first == "hitopk":
+        assert "needs 400 steps to the target against dense's 60" in why[0]

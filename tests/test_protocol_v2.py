@@ -3,6 +3,7 @@ method (knobs x the learning rate), duplicate schedules refused, labelled densit
 on the step axis, per-cluster selection from steps x step time, and the unpaired interval
 against a direct computation."""
 
+import json
 import math
 import re
 
@@ -29,8 +30,10 @@ def test_every_method_gets_the_same_number_of_distinct_trials():
         sp = plan._space(comm)
         assert len(sp) == T.TRIALS and len({t for t, _ in sp}) == T.TRIALS
         assert all("optim.lr" in v for _, v in sp)
-    lrs = {v["optim.lr"] for c in plan.comms for _, v in plan._space(c)}
+    lrs = {v["optim.lr"] for c in plan.comms if c != "demo" for _, v in plan._space(c)}
     assert lrs == {0.2, 0.4, 0.8}  # the rate axis reaches every method
+    demo = {v["optim.lr"] for _, v in plan._space("demo")}  # a sign update: its own centre
+    assert demo <= {0.5 * pr.DEMO_IMAGE_LR, pr.DEMO_IMAGE_LR, 2 * pr.DEMO_IMAGE_LR}
     plan.check()  # distinct, and every labelled density reached within dense's steps
 
 
@@ -183,7 +186,9 @@ def test_old_plans_keep_their_rules():
 
 def test_the_new_methods_are_names_plus_the_overrides_that_select_them():
     plan = _plan()
-    assert {"demo", "localsgd", "diloco", "streaming_diloco"} <= set(plan.comms)
+    assert {"demo", "diloco", "streaming_diloco"} <= set(plan.comms)
+    assert "localsgd" not in plan.comms  # in the plan with --comm (DiLoCo's special case)
+    assert "localsgd" in pr.method_overrides("localsgd")[0]
     sizes = {c: len(plan._space(c)) for c in plan.comms}
     assert set(sizes.values()) == {T.TRIALS}, sizes  # every method alike
     demo = plan.overrides(pr.Job(pr.TUNE, "demo", plan._space("demo")[0][0], 1000))
@@ -198,10 +203,18 @@ def test_the_new_methods_are_names_plus_the_overrides_that_select_them():
     )
     with pytest.raises(ConfigError, match="unknown comm 'nosuch'"):
         pr.method_overrides("nosuch")
-    # the step-time model cannot price them: no timing runs, and the plan says so
-    assert not any(j.comm in pr.UNPRICED for j in plan.timing_jobs())
-    assert "demo, localsgd, diloco, streaming_diloco" in pr.unpriced(plan)
-    assert pr.unpriced(_plan(comms=("dense", "hitopk"))) == ""
+    # every method is priced: each has timing runs on the check cluster, of whole periods
+    timed = {j.comm for j in plan.timing_jobs()}
+    assert {"demo", "diloco", "streaming_diloco"} <= timed and pr.unpriced(plan) == ""
+    for j in plan.timing_jobs():
+        key = pr._timing_key(j.trial)
+        assert pr._timing_label(key) == j.trial
+        epochs, per = pr.timing_steps(key, "classification")
+        assert per <= pr.STEPS_PER_EPOCH["classification"]
+        if j.comm in ("diloco", "streaming_diloco"):
+            assert (epochs * per) % key[4][0] == 0 and epochs * per >= key[4][0]
+        over = plan.overrides(j)
+        assert f"train.epochs={epochs}" in over and "train.eval_stride=1" in over
 
 
 def test_a_record_is_grouped_under_the_method_that_selected_it():
@@ -237,3 +250,45 @@ def test_placement_trials_are_distinct_and_fit_the_workloads_optimizer(monkeypat
     labels = [t for t, _ in translation._space("mstopk")]
     assert len(set(labels)) == len(labels) == T.TRIALS
     translation.check()  # distinct trials, placements fit AdamW
+
+
+def test_demo_and_diloco_are_priced_on_the_paper_cluster(tmp_path, monkeypatch):
+    """DiLoCo's outer all-reduce every H steps and DeMo's all-gather every step are priced
+    by the model at each ratio: a longer period is cheaper per step, more so at a higher
+    ratio, and the selection there trades it against the steps it costs."""
+    from bench.sweeps import ratios
+
+    h10 = ratios.step_time_s("diloco", 1.0, 5.37, knobs=(10, 1, 0))
+    h40 = ratios.step_time_s("diloco", 1.0, 5.37, knobs=(40, 1, 0))
+    dense = ratios.step_time_s("dense", 1.0, 5.37)
+    assert h40 < h10 < dense
+    low = ratios.step_time_s("diloco", 1.0, 1.34, knobs=(10, 1, 0))
+    assert h10 / dense < low / ratios.step_time_s("dense", 1.0, 1.34)  # saves more at 5.37
+    small = ratios.step_time_s("demo", 1.0, 5.37, knobs=(32, 4))
+    assert 0 < small < ratios.step_time_s("demo", 1.0, 5.37, knobs=(64, 32))
+    space = (
+        ("h10", {"sync.sync_every": 10, "sync.outer_lr": 0.7}),
+        ("h40", {"sync.sync_every": 40, "sync.outer_lr": 0.7}),
+    )
+    monkeypatch.setattr(pr.Plan, "_space", lambda self, c: space)
+    plan = _plan(comms=("diloco",), results_dir=str(tmp_path))
+
+    def tuned(run_id, trial, seed, h, steps):
+        _tuning(tmp_path, run_id, "dense", trial, seed, f"dense/1/0/{steps}/1", steps)
+        recs = (tmp_path / "runs.jsonl").read_text().splitlines()
+        last = json.loads(recs[-1])
+        last["config"] = {"train": {"seed": seed}, "sync": {"name": "diloco", "sync_every": h}}
+        (tmp_path / "runs.jsonl").write_text("\n".join([*recs[:-1], json.dumps(last)]) + "\n")
+
+    for seed in (1000, 1001):
+        tuned(f"a{seed}", "h10", seed, 10, 60)
+        tuned(f"b{seed}", "h40", seed, 40, 66)
+    _timing(tmp_path, "t1", "diloco", "time diloco H10 frag1 delay0 b25", 2000, 0.010)
+    _timing(tmp_path, "t2", "diloco", "time diloco H40 frag1 delay0 b25", 2000, 0.010)
+    table = pr.selection_table(plan, load_records(tmp_path))
+    chosen = pr.select_per_cluster(table)
+    assert chosen["emulated"] == {"diloco": "h10"}  # as fast per step there: fewer steps
+    assert chosen["paper-b64"] == {"diloco": "h40"}  # 10 % more steps, far fewer syncs
+    row = table[(table["cluster"] == "paper-b64") & (table["trial"] == "h40")].iloc[0]
+    assert row["median_time_s"] == pytest.approx(66 * ratios.step_time_s(
+        "diloco", 1.0, row["ratio"], knobs=(40, 1, 0)))  # fmt: skip

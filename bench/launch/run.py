@@ -137,6 +137,16 @@ def _validate_train(cfg: Config) -> None:
         )
     if t.eval_every < 1:
         raise ConfigError("train.eval_every must be >= 1")
+    if t.eval_from_step < 0 or t.eval_stride < 1:
+        raise ConfigError(
+            f"train.eval_from_step must be >= 0 and train.eval_stride >= 1, "
+            f"got {t.eval_from_step} and {t.eval_stride}"
+        )
+    if t.eval_stride > 1 and not (t.eval_every_steps > 0 and t.stop_at_target):
+        raise ConfigError(
+            "train.eval_stride > 1 needs train.eval_every_steps > 0 and "
+            "train.stop_at_target=true (it finds the first step at the target, then stops)"
+        )
     if t.checkpoint_every < 0 or t.keep_checkpoints < 1:
         raise ConfigError(
             "train.checkpoint_every must be >= 0 (0 = no checkpoints) and "

@@ -82,6 +82,7 @@ def warmup_config(cfg: Any, out: Path) -> Any:
     w.results.plot = False
     w.train.epochs, w.train.max_steps_per_epoch = 1, WARMUP_STEPS
     w.train.stop_at_target, w.train.checkpoint_every = False, 0
+    w.train.eval_stride = 1  # a stride stops at the target, which a warm-up never does
     return w
 
 

@@ -325,12 +325,74 @@ def model_lines(runs: list) -> list[str]:
     ]
 
 
+# -- v2 tables: each method tuned for the cluster its number is quoted for ----------------
+
+
+def _cell(r: pd.Series, key: str = "speedup_vs_dense") -> str:
+    """``1.23x [1.10, 1.40]`` and its verdict in a word, or ``-``."""
+    text = ci_text(r[key], r[f"{key}_ci_low"], r[f"{key}_ci_high"], 2, "x")
+    if text == "-":
+        return text
+    tag = "vs_dense" if key.endswith("dense") else "vs_peer"
+    return f"{text} {verdict_text(r[f'verdict_{tag}'], int(r['n_runs']), short=True)}"
+
+
+def cluster_title(cluster: str, ratio: float) -> str:
+    """``paper (ratio 1.34)``, or the check cluster's label."""
+    if ratio != ratio:
+        return f"{cluster} 2 x 2 (measured: the end-to-end check)"
+    return f"{cluster} (ratio {ratio:.2f})"
+
+
+def answer_sentence(df: pd.DataFrame, exp: str, target: str) -> str:
+    """One sentence for a workload: on the paper's cluster at each named ratio, the paper's
+    methods against dense and against the best-tuned peer there, with intervals."""
+    parts = []
+    for cluster, g in df[df["ratio"].notna()].groupby("for_cluster", sort=False):
+        ratio = float(g["ratio"].iloc[0])
+        said = []
+        for _, r in g[g["comm"].isin(protocol.PAPER_METHODS)].iterrows():
+            peer = str(r["best_peer"]) or "-"
+            said.append(f"{r['comm']} {_cell(r)} dense and {_cell(r, 'speedup_vs_peer')} {peer}")
+        parts.append(f"at ratio {ratio:.2f} (`{cluster}`): " + "; ".join(said or ["no runs"]))
+    return (
+        f"**{exp}** (to {target}, the time to target of each method's configuration tuned "
+        f"for that cluster, {int(df['n_runs'].max())} evaluation seeds): " + " | ".join(parts) + "."
+    )
+
+
+def answer_table_v2(df: pd.DataFrame) -> list[str]:
+    """Methods x clusters: each method's speedup over dense where it was tuned, and the
+    configuration the rule selected there."""
+    order = list(dict.fromkeys(df["for_cluster"]))
+    ratio = {c: float(df[df["for_cluster"] == c]["ratio"].iloc[0]) for c in order}
+    head = "| method | " + " | ".join(cluster_title(c, ratio[c]) for c in order) + " |"
+    lines = [head, "| --- |" + " --- |" * len(order)]
+    for comm in dict.fromkeys(df["comm"]):
+        name = f"**{comm}** (paper)" if comm in OURS else str(comm)
+        cells = []
+        for c in order:
+            hit = df[(df["for_cluster"] == c) & (df["comm"] == comm)]
+            if hit.empty:
+                cells.append("-")
+                continue
+            r = hit.iloc[0]
+            if comm == "dense":
+                t = f"{r['time_to_target_mean_s']:.1f} s"
+                cells.append(f"1 (baseline, {t}) `{r['trial']}`")
+            else:
+                cells.append(f"{_cell(r)} `{r['trial']}`")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def answer_sections(
     records: list[dict], tables: dict[str, Path], base: Path
 ) -> tuple[list[str], list[str], list[str]]:
     """(the short answer, the answer per workload, the appendix's part) from each
     workload's newest protocol table (``tables``: experiment -> table)."""
     short = [QUESTION, ""]
+    sentences: list[str] = []
     rows: list[str] = []
     settings: list[str] = []
     detail: list[str] = []
@@ -355,6 +417,26 @@ def answer_sections(
         except (OSError, ValueError):
             plan = {}
         target = target_text(str(df["target_metric"].iloc[0]), float(df["target_value"].iloc[0]))
+        if "for_cluster" in df.columns:  # v2: tuned per cluster
+            sentences.append(answer_sentence(df, exp, target))
+            settings.append(f"{exp} ({target}): {where(recs)}")
+            t = rel(table, base)
+            detail += [
+                setting(recs, df, plan),
+                "",
+                "Speedup over dense of each method's configuration tuned for that cluster "
+                "(95 % Welch interval on log time over the evaluation seeds); the emulated "
+                "2 x 2 column is measured on its clock and checks the composition, the "
+                "others compose each run's logged steps with the model's time per step:",
+                "",
+                *answer_table_v2(df),
+                "",
+                f"Table: `{t}`; every trial, its runs and the selection per cluster: "
+                f"`{t[:-4]}-tuning.csv`.",
+                "",
+            ]
+            appendix += [f"### {exp}", "", *resolution_lines(base, recs, df[df["ratio"].isna()])]
+            continue
         comp = ratios_table(base, df)
         for r, d, vd, p, vp in _paper_rows(df):
             x = None if comp.empty else _at(comp, r["comm"], "dense", paper)
@@ -384,6 +466,7 @@ def answer_sections(
             *resolution_lines(base, recs, df),
             *model_lines(ratio_runs(base, df)),
         ]
+    short += [f"- {x}" for x in sentences] + ([""] if sentences else [])
     if rows:
         short += [
             "| workload | method | vs dense [95 % CI] | vs the best peer | vs dense at the "

@@ -30,13 +30,13 @@ from bench.results import records as rec
 from bench.results.env import REPO_ROOT
 from bench.results.paths import bench_dir
 from bench.sweeps.intervals import ci_column
+from bench.sweeps.methods import PEERS, method_of
 
 GROUP = ["experiment", "cluster", "hardware"]  # runs compare only inside one such group
 CONFIG = ["comm", "cache", "update"]  # a configuration, inside a group
 OUTCOMES = ("ok", "target_missed", "diverged")  # runs that trained: each reached or missed
 SPARSE = ("topk", "mstopk", "randomk", "hitopk")
 OURS = ("hitopk", "mstopk")  # the paper's methods
-PEERS = ("fp16", "bf16", "powersgd")  # what a user of PyTorch DDP would pick instead
 
 
 class NoRecords(Exception):
@@ -132,8 +132,6 @@ def hardware_label(r: dict[str, Any]) -> str:
 def comm_label(r: dict[str, Any]) -> str:
     """The method, with its density, dense warm-up epochs and per-epoch density schedule
     when it sparsifies (PowerSGD: its rank)."""
-    from bench.sweeps.methods import method_of
-
     comm = method_of(r) if r.get("comm") else "?"
     if comm == "powersgd":
         rank = num(_cfg(r, "comm", "powersgd_rank"))
@@ -160,7 +158,7 @@ def _row(r: dict[str, Any], results_dir: Path) -> dict[str, Any]:
     return {
         "run_id": run_id,
         "experiment": str(r.get("experiment") or _cfg(r, "train", "experiment") or "?"),
-        "comm_name": str(r.get("comm") or "?"),
+        "comm_name": method_of(r) if r.get("comm") else "?",
         "comm": comm_label(r),
         "cache": str(r.get("cache") or "?"),
         "update": str(r.get("update") or "?"),

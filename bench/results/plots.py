@@ -30,6 +30,10 @@ METHOD_COLOURS = {
     "mstopk": "#ff7f0e",
     "hitopk": "#d62728",
     "nocomm": "#bbbbbb",
+    "demo": "#e377c2",
+    "localsgd": "#bcbd22",
+    "diloco": "#393b79",
+    "streaming_diloco": "#6b6ecf",
 }
 PAPER_METHODS = ("hitopk", "mstopk")
 # the per-step phases of a breakdown, in stacking order, each its own colour

@@ -21,11 +21,20 @@ METHODS: dict[str, tuple[str, ...]] = {
     "diloco": ("sync=diloco",),
     "streaming_diloco": ("sync=streaming_diloco",),
 }
-#: what a protocol sweep runs by default: the comm methods, then the 2024-2025 peers
-DEFAULT_METHODS = (*COMMS, *METHODS)
-#: methods the per-cluster step-time model (bench.cluster.perfmodel) cannot price yet: they
-#: are selected and timed on the check cluster's clock alone, with no time at the ratios
-UNPRICED = tuple(METHODS)
+#: what a user would pick instead of dense fp32: the peers of 2020, then of 2023-2025 (every
+#: table's and the composition's "best peer" is the fastest of these)
+PEERS = ("fp16", "bf16", "powersgd", "demo", "localsgd", "diloco", "streaming_diloco")
+#: what a protocol sweep runs by default, on both workloads: dense, the peers of 2020, the
+#: paper's two, then the peers of 2023-2025.  Left out to fit the sweep in 180 minutes on 2
+#: cores (each is a --comm away): the exact flat topk (mstopk's reference, compared in the
+#: benchmarks) and Local SGD (DiLoCo with an outer SGD step of rate 1 and no momentum)
+DEFAULT_METHODS = (
+    "dense", "fp16", "powersgd", "mstopk", "hitopk", "demo", "diloco", "streaming_diloco"
+)  # fmt: skip
+#: methods the per-cluster step-time model (bench.cluster.perfmodel) cannot price: they
+#: would be selected on the check cluster's clock alone, with no time at the ratios (none:
+#: DeMo and the sync strategies are priced by pm.demo_step_time and pm.sync_step_time)
+UNPRICED: tuple[str, ...] = ()
 
 
 def method_overrides(method: str) -> list[str]:

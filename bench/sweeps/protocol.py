@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -86,6 +87,13 @@ MIN_EVAL_SEEDS = 10
 # target in about 240: 20 steps are 8 % of dense's steps to target, for about 2.5 s of
 # evaluation each.
 EVAL_EVERY_STEPS = {"classification": 2, "translation": 20}
+# v2, to keep a run's evaluation overhead under 30 % of its training time: no evaluation
+# before EVAL_FROM_SHARE of dense's steps to target (REF_STEPS; no configuration of the
+# committed sweeps reached it in under 0.7 of them), and only every EVAL_STRIDE-th point
+# evaluated, the models between kept and evaluated once one reaches the target
+# (train.eval_stride: the same first step at EVAL_EVERY_STEPS resolution)
+EVAL_FROM_SHARE = 0.4
+EVAL_STRIDE = {"classification": 3, "translation": 4}
 # the workloads the protocol runs on: --workload NAME -> experiment; python -m reproduce
 # ablation with neither --workload nor --experiment runs each, one sweep after the other
 WORKLOADS = {"image": "dawnbench_digits", "translation": "transformer_protocol"}
@@ -103,7 +111,6 @@ WORKLOAD_DEFAULTS: dict[str, dict[str, Any]] = {
     "image": {"cluster": "local", "local_topology": (2, 2)},
     "translation": {
         "cluster": "local",
-        "comms": ("dense", "fp16", "powersgd", "mstopk", "hitopk", *METHODS),
         "tune_seeds": (1000,),
         "local_topology": (2, 2),
     },
@@ -273,6 +280,15 @@ WORKLOAD_SPACES: dict[str, dict[str, Knobs | Callable[[int], Knobs]]] = {
         "streaming_diloco": _diloco_knobs((20, 50), streaming=True),
     }
 }
+#: method -> workload -> the centre of its learning-rate axis where the recipe's does not
+#: apply: DeMo's update is the sign of its averaged compressed momentum, so its rate is a
+#: step per coordinate (AdamW's scale), not SGD's; on translation the recipe's AdamW rate
+#: is DeMo's own default (conf/optim/demo.yaml)
+# DeMo's rate on digits, fixed before the sweep from a scan on tuning seed 1000 (chunk 32,
+# top-k 4, 2 x 2): 0.05 reached 98 % in 98 steps, 0.1 in 94; the recipe's SGD rate 0.4
+# (chunk 64, top-k 32) never did (89 %).  The axis is 0.5x-2x of it, like every method's.
+DEMO_IMAGE_LR = 0.1
+METHOD_LR: dict[str, dict[str, float]] = {"demo": {"classification": DEMO_IMAGE_LR}}
 #: the optimizer each workload's recipe trains with (the placements' fit is checked on it)
 WORKLOAD_OPTIM = {"classification": "sgd", "translation": "adamw"}
 
@@ -306,7 +322,8 @@ def space_v2(
     """v2's trials of ``comm``: TRIALS points of its knobs x the learning rate (trial
     label, Hydra overrides keyed in full), ``trials`` keeps the first that many."""
     method_overrides(comm)
-    drawn = draw(knobs(comm, workload), recipe_lr, TRIALS)
+    lr = METHOD_LR.get(comm, {}).get(workload, recipe_lr)
+    drawn = draw(knobs(comm, workload), lr, TRIALS)
     out = tuple((t.label, t.values()) for t in drawn)
     return out[:trials] if trials else out
 
@@ -465,6 +482,16 @@ class Plan(Saved):
     def every(self) -> int:
         return self.eval_every_steps or EVAL_EVERY_STEPS[self.workload()]
 
+    def _eval_schedule(self) -> list[str]:
+        """v2: no checkpoints, evaluations from EVAL_FROM_SHARE of REF_STEPS, strided."""
+        w = self.workload()
+        start = round(EVAL_FROM_SHARE * REF_STEPS[w])
+        return [
+            "train.checkpoint_every=0",
+            f"train.eval_from_step={start}",
+            f"train.eval_stride={EVAL_STRIDE[w]}",
+        ]
+
     def _order(self, items: list[Any], phase: str, seed: int) -> list[Any]:
         """``items`` shuffled by (order_seed, phase, seed): a recorded, reproducible order."""
         out = list(items)
@@ -497,9 +524,10 @@ class Plan(Saved):
             for c, t in self._order(configs, EVAL, s)
         ]
 
-    def timing_keys(self) -> list[tuple[str, float, str, float, int]]:
-        """v2: every (bucket, comm, phase method, density, rank) a trial can send in,
-        each timed on the check cluster (:meth:`timing_jobs`)."""
+    def timing_keys(self) -> list[TimingKey]:
+        """v2: every (bucket, method, density, rank, knobs) a trial can send in, each timed
+        on the check cluster (:meth:`timing_jobs`): a comm hook's phases, DeMo's (chunk,
+        top-k), a sync strategy's (H, fragments, delay)."""
         keys = set()
         for comm in self.comms:
             if comm in UNPRICED:  # no per-step price to compose (unpriced(): stated)
@@ -507,13 +535,19 @@ class Plan(Saved):
             for _, v in self._space(comm):
                 b = float(v.get("comm.bucket_cap_mb", 25.0))
                 if comm == "powersgd":
-                    keys.add((b, "dense", "dense", 1.0, 0))
-                    keys.add((b, comm, comm, 1.0, int(v.get("comm.powersgd_rank", 4))))
+                    keys.add((b, "dense", 1.0, 0, ()))
+                    keys.add((b, comm, 1.0, int(v.get("comm.powersgd_rank", 4)), ()))
                 elif comm in SPARSE:
                     for d in {float(v["comm.density"]), *v.get("comm.density_schedule", [])}:
-                        keys.add((b, comm, comm, float(d), 0))
+                        keys.add((b, comm, float(d), 0, ()))
+                    if int(v.get("comm.warmup_steps", 0)):
+                        keys.add((b, "dense", 1.0, 0, ()))
+                elif comm == "demo":
+                    keys.add((b, comm, 1.0, 0, _demo_knobs_of(v)))
+                elif comm in METHODS:
+                    keys.add((b, comm, 1.0, 0, _sync_knobs_of(v)))
                 else:
-                    keys.add((b, comm, comm, 1.0, 0))
+                    keys.add((b, comm, 1.0, 0, ()))
         return sorted(keys)
 
     def timing_jobs(self) -> list[Job]:
@@ -523,7 +557,7 @@ class Plan(Saved):
             return []
         keys = [_timing_label(k) for k in self.timing_keys()]
         return [
-            Job(TIME, label.split()[1], label, s, self.check_cluster)
+            Job(TIME, _timing_key(label)[1], label, s, self.check_cluster)
             for s in TIMING_SEEDS
             for label in self._order(keys, TIME, s)
         ]
@@ -539,7 +573,7 @@ class Plan(Saved):
             f"results.sweep_id={self.sweep_id}",
             "train.progress=false",
             f"train.eval_every_steps={self.every()}",
-            *(["train.checkpoint_every=0"] if self.v2() else []),
+            *(self._eval_schedule() if self.v2() else []),
             *self.extra,
         ]
 
@@ -556,11 +590,14 @@ class Plan(Saved):
         if where:
             common = [o for o in common if not o.startswith(("cluster=", "cluster."))] + where
         if job.role == TIME:  # a fixed number of steps on the clock: no evaluation
+            epochs, per_epoch = timing_steps(_timing_key(job.trial), self.workload())
             common += [
-                "train.epochs=1",
-                f"train.max_steps_per_epoch={TIMING_STEPS[self.workload()]}",
+                f"train.epochs={epochs}",
+                f"train.max_steps_per_epoch={per_epoch}",
                 "train.stop_at_target=false",
                 "train.eval_every_steps=0",
+                "train.eval_stride=1",
+                f"train.eval_every={epochs}",
             ]
         return [
             *common,
@@ -580,23 +617,82 @@ TIMING_SEEDS = (2000, 2001)  # the timing pass's rounds (never a tuning or evalu
 TIMING_STEPS = {"classification": 20, "translation": 30}  # optimizer steps per timing run
 
 
-def _timing_label(key: tuple[str, float, str, float, int]) -> str:
-    b, _, method, d, r = key
-    what = f"rank{r}" if method == "powersgd" else (f"d{d:g}" if d < 1.0 else "")
-    return " ".join(x for x in ("time", method, what, f"b{b:g}") if x)
+TimingKey = tuple[float, str, float, int, tuple[int, ...]]  # bucket, method, density, rank, knobs
+# optimizer steps per epoch of each workload's recipe at 2 x 2 (BUDGET_STEPS / its epochs)
+STEPS_PER_EPOCH = {"classification": 11, "translation": 310}
+
+
+def _demo_knobs_of(values: Mapping[str, Any]) -> tuple[int, ...]:
+    return (int(values.get("optim.demo_chunk", 64)), int(values.get("optim.demo_topk", 32)))
+
+
+def _sync_knobs_of(values: Mapping[str, Any]) -> tuple[int, ...]:
+    return (
+        int(values.get("sync.sync_every", 10)),
+        int(values.get("sync.fragments", 1)),
+        int(values.get("sync.fragment_sync_delay", 0)),
+    )
+
+
+def timing_steps(key: TimingKey, workload: str) -> tuple[int, int]:
+    """(epochs, steps per epoch) of a timing run of ``key``: TIMING_STEPS optimizer steps,
+    for a sync strategy whole periods of H (at least one), in as few epochs as fit."""
+    n = TIMING_STEPS[workload]
+    method, knobs = key[1], key[4]
+    if method in METHODS and method != "demo":
+        h = knobs[0]
+        n = h * max(1, math.ceil(n / h))
+    spe = STEPS_PER_EPOCH[workload]
+    per = max(d for d in range(1, min(n, spe) + 1) if n % d == 0)
+    return n // per, per
+
+
+def _timing_label(key: TimingKey) -> str:
+    b, method, d, r, knobs = key
+    if method == "powersgd":
+        what = [f"rank{r}"]
+    elif method == "demo":
+        what = [f"chunk{knobs[0]}", f"topk{knobs[1]}"]
+    elif knobs:
+        what = [f"H{knobs[0]}", f"frag{knobs[1]}", f"delay{knobs[2]}"]
+    else:
+        what = [f"d{d:g}"] if d < 1.0 else []
+    return " ".join(["time", method, *what, f"b{b:g}"])
+
+
+def _timing_key(label: str) -> TimingKey:
+    """The key a timing job's label names (:func:`_timing_label`)."""
+    parts = label.split()
+    method, b, d, r, knobs = parts[1], 25.0, 1.0, 0, []
+    for p in parts[2:]:
+        if p.startswith("rank"):
+            r = int(p[4:])
+        elif p.startswith(("chunk", "topk", "frag", "delay", "H")):
+            knobs.append(int(re.sub(r"^\D+", "", p)))
+        elif p.startswith("d"):
+            d = float(p[1:])
+        elif p.startswith("b"):
+            b = float(p[1:])
+    return (b, method, d, r, tuple(knobs))
 
 
 def _timing_values(label: str) -> dict[str, Any]:
-    """A timing job's comm overrides from its label (:func:`_timing_label`)."""
-    parts = label.split()[2:]
+    """A timing job's overrides from its label (:func:`_timing_label`)."""
+    b, method, d, r, knobs = _timing_key(label)
     out: dict[str, Any] = {}
-    for p in parts:
-        if p.startswith("rank"):
-            out["comm.powersgd_rank"] = int(p[4:])
-        elif p.startswith("d"):
-            out["comm.density"], out["comm.density_schedule"] = float(p[1:]), []
-        elif p.startswith("b"):
-            out["comm.bucket_cap_mb"] = float(p[1:])
+    if method == "powersgd":
+        out["comm.powersgd_rank"] = r
+    elif method == "demo":
+        out["optim.demo_chunk"], out["optim.demo_topk"] = knobs
+        return out  # DeMo exchanges its own momentum: no DDP bucket
+    elif knobs:
+        h, f, delay = knobs
+        out["sync.sync_every"] = h
+        if method == "streaming_diloco":
+            out["sync.fragments"], out["sync.fragment_sync_delay"] = f, delay
+    elif d < 1.0:
+        out["comm.density"], out["comm.density_schedule"] = d, []
+    out["comm.bucket_cap_mb"] = b
     return out
 
 
@@ -660,13 +756,15 @@ def status(plan: Plan, records: Sequence[Mapping[str, Any]]) -> list[str]:
     return [*lines, progress("evaluation", [j.key for j in ev], records, _key)]
 
 
-# wall seconds per run on the 2-core machine (median of the committed v1 sweeps' runs, wall
-# time with evaluation and start-up: image 28 s on the emulated cluster, translation 78 s on
-# the local one; the unshaped local image run and the shaped translation run scaled by the
-# share of communication in their step, the timing runs' 20-30 steps with no evaluation)
+# wall seconds per run on the 2-core machine, v2 (evaluations from 40 % of dense's steps,
+# strided).  Image: measured on 2026-12-03 with a --quick sweep, tuning runs a median 21 s,
+# timing runs 8 s, evaluation runs on the emulated cluster 18-41 s.  Translation: the v1
+# runs' 50 s of training alone plus about 4 decodings of 2.5 s and the start (its --quick
+# tuning runs took 119-186 s with a second job on the 2 cores); a missed run trains 2.5x
+# longer, which the tuning runs' figure allows for
 RUN_S = {
-    "classification": {TUNE: 24.0, TIME: 12.0, "local": 24.0, "check": 28.0},
-    "translation": {TUNE: 78.0, TIME: 25.0, "local": 78.0, "check": 95.0},
+    "classification": {TUNE: 21.0, TIME: 9.0, "local": 21.0, "check": 30.0},
+    "translation": {TUNE: 70.0, TIME: 20.0, "local": 60.0, "check": 75.0},
 }
 
 
@@ -771,32 +869,33 @@ def clusters(plan: Plan) -> dict[str, float | None]:
     return {plan.check_cluster: None, **dict(sorted(named.items(), key=lambda kv: kv[1]))}
 
 
-def step_times(records: Sequence[Mapping[str, Any]]) -> dict[tuple[float, str, float, int], float]:
-    """(bucket, method, density, rank) -> the median time per step of the timing pass's
-    runs of it on the check cluster (s)."""
-    got: dict[tuple[float, str, float, int], list[float]] = {}
+def step_times(records: Sequence[Mapping[str, Any]]) -> dict[TimingKey, float]:
+    """Timing key -> the median time per step of the timing pass's runs of it on the
+    check cluster (s): training time over steps run, the sync strategies' outer
+    all-reduces included (their runs are whole periods)."""
+    got: dict[TimingKey, list[float]] = {}
     for r in recorded(records).values():
         if (r.get("protocol") or {}).get("role") != TIME or r.get("status") not in (
             "ok",
             "target_missed",
         ):
             continue
-        v = _timing_values(str(r["protocol"]["trial"]))
-        method = method_of(r)
-        key = (
-            float(v.get("comm.bucket_cap_mb", 25.0)),
-            method,
-            float(v.get("comm.density", 1.0)),
-            int(v.get("comm.powersgd_rank", 0)),
-        )
-        t = r.get("step_time_s") or (r.get("train_time_s") or 0) / max(1, _steps_run(r))
+        key = _timing_key(str(r["protocol"]["trial"]))
+        steps = _steps_run(r)
+        t = (r.get("train_time_s") or 0) / steps if steps else r.get("step_time_s")
         if t:
             got.setdefault(key, []).append(float(t))
     return {k: statistics.median(v) for k, v in got.items()}
 
 
 def _steps_run(rec: Mapping[str, Any]) -> int:
-    return sum(int(p.get("steps", 0)) for p in rec.get("comm_phases") or []) or 1
+    """The optimizer steps a run took (its phase log, else its epochs' step counts)."""
+    n = sum(int(p.get("steps", 0)) for p in rec.get("comm_phases") or [])
+    if n:
+        return n
+    cfg = (rec.get("config") or {}).get("train") or {}
+    per, epochs = int(cfg.get("max_steps_per_epoch") or 0), int(rec.get("epochs_run") or 0)
+    return per * epochs
 
 
 def cluster_time(
@@ -815,6 +914,7 @@ def cluster_time(
             p.method,
             1.0 if p.method == "powersgd" else p.density,
             p.rank if p.method == "powersgd" else 0,
+            p.knobs,
         )
         if key not in times:
             return math.nan

@@ -39,7 +39,9 @@ def _compare(a: dict[int, float], b: dict[int, float]) -> tuple[float, float, fl
 
 
 def aggregate(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    """The table of ``plan``'s evaluation runs found in ``records``."""
+    """The table of ``plan``'s evaluation runs found in ``records`` (v2: per cluster)."""
+    if plan.v2():
+        return aggregate_v2(plan, records)
     done = recorded(records)
     evals = [r for r in done.values() if (r.get("protocol") or {}).get("role") == EVAL]
     budget = iv.budget_s(list(done.values()))  # tuning and evaluation runs alike
@@ -99,6 +101,12 @@ def format_table(df: pd.DataFrame) -> str:
     """The table as printed: times in s and ratios with their 95 % intervals."""
     if df.empty:
         return "(no evaluation records)"
+    if "for_cluster" in df.columns:
+        return format_table_v2(df)
+    return _format_block(df)
+
+
+def _format_block(df: pd.DataFrame) -> str:
     peers = [f" ({p})" if p else "" for p in df["best_peer"]]
     show = pd.DataFrame(
         {
@@ -116,3 +124,154 @@ def format_table(df: pd.DataFrame) -> str:
         }
     )
     return show.to_string(index=False)
+
+
+# -- v2: one block per cluster the answer is quoted for ----------------------------------
+
+V2_COLUMNS = [
+    "sweep_id", "protocol", "experiment", "for_cluster", "ratio", "comm", "trial",
+    "measured_on", "n_runs", "n_reached", "n_error", "time_to_target_mean_s",
+    "time_to_target_ci_low_s", "time_to_target_ci_high_s", "steps_to_target_mean",
+    "tuning_median_s", "speedup_vs_dense", "speedup_vs_dense_ci_low",
+    "speedup_vs_dense_ci_high", "verdict_vs_dense", "seed_correlation_vs_dense", "best_peer",
+    "speedup_vs_peer", "speedup_vs_peer_ci_low", "speedup_vs_peer_ci_high", "verdict_vs_peer",
+    "seed_correlation_vs_peer", "target_metric", "target_value", "order_seed", "seeds",
+    "run_ids",
+]  # fmt: skip
+
+
+def _seed_times(
+    plan: Plan, runs: Sequence[Mapping[str, Any]], ratio: float | None, budget: float
+) -> tuple[dict[int, float], list[float]]:
+    """seed -> a run's time to target on the cluster (its clock on the check cluster, else
+    its logged steps x the model's time per step at ``ratio``; a miss: its whole run), and
+    the steps to target of the runs that reached it."""
+    from bench.results.records import load_curve
+    from bench.sweeps.ratios import run_from_record, run_time_s
+
+    out, steps = {}, []
+    for r in runs:
+        seed = job_of(r).seed  # type: ignore[union-attr]
+        if ratio is None:
+            out[seed] = iv.censored_time(r, budget)
+        else:
+            try:
+                run = run_from_record(r, load_curve(plan.results_dir, str(r["run_id"])))
+            except FileNotFoundError:
+                run = None
+            if run is None:
+                continue
+            out[seed] = run_time_s(run, ratio)
+        if r.get("steps_to_target") is not None:
+            steps.append(float(r["steps_to_target"]))
+    return out, steps
+
+
+def _versus(
+    ref: dict[int, float], other: dict[int, float]
+) -> tuple[float, float, float, str, float]:
+    """(speedup of ``other`` over ``ref``, interval, verdict, seed correlation): Welch's t
+    on log times, unpaired (the correlation says whether pairing could narrow it)."""
+    r, lo, hi = iv.log_t_interval(list(ref.values()), list(other.values()))
+    n = min(len(ref), len(other))
+    return r, lo, hi, iv.verdict(lo, hi, n), iv.seed_correlation(ref, other)
+
+
+def aggregate_v2(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """Per cluster the answer is quoted for (the check cluster, measured end to end; each
+    paper-scaled ratio, composed) and per method: the configuration the rule selected for
+    that cluster on the tuning seeds, its time to target there on the evaluation seeds,
+    and its speedup over dense and over the best peer (the peer of lowest median tuning
+    time there, chosen before any evaluation run), Welch intervals on log time."""
+    from bench.sweeps.methods import PEERS
+    from bench.sweeps.protocol import clusters, select_per_cluster, selection_table
+
+    done = recorded(records)
+    evals = [r for r in done.values() if (r.get("protocol") or {}).get("role") == EVAL]
+    budget = iv.budget_s(
+        [r for r in done.values() if (r.get("protocol") or {}).get("role") != "time"]
+    )
+    table = selection_table(plan, records)
+    chosen = select_per_cluster(table)
+    rows: list[dict[str, Any]] = []
+    for cluster, ratio in clusters(plan).items():
+        sel = chosen.get(cluster, {})
+        tuned = table[(table["cluster"] == cluster) & table["selected"]]
+        med = {str(r["comm"]): float(r["median_time_s"]) for _, r in tuned.iterrows()}
+        peers = [c for c in sel if c in PEERS and med.get(c, math.nan) == med.get(c, math.nan)]
+        best = min(peers, key=lambda c: med[c]) if peers else ""
+        times: dict[str, dict[int, float]] = {}
+        block: dict[str, dict[str, Any]] = {}
+        for comm in plan.comms:
+            trial = sel.get(comm)
+            mine = [
+                r
+                for r in evals
+                if method_of(r) == comm
+                and r["protocol"]["trial"] == trial
+                and (ratio is not None or _ran_on(r) == plan.check_cluster)
+            ]
+            if trial is None or not mine:
+                continue
+            mine.sort(key=lambda r: job_of(r).seed)  # type: ignore[union-attr]
+            t, steps = _seed_times(plan, mine, ratio, budget)
+            if not t:
+                continue
+            times[comm] = t
+            m, lo, hi = iv.mean_interval(list(t.values()))
+            first = mine[0]
+            block[comm] = {
+                "sweep_id": plan.sweep_id,
+                "protocol": plan.name,
+                "experiment": first.get("experiment"),
+                "for_cluster": cluster,
+                "ratio": math.nan if ratio is None else ratio,
+                "comm": comm,
+                "trial": trial,
+                "measured_on": "clock" if ratio is None else "model",
+                "n_runs": len(mine),
+                "n_reached": sum(r.get("time_to_target_s") is not None for r in mine),
+                "n_error": sum(r.get("status") == "error" for r in mine),
+                "time_to_target_mean_s": m,
+                "time_to_target_ci_low_s": lo,
+                "time_to_target_ci_high_s": hi,
+                "steps_to_target_mean": _mean(steps),
+                "tuning_median_s": med.get(comm, math.nan),
+                "target_metric": first.get("target_metric"),
+                "target_value": first.get("target_value"),
+                "order_seed": plan.order_seed,
+                "seeds": " ".join(str(s) for s in t),
+                "run_ids": " ".join(str(r["run_id"]) for r in mine),
+            }
+        for comm, row in block.items():
+            for ref, tag in (("dense", "dense"), (best, "peer")):
+                if ref in times and ref != comm:
+                    r, lo, hi, verdict, rho = _versus(times[ref], times[comm])
+                else:
+                    r = lo = hi = rho = math.nan
+                    verdict = ""
+                row[f"speedup_vs_{tag}"] = r
+                row[f"speedup_vs_{tag}_ci_low"] = lo
+                row[f"speedup_vs_{tag}_ci_high"] = hi
+                row[f"verdict_vs_{tag}"] = verdict
+                row[f"seed_correlation_vs_{tag}"] = rho
+            row["best_peer"] = best
+            rows.append(row)
+    return pd.DataFrame(rows, columns=V2_COLUMNS)
+
+
+def _ran_on(rec: Mapping[str, Any]) -> str:
+    return str(((rec.get("config") or {}).get("cluster") or {}).get("name", ""))
+
+
+def format_table_v2(df: pd.DataFrame) -> str:
+    """The v2 table as printed: one block per cluster."""
+    if df.empty:
+        return "(no evaluation records)"
+    out = []
+    for cluster, g in df.groupby("for_cluster", sort=False):
+        ratio = g["ratio"].iloc[0]
+        how = "measured on its clock" if ratio != ratio else f"composed at ratio {ratio:.2f}"
+        out.append(f"{cluster} ({how}):")
+        out.append(_format_block(g))
+    return "\n".join(out)

@@ -24,10 +24,11 @@ from bench.comm.stats import parse_phases
 from bench.launch import profile
 from bench.results import columns as col
 from bench.results.records import load_curve, load_records
+from bench.sweeps.methods import PEERS
 from bench.train.comm import CommController
 
-PEERS = ("fp16", "bf16", "powersgd")  # what a user would pick instead of dense fp32
 SPARSE = (*pm.FLAT, "hitopk")  # methods that send a density (dense in their warm-up)
+SYNC = ("localsgd", "diloco", "streaming_diloco")  # priced by pm.sync_step_time
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,9 @@ class Phase:
     method: str  # the model's method these steps ran as ("dense" in a warm-up)
     density: float
     rank: int = 4  # PowerSGD's rank (the others ignore it)
+    # a method's own knobs that set its price: DeMo (chunk, top-k); Local SGD / DiLoCo /
+    # Streaming DiLoCo (H, fragments, fragment delay)
+    knobs: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -108,7 +112,7 @@ def _cut(phases: Sequence[Phase], steps: int | None) -> tuple[Phase, ...]:
     for p in phases:
         n = min(p.steps, left)
         if n:
-            out.append(Phase(n, p.method, p.density, p.rank))
+            out.append(Phase(n, p.method, p.density, p.rank, p.knobs))
         left -= n
     return tuple(out)
 
@@ -145,31 +149,55 @@ def configured_phases(rec: Mapping[str, Any], curve: pd.DataFrame) -> list[Phase
     return phases
 
 
+def method_phases(rec: Mapping[str, Any], curve: pd.DataFrame) -> list[Phase]:
+    """A run of DeMo or of a sync strategy: every step at its method and knobs (DeMo's
+    runs log comm=nocomm, a sync strategy's the hook inside the node: neither is what
+    crosses the nodes)."""
+    from bench.sweeps.methods import method_of
+
+    cfg = rec.get("config") or {}
+    method = method_of(rec)
+    if method == "demo":
+        o = cfg.get("optim") or {}
+        knobs = (int(o.get("demo_chunk", 64)), int(o.get("demo_topk", 32)))
+    else:
+        y = cfg.get("sync") or {}
+        knobs = (
+            int(y.get("sync_every", 1)),
+            int(y.get("fragments", 1) or 1),
+            int(y.get("fragment_sync_delay", 0) or 0),
+        )
+    steps = int(curve[col.STEPS].fillna(0).sum())
+    return [Phase(steps, method, 1.0, knobs=knobs)]
+
+
 def run_from_record(rec: Mapping[str, Any], curve: pd.DataFrame) -> Run | None:
     """``rec``'s phases up to its target (the whole run when it missed): as its hook
-    logged them, or for a record without the log from its config; None when the curve has
-    no step counts."""
-    from bench.sweeps.methods import UNPRICED, method_of
+    logged them, for DeMo and the sync strategies their method and knobs, or for a record
+    without the log from its config; None when the curve has no step counts."""
+    from bench.sweeps.methods import METHODS, method_of
 
-    if col.STEPS not in curve.columns or rec.get("comm") not in pm.KNOWN:
+    if col.STEPS not in curve.columns:
         return None
-    if method_of(rec) in UNPRICED:  # e.g. DeMo records comm=nocomm: not free communication
+    own = method_of(rec) in METHODS
+    if not own and rec.get("comm") not in pm.KNOWN:
         return None
-    logged = recorded_phases(curve)
+    logged = [] if own else recorded_phases(curve)
     target = _target_steps(rec, curve)
-    phases = _cut(logged or configured_phases(rec, curve), target)
+    base = method_phases(rec, curve) if own else logged or configured_phases(rec, curve)
+    phases = _cut(base, target)
     seed = ((rec.get("config") or {}).get("train") or {}).get("seed")
     return Run(
         run_id=str(rec["run_id"]),
         group=default_group(rec),
-        comm=str(rec["comm"]),
+        comm=method_of(rec),
         seed=None if seed is None else int(seed),
         reached=target is not None,
         phases=phases,
         time_to_target_s=rec.get("time_to_target_s"),
         train_time_s=rec.get("train_time_s"),
         steps_run=int(curve[col.STEPS].fillna(0).sum()),
-        accounting="recorded" if logged else "config",
+        accounting="recorded" if logged or own else "config",
     )
 
 
@@ -231,21 +259,31 @@ def step_time_s(
     nic_efficiency: float | None = None,
     hidden: float | None = None,
     powersgd_rank: int = 4,
+    knobs: tuple[int, ...] = (),
 ) -> float:
-    """The model's time per step of ``method`` at ``ratio`` on the paper's cluster (s)."""
+    """The model's time per step of ``method`` at ``ratio`` on the paper's cluster (s):
+    a comm hook's, DeMo's (``knobs`` = chunk, top-k: its all-gather every step), or a sync
+    strategy's (``knobs`` = H, fragments, delay: the node's dense step plus the outer
+    all-reduce amortised over H, fragments overlapping their delay)."""
     a = projection.ASSUMPTIONS
     nic = a["nic_efficiency"].value if nic_efficiency is None else nic_efficiency
     h = a["hidden"].value if hidden is None else hidden
     c = projection.paper_cluster(profile.PAPER["nodes"], profile.PAPER["gbps"], nic)
-    wl = projection.paper_workload(compute_for_ratio(ratio), {method: h}, None, None)
+    inner = "dense" if method in SYNC or method == "demo" else method
+    wl = projection.paper_workload(compute_for_ratio(ratio), {inner: h}, None, None)
     wl = pm.Workload(**{**wl.__dict__, "powersgd_rank": powersgd_rank})
+    if method == "demo":
+        return pm.demo_step_time(wl, *knobs, c, projection.GPU_COSTS)
+    if method in SYNC:
+        return pm.sync_step_time(wl, c, projection.GPU_COSTS, *knobs)
     return pm.step_time(method, wl, min(1.0, density), c, projection.GPU_COSTS)
 
 
 def run_time_s(run: Run, ratio: float, **model: Any) -> float:
     """``run``'s projected time to target (or to its end, missed) at ``ratio`` (s)."""
     return sum(
-        p.steps * step_time_s(p.method, p.density, ratio, powersgd_rank=p.rank, **model)
+        p.steps
+        * step_time_s(p.method, p.density, ratio, powersgd_rank=p.rank, knobs=p.knobs, **model)
         for p in run.phases
     )
 

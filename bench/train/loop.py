@@ -211,7 +211,9 @@ def train_epoch(s: TrainState) -> dict[str, Any]:
         samples += len(batch[1])
         steps += 1
         _show_step(bar, out[0], samples * s.world, t0 + eval_s)  # every worker: as many per step
-        if _step_eval_due(s, last=i == s.steps - 1):
+        if _step_eval_due(s, last=i == s.steps - 1) and _strided_out(s):
+            eval_s += _keep(s)
+        elif _step_eval_due(s, last=i == s.steps - 1):
             dt, hit = _step_evaluate(s)
             eval_s += dt
             if hit and s.cfg.train.stop_at_target:
@@ -288,32 +290,83 @@ def _show_step(bar: Any, loss: torch.Tensor, samples: int, t0: float) -> None:
 
 
 def _step_eval_due(s: TrainState, last: bool) -> bool:
-    """A sub-epoch evaluation after this step (``train.eval_every_steps``)?  Not after the
-    epoch's last step, which the epoch's own evaluation follows."""
-    n = s.cfg.train.eval_every_steps
-    return n > 0 and not last and s.step % n == 0 and s.status != "diverged"
+    """A sub-epoch evaluation point after this step (``train.eval_every_steps``, from
+    ``train.eval_from_step``)?  Not after the epoch's last step, which the epoch's own
+    evaluation follows."""
+    t = s.cfg.train
+    n = t.eval_every_steps
+    due = n > 0 and not last and s.step % n == 0 and s.status != "diverged"
+    return due and s.step >= t.eval_from_step
+
+
+def _strided_out(s: TrainState) -> bool:
+    """With ``train.eval_stride`` k > 1, only every k-th evaluation point is evaluated;
+    the others keep a copy of the model (:func:`_keep`) for :func:`_backfill`."""
+    t = s.cfg.train
+    return t.eval_stride > 1 and (s.step // t.eval_every_steps) % t.eval_stride != 0
+
+
+def _point(s: TrainState) -> dict[str, Any]:
+    return {"step": s.step, col.EPOCH: s.epoch + 1, col.TRAIN_TIME: s.clock.elapsed}
+
+
+def _keep(s: TrainState) -> float:
+    """Keep this step's model for a later evaluation, off the training clock; its wall
+    time in s."""
+    s.clock.pause()
+    t = time.perf_counter()
+    point = _point(s)
+    state = {k: v.detach().clone() for k, v in s.model.state_dict().items()}
+    s.kept.append((point, state))
+    s.clock.resume()
+    s.timer.restart()
+    return time.perf_counter() - t
+
+
+def _evaluate_point(s: TrainState, point: dict[str, Any]) -> bool:
+    """Evaluate the model as it is, append ``point`` with its metrics to ``s.evals``;
+    whether it reached the target."""
+    runtime.broadcast_buffers(s.model, s.sync.node_root, s.sync.group)
+    ev = s.workload.evaluate(s.model, s.workload.data.eval, s.autocast)
+    point = {**point, **{col.metric_column(k): v for k, v in ev.items()}}
+    s.evals.append(point)
+    metric = col.metric_column(s.cfg.train.target_metric)
+    return reached(point.get(metric), s.cfg.train.target_value)
+
+
+def _backfill(s: TrainState) -> None:
+    """An evaluation reached the target: evaluate the kept models oldest first, up to the
+    first that reaches it too (every rank: the metrics are reduced, so all agree), then
+    put the model back.  The first step at the target is then the one that evaluating
+    every ``train.eval_every_steps`` steps would have found."""
+    kept, s.kept = s.kept, []
+    if not kept:
+        return
+    now = {k: v.detach().clone() for k, v in s.model.state_dict().items()}
+    for point, state in kept:
+        s.model.load_state_dict(state)
+        if _evaluate_point(s, point):
+            break
+    s.model.load_state_dict(now)
+    s.evals.sort(key=lambda e: e["step"])
+    s.ddp.train()
 
 
 def _step_evaluate(s: TrainState) -> tuple[float, bool]:
     """Evaluate inside an epoch with the training clock paused; append the point to
-    ``s.evals``.  Returns (its wall time in s, whether it reached the target)."""
+    ``s.evals`` (and, at the target, the kept models' points).  Returns (its wall time
+    in s, whether it reached the target)."""
     s.clock.pause()
     t = time.perf_counter()
-    runtime.broadcast_buffers(s.model, s.sync.node_root, s.sync.group)
-    ev = s.workload.evaluate(s.model, s.workload.data.eval, s.autocast)
-    point = {
-        "step": s.step,
-        col.EPOCH: s.epoch + 1,
-        col.TRAIN_TIME: s.clock.elapsed,
-        **{col.metric_column(k): v for k, v in ev.items()},
-    }
-    s.evals.append(point)
+    hit = _evaluate_point(s, _point(s))
+    if hit:
+        _backfill(s)
+    s.kept = []
     s.ddp.train()
     dt = time.perf_counter() - t
     s.clock.resume()
     s.timer.restart()  # the evaluation is no step phase
-    metric = col.metric_column(s.cfg.train.target_metric)
-    return dt, reached(point.get(metric), s.cfg.train.target_value)
+    return dt, hit
 
 
 def evaluate(s: TrainState) -> dict[str, float]:
@@ -393,6 +446,9 @@ def end_epoch(
 def _eval_due(s: TrainState, row: dict[str, Any]) -> bool:
     if s.status == "diverged" or not math.isfinite(row[col.TRAIN_LOSS]):
         return False  # a diverged model is not evaluated
+    last = s.epoch + 1 == s.cfg.train.epochs
+    if s.step < s.cfg.train.eval_from_step and not last:
+        return False  # train.eval_from_step: too early to reach the target
     return (s.epoch + 1) % s.cfg.train.eval_every == 0 or s.epoch + 1 == s.cfg.train.epochs
 
 
@@ -511,6 +567,10 @@ def train(payload: dict[str, Any], leave_group: bool = True) -> dict[str, Any] |
         s.mllog.epoch_stop(s.epoch + 1, row[col.SAMPLES])
         t_eval = time.perf_counter()
         evaluated = evaluate(s) if _eval_due(s, row) else {}
+        metric = col.metric_column(s.cfg.train.target_metric)
+        if reached(evaluated.get(metric), s.cfg.train.target_value):
+            _backfill(s)  # train.eval_stride: the kept models before this evaluation
+        s.kept = []
         go_on = end_epoch(s, row, evaluated, time.perf_counter() - t_eval)
         _checkpoint(s, last=not go_on)
     return finish(s, leave_group)
