@@ -6,6 +6,7 @@ variance, resume bit for bit, and bad combinations refused before launch."""
 from __future__ import annotations
 
 import io
+import math
 import os
 import socket
 from pathlib import Path
@@ -325,3 +326,32 @@ def test_bad_combination_is_refused_in_one_line(overrides: list[str], needle: st
 def test_good_combinations_pass() -> None:
     _validate(["comm=topk", "comm.placement=grad+dgc", "optim=sgd"])
     _validate(["comm=mstopk", "comm.placement=update", "optim=adamw", "comm.warmup_steps=40"])
+
+
+def test_the_study_table_is_steps_over_dense_on_the_same_seed(tmp_path):
+    """bench.report.placement: each sparse run against dense of its experiment and seed;
+    a miss keeps its steps run and no ratio; the figure is written once."""
+    from bench.report import placement
+
+    def rec(run_id, comm, seed, steps, placement_="grad", density=1.0, exp="dawnbench_digits"):
+        return {
+            "run_id": run_id, "experiment": exp, "comm": comm,
+            "status": "ok" if steps else "target_missed", "steps_to_target": steps,
+            "comm_phases": [{"steps": steps or 132}],
+            "config": {"train": {"seed": seed}, "results": {"sweep_id": "pl"},
+                       "comm": {"placement": placement_, "density": density}},
+        }  # fmt: skip
+
+    recs = [
+        rec("d0", "dense", 1000, 60),
+        rec("d1", "dense", 1001, 50),
+        rec("a", "hitopk", 1000, 66, "grad", 0.01),
+        rec("b", "hitopk", 1001, 60, "grad+dgc", 0.01),
+        rec("c", "hitopk", 1000, None, "grad", 0.001),
+    ]
+    df = placement.table(recs)
+    got = {r.run_id: r.relative for r in df.itertuples()}
+    assert got["a"] == pytest.approx(1.1) and got["b"] == pytest.approx(1.2)
+    assert math.isnan(got["c"]) and df.set_index("run_id").loc["c", "steps_run"] == 132
+    path = placement.plot(df, tmp_path / "p.png", "study")
+    assert path.exists() and path.stat().st_size > 5000

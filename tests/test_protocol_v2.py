@@ -292,3 +292,64 @@ def test_demo_and_diloco_are_priced_on_the_paper_cluster(tmp_path, monkeypatch):
     row = table[(table["cluster"] == "paper-b64") & (table["trial"] == "h40")].iloc[0]
     assert row["median_time_s"] == pytest.approx(66 * ratios.step_time_s(
         "diloco", 1.0, row["ratio"], knobs=(40, 1, 0)))  # fmt: skip
+
+
+def test_the_table_is_per_cluster_with_welch_intervals_on_the_evaluation_seeds(
+    tmp_path, monkeypatch
+):
+    """Each cluster's block holds the configuration selected for it, its evaluation runs'
+    time there (the check cluster's clock, else steps x the model's step), and the speedup
+    over dense as Welch's t on log times, computed here directly with scipy."""
+    from bench.report import answer
+    from bench.sweeps import protocol_table as pt
+    from bench.sweeps import ratios
+
+    spaces = {"dense": (("b25", {"comm.bucket_cap_mb": 25.0}),),
+              "hitopk": (("d01", {"comm.density": 0.01}),)}  # fmt: skip
+    monkeypatch.setattr(pr.Plan, "_space", lambda self, c: spaces[c])
+    plan = _plan(comms=("dense", "hitopk"), results_dir=str(tmp_path))
+    for seed in (1000, 1001):
+        _tuning(tmp_path, f"td{seed}", "dense", "b25", seed, "dense/1/0/100/1", 60)
+        _tuning(tmp_path, f"th{seed}", "hitopk", "d01", seed, "hitopk/0.01/0/100/1", 66)
+    _timing(tmp_path, "t1", "dense", "time dense b25", 2000, 0.30)
+    _timing(tmp_path, "t2", "hitopk", "time hitopk d0.01 b25", 2000, 0.20)
+    rng = np.random.default_rng(0)
+    steps = {"dense": 60 + rng.integers(-4, 5, 10), "hitopk": 66 + rng.integers(-6, 7, 10)}
+    clock = {c: {} for c in steps}
+    for comm, trial, ph in (("dense", "b25", "dense/1/0"), ("hitopk", "d01", "hitopk/0.01/0")):
+        for seed in range(10):
+            n = int(steps[comm][seed])
+            run_id = f"e{comm}{seed}"
+            _tuning(tmp_path, run_id, comm, trial, seed, f"{ph}/100/1", n)
+            recs = (tmp_path / "runs.jsonl").read_text().splitlines()
+            last = json.loads(recs[-1])
+            t = n * (0.30 if comm == "dense" else 0.20) * float(rng.uniform(0.95, 1.05))
+            clock[comm][seed] = t
+            last["time_to_target_s"] = t
+            last["protocol"] = {**last["protocol"], "role": "eval", "selected": True}
+            last["config"] = {"train": {"seed": seed}, "cluster": {"name": "emulated"}}
+            (tmp_path / "runs.jsonl").write_text("\n".join([*recs[:-1], json.dumps(last)]) + "\n")
+    df = pt.aggregate(plan, load_records(tmp_path))
+    assert list(dict.fromkeys(df["for_cluster"])) == list(pr.clusters(plan))
+    emu = df[(df["for_cluster"] == "emulated") & (df["comm"] == "hitopk")].iloc[0]
+    res = stats.ttest_ind(np.log(list(clock["dense"].values())),
+                          np.log(list(clock["hitopk"].values())), equal_var=False)  # fmt: skip
+    ci = res.confidence_interval(0.95)
+    assert (emu["speedup_vs_dense_ci_low"], emu["speedup_vs_dense_ci_high"]) == pytest.approx(
+        (math.exp(ci.low), math.exp(ci.high))
+    )
+    assert emu["measured_on"] == "clock" and emu["n_runs"] == 10
+    b64 = df[(df["for_cluster"] == "paper-b64") & (df["comm"] == "hitopk")].iloc[0]
+    model = {
+        c: [int(steps[c][s]) * ratios.step_time_s(c, d, b64["ratio"]) for s in range(10)]
+        for c, d in (("dense", 1.0), ("hitopk", 0.01))
+    }
+    r, lo, hi = iv.log_t_interval(model["dense"], model["hitopk"])
+    assert (b64["speedup_vs_dense"], b64["speedup_vs_dense_ci_low"]) == pytest.approx((r, lo))
+    assert b64["measured_on"] == "model" and b64["speedup_vs_dense"] > 1.0
+    # the report says it in one sentence per workload, and one table of clusters
+    line = answer.answer_sentence(df, "dawnbench_digits", "98 % top-1")
+    assert "at ratio 5.37 (`paper-b64`): hitopk" in line and "10 evaluation seeds" in line
+    table = answer.answer_table_v2(df)
+    assert "emulated 2 x 2 (measured: the end-to-end check)" in table[0]
+    assert table[-1].startswith("| **hitopk** (paper) |")

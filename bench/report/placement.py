@@ -1,0 +1,130 @@
+"""Where top-k sits (docs/algorithms.md, s. 8): a study's steps to target per placement and
+density, relative to dense on the same seed, as a table and a figure.
+
+``python -m bench.report.placement SWEEP_ID [--results-dir results]`` reads the study's
+records (one sweep id, both workloads), writes ``<results>/ablation/<SWEEP_ID>.csv`` and
+``<results>/figures/<SWEEP_ID>.png`` (never replacing either), and prints the table.
+A run that missed the target counts as more than the steps it ran (shown as a miss).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from bench.results import plots
+from bench.sweeps.common import sweep_records, write_table
+
+COLUMNS = [
+    "experiment", "comm", "placement", "density", "seed", "steps_to_target",
+    "dense_steps", "relative", "reached", "steps_run", "run_id",
+]  # fmt: skip
+
+
+def _cfg(rec: Mapping[str, Any], group: str, key: str) -> Any:
+    return ((rec.get("config") or {}).get(group) or {}).get(key)
+
+
+def _steps_run(rec: Mapping[str, Any]) -> int:
+    return sum(int(p.get("steps", 0)) for p in rec.get("comm_phases") or [])
+
+
+def table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """One row per sparse run: its steps to target over dense's on the same experiment and
+    seed (a miss: NaN, with the steps it ran)."""
+    ok = [r for r in records if r.get("status") in ("ok", "target_missed")]
+    dense = {
+        (r["experiment"], _cfg(r, "train", "seed")): r.get("steps_to_target")
+        for r in ok
+        if r.get("comm") == "dense"
+    }
+    rows = []
+    for r in ok:
+        if r.get("comm") == "dense":
+            continue
+        key = (r["experiment"], _cfg(r, "train", "seed"))
+        d, s = dense.get(key), r.get("steps_to_target")
+        rows.append(
+            {
+                "experiment": r["experiment"],
+                "comm": r["comm"],
+                "placement": _cfg(r, "comm", "placement") or "grad",
+                "density": float(_cfg(r, "comm", "density")),
+                "seed": key[1],
+                "steps_to_target": s,
+                "dense_steps": d,
+                "relative": s / d if s and d else math.nan,
+                "reached": s is not None,
+                "steps_run": _steps_run(r),
+                "run_id": r["run_id"],
+            }
+        )
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    return df.sort_values(["experiment", "density", "placement", "seed"], ascending=[1, 0, 1, 1])
+
+
+def plot(df: pd.DataFrame, path: Path, title: str) -> Path:
+    """Per workload: steps to target over dense's, per placement and density (one point per
+    seed, a miss drawn at its steps run over dense's with an open marker)."""
+    import matplotlib.pyplot as plt
+
+    exps = list(dict.fromkeys(df["experiment"]))
+    fig, axes = plt.subplots(1, len(exps), figsize=(plots.fig_width(len(exps), 5.2), 3.6))
+    axes = [axes] if len(exps) == 1 else list(axes)
+    for ax, exp in zip(axes, exps, strict=True):
+        g = df[df["experiment"] == exp]
+        cells = list(dict.fromkeys(zip(g["density"], g["placement"])))
+        for i, (d, p) in enumerate(cells):
+            c = g[(g["density"] == d) & (g["placement"] == p)]
+            colour = plots.method_colour(str(c["comm"].iloc[0]))
+            hit = c[c["reached"]]
+            miss = c[~c["reached"]]
+            ax.scatter([i] * len(hit), hit["relative"], color=colour, zorder=3)
+            ax.scatter(
+                [i] * len(miss),
+                miss["steps_run"] / miss["dense_steps"],
+                facecolors="none",
+                edgecolors=colour,
+                zorder=3,
+                label="missed (at its steps run)" if i == 0 or len(miss) else None,
+            )
+        ax.axhline(1.0, color=plots.method_colour("dense"), lw=1, ls="--", label="dense")
+        ax.axhline(1.2, color="#999999", lw=0.8, ls=":", label="1.2x dense")
+        ax.set_xticks(range(len(cells)), [f"d={d:g}\n{p}" for d, p in cells])
+        ax.set_ylabel("steps to target / dense's (same seed)")
+        ax.set_title(f"{exp} (hitopk, n = {g['seed'].nunique()} seed(s))", fontsize=9)
+        handles, labels = ax.get_legend_handles_labels()
+        keep = dict(zip(labels, handles, strict=True))
+        ax.legend(keep.values(), keep.keys(), fontsize=7, loc="upper left")
+        ax.set_ylim(bottom=0)
+    fig.suptitle(title, fontsize=10)
+    return plots.save_figure(fig, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.report.placement", description=__doc__)
+    ap.add_argument("sweep_id")
+    ap.add_argument("--results-dir", default="results")
+    a = ap.parse_args(argv)
+    recs = sweep_records(a.results_dir, a.sweep_id)
+    if not recs:
+        ap.error(f"no records of sweep {a.sweep_id} in {a.results_dir}/runs.jsonl")
+    df = table(recs)
+    print(df.to_string(index=False))
+    base = Path(a.results_dir)
+    write_table(df, base / "ablation" / f"{a.sweep_id}.csv")
+    fig = base / "figures" / f"{a.sweep_id}.png"
+    if fig.exists():
+        print(f"{fig} exists: not replaced")
+    else:
+        print(plot(df, fig, f"Placement study {a.sweep_id}: steps to target relative to dense"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
