@@ -248,6 +248,7 @@ def test_a_two_job_sweep_on_a_real_one_node_slurm_sees_both_jobs_end(
 
     recs = [json.loads(x) for x in (tmp_path / "runs.jsonl").read_text().splitlines()]
     assert [r["comm"] for r in recs] == ["dense"]
+    assert recs[0]["slurm"]["nodes"] == ["node0"] and recs[0]["slurm"]["restarts"] == 0
     # a request the partition cannot satisfy: one line, nothing submitted
     p = _reproduce(cluster, "train", "-m", "cluster=multinode", "hydra/launcher=slurm",
                    "hydra.launcher.nodes=1", "hydra.launcher.gpus_per_node=8",
