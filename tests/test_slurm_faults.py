@@ -104,6 +104,13 @@ def _status(cluster, results: Path) -> str:
     return p.stdout
 
 
+def _running(made: list, nodes: int, results: Path, *extra: str):
+    """(cluster, the sweep command, its Slurm job) once the job's run has a checkpoint."""
+    cluster = _cluster(made, nodes, cpus=2)
+    proc = _start(cluster, results, *extra)
+    return cluster, proc, _job_and_checkpoint(results)
+
+
 def _line(status: str, job: str) -> str:
     return next(ln for ln in status.splitlines() if f"slurm job {job} " in ln)
 
@@ -111,9 +118,7 @@ def _line(status: str, job: str) -> str:
 def test_a_requeued_job_resumes_its_run_from_its_checkpoint_recorded_once(
     tmp_path: Path, nothing_left_behind
 ) -> None:
-    cluster = _cluster(nothing_left_behind, 1, cpus=2)
-    proc = _start(cluster, tmp_path)
-    job = _job_and_checkpoint(tmp_path)
+    cluster, proc, job = _running(nothing_left_behind, 1, tmp_path)
     _scontrol(cluster, "requeue", job)
     # Slurm holds a requeued job back two minutes (its begin time): start it now
     _wait("requeued job pending", lambda: _state(cluster, job) == "PENDING", 120)
@@ -135,9 +140,7 @@ def test_a_requeued_job_resumes_its_run_from_its_checkpoint_recorded_once(
 def test_a_cancelled_job_is_recorded_interrupted_and_the_sweep_submits_it_again(
     tmp_path: Path, nothing_left_behind
 ) -> None:
-    cluster = _cluster(nothing_left_behind, 1, cpus=2)
-    proc = _start(cluster, tmp_path)
-    job = _job_and_checkpoint(tmp_path)
+    cluster, proc, job = _running(nothing_left_behind, 1, tmp_path)
     subprocess.run(["scancel", job], env=cluster.env(), check=True, timeout=60)
     out = _finish(proc)
     assert proc.returncode != 0 and f"job {job} failed" in out, out[-3000:]
@@ -157,9 +160,7 @@ def test_a_cancelled_job_is_recorded_interrupted_and_the_sweep_submits_it_again(
 
 
 def test_a_node_set_down_under_its_job_loses_nothing(tmp_path: Path, nothing_left_behind) -> None:
-    cluster = _cluster(nothing_left_behind, 2, cpus=2)
-    proc = _start(cluster, tmp_path)
-    job = _job_and_checkpoint(tmp_path)
+    cluster, proc, job = _running(nothing_left_behind, 2, tmp_path)
     node = _scontrol(cluster, "show", "job", "--oneliner", job).split(" NodeList=")[1].split()[0]
     _scontrol(cluster, "update", f"nodename={node}", "state=down", "reason=test-fault")
     # the job is requeued (a node failure) onto the other node: let it start now
@@ -186,10 +187,8 @@ def test_a_node_set_down_under_its_job_loses_nothing(tmp_path: Path, nothing_lef
 def test_a_job_at_its_time_limit_is_recorded_interrupted_and_resumable(
     tmp_path: Path, nothing_left_behind
 ) -> None:
-    cluster = _cluster(nothing_left_behind, 1, cpus=2)
-    proc = _start(cluster, tmp_path, "hydra.launcher.timeout_min=1",
-                  "hydra.launcher.signal_delay_s=20", "train.epochs=400")  # fmt: skip
-    job = _job_and_checkpoint(tmp_path)
+    limit = ("hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=20", "train.epochs=400")
+    cluster, proc, job = _running(nothing_left_behind, 1, tmp_path, *limit)
     out = _finish(proc)
     assert proc.returncode != 0 or "interrupted" in out, out[-3000:]
     (rec,) = _attempts(tmp_path)
