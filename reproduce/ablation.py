@@ -347,6 +347,10 @@ def _status(args: argparse.Namespace) -> None:
         pr.status(plan, recs) if isinstance(plan, pr.Plan)
         else [progress("grid", plan.keys(), recs, ab.key_of)]
     )  # fmt: skip
+    if plan.launcher:  # each Slurm job: its state and exit code, its run, nodes, requeues
+        from bench.launch.submit import status_lines
+
+        lines += status_lines(Path(args.results_dir) / "hydra" / "ablation" / plan.sweep_id, recs)
     _sweep.print_status(f"sweep {plan.sweep_id}: {plan.experiment} on cluster {plan.cluster}, "
                         f"{how}", lines)  # fmt: skip
 

@@ -80,6 +80,66 @@ def test_gpus_are_asked_only_where_the_job_trains_on_them() -> None:
     assert resources("submitit_local", gpu_run, gpu) == []
 
 
+def test_a_record_made_in_a_slurm_job_names_the_job_and_its_nodes() -> None:
+    from bench.results.records import expand_nodelist, slurm_job
+
+    assert expand_nodelist("node[0-1]") == ["node0", "node1"]
+    assert expand_nodelist("n[01-03,7],gpu5") == ["n01", "n02", "n03", "n7", "gpu5"]
+    env = {"SLURM_JOB_ID": "45", "SLURM_ARRAY_JOB_ID": "44", "SLURM_ARRAY_TASK_ID": "1",
+           "SLURM_JOB_NODELIST": "node[0-1]", "SLURMD_NODENAME": "node0",
+           "SLURM_RESTART_COUNT": "1"}  # fmt: skip
+    assert slurm_job(env) == {"job_id": "44_1", "nodes": ["node0", "node1"], "node": "node0",
+                              "restarts": 1}  # fmt: skip
+    assert slurm_job({"SLURM_JOB_ID": "7", "SLURM_NODELIST": "a"})["job_id"] == "7"
+    assert slurm_job({}) is None  # outside Slurm
+
+
+def test_status_gives_each_slurm_job_its_state_exit_code_run_and_nodes(tmp_path: Path) -> None:
+    from bench.launch.submit import note_jobs, status_lines
+
+    note_jobs(tmp_path / "tune", [("3_0", "comm=dense"), ("3_1", "comm=hitopk")])
+    note_jobs(tmp_path / "eval", [("4_0", "comm=dense train.seed=0"), ("5", "")])
+    recs = [
+        {"run_id": "r1", "status": "ok", "attempt": 2,
+         "slurm": {"job_id": "3_0", "nodes": ["node0", "node1"], "restarts": 1}},
+        {"run_id": "r2", "status": "interrupted", "reason": "interrupted by SIGTERM",
+         "slurm": {"job_id": "4_0", "nodes": ["node1"]}},
+        {"run_id": "r3", "status": "ok"},  # not run in Slurm
+    ]  # fmt: skip
+    states = {
+        "3_0": {"JobState": "COMPLETED", "ExitCode": "0:0", "Restarts": "1"},
+        "3_1": {"JobState": "FAILED", "ExitCode": "2:0", "Reason": "NonZeroExitCode"},
+        "4_0": {"JobState": "CANCELLED", "ExitCode": "0:15"},
+        "5": {"JobState": "PENDING", "Reason": "Resources"},
+    }
+    lines = status_lines(tmp_path, recs, state=lambda j: states[j])
+    assert sorted(lines) == [  # in order of submission (here: the same second)
+        "slurm job 3_0 (comm=dense): COMPLETED, exit code 0, requeued 1x; run r1 ok "
+        "(attempt 2) on node0,node1",
+        "slurm job 3_1 (comm=hitopk): FAILED, exit code 2, reason NonZeroExitCode; no record",
+        "slurm job 4_0 (comm=dense train.seed=0): CANCELLED, exit code 0, signal 15; run r2 "
+        "interrupted (attempt 1) on node1: interrupted by SIGTERM",
+        "slurm job 5: PENDING (Resources); no record",
+    ]
+    gone = status_lines(tmp_path / "tune", recs, state=lambda j: {})
+    assert gone[1] == "slurm job 3_1 (comm=hitopk): gone from the controller; no record"
+
+
+def test_a_requeued_job_with_its_first_result_is_not_seen_ended(tmp_path: Path, monkeypatch):
+    from types import SimpleNamespace
+
+    from bench.launch import submit
+
+    pickle = tmp_path / "result.pkl"
+    pickle.write_bytes(b"x")  # the first attempt's, left before the requeue
+    job = SimpleNamespace(job_id="9_0", paths=SimpleNamespace(result_pickle=pickle),
+                          exception=lambda: None)  # fmt: skip
+    monkeypatch.setattr(submit, "slurm_state", lambda j: {"JobState": "PENDING"})
+    assert submit._outcome(job, True) == (False, None)
+    monkeypatch.setattr(submit, "slurm_state", lambda j: {"JobState": "COMPLETED"})
+    assert submit._outcome(job, True) == (True, None)
+
+
 # -- a real Slurm cluster on this machine --------------------------------------------------
 
 
@@ -120,6 +180,11 @@ def _ours() -> dict[str, set[str]]:
 def nothing_left_behind():
     """Asserts that a test's clusters left no daemon, namespace, mount or folder (those of
     other runs on this machine, there before, are not counted)."""
+    yield from leaves_nothing()
+
+
+def leaves_nothing():
+    """:func:`nothing_left_behind`'s body (a generator other test files' fixtures share)."""
     if why := _why_not_real():
         pytest.skip(why)
     before = _ours()
@@ -183,6 +248,7 @@ def test_a_two_job_sweep_on_a_real_one_node_slurm_sees_both_jobs_end(
 
     recs = [json.loads(x) for x in (tmp_path / "runs.jsonl").read_text().splitlines()]
     assert [r["comm"] for r in recs] == ["dense"]
+    assert recs[0]["slurm"]["nodes"] == ["node0"] and recs[0]["slurm"]["restarts"] == 0
     # a request the partition cannot satisfy: one line, nothing submitted
     p = _reproduce(cluster, "train", "-m", "cluster=multinode", "hydra/launcher=slurm",
                    "hydra.launcher.nodes=1", "hydra.launcher.gpus_per_node=8",
@@ -241,3 +307,13 @@ def test_the_protocols_quick_sweep_on_two_slurm_nodes_of_two_workers(
     p = _reproduce(cluster, "ablation", "--status", "protocol-1", "--results-dir", str(tmp_path),
                    timeout=120)  # fmt: skip
     assert p.returncode == 0 and "without a record" not in p.stdout, p.stdout + p.stderr
+    import json
+
+    recs = [json.loads(x) for x in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    assert recs and all(r["status"] in ("ok", "target_missed") for r in recs), recs
+    for r in recs:  # every run: its Slurm job and both nodes of its allocation
+        assert r["slurm"]["nodes"] == ["node0", "node1"] and r["slurm"]["node"] == "node0", r
+        job = f"slurm job {r['slurm']['job_id']} "
+        line = next(ln for ln in p.stdout.splitlines() if job in ln)
+        assert "COMPLETED, exit code 0" in line and f"run {r['run_id']} " in line, line
+        assert "on node0,node1" in line, line

@@ -3,8 +3,11 @@ job per training run, grouped by allocation (docs/internals/sweeps.md)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -316,6 +319,8 @@ def submit(
         log(f"submitted {len(subs)} job(s) through {launcher} ({what}): "
             + " ".join(str(s.job_id) for s in subs))  # fmt: skip
         made += list(zip(idx, subs))
+        if is_slurm(launcher):
+            note_jobs(sweep_dir.parent, [(str(s.job_id), names[i]) for i, s in zip(idx, subs)])
     log(f"jobs' Hydra output: {sweep_dir}")
     rcs = [1] * len(jobs)
     for i, why in zip([i for i, _ in made], wait_jobs([s for _, s in made], names, log)):
@@ -328,28 +333,45 @@ ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
          "BOOT_FAIL", "DEADLINE")  # fmt: skip
 
 
-def slurm_end(job_id: str) -> str | None:
-    """How job ``job_id`` ended, as the controller says (``scontrol show job``: state,
-    reason, exit code), or None while it is pending, running or requeued.  Works without
-    accounting, where submitit's ``sacct`` never sees a job end."""
+def slurm_state(job_id: str) -> dict[str, str] | None:
+    """Job ``job_id`` as the controller knows it (``scontrol show job``: JobState, ExitCode,
+    Reason, NodeList, Restarts, ...); ``{}`` when the controller has forgotten it (ended
+    long ago), None when it cannot be asked.  Needs no accounting."""
     try:
         p = subprocess.run(["scontrol", "show", "job", "--oneliner", str(job_id)],
                            capture_output=True, text=True, timeout=30)  # fmt: skip
     except (OSError, subprocess.TimeoutExpired):
         return None
     if p.returncode != 0:
-        # purged from the controller's memory: ended long ago, with no word left
-        return "gone from the controller" if "Invalid job id" in p.stderr else None
-    fields = dict(re.findall(r"(\w+)=(\S*)", p.stdout))
-    state = fields.get("JobState", "")
-    if state not in ENDED:
-        return None
+        return {} if "Invalid job id" in p.stderr else None
+    return dict(re.findall(r"(\w+)=(\S*)", p.stdout))
+
+
+def describe_end(fields: dict[str, str]) -> str:
+    """``STATE, exit code N[, signal S][, reason R]`` of an ended job's ``scontrol``
+    fields."""
     code = fields.get("ExitCode", "?").split(":")
     how = f"exit code {code[0]}" + (
         f", signal {code[1]}" if len(code) > 1 and code[1] != "0" else ""
     )
     reason = fields.get("Reason", "None")
-    return f"{state}, {how}" + ("" if reason in ("None", "") else f", reason {reason}")
+    return f"{fields.get('JobState', '?')}, {how}" + (
+        "" if reason in ("None", "") else f", reason {reason}"
+    )
+
+
+def slurm_end(job_id: str) -> str | None:
+    """How job ``job_id`` ended, as the controller says (state, exit code, reason), or
+    None while it is pending, running or requeued.  Works without accounting, where
+    submitit's ``sacct`` never sees a job end."""
+    fields = slurm_state(job_id)
+    if fields is None:
+        return None
+    if not fields:  # purged from the controller's memory: ended long ago, no word left
+        return "gone from the controller"
+    if fields.get("JobState", "") not in ENDED:
+        return None
+    return describe_end(fields)
 
 
 def log_tail(job: Any, n: int = 5) -> str:
@@ -366,6 +388,12 @@ def log_tail(job: Any, n: int = 5) -> str:
 
 def _outcome(job: Any, slurm: bool) -> tuple[bool, str | None]:
     """(whether ``job`` has ended, None if it left a result else why not)."""
+    if slurm and job.paths.result_pickle.exists():
+        # a requeued job (scontrol requeue, a node lost, a time limit) may have left its
+        # first attempt's result: it has ended only when the controller says so
+        fields = slurm_state(job.job_id)
+        if fields and fields.get("JobState", "") not in ENDED:
+            return False, None
     if job.paths.result_pickle.exists() or (not slurm and job.done()):
         try:
             err = job.exception()
@@ -410,10 +438,148 @@ def wait_jobs(jobs: Sequence[Any], names: Sequence[str], log: Callable[[str], No
     return out
 
 
+JOBS_FILE = "slurm-jobs.jsonl"  # beside a sweep's Hydra output: the Slurm jobs it submitted
+
+
+def note_jobs(folder: Path, jobs: Sequence[tuple[str, str]]) -> None:
+    """Append the Slurm jobs just submitted (id, label) to ``folder/slurm-jobs.jsonl``:
+    ``--status`` finds them there, with or without a record."""
+    folder.mkdir(parents=True, exist_ok=True)
+    at = time.strftime("%Y-%m-%dT%H:%M:%S")
+    with open(folder / JOBS_FILE, "a") as f:
+        for job_id, label in jobs:
+            f.write(json.dumps({"job_id": job_id, "label": label, "submitted_at": at}) + "\n")
+
+
+def noted_jobs(folder: Path) -> list[dict[str, Any]]:
+    """The Slurm jobs noted under ``folder`` (any depth), in order of submission."""
+    out = []
+    for path in sorted(Path(folder).rglob(JOBS_FILE)) if Path(folder).is_dir() else []:
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                out.append(json.loads(line))
+    return sorted(out, key=lambda j: str(j.get("submitted_at", "")))
+
+
+def job_records(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Slurm job id -> the latest record written in that job."""
+    out = {}
+    for r in records:
+        job = (r.get("slurm") or {}).get("job_id")
+        if job:
+            out[str(job)] = r
+    return out
+
+
+def status_lines(
+    folder: Path, records: Sequence[dict[str, Any]], state: Callable[[str], Any] | None = None
+) -> list[str]:
+    """One line per Slurm job a sweep submitted (noted under ``folder``): its state and
+    exit code as the controller says (``scontrol``, no accounting needed) and the run it
+    recorded, with the nodes it ran on and its requeues."""
+    state = state or slurm_state
+    by_job = job_records(records)
+    lines = []
+    for job in noted_jobs(folder):
+        jid = str(job["job_id"])
+        f = state(jid) if shutil.which("scontrol") or state is not slurm_state else None
+        if f is None:
+            where = "controller not reachable"
+        elif not f:
+            where = "gone from the controller"
+        elif f.get("JobState") in ENDED:
+            where = describe_end(f)
+        else:
+            where = f.get("JobState", "?")
+            if f.get("Reason") not in (None, "", "None"):
+                where += f" ({f['Reason']})"
+        if f and int(f.get("Restarts") or 0):
+            where += f", requeued {f['Restarts']}x"
+        rec = by_job.get(jid)
+        if rec is None:
+            what = "no record"
+        else:
+            slurm = rec.get("slurm") or {}
+            nodes = ",".join(slurm.get("nodes") or []) or "?"
+            what = (f"run {rec.get('run_id')} {rec.get('status')} (attempt "
+                    f"{rec.get('attempt', 1)}) on {nodes}")  # fmt: skip
+            if rec.get("status") in ("interrupted", "error") and rec.get("reason"):
+                what += f": {str(rec['reason'])[:120]}"
+        label = f" ({job['label']})" if job.get("label") else ""
+        lines.append(f"slurm job {jid}{label}: {where}; {what}")
+    return lines
+
+
+def _requeued(task: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``task`` as a Slurm job runs it: started again after a requeue (``scontrol
+    requeue``, a node lost, preemption), it goes on with the run this job recorded as
+    interrupted from its last checkpoint (a new attempt of the same run), and does not run
+    again a run the job has recorded already."""
+
+    def run_task(cfg: Any) -> Any:
+        from bench.results import records
+
+        job = records.slurm_job()
+        if not job or not job["restarts"]:
+            return task(cfg)
+        res = str(cfg.results.dir)
+        prev = job_records(records.load_records(res)).get(job["job_id"])
+        if prev is None:
+            return task(cfg)
+        if prev.get("status") not in ("interrupted", "error"):
+            print(f"requeued job {job['job_id']}: run {prev['run_id']} is recorded "
+                  f"({prev.get('status')}); not run again", flush=True)  # fmt: skip
+            return prev.get("time_to_target_s")
+        return _resume(cfg, prev["run_id"], job, task)
+
+    return run_task
+
+
+def _resume(cfg: Any, run_id: str, job: dict[str, Any], task: Callable[[Any], Any]) -> Any:
+    """Resume ``run_id`` on this allocation (each node its own rank and rendezvous)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from bench.launch import run as runmod
+
+    c = cfg.cluster
+    overrides = [f"results.dir={cfg.results.dir}"]
+    if c.name == "multinode":
+        overrides += [f"cluster.node_rank={c.node_rank}", f"cluster.rdzv_id={c.rdzv_id}",
+                      f"cluster.rdzv_endpoint={c.rdzv_endpoint}"]  # fmt: skip
+    try:
+        new_cfg, meta, path = runmod.prepare_resume(run_id, overrides, str(cfg.results.dir))
+    except ConfigError as e:
+        print(f"requeued job {job['job_id']}: run {run_id} not resumed ({e}); "
+              "it starts again", flush=True)  # fmt: skip
+        return task(cfg)
+    print(f"requeued job {job['job_id']} (restart {job['restarts']}): resuming run {run_id} "
+          f"from {path} (attempt {meta['attempt']})", flush=True)  # fmt: skip
+    _, rec = runmod.launch_and_record(new_cfg, meta, HydraConfig.get().runtime.output_dir)
+    return rec.get("time_to_target_s") if rec else None
+
+
 class SlurmLauncher(_SubmititSlurm):  # type: ignore[misc,valid-type]
     """hydra-submitit-launcher's Slurm launcher (``hydra/launcher=slurm``) that refuses a
     request no node of the partition can satisfy before submitting, and sees a job end
     without accounting (:func:`wait_jobs`): ``train -m`` never waits forever."""
+
+    def __call__(self, *args: Any) -> Any:
+        """Run one job (in the Slurm job): a requeued job resumes its run (:func:`_requeued`);
+        Slurm's warning signal before the time limit (``signal_delay_s``) stops the run as
+        ``interrupted``, recorded with its last checkpoint, so that it can be resumed."""
+        from bench.launch.run import Interrupted
+
+        def near_end(signum: int, frame: Any) -> None:  # noqa: ARG001
+            raise Interrupted("SIGUSR2 (the job's time limit or a preemption is near)")
+
+        task = self.task_function
+        self.task_function = _requeued(task)
+        old = signal.signal(signal.SIGUSR2, near_end)
+        try:
+            return super().__call__(*args)
+        finally:
+            signal.signal(signal.SIGUSR2, old)
+            self.task_function = task
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
         from hydra.core.singleton import Singleton
@@ -431,6 +597,8 @@ class SlurmLauncher(_SubmititSlurm):  # type: ignore[misc,valid-type]
                 for i, o in zip(idx, job_overrides)]  # fmt: skip
         jobs = ex.map_array(self, *zip(*args))
         names = [" ".join(filter_overrides(o)) for o in job_overrides]
+        note_jobs(Path(str(self.config.hydra.sweep.dir)),
+                  [(str(j.job_id), n) for j, n in zip(jobs, names)])  # fmt: skip
         print(f"submitted {len(jobs)} job(s) to Slurm: "
               + " ".join(str(j.job_id) for j in jobs), flush=True)  # fmt: skip
         whys = wait_jobs(jobs, names, lambda m: print(m, flush=True))

@@ -13,6 +13,7 @@ import datetime as _dt
 import json
 import math
 import os
+import re
 import time
 import uuid
 import warnings
@@ -268,6 +269,10 @@ class RunRecord:
     # a tuning-protocol run: {"name", "role": "tune" | "eval", "trial", "selected"}
     # (bench.sweeps.protocol); None outside a protocol
     protocol: dict[str, Any] | None = None
+    # a run inside a Slurm job: {"job_id" (as sbatch and squeue name it, ``<array>_<task>``
+    # in a job array), "nodes" (the allocation's node names), "node" (where this record was
+    # written), "restarts" (times the job was requeued before this attempt)}; None outside
+    slurm: dict[str, Any] | None = None
     # with train.eval_every_steps: optimizer steps to the first evaluation at or above the
     # target, and the sub-epoch evaluations (step, training time in s, metrics) behind it
     steps_to_target: int | None = None
@@ -322,6 +327,7 @@ class RunRecord:
             cluster_profile=run.get("cluster_profile"),
             queue=run.get("queue"),
             protocol=_protocol(cfg.results),
+            slurm=slurm_job(),
             git_sha=git_sha(),
             git_shas=[*run.get("git_shas", []), git_sha()],
             torch_version=torch.__version__,
@@ -409,6 +415,37 @@ def _protocol(results: Any) -> dict[str, Any] | None:
         "role": results.protocol_role,
         "trial": results.protocol_trial,
         "selected": bool(results.protocol_selected),
+    }
+
+
+def expand_nodelist(text: str) -> list[str]:
+    """Slurm's compact node list (``node[0-2,5],gpu7``) as node names, in order."""
+    out: list[str] = []
+    for prefix, ranges, plain in re.findall(r"([^,\[]+)\[([^\]]*)\]|([^,\[\]]+)", text):
+        if plain:
+            out.append(plain)
+            continue
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            if not hi:
+                out.append(prefix + lo)
+            else:  # zero-padded ranges keep their width (node[01-03])
+                out += [f"{prefix}{i:0{len(lo)}d}" for i in range(int(lo), int(hi) + 1)]
+    return out
+
+
+def slurm_job(environ: Mapping[str, str] | None = None) -> dict[str, Any] | None:
+    """The record's ``slurm`` field from a Slurm job's environment (None outside one)."""
+    env = os.environ if environ is None else environ
+    if not env.get("SLURM_JOB_ID"):
+        return None
+    array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    nodes = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
+    return {
+        "job_id": f"{array}_{task}" if array and task else env["SLURM_JOB_ID"],
+        "nodes": expand_nodelist(nodes),
+        "node": env.get("SLURMD_NODENAME") or None,
+        "restarts": int(env.get("SLURM_RESTART_COUNT") or 0),
     }
 
 

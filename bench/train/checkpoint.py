@@ -42,6 +42,9 @@ MAY_DIFFER = (
     "results.plot_sweeps",
     "cluster.max_restarts",
     "cluster.rdzv_timeout_s",
+    # which node holds which ranks (a requeued Slurm job may get its nodes in another
+    # order): every rank reads its own shard by its global rank
+    "cluster.node_rank",
     "cluster.rdzv_endpoint",
     "cluster.rdzv_id",
     "cluster.rdzv_port",
