@@ -4,9 +4,10 @@ Accuracy curves of recorded runs side by side (per epoch and against training ti
 drawn from the records (``runs.jsonl``) and the curve CSVs alone, with each run's time to
 target printed as a table.  The first run id is yours; each run is labelled with its role
 (yours, reference, compared), run id, method and hardware, and a line per other run says
-how it differs from yours (time ratio, hardware, the settings that differ).  Each run id is looked up in the ``--results-dir`` directories
-in order (by default a user's ``runs/`` and then the committed reference ``results/``),
-so that a user's run compares with a reference one by naming both.
+how it differs from yours (time ratio, hardware, the settings that differ).  Each run id
+is looked up in the ``--results-dir`` directories in order (by default a user's ``runs/``
+and then the committed reference ``results/``), so that a user's run compares with a
+reference one by naming both.
 """
 
 from __future__ import annotations
@@ -120,9 +121,7 @@ def _label(role: str, rec: dict, fields: str) -> str:
     """``yours: <run id> <method>`` over its hardware; ``--label`` fields replace the
     method."""
     what = (
-        _method(rec)
-        if fields == "comm"
-        else " ".join(str(rec.get(k)) for k in fields.split(","))
+        _method(rec) if fields == "comm" else " ".join(str(rec.get(k)) for k in fields.split(","))
     )
     hw = str(rec.get("hardware") or "unknown hardware").replace("(R)", "").replace("(TM)", "")
     return f"{role}: {rec['run_id']} {what}\n{hw}"
