@@ -28,6 +28,7 @@ from bench.report.figures import (
 from bench.report.tables import (
     BENCH_CLAIMS,
     GROUP,
+    NO_FIGURES,
     OURS,
     PEERS,
     RECORDS,
@@ -45,6 +46,7 @@ from bench.report.tables import (
     record_of,
     records_section,
     rel,
+    runs_dir,
     target_text,
     unrun_experiments,
     verdict_text,
@@ -404,7 +406,7 @@ def answer_sections(
         if table is None:
             none = (
                 f"No protocol sweep of {exp} is recorded here, so no answer: "
-                f"`python -m reproduce ablation --workload {name} --results-dir results` "
+                f"`python -m reproduce ablation --workload {name} --results-dir {runs_dir(base)}` "
                 "runs one."
             )
             settings.append(f"{exp}: no sweep (`ablation --workload {name}` runs one)")
@@ -737,7 +739,7 @@ def write_report(inputs: Inputs, figs: list[Figure], path: Path, header: str) ->
         *detail,
         "## Figures",
         "",
-        *figures_section(main_figs, base),
+        *(figures_section(main_figs, base) or [NO_FIGURES.format(APPENDIX), ""]),
         *scaling_lines(inputs),
         "## Micro-benchmarks",
         "",

@@ -672,6 +672,22 @@ def _experiment_comparisons(inputs: Inputs, stats: pd.DataFrame, maker: CommandM
     return out
 
 
+def runs_dir(report_dir: str | Path) -> str:
+    """The results directory a report's commands write to: the one it was made from (a
+    user's ``runs/``, never the committed results unless made from them); for a report
+    beside the reference (``<dir>/with-reference/``), the user's ``<dir>``."""
+    d = Path(report_dir)
+    return str(d.parent if d.name == "with-reference" else d)
+
+
+# REPORT.md's "Figures" when no figure answers the question (no protocol or scaling sweep)
+NO_FIGURES = (
+    "No figure answers the question yet: these records hold no protocol sweep (`python -m "
+    "reproduce ablation` runs one) and no scaling sweep; the figures drawn from them are in "
+    "[{0}]({0})."
+)
+
+
 def recipe_command(exp: str) -> str:
     """The ``to run:`` comment of a recipe's config file, as Markdown: the command (its
     continuation lines joined) in backticks, then any words before it."""
@@ -691,9 +707,12 @@ def recipe_command(exp: str) -> str:
             break
         parts[-1] = parts[-1].rstrip()[:-1].rstrip()
         parts.append(t.strip())
-    cmd = " ".join(parts).split("(or:")[0].strip()
-    note = (text[0] if first else note).strip(" (")
-    return f"`{cmd}`" + (f" ({note})" if note else "")
+    # words after the command in parentheses are a note (or an alternative: "(or: ...)"),
+    # never part of what is pasted; an override's own "choice(a,b)" has no space before it
+    cmd, _, after = " ".join(parts).partition(" (")
+    after = after.strip().removesuffix(")").strip()
+    note = (text[0] if first else note).strip(" (") or ("" if after.startswith("or:") else after)
+    return f"`{cmd.strip()}`" + (f" ({note})" if note else "")
 
 
 def unrun_experiments(inputs: Inputs) -> list[str]:
