@@ -10,9 +10,7 @@ from reproduce.__main__ import main
 from tests.test_figures import _curve, _record
 
 
-def test_compare_says_which_run_is_yours_and_how_the_other_differs(
-    tmp_path: Path, capsys
-) -> None:
+def test_compare_says_which_run_is_yours_and_how_the_other_differs(tmp_path: Path, capsys) -> None:
     mine, ref = tmp_path / "runs", tmp_path / "ref"
     a = _record("a", "hitopk", 0, 5.0, hardware="CPU Intel Xeon (2 cores), no GPU")
     b = _record("b", "dense", 0, 10.0, hardware="CPU AMD EPYC (2 cores), no GPU")
