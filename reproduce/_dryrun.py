@@ -142,11 +142,13 @@ def refusal(cfg: Any) -> str | None:
     """Why the run would be refused before its workers start, or None: the run's own
     checks, with the results directory inspected rather than made."""
     from bench.config import to_object
+    from bench.data.cache import inspect_only
     from bench.launch.run import validate
     from bench.registry import ConfigError
 
     try:
-        validate(to_object(cfg), create_results=False)
+        with inspect_only():  # the data files the run would make are not made here
+            validate(to_object(cfg), create_results=False)
     except ConfigError as e:
         return str(e)
     return None
@@ -227,6 +229,7 @@ def sweep_jobs(overrides: list[str]) -> list[list[str]]:
 def _resume(overrides: list[str]) -> None:
     """``resume=RUN_ID --dry-run``: the checks the resume makes (a checkpoint, a run not
     finished, overrides it may take, the config's own checks), then its plan."""
+    from bench.data.cache import inspect_only
     from bench.launch.run import prepare_resume
     from bench.registry import ConfigError
 
@@ -235,7 +238,8 @@ def _resume(overrides: list[str]) -> None:
     rest = [o for o in overrides if not o.startswith(("resume=", "experiment=", "data=", "-"))]
     rest = unquoted(rest)
     try:
-        cfg, meta, path = prepare_resume(run_id, rest, dry=True)
+        with inspect_only():
+            cfg, meta, path = prepare_resume(run_id, rest, dry=True)
     except ConfigError as e:
         fail(f"the resume would be refused: {e}")
     runs = Path(str(cfg.results.dir)) / "runs.jsonl"

@@ -28,6 +28,7 @@ is not, ``--aggregate ID`` builds the table from whatever is recorded (under
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -355,11 +356,60 @@ def _status(args: argparse.Namespace) -> None:
                         f"{how}", lines)  # fmt: skip
 
 
+def _grid_minutes(plan) -> str:
+    """The grid's expected duration: its jobs x the median wall time of the earlier runs
+    of its experiment recorded here or in the reference results, or why it is unknown."""
+    import statistics
+    import warnings
+
+    from bench.results.env import REPO_ROOT
+    from bench.results.records import load_records
+    from reproduce._cli import REFERENCE
+    from reproduce._dryrun import _duration
+
+    times = []
+    for d in dict.fromkeys([Path(plan.results_dir), REPO_ROOT / REFERENCE]):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a torn line elsewhere does not matter here
+            recs = load_records(d) if (d / "runs.jsonl").is_file() else []
+        done = ("ok", "target_missed")
+        times += [float(r["wall_time_s"]) for r in recs if r.get("experiment") == plan.experiment
+                  and r.get("status") in done and r.get("wall_time_s")]  # fmt: skip
+    n = len(plan.jobs())
+    if not times:
+        return f"{n} runs, duration unknown (no earlier run of {plan.experiment} recorded)"
+    t = statistics.median(times)
+    return (f"{n} runs, about {_duration(n * t)} ({t:.0f} s each: the median wall time "
+            f"of {len(times)} recorded run(s) of {plan.experiment}, any method)")  # fmt: skip
+
+
+def _expected(plan) -> list[str]:
+    """How long the sweep should take and what its clusters need, for the dry run."""
+    import os
+
+    from bench.sweeps import protocol as pr
+
+    if isinstance(plan, pr.Plan):
+        lo, hi, t_lo, t_hi = pr.estimate(plan)  # v2's plan notes say it already
+        out = [] if plan.v2() else [f"{lo}-{hi} runs, about {t_lo:.0f}-{t_hi:.0f} minutes on "
+                                    "2 cores (docs/protocol.md)"]  # fmt: skip
+        clusters = {plan.cluster, plan.check_cluster if plan.v2() else plan.cluster}
+    else:
+        out, clusters = [_grid_minutes(plan)], {plan.cluster}
+    if "emulated" in clusters:
+        who = "this process is root" if os.geteuid() == 0 else "this process is not root"
+        out.append("the emulated cluster needs root and iproute2 (it creates network namespaces "
+                   f"and tc qdiscs; {who})")  # fmt: skip
+    return out
+
+
 def _dry_run(plan) -> None:
     from bench.sweeps import protocol as pr
 
     for note in plan.notes:
         print(f"note: {note}")
+    for line in _expected(plan):
+        print(f"note: {line}")
     how = f"submitted through {plan.launcher}" if plan.launcher else "run through one run queue"
     if isinstance(plan, pr.Plan):
         for i, job in enumerate(plan.tune_jobs()):
@@ -448,6 +498,7 @@ def _run(args: argparse.Namespace, plan, resumed: bool) -> int:
 
 
 def main(argv: list[str]) -> None:
+    from bench.data.cache import inspect_only
     from bench.registry import ConfigError
     from bench.sweeps import protocol as pr
 
@@ -465,9 +516,10 @@ def main(argv: list[str]) -> None:
                 _table(args.results_dir, args.aggregate, plan)
             return
         sweeps = []  # every sweep planned and checked before the first one runs
-        for w in _workloads(args):
-            a = argparse.Namespace(**{**vars(args), "workload": w})
-            sweeps.append((a, *_plan(a)))
+        with inspect_only() if args.dry_run else contextlib.nullcontext():
+            for w in _workloads(args):
+                a = argparse.Namespace(**{**vars(args), "workload": w})
+                sweeps.append((a, *_plan(a)))
     except ConfigError as e:
         _fail(str(e))
     code = max(_run(a, plan, resumed) for a, plan, resumed in sweeps)

@@ -2,14 +2,18 @@
 
 Accuracy curves of recorded runs side by side (per epoch and against training time),
 drawn from the records (``runs.jsonl``) and the curve CSVs alone, with each run's time to
-target printed as a table.  Each run id is looked up in the ``--results-dir`` directories
-in order (by default a user's ``runs/`` and then the committed reference ``results/``),
-so that a user's run compares with a reference one by naming both.
+target printed as a table.  The first run id is yours; each run is labelled with its role
+(yours, reference, compared), run id, method and hardware, and a line per other run says
+how it differs from yours (time ratio, hardware, the settings that differ).  Each run id
+is looked up in the ``--results-dir`` directories in order (by default a user's ``runs/``
+and then the committed reference ``results/``), so that a user's run compares with a
+reference one by naming both.
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from reproduce._cli import REFERENCE, RESULTS, Parser
 
@@ -39,19 +43,20 @@ def main(argv: list[str]) -> None:
         f"then {REFERENCE})",
     )
     ap.add_argument(
-        "--label", default="comm", help="record field(s) naming each run, comma-separated"
+        "--label",
+        default="comm",
+        help="record field(s) naming each run after its role and run id, comma-separated "
+        "(default: its method)",
     )
     ap.add_argument("--title", default="")
     ap.add_argument("--dry-run", action="store_true", help="say what would be drawn; write nothing")
     args = ap.parse_args(argv)
-    from pathlib import Path
-
     if Path(args.out).exists():
         print(f"error: {args.out} exists; choose another --out", file=sys.stderr)
         sys.exit(2)
     dirs = args.results_dir or [RESULTS, REFERENCE]
-    runs, recs = [], []
-    for rid in args.run_ids:
+    runs, recs, roles = [], [], []
+    for i, rid in enumerate(args.run_ids):
         found = [(d, r) for d in dirs if (r := records.find_record(d, rid)) is not None]
         if not found:
             where = ", ".join(str(records.runs_path(d)) for d in dirs)
@@ -62,8 +67,8 @@ def main(argv: list[str]) -> None:
             why = "; ".join(str(v) for v in (rec.get("status"), rec.get("reason")) if v)
             print(f"error: run {rid} has no curve to draw (it ended {why})", file=sys.stderr)
             sys.exit(2)
-        label = " ".join(str(rec.get(k)) for k in args.label.split(","))
-        runs.append((label, records.load_curve(where, rid)))
+        roles.append(_role(i, where))
+        runs.append((_label(roles[-1], rec, args.label), records.load_curve(where, rid)))
         recs.append(rec)
     metric, target = recs[0]["target_metric"], recs[0]["target_value"]
     if any((r["target_metric"], r["target_value"]) != (metric, target) for r in recs):
@@ -71,27 +76,105 @@ def main(argv: list[str]) -> None:
         sys.exit(2)
     if args.dry_run:
         for (label, curve), r in zip(runs, recs):
-            print(f"{r['run_id']}: {label!r}, {len(curve)} epoch(s), {r.get('hardware', '')}")
+            print(f"{r['run_id']}: {label.splitlines()[0]!r}, {len(curve)} epoch(s), "
+                  f"{r.get('hardware', '')}")  # fmt: skip
         print(f"would draw {args.out} ({metric} >= {target}); nothing written (--dry-run)")
         return
+    hw = list(dict.fromkeys(str(r.get("hardware") or "unknown hardware") for r in recs))
     title = args.title or f"{recs[0]['experiment']}: {metric} >= {100 * target:g} %"
-    hw = sorted({r.get("hardware", "") for r in recs})
     plot_time_to_accuracy(
         runs,
         metric=metric,
         target=target,
         path=args.out,
         title=title,
-        hardware="; ".join(hw),
+        # one machine: named under the title; several: each run's is in its legend entry
+        hardware=hw[0] if len(hw) == 1 else "hardware per run in the legend",
         per_epoch=True,
     )
-    print(
-        f"{'label':<24} {'status':<14} {'time_to_target_s':>16} {'epochs':>6} {'train_time_s':>12}"
+    _table(runs, recs, roles)
+    for line in _differences(recs):
+        print(line)
+    print(f"figure: {args.out}")
+
+
+def _role(i: int, where: str) -> str:
+    """The first run is the user's; the others are reference runs when found in the
+    committed results, else runs compared with it."""
+    from bench.results.env import REPO_ROOT
+
+    if i == 0:
+        return "yours"
+    ref = Path(where).resolve() == (REPO_ROOT / REFERENCE).resolve() or Path(where) == Path(
+        REFERENCE
     )
-    for (label, _), r in zip(runs, recs):
+    return "reference" if ref else "compared"
+
+
+def _method(rec: dict) -> str:
+    from bench.sweeps.methods import method_of
+
+    return method_of(rec)
+
+
+def _label(role: str, rec: dict, fields: str) -> str:
+    """``yours: <run id> <method>`` over its hardware; ``--label`` fields replace the
+    method."""
+    what = (
+        _method(rec) if fields == "comm" else " ".join(str(rec.get(k)) for k in fields.split(","))
+    )
+    hw = str(rec.get("hardware") or "unknown hardware").replace("(R)", "").replace("(TM)", "")
+    return f"{role}: {rec['run_id']} {what}\n{hw}"
+
+
+def _table(runs: list, recs: list[dict], roles: list[str]) -> None:
+    print(
+        f"{'run':<10} {'run_id':<24} {'method':<10} {'status':<14} {'time_to_target_s':>16} "
+        f"{'epochs':>6} {'train_time_s':>12}  hardware"
+    )
+    for role, r in zip(roles, recs):
         tt = r.get("time_to_target_s")
         print(
-            f"{label:<24} {r['status']:<14} {tt if tt is None else round(tt, 1)!s:>16} "
-            f"{r.get('epochs_to_target')!s:>6} {round(r.get('train_time_s') or 0, 1):>12}"
+            f"{role:<10} {r['run_id']:<24} {_method(r):<10} {r['status']:<14} "
+            f"{tt if tt is None else round(tt, 1)!s:>16} {r.get('epochs_to_target')!s:>6} "
+            f"{round(r.get('train_time_s') or 0, 1):>12}  {r.get('hardware') or 'unknown'}"
         )
-    print(f"figure: {args.out}")
+
+
+def _differences(recs: list[dict]) -> list[str]:
+    """How each other run differs from the user's: time to target, hardware and the
+    settings of the recipe that differ."""
+    mine, out = recs[0], []
+    for r in recs[1:]:
+        head = f"{r['run_id']} against yours ({mine['run_id']}):"
+        t0, t1 = mine.get("time_to_target_s"), r.get("time_to_target_s")
+        if t0 is not None and t1 is not None and t1 > 0:
+            head += f" yours reached the target in {t0 / t1:.2f}x its time"
+        else:
+            head += " no time ratio (a run missed the target)"
+        if mine.get("hardware") != r.get("hardware"):
+            head += "; other hardware, so the times compare machines as well as recipes"
+        diff = _config_diff(mine.get("config") or {}, r.get("config") or {})
+        shown = ", ".join(f"{k}: {a} vs {b}" for k, a, b in diff[:8])
+        more = f" (and {len(diff) - 8} more)" if len(diff) > 8 else ""
+        out.append(head + (f"; settings differ: {shown}{more}" if diff else "; same settings"))
+    return out
+
+
+# record fields that differ from run to run whatever the recipe
+_RUN_KEYS = ("results", "hydra", "resume", "experiment_dir")
+
+
+def _config_diff(a: dict, b: dict, prefix: str = "") -> list[tuple[str, object, object]]:
+    """(key, yours, theirs) of the config settings both records have that differ, nested
+    keys dotted."""
+    out = []
+    for k in sorted(set(a) & set(b)):  # a key one record lacks is of an older format
+        if not prefix and k in _RUN_KEYS:
+            continue
+        x, y = a.get(k), b.get(k)
+        if isinstance(x, dict) and isinstance(y, dict):
+            out += _config_diff(x, y, f"{prefix}{k}.")
+        elif x != y:
+            out.append((f"{prefix}{k}", x, y))
+    return out

@@ -67,10 +67,10 @@ def _args(argv: list[str]) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def with_reference(results_dir: str, reference: str) -> Path:
-    """``results_dir/with-reference/``: the reference's inputs, then the user's (a user's
-    CSV of the same name wins), copied so that one directory holds both; the two
-    directories themselves are only read."""
+def with_reference(results_dir: str, reference: str, out: Path | None = None) -> Path:
+    """``results_dir/with-reference/`` (or ``out``): the reference's inputs, then the
+    user's (a user's CSV of the same name wins), copied so that one directory holds both;
+    the two directories themselves are only read."""
     src = [Path(reference), Path(results_dir)]
     for d in src:
         if not d.is_dir():
@@ -78,7 +78,7 @@ def with_reference(results_dir: str, reference: str) -> Path:
                 f"{d} is not a directory (no runs yet? `python -m reproduce dawnbench` makes "
                 f"some in {RESULTS}/)"
             )
-    out = Path(results_dir) / "with-reference"
+    out = out or Path(results_dir) / "with-reference"
     lines: list[bytes] = []
     for d in src:
         runs = d / "runs.jsonl"
@@ -123,8 +123,7 @@ def _load(results_dir: str):
     return inputs
 
 
-def _print_inputs(inputs) -> None:
-    d = inputs.results_dir
+def _print_inputs(inputs, d: Path) -> None:
     print(
         f"inputs in {d}: {len(inputs.records)} record(s) in runs.jsonl, "
         f"{int(inputs.runs['has_curve'].sum())} curve(s) in curves/"
@@ -168,17 +167,46 @@ def _problems(problems: list[str], verbose: bool) -> None:
         )
 
 
+def _dry_run(args: argparse.Namespace) -> None:
+    """List the inputs and every output where the real command would write it; with
+    ``--reference`` the merged inputs are read from a temporary copy, so that nothing is
+    written under either directory."""
+    if not args.reference:
+        _plan_and_list(args, _load(args.results_dir), None)
+        return
+    dest = Path(args.results_dir) / "with-reference"
+    print(f"would copy the inputs of {args.reference} and {args.results_dir} into {dest}")
+    with tempfile.TemporaryDirectory() as tmp:
+        merged = with_reference(args.results_dir, args.reference, Path(tmp) / "with-reference")
+        _plan_and_list(args, _load(str(merged)), (merged, dest))
+
+
+def _plan_and_list(args: argparse.Namespace, inputs, moved: tuple[Path, Path] | None) -> None:
+    """The dry run's listing; ``moved``: (the temporary copy, where the real run writes)."""
+    from bench.report.figures import plan
+
+    _check_experiments(args.experiment, set(inputs.runs["experiment"]))
+    figs = plan(inputs, args.experiment)
+    _problems(inputs.problems, args.verbose)
+
+    def where(p: Path) -> Path:
+        return moved[1] / Path(p).relative_to(moved[0]) if moved else Path(p)
+
+    _print_inputs(inputs, where(inputs.results_dir))
+    print(f"would write {len(figs)} figure(s):")
+    for f in figs:
+        print(f"  {where(f.path)}: {f.what}")
+    report = where(inputs.results_dir / "REPORT.md")
+    print(f"and {report}; nothing written (--dry-run)")
+
+
 def main(argv: list[str]) -> None:
     args = _args(argv)
+    if args.dry_run:
+        _dry_run(args)
+        return
     if args.reference:
-        if args.dry_run:
-            print(
-                f"would copy the inputs of {args.reference} and {args.results_dir} into "
-                f"{Path(args.results_dir) / 'with-reference'} and draw from there"
-            )
-            inputs = _load(args.results_dir)
-        else:
-            inputs = _load(str(with_reference(args.results_dir, args.reference)))
+        inputs = _load(str(with_reference(args.results_dir, args.reference)))
     else:
         inputs = _load(args.results_dir)
     _check_experiments(args.experiment, set(inputs.runs["experiment"]))
@@ -188,13 +216,6 @@ def main(argv: list[str]) -> None:
     figs = plan(inputs, args.experiment)
     _problems(inputs.problems, args.verbose)
     report = inputs.results_dir / "REPORT.md"
-    if args.dry_run:
-        _print_inputs(inputs)
-        print(f"would write {len(figs)} figure(s):")
-        for f in figs:
-            print(f"  {f.path}: {f.what}")
-        print(f"and {report}; nothing written (--dry-run)")
-        return
     _check_writable([report.parent, *{f.path.parent for f in figs}])
     with warnings.catch_warnings():
         # matplotlib's layout notes and pandas' future warnings say nothing about the

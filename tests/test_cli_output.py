@@ -127,7 +127,8 @@ def test_compare_finds_runs_in_each_directory(results: Path, tmp_path: Path, cap
     args = ["compare", "r-mine", "r-dense-0", "--out", str(tmp_path / "c.png"), "--dry-run"]
     main([*args, "--results-dir", str(mine), "--results-dir", str(results)])
     out = capsys.readouterr().out
-    assert "r-mine: 'hitopk'" in out and "r-dense-0: 'dense'" in out
+    assert "r-mine: 'yours: r-mine hitopk'" in out
+    assert "r-dense-0: 'compared: r-dense-0 dense'" in out
     with pytest.raises(SystemExit) as e:
         main([*args, "--results-dir", str(mine)])
     assert e.value.code == 2 and "no record 'r-dense-0'" in capsys.readouterr().err

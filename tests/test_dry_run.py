@@ -129,7 +129,7 @@ def test_compare_dry_run(tmp_path: Path, capsys) -> None:
     out_png = tmp_path / "c.png"
     main(["compare", "a", "b", "--results-dir", str(tmp_path), "--out", str(out_png), "--dry-run"])
     out = capsys.readouterr().out
-    assert "a: 'dense', 3 epoch(s)" in out and f"would draw {out_png}" in out
+    assert "a: 'yours: a dense', 3 epoch(s)" in out and f"would draw {out_png}" in out
     assert _files(tmp_path) == before
 
 
@@ -168,3 +168,78 @@ def test_resume_dry_run_makes_the_resumes_checks(tmp_path: Path, capsys) -> None
     out = capsys.readouterr().out
     assert f"would resume run {rec['run_id']}" in out and "attempt 2" in out
     assert {f: f.read_bytes() for f in _files(tmp_path) if f.is_file()} == before
+
+
+def _tree(*roots: Path) -> dict[str, tuple[int, int]]:
+    """Every file and folder under ``roots`` (size, mtime), byte caches aside: what a dry
+    run must leave as it found it."""
+    out = {}
+    for root in roots:
+        for p in root.rglob("*"):
+            if "__pycache__" in p.parts or ".pytest_cache" in p.parts or ".git" in p.parts:
+                continue
+            st = p.lstat()
+            out[str(p)] = (st.st_size if p.is_file() else -1, st.st_mtime_ns)
+    return out
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A HOME (and cache folder) of its own, so that what a dry run writes there shows."""
+    h = tmp_path / "home"
+    h.mkdir()
+    monkeypatch.setenv("HOME", str(h))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(h / ".cache"))
+    monkeypatch.delenv("BENCH_CACHE_DIR", raising=False)
+    return h
+
+
+def test_ablation_dry_run_writes_nothing_and_says_how_long(
+    tmp_path: Path, home: Path, capsys
+) -> None:
+    """The translation protocol's dry run: no corpus, tokenizer, plan or folder made (in
+    the repository, the results dir or the cache under HOME), the data line said once,
+    the expected duration and the emulated cluster's need of root said."""
+    from bench.results.env import REPO_ROOT
+
+    runs = tmp_path / "runs"
+    before = _tree(REPO_ROOT, tmp_path)
+    main(["ablation", "--workload", "translation", "--quick", "--cluster", "local",
+          "--comm", "dense", "--dry-run", "--results-dir", str(runs)])  # fmt: skip
+    out = capsys.readouterr().out
+    assert _tree(REPO_ROOT, tmp_path) == before
+    assert out.count("data=translation:") == 1 and "would be made" in out
+    assert "minutes on 2 cores" in out
+    assert "emulated cluster needs root" in out
+
+
+def test_vocabulary_line_is_said_once(tmp_path: Path, capsys) -> None:
+    from bench.data.config import DataConfig
+    from bench.data.corpus import write_corpus
+    from bench.data.translation import check
+
+    root = write_corpus(tmp_path, train=80, valid=10, test=10)
+    cfg = DataConfig(name="translation", root=str(root), vocab_size=200)
+    check(cfg)
+    check(cfg)  # a sweep checks each of its jobs' configs
+    assert capsys.readouterr().out.count("sentencepiece vocabulary") == 1
+
+
+def test_figures_reference_dry_run_lists_where_it_writes_and_writes_nothing(
+    tmp_path: Path, capsys
+) -> None:
+    mine, ref = tmp_path / "runs", tmp_path / "ref"
+    for d, rid, comm in ((mine, "a", "dense"), (ref, "b", "hitopk")):
+        rec = _record(rid, comm, 0, 10.0)
+        d.mkdir()
+        (d / "runs.jsonl").write_text(json.dumps(rec) + "\n")
+        _curve(d / "curves" / f"{rid}.csv", 10.0)
+    before = _tree(tmp_path)
+    main(["figures", "--results-dir", str(mine), "--reference", str(ref), "--dry-run"])
+    out = capsys.readouterr().out
+    assert _tree(tmp_path) == before
+    dest = mine / "with-reference"
+    listed = [ln.split(":")[0].strip() for ln in out.splitlines() if ln.startswith("  /")]
+    assert listed and all(p.startswith(str(dest)) for p in listed), out
+    assert f"and {dest / 'REPORT.md'}; nothing written" in out
+    assert f"inputs in {dest}: 2 record(s)" in out

@@ -105,6 +105,28 @@ def zero_stats() -> dict[str, float]:
     return {**ZERO_STATS, SAMPLES: 0}
 
 
+# a dry run inspects what the checks would make (the cache directory, the embedded
+# translation corpus and its tokenizer) and makes none of it: see inspect_only()
+_INSPECT_ONLY = threading.local()
+
+
+@contextlib.contextmanager
+def inspect_only() -> Iterator[None]:
+    """Within it the data checks look at the files a run would create and create none
+    of them (``--dry-run``: nothing written, under the cache directory either)."""
+    before = getattr(_INSPECT_ONLY, "on", False)
+    _INSPECT_ONLY.on = True
+    try:
+        yield
+    finally:
+        _INSPECT_ONLY.on = before
+
+
+def inspecting() -> bool:
+    """True within :func:`inspect_only`."""
+    return getattr(_INSPECT_ONLY, "on", False)
+
+
 def default_cache_dir() -> str:
     return os.environ.get("BENCH_CACHE_DIR") or os.path.join(
         os.path.expanduser("~"), ".cache", "topk-dawnbench", "data"
@@ -112,7 +134,17 @@ def default_cache_dir() -> str:
 
 
 def check_cache_dir(path: str) -> None:
-    """Configuration-time check: ``path`` can be created and written (else ConfigError)."""
+    """Configuration-time check: ``path`` can be created and written (else ConfigError);
+    within :func:`inspect_only` its nearest existing folder is inspected, nothing made."""
+    if inspecting():
+        base = os.path.abspath(path)
+        while not os.path.exists(base) and os.path.dirname(base) != base:
+            base = os.path.dirname(base)
+        if not os.path.isdir(base) or not os.access(base, os.W_OK | os.X_OK):
+            raise ConfigError(
+                f"cache.dir {path!r} is not writable ({base} is not a writable folder)"
+            )
+        return
     try:
         os.makedirs(path, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".probe-", dir=path)

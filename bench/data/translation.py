@@ -18,9 +18,9 @@ import numpy as np
 import torch
 from filelock import FileLock
 
-from bench.data.cache import default_cache_dir
+from bench.data.cache import default_cache_dir, inspecting
 from bench.data.config import DataConfig
-from bench.data.corpus import embedded_root, write_corpus
+from bench.data.corpus import SRC, TGT, embedded_root, write_corpus
 from bench.data.loaders import RANK_TOKENS, SAMPLES, DataBundle, epoch_indices, eval_indices
 from bench.registry import ConfigError
 
@@ -57,11 +57,21 @@ def gold(tgt_out: torch.Tensor) -> torch.Tensor:
 # --- files ---------------------------------------------------------------------------
 
 
+_SAID: set[str] = set()  # lines said once per process (the checks run once per sweep job)
+
+
+def _say_once(line: str) -> None:
+    if line not in _SAID:
+        _SAID.add(line)
+        print(line, flush=True)
+
+
 def corpus_root(cfg: DataConfig) -> Path:
     """``data.root``, or the embedded corpus (generated on first use)."""
     if cfg.root:
         return Path(cfg.root)
-
+    if inspecting():  # a dry run: where it is or would be, nothing written
+        return embedded_root(default_cache_dir(), cfg.corpus_size, 0)
     return write_corpus(embedded_root(default_cache_dir(), cfg.corpus_size, 0), cfg.corpus_size)
 
 
@@ -104,7 +114,13 @@ def check(cfg: DataConfig) -> None:
             f"{cfg.beam_size}, {cfg.vocab_size}"
         )
     root = corpus_root(cfg)
-    if not root.is_dir():
+    names = [f"{s}.{lang}" for s in ("train", "valid", "test") for lang in (SRC, TGT)]
+    made = all((root / f).is_file() for f in names)
+    if inspecting() and not cfg.root and (cfg.src, cfg.tgt) == (SRC, TGT) and not made:
+        _say_once(f"data=translation: the embedded corpus and its tokenizer would be made in "
+                  f"{root} by the first run (not by a dry run)")  # fmt: skip
+        return
+    if cfg.root and not root.is_dir():  # the embedded corpus's folder is made above
         raise ConfigError(f"data.root={cfg.root!r} is not a directory")
     for split in ("train", cfg.eval_split):
         read_split(cfg, root, split)
@@ -145,16 +161,19 @@ def tokenizer(cfg: DataConfig, root: Path, verbose: bool = False) -> Any:
     key = hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
     prefix = root / f"spm-{key}"
     model = prefix.with_suffix(".model")
+    if not model.is_file() and inspecting():
+        _say_once(f"data=translation: the sentencepiece model would be trained into {model} "
+                  "by the first run (not by a dry run)")  # fmt: skip
+        return None
     if not model.is_file():
         with FileLock(str(prefix) + ".lock"):
             if not model.is_file():
                 _train_spm(cfg, root, prefix)
     sp = spm.SentencePieceProcessor(model_file=str(model))
-    if verbose:
-        print(
+    if verbose:  # once per process: a sweep checks every job's config
+        _say_once(
             f"data=translation: sentencepiece vocabulary {sp.get_piece_size()} "
-            f"(data.vocab_size={cfg.vocab_size}, a soft limit) in {model}",
-            flush=True,
+            f"(data.vocab_size={cfg.vocab_size}, a soft limit) in {model}"
         )
     return sp
 

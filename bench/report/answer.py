@@ -28,6 +28,7 @@ from bench.report.figures import (
 from bench.report.tables import (
     BENCH_CLAIMS,
     GROUP,
+    NO_FIGURES,
     OURS,
     PEERS,
     RECORDS,
@@ -39,12 +40,15 @@ from bench.report.tables import (
     csv_section,
     fmt_s,
     is_protocol,
+    no_headline,
     protocol_section,
     protocol_tables,
     recipe_command,
     record_of,
     records_section,
     rel,
+    runs_dir,
+    table_cell,
     target_text,
     unrun_experiments,
     verdict_text,
@@ -404,7 +408,7 @@ def answer_sections(
         if table is None:
             none = (
                 f"No protocol sweep of {exp} is recorded here, so no answer: "
-                f"`python -m reproduce ablation --workload {name} --results-dir results` "
+                f"`python -m reproduce ablation --workload {name} --results-dir {runs_dir(base)}` "
                 "runs one."
             )
             settings.append(f"{exp}: no sweep (`ablation --workload {name}` runs one)")
@@ -620,7 +624,7 @@ def bench_headlines(inputs: Inputs) -> dict[str, list[tuple[str, str]]]:
         for hw, rows in newest_runs(csv, inputs.problems) if csv else []:
             for text in fn(rows):
                 out.setdefault(name, []).append(
-                    (hw.split(";")[0], f"{text} (run {rows['bench_id'].iloc[0]})")
+                    (hw.split(";")[0], table_cell(f"{text} (run {rows['bench_id'].iloc[0]})"))
                 )
     return out
 
@@ -653,7 +657,7 @@ BENCH_SECTIONS = {  # micro-benchmark sections, in order: title, the benchmarks 
 }
 
 
-def bench_sections(bench_rows: dict) -> list[str]:
+def bench_sections(bench_rows: dict, bench: dict, base: Path) -> list[str]:
     out = []
     for title, names in BENCH_SECTIONS.items():
         out += [f"### {title}", ""]
@@ -661,7 +665,7 @@ def bench_sections(bench_rows: dict) -> list[str]:
         if lines:
             out += ["| hardware | measured (newest run per hardware) |", "| --- | --- |", *lines]
         else:
-            out.append(f"No headline rows yet: `python -m reproduce bench {names[0]}`.")
+            out.append(no_headline(names, bench, base))
         out.append("")
     return out
 
@@ -737,7 +741,7 @@ def write_report(inputs: Inputs, figs: list[Figure], path: Path, header: str) ->
         *detail,
         "## Figures",
         "",
-        *figures_section(main_figs, base),
+        *(figures_section(main_figs, base) or [NO_FIGURES.format(APPENDIX), ""]),
         *scaling_lines(inputs),
         "## Micro-benchmarks",
         "",
@@ -745,7 +749,7 @@ def write_report(inputs: Inputs, figs: list[Figure], path: Path, header: str) ->
         "fused optimizers, no cache), naive loops only after; their figures are in the "
         "appendix.",
         "",
-        *bench_sections(rows),
+        *bench_sections(rows, inputs.bench, base),
         "## The paper's claims beside ours",
         "",
         *headline_section(inputs, maker, rows, tables),

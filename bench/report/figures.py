@@ -34,6 +34,7 @@ from bench.report.tables import (  # noqa: E402
     curve,
     num,
     protocol_tables,
+    scaling_caption,
     speedups,
     target_text,
     verdict_text,
@@ -644,8 +645,7 @@ def _scaling_figure(inputs: Inputs) -> list[Figure]:
         frames = [pd.read_csv(f) for f in inputs.scaling]
         return plot_scaling(pd.concat(frames, ignore_index=True, sort=False), p)
 
-    names = ", ".join(f.name for f in inputs.scaling)
-    return [Figure(p, f"scaling efficiency against nodes, from {names}", make, "scaling")]
+    return [Figure(p, scaling_caption(inputs.scaling, newest_sweep), make, "scaling")]
 
 
 def _bench_figures(inputs: Inputs) -> list[Figure]:

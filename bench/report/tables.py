@@ -14,6 +14,7 @@ import math
 import os
 import re
 import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -150,6 +151,13 @@ def comm_label(r: dict[str, Any]) -> str:
     )
 
 
+def cost_to_target(r: Mapping[str, Any]) -> float | None:
+    """USD to reach the target: the recorded ``results.cost_per_hour`` x the time to
+    target; None when either is unknown (no cost is assumed)."""
+    cost, tt = num(_cfg(r, "results", "cost_per_hour")), num(r.get("time_to_target_s"))
+    return None if cost is None or tt is None else cost * tt / 3600
+
+
 def _row(r: dict[str, Any], results_dir: Path) -> dict[str, Any]:
     run_id = str(r.get("run_id"))
     curve = rec.curve_path(results_dir, run_id)
@@ -175,6 +183,9 @@ def _row(r: dict[str, Any], results_dir: Path) -> dict[str, Any]:
         "protocol_trial": str((r.get("protocol") or {}).get("trial") or ""),
         "sweep_id": str(_cfg(r, "results", "sweep_id") or ""),
         "time_to_target_s": tt,
+        # DAWNBench ranks by cost too: USD to the target where the run recorded its price
+        # (results.cost_per_hour); none where it did not
+        "cost_to_target_usd": cost_to_target(r),
         "epochs_to_target": num(r.get("epochs_to_target")),
         "train_time_s": num(r.get("train_time_s")),
         "best_value": num(r.get("best_value")),
@@ -218,11 +229,26 @@ def config_stats(runs: pd.DataFrame) -> pd.DataFrame:
                 "n_reached": len(tt),
                 "tt_mean": tt.mean() if len(tt) else None,
                 "tt_std": tt.std(ddof=1) if len(tt) > 1 else (0.0 if len(tt) else None),
+                "cost": _cost_text(g),
                 "run_ids": list(g["run_id"]),
             }
         )
-    cols = [*GROUP, *CONFIG, "comm_name", "n_runs", "n_reached", "tt_mean", "tt_std", "run_ids"]
+    cols = [*GROUP, *CONFIG, "comm_name", "n_runs", "n_reached", "tt_mean", "tt_std", "cost",
+            "run_ids"]  # fmt: skip
     return pd.DataFrame(rows, columns=cols)
+
+
+def _cost_text(g: pd.DataFrame) -> str:
+    """``$0.12 (2 of 3 runs priced)``: the mean cost to target of the runs that reached it
+    and recorded a cost per hour; "" when none did."""
+    if "cost_to_target_usd" not in g:
+        return ""
+    reached = g[g["reached"]]
+    c = reached["cost_to_target_usd"].dropna().astype(float)
+    if c.empty:
+        return ""
+    priced = "" if len(c) == len(reached) else f" ({len(c)} of {len(reached)} runs priced)"
+    return f"${c.mean():,.4g}{priced}"
 
 
 def ratio(base: pd.Series, other: pd.Series) -> tuple[float | None, float | None]:
@@ -597,10 +623,11 @@ def _dense(g: pd.DataFrame, row: pd.Series) -> pd.Series | None:
 
 def group_table(g: pd.DataFrame) -> list[str]:
     """Markdown rows: each configuration of one group, with its comparisons for ours."""
+    priced = "cost" in g and bool(g["cost"].fillna("").astype(bool).any())
     lines = [
         "| comm | cache | update | time to target (mean +- std over seeds) | vs dense DDP "
-        "| vs strongest peer |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| vs strongest peer |" + (" cost to target (mean, USD) |" if priced else ""),
+        "| --- | --- | --- | --- | --- | --- |" + (" --- |" if priced else ""),
     ]
     for _, r in g.sort_values(["comm_name", "comm"]).iterrows():
         vs_d = vs_p = ""
@@ -610,8 +637,10 @@ def group_table(g: pd.DataFrame) -> list[str]:
             vs_p = sooner_text(peer, r, "fp16 / PowerSGD") + (
                 f" ({peer['comm']})" if peer is not None else ""
             )
+        cost = f" {r['cost'] or 'not recorded'} |" if priced else ""
         lines.append(
             f"| {r['comm']} | {r['cache']} | {r['update']} | {tt_text(r)} | {vs_d} | {vs_p} |"
+            + cost
         )
     return lines
 
@@ -672,6 +701,123 @@ def _experiment_comparisons(inputs: Inputs, stats: pd.DataFrame, maker: CommandM
     return out
 
 
+def runs_dir(report_dir: str | Path) -> str:
+    """The results directory a report's commands write to: the one it was made from (a
+    user's ``runs/``, never the committed results unless made from them); for a report
+    beside the reference (``<dir>/with-reference/``), the user's ``<dir>``."""
+    d = Path(report_dir)
+    return str(d.parent if d.name == "with-reference" else d)
+
+
+# REPORT.md's "Figures" when no figure answers the question (no protocol or scaling sweep)
+NO_FIGURES = (
+    "No figure answers the question yet: these records hold no protocol sweep (`python -m "
+    "reproduce ablation` runs one) and no scaling sweep; the figures drawn from them are in "
+    "[{0}]({0})."
+)
+
+
+def table_cell(text: str) -> str:
+    """``text`` as one Markdown table cell: a line break or a ``|`` in it would end the
+    row (and break the rendered table), so both are written inline."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def no_headline(names: Sequence[str], bench: Mapping[str, Path], base: Path) -> str:
+    """A micro-benchmark section with no headline row: what its CSVs hold (these
+    benchmarks have no one-line headline; their figures are in the appendix), or the
+    command that measures them when none is recorded."""
+    held = []
+    for n in names:
+        if n not in bench:
+            continue
+        try:
+            rows = len(pd.read_csv(bench[n]))
+        except (OSError, ValueError, pd.errors.ParserError):
+            continue
+        held.append(f"{rows} rows in [{rel(bench[n], base)}]({rel(bench[n], base)})")
+    if not held:
+        return f"No rows recorded yet: `python -m reproduce bench {names[0]}` measures them."
+    text = (
+        f"Measured ({', '.join(held)}); these benchmarks have no one-line headline: their "
+        "figures and tables are in the appendix."
+    )
+    return text + (cluster_projections(bench["cluster"]) if "cluster" in bench else "")
+
+
+def cluster_projections(csv: Path) -> str:
+    """The emulated-cluster benchmark's projection to the largest cluster (dense, the
+    slowest link) of each machine's newest run, and why machines project differently."""
+    try:
+        df = pd.read_csv(csv, low_memory=False)
+    except (OSError, ValueError, pd.errors.ParserError):
+        return ""
+    need = {"kind", "bench_id", "hardware", "comm", "nodes", "procs_per_node", "efficiency"}
+    if not need <= set(df.columns):
+        return ""
+    p = df[(df["kind"] == "projection") & (df["comm"] == "dense")].dropna(subset=["efficiency"])
+    parts, bands, hiddens = [], [], []
+    newest = str(p["bench_id"].max()) if len(p) else ""
+    for hw, g in p.groupby("hardware", sort=True):
+        g = g[g["bench_id"] == g["bench_id"].max()]
+        g = g[(g["nodes"] == g["nodes"].max())]
+        g = g[g["procs_per_node"] == g["procs_per_node"].max()]
+        if "bandwidth" in g.columns:  # the slowest link: its first row in the run's order
+            g = g[g["bandwidth"] == g["bandwidth"].iloc[0]]
+        r = g.iloc[0]
+        where = f"{int(r['nodes'])} x {int(r['procs_per_node'])}"
+        link = f" at {r['bandwidth']}" if "bandwidth" in g.columns else ""
+        band = ""
+        if {"efficiency_min", "efficiency_max"} <= set(g.columns) and pd.notna(r["efficiency_min"]):
+            bands.append((float(r["efficiency_min"]), float(r["efficiency_max"])))
+            band = f" (band {r['efficiency_min']:.2f}-{r['efficiency_max']:.2f})"
+        hidden = r.get("hidden_source")
+        hidden = hidden if isinstance(hidden, str) and hidden else "not recorded"
+        hiddens.append(hidden.split(" (")[0].split(" of this run")[0])
+        how = f", hidden share: {hidden}"
+        parts.append(
+            f"{hw}: {r['efficiency']:.2f}{band} at {where}{link}{how} (run {r['bench_id']})"
+        )
+    if len(parts) < 2:
+        return ""
+    overlap = len(bands) == len(parts) and max(b[0] for b in bands) <= min(b[1] for b in bands)
+    sources = set(hiddens)
+    why = (
+        "they take the share of communication hidden behind the backward pass from "
+        "different sources: a share measured on CPU workers over gloo says little about V100s "
+        "over NCCL, so the projection now assumes it for every method alike (central 1, band "
+        f"0-1; docs/benchmarks.md) and the newest run's, {newest}, is the one to read"
+        if len(sources) > 1
+        else "both take the hidden share from the same source, so they differ by what each "
+        "run measured on its own CPU"
+    )
+    return (
+        f"  Dense's projected efficiency differs by run and machine: {'; '.join(parts)}.  "
+        f"They differ because {why}" + ("; their bands overlap." if overlap else ".")
+    )
+
+
+def scaling_caption(paths: Sequence[Path], newest: Any) -> str:
+    """The scaling figure's caption: the one sweep it draws (``newest``: the figure's rule
+    picking it from the CSVs' rows) and its CSV, not every CSV read."""
+    frames = []
+    for f in paths:
+        try:
+            frames.append(pd.read_csv(f).assign(_csv=f.name))
+        except (OSError, ValueError, pd.errors.ParserError):
+            continue
+    df = newest(pd.concat(frames, ignore_index=True, sort=False)) if frames else None
+    if df is None or df.empty or "sweep_id" not in df.columns or df["sweep_id"].isna().all():
+        return f"scaling efficiency against nodes, from {', '.join(f.name for f in paths)}"
+    csv = ", ".join(dict.fromkeys(df["_csv"]))
+    rest = len(paths) - len(set(df["_csv"]))
+    older = f"; {rest} other scaling CSV(s) in the appendix" if rest > 0 else ""
+    return (
+        f"scaling efficiency against nodes, sweep {df['sweep_id'].iloc[0]} ({csv}: the newest "
+        f"sweep, one with the model's predictions preferred){older}"
+    )
+
+
 def recipe_command(exp: str) -> str:
     """The ``to run:`` comment of a recipe's config file, as Markdown: the command (its
     continuation lines joined) in backticks, then any words before it."""
@@ -691,9 +837,12 @@ def recipe_command(exp: str) -> str:
             break
         parts[-1] = parts[-1].rstrip()[:-1].rstrip()
         parts.append(t.strip())
-    cmd = " ".join(parts).split("(or:")[0].strip()
-    note = (text[0] if first else note).strip(" (")
-    return f"`{cmd}`" + (f" ({note})" if note else "")
+    # words after the command in parentheses are a note (or an alternative: "(or: ...)"),
+    # never part of what is pasted; an override's own "choice(a,b)" has no space before it
+    cmd, _, after = " ".join(parts).partition(" (")
+    after = after.strip().removesuffix(")").strip()
+    note = (text[0] if first else note).strip(" (") or ("" if after.startswith("or:") else after)
+    return f"`{cmd.strip()}`" + (f" ({note})" if note else "")
 
 
 def unrun_experiments(inputs: Inputs) -> list[str]:
@@ -713,10 +862,12 @@ def records_section(inputs: Inputs, maker: CommandMaker) -> list[str]:
     ]
     for _, r in inputs.runs.iterrows():
         cmd = maker.command(record_of(inputs, r["run_id"]))
+        usd = num(r.get("cost_to_target_usd"))
+        cost = f" (${usd:,.4g})" if usd is not None else ""  # only where a price is recorded
         lines.append(
             f"| {r['run_id']} | {r['experiment']} | {r['comm']} / {r['cache']} / {r['update']} | "
             f"{r['cluster']} | {r['hardware']} | {r['status']} "
-            f"| {fmt_s(r['time_to_target_s'])} | `{cmd}` |"
+            f"| {fmt_s(r['time_to_target_s'])}{cost} | `{cmd}` |"
         )
     return lines
 

@@ -81,6 +81,8 @@ def _misc(record: Mapping[str, Any], cfg: Mapping[str, Any]) -> dict[str, Any]:
         "reachedTarget": tt is not None,
         "target": {"metric": record["target_metric"], "percent": 100 * record["target_value"]},
         "timeToTargetHours": tt / 3600 if tt is not None else None,
+        # costPerHour x the time to target, only where the run recorded a cost per hour
+        "costToTargetUSD": _cost(cfg, tt),
         "epochsToTarget": record.get("epochs_to_target"),
         "optimizer": {
             k: optim.get(k)
@@ -104,6 +106,11 @@ def _misc(record: Mapping[str, Any], cfg: Mapping[str, Any]) -> dict[str, Any]:
         "epochBudget": train.get("epochs"),
         "gitSha": record.get("git_sha"),
     }
+
+
+def _cost(cfg: Mapping[str, Any], tt: float | None) -> float | None:
+    cost = (cfg.get("results") or {}).get("cost_per_hour")
+    return None if cost is None or tt is None else float(cost) * tt / 3600
 
 
 def _image_sizes(data: Mapping[str, Any], epochs: int) -> list[int]:
