@@ -270,12 +270,12 @@ def test_the_default_protocol_runs_each_workload_in_turn(
     out = capsys.readouterr().out
     sweeps = [line for line in out.splitlines() if line.startswith("sweep ablation-")]
     assert len(sweeps) == 2
-    # v2: every method (dense, fp16, DeMo and the sync strategies too) x 6 trials x the
-    # tuning seeds, a timing pass; the methods the step-time model cannot price are named
-    assert "on dawnbench_digits" in sweeps[0] and "120 tuning runs" in sweeps[0]
+    # v2: every default method (dense, fp16, DeMo and the sync strategies too) x 6 trials x
+    # the tuning seeds, and a timing pass; every method is priced by the step-time model
+    assert "on dawnbench_digits" in sweeps[0] and "96 tuning runs" in sweeps[0]
     assert "on transformer_protocol" in sweeps[1]
-    assert "54 tuning runs" in sweeps[1] and "then 10 evaluation seeds" in sweeps[1]
-    assert "not priced by the step-time model yet: demo, localsgd" in out
+    assert "48 tuning runs" in sweeps[1] and "then 10 evaluation seeds" in sweeps[1]
+    assert "not priced" not in out
     text = out[out.index(sweeps[1]) :]
     assert "cluster.nnodes=2 cluster.nproc_per_node=2" in text and "comm=topk" not in text
     assert "tuning seeds [1000]" in text
