@@ -11,7 +11,8 @@ def test_sync_step_time_amortises_the_outer_allreduce():
     k = pm.Costs()
     wl = pm.Workload(buckets=(1_000_000,), compute_s=0.1)
     inner = pm.step_time("dense", wl, 1.0, pm.Cluster(1, 2, 1e9, 1e-3), k)
-    outer = 4 * 2 * 3 / 4 * 1_000_000 / 1e9 + 2 * 3 * 1e-3  # m 2(n-1)/n P/B + 2(n-1) alpha
+    # m 2(n-1)/n P/B + 2(n-1) alpha: each of a node's 2 workers rings the whole model
+    outer = 2 * 4 * 2 * 3 / 4 * 1_000_000 / 1e9 + 2 * 3 * 1e-3
     assert pm.outer_sync_time(1_000_000, c) == pytest.approx(outer)
     t10 = pm.sync_step_time(wl, c, k, sync_every=10)
     assert t10 == pytest.approx(inner + outer / 10)

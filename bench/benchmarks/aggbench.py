@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from bench.benchmarks.buckets import FakeBucket
 from bench.benchmarks.timing import interleaved_times, median_s
+from bench.cluster.netns import link_counters
 from bench.cluster.perfmodel import buckets_for
 from bench.comm import make_hook, mstopk
 
@@ -140,20 +141,6 @@ def _hook_selection(agg: Aggregator, reps: int) -> dict[str, list]:
             total_n += src.numel()
         out[f"select_{comm}"] = [(total_n, total_s)]
     return out
-
-
-def link_counters() -> tuple[int, int]:
-    """Bytes transmitted and received by this network namespace's non-loopback
-    interfaces (``/proc/net/dev`` shows the reading process's namespace): in the emulated
-    cluster, the node's one link."""
-    tx = rx = 0
-    with open("/proc/net/dev") as f:
-        for line in f.readlines()[2:]:
-            name, rest = line.split(":", 1)
-            if name.strip() != "lo":
-                fields = rest.split()
-                rx, tx = rx + int(fields[0]), tx + int(fields[8])
-    return tx, rx
 
 
 def _node_counters(agg: Aggregator) -> list[tuple[int, int]]:

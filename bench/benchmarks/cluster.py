@@ -18,7 +18,7 @@ from bench.benchmarks import BENCHMARKS, BenchmarkSpec
 from bench.benchmarks.harness import BenchRun
 from bench.cluster import perfmodel as pm
 from bench.cluster import projection
-from bench.cluster.emulated import run_nodes
+from bench.cluster.emulated import run_nodes, wire_comparison
 from bench.cluster.linkcheck import run_link_check
 from bench.cluster.netns import EmulatedCluster, parse_bandwidth, require_tools
 from bench.cluster.projection import GPU_COSTS
@@ -130,17 +130,10 @@ def _wire(comm: str, res: dict[str, Any]) -> dict[str, float]:
 
     n, m = res["nodes"], res["procs_per_node"]
     link = cost.step(comm, res["buckets"], res["density"], n, m).link_bytes
-    pred = cost.on_wire(link, link)
     # minus the timing harness's own traffic (barrier and time allreduce per step)
     idle = res.get("harness_wire_bytes") or [[0.0, 0.0]] * n
     tx = [t - i for (t, _), (i, _) in zip(res[comm]["wire_bytes"], idle, strict=True)]
-    meas = sum(tx) / len(tx) if tx else float("nan")
-    return {
-        "link_bytes_per_node": link,
-        "predicted_wire_bytes": pred,
-        "wire_bytes_per_node": meas,
-        "wire_error": meas / pred - 1 if pred else float("nan"),
-    }
+    return wire_comparison(link, tx)
 
 
 def run(results_dir: str = "results", quick: bool = False) -> Path:

@@ -15,19 +15,29 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from bench.cluster.config import ClusterConfig
 from bench.cluster.linkcheck import run_link_check, write_link_check
-from bench.cluster.netns import EmulatedCluster, parse_bandwidth, parse_latency, require_tools
+from bench.cluster.netns import (
+    EmulatedCluster,
+    link_counters,
+    parse_bandwidth,
+    parse_latency,
+    require_tools,
+)
 from bench.cluster.torchrun import AGENT_MODULE, LAUNCHER_ENV
+from bench.comm import cost
 from bench.registry import ConfigError
 from bench.results.events import events_env
+from bench.results.timing import TrainClock
 
 WORKER_MEM_GIB = 0.5  # resident memory of one CPU worker (torch + a small model), rough
 MAX_WORKERS_PER_CORE = 4  # beyond this, CPU workers mostly wait for each other
 FAIL_GRACE_S = 5.0  # after one node fails, how long the others get to finish on their own
+NODE_ENV = "BENCH_EMULATED_NODE"  # set in every worker of an emulated node: its index
 
 
 class RendezvousTimeoutError(ConfigError):
@@ -157,7 +167,7 @@ def _node_env(
         **os.environ, **env,
         "GLOO_SOCKET_IFNAME": ifname, "NCCL_SOCKET_IFNAME": ifname, "TP_SOCKET_IFNAME": ifname,
         "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
-        "BENCH_EMULATED_NODE": str(i), LAUNCHER_ENV: str(os.getpid()),
+        NODE_ENV: str(i), LAUNCHER_ENV: str(os.getpid()),
     }  # fmt: skip
 
 
@@ -275,3 +285,84 @@ def launch_emulated(c: ClusterConfig, run_json: Path) -> int:
             threads_per_worker=c.threads_per_worker,
             env=env,
         )
+
+
+# --- bytes on the links, measured while the workers train --------------------------------
+def wire_comparison(link_bytes: float, tx_per_node: Sequence[float]) -> dict[str, float]:
+    """Bytes logged leaving a node (``link_bytes``, the cost function's, each way alike)
+    with TCP/IP framing and ACKs (:func:`bench.comm.cost.on_wire`) beside the mean of
+    ``tx_per_node`` (what each node's interface counters saw leave it)."""
+    pred = cost.on_wire(link_bytes, link_bytes)
+    meas = sum(tx_per_node) / len(tx_per_node) if tx_per_node else float("nan")
+    return {
+        "link_bytes_per_node": link_bytes,
+        "predicted_wire_bytes": pred,
+        "wire_bytes_per_node": meas,
+        "wire_error": meas / pred - 1 if pred else float("nan"),
+    }
+
+
+class LinkClock(TrainClock):
+    """The training clock that, in the first worker of an emulated node, also reads its
+    node's link counters (:func:`bench.cluster.netns.link_counters`) whenever it starts and
+    pauses: the bytes of the training steps alone.  Evaluations, checkpoints, the
+    rendezvous, process groups, the Lighthouse's start and the record's own exchange fall
+    while it is paused; the comm hooks' exchange, DeMo's all-gather, DDP's buffer
+    broadcast and torchft's quorum, heartbeats and outer all-reduce run while it runs."""
+
+    def __init__(self, node: int | None = None) -> None:
+        super().__init__()
+        self.node = node  # None: this worker reads no counters (not a node's first)
+        self.tx = self.rx = 0
+        self.steps_from = 0  # the step this attempt started at (a resumed run's later)
+        self._at: tuple[int, int] | None = None
+
+    @classmethod
+    def of_worker(cls, local_rank: int | None = None) -> LinkClock:
+        """This worker's: counting on an emulated node's local rank 0, else a plain clock."""
+        node = os.environ.get(NODE_ENV)
+        local = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
+        return cls(int(node) if node is not None and node.isdigit() and local == 0 else None)
+
+    def start(self) -> None:
+        if self._since is None and self.node is not None:
+            self._at = link_counters()
+        super().start()
+
+    resume = start
+
+    def pause(self) -> float:
+        if self._since is not None and self._at is not None:
+            tx, rx = link_counters()
+            self.tx, self.rx = self.tx + tx - self._at[0], self.rx + rx - self._at[1]
+            self._at = None
+        return super().pause()
+
+    def reading(self) -> tuple[int, int, int] | None:
+        """(node, tx bytes, rx bytes) counted so far; None where nothing was read."""
+        return None if self.node is None else (self.node, self.tx, self.rx)
+
+
+def link_bytes(
+    readings: Sequence[tuple[int, int, int] | None], steps: int, logged: float | None
+) -> dict[str, Any] | None:
+    """The record's ``link_bytes``: every node's interface counters over the training
+    steps (``readings``, each worker's :meth:`LinkClock.reading`), per step, beside the
+    bytes the run logged leaving a node per step (``comm_inter_node_bytes_per_step``) with
+    TCP/IP framing; None when no node was read (not an emulated cluster) or no step ran."""
+    nodes = sorted(r for r in readings if r is not None)
+    if not nodes or steps < 1:
+        return None
+    per_step = [[tx / steps, rx / steps] for _, tx, rx in nodes]
+    out: dict[str, Any] = {
+        "steps": steps,
+        "nodes": [{"node": i, "tx_bytes": tx, "rx_bytes": rx} for i, tx, rx in nodes],
+        "per_node_per_step": per_step,  # [tx, rx] per node
+        "what": "each node's link counters over the training steps only (the clock "
+        "running): frames whole, DDP's buffer broadcast and torchft's quorum and "
+        "heartbeats included; evaluation, checkpoints and start-up excluded",
+    }
+    if logged is not None:
+        cmp = wire_comparison(float(logged), [tx for tx, _ in per_step])
+        out.update(cmp, ratio=cmp["wire_error"] + 1)
+    return out

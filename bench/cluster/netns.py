@@ -310,6 +310,20 @@ def require_tools() -> None:
             )
 
 
+def link_counters() -> tuple[int, int]:
+    """Bytes transmitted and received by this network namespace's non-loopback
+    interfaces (``/proc/net/dev`` shows the reading process's namespace): in the emulated
+    cluster, the node's one link, frames whole (Ethernet, IP and TCP headers, ACKs)."""
+    tx = rx = 0
+    with open("/proc/net/dev") as f:
+        for line in f.readlines()[2:]:
+            name, rest = line.split(":", 1)
+            if name.strip() != "lo":
+                fields = rest.split()
+                rx, tx = rx + int(fields[0]), tx + int(fields[8])
+    return tx, rx
+
+
 def shaping(rate_bps: float) -> tuple[int, int]:
     """tbf's ``burst`` and ``limit`` (bytes) for a link of ``rate_bps``: a bucket of a few frames
     (20 us above 2.4 Gbit/s) and a switch port's queue (docs/internals/cluster.md)."""

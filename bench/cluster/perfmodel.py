@@ -316,11 +316,14 @@ def relative_error(predicted: float, measured: float) -> float:
 
 def outer_sync_time(numel: float, c: Cluster, elem_bytes: int = 4) -> float:
     """One ring all-reduce of ``numel`` elements between the nodes (one replica each):
-    ``2(n-1)`` steps of ``alpha_inter`` and ``m * 2(n-1)/n * P / B_inter`` (s)."""
+    ``2(n-1)`` steps of ``alpha_inter`` and ``m * 2(n-1)/n * P / B_inter`` (s): each of a
+    node's ``m`` workers runs its own ring of the whole model across the nodes, all of them
+    on the node's one link (bench.sync.replica counts ``m`` times a worker's bytes too)."""
     n = c.nodes
     if n < 2:
         return 0.0
-    return elem_bytes * 2 * (n - 1) / n * numel / c.inter_bw + 2 * (n - 1) * c.inter_lat
+    link = c.procs_per_node * elem_bytes * 2 * (n - 1) / n * numel
+    return link / c.inter_bw + 2 * (n - 1) * c.inter_lat
 
 
 def sync_step_time(

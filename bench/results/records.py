@@ -264,6 +264,10 @@ class RunRecord:
     checkpoint: str | None = None  # the last checkpoint (resume from it)
     diverged_at: dict[str, Any] | None = None  # step and place of the first NaN/Inf
     link_check: dict[str, Any] | None = None
+    # cluster=emulated: each node's link counters over the training steps, per step, beside
+    # comm_inter_node_bytes_per_step with TCP/IP framing and their ratio (bench.cluster.
+    # emulated.link_bytes); None elsewhere
+    link_bytes: dict[str, Any] | None = None
     cluster_profile: dict[str, Any] | None = None  # the link profile's measurement and choice
     queue: dict[str, Any] | None = None  # run queue: id, index, size, label (bench.launch.runqueue)
     # a tuning-protocol run: {"name", "role": "tune" | "eval", "trial", "selected"}

@@ -19,9 +19,11 @@ from bench.launch import profile
 from bench.registry import ConfigError
 from bench.sweeps import scaling_model as sm
 from bench.sweeps.common import check_names, compose, options, sweep_records, validate_jobs
+from bench.sweeps.methods import METHODS, method_of, method_overrides
 from bench.sweeps.resume import RERUN_FAILED, RUN_FIELDS, Saved, plan_dict
 
-NEEDS_NODES = {"hitopk": 2}  # methods refused below this many nodes
+# methods refused below this many nodes (the sync strategies meet across nodes)
+NEEDS_NODES = {"hitopk": 2, **{m: 2 for m in METHODS if m != "demo"}}
 COMMS = ("dense", "fp16", "powersgd", "topk", "mstopk", "hitopk")
 TOPOLOGIES = "1x1,2x1,2x2,4x1,4x2,8x1"  # one worker per node, and 2 per node
 QUICK = {"cluster": "local", "comms": "dense,hitopk", "topologies": "1x1,2x1", "steps": 2}
@@ -70,7 +72,8 @@ class Plan(Saved):
         """Names, sizes and every job's config, before anything runs (ConfigError)."""
         check_names("experiment", [self.experiment], options("experiment"))
         check_names("cluster", [self.cluster], options("cluster"))
-        check_names("comm", list(self.comms), [c for c in options("comm") if c != sm.NOCOMM])
+        known = [c for c in options("comm") if c != sm.NOCOMM] + list(METHODS)
+        check_names("comm", list(self.comms), known)
         if self.steps < 1 or self.batch_per_worker < 1:
             raise ConfigError("--steps and --batch-per-worker must be >= 1")
         if self.epochs < 2:
@@ -126,7 +129,10 @@ class Plan(Saved):
         ]
 
     def jobs(self) -> list[tuple[tuple[int, int, str], list[str]]]:
-        return [((n, m, c), [*self.size_overrides(n, m), f"comm={c}"]) for n, m, c in self.points()]
+        return [
+            ((n, m, c), [*self.size_overrides(n, m), *method_overrides(c)])
+            for n, m, c in self.points()
+        ]
 
     # -- resuming: which runs have a finished record ---------------------------------------
     def pending(self, records: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
@@ -197,7 +203,8 @@ class Plan(Saved):
                 }
             )
         cfg = to_object(compose([*self.size_overrides(1, 1), f"comm={sm.NOCOMM}"]))
-        cal, numel = _calibrate(cfg)
+        knobs = self.knobs()
+        cal, numel = _calibrate(cfg, knobs.get("demo"))
         return {
             "sweep_id": self.sweep_id,
             "made": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -212,10 +219,34 @@ class Plan(Saved):
             "calibration": cal.to_dict(),
             "assumed": dict(sm.ASSUMED),
             "sizes": sizes,
-            "predictions": self.predict(sizes, cal, cfg),
+            "knobs": {c: list(k) for c, k in knobs.items()},
+            "predictions": self.predict(sizes, cal, cfg, knobs),
         }
 
-    def predict(self, sizes: list[dict[str, Any]], cal: sm.Calibration, cfg: Any) -> list[dict]:
+    def knobs(self) -> dict[str, tuple[int, ...]]:
+        """The model's knobs of each method that has them, as its runs are configured
+        (the trailing overrides included): DeMo's (chunk, top-k), a sync strategy's
+        (H, fragments, fragment delay)."""
+        out = {}
+        for c in self.comms:
+            if c not in METHODS:
+                continue
+            n = max(2, NEEDS_NODES.get(c, 1))
+            cfg = to_object(compose([*self.size_overrides(n, 1), *method_overrides(c)]))
+            if c == "demo":
+                out[c] = (int(cfg.optim.demo_chunk), int(cfg.optim.demo_topk))
+            else:
+                y = cfg.sync
+                out[c] = (int(y.sync_every), int(y.fragments), int(y.fragment_sync_delay))
+        return out
+
+    def predict(
+        self,
+        sizes: list[dict[str, Any]],
+        cal: sm.Calibration,
+        cfg: Any,
+        knobs: dict[str, tuple[int, ...]] | None = None,
+    ) -> list[dict]:
         from bench.cluster.netns import parse_bandwidth
 
         by = {(s["nodes"], s["workers_per_node"]): s for s in sizes}
@@ -226,14 +257,16 @@ class Plan(Saved):
             link_bps = parse_bandwidth(bw) if bw and n > 1 else None
             density = float(cfg.comm.density) if comm in ("topk", "mstopk", "hitopk") else 1.0
             p = sm.predict(comm, n, m, s["compute_s"], link_bps, cal, density,
-                           update_included=bool(s.get("update_included")))  # fmt: skip
+                           update_included=bool(s.get("update_included")),
+                           knobs=(knobs or {}).get(comm, ()))  # fmt: skip
             out.append({"nodes": n, "workers_per_node": m, "comm": comm,
                         "density": density, **p})  # fmt: skip
         return out
 
 
-def _calibrate(cfg: Any) -> tuple[sm.Calibration, int]:
-    """The model's micro-measurements on ``cfg``'s model (built as a worker builds it)."""
+def _calibrate(cfg: Any, demo: tuple[int, ...] | None = None) -> tuple[sm.Calibration, int]:
+    """The model's micro-measurements on ``cfg``'s model (built as a worker builds it);
+    ``demo``: DeMo's (chunk, top-k), when the sweep runs it."""
     import torch
 
     from bench.train.workload import WORKLOADS
@@ -241,15 +274,22 @@ def _calibrate(cfg: Any) -> tuple[sm.Calibration, int]:
     torch.manual_seed(cfg.train.seed)
     wl = WORKLOADS.get(cfg.train.workload)(cfg, 0, 1, torch.device("cpu"))
     numel = sum(p.numel() for p in wl.model.parameters() if p.requires_grad)
-    return sm.calibrate(wl.model, float(cfg.comm.density), float(cfg.comm.bucket_cap_mb)), numel
+    cal = sm.calibrate(
+        wl.model,
+        float(cfg.comm.density),
+        float(cfg.comm.bucket_cap_mb),
+        (int(demo[0]), int(demo[1])) if demo else None,
+    )
+    return cal, numel
 
 
 def key_of(rec: Mapping[str, Any]) -> tuple[int, int, str] | None:
-    """A scaling run's (nodes, workers per node, comm), as :meth:`Plan.points` has it."""
+    """A scaling run's (nodes, workers per node, method), as :meth:`Plan.points` has it
+    (a DeMo run, comm=nocomm, is ``demo``, not the compute-only reference)."""
     cl = (rec.get("config") or {}).get("cluster") or {}
     if rec.get("comm") is None:
         return None
-    return (int(cl.get("nnodes", 1)), int(cl.get("nproc_per_node", 1)), str(rec["comm"]))
+    return (int(cl.get("nnodes", 1)), int(cl.get("nproc_per_node", 1)), method_of(rec))
 
 
 def plan_path(results_dir: str | Path, sweep_id: str) -> Path:

@@ -22,6 +22,7 @@ from bench.cluster import projection
 from bench.cluster.emulated import worker_threads
 from bench.comm import cost, mstopk
 from bench.launch.profile import host_contention
+from bench.sync import SYNCS, is_outer
 
 # each size's launch opens with WARMUP_RUNS runs of WARMUP_COMM, left out of its table
 # (the method's own row is its later run).  A communicating run, because compute-only runs
@@ -55,7 +56,9 @@ class Calibration:
     reduce_s: float
     dense_s: float
     scatter_s: float
-    select_s: dict[str, float]  # per method, per element scanned (error feedback included)
+    # per method, per element scanned (error feedback included; DeMo's: its DCTs and
+    # selection, less the three elementwise passes its model charges beside)
+    select_s: dict[str, float]
     update_s: float
     msg_lat_s: float  # one gloo message step over loopback
     intra_bw: float  # bytes/s between workers of one node (loopback)
@@ -82,6 +85,27 @@ def element_costs(buckets: Sequence[int], density: float, world: int = 8) -> dic
     v, i, out = torch.randn(pairs), torch.randint(d, (pairs,)), torch.zeros(d)
     scatter_s = _median_s(lambda: out.index_add_(0, i, v)) / pairs
     return {"reduce_s": reduce_s, "dense_s": dense_s, "select_s": select, "scatter_s": scatter_s}
+
+
+def demo_select_s(net: torch.nn.Module, chunk: int, topk: int, dense_s: float) -> float:
+    """DeMo's own work per element and step, alone on one thread (s): the DCT of each
+    momentum chunk, its top-k and the inverse DCT of the part sent (``DeMo.extract``),
+    then the inverse DCT of an average as a worker of several decodes it, less the three
+    elementwise passes :func:`bench.cluster.perfmodel.demo_exchange` charges beside."""
+    from bench.optim.demo import DeMo  # deferred: only a sweep with DeMo needs it
+
+    params = [p.detach().clone() for p in net.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = DeMo(params, chunk=chunk, topk=topk)
+
+    def work() -> None:
+        for p in params:
+            ch, values, idx, _ = opt.extract(p, 0.999)
+            ch.tensor(ch.scatter(values, idx))  # the average's inverse DCT
+
+    numel = sum(p.numel() for p in params)
+    return max(0.0, _median_s(work) / numel - 3 * dense_s)
 
 
 def update_s(net: torch.nn.Module) -> float:
@@ -158,8 +182,11 @@ def concurrent_step_s(overrides: Sequence[str], nodes: int, per_node: int) -> fl
     return float(out[0])
 
 
-def calibrate(net: torch.nn.Module, density: float, bucket_cap_mb: float) -> Calibration:
-    """Every micro-measurement of :class:`Calibration` (about 10 s on 2 cores)."""
+def calibrate(
+    net: torch.nn.Module, density: float, bucket_cap_mb: float, demo: tuple[int, int] | None = None
+) -> Calibration:
+    """Every micro-measurement of :class:`Calibration` (about 10 s on 2 cores); ``demo``:
+    DeMo's (chunk, top-k), when the sweep runs it."""
     from bench.benchmarks.spawn import run_workers  # deferred: spawns 2 gloo workers
 
     buckets, shapes = projection.ddp_buckets(net, bucket_cap_mb)
@@ -168,6 +195,8 @@ def calibrate(net: torch.nn.Module, density: float, bucket_cap_mb: float) -> Cal
     try:
         el = element_costs(buckets, density)
         upd = update_s(net)
+        if demo is not None:
+            el["select_s"]["demo"] = demo_select_s(net, *demo, el["dense_s"])
     finally:
         torch.set_num_threads(before)
     shift = run_workers(ring_shift, 2, 2, list(SHIFT_BYTES))[0]
@@ -197,11 +226,17 @@ def predict(
     density: float,
     powersgd_rank: int = 4,
     update_included: bool = False,
+    knobs: tuple[int, ...] = (),
 ) -> dict[str, float]:
     """The model's step time (and its compute-only step) of ``comm`` at one size (s), from
-    ``compute_s`` and the shaped link's rate ``link_bps`` (None: the loopback path)."""
+    ``compute_s`` and the shaped link's rate ``link_bps`` (None: the loopback path).
+    ``comm`` is a comm hook, or a method of :data:`bench.sweeps.methods.METHODS`: ``demo``
+    (``knobs`` = chunk, top-k: :func:`bench.cluster.perfmodel.demo_step_time`) or a sync
+    strategy (``knobs`` = H, fragments, delay: the node's dense DDP step and the outer
+    all-reduce amortised, :func:`bench.cluster.perfmodel.sync_step_time`)."""
     f = contention(nodes, per_node, cal.cores)
-    sel = cal.select_s.get("topk" if comm == "topk" else "mstopk", 0.0)
+    own = comm if comm in ("topk", "demo") else "mstopk"
+    sel = cal.select_s.get(own, 0.0)
     k = pm.Costs(select_s=sel * f, scatter_s=cal.scatter_s * f, dense_s=cal.dense_s * f,
                  reduce_s=cal.reduce_s * f)  # fmt: skip
     inter_bw = link_bps / 8 * link_efficiency() if link_bps else cal.intra_bw
@@ -218,6 +253,10 @@ def predict(
     compute_only = wl.compute_s + wl.update_s
     if comm == NOCOMM or nodes * per_node == 1:
         step = compute_only
+    elif comm == "demo":
+        step = pm.demo_step_time(wl, *knobs, c, k)
+    elif comm in SYNCS and is_outer(comm):  # a sync strategy through torchft
+        step = pm.sync_step_time(wl, c, k, *knobs)
     else:
         step = pm.step_time(comm, wl, density, c, k)
     return {"predicted_step_s": step, "predicted_compute_only_step_s": compute_only}

@@ -17,6 +17,7 @@ from bench.cluster.netns import parse_bandwidth
 from bench.results.columns import EPOCH_TIME, SAMPLES, STEPS
 from bench.results.records import read_curve
 from bench.sweeps import scaling_model as sm
+from bench.sweeps.methods import method_of
 
 COLUMNS = [
     "sweep_id", "kind", "cluster", "nodes", "workers_per_node", "world_size", "comm",
@@ -94,7 +95,7 @@ def measured_rows(
             "nodes": n,
             "workers_per_node": m,
             "world_size": n * m,
-            "comm": r.get("comm"),
+            "comm": method_of(r),  # DeMo (comm=nocomm) and the sync strategies by name
             "step_s": step,
             "throughput": thr,
             "measured_steps": steps,

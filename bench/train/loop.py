@@ -22,6 +22,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
+from bench.cluster.emulated import LinkClock, link_bytes
 from bench.comm import is_sparse
 from bench.config import Config, from_container, to_container
 from bench.data.loaders import RANK_TOKENS, SAMPLES
@@ -76,11 +77,13 @@ def setup(payload: dict[str, Any]) -> TrainState:
         scaler=scaler,
         steps=steps,
         timer=runtime.PhaseTimer(device, cfg.train.time_phases),
+        clock=LinkClock.of_worker(),  # an emulated node's link bytes while it trains
     )
     if hasattr(s.comm.state, "nan_check"):
         s.comm.state.nan_check = cfg.train.nan_check == "step"
     s.sync = outer.start(model, optimizer, getattr(s.comm.state, "stats", None), device)
     checkpoints(s).resume()  # after an elastic restart or by hand: from its last checkpoint
+    s.clock.steps_from = s.step  # type: ignore[attr-defined]  (a LinkClock, above)
     return s
 
 
@@ -121,6 +124,11 @@ def _wrap(
         process_group=group,
         device_ids=[device.index] if device.type == "cuda" else None,
         bucket_cap_mb=cfg.comm.bucket_cap_mb,
+        # not rank 0's BatchNorm buffers at every forward: training uses the batch's
+        # statistics, rank 0 keeps its own either way, and the evaluation and checkpoints
+        # take rank 0's (runtime.broadcast_buffers); sent each step, they were link bytes
+        # no method counted (4.5 kB a step on the digits' ResNet-9, 18 % of DeMo's packet)
+        broadcast_buffers=False,
         **ddp_kwargs(optimizer),  # update modes that own the gradient buffer
     )
 
@@ -459,7 +467,8 @@ def finish(s: TrainState, leave_group: bool = True) -> dict[str, Any] | None:
         if hasattr(loader, "close"):  # loader workers and DALI pipelines stop now, not at exit
             loader.close()
     s.sync.close()  # the outer sync's Manager, then the Lighthouse (every rank takes part)
-    record = write_outputs(s).to_dict() if s.rank == 0 else None
+    links = _link_readings(s)
+    record = write_outputs(s, links).to_dict() if s.rank == 0 else None
     if dist.is_initialized():
         dist.barrier()
         if leave_group:
@@ -467,8 +476,19 @@ def finish(s: TrainState, leave_group: bool = True) -> dict[str, Any] | None:
     return record
 
 
-def write_outputs(s: TrainState) -> records.RunRecord:
-    """Rank 0: the curve CSV, the time-to-accuracy figure and the run's record."""
+def _link_readings(s: TrainState) -> list[Any]:
+    """Every worker's link counters (each emulated node's first worker reads its own)."""
+    mine = s.clock.reading() if isinstance(s.clock, LinkClock) else None
+    if not dist.is_initialized():
+        return [mine]
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return every
+
+
+def write_outputs(s: TrainState, links: list[Any] | None = None) -> records.RunRecord:
+    """Rank 0: the curve CSV, the time-to-accuracy figure and the run's record (``links``:
+    every worker's link counters, :class:`~bench.cluster.emulated.LinkClock`)."""
     cfg, res = s.cfg, s.cfg.results.dir
     rec = records.RunRecord.start(
         cfg,
@@ -492,6 +512,8 @@ def write_outputs(s: TrainState) -> records.RunRecord:
     link = os.environ.get("BENCH_LINK_CHECK")
     if link and Path(link).is_file():
         rec.link_check = json.loads(Path(link).read_text())
+    since = s.clock.steps_from if isinstance(s.clock, LinkClock) else 0
+    rec.link_bytes = link_bytes(links or [], s.step - since, rec.comm_inter_node_bytes_per_step)
     rec.curve = str(records.write_curve(res, rec.run_id, s.curve, extend=True))
     last = ck.latest(res, rec.run_id)
     records.settle(
