@@ -395,13 +395,16 @@ def newest_sweep(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _measured(ax, meas: pd.DataFrame, colours: dict[str, str]) -> None:
-    for (comm, per), g in meas.groupby(["comm", "workers_per_node"], sort=True):
+    """One line per method (each point one run), the model's prediction for the same size
+    as hollow markers without a line: the lines are the measurements alone."""
+    for comm, g in meas.groupby("comm", sort=True):
         g = g.sort_values("nodes")
-        mk = MARKERS.get(int(per), "o")
-        ax.plot(g["nodes"], g["efficiency"], "-", marker=mk, color=colours[comm])
+        mk = MARKERS.get(int(g["workers_per_node"].iloc[0]), "o")
+        ax.plot(g["nodes"], g["efficiency"], "-", marker=mk, color=colours[comm],
+                lw=method_width(comm))  # fmt: skip
         if "predicted_efficiency" in g.columns and g["predicted_efficiency"].notna().any():
-            ax.plot(g["nodes"], g["predicted_efficiency"], ":", marker=mk, mfc="none",
-                    color=colours[comm], alpha=0.8)  # fmt: skip
+            ax.plot(g["nodes"], g["predicted_efficiency"], ls="", marker=mk, mfc="none",
+                    ms=8, color=colours[comm], alpha=0.8)  # fmt: skip
 
 
 def _projected(ax, proj: pd.DataFrame, colours: dict[str, str]) -> None:
@@ -431,8 +434,27 @@ def _worst(meas: pd.DataFrame) -> str:
     )
 
 
+def _off_scale(over: pd.DataFrame) -> str:
+    """The note naming the points not drawn: efficiency above :data:`INVALID_ABOVE`."""
+    sizes = ", ".join(
+        sorted(
+            {
+                f"{r['comm']} at {int(r['nodes'])}x{int(r['workers_per_node'])} "
+                f"({r['efficiency']:.2f})"
+                for _, r in over.iterrows()
+            }
+        )
+    )
+    return (
+        f"not drawn, above {INVALID_ABOVE:g}: {sizes}; their compute-only runs were slower "
+        "than runs that communicate: a measurement fault, not an efficiency"
+    )
+
+
 def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
-    """Efficiency against nodes of the newest sweep in ``frame`` (its CSV's rows)."""
+    """Efficiency against nodes of the newest sweep in ``frame`` (its CSV's rows): one
+    panel per workers-per-node measured on this machine, and the model's projection to
+    the paper's cluster in its own panel on its own axis."""
     need = {"efficiency", "comm"}
     if frame.empty or not need <= set(frame.columns):
         return None
@@ -442,66 +464,74 @@ def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
     proj = df[kind == "projected"]
     if meas.empty and proj.empty:
         return None
+    if "workers_per_node" not in meas.columns:
+        meas = meas.assign(workers_per_node=1)
     comms = list(dict.fromkeys([*meas["comm"], *proj["comm"]]))
     colours = {c: method_colour(c) for c in comms}  # the suite's one palette
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5), sharey=True)
-    _measured(left, meas, colours)
     over = meas[meas["efficiency"] > INVALID_ABOVE]
-    if len(over):  # a compute-only run slower than a communicating one: a fault, say it
-        sizes = ", ".join(
-            sorted(
-                {
-                    f"{int(n)}x{int(m)}"
-                    for n, m in zip(over["nodes"], over["workers_per_node"], strict=True)
-                }
-            )
-        )
-        left.text(0.02, 0.03, f"{len(over)} point(s) above {INVALID_ABOVE:g} (sizes {sizes}) lie "
-                  "off the axis:\ntheir compute-only runs were slower than runs that "
-                  "communicate --\na measurement fault, not an efficiency",
-                  transform=left.transAxes, fontsize=7, color="firebrick")  # fmt: skip
+    shown = meas[meas["efficiency"] <= INVALID_ABOVE]
+    pers = sorted({int(p) for p in meas["workers_per_node"].dropna()}) or [1]
+    fig, axes = plt.subplots(
+        1, len(pers) + 1, figsize=(fig_width(len(pers) + 1, 5.2), 6.4), squeeze=False
+    )
+    axes = list(axes[0])
     cluster = ", ".join(sorted(meas["cluster"].dropna().astype(str).unique())) or "?"
-    left.set_xlabel(f"nodes measured on this machine ({cluster}; log 2)")
-    left.set_ylabel("scaling efficiency (compute-only step / step, ratio)")
+    steps = ""
+    if "measured_steps" in meas.columns and meas["measured_steps"].notna().any():
+        steps = f", its step time the median of {int(meas['measured_steps'].median())} steps"
+    for ax, per in zip(axes, pers, strict=False):
+        rows = shown[shown["workers_per_node"] == per]
+        _measured(ax, rows, colours)
+        ax.set_title(f"measured on this machine: {per} worker(s) per node", fontsize=9)
+        ax.set_xlabel(f"nodes ({cluster}; log 2)")
+        ax.set_ylim(0, 1.1)
+        ticks = sorted({int(n) for n in meas["nodes"].dropna()})
+        ax.set_xscale("log", base=2)
+        if ticks:  # the node counts themselves, not powers of 2
+            ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("scaling efficiency (compute-only step / step, ratio)")
+    right = axes[-1]
     drawn = _holds(proj)
     if drawn:
         _projected(right, proj, colours)
+        ticks = sorted({int(n) for n in proj["nodes"].dropna()})
+        right.set_xscale("log", base=2)
+        if ticks:
+            right.set_xticks(ticks, [str(t) for t in ticks])
     else:
         why = "no projection in this table" if proj.empty else _worst(meas)
         right.text(0.5, 0.5, f"projection not drawn:\n{why}", ha="center", va="center",
-                   transform=right.transAxes, fontsize=9)  # fmt: skip
+                   transform=right.transAxes, fontsize=9, wrap=True)  # fmt: skip
+        right.set_xticks([])
+    right.set_ylim(0, 1.1)
+    right.grid(alpha=0.3)
+    right.set_title("projected: the model, not a measurement", fontsize=9)
     right.set_xlabel("nodes of 8 V100 at 25 Gbit/s (model; log 2)")
-    for ax, rows in ((left, meas), (right, proj if drawn else proj[:0])):
-        ax.set_xscale("log", base=2)
-        ticks = sorted({int(n) for n in rows["nodes"].dropna()})
-        if ticks:  # the node counts themselves, not powers of 2
-            ax.set_xticks(ticks, [str(t) for t in ticks])
-        ax.set_ylim(0, 1.1)
-        ax.grid(alpha=0.3)
-    handles = [Line2D([], [], color=colours[c], lw=2, label=c) for c in comms]
+    right.set_ylabel("projected scaling efficiency (ratio)")
+    handles = [Line2D([], [], color=colours[c], lw=method_width(c), label=c) for c in comms]
     handles += [
-        Line2D([], [], color="k", ls="-", marker="o", label="measured"),
-        Line2D(
-            [],
-            [],
-            color="k",
-            ls=":",
-            marker="o",
-            mfc="none",
-            label="model (compute: the size's calibration run)",
-        ),
-    ]
+        Line2D([], [], color="k", ls="-", marker="o", label="measured: one run a point (n = 1)"),
+        Line2D([], [], color="k", ls="", marker="o", mfc="none", ms=8,
+               label="model's prediction for that size"),
+    ]  # fmt: skip
     if drawn:
         handles.append(Line2D([], [], color="k", ls="--", label="projected (band: assumptions)"))
-    pers = sorted({int(p) for p in meas["workers_per_node"].dropna()}) if len(meas) else []
-    if len(pers) > 1:
-        handles += [Line2D([], [], color="grey", ls="", marker=MARKERS.get(p, "o"),
-                           label=f"{p} worker(s)/node") for p in pers]  # fmt: skip
-    # one legend, outside the right panel (tight_layout makes room for an axes' legend)
-    right.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8)
+    # one legend below the panels, and the points left out named beneath it
+    fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.045), ncol=5,
+               fontsize=8, frameon=False)  # fmt: skip
+    if len(over):  # a compute-only run slower than a communicating one: a fault, say it
+        fig.text(0.5, 0.01, _off_scale(over), ha="center", va="bottom", fontsize=8,
+                 color="firebrick")  # fmt: skip
     sweep = str(df["sweep_id"].iloc[0]) if "sweep_id" in df.columns and len(df) else ""
-    fig.suptitle(f"Scaling efficiency against nodes per method, {sweep}", fontsize=11)
-    return save_figure(fig, path)
+    fig.suptitle(
+        f"Scaling efficiency against nodes per method, sweep {sweep}\neach measured point is "
+        f"one run (n = 1, no interval){steps}; the projection has its own axis",
+        fontsize=10,
+    )
+    h = fig.get_figheight()
+    fig.tight_layout(rect=(0, 1.1 / h, 1, 1))
+    return save_figure(fig, path, layout=False)
 
 
 @dataclass
