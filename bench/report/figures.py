@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
+from scipy import stats  # noqa: E402
 
 from bench.benchmarks import load_all  # noqa: E402
 from bench.benchmarks.harness import BenchRun  # noqa: E402
@@ -48,7 +48,7 @@ from bench.results.plots import (  # noqa: E402
     save_figure,
 )
 from bench.sweeps import ratios  # noqa: E402
-from bench.sweeps.intervals import ci_text  # noqa: E402
+from bench.sweeps.intervals import ci_text, mean_interval  # noqa: E402
 from bench.sweeps.methods import method_of  # noqa: E402
 
 # per-step phases of a curve row: (label, column(s)); the first column present is used
@@ -101,8 +101,11 @@ def _step_values(d: pd.DataFrame, column: str, grid: np.ndarray) -> np.ndarray:
 
 
 def tta_bands(results_dir: Path, runs: pd.DataFrame) -> dict[str, dict]:
-    """Per configuration (its label): the time grid, the median and the min / max over its
-    runs of the held-out metric, the runs' median time to target and n (reached of runs)."""
+    """Per method (its :func:`~bench.sweeps.methods.method_of` name): the time grid, the
+    mean over its runs of the held-out metric and its 95 % t-interval, from the first
+    time every run has an evaluation on (NaN before: no mean of a subset); the mean time
+    to target of the runs that reached it and its 95 % interval (as the tables give it),
+    n (reached of runs) and the label (method and tuned trial, as the tables name it)."""
     curves: dict[str, list[pd.DataFrame]] = {}
     meta: dict[str, list] = {}
     for _, r in runs.iterrows():
@@ -128,21 +131,30 @@ def tta_bands(results_dir: Path, runs: pd.DataFrame) -> dict[str, dict]:
     out = {}
     for name, ds in curves.items():
         vals = np.vstack([_step_values(d, "_metric", grid) for d in ds])
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN before a first eval
-            med = np.nanmedian(vals, axis=0)
-            lo, hi = np.nanmin(vals, axis=0), np.nanmax(vals, axis=0)
+        every = ~np.isnan(vals).any(axis=0)  # every run has been evaluated by then
+        n = len(ds)
+        mean = np.where(every, vals.mean(axis=0), np.nan)
+        half = np.full_like(mean, np.nan)
+        if n >= 2:
+            sd = vals.std(axis=0, ddof=1)
+            half = np.where(every, stats.t.ppf(0.975, n - 1) * sd / np.sqrt(n), np.nan)
         rs = meta[name]
         tts = [float(r["time_to_target_s"]) for r in rs if r["reached"]]
+        tt, tt_lo, tt_hi = mean_interval(tts)
+        trial = str(rs[0].get("protocol_trial") or "")  # the tables' name of the trial
+        base = str(rs[0]["comm_name"]) if name == str(rs[0]["comm"]) else name
         out[name] = {
             "grid": grid,
-            "median": med,
-            "low": lo,
-            "high": hi,
+            "mean": mean,
+            "low": mean - half,
+            "high": mean + half,
             "n": len(rs),
             "n_reached": len(tts),
-            "tt_median": float(np.median(tts)) if tts else None,
+            "tt_mean": tt if tts else None,
+            "tt_low": tt_lo,
+            "tt_high": tt_hi,
             "comm_name": str(rs[0]["comm_name"]),
+            "label": f"{base} {trial}" if trial else str(rs[0]["comm"]),
         }
     return out
 
@@ -150,9 +162,9 @@ def tta_bands(results_dir: Path, runs: pd.DataFrame) -> dict[str, dict]:
 def plot_tta(
     results_dir: Path, runs: pd.DataFrame, experiment: str, path: Path, title: str = ""
 ) -> Path | None:
-    """Held-out target metric against training time: per configuration the median over its
-    runs (seeds) and the band from their lowest to highest, one panel per cluster and
-    hardware; a star at the median time to target."""
+    """Held-out target metric against training time: per method the mean over its runs
+    (seeds) and its 95 % interval, drawn from the time every run has an evaluation, one
+    panel per cluster and hardware; a star at the mean time to target with its interval."""
     runs = runs[(runs["experiment"] == experiment) & runs["has_curve"] & runs["trained"]]
     if runs.empty:
         return None
@@ -162,19 +174,25 @@ def plot_tta(
     for ax, ((cluster, hw), g) in zip(axes, groups, strict=True):
         r0 = g.iloc[0]
         styles: dict[str, int] = {}  # configurations of one method: one colour, other dashes
-        for name, b in sorted(tta_bands(results_dir, g).items()):
+        bands = tta_bands(results_dir, g)
+        for _, b in sorted(bands.items()):
             colour, lw = method_colour(b["comm_name"]), method_width(b["comm_name"])
             ls = LINE_STYLES[styles.setdefault(b["comm_name"], 0) % len(LINE_STYLES)]
             styles[b["comm_name"]] += 1
-            label = f"{name} (n = {b['n']}, {b['n_reached']} reached)"
-            ax.plot(b["grid"], b["median"], color=colour, lw=lw, ls=ls, label=label)
-            ax.fill_between(b["grid"], b["low"], b["high"], color=colour, alpha=0.12, lw=0)
-            if b["tt_median"] is not None and r0["target"] is not None:
-                ax.plot([b["tt_median"]], [100 * r0["target"]], "*", ms=11, color=colour)
+            label = f"{b['label']} (n = {b['n']}, {b['n_reached']} reached)"
+            ax.plot(b["grid"], b["mean"], color=colour, lw=lw, ls=ls, label=label)
+            ax.fill_between(b["grid"], b["low"], b["high"], color=colour, alpha=0.1, lw=0)
+            if b["tt_mean"] is not None and r0["target"] is not None:
+                lo, hi = b["tt_low"], b["tt_high"]
+                err = [[b["tt_mean"] - lo], [hi - b["tt_mean"]]] if lo == lo else None
+                ax.errorbar([b["tt_mean"]], [100 * r0["target"]], xerr=err, fmt="*", ms=11,
+                            color=colour, capsize=3, lw=1.2, zorder=4)  # fmt: skip
         if r0["target"] is not None:
             ax.axhline(100 * r0["target"], color="k", ls="--", lw=0.8)
-            low = 0.0 if r0["metric"] == "bleu" else max(0.0, 100 * r0["target"] - 40)
-            ax.set_ylim(low, 100.5)  # BLEU starts near 0: the whole climb
+        drawn = [np.nanmin(b["low"] if np.isfinite(b["low"]).any() else b["mean"])
+                 for b in bands.values() if np.isfinite(b["mean"]).any()]  # fmt: skip
+        low = 0.0 if r0["metric"] == "bleu" or not drawn else max(0.0, min(drawn) - 2.0)
+        ax.set_ylim(10 * np.floor(low / 10), 100.5)  # every drawn curve and band, whole
         ax.set_title(f"{cluster}\n{hw}", fontsize=9)
         ax.set_xlabel("training time (s, evaluation excluded)")
         ax.set_ylabel(f"held-out {target_text(r0['metric'], None)} (%)")
@@ -185,8 +203,9 @@ def plot_tta(
     fig.suptitle(
         title
         or f"{experiment}: time to {target_text(r0['metric'], r0['target'])} (dashed)\n"
-        "line: median over seeds; band: lowest to highest seed; star: median time to target",
-        fontsize=10,
+        "line: mean over seeds from when every seed has an evaluation; band: its 95 % "
+        "t-interval;\nstar: mean time to target with its 95 % bootstrap interval (as the tables)",
+        fontsize=9,
     )
     return save_figure(fig, path)
 
