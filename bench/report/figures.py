@@ -261,40 +261,58 @@ def step_phases(df: pd.DataFrame) -> dict[str, float] | None:
 
 
 def breakdown_table(results_dir: Path, runs: pd.DataFrame, experiment: str) -> pd.DataFrame:
-    """Mean per-step phase times (ms) per group and configuration, over its runs' curves."""
+    """Mean per-step phase times (s) per group and configuration over its runs' curves,
+    with ``n`` (the runs averaged) and ``label`` (the method and its tuned trial, as the
+    tables name it, or the configuration's comm label)."""
     rows = []
     for _, r in runs[(runs["experiment"] == experiment) & runs["has_curve"]].iterrows():
         df = curve(results_dir, r["run_id"])
         ph = step_phases(df) if df is not None else None
         if ph:
             exposed = any(c in df for c in EXPOSED)
-            rows.append({**{k: r[k] for k in GROUP + CONFIG}, **ph, "exposed": exposed})
+            trial = str(r.get("protocol_trial") or "")
+            label = f"{r['comm_name']} {trial}" if trial else str(r["comm"])
+            rows.append(
+                {**{k: r[k] for k in GROUP + CONFIG}, **ph, "exposed": exposed, "label": label}
+            )
     if not rows:
         return pd.DataFrame()
     t = pd.DataFrame(rows)
-    return t.groupby(GROUP + CONFIG, sort=True).mean(numeric_only=False).reset_index()
+    keys = GROUP + CONFIG
+    out = t.groupby(keys, sort=True)[[p for p, _ in PHASES]].mean()
+    out["exposed"] = t.groupby(keys, sort=True)["exposed"].all()
+    out["label"] = t.groupby(keys, sort=True)["label"].first()
+    out["n"] = t.groupby(keys, sort=True).size()
+    return out.reset_index()
 
 
 def plot_breakdown(table: pd.DataFrame, experiment: str, path: Path) -> Path | None:
-    """Stacked per-step time (ms) by phase, one horizontal bar per configuration, one
-    panel per cluster and hardware, one legend for the figure."""
+    """Stacked per-step time (ms) by phase, one horizontal bar per configuration (its
+    label and n runs; the settings common to the panel in its title), one panel per
+    cluster and hardware, one legend for the figure."""
     if table.empty:
         return None
     groups = list(table.groupby(["cluster", "hardware"], sort=True))
     most = int(table.groupby(["cluster", "hardware"]).size().max())
-    fig, axes = _panels(
-        len(groups), w=8.5 if len(groups) == 1 else 6.0, h=max(3.2, 1.6 + 0.32 * most)
-    )
+    fig, axes = _panels(len(groups), w=7.0, h=2.3 + 0.3 * most)
     for ax, ((cluster, hw), g) in zip(axes, groups, strict=True):
         left = np.zeros(len(g))
         for label, _ in PHASES:
             vals = 1e3 * g[label].to_numpy(dtype=float)
             ax.barh(range(len(g)), vals, left=left, color=PHASE_COLOURS[label], label=label)
             left = left + vals
-        ax.set_yticks(range(len(g)), [config_name(r) for _, r in g.iterrows()], fontsize=6)
+        varying = [c for c in CONFIG[1:] if g[c].astype(str).nunique() > 1]
+        names = [
+            " / ".join([str(r["label"]), *(str(r[c]) for c in varying)]) + f" (n = {r['n']})"
+            for _, r in g.iterrows()
+        ]
+        ax.set_yticks(range(len(g)), names, fontsize=8)
+        for t, c in zip(ax.get_yticklabels(), g["comm"], strict=True):
+            t.set_color(method_colour(c))  # the method's colour: the bars are the phases'
         ax.invert_yaxis()
-        ax.set_xlabel("ms per training step (mean over epochs)")
-        ax.set_title(f"{cluster}\n{hw}", fontsize=8)
+        ax.set_xlabel("ms per training step (mean over epochs and runs)")
+        common = ", ".join(f"{c} {g[c].iloc[0]}" for c in CONFIG[1:] if c not in varying)
+        ax.set_title(f"{cluster}; {hw}" + (f"\nevery bar: {common}" if common else ""), fontsize=8)
         ax.grid(axis="x", alpha=0.3)
     exposed = bool(table["exposed"].all())
     note = (
@@ -303,10 +321,10 @@ def plot_breakdown(table: pd.DataFrame, experiment: str, path: Path) -> Path | N
         else "communication time measured in the hook, not exposed"
     )
     h, labels = axes[0].get_legend_handles_labels()
-    fig.legend(h, labels, loc="lower center", ncol=len(PHASES), fontsize=8, frameon=False)
-    fig.suptitle(f"{experiment}: per-step time by phase ({note})", fontsize=10)
+    fig.legend(h, labels, loc="lower center", ncol=len(PHASES), fontsize=7, frameon=False)
+    fig.suptitle(f"{experiment}: per-step time by phase\n({note})", fontsize=10)
     h_in = fig.get_figheight()
-    fig.tight_layout(rect=(0, 0.6 / h_in, 1, 1 - 0.35 / h_in))
+    fig.tight_layout(rect=(0, 0.35 / h_in, 1, 1))
     return save_figure(fig, path, layout=False)
 
 

@@ -36,13 +36,14 @@ METHOD_COLOURS = {
     "streaming_diloco": "#6b6ecf",
 }
 PAPER_METHODS = ("hitopk", "mstopk")
-# the per-step phases of a breakdown, in stacking order, each its own colour
+# the per-step phases of a breakdown, in stacking order, each its own colour: teals and the
+# neutral family, none near a method's colour (the bars stand beside method names)
 PHASE_COLOURS = {
-    "data wait": "#c7c7c7",
-    "forward+backward": "#6b8fb5",
-    "selection": "#f2b134",
-    "communication": "#c0392b",
-    "optimizer update": "#7fb17f",
+    "data wait": "#e6dcc3",
+    "forward+backward": "#b2dfdb",
+    "selection": "#9c8f6e",
+    "communication": "#00695c",
+    "optimizer update": "#2e2a24",
 }
 # baselines that are not methods of the suite (torch.topk, torch's foreach and fused
 # optimizers, the per-tensor loop, a read or memory floor): one neutral family, black to
