@@ -601,7 +601,8 @@ def replot(name: str, rows: pd.DataFrame, png: Path) -> BenchFigure:
     """One hardware's newest run of benchmark ``name`` drawn by the benchmark's own replot."""
     spec = load_all().get(name)
     fig = BenchFigure([])
-    for old in (png, png.with_suffix(".scaling.png")):
+    extra = [png.with_suffix(f".{what}.png") for what in ("scaling", "overlap")]
+    for old in (png, *extra):
         old.unlink(missing_ok=True)  # this command's own figure of an earlier call
     with tempfile.TemporaryDirectory() as tmp:
         run = BenchRun.from_rows(name, rows, tmp, png)
@@ -609,7 +610,7 @@ def replot(name: str, rows: pd.DataFrame, png: Path) -> BenchFigure:
             spec.replot(run)
         except Exception as e:  # noqa: BLE001 - one bad CSV must not stop the report
             fig.error = f"{type(e).__name__}: {e}"
-    fig.paths = [p for p in (png, png.with_suffix(".scaling.png")) if p.is_file()]
+    fig.paths = [p for p in (png, *extra) if p.is_file()]
     return fig
 
 
