@@ -87,7 +87,7 @@ SELECTION_STYLES = {
 }
 # input caches: a sequential teal family, the baseline (no cache) in the neutral family
 CACHE_COLOURS = {
-    "none": BASELINE_COLOURS["naive"],
+    "none": BASELINE_COLOURS["foreach"],
     "disk": "#b2dfdb",
     "memory": "#4db6ac",
     "multilevel": "#00897b",
