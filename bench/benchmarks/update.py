@@ -165,8 +165,9 @@ def _plot(df: Any, path: Path, hw: str) -> None:
             lw=0.5,
             hatch=["xx" if b else "" for b in below],
         )
+        halo = [withStroke(linewidth=3.5, foreground="white")]  # seen on a dark bar too
         ax.scatter(x, sub["floor_ms"], marker="_", s=300, color=BENCH_COLOURS["reference"],
-                   zorder=3, path_effects=[withStroke(linewidth=3.5, foreground="white")])  # fmt: skip
+                   zorder=3, path_effects=halo)  # fmt: skip
         ax.set_xticks(x, labels, rotation=90, fontsize=7)
         ax.set_ylim(0, None)
         ax.set_ylabel("time per optimizer step (ms, median)")
