@@ -193,6 +193,7 @@ def plot_tta(
                  for b in bands.values() if np.isfinite(b["mean"]).any()]  # fmt: skip
         low = 0.0 if r0["metric"] == "bleu" or not drawn else max(0.0, min(drawn) - 2.0)
         ax.set_ylim(10 * np.floor(low / 10), 100.5)  # every drawn curve and band, whole
+        ax.set_xlim(left=0)  # the time from the start, before the first evaluation too
         ax.set_title(f"{cluster}\n{hw}", fontsize=9)
         ax.set_xlabel("training time (s, evaluation excluded)")
         ax.set_ylabel(f"held-out {target_text(r0['metric'], None)} (%)")
@@ -363,6 +364,7 @@ def plot_protocol_speedup(df: pd.DataFrame, path: Path, title: str) -> Path | No
                 textcoords="offset points",
                 va="center",
                 fontsize=7,
+                bbox={"fc": "white", "ec": "none", "pad": 0.5},  # over the line at 1
             )
         ax.axvline(1.0, color="k", lw=0.8, ls="--")
         ax.set_xlabel(f"speedup over {label} (x; > 1: sooner to target)")
