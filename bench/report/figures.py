@@ -485,8 +485,8 @@ def _off_scale(over: pd.DataFrame) -> str:
         )
     )
     return (
-        f"not drawn, above {INVALID_ABOVE:g}: {sizes}; their compute-only runs were slower "
-        "than runs that communicate: a measurement fault, not an efficiency"
+        f"not drawn, above {INVALID_ABOVE:g}:\n{sizes};\ntheir compute-only runs were slower "
+        "than runs that communicate:\na measurement fault, not an efficiency"
     )
 
 
@@ -556,21 +556,20 @@ def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
     ]  # fmt: skip
     if drawn:
         handles.append(Line2D([], [], color="k", ls="--", label="projected (band: assumptions)"))
-    # one legend below the panels, and the points left out named beneath it
-    fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.045), ncol=5,
-               fontsize=8, frameon=False)  # fmt: skip
+    # one legend, below the last panel, and the points left out named below the first:
+    # tight_layout makes room for both (an axes' legend and text)
+    right.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2,
+                 fontsize=8, frameon=False)  # fmt: skip
     if len(over):  # a compute-only run slower than a communicating one: a fault, say it
-        fig.text(0.5, 0.01, _off_scale(over), ha="center", va="bottom", fontsize=8,
-                 color="firebrick")  # fmt: skip
+        axes[0].text(0.0, -0.13, _off_scale(over), transform=axes[0].transAxes, fontsize=8,
+                     color="firebrick", va="top", wrap=True)  # fmt: skip
     sweep = str(df["sweep_id"].iloc[0]) if "sweep_id" in df.columns and len(df) else ""
     fig.suptitle(
         f"Scaling efficiency against nodes per method, sweep {sweep}\neach measured point is "
         f"one run (n = 1, no interval){steps}; the projection has its own axis",
         fontsize=10,
     )
-    h = fig.get_figheight()
-    fig.tight_layout(rect=(0, 1.1 / h, 1, 1))
-    return save_figure(fig, path, layout=False)
+    return save_figure(fig, path)
 
 
 @dataclass
