@@ -263,7 +263,7 @@ def _plot(bench: BenchRun) -> None:
     df = bench.frame()
     hw = bench.meta["hardware"]
     meas = df[df["kind"] == "measured"]
-    fig, axes = plt.subplots(1, len(BANDWIDTHS), figsize=(5 * len(BANDWIDTHS), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(BANDWIDTHS), figsize=(5.5 * len(BANDWIDTHS), 5), squeeze=False)
     for ax, bw in zip(axes[0], BANDWIDTHS, strict=True):
         d = meas[meas["bandwidth"] == bw]
         x = range(len(d))
@@ -278,15 +278,21 @@ def _plot(bench: BenchRun) -> None:
             [i + 0.2 for i in x],
             d["predicted_ms"],
             0.4,
-            label="model (held out)",
+            label="model (held out: not fitted to this run)",
             color=BENCH_COLOURS["model"],
+            edgecolor="k",
+            lw=0.5,
         )
         ax.set_xticks(
             list(x),
             [f"{c}\n{s:.1f}x" for c, s in zip(d["comm"], d["speedup_vs_dense"], strict=True)],
         )
-        ax.set_yscale("log")
-        ax.set_ylabel("aggregation time per step (ms)")
+        for t, c in zip(ax.get_xticklabels(), d["comm"], strict=True):
+            t.set_color(method_colour(c))
+        ax.set_ylim(0, 1.15 * float(max(d["median_ms"].max(), d["predicted_ms"].max())))
+        reps = f" of n = {int(d['reps'].median())}" if "reps" in d.columns else ""
+        ax.set_ylabel(f"aggregation time per step (ms, median{reps})", fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
         errs = d["heldout_error"] if "heldout_error" in d.columns else d["model_error"]  # older
         for i, (ms, err) in enumerate(zip(d["predicted_ms"], errs, strict=True)):
             ax.annotate(f"{err:+.0%}", (i + 0.2, ms), ha="center", va="bottom", fontsize=7)
@@ -295,9 +301,15 @@ def _plot(bench: BenchRun) -> None:
             f"{bw} (link check {link:.2g} Gbit/s): 2 nodes x 2 workers, density {DENSITY}",
             fontsize=9,
         )
-        ax.legend(fontsize=8)
-    fig.suptitle(f"ResNet-50 gradient aggregation, emulated cluster\n{hw}", fontsize=9)
-    save_figure(fig, bench.png_path)
+    h, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(h, labels, loc="lower center", ncol=2, fontsize=8, frameon=False)
+    fig.suptitle(
+        f"ResNet-50 gradient aggregation, emulated cluster (number: the model's error; under "
+        f"each method: its speedup over dense)\n{hw}",
+        fontsize=9,
+    )
+    fig.tight_layout(rect=(0, 0.35 / fig.get_figheight(), 1, 1))
+    save_figure(fig, bench.png_path, layout=False)
 
     proj = df[df["kind"] == "projection"]
     bws = list(dict.fromkeys(proj["bandwidth"]))
@@ -340,15 +352,16 @@ def _plot(bench: BenchRun) -> None:
     src = proj["hidden_source"].dropna() if "hidden_source" in proj.columns else proj["comm"][:0]
     # the rows say how their hidden share was taken (older runs: measured here, 0..measured)
     hidden = (
-        "hidden share assumed 0..1"
+        "share of communication hidden behind compute: 0 to 1 (assumed)"
         if len(src) and src.astype(str).str.startswith("assumed").all()
-        else "hidden share 0..measured on CPU workers"
+        else "share of communication hidden behind compute: from none to the share measured "
+        "on CPU workers"
     )
     fig.suptitle(
         "Projection to the paper's cluster (ResNet-50; top-k at density 0.001; dense = NCCL "
         f"hierarchical{'; bf16 as fp16' if 'bf16' in set(proj['comm']) else ''})"
-        f"\nbands: V100 compute, NIC 0.5-0.9 of line rate, {hidden} "
-        f"(bench.cluster.projection); drawn on {hw}",
+        f"\nbands: V100 compute, NIC 0.5-0.9 of line rate, {hidden}"
+        f"\n(bench.cluster.projection); drawn on {hw}",
         fontsize=8,
     )
     save_figure(fig, bench.png_path.with_suffix(".scaling.png"))

@@ -164,7 +164,8 @@ def _overlap(bench: BenchRun, world: int, ppn: int, quick: bool) -> None:
 
 
 def _plot(bench: BenchRun) -> None:
-    """Step time and bytes per worker (total and inter-node) of one run's rows."""
+    """Two figures: per model, the time per step and the bytes per worker of each method
+    (``comm.png``), and the overlap of communication with the step (``comm.overlap.png``)."""
     # deferred: matplotlib is slow to load, and only drawing needs it
     import matplotlib
 
@@ -174,43 +175,56 @@ def _plot(bench: BenchRun) -> None:
     df = bench.frame()
     ov = df[df["kind"] == "overlap"] if "kind" in df.columns else df.iloc[:0]
     df = df[df["kind"] != "overlap"] if "kind" in df.columns else df
-    models = df["model"] if "model" in df.columns else ["resnet50"] * len(df)  # older runs
-    several = len(set(models)) > 1
-    labels = [
-        (f"{mo}\n" if several else "") + (f"{m}\n{d:g}" if is_sparse(m) else m)
-        for mo, m, d in zip(models, df["method"], df["density"], strict=True)
-    ]
-    x = np.arange(len(labels))
-    fig, axes = plt.subplots(1, 3 if len(ov) else 2, figsize=(18 if len(ov) else 12, 4.5))
-    a1, a2 = axes[0], axes[1]
-    a1.bar(x, df["median_ms"], color=[method_colour(m) for m in df["method"]])
-    a1.set_ylabel("median ms per step (all buckets)")
-    a1.set_yscale("log")
-    a2.bar(x - 0.2, df["bytes_per_worker"] / 1e6, 0.4, color=BENCH_COLOURS["total"], label="total")
-    a2.bar(
-        x + 0.2,
-        df["inter_node_bytes_per_worker"] / 1e6,
-        0.4,
-        color=BENCH_COLOURS["inter-node"],
-        label="inter-node (each node's link)",
+    if "model" not in df.columns:  # older runs: ResNet-50 alone
+        df = df.assign(model="resnet50")
+    models = list(dict.fromkeys(str(m) for m in df["model"]))
+    most = max(int((df["model"] == m).sum()) for m in models)
+    fig, axes = plt.subplots(
+        2, len(models), figsize=(6.2 * len(models), 2.2 + 0.5 * most), squeeze=False
     )
-    a2.set_ylabel("MB sent per worker per step")
-    a2.set_yscale("log")
-    a2.legend()
-    for ax in (a1, a2):
-        ax.set_xticks(x, labels)
-        ax.tick_params(axis="x", labelsize=7, labelrotation=90 if several else 0)
-        ax.grid(True, axis="y", which="both", alpha=0.3)
-    if len(ov):
-        _plot_overlap(axes[2], ov)
+    reps = f"median of n = {int(df['reps'].median())} steps" if "reps" in df.columns else "median"
+    for col, model in enumerate(models):
+        d = df[df["model"] == model]
+        y = np.arange(len(d))
+        labels = [
+            f"{m} d={dd:g}" if is_sparse(m) else str(m)
+            for m, dd in zip(d["method"], d["density"], strict=True)
+        ]
+        a1, a2 = axes[0][col], axes[1][col]
+        a1.barh(y, d["median_ms"], color=[method_colour(m) for m in d["method"]])
+        a1.set_xlabel(f"time per step, all buckets (ms, {reps})")
+        a1.set_title(f"{model}: how long one step's aggregation takes", fontsize=9)
+        a2.barh(y - 0.2, d["bytes_per_worker"] / 1e6, 0.4, color=BENCH_COLOURS["total"],
+                label="total")  # fmt: skip
+        a2.barh(y + 0.2, d["inter_node_bytes_per_worker"] / 1e6, 0.4,
+                color=BENCH_COLOURS["inter-node"], edgecolor="k", lw=0.4,
+                label="inter-node (each node's link)")  # fmt: skip
+        a2.set_xscale("log")
+        a2.set_xlabel("MB sent per worker per step (log)")
+        a2.set_title(f"{model}: how much each worker sends", fontsize=9)
+        for ax in (a1, a2):
+            ax.set_yticks(y, labels, fontsize=8)
+            for t, m in zip(ax.get_yticklabels(), d["method"], strict=True):
+                t.set_color(method_colour(m))
+            ax.invert_yaxis()
+            ax.grid(True, axis="x", which="both", alpha=0.3)
+    h, lab = axes[1][0].get_legend_handles_labels()
+    fig.legend(h, lab, loc="lower center", ncol=2, fontsize=8, frameon=False)
     fig.suptitle(
-        f"{' and '.join(dict.fromkeys(str(m) for m in models))} gradient aggregation, "
-        f"{int(df['world_size'].iloc[0])} gloo workers as "
-        f"{int(df['nnodes'].iloc[0])} nodes x {int(df['procs_per_node'].iloc[0])}, on "
-        f"{bench.meta['hardware']}",
+        f"{' and '.join(models)} gradient aggregation, {int(df['world_size'].iloc[0])} gloo "
+        f"workers as {int(df['nnodes'].iloc[0])} nodes x {int(df['procs_per_node'].iloc[0])}, "
+        f"on {bench.meta['hardware']}",
         fontsize=10,
     )
-    save_figure(fig, bench.png_path)
+    hh = fig.get_figheight()
+    fig.tight_layout(rect=(0, 0.35 / hh, 1, 1))
+    save_figure(fig, bench.png_path, layout=False)
+    if len(ov):
+        fig, ax = plt.subplots(figsize=(7.5, 4.4))
+        _plot_overlap(ax, ov)
+        fig.suptitle(f"How much of the communication a training step exposes\n"
+                     f"{bench.meta['hardware']}", fontsize=9)  # fmt: skip
+        save_figure(fig, bench.png_path.with_suffix(".overlap.png"))
 
 
 def _plot_overlap(ax: Any, ov: Any) -> None:
@@ -218,20 +232,22 @@ def _plot_overlap(ax: Any, ov: Any) -> None:
 
     x, c = np.arange(len(ov)), BENCH_COLOURS
     ax.bar(x - 0.2, ov["comm_alone_ms"], 0.4, color=c["alone"], label="communication alone")
-    ax.bar(
-        x + 0.2, ov["exposed_ms"].clip(lower=0), 0.4, color=c["exposed"], label="exposed in step"
-    )
-    for i, r in enumerate(ov["exposed_ratio"]):
-        ax.annotate(f"{r:.2f}x", (i + 0.2, 0), ha="center", va="bottom", fontsize=7)
+    ax.bar(x + 0.2, ov["exposed_ms"].clip(lower=0), 0.4, color=c["exposed"],
+           label="exposed in the step (step - backward alone)")  # fmt: skip
+    for i, (r, top) in enumerate(zip(ov["exposed_ratio"], ov["exposed_ms"], strict=True)):
+        ax.annotate(f"{r:.2f}x", (i + 0.2, max(top, 0)), ha="center", va="bottom", fontsize=7)
     ax.set_xticks(x, list(ov["method"]))
-    ax.set_ylabel("ms per step")
+    for t, m in zip(ax.get_xticklabels(), ov["method"], strict=True):
+        t.set_color(method_colour(m))
+    ax.set_ylabel("ms per step (median)")
+    ax.set_ylim(0, 1.18 * float(ov[["comm_alone_ms", "exposed_ms"]].max().max()))
     b = ov.iloc[0]
     ax.set_title(
-        f"overlap: ResNet-18 step (batch {int(b['batch'])}, {int(b['image'])} px), backward alone "
-        f"{ov['backward_ms'].median():.0f} ms",
+        f"ResNet-18 step (batch {int(b['batch'])}, {int(b['image'])} px), backward alone "
+        f"{ov['backward_ms'].median():.0f} ms; number: exposed / alone",
         fontsize=8,
     )
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", ncol=2, frameon=False)
 
 
 BENCHMARKS.register("comm")(BenchmarkSpec(run=run, replot=_plot))

@@ -213,7 +213,7 @@ def _plot(csv: Path, png: Path) -> None:
     import matplotlib.pyplot as plt
 
     df = latest_run(csv)
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(13.5, 4.5), sharey=True)
     for ax, throttled in zip(axes, (True, False), strict=True):
         sub = df[df["throttled"] == throttled]
         for (loader, cache), g in sub.groupby(["loader", "cache"], sort=False):
@@ -235,7 +235,8 @@ def _plot(csv: Path, png: Path) -> None:
         ax.set_yscale("log")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("training images / s (log)")
-    axes[1].legend(fontsize=7, ncol=2)
+    # one legend beside the panels: it covers no line (solid / dashed: the loader)
+    axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     n = int(df["images"].max())
     reads = int(df["reads_outstanding"].max()) if "reads_outstanding" in df else 0
     fig.suptitle(

@@ -214,22 +214,47 @@ def _plot(csv: Path, png: Path) -> None:
     import matplotlib.pyplot as plt
 
     df = latest_run(csv)
-    df = df[df["skipped"].fillna("") == ""] if "skipped" in df else df
-    fig, ax = plt.subplots(figsize=(7, 4))
-    labels = [f"{c}\n({d})" for c, d in zip(df["case"], df["device"], strict=True)]
-    bars = ax.bar(labels, df["images_per_s"], color=BENCH_COLOURS["images"])
-    for b, ratio in zip(bars, df["vs_torchvision"], strict=True):
-        ax.annotate(f"{ratio:.2f}x", (b.get_x() + b.get_width() / 2, b.get_height()),
-                    ha="center", va="bottom", fontsize=8)  # fmt: skip
-    ax.set_ylabel("training images / s (warm epoch, median)")
+    skipped = df["skipped"].fillna("").astype(str) if "skipped" in df else None
+    fig, ax = plt.subplots(figsize=(8, 1.9 + 0.55 * len(df)))
+    y = list(range(len(df)))
+    labels = [f"{c} (decode on {d})" for c, d in zip(df["case"], df["device"], strict=True)]
+    ips = df["images_per_s"].astype(float).fillna(0.0)
+    # the inter-quartile range of the epoch time, as images / s
+    err = None
+    if "iqr_ms" in df and "median_ms" in df:
+        med, iqr = df["median_ms"].astype(float), df["iqr_ms"].astype(float)
+        lo = df["images"] / ((med + iqr / 2) / 1e3)
+        hi = df["images"] / ((med - iqr / 2).clip(lower=1e-9) / 1e3)
+        err = [(ips - lo).fillna(0).clip(lower=0), (hi - ips).fillna(0).clip(lower=0)]
+    ax.barh(y, ips, xerr=err, capsize=3, color=BENCH_COLOURS["images"])
+    top = float(ips.max()) or 1.0
+    for i, r in enumerate(df.itertuples()):
+        why = skipped.iloc[i] if skipped is not None else ""
+        if why:
+            text = f"not measured: {why}"
+        elif i == 0:
+            text = f"{r.images_per_s:,.0f} images/s (the baseline)"
+        else:
+            text = f"{r.images_per_s:,.0f} images/s, {r.vs_torchvision:.2f}x torchvision"
+        end = ips.iloc[i] + (float(err[1].iloc[i]) if err is not None else 0.0)
+        ax.annotate(text, (0 if why else end, i), xytext=(6, 0),
+                    textcoords="offset points", va="center", fontsize=8,
+                    color="firebrick" if why else "k")  # fmt: skip
+    ax.set_yticks(y, labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.9 * top)  # room for the numbers written beside the bars
+    reps = f", median of n = {int(df['reps'].iloc[0])} epochs" if "reps" in df else ""
+    ax.set_xlabel(f"training images / s (warm epoch{reps}; bar: inter-quartile range)")
     if len(df):
         r = df.iloc[0]
+        measured = int((skipped == "").sum()) if skipped is not None else len(df)
         ax.set_title(
             f"{int(r['images'])} JPEGs, RRC {int(r['image_size'])} + flip, batch "
-            f"{int(r['batch'])}: {r['hardware']}",
+            f"{int(r['batch'])}; {measured} of {len(df)} input pipelines measured on\n"
+            f"{r['hardware']}",
             fontsize=9,
         )
-    ax.grid(axis="y", alpha=0.3)
+    ax.grid(axis="x", alpha=0.3)
     save_figure(fig, png)
 
 

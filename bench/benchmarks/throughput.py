@@ -218,24 +218,40 @@ def _plot(bench: BenchRun) -> None:
     images = df[model == "resnet50"]
     tokens = df[model != "resnet50"]
     panels = [p for p in (images, tokens) if len(p)]
-    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 3.5), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(6.5 * len(panels), 1.9 + 0.5 * max(map(len, panels))),
+        squeeze=False,
+    )  # fmt: skip
     for ax, part in zip(axes[0], panels, strict=True):
+        rate = "images_per_s" if part is images else "tokens_per_s"
+        name = "ResNet-50" if part is images else str(part["model"].iloc[0])
+        colour = BENCH_COLOURS["images" if part is images else "tokens"]
+        ax.barh(part["case"], part[rate], color=colour)
+        for i, r in enumerate(part.itertuples()):
+            v = getattr(r, rate)
+            ax.annotate(f"{v:,.0f}/s" if v >= 100 else f"{v:.3g}/s",
+                        (v, i), xytext=(4, 0), textcoords="offset points", va="center",
+                        fontsize=8, bbox={"fc": "white", "ec": "none", "pad": 1})  # fmt: skip
+            ax.annotate(f" ({r.speedup_vs_tf32:.2f}x)", (v, i), xytext=(4, -11),
+                        textcoords="offset points", va="center", fontsize=7,
+                        bbox={"fc": "white", "ec": "none", "pad": 1})  # fmt: skip
+        ax.set_xlim(0, 1.3 * float(part[rate].max()))
         if part is images:
-            ax.barh(part["case"], part["images_per_s"], color=BENCH_COLOURS["images"])
             if (part["device"] == "cuda").any():
-                ax.axvline(
-                    ANCHOR_IMAGES_PER_S,
-                    ls="--",
-                    color=BENCH_COLOURS["reference"],
-                    label="NVIDIA ref., 1x A100",
-                )
-                ax.legend(fontsize=7)
-            ax.set_xlabel("images/s (ResNet-50 training, synthetic data)")
+                ax.axvline(ANCHOR_IMAGES_PER_S, ls="--", color=BENCH_COLOURS["reference"],
+                           label="NVIDIA ref., 1x A100")  # fmt: skip
+                ax.legend(fontsize=7, loc="lower right")
+            ax.set_xlabel("training images / s (synthetic data, median step)")
         else:
-            name = part["model"].iloc[0]
-            ax.barh(part["case"], part["tokens_per_s"], color=BENCH_COLOURS["tokens"])
-            ax.set_xlabel(f"source + target tokens/s ({name} training, synthetic)")
-        ax.set_title(bench.meta["hardware"], fontsize=8)
+            ax.set_xlabel("source + target tokens / s (synthetic data, median step)")
+        n = ""
+        if {"rounds", "iters_per_round"} <= set(part.columns):
+            r0 = part.iloc[0]
+            n = f"; n = {int(r0['rounds'])} rounds of {int(r0['iters_per_round'])} steps"
+        ax.set_title(f"{name} training by precision (x: against fp32 / tf32{n})", fontsize=8)
+        ax.invert_yaxis()
+        ax.grid(axis="x", alpha=0.3)
+    fig.suptitle(f"Training throughput on {bench.meta['hardware']}", fontsize=10)
     save_figure(fig, bench.png_path)
 
 

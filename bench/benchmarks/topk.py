@@ -19,7 +19,7 @@ from bench.benchmarks.harness import BenchRun, finite, fmt
 from bench.benchmarks.timing import cuda_syncs, interleaved
 from bench.comm.cost import k_for
 from bench.comm.selection import MSTOPK_METHODS, host_syncs, mstopk, mstopk_ef
-from bench.results.plots import SELECTION_COLOURS, save_figure
+from bench.results.plots import SELECTION_COLOURS, SELECTION_STYLES, save_figure
 
 SIZES = [1_000_000, 4_000_000, 16_000_000, 25_600_000, 64_000_000]
 CUDA_SIZES = [25_600_000, 100_000_000]
@@ -257,6 +257,13 @@ def _summary(res: dict[str, dict[str, float]]) -> None:
         )
 
 
+def _label(method: str) -> str:
+    """A legend entry: the baselines say what they are."""
+    return {"sum": "read floor (a sum over the tensor)", "torch.topk": "torch.topk (baseline)"}.get(
+        method, method
+    )
+
+
 def _plot(bench: BenchRun) -> None:
     # deferred: matplotlib is slow to load, and only drawing needs it
     import matplotlib
@@ -275,18 +282,27 @@ def _plot(bench: BenchRun) -> None:
                 continue
             g = g.sort_values("numel")
             key = method.removeprefix("mstopk-").split("[")[0]
-            colour = SELECTION_COLOURS.get(key, SELECTION_COLOURS["other"])
-            style = "--" if method == "sum" else (":o" if method.endswith("[torch]") else "-o")
-            ax.plot(g["numel"], g["median_ms"], style, color=colour, label=method, markersize=4)
+            key = key if key in SELECTION_STYLES else "other"
+            ls, mk = SELECTION_STYLES[key]
+            if method.endswith("[torch]"):  # the torch build of a kernel: dotted, hollow
+                ls = ":"
+            ax.plot(g["numel"], g["median_ms"], ls=ls, marker=mk, color=SELECTION_COLOURS[key],
+                    mfc="none" if method.endswith("[torch]") else None, label=_label(method),
+                    markersize=5)  # fmt: skip
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xlabel("elements (float32)")
-        ax.set_ylabel("median ms")
+        ax.set_xlabel("tensor size (float32 elements, log)")
+        ax.set_ylabel("selection time per call (ms, median, log)")
         on_cpu = "device" not in sub or (sub["device"] == "cpu").all()
         ax.set_title(f"density {d}, 1 thread" if on_cpu else f"density {d}, CUDA")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"top-k selection time on {bench.meta['hardware']}", fontsize=10)
+    # one legend, beside the last panel: it covers no line
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    fig.suptitle(
+        f"top-k selection time on {bench.meta['hardware']}\nmstopk's implementations in "
+        "mstopk's colour; baselines that are not methods (torch.topk, the read floor) in black",
+        fontsize=9,
+    )
     save_figure(fig, bench.png_path)
 
 

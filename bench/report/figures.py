@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
+from scipy import stats  # noqa: E402
 
 from bench.benchmarks import load_all  # noqa: E402
 from bench.benchmarks.harness import BenchRun  # noqa: E402
@@ -49,7 +49,7 @@ from bench.results.plots import (  # noqa: E402
     save_figure,
 )
 from bench.sweeps import ratios  # noqa: E402
-from bench.sweeps.intervals import ci_text  # noqa: E402
+from bench.sweeps.intervals import ci_text, mean_interval  # noqa: E402
 from bench.sweeps.methods import method_of  # noqa: E402
 
 # per-step phases of a curve row: (label, column(s)); the first column present is used
@@ -102,8 +102,11 @@ def _step_values(d: pd.DataFrame, column: str, grid: np.ndarray) -> np.ndarray:
 
 
 def tta_bands(results_dir: Path, runs: pd.DataFrame) -> dict[str, dict]:
-    """Per configuration (its label): the time grid, the median and the min / max over its
-    runs of the held-out metric, the runs' median time to target and n (reached of runs)."""
+    """Per method (its :func:`~bench.sweeps.methods.method_of` name): the time grid, the
+    mean over its runs of the held-out metric and its 95 % t-interval, from the first
+    time every run has an evaluation on (NaN before: no mean of a subset); the mean time
+    to target of the runs that reached it and its 95 % interval (as the tables give it),
+    n (reached of runs) and the label (method and tuned trial, as the tables name it)."""
     curves: dict[str, list[pd.DataFrame]] = {}
     meta: dict[str, list] = {}
     for _, r in runs.iterrows():
@@ -129,21 +132,30 @@ def tta_bands(results_dir: Path, runs: pd.DataFrame) -> dict[str, dict]:
     out = {}
     for name, ds in curves.items():
         vals = np.vstack([_step_values(d, "_metric", grid) for d in ds])
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN before a first eval
-            med = np.nanmedian(vals, axis=0)
-            lo, hi = np.nanmin(vals, axis=0), np.nanmax(vals, axis=0)
+        every = ~np.isnan(vals).any(axis=0)  # every run has been evaluated by then
+        n = len(ds)
+        mean = np.where(every, vals.mean(axis=0), np.nan)
+        half = np.full_like(mean, np.nan)
+        if n >= 2:
+            sd = vals.std(axis=0, ddof=1)
+            half = np.where(every, stats.t.ppf(0.975, n - 1) * sd / np.sqrt(n), np.nan)
         rs = meta[name]
         tts = [float(r["time_to_target_s"]) for r in rs if r["reached"]]
+        tt, tt_lo, tt_hi = mean_interval(tts)
+        trial = str(rs[0].get("protocol_trial") or "")  # the tables' name of the trial
+        base = str(rs[0]["comm_name"]) if name == str(rs[0]["comm"]) else name
         out[name] = {
             "grid": grid,
-            "median": med,
-            "low": lo,
-            "high": hi,
+            "mean": mean,
+            "low": mean - half,
+            "high": mean + half,
             "n": len(rs),
             "n_reached": len(tts),
-            "tt_median": float(np.median(tts)) if tts else None,
+            "tt_mean": tt if tts else None,
+            "tt_low": tt_lo,
+            "tt_high": tt_hi,
             "comm_name": str(rs[0]["comm_name"]),
+            "label": f"{base} {trial}" if trial else str(rs[0]["comm"]),
         }
     return out
 
@@ -151,9 +163,9 @@ def tta_bands(results_dir: Path, runs: pd.DataFrame) -> dict[str, dict]:
 def plot_tta(
     results_dir: Path, runs: pd.DataFrame, experiment: str, path: Path, title: str = ""
 ) -> Path | None:
-    """Held-out target metric against training time: per configuration the median over its
-    runs (seeds) and the band from their lowest to highest, one panel per cluster and
-    hardware; a star at the median time to target."""
+    """Held-out target metric against training time: per method the mean over its runs
+    (seeds) and its 95 % interval, drawn from the time every run has an evaluation, one
+    panel per cluster and hardware; a star at the mean time to target with its interval."""
     runs = runs[(runs["experiment"] == experiment) & runs["has_curve"] & runs["trained"]]
     if runs.empty:
         return None
@@ -163,19 +175,26 @@ def plot_tta(
     for ax, ((cluster, hw), g) in zip(axes, groups, strict=True):
         r0 = g.iloc[0]
         styles: dict[str, int] = {}  # configurations of one method: one colour, other dashes
-        for name, b in sorted(tta_bands(results_dir, g).items()):
+        bands = tta_bands(results_dir, g)
+        for _, b in sorted(bands.items()):
             colour, lw = method_colour(b["comm_name"]), method_width(b["comm_name"])
             ls = LINE_STYLES[styles.setdefault(b["comm_name"], 0) % len(LINE_STYLES)]
             styles[b["comm_name"]] += 1
-            label = f"{name} (n = {b['n']}, {b['n_reached']} reached)"
-            ax.plot(b["grid"], b["median"], color=colour, lw=lw, ls=ls, label=label)
-            ax.fill_between(b["grid"], b["low"], b["high"], color=colour, alpha=0.12, lw=0)
-            if b["tt_median"] is not None and r0["target"] is not None:
-                ax.plot([b["tt_median"]], [100 * r0["target"]], "*", ms=11, color=colour)
+            label = f"{b['label']} (n = {b['n']}, {b['n_reached']} reached)"
+            ax.plot(b["grid"], b["mean"], color=colour, lw=lw, ls=ls, label=label)
+            ax.fill_between(b["grid"], b["low"], b["high"], color=colour, alpha=0.1, lw=0)
+            if b["tt_mean"] is not None and r0["target"] is not None:
+                lo, hi = b["tt_low"], b["tt_high"]
+                err = [[b["tt_mean"] - lo], [hi - b["tt_mean"]]] if lo == lo else None
+                ax.errorbar([b["tt_mean"]], [100 * r0["target"]], xerr=err, fmt="*", ms=11,
+                            color=colour, capsize=3, lw=1.2, zorder=4)  # fmt: skip
         if r0["target"] is not None:
             ax.axhline(100 * r0["target"], color="k", ls="--", lw=0.8)
-            low = 0.0 if r0["metric"] == "bleu" else max(0.0, 100 * r0["target"] - 40)
-            ax.set_ylim(low, 100.5)  # BLEU starts near 0: the whole climb
+        drawn = [np.nanmin(b["low"] if np.isfinite(b["low"]).any() else b["mean"])
+                 for b in bands.values() if np.isfinite(b["mean"]).any()]  # fmt: skip
+        low = 0.0 if r0["metric"] == "bleu" or not drawn else max(0.0, min(drawn) - 2.0)
+        ax.set_ylim(10 * np.floor(low / 10), 100.5)  # every drawn curve and band, whole
+        ax.set_xlim(left=0)  # the time from the start, before the first evaluation too
         ax.set_title(f"{cluster}\n{hw}", fontsize=9)
         ax.set_xlabel("training time (s, evaluation excluded)")
         ax.set_ylabel(f"held-out {target_text(r0['metric'], None)} (%)")
@@ -186,8 +205,9 @@ def plot_tta(
     fig.suptitle(
         title
         or f"{experiment}: time to {target_text(r0['metric'], r0['target'])} (dashed)\n"
-        "line: median over seeds; band: lowest to highest seed; star: median time to target",
-        fontsize=10,
+        "line: mean over seeds from when every seed has an evaluation; band: its 95 % "
+        "t-interval;\nstar: mean time to target with its 95 % bootstrap interval (as the tables)",
+        fontsize=9,
     )
     return save_figure(fig, path)
 
@@ -243,40 +263,58 @@ def step_phases(df: pd.DataFrame) -> dict[str, float] | None:
 
 
 def breakdown_table(results_dir: Path, runs: pd.DataFrame, experiment: str) -> pd.DataFrame:
-    """Mean per-step phase times (ms) per group and configuration, over its runs' curves."""
+    """Mean per-step phase times (s) per group and configuration over its runs' curves,
+    with ``n`` (the runs averaged) and ``label`` (the method and its tuned trial, as the
+    tables name it, or the configuration's comm label)."""
     rows = []
     for _, r in runs[(runs["experiment"] == experiment) & runs["has_curve"]].iterrows():
         df = curve(results_dir, r["run_id"])
         ph = step_phases(df) if df is not None else None
         if ph:
             exposed = any(c in df for c in EXPOSED)
-            rows.append({**{k: r[k] for k in GROUP + CONFIG}, **ph, "exposed": exposed})
+            trial = str(r.get("protocol_trial") or "")
+            label = f"{r['comm_name']} {trial}" if trial else str(r["comm"])
+            rows.append(
+                {**{k: r[k] for k in GROUP + CONFIG}, **ph, "exposed": exposed, "label": label}
+            )
     if not rows:
         return pd.DataFrame()
     t = pd.DataFrame(rows)
-    return t.groupby(GROUP + CONFIG, sort=True).mean(numeric_only=False).reset_index()
+    keys = GROUP + CONFIG
+    out = t.groupby(keys, sort=True)[[p for p, _ in PHASES]].mean()
+    out["exposed"] = t.groupby(keys, sort=True)["exposed"].all()
+    out["label"] = t.groupby(keys, sort=True)["label"].first()
+    out["n"] = t.groupby(keys, sort=True).size()
+    return out.reset_index()
 
 
 def plot_breakdown(table: pd.DataFrame, experiment: str, path: Path) -> Path | None:
-    """Stacked per-step time (ms) by phase, one horizontal bar per configuration, one
-    panel per cluster and hardware, one legend for the figure."""
+    """Stacked per-step time (ms) by phase, one horizontal bar per configuration (its
+    label and n runs; the settings common to the panel in its title), one panel per
+    cluster and hardware, one legend for the figure."""
     if table.empty:
         return None
     groups = list(table.groupby(["cluster", "hardware"], sort=True))
     most = int(table.groupby(["cluster", "hardware"]).size().max())
-    fig, axes = _panels(
-        len(groups), w=8.5 if len(groups) == 1 else 6.0, h=max(3.2, 1.6 + 0.32 * most)
-    )
+    fig, axes = _panels(len(groups), w=7.0, h=2.3 + 0.3 * most)
     for ax, ((cluster, hw), g) in zip(axes, groups, strict=True):
         left = np.zeros(len(g))
         for label, _ in PHASES:
             vals = 1e3 * g[label].to_numpy(dtype=float)
             ax.barh(range(len(g)), vals, left=left, color=PHASE_COLOURS[label], label=label)
             left = left + vals
-        ax.set_yticks(range(len(g)), [config_name(r) for _, r in g.iterrows()], fontsize=6)
+        varying = [c for c in CONFIG[1:] if g[c].astype(str).nunique() > 1]
+        names = [
+            " / ".join([str(r["label"]), *(str(r[c]) for c in varying)]) + f" (n = {r['n']})"
+            for _, r in g.iterrows()
+        ]
+        ax.set_yticks(range(len(g)), names, fontsize=8)
+        for t, c in zip(ax.get_yticklabels(), g["comm"], strict=True):
+            t.set_color(method_colour(c))  # the method's colour: the bars are the phases'
         ax.invert_yaxis()
-        ax.set_xlabel("ms per training step (mean over epochs)")
-        ax.set_title(f"{cluster}\n{hw}", fontsize=8)
+        ax.set_xlabel("ms per training step (mean over epochs and runs)")
+        common = ", ".join(f"{c} {g[c].iloc[0]}" for c in CONFIG[1:] if c not in varying)
+        ax.set_title(f"{cluster}; {hw}" + (f"\nevery bar: {common}" if common else ""), fontsize=8)
         ax.grid(axis="x", alpha=0.3)
     exposed = bool(table["exposed"].all())
     note = (
@@ -285,10 +323,10 @@ def plot_breakdown(table: pd.DataFrame, experiment: str, path: Path) -> Path | N
         else "communication time measured in the hook, not exposed"
     )
     h, labels = axes[0].get_legend_handles_labels()
-    fig.legend(h, labels, loc="lower center", ncol=len(PHASES), fontsize=8, frameon=False)
-    fig.suptitle(f"{experiment}: per-step time by phase ({note})", fontsize=10)
+    fig.legend(h, labels, loc="lower center", ncol=len(PHASES), fontsize=7, frameon=False)
+    fig.suptitle(f"{experiment}: per-step time by phase\n({note})", fontsize=10)
     h_in = fig.get_figheight()
-    fig.tight_layout(rect=(0, 0.6 / h_in, 1, 1 - 0.35 / h_in))
+    fig.tight_layout(rect=(0, 0.35 / h_in, 1, 1))
     return save_figure(fig, path, layout=False)
 
 
@@ -327,6 +365,7 @@ def plot_protocol_speedup(df: pd.DataFrame, path: Path, title: str) -> Path | No
                 textcoords="offset points",
                 va="center",
                 fontsize=7,
+                bbox={"fc": "white", "ec": "none", "pad": 0.5},  # over the line at 1
             )
         ax.axvline(1.0, color="k", lw=0.8, ls="--")
         ax.set_xlabel(f"speedup over {label} (x; > 1: sooner to target)")
@@ -396,13 +435,16 @@ def newest_sweep(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _measured(ax, meas: pd.DataFrame, colours: dict[str, str]) -> None:
-    for (comm, per), g in meas.groupby(["comm", "workers_per_node"], sort=True):
+    """One line per method (each point one run), the model's prediction for the same size
+    as hollow markers without a line: the lines are the measurements alone."""
+    for comm, g in meas.groupby("comm", sort=True):
         g = g.sort_values("nodes")
-        mk = MARKERS.get(int(per), "o")
-        ax.plot(g["nodes"], g["efficiency"], "-", marker=mk, color=colours[comm])
+        mk = MARKERS.get(int(g["workers_per_node"].iloc[0]), "o")
+        ax.plot(g["nodes"], g["efficiency"], "-", marker=mk, color=colours[comm],
+                lw=method_width(comm))  # fmt: skip
         if "predicted_efficiency" in g.columns and g["predicted_efficiency"].notna().any():
-            ax.plot(g["nodes"], g["predicted_efficiency"], ":", marker=mk, mfc="none",
-                    color=colours[comm], alpha=0.8)  # fmt: skip
+            ax.plot(g["nodes"], g["predicted_efficiency"], ls="", marker=mk, mfc="none",
+                    ms=8, color=colours[comm], alpha=0.8)  # fmt: skip
 
 
 def _projected(ax, proj: pd.DataFrame, colours: dict[str, str]) -> None:
@@ -432,8 +474,27 @@ def _worst(meas: pd.DataFrame) -> str:
     )
 
 
+def _off_scale(over: pd.DataFrame) -> str:
+    """The note naming the points not drawn: efficiency above :data:`INVALID_ABOVE`."""
+    sizes = ", ".join(
+        sorted(
+            {
+                f"{r['comm']} at {int(r['nodes'])}x{int(r['workers_per_node'])} "
+                f"({r['efficiency']:.2f})"
+                for _, r in over.iterrows()
+            }
+        )
+    )
+    return (
+        f"not drawn, above {INVALID_ABOVE:g}:\n{sizes};\ntheir compute-only runs were slower "
+        "than runs that communicate:\na measurement fault, not an efficiency"
+    )
+
+
 def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
-    """Efficiency against nodes of the newest sweep in ``frame`` (its CSV's rows)."""
+    """Efficiency against nodes of the newest sweep in ``frame`` (its CSV's rows): one
+    panel per workers-per-node measured on this machine, and the model's projection to
+    the paper's cluster in its own panel on its own axis."""
     need = {"efficiency", "comm"}
     if frame.empty or not need <= set(frame.columns):
         return None
@@ -443,65 +504,72 @@ def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
     proj = df[kind == "projected"]
     if meas.empty and proj.empty:
         return None
+    if "workers_per_node" not in meas.columns:
+        meas = meas.assign(workers_per_node=1)
     comms = list(dict.fromkeys([*meas["comm"], *proj["comm"]]))
     colours = {c: method_colour(c) for c in comms}  # the suite's one palette
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5), sharey=True)
-    _measured(left, meas, colours)
     over = meas[meas["efficiency"] > INVALID_ABOVE]
-    if len(over):  # a compute-only run slower than a communicating one: a fault, say it
-        sizes = ", ".join(
-            sorted(
-                {
-                    f"{int(n)}x{int(m)}"
-                    for n, m in zip(over["nodes"], over["workers_per_node"], strict=True)
-                }
-            )
-        )
-        left.text(0.02, 0.03, f"{len(over)} point(s) above {INVALID_ABOVE:g} (sizes {sizes}) lie "
-                  "off the axis:\ntheir compute-only runs were slower than runs that "
-                  "communicate --\na measurement fault, not an efficiency",
-                  transform=left.transAxes, fontsize=7, color="firebrick")  # fmt: skip
+    shown = meas[meas["efficiency"] <= INVALID_ABOVE]
+    pers = sorted({int(p) for p in meas["workers_per_node"].dropna()}) or [1]
+    fig, axes = plt.subplots(
+        1, len(pers) + 1, figsize=(fig_width(len(pers) + 1, 5.2), 6.4), squeeze=False
+    )
+    axes = list(axes[0])
     cluster = ", ".join(sorted(meas["cluster"].dropna().astype(str).unique())) or "?"
-    left.set_xlabel(f"nodes measured on this machine ({cluster}; log 2)")
-    left.set_ylabel("scaling efficiency (compute-only step / step, ratio)")
+    steps = ""
+    if "measured_steps" in meas.columns and meas["measured_steps"].notna().any():
+        steps = f", its step time the median of {int(meas['measured_steps'].median())} steps"
+    for ax, per in zip(axes, pers, strict=False):
+        rows = shown[shown["workers_per_node"] == per]
+        _measured(ax, rows, colours)
+        ax.set_title(f"measured on this machine: {per} worker(s) per node", fontsize=9)
+        ax.set_xlabel(f"nodes ({cluster}; log 2)")
+        ax.set_ylim(0, 1.1)
+        ticks = sorted({int(n) for n in meas["nodes"].dropna()})
+        ax.set_xscale("log", base=2)
+        if ticks:  # the node counts themselves, not powers of 2
+            ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("scaling efficiency (compute-only step / step, ratio)")
+    right = axes[-1]
     drawn = _holds(proj)
     if drawn:
         _projected(right, proj, colours)
+        ticks = sorted({int(n) for n in proj["nodes"].dropna()})
+        right.set_xscale("log", base=2)
+        if ticks:
+            right.set_xticks(ticks, [str(t) for t in ticks])
     else:
         why = "no projection in this table" if proj.empty else _worst(meas)
         right.text(0.5, 0.5, f"projection not drawn:\n{why}", ha="center", va="center",
-                   transform=right.transAxes, fontsize=9)  # fmt: skip
+                   transform=right.transAxes, fontsize=9, wrap=True)  # fmt: skip
+        right.set_xticks([])
+    right.set_ylim(0, 1.1)
+    right.grid(alpha=0.3)
+    right.set_title("projected: the model, not a measurement", fontsize=9)
     right.set_xlabel("nodes of 8 V100 at 25 Gbit/s (model; log 2)")
-    for ax, rows in ((left, meas), (right, proj if drawn else proj[:0])):
-        ax.set_xscale("log", base=2)
-        ticks = sorted({int(n) for n in rows["nodes"].dropna()})
-        if ticks:  # the node counts themselves, not powers of 2
-            ax.set_xticks(ticks, [str(t) for t in ticks])
-        ax.set_ylim(0, 1.1)
-        ax.grid(alpha=0.3)
-    handles = [Line2D([], [], color=colours[c], lw=2, label=c) for c in comms]
+    right.set_ylabel("projected scaling efficiency (ratio)")
+    handles = [Line2D([], [], color=colours[c], lw=method_width(c), label=c) for c in comms]
     handles += [
-        Line2D([], [], color="k", ls="-", marker="o", label="measured"),
-        Line2D(
-            [],
-            [],
-            color="k",
-            ls=":",
-            marker="o",
-            mfc="none",
-            label="model (compute: the size's calibration run)",
-        ),
-    ]
+        Line2D([], [], color="k", ls="-", marker="o", label="measured: one run a point (n = 1)"),
+        Line2D([], [], color="k", ls="", marker="o", mfc="none", ms=8,
+               label="model's prediction for that size"),
+    ]  # fmt: skip
     if drawn:
         handles.append(Line2D([], [], color="k", ls="--", label="projected (band: assumptions)"))
-    pers = sorted({int(p) for p in meas["workers_per_node"].dropna()}) if len(meas) else []
-    if len(pers) > 1:
-        handles += [Line2D([], [], color="grey", ls="", marker=MARKERS.get(p, "o"),
-                           label=f"{p} worker(s)/node") for p in pers]  # fmt: skip
-    # one legend, outside the right panel (tight_layout makes room for an axes' legend)
-    right.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8)
+    # one legend, below the last panel, and the points left out named below the first:
+    # tight_layout makes room for both (an axes' legend and text)
+    right.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2,
+                 fontsize=8, frameon=False)  # fmt: skip
+    if len(over):  # a compute-only run slower than a communicating one: a fault, say it
+        axes[0].text(0.0, -0.13, _off_scale(over), transform=axes[0].transAxes, fontsize=8,
+                     color="firebrick", va="top", wrap=True)  # fmt: skip
     sweep = str(df["sweep_id"].iloc[0]) if "sweep_id" in df.columns and len(df) else ""
-    fig.suptitle(f"Scaling efficiency against nodes per method, {sweep}", fontsize=11)
+    fig.suptitle(
+        f"Scaling efficiency against nodes per method, sweep {sweep}\neach measured point is "
+        f"one run (n = 1, no interval){steps}; the projection has its own axis",
+        fontsize=10,
+    )
     return save_figure(fig, path)
 
 
@@ -535,7 +603,8 @@ def replot(name: str, rows: pd.DataFrame, png: Path) -> BenchFigure:
     """One hardware's newest run of benchmark ``name`` drawn by the benchmark's own replot."""
     spec = load_all().get(name)
     fig = BenchFigure([])
-    for old in (png, png.with_suffix(".scaling.png")):
+    extra = [png.with_suffix(f".{what}.png") for what in ("scaling", "overlap")]
+    for old in (png, *extra):
         old.unlink(missing_ok=True)  # this command's own figure of an earlier call
     with tempfile.TemporaryDirectory() as tmp:
         run = BenchRun.from_rows(name, rows, tmp, png)
@@ -543,7 +612,7 @@ def replot(name: str, rows: pd.DataFrame, png: Path) -> BenchFigure:
             spec.replot(run)
         except Exception as e:  # noqa: BLE001 - one bad CSV must not stop the report
             fig.error = f"{type(e).__name__}: {e}"
-    fig.paths = [p for p in (png, png.with_suffix(".scaling.png")) if p.is_file()]
+    fig.paths = [p for p in (png, *extra) if p.is_file()]
     return fig
 
 

@@ -36,51 +36,89 @@ METHOD_COLOURS = {
     "streaming_diloco": "#6b6ecf",
 }
 PAPER_METHODS = ("hitopk", "mstopk")
-# the per-step phases of a breakdown, in stacking order, each its own colour
+# the per-step phases of a breakdown, in stacking order, each its own colour: teals and the
+# neutral family, none near a method's colour (the bars stand beside method names)
 PHASE_COLOURS = {
-    "data wait": "#c7c7c7",
-    "forward+backward": "#6b8fb5",
-    "selection": "#f2b134",
-    "communication": "#c0392b",
-    "optimizer update": "#7fb17f",
+    "data wait": "#e6dcc3",
+    "forward+backward": "#b2dfdb",
+    "selection": "#9c8f6e",
+    "communication": "#00695c",
+    "optimizer update": "#2e2a24",
 }
-# the benchmark figures' other categories: optimizer update modes, top-k selectors (the
-# read floor, the baseline, mstopk's methods), input caches, and quantities side by side
+# baselines that are not methods of the suite (torch.topk, torch's foreach and fused
+# optimizers, the per-tensor loop, a read or memory floor): one neutral family, black to
+# taupe, that no method's colour comes near (tests/test_palette.py checks the distance)
+BASELINE_COLOURS = {
+    "floor": "#000000",
+    "torch.topk": "#000000",
+    "fused": "#2e2a24",
+    "foreach": "#9c8f6e",
+    "naive": "#e6dcc3",
+}
+# the benchmark figures' other categories: optimizer update modes (torch's as baselines,
+# this project's flat update as its own), top-k selectors (the read floor, the baseline,
+# mstopk's implementations in mstopk's colour, told apart by line style), input caches,
+# and quantities side by side
 UPDATE_COLOURS = {
-    "naive": "#999999",
-    "foreach": "#4c72b0",
-    "fused": "#dd8452",
-    "flat": "#55a868",
-    "other": "#8172b3",
+    "naive": BASELINE_COLOURS["naive"],
+    "foreach": BASELINE_COLOURS["foreach"],
+    "fused": BASELINE_COLOURS["fused"],
+    "flat": "#3a9d8f",
+    "other": "#7fc4b8",
 }
 SELECTION_COLOURS = {
-    "sum": "#000000",
-    "torch.topk": "#d62728",
-    "tiled": "#ff7f0e",
-    "paper": "#1f77b4",
-    "sampled": "#2ca02c",
-    "hist": "#9467bd",
-    "other": "#8c564b",
+    "sum": BASELINE_COLOURS["floor"],
+    "torch.topk": BASELINE_COLOURS["torch.topk"],
+    "tiled": METHOD_COLOURS["mstopk"],
+    "paper": METHOD_COLOURS["mstopk"],
+    "sampled": METHOD_COLOURS["mstopk"],
+    "hist": METHOD_COLOURS["mstopk"],
+    "other": METHOD_COLOURS["mstopk"],
 }
+# line styles and markers of mstopk's implementations in the top-k figure (one colour)
+SELECTION_STYLES = {
+    "sum": ("--", ""),
+    "torch.topk": ("-", "x"),
+    "tiled": ("-", "o"),
+    "paper": ("-", "s"),
+    "sampled": ("-.", "^"),
+    "hist": (":", "D"),
+    "other": (":", "v"),
+}
+# input caches: a sequential teal family, the baseline (no cache) in the neutral family
 CACHE_COLOURS = {
-    "none": "#7f7f7f",
-    "disk": "#1f77b4",
-    "memory": "#2ca02c",
-    "multilevel": "#d62728",
-    "predecoded": "#9467bd",
-    "other": "#8c564b",
+    "none": BASELINE_COLOURS["foreach"],
+    "disk": "#b2dfdb",
+    "memory": "#4db6ac",
+    "multilevel": "#00897b",
+    "predecoded": "#004d40",
+    "other": "#80cbc4",
 }
+# quantities side by side (measured against the model, totals, throughput): the neutral
+# family and teals, never a method's colour, since the bars are often labelled by method
 BENCH_COLOURS = {
-    "measured": "#1f77b4",
-    "model": "#ff7f0e",
-    "total": "#7f7f7f",
-    "inter-node": "#ff7f0e",
-    "alone": "#7f7f7f",
-    "exposed": "#d62728",
-    "images": "#4c72b0",
-    "tokens": "#dd8452",
-    "reference": "#000000",
+    "measured": BASELINE_COLOURS["fused"],
+    "model": BASELINE_COLOURS["naive"],
+    "total": BASELINE_COLOURS["foreach"],
+    "inter-node": BASELINE_COLOURS["naive"],
+    "alone": BASELINE_COLOURS["foreach"],
+    "exposed": BASELINE_COLOURS["fused"],
+    "images": "#3a9d8f",
+    "tokens": "#80cbc4",
+    "reference": BASELINE_COLOURS["floor"],
 }
+MIN_DISTANCE = 40  # RGB distance (0-255 a channel) every non-method colour keeps from a method's
+
+
+def rgb(colour: str) -> tuple[int, int, int]:
+    """``#rrggbb`` as three integers."""
+    c = colour.lstrip("#")
+    return int(c[0:2], 16), int(c[2:4], 16), int(c[4:6], 16)
+
+
+def colour_distance(a: str, b: str) -> float:
+    """Euclidean distance of two ``#rrggbb`` colours in RGB (0-255 a channel)."""
+    return sum((x - y) ** 2 for x, y in zip(rgb(a), rgb(b), strict=True)) ** 0.5
 
 
 def method_colour(comm: str) -> str:

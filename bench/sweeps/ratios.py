@@ -430,53 +430,94 @@ def named_ratios() -> dict[str, float]:
     }
 
 
-def plot(df: pd.DataFrame, path: str | Path, title: str) -> Path:
-    """Speedup against ratio, against dense and against the best peer: the central line,
-    the seed interval (shaded) and the model band (dotted), the named settings marked."""
-    import matplotlib.pyplot as plt
+def best_peer_spans(d: pd.DataFrame) -> list[tuple[str, float, float]]:
+    """(peer, first ratio, last ratio) of each stretch of the axis where the same peer is
+    the best one, from the rows against the best peer (``vs`` names it)."""
+    at = d.dropna(subset=["vs"]).groupby("ratio", sort=True)["vs"].first()
+    spans: list[tuple[str, float, float]] = []
+    for r, peer in at.items():
+        if spans and spans[-1][0] == peer:
+            spans[-1] = (peer, spans[-1][1], float(r))
+        else:
+            spans.append((str(peer), float(r), float(r)))
+    return spans
 
-    from bench.results.plots import method_colour, method_width, save_figure
+
+def plot(df: pd.DataFrame, path: str | Path, title: str) -> Path:
+    """Speedup against ratio, against dense and against the best peer: the central line
+    and its 95 % interval over seeds (shaded, the only uncertainty drawn), the named
+    settings on the top axis, and the best peer at each ratio as a strip along the bottom
+    of its panel."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    from bench.results.plots import PAPER_METHODS, method_colour, method_width, save_figure
 
     fig, all_axes = plt.subplots(
-        1, 3, figsize=(14, 4.4), gridspec_kw={"width_ratios": [1, 1, 0.32]}
+        1, 3, figsize=(14, 4.8), gridspec_kw={"width_ratios": [1, 1, 0.34]}
     )
     axes, legend_ax = all_axes[:2], all_axes[2]
     axes[1].sharey(axes[0])
-    named = named_ratios()
+    named = {k: v for k, v in named_ratios().items() if k != "paper-fp16"}  # = paper's point
+    spans: list[tuple[str, float, float]] = []
     for ax, role in zip(axes, ("dense", "best peer"), strict=True):
         d = df[df["vs_role"] == role]
         for g, dg in d.groupby("group", sort=False):
-            if role != "dense" and str(dg["comm"].iloc[0]) in ("dense", *PEERS):
+            comm = str(dg["comm"].iloc[0])
+            if role != "dense" and comm in ("dense", *PEERS):
                 continue  # against the best peer: the methods that are not peers
             dg = dg.sort_values("ratio")
-            c = method_colour(str(dg["comm"].iloc[0]))
-            lw = method_width(str(dg["comm"].iloc[0]))
+            c, lw = method_colour(comm), method_width(comm)
+            z = 2 if comm in PAPER_METHODS else 3  # the thick lines under the thin ones
             n = int(dg["n_seeds"].iloc[0])
-            ax.plot(dg["ratio"], dg["speedup"], color=c, lw=lw, label=f"{g} (n = {n} seeds)")
-            ax.fill_between(dg["ratio"], dg["ci_low"], dg["ci_high"], color=c, alpha=0.2)
-            for col_ in ("band_low", "band_high"):
-                ax.plot(dg["ratio"], dg[col_], color=c, lw=0.6, ls=":")
+            ax.plot(dg["ratio"], dg["speedup"], color=c, lw=lw, zorder=z,
+                    label=f"{g} (n = {n} seeds)")  # fmt: skip
+            ax.fill_between(dg["ratio"], dg["ci_low"], dg["ci_high"], color=c, alpha=0.18,
+                            lw=0, zorder=1)  # fmt: skip
         ax.axhline(1.0, color="k", lw=0.8)
-        for name, r in named.items():
-            if name != "paper-fp16":  # the same point as paper
-                ax.axvline(r, color="k", lw=0.5, ls="--")
-                ax.annotate(name, (r, 0.02), xycoords=("data", "axes fraction"), fontsize=7)
+        for r in named.values():
+            ax.axvline(r, color="k", lw=0.5, ls="--", zorder=0)
         ax.set_xscale("log")
-        ax.set_xlabel("dense fp32 communication / compute per step (paper's 16 x 8 V100)")
-        ax.set_title(
-            f"against {role}" + (" (fastest peer at each ratio)" if role != "dense" else "")
-        )
+        ax.set_xlabel("dense fp32 communication / compute per step (ratio, log)")
+        top = ax.secondary_xaxis("top")  # the named settings above the frame: off the curves
+        top.set_xticks(list(named.values()), list(named), fontsize=7)
+        top.minorticks_off()
         ax.grid(alpha=0.3, which="both")
+        if role != "dense":
+            spans = best_peer_spans(d)
+            edges = sorted(d["ratio"].unique())
+            for peer, lo, hi in spans:
+                i, j = edges.index(lo), edges.index(hi)
+                left = (edges[i - 1] * lo) ** 0.5 if i else lo
+                right = (edges[j + 1] * hi) ** 0.5 if j + 1 < len(edges) else hi
+                ax.axvspan(left, right, ymin=0, ymax=0.04, color=method_colour(peer), lw=0)
+            switch = ", ".join(
+                f"{b[0]} from {b[1]:.2g}" for b in spans[1:]
+            )  # where the best peer changes
+            first = f"{spans[0][0]}" if spans else "?"
+            ax.set_title(
+                f"against the best peer at each ratio: {first}" + (f", {switch}" if switch else ""),
+                fontsize=9,
+            )
+        else:
+            ax.set_title("against dense DDP", fontsize=9)
+    top = axes[0].get_ylim()[1]
+    axes[0].set_ylim(-0.07 * top, top)  # the strip (4 % of the height) sits below zero
+    axes[0].set_yticks([t for t in axes[0].get_yticks() if 0 <= t <= top])
     axes[0].set_ylabel("speedup in time to target (x, > 1 is sooner)")
     seen: dict[str, Any] = {}  # one entry per configuration, from both panels
     for ax in axes:
         for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
             seen.setdefault(label, h)
+    for peer in dict.fromkeys(p for p, _, _ in spans):
+        seen[f"strip: best peer is {peer}"] = Patch(color=method_colour(peer))
     handles, labels = list(seen.values()), list(seen)
     legend_ax.axis("off")  # the legend's own panel: it covers no data
     legend_ax.legend(handles, labels, loc="center left", fontsize=8, frameon=False)
     fig.suptitle(
-        title + "\nshaded: 95 % bootstrap over seeds; dotted: the model's band", fontsize=9
+        title + "\nline: speedup from the mean steps to target x the model's time per step; "
+        "shaded: its 95 % bootstrap interval over seeds; top axis: the named settings",
+        fontsize=9,
     )
     return save_figure(fig, path)
 
