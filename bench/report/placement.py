@@ -91,7 +91,7 @@ def plot(df: pd.DataFrame, path: Path, title: str) -> Path:
                 facecolors="none",
                 edgecolors=colour,
                 zorder=3,
-                label="missed (at its steps run)" if i == 0 or len(miss) else None,
+                label="missed the target (drawn at its steps run)" if len(miss) else None,
             )
         ax.axhline(1.0, color=plots.method_colour("dense"), lw=1, ls="--", label="dense")
         ax.axhline(1.2, color="#999999", lw=0.8, ls=":", label="1.2x dense")
@@ -100,8 +100,9 @@ def plot(df: pd.DataFrame, path: Path, title: str) -> Path:
         ax.set_title(f"{exp} (hitopk, n = {g['seed'].nunique()} seed(s))", fontsize=9)
         handles, labels = ax.get_legend_handles_labels()
         keep = dict(zip(labels, handles, strict=True))
-        ax.legend(keep.values(), keep.keys(), fontsize=7, loc="upper left")
-        ax.set_ylim(bottom=0)
+        ax.legend(keep.values(), keep.keys(), fontsize=7, loc="lower right", framealpha=1)
+        top = max(g["relative"].max(), (g["steps_run"] / g["dense_steps"]).max())
+        ax.set_ylim(0, 1.15 * top)
     fig.suptitle(title, fontsize=10)
     return plots.save_figure(fig, path)
 
