@@ -215,9 +215,13 @@ def curve(results_dir: Path, run_id: str) -> pd.DataFrame | None:
 def config_stats(runs: pd.DataFrame) -> pd.DataFrame:
     """Per group and configuration: runs that trained, runs that reached the target, and the
     mean and standard deviation (over seeds) of the time to target of those that reached it."""
+    from bench.sweeps.protocol import TIMING_SEEDS, TUNE_SEEDS
+
     trained = runs[runs["trained"]]
-    if "protocol_role" in trained:
-        trained = trained[trained["protocol_role"] != "tune"]
+    if "protocol_role" in trained:  # a protocol's tuning and timing runs report nothing
+        trained = trained[~trained["protocol_role"].isin(("tune", "time"))]
+    # nor does any run on a tuning seed (a study made to choose, e.g. placement-20261203)
+    trained = trained[~trained["seed"].isin((*TUNE_SEEDS, *TIMING_SEEDS))]
     rows = []
     for key, g in trained.groupby(GROUP + CONFIG, sort=True):
         tt = g.loc[g["reached"], "time_to_target_s"].astype(float)
