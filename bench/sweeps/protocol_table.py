@@ -214,10 +214,10 @@ def aggregate_v2(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFra
             if trial is None or not mine:
                 continue
             mine.sort(key=lambda r: job_of(r).seed)  # type: ignore[union-attr]
-            t, steps = _seed_times(plan, mine, ratio, budget)
-            if not t:
-                continue
-            times[comm] = t
+            good = [r for r in mine if r.get("status") in ("ok", "target_missed")]
+            t, steps = _seed_times(plan, good, ratio, budget)  # an error run has no time
+            if t:
+                times[comm] = t
             m, lo, hi = iv.mean_interval(list(t.values()))
             first = mine[0]
             block[comm] = {
@@ -245,7 +245,7 @@ def aggregate_v2(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFra
             }
         for comm, row in block.items():
             for ref, tag in (("dense", "dense"), (best, "peer")):
-                if ref in times and ref != comm:
+                if ref in times and comm in times and ref != comm:
                     r, lo, hi, verdict, rho = _versus(times[ref], times[comm])
                 else:
                     r = lo = hi = rho = math.nan
