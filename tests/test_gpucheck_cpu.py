@@ -190,6 +190,7 @@ def test_syncs_are_judged_at_this_projects_sites_only():
     assert sync_site([check, c10d]).startswith("other ")  # the check's own call: not judged
 
 
+@pytest.mark.slow  # one ResNet-50 DDP step per hook on the CPU: keeps the default suite < 15 min
 def test_the_step_check_runs_one_ddp_step_per_hook_on_the_cpu(tmp_path):
     pytest.importorskip("torchvision")
     import torch.distributed as dist
