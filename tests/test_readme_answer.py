@@ -19,6 +19,9 @@ def test_the_readme_answer_block_is_the_reports() -> None:
     assert readme.block_of(text) == readme.answer_of(report), (
         "README's answer is stale: python -m bench.report.answer rewrites it"
     )
+    assert readme.rewrite(text, report, ROOT / "results" / "runs.jsonl") == text, (
+        "README's hardware counts are stale: python -m bench.report.answer counts them"
+    )
     first = "\n".join(text.splitlines()[:45])
     assert "## The answer" in first and "**Setting:**" in first
     assert re.search(r"\[\d+\.\d+, \d+\.\d+\]", first)  # intervals, on the first screen
@@ -37,3 +40,37 @@ def test_the_block_is_rewritten_from_a_report_and_checked(tmp_path: Path) -> Non
     assert readme.main(["--readme", str(md), "--report", str(rp), "--check"]) == 0
     with pytest.raises(ValueError, match="no '## The answer'"):
         readme.answer_of("# R\n")
+
+
+def test_the_hardware_block_counts_every_record_by_machine(tmp_path: Path) -> None:
+    """Each machine named by a record, its count and its first and last day; a line that
+    is not a record is skipped, a record without the field is counted as not recorded."""
+    import json
+
+    runs = tmp_path / "runs.jsonl"
+    recs = [
+        {"hardware": "CPU A", "started_at": "2026-12-01T10:00:00+00:00"},
+        {"hardware": "CPU A", "started_at": "2026-12-03T10:00:00+00:00"},
+        {"hardware": "GPU B", "started_at": "2026-11-30T10:00:00+00:00"},
+        {"started_at": "2026-11-30T11:00:00+00:00"},
+    ]
+    runs.write_text("\n".join(json.dumps(r) for r in recs) + "\n{broken\n")
+    assert readme.hardware_lines(runs) == [
+        "- 2 records: CPU A (2026-12-01 to 2026-12-03)",
+        "- 1 record: GPU B (2026-11-30)",
+        "- 1 record: not recorded (2026-11-30)",
+    ]
+    md = tmp_path / "README.md"
+    md.write_text(
+        f"# T\n\n{readme.START}\nold\n{readme.END}\n\n{readme.HW_START}\n- 9 records: x\n"
+        f"{readme.HW_END}\n"
+    )
+    rp = tmp_path / "REPORT.md"
+    rp.write_text("# R\n\n## The answer\n\nA.\n")
+    args = ["--readme", str(md), "--report", str(rp), "--runs", str(runs)]
+    assert readme.main([*args, "--check"]) == 1
+    assert readme.main(args) == 0
+    assert readme.block_of(md.read_text(), readme.HW_START, readme.HW_END).startswith(
+        "- 2 records: CPU A"
+    )
+    assert readme.main([*args, "--check"]) == 0

@@ -63,25 +63,6 @@ def test_a_users_report_suggests_commands_that_write_to_its_runs(runs: Path, cap
     assert "cost to target (mean, USD)" in appendix and "not recorded" in appendix
 
 
-def test_readme_names_the_hardware_of_the_committed_records() -> None:
-    """Each machine of the committed records, with its count, in README's hardware
-    paragraph (a machine added or a count changed shows here)."""
-    from collections import Counter
-
-    from bench.results.env import REPO_ROOT
-
-    counts: Counter[str] = Counter()
-    for line in (REPO_ROOT / "results" / "runs.jsonl").read_text().splitlines():
-        try:
-            counts[json.loads(line).get("hardware")] += 1
-        except json.JSONDecodeError:
-            continue
-    text = (REPO_ROOT / "README.md").read_text()
-    para = " ".join(text.split("**Hardware of the committed results**")[1].split("\n\n")[0].split())
-    for hw, n in counts.items():
-        assert f"{n} records: {hw}" in para, (hw, n)
-
-
 def test_a_table_cell_keeps_its_row_whole() -> None:
     from bench.report.tables import table_cell
 

@@ -10,6 +10,7 @@ section into README.md, so that the two cannot disagree.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from pathlib import Path
@@ -825,33 +826,74 @@ def answer_of(report: str, prefix: str = "results/") -> str:
     return body.replace("each in full: below.", f"each in full: `{prefix}REPORT.md`.")
 
 
-def block_of(readme: str) -> str:
+HW_START = "<!-- hardware: counted from results/runs.jsonl by `python -m bench.report.answer` -->"
+HW_END = "<!-- hardware end -->"
+
+
+def hardware_lines(runs: Path) -> list[str]:
+    """One line per machine of the records in ``runs`` (its ``hardware`` field): how many
+    records name it and the dates of the first and last, most records first."""
+    seen: dict[str, list[str]] = {}
+    for line in runs.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        seen.setdefault(rec.get("hardware") or "not recorded", []).append(
+            str(rec.get("started_at") or "")[:10]
+        )
+    out = []
+    for hw, days in sorted(seen.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        dated = sorted(d for d in days if d)
+        when = "" if not dated else f" ({dated[0]})" if dated[0] == dated[-1] else (
+            f" ({dated[0]} to {dated[-1]})"
+        )
+        out.append(f"- {len(days)} record{'' if len(days) == 1 else 's'}: {hw}{when}")
+    return out
+
+
+def block_of(readme: str, start: str = START, end: str = END) -> str:
     """The README's current block (between the markers)."""
-    if START not in readme or END not in readme:
-        raise ValueError("README.md has no answer block (its start and end markers)")
-    return readme.split(START, 1)[1].split(END, 1)[0].strip("\n")
+    if start not in readme or end not in readme:
+        what = "answer" if start == START else "hardware"
+        raise ValueError(f"README.md has no {what} block (its start and end markers)")
+    return readme.split(start, 1)[1].split(end, 1)[0].strip("\n")
 
 
-def rewrite(readme: str, report: str) -> str:
-    head, rest = readme.split(START, 1)
-    tail = rest.split(END, 1)[1]
-    return f"{head}{START}\n{answer_of(report)}\n{END}{tail}"
+def _put(readme: str, start: str, end: str, body: str) -> str:
+    head, rest = readme.split(start, 1)
+    tail = rest.split(end, 1)[1]
+    return f"{head}{start}\n{body}\n{end}{tail}"
+
+
+def rewrite(readme: str, report: str, runs: Path | None = None) -> str:
+    """README with its answer block copied from ``report`` and, when it has the hardware
+    block and ``runs`` is given, that block counted from the records."""
+    out = _put(readme, START, END, answer_of(report))
+    if runs is not None and HW_START in out and HW_END in out:
+        out = _put(out, HW_START, HW_END, "\n".join(hardware_lines(runs)))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Rewrite README's answer block from REPORT.md; ``--check``: exit 1 when it differs."""
+    """Rewrite README's answer block from REPORT.md and its hardware block from the
+    records; ``--check``: exit 1 when either differs."""
     ap = argparse.ArgumentParser(prog="python -m bench.report.answer", description=main.__doc__)
-    ap.add_argument("--check", action="store_true", help="exit 1 if the block is stale")
+    ap.add_argument("--check", action="store_true", help="exit 1 if a block is stale")
     ap.add_argument("--readme", default=str(ROOT / "README.md"))
     ap.add_argument("--report", default=str(ROOT / "results" / "REPORT.md"))
+    ap.add_argument("--runs", default=str(ROOT / "results" / "runs.jsonl"))
     a = ap.parse_args(argv)
     readme, report = Path(a.readme).read_text(), Path(a.report).read_text()
+    runs = Path(a.runs) if Path(a.runs).is_file() else None
     if a.check:
-        same = block_of(readme) == answer_of(report)
-        print("README's answer block matches REPORT.md" if same else "README's answer is stale")
+        same = rewrite(readme, report, runs) == readme
+        print("README's blocks match REPORT.md and the records" if same else
+              "README's answer or hardware block is stale")
         return 0 if same else 1
-    Path(a.readme).write_text(rewrite(readme, report))
-    print(f"{a.readme}: answer block rewritten from {a.report}")
+    Path(a.readme).write_text(rewrite(readme, report, runs))
+    print(f"{a.readme}: answer block rewritten from {a.report}"
+          + (f", hardware counted from {a.runs}" if runs else ""))
     return 0
 
 
