@@ -91,6 +91,7 @@ def main(argv: list[str]) -> None:
         # one machine: named under the title; several: each run's is in its legend entry
         hardware=hw[0] if len(hw) == 1 else "hardware per run in the legend",
         per_epoch=True,
+        methods=[_method(r) for r in recs],
     )
     _table(runs, recs, roles)
     for line in _differences(recs):

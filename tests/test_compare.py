@@ -28,3 +28,26 @@ def test_compare_says_which_run_is_yours_and_how_the_other_differs(tmp_path: Pat
     assert "yours reached the target in 0.50x its time" in out and "other hardware" in out
     assert "comm.name: hitopk vs dense" in out
     assert png.is_file()
+
+
+def test_compare_draws_each_method_in_its_palette_colour(tmp_path: Path, monkeypatch) -> None:
+    """Each run's line takes its method's colour; two runs of one method differ by style."""
+    import pandas as pd
+    from matplotlib.colors import to_hex
+
+    from bench.results import plots
+
+    drawn = {}
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: drawn.setdefault("fig", fig))
+    curve = pd.DataFrame({plots.EPOCH: [1, 2], plots.TRAIN_TIME: [1.0, 2.0],
+                          plots.metric_column("top1"): [0.5, 0.99]})
+    plots.plot_time_to_accuracy(
+        [("yours", curve), ("reference", curve), ("other", curve)],
+        metric="top1", target=0.98, path=tmp_path / "x.png", title="t",
+        methods=["dense", "dense", "hitopk"],
+    )  # fmt: skip
+    lines = [ln for ln in drawn["fig"].axes[0].get_lines() if not ln.get_label().startswith("target")]
+    assert [to_hex(ln.get_color()) for ln in lines] == [
+        plots.method_colour("dense"), plots.method_colour("dense"), plots.method_colour("hitopk")
+    ]
+    assert lines[0].get_linestyle() != lines[1].get_linestyle()

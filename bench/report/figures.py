@@ -418,7 +418,6 @@ def ratios_table(results_dir: Path, table: pd.DataFrame, n_boot: int = 2000) -> 
     return ratios.compose(runs, grid, n_boot=n_boot)
 
 
-MARKERS = {1: "o", 2: "s", 4: "^", 8: "D"}  # workers per node
 INVALID_ABOVE = 1.05  # efficiency above this: the compute-only reference is at fault
 REFERENCE = "nocomm"  # the compute-only runs: efficiency 1 by definition, not drawn
 
@@ -436,10 +435,11 @@ def newest_sweep(frame: pd.DataFrame) -> pd.DataFrame:
 
 def _measured(ax, meas: pd.DataFrame, colours: dict[str, str]) -> None:
     """One line per method (each point one run), the model's prediction for the same size
-    as hollow markers without a line: the lines are the measurements alone."""
+    as hollow markers without a line: the lines are the measurements alone.  One marker
+    shape in every panel (each panel is one number of workers per node), the legend's."""
+    mk = "o"
     for comm, g in meas.groupby("comm", sort=True):
         g = g.sort_values("nodes")
-        mk = MARKERS.get(int(g["workers_per_node"].iloc[0]), "o")
         ax.plot(g["nodes"], g["efficiency"], "-", marker=mk, color=colours[comm],
                 lw=method_width(comm))  # fmt: skip
         if "predicted_efficiency" in g.columns and g["predicted_efficiency"].notna().any():

@@ -149,6 +149,9 @@ def save_figure(fig, path: str | Path, layout: bool = True) -> Path:
     return path
 
 
+RUN_STYLES = ("-", "--", ":", "-.")  # runs of one method in one figure, in order
+
+
 def plot_time_to_accuracy(
     curves: Sequence[tuple[str, pd.DataFrame]],
     *,
@@ -158,16 +161,25 @@ def plot_time_to_accuracy(
     title: str,
     hardware: str = "",
     per_epoch: bool = False,
+    methods: Sequence[str] | None = None,
 ) -> Path:
     """Held-out ``metric`` against training time (s), one line per run; ``per_epoch``: a
-    panel against epochs beside it."""
+    panel against epochs beside it.  ``methods``: each run's method, which gives its line
+    the method's colour of the palette; runs of one method differ by line style."""
     xs = (EPOCH, TRAIN_TIME) if per_epoch else (TRAIN_TIME,)
     fig = plt.subplots(1, len(xs), figsize=(11, 4.2) if per_epoch else (7, 4.5))[0]
     column = metric_column(metric)
+    styles = []
+    if methods is not None:
+        seen: dict[str, int] = {}
+        for m in methods:
+            k = seen[m] = seen.get(m, -1) + 1
+            styles.append({"color": method_colour(m), "ls": RUN_STYLES[k % len(RUN_STYLES)]})
     for ax, x in zip(fig.axes, xs, strict=True):
-        for label, df in curves:
+        for i, (label, df) in enumerate(curves):
             d = df.dropna(subset=[column])
-            ax.plot(d[x], 100 * d[column], marker="o", ms=3, label=label)
+            style = styles[i] if styles else {}
+            ax.plot(d[x], 100 * d[column], marker="o", ms=3, label=label, **style)
         ax.axhline(100 * target, color="k", ls="--", lw=1, label=f"target {100 * target:g} %")
         ax.set_xlabel(TIME_LABEL if x == TRAIN_TIME else x)
         ax.set_ylabel(f"held-out {metric} (%)")
