@@ -3,8 +3,10 @@ density, relative to dense on the same seed, as a table and a figure.
 
 ``python -m bench.report.placement SWEEP_ID [--results-dir results]`` reads the study's
 records (one sweep id, both workloads), writes ``<results>/ablation/<SWEEP_ID>.csv`` and
-``<results>/figures/<SWEEP_ID>.png`` (never replacing either), and prints the table.
-A run that missed the target counts as more than the steps it ran (shown as a miss).
+``<results>/figures/<SWEEP_ID>.png`` (never replacing either; ``--name`` gives them
+another name), and prints the table.  A run that missed the target counts as more than the
+steps it ran (shown as a miss).  A configuration run again on the same seed (a rerun from a
+clean tree, say) is represented by its latest record; the earlier one stays in the records.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from bench.sweeps.common import sweep_records, write_table
 
 COLUMNS = [
     "experiment", "comm", "placement", "density", "seed", "steps_to_target",
-    "dense_steps", "relative", "reached", "steps_run", "run_id",
+    "dense_steps", "relative", "reached", "steps_run", "run_id", "git_sha",
 ]  # fmt: skip
 
 
@@ -37,7 +39,15 @@ def _steps_run(rec: Mapping[str, Any]) -> int:
 def table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     """One row per sparse run: its steps to target over dense's on the same experiment and
     seed (a miss: NaN, with the steps it ran)."""
-    ok = [r for r in records if r.get("status") in ("ok", "target_missed")]
+    latest: dict[tuple, Mapping[str, Any]] = {}
+    for r in records:  # in the order recorded: a rerun of a configuration replaces it here
+        if r.get("status") in ("ok", "target_missed"):
+            key = (r.get("experiment"), r.get("comm"), _cfg(r, "comm", "placement") or "grad",
+                   None if r.get("comm") == "dense" else _cfg(r, "comm", "density"),
+                   _cfg(r, "train", "seed"))  # fmt: skip
+            latest.pop(key, None)
+            latest[key] = r
+    ok = list(latest.values())
     dense = {
         (r["experiment"], _cfg(r, "train", "seed")): r.get("steps_to_target")
         for r in ok
@@ -62,6 +72,7 @@ def table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
                 "reached": s is not None,
                 "steps_run": _steps_run(r),
                 "run_id": r["run_id"],
+                "git_sha": r.get("git_sha", ""),
             }
         )
     df = pd.DataFrame(rows, columns=COLUMNS)
@@ -111,15 +122,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.report.placement", description=__doc__)
     ap.add_argument("sweep_id")
     ap.add_argument("--results-dir", default="results")
+    ap.add_argument("--name", default="", help="the table's and figure's name (default: the "
+                    "sweep id)")  # fmt: skip
     a = ap.parse_args(argv)
     recs = sweep_records(a.results_dir, a.sweep_id)
     if not recs:
         ap.error(f"no records of sweep {a.sweep_id} in {a.results_dir}/runs.jsonl")
     df = table(recs)
     print(df.to_string(index=False))
-    base = Path(a.results_dir)
-    write_table(df, base / "ablation" / f"{a.sweep_id}.csv")
-    fig = base / "figures" / f"{a.sweep_id}.png"
+    base, name = Path(a.results_dir), a.name or a.sweep_id
+    write_table(df, base / "ablation" / f"{name}.csv")
+    fig = base / "figures" / f"{name}.png"
     if fig.exists():
         print(f"{fig} exists: not replaced")
     else:
