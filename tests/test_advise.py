@@ -183,6 +183,7 @@ def test_band_beside_each_estimate_and_runs_by_default(capsys) -> None:
         assert lo <= eff <= hi and lo < hi, row  # an assumed hidden share: a real band
     # --hidden and --nic-efficiency given: the band narrows
     rc, out2, _ = _run(capsys, "--profile", "paper", "--hidden", "0.5", "--nic-efficiency", "0.9")
+
     def band(text: str) -> tuple[float, ...]:  # dense's row of the ranking (the first table)
         row = next(ln.split() for ln in text.splitlines() if ln.split()[:1] == ["dense"])
         return tuple(map(float, row[3].split("-")))

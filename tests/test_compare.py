@@ -39,15 +39,24 @@ def test_compare_draws_each_method_in_its_palette_colour(tmp_path: Path, monkeyp
 
     drawn = {}
     monkeypatch.setattr(plots, "save_figure", lambda fig, path: drawn.setdefault("fig", fig))
-    curve = pd.DataFrame({plots.EPOCH: [1, 2], plots.TRAIN_TIME: [1.0, 2.0],
-                          plots.metric_column("top1"): [0.5, 0.99]})
+    curve = pd.DataFrame(
+        {
+            plots.EPOCH: [1, 2],
+            plots.TRAIN_TIME: [1.0, 2.0],
+            plots.metric_column("top1"): [0.5, 0.99],
+        }
+    )
     plots.plot_time_to_accuracy(
         [("yours", curve), ("reference", curve), ("other", curve)],
         metric="top1", target=0.98, path=tmp_path / "x.png", title="t",
         methods=["dense", "dense", "hitopk"],
     )  # fmt: skip
-    lines = [ln for ln in drawn["fig"].axes[0].get_lines() if not ln.get_label().startswith("target")]
+    lines = [
+        ln for ln in drawn["fig"].axes[0].get_lines() if not ln.get_label().startswith("target")
+    ]
     assert [to_hex(ln.get_color()) for ln in lines] == [
-        plots.method_colour("dense"), plots.method_colour("dense"), plots.method_colour("hitopk")
+        plots.method_colour("dense"),
+        plots.method_colour("dense"),
+        plots.method_colour("hitopk"),
     ]
     assert lines[0].get_linestyle() != lines[1].get_linestyle()

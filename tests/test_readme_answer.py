@@ -19,7 +19,7 @@ def test_the_readme_answer_block_is_the_reports() -> None:
     assert readme.block_of(text) == readme.answer_of(report), (
         "README's answer is stale: python -m bench.report.answer rewrites it"
     )
-    assert readme.rewrite(text, report, ROOT / "results" / "runs.jsonl") == text, (
+    assert readme.rewrite(text, report, ROOT / "results") == text, (
         "README's hardware counts are stale: python -m bench.report.answer counts them"
     )
     first = "\n".join(text.splitlines()[:45])
@@ -42,6 +42,7 @@ def test_the_block_is_rewritten_from_a_report_and_checked(tmp_path: Path) -> Non
         readme.answer_of("# R\n")
 
 
+@pytest.mark.filterwarnings("ignore:.*skipped, not a run record")
 def test_the_hardware_block_counts_every_record_by_machine(tmp_path: Path) -> None:
     """Each machine named by a record, its count and its first and last day; a line that
     is not a record is skipped, a record without the field is counted as not recorded."""
@@ -49,13 +50,15 @@ def test_the_hardware_block_counts_every_record_by_machine(tmp_path: Path) -> No
 
     runs = tmp_path / "runs.jsonl"
     recs = [
-        {"hardware": "CPU A", "started_at": "2026-12-01T10:00:00+00:00"},
-        {"hardware": "CPU A", "started_at": "2026-12-03T10:00:00+00:00"},
-        {"hardware": "GPU B", "started_at": "2026-11-30T10:00:00+00:00"},
-        {"started_at": "2026-11-30T11:00:00+00:00"},
+        {"run_id": "a", "hardware": "CPU A", "started_at": "2026-12-01T10:00:00+00:00"},
+        {"run_id": "b", "hardware": "CPU A", "started_at": "2026-12-03T10:00:00+00:00"},
+        {"run_id": "c", "hardware": "GPU B", "started_at": "2026-11-30T10:00:00+00:00"},
+        {"run_id": "d", "started_at": "2026-11-30T11:00:00+00:00"},
     ]
     runs.write_text("\n".join(json.dumps(r) for r in recs) + "\n{broken\n")
-    assert readme.hardware_lines(runs) == [
+    with pytest.warns(UserWarning, match="skipped, not a run record"):
+        lines = readme.hardware_lines(tmp_path)
+    assert lines == [
         "- 2 records: CPU A (2026-12-01 to 2026-12-03)",
         "- 1 record: GPU B (2026-11-30)",
         "- 1 record: not recorded (2026-11-30)",
@@ -67,7 +70,7 @@ def test_the_hardware_block_counts_every_record_by_machine(tmp_path: Path) -> No
     )
     rp = tmp_path / "REPORT.md"
     rp.write_text("# R\n\n## The answer\n\nA.\n")
-    args = ["--readme", str(md), "--report", str(rp), "--runs", str(runs)]
+    args = ["--readme", str(md), "--report", str(rp), "--results-dir", str(tmp_path)]
     assert readme.main([*args, "--check"]) == 1
     assert readme.main(args) == 0
     assert readme.block_of(md.read_text(), readme.HW_START, readme.HW_END).startswith(

@@ -10,7 +10,6 @@ section into README.md, so that the two cannot disagree.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from pathlib import Path
@@ -830,24 +829,24 @@ HW_START = "<!-- hardware: counted from results/runs.jsonl by `python -m bench.r
 HW_END = "<!-- hardware end -->"
 
 
-def hardware_lines(runs: Path) -> list[str]:
-    """One line per machine of the records in ``runs`` (its ``hardware`` field): how many
-    records name it and the dates of the first and last, most records first."""
+def hardware_lines(results: Path) -> list[str]:
+    """One line per machine of the records in ``results`` (their ``hardware`` field, every
+    attempt counted): how many records name it and the dates of the first and last, most
+    records first."""
+    from bench.results.records import load_records
+
     seen: dict[str, list[str]] = {}
-    for line in runs.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+    for rec in load_records(results, attempts=True):
         seen.setdefault(rec.get("hardware") or "not recorded", []).append(
             str(rec.get("started_at") or "")[:10]
         )
     out = []
     for hw, days in sorted(seen.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         dated = sorted(d for d in days if d)
-        when = "" if not dated else f" ({dated[0]})" if dated[0] == dated[-1] else (
-            f" ({dated[0]} to {dated[-1]})"
-        )
+        when = ""
+        if dated:
+            span = dated[0] if dated[0] == dated[-1] else f"{dated[0]} to {dated[-1]}"
+            when = f" ({span})"
         out.append(f"- {len(days)} record{'' if len(days) == 1 else 's'}: {hw}{when}")
     return out
 
@@ -866,12 +865,12 @@ def _put(readme: str, start: str, end: str, body: str) -> str:
     return f"{head}{start}\n{body}\n{end}{tail}"
 
 
-def rewrite(readme: str, report: str, runs: Path | None = None) -> str:
+def rewrite(readme: str, report: str, results: Path | None = None) -> str:
     """README with its answer block copied from ``report`` and, when it has the hardware
-    block and ``runs`` is given, that block counted from the records."""
+    block and ``results`` is given, that block counted from the records there."""
     out = _put(readme, START, END, answer_of(report))
-    if runs is not None and HW_START in out and HW_END in out:
-        out = _put(out, HW_START, HW_END, "\n".join(hardware_lines(runs)))
+    if results is not None and HW_START in out and HW_END in out:
+        out = _put(out, HW_START, HW_END, "\n".join(hardware_lines(results)))
     return out
 
 
@@ -882,18 +881,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="exit 1 if a block is stale")
     ap.add_argument("--readme", default=str(ROOT / "README.md"))
     ap.add_argument("--report", default=str(ROOT / "results" / "REPORT.md"))
-    ap.add_argument("--runs", default=str(ROOT / "results" / "runs.jsonl"))
+    ap.add_argument("--results-dir", default=str(ROOT / "results"),
+                    help="the records' folder (its runs.jsonl)")  # fmt: skip
     a = ap.parse_args(argv)
     readme, report = Path(a.readme).read_text(), Path(a.report).read_text()
-    runs = Path(a.runs) if Path(a.runs).is_file() else None
+    runs = Path(a.results_dir) if (Path(a.results_dir) / "runs.jsonl").is_file() else None
     if a.check:
         same = rewrite(readme, report, runs) == readme
-        print("README's blocks match REPORT.md and the records" if same else
-              "README's answer or hardware block is stale")
+        print(
+            "README's blocks match REPORT.md and the records"
+            if same
+            else "README's answer or hardware block is stale"
+        )
         return 0 if same else 1
     Path(a.readme).write_text(rewrite(readme, report, runs))
-    print(f"{a.readme}: answer block rewritten from {a.report}"
-          + (f", hardware counted from {a.runs}" if runs else ""))
+    print(
+        f"{a.readme}: answer block rewritten from {a.report}"
+        + (f", hardware counted from {runs / 'runs.jsonl'}" if runs else "")
+    )
     return 0
 
 

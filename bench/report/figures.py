@@ -437,13 +437,12 @@ def _measured(ax, meas: pd.DataFrame, colours: dict[str, str]) -> None:
     """One line per method (each point one run), the model's prediction for the same size
     as hollow markers without a line: the lines are the measurements alone.  One marker
     shape in every panel (each panel is one number of workers per node), the legend's."""
-    mk = "o"
     for comm, g in meas.groupby("comm", sort=True):
         g = g.sort_values("nodes")
-        ax.plot(g["nodes"], g["efficiency"], "-", marker=mk, color=colours[comm],
+        ax.plot(g["nodes"], g["efficiency"], "-", marker="o", color=colours[comm],
                 lw=method_width(comm))  # fmt: skip
         if "predicted_efficiency" in g.columns and g["predicted_efficiency"].notna().any():
-            ax.plot(g["nodes"], g["predicted_efficiency"], ls="", marker=mk, mfc="none",
+            ax.plot(g["nodes"], g["predicted_efficiency"], ls="", marker="o", mfc="none",
                     ms=8, color=colours[comm], alpha=0.8)  # fmt: skip
 
 

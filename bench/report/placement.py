@@ -45,7 +45,6 @@ def table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
             key = (r.get("experiment"), r.get("comm"), _cfg(r, "comm", "placement") or "grad",
                    None if r.get("comm") == "dense" else _cfg(r, "comm", "density"),
                    _cfg(r, "train", "seed"))  # fmt: skip
-            latest.pop(key, None)
             latest[key] = r
     ok = list(latest.values())
     dense = {
