@@ -254,6 +254,7 @@ def test_jobs_go_seed_by_seed_through_every_configuration() -> None:
     ]
 
 
+@pytest.mark.slow  # 51 s on 2 cores: the default suite stays under 15 minutes
 def test_the_default_protocol_runs_each_workload_in_turn(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from bench.gpucheck.check import STEPS, Step, check, plan
 
 REPO = Path(__file__).resolve().parents[1]
@@ -119,6 +121,7 @@ def test_a_machine_with_torch_and_triton_only_runs_the_torch_steps():
     assert got["throughput"] == "no PANDAS, TORCHVISION on this machine"
 
 
+@pytest.mark.slow  # 38 s on 2 cores: the default suite stays under 15 minutes
 def test_cpu_mode_runs_the_device_steps_end_to_end(tmp_path):
     """``--cpu``: the hooks, select, update and profile steps on CPU tensors, through the
     same check, logs and summary as on the GPU: a typo there fails here, not on the GPU."""
