@@ -29,8 +29,8 @@ pytestmark = [
 
 
 def _small_message_s(c: netns.EmulatedCluster, nbytes: int, gap_s: float) -> dict:
-    """Three ``nbytes`` messages from node 0 to node 1, each after ``gap_s`` idle."""
-    args = ["0", "10", "3", str(nbytes), str(gap_s)]  # no bulk transfer first
+    """Five ``nbytes`` messages from node 0 to node 1, each after ``gap_s`` idle."""
+    args = ["0", "10", "5", str(nbytes), str(gap_s)]  # no bulk transfer first
     return _run_pair(c, 1, 0, c.addr(1), 29399, args)
 
 
@@ -41,7 +41,9 @@ def test_a_small_message_after_an_idle_gap_is_shaped(rate, nbytes):
     nominal = nbytes * 8 / rate
     # at most one token bucket (4 frames, 6 kB) passes at wire speed
     assert min(m["small_all_s"]) >= 0.75 * nominal, (m, nominal)
-    assert m["small_s"] <= 1.5 * nominal, (m, nominal)
+    # the fastest of five within 1.5x, plus 2 ms of scheduling: at 100 Mbit/s a 3.2 ms
+    # message measures 0.85-2.7x nominal one by one on a quiet 2-core machine
+    assert m["small_s"] <= 1.5 * nominal + 0.002, (m, nominal)
 
 
 RECEIVER = textwrap.dedent("""
