@@ -162,6 +162,9 @@ def test_the_report_opens_with_the_answer(sweep: Path, checked: _Checked) -> Non
     assert 0 < len(table) <= 8
     # a workload without a protocol sweep says so and names the command
     assert "ablation --workload translation" in text
+    # a v1 sweep's numbers are marked superseded, with the command whose sweep replaces them
+    assert "**Superseded:**" in text and "`equal-budget-v1`" in text
+    assert "ablation --workload image --results-dir" in text
     assert checked.n >= 3 and not checked.problems, checked.problems
 
 
@@ -190,3 +193,43 @@ def test_the_setting_gives_the_ratio_dense_measured() -> None:
     assert "dense's 2 runs" in text and "300 ms of a 600 ms step, 1.00 x" in text
     assert measured_ratio_text(recs[2:]) == ""
     assert measured_ratio_text([{"comm": "dense", "step_time_s": 0.5}]) == ""
+
+
+def test_the_ratio_dense_measured_is_dense_ddp_over_the_shaped_link() -> None:
+    from bench.report.answer import measured_ratio_text
+
+    link = {"link_check": {"bandwidth_gbps": 0.07}}
+    diloco = {"comm": "dense", "config": {"sync": {"name": "diloco"}}}
+    recs = [
+        {"comm": "dense", "step_time_s": 0.6, "comm_s_per_step": 0.4, **link},
+        {"comm": "dense", "step_time_s": 0.2, "comm_s_per_step": 0.05},  # local: loopback
+        {**diloco, "step_time_s": 0.2, "comm_s_per_step": 0.01, **link},
+    ]
+    # DiLoCo's inner DDP is dense but is not the method dense; the local run has no link
+    assert "dense's 1 runs: communication 400 ms of a 600 ms step, 2.00 x" in measured_ratio_text(
+        recs
+    )
+
+
+def test_the_speedup_figure_draws_each_cluster_against_its_own_best_peer() -> None:
+    from bench.report.figures import _speedup_blocks
+
+    nan = float("nan")
+    rows = [
+        ("emulated", nan, "dense", 1.0, "streaming_diloco"),
+        ("emulated", nan, "streaming_diloco", 1.9, "streaming_diloco"),
+        ("emulated", nan, "hitopk", 1.6, "streaming_diloco"),
+        ("paper", 1.34, "dense", 1.0, "fp16"),
+        ("paper", 1.34, "hitopk", 1.1, "fp16"),
+        ("paper", 1.34, "fp16", 1.65, "fp16"),
+    ]
+    df = pd.DataFrame(
+        rows, columns=["for_cluster", "ratio", "comm", "speedup_vs_dense", "best_peer"]
+    )
+    blocks = _speedup_blocks(df)
+    assert [(h, p) for h, p, _ in blocks] == [
+        ("emulated 2 x 2 (measured: the end-to-end check)", "streaming_diloco"),
+        ("paper (ratio 1.34)", "fp16"),
+    ]
+    # within a cluster, by speedup over dense
+    assert list(blocks[1][2]["comm"]) == ["fp16", "hitopk", "dense"]

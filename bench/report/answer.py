@@ -35,6 +35,7 @@ from bench.report.tables import (
     SPEEDUP_CLAIM,
     CommandMaker,
     Inputs,
+    cluster_title,
     comparison_section,
     config_stats,
     csv_section,
@@ -55,6 +56,7 @@ from bench.report.tables import (
 )
 from bench.sweeps import ablation, protocol, ratios, scaling_table
 from bench.sweeps.intervals import ci_column, ci_text
+from bench.sweeps.methods import method_of
 
 APPENDIX = "REPORT-appendix.md"
 # what each embedded task is, in a phrase (the records name the data set, not its size)
@@ -77,13 +79,17 @@ QUESTION = (
 )
 
 
-def _eval_records(records: list[dict], sweep: str) -> list[dict]:
-    return [
+def _eval_records(records: list[dict], sweep: str) -> tuple[list[dict], int]:
+    """The sweep's evaluation runs, the latest record of each, and how many earlier records
+    (a run refused or interrupted, then run again) they replace."""
+    every = [
         r
         for r in records
         if ((r.get("config") or {}).get("results") or {}).get("sweep_id") == sweep
         and (r.get("protocol") or {}).get("role") == protocol.EVAL
     ]
+    latest = list(protocol.recorded(every, rerun=()).values())
+    return latest, len(every) - len(latest)
 
 
 def where(records: list[dict]) -> str:
@@ -105,7 +111,7 @@ def where(records: list[dict]) -> str:
     return text
 
 
-def setting(records: list[dict], table: pd.DataFrame, plan: dict) -> str:
+def setting(records: list[dict], table: pd.DataFrame, plan: dict, again: int = 0) -> str:
     """One sentence: the task, the workers, the hardware, the link, the seeds."""
     data = str((records[0] if records else {}).get("data") or "?")
     prof = (records[0] if records else {}).get("cluster_profile") or {}
@@ -121,18 +127,44 @@ def setting(records: list[dict], table: pd.DataFrame, plan: dict) -> str:
         f"**Setting:** {TASKS.get(data, f'data set {data}')}; {where(records)}{link_txt}; "
         f"every method tuned with the same budget on seeds {plan.get('tune_seeds') or []}, "
         f"then {len(seeds)} evaluation seeds {seeds} (sweep `{table['sweep_id'].iloc[0]}`, "
-        f"{len(records)} evaluation runs)."
+        f"{len(records)} evaluation runs"
+        + (f", {again} more refused or interrupted and run again" if again else "")
+        + ")."
     )
+
+
+def v1_caveat(workload: str, results: str) -> list[str]:
+    """Why a sweep of protocol v1 does not answer the question, and the command whose
+    sweep replaces it."""
+    return [
+        "**Superseded:** this sweep ran protocol `equal-budget-v1`, whose faults v2 fixes "
+        "(docs/protocol.md, v1): dense and fp16 were not tuned, no method had a learning-rate "
+        "axis, the selection compared measured clock times that noise could flip, and the "
+        "density warm-up and PowerSGD's start moved once per epoch"
+        + (
+            ", so on translation two trials of one method ran alike within the budget (the "
+            "trial `d0.01-warmup` never sent at density 0.01; `rank4-start1ep` never "
+            "compressed before the target)"
+            if workload == "translation"
+            else ""
+        )
+        + ".  Its numbers stand here until the v2 sweep of this workload lands: "
+        f"`python -m reproduce ablation --workload {workload} --results-dir {results}`.",
+        "",
+    ]
 
 
 def measured_ratio_text(records: list[dict]) -> str:
     """What dense's runs measured: their communication inside the step against the rest
-    of it; ``""`` without dense runs that timed both."""
+    of it (over the shaped link where some ran over it); ``""`` without dense runs that
+    timed both."""
     dense = [
         r
         for r in records
-        if r.get("comm") == "dense" and r.get("step_time_s") and r.get("comm_s_per_step")
+        if method_of(r) == "dense" and r.get("step_time_s") and r.get("comm_s_per_step")
     ]
+    shaped = [r for r in dense if (r.get("link_check") or {}).get("bandwidth_gbps")]
+    dense = shaped or dense  # the runs over the shaped link, where there are some
     if not dense:
         return ""
     step = sum(float(r["step_time_s"]) for r in dense) / len(dense)
@@ -341,13 +373,6 @@ def _cell(r: pd.Series, key: str = "speedup_vs_dense") -> str:
     return f"{text} {verdict_text(r[f'verdict_{tag}'], int(r['n_runs']), short=True)}"
 
 
-def cluster_title(cluster: str, ratio: float) -> str:
-    """``paper (ratio 1.34)``, or the check cluster's label."""
-    if ratio != ratio:
-        return f"{cluster} 2 x 2 (measured: the end-to-end check)"
-    return f"{cluster} (ratio {ratio:.2f})"
-
-
 def answer_sentence(df: pd.DataFrame, exp: str, target: str) -> str:
     """One sentence for a workload: on the paper's cluster at each named ratio, the paper's
     methods against dense and against the best-tuned peer there, with intervals."""
@@ -357,7 +382,7 @@ def answer_sentence(df: pd.DataFrame, exp: str, target: str) -> str:
         said = []
         for _, r in g[g["comm"].isin(protocol.PAPER_METHODS)].iterrows():
             peer = str(r["best_peer"]) or "-"
-            said.append(f"{r['comm']} {_cell(r)} dense and {_cell(r, 'speedup_vs_peer')} {peer}")
+            said.append(f"{r['comm']} vs dense {_cell(r)}, vs {peer} {_cell(r, 'speedup_vs_peer')}")
         parts.append(f"at ratio {ratio:.2f} (`{cluster}`): " + "; ".join(said or ["no runs"]))
     return (
         f"**{exp}** (to {target}, the time to target of each method's configuration tuned "
@@ -415,7 +440,7 @@ def answer_sections(
             detail += [none, ""]
             continue
         df = pd.read_csv(table)
-        recs = _eval_records(records, table.stem)
+        recs, again = _eval_records(records, table.stem)
         try:
             plan = plan_of(table)
         except (OSError, ValueError):
@@ -426,7 +451,7 @@ def answer_sections(
             settings.append(f"{exp} ({target}): {where(recs)}")
             t = rel(table, base)
             detail += [
-                setting(recs, df, plan),
+                setting(recs, df, plan, again),
                 "",
                 "Speedup over dense of each method's configuration tuned for that cluster "
                 "(95 % Welch interval on log time over the evaluation seeds); the emulated "
@@ -442,18 +467,22 @@ def answer_sections(
             appendix += [f"### {exp}", "", *resolution_lines(base, recs, df[df["ratio"].isna()])]
             continue
         comp = ratios_table(base, df)
+        v1 = str(plan.get("name", "")).endswith("-v1")
         for r, d, vd, p, vp in _paper_rows(df):
             x = None if comp.empty else _at(comp, r["comm"], "dense", paper)
             at = "-" if x is None else ci_text(x["speedup"], x["ci_low"], x["ci_high"], 2, "x")
             at += "" if x is None else f" {_win(x)}"
+            name_cell = f"{exp} (v1 sweep, superseded)" if v1 else exp
             rows.append(
-                f"| {exp} | **{r['comm']}** | {d}, {vd} | {p} vs {r['best_peer']}, {vp} | {at} |"
+                f"| {name_cell} | **{r['comm']}** | {d}, {vd} | {p} vs {r['best_peer']}, {vp} "
+                f"| {at} |"
             )
         settings.append(f"{exp} ({target}): {where(recs)}")
         t = rel(table, base)
         detail += [
-            setting(recs, df, plan),
+            setting(recs, df, plan, again),
             "",
+            *(v1_caveat(name, runs_dir(base)) if v1 else []),
             *answer_table(df),
             "",
             *verdicts(df, target),

@@ -30,6 +30,7 @@ from bench.report.tables import (  # noqa: E402
     CONFIG,
     GROUP,
     Inputs,
+    cluster_title,
     config_stats,
     curve,
     num,
@@ -37,7 +38,6 @@ from bench.report.tables import (  # noqa: E402
     scaling_caption,
     speedups,
     target_text,
-    verdict_text,
 )
 from bench.results.columns import TRAIN_TIME, metric_column, newer_scaling  # noqa: E402
 from bench.results.plots import (  # noqa: E402
@@ -335,20 +335,60 @@ def plan_of(table: Path) -> dict[str, Any]:
     return json.loads(table.with_name(f"{table.stem}.plan.json").read_text())
 
 
+def _speedup_blocks(df: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
+    """(heading, best peer, rows) per block of a protocol table: one block per cluster a
+    v2 table quotes (its rows by speedup over dense), or the whole v1 table (by time)."""
+
+    def peer(g: pd.DataFrame) -> str:
+        named = g["best_peer"].dropna().astype(str)
+        named = named[named != ""]
+        return str(named.iloc[0]) if len(named) else "peer"
+
+    if "for_cluster" not in df:
+        g = df.sort_values("time_to_target_mean_s")
+        return [("", peer(g), g)]
+    out = []
+    for cluster, g in df.groupby("for_cluster", sort=False):
+        ratio = float(g["ratio"].iloc[0])
+        g = g.sort_values("speedup_vs_dense", ascending=False, na_position="first")
+        out.append((cluster_title(str(cluster), ratio), peer(g), g))
+    return out
+
+
 def plot_protocol_speedup(df: pd.DataFrame, path: Path, title: str) -> Path | None:
     """Two panels: speedup over dense and over the best peer, one row per method (its
-    selected trial), point = ratio of mean times, bar = 95 % interval, the verdict and
-    runs reached written beside it."""
+    selected trial), point = ratio of times, bar = 95 % interval, the verdict written
+    beside it.  A v2 table quotes each method tuned per cluster: one block of rows per
+    cluster under its heading, each against that cluster's dense and best peer."""
     if df.empty or "speedup_vs_dense" not in df:
         return None
-    df = df.sort_values("time_to_target_mean_s").reset_index(drop=True)
-    peer = str(df["best_peer"].dropna().iloc[0]) if df["best_peer"].notna().any() else "peer"
-    fig, axes = plt.subplots(1, 2, figsize=(fig_width(2, 6.2), 1.6 + 0.42 * len(df)), sharey=True)
+    v2 = "for_cluster" in df
+    blocks = _speedup_blocks(df)
+    rows: list[tuple[float, pd.Series, str]] = []  # (y, row, the block's peer)
+    heads: list[tuple[float, str]] = []
+    y = 0.0
+    for head, peer, g in blocks:
+        if head:
+            heads.append((y, f"{head}; best peer {peer}"))
+            y += 1
+        for _, r in g.iterrows():
+            rows.append((y, r, peer))
+            y += 1
+        y += 0.4
+    height = 1.7 + 0.36 * y
+    fig, axes = plt.subplots(1, 2, figsize=(fig_width(2, 6.2), height), sharey=True)
+    right = "its cluster's best peer" if v2 else f"the best peer, {blocks[0][1]}"
+    n_seeds = int(df["n_runs"].max())
     for ax, (key, label) in zip(
-        axes, (("speedup_vs_dense", "dense DDP"), ("speedup_vs_peer", f"the best peer, {peer}"))
+        axes, (("speedup_vs_dense", "dense DDP"), ("speedup_vs_peer", right)), strict=True
     ):
-        for i, r in df.iterrows():
+        for i, r, peer in rows:
             m, lo, hi = r[key], r[f"{key}_ci_low"], r[f"{key}_ci_high"]
+            itself = r["comm"] == ("dense" if key == "speedup_vs_dense" else peer)
+            if itself:
+                ax.annotate("the baseline", (1.0, i), xytext=(6, 0), textcoords="offset points",
+                            va="center", fontsize=7)  # fmt: skip
+                continue
             if m != m:
                 continue
             colour = method_colour(r["comm"])
@@ -356,10 +396,10 @@ def plot_protocol_speedup(df: pd.DataFrame, path: Path, title: str) -> Path | No
             err = [[max(0.0, m - lo)], [max(0.0, hi - m)]] if lo == lo else None
             style = {"ms": 8, "lw": 2.2} if paper else {"ms": 6, "lw": 1.4}
             ax.errorbar([m], [i], xerr=err, fmt="o", color=colour, capsize=4, **style)
-            verdict = verdict_text(r[key.replace("speedup", "verdict")], int(r["n_runs"]), True)
-            itself = r["comm"] == ("dense" if key == "speedup_vs_dense" else peer)
+            verdict = str(r[key.replace("speedup", "verdict")])
+            verdict = verdict if verdict in ("faster", "slower") else "no difference"
             ax.annotate(
-                "the baseline" if itself else f"{ci_text(m, lo, hi, 2, 'x')}, {verdict}",
+                f"{ci_text(m, lo, hi, 2, 'x')}, {verdict}",
                 (hi if hi == hi else m, i),
                 xytext=(6, 0),
                 textcoords="offset points",
@@ -367,36 +407,50 @@ def plot_protocol_speedup(df: pd.DataFrame, path: Path, title: str) -> Path | No
                 fontsize=7,
                 bbox={"fc": "white", "ec": "none", "pad": 0.5},  # over the line at 1
             )
+        for h, _ in heads[1:]:
+            ax.axhline(h - 0.7, color="0.6", lw=0.6)
         ax.axvline(1.0, color="k", lw=0.8, ls="--")
-        ax.set_xlabel(f"speedup over {label} (x; > 1: sooner to target)")
+        ax.set_xlabel(f"speedup over {label} (> 1: sooner to target)")
         ax.grid(alpha=0.3, axis="x")
         lo_all = pd.concat([df[f"{key}_ci_low"], df[key]]).min()
         hi_all = pd.concat([df[f"{key}_ci_high"], df[key]]).max()
         if lo_all == lo_all and hi_all == hi_all:
             left = min(0.8, lo_all - 0.1)  # room on the right for the written interval
-            ax.set_xlim(left, max(1.25, hi_all + 0.75 * (hi_all - left)))
-    labels = [
-        f"{r['comm']} {r['trial']} ({r['n_reached']}/{r['n_runs']} reached)"
-        for _, r in df.iterrows()
-    ]
-    axes[0].set_yticks(range(len(df)), labels, fontsize=8)
-    axes[0].invert_yaxis()
-    for t, c in zip(axes[0].get_yticklabels(), df["comm"], strict=True):
-        t.set_color(method_colour(c))
-        if c in PAPER_METHODS:
+            ax.set_xlim(left, max(1.25, hi_all + 0.8 * (hi_all - left)))
+    axes[1].patch.set_visible(False)  # a heading runs on across both panels
+    for h, text in heads:  # on the row kept free for it
+        axes[0].text(0.01, h, text, transform=axes[0].get_yaxis_transform(), fontsize=8.5,
+                     fontweight="bold", va="center", clip_on=False)  # fmt: skip
+    labels = [f"{r['comm']} {r['trial']} ({r['n_reached']}/{r['n_runs']})" for _, r, _ in rows]
+    axes[0].set_yticks([i for i, _, _ in rows], labels, fontsize=8)
+    axes[0].set_ylim(y - 0.4, -0.6)
+    for t, (_, r, _) in zip(axes[0].get_yticklabels(), rows, strict=True):
+        t.set_color(method_colour(r["comm"]))
+        if r["comm"] in PAPER_METHODS:
             t.set_fontweight("bold")
-    fig.suptitle(
-        f"{title}\npoint: ratio of mean times to target; bar: 95 % bootstrap interval over "
-        "evaluation seeds",
-        fontsize=9,
+    how = (
+        "point: geometric-mean ratio of times to target (a miss: its whole run); bar: 95 % "
+        f"Welch interval on log time over {n_seeds} evaluation seeds"
+        if v2
+        else "point: ratio of mean times to target; bar: 95 % bootstrap interval over "
+        "evaluation seeds"
     )
+    how += "; (k/n): seeds that reached the target"
+    fig.suptitle(f"{title}\n{how}", fontsize=9)
     return save_figure(fig, path)
+
+
+HEADLINE = "paper"  # the cluster whose tuned configurations a v2 sweep's ratio figure draws
 
 
 def ratio_runs(results_dir: Path, table: pd.DataFrame) -> list:
     """The sweep's evaluation runs as :class:`bench.sweeps.ratios.Run` (grouped by method),
-    the runs the composition uses; ``[]`` when none has step counts."""
+    the runs the composition uses (a v2 sweep's: each method's configuration tuned for
+    :data:`HEADLINE`, since a method's runs of several configurations do not average to one
+    curve); ``[]`` when none has step counts."""
     sweep = str(table["sweep_id"].iloc[0])
+    if "for_cluster" in table and (table["for_cluster"] == HEADLINE).any():
+        table = table[table["for_cluster"] == HEADLINE]  # v2: one configuration per method
     ids = {i for v in table["run_ids"].dropna() for i in str(v).replace(",", " ").split()}
 
     def select(r: Mapping[str, Any]) -> bool:
@@ -694,6 +748,8 @@ def _experiment_figures(inputs: Inputs, exp: str, stats: pd.DataFrame) -> list[F
             "composed with the performance model"
         )
         title2 = f"{exp}: time to target across ratios, protocol sweep {table.stem}"
+        if "-v2" in str(plan_of(table).get("name", "")):
+            title2 += f", each method's configuration tuned for `{HEADLINE}`"
         add("ratios", what, lambda p: _ratios_figure(res, table, p, title2))
     elif not speedups(stats[stats["experiment"] == exp], "comm", "dense").empty:
         what = f"speedup over dense (mean +- std over seeds), {which}"
