@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 
 from bench.benchmarks import load_all
 
@@ -30,6 +31,7 @@ def test_topk_benchmark_quick(tmp_path) -> None:
     assert (tmp_path / "bench" / "topk.png").exists()
 
 
+@pytest.mark.slow  # 35 s: the whole benchmark; the hooks' bytes are tested in test_comm_*
 def test_comm_benchmark_quick(tmp_path) -> None:
     path = load_all().get("comm").run(results_dir=str(tmp_path), quick=True)
     df = pd.read_csv(path)

@@ -177,8 +177,16 @@ def test_few_loose_files_in_bench() -> None:
 _IMPORT_EACH = """
 import importlib, os, sys, traceback
 import torch, numpy, pandas, omegaconf, hydra  # third-party, loaded once before forking
-failed = []
+import matplotlib, scipy.stats, torchvision
+failed, running = [], {}
+def reap():
+    pid, status = os.wait()
+    name = running.pop(pid)
+    if status:
+        failed.append(name)
 for name in sys.argv[1:]:
+    if len(running) >= max(2, len(os.sched_getaffinity(0))):
+        reap()
     pid = os.fork()
     if pid == 0:  # a child with no bench module loaded imports just this one
         try:
@@ -187,9 +195,9 @@ for name in sys.argv[1:]:
         except BaseException:
             traceback.print_exc()
             os._exit(1)
-    _, status = os.waitpid(pid, 0)
-    if status:
-        failed.append(name)
+    running[pid] = name
+while running:
+    reap()
 print("FAILED", *failed)
 sys.exit(1 if failed else 0)
 """
