@@ -475,6 +475,15 @@ def _run(args: argparse.Namespace, plan, resumed: bool) -> int:
         print(f"plan: {plan.save()}")
     for note in plan.notes:
         print(f"note: {note}")
+    if args.rerun:
+        known = {str(r.get("run_id")) for r in sweep_records(args.results_dir, plan.sweep_id)}
+        if not resumed or (missing := [x for x in args.rerun if x not in known]):
+            _fail(
+                "--rerun needs --resume SWEEP_ID"
+                if not resumed
+                else f"--rerun: run {missing[0]} is not a run of sweep {plan.sweep_id}",
+                2,
+            )
     if resumed and not args.rerun_failed:
         recs = sweep_records(args.results_dir, plan.sweep_id)
         if errors := sum(r.get("status") == "error" for r in recs):
