@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import shlex
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -49,6 +50,15 @@ def add_options(ap: argparse.ArgumentParser, rerun_failed: bool = True) -> None:
             "--rerun-failed",
             action="store_true",
             help="with a resumed sweep, run the failed (error) jobs again too",
+        )
+        ap.add_argument(
+            "--rerun",
+            metavar="RUN_IDS",
+            type=run_ids,
+            default=(),
+            help="with a resumed sweep, run the jobs of these recorded runs again "
+            "(comma-separated run ids: runs disturbed by other work on the machine, say); "
+            "their records stay, the new ones count",
         )
     for a in ap._actions:  # the command's own --aggregate too
         if a.dest in ("sweep_id", "resume", "status", "aggregate"):
@@ -158,10 +168,25 @@ def runner(plan: Any, local: Callable[..., list[int]]) -> Callable[..., list[int
     return run
 
 
+RUN_ID = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
+
+
+def run_ids(text: str) -> tuple[str, ...]:
+    """``--rerun``'s comma-separated run ids (``20261203-235201-288a60``)."""
+    ids = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [x for x in ids if not RUN_ID.match(x)]
+    if bad or not ids:
+        raise argparse.ArgumentTypeError(
+            f"not a run id: {bad[0] if bad else repr(text)} (a run id reads 20261203-235201-288a60)"
+        )
+    return ids
+
+
 def rerun_of(args: argparse.Namespace) -> tuple[str, ...]:
+    """The statuses whose jobs run again, and ``--rerun``'s run ids."""
     from bench.sweeps.resume import RERUN, RERUN_FAILED
 
-    return RERUN_FAILED if args.rerun_failed else RERUN
+    return (*(RERUN_FAILED if args.rerun_failed else RERUN), *getattr(args, "rerun", ()))
 
 
 def again(command: str, plan: Any) -> str:

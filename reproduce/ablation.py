@@ -2,7 +2,7 @@
 
 By default the tuning protocol (:mod:`bench.sweeps.protocol`): every method's search
 space tuned on tuning seeds with the same number of trials, the configuration chosen by
-a rule fixed in advance, then 5 fresh evaluation seeds per method; its table
+a rule fixed in advance, then 10 fresh evaluation seeds per method; its table
 (``bench/sweeps/protocol_table.py``) has 95 % intervals.  ``--resume SWEEP_ID`` goes on
 with an interrupted protocol sweep, skipping every recorded run.
 
@@ -38,16 +38,21 @@ from reproduce._cli import RESULTS, Parser
 USAGE = """ablation [--workload W | --experiment E] [--cluster C] [--seeds N] [--comm a,b]
            [--quick] [--grid] [--dry-run] [--launcher slurm] [--sweep-id ID]
            [--resume ID] [--status ID] [--aggregate ID]
-                          the tuning protocol (tune, select, 5 evaluation seeds; --grid:
+                          the tuning protocol (tune, select, 10 evaluation seeds; --grid:
                           comm x cache x update x seeds), one table in
                           runs/ablation/<sweep_id>.csv; --launcher: each job a Slurm job"""
+
+
+# the protocol's default methods (bench.sweeps.methods.DEFAULT_METHODS, which imports torch;
+# a test holds the two equal)
+DEFAULT = "dense,fp16,powersgd,mstopk,hitopk,demo,diloco,streaming_diloco"
 
 
 def _parser() -> argparse.ArgumentParser:
     ap = Parser(
         "ablation",
         summary="The comparison the suite exists for: every communication method tuned with "
-        "the same budget on tuning seeds, the chosen configuration evaluated on 5 fresh "
+        "the same budget on tuning seeds, the chosen configuration evaluated on 10 fresh "
         "seeds, time to target with 95 % intervals against dense and the best peer "
         f"({RESULTS}/ablation/<sweep_id>.csv by default); --grid runs the older "
         "comm x cache x update x seeds grid instead.",
@@ -58,9 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--workload", default="", help="image | translation (the protocol's)")
     ap.add_argument("--cluster", default="", help="local | emulated | multinode (default "
                     "emulated; multinode on Slurm, local with submitit_local)")  # fmt: skip
-    ap.add_argument("--seeds", type=int, default=None, help="evaluation seeds (protocol: 5) "
+    ap.add_argument("--seeds", type=int, default=None, help="evaluation seeds (protocol: 10) "
                     "or seeds per configuration (--grid: 3)")  # fmt: skip
-    ap.add_argument("--comm", default="", help="comma-separated (default: all six)")
+    ap.add_argument("--comm", default="", help=f"comma-separated methods (default: {DEFAULT})")
     ap.add_argument("--cache", default="", help="--grid: comma-separated (none,multilevel)")
     ap.add_argument("--update", default="", help="--grid: comma-separated (naive,flat)")
     ap.add_argument("--quick", action="store_true", help="dense and hitopk, 1 seed each")
@@ -470,6 +475,15 @@ def _run(args: argparse.Namespace, plan, resumed: bool) -> int:
         print(f"plan: {plan.save()}")
     for note in plan.notes:
         print(f"note: {note}")
+    if args.rerun:
+        known = {str(r.get("run_id")) for r in sweep_records(args.results_dir, plan.sweep_id)}
+        if not resumed or (missing := [x for x in args.rerun if x not in known]):
+            _fail(
+                "--rerun needs --resume SWEEP_ID"
+                if not resumed
+                else f"--rerun: run {missing[0]} is not a run of sweep {plan.sweep_id}",
+                2,
+            )
     if resumed and not args.rerun_failed:
         recs = sweep_records(args.results_dir, plan.sweep_id)
         if errors := sum(r.get("status") == "error" for r in recs):

@@ -289,3 +289,12 @@ def test_the_default_protocol_runs_each_workload_in_turn(
               "--results-dir", str(res)])  # fmt: skip
     out = capsys.readouterr().out
     assert out.count("sweep ablation-x") == 1 and "on dawnbench_digits" in out
+
+
+def test_the_help_names_the_protocols_default_methods_and_seeds() -> None:
+    from bench.sweeps.methods import DEFAULT_METHODS
+    from bench.sweeps.protocol import EVAL_SEEDS
+
+    assert cli.DEFAULT == ",".join(DEFAULT_METHODS)
+    text = cli._parser().format_help()
+    assert f"{len(EVAL_SEEDS)} fresh" in " ".join(text.split())

@@ -4,6 +4,7 @@ and values the run would fail on, and the smaller rules of a run's files."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -229,7 +230,7 @@ def _fake_queue(full: dict[str, bool], ran: list[str]):
         rcs = []
         for job in jobs:
             kv = dict(o.split("=", 1) for o in job if "=" in o)
-            rid = f"r{len(ran)}"
+            rid = f"20261203-000000-{len(ran):06x}"  # a run id's form
             ran.append(rid)
             seed = int(kv["train.seed"])
             rec = _record(rid, kv["comm"], seed, 5.0 + seed % 3)
@@ -278,6 +279,37 @@ def test_a_sweep_that_failed_on_a_full_disk_resumes_to_completion(
     done = {p: p.read_bytes() for p in tables.glob("*.csv")}
     ablation.main(["--resume", "s1", "--rerun-failed", "--results-dir", str(tmp_path)])
     assert len(ran) == 2 * first and {p: p.read_bytes() for p in done} == done
+
+
+def test_a_resumed_sweep_runs_the_named_runs_again_and_keeps_their_records(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    from bench.results.records import load_records
+    from bench.sweeps import common
+    from reproduce import ablation
+
+    full, ran = {"disk": True}, []  # every run an error: the sweep stops after its tuning
+    monkeypatch.setattr(common, "run_queued", _fake_queue(full, ran))
+    base = ["--results-dir", str(tmp_path)]
+    with pytest.raises(SystemExit):
+        ablation.main(["--quick", "--sweep-id", "s1", *base])
+    first, again = len(ran), ran[:2]
+    for bad, why in (
+        (["--resume", "s1", "--rerun", "20261203-000000-ffffff"], "is not a run of sweep s1"),
+        (["--resume", "s1", "--rerun", "r1"], "not a run id: r1"),
+        (["--quick", "--sweep-id", "s2", "--rerun", again[0]], "--rerun needs --resume"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            ablation.main([*bad, *base])
+        assert e.value.code == 2 and why in capsys.readouterr().err
+    assert len(ran) == first  # refused before any run
+    full["disk"] = False
+    with contextlib.suppress(SystemExit):  # the other error runs stay errors
+        ablation.main(["--resume", "s1", "--rerun", ",".join(again), *base])
+    recs = load_records(tmp_path)
+    assert len(ran) == first + 2 and len(recs) == first + 2  # those two, every record kept
+    assert {r["run_id"] for r in recs} == set(ran)
+    assert [r["status"] for r in recs[-2:]] == ["ok", "ok"]
 
 
 # 4. a resume holds a lock on the run

@@ -1011,8 +1011,14 @@ def run(
         recs = sweep_records(plan.results_dir, plan.sweep_id)
     left = pending([*plan.tune_jobs(), *plan.timing_jobs()], recs)
     if left:
+        timing = len(pending(plan.timing_jobs(), recs))
+        which = " and ".join(
+            f"{n} {stage} run(s)"
+            for n, stage in ((len(left) - timing, "tuning"), (timing, "timing"))
+            if n
+        )
         raise ConfigError(
-            f"{len(left)} tuning run(s) left no record, so no evaluation was submitted; "
+            f"{which} left no record, so no evaluation was submitted; "
             f"run the same command again (or --resume {plan.sweep_id}) to submit them"
         )
     tuning = selection_table(plan, recs) if plan.v2() else tuning_table(plan, recs)

@@ -86,13 +86,18 @@ def latest(
     records: Sequence[Mapping[str, Any]], key_of: KeyOf, rerun: Sequence[str] = RERUN
 ) -> dict[Hashable, dict[str, Any]]:
     """Job key -> its latest record, the keys whose latest record is to be run again
-    (``rerun``) left out."""
+    (``rerun``: its status, or its run id) left out."""
     last: dict[Hashable, dict[str, Any]] = {}
     for r in records:
         k = key_of(r)
         if k is not None:
             last[k] = dict(r)
-    return {k: r for k, r in last.items() if r.get("status") not in rerun}
+    again = set(rerun)
+    return {
+        k: r
+        for k, r in last.items()
+        if r.get("status") not in again and str(r.get("run_id")) not in again
+    }
 
 
 def pending(
