@@ -22,10 +22,21 @@ from tests.test_slurm import _cluster, leaves_nothing
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
 
+STARTED: list[subprocess.Popen] = []  # the sweep commands a test started
+
+
 @pytest.fixture
 def nothing_left_behind():
-    """No daemon, namespace, mount or folder of the test's clusters left behind."""
-    yield from leaves_nothing()
+    """No daemon, namespace, mount or folder of the test's clusters left behind, and no
+    sweep command of the test still polling a cluster that is gone."""
+    try:
+        yield from leaves_nothing()
+    finally:
+        while STARTED:
+            p = STARTED.pop()
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
 
 
 SWEEP = "faults"
@@ -50,8 +61,10 @@ def _env(cluster) -> dict[str, str]:
 
 
 def _start(cluster, results: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen(_cmd(results, *extra), cwd=REPO, env=_env(cluster), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    p = subprocess.Popen(_cmd(results, *extra), cwd=REPO, env=_env(cluster), text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    STARTED.append(p)
+    return p
 
 
 def _wait(what: str, ready, timeout: float = 240.0):
