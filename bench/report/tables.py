@@ -485,23 +485,36 @@ def is_protocol(path: Path) -> bool:
     return (path.parent / f"{stem}.plan.json").exists()
 
 
+V1_RULES = (
+    "Protocol v1: each method's configuration was chosen on tuning seeds by the fixed rule "
+    "(lowest median measured time to target, misses at the budget), then trained on fresh "
+    "evaluation seeds.  Times are means over the evaluation seeds with a miss counted at "
+    "the budget; brackets are 95 % bootstrap intervals over seeds; a ratio is a win only "
+    "when its interval excludes 1.0."
+)
+V2_RULES = (
+    "Protocol v2: per cluster, each method's trial of lowest median time to target on the "
+    "tuning seeds (its steps x that cluster's time per step: the timing pass on the check "
+    "cluster, the performance model at each paper ratio), then trained on fresh evaluation "
+    "seeds.  Times are means over the evaluation seeds with a miss counted at its whole run, "
+    "brackets 95 % bootstrap intervals; speedups are geometric-mean ratios with 95 % Welch "
+    "intervals on log time, a win only when the interval excludes 1.0 (docs/protocol.md)."
+)
+
+
 def protocol_section(paths: list[Path], base: Path) -> list[str]:
-    """Markdown lines: every protocol sweep among ``paths`` (none: a line saying how)."""
+    """Markdown lines: every protocol sweep among ``paths`` (none: a line saying how), each
+    under the rules of its protocol version."""
     tables = [p for p in paths if is_protocol(p) and not p.stem.endswith(TUNING_SUFFIX)]
     if not tables:
         return ["No protocol sweep yet: `python -m reproduce ablation` runs one.", ""]
-    out = [
-        "Each method's configuration was chosen on tuning seeds by the protocol's fixed rule "
-        "(lowest median time to target, misses at the budget), then trained on fresh "
-        "evaluation seeds.  Times are means over the evaluation seeds with a miss counted at "
-        "the budget; brackets are 95 % bootstrap intervals over seeds; a ratio is a win only "
-        "when its interval excludes 1.0.",
-        "",
-    ]
+    out: list[str] = []
     for p in tables:
         df = pd.read_csv(p)
+        v2 = "for_cluster" in df
         show = pd.DataFrame(
             {
+                **({"for cluster": df["for_cluster"]} if v2 else {}),
                 "experiment": df["experiment"],
                 "comm": df["comm"],
                 "trial": df["trial"],
@@ -514,11 +527,18 @@ def protocol_section(paths: list[Path], base: Path) -> list[str]:
                 "verdict vs peer": df["verdict_vs_peer"],
             }
         )
-        out += [f"From `{rel(p, base)}` ({len(df)} configurations):", "", *md_table(show), ""]
+        out += [
+            f"From `{rel(p, base)}` ({len(df)} configurations). {V2_RULES if v2 else V1_RULES}",
+            "",
+            *md_table(show),
+            "",
+        ]
         tuning = p.with_name(f"{p.stem}{TUNING_SUFFIX}.csv")
         if tuning.exists():
             t = pd.read_csv(tuning)
             cols = ["comm", "trial", "overrides", "n_runs", "n_reached", "median_time_s"]
+            if v2 and {"cluster", "median_steps"} <= set(t.columns):
+                cols = ["cluster", *cols[:5], "median_steps", "median_time_s"]
             t = t[[*cols, "selected"]].astype(object).where(t.notna(), "")
             out += [f"Its tuning trials (`{tuning.name}`):", "", *md_table(t, exact=True), ""]
     return out
