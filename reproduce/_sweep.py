@@ -168,6 +168,8 @@ def runner(plan: Any, local: Callable[..., list[int]]) -> Callable[..., list[int
     return run
 
 
+# the form bench.results.records.new_run_id makes (not imported: it loads pandas; a test
+# holds the two together)
 RUN_ID = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
 
 

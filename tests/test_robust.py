@@ -312,6 +312,14 @@ def test_a_resumed_sweep_runs_the_named_runs_again_and_keeps_their_records(
     assert [r["status"] for r in recs[-2:]] == ["ok", "ok"]
 
 
+def test_rerun_takes_the_run_ids_the_records_make() -> None:
+    from bench.results.records import new_run_id
+    from reproduce import _sweep
+
+    rid = new_run_id()
+    assert _sweep.run_ids(f"{rid}, {rid}") == (rid, rid)
+
+
 # 4. a resume holds a lock on the run
 
 

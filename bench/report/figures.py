@@ -748,7 +748,7 @@ def _experiment_figures(inputs: Inputs, exp: str, stats: pd.DataFrame) -> list[F
             "composed with the performance model"
         )
         title2 = f"{exp}: time to target across ratios, protocol sweep {table.stem}"
-        if "-v2" in str(plan_of(table).get("name", "")):
+        if "for_cluster" in pd.read_csv(table, nrows=0).columns:  # v2, as ratio_runs reads it
             title2 += f", each method's configuration tuned for `{HEADLINE}`"
         add("ratios", what, lambda p: _ratios_figure(res, table, p, title2))
     elif not speedups(stats[stats["experiment"] == exp], "comm", "dense").empty:
