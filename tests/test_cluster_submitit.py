@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,42 @@ def test_multinode_takes_its_topology_from_slurm(monkeypatch):
     c = OmegaConf.to_container(_compose(["cluster=multinode"]).cluster, resolve=True)
     assert (c["nnodes"], c["node_rank"], c["nproc_per_node"]) == (4, 3, 8)
     assert c["rdzv_endpoint"] == "gpu-a:29500" and c["rdzv_id"] == "1234"
+
+
+def test_a_node_named_by_its_address_passes_it_to_its_agent(monkeypatch):
+    """Where the nodes share one host name (the local Slurm cluster's namespaces), the
+    node ranked first would host the workers' store at the loopback and the other nodes'
+    workers would wait there: the node's address (``cluster.local_addr``, from the task's
+    environment) goes to torchrun as ``--local-addr``; empty, torch's guess is kept."""
+    from bench.cluster.slurm import TASK_PROLOG
+    from bench.cluster.torchrun import torchrun_cmd
+    from bench.config import to_object
+
+    monkeypatch.delenv("BENCH_LOCAL_ADDR", raising=False)
+    c = to_object(_compose(["cluster=multinode"])).cluster
+    cmd = torchrun_cmd(c, Path("run.json"), endpoint="n0:1", rdzv_id="j", is_host=True)
+    assert c.local_addr == "" and not any(a.startswith("--local-addr") for a in cmd)
+    monkeypatch.setenv("BENCH_LOCAL_ADDR", "10.231.0.2")
+    c = to_object(_compose(["cluster=multinode"])).cluster
+    cmd = torchrun_cmd(c, Path("run.json"), endpoint="n0:1", rdzv_id="j",
+                       local_addr=c.local_addr)  # fmt: skip
+    assert "--local-addr=10.231.0.2" in cmd and cmd.index("--local-addr=10.231.0.2") < cmd.index(
+        "-m", 2
+    )  # an agent option, before the worker module
+    # the prolog exports the address of the interface the collectives bind
+    if shutil.which("ip") is None:
+        pytest.skip("no ip command here")
+    out = subprocess.run(["sh", "-c", TASK_PROLOG], capture_output=True, text=True).stdout
+    lines = dict(ln.removeprefix("export ").split("=", 1) for ln in out.splitlines())
+    if "GLOO_SOCKET_IFNAME" not in lines:
+        pytest.skip("no interface besides lo here")
+    dev = lines["GLOO_SOCKET_IFNAME"]
+    shown = subprocess.run(["ip", "-o", "-4", "addr", "show", "dev", dev], capture_output=True,
+                           text=True).stdout  # fmt: skip
+    if "inet " in shown:  # an IPv4 address: exported, that one
+        assert f"inet {lines.get('BENCH_LOCAL_ADDR')}/" in shown, (out, shown)
+    else:
+        assert "BENCH_LOCAL_ADDR" not in lines, out
 
 
 def test_slurm_launcher_runs_one_task_per_node():

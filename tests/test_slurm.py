@@ -317,3 +317,8 @@ def test_the_protocols_quick_sweep_on_two_slurm_nodes_of_two_workers(
         line = next(ln for ln in p.stdout.splitlines() if job in ln)
         assert "COMPLETED, exit code 0" in line and f"run {r['run_id']} " in line, line
         assert "on node0,node1" in line, line
+    # the same seeds through the local run queue on 2 x 2 workers: the same tables but for
+    # the clocks
+    from tests.test_sweep_submit import assert_same_as_the_local_run_queue
+
+    assert_same_as_the_local_run_queue(tmp_path, "protocol-1", nnodes=2, nproc_per_node=2)

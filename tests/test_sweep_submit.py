@@ -96,6 +96,40 @@ def test_each_job_gets_the_allocation_of_its_topology(tmp_path: Path, monkeypatc
     assert plan_groups("submitit_local", cfgs) == {(): [0, 1, 2]}  # this machine
 
 
+def test_every_node_of_a_slurm_job_names_the_one_run_the_script_chose(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """The job script chooses the run id once, before ``srun`` starts a launcher on each
+    node; each launcher takes it (not one id per node, with node 1's events under an id no
+    record has), unless a record has it already."""
+    import yaml
+
+    from bench.config import to_object
+    from bench.launch.run import prepare
+    from bench.results import records
+    from bench.sweeps.common import compose
+
+    setup = yaml.safe_load((REPO / "conf/hydra/launcher/slurm.yaml").read_text())["setup"]
+    line = next(x for x in setup if records.JOB_RUN_ID_ENV in x)
+    out = subprocess.run(["bash", "-c", f"{line}; echo ${records.JOB_RUN_ID_ENV}"],
+                         capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    assert records.RUN_ID_FORM.match(out), out
+    monkeypatch.setenv("BENCH_RDZV_ENDPOINT", "n0:29500")
+    monkeypatch.setenv(records.JOB_RUN_ID_ENV, out)
+    ids = []
+    for rank in (0, 1):  # two nodes' launchers, from the same job script
+        cfg = to_object(compose(["cluster=multinode", "cluster.nnodes=2",
+                                 "cluster.nproc_per_node=1", f"cluster.node_rank={rank}",
+                                 f"results.dir={tmp_path}", *TINY_RUN]))  # fmt: skip
+        ids.append(prepare(cfg, "x", 0.0, quiet=True, checked=True)["run_id"])
+    assert ids == [out, out]
+    local = to_object(compose(["cluster=local", f"results.dir={tmp_path}", *TINY_RUN]))
+    assert prepare(local, "x", 0.0, quiet=True, checked=True)["run_id"] != out  # a job's only
+    append_record(tmp_path, {"run_id": out, "status": "ok"})
+    again = prepare(cfg, "x", 0.0, quiet=True, checked=True)["run_id"]
+    assert again != out and records.RUN_ID_FORM.match(again)  # recorded: a new one
+
+
 def _rec(run_id: str, comm: str, seed: int, status: str, sweep: str = "g1") -> dict:
     return {"run_id": run_id, "status": status, "experiment": "dawnbench_digits",
             "comm": comm, "cache": "none", "update": "naive", "target_metric": "top1",
@@ -261,22 +295,29 @@ def test_the_docs_protocol_through_submitit_local_resumes_a_killed_job(tmp_path:
     assert _job_dirs(tmp_path, "hydra/ablation/protocol-1/eval/*/.submitit/*")
     p = run_cli(*aggregate)
     assert p.returncode == 0 and "missing" not in p.stdout, p.stdout + p.stderr
-    sub = pd.read_csv(tmp_path / "ablation" / "protocol-1.csv")
+    assert_same_as_the_local_run_queue(tmp_path, "protocol-1", nnodes=2, nproc_per_node=1)
 
-    # the same seeds through the local run queue: the same table but for the clocks
-    here = tmp_path / "queue"
+
+def assert_same_as_the_local_run_queue(
+    results: Path, sweep: str, nnodes: int, nproc_per_node: int
+) -> None:
+    """The same sweep (``OPTS``, the same seeds) through the local run queue on as many
+    workers gives the same table and tuning table as ``sweep`` under ``results``, but for
+    the columns that depend on the clock."""
+    here = results / "queue"
     p = run_cli("ablation", *OPTS, "--cluster", "local", "--sweep-id", "q1", "--results-dir",
-                str(here), "cluster.nnodes=2", "cluster.nproc_per_node=1", *TINY_RUN,
-                timeout=900)  # fmt: skip
+                str(here), f"cluster.nnodes={nnodes}", f"cluster.nproc_per_node={nproc_per_node}",
+                *TINY_RUN, timeout=1800)  # fmt: skip
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    sub = pd.read_csv(results / "ablation" / f"{sweep}.csv")
     que = pd.read_csv(here / "ablation" / "q1.csv")
     same = ["comm", "trial", "n_runs", "n_reached", "n_error", "seeds", "best_peer"]
     assert list(sub.columns) == list(que.columns)
-    assert sub[same].equals(que[same])
-    t_sub = pd.read_csv(tmp_path / "ablation" / "protocol-1-tuning.csv")
+    assert sub[same].equals(que[same]), (sub[same], que[same])
+    t_sub = pd.read_csv(results / "ablation" / f"{sweep}-tuning.csv")
     t_que = pd.read_csv(here / "ablation" / "q1-tuning.csv")
     cols = ["comm", "trial", "n_runs", "n_reached", "selected"]
-    assert t_sub[cols].equals(t_que[cols])
+    assert t_sub[cols].equals(t_que[cols]), (t_sub[cols], t_que[cols])
 
 
 @pytest.mark.slow

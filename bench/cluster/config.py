@@ -23,6 +23,10 @@ class ClusterConfig:
     node_rank: int = 0  # multinode: this node's rank
     rdzv_endpoint: str = ""  # host:port of the c10d rendezvous; "" = localhost on a free port
     rdzv_id: str = ""  # multinode: the same on every node of one job ("" = launcher default)
+    # multinode: the address the other nodes reach this node at (its agent's, and node 0's
+    # store for the workers); "" = what its host name resolves to, right where host names
+    # name the nodes, not where the nodes share one host name (namespaces, some containers)
+    local_addr: str = ""
     rdzv_timeout_s: int = 300  # give up when the rendezvous is not complete after this long
     max_restarts: int = 0  # elastic restarts of the worker group
     backend: Backend = Backend.auto

@@ -143,12 +143,16 @@ PartitionName={partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
 
 
-# each task's collectives bind the node's own interface (its namespace has one besides lo)
+# each task's collectives bind the node's own interface (its namespace has one besides lo),
+# and its launcher names the node by that interface's address (cluster.local_addr): every
+# namespace has the host's name, which resolves to the loopback
 TASK_PROLOG = """\
 #!/bin/sh
 dev=$(ip -o link show | awk -F': ' '$2 != "lo" {print $2}' | cut -d@ -f1 | head -n 1)
 [ -n "$dev" ] && for v in GLOO_SOCKET_IFNAME NCCL_SOCKET_IFNAME TP_SOCKET_IFNAME; do
   echo "export $v=$dev"; done
+addr=$(ip -o -4 addr show dev "$dev" 2>/dev/null | awk '{print $4}' | cut -d/ -f1 | head -n 1)
+[ -n "$addr" ] && echo "export BENCH_LOCAL_ADDR=$addr"
 exit 0
 """
 

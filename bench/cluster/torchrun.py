@@ -87,17 +87,28 @@ def worker_env(c: ClusterConfig) -> dict[str, str]:
 
 
 def torchrun_cmd(
-    c: ClusterConfig, run_json: Path, *, endpoint: str, rdzv_id: str, is_host: bool | None = None
+    c: ClusterConfig,
+    run_json: Path,
+    *,
+    endpoint: str,
+    rdzv_id: str,
+    is_host: bool | None = None,
+    local_addr: str = "",
 ) -> list[str]:
     """The command line of one node's agent (torchrun; the c10d rendezvous ranks the
     nodes, so no node rank is passed; ``is_host``: whether it hosts the rendezvous store,
-    None: torch guesses from the endpoint's host name)."""
+    None: torch guesses from the endpoint's host name; ``local_addr``: this node's address
+    as the others reach it, "": its host name's).  The node ranked first hosts the
+    workers' store at its ``local_addr``: where every node has the same host name (network
+    namespaces), without it the workers of the other nodes wait on an address that is
+    their own."""
     host = "" if is_host is None else f",is_host={int(is_host)}"
     return [
         sys.executable, "-m", AGENT_MODULE,
         f"--nnodes={c.nnodes}", f"--nproc-per-node={c.nproc_per_node}",
         "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}",
         f"--rdzv-conf=join_timeout={c.rdzv_timeout_s}{host}", f"--max-restarts={c.max_restarts}",
+        *([f"--local-addr={local_addr}"] if local_addr else []),
         "--monitor-interval=0.5",
         "-m", WORKER_MODULE, "--config", str(run_json),
     ]  # fmt: skip
@@ -308,7 +319,7 @@ def launch_multinode(c: ClusterConfig, run_json: Path) -> int:
     # node 0 hosts the store: the endpoint's name need not resolve to this node's own
     # address (a node behind several interfaces, or in a network namespace)
     cmd = torchrun_cmd(c, run_json, endpoint=c.rdzv_endpoint, rdzv_id=rdzv_id,
-                       is_host=c.node_rank == 0)  # fmt: skip
+                       is_host=c.node_rank == 0, local_addr=c.local_addr)  # fmt: skip
     env = {**worker_env(c), **events_env(run_json)}
     agent = subprocess.Popen(cmd, env=env, start_new_session=True)
     return _wait_all([agent], timeout_s=comm_timeout(run_json), events=env[EVENTS_ENV])

@@ -228,8 +228,9 @@ def prepare(
         check_results_dir(cfg.results.dir)
     else:
         validate(cfg)
+    multi = cfg.cluster.name == "multinode"  # every node's launcher: the job's one run id
     run_meta = {
-        "run_id": records.new_run_id(),
+        "run_id": records.job_run_id(cfg.results.dir) if multi else records.new_run_id(),
         "started_at": records.now_iso(),
         "launch_time": launch_time,
         "experiment": experiment,

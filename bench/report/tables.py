@@ -369,6 +369,7 @@ _IGNORE = {
     "cluster.rdzv_id",
     "cluster.rdzv_port",
     "cluster.node_rank",
+    "cluster.local_addr",
     "train.progress",
     "results.dir",
 }

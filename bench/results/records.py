@@ -37,6 +37,23 @@ def new_run_id() -> str:
     return _dt.datetime.now().strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
 
+#: the run id a multi-node job's script chose once for all its nodes
+#: (``conf/hydra/launcher/slurm.yaml`` exports it before ``srun``)
+JOB_RUN_ID_ENV = "BENCH_RUN_ID"
+RUN_ID_FORM = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
+
+
+def job_run_id(results_dir: str | Path) -> str:
+    """The run id of this node's launcher in a multi-node job: the job's own
+    (``$BENCH_RUN_ID``), so that every node's launcher, log and events name the one run
+    its workers train; a new one where the job chose none, or where that id has a
+    record already (the same script running a second run)."""
+    given = os.environ.get(JOB_RUN_ID_ENV, "")
+    if RUN_ID_FORM.match(given) and find_record(results_dir, given) is None:
+        return given
+    return new_run_id()
+
+
 def now_iso() -> str:
     return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
 

@@ -48,6 +48,7 @@ MAY_DIFFER = (
     "cluster.rdzv_endpoint",
     "cluster.rdzv_id",
     "cluster.rdzv_port",
+    "cluster.local_addr",
     "comm.timeout_s",
     # where the results are, not what runs: a trailing slash, or a results folder moved
     # (the checkpoint is found through it, by run id)
