@@ -173,6 +173,9 @@ def _protocol_plan(args: argparse.Namespace, jobs: list[str]):
         order_seed=order_seed,
         results_dir=args.results_dir,
         extra=jobs,
+        # on a real cluster (a Slurm launcher) its own links are the check; the emulated
+        # cluster stands in for slow links where there are none, and needs root
+        check_cluster="multinode" if args.cluster == "multinode" else "emulated",
     )
     plan.check()
     if n < 5 and not args.quick and not plan.v2():

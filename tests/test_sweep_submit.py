@@ -231,6 +231,25 @@ def test_bad_launcher_input_is_one_line_and_exit_2(tmp_path: Path, capsys, args,
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "runs.jsonl").exists()
 
 
+def test_on_a_real_cluster_the_protocol_checks_on_its_own_links(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """Through a launcher onto a real cluster (``cluster=multinode``) the timing pass and
+    the end-to-end check run on its nodes, not on the emulated cluster (root, namespaces
+    inside a job); on one machine the emulated cluster stays the check."""
+    monkeypatch.setenv("BENCH_RDZV_ENDPOINT", "n0:29500")
+    code, out, err = _main(capsys, "--quick", "--launcher", "submitit_local", "--cluster",
+                           "multinode", "--dry-run", "--results-dir", str(tmp_path))  # fmt: skip
+    assert code == 0, err
+    timing = [ln for ln in out.splitlines() if ln.startswith("time ")]
+    assert timing and all("cluster=multinode" in ln and "emulated" not in ln for ln in timing)
+    assert "(multinode, paper-224, paper, paper-b64)" in out and "needs root" not in out
+    code, out, err = _main(capsys, "--quick", "--cluster", "local", "--dry-run",
+                           "--results-dir", str(tmp_path))  # fmt: skip
+    assert code == 0, err
+    assert "(emulated, paper-224, paper, paper-b64)" in out
+
+
 # -- real runs through submitit's local executor ------------------------------------------
 
 
