@@ -104,8 +104,8 @@ def test_every_node_of_a_slurm_job_names_the_one_run_the_script_chose(
     record has), unless a record has it already."""
     import yaml
 
-    from bench.config import to_object
-    from bench.launch.run import prepare
+    from bench.config import to_container, to_object
+    from bench.launch.run import prepare, write_run_json
     from bench.results import records
     from bench.sweeps.common import compose
 
@@ -116,13 +116,19 @@ def test_every_node_of_a_slurm_job_names_the_one_run_the_script_chose(
     assert records.RUN_ID_FORM.match(out), out
     monkeypatch.setenv("BENCH_RDZV_ENDPOINT", "n0:29500")
     monkeypatch.setenv(records.JOB_RUN_ID_ENV, out)
-    ids = []
-    for rank in (0, 1):  # two nodes' launchers, from the same job script
+    ids, files = [], []
+    for rank in (0, 1):  # two nodes' launchers, from the same job script, in one job folder
         cfg = to_object(compose(["cluster=multinode", "cluster.nnodes=2",
                                  "cluster.nproc_per_node=1", f"cluster.node_rank={rank}",
                                  f"results.dir={tmp_path}", *TINY_RUN]))  # fmt: skip
-        ids.append(prepare(cfg, "x", 0.0, quiet=True, checked=True)["run_id"])
+        meta = prepare(cfg, "x", 0.0, quiet=True, checked=True)
+        ids.append(meta["run_id"])
+        files.append(write_run_json(tmp_path / "job", {"config": to_container(cfg), "run": meta}))
     assert ids == [out, out]
+    # each node's workers read their own node's config, never the other's half-written
+    assert [f.name for f in files] == [f"run-{out}.json", f"run-{out}.node1.json"]
+    assert [json.loads(f.read_text())["config"]["cluster"]["node_rank"] for f in files] == [0, 1]
+    assert sorted(p.name for p in (tmp_path / "job").iterdir()) == sorted(f.name for f in files)
     local = to_object(compose(["cluster=local", f"results.dir={tmp_path}", *TINY_RUN]))
     assert prepare(local, "x", 0.0, quiet=True, checked=True)["run_id"] != out  # a job's only
     append_record(tmp_path, {"run_id": out, "status": "ok"})

@@ -358,10 +358,17 @@ def guarded_launch(cfg: Config, run_json: Path) -> tuple[int, str, str | None, E
 
 
 def write_run_json(out: Path, payload: dict[str, Any]) -> Path:
-    """``out/run-<run id>.json``: what the workers of a run read (config and run metadata)."""
+    """``out/run-<run id>.json``: what the workers of a run read (config and run metadata);
+    ``run-<run id>.node<k>.json`` for node k > 0 of a multi-node run, whose nodes share the
+    run id and may share ``out`` (a Slurm job's folder): each node's own config (its rank
+    and address), whole when its workers read it."""
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"run-{payload['run']['run_id']}.json"
-    path.write_text(json.dumps(payload, indent=1))
+    c = payload["config"]["cluster"]
+    node = int(c.get("node_rank") or 0) if c.get("name") == "multinode" else 0
+    path = out / f"run-{payload['run']['run_id']}{f'.node{node}' if node else ''}.json"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(payload, indent=1))
+    tmp.replace(path)
     return path
 
 
