@@ -55,9 +55,16 @@ def _cmd(results: Path, *extra: str) -> list[str]:
             *extra]  # fmt: skip
 
 
+# each epoch held this long after its checkpoint (bench/train/loop.py): a run of 40 tiny
+# epochs lasts about a minute however fast this machine trains them (7 s unheld), so that
+# a fault lands in the middle of it
+HOLD_S = "1.5"
+
+
 def _env(cluster) -> dict[str, str]:
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    return {**cluster.env(), "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
+    return {**cluster.env(), "PYTHONUNBUFFERED": "1", "PYTHONPATH": path,
+            "BENCH_FAULT_EPOCH_HOLD_S": HOLD_S}  # fmt: skip
 
 
 def _start(cluster, results: Path, *extra: str) -> subprocess.Popen:
@@ -82,7 +89,7 @@ def _job_and_checkpoint(results: Path) -> str:
 
     def ready() -> str | None:
         jobs = list((results / "hydra").rglob("slurm-jobs.jsonl"))
-        ckpt = list((results / "checkpoints").glob("*/epoch-0001.json"))
+        ckpt = list((results / "checkpoints").glob("*/epoch-*.json"))
         if jobs and ckpt:
             return json.loads(jobs[0].read_text().splitlines()[-1])["job_id"]
         return None

@@ -595,7 +595,17 @@ def train(payload: dict[str, Any], leave_group: bool = True) -> dict[str, Any] |
         s.kept = []
         go_on = end_epoch(s, row, evaluated, time.perf_counter() - t_eval)
         _checkpoint(s, last=not go_on)
+        _hold_epoch(go_on)
     return finish(s, leave_group)
+
+
+def _hold_epoch(go_on: bool) -> None:
+    """Fault injection for tests: BENCH_FAULT_EPOCH_HOLD_S=X holds every rank X s after
+    each epoch's checkpoint but the last (a run lasts long enough for a fault to land in
+    it, however fast this machine trains), outside every measured time."""
+    hold = os.environ.get("BENCH_FAULT_EPOCH_HOLD_S")
+    if hold and go_on:
+        time.sleep(float(hold))
 
 
 def _checkpoint(s: TrainState, last: bool) -> None:
