@@ -306,6 +306,31 @@ def test_the_figure_reads_an_older_csv_beside_a_newer_one(tmp_path: Path) -> Non
     assert list(newest_sweep(old)["nodes"]) == [2]
 
 
+def test_a_narrower_check_run_later_does_not_hide_the_study_it_checks() -> None:
+    """The figure and the report draw the sweep that measured the most methods; a later
+    sweep of fewer methods is reported beside it as a model check, not instead of it."""
+    from bench.report.answer import later_check_lines
+    from bench.report.figures import later_checks, newest_sweep
+
+    def sweep(sid: str, comms: list[str], sizes: list[tuple[int, int]]) -> pd.DataFrame:
+        rows = [{"sweep_id": sid, "kind": "measured", "comm": c, "nodes": n,
+                 "workers_per_node": m, "efficiency": 0.5, "step_s": 0.2,
+                 "predicted_step_s": 0.19, "model_error": -0.05}
+                for c in [*comms, "nocomm"] for n, m in sizes]  # fmt: skip
+        return pd.DataFrame(rows)
+
+    study = sweep("scaling-1", ["dense", "fp16", "hitopk"], [(2, 1), (2, 2), (4, 2)])
+    check = sweep("scaling-2", ["dense", "diloco"], [(2, 2), (4, 2)])
+    both = pd.concat([study, check], ignore_index=True)
+    assert set(newest_sweep(both)["sweep_id"]) == {"scaling-1"}
+    assert [set(d["sweep_id"]) for d in later_checks(both)] == [{"scaling-2"}]
+    (line, _) = later_check_lines(both)
+    assert "`scaling-2`" in line and "diloco 0.50 at 2x2, 0.50 at 4x2" in line
+    wider = sweep("scaling-3", ["dense", "fp16", "hitopk", "diloco"], [(2, 2)])
+    assert set(newest_sweep(pd.concat([both, wider]))["sweep_id"]) == {"scaling-3"}
+    assert later_checks(pd.concat([both, wider])) == []  # nothing after the study
+
+
 def test_the_report_says_what_the_measured_curve_shows(table: pd.DataFrame, tmp_path: Path) -> None:
     from types import SimpleNamespace
 

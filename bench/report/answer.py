@@ -19,6 +19,7 @@ import pandas as pd
 from bench.report.figures import (
     Figure,
     headlines,
+    later_checks,
     newest_runs,
     newest_sweep,
     plan_of,
@@ -714,6 +715,20 @@ def scaling_lines(inputs: Inputs) -> list[str]:
     if "predicted_step_s" not in df or df["predicted_step_s"].isna().all():
         return []
     df = df.astype({"nodes": int, "workers_per_node": int})  # 4x1, not 4.0x1.0
+    per = _efficiencies(df)
+    sweep = str(df["sweep_id"].iloc[0])
+    return [
+        f"Scaling, sweep `{sweep}` (efficiency = the compute-only step / the method's step at "
+        f"the same size, measured on this machine): {'; '.join(per)}.  "
+        + "; ".join(x.strip() for x in scaling_table.summary(df))
+        + ".",
+        "",
+        *later_check_lines(pd.concat(frames, ignore_index=True, sort=False)),
+    ]
+
+
+def _efficiencies(df: pd.DataFrame) -> list[str]:
+    """``dense 0.52 at 2x2, 0.38 at 4x2`` per method measured on more than one node."""
     meas = df[(df["kind"] == "measured") & (df["comm"] != "nocomm") & (df["nodes"] > 1)]
     per = []
     for comm, g in meas.groupby("comm", sort=False):
@@ -723,14 +738,26 @@ def scaling_lines(inputs: Inputs) -> list[str]:
             for n, m, e in zip(g["nodes"], g["workers_per_node"], g["efficiency"], strict=True)
         )
         per.append(f"{comm} {cells}")
-    sweep = str(df["sweep_id"].iloc[0])
-    return [
-        f"Scaling, sweep `{sweep}` (efficiency = the compute-only step / the method's step at "
-        f"the same size, measured on this machine): {'; '.join(per)}.  "
-        + "; ".join(x.strip() for x in scaling_table.summary(df))
-        + ".",
-        "",
-    ]
+    return per
+
+
+def later_check_lines(frame: pd.DataFrame) -> list[str]:
+    """One paragraph per narrower scaling sweep run after the drawn study: its methods,
+    sizes and how well the model predicted them."""
+    out = []
+    for df in later_checks(frame):
+        df = df.astype({"nodes": int, "workers_per_node": int})
+        per = _efficiencies(df)
+        if not per:
+            continue
+        out += [
+            f"Model check, sweep `{df['sweep_id'].iloc[0]}` (not drawn; efficiency as "
+            f"above): {'; '.join(per)}.  "
+            + "; ".join(x.strip() for x in scaling_table.summary(df))
+            + ".",
+            "",
+        ]
+    return out
 
 
 # each sweep's table as the report shows it: the columns its sweep module names, then the

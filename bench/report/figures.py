@@ -477,14 +477,46 @@ REFERENCE = "nocomm"  # the compute-only runs: efficiency 1 by definition, not d
 
 
 def newest_sweep(frame: pd.DataFrame) -> pd.DataFrame:
-    """The rows of the newest sweep (sweep ids sort by start time), preferring one with
-    predictions; an older table's columns read as today's."""
+    """The rows of the scaling study to draw: of the sweeps with predictions (else of
+    all), the one that measured the most methods, then the most sizes, the newest among
+    equals (sweep ids sort by start time), so that a narrower check run later does not
+    hide the study it checks (:func:`later_checks`); an older table's columns read as
+    today's."""
     df = newer_scaling(frame)
+    ids = _sweeps_by_breadth(df)
+    return df if not ids else df[df["sweep_id"].astype(str) == ids[-1]]
+
+
+def later_checks(frame: pd.DataFrame) -> list[pd.DataFrame]:
+    """The sweeps with predictions newer than :func:`newest_sweep`'s, each a narrower
+    study of its own (the rows of each, oldest first)."""
+    df = newer_scaling(frame)
+    ids = _sweeps_by_breadth(df)
+    if not ids or "predicted_step_s" not in df.columns:
+        return []
+    main = ids[-1]
+    new = df[df["predicted_step_s"].notna()]
+    later = sorted(x for x in new["sweep_id"].dropna().astype(str).unique() if x > main)
+    return [df[df["sweep_id"].astype(str) == x] for x in later]
+
+
+def _sweeps_by_breadth(df: pd.DataFrame) -> list[str]:
+    """Sweep ids (with predictions where any has them) by (methods measured, sizes,
+    id), the study to draw last; [] where the rows name no sweep."""
     if "sweep_id" not in df.columns or df["sweep_id"].isna().all():
-        return df
+        return []
     new = df[df["predicted_step_s"].notna()] if "predicted_step_s" in df.columns else df[:0]
-    ids = sorted((new if len(new) else df)["sweep_id"].dropna().astype(str).unique())
-    return df[df["sweep_id"].astype(str) == ids[-1]]
+    pool = new if len(new) else df
+    pool = pool[pool["sweep_id"].notna()].astype({"sweep_id": str})
+
+    def breadth(sweep: str) -> tuple[int, int, str]:
+        g = pool[(pool["sweep_id"] == sweep) & (pool["comm"] != REFERENCE)]
+        if "kind" in g.columns:
+            g = g[g["kind"].fillna("measured") == "measured"]
+        sizes = {tuple(x) for x in g[["nodes", "workers_per_node"]].itertuples(index=False)}
+        return g["comm"].nunique(), len(sizes), sweep
+
+    return sorted(pool["sweep_id"].unique(), key=breadth)
 
 
 def _measured(ax, meas: pd.DataFrame, colours: dict[str, str]) -> None:
