@@ -846,8 +846,9 @@ def scaling_caption(paths: Sequence[Path], newest: Any) -> str:
     rest = len(paths) - len(set(df["_csv"]))
     older = f"; {rest} other scaling CSV(s) in the appendix" if rest > 0 else ""
     return (
-        f"scaling efficiency against nodes, sweep {df['sweep_id'].iloc[0]} ({csv}: the newest "
-        f"sweep, one with the model's predictions preferred){older}"
+        f"scaling efficiency against nodes, sweep {df['sweep_id'].iloc[0]} ({csv}: of the "
+        f"sweeps with the model's predictions, the one that measured the most methods and "
+        f"sizes){older}"
     )
 
 
