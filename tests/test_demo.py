@@ -17,6 +17,7 @@ from bench.benchmarks.spawn import run_workers
 from bench.cluster import perfmodel as pm
 from bench.comm import cost
 from bench.comm.config import CommConfig
+from bench.comm.stats import PhaseTimes
 from bench.optim import OptimConfig, build_optimizer, validate
 from bench.optim.demo import Chunking, DeMo, dct_matrix, packet_bytes
 from bench.registry import ConfigError
@@ -115,12 +116,14 @@ def _two_workers(rank: int, world: int) -> dict:
         opt = DeMo(model.parameters(), lr=0.05, momentum=0.9, chunk=4, topk=topk)
         sent = []
         opt.on_send = lambda *told, out=sent: out.append(told)
+        opt.times = PhaseTimes()
         grads = []
         for step in range(3):
             _grads(model, 100 * rank + step)
             grads.append([p.grad.clone() for p in model.parameters()])
             opt.step()
         out[name] = {
+            "times": opt.times.pop(),
             "weights": [p.detach().tolist() for p in model.parameters()],
             "momentum": [st["momentum"].tolist() for st in opt.state.values()],
             "grads": [[g.tolist() for g in gs] for gs in grads],
@@ -137,6 +140,8 @@ def test_two_gloo_workers_apply_the_same_update() -> None:
         a, b = r0[name], r1[name]
         assert a["weights"] == b["weights"], name  # bit for bit
         assert a["sent"] == b["sent"] and len(a["sent"]) == 3
+        # its transform and decode timed as selection, its all-gather as communication
+        assert all(t > 0 for t in a["times"]) and all(t > 0 for t in b["times"])
         packet, pairs, numel = a["sent"][0]
         assert packet == packet_bytes(shapes, 4, 16 if name == "whole" else 2) == 6 * pairs
         assert numel == sum(p.numel() for p in start)

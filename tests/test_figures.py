@@ -245,3 +245,22 @@ def test_a_density_schedule_is_part_of_the_configuration():
     warm = {**plain, "comm_density_schedule": [0.1, 0.05, 0.01]}
     assert comm_label(plain) == "hitopk d=0.01"
     assert comm_label(warm) == "hitopk d=0.01 schedule 0.1/0.05/0.01"
+
+
+def test_an_exchange_in_the_optimizer_step_is_taken_from_the_update_not_the_backward():
+    """DeMo times its transforms and all-gather inside its optimizer step: the breakdown
+    takes them out of the update; a hook's, run in the backward pass, out of compute."""
+    from bench.report.figures import step_phases
+
+    curve = pd.DataFrame(
+        {"time/compute_s": [0.4, 0.4], "time/update_s": [0.3, 0.3],
+         "time/select_s": [0.1, 0.1], "time/comm_s": [0.05, 0.05]}
+    )  # fmt: skip
+    hook = step_phases(curve)
+    assert hook["forward+backward"] == pytest.approx(0.25)
+    assert hook["optimizer update"] == pytest.approx(0.3)
+    demo = step_phases(curve, exchange_in_update=True)
+    assert demo["forward+backward"] == pytest.approx(0.4)
+    assert demo["optimizer update"] == pytest.approx(0.15)
+    for ph in (hook, demo):  # the phases still add up to the step the loop measured
+        assert sum(ph.values()) == pytest.approx(0.7)

@@ -134,7 +134,11 @@ def test_a_checkpoint_in_the_middle_of_a_period_resumes_bit_for_bit() -> None:
         model = net()
         strategy, manager, opt, state, _store = _replica(lh.address, model, h=4, fragments=2)
         _steps(model, opt, 0, 7)  # fragment syncs at 2, 4, 6: mid-period at 7
-        assert manager.pop_stats()["sync/outer_syncs"] == 3
+        stats = manager.pop_stats()
+        assert stats["sync/outer_syncs"] == 3
+        # each sync's phases timed: the quorum, the send, the wait, outer step and commit
+        assert all(stats[f"sync/{k}_s"] > 0 for k in ("quorum", "send", "finish"))
+        assert manager.pop_stats()["sync/finish_s"] == 0.0  # popped: starts over
         buf = io.BytesIO()
         torch.save(state.state_dict(), buf)
         _steps(model, opt, 7, 6)

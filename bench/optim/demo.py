@@ -187,7 +187,8 @@ class DeMo(torch.optim.Optimizer):
 
     ``on_send(packet_bytes, pairs, elements)``, when set, is told each step what this
     worker sent: its packet's bytes, the (index, value) pairs in it and the elements they
-    compress.
+    compress.  ``times``, when set (a :class:`bench.comm.stats.PhaseTimes`), is given each
+    step's transform and decode as selection and its all-gather as communication.
     """
 
     def __init__(
@@ -209,6 +210,7 @@ class DeMo(torch.optim.Optimizer):
         self.chunk, self.topk = int(chunk), int(topk)
         self.process_group = process_group
         self.on_send: Callable[[int, int, int], None] | None = None
+        self.times: Any = None
 
     def _world(self) -> int:
         if not (dist.is_available() and dist.is_initialized()):
@@ -240,9 +242,11 @@ class DeMo(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         live = [(g, p) for g in self.param_groups for p in g["params"] if p.numel()]
-        parts = [self.extract(p, g["momentum"]) for g, p in live]
-        if not parts:
+        if not live:
             return loss
+        t0 = self._now(live[0][1])
+        parts = [self.extract(p, g["momentum"]) for g, p in live]
+        self._select(t0, self._now(live[0][1]))
         chunkings = [ch for ch, *_ in parts]
         world = self._world()
         if world == 1:  # the average of one worker: what it sent
@@ -267,7 +271,11 @@ class DeMo(torch.optim.Optimizer):
         idx = torch.cat([i.reshape(-1) for _, _, ids, _ in parts for i in ids]).to(itype)
         packet = torch.cat([values.view(torch.uint8), idx.view(torch.uint8)])
         gathered = [torch.empty_like(packet) for _ in range(world)]
+        t0 = self._now(packet)
         dist.all_gather(gathered, packet, group=self.process_group)
+        t1 = self._now(packet)
+        if self.times is not None:
+            self.times.add_comm(t0, t1)
         n = values.numel()
         blocks = [b for ch in chunkings for b in ch.blocks]
         sums = [values.new_zeros(b.chunks, b.elems) for b in blocks]
@@ -285,7 +293,15 @@ class DeMo(torch.optim.Optimizer):
             own = sums[at : at + len(ch.blocks)]
             averages.append(ch.tensor([acc / world for acc in own]))
             at += len(ch.blocks)
+        self._select(t1, self._now(packet))
         return averages, packet.numel()
+
+    def _now(self, like: torch.Tensor) -> Any:
+        return self.times.now(like) if self.times is not None else None
+
+    def _select(self, start: Any, end: Any) -> None:
+        if self.times is not None:
+            self.times.add_select(start, end)
 
 
 def check_demo(cfg: OptimConfig) -> None:

@@ -247,19 +247,27 @@ def plot_speedup(
     return save_figure(fig, path)
 
 
-def step_phases(df: pd.DataFrame) -> dict[str, float] | None:
+#: methods whose exchange runs in the optimizer step, not in the backward pass's hook
+EXCHANGE_IN_UPDATE = ("demo",)
+
+
+def step_phases(df: pd.DataFrame, exchange_in_update: bool = False) -> dict[str, float] | None:
     """Mean seconds per step of each phase over a curve's epochs.  Forward+backward is the
     loop's compute time less the selection and communication measured inside the hook
-    (which run within the backward pass); None when the curve has no phase columns."""
+    (which run within the backward pass); with ``exchange_in_update`` (DeMo: they run in
+    its optimizer step) the update is the loop's update time less them instead.  None
+    when the curve has no phase columns."""
     if "time/compute_s" not in df:
         return None
     out = {}
     for label, cols in PHASES:
         col = next((c for c in cols if c in df), None)
         out[label] = float(df[col].mean()) if col is not None else 0.0
+    out = {k: (0.0 if v != v else v) for k, v in out.items()}
     inner = out["selection"] + out["communication"]
-    out["forward+backward"] = max(0.0, out["forward+backward"] - inner)
-    return {k: (0.0 if v != v else v) for k, v in out.items()}
+    holder = "optimizer update" if exchange_in_update else "forward+backward"
+    out[holder] = max(0.0, out[holder] - inner)
+    return out
 
 
 def breakdown_table(results_dir: Path, runs: pd.DataFrame, experiment: str) -> pd.DataFrame:
@@ -269,7 +277,8 @@ def breakdown_table(results_dir: Path, runs: pd.DataFrame, experiment: str) -> p
     rows = []
     for _, r in runs[(runs["experiment"] == experiment) & runs["has_curve"]].iterrows():
         df = curve(results_dir, r["run_id"])
-        ph = step_phases(df) if df is not None else None
+        inside = str(r.get("comm_name")) in EXCHANGE_IN_UPDATE
+        ph = step_phases(df, inside) if df is not None else None
         if ph:
             exposed = any(c in df for c in EXPOSED)
             trial = str(r.get("protocol_trial") or "")

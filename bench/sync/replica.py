@@ -9,7 +9,10 @@ resumes it from its last checkpoint instead.
 
 from __future__ import annotations
 
+import functools
 import os
+import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -22,11 +25,18 @@ from torchft.manager import Manager  # noqa: E402
 from bench.comm import CommStats  # noqa: E402
 from bench.comm.cost import Stage, Traffic  # noqa: E402
 
+#: where an outer synchronisation spends its time, each a curve column ``sync/<phase>_s``
+#: (seconds per synchronisation): ``quorum`` every node meeting at the Lighthouse (it waits
+#: for the slowest), ``send`` the pseudo-gradient made and its allreduce started, ``finish``
+#: waiting for that allreduce, the outer step and the commit
+SYNC_PHASES = ("quorum", "send", "finish")
+
 
 class CountingManager(Manager):
     """torchft's Manager, counting every outer allreduce into ``stats`` (the run's comm
     statistics): a worker's ring bytes among the nodes, and ``link_share`` times that
-    leaving its node (each of the node's workers runs its own ring across the nodes)."""
+    leaving its node (each of the node's workers runs its own ring across the nodes); and
+    timing each synchronisation's phases (:data:`SYNC_PHASES`)."""
 
     def __init__(self, *args: Any, stats: CommStats | None, link_share: int, **kw: Any) -> None:
         super().__init__(*args, **kw)
@@ -34,6 +44,29 @@ class CountingManager(Manager):
         self.link_share = link_share
         self.syncs = 0  # outer synchronisations (commits) since the last pop
         self.sync_bytes = 0.0  # bytes this worker sent in them
+        self.phase_s = dict.fromkeys(SYNC_PHASES, 0.0)  # host seconds in each, summed
+
+    def start_quorum(self, *args: Any, **kw: Any) -> None:
+        t0 = time.perf_counter()
+        try:
+            super().start_quorum(*args, **kw)
+        finally:
+            self.phase_s["quorum"] += time.perf_counter() - t0
+
+    def timed(self, phase: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn``, its host time added to ``phase`` (one of :data:`SYNC_PHASES`)."""
+        if phase not in self.phase_s:
+            raise ValueError(f"unknown sync phase {phase!r}; the phases are {SYNC_PHASES}")
+
+        @functools.wraps(fn)
+        def run(*args: Any, **kw: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kw)
+            finally:
+                self.phase_s[phase] += time.perf_counter() - t0
+
+        return run
 
     def allreduce(self, tensor: torch.Tensor, *args: Any, **kw: Any) -> Any:
         self.wait_quorum()
@@ -50,12 +83,16 @@ class CountingManager(Manager):
         return super().should_commit(*args, **kw)
 
     def pop_stats(self) -> dict[str, float]:
-        """Outer synchronisations since the last pop and the bytes each sent."""
+        """Outer synchronisations since the last pop, the bytes each sent and the seconds
+        each spent in each phase."""
+        per = max(1, self.syncs)
         out = {
             "sync/outer_syncs": float(self.syncs),
-            "sync/outer_bytes_per_sync": self.sync_bytes / max(1, self.syncs),
+            "sync/outer_bytes_per_sync": self.sync_bytes / per,
+            **{f"sync/{k}_s": v / per for k, v in self.phase_s.items()},
         }
         self.syncs, self.sync_bytes = 0, 0.0
+        self.phase_s = dict.fromkeys(SYNC_PHASES, 0.0)
         return out
 
 

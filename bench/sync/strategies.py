@@ -78,14 +78,17 @@ def _outer_sgd(params: Any, cfg: SyncConfig) -> torch.optim.Optimizer:
 def _localsgd(manager: Any, model: nn.Module, opt: torch.optim.Optimizer, cfg: SyncConfig) -> Any:
     from torchft.local_sgd import LocalSGD
 
-    return LocalSGD(manager, model, opt, sync_every=cfg.sync_every)
+    out = LocalSGD(manager, model, opt, sync_every=cfg.sync_every)
+    if hasattr(manager, "timed"):  # the average, its wait and the commit
+        out._perform_sync = manager.timed("finish", out._perform_sync)
+    return out
 
 
 def _diloco(manager: Any, model: nn.Module, opt: torch.optim.Optimizer, cfg: SyncConfig) -> Any:
     from torchft.local_sgd import DiLoCo
 
     frags = split_fragments(model, cfg.fragments)
-    return DiLoCo(
+    out = DiLoCo(
         manager,
         frags,
         opt,
@@ -93,6 +96,11 @@ def _diloco(manager: Any, model: nn.Module, opt: torch.optim.Optimizer, cfg: Syn
         sync_every=cfg.sync_every,
         fragment_sync_delay=cfg.fragment_sync_delay,
     )
+    if hasattr(manager, "timed"):  # each fragment's send, and its wait, outer step, commit
+        for f in out._fragments:
+            f.prepare_sync = manager.timed("send", f.prepare_sync)
+            f.perform_sync = manager.timed("finish", f.perform_sync)
+    return out
 
 
 SYNCS.register("ddp")(SyncSpec(None, doc="every step: DDP through the comm hook"))

@@ -233,3 +233,4 @@ def count_optimizer(controller: CommController, optimizer: Any, own_steps: bool)
             stats.steps += 1
 
     optimizer.on_send = on_send
+    optimizer.times = stats.times  # its transform and decode as selection, its all-gather
