@@ -241,6 +241,7 @@ def test_fast_tiled_kernels_exact_and_sync_free_when_deferred(
             torch.cuda.set_sync_debug_mode(0)
     syncs = [w for w in caught if "synchronizing cuda operation" in str(w.message).lower()]
     assert not syncs, [str(w.message) for w in syncs]
-    assert bool(torch.stack(finite).all()) and bool(torch.stack(flags).all())
+    # the column-maxima path notes no capacity flag (its candidates are whole columns)
+    assert bool(torch.stack(finite).all()) and all(bool(f) for f in flags)
     assert torch.equal(_magnitudes(vals2), _magnitudes(exact))
     assert "fast" not in selection._TRITON_BROKEN

@@ -115,6 +115,11 @@ for n, k, c in [(100_003, 100, 16), (50_000, 50, 3)]:
     m, h = t.colmax_hist(x[: c * (n // c)].view(c, -1), sf.BINS1, sf.SHIFT1)
     m2, h2 = sf.TorchOps.colmax_hist(x[: c * (n // c)].view(c, -1), sf.BINS1, sf.SHIFT1)
     assert torch.equal(m, m2) and torch.equal(h, h2)
+# the device check's stage timings of the same path (what each kernel and launch costs)
+from bench.gpucheck.perf import _fast_stages
+stages = _fast_stages(torch.randn(100_003), 100, 1, False)
+assert set(stages) >= {"colmax+hist", "colmax", "threshold", "compact"}, stages
+assert all(ms > 0 for ms in stages.values()), stages
 print("ok")
 """
 

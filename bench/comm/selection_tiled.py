@@ -2,8 +2,9 @@
 
 ``tiled`` (exact; this project's variant of MSTopK's threshold search): a threshold from
 a sample of ``|x|``, then every element at or above it, through a numpy sweep on the CPU or
-the column maxima of a ``(C, R)`` view; on CUDA a histogram of the column maxima and one
-compaction (:func:`tiled_fast`, Triton kernels in ``mstopk_triton.py``).  ``sampled``
+the column maxima of a ``(C, R)`` view (on CUDA a Triton kernel).  :func:`tiled_fast`, a
+histogram threshold of the column maxima and one compaction, is the alternative the device
+check measures beside it (slower on the H200; docs/gpu.md).  ``sampled``
 (exact): a threshold from a strided sample, one compare pass.  See docs/internals/comm.md.
 """
 
@@ -369,10 +370,10 @@ def tiled_dev(
         return sampled_dev(flat, k, sample, margin, gen)
     r = n // c
     head = flat[: c * r].view(c, r)
-    # Triton: the threshold from a histogram of the column maxima, one compaction
-    found = triton_run("fast", kernel, head, lambda t: tiled_fast(flat, k, c, t))
-    if found is not None:
-        return found
+    # the column maxima (Triton), the top k columns, all their elements: on the H200 this
+    # ran 1.6-2.7x faster than tiled_fast (its 2048-bin histogram cost 3-5x the read of the
+    # column maxima, its threshold 0.6 ms of small launches; gpucheck 20261204-120002-378b8c
+    # and docs/gpu.md), so tiled_fast is measured beside it, not used here
     tail = flat[c * r :]
     colmax = colmax_dev(head, kernel)
     finite = torch.isfinite(colmax.amax()) & torch.isfinite(tail).all()
@@ -387,7 +388,7 @@ def tiled_dev(
     return out
 
 
-# --- ``tiled`` on CUDA near the read floor: a histogram threshold, one compaction ------
+# --- tiled_fast: a histogram threshold of the column maxima, one compaction (measured) --
 
 SHIFT1 = 20  # coarse buckets: float32 bits >> 20 (sign dropped): 2048, 8 per octave
 BINS1 = 1 << (31 - SHIFT1)

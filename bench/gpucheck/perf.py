@@ -59,11 +59,45 @@ def _magnitudes_match(x: torch.Tensor, k: int, got: Any) -> bool:
 
 
 def _kernel_ran() -> str:
-    """The selection kernels that ``mstopk(kernel="auto")`` runs now: Triton's one-pass
-    ``fast`` path, or what it falls back to once a kernel failed (``_TRITON_BROKEN``)."""
-    if "fast" not in _TRITON_BROKEN:
-        return "triton-fast"
-    return "torch" if "colmax" in _TRITON_BROKEN else "triton-colmax+torch"
+    """The selection kernels that ``mstopk(kernel="auto")`` runs now: Triton's column
+    maxima, or torch once that kernel failed here (``_TRITON_BROKEN``)."""
+    return "torch" if "colmax" in _TRITON_BROKEN else "triton-colmax"
+
+
+def _fast(x: torch.Tensor, k: int) -> Any:
+    """``tiled_fast`` with the Triton kernels: the histogram-threshold alternative to the
+    column-maxima path that ``mstopk`` runs, measured beside it."""
+    from bench.comm import mstopk_triton, selection_tiled
+
+    n = x.numel()
+    return selection_tiled.tiled_fast(x, k, selection_tiled.rows_for(n, k, 16), mstopk_triton)
+
+
+def _fast_stages(x: torch.Tensor, k: int, reps: int, events: bool) -> dict[str, float]:
+    """ms of each stage of ``tiled_fast`` (Triton): the column maxima with and without the
+    histogram, the threshold's small launches, the compaction, the top-k of the candidates,
+    the read of the count; where the histogram path spends its time."""
+    from bench.comm import mstopk_triton as mt
+    from bench.comm import selection_tiled as st
+
+    n = x.numel()
+    c = st.rows_for(n, k, 16)
+    head = x[: c * (n // c)].view(c, -1)
+    cm, hist = mt.colmax_hist(head, st.BINS1, st.SHIFT1)
+    thr, finite = st.threshold(cm, hist, k, mt)
+    cap = st.capacity(head.numel(), k)
+    absb, _, count = mt.compact_ge(head, cm, thr, cap)
+    stages: dict[str, Callable[[], Any]] = {
+        "colmax+hist": lambda: mt.colmax_hist(head, st.BINS1, st.SHIFT1),
+        "colmax": lambda: mt.colmax_abs(head),
+        "threshold": lambda: st.threshold(cm, hist, k, mt),
+        "compact": lambda: mt.compact_ge(head, cm, thr, cap),
+        "topk-candidates": lambda: torch.topk(absb, k, sorted=False),
+        "read-count": lambda: torch.stack([count, finite.long()]).tolist(),
+    }
+    return {
+        name: 1e3 * median_s(fn, warmup=2, reps=reps, events=events) for name, fn in stages.items()
+    }
 
 
 def select(device: torch.device, cpu: bool, sink: Rows) -> None:
@@ -81,6 +115,7 @@ def select(device: torch.device, cpu: bool, sink: Rows) -> None:
     if cuda and mstopk_triton.AVAILABLE:
         # auto: a Triton failure falls back to torch; the row then names what ran
         methods["mstopk"] = lambda x, k: mstopk(x, k, "tiled", kernel="auto")
+        methods["mstopk-fast"] = _fast
     else:
         print("select: no Triton on a CUDA device here: the fast kernels are not measured")
     cases = [(n, torch.float32) for n in sizes] + [(sizes[0], torch.bfloat16)]
@@ -95,18 +130,22 @@ def select(device: torch.device, cpu: bool, sink: Rows) -> None:
             for name, fn in methods.items():
                 got = fn(x, k)  # warm-up: Triton compiles, the allocator settles
                 kernel = _kernel_ran() if name == "mstopk" else name.removeprefix("mstopk-")
+                kernel = "triton-fast" if name == "mstopk-fast" else kernel
                 before = host_syncs()
                 fn(x, k)
                 syncs = host_syncs() - before
                 s = median_s(lambda fn=fn, x=x, k=k: fn(x, k), warmup=0, reps=reps, events=cuda)
                 # a Triton failure under auto is not scored as the fast kernel
-                fell_back = name == "mstopk" and kernel != "triton-fast"
+                fell_back = name == "mstopk" and kernel != "triton-colmax"
                 label = f"mstopk-auto({kernel})" if fell_back else name
                 row = {"n": n, "dtype": str(dtype).removeprefix("torch."), "density": density}
                 row.update(method=label, kernel=kernel, exact=_magnitudes_match(x, k, got))
                 row.update(ms=1e3 * s, x_floor=s / floor, x_read=s / read, syncs=syncs)
                 row["kernels"] = kernels(lambda fn=fn, x=x, k=k: fn(x, k), device)
                 sink.add(row)
+            if "mstopk-fast" in methods and dtype == torch.float32:
+                stages = _fast_stages(x, k, reps, cuda)
+                sink.add({"n": n, "density": density, "what": "fast-stages", **stages})
         del x
     if _TRITON_BROKEN:
         print(f"select: Triton kernels fell back to torch: {_TRITON_BROKEN}")
