@@ -75,14 +75,15 @@ NAMED = {
 }
 QUESTION = (
     "How much sooner do the paper's methods (hitopk, mstopk) reach the target than dense "
-    "DDP and than the best-tuned peer (fp16, PowerSGD), each tuned with the same budget "
+    "DDP and than the best-tuned peer (fp16, PowerSGD, DeMo, DiLoCo, Streaming DiLoCo; the "
+    "one fastest on the tuning seeds for that cluster), each tuned with the same budget "
     "(`python -m reproduce ablation`, rules in `docs/protocol.md`)?"
 )
 
 
 def _eval_records(records: list[dict], sweep: str) -> tuple[list[dict], int]:
     """The sweep's evaluation runs, the latest record of each, and how many earlier records
-    (a run refused or interrupted, then run again) they replace."""
+    (a run refused, interrupted or named by ``--rerun``, then run again) they replace."""
     every = [
         r
         for r in records
@@ -93,8 +94,20 @@ def _eval_records(records: list[dict], sweep: str) -> tuple[list[dict], int]:
     return latest, len(every) - len(latest)
 
 
+def _cluster(r: dict) -> str:
+    return str(((r.get("config") or {}).get("cluster") or {}).get("name") or "")
+
+
+def shaped_first(records: list[dict]) -> list[dict]:
+    """A sweep's runs with those over an emulated (shaped) link first: they are the measured
+    column and carry the link and its profile; the local cluster's runs only give steps."""
+    return sorted(records, key=lambda r: _cluster(r) != "emulated")
+
+
 def where(records: list[dict]) -> str:
-    """The workers, their nodes, the hardware and the link of a sweep's runs."""
+    """The workers, their nodes, the hardware and the link of a sweep's runs (those over the
+    shaped link where some ran over it; the others' share then follows)."""
+    records = shaped_first(records)
     r = records[0] if records else {}
     hw = str(r.get("hardware") or "unknown hardware").split(";")[0]
     link = r.get("link_check") or {}
@@ -109,13 +122,20 @@ def where(records: list[dict]) -> str:
         text += (
             f", an emulated inter-node link measured at {1e3 * link['bandwidth_gbps']:.0f} Mbit/s"
         )
+    local = sum(_cluster(x) == "local" for x in records)
+    if cluster == "emulated" and local:
+        text += (
+            f" ({len(records) - local} runs; {local} more on the local cluster, loopback "
+            "links, for the composed columns' steps)"
+        )
     return text
 
 
 def setting(records: list[dict], table: pd.DataFrame, plan: dict, again: int = 0) -> str:
     """One sentence: the task, the workers, the hardware, the link, the seeds."""
-    data = str((records[0] if records else {}).get("data") or "?")
-    prof = (records[0] if records else {}).get("cluster_profile") or {}
+    first = shaped_first(records)[0] if records else {}
+    data = str(first.get("data") or "?")
+    prof = first.get("cluster_profile") or {}
     link_txt = ""
     if prof.get("target_ratio"):
         link_txt += (
@@ -129,7 +149,12 @@ def setting(records: list[dict], table: pd.DataFrame, plan: dict, again: int = 0
         f"every method tuned with the same budget on seeds {plan.get('tune_seeds') or []}, "
         f"then {len(seeds)} evaluation seeds {seeds} (sweep `{table['sweep_id'].iloc[0]}`, "
         f"{len(records)} evaluation runs"
-        + (f", {again} more refused or interrupted and run again" if again else "")
+        + (
+            f", beside {again} earlier records of runs done again (refused, interrupted, or "
+            "named by `--rerun`)"
+            if again
+            else ""
+        )
         + ")."
     )
 
@@ -374,13 +399,30 @@ def _cell(r: pd.Series, key: str = "speedup_vs_dense") -> str:
     return f"{text} {verdict_text(r[f'verdict_{tag}'], int(r['n_runs']), short=True)}"
 
 
+def first_to_target(g: pd.DataFrame) -> str:
+    """Which method reaches the target first on one cluster (lowest mean time over the
+    evaluation seeds) and whether the runner-up can be told from it, by the interval that
+    compares them: the best peer's (chosen on the tuning seeds) when one of the two is it."""
+    order = g.sort_values("time_to_target_mean_s")
+    first, second = order.iloc[0], order.iloc[1]
+    peer = str(first["best_peer"] or "")
+    text = f"first to target {first['comm']}"
+    text += f" (vs dense {_cell(first)})" if first["comm"] != "dense" else ""
+    if first["comm"] == peer:
+        return text + f", then {second['comm']} at {_cell(second, 'speedup_vs_peer')} of its speed"
+    text += f", then {second['comm']}"
+    if peer in set(g["comm"]) and first["comm"] not in protocol.PAPER_METHODS:  # said after
+        text += f"; {first['comm']} vs {peer} (the best peer) {_cell(first, 'speedup_vs_peer')}"
+    return text
+
+
 def answer_sentence(df: pd.DataFrame, exp: str, target: str) -> str:
     """One sentence for a workload: on the paper's cluster at each named ratio, the paper's
     methods against dense and against the best-tuned peer there, with intervals."""
     parts = []
     for cluster, g in df[df["ratio"].notna()].groupby("for_cluster", sort=False):
         ratio = float(g["ratio"].iloc[0])
-        said = []
+        said = [first_to_target(g)] if len(g) > 1 else []
         for _, r in g[g["comm"].isin(protocol.PAPER_METHODS)].iterrows():
             peer = str(r["best_peer"]) or "-"
             said.append(f"{r['comm']} vs dense {_cell(r)}, vs {peer} {_cell(r, 'speedup_vs_peer')}")

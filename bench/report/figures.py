@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -283,6 +284,8 @@ def breakdown_table(results_dir: Path, runs: pd.DataFrame, experiment: str) -> p
             exposed = any(c in df for c in EXPOSED)
             trial = str(r.get("protocol_trial") or "")
             label = f"{r['comm_name']} {trial}" if trial else str(r["comm"])
+            if inside and not df.get("time/comm_s", pd.Series([0.0])).any():  # not timed yet
+                label += " (update holds its all-gather)"
             rows.append(
                 {**{k: r[k] for k in GROUP + CONFIG}, **ph, "exposed": exposed, "label": label}
             )
@@ -323,7 +326,8 @@ def plot_breakdown(table: pd.DataFrame, experiment: str, path: Path) -> Path | N
         ax.invert_yaxis()
         ax.set_xlabel("ms per training step (mean over epochs and runs)")
         common = ", ".join(f"{c} {g[c].iloc[0]}" for c in CONFIG[1:] if c not in varying)
-        ax.set_title(f"{cluster}; {hw}" + (f"\nevery bar: {common}" if common else ""), fontsize=8)
+        where = "\n".join(textwrap.wrap(f"{cluster}; {hw}", 48))  # fits over a narrow panel
+        ax.set_title(where + (f"\nevery bar: {common}" if common else ""), fontsize=8)
         ax.grid(axis="x", alpha=0.3)
     exposed = bool(table["exposed"].all())
     note = (
@@ -755,6 +759,12 @@ def figure_runs(inputs: Inputs, exp: str) -> tuple[pd.DataFrame, str]:
     table = protocol_tables(inputs).get(exp)
     if table is not None:
         ev = mine[(mine["sweep_id"] == table.stem) & (mine["protocol_role"] == "eval")]
+        # the runs the table counts: a run done again (refused, interrupted, --rerun)
+        # draws its latest record, as the table does, not both
+        counted = pd.read_csv(table)
+        counted = counted["run_ids"] if "run_ids" in counted else pd.Series(dtype=str)
+        ids = {i for v in counted.dropna() for i in str(v).replace(",", " ").split()}
+        ev = ev[ev["run_id"].isin(ids)] if ids else ev
         if not ev.empty:
             return ev, f"the evaluation runs of protocol sweep {table.stem}"
     mine = mine[mine["protocol_role"] != "tune"]
