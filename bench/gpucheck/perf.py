@@ -129,13 +129,13 @@ def select(device: torch.device, cpu: bool, sink: Rows) -> None:
             k = k_for(n, density)
             for name, fn in methods.items():
                 got = fn(x, k)  # warm-up: Triton compiles, the allocator settles
-                kernel = _kernel_ran() if name == "mstopk" else name.removeprefix("mstopk-")
-                kernel = "triton-fast" if name == "mstopk-fast" else kernel
+                ran = {"mstopk": _kernel_ran, "mstopk-fast": lambda: "triton-fast"}
+                kernel = ran[name]() if name in ran else name.removeprefix("mstopk-")
                 before = host_syncs()
                 fn(x, k)
                 syncs = host_syncs() - before
                 s = median_s(lambda fn=fn, x=x, k=k: fn(x, k), warmup=0, reps=reps, events=cuda)
-                # a Triton failure under auto is not scored as the fast kernel
+                # a Triton failure under auto is not scored as the Triton kernel
                 fell_back = name == "mstopk" and kernel != "triton-colmax"
                 label = f"mstopk-auto({kernel})" if fell_back else name
                 row = {"n": n, "dtype": str(dtype).removeprefix("torch."), "density": density}
