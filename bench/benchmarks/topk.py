@@ -299,11 +299,20 @@ def _plot(bench: BenchRun) -> None:
     # one legend, beside the last panel: it covers no line
     axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.suptitle(
-        f"top-k selection time on {bench.meta['hardware']}\nmstopk's implementations in "
+        f"top-k selection time on {bench.meta['hardware']}{_code(bench.meta)}\nmstopk's "
+        "implementations in "
         "mstopk's colour; baselines that are not methods (torch.topk, the read floor) in black",
         fontsize=9,
     )
     save_figure(fig, bench.png_path)
+
+
+def _code(meta: dict) -> str:
+    """``" (git abc1234, 2026-12-04)"``: which code the rows timed (a kernel's label stays,
+    what runs under it can change), or ``""`` where the rows do not say."""
+    sha, date = str(meta.get("git_sha") or ""), str(meta.get("date") or "")
+    parts = [f"git {sha[:7]}" if sha else "", date[:10]]
+    return f" ({', '.join(p for p in parts if p)})" if any(parts) else ""
 
 
 FAMILIES = (  # (method prefix, how the report names it): the paper's first
