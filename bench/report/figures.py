@@ -456,6 +456,13 @@ def plot_protocol_speedup(df: pd.DataFrame, path: Path, title: str) -> Path | No
 HEADLINE = "paper"  # the cluster whose tuned configurations a v2 sweep's ratio figure draws
 
 
+def table_run_ids(table: pd.DataFrame) -> set[str]:
+    """The run ids a sweep table counts (its ``run_ids`` column; empty without one)."""
+    if "run_ids" not in table:
+        return set()
+    return {i for v in table["run_ids"].dropna() for i in str(v).replace(",", " ").split()}
+
+
 def ratio_runs(results_dir: Path, table: pd.DataFrame) -> list:
     """The sweep's evaluation runs as :class:`bench.sweeps.ratios.Run` (grouped by method),
     the runs the composition uses (a v2 sweep's: each method's configuration tuned for
@@ -464,7 +471,7 @@ def ratio_runs(results_dir: Path, table: pd.DataFrame) -> list:
     sweep = str(table["sweep_id"].iloc[0])
     if "for_cluster" in table and (table["for_cluster"] == HEADLINE).any():
         table = table[table["for_cluster"] == HEADLINE]  # v2: one configuration per method
-    ids = {i for v in table["run_ids"].dropna() for i in str(v).replace(",", " ").split()}
+    ids = table_run_ids(table)
 
     def select(r: Mapping[str, Any]) -> bool:
         res = (r.get("config") or {}).get("results") or {}
@@ -761,9 +768,7 @@ def figure_runs(inputs: Inputs, exp: str) -> tuple[pd.DataFrame, str]:
         ev = mine[(mine["sweep_id"] == table.stem) & (mine["protocol_role"] == "eval")]
         # the runs the table counts: a run done again (refused, interrupted, --rerun)
         # draws its latest record, as the table does, not both
-        counted = pd.read_csv(table)
-        counted = counted["run_ids"] if "run_ids" in counted else pd.Series(dtype=str)
-        ids = {i for v in counted.dropna() for i in str(v).replace(",", " ").split()}
+        ids = table_run_ids(pd.read_csv(table))
         ev = ev[ev["run_id"].isin(ids)] if ids else ev
         if not ev.empty:
             return ev, f"the evaluation runs of protocol sweep {table.stem}"
