@@ -227,6 +227,9 @@ def _pythonpath() -> str:
     return os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
 
 
+OWNER_EXIT_WAIT_S = 5.0  # how long the guardian waits for a closed pipe's owner to be gone
+
+
 def guard() -> None:
     """The guardian (``sys.argv[1]`` is the run id): wait for the launcher's end, then
     remove whatever of the run it left behind."""
@@ -235,6 +238,13 @@ def guard() -> None:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     while sys.stdin.buffer.read(4096):
         pass  # end-of-file: the launcher closed the pipe or died
+    # a killed launcher's pipe closes while the kernel still tears the process down, before
+    # /proc shows it dead: wait for that, or the run would be taken for a live one and kept
+    deadline = time.monotonic() + OWNER_EXIT_WAIT_S
+    state = read_state(run_id)
+    while state is not None and is_alive(state) and time.monotonic() < deadline:
+        time.sleep(0.02)
+        state = read_state(run_id)
     with locked():
         state = read_state(run_id)
         if state is None or is_alive(state):
