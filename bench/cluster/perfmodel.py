@@ -227,10 +227,17 @@ def aggregation_time(
 def exposed_time(comm: str, wl: Workload, density: float, c: Cluster, k: Costs) -> float:
     """The aggregation time not hidden behind the backward pass (s)."""
     times = bucket_times(comm, wl.buckets, density, c, k, shapes=wl.shapes, rank=wl.powersgd_rank)
+    return exposed(times, wl, comm)
+
+
+def exposed(times: Sequence[float], wl: Workload, name: str) -> float:
+    """Of buckets aggregated in ``times`` (s each, in DDP's order), the part not hidden
+    behind the backward pass (s): at least the last bucket, and at least the share of
+    ``wl.hidden[name]`` that does not overlap."""
     total = sum(times)
     last = times[-1] if times else 0.0
     backward = wl.backward_frac * wl.compute_s
-    hidden = min(1.0, max(0.0, wl.hidden.get(comm, 0.0)))
+    hidden = min(1.0, max(0.0, wl.hidden.get(name, 0.0)))
     return max(last, (1 - hidden) * total, total - backward)
 
 
