@@ -41,8 +41,6 @@ from bench.sweeps import ablation, protocol, scaling_table
 from bench.sweeps.intervals import ci_text
 
 APPENDIX = "REPORT-appendix.md"
-
-
 # what each embedded task is, in a phrase (the records name the data set, not its size)
 TASKS = {
     "digits": "scikit-learn's 1,797 8x8 digits upsampled to 32 px (ResNet-9); 360 held-out "
@@ -95,7 +93,7 @@ def where(records: list[dict]) -> str:
     r = records[0] if records else {}
     hw = str(r.get("hardware") or "unknown hardware").split(";")[0]
     link = r.get("link_check") or {}
-    cluster = str(((r.get("config") or {}).get("cluster") or {}).get("name") or "")
+    cluster = _cluster(r)
     kind = (
         "emulated nodes" if cluster == "emulated"
         else "launcher nodes of the local cluster (loopback links, nothing shaped)"
@@ -217,8 +215,8 @@ def _cell(r: pd.Series, key: str = "speedup_vs_dense") -> str:
     text = ci_text(r[key], r[f"{key}_ci_low"], r[f"{key}_ci_high"], 2, "x")
     if text == "-":
         return text
-    tag = "vs_dense" if key.endswith("dense") else "vs_peer"
-    return f"{text} {verdict_text(r[f'verdict_{tag}'], int(r['n_runs']), short=True)}"
+    verdict = r[key.replace("speedup", "verdict")]
+    return f"{text} {verdict_text(verdict, int(r['n_runs']), short=True)}"
 
 
 def first_to_target(g: pd.DataFrame) -> str:
@@ -395,8 +393,6 @@ def bench_sections(bench_rows: dict, bench: dict, base: Path) -> list[str]:
 # each sweep's table as the report shows it: the columns its sweep module names, then the
 # hardware of its runs (looked up in the records)
 ABLATION_COLUMNS = [*ablation.REPORT_COLUMNS, "hardware"]
-
-
 SCALING_COLUMNS = [*scaling_table.REPORT_COLUMNS, "hardware"]
 
 
@@ -496,14 +492,8 @@ def write_report(inputs: Inputs, figs: list[Figure], path: Path, header: str) ->
 
 
 START = "<!-- answer: copied from results/REPORT.md by `python -m bench.report.answer` -->"
-
-
 END = "<!-- answer end -->"
-
-
 SECTION = "## The answer"
-
-
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -522,8 +512,6 @@ def answer_of(report: str, prefix: str = "results/") -> str:
 
 
 HW_START = "<!-- hardware: counted from results/runs.jsonl by `python -m bench.report.answer` -->"
-
-
 HW_END = "<!-- hardware end -->"
 
 

@@ -31,8 +31,6 @@ PAPER = (
     "Shi et al., Towards Scalable Distributed Training of Deep Learning on Public Cloud "
     "Clusters, MLSys 2021 (arXiv 2010.10458), abstract"
 )
-
-
 DAWNBENCH = "DAWNBench leaderboard (Stanford), ImageNet and CIFAR-10 training-time tracks"
 
 
@@ -49,8 +47,6 @@ SPEEDUP_CLAIM = Claim(
     "(16 nodes x 8 V100-32GB, NVLink inside a node, 25 Gbit/s Ethernet between nodes)",
     PAPER,
 )
-
-
 # experiment -> the public records of its task
 RECORDS: dict[str, tuple[Claim, ...]] = {
     "dawnbench_imagenet": (
@@ -78,8 +74,6 @@ RECORDS: dict[str, tuple[Claim, ...]] = {
         Claim("CIFAR-10 to 94 % today", "3.29 s on one A100", "airbench94 (Jordan, 2024)"),
     ),
 }
-
-
 # the benchmarks' subjects: what the paper says of each (no number is known for two)
 BENCH_CLAIMS = {
     "topk": Claim(

@@ -94,7 +94,7 @@ def _step_values(d: pd.DataFrame, column: str, grid: np.ndarray) -> np.ndarray:
 
 
 def tta_bands(results_dir: Path, runs: pd.DataFrame) -> dict[str, dict]:
-    """Per method (its :func:`~bench.sweeps.methods.method_of` name): the time grid, the
+    """Per configuration (its comm label, as the tables name it): the time grid, the
     mean over its runs of the held-out metric and its 95 % t-interval, from the first
     time every run has an evaluation on (NaN before: no mean of a subset); the mean time
     to target of the runs that reached it and its 95 % interval (as the tables give it),
@@ -114,7 +114,7 @@ def tta_bands(results_dir: Path, runs: pd.DataFrame) -> dict[str, dict]:
         d = df.dropna(subset=[column, TRAIN_TIME]).sort_values(TRAIN_TIME)
         if d.empty:
             continue
-        name = methods.method_of(r)
+        name = str(r["comm"])
         curves.setdefault(name, []).append(d.assign(_metric=d[column]))
         meta.setdefault(name, []).append(r)
     if not curves:
@@ -135,7 +135,6 @@ def tta_bands(results_dir: Path, runs: pd.DataFrame) -> dict[str, dict]:
         tts = [float(r["time_to_target_s"]) for r in rs if r["reached"]]
         tt, tt_lo, tt_hi = mean_interval(tts)
         trial = str(rs[0].get("protocol_trial") or "")  # the tables' name of the trial
-        base = str(rs[0]["comm_name"]) if name == str(rs[0]["comm"]) else name
         out[name] = {
             "grid": grid,
             "mean": mean,
@@ -147,7 +146,7 @@ def tta_bands(results_dir: Path, runs: pd.DataFrame) -> dict[str, dict]:
             "tt_low": tt_lo,
             "tt_high": tt_hi,
             "comm_name": str(rs[0]["comm_name"]),
-            "label": f"{base} {trial}" if trial else str(rs[0]["comm"]),
+            "label": f"{rs[0]['comm_name']} {trial}" if trial else name,
         }
     return out
 

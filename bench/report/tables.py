@@ -28,11 +28,7 @@ from bench.sweeps import protocol
 from bench.sweeps.intervals import ci_column
 
 GROUP = ["experiment", "cluster", "hardware"]  # runs compare only inside one such group
-
-
 CONFIG = ["comm", "cache", "update"]  # a configuration, inside a group
-
-
 OUTCOMES = ("ok", "target_missed", "diverged")  # runs that trained: each reached or missed
 
 
@@ -471,7 +467,8 @@ def cluster_projections(csv: Path) -> str:
     need = {"kind", "bench_id", "hardware", "comm", "nodes", "procs_per_node", "efficiency"}
     if not need <= set(df.columns):
         return ""
-    p = df[(df["kind"] == "projection") & (df["comm"] == "dense")].dropna(subset=["efficiency"])
+    p = df[(df["kind"] == "projection") & (df["comm"] == methods.baseline())]
+    p = p.dropna(subset=["efficiency"])
     parts, bands, hiddens = [], [], []
     newest = str(p["bench_id"].max()) if len(p) else ""
     for hw, g in p.groupby("hardware", sort=True):
