@@ -210,7 +210,7 @@ def plot_speedup(
     standard deviation), one panel per cluster and hardware that has a dense baseline.
     Configurations that missed the target in every run are shown at 0 with their count.
     Used where no protocol sweep gives intervals (:func:`plot_protocol_speedup`)."""
-    sp = speedups(stats[stats["experiment"] == experiment], "comm", methods.baseline())
+    sp = speedups(stats[stats["experiment"] == experiment])
     if sp.empty:
         return None
     groups = list(sp.groupby(["cluster", "hardware"], sort=True))
@@ -587,7 +587,7 @@ def _experiment_figures(inputs: Inputs, exp: str, stats: pd.DataFrame) -> list[F
             f"configuration tuned for `{HEADLINE}`"
         )
         add("ratios", what, lambda p: _ratios_figure(res, table, p, title2))
-    elif not speedups(stats[stats["experiment"] == exp], "comm", methods.baseline()).empty:
+    elif not speedups(stats[stats["experiment"] == exp]).empty:
         what = f"speedup over dense (mean +- std over seeds), {which}"
         add("speedup", what, lambda p: plot_speedup(config_stats(runs), exp, p, _target(runs)))
     if curves:

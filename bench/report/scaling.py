@@ -17,6 +17,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 from bench import methods  # noqa: E402
+from bench.report.tables import read  # noqa: E402
 from bench.results.columns import newer_scaling  # noqa: E402
 from bench.results.plots import fig_width, save_figure  # noqa: E402
 from bench.sweeps import scaling_table  # noqa: E402
@@ -215,12 +216,7 @@ def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
 def read_scaling(paths: Sequence[Path]) -> pd.DataFrame:
     """The rows of every readable scaling CSV of ``paths``, each with its file's name
     (``_csv``)."""
-    frames = []
-    for f in paths:
-        try:
-            frames.append(pd.read_csv(f).assign(_csv=f.name))
-        except (OSError, ValueError, pd.errors.ParserError):
-            continue
+    frames = [df.assign(_csv=f.name) for f in paths if (df := read(f)) is not None]
     return pd.concat(frames, ignore_index=True, sort=False) if frames else pd.DataFrame()
 
 

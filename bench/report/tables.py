@@ -159,7 +159,6 @@ def _row(r: dict[str, Any], results_dir: Path) -> dict[str, Any]:
         "update": str(r.get("update") or "?"),
         "cluster": cluster_label(r),
         "hardware": hardware_label(r),
-        "hardware_full": str(r.get("hardware") or ""),
         "seed": _cfg(r, "train", "seed"),
         "status": status,
         "trained": status in OUTCOMES,
@@ -173,12 +172,8 @@ def _row(r: dict[str, Any], results_dir: Path) -> dict[str, Any]:
         # DAWNBench ranks by cost too: USD to the target where the run recorded its price
         # (results.cost_per_hour); none where it did not
         "cost_to_target_usd": cost_to_target(r),
-        "epochs_to_target": num(r.get("epochs_to_target")),
-        "train_time_s": num(r.get("train_time_s")),
-        "best_value": num(r.get("best_value")),
         "metric": str(r.get("target_metric") or "?"),
         "target": num(r.get("target_value")),
-        "git_sha": r.get("git_sha"),
         "curve_path": curve,
         "has_curve": curve.is_file(),
         # evaluations inside an epoch (train.eval_every_steps): points the curve lacks
@@ -189,6 +184,14 @@ def _row(r: dict[str, Any], results_dir: Path) -> dict[str, Any]:
 def run_table(records: list[dict[str, Any]], results_dir: Path) -> pd.DataFrame:
     """One row per record: identity, group, configuration and outcome."""
     return pd.DataFrame([_row(r, results_dir) for r in records])
+
+
+def read(path: Path, **kw: Any) -> pd.DataFrame | None:
+    """A CSV, or None when it is missing or unreadable."""
+    try:
+        return pd.read_csv(path, **kw)
+    except (OSError, ValueError, pd.errors.ParserError):
+        return None
 
 
 def curve(results_dir: Path, run_id: str) -> pd.DataFrame | None:
@@ -251,26 +254,18 @@ def ratio(base: pd.Series, other: pd.Series) -> tuple[float | None, float | None
     return s, s * rel
 
 
-def speedups(stats: pd.DataFrame, axis: str, baseline: str) -> pd.DataFrame:
-    """Each configuration against the one of its group that differs only in ``axis``,
-    set to ``baseline`` (comm ``dense``, cache ``none``, update ``naive``)."""
-    if stats.empty:
-        return stats.assign(speedup=[], speedup_std=[], baseline=[])
-    rest = [c for c in GROUP + CONFIG if c != axis]
-    key = "comm_name" if axis == "comm" else axis
+def speedups(stats: pd.DataFrame) -> pd.DataFrame:
+    """Each configuration against the baseline method's of its group, cache and update
+    (groups with the baseline alone left out)."""
     out = []
-    for _, g in stats.groupby(rest, sort=True):
-        base = g[g[key] == baseline]
-        if base.empty:
+    for _, g in stats.groupby([*GROUP, "cache", "update"], sort=True):
+        base = g[g["comm_name"] == methods.baseline()]
+        if base.empty or len(g) < 2:
             continue
         b = base.iloc[0]
-        if len(g) < 2:
-            continue  # the baseline alone: nothing to compare
         for _, o in g.iterrows():
             s, sd = ratio(b, o)
-            base = {"baseline": b[axis], "base_tt": b["tt_mean"], "base_run_ids": b["run_ids"]}
-            base |= {"base_reached": b["n_reached"], "base_runs": b["n_runs"]}
-            out.append({**o.to_dict(), "speedup": s, "speedup_std": sd, **base})
+            out.append({**o.to_dict(), "speedup": s, "speedup_std": sd})
     return pd.DataFrame(out)
 
 
@@ -407,11 +402,8 @@ def protocol_tables(inputs: Inputs) -> dict[str, Path]:
     for p in sorted(inputs.ablation):
         if p.stem.endswith(TUNING_SUFFIX) or protocol_name(p) != protocol.NAME:
             continue
-        try:
-            exps = pd.read_csv(p, usecols=["experiment"])["experiment"].dropna().unique()
-        except (OSError, ValueError, pd.errors.ParserError):
-            continue
-        for exp in exps:
+        df = read(p, usecols=["experiment"])
+        for exp in [] if df is None else df["experiment"].dropna().unique():
             out[str(exp)] = p
     return out
 
@@ -439,15 +431,11 @@ def no_headline(names: Sequence[str], bench: Mapping[str, Path], base: Path) -> 
     """A micro-benchmark section with no headline row: what its CSVs hold (these
     benchmarks have no one-line headline; their figures are in the appendix), or the
     command that measures them when none is recorded."""
-    held = []
-    for n in names:
-        if n not in bench:
-            continue
-        try:
-            rows = len(pd.read_csv(bench[n]))
-        except (OSError, ValueError, pd.errors.ParserError):
-            continue
-        held.append(f"{rows} rows in [{rel(bench[n], base)}]({rel(bench[n], base)})")
+    held = [
+        f"{len(df)} rows in [{rel(bench[n], base)}]({rel(bench[n], base)})"
+        for n in names
+        if n in bench and (df := read(bench[n])) is not None
+    ]
     if not held:
         return f"No rows recorded yet: `python -m reproduce bench {names[0]}` measures them."
     text = (
@@ -460,12 +448,9 @@ def no_headline(names: Sequence[str], bench: Mapping[str, Path], base: Path) -> 
 def cluster_projections(csv: Path) -> str:
     """The emulated-cluster benchmark's projection to the largest cluster (dense, the
     slowest link) of each machine's newest run, and why machines project differently."""
-    try:
-        df = pd.read_csv(csv, low_memory=False)
-    except (OSError, ValueError, pd.errors.ParserError):
-        return ""
+    df = read(csv, low_memory=False)
     need = {"kind", "bench_id", "hardware", "comm", "nodes", "procs_per_node", "efficiency"}
-    if not need <= set(df.columns):
+    if df is None or not need <= set(df.columns):
         return ""
     p = df[(df["kind"] == "projection") & (df["comm"] == methods.baseline())]
     p = p.dropna(subset=["efficiency"])
