@@ -74,27 +74,27 @@ def _sweeps_by_breadth(df: pd.DataFrame) -> list[str]:
     return sorted(pool["sweep_id"].unique(), key=breadth)
 
 
-def _measured(ax, meas: pd.DataFrame, colours: dict[str, str]) -> None:
+def _measured(ax, meas: pd.DataFrame) -> None:
     """One line per method (each point one run), the model's prediction for the same size
     as hollow markers without a line: the lines are the measurements alone.  One marker
     shape in every panel (each panel is one number of workers per node), the legend's."""
     for comm, g in meas.groupby("comm", sort=True):
         g = g.sort_values("nodes")
-        ax.plot(g["nodes"], g["efficiency"], "-", marker="o", color=colours[comm],
+        ax.plot(g["nodes"], g["efficiency"], "-", marker="o", color=methods.colour(comm),
                 lw=methods.width(comm))  # fmt: skip
         if "predicted_efficiency" in g.columns and g["predicted_efficiency"].notna().any():
             ax.plot(g["nodes"], g["predicted_efficiency"], ls="", marker="o", mfc="none",
-                    ms=8, color=colours[comm], alpha=0.8)  # fmt: skip
+                    ms=8, color=methods.colour(comm), alpha=0.8)  # fmt: skip
 
 
-def _projected(ax, proj: pd.DataFrame, colours: dict[str, str]) -> None:
+def _projected(ax, proj: pd.DataFrame) -> None:
     for comm, g in proj.groupby("comm", sort=True):
         g = g.sort_values("nodes")
-        ax.plot(g["nodes"], g["efficiency"], "--", marker=".", color=colours[comm])
+        ax.plot(g["nodes"], g["efficiency"], "--", marker=".", color=methods.colour(comm))
         if {"efficiency_min", "efficiency_max"} <= set(g.columns):
             if g["efficiency_min"].notna().all():
                 ax.fill_between(g["nodes"], g["efficiency_min"], g["efficiency_max"],
-                                color=colours[comm], alpha=0.12)  # fmt: skip
+                                color=methods.colour(comm), alpha=0.12)  # fmt: skip
 
 
 def _holds(proj: pd.DataFrame) -> bool:
@@ -147,7 +147,6 @@ def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
     if "workers_per_node" not in meas.columns:
         meas = meas.assign(workers_per_node=1)
     comms = list(dict.fromkeys([*meas["comm"], *proj["comm"]]))
-    colours = {c: methods.colour(c) for c in comms}  # the suite's one palette
     over = meas[meas["efficiency"] > INVALID_ABOVE]
     shown = meas[meas["efficiency"] <= INVALID_ABOVE]
     pers = sorted({int(p) for p in meas["workers_per_node"].dropna()}) or [1]
@@ -161,7 +160,7 @@ def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
         steps = f", its step time the median of {int(meas['measured_steps'].median())} steps"
     for ax, per in zip(axes, pers, strict=False):
         rows = shown[shown["workers_per_node"] == per]
-        _measured(ax, rows, colours)
+        _measured(ax, rows)
         ax.set_title(f"measured on this machine: {per} worker(s) per node", fontsize=9)
         ax.set_xlabel(f"nodes ({cluster}; log 2)")
         ax.set_ylim(0, 1.1)
@@ -174,7 +173,7 @@ def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
     right = axes[-1]
     drawn = _holds(proj)
     if drawn:
-        _projected(right, proj, colours)
+        _projected(right, proj)
         ticks = sorted({int(n) for n in proj["nodes"].dropna()})
         right.set_xscale("log", base=2)
         if ticks:
@@ -189,7 +188,7 @@ def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
     right.set_title("projected: the model, not a measurement", fontsize=9)
     right.set_xlabel("nodes of 8 V100 at 25 Gbit/s (model; log 2)")
     right.set_ylabel("projected scaling efficiency (ratio)")
-    handles = [Line2D([], [], color=colours[c], lw=methods.width(c), label=c) for c in comms]
+    handles = [Line2D([], [], color=methods.colour(c), lw=methods.width(c), label=c) for c in comms]
     handles += [
         Line2D([], [], color="k", ls="-", marker="o", label="measured: one run a point (n = 1)"),
         Line2D([], [], color="k", ls="", marker="o", mfc="none", ms=8,
