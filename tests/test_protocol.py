@@ -241,31 +241,6 @@ def test_an_interrupted_sweep_resumes_without_redoing_recorded_runs(tmp_path: Pa
     assert (df.set_index("comm").loc["hitopk", "trial"]) == "d0.01"  # 5-7 s beat 6-8 s
 
 
-def test_the_report_shows_a_protocol_sweep_with_its_intervals_and_trials(tmp_path: Path) -> None:
-    from bench.report.tables import is_protocol, protocol_section
-
-    plan = _plan(tmp_path, comms=("dense", "hitopk"), trials=2)
-    plan.save()
-    recs = [
-        _rec("t1", "hitopk", "d0.01", 1000, 9.0),
-        _rec("t2", "hitopk", "d0.01-warmup", 1000, 8.0),
-    ]
-    for s in range(5):
-        recs.append(_rec(f"d{s}", "dense", "default", s, 20.0 + s, role="eval"))
-        recs.append(_rec(f"h{s}", "hitopk", "d0.01-warmup", s, 10.0 + s, role="eval"))
-    d = tmp_path / "ablation"
-    write_table(pr.tuning_table(plan, recs), d / f"{SWEEP}-tuning.csv")
-    write_table(pt.aggregate(plan, recs), d / f"{SWEEP}.csv")
-    pd.DataFrame({"comm": ["dense"]}).to_csv(d / "grid-sweep.csv", index=False)
-    paths = sorted(d.glob("*.csv"))
-    assert [p.name for p in paths if not is_protocol(p)] == ["grid-sweep.csv"]
-    text = "\n".join(protocol_section(paths, tmp_path))
-    assert f"From `ablation/{SWEEP}.csv` (2 configurations)" in text
-    assert "| hitopk | d0.01-warmup | 5/5 | 12.0 [" in text and "| faster |" in text
-    assert f"`{SWEEP}-tuning.csv`" in text and "| hitopk | d0.01-warmup |" in text
-    assert protocol_section([d / "grid-sweep.csv"], tmp_path)[0].startswith("No protocol sweep")
-
-
 def test_tuning_runs_never_enter_the_reports_comparison(tmp_path: Path) -> None:
     from bench.report.tables import config_stats, run_table
 

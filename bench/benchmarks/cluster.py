@@ -23,7 +23,8 @@ from bench.cluster.linkcheck import run_link_check
 from bench.cluster.netns import EmulatedCluster, parse_bandwidth, require_tools
 from bench.cluster.projection import GPU_COSTS
 from bench.comm import cost
-from bench.results.plots import BENCH_COLOURS, method_colour, save_figure
+from bench.methods import colour as method_colour
+from bench.results.plots import BENCH_COLOURS, save_figure
 
 if TYPE_CHECKING:
     from bench.cluster.perfmodel import Cluster, Costs

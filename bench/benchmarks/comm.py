@@ -23,7 +23,8 @@ from bench.benchmarks.spawn import run_workers
 from bench.benchmarks.timing import interleaved_times
 from bench.cluster import projection
 from bench.comm import cost, is_sparse, make_hook
-from bench.results.plots import BENCH_COLOURS, method_colour, save_figure
+from bench.methods import colour as method_colour
+from bench.results.plots import BENCH_COLOURS, save_figure
 
 METHODS = ["dense", "fp16", "powersgd", "topk", "mstopk", "hitopk"]
 MODELS = ["resnet50", "transformer_base"]

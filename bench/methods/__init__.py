@@ -79,6 +79,16 @@ def colour(name: str) -> str:
     return METHODS.get(name).colour if name in METHODS else "#000000"
 
 
+def width(name: str) -> float:
+    """The method's line width in figures (the default for a name no spec knows)."""
+    return METHODS.get(name).width if name in METHODS else MethodSpec.width
+
+
+def baseline() -> str:
+    """The method every speedup is measured against (the spec of group "baseline")."""
+    return names(group="baseline")[0]
+
+
 _load()
 
 __all__ = [

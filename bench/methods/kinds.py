@@ -31,6 +31,9 @@ class SparseMethod(MethodSpec):
 
     knob_type: type[Knobs] = SparseKnobs
     sparse: ClassVar[bool] = True
+    label_keys: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("d", "comm.density"), ("wu", "comm.warmup_epochs"), ("schedule", "comm.density_schedule")
+    )  # fmt: skip
 
     def bucket_traffic(
         self, numel: int, n: int, m: int, k: Knobs, shapes: Any = None
@@ -77,6 +80,7 @@ class HierarchicalMethod(SparseMethod):
     between the nodes, an all-gather inside each node."""
 
     min_nodes: int = 2
+    one_node: tuple[str, ...] = ("comm.procs_per_node=1",)
 
     def sparse_traffic(self, numel: int, d: float, n: int, m: int) -> cost.Traffic:
         return cost.hitopk(numel, d, n, m)
@@ -96,6 +100,7 @@ class LowRankMethod(MethodSpec):
     """PowerSGD (torch's hook): all-reduces of P and Q, plain tensors whole."""
 
     knob_type: type[Knobs] = RankKnobs
+    label_keys: ClassVar[tuple[tuple[str, str], ...]] = (("r", "comm.powersgd_rank"),)
 
     def bucket_traffic(
         self, numel: int, n: int, m: int, k: Knobs, shapes: Any = None
@@ -127,6 +132,7 @@ class OptimizerMethod(MethodSpec):
     knob_type: type[Knobs] = ChunkKnobs
     optim: str = ""  # the optimizer (conf/optim/<optim>.yaml) it is
     kind: ClassVar[str] = "optimizer"
+    exchange_in_update: ClassVar[bool] = True
 
     def overrides(self) -> list[str]:
         return [f"optim={self.optim}", f"comm={self.comm}", *self.extra_overrides]

@@ -104,9 +104,14 @@ class MethodSpec:
     lr_centre: Mapping[str, float] = field(default_factory=dict)  # workload -> its own rate
     extra_overrides: tuple[str, ...] = ()  # Hydra overrides beyond comm=<hook>
     width: float = 1.4  # line width in figures (the paper's methods are drawn thicker)
+    one_node: tuple[str, ...] = ()  # overrides that run it on one node (each worker a node)
 
     kind: ClassVar[str] = "hook"  # "hook" | "optimizer" | "sync" | "reference"
     sparse: ClassVar[bool] = False  # sends a density (dense in its warm-up)
+    exchange_in_update: ClassVar[bool] = False  # exchanges in its optimizer step, not a hook
+    # what a run's label names beside the method: (tag, key), the key read from the record
+    # (dots as underscores) or else its config: ("r", "comm.powersgd_rank") -> "powersgd r=4"
+    label_keys: ClassVar[tuple[tuple[str, str], ...]] = ()
 
     # -- selection and recognition ------------------------------------------------------
     @property

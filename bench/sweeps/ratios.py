@@ -451,7 +451,10 @@ def plot(df: pd.DataFrame, path: str | Path, title: str) -> Path:
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    from bench.results.plots import PAPER_METHODS, method_colour, method_width, save_figure
+    from bench.methods import colour as method_colour
+    from bench.methods import paper
+    from bench.methods import width as method_width
+    from bench.results.plots import save_figure
 
     fig, all_axes = plt.subplots(
         1, 3, figsize=(14, 4.8), gridspec_kw={"width_ratios": [1, 1, 0.34]}
@@ -468,7 +471,7 @@ def plot(df: pd.DataFrame, path: str | Path, title: str) -> Path:
                 continue  # against the best peer: the methods that are not peers
             dg = dg.sort_values("ratio")
             c, lw = method_colour(comm), method_width(comm)
-            z = 2 if comm in PAPER_METHODS else 3  # the thick lines under the thin ones
+            z = 2 if comm in paper() else 3  # the thick lines under the thin ones
             n = int(dg["n_seeds"].iloc[0])
             ax.plot(dg["ratio"], dg["speedup"], color=c, lw=lw, zorder=z,
                     label=f"{g} (n = {n} seeds)")  # fmt: skip
