@@ -10,7 +10,7 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from bench.cluster import perfmodel as pm
 
@@ -152,7 +152,6 @@ def paper_workload(
     hidden: Mapping[str, float],
     buckets: Sequence[int] | None = None,
     shapes: Sequence[Sequence[Sequence[int]]] | None = None,
-    powersgd_rank: int = 4,
 ) -> pm.Workload:
     """A workload on the paper's cluster; no ``buckets``: ResNet-50's, with shapes."""
     if buckets is None:
@@ -164,40 +163,48 @@ def paper_workload(
         update_s=ASSUMPTIONS["update_s"].value,
         hidden=dict(hidden),
         shapes=tuple(tuple(tuple(s) for s in b) for b in shapes) if shapes else None,
-        powersgd_rank=powersgd_rank,
     )
 
 
-def _efficiency(comm: str, n: int, g: float, density: float, compute: float, nic: float, h: float):
-    wl = paper_workload(compute, {comm: h})
-    c = paper_cluster(n, g, nic)
-    return pm.step_time(comm, wl, density, c, GPU_COSTS), pm.scaling_efficiency(
-        comm, wl, density, c, GPU_COSTS
-    )
+class Priced(Protocol):
+    """What the projection asks of a method: its name, knobs and step time (a method
+    spec, bench/methods/, passed in from above this layer)."""
+
+    name: str
+
+    def knobs_of(self, values: Mapping[str, Any]) -> Any: ...
+
+    def step_time(self, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs, k: Any) -> float: ...
+
+
+def _efficiency(m: Priced, k: Any, n: int, g: float, compute: float, nic: float, h: float):
+    wl = paper_workload(compute, {m.name: h})
+    step = m.step_time(wl, paper_cluster(n, g, nic), GPU_COSTS, k)
+    return step, (wl.compute_s + wl.update_s) / step
 
 
 def project(
+    methods: Sequence[Priced],
     hidden: Mapping[str, float] | None = None,
     gbps: Sequence[float] = (25, 100, 400),
     nodes: Sequence[int] = tuple(range(1, 17)),
     density: float = 0.001,
-    comms: Sequence[str] = pm.PROJECTED,
 ) -> list[dict[str, float | int | str]]:
-    """Step time and scaling efficiency (central, band minimum and maximum).
+    """Step time and scaling efficiency of each of ``methods`` (central, band minimum and
+    maximum), a sparse one at ``density``.
 
     ``hidden``: a share measured on the projected hardware per method; a method without
     one takes the ``hidden`` assumption (central value, its band)."""
     a = ASSUMPTIONS
     measured = dict(hidden or {})
     rows: list[dict[str, float | int | str]] = []
-    for g, n, comm in itertools.product(gbps, nodes, comms):
-        h = measured.get(comm, a["hidden"].value)
-        hband = (h,) if comm in measured else (a["hidden"].low, a["hidden"].high)
-        step, eff = _efficiency(
-            comm, n, g, density, a["compute_s"].value, a["nic_efficiency"].value, h
-        )
+    for g, n, m in itertools.product(gbps, nodes, methods):
+        k = m.knobs_of({"comm.density": density})
+        h = measured.get(m.name, a["hidden"].value)
+        hband = (h,) if m.name in measured else (a["hidden"].low, a["hidden"].high)
+        step, eff = _efficiency(m, k, n, g, a["compute_s"].value, a["nic_efficiency"].value, h)
         band = [
-            _efficiency(comm, n, g, density, cs, nic, hh)[1]
+            _efficiency(m, k, n, g, cs, nic, hh)[1]
             for cs in (a["compute_s"].low, a["compute_s"].high)
             for nic in (a["nic_efficiency"].low, a["nic_efficiency"].high)
             for hh in hband
@@ -207,14 +214,14 @@ def project(
                 "gbps": g,
                 "nodes": n,
                 "procs_per_node": 8,
-                "comm": comm,
+                "comm": m.name,
                 "density": density,
                 "step_ms": step * 1e3,
                 "efficiency": eff,
                 "efficiency_min": min(band + [eff]),
                 "efficiency_max": max(band + [eff]),
                 "hidden": h,
-                "hidden_source": "measured" if comm in measured else "assumed",
+                "hidden_source": "measured" if m.name in measured else "assumed",
             }
         )
     return rows

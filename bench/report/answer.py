@@ -362,7 +362,7 @@ def model_lines(runs: list) -> list[str]:
         for ph in run.phases:
             key = (ph.method, ph.density, ph.rank)
             if ph.steps and key not in seen:
-                seen[key] = ratios.step_time_s(ph.method, ph.density, r, powersgd_rank=ph.rank)
+                seen[key] = ratios.step_time_s(ph.method, ph.knobs, r)
     parts = [
         f"{m}{f' d={d:g}' if d < 1 else ''}{f' rank {k}' if m == 'powersgd' else ''} "
         f"{1e3 * t:.0f} ms"
