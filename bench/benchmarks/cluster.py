@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bench import methods
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
 from bench.benchmarks.harness import BenchRun
 from bench.cluster import perfmodel as pm
@@ -22,14 +23,16 @@ from bench.cluster.emulated import run_nodes, wire_comparison
 from bench.cluster.linkcheck import run_link_check
 from bench.cluster.netns import EmulatedCluster, parse_bandwidth, require_tools
 from bench.cluster.projection import GPU_COSTS
-from bench.comm import cost
 from bench.results.plots import BENCH_COLOURS, method_colour, save_figure
 
 if TYPE_CHECKING:
     from bench.cluster.perfmodel import Cluster, Costs
 
 BANDWIDTHS = ("1gbit", "10gbit")
-COMMS = ("dense", "topk", "mstopk", "hitopk")
+BASE = methods.names(group="baseline")[0]  # every speedup is against it
+# measured: the baseline and the benchmarked sparse hooks; what-if: the baseline and the paper's
+COMMS = tuple(s.name for s in methods.specs() if s.benched and (s.sparse or s.name == BASE))
+WHATIF = (BASE, *methods.paper())
 OVERLAP_BW = "1gbit"  # the overlap case runs on this link
 # and once where the link, not the CPU, is the limit: 2 nodes x 1 one-thread worker (the
 # cores are not oversubscribed), 5 MB DDP buckets, a link slow enough for dense to wait on
@@ -117,19 +120,23 @@ def _calibrated(res: dict[str, Any], link: dict[str, Any]) -> tuple[Cluster, Cos
     return pm.calibrate(base, pm.Costs(), meas)
 
 
+def _knobs(comm: str, res: dict[str, Any]) -> Any:
+    return methods.get(comm).knobs_of({"comm.density": res["density"]})
+
+
 def _predict_ms(comm: str, res: dict[str, Any], c: Cluster, k: Costs) -> float:
 
     sel = res["calibration"].get(f"select_{comm}", [])
     if sel:  # the method's own selection stage (error feedback included), per element
         k = replace(k, select_s=sum(t for _, t in sel) / max(1, sum(n for n, _ in sel)))
-    return pm.aggregation_time(comm, res["buckets"], res["density"], c, k) * 1e3
+    return methods.get(comm).aggregation_time(res["buckets"], c, k, _knobs(comm, res)) * 1e3
 
 
 def _wire(comm: str, res: dict[str, Any]) -> dict[str, float]:
     """Measured link bytes per step and node beside the cost function's prediction."""
 
     n, m = res["nodes"], res["procs_per_node"]
-    link = cost.step(comm, res["buckets"], res["density"], n, m).link_bytes
+    link = methods.get(comm).traffic(res["buckets"], n, m, _knobs(comm, res)).link_bytes
     # minus the timing harness's own traffic (barrier and time allreduce per step)
     idle = res.get("harness_wire_bytes") or [[0.0, 0.0]] * n
     tx = [t - i for (t, _), (i, _) in zip(res[comm]["wire_bytes"], idle, strict=True)]
@@ -145,23 +152,21 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
     for bw in BANDWIDTHS:
         res, link = _measure(bw, numel, reps, quick)
         c, k = _calibrated(res, link)
-        dense_ms = res["dense"]["median_ms"]
         for comm in COMMS:
             ms = res[comm]["median_ms"]
             pred = _predict_ms(comm, res, c, k)
-            bench.add(
-                kind="measured",
-                bandwidth=bw,
-                nodes=res["nodes"],
-                procs_per_node=res["procs_per_node"],
-                comm=comm,
-                density=1.0 if comm == "dense" else res["density"],
-                numel=numel,
+            _row(
+                bench,
+                {"kind": "measured"},
+                bw,
+                res,
+                comm,
+                numel,
                 median_ms=ms,
                 min_ms=res[comm]["min_ms"],
                 predicted_ms=pred,
                 heldout_error=pred / ms - 1,
-                speedup_vs_dense=dense_ms / ms,
+                speedup_vs_dense=res[BASE]["median_ms"] / ms,
                 efficiency=None,
                 **_wire(comm, res),
                 link_gbps=link["bandwidth_gbps"],
@@ -200,18 +205,29 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
     return path
 
 
+def _row(bench: BenchRun, head: dict[str, str], bw: str, res: dict[str, Any], comm: str,
+         numel: int, **extra: Any) -> None:  # fmt: skip
+    """One row (``head``: its kind and scenario) of an aggregation case of ``comm`` on
+    ``res``'s cluster, measured or modelled."""
+    bench.add(**head, bandwidth=bw, nodes=res["nodes"], procs_per_node=res["procs_per_node"],
+              comm=comm, density=res["density"] if methods.get(comm).sparse else 1.0,
+              numel=numel, **extra)  # fmt: skip
+
+
 def _projection(bench: BenchRun) -> None:
     """The paper's cluster, every input assumed (``hidden`` too: nothing here ran on V100s)."""
     h = projection.ASSUMPTIONS["hidden"]
     source = f"assumed {h.value:g} (band {h.low:g}..{h.high:g}; bench.cluster.projection)"
-    for r in projection.project():
+    # the comm hooks a user would pick (not the selection variants)
+    hooks = [s for s in methods.specs(kind="hook") if s.group != "variant"]
+    for r in projection.project(hooks):
         bench.add(
             kind="projection",
             bandwidth=f"{r['gbps']}gbit",
             nodes=r["nodes"],
             procs_per_node=r["procs_per_node"],
             comm=r["comm"],
-            density=r["density"] if r["comm"] in ("mstopk", "hitopk") else 1.0,
+            density=r["density"] if methods.get(str(r["comm"])).sparse else 1.0,
             numel=pm.RESNET50_NUMEL,
             median_ms=None,
             predicted_ms=r["step_ms"],
@@ -233,23 +249,13 @@ def _what_if(
     nvlink = replace(c, intra_bw=100e9, intra_lat=10e-6)
     for scenario, cc, kk in (("nvlink", nvlink, k), ("nvlink+gpu", nvlink, GPU_COSTS)):
         t = {
-            cm: pm.aggregation_time(cm, res["buckets"], res["density"], cc, kk) * 1e3
-            for cm in pm.COMMS
+            cm: methods.get(cm).aggregation_time(res["buckets"], cc, kk, _knobs(cm, res)) * 1e3
+            for cm in WHATIF
         }
-        for comm in pm.COMMS:
-            bench.add(
-                kind="whatif",
-                scenario=scenario,
-                bandwidth=bw,
-                nodes=res["nodes"],
-                procs_per_node=res["procs_per_node"],
-                comm=comm,
-                density=1.0 if comm == "dense" else res["density"],
-                numel=numel,
-                median_ms=None,
-                predicted_ms=t[comm],
-                speedup_vs_dense=t["dense"] / t[comm],
-            )
+        for comm in WHATIF:
+            head = {"kind": "whatif", "scenario": scenario}
+            _row(bench, head, bw, res, comm, numel, median_ms=None, predicted_ms=t[comm],
+                 speedup_vs_dense=t[BASE] / t[comm])  # fmt: skip
 
 
 def _plot(bench: BenchRun) -> None:
@@ -316,9 +322,16 @@ def _plot(bench: BenchRun) -> None:
     fig, axes = plt.subplots(
         1, max(len(bws), 1), figsize=(4.2 * max(len(bws), 1), 4.4), sharey=True, squeeze=False
     )
-    styles = {"dense": "-", "fp16": (0, (5, 1)), "powersgd": (0, (3, 1, 1, 1)), "topk": "-."}
-    styles.update({"mstopk": ":", "hitopk": "--"})
-    comms = [c for c in dict.fromkeys(proj["comm"]) if c != "bf16"]  # bf16 = fp16 on the wire
+    # a method projected alike to one before it (bf16: fp16's bytes) is drawn as that one
+    same: dict[str, str] = {}
+    first: dict[tuple, str] = {}
+    for comm, d in proj.groupby("comm", sort=False):
+        key = tuple(d.sort_values(["bandwidth", "nodes"])["efficiency"])
+        same.update({str(comm): first[key]} if key in first else {})
+        first.setdefault(key, str(comm))
+    comms = [c for c in dict.fromkeys(proj["comm"]) if c not in same]
+    dashes = ("-", (0, (5, 1)), (0, (3, 1, 1, 1)), ":", "--", "-.", (0, (1, 2)))
+    styles = {c: dashes[i % len(dashes)] for i, c in enumerate(comms)}
     for ax, bw in zip(axes[0], bws, strict=False):
         dbw = proj[proj["bandwidth"] == bw]
         for comm in comms:
@@ -359,7 +372,7 @@ def _plot(bench: BenchRun) -> None:
     )
     fig.suptitle(
         "Projection to the paper's cluster (ResNet-50; top-k at density 0.001; dense = NCCL "
-        f"hierarchical{'; bf16 as fp16' if 'bf16' in set(proj['comm']) else ''})"
+        f"hierarchical{''.join(f'; {a} as {b}' for a, b in same.items())})"
         f"\nbands: V100 compute, NIC 0.5-0.9 of line rate, {hidden}"
         f"\n(bench.cluster.projection); drawn on {hw}",
         fontsize=8,

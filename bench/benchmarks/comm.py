@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from bench import methods
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
 from bench.benchmarks.buckets import FakeBucket
 from bench.benchmarks.harness import BenchRun
@@ -22,13 +23,14 @@ from bench.benchmarks.overlap import overlap_worker
 from bench.benchmarks.spawn import run_workers
 from bench.benchmarks.timing import interleaved_times
 from bench.cluster import projection
-from bench.comm import cost, is_sparse, make_hook
+from bench.comm import is_sparse, make_hook
 from bench.results.plots import BENCH_COLOURS, method_colour, save_figure
 
-METHODS = ["dense", "fp16", "powersgd", "topk", "mstopk", "hitopk"]
+METHODS = [s.name for s in methods.specs() if s.benched]
+WHOLE = [m for m in METHODS if not methods.get(m).sparse]  # the baseline first
+SPARSE = [m for m in METHODS if methods.get(m).sparse]  # flat first, hierarchical last
 MODELS = ["resnet50", "transformer_base"]
 DENSITIES = [0.001, 0.01]
-OVERLAP_METHODS = ["dense", "fp16", "powersgd", "topk", "mstopk", "hitopk"]
 
 
 def model_buckets(
@@ -85,12 +87,11 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
     world, ppn = 4, 2
     if quick:  # two small buckets: seconds
         models = {"tiny": [[torch.Size([64, 300]), torch.Size([64])], [torch.Size([128, 256])]]}
-        cases = [("dense", 1.0), ("fp16", 1.0), ("topk", 0.01), ("hitopk", 0.01)]
+        cases = [(m, 1.0) for m in WHOLE[:2]] + [(m, 0.01) for m in (SPARSE[0], SPARSE[-1])]
         warmup, reps = 1, 2
     else:
         models = {m: model_buckets(m) for m in MODELS}
-        cases = [(m, 1.0) for m in ("dense", "fp16", "powersgd")]
-        cases += [(m, d) for d in DENSITIES for m in ("topk", "mstopk", "hitopk")]
+        cases = [(m, 1.0) for m in WHOLE] + [(m, d) for d in DENSITIES for m in SPARSE]
         warmup, reps = 3, 5  # powersgd compresses from its 3rd step on
     bench = BenchRun("comm", results_dir)
     for model, shapes in models.items():
@@ -107,15 +108,16 @@ def _link_bytes(method: str, density: float, shapes: list, n: int, m: int) -> fl
     """Bytes per step leaving each node over its link (bench.comm.cost)."""
 
     numels = [sum(int(torch.Size(s).numel()) for s in b) for b in shapes]
-    return cost.step(method, numels, density, n, m, shapes=shapes).link_bytes
+    spec = methods.get(method)
+    return spec.traffic(numels, n, m, spec.knobs_of({"comm.density": density}), shapes).link_bytes
 
 
 def _add_rows(
     bench: BenchRun, model: str, shapes: list, rows: list, world: int, ppn: int, reps: int
 ) -> None:
-    dense = next(r for r in rows if r["method"] == "dense")
+    dense = next(r for r in rows if r["method"] == WHOLE[0])
     numel = sum(int(torch.Size(s).numel()) for b in shapes for s in b)
-    dense_inter = _link_bytes("dense", 1.0, shapes, world // ppn, ppn)
+    dense_inter = _link_bytes(WHOLE[0], 1.0, shapes, world // ppn, ppn)
     for r in rows:
         inter = _link_bytes(r["method"], r["density"], shapes, world // ppn, ppn)
         bench.add(
@@ -146,10 +148,10 @@ def _overlap(bench: BenchRun, world: int, ppn: int, quick: bool) -> None:
     """Rows ``kind=overlap``: a real ResNet-18 step with each hook, beside its backward pass
     alone and its communication alone (bench.benchmarks.overlap)."""
 
-    methods = ["dense", "hitopk"] if quick else OVERLAP_METHODS
+    which = [WHOLE[0], SPARSE[-1]] if quick else METHODS
     batch, image, warmup, reps = (2, 16, 1, 1) if quick else (32, 64, 3, 4)
     rows = run_workers(
-        overlap_worker, world, ppn, methods, 0.01, batch, image, warmup, reps, timeout_s=1800
+        overlap_worker, world, ppn, which, 0.01, batch, image, warmup, reps, timeout_s=1800
     )[0]
     for r in rows:
         bench.add(
