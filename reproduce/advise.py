@@ -73,55 +73,37 @@ def _parser() -> argparse.ArgumentParser:
         "--model resnet50",
         details=__doc__,
     )
-    ap.add_argument(
-        "--profile", choices=sorted(PROFILES), help="a named cluster: " + PROFILE_SOURCE
-    )
-    ap.add_argument("--nodes", type=int, help="nodes (count, >= 1)")
-    ap.add_argument("--workers", type=int, help="workers (GPUs) per node (count, >= 1)")
-    ap.add_argument("--inter-gbps", type=float, help="line rate of each node's link, Gbit/s")
-    ap.add_argument(
-        "--intra-gbps",
-        type=float,
-        help="bandwidth between the workers of a node, Gbit/s (default: the NVLink assumption)",
-    )
-    ap.add_argument("--model", choices=MODELS, help="model (default resnet50)")
-    ap.add_argument("--params", type=int, help="gradient elements, instead of --model")
-    ap.add_argument("--batch", type=int, help="resnet50: images per GPU per step (default 256)")
-    ap.add_argument("--px", type=int, help="resnet50: training image size, px (default 128)")
-    ap.add_argument(
-        "--compute-ms", type=float, help="forward + backward per step per worker, ms (> 0)"
-    )
-    ap.add_argument(
-        "--density", type=float, default=0.001, help="top-k density, in (0, 1] (default 0.001)"
-    )
-    ap.add_argument("--powersgd-rank", type=int, default=4, help="PowerSGD's rank (default 4)")
-    ap.add_argument(
-        "--sync-every", type=int, default=20, help="DiLoCo's period H, inner steps (default 20)"
-    )
-    ap.add_argument("--demo-chunk", type=int, default=64, help="DeMo's chunk (default 64)")
-    ap.add_argument("--demo-topk", type=int, default=32, help="DeMo's top-k per chunk (32)")
-    ap.add_argument(
-        "--nic-efficiency",
-        type=float,
-        help="share of the line rate TCP reaches, in (0, 1] (default: the assumption)",
-    )
-    ap.add_argument(
-        "--hidden",
-        type=float,
-        help="share of aggregation hidden behind the backward pass, in [0, 1], every method "
-        "(default: the assumption, or this machine's measurement with --costs cpu)",
-    )
-    ap.add_argument(
-        "--costs",
-        choices=("gpu", "cpu"),
-        default="gpu",
-        help="per-element aggregation costs: assumed GPU ones, or this machine's measured",
-    )
-    ap.add_argument(
-        "--results-dir",
-        help=f"where the benchmark CSVs are (default {RESULTS}/; --results-dir {REFERENCE} for "
-        "the committed ones; must exist when given)",
-    )
+    for flag, kw in (
+        ("profile", dict(choices=sorted(PROFILES), help=f"a named cluster: {PROFILE_SOURCE}")),
+        ("nodes", dict(type=int, help="nodes (count, >= 1)")),
+        ("workers", dict(type=int, help="workers (GPUs) per node (count, >= 1)")),
+        ("inter-gbps", dict(type=float, help="line rate of each node's link, Gbit/s")),
+        ("intra-gbps", dict(type=float, help="bandwidth between the workers of a node, Gbit/s "
+                            "(default: the NVLink assumption)")),
+        ("model", dict(choices=MODELS, help="model (default resnet50)")),
+        ("params", dict(type=int, help="gradient elements, instead of --model")),
+        ("batch", dict(type=int, help="resnet50: images per GPU per step (default 256)")),
+        ("px", dict(type=int, help="resnet50: training image size, px (default 128)")),
+        ("compute-ms", dict(type=float, help="forward + backward per step per worker, ms (> 0)")),
+        ("density", dict(type=float, default=0.001,
+                         help="top-k density, in (0, 1] (default 0.001)")),
+        ("powersgd-rank", dict(type=int, default=4, help="PowerSGD's rank (default 4)")),
+        ("sync-every", dict(type=int, default=20,
+                            help="DiLoCo's period H, inner steps (default 20)")),
+        ("demo-chunk", dict(type=int, default=64, help="DeMo's chunk (default 64)")),
+        ("demo-topk", dict(type=int, default=32, help="DeMo's top-k per chunk (32)")),
+        ("nic-efficiency", dict(type=float, help="share of the line rate TCP reaches, in (0, 1] "
+                                "(default: the assumption)")),
+        ("hidden", dict(type=float, help="share of aggregation hidden behind the backward pass, "
+                        "in [0, 1], every method (default: the assumption, or this machine's "
+                        "measurement with --costs cpu)")),
+        ("costs", dict(choices=("gpu", "cpu"), default="gpu", help="per-element aggregation "
+                       "costs: assumed GPU ones, or this machine's measured")),
+        ("results-dir", dict(help=f"where the benchmark CSVs are (default {RESULTS}/; "
+                             f"--results-dir {REFERENCE} for the committed ones; must exist "
+                             "when given)")),
+    ):  # fmt: skip
+        ap.add_argument(f"--{flag}", **kw)  # type: ignore[arg-type]
     ap.add_argument("--dry-run", action="store_true", help="print the inputs; predict nothing")
     return ap
 
@@ -451,15 +433,9 @@ def main(argv: list[str]) -> None:
     if a.dry_run:
         print("\n".join(notes))
         return
-    c = pm.Cluster(
-        p["nodes"],
-        p["workers"],
-        inter_bw=p["inter_gbps"] * 1e9 / 8 * nic,
-        inter_lat=A["inter_lat"].value,
-        intra_bw=p["intra_gbps"] * 1e9 / 8,
-        intra_lat=A["intra_lat"].value,
-        hierarchical_dense=True,
-    )
+    c = pm.Cluster(p["nodes"], p["workers"], inter_bw=p["inter_gbps"] * 1e9 / 8 * nic,
+                   inter_lat=A["inter_lat"].value, intra_bw=p["intra_gbps"] * 1e9 / 8,
+                   intra_lat=A["intra_lat"].value, hierarchical_dense=True)  # fmt: skip
     ranked = [methods.get(m) for m in methods.defaults()]
     shares = hidden if isinstance(hidden, dict) else {s.name: hidden for s in ranked}
     wl = projection.paper_workload(w["compute"], shares, w["buckets"], w["shapes"])
@@ -486,11 +462,8 @@ def main(argv: list[str]) -> None:
     # the band: every assumption the user did not give at its low and high end
     h = A["hidden"]
     hb = (None,) if a.hidden is not None or isinstance(hidden, dict) else (h.low, h.high)
-    nb = (
-        (nic,)
-        if a.nic_efficiency is not None
-        else (A["nic_efficiency"].low, A["nic_efficiency"].high)
-    )
+    ne = A["nic_efficiency"]
+    nb = (nic,) if a.nic_efficiency is not None else (ne.low, ne.high)
     cs = A["compute_s"]
     cb = (1.0,) if a.compute_ms is not None else (cs.low / cs.value, cs.high / cs.value)
 

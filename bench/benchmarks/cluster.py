@@ -23,7 +23,7 @@ from bench.cluster.emulated import run_nodes, wire_comparison
 from bench.cluster.linkcheck import run_link_check
 from bench.cluster.netns import EmulatedCluster, parse_bandwidth, require_tools
 from bench.cluster.projection import GPU_COSTS
-from bench.results.plots import BENCH_COLOURS, method_colour, save_figure
+from bench.results.plots import BENCH_COLOURS, save_figure
 
 if TYPE_CHECKING:
     from bench.cluster.perfmodel import Cluster, Costs
@@ -73,15 +73,8 @@ def _overlap(
     args += ["--bucket-mb", str(bucket_mb)]
     args += ["--batch", "2", "--image", "16", "--warmup", "1", "--reps", "1"] if quick else []
     # a port of its own: the aggregation run's rendezvous port may still be in TIME_WAIT
-    rc = run_nodes(
-        c,
-        procs,
-        "bench.benchmarks.overlap",
-        args,
-        rdzv_port=29401,
-        rdzv_timeout_s=300,
-        timeout_s=1800,
-    )
+    rc = run_nodes(c, procs, "bench.benchmarks.overlap", args, rdzv_port=29401,
+                   rdzv_timeout_s=300, timeout_s=1800)  # fmt: skip
     if rc != 0 or not out.exists():
         raise RuntimeError(f"the overlap benchmark failed (exit status {rc})")
     return json.loads(out.read_text())
@@ -101,21 +94,10 @@ def _overlap_link_bound(quick: bool) -> tuple[list[dict[str, Any]], dict[str, An
 def _calibrated(res: dict[str, Any], link: dict[str, Any]) -> tuple[Cluster, Costs]:
     """The model calibrated on this run's micro-measurements (no aggregation case)."""
 
-    cal = res["calibration"]
-
-    def pairs(key: str) -> list:
-        return [tuple(x) for x in cal.get(key, [])]
-
-    meas = pm.Measurements(
-        inter_bw=link["bandwidth_gbps"] * 1e9 / 8,
-        inter_lat=link["latency_ms"] / 1e3,
-        ring_shift=pairs("ring_shift"),
-        intra_shift=pairs("intra_shift"),
-        select=pairs("select"),
-        scatter=pairs("scatter"),
-        dense_pass=pairs("dense_pass"),
-        reduce=pairs("reduce"),
-    )
+    keys = ("ring_shift", "intra_shift", "select", "scatter", "dense_pass", "reduce")
+    pairs = {key: [tuple(x) for x in res["calibration"].get(key, [])] for key in keys}
+    meas = pm.Measurements(inter_bw=link["bandwidth_gbps"] * 1e9 / 8,
+                           inter_lat=link["latency_ms"] / 1e3, **pairs)  # fmt: skip
     base = pm.Cluster(res["nodes"], res["procs_per_node"], inter_bw=1.0)
     return pm.calibrate(base, pm.Costs(), meas)
 
@@ -155,36 +137,19 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
         for comm in COMMS:
             ms = res[comm]["median_ms"]
             pred = _predict_ms(comm, res, c, k)
-            _row(
-                bench,
-                {"kind": "measured"},
-                bw,
-                res,
-                comm,
-                numel,
-                median_ms=ms,
-                min_ms=res[comm]["min_ms"],
-                predicted_ms=pred,
-                heldout_error=pred / ms - 1,
-                speedup_vs_dense=res[BASE]["median_ms"] / ms,
-                efficiency=None,
-                **_wire(comm, res),
-                link_gbps=link["bandwidth_gbps"],
-                link_ok=link["ok"],
-                link_latency_ms=link["latency_ms"],
-                model_inter_gbps=c.inter_bw * 8 / 1e9,
-                model_inter_lat_ms=c.inter_lat * 1e3,
-                model_intra_lat_ms=c.intra_lat * 1e3,
-                intra_node_link_gbps=link.get("intra_node_bandwidth_gbps"),
-                model_intra_gbps=c.intra_bw * 8 / 1e9,
-                model_select_ns_per_elem=k.select_s * 1e9,
-                model_scatter_ns_per_pair=k.scatter_s * 1e9,
-                model_dense_ns_per_elem=k.dense_s * 1e9,
-                model_reduce_ns_per_elem=k.reduce_s * 1e9,
-                reps=reps,
-                select_ms=res[comm]["select_ms"],
-                comm_ms=res[comm]["comm_ms"],
-            )
+            _row(bench, {"kind": "measured"}, bw, res, comm, numel, median_ms=ms,
+                 min_ms=res[comm]["min_ms"], predicted_ms=pred, heldout_error=pred / ms - 1,
+                 speedup_vs_dense=res[BASE]["median_ms"] / ms, efficiency=None,
+                 **_wire(comm, res), link_gbps=link["bandwidth_gbps"], link_ok=link["ok"],
+                 link_latency_ms=link["latency_ms"], model_inter_gbps=c.inter_bw * 8 / 1e9,
+                 model_inter_lat_ms=c.inter_lat * 1e3, model_intra_lat_ms=c.intra_lat * 1e3,
+                 intra_node_link_gbps=link.get("intra_node_bandwidth_gbps"),
+                 model_intra_gbps=c.intra_bw * 8 / 1e9,
+                 model_select_ns_per_elem=k.select_s * 1e9,
+                 model_scatter_ns_per_pair=k.scatter_s * 1e9,
+                 model_dense_ns_per_elem=k.dense_s * 1e9,
+                 model_reduce_ns_per_elem=k.reduce_s * 1e9, reps=reps,
+                 select_ms=res[comm]["select_ms"], comm_ms=res[comm]["comm_ms"])  # fmt: skip
         _what_if(bench, bw, res, c, k, numel)
         for r in res.get("overlap", []):
             bench.add(**{**r, "comm": r["method"]}, bandwidth=bw, median_ms=r["step_ms"])
@@ -205,12 +170,12 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
     return path
 
 
-def _row(bench: BenchRun, head: dict[str, str], bw: str, res: dict[str, Any], comm: str,
+def _row(bench: BenchRun, head: dict[str, str], bw: str, where: dict[str, Any], comm: str,
          numel: int, **extra: Any) -> None:  # fmt: skip
     """One row (``head``: its kind and scenario) of an aggregation case of ``comm`` on
-    ``res``'s cluster, measured or modelled."""
-    bench.add(**head, bandwidth=bw, nodes=res["nodes"], procs_per_node=res["procs_per_node"],
-              comm=comm, density=res["density"] if methods.get(comm).sparse else 1.0,
+    ``where``'s nodes and workers at its density (a sparse method's), measured or modelled."""
+    bench.add(**head, bandwidth=bw, nodes=where["nodes"], procs_per_node=where["procs_per_node"],
+              comm=comm, density=where["density"] if methods.get(comm).sparse else 1.0,
               numel=numel, **extra)  # fmt: skip
 
 
@@ -221,22 +186,10 @@ def _projection(bench: BenchRun) -> None:
     # the comm hooks a user would pick (not the selection variants)
     hooks = [s for s in methods.specs(kind="hook") if s.group != "variant"]
     for r in projection.project(hooks):
-        bench.add(
-            kind="projection",
-            bandwidth=f"{r['gbps']}gbit",
-            nodes=r["nodes"],
-            procs_per_node=r["procs_per_node"],
-            comm=r["comm"],
-            density=r["density"] if methods.get(str(r["comm"])).sparse else 1.0,
-            numel=pm.RESNET50_NUMEL,
-            median_ms=None,
-            predicted_ms=r["step_ms"],
-            efficiency=r["efficiency"],
-            efficiency_min=r["efficiency_min"],
-            efficiency_max=r["efficiency_max"],
-            hidden=r["hidden"],
-            hidden_source=source,
-        )
+        eff = {k: r[k] for k in ("efficiency", "efficiency_min", "efficiency_max", "hidden")}
+        _row(bench, {"kind": "projection"}, f"{r['gbps']}gbit", r, str(r["comm"]),
+             pm.RESNET50_NUMEL, median_ms=None, predicted_ms=r["step_ms"], **eff,
+             hidden_source=source)  # fmt: skip
 
 
 def _what_if(
@@ -273,28 +226,14 @@ def _plot(bench: BenchRun) -> None:
     for ax, bw in zip(axes[0], BANDWIDTHS, strict=True):
         d = meas[meas["bandwidth"] == bw]
         x = range(len(d))
-        ax.bar(
-            [i - 0.2 for i in x],
-            d["median_ms"],
-            0.4,
-            label="measured (median)",
-            color=BENCH_COLOURS["measured"],
-        )
-        ax.bar(
-            [i + 0.2 for i in x],
-            d["predicted_ms"],
-            0.4,
-            label="model (held out: not fitted to this run)",
-            color=BENCH_COLOURS["model"],
-            edgecolor="k",
-            lw=0.5,
-        )
-        ax.set_xticks(
-            list(x),
-            [f"{c}\n{s:.1f}x" for c, s in zip(d["comm"], d["speedup_vs_dense"], strict=True)],
-        )
+        ax.bar([i - 0.2 for i in x], d["median_ms"], 0.4, label="measured (median)",
+               color=BENCH_COLOURS["measured"])  # fmt: skip
+        ax.bar([i + 0.2 for i in x], d["predicted_ms"], 0.4, color=BENCH_COLOURS["model"],
+               edgecolor="k", lw=0.5, label="model (held out: not fitted to this run)")  # fmt: skip
+        ticks = zip(d["comm"], d["speedup_vs_dense"], strict=True)
+        ax.set_xticks(list(x), [f"{c}\n{s:.1f}x" for c, s in ticks])
         for t, c in zip(ax.get_xticklabels(), d["comm"], strict=True):
-            t.set_color(method_colour(c))
+            t.set_color(methods.colour(c))
         ax.set_ylim(0, 1.15 * float(max(d["median_ms"].max(), d["predicted_ms"].max())))
         reps = f" of n = {int(d['reps'].median())}" if "reps" in d.columns else ""
         ax.set_ylabel(f"aggregation time per step (ms, median{reps})", fontsize=9)
@@ -303,17 +242,12 @@ def _plot(bench: BenchRun) -> None:
         for i, (ms, err) in enumerate(zip(d["predicted_ms"], errs, strict=True)):
             ax.annotate(f"{err:+.0%}", (i + 0.2, ms), ha="center", va="bottom", fontsize=7)
         link = d["link_gbps"].iloc[0] if len(d) else float("nan")
-        ax.set_title(
-            f"{bw} (link check {link:.2g} Gbit/s): 2 nodes x 2 workers, density {DENSITY}",
-            fontsize=9,
-        )
+        ax.set_title(f"{bw} (link check {link:.2g} Gbit/s): 2 nodes x 2 workers, density "
+                     f"{DENSITY}", fontsize=9)  # fmt: skip
     h, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(h, labels, loc="lower center", ncol=2, fontsize=8, frameon=False)
-    fig.suptitle(
-        f"ResNet-50 gradient aggregation, emulated cluster (number: the model's error; under "
-        f"each method: its speedup over dense)\n{hw}",
-        fontsize=9,
-    )
+    fig.suptitle(f"ResNet-50 gradient aggregation, emulated cluster (number: the model's error; "
+                 f"under each method: its speedup over dense)\n{hw}", fontsize=9)  # fmt: skip
     fig.tight_layout(rect=(0, 0.35 / fig.get_figheight(), 1, 1))
     save_figure(fig, bench.png_path, layout=False)
 
@@ -338,30 +272,19 @@ def _plot(bench: BenchRun) -> None:
             dc = dbw[dbw["comm"] == comm].sort_values("nodes")
             if dc.empty:
                 continue
-            ax.plot(
-                dc["nodes"],
-                dc["efficiency"],
-                linestyle=styles.get(comm, "-"),  # a dash tuple is no format string
-                marker=".",
-                color=method_colour(comm),
-                label=comm,
-            )
+            # a dash tuple is no format string: linestyle=
+            ax.plot(dc["nodes"], dc["efficiency"], linestyle=styles[comm], marker=".",
+                    color=methods.colour(comm), label=comm)  # fmt: skip
             if "efficiency_min" in dc.columns and dc["efficiency_min"].notna().all():
-                ax.fill_between(
-                    dc["nodes"],
-                    dc["efficiency_min"],
-                    dc["efficiency_max"],
-                    color=method_colour(comm),
-                    alpha=0.08,
-                )
+                ax.fill_between(dc["nodes"], dc["efficiency_min"], dc["efficiency_max"],
+                                color=methods.colour(comm), alpha=0.08)  # fmt: skip
         ax.set_title(f"inter-node link {bw.replace('gbit', ' Gbit/s')}", fontsize=9)
         ax.set_xlabel("nodes (8 GPUs each)")
         ax.set_ylim(0, 1.05)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("scaling efficiency")
-    axes[0][0].legend(
-        fontsize=8, loc="lower left", title="line: assumption's value", title_fontsize=7
-    )
+    axes[0][0].legend(fontsize=8, loc="lower left", title="line: assumption's value",
+                      title_fontsize=7)  # fmt: skip
     src = proj["hidden_source"].dropna() if "hidden_source" in proj.columns else proj["comm"][:0]
     # the rows say how their hidden share was taken (older runs: measured here, 0..measured)
     hidden = (

@@ -24,7 +24,7 @@ from bench.benchmarks.spawn import run_workers
 from bench.benchmarks.timing import interleaved_times
 from bench.cluster import projection
 from bench.comm import is_sparse, make_hook
-from bench.results.plots import BENCH_COLOURS, method_colour, save_figure
+from bench.results.plots import BENCH_COLOURS, save_figure
 
 METHODS = [s.name for s in methods.specs() if s.benched]
 WHOLE = [m for m in METHODS if not methods.get(m).sparse]  # the baseline first
@@ -193,7 +193,7 @@ def _plot(bench: BenchRun) -> None:
             for m, dd in zip(d["method"], d["density"], strict=True)
         ]
         a1, a2 = axes[0][col], axes[1][col]
-        a1.barh(y, d["median_ms"], color=[method_colour(m) for m in d["method"]])
+        a1.barh(y, d["median_ms"], color=[methods.colour(m) for m in d["method"]])
         a1.set_xlabel(f"time per step, all buckets (ms, {reps})")
         a1.set_title(f"{model}: how long one step's aggregation takes", fontsize=9)
         a2.barh(y - 0.2, d["bytes_per_worker"] / 1e6, 0.4, color=BENCH_COLOURS["total"],
@@ -207,7 +207,7 @@ def _plot(bench: BenchRun) -> None:
         for ax in (a1, a2):
             ax.set_yticks(y, labels, fontsize=8)
             for t, m in zip(ax.get_yticklabels(), d["method"], strict=True):
-                t.set_color(method_colour(m))
+                t.set_color(methods.colour(m))
             ax.invert_yaxis()
             ax.grid(True, axis="x", which="both", alpha=0.3)
     h, lab = axes[1][0].get_legend_handles_labels()
@@ -240,7 +240,7 @@ def _plot_overlap(ax: Any, ov: Any) -> None:
         ax.annotate(f"{r:.2f}x", (i + 0.2, max(top, 0)), ha="center", va="bottom", fontsize=7)
     ax.set_xticks(x, list(ov["method"]))
     for t, m in zip(ax.get_xticklabels(), ov["method"], strict=True):
-        t.set_color(method_colour(m))
+        t.set_color(methods.colour(m))
     ax.set_ylabel("ms per step (median)")
     ax.set_ylim(0, 1.18 * float(ov[["comm_alone_ms", "exposed_ms"]].max().max()))
     b = ov.iloc[0]

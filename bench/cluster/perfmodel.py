@@ -237,10 +237,6 @@ def calibrate(base: Cluster, costs: Costs, meas: Measurements) -> tuple[Cluster,
     return c, k
 
 
-def relative_error(predicted: float, measured: float) -> float:
-    return predicted / measured - 1 if measured > 0 else math.nan
-
-
 def outer_sync_time(numel: float, c: Cluster, elem_bytes: int = 4) -> float:
     """One ring all-reduce of ``numel`` elements between the nodes (one replica each):
     ``2(n-1)`` steps of ``alpha_inter`` and ``m * 2(n-1)/n * P / B_inter`` (s): each of a

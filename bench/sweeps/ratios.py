@@ -160,13 +160,9 @@ def run_from_record(rec: Mapping[str, Any], curve: pd.DataFrame) -> Run | None:
 
 def accounting_notes(runs: Sequence[Run]) -> list[str]:
     """One line when some runs were charged from their config (no phase log recorded)."""
-    old = [r.run_id for r in runs if r.accounting != "recorded"]
-    if not old:
-        return []
-    return [
-        f"{len(old)} run(s) recorded before the per-step phase log ({col.COMM_PHASES}): "
-        "charged from their config (dense warm-up epochs, PowerSGD's start)"
-    ]
+    n = sum(r.accounting != "recorded" for r in runs)
+    return [f"{n} run(s) recorded before the per-step phase log ({col.COMM_PHASES}): charged "
+            "from their config (dense warm-up epochs, PowerSGD's start)"] if n else []  # fmt: skip
 
 
 def load_runs(
@@ -192,12 +188,8 @@ def load_runs(
         if run is None:
             skipped.append(f"{rec['run_id']}: no step counts, or a method the model lacks")
             continue
-        runs.append(run if group is default_group else _regroup(run, group(rec)))
+        runs.append(run if group is default_group else replace(run, group=group(rec)))
     return runs, skipped
-
-
-def _regroup(run: Run, group: str) -> Run:
-    return Run(**{**run.__dict__, "group": group})
 
 
 def compute_for_ratio(ratio: float) -> float:
@@ -209,13 +201,8 @@ def compute_for_ratio(ratio: float) -> float:
 
 
 @functools.lru_cache(maxsize=4096)
-def step_time_s(
-    method: str,
-    knobs: Knobs,
-    ratio: float,
-    nic_efficiency: float | None = None,
-    hidden: float | None = None,
-) -> float:
+def step_time_s(method: str, knobs: Knobs, ratio: float, nic_efficiency: float | None = None,
+                hidden: float | None = None) -> float:  # fmt: skip
     """The model's time per step of ``method`` with ``knobs`` at ``ratio`` on the paper's
     cluster (s): its spec's price (a sync strategy's hook inside the node hides alike)."""
     a = projection.ASSUMPTIONS
@@ -293,26 +280,15 @@ def compose(
                     s = t[vs][boot[vs]].mean(axis=1) / t[g][boot[g]].mean(axis=1)
                     lo.append(float(np.percentile(s, 2.5)))
                     hi.append(float(np.percentile(s, 97.5)))
-                rows.append(
-                    {
-                        "ratio": ratio,
-                        "group": g,
-                        "comm": rs[0].comm,
-                        "vs": vs,
-                        "vs_role": role,
-                        "n_runs": len(rs),
-                        "n_seeds": len(seeds[g]),
-                        "n_reached": sum(r.reached for r in rs),
-                        "steps_mean": float(np.mean([r.steps for r in rs])),
-                        "time_to_target_s": means[g],
-                        "speedup": means[vs] / means[g],
-                        "ci_low": lo[0],
-                        "ci_high": hi[0],
-                        "band_low": min(lo),
-                        "band_high": max(hi),
-                        "win": lo[0] > 1.0,
-                    }
-                )
+                rows.append({
+                    "ratio": ratio, "group": g, "comm": rs[0].comm, "vs": vs, "vs_role": role,
+                    "n_runs": len(rs), "n_seeds": len(seeds[g]),
+                    "n_reached": sum(r.reached for r in rs),
+                    "steps_mean": float(np.mean([r.steps for r in rs])),
+                    "time_to_target_s": means[g], "speedup": means[vs] / means[g],
+                    "ci_low": lo[0], "ci_high": hi[0], "band_low": min(lo), "band_high": max(hi),
+                    "win": lo[0] > 1.0,
+                })  # fmt: skip
     return pd.DataFrame(rows)
 
 
@@ -397,9 +373,8 @@ def plot(df: pd.DataFrame, path: str | Path, title: str) -> Path:
 
     from bench.results.plots import save_figure
 
-    fig, all_axes = plt.subplots(
-        1, 3, figsize=(14, 4.8), gridspec_kw={"width_ratios": [1, 1, 0.34]}
-    )
+    widths = {"width_ratios": [1, 1, 0.34]}
+    fig, all_axes = plt.subplots(1, 3, figsize=(14, 4.8), gridspec_kw=widths)
     axes, legend_ax = all_axes[:2], all_axes[2]
     axes[1].sharey(axes[0])
     named = {k: v for k, v in named_ratios().items() if k != "paper-fp16"}  # = paper's point
@@ -436,14 +411,10 @@ def plot(df: pd.DataFrame, path: str | Path, title: str) -> Path:
                 left = (edges[i - 1] * lo) ** 0.5 if i else lo
                 right = (edges[j + 1] * hi) ** 0.5 if j + 1 < len(edges) else hi
                 ax.axvspan(left, right, ymin=0, ymax=0.04, color=methods.colour(peer), lw=0)
-            switch = ", ".join(
-                f"{b[0]} from {b[1]:.2g}" for b in spans[1:]
-            )  # where the best peer changes
+            # where the best peer changes
+            switch = "".join(f", {b[0]} from {b[1]:.2g}" for b in spans[1:])
             first = f"{spans[0][0]}" if spans else "?"
-            ax.set_title(
-                f"against the best peer at each ratio: {first}" + (f", {switch}" if switch else ""),
-                fontsize=9,
-            )
+            ax.set_title(f"against the best peer at each ratio: {first}{switch}", fontsize=9)
         else:
             ax.set_title("against dense DDP", fontsize=9)
     top = axes[0].get_ylim()[1]
@@ -459,11 +430,9 @@ def plot(df: pd.DataFrame, path: str | Path, title: str) -> Path:
     handles, labels = list(seen.values()), list(seen)
     legend_ax.axis("off")  # the legend's own panel: it covers no data
     legend_ax.legend(handles, labels, loc="center left", fontsize=8, frameon=False)
-    fig.suptitle(
-        title + "\nline: speedup from the mean steps to target x the model's time per step; "
-        "shaded: its 95 % bootstrap interval over seeds; top axis: the named settings",
-        fontsize=9,
-    )
+    fig.suptitle(title + "\nline: speedup from the mean steps to target x the model's time per "
+                 "step; shaded: its 95 % bootstrap interval over seeds; top axis: the named "
+                 "settings", fontsize=9)  # fmt: skip
     return save_figure(fig, path)
 
 
