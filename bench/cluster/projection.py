@@ -41,9 +41,7 @@ class Assumption:
 
 ASSUMPTIONS: dict[str, Assumption] = {
     "compute_s": Assumption(
-        v100_compute_s(256, 128),
-        v100_compute_s(256, 128),
-        v100_compute_s(256, 224),
+        v100_compute_s(256, 128), v100_compute_s(256, 128), v100_compute_s(256, 224),
         f"ResNet-50 v1.5 forward+backward of 256 images per V100 ({V100_SOURCE}): 0.221 s at "
         "224 px; x (128/224)**2 for the area at 128 px, 0.072 s (the paper's progressive "
         "resizing trains mostly small)",
@@ -55,16 +53,12 @@ ASSUMPTIONS: dict[str, Assumption] = {
         2 / 3, 2 / 3, 2 / 3, "assumed: backward is about twice the forward pass"
     ),
     "nic_efficiency": Assumption(
-        0.7,
-        0.5,
-        0.9,
+        0.7, 0.5, 0.9,
         "assumed: the share of a link's line rate that TCP reaches between cloud VMs (the "
         "paper's nodes are VMs on a 25 Gbit/s VPC); not measured on that network",
     ),
     "hidden": Assumption(
-        1.0,
-        0.0,
-        1.0,
+        1.0, 0.0, 1.0,
         "assumed, every method alike: DDP and Horovod start each fused bucket's collective "
         "as soon as its gradients are ready (Li et al., PyTorch Distributed, VLDB 2020; "
         "Sergeev and Del Balso, Horovod, 2018), so at most everything but the last bucket "
@@ -82,26 +76,17 @@ ASSUMPTIONS: dict[str, Assumption] = {
     "scatter_s": Assumption(1e-9, 1e-9, 1e-9, "assumed: GPU scatter-add, 1 ns per pair"),
     "dense_s": Assumption(2e-11, 2e-11, 2e-11, "assumed: an elementwise pass at ~200 GB/s"),
     "reduce_s": Assumption(2e-11, 2e-11, 2e-11, "assumed: a summation pass at ~200 GB/s"),
-}
+}  # fmt: skip
 GPU_COSTS = pm.Costs(
-    select_s=ASSUMPTIONS["select_s"].value,
-    scatter_s=ASSUMPTIONS["scatter_s"].value,
-    dense_s=ASSUMPTIONS["dense_s"].value,
-    reduce_s=ASSUMPTIONS["reduce_s"].value,
+    **{k: ASSUMPTIONS[k].value for k in ("select_s", "scatter_s", "dense_s", "reduce_s")}
 )
 
 
 def paper_cluster(nodes: int, gbps: float, nic_efficiency: float, procs: int = 8) -> pm.Cluster:
     a = ASSUMPTIONS
-    return pm.Cluster(
-        nodes,
-        procs,
-        inter_bw=gbps * 1e9 / 8 * nic_efficiency,
-        inter_lat=a["inter_lat"].value,
-        intra_bw=a["intra_bw"].value,
-        intra_lat=a["intra_lat"].value,
-        hierarchical_dense=True,
-    )
+    return pm.Cluster(nodes, procs, inter_bw=gbps * 1e9 / 8 * nic_efficiency,
+                      inter_lat=a["inter_lat"].value, intra_bw=a["intra_bw"].value,
+                      intra_lat=a["intra_lat"].value, hierarchical_dense=True)  # fmt: skip
 
 
 @functools.lru_cache(maxsize=8)

@@ -123,24 +123,15 @@ class Plan(Saved):
     def size_overrides(self, n: int, m: int) -> list[str]:
         cl = self.cluster_of(n)
         return [
-            f"experiment={self.experiment}",
-            f"cluster={cl}",
-            f"cluster.nnodes={n}",
-            f"cluster.nproc_per_node={m}",
-            f"data.batch_size={self.batch_per_worker * n * m}",
-            f"train.epochs={self.epochs}",
-            f"train.max_steps_per_epoch={self.steps}",
-            f"train.eval_every={self.epochs}",
-            "train.stop_at_target=false",
-            "train.checkpoint_every=0",
-            "train.progress=false",
-            "results.plot=false",
-            f"results.dir={hydra_value(self.results_dir)}",
-            f"results.sweep_id={self.sweep_id}",
-            *(self.link if cl == "emulated" else ()),
-            *self.extra,
+            f"experiment={self.experiment}", f"cluster={cl}", f"cluster.nnodes={n}",
+            f"cluster.nproc_per_node={m}", f"data.batch_size={self.batch_per_worker * n * m}",
+            f"train.epochs={self.epochs}", f"train.max_steps_per_epoch={self.steps}",
+            f"train.eval_every={self.epochs}", "train.stop_at_target=false",
+            "train.checkpoint_every=0", "train.progress=false", "results.plot=false",
+            f"results.dir={hydra_value(self.results_dir)}", f"results.sweep_id={self.sweep_id}",
+            *(self.link if cl == "emulated" else ()), *self.extra,
             *self.pinned.get(f"{n}x{m}", []),
-        ]
+        ]  # fmt: skip
 
     def jobs(self) -> list[tuple[tuple[int, int, str], list[str]]]:
         return [
@@ -221,22 +212,14 @@ class Plan(Saved):
         own = {c: k for c, k in knobs.items() if methods.get(c).kind == "optimizer"}
         cal, numel = _calibrate(cfg, own)
         return {
-            "sweep_id": self.sweep_id,
-            "made": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "experiment": self.experiment,
-            "batch_per_worker": self.batch_per_worker,
-            "steps": self.steps,
-            "epochs": self.epochs,
-            "warmup_runs": sm.WARMUP_RUNS,
-            "warmup_comm": sm.WARMUP_COMM,
-            "calibration_runs": sm.CALIBRATION_RUNS,
-            "numel": numel,
-            "calibration": cal.to_dict(),
-            "assumed": dict(sm.ASSUMED),
-            "sizes": sizes,
-            "knobs": {c: k.overrides() for c, k in knobs.items()},
+            "sweep_id": self.sweep_id, "made": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "experiment": self.experiment, "batch_per_worker": self.batch_per_worker,
+            "steps": self.steps, "epochs": self.epochs, "warmup_runs": sm.WARMUP_RUNS,
+            "warmup_comm": sm.WARMUP_COMM, "calibration_runs": sm.CALIBRATION_RUNS,
+            "numel": numel, "calibration": cal.to_dict(), "assumed": dict(sm.ASSUMED),
+            "sizes": sizes, "knobs": {c: k.overrides() for c, k in knobs.items()},
             "predictions": self.predict(sizes, cal, knobs),
-        }
+        }  # fmt: skip
 
     def knobs(self) -> dict[str, Knobs]:
         """Each method's knobs as its runs are configured (the trailing overrides

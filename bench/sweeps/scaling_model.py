@@ -272,27 +272,16 @@ def projected_rows(comms: Sequence[str], measured_world: int) -> list[dict[str, 
     out = []
     for r in rows:
         n, m = int(r["nodes"]), int(r["procs_per_node"])
-        out.append(
-            {
-                "kind": "projected",
-                "cluster": f"model: {n}x{m} V100, {r['gbps']:g} Gbit/s",
-                "nodes": n,
-                "workers_per_node": m,
-                "world_size": n * m,
-                "comm": r["comm"],
-                "density": r["density"] if methods.get(str(r["comm"])).sparse else 1.0,
-                "compute_only_step_s": compute_only,
-                "efficiency": float(r["efficiency"]),
-                "efficiency_min": float(r["efficiency_min"]),
-                "efficiency_max": float(r["efficiency_max"]),
-                "predicted_step_s": float(r["step_ms"]) / 1e3,
-                "predicted_efficiency": float(r["efficiency"]),
-                "note": (
-                    f"extrapolated {n * m / max(1, measured_world):.0f}x beyond the largest "
-                    f"measured size ({measured_world} CPU workers on tc-shaped links) to "
-                    "V100s, NVLink and NCCL at 25 Gbit/s, every input assumed "
-                    "(bench/cluster/projection.py ASSUMPTIONS)"
-                ),
-            }
-        )
+        eff = {k: float(r[k]) for k in ("efficiency", "efficiency_min", "efficiency_max")}
+        out.append({
+            "kind": "projected", "cluster": f"model: {n}x{m} V100, {r['gbps']:g} Gbit/s",
+            "nodes": n, "workers_per_node": m, "world_size": n * m, "comm": r["comm"],
+            "density": r["density"] if methods.get(str(r["comm"])).sparse else 1.0,
+            "compute_only_step_s": compute_only, **eff,
+            "predicted_step_s": float(r["step_ms"]) / 1e3,
+            "predicted_efficiency": eff["efficiency"],
+            "note": f"extrapolated {n * m / max(1, measured_world):.0f}x beyond the largest "
+            f"measured size ({measured_world} CPU workers on tc-shaped links) to V100s, NVLink "
+            "and NCCL at 25 Gbit/s, every input assumed (bench/cluster/projection.py ASSUMPTIONS)",
+        })  # fmt: skip
     return out
