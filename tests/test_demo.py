@@ -233,8 +233,10 @@ def test_the_model_prices_the_allgather_on_the_paper_cluster() -> None:
         assert pm.demo_exchange(params, 64, 32, c, k) == pytest.approx(wire + compute)
     # a flat allgather grows with the workers: a third of dense's time on 2 x 8, more on 16 x 8
     wl = projection.paper_workload(0.1, {})
+    from bench.methods import get
+
     dense = [
-        pm.aggregation_time("dense", wl.buckets, 1.0, projection.paper_cluster(n, 25, 0.7), k)
+        get("dense").aggregation_time(wl.buckets, projection.paper_cluster(n, 25, 0.7), k, None)
         for n in (2, 16)
     ]
     demo = [

@@ -256,16 +256,20 @@ def test_demo_and_diloco_are_priced_on_the_paper_cluster(tmp_path, monkeypatch):
     """DiLoCo's outer all-reduce every H steps and DeMo's all-gather every step are priced
     by the model at each ratio: a longer period is cheaper per step, more so at a higher
     ratio, and the selection there trades it against the steps it costs."""
+    from bench.methods import get
     from bench.sweeps import ratios
 
-    h10 = ratios.step_time_s("diloco", 1.0, 5.37, knobs=(10, 1, 0))
-    h40 = ratios.step_time_s("diloco", 1.0, 5.37, knobs=(40, 1, 0))
-    dense = ratios.step_time_s("dense", 1.0, 5.37)
+    def step(m, ratio, **knobs):
+        return ratios.step_time_s(m, get(m).knobs_of(knobs), ratio)
+
+    h10 = step("diloco", 5.37, **{"sync.sync_every": 10})
+    h40 = step("diloco", 5.37, **{"sync.sync_every": 40})
+    dense = step("dense", 5.37)
     assert h40 < h10 < dense
-    low = ratios.step_time_s("diloco", 1.0, 1.34, knobs=(10, 1, 0))
-    assert h10 / dense < low / ratios.step_time_s("dense", 1.0, 1.34)  # saves more at 5.37
-    small = ratios.step_time_s("demo", 1.0, 5.37, knobs=(32, 4))
-    assert 0 < small < ratios.step_time_s("demo", 1.0, 5.37, knobs=(64, 32))
+    low = step("diloco", 1.34, **{"sync.sync_every": 10})
+    assert h10 / dense < low / step("dense", 1.34)  # saves more at 5.37
+    small = step("demo", 5.37, **{"optim.demo_chunk": 32, "optim.demo_topk": 4})
+    assert 0 < small < step("demo", 5.37, **{"optim.demo_chunk": 64, "optim.demo_topk": 32})
     space = (
         ("h10", {"sync.sync_every": 10, "sync.outer_lr": 0.7}),
         ("h40", {"sync.sync_every": 40, "sync.outer_lr": 0.7}),
@@ -290,8 +294,8 @@ def test_demo_and_diloco_are_priced_on_the_paper_cluster(tmp_path, monkeypatch):
     assert chosen["emulated"] == {"diloco": "h10"}  # as fast per step there: fewer steps
     assert chosen["paper-b64"] == {"diloco": "h40"}  # 10 % more steps, far fewer syncs
     row = table[(table["cluster"] == "paper-b64") & (table["trial"] == "h40")].iloc[0]
-    assert row["median_time_s"] == pytest.approx(66 * ratios.step_time_s(
-        "diloco", 1.0, row["ratio"], knobs=(40, 1, 0)))  # fmt: skip
+    assert row["median_time_s"] == pytest.approx(
+        66 * step("diloco", row["ratio"], **{"sync.sync_every": 40}))  # fmt: skip
 
 
 def test_the_table_is_per_cluster_with_welch_intervals_on_the_evaluation_seeds(
@@ -300,6 +304,7 @@ def test_the_table_is_per_cluster_with_welch_intervals_on_the_evaluation_seeds(
     """Each cluster's block holds the configuration selected for it, its evaluation runs'
     time there (the check cluster's clock, else steps x the model's step), and the speedup
     over dense as Welch's t on log times, computed here directly with scipy."""
+    from bench.methods import get
     from bench.report import answer
     from bench.sweeps import protocol_table as pt
     from bench.sweeps import ratios
@@ -341,7 +346,11 @@ def test_the_table_is_per_cluster_with_welch_intervals_on_the_evaluation_seeds(
     assert emu["measured_on"] == "clock" and emu["n_runs"] == 10
     b64 = df[(df["for_cluster"] == "paper-b64") & (df["comm"] == "hitopk")].iloc[0]
     model = {
-        c: [int(steps[c][s]) * ratios.step_time_s(c, d, b64["ratio"]) for s in range(10)]
+        c: [
+            int(steps[c][s])
+            * ratios.step_time_s(c, get(c).knobs_of({"comm.density": d}), b64["ratio"])
+            for s in range(10)
+        ]  # fmt: skip
         for c, d in (("dense", 1.0), ("hitopk", 0.01))
     }
     r, lo, hi = iv.log_t_interval(model["dense"], model["hitopk"])

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
+from bench.methods import get
 from bench.results.records import append_record
 from bench.sweeps import scaling as sc
 from bench.sweeps import scaling_model as sm
@@ -164,12 +165,13 @@ def _calibration(**kw) -> sm.Calibration:
 
 def test_predictions_order_methods_on_a_slow_link() -> None:
     cal = _calibration()
-    p = {c: sm.predict(c, 4, 1, 0.3, 40e6, cal, 0.01)["predicted_step_s"]
+    at = {c: get(c).knobs_of({"comm.density": 0.01}) for c in ("nocomm", "dense", "fp16", "hitopk")}
+    p = {c: sm.predict(c, 4, 1, 0.3, 40e6, cal, at[c])["predicted_step_s"]
          for c in ("nocomm", "dense", "fp16", "hitopk")}  # fmt: skip
     f = sm.contention(4, 1, 2)
     assert p["nocomm"] == pytest.approx(0.3 + 0.002 * f)
     assert p["nocomm"] < p["hitopk"] < p["fp16"] < p["dense"]
-    faster = sm.predict("dense", 4, 1, 0.3, 400e6, cal, 0.01)["predicted_step_s"]
+    faster = sm.predict("dense", 4, 1, 0.3, 400e6, cal)["predicted_step_s"]
     assert faster < p["dense"]
     assert 0.9 < sm.link_efficiency() < 1.0  # TCP/IP framing
 

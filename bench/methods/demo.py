@@ -30,6 +30,7 @@ register(
         "peer 2026",
         order=60,
         doc="top-k of DCT chunks of the momentum",
+        shapes_why="DeMo chunks each tensor",
         hook="nocomm",
         optim="demo",
         default=True,

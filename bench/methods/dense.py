@@ -10,6 +10,7 @@ register(
         "baseline",
         order=0,
         doc="fp32 all-reduce of every bucket",
+        benched=True,
         default=True,
     )
 )

@@ -10,6 +10,7 @@ register(
         "peer 2020",
         order=10,
         doc="fp16 all-reduce",
+        benched=True,
         default=True,
         wire_bytes=2,
     )

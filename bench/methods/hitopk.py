@@ -12,6 +12,7 @@ register(
         "paper",
         order=50,
         doc="HiTopKComm: intra reduce-scatter, inter top-k",
+        benched=True,
         default=True,
         spaces=sparse_space,
         width=2.4,

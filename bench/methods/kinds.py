@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from bench.cluster import perfmodel as pm
 from bench.comm import cost
-from bench.methods.spec import Knobs, MethodSpec, key
+from bench.methods.spec import METHODS, Knobs, MethodSpec, key
 
 
 @dataclass(frozen=True)
@@ -75,10 +75,16 @@ class SparseMethod(MethodSpec):
 
 
 @dataclass(frozen=True)
+class ShardKnobs(SparseKnobs):
+    selector: str = key("comm.selector", "mstopk")  # the top-k selector of each node's shard
+
+
+@dataclass(frozen=True)
 class HierarchicalMethod(SparseMethod):
     """HiTopKComm: a reduce-scatter inside each node, the top-k of each shard exchanged
     between the nodes, an all-gather inside each node."""
 
+    knob_type: type[Knobs] = ShardKnobs
     min_nodes: int = 2
     one_node: tuple[str, ...] = ("comm.procs_per_node=1",)
 
@@ -191,8 +197,10 @@ class SyncMethod(MethodSpec):
         )
 
     def step_time(self, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs, k: Knobs) -> float:
+        """The node's step with its hook on one node, plus the outer all-reduce amortised."""
         assert isinstance(k, SyncKnobs)
-        return pm.sync_step_time(wl, c, costs, k.sync_every, k.fragments, k.fragment_sync_delay)
+        inner = METHODS.get(self.comm).step_time(wl, replace(c, nodes=1), costs, Knobs())
+        return pm.sync_step_time(wl, c, inner, k.sync_every, k.fragments, k.fragment_sync_delay)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ register(
         "paper",
         order=40,
         doc="MSTopK selection, flat all-gather",
+        benched=True,
         default=True,
         spaces=sparse_space,
         width=2.4,

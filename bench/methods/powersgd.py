@@ -26,6 +26,8 @@ register(
         "peer 2020",
         order=20,
         doc="rank-r P and Q all-reduces",
+        benched=True,
+        shapes_why="PowerSGD compresses matrices",
         default=True,
         spaces=space,
     )

@@ -11,6 +11,7 @@ register(
         "variant",
         order=31,
         doc="random-k, flat all-gather",
+        not_modelled="its selection cost (random indices) is not in the model",
         spaces=sparse_space,
     )
 )

@@ -105,6 +105,9 @@ class MethodSpec:
     extra_overrides: tuple[str, ...] = ()  # Hydra overrides beyond comm=<hook>
     width: float = 1.4  # line width in figures (the paper's methods are drawn thicker)
     one_node: tuple[str, ...] = ()  # overrides that run it on one node (each worker a node)
+    benched: bool = False  # in the benchmarks' and the scaling study's default methods
+    not_modelled: str = ""  # why the model's ranking (``advise``) leaves it out
+    shapes_why: str = ""  # why its price needs the parameters' shapes ("" = it does not)
 
     kind: ClassVar[str] = "hook"  # "hook" | "optimizer" | "sync" | "reference"
     sparse: ClassVar[bool] = False  # sends a density (dense in its warm-up)
@@ -161,6 +164,15 @@ class MethodSpec:
         """One bucket's aggregation time (s): a dense all-reduce, then the division."""
         extra = 3 if self.wire_bytes < 4 else 1  # a cast to the wire dtype and back
         return pm.dense_allreduce(d, c, costs, self.wire_bytes) + extra * d * costs.dense_s
+
+    def aggregation_time(
+        self, buckets: Sequence[int], c: pm.Cluster, costs: pm.Costs, k: Knobs, shapes: Any = None
+    ) -> float:
+        """All buckets aggregated one after the other (s)."""
+        return sum(
+            self.bucket_time(d, c, costs, k, shapes[i] if shapes else None)
+            for i, d in enumerate(buckets)
+        )
 
     def step_time(self, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs, k: Knobs) -> float:
         """One training step on ``c`` (s): compute, the exposed aggregation, the update."""

@@ -34,6 +34,7 @@ The plan is written to ``<results>/ablation/<sweep_id>.plan.json`` before the fi
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import re
@@ -909,12 +910,14 @@ def cluster_time(
         return run_time_s(run, ratio)
     total = 0.0
     for p in run.phases:
+        own = p.method in METHODS  # DeMo's and a sync strategy's integer knobs, in order
+        ints = [getattr(p.knobs, f.name) for f in dataclasses.fields(p.knobs)]
         key = (
             bucket,
             p.method,
             1.0 if p.method == "powersgd" else p.density,
             p.rank if p.method == "powersgd" else 0,
-            p.knobs,
+            tuple(v for v in ints if type(v) is int) if own else (),
         )
         if key not in times:
             return math.nan
