@@ -35,7 +35,8 @@ def _cfg(overrides: list[str]):
 
 def test_each_strategy_is_registered_once_with_its_config_file() -> None:
     files = sorted(p.stem for p in (REPO / "conf" / "sync").glob("*.yaml"))
-    assert SYNCS.names() == files == ["ddp", "diloco", "localsgd", "streaming_diloco"]
+    assert SYNCS.names() == files
+    assert {"ddp", "diloco", "localsgd", "streaming_diloco"} <= set(files)
     for name in files:
         assert _cfg([f"sync={name}"]).sync.name == name
     assert _cfg([]).sync.name == "ddp"  # the default: today's every-step DDP

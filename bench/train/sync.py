@@ -84,6 +84,7 @@ class OuterSync:
             timeout_s=float(cfg.comm.timeout_s),
             quorum_timeout_s=float(cfg.sync.quorum_timeout_s),
             stats=stats,
+            node_group=self.group,
         )
         self.strategy = build(cfg.sync, self.manager, model, optimizer)
         self.state = ReplicaState(self.strategy, self.manager, model, optimizer)
