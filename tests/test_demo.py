@@ -187,6 +187,21 @@ def test_resume_continues_bit_for_bit() -> None:
         assert torch.equal(a, b)
 
 
+def test_each_worker_s_momenta_go_to_its_own_checkpoint_shard() -> None:
+    """DeMo's error stays on its worker: its optimizer is this rank's share of a checkpoint
+    (rank 0's ``common.pt`` alone would resume every worker with rank 0's momenta)."""
+    from bench.train.comm import attach
+
+    cfg = OptimConfig(name="demo", update="naive", momentum=0.999, demo_chunk=4, demo_topk=3)
+    model = _net()
+    opt = build_optimizer(model, cfg)
+    ctl = attach(model, CommConfig(name="nocomm"), 4, optimizer=opt, optim=cfg)
+    assert ctl.states()["exchange"] is opt and opt.on_send is not None
+    sgd = OptimConfig(name="sgd")
+    plain = attach(model, CommConfig(name="dense"), 4, build_optimizer(model, sgd), optim=sgd)
+    assert set(plain.states()) == {"hook"}
+
+
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
