@@ -31,8 +31,24 @@ from bench.registry import ConfigError, Registry
 HookFn = Callable[[Any, dist.GradBucket], torch.futures.Future]
 
 
+class _Counters:
+    """The state every hook state saves: its step counter and the schedule's position
+    (density, dense flag); the controller reads and sets them each step."""
+
+    step: int
+    density: float
+    force_dense: bool
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "density": self.density, "force_dense": self.force_dense}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.step, self.density = int(sd["step"]), float(sd["density"])
+        self.force_dense = bool(sd["force_dense"])
+
+
 @dataclass
-class HookState:
+class HookState(_Counters):
     """Everything a hook needs between calls; the training controller adjusts it."""
 
     comm: Communicator
@@ -67,17 +83,15 @@ class HookState:
         """Counters, the memory's per-bucket tensors (by bucket key), the compressor's
         generators and the node layout that hitopk's shards are cut by."""
         return {
-            "step": self.step,
-            "density": self.density,
-            "force_dense": self.force_dense,
+            **super().state_dict(),
             "procs_per_node": self._per_node(),
             "buckets": self.comm.memory.state_dict(),
             "generators": self.comm.compressor.state_dict(),
         }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        self.step, self.density = int(sd["step"]), float(sd["density"])
-        self.force_dense, self.step_started, self.finite = bool(sd["force_dense"]), False, []
+        super().load_state_dict(sd)
+        self.step_started, self.finite = False, []
         buckets = sd["buckets"]
         if int(sd["procs_per_node"]) != self._per_node():  # hitopk's shards: cut otherwise
             shards = [(k, b) for k, m in buckets.items() for b in m if b[1:] == ("shard",)]
@@ -166,7 +180,7 @@ def sparse_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Futu
     return fut
 
 
-class _Unflagged:
+class _Unflagged(_Counters):
     """A hook state that flags no NaN/Inf on the device (the loop then checks the local
     gradients itself) and gives nothing up."""
 
@@ -213,15 +227,13 @@ class PowerSGDHookState(_Unflagged):
         ps = self.psgd
         keep = [s for s in ps.__slots__ if s not in _PSGD_SKIP + _PSGD_BUCKETS]
         return {
-            "step": self.step,
-            "density": self.density,
-            "force_dense": self.force_dense,
+            **super().state_dict(),
             "powersgd": {**{s: getattr(ps, s) for s in keep}, "rng": numpy_rng_state(ps.rng)},
             "buckets": {k: dict(getattr(ps, k)) for k in _PSGD_BUCKETS},
         }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        self.step, self.density, self.force_dense = sd["step"], sd["density"], sd["force_dense"]
+        super().load_state_dict(sd)
         ps, saved = self.psgd, dict(sd["powersgd"])
         set_numpy_rng_state(ps.rng, saved.pop("rng"))
         for k, v in {**saved, **sd["buckets"]}.items():
@@ -299,12 +311,6 @@ class NoCommState(_Unflagged):
 
     def phase(self, name: str) -> tuple[str, float]:
         return name, 1.0
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "density": self.density, "force_dense": self.force_dense}
-
-    def load_state_dict(self, sd: dict[str, Any]) -> None:
-        self.step, self.density, self.force_dense = sd["step"], sd["density"], sd["force_dense"]
 
 
 BARRIER_BYTES = 4  # the step barrier: one float32 element

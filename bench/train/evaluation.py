@@ -1,21 +1,18 @@
 """When a run is evaluated and which model is scored, the training clock paused around
 each evaluation (DAWNBench's rule: evaluation is not training time).
 
-Points: after every ``train.eval_every_steps``-th step inside an epoch (:func:`after_step`,
-into the record's ``evals``) and after every ``train.eval_every``-th epoch and the last
+Points: after every ``train.eval_every_steps``-th step (:func:`after_step`, into the
+record's ``evals``) and every ``train.eval_every``-th epoch and the last
 (:func:`after_epoch`, into the curve); none before ``train.eval_from_step``, none of a
 diverged model.  With ``train.eval_stride`` k only every k-th point inside an epoch is
-evaluated; the models of the points between are kept and, once an evaluation reaches the
-target, evaluated oldest first (:func:`_backfill`), so that the first step at the target
-is the one evaluating every point would have found.
+evaluated, the models between kept and, once one reaches the target, evaluated oldest
+first (:func:`_backfill`).
 
-The model scored is the one a user would keep.  Under DDP every worker holds it, with
-rank 0's BatchNorm statistics.  Under an outer sync (``sync`` other than ``ddp``) it is
-the global model (:meth:`~bench.train.sync.OuterSync.global_state`), which exists right
-after an outer synchronisation (for Streaming DiLoCo, each fragment's): a point that falls
-between two waits for the next one, so that the exchange that made the model is training
-time before it.  Every evaluation of such a run is a point of ``evals`` marked
-``scored: global`` with ``outer_syncs``, the synchronisations committed before it.
+The model scored is the one a user would keep: under DDP the one model, with rank 0's
+BatchNorm statistics; under an outer sync the global model
+(:meth:`~bench.train.sync.OuterSync.global_state`), right after an outer synchronisation
+only, where it exists: a point between two waits for the next one.  Every evaluation of
+such a run is a point of ``evals`` marked ``scored: global``, with ``outer_syncs``.
 """
 
 from __future__ import annotations

@@ -72,17 +72,12 @@ def show_step(bar: Any, loss: torch.Tensor, samples: int, t0: float) -> None:
     bar.set_postfix_str(f"loss {float(loss):.3f}, {rate:.0f} samples/s", refresh=False)
 
 
-def _shown(s: TrainState, metric: str) -> bool:
-    """top-5 says nothing on a task of 10 classes or fewer (DAWNBench reports it for
-    ImageNet only): not in the table there unless it is the target (still in the curve)."""
-    if metric != "top5" or s.cfg.train.target_metric == "top5":
-        return True
-    return s.workload.data.num_classes > 10
-
-
 def table(s: TrainState) -> list[tuple[str, str, int, str, float]]:
-    """The per-epoch table rank 0 prints: (header, curve column, width, format, scale)."""
-    metrics = [m for m in s.workload.metrics if m != "loss" and _shown(s, m)]
+    """The per-epoch table rank 0 prints: (header, curve column, width, format, scale).
+    top-5 says nothing on a task of 10 classes or fewer (DAWNBench reports it for
+    ImageNet only): not in the table there unless it is the target (still in the curve)."""
+    top5 = s.cfg.train.target_metric == "top5" or s.workload.data.num_classes > 10
+    metrics = [m for m in s.workload.metrics if m != "loss" and (m != "top5" or top5)]
     return [
         ("epoch", col.EPOCH, 5, "d", 1),
         ("lr", col.LR, 8, ".4f", 1),
