@@ -14,8 +14,7 @@ import pytest
 import torch
 
 from bench.results.outputs import closing_lines, written
-from bench.train.outputs import progress as _progress
-from bench.train.outputs import show_step as _show_step
+from bench.train.loop import _progress, _show_step
 from reproduce.__main__ import main
 from tests.conftest import REPO
 from tests.test_figures import _curve, _record, results  # noqa: F401  (a fixture)

@@ -201,7 +201,7 @@ class RandomKCompressor(_SparseCompressor):
 class Memory:
     """``compensate`` before compression, ``update`` after it; keyed per bucket."""
 
-    discarded = 0  # elements given up unsent (each with a warning: :meth:`discard`)
+    discarded = 0  # elements given up unsent (each with a warning)
 
     def compensate(self, x: torch.Tensor, key: Hashable) -> torch.Tensor:
         return x
@@ -215,17 +215,6 @@ class Memory:
     def reset(self) -> None:
         pass
 
-    def discard(self, numel: int, why: str) -> None:
-        """Count ``numel`` elements given up, with a warning: unsent gradient is lost (DDP
-        rebuilding its buckets after a first sparse step does this: a dense first step,
-        ``warmup_steps >= 1``, avoids it)."""
-        self.discarded += numel
-        warnings.warn(
-            f"error feedback: discarded {numel} residual elements ({why}); {self.discarded} in all",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-
     def state_dict(self) -> dict[str, dict[Hashable, torch.Tensor]]:
         """Its tensors by kind (``residuals``...), each ``{bucket key: tensor}``; keys name
         parameters by ``id``, which the hook state saves as names (none without memory)."""
@@ -233,9 +222,10 @@ class Memory:
 
     def load_state_dict(self, sd: Mapping[str, Mapping[Hashable, torch.Tensor]]) -> None:
         """What :meth:`state_dict` saved, keyed by this process's bucket keys."""
-        n = sum(t.numel() for m in sd.values() for t in m.values())
-        if n:
-            self.discard(n, "this hook keeps no error feedback")
+        if any(sd.values()):
+            warnings.warn(
+                "saved residuals discarded: this hook keeps no error feedback", stacklevel=2
+            )
 
 
 class NoMemory(Memory):
@@ -275,6 +265,17 @@ class ResidualMemory(Memory):
                 n = sum(self.buffers.pop(k).numel() for k in stale)
                 self.discard(n, f"{len(stale)} bucket(s) the last step did not reduce")
         self.used = set()
+
+    def discard(self, numel: int, why: str) -> None:
+        """Count ``numel`` residual elements given up, with a warning: unsent gradient is
+        lost (DDP rebuilding its buckets after a first sparse step does this: a dense
+        first step, ``warmup_steps >= 1``, avoids it)."""
+        self.discarded += numel
+        warnings.warn(
+            f"error feedback: discarded {numel} residual elements ({why}); {self.discarded} in all",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     def update(self, key: Hashable, compensated: torch.Tensor, c: Compressed) -> None:
         buf = self.buffers[key]

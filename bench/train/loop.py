@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from typing import Any
 
@@ -16,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
 
 from bench.cluster.emulated import LinkClock
 from bench.config import Config, from_container
@@ -188,7 +190,7 @@ def train_epoch(s: TrainState) -> dict[str, Any]:
     s.ddp.train()
     sums = torch.zeros(2, dtype=torch.float64, device=s.device)  # loss, correct predictions
     samples = 0  # real samples of this rank (batch labels), counted on the host
-    bar = outputs.progress(s)
+    bar = _progress(s)
     s.clock.start()
     t0 = time.perf_counter()
     s.timer.restart()
@@ -205,9 +207,7 @@ def train_epoch(s: TrainState) -> dict[str, Any]:
         sums += torch.stack([out[0].double(), out[1].double()])
         samples += len(batch[1])
         steps += 1
-        outputs.show_step(
-            bar, out[0], samples * s.world, t0 + eval_s
-        )  # every worker: as many per step
+        _show_step(bar, out[0], samples * s.world, t0 + eval_s)  # every worker: as many per step
         dt, hit = evaluation.after_step(s, last=i == s.steps - 1)
         eval_s += dt
         if hit and s.cfg.train.stop_at_target:
@@ -256,6 +256,31 @@ def _epoch_row(
         **{f"time/{k}_s": v / max(1, steps) for k, v in phases.items()},
         col.LR: s.scheduler.get_last_lr()[0],
     }
+
+
+def _progress(s: TrainState) -> Any:
+    """Rank 0's bar over the epoch's steps, on a terminal only (not in a log file)."""
+    show = s.rank == 0 and s.cfg.train.progress and sys.stderr.isatty()
+    return tqdm(
+        total=s.steps,
+        desc=f"epoch {s.epoch + 1}",
+        unit="step",
+        leave=False,
+        dynamic_ncols=True,
+        disable=not show,
+        file=sys.stderr,
+    )
+
+
+def _show_step(bar: Any, loss: torch.Tensor, samples: int, t0: float) -> None:
+    """The bar's step, with every worker's samples/s and this rank's loss (a device sync:
+    read only for a bar that is shown, at most twice a second)."""
+    bar.update(1)
+    if bar.disable or time.perf_counter() - getattr(bar, "_shown_at", 0.0) < 0.5:
+        return
+    bar._shown_at = time.perf_counter()
+    rate = samples / max(1e-9, time.perf_counter() - t0)
+    bar.set_postfix_str(f"loss {float(loss):.3f}, {rate:.0f} samples/s", refresh=False)
 
 
 def end_epoch(

@@ -1,20 +1,16 @@
-"""What a worker shows and writes: rank 0's progress bar and per-epoch table while it
-trains, and at the end every worker's link counters and rank 0's curve CSV, the
-time-to-accuracy figure and the run's record (:func:`write`)."""
+"""What a worker shows and writes: rank 0's per-epoch table while it trains, and at the
+end every worker's link counters and rank 0's curve CSV, the time-to-accuracy figure and
+the run's record (:func:`write`)."""
 
 from __future__ import annotations
 
 import json
 import os
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import torch
 import torch.distributed as dist
-from tqdm import tqdm
 
 from bench.cluster.emulated import LinkClock, link_bytes
 from bench.comm import is_sparse
@@ -43,33 +39,6 @@ def epoch_line(s: TrainState, row: dict[str, Any]) -> None:
     """Rank 0: the epoch's line of the table; its curve so far to the CSV."""
     print(" ".join(format(row[k] * sc, f">{w}{f}") for _, k, w, f, sc in table(s)), flush=True)
     records.write_curve(s.cfg.results.dir, s.run["run_id"], s.curve, extend=True)
-
-
-def progress(s: TrainState) -> Any:
-    """Rank 0's bar over the epoch's steps, on a terminal only (not in a log file)."""
-    show = s.rank == 0 and s.cfg.train.progress and sys.stderr.isatty()
-    bar = tqdm(
-        total=s.steps,
-        desc=f"epoch {s.epoch + 1}",
-        unit="step",
-        leave=False,
-        dynamic_ncols=True,
-        disable=not show,
-        file=sys.stderr,
-    )
-    bar.shown_at = 0.0  # when its postfix was last written (perf_counter, s)
-    return bar
-
-
-def show_step(bar: Any, loss: torch.Tensor, samples: int, t0: float) -> None:
-    """The bar's step, with every worker's samples/s and this rank's loss (a device sync:
-    read only for a bar that is shown, at most twice a second)."""
-    bar.update(1)
-    if bar.disable or time.perf_counter() - bar.shown_at < 0.5:
-        return
-    bar.shown_at = time.perf_counter()
-    rate = samples / max(1e-9, time.perf_counter() - t0)
-    bar.set_postfix_str(f"loss {float(loss):.3f}, {rate:.0f} samples/s", refresh=False)
 
 
 def table(s: TrainState) -> list[tuple[str, str, int, str, float]]:
