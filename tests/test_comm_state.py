@@ -143,31 +143,6 @@ def test_a_pickled_bound_state_continues_exactly(world: None) -> None:
         assert torch.equal(a, b)
 
 
-def test_state_that_cannot_be_continued_is_counted_and_warned_about(world: None) -> None:
-    state, ddp, opt = _run("mstopk", 0.01, _model(), density=0.1, warmup_steps=1)
-    _train(ddp, opt, range(3))
-    assert state.discarded == 0  # a dense first step: nothing lost when DDP rebuilt
-    sd = state.state_dict()
-    kept = sum(r["value"].numel() for r in sd["buckets"]["residuals"])
-    assert kept > 0
-    other, _, _ = _run("mstopk", 0.01, _model(wide=32), density=0.1)  # other shapes
-    with pytest.warns(RuntimeWarning, match="discarded .* another shape"):
-        other.load_state_dict(sd)
-    assert other.discarded == kept
-    with pytest.raises(ValueError, match="'mstopk' loaded into a 'topk'"):
-        _run("topk", 0.01, _model())[0].load_state_dict(sd)
-    nameless, _ = make_hook("mstopk")
-    with pytest.raises(ValueError, match="set_model"):
-        nameless.load_state_dict(sd)
-
-
-def test_a_first_sparse_step_s_residuals_are_counted_when_ddp_rebuilds(world: None) -> None:
-    state, ddp, opt = _run("mstopk", 0.01, _model(), density=0.1)
-    with pytest.warns(RuntimeWarning, match="error feedback: discarded"):
-        _train(ddp, opt, range(3))  # swept before the third step
-    assert state.discarded > 0
-
-
 def test_a_hook_whose_state_has_no_state_dict_is_refused_when_attached(
     world: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -195,3 +170,28 @@ def test_a_hook_whose_state_has_no_state_dict_is_refused_when_attached(
     for name in ("dense", "mstopk", "powersgd", "nocomm"):
         state, _ = make_hook(name, model=_model())
         assert isinstance(state.inner, Stateful)
+
+
+def test_state_that_cannot_be_continued_is_counted_and_warned_about(world: None) -> None:
+    state, ddp, opt = _run("mstopk", 0.01, _model(), density=0.1, warmup_steps=1)
+    _train(ddp, opt, range(3))
+    assert state.discarded == 0  # a dense first step: nothing lost when DDP rebuilt
+    sd = state.state_dict()
+    kept = sum(r["value"].numel() for r in sd["buckets"]["residuals"])
+    assert kept > 0
+    other, _, _ = _run("mstopk", 0.01, _model(wide=32), density=0.1)  # other shapes
+    with pytest.warns(RuntimeWarning, match="discarded .* another shape"):
+        other.load_state_dict(sd)
+    assert other.discarded == kept
+    with pytest.raises(ValueError, match="'mstopk' loaded into a 'topk'"):
+        _run("topk", 0.01, _model())[0].load_state_dict(sd)
+    nameless, _ = make_hook("mstopk")
+    with pytest.raises(ValueError, match="set_model"):
+        nameless.load_state_dict(sd)
+
+
+def test_a_first_sparse_step_s_residuals_are_counted_when_ddp_rebuilds(world: None) -> None:
+    state, ddp, opt = _run("mstopk", 0.01, _model(), density=0.1)
+    with pytest.warns(RuntimeWarning, match="error feedback: discarded"):
+        _train(ddp, opt, range(3))  # swept before the third step
+    assert state.discarded > 0
