@@ -43,12 +43,10 @@ USAGE = """ablation [--workload W | --experiment E] [--cluster C] [--seeds N] [-
                           runs/ablation/<sweep_id>.csv; --launcher: each job a Slurm job"""
 
 
-# the protocol's default methods (bench.sweeps.methods.DEFAULT_METHODS, which imports torch;
-# a test holds the two equal)
-DEFAULT = "dense,fp16,powersgd,mstopk,hitopk,demo,diloco,streaming_diloco"
-
-
 def _parser() -> argparse.ArgumentParser:
+    from bench.methods import defaults
+    from bench.sweeps.common import quick_methods
+
     ap = Parser(
         "ablation",
         summary="The comparison the suite exists for: every communication method tuned with "
@@ -65,10 +63,12 @@ def _parser() -> argparse.ArgumentParser:
                     "emulated; multinode on Slurm, local with submitit_local)")  # fmt: skip
     ap.add_argument("--seeds", type=int, default=None, help="evaluation seeds (protocol: 10) "
                     "or seeds per configuration (--grid: 3)")  # fmt: skip
-    ap.add_argument("--comm", default="", help=f"comma-separated methods (default: {DEFAULT})")
+    ap.add_argument("--comm", default="",
+                    help=f"comma-separated methods (default: {','.join(defaults())})")  # fmt: skip
     ap.add_argument("--cache", default="", help="--grid: comma-separated (none,multilevel)")
     ap.add_argument("--update", default="", help="--grid: comma-separated (naive,flat)")
-    ap.add_argument("--quick", action="store_true", help="dense and hitopk, 1 seed each")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"{' and '.join(quick_methods())}, 1 seed each")  # fmt: skip
     ap.add_argument("--grid", action="store_true", help="the comm x cache x update grid")
     ap.add_argument("--order-seed", type=int, default=None, help="protocol: run order seed")
     ap.add_argument("--dry-run", action="store_true", help="print the jobs, run nothing")
@@ -148,13 +148,14 @@ def _load(results_dir: str, sweep_id: str):
 def _protocol_plan(args: argparse.Namespace, jobs: list[str]):
     import random
 
+    from bench import methods
     from bench.registry import ConfigError
     from bench.sweeps import protocol as pr
     from bench.sweeps.common import cluster_profile, new_sweep_id, split_list
 
     if args.cache or args.update:
         raise ConfigError("--cache and --update narrow the --grid sweep only")
-    quick = pr.QUICK if args.quick else {}
+    quick = pr.quick() if args.quick else {}
     defaults = pr.WORKLOAD_DEFAULTS[_workload_name(args)]
     n = args.seeds if args.seeds is not None else len(quick.get("eval_seeds", pr.EVAL_SEEDS))
     if n < 1:
@@ -164,9 +165,7 @@ def _protocol_plan(args: argparse.Namespace, jobs: list[str]):
         sweep_id=args.sweep_id or new_sweep_id("ablation"),
         experiment=_experiment(args),
         cluster=args.cluster,
-        comms=split_list(args.comm)
-        or quick.get("comms")
-        or defaults.get("comms", pr.DEFAULT_METHODS),
+        comms=split_list(args.comm) or quick.get("comms") or methods.defaults(),
         tune_seeds=quick.get("tune_seeds") or defaults.get("tune_seeds", pr.TUNE_SEEDS),
         eval_seeds=tuple(range(n)),
         trials=quick.get("trials"),
@@ -178,8 +177,6 @@ def _protocol_plan(args: argparse.Namespace, jobs: list[str]):
         check_cluster="multinode" if args.cluster == "multinode" else "emulated",
     )
     plan.check()
-    if n < 5 and not args.quick and not plan.v2():
-        plan.notes.append(f"{n} evaluation seeds: the protocol asks for at least 5")
     plan.notes.append(
         f"protocol {plan.name}: tuning seeds {list(plan.tune_seeds)}, evaluation seeds "
         f"{list(plan.eval_seeds)}, run order seed {plan.order_seed}, evaluation every "
@@ -187,18 +184,15 @@ def _protocol_plan(args: argparse.Namespace, jobs: list[str]):
     )
     plan.cluster_overrides, note = cluster_profile(args.cluster, jobs)
     plan.notes.append(note)
-    if plan.v2():
-        if n < pr.MIN_EVAL_SEEDS and not args.quick:
-            plan.notes.append(f"{n} evaluation seeds: the protocol asks for at least 10")
-        if plan.check_cluster != plan.cluster:
-            plan.check_overrides, note = cluster_profile(plan.check_cluster, jobs)
-            plan.notes.append(f"timing pass and end-to-end check on the {note}")
-        lo, hi, t_lo, t_hi = pr.estimate(plan)
-        plan.notes.append(
-            f"{lo}-{hi} runs, about {t_lo:.0f}-{t_hi:.0f} minutes on 2 cores (docs/protocol.md)"
-        )
-        if pr.unpriced(plan):
-            plan.notes.append(pr.unpriced(plan))
+    if n < pr.MIN_EVAL_SEEDS and not args.quick:
+        plan.notes.append(f"{n} evaluation seeds: the protocol asks for at least 10")
+    if plan.check_cluster != plan.cluster:
+        plan.check_overrides, note = cluster_profile(plan.check_cluster, jobs)
+        plan.notes.append(f"timing pass and end-to-end check on the {note}")
+    lo, hi, t_lo, t_hi = pr.estimate(plan)
+    plan.notes.append(
+        f"{lo}-{hi} runs, about {t_lo:.0f}-{t_hi:.0f} minutes on 2 cores (docs/protocol.md)"
+    )
     plan.check_jobs()
     return plan
 
@@ -207,13 +201,13 @@ def _grid_plan(args: argparse.Namespace, jobs: list[str]):
     from bench.sweeps import ablation as ab
     from bench.sweeps.common import cluster_profile, new_sweep_id, split_list
 
-    quick = ab.QUICK if args.quick else {}
+    quick = ab.quick() if args.quick else {}
     seeds = args.seeds if args.seeds is not None else 3
     plan = ab.Plan(
         sweep_id=args.sweep_id or new_sweep_id("ablation"),
         experiment=_experiment(args),
         cluster=args.cluster,
-        comms=split_list(args.comm) or quick.get("comm", ab.COMMS),
+        comms=split_list(args.comm) or quick.get("comm") or ab.comms(),
         caches=split_list(args.cache) or quick.get("cache", ab.CACHES),
         updates=split_list(args.update) or quick.get("update", ab.UPDATES),
         seeds=quick.get("seeds", seeds) if args.quick else seeds,
@@ -255,9 +249,7 @@ def _same(args: argparse.Namespace, jobs: list[str], plan) -> None:
 def _first_job(plan) -> list[str]:
     from bench.sweeps import protocol as pr
 
-    if not isinstance(plan, pr.Plan):
-        return plan.jobs()[0]
-    return plan.overrides((plan.tune_jobs() or [pr.Job(pr.EVAL, plan.comms[0], "default", 0)])[0])
+    return plan.overrides(plan.tune_jobs()[0]) if isinstance(plan, pr.Plan) else plan.jobs()[0]
 
 
 def _plan(args: argparse.Namespace):
@@ -397,11 +389,8 @@ def _expected(plan) -> list[str]:
 
     from bench.sweeps import protocol as pr
 
-    if isinstance(plan, pr.Plan):
-        lo, hi, t_lo, t_hi = pr.estimate(plan)  # v2's plan notes say it already
-        out = [] if plan.v2() else [f"{lo}-{hi} runs, about {t_lo:.0f}-{t_hi:.0f} minutes on "
-                                    "2 cores (docs/protocol.md)"]  # fmt: skip
-        clusters = {plan.cluster, plan.check_cluster if plan.v2() else plan.cluster}
+    if isinstance(plan, pr.Plan):  # its plan notes say how long already
+        out, clusters = [], {plan.cluster, plan.check_cluster}
     else:
         out, clusters = [_grid_minutes(plan)], {plan.cluster}
     if "emulated" in clusters:
@@ -424,9 +413,6 @@ def _dry_run(plan) -> None:
             print(f"tune {i}: python -m reproduce train " + " ".join(plan.overrides(job)))
         for i, job in enumerate(plan.timing_jobs()):
             print(f"time {i}: python -m reproduce train " + " ".join(plan.overrides(job)))
-        if not plan.v2():
-            print(f"then the selected configuration of each method on each evaluation seed ({how})")
-            return
         where = ", ".join(pr.clusters(plan))
         print(
             f"then per cluster ({where}) each method's trial of lowest median time to target on "
@@ -450,15 +436,11 @@ def _run(args: argparse.Namespace, plan, resumed: bool) -> int:
     from bench.sweeps.common import run_queued, sweep_records
 
     protocol = isinstance(plan, pr.Plan)
-    if protocol and plan.v2():
+    if protocol:
         lo, hi, _, _ = pr.estimate(plan)
         n = f"{len(plan.tune_jobs())} tuning runs, {len(plan.timing_jobs())} timing runs, " \
             f"then {len(plan.eval_seeds)} evaluation seeds x each selected configuration " \
             f"({lo}-{hi} runs in all)"  # fmt: skip
-        what = f"protocol {plan.name} on {plan.experiment}"
-    elif protocol:
-        n = f"{len(plan.tune_jobs())} tuning runs, then {len(plan.eval_seeds)} evaluation " \
-            f"seeds x {len(plan.comms)} methods"  # fmt: skip
         what = f"protocol {plan.name} on {plan.experiment}"
     else:
         n, what = f"{len(plan.jobs())} jobs", plan.experiment

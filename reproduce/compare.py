@@ -113,7 +113,7 @@ def _role(i: int, where: str) -> str:
 
 
 def _method(rec: dict) -> str:
-    from bench.sweeps.methods import method_of
+    from bench.methods import method_of
 
     return method_of(rec)
 

@@ -31,6 +31,7 @@ class SparseMethod(MethodSpec):
 
     knob_type: type[Knobs] = SparseKnobs
     sparse: ClassVar[bool] = True
+    timed = (("density", "d"), ("density_schedule", ""), ("bucket_mb", "b"))
 
     def bucket_traffic(
         self, numel: int, n: int, m: int, k: Knobs, shapes: Any = None
@@ -96,6 +97,7 @@ class LowRankMethod(MethodSpec):
     """PowerSGD (torch's hook): all-reduces of P and Q, plain tensors whole."""
 
     knob_type: type[Knobs] = RankKnobs
+    timed = (("rank", "rank"), ("bucket_mb", "b"))
 
     def bucket_traffic(
         self, numel: int, n: int, m: int, k: Knobs, shapes: Any = None
@@ -127,6 +129,7 @@ class OptimizerMethod(MethodSpec):
     knob_type: type[Knobs] = ChunkKnobs
     optim: str = ""  # the optimizer (conf/optim/<optim>.yaml) it is
     kind: ClassVar[str] = "optimizer"
+    timed = (("chunk", "chunk"), ("topk", "topk"), ("bucket_mb", "b"))
 
     def overrides(self) -> list[str]:
         return [f"optim={self.optim}", f"comm={self.comm}", *self.extra_overrides]
@@ -162,6 +165,8 @@ class SyncMethod(MethodSpec):
     knob_type: type[Knobs] = SyncKnobs
     min_nodes: int = 2
     kind: ClassVar[str] = "sync"
+    timed = (("sync_every", "H"), ("fragments", "frag"), ("fragment_sync_delay", "delay"),
+             ("bucket_mb", "b"))  # fmt: skip
 
     @property
     def comm(self) -> str:
@@ -172,6 +177,9 @@ class SyncMethod(MethodSpec):
 
     def matches(self, rec: Mapping[str, Any]) -> bool:
         return ((rec.get("config") or {}).get("sync") or {}).get("name") == self.name
+
+    def period(self, k: Knobs) -> int:
+        return max(1, getattr(k, "sync_every", 1))
 
     def traffic(self, buckets, n, m, k, shapes=None) -> cost.Traffic:  # type: ignore[override]
         """The outer all-reduce of the whole model, per inner step (amortised over H)."""

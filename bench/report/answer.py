@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench.methods import method_of
 from bench.report.figures import (
     Figure,
     headlines,
@@ -57,7 +58,6 @@ from bench.report.tables import (
 )
 from bench.sweeps import ablation, protocol, ratios, scaling_table
 from bench.sweeps.intervals import ci_column, ci_text
-from bench.sweeps.methods import method_of
 
 APPENDIX = "REPORT-appendix.md"
 # what each embedded task is, in a phrase (the records name the data set, not its size)
@@ -229,7 +229,7 @@ def answer_table(df: pd.DataFrame) -> list[str]:
 
 def _paper_rows(df: pd.DataFrame):
     """(row, vs dense, its verdict, vs the best peer, its verdict) per paper method."""
-    df = df[df["comm"].isin(protocol.PAPER_METHODS)]
+    df = df[df["comm"].isin(OURS)]
     vs = zip(ci_column(df, "speedup_vs_dense", 2, "x"), ci_column(df, "speedup_vs_peer", 2, "x"))
     for (_, r), (d, p) in zip(df.iterrows(), vs, strict=True):
         n = int(r["n_runs"])
@@ -280,7 +280,7 @@ def resolution_lines(base: Path, recs: list[dict], df: pd.DataFrame) -> list[str
     peer = df["best_peer"].dropna()
     peer = str(peer.iloc[0]) if len(peer) else None
     gaps = []
-    for m in protocol.PAPER_METHODS:
+    for m in OURS:
         if m not in means:
             continue
         ref = [r for r in dict.fromkeys(("dense", peer)) if r and r != m and r in means]
@@ -321,7 +321,7 @@ def ratios_lines(comp: pd.DataFrame, translation: bool = False) -> list[str]:
         "| method | vs | " + " | ".join(f"`{k}` ratio {named[k]:.2f}" for k in NAMED) + " |",
         "| --- | --- | " + " | ".join("---" for _ in NAMED) + " |",
     ]
-    for comm in protocol.PAPER_METHODS:
+    for comm in OURS:
         for role in ("dense", "best peer"):
             cells = []
             for k in NAMED:
@@ -335,7 +335,7 @@ def ratios_lines(comp: pd.DataFrame, translation: bool = False) -> list[str]:
             if any(c != "-" for c in cells):
                 lines.append(f"| {comm} | {role} | " + " | ".join(cells) + " |")
     sw = ratios.stops_winning(comp)
-    sw = sw[sw["group"].isin(protocol.PAPER_METHODS)]
+    sw = sw[sw["group"].isin(OURS)]
     lines.append("")
     for _, r in sw.iterrows():
         be = r["breakeven_ratio"]
@@ -411,7 +411,7 @@ def first_to_target(g: pd.DataFrame) -> str:
     if first["comm"] == peer:
         return text + f", then {second['comm']} at {_cell(second, 'speedup_vs_peer')} of its speed"
     text += f", then {second['comm']}"
-    if peer in set(g["comm"]) and first["comm"] not in protocol.PAPER_METHODS:  # said after
+    if peer in set(g["comm"]) and first["comm"] not in OURS:  # said after
         text += f"; {first['comm']} vs {peer} (the best peer) {_cell(first, 'speedup_vs_peer')}"
     return text
 
@@ -423,7 +423,7 @@ def answer_sentence(df: pd.DataFrame, exp: str, target: str) -> str:
     for cluster, g in df[df["ratio"].notna()].groupby("for_cluster", sort=False):
         ratio = float(g["ratio"].iloc[0])
         said = [first_to_target(g)] if len(g) > 1 else []
-        for _, r in g[g["comm"].isin(protocol.PAPER_METHODS)].iterrows():
+        for _, r in g[g["comm"].isin(OURS)].iterrows():
             peer = str(r["best_peer"]) or "-"
             said.append(f"{r['comm']} vs dense {_cell(r)}, vs {peer} {_cell(r, 'speedup_vs_peer')}")
         parts.append(f"at ratio {ratio:.2f} (`{cluster}`): " + "; ".join(said or ["no runs"]))

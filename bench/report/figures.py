@@ -27,6 +27,7 @@ from scipy import stats  # noqa: E402
 
 from bench.benchmarks import load_all  # noqa: E402
 from bench.benchmarks.harness import BenchRun  # noqa: E402
+from bench.methods import method_of  # noqa: E402
 from bench.report.tables import (  # noqa: E402
     CONFIG,
     GROUP,
@@ -51,7 +52,6 @@ from bench.results.plots import (  # noqa: E402
 )
 from bench.sweeps import ratios  # noqa: E402
 from bench.sweeps.intervals import ci_text, mean_interval  # noqa: E402
-from bench.sweeps.methods import method_of  # noqa: E402
 
 # per-step phases of a curve row: (label, column(s)); the first column present is used
 PHASES = (

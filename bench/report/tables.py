@@ -26,18 +26,20 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from bench.config import register_configs
+from bench.methods import method_of, peers
 from bench.results import columns as col
 from bench.results import records as rec
 from bench.results.env import REPO_ROOT
 from bench.results.paths import bench_dir
 from bench.sweeps.intervals import ci_column
-from bench.sweeps.methods import PEERS, method_of
 
 GROUP = ["experiment", "cluster", "hardware"]  # runs compare only inside one such group
 CONFIG = ["comm", "cache", "update"]  # a configuration, inside a group
 OUTCOMES = ("ok", "target_missed", "diverged")  # runs that trained: each reached or missed
 SPARSE = ("topk", "mstopk", "randomk", "hitopk")
 OURS = ("hitopk", "mstopk")  # the paper's methods
+
+PEERS = peers()  # what a user would pick instead of dense fp32
 
 
 class NoRecords(Exception):

@@ -22,9 +22,9 @@ from bench.cluster import perfmodel as pm
 from bench.cluster import projection
 from bench.comm.stats import parse_phases
 from bench.launch import profile
+from bench.methods import peers
 from bench.results import columns as col
 from bench.results.records import load_curve, load_records
-from bench.sweeps.methods import PEERS
 from bench.train.comm import CommController
 
 SPARSE = (*pm.FLAT, "hitopk")  # methods that send a density (dense in their warm-up)
@@ -63,7 +63,7 @@ class Run:
 def default_group(rec: Mapping[str, Any]) -> str:
     """A protocol run's method and trial label, else its comm method."""
     trial = (rec.get("protocol") or {}).get("trial")
-    from bench.sweeps.methods import method_of
+    from bench.methods import method_of
 
     return f"{method_of(rec)} {trial}" if trial else method_of(rec)
 
@@ -153,7 +153,7 @@ def method_phases(rec: Mapping[str, Any], curve: pd.DataFrame) -> list[Phase]:
     """A run of DeMo or of a sync strategy: every step at its method and knobs (DeMo's
     runs log comm=nocomm, a sync strategy's the hook inside the node: neither is what
     crosses the nodes)."""
-    from bench.sweeps.methods import method_of
+    from bench.methods import method_of
 
     cfg = rec.get("config") or {}
     method = method_of(rec)
@@ -175,11 +175,11 @@ def run_from_record(rec: Mapping[str, Any], curve: pd.DataFrame) -> Run | None:
     """``rec``'s phases up to its target (the whole run when it missed): as its hook
     logged them, for DeMo and the sync strategies their method and knobs, or for a record
     without the log from its config; None when the curve has no step counts."""
-    from bench.sweeps.methods import METHODS, method_of
+    from bench.methods import method_of, of
 
     if col.STEPS not in curve.columns:
         return None
-    own = method_of(rec) in METHODS
+    own = (spec := of(rec)) is not None and spec.kind in ("optimizer", "sync")
     if not own and rec.get("comm") not in pm.KNOWN:
         return None
     logged = [] if own else recorded_phases(curve)
@@ -305,7 +305,7 @@ def _by_seed(runs: Sequence[Run]) -> list[list[Run]]:
 
 
 def _best_peer(means: Mapping[str, float], groups: Mapping[str, list[Run]]) -> str | None:
-    peers = [g for g in means if groups[g][0].comm in PEERS]
+    peers = [g for g in means if groups[g][0].comm in peers()]
     return min(peers, key=lambda g: means[g]) if peers else None
 
 
@@ -464,7 +464,7 @@ def plot(df: pd.DataFrame, path: str | Path, title: str) -> Path:
         d = df[df["vs_role"] == role]
         for g, dg in d.groupby("group", sort=False):
             comm = str(dg["comm"].iloc[0])
-            if role != "dense" and comm in ("dense", *PEERS):
+            if role != "dense" and comm in ("dense", *peers()):
                 continue  # against the best peer: the methods that are not peers
             dg = dg.sort_values("ratio")
             c, lw = method_colour(comm), method_width(comm)

@@ -16,11 +16,18 @@ from typing import Any
 
 from bench.config import hydra_value, to_object
 from bench.launch import profile
+from bench.methods import get, method_of, specs
 from bench.registry import ConfigError
 from bench.sweeps import scaling_model as sm
 from bench.sweeps.common import check_names, compose, options, sweep_records, validate_jobs
-from bench.sweeps.methods import METHODS, method_of, method_overrides
 from bench.sweeps.resume import RERUN_FAILED, RUN_FIELDS, Saved, plan_dict
+
+METHODS = [s.name for s in specs() if s.kind in ("optimizer", "sync")]  # not comm hooks
+
+
+def method_overrides(method: str) -> list[str]:
+    return get(method).overrides()
+
 
 # methods refused below this many nodes (the sync strategies meet across nodes)
 NEEDS_NODES = {"hitopk": 2, **{m: 2 for m in METHODS if m != "demo"}}
