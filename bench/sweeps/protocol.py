@@ -52,36 +52,26 @@ NAME = "equal-budget-v2"  # the protocol's name in every record; change it with 
 TUNE_SEEDS = (1000, 1001)  # tuning only: never an evaluation seed
 EVAL_SEEDS = tuple(range(10))  # at least 10 per method and workload
 MIN_EVAL_SEEDS = 10
-# optimizer steps between evaluations, per workload.  Digits on 2 workers takes 11 steps
-# per epoch, so 2 steps resolve time to target to 0.18 epoch (about 0.6 s of training
-# here) for one evaluation of the 360 held-out images (0.3-0.5 s, not training time);
-# every step would double a run's wall time.  The Transformer takes 154 steps per epoch
-# and one greedy-decoding evaluation costs about 5 s (about 10 steps): every 20 steps
-# is 0.13 epoch, for 40 % more wall time per epoch.  transformer_protocol (the protocol's
-# Transformer, 512 tokens per worker) takes about 300 steps per epoch and reaches the
-# target in about 240: 20 steps are 8 % of dense's steps to target, for about 2.5 s of
-# evaluation each.
+# optimizer steps between evaluations: on digits (11 steps per epoch at 2 x 2) 2 steps are
+# 0.18 epoch for a 0.3-0.5 s evaluation; transformer_protocol reaches the target in about
+# 240 steps, 20 steps are 8 % of them for a 2.5 s greedy decoding (docs/protocol.md)
 EVAL_EVERY_STEPS = {"classification": 2, "translation": 20}
-# to keep a run's evaluation overhead under 30 % of its training time: no evaluation
-# before EVAL_FROM_SHARE of dense's steps to target (REF_STEPS; no configuration of the
-# committed sweeps reached it in under 0.7 of them), and only every EVAL_STRIDE-th point
-# evaluated, the models between kept and evaluated once one reaches the target
-# (train.eval_stride: the same first step at EVAL_EVERY_STEPS resolution)
+# a run's evaluation overhead under 30 % of its training: none before EVAL_FROM_SHARE of
+# dense's steps to target (no committed run reached it in under 0.7), only every
+# EVAL_STRIDE-th point evaluated, the models between kept (train.eval_stride)
 EVAL_FROM_SHARE = 0.4
 EVAL_STRIDE = {"classification": 3, "translation": 4}
-# the workloads the protocol runs on: --workload NAME -> experiment; python -m reproduce
-# ablation with neither --workload nor --experiment runs each, one sweep after the other
+# --workload NAME -> experiment; with neither --workload nor --experiment each runs in turn
 WORKLOADS = {"image": "dawnbench_digits", "translation": "transformer_protocol"}
 TRANSLATION = ("transformer_protocol", "transformer_embedded")  # the translation experiments
-# what a workload's protocol sweep runs unless the command says otherwise: steps to target
-# are measured where they are cheapest, on the local cluster at the emulated cluster's
-# 2 x 2 topology (the same gradients, so the same steps); the clock of the emulated cluster
-# (its paper-scaled link) is the timing pass and the end-to-end check.  Translation, sized
-# to fit beside the image sweep: one tuning seed
+# a workload's defaults: steps to target measured on the local cluster at the emulated
+# cluster's 2 x 2 (the same gradients, so the same steps), whose paper-scaled clock is the
+# timing pass and the end-to-end check; translation, sized to fit, one tuning seed
 WORKLOAD_DEFAULTS: dict[str, dict[str, Any]] = {
-    "image": {"cluster": "local", "local_topology": (2, 2)},
-    "translation": {"cluster": "local", "tune_seeds": (1000,), "local_topology": (2, 2)},
+    "image": {"cluster": "local"},
+    "translation": {"cluster": "local", "tune_seeds": (1000,)},
 }
+LOCAL_TOPOLOGY = ("cluster.nnodes=2", "cluster.nproc_per_node=2")  # every method alike
 TUNE, EVAL, TIME = "tune", "eval", "time"
 
 
@@ -101,18 +91,10 @@ BUDGET_STEPS = {"classification": 132, "translation": 620}
 WORKLOAD_OPTIM = {"classification": "sgd", "translation": "adamw"}
 
 
-def local_topology(workload: str) -> list[str]:
-    """The local cluster's topology overrides for ``workload`` (classification or
-    translation, :meth:`Plan.workload`): every method trains on the same topology."""
-    name = "translation" if workload == "translation" else "image"
-    n, m = WORKLOAD_DEFAULTS[name].get("local_topology", (2, 1))
-    return [f"cluster.nnodes={n}", f"cluster.nproc_per_node={m}"]
-
-
 def space(comm: str, recipe_lr: float, trials: int | None = None, workload: str = "") -> Space:
-    """The trials of method ``comm``: TRIALS points of its spec's knobs on ``workload`` x
-    the learning rate around its spec's centre there, else ``recipe_lr`` (trial label, Hydra
-    overrides keyed in full); ``trials`` keeps the first that many."""
+    """(label, Hydra overrides) of method ``comm``'s trials: TRIALS points of its spec's
+    knobs on ``workload`` x the learning rate around its spec's centre there, else around
+    ``recipe_lr``; ``trials`` keeps the first that many."""
     spec = methods.get(comm)
     workload = workload or "classification"
     lr = spec.lr_centre.get(workload, recipe_lr)
@@ -301,14 +283,18 @@ class Plan(Saved):
         density or rank, dense in a warm-up; DeMo's chunks; a sync strategy's period), each
         timed on the check cluster (:meth:`timing_jobs`).  In the order the committed sweeps
         drew their timing runs from: by bucket, method, then knobs."""
-        keys = {
-            key
-            for comm in self.comms
-            for _, v in self._space(comm)
-            for key in sends(comm, v, BUDGET_STEPS[self.workload()])
-        }
-        order = sorted(keys, key=lambda mk: (mk[1].bucket_mb, mk[0], dataclasses.astuple(mk[1])))
-        return {methods.get(m).timing_label(k): (m, k) for m, k in order}
+        sig = (tuple(self.comms), self.trials, self.experiment, self.lr())
+        if self.__dict__.get("_timing", (None,))[0] != sig:  # a few hundred ms: once
+            steps = BUDGET_STEPS[self.workload()]
+            keys = {k for c in self.comms for _, v in self._space(c) for k in sends(c, v, steps)}
+            order = sorted(
+                keys, key=lambda mk: (mk[1].bucket_mb, mk[0], dataclasses.astuple(mk[1]))
+            )
+            self.__dict__["_timing"] = (
+                sig,
+                {methods.get(m).timing_label(k): (m, k) for m, k in order},
+            )
+        return self.__dict__["_timing"][1]
 
     def timing_jobs(self) -> list[Job]:
         """The interleaved timing pass on the check cluster: every timing key once per
@@ -321,9 +307,8 @@ class Plan(Saved):
         ]
 
     def common_overrides(self) -> list[str]:
-        topo = local_topology(self.workload())
         start = round(EVAL_FROM_SHARE * REF_STEPS[self.workload()])
-        return job_base(self, topo, f"train.eval_every_steps={self.every()}",
+        return job_base(self, LOCAL_TOPOLOGY, f"train.eval_every_steps={self.every()}",
                         "train.checkpoint_every=0", f"train.eval_from_step={start}",
                         f"train.eval_stride={EVAL_STRIDE[self.workload()]}")  # fmt: skip
 
@@ -521,6 +506,18 @@ def _steps_run(rec: Mapping[str, Any]) -> int:
     return per * epochs
 
 
+def run_of(plan: Plan, rec: Mapping[str, Any]) -> Any:
+    """``rec``'s steps and phases (:func:`bench.sweeps.ratios.run_from_record` of its
+    curve); None without a curve or step counts."""
+    from bench.results.records import load_curve
+    from bench.sweeps.ratios import run_from_record
+
+    try:
+        return run_from_record(rec, load_curve(plan.results_dir, str(rec["run_id"])))
+    except FileNotFoundError:
+        return None
+
+
 def phase_sends(run: Any, rec: Mapping[str, Any]) -> list[tuple[int, str, Knobs]]:
     """(steps, method, timing knobs) of each phase of ``run`` (``ratios.run_from_record``
     of ``rec``): the knobs read from the run's recorded config, at the phase's density."""
@@ -558,23 +555,13 @@ def selection_table(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.Data
     """The tuning table: per (method, trial, cluster) the median over the tuning seeds of
     the time to target there (steps x step time; a miss: its whole run), the median steps,
     what the runs sent, and whether the rule selects it for that cluster."""
-    from bench.results.records import load_curve
-    from bench.sweeps.ratios import run_from_record
-
     runs = [r for r in recorded(records).values() if (r.get("protocol") or {}).get("role") == TUNE]
     times = step_times(records)
     rows = []
     for comm in plan.comms:
         for order, (trial, values) in enumerate(plan._space(comm)):
             mine = [r for r in runs if job_of(r).comm == comm and r["protocol"]["trial"] == trial]  # type: ignore[union-attr]
-            done = []
-            for r in mine:
-                try:
-                    run = run_from_record(r, load_curve(plan.results_dir, str(r["run_id"])))
-                except FileNotFoundError:
-                    run = None
-                if run is not None:
-                    done.append((r, run, phase_sends(run, r)))
+            done = [(r, run, phase_sends(run, r)) for r in mine if (run := run_of(plan, r))]
             for cluster, ratio in clusters(plan).items():
                 ts = [cluster_time(run, sent, ratio, times) for _, run, sent in done]
                 rows.append(

@@ -21,6 +21,7 @@ from bench.sweeps.protocol import (
     clusters,
     job_of,
     recorded,
+    run_of,
     select_per_cluster,
     selection_table,
 )
@@ -82,22 +83,17 @@ def _seed_times(
     """seed -> a run's time to target on the cluster (its clock on the check cluster, else
     its logged steps x the model's time per step at ``ratio``; a miss: its whole run), and
     the steps to target of the runs that reached it."""
-    from bench.results.records import load_curve
-    from bench.sweeps.ratios import run_from_record, run_time_s
+    from bench.sweeps.ratios import run_time_s
 
     out, steps = {}, []
     for r in runs:
         seed = job_of(r).seed  # type: ignore[union-attr]
         if ratio is None:
             out[seed] = iv.censored_time(r, budget)
-        else:
-            try:
-                run = run_from_record(r, load_curve(plan.results_dir, str(r["run_id"])))
-            except FileNotFoundError:
-                run = None
-            if run is None:
-                continue
+        elif run := run_of(plan, r):
             out[seed] = run_time_s(run, ratio)
+        else:
+            continue
         if r.get("steps_to_target") is not None:
             steps.append(float(r["steps_to_target"]))
     return out, steps
