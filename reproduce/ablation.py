@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 
 from reproduce import _sweep
-from reproduce._cli import RESULTS, Parser
+from reproduce._cli import RESULTS, Parser, fail
 
 USAGE = """ablation [--workload W | --experiment E] [--cluster C] [--seeds N] [--comm a,b]
            [--quick] [--grid] [--dry-run] [--launcher slurm] [--sweep-id ID]
@@ -82,11 +82,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every job")
     return ap
-
-
-def _fail(msg: str, code: int = 2) -> None:
-    print(f"error: {msg}", file=sys.stderr)
-    sys.exit(code)
 
 
 def _experiment(args: argparse.Namespace) -> str:
@@ -317,7 +312,7 @@ def _table(results_dir: str, sweep_id: str, plan=None) -> None:
 
     recs = sweep_records(results_dir, sweep_id)
     if not recs:
-        _fail(f"no records tagged results.sweep_id={sweep_id} in {results_dir}/runs.jsonl")
+        fail(f"no records tagged results.sweep_id={sweep_id} in {results_dir}/runs.jsonl")
     df = aggregate(recs, sweep_id)
     print(format_table(df))
     lines = [progress("grid", plan.keys(), recs, key_of)] if plan else []
@@ -360,21 +355,11 @@ def _grid_minutes(plan) -> str:
     """The grid's expected duration: its jobs x the median wall time of the earlier runs
     of its experiment recorded here or in the reference results, or why it is unknown."""
     import statistics
-    import warnings
 
-    from bench.results.env import REPO_ROOT
-    from bench.results.records import load_records
-    from reproduce._cli import REFERENCE
-    from reproduce._dryrun import _duration
+    from reproduce._dryrun import _duration, earlier_runs
 
-    times = []
-    for d in dict.fromkeys([Path(plan.results_dir), REPO_ROOT / REFERENCE]):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a torn line elsewhere does not matter here
-            recs = load_records(d) if (d / "runs.jsonl").is_file() else []
-        done = ("ok", "target_missed")
-        times += [float(r["wall_time_s"]) for r in recs if r.get("experiment") == plan.experiment
-                  and r.get("status") in done and r.get("wall_time_s")]  # fmt: skip
+    _, recs = earlier_runs(plan.results_dir)
+    times = [float(r["wall_time_s"]) for r in recs if r.get("experiment") == plan.experiment]
     n = len(plan.jobs())
     if not times:
         return f"{n} runs, duration unknown (no earlier run of {plan.experiment} recorded)"
@@ -463,7 +448,7 @@ def _run(args: argparse.Namespace, plan, resumed: bool) -> int:
     if args.rerun:
         known = {str(r.get("run_id")) for r in sweep_records(args.results_dir, plan.sweep_id)}
         if not resumed or (missing := [x for x in args.rerun if x not in known]):
-            _fail(
+            fail(
                 "--rerun needs --resume SWEEP_ID"
                 if not resumed
                 else f"--rerun: run {missing[0]} is not a run of sweep {plan.sweep_id}",
@@ -484,7 +469,7 @@ def _run(args: argparse.Namespace, plan, resumed: bool) -> int:
         print(f"interrupted; go on with: {_sweep.again('ablation', plan)}", file=sys.stderr)
         sys.exit(130)
     except ConfigError as e:  # tuning runs left no record: no evaluation submitted
-        _fail(str(e), 1)
+        fail(str(e), 1)
     failed = sum(rc != 0 for rc in rcs)
     if failed:
         print(f"note: {failed} of {len(rcs)} jobs failed", file=sys.stderr, flush=True)
@@ -492,7 +477,7 @@ def _run(args: argparse.Namespace, plan, resumed: bool) -> int:
         _protocol_table(args.results_dir, plan) if protocol else _table(
             args.results_dir, plan.sweep_id, plan)  # fmt: skip
     except ConfigError as e:
-        _fail(str(e), 1)
+        fail(str(e), 1)
     return 1 if failed else 0
 
 
@@ -520,7 +505,7 @@ def main(argv: list[str]) -> None:
                 a = argparse.Namespace(**{**vars(args), "workload": w})
                 sweeps.append((a, *_plan(a)))
     except ConfigError as e:
-        _fail(str(e))
+        fail(str(e))
     code = max(_run(a, plan, resumed) for a, plan, resumed in sweeps)
     if code:
         sys.exit(code)

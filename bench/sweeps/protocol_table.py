@@ -174,17 +174,15 @@ def aggregate(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
                 "run_ids": " ".join(str(r["run_id"]) for r in mine),
             }
         for comm, row in block.items():
-            for ref, tag in ((dense, "dense"), (best, "peer")):
+            for ref, vs in ((dense, "vs_dense"), (best, "vs_peer")):  # the columns' suffix
                 if ref in times and comm in times and ref != comm:
                     r, lo, hi, verdict, rho = _versus(times[ref], times[comm])
                 else:
                     r = lo = hi = rho = math.nan
                     verdict = ""
-                row[f"speedup_vs_{tag}"] = r
-                row[f"speedup_vs_{tag}_ci_low"] = lo
-                row[f"speedup_vs_{tag}_ci_high"] = hi
-                row[f"verdict_vs_{tag}"] = verdict
-                row[f"seed_correlation_vs_{tag}"] = rho
+                row[f"speedup_{vs}"], row[f"verdict_{vs}"] = r, verdict
+                row[f"speedup_{vs}_ci_low"], row[f"speedup_{vs}_ci_high"] = lo, hi
+                row[f"seed_correlation_{vs}"] = rho
             row["best_peer"] = best
             rows.append(row)
     return pd.DataFrame(rows, columns=COLUMNS)
