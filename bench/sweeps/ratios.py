@@ -305,8 +305,8 @@ def _by_seed(runs: Sequence[Run]) -> list[list[Run]]:
 
 
 def _best_peer(means: Mapping[str, float], groups: Mapping[str, list[Run]]) -> str | None:
-    peers = [g for g in means if groups[g][0].comm in peers()]
-    return min(peers, key=lambda g: means[g]) if peers else None
+    best = [g for g in means if groups[g][0].comm in peers()]
+    return min(best, key=lambda g: means[g]) if best else None
 
 
 def compose(
