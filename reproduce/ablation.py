@@ -1,26 +1,20 @@
 """``python -m reproduce ablation [options] [overrides]``
 
-By default the tuning protocol (:mod:`bench.sweeps.protocol`): every method's search
-space tuned on tuning seeds with the same number of trials, the configuration chosen by
-a rule fixed in advance, then 10 fresh evaluation seeds per method; its table
-(``bench/sweeps/protocol_table.py``) has 95 % intervals.  ``--resume SWEEP_ID`` goes on
-with an interrupted protocol sweep, skipping every recorded run.
+By default the tuning protocol (:mod:`bench.sweeps.protocol`, docs/protocol.md): every
+method's search space tuned on tuning seeds with the same number of trials, the
+configuration chosen by a rule fixed in advance, then 10 fresh evaluation seeds per method,
+one table with 95 % intervals.  ``--grid``: time to target over communication x cache x
+update mode x seeds, one table (``bench/sweeps/ablation.py`` says what each column is).
+Each job is an ordinary training run tagged with the sweep id (a failed job does not stop
+the others), trained through a run queue (the workers launched once, not once per run);
+the table goes to ``<results-dir>/ablation/<sweep_id>.csv``.  Trailing ``key=value``
+overrides apply to every job.
 
-``--grid``: time to target over communication x cache x update mode x seeds on one
-experiment and cluster: ordinary training runs, one after the other (each what ``python -m reproduce
-train`` with the job's Hydra overrides runs, writing its record tagged with the sweep id;
-a failed job does not stop the others), trained through a run queue
-(:mod:`bench.launch.runqueue`: the workers are launched once, not once per run), then one table
-per sweep, printed and written to
-``<results-dir>/ablation/<sweep_id>.csv`` (``bench/sweeps/ablation.py`` says what each column
-is).  Trailing ``key=value`` overrides apply to every job.
-
-``--launcher slurm`` (or ``hydra/launcher=...``; ``submitit_local`` on one machine):
-each job is submitted as its own Hydra multirun job through hydra-submitit-launcher, one
-allocation of the nodes and GPUs its topology needs (``bench/launch/submit.py``); the
-protocol submits its evaluation runs once the tuning runs are recorded.  ``--sweep-id
-ID`` names a sweep so that the same command again resumes it (only the jobs without a
-record, or interrupted, are submitted), ``--status ID`` says what is recorded and what
+``--launcher slurm`` (or ``hydra/launcher=...``; ``submitit_local`` on one machine): each
+job its own Hydra multirun job through hydra-submitit-launcher (``bench/launch/submit.py``);
+the protocol submits its evaluation runs once the tuning runs are recorded.  ``--sweep-id
+ID`` names a sweep so that the same command again resumes it (``--resume ID`` too: only the
+jobs without a record, or interrupted, run), ``--status ID`` says what is recorded and what
 is not, ``--aggregate ID`` builds the table from whatever is recorded (under
 ``ablation/partial/`` while jobs are missing).
 """

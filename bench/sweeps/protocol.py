@@ -399,11 +399,10 @@ def pending(
 
 def status(plan: Plan, records: Sequence[Mapping[str, Any]]) -> list[str]:
     """Where the sweep stands, one line per stage (``--status``, ``--aggregate``)."""
-    tune = plan.tune_jobs()
-    lines = [progress("tuning", [j.key for j in tune], records, _key)] if tune else []
-    timing = plan.timing_jobs()
-    if timing:
-        lines.append(progress("timing pass", [j.key for j in timing], records, _key))
+    lines = [
+        progress(stage, [j.key for j in jobs], records, _key)
+        for stage, jobs in (("tuning", plan.tune_jobs()), ("timing pass", plan.timing_jobs()))
+    ]
     if not tuning_complete(plan, records):
         n = len(plan.comms) * len(plan.eval_seeds)  # one more set per other selection
         return [*lines, f"evaluation: at least {n} runs, submitted once tuning is recorded"]
@@ -411,12 +410,9 @@ def status(plan: Plan, records: Sequence[Mapping[str, Any]]) -> list[str]:
     return [*lines, progress("evaluation", [j.key for j in ev], records, _key)]
 
 
-# wall seconds per run on the 2-core machine (evaluations from 40 % of dense's steps,
-# strided).  Image: measured on 2026-12-03 with a --quick sweep, tuning runs a median 21 s,
-# timing runs 8 s, evaluation runs on the emulated cluster 18-41 s.  Translation: the
-# earlier runs' 50 s of training alone plus about 4 decodings of 2.5 s and the start (its
-# --quick tuning runs took 119-186 s with a second job on the 2 cores); a missed run trains
-# 2.5x longer, which the tuning runs' figure allows for
+# wall seconds per run on the 2-core machine: image measured on 2026-12-03 (a --quick
+# sweep: tuning a median 21 s, timing 8 s, evaluation on the emulated cluster 18-41 s);
+# translation 50 s of training, about 4 decodings of 2.5 s and the start, misses 2.5x longer
 RUN_S = {
     "classification": {TUNE: 21.0, TIME: 9.0, "local": 21.0, "check": 30.0},
     "translation": {TUNE: 70.0, TIME: 20.0, "local": 60.0, "check": 75.0},
@@ -455,10 +451,7 @@ def select(tuning: pd.DataFrame) -> dict[str, str]:
     out = {}
     for comm, g in tuning.groupby("comm", sort=False):
         g = g.sort_values("order", kind="stable")
-        med = g["median_time_s"].fillna(math.inf)
-        out[str(comm)] = (
-            str(g.loc[med.idxmin(), "trial"]) if med.notna().any() else str(g["trial"].iloc[0])
-        )
+        out[str(comm)] = str(g.loc[g["median_time_s"].fillna(math.inf).idxmin(), "trial"])
     return out
 
 
