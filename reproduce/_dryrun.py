@@ -171,31 +171,34 @@ def _duration(s: float) -> str:
     return f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min"
 
 
-def estimate(cfg: Any) -> str:
-    """How long the run should take: the median wall time of earlier runs of the same
-    experiment, comm, world size and epochs (on this hardware when some were)."""
-    from bench.results.env import REPO_ROOT, hardware
+def earlier_runs(results_dir: str | Path) -> tuple[list[Path], list[dict]]:
+    """(where it looked, the finished runs with a wall time) in ``results_dir`` and the
+    committed reference results."""
+    from bench.results.env import REPO_ROOT
     from bench.results.records import load_records
 
-    c = cfg.cluster
-    key = (
-        str(cfg.experiment),
-        str(cfg.comm.name),
-        int(c.nnodes) * int(c.nproc_per_node),
-        int(cfg.train.epochs),
-    )
-    dirs = list(dict.fromkeys([Path(str(cfg.results.dir)), REPO_ROOT / REFERENCE]))
-    same = []
+    dirs = list(dict.fromkeys([Path(str(results_dir)), REPO_ROOT / REFERENCE]))
+    out = []
     for d in dirs:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a torn line elsewhere does not matter here
             recs = load_records(d) if (d / "runs.jsonl").is_file() else []
-        for r in recs:
-            conf = r.get("config") or {}
-            epochs = (conf.get("train") or {}).get("epochs")
-            this = (r.get("experiment"), r.get("comm"), r.get("world_size"), epochs)
-            if this == key and r.get("status") in ("ok", "target_missed") and r.get("wall_time_s"):
-                same.append(r)
+        done = [r for r in recs if r.get("status") in ("ok", "target_missed")]
+        out += [r for r in done if r.get("wall_time_s")]
+    return dirs, out
+
+
+def estimate(cfg: Any) -> str:
+    """How long the run should take: the median wall time of earlier runs of the same
+    experiment, comm, world size and epochs (on this hardware when some were)."""
+    from bench.results.env import hardware
+
+    c = cfg.cluster
+    key = (cfg.experiment, cfg.comm.name, c.nnodes * c.nproc_per_node, cfg.train.epochs)
+    dirs, recs = earlier_runs(cfg.results.dir)
+    epochs = [((r.get("config") or {}).get("train") or {}).get("epochs") for r in recs]
+    same = [r for r, e in zip(recs, epochs, strict=True)
+            if (r.get("experiment"), r.get("comm"), r.get("world_size"), e) == key]  # fmt: skip
     if not same:
         return (
             f"expected time: unknown (no earlier run of {key[0]} with comm={key[1]} on "

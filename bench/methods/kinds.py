@@ -34,6 +34,7 @@ class SparseMethod(MethodSpec):
     label_keys: ClassVar[tuple[tuple[str, str], ...]] = (
         ("d", "comm.density"), ("wu", "comm.warmup_epochs"), ("schedule", "comm.density_schedule")
     )  # fmt: skip
+    timed = (("density", "d"), ("density_schedule", ""), ("bucket_mb", "b"))
 
     def bucket_traffic(
         self, numel: int, n: int, m: int, k: Knobs, shapes: Any = None
@@ -107,6 +108,7 @@ class LowRankMethod(MethodSpec):
 
     knob_type: type[Knobs] = RankKnobs
     label_keys: ClassVar[tuple[tuple[str, str], ...]] = (("r", "comm.powersgd_rank"),)
+    timed = (("rank", "rank"), ("bucket_mb", "b"))
 
     def bucket_traffic(
         self, numel: int, n: int, m: int, k: Knobs, shapes: Any = None
@@ -139,6 +141,7 @@ class OptimizerMethod(MethodSpec):
     optim: str = ""  # the optimizer (conf/optim/<optim>.yaml) it is
     kind: ClassVar[str] = "optimizer"
     exchange_in_update: ClassVar[bool] = True
+    timed = (("chunk", "chunk"), ("topk", "topk"), ("bucket_mb", "b"))
 
     def overrides(self) -> list[str]:
         return [f"optim={self.optim}", f"comm={self.comm}", *self.extra_overrides]
@@ -174,6 +177,8 @@ class SyncMethod(MethodSpec):
     knob_type: type[Knobs] = SyncKnobs
     min_nodes: int = 2
     kind: ClassVar[str] = "sync"
+    timed = (("sync_every", "H"), ("fragments", "frag"), ("fragment_sync_delay", "delay"),
+             ("bucket_mb", "b"))  # fmt: skip
 
     @property
     def comm(self) -> str:
@@ -184,6 +189,9 @@ class SyncMethod(MethodSpec):
 
     def matches(self, rec: Mapping[str, Any]) -> bool:
         return ((rec.get("config") or {}).get("sync") or {}).get("name") == self.name
+
+    def period(self, k: Knobs) -> int:
+        return max(1, getattr(k, "sync_every", 1))
 
     def traffic(self, buckets, n, m, k, shapes=None) -> cost.Traffic:  # type: ignore[override]
         """The outer all-reduce of the whole model, per inner step (amortised over H)."""

@@ -58,9 +58,10 @@ class Knobs:
                 out[f.name] = _cast(f.default, v)
         return cls(**out)
 
-    def overrides(self) -> dict[str, Any]:
-        """The Hydra overrides (full keys) that set these knobs."""
-        return {f.metadata["key"]: getattr(self, f.name) for f in dataclasses.fields(self)}
+    def overrides(self, *only: str) -> dict[str, Any]:
+        """The Hydra overrides (full keys) that set these knobs (``only``: those fields)."""
+        keys = {f.name: f.metadata["key"] for f in dataclasses.fields(self)}
+        return {keys[n]: getattr(self, n) for n in only or keys}
 
 
 def _nested(cfg: Mapping[str, Any], path: str) -> Any:
@@ -115,6 +116,9 @@ class MethodSpec:
     # what a run's label names beside the method: (tag, key), the key read from the record
     # (dots as underscores) or else its config: ("r", "comm.powersgd_rank") -> "powersgd r=4"
     label_keys: ClassVar[tuple[tuple[str, str], ...]] = ()
+    # what a timing run of one of its phases sets, in order: (knob, its prefix in the run's
+    # label); a knob without a prefix is held at its default (a sparse run's schedule)
+    timed: ClassVar[tuple[tuple[str, str], ...]] = (("bucket_mb", "b"),)
 
     # -- selection and recognition ------------------------------------------------------
     @property
@@ -143,6 +147,22 @@ class MethodSpec:
 
     def check(self, workload: str, optim: str) -> None:
         """ConfigError when the method cannot train ``workload`` with ``optim``."""
+
+    # -- the protocol's timing pass: one phase held for a fixed number of steps ------------
+    def timing_knobs(self, k: Knobs) -> Knobs:
+        """The knobs of the timing run that times a step sent with ``k`` (its key)."""
+        return self.knob_type(**{f: getattr(k, f) for f, p in self.timed if p})
+
+    def timing_label(self, k: Knobs) -> str:
+        """That run's label, its records' protocol trial: ``time hitopk d0.01 b25``."""
+        return " ".join(["time", self.name, *(f"{p}{getattr(k, f):g}" for f, p in self.timed if p)])
+
+    def timing_overrides(self, k: Knobs) -> dict[str, Any]:
+        return k.overrides(*(f for f, _ in self.timed))
+
+    def period(self, k: Knobs) -> int:
+        """Optimizer steps from one exchange to the next (a timing run spans whole ones)."""
+        return 1
 
     # -- what it sends and how long a step takes -------------------------------------------
     def bucket_traffic(
