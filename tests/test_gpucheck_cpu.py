@@ -132,7 +132,7 @@ def test_a_lowering_error_is_reported():
     pytest.importorskip("triton")
     from bench.gpucheck.kernels import Kernel, compile_one
 
-    wrong = Kernel("_colmax_kernel", {"x_ptr": "*fp32", "out_ptr": "*fp32"}, {}, {})
+    wrong = Kernel("_group_kernel", {"x_ptr": "*fp32", "add_ptr": "*fp32"}, {}, {})
     row = compile_one(wrong)
     assert row["ok"] is False and row["error"]
 

@@ -66,7 +66,7 @@ class Communicator:
         # (list.append is atomic: callbacks of several process groups' threads append)
         self.flags: list[torch.Tensor] = []
         # device bool "exact top k" of selections that cannot check their capacity without a
-        # sync (selection_tiled.tiled_fast: false when more candidates than slots were found)
+        # sync (none at present: every selection path is exact by construction)
         self.exact: list[torch.Tensor] = []
 
     def take_flags(self) -> list[torch.Tensor]:
