@@ -186,7 +186,8 @@ SPARSE = ("topk", "mstopk", "hitopk")
 
 def cases(world: int, ppn: int, hooks: tuple[str, ...] = HOOKS) -> list[tuple]:
     """(hook, density, timing, race probe) of one layout; hitopk needs two nodes.  The
-    top-k hooks run at density 1.0 (compared with the dense allreduce) and 0.01 (their
+    top-k hooks run at density 1.0 (compared with the dense allreduce), 0.25 (a density
+    schedule's first: above 1/16, where selections change structure) and 0.01 (their
     selection kernels: syncs, race probe, timing off)."""
     out = []
     for h in hooks:
@@ -194,7 +195,7 @@ def cases(world: int, ppn: int, hooks: tuple[str, ...] = HOOKS) -> list[tuple]:
             continue
         d = 0.01 if h in SPARSE else 1.0
         if h in SPARSE:
-            out.append((h, 1.0, True, False))
+            out += [(h, 1.0, True, False), (h, 0.25, True, False)]
         out += [(h, d, True, False), (h, d, True, True), (h, d, False, False)]
     return out
 

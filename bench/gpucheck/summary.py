@@ -137,6 +137,7 @@ def _json_line(step: str, data: dict[str, Any], rows: list[dict]) -> str:
             f"{r['model']} {r['optimizer']} {r['mode']} {r.get('grads', 'own')} {r['ms']:.2f} ms"
             f" ({r['x_floor']:.1f}x floor, {r['kernels']} kernels)"
             for r in rows
+            if "model" in r
         )
     if step == "step":
         return "; ".join(
