@@ -149,6 +149,9 @@ if AVAILABLE:
         b = tl.arange(0, 256)
         if active:
             tl.atomic_add(ws_ptr + PASS * 256 + b, hist.to(tl.int64))
+        # every thread's additions before the one thread's ticket (whose release then
+        # covers them: CUB's __syncthreads + __threadfence before its last-block count)
+        tl.debug_barrier()
         if tl.atomic_add(ws_ptr + 2048 + PASS, 1) == tl.num_programs(0) - 1:
             h = tl.load(ws_ptr + PASS * 256 + b, volatile=True)
             s = tl.sum(h, 0) - tl.cumsum(h, 0) + h  # keys in play with this digit or above
