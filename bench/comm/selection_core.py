@@ -64,17 +64,15 @@ def nonzero(mask: torch.Tensor) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def deferred_finite(
-    sink: list[torch.Tensor] | None, exact: list[torch.Tensor] | None = None
-) -> Iterator[None]:
+def deferred_finite(sink: list[torch.Tensor] | None) -> Iterator[None]:
     """Within the block (on this thread), :func:`raise_unless` appends its flag to ``sink``
     instead of reading it."""
-    prev = getattr(_DEFER, "sink", None), getattr(_DEFER, "exact", None)
-    _DEFER.sink, _DEFER.exact = sink, exact
+    prev = getattr(_DEFER, "sink", None)
+    _DEFER.sink = sink
     try:
         yield
     finally:
-        _DEFER.sink, _DEFER.exact = prev
+        _DEFER.sink = prev
 
 
 def raise_unless(finite: torch.Tensor, deferrable: bool = True) -> None:

@@ -218,7 +218,7 @@ STEPS: tuple[Step, ...] = (
             "no:cacheprovider",
             "--continue-on-collection-errors",
             *GPU_TEST_FILES,
-        ],
+        ],  # fmt: skip
         60,
         needs=("cuda", "pytest"),
     ),

@@ -53,11 +53,6 @@ def gpu_work(fn: Callable[[], Any], device: torch.device) -> tuple[int, float | 
     return len(ev), sum(e.device_time for e in ev) / 1e3  # device_time: us
 
 
-def kernels(fn: Callable[[], Any], device: torch.device) -> int:
-    """CUDA kernels one call of ``fn`` launches (0 on the CPU)."""
-    return gpu_work(fn, device)[0]
-
-
 def bandwidth(device: torch.device, reps: int = 10) -> dict[str, float]:
     """Memory bandwidth measured here, bytes/s: one read (``torch.amax`` of a buffer of
     :data:`PROBE_BYTES`) and one copy (read + write) of it; ``bytes_s``, the faster, is the
@@ -246,7 +241,7 @@ def update(device: torch.device, cpu: bool, sink: Rows) -> None:
                 mode = update_mode + ("+bf16 masters" if master != "off" else "")
                 row = {"model": model_name, "optimizer": opt, "mode": mode, "grads": grads}
                 row.update(params_m=numel / 1e6, ms=1e3 * s, x_floor=s / floor)
-                row["kernels"] = kernels(optimizer.step, device)
+                row["kernels"] = gpu_work(optimizer.step, device)[0]
                 sink.add(row)
                 del model, optimizer
 
