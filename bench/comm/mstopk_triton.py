@@ -143,7 +143,7 @@ WORKSPACE = 2080
 if AVAILABLE:
 
     @triton.jit
-    def _finish_pass(ws_ptr, hist, PASS: tl.constexpr, prefix, krem, active):
+    def _finish_pass(ws_ptr, hist, PASS, prefix, krem, active):
         # add this program's histogram; the last program to finish picks the digit of the
         # krem-th largest key still in play and writes (prefix << 8 | digit, krem left)
         b = tl.arange(0, 256)
@@ -203,13 +203,13 @@ if AVAILABLE:
             tl.store(ws_ptr + 2064, 1)
         _finish_pass(ws_ptr, hist, 0, 0, k, True)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["PASS", "SHIFT"])  # one compile: 1 and 16 not constants
     def _pass_kernel(
-        key_ptr, ws_ptr, n,
-        PASS: tl.constexpr, SHIFT: tl.constexpr, COUNTED: tl.constexpr, BLOCK: tl.constexpr,
+        key_ptr, ws_ptr, n, PASS, SHIFT, COUNTED: tl.constexpr, BLOCK: tl.constexpr,
     ):  # fmt: skip
         # the histogram of the next digit of the keys whose higher digits are the prefix
-        # chosen so far; COUNTED: as many keys as the candidate count (else n)
+        # chosen so far; COUNTED: as many keys as the candidate count (else n); PASS and
+        # SHIFT are arguments, not constants: one compiled kernel serves every pass
         st = ws_ptr + 2056 + 2 * (PASS // 4)
         prefix = tl.load(st)
         krem = tl.load(st + 1)
@@ -352,15 +352,15 @@ def radix_topk(
         )  # fmt: skip
         pgrid = (max(1, min(triton.cdiv(ngroups, KEY_BLOCK), most)),)
         for p, shift in ((1, 16), (2, 8), (3, 0)):
-            _pass_kernel[pgrid](keys, ws, ngroups, PASS=p, SHIFT=shift, COUNTED=False,
-                                BLOCK=KEY_BLOCK, num_warps=8)  # fmt: skip
+            _pass_kernel[pgrid](keys, ws, ngroups, p, shift, COUNTED=False, BLOCK=KEY_BLOCK,
+                                num_warps=8)  # fmt: skip
         _take_kernel[grid](keys, flat, ckey, cidx, ws, n, ngroups, k, cap, G=g, GB=gb,
                            num_warps=8)  # fmt: skip
         if g > 1:
             cgrid = (max(1, min(triton.cdiv(cap, KEY_BLOCK), most)),)
             for p, shift in ((5, 16), (6, 8), (7, 0)):
-                _pass_kernel[cgrid](ckey, ws, cap, PASS=p, SHIFT=shift, COUNTED=True,
-                                    BLOCK=KEY_BLOCK, num_warps=8)  # fmt: skip
+                _pass_kernel[cgrid](ckey, ws, cap, p, shift, COUNTED=True, BLOCK=KEY_BLOCK,
+                                    num_warps=8)  # fmt: skip
         ogrid = (max(1, min(triton.cdiv(cap, OUT_BLOCK), most)),)
         _out_kernel[ogrid](ckey, cidx, flat, ws, idx, vals, fin, k, ALL=g == 1,
                            BLOCK=OUT_BLOCK, num_warps=4)  # fmt: skip

@@ -64,10 +64,10 @@ def specs() -> list[Kernel]:
     for g, dtypes in ((16, ("fp32",)), (32, ("bf16",)), (1, INPUTS)):
         consts = {"G": g, "GB": mt.TILE // g}
         out.append(Kernel("_take_kernel", take, consts, w8, x, f"G={g}", dtypes))
-    passes = _sig(mt._pass_kernel, "*i32 *i64 i32 c c c c")
-    for p, counted in ((1, False), (5, True)):
-        consts = {"PASS": p, "SHIFT": 16, "COUNTED": counted, "BLOCK": mt.KEY_BLOCK}
-        out.append(Kernel("_pass_kernel", passes, consts, w8, (), f"pass {p}"))
+    passes = _sig(mt._pass_kernel, "*i32 *i64 i32 i32 i32 c c")
+    for counted in (False, True):
+        consts = {"COUNTED": counted, "BLOCK": mt.KEY_BLOCK}
+        out.append(Kernel("_pass_kernel", passes, consts, w8, (), f"counted={counted}"))
     outk = _sig(mt._out_kernel, "*i32 *i32 *fp32 *i64 *i64 *fp32 *u8 i32 c c")
     for every in (False, True):
         consts = {"ALL": every, "BLOCK": mt.OUT_BLOCK}
