@@ -130,9 +130,6 @@ class HookState(_Counters):
             if len(c.flags) > keep:
                 flags = c.take_flags()
                 c.flags.append(torch.stack([f.to(flags[0].device) for f in flags]).all())
-            if len(c.exact) > keep:  # kept as "all exact" (inexact_count then says 0 or 1)
-                exact, c.exact = c.exact, []
-                c.exact.append(torch.stack([f.to(exact[0].device) for f in exact]).all())
 
 
 def _check_finite(state: HookState, index: int, fut: torch.futures.Future) -> torch.Tensor:
