@@ -204,10 +204,14 @@ class SyncMethod(MethodSpec):
             )
         )
 
+    def inner_step(self, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs) -> float:
+        """One inner step: the node's own, its hook's exchange inside one node (s)."""
+        return METHODS.get(self.comm).step_time(wl, replace(c, nodes=1), costs, Knobs())
+
     def step_time(self, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs, k: Knobs) -> float:
         """The node's step with its hook on one node, plus the outer all-reduce amortised."""
         assert isinstance(k, SyncKnobs)
-        inner = METHODS.get(self.comm).step_time(wl, replace(c, nodes=1), costs, Knobs())
+        inner = self.inner_step(wl, c, costs)
         return pm.sync_step_time(wl, c, inner, k.sync_every, k.fragments, k.fragment_sync_delay)
 
 

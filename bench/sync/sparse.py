@@ -73,6 +73,39 @@ class Packet:
         return self.values + self.indices + self.scales
 
 
+def chunking(numels: dict[str, int], chunk_size: int, density: float) -> list[Chunks]:
+    """Tensors of ``numels`` elements cut into chunks of ``chunk_size`` (a smaller tensor
+    is one chunk), the top ``density`` of each chunk sent."""
+    out, base = [], 0
+    for name, numel in numels.items():
+        width = min(chunk_size, numel)
+        rows = -(-numel // width)
+        out.append(Chunks(name, numel, rows, width, k_for(width, density), base))
+        base += rows * width
+    return out
+
+
+def chunk_packet(chunks: list[Chunks], chunk_size: int, bits: int) -> Packet:
+    """SparseLoCo's packet of ``chunks`` (:func:`chunking`): values in ``bits`` bits (0:
+    float32), indices in ``ceil(log2 chunk_size)`` bits, ``2 ** (bits - 1)`` float32 scales
+    per chunk."""
+    sent, rows = sum(t.rows * t.k for t in chunks), sum(t.rows for t in chunks)
+    index_bits = max(1, (chunk_size - 1).bit_length())
+    return Packet(
+        values=-(-sent * bits // 8) if bits else 4 * sent,
+        indices=-(-sent * index_bits // 8),
+        scales=4 * rows * (1 << max(bits - 1, 0)) if bits else 0,
+    )
+
+
+def shard_packet(numel: int, m: int, density: float) -> Packet:
+    """The outer HiTopK's packet of one local rank: float32 values and int32 indices of
+    the top ``density`` of its shard of ``ceil(numel / m)`` elements."""
+    shard = -(-numel // m)
+    k = k_for(shard, density)
+    return Packet(values=4 * k, indices=packet_bytes(k, shard, 4) - 4 * k, scales=0)
+
+
 class Exchange:
     """Sparse, error-compensated exchange of one DiLoCo fragment's pseudo-gradient."""
 
@@ -130,20 +163,9 @@ class ChunkTopK(Exchange):
         self.bits, c = int(cfg.quant_bits), int(cfg.chunk_size)
         self.levels = 1 << max(self.bits - 1, 0)  # magnitude levels (scales) per chunk
         self.index_bits = max(1, (c - 1).bit_length())
-        self.chunks, base = [], 0
-        for name, shape in self.shapes.items():
-            numel = shape.numel()
-            width = min(c, numel)
-            rows = -(-numel // width)
-            self.chunks.append(Chunks(name, numel, rows, width, k_for(width, self.density), base))
-            base += rows * width
-        self.padded = base
-        sent, rows = sum(t.rows * t.k for t in self.chunks), sum(t.rows for t in self.chunks)
-        self.packet = Packet(
-            values=-(-sent * self.bits // 8) if self.bits else 4 * sent,
-            indices=-(-sent * self.index_bits // 8),
-            scales=4 * rows * self.levels if self.bits else 0,
-        )
+        self.chunks = chunking({n: s.numel() for n, s in self.shapes.items()}, c, self.density)
+        self.padded = sum(t.rows * t.width for t in self.chunks)
+        self.packet = chunk_packet(self.chunks, c, self.bits)
 
     def encode(self, grads: dict[str, torch.Tensor]) -> torch.Tensor:
         """This worker's packet (uint8: indices, values, scales); each buffer keeps what
@@ -246,8 +268,7 @@ class ShardTopK(Exchange):
         self.numel = sum(s.numel() for s in self.shapes.values())
         self.shard = -(-self.numel // self.m)  # s: elements a local rank owns, padded
         self.k = k_for(self.shard, self.density)
-        b = packet_bytes(self.k, self.shard, 4)
-        self.packet = Packet(values=4 * self.k, indices=b - 4 * self.k, scales=0)
+        self.packet = shard_packet(self.numel, self.m, self.density)
 
     def encode(self, grads: dict[str, torch.Tensor]) -> torch.Tensor:
         """This local rank's packet (``bench.comm.wire.pack``: int32 indices into the
