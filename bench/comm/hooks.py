@@ -408,6 +408,8 @@ def _two_nodes(opts: HookOptions, world_size: int, nnodes: int) -> None:
     check_hierarchical(nnodes)
 
 
+NOCOMM = "nocomm"  # sends nothing: local gradients (an optimizer that exchanges its own)
+
 for _spec in (
     HookSpec("dense", _reducer("dense", AllReduce), sparse=False),
     HookSpec("fp16", _reducer("fp16", AllReduce), sparse=False),
@@ -415,7 +417,7 @@ for _spec in (
     *(HookSpec(n, _reducer(n, AllGather), sparse=True) for n in ("topk", "mstopk", "randomk")),
     HookSpec("hitopk", _reducer(None, HiTopK), sparse=True, hierarchical=True, validate=_two_nodes),
     HookSpec("powersgd", _build_powersgd, sparse=False, own_warmup=True),
-    HookSpec("nocomm", build_nocomm, sparse=False, measurement=True),
+    HookSpec(NOCOMM, build_nocomm, sparse=False, measurement=True),
 ):
     HOOKS.register(_spec.name)(_spec)
 

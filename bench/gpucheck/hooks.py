@@ -26,16 +26,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from bench import methods
 from bench.benchmarks.spawn import free_port, run_workers
 from bench.benchmarks.timing import cuda_syncs
 from bench.comm import communicators, futures, make_hook
 from bench.comm.selection_core import host_syncs
 from bench.gpucheck.rows import Rows, read
 
-HOOKS = ("dense", "fp16", "bf16", "powersgd", "topk", "mstopk", "hitopk")
+# every method that is a per-step comm hook (the measurement device nocomm aside)
+HOOKS = tuple(methods.names(kind="hook"))
 STEPS = 3
 SLEEP_CYCLES = 2_000_000  # ~1 ms at the H200's ~1.9 GHz: far longer than any kernel here
-DENSE_TOL = {"fp16": 2e-3, "bf16": 1.6e-2}  # relative, the wire dtype's rounding; else 1e-5
 # Relative to the gradient's largest magnitude.  Ranks must agree bit for bit (rank_diff
 # 0): every reduction here is deterministic (NCCL and gloo allreduce; the sparse scatter is
 # index_put_ with accumulate, sorted, on CUDA; index_add_ on the CPU).  Two separate runs
@@ -179,7 +180,16 @@ def _rank_diff(t: torch.Tensor) -> float:
     return float(d)
 
 
-SPARSE = ("topk", "mstopk", "hitopk")
+def _dense_tol(hook: str) -> float:
+    """A hook's relative error against the fp32 all-reduce at density 1: two roundings of
+    its wire dtype (fp16's or bf16's epsilon, from the compressor's own cast), else 1e-5."""
+    from bench.comm.compressors import COMPRESSORS
+
+    spec = methods.get(hook)
+    target = (
+        getattr(COMPRESSORS.get(spec.comm), "target", None) if spec.comm in COMPRESSORS else None
+    )
+    return 2 * torch.finfo(target).eps if spec.wire_bytes < 4 and target else 1e-5
 
 
 def cases(world: int, ppn: int, hooks: tuple[str, ...] = HOOKS) -> list[tuple]:
@@ -189,10 +199,11 @@ def cases(world: int, ppn: int, hooks: tuple[str, ...] = HOOKS) -> list[tuple]:
     selection kernels: syncs, race probe, timing off)."""
     out = []
     for h in hooks:
-        if h == "hitopk" and world // max(ppn, 1) < 2:
+        spec = methods.get(h)
+        if spec.min_nodes > world // max(ppn, 1):
             continue
-        d = 0.01 if h in SPARSE else 1.0
-        if h in SPARSE:
+        d = 0.01 if spec.sparse else 1.0
+        if spec.sparse:
             out += [(h, 1.0, True, False), (h, 0.25, True, False)]
         out += [(h, d, True, False), (h, d, True, True), (h, d, False, False)]
     return out
@@ -205,7 +216,7 @@ def verdict(row: dict) -> list[str]:
         bad.append(f"ranks differ by {row['rank_diff']:.3g}")
     if row["syncs"]:
         bad.append(f"{row['syncs']} host syncs in the hooks {row['sync_sites']}")
-    tol = DENSE_TOL.get(row["hook"], 1e-5)
+    tol = _dense_tol(row["hook"])
     if row.get("dense_err", 0.0) > tol:
         bad.append(f"dense_err {row['dense_err']:.3g} > {tol:g}")
     if row.get("race_diff", 0.0) > RACE_TOL:
@@ -256,7 +267,7 @@ def check_layout(
     if device.type == "cuda":
         torch.cuda.set_device(device)
     sink = Rows("hooks", out if rank == 0 else "", fresh=False)
-    ref, _ = _run("dense", device, ppn, 1.0, True, False, width)
+    ref, _ = _run(methods.baseline(), device, ppn, 1.0, True, False, width)
     for name, density, timing, probe in cases(world, ppn, hooks):
         t0 = time.perf_counter()
         grad, info = _run(name, device, ppn, density, timing, False, width)
@@ -270,7 +281,7 @@ def check_layout(
             row["other_syncs"] += rinfo["other_syncs"]
             row["delays"] = rinfo["delays"]
         row["rank_diff"] = _rank_diff(grad)
-        if name != "powersgd" and density == 1.0:
+        if not methods.get(name).lossy and density == 1.0:
             row["dense_err"] = float((grad - ref).norm() / ref.norm())
         row["seconds"] = time.perf_counter() - t0
         row["why"] = verdict(row)

@@ -24,11 +24,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from bench import methods
 from bench.benchmarks.spawn import free_port
 from bench.comm import make_hook
 from bench.gpucheck.rows import Rows
 
-HOOKS = ("dense", "bf16", "powersgd", "topk", "mstopk")  # hitopk needs two nodes
+# the benched per-step hooks that run on one node (hitopk needs two)
+HOOKS = tuple(s.name for s in methods.specs(kind="hook") if s.benched and s.min_nodes == 1)
 WARMUP = 3  # DDP rebuilds its buckets after the first step; PowerSGD compresses from the third
 REPS = 5  # measured steps (2 on the CPU)
 BUCKET_MB = 25
@@ -192,7 +194,8 @@ def run(cpu: bool, hooks: tuple[str, ...], sink: Rows, traces: str = "") -> None
     try:
         dense: dict[str, Any] = {}
         dense_prof: dict[str, Any] = {}
-        for name in ("dense", *[h for h in hooks if h != "dense"]):
+        base = methods.baseline()
+        for name in (base, *[h for h in hooks if h != base]):
             trace = str(Path(traces) / f"{name}.json.gz") if traces else ""
             row, prof = measure(name, device, cpu, trace)
             dense, dense_prof = dense or row, dense_prof or prof

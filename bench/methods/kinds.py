@@ -106,6 +106,8 @@ class RankKnobs(Knobs):
 class LowRankMethod(MethodSpec):
     """PowerSGD (torch's hook): all-reduces of P and Q, plain tensors whole."""
 
+    lossy: ClassVar[bool] = True  # a rank-r approximation at any setting
+
     knob_type: type[Knobs] = RankKnobs
     label_keys: ClassVar[tuple[tuple[str, str], ...]] = (("r", "comm.powersgd_rank"),)
     timed = (("rank", "rank"), ("bucket_mb", "b"))

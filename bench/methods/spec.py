@@ -112,6 +112,7 @@ class MethodSpec:
 
     kind: ClassVar[str] = "hook"  # "hook" | "optimizer" | "sync" | "reference"
     sparse: ClassVar[bool] = False  # sends a density (dense in its warm-up)
+    lossy: ClassVar[bool] = False  # differs from dense's all-reduce even at density 1
     exchange_in_update: ClassVar[bool] = False  # exchanges in its optimizer step, not a hook
     # what a run's label names beside the method: (tag, key), the key read from the record
     # (dots as underscores) or else its config: ("r", "comm.powersgd_rank") -> "powersgd r=4"

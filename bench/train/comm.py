@@ -19,14 +19,14 @@ import torch
 from bench.comm import HOOKS, HookOptions, cost, is_sparse, make_hook
 from bench.comm import placement as placements
 from bench.comm.config import CommConfig
-from bench.comm.hooks import NoCommState
+from bench.comm.hooks import NOCOMM, NoCommState
 from bench.comm.state import Stateful, stateful
 from bench.comm.stats import ring
 from bench.comm.topology import check_topology
 from bench.optim import OPTIMIZERS
 from bench.registry import ConfigError
 
-LOCAL = "nocomm"  # the hook of an optimizer that exchanges its own state: local gradients
+LOCAL = NOCOMM  # the hook of an optimizer that exchanges its own state: local gradients
 
 
 def validate(
