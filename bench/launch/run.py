@@ -30,7 +30,7 @@ from bench.launch import profile
 from bench.registry import ConfigError
 from bench.results import columns as col
 from bench.results import events as ev
-from bench.results import mllog, records, reserve
+from bench.results import mllog, records, reserve, whole
 from bench.results.env import git_sha
 from bench.results.outputs import closing_lines
 from bench.results.safejson import non_finite
@@ -366,9 +366,7 @@ def write_run_json(out: Path, payload: dict[str, Any]) -> Path:
     c = payload["config"]["cluster"]
     node = int(c.get("node_rank") or 0) if c.get("name") == "multinode" else 0
     path = out / f"run-{payload['run']['run_id']}{f'.node{node}' if node else ''}.json"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(payload, indent=1))
-    tmp.replace(path)
+    whole.write(path, json.dumps(payload, indent=1))
     return path
 
 

@@ -13,7 +13,18 @@ from typing import Any
 import pandas as pd
 
 from bench.sweeps import intervals as iv
-from bench.sweeps.protocol import EVAL, PAPER_METHODS, Plan, job_of, method_of, recorded
+from bench.sweeps.protocol import (
+    EVAL,
+    PAPER_METHODS,
+    Plan,
+    job_of,
+    method_of,
+    pending,
+    recorded,
+    selection_table,
+    tuning_table,
+)
+from bench.sweeps.resume import RERUN_FAILED
 
 COLUMNS = [
     "sweep_id", "protocol", "experiment", "cluster", "comm", "trial", "n_runs", "n_reached",
@@ -95,6 +106,25 @@ def aggregate(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
             row[f"verdict_vs_{tag}"] = iv.verdict(lo, hi, n) if ref is not None else ""
         row["best_peer"] = best or ""
     return pd.DataFrame(list(rows.values()), columns=COLUMNS)
+
+
+def tuning_gaps(
+    plan: Plan, records: Sequence[Mapping[str, Any]], tuning: pd.DataFrame | None = None
+) -> list[str]:
+    """Why the data the selection rests on is not whole (none: it is): tuning or timing
+    runs without a record or in ``error``, a trial's median time blank (a timing missing).
+    A tuning table, and the table of evaluation runs selected by it, with any is partial."""
+    jobs = [*plan.tune_jobs(), *plan.timing_jobs()]
+    left = pending(jobs, records, RERUN_FAILED)
+    if left:  # the medians are blank for want of these
+        return [f"{len(left)} of {len(jobs)} tuning and timing runs lack a record or failed"]
+    if tuning is None:
+        tuning = selection_table(plan, records) if plan.v2() else tuning_table(plan, records)
+    blank = tuning[tuning["median_time_s"].isna() & (tuning["n_runs"] > 0)]
+    where = [" ".join(str(r.get(k, "")) for k in ("comm", "trial", "cluster")).strip()
+             for _, r in blank.head(3).iterrows()]  # fmt: skip
+    more = ", ..." if len(blank) > len(where) else ""
+    return [f"no median time for {len(blank)} trial(s): {', '.join(where)}{more}"] if where else []
 
 
 def format_table(df: pd.DataFrame) -> str:
