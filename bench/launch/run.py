@@ -385,9 +385,12 @@ def launch_and_record(
     if launched.raised is not None:
         raise launched.raised
     rc, rec = launched.rc, launched.records[0]
-    if rec is not None and rec["status"] in ("error", "interrupted"):
+    if rec is not None and rec["status"] in FAILED:
         rc = rc or 1
     return rc, rec
+
+
+FAILED = ("error", "interrupted")  # a record's statuses that make the launcher exit non-zero
 
 
 @dataclass
@@ -438,6 +441,17 @@ def launch_runs(
         out.records.append(record_after(cfg, payload, exit_status, status, reason, since))
         out.by_workers.append(False)
         break
+    done = [r for r in out.records if r is not None]
+    finished = all(out.by_workers) and all(r["status"] not in FAILED for r in done)
+    if rc and status == "error" and raised is None and finished:
+        # a process that hung after the workers recorded every run: the records stand, and
+        # the launcher's exit status says what they say
+        events = ev.events_env(launch_json)[ev.EVENTS_ENV]
+        for e in ev.read_events(events):
+            if e.get("kind") == torchrun.STOPPED and e.get("time", 0) >= since:
+                print(f"note: {e['reason']}, after the workers recorded the run "
+                      f"({done[-1]['status']})", file=sys.stderr, flush=True)  # fmt: skip
+        out.rc = 0
     return out
 
 
@@ -449,12 +463,13 @@ def record_after(
     rec = records.find_record(cfg.results.dir, meta["run_id"])
     if rec is not None and rec.get("attempt", 1) == meta.get("attempt", 1):
         return rec
-    if cfg.cluster.name == "multinode" and cfg.cluster.node_rank != 0:
-        return None  # node 0 records the run
     log = ev.events_path(cfg.results.dir, meta["run_id"])
-    events = ev.read_events(log)
-    now = [e for e in events if e["time"] >= since]
+    now = [e for e in ev.read_events(log) if e["time"] >= since]
     stopped = [e["reason"] for e in now if e.get("kind") == torchrun.STOPPED]  # the cause first
+    if cfg.cluster.name == "multinode" and cfg.cluster.node_rank != 0:
+        for line in stopped:  # node 0 records the run; this node says what it ended
+            print(f"error: {line}", file=sys.stderr, flush=True)
+        return None
     reason = reason or "; ".join([*stopped, ev.failure_reason(now, rc)])
     if status == "interrupted":
         ev.log_event(log, kind=ev.STOP, reason=reason)
