@@ -26,6 +26,7 @@ from bench import data, models, optim, sync
 from bench.cluster import emulated, torchrun
 from bench.comm import is_sparse
 from bench.config import Config, ResultsConfig, from_container, to_container, to_object
+from bench.data.config import train_sizes
 from bench.launch import profile
 from bench.registry import ConfigError
 from bench.results import columns as col
@@ -97,6 +98,7 @@ def validate(cfg: Config, *, create_results: bool = True) -> None:
             master_weights=str(cfg.optim.master_weights),
         )
     _validate_train(cfg)
+    _check_fit(cfg)
     check_results_dir(cfg.results.dir, create=create_results)
     cost = cfg.results.cost_per_hour
     if cost is not None and not cost >= 0:
@@ -161,6 +163,47 @@ def _validate_train(cfg: Config) -> None:
             "comm.timeout_s and cluster.rdzv_timeout_s must be > 0 and cluster.max_restarts "
             f">= 0, got {cfg.comm.timeout_s}, {c.rdzv_timeout_s} and {c.max_restarts}"
         )
+
+
+# s: rank 0 alone evaluates, checkpoints and writes the record between two collectives
+# while the other ranks wait under comm.timeout_s (1 s failed at a tiny run's end on 2 cores)
+MIN_COMM_TIMEOUT_S = 10.0
+
+
+def _check_fit(cfg: Config) -> None:
+    """What only the workers would find out: a comm timeout shorter than the waits between
+    collectives, an image size the model cannot take, or one whose data set and batches
+    need more memory than this machine has (training on CPU: the activations too)."""
+    if cfg.comm.timeout_s < MIN_COMM_TIMEOUT_S:
+        raise ConfigError(
+            f"comm.timeout_s={cfg.comm.timeout_s:g} is shorter than the workers wait for each "
+            f"other between collectives (evaluation, checkpoints): give >= {MIN_COMM_TIMEOUT_S:g}"
+        )
+    if cfg.train.workload != "classification":  # images: the model's input is checked
+        return
+    c, d = cfg.cluster, cfg.data
+    here = c.nproc_per_node * (1 if c.name == "multinode" else c.nnodes)  # on this machine
+    cpu = str(cfg.train.device) == "cpu" or not torch.cuda.is_available()
+    batch = d.batch_size // (c.nproc_per_node * c.nnodes)
+    for size in sorted({*train_sizes(d), d.eval_image_size}):
+        act = models.input_bytes(cfg.model, d.num_classes, d.channels, size)
+        need = here * (data.memory_bytes(d, size) + (act * batch if cpu else 0))
+        free = _available_memory()
+        if free is not None and need > free:
+            raise ConfigError(
+                f"data.image_size={size}: {here} worker(s) need at least {need / 2**30:.1f} GiB "
+                f"of memory for the data and a batch of model={cfg.model.name}, "
+                f"{free / 2**30:.1f} GiB is available"
+            )
+
+
+def _available_memory() -> float | None:
+    """Bytes of memory available on this machine (``MemAvailable``; None: unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(x.split()[1]) for x in f if x.startswith("MemAvailable")) * 1024.0
+    except (OSError, StopIteration, ValueError):
+        return None
 
 
 def check_results_dir(results_dir: str, *, create: bool = True) -> None:
