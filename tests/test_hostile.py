@@ -377,6 +377,22 @@ def test_a_full_disk_sweep_finishes_with_the_tables_of_an_undisturbed_one(
     assert len(ran) == n and {p: p.read_bytes() for p in done} == done  # finished: kept
 
 
+def test_a_launcher_that_meets_a_full_disk_records_the_file_and_its_disk(
+    tmp_path: Path, monkeypatch
+) -> None:
+    import errno
+
+    from bench.launch import run
+
+    def full(cfg, run_json):  # the launcher's own write (the link check's file, say)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "link_check.json"))
+
+    monkeypatch.setattr(run, "launch_workers", full)
+    rc, status, reason, raised = run.guarded_launch(_config_of(tmp_path), tmp_path / "r.json")
+    assert rc == 1 and status == "error" and isinstance(raised, OSError)
+    assert reason.startswith(f"no space left on device writing {tmp_path}/link_check.json (")
+
+
 @pytest.fixture
 def small_disk(tmp_path: Path):
     """A 256 KiB tmpfs, unmounted afterwards."""

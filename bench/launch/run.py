@@ -389,7 +389,9 @@ def guarded_launch(cfg: Config, run_json: Path) -> tuple[int, str, str | None, E
         sig = signal.Signals(int(e.code) - 128).name  # type: ignore[arg-type]
         rc, status, reason = 130, "interrupted", f"interrupted by {sig}"
     except Exception as e:  # noqa: BLE001  (recorded, then raised again)
-        rc, reason, raised = 1, f"{type(e).__name__}: {e}", e
+        # a full disk names the file and its disk (whole.write names the file meant)
+        rc, raised = 1, e
+        reason = reserve.no_space(e, cfg.results.dir) or f"{type(e).__name__}: {e}"
         if type(e).__name__ == "SignalException":  # torch's agent got the signal first
             sig = getattr(e, "sigval", None)
             name = signal.Signals(sig).name if sig is not None else str(e)
