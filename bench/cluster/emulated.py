@@ -57,16 +57,21 @@ def check_capacity(nnodes: int, nproc_per_node: int) -> None:
             f"{nnodes} nodes x {nproc_per_node} workers = {world} workers is more than this "
             f"machine's {cores} cores can hold (at most {MAX_WORKERS_PER_CORE * cores})"
         )
-    try:
-        with open("/proc/meminfo") as f:
-            avail = next(int(x.split()[1]) for x in f if x.startswith("MemAvailable")) / 2**20
-    except (OSError, StopIteration):
-        return
-    if world * WORKER_MEM_GIB > avail:
+    avail = available_memory()
+    if avail is not None and world * WORKER_MEM_GIB > avail / 2**30:
         raise ConfigError(
             f"{world} workers need about {world * WORKER_MEM_GIB:.0f} GiB of memory, "
-            f"only {avail:.1f} GiB is available"
+            f"only {avail / 2**30:.1f} GiB is available"
         )
+
+
+def available_memory() -> float | None:
+    """Bytes of memory available on this machine (``MemAvailable``; None: unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(x.split()[1]) for x in f if x.startswith("MemAvailable")) * 1024.0
+    except (OSError, StopIteration, ValueError):
+        return None
 
 
 def ensure_port_free(host: str, port: int, argv_prefix: list[str] | None = None) -> None:

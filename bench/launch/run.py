@@ -184,26 +184,16 @@ def _check_fit(cfg: Config) -> None:
     c, d = cfg.cluster, cfg.data
     here = c.nproc_per_node * (1 if c.name == "multinode" else c.nnodes)  # on this machine
     cpu = str(cfg.train.device) == "cpu" or not torch.cuda.is_available()
-    batch = d.batch_size // (c.nproc_per_node * c.nnodes)
+    batch, free = d.batch_size // (c.nproc_per_node * c.nnodes), emulated.available_memory()
     for size in sorted({*train_sizes(d), d.eval_image_size}):
         act = models.input_bytes(cfg.model, d.num_classes, d.channels, size)
         need = here * (data.memory_bytes(d, size) + (act * batch if cpu else 0))
-        free = _available_memory()
         if free is not None and need > free:
             raise ConfigError(
                 f"data.image_size={size}: {here} worker(s) need at least {need / 2**30:.1f} GiB "
                 f"of memory for the data and a batch of model={cfg.model.name}, "
                 f"{free / 2**30:.1f} GiB is available"
             )
-
-
-def _available_memory() -> float | None:
-    """Bytes of memory available on this machine (``MemAvailable``; None: unknown)."""
-    try:
-        with open("/proc/meminfo") as f:
-            return next(int(x.split()[1]) for x in f if x.startswith("MemAvailable")) * 1024.0
-    except (OSError, StopIteration, ValueError):
-        return None
 
 
 def check_results_dir(results_dir: str, *, create: bool = True) -> None:
