@@ -18,8 +18,10 @@ commands:
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from reproduce._cli import (
     REFERENCE,
@@ -118,27 +120,33 @@ def _check_flags(cmd: str, overrides: list[str]) -> None:
             fail(f"{cmd}: unknown option {o}{hint}")
 
 
-def _precheck(overrides: list[str]) -> None:
+def _precheck(overrides: list[str]) -> Any:
     """Compose the config of the run (of each job of a ``-m`` sweep) once: Hydra's errors
-    become one line with "did you mean"."""
+    become one line with "did you mean".  The single run's config (None for a sweep, or
+    with Hydra's own flags)."""
     from reproduce._dryrun import FLAGS, compose, refusal, sweep_jobs
 
     flags = [o for o in overrides if o.startswith("-")]
     if any(f not in FLAGS for f in flags):
-        return  # Hydra's own flags (--cfg, --info, ...): Hydra reports its own errors
+        return None  # Hydra's own flags (--cfg, --info, ...): Hydra reports its own errors
     args = [o for o in overrides if not o.startswith(("-", "hydra.", "hydra/"))]
     for job in sweep_jobs(args) if flags else [args]:
         cfg = compose(job)
+        if flags and "${" in os.path.abspath(str(cfg.results.dir)):
+            fail(f"results.dir={cfg.results.dir!r} holds '${{', which Hydra reads back as an "
+                 "interpolation in a multirun's folders: name another folder for -m")  # fmt: skip
         # a single run's checks too, before Hydra makes its output folder under the
         # results directory: a refused run leaves nothing behind (a sweep's refused job
         # is recorded as such and the others go on, so its checks stay in the run)
         why = None if flags else refusal(cfg)
         if why:
             fail(why)
-    if not flags:
-        import reproduce.train
+    if flags:
+        return None
+    import reproduce.train
 
-        reproduce.train.PRECHECKED = True
+    reproduce.train.PRECHECKED = True
+    return cfg
 
 
 def _resume(overrides: list[str]) -> None:
@@ -165,13 +173,16 @@ def _hydra(overrides: list[str]) -> None:
         _resume(overrides)
     verbose = any(o in ("-v", "--verbose") for o in overrides)
     overrides = [o for o in overrides if o not in ("-v", "--verbose")]
-    _precheck(overrides)
-    if verbose and not any(o.startswith("-") for o in overrides):
+    cfg = _precheck(overrides)
+    if verbose and cfg is not None:
         from omegaconf import OmegaConf
 
-        from reproduce._dryrun import compose
+        print(OmegaConf.to_yaml(cfg, resolve=True), end="", flush=True)
+    if cfg is not None and "${" in os.path.abspath(str(cfg.results.dir)):
+        from reproduce.train import outside_hydra
 
-        print(OmegaConf.to_yaml(compose(overrides), resolve=True), end="", flush=True)
+        outside_hydra(cfg, overrides)  # Hydra's run folder cannot take this path
+        return
     from reproduce.train import app
 
     sys.argv = [sys.argv[0], *overrides]

@@ -48,7 +48,8 @@ def fail(msg: str, code: int = 2) -> None:
 
 def flags_to_overrides(argv: Sequence[str]) -> list[str]:
     """``--results-dir DIR`` (or ``--results-dir=DIR``) as ``results.dir=DIR``, and the
-    other :data:`SYNONYMS`, for the Hydra commands (train, dawnbench)."""
+    other :data:`SYNONYMS`, for the Hydra commands (train, dawnbench); a path given as
+    ``results.dir=DIR`` quoted as Hydra reads it back (one already quoted stays)."""
     flags = {v: k for k, v in SYNONYMS.items()}
     out: list[str] = []
     it = iter(argv)
@@ -64,6 +65,10 @@ def flags_to_overrides(argv: Sequence[str]) -> list[str]:
 
                 value = hydra_value(value)
             out.append(f"{flags[name]}={value}")
+        elif name == "results.dir" and eq and value[:1] not in ("'", '"'):
+            from bench.config import hydra_value  # a path, not Hydra's grammar: quoted
+
+            out.append(f"results.dir={hydra_value(value)}")
         else:
             out.append(a)
     return out

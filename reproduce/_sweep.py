@@ -199,6 +199,24 @@ def again(command: str, plan: Any) -> str:
     )
 
 
+@contextlib.contextmanager
+def full_disk(command: str, plan: Any, then: str = " --rerun-failed") -> Iterator[None]:
+    """A full disk met by the sweep's own writes (a run's launch file, a record, a table)
+    ends it in one line naming the file and its disk, with the command that finishes the
+    sweep once there is room (``then``: what it adds to ``--resume``), exit status 1."""
+    from bench.results.reserve import no_space
+
+    try:
+        yield
+    except OSError as e:
+        line = no_space(e, plan.results_dir)
+        if line is None:
+            raise
+        print(f"error: {line}; free space, then: {again(command, plan)}{then}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        sys.exit(1)
+
+
 def print_status(head: str, lines: Sequence[str]) -> None:
     print(head)
     for line in lines:

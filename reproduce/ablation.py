@@ -281,17 +281,17 @@ def _write(df, results_dir: str, sweep_id: str, complete: bool, lines: list[str]
 
 
 def _tuning_writer(plan):
-    """The protocol's tuning table: partial (``partial/``) while it counts error runs."""
+    """The protocol's tuning table: partial (``partial/``) while the data the selection
+    rests on is not whole (:func:`bench.sweeps.protocol_table.tuning_gaps`)."""
     from bench.sweeps.common import sweep_records
-    from bench.sweeps.resume import error_runs, write_sweep_table
+    from bench.sweeps.protocol_table import tuning_gaps
+    from bench.sweeps.resume import write_sweep_table
 
     def write(df, path: Path) -> bool:
-        errors = error_runs(df, sweep_records(plan.results_dir, plan.sweep_id))
-        where, wrote = write_sweep_table(df, plan.results_dir, "ablation", path.stem, True, errors)
-        if errors:
-            again = f"--resume {plan.sweep_id} --rerun-failed"
-            print(f"note: tuning table {where} is partial: {errors} error run(s); {again} "
-                  "runs them again", flush=True)  # fmt: skip
+        gaps = tuning_gaps(plan, sweep_records(plan.results_dir, plan.sweep_id), df)
+        where, wrote = write_sweep_table(df, plan.results_dir, "ablation", path.stem, not gaps)
+        for gap in gaps:
+            print(f"note: tuning table {where} is partial: {gap}", flush=True)
         return wrote
 
     return write
@@ -321,7 +321,9 @@ def _protocol_table(results_dir: str, plan) -> None:
     recs = sweep_records(results_dir, plan.sweep_id)
     df = pt.aggregate(plan, recs)
     print(pt.format_table(df))
-    _write(df, results_dir, plan.sweep_id, pr.complete(plan, recs), pr.status(plan, recs))
+    gaps = pt.tuning_gaps(plan, recs)  # evaluation runs selected on missing data
+    done = pr.complete(plan, recs) and not gaps
+    _write(df, results_dir, plan.sweep_id, done, [*pr.status(plan, recs), *gaps])
 
 
 def _status(args: argparse.Namespace) -> None:
@@ -500,6 +502,9 @@ def main(argv: list[str]) -> None:
                 sweeps.append((a, *_plan(a)))
     except ConfigError as e:
         fail(str(e))
-    code = max(_run(a, plan, resumed) for a, plan, resumed in sweeps)
+    code = 0
+    for a, plan, resumed in sweeps:
+        with _sweep.full_disk("ablation", plan):
+            code = max(code, _run(a, plan, resumed))
     if code:
         sys.exit(code)

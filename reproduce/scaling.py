@@ -168,7 +168,8 @@ def main(argv: list[str]) -> None:
         for i, (_, job) in enumerate(jobs):
             print(f"run {i}: python -m reproduce train " + " ".join(job))
         return
-    _run(plan, doc)
+    with _sweep.full_disk("scaling", plan, then=""):
+        _run(plan, doc)
 
 
 def _from_records(sweep_id: str, results_dir: str, status_only: bool) -> None:

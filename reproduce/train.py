@@ -23,34 +23,57 @@ def task(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    hc = HydraConfig.get()
+    experiment = hc.runtime.choices.get("experiment") or cfg.experiment
+    return launch(cfg, experiment, hc.runtime.output_dir, hc.mode == RunMode.MULTIRUN)
+
+
+def launch(cfg: DictConfig, experiment: str, output_dir: str, multirun: bool) -> float | None:
+    """The run of ``cfg`` with its launch files in ``output_dir``; its time to target (the
+    sweep objective, e.g. for an optimizer sweeper), if reached."""
     from bench.launch.run import run
     from bench.registry import ConfigError
 
-    hc = HydraConfig.get()
-    experiment = hc.runtime.choices.get("experiment") or cfg.experiment
     try:
-        checked = PRECHECKED and hc.mode != RunMode.MULTIRUN
-        rc, rec = run(cfg, experiment=experiment, output_dir=hc.runtime.output_dir, checked=checked)
+        checked = PRECHECKED and not multirun
+        rc, rec = run(cfg, experiment=experiment, output_dir=output_dir, checked=checked)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except Exception as e:  # noqa: BLE001  (a launch that failed: recorded, one line here)
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         sys.exit(1)
-    if rec is not None and hc.mode != RunMode.MULTIRUN:  # after the workers' closing lines
+    if rec is not None and not multirun:  # after the workers' closing lines
         import os
 
         from bench.results.outputs import WIDTH, comparison_lines
 
-        out = hc.runtime.output_dir  # relative when results.dir is, as the lines above
+        out = output_dir  # relative when results.dir is, as the lines above
         out = out if os.path.isabs(str(cfg.results.dir)) else os.path.relpath(out)
-        print(f"  {'launch files':<{WIDTH}}  {out}/ (Hydra's config and log)")
+        print(f"  {'launch files':<{WIDTH}}  {out}/ (Hydra's config, the workers' run JSON)")
         # the run against the reference record of its recipe, and what to do next
         print("\n".join(comparison_lines(rec, results_dir=str(cfg.results.dir))), flush=True)
-    if rc and hc.mode != RunMode.MULTIRUN:
+    if rc and not multirun:
         sys.exit(rc)
-    # the sweep objective (e.g. for an optimizer sweeper): time to target, if reached
     return rec.get("time_to_target_s") if rec else None
+
+
+def outside_hydra(cfg: DictConfig, overrides: list[str]) -> None:
+    """The run of ``cfg`` (composed from ``overrides``) with its launch folder made here as
+    Hydra's would be: Hydra reads its output folder's path back as an OmegaConf string,
+    which a results directory holding ``${`` breaks (an interpolation of nothing)."""
+    import datetime
+
+    import yaml
+    from omegaconf import OmegaConf
+
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f")  # as conf/config.yaml's
+    out = Path(cfg.results.dir) / "hydra" / stamp
+    (out / ".hydra").mkdir(parents=True)
+    OmegaConf.save(cfg, out / ".hydra" / "config.yaml")
+    (out / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(list(overrides)))
+    chosen = [o.split("=", 1)[1] for o in overrides if o.startswith("experiment=")]
+    launch(cfg, chosen[-1] if chosen else cfg.experiment, str(out), multirun=False)
 
 
 app = hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")(task)

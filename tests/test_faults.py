@@ -190,7 +190,7 @@ def test_writers_on_a_full_disk_fail_cleanly_and_leave_no_temporary_file(
 
     import torch
 
-    from bench.results import dawnbench
+    from bench.results import whole
     from bench.results.whole import NotAppended
     from bench.train.checkpoint import _atomic_save
 
@@ -201,8 +201,10 @@ def test_writers_on_a_full_disk_fail_cleanly_and_leave_no_temporary_file(
         with pytest.raises(OSError) as e:
             _atomic_save({"w": torch.zeros(50_000)}, disk / "common.pt")
         assert e.value.errno == errno.ENOSPC
-        with pytest.raises(OSError):
-            dawnbench._replace(disk / "dawnbench" / "r.tsv", "x" * 50_000)
+        (disk / "dawnbench").mkdir()
+        with pytest.raises(OSError) as e:
+            whole.write(disk / "dawnbench" / "r.tsv", "x" * 50_000)
+        assert e.value.filename == str(disk / "dawnbench" / "r.tsv")  # the file meant
         with pytest.raises(OSError):
             records.write_curve(disk, "r", [{"epoch": i, "pad": "x" * 100} for i in range(999)])
         with pytest.raises(NotAppended):

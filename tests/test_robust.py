@@ -137,7 +137,7 @@ def test_the_launcher_waits_on_every_agent_at_once(monkeypatch) -> None:
     monkeypatch.setattr(torchrun, "GRACE_S", 2.0)
     slow, failed = _spawn("sleep", "60"), _spawn(sys.executable, "-c", "raise SystemExit(3)")
     t0 = time.monotonic()
-    assert torchrun._wait_all([slow, failed], timeout_s=60, poll_s=0.1) == 3
+    assert torchrun.wait_all([slow, failed], timeout_s=60, poll_s=0.1) == 3
     assert time.monotonic() - t0 < 10 and not _alive(slow.pid)
 
 
@@ -155,7 +155,7 @@ def test_a_stopped_worker_ends_the_run_named_and_nothing_is_left(monkeypatch, tm
     os.kill(worker, signal.SIGSTOP)
     events = tmp_path / "events.jsonl"
     t0 = time.monotonic()
-    rc = torchrun._wait_all([agent, other], timeout_s=1.0, events=str(events), poll_s=0.1)
+    rc = torchrun.wait_all([agent, other], timeout_s=1.0, events=str(events), poll_s=0.1)
     assert rc == 1 and time.monotonic() - t0 < 1.0 + torchrun.MARGIN_S
     (e,) = read_events(events)
     assert e["kind"] == torchrun.STOPPED
@@ -169,7 +169,7 @@ def test_an_agent_left_after_the_others_ended_well_is_ended(monkeypatch) -> None
     monkeypatch.setattr(torchrun, "GRACE_S", 1.0)
     done, left = _spawn("true"), _spawn("sleep", "60")
     os.kill(left.pid, signal.SIGSTOP)  # an agent stopped: its workers ended, it did not
-    assert torchrun._wait_all([done, left], timeout_s=1.0, poll_s=0.1) == 1
+    assert torchrun.wait_all([done, left], timeout_s=1.0, poll_s=0.1) == 1
     assert not _alive(left.pid)
 
 
@@ -251,34 +251,6 @@ def _fake_queue(full: dict[str, bool], ran: list[str]):
         return rcs
 
     return run_queued
-
-
-def test_a_sweep_that_failed_on_a_full_disk_resumes_to_completion(
-    tmp_path: Path, monkeypatch, capsys
-) -> None:
-    from bench.sweeps import common
-    from reproduce import ablation
-
-    full, ran = {"disk": True}, []
-    monkeypatch.setattr(common, "run_queued", _fake_queue(full, ran))
-    args = ["--quick", "--results-dir", str(tmp_path), "--sweep-id", "s1"]
-    with pytest.raises(SystemExit) as e:
-        ablation.main(args)
-    assert e.value.code == 1 and ran
-    tables = tmp_path / "ablation"
-    assert sorted(p.name for p in tables.glob("*.csv")) == []  # nothing called finished
-    assert sorted(p.name for p in (tables / "partial").glob("*.csv")) == ["s1-tuning.csv", "s1.csv"]
-    full["disk"] = False
-    first = len(ran)
-    ablation.main(["--resume", "s1", "--results-dir", str(tmp_path)])  # errors stay errors
-    assert len(ran) == first and "--rerun-failed runs them" in capsys.readouterr().out
-    ablation.main(["--resume", "s1", "--rerun-failed", "--results-dir", str(tmp_path)])
-    assert len(ran) == 2 * first  # each failed run once more, then the evaluation
-    assert sorted(p.name for p in tables.glob("*.csv")) == ["s1-tuning.csv", "s1.csv"]
-    assert not list((tables / "partial").glob("*.csv"))
-    done = {p: p.read_bytes() for p in tables.glob("*.csv")}
-    ablation.main(["--resume", "s1", "--rerun-failed", "--results-dir", str(tmp_path)])
-    assert len(ran) == 2 * first and {p: p.read_bytes() for p in done} == done
 
 
 def test_a_resumed_sweep_runs_the_named_runs_again_and_keeps_their_records(

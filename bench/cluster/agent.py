@@ -50,9 +50,11 @@ def die_with_launcher() -> None:
 
 
 def main() -> None:
-    """torchrun; an error of the agent itself (a rendezvous that timed out) is noted too."""
+    """torchrun; an error of the agent itself (a rendezvous that timed out) is noted too,
+    a signal that ended it (the launcher's watchdog, a user) in one line."""
     die_with_launcher()
     # deferred: torch takes seconds to load, and this module is read without it
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import main as torchrun
 
     instrument_agent()
@@ -70,6 +72,9 @@ def main() -> None:
                 msg = "not every node joined within cluster.rdzv_timeout_s"
             reason = f"{type(e).__name__}: {msg}"
             log_event(os.environ[EVENTS_ENV], kind=AGENT_ERROR, reason=reason)
+        if isinstance(e, SignalException):  # its workers are stopped: nothing to trace
+            print(f"agent: {e}; its workers were stopped", file=sys.stderr, flush=True)
+            os._exit(128 + int(e.sigval))
         raise
 
 

@@ -7,13 +7,12 @@ elastic launcher once per node inside that node's namespace, with a c10d rendezv
 from __future__ import annotations
 
 import json
+import math
 import os
-import signal
 import socket
 import subprocess
 import sys
 import threading
-import time
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,15 +27,14 @@ from bench.cluster.netns import (
     parse_latency,
     require_tools,
 )
-from bench.cluster.torchrun import AGENT_MODULE, LAUNCHER_ENV
+from bench.cluster.torchrun import AGENT_MODULE, LAUNCHER_ENV, comm_timeout, stop_all, wait_all
 from bench.comm import cost
 from bench.registry import ConfigError
-from bench.results.events import events_env
+from bench.results.events import EVENTS_ENV, events_env
 from bench.results.timing import TrainClock
 
 WORKER_MEM_GIB = 0.5  # resident memory of one CPU worker (torch + a small model), rough
 MAX_WORKERS_PER_CORE = 4  # beyond this, CPU workers mostly wait for each other
-FAIL_GRACE_S = 5.0  # after one node fails, how long the others get to finish on their own
 NODE_ENV = "BENCH_EMULATED_NODE"  # set in every worker of an emulated node: its index
 
 
@@ -59,16 +57,21 @@ def check_capacity(nnodes: int, nproc_per_node: int) -> None:
             f"{nnodes} nodes x {nproc_per_node} workers = {world} workers is more than this "
             f"machine's {cores} cores can hold (at most {MAX_WORKERS_PER_CORE * cores})"
         )
-    try:
-        with open("/proc/meminfo") as f:
-            avail = next(int(x.split()[1]) for x in f if x.startswith("MemAvailable")) / 2**20
-    except (OSError, StopIteration):
-        return
-    if world * WORKER_MEM_GIB > avail:
+    avail = available_memory()
+    if avail is not None and world * WORKER_MEM_GIB > avail / 2**30:
         raise ConfigError(
             f"{world} workers need about {world * WORKER_MEM_GIB:.0f} GiB of memory, "
-            f"only {avail:.1f} GiB is available"
+            f"only {avail / 2**30:.1f} GiB is available"
         )
+
+
+def available_memory() -> float | None:
+    """Bytes of memory available on this machine (``MemAvailable``; None: unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(x.split()[1]) for x in f if x.startswith("MemAvailable")) * 1024.0
+    except (OSError, StopIteration, ValueError):
+        return None
 
 
 def ensure_port_free(host: str, port: int, argv_prefix: list[str] | None = None) -> None:
@@ -99,26 +102,6 @@ def _pump(i: int, stream: Any, tail: deque[str], out: Any) -> None:
         tail.append(line.rstrip("\n"))
         out.write(f"[n{i}] {line}")
         out.flush()
-
-
-def _stop(procs: list[subprocess.Popen[str]], grace_s: float = 10.0) -> None:
-    """SIGTERM every node's process group, SIGKILL what is left after ``grace_s``."""
-    for p in procs:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    deadline = time.monotonic() + grace_s
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait()
 
 
 class _Node:
@@ -184,21 +167,6 @@ def worker_threads(threads_per_worker: int, workers: int) -> int:
     return max(1, (cores or 1) // workers)
 
 
-def _wait(procs: list[subprocess.Popen[str]], timeout_s: float | None) -> None:
-    """Until every node has exited, or ``FAIL_GRACE_S`` after the first one failed (the
-    others would wait for it in a collective); TimeoutError after ``timeout_s``."""
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    failed_at: float | None = None
-    while any(p.poll() is None for p in procs):
-        if failed_at is None and any(p.poll() not in (None, 0) for p in procs):
-            failed_at = time.monotonic()
-        if failed_at is not None and time.monotonic() - failed_at > FAIL_GRACE_S:
-            return
-        if deadline is not None and time.monotonic() > deadline:
-            raise TimeoutError(f"the emulated run did not finish within {timeout_s:.0f} s")
-        time.sleep(0.1)
-
-
 def run_nodes(
     cluster: EmulatedCluster,
     nproc_per_node: int,
@@ -212,9 +180,15 @@ def run_nodes(
     env: dict[str, str] | None = None,
     start_nodes: list[int] | None = None,
     timeout_s: float | None = None,
+    stall_s: float = math.inf,
 ) -> int:
     """Run ``python -m module *args`` on every node (``start_nodes``: only some); 0 when all
-    succeed, :class:`RendezvousTimeoutError` when the rendezvous does not complete."""
+    succeed, :class:`RendezvousTimeoutError` when the rendezvous does not complete,
+    TimeoutError after ``timeout_s``.  The local launcher's watchdog
+    (:func:`bench.cluster.torchrun.wait_all`): the first node that fails ends the run, as
+    does a process stopped for ``stall_s`` or a node still running ``stall_s`` after the
+    others ended well (named in ``env``'s event log); every process is continued,
+    terminated, then killed."""
     n = cluster.nodes
     ensure_port_free(cluster.addr(0), rdzv_port, cluster.exec_argv(0, []))
     threads = worker_threads(threads_per_worker, n * nproc_per_node)
@@ -225,18 +199,21 @@ def run_nodes(
                 cluster, i, nproc_per_node, rdzv_port, rdzv_timeout_s, max_restarts, module, args
             )
             nodes.append(_Node(i, argv, _node_env(cluster, i, threads, env or {})))
-        _wait([x.proc for x in nodes], timeout_s)
-        _stop([x.proc for x in nodes])
-        for x in nodes:
-            x.pump.join(timeout=5)
-        if any("RendezvousTimeoutError" in line for x in nodes for line in x.tail):
-            raise RendezvousTimeoutError(
-                f"the c10d rendezvous at {cluster.addr(0)}:{rdzv_port} did not complete "
-                f"within {rdzv_timeout_s} s: not all {n} nodes joined"
-            )
-        return next((x.proc.returncode for x in nodes if x.proc.returncode != 0), 0)
-    finally:
-        _stop([x.proc for x in nodes])
+    except BaseException:
+        stop_all([x.proc for x in nodes])
+        raise
+    rc = wait_all(
+        [x.proc for x in nodes], timeout_s=stall_s, events=(env or {}).get(EVENTS_ENV),
+        limit_s=math.inf if timeout_s is None else timeout_s,
+    )  # fmt: skip
+    for x in nodes:
+        x.pump.join(timeout=5)
+    if any("RendezvousTimeoutError" in line for x in nodes for line in x.tail):
+        raise RendezvousTimeoutError(
+            f"the c10d rendezvous at {cluster.addr(0)}:{rdzv_port} did not complete "
+            f"within {rdzv_timeout_s} s: not all {n} nodes joined"
+        )
+    return rc
 
 
 def check_config(c: ClusterConfig) -> tuple[int, int, float, float]:
@@ -284,6 +261,7 @@ def launch_emulated(c: ClusterConfig, run_json: Path) -> int:
             max_restarts=c.max_restarts,
             threads_per_worker=c.threads_per_worker,
             env=env,
+            stall_s=comm_timeout(run_json),  # the local launcher's bound
         )
 
 

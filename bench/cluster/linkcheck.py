@@ -17,6 +17,7 @@ from typing import Any
 from bench.cluster import linkprobe
 from bench.cluster.netns import EmulatedCluster, shaping
 from bench.registry import ConfigError
+from bench.results import whole
 
 PROBE = [sys.executable, linkprobe.__file__]  # a plain script: no package to import
 
@@ -188,5 +189,5 @@ def run_link_check(
 def write_link_check(result: dict[str, Any], run_json: Path) -> Path:
     """``link_check.json`` beside the run's json; its path goes into ``BENCH_LINK_CHECK``."""
     path = Path(run_json).with_name("link_check.json")
-    path.write_text(json.dumps(result, indent=1))
+    whole.write(path, json.dumps(result, indent=1))
     return path

@@ -27,6 +27,7 @@ from types import FrameType
 from typing import Any
 
 from bench.registry import ConfigError
+from bench.results import whole
 
 PREFIX = "tkb"
 ID_HEX = 6  # run id length: "tkb" + 6 + "h" + 3 digits = 13 <= 15, Linux's interface name limit
@@ -198,10 +199,7 @@ def claim(run_id: str | None = None, **info: Any) -> str:
 
 def update_state(run_id: str, **fields: Any) -> None:
     """Add ``fields`` to this process's own state file (atomically replaced)."""
-    state = read_state(run_id) or {}
-    tmp = state_path(run_id).with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({**state, **fields}))
-    os.replace(tmp, state_path(run_id))
+    whole.write(state_path(run_id), json.dumps({**(read_state(run_id) or {}), **fields}))
 
 
 def start_guardian(run_id: str) -> int:

@@ -153,7 +153,7 @@ def launch_local(c: ClusterConfig, run_json: Path) -> int:
     env = {**worker_env(c), **events_env(run_json)}
     cmd = torchrun_cmd(c, run_json, endpoint=endpoint, rdzv_id=rdzv_id)
     agents = [subprocess.Popen(cmd, env=env, start_new_session=True) for _ in range(c.nnodes)]
-    return _wait_all(agents, timeout_s=comm_timeout(run_json), events=env[EVENTS_ENV])
+    return wait_all(agents, timeout_s=comm_timeout(run_json), events=env[EVENTS_ENV])
 
 
 MARGIN_S = 15.0  # a stopped run ends within comm.timeout_s plus this (docs/troubleshooting.md)
@@ -226,19 +226,21 @@ def _tree(procs: list[subprocess.Popen]) -> dict[int, tuple[int, int]]:
     return out
 
 
-def _wait_all(
+def wait_all(
     procs: list[subprocess.Popen],
     *,
     timeout_s: float = math.inf,
     events: str | None = None,
     poll_s: float = 0.5,
+    limit_s: float = math.inf,
 ) -> int:
     """Wait on every agent at once: the first non-zero exit status ends the run (0 if
     none).  A process of the run stopped (SIGSTOP) for ``timeout_s``, or an agent still
-    there ``timeout_s`` after the others ended well, ends it too, named on stderr and in
-    ``events``; what is left is stopped with its process groups (each agent and each
-    worker leads one)."""
-    rc, stopped_since, since_ok = 0, {}, None
+    there ``timeout_s`` after the others ended well, ends it too, named in ``events`` (for
+    the launcher to report with the run's record; on stderr without them); TimeoutError
+    after ``limit_s``.  What is left is stopped with its process groups (each agent and
+    each worker leads one), also when this wait itself is interrupted."""
+    rc, stopped_since, since_ok, start = 0, {}, None, time.monotonic()
     note: list[str] = []
     try:
         while True:
@@ -255,6 +257,8 @@ def _wait_all(
             late = [pid for pid, t in stopped_since.items() if now - t >= timeout_s]
             if any(c == 0 for c in codes):
                 since_ok = since_ok or now
+            if now - start >= limit_s:
+                raise TimeoutError(f"the run did not finish within {limit_s:.0f} s")
             if late or (since_ok and now - since_ok >= timeout_s):
                 rc = 1
                 note = (
@@ -267,15 +271,16 @@ def _wait_all(
                 break
             time.sleep(poll_s)
     finally:
-        _stop(procs)
+        stop_all(procs)
     for line in note:
-        print(f"error: {line}; the run was ended", file=sys.stderr, flush=True)
         if events:
             log_event(events, kind=STOPPED, reason=f"{line}; the run was ended")
+        else:
+            print(f"error: {line}; the run was ended", file=sys.stderr, flush=True)
     return rc
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
+def stop_all(procs: list[subprocess.Popen]) -> None:
     """SIGTERM each agent left (it stops its workers), SIGCONT the stopped; after
     :data:`GRACE_S`, SIGKILL every process group of the run still there."""
     tree = _tree(procs)
@@ -322,4 +327,4 @@ def launch_multinode(c: ClusterConfig, run_json: Path) -> int:
                        is_host=c.node_rank == 0, local_addr=c.local_addr)  # fmt: skip
     env = {**worker_env(c), **events_env(run_json)}
     agent = subprocess.Popen(cmd, env=env, start_new_session=True)
-    return _wait_all([agent], timeout_s=comm_timeout(run_json), events=env[EVENTS_ENV])
+    return wait_all([agent], timeout_s=comm_timeout(run_json), events=env[EVENTS_ENV])

@@ -263,6 +263,13 @@ def _check_cifar(cfg: DataConfig) -> None:
     _check_batch(cfg, 50_000, "CIFAR-10's training split")
 
 
+def memory_bytes(cfg: DataConfig, size: int) -> int:
+    """Bytes one worker holds of a data set it keeps whole in memory, at ``size`` pixels
+    (the digits: every image upsampled, float32, and its training and held-out copies);
+    0 for the data sets read from disk."""
+    return 2 * N_IMAGES * 3 * size * size * 4 if cfg.name == "digits" else 0
+
+
 def _check_digits(cfg: DataConfig) -> None:
     if not 0 < cfg.test_fraction < 1:
         raise ConfigError(f"data.test_fraction is a fraction in (0, 1), got {cfg.test_fraction}")

@@ -26,11 +26,12 @@ from bench import data, models, optim, sync
 from bench.cluster import emulated, torchrun
 from bench.comm import is_sparse
 from bench.config import Config, ResultsConfig, from_container, to_container, to_object
+from bench.data.config import train_sizes
 from bench.launch import profile
 from bench.registry import ConfigError
 from bench.results import columns as col
 from bench.results import events as ev
-from bench.results import mllog, records, reserve
+from bench.results import mllog, records, reserve, whole
 from bench.results.env import git_sha
 from bench.results.outputs import closing_lines
 from bench.results.safejson import non_finite
@@ -97,6 +98,7 @@ def validate(cfg: Config, *, create_results: bool = True) -> None:
             master_weights=str(cfg.optim.master_weights),
         )
     _validate_train(cfg)
+    _check_fit(cfg)
     check_results_dir(cfg.results.dir, create=create_results)
     cost = cfg.results.cost_per_hour
     if cost is not None and not cost >= 0:
@@ -161,6 +163,37 @@ def _validate_train(cfg: Config) -> None:
             "comm.timeout_s and cluster.rdzv_timeout_s must be > 0 and cluster.max_restarts "
             f">= 0, got {cfg.comm.timeout_s}, {c.rdzv_timeout_s} and {c.max_restarts}"
         )
+
+
+# s: rank 0 alone evaluates, checkpoints and writes the record between two collectives
+# while the other ranks wait under comm.timeout_s (1 s failed at a tiny run's end on 2 cores)
+MIN_COMM_TIMEOUT_S = 10.0
+
+
+def _check_fit(cfg: Config) -> None:
+    """What only the workers would find out: a comm timeout shorter than the waits between
+    collectives, an image size the model cannot take, or one whose data set and batches
+    need more memory than this machine has (training on CPU: the activations too)."""
+    if cfg.comm.timeout_s < MIN_COMM_TIMEOUT_S:
+        raise ConfigError(
+            f"comm.timeout_s={cfg.comm.timeout_s:g} is shorter than the workers wait for each "
+            f"other between collectives (evaluation, checkpoints): give >= {MIN_COMM_TIMEOUT_S:g}"
+        )
+    if cfg.train.workload != "classification":  # images: the model's input is checked
+        return
+    c, d = cfg.cluster, cfg.data
+    here = c.nproc_per_node * (1 if c.name == "multinode" else c.nnodes)  # on this machine
+    cpu = str(cfg.train.device) == "cpu" or not torch.cuda.is_available()
+    batch, free = d.batch_size // (c.nproc_per_node * c.nnodes), emulated.available_memory()
+    for size in sorted({*train_sizes(d), d.eval_image_size}):
+        act = models.input_bytes(cfg.model, d.num_classes, d.channels, size)
+        need = here * (data.memory_bytes(d, size) + (act * batch if cpu else 0))
+        if free is not None and need > free:
+            raise ConfigError(
+                f"data.image_size={size}: {here} worker(s) need at least {need / 2**30:.1f} GiB "
+                f"of memory for the data and a batch of model={cfg.model.name}, "
+                f"{free / 2**30:.1f} GiB is available"
+            )
 
 
 def check_results_dir(results_dir: str, *, create: bool = True) -> None:
@@ -346,7 +379,9 @@ def guarded_launch(cfg: Config, run_json: Path) -> tuple[int, str, str | None, E
         sig = signal.Signals(int(e.code) - 128).name  # type: ignore[arg-type]
         rc, status, reason = 130, "interrupted", f"interrupted by {sig}"
     except Exception as e:  # noqa: BLE001  (recorded, then raised again)
-        rc, reason, raised = 1, f"{type(e).__name__}: {e}", e
+        # a full disk names the file and its disk (whole.write names the file meant)
+        rc, raised = 1, e
+        reason = reserve.no_space(e, cfg.results.dir) or f"{type(e).__name__}: {e}"
         if type(e).__name__ == "SignalException":  # torch's agent got the signal first
             sig = getattr(e, "sigval", None)
             name = signal.Signals(sig).name if sig is not None else str(e)
@@ -366,9 +401,7 @@ def write_run_json(out: Path, payload: dict[str, Any]) -> Path:
     c = payload["config"]["cluster"]
     node = int(c.get("node_rank") or 0) if c.get("name") == "multinode" else 0
     path = out / f"run-{payload['run']['run_id']}{f'.node{node}' if node else ''}.json"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(payload, indent=1))
-    tmp.replace(path)
+    whole.write(path, json.dumps(payload, indent=1))
     return path
 
 
@@ -387,9 +420,12 @@ def launch_and_record(
     if launched.raised is not None:
         raise launched.raised
     rc, rec = launched.rc, launched.records[0]
-    if rec is not None and rec["status"] in ("error", "interrupted"):
+    if rec is not None and rec["status"] in FAILED:
         rc = rc or 1
     return rc, rec
+
+
+FAILED = ("error", "interrupted")  # a record's statuses that make the launcher exit non-zero
 
 
 @dataclass
@@ -440,6 +476,17 @@ def launch_runs(
         out.records.append(record_after(cfg, payload, exit_status, status, reason, since))
         out.by_workers.append(False)
         break
+    done = [r for r in out.records if r is not None]
+    finished = all(out.by_workers) and all(r["status"] not in FAILED for r in done)
+    if rc and status == "error" and raised is None and finished:
+        # a process that hung after the workers recorded every run: the records stand, and
+        # the launcher's exit status says what they say
+        events = ev.events_env(launch_json)[ev.EVENTS_ENV]
+        for e in ev.read_events(events):
+            if e.get("kind") == torchrun.STOPPED and e.get("time", 0) >= since:
+                print(f"note: {e['reason']}, after the workers recorded the run "
+                      f"({done[-1]['status']})", file=sys.stderr, flush=True)  # fmt: skip
+        out.rc = 0
     return out
 
 
@@ -451,12 +498,13 @@ def record_after(
     rec = records.find_record(cfg.results.dir, meta["run_id"])
     if rec is not None and rec.get("attempt", 1) == meta.get("attempt", 1):
         return rec
-    if cfg.cluster.name == "multinode" and cfg.cluster.node_rank != 0:
-        return None  # node 0 records the run
     log = ev.events_path(cfg.results.dir, meta["run_id"])
-    events = ev.read_events(log)
-    now = [e for e in events if e["time"] >= since]
+    now = [e for e in ev.read_events(log) if e["time"] >= since]
     stopped = [e["reason"] for e in now if e.get("kind") == torchrun.STOPPED]  # the cause first
+    if cfg.cluster.name == "multinode" and cfg.cluster.node_rank != 0:
+        for line in stopped:  # node 0 records the run; this node says what it ended
+            print(f"error: {line}", file=sys.stderr, flush=True)
+        return None
     reason = reason or "; ".join([*stopped, ev.failure_reason(now, rc)])
     if status == "interrupted":
         ev.log_event(log, kind=ev.STOP, reason=reason)

@@ -13,7 +13,7 @@ from typing import Any
 
 from bench.config import to_container, to_object
 from bench.launch.run import launch_runs, prepare, write_run_json
-from bench.results import records
+from bench.results import records, reserve, whole
 from bench.results.events import QUEUE_KEY
 
 # --- in the launcher --------------------------------------------------------------------
@@ -103,12 +103,13 @@ def _launch(
     events = out / f"queue-{qid}.events.jsonl"
     queue_json = out / f"queue-{qid}.json"
     body = {"id": qid, "runs": [str(p.resolve()) for p in paths], "events": str(events.resolve())}
-    queue_json.write_text(json.dumps({QUEUE_KEY: body}, indent=1))
+    whole.write(queue_json, json.dumps({QUEUE_KEY: body}, indent=1))
     print(f"queue {qid}: {len(cfgs)} run(s) in one launch of the workers", flush=True)
     launched = launch_runs(cfgs, payloads, queue_json, agent_log=events)
     if launched.raised is not None:  # the launch itself failed: the first run's record says why
         raised = launched.raised
-        print(f"error: queue {qid}: {type(raised).__name__}: {raised}", flush=True)
+        why = reserve.no_space(raised, cfgs[0].results.dir) or f"{type(raised).__name__}: {raised}"
+        print(f"error: queue {qid}: {why}", flush=True)
     results: list[tuple[int, dict[str, Any] | None] | None] = []
     for rec, by_workers in zip(launched.records, launched.by_workers):
         if by_workers:

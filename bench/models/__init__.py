@@ -4,6 +4,9 @@ Transformers of :mod:`bench.models.transformer`; see docs/internals/models.md.""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import json
 from collections.abc import Callable
 
 import torch
@@ -115,3 +118,35 @@ def validate(cfg: ModelConfig) -> None:
             f"model.dropout must be in [0, 1) and model.max_positions >= 1, got "
             f"{cfg.dropout} and {cfg.max_positions}"
         )
+
+
+@functools.lru_cache(maxsize=64)
+def _probe(cfg: str, num_classes: int, channels: int, size: int) -> int | str:
+    model_cfg = ModelConfig(**json.loads(cfg))
+    with torch.device("meta"):  # shapes only: nothing is allocated, whatever the size
+        model = build_model(model_cfg, num_classes, channels).eval()
+    held = [0]
+
+    def count(m: nn.Module, inp: object, out: object) -> None:
+        if isinstance(out, torch.Tensor) and not getattr(m, "inplace", False):
+            held[0] += out.numel() * out.element_size()
+
+    for m in model.modules():
+        if not any(m.children()):
+            m.register_forward_hook(count)
+    try:
+        with torch.no_grad():
+            model(torch.empty(1, channels, size, size, device="meta"))
+    except (RuntimeError, ValueError) as e:
+        return str(e).strip().splitlines()[0]
+    return held[0]
+
+
+def input_bytes(cfg: ModelConfig, num_classes: int, channels: int, size: int) -> int:
+    """Bytes of every layer's output for one ``size`` x ``size`` image (what a training
+    step keeps for its backward, at least), from a forward pass on the meta device;
+    ConfigError when the model cannot take images of that size."""
+    got = _probe(json.dumps(dataclasses.asdict(cfg), sort_keys=True), num_classes, channels, size)
+    if isinstance(got, str):
+        raise ConfigError(f"model={cfg.name} cannot take {size} x {size} images ({got})")
+    return got

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from bench.data.config import DataConfig, train_size_at
 from bench.results import columns as col
+from bench.results import whole
 
 VERSION = "v1.0"
 UNSET = "unknown"  # results.author / results.author_email when not given
@@ -145,21 +145,11 @@ def write(
     header = ["epoch", "hours", *(name for name, _ in TSV_COLUMNS[metric])]
     lines = ["\t".join(header)]
     lines += ["\t".join(_fmt(r[h]) for h in header) for r in rows]
-    _replace(tpath, "\n".join(lines) + "\n")
-    _replace(jpath, json.dumps(js, indent=4, allow_nan=False) + "\n")
+    jpath.parent.mkdir(parents=True, exist_ok=True)
+    whole.write(tpath, "\n".join(lines) + "\n")
+    whole.write(jpath, json.dumps(js, indent=4, allow_nan=False) + "\n")
     return str(jpath), str(tpath)
 
 
 def _fmt(v: Any) -> str:
     return str(v) if isinstance(v, int) else repr(float(v))
-
-
-def _replace(path: Path, text: str) -> None:
-    """Atomically (re)write a derived file: a reader sees the old or the new one whole."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:  # a full disk must not keep the partial file
-        tmp.unlink(missing_ok=True)

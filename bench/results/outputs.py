@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from shlex import quote
 from typing import Any
 
 from bench.results.events import events_path, run_dir
@@ -120,17 +121,15 @@ def comparison_lines(
         )  # fmt: skip
         out.append(f"reference: {rt:.1f} s ({ref['run_id']}, {ref.get('hardware')}); {mine}")
         # compare looks in runs/ then results/ by default; elsewhere, both named
-        dirs = (
-            ""
-            if Path(results_dir) == Path(RUNS_DIR)
-            else f" --results-dir {results_dir} --results-dir {reference_dir}"
-        )
+        both = "".join(f" --results-dir {quote(str(d))}" for d in (results_dir, reference_dir))
+        dirs = "" if Path(results_dir) == Path(RUNS_DIR) else both
         png = Path(results_dir) / "figures" / f"compare-{record['run_id']}.png"
         ids = f"{record['run_id']} {ref['run_id']}"
-        out.append(f"next: python -m reproduce compare {ids}{dirs} --out {png}")
+        out.append(f"next: python -m reproduce compare {ids}{dirs} --out {quote(str(png))}")
     else:
         out.append(f"reference: no committed run of this recipe in {reference_dir}/runs.jsonl")
-        where = "" if Path(results_dir) == Path(RUNS_DIR) else f" --results-dir {results_dir}"
+        here = Path(results_dir) == Path(RUNS_DIR)
+        where = "" if here else f" --results-dir {quote(str(results_dir))}"
         out.append(f"next: python -m reproduce figures{where}   (this run beside the others)")
     return out
 

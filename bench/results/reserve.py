@@ -5,6 +5,7 @@ frees them just before it writes an ``error`` record (docs/internals/launch.md).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from pathlib import Path
 
@@ -82,3 +83,44 @@ def nearly_full(path: str | Path) -> bool:
     # root may write into the blocks reserved for it; other users may not
     blocks = st.f_bfree if os.geteuid() == 0 else st.f_bavail
     return blocks * st.f_frsize < FULL_BELOW
+
+
+def disk_of(path: str | Path) -> str:
+    """The file system that holds ``path`` (or would): ``tmpfs at /mnt/x, 0 B of 256 KiB
+    free``, from ``/proc/self/mounts`` and ``statvfs``."""
+    p = Path(os.path.abspath(path))
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    mount = p
+    while not os.path.ismount(mount) and mount != mount.parent:
+        mount = mount.parent
+    kind = "file system"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mounts").read_text().splitlines():
+            fields = line.split()  # device, mount point (spaces as \040), type, ...
+            if len(fields) > 2 and fields[1].replace("\\040", " ") == str(mount):
+                kind = f"{fields[2]} {fields[0]}" if fields[0] != fields[2] else fields[2]
+    try:
+        st = os.statvfs(mount)
+    except OSError:
+        return f"{kind} at {mount}"
+    free = (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
+    return f"{kind} at {mount}, {_bytes(free)} of {_bytes(st.f_blocks * st.f_frsize)} free"
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}"
+        n /= 1024
+    return f"{n:.0f} GiB"
+
+
+def no_space(e: BaseException, where: str | Path) -> str | None:
+    """One line for a full disk or quota (ENOSPC, EDQUOT) met while writing under
+    ``where``: the file (``where`` when the error names none) and its disk; None for any
+    other error."""
+    if not isinstance(e, OSError) or e.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return None
+    path = e.filename or where
+    return f"no space left on device writing {path} ({disk_of(path)})"

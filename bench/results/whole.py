@@ -1,11 +1,13 @@
-"""All-or-nothing appends: a line is in the file whole, or the file is as it was
-(a short write on a full disk is truncated back, not left as a torn line).
+"""All-or-nothing writes: a line is appended whole, or the file is as it was (a short
+write on a full disk is truncated back, not left as a torn line); a file is written whole
+under its name, or not at all (no temporary file left behind).
 """
 
 from __future__ import annotations
 
 import errno
 import os
+from pathlib import Path
 
 
 class NotAppended(OSError):
@@ -36,3 +38,18 @@ def append(fd: int, data: bytes, *, what: str) -> None:
         raise NotAppended(
             e.errno, f"{what}: not appended, the file is unchanged ({e.strerror})"
         ) from e
+
+
+def write(path: str | Path, text: str, *, replace: bool = True) -> None:
+    """``text`` at ``path``, whole: a reader sees the old file or the new one, never part
+    of it.  ``replace=False``: FileExistsError when ``path`` exists (never replaced).  A
+    failed write (a full disk) leaves no temporary file and names ``path`` in its error."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        (os.replace if replace else os.link)(tmp, path)
+    except OSError as e:  # the file meant, not the temporary one (or none: a failed write)
+        raise OSError(e.errno, e.strerror, str(path)) from None
+    finally:
+        tmp.unlink(missing_ok=True)

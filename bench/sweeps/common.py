@@ -3,7 +3,6 @@ cluster's profile, one sweep's records, tables that are never replaced, the run 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from bench.launch import profile
 from bench.launch.run import check_results_dir, validate
 from bench.launch.runqueue import run_queue
 from bench.registry import ConfigError
+from bench.results import whole
 from bench.results.records import load_records, new_run_id
 
 REPO = Path(__file__).resolve().parents[2]
@@ -161,12 +161,7 @@ def write_table(df: pd.DataFrame, path: Path) -> bool:
         if path.read_text() == text:
             return False
         raise ConfigError(f"{path} exists with another table; it is not replaced")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    try:
-        os.link(tmp, path)  # fails if a concurrent writer got there first
-    finally:
-        tmp.unlink(missing_ok=True)
+    whole.write(path, text, replace=False)  # fails if a concurrent writer got there first
     return True
 
 

@@ -45,7 +45,7 @@ from bench.sweeps.common import (
     sweep_records,
     validate_jobs,
 )
-from bench.sweeps.resume import RERUN, Saved, latest, progress
+from bench.sweeps.resume import RERUN, RERUN_FAILED, Saved, latest, progress
 from bench.sweeps.trials import TRIALS, Trial, check_distinct, draw, ran, sends
 
 NAME = "equal-budget-v2"  # the protocol's name in every record; change it with the rules
@@ -456,7 +456,8 @@ def select(tuning: pd.DataFrame) -> dict[str, str]:
 
 
 def tuning_complete(plan: Plan, records: Sequence[Mapping[str, Any]]) -> bool:
-    return not pending([*plan.tune_jobs(), *plan.timing_jobs()], records)
+    """Every tuning and timing run recorded, none in ``error``: the selection's data whole."""
+    return not pending([*plan.tune_jobs(), *plan.timing_jobs()], records, RERUN_FAILED)
 
 
 # -- selection per cluster, on the tuning seeds, from steps and step times -----------------
@@ -616,21 +617,19 @@ def run(
             log(f"{stage}: {len(todo)} of {len(jobs)} runs to go")
             rcs += runner([plan.overrides(j) for j in todo], sweep_dir / role, plan.experiment)
             recs = sweep_records(plan.results_dir, plan.sweep_id)
-    left = pending([*plan.tune_jobs(), *plan.timing_jobs()], recs)
-    if left:
-        timing = len(pending(plan.timing_jobs(), recs))
-        which = " and ".join(
-            f"{n} {stage} run(s)"
-            for n, stage in ((len(left) - timing, "tuning"), (timing, "timing"))
-            if n
-        )
-        raise ConfigError(
-            f"{which} left no record, so no evaluation was submitted; "
-            f"run the same command again (or --resume {plan.sweep_id}) to submit them"
-        )
     tuning = selection_table(plan, recs)
     path = Path(plan.results_dir) / "ablation" / f"{plan.sweep_id}-tuning.csv"
-    write(tuning, path)
+    write(tuning, path)  # partial (``write`` decides) while runs are missing or failed
+    if not tuning_complete(plan, recs):  # a selection on missing data is no selection
+        jobs = [*plan.tune_jobs(), *plan.timing_jobs()]
+        left = pending(jobs, recs, RERUN_FAILED)
+        failed = sum(j.key in recorded(recs) for j in left)  # recorded, in error
+        again = f"--resume {plan.sweep_id}" + (" --rerun-failed" if failed else "")
+        raise ConfigError(
+            f"{len(left)} of {len(jobs)} tuning and timing runs are missing ({failed} ended in "
+            f"error), so no configuration was selected and no evaluation submitted; {again} "
+            "runs them"
+        )
     picked = select_per_cluster(tuning)
     log(f"selected: {picked} ({path})")
     todo = pending(plan.eval_jobs(picked), recs, rerun)

@@ -20,11 +20,13 @@ from bench.sweeps.protocol import (
     Plan,
     clusters,
     job_of,
+    pending,
     recorded,
     run_of,
     select_per_cluster,
     selection_table,
 )
+from bench.sweeps.resume import RERUN_FAILED
 
 COLUMNS = [
     "sweep_id", "protocol", "experiment", "for_cluster", "ratio", "comm", "trial",
@@ -41,6 +43,25 @@ COLUMNS = [
 def _mean(vals: Sequence[Any]) -> float:
     xs = [float(v) for v in vals if v is not None]
     return sum(xs) / len(xs) if xs else math.nan
+
+
+def tuning_gaps(
+    plan: Plan, records: Sequence[Mapping[str, Any]], tuning: pd.DataFrame | None = None
+) -> list[str]:
+    """Why the data the selection rests on is not whole (none: it is): tuning or timing
+    runs without a record or in ``error``, a trial's median time blank (a timing missing).
+    A tuning table, and the table of evaluation runs selected by it, with any is partial."""
+    jobs = [*plan.tune_jobs(), *plan.timing_jobs()]
+    left = pending(jobs, records, RERUN_FAILED)
+    if left:  # the medians are blank for want of these
+        return [f"{len(left)} of {len(jobs)} tuning and timing runs lack a record or failed"]
+    if tuning is None:
+        tuning = selection_table(plan, records)
+    blank = tuning[tuning["median_time_s"].isna() & (tuning["n_runs"] > 0)]
+    where = [" ".join(str(r.get(k, "")) for k in ("comm", "trial", "cluster")).strip()
+             for _, r in blank.head(3).iterrows()]  # fmt: skip
+    more = ", ..." if len(blank) > len(where) else ""
+    return [f"no median time for {len(blank)} trial(s): {', '.join(where)}{more}"] if where else []
 
 
 def format_table(df: pd.DataFrame) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 import pandas as pd
 
 from bench.registry import ConfigError
+from bench.results import whole
 from bench.sweeps.common import write_table
 
 RERUN = ("interrupted",)  # statuses whose job is run again
@@ -43,7 +44,7 @@ def save_plan(plan: Any, path: Path, compare_skip: Sequence[str] = ()) -> Path:
                 "replaced: rerun the command it was made by, or give a new sweep id"
             )
         return path
-    path.write_text(json.dumps(d, indent=1, sort_keys=True) + "\n")
+    whole.write(path, json.dumps(d, indent=1, sort_keys=True) + "\n")
     return path
 
 
@@ -137,19 +138,13 @@ def table_path(results_dir: str | Path, kind: str, sweep_id: str, complete: bool
 
 
 def write_sweep_table(
-    df: pd.DataFrame,
-    results_dir: str | Path,
-    kind: str,
-    sweep_id: str,
-    complete: bool,
-    errors: int | None = None,
+    df: pd.DataFrame, results_dir: str | Path, kind: str, sweep_id: str, complete: bool
 ) -> tuple[Path, bool]:
     """The sweep's table; (its path, whether it was written).  A table with jobs missing,
-    or built from ``error`` runs (``errors``, else its ``n_error`` column), is partial: in
-    ``partial/``, replaced by each later one, as its jobs can run again (``--rerun-failed``).
-    A complete table is never replaced, and removes the partial one."""
-    if errors is None:
-        errors = int(df["n_error"].fillna(0).sum()) if "n_error" in df.columns else 0
+    or built from ``error`` runs (its ``n_error`` column), is partial: in ``partial/``,
+    replaced by each later one, as its jobs can run again (``--rerun-failed``).  A complete
+    table is never replaced, and removes the partial one."""
+    errors = int(df["n_error"].fillna(0).sum()) if "n_error" in df.columns else 0
     complete = complete and not errors
     path = table_path(results_dir, kind, sweep_id, complete)
     if complete:
@@ -157,12 +152,5 @@ def write_sweep_table(
         table_path(results_dir, kind, sweep_id, False).unlink(missing_ok=True)
         return path, wrote
     path.parent.mkdir(parents=True, exist_ok=True)
-    df.to_csv(path, index=False)
+    whole.write(path, df.to_csv(index=False))
     return path, True
-
-
-def error_runs(df: pd.DataFrame, records: Sequence[Mapping[str, Any]]) -> int:
-    """How many of the runs a table names (its ``run_ids`` column) ended in ``error``."""
-    status = {r.get("run_id"): r.get("status") for r in records}
-    ids = " ".join(str(v) for v in df.get("run_ids", [])).split()
-    return sum(status.get(i) == "error" for i in ids)

@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import random
+import re
 import shutil
 import time
 import warnings
@@ -24,6 +25,7 @@ import torch
 
 from bench.config import Config, to_container
 from bench.registry import ConfigError
+from bench.results import whole
 from bench.results.events import RESUME, events_path, log_event, lost_since, read_events, run_dir
 from bench.results.reserve import nearly_full
 from bench.train import runtime
@@ -74,15 +76,6 @@ def _atomic_save(obj: Any, path: Path) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp))
 
 
-def _atomic_json(obj: Any, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(obj, indent=1))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 NEEDED = ("config", "epoch", "step", "world_size", "train_time_s", "curve", "status", "run")
 
 
@@ -120,10 +113,21 @@ def problem(manifest_path: Path) -> tuple[dict[str, Any] | None, str | None]:
     return m, None
 
 
+EPOCH_NAME = re.compile(r"epoch-([0-9]+)")  # a checkpoint's folder; + ".json": its manifest
+
+
 def by_epoch(paths: Iterable[Path]) -> list[Path]:
-    """``epoch-N.json`` manifests in the order of N (``epoch-10000`` after ``epoch-9999``)."""
-    numbered = [(p, p.name[len("epoch-") : -len(".json")]) for p in paths]
-    return [p for p, n in sorted(numbered, key=lambda pn: int(pn[1])) if n.isdigit()]
+    """``epoch-N.json`` manifests in the order of N (``epoch-10000`` after ``epoch-9999``);
+    any other name (a copy, a sync conflict: ``epoch-0001 (copy).json``) is ignored with
+    a warning, never resumed from nor pruned."""
+    numbered = []
+    for p in paths:
+        m = EPOCH_NAME.fullmatch(p.name.removesuffix(".json"))
+        if m:
+            numbered.append((int(m.group(1)), p))
+        else:
+            warnings.warn(f"{p} is not a checkpoint's name (epoch-N.json): ignored", stacklevel=2)
+    return [p for _, p in sorted(numbered)]
 
 
 def choose(run_dir: Path) -> tuple[dict[str, Any] | None, list[str]]:
@@ -145,7 +149,8 @@ def remove_incomplete(run_dir: Path, keep: Path | None = None) -> list[Path]:
     except ``keep`` (the one being written); call it only when no rank is writing."""
     gone = []
     for d in sorted(run_dir.glob("epoch-*")) if run_dir.is_dir() else []:
-        if d.is_dir() and d != keep and not d.with_suffix(".json").exists():
+        named = EPOCH_NAME.fullmatch(d.name)  # a folder of another name is not ours to remove
+        if named and d.is_dir() and d != keep and not d.with_suffix(".json").exists():
             shutil.rmtree(d, ignore_errors=True)
             gone.append(d)
     return gone
@@ -279,7 +284,7 @@ class CheckpointManager:
                 "files": shard_sizes(d),  # every rank's shard is in place (the barrier)
                 "evals": p["evals"],
             }
-            _atomic_json(manifest, d.with_suffix(".json"))
+            whole.write(d.with_suffix(".json"), json.dumps(manifest, indent=1))
             keep = max(1, self.cfg.train.keep_checkpoints)
             for old in by_epoch(self.root.glob("epoch-*.json"))[:-keep]:
                 old.unlink(missing_ok=True)

@@ -15,6 +15,7 @@ from bench.data import DataBundle, build_data
 from bench.models import build_model
 from bench.models.transformer import translate
 from bench.registry import Registry
+from bench.results import whole
 
 WORKLOADS: Registry = Registry("workload")
 
@@ -127,7 +128,5 @@ class Translation:
             return None
         path = Path(results_dir) / "translations" / f"{run_id}.txt"
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(h.replace("\n", " ") + "\n" for h in self.hypotheses))
-        tmp.replace(path)
+        whole.write(path, "".join(h.replace("\n", " ") + "\n" for h in self.hypotheses))
         return str(path)
