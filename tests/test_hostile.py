@@ -152,7 +152,7 @@ def test_checkpoint_files_of_other_names_are_ignored_by_resume_and_pruning(
         "epoch": 3, "step": 3, "train_time_s": 1.0, "status": "running", "curve": [],
         "evals": None}})()  # fmt: skip
     m = ck.CheckpointManager(cfg, meta, rank=0, world=1, device=torch.device("cpu"), states={},
-                             hook=None, progress=progress)  # fmt: skip
+                             progress=progress)  # fmt: skip
     with pytest.warns(UserWarning, match="not a checkpoint"):
         m.save(barrier=lambda: None)
     left = sorted(p.name for p in d1.parent.iterdir())
