@@ -170,6 +170,42 @@ def test_figures_beside_the_reference(results: Path, tmp_path: Path, capsys) -> 
     assert (mine / "runs.jsonl").read_text() == json.dumps(rec) + "\n"
 
 
+def test_your_run_is_its_own_line_on_the_reference_axes(
+    results: Path,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch,
+    capsys,
+) -> None:
+    """``--reference`` with ``--experiment``: the time-to-accuracy figure draws the user's
+    run on its own, labelled, on the reference runs' axes (not inside their bands), and
+    no figure of another experiment, the scaling study or a benchmark is drawn."""
+    import bench.report.figures as F
+
+    mine = tmp_path / "mine"
+    (mine / "curves").mkdir(parents=True)
+    (mine / "runs.jsonl").write_text(json.dumps(_record("r-mine", "dense", 9, 6.0)) + "\n")
+    _curve(mine / "curves" / "r-mine.csv", 6.0)
+    legends: dict[str, list[str]] = {}
+    save = F.save_figure
+
+    def keep(fig, path, **kw):  # the legend of every panel, by file name
+        legends[Path(path).name] = [
+            t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().texts
+        ]
+        return save(fig, path, **kw)
+
+    monkeypatch.setattr(F, "save_figure", keep)
+    argv = ["--results-dir", str(mine), "--reference", str(results)]
+    main(["figures", *argv, "--experiment", "dawnbench_digits"])
+    out = capsys.readouterr().out
+    assert "tta_dawnbench-digits.png: written" in out
+    assert "scaling" not in out and "bench_" not in out  # only what was asked
+    tta = legends["tta_dawnbench-digits.png"]
+    assert [t for t in tta if t.startswith("yours: r-mine dense")], tta
+    dense = next(t for t in tta if t.startswith("dense"))
+    assert "n = 3" in dense  # the reference's three dense seeds, without the user's run
+
+
 def test_compare_finds_runs_in_each_directory(results: Path, tmp_path: Path, capsys) -> None:  # noqa: F811
     mine = tmp_path / "mine"
     (mine / "curves").mkdir(parents=True)
