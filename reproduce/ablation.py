@@ -71,7 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--quick", action="store_true", help="dense and hitopk, 1 seed each")
     ap.add_argument("--grid", action="store_true", help="the comm x cache x update grid")
     ap.add_argument("--order-seed", type=int, default=None, help="protocol: run order seed")
-    ap.add_argument("--dry-run", action="store_true", help="print the jobs, run nothing")
+    ap.add_argument("--dry-run", action="store_true", help="check and summarise, run nothing")
+    ap.add_argument("-v", "--verbose", action="store_true",
+                    help="with --dry-run: every job's command line, each job checked")  # fmt: skip
     ap.add_argument("--aggregate", metavar="SWEEP_ID", help="rebuild the table from records")
     _sweep.add_options(ap)
     ap.add_argument(
@@ -173,9 +175,7 @@ def _protocol_plan(args: argparse.Namespace, jobs: list[str]):
         order_seed=order_seed,
         results_dir=args.results_dir,
         extra=jobs,
-        # on a real cluster (a Slurm launcher) its own links are the check; the emulated
-        # cluster stands in for slow links where there are none, and needs root
-        check_cluster="multinode" if args.cluster == "multinode" else "emulated",
+        check_cluster=_check_cluster(args),
     )
     plan.check()
     if n < 5 and not args.quick and not plan.v2():
@@ -199,8 +199,39 @@ def _protocol_plan(args: argparse.Namespace, jobs: list[str]):
         )
         if pr.unpriced(plan):
             plan.notes.append(pr.unpriced(plan))
-    plan.check_jobs()
+    _check(plan, not args.dry_run or args.verbose)
     return plan
+
+
+def _check_cluster(args: argparse.Namespace) -> str:
+    """Where the protocol's timing pass and end-to-end check run: on a real cluster (a
+    Slurm launcher) its own links; a quick try on the local cluster the local one (no
+    root needed); else the emulated cluster, which stands in for slow links where there
+    are none, and needs root."""
+    if args.cluster == "multinode" or (args.quick and args.cluster == "local"):
+        return args.cluster
+    return "emulated"
+
+
+def _check(plan, every: bool) -> None:
+    """Every job composed and checked as its run will be; not ``every`` (a dry run
+    without --verbose): one job per set of config groups chosen (each method's first
+    trial, the timing pass's first job), as a trial's values come from the protocol's own
+    search space and the user's overrides are in every job."""
+    from bench.sweeps import protocol as pr
+    from bench.sweeps.common import validate_jobs
+
+    if every:
+        plan.check_jobs()
+        return
+    if isinstance(plan, pr.Plan):
+        jobs = [plan.overrides(pr.Job(pr.TUNE, c, t, 0)) for c in plan.comms
+                for t, _ in plan._space(c)]  # fmt: skip
+        jobs += [plan.overrides(j) for j in plan.timing_jobs()[:1]]
+    else:
+        jobs = plan.jobs()
+    one = {tuple(o for o in j if "." not in o.split("=", 1)[0]): j for j in reversed(jobs)}
+    validate_jobs(list(one.values()), plan.results_dir)
 
 
 def _grid_plan(args: argparse.Namespace, jobs: list[str]):
@@ -223,7 +254,7 @@ def _grid_plan(args: argparse.Namespace, jobs: list[str]):
     plan.check_names()
     plan.cluster_overrides, note = cluster_profile(args.cluster, jobs)
     plan.notes.append(note)
-    plan.check_jobs()  # every job's config, before anything runs
+    _check(plan, not args.dry_run or args.verbose)  # before anything runs
     return plan
 
 
@@ -368,27 +399,16 @@ def _grid_minutes(plan) -> str:
     """The grid's expected duration: its jobs x the median wall time of the earlier runs
     of its experiment recorded here or in the reference results, or why it is unknown."""
     import statistics
-    import warnings
 
-    from bench.results.env import REPO_ROOT
-    from bench.results.records import load_records
-    from reproduce._cli import REFERENCE
-    from reproduce._dryrun import _duration
+    from reproduce._dryrun import duration, earlier_runs
 
-    times = []
-    for d in dict.fromkeys([Path(plan.results_dir), REPO_ROOT / REFERENCE]):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a torn line elsewhere does not matter here
-            recs = load_records(d) if (d / "runs.jsonl").is_file() else []
-        done = ("ok", "target_missed")
-        times += [float(r["wall_time_s"]) for r in recs if r.get("experiment") == plan.experiment
-                  and r.get("status") in done and r.get("wall_time_s")]  # fmt: skip
+    times, on = earlier_runs(plan.results_dir, lambda r: r.get("experiment") == plan.experiment)
     n = len(plan.jobs())
     if not times:
         return f"{n} runs, duration unknown (no earlier run of {plan.experiment} recorded)"
-    t = statistics.median(times)
-    return (f"{n} runs, about {_duration(n * t)} ({t:.0f} s each: the median wall time "
-            f"of {len(times)} recorded run(s) of {plan.experiment}, any method)")  # fmt: skip
+    t = statistics.median(float(r["wall_time_s"]) for r in times)
+    return (f"{n} runs, about {duration(n * t)} ({t:.0f} s each: the median wall time "
+            f"of {len(times)} recorded run(s) of {plan.experiment}, any method, {on})")  # fmt: skip
 
 
 def _expected(plan) -> list[str]:
@@ -411,7 +431,18 @@ def _expected(plan) -> list[str]:
     return out
 
 
-def _dry_run(plan) -> None:
+def _stage(name: str, jobs: list, order: list[str], where: str = "") -> str:
+    """One line: a stage's runs, per method (in the plan's ``order``)."""
+    from collections import Counter
+
+    n = Counter(j.comm for j in jobs)
+    per = ", ".join(f"{m} {n[m]}" for m in order if n[m])
+    return f"{name}: {len(jobs)} runs{where}" + (f" ({per})" if per else "")
+
+
+def _dry_run(plan, verbose: bool) -> None:
+    """The sweep's stages, per method, and its first command line (``verbose``: every
+    job's command line)."""
     from bench.sweeps import protocol as pr
 
     for note in plan.notes:
@@ -420,27 +451,37 @@ def _dry_run(plan) -> None:
         print(f"note: {line}")
     how = f"submitted through {plan.launcher}" if plan.launcher else "run through one run queue"
     if isinstance(plan, pr.Plan):
-        for i, job in enumerate(plan.tune_jobs()):
-            print(f"tune {i}: python -m reproduce train " + " ".join(plan.overrides(job)))
-        for i, job in enumerate(plan.timing_jobs()):
-            print(f"time {i}: python -m reproduce train " + " ".join(plan.overrides(job)))
+        tune, timing = plan.tune_jobs(), plan.timing_jobs()
+        jobs = [("tune", j) for j in tune] + [("time", j) for j in timing]
+        print(_stage("tuning", tune, plan.comms))
+        if timing:
+            print(_stage("timing pass", timing, plan.comms, f" on {plan.check_cluster}"))
+        lines = [f"{r} {i}: python -m reproduce train " + " ".join(plan.overrides(j))
+                 for i, (r, j) in enumerate(jobs)]  # fmt: skip
         if not plan.v2():
-            print(f"then the selected configuration of each method on each evaluation seed ({how})")
-            return
-        where = ", ".join(pr.clusters(plan))
-        print(
-            f"then per cluster ({where}) each method's trial of lowest median time to target on "
-            "the tuning seeds (steps x step time: the timing pass on "
-            f"{plan.check_cluster}, the performance model at each paper ratio); each "
-            f"configuration selected for any of them runs on each of the {len(plan.eval_seeds)} "
-            f"evaluation seeds, on {plan.check_cluster} when it was selected there (its clock "
-            f"is the end-to-end check), else on {plan.cluster} ({how})"
-        )
-        return
-    for i, job in enumerate(plan.jobs()):
-        print(f"job {i}: python -m reproduce train " + " ".join(job))
-    warm = "" if plan.launcher else ": one launch of the workers, a warm-up"
-    print(f"the jobs would be {how}{warm}")
+            then = f"then the selected configuration of each method on each evaluation seed ({how})"
+        else:
+            then = (
+                f"then per cluster ({', '.join(pr.clusters(plan))}) each method's trial of "
+                "lowest median time to target on the tuning seeds (steps x step time: the "
+                f"timing pass on {plan.check_cluster}, the performance model at each paper "
+                f"ratio); each configuration selected for any of them runs on each of the "
+                f"{len(plan.eval_seeds)} evaluation seeds, on {plan.check_cluster} when it "
+                f"was selected there (its clock is the end-to-end check), else on "
+                f"{plan.cluster} ({how})"
+            )
+    else:
+        lines = [f"job {i}: python -m reproduce train " + " ".join(j)
+                 for i, j in enumerate(plan.jobs())]  # fmt: skip
+        print(f"grid: {len(lines)} runs ({len(plan.comms)} methods x {len(plan.caches)} caches "
+              f"x {len(plan.updates)} update modes x {plan.seeds} seeds)")  # fmt: skip
+        warm = "" if plan.launcher else ": one launch of the workers, a warm-up"
+        then = f"the jobs would be {how}{warm}"
+    if verbose:
+        print("\n".join(lines))
+    elif lines:
+        print(f"first: {lines[0].split(': ', 1)[1]}  (every job's command line: --verbose)")
+    print(then)
 
 
 def _run(args: argparse.Namespace, plan, resumed: bool) -> int:
@@ -465,7 +506,7 @@ def _run(args: argparse.Namespace, plan, resumed: bool) -> int:
     how = f", launcher {plan.launcher}" if plan.launcher else ""
     print(f"sweep {plan.sweep_id}: {what}, cluster {plan.cluster}{how}: {n}")
     if args.dry_run:
-        _dry_run(plan)
+        _dry_run(plan, args.verbose)
         return 0
     if not resumed:
         _pin(plan, _first_job(plan))
@@ -540,5 +581,10 @@ def main(argv: list[str]) -> None:
     except ConfigError as e:
         _fail(str(e))
     code = max(_run(a, plan, resumed) for a, plan, resumed in sweeps)
+    protocols = [p for _, p, _ in sweeps if isinstance(p, pr.Plan)]
+    if args.dry_run and len(protocols) > 1:  # the workloads one after the other
+        lo, hi, t_lo, t_hi = (sum(x) for x in zip(*map(pr.estimate, protocols), strict=True))
+        print(f"in all: {len(protocols)} sweeps, {lo}-{hi} runs, about {t_lo / 60:.1f}-"
+              f"{t_hi / 60:.1f} hours on 2 cores (docs/protocol.md); nothing run")  # fmt: skip
     if code:
         sys.exit(code)

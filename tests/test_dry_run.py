@@ -51,9 +51,22 @@ def test_dry_run_estimates_from_earlier_records(tmp_path: Path, capsys, monkeypa
         "config": {"train": {"epochs": 12}},
     }
     (tmp_path / "runs.jsonl").write_text(json.dumps(rec) + "\n")
+    # the command's own start-up (imports, composition, checks), which no record holds
+    monkeypatch.setattr("reproduce._dryrun.startup_s", lambda: 12.0)
     main(["dawnbench", "--dry-run", f"results.dir={tmp_path}"])
     out = capsys.readouterr().out
-    assert "expected time: about 90 s" in out and "this machine's hardware" in out
+    assert "expected time: about 102 s (90 s: the median wall time of 1 earlier" in out
+    assert "this machine's hardware; 12 s: this command's start-up" in out
+
+
+def test_startup_is_this_process_s_age() -> None:
+    import time
+
+    from reproduce._dryrun import startup_s
+
+    t = startup_s()
+    time.sleep(0.2)
+    assert 0.0 < t < startup_s() < 3600
 
 
 @pytest.mark.parametrize("where", ["file", "runs_dir"])
