@@ -64,17 +64,18 @@ def hydra_error(e: BaseException) -> str:
         # Hydra's "To append to your config use +key=..." would add a key nothing reads
         key = full_key.group(1)
         return f"unknown config key {key!r}{_suggest_key(key)}"
+    hint = ""
     if "Available options in" in text:
         opts = [ln.strip() for ln in lines if ln.startswith("\t") and "provider=" not in ln]
         m = re.search(r"Could not find '([^']+)/([^'/]+)'", text)
         if m:
-            msg = f"unknown {m.group(1)}={m.group(2)}{did_you_mean(m.group(2), opts)}"
+            msg, hint = f"unknown {m.group(1)}={m.group(2)}", did_you_mean(m.group(2), opts)
         if opts:
             msg += f"; known: {', '.join(opts)}"
     if ctext:
         c = [ln for ln in ctext.splitlines() if ln.strip()]
         msg += f" ({c[0]})" if c else ""
-    return msg
+    return msg + hint
 
 
 def _added_keys(overrides: list[str]) -> list[tuple[str, str]]:

@@ -113,7 +113,7 @@ def _workload_name(args: argparse.Namespace) -> str:
 
             known = ", ".join(WORKLOADS)
             hint = did_you_mean(args.workload, WORKLOADS)
-            raise ConfigError(f"unknown workload {args.workload!r}{hint}; known: {known}")
+            raise ConfigError(f"unknown workload {args.workload!r}; known: {known}{hint}")
         return args.workload
     return next((w for w, e in WORKLOADS.items() if e == args.experiment), "image")
 

@@ -117,6 +117,12 @@ def _load(results_dir: str):
             warnings.simplefilter("ignore")  # load_inputs keeps each warning as a problem
             inputs = load_inputs(results_dir)
     except NoRecords as e:
+        if Path(results_dir).exists() and not Path(results_dir).is_dir():
+            fail(
+                f"{results_dir} is a file, not a results directory: point --results-dir at a "
+                f"directory with records (a user's runs: {RESULTS}; the committed reference "
+                f"results: {REFERENCE})"
+            )
         fail(
             f"{e}: run a training first, e.g. `python -m reproduce dawnbench "
             f"results.dir={results_dir}`, or point --results-dir at a directory with records "

@@ -45,8 +45,8 @@ def main(argv: list[str]) -> None:
         if unknown:
             hint = did_you_mean(unknown[0], [s.name for s in STEPS])
             print(
-                f"error: unknown step(s) {', '.join(unknown)}{hint}; "
-                f"choose from {', '.join(s.name for s in STEPS)}",
+                f"error: unknown step(s) {', '.join(unknown)}; "
+                f"choose from {', '.join(s.name for s in STEPS)}{hint}",
                 file=sys.stderr,
             )
             sys.exit(2)

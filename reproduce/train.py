@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 
@@ -46,11 +47,26 @@ def task(cfg: DictConfig) -> float | None:
         out = out if os.path.isabs(str(cfg.results.dir)) else os.path.relpath(out)
         print(f"  {'launch files':<{WIDTH}}  {out}/ (Hydra's config and log)")
         # the run against the reference record of its recipe, and what to do next
-        print("\n".join(comparison_lines(rec, results_dir=str(cfg.results.dir))), flush=True)
+        lines = comparison_lines(rec, results_dir=str(cfg.results.dir))
+        print("\n".join(after_stop(rec, lines, sys.argv[1:])), flush=True)
     if rc and hc.mode != RunMode.MULTIRUN:
         sys.exit(rc)
     # the sweep objective (e.g. for an optimizer sweeper): time to target, if reached
     return rec.get("time_to_target_s") if rec else None
+
+
+def after_stop(rec: dict, lines: list[str], argv: list[str]) -> list[str]:
+    """``lines`` (the run beside the reference, the next command) for a run that ended;
+    one that stopped early (interrupted, error) without a checkpoint is told to run again
+    (with a checkpoint, the resume command was given above)."""
+    if rec.get("status") not in ("interrupted", "error"):
+        return lines
+    lines = [ln for ln in lines if not ln.startswith("next: ")]
+    if not rec.get("checkpoint"):
+        again = " ".join(shlex.quote(a) for a in argv)
+        lines.append(f"next: no checkpoint to continue from; run it again: "
+                     f"python -m reproduce train {again}")  # fmt: skip
+    return lines
 
 
 app = hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")(task)

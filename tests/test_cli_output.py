@@ -234,3 +234,22 @@ def test_top5_column_only_where_it_says_something(classes: int, target: str, sho
     )
     headers = [h for h, *_ in _table(s)]
     assert "top1%" in headers and ("top5%" in headers) == shown
+
+
+def test_ddp_is_made_without_a_future_warning(tmp_path: Path) -> None:
+    """The run's DDP keyword for "no buffer broadcast each forward" is one torch does not
+    deprecate (torch 2.14 warns once per worker for broadcast_buffers)."""
+    import warnings
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from bench.train.runtime import NO_BUFFER_SYNC
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)
+            DDP(torch.nn.Linear(2, 2), **NO_BUFFER_SYNC)
+    finally:
+        dist.destroy_process_group()
