@@ -48,11 +48,26 @@ def task(cfg: DictConfig) -> float | None:
         print(f"  {'launch files':<{WIDTH}}  {out}/ (Hydra's config and log)")
         # the run against the reference record of its recipe, and what to do next
         lines = comparison_lines(rec, results_dir=str(cfg.results.dir))
-        print("\n".join(after_stop(rec, lines, sys.argv[1:])), flush=True)
+        print("\n".join(after_stop(rec, cost_lines(rec) + lines, sys.argv[1:])), flush=True)
     if rc and hc.mode != RunMode.MULTIRUN:
         sys.exit(rc)
     # the sweep objective (e.g. for an optimizer sweeper): time to target, if reached
     return rec.get("time_to_target_s") if rec else None
+
+
+def cost_lines(rec: dict) -> list[str]:
+    """The cost to target of a run that reached it (the DAWNBench JSON's costToTargetUSD),
+    or how to have it: the machine's price per hour is ``results.cost_per_hour``."""
+    tt = rec.get("time_to_target_s")
+    if tt is None:
+        return []
+    price = ((rec.get("config") or {}).get("results") or {}).get("cost_per_hour")
+    if price is None:
+        return [
+            "cost to target: unknown; results.cost_per_hour=<USD per hour of this machine> "
+            "gives it (the DAWNBench JSON's costToTargetUSD)"
+        ]
+    return [f"cost to target: {float(price) * tt / 3600:.4f} USD at {price} USD per hour"]
 
 
 def after_stop(rec: dict, lines: list[str], argv: list[str]) -> list[str]:

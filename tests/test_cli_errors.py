@@ -129,3 +129,14 @@ def test_a_stopped_run_without_a_checkpoint_is_told_to_run_again() -> None:
     kept = after_stop({"status": "error", "checkpoint": "c/epoch-0001"}, lines, argv)
     assert kept == ["reference: ..."]  # the resume command was given with the checkpoint
     assert after_stop({"status": "ok"}, lines, argv) == lines
+
+
+def test_the_run_s_end_says_how_to_get_its_cost() -> None:
+    from reproduce.train import cost_lines
+
+    rec = {"time_to_target_s": 36.0, "config": {"results": {"cost_per_hour": None}}}
+    (line,) = cost_lines(rec)
+    assert "results.cost_per_hour=" in line and "costToTargetUSD" in line
+    rec["config"]["results"]["cost_per_hour"] = 3.0
+    assert cost_lines(rec) == ["cost to target: 0.0300 USD at 3.0 USD per hour"]
+    assert cost_lines({"time_to_target_s": None}) == []  # not reached: no cost to target
