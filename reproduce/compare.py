@@ -4,9 +4,11 @@ Accuracy curves of recorded runs side by side (per epoch and against training ti
 drawn from the records (``runs.jsonl``) and the curve CSVs alone, with each run's time to
 target printed as a table.  The first run id is yours; each run is labelled with its role
 (yours, reference, compared), run id, method and hardware, and a line per other run says
-how it differs from yours (time ratio, hardware, the settings that differ).  Each run id
-is looked up in the ``--results-dir`` directories in order (by default a user's ``runs/``
-and then the committed reference ``results/``), so that a user's run compares with a
+how it differs from yours (time ratio, hardware, a busy machine, the settings that differ:
+those of learning and timing, comm and optim first; bookkeeping such as train.progress
+apart).  Runs with the same curve stay visible: the first is drawn wide and translucent.
+Each run id is looked up in the ``--results-dir`` directories in order (by default a user's
+``runs/`` and then the committed reference ``results/``), so that a user's run compares with a
 reference one by naming both.
 """
 
