@@ -1,26 +1,20 @@
 """``python -m reproduce ablation [options] [overrides]``
 
-By default the tuning protocol (:mod:`bench.sweeps.protocol`): every method's search
-space tuned on tuning seeds with the same number of trials, the configuration chosen by
-a rule fixed in advance, then 10 fresh evaluation seeds per method; its table
-(``bench/sweeps/protocol_table.py``) has 95 % intervals.  ``--resume SWEEP_ID`` goes on
-with an interrupted protocol sweep, skipping every recorded run.
+By default the tuning protocol (:mod:`bench.sweeps.protocol`, docs/protocol.md): every
+method's search space tuned on tuning seeds with the same number of trials, the
+configuration chosen by a rule fixed in advance, then 10 fresh evaluation seeds per method,
+one table with 95 % intervals.  ``--grid``: time to target over communication x cache x
+update mode x seeds, one table (``bench/sweeps/ablation.py`` says what each column is).
+Each job is an ordinary training run tagged with the sweep id (a failed job does not stop
+the others), trained through a run queue (the workers launched once, not once per run);
+the table goes to ``<results-dir>/ablation/<sweep_id>.csv``.  Trailing ``key=value``
+overrides apply to every job.
 
-``--grid``: time to target over communication x cache x update mode x seeds on one
-experiment and cluster: ordinary training runs, one after the other (each what ``python -m reproduce
-train`` with the job's Hydra overrides runs, writing its record tagged with the sweep id;
-a failed job does not stop the others), trained through a run queue
-(:mod:`bench.launch.runqueue`: the workers are launched once, not once per run), then one table
-per sweep, printed and written to
-``<results-dir>/ablation/<sweep_id>.csv`` (``bench/sweeps/ablation.py`` says what each column
-is).  Trailing ``key=value`` overrides apply to every job.
-
-``--launcher slurm`` (or ``hydra/launcher=...``; ``submitit_local`` on one machine):
-each job is submitted as its own Hydra multirun job through hydra-submitit-launcher, one
-allocation of the nodes and GPUs its topology needs (``bench/launch/submit.py``); the
-protocol submits its evaluation runs once the tuning runs are recorded.  ``--sweep-id
-ID`` names a sweep so that the same command again resumes it (only the jobs without a
-record, or interrupted, are submitted), ``--status ID`` says what is recorded and what
+``--launcher slurm`` (or ``hydra/launcher=...``; ``submitit_local`` on one machine): each
+job its own Hydra multirun job through hydra-submitit-launcher (``bench/launch/submit.py``);
+the protocol submits its evaluation runs once the tuning runs are recorded.  ``--sweep-id
+ID`` names a sweep so that the same command again resumes it (``--resume ID`` too: only the
+jobs without a record, or interrupted, run), ``--status ID`` says what is recorded and what
 is not, ``--aggregate ID`` builds the table from whatever is recorded (under
 ``ablation/partial/`` while jobs are missing).
 """
@@ -33,7 +27,7 @@ import sys
 from pathlib import Path
 
 from reproduce import _sweep
-from reproduce._cli import RESULTS, Parser
+from reproduce._cli import RESULTS, Parser, fail
 
 USAGE = """ablation [--workload W | --experiment E] [--cluster C] [--seeds N] [--comm a,b]
            [--quick] [--grid] [--dry-run] [--launcher slurm] [--sweep-id ID]
@@ -43,12 +37,10 @@ USAGE = """ablation [--workload W | --experiment E] [--cluster C] [--seeds N] [-
                           runs/ablation/<sweep_id>.csv; --launcher: each job a Slurm job"""
 
 
-# the protocol's default methods (bench.sweeps.methods.DEFAULT_METHODS, which imports torch;
-# a test holds the two equal)
-DEFAULT = "dense,fp16,powersgd,mstopk,hitopk,demo,diloco,streaming_diloco"
-
-
 def _parser() -> argparse.ArgumentParser:
+    from bench.methods import defaults
+    from bench.sweeps.common import quick_methods
+
     ap = Parser(
         "ablation",
         summary="The comparison the suite exists for: every communication method tuned with "
@@ -65,10 +57,12 @@ def _parser() -> argparse.ArgumentParser:
                     "emulated; multinode on Slurm, local with submitit_local)")  # fmt: skip
     ap.add_argument("--seeds", type=int, default=None, help="evaluation seeds (protocol: 10) "
                     "or seeds per configuration (--grid: 3)")  # fmt: skip
-    ap.add_argument("--comm", default="", help=f"comma-separated methods (default: {DEFAULT})")
+    ap.add_argument("--comm", default="",
+                    help=f"comma-separated methods (default: {','.join(defaults())})")  # fmt: skip
     ap.add_argument("--cache", default="", help="--grid: comma-separated (none,multilevel)")
     ap.add_argument("--update", default="", help="--grid: comma-separated (naive,flat)")
-    ap.add_argument("--quick", action="store_true", help="dense and hitopk, 1 seed each")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"{' and '.join(quick_methods())}, 1 seed each")  # fmt: skip
     ap.add_argument("--grid", action="store_true", help="the comm x cache x update grid")
     ap.add_argument("--order-seed", type=int, default=None, help="protocol: run order seed")
     ap.add_argument("--dry-run", action="store_true", help="check and summarise, run nothing")
@@ -84,11 +78,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every job")
     return ap
-
-
-def _fail(msg: str, code: int = 2) -> None:
-    print(f"error: {msg}", file=sys.stderr)
-    sys.exit(code)
 
 
 def _experiment(args: argparse.Namespace) -> str:
@@ -150,13 +139,14 @@ def _load(results_dir: str, sweep_id: str):
 def _protocol_plan(args: argparse.Namespace, jobs: list[str]):
     import random
 
+    from bench import methods
     from bench.registry import ConfigError
     from bench.sweeps import protocol as pr
     from bench.sweeps.common import cluster_profile, new_sweep_id, split_list
 
     if args.cache or args.update:
         raise ConfigError("--cache and --update narrow the --grid sweep only")
-    quick = pr.QUICK if args.quick else {}
+    quick = pr.quick() if args.quick else {}
     defaults = pr.WORKLOAD_DEFAULTS[_workload_name(args)]
     n = args.seeds if args.seeds is not None else len(quick.get("eval_seeds", pr.EVAL_SEEDS))
     if n < 1:
@@ -166,9 +156,7 @@ def _protocol_plan(args: argparse.Namespace, jobs: list[str]):
         sweep_id=args.sweep_id or new_sweep_id("ablation"),
         experiment=_experiment(args),
         cluster=args.cluster,
-        comms=split_list(args.comm)
-        or quick.get("comms")
-        or defaults.get("comms", pr.DEFAULT_METHODS),
+        comms=split_list(args.comm) or quick.get("comms") or methods.defaults(),
         tune_seeds=quick.get("tune_seeds") or defaults.get("tune_seeds", pr.TUNE_SEEDS),
         eval_seeds=tuple(range(n)),
         trials=quick.get("trials"),
@@ -178,8 +166,6 @@ def _protocol_plan(args: argparse.Namespace, jobs: list[str]):
         check_cluster=_check_cluster(args),
     )
     plan.check()
-    if n < 5 and not args.quick and not plan.v2():
-        plan.notes.append(f"{n} evaluation seeds: the protocol asks for at least 5")
     plan.notes.append(
         f"protocol {plan.name}: tuning seeds {list(plan.tune_seeds)}, evaluation seeds "
         f"{list(plan.eval_seeds)}, run order seed {plan.order_seed}, evaluation every "
@@ -187,18 +173,15 @@ def _protocol_plan(args: argparse.Namespace, jobs: list[str]):
     )
     plan.cluster_overrides, note = cluster_profile(args.cluster, jobs)
     plan.notes.append(note)
-    if plan.v2():
-        if n < pr.MIN_EVAL_SEEDS and not args.quick:
-            plan.notes.append(f"{n} evaluation seeds: the protocol asks for at least 10")
-        if plan.check_cluster != plan.cluster:
-            plan.check_overrides, note = cluster_profile(plan.check_cluster, jobs)
-            plan.notes.append(f"timing pass and end-to-end check on the {note}")
-        lo, hi, t_lo, t_hi = pr.estimate(plan)
-        plan.notes.append(
-            f"{lo}-{hi} runs, about {t_lo:.0f}-{t_hi:.0f} minutes on 2 cores (docs/protocol.md)"
-        )
-        if pr.unpriced(plan):
-            plan.notes.append(pr.unpriced(plan))
+    if n < pr.MIN_EVAL_SEEDS and not args.quick:
+        plan.notes.append(f"{n} evaluation seeds: the protocol asks for at least 10")
+    if plan.check_cluster != plan.cluster:
+        plan.check_overrides, note = cluster_profile(plan.check_cluster, jobs)
+        plan.notes.append(f"timing pass and end-to-end check on the {note}")
+    lo, hi, t_lo, t_hi = pr.estimate(plan)
+    plan.notes.append(
+        f"{lo}-{hi} runs, about {t_lo:.0f}-{t_hi:.0f} minutes on 2 cores (docs/protocol.md)"
+    )
     _check(plan, not args.dry_run or args.verbose)
     return plan
 
@@ -238,13 +221,13 @@ def _grid_plan(args: argparse.Namespace, jobs: list[str]):
     from bench.sweeps import ablation as ab
     from bench.sweeps.common import cluster_profile, new_sweep_id, split_list
 
-    quick = ab.QUICK if args.quick else {}
+    quick = ab.quick() if args.quick else {}
     seeds = args.seeds if args.seeds is not None else 3
     plan = ab.Plan(
         sweep_id=args.sweep_id or new_sweep_id("ablation"),
         experiment=_experiment(args),
         cluster=args.cluster,
-        comms=split_list(args.comm) or quick.get("comm", ab.COMMS),
+        comms=split_list(args.comm) or quick.get("comm") or ab.comms(),
         caches=split_list(args.cache) or quick.get("cache", ab.CACHES),
         updates=split_list(args.update) or quick.get("update", ab.UPDATES),
         seeds=quick.get("seeds", seeds) if args.quick else seeds,
@@ -286,9 +269,7 @@ def _same(args: argparse.Namespace, jobs: list[str], plan) -> None:
 def _first_job(plan) -> list[str]:
     from bench.sweeps import protocol as pr
 
-    if not isinstance(plan, pr.Plan):
-        return plan.jobs()[0]
-    return plan.overrides((plan.tune_jobs() or [pr.Job(pr.EVAL, plan.comms[0], "default", 0)])[0])
+    return plan.overrides(plan.tune_jobs()[0]) if isinstance(plan, pr.Plan) else plan.jobs()[0]
 
 
 def _plan(args: argparse.Namespace):
@@ -356,7 +337,7 @@ def _table(results_dir: str, sweep_id: str, plan=None) -> None:
 
     recs = sweep_records(results_dir, sweep_id)
     if not recs:
-        _fail(f"no records tagged results.sweep_id={sweep_id} in {results_dir}/runs.jsonl")
+        fail(f"no records tagged results.sweep_id={sweep_id} in {results_dir}/runs.jsonl")
     df = aggregate(recs, sweep_id)
     print(format_table(df))
     lines = [progress("grid", plan.keys(), recs, key_of)] if plan else []
@@ -417,11 +398,8 @@ def _expected(plan) -> list[str]:
 
     from bench.sweeps import protocol as pr
 
-    if isinstance(plan, pr.Plan):
-        lo, hi, t_lo, t_hi = pr.estimate(plan)  # v2's plan notes say it already
-        out = [] if plan.v2() else [f"{lo}-{hi} runs, about {t_lo:.0f}-{t_hi:.0f} minutes on "
-                                    "2 cores (docs/protocol.md)"]  # fmt: skip
-        clusters = {plan.cluster, plan.check_cluster if plan.v2() else plan.cluster}
+    if isinstance(plan, pr.Plan):  # its plan notes say how long already
+        out, clusters = [], {plan.cluster, plan.check_cluster}
     else:
         out, clusters = [_grid_minutes(plan)], {plan.cluster}
     if "emulated" in clusters:
@@ -458,18 +436,14 @@ def _dry_run(plan, verbose: bool) -> None:
             print(_stage("timing pass", timing, plan.comms, f" on {plan.check_cluster}"))
         lines = [f"{r} {i}: python -m reproduce train " + " ".join(plan.overrides(j))
                  for i, (r, j) in enumerate(jobs)]  # fmt: skip
-        if not plan.v2():
-            then = f"then the selected configuration of each method on each evaluation seed ({how})"
-        else:
-            then = (
-                f"then per cluster ({', '.join(pr.clusters(plan))}) each method's trial of "
-                "lowest median time to target on the tuning seeds (steps x step time: the "
-                f"timing pass on {plan.check_cluster}, the performance model at each paper "
-                f"ratio); each configuration selected for any of them runs on each of the "
-                f"{len(plan.eval_seeds)} evaluation seeds, on {plan.check_cluster} when it "
-                f"was selected there (its clock is the end-to-end check), else on "
-                f"{plan.cluster} ({how})"
-            )
+        then = (
+            f"then per cluster ({', '.join(pr.clusters(plan))}) each method's trial of lowest "
+            "median time to target on the tuning seeds (steps x step time: the timing pass on "
+            f"{plan.check_cluster}, the performance model at each paper ratio); each "
+            "configuration selected for any of them runs on each of the "
+            f"{len(plan.eval_seeds)} evaluation seeds, on {plan.check_cluster} when it was "
+            f"selected there (its clock is the end-to-end check), else on {plan.cluster} ({how})"
+        )
     else:
         lines = [f"job {i}: python -m reproduce train " + " ".join(j)
                  for i, j in enumerate(plan.jobs())]  # fmt: skip
@@ -491,15 +465,11 @@ def _run(args: argparse.Namespace, plan, resumed: bool) -> int:
     from bench.sweeps.common import run_queued, sweep_records
 
     protocol = isinstance(plan, pr.Plan)
-    if protocol and plan.v2():
+    if protocol:
         lo, hi, _, _ = pr.estimate(plan)
         n = f"{len(plan.tune_jobs())} tuning runs, {len(plan.timing_jobs())} timing runs, " \
             f"then {len(plan.eval_seeds)} evaluation seeds x each selected configuration " \
             f"({lo}-{hi} runs in all)"  # fmt: skip
-        what = f"protocol {plan.name} on {plan.experiment}"
-    elif protocol:
-        n = f"{len(plan.tune_jobs())} tuning runs, then {len(plan.eval_seeds)} evaluation " \
-            f"seeds x {len(plan.comms)} methods"  # fmt: skip
         what = f"protocol {plan.name} on {plan.experiment}"
     else:
         n, what = f"{len(plan.jobs())} jobs", plan.experiment
@@ -522,7 +492,7 @@ def _run(args: argparse.Namespace, plan, resumed: bool) -> int:
     if args.rerun:
         known = {str(r.get("run_id")) for r in sweep_records(args.results_dir, plan.sweep_id)}
         if not resumed or (missing := [x for x in args.rerun if x not in known]):
-            _fail(
+            fail(
                 "--rerun needs --resume SWEEP_ID"
                 if not resumed
                 else f"--rerun: run {missing[0]} is not a run of sweep {plan.sweep_id}",
@@ -543,7 +513,7 @@ def _run(args: argparse.Namespace, plan, resumed: bool) -> int:
         print(f"interrupted; go on with: {_sweep.again('ablation', plan)}", file=sys.stderr)
         sys.exit(130)
     except ConfigError as e:  # tuning runs left no record: no evaluation submitted
-        _fail(str(e), 1)
+        fail(str(e), 1)
     failed = sum(rc != 0 for rc in rcs)
     if failed:
         print(f"note: {failed} of {len(rcs)} jobs failed", file=sys.stderr, flush=True)
@@ -551,7 +521,7 @@ def _run(args: argparse.Namespace, plan, resumed: bool) -> int:
         _protocol_table(args.results_dir, plan) if protocol else _table(
             args.results_dir, plan.sweep_id, plan)  # fmt: skip
     except ConfigError as e:
-        _fail(str(e), 1)
+        fail(str(e), 1)
     return 1 if failed else 0
 
 
@@ -579,7 +549,7 @@ def main(argv: list[str]) -> None:
                 a = argparse.Namespace(**{**vars(args), "workload": w})
                 sweeps.append((a, *_plan(a)))
     except ConfigError as e:
-        _fail(str(e))
+        fail(str(e))
     code = max(_run(a, plan, resumed) for a, plan, resumed in sweeps)
     protocols = [p for _, p, _ in sweeps if isinstance(p, pr.Plan)]
     if args.dry_run and len(protocols) > 1:  # the workloads one after the other

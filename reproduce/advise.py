@@ -1,9 +1,9 @@
 """``python -m reproduce advise [options]``
 
-Ranks the communication methods the performance model covers (dense fp32, fp16, PowerSGD,
-MSTopK, HiTopKComm) by predicted step time and scaling efficiency for a cluster and a
-model, and prints the table with every input it used: its value and where it came from
-(given on the command line, cited, assumed with its source in
+Ranks the communication methods the performance model prices (the protocol's default
+methods, each priced by its spec in bench/methods/) by predicted step time and scaling
+efficiency for a cluster and a model, and prints the table with every input it used: its
+value and where it came from (given on the command line, cited, assumed with its source in
 ``bench/cluster/projection.py``, or measured -- with the run and the hardware it ran on).
 A method it cannot rank gets a line saying why.
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,18 +47,6 @@ CITED_COMPUTE = ("resnet50",)  # models with a cited V100 compute time per step
 _PAPER = {"nodes": 16, "workers": 8, "inter_gbps": 25.0, "intra_gbps": 800.0}
 PROFILES = {name: dict(_PAPER) for name in ("paper", "paper-224", "paper-b64", "paper-fp16")}
 PROFILE_SOURCE = "profile paper: Shi et al. (MLSys 2021), 16 nodes x 8 V100, 25 Gbit/s, NVLink"
-# the model's selection is MSTopK's; DeMo and the sync strategies at the knobs the answer
-# selected for the profile (else --demo-chunk/--demo-topk, --sync-every)
-RANKED = (
-    "dense", "fp16", "powersgd", "mstopk", "hitopk", "demo", "diloco", "streaming_diloco"
-)  # fmt: skip
-SYNC = ("localsgd", "diloco", "streaming_diloco")
-NOT_RANKED = {
-    "bf16": "sends the same 2-byte elements as fp16: its row is fp16's",
-    "topk": "the model's selection cost is MSTopK's; torch.topk's was not measured on the "
-    "projected GPU (its bytes are mstopk's)",
-    "randomk": "its selection cost (random indices) is not in the model",
-}
 # bounds past which an input is not a cluster or a model (refused, one line)
 LIMITS = {
     "nodes": (1, 100_000),
@@ -84,55 +73,37 @@ def _parser() -> argparse.ArgumentParser:
         "--model resnet50",
         details=__doc__,
     )
-    ap.add_argument(
-        "--profile", choices=sorted(PROFILES), help="a named cluster: " + PROFILE_SOURCE
-    )
-    ap.add_argument("--nodes", type=int, help="nodes (count, >= 1)")
-    ap.add_argument("--workers", type=int, help="workers (GPUs) per node (count, >= 1)")
-    ap.add_argument("--inter-gbps", type=float, help="line rate of each node's link, Gbit/s")
-    ap.add_argument(
-        "--intra-gbps",
-        type=float,
-        help="bandwidth between the workers of a node, Gbit/s (default: the NVLink assumption)",
-    )
-    ap.add_argument("--model", choices=MODELS, help="model (default resnet50)")
-    ap.add_argument("--params", type=int, help="gradient elements, instead of --model")
-    ap.add_argument("--batch", type=int, help="resnet50: images per GPU per step (default 256)")
-    ap.add_argument("--px", type=int, help="resnet50: training image size, px (default 128)")
-    ap.add_argument(
-        "--compute-ms", type=float, help="forward + backward per step per worker, ms (> 0)"
-    )
-    ap.add_argument(
-        "--density", type=float, default=0.001, help="top-k density, in (0, 1] (default 0.001)"
-    )
-    ap.add_argument("--powersgd-rank", type=int, default=4, help="PowerSGD's rank (default 4)")
-    ap.add_argument(
-        "--sync-every", type=int, default=20, help="DiLoCo's period H, inner steps (default 20)"
-    )
-    ap.add_argument("--demo-chunk", type=int, default=64, help="DeMo's chunk (default 64)")
-    ap.add_argument("--demo-topk", type=int, default=32, help="DeMo's top-k per chunk (32)")
-    ap.add_argument(
-        "--nic-efficiency",
-        type=float,
-        help="share of the line rate TCP reaches, in (0, 1] (default: the assumption)",
-    )
-    ap.add_argument(
-        "--hidden",
-        type=float,
-        help="share of aggregation hidden behind the backward pass, in [0, 1], every method "
-        "(default: the assumption, or this machine's measurement with --costs cpu)",
-    )
-    ap.add_argument(
-        "--costs",
-        choices=("gpu", "cpu"),
-        default="gpu",
-        help="per-element aggregation costs: assumed GPU ones, or this machine's measured",
-    )
-    ap.add_argument(
-        "--results-dir",
-        help=f"where the benchmark CSVs are (default {RESULTS}/; --results-dir {REFERENCE} for "
-        "the committed ones; must exist when given)",
-    )
+    for flag, kw in (
+        ("profile", dict(choices=sorted(PROFILES), help=f"a named cluster: {PROFILE_SOURCE}")),
+        ("nodes", dict(type=int, help="nodes (count, >= 1)")),
+        ("workers", dict(type=int, help="workers (GPUs) per node (count, >= 1)")),
+        ("inter-gbps", dict(type=float, help="line rate of each node's link, Gbit/s")),
+        ("intra-gbps", dict(type=float, help="bandwidth between the workers of a node, Gbit/s "
+                            "(default: the NVLink assumption)")),
+        ("model", dict(choices=MODELS, help="model (default resnet50)")),
+        ("params", dict(type=int, help="gradient elements, instead of --model")),
+        ("batch", dict(type=int, help="resnet50: images per GPU per step (default 256)")),
+        ("px", dict(type=int, help="resnet50: training image size, px (default 128)")),
+        ("compute-ms", dict(type=float, help="forward + backward per step per worker, ms (> 0)")),
+        ("density", dict(type=float, default=0.001,
+                         help="top-k density, in (0, 1] (default 0.001)")),
+        ("powersgd-rank", dict(type=int, default=4, help="PowerSGD's rank (default 4)")),
+        ("sync-every", dict(type=int, default=20,
+                            help="DiLoCo's period H, inner steps (default 20)")),
+        ("demo-chunk", dict(type=int, default=64, help="DeMo's chunk (default 64)")),
+        ("demo-topk", dict(type=int, default=32, help="DeMo's top-k per chunk (32)")),
+        ("nic-efficiency", dict(type=float, help="share of the line rate TCP reaches, in (0, 1] "
+                                "(default: the assumption)")),
+        ("hidden", dict(type=float, help="share of aggregation hidden behind the backward pass, "
+                        "in [0, 1], every method (default: the assumption, or this machine's "
+                        "measurement with --costs cpu)")),
+        ("costs", dict(choices=("gpu", "cpu"), default="gpu", help="per-element aggregation "
+                       "costs: assumed GPU ones, or this machine's measured")),
+        ("results-dir", dict(help=f"where the benchmark CSVs are (default {RESULTS}/; "
+                             f"--results-dir {REFERENCE} for the committed ones; must exist "
+                             "when given)")),
+    ):  # fmt: skip
+        ap.add_argument(f"--{flag}", **kw)  # type: ignore[arg-type]
     ap.add_argument("--dry-run", action="store_true", help="print the inputs; predict nothing")
     return ap
 
@@ -323,29 +294,39 @@ def answers(results: str, profile: str | None) -> list[Any]:
     return list(newest.values())
 
 
-def _selected(tables: list[Any], method: str, key: str) -> Any:
-    """A knob of ``method``'s configuration the answer selected (the first workload's)."""
-    import re
+def _selected(tables: list[Any], spec: Any, results: str) -> dict[str, Any]:
+    """The knobs (config keys -> values) of the configuration of ``spec``'s method the
+    answer selected, from a run of it (the first workload's); {} when none is recorded."""
+    from bench import methods
+    from bench.results.records import load_records
 
+    recs = None
     for df in tables:
-        hit = df[df["comm"] == method]
+        hit = df[df["comm"] == spec.name]
         if hit.empty:
             continue
-        trial = str(hit["trial"].iloc[0])
-        m = re.search({"density": r"d([0-9.]+(?:e-?\d+)?)", "rank": r"rank(\d+)", "H": r"H(\d+)",
-                       "chunk": r"c(\d+)k", "topk": r"k(\d+)"}[key], trial)  # fmt: skip
-        if m:
-            return float(m.group(1)) if key == "density" else int(m.group(1))
-    return None
+        sweep, trial = Path(str(hit["table"].iloc[0])).stem, str(hit["trial"].iloc[0])
+        recs = load_records(results) if recs is None else recs
+        for r in recs:
+            cfg = r.get("config") or {}
+            if (
+                (cfg.get("results") or {}).get("sweep_id") == sweep
+                and (r.get("protocol") or {}).get("trial") == trial
+                and methods.method_of(r) == spec.name
+            ):
+                return spec.knobs_of(cfg).overrides()
+    return {}
 
 
 def _answer_lines(tables: list[Any], fastest: str) -> list[str]:
     """The answer's time to target at this profile, per workload: each method's selected
     configuration, steps and time, against dense; and a line when the method fastest per
     step is not the fastest to the target there."""
+    from bench.methods import names
     from bench.report.tables import verdict_text
     from bench.sweeps.intervals import ci_text
 
+    base = names(group="baseline")[0]
     out = []
     for df in tables:
         df = df.sort_values("time_to_target_mean_s")
@@ -358,7 +339,7 @@ def _answer_lines(tables: list[Any], fastest: str) -> list[str]:
         for _, r in df.iterrows():
             vs = (
                 "baseline"
-                if r["comm"] == "dense"
+                if r["comm"] == base
                 else ci_text(r["speedup_vs_dense"], r["speedup_vs_dense_ci_low"],
                              r["speedup_vs_dense_ci_high"], 2, "x") + " "
                 + verdict_text(r["verdict_vs_dense"], int(r["n_runs"]), short=True)
@@ -371,8 +352,8 @@ def _answer_lines(tables: list[Any], fastest: str) -> list[str]:
         row = df[df["comm"] == fastest]
         if fastest != top and not row.empty and row.iloc[0]["verdict_vs_dense"] == "slower":
             steps = float(row.iloc[0]["steps_to_target_mean"])
-            dense = df[df["comm"] == "dense"]["steps_to_target_mean"]
-            d = f" against dense's {float(dense.iloc[0]):.0f}" if not dense.empty else ""
+            dense = df[df["comm"] == base]["steps_to_target_mean"]
+            d = f" against {base}'s {float(dense.iloc[0]):.0f}" if not dense.empty else ""
             out.append(
                 f"why the ranking differs: {fastest} has the shortest step here, but it needs "
                 f"{steps:.0f} steps to the target{d}, so the answer has it slower than dense; "
@@ -391,9 +372,37 @@ def _answer_lines(tables: list[Any], fastest: str) -> list[str]:
     return out
 
 
+def _not_ranked(
+    specs: list[Any], ranked: list[Any], nodes: int, no_shapes: bool, hidden: Any
+) -> dict[str, str]:
+    """Method -> why it is not ranked: what its spec says the model lacks, then per check
+    (too few nodes, no parameter shapes, no overlap measurement) the methods it fails."""
+    out = {s.name: s.not_modelled for s in specs if s.not_modelled}
+    measured = hidden if isinstance(hidden, Mapping) else None
+    checks = (
+        lambda s: nodes < s.min_nodes
+        and (
+            "it synchronises nodes, and there is one"
+            if s.kind == "sync"
+            else f"it needs {s.min_nodes} or more nodes (one node has no inter-node stage)"
+        ),
+        lambda s: no_shapes and s.shapes_why
+        and f"--params gives no parameter shapes, and {s.shapes_why}",
+        lambda s: measured is not None and s.kind == "hook" and s in ranked
+        and s.name not in measured
+        and "no overlap measurement of it in the run used (--hidden gives one)",
+    )  # fmt: skip
+    for check in checks:
+        for s in specs:
+            if s.kind != "reference" and s.name not in out and (why := check(s)):
+                out[s.name] = why
+    return out
+
+
 def main(argv: list[str]) -> None:
     a = _parser().parse_args(argv)
     p = _inputs(a)
+    from bench import methods
     from bench.cluster import perfmodel as pm
     from bench.cluster import projection
 
@@ -424,61 +433,37 @@ def main(argv: list[str]) -> None:
     if a.dry_run:
         print("\n".join(notes))
         return
-    c = pm.Cluster(
-        p["nodes"],
-        p["workers"],
-        inter_bw=p["inter_gbps"] * 1e9 / 8 * nic,
-        inter_lat=A["inter_lat"].value,
-        intra_bw=p["intra_gbps"] * 1e9 / 8,
-        intra_lat=A["intra_lat"].value,
-        hierarchical_dense=True,
-    )
-    shares = hidden if isinstance(hidden, dict) else {m: hidden for m in RANKED}
-    wl = projection.paper_workload(w["compute"], shares, w["buckets"], w["shapes"], a.powersgd_rank)
-    wl = pm.Workload(**{**wl.__dict__, "update_s": w["update"]})
-    skipped = dict(NOT_RANKED)
-    if p["nodes"] < 2:
-        skipped["hitopk"] = "it needs 2 or more nodes (one node has no inter-node stage)"
-    if w["shapes"] is None:
-        skipped["powersgd"] = "--params gives no parameter shapes, and PowerSGD compresses matrices"
-    if isinstance(hidden, dict):
-        for m in RANKED[:5]:  # the comm hooks (DeMo and the sync strategies: no overlap)
-            if m not in hidden and m not in skipped:
-                skipped[m] = "no overlap measurement of it in the run used (--hidden gives one)"
+    c = pm.Cluster(p["nodes"], p["workers"], inter_bw=p["inter_gbps"] * 1e9 / 8 * nic,
+                   inter_lat=A["inter_lat"].value, intra_bw=p["intra_gbps"] * 1e9 / 8,
+                   intra_lat=A["intra_lat"].value, hierarchical_dense=True)  # fmt: skip
+    ranked = [methods.get(m) for m in methods.defaults()]
+    shares = hidden if isinstance(hidden, dict) else {s.name: hidden for s in ranked}
+    wl = projection.paper_workload(w["compute"], shares, w["buckets"], w["shapes"])
+    wl = dataclasses.replace(wl, update_s=w["update"])
     if c.world == 1:
         print("one worker: nothing to aggregate, every method takes the compute time")
-    tables = answers(a.results_dir or REFERENCE, a.profile)
-    if w["shapes"] is None:
-        skipped["demo"] = "--params gives no parameter shapes, and DeMo chunks each tensor"
-    if p["nodes"] < 2:
-        for m in SYNC:
-            skipped[m] = "it synchronises nodes, and there is one"
-
-    def knob(method: str, key: str, default: Any) -> Any:
-        got = _selected(tables, method, key)
-        return default if got is None else got
+    results = a.results_dir or REFERENCE
+    tables = answers(results, a.profile)
+    skipped = _not_ranked(methods.specs(), ranked, p["nodes"], w["shapes"] is None, hidden)
+    # each method at the knobs the answer selected for the profile, else the flags'
+    flags = {"comm.density": a.density, "comm.powersgd_rank": a.powersgd_rank,
+             "sync.sync_every": a.sync_every, "optim.demo_chunk": a.demo_chunk,
+             "optim.demo_topk": a.demo_topk}  # fmt: skip
+    knobs = {
+        s.name: s.knobs_of({**flags, **_selected(tables, s, results)})
+        for s in ranked
+        if s.name not in skipped
+    }
 
     def step(m: str, ww: Any, cc: Any) -> float:
-        if m == "demo":
-            chunk, topk = knob(m, "chunk", a.demo_chunk), knob(m, "topk", a.demo_topk)
-            return pm.demo_step_time(ww, chunk, topk, cc, k)
-        if m in SYNC:
-            frags = 2 if m == "streaming_diloco" else 1
-            return pm.sync_step_time(ww, cc, k, knob(m, "H", a.sync_every), frags, frags - 1)
-        if m == "powersgd":
-            ww = dataclasses.replace(ww, powersgd_rank=knob(m, "rank", a.powersgd_rank))
-        d = knob(m, "density", a.density) if m in ("mstopk", "hitopk") else a.density
-        return pm.step_time(m, ww, d, cc, k)
+        return methods.get(m).step_time(ww, cc, k, knobs[m])
 
-    rows = [(step(m, wl, c), m) for m in RANKED if m not in skipped]
+    rows = [(step(m, wl, c), m) for m in knobs]
     # the band: every assumption the user did not give at its low and high end
     h = A["hidden"]
     hb = (None,) if a.hidden is not None or isinstance(hidden, dict) else (h.low, h.high)
-    nb = (
-        (nic,)
-        if a.nic_efficiency is not None
-        else (A["nic_efficiency"].low, A["nic_efficiency"].high)
-    )
+    ne = A["nic_efficiency"]
+    nb = (nic,) if a.nic_efficiency is not None else (ne.low, ne.high)
     cs = A["compute_s"]
     cb = (1.0,) if a.compute_ms is not None else (cs.low / cs.value, cs.high / cs.value)
 
@@ -503,7 +488,7 @@ def main(argv: list[str]) -> None:
     elif a.profile:
         print(
             f"per step only: no protocol sweep tuned for {a.profile} under "
-            f"{a.results_dir or REFERENCE}/ablation, so a method's steps to target are not "
+            f"{results}/ablation, so a method's steps to target are not "
             "weighed here (python -m reproduce ablation runs one)"
         )
     print(

@@ -24,6 +24,7 @@ USAGE = """compare RUN_ID... --out PNG [--dry-run]
 
 
 def main(argv: list[str]) -> None:
+    from bench.methods import colour
     from bench.results import records
     from bench.results.plots import plot_time_to_accuracy
 
@@ -93,7 +94,7 @@ def main(argv: list[str]) -> None:
         # one machine: named under the title; several: each run's is in its legend entry
         hardware=hw[0] if len(hw) == 1 else "hardware per run in the legend",
         per_epoch=True,
-        methods=[_method(r) for r in recs],
+        colours=[colour(_method(r)) for r in recs],
     )
     _table(runs, recs, roles)
     for line in _differences(recs):
@@ -115,7 +116,7 @@ def _role(i: int, where: str) -> str:
 
 
 def _method(rec: dict) -> str:
-    from bench.sweeps.methods import method_of
+    from bench.methods import method_of
 
     return method_of(rec)
 

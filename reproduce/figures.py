@@ -98,7 +98,7 @@ def with_reference(results_dir: str, reference: str, out: Path | None = None) ->
 
 
 def _check_experiments(names: list[str] | None, recorded: set[str]) -> None:
-    from bench.report.tables import known_experiments
+    from bench.report.commands import known_experiments
 
     known = set(known_experiments()) | recorded
     bad = [n for n in names or [] if n not in known]

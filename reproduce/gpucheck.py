@@ -2,16 +2,58 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+import tarfile
+import tempfile
+from pathlib import Path
 
 from reproduce._cli import RESULTS, Parser, did_you_mean
 
-USAGE = """gpucheck [--budget-s 480] [--dry-run] [--cpu]
-                          every CUDA path, measured within a time budget (see README, GPU)"""
+USAGE = """gpucheck [--budget-s 480] [--dry-run] [--cpu] [--call --wheels DIR --archive FILE]
+                          every CUDA path, measured within a time budget (see docs/gpu.md)"""
+
+
+def _fail(msg: str) -> None:
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _wheels(folder: str) -> list[Path]:
+    """The wheels of ``folder``, refused in one line when there are none."""
+    found = sorted(Path(folder).glob("*.whl"))
+    if not found:
+        _fail(f"--wheels {folder}: no .whl files there (build them as docs/gpu.md says)")
+    return found
+
+
+def install(wheels: list[Path]) -> str:
+    """Install ``wheels`` (no index, no dependencies) into a temporary folder put first on
+    this process's path and on every step's (PYTHONPATH); returns the folder."""
+    site = tempfile.mkdtemp(prefix="gpucheck-site-")
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+           "--no-compile", "--no-cache-dir", "--target", site, *map(str, wheels)]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        why = (r.stderr.strip().splitlines() or ["pip failed"])[-1]
+        _fail(f"installing {len(wheels)} wheels failed: {why}")
+    sys.path.insert(0, site)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (site, os.environ.get("PYTHONPATH")) if p)
+    print(f"installed {', '.join(w.name.split('-')[0] for w in wheels)} into {site}")
+    return site
+
+
+def archive(results_dir: str, path: str) -> None:
+    """``results_dir`` as one ``.tar.gz`` (a device call brings back a few files only)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w:gz") as tar:
+        tar.add(results_dir, arcname=Path(results_dir).name)
+    print(f"results archived: {path} ({Path(path).stat().st_size / 2**20:.1f} MiB)")
 
 
 def main(argv: list[str]) -> None:
-    from bench.gpucheck.check import STEPS, check
+    from bench.gpucheck.check import DEVICE_CALL, STEPS, check, probe
 
     ap = Parser(
         "gpucheck",
@@ -34,23 +76,39 @@ def main(argv: list[str]) -> None:
         default="",
         help=f"comma-separated steps to run (default all): {','.join(s.name for s in STEPS)}",
     )
+    ap.add_argument("--call", action="store_true",
+                    help=f"the prepared device call's steps: {','.join(DEVICE_CALL)}")  # fmt: skip
+    ap.add_argument("--wheels", default="", help="install this folder's wheels first (no "
+                    "index, no dependencies) for the check and its steps: Hydra's")  # fmt: skip
+    ap.add_argument("--archive", default="", help="write the results directory to this "
+                    ".tar.gz at the end")  # fmt: skip
     args = ap.parse_args(argv)
     if args.budget_s <= 0:
-        print(f"error: --budget-s must be > 0, got {args.budget_s:g}", file=sys.stderr)
-        sys.exit(2)
+        _fail(f"--budget-s must be > 0, got {args.budget_s:g}")
+    if args.call and args.only:
+        _fail("--call runs its own steps; leave out --only")
     steps = STEPS
-    if args.only:
-        names = [n.strip() for n in args.only.split(",") if n.strip()]
+    names = list(DEVICE_CALL) if args.call else [n.strip() for n in args.only.split(",") if n]
+    if names:
         unknown = [n for n in names if n not in {s.name for s in STEPS}]
         if unknown:
             hint = did_you_mean(unknown[0], [s.name for s in STEPS])
-            print(
-                f"error: unknown step(s) {', '.join(unknown)}; "
-                f"choose from {', '.join(s.name for s in STEPS)}{hint}",
-                file=sys.stderr,
+            _fail(
+                f"unknown step(s) {', '.join(unknown)}; "
+                f"choose from {', '.join(s.name for s in STEPS)}{hint}"
             )
-            sys.exit(2)
         steps = tuple(s for s in STEPS if s.name in names)
-    outcomes = check(args.results_dir, args.budget_s, args.dry_run, steps, cpu=args.cpu)
+    wheels = _wheels(args.wheels) if args.wheels else []
+    if wheels and args.dry_run:
+        print(f"would install {len(wheels)} wheels: {', '.join(w.name for w in wheels)}")
+    elif wheels:
+        install(wheels)
+    info = probe()
+    if not (info["cuda"] or args.cpu or args.dry_run):
+        _fail("no CUDA device on this machine: gpucheck measures a GPU (--cpu runs the "
+              "steps' CPU modes, --dry-run prints the plan)")  # fmt: skip
+    outcomes = check(args.results_dir, args.budget_s, args.dry_run, steps, info, args.cpu)
+    if args.archive and not args.dry_run:
+        archive(args.results_dir, args.archive)
     bad = [o for o in outcomes if o.status in ("failed", "timeout")]
     sys.exit(1 if bad else 0)

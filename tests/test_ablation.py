@@ -174,7 +174,7 @@ def test_dry_run_runs_nothing(
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--comm", "dense,gzip"], "unknown comm 'gzip'; known: dense, fp16, powersgd"),
+        (["--comm", "dense,gzip"], "unknown comm 'gzip'; known: dense, fp16, bf16, powersgd"),
         (["--experiment", "nope"], "unknown experiment 'nope'; known: dawnbench_cifar10"),
         (["--grid", "--cache", "ssd"], "unknown cache 'ssd'"),
         (["--grid", "--update", "fast"], "unknown update 'fast'"),
@@ -300,9 +300,12 @@ def test_the_default_protocol_runs_each_workload_in_turn(
 
 
 def test_the_help_names_the_protocols_default_methods_and_seeds() -> None:
-    from bench.sweeps.methods import DEFAULT_METHODS
+    from bench.methods import defaults
     from bench.sweeps.protocol import EVAL_SEEDS
 
-    assert cli.DEFAULT == ",".join(DEFAULT_METHODS)
-    text = cli._parser().format_help()
-    assert f"{len(EVAL_SEEDS)} fresh" in " ".join(text.split())
+    text = " ".join(cli._parser().format_help().split())
+    assert f"{len(EVAL_SEEDS)} fresh" in text
+    assert f"(default:{','.join(defaults())})" in text.replace(" ", "")
+    # the grid: the default methods that are comm hooks (a sync strategy has no grid)
+    assert ab.comms() == [n for n in defaults() if n in ("dense", "fp16", "powersgd", "mstopk",
+                                                         "hitopk")]  # fmt: skip

@@ -8,6 +8,7 @@ import sys
 import pandas as pd
 import pytest
 
+from bench.methods import defaults
 from reproduce import advise
 
 
@@ -27,7 +28,7 @@ def _table(out: str) -> dict[str, tuple[float, float]]:
         if ln.startswith(("the answer for", "per step only")):
             break  # the ranking ends; the answer's own table follows
         f = ln.split()
-        if len(f) == 5 and f[0] in advise.RANKED:
+        if len(f) == 5 and f[0] in defaults():
             rows[f[0]] = (float(f[1]), float(f[2]))
     return rows
 

@@ -224,7 +224,7 @@ def test_compare_finds_runs_in_each_directory(results: Path, tmp_path: Path, cap
 @pytest.mark.parametrize("classes, target, shown", [(10, "top1", False), (1000, "top1", True),
                                                     (10, "top5", True)])  # fmt: skip
 def test_top5_column_only_where_it_says_something(classes: int, target: str, shown: bool) -> None:
-    from bench.train.loop import _table
+    from bench.train.outputs import table as _table
 
     s = SimpleNamespace(
         workload=SimpleNamespace(

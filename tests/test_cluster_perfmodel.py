@@ -4,8 +4,21 @@ import math
 
 import pytest
 
+from bench import methods as M
 from bench.cluster import perfmodel as pm
 from bench.cluster import projection
+from bench.registry import ConfigError
+
+
+def _agg(name, buckets, density, c, k, shapes=None, rank=4):
+    """A method's aggregation time of ``buckets`` (its spec's price)."""
+    s = M.get(name)
+    kn = s.knobs_of({"comm.density": density, "comm.powersgd_rank": rank})
+    return s.aggregation_time(buckets, c, k, kn, shapes)
+
+
+def _step(name, wl, c, k):
+    return M.get(name).step_time(wl, c, k, M.get(name).knobs_of({}))
 
 
 def test_ring_allreduce_across_nodes_uses_the_slow_link():
@@ -53,29 +66,29 @@ def test_hitopk_phases():
 def test_hitopk_beats_dense_on_a_slow_link_and_small_buckets_go_dense():
     c = projection.paper_cluster(16, 25, 0.7)
     b = pm.buckets_for(pm.RESNET50_NUMEL)
-    dense = pm.aggregation_time("dense", b, 0.001, c, projection.GPU_COSTS)
-    hi = pm.aggregation_time("hitopk", b, 0.001, c, projection.GPU_COSTS)
+    dense = _agg("dense", b, 0.001, c, projection.GPU_COSTS)
+    hi = _agg("hitopk", b, 0.001, c, projection.GPU_COSTS)
     assert hi < dense / 5
-    assert pm.aggregation_time("hitopk", [1000], 0.001, c, pm.Costs()) == pytest.approx(
+    assert _agg("hitopk", [1000], 0.001, c, pm.Costs()) == pytest.approx(
         pm.nccl_allreduce(1000, c, pm.Costs())
     )
-    with pytest.raises(ValueError):
-        pm.aggregation_time("nope", b, 0.001, c, pm.Costs())
+    with pytest.raises(ConfigError):
+        _agg("nope", b, 0.001, c, pm.Costs())
 
 
 def test_step_time_hides_by_measured_share_but_never_the_last_bucket():
     c = pm.Cluster(nodes=2, procs_per_node=1, inter_bw=2000.0)  # 1000 el: 2*1/2*4000/2000 = 2 s
     wl = pm.Workload(buckets=(1000, 1000), compute_s=3.0, hidden={"dense": 0.5})
     # 4 s of aggregation, half hidden = 2 s exposed; the last bucket alone is 2 s
-    assert pm.step_time("dense", wl, 1.0, c, pm.Costs()) == pytest.approx(3.0 + 2.0)
+    assert _step("dense", wl, c, pm.Costs()) == pytest.approx(3.0 + 2.0)
     wl = pm.Workload(buckets=(100, 1000), compute_s=3.0, hidden={"dense": 0.9})
     # 2.2 s in all, 10 % = 0.22 s; but the last bucket's 2 s cannot hide
-    assert pm.step_time("dense", wl, 1.0, c, pm.Costs()) == pytest.approx(5.0)
+    assert _step("dense", wl, c, pm.Costs()) == pytest.approx(5.0)
     wl = pm.Workload(buckets=(1000, 100), compute_s=0.3, hidden={"dense": 1.0})
     # backward is 0.2 s: at most 0.2 of the 2.2 s hide
-    assert pm.step_time("dense", wl, 1.0, c, pm.Costs()) == pytest.approx(0.3 + 2.0)
+    assert _step("dense", wl, c, pm.Costs()) == pytest.approx(0.3 + 2.0)
     # no measurement for a method: nothing hidden
-    assert pm.exposed_time("dense", pm.Workload((1000,), 9.0), 1.0, c, pm.Costs()) == 2.0
+    assert _step("dense", pm.Workload((1000,), 9.0), c, pm.Costs()) == 9.0 + 2.0
 
 
 def test_fit_alpha_beta_and_calibrate_from_micro_measurements():
@@ -102,8 +115,9 @@ def test_fit_alpha_beta_and_calibrate_from_micro_measurements():
 
 
 def test_projection_has_bands_and_sources():
-    rows = projection.project({"hitopk": 0.5}, gbps=(25, 400), nodes=(1, 16))
-    assert len(rows) == 2 * 2 * len(pm.PROJECTED)
+    hooks = M.specs(kind="hook")
+    rows = projection.project(hooks, {"hitopk": 0.5}, gbps=(25, 400), nodes=(1, 16))
+    assert len(rows) == 2 * 2 * len(hooks)
     for r in rows:
         assert 0 < r["efficiency_min"] <= r["efficiency"] <= r["efficiency_max"] <= 1 + 1e-9
         assert math.isfinite(r["step_ms"])
@@ -117,7 +131,7 @@ def test_projection_has_bands_and_sources():
 
 
 def test_the_projection_carries_2020s_dense_baselines_and_powersgd():
-    rows = projection.project(gbps=(25,), nodes=(16,))
+    rows = projection.project(M.specs(kind="hook"), gbps=(25,), nodes=(16,))
     by = {r["comm"]: r for r in rows}
     assert {"dense", "fp16", "powersgd", "hitopk"} <= set(by)
     # fp16 on the wire halves the bytes: faster than fp32 dense on a slow link
@@ -126,7 +140,7 @@ def test_the_projection_carries_2020s_dense_baselines_and_powersgd():
     assert all(r["hidden_source"] == "assumed" for r in rows)
     assert by["fp16"]["hidden"] == projection.ASSUMPTIONS["hidden"].value
     assert by["fp16"]["efficiency_min"] < by["fp16"]["efficiency"]
-    measured = projection.project({"fp16": 0.0}, gbps=(25,), nodes=(16,), comms=("fp16",))
+    measured = projection.project([M.get("fp16")], {"fp16": 0.0}, gbps=(25,), nodes=(16,))
     assert measured[0]["hidden_source"] == "measured"
     assert measured[0]["efficiency"] < by["fp16"]["efficiency"]
 
@@ -135,16 +149,16 @@ def test_fp16_and_powersgd_bucket_times():
     c = projection.paper_cluster(16, 25, 0.7)
     k = pm.Costs()  # transfers only
     d = 1_000_000
-    half = pm.aggregation_time("fp16", [d], 1.0, c, k)
-    full = pm.aggregation_time("dense", [d], 1.0, c, k)
-    lat = pm.aggregation_time("dense", [1], 1.0, c, k)  # the latency terms alone
+    half = _agg("fp16", [d], 1.0, c, k)
+    full = _agg("dense", [d], 1.0, c, k)
+    lat = _agg("dense", [1], 1.0, c, k)  # the latency terms alone
     assert half - lat == pytest.approx((full - lat) / 2, rel=1e-3)
     # PowerSGD: a 1000 x 1000 matrix at rank 4 sends 8,000 elements (P and Q)
-    psgd = pm.aggregation_time("powersgd", [d], 1.0, c, k, shapes=[[(1000, 1000)]], rank=4)
+    psgd = _agg("powersgd", [d], 1.0, c, k, shapes=[[(1000, 1000)]], rank=4)
     expect = 2 * pm.nccl_allreduce(4000, c, k)
     assert psgd == pytest.approx(expect)
     # without shapes nothing is compressed: a plain fp32 allreduce
-    assert pm.aggregation_time("powersgd", [d], 1.0, c, k) == pytest.approx(full)
+    assert _agg("powersgd", [d], 1.0, c, k) == pytest.approx(full)
 
 
 def test_resnet50_buckets_follow_ddp():

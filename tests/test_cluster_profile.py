@@ -4,6 +4,7 @@ bandwidth that keeps it on this machine."""
 import pytest
 import torch
 
+from bench import methods as M
 from bench.cluster import perfmodel as pm
 from bench.cluster import projection
 from bench.launch import profile
@@ -13,8 +14,8 @@ from bench.registry import ConfigError
 
 def test_paper_ratio_is_dense_time_over_v100_compute():
     c = projection.paper_cluster(16, 25.0, 0.7)
-    dense = pm.aggregation_time(
-        "dense", pm.buckets_for(pm.RESNET50_NUMEL), 1.0, c, projection.GPU_COSTS
+    dense = M.get("dense").aggregation_time(
+        pm.buckets_for(pm.RESNET50_NUMEL), c, projection.GPU_COSTS, M.get("dense").knobs_of({})
     )
     # 102 MB over 25 Gbit/s at 70 %: about 2 * 15/16 * 102 MB / 2.19 GB/s = 87 ms of link
     assert 0.08 < dense < 0.12

@@ -19,7 +19,16 @@ def test_measured_link_bytes_match_the_cost_function(tmp_path: Path):
 
     out = tmp_path / "agg.json"
     args = ["--out", str(out), "--numel", "4000000", "--density", "0.01", "--bucket-mb", "4"]
-    args += ["--reps", "2", "--warmup", "0", "--calib-mb", ""]
+    args += [
+        "--reps",
+        "2",
+        "--warmup",
+        "0",
+        "--calib-mb",
+        "",
+        "--comms",
+        "dense,topk,mstopk,hitopk",
+    ]
     with EmulatedCluster(2, 1e9, 0.0) as c:
         rc = run_nodes(c, 2, "bench.benchmarks.aggbench", args, rdzv_timeout_s=120, timeout_s=300)
     assert rc == 0

@@ -180,7 +180,7 @@ def test_loaded_residuals_survive_the_sweep_after_earlier_use() -> None:
     mem.sweep()
     mem.compensate(torch.ones(4), key="first-layout")  # a step before the load
     saved = torch.tensor([0.5, -0.25, 0.0, 1.0])
-    mem.load_state_dict([("rebuilt", saved)])
+    mem.load_state_dict({"residuals": {"rebuilt": saved}})
     mem.sweep()  # the first step after the resume
     assert torch.equal(mem.compensate(torch.zeros(4), key="rebuilt"), saved)
 

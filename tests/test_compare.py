@@ -35,6 +35,7 @@ def test_compare_draws_each_method_in_its_palette_colour(tmp_path: Path, monkeyp
     import pandas as pd
     from matplotlib.colors import to_hex
 
+    from bench.methods import colour
     from bench.results import plots
 
     drawn = {}
@@ -49,15 +50,15 @@ def test_compare_draws_each_method_in_its_palette_colour(tmp_path: Path, monkeyp
     plots.plot_time_to_accuracy(
         [("yours", curve), ("reference", curve), ("other", curve)],
         metric="top1", target=0.98, path=tmp_path / "x.png", title="t",
-        methods=["dense", "dense", "hitopk"],
+        colours=[colour("dense"), colour("dense"), colour("hitopk")],
     )  # fmt: skip
     lines = [
         ln for ln in drawn["fig"].axes[0].get_lines() if not ln.get_label().startswith("target")
     ]
     assert [to_hex(ln.get_color()) for ln in lines] == [
-        plots.method_colour("dense"),
-        plots.method_colour("dense"),
-        plots.method_colour("hitopk"),
+        colour("dense"),
+        colour("dense"),
+        colour("hitopk"),
     ]
     assert lines[0].get_linestyle() != lines[1].get_linestyle()
     # identical curves stay visible: the later run drawn over the first, thinner, with

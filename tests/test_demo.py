@@ -187,6 +187,21 @@ def test_resume_continues_bit_for_bit() -> None:
         assert torch.equal(a, b)
 
 
+def test_each_worker_s_momenta_go_to_its_own_checkpoint_shard() -> None:
+    """DeMo's error stays on its worker: its optimizer is this rank's share of a checkpoint
+    (rank 0's ``common.pt`` alone would resume every worker with rank 0's momenta)."""
+    from bench.train.comm import attach
+
+    cfg = OptimConfig(name="demo", update="naive", momentum=0.999, demo_chunk=4, demo_topk=3)
+    model = _net()
+    opt = build_optimizer(model, cfg)
+    ctl = attach(model, CommConfig(name="nocomm"), 4, optimizer=opt, optim=cfg)
+    assert ctl.states()["exchange"] is opt and opt.on_send is not None
+    sgd = OptimConfig(name="sgd")
+    plain = attach(model, CommConfig(name="dense"), 4, build_optimizer(model, sgd), optim=sgd)
+    assert set(plain.states()) == {"hook"}
+
+
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
@@ -233,8 +248,10 @@ def test_the_model_prices_the_allgather_on_the_paper_cluster() -> None:
         assert pm.demo_exchange(params, 64, 32, c, k) == pytest.approx(wire + compute)
     # a flat allgather grows with the workers: a third of dense's time on 2 x 8, more on 16 x 8
     wl = projection.paper_workload(0.1, {})
+    from bench.methods import get
+
     dense = [
-        pm.aggregation_time("dense", wl.buckets, 1.0, projection.paper_cluster(n, 25, 0.7), k)
+        get("dense").aggregation_time(wl.buckets, projection.paper_cluster(n, 25, 0.7), k, None)
         for n in (2, 16)
     ]
     demo = [
@@ -268,3 +285,30 @@ def test_a_short_demo_run_writes_a_record(tmp_path: Path) -> None:
     assert rec["status"] in ("ok", "target_missed") and rec["world_size"] == 2
     # each step: one packet of 6-byte pairs to the other worker, and the 4-byte barrier
     assert rec["comm_bytes_per_step"] > 4 and (rec["comm_bytes_per_step"] - 4) % 6 == 0
+
+
+@pytest.mark.slow
+def test_a_two_worker_run_resumed_from_its_first_epoch_goes_on_bit_for_bit(tmp_path: Path) -> None:
+    """Each worker's momenta come back from its own shard: the resumed second epoch equals
+    the uninterrupted one (with rank 0's momenta on both workers it did not)."""
+    import shutil
+
+    import pandas as pd
+
+    args = ["optim=demo", "comm=nocomm", "optim.demo_chunk=8", "optim.demo_topk=4",
+            "train.epochs=2", "train.stop_at_target=false", "train.max_steps_per_epoch=3",
+            "train.keep_checkpoints=3", *[o for o in TINY if "max_steps" not in o]]  # fmt: skip
+    p = run_cli("train", f"results.dir={tmp_path / 'ref'}", *args)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    shutil.copytree(tmp_path / "ref", tmp_path / "cut")
+    (rec,) = [
+        json.loads(line) for line in (tmp_path / "ref" / "runs.jsonl").read_text().splitlines()
+    ]
+    (tmp_path / "cut" / "runs.jsonl").unlink()  # as if it had stopped after epoch 1's checkpoint
+    for p2 in (tmp_path / "cut" / "checkpoints" / rec["run_id"]).glob("epoch-0002*"):
+        shutil.rmtree(p2) if p2.is_dir() else p2.unlink()
+    p = run_cli("train", f"resume={rec['run_id']}", f"results.dir={tmp_path / 'cut'}")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    curves = [pd.read_csv(next((tmp_path / d / "curves").glob("*.csv"))) for d in ("ref", "cut")]
+    cols = ["loss/train", "acc/train_top1", "loss/eval"]
+    pd.testing.assert_frame_equal(curves[0][cols], curves[1][cols], check_exact=True)

@@ -102,7 +102,7 @@ def test_budget_caps_skips_and_what_was_left(tmp_path):
 def test_every_step_is_planned_with_a_cap_within_the_default_budget():
     # the order the check promises (the torch-only device checks first), caps that each
     # fit the default budget, and the first five together within it
-    first = ["hooks", "select", "update", "profile", "step", "gpu-tests"]
+    first = ["hooks", "select", "update", "profile", "step", "calibrate"]
     assert [s.name for s in STEPS][:6] == first
     assert all(0 < s.min_s <= s.cap_s <= 480 for s in STEPS)
     # the device command's budget: twice in a 15-minute window, with the start-ups
@@ -112,13 +112,15 @@ def test_every_step_is_planned_with_a_cap_within_the_default_budget():
 
 def test_a_machine_with_torch_and_triton_only_runs_the_torch_steps():
     """The last device machine had torch and Triton but no Hydra, DALI or pandas."""
-    info = {"cuda": True, "nccl": True, "triton": "3", "pytest": "8", "torchvision": None}
+    info = {"cuda": True, "nccl": True, "triton": "3", "pytest": "8", "torchvision": "0.26"}
     got = dict((s.name, what) for s, what in plan(STEPS, info))
-    for name in ("hooks", "select", "update", "profile", "step", "gpu-tests"):
+    for name in ("hooks", "select", "update", "profile", "step", "calibrate", "gpu-tests"):
         assert got[name] == "run", (name, got[name])
-    assert got["train-nccl"] == "no HYDRA on this machine"
+    assert got["train-resnet50"] == "no HYDRA on this machine"
     assert got["input"] == "no DALI, PANDAS on this machine"
-    assert got["throughput"] == "no PANDAS, TORCHVISION on this machine"
+    assert got["throughput"] == "no PANDAS on this machine"
+    no_tv = dict((s.name, what) for s, what in plan(STEPS, {**info, "torchvision": None}))
+    assert no_tv["step"] == "no TORCHVISION on this machine"  # not "ok" with no rows
 
 
 @pytest.mark.slow  # 38 s on 2 cores: the default suite stays under 15 minutes
@@ -175,3 +177,86 @@ def test_the_gpu_test_files_are_the_ones_with_gpu_tests():
         )
     )
     assert sorted(GPU_TEST_FILES) == marked
+
+
+def _wheel(folder: Path, name: str = "gpucheckprobe") -> Path:
+    """A minimal pure-Python wheel of one module ``name`` (``VALUE = 42``)."""
+    import zipfile
+
+    path = folder / f"{name}-1.0-py3-none-any.whl"
+    info = f"{name}-1.0.dist-info"
+    files = {
+        f"{name}.py": "VALUE = 42\n",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = "".join(f"{n},,\n" for n in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(path, "w") as z:
+        for n, text in files.items():
+            z.writestr(n, text)
+    return path
+
+
+def test_the_device_call_plans_its_steps_and_refuses_in_one_line(tmp_path):
+    from bench.gpucheck.check import DEVICE_CALL
+
+    wheels = tmp_path / "whl"
+    wheels.mkdir()
+    r = _cli("--call", "--wheels", str(wheels), "--dry-run", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
+    assert "no .whl files there" in r.stderr
+    _wheel(wheels)
+    r = _cli("--call", "--wheels", str(wheels), "--dry-run", "--results-dir", "res", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "would install 1 wheels: gpucheckprobe-1.0-py3-none-any.whl" in r.stdout
+    planned = [
+        ln.split()[0] for ln in r.stdout.splitlines() if ln.startswith("  ") and "$" not in ln
+    ]
+    assert planned == list(DEVICE_CALL)
+    r = _cli("--call", "--only", "hooks", "--dry-run", cwd=tmp_path)
+    assert r.returncode == 2 and "leave out --only" in r.stderr
+    import torch
+
+    if not torch.cuda.is_available():  # a real run needs the GPU: one line, before any work
+        r = _cli("--call", "--results-dir", "res", cwd=tmp_path)
+        assert r.returncode == 2 and r.stderr.startswith("error: no CUDA device")
+        assert r.stderr.strip().count("\n") == 0 and not (tmp_path / "res").exists()
+
+
+def test_wheels_install_for_the_check_and_its_steps_and_results_archive(tmp_path, monkeypatch):
+    import tarfile
+
+    from reproduce import gpucheck as cli
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("PYTHONPATH", "")
+    site = cli.install([_wheel(tmp_path)])
+    assert __import__("gpucheckprobe").VALUE == 42
+    r = subprocess.run([sys.executable, "-c", "import gpucheckprobe"], env=os.environ.copy())
+    assert r.returncode == 0 and os.environ["PYTHONPATH"].startswith(site)
+    res = tmp_path / "res"
+    (res / "gpucheck").mkdir(parents=True)
+    (res / "gpucheck" / "select.jsonl").write_text("{}\n")
+    cli.archive(str(res), str(tmp_path / "out" / "gpucheck.tar.gz"))
+    with tarfile.open(tmp_path / "out" / "gpucheck.tar.gz") as tar:
+        assert "res/gpucheck/select.jsonl" in tar.getnames()
+    with pytest.raises(SystemExit):
+        cli.install([tmp_path / "missing-1.0-py3-none-any.whl"])
+
+
+def test_the_device_call_train_runs_pass_their_own_checks(tmp_path):
+    """Each ``reproduce train`` of the device call, composed and checked as ``train
+    --dry-run`` does (config, data, cluster): a typo fails here, not on the GPU."""
+    pytest.importorskip("hydra")
+    from reproduce._dryrun import compose, refusal, sweep_jobs
+
+    runs = [s for s in STEPS if s.name.startswith("train")]
+    assert len(runs) == 3
+    for s in runs:
+        argv = s.command(str(tmp_path / "res"))
+        overrides = [a for a in argv[4:] if not a.startswith("-")]
+        jobs = sweep_jobs(overrides) if "-m" in argv else [overrides]
+        for job in jobs:
+            assert refusal(compose(job)) is None, (s.name, job)
+    assert len(sweep_jobs([a for a in runs[0].command("r")[5:]])) == 3  # three methods

@@ -98,7 +98,7 @@ def test_a_step_killed_at_its_cap_keeps_its_rows(tmp_path, monkeypatch):
     assert o.status == "timeout"
     assert not out.exists()  # the step never finished
     kept = [json.loads(ln) for ln in out.with_suffix(".jsonl").read_text().splitlines()]
-    assert len(kept) == 2 and all(r["exact"] for r in kept)
+    assert len(kept) == 2 and kept[0]["what"] == "bandwidth" and kept[1]["exact"]
     assert o.detail.startswith("stopped: 2 rows kept")  # the summary reads them
     md = next((res / "gpucheck").glob("*.md")).read_text()
     assert "| select | timeout |" in md and "git ?" not in md
@@ -132,7 +132,7 @@ def test_a_lowering_error_is_reported():
     pytest.importorskip("triton")
     from bench.gpucheck.kernels import Kernel, compile_one
 
-    wrong = Kernel("_colmax_kernel", {"x_ptr": "*fp32", "out_ptr": "*fp32"}, {}, {})
+    wrong = Kernel("_group_kernel", {"x_ptr": "*fp32", "add_ptr": "*fp32"}, {}, {})
     row = compile_one(wrong)
     assert row["ok"] is False and row["error"]
 
@@ -221,3 +221,48 @@ def test_the_cpu_scatter_is_the_plain_sum_and_used_here_is_a_cpu_no_op():
     _scatter_mean(flat, idx, vals, 2, 6)
     assert torch.equal(flat, torch.tensor([3.5, 0, 4.5, 0, 0, 2.5]))
     used_here(flat)  # nothing to record on the CPU
+
+
+def test_calibration_rows_are_measured_and_read_back(tmp_path, monkeypatch):
+    """The calibrate step's measurement on the CPU (a tiny batch), its CSV, and the reader
+    the performance model calls."""
+    from bench.cluster import calibration
+    from bench.gpucheck import calibrate
+
+    monkeypatch.setitem(calibrate.SHAPES["cpu"], "transformer_tiny", (2, 8))
+    monkeypatch.setattr(calibrate, "DENSITIES", (0.01,))
+    rows = calibrate.measure("transformer_tiny", torch.device("cpu"), reps=1)
+    got = {r["quantity"] for r in rows}
+    assert {"fwd_bwd_s", "update_s", "lowrank_s", "dct_s", "reduce_s", "dense_s"} <= got
+    assert {"select_s[topk]", "select_s[mstopk]", "scatter_s"} <= got
+    assert all(r["value"] > 0 for r in rows)
+    path = tmp_path / "calibration" / f"{calibration.device_slug('Intel(R) Xeon(R) X')}.csv"
+    assert path.name == "intel-xeon-x.csv"
+    calibrate.write_csv([{"device": "x", **r} for r in rows], path)
+    c = calibration.constants("transformer_tiny", path)
+    assert c["batch"] == 2 and c["compute_s"] > 0 and c["density"] == 0.01
+    k = calibration.costs("transformer_tiny", "Intel(R) Xeon(R) X", "mstopk", root=path.parent)
+    assert k["select_s"] == pytest.approx(c["select_s"]["mstopk"] + c["reduce_s"])
+    import dataclasses
+
+    from bench.cluster.perfmodel import Costs
+
+    assert set(k) == {f.name for f in dataclasses.fields(Costs)}  # Costs(**k) takes them
+    w = calibration.workload("transformer_tiny", path, batch=4)
+    assert w["compute_s"] == pytest.approx(2 * c["compute_s"])
+    with pytest.raises(FileNotFoundError, match="intel-xeon-x"):
+        calibration.load("no such device", root=path.parent)
+    with pytest.raises(KeyError, match="measured: "):
+        calibration.costs("transformer_tiny", path, "nothing")
+
+
+def test_the_committed_cpu_calibration_names_its_cpu():
+    from bench.cluster import calibration
+
+    assert calibration.devices(), "no results/calibration/*.csv committed"
+    for dev in calibration.devices():
+        rows = calibration.load(dev)
+        assert rows and all(r["device"] and r["hardware"] for r in rows)
+        for model in {r["model"] for r in rows}:
+            c = calibration.constants(model, dev)
+            assert c["compute_s"] > 0 and c["select_s"] and c["scatter_s"] > 0

@@ -103,6 +103,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sync",),  # how the replicas meet: every step, or every H steps through torchft
     ("results",),  # records, curves, the event log, run outputs: written by both halves
     ("cluster",),  # launchers and network emulation: start the worker processes
+    ("methods",),  # the comparison methods, one spec each: overrides, knobs, price, colour
     ("config",),  # the run's structured config, assembled from every group's schema
     ("train", "benchmarks"),  # the worker side of a run; measurements beside it
     ("launch",),  # the launcher side: validate, launch, record what the workers did not

@@ -57,7 +57,7 @@ def test_the_benchmark_and_the_record_compare_alike():
     from bench.benchmarks.cluster import _wire
 
     res = {"nodes": 2, "procs_per_node": 1, "buckets": [100_000], "density": 1.0}
-    link = cost.step("dense", [100_000], 1.0, 2, 1).link_bytes
+    link = cost.allreduce(100_000, 2, 1).link_bytes
     res["dense"] = {"wire_bytes": [[cost.on_wire(link, link), 0.0]] * 2}
     assert _wire("dense", res) == wire_comparison(link, [cost.on_wire(link, link)] * 2)
     assert abs(_wire("dense", res)["wire_error"]) < 1e-12

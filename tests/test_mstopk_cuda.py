@@ -80,22 +80,6 @@ def test_one_sync_and_exact(gaussian: torch.Tensor, method: str, density: float,
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_triton_column_maxima_match_torch(dtype) -> None:
-    from bench.comm import mstopk_triton
-
-    assert mstopk_triton.AVAILABLE, "triton does not import on this CUDA machine"
-    g = torch.Generator(device="cuda").manual_seed(1)
-    for rows, cols in [(16, 1_600_000), (3, 1023), (7, 5001), (2, 1)]:
-        head = torch.randn(rows, cols, device="cuda", generator=g).to(dtype)
-        ref = torch.maximum(head.amax(0), head.amin(0).neg()).float()
-        assert torch.equal(mstopk_triton.colmax_abs(head), ref), (rows, cols)
-    head[1, 0] = float("nan")
-    assert torch.isnan(mstopk_triton.colmax_abs(head)[0])
-
-
-@pytest.mark.gpu
-@needs_gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("density", [0.001, 0.01])
 def test_triton_and_torch_paths_select_alike(gaussian: torch.Tensor, density: float, dtype) -> None:
@@ -205,43 +189,44 @@ def test_cuda_bench_rows(fake_cuda: None, tmp_path) -> None:
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("density", [0.001, 0.01])
-def test_fast_tiled_kernels_exact_and_sync_free_when_deferred(
+@pytest.mark.parametrize("density", [0.001, 0.01, 0.25])
+def test_radix_path_sync_free_in_a_hook_and_captured_in_a_graph(
     gaussian: torch.Tensor, density: float, dtype
 ) -> None:
-    """The histogram threshold and one compaction (selection_fast) on the GPU: exact with
-    one sync; inside deferred_finite (a hook) no sync at all, by torch's own count."""
-    from bench.comm import mstopk_triton
-    from bench.comm import selection_tiled as selection_fast
+    """Inside deferred_finite (a hook) no sync at all, by torch's own count, at every
+    density; the same call captured in a CUDA graph and replayed on new values selects
+    their top k (fixed shapes, nothing read back)."""
     from bench.comm.selection_core import deferred_finite
 
     x = gaussian.to(dtype)
     k = k_for(N, density)
-    c = selection.selection_tiled.rows_for(N, k, 16)
     exact = torch.topk(x.abs().float(), k, sorted=False).values
-    vals, idx = selection_fast.tiled_fast(x, k, c, mstopk_triton)
-    assert idx.unique().numel() == k and torch.equal(_magnitudes(vals), _magnitudes(exact))
-    ref_m, ref_h = selection_fast.TorchOps.colmax_hist(
-        x[: c * (N // c)].view(c, -1), selection_fast.BINS1, selection_fast.SHIFT1
-    )
-    m, h = mstopk_triton.colmax_hist(
-        x[: c * (N // c)].view(c, -1), selection_fast.BINS1, selection_fast.SHIFT1
-    )
-    assert torch.equal(m, ref_m) and torch.equal(h, ref_h)
     finite: list[torch.Tensor] = []
-    flags: list[torch.Tensor] = []
+    mstopk(x, k, "tiled")  # warm-up: compiles
     torch.cuda.synchronize()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            with deferred_finite(finite, flags):
-                vals2, _ = mstopk(x, k, "tiled")
+            with deferred_finite(finite):
+                vals, idx = mstopk(x, k, "tiled")
         finally:
             torch.cuda.set_sync_debug_mode(0)
     syncs = [w for w in caught if "synchronizing cuda operation" in str(w.message).lower()]
     assert not syncs, [str(w.message) for w in syncs]
-    # the column-maxima path notes no capacity flag (its candidates are whole columns)
-    assert bool(torch.stack(finite).all()) and all(bool(f) for f in flags)
-    assert torch.equal(_magnitudes(vals2), _magnitudes(exact))
-    assert "fast" not in selection._TRITON_BROKEN
+    assert bool(torch.stack(finite).all()) and idx.unique().numel() == k
+    assert torch.equal(_magnitudes(vals), _magnitudes(exact))
+    assert "radix" not in selection._TRITON_BROKEN
+    static = x.clone()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), deferred_finite([]):
+        mstopk(static, k, "tiled")  # warm-up on the capturing stream
+        with torch.cuda.graph(graph, stream=stream):
+            gvals, gidx = mstopk(static, k, "tiled")
+    torch.cuda.current_stream().wait_stream(stream)
+    static.copy_(torch.randn_like(static))
+    graph.replay()
+    want = torch.topk(static.abs().float(), k, sorted=False).values
+    assert gidx.unique().numel() == k and torch.equal(_magnitudes(gvals), _magnitudes(want))

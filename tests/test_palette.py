@@ -14,11 +14,14 @@ import pytest
 from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
 
+from bench import methods
 from bench.results import plots
-from bench.results.plots import METHOD_COLOURS, MIN_DISTANCE, colour_distance
+from bench.results.plots import MIN_DISTANCE, colour_distance
 from tests.test_figures import results  # noqa: F401 - the records fixture
 
 matplotlib.use("Agg")
+
+METHOD_COLOURS = {s.name: s.colour for s in methods.specs()}  # every method's, from its spec
 
 NON_METHOD = {
     "BASELINE_COLOURS": plots.BASELINE_COLOURS,
@@ -46,7 +49,7 @@ def test_topk_selectors_are_mstopk_and_the_baselines_neutral() -> None:
         if key in ("sum", "torch.topk"):
             assert min(colour_distance(colour, m) for m in METHOD_COLOURS.values()) >= 40
         else:  # mstopk's own implementations: mstopk's colour, told apart by line style
-            assert colour == METHOD_COLOURS["mstopk"], key
+            assert colour == methods.get("mstopk").colour, key
 
 
 def _method(text: str) -> str | None:
@@ -97,7 +100,8 @@ def _protocol_table() -> pd.DataFrame:
         ]
     ):
         rows.append(
-            {"comm": comm, "trial": trial, "n_runs": 5, "n_reached": 5}
+            {"for_cluster": "paper", "ratio": 1.34, "comm": comm, "trial": trial, "n_runs": 5}
+            | {"n_reached": 5}
             | {"time_to_target_mean_s": 20.0 / sp, "best_peer": "powersgd"}
             | {"speedup_vs_dense": sp, "speedup_vs_dense_ci_low": sp - 0.1}
             | {"speedup_vs_dense_ci_high": sp + 0.1, "verdict_vs_dense": "faster"}

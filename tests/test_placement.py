@@ -275,7 +275,7 @@ def test_resume_is_bit_for_bit(world1, placement: str) -> None:
         {"model": model.state_dict(), "opt": opt.state_dict(), "hook": ctl.state.state_dict()}
     )
     if placement == "grad+dgc":
-        assert saved["hook"]["momenta"] and saved["hook"]["residuals"]
+        assert saved["hook"]["buckets"]["momenta"] and saved["hook"]["buckets"]["residuals"]
     straight = _train(parts, range(4, 8))
     again = _setup(placement, 0.1)  # a restarted worker: built, then loaded
     again[0].load_state_dict(saved["model"])

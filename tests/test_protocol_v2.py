@@ -3,6 +3,7 @@ method (knobs x the learning rate), duplicate schedules refused, labelled densit
 on the step axis, per-cluster selection from steps x step time, and the unpaired interval
 against a direct computation."""
 
+import dataclasses
 import json
 import math
 import re
@@ -12,6 +13,9 @@ import pandas as pd
 import pytest
 from scipy import stats
 
+from bench import methods
+from bench.methods import Knobs
+from bench.methods.kinds import RankKnobs
 from bench.registry import ConfigError
 from bench.results.records import append_record, load_records, write_curve
 from bench.sweeps import intervals as iv
@@ -33,17 +37,21 @@ def test_every_method_gets_the_same_number_of_distinct_trials():
     lrs = {v["optim.lr"] for c in plan.comms if c != "demo" for _, v in plan._space(c)}
     assert lrs == {0.2, 0.4, 0.8}  # the rate axis reaches every method
     demo = {v["optim.lr"] for _, v in plan._space("demo")}  # a sign update: its own centre
-    assert demo <= {0.5 * pr.DEMO_IMAGE_LR, pr.DEMO_IMAGE_LR, 2 * pr.DEMO_IMAGE_LR}
+    lr = methods.get("demo").lr_centre["classification"]
+    assert lr != 0.4 and demo <= {0.5 * lr, lr, 2 * lr}
     plan.check()  # distinct, and every labelled density reached within dense's steps
 
 
-def test_a_new_method_adds_one_entry_and_gets_the_same_trials(monkeypatch):
-    monkeypatch.setitem(pr.SPACES, "randomk", {"x": (("a", {"comm.density": 0.1}),)})
+def test_a_methods_space_is_its_specs_and_gets_the_same_trials(monkeypatch):
+    def with_space(knobs):
+        spec = dataclasses.replace(methods.get("randomk"), spaces=lambda w, ref: knobs)
+        monkeypatch.setitem(methods.METHODS._items, "randomk", spec)
+
+    with_space({"x": (("a", {"comm.density": 0.1}),)})
     with pytest.raises(ConfigError, match="cannot give the protocol's 6"):
-        pr.space_v2("randomk", 0.4)
-    two = {"x": tuple((f"d{d}", {"comm.density": d}) for d in (0.1, 0.2))}
-    monkeypatch.setitem(pr.SPACES, "randomk", two)
-    assert len(pr.space_v2("randomk", 0.4)) == T.TRIALS
+        pr.space("randomk", 0.4)
+    with_space({"x": tuple((f"d{d}", {"comm.density": d}) for d in (0.1, 0.2))})
+    assert len(pr.space("randomk", 0.4)) == T.TRIALS
 
 
 def test_two_trials_that_run_alike_within_the_budget_are_refused():
@@ -75,10 +83,7 @@ def test_two_trials_that_run_alike_within_the_budget_are_refused():
 
 
 def test_labels_say_what_ran():
-    phases = [
-        {"method": "dense", "density": 1.0, "rank": 0, "steps": 6},
-        {"method": "powersgd", "density": 1.0, "rank": 8, "steps": 40},
-    ]
+    phases = [(6, "dense", Knobs()), (40, "powersgd", RankKnobs(rank=8))]
     assert T.ran(phases) == "dense x 6, powersgd rank 8 x 40"
 
 
@@ -113,15 +118,26 @@ def _tuning(tmp, run_id, comm, trial, seed, phases, steps_to_target):
     )
 
 
-def _timing(tmp, run_id, comm, label, seed, step_s):
+def _timing(tmp, run_id, method, seed, step_s, **knobs):
+    """A timing run of ``method`` at ``knobs`` (its config's full keys: ``comm.density``);
+    its key is read from its config, its label written as the plan writes it."""
+    spec = methods.get(method)
+    config = {"train": {"seed": seed}}
+    for o in spec.overrides():  # the groups that select it: comm=, optim=, sync=
+        group, name = o.split("=")
+        config[group] = {"name": name}
+    for key, v in knobs.items():
+        group, leaf = key.split(".")
+        config.setdefault(group, {})[leaf] = v
+    label = spec.timing_label(spec.timing_knobs(spec.knobs_of(config)))
     append_record(
         tmp,
         {
             "run_id": run_id,
             "status": "target_missed",
-            "comm": comm,
+            "comm": spec.comm,
             "step_time_s": step_s,
-            "config": {"train": {"seed": seed}},
+            "config": config,
             "protocol": {"name": pr.NAME, "role": "time", "trial": label, "selected": False},
         },
     )
@@ -137,8 +153,8 @@ def test_selection_is_per_cluster_from_steps_and_step_times(tmp_path, monkeypatc
     for seed in (1000, 1001):
         _tuning(tmp_path, f"a{seed}", "hitopk", "a", seed, "hitopk/0.1/0/100/1", 40)
         _tuning(tmp_path, f"b{seed}", "hitopk", "b", seed, "hitopk/0.001/0/100/1", 60)
-    _timing(tmp_path, "t1", "hitopk", "time hitopk d0.1 b25", 2000, 0.010)
-    _timing(tmp_path, "t2", "hitopk", "time hitopk d0.001 b25", 2000, 0.010)
+    _timing(tmp_path, "t1", "hitopk", 2000, 0.010, **{"comm.density": 0.1})
+    _timing(tmp_path, "t2", "hitopk", 2000, 0.010, **{"comm.density": 0.001})
     recs = load_records(tmp_path)
     table = pr.selection_table(plan, recs)
     chosen = pr.select_per_cluster(table)
@@ -172,23 +188,11 @@ def test_the_unpaired_interval_is_welch_on_log_time():
     assert math.isnan(iv.seed_correlation({0: 1.0}, {0: 2.0}))
 
 
-def test_old_plans_keep_their_rules():
-    old = _plan(name=pr.V1)
-    assert [t for t, _ in old._space("hitopk")] == [
-        "d0.01",
-        "d0.01-warmup",
-        "d0.001",
-        "d0.001-warmup",
-    ]
-    assert old._space("dense") == (("default", {}),) and not old.timing_jobs()
-    assert isinstance(pd.DataFrame(), pd.DataFrame)
-
-
 def test_the_new_methods_are_names_plus_the_overrides_that_select_them():
     plan = _plan()
     assert {"demo", "diloco", "streaming_diloco"} <= set(plan.comms)
     assert "localsgd" not in plan.comms  # in the plan with --comm (DiLoCo's special case)
-    assert "localsgd" in pr.method_overrides("localsgd")[0]
+    assert methods.get("localsgd").overrides() == ["sync=localsgd"]
     sizes = {c: len(plan._space(c)) for c in plan.comms}
     assert set(sizes.values()) == {T.TRIALS}, sizes  # every method alike
     demo = plan.overrides(pr.Job(pr.TUNE, "demo", plan._space("demo")[0][0], 1000))
@@ -201,31 +205,42 @@ def test_the_new_methods_are_names_plus_the_overrides_that_select_them():
     assert "comm=hitopk" in plan.overrides(
         pr.Job(pr.TUNE, "hitopk", plan._space("hitopk")[0][0], 0)
     )
-    with pytest.raises(ConfigError, match="unknown comm 'nosuch'"):
-        pr.method_overrides("nosuch")
+    with pytest.raises(ConfigError, match="unknown method 'nosuch'"):
+        methods.get("nosuch")
     # every method is priced: each has timing runs on the check cluster, of whole periods
-    timed = {j.comm for j in plan.timing_jobs()}
-    assert {"demo", "diloco", "streaming_diloco"} <= timed and pr.unpriced(plan) == ""
+    assert set(plan.comms) <= {j.comm for j in plan.timing_jobs()}
+    keys = plan.timing_keys()
+    assert "time dense b25" in keys and "time powersgd rank4 b25" in keys
+    assert "time demo chunk64 topk32 b25" in keys and "time hitopk d0.001 b25" in keys
+    assert "time streaming_diloco H10 frag2 delay1 b25" in keys
     for j in plan.timing_jobs():
-        key = pr._timing_key(j.trial)
-        assert pr._timing_label(key) == j.trial
-        epochs, per = pr.timing_steps(key, "classification")
+        method, knobs = keys[j.trial]
+        spec = methods.get(method)
+        assert method == j.comm and spec.timing_label(knobs) == j.trial
+        epochs, per = pr.timing_steps((method, knobs), "classification")
         assert per <= pr.STEPS_PER_EPOCH["classification"]
-        if j.comm in ("diloco", "streaming_diloco"):
-            assert (epochs * per) % key[4][0] == 0 and epochs * per >= key[4][0]
+        assert (epochs * per) % spec.period(knobs) == 0 and epochs * per >= spec.period(knobs)
         over = plan.overrides(j)
         assert f"train.epochs={epochs}" in over and "train.eval_stride=1" in over
+        # what the run records reads back as the same key (its config, not its label)
+        config: dict = {}
+        for o in over:
+            k, v = o.split("=", 1)
+            if "." in k and k.split(".")[0] in ("comm", "optim", "sync"):
+                group, leaf = k.split(".")
+                config.setdefault(group, {})[leaf] = json.loads(v)
+        assert spec.timing_knobs(spec.knobs_of(config)) == knobs
 
 
 def test_a_record_is_grouped_under_the_method_that_selected_it():
     def rec(comm, optim="sgd", sync="ddp"):
         return {"comm": comm, "config": {"optim": {"name": optim}, "sync": {"name": sync}}}
 
-    assert pr.method_of(rec("nocomm", optim="demo")) == "demo"
-    assert pr.method_of(rec("dense", sync="diloco")) == "diloco"
-    assert pr.method_of(rec("dense", sync="streaming_diloco")) == "streaming_diloco"
-    assert pr.method_of(rec("hitopk")) == "hitopk"
-    assert pr.method_of({"comm": "fp16"}) == "fp16"  # an older record without the groups
+    assert methods.method_of(rec("nocomm", optim="demo")) == "demo"
+    assert methods.method_of(rec("dense", sync="diloco")) == "diloco"
+    assert methods.method_of(rec("dense", sync="streaming_diloco")) == "streaming_diloco"
+    assert methods.method_of(rec("hitopk")) == "hitopk"
+    assert methods.method_of({"comm": "fp16"}) == "fp16"  # an older record without the groups
     r = {**rec("nocomm", optim="demo"), "protocol": {"role": "tune", "trial": "c32k4-lr1x"}}
     assert pr.job_of(r).comm == "demo"
 
@@ -233,7 +248,7 @@ def test_a_record_is_grouped_under_the_method_that_selected_it():
 def test_placement_trials_are_distinct_and_fit_the_workloads_optimizer(monkeypatch):
     image, translation = _plan(), _plan(experiment="transformer_protocol", recipe_lr=5e-4)
     for plan, other, fits in ((image, "update", "grad+dgc"), (translation, "grad+dgc", "update")):
-        for c in pr.SPARSE[:1] + ("hitopk",):
+        for c in ("topk", "hitopk"):
             seen = {v["comm.placement"] for _, v in plan._space(c)}
             assert seen == {"grad", fits}, (c, seen)
         plan._check_placements("hitopk")
@@ -256,16 +271,20 @@ def test_demo_and_diloco_are_priced_on_the_paper_cluster(tmp_path, monkeypatch):
     """DiLoCo's outer all-reduce every H steps and DeMo's all-gather every step are priced
     by the model at each ratio: a longer period is cheaper per step, more so at a higher
     ratio, and the selection there trades it against the steps it costs."""
+    from bench.methods import get
     from bench.sweeps import ratios
 
-    h10 = ratios.step_time_s("diloco", 1.0, 5.37, knobs=(10, 1, 0))
-    h40 = ratios.step_time_s("diloco", 1.0, 5.37, knobs=(40, 1, 0))
-    dense = ratios.step_time_s("dense", 1.0, 5.37)
+    def step(m, ratio, **knobs):
+        return ratios.step_time_s(m, get(m).knobs_of(knobs), ratio)
+
+    h10 = step("diloco", 5.37, **{"sync.sync_every": 10})
+    h40 = step("diloco", 5.37, **{"sync.sync_every": 40})
+    dense = step("dense", 5.37)
     assert h40 < h10 < dense
-    low = ratios.step_time_s("diloco", 1.0, 1.34, knobs=(10, 1, 0))
-    assert h10 / dense < low / ratios.step_time_s("dense", 1.0, 1.34)  # saves more at 5.37
-    small = ratios.step_time_s("demo", 1.0, 5.37, knobs=(32, 4))
-    assert 0 < small < ratios.step_time_s("demo", 1.0, 5.37, knobs=(64, 32))
+    low = step("diloco", 1.34, **{"sync.sync_every": 10})
+    assert h10 / dense < low / step("dense", 1.34)  # saves more at 5.37
+    small = step("demo", 5.37, **{"optim.demo_chunk": 32, "optim.demo_topk": 4})
+    assert 0 < small < step("demo", 5.37, **{"optim.demo_chunk": 64, "optim.demo_topk": 32})
     space = (
         ("h10", {"sync.sync_every": 10, "sync.outer_lr": 0.7}),
         ("h40", {"sync.sync_every": 40, "sync.outer_lr": 0.7}),
@@ -283,15 +302,15 @@ def test_demo_and_diloco_are_priced_on_the_paper_cluster(tmp_path, monkeypatch):
     for seed in (1000, 1001):
         tuned(f"a{seed}", "h10", seed, 10, 60)
         tuned(f"b{seed}", "h40", seed, 40, 66)
-    _timing(tmp_path, "t1", "diloco", "time diloco H10 frag1 delay0 b25", 2000, 0.010)
-    _timing(tmp_path, "t2", "diloco", "time diloco H40 frag1 delay0 b25", 2000, 0.010)
+    _timing(tmp_path, "t1", "diloco", 2000, 0.010, **{"sync.sync_every": 10})
+    _timing(tmp_path, "t2", "diloco", 2000, 0.010, **{"sync.sync_every": 40})
     table = pr.selection_table(plan, load_records(tmp_path))
     chosen = pr.select_per_cluster(table)
     assert chosen["emulated"] == {"diloco": "h10"}  # as fast per step there: fewer steps
     assert chosen["paper-b64"] == {"diloco": "h40"}  # 10 % more steps, far fewer syncs
     row = table[(table["cluster"] == "paper-b64") & (table["trial"] == "h40")].iloc[0]
-    assert row["median_time_s"] == pytest.approx(66 * ratios.step_time_s(
-        "diloco", 1.0, row["ratio"], knobs=(40, 1, 0)))  # fmt: skip
+    assert row["median_time_s"] == pytest.approx(
+        66 * step("diloco", row["ratio"], **{"sync.sync_every": 40}))  # fmt: skip
 
 
 def test_the_table_is_per_cluster_with_welch_intervals_on_the_evaluation_seeds(
@@ -300,6 +319,7 @@ def test_the_table_is_per_cluster_with_welch_intervals_on_the_evaluation_seeds(
     """Each cluster's block holds the configuration selected for it, its evaluation runs'
     time there (the check cluster's clock, else steps x the model's step), and the speedup
     over dense as Welch's t on log times, computed here directly with scipy."""
+    from bench.methods import get
     from bench.report import answer
     from bench.sweeps import protocol_table as pt
     from bench.sweeps import ratios
@@ -311,8 +331,8 @@ def test_the_table_is_per_cluster_with_welch_intervals_on_the_evaluation_seeds(
     for seed in (1000, 1001):
         _tuning(tmp_path, f"td{seed}", "dense", "b25", seed, "dense/1/0/100/1", 60)
         _tuning(tmp_path, f"th{seed}", "hitopk", "d01", seed, "hitopk/0.01/0/100/1", 66)
-    _timing(tmp_path, "t1", "dense", "time dense b25", 2000, 0.30)
-    _timing(tmp_path, "t2", "hitopk", "time hitopk d0.01 b25", 2000, 0.20)
+    _timing(tmp_path, "t1", "dense", 2000, 0.30)
+    _timing(tmp_path, "t2", "hitopk", 2000, 0.20, **{"comm.density": 0.01})
     rng = np.random.default_rng(0)
     steps = {"dense": 60 + rng.integers(-4, 5, 10), "hitopk": 66 + rng.integers(-6, 7, 10)}
     clock = {c: {} for c in steps}
@@ -341,7 +361,11 @@ def test_the_table_is_per_cluster_with_welch_intervals_on_the_evaluation_seeds(
     assert emu["measured_on"] == "clock" and emu["n_runs"] == 10
     b64 = df[(df["for_cluster"] == "paper-b64") & (df["comm"] == "hitopk")].iloc[0]
     model = {
-        c: [int(steps[c][s]) * ratios.step_time_s(c, d, b64["ratio"]) for s in range(10)]
+        c: [
+            int(steps[c][s])
+            * ratios.step_time_s(c, get(c).knobs_of({"comm.density": d}), b64["ratio"])
+            for s in range(10)
+        ]  # fmt: skip
         for c, d in (("dense", 1.0), ("hitopk", 0.01))
     }
     r, lo, hi = iv.log_t_interval(model["dense"], model["hitopk"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bench import methods
 from bench.sweeps import protocol as pr
 from bench.sweeps import trials as T
 
@@ -16,18 +17,23 @@ def test_the_translation_workload_tunes_density_005_with_an_equal_budget(tmp_pat
     image = pr.Plan(**kw, recipe_lr=0.4)
     text = pr.Plan(**kw, experiment=pr.WORKLOADS["translation"], recipe_lr=2e-3)
     for comm in ("topk", "mstopk", "hitopk"):
-        img = {o[0] for o in pr.knobs(comm, "classification")["schedule"]}
+        spec, ref = methods.get(comm), pr.REF_STEPS["translation"]
+        img = {
+            o[0] for o in spec.space("classification", pr.REF_STEPS["classification"])["schedule"]
+        }
         assert img == {"d0.01", "d0.01-warmup15", "d0.001", "d0.001-warmup15"}
         # translation (AdamW): density {0.05, 0.01} x placement {grad, update}, each after
         # the same dense warm-up on the step axis (update freezes Adam's variance there)
-        tr = pr.knobs(comm, "translation")
+        tr = spec.space("translation", ref)
         dens, place = dict(tr["density"]), dict(tr["placement"])
         assert sorted(dens) == ["d0.01", "d0.05"] and sorted(place) == ["grad", "update"]
         warm = {v["comm.warmup_steps"] for v in place.values()}
-        assert len(warm) == 1 and 0 < warm.pop() < pr.REF_STEPS["translation"]
-        # the v1 failure: 0.01 reached after the warm-up, well before dense's 240, not never
-        sent = T.schedule({**dens["d0.01"], **place["update"]}, comm, pr.REF_STEPS["translation"])
-        assert 0 < sent[0].index(0.01) < pr.REF_STEPS["translation"] // 2
+        assert len(warm) == 1 and 0 < warm.pop() < ref
+        # the earlier rules' failure: 0.01 reached after the warm-up, well before dense's
+        # 240, not never
+        sent = T.sends(comm, {**dens["d0.01"], **place["update"]}, ref)
+        first = [m for m, k in sent].index(comm)
+        assert 0 < first < ref // 2 and sent[first][1].density == 0.01
     text.check()  # every method the same number of distinct trials
     image.check()
     assert {len(text._space(c)) for c in text.comms} == {T.TRIALS}

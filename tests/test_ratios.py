@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from bench.launch import profile
+from bench.methods import get
 from bench.results.records import append_record, write_curve
 from bench.sweeps import ratios as R
 
@@ -62,10 +63,7 @@ def test_steps_are_charged_at_the_density_each_epoch_ran(tmp_path):
     assert all(ph.rank == 8 for ph in p.phases[1:]) and p.steps == 2 * STEPS
     assert {ph.method for ph in by["d0"].phases} == {"dense"}
     # the projected time is the steps x the model's time per step, phase by phase
-    t = sum(
-        ph.steps * R.step_time_s(ph.method, ph.density, 1.0, powersgd_rank=ph.rank)
-        for ph in p.phases
-    )
+    t = sum(ph.steps * R.step_time_s(ph.method, ph.knobs, 1.0) for ph in p.phases)
     assert R.run_time_s(p, 1.0) == pytest.approx(t)
 
 
@@ -207,7 +205,7 @@ def test_a_dense_phase_past_the_target_is_charged_as_dense(tmp_path):
     assert [(p.method, p.steps) for p in by["old"].phases] == [("dense", 7)]
     assert by["old"].accounting == "config" and by["new"].accounting == "recorded"
     assert [(p.method, p.steps) for p in by["new"].phases] == [("dense", 8)]
-    dense = R.step_time_s("dense", 1.0, 5.0)
+    dense = R.step_time_s("dense", get("dense").knobs_of({}), 5.0)
     assert R.run_time_s(by["new"], 5.0) == pytest.approx(8 * dense)
     assert "charged from their config" in R.accounting_notes(runs)[0]
     # past the dense epoch the log charges each step by its phase

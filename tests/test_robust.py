@@ -501,7 +501,7 @@ def test_a_checkpoint_of_another_shape_names_the_first_mismatched_key(tmp_path: 
 
     cfg = _config(tmp_path, *TINY)
     m = CheckpointManager(cfg, manifest["run"], rank=0, world=manifest["world_size"],
-                          device=torch.device("cpu"), states={"model": now}, hook=None,
+                          device=torch.device("cpu"), states={"model": now},
                           progress=None)  # type: ignore[arg-type]  # fmt: skip
     with pytest.raises(ConfigError) as e:
         m.load(manifest)

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
+from bench.methods import get
 from bench.results.records import append_record
 from bench.sweeps import scaling as sc
 from bench.sweeps import scaling_model as sm
@@ -127,7 +128,7 @@ def test_projection_only_after_the_model_holds(table: pd.DataFrame, tmp_path: Pa
 def test_figure_from_fixture_rows(table: pd.DataFrame, tmp_path: Path, monkeypatch) -> None:
     from PIL import Image
 
-    from bench.report import figures as fs
+    from bench.report import scaling as fs
 
     figs = []
     real = fs.save_figure
@@ -164,12 +165,13 @@ def _calibration(**kw) -> sm.Calibration:
 
 def test_predictions_order_methods_on_a_slow_link() -> None:
     cal = _calibration()
-    p = {c: sm.predict(c, 4, 1, 0.3, 40e6, cal, 0.01)["predicted_step_s"]
+    at = {c: get(c).knobs_of({"comm.density": 0.01}) for c in ("nocomm", "dense", "fp16", "hitopk")}
+    p = {c: sm.predict(c, 4, 1, 0.3, 40e6, cal, at[c])["predicted_step_s"]
          for c in ("nocomm", "dense", "fp16", "hitopk")}  # fmt: skip
     f = sm.contention(4, 1, 2)
     assert p["nocomm"] == pytest.approx(0.3 + 0.002 * f)
     assert p["nocomm"] < p["hitopk"] < p["fp16"] < p["dense"]
-    faster = sm.predict("dense", 4, 1, 0.3, 400e6, cal, 0.01)["predicted_step_s"]
+    faster = sm.predict("dense", 4, 1, 0.3, 400e6, cal)["predicted_step_s"]
     assert faster < p["dense"]
     assert 0.9 < sm.link_efficiency() < 1.0  # TCP/IP framing
 
@@ -306,7 +308,7 @@ def test_a_resumed_sweep_runs_only_what_has_no_finished_record(tmp_path: Path, c
 
 
 def test_the_figure_reads_an_older_csv_beside_a_newer_one(tmp_path: Path) -> None:
-    from bench.report.figures import newest_sweep
+    from bench.report.scaling import newest_sweep
 
     old = pd.DataFrame({"sweep_id": ["scaling-1"], "comm": ["dense"], "nnodes": [2],
                         "nproc_per_node": [1], "efficiency": [0.7]})  # fmt: skip
@@ -321,8 +323,7 @@ def test_the_figure_reads_an_older_csv_beside_a_newer_one(tmp_path: Path) -> Non
 def test_a_narrower_check_run_later_does_not_hide_the_study_it_checks() -> None:
     """The figure and the report draw the sweep that measured the most methods; a later
     sweep of fewer methods is reported beside it as a model check, not instead of it."""
-    from bench.report.answer import later_check_lines
-    from bench.report.figures import later_checks, newest_sweep
+    from bench.report.scaling import later_check_lines, later_checks, newest_sweep
 
     def sweep(sid: str, comms: list[str], sizes: list[tuple[int, int]]) -> pd.DataFrame:
         rows = [{"sweep_id": sid, "kind": "measured", "comm": c, "nodes": n,
@@ -344,13 +345,11 @@ def test_a_narrower_check_run_later_does_not_hide_the_study_it_checks() -> None:
 
 
 def test_the_report_says_what_the_measured_curve_shows(table: pd.DataFrame, tmp_path: Path) -> None:
-    from types import SimpleNamespace
-
-    from bench.report.answer import scaling_lines
+    from bench.report.scaling import scaling_lines
 
     csv = tmp_path / "s.csv"
     table.to_csv(csv, index=False)
-    (text, _) = scaling_lines(SimpleNamespace(scaling=[csv]))
+    (text, _) = scaling_lines([csv])
     assert f"sweep `{SWEEP}`" in text
     assert "dense 0.50 at 2x1" in text and "hitopk 0.80 at 2x1" in text  # 0.2 / 0.4, / 0.25
     assert "not drawn" in text and "within 25%" in text

@@ -10,12 +10,19 @@ import pytest
 import torch
 
 from bench.cluster import perfmodel as pm
+from bench.methods import get
 from bench.sweeps import scaling as sc
 from bench.sweeps import scaling_model as sm
 from bench.sweeps import scaling_table as st
 
 SHAPES = (((256, 64, 3, 3), (256,)), ((128, 256), (128,)))
 BUCKETS = tuple(sum(torch.Size(s).numel() for s in b) for b in SHAPES)
+
+
+def _k(name: str, h: int, fragments: int, delay: int):
+    """A sync strategy's knobs: H, fragments, fragment delay."""
+    keys = ("sync.sync_every", "sync.fragments", "sync.fragment_sync_delay")
+    return get(name).knobs_of(dict(zip(keys, (h, fragments, delay), strict=True)))
 
 
 def _calibration() -> sm.Calibration:
@@ -40,16 +47,17 @@ def _model(n: int, m: int, link_bps: float) -> tuple[pm.Workload, pm.Cluster, pm
 def test_sync_strategies_are_the_node_step_plus_the_outer_allreduce_amortised(n, m):
     cal, bw = _calibration(), 40e6
     wl, c, k = _model(n, m, bw)
-    dil = sm.predict("diloco", n, m, 0.3, bw, cal, 1.0, knobs=(10, 1, 0))["predicted_step_s"]
-    inner = pm.step_time("dense", wl, 1.0, replace(c, nodes=1), k)
+    dil = sm.predict("diloco", n, m, 0.3, bw, cal, _k("diloco", 10, 1, 0))["predicted_step_s"]
+    dense_spec = get("dense")
+    inner = dense_spec.step_time(wl, replace(c, nodes=1), k, dense_spec.knobs_of({}))
     outer = pm.outer_sync_time(sum(BUCKETS), c)
     assert outer == pytest.approx(m * 4 * 2 * (n - 1) / n * sum(BUCKETS) / c.inter_bw
                                   + 2 * (n - 1) * c.inter_lat)  # fmt: skip
     assert dil == pytest.approx(inner + outer / 10, rel=1e-6)
-    dense = sm.predict("dense", n, m, 0.3, bw, cal, 1.0)["predicted_step_s"]
+    dense = sm.predict("dense", n, m, 0.3, bw, cal)["predicted_step_s"]
     assert inner < dil < dense  # an all-reduce every 10 steps, not every step
     # Streaming DiLoCo: 2 fragments of half the model, each behind one inner step
-    stream = sm.predict("streaming_diloco", n, m, 0.3, bw, cal, 1.0, knobs=(10, 2, 1))
+    stream = sm.predict("streaming_diloco", n, m, 0.3, bw, cal, _k("streaming_diloco", 10, 2, 1))
     frag = pm.outer_sync_time(sum(BUCKETS) / 2, c)
     hidden = 2 * max(0.0, frag - inner) / 10
     assert stream["predicted_step_s"] == pytest.approx(inner + hidden, rel=1e-6)
@@ -61,7 +69,8 @@ def test_sync_strategies_are_the_node_step_plus_the_outer_allreduce_amortised(n,
 def test_demo_is_compute_its_allgather_and_own_work_then_the_update(n, m):
     cal, bw = _calibration(), 40e6
     wl, c, k = _model(n, m, bw)
-    got = sm.predict("demo", n, m, 0.3, bw, cal, 1.0, knobs=(64, 32))["predicted_step_s"]
+    demo = get("demo").knobs_of({"optim.demo_chunk": 64, "optim.demo_topk": 32})
+    got = sm.predict("demo", n, m, 0.3, bw, cal, demo)["predicted_step_s"]
     assert got == pytest.approx(pm.demo_step_time(wl, 64, 32, c, k), rel=1e-6)
     shapes = [s for b in SHAPES for s in b]
     exchange = pm.demo_exchange(shapes, 64, 32, c, k)
@@ -69,7 +78,7 @@ def test_demo_is_compute_its_allgather_and_own_work_then_the_update(n, m):
     # its own work is priced from the calibration's DeMo cost, per element
     numel = sum(BUCKETS)
     assert exchange > numel * 5e-8 * sm.contention(n, m, 2)
-    assert got < sm.predict("dense", n, m, 0.3, bw, cal, 1.0)["predicted_step_s"]
+    assert got < sm.predict("dense", n, m, 0.3, bw, cal)["predicted_step_s"]
 
 
 def test_the_plan_selects_each_method_as_the_protocol_does():
@@ -83,8 +92,9 @@ def test_the_plan_selects_each_method_as_the_protocol_does():
     assert (1, 1, "diloco") not in jobs  # one node has nothing to synchronise
     assert any("diloco on 1x1" in s for s in plan.skipped())
     knobs = plan.knobs()
-    assert knobs["diloco"][:2] == (4, 1) and knobs["streaming_diloco"][:2] == (4, 2)
-    assert len(knobs["demo"]) == 2 and "dense" not in knobs
+    assert (knobs["diloco"].sync_every, knobs["diloco"].fragments) == (4, 1)
+    assert (knobs["streaming_diloco"].sync_every, knobs["streaming_diloco"].fragments) == (4, 2)
+    assert (knobs["demo"].chunk, knobs["demo"].topk) == (64, 32)
 
 
 def test_records_are_keyed_by_method_so_demo_is_not_the_compute_only_run():

@@ -193,24 +193,25 @@ def _main(capsys, *args: str) -> tuple[int, str, str]:
 def test_aggregate_and_status_of_an_unfinished_protocol_name_what_is_missing(
     tmp_path: Path, capsys
 ) -> None:
-    # the rules of the committed sweeps (v1): one trial per knob value, no timing pass
     plan = pr.Plan(sweep_id="p1", cluster="local", comms=("dense", "hitopk"), trials=2,
                    tune_seeds=(1000,), eval_seeds=(0,), results_dir=str(tmp_path),
-                   launcher="submitit_local", name=pr.V1)  # fmt: skip
+                   launcher="submitit_local", recipe_lr=0.4)  # fmt: skip
     plan.save()
-    job = plan.tune_jobs()[0]
+    job = next(j for j in plan.tune_jobs() if j.comm == "hitopk")
     rec = _rec("t1", "hitopk", 1000, "target_missed", sweep="p1")
-    rec["protocol"] = {"name": pr.V1, "role": "tune", "trial": job.trial, "selected": False}
+    rec["protocol"] = {"name": pr.NAME, "role": "tune", "trial": job.trial, "selected": False}
     rec["train_time_s"] = 3.0
     append_record(tmp_path, rec)
     code, out, err = _main(capsys, "--status", "p1", "--results-dir", str(tmp_path))
     assert code == 0, err
     assert "launcher submitit_local" in out
-    assert "tuning: 1 of 2 recorded (1 target_missed), 1 without a record" in out
-    assert "evaluation: 0 of 2 recorded, submitted once tuning is recorded" in out
+    assert "tuning: 1 of 4 recorded (1 target_missed), 3 without a record" in out
+    n = len(plan.timing_jobs())
+    assert f"timing pass: 0 of {n} recorded, {n} without a record" in out
+    assert "evaluation: at least 2 runs, submitted once tuning is recorded" in out
     code, out, err = _main(capsys, "--aggregate", "p1", "--results-dir", str(tmp_path))
     assert code == 0, err
-    assert "missing: tuning: 1 of 2 recorded" in out and "partial" in out
+    assert "missing: tuning: 1 of 4 recorded" in out and "partial" in out
     assert (tmp_path / "ablation" / "partial" / "p1.csv").exists()
     assert not (tmp_path / "ablation" / "p1.csv").exists()  # the final table: when complete
     # the same sweep id with another command: refused before anything runs

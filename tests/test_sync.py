@@ -1,11 +1,15 @@
 """The synchronisation strategies (``sync=``): registered once, refused in one line when
 they cannot run, a mid-period checkpoint of torchft's DiLoCo resumed bit for bit, and
 (slow) 2 nodes x 2 workers per strategy: DDP inside each node only, equal replicas after
-an outer step, the outer allreduce's bytes counted, the Lighthouse gone with the run."""
+an outer step, the outer allreduce's bytes counted, the Lighthouse gone with the run, and
+only the global model scored, after each outer synchronisation."""
 
 from __future__ import annotations
 
+import contextlib
 import io
+import json
+import math
 import os
 import subprocess
 import sys
@@ -21,6 +25,7 @@ from torch import nn
 from bench.config import register_configs, to_object
 from bench.launch.run import validate
 from bench.registry import ConfigError
+from bench.results.columns import metric_column
 from bench.sync import SYNCS, build, split_fragments
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,7 +40,8 @@ def _cfg(overrides: list[str]):
 
 def test_each_strategy_is_registered_once_with_its_config_file() -> None:
     files = sorted(p.stem for p in (REPO / "conf" / "sync").glob("*.yaml"))
-    assert SYNCS.names() == files == ["ddp", "diloco", "localsgd", "streaming_diloco"]
+    assert SYNCS.names() == files
+    assert {"ddp", "diloco", "localsgd", "streaming_diloco"} <= set(files)
     for name in files:
         assert _cfg([f"sync={name}"]).sync.name == name
     assert _cfg([]).sync.name == "ddp"  # the default: today's every-step DDP
@@ -185,7 +191,7 @@ def test_two_nodes_of_two_workers_meet_every_h_steps(name: str, tmp_path: Path) 
         sys.executable, "-m", "reproduce", "train", "experiment=dawnbench_digits",
         f"sync={name}", f"sync.sync_every={h}", "cluster.nnodes=2", "cluster.nproc_per_node=2",
         "train.epochs=2", "train.max_steps_per_epoch=3", "train.stop_at_target=false",
-        "cluster.threads_per_worker=1",
+        "train.eval_every_steps=1", "cluster.threads_per_worker=1",
         "train.progress=false", "results.plot=false", f"results.dir={res}",
     ]  # fmt: skip
     if name == "streaming_diloco":
@@ -216,3 +222,34 @@ def test_two_nodes_of_two_workers_meet_every_h_steps(name: str, tmp_path: Path) 
     if name != "streaming_diloco":  # every tensor, every sync: 2 rings (one per local rank)
         assert link.tolist() == pytest.approx([2 * 4 * numel * s for s in syncs])
     assert (link > 0).all()
+    # asked after every step, scored only where the global model exists: right after each
+    # outer synchronisation (a fragment's for Streaming DiLoCo), every 2 steps; epoch 1
+    # ended between two (step 3): its evaluation waited for the one of step 4
+    (rec,) = [json.loads(line) for line in (res / "runs.jsonl").read_text().splitlines()]
+    got = [(e["step"], e["outer_syncs"], e["scored"]) for e in rec["evals"]]
+    assert got == [(2, 1, "global"), (4, 2, "global"), (6, 3, "global")]
+    assert math.isnan(curve["acc/top1"][0]) and curve["acc/top1"][1] == rec["evals"][-1]["acc/top1"]
+    # the model scored: the replicas' global one (rank 0's outer parameters, the workers'
+    # mean buffers), as this process scores it on the whole held-out set
+    ev, last = _score_global(run / "epoch-0002", cmd[4:]), rec["evals"][-1]
+    assert ev["loss"] == pytest.approx(last[metric_column("loss")], rel=1e-4)
+    assert abs(ev["top1"] - last["acc/top1"]) <= 1 / 360
+
+
+def _score_global(ckpt: Path, overrides: list[str]) -> dict[str, float]:
+    """The held-out metrics of the global model of checkpoint ``ckpt`` (4 workers)."""
+    from bench.train.workload import WORKLOADS
+
+    cfg = _cfg([o for o in overrides if not o.startswith(("cluster.", "results."))])
+    wl = WORKLOADS.get(cfg.train.workload)(cfg, 0, 1, torch.device("cpu"))
+    shards = [torch.load(ckpt / f"rank{r}.pt", weights_only=True)["replica"] for r in range(4)]
+    state = dict(shards[0]["model"])
+    params = [n for n, p in wl.model.named_parameters() if p.requires_grad]
+    by_index = [sorted(f["global"].items(), key=lambda kv: int(kv[0].split(".")[-1]))
+                for f in shards[0].get("fragments", [])]  # fmt: skip
+    state.update(zip(params, [t for f in by_index for _, t in f], strict=False))
+    for k, v in state.items():
+        if k not in params and v.is_floating_point():
+            state[k] = torch.stack([sh["model"][k] for sh in shards]).mean(0)
+    wl.model.load_state_dict(state)
+    return wl.evaluate(wl.model, wl.data.eval, contextlib.nullcontext)

@@ -21,7 +21,7 @@ from bench.benchmarks.buckets import FakeBucket
 from bench.benchmarks.timing import interleaved_times, median_s
 from bench.cluster.netns import link_counters
 from bench.cluster.perfmodel import buckets_for
-from bench.comm import make_hook, mstopk
+from bench.comm import HOOKS, is_sparse, make_hook, mstopk
 
 
 class Aggregator:
@@ -122,12 +122,12 @@ def _calibrate(agg: Aggregator, sizes_mb: list[float], reps: int) -> dict[str, l
 def _hook_selection(agg: Aggregator, reps: int) -> dict[str, list]:
     """Per sparse comm: its communicator's own selection stage (error feedback, selector,
     wire values; ``Communicator.compress``) on what it selects from -- each whole bucket
-    (flat) or each bucket's shard (hitopk) -- one synchronised call per bucket."""
+    (flat) or each bucket's shard (hierarchical) -- one synchronised call per bucket."""
     out: dict[str, list] = {}
     for comm, st in agg.states.items():
-        if comm == "dense":
+        if not is_sparse(comm):
             continue
-        parts = agg.m if comm == "hitopk" else 1
+        parts = agg.m if HOOKS.get(comm).hierarchical else 1
         total_s, total_n = 0.0, 0
         for i, g in enumerate(agg.grads):
             src = g[: math.ceil(g.numel() / parts)]
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--numel", type=int, default=25_557_032)
     ap.add_argument("--density", type=float, default=0.001)
-    ap.add_argument("--comms", default="dense,topk,mstopk,hitopk")
+    ap.add_argument("--comms", required=True, help="comma-separated comm hooks")
     ap.add_argument("--bucket-mb", type=float, default=25.0)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--reps", type=int, default=5)

@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bench import methods
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
 from bench.benchmarks.harness import BenchRun
 from bench.cluster import perfmodel as pm
@@ -22,14 +23,16 @@ from bench.cluster.emulated import run_nodes, wire_comparison
 from bench.cluster.linkcheck import run_link_check
 from bench.cluster.netns import EmulatedCluster, parse_bandwidth, require_tools
 from bench.cluster.projection import GPU_COSTS
-from bench.comm import cost
-from bench.results.plots import BENCH_COLOURS, method_colour, save_figure
+from bench.results.plots import BENCH_COLOURS, save_figure
 
 if TYPE_CHECKING:
     from bench.cluster.perfmodel import Cluster, Costs
 
 BANDWIDTHS = ("1gbit", "10gbit")
-COMMS = ("dense", "topk", "mstopk", "hitopk")
+BASE = methods.names(group="baseline")[0]  # every speedup is against it
+# measured: the baseline and the benchmarked sparse hooks; what-if: the baseline and the paper's
+COMMS = tuple(s.name for s in methods.specs() if s.benched and (s.sparse or s.name == BASE))
+WHATIF = (BASE, *methods.paper())
 OVERLAP_BW = "1gbit"  # the overlap case runs on this link
 # and once where the link, not the CPU, is the limit: 2 nodes x 1 one-thread worker (the
 # cores are not oversubscribed), 5 MB DDP buckets, a link slow enough for dense to wait on
@@ -70,15 +73,8 @@ def _overlap(
     args += ["--bucket-mb", str(bucket_mb)]
     args += ["--batch", "2", "--image", "16", "--warmup", "1", "--reps", "1"] if quick else []
     # a port of its own: the aggregation run's rendezvous port may still be in TIME_WAIT
-    rc = run_nodes(
-        c,
-        procs,
-        "bench.benchmarks.overlap",
-        args,
-        rdzv_port=29401,
-        rdzv_timeout_s=300,
-        timeout_s=1800,
-    )
+    rc = run_nodes(c, procs, "bench.benchmarks.overlap", args, rdzv_port=29401,
+                   rdzv_timeout_s=300, timeout_s=1800)  # fmt: skip
     if rc != 0 or not out.exists():
         raise RuntimeError(f"the overlap benchmark failed (exit status {rc})")
     return json.loads(out.read_text())
@@ -98,23 +94,16 @@ def _overlap_link_bound(quick: bool) -> tuple[list[dict[str, Any]], dict[str, An
 def _calibrated(res: dict[str, Any], link: dict[str, Any]) -> tuple[Cluster, Costs]:
     """The model calibrated on this run's micro-measurements (no aggregation case)."""
 
-    cal = res["calibration"]
-
-    def pairs(key: str) -> list:
-        return [tuple(x) for x in cal.get(key, [])]
-
-    meas = pm.Measurements(
-        inter_bw=link["bandwidth_gbps"] * 1e9 / 8,
-        inter_lat=link["latency_ms"] / 1e3,
-        ring_shift=pairs("ring_shift"),
-        intra_shift=pairs("intra_shift"),
-        select=pairs("select"),
-        scatter=pairs("scatter"),
-        dense_pass=pairs("dense_pass"),
-        reduce=pairs("reduce"),
-    )
+    keys = ("ring_shift", "intra_shift", "select", "scatter", "dense_pass", "reduce")
+    pairs = {key: [tuple(x) for x in res["calibration"].get(key, [])] for key in keys}
+    meas = pm.Measurements(inter_bw=link["bandwidth_gbps"] * 1e9 / 8,
+                           inter_lat=link["latency_ms"] / 1e3, **pairs)  # fmt: skip
     base = pm.Cluster(res["nodes"], res["procs_per_node"], inter_bw=1.0)
     return pm.calibrate(base, pm.Costs(), meas)
+
+
+def _knobs(comm: str, res: dict[str, Any]) -> Any:
+    return methods.get(comm).knobs_of({"comm.density": res["density"]})
 
 
 def _predict_ms(comm: str, res: dict[str, Any], c: Cluster, k: Costs) -> float:
@@ -122,14 +111,14 @@ def _predict_ms(comm: str, res: dict[str, Any], c: Cluster, k: Costs) -> float:
     sel = res["calibration"].get(f"select_{comm}", [])
     if sel:  # the method's own selection stage (error feedback included), per element
         k = replace(k, select_s=sum(t for _, t in sel) / max(1, sum(n for n, _ in sel)))
-    return pm.aggregation_time(comm, res["buckets"], res["density"], c, k) * 1e3
+    return methods.get(comm).aggregation_time(res["buckets"], c, k, _knobs(comm, res)) * 1e3
 
 
 def _wire(comm: str, res: dict[str, Any]) -> dict[str, float]:
     """Measured link bytes per step and node beside the cost function's prediction."""
 
     n, m = res["nodes"], res["procs_per_node"]
-    link = cost.step(comm, res["buckets"], res["density"], n, m).link_bytes
+    link = methods.get(comm).traffic(res["buckets"], n, m, _knobs(comm, res)).link_bytes
     # minus the timing harness's own traffic (barrier and time allreduce per step)
     idle = res.get("harness_wire_bytes") or [[0.0, 0.0]] * n
     tx = [t - i for (t, _), (i, _) in zip(res[comm]["wire_bytes"], idle, strict=True)]
@@ -145,41 +134,22 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
     for bw in BANDWIDTHS:
         res, link = _measure(bw, numel, reps, quick)
         c, k = _calibrated(res, link)
-        dense_ms = res["dense"]["median_ms"]
         for comm in COMMS:
             ms = res[comm]["median_ms"]
             pred = _predict_ms(comm, res, c, k)
-            bench.add(
-                kind="measured",
-                bandwidth=bw,
-                nodes=res["nodes"],
-                procs_per_node=res["procs_per_node"],
-                comm=comm,
-                density=1.0 if comm == "dense" else res["density"],
-                numel=numel,
-                median_ms=ms,
-                min_ms=res[comm]["min_ms"],
-                predicted_ms=pred,
-                heldout_error=pred / ms - 1,
-                speedup_vs_dense=dense_ms / ms,
-                efficiency=None,
-                **_wire(comm, res),
-                link_gbps=link["bandwidth_gbps"],
-                link_ok=link["ok"],
-                link_latency_ms=link["latency_ms"],
-                model_inter_gbps=c.inter_bw * 8 / 1e9,
-                model_inter_lat_ms=c.inter_lat * 1e3,
-                model_intra_lat_ms=c.intra_lat * 1e3,
-                intra_node_link_gbps=link.get("intra_node_bandwidth_gbps"),
-                model_intra_gbps=c.intra_bw * 8 / 1e9,
-                model_select_ns_per_elem=k.select_s * 1e9,
-                model_scatter_ns_per_pair=k.scatter_s * 1e9,
-                model_dense_ns_per_elem=k.dense_s * 1e9,
-                model_reduce_ns_per_elem=k.reduce_s * 1e9,
-                reps=reps,
-                select_ms=res[comm]["select_ms"],
-                comm_ms=res[comm]["comm_ms"],
-            )
+            _row(bench, {"kind": "measured"}, bw, res, comm, numel, median_ms=ms,
+                 min_ms=res[comm]["min_ms"], predicted_ms=pred, heldout_error=pred / ms - 1,
+                 speedup_vs_dense=res[BASE]["median_ms"] / ms, efficiency=None,
+                 **_wire(comm, res), link_gbps=link["bandwidth_gbps"], link_ok=link["ok"],
+                 link_latency_ms=link["latency_ms"], model_inter_gbps=c.inter_bw * 8 / 1e9,
+                 model_inter_lat_ms=c.inter_lat * 1e3, model_intra_lat_ms=c.intra_lat * 1e3,
+                 intra_node_link_gbps=link.get("intra_node_bandwidth_gbps"),
+                 model_intra_gbps=c.intra_bw * 8 / 1e9,
+                 model_select_ns_per_elem=k.select_s * 1e9,
+                 model_scatter_ns_per_pair=k.scatter_s * 1e9,
+                 model_dense_ns_per_elem=k.dense_s * 1e9,
+                 model_reduce_ns_per_elem=k.reduce_s * 1e9, reps=reps,
+                 select_ms=res[comm]["select_ms"], comm_ms=res[comm]["comm_ms"])  # fmt: skip
         _what_if(bench, bw, res, c, k, numel)
         for r in res.get("overlap", []):
             bench.add(**{**r, "comm": r["method"]}, bandwidth=bw, median_ms=r["step_ms"])
@@ -200,27 +170,26 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
     return path
 
 
+def _row(bench: BenchRun, head: dict[str, str], bw: str, where: dict[str, Any], comm: str,
+         numel: int, **extra: Any) -> None:  # fmt: skip
+    """One row (``head``: its kind and scenario) of an aggregation case of ``comm`` on
+    ``where``'s nodes and workers at its density (a sparse method's), measured or modelled."""
+    bench.add(**head, bandwidth=bw, nodes=where["nodes"], procs_per_node=where["procs_per_node"],
+              comm=comm, density=where["density"] if methods.get(comm).sparse else 1.0,
+              numel=numel, **extra)  # fmt: skip
+
+
 def _projection(bench: BenchRun) -> None:
     """The paper's cluster, every input assumed (``hidden`` too: nothing here ran on V100s)."""
     h = projection.ASSUMPTIONS["hidden"]
     source = f"assumed {h.value:g} (band {h.low:g}..{h.high:g}; bench.cluster.projection)"
-    for r in projection.project():
-        bench.add(
-            kind="projection",
-            bandwidth=f"{r['gbps']}gbit",
-            nodes=r["nodes"],
-            procs_per_node=r["procs_per_node"],
-            comm=r["comm"],
-            density=r["density"] if r["comm"] in ("mstopk", "hitopk") else 1.0,
-            numel=pm.RESNET50_NUMEL,
-            median_ms=None,
-            predicted_ms=r["step_ms"],
-            efficiency=r["efficiency"],
-            efficiency_min=r["efficiency_min"],
-            efficiency_max=r["efficiency_max"],
-            hidden=r["hidden"],
-            hidden_source=source,
-        )
+    # the comm hooks a user would pick (not the selection variants)
+    hooks = [s for s in methods.specs(kind="hook") if s.group != "variant"]
+    for r in projection.project(hooks):
+        eff = {k: r[k] for k in ("efficiency", "efficiency_min", "efficiency_max", "hidden")}
+        _row(bench, {"kind": "projection"}, f"{r['gbps']}gbit", r, str(r["comm"]),
+             pm.RESNET50_NUMEL, median_ms=None, predicted_ms=r["step_ms"], **eff,
+             hidden_source=source)  # fmt: skip
 
 
 def _what_if(
@@ -233,23 +202,13 @@ def _what_if(
     nvlink = replace(c, intra_bw=100e9, intra_lat=10e-6)
     for scenario, cc, kk in (("nvlink", nvlink, k), ("nvlink+gpu", nvlink, GPU_COSTS)):
         t = {
-            cm: pm.aggregation_time(cm, res["buckets"], res["density"], cc, kk) * 1e3
-            for cm in pm.COMMS
+            cm: methods.get(cm).aggregation_time(res["buckets"], cc, kk, _knobs(cm, res)) * 1e3
+            for cm in WHATIF
         }
-        for comm in pm.COMMS:
-            bench.add(
-                kind="whatif",
-                scenario=scenario,
-                bandwidth=bw,
-                nodes=res["nodes"],
-                procs_per_node=res["procs_per_node"],
-                comm=comm,
-                density=1.0 if comm == "dense" else res["density"],
-                numel=numel,
-                median_ms=None,
-                predicted_ms=t[comm],
-                speedup_vs_dense=t["dense"] / t[comm],
-            )
+        for comm in WHATIF:
+            head = {"kind": "whatif", "scenario": scenario}
+            _row(bench, head, bw, res, comm, numel, median_ms=None, predicted_ms=t[comm],
+                 speedup_vs_dense=t[BASE] / t[comm])  # fmt: skip
 
 
 def _plot(bench: BenchRun) -> None:
@@ -267,28 +226,14 @@ def _plot(bench: BenchRun) -> None:
     for ax, bw in zip(axes[0], BANDWIDTHS, strict=True):
         d = meas[meas["bandwidth"] == bw]
         x = range(len(d))
-        ax.bar(
-            [i - 0.2 for i in x],
-            d["median_ms"],
-            0.4,
-            label="measured (median)",
-            color=BENCH_COLOURS["measured"],
-        )
-        ax.bar(
-            [i + 0.2 for i in x],
-            d["predicted_ms"],
-            0.4,
-            label="model (held out: not fitted to this run)",
-            color=BENCH_COLOURS["model"],
-            edgecolor="k",
-            lw=0.5,
-        )
-        ax.set_xticks(
-            list(x),
-            [f"{c}\n{s:.1f}x" for c, s in zip(d["comm"], d["speedup_vs_dense"], strict=True)],
-        )
+        ax.bar([i - 0.2 for i in x], d["median_ms"], 0.4, label="measured (median)",
+               color=BENCH_COLOURS["measured"])  # fmt: skip
+        ax.bar([i + 0.2 for i in x], d["predicted_ms"], 0.4, color=BENCH_COLOURS["model"],
+               edgecolor="k", lw=0.5, label="model (held out: not fitted to this run)")  # fmt: skip
+        ticks = zip(d["comm"], d["speedup_vs_dense"], strict=True)
+        ax.set_xticks(list(x), [f"{c}\n{s:.1f}x" for c, s in ticks])
         for t, c in zip(ax.get_xticklabels(), d["comm"], strict=True):
-            t.set_color(method_colour(c))
+            t.set_color(methods.colour(c))
         ax.set_ylim(0, 1.15 * float(max(d["median_ms"].max(), d["predicted_ms"].max())))
         reps = f" of n = {int(d['reps'].median())}" if "reps" in d.columns else ""
         ax.set_ylabel(f"aggregation time per step (ms, median{reps})", fontsize=9)
@@ -297,17 +242,12 @@ def _plot(bench: BenchRun) -> None:
         for i, (ms, err) in enumerate(zip(d["predicted_ms"], errs, strict=True)):
             ax.annotate(f"{err:+.0%}", (i + 0.2, ms), ha="center", va="bottom", fontsize=7)
         link = d["link_gbps"].iloc[0] if len(d) else float("nan")
-        ax.set_title(
-            f"{bw} (link check {link:.2g} Gbit/s): 2 nodes x 2 workers, density {DENSITY}",
-            fontsize=9,
-        )
+        ax.set_title(f"{bw} (link check {link:.2g} Gbit/s): 2 nodes x 2 workers, density "
+                     f"{DENSITY}", fontsize=9)  # fmt: skip
     h, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(h, labels, loc="lower center", ncol=2, fontsize=8, frameon=False)
-    fig.suptitle(
-        f"ResNet-50 gradient aggregation, emulated cluster (number: the model's error; under "
-        f"each method: its speedup over dense)\n{hw}",
-        fontsize=9,
-    )
+    fig.suptitle(f"ResNet-50 gradient aggregation, emulated cluster (number: the model's error; "
+                 f"under each method: its speedup over dense)\n{hw}", fontsize=9)  # fmt: skip
     fig.tight_layout(rect=(0, 0.35 / fig.get_figheight(), 1, 1))
     save_figure(fig, bench.png_path, layout=False)
 
@@ -316,39 +256,35 @@ def _plot(bench: BenchRun) -> None:
     fig, axes = plt.subplots(
         1, max(len(bws), 1), figsize=(4.2 * max(len(bws), 1), 4.4), sharey=True, squeeze=False
     )
-    styles = {"dense": "-", "fp16": (0, (5, 1)), "powersgd": (0, (3, 1, 1, 1)), "topk": "-."}
-    styles.update({"mstopk": ":", "hitopk": "--"})
-    comms = [c for c in dict.fromkeys(proj["comm"]) if c != "bf16"]  # bf16 = fp16 on the wire
+    # a method projected alike to one before it (bf16: fp16's bytes) is drawn as that one
+    same: dict[str, str] = {}
+    first: dict[tuple, str] = {}
+    for comm, d in proj.groupby("comm", sort=False):
+        key = tuple(d.sort_values(["bandwidth", "nodes"])["efficiency"])
+        same.update({str(comm): first[key]} if key in first else {})
+        first.setdefault(key, str(comm))
+    comms = [c for c in dict.fromkeys(proj["comm"]) if c not in same]
+    dashes = ("-", (0, (5, 1)), (0, (3, 1, 1, 1)), ":", "--", "-.", (0, (1, 2)))
+    styles = {c: dashes[i % len(dashes)] for i, c in enumerate(comms)}
     for ax, bw in zip(axes[0], bws, strict=False):
         dbw = proj[proj["bandwidth"] == bw]
         for comm in comms:
             dc = dbw[dbw["comm"] == comm].sort_values("nodes")
             if dc.empty:
                 continue
-            ax.plot(
-                dc["nodes"],
-                dc["efficiency"],
-                linestyle=styles.get(comm, "-"),  # a dash tuple is no format string
-                marker=".",
-                color=method_colour(comm),
-                label=comm,
-            )
+            # a dash tuple is no format string: linestyle=
+            ax.plot(dc["nodes"], dc["efficiency"], linestyle=styles[comm], marker=".",
+                    color=methods.colour(comm), label=comm)  # fmt: skip
             if "efficiency_min" in dc.columns and dc["efficiency_min"].notna().all():
-                ax.fill_between(
-                    dc["nodes"],
-                    dc["efficiency_min"],
-                    dc["efficiency_max"],
-                    color=method_colour(comm),
-                    alpha=0.08,
-                )
+                ax.fill_between(dc["nodes"], dc["efficiency_min"], dc["efficiency_max"],
+                                color=methods.colour(comm), alpha=0.08)  # fmt: skip
         ax.set_title(f"inter-node link {bw.replace('gbit', ' Gbit/s')}", fontsize=9)
         ax.set_xlabel("nodes (8 GPUs each)")
         ax.set_ylim(0, 1.05)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("scaling efficiency")
-    axes[0][0].legend(
-        fontsize=8, loc="lower left", title="line: assumption's value", title_fontsize=7
-    )
+    axes[0][0].legend(fontsize=8, loc="lower left", title="line: assumption's value",
+                      title_fontsize=7)  # fmt: skip
     src = proj["hidden_source"].dropna() if "hidden_source" in proj.columns else proj["comm"][:0]
     # the rows say how their hidden share was taken (older runs: measured here, 0..measured)
     hidden = (
@@ -359,7 +295,7 @@ def _plot(bench: BenchRun) -> None:
     )
     fig.suptitle(
         "Projection to the paper's cluster (ResNet-50; top-k at density 0.001; dense = NCCL "
-        f"hierarchical{'; bf16 as fp16' if 'bf16' in set(proj['comm']) else ''})"
+        f"hierarchical{''.join(f'; {a} as {b}' for a, b in same.items())})"
         f"\nbands: V100 compute, NIC 0.5-0.9 of line rate, {hidden}"
         f"\n(bench.cluster.projection); drawn on {hw}",
         fontsize=8,

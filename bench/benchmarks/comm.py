@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from bench import methods
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
 from bench.benchmarks.buckets import FakeBucket
 from bench.benchmarks.harness import BenchRun
@@ -22,13 +23,14 @@ from bench.benchmarks.overlap import overlap_worker
 from bench.benchmarks.spawn import run_workers
 from bench.benchmarks.timing import interleaved_times
 from bench.cluster import projection
-from bench.comm import cost, is_sparse, make_hook
-from bench.results.plots import BENCH_COLOURS, method_colour, save_figure
+from bench.comm import is_sparse, make_hook
+from bench.results.plots import BENCH_COLOURS, save_figure
 
-METHODS = ["dense", "fp16", "powersgd", "topk", "mstopk", "hitopk"]
+METHODS = [s.name for s in methods.specs() if s.benched]
+WHOLE = [m for m in METHODS if not methods.get(m).sparse]  # the baseline first
+SPARSE = [m for m in METHODS if methods.get(m).sparse]  # flat first, hierarchical last
 MODELS = ["resnet50", "transformer_base"]
 DENSITIES = [0.001, 0.01]
-OVERLAP_METHODS = ["dense", "fp16", "powersgd", "topk", "mstopk", "hitopk"]
 
 
 def model_buckets(
@@ -85,12 +87,11 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
     world, ppn = 4, 2
     if quick:  # two small buckets: seconds
         models = {"tiny": [[torch.Size([64, 300]), torch.Size([64])], [torch.Size([128, 256])]]}
-        cases = [("dense", 1.0), ("fp16", 1.0), ("topk", 0.01), ("hitopk", 0.01)]
+        cases = [(m, 1.0) for m in WHOLE[:2]] + [(m, 0.01) for m in (SPARSE[0], SPARSE[-1])]
         warmup, reps = 1, 2
     else:
         models = {m: model_buckets(m) for m in MODELS}
-        cases = [(m, 1.0) for m in ("dense", "fp16", "powersgd")]
-        cases += [(m, d) for d in DENSITIES for m in ("topk", "mstopk", "hitopk")]
+        cases = [(m, 1.0) for m in WHOLE] + [(m, d) for d in DENSITIES for m in SPARSE]
         warmup, reps = 3, 5  # powersgd compresses from its 3rd step on
     bench = BenchRun("comm", results_dir)
     for model, shapes in models.items():
@@ -107,15 +108,16 @@ def _link_bytes(method: str, density: float, shapes: list, n: int, m: int) -> fl
     """Bytes per step leaving each node over its link (bench.comm.cost)."""
 
     numels = [sum(int(torch.Size(s).numel()) for s in b) for b in shapes]
-    return cost.step(method, numels, density, n, m, shapes=shapes).link_bytes
+    spec = methods.get(method)
+    return spec.traffic(numels, n, m, spec.knobs_of({"comm.density": density}), shapes).link_bytes
 
 
 def _add_rows(
     bench: BenchRun, model: str, shapes: list, rows: list, world: int, ppn: int, reps: int
 ) -> None:
-    dense = next(r for r in rows if r["method"] == "dense")
+    dense = next(r for r in rows if r["method"] == WHOLE[0])
     numel = sum(int(torch.Size(s).numel()) for b in shapes for s in b)
-    dense_inter = _link_bytes("dense", 1.0, shapes, world // ppn, ppn)
+    dense_inter = _link_bytes(WHOLE[0], 1.0, shapes, world // ppn, ppn)
     for r in rows:
         inter = _link_bytes(r["method"], r["density"], shapes, world // ppn, ppn)
         bench.add(
@@ -146,10 +148,10 @@ def _overlap(bench: BenchRun, world: int, ppn: int, quick: bool) -> None:
     """Rows ``kind=overlap``: a real ResNet-18 step with each hook, beside its backward pass
     alone and its communication alone (bench.benchmarks.overlap)."""
 
-    methods = ["dense", "hitopk"] if quick else OVERLAP_METHODS
+    which = [WHOLE[0], SPARSE[-1]] if quick else METHODS
     batch, image, warmup, reps = (2, 16, 1, 1) if quick else (32, 64, 3, 4)
     rows = run_workers(
-        overlap_worker, world, ppn, methods, 0.01, batch, image, warmup, reps, timeout_s=1800
+        overlap_worker, world, ppn, which, 0.01, batch, image, warmup, reps, timeout_s=1800
     )[0]
     for r in rows:
         bench.add(
@@ -191,7 +193,7 @@ def _plot(bench: BenchRun) -> None:
             for m, dd in zip(d["method"], d["density"], strict=True)
         ]
         a1, a2 = axes[0][col], axes[1][col]
-        a1.barh(y, d["median_ms"], color=[method_colour(m) for m in d["method"]])
+        a1.barh(y, d["median_ms"], color=[methods.colour(m) for m in d["method"]])
         a1.set_xlabel(f"time per step, all buckets (ms, {reps})")
         a1.set_title(f"{model}: how long one step's aggregation takes", fontsize=9)
         a2.barh(y - 0.2, d["bytes_per_worker"] / 1e6, 0.4, color=BENCH_COLOURS["total"],
@@ -205,7 +207,7 @@ def _plot(bench: BenchRun) -> None:
         for ax in (a1, a2):
             ax.set_yticks(y, labels, fontsize=8)
             for t, m in zip(ax.get_yticklabels(), d["method"], strict=True):
-                t.set_color(method_colour(m))
+                t.set_color(methods.colour(m))
             ax.invert_yaxis()
             ax.grid(True, axis="x", which="both", alpha=0.3)
     h, lab = axes[1][0].get_legend_handles_labels()
@@ -238,7 +240,7 @@ def _plot_overlap(ax: Any, ov: Any) -> None:
         ax.annotate(f"{r:.2f}x", (i + 0.2, max(top, 0)), ha="center", va="bottom", fontsize=7)
     ax.set_xticks(x, list(ov["method"]))
     for t, m in zip(ax.get_xticklabels(), ov["method"], strict=True):
-        t.set_color(method_colour(m))
+        t.set_color(methods.colour(m))
     ax.set_ylabel("ms per step (median)")
     ax.set_ylim(0, 1.18 * float(ov[["comm_alone_ms", "exposed_ms"]].max().max()))
     b = ov.iloc[0]

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--methods", default="dense,topk,mstopk,hitopk")
+    ap.add_argument("--methods", required=True, help="comma-separated comm hooks")
     ap.add_argument("--density", type=float, default=0.01)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--image", type=int, default=64)

@@ -133,8 +133,8 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
     bench = BenchRun("topk", results_dir)
     print(
         "bench topk: mstopk-tiled is mstopk's default method, this project's own exact variant "
-        "(a sampled threshold, one compare pass, an exact top k of the candidates; column maxima "
-        "on CUDA); mstopk-paper is the paper's multi-threshold search "
+        "(a sampled threshold, one compare pass, an exact top k of the candidates; on CUDA a "
+        "radix select of group maxima); mstopk-paper is the paper's multi-threshold search "
         "(approximate within its last band), timed beside it on the same tensor",
         flush=True,
     )

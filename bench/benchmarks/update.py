@@ -223,11 +223,13 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
             built = {(mode, v): _build(model, opt, mode, device, v) for mode, v in modes}
             probe = BandwidthProbe(n_values, device)  # as large as the parameter set
             copies0 = {k: _copies(o) for k, (_, o) in built.items()}
+            cuda = device.type == "cuda"  # CUDA events: the device's time, not the host's
             steps = interleaved_times(
                 {**{k: o.step for k, (_, o) in built.items()}, **probe.fns()},
                 warmup=warmup,
                 reps=reps,
                 shuffle=True,
+                events=cuda,
             )
             copy_gbps, rmw_gbps = probe.gbps(steps)
             copy_ms = statistics.median(steps["_copy"])  # one copy of the parameter set
@@ -236,7 +238,7 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
             bw = max(copy_gbps, rmw_gbps) * 1e9
             del probe, steps["_copy"], steps["_rmw"]
             zero = {k: (lambda o=o: o.zero_grad(set_to_none=False)) for k, (_, o) in built.items()}
-            zeros = interleaved_times(zero, warmup=1, reps=reps, shuffle=True)
+            zeros = interleaved_times(zero, warmup=1, reps=reps, shuffle=True, events=cuda)
             floor_ms = TRAFFIC_VALUES[opt] * 4 * n_values / bw * 1e3
             med = {k: statistics.median(t) for k, t in steps.items()}
             # a copied gradient costs its share of a copy of the parameter set

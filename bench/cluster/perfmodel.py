@@ -2,21 +2,16 @@
 
 Each collective is stages of ``steps * alpha + bytes / B`` (bytes from
 :mod:`bench.comm.cost`) plus per-element compute, calibrated on micro-measurements only;
-the per-method schedules are in docs/internals/cluster.md."""
+a method's schedule of them is its spec's (bench/methods/); docs/internals/cluster.md."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from bench.comm import cost
 
-COMMS = ("dense", "mstopk", "hitopk")  # the methods `bench cluster` measures and predicts
-HALF = ("fp16", "bf16")  # dense allreduce of 2-byte elements
-# every method the model times (projections and `advise`): 2020's dense baselines too
-PROJECTED = ("dense", *HALF, "powersgd", "mstopk", "hitopk")
-FLAT = cost.FLAT  # flat allgather of selected pairs: one formula
 RESNET50_NUMEL = 25_557_032  # parameters of torchvision's ResNet-50
 
 
@@ -57,7 +52,6 @@ class Workload:
     update_s: float = 0.0  # optimizer update
     # each bucket's parameter shapes (PowerSGD compresses the matrices); None = unknown
     shapes: tuple[tuple[tuple[int, ...], ...], ...] | None = None
-    powersgd_rank: int = 4
     # share of each method's aggregation time hidden behind the backward pass (measured)
     hidden: Mapping[str, float] = field(default_factory=dict)
 
@@ -167,82 +161,15 @@ def demo_step_time(wl: Workload, chunk: int, topk: int, c: Cluster, k: Costs) ->
     return wl.compute_s + demo_exchange(shapes, chunk, topk, c, k) + wl.update_s
 
 
-def bucket_time(
-    comm: str,
-    d: int,
-    density: float,
-    c: Cluster,
-    k: Costs,
-    min_numel: int,
-    shapes: Sequence[Sequence[int]] | None = None,
-    rank: int = 4,
-) -> float:
-    """One bucket's aggregation time under ``comm`` (s)."""
-    if comm in HALF:  # cast to 2 bytes and back: two elementwise passes, then the division
-        return dense_allreduce(d, c, k, 2) + 3 * d * k.dense_s
-    if comm == "powersgd":
-        return powersgd(d, c, k, shapes, rank)
-    if comm == "dense" or d < min_numel or c.world == 1:
-        return dense_allreduce(d, c, k) + d * k.dense_s  # and the division by w
-    if comm in FLAT:
-        return topk_allgather(d, density, c, k)
-    return hitopk(d, density, c, k)
-
-
-KNOWN = tuple(dict.fromkeys(PROJECTED + FLAT))  # every method bucket_time times
-
-
-def bucket_times(
-    comm: str,
-    buckets: Iterable[int],
-    density: float,
-    c: Cluster,
-    k: Costs,
-    min_numel: int = cost.MIN_NUMEL,
-    shapes: Sequence[Sequence[Sequence[int]]] | None = None,
-    rank: int = 4,
-) -> list[float]:
-    if comm not in KNOWN:
-        raise ValueError(f"unknown comm {comm!r}; the model knows {', '.join(KNOWN)}")
-    return [
-        bucket_time(comm, d, density, c, k, min_numel, shapes[i] if shapes else None, rank)
-        for i, d in enumerate(buckets)
-    ]
-
-
-def aggregation_time(
-    comm: str,
-    buckets: Iterable[int],
-    density: float,
-    c: Cluster,
-    k: Costs,
-    min_numel: int = cost.MIN_NUMEL,
-    shapes: Sequence[Sequence[Sequence[int]]] | None = None,
-    rank: int = 4,
-) -> float:
-    """Time to aggregate all buckets one after the other (s)."""
-    return sum(bucket_times(comm, buckets, density, c, k, min_numel, shapes, rank))
-
-
-def exposed_time(comm: str, wl: Workload, density: float, c: Cluster, k: Costs) -> float:
-    """The aggregation time not hidden behind the backward pass (s)."""
-    times = bucket_times(comm, wl.buckets, density, c, k, shapes=wl.shapes, rank=wl.powersgd_rank)
+def exposed(times: Sequence[float], wl: Workload, name: str) -> float:
+    """Of buckets aggregated in ``times`` (s each, in DDP's order), the part not hidden
+    behind the backward pass (s): at least the last bucket, and at least the share of
+    ``wl.hidden[name]`` that does not overlap."""
     total = sum(times)
     last = times[-1] if times else 0.0
     backward = wl.backward_frac * wl.compute_s
-    hidden = min(1.0, max(0.0, wl.hidden.get(comm, 0.0)))
+    hidden = min(1.0, max(0.0, wl.hidden.get(name, 0.0)))
     return max(last, (1 - hidden) * total, total - backward)
-
-
-def step_time(comm: str, wl: Workload, density: float, c: Cluster, k: Costs) -> float:
-    """One training step: compute, the exposed part of aggregation, update (s)."""
-    return wl.compute_s + exposed_time(comm, wl, density, c, k) + wl.update_s
-
-
-def scaling_efficiency(comm: str, wl: Workload, density: float, c: Cluster, k: Costs) -> float:
-    """Throughput per worker relative to one worker without communication."""
-    single = wl.compute_s + wl.update_s
-    return single / step_time(comm, wl, density, c, k)
 
 
 def fit_alpha_beta(sizes_bytes: Sequence[float], times_s: Sequence[float]) -> tuple[float, float]:
@@ -310,10 +237,6 @@ def calibrate(base: Cluster, costs: Costs, meas: Measurements) -> tuple[Cluster,
     return c, k
 
 
-def relative_error(predicted: float, measured: float) -> float:
-    return predicted / measured - 1 if measured > 0 else math.nan
-
-
 def outer_sync_time(numel: float, c: Cluster, elem_bytes: int = 4) -> float:
     """One ring all-reduce of ``numel`` elements between the nodes (one replica each):
     ``2(n-1)`` steps of ``alpha_inter`` and ``m * 2(n-1)/n * P / B_inter`` (s): each of a
@@ -327,22 +250,13 @@ def outer_sync_time(numel: float, c: Cluster, elem_bytes: int = 4) -> float:
 
 
 def sync_step_time(
-    wl: Workload,
-    c: Cluster,
-    k: Costs,
-    sync_every: int,
-    fragments: int = 1,
-    delay: int = 0,
-    comm: str = "dense",
-    density: float = 1.0,
+    wl: Workload, c: Cluster, inner_s: float, sync_every: int, fragments: int = 1, delay: int = 0
 ) -> float:
     """One inner step of Local SGD / DiLoCo (bench/sync/) on ``c`` (s): the node's own
-    step (``comm`` inside the node), plus the outer all-reduce of the whole model every
-    ``sync_every`` (H) steps, amortised; Streaming DiLoCo sends each of ``fragments`` (F)
-    fragments (P/F) every H/F steps, each overlapping ``delay`` inner steps."""
+    step ``inner_s`` (its hook inside one node), plus the outer all-reduce of the whole
+    model every ``sync_every`` (H) steps, amortised; Streaming DiLoCo sends each of
+    ``fragments`` (F) fragments (P/F) every H/F steps, each overlapping ``delay`` inner steps."""
     if sync_every < 1 or fragments < 1 or delay < 0:
         raise ValueError("sync_every and fragments must be >= 1, delay >= 0")
-    inner = step_time(comm, wl, density, replace(c, nodes=1), k)
     frag = outer_sync_time(wl.numel / fragments, c)
-    exposed = max(0.0, frag - delay * inner)
-    return inner + fragments * exposed / sync_every
+    return inner_s + fragments * max(0.0, frag - delay * inner_s) / sync_every

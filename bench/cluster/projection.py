@@ -10,7 +10,7 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from bench.cluster import perfmodel as pm
 
@@ -41,9 +41,7 @@ class Assumption:
 
 ASSUMPTIONS: dict[str, Assumption] = {
     "compute_s": Assumption(
-        v100_compute_s(256, 128),
-        v100_compute_s(256, 128),
-        v100_compute_s(256, 224),
+        v100_compute_s(256, 128), v100_compute_s(256, 128), v100_compute_s(256, 224),
         f"ResNet-50 v1.5 forward+backward of 256 images per V100 ({V100_SOURCE}): 0.221 s at "
         "224 px; x (128/224)**2 for the area at 128 px, 0.072 s (the paper's progressive "
         "resizing trains mostly small)",
@@ -55,16 +53,12 @@ ASSUMPTIONS: dict[str, Assumption] = {
         2 / 3, 2 / 3, 2 / 3, "assumed: backward is about twice the forward pass"
     ),
     "nic_efficiency": Assumption(
-        0.7,
-        0.5,
-        0.9,
+        0.7, 0.5, 0.9,
         "assumed: the share of a link's line rate that TCP reaches between cloud VMs (the "
         "paper's nodes are VMs on a 25 Gbit/s VPC); not measured on that network",
     ),
     "hidden": Assumption(
-        1.0,
-        0.0,
-        1.0,
+        1.0, 0.0, 1.0,
         "assumed, every method alike: DDP and Horovod start each fused bucket's collective "
         "as soon as its gradients are ready (Li et al., PyTorch Distributed, VLDB 2020; "
         "Sergeev and Del Balso, Horovod, 2018), so at most everything but the last bucket "
@@ -82,26 +76,17 @@ ASSUMPTIONS: dict[str, Assumption] = {
     "scatter_s": Assumption(1e-9, 1e-9, 1e-9, "assumed: GPU scatter-add, 1 ns per pair"),
     "dense_s": Assumption(2e-11, 2e-11, 2e-11, "assumed: an elementwise pass at ~200 GB/s"),
     "reduce_s": Assumption(2e-11, 2e-11, 2e-11, "assumed: a summation pass at ~200 GB/s"),
-}
+}  # fmt: skip
 GPU_COSTS = pm.Costs(
-    select_s=ASSUMPTIONS["select_s"].value,
-    scatter_s=ASSUMPTIONS["scatter_s"].value,
-    dense_s=ASSUMPTIONS["dense_s"].value,
-    reduce_s=ASSUMPTIONS["reduce_s"].value,
+    **{k: ASSUMPTIONS[k].value for k in ("select_s", "scatter_s", "dense_s", "reduce_s")}
 )
 
 
 def paper_cluster(nodes: int, gbps: float, nic_efficiency: float, procs: int = 8) -> pm.Cluster:
     a = ASSUMPTIONS
-    return pm.Cluster(
-        nodes,
-        procs,
-        inter_bw=gbps * 1e9 / 8 * nic_efficiency,
-        inter_lat=a["inter_lat"].value,
-        intra_bw=a["intra_bw"].value,
-        intra_lat=a["intra_lat"].value,
-        hierarchical_dense=True,
-    )
+    return pm.Cluster(nodes, procs, inter_bw=gbps * 1e9 / 8 * nic_efficiency,
+                      inter_lat=a["inter_lat"].value, intra_bw=a["intra_bw"].value,
+                      intra_lat=a["intra_lat"].value, hierarchical_dense=True)  # fmt: skip
 
 
 @functools.lru_cache(maxsize=8)
@@ -152,7 +137,6 @@ def paper_workload(
     hidden: Mapping[str, float],
     buckets: Sequence[int] | None = None,
     shapes: Sequence[Sequence[Sequence[int]]] | None = None,
-    powersgd_rank: int = 4,
 ) -> pm.Workload:
     """A workload on the paper's cluster; no ``buckets``: ResNet-50's, with shapes."""
     if buckets is None:
@@ -164,40 +148,48 @@ def paper_workload(
         update_s=ASSUMPTIONS["update_s"].value,
         hidden=dict(hidden),
         shapes=tuple(tuple(tuple(s) for s in b) for b in shapes) if shapes else None,
-        powersgd_rank=powersgd_rank,
     )
 
 
-def _efficiency(comm: str, n: int, g: float, density: float, compute: float, nic: float, h: float):
-    wl = paper_workload(compute, {comm: h})
-    c = paper_cluster(n, g, nic)
-    return pm.step_time(comm, wl, density, c, GPU_COSTS), pm.scaling_efficiency(
-        comm, wl, density, c, GPU_COSTS
-    )
+class Priced(Protocol):
+    """What the projection asks of a method: its name, knobs and step time (a method
+    spec, bench/methods/, passed in from above this layer)."""
+
+    name: str
+
+    def knobs_of(self, values: Mapping[str, Any]) -> Any: ...
+
+    def step_time(self, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs, k: Any) -> float: ...
+
+
+def _efficiency(m: Priced, k: Any, n: int, g: float, compute: float, nic: float, h: float):
+    wl = paper_workload(compute, {m.name: h})
+    step = m.step_time(wl, paper_cluster(n, g, nic), GPU_COSTS, k)
+    return step, (wl.compute_s + wl.update_s) / step
 
 
 def project(
+    methods: Sequence[Priced],
     hidden: Mapping[str, float] | None = None,
     gbps: Sequence[float] = (25, 100, 400),
     nodes: Sequence[int] = tuple(range(1, 17)),
     density: float = 0.001,
-    comms: Sequence[str] = pm.PROJECTED,
 ) -> list[dict[str, float | int | str]]:
-    """Step time and scaling efficiency (central, band minimum and maximum).
+    """Step time and scaling efficiency of each of ``methods`` (central, band minimum and
+    maximum), a sparse one at ``density``.
 
     ``hidden``: a share measured on the projected hardware per method; a method without
     one takes the ``hidden`` assumption (central value, its band)."""
     a = ASSUMPTIONS
     measured = dict(hidden or {})
     rows: list[dict[str, float | int | str]] = []
-    for g, n, comm in itertools.product(gbps, nodes, comms):
-        h = measured.get(comm, a["hidden"].value)
-        hband = (h,) if comm in measured else (a["hidden"].low, a["hidden"].high)
-        step, eff = _efficiency(
-            comm, n, g, density, a["compute_s"].value, a["nic_efficiency"].value, h
-        )
+    for g, n, m in itertools.product(gbps, nodes, methods):
+        k = m.knobs_of({"comm.density": density})
+        h = measured.get(m.name, a["hidden"].value)
+        hband = (h,) if m.name in measured else (a["hidden"].low, a["hidden"].high)
+        step, eff = _efficiency(m, k, n, g, a["compute_s"].value, a["nic_efficiency"].value, h)
         band = [
-            _efficiency(comm, n, g, density, cs, nic, hh)[1]
+            _efficiency(m, k, n, g, cs, nic, hh)[1]
             for cs in (a["compute_s"].low, a["compute_s"].high)
             for nic in (a["nic_efficiency"].low, a["nic_efficiency"].high)
             for hh in hband
@@ -207,14 +199,14 @@ def project(
                 "gbps": g,
                 "nodes": n,
                 "procs_per_node": 8,
-                "comm": comm,
+                "comm": m.name,
                 "density": density,
                 "step_ms": step * 1e3,
                 "efficiency": eff,
                 "efficiency_min": min(band + [eff]),
                 "efficiency_max": max(band + [eff]),
                 "hidden": h,
-                "hidden_source": "measured" if comm in measured else "assumed",
+                "hidden_source": "measured" if m.name in measured else "assumed",
             }
         )
     return rows

@@ -65,20 +65,11 @@ class Communicator:
         # device bool "input finite" flags of the selections since the hook state took them
         # (list.append is atomic: callbacks of several process groups' threads append)
         self.flags: list[torch.Tensor] = []
-        # device bool "exact top k" of selections that cannot check their capacity without a
-        # sync (selection_tiled.tiled_fast: false when more candidates than slots were found)
-        self.exact: list[torch.Tensor] = []
 
     def take_flags(self) -> list[torch.Tensor]:
         """The finiteness flags noted so far (device tensors, unread); starts a new list."""
         flags, self.flags = self.flags, []
         return flags
-
-    def inexact_count(self) -> int:
-        """Selections since the last call that returned k candidates but not the top k
-        (one sync; for benchmarks and the device check, not the hot path)."""
-        exact, self.exact = self.exact, []
-        return int((~torch.stack(exact)).sum()) if exact else 0
 
     @property
     def world(self) -> int:
@@ -92,7 +83,7 @@ class Communicator:
         """What this worker sends for one bucket."""
         comp = self.memory.compensate(flat, key)
         # no host read here: the loop checks the flags once a step
-        with deferred_finite(self.flags, self.exact):
+        with deferred_finite(self.flags):
             c = self.compressor.compress(comp, density)
         if c.sparse:
             c.values = to_wire(c.values, self.vdtype, flat.dtype)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +58,13 @@ class Compressor:
 
     def compress(self, x: torch.Tensor, density: float) -> Compressed:
         raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of it (its generators' states; most keep nothing)."""
+        return {}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        pass
 
 
 @COMPRESSORS.register("dense")
@@ -176,6 +183,16 @@ class RandomKCompressor(_SparseCompressor):
     def build(cls, opts: HookOptions) -> Compressor:
         return cls(opts.value_dtype, seed=opts.seed)
 
+    def state_dict(self) -> dict[str, Any]:
+        return {str(dev): g.get_state() for dev, g in self._generators.items()}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        if self.seed is not None:
+            for dev, st in sd.items():
+                gen = torch.Generator(device=torch.device(dev)).manual_seed(self.seed)
+                gen.set_state(st.cpu())
+                self._generators[torch.device(dev)] = gen
+
 
 # ---------------------------------------------------------------------------------------
 # error-feedback memory
@@ -183,6 +200,8 @@ class RandomKCompressor(_SparseCompressor):
 
 class Memory:
     """``compensate`` before compression, ``update`` after it; keyed per bucket."""
+
+    discarded = 0  # elements given up unsent (each with a warning)
 
     def compensate(self, x: torch.Tensor, key: Hashable) -> torch.Tensor:
         return x
@@ -196,17 +215,17 @@ class Memory:
     def reset(self) -> None:
         pass
 
-    def state_dict(self, rename: Callable[[Hashable], Any] = lambda k: k) -> list[Any]:
-        """The residuals as ``[(rename(key), tensor)]`` (checkpoints; none without memory).
+    def state_dict(self) -> dict[str, dict[Hashable, torch.Tensor]]:
+        """Its tensors by kind (``residuals``...), each ``{bucket key: tensor}``; keys name
+        parameters by ``id``, which the hook state saves as names (none without memory)."""
+        return {}
 
-        Bucket keys name parameters by ``id``, which a restarted process does not share:
-        ``rename`` maps a key to a stable one (parameter names), and back on loading."""
-        return []
-
-    def load_state_dict(
-        self, items: list[Any], rename: Callable[[Any], Hashable] = lambda k: k
-    ) -> None:
-        pass
+    def load_state_dict(self, sd: Mapping[str, Mapping[Hashable, torch.Tensor]]) -> None:
+        """What :meth:`state_dict` saved, keyed by this process's bucket keys."""
+        if any(sd.values()):
+            warnings.warn(
+                "saved residuals discarded: this hook keeps no error feedback", stacklevel=2
+            )
 
 
 class NoMemory(Memory):
@@ -297,14 +316,12 @@ class ResidualMemory(Memory):
         self.places.clear()
         self.pending.clear()
 
-    def state_dict(self, rename: Callable[[Hashable], Any] = lambda k: k) -> list[Any]:
-        return [(rename(k), b.detach().clone()) for k, b in self.buffers.items()]
+    def state_dict(self) -> dict[str, dict[Hashable, torch.Tensor]]:
+        return {"residuals": self.buffers}
 
-    def load_state_dict(
-        self, items: list[Any], rename: Callable[[Any], Hashable] = lambda k: k
-    ) -> None:
+    def load_state_dict(self, sd: Mapping[str, Mapping[Hashable, torch.Tensor]]) -> None:
         """Residuals saved by :meth:`state_dict`; a bucket whose key, shape, dtype or device
         no longer matches starts from zero (as after DDP rebuilt its buckets).  What was
         used before is forgotten: the next sweep must not free the residuals just loaded."""
-        self.buffers = {rename(k): b.clone() for k, b in items}
+        self.buffers = {k: b.clone() for k, b in sd.get("residuals", {}).items()}
         self.used = set()

@@ -1,23 +1,21 @@
 """Bytes of gradient aggregation: the project's one cost function.
 
 Every figure of bytes (the hooks' statistics, ``bench comm``, the emulated cluster's
-predictions, the performance model, the README) comes from here: per method, the stages
+predictions, the performance model, the README) comes from here: per exchange, the stages
 of one bucket's exchange among ``n`` nodes of ``m`` workers, each with the bytes a worker
-sends, the bytes leaving a node over its link, and its message steps (docs/internals/comm.md).
+sends, the bytes leaving a node over its link, and its message steps; which exchange a
+method runs is its spec's (bench/methods/; docs/internals/comm.md).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bench.registry import ConfigError
 
 ALIGN = 8  # packet padding (bytes)
-DENSE = ("dense", "fp16", "bf16")
-FLAT = ("topk", "mstopk", "randomk")
-METHODS = (*DENSE, *FLAT, "hitopk", "powersgd")
 MIN_NUMEL = 16384  # buckets below this go through dense allreduce (the hooks' default)
 
 
@@ -103,7 +101,7 @@ def demo(packet: int, n: int, m: int) -> Traffic:
 
 
 def flat_topk(numel: int, density: float, n: int, m: int, value_bytes: int = 4) -> Traffic:
-    """``topk``/``mstopk``/``randomk``: every worker's ``k`` pairs to every worker."""
+    """A flat top-k exchange: every worker's ``k`` pairs to every worker."""
     return allgather(packet_bytes(k_for(numel, density), numel, value_bytes), n, m, "allgather")
 
 
@@ -149,47 +147,6 @@ def powersgd_sizes(
         else:
             plain += numel
     return plain, pq
-
-
-def bucket(
-    method: str,
-    numel: int,
-    density: float,
-    n: int,
-    m: int,
-    shapes: Sequence[Sequence[int]] | None = None,
-    powersgd_rank: int = 4,
-    min_numel: int = MIN_NUMEL,
-) -> Traffic:
-    """The traffic of one bucket of ``numel`` elements under ``method``."""
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; the cost function knows {METHODS}")
-    if method in ("fp16", "bf16"):
-        return allreduce(numel, n, m, 2)
-    if method == "powersgd":
-        plain, pq = powersgd_sizes(shapes or [(numel,)], powersgd_rank)
-        return allreduce(plain, n, m, 4, "allreduce_plain") + allreduce(pq, n, m, 4, "allreduce_pq")
-    if method == "dense" or numel < min_numel or n * m == 1:
-        return allreduce(numel, n, m)
-    if method in FLAT:
-        return flat_topk(numel, density, n, m)
-    return hitopk(numel, density, n, m)
-
-
-def step(
-    method: str,
-    buckets: Iterable[int],
-    density: float,
-    n: int,
-    m: int,
-    shapes: Sequence[Sequence[Sequence[int]]] | None = None,
-    **kw: int,
-) -> Traffic:
-    """All buckets of one step (``shapes``: each bucket's parameter shapes, for PowerSGD)."""
-    out = Traffic(())
-    for i, d in enumerate(buckets):
-        out = out + bucket(method, d, density, n, m, shapes[i] if shapes else None, **kw)
-    return out
 
 
 # --- TCP/IP framing, for comparison with interface counters ----------------------------

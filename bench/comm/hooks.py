@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -30,8 +31,24 @@ from bench.registry import ConfigError, Registry
 HookFn = Callable[[Any, dist.GradBucket], torch.futures.Future]
 
 
+class _Counters:
+    """The state every hook state saves: its step counter and the schedule's position
+    (density, dense flag); the controller reads and sets them each step."""
+
+    step: int
+    density: float
+    force_dense: bool
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "density": self.density, "force_dense": self.force_dense}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.step, self.density = int(sd["step"]), float(sd["density"])
+        self.force_dense = bool(sd["force_dense"])
+
+
 @dataclass
-class HookState:
+class HookState(_Counters):
     """Everything a hook needs between calls; the training controller adjusts it."""
 
     comm: Communicator
@@ -49,6 +66,47 @@ class HookState:
     # what the method compresses beyond the raw gradient (bench/comm/placement.py): None
     # for ``grad``, else an object whose ``before`` transforms each bucket in place
     placement: Any = None
+
+    @property
+    def discarded(self) -> int:
+        """Memory elements given up (each with a warning)."""
+        return self.comm.memory.discarded
+
+    def phase(self, name: str) -> tuple[str, float]:
+        """What this step is sent as, for the statistics (``CommStats.begin_step``)."""
+        if not self.comm.sparse:
+            return name, 1.0
+        dense = self.force_dense or self.step < self.warmup_steps
+        return ("dense", 1.0) if dense else (name, self.density)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Counters, the memory's per-bucket tensors (by bucket key), the compressor's
+        generators and the node layout that hitopk's shards are cut by."""
+        return {
+            **super().state_dict(),
+            "procs_per_node": self._per_node(),
+            "buckets": self.comm.memory.state_dict(),
+            "generators": self.comm.compressor.state_dict(),
+        }
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        super().load_state_dict(sd)
+        self.step_started, self.finite = False, []
+        buckets = sd["buckets"]
+        if int(sd["procs_per_node"]) != self._per_node():  # hitopk's shards: cut otherwise
+            shards = [(k, b) for k, m in buckets.items() for b in m if b[1:] == ("shard",)]
+            n = sum(int(buckets[k].pop(b).numel()) for k, b in shards)
+            if n:
+                was = sd["procs_per_node"]
+                self.comm.memory.discard(
+                    n, f"hitopk shards of {was} workers a node, now {self._per_node()}"
+                )
+        self.comm.memory.load_state_dict(buckets)
+        self.comm.compressor.load_state_dict(sd["generators"])
+
+    def _per_node(self) -> int:
+        g = self.comm.groups
+        return g.topo.procs_per_node if g is not None and g.intra is not None else 0
 
     def take_finite(self) -> list[tuple[int, torch.Tensor]]:
         """The device flags noted since the last call, unread: ``(bucket index, all finite)``
@@ -72,9 +130,6 @@ class HookState:
             if len(c.flags) > keep:
                 flags = c.take_flags()
                 c.flags.append(torch.stack([f.to(flags[0].device) for f in flags]).all())
-            if len(c.exact) > keep:  # kept as "all exact" (inexact_count then says 0 or 1)
-                exact, c.exact = c.exact, []
-                c.exact.append(torch.stack([f.to(exact[0].device) for f in exact]).all())
 
 
 def _check_finite(state: HookState, index: int, fut: torch.futures.Future) -> torch.Tensor:
@@ -144,8 +199,30 @@ def sparse_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Futu
     return fut
 
 
+class _Unflagged(_Counters):
+    """A hook state that flags no NaN/Inf on the device (the loop then checks the local
+    gradients itself) and gives nothing up."""
+
+    nan_check = False  # set by the loop; no flags come of it
+    discarded = 0
+
+    def take_finite(self) -> None:
+        return None
+
+    def check_finite(self) -> None:
+        """Nothing was flagged: a NaN or Inf shows in the loss and the gradients."""
+
+
+#: PowerSGDState's per-bucket memories (keyed by bucket index), and what else of it is not
+#: saved: its process group and its numpy generator (saved as tensors)
+_PSGD_BUCKETS, _PSGD_SKIP = (
+    ("error_dict", "p_memory_dict", "q_memory_dict"),
+    ("process_group", "rng"),
+)
+
+
 @dataclass
-class PowerSGDHookState:
+class PowerSGDHookState(_Unflagged):
     psgd: Any  # torch's PowerSGDState
     stats: CommStats = field(default_factory=CommStats)
     step: int = 0
@@ -156,6 +233,31 @@ class PowerSGDHookState:
     serialize: bool | None = False
     multinode: bool = False  # count the allreduce bytes as inter-node
     last: Future | None = None  # the future of the bucket before (serialize)
+
+    def phase(self, name: str) -> tuple:
+        """Compressed from PowerSGD's own ``start_powerSGD_iter`` on, a plain allreduce before."""
+        ps = self.psgd
+        compressing = ps.iter >= ps.start_powerSGD_iter
+        return (name, 1.0, int(ps.matrix_approximation_rank)) if compressing else ("dense", 1.0)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Counters and torch's PowerSGDState (its slots, as torch's ``__getstate__``
+        keeps them, the numpy generator as tensors), its memories per bucket."""
+        ps = self.psgd
+        keep = [s for s in ps.__slots__ if s not in _PSGD_SKIP + _PSGD_BUCKETS]
+        return {
+            **super().state_dict(),
+            "powersgd": {**{s: getattr(ps, s) for s in keep}, "rng": numpy_rng_state(ps.rng)},
+            "buckets": {k: dict(getattr(ps, k)) for k in _PSGD_BUCKETS},
+        }
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        super().load_state_dict(sd)
+        ps, saved = self.psgd, dict(sd["powersgd"])
+        set_numpy_rng_state(ps.rng, saved.pop("rng"))
+        for k, v in {**saved, **sd["buckets"]}.items():
+            setattr(ps, k, {int(i): t.clone() for i, t in v.items()} if k in _PSGD_BUCKETS else v)
+        self.last = None  # no bucket of this process is in flight
 
 
 def _run_powersgd(state: PowerSGDHookState, bucket: dist.GradBucket) -> Future:
@@ -215,8 +317,9 @@ def powersgd_hook(state: PowerSGDHookState, bucket: dist.GradBucket) -> Future[t
 
 
 @dataclass
-class NoCommState:
-    """What the training controller and the saved state read of a hook's state."""
+class NoCommState(_Unflagged):
+    """What the training controller and the saved state read of a hook's state; also the
+    stand-in of a single process, which has no hook."""
 
     stats: CommStats = field(default_factory=CommStats)
     step: int = 0
@@ -224,7 +327,9 @@ class NoCommState:
     force_dense: bool = False  # unused
     group: Any = None  # the process group of the step barrier (None: the default group)
     multinode: bool = False  # the barrier's bytes cross a node's link
-    # no ``nan_check``: the loop then checks the (local) gradients themselves, as for PowerSGD
+
+    def phase(self, name: str) -> tuple[str, float]:
+        return name, 1.0
 
 
 BARRIER_BYTES = 4  # the step barrier: one float32 element
@@ -399,3 +504,14 @@ def build(name: str, opts: HookOptions, process_group: Any = None) -> tuple[Any,
     if topo is not None:  # hierarchical: new process groups; others: byte accounting only
         topo_groups = groups(topo) if spec.hierarchical else Groups(topo, None, None)
     return spec.build(opts, topo_groups, process_group)
+
+
+def numpy_rng_state(rng: np.random.RandomState) -> list[Any]:
+    """A numpy generator's state as tensors and numbers (``weights_only`` loads it)."""
+    name, keys, pos, has_gauss, cached = rng.get_state()
+    return [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached]
+
+
+def set_numpy_rng_state(rng: np.random.RandomState, st: list[Any]) -> None:
+    name, keys, pos, has_gauss, cached = st
+    rng.set_state((name, keys.numpy().astype(np.uint32), int(pos), int(has_gauss), cached))

@@ -1,4 +1,4 @@
-"""Triton kernels for MSTopK on CUDA: ``tiled``'s column maxima and histogram threshold,
+"""Triton kernels for MSTopK on CUDA: ``tiled``'s radix path (:func:`radix_topk`), and
 ``paper``'s threshold search.
 
 Imported only on the CUDA path (:func:`bench.comm.selection_core.triton_run`);
@@ -9,6 +9,7 @@ Imported only on the CUDA path (:func:`bench.comm.selection_core.triton_run`);
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import sys
 import warnings
@@ -25,26 +26,9 @@ except Exception:  # noqa: BLE001 - any import failure means "no triton"
     tl = None
 
 AVAILABLE = triton is not None
-BLOCK = 1024  # columns per program: 8 float32 per thread with 4 warps
 COUNT_BLOCK = 8192  # elements per program of a count: few atomics on the one counter
 
 if AVAILABLE:
-
-    @triton.jit
-    def _colmax_kernel(x_ptr, out_ptr, rows, cols, BLOCK: tl.constexpr):
-        pid = tl.program_id(0)
-        offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        inb = offs < cols
-        acc = tl.zeros((BLOCK,), dtype=tl.float32)
-        bad = tl.zeros((BLOCK,), dtype=tl.int32)
-        ptr = x_ptr + offs
-        for _ in range(rows):
-            v = tl.load(ptr, mask=inb, other=0.0).to(tl.float32)
-            bad = bad | (v != v).to(tl.int32)
-            acc = tl.maximum(acc, tl.abs(v))
-            ptr += cols
-        acc = tl.where(bad != 0, float("nan"), acc)
-        tl.store(out_ptr + offs, acc, mask=inb)
 
     @triton.jit
     def _count_ge_kernel(x_ptr, f_ptr, i_ptr, n, BLOCK: tl.constexpr):
@@ -91,96 +75,6 @@ if AVAILABLE:
         tl.store(i_ptr + 2, done)
         tl.store(i_ptr + 3, 0)
 
-    @triton.jit
-    def _colmax_hist_kernel(
-        x_ptr,
-        out_ptr,
-        hist_ptr,
-        rows,
-        cols,
-        BLOCK: tl.constexpr,
-        BINS: tl.constexpr,
-        SHIFT: tl.constexpr,
-    ):
-        # persistent: program p owns column blocks p, p + P, ...; per block the column
-        # maxima of |x| (NaN kept, as _colmax_kernel) and their histogram over float32 bit
-        # patterns >> SHIFT, summed in registers, added to hist once per program
-        pid = tl.program_id(0)
-        nblocks = tl.cdiv(cols, BLOCK)
-        counts = tl.zeros((BINS,), dtype=tl.int32)
-        for blk in range(pid, nblocks, tl.num_programs(0)):
-            offs = blk * BLOCK + tl.arange(0, BLOCK).to(tl.int64)  # blk: int in the interpreter
-            inb = offs < cols
-            acc = tl.zeros((BLOCK,), dtype=tl.float32)
-            bad = tl.zeros((BLOCK,), dtype=tl.int32)
-            ptr = x_ptr + offs
-            for _ in range(rows):
-                v = tl.load(ptr, mask=inb, other=0.0).to(tl.float32)
-                bad = bad | (v != v).to(tl.int32)
-                acc = tl.maximum(acc, tl.abs(v))
-                ptr += cols
-            acc = tl.where(bad != 0, float("nan"), acc)
-            tl.store(out_ptr + offs, acc, mask=inb)
-            key = (acc.to(tl.int32, bitcast=True) & 0x7FFFFFFF) >> SHIFT
-            # lanes past the end count in bin 0; the caller subtracts them
-            counts += tl.histogram(tl.where(inb, key, 0), BINS)
-        tl.atomic_add(hist_ptr + tl.arange(0, BINS), counts)
-
-    @triton.jit
-    def _refine_kernel(
-        colmax_ptr,
-        b1_ptr,
-        fine_ptr,
-        cols,
-        BLOCK: tl.constexpr,
-        SHIFT1: tl.constexpr,
-        SHIFT2: tl.constexpr,
-        FINE: tl.constexpr,
-    ):
-        # fine[(bits >> SHIFT2) % FINE] += 1 for the columns in coarse bucket b1 only
-        # (about k of them): one atomic each, spread over FINE counters
-        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        inb = offs < cols
-        bits = tl.load(colmax_ptr + offs, mask=inb, other=0.0).to(tl.int32, bitcast=True)
-        bits = bits & 0x7FFFFFFF
-        b1 = tl.load(b1_ptr).to(tl.int32)
-        sel = inb & ((bits >> SHIFT1) == b1)
-        ones = tl.full((BLOCK,), 1, dtype=tl.int32)
-        tl.atomic_add(fine_ptr + ((bits >> SHIFT2) & (FINE - 1)), ones, mask=sel)
-
-    @triton.jit
-    def _compact_kernel(
-        x_ptr,
-        colmax_ptr,
-        thr_ptr,
-        abs_ptr,
-        idx_ptr,
-        count_ptr,
-        rows,
-        cols,
-        cap,
-        BLOCK: tl.constexpr,
-        ROWS: tl.constexpr,
-    ):
-        # every |x| >= thr of the columns whose maximum reaches it, appended at slots taken
-        # with one atomic per program that has any (their order: unspecified)
-        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        inb = offs < cols
-        thr = tl.load(thr_ptr)
-        hot = inb & (tl.load(colmax_ptr + offs, mask=inb, other=0.0) >= thr)
-        r = tl.arange(0, ROWS)
-        pos = r[:, None].to(tl.int64) * cols + offs[None, :]
-        live = hot[None, :] & (r[:, None] < rows)
-        v = tl.abs(tl.load(x_ptr + pos, mask=live, other=0.0).to(tl.float32))
-        cand = tl.reshape((live & (v >= thr)).to(tl.int32), (ROWS * BLOCK,))
-        n = tl.sum(cand, axis=0)
-        if n > 0:
-            base = tl.atomic_add(count_ptr, n.to(tl.int64))
-            slot = base + tl.cumsum(cand, 0).to(tl.int64) - 1
-            ok = (cand != 0) & (slot < cap)
-            tl.store(abs_ptr + slot, tl.reshape(v, (ROWS * BLOCK,)), mask=ok)
-            tl.store(idx_ptr + slot, tl.reshape(pos, (ROWS * BLOCK,)), mask=ok)
-
 
 def guarded(name: str, forced: bool, call: Callable[[Any], Any], broken: dict[str, str]) -> Any:
     """``call(this module)``; on failure (import, compile, launch) raise when ``forced``, else
@@ -203,23 +97,6 @@ def _on(device: torch.device) -> contextlib.AbstractContextManager:
     """Make ``device`` current: Triton launches on the current CUDA device (a CPU tensor only
     runs under Triton's interpreter, in tests)."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-
-
-def colmax_abs(head: torch.Tensor) -> torch.Tensor:
-    """``max_c |head[c, j]|`` for each column ``j`` of a contiguous ``(C, R)`` tensor, float32.
-
-    Raises whatever Triton raises when it cannot compile or launch (the caller falls back).
-    """
-    if not AVAILABLE:
-        raise RuntimeError("triton is not importable")
-    if head.dim() != 2 or not head.is_contiguous():
-        raise ValueError("colmax_abs needs a contiguous 2-D tensor")
-    rows, cols = head.shape
-    out = torch.empty(cols, dtype=torch.float32, device=head.device)
-    grid = (triton.cdiv(cols, BLOCK),)
-    with _on(head.device):
-        _colmax_kernel[grid](head, out, rows, cols, BLOCK=BLOCK, num_warps=4)
-    return out
 
 
 def paper_search(
@@ -250,89 +127,243 @@ def paper_search(
     return f[4], f[5]
 
 
-HIST_BLOCK = 1024  # columns per block of the column-max + histogram kernel
-COMPACT_BLOCK = 128  # columns per program of the compaction (times up to 16 rows)
+# --- ``tiled``'s radix path: exact, no host sync, fixed shapes (docs/internals/comm.md) ---
+
+GROUP_BYTES = 64  # a group: two 32-byte sectors (16 float32, 32 bfloat16)
+TILE = 4096  # elements a program reads per iteration of the group pass
+KEY_BLOCK = 4096  # keys a program reads per iteration of a radix pass
+OUT_BLOCK = 1024  # candidates a program reads per iteration of the output pass
+# the int64 workspace: a 256-bin histogram and a ticket per radix pass (passes 0-3 of the
+# group maxima, 4-7 of the candidates), then the state; the selected indices follow it
+TICKETS, G_STATE, C_STATE, G_TIES, C_TIES, C_COUNT, O_COUNT, FLAG = (
+    2048, 2056, 2058, 2060, 2061, 2062, 2063, 2064,
+)  # fmt: skip
+WORKSPACE = 2080
+
+if AVAILABLE:
+
+    @triton.jit
+    def _finish_pass(ws_ptr, hist, PASS, prefix, krem, active):
+        # add this program's histogram; the last program to finish picks the digit of the
+        # krem-th largest key still in play and writes (prefix << 8 | digit, krem left)
+        b = tl.arange(0, 256)
+        if active:
+            tl.atomic_add(ws_ptr + PASS * 256 + b, hist.to(tl.int64))
+        # every thread's additions before the one thread's ticket (whose release then
+        # covers them: CUB's __syncthreads + __threadfence before its last-block count)
+        tl.debug_barrier()
+        if tl.atomic_add(ws_ptr + 2048 + PASS, 1) == tl.num_programs(0) - 1:
+            h = tl.load(ws_ptr + PASS * 256 + b, volatile=True)
+            s = tl.sum(h, 0) - tl.cumsum(h, 0) + h  # keys in play with this digit or above
+            d = tl.maximum(tl.sum((s >= krem).to(tl.int64), 0) - 1, 0)
+            above = tl.sum(tl.where(b == d, s - h, 0), 0)
+            st = ws_ptr + 2056 + 2 * (PASS // 4)
+            tl.store(st, prefix * 256 + d)
+            tl.store(st + 1, krem - above)
+
+    @triton.jit
+    def _take(key, t, krem, ties_ptr):
+        # every key above t, and the first krem (over all programs) of those equal to it
+        eq = key == t
+        ne = tl.sum(eq.to(tl.int64), 0)
+        base = ne * 0
+        if ne > 0:
+            base = tl.atomic_add(ties_ptr, ne)
+        rank = base + tl.cumsum(eq.to(tl.int64), 0) - 1
+        return (key > t) | (eq & (rank < krem))
+
+    # sizes are not specialised (divisible by 16, equal to 1): one compile per dtype and
+    # group size serves every bucket; the loads' alignment comes from G, a constant
+    @triton.jit(do_not_specialize=["n", "ngroups", "k"])
+    def _group_kernel(
+        x_ptr, add_ptr, key_ptr, ws_ptr, n, ngroups, k,
+        HAS_ADD: tl.constexpr, G: tl.constexpr, GB: tl.constexpr,
+    ):  # fmt: skip
+        # one read of x (+= add first, written back): each group's max |x| as its float32
+        # bits (monotone in it), the non-finite flag, the histogram of the keys' top digit
+        rows = tl.arange(0, GB)
+        hist = tl.zeros((256,), dtype=tl.int32)
+        bad = tl.zeros((GB,), dtype=tl.int32)
+        for g0 in range(tl.program_id(0) * GB, ngroups, tl.num_programs(0) * GB):
+            grp = g0 + rows
+            live = grp < ngroups
+            offs = grp.to(tl.int64)[:, None] * G + tl.arange(0, G)[None, :]
+            m = offs < n
+            v = tl.load(x_ptr + offs, mask=m, other=0.0)
+            if HAS_ADD:
+                w = tl.load(add_ptr + offs, mask=m, other=0.0).to(tl.float32)
+                v = (v.to(tl.float32) + w).to(x_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
+                tl.store(x_ptr + offs, v, mask=m)
+            a = tl.abs(v.to(tl.float32))
+            nonfinite = m & ((a != a) | (a == float("inf")))
+            bad = tl.maximum(bad, tl.max(nonfinite.to(tl.int32), axis=1))
+            key = tl.max(a, axis=1).to(tl.int32, bitcast=True)
+            tl.store(key_ptr + grp, key, mask=live)
+            hist += tl.histogram(tl.where(live, key >> 24, 0), 256)
+            hist -= tl.where(tl.arange(0, 256) == 0, GB - tl.sum(live.to(tl.int32), 0), 0)
+        if tl.max(bad, 0) > 0:
+            tl.store(ws_ptr + 2064, 1)
+        _finish_pass(ws_ptr, hist, 0, 0, k, True)
+
+    @triton.jit(do_not_specialize=["n", "PASS", "SHIFT"])  # one compile serves every pass
+    def _pass_kernel(
+        key_ptr, ws_ptr, n, PASS, SHIFT, COUNTED: tl.constexpr, BLOCK: tl.constexpr,
+    ):  # fmt: skip
+        # the histogram of the next digit of the keys whose higher digits are the prefix
+        # chosen so far; COUNTED: as many keys as the candidate count (else n); PASS and
+        # SHIFT are arguments, not constants: one compiled kernel serves every pass
+        st = ws_ptr + 2056 + 2 * (PASS // 4)
+        prefix = tl.load(st)
+        krem = tl.load(st + 1)
+        if COUNTED:
+            count = tl.load(ws_ptr + 2062)
+        else:
+            count = n
+        hist = tl.zeros((256,), dtype=tl.int32)
+        for s0 in range(tl.program_id(0) * BLOCK, count, tl.num_programs(0) * BLOCK):
+            o = s0 + tl.arange(0, BLOCK)
+            key = tl.load(key_ptr + o, mask=o < count, other=-1)
+            play = (key >> (SHIFT + 8)) == prefix
+            hist += tl.histogram(tl.where(play, (key >> SHIFT) & 255, 0), 256)
+            hist -= tl.where(tl.arange(0, 256) == 0, BLOCK - tl.sum(play.to(tl.int32), 0), 0)
+        _finish_pass(ws_ptr, hist, PASS, prefix, krem, tl.program_id(0) * BLOCK < count)
+
+    @triton.jit(do_not_specialize=["n", "ngroups", "k", "cap"])
+    def _take_kernel(
+        key_ptr, x_ptr, ckey_ptr, cidx_ptr, ws_ptr, n, ngroups, k, cap,
+        G: tl.constexpr, GB: tl.constexpr,
+    ):  # fmt: skip
+        # exactly k groups (the keys above the k-th largest, then enough equal to it); of
+        # their elements every one at or above it is a candidate, appended with its index,
+        # and counted in the histogram of the candidates' top digit (G == 1: the groups
+        # are the elements, every one taken is selected)
+        t = tl.load(ws_ptr + 2056)
+        krem = tl.load(ws_ptr + 2057)
+        rows = tl.arange(0, GB)
+        hist = tl.zeros((256,), dtype=tl.int32)
+        for g0 in range(tl.program_id(0) * GB, ngroups, tl.num_programs(0) * GB):
+            grp = g0 + rows
+            key = tl.load(key_ptr + grp, mask=grp < ngroups, other=-1)
+            take = _take(key, t, krem, ws_ptr + 2060)
+            if tl.sum(take.to(tl.int32), 0) > 0:
+                if G == 1:
+                    c, ckey, idx = take, key, grp
+                else:
+                    offs = grp[:, None] * G + tl.arange(0, G)[None, :]
+                    m = take[:, None] & (offs < n)
+                    v = tl.load(x_ptr + offs, mask=m, other=0.0)
+                    ek = tl.abs(v.to(tl.float32)).to(tl.int32, bitcast=True)
+                    c = tl.reshape(m & (ek >= t), (GB * G,))
+                    ckey = tl.reshape(ek, (GB * G,))
+                    idx = tl.reshape(offs, (GB * G,))
+                nc = tl.sum(c.to(tl.int64), 0)
+                slot = tl.atomic_add(ws_ptr + 2062, nc) + tl.cumsum(c.to(tl.int64), 0) - 1
+                ok = c & (slot < cap)
+                tl.store(ckey_ptr + slot, ckey, mask=ok)
+                tl.store(cidx_ptr + slot, idx, mask=ok)
+                if G > 1:
+                    hist += tl.histogram(tl.where(c, ckey >> 24, 0), 256)
+                    hist -= tl.where(tl.arange(0, 256) == 0, GB * G - nc.to(tl.int32), 0)
+        if G > 1:
+            _finish_pass(ws_ptr, hist, 4, 0, k, True)
+
+    @triton.jit(do_not_specialize=["k"])
+    def _out_kernel(
+        ckey_ptr, cidx_ptr, x_ptr, ws_ptr, oidx_ptr, oval_ptr, fin_ptr, k,
+        ALL: tl.constexpr, BLOCK: tl.constexpr,
+    ):  # fmt: skip
+        # the k selected: candidates above the k-th largest, then enough equal to it (ALL:
+        # every candidate, there are k), their indices and values; the finiteness flag
+        count = tl.load(ws_ptr + 2062)
+        t = tl.load(ws_ptr + 2058)
+        krem = tl.load(ws_ptr + 2059)
+        for s0 in range(tl.program_id(0) * BLOCK, count, tl.num_programs(0) * BLOCK):
+            o = s0 + tl.arange(0, BLOCK)
+            live = o < count
+            key = tl.load(ckey_ptr + o, mask=live, other=-1)
+            if ALL:
+                take = live
+            else:
+                take = _take(key, t, krem, ws_ptr + 2061)
+            nt = tl.sum(take.to(tl.int64), 0)
+            if nt > 0:
+                slot = tl.atomic_add(ws_ptr + 2063, nt) + tl.cumsum(take.to(tl.int64), 0) - 1
+                ok = take & (slot < k)
+                idx = tl.load(cidx_ptr + o, mask=ok, other=0)
+                tl.store(oidx_ptr + slot, idx.to(tl.int64), mask=ok)
+                tl.store(oval_ptr + slot, tl.load(x_ptr + idx, mask=ok, other=0.0), mask=ok)
+        if tl.program_id(0) == 0:
+            tl.store(fin_ptr, (tl.load(ws_ptr + 2064) == 0).to(tl.uint8))
 
 
-def _programs(device: torch.device, blocks: int) -> int:
-    """Programs of the persistent kernel: 4 per SM keep the reads in flight (one per block
-    on the CPU interpreter), and each adds its histogram once."""
+def group_size(n: int, k: int, itemsize: int) -> int:
+    """Elements per group: :data:`GROUP_BYTES` of them, fewer (a power of two, at least 1)
+    where ``k`` groups of them would hold more than a quarter of ``n``."""
+    g = GROUP_BYTES // itemsize
+    while g > 1 and 4 * k * g > n:
+        g //= 2
+    return g
+
+
+def _sms(device: torch.device) -> int:
+    """Programs of a persistent kernel: 4 per SM on CUDA, 4 in all under the interpreter."""
     if device.type != "cuda":
-        return max(1, min(blocks, 4))
-    return max(1, min(blocks, 4 * torch.cuda.get_device_properties(device).multi_processor_count))
+        return 4
+    return 4 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def colmax_hist(head: torch.Tensor, bins: int, shift: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Column maxima of ``|head|`` (contiguous ``(C, R)``; float32) and the int64 histogram
-    of their float32 bit patterns ``>> shift`` in ``bins`` bins, from one read of ``head``."""
-    if not AVAILABLE:
-        raise RuntimeError("triton is not importable")
-    rows, cols = head.shape
-    out = torch.empty(cols, dtype=torch.float32, device=head.device)
-    hist = torch.zeros(bins, dtype=torch.int32, device=head.device)
-    blocks = triton.cdiv(cols, HIST_BLOCK)
-    grid = (_programs(head.device, blocks),)
-    with _on(head.device):
-        _colmax_hist_kernel[grid](
-            head, out, hist, rows, cols, BLOCK=HIST_BLOCK, BINS=bins, SHIFT=shift, num_warps=8
-        )
-    hist = hist.long()
-    hist[0] -= blocks * HIST_BLOCK - cols  # the padding lanes of the last block
-    return out, hist
+@functools.lru_cache(maxsize=16)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def refine_hist(
-    colmax: torch.Tensor, b1: torch.Tensor, shift1: int, shift2: int, fine: int
-) -> torch.Tensor:
-    """int64 counts of ``(bits >> shift2) % fine`` over the columns in coarse bucket ``b1``
-    (a 0-dim device integer)."""
-    if not AVAILABLE:
-        raise RuntimeError("triton is not importable")
-    out = torch.zeros(fine, dtype=torch.int32, device=colmax.device)
-    cols = colmax.numel()
-    b1 = b1.to(torch.int32).reshape(1)
-    with _on(colmax.device):
-        _refine_kernel[(triton.cdiv(cols, BLOCK),)](
-            colmax,
-            b1,
-            out,
-            cols,
-            BLOCK=BLOCK,
-            SHIFT1=shift1,
-            SHIFT2=shift2,
-            FINE=fine,
-            num_warps=4,
-        )
-    return out.long()
-
-
-def compact_ge(
-    head: torch.Tensor, colmax: torch.Tensor, thr: torch.Tensor, cap: int
+def radix_topk(
+    flat: torch.Tensor, k: int, add: torch.Tensor | None = None, started: list | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(abs, idx, count)``: the float32 magnitudes and flat int64 indices of every element
-    ``|x| >= thr`` (a 0-dim float32 device tensor) of the columns whose maximum reaches it,
-    in the first ``count`` of ``cap`` slots (unused slots: magnitude -1, index 0).  ``count``
-    (0-dim int64, on the device) may exceed ``cap``: those past it were dropped."""
+    """``(values, int64 indices, finite)`` of the ``k`` largest ``|flat|`` (``0 < k < n``),
+    exact (ties broken in no fixed order), in no fixed order; ``finite``: a 0-dim bool
+    device tensor, False when ``flat`` holds NaN or Inf (the selection is then of no use).
+    ``add`` (flat, ``flat``'s size): ``flat += add`` first, in the same read.  Every shape
+    follows from ``(n, k, dtype)``, nothing is read back: it can be captured in a CUDA graph.
+    ``started`` (a list): gets True appended once ``flat`` may have been changed."""
     if not AVAILABLE:
         raise RuntimeError("triton is not importable")
-    rows, cols = head.shape
-    absb = torch.full((cap,), -1.0, dtype=torch.float32, device=head.device)
-    idxb = torch.zeros(cap, dtype=torch.int64, device=head.device)
-    count = torch.zeros(1, dtype=torch.int64, device=head.device)
-    rows_p2 = triton.next_power_of_2(rows)
-    with _on(head.device):
-        _compact_kernel[(triton.cdiv(cols, COMPACT_BLOCK),)](
-            head,
-            colmax,
-            thr.reshape(1),
-            absb,
-            idxb,
-            count,
-            rows,
-            cols,
-            cap,
-            BLOCK=COMPACT_BLOCK,
-            ROWS=rows_p2,
-            num_warps=4,
-        )
-    return absb, idxb, count[0]
+    n = flat.numel()
+    if not 0 < k < n or n > 2**31 - GROUP_BYTES or not flat.is_contiguous():
+        raise ValueError(f"radix_topk needs 0 < k < n < 2**31 and a contiguous tensor ({k}, {n})")
+    g = group_size(n, k, flat.element_size())
+    ngroups = triton.cdiv(n, g)
+    cap = k * g  # candidates: every element of the k groups, at most
+    dev = flat.device
+    buf = torch.zeros(WORKSPACE + k, dtype=torch.int64, device=dev)
+    ws, idx = buf[:WORKSPACE], buf[WORKSPACE:]  # zeros: an index short of k stays in range
+    keys = torch.empty(ngroups, dtype=torch.int32, device=dev)
+    ckey = torch.empty(cap, dtype=torch.int32, device=dev)
+    cidx = torch.empty(cap, dtype=torch.int32, device=dev)
+    vals = flat.new_empty(k)
+    fin = torch.empty(1, dtype=torch.uint8, device=dev)
+    gb = TILE // g
+    most = _sms(dev)
+    grid = (max(1, min(triton.cdiv(ngroups, gb), most)),)
+    with _on(dev):
+        if started is not None:
+            started.append(True)
+        _group_kernel[grid](
+            flat, flat if add is None else add, keys, ws, n, ngroups, k,
+            HAS_ADD=add is not None, G=g, GB=gb, num_warps=8,
+        )  # fmt: skip
+        pgrid = (max(1, min(triton.cdiv(ngroups, KEY_BLOCK), most)),)
+        for p, shift in ((1, 16), (2, 8), (3, 0)):
+            _pass_kernel[pgrid](keys, ws, ngroups, p, shift, COUNTED=False, BLOCK=KEY_BLOCK,
+                                num_warps=8)  # fmt: skip
+        _take_kernel[grid](keys, flat, ckey, cidx, ws, n, ngroups, k, cap, G=g, GB=gb,
+                           num_warps=8)  # fmt: skip
+        if g > 1:
+            cgrid = (max(1, min(triton.cdiv(cap, KEY_BLOCK), most)),)
+            for p, shift in ((5, 16), (6, 8), (7, 0)):
+                _pass_kernel[cgrid](ckey, ws, cap, p, shift, COUNTED=True, BLOCK=KEY_BLOCK,
+                                    num_warps=8)  # fmt: skip
+        ogrid = (max(1, min(triton.cdiv(cap, OUT_BLOCK), most)),)
+        _out_kernel[ogrid](ckey, cidx, flat, ws, idx, vals, fin, k, ALL=g == 1,
+                           BLOCK=OUT_BLOCK, num_warps=4)  # fmt: skip
+    return vals, idx, fin.view(torch.bool)[0]

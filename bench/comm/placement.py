@@ -10,7 +10,7 @@ error feedback on it.  The design and its sources: docs/algorithms.md, section 8
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,6 +113,13 @@ class DGCMemory(ResidualMemory):
         super().reset()
         self.momenta.clear()
         self.moved = set()
+
+    def state_dict(self) -> dict[str, dict[Hashable, torch.Tensor]]:
+        return {**super().state_dict(), "momenta": self.momenta}
+
+    def load_state_dict(self, sd: Mapping[str, Mapping[Hashable, torch.Tensor]]) -> None:
+        super().load_state_dict(sd)
+        self.momenta, self.moved = {k: v.clone() for k, v in sd.get("momenta", {}).items()}, set()
 
 
 class DGC:

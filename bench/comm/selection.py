@@ -179,21 +179,21 @@ def mstopk(
     method = parse(MSTopKMethod, method, "mstopk method")
     _check_options(flat, iters, sample, margin, tiles, bins, kernel)
     on_device = flat.is_cuda if _device_path is None else _device_path  # one sync per call
-    tiled_cpu = method is MSTopKMethod.tiled and not on_device
-    if _add is not None and not (
-        tiled_cpu and small_numel <= flat.numel() and 0 < k < flat.numel()
-    ):
+    tiled = method is MSTopKMethod.tiled
+    if _add is not None and not (tiled and small_numel <= flat.numel() and 0 < k < flat.numel()):
         flat, _add = flat.add_(_add.reshape(-1)), None  # not fused into the selection
     t = trivial(flat, k)
     if t is not None:
         return t
     if flat.numel() < small_numel:
         return exact(flat, k)
-    if tiled_cpu:
+    if tiled and not on_device:
         return selection_tiled.tiled(flat, k, tiles, sample, margin, generator, add=_add)
     if on_device:
-        if method is MSTopKMethod.tiled:
-            return selection_tiled.tiled_dev(flat, k, tiles, sample, margin, generator, kernel)
+        if tiled:
+            return selection_tiled.tiled_dev(
+                flat, k, tiles, sample, margin, generator, kernel, add=_add
+            )
         if method is MSTopKMethod.sampled:
             return selection_tiled.sampled_dev(flat, k, sample, margin, generator)
         if method is MSTopKMethod.hist:

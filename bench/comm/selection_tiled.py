@@ -1,27 +1,23 @@
 """MSTopK's ``tiled`` method (the default) and ``sampled``, on the CPU and on CUDA.
 
-``tiled`` (exact; this project's variant of MSTopK's threshold search): a threshold from
-a sample of ``|x|``, then every element at or above it, through a numpy sweep on the CPU or
-the column maxima of a ``(C, R)`` view (on CUDA a Triton kernel).  :func:`tiled_fast`, a
-histogram threshold of the column maxima and one compaction, is the alternative the device
-check measures beside it (slower on the H200; docs/gpu.md).  ``sampled``
-(exact): a threshold from a strided sample, one compare pass.  See docs/internals/comm.md.
+``tiled`` (exact; this project's variant of MSTopK's threshold search): on the CPU a
+threshold from a sample of ``|x|``, then every element at or above it through a numpy
+sweep; on CUDA a radix select of group maxima (Triton, :mod:`bench.comm.mstopk_triton`),
+or the column maxima of a ``(C, R)`` view in torch ops.  ``sampled`` (exact): a threshold
+from a strided sample, one compare pass.  See docs/internals/comm.md.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import numpy as np
 import torch
 
 from bench.comm.selection_core import (
-    deferring,
     exact,
     host,
     nonzero,
-    note_exact,
     raise_unless,
     sample_threshold,
     top_of_candidates,
@@ -350,32 +346,37 @@ def _top_of_values(
     return cand_val[keep], cand_idx[keep]
 
 
-def colmax_dev(head: torch.Tensor, kernel: str) -> torch.Tensor:
-    """Column max ``|x|`` of the ``(C, R)`` view (float32; float64 kept); NaN propagates."""
-    out = triton_run("colmax", kernel, head, lambda t: t.colmax_abs(head))
-    if out is not None:
-        return out
-    m = torch.maximum(torch.amax(head, 0), torch.amin(head, 0).neg_())
-    return m if m.dtype == torch.float64 else m.float()
-
-
 def tiled_dev(
-    flat: torch.Tensor, k: int, tiles: int, sample: int, margin: float, gen, kernel: str
+    flat: torch.Tensor,
+    k: int,
+    tiles: int,
+    sample: int,
+    margin: float,
+    gen: torch.Generator | None,
+    kernel: str,
+    add: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``tiled`` with one sync (the finiteness flag; none while deferred) and no data-dependent
-    shape."""
-    n = flat.numel()
-    c = rows_for(n, k, tiles)
+    """``tiled`` on CUDA with one sync (the finiteness flag; none while deferred) and no
+    data-dependent shape at any density; ``add``: ``flat += add`` first.  The radix path
+    (Triton, :func:`bench.comm.mstopk_triton.radix_topk`: fused with the addition, nothing
+    read back); else the column maxima of the ``(C, R)`` view in torch ops, the top k
+    columns and all their elements (above density 1/16, where ``C < 2``: torch.topk)."""
+    started: list[bool] = []
+    found = triton_run("radix", kernel, flat, lambda t: t.radix_topk(flat, k, add, started))
+    if found is not None:
+        vals, idx, finite = found
+        raise_unless(finite)
+        return vals, idx
+    if add is not None and not started:  # a radix launch that failed may have added it
+        flat.add_(add.reshape(-1))
+    c = rows_for(flat.numel(), k, tiles)
     if c < 2:
-        return sampled_dev(flat, k, sample, margin, gen)
+        return exact(flat, k)
+    n = flat.numel()
     r = n // c
-    head = flat[: c * r].view(c, r)
-    # the column maxima (Triton), the top k columns, all their elements: on the H200 this
-    # ran 1.6-2.7x faster than tiled_fast (its 2048-bin histogram cost 3-5x the read of the
-    # column maxima, its threshold 0.6 ms of small launches; gpucheck 20261204-120002-378b8c
-    # and docs/gpu.md), so tiled_fast is measured beside it, not used here
-    tail = flat[c * r :]
-    colmax = colmax_dev(head, kernel)
+    head, tail = flat[: c * r].view(c, r), flat[c * r :]
+    colmax = torch.maximum(torch.amax(head, 0), torch.amin(head, 0).neg_())
+    colmax = colmax if colmax.dtype == torch.float64 else colmax.float()
     finite = torch.isfinite(colmax.amax()) & torch.isfinite(tail).all()
     cols = torch.topk(colmax, k, sorted=False).indices
     cand_abs = head.index_select(1, cols).abs_().float().reshape(-1)
@@ -386,103 +387,3 @@ def tiled_dev(
     out = top_of_candidates(flat, cand_idx, cand_abs, k)
     raise_unless(finite)
     return out
-
-
-# --- tiled_fast: a histogram threshold of the column maxima, one compaction (measured) --
-
-SHIFT1 = 20  # coarse buckets: float32 bits >> 20 (sign dropped): 2048, 8 per octave
-BINS1 = 1 << (31 - SHIFT1)
-SHIFT2 = 12  # fine sub-buckets of one coarse bucket: the next 8 bits
-FINE = 1 << (SHIFT1 - SHIFT2)
-INF_BIN = 0x7F800000 >> SHIFT1  # float32 +Inf's bucket; NaN patterns lie above it
-
-
-def capacity(n: int, k: int) -> int:
-    """Candidate slots: about 1.5 k (the histogram leaves ~1.003 k candidates when columns
-    rarely hold two), never more than ``n``."""
-    return min(n, k + k // 2 + 4096)
-
-
-class TorchOps:
-    """The three kernels in torch ops (any device; full-size temporaries, tests only)."""
-
-    @staticmethod
-    def colmax_hist(head: torch.Tensor, bins: int, shift: int) -> tuple[torch.Tensor, ...]:
-        m = torch.maximum(torch.amax(head, 0), torch.amin(head, 0).neg()).float()
-        key = m.view(torch.int32).bitwise_and(0x7FFFFFFF).bitwise_right_shift(shift).long()
-        return m, torch.bincount(key, minlength=bins)[:bins]
-
-    @staticmethod
-    def refine_hist(
-        colmax: torch.Tensor, b1: torch.Tensor, shift1: int, shift2: int, fine: int
-    ) -> torch.Tensor:
-        bits = colmax.view(torch.int32).bitwise_and(0x7FFFFFFF)
-        sel = (bits >> shift1) == b1
-        sub = ((bits >> shift2) & (fine - 1)).long()
-        return torch.zeros(fine, dtype=torch.long, device=colmax.device).index_add_(
-            0, sub, sel.long()
-        )
-
-    @staticmethod
-    def compact_ge(
-        head: torch.Tensor, colmax: torch.Tensor, thr: torch.Tensor, cap: int
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        a = head.abs().float().reshape(-1)
-        hot = (colmax >= thr).expand(head.shape[0], -1).reshape(-1)
-        cand = hot & (a >= thr)
-        slot = torch.cumsum(cand, 0) - 1
-        dst = torch.where(cand & (slot < cap), slot, cap)  # the rest into a dump slot
-        absb = torch.full((cap + 1,), -1.0, device=a.device).scatter_(0, dst, a)
-        pos = torch.arange(a.numel(), device=a.device)
-        idxb = torch.zeros(cap + 1, dtype=torch.long, device=a.device).scatter_(0, dst, pos)
-        absb[cap], idxb[cap] = -1.0, 0
-        return absb[:cap], idxb[:cap], cand.sum()
-
-
-def threshold(
-    colmax: torch.Tensor, hist: torch.Tensor, k: int, ops: Any
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(T, finite)`` from the coarse histogram and the fine one of its bucket ``b1``:
-    0-dim float32 and bool device tensors, no sync.  At least ``k`` column maxima are
-    ``>= T``; ``T`` is 0 when a column maximum is NaN or Inf."""
-    dev = hist.device
-    tail = torch.cat([hist.flip(0).cumsum(0).flip(0), hist.new_zeros(1)])
-    finite = tail[INF_BIN] == 0
-    b1 = (tail[:-1] >= k).sum() - 1  # tail[0] = all columns >= k: b1 >= 0
-    # index_select, not tail[b1 + 1]: indexing by a 0-dim integer tensor reads it (a sync)
-    above = tail.index_select(0, (b1 + 1).reshape(1))[0]  # columns in buckets above b1
-    fine = ops.refine_hist(colmax, b1, SHIFT1, SHIFT2, FINE)
-    tail2 = fine.flip(0).cumsum(0).flip(0) + above  # tail2[0] = tail[b1] >= k
-    f2 = (tail2 >= k).sum() - 1
-    bits = (b1 << SHIFT1) | (f2 << SHIFT2)
-    thr = bits.to(torch.int32).view(torch.float32)
-    return torch.where(finite, thr, torch.zeros((), device=dev)), finite
-
-
-def tiled_fast(flat: torch.Tensor, k: int, c: int, ops: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """The top ``k`` of ``flat`` by magnitude through the ``(c, n // c)`` view (see the
-    module docstring); ``ops``: :mod:`bench.comm.mstopk_triton` or :class:`TorchOps`.
-    One host sync, or none inside :func:`~bench.comm.selection_core.deferred_finite`."""
-    n = flat.numel()
-    r = n // c
-    head, tail = flat[: c * r].view(c, r), flat[c * r :]
-    colmax, hist = ops.colmax_hist(head, BINS1, SHIFT1)
-    thr, finite = threshold(colmax, hist, k, ops)
-    if tail.numel():
-        finite = finite & torch.isfinite(tail).all()
-    cap = capacity(c * r, k)
-    absb, idxb, count = ops.compact_ge(head, colmax, thr, cap)
-    if deferring():
-        note_exact(count <= cap)
-        raise_unless(finite)  # deferred: no read
-    else:
-        got, ok = host(torch.stack([count, finite.long()]))
-        if not ok:
-            raise_unless(finite, deferrable=False)
-        if got > cap:  # columns holding several candidates: all of them, exactly
-            absb, idxb, _ = ops.compact_ge(head, colmax, thr, int(got))
-    if tail.numel():
-        absb = torch.cat([absb, tail.abs().float()])
-        idxb = torch.cat([idxb, torch.arange(c * r, n, device=flat.device)])
-    idx = idxb[torch.topk(absb, k, sorted=False).indices]
-    return flat[idx], idx

@@ -1,28 +1,51 @@
 """The public state of a communication hook: made before the process group, saved and
-restored by parameter name.
+restored by parameter name; and :class:`Stateful`, what a checkpoint takes.
 
 A :class:`CommHookState` binds to the process group on the hook's first call (or
-``bind()``); ``state_dict()`` holds this rank's step, density, residuals (and DGC's
-momenta), generators and PowerSGD state keyed by parameter names with the bucket layout,
-so a resume continues bit for bit in another bucket layout or world size
-(docs/internals/comm.md).
+``bind()``); ``state_dict()`` holds the bound hook's own ``state_dict`` (step, density,
+residuals and DGC's momenta, generators, PowerSGD's state...) with its per-bucket tensors
+keyed by parameter names, and the bucket layout, so a resume continues bit for bit in
+another bucket layout or world size (docs/internals/comm.md).
 """
 
 import warnings
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
-from bench.comm.compressors import RandomKCompressor, ResidualMemory
 from bench.comm.layout import BucketLayout, Layout, Replay, describe
+from bench.registry import ConfigError
 
-__all__ = ["CommHookState", "comm_hook"]
+__all__ = ["CommHookState", "Stateful", "comm_hook", "stateful"]
 
-VERSION = 1
+VERSION = 2  # 2: the hook's own state_dict, its per-bucket tensors under ``buckets``
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """What a checkpoint saves and restores, and all it calls: torch's ``Stateful``
+    (``torch.distributed.checkpoint.stateful``, whose package takes a second to import).
+    Every comm hook's state, sync strategy and optimizer exchange declares it; one
+    without it is refused where it is attached (:func:`stateful`), not left out."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+
+def stateful(obj: Any, what: str) -> Any:
+    """``obj``, or ConfigError in one line if it is not :class:`Stateful`."""
+    if not isinstance(obj, Stateful):
+        raise ConfigError(
+            f"{what} {type(obj).__name__} has no state_dict()/load_state_dict(): a checkpoint "
+            "could not save it, so it is refused"
+        )
+    return obj
+
+
 #: attributes of the state itself; any other goes to the bound hook's state
 _OWN = frozenset({"name", "options", "build", "process_group", "inner", "hook"})
 #: (name, options, process group) -> the bound hook's (state, hook): ``hooks.build``
@@ -84,6 +107,7 @@ class CommHookState:
             raise RuntimeError("bind() needs torch.distributed.init_process_group first")
         pg = process_group if process_group is not None else self.process_group
         inner, fn = self.build(self.name, self.options, pg)
+        stateful(inner, f"comm={self.name}: its hook state")
         object.__setattr__(self, "process_group", pg)
         object.__setattr__(self, "inner", inner)
         object.__setattr__(self, "hook", fn)
@@ -159,8 +183,7 @@ class CommHookState:
     @property
     def discarded(self) -> int:
         """Residual elements given up (each with a warning), since this state was made."""
-        mem = getattr(getattr(self.inner, "comm", None), "memory", None)
-        return self._discarded + (mem.discarded if isinstance(mem, ResidualMemory) else 0)
+        return self._discarded + (int(self.inner.discarded) if self.inner is not None else 0)
 
     def _discard(self, numel: int, why: str) -> None:
         if numel:
@@ -215,16 +238,11 @@ class CommHookState:
         return f"CommHookState({self.name!r}, {opts}, bound={self.bound})"
 
 
-#: PowerSGDState slots that are neither its process group nor its numpy generator
-_PSGD_SKIP = ("process_group", "rng")
-
-
-def _procs_per_node(inner: Any) -> int:
-    groups = getattr(getattr(inner, "comm", None), "groups", None)
-    return groups.topo.procs_per_node if groups is not None and groups.intra is not None else 0
-
-
 def _named_key(key: Hashable, names: Mapping[int, str]) -> dict[str, Any]:
+    """A bucket key by parameter names: ``hooks._bucket_key``'s (index, numel, first,
+    last), a hitopk shard's ``(key, "shard")``, or a bare bucket index (PowerSGD's)."""
+    if isinstance(key, int):
+        return {"index": key}
     shard = isinstance(key, tuple) and len(key) == 2 and key[1] == "shard"
     index, numel, first, last = key[0] if shard else key  # type: ignore[index,misc]
     return {
@@ -237,6 +255,9 @@ def _named_key(key: Hashable, names: Mapping[int, str]) -> dict[str, Any]:
 
 
 def _local_key(d: Mapping[str, Any], params: Mapping[str, torch.Tensor]) -> Hashable:
+    if "numel" not in d:
+        return int(d["index"])
+
     def pid(name: str) -> int:
         return id(params[name]) if name else 0
 
@@ -254,47 +275,26 @@ def _names(st: CommHookState, what: str) -> dict[int, str]:
 
 
 def _save(st: CommHookState) -> dict[str, Any]:
-    inner, pg = st.inner, st.process_group
+    """The bound hook's ``state_dict``, its per-bucket tensors (``buckets``: kind ->
+    {bucket key: tensor}) saved by parameter names, in an envelope of the hook's name,
+    its place in the process group and the bucket layout they are positions in."""
+    pg = st.process_group
     layout = st._replay.layout if st._replay is not None else st._layout
-    out: dict[str, Any] = {
+    own = dict(st.inner.state_dict())
+    buckets = own.pop("buckets", {})
+    names = _names(st, "saving per-bucket state") if any(buckets.values()) else {}
+    return {
         "version": VERSION,
         "hook": st.name,
         "world_size": dist.get_world_size(pg),
         "rank": dist.get_rank(pg),
-        "procs_per_node": _procs_per_node(inner),
-        "step": int(inner.step),
-        "density": float(inner.density),
-        "force_dense": bool(inner.force_dense),
         "layout": [b.to_dict() for b in layout],
-        "residuals": [],
-        "momenta": [],
-        "generators": {},
-        "powersgd": None,
+        **own,
+        "buckets": {
+            kind: [{**_named_key(k, names), "value": t.detach().clone()} for k, t in m.items()]
+            for kind, m in buckets.items()
+        },
     }
-    mem = getattr(getattr(inner, "comm", None), "memory", None)
-    if isinstance(mem, ResidualMemory) and mem.buffers:
-        names = _names(st, "saving residuals")
-        out["residuals"] = [
-            {**_named_key(k, names), "value": b.detach().clone()} for k, b in mem.buffers.items()
-        ]
-    if getattr(mem, "momenta", None):  # comm.placement=grad+dgc: DGC's momenta, alike
-        names = _names(st, "saving momenta")
-        out["momenta"] = [
-            {**_named_key(k, names), "value": b.detach().clone()} for k, b in mem.momenta.items()
-        ]
-    comp = getattr(getattr(inner, "comm", None), "compressor", None)
-    if comp is not None:
-        out["generators"] = randomk_generators(comp)
-    ps = getattr(inner, "psgd", None)
-    if ps is not None:
-        if ps.error_dict or ps.p_memory_dict:
-            _names(st, "saving PowerSGD's memories")  # their layout must be known
-        d = {s: getattr(ps, s) for s in ps.__slots__ if s not in _PSGD_SKIP}
-        for k in ("error_dict", "p_memory_dict", "q_memory_dict"):
-            d[k] = {int(i): t.detach().clone() for i, t in d[k].items()}
-        d["rng"] = numpy_rng_state(ps.rng)
-        out["powersgd"] = d
-    return out
 
 
 def _fits(layout: Layout, params: Mapping[str, torch.Tensor]) -> str | None:
@@ -308,95 +308,30 @@ def _fits(layout: Layout, params: Mapping[str, torch.Tensor]) -> str | None:
     return f"parameters of another shape ({bad[:4]} ...)" if bad else None
 
 
-def _positional(sd: Mapping[str, Any]) -> int:
-    """Elements of the saved state that only make sense in the saved buckets."""
-    n = sum(r["value"].numel() for r in [*sd["residuals"], *(sd.get("momenta") or [])])
-    ps = sd.get("powersgd") or {}
-    return n + sum(t.numel() for t in (ps.get("error_dict") or {}).values())
-
-
 def _load(st: CommHookState, sd: Mapping[str, Any]) -> None:
-    inner = st.inner
-    for k in ("step", "density", "force_dense"):
-        setattr(inner, k, type(getattr(inner, k))(sd[k]))
-    if hasattr(inner, "step_started"):
-        inner.step_started = False
-        inner.finite = []
+    """The inverse of :func:`_save`: the per-bucket tensors under this process's keys, in
+    the saved buckets (replayed until DDP's are those), or dropped with a warning when
+    the buckets cannot be rebuilt; then the bound hook's ``load_state_dict``."""
     layout = [BucketLayout.from_dict(b) for b in sd["layout"]]
     st._layout, st._step_layout, st._replay = [], [], None
-    residuals = list(sd["residuals"])
-    momenta = list(sd.get("momenta") or [])  # older states have none
-    psgd = sd.get("powersgd")
-    if _positional(sd):
-        _names(st, "loading bucket state")
+    saved = {kind: list(entries) for kind, entries in sd["buckets"].items()}
+    numel = sum(e["value"].numel() for entries in saved.values() for e in entries)
+    if numel:
+        _names(st, "loading per-bucket state")
     params = st._params or {}
     why = _fits(layout, params) if layout else "no bucket layout was saved"
-    if why is not None and _positional(sd):
-        st._discard(_positional(sd), f"{why}: its buckets cannot be rebuilt")
-        residuals = momenta = []
-        if psgd is not None:
-            psgd = {**psgd, "error_dict": {}, "p_memory_dict": {}, "q_memory_dict": {}}
+    if why is not None and numel:
+        st._discard(numel, f"{why}: its buckets cannot be rebuilt")
+        saved = {kind: [] for kind in saved}
     elif why is None:
         st._replay = Replay(layout, params, st._reduce)
-    mem = getattr(getattr(inner, "comm", None), "memory", None)
-    ppn = _procs_per_node(inner)
-    shards = [r for r in residuals + momenta if r["shard"]]
-    if shards and int(sd["procs_per_node"]) != ppn:
-        n = sum(r["value"].numel() for r in shards)
-        st._discard(n, f"hitopk shards of {sd['procs_per_node']} workers per node, now {ppn}")
-        residuals = [r for r in residuals if not r["shard"]]
-        momenta = [r for r in momenta if not r["shard"]]
 
-    def items(saved: list[dict[str, Any]]) -> list[tuple[Hashable, torch.Tensor]]:
-        dev = [params[r["first"] or r["last"]].device for r in saved]
-        return [(_local_key(r, params), r["value"].to(d)) for r, d in zip(saved, dev, strict=True)]
+    def value(e: Mapping[str, Any]) -> torch.Tensor:
+        at = e.get("first") or e.get("last")
+        return e["value"].to(params[at].device) if at else e["value"]
 
-    if isinstance(mem, ResidualMemory):
-        mem.load_state_dict(items(residuals))
-    elif residuals:
-        st._discard(sum(r["value"].numel() for r in residuals), "this hook has no error feedback")
-    if hasattr(mem, "momenta"):
-        mem.momenta = {k: v.clone() for k, v in items(momenta)}
-    elif momenta:
-        st._discard(sum(r["value"].numel() for r in momenta), "this hook keeps no momenta")
-    comp = getattr(getattr(inner, "comm", None), "compressor", None)
-    if comp is not None and sd.get("generators"):
-        set_randomk_generators(comp, sd["generators"])
-    ps = getattr(inner, "psgd", None)
-    if ps is not None and psgd is not None:
-        for k, v in psgd.items():
-            if k in ("error_dict", "p_memory_dict", "q_memory_dict"):
-                v = {int(i): t.clone() for i, t in v.items()}
-            if k != "rng":
-                setattr(ps, k, v)
-        set_numpy_rng_state(ps.rng, psgd["rng"])
-        inner.last = None  # no bucket of this process is in flight
-
-
-def numpy_rng_state(rng: np.random.RandomState) -> list[Any]:
-    """A numpy generator's state as tensors and numbers (``weights_only`` loads it)."""
-    name, keys, pos, has_gauss, cached = rng.get_state()
-    return [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached]
-
-
-def set_numpy_rng_state(rng: np.random.RandomState, st: list[Any]) -> None:
-    name, keys, pos, has_gauss, cached = st
-    rng.set_state((name, keys.numpy().astype(np.uint32), int(pos), int(has_gauss), cached))
-
-
-def randomk_generators(comp: Any) -> dict[str, torch.Tensor]:
-    if not isinstance(comp, RandomKCompressor):
-        return {}
-    return {str(dev): g.get_state() for dev, g in comp._generators.items()}
-
-
-def set_randomk_generators(comp: Any, states: Mapping[str, torch.Tensor]) -> None:
-    if not isinstance(comp, RandomKCompressor) or comp.seed is None:
-        return
-    for dev, st in states.items():
-        gen = torch.Generator(device=torch.device(dev)).manual_seed(comp.seed)
-        gen.set_state(st.cpu())
-        comp._generators[torch.device(dev)] = gen
+    buckets = {k: {_local_key(e, params): value(e) for e in v} for k, v in saved.items()}
+    st.inner.load_state_dict({**sd, "buckets": buckets})
 
 
 def comm_hook(state: CommHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

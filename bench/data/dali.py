@@ -418,40 +418,30 @@ class DaliFolderLoader:
             warn_corrupt(msgs, self._seen_corrupt, self.strict)
         return np.flatnonzero(sizes >= 0), paths, sizes
 
-    def _reader_pipe(self, size: int, order: np.ndarray):
-        """``fn.readers.file`` over the files ``order`` (sample indices), read in order."""
+    def _make_pipe(self, size: int, read: Callable[[Any, Any], Any], decoded: bool, seed: int):
+        """A pipeline of ``read(fn, types)`` -> (images: encoded, or decoded with
+        ``decoded``; sample indices), each image augmented."""
         fn, pipeline_def, types = require_dali()
-        files = [self._paths[i] for i in order.tolist()]
-        gpu = self.device_id is not None
 
         @pipeline_def
         def pipe():
-            jpegs, index = fn.readers.file(
-                files=files,
-                labels=order.tolist(),
-                random_shuffle=False,
-                pad_last_batch=True,
-                name="Reader",
-            )
-            images = augment(
-                fn,
-                types,
-                jpegs,
-                train=self.train,
-                size=size,
-                decoded_input=False,
-                gpu=gpu,
-                flip=self.flip,
-            )
+            data, index = read(fn, types)
+            images = augment(fn, types, data, train=self.train, size=size, decoded_input=decoded,
+                             gpu=self.device_id is not None, flip=self.flip)  # fmt: skip
             return images, index
 
-        return pipe(
-            batch_size=self.batch_size,
-            num_threads=self.threads,
-            device_id=self.device_id,
-            prefetch_queue_depth=self.prefetch,
-            seed=self.seed + self.rank + 7919 * self.epoch,
-        )
+        return pipe(batch_size=self.batch_size, num_threads=self.threads, seed=seed,
+                    device_id=self.device_id, prefetch_queue_depth=self.prefetch)  # fmt: skip
+
+    def _reader_pipe(self, size: int, order: np.ndarray):
+        """``fn.readers.file`` over the files ``order`` (sample indices), read in order."""
+        files = [self._paths[i] for i in order.tolist()]
+
+        def read(fn: Any, types: Any) -> Any:
+            return fn.readers.file(files=files, labels=order.tolist(), random_shuffle=False,
+                                   pad_last_batch=True, name="Reader")  # fmt: skip
+
+        return self._make_pipe(size, read, False, self.seed + self.rank + 7919 * self.epoch)
 
     def _run_reader(self, plan: list[np.ndarray]):
         # training: one pipeline per epoch's list; evaluation: one for the fixed shard, in
@@ -466,45 +456,20 @@ class DaliFolderLoader:
 
     # -- the external (cached) path --------------------------------------------------------
     def _external_pipe(self, size: int):
-        fn, pipeline_def, types = require_dali()
-        gpu = self.device_id is not None
         decoded = bool(self.predecode_size)
-
         keep = KeepAlive(2 * self.prefetch + 4)
 
-        @pipeline_def
-        def pipe():
+        def read(fn: Any, types: Any) -> Any:
             # the source is called ahead of run(), one batch per call; it raises
             # StopIteration after the epoch's plan (then the pipeline is reset).  no_copy:
             # DALI reads the fetched arrays (cached bytes or pixels) in place, no host
             # copy; ``keep`` holds them until the pipeline is done with them
-            data, index = fn.external_source(
-                source=lambda: keep(self.feed()),
-                num_outputs=2,
-                batch=True,
-                dtype=[types.UINT8, types.INT64],
-                layout=["HWC" if decoded else "", ""],
-                no_copy=True,
-            )
-            images = augment(
-                fn,
-                types,
-                data,
-                train=self.train,
-                size=size,
-                decoded_input=decoded,
-                gpu=gpu,
-                flip=self.flip,
-            )
-            return images, index
+            layout = ["HWC" if decoded else "", ""]
+            return fn.external_source(source=lambda: keep(self.feed()), num_outputs=2,
+                                      batch=True, dtype=[types.UINT8, types.INT64],
+                                      layout=layout, no_copy=True)  # fmt: skip
 
-        return pipe(
-            batch_size=self.batch_size,
-            num_threads=self.threads,
-            device_id=self.device_id,
-            prefetch_queue_depth=self.prefetch,
-            seed=self.seed + self.rank,
-        )
+        return self._make_pipe(size, read, decoded, self.seed + self.rank)
 
     def _run_external(self, plan: list[np.ndarray]):
         key = ("external", self.size_at(self.epoch))

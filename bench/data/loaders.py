@@ -36,6 +36,12 @@ class DataBundle:
     train_samples: int  # global samples in one training epoch
     in_channels: int = 3
 
+    def close(self) -> None:
+        """Stop the loaders' worker processes and DALI pipelines, where they have any."""
+        for loader in (self.train, self.eval):
+            if hasattr(loader, "close"):
+                loader.close()
+
 
 def per_rank(batch: int, world_size: int, what: str) -> int:
     """``batch`` split evenly over ``world_size`` workers (ConfigError when it does not split)."""

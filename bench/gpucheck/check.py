@@ -93,17 +93,30 @@ def _bench(name: str) -> Callable[[str], list[str]]:
     return lambda res: [PY, "-m", "reproduce", "bench", name, "--results-dir", res]
 
 
-def _train(*overrides: str) -> Callable[[str], list[str]]:
+def _train(*overrides: str, multirun: bool = False) -> Callable[[str], list[str]]:
+    """``python -m reproduce train`` on CUDA with ``overrides`` (``multirun``: ``-m``, one
+    run per value of a comma-separated override, one after the other)."""
     return lambda res: [
         PY,
         "-m",
         "reproduce",
-        "dawnbench",
+        "train",
+        *(["-m"] if multirun else []),
         "train.device=cuda",
         "train.progress=false",
+        "train.checkpoint_every=0",
+        "results.plot=false",
         f"results.dir={res}",
         *overrides,
     ]
+
+
+# ResNet-50 on ImageNet-shaped synthetic batches (224 px, 1000 classes), one epoch of 30
+# steps of 256 images per GPU (NVIDIA's reference batch) and its evaluation; bf16 autocast
+# and channels-last are the CUDA defaults; no synchronising phase timers (throughput)
+RESNET50_RUN = ("model=resnet50", "data=synthetic", "data.batch_size=256",
+                "data.synthetic_size=7680", "train.epochs=1", "train.max_steps_per_epoch=30",
+                "train.time_phases=false")  # fmt: skip
 
 
 def _module(module: str, *args: str, name: str = "") -> Callable[[str], list[str]]:
@@ -126,27 +139,34 @@ GPU_TEST_FILES = (
     "tests/test_dali_gpu.py",
     "tests/test_gpucheck_device.py",
 )
-HOOKS_CAP_S = 85
+HOOKS_CAP_S = 70
 
 # The torch-only steps come first and their caps add up to 330 s: a device window of
 # 15 minutes holds the check twice, with each machine's start-up.
 STEPS: tuple[Step, ...] = (
     Step(
         "hooks",
-        "every hook, NCCL 1 + gloo 2x2 / 4x1 on one GPU: ranks, dense, syncs, race",
+        "every hook, NCCL 1 + gloo 2x2 on one GPU: ranks, dense, syncs, race",
         # the workers stop (their stacks dumped) before the step is killed
-        _module("bench.gpucheck.hooks", "--timeout-s", str(HOOKS_CAP_S - 10), name="hooks"),
+        _module(
+            "bench.gpucheck.hooks",
+            "--timeout-s",
+            str(HOOKS_CAP_S - 10),
+            "--layouts",
+            "1,2x2",
+            name="hooks",
+        ),  # fmt: skip
         HOOKS_CAP_S,
         min_s=60,
-        # on the CPU, one 4-worker layout and the hooks whose plumbing differs most
-        cpu_args=("--cpu", "--layouts", "1,2x2", "--hooks", "dense,hitopk,powersgd"),
+        # on the CPU, the hooks whose plumbing differs most, the workers' time its cap's
+        cpu_args=("--cpu", "--hooks", "dense,hitopk,powersgd", "--timeout-s", "140"),
         cpu_cap_s=150,
     ),
     Step(
         "select",
-        "torch.topk vs MSTopK tiled, 25.6 M / 100 M, bf16, checked vs torch.topk; compile times",
+        "torch.topk vs MSTopK as a hook runs it, eager and graphed, 25.6 M / 100 M, bf16",
         _module("bench.gpucheck.perf", "select"),
-        45,
+        50,
         cpu_args=("--cpu",),
         cpu_cap_s=60,
     ),
@@ -168,11 +188,19 @@ STEPS: tuple[Step, ...] = (
     ),
     Step(
         "step",
-        "one ResNet-50 DDP step per hook, NCCL 1: tail after the last bucket, peak memory",
+        "one ResNet-50 DDP step per hook, NCCL 1, and one profiled: where the time goes",
         _module("bench.gpucheck.step", name="step"),
-        60,
+        50,
+        needs=("cuda", "torchvision"),
         cpu_args=("--cpu", "--hooks", "dense,powersgd,mstopk"),
-        cpu_cap_s=90,
+        cpu_cap_s=120,
+    ),
+    Step(
+        "calibrate",
+        "the performance model's rows: ResNet-50 / Transformer-base compute and costs",
+        _module("bench.gpucheck.calibrate", name="calibrate"),
+        50,
+        needs=("cuda", "torchvision"),  # the CPU's rows: python -m bench.gpucheck.calibrate --cpu
     ),
     Step(
         "gpu-tests",
@@ -190,9 +218,54 @@ STEPS: tuple[Step, ...] = (
             "no:cacheprovider",
             "--continue-on-collection-errors",
             *GPU_TEST_FILES,
-        ],
+        ],  # fmt: skip
         60,
         needs=("cuda", "pytest"),
+    ),
+    Step(
+        "train-resnet50",
+        "reproduce train: ResNet-50, synthetic 224 px, NCCL 1, comm dense / mstopk / powersgd",
+        _train(
+            *RESNET50_RUN,
+            "cluster.nproc_per_node=1",
+            "cluster.backend=nccl",
+            "comm=dense,mstopk,powersgd",
+            multirun=True,
+        ),  # fmt: skip
+        90,
+        needs=("cuda", "nccl", "hydra", "torchvision"),
+        min_s=45,
+    ),
+    Step(
+        "train-hitopk",
+        "the same with comm=hitopk: 2 workers sharing the GPU over gloo, each a node",
+        _train(
+            *RESNET50_RUN,
+            "cluster.nproc_per_node=2",
+            "cluster.backend=gloo",
+            "comm=hitopk",
+            "comm.procs_per_node=1",
+        ),  # fmt: skip
+        50,
+        needs=("cuda", "hydra", "torchvision"),
+        min_s=30,
+    ),
+    Step(
+        "train-transformer",
+        "reproduce train: transformer_base on the embedded corpus, NCCL 1, 30 steps",
+        _train(
+            "experiment=transformer_embedded",
+            "model=transformer_base",
+            "data.max_tokens=8192",
+            "train.epochs=1",
+            "train.max_steps_per_epoch=30",
+            "train.time_phases=false",
+            "cluster.nproc_per_node=1",
+            "cluster.backend=nccl",
+        ),  # fmt: skip
+        60,
+        needs=("cuda", "nccl", "hydra"),
+        min_s=30,
     ),
     Step(
         "topk",
@@ -216,40 +289,6 @@ STEPS: tuple[Step, ...] = (
         needs=("cuda", "dali", "pandas"),
     ),
     Step(
-        "train-nccl",
-        "embedded default recipe, 1 GPU, NCCL",
-        _train("cluster.nproc_per_node=1", "cluster.backend=nccl"),
-        120,
-        needs=("cuda", "nccl", "hydra"),
-        min_s=45,
-    ),
-    Step(
-        "train-flat",
-        "the same with the flat update, bf16 model and fp32 master weights",
-        _train(
-            "cluster.nproc_per_node=1",
-            "cluster.backend=nccl",
-            "optim.update=flat",
-            "optim.master_weights=bf16",
-        ),
-        90,
-        needs=("cuda", "nccl", "hydra"),
-        min_s=45,
-    ),
-    Step(
-        "train-hitopk",
-        "2 workers on the GPU over gloo, comm=hitopk, each worker a node",
-        _train(
-            "cluster.nproc_per_node=2",
-            "cluster.backend=gloo",
-            "comm=hitopk",
-            "comm.procs_per_node=1",
-        ),
-        150,
-        needs=("cuda", "hydra"),
-        min_s=60,
-    ),
-    Step(
         "throughput",
         "ResNet-50 synthetic 224 px, bf16 + channels_last",
         _bench("throughput"),
@@ -257,6 +296,10 @@ STEPS: tuple[Step, ...] = (
         needs=("cuda", "pandas", "torchvision"),
     ),
 )
+# the prepared device call (docs/gpu.md): the torch-only checks of the selection, the
+# hooks, the profiled step, the calibration rows, then the suite's own training runs
+DEVICE_CALL = ("hooks", "select", "step", "calibrate", "train-resnet50", "train-hitopk",
+               "train-transformer")  # fmt: skip
 
 
 @dataclasses.dataclass

@@ -15,7 +15,7 @@ import tempfile
 import time
 from typing import Any
 
-INPUTS = ("fp32", "bf16")  # the gradient dtypes the kernels read (the x_ptr argument)
+INPUTS = ("fp32", "bf16")  # the gradient dtypes the kernels read
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,90 +26,58 @@ class Kernel:
     signature: dict[str, str]  # argument -> Triton type ("*fp32", "i32", "constexpr")
     constants: dict[str, Any]
     options: dict[str, Any]
-    reads_input: bool = False  # x_ptr takes the gradient's own dtype
+    inputs: tuple[str, ...] = ()  # the arguments that take the gradient's own dtype
+    variant: str = ""  # which of the launcher's constant sets, on the row
+    dtypes: tuple[str, ...] = INPUTS  # the gradient dtypes compiled for (with ``inputs``)
+
+
+def _sig(fn: Any, types: str) -> dict[str, str]:
+    """``fn``'s arguments with the space-separated Triton types ``types``; ``c``: constexpr."""
+    return {
+        a: "constexpr" if t == "c" else t for a, t in zip(fn.arg_names, types.split(), strict=True)
+    }
 
 
 def specs() -> list[Kernel]:
-    """The kernels of ``mstopk_triton`` with the arguments their launchers pass."""
+    """The kernels of ``mstopk_triton`` with the arguments their launchers pass: the paper's
+    search, and each constant set of the radix path (float32's groups of 16 and
+    bfloat16's of 32, with and without the fused addition; single elements at high
+    density; the group and the candidate passes)."""
     from bench.comm import mstopk_triton as mt
-    from bench.comm.selection_tiled import BINS1, FINE, SHIFT1, SHIFT2
 
-    c = "constexpr"
-    return [
-        Kernel(
-            "_colmax_kernel",
-            {"x_ptr": "*fp32", "out_ptr": "*fp32", "rows": "i32", "cols": "i32", "BLOCK": c},
-            {"BLOCK": mt.BLOCK},
-            {"num_warps": 4},
-            reads_input=True,
-        ),
-        Kernel(
-            "_count_ge_kernel",
-            {"x_ptr": "*fp32", "f_ptr": "*fp64", "i_ptr": "*i64", "n": "i32", "BLOCK": c},
-            {"BLOCK": mt.COUNT_BLOCK},
-            {"num_warps": 8},
-        ),
-        Kernel(
-            "_paper_step_kernel",
-            {"f_ptr": "*fp64", "i_ptr": "*i64", "k": "i32"},
-            {},
-            {"num_warps": 1, "enable_fp_fusion": False},
-        ),
-        Kernel(
-            "_colmax_hist_kernel",
-            {
-                "x_ptr": "*fp32",
-                "out_ptr": "*fp32",
-                "hist_ptr": "*i32",
-                "rows": "i32",
-                "cols": "i32",
-                "BLOCK": c,
-                "BINS": c,
-                "SHIFT": c,
-            },
-            {"BLOCK": mt.HIST_BLOCK, "BINS": BINS1, "SHIFT": SHIFT1},
-            {"num_warps": 8},
-            reads_input=True,
-        ),
-        Kernel(
-            "_refine_kernel",
-            {
-                "colmax_ptr": "*fp32",
-                "b1_ptr": "*i32",
-                "fine_ptr": "*i32",
-                "cols": "i32",
-                "BLOCK": c,
-                "SHIFT1": c,
-                "SHIFT2": c,
-                "FINE": c,
-            },
-            {"BLOCK": mt.BLOCK, "SHIFT1": SHIFT1, "SHIFT2": SHIFT2, "FINE": FINE},
-            {"num_warps": 4},
-        ),
-        Kernel(
-            "_compact_kernel",
-            {
-                "x_ptr": "*fp32",
-                "colmax_ptr": "*fp32",
-                "thr_ptr": "*fp32",
-                "abs_ptr": "*fp32",
-                "idx_ptr": "*i64",
-                "count_ptr": "*i64",
-                "rows": "i32",
-                "cols": "i32",
-                "cap": "i32",
-                "BLOCK": c,
-                "ROWS": c,
-            },
-            {"BLOCK": mt.COMPACT_BLOCK, "ROWS": 16},  # up to 16 rows (rows_for's tiles)
-            {"num_warps": 4},
-            reads_input=True,
-        ),
-    ]
+    x = ("x_ptr",)
+    out = [
+        Kernel("_count_ge_kernel", _sig(mt._count_ge_kernel, "*fp32 *fp64 *i64 i32 c"),
+               {"BLOCK": mt.COUNT_BLOCK}, {"num_warps": 8}),
+        Kernel("_paper_step_kernel", _sig(mt._paper_step_kernel, "*fp64 *i64 i32"), {},
+               {"num_warps": 1, "enable_fp_fusion": False}),
+    ]  # fmt: skip
+    w8 = {"num_warps": 8}
+    group = _sig(mt._group_kernel, "*fp32 *fp32 *i32 *i64 i32 i32 i32 c c c")
+    take = _sig(mt._take_kernel, "*i32 *fp32 *i32 *i32 *i64 i32 i32 i32 i32 c c")
+    # groups of 64 bytes: 16 float32, 32 bfloat16; single elements at high density
+    for g, add, dtypes in ((16, False, ("fp32",)), (16, True, ("fp32",)), (32, False, ("bf16",)),
+                           (32, True, ("bf16",)), (1, False, INPUTS)):  # fmt: skip
+        consts = {"HAS_ADD": add, "G": g, "GB": mt.TILE // g}
+        label = f"G={g}" + (" +add" if add else "")
+        out.append(Kernel("_group_kernel", group, consts, w8, x + ("add_ptr",), label, dtypes))
+    for g, dtypes in ((16, ("fp32",)), (32, ("bf16",)), (1, INPUTS)):
+        consts = {"G": g, "GB": mt.TILE // g}
+        out.append(Kernel("_take_kernel", take, consts, w8, x, f"G={g}", dtypes))
+    passes = _sig(mt._pass_kernel, "*i32 *i64 i32 i32 i32 c c")
+    for counted in (False, True):
+        consts = {"COUNTED": counted, "BLOCK": mt.KEY_BLOCK}
+        out.append(Kernel("_pass_kernel", passes, consts, w8, (), f"counted={counted}"))
+    outk = _sig(mt._out_kernel, "*i32 *i32 *fp32 *i64 *i64 *fp32 *u8 i32 c c")
+    for every in (False, True):
+        consts = {"ALL": every, "BLOCK": mt.OUT_BLOCK}
+        out.append(Kernel("_out_kernel", outk, consts, {"num_warps": 4}, ("x_ptr", "oval_ptr"),
+                          "all" if every else "select"))  # fmt: skip
+    return out
 
 
 def compile_one(spec: Kernel, dtype: str = "fp32", arch: int = 90) -> dict[str, Any]:
-    """Compile ``spec`` with ``x_ptr`` of ``dtype`` for ``sm_<arch>``: its row (seconds,
+    """Compile ``spec`` with its ``inputs`` of ``dtype`` for ``sm_<arch>``: its row (seconds,
     the stages made, or the error)."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -118,10 +86,12 @@ def compile_one(spec: Kernel, dtype: str = "fp32", arch: int = 90) -> dict[str, 
     from bench.comm import mstopk_triton as mt
 
     sig = dict(spec.signature)
-    if spec.reads_input:
-        sig["x_ptr"] = f"*{dtype}"
+    for arg in spec.inputs:
+        sig[arg] = f"*{dtype}"
     src = ASTSource(getattr(mt, spec.name), sig, constexprs=dict(spec.constants))
     row: dict[str, Any] = {"what": "compile", "kernel": spec.name, "input": dtype}
+    if spec.variant:
+        row["variant"] = spec.variant
     row["target"] = f"sm_{arch}"
     t0 = time.perf_counter()
     try:
@@ -136,7 +106,7 @@ def compile_one(spec: Kernel, dtype: str = "fp32", arch: int = 90) -> dict[str, 
 def compile_all(arch: int = 90, fresh: bool = True) -> list[dict[str, Any]]:
     """:func:`compile_one` of every kernel, for each input dtype it reads; ``fresh``: in an
     empty Triton cache, so that the seconds are the compiler's, not a cache read."""
-    cases = [(s, d) for s in specs() for d in (INPUTS if s.reads_input else ("fp32",))]
+    cases = [(s, d) for s in specs() for d in (s.dtypes if s.inputs else ("fp32",))]
     if not fresh:
         return [compile_one(s, d, arch) for s, d in cases]
     old = os.environ.get("TRITON_CACHE_DIR")

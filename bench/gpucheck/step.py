@@ -4,7 +4,10 @@
 channels-last, 25 MB buckets) on NCCL with world 1, one SGD step per hook, timed with CUDA
 events: the whole step, and the time from the last bucket handed to the hook to the end
 of backward (the hook's work left on the critical path), and peak memory, against the
-dense hook of the same run.  ``--cpu``: ResNet-18 on small images over gloo (plumbing).
+dense hook of the same run.  Then one more step per hook under torch's profiler: its
+trace (``<out dir>/step-traces/<hook>.json.gz``) and a row saying where the time went (the
+kernels by name and their time beside dense's, the GPU's idle gaps, the host's time in
+the hook).  ``--cpu``: ResNet-18 on small images over gloo (plumbing).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -55,8 +59,65 @@ def _model(device: torch.device, cpu: bool) -> torch.nn.Module:
     return model.to(device, memory_format=torch.channels_last)
 
 
-def measure(name: str, device: torch.device, cpu: bool) -> dict[str, Any]:
-    """The median step and tail (ms) of hook ``name`` and the peak memory (MiB) of a step."""
+TOP = 12  # kernels (host ops on the CPU) named in a profile row
+
+
+def _intervals_ms(spans: list[tuple[float, float]]) -> tuple[float, list[float]]:
+    """Busy time and the idle gaps (ms, longest first) of ``(start, end)`` spans in us."""
+    busy, gaps, end = 0.0, [], None
+    for a, b in sorted(spans):
+        if end is None or a > end:
+            if end is not None:
+                gaps.append((a - end) / 1e3)
+            busy, end = busy + (b - a) / 1e3, b
+        elif b > end:
+            busy, end = busy + (b - end) / 1e3, b
+    return busy, sorted(gaps, reverse=True)
+
+
+def trace_summary(prof: Any, device: torch.device) -> dict[str, Any]:
+    """Where one profiled step's time went: the GPU kernels by name (count, ms), their
+    busy time and idle gaps over the step's span, the host's time inside the hook (the
+    ``hook`` ranges); on the CPU the host ops by self time instead of kernels."""
+    events = list(prof.events())
+    hook_ms = sum(e.cpu_time_total for e in events if e.name == "hook") / 1e3
+    gpu = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    work = gpu if device.type == "cuda" else [e for e in events if e.name != "hook"]
+    by: dict[str, list[float]] = {}
+    for e in work:
+        t = e.device_time if device.type == "cuda" else e.self_cpu_time_total
+        c = by.setdefault(e.name, [0, 0.0])
+        c[0] += 1
+        c[1] += t / 1e3
+    top = sorted(by.items(), key=lambda kv: -kv[1][1])[:TOP]
+    out: dict[str, Any] = {"hook_host_ms": hook_ms, "ops": len(work)}
+    out["by_name"] = {n: [int(c), round(ms, 4)] for n, (c, ms) in by.items()}
+    out["top"] = [[n, int(c), round(ms, 4)] for n, (c, ms) in top]
+    if gpu:
+        spans = [(e.time_range.start, e.time_range.end) for e in gpu]
+        busy, gaps = _intervals_ms(spans)
+        out["span_ms"] = (max(b for _, b in spans) - min(a for a, _ in spans)) / 1e3
+        out.update(busy_ms=busy, idle_ms=out["span_ms"] - busy, gaps_ms=gaps[:5])
+    return out
+
+
+def added(row: dict[str, Any], dense: dict[str, Any]) -> list[list[Any]]:
+    """The kernels (host ops) whose time a hook's step adds to dense's, largest first:
+    ``[name, ms more, calls more]``."""
+    base = dense.get("by_name", {})
+    more = []
+    for n, (c, ms) in row.get("by_name", {}).items():
+        c0, ms0 = base.get(n, [0, 0.0])
+        if ms - ms0 > 0:
+            more.append([n, round(ms - ms0, 4), c - c0])
+    return sorted(more, key=lambda m: -m[1])[:TOP]
+
+
+def measure(
+    name: str, device: torch.device, cpu: bool, trace: str = ""
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The median step and tail (ms) of hook ``name``, the peak memory (MiB) of a step, and
+    the summary of one more step under the profiler (its trace written to ``trace``)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     model = _model(device, cpu)
@@ -68,7 +129,8 @@ def measure(name: str, device: torch.device, cpu: bool) -> dict[str, Any]:
 
     def timed(st, bucket):  # noqa: ANN001, ANN202 - DDP checks the bucket's annotation
         marks.append(clock.stamp())  # the bucket is ready: its gradients are written
-        return hook(st, bucket)
+        with torch.profiler.record_function("hook"):
+            return hook(st, bucket)
 
     timed.__annotations__ = dict(hook.__annotations__)
     ddp.register_comm_hook(state, timed)
@@ -77,10 +139,8 @@ def measure(name: str, device: torch.device, cpu: bool) -> dict[str, Any]:
     x = torch.randn(batch, 3, px, px, device=device).to(memory_format=torch.channels_last)
     y = torch.randint(0, 10, (batch,), device=device)
     steps, tails = [], []
-    for i in range(WARMUP + (2 if cpu else REPS)):
-        if i == WARMUP and device.type == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats(device)
+
+    def step() -> tuple[float, float]:
         marks.clear()
         t0 = clock.stamp()
         with torch.autocast(device.type, dtype=torch.bfloat16):
@@ -92,21 +152,38 @@ def measure(name: str, device: torch.device, cpu: bool) -> dict[str, Any]:
         t2 = clock.stamp()
         if device.type == "cuda":
             torch.cuda.synchronize()
+        return clock.ms(t0, t2), clock.ms(marks[-1], t1)
+
+    for i in range(WARMUP + (2 if cpu else REPS)):
+        if i == WARMUP and device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats(device)
+        ms, tail = step()
         if i >= WARMUP:
-            steps.append(clock.ms(t0, t2))
-            tails.append(clock.ms(marks[-1], t1))
+            steps.append(ms)
+            tails.append(tail)
     peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
-    return {
+    row = {
         "hook": name,
         "buckets": len(marks),
         "step_ms": statistics.median(steps),
         "tail_ms": statistics.median(tails),
         "peak_mib": peak,
     }
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=acts) as prof:
+        profiled_ms, _ = step()
+    if trace:
+        Path(trace).parent.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(trace)
+    return row, {"hook": name, "step_ms": profiled_ms, **trace_summary(prof, device)}
 
 
-def run(cpu: bool, hooks: tuple[str, ...], sink: Rows) -> None:
-    """Every hook of ``hooks``, dense first; each row against the dense one."""
+def run(cpu: bool, hooks: tuple[str, ...], sink: Rows, traces: str = "") -> None:
+    """Every hook of ``hooks``, dense first; each row against the dense one, then its
+    profiled step's summary (traces: the folder for the traces, "" for none)."""
     device = torch.device("cpu" if cpu else "cuda:0")
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     backend = "gloo" if cpu else "nccl"
@@ -114,16 +191,32 @@ def run(cpu: bool, hooks: tuple[str, ...], sink: Rows) -> None:
     dist.init_process_group(backend, rank=0, world_size=1, timeout=timeout)
     try:
         dense: dict[str, Any] = {}
+        dense_prof: dict[str, Any] = {}
         for name in ("dense", *[h for h in hooks if h != "dense"]):
-            row = measure(name, device, cpu)
-            dense = dense or row
+            trace = str(Path(traces) / f"{name}.json.gz") if traces else ""
+            row, prof = measure(name, device, cpu, trace)
+            dense, dense_prof = dense or row, dense_prof or prof
             row["x_dense_step"] = row["step_ms"] / dense["step_ms"]
             row["tail_minus_dense_ms"] = row["tail_ms"] - dense["tail_ms"]
             if row["peak_mib"] is not None:
                 row["peak_minus_dense_mib"] = row["peak_mib"] - dense["peak_mib"]
             sink.add({"device": str(device), **row})
+            prof["added"] = added(prof, dense_prof)
+            kept = {k: v for k, v in prof.items() if k != "by_name"}
+            sink.add({"what": "profile", "device": str(device), **kept}, _profile_line(prof))
     finally:
         dist.destroy_process_group()
+
+
+def _profile_line(p: dict[str, Any]) -> str:
+    """The profiled step in one printed line: its span, idle time, host time in the hook,
+    and what it adds to dense's."""
+    gpu = f" busy {p['busy_ms']:.1f} idle {p['idle_ms']:.1f} ms" if "busy_ms" in p else ""
+    more = ", ".join(f"{n[:40]} +{ms:.2f} ms ({c:+d})" for n, ms, c in p["added"][:5])
+    return (
+        f"step profile {p['hook']}: {p['step_ms']:.1f} ms,{gpu} hook host"
+        f" {p['hook_host_ms']:.1f} ms, {p['ops']} ops; adds: {more or 'nothing'}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,10 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import torchvision  # noqa: F401
     except ImportError:
-        print("step: no torchvision here: ResNet-50 is not measured")
-        return 0
+        print("step: no torchvision here: ResNet-50 is not measured", file=sys.stderr)
+        return 2
     sink = Rows("step", args.out)
-    run(args.cpu, hooks, sink)
+    run(args.cpu, hooks, sink, str(Path(args.out).parent / "step-traces") if args.out else "")
     sink.finish()
     return 0
 

@@ -109,7 +109,7 @@ def _train(results_dir: str, before: dict[str, int]) -> str:
     )
 
 
-JSON_STEPS = ("hooks", "select", "update", "profile", "step")  # torch-only: bench.gpucheck
+JSON_STEPS = ("hooks", "select", "update", "profile", "step", "calibrate")  # bench.gpucheck
 
 
 def _from_json(step: str, path: Path) -> str:
@@ -137,13 +137,22 @@ def _json_line(step: str, data: dict[str, Any], rows: list[dict]) -> str:
             f"{r['model']} {r['optimizer']} {r['mode']} {r.get('grads', 'own')} {r['ms']:.2f} ms"
             f" ({r['x_floor']:.1f}x floor, {r['kernels']} kernels)"
             for r in rows
+            if "model" in r
         )
     if step == "step":
+        prof = {r["hook"]: r for r in rows if r.get("what") == "profile"}
         return "; ".join(
             f"{r['hook']} {r['step_ms']:.1f} ms ({r['x_dense_step']:.2f}x dense),"
             f" tail {r['tail_ms']:.2f} ms"
             + (f", peak {r['peak_mib']:.0f} MiB" if r.get("peak_mib") is not None else "")
+            + _adds(prof.get(r["hook"], {}))
             for r in rows
+            if "x_dense_step" in r
+        )
+    if step == "calibrate":
+        fb = [r for r in rows if r.get("quantity") == "fwd_bwd_s"]
+        return f"{len(rows)} rows in {data.get('csv', '?')}; " + "; ".join(
+            f"{r['model']} forward-backward {1e3 * r['value']:.1f} ms at {r['batch']}" for r in fb
         )
     compute = [r for r in rows if r.get("what") == "compute"]
     buckets = [r for r in rows if r.get("what") == "bucket"]
@@ -153,6 +162,14 @@ def _json_line(step: str, data: dict[str, Any], rows: list[dict]) -> str:
             "buckets ready at " + ", ".join(f"{r['ready_ms']:.1f}" for r in buckets) + " ms"
         )
     return "; ".join(parts)
+
+
+def _adds(prof: dict[str, Any]) -> str:
+    """What a profiled step adds to dense's, its largest three kernels (ops)."""
+    more = prof.get("added") or []
+    return (
+        (", adds " + ", ".join(f"{n[:30]} +{ms:.2f} ms" for n, ms, _ in more[:3])) if more else ""
+    )
 
 
 def headline(step: str, results_dir: str, before: dict[str, int], log: Path) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from bench import methods
 from bench.benchmarks.timing import median_s
 from bench.cluster import perfmodel as pm
 from bench.cluster import projection
@@ -36,8 +37,10 @@ class Setting:
 
     @property
     def dense(self) -> str:
-        """The dense method of the performance model that sends these elements."""
-        return "dense" if self.wire_bytes == 4 else "fp16"
+        """The dense all-reduce that sends these elements: the first comm hook that sends
+        whole buckets this wide."""
+        hooks = methods.specs(kind="hook")
+        return next(s.name for s in hooks if not s.sparse and s.wire_bytes == self.wire_bytes)
 
 
 SETTINGS: dict[str, Setting] = {
@@ -66,8 +69,9 @@ def dense_time_s(profile: str = "paper", nic_efficiency: float | None = None) ->
     a = projection.ASSUMPTIONS
     nic = nic_efficiency if nic_efficiency is not None else a["nic_efficiency"].value
     c = projection.paper_cluster(PAPER["nodes"], PAPER["gbps"], nic, PAPER["procs_per_node"])
+    spec = methods.get(st.dense)
     buckets = pm.buckets_for(PAPER["numel"])
-    return pm.aggregation_time(st.dense, buckets, 1.0, c, projection.GPU_COSTS)
+    return spec.aggregation_time(buckets, c, projection.GPU_COSTS, spec.knobs_of({}))
 
 
 def compute_time_s(profile: str = "paper") -> float:
@@ -92,13 +96,7 @@ def derive(profile: str) -> dict[str, Any]:
     st = _setting(profile)
     a = projection.ASSUMPTIONS
     nic = a["nic_efficiency"]
-    link = cost.step(
-        "dense" if st.wire_bytes == 4 else "fp16",
-        pm.buckets_for(PAPER["numel"]),
-        1.0,
-        PAPER["nodes"],
-        PAPER["procs_per_node"],
-    ).link_bytes
+    link = ring_link_bytes(PAPER["numel"], PAPER["nodes"], PAPER["procs_per_node"], st.wire_bytes)
     compute = compute_time_s(profile)
     ratios = [paper_ratio(None, e, profile) for e in (nic.low, nic.value, nic.high)]
     return {
@@ -124,6 +122,13 @@ def derive(profile: str) -> dict[str, Any]:
     }
 
 
+def ring_link_bytes(numel: int, nodes: int, procs: int, elem_bytes: int = 4) -> float:
+    """Bytes a flat ring all-reduce of ``numel`` elements of ``elem_bytes`` in 25 MiB buckets
+    sends over each node's link (bench.comm.cost)."""
+    buckets = pm.buckets_for(numel)
+    return sum(cost.allreduce(b, nodes, procs, elem_bytes).link_bytes for b in buckets)
+
+
 def bandwidth_for_ratio(
     ratio: float, compute_s: float, numel: int, nodes: int, procs: int, elem_bytes: int = 4
 ) -> float:
@@ -135,10 +140,7 @@ def bandwidth_for_ratio(
         raise ConfigError(
             f"a profile needs a positive ratio and compute time ({ratio}, {compute_s})"
         )
-    link = cost.step(
-        "dense" if elem_bytes == 4 else "fp16", pm.buckets_for(numel), 1.0, nodes, procs
-    ).link_bytes
-    return link * 8 / (ratio * compute_s)
+    return ring_link_bytes(numel, nodes, procs, elem_bytes) * 8 / (ratio * compute_s)
 
 
 def measure_compute_s(net: Any, batch: Any, reps: int = 3, loss: Any = None) -> float:

@@ -1,10 +1,10 @@
 """REPORT.md, its appendix and README's answer block, from one results directory.
 
-The answer comes first: per workload, the newest tuning-protocol sweep's table (every
-method tuned with the same budget, 95 % intervals over evaluation seeds); then its
-figures, one table per micro-benchmark topic and the paper's claims beside ours.  The
-rest goes to ``REPORT-appendix.md``.  ``python -m bench.report.answer`` copies the answer
-section into README.md, so that the two cannot disagree.
+The answer comes first: per workload, the newest sweep of the current tuning protocol
+(every method tuned with the same budget for each cluster, 95 % intervals over evaluation
+seeds); then its figures, one table per micro-benchmark topic and the paper's claims
+beside ours.  The rest goes to ``REPORT-appendix.md``.  ``python -m bench.report.answer``
+copies the answer section into README.md, so that the two cannot disagree.
 """
 
 from __future__ import annotations
@@ -16,48 +16,29 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.report.figures import (
-    Figure,
-    headlines,
-    later_checks,
-    newest_runs,
-    newest_sweep,
-    plan_of,
-    ratio_runs,
-    ratios_table,
-)
+from bench import methods
+from bench.report.claims import comparison_section, earlier_section, headline_section
+from bench.report.commands import CommandMaker, runs_dir, unrun_experiments
+from bench.report.figures import Figure, headlines, newest_runs
+from bench.report.scaling import scaling_lines
 from bench.report.tables import (
-    BENCH_CLAIMS,
-    GROUP,
     NO_FIGURES,
-    OURS,
-    PEERS,
-    RECORDS,
-    SPEEDUP_CLAIM,
-    CommandMaker,
     Inputs,
     cluster_title,
-    comparison_section,
-    config_stats,
     csv_section,
-    fmt_s,
     is_protocol,
     no_headline,
+    plan_of,
     protocol_section,
     protocol_tables,
-    recipe_command,
-    record_of,
     records_section,
     rel,
-    runs_dir,
     table_cell,
     target_text,
-    unrun_experiments,
     verdict_text,
 )
-from bench.sweeps import ablation, protocol, ratios, scaling_table
-from bench.sweeps.intervals import ci_column, ci_text
-from bench.sweeps.methods import method_of
+from bench.sweeps import ablation, protocol, scaling_table
+from bench.sweeps.intervals import ci_text
 
 APPENDIX = "REPORT-appendix.md"
 # what each embedded task is, in a phrase (the records name the data set, not its size)
@@ -67,18 +48,19 @@ TASKS = {
     "translation": "the embedded translation corpus (a tiny Transformer, AdamW); BLEU on "
     "its 500 valid sentences, greedy decoding",
 }
-# the named settings the answer is given at, in order (profile name -> what it stands for)
-NAMED = {
-    "paper-224": "256 per V100 at 224 px, fp32 on the wire",
-    "paper": "256 per V100 at 128 px, fp32 on the wire",
-    "paper-b64": "64 per V100 at 128 px, fp32 on the wire",
-}
-QUESTION = (
-    "How much sooner do the paper's methods (hitopk, mstopk) reach the target than dense "
-    "DDP and than the best-tuned peer (fp16, PowerSGD, DeMo, DiLoCo, Streaming DiLoCo; the "
-    "one fastest on the tuning seeds for that cluster), each tuned with the same budget "
-    "(`python -m reproduce ablation`, rules in `docs/protocol.md`)?"
-)
+
+
+def question() -> str:
+    """The question the report answers, naming the paper's methods and the peers a
+    protocol sweep runs by default."""
+    paper = ", ".join(s.label for s in methods.specs(group="paper"))
+    peers = ", ".join(s.label for s in methods.specs() if s.default and s.name in methods.peers())
+    return (
+        f"How much sooner do the paper's methods ({paper}) reach the target than dense DDP "
+        f"and than the best-tuned peer ({peers}; the one fastest on the tuning seeds for that "
+        "cluster), each tuned with the same budget (`python -m reproduce ablation`, rules in "
+        "`docs/protocol.md`)?"
+    )
 
 
 def _eval_records(records: list[dict], sweep: str) -> tuple[list[dict], int]:
@@ -111,7 +93,7 @@ def where(records: list[dict]) -> str:
     r = records[0] if records else {}
     hw = str(r.get("hardware") or "unknown hardware").split(";")[0]
     link = r.get("link_check") or {}
-    cluster = str(((r.get("config") or {}).get("cluster") or {}).get("name") or "")
+    cluster = _cluster(r)
     kind = (
         "emulated nodes" if cluster == "emulated"
         else "launcher nodes of the local cluster (loopback links, nothing shaped)"
@@ -159,90 +141,28 @@ def setting(records: list[dict], table: pd.DataFrame, plan: dict, again: int = 0
     )
 
 
-def v1_caveat(workload: str, results: str) -> list[str]:
-    """Why a sweep of protocol v1 does not answer the question, and the command whose
-    sweep replaces it."""
-    return [
-        "**Superseded:** this sweep ran protocol `equal-budget-v1`, whose faults v2 fixes "
-        "(docs/protocol.md, v1): dense and fp16 were not tuned, no method had a learning-rate "
-        "axis, the selection compared measured clock times that noise could flip, and the "
-        "density warm-up and PowerSGD's start moved once per epoch"
-        + (
-            ", so on translation two trials of one method ran alike within the budget (the "
-            "trial `d0.01-warmup` never sent at density 0.01; `rank4-start1ep` never "
-            "compressed before the target)"
-            if workload == "translation"
-            else ""
-        )
-        + ".  Its numbers stand here until the v2 sweep of this workload lands: "
-        f"`python -m reproduce ablation --workload {workload} --results-dir {results}`.",
-        "",
-    ]
-
-
 def measured_ratio_text(records: list[dict]) -> str:
-    """What dense's runs measured: their communication inside the step against the rest
-    of it (over the shaped link where some ran over it); ``""`` without dense runs that
+    """What the baseline's runs measured: their communication inside the step against the
+    rest of it (over the shaped link where some ran over it); ``""`` without such runs that
     timed both."""
-    dense = [
+    base = methods.baseline()
+    runs = [
         r
         for r in records
-        if method_of(r) == "dense" and r.get("step_time_s") and r.get("comm_s_per_step")
+        if methods.method_of(r) == base and r.get("step_time_s") and r.get("comm_s_per_step")
     ]
-    shaped = [r for r in dense if (r.get("link_check") or {}).get("bandwidth_gbps")]
-    dense = shaped or dense  # the runs over the shaped link, where there are some
-    if not dense:
+    shaped = [r for r in runs if (r.get("link_check") or {}).get("bandwidth_gbps")]
+    runs = shaped or runs  # the runs over the shaped link, where there are some
+    if not runs:
         return ""
-    step = sum(float(r["step_time_s"]) for r in dense) / len(dense)
-    comm = sum(float(r["comm_s_per_step"]) for r in dense) / len(dense)
+    step = sum(float(r["step_time_s"]) for r in runs) / len(runs)
+    comm = sum(float(r["comm_s_per_step"]) for r in runs) / len(runs)
     if not 0 < comm < step:
         return ""
     return (
-        f"; measured in dense's {len(dense)} runs: communication {1e3 * comm:.0f} ms of a "
+        f"; measured in {base}'s {len(runs)} runs: communication {1e3 * comm:.0f} ms of a "
         f"{1e3 * step:.0f} ms step, {comm / (step - comm):.2f} x the rest of it"
     )
-
-
-def answer_table(df: pd.DataFrame) -> list[str]:
-    df = df.sort_values("time_to_target_mean_s")
-    peer = str(df["best_peer"].dropna().iloc[0]) if df["best_peer"].notna().any() else "-"
-    lines = [
-        f"| method (tuned configuration) | time to target, s [95 % CI] | vs dense | "
-        f"vs best peer ({peer}) | reached |",
-        "| --- | --- | --- | --- | --- |",
-    ]
-    cols = zip(
-        ci_column(df, "time_to_target", 1),
-        ci_column(df, "speedup_vs_dense", 2, "x"),
-        ci_column(df, "speedup_vs_peer", 2, "x"),
-        strict=True,
-    )
-    for (_, r), (tt, vd, vp) in zip(df.iterrows(), cols, strict=True):
-        name = f"**{r['comm']}** (paper)" if r["comm"] in OURS else str(r["comm"])
-        vd = "1 (baseline)" if r["comm"] == "dense" else vd
-        vp = "1 (best peer)" if r["comm"] == peer else vp
-        lines.append(
-            f"| {name} `{r['trial']}` | {tt} | {vd} | {vp} | {r['n_reached']}/{r['n_runs']} |"
-        )
-    return lines
-
-
-def _paper_rows(df: pd.DataFrame):
-    """(row, vs dense, its verdict, vs the best peer, its verdict) per paper method."""
-    df = df[df["comm"].isin(protocol.PAPER_METHODS)]
-    vs = zip(ci_column(df, "speedup_vs_dense", 2, "x"), ci_column(df, "speedup_vs_peer", 2, "x"))
-    for (_, r), (d, p) in zip(df.iterrows(), vs, strict=True):
-        n = int(r["n_runs"])
-        yield r, d, verdict_text(r["verdict_vs_dense"], n), p, verdict_text(r["verdict_vs_peer"], n)
-
-
-def verdicts(df: pd.DataFrame, target: str) -> list[str]:
-    """One sentence per paper method: against dense and against the best peer."""
-    return [
-        f"- **{r['comm']}** (`{r['trial']}`) to {target}: against dense {d}, {vd}; against "
-        f"the best peer ({r['best_peer']}) {p}, {vp}."
-        for r, d, vd, p, vp in _paper_rows(df)
-    ]
 
 
 def resolution_lines(base: Path, recs: list[dict], df: pd.DataFrame) -> list[str]:
@@ -280,114 +200,14 @@ def resolution_lines(base: Path, recs: list[dict], df: pd.DataFrame) -> list[str
     peer = df["best_peer"].dropna()
     peer = str(peer.iloc[0]) if len(peer) else None
     gaps = []
-    for m in protocol.PAPER_METHODS:
+    for m in methods.paper():
         if m not in means:
             continue
-        ref = [r for r in dict.fromkeys(("dense", peer)) if r and r != m and r in means]
+        ref = [r for r in dict.fromkeys((methods.baseline(), peer)) if r and r != m and r in means]
         gaps.append(f"{m} {', '.join(f'{abs(means[m] - means[r]):.1f} s from {r}' for r in ref)}")
     if gaps:
         text += f"; the mean times differ by: {'; '.join(gaps)}"
     return [text + ".", ""]
-
-
-def _at(comp: pd.DataFrame, comm: str, role: str, ratio: float) -> pd.Series | None:
-    d = comp[
-        (comp["group"] == comm) & (comp["vs_role"] == role) & (comp["ratio"].round(6) == ratio)
-    ]
-    return None if d.empty else d.iloc[0]
-
-
-def _win(x: pd.Series) -> str:
-    return "win" if x["ci_low"] > 1 else ("loss" if x["ci_high"] < 1 else "no difference")
-
-
-def ratios_lines(comp: pd.DataFrame, translation: bool = False) -> list[str]:
-    """The composition at the named settings, and where each paper method stops winning."""
-    if comp.empty:
-        return ["(No composition across ratios: the sweep's runs have no step counts.)"]
-    named = ratios.named_ratios()
-    lines = [
-        "Across the paper's own setting (steps to target from these runs x the performance "
-        "model's time per step on 16 x 8 V100 at 25 Gbit/s; speedup [95 % interval over "
-        "seeds]; a win only when the interval excludes 1"
-        + (
-            "; the model's gradient is ResNet-50's, the Transformer's steps and densities "
-            "carried over: the ratio is what the setting varies"
-            if translation
-            else ""
-        )
-        + "):",
-        "",
-        "| method | vs | " + " | ".join(f"`{k}` ratio {named[k]:.2f}" for k in NAMED) + " |",
-        "| --- | --- | " + " | ".join("---" for _ in NAMED) + " |",
-    ]
-    for comm in protocol.PAPER_METHODS:
-        for role in ("dense", "best peer"):
-            cells = []
-            for k in NAMED:
-                x = _at(comp, comm, role, round(named[k], 6))
-                if x is None:
-                    cells.append("-")
-                    continue
-                who = f" vs {x['vs']}" if role != "dense" else ""
-                ci = ci_text(x["speedup"], x["ci_low"], x["ci_high"], 2, "x")
-                cells.append(f"{ci} {_win(x)}{who}")
-            if any(c != "-" for c in cells):
-                lines.append(f"| {comm} | {role} | " + " | ".join(cells) + " |")
-    sw = ratios.stops_winning(comp)
-    sw = sw[sw["group"].isin(protocol.PAPER_METHODS)]
-    lines.append("")
-    for _, r in sw.iterrows():
-        be = r["breakeven_ratio"]
-        wf = r["wins_from"]
-        be_txt = f"breaks even at ratio {be:.2f}" if be == be else "does not cross 1 in 0.1-10"
-        wf_txt = (
-            f"a measurable win from ratio {wf:.2f} up"
-            if wf == wf
-            else "no measurable win at the top of the grid"
-        )
-        lines.append(f"- {r['group']} vs {r['vs_role']}: {be_txt}; {wf_txt}.")
-    return lines
-
-
-def model_lines(runs: list) -> list[str]:
-    """Why the composition and this machine's clock can differ: the model's time per step
-    on the paper's cluster at the ``paper`` ratio for every (method, density) the runs sent,
-    and the composition checked against the runs' own clock on this machine."""
-    if not runs:
-        return []
-    r = ratios.named_ratios()["paper"]
-    seen: dict[tuple[str, float, int], float] = {}
-    for run in runs:
-        for ph in run.phases:
-            key = (ph.method, ph.density, ph.rank)
-            if ph.steps and key not in seen:
-                seen[key] = ratios.step_time_s(ph.method, ph.density, r, powersgd_rank=ph.rank)
-    parts = [
-        f"{m}{f' d={d:g}' if d < 1 else ''}{f' rank {k}' if m == 'powersgd' else ''} "
-        f"{1e3 * t:.0f} ms"
-        for (m, d, k), t in sorted(seen.items(), key=lambda kv: kv[1])
-    ]
-    check = ratios.end_to_end_check(runs)
-    err = (
-        f"; against these runs' own clock on this machine (steps to target x measured time "
-        f"per step) the composition is within {100 * check['relative_error'].abs().max():.1f} %"
-        f" for every method"
-        if not check.empty
-        else ""
-    )
-    return [
-        f"The model's time per step on 16 x 8 V100 at the `paper` ratio, for each method and "
-        f"density these runs sent (warm-up densities included): {'; '.join(parts)}{err}.  "
-        "A configuration tuned on this machine's 2 x 2 carries its warm-up densities to the "
-        "paper's cluster, where a top-k allgather over 16 nodes at a high density can cost "
-        "more than dense (the times above say at which): that, not the trajectory, is where "
-        "the answer measured here and the composed one part.",
-        "",
-    ]
-
-
-# -- v2 tables: each method tuned for the cluster its number is quoted for ----------------
 
 
 def _cell(r: pd.Series, key: str = "speedup_vs_dense") -> str:
@@ -395,8 +215,8 @@ def _cell(r: pd.Series, key: str = "speedup_vs_dense") -> str:
     text = ci_text(r[key], r[f"{key}_ci_low"], r[f"{key}_ci_high"], 2, "x")
     if text == "-":
         return text
-    tag = "vs_dense" if key.endswith("dense") else "vs_peer"
-    return f"{text} {verdict_text(r[f'verdict_{tag}'], int(r['n_runs']), short=True)}"
+    verdict = r[key.replace("speedup", "verdict")]
+    return f"{text} {verdict_text(verdict, int(r['n_runs']), short=True)}"
 
 
 def first_to_target(g: pd.DataFrame) -> str:
@@ -407,11 +227,12 @@ def first_to_target(g: pd.DataFrame) -> str:
     first, second = order.iloc[0], order.iloc[1]
     peer = str(first["best_peer"] or "")
     text = f"first to target {first['comm']}"
-    text += f" (vs dense {_cell(first)})" if first["comm"] != "dense" else ""
+    base = methods.baseline()
+    text += f" (vs {base} {_cell(first)})" if first["comm"] != base else ""
     if first["comm"] == peer:
         return text + f", then {second['comm']} at {_cell(second, 'speedup_vs_peer')} of its speed"
     text += f", then {second['comm']}"
-    if peer in set(g["comm"]) and first["comm"] not in protocol.PAPER_METHODS:  # said after
+    if peer in set(g["comm"]) and first["comm"] not in methods.paper():  # said after
         text += f"; {first['comm']} vs {peer} (the best peer) {_cell(first, 'speedup_vs_peer')}"
     return text
 
@@ -423,9 +244,12 @@ def answer_sentence(df: pd.DataFrame, exp: str, target: str) -> str:
     for cluster, g in df[df["ratio"].notna()].groupby("for_cluster", sort=False):
         ratio = float(g["ratio"].iloc[0])
         said = [first_to_target(g)] if len(g) > 1 else []
-        for _, r in g[g["comm"].isin(protocol.PAPER_METHODS)].iterrows():
+        for _, r in g[g["comm"].isin(methods.paper())].iterrows():
             peer = str(r["best_peer"]) or "-"
-            said.append(f"{r['comm']} vs dense {_cell(r)}, vs {peer} {_cell(r, 'speedup_vs_peer')}")
+            said.append(
+                f"{r['comm']} vs {methods.baseline()} {_cell(r)}, vs {peer} "
+                f"{_cell(r, 'speedup_vs_peer')}"
+            )
         parts.append(f"at ratio {ratio:.2f} (`{cluster}`): " + "; ".join(said or ["no runs"]))
     return (
         f"**{exp}** (to {target}, the time to target of each method's configuration tuned "
@@ -441,7 +265,7 @@ def answer_table_v2(df: pd.DataFrame) -> list[str]:
     head = "| method | " + " | ".join(cluster_title(c, ratio[c]) for c in order) + " |"
     lines = [head, "| --- |" + " --- |" * len(order)]
     for comm in dict.fromkeys(df["comm"]):
-        name = f"**{comm}** (paper)" if comm in OURS else str(comm)
+        name = f"**{comm}** (paper)" if comm in methods.paper() else str(comm)
         cells = []
         for c in order:
             hit = df[(df["for_cluster"] == c) & (df["comm"] == comm)]
@@ -449,7 +273,7 @@ def answer_table_v2(df: pd.DataFrame) -> list[str]:
                 cells.append("-")
                 continue
             r = hit.iloc[0]
-            if comm == "dense":
+            if comm == methods.baseline():
                 t = f"{r['time_to_target_mean_s']:.1f} s"
                 cells.append(f"1 (baseline, {t}) `{r['trial']}`")
             else:
@@ -463,229 +287,53 @@ def answer_sections(
 ) -> tuple[list[str], list[str], list[str]]:
     """(the short answer, the answer per workload, the appendix's part) from each
     workload's newest protocol table (``tables``: experiment -> table)."""
-    short = [QUESTION, ""]
     sentences: list[str] = []
-    rows: list[str] = []
     settings: list[str] = []
     detail: list[str] = []
     appendix: list[str] = []
-    paper = round(ratios.named_ratios()["paper"], 6)
     for name, exp in protocol.WORKLOADS.items():
-        table = tables.get(exp)
         detail += [f"### {exp} ({name} workload)", ""]
+        table = tables.get(exp)
         if table is None:
-            none = (
-                f"No protocol sweep of {exp} is recorded here, so no answer: "
-                f"`python -m reproduce ablation --workload {name} --results-dir {runs_dir(base)}` "
-                "runs one."
-            )
             settings.append(f"{exp}: no sweep (`ablation --workload {name}` runs one)")
-            detail += [none, ""]
+            detail += [
+                f"No protocol sweep of {exp} is recorded here, so no answer: `python -m "
+                f"reproduce ablation --workload {name} --results-dir {runs_dir(base)}` runs one.",
+                "",
+            ]
             continue
         df = pd.read_csv(table)
         recs, again = _eval_records(records, table.stem)
-        try:
-            plan = plan_of(table)
-        except (OSError, ValueError):
-            plan = {}
         target = target_text(str(df["target_metric"].iloc[0]), float(df["target_value"].iloc[0]))
-        if "for_cluster" in df.columns:  # v2: tuned per cluster
-            sentences.append(answer_sentence(df, exp, target))
-            settings.append(f"{exp} ({target}): {where(recs)}")
-            t = rel(table, base)
-            detail += [
-                setting(recs, df, plan, again),
-                "",
-                "Speedup over dense of each method's configuration tuned for that cluster "
-                "(95 % Welch interval on log time over the evaluation seeds); the emulated "
-                "2 x 2 column is measured on its clock and checks the composition, the "
-                "others compose each run's logged steps with the model's time per step:",
-                "",
-                *answer_table_v2(df),
-                "",
-                f"Table: `{t}`; every trial, its runs and the selection per cluster: "
-                f"`{t[:-4]}-tuning.csv`.",
-                "",
-            ]
-            appendix += [f"### {exp}", "", *resolution_lines(base, recs, df[df["ratio"].isna()])]
-            continue
-        comp = ratios_table(base, df)
-        v1 = str(plan.get("name", "")).endswith("-v1")
-        for r, d, vd, p, vp in _paper_rows(df):
-            x = None if comp.empty else _at(comp, r["comm"], "dense", paper)
-            at = "-" if x is None else ci_text(x["speedup"], x["ci_low"], x["ci_high"], 2, "x")
-            at += "" if x is None else f" {_win(x)}"
-            name_cell = f"{exp} (v1 sweep, superseded)" if v1 else exp
-            rows.append(
-                f"| {name_cell} | **{r['comm']}** | {d}, {vd} | {p} vs {r['best_peer']}, {vp} "
-                f"| {at} |"
-            )
+        sentences.append(f"- {answer_sentence(df, exp, target)}")
         settings.append(f"{exp} ({target}): {where(recs)}")
         t = rel(table, base)
         detail += [
-            setting(recs, df, plan, again),
+            setting(recs, df, plan_of(table), again),
             "",
-            *(v1_caveat(name, runs_dir(base)) if v1 else []),
-            *answer_table(df),
+            f"Speedup over {methods.baseline()} of each method's configuration tuned for that "
+            "cluster (95 % Welch interval on log time over the evaluation seeds); the emulated "
+            "2 x 2 column is measured on its clock and checks the composition, the others "
+            "compose each run's logged steps with the model's time per step:",
             "",
-            *verdicts(df, target),
+            *answer_table_v2(df),
             "",
-            *ratios_lines(comp, translation=name == "translation"),
-            "",
-            f"Table: `{t}`; every trial and its runs: `{t[:-4]}-tuning.csv`; how finely the "
-            f"runs resolve the time and the model's time per step: [the appendix]({APPENDIX}).",
-            "",
-        ]
-        appendix += [
-            f"### {exp}",
-            "",
-            *resolution_lines(base, recs, df),
-            *model_lines(ratio_runs(base, df)),
-        ]
-    short += [f"- {x}" for x in sentences] + ([""] if sentences else [])
-    if rows:
-        short += [
-            "| workload | method | vs dense [95 % CI] | vs the best peer | vs dense at the "
-            f"paper's ratio ({paper:.2f}, composed) |",
-            "| --- | --- | --- | --- | --- |",
-            *rows,
+            f"Table: `{t}`; every trial, its runs and the selection per cluster: "
+            f"`{t[:-4]}-tuning.csv`.",
             "",
         ]
-    short += [
-        "**Setting:** every method tuned with the same budget, then trained on fresh "
-        "evaluation seeds; each in full: below.",
-        *(f"- {x}." for x in settings),
-        "",
-    ]
-    return short, detail, appendix
-
-
-def _protocol_claim_rows(
-    tables: dict[str, Path], hardware: dict[str, str]
-) -> list[tuple[str, str, str]]:
-    """(our number, hardware, source) per paper method of each protocol sweep, against the
-    best-tuned peer with its interval and verdict (``hardware``: run id -> hardware)."""
-    out = []
-    for exp, t in sorted(tables.items()):
-        df = pd.read_csv(t)
-        ids = str(df["run_ids"].dropna().iloc[0]).replace(",", " ").split() if len(df) else []
-        hw = hardware.get(ids[0], "-") if ids else "-"
-        for r, _, _, p, vp in _paper_rows(df):
-            text = f"{exp}: {r['comm']} `{r['trial']}` vs the best-tuned peer {r['best_peer']}"
-            out.append((f"{text}: {p}, {vp} (see the answer above)", hw, f"sweep `{t.stem}`"))
-    return out
-
-
-def headline_section(
-    inputs: Inputs, maker: CommandMaker, bench_rows: dict, tables: dict[str, Path]
-) -> list[str]:
-    """Rows: what the paper or a public record says (cited once per claim), our number, the
-    hardware it came from and the command that made it."""
-    lines = [
-        "| claim | the paper / public record (cited, not measured here) | ours (measured) "
-        "| hardware | command |",
-        "| --- | --- | --- | --- | --- |",
-    ]
-    last = [""]
-
-    def row(what: str, cited: str, ours: str, hw: str, cmd: str) -> None:
-        shown = "as above" if cited == last[0] else cited  # cited once per run of rows
-        last[0] = cited
-        lines.append(f"| {what} | {shown} | {ours} | {hw} | {cmd} |")
-
-    c = SPEEDUP_CLAIM
-    cited = f"{c.value} [{c.source}]"
-    hardware = dict(zip(inputs.runs["run_id"], inputs.runs["hardware"], strict=True))
-    ours = _protocol_claim_rows(tables, hardware)
-    if not ours:
-        none = (
-            "no protocol sweep recorded: `python -m reproduce ablation` runs one (earlier, "
-            "unequally tuned comparisons are in the appendix)"
-        )
-        row(c.what, cited, none, "-", "-")
-    for text, hw, ids in ours:
-        row(c.what, cited, text, hw, ids)
-    _time_rows(inputs, maker, row)
-    for name, claim in BENCH_CLAIMS.items():
-        cited = f"{claim.value} [{claim.source}]"
-        cmd = f"`python -m reproduce bench {name}`"
-        seen: set[str] = set()
-        for hw, text in bench_rows.get(name, []):
-            if hw not in seen:  # the first headline per hardware; the rest in its section
-                seen.add(hw)
-                row(claim.what, cited, f"{text}; more under Micro-benchmarks", hw, cmd)
-        if not bench_rows.get(name):
-            row(claim.what, cited, f"no rows in bench/{name}.csv", "-", cmd)
-    return lines
-
-
-def earlier_section(inputs: Inputs) -> list[str]:
-    """The comparisons made before the tuning protocol: hitopk / mstopk against the
-    strongest peer and against dense of the same group, cache and update, as recorded."""
-    stats = config_stats(inputs.runs)
-    vs_peer, vs_dense = [], []
-    for key, g in [] if stats.empty else stats.groupby([*GROUP, "cache", "update"]):
-        reached = g[g["n_reached"] > 0]
-        peers = reached[reached["comm_name"].isin(PEERS)].sort_values("tt_mean")
-        dense = reached[reached["comm_name"] == "dense"]
-        for _, o in reached[reached["comm_name"].isin(OURS)].iterrows():
-            if len(peers):
-                p = peers.iloc[0]
-                pct = 100 * (p["tt_mean"] - o["tt_mean"]) / p["tt_mean"]
-                text = (
-                    f"{key[0]} ({key[1]}): {o['comm']} {o['tt_mean']:.1f} s vs {p['comm']} "
-                    f"{p['tt_mean']:.1f} s: {pct:+.0f} % time saved"
-                )
-                vs_peer.append((text, key[2], " ".join(o["run_ids"] + p["run_ids"])))
-            if len(dense):  # one dense configuration per group
-                b = dense.iloc[0]
-                pct = 100 * (b["tt_mean"] - o["tt_mean"]) / b["tt_mean"]
-                text = (
-                    f"{key[0]} ({key[1]}, update {key[4]}): {o['comm']} {o['tt_mean']:.1f} s "
-                    f"vs dense {b['tt_mean']:.1f} s to target: {pct:+.0f} % time saved "
-                    f"({o['n_reached']}/{o['n_runs']} and {b['n_reached']}/{b['n_runs']} runs "
-                    "reached)"
-                )
-                vs_dense.append((text, key[2], " ".join(o["run_ids"] + b["run_ids"])))
-    rows = vs_peer + vs_dense
-    if not rows:
-        return []
-    out = [
-        "Made before the tuning protocol: the sparse methods' schedule was chosen on the seeds "
-        "that then measured it and PowerSGD was not tuned, so these are not the answer; kept "
-        "as recorded.",
-        "",
-        "| ours (measured) | hardware | runs |",
-        "| --- | --- | --- |",
-    ]
-    return out + [f"| {t} | {hw} | {ids} |" for t, hw, ids in rows] + [""]
-
-
-def _time_rows(inputs: Inputs, maker: CommandMaker, row) -> None:
-    """Per experiment: the public records of its task beside our best configuration per
-    hardware (its mean time to target over the runs that reached it, n of n)."""
-    stats = config_stats(inputs.runs)
-    best = stats[stats["n_reached"] > 0] if not stats.empty else stats
-    if not best.empty:  # a mean over seeds, never one run picked as the fastest
-        best = best.sort_values("tt_mean").groupby(["experiment", "hardware"]).head(1)
-    for exp in sorted(set(RECORDS) | set(inputs.runs["experiment"])):
-        claims = RECORDS.get(exp, ())
-        cited = "; ".join(f"{k.what}: {k.value} [{k.source}]" for k in claims)
-        cited = cited or "no public record (a stand-in task of this project)"
-        mine = best[best["experiment"] == exp] if not best.empty else best
-        if mine.empty:
-            what = "not run, or no run reached the target"
-            row(f"time to target, {exp}", cited, what, "-", recipe_command(exp))
-        for _, r in mine.iterrows():
-            runs = inputs.runs[inputs.runs["run_id"].isin(r["run_ids"])]
-            target = target_text(runs["metric"].iloc[0], runs["target"].iloc[0])
-            what = (
-                f"{fmt_s(r['tt_mean'])} to {target}, mean of {r['n_reached']} of {r['n_runs']} "
-                f"run(s) that reached it ({r['comm']}, {r['cluster']}; runs "
-                f"{' '.join(r['run_ids'])})"
-            )
-            cmd = maker.command(record_of(inputs, r["run_ids"][0]))
-            row(f"time to target, {exp}", cited, what, r["hardware"], f"`{cmd}`")
+        appendix += [f"### {exp}", "", *resolution_lines(base, recs, df[df["ratio"].isna()])]
+    return (
+        [question(), "", *sentences, *([""] if sentences else [])]
+        + [
+            "**Setting:** every method tuned with the same budget, then trained on fresh "
+            "evaluation seeds; each in full: below.",
+            *(f"- {x}." for x in settings),
+            "",
+        ],
+        detail,
+        appendix,
+    )
 
 
 def bench_headlines(inputs: Inputs) -> dict[str, list[tuple[str, str]]]:
@@ -742,66 +390,6 @@ def bench_sections(bench_rows: dict, bench: dict, base: Path) -> list[str]:
     return out
 
 
-def scaling_lines(inputs: Inputs) -> list[str]:
-    """What the newest measured scaling sweep shows: each method's efficiency per size
-    (the compute-only step over its step) and whether the model held."""
-    frames = []
-    for f in inputs.scaling:
-        try:
-            frames.append(pd.read_csv(f))
-        except (OSError, ValueError, pd.errors.ParserError):
-            continue
-    if not frames:
-        return []
-    df = newest_sweep(pd.concat(frames, ignore_index=True, sort=False))
-    if "predicted_step_s" not in df or df["predicted_step_s"].isna().all():
-        return []
-    df = df.astype({"nodes": int, "workers_per_node": int})  # 4x1, not 4.0x1.0
-    per = _efficiencies(df)
-    sweep = str(df["sweep_id"].iloc[0])
-    return [
-        f"Scaling, sweep `{sweep}` (efficiency = the compute-only step / the method's step at "
-        f"the same size, measured on this machine): {'; '.join(per)}.  "
-        + "; ".join(x.strip() for x in scaling_table.summary(df))
-        + ".",
-        "",
-        *later_check_lines(pd.concat(frames, ignore_index=True, sort=False)),
-    ]
-
-
-def _efficiencies(df: pd.DataFrame) -> list[str]:
-    """``dense 0.52 at 2x2, 0.38 at 4x2`` per method measured on more than one node."""
-    meas = df[(df["kind"] == "measured") & (df["comm"] != "nocomm") & (df["nodes"] > 1)]
-    per = []
-    for comm, g in meas.groupby("comm", sort=False):
-        g = g.sort_values("nodes")
-        cells = ", ".join(
-            f"{e:.2f} at {int(n)}x{int(m)}"
-            for n, m, e in zip(g["nodes"], g["workers_per_node"], g["efficiency"], strict=True)
-        )
-        per.append(f"{comm} {cells}")
-    return per
-
-
-def later_check_lines(frame: pd.DataFrame) -> list[str]:
-    """One paragraph per narrower scaling sweep run after the drawn study: its methods,
-    sizes and how well the model predicted them."""
-    out = []
-    for df in later_checks(frame):
-        df = df.astype({"nodes": int, "workers_per_node": int})
-        per = _efficiencies(df)
-        if not per:
-            continue
-        out += [
-            f"Model check, sweep `{df['sweep_id'].iloc[0]}` (not drawn; efficiency as "
-            f"above): {'; '.join(per)}.  "
-            + "; ".join(x.strip() for x in scaling_table.summary(df))
-            + ".",
-            "",
-        ]
-    return out
-
-
 # each sweep's table as the report shows it: the columns its sweep module names, then the
 # hardware of its runs (looked up in the records)
 ABLATION_COLUMNS = [*ablation.REPORT_COLUMNS, "hardware"]
@@ -813,7 +401,7 @@ def write_report(inputs: Inputs, figs: list[Figure], path: Path, header: str) ->
     maker = CommandMaker()
     base = path.parent
     problems = [f"- {p}" for p in inputs.problems] or ["- none"]
-    unrun = unrun_experiments(inputs)
+    unrun = unrun_experiments(inputs.runs["experiment"])
     tables = protocol_tables(inputs)
     rows = bench_headlines(inputs)
     main_figs = [
@@ -840,7 +428,7 @@ def write_report(inputs: Inputs, figs: list[Figure], path: Path, header: str) ->
         "## Figures",
         "",
         *(figures_section(main_figs, base) or [NO_FIGURES.format(APPENDIX), ""]),
-        *scaling_lines(inputs),
+        *scaling_lines(inputs.scaling),
         "## Micro-benchmarks",
         "",
         "Each against the strongest baseline in the same run first (torch.topk, torch's "

@@ -8,7 +8,6 @@ and the per-step breakdown; the scaling study; each benchmark's own figure.
 
 from __future__ import annotations
 
-import json
 import tempfile
 import textwrap
 from collections.abc import Callable, Collection, Mapping
@@ -22,11 +21,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
 from scipy import stats  # noqa: E402
 
+from bench import methods  # noqa: E402
 from bench.benchmarks import load_all  # noqa: E402
 from bench.benchmarks.harness import BenchRun  # noqa: E402
+from bench.report.scaling import plot_scaling, read_scaling, scaling_caption  # noqa: E402
 from bench.report.tables import (  # noqa: E402
     CONFIG,
     GROUP,
@@ -36,22 +36,13 @@ from bench.report.tables import (  # noqa: E402
     curve,
     num,
     protocol_tables,
-    scaling_caption,
     speedups,
     target_text,
 )
-from bench.results.columns import TRAIN_TIME, metric_column, newer_scaling  # noqa: E402
-from bench.results.plots import (  # noqa: E402
-    PAPER_METHODS,
-    PHASE_COLOURS,
-    fig_width,
-    method_colour,
-    method_width,
-    save_figure,
-)
+from bench.results.columns import TRAIN_TIME, metric_column  # noqa: E402
+from bench.results.plots import PHASE_COLOURS, fig_width, save_figure  # noqa: E402
 from bench.sweeps import ratios  # noqa: E402
 from bench.sweeps.intervals import ci_text, mean_interval  # noqa: E402
-from bench.sweeps.methods import method_of  # noqa: E402
 
 # per-step phases of a curve row: (label, column(s)); the first column present is used
 PHASES = (
@@ -119,7 +110,7 @@ def _points(results_dir: Path, r: Mapping[str, Any]) -> pd.DataFrame | None:
 
 
 def tta_bands(results_dir: Path, runs: pd.DataFrame) -> dict[str, dict]:
-    """Per method (its :func:`~bench.sweeps.methods.method_of` name): the time grid, the
+    """Per configuration (its comm label, as the tables name it): the time grid, the
     mean over its runs of the held-out metric and its 95 % t-interval, from the first
     time every run has an evaluation on (NaN before: no mean of a subset); the mean time
     to target of the runs that reached it and its 95 % interval (as the tables give it),
@@ -130,7 +121,7 @@ def tta_bands(results_dir: Path, runs: pd.DataFrame) -> dict[str, dict]:
         d = _points(results_dir, r)
         if d is None:
             continue
-        name = method_of(r)
+        name = str(r["comm"])
         curves.setdefault(name, []).append(d)
         meta.setdefault(name, []).append(r)
     if not curves:
@@ -151,7 +142,6 @@ def tta_bands(results_dir: Path, runs: pd.DataFrame) -> dict[str, dict]:
         tts = [float(r["time_to_target_s"]) for r in rs if r["reached"]]
         tt, tt_lo, tt_hi = mean_interval(tts)
         trial = str(rs[0].get("protocol_trial") or "")  # the tables' name of the trial
-        base = str(rs[0]["comm_name"]) if name == str(rs[0]["comm"]) else name
         out[name] = {
             "grid": grid,
             "mean": mean,
@@ -163,7 +153,7 @@ def tta_bands(results_dir: Path, runs: pd.DataFrame) -> dict[str, dict]:
             "tt_low": tt_lo,
             "tt_high": tt_hi,
             "comm_name": str(rs[0]["comm_name"]),
-            "label": f"{base} {trial}" if trial else str(rs[0]["comm"]),
+            "label": f"{rs[0]['comm_name']} {trial}" if trial else name,
         }
     return out
 
@@ -194,7 +184,7 @@ def plot_tta(
         styles: dict[str, int] = {}  # configurations of one method: one colour, other dashes
         bands = tta_bands(results_dir, g)
         for _, b in sorted(bands.items()):
-            colour, lw = method_colour(b["comm_name"]), method_width(b["comm_name"])
+            colour, lw = methods.colour(b["comm_name"]), methods.width(b["comm_name"])
             ls = LINE_STYLES[styles.setdefault(b["comm_name"], 0) % len(LINE_STYLES)]
             styles[b["comm_name"]] += 1
             label = f"{b['label']} (n = {b['n']}, {b['n_reached']} reached)"
@@ -244,9 +234,9 @@ def _draw_yours(
         d = _points(results_dir, r) if home == panel else None
         if d is None:
             continue
-        colour = method_colour(str(r["comm_name"]))
+        colour = methods.colour(str(r["comm_name"]))
         where = [str(k).split(";")[0] for k, p in zip(key, panel, strict=True) if k != p]
-        label = f"yours: {r['run_id']} {method_of(r)}" + (f" ({', '.join(where)})" * bool(where))
+        label = f"yours: {r['run_id']} {r['comm']}" + (f" ({', '.join(where)})" * bool(where))
         ax.plot(d[TRAIN_TIME], 100 * d["_metric"], color=colour, ls="--", lw=1.6, marker="D",
                 ms=4, mfc="white", zorder=5, label=label)  # fmt: skip
         if r["reached"] and r["target"] is not None:
@@ -261,7 +251,7 @@ def plot_speedup(
     standard deviation), one panel per cluster and hardware that has a dense baseline.
     Configurations that missed the target in every run are shown at 0 with their count.
     Used where no protocol sweep gives intervals (:func:`plot_protocol_speedup`)."""
-    sp = speedups(stats[stats["experiment"] == experiment], "comm", "dense")
+    sp = speedups(stats[stats["experiment"] == experiment])
     if sp.empty:
         return None
     groups = list(sp.groupby(["cluster", "hardware"], sort=True))
@@ -271,7 +261,7 @@ def plot_speedup(
         labels = [config_name(r) for _, r in g.iterrows()]
         heights = [num(s) or 0.0 for s in g["speedup"]]
         errs = [num(s) or 0.0 for s in g["speedup_std"]]
-        colours = [method_colour(c) for c in g["comm_name"]]
+        colours = [methods.colour(c) for c in g["comm_name"]]
         ax.bar(range(len(g)), heights, yerr=errs, capsize=4, color=colours)
         for i, (_, r) in enumerate(g.iterrows()):
             txt = f"{r['n_reached']}/{r['n_runs']}"
@@ -287,10 +277,6 @@ def plot_speedup(
         fontsize=10,
     )
     return save_figure(fig, path)
-
-
-#: methods whose exchange runs in the optimizer step, not in the backward pass's hook
-EXCHANGE_IN_UPDATE = ("demo",)
 
 
 def step_phases(df: pd.DataFrame, exchange_in_update: bool = False) -> dict[str, float] | None:
@@ -319,25 +305,24 @@ def breakdown_table(results_dir: Path, runs: pd.DataFrame, experiment: str) -> p
     rows = []
     for _, r in runs[(runs["experiment"] == experiment) & runs["has_curve"]].iterrows():
         df = curve(results_dir, r["run_id"])
-        inside = str(r.get("comm_name")) in EXCHANGE_IN_UPDATE
+        name = str(r["comm_name"])
+        inside = name in methods.METHODS and methods.get(name).exchange_in_update
         ph = step_phases(df, inside) if df is not None else None
         if ph:
             exposed = any(c in df for c in EXPOSED)
             trial = str(r.get("protocol_trial") or "")
-            label = f"{r['comm_name']} {trial}" if trial else str(r["comm"])
+            label = f"{name} {trial}" if trial else str(r["comm"])
             if inside and not df.get("time/comm_s", pd.Series([0.0])).any():  # not timed yet
                 label += " (update holds its all-gather)"
-            rows.append(
-                {**{k: r[k] for k in GROUP + CONFIG}, **ph, "exposed": exposed, "label": label}
-            )
+            keys = {k: r[k] for k in GROUP + CONFIG}
+            rows.append({**keys, **ph, "exposed": exposed, "label": label, "comm_name": name})
     if not rows:
         return pd.DataFrame()
-    t = pd.DataFrame(rows)
-    keys = GROUP + CONFIG
-    out = t.groupby(keys, sort=True)[[p for p, _ in PHASES]].mean()
-    out["exposed"] = t.groupby(keys, sort=True)["exposed"].all()
-    out["label"] = t.groupby(keys, sort=True)["label"].first()
-    out["n"] = t.groupby(keys, sort=True).size()
+    t = pd.DataFrame(rows).groupby(GROUP + CONFIG, sort=True)
+    out = t[[p for p, _ in PHASES]].mean()
+    out["exposed"] = t["exposed"].all()
+    out[["label", "comm_name"]] = t[["label", "comm_name"]].first()
+    out["n"] = t.size()
     return out.reset_index()
 
 
@@ -362,8 +347,8 @@ def plot_breakdown(table: pd.DataFrame, experiment: str, path: Path) -> Path | N
             for _, r in g.iterrows()
         ]
         ax.set_yticks(range(len(g)), names, fontsize=8)
-        for t, c in zip(ax.get_yticklabels(), g["comm"], strict=True):
-            t.set_color(method_colour(c))  # the method's colour: the bars are the phases'
+        for t, c in zip(ax.get_yticklabels(), g["comm_name"], strict=True):
+            t.set_color(methods.colour(c))  # the method's colour: the bars are the phases'
         ax.invert_yaxis()
         ax.set_xlabel("ms per training step (mean over epochs and runs)")
         common = ", ".join(f"{c} {g[c].iloc[0]}" for c in CONFIG[1:] if c not in varying)
@@ -384,71 +369,54 @@ def plot_breakdown(table: pd.DataFrame, experiment: str, path: Path) -> Path | N
     return save_figure(fig, path, layout=False)
 
 
-def plan_of(table: Path) -> dict[str, Any]:
-    """The sweep's plan (``<sweep_id>.plan.json`` beside its table)."""
-    return json.loads(table.with_name(f"{table.stem}.plan.json").read_text())
-
-
 def _speedup_blocks(df: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
-    """(heading, best peer, rows) per block of a protocol table: one block per cluster a
-    v2 table quotes (its rows by speedup over dense), or the whole v1 table (by time)."""
-
-    def peer(g: pd.DataFrame) -> str:
-        named = g["best_peer"].dropna().astype(str)
-        named = named[named != ""]
-        return str(named.iloc[0]) if len(named) else "peer"
-
-    if "for_cluster" not in df:
-        g = df.sort_values("time_to_target_mean_s")
-        return [("", peer(g), g)]
+    """(heading, best peer, rows) per cluster a protocol table quotes, its rows by speedup
+    over dense."""
     out = []
     for cluster, g in df.groupby("for_cluster", sort=False):
-        ratio = float(g["ratio"].iloc[0])
+        named = g["best_peer"].dropna().astype(str)
+        named = named[named != ""]
         g = g.sort_values("speedup_vs_dense", ascending=False, na_position="first")
-        out.append((cluster_title(str(cluster), ratio), peer(g), g))
+        title = cluster_title(str(cluster), float(g["ratio"].iloc[0]))
+        out.append((title, str(named.iloc[0]) if len(named) else "peer", g))
     return out
 
 
 def plot_protocol_speedup(df: pd.DataFrame, path: Path, title: str) -> Path | None:
     """Two panels: speedup over dense and over the best peer, one row per method (its
     selected trial), point = ratio of times, bar = 95 % interval, the verdict written
-    beside it.  A v2 table quotes each method tuned per cluster: one block of rows per
-    cluster under its heading, each against that cluster's dense and best peer."""
+    beside it: one block of rows per cluster the table quotes each method tuned for, under
+    its heading, each against that cluster's dense and best peer."""
     if df.empty or "speedup_vs_dense" not in df:
         return None
-    v2 = "for_cluster" in df
-    blocks = _speedup_blocks(df)
     rows: list[tuple[float, pd.Series, str]] = []  # (y, row, the block's peer)
     heads: list[tuple[float, str]] = []
     y = 0.0
-    for head, peer, g in blocks:
-        if head:
-            heads.append((y, f"{head}; best peer {peer}"))
-            y += 1
+    for head, peer, g in _speedup_blocks(df):
+        heads.append((y, f"{head}; best peer {peer}"))
+        y += 1
         for _, r in g.iterrows():
             rows.append((y, r, peer))
             y += 1
         y += 0.4
     height = 1.7 + 0.36 * y
     fig, axes = plt.subplots(1, 2, figsize=(fig_width(2, 6.2), height), sharey=True)
-    right = "its cluster's best peer" if v2 else f"the best peer, {blocks[0][1]}"
+    base, paper = methods.baseline(), methods.paper()
     n_seeds = int(df["n_runs"].max())
-    for ax, (key, label) in zip(
-        axes, (("speedup_vs_dense", "dense DDP"), ("speedup_vs_peer", right)), strict=True
-    ):
+    panels = (("speedup_vs_dense", f"{base} DDP"), ("speedup_vs_peer", "its cluster's best peer"))
+    for ax, (key, label) in zip(axes, panels, strict=True):
         for i, r, peer in rows:
             m, lo, hi = r[key], r[f"{key}_ci_low"], r[f"{key}_ci_high"]
-            itself = r["comm"] == ("dense" if key == "speedup_vs_dense" else peer)
+            itself = r["comm"] == (base if key == "speedup_vs_dense" else peer)
             if itself:
                 ax.annotate("the baseline", (1.0, i), xytext=(6, 0), textcoords="offset points",
                             va="center", fontsize=7)  # fmt: skip
                 continue
             if m != m:
                 continue
-            colour = method_colour(r["comm"])
-            paper = r["comm"] in PAPER_METHODS
+            colour = methods.colour(r["comm"])
             err = [[max(0.0, m - lo)], [max(0.0, hi - m)]] if lo == lo else None
-            style = {"ms": 8, "lw": 2.2} if paper else {"ms": 6, "lw": 1.4}
+            style = {"ms": 8, "lw": 2.2} if r["comm"] in paper else {"ms": 6, "lw": 1.4}
             ax.errorbar([m], [i], xerr=err, fmt="o", color=colour, capsize=4, **style)
             verdict = str(r[key.replace("speedup", "verdict")])
             verdict = verdict if verdict in ("faster", "slower") else "no difference"
@@ -479,22 +447,19 @@ def plot_protocol_speedup(df: pd.DataFrame, path: Path, title: str) -> Path | No
     axes[0].set_yticks([i for i, _, _ in rows], labels, fontsize=8)
     axes[0].set_ylim(y - 0.4, -0.6)
     for t, (_, r, _) in zip(axes[0].get_yticklabels(), rows, strict=True):
-        t.set_color(method_colour(r["comm"]))
-        if r["comm"] in PAPER_METHODS:
+        t.set_color(methods.colour(r["comm"]))
+        if r["comm"] in paper:
             t.set_fontweight("bold")
     how = (
         "point: geometric-mean ratio of times to target (a miss: its whole run); bar: 95 % "
-        f"Welch interval on log time over {n_seeds} evaluation seeds"
-        if v2
-        else "point: ratio of mean times to target; bar: 95 % bootstrap interval over "
-        "evaluation seeds"
+        f"Welch interval on log time over {n_seeds} evaluation seeds; (k/n): seeds that "
+        "reached the target"
     )
-    how += "; (k/n): seeds that reached the target"
     fig.suptitle(f"{title}\n{how}", fontsize=9)
     return save_figure(fig, path)
 
 
-HEADLINE = "paper"  # the cluster whose tuned configurations a v2 sweep's ratio figure draws
+HEADLINE = "paper"  # the cluster whose tuned configurations a sweep's ratio figure draws
 
 
 def table_run_ids(table: pd.DataFrame) -> set[str]:
@@ -506,19 +471,19 @@ def table_run_ids(table: pd.DataFrame) -> set[str]:
 
 def ratio_runs(results_dir: Path, table: pd.DataFrame) -> list:
     """The sweep's evaluation runs as :class:`bench.sweeps.ratios.Run` (grouped by method),
-    the runs the composition uses (a v2 sweep's: each method's configuration tuned for
-    :data:`HEADLINE`, since a method's runs of several configurations do not average to one
-    curve); ``[]`` when none has step counts."""
+    the runs the composition uses: each method's configuration tuned for :data:`HEADLINE`
+    (a method's runs of several configurations do not average to one curve); ``[]`` when
+    none has step counts."""
     sweep = str(table["sweep_id"].iloc[0])
-    if "for_cluster" in table and (table["for_cluster"] == HEADLINE).any():
-        table = table[table["for_cluster"] == HEADLINE]  # v2: one configuration per method
+    if (table["for_cluster"] == HEADLINE).any():
+        table = table[table["for_cluster"] == HEADLINE]  # one configuration per method
     ids = table_run_ids(table)
 
     def select(r: Mapping[str, Any]) -> bool:
         res = (r.get("config") or {}).get("results") or {}
         return res.get("sweep_id") == sweep and (not ids or r.get("run_id") in ids)
 
-    runs, _ = ratios.load_runs(results_dir, select, group=method_of)
+    runs, _ = ratios.load_runs(results_dir, select, group=methods.method_of)
     return runs
 
 
@@ -526,197 +491,11 @@ def ratios_table(results_dir: Path, table: pd.DataFrame, n_boot: int = 2000) -> 
     """The composition (:func:`bench.sweeps.ratios.compose`) of the sweep's evaluation
     runs on the ratio grid and at the named settings; empty when it cannot be made."""
     runs = ratio_runs(results_dir, table)
-    if not runs or "dense" not in {r.group for r in runs}:
+    if not runs or methods.baseline() not in {r.group for r in runs}:
         return pd.DataFrame()
     named = ratios.named_ratios()
     grid = sorted(set(ratios.GRID) | set(named.values()))
     return ratios.compose(runs, grid, n_boot=n_boot)
-
-
-INVALID_ABOVE = 1.05  # efficiency above this: the compute-only reference is at fault
-REFERENCE = "nocomm"  # the compute-only runs: efficiency 1 by definition, not drawn
-
-
-def newest_sweep(frame: pd.DataFrame) -> pd.DataFrame:
-    """The rows of the scaling study to draw: of the sweeps with predictions (else of
-    all), the one that measured the most methods, then the most sizes, the newest among
-    equals (sweep ids sort by start time), so that a narrower check run later does not
-    hide the study it checks (:func:`later_checks`); an older table's columns read as
-    today's."""
-    df = newer_scaling(frame)
-    ids = _sweeps_by_breadth(df)
-    return df if not ids else df[df["sweep_id"].astype(str) == ids[-1]]
-
-
-def later_checks(frame: pd.DataFrame) -> list[pd.DataFrame]:
-    """The sweeps with predictions newer than :func:`newest_sweep`'s, each a narrower
-    study of its own (the rows of each, oldest first)."""
-    df = newer_scaling(frame)
-    ids = _sweeps_by_breadth(df)
-    if not ids or "predicted_step_s" not in df.columns:
-        return []
-    main = ids[-1]
-    new = df[df["predicted_step_s"].notna()]
-    later = sorted(x for x in new["sweep_id"].dropna().astype(str).unique() if x > main)
-    return [df[df["sweep_id"].astype(str) == x] for x in later]
-
-
-def _sweeps_by_breadth(df: pd.DataFrame) -> list[str]:
-    """Sweep ids (with predictions where any has them) by (methods measured, sizes,
-    id), the study to draw last; [] where the rows name no sweep."""
-    if "sweep_id" not in df.columns or df["sweep_id"].isna().all():
-        return []
-    new = df[df["predicted_step_s"].notna()] if "predicted_step_s" in df.columns else df[:0]
-    pool = new if len(new) else df
-    pool = pool[pool["sweep_id"].notna()].astype({"sweep_id": str})
-
-    def breadth(sweep: str) -> tuple[int, int, str]:
-        g = pool[(pool["sweep_id"] == sweep) & (pool["comm"] != REFERENCE)]
-        if "kind" in g.columns:
-            g = g[g["kind"].fillna("measured") == "measured"]
-        sizes = {tuple(x) for x in g[["nodes", "workers_per_node"]].itertuples(index=False)}
-        return g["comm"].nunique(), len(sizes), sweep
-
-    return sorted(pool["sweep_id"].unique(), key=breadth)
-
-
-def _measured(ax, meas: pd.DataFrame, colours: dict[str, str]) -> None:
-    """One line per method (each point one run), the model's prediction for the same size
-    as hollow markers without a line: the lines are the measurements alone.  One marker
-    shape in every panel (each panel is one number of workers per node), the legend's."""
-    for comm, g in meas.groupby("comm", sort=True):
-        g = g.sort_values("nodes")
-        ax.plot(g["nodes"], g["efficiency"], "-", marker="o", color=colours[comm],
-                lw=method_width(comm))  # fmt: skip
-        if "predicted_efficiency" in g.columns and g["predicted_efficiency"].notna().any():
-            ax.plot(g["nodes"], g["predicted_efficiency"], ls="", marker="o", mfc="none",
-                    ms=8, color=colours[comm], alpha=0.8)  # fmt: skip
-
-
-def _projected(ax, proj: pd.DataFrame, colours: dict[str, str]) -> None:
-    for comm, g in proj.groupby("comm", sort=True):
-        g = g.sort_values("nodes")
-        ax.plot(g["nodes"], g["efficiency"], "--", marker=".", color=colours[comm])
-        if {"efficiency_min", "efficiency_max"} <= set(g.columns):
-            if g["efficiency_min"].notna().all():
-                ax.fill_between(g["nodes"], g["efficiency_min"], g["efficiency_max"],
-                                color=colours[comm], alpha=0.12)  # fmt: skip
-
-
-def _holds(proj: pd.DataFrame) -> bool:
-    if proj.empty or "model_holds" not in proj.columns:
-        return False
-    v = proj["model_holds"].dropna()
-    return bool(len(v)) and bool(v.astype(str).str.lower().isin(["true", "1", "1.0"]).all())
-
-
-def _worst(meas: pd.DataFrame) -> str:
-    if "model_error" not in meas.columns or meas["model_error"].dropna().empty:
-        return "this sweep has no prediction to check the model against"
-    r = meas.loc[meas["model_error"].abs().idxmax()]
-    return (
-        f"the model missed {r['comm']} on {int(r['nodes'])}x{int(r['workers_per_node'])} "
-        f"by {r['model_error']:+.0%}"
-    )
-
-
-def _off_scale(over: pd.DataFrame) -> str:
-    """The note naming the points not drawn: efficiency above :data:`INVALID_ABOVE`."""
-    sizes = ", ".join(
-        sorted(
-            {
-                f"{r['comm']} at {int(r['nodes'])}x{int(r['workers_per_node'])} "
-                f"({r['efficiency']:.2f})"
-                for _, r in over.iterrows()
-            }
-        )
-    )
-    return (
-        f"not drawn, above {INVALID_ABOVE:g}:\n{sizes};\ntheir compute-only runs were slower "
-        "than runs that communicate:\na measurement fault, not an efficiency"
-    )
-
-
-def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
-    """Efficiency against nodes of the newest sweep in ``frame`` (its CSV's rows): one
-    panel per workers-per-node measured on this machine, and the model's projection to
-    the paper's cluster in its own panel on its own axis."""
-    need = {"efficiency", "comm"}
-    if frame.empty or not need <= set(frame.columns):
-        return None
-    df = newest_sweep(frame)
-    kind = df["kind"] if "kind" in df.columns else pd.Series("measured", index=df.index)
-    meas = df[(kind == "measured") & (df["comm"] != REFERENCE)].dropna(subset=["efficiency"])
-    proj = df[kind == "projected"]
-    if meas.empty and proj.empty:
-        return None
-    if "workers_per_node" not in meas.columns:
-        meas = meas.assign(workers_per_node=1)
-    comms = list(dict.fromkeys([*meas["comm"], *proj["comm"]]))
-    colours = {c: method_colour(c) for c in comms}  # the suite's one palette
-    over = meas[meas["efficiency"] > INVALID_ABOVE]
-    shown = meas[meas["efficiency"] <= INVALID_ABOVE]
-    pers = sorted({int(p) for p in meas["workers_per_node"].dropna()}) or [1]
-    fig, axes = plt.subplots(
-        1, len(pers) + 1, figsize=(fig_width(len(pers) + 1, 5.2), 6.4), squeeze=False
-    )
-    axes = list(axes[0])
-    cluster = ", ".join(sorted(meas["cluster"].dropna().astype(str).unique())) or "?"
-    steps = ""
-    if "measured_steps" in meas.columns and meas["measured_steps"].notna().any():
-        steps = f", its step time the median of {int(meas['measured_steps'].median())} steps"
-    for ax, per in zip(axes, pers, strict=False):
-        rows = shown[shown["workers_per_node"] == per]
-        _measured(ax, rows, colours)
-        ax.set_title(f"measured on this machine: {per} worker(s) per node", fontsize=9)
-        ax.set_xlabel(f"nodes ({cluster}; log 2)")
-        ax.set_ylim(0, 1.1)
-        ticks = sorted({int(n) for n in meas["nodes"].dropna()})
-        ax.set_xscale("log", base=2)
-        if ticks:  # the node counts themselves, not powers of 2
-            ax.set_xticks(ticks, [str(t) for t in ticks])
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("scaling efficiency (compute-only step / step, ratio)")
-    right = axes[-1]
-    drawn = _holds(proj)
-    if drawn:
-        _projected(right, proj, colours)
-        ticks = sorted({int(n) for n in proj["nodes"].dropna()})
-        right.set_xscale("log", base=2)
-        if ticks:
-            right.set_xticks(ticks, [str(t) for t in ticks])
-    else:
-        why = "no projection in this table" if proj.empty else _worst(meas)
-        right.text(0.5, 0.5, f"projection not drawn:\n{why}", ha="center", va="center",
-                   transform=right.transAxes, fontsize=9, wrap=True)  # fmt: skip
-        right.set_xticks([])
-    right.set_ylim(0, 1.1)
-    right.grid(alpha=0.3)
-    right.set_title("projected: the model, not a measurement", fontsize=9)
-    right.set_xlabel("nodes of 8 V100 at 25 Gbit/s (model; log 2)")
-    right.set_ylabel("projected scaling efficiency (ratio)")
-    handles = [Line2D([], [], color=colours[c], lw=method_width(c), label=c) for c in comms]
-    handles += [
-        Line2D([], [], color="k", ls="-", marker="o", label="measured: one run a point (n = 1)"),
-        Line2D([], [], color="k", ls="", marker="o", mfc="none", ms=8,
-               label="model's prediction for that size"),
-    ]  # fmt: skip
-    if drawn:
-        handles.append(Line2D([], [], color="k", ls="--", label="projected (band: assumptions)"))
-    # one legend, below the last panel, and the points left out named below the first:
-    # tight_layout makes room for both (an axes' legend and text)
-    right.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2,
-                 fontsize=8, frameon=False)  # fmt: skip
-    if len(over):  # a compute-only run slower than a communicating one: a fault, say it
-        axes[0].text(0.0, -0.13, _off_scale(over), transform=axes[0].transAxes, fontsize=8,
-                     color="firebrick", va="top", wrap=True)  # fmt: skip
-    sweep = str(df["sweep_id"].iloc[0]) if "sweep_id" in df.columns and len(df) else ""
-    fig.suptitle(
-        f"Scaling efficiency against nodes per method, sweep {sweep}\neach measured point is "
-        f"one run (n = 1, no interval){steps}; the projection has its own axis",
-        fontsize=10,
-    )
-    return save_figure(fig, path)
 
 
 @dataclass
@@ -857,11 +636,12 @@ def _experiment_figures(
             f"speedup against communication / compute ratio, {table.name}'s evaluation runs "
             "composed with the performance model"
         )
-        title2 = f"{exp}: time to target across ratios, protocol sweep {table.stem}"
-        if "for_cluster" in pd.read_csv(table, nrows=0).columns:  # v2, as ratio_runs reads it
-            title2 += f", each method's configuration tuned for `{HEADLINE}`"
+        title2 = (
+            f"{exp}: time to target across ratios, protocol sweep {table.stem}, each method's "
+            f"configuration tuned for `{HEADLINE}`"
+        )
         add("ratios", what, lambda p: _ratios_figure(res, table, p, title2))
-    elif not speedups(stats[stats["experiment"] == exp], "comm", "dense").empty:
+    elif not speedups(stats[stats["experiment"] == exp]).empty:
         what = f"speedup over dense (mean +- std over seeds), {which}"
         add("speedup", what, lambda p: plot_speedup(config_stats(runs), exp, p, _target(runs)))
     if curves:
@@ -876,10 +656,9 @@ def _scaling_figure(inputs: Inputs) -> list[Figure]:
     p = figures_dir(inputs) / "scaling_efficiency.png"
 
     def make() -> Path | None:
-        frames = [pd.read_csv(f) for f in inputs.scaling]
-        return plot_scaling(pd.concat(frames, ignore_index=True, sort=False), p)
+        return plot_scaling(read_scaling(inputs.scaling), p)
 
-    return [Figure(p, scaling_caption(inputs.scaling, newest_sweep), make, "scaling")]
+    return [Figure(p, scaling_caption(inputs.scaling), make, "scaling")]
 
 
 def _bench_figures(inputs: Inputs) -> list[Figure]:

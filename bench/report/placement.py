@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from bench import methods
 from bench.results import plots
 from bench.sweeps.common import sweep_records, write_table
 
@@ -39,22 +40,23 @@ def _steps_run(rec: Mapping[str, Any]) -> int:
 def table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     """One row per sparse run: its steps to target over dense's on the same experiment and
     seed (a miss: NaN, with the steps it ran)."""
+    base = methods.baseline()
     latest: dict[tuple, Mapping[str, Any]] = {}
     for r in records:  # in the order recorded: a rerun of a configuration replaces it here
         if r.get("status") in ("ok", "target_missed"):
             key = (r.get("experiment"), r.get("comm"), _cfg(r, "comm", "placement") or "grad",
-                   None if r.get("comm") == "dense" else _cfg(r, "comm", "density"),
+                   None if methods.method_of(r) == base else _cfg(r, "comm", "density"),
                    _cfg(r, "train", "seed"))  # fmt: skip
             latest[key] = r
     ok = list(latest.values())
     dense = {
         (r["experiment"], _cfg(r, "train", "seed")): r.get("steps_to_target")
         for r in ok
-        if r.get("comm") == "dense"
+        if methods.method_of(r) == base
     }
     rows = []
     for r in ok:
-        if r.get("comm") == "dense":
+        if methods.method_of(r) == base:
             continue
         key = (r["experiment"], _cfg(r, "train", "seed"))
         d, s = dense.get(key), r.get("steps_to_target")
@@ -91,7 +93,7 @@ def plot(df: pd.DataFrame, path: Path, title: str) -> Path:
         cells = list(dict.fromkeys(zip(g["density"], g["placement"])))
         for i, (d, p) in enumerate(cells):
             c = g[(g["density"] == d) & (g["placement"] == p)]
-            colour = plots.method_colour(str(c["comm"].iloc[0]))
+            colour = methods.colour(str(c["comm"].iloc[0]))
             hit = c[c["reached"]]
             miss = c[~c["reached"]]
             ax.scatter([i] * len(hit), hit["relative"], color=colour, zorder=3)
@@ -103,11 +105,13 @@ def plot(df: pd.DataFrame, path: Path, title: str) -> Path:
                 zorder=3,
                 label="missed the target (drawn at its steps run)" if len(miss) else None,
             )
-        ax.axhline(1.0, color=plots.method_colour("dense"), lw=1, ls="--", label="dense")
-        ax.axhline(1.2, color="#999999", lw=0.8, ls=":", label="1.2x dense")
+        base = methods.baseline()
+        ax.axhline(1.0, color=methods.colour(base), lw=1, ls="--", label=base)
+        ax.axhline(1.2, color="#999999", lw=0.8, ls=":", label=f"1.2x {base}")
         ax.set_xticks(range(len(cells)), [f"d={d:g}\n{p}" for d, p in cells])
-        ax.set_ylabel("steps to target / dense's (same seed)")
-        ax.set_title(f"{exp} (hitopk, n = {g['seed'].nunique()} seed(s))", fontsize=9)
+        ax.set_ylabel(f"steps to target / {base}'s (same seed)")
+        sent = ", ".join(dict.fromkeys(g["comm"]))
+        ax.set_title(f"{exp} ({sent}, n = {g['seed'].nunique()} seed(s))", fontsize=9)
         handles, labels = ax.get_legend_handles_labels()
         keep = dict(zip(labels, handles, strict=True))
         ax.legend(keep.values(), keep.keys(), fontsize=7, loc="lower right", framealpha=1)

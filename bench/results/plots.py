@@ -1,5 +1,6 @@
-"""The suite's one palette (a colour per method and per step phase) and figure writer,
-and a run's own time-to-accuracy figure, drawn from its curve alone."""
+"""The suite's palette of what is not a method (step phases, baselines, caches; a method's
+colour is its spec's, bench/methods/) and figure writer, and a run's own time-to-accuracy
+figure, drawn from its curve alone."""
 
 from __future__ import annotations
 
@@ -18,24 +19,6 @@ TIME_LABEL = "training time (s, evaluation excluded)"
 MAX_WIDTH_PX = 2400  # no figure of the suite is wider (at DPI); tests check it
 DPI = 120
 
-# one colour per communication method in every figure of the suite; the paper's methods
-# (hitopk, mstopk) in warm, saturated colours and drawn thicker, the peers in cool ones
-METHOD_COLOURS = {
-    "dense": "#555555",
-    "fp16": "#1f77b4",
-    "bf16": "#17becf",
-    "powersgd": "#2ca02c",
-    "topk": "#9467bd",
-    "randomk": "#8c564b",
-    "mstopk": "#ff7f0e",
-    "hitopk": "#d62728",
-    "nocomm": "#bbbbbb",
-    "demo": "#e377c2",
-    "localsgd": "#bcbd22",
-    "diloco": "#393b79",
-    "streaming_diloco": "#6b6ecf",
-}
-PAPER_METHODS = ("hitopk", "mstopk")
 # the per-step phases of a breakdown, in stacking order, each its own colour: teals and the
 # neutral family, none near a method's colour (the bars stand beside method names)
 PHASE_COLOURS = {
@@ -66,14 +49,11 @@ UPDATE_COLOURS = {
     "flat": "#3a9d8f",
     "other": "#7fc4b8",
 }
+SELECTOR = "#ff7f0e"  # the paper's selection's colour (its spec's; tests/test_palette.py)
 SELECTION_COLOURS = {
     "sum": BASELINE_COLOURS["floor"],
     "torch.topk": BASELINE_COLOURS["torch.topk"],
-    "tiled": METHOD_COLOURS["mstopk"],
-    "paper": METHOD_COLOURS["mstopk"],
-    "sampled": METHOD_COLOURS["mstopk"],
-    "hist": METHOD_COLOURS["mstopk"],
-    "other": METHOD_COLOURS["mstopk"],
+    **dict.fromkeys(("tiled", "paper", "sampled", "hist", "other"), SELECTOR),
 }
 # line styles and markers of mstopk's implementations in the top-k figure (one colour)
 SELECTION_STYLES = {
@@ -121,17 +101,6 @@ def colour_distance(a: str, b: str) -> float:
     return sum((x - y) ** 2 for x, y in zip(rgb(a), rgb(b), strict=True)) ** 0.5
 
 
-def method_colour(comm: str) -> str:
-    """The suite's colour of a method (its name, or a label that starts with it)."""
-    name = str(comm).split()[0].split("/")[0].strip()
-    return METHOD_COLOURS.get(name, "#000000")
-
-
-def method_width(comm: str) -> float:
-    """Line width: the paper's methods drawn thicker."""
-    return 2.4 if str(comm).split()[0] in PAPER_METHODS else 1.4
-
-
 def fig_width(panels: int, per_panel: float = 5.0, extra: float = 0.0) -> float:
     """Figure width in inches for ``panels`` panels in one row, capped at
     :data:`MAX_WIDTH_PX`."""
@@ -162,26 +131,26 @@ def plot_time_to_accuracy(
     title: str,
     hardware: str = "",
     per_epoch: bool = False,
-    methods: Sequence[str] | None = None,
+    colours: Sequence[str] | None = None,
 ) -> Path:
     """Held-out ``metric`` against training time (s), one line per run; ``per_epoch``: a
-    panel against epochs beside it.  ``methods``: each run's method, which gives its line
-    the method's colour of the palette; runs of one method differ by line style.  The
-    first run is a wide translucent line; each later one is drawn over it, thin, with open
-    markers of another shape, so that runs with the same curve stay visible."""
+    panel against epochs beside it.  ``colours``: each run's line colour (its method's);
+    runs of one colour differ by line style.  The first run is a wide translucent line;
+    each later one is drawn over it, thin, with open markers of another shape, so that
+    runs with the same curve stay visible."""
     xs = (EPOCH, TRAIN_TIME) if per_epoch else (TRAIN_TIME,)
     fig = plt.subplots(1, len(xs), figsize=(11, 4.2) if per_epoch else (7, 4.5))[0]
     column = metric_column(metric)
     styles = []
     seen: dict[str, int] = {}
-    for i, m in enumerate(methods or [None] * len(curves)):
-        k = seen[str(m)] = seen.get(str(m), -1) + 1
+    for i, c in enumerate(colours or [None] * len(curves)):
+        k = seen[str(c)] = seen.get(str(c), -1) + 1
         style = {"ls": RUN_STYLES[k % len(RUN_STYLES)], "marker": RUN_MARKERS[i % 4]}
         if i:
             style |= {"lw": 1.5, "ms": 5, "mfc": "white", "zorder": 2 + i}
         else:
             style |= {"lw": 5, "ms": 9, "alpha": 0.4} if len(curves) > 1 else {"ms": 3}
-        styles.append(style | ({"color": method_colour(m)} if m is not None else {}))
+        styles.append(style | ({"color": c} if c is not None else {}))
     for ax, x in zip(fig.axes, xs, strict=True):
         for i, (label, df) in enumerate(curves):
             d = df.dropna(subset=[column])

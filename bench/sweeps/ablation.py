@@ -15,54 +15,49 @@ from typing import Any
 
 import pandas as pd
 
-from bench.config import hydra_value
+from bench import methods
 from bench.registry import ConfigError
-from bench.sweeps.common import check_names, options, sweep_records, validate_jobs
+from bench.sweeps.common import (
+    check_names,
+    job_base,
+    options,
+    quick_methods,
+    sweep_records,
+    validate_jobs,
+)
 from bench.sweeps.resume import RERUN, Saved, latest, pending
 
-COMMS = ("dense", "fp16", "powersgd", "topk", "mstopk", "hitopk")
 CACHES = ("none", "multilevel")
 UPDATES = ("naive", "flat")
-BASELINE = ("dense", "none", "naive")  # comm, cache, update
-QUICK = {"comm": ("dense", "hitopk"), "cache": ("none",), "update": ("naive",), "seeds": 1}
+BASELINE = (methods.names(group="baseline")[0], "none", "naive")  # comm, cache, update
+
+
+def comms() -> list[str]:
+    """The grid's methods: the protocol's default methods that are comm hooks (a method
+    that replaces the optimizer or the synchronisation has no cache x update grid)."""
+    return [n for n in methods.defaults() if methods.get(n).kind == "hook"]
+
+
+def quick() -> dict[str, Any]:
+    """``--quick``: the protocol's quick methods, one cache, one update mode, one seed."""
+    return {"comm": quick_methods(), "cache": ("none",), "update": ("naive",), "seeds": 1}
+
+
 COLUMNS = [
-    "sweep_id",
-    "experiment",
-    "cluster",
-    "comm",
-    "cache",
-    "update",
-    "n_runs",
-    "n_reached",
-    "time_to_target_mean_s",
-    "time_to_target_std_s",
-    "epochs_to_target_mean",
-    "throughput_mean",
-    "speedup_vs_baseline",
-    "speedup_std",
-    "run_ids",
-    # beyond the columns the report reads: what the target was, and failed runs
-    "target_metric",
-    "target_value",
-    "n_error",
-    "baseline",  # the configuration the speedup is against (comm/cache/update)
-]
-# the columns of the table the report shows (bench.report.report)
+    "sweep_id", "experiment", "cluster", "comm", "cache", "update", "n_runs", "n_reached",
+    "time_to_target_mean_s", "time_to_target_std_s", "epochs_to_target_mean",
+    "throughput_mean", "speedup_vs_baseline", "speedup_std", "run_ids",
+    # beyond the columns the report reads: what the target was, failed runs, and the
+    # configuration the speedup is against (comm/cache/update)
+    "target_metric", "target_value", "n_error", "baseline",
+]  # fmt: skip
+# the columns of the table the report shows (bench.report)
 REPORT_COLUMNS = [
-    "experiment",
-    "cluster",
-    "comm",
-    "cache",
-    "update",
-    "n_runs",
-    "n_reached",
-    "time_to_target_mean_s",
-    "time_to_target_std_s",
-    "speedup_vs_baseline",
-    "speedup_std",
-]
-# on the local cluster every job runs 2 launcher agents of one worker each, so that
-# hitopk (which needs 2 nodes) and the others train on the same topology
+    "experiment", "cluster", "comm", "cache", "update", "n_runs", "n_reached",
+    "time_to_target_mean_s", "time_to_target_std_s", "speedup_vs_baseline", "speedup_std",
+]  # fmt: skip
+# on the local cluster every job runs 2 launcher agents of one worker each: 2 nodes, which
+# the paper's hierarchical method needs, for every method alike
 LOCAL_TOPOLOGY = ("cluster.nnodes=2", "cluster.nproc_per_node=1")
 
 
@@ -76,7 +71,7 @@ class Plan(Saved):
     sweep_id: str
     experiment: str = "dawnbench_digits"
     cluster: str = "emulated"
-    comms: Sequence[str] = COMMS
+    comms: Sequence[str] = field(default_factory=comms)
     caches: Sequence[str] = CACHES
     updates: Sequence[str] = UPDATES
     seeds: int = 3
@@ -91,7 +86,7 @@ class Plan(Saved):
         """Every name known (ConfigError naming the known ones otherwise)."""
         check_names("experiment", [self.experiment], options("experiment"))
         check_names("cluster", [self.cluster], options("cluster"))
-        check_names("comm", list(self.comms), [c for c in COMMS if c in options("comm")])
+        check_names("comm", list(self.comms), methods.names(kind="hook"))
         check_names("cache", list(self.caches), options("cache"))
         check_names("update", list(self.updates), ("naive", "foreach", "fused", "flat"))
         if self.seeds < 1:
@@ -117,24 +112,11 @@ class Plan(Saved):
     def configs(self) -> list[tuple[str, str, str]]:
         return list(itertools.product(self.comms, self.caches, self.updates))
 
-    def common_overrides(self) -> list[str]:
-        topo = list(LOCAL_TOPOLOGY) if self.cluster == "local" else []
-        return [
-            f"experiment={self.experiment}",
-            f"cluster={self.cluster}",
-            *topo,
-            *self.cluster_overrides,
-            f"results.dir={hydra_value(self.results_dir)}",
-            f"results.sweep_id={self.sweep_id}",
-            "train.progress=false",
-            *self.extra,
-        ]
-
     def job_overrides(self, comm: str, cache: str, update: str, seed: int) -> list[str]:
         """The Hydra overrides of one job."""
         return [
-            *self.common_overrides(),
-            f"comm={comm}",
+            *job_base(self, LOCAL_TOPOLOGY),
+            *methods.get(comm).overrides(),
             f"cache={cache}",
             f"optim.update={update}",
             f"train.seed={seed}",

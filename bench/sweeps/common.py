@@ -15,7 +15,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
-from bench.config import register_configs, to_object
+from bench.config import hydra_value, register_configs, to_object
 from bench.launch import profile
 from bench.launch.run import check_results_dir, validate
 from bench.launch.runqueue import run_queue
@@ -29,6 +29,15 @@ CONF_DIR = REPO / "conf"
 def options(group: str) -> list[str]:
     """The choices of a config group: the stems of ``conf/<group>/*.yaml``."""
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def quick_methods() -> tuple[str, ...]:
+    """``--quick``'s methods: the baseline and the paper's method that needs the inter-node
+    stage (the shortest sweep that exercises both stages of the paper's exchange)."""
+    from bench import methods
+
+    paper = [s.name for s in methods.specs(group="paper") if s.min_nodes > 1]
+    return (*methods.names(group="baseline")[:1], *paper[:1])
 
 
 def check_names(kind: str, names: Sequence[str], known: Sequence[str]) -> None:
@@ -115,6 +124,22 @@ def pin_profile(job: Sequence[str]) -> tuple[list[str], str]:
     return [f"cluster.profile_compute_s={p['compute_s']:.6g}"], "once for the sweep: " + (
         profile.describe(p)
     )
+
+
+def job_base(plan: Any, topology: Sequence[str], *more: str) -> list[str]:
+    """The overrides every job of a sweep ``plan`` starts with (its experiment, cluster,
+    records), ``topology`` on the local cluster, then ``more``, then the plan's own."""
+    return [
+        f"experiment={plan.experiment}",
+        f"cluster={plan.cluster}",
+        *(topology if plan.cluster == "local" else ()),
+        *plan.cluster_overrides,
+        f"results.dir={hydra_value(plan.results_dir)}",
+        f"results.sweep_id={plan.sweep_id}",
+        "train.progress=false",
+        *more,
+        *plan.extra,
+    ]
 
 
 def sweep_records(results_dir: str | Path, sweep_id: str) -> list[dict[str, Any]]:

@@ -1,6 +1,6 @@
 """Intervals over seeds for the tuning protocol's table: misses counted at the budget
-(:func:`budget_s`), percentile bootstraps of the mean time and of the ratio of means,
-paired by seed where both sides ran the same seeds.  Why: docs/internals/report.md.
+(:func:`budget_s`), a percentile bootstrap of the mean time, Welch's t on log times for a
+speedup.  Why: docs/internals/report.md.
 """
 
 from __future__ import annotations
@@ -61,40 +61,6 @@ def mean_interval(x: Sequence[float]) -> tuple[float, float, float]:
     )
     ci = res.confidence_interval
     return m, float(ci.low), float(ci.high)
-
-
-def _ratio(ref: np.ndarray, other: np.ndarray, axis: int = -1) -> np.ndarray:
-    return np.mean(ref, axis=axis) / np.mean(other, axis=axis)
-
-
-def ratio_interval(
-    ref: Sequence[float], other: Sequence[float], paired: bool
-) -> tuple[float, float, float]:
-    """(mean(ref) / mean(other), low, high): the ratio of mean times (a speedup of
-    ``other`` over ``ref``) and its 95 % percentile-bootstrap interval, resampled by
-    seed (``paired``: ``ref[i]`` and ``other[i]`` are the same seed).  NaN bounds below
-    2 values on either side."""
-    a, b = np.asarray(ref, dtype=float), np.asarray(other, dtype=float)
-    if a.size == 0 or b.size == 0 or not (a.mean() > 0 and b.mean() > 0):
-        return math.nan, math.nan, math.nan
-    r = float(a.mean() / b.mean())
-    if a.size < 2 or b.size < 2:
-        return r, math.nan, math.nan
-    if paired and a.size != b.size:
-        raise ValueError(f"paired samples differ in size: {a.size} and {b.size}")
-    if np.all(a == a[0]) and np.all(b == b[0]):
-        return r, r, r
-    res = stats.bootstrap(
-        (a, b),
-        _ratio,
-        paired=paired,
-        confidence_level=CONFIDENCE,
-        n_resamples=N_RESAMPLES,
-        method="percentile",
-        rng=np.random.default_rng(RNG_SEED),
-    )
-    ci = res.confidence_interval
-    return r, float(ci.low), float(ci.high)
 
 
 def verdict(low: float, high: float, n: int) -> str:

@@ -12,16 +12,29 @@ from typing import Any
 
 import pandas as pd
 
+from bench import methods
 from bench.sweeps import intervals as iv
-from bench.sweeps.protocol import EVAL, PAPER_METHODS, Plan, job_of, method_of, recorded
+from bench.sweeps.protocol import (
+    EVAL,
+    TIME,
+    Plan,
+    clusters,
+    job_of,
+    recorded,
+    run_of,
+    select_per_cluster,
+    selection_table,
+)
 
 COLUMNS = [
-    "sweep_id", "protocol", "experiment", "cluster", "comm", "trial", "n_runs", "n_reached",
-    "n_error", "time_to_target_mean_s", "time_to_target_ci_low_s", "time_to_target_ci_high_s",
-    "budget_s", "steps_to_target_mean", "step_time_mean_s", "speedup_vs_dense",
-    "speedup_vs_dense_ci_low", "speedup_vs_dense_ci_high", "verdict_vs_dense", "best_peer",
+    "sweep_id", "protocol", "experiment", "for_cluster", "ratio", "comm", "trial",
+    "measured_on", "n_runs", "n_reached", "n_error", "time_to_target_mean_s",
+    "time_to_target_ci_low_s", "time_to_target_ci_high_s", "steps_to_target_mean",
+    "tuning_median_s", "speedup_vs_dense", "speedup_vs_dense_ci_low",
+    "speedup_vs_dense_ci_high", "verdict_vs_dense", "seed_correlation_vs_dense", "best_peer",
     "speedup_vs_peer", "speedup_vs_peer_ci_low", "speedup_vs_peer_ci_high", "verdict_vs_peer",
-    "target_metric", "target_value", "order_seed", "seeds", "run_ids",
+    "seed_correlation_vs_peer", "target_metric", "target_value", "order_seed", "seeds",
+    "run_ids",
 ]  # fmt: skip
 
 
@@ -30,80 +43,18 @@ def _mean(vals: Sequence[Any]) -> float:
     return sum(xs) / len(xs) if xs else math.nan
 
 
-def _compare(a: dict[int, float], b: dict[int, float]) -> tuple[float, float, float, int]:
-    """mean(a) / mean(b) with its interval, paired by seed when both ran the same seeds."""
-    paired = sorted(a) == sorted(b)
-    seeds_a, seeds_b = sorted(a), sorted(b)
-    r, lo, hi = iv.ratio_interval([a[s] for s in seeds_a], [b[s] for s in seeds_b], paired=paired)
-    return r, lo, hi, min(len(a), len(b))
-
-
-def aggregate(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    """The table of ``plan``'s evaluation runs found in ``records`` (v2: per cluster)."""
-    if plan.v2():
-        return aggregate_v2(plan, records)
-    done = recorded(records)
-    evals = [r for r in done.values() if (r.get("protocol") or {}).get("role") == EVAL]
-    budget = iv.budget_s(list(done.values()))  # tuning and evaluation runs alike
-    times: dict[str, dict[int, float]] = {}
-    rows: dict[str, dict[str, Any]] = {}
-    for comm in plan.comms:
-        mine = sorted(
-            (r for r in evals if method_of(r) == comm),
-            key=lambda r: job_of(r).seed,  # type: ignore[union-attr]
-        )
-        if not mine:
-            continue
-        by_seed = {job_of(r).seed: iv.censored_time(r, budget) for r in mine}  # type: ignore[union-attr]
-        times[comm] = by_seed
-        m, lo, hi = iv.mean_interval(list(by_seed.values()))
-        first = mine[0]
-        rows[comm] = {
-            "sweep_id": plan.sweep_id,
-            "protocol": plan.name,
-            "experiment": first.get("experiment"),
-            "cluster": ((first.get("config") or {}).get("cluster") or {}).get("name", ""),
-            "comm": comm,
-            "trial": first["protocol"]["trial"],
-            "n_runs": len(mine),
-            "n_reached": sum(r.get("time_to_target_s") is not None for r in mine),
-            "n_error": sum(r.get("status") == "error" for r in mine),
-            "time_to_target_mean_s": m,
-            "time_to_target_ci_low_s": lo,
-            "time_to_target_ci_high_s": hi,
-            "budget_s": budget,
-            "steps_to_target_mean": _mean([r.get("steps_to_target") for r in mine]),
-            "step_time_mean_s": _mean([r.get("step_time_s") for r in mine]),
-            "target_metric": first.get("target_metric"),
-            "target_value": first.get("target_value"),
-            "order_seed": plan.order_seed,
-            "seeds": " ".join(str(s) for s in by_seed),
-            "run_ids": " ".join(str(r["run_id"]) for r in mine),
-        }
-    peers = [c for c in times if c not in PAPER_METHODS]
-    best = min(peers, key=lambda c: rows[c]["time_to_target_mean_s"]) if peers else None
-    for comm, row in rows.items():
-        for ref, tag in (("dense" if "dense" in times else None, "dense"), (best, "peer")):
-            if ref is None:
-                r = lo = hi = math.nan
-                n = 0
-            else:
-                r, lo, hi, n = _compare(times[ref], times[comm])
-            row[f"speedup_vs_{tag}"] = r
-            row[f"speedup_vs_{tag}_ci_low"] = lo
-            row[f"speedup_vs_{tag}_ci_high"] = hi
-            row[f"verdict_vs_{tag}"] = iv.verdict(lo, hi, n) if ref is not None else ""
-        row["best_peer"] = best or ""
-    return pd.DataFrame(list(rows.values()), columns=COLUMNS)
-
-
 def format_table(df: pd.DataFrame) -> str:
-    """The table as printed: times in s and ratios with their 95 % intervals."""
+    """The table as printed: one block per cluster, times in s and ratios with their 95 %
+    intervals."""
     if df.empty:
         return "(no evaluation records)"
-    if "for_cluster" in df.columns:
-        return format_table_v2(df)
-    return _format_block(df)
+    out = []
+    for cluster, g in df.groupby("for_cluster", sort=False):
+        ratio = g["ratio"].iloc[0]
+        how = "measured on its clock" if ratio != ratio else f"composed at ratio {ratio:.2f}"
+        out.append(f"{cluster} ({how}):")
+        out.append(_format_block(g))
+    return "\n".join(out)
 
 
 def _format_block(df: pd.DataFrame) -> str:
@@ -126,42 +77,23 @@ def _format_block(df: pd.DataFrame) -> str:
     return show.to_string(index=False)
 
 
-# -- v2: one block per cluster the answer is quoted for ----------------------------------
-
-V2_COLUMNS = [
-    "sweep_id", "protocol", "experiment", "for_cluster", "ratio", "comm", "trial",
-    "measured_on", "n_runs", "n_reached", "n_error", "time_to_target_mean_s",
-    "time_to_target_ci_low_s", "time_to_target_ci_high_s", "steps_to_target_mean",
-    "tuning_median_s", "speedup_vs_dense", "speedup_vs_dense_ci_low",
-    "speedup_vs_dense_ci_high", "verdict_vs_dense", "seed_correlation_vs_dense", "best_peer",
-    "speedup_vs_peer", "speedup_vs_peer_ci_low", "speedup_vs_peer_ci_high", "verdict_vs_peer",
-    "seed_correlation_vs_peer", "target_metric", "target_value", "order_seed", "seeds",
-    "run_ids",
-]  # fmt: skip
-
-
 def _seed_times(
     plan: Plan, runs: Sequence[Mapping[str, Any]], ratio: float | None, budget: float
 ) -> tuple[dict[int, float], list[float]]:
     """seed -> a run's time to target on the cluster (its clock on the check cluster, else
     its logged steps x the model's time per step at ``ratio``; a miss: its whole run), and
     the steps to target of the runs that reached it."""
-    from bench.results.records import load_curve
-    from bench.sweeps.ratios import run_from_record, run_time_s
+    from bench.sweeps.ratios import run_time_s
 
     out, steps = {}, []
     for r in runs:
         seed = job_of(r).seed  # type: ignore[union-attr]
         if ratio is None:
             out[seed] = iv.censored_time(r, budget)
-        else:
-            try:
-                run = run_from_record(r, load_curve(plan.results_dir, str(r["run_id"])))
-            except FileNotFoundError:
-                run = None
-            if run is None:
-                continue
+        elif run := run_of(plan, r):
             out[seed] = run_time_s(run, ratio)
+        else:
+            continue
         if r.get("steps_to_target") is not None:
             steps.append(float(r["steps_to_target"]))
     return out, steps
@@ -177,19 +109,17 @@ def _versus(
     return r, lo, hi, iv.verdict(lo, hi, n), iv.seed_correlation(ref, other)
 
 
-def aggregate_v2(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+def aggregate(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     """Per cluster the answer is quoted for (the check cluster, measured end to end; each
     paper-scaled ratio, composed) and per method: the configuration the rule selected for
     that cluster on the tuning seeds, its time to target there on the evaluation seeds,
     and its speedup over dense and over the best peer (the peer of lowest median tuning
     time there, chosen before any evaluation run), Welch intervals on log time."""
-    from bench.sweeps.methods import PEERS
-    from bench.sweeps.protocol import clusters, select_per_cluster, selection_table
-
+    peer_names, dense = methods.peers(), methods.names(group="baseline")[0]
     done = recorded(records)
     evals = [r for r in done.values() if (r.get("protocol") or {}).get("role") == EVAL]
     budget = iv.budget_s(
-        [r for r in done.values() if (r.get("protocol") or {}).get("role") != "time"]
+        [r for r in done.values() if (r.get("protocol") or {}).get("role") != TIME]
     )
     table = selection_table(plan, records)
     chosen = select_per_cluster(table)
@@ -198,7 +128,7 @@ def aggregate_v2(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFra
         sel = chosen.get(cluster, {})
         tuned = table[(table["cluster"] == cluster) & table["selected"]]
         med = {str(r["comm"]): float(r["median_time_s"]) for _, r in tuned.iterrows()}
-        peers = [c for c in sel if c in PEERS and med.get(c, math.nan) == med.get(c, math.nan)]
+        peers = [c for c in sel if c in peer_names and not math.isnan(med.get(c, math.nan))]
         best = min(peers, key=lambda c: med[c]) if peers else ""
         times: dict[str, dict[int, float]] = {}
         block: dict[str, dict[str, Any]] = {}
@@ -207,7 +137,7 @@ def aggregate_v2(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFra
             mine = [
                 r
                 for r in evals
-                if method_of(r) == comm
+                if job_of(r).comm == comm  # type: ignore[union-attr]
                 and r["protocol"]["trial"] == trial
                 and (ratio is not None or _ran_on(r) == plan.check_cluster)
             ]
@@ -244,34 +174,19 @@ def aggregate_v2(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFra
                 "run_ids": " ".join(str(r["run_id"]) for r in mine),
             }
         for comm, row in block.items():
-            for ref, tag in (("dense", "dense"), (best, "peer")):
+            for ref, vs in ((dense, "vs_dense"), (best, "vs_peer")):  # the columns' suffix
                 if ref in times and comm in times and ref != comm:
                     r, lo, hi, verdict, rho = _versus(times[ref], times[comm])
                 else:
                     r = lo = hi = rho = math.nan
                     verdict = ""
-                row[f"speedup_vs_{tag}"] = r
-                row[f"speedup_vs_{tag}_ci_low"] = lo
-                row[f"speedup_vs_{tag}_ci_high"] = hi
-                row[f"verdict_vs_{tag}"] = verdict
-                row[f"seed_correlation_vs_{tag}"] = rho
+                row[f"speedup_{vs}"], row[f"verdict_{vs}"] = r, verdict
+                row[f"speedup_{vs}_ci_low"], row[f"speedup_{vs}_ci_high"] = lo, hi
+                row[f"seed_correlation_{vs}"] = rho
             row["best_peer"] = best
             rows.append(row)
-    return pd.DataFrame(rows, columns=V2_COLUMNS)
+    return pd.DataFrame(rows, columns=COLUMNS)
 
 
 def _ran_on(rec: Mapping[str, Any]) -> str:
     return str(((rec.get("config") or {}).get("cluster") or {}).get("name", ""))
-
-
-def format_table_v2(df: pd.DataFrame) -> str:
-    """The v2 table as printed: one block per cluster."""
-    if df.empty:
-        return "(no evaluation records)"
-    out = []
-    for cluster, g in df.groupby("for_cluster", sort=False):
-        ratio = g["ratio"].iloc[0]
-        how = "measured on its clock" if ratio != ratio else f"composed at ratio {ratio:.2f}"
-        out.append(f"{cluster} ({how}):")
-        out.append(_format_block(g))
-    return "\n".join(out)

@@ -1,8 +1,9 @@
 """Time to target across communication / compute ratios: a run's steps to target (from its
 record, each step charged by the phase its hook logged it in: dense in a warm-up, the
 density and rank it sent; a record older than the log by its config) times the
-performance model's time per step on the paper's cluster (:mod:`bench.cluster.projection`),
-with a bootstrap interval over seeds.  Why and how: docs/internals/report.md.
+performance model's time per step on the paper's cluster (:mod:`bench.cluster.projection`,
+priced by the method's spec), with a bootstrap interval over seeds.  Why and how:
+docs/internals/report.md.
 """
 
 from __future__ import annotations
@@ -10,36 +11,35 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from bench.cluster import perfmodel as pm
+from bench import methods
 from bench.cluster import projection
 from bench.comm.stats import parse_phases
 from bench.launch import profile
+from bench.methods import Knobs, MethodSpec
 from bench.results import columns as col
 from bench.results.records import load_curve, load_records
-from bench.sweeps.methods import PEERS
-from bench.train.comm import CommController
 
-SPARSE = (*pm.FLAT, "hitopk")  # methods that send a density (dense in their warm-up)
-SYNC = ("localsgd", "diloco", "streaming_diloco")  # priced by pm.sync_step_time
+BASELINE = methods.names(group="baseline")[0]  # what every speedup is against
 
 
 @dataclass(frozen=True)
 class Phase:
     steps: int
-    method: str  # the model's method these steps ran as ("dense" in a warm-up)
-    density: float
-    rank: int = 4  # PowerSGD's rank (the others ignore it)
-    # a method's own knobs that set its price: DeMo (chunk, top-k); Local SGD / DiLoCo /
-    # Streaming DiLoCo (H, fragments, fragment delay)
-    knobs: tuple[int, ...] = ()
+    method: str  # the method these steps ran as (the baseline in a warm-up)
+    knobs: Knobs  # its knobs, typed
+    density: float = field(init=False)  # of the knobs: what it sent (1.0: whole buckets)
+    rank: int = field(init=False)  # of the knobs: PowerSGD's rank (4 for the others)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "density", float(getattr(self.knobs, "density", 1.0)))
+        object.__setattr__(self, "rank", int(getattr(self.knobs, "rank", 4)))
 
 
 @dataclass(frozen=True)
@@ -61,32 +61,9 @@ class Run:
 
 
 def default_group(rec: Mapping[str, Any]) -> str:
-    """A protocol run's method and trial label, else its comm method."""
+    """A protocol run's method and trial label, else its method."""
     trial = (rec.get("protocol") or {}).get("trial")
-    from bench.sweeps.methods import method_of
-
-    return f"{method_of(rec)} {trial}" if trial else method_of(rec)
-
-
-def _density_for(rec: Mapping[str, Any], epoch0: int) -> float:
-    """The density ``rec`` sent in (0-based) ``epoch0``, as the training loop set it (an
-    older record's per-epoch schedule)."""
-    cfg = SimpleNamespace(
-        name=rec["comm"],
-        density=rec.get("comm_density", 1.0),
-        warmup_epochs=rec.get("comm_warmup_epochs", 0),
-        density_schedule=rec.get("comm_density_schedule") or [],
-    )
-    return CommController(None, cfg, 0).density_for(epoch0)
-
-
-def _powersgd_dense_steps(rec: Mapping[str, Any], steps_per_epoch: int) -> int:
-    """An older record's PowerSGD start: the hook allreduces uncompressed before
-    ``max(2, warmup_steps)``, where the controller made ``warmup_steps`` of the dense
-    warm-up epochs (``comm.warmup_epochs`` x steps per epoch) or ``comm.warmup_steps``."""
-    c = (rec.get("config") or {}).get("comm") or {}
-    epochs = int(c.get("warmup_epochs", rec.get("comm_warmup_epochs")) or 0)
-    return max(2, epochs * steps_per_epoch, int(c.get("warmup_steps") or 0))
+    return f"{methods.method_of(rec)} {trial}" if trial else methods.method_of(rec)
 
 
 def _target_steps(rec: Mapping[str, Any], curve: pd.DataFrame) -> int | None:
@@ -106,13 +83,11 @@ def _target_steps(rec: Mapping[str, Any], curve: pd.DataFrame) -> int | None:
 
 def _cut(phases: Sequence[Phase], steps: int | None) -> tuple[Phase, ...]:
     """``phases`` up to ``steps`` optimizer steps (all of them: None)."""
-    if steps is None:
-        return tuple(p for p in phases if p.steps)
-    out, left = [], steps
+    out, left = [], math.inf if steps is None else steps
     for p in phases:
         n = min(p.steps, left)
         if n:
-            out.append(Phase(n, p.method, p.density, p.rank, p.knobs))
+            out.append(replace(p, steps=int(n)))
         left -= n
     return tuple(out)
 
@@ -122,94 +97,72 @@ def recorded_phases(curve: pd.DataFrame) -> list[Phase]:
     step order); ``[]`` for a run recorded before the log existed."""
     if col.COMM_PHASES not in curve.columns:
         return []
-    out: list[Phase] = []
-    for cell in curve[col.COMM_PHASES]:
-        for seg in parse_phases(cell):
-            method = "dense" if seg.method == "dense" else seg.method
-            out.append(Phase(seg.steps, method, seg.density, seg.rank or 4))
-    return out
+    return [
+        Phase(seg.steps, seg.method, methods.get(seg.method).knobs_of(
+            {"comm.density": seg.density, "comm.powersgd_rank": seg.rank or 4}))
+        for cell in curve[col.COMM_PHASES] for seg in parse_phases(cell)
+    ]  # fmt: skip
 
 
-def configured_phases(rec: Mapping[str, Any], curve: pd.DataFrame) -> list[Phase]:
-    """An older record's phases, from its config: per epoch the density the controller
-    set (dense in a warm-up epoch), PowerSGD's uncompressed steps first."""
-    phases: list[Phase] = []
-    for i, (_, row) in enumerate(curve.iterrows()):
-        steps = int(row[col.STEPS]) if row[col.STEPS] == row[col.STEPS] else 0
-        epoch0 = int(row[col.EPOCH]) - 1 if col.EPOCH in row else i
-        d = _density_for(rec, epoch0) if rec["comm"] in SPARSE else 1.0
-        method = str(rec["comm"]) if d < 1.0 or rec["comm"] not in SPARSE else "dense"
-        phases.append(Phase(steps, method, d))
-    if rec["comm"] == "powersgd" and phases:  # its dense iterations first
-        c = (rec.get("config") or {}).get("comm") or {}
-        rank = int(c.get("powersgd_rank", 4))
-        total = sum(p.steps for p in phases)
-        dense = min(_powersgd_dense_steps(rec, phases[0].steps), total)
-        phases = [Phase(dense, "dense", 1.0), Phase(total - dense, "powersgd", 1.0, rank)]
-    return phases
-
-
-def method_phases(rec: Mapping[str, Any], curve: pd.DataFrame) -> list[Phase]:
-    """A run of DeMo or of a sync strategy: every step at its method and knobs (DeMo's
-    runs log comm=nocomm, a sync strategy's the hook inside the node: neither is what
-    crosses the nodes)."""
-    from bench.sweeps.methods import method_of
-
-    cfg = rec.get("config") or {}
-    method = method_of(rec)
-    if method == "demo":
-        o = cfg.get("optim") or {}
-        knobs = (int(o.get("demo_chunk", 64)), int(o.get("demo_topk", 32)))
-    else:
-        y = cfg.get("sync") or {}
-        knobs = (
-            int(y.get("sync_every", 1)),
-            int(y.get("fragments", 1) or 1),
-            int(y.get("fragment_sync_delay", 0) or 0),
-        )
-    steps = int(curve[col.STEPS].fillna(0).sum())
-    return [Phase(steps, method, 1.0, knobs=knobs)]
+def configured_phases(spec: MethodSpec, rec: Mapping[str, Any], curve: pd.DataFrame) -> list[Phase]:
+    """An older record's phases from its config, each step as its spec sends it: its dense
+    warm-up epochs, its density schedule (one entry per epoch), PowerSGD's start."""
+    steps = [int(v) if v == v else 0 for v in curve[col.STEPS]]
+    per = steps[0] if steps else 0  # an older run's epochs are alike
+    c = (rec.get("config") or {}).get("comm") or {}
+    warm = int(c.get("warmup_epochs", rec.get("comm_warmup_epochs")) or 0) * per
+    k = spec.knobs_of({
+        "comm.density": rec.get("comm_density"), "comm.powersgd_rank": c.get("powersgd_rank"),
+        "comm.density_schedule": rec.get("comm_density_schedule") or [],
+        "comm.schedule_steps": per, "comm.warmup_steps": max(warm, int(c.get("warmup_steps") or 0)),
+    })  # fmt: skip
+    out: list[list[Any]] = []
+    for method, kk in spec.phases(k, range(sum(steps))):
+        if out and out[-1][0] == method and out[-1][1] == kk:
+            out[-1][2] += 1
+        else:
+            out.append([method, kk, 1])
+    # a warm-up step's knobs as the method it ran as has them
+    return [Phase(n, m, methods.get(m).knobs_of(kk.overrides())) for m, kk, n in out]
 
 
 def run_from_record(rec: Mapping[str, Any], curve: pd.DataFrame) -> Run | None:
     """``rec``'s phases up to its target (the whole run when it missed): as its hook
-    logged them, for DeMo and the sync strategies their method and knobs, or for a record
-    without the log from its config; None when the curve has no step counts."""
-    from bench.sweeps.methods import METHODS, method_of
-
-    if col.STEPS not in curve.columns:
+    logged them, for a method that is not a comm hook (an optimizer's or a sync
+    strategy's: its log is not what crosses the nodes) its own knobs every step, or for a
+    record without the log from its config; None when the curve has no step counts or
+    the method has no price."""
+    spec = methods.of(rec)
+    if col.STEPS not in curve.columns or spec is None or spec.kind == "reference":
         return None
-    own = method_of(rec) in METHODS
-    if not own and rec.get("comm") not in pm.KNOWN:
-        return None
+    steps_run = int(curve[col.STEPS].fillna(0).sum())
+    own = spec.kind != "hook"
     logged = [] if own else recorded_phases(curve)
+    if own:
+        base = [Phase(steps_run, spec.name, spec.knobs_of(rec.get("config") or {}))]
+    else:
+        base = logged or configured_phases(spec, rec, curve)
     target = _target_steps(rec, curve)
-    base = method_phases(rec, curve) if own else logged or configured_phases(rec, curve)
-    phases = _cut(base, target)
     seed = ((rec.get("config") or {}).get("train") or {}).get("seed")
     return Run(
         run_id=str(rec["run_id"]),
         group=default_group(rec),
-        comm=method_of(rec),
+        comm=spec.name,
         seed=None if seed is None else int(seed),
         reached=target is not None,
-        phases=phases,
+        phases=_cut(base, target),
         time_to_target_s=rec.get("time_to_target_s"),
         train_time_s=rec.get("train_time_s"),
-        steps_run=int(curve[col.STEPS].fillna(0).sum()),
+        steps_run=steps_run,
         accounting="recorded" if logged or own else "config",
     )
 
 
 def accounting_notes(runs: Sequence[Run]) -> list[str]:
     """One line when some runs were charged from their config (no phase log recorded)."""
-    old = [r.run_id for r in runs if r.accounting != "recorded"]
-    if not old:
-        return []
-    return [
-        f"{len(old)} run(s) recorded before the per-step phase log ({col.COMM_PHASES}): "
-        "charged from their config (dense warm-up epochs, PowerSGD's start)"
-    ]
+    n = sum(r.accounting != "recorded" for r in runs)
+    return [f"{n} run(s) recorded before the per-step phase log ({col.COMM_PHASES}): charged "
+            "from their config (dense warm-up epochs, PowerSGD's start)"] if n else []  # fmt: skip
 
 
 def load_runs(
@@ -235,12 +188,8 @@ def load_runs(
         if run is None:
             skipped.append(f"{rec['run_id']}: no step counts, or a method the model lacks")
             continue
-        runs.append(run if group is default_group else _regroup(run, group(rec)))
+        runs.append(run if group is default_group else replace(run, group=group(rec)))
     return runs, skipped
-
-
-def _regroup(run: Run, group: str) -> Run:
-    return Run(**{**run.__dict__, "group": group})
 
 
 def compute_for_ratio(ratio: float) -> float:
@@ -252,40 +201,22 @@ def compute_for_ratio(ratio: float) -> float:
 
 
 @functools.lru_cache(maxsize=4096)
-def step_time_s(
-    method: str,
-    density: float,
-    ratio: float,
-    nic_efficiency: float | None = None,
-    hidden: float | None = None,
-    powersgd_rank: int = 4,
-    knobs: tuple[int, ...] = (),
-) -> float:
-    """The model's time per step of ``method`` at ``ratio`` on the paper's cluster (s):
-    a comm hook's, DeMo's (``knobs`` = chunk, top-k: its all-gather every step), or a sync
-    strategy's (``knobs`` = H, fragments, delay: the node's dense step plus the outer
-    all-reduce amortised over H, fragments overlapping their delay)."""
+def step_time_s(method: str, knobs: Knobs, ratio: float, nic_efficiency: float | None = None,
+                hidden: float | None = None) -> float:  # fmt: skip
+    """The model's time per step of ``method`` with ``knobs`` at ``ratio`` on the paper's
+    cluster (s): its spec's price (a sync strategy's hook inside the node hides alike)."""
     a = projection.ASSUMPTIONS
     nic = a["nic_efficiency"].value if nic_efficiency is None else nic_efficiency
     h = a["hidden"].value if hidden is None else hidden
+    spec = methods.get(method)
     c = projection.paper_cluster(profile.PAPER["nodes"], profile.PAPER["gbps"], nic)
-    inner = "dense" if method in SYNC or method == "demo" else method
-    wl = projection.paper_workload(compute_for_ratio(ratio), {inner: h}, None, None)
-    wl = pm.Workload(**{**wl.__dict__, "powersgd_rank": powersgd_rank})
-    if method == "demo":
-        return pm.demo_step_time(wl, *knobs, c, projection.GPU_COSTS)
-    if method in SYNC:
-        return pm.sync_step_time(wl, c, projection.GPU_COSTS, *knobs)
-    return pm.step_time(method, wl, min(1.0, density), c, projection.GPU_COSTS)
+    wl = projection.paper_workload(compute_for_ratio(ratio), {method: h, spec.comm: h})
+    return spec.step_time(wl, c, projection.GPU_COSTS, knobs)
 
 
 def run_time_s(run: Run, ratio: float, **model: Any) -> float:
     """``run``'s projected time to target (or to its end, missed) at ``ratio`` (s)."""
-    return sum(
-        p.steps
-        * step_time_s(p.method, p.density, ratio, powersgd_rank=p.rank, knobs=p.knobs, **model)
-        for p in run.phases
-    )
+    return sum(p.steps * step_time_s(p.method, p.knobs, ratio, **model) for p in run.phases)
 
 
 def _corners() -> list[dict[str, float | None]]:
@@ -305,14 +236,14 @@ def _by_seed(runs: Sequence[Run]) -> list[list[Run]]:
 
 
 def _best_peer(means: Mapping[str, float], groups: Mapping[str, list[Run]]) -> str | None:
-    peers = [g for g in means if groups[g][0].comm in PEERS]
+    peers = [g for g in means if groups[g][0].comm in methods.peers()]
     return min(peers, key=lambda g: means[g]) if peers else None
 
 
 def compose(
     runs: Sequence[Run],
     ratios: Iterable[float],
-    baseline: str = "dense",
+    baseline: str = BASELINE,
     n_boot: int = 2000,
     seed: int = 0,
 ) -> pd.DataFrame:
@@ -341,7 +272,7 @@ def compose(
         means = {g: float(t.mean()) for g, t in times[0].items()}
         peer = _best_peer(means, groups)
         for g, rs in groups.items():
-            for vs, role in ((baseline, "dense"), (peer, "best peer")):
+            for vs, role in ((baseline, BASELINE), (peer, "best peer")):
                 if vs is None or vs == g:
                     continue
                 lo, hi = [], []
@@ -349,26 +280,15 @@ def compose(
                     s = t[vs][boot[vs]].mean(axis=1) / t[g][boot[g]].mean(axis=1)
                     lo.append(float(np.percentile(s, 2.5)))
                     hi.append(float(np.percentile(s, 97.5)))
-                rows.append(
-                    {
-                        "ratio": ratio,
-                        "group": g,
-                        "comm": rs[0].comm,
-                        "vs": vs,
-                        "vs_role": role,
-                        "n_runs": len(rs),
-                        "n_seeds": len(seeds[g]),
-                        "n_reached": sum(r.reached for r in rs),
-                        "steps_mean": float(np.mean([r.steps for r in rs])),
-                        "time_to_target_s": means[g],
-                        "speedup": means[vs] / means[g],
-                        "ci_low": lo[0],
-                        "ci_high": hi[0],
-                        "band_low": min(lo),
-                        "band_high": max(hi),
-                        "win": lo[0] > 1.0,
-                    }
-                )
+                rows.append({
+                    "ratio": ratio, "group": g, "comm": rs[0].comm, "vs": vs, "vs_role": role,
+                    "n_runs": len(rs), "n_seeds": len(seeds[g]),
+                    "n_reached": sum(r.reached for r in rs),
+                    "steps_mean": float(np.mean([r.steps for r in rs])),
+                    "time_to_target_s": means[g], "speedup": means[vs] / means[g],
+                    "ci_low": lo[0], "ci_high": hi[0], "band_low": min(lo), "band_high": max(hi),
+                    "win": lo[0] > 1.0,
+                })  # fmt: skip
     return pd.DataFrame(rows)
 
 
@@ -451,24 +371,24 @@ def plot(df: pd.DataFrame, path: str | Path, title: str) -> Path:
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    from bench.results.plots import PAPER_METHODS, method_colour, method_width, save_figure
+    from bench.results.plots import save_figure
 
-    fig, all_axes = plt.subplots(
-        1, 3, figsize=(14, 4.8), gridspec_kw={"width_ratios": [1, 1, 0.34]}
-    )
+    widths = {"width_ratios": [1, 1, 0.34]}
+    fig, all_axes = plt.subplots(1, 3, figsize=(14, 4.8), gridspec_kw=widths)
     axes, legend_ax = all_axes[:2], all_axes[2]
     axes[1].sharey(axes[0])
     named = {k: v for k, v in named_ratios().items() if k != "paper-fp16"}  # = paper's point
     spans: list[tuple[str, float, float]] = []
-    for ax, role in zip(axes, ("dense", "best peer"), strict=True):
+    for ax, role in zip(axes, (BASELINE, "best peer"), strict=True):
         d = df[df["vs_role"] == role]
         for g, dg in d.groupby("group", sort=False):
             comm = str(dg["comm"].iloc[0])
-            if role != "dense" and comm in ("dense", *PEERS):
+            spec = methods.get(comm)
+            if role != BASELINE and (comm == BASELINE or comm in methods.peers()):
                 continue  # against the best peer: the methods that are not peers
             dg = dg.sort_values("ratio")
-            c, lw = method_colour(comm), method_width(comm)
-            z = 2 if comm in PAPER_METHODS else 3  # the thick lines under the thin ones
+            c, lw = spec.colour, spec.width
+            z = 2 if spec.group == "paper" else 3  # the thick lines under the thin ones
             n = int(dg["n_seeds"].iloc[0])
             ax.plot(dg["ratio"], dg["speedup"], color=c, lw=lw, zorder=z,
                     label=f"{g} (n = {n} seeds)")  # fmt: skip
@@ -483,22 +403,18 @@ def plot(df: pd.DataFrame, path: str | Path, title: str) -> Path:
         top.set_xticks(list(named.values()), list(named), fontsize=7)
         top.minorticks_off()
         ax.grid(alpha=0.3, which="both")
-        if role != "dense":
+        if role != BASELINE:
             spans = best_peer_spans(d)
             edges = sorted(d["ratio"].unique())
             for peer, lo, hi in spans:
                 i, j = edges.index(lo), edges.index(hi)
                 left = (edges[i - 1] * lo) ** 0.5 if i else lo
                 right = (edges[j + 1] * hi) ** 0.5 if j + 1 < len(edges) else hi
-                ax.axvspan(left, right, ymin=0, ymax=0.04, color=method_colour(peer), lw=0)
-            switch = ", ".join(
-                f"{b[0]} from {b[1]:.2g}" for b in spans[1:]
-            )  # where the best peer changes
+                ax.axvspan(left, right, ymin=0, ymax=0.04, color=methods.colour(peer), lw=0)
+            # where the best peer changes
+            switch = "".join(f", {b[0]} from {b[1]:.2g}" for b in spans[1:])
             first = f"{spans[0][0]}" if spans else "?"
-            ax.set_title(
-                f"against the best peer at each ratio: {first}" + (f", {switch}" if switch else ""),
-                fontsize=9,
-            )
+            ax.set_title(f"against the best peer at each ratio: {first}{switch}", fontsize=9)
         else:
             ax.set_title("against dense DDP", fontsize=9)
     top = axes[0].get_ylim()[1]
@@ -510,15 +426,13 @@ def plot(df: pd.DataFrame, path: str | Path, title: str) -> Path:
         for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
             seen.setdefault(label, h)
     for peer in dict.fromkeys(p for p, _, _ in spans):
-        seen[f"strip: best peer is {peer}"] = Patch(color=method_colour(peer))
+        seen[f"strip: best peer is {peer}"] = Patch(color=methods.colour(peer))
     handles, labels = list(seen.values()), list(seen)
     legend_ax.axis("off")  # the legend's own panel: it covers no data
     legend_ax.legend(handles, labels, loc="center left", fontsize=8, frameon=False)
-    fig.suptitle(
-        title + "\nline: speedup from the mean steps to target x the model's time per step; "
-        "shaded: its 95 % bootstrap interval over seeds; top axis: the named settings",
-        fontsize=9,
-    )
+    fig.suptitle(title + "\nline: speedup from the mean steps to target x the model's time per "
+                 "step; shaded: its 95 % bootstrap interval over seeds; top axis: the named "
+                 "settings", fontsize=9)  # fmt: skip
     return save_figure(fig, path)
 
 

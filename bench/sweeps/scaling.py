@@ -14,19 +14,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
+from bench import methods
 from bench.config import hydra_value, to_object
 from bench.launch import profile
+from bench.methods import Knobs
 from bench.registry import ConfigError
 from bench.sweeps import scaling_model as sm
-from bench.sweeps.common import check_names, compose, options, sweep_records, validate_jobs
-from bench.sweeps.methods import METHODS, method_of, method_overrides
+from bench.sweeps.common import (
+    check_names,
+    compose,
+    compose_all,
+    options,
+    sweep_records,
+    validate_jobs,
+)
 from bench.sweeps.resume import RERUN_FAILED, RUN_FIELDS, Saved, plan_dict
 
-# methods refused below this many nodes (the sync strategies meet across nodes)
-NEEDS_NODES = {"hitopk": 2, **{m: 2 for m in METHODS if m != "demo"}}
-COMMS = ("dense", "fp16", "powersgd", "topk", "mstopk", "hitopk")
+COMMS = tuple(s.name for s in methods.specs() if s.benched)
 TOPOLOGIES = "1x1,2x1,2x2,4x1,4x2,8x1"  # one worker per node, and 2 per node
-QUICK = {"cluster": "local", "comms": "dense,hitopk", "topologies": "1x1,2x1", "steps": 2}
+# quick: dense and the paper's method that needs nodes (its inter-node stage), 2 steps
+_QUICK = methods.names(group="baseline") + [
+    s.name for s in methods.specs(group="paper") if s.min_nodes > 1
+]
+QUICK = {"cluster": "local", "comms": ",".join(_QUICK), "topologies": "1x1,2x1", "steps": 2}
 
 
 def parse_topologies(text: str) -> list[tuple[int, int]]:
@@ -72,7 +84,7 @@ class Plan(Saved):
         """Names, sizes and every job's config, before anything runs (ConfigError)."""
         check_names("experiment", [self.experiment], options("experiment"))
         check_names("cluster", [self.cluster], options("cluster"))
-        known = [c for c in options("comm") if c != sm.NOCOMM] + list(METHODS)
+        known = [s.name for s in methods.specs() if s.kind != "reference"]
         check_names("comm", list(self.comms), known)
         if self.steps < 1 or self.batch_per_worker < 1:
             raise ConfigError("--steps and --batch-per-worker must be >= 1")
@@ -90,47 +102,40 @@ class Plan(Saved):
         compute-only calibration, the methods, then the compute-only reference (1x1: dense only)."""
         out = []
         for n, m in self.topologies:
-            methods = ["dense"] if n * m == 1 else list(self.comms)
+            run = [sm.WARMUP_COMM] if n * m == 1 else list(self.comms)
             out += [(n, m, sm.WARMUP_COMM)] * sm.WARMUP_RUNS
             out += [(n, m, sm.NOCOMM)] * sm.CALIBRATION_RUNS
-            out += [(n, m, c) for c in methods if n >= NEEDS_NODES.get(c, 1)]
+            out += [(n, m, c) for c in run if n >= methods.get(c).min_nodes]
             out.append((n, m, sm.NOCOMM))
         return out
 
     def skipped(self) -> list[str]:
         out = []
         for (n, m), c in ((t, c) for t in self.topologies for c in self.comms):
-            if n * m == 1 and c != "dense":
-                out.append(f"{c} on 1x1: one worker sends nothing (dense stands for all)")
-            elif n < NEEDS_NODES.get(c, 1):
-                out.append(f"{c} on {n}x{m}: needs >= {NEEDS_NODES[c]} nodes")
+            if n * m == 1 and c != sm.WARMUP_COMM:
+                out.append(
+                    f"{c} on 1x1: one worker sends nothing ({sm.WARMUP_COMM} stands for all)"
+                )
+            elif n < methods.get(c).min_nodes:
+                out.append(f"{c} on {n}x{m}: needs >= {methods.get(c).min_nodes} nodes")
         return out
 
     def size_overrides(self, n: int, m: int) -> list[str]:
         cl = self.cluster_of(n)
         return [
-            f"experiment={self.experiment}",
-            f"cluster={cl}",
-            f"cluster.nnodes={n}",
-            f"cluster.nproc_per_node={m}",
-            f"data.batch_size={self.batch_per_worker * n * m}",
-            f"train.epochs={self.epochs}",
-            f"train.max_steps_per_epoch={self.steps}",
-            f"train.eval_every={self.epochs}",
-            "train.stop_at_target=false",
-            "train.checkpoint_every=0",
-            "train.progress=false",
-            "results.plot=false",
-            f"results.dir={hydra_value(self.results_dir)}",
-            f"results.sweep_id={self.sweep_id}",
-            *(self.link if cl == "emulated" else ()),
-            *self.extra,
+            f"experiment={self.experiment}", f"cluster={cl}", f"cluster.nnodes={n}",
+            f"cluster.nproc_per_node={m}", f"data.batch_size={self.batch_per_worker * n * m}",
+            f"train.epochs={self.epochs}", f"train.max_steps_per_epoch={self.steps}",
+            f"train.eval_every={self.epochs}", "train.stop_at_target=false",
+            "train.checkpoint_every=0", "train.progress=false", "results.plot=false",
+            f"results.dir={hydra_value(self.results_dir)}", f"results.sweep_id={self.sweep_id}",
+            *(self.link if cl == "emulated" else ()), *self.extra,
             *self.pinned.get(f"{n}x{m}", []),
-        ]
+        ]  # fmt: skip
 
     def jobs(self) -> list[tuple[tuple[int, int, str], list[str]]]:
         return [
-            ((n, m, c), [*self.size_overrides(n, m), *method_overrides(c)])
+            ((n, m, c), [*self.size_overrides(n, m), *methods.get(c).overrides()])
             for n, m, c in self.points()
         ]
 
@@ -204,48 +209,32 @@ class Plan(Saved):
             )
         cfg = to_object(compose([*self.size_overrides(1, 1), f"comm={sm.NOCOMM}"]))
         knobs = self.knobs()
-        cal, numel = _calibrate(cfg, knobs.get("demo"))
+        own = {c: k for c, k in knobs.items() if methods.get(c).kind == "optimizer"}
+        cal, numel = _calibrate(cfg, own)
         return {
-            "sweep_id": self.sweep_id,
-            "made": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "experiment": self.experiment,
-            "batch_per_worker": self.batch_per_worker,
-            "steps": self.steps,
-            "epochs": self.epochs,
-            "warmup_runs": sm.WARMUP_RUNS,
-            "warmup_comm": sm.WARMUP_COMM,
-            "calibration_runs": sm.CALIBRATION_RUNS,
-            "numel": numel,
-            "calibration": cal.to_dict(),
-            "assumed": dict(sm.ASSUMED),
-            "sizes": sizes,
-            "knobs": {c: list(k) for c, k in knobs.items()},
-            "predictions": self.predict(sizes, cal, cfg, knobs),
+            "sweep_id": self.sweep_id, "made": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "experiment": self.experiment, "batch_per_worker": self.batch_per_worker,
+            "steps": self.steps, "epochs": self.epochs, "warmup_runs": sm.WARMUP_RUNS,
+            "warmup_comm": sm.WARMUP_COMM, "calibration_runs": sm.CALIBRATION_RUNS,
+            "numel": numel, "calibration": cal.to_dict(), "assumed": dict(sm.ASSUMED),
+            "sizes": sizes, "knobs": {c: k.overrides() for c, k in knobs.items()},
+            "predictions": self.predict(sizes, cal, knobs),
+        }  # fmt: skip
+
+    def knobs(self) -> dict[str, Knobs]:
+        """Each method's knobs as its runs are configured (the trailing overrides
+        included), typed by its spec."""
+        n = {c: max(2, methods.get(c).min_nodes) for c in self.comms}
+        cfgs = compose_all(
+            [[*self.size_overrides(n[c], 1), *methods.get(c).overrides()] for c in self.comms]
+        )
+        return {
+            c: methods.get(c).knobs_of(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
+            for c, cfg in zip(self.comms, cfgs, strict=True)
         }
 
-    def knobs(self) -> dict[str, tuple[int, ...]]:
-        """The model's knobs of each method that has them, as its runs are configured
-        (the trailing overrides included): DeMo's (chunk, top-k), a sync strategy's
-        (H, fragments, fragment delay)."""
-        out = {}
-        for c in self.comms:
-            if c not in METHODS:
-                continue
-            n = max(2, NEEDS_NODES.get(c, 1))
-            cfg = to_object(compose([*self.size_overrides(n, 1), *method_overrides(c)]))
-            if c == "demo":
-                out[c] = (int(cfg.optim.demo_chunk), int(cfg.optim.demo_topk))
-            else:
-                y = cfg.sync
-                out[c] = (int(y.sync_every), int(y.fragments), int(y.fragment_sync_delay))
-        return out
-
     def predict(
-        self,
-        sizes: list[dict[str, Any]],
-        cal: sm.Calibration,
-        cfg: Any,
-        knobs: dict[str, tuple[int, ...]] | None = None,
+        self, sizes: list[dict[str, Any]], cal: sm.Calibration, knobs: dict[str, Knobs]
     ) -> list[dict]:
         from bench.cluster.netns import parse_bandwidth
 
@@ -255,18 +244,18 @@ class Plan(Saved):
             s = by[(n, m)]
             bw = s["inter_node_bandwidth"]
             link_bps = parse_bandwidth(bw) if bw and n > 1 else None
-            density = float(cfg.comm.density) if comm in ("topk", "mstopk", "hitopk") else 1.0
-            p = sm.predict(comm, n, m, s["compute_s"], link_bps, cal, density,
-                           update_included=bool(s.get("update_included")),
-                           knobs=(knobs or {}).get(comm, ()))  # fmt: skip
+            k = knobs.get(comm) or methods.get(comm).knobs_of({})
+            p = sm.predict(comm, n, m, s["compute_s"], link_bps, cal, k,
+                           update_included=bool(s.get("update_included")))  # fmt: skip
+            density = float(getattr(k, "density", 1.0))
             out.append({"nodes": n, "workers_per_node": m, "comm": comm,
                         "density": density, **p})  # fmt: skip
         return out
 
 
-def _calibrate(cfg: Any, demo: tuple[int, ...] | None = None) -> tuple[sm.Calibration, int]:
+def _calibrate(cfg: Any, own: dict[str, Knobs]) -> tuple[sm.Calibration, int]:
     """The model's micro-measurements on ``cfg``'s model (built as a worker builds it);
-    ``demo``: DeMo's (chunk, top-k), when the sweep runs it."""
+    ``own``: the knobs of each optimizer method the sweep runs."""
     import torch
 
     from bench.train.workload import WORKLOADS
@@ -274,12 +263,7 @@ def _calibrate(cfg: Any, demo: tuple[int, ...] | None = None) -> tuple[sm.Calibr
     torch.manual_seed(cfg.train.seed)
     wl = WORKLOADS.get(cfg.train.workload)(cfg, 0, 1, torch.device("cpu"))
     numel = sum(p.numel() for p in wl.model.parameters() if p.requires_grad)
-    cal = sm.calibrate(
-        wl.model,
-        float(cfg.comm.density),
-        float(cfg.comm.bucket_cap_mb),
-        (int(demo[0]), int(demo[1])) if demo else None,
-    )
+    cal = sm.calibrate(wl.model, float(cfg.comm.density), float(cfg.comm.bucket_cap_mb), own)
     return cal, numel
 
 
@@ -289,7 +273,7 @@ def key_of(rec: Mapping[str, Any]) -> tuple[int, int, str] | None:
     cl = (rec.get("config") or {}).get("cluster") or {}
     if rec.get("comm") is None:
         return None
-    return (int(cl.get("nnodes", 1)), int(cl.get("nproc_per_node", 1)), method_of(rec))
+    return (int(cl.get("nnodes", 1)), int(cl.get("nproc_per_node", 1)), methods.method_of(rec))
 
 
 def plan_path(results_dir: str | Path, sweep_id: str) -> Path:

@@ -16,13 +16,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from bench import methods
 from bench.benchmarks.timing import median_s as _median_s
 from bench.cluster import perfmodel as pm
 from bench.cluster import projection
 from bench.cluster.emulated import worker_threads
-from bench.comm import cost, mstopk
-from bench.launch.profile import host_contention
-from bench.sync import SYNCS, is_outer
+from bench.comm import cost
+from bench.comm.selection import SELECTORS
+from bench.launch.profile import host_contention, ring_link_bytes
+from bench.methods import Knobs
 
 # each size's launch opens with WARMUP_RUNS runs of WARMUP_COMM, left out of its table
 # (the method's own row is its later run).  A communicating run, because compute-only runs
@@ -31,13 +33,13 @@ from bench.sync import SYNCS, is_outer
 # size, the calibration, 0.50 s per step at 2 x 1 against 0.12 s at the end, 1.42 s
 # against 0.26 s at 2 x 2), while the dense run right after them ran at its usual speed
 WARMUP_RUNS = 1
-WARMUP_COMM = "dense"
+WARMUP_COMM = methods.names(group="baseline")[0]
 OLD_WARMUP_NOCOMM = 2  # a plan that recorded no ``warmup_runs``: two compute-only warm-ups
 # compute-only runs after the warm-ups and before any method: their step time is the
 # model's compute input at that size (:func:`bench.sweeps.scaling_table.with_predictions`)
 CALIBRATION_RUNS = 1
 CONCURRENT_STEPS = 10  # timed steps of :func:`concurrent_step_s` (after 3 untimed)
-NOCOMM = "nocomm"  # the compute-only reference of every size (a hook in bench/comm/hooks.py)
+NOCOMM = methods.names(kind="reference")[0]  # the compute-only reference of every size
 ASSUMED = {
     "hidden": 0.0,  # share of the aggregation hidden behind the backward pass
     "other_step_s": 0.0,  # data loader, loss and bookkeeping per step
@@ -56,8 +58,9 @@ class Calibration:
     reduce_s: float
     dense_s: float
     scatter_s: float
-    # per method, per element scanned (error feedback included; DeMo's: its DCTs and
-    # selection, less the three elementwise passes its model charges beside)
+    # per top-k selector (bench.comm.selection), per element scanned, error feedback
+    # included; an optimizer method's under its name (DeMo's: its DCTs and selection, less
+    # the three elementwise passes its model charges beside)
     select_s: dict[str, float]
     update_s: float
     msg_lat_s: float  # one gloo message step over loopback
@@ -77,10 +80,7 @@ def element_costs(buckets: Sequence[int], density: float, world: int = 8) -> dic
     k = cost.k_for(d, density)
     reduce_s = _median_s(lambda: x.add_(y)) / d
     dense_s = _median_s(lambda: x.mul_(1.0)) / d
-    select = {
-        "topk": _median_s(lambda: torch.topk(x.abs(), k)) / d + reduce_s,
-        "mstopk": _median_s(lambda: mstopk(x, k)) / d + reduce_s,
-    }
+    select = {n: _median_s(lambda f=f: f(x, k)) / d + reduce_s for n, f in SELECTORS.items()}
     pairs = world * k
     v, i, out = torch.randn(pairs), torch.randint(d, (pairs,)), torch.zeros(d)
     scatter_s = _median_s(lambda: out.index_add_(0, i, v)) / pairs
@@ -183,10 +183,10 @@ def concurrent_step_s(overrides: Sequence[str], nodes: int, per_node: int) -> fl
 
 
 def calibrate(
-    net: torch.nn.Module, density: float, bucket_cap_mb: float, demo: tuple[int, int] | None = None
+    net: torch.nn.Module, density: float, bucket_cap_mb: float, own: dict[str, Knobs] | None = None
 ) -> Calibration:
-    """Every micro-measurement of :class:`Calibration` (about 10 s on 2 cores); ``demo``:
-    DeMo's (chunk, top-k), when the sweep runs it."""
+    """Every micro-measurement of :class:`Calibration` (about 10 s on 2 cores); ``own``:
+    the knobs of each optimizer method (DeMo: chunk, top-k) the sweep runs."""
     from bench.benchmarks.spawn import run_workers  # deferred: spawns 2 gloo workers
 
     buckets, shapes = projection.ddp_buckets(net, bucket_cap_mb)
@@ -195,8 +195,8 @@ def calibrate(
     try:
         el = element_costs(buckets, density)
         upd = update_s(net)
-        if demo is not None:
-            el["select_s"]["demo"] = demo_select_s(net, *demo, el["dense_s"])
+        for name, k in (own or {}).items():
+            el["select_s"][name] = demo_select_s(net, k.chunk, k.topk, el["dense_s"])  # type: ignore[attr-defined]
     finally:
         torch.set_num_threads(before)
     shift = run_workers(ring_shift, 2, 2, list(SHIFT_BYTES))[0]
@@ -223,22 +223,19 @@ def predict(
     compute_s: float,
     link_bps: float | None,
     cal: Calibration,
-    density: float,
-    powersgd_rank: int = 4,
+    k: Knobs | None = None,
     update_included: bool = False,
-    knobs: tuple[int, ...] = (),
 ) -> dict[str, float]:
-    """The model's step time (and its compute-only step) of ``comm`` at one size (s), from
-    ``compute_s`` and the shaped link's rate ``link_bps`` (None: the loopback path).
-    ``comm`` is a comm hook, or a method of :data:`bench.sweeps.methods.METHODS`: ``demo``
-    (``knobs`` = chunk, top-k: :func:`bench.cluster.perfmodel.demo_step_time`) or a sync
-    strategy (``knobs`` = H, fragments, delay: the node's dense DDP step and the outer
-    all-reduce amortised, :func:`bench.cluster.perfmodel.sync_step_time`)."""
+    """The model's step time (and its compute-only step) of method ``comm`` with knobs
+    ``k`` (None: its defaults) at one size (s), from ``compute_s`` and the shaped link's
+    rate ``link_bps`` (None: the loopback path): its spec's price, its selection cost its
+    selector's (a flat top-k hook's own, the shards' selector of a hierarchical one)."""
+    spec = methods.get(comm)
+    k = spec.knobs_of({}) if k is None else k
     f = contention(nodes, per_node, cal.cores)
-    own = comm if comm in ("topk", "demo") else "mstopk"
-    sel = cal.select_s.get(own, 0.0)
-    k = pm.Costs(select_s=sel * f, scatter_s=cal.scatter_s * f, dense_s=cal.dense_s * f,
-                 reduce_s=cal.reduce_s * f)  # fmt: skip
+    sel = cal.select_s.get(getattr(k, "selector", comm), 0.0)
+    costs = pm.Costs(select_s=sel * f, scatter_s=cal.scatter_s * f, dense_s=cal.dense_s * f,
+                     reduce_s=cal.reduce_s * f)  # fmt: skip
     inter_bw = link_bps / 8 * link_efficiency() if link_bps else cal.intra_bw
     c = pm.Cluster(nodes, per_node, inter_bw=inter_bw, inter_lat=cal.msg_lat_s * f,
                    intra_bw=cal.intra_bw / f, intra_lat=cal.msg_lat_s * f)  # fmt: skip
@@ -247,18 +244,11 @@ def predict(
         compute_s=compute_s,
         update_s=(0.0 if update_included else cal.update_s * f) + ASSUMED["other_step_s"],
         shapes=cal.shapes,
-        powersgd_rank=powersgd_rank,
-        hidden={comm: ASSUMED["hidden"]},
+        hidden={comm: ASSUMED["hidden"], spec.comm: ASSUMED["hidden"]},
     )
     compute_only = wl.compute_s + wl.update_s
-    if comm == NOCOMM or nodes * per_node == 1:
-        step = compute_only
-    elif comm == "demo":
-        step = pm.demo_step_time(wl, *knobs, c, k)
-    elif comm in SYNCS and is_outer(comm):  # a sync strategy through torchft
-        step = pm.sync_step_time(wl, c, k, *knobs)
-    else:
-        step = pm.step_time(comm, wl, density, c, k)
+    alone = spec.kind == "reference" or nodes * per_node == 1
+    step = compute_only if alone else spec.step_time(wl, c, costs, k)
     return {"predicted_step_s": step, "predicted_compute_only_step_s": compute_only}
 
 
@@ -267,42 +257,31 @@ def dense_link_s(numel: int, nodes: int, per_node: int, link_bps: float | None) 
     time of the profile's ratio (NaN without a shaped link)."""
     if not link_bps or nodes < 2:
         return math.nan
-    link = cost.step("dense", pm.buckets_for(numel), 1.0, nodes, per_node).link_bytes
-    return link * 8 / link_bps
+    return ring_link_bytes(numel, nodes, per_node) * 8 / link_bps
 
 
 def projected_rows(comms: Sequence[str], measured_world: int) -> list[dict[str, Any]]:
-    """The model's rows for the paper's cluster (25 Gbit/s, 1-16 nodes x 8 V100), each
-    with its band and how far it extrapolates from the largest measured size."""
-    known = [c for c in comms if c in pm.KNOWN]
-    rows = projection.project(gbps=(PAPER["gbps"],), nodes=PAPER["nodes"], comms=tuple(known))
+    """The model's rows for the paper's cluster (25 Gbit/s, 1-16 nodes x 8 V100) of the
+    comm hooks among ``comms``, each with its band and how far it extrapolates from the
+    largest measured size."""
+    hooks = [methods.get(c) for c in comms if c in methods.METHODS]
+    hooks = [s for s in hooks if s.kind == "hook"]
+    rows = projection.project(hooks, gbps=(PAPER["gbps"],), nodes=PAPER["nodes"])
+    a = projection.ASSUMPTIONS
+    compute_only = a["compute_s"].value + a["update_s"].value
     out = []
     for r in rows:
         n, m = int(r["nodes"]), int(r["procs_per_node"])
-        step = float(r["step_ms"]) / 1e3
-        a = projection.ASSUMPTIONS
-        compute_only = a["compute_s"].value + a["update_s"].value
-        out.append(
-            {
-                "kind": "projected",
-                "cluster": f"model: {n}x{m} V100, {r['gbps']:g} Gbit/s",
-                "nodes": n,
-                "workers_per_node": m,
-                "world_size": n * m,
-                "comm": r["comm"],
-                "density": r["density"] if r["comm"] in cost.FLAT + ("hitopk",) else 1.0,
-                "compute_only_step_s": compute_only,
-                "efficiency": float(r["efficiency"]),
-                "efficiency_min": float(r["efficiency_min"]),
-                "efficiency_max": float(r["efficiency_max"]),
-                "predicted_step_s": step,
-                "predicted_efficiency": float(r["efficiency"]),
-                "note": (
-                    f"extrapolated {n * m / max(1, measured_world):.0f}x beyond the largest "
-                    f"measured size ({measured_world} CPU workers on tc-shaped links) to "
-                    "V100s, NVLink and NCCL at 25 Gbit/s, every input assumed "
-                    "(bench/cluster/projection.py ASSUMPTIONS)"
-                ),
-            }
-        )
+        eff = {k: float(r[k]) for k in ("efficiency", "efficiency_min", "efficiency_max")}
+        out.append({
+            "kind": "projected", "cluster": f"model: {n}x{m} V100, {r['gbps']:g} Gbit/s",
+            "nodes": n, "workers_per_node": m, "world_size": n * m, "comm": r["comm"],
+            "density": r["density"] if methods.get(str(r["comm"])).sparse else 1.0,
+            "compute_only_step_s": compute_only, **eff,
+            "predicted_step_s": float(r["step_ms"]) / 1e3,
+            "predicted_efficiency": eff["efficiency"],
+            "note": f"extrapolated {n * m / max(1, measured_world):.0f}x beyond the largest "
+            f"measured size ({measured_world} CPU workers on tc-shaped links) to V100s, NVLink "
+            "and NCCL at 25 Gbit/s, every input assumed (bench/cluster/projection.py ASSUMPTIONS)",
+        })  # fmt: skip
     return out

@@ -14,10 +14,10 @@ from typing import Any
 import pandas as pd
 
 from bench.cluster.netns import parse_bandwidth
+from bench.methods import method_of
 from bench.results.columns import EPOCH_TIME, SAMPLES, STEPS
 from bench.results.records import read_curve
 from bench.sweeps import scaling_model as sm
-from bench.sweeps.methods import method_of
 
 COLUMNS = [
     "sweep_id", "kind", "cluster", "nodes", "workers_per_node", "world_size", "comm",

@@ -11,12 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from bench import methods
+from bench.methods import Knobs, Option, Space
 from bench.registry import ConfigError
-
-#: one option of a knob: (label part, Hydra overrides without their group, e.g. comm.density)
-Option = tuple[str, dict[str, Any]]
-#: a method's knobs: knob name -> its options (the method's own search space)
-Knobs = dict[str, tuple[Option, ...]]
 
 LR_FACTORS = (0.5, 1.0, 2.0)  # x the recipe's learning rate, for every method
 TRIALS = 6  # trials per method, every method alike
@@ -34,7 +31,7 @@ class Trial:
         return dict(self.overrides)
 
 
-def joint(knobs: Knobs, recipe_lr: float) -> list[Trial]:
+def joint(knobs: Space, recipe_lr: float) -> list[Trial]:
     """Every combination of ``knobs`` and the learning-rate axis, in declared order."""
     axes: list[tuple[Option, ...]] = [*knobs.values(), _lr_axis(recipe_lr)]
     out = []
@@ -51,7 +48,7 @@ def _lr_axis(recipe_lr: float) -> tuple[Option, ...]:
     return tuple((f"lr{f:g}x", {"optim.lr": float(f"{recipe_lr * f:.6g}")}) for f in LR_FACTORS)
 
 
-def draw(knobs: Knobs, recipe_lr: float, n: int = TRIALS, seed: int = DRAW_SEED) -> list[Trial]:
+def draw(knobs: Space, recipe_lr: float, n: int = TRIALS, seed: int = DRAW_SEED) -> list[Trial]:
     """``n`` distinct points of the joint space: all of it when it has ``n``, else the
     first ``n`` distinct cells a scrambled Halton sequence visits (ConfigError: fewer)."""
     from scipy.stats import qmc
@@ -80,37 +77,27 @@ def draw(knobs: Knobs, recipe_lr: float, n: int = TRIALS, seed: int = DRAW_SEED)
     return [points[i] for i in sorted(chosen)]
 
 
+def sends(comm: str, values: Mapping[str, Any], steps: int) -> list[tuple[str, Knobs]]:
+    """What each of a trial's first ``steps`` optimizer steps sends, as its spec prices it:
+    (method, the knobs of the timing run of that step), dense in a warm-up."""
+    spec = methods.get(comm)
+    phases = spec.phases(spec.knobs_of(values), range(steps))
+    return [(m, methods.get(m).timing_knobs(k)) for m, k in phases]
+
+
+# the comm keys a trial's step sequence (:func:`sends`) already says
+SCHEDULE_KEYS = ("density", "warmup_steps", "density_schedule", "schedule_steps")
+
+
 def schedule(values: Mapping[str, Any], comm: str, budget: int) -> tuple[Any, ...]:
     """What a trial sends at each of the first ``budget`` optimizer steps, and its other
     settings: two trials with the same are the same trial within the budget."""
-    from types import SimpleNamespace
-
-    from bench.train.comm import CommController
-
-    c = {k.removeprefix("comm."): v for k, v in values.items() if k.startswith("comm.")}
-    cfg = SimpleNamespace(
-        name=comm,
-        density=c.get("density", 1.0),
-        warmup_epochs=0,
-        warmup_steps=c.get("warmup_steps", 0),
-        density_schedule=list(c.get("density_schedule", [])),
-        schedule_steps=c.get("schedule_steps", 0),
-    )
-    ctl = CommController(None, cfg, 0)
-    if comm == "powersgd":  # allreduce before max(2, warmup_steps), then rank r
-        start = max(2, int(cfg.warmup_steps))
-        steps = tuple(0.0 if s < start else 1.0 for s in range(budget))
-    elif ctl.sparse:
-        steps = tuple(ctl.density_for(0, s) for s in range(budget))
-    else:
-        steps = ()
     rest = {
         k: tuple(v) if isinstance(v, list) else v
         for k, v in values.items()
-        if k.removeprefix("comm.")
-        not in ("density", "warmup_steps", "density_schedule", "schedule_steps")
+        if k.removeprefix("comm.") not in SCHEDULE_KEYS
     }
-    return (steps, tuple(sorted(rest.items())))
+    return (tuple(sends(comm, values, budget)), tuple(sorted(rest.items())))
 
 
 def check_distinct(comm: str, trials: Sequence[Trial], budget: int) -> None:
@@ -126,18 +113,12 @@ def check_distinct(comm: str, trials: Sequence[Trial], budget: int) -> None:
         seen[key] = t.label
 
 
-def ran(phases: Sequence[Mapping[str, Any]] | None) -> str:
-    """What a run sent (its record's ``comm_phases``, or its phases to the target):
-    ``dense x 15, hitopk 0.1 x 5, ...``
-    (the label printed beside a trial's: the schedule that actually ran)."""
-    if not phases:
-        return ""
+def ran(phases: Sequence[tuple[int, str, Knobs]]) -> str:
+    """What a run sent, (steps, method, knobs) per phase: ``dense x 15, hitopk 0.1 x 5,
+    powersgd rank 8 x 40`` (printed beside a trial's label: the schedule that ran)."""
     out = []
-    for p in phases:
-        what = str(p["method"])
-        if what == "powersgd":
-            what += f" rank {p['rank']}"
-        elif what != "dense" and float(p["density"]) < 1.0:
-            what += f" {float(p['density']):g}"
-        out.append(f"{what} x {p['steps']}")
+    for steps, what, k in phases:
+        rank, density = getattr(k, "rank", None), getattr(k, "density", 1.0)
+        what += f" rank {rank}" if rank is not None else f" {density:g}" if density < 1 else ""
+        out.append(f"{what} x {steps}")
     return ", ".join(out)

@@ -1,12 +1,14 @@
 """How the replicas of a run meet: every step through DDP's comm hook (``ddp``), or one
 replica per node trained locally and synchronised every H steps through torchft
-(LocalSGD, DiLoCo, Streaming DiLoCo; torchft is imported by ``bench.sync.replica``
-only, in the workers).  The public surface::
+(LocalSGD, DiLoCo, Streaming DiLoCo, and DiLoCo with a sparse outer exchange: SparseLoCo
+and the paper's hierarchical top-k, ``bench.sync.sparse``; torchft is imported by
+``bench.sync.replica`` only, in the workers).  The public surface::
 
     SYNCS.names()                       # the registered strategies (a user adds more)
     validate(cfg.sync, param_tensors=n) # before launch: one line per bad value
     manager = bench.sync.replica.open_manager(...)   # torchft's Manager across the nodes
     strategy = build(cfg.sync, manager, model, optimizer)   # torchft's LocalSGD / DiLoCo
+    strategy.state_dict(); strategy.load_state_dict(d)      # its share of a checkpoint
 """
 
 from __future__ import annotations

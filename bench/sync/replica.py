@@ -20,6 +20,7 @@ os.environ.setdefault("RUST_LOG", "warn")  # torchft's servers log every quorum 
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
+from torchft.local_sgd import DiLoCo, LocalSGD  # noqa: E402
 from torchft.manager import Manager  # noqa: E402
 
 from bench.comm import CommStats  # noqa: E402
@@ -30,6 +31,9 @@ from bench.comm.cost import Stage, Traffic  # noqa: E402
 #: for the slowest), ``send`` the pseudo-gradient made and its allreduce started, ``finish``
 #: waiting for that allreduce, the outer step and the commit
 SYNC_PHASES = ("quorum", "send", "finish")
+#: the sections of a sparse exchange's packet, each a curve column
+#: ``sync/packet_<section>_bytes`` (one worker's packet per sync, bytes)
+PACKET = ("values", "indices", "scales")
 
 
 class CountingManager(Manager):
@@ -38,12 +42,22 @@ class CountingManager(Manager):
     leaving its node (each of the node's workers runs its own ring across the nodes); and
     timing each synchronisation's phases (:data:`SYNC_PHASES`)."""
 
-    def __init__(self, *args: Any, stats: CommStats | None, link_share: int, **kw: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        stats: CommStats | None,
+        link_share: int,
+        node_group: Any = None,
+        **kw: Any,
+    ) -> None:
         super().__init__(*args, **kw)
         self.stats = stats
-        self.link_share = link_share
+        self.link_share = link_share  # m: the node's workers, each running its own ring
+        self.local_world, self.local_rank = self._group_world_size, self._group_rank
+        self.node_group = node_group  # the node's workers' process group (None: one a node)
         self.syncs = 0  # outer synchronisations (commits) since the last pop
         self.sync_bytes = 0.0  # bytes this worker sent in them
+        self.packet = dict.fromkeys(PACKET, 0.0)  # a sparse exchange's packets, by section
         self.phase_s = dict.fromkeys(SYNC_PHASES, 0.0)  # host seconds in each, summed
 
     def start_quorum(self, *args: Any, **kw: Any) -> None:
@@ -68,15 +82,49 @@ class CountingManager(Manager):
 
         return run
 
+    def count(self, stage: Stage) -> None:
+        """One collective's bytes: this worker's, into the sync's and the run's stats."""
+        self.sync_bytes += stage.worker_bytes
+        if self.stats is not None and stage.worker_bytes > 0:
+            self.stats.count(Traffic((stage,)), sent=0.0, numel=0.0)  # density unchanged
+
     def allreduce(self, tensor: torch.Tensor, *args: Any, **kw: Any) -> Any:
         self.wait_quorum()
         n = max(1, self.num_participants())
         b = 2 * (n - 1) / n * tensor.numel() * tensor.element_size()
-        self.sync_bytes += b
-        if self.stats is not None and n > 1:
-            stage = Stage("outer_allreduce", b, b * self.link_share, 2 * (n - 1), True)
-            self.stats.count(Traffic((stage,)), sent=0.0, numel=0.0)  # density unchanged
+        self.count(Stage("outer_allreduce", b, b * self.link_share, 2 * (n - 1), True))
         return super().allreduce(tensor, *args, **kw)
+
+    def allgather(self, packet: torch.Tensor) -> tuple[Any, list[torch.Tensor]]:
+        """``packet`` (uint8, the same size on every node) to the workers of this local
+        rank on every node, as torchft's ``allreduce`` runs: skipped once an error was
+        reported, a failure reported to the commit.  Its Work, and the nodes' packets in
+        replica rank order once it is done."""
+        from torch.distributed.distributed_c10d import AllgatherOptions
+        from torchft.manager import _ManagedWork
+        from torchft.work import _DummyWork
+
+        if self.errored():
+            return _DummyWork(None), [packet.new_zeros(packet.numel())]
+        self.wait_quorum()
+        n = max(1, self.num_participants())
+        if not self.is_participating():
+            packet.zero_()
+        b = float((n - 1) * packet.numel())
+        self.count(Stage("outer_allgather", b, b * self.link_share, n - 1, True))
+        out = [packet.new_empty(packet.numel()) for _ in range(n)]
+        try:
+            work = self._pg.allgather([out], [packet], AllgatherOptions())
+            return _ManagedWork(self, work, out), out
+        except Exception as e:  # as torchft's allreduce: the commit fails, the run ends
+            self._logger.exception(f"got exception in all gather -- skipping remaining: {e}")
+            self.report_error(e)
+            return _DummyWork(None), out
+
+    def note_packet(self, packet: Any) -> None:
+        """This worker's packet of a sparse exchange (``bench.sync.sparse.Packet``)."""
+        for k in PACKET:
+            self.packet[k] += getattr(packet, k)
 
     def should_commit(self, *args: Any, **kw: Any) -> bool:
         self.syncs += 1
@@ -91,7 +139,10 @@ class CountingManager(Manager):
             "sync/outer_bytes_per_sync": self.sync_bytes / per,
             **{f"sync/{k}_s": v / per for k, v in self.phase_s.items()},
         }
+        if any(self.packet.values()):  # a sparse exchange: its packet by section
+            out.update({f"sync/packet_{k}_bytes": v / per for k, v in self.packet.items()})
         self.syncs, self.sync_bytes = 0, 0.0
+        self.packet = dict.fromkeys(PACKET, 0.0)
         self.phase_s = dict.fromkeys(SYNC_PHASES, 0.0)
         return out
 
@@ -109,10 +160,12 @@ def open_manager(
     timeout_s: float = 600.0,
     quorum_timeout_s: float = 1800.0,
     stats: CommStats | None = None,
+    node_group: Any = None,
 ) -> CountingManager:
     """The Manager of worker ``local_rank`` of node ``node``'s replica group: its group's
     own TCP ``store`` (host, port), the cross-node process group of ``backend`` (the
-    workers of this local rank on every node), reached at ``hostname``."""
+    workers of this local rank on every node), reached at ``hostname``; ``node_group``:
+    the node's workers (a hierarchical exchange all-gathers in it)."""
     from torchft import ProcessGroupGloo, ProcessGroupNCCL
 
     timeout = timedelta(seconds=timeout_s)
@@ -137,70 +190,123 @@ def open_manager(
         max_retries=0,  # a failed commit ends the run
         stats=stats,
         link_share=local_world,
+        node_group=node_group,
     )
+
+
+class LocalSGDSync(LocalSGD):
+    """torchft's LocalSGD, its averages timed (``finish``), with a state dict: the step
+    within the period."""
+
+    def __init__(self, manager: Any, model: nn.Module, opt: Any, *, sync_every: int) -> None:
+        super().__init__(manager, model, opt, sync_every=sync_every)
+        if hasattr(manager, "timed"):  # the average, its wait and the commit
+            self._perform_sync = manager.timed("finish", self._perform_sync)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"local_step": int(self._local_step)}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self._local_step = int(d["local_step"])
+
+
+class DiLoCoSync(DiLoCo):
+    """torchft's DiLoCo, each fragment's send and finish timed, with a state dict: the step
+    within the period and, per fragment, its last global weights (torchft's
+    ``original_parameters``, where they stay), its outer optimizer, an averaged
+    pseudo-gradient whose outer step is still to come and its exchange's state.
+
+    ``exchanges`` (one per fragment, :mod:`bench.sync.sparse`) replace the fragments'
+    dense allreduce of the pseudo-gradient; the rest (quorum, outer step, commit, backup
+    and restore of the global weights) is torchft's."""
+
+    def __init__(
+        self,
+        manager: Any,
+        fragments: list[nn.Module],
+        inner: Any,
+        outer: list[Any],
+        *,
+        sync_every: int,
+        fragment_sync_delay: int = 0,
+        exchanges: list[Any] | None = None,
+    ) -> None:
+        super().__init__(
+            manager, fragments, inner, outer, sync_every, fragment_sync_delay=fragment_sync_delay
+        )
+        self.exchanges = list(exchanges or [])
+        for f, ex in zip(self._fragments, self.exchanges, strict=bool(self.exchanges)):
+            f._average_grads = functools.partial(ex.send, f)
+        if hasattr(manager, "timed"):  # each fragment's send, and its wait, outer step, commit
+            for f in self._fragments:
+                f.prepare_sync = manager.timed("send", f.prepare_sync)
+                f.perform_sync = manager.timed("finish", f.perform_sync)
+
+    def state_dict(self) -> dict[str, Any]:
+        out = []
+        for i, f in enumerate(self._fragments):
+            out.append(
+                {
+                    "global": {k: v.clone() for k, v in f.original_parameters.items()},
+                    "outer_optimizer": f._outer_optimizer.state_dict(),
+                    "pending": _pending(f),
+                    **({"exchange": self.exchanges[i].state_dict()} if self.exchanges else {}),
+                }
+            )
+        return {"local_step": int(self._local_step), "fragments": out}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        """Its state; the Manager's must be loaded first (its step says which fragment
+        is next, and an in-flight fragment's quorum is met again from it)."""
+        from torchft.work import _DummyWork
+
+        self._local_step = int(d["local_step"])
+        pending = False
+        for i, (f, saved) in enumerate(zip(self._fragments, d["fragments"], strict=True)):
+            for k, v in saved["global"].items():
+                f.original_parameters[k].copy_(v)
+            f._outer_optimizer.load_state_dict(saved["outer_optimizer"])
+            if self.exchanges:
+                self.exchanges[i].load_state_dict(saved["exchange"])
+            if saved["pending"] is not None:  # its outer step is still to come
+                f._grads = {k: g.clone() for k, g in saved["pending"].items()}
+                f._allreduce_work = [_DummyWork(None)]
+                pending = True
+        if pending:  # the quorum its send joined: every replica meets again, as it resumes
+            self._manager.start_quorum()
+
+
+def _pending(fragment: Any) -> dict[str, torch.Tensor] | None:
+    """The averaged pseudo-gradient of a fragment whose exchange is in flight (Streaming
+    DiLoCo between a fragment's send and its outer step), waited for; else None."""
+    if not fragment._allreduce_work:
+        return None
+    for work in fragment._allreduce_work:
+        work.wait()
+    return {k: g.clone() for k, g in fragment._grads.items()}
 
 
 class ReplicaState:
     """What one replica holds that the others do not, as torch's ``Stateful``: its model
-    and inner optimizer (they drift apart between synchronisations), the step within the
-    period, the Manager's step (which fragment is next) and, for DiLoCo, each fragment's
-    last global weights, outer optimizer and an averaged pseudo-gradient not yet applied.
-    (torchft keeps these in its objects without a state dict of its own: read here.)"""
+    and inner optimizer (they drift apart between synchronisations), the Manager's step
+    (which fragment is next) and the strategy's own state (its ``state_dict``)."""
 
     def __init__(
         self, strategy: Any, manager: Manager, model: nn.Module, optimizer: torch.optim.Optimizer
     ) -> None:
-        self.strategy, self.manager, self.model, self.optimizer = (
-            strategy,
-            manager,
-            model,
-            optimizer,
-        )
-
-    def _fragments(self) -> list[Any]:
-        return list(getattr(self.strategy, "_fragments", []))  # torchft DiLoCo's
+        self.strategy, self.manager, self.model = strategy, manager, model
+        self.optimizer = optimizer
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "local_step": int(self.strategy._local_step),
             "manager": self.manager.state_dict(),
-            "fragments": [
-                {
-                    "global": {k: v.clone() for k, v in f.original_parameters.items()},
-                    "outer_optimizer": f._outer_optimizer.state_dict(),
-                    "pending": self._pending(f),
-                }
-                for f in self._fragments()
-            ],
+            **self.strategy.state_dict(),
         }
-
-    @staticmethod
-    def _pending(fragment: Any) -> dict[str, torch.Tensor] | None:
-        """The averaged pseudo-gradient of a fragment whose allreduce is in flight (Streaming
-        DiLoCo between a fragment's send and its outer step), waited for; else None."""
-        if not fragment._allreduce_work:
-            return None
-        for work in fragment._allreduce_work:
-            work.wait()
-        return {k: g.clone() for k, g in fragment._grads.items()}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         self.model.load_state_dict(d["model"])
         self.optimizer.load_state_dict(d["optimizer"])
-        self.strategy._local_step = int(d["local_step"])
         self.manager.load_state_dict(d["manager"])
-        pending = False
-        for f, saved in zip(self._fragments(), d["fragments"], strict=True):
-            for k, v in saved["global"].items():
-                f.original_parameters[k].copy_(v)
-            f._outer_optimizer.load_state_dict(saved["outer_optimizer"])
-            if saved.get("pending") is not None:  # its outer step is still to come
-                from torchft.work import _DummyWork
-
-                f._grads = {k: g.clone() for k, g in saved["pending"].items()}
-                f._allreduce_work = [_DummyWork(None)]
-                pending = True
-        if pending:  # the quorum its send joined: every replica meets again, as it resumes
-            self.manager.start_quorum()
+        self.strategy.load_state_dict(d)

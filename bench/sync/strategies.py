@@ -1,9 +1,11 @@
 """The synchronisation strategies by name (:data:`SYNCS`) and their checks: ``ddp`` (every
 step, through the comm hook), LocalSGD (Lin et al. 2018: average the weights every H
 steps), DiLoCo (Douillard et al. 2023: an outer Nesterov step on the averaged
-pseudo-gradient every H steps) and Streaming DiLoCo (Douillard et al. 2025: fragments of
-the model in turn, each allreduce overlapping ``fragment_sync_delay`` inner steps), the
-last three through torchft's ``LocalSGD`` and ``DiLoCo``."""
+pseudo-gradient every H steps), Streaming DiLoCo (Douillard et al. 2025: fragments of
+the model in turn, each allreduce overlapping ``fragment_sync_delay`` inner steps),
+SparseLoCo (Sarfi et al. 2025) and the paper's hierarchical top-k on DiLoCo's outer step
+(their sparse exchanges in ``bench/sync/sparse.py``), all through torchft's ``LocalSGD``
+and ``DiLoCo``."""
 
 from __future__ import annotations
 
@@ -24,11 +26,15 @@ Build = Callable[[Any, nn.Module, torch.optim.Optimizer, SyncConfig], Any]
 @dataclass(frozen=True)
 class SyncSpec:
     """One strategy: ``build`` is None for ``ddp`` (no outer synchronisation);
-    ``fragmented``: it takes ``sync.fragments`` > 1; ``outer_optimizer``: it steps one."""
+    ``fragmented``: it takes ``sync.fragments`` > 1; ``outer_optimizer``: it steps one;
+    ``knobs``: the sparse exchange's fields of :class:`SyncConfig` it reads (checked);
+    ``momentum``: its outer step takes ``sync.outer_momentum``."""
 
     build: Build | None
     fragmented: bool = False
     outer_optimizer: bool = False
+    knobs: tuple[str, ...] = ()  # the sparse exchange's fields of SyncConfig it takes
+    momentum: bool = True  # its outer step takes sync.outer_momentum (else it must be 0)
     doc: str = ""
 
     @property
@@ -70,37 +76,48 @@ def split_fragments(model: nn.Module, n: int) -> list[nn.Module]:
 
 
 def _outer_sgd(params: Any, cfg: SyncConfig) -> torch.optim.Optimizer:
-    return torch.optim.SGD(
-        params, lr=cfg.outer_lr, momentum=cfg.outer_momentum, nesterov=cfg.nesterov
-    )
+    m = float(cfg.outer_momentum)  # torch's Nesterov needs a momentum: none, no Nesterov
+    return torch.optim.SGD(params, lr=cfg.outer_lr, momentum=m, nesterov=cfg.nesterov and m > 0)
 
 
 def _localsgd(manager: Any, model: nn.Module, opt: torch.optim.Optimizer, cfg: SyncConfig) -> Any:
-    from torchft.local_sgd import LocalSGD
+    from bench.sync.replica import LocalSGDSync
 
-    out = LocalSGD(manager, model, opt, sync_every=cfg.sync_every)
-    if hasattr(manager, "timed"):  # the average, its wait and the commit
-        out._perform_sync = manager.timed("finish", out._perform_sync)
-    return out
+    return LocalSGDSync(manager, model, opt, sync_every=cfg.sync_every)
 
 
-def _diloco(manager: Any, model: nn.Module, opt: torch.optim.Optimizer, cfg: SyncConfig) -> Any:
-    from torchft.local_sgd import DiLoCo
+def _diloco(
+    manager: Any,
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    cfg: SyncConfig,
+    exchange: Callable[..., Any] | None = None,
+) -> Any:
+    """torchft's DiLoCo over ``cfg.fragments``; ``exchange(manager, fragment, cfg)``: the
+    sparse exchange of each fragment's pseudo-gradient (None: torchft's allreduce)."""
+    from bench.sync.replica import DiLoCoSync
 
     frags = split_fragments(model, cfg.fragments)
-    out = DiLoCo(
+    return DiLoCoSync(
         manager,
         frags,
         opt,
         [_outer_sgd(f.parameters(), cfg) for f in frags],
         sync_every=cfg.sync_every,
         fragment_sync_delay=cfg.fragment_sync_delay,
+        exchanges=[exchange(manager, f, cfg) for f in frags] if exchange else None,
     )
-    if hasattr(manager, "timed"):  # each fragment's send, and its wait, outer step, commit
-        for f in out._fragments:
-            f.prepare_sync = manager.timed("send", f.prepare_sync)
-            f.perform_sync = manager.timed("finish", f.perform_sync)
-    return out
+
+
+def _sparse(kind: str) -> Build:
+    """DiLoCo with the pseudo-gradient exchanged by ``bench.sync.sparse.<kind>``."""
+
+    def build(manager: Any, model: nn.Module, opt: torch.optim.Optimizer, cfg: SyncConfig) -> Any:
+        from bench.sync import sparse
+
+        return _diloco(manager, model, opt, cfg, getattr(sparse, kind))
+
+    return build
 
 
 SYNCS.register("ddp")(SyncSpec(None, doc="every step: DDP through the comm hook"))
@@ -120,6 +137,25 @@ SYNCS.register("streaming_diloco")(
         fragmented=True,
         outer_optimizer=True,
         doc="DiLoCo over fragments in turn, each allreduce overlapping inner steps",
+    )
+)
+SYNCS.register("sparseloco")(
+    SyncSpec(
+        _sparse("ChunkTopK"),
+        outer_optimizer=True,
+        momentum=False,
+        knobs=("density", "ef_beta", "chunk_size", "quant_bits"),
+        doc="every H steps, each node's chunk-wise top-k of its error-feedback buffer, "
+        "quantised, all-gathered; a plain averaged outer step (SparseLoCo)",
+    )
+)
+SYNCS.register("hitopk_diloco")(
+    SyncSpec(
+        _sparse("ShardTopK"),
+        outer_optimizer=True,
+        knobs=("density", "ef_beta"),  # and sync.mstopk_method, checked by its type
+        doc="every H steps, each local rank's shard of the pseudo-gradient as an MSTopK "
+        "with error feedback between the nodes, all-gathered in the node; DiLoCo's outer step",
     )
 )
 
@@ -163,6 +199,8 @@ def validate(
             f"sync.outer_lr must be > 0 and sync.outer_momentum in [0, 1), got "
             f"{cfg.outer_lr} and {cfg.outer_momentum}"
         )
+    _check_knobs(cfg, spec.knobs)
+    _check_momentum(cfg, spec)
     if cfg.quorum_timeout_s <= 0:
         raise ConfigError(f"sync.quorum_timeout_s must be > 0, got {cfg.quorum_timeout_s}")
     refused = {
@@ -174,6 +212,30 @@ def validate(
     for bad, why in refused.values():
         if bad:
             raise ConfigError(f"sync={cfg.name} cannot run with {why}")
+
+
+#: a sparse exchange's knob -> (whether a value is good, what it must be)
+_KNOBS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "density": (lambda v: 0 < v <= 1, "in (0, 1]: the fraction of elements sent"),
+    "ef_beta": (lambda v: 0 <= v <= 1, "in [0, 1]: the error-feedback buffer's decay"),
+    "chunk_size": (lambda v: v >= 2, ">= 2 elements"),
+    "quant_bits": (lambda v: 0 <= v <= 8, "0 (float32 values) or 1 to 8 bits"),
+}
+
+
+def _check_knobs(cfg: SyncConfig, knobs: tuple[str, ...]) -> None:
+    for name in knobs:
+        ok, what = _KNOBS[name]
+        if not ok(getattr(cfg, name)):
+            raise ConfigError(f"sync.{name} must be {what}, got {getattr(cfg, name)}")
+
+
+def _check_momentum(cfg: SyncConfig, spec: SyncSpec) -> None:
+    if not spec.momentum and cfg.outer_momentum != 0:
+        raise ConfigError(
+            f"sync={cfg.name} has no outer momentum (its error feedback takes that role): "
+            f"set sync.outer_momentum=0, got {cfg.outer_momentum}"
+        )
 
 
 def parameter_tensors(model_cfg: Any) -> int:

@@ -29,7 +29,7 @@ from bench.results.reserve import nearly_full
 from bench.train import runtime
 
 if TYPE_CHECKING:
-    from torch.distributed.checkpoint.stateful import Stateful
+    from bench.comm.state import Stateful
 
 #: config keys that may differ between a checkpoint and the run that resumes from it
 MAY_DIFFER = (
@@ -228,10 +228,11 @@ def first_mismatch(now: Mapping[str, Any], saved: Mapping[str, Any]) -> str | No
 
 class CheckpointManager:
     """One worker's checkpoints of a run: rank 0 saves ``states`` (``common.pt``), every
-    rank its comm ``hook``'s state, RNG states and its ``replica``'s (an outer sync's
-    replica: its own model, inner and outer optimizers, step within the period) in
-    ``rank<r>.pt``; ``progress`` (epoch, step, training time, curve, status) goes to the
-    manifest, written last."""
+    rank its RNG states and its ``local`` states in ``rank<r>.pt`` (its comm hook's, an
+    optimizer's that exchanges its own, an outer sync's replica: its own model, inner and
+    outer optimizers, step within the period); ``progress`` (epoch, step, training time,
+    curve, status) goes to the manifest, written last.  Each is ``Stateful``: saved and
+    restored by its ``state_dict`` and ``load_state_dict`` alone."""
 
     def __init__(
         self,
@@ -242,12 +243,12 @@ class CheckpointManager:
         world: int,
         device: torch.device,
         states: Mapping[str, Stateful | None],
-        hook: Any,
         progress: Stateful,
-        replica: Stateful | None = None,
+        local: Mapping[str, Stateful | None] | None = None,
     ) -> None:
         self.cfg, self.run, self.rank, self.world, self.device = cfg, run, rank, world, device
-        self.states, self.hook, self.progress, self.replica = states, hook, progress, replica
+        self.states, self.progress = states, progress
+        self.local = {k: v for k, v in (local or {}).items() if v is not None}
         self.root = run_dir(cfg.results.dir, run["run_id"])
 
     def save(self, barrier: Callable[[], None]) -> Path:
@@ -260,10 +261,8 @@ class CheckpointManager:
         if self.rank == 0:
             common = {k: v.state_dict() if v is not None else None for k, v in self.states.items()}
             _atomic_save(common, d / "common.pt")
-        hook = self.hook.state_dict() if hasattr(self.hook, "state_dict") else None
-        mine = {"rank": self.rank, "rng": rng_state(self.device), "hook": hook}
-        if self.replica is not None:
-            mine["replica"] = self.replica.state_dict()
+        mine = {"rank": self.rank, "rng": rng_state(self.device)}
+        mine.update({k: v.state_dict() for k, v in self.local.items()})
         _atomic_save(mine, d / f"rank{self.rank}.pt")
         barrier()
         if self.rank == 0:
@@ -306,11 +305,9 @@ class CheckpointManager:
                 except (RuntimeError, KeyError, ValueError) as e:  # one line, the key first
                     why = first_mismatch(obj.state_dict(), common[key]) or str(e).splitlines()[0]
                     raise ConfigError(f"checkpoint {d} does not fit this run's {key}: {why}") from e
-        if mine["hook"] is not None and hasattr(self.hook, "load_state_dict"):
-            # the hook regroups DDP's first buckets into the saved ones: no settling step
-            self.hook.load_state_dict(mine["hook"])
-        if self.replica is not None:  # after common.pt: this replica's own weights win
-            self.replica.load_state_dict(mine["replica"])
+        for key, obj in self.local.items():  # after common.pt: this rank's own state wins
+            if mine.get(key) is not None:  # (the hook regroups DDP's first buckets itself)
+                obj.load_state_dict(mine[key])
         set_rng_state(mine["rng"], self.device)
         self.progress.load_state_dict(
             {**manifest, "train_time_s": manifest["train_time_s"] + lost_s}

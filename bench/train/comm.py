@@ -16,9 +16,11 @@ from typing import Any
 
 import torch
 
-from bench.comm import HOOKS, CommStats, HookOptions, cost, is_sparse, make_hook
+from bench.comm import HOOKS, HookOptions, cost, is_sparse, make_hook
 from bench.comm import placement as placements
 from bench.comm.config import CommConfig, config_keys
+from bench.comm.hooks import NoCommState
+from bench.comm.state import Stateful, stateful
 from bench.comm.stats import ring
 from bench.comm.topology import check_topology
 from bench.optim import OPTIMIZERS
@@ -81,18 +83,6 @@ class _NoOptim:
 _NO_OPTIM = _NoOptim()
 
 
-class _LocalState:
-    """Hook state stand-in for a single, non-distributed process: nothing is sent."""
-
-    def __init__(self) -> None:
-        self.force_dense = False
-        self.density = 1.0
-        self.stats = CommStats()
-
-    def pop_stats(self) -> dict[str, float]:
-        return self.stats.pop()
-
-
 class CommController:
     """Applies the warm-up and density schedule and collects per-step stats and phases."""
 
@@ -108,6 +98,7 @@ class CommController:
         self.steps_per_epoch = steps_per_epoch
         self.epoch = 0
         self.in_step = False  # a bucket of the running step has been handed to the hook
+        self.exchange: Any = None  # an optimizer exchanging its own state (count_optimizer)
 
     def dense_steps(self) -> int:
         """Optimizer steps sent dense before compression: the later of both warm-ups."""
@@ -137,33 +128,24 @@ class CommController:
     def begin_step(self) -> None:
         """Before the step's first bucket: its density on the step axis, and its phase
         noted in the statistics (what the hook will send it as)."""
-        step = int(getattr(self.state, "step", 0))
-        psgd = getattr(self.state, "psgd", None)
-        if psgd is not None:  # PowerSGD compresses from its own start_powerSGD_iter
-            compressing = psgd.iter >= psgd.start_powerSGD_iter
-            rank = int(psgd.matrix_approximation_rank)
-            self.state.stats.begin_step(
-                *(("powersgd", 1.0, rank) if compressing else ("dense", 1.0))
-            )
-            return
         if self.sparse:
-            d = self.density_for(self.epoch, step)
-            self.state.density = d
+            step = int(self.state.step)
+            self.state.density = self.density_for(self.epoch, step)
             # the warm-up sends dense; a configured density of 1.0 stays the sparse path
             self.state.force_dense = self.epoch < self.warmup_epochs or step < self.warmup_steps
-            dense = self.state.force_dense or step < getattr(self.state, "warmup_steps", 0)
-            self.state.stats.begin_step(*(("dense", 1.0) if dense else (self.name, d)))
-        else:
-            self.state.stats.begin_step(self.name, 1.0)
+        self.state.stats.begin_step(*self.state.phase(self.name))
 
     def pop_stats(self) -> dict[str, float]:
         """Per-step means since the last pop; first reads the hook's unread finiteness flags
         (one sync, raising ValueError on NaN/Inf: the hooks never read the device)."""
-        check = getattr(self.state, "check_finite", None)
-        if check is not None:
-            check()
+        self.state.check_finite()
         self.in_step = False
         return self.state.stats.pop()
+
+    def states(self) -> dict[str, Stateful]:
+        """This rank's own share of a checkpoint: its hook's state and, for an optimizer
+        that exchanges its own state (DeMo), the optimizer's (each worker's differs)."""
+        return {"hook": self.state, **({"exchange": self.exchange} if self.exchange else {})}
 
     def wrap(self, hook: Any) -> Any:
         """``hook`` with :meth:`begin_step` before each step's first bucket."""
@@ -187,47 +169,50 @@ def attach(
     steps_per_epoch: int,
     optimizer: Any = None,
     process_group: Any = None,
+    optim: Any = None,
 ) -> CommController:
     """Register the hook of ``cfg.name`` on a DDP model; call on every rank after DDP
-    wrapping (and before a checkpoint is loaded).  ``optimizer``: one that sends its own
-    state (``on_send``, DeMo) is counted in the statistics; a placement other than ``grad``
-    gets it (``grad+dgc`` takes its momentum and weight decay over, ``update`` marks its
-    variance frozen: bench/comm/placement.py).  ``process_group``: DDP's, when not the whole
-    world (a node's, under an outer sync)."""
+    wrapping (and before a checkpoint is loaded).  ``optimizer``: one whose spec exchanges
+    its own state (``optim``, its config: DeMo) is counted in the statistics; a placement
+    other than ``grad`` gets it (``grad+dgc`` takes its momentum and weight decay over,
+    ``update`` marks its variance frozen: bench/comm/placement.py).  ``process_group``:
+    DDP's, when not the whole world (a node's, under an outer sync)."""
     import torch.distributed as dist
 
-    if not dist.is_initialized() or not hasattr(ddp_model, "register_comm_hook"):
-        controller = CommController(_LocalState(), cfg, steps_per_epoch)  # one process
-        count_optimizer(controller, optimizer, own_steps=True)
+    own = optim is not None and OPTIMIZERS.get(optim.name).local_gradients
+    if not dist.is_initialized():
+        controller = CommController(NoCommState(), cfg, steps_per_epoch)  # one process
+        if own:
+            count_optimizer(controller, optimizer, own_steps=True)
         return controller
     # a hook with its own warm-up counter (PowerSGD's start_powerSGD_iter) counts steps;
     # the others are told each step's density and warm-up by the controller
-    own = HOOKS.get(cfg.name).own_warmup
+    spec = HOOKS.get(cfg.name)
     controller = CommController(None, cfg, steps_per_epoch)
-    opts = asdict(HookOptions.of(cfg, warmup_steps=controller.dense_steps() if own else 0))
-    state, hook = make_hook(cfg.name, model=ddp_model, process_group=process_group, **opts)
-    place = getattr(state, "placement", None) if str(cfg.placement) != "grad" else None
-    if place is not None:
+    opts = HookOptions.of(cfg, warmup_steps=controller.dense_steps() if spec.own_warmup else 0)
+    state, hook = make_hook(cfg.name, model=ddp_model, process_group=process_group, **asdict(opts))
+    if str(cfg.placement) != "grad":
         if optimizer is None:
             raise ConfigError(f"comm.placement={cfg.placement} needs the optimizer (attach)")
-        place.bind(optimizer)
+        state.placement.bind(optimizer)
     controller.state = state
     ddp_model.register_comm_hook(state, controller.wrap(hook))
-    count_optimizer(controller, optimizer, own_steps=False)
+    if own:
+        count_optimizer(controller, optimizer, own_steps=False)
     return controller
 
 
 def count_optimizer(controller: CommController, optimizer: Any, own_steps: bool) -> None:
-    """Count an optimizer's own exchange (DeMo's all-gather of one packet per step) in the
-    run's statistics, priced by :func:`bench.comm.cost.demo` (a flat ring allgather).  With a
-    hook (``nocomm``) the hook counts the steps and the elements; alone, the optimizer does."""
-    if not hasattr(optimizer, "on_send"):
-        return
+    """Count an optimizer's own exchange (DeMo's all-gather of one packet per step, told
+    through its ``on_send``) in the run's statistics, priced by :func:`bench.comm.cost.demo`
+    (a flat ring allgather), and keep its state in this rank's checkpoint.  With a hook
+    (``nocomm``) the hook counts the steps and the elements; alone, the optimizer does."""
     import torch.distributed as dist
 
+    controller.exchange = stateful(optimizer, "an optimizer exchanging its own state:")
     world = dist.get_world_size() if dist.is_initialized() else 1
     stats = controller.state.stats
-    nodes, per_node = ring(world, bool(getattr(controller.state, "multinode", False)))
+    nodes, per_node = ring(world, bool(controller.state.multinode))
 
     def on_send(packet: int, pairs: int, numel: int) -> None:
         traffic = cost.demo(packet, nodes, per_node) if world > 1 else None

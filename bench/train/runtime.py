@@ -113,12 +113,11 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     return box[0]
 
 
-def broadcast_buffers(model: torch.nn.Module, src: int = 0, group: Any = None) -> None:
-    """Evaluate every rank of ``group`` with rank ``src``'s BN statistics (each rank updated
-    its own; under an outer sync, each node's replica keeps its own)."""
+def broadcast_buffers(model: torch.nn.Module) -> None:
+    """Evaluate every rank with rank 0's BN statistics (each rank updated its own)."""
     if dist.is_initialized():
         for b in model.buffers():
-            dist.broadcast(b, src, group=group)
+            dist.broadcast(b, 0)
 
 
 def barrier() -> None:

@@ -47,12 +47,16 @@ class TrainState:
     step: int = 0  # optimizer steps completed
     status: str = "target_missed"
     diverged_at: dict[str, Any] | None = None  # step, epoch and place of the first NaN/Inf
-    # sub-epoch evaluations (train.eval_every_steps): step, epoch, training time, metrics
+    # sub-epoch evaluations (train.eval_every_steps; under an outer sync, every one, with
+    # "scored" and "outer_syncs"): step, epoch, training time, metrics
     evals: list[dict[str, Any]] = field(default_factory=list)
     # train.eval_stride: (evaluation point without metrics, model state) at each skipped
     # evaluation step since the last evaluation (not checkpointed: a resumed run's first
     # stride is resolved to its evaluated steps only)
     kept: list[tuple[dict[str, Any], dict[str, torch.Tensor]]] = field(default_factory=list)
+    # an evaluation point waits for the global model (under an outer sync: the next one)
+    pending: bool = False
+    at_sync: bool = True  # the model is the global one: the last step ended an outer sync
     mllog: RunLog = field(default_factory=lambda: RunLog(None))  # rank 0's MLPerf log
     sync: OuterSync = field(default_factory=OuterSync)  # the nodes' outer sync (none: ddp)
 

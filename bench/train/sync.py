@@ -6,6 +6,7 @@ others at the Lighthouse of global rank 0 (docs/algorithms.md, "Synchronising ra
     outer = OuterSync(cfg, rank, world)   # before DDP: outer.group is DDP's process group
     outer.start(model, optimizer, stats, device)   # after DDP and the comm hook
     outer.pop_stats(); outer.state (the checkpoint's share); outer.close()
+    outer.synced(); outer.global_state(model)   # after each step: is the model global?
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from bench.cluster.lighthouse import Lighthouse, external, node_address
+from bench.comm.state import stateful
 from bench.config import Config
 from bench.sync import build, is_outer
 from bench.train import runtime
@@ -33,6 +35,7 @@ class OuterSync:
         self.manager: Any = None
         self.strategy: Any = None
         self.state: Any = None  # bench.sync.replica.ReplicaState: the checkpoint's share
+        self._seen = -1  # the Manager's step (outer synchronisations) at the last synced()
         self.lighthouse: Lighthouse | None = None
         self._store: Any = None  # the replica group's TCP store (its first worker hosts it)
         if not self.outer:
@@ -84,10 +87,52 @@ class OuterSync:
             timeout_s=float(cfg.comm.timeout_s),
             quorum_timeout_s=float(cfg.sync.quorum_timeout_s),
             stats=stats,
+            node_group=self.group,
         )
         self.strategy = build(cfg.sync, self.manager, model, optimizer)
+        stateful(self.strategy, f"sync={cfg.sync.name}: its strategy")
         self.state = ReplicaState(self.strategy, self.manager, model, optimizer)
         return self
+
+    def synced(self) -> bool:
+        """Whether the model is the global one: an outer synchronisation committed since
+        the last call (always without an outer sync, where DDP's model is global)."""
+        if self.manager is None:
+            return True
+        seen, self._seen = self._seen, self.syncs()
+        return self._seen != seen
+
+    def syncs(self) -> int:
+        """Outer synchronisations committed (each fragment's, for Streaming DiLoCo)."""
+        return self.manager.current_step() if self.manager is not None else 0
+
+    def global_state(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+        """Every rank: the state dict of the model a user would keep (None without an outer
+        sync: ``model`` itself).  Its parameters are each torchft DiLoCo fragment's outer
+        parameters as of the fragment's last synchronisation (a strategy that keeps none,
+        LocalSGD: ``model``'s own, global right after its sync); its floating-point buffers
+        (BatchNorm's statistics, which no strategy exchanges) every worker's mean."""
+        if not self.outer:
+            return None
+        from torchft.local_sgd import DiLoCo
+
+        frags = self.strategy._fragments if isinstance(self.strategy, DiLoCo) else []
+        outer = {
+            id(p): f.original_parameters[n]
+            for f in frags
+            for n, p in f._model_fragment.named_parameters()
+        }
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        for n, p in model.named_parameters():
+            if id(p) in outer:
+                state[n] = outer[id(p)].to(p.device, p.dtype, copy=True)
+        floats = [n for n, b in model.named_buffers() if b.is_floating_point() and n in state]
+        if floats:
+            flat = torch.cat([state[n].flatten() for n in floats])
+            dist.all_reduce(flat)
+            parts = flat.div_(dist.get_world_size()).split([state[n].numel() for n in floats])
+            state.update({n: v.view_as(state[n]) for n, v in zip(floats, parts, strict=True)})
+        return state
 
     def pop_stats(self) -> dict[str, float]:
         """The outer synchronisations since the last pop, and their bytes per sync."""

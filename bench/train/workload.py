@@ -63,6 +63,9 @@ class Classification:
         n = max(1.0, sums[3].item())
         return {"top1": sums[0].item() / n, "top5": sums[1].item() / n, "loss": sums[2].item() / n}
 
+    def write_translations(self, results_dir: str, run_id: str) -> None:
+        """No decoded output (the record's ``translations`` stays None)."""
+
 
 @WORKLOADS.register("translation")
 class Translation:

@@ -1,0 +1,82 @@
+"""The paper's HiTopKComm one level up, on DiLoCo's outer step (``sync=hitopk_diloco``,
+bench/sync/sparse.py): every H inner steps local rank j of each node takes shard j of the
+node's pseudo-gradient (the node's workers are equal under DDP, so this is the dense
+average inside the node), sends its MSTopK with error feedback to local rank j of every
+node, the node's workers all-gather the shards' packets, and DiLoCo's outer SGD step
+applies their mean (no outer momentum by default: the error feedback carries the unsent
+past, conf/sync/hitopk_diloco.yaml says what it measured)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from bench.cluster import perfmodel as pm
+from bench.comm import cost
+from bench.comm.cost import k_for
+from bench.methods.kinds import SyncKnobs, SyncMethod
+from bench.methods.spec import Knobs, Space, key, register
+from bench.sync.sparse import shard_packet
+
+
+@dataclass(frozen=True)
+class OuterTopKKnobs(SyncKnobs):
+    sync_every: int = key("sync.sync_every", 10)  # H: inner steps between outer steps
+    outer_momentum: float = key("sync.outer_momentum", 0.0)  # none: the error feedback carries it
+    density: float = key("sync.density", 0.01)  # share of each node shard sent (its MSTopK)
+    ef_beta: float = key("sync.ef_beta", 1.0)  # the error-feedback buffer's decay
+
+
+def space(workload: str, ref: int) -> Space:
+    """H x density, the outer step's rate 0.7 and no momentum (its conf's)."""
+    hs = (20, 50) if workload == "translation" else (10, 20)
+    return {
+        "H": tuple((f"H{h}", {"sync.sync_every": h}) for h in hs),
+        "density": tuple((f"d{d:g}", {"sync.density": d}) for d in (0.01, 0.05)),
+    }
+
+
+@dataclass(frozen=True)
+class OuterHiTopK(SyncMethod):
+    knob_type: type[Knobs] = OuterTopKKnobs
+    timed = (("sync_every", "H"), ("density", "d"), ("bucket_mb", "b"))
+
+    def sync_traffic(self, numel: int, n: int, m: int, k: OuterTopKKnobs) -> cost.Traffic:
+        """One outer step: each local rank's shard packet all-gathered with its peers of
+        every node over the node's link, then the node's n x m packets all-gathered inside."""
+        p = shard_packet(numel, m, k.density).total
+        inter = cost.Stage("outer_allgather", (n - 1) * p, m * (n - 1) * p, n - 1, True)
+        intra = cost.Stage("intra_allgather", (m - 1) * n * p, 0.0, m - 1, False)
+        return cost.Traffic((inter, intra) if m > 1 else (inter,))
+
+    def traffic(self, buckets, n, m, k, shapes=None) -> cost.Traffic:  # type: ignore[override]
+        h = max(1, k.sync_every)
+        return cost.Traffic(
+            tuple(
+                replace(s, worker_bytes=s.worker_bytes / h, link_bytes=s.link_bytes / h)
+                for s in self.sync_traffic(sum(buckets), n, m, k).stages
+            )
+        )
+
+    def step_time(self, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs, k: Knobs) -> float:
+        """The node's step, plus one outer step amortised over H: the error-feedback add and
+        MSTopK over a shard, the two all-gathers, the scatter of every packet's pairs, the
+        outer optimizer's pass over the model."""
+        assert isinstance(k, OuterTopKKnobs)
+        n, m, numel = c.nodes, c.procs_per_node, wl.numel
+        shard = -(-numel // m)
+        sync = (
+            shard * (costs.select_s + costs.dense_s)
+            + pm.transfer_time(self.sync_traffic(numel, n, m, k), c)
+            + n * m * k_for(shard, k.density) * costs.scatter_s
+            + 3 * numel * costs.dense_s
+        )
+        return self.inner_step(wl, c, costs) + sync / max(1, k.sync_every)
+
+
+register(
+    OuterHiTopK(
+        "hitopk_diloco", "HiTopK-DiLoCo", "#ad494a", "paper", order=55,
+        doc="HiTopKComm's MSTopK on DiLoCo's outer step, error feedback", default=True,
+        spaces=space, width=2.4,
+    )
+)  # fmt: skip

@@ -1,0 +1,223 @@
+"""The method spec: one registered object per comparison method, which every analysis
+module (sweeps, ratios, the scaling model, ``advise``, the report, gpucheck) asks instead
+of deciding a method from its name.  A spec owns
+
+- the Hydra overrides that select the method, and how a run record is recognised as it;
+- its knobs: a typed dataclass read from a run's config (:meth:`MethodSpec.knobs_of`),
+  and its search space per workload (:meth:`MethodSpec.space`);
+- its bytes per step and its step time on a cluster (:meth:`MethodSpec.traffic`,
+  :meth:`MethodSpec.step_time`), from the alpha-beta primitives of
+  :mod:`bench.cluster.perfmodel` and :mod:`bench.comm.cost`;
+- its display name, colour and group.
+
+A method is one file in this folder that registers one spec (:func:`register`); the
+folder's ``__init__`` imports every file, so a new file is the whole of adding a method.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from bench.cluster import perfmodel as pm
+from bench.comm import cost
+from bench.registry import ConfigError, Registry
+
+#: one option of a knob: (label part, Hydra overrides keyed in full, e.g. comm.density)
+Option = tuple[str, dict[str, Any]]
+#: a method's search space: knob name -> its options (crossed with the learning rate)
+Space = dict[str, tuple[Option, ...]]
+
+#: the groups a method belongs to, in the order the report lists them
+GROUPS = ("baseline", "paper", "peer 2020", "peer 2026", "variant", "reference")
+
+
+def key(path: str, default: Any) -> Any:
+    """A knob field read from the run config's dotted ``path`` (e.g. ``comm.density``)."""
+    return field(default=default, metadata={"key": path})
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """What a run's config says of its method, typed: each field names its config key.
+    Subclasses add the method's own knobs; the bucket size is every DDP method's."""
+
+    bucket_mb: float = key("comm.bucket_cap_mb", 25.0)
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> Knobs:
+        """The knobs from flat ``values`` (``{"comm.density": 0.01, ...}``) or from a run's
+        nested config (``{"comm": {"density": 0.01}}``); a key not given keeps its default."""
+        out = {}
+        for f in dataclasses.fields(cls):
+            path = f.metadata["key"]
+            v = values.get(path, _nested(values, path))
+            if v is not None:
+                out[f.name] = _cast(f.default, v)
+        return cls(**out)
+
+    def overrides(self, *only: str) -> dict[str, Any]:
+        """The Hydra overrides (full keys) that set these knobs (``only``: those fields)."""
+        keys = {f.name: f.metadata["key"] for f in dataclasses.fields(self)}
+        return {keys[n]: getattr(self, n) for n in only or keys}
+
+
+def _nested(cfg: Mapping[str, Any], path: str) -> Any:
+    cur: Any = cfg
+    for part in path.split("."):
+        if not isinstance(cur, Mapping) or part not in cur:
+            return None
+        cur = cur[part]
+    return cur
+
+
+def _cast(default: Any, v: Any) -> Any:
+    if isinstance(default, bool):
+        return bool(v)
+    if isinstance(default, (int, float)) and not isinstance(v, (list, tuple)):
+        return type(default)(v)
+    if isinstance(default, tuple):
+        return tuple(v)
+    return v
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One comparison method.  The base prices a per-step DDP comm hook (``hook``) by its
+    bucket formula; subclasses override what differs (:mod:`bench.methods.kinds`)."""
+
+    name: str
+    label: str  # display name in tables and legends
+    colour: str  # one colour per method, in every figure
+    group: str  # one of GROUPS
+    order: int = 0  # where it stands in tables, legends and the default sweep
+    doc: str = ""  # one line: what it sends
+    hook: str = ""  # the DDP comm hook it runs every step ("" = its own name)
+    default: bool = False  # in the protocol sweep's default methods
+    min_nodes: int = 1  # nodes it needs (an inter-node stage, an outer synchronisation)
+    wire_bytes: int = 4  # bytes per element its dense exchange sends
+    # the knobs' type and the method's own search space: workload -> knob -> options, as a
+    # function of the workload's reference steps (dense's steps to target)
+    knob_type: type[Knobs] = Knobs
+    spaces: Callable[[str, int], Space] | None = None
+    lr_centre: Mapping[str, float] = field(default_factory=dict)  # workload -> its own rate
+    extra_overrides: tuple[str, ...] = ()  # Hydra overrides beyond comm=<hook>
+    width: float = 1.4  # line width in figures (the paper's methods are drawn thicker)
+    one_node: tuple[str, ...] = ()  # overrides that run it on one node (each worker a node)
+    benched: bool = False  # in the benchmarks' and the scaling study's default methods
+    not_modelled: str = ""  # why the model's ranking (``advise``) leaves it out
+    shapes_why: str = ""  # why its price needs the parameters' shapes ("" = it does not)
+
+    kind: ClassVar[str] = "hook"  # "hook" | "optimizer" | "sync" | "reference"
+    sparse: ClassVar[bool] = False  # sends a density (dense in its warm-up)
+    exchange_in_update: ClassVar[bool] = False  # exchanges in its optimizer step, not a hook
+    # what a run's label names beside the method: (tag, key), the key read from the record
+    # (dots as underscores) or else its config: ("r", "comm.powersgd_rank") -> "powersgd r=4"
+    label_keys: ClassVar[tuple[tuple[str, str], ...]] = ()
+    # what a timing run of one of its phases sets, in order: (knob, its prefix in the run's
+    # label); a knob without a prefix is held at its default (a sparse run's schedule)
+    timed: ClassVar[tuple[tuple[str, str], ...]] = (("bucket_mb", "b"),)
+
+    # -- selection and recognition ------------------------------------------------------
+    @property
+    def comm(self) -> str:
+        """The comm hook its runs record (``comm`` in a record)."""
+        return self.hook or self.name
+
+    def overrides(self) -> list[str]:
+        """The Hydra overrides that select the method."""
+        return [f"comm={self.comm}", *self.extra_overrides]
+
+    def matches(self, rec: Mapping[str, Any]) -> bool:
+        """Whether run record ``rec`` ran this method (checked in :func:`method_of` order:
+        an optimizer's or a sync strategy's spec before the hook's)."""
+        return str(rec.get("comm")) == self.comm
+
+    # -- knobs ----------------------------------------------------------------------------
+    def knobs_of(self, values: Mapping[str, Any]) -> Knobs:
+        """The typed knobs of a trial's overrides or of a run record's config."""
+        return self.knob_type.of(values)
+
+    def space(self, workload: str, ref_steps: int) -> Space:
+        """Its own knobs on ``workload`` (crossed with the learning rate by the protocol);
+        a method with none tunes the bucket size."""
+        return self.spaces(workload, ref_steps) if self.spaces else bucket_space()
+
+    def check(self, workload: str, optim: str) -> None:
+        """ConfigError when the method cannot train ``workload`` with ``optim``."""
+
+    # -- the protocol's timing pass: one phase held for a fixed number of steps ------------
+    def timing_knobs(self, k: Knobs) -> Knobs:
+        """The knobs of the timing run that times a step sent with ``k`` (its key)."""
+        return self.knob_type(**{f: getattr(k, f) for f, p in self.timed if p})
+
+    def timing_label(self, k: Knobs) -> str:
+        """That run's label, its records' protocol trial: ``time hitopk d0.01 b25``."""
+        return " ".join(["time", self.name, *(f"{p}{getattr(k, f):g}" for f, p in self.timed if p)])
+
+    def timing_overrides(self, k: Knobs) -> dict[str, Any]:
+        return k.overrides(*(f for f, _ in self.timed))
+
+    def period(self, k: Knobs) -> int:
+        """Optimizer steps from one exchange to the next (a timing run spans whole ones)."""
+        return 1
+
+    # -- what it sends and how long a step takes -------------------------------------------
+    def bucket_traffic(
+        self, numel: int, n: int, m: int, k: Knobs, shapes: Any = None
+    ) -> cost.Traffic:
+        """The bytes of one bucket of ``numel`` elements on ``n`` x ``m`` workers."""
+        return cost.allreduce(numel, n, m, self.wire_bytes)
+
+    def traffic(
+        self, buckets: Iterable[int], n: int, m: int, k: Knobs, shapes: Sequence[Any] | None = None
+    ) -> cost.Traffic:
+        """All buckets of one step (``shapes``: each bucket's parameter shapes)."""
+        out = cost.Traffic(())
+        for i, d in enumerate(buckets):
+            out = out + self.bucket_traffic(d, n, m, k, shapes[i] if shapes else None)
+        return out
+
+    def bucket_time(self, d: int, c: pm.Cluster, costs: pm.Costs, k: Knobs, shapes: Any) -> float:
+        """One bucket's aggregation time (s): a dense all-reduce, then the division."""
+        extra = 3 if self.wire_bytes < 4 else 1  # a cast to the wire dtype and back
+        return pm.dense_allreduce(d, c, costs, self.wire_bytes) + extra * d * costs.dense_s
+
+    def aggregation_time(
+        self, buckets: Sequence[int], c: pm.Cluster, costs: pm.Costs, k: Knobs, shapes: Any = None
+    ) -> float:
+        """All buckets aggregated one after the other (s)."""
+        return sum(
+            self.bucket_time(d, c, costs, k, shapes[i] if shapes else None)
+            for i, d in enumerate(buckets)
+        )
+
+    def step_time(self, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs, k: Knobs) -> float:
+        """One training step on ``c`` (s): compute, the exposed aggregation, the update."""
+        times = [
+            self.bucket_time(d, c, costs, k, wl.shapes[i] if wl.shapes else None)
+            for i, d in enumerate(wl.buckets)
+        ]
+        return wl.compute_s + pm.exposed(times, wl, self.name) + wl.update_s
+
+    def phases(self, k: Knobs, steps: Sequence[int]) -> list[tuple[str, Knobs]]:
+        """What each optimizer step of ``steps`` sends, as (method, knobs) per step: a
+        warm-up runs as dense.  The base sends alike every step."""
+        return [(self.name, k) for _ in steps]
+
+
+def bucket_space() -> Space:
+    """DDP's bucket size (MB; 25 is DDP's default)."""
+    return {"bucket": tuple((f"b{b:g}", {"comm.bucket_cap_mb": b}) for b in (6.25, 25.0, 100.0))}
+
+
+METHODS: Registry[MethodSpec] = Registry("method")
+
+
+def register(spec: MethodSpec) -> MethodSpec:
+    """Register ``spec`` under its name (a duplicate name is refused)."""
+    if spec.group not in GROUPS:
+        raise ConfigError(f"method {spec.name}: group {spec.group!r} is not one of {GROUPS}")
+    return METHODS.register(spec.name)(spec)

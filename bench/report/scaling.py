@@ -1,0 +1,289 @@
+"""The scaling study in the report: which sweep its figure draws (the one that measured
+the most methods and sizes, :func:`newest_sweep`), the figure itself (efficiency against
+nodes, measured here, and the model's projection to the paper's cluster on its own axis),
+and the lines that say what it shows and how well the model held.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+
+from bench import methods  # noqa: E402
+from bench.report.tables import read  # noqa: E402
+from bench.results.columns import newer_scaling  # noqa: E402
+from bench.results.plots import fig_width, save_figure  # noqa: E402
+from bench.sweeps import scaling_table  # noqa: E402
+
+INVALID_ABOVE = 1.05  # efficiency above this: the compute-only reference is at fault
+
+
+def _methods(df: pd.DataFrame) -> pd.Series:
+    """The rows of methods, not of the compute-only reference (efficiency 1 by definition,
+    not drawn)."""
+    return ~df["comm"].isin(methods.names(group="reference"))
+
+
+def newest_sweep(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the scaling study to draw: of the sweeps with predictions (else of
+    all), the one that measured the most methods, then the most sizes, the newest among
+    equals (sweep ids sort by start time), so that a narrower check run later does not
+    hide the study it checks (:func:`later_checks`); an older table's columns read as
+    today's."""
+    df = newer_scaling(frame)
+    ids = _sweeps_by_breadth(df)
+    return df if not ids else df[df["sweep_id"].astype(str) == ids[-1]]
+
+
+def later_checks(frame: pd.DataFrame) -> list[pd.DataFrame]:
+    """The sweeps with predictions newer than :func:`newest_sweep`'s, each a narrower
+    study of its own (the rows of each, oldest first)."""
+    df = newer_scaling(frame)
+    ids = _sweeps_by_breadth(df)
+    if not ids or "predicted_step_s" not in df.columns:
+        return []
+    main = ids[-1]
+    new = df[df["predicted_step_s"].notna()]
+    later = sorted(x for x in new["sweep_id"].dropna().astype(str).unique() if x > main)
+    return [df[df["sweep_id"].astype(str) == x] for x in later]
+
+
+def _sweeps_by_breadth(df: pd.DataFrame) -> list[str]:
+    """Sweep ids (with predictions where any has them) by (methods measured, sizes,
+    id), the study to draw last; [] where the rows name no sweep."""
+    if "sweep_id" not in df.columns or df["sweep_id"].isna().all():
+        return []
+    new = df[df["predicted_step_s"].notna()] if "predicted_step_s" in df.columns else df[:0]
+    pool = new if len(new) else df
+    pool = pool[pool["sweep_id"].notna()].astype({"sweep_id": str})
+
+    def breadth(sweep: str) -> tuple[int, int, str]:
+        g = pool[(pool["sweep_id"] == sweep) & _methods(pool)]
+        if "kind" in g.columns:
+            g = g[g["kind"].fillna("measured") == "measured"]
+        sizes = {tuple(x) for x in g[["nodes", "workers_per_node"]].itertuples(index=False)}
+        return g["comm"].nunique(), len(sizes), sweep
+
+    return sorted(pool["sweep_id"].unique(), key=breadth)
+
+
+def _measured(ax, meas: pd.DataFrame) -> None:
+    """One line per method (each point one run), the model's prediction for the same size
+    as hollow markers without a line: the lines are the measurements alone.  One marker
+    shape in every panel (each panel is one number of workers per node), the legend's."""
+    for comm, g in meas.groupby("comm", sort=True):
+        g = g.sort_values("nodes")
+        ax.plot(g["nodes"], g["efficiency"], "-", marker="o", color=methods.colour(comm),
+                lw=methods.width(comm))  # fmt: skip
+        if "predicted_efficiency" in g.columns and g["predicted_efficiency"].notna().any():
+            ax.plot(g["nodes"], g["predicted_efficiency"], ls="", marker="o", mfc="none",
+                    ms=8, color=methods.colour(comm), alpha=0.8)  # fmt: skip
+
+
+def _projected(ax, proj: pd.DataFrame) -> None:
+    for comm, g in proj.groupby("comm", sort=True):
+        g = g.sort_values("nodes")
+        ax.plot(g["nodes"], g["efficiency"], "--", marker=".", color=methods.colour(comm))
+        if {"efficiency_min", "efficiency_max"} <= set(g.columns):
+            if g["efficiency_min"].notna().all():
+                ax.fill_between(g["nodes"], g["efficiency_min"], g["efficiency_max"],
+                                color=methods.colour(comm), alpha=0.12)  # fmt: skip
+
+
+def _holds(proj: pd.DataFrame) -> bool:
+    if proj.empty or "model_holds" not in proj.columns:
+        return False
+    v = proj["model_holds"].dropna()
+    return bool(len(v)) and bool(v.astype(str).str.lower().isin(["true", "1", "1.0"]).all())
+
+
+def _worst(meas: pd.DataFrame) -> str:
+    if "model_error" not in meas.columns or meas["model_error"].dropna().empty:
+        return "this sweep has no prediction to check the model against"
+    r = meas.loc[meas["model_error"].abs().idxmax()]
+    return (
+        f"the model missed {r['comm']} on {int(r['nodes'])}x{int(r['workers_per_node'])} "
+        f"by {r['model_error']:+.0%}"
+    )
+
+
+def _off_scale(over: pd.DataFrame) -> str:
+    """The note naming the points not drawn: efficiency above :data:`INVALID_ABOVE`."""
+    sizes = ", ".join(
+        sorted(
+            {
+                f"{r['comm']} at {int(r['nodes'])}x{int(r['workers_per_node'])} "
+                f"({r['efficiency']:.2f})"
+                for _, r in over.iterrows()
+            }
+        )
+    )
+    return (
+        f"not drawn, above {INVALID_ABOVE:g}:\n{sizes};\ntheir compute-only runs were slower "
+        "than runs that communicate:\na measurement fault, not an efficiency"
+    )
+
+
+def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
+    """Efficiency against nodes of the newest sweep in ``frame`` (its CSV's rows): one
+    panel per workers-per-node measured on this machine, and the model's projection to
+    the paper's cluster in its own panel on its own axis."""
+    need = {"efficiency", "comm"}
+    if frame.empty or not need <= set(frame.columns):
+        return None
+    df = newest_sweep(frame)
+    kind = df["kind"] if "kind" in df.columns else pd.Series("measured", index=df.index)
+    meas = df[(kind == "measured") & _methods(df)].dropna(subset=["efficiency"])
+    proj = df[kind == "projected"]
+    if meas.empty and proj.empty:
+        return None
+    if "workers_per_node" not in meas.columns:
+        meas = meas.assign(workers_per_node=1)
+    comms = list(dict.fromkeys([*meas["comm"], *proj["comm"]]))
+    over = meas[meas["efficiency"] > INVALID_ABOVE]
+    shown = meas[meas["efficiency"] <= INVALID_ABOVE]
+    pers = sorted({int(p) for p in meas["workers_per_node"].dropna()}) or [1]
+    fig, axes = plt.subplots(
+        1, len(pers) + 1, figsize=(fig_width(len(pers) + 1, 5.2), 6.4), squeeze=False
+    )
+    axes = list(axes[0])
+    cluster = ", ".join(sorted(meas["cluster"].dropna().astype(str).unique())) or "?"
+    steps = ""
+    if "measured_steps" in meas.columns and meas["measured_steps"].notna().any():
+        steps = f", its step time the median of {int(meas['measured_steps'].median())} steps"
+    for ax, per in zip(axes, pers, strict=False):
+        rows = shown[shown["workers_per_node"] == per]
+        _measured(ax, rows)
+        ax.set_title(f"measured on this machine: {per} worker(s) per node", fontsize=9)
+        ax.set_xlabel(f"nodes ({cluster}; log 2)")
+        ax.set_ylim(0, 1.1)
+        ticks = sorted({int(n) for n in meas["nodes"].dropna()})
+        ax.set_xscale("log", base=2)
+        if ticks:  # the node counts themselves, not powers of 2
+            ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("scaling efficiency (compute-only step / step, ratio)")
+    right = axes[-1]
+    drawn = _holds(proj)
+    if drawn:
+        _projected(right, proj)
+        ticks = sorted({int(n) for n in proj["nodes"].dropna()})
+        right.set_xscale("log", base=2)
+        if ticks:
+            right.set_xticks(ticks, [str(t) for t in ticks])
+    else:
+        why = "no projection in this table" if proj.empty else _worst(meas)
+        right.text(0.5, 0.5, f"projection not drawn:\n{why}", ha="center", va="center",
+                   transform=right.transAxes, fontsize=9, wrap=True)  # fmt: skip
+        right.set_xticks([])
+    right.set_ylim(0, 1.1)
+    right.grid(alpha=0.3)
+    right.set_title("projected: the model, not a measurement", fontsize=9)
+    right.set_xlabel("nodes of 8 V100 at 25 Gbit/s (model; log 2)")
+    right.set_ylabel("projected scaling efficiency (ratio)")
+    handles = [Line2D([], [], color=methods.colour(c), lw=methods.width(c), label=c) for c in comms]
+    handles += [
+        Line2D([], [], color="k", ls="-", marker="o", label="measured: one run a point (n = 1)"),
+        Line2D([], [], color="k", ls="", marker="o", mfc="none", ms=8,
+               label="model's prediction for that size"),
+    ]  # fmt: skip
+    if drawn:
+        handles.append(Line2D([], [], color="k", ls="--", label="projected (band: assumptions)"))
+    # one legend, below the last panel, and the points left out named below the first:
+    # tight_layout makes room for both (an axes' legend and text)
+    right.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2,
+                 fontsize=8, frameon=False)  # fmt: skip
+    if len(over):  # a compute-only run slower than a communicating one: a fault, say it
+        axes[0].text(0.0, -0.13, _off_scale(over), transform=axes[0].transAxes, fontsize=8,
+                     color="firebrick", va="top", wrap=True)  # fmt: skip
+    sweep = str(df["sweep_id"].iloc[0]) if "sweep_id" in df.columns and len(df) else ""
+    fig.suptitle(
+        f"Scaling efficiency against nodes per method, sweep {sweep}\neach measured point is "
+        f"one run (n = 1, no interval){steps}; the projection has its own axis",
+        fontsize=10,
+    )
+    return save_figure(fig, path)
+
+
+def read_scaling(paths: Sequence[Path]) -> pd.DataFrame:
+    """The rows of every readable scaling CSV of ``paths``, each with its file's name
+    (``_csv``)."""
+    frames = [df.assign(_csv=f.name) for f in paths if (df := read(f)) is not None]
+    return pd.concat(frames, ignore_index=True, sort=False) if frames else pd.DataFrame()
+
+
+def scaling_caption(paths: Sequence[Path]) -> str:
+    """The scaling figure's caption: the one sweep it draws and its CSV, not every CSV read."""
+    frame = read_scaling(paths)
+    df = newest_sweep(frame) if len(frame) else frame
+    if df.empty or "sweep_id" not in df.columns or df["sweep_id"].isna().all():
+        return f"scaling efficiency against nodes, from {', '.join(f.name for f in paths)}"
+    csv = ", ".join(dict.fromkeys(df["_csv"]))
+    rest = len(paths) - len(set(df["_csv"]))
+    older = f"; {rest} other scaling CSV(s) in the appendix" if rest > 0 else ""
+    return (
+        f"scaling efficiency against nodes, sweep {df['sweep_id'].iloc[0]} ({csv}: of the "
+        f"sweeps with the model's predictions, the one that measured the most methods and "
+        f"sizes){older}"
+    )
+
+
+def scaling_lines(paths: Sequence[Path]) -> list[str]:
+    """What the newest measured scaling sweep shows: each method's efficiency per size
+    (the compute-only step over its step) and whether the model held."""
+    frame = read_scaling(paths)
+    if frame.empty:
+        return []
+    df = newest_sweep(frame)
+    if "predicted_step_s" not in df or df["predicted_step_s"].isna().all():
+        return []
+    df = df.astype({"nodes": int, "workers_per_node": int})  # 4x1, not 4.0x1.0
+    return [
+        f"Scaling, sweep `{df['sweep_id'].iloc[0]}` (efficiency = the compute-only step / the "
+        f"method's step at the same size, measured on this machine): "
+        f"{'; '.join(_efficiencies(df))}.  "
+        + "; ".join(x.strip() for x in scaling_table.summary(df))
+        + ".",
+        "",
+        *later_check_lines(frame),
+    ]
+
+
+def _efficiencies(df: pd.DataFrame) -> list[str]:
+    """``dense 0.52 at 2x2, 0.38 at 4x2`` per method measured on more than one node."""
+    meas = df[(df["kind"] == "measured") & _methods(df) & (df["nodes"] > 1)]
+    per = []
+    for comm, g in meas.groupby("comm", sort=False):
+        g = g.sort_values("nodes")
+        cells = ", ".join(
+            f"{e:.2f} at {int(n)}x{int(m)}"
+            for n, m, e in zip(g["nodes"], g["workers_per_node"], g["efficiency"], strict=True)
+        )
+        per.append(f"{comm} {cells}")
+    return per
+
+
+def later_check_lines(frame: pd.DataFrame) -> list[str]:
+    """One paragraph per narrower scaling sweep run after the drawn study: its methods,
+    sizes and how well the model predicted them."""
+    out = []
+    for df in later_checks(frame):
+        df = df.astype({"nodes": int, "workers_per_node": int})
+        per = _efficiencies(df)
+        if not per:
+            continue
+        out += [
+            f"Model check, sweep `{df['sweep_id'].iloc[0]}` (not drawn; efficiency as "
+            f"above): {'; '.join(per)}.  "
+            + "; ".join(x.strip() for x in scaling_table.summary(df))
+            + ".",
+            "",
+        ]
+    return out
