@@ -325,3 +325,4 @@ class ResidualMemory(Memory):
         used before is forgotten: the next sweep must not free the residuals just loaded."""
         self.buffers = {k: b.clone() for k, b in sd.get("residuals", {}).items()}
         self.used = set()
+        self.pending.clear()  # what the state before the load carried over is not this one's
