@@ -164,6 +164,11 @@ def _resume(overrides: list[str]) -> None:
 
 
 def _hydra(overrides: list[str]) -> None:
+    if any(o.startswith("resume=") and not o[7:].strip(" '\"") for o in overrides):
+        fail(
+            "resume= needs the id of the run to continue: resume=RUN_ID (each run's id is in "
+            "its closing lines and in its results directory's runs.jsonl)"
+        )
     if "--dry-run" in overrides:
         from reproduce._dryrun import dry_run
 
@@ -289,7 +294,7 @@ def main(argv: list[str]) -> None:
     else:
         names = ["train", "dawnbench", *sorted(_commands())]
         fail(
-            f"unknown command {cmd!r}{did_you_mean(cmd, names)}; choose one of: {', '.join(names)}"
+            f"unknown command {cmd!r}; choose one of: {', '.join(names)}{did_you_mean(cmd, names)}"
         )
 
 

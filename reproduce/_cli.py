@@ -26,7 +26,8 @@ SYNONYMS = {"results.dir": "--results-dir", "experiment": "--experiment", "clust
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """``"; did you mean X?"`` for the closest of ``choices``, or ``""``."""
+    """``"; did you mean X?"`` for the closest of ``choices``, or ``""``: the end of a
+    message (nothing follows its question mark)."""
     close = difflib.get_close_matches(word, sorted(set(choices)), n=1, cutoff=0.6)
     return f"; did you mean {close[0]}?" if close else ""
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import statistics
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,17 +64,18 @@ def hydra_error(e: BaseException) -> str:
         # Hydra's "To append to your config use +key=..." would add a key nothing reads
         key = full_key.group(1)
         return f"unknown config key {key!r}{_suggest_key(key)}"
+    hint = ""
     if "Available options in" in text:
         opts = [ln.strip() for ln in lines if ln.startswith("\t") and "provider=" not in ln]
         m = re.search(r"Could not find '([^']+)/([^'/]+)'", text)
         if m:
-            msg = f"unknown {m.group(1)}={m.group(2)}{did_you_mean(m.group(2), opts)}"
+            msg, hint = f"unknown {m.group(1)}={m.group(2)}", did_you_mean(m.group(2), opts)
         if opts:
             msg += f"; known: {', '.join(opts)}"
     if ctext:
         c = [ln for ln in ctext.splitlines() if ln.strip()]
         msg += f" ({c[0]})" if c else ""
-    return msg
+    return msg + hint
 
 
 def _added_keys(overrides: list[str]) -> list[tuple[str, str]]:
@@ -167,52 +169,88 @@ def launch_line(cfg: Any) -> str:
     )
 
 
-def _duration(s: float) -> str:
+def duration(s: float) -> str:
     return f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min"
 
 
-def earlier_runs(results_dir: str | Path) -> tuple[list[Path], list[dict]]:
-    """(where it looked, the finished runs with a wall time) in ``results_dir`` and the
-    committed reference results."""
-    from bench.results.env import REPO_ROOT
+def earlier_runs(results_dir: Any, keep: Callable[[dict], bool]) -> tuple[list[dict], str]:
+    """The finished runs (ok or target missed, with a wall time) in ``results_dir`` and the
+    reference results that ``keep`` accepts: those on this machine's hardware where there
+    are some, else all; and a phrase saying which hardware."""
+    from bench.results.env import REPO_ROOT, hardware
     from bench.results.records import load_records
 
-    dirs = list(dict.fromkeys([Path(str(results_dir)), REPO_ROOT / REFERENCE]))
-    out = []
-    for d in dirs:
+    found = []
+    for d in dict.fromkeys([Path(str(results_dir)), REPO_ROOT / REFERENCE]):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a torn line elsewhere does not matter here
             recs = load_records(d) if (d / "runs.jsonl").is_file() else []
-        done = [r for r in recs if r.get("status") in ("ok", "target_missed")]
-        out += [r for r in done if r.get("wall_time_s")]
-    return dirs, out
+        ok = ("ok", "target_missed")
+        found += [r for r in recs if r.get("status") in ok and r.get("wall_time_s") and keep(r)]
+    here = [r for r in found if r.get("hardware") == hardware()]
+    on = "this machine's hardware" if here or not found else found[0].get("hardware")
+    return here or found, f"on {on}"
+
+
+def startup_s() -> float:
+    """Seconds since this process started (Linux; else 0): a command's own start-up (its
+    imports, config composition and checks), which a record's wall time leaves out."""
+    import os
+
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def busy_note() -> str | None:
+    """A note when this machine is busy now (its load average per core beyond
+    bench.train.progress.BUSY_PER_CORE): a run would take longer than its estimate."""
+    import os
+
+    from bench.train.progress import BUSY_PER_CORE
+
+    try:
+        load, cores = os.getloadavg()[0], len(os.sched_getaffinity(0))
+    except (OSError, AttributeError):
+        return None
+    if load / cores <= BUSY_PER_CORE:
+        return None
+    return (
+        f"this machine is busy now (load average {load:.1f} on {cores} cores): runs will take "
+        "longer than the estimate, and their timings are unreliable"
+    )
 
 
 def estimate(cfg: Any) -> str:
     """How long the run should take: the median wall time of earlier runs of the same
-    experiment, comm, world size and epochs (on this hardware when some were)."""
-    from bench.results.env import hardware
-
+    experiment, comm, world size and epochs (on this hardware when some were), plus this
+    command's own start-up, measured now."""
     c = cfg.cluster
-    key = (cfg.experiment, cfg.comm.name, c.nnodes * c.nproc_per_node, cfg.train.epochs)
-    dirs, recs = earlier_runs(cfg.results.dir)
-    epochs = [((r.get("config") or {}).get("train") or {}).get("epochs") for r in recs]
-    same = [r for r, e in zip(recs, epochs, strict=True)
-            if (r.get("experiment"), r.get("comm"), r.get("world_size"), e) == key]  # fmt: skip
-    if not same:
+    key = (
+        str(cfg.experiment),
+        str(cfg.comm.name),
+        int(c.nnodes) * int(c.nproc_per_node),
+        int(cfg.train.epochs),
+    )
+
+    def same(r: dict) -> bool:
+        epochs = ((r.get("config") or {}).get("train") or {}).get("epochs")
+        return (r.get("experiment"), r.get("comm"), r.get("world_size"), epochs) == key
+
+    pick, on = earlier_runs(cfg.results.dir, same)
+    if not pick:
         return (
             f"expected time: unknown (no earlier run of {key[0]} with comm={key[1]} on "
-            f"{key[2]} worker(s) in {' or '.join(str(d) for d in dirs)}); at most "
-            f"{key[3]} epoch(s)"
+            f"{key[2]} worker(s) here or in {REFERENCE}/); at most {key[3]} epoch(s)"
         )
-    here = hardware()
-    local = [r for r in same if r.get("hardware") == here]
-    pick = local or same
-    t = statistics.median(float(r["wall_time_s"]) for r in pick)
-    on = "this machine's hardware" if local else f"other hardware ({pick[0].get('hardware')})"
+    t, up = statistics.median(float(r["wall_time_s"]) for r in pick), startup_s()
     return (
-        f"expected time: about {_duration(t)} (median wall time of {len(pick)} earlier "
-        f"run(s) of this configuration, on {on})"
+        f"expected time: about {duration(t + up)} ({duration(t)}: the median wall time of "
+        f"{len(pick)} earlier run(s) of this configuration, {on}; {up:.0f} s: this "
+        "command's start-up, measured now)"
     )
 
 
@@ -285,6 +323,8 @@ def dry_run(overrides: list[str]) -> None:
         fail(f"the run would be refused: {why}")
     print(launch_line(cfg))
     print(estimate(cfg))
+    if busy_note():
+        print(f"note: {busy_note()}")
     print("checks passed: the config, the data, the cluster's requirements, the results directory")
     if verbose:
         print("resolved config:")

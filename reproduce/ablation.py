@@ -65,7 +65,9 @@ def _parser() -> argparse.ArgumentParser:
                     help=f"{' and '.join(quick_methods())}, 1 seed each")  # fmt: skip
     ap.add_argument("--grid", action="store_true", help="the comm x cache x update grid")
     ap.add_argument("--order-seed", type=int, default=None, help="protocol: run order seed")
-    ap.add_argument("--dry-run", action="store_true", help="print the jobs, run nothing")
+    ap.add_argument("--dry-run", action="store_true", help="check and summarise, run nothing")
+    ap.add_argument("-v", "--verbose", action="store_true",
+                    help="with --dry-run: every job's command line, each job checked")  # fmt: skip
     ap.add_argument("--aggregate", metavar="SWEEP_ID", help="rebuild the table from records")
     _sweep.add_options(ap)
     ap.add_argument(
@@ -100,7 +102,7 @@ def _workload_name(args: argparse.Namespace) -> str:
 
             known = ", ".join(WORKLOADS)
             hint = did_you_mean(args.workload, WORKLOADS)
-            raise ConfigError(f"unknown workload {args.workload!r}{hint}; known: {known}")
+            raise ConfigError(f"unknown workload {args.workload!r}; known: {known}{hint}")
         return args.workload
     return next((w for w, e in WORKLOADS.items() if e == args.experiment), "image")
 
@@ -161,9 +163,7 @@ def _protocol_plan(args: argparse.Namespace, jobs: list[str]):
         order_seed=order_seed,
         results_dir=args.results_dir,
         extra=jobs,
-        # on a real cluster (a Slurm launcher) its own links are the check; the emulated
-        # cluster stands in for slow links where there are none, and needs root
-        check_cluster="multinode" if args.cluster == "multinode" else "emulated",
+        check_cluster=_check_cluster(args),
     )
     plan.check()
     plan.notes.append(
@@ -182,8 +182,39 @@ def _protocol_plan(args: argparse.Namespace, jobs: list[str]):
     plan.notes.append(
         f"{lo}-{hi} runs, about {t_lo:.0f}-{t_hi:.0f} minutes on 2 cores (docs/protocol.md)"
     )
-    plan.check_jobs()
+    _check(plan, not args.dry_run or args.verbose)
     return plan
+
+
+def _check_cluster(args: argparse.Namespace) -> str:
+    """Where the protocol's timing pass and end-to-end check run: on a real cluster (a
+    Slurm launcher) its own links; a quick try on the local cluster the local one (no
+    root needed); else the emulated cluster, which stands in for slow links where there
+    are none, and needs root."""
+    if args.cluster == "multinode" or (args.quick and args.cluster == "local"):
+        return args.cluster
+    return "emulated"
+
+
+def _check(plan, every: bool) -> None:
+    """Every job composed and checked as its run will be; not ``every`` (a dry run
+    without --verbose): one job per set of config groups chosen (each method's first
+    trial, the timing pass's first job), as a trial's values come from the protocol's own
+    search space and the user's overrides are in every job."""
+    from bench.sweeps import protocol as pr
+    from bench.sweeps.common import validate_jobs
+
+    if every:
+        plan.check_jobs()
+        return
+    if isinstance(plan, pr.Plan):
+        jobs = [plan.overrides(pr.Job(pr.TUNE, c, t, 0)) for c in plan.comms
+                for t, _ in plan._space(c)]  # fmt: skip
+        jobs += [plan.overrides(j) for j in plan.timing_jobs()[:1]]
+    else:
+        jobs = plan.jobs()
+    one = {tuple(o for o in j if "." not in o.split("=", 1)[0]): j for j in reversed(jobs)}
+    validate_jobs(list(one.values()), plan.results_dir)
 
 
 def _grid_plan(args: argparse.Namespace, jobs: list[str]):
@@ -206,7 +237,7 @@ def _grid_plan(args: argparse.Namespace, jobs: list[str]):
     plan.check_names()
     plan.cluster_overrides, note = cluster_profile(args.cluster, jobs)
     plan.notes.append(note)
-    plan.check_jobs()  # every job's config, before anything runs
+    _check(plan, not args.dry_run or args.verbose)  # before anything runs
     return plan
 
 
@@ -352,16 +383,15 @@ def _grid_minutes(plan) -> str:
     of its experiment recorded here or in the reference results, or why it is unknown."""
     import statistics
 
-    from reproduce._dryrun import _duration, earlier_runs
+    from reproduce._dryrun import duration, earlier_runs
 
-    _, recs = earlier_runs(plan.results_dir)
-    times = [float(r["wall_time_s"]) for r in recs if r.get("experiment") == plan.experiment]
+    times, on = earlier_runs(plan.results_dir, lambda r: r.get("experiment") == plan.experiment)
     n = len(plan.jobs())
     if not times:
         return f"{n} runs, duration unknown (no earlier run of {plan.experiment} recorded)"
-    t = statistics.median(times)
-    return (f"{n} runs, about {_duration(n * t)} ({t:.0f} s each: the median wall time "
-            f"of {len(times)} recorded run(s) of {plan.experiment}, any method)")  # fmt: skip
+    t = statistics.median(float(r["wall_time_s"]) for r in times)
+    return (f"{n} runs, about {duration(n * t)} ({t:.0f} s each: the median wall time "
+            f"of {len(times)} recorded run(s) of {plan.experiment}, any method, {on})")  # fmt: skip
 
 
 def _expected(plan) -> list[str]:
@@ -381,7 +411,18 @@ def _expected(plan) -> list[str]:
     return out
 
 
-def _dry_run(plan) -> None:
+def _stage(name: str, jobs: list, order: list[str], where: str = "") -> str:
+    """One line: a stage's runs, per method (in the plan's ``order``)."""
+    from collections import Counter
+
+    n = Counter(j.comm for j in jobs)
+    per = ", ".join(f"{m} {n[m]}" for m in order if n[m])
+    return f"{name}: {len(jobs)} runs{where}" + (f" ({per})" if per else "")
+
+
+def _dry_run(plan, verbose: bool) -> None:
+    """The sweep's stages, per method, and its first command line (``verbose``: every
+    job's command line)."""
     from bench.sweeps import protocol as pr
 
     for note in plan.notes:
@@ -390,24 +431,33 @@ def _dry_run(plan) -> None:
         print(f"note: {line}")
     how = f"submitted through {plan.launcher}" if plan.launcher else "run through one run queue"
     if isinstance(plan, pr.Plan):
-        for i, job in enumerate(plan.tune_jobs()):
-            print(f"tune {i}: python -m reproduce train " + " ".join(plan.overrides(job)))
-        for i, job in enumerate(plan.timing_jobs()):
-            print(f"time {i}: python -m reproduce train " + " ".join(plan.overrides(job)))
-        where = ", ".join(pr.clusters(plan))
-        print(
-            f"then per cluster ({where}) each method's trial of lowest median time to target on "
-            "the tuning seeds (steps x step time: the timing pass on "
+        tune, timing = plan.tune_jobs(), plan.timing_jobs()
+        jobs = [("tune", j) for j in tune] + [("time", j) for j in timing]
+        print(_stage("tuning", tune, plan.comms))
+        if timing:
+            print(_stage("timing pass", timing, plan.comms, f" on {plan.check_cluster}"))
+        lines = [f"{r} {i}: python -m reproduce train " + " ".join(plan.overrides(j))
+                 for i, (r, j) in enumerate(jobs)]  # fmt: skip
+        then = (
+            f"then per cluster ({', '.join(pr.clusters(plan))}) each method's trial of lowest "
+            "median time to target on the tuning seeds (steps x step time: the timing pass on "
             f"{plan.check_cluster}, the performance model at each paper ratio); each "
-            f"configuration selected for any of them runs on each of the {len(plan.eval_seeds)} "
-            f"evaluation seeds, on {plan.check_cluster} when it was selected there (its clock "
-            f"is the end-to-end check), else on {plan.cluster} ({how})"
+            "configuration selected for any of them runs on each of the "
+            f"{len(plan.eval_seeds)} evaluation seeds, on {plan.check_cluster} when it was "
+            f"selected there (its clock is the end-to-end check), else on {plan.cluster} ({how})"
         )
-        return
-    for i, job in enumerate(plan.jobs()):
-        print(f"job {i}: python -m reproduce train " + " ".join(job))
-    warm = "" if plan.launcher else ": one launch of the workers, a warm-up"
-    print(f"the jobs would be {how}{warm}")
+    else:
+        lines = [f"job {i}: python -m reproduce train " + " ".join(j)
+                 for i, j in enumerate(plan.jobs())]  # fmt: skip
+        print(f"grid: {len(lines)} runs ({len(plan.comms)} methods x {len(plan.caches)} caches "
+              f"x {len(plan.updates)} update modes x {plan.seeds} seeds)")  # fmt: skip
+        warm = "" if plan.launcher else ": one launch of the workers, a warm-up"
+        then = f"the jobs would be {how}{warm}"
+    if verbose:
+        print("\n".join(lines))
+    elif lines:
+        print(f"first: {lines[0].split(': ', 1)[1]}  (every job's command line: --verbose)")
+    print(then)
 
 
 def _run(args: argparse.Namespace, plan, resumed: bool) -> int:
@@ -428,7 +478,7 @@ def _run(args: argparse.Namespace, plan, resumed: bool) -> int:
     how = f", launcher {plan.launcher}" if plan.launcher else ""
     print(f"sweep {plan.sweep_id}: {what}, cluster {plan.cluster}{how}: {n}")
     if args.dry_run:
-        _dry_run(plan)
+        _dry_run(plan, args.verbose)
         return 0
     if not resumed:
         _pin(plan, _first_job(plan))
@@ -506,5 +556,10 @@ def main(argv: list[str]) -> None:
     for a, plan, resumed in sweeps:
         with _sweep.full_disk("ablation", plan):
             code = max(code, _run(a, plan, resumed))
+    protocols = [p for _, p, _ in sweeps if isinstance(p, pr.Plan)]
+    if args.dry_run and len(protocols) > 1:  # the workloads one after the other
+        lo, hi, t_lo, t_hi = (sum(x) for x in zip(*map(pr.estimate, protocols), strict=True))
+        print(f"in all: {len(protocols)} sweeps, {lo}-{hi} runs, about {t_lo / 60:.1f}-"
+              f"{t_hi / 60:.1f} hours on 2 cores (docs/protocol.md); nothing run")  # fmt: skip
     if code:
         sys.exit(code)

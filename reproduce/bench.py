@@ -75,8 +75,8 @@ def main(argv: list[str]) -> None:
         sys.exit(0 if args.list else 2)
     if args.name not in registry.names():
         fail(
-            f"bench: unknown benchmark {args.name!r}{did_you_mean(args.name, registry.names())}; "
-            f"choose one of: {', '.join(registry.names())}"
+            f"bench: unknown benchmark {args.name!r}; choose one of: "
+            f"{', '.join(registry.names())}{did_you_mean(args.name, registry.names())}"
         )
     try:
         spec = registry.get(args.name)

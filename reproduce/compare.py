@@ -4,9 +4,11 @@ Accuracy curves of recorded runs side by side (per epoch and against training ti
 drawn from the records (``runs.jsonl``) and the curve CSVs alone, with each run's time to
 target printed as a table.  The first run id is yours; each run is labelled with its role
 (yours, reference, compared), run id, method and hardware, and a line per other run says
-how it differs from yours (time ratio, hardware, the settings that differ).  Each run id
-is looked up in the ``--results-dir`` directories in order (by default a user's ``runs/``
-and then the committed reference ``results/``), so that a user's run compares with a
+how it differs from yours (time ratio, hardware, a busy machine, the settings that differ:
+those of learning and timing, comm and optim first; bookkeeping such as train.progress
+apart).  Runs with the same curve stay visible: the first is drawn wide and translucent.
+Each run id is looked up in the ``--results-dir`` directories in order (by default a user's
+``runs/`` and then the committed reference ``results/``), so that a user's run compares with a
 reference one by naming both.
 """
 
@@ -156,11 +158,33 @@ def _differences(recs: list[dict]) -> list[str]:
             head += " no time ratio (a run missed the target)"
         if mine.get("hardware") != r.get("hardware"):
             head += "; other hardware, so the times compare machines as well as recipes"
+        busy = [
+            w for w, x in (("yours", mine), ("its", r)) if (x.get("machine_load") or {}).get("busy")
+        ]
+        if busy:
+            head += f"; {' and '.join(busy)} ran on a busy machine (timings unreliable)"
         diff = _config_diff(mine.get("config") or {}, r.get("config") or {})
-        shown = ", ".join(f"{k}: {a} vs {b}" for k, a, b in diff[:8])
-        more = f" (and {len(diff) - 8} more)" if len(diff) > 8 else ""
-        out.append(head + (f"; settings differ: {shown}{more}" if diff else "; same settings"))
+        cosmetic = _bookkeeping()
+        matter = [d for d in diff if d[0] not in cosmetic]
+        shown = ", ".join(f"{k}: {a} vs {b}" for k, a, b in matter[:8])
+        more = f" (and {len(matter) - 8} more)" if len(matter) > 8 else ""
+        head += f"; settings differ: {shown}{more}" if matter else "; same training settings"
+        rest = [k for k, _, _ in diff if k in cosmetic]
+        out.append(head + (f" (bookkeeping only: {', '.join(rest)})" if rest else ""))
     return out
+
+
+# config groups in the order their differences are listed: learning and timing first
+_ORDER = ("comm", "sync", "optim", "train", "data", "model", "cache", "cluster")
+
+
+def _bookkeeping() -> set[str]:
+    """Config keys that change neither what a run learns nor its timing: those a resumed
+    run may change (bench.train.checkpoint.MAY_DIFFER), but its epochs (the schedule) and
+    its NaN check (a sync per step)."""
+    from bench.train.checkpoint import MAY_DIFFER
+
+    return set(MAY_DIFFER) - {"train.epochs", "train.nan_check"}
 
 
 # record fields that differ from run to run whatever the recipe
@@ -171,7 +195,8 @@ def _config_diff(a: dict, b: dict, prefix: str = "") -> list[tuple[str, object, 
     """(key, yours, theirs) of the config settings both records have that differ, nested
     keys dotted."""
     out = []
-    for k in sorted(set(a) & set(b)):  # a key one record lacks is of an older format
+    # a key one record lacks is of an older format; the groups in the order of _ORDER
+    for k in sorted(set(a) & set(b), key=lambda k: (_ORDER.index(k) if k in _ORDER else 99, k)):
         if not prefix and k in _RUN_KEYS:
             continue
         x, y = a.get(k), b.get(k)

@@ -8,7 +8,9 @@ user's own runs by default (``runs/``); the committed reference results are
 ``--results-dir results``.  ``--reference results`` draws a user's runs beside the
 reference ones: both directories' records, curves and CSVs are copied into
 ``DIR/with-reference/`` (the inputs are only read), and the figures and report are made
-there.
+there; each of the user's runs is its own labelled line on the reference's
+time-to-accuracy axes.  ``--experiment NAME`` draws that experiment's figures only (not
+the scaling study's or the benchmarks').
 """
 
 from __future__ import annotations
@@ -115,6 +117,12 @@ def _load(results_dir: str):
             warnings.simplefilter("ignore")  # load_inputs keeps each warning as a problem
             inputs = load_inputs(results_dir)
     except NoRecords as e:
+        if Path(results_dir).exists() and not Path(results_dir).is_dir():
+            fail(
+                f"{results_dir} is a file, not a results directory: point --results-dir at a "
+                f"directory with records (a user's runs: {RESULTS}; the committed reference "
+                f"results: {REFERENCE})"
+            )
         fail(
             f"{e}: run a training first, e.g. `python -m reproduce dawnbench "
             f"results.dir={results_dir}`, or point --results-dir at a directory with records "
@@ -167,6 +175,17 @@ def _problems(problems: list[str], verbose: bool) -> None:
         )
 
 
+def _yours(args: argparse.Namespace) -> set[str]:
+    """With ``--reference``: the run ids of the user's own runs (drawn on their own)."""
+    from bench.results.records import load_records
+
+    if not args.reference:
+        return set()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a torn line: reported when the merged copy is read
+        return {str(r.get("run_id")) for r in load_records(args.results_dir)}
+
+
 def _dry_run(args: argparse.Namespace) -> None:
     """List the inputs and every output where the real command would write it; with
     ``--reference`` the merged inputs are read from a temporary copy, so that nothing is
@@ -186,7 +205,7 @@ def _plan_and_list(args: argparse.Namespace, inputs, moved: tuple[Path, Path] | 
     from bench.report.figures import plan
 
     _check_experiments(args.experiment, set(inputs.runs["experiment"]))
-    figs = plan(inputs, args.experiment)
+    figs = plan(inputs, args.experiment, _yours(args))
     _problems(inputs.problems, args.verbose)
 
     def where(p: Path) -> Path:
@@ -213,7 +232,7 @@ def main(argv: list[str]) -> None:
     from bench.report.answer import write_report
     from bench.report.figures import draw, plan
 
-    figs = plan(inputs, args.experiment)
+    figs = plan(inputs, args.experiment, _yours(args))
     _problems(inputs.problems, args.verbose)
     report = inputs.results_dir / "REPORT.md"
     _check_writable([report.parent, *{f.path.parent for f in figs}])

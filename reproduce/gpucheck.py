@@ -94,8 +94,8 @@ def main(argv: list[str]) -> None:
         if unknown:
             hint = did_you_mean(unknown[0], [s.name for s in STEPS])
             _fail(
-                f"unknown step(s) {', '.join(unknown)}{hint}; "
-                f"choose from {', '.join(s.name for s in STEPS)}"
+                f"unknown step(s) {', '.join(unknown)}; "
+                f"choose from {', '.join(s.name for s in STEPS)}{hint}"
             )
         steps = tuple(s for s in STEPS if s.name in names)
     wheels = _wheels(args.wheels) if args.wheels else []

@@ -72,7 +72,9 @@ def _parser() -> argparse.ArgumentParser:
         "--quick", action="store_true",
         help="local cluster, 1x1 and 2x1, dense and hitopk, 2 steps (no root needed)",
     )  # fmt: skip
-    ap.add_argument("--dry-run", action="store_true", help="print the runs, run nothing")
+    ap.add_argument("--dry-run", action="store_true", help="check and summarise, run nothing")
+    ap.add_argument("-v", "--verbose", action="store_true",
+                    help="with --dry-run: every run's command line")  # fmt: skip
     ap.add_argument("--aggregate", metavar="SWEEP_ID", default="", help="table of a finished sweep")
     _sweep.add_options(ap, rerun_failed=False)
     ap.add_argument(
@@ -165,11 +167,56 @@ def main(argv: list[str]) -> None:
     for s in plan.skipped():
         print(f"note: skipped {s}")
     if args.dry_run:
-        for i, (_, job) in enumerate(jobs):
-            print(f"run {i}: python -m reproduce train " + " ".join(job))
+        print(f"note: {_expected(plan)}")
+        lines = [
+            f"run {i}: python -m reproduce train " + " ".join(j) for i, (_, j) in enumerate(jobs)
+        ]
+        if args.verbose:
+            print("\n".join(lines))
+        else:
+            print(f"first: {lines[0].split(': ', 1)[1]}  (every run's command line: --verbose)")
+        print("nothing run (--dry-run)")
         return
     with _sweep.full_disk("scaling", plan, then=""):
         _run(plan, doc)
+
+
+def _expected(plan) -> str:
+    """The sweep's expected time: each run at the median wall time of the earlier scaling
+    runs of its size (nodes, workers) with its steps and epochs (else with any), recorded
+    here or in the reference results (on this hardware where there are some)."""
+    import statistics
+
+    from reproduce._dryrun import duration, earlier_runs
+
+    def size(r: dict, exact: bool) -> tuple | None:
+        c = r.get("config") or {}
+        t = c.get("train") or {}
+        sweep = str((c.get("results") or {}).get("sweep_id") or "")
+        steps = (t.get("max_steps_per_epoch"), t.get("epochs")) == (plan.steps, plan.epochs)
+        if not sweep.startswith("scaling") or r.get("experiment") != plan.experiment:
+            return None
+        return (r.get("nnodes"), r.get("world_size")) if steps or not exact else None
+
+    for exact in (True, False):
+        runs, on = earlier_runs(plan.results_dir, lambda r, e=exact: size(r, e) is not None)
+        walls: dict[tuple, list[float]] = {}
+        for r in runs:
+            walls.setdefault(size(r, exact), []).append(float(r["wall_time_s"]))
+        sizes = [(n, n * m) for (n, m, _), _ in plan.jobs()]
+        known = [statistics.median(walls[k]) for k in sizes if k in walls]
+        if known:
+            break
+    else:
+        return f"expected time: unknown (no earlier scaling run of {plan.experiment} recorded)"
+    which = "" if exact else f" with other steps or epochs than {plan.steps} x {plan.epochs}"
+    left = len(sizes) - len(known)
+    left_out = f"; {left} run(s) of sizes never run before not counted" if left else ""
+    return (
+        f"expected time: about {duration(sum(known))} for {len(known)} run(s) (the median wall "
+        f"time of earlier scaling runs of each size{which}, {on}){left_out}; plus each "
+        "size's link profile and launch"
+    )
 
 
 def _from_records(sweep_id: str, results_dir: str, status_only: bool) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 
@@ -52,7 +53,8 @@ def launch(cfg: DictConfig, experiment: str, output_dir: str, multirun: bool) ->
         out = out if os.path.isabs(str(cfg.results.dir)) else os.path.relpath(out)
         print(f"  {'launch files':<{WIDTH}}  {out}/ (Hydra's config, the workers' run JSON)")
         # the run against the reference record of its recipe, and what to do next
-        print("\n".join(comparison_lines(rec, results_dir=str(cfg.results.dir))), flush=True)
+        lines = comparison_lines(rec, results_dir=str(cfg.results.dir))
+        print("\n".join(after_stop(rec, cost_lines(rec) + lines, sys.argv[1:])), flush=True)
     if rc and not multirun:
         sys.exit(rc)
     return rec.get("time_to_target_s") if rec else None
@@ -74,6 +76,35 @@ def outside_hydra(cfg: DictConfig, overrides: list[str]) -> None:
     (out / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(list(overrides)))
     chosen = [o.split("=", 1)[1] for o in overrides if o.startswith("experiment=")]
     launch(cfg, chosen[-1] if chosen else cfg.experiment, str(out), multirun=False)
+
+
+def cost_lines(rec: dict) -> list[str]:
+    """The cost to target of a run that reached it (the DAWNBench JSON's costToTargetUSD),
+    or how to have it: the machine's price per hour is ``results.cost_per_hour``."""
+    tt = rec.get("time_to_target_s")
+    if tt is None:
+        return []
+    price = ((rec.get("config") or {}).get("results") or {}).get("cost_per_hour")
+    if price is None:
+        return [
+            "cost to target: unknown; results.cost_per_hour=<USD per hour of this machine> "
+            "gives it (the DAWNBench JSON's costToTargetUSD)"
+        ]
+    return [f"cost to target: {float(price) * tt / 3600:.4f} USD at {price} USD per hour"]
+
+
+def after_stop(rec: dict, lines: list[str], argv: list[str]) -> list[str]:
+    """``lines`` (the run beside the reference, the next command) for a run that ended;
+    one that stopped early (interrupted, error) without a checkpoint is told to run again
+    (with a checkpoint, the resume command was given above)."""
+    if rec.get("status") not in ("interrupted", "error"):
+        return lines
+    lines = [ln for ln in lines if not ln.startswith("next: ")]
+    if not rec.get("checkpoint"):
+        again = " ".join(shlex.quote(a) for a in argv)
+        lines.append(f"next: no checkpoint to continue from; run it again: "
+                     f"python -m reproduce train {again}")  # fmt: skip
+    return lines
 
 
 app = hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")(task)

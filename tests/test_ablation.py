@@ -140,19 +140,26 @@ def test_dry_run_runs_nothing(
     monkeypatch.setattr(common, "run_queued", no_run)
     res = tmp_path / "res"
     argv = ["--quick", "--dry-run", "--cluster", "local", "--results-dir", str(res)]
-    cli.main([*argv, "--grid"])
+    cli.main([*argv, "--grid", "--verbose"])
     out = capsys.readouterr().out
     assert "2 jobs" in out and "comm=dense" in out and "comm=hitopk" in out
     assert "job 1: python -m reproduce train experiment=dawnbench_digits cluster=local" in out
     assert not res.exists()  # nothing recorded, no directory made
-    # the default: the protocol, its tuning runs listed, nothing run or written
+    # the default: the protocol, its stages per method, one command line, nothing run
     cli.main(argv)
     out = capsys.readouterr().out
     assert "protocol equal-budget-v2" in out and "4 tuning runs" in out  # dense tuned too
-    assert "timing runs" in out and "results.protocol_role=time" in out
+    assert "tuning: 4 runs (dense 2, hitopk 2)" in out
+    # a quick try on the local cluster times on it too: no root, no emulated cluster
+    assert "timing pass: 4 runs on local (dense 2, hitopk 2)" in out and "emulated" not in out
+    assert "first: python -m reproduce train " in out and "line: --verbose)" in out
+    assert "tune 1:" not in out and len(out.splitlines()) <= 12
+    cli.main([*argv, "--verbose"])  # every job's command line
+    out = capsys.readouterr().out
+    assert "results.protocol_role=time" in out and "tune 3: python -m reproduce train" in out
     assert "results.protocol_role=tune" in out and "comm=hitopk" in out
     assert not res.exists()
-    grid = ["--grid", "--comm", "dense", "--seeds", "2", "--cluster", "local"]
+    grid = ["--grid", "--comm", "dense", "--seeds", "2", "--cluster", "local", "--verbose"]
     cli.main(["--dry-run", *grid, "--results-dir", str(tmp_path)])
     out = capsys.readouterr().out
     # digits: cache=multilevel is the same input as cache=none, so not run twice, and said
@@ -280,6 +287,7 @@ def test_the_default_protocol_runs_each_workload_in_turn(
     text = out[out.index(sweeps[1]) :]
     assert "cluster.nnodes=2 cluster.nproc_per_node=2" in text and "comm=topk" not in text
     assert "tuning seeds [1000]" in text
+    assert "in all: 2 sweeps, " in out.splitlines()[-1]  # the workloads' totals, summed
     assert not res.exists()
     # a named workload, or a sweep id, is one sweep
     cli.main(["--dry-run", "--cluster", "local", "--workload", "translation",

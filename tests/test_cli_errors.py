@@ -91,4 +91,52 @@ def test_did_you_mean(tmp_path: Path, args: list[str], needles: list[str]) -> No
     p = run_cli(*args, f"results.dir={tmp_path}", timeout=120)
     _one_line_error(p, *needles)
     assert p.returncode == 2
+    assert "?;" not in p.stderr  # the question ends the message: nothing after it
     assert not (tmp_path / "runs.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["train", "resume="], "resume= needs the id of the run to continue: resume=RUN_ID"),
+        (["dawnbench", "resume=", "--dry-run"], "resume= needs the id of the run"),
+        (["figures", "--results-dir", "FILE"], "FILE is a file, not a results directory"),
+    ],
+)
+def test_messages_say_what_is_wrong(tmp_path: Path, capsys, args: list[str], needle: str) -> None:
+    """An empty run id is named as such (not "run  has no checkpoint"); a results
+    directory that is a file is not offered to dawnbench as one."""
+    from reproduce.__main__ import main
+
+    (tmp_path / "FILE").write_text("x")
+    with pytest.raises(SystemExit) as e:
+        main([a.replace("FILE", str(tmp_path / "FILE")) for a in args])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and needle.replace("FILE", str(tmp_path / "FILE")) in err
+    assert "results.dir=" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_stopped_run_without_a_checkpoint_is_told_to_run_again() -> None:
+    from reproduce.train import after_stop
+
+    lines = ["reference: ...", "next: python -m reproduce figures"]
+    argv = ["experiment=dawnbench_digits", "results.dir=my runs"]
+    out = after_stop({"status": "interrupted", "checkpoint": None}, lines, argv)
+    assert out[-1] == (
+        "next: no checkpoint to continue from; run it again: python -m reproduce train "
+        "experiment=dawnbench_digits 'results.dir=my runs'"
+    )
+    kept = after_stop({"status": "error", "checkpoint": "c/epoch-0001"}, lines, argv)
+    assert kept == ["reference: ..."]  # the resume command was given with the checkpoint
+    assert after_stop({"status": "ok"}, lines, argv) == lines
+
+
+def test_the_run_s_end_says_how_to_get_its_cost() -> None:
+    from reproduce.train import cost_lines
+
+    rec = {"time_to_target_s": 36.0, "config": {"results": {"cost_per_hour": None}}}
+    (line,) = cost_lines(rec)
+    assert "results.cost_per_hour=" in line and "costToTargetUSD" in line
+    rec["config"]["results"]["cost_per_hour"] = 3.0
+    assert cost_lines(rec) == ["cost to target: 0.0300 USD at 3.0 USD per hour"]
+    assert cost_lines({"time_to_target_s": None}) == []  # not reached: no cost to target

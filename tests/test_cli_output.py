@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,7 +15,9 @@ import pytest
 import torch
 
 from bench.results.outputs import closing_lines, written
-from bench.train.loop import _progress, _show_step
+from bench.train import progress
+from bench.train.progress import epoch_bar as _progress
+from bench.train.progress import show_step as _show_step
 from reproduce.__main__ import main
 from tests.conftest import REPO
 from tests.test_figures import _curve, _record, results  # noqa: F401  (a fixture)
@@ -27,7 +30,11 @@ class _Terminal(io.StringIO):
 
 def _state(rank: int = 0) -> SimpleNamespace:
     return SimpleNamespace(
-        rank=rank, steps=5, epoch=0, cfg=SimpleNamespace(train=SimpleNamespace(progress=True))
+        rank=rank,
+        steps=5,
+        epoch=0,
+        run={"run_id": "r"},
+        cfg=SimpleNamespace(train=SimpleNamespace(progress=True)),
     )
 
 
@@ -47,6 +54,50 @@ def test_progress_on_a_terminal_only(monkeypatch) -> None:
     bar.refresh()
     assert "1/5" in term.getvalue() and "loss 1.250" in term.getvalue()
     bar.close()
+
+
+def test_progress_on_a_terminal_of_width_0(monkeypatch) -> None:
+    """A pseudo-terminal that reports 0 columns (``script -c`` without a terminal of its
+    own) still shows the bar: tqdm draws nothing at width 0."""
+    term = _Terminal()
+    monkeypatch.setattr("sys.stderr", term)
+    monkeypatch.setattr(progress, "_size", lambda: progress.SIZE)
+    bar = _progress(_state())
+    bar.update(1)
+    bar.refresh()
+    assert "epoch 1" in term.getvalue() and "1/5" in term.getvalue()
+    bar.close()
+    monkeypatch.undo()
+    monkeypatch.setattr("sys.stderr", SimpleNamespace(fileno=lambda: 2))
+    monkeypatch.setattr("os.get_terminal_size", lambda fd: os.terminal_size((0, 0)))
+    assert progress._size() == progress.SIZE
+    monkeypatch.setattr("os.get_terminal_size", lambda fd: os.terminal_size((120, 40)))
+    assert progress._size() is None  # a terminal's own size: the bar follows it
+
+
+@pytest.mark.parametrize("load, busy", [(2.0, False), (5.2, True)])
+def test_a_busy_machine_is_warned_about_and_recorded(monkeypatch, capsys, load, busy) -> None:
+    """Load beyond the run's own workers (2 workers x 1 thread on 2 cores, an hour in):
+    one warning line, once, and ``busy`` in the record's ``machine_load``."""
+    monkeypatch.setattr("os.getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr("torch.get_num_threads", lambda: 1)
+    monkeypatch.delenv("RANK", raising=False)
+    cluster = {"name": "local", "nnodes": 1, "nproc_per_node": 2}
+    payload = {
+        "config": {"cluster": cluster},
+        "run": {"run_id": "r1", "launch_time": time.time() - 3600},
+    }
+    progress.watch_load(payload)
+    progress._sample("r1")
+    rec = progress.machine_load("r1")
+    warned = [ln for ln in capsys.readouterr().err.splitlines() if "busy" in ln]
+    assert rec is not None and rec["busy"] is busy and rec["cores"] == 2
+    assert rec["load_at_start"] == load
+    assert len(warned) == (1 if busy else 0)
+    if busy:
+        assert warned[0].startswith("warning: this machine is busy (load average 5.2 on 2")
+    assert progress.machine_load("r1") is None  # read once, for the record
 
 
 def test_closing_lines_name_every_file(tmp_path: Path) -> None:
@@ -119,6 +170,42 @@ def test_figures_beside_the_reference(results: Path, tmp_path: Path, capsys) -> 
     assert (mine / "runs.jsonl").read_text() == json.dumps(rec) + "\n"
 
 
+def test_your_run_is_its_own_line_on_the_reference_axes(
+    results: Path,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch,
+    capsys,
+) -> None:
+    """``--reference`` with ``--experiment``: the time-to-accuracy figure draws the user's
+    run on its own, labelled, on the reference runs' axes (not inside their bands), and
+    no figure of another experiment, the scaling study or a benchmark is drawn."""
+    import bench.report.figures as F
+
+    mine = tmp_path / "mine"
+    (mine / "curves").mkdir(parents=True)
+    (mine / "runs.jsonl").write_text(json.dumps(_record("r-mine", "dense", 9, 6.0)) + "\n")
+    _curve(mine / "curves" / "r-mine.csv", 6.0)
+    legends: dict[str, list[str]] = {}
+    save = F.save_figure
+
+    def keep(fig, path, **kw):  # the legend of every panel, by file name
+        legends[Path(path).name] = [
+            t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().texts
+        ]
+        return save(fig, path, **kw)
+
+    monkeypatch.setattr(F, "save_figure", keep)
+    argv = ["--results-dir", str(mine), "--reference", str(results)]
+    main(["figures", *argv, "--experiment", "dawnbench_digits"])
+    out = capsys.readouterr().out
+    assert "tta_dawnbench-digits.png: written" in out
+    assert "scaling" not in out and "bench_" not in out  # only what was asked
+    tta = legends["tta_dawnbench-digits.png"]
+    assert [t for t in tta if t.startswith("yours: r-mine dense")], tta
+    dense = next(t for t in tta if t.startswith("dense"))
+    assert "n = 3" in dense  # the reference's three dense seeds, without the user's run
+
+
 def test_compare_finds_runs_in_each_directory(results: Path, tmp_path: Path, capsys) -> None:  # noqa: F811
     mine = tmp_path / "mine"
     (mine / "curves").mkdir(parents=True)
@@ -147,3 +234,22 @@ def test_top5_column_only_where_it_says_something(classes: int, target: str, sho
     )
     headers = [h for h, *_ in _table(s)]
     assert "top1%" in headers and ("top5%" in headers) == shown
+
+
+def test_ddp_is_made_without_a_future_warning(tmp_path: Path) -> None:
+    """The run's DDP keyword for "no buffer broadcast each forward" is one torch does not
+    deprecate (torch 2.14 warns once per worker for broadcast_buffers)."""
+    import warnings
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from bench.train.runtime import NO_BUFFER_SYNC
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)
+            DDP(torch.nn.Linear(2, 2), **NO_BUFFER_SYNC)
+    finally:
+        dist.destroy_process_group()

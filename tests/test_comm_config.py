@@ -51,8 +51,8 @@ def test_bad_config_is_refused(kw: dict, world: int, nnodes: int, match: str) ->
 
 
 BAD_CHOICES = [
-    ({"value_dtype": "int8"}, "value dtype", "float32, float16, bfloat16"),
-    ({"mstopk_method": "x"}, "mstopk method", "tiled, sampled, hist, paper"),
+    ({"value_dtype": "int8"}, "value_dtype", "float32, float16, bfloat16"),
+    ({"mstopk_method": "x"}, "mstopk_method", "tiled, sampled, hist, paper"),
     ({"selector": "dense"}, "selector", "topk, mstopk, randomk"),
 ]
 

@@ -183,3 +183,67 @@ def test_loaded_residuals_survive_the_sweep_after_earlier_use() -> None:
     mem.load_state_dict({"residuals": {"rebuilt": saved}})
     mem.sweep()  # the first step after the resume
     assert torch.equal(mem.compensate(torch.zeros(4), key="rebuilt"), saved)
+
+
+class _Bucket:
+    """A DDP bucket of ``params`` in this order: their gradients laid end to end."""
+
+    def __init__(self, params: list[torch.Tensor], grads: dict[int, torch.Tensor]) -> None:
+        self.params = params
+        self.buf = torch.cat([grads[id(p)] for p in params])
+        self.views, at = [], 0
+        for p in params:
+            self.views.append(self.buf[at : at + p.numel()].view(p.shape))
+            at += p.numel()
+
+    def buffer(self) -> torch.Tensor:
+        return self.buf
+
+    def parameters(self) -> list[torch.Tensor]:
+        return self.params
+
+    def gradients(self) -> list[torch.Tensor]:
+        return self.views
+
+
+def test_residuals_go_on_by_parameter_when_ddp_rebuilds_its_buckets(recwarn) -> None:
+    """DDP's first step reduces its buckets in one layout, the later ones in another (its
+    rebuild): what the first step kept is added into the parameters' new bucket, nothing
+    is discarded or warned about, and sent + kept = what came in, per parameter."""
+    from bench.comm.hooks import _carry_residuals
+
+    a, b = torch.zeros(300), torch.zeros(5, 100)  # two parameters
+    gen = torch.Generator().manual_seed(0)
+    grads = {id(p): torch.randn(p.numel(), generator=gen) for p in (a, b)}
+    comm = _comm("allgather", "topk", True, "float32")
+    mem = comm.memory
+    sent = {id(p): torch.zeros(p.numel(), dtype=torch.float64) for p in (a, b)}
+    layouts = [[a, b], [b, a], [b, a], [b, a]]  # step 1 in one order, then rebuilt
+    for params in layouts:
+        mem.sweep()  # each step's first bucket (sparse_hook)
+        bucket = _Bucket(params, grads)
+        key = (0, 800, id(params[0]), id(params[-1]))
+        _carry_residuals(comm, mem, bucket, key)
+        c = comm.compress(bucket.buffer(), key, 0.05)
+        flat = torch.zeros(800, dtype=torch.float64).index_add_(0, c.indices, c.values.double())
+        at = 0
+        for p in params:
+            sent[id(p)] += flat[at : at + p.numel()]
+            at += p.numel()
+        assert mem.discarded == 0 and not mem.pending  # carried in the step it was found
+    kept = mem.buffers[key].double()  # the last layout: b, then a
+    assert torch.allclose(sent[id(b)] + kept[:500], 4 * grads[id(b)].double(), atol=1e-5)
+    assert torch.allclose(sent[id(a)] + kept[500:], 4 * grads[id(a)].double(), atol=1e-5)
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+def test_hitopk_residual_pieces_are_this_workers_shard() -> None:
+    """hitopk keeps the residual of its shard of the bucket: the pieces are the parts of
+    the parameters in that shard (2 workers a node: shard 1 of a 7-element bucket is
+    elements 4..7, padded)."""
+    comm = _comm("hitopk", "topk", True, "float32")
+    comm.groups = Groups(Topology(world_size=4, procs_per_node=2, rank=1), None, None)
+    key, pieces = comm.pieces("k", [(10, 0, 3), (11, 3, 4)], 7)
+    assert key == ("k", "shard") and pieces == [(11, 0, 1, 3)]
+    comm.groups = Groups(Topology(world_size=4, procs_per_node=2, rank=0), None, None)
+    assert comm.pieces("k", [(10, 0, 3), (11, 3, 4)], 7)[1] == [(10, 0, 0, 3), (11, 3, 0, 1)]

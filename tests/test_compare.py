@@ -61,3 +61,26 @@ def test_compare_draws_each_method_in_its_palette_colour(tmp_path: Path, monkeyp
         colour("hitopk"),
     ]
     assert lines[0].get_linestyle() != lines[1].get_linestyle()
+    # identical curves stay visible: the later run drawn over the first, thinner, with
+    # open markers of another shape
+    assert lines[1].get_zorder() > lines[0].get_zorder()
+    assert lines[1].get_linewidth() < lines[0].get_linewidth()
+    assert lines[1].get_marker() != lines[0].get_marker() and lines[1].get_mfc() == "white"
+
+
+def test_the_differences_that_matter_come_first(tmp_path: Path, capsys) -> None:
+    """Settings that change learning or timing are listed, comm and optim first; those
+    that change neither (train.progress) only as bookkeeping; a busy machine is named."""
+    from reproduce.compare import _differences
+
+    a = _record("a", "dense", 0, 5.0, machine_load={"busy": True})
+    b = _record("b", "dense", 0, 6.0)
+    a["config"] |= {"train": {"seed": 0, "progress": True}, "optim": {"lr": 0.4}}
+    b["config"] |= {"train": {"seed": 1, "progress": False}, "optim": {"lr": 0.2}}
+    (line,) = _differences([a, b])
+    assert "settings differ: optim.lr: 0.4 vs 0.2, train.seed: 0 vs 1" in line
+    assert line.endswith("(bookkeeping only: train.progress)")
+    assert "yours ran on a busy machine" in line
+    b["config"] = json.loads(json.dumps(a["config"])) | {"train": {"seed": 0, "progress": False}}
+    (line,) = _differences([a, b])
+    assert "same training settings (bookkeeping only: train.progress)" in line

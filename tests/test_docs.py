@@ -224,7 +224,7 @@ def test_every_relative_link_resolves() -> None:
 def test_the_readme_links_every_docs_page_and_fits() -> None:
     text = README.read_text()
     for page in ("gpu", "emulated-cluster", "sweeps", "hooks", "benchmarks",
-                 "submission-files", "troubleshooting", "architecture"):  # fmt: skip
+                 "submission-files", "troubleshooting", "architecture", "install"):  # fmt: skip
         assert f"](docs/{page}.md)" in text, page
     # the answer block is REPORT.md's (tests/test_readme_answer.py); the rest of the
     # README leaves it 15 of 250 lines, and no line of it is longer than 300 characters

@@ -51,9 +51,22 @@ def test_dry_run_estimates_from_earlier_records(tmp_path: Path, capsys, monkeypa
         "config": {"train": {"epochs": 12}},
     }
     (tmp_path / "runs.jsonl").write_text(json.dumps(rec) + "\n")
+    # the command's own start-up (imports, composition, checks), which no record holds
+    monkeypatch.setattr("reproduce._dryrun.startup_s", lambda: 12.0)
     main(["dawnbench", "--dry-run", f"results.dir={tmp_path}"])
     out = capsys.readouterr().out
-    assert "expected time: about 90 s" in out and "this machine's hardware" in out
+    assert "expected time: about 102 s (90 s: the median wall time of 1 earlier" in out
+    assert "this machine's hardware; 12 s: this command's start-up" in out
+
+
+def test_startup_is_this_process_s_age() -> None:
+    import time
+
+    from reproduce._dryrun import startup_s
+
+    t = startup_s()
+    time.sleep(0.2)
+    assert 0.0 < t < startup_s() < 3600
 
 
 @pytest.mark.parametrize("where", ["file", "runs_dir"])
@@ -203,7 +216,8 @@ def test_ablation_dry_run_writes_nothing_and_says_how_long(
 ) -> None:
     """The translation protocol's dry run: no corpus, tokenizer, plan or folder made (in
     the repository, the results dir or the cache under HOME), the data line said once,
-    the expected duration and the emulated cluster's need of root said."""
+    the expected duration said, and (a quick try on the local cluster, timed there) no
+    need of root."""
     from bench.results.env import REPO_ROOT
 
     runs = tmp_path / "runs"
@@ -214,7 +228,7 @@ def test_ablation_dry_run_writes_nothing_and_says_how_long(
     assert _tree(REPO_ROOT, tmp_path) == before
     assert out.count("data=translation:") == 1 and "would be made" in out
     assert "minutes on 2 cores" in out
-    assert "emulated cluster needs root" in out
+    assert "timing pass: " in out and " on local" in out and "needs root" not in out
 
 
 def test_vocabulary_line_is_said_once(tmp_path: Path, capsys) -> None:

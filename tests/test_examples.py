@@ -90,3 +90,57 @@ def test_the_accelerate_example_trains_to_its_target() -> None:
     p = _torchrun("accelerate_ddp.py", "--hook", "powersgd", "--target", "0.9")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "powersgd: accuracy" in p.stdout and " 0 hook steps" not in p.stdout, p.stdout
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("method", ["mstopk", "hitopk"])
+def test_the_docs_plain_script_trains_without_a_warning(tmp_path: Path, method: str) -> None:
+    """docs/hooks.md's plain script, as a user copies it, with 2 gloo processes by
+    torch.multiprocessing: the loss falls, the replicas agree, each rank saves its hook
+    state, and nothing is warned about (DDP's rebuilt buckets keep the residuals)."""
+    text = (REPO / "docs" / "hooks.md").read_text()
+    start = text.index("```python\n# plain_script.py") + len("```python\n")
+    script = tmp_path / "plain_script.py"
+    script.write_text(text[start : text.index("```", start)])
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env["MASTER_PORT"] = str(_free_port())
+    p = subprocess.run(
+        [sys.executable, str(script), method],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "Warning" not in p.stderr, p.stderr[-3000:]
+    losses = [float(ln.rsplit(" ", 1)[1]) for ln in p.stdout.splitlines() if "loss" in ln]
+    assert len(losses) == 2 and losses[1] < 0.7 * losses[0], p.stdout
+    assert "replicas equal: True" in p.stdout
+    assert (tmp_path / "hook-rank0.pt").is_file() and (tmp_path / "hook-rank1.pt").is_file()
+
+
+def test_make_hook_names_its_options() -> None:
+    """A misspelt option is one error naming the closest; a hook's errors name make_hook's
+    keywords, not the suite's config keys."""
+    from bench.comm import make_hook
+    from bench.comm.topology import check_hierarchical
+    from bench.registry import ConfigError
+
+    with pytest.raises(TypeError, match="unknown option 'densty'; did you mean density?"):
+        make_hook("mstopk", densty=0.01)
+    with pytest.raises(ConfigError, match=r"^density must be in \(0, 1\]"):
+        make_hook("mstopk", density=2.0)
+    with pytest.raises(ConfigError) as e:
+        check_hierarchical(1)
+    assert "procs_per_node=1" in str(e.value) and "comm." not in str(e.value)
+    assert "cluster." not in str(e.value)
+    for option in ("density", "procs_per_node", "warmup_steps", "value_dtype"):
+        assert f"``{option}=" in make_hook.__doc__

@@ -304,7 +304,7 @@ def _validate(overrides: list[str]) -> None:
         (["comm=hitopk", "comm.placement=update", "optim=sgd"], "does not fit optim=sgd"),
         (["comm=dense", "comm.placement=update", "optim=adamw"], "sparse methods"),
         (["comm=mstopk", "comm.placement=update", "optim=adamw"], "warm-up"),
-        (["comm=topk", "comm.placement=dgc"], "unknown comm placement 'dgc'; choose one of"),
+        (["comm=topk", "comm.placement=dgc"], "unknown comm.placement 'dgc'; choose one of"),
         (
             [
                 "comm=topk",

@@ -390,7 +390,7 @@ def test_odd_paths_reach_hydra_quoted_for_every_command(tmp_path: Path, capsys) 
     assert f"record appended to {weird / 'runs.jsonl'}" in capsys.readouterr().out
     ablation.main(["--quick", "--dry-run", "--results-dir", str(weird), "--sweep-id", "s1"])
     out = capsys.readouterr().out
-    assert "tune 0" in out and not list(tmp_path.iterdir())  # checked, nothing written
+    assert "first: python -m reproduce train" in out and not list(tmp_path.iterdir())  # checked
 
 
 def test_a_resume_of_an_odd_path_and_its_printed_hint_work(tmp_path: Path, monkeypatch) -> None:

@@ -215,9 +215,21 @@ def test_dry_run_runs_nothing(tmp_path: Path, monkeypatch, capsys) -> None:
 
     monkeypatch.setattr(common, "run_queued", no_run)
     monkeypatch.setattr(sc.Plan, "prepare", no_run)
+    # the estimate reads earlier scaling runs: one of 1x1, 12 s, in a reference of its own
+    ref = tmp_path / "ref"
+    train = {"max_steps_per_epoch": 2, "epochs": 3}
+    cfg = {"results": {"sweep_id": "scaling-old"}, "train": train}
+    old = {"run_id": "old", "status": "ok", "experiment": "dawnbench_digits", "nnodes": 1}
+    append_record(ref, {**old, "world_size": 1, "wall_time_s": 12.0, "config": cfg})
+    monkeypatch.setattr("reproduce._dryrun.REFERENCE", str(ref))
     cli.main(["--quick", "--dry-run", "--results-dir", str(tmp_path / "res")])
     out = capsys.readouterr().out
-    assert "9 runs in 2 launches" in out and "comm=nocomm" in out
+    assert "9 runs in 2 launches" in out and "first: python -m reproduce train" in out
+    assert "expected time: about 48 s for 4 run(s)" in out  # 1x1's four runs
+    assert "5 run(s) of sizes never run before not counted" in out
+    cli.main(["--quick", "--dry-run", "--verbose", "--results-dir", str(tmp_path / "res")])
+    out = capsys.readouterr().out
+    assert "comm=nocomm" in out and "run 8: python -m reproduce train" in out
     assert "cluster=local cluster.nnodes=2 cluster.nproc_per_node=1" in out
     assert not (tmp_path / "res").exists()
 

@@ -93,6 +93,14 @@ class Communicator:
     def reduce(self, flat: torch.Tensor, key: Hashable, density: float, stats: CommStats) -> Future:
         raise NotImplementedError
 
+    def pieces(
+        self, key: Hashable, places: list[tuple[int, int, int]], numel: int
+    ) -> tuple[Hashable, list[tuple[int, int, int, int]]]:
+        """The memory key of bucket ``key``'s residual and the parameters' pieces it holds
+        (``ResidualMemory.pieces``), from the bucket's ``places`` (parameter id, offset,
+        elements) and size: here the bucket's own."""
+        return key, [(pid, off, 0, n) for pid, off, n in places]
+
 
 def used_here(*tensors: torch.Tensor) -> None:
     """Tell the caching allocator that ``tensors``, made on the hook's stream, are read on
@@ -242,6 +250,22 @@ class HiTopK(Communicator):
             return flat
 
         return gathered.then(finish)
+
+    def pieces(
+        self, key: Hashable, places: list[tuple[int, int, int]], numel: int
+    ) -> tuple[Hashable, list[tuple[int, int, int, int]]]:
+        """The residual is of this worker's shard of the (padded) bucket: the parts of the
+        parameters that fall in it."""
+        assert self.groups is not None
+        topo = self.groups.topo
+        s = -(-numel // topo.procs_per_node)
+        lo, hi = topo.local_rank * s, (topo.local_rank + 1) * s
+        out = []
+        for pid, off, n in places:
+            a, b = max(off, lo), min(off + n, hi)
+            if a < b:
+                out.append((pid, a - lo, a - off, b - a))
+        return (key, "shard"), out
 
     def _reduce_scatter(
         self, flat: torch.Tensor, s: int, stats: CommStats, key: Hashable

@@ -244,6 +244,16 @@ class ResidualMemory(Memory):
     buffers: dict[Hashable, torch.Tensor] = field(default_factory=dict)
     used: set[Hashable] = field(default_factory=set)  # keys compensated since the last sweep
     discarded: int = 0  # residual elements freed unsent (warned about: :meth:`discard`)
+    # DDP lays its buckets out anew after the first step: a residual whose bucket is gone
+    # goes on by parameter.  ``pieces``: key -> the parameters' pieces its residual holds
+    # (parameter id, offset in the residual, offset in the parameter, elements);
+    # ``pending``: parameter id -> (offset in it, values) not yet added to its new bucket;
+    # ``places``: bucket key -> its parameters (id, offset in the bucket, elements)
+    pieces: dict[Hashable, list[tuple[int, int, int, int]]] = field(
+        default_factory=dict, repr=False
+    )
+    places: dict[Hashable, list[tuple[int, int, int]]] = field(default_factory=dict, repr=False)
+    pending: dict[int, list[tuple[int, torch.Tensor]]] = field(default_factory=dict, repr=False)
 
     def compensate(self, x: torch.Tensor, key: Hashable) -> torch.Tensor:
         buf = self.buffers.get(key)
@@ -257,14 +267,28 @@ class ResidualMemory(Memory):
         return buf.add_(x)
 
     def sweep(self) -> None:
-        """Free the residuals of keys not used since the last sweep (none if nothing was:
-        dense warm-up steps keep them)."""
+        """Take out the residuals of keys not used since the last sweep (none if nothing
+        was: dense warm-up steps keep them): by parameter into :attr:`pending` where their
+        pieces are known, else discarded."""
         if self.used:
-            stale = [k for k in self.buffers if k not in self.used]
-            if stale:
-                n = sum(self.buffers.pop(k).numel() for k in stale)
-                self.discard(n, f"{len(stale)} bucket(s) the last step did not reduce")
+            lost = [0, 0]  # buckets, elements
+            for k in [k for k in self.buffers if k not in self.used]:
+                buf = self.buffers.pop(k)
+                if k not in self.pieces:
+                    lost[0], lost[1] = lost[0] + 1, lost[1] + buf.numel()
+                for pid, off, at, n in self.pieces.pop(k, ()):
+                    self.pending.setdefault(pid, []).append((at, buf[off : off + n]))
+            if lost[0]:
+                self.discard(lost[1], f"{lost[0]} bucket(s) the last step did not reduce")
         self.used = set()
+
+    def carry(self, flat: torch.Tensor, places: list[tuple[int, int, int]]) -> None:
+        """Add the pending residual of each parameter of a bucket (``places``: parameter
+        id, offset in ``flat``, elements) into its gradient ``flat``: compensated with it,
+        what an old bucket did not send is sent or kept as before."""
+        for pid, off, _ in places:
+            for at, v in self.pending.pop(pid, ()):
+                flat[off + at : off + at + v.numel()].add_(v.to(flat.dtype))
 
     def discard(self, numel: int, why: str) -> None:
         """Count ``numel`` residual elements given up, with a warning: unsent gradient is
@@ -288,6 +312,9 @@ class ResidualMemory(Memory):
     def reset(self) -> None:
         self.buffers.clear()
         self.used = set()
+        self.pieces.clear()
+        self.places.clear()
+        self.pending.clear()
 
     def state_dict(self) -> dict[str, dict[Hashable, torch.Tensor]]:
         return {"residuals": self.buffers}
@@ -298,3 +325,4 @@ class ResidualMemory(Memory):
         used before is forgotten: the next sweep must not free the residuals just loaded."""
         self.buffers = {k: b.clone() for k, b in sd.get("residuals", {}).items()}
         self.used = set()
+        self.pending.clear()  # what the state before the load carried over is not this one's

@@ -8,6 +8,8 @@ takes them from it.
 
 from __future__ import annotations
 
+import difflib
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
@@ -63,7 +65,8 @@ def parse(kind: type[C], value: str, what: str) -> C:
 
 @dataclass(frozen=True)
 class HookOptions:
-    """``make_hook``'s options, converted to their types and checked on construction."""
+    """``make_hook``'s options, converted to their types and checked on construction; its
+    errors name them as ``make_hook``'s keywords (:meth:`of` retells them as config keys)."""
 
     density: float = 0.01  # fraction of each bucket's elements sent, in (0, 1] (top-k family)
     error_feedback: bool = True  # keep what is not sent and add it to the next step
@@ -81,29 +84,64 @@ class HookOptions:
 
     def __post_init__(self) -> None:
         # strings from Python callers become the enums (ConfigError listing the values)
-        for name, kind, what in (
-            ("value_dtype", ValueDtype, "value dtype"),
-            ("selector", Selector, "selector"),
-            ("mstopk_method", MSTopKMethod, "mstopk method"),
-            ("placement", Placement, "comm placement"),
+        for name, kind in (
+            ("value_dtype", ValueDtype),
+            ("selector", Selector),
+            ("mstopk_method", MSTopKMethod),
+            ("placement", Placement),
         ):
-            object.__setattr__(self, name, parse(kind, getattr(self, name), what))
+            object.__setattr__(self, name, parse(kind, getattr(self, name), name))
         for name, kind in (("density", float), ("error_feedback", bool), ("timing", bool)):
             object.__setattr__(self, name, kind(getattr(self, name)))
         for name in ("warmup_steps", "min_numel", "procs_per_node", "powersgd_rank"):
             object.__setattr__(self, name, int(getattr(self, name)))
         if not 0.0 < self.density <= 1.0:
-            raise ConfigError(f"comm density must be in (0, 1], got {self.density}")
+            raise ConfigError(f"density must be in (0, 1], got {self.density}")
         if self.min_numel < 0 or self.warmup_steps < 0:
             raise ConfigError("min_numel and warmup_steps must be >= 0")
         if self.powersgd_rank < 1:
-            raise ConfigError(f"powersgd rank must be >= 1, got {self.powersgd_rank}")
+            raise ConfigError(f"powersgd_rank must be >= 1, got {self.powersgd_rank}")
 
     @classmethod
     def of(cls, cfg: Any, **more: Any) -> HookOptions:
-        """The options that ``cfg`` (a ``comm`` config) holds by name, and ``more``."""
+        """The options that ``cfg`` (a ``comm`` config) holds by name, and ``more``; an
+        error names the config's keys."""
         own = {f.name: getattr(cfg, f.name) for f in fields(cls) if hasattr(cfg, f.name)}
-        return cls(**{**own, **more})
+        try:
+            return cls(**{**own, **more})
+        except ConfigError as e:
+            raise config_keys(e) from None
+
+    @classmethod
+    def checked(cls, options: dict[str, Any]) -> HookOptions:
+        """``make_hook``'s keywords as options; a misspelt one is a TypeError naming the
+        closest option and listing them all."""
+        known = [f.name for f in fields(cls)]
+        for k in options:
+            if k not in known:
+                close = difflib.get_close_matches(k, known, n=1, cutoff=0.6)
+                hint = f"; did you mean {close[0]}?" if close else ""
+                raise TypeError(
+                    f"make_hook got an unknown option {k!r}{hint} (its options: {', '.join(known)})"
+                )
+        return cls(**options)
+
+
+#: the suite's words for what a hook's errors say in make_hook's (its config keys)
+_SUITE_WORDS = {
+    "run it on 2 or more nodes": "use cluster.nnodes=2",
+    "use mstopk on one node": "comm=mstopk on one node",
+}
+
+
+def config_keys(e: ConfigError) -> ConfigError:
+    """A hook's error (it names ``make_hook``'s keywords) in the suite's config keys
+    (``procs_per_node=1`` -> ``comm.procs_per_node=1``), for the checks before a run."""
+    msg = str(e)
+    for words, keys in _SUITE_WORDS.items():
+        msg = msg.replace(words, keys)
+    names = "|".join(f.name for f in fields(HookOptions))
+    return ConfigError(re.sub(rf"(?<![\w.])({names})\b(?=[ =])", r"comm.\1", msg))
 
 
 @dataclass

@@ -154,6 +154,26 @@ def _bucket_key(bucket: dist.GradBucket) -> tuple:
     )
 
 
+def _carry_residuals(
+    comm: Communicator, mem: ResidualMemory, bucket: dist.GradBucket, key: tuple
+) -> None:
+    """Error feedback across DDP's rebuilt buckets: a new bucket's parameters are noted
+    (where its residual will lie in them), and the residuals its parameters had in the
+    buckets of the layout before are added to its gradient (``ResidualMemory.carry``)."""
+    places = mem.places.get(key)
+    if places is None:
+        buf = bucket.buffer()
+        es = buf.element_size()
+        places = mem.places[key] = [
+            (id(p), (g.data_ptr() - buf.data_ptr()) // es, g.numel())
+            for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True)
+        ]
+        mkey, pieces = comm.pieces(key, places, buf.numel())
+        mem.pieces[mkey] = pieces
+    if mem.pending:
+        mem.carry(bucket.buffer(), places)
+
+
 def sparse_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """The DDP hook of every name but ``powersgd``: dispatch one bucket to a communicator."""
     if not state.step_started:  # every bucket of the step before has completed
@@ -164,6 +184,8 @@ def sparse_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Futu
     buf = bucket.buffer()
     dense = state.force_dense or state.step < state.warmup_steps or buf.numel() < state.min_numel
     key = _bucket_key(bucket)
+    if state.placement is None and isinstance(state.comm.memory, ResidualMemory):
+        _carry_residuals(state.comm, state.comm.memory, bucket, key)
     if state.placement is not None:
         dense = state.placement.before(state, bucket, key, dense)
     comm = state.dense if dense else state.comm
@@ -439,9 +461,33 @@ def _topology(spec: HookSpec, opts: HookOptions, process_group: Any) -> Topology
 def make_hook(
     name: str, *, model: torch.nn.Module | None = None, process_group: Any = None, **options: Any
 ) -> tuple[CommHookState, HookFn]:
-    """``(state, hook)`` for ``ddp_model.register_comm_hook(state, hook)``; call on every rank."""
+    """``(state, hook)`` for ``ddp_model.register_comm_hook(state, hook)``; call on every
+    rank, before or after ``init_process_group`` (the state binds on the hook's first call).
+
+    ``name``: dense, fp16, bf16, topk, mstopk, randomk, hitopk or powersgd.  ``model``: the
+    model (or its DDP), whose parameter names key ``state.state_dict()``.
+    ``process_group``: DDP's, when not the whole world.  The options
+    (:class:`~bench.comm.config.HookOptions`; a misspelt one is a TypeError naming the
+    closest):
+
+    - ``density=0.01``: fraction of each bucket's elements sent, in (0, 1] (sparse hooks)
+    - ``error_feedback=True``: keep what was not sent and add it to the next step
+    - ``warmup_steps=0``: dense steps first (powersgd: its ``start_powerSGD_iter``, >= 2)
+    - ``min_numel``: buckets with fewer elements are reduced dense
+    - ``value_dtype="float32"``: the sparse values on the wire (float16, bfloat16)
+    - ``procs_per_node=0``: workers per node (hitopk's intra-node stage); 0: torchrun's
+      ``LOCAL_WORLD_SIZE``, else one node.  hitopk needs 2 or more nodes: on one machine
+      ``procs_per_node=1`` treats each worker as a node
+    - ``selector="mstopk"``: hitopk's shard selector (topk, mstopk, randomk)
+    - ``mstopk_method="tiled"``: how mstopk finds its threshold (sampled, hist, paper)
+    - ``powersgd_rank=4``: PowerSGD's ``matrix_approximation_rank``
+    - ``seed=None``: randomk's generator seed
+    - ``timing=True``: CUDA events for ``stats``' selection and communication times
+    - ``placement="grad"``: what a sparse hook compresses (``grad+dgc``, ``update``;
+      docs/algorithms.md)
+    """
     HOOKS.get(name)  # an unknown name fails here, listing the known ones
-    state = CommHookState(name, HookOptions(**options), build, process_group, model)
+    state = CommHookState(name, HookOptions.checked(options), build, process_group, model)
     if dist.is_initialized():  # otherwise it binds on the hook's first call (or bind())
         state.bind()
     return state, comm_hook
@@ -452,7 +498,7 @@ def build(name: str, opts: HookOptions, process_group: Any = None) -> tuple[Any,
     :class:`~bench.comm.state.CommHookState` holds once bound)."""
     spec = HOOKS.get(name)
     if opts.placement != "grad" and not spec.sparse:
-        raise ConfigError(f"comm.placement={opts.placement} applies to the sparse methods only")
+        raise ConfigError(f"placement={opts.placement} applies to the sparse methods only")
     topo = _topology(spec, opts, process_group)
     if spec.validate is not None:
         spec.validate(opts, dist.get_world_size(process_group), topo.nnodes if topo else 1)

@@ -50,9 +50,9 @@ def check_hierarchical(nnodes: int) -> None:
     """Raise ConfigError unless there are 2+ nodes: hitopk saves inter-node traffic only."""
     if nnodes < 2:
         raise ConfigError(
-            "hitopk needs at least 2 nodes (it saves inter-node traffic only); use "
-            "cluster.nnodes=2, or comm.procs_per_node=1 to treat each worker as a node, "
-            "or comm=mstopk on one node"
+            "hitopk needs at least 2 nodes (it saves inter-node traffic only): run it on 2 "
+            "or more nodes, set procs_per_node=1 to treat each worker as a node, or "
+            "use mstopk on one node"
         )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import tempfile
 import textwrap
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,6 +93,22 @@ def _step_values(d: pd.DataFrame, column: str, grid: np.ndarray) -> np.ndarray:
     return out
 
 
+def _points(results_dir: Path, r: Mapping[str, Any]) -> pd.DataFrame | None:
+    """A run's evaluations (per epoch, and the sub-epoch ones where it has them) in time
+    order, its target metric as ``_metric``; None without any."""
+    df = curve(results_dir, r["run_id"])
+    column = metric_column(r["metric"])
+    if df is None or column not in df or TRAIN_TIME not in df:
+        return None
+    evals = r.get("evals")
+    if isinstance(evals, list) and evals:
+        ev = pd.DataFrame(evals)
+        if {column, TRAIN_TIME} <= set(ev.columns):
+            df = pd.concat([df[[TRAIN_TIME, column]], ev[[TRAIN_TIME, column]]])
+    d = df.dropna(subset=[column, TRAIN_TIME]).sort_values(TRAIN_TIME)
+    return None if d.empty else d.assign(_metric=d[column])
+
+
 def tta_bands(results_dir: Path, runs: pd.DataFrame) -> dict[str, dict]:
     """Per configuration (its comm label, as the tables name it): the time grid, the
     mean over its runs of the held-out metric and its 95 % t-interval, from the first
@@ -102,20 +118,11 @@ def tta_bands(results_dir: Path, runs: pd.DataFrame) -> dict[str, dict]:
     curves: dict[str, list[pd.DataFrame]] = {}
     meta: dict[str, list] = {}
     for _, r in runs.iterrows():
-        df = curve(results_dir, r["run_id"])
-        column = metric_column(r["metric"])
-        if df is None or column not in df or TRAIN_TIME not in df:
-            continue
-        evals = r.get("evals")
-        if isinstance(evals, list) and evals:  # the sub-epoch points, where the run has them
-            ev = pd.DataFrame(evals)
-            if {column, TRAIN_TIME} <= set(ev.columns):
-                df = pd.concat([df[[TRAIN_TIME, column]], ev[[TRAIN_TIME, column]]])
-        d = df.dropna(subset=[column, TRAIN_TIME]).sort_values(TRAIN_TIME)
-        if d.empty:
+        d = _points(results_dir, r)
+        if d is None:
             continue
         name = str(r["comm"])
-        curves.setdefault(name, []).append(d.assign(_metric=d[column]))
+        curves.setdefault(name, []).append(d)
         meta.setdefault(name, []).append(r)
     if not curves:
         return {}
@@ -152,15 +159,24 @@ def tta_bands(results_dir: Path, runs: pd.DataFrame) -> dict[str, dict]:
 
 
 def plot_tta(
-    results_dir: Path, runs: pd.DataFrame, experiment: str, path: Path, title: str = ""
+    results_dir: Path,
+    runs: pd.DataFrame,
+    experiment: str,
+    path: Path,
+    title: str = "",
+    yours: pd.DataFrame | None = None,
 ) -> Path | None:
     """Held-out target metric against training time: per method the mean over its runs
     (seeds) and its 95 % interval, drawn from the time every run has an evaluation, one
-    panel per cluster and hardware; a star at the mean time to target with its interval."""
-    runs = runs[(runs["experiment"] == experiment) & runs["has_curve"] & runs["trained"]]
-    if runs.empty:
+    panel per cluster and hardware; a star at the mean time to target with its interval.
+    ``yours``: a user's runs, each drawn on its own over the panel of its cluster and
+    hardware (else of its cluster, else the first)."""
+    pick = (runs["experiment"] == experiment) & runs["has_curve"] & runs["trained"]
+    runs = runs[pick]
+    yours = yours if yours is not None and not yours.empty else None
+    if runs.empty and yours is None:
         return None
-    groups = list(runs.groupby(["cluster", "hardware"], sort=True))
+    groups = list((runs if not runs.empty else yours).groupby(["cluster", "hardware"], sort=True))
     most = max(g["comm"].nunique() for _, g in groups)
     fig, axes = _panels(len(groups), w=6.4, h=4.2 + 0.17 * most)
     for ax, ((cluster, hw), g) in zip(axes, groups, strict=True):
@@ -186,6 +202,8 @@ def plot_tta(
         low = 0.0 if r0["metric"] == "bleu" or not drawn else max(0.0, min(drawn) - 2.0)
         ax.set_ylim(10 * np.floor(low / 10), 100.5)  # every drawn curve and band, whole
         ax.set_xlim(left=0)  # the time from the start, before the first evaluation too
+        if yours is not None:
+            _draw_yours(ax, results_dir, yours, (cluster, hw), [k for k, _ in groups])
         ax.set_title(f"{cluster}\n{hw}", fontsize=9)
         ax.set_xlabel("training time (s, evaluation excluded)")
         ax.set_ylabel(f"held-out {target_text(r0['metric'], None)} (%)")
@@ -201,6 +219,29 @@ def plot_tta(
         fontsize=9,
     )
     return save_figure(fig, path)
+
+
+def _draw_yours(
+    ax, results_dir: Path, yours: pd.DataFrame, panel: tuple, panels: list[tuple]
+) -> None:
+    """The user's runs that belong on ``panel``: each its own dashed line with open
+    diamonds at its evaluations, in its method's colour, over the reference bands, and a
+    cross at its time to target."""
+    for _, r in yours.iterrows():
+        key = (r["cluster"], r["hardware"])
+        like = [p for i in (0, 1) for p in panels if p[i] == key[i]]  # its cluster, its hardware
+        home = key if key in panels else (like + panels)[0]
+        d = _points(results_dir, r) if home == panel else None
+        if d is None:
+            continue
+        colour = methods.colour(str(r["comm_name"]))
+        where = [str(k).split(";")[0] for k, p in zip(key, panel, strict=True) if k != p]
+        label = f"yours: {r['run_id']} {r['comm']}" + (f" ({', '.join(where)})" * bool(where))
+        ax.plot(d[TRAIN_TIME], 100 * d["_metric"], color=colour, ls="--", lw=1.6, marker="D",
+                ms=4, mfc="white", zorder=5, label=label)  # fmt: skip
+        if r["reached"] and r["target"] is not None:
+            ax.plot([r["time_to_target_s"]], [100 * r["target"]], marker="X", ms=10,
+                    color=colour, mec="k", ls="none", zorder=6)  # fmt: skip
 
 
 def plot_speedup(
@@ -536,12 +577,13 @@ def _target(runs: pd.DataFrame) -> str:
 MAX_GROUPS = 6  # panels of an experiment's figures without a protocol sweep (largest first)
 
 
-def figure_runs(inputs: Inputs, exp: str) -> tuple[pd.DataFrame, str]:
+def figure_runs(inputs: Inputs, exp: str, yours: Collection[str] = ()) -> tuple[pd.DataFrame, str]:
     """The runs an experiment's figures draw, and a phrase saying which: the evaluation
     runs of its newest protocol sweep when it has one, else its trained runs in the
-    :data:`MAX_GROUPS` clusters / hardware with the most runs."""
+    :data:`MAX_GROUPS` clusters / hardware with the most runs; never the user's runs
+    ``yours`` (run ids), which are drawn on their own."""
     runs = inputs.runs
-    mine = runs[(runs["experiment"] == exp) & runs["trained"]]
+    mine = runs[(runs["experiment"] == exp) & runs["trained"] & ~runs["run_id"].isin(yours)]
     table = protocol_tables(inputs).get(exp)
     if table is not None:
         ev = mine[(mine["sweep_id"] == table.stem) & (mine["protocol_role"] == "eval")]
@@ -560,9 +602,18 @@ def figure_runs(inputs: Inputs, exp: str) -> tuple[pd.DataFrame, str]:
     return picked, f"{len(picked)} run(s) in {len(keep)} cluster/hardware group(s){more}"
 
 
-def _experiment_figures(inputs: Inputs, exp: str, stats: pd.DataFrame) -> list[Figure]:
-    runs, which = figure_runs(inputs, exp)
-    if runs.empty:
+def _experiment_figures(
+    inputs: Inputs, exp: str, stats: pd.DataFrame, yours: Collection[str] = ()
+) -> list[Figure]:
+    runs, which = figure_runs(inputs, exp, yours)
+    all_runs = inputs.runs
+    mine = all_runs[
+        (all_runs["experiment"] == exp)
+        & all_runs["run_id"].isin(yours)
+        & all_runs["trained"]
+        & all_runs["has_curve"]
+    ]
+    if runs.empty and mine.empty:
         return []
     res, table, out = inputs.results_dir, protocol_tables(inputs).get(exp), []
 
@@ -571,9 +622,12 @@ def _experiment_figures(inputs: Inputs, exp: str, stats: pd.DataFrame) -> list[F
         out.append(Figure(path, f"{exp}: {what}", lambda: make(path), kind, exp))
 
     curves = bool(runs["has_curve"].sum())
-    if curves:
+    if curves or not mine.empty:
         what = f"time to accuracy, median and band over seeds, of {which}"
-        add("tta", what, lambda p: plot_tta(res, runs, exp, p))
+        what += f", and your {len(mine)} run(s) on their own" if not mine.empty else ""
+        add("tta", what, lambda p: plot_tta(res, runs, exp, p, yours=mine))
+    if runs.empty:
+        return out
     if table is not None:
         title = f"{exp}: each method's tuned configuration, protocol sweep {table.stem}"
         what = f"speedup over dense and the best peer with 95 % intervals, {table.name}"
@@ -623,14 +677,20 @@ def _bench_figures(inputs: Inputs) -> list[Figure]:
     return out
 
 
-def plan(inputs: Inputs, experiments: list[str] | None = None) -> list[Figure]:
-    """Every figure the inputs support (restricted to ``experiments`` when given)."""
+def plan(
+    inputs: Inputs, experiments: list[str] | None = None, yours: Collection[str] = ()
+) -> list[Figure]:
+    """Every figure the inputs support; with ``experiments``, only theirs (not the scaling
+    study's or the benchmarks').  ``yours``: the run ids of a user's runs, drawn on their
+    own beside the others (``figures --reference``)."""
     stats = config_stats(inputs.runs)
     exps = sorted(inputs.runs["experiment"].unique())
     out = []
     for exp in exps:
         if experiments is None or exp in experiments:
-            out += _experiment_figures(inputs, exp, stats)
+            out += _experiment_figures(inputs, exp, stats, yours)
+    if experiments is not None:
+        return out
     return out + _scaling_figure(inputs) + _bench_figures(inputs)
 
 

@@ -119,6 +119,7 @@ def save_figure(fig, path: str | Path, layout: bool = True) -> Path:
 
 
 RUN_STYLES = ("-", "--", ":", "-.")  # runs of one method in one figure, in order
+RUN_MARKERS = ("o", "s", "^", "D")  # runs of one figure, in order
 
 
 def plot_time_to_accuracy(
@@ -134,20 +135,26 @@ def plot_time_to_accuracy(
 ) -> Path:
     """Held-out ``metric`` against training time (s), one line per run; ``per_epoch``: a
     panel against epochs beside it.  ``colours``: each run's line colour (its method's);
-    runs of one colour differ by line style."""
+    runs of one colour differ by line style.  The first run is a wide translucent line;
+    each later one is drawn over it, thin, with open markers of another shape, so that
+    runs with the same curve stay visible."""
     xs = (EPOCH, TRAIN_TIME) if per_epoch else (TRAIN_TIME,)
     fig = plt.subplots(1, len(xs), figsize=(11, 4.2) if per_epoch else (7, 4.5))[0]
     column = metric_column(metric)
     styles = []
     seen: dict[str, int] = {}
-    for c in colours or ():
-        k = seen[c] = seen.get(c, -1) + 1
-        styles.append({"color": c, "ls": RUN_STYLES[k % len(RUN_STYLES)]})
+    for i, c in enumerate(colours or [None] * len(curves)):
+        k = seen[str(c)] = seen.get(str(c), -1) + 1
+        style = {"ls": RUN_STYLES[k % len(RUN_STYLES)], "marker": RUN_MARKERS[i % 4]}
+        if i:
+            style |= {"lw": 1.5, "ms": 5, "mfc": "white", "zorder": 2 + i}
+        else:
+            style |= {"lw": 5, "ms": 9, "alpha": 0.4} if len(curves) > 1 else {"ms": 3}
+        styles.append(style | ({"color": c} if c is not None else {}))
     for ax, x in zip(fig.axes, xs, strict=True):
         for i, (label, df) in enumerate(curves):
             d = df.dropna(subset=[column])
-            style = styles[i] if styles else {}
-            ax.plot(d[x], 100 * d[column], marker="o", ms=3, label=label, **style)
+            ax.plot(d[x], 100 * d[column], label=label, **styles[i])
         ax.axhline(100 * target, color="k", ls="--", lw=1, label=f"target {100 * target:g} %")
         ax.set_xlabel(TIME_LABEL if x == TRAIN_TIME else x)
         ax.set_ylabel(f"held-out {metric} (%)")

@@ -281,6 +281,7 @@ class RunRecord:
     checkpoint: str | None = None  # the last checkpoint (resume from it)
     diverged_at: dict[str, Any] | None = None  # step and place of the first NaN/Inf
     link_check: dict[str, Any] | None = None
+    machine_load: dict[str, Any] | None = None  # rank 0's machine: bench.train.progress
     # cluster=emulated: each node's link counters over the training steps, per step, beside
     # comm_inter_node_bytes_per_step with TCP/IP framing and their ratio (bench.cluster.
     # emulated.link_bytes); None elsewhere

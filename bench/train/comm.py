@@ -18,7 +18,7 @@ import torch
 
 from bench.comm import HOOKS, HookOptions, cost, is_sparse, make_hook
 from bench.comm import placement as placements
-from bench.comm.config import CommConfig
+from bench.comm.config import CommConfig, config_keys
 from bench.comm.hooks import NOCOMM, NoCommState
 from bench.comm.state import Stateful, stateful
 from bench.comm.stats import ring
@@ -68,7 +68,10 @@ def validate(
     ppn = opts.procs_per_node or world_size // nnodes
     check_topology(world_size, ppn)
     if spec.validate is not None:
-        spec.validate(opts, world_size, world_size // ppn)
+        try:
+            spec.validate(opts, world_size, world_size // ppn)
+        except ConfigError as e:  # worded in make_hook's keywords: here, the config's keys
+            raise config_keys(e) from None
 
 
 class _NoOptim:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import time
 from typing import Any
 
@@ -17,7 +16,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from tqdm import tqdm
 
 from bench.cluster.emulated import LinkClock
 from bench.config import Config, from_container
@@ -30,6 +28,7 @@ from bench.results.timing import reached
 from bench.train import checkpoint as ck
 from bench.train import evaluation, outputs, runtime
 from bench.train.comm import attach
+from bench.train.progress import epoch_bar, show_step, watch_load
 from bench.train.state import TrainState
 from bench.train.sync import OuterSync
 from bench.train.workload import WORKLOADS
@@ -118,7 +117,7 @@ def _wrap(
         # statistics, rank 0 keeps its own either way, and the evaluation and checkpoints
         # take rank 0's (runtime.broadcast_buffers); sent each step, they were link bytes
         # no method counted (4.5 kB a step on the digits' ResNet-9, 18 % of DeMo's packet)
-        broadcast_buffers=False,
+        **runtime.NO_BUFFER_SYNC,
         **ddp_kwargs(optimizer),  # update modes that own the gradient buffer
     )
 
@@ -190,7 +189,7 @@ def train_epoch(s: TrainState) -> dict[str, Any]:
     s.ddp.train()
     sums = torch.zeros(2, dtype=torch.float64, device=s.device)  # loss, correct predictions
     samples = 0  # real samples of this rank (batch labels), counted on the host
-    bar = _progress(s)
+    bar = epoch_bar(s)
     s.clock.start()
     t0 = time.perf_counter()
     s.timer.restart()
@@ -207,7 +206,7 @@ def train_epoch(s: TrainState) -> dict[str, Any]:
         sums += torch.stack([out[0].double(), out[1].double()])
         samples += len(batch[1])
         steps += 1
-        _show_step(bar, out[0], samples * s.world, t0 + eval_s)  # every worker: as many per step
+        show_step(bar, out[0], samples * s.world, t0 + eval_s)  # every worker: as many per step
         dt, hit = evaluation.after_step(s, last=i == s.steps - 1)
         eval_s += dt
         if hit and s.cfg.train.stop_at_target:
@@ -258,31 +257,6 @@ def _epoch_row(
     }
 
 
-def _progress(s: TrainState) -> Any:
-    """Rank 0's bar over the epoch's steps, on a terminal only (not in a log file)."""
-    show = s.rank == 0 and s.cfg.train.progress and sys.stderr.isatty()
-    return tqdm(
-        total=s.steps,
-        desc=f"epoch {s.epoch + 1}",
-        unit="step",
-        leave=False,
-        dynamic_ncols=True,
-        disable=not show,
-        file=sys.stderr,
-    )
-
-
-def _show_step(bar: Any, loss: torch.Tensor, samples: int, t0: float) -> None:
-    """The bar's step, with every worker's samples/s and this rank's loss (a device sync:
-    read only for a bar that is shown, at most twice a second)."""
-    bar.update(1)
-    if bar.disable or time.perf_counter() - getattr(bar, "_shown_at", 0.0) < 0.5:
-        return
-    bar._shown_at = time.perf_counter()
-    rate = samples / max(1e-9, time.perf_counter() - t0)
-    bar.set_postfix_str(f"loss {float(loss):.3f}, {rate:.0f} samples/s", refresh=False)
-
-
 def end_epoch(
     s: TrainState, row: dict[str, Any], evaluated: dict[str, float], eval_s: float
 ) -> bool:
@@ -330,6 +304,7 @@ def finish(s: TrainState, leave_group: bool = True) -> dict[str, Any] | None:
 def train(payload: dict[str, Any], leave_group: bool = True) -> dict[str, Any] | None:
     """Run one training job in this worker; rank 0 returns (and writes) the record."""
     init_start = time.time()
+    watch_load(payload)  # a busy machine is named before the run sets up
     s = setup(payload)
     cfg = s.cfg
     s.mllog = RunLog.open(cfg.results.dir, s.run["run_id"], s.rank)

@@ -20,6 +20,7 @@ from bench.results import records
 from bench.results.outputs import closing_lines
 from bench.results.plots import plot_time_to_accuracy
 from bench.train import checkpoint as ck
+from bench.train.progress import machine_load
 from bench.train.state import TrainState
 
 
@@ -98,6 +99,7 @@ def write(s: TrainState, links: list[Any] | None = None) -> records.RunRecord:
         rec.link_check = json.loads(Path(link).read_text())
     since = s.clock.steps_from if isinstance(s.clock, LinkClock) else 0
     rec.link_bytes = link_bytes(links or [], s.step - since, rec.comm_inter_node_bytes_per_step)
+    rec.machine_load = machine_load(rec.run_id)
     rec.curve = str(records.write_curve(res, rec.run_id, s.curve, extend=True))
     last = ck.latest(res, rec.run_id)
     records.settle(

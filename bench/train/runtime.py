@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import inspect
 import os
 import time
 from collections.abc import Callable
@@ -12,6 +13,16 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+# DDP's keyword for "no buffer broadcast at each forward": torch 2.14 deprecates
+# broadcast_buffers (a FutureWarning per worker) for forward_sync_buffers, which still syncs
+# them once at construction, where every rank's buffers are the same anyway
+NO_BUFFER_SYNC = (
+    {"forward_sync_buffers": False}
+    if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
+    else {"broadcast_buffers": False}
+)
 
 
 def setup_distributed(cfg: Any) -> tuple[int, int, torch.device]:

@@ -1,0 +1,133 @@
+"""What rank 0 shows while a run trains: a bar over each epoch's steps on a terminal, and
+one warning line when the machine is busy enough to make the run's timings unreliable (its
+load average beyond the run's own workers), kept in the run's record as ``machine_load``."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from typing import Any
+
+from tqdm import tqdm
+
+BUSY_PER_CORE = 0.5  # runnable tasks per core beyond the run's own: its timings are unreliable
+LOAD_TAU_S = 60.0  # time constant (s) of Linux's 1-minute load average, an exponential one
+SIZE = (80, 24)  # columns, rows of a terminal that reports none (a pseudo-terminal of size 0)
+
+
+def epoch_bar(s: Any) -> tqdm:
+    """Rank 0's bar over the epoch's steps, on a terminal only (not in a log file); the
+    machine's load is read at each epoch's start."""
+    if s.rank == 0:
+        _sample(s.run["run_id"])
+    show = s.rank == 0 and s.cfg.train.progress and sys.stderr.isatty()
+    size = _size() if show else None
+    return tqdm(
+        total=s.steps,
+        desc=f"epoch {s.epoch + 1}",
+        unit="step",
+        leave=False,
+        dynamic_ncols=size is None,
+        ncols=size and size[0],
+        nrows=size and size[1],
+        disable=not show,
+        file=sys.stderr,
+    )
+
+
+def _size() -> tuple[int, int] | None:
+    """None where the terminal reports its size (the bar follows it), else
+    :data:`SIZE`: tqdm draws nothing on a terminal of 0 columns or 0 rows."""
+    try:
+        cols, rows = os.get_terminal_size(sys.stderr.fileno())
+    except (OSError, ValueError):
+        return SIZE
+    return None if cols and rows else SIZE
+
+
+def show_step(bar: tqdm, loss: Any, samples: int, t0: float) -> None:
+    """The bar's step, with every worker's samples/s and this rank's loss (a device sync:
+    read only for a bar that is shown, at most twice a second)."""
+    bar.update(1)
+    if bar.disable or time.perf_counter() - getattr(bar, "_shown_at", 0.0) < 0.5:
+        return
+    bar._shown_at = time.perf_counter()
+    rate = samples / max(1e-9, time.perf_counter() - t0)
+    bar.set_postfix_str(f"loss {float(loss):.3f}, {rate:.0f} samples/s", refresh=False)
+
+
+class MachineLoad:
+    """The load average of rank 0's machine over a run, less the run's own workers.
+
+    Linux's 1-minute load average is an exponential average (time constant 60 s) of the
+    runnable tasks: ``n`` tasks started ``t`` s ago add ``n (1 - exp(-t / 60))`` to it.  The
+    run's own are its workers on this machine times their threads; what is left, per core,
+    is the other work competing for the cores."""
+
+    def __init__(self, payload: dict[str, Any]) -> None:
+        c = payload["config"]["cluster"]
+        # every node of a local or emulated cluster runs on this machine
+        here = c["nproc_per_node"] * (c["nnodes"] if c["name"] in ("local", "emulated") else 1)
+        self.workers = int(here)
+        launched = payload["run"].get("launch_time")
+        self.launched = time.time() if launched is None else float(launched)
+        self.cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+        self.start: float | None = None
+        self.worst = 0.0  # the most load per core beyond the run's own, over the samples
+        self.warned = False
+
+    def sample(self) -> None:
+        try:
+            load = os.getloadavg()[0]
+        except OSError:  # no load average on this system
+            return
+        import torch  # the worker has it loaded; its threads are set by now (or the default)
+
+        age = max(0.0, time.time() - self.launched)
+        own = self.workers * torch.get_num_threads() * (1.0 - math.exp(-age / LOAD_TAU_S))
+        others = max(0.0, load - own) / self.cores
+        self.start = load if self.start is None else self.start
+        self.worst = max(self.worst, others)
+        if others > BUSY_PER_CORE and not self.warned:
+            self.warned = True
+            print(
+                f"warning: this machine is busy (load average {load:.1f} on {self.cores} "
+                f"cores, {others * self.cores:.1f} of it not this run's): its timings are "
+                "unreliable; compare them only with runs on an idle machine",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cores": self.cores,
+            "load_at_start": self.start,
+            "max_others_per_core": round(self.worst, 2),
+            "busy": self.worst > BUSY_PER_CORE,
+        }
+
+
+_LOADS: dict[str, MachineLoad] = {}  # run id -> its load, in rank 0's process
+
+
+def watch_load(payload: dict[str, Any]) -> None:
+    """Rank 0: read the machine's load as the worker starts (a warning if busy)."""
+    if os.environ.get("RANK", "0") == "0":
+        load = _LOADS[payload["run"]["run_id"]] = MachineLoad(payload)
+        load.sample()
+
+
+def _sample(run_id: str) -> None:
+    if run_id in _LOADS:
+        _LOADS[run_id].sample()
+
+
+def machine_load(run_id: str) -> dict[str, Any] | None:
+    """The run's load, read once more now, for its record (None where it was not read)."""
+    load = _LOADS.pop(run_id, None)
+    if load is None:
+        return None
+    load.sample()
+    return load.to_dict()
