@@ -288,7 +288,9 @@ def run_time_s(run: Run, ratio: float, **model: Any) -> float:
     )
 
 
-def _corners() -> list[dict[str, float | None]]:
+def corners() -> list[dict[str, float | None]]:
+    """The model's inputs at the central assumptions, then at each corner of NIC
+    efficiency x hidden share (low and high of each): the band of a composed column."""
     a = projection.ASSUMPTIONS
     nic, hid = a["nic_efficiency"], a["hidden"]
     return [{"nic_efficiency": None, "hidden": None}] + [
@@ -336,7 +338,7 @@ def compose(
                 g: np.array([np.mean([run_time_s(r, ratio, **c) for r in rs]) for rs in ss])
                 for g, ss in seeds.items()
             }
-            for c in _corners()
+            for c in corners()
         ]
         means = {g: float(t.mean()) for g, t in times[0].items()}
         peer = _best_peer(means, groups)
