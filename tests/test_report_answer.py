@@ -208,6 +208,19 @@ def test_the_report_opens_with_the_answer(sweep: Path, checked: _Checked) -> Non
     assert cells.split(" | ")[1] == rows[0].split(" | ")[1].split(" faster")[0]
     assert re.search(r"\d\.\d\dx \[[\d.]+, [\d.]+\] band \[[\d.]+, [\d.]+\] \|$", cells)
     assert "| **dawnbench_digits**: first to target | tie: fp16, hitopk, mstopk |" in first
+    # the paper's claims: one row each, a verdict each, evidence with its link
+    from bench.report.claims import CLAIMS
+
+    claims = text.split("## The paper's claims beside ours")[1].split("Public records")[0]
+    rows = [ln for ln in claims.splitlines() if ln.startswith("| ") and "**" in ln]
+    assert len(rows) == len(CLAIMS)
+    verdicts = [ln.split(" | ")[1].strip("*") for ln in rows]
+    allowed = ("reproduced", "not reproduced", "not testable here", "partly reproduced")
+    assert all(v in allowed or v.startswith("reproduced ") for v in verdicts), verdicts
+    speed = rows[0].split(" | ")[2]
+    assert "measured (2 x 2): hitopk vs fp16" in speed and "projected at 1.34" in speed
+    assert f"(ablation/{SWEEP}.csv)" in speed
+    assert "| **not testable here** | no run of `python -m reproduce bench topk`" in claims
     assert "| **mstopk** (paper) |" in first and "`d0.01-warmup15-grad`" in first
     assert "| dense | 1 (baseline, " in first
     # the answer table has one row per method

@@ -348,9 +348,9 @@ def answer_table_v2(df: pd.DataFrame) -> list[str]:
 
 def answer_sections(
     records: list[dict], tables: dict[str, Path], base: Path
-) -> tuple[list[str], list[str], list[str]]:
-    """(the short answer, the answer per workload, the appendix's part) from each
-    workload's newest protocol table (``tables``: experiment -> table)."""
+) -> tuple[list[str], list[str], list[str], dict[str, list[versus.Column]]]:
+    """(the short answer, the answer per workload, the appendix's part, each workload's
+    columns) from each workload's newest protocol table (``tables``: experiment -> table)."""
     sentences: list[str] = []
     answers: list[tuple[str, list[versus.Column], float | None]] = []
     settings: list[str] = []
@@ -400,7 +400,7 @@ def answer_sections(
         "**Setting:** every method tuned with the same budget for each column, then trained "
         f"on fresh evaluation seeds; {'; '.join(settings)}; each in full: below."
     )
-    return [*short, ""], detail, appendix
+    return [*short, ""], detail, appendix, {exp: cols for exp, cols, _ in answers}
 
 
 def bench_headlines(inputs: Inputs) -> dict[str, list[tuple[str, str]]]:
@@ -477,7 +477,7 @@ def write_report(inputs: Inputs, figs: list[Figure], path: Path, header: str) ->
         if f.kind in ("speedup", "ratios", "tta", "breakdown") and f.experiment in tables
     ] + [f for f in figs if f.kind == "scaling"]
     other_figs = [f for f in figs if f not in main_figs and f.kind != "bench"]
-    short, detail, appendix = answer_sections(inputs.records, tables, base)
+    short, detail, appendix, columns = answer_sections(inputs.records, tables, base)
     main = [
         "# Reproduction report",
         "",
@@ -505,7 +505,7 @@ def write_report(inputs: Inputs, figs: list[Figure], path: Path, header: str) ->
         *bench_sections(rows, inputs.bench, base),
         "## The paper's claims beside ours",
         "",
-        *headline_section(inputs, maker, rows, tables),
+        *headline_section(inputs, maker, rows, tables, columns),
         "",
     ]
     rest = [
