@@ -353,11 +353,11 @@ def protocol_section(paths: list[Path], base: Path) -> list[str]:
 
 
 def cluster_title(cluster: str, ratio: float) -> str:
-    """``paper (ratio 1.34)``, or the check cluster's label (a v2 table's ``for_cluster``
+    """``paper (projected, ratio 1.34)``, or the check cluster's label (a v2 table's ``for_cluster``
     and ``ratio``; NaN: measured on the check cluster's clock)."""
     if ratio != ratio:
         return f"{cluster} 2 x 2 (measured: the end-to-end check)"
-    return f"{cluster} (ratio {ratio:.2f})"
+    return f"{cluster} (projected, ratio {ratio:.2f})"
 
 
 def verdict_text(v: Any, n: int, short: bool = False) -> str:
