@@ -301,8 +301,12 @@ def _plot(bench: BenchRun) -> None:
     axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.suptitle(
         f"top-k selection time on {bench.meta['hardware']}{_code(bench.meta)}\nmstopk's "
-        "implementations in shades of mstopk's colour (hollow, dotted: a kernel's torch "
-        "build); baselines that are not methods (torch.topk, the read floor) in black",
+        "implementations in shades of mstopk's colour"
+        + (
+            " (hollow, dotted: a kernel's torch build)"
+            * bool(df["method"].str.endswith("[torch]").any())
+        )
+        + "; baselines that are not methods (torch.topk, the read floor) in black",
         fontsize=9,
     )
     save_figure(fig, bench.png_path)
