@@ -19,7 +19,7 @@ import pandas as pd
 from bench import methods
 from bench.cluster import projection
 from bench.report import versus
-from bench.report.claims import comparison_section, earlier_section, headline_section
+from bench.report.claims import comparison_section, headline_section
 from bench.report.commands import CommandMaker, runs_dir, unrun_experiments
 from bench.report.figures import Figure, headlines, newest_runs
 from bench.report.scaling import scaling_lines
@@ -521,7 +521,6 @@ def write_report(inputs: Inputs, figs: list[Figure], path: Path, header: str) ->
         *protocol_section(inputs.ablation, base),
         "## Earlier comparisons (not equally tuned)",
         "",
-        *earlier_section(inputs),
         *comparison_section(inputs, maker),
         *(["Recipes with no record yet; to run:", "", *unrun, ""] if unrun else []),
         "## Micro-benchmark figures",

@@ -170,7 +170,12 @@ def comparison_section(inputs: Inputs, maker: CommandMaker) -> list[str]:
     stats = config_stats(inputs.runs)
     if stats.empty:
         return ["No run trained to an outcome (every record is an error or interrupted run).", ""]
-    out = []
+    out = [
+        "Made before the tuning protocol: the sparse methods' schedule was chosen on the seeds "
+        "that then measured it and PowerSGD was not tuned, so these are not the answer; kept "
+        "as recorded.",
+        "",
+    ]
     for exp in sorted(stats["experiment"].unique()):
         out += [f"#### {exp}", ""]
         for (_, cluster, hw), g in stats[stats["experiment"] == exp].groupby(GROUP, sort=True):
@@ -188,45 +193,6 @@ def comparison_section(inputs: Inputs, maker: CommandMaker) -> list[str]:
             "",
         ]
     return out
-
-
-def _saved(key: tuple, o: pd.Series, p: pd.Series, vs_baseline: bool) -> tuple[str, str, str]:
-    """One row of :func:`earlier_section`: ``o``'s time saved against ``p``."""
-    pct = 100 * (p["tt_mean"] - o["tt_mean"]) / p["tt_mean"]
-    where = f"{key[1]}, update {key[4]}" if vs_baseline else key[1]
-    text = f"{key[0]} ({where}): {o['comm']} {o['tt_mean']:.1f} s vs {p['comm']} "
-    text += f"{p['tt_mean']:.1f} s{' to target' if vs_baseline else ''}: {pct:+.0f} % time saved"
-    if vs_baseline:
-        text += f" ({o['n_reached']}/{o['n_runs']} and {p['n_reached']}/{p['n_runs']} runs reached)"
-    return text, key[2], " ".join(o["run_ids"] + p["run_ids"])
-
-
-def earlier_section(inputs: Inputs) -> list[str]:
-    """The comparisons made before the tuning protocol: the paper's methods against the
-    strongest peer and against dense of the same group, cache and update, as recorded."""
-    stats = config_stats(inputs.runs)
-    vs_peer, vs_dense = [], []
-    for key, g in [] if stats.empty else stats.groupby([*GROUP, "cache", "update"]):
-        reached = g[g["n_reached"] > 0]
-        peers = reached[reached["comm_name"].isin(methods.peers())].sort_values("tt_mean")
-        dense = reached[reached["comm_name"] == methods.baseline()]
-        for _, o in reached[reached["comm_name"].isin(methods.paper())].iterrows():
-            if len(peers):
-                vs_peer.append(_saved(key, o, peers.iloc[0], False))
-            if len(dense):  # one baseline configuration per group
-                vs_dense.append(_saved(key, o, dense.iloc[0], True))
-    rows = vs_peer + vs_dense
-    if not rows:
-        return []
-    out = [
-        "Made before the tuning protocol: the sparse methods' schedule was chosen on the seeds "
-        "that then measured it and PowerSGD was not tuned, so these are not the answer; kept "
-        "as recorded.",
-        "",
-        "| ours (measured) | hardware | runs |",
-        "| --- | --- | --- |",
-    ]
-    return out + [f"| {t} | {hw} | {ids} |" for t, hw, ids in rows] + [""]
 
 
 def _time_rows(inputs: Inputs, maker: CommandMaker, row) -> None:
@@ -260,61 +226,45 @@ def _time_rows(inputs: Inputs, maker: CommandMaker, row) -> None:
 Found = tuple[str, list[str]]
 
 
-def _said(results: list[tuple[bool, str]]) -> str:
-    """The verdict of a speed claim from its comparisons, (measured?, verdict) each:
-    reproduced where each was faster, not where none was, else where it held."""
-    won = [m for m, v in results if v == "faster"]
-    if results and len(won) == len(results):
-        return "reproduced"
-    if not won:
-        return "not reproduced"
-    return "reproduced where measured only" if all(won) else "reproduced in the projection only"
-
-
-def _where(col: versus.Column) -> str:
-    return "measured (2 x 2)" if col.measured else f"projected at {col.ratio:.2f}"
-
-
-def _paper_columns(cols: list[versus.Column]) -> list[versus.Column]:
-    """The measured column and the one at the paper's own ratio: where a claim of the
-    paper's setting is tested."""
-    return [c for c in cols if c.measured or c.cluster == HEADLINE]
-
-
-def _faster_than_2020(answers: dict[str, list[versus.Column]], links: dict[str, str]) -> Found:
-    """The fastest of the paper's methods against the fastest system of 2020 (the baseline
-    and the 2020 peers) in each column of the paper's setting."""
-    old = [methods.baseline(), *methods.names(group="peer 2020")]
-    seen, lines = [], []
-    for exp, cols in answers.items():
-        said = []
-        for c in _paper_columns(cols):
-            ours, theirs = c.fastest(methods.paper()), c.fastest(old)
-            if ours and theirs:
-                v = c.versus(theirs, ours)
-                seen.append((c.measured, v.verdict))
-                said.append(f"{_where(c)}: {ours} vs {theirs} {v.text()}, {v.verdict}")
-        if said:
-            lines.append(f"{exp}: {'; '.join(said)} ({links[exp]})")
-    return (_said(seen), lines) if seen else ("not testable here", ["no protocol sweep"])
-
-
-def _hierarchy(answers: dict[str, list[versus.Column]], links: dict[str, str]) -> Found:
-    """The paper's hierarchical method against its flat one, in every column."""
-    paper = methods.specs(group="paper")
-    hier = [s.name for s in paper if isinstance(s, HierarchicalMethod)]
-    flat = [s.name for s in paper if s.sparse and not isinstance(s, HierarchicalMethod)]
+def _compared(answers: dict[str, list[versus.Column]], links: dict[str, str], pairs) -> Found:
+    """A speed claim: in each column, each (ours, theirs) of ``pairs(column)`` compared;
+    reproduced where every comparison was faster, not where none was, else where it held."""
     seen, lines = [], []
     for exp, cols in answers.items():
         said = []
         for c in cols:
-            for h, f in ((h, f) for h in hier for f in flat if {h, f} <= set(c.times)):
-                v = c.versus(f, h)
-                seen.append((c.measured, v.verdict))
-                said.append(f"{_where(c)}: {h} vs {f} {v.text()}, {v.verdict}")
+            where = "measured (2 x 2)" if c.measured else f"projected at {c.ratio:.2f}"
+            for ours, theirs in pairs(c):
+                v = c.versus(theirs, ours)
+                seen.append((c.measured, v.verdict == "faster"))
+                said.append(f"{where}: {ours} vs {theirs} {v.text()}, {v.verdict}")
         if said:
             lines.append(f"{exp}: {'; '.join(said)} ({links[exp]})")
-    return (_said(seen), lines) if seen else ("not testable here", ["no protocol sweep"])
+    won = [m for m, faster in seen if faster]
+    if not seen:
+        return "not testable here", ["no protocol sweep"]
+    if len(won) == len(seen) or not won:
+        return ("reproduced" if won else "not reproduced"), lines
+    return ("reproduced where measured only" if all(won) else "reproduced in the projection "
+            "only"), lines  # fmt: skip
+
+
+def _faster_than_2020(col: versus.Column) -> list[tuple[str, str]]:
+    """The fastest of the paper's methods against the fastest system of 2020 (the baseline
+    and the 2020 peers), in the columns of the paper's setting: measured, and projected at
+    the paper's own ratio."""
+    ours = col.fastest(methods.paper())
+    theirs = col.fastest([methods.baseline(), *methods.names(group="peer 2020")])
+    keep = (col.measured or col.cluster == HEADLINE) and ours and theirs
+    return [(ours, theirs)] if keep else []
+
+
+def _hierarchy(col: versus.Column) -> list[tuple[str, str]]:
+    """The paper's hierarchical method against its flat one, in every column."""
+    paper = methods.specs(group="paper")
+    hier = [s.name for s in paper if isinstance(s, HierarchicalMethod)]
+    flat = [s.name for s in paper if s.sparse and not isinstance(s, HierarchicalMethod)]
+    return [(h, f) for h in hier for f in flat if {h, f} <= set(col.times)]
 
 
 def _converges(links: dict[str, str], tables: dict[str, pd.DataFrame], records: list) -> Found:
@@ -448,8 +398,8 @@ def headline_section(
     frames = {e: pd.read_csv(t) for e, t in tables.items()}
     imagenet = "dawnbench_imagenet"
     found: dict[str, Found] = {
-        "speed": _faster_than_2020(answers, links),
-        "hierarchy": _hierarchy(answers, links),
+        "speed": _compared(answers, links, _faster_than_2020),
+        "hierarchy": _compared(answers, links, _hierarchy),
         "converges": _converges(links, frames, inputs.records),
         "record": (
             "not testable here",

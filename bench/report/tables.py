@@ -495,28 +495,6 @@ def cluster_projections(csv: Path) -> str:
     )
 
 
-def scaling_caption(paths: Sequence[Path], newest: Any) -> str:
-    """The scaling figure's caption: the one sweep it draws (``newest``: the figure's rule
-    picking it from the CSVs' rows) and its CSV, not every CSV read."""
-    frames = []
-    for f in paths:
-        try:
-            frames.append(pd.read_csv(f).assign(_csv=f.name))
-        except (OSError, ValueError, pd.errors.ParserError):
-            continue
-    df = newest(pd.concat(frames, ignore_index=True, sort=False)) if frames else None
-    if df is None or df.empty or "sweep_id" not in df.columns or df["sweep_id"].isna().all():
-        return f"scaling efficiency against nodes, from {', '.join(f.name for f in paths)}"
-    csv = ", ".join(dict.fromkeys(df["_csv"]))
-    rest = len(paths) - len(set(df["_csv"]))
-    older = f"; {rest} other scaling CSV(s) in the appendix" if rest > 0 else ""
-    return (
-        f"scaling efficiency against nodes, sweep {df['sweep_id'].iloc[0]} ({csv}: of the "
-        f"sweeps with the model's predictions, the one that measured the most methods and "
-        f"sizes){older}"
-    )
-
-
 def record_of(inputs: Inputs, run_id: str) -> dict:
     return next(r for r in inputs.records if r.get("run_id") == run_id)
 
