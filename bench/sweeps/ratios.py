@@ -457,6 +457,7 @@ def plot(df: pd.DataFrame, path: str | Path, title: str) -> Path:
     from bench.methods import baseline as baseline_of
     from bench.methods import colour as method_colour
     from bench.methods import paper
+    from bench.methods import peers as peers_of
     from bench.methods import width as method_width
     from bench.results.plots import save_figure
 
@@ -484,7 +485,8 @@ def plot(df: pd.DataFrame, path: str | Path, title: str) -> Path:
                     markevery=2, zorder=z, label=f"{g} (n = {n} seeds)")  # fmt: skip
             ax.fill_between(dg["ratio"], dg["ci_low"], dg["ci_high"], color=c, alpha=0.18,
                             lw=0, zorder=1)  # fmt: skip
-        shown = d[~d["comm"].isin(("dense", *PEERS))] if role != "dense" else d
+        peers_and_base = (baseline_of(), *peers_of())  # not drawn against the best peer
+        shown = d[~d["comm"].isin(peers_and_base)] if role != "dense" else d
         top = max(1.1, 1.08 * float(shown["ci_high"].max())) if len(shown) else 1.1
         ax.set_ylim(-0.07 * top, top)  # the strip (4 % of the height) sits below zero
         baseline = baseline_of()
