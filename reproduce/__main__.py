@@ -50,9 +50,9 @@ HYDRA_FLAGS = (
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
-# options of a group that are not a choice for a user's run: comm=nocomm is the
-# compute-only baseline the scaling sweep measures against, not a training method
-INTERNAL_OPTIONS = {"comm": ("nocomm",)}
+# a group's option that is not a choice for a user's run says so in its file (comm=nocomm,
+# the compute-only baseline the scaling sweep measures against, is not a training method)
+MEASUREMENT = "A measurement device, not a training method"
 # the flags the help offers (a misspelt flag is told the closest of these only)
 HELP_FLAGS = (*OUR_FLAGS, "-m", "--multirun", "--hydra-help")
 
@@ -60,9 +60,7 @@ HELP_FLAGS = (*OUR_FLAGS, "-m", "--multirun", "--hydra-help")
 def _groups() -> dict[str, list[str]]:
     """Each config group of ``conf/`` and the options a user chooses from."""
     return {
-        d.name: sorted(
-            p.stem for p in d.glob("*.yaml") if p.stem not in INTERNAL_OPTIONS.get(d.name, ())
-        )
+        d.name: sorted(p.stem for p in d.glob("*.yaml") if MEASUREMENT not in p.read_text())
         for d in sorted(CONF.iterdir())
         if d.is_dir() and d.name != "hydra"
     }

@@ -81,7 +81,7 @@ def test_unknown_command_and_dawnbench_data() -> None:
         (["figures", "--resuls-dir", "x"], ["figures:", "did you mean --results-dir?"]),
         (["ablation", "--seds", "2"], ["ablation:", "did you mean --seeds?"]),
         (["advise", "--model", "resnet5"], ["did you mean resnet50?"]),
-        (["gpucheck", "--only", "train-hitop"], ["did you mean train-hitopk?"]),
+        (["gpucheck", "--only", "train-hitpk"], ["did you mean train-hitopk?"]),
         (["bench", "topkk"], ["'topkk'", "did you mean topk?"]),
     ],
 )

@@ -153,8 +153,6 @@ def test_figures_and_report_from_records(results: Path, capsys) -> None:
     assert "8.0 s (1/2 reached)" in report
     assert "3.0 s sooner (27 %), 1.38x" in report  # hitopk vs dense
     assert "1.0 s sooner (11 %), 1.12x" in report  # vs the strongest peer, PowerSGD
-    assert "hitopk d=0.01 8.0 s vs dense 11.0 s to target: +27 % time saved" in report
-    assert "hitopk d=0.01 8.0 s vs powersgd 9.0 s: +11 % time saved" in report
     # the paper's claim beside ours, our numbers with their hardware and command
     assert "25-40 %" in report and "2 min 31 s" in report
     assert HW in report

@@ -27,6 +27,20 @@ def test_the_readme_answer_block_is_the_reports() -> None:
     assert re.search(r"\[\d+\.\d+, \d+\.\d+\]", first)  # intervals, on the first screen
 
 
+def test_the_readme_answer_fits_one_screen_measured_first() -> None:
+    """At most 20 lines: a verdict per workload and one small table whose measured column
+    comes before the projected ones, each marked so; the long form stays in REPORT.md."""
+    block = readme.block_of((ROOT / "README.md").read_text())
+    lines = block.splitlines()
+    assert len(lines) <= 20, f"README's answer block has {len(lines)} lines"
+    assert "measured" in block and "projected" in block
+    head = next(ln for ln in lines if ln.startswith("| ") and "measured" in ln)
+    assert head.index("measured") < head.index("projected")
+    assert "results/REPORT.md" in block
+    verdicts = [ln for ln in lines if ln.startswith("- **")]
+    assert len(verdicts) >= 1 and all(ln.count(". ") == 0 for ln in verdicts)  # one sentence
+
+
 def test_the_block_is_rewritten_from_a_report_and_checked(tmp_path: Path) -> None:
     report = "# R\n\n## The answer\n\nTable: `ablation/s.csv`.\n\n## Figures\n\nx\n"
     md = tmp_path / "README.md"

@@ -286,7 +286,8 @@ def _plot(bench: BenchRun) -> None:
             ls, mk = SELECTION_STYLES[key]
             if method.endswith("[torch]"):  # the torch build of a kernel: dotted, hollow
                 ls = ":"
-            ax.plot(g["numel"], g["median_ms"], ls=ls, marker=mk, color=SELECTION_COLOURS[key],
+            colour = _shade(SELECTION_COLOURS[key], SHADES.get(key, 0.0))
+            ax.plot(g["numel"], g["median_ms"], ls=ls, marker=mk, color=colour,
                     mfc="none" if method.endswith("[torch]") else None, label=_label(method),
                     markersize=5)  # fmt: skip
         ax.set_xscale("log")
@@ -300,11 +301,27 @@ def _plot(bench: BenchRun) -> None:
     axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.suptitle(
         f"top-k selection time on {bench.meta['hardware']}{_code(bench.meta)}\nmstopk's "
-        "implementations in "
-        "mstopk's colour; baselines that are not methods (torch.topk, the read floor) in black",
+        "implementations in shades of mstopk's colour"
+        + (
+            " (hollow, dotted: a kernel's torch build)"
+            * bool(df["method"].str.endswith("[torch]").any())
+        )
+        + "; baselines that are not methods (torch.topk, the read floor) in black",
         fontsize=9,
     )
     save_figure(fig, bench.png_path)
+
+
+# each implementation its own shade of the selector's colour: -1 black .. 0 itself .. 1 white
+SHADES = {"paper": 0.0, "tiled": -0.55, "sampled": 0.5, "hist": -0.28, "other": 0.7}
+
+
+def _shade(colour: str, by: float) -> tuple[float, ...]:
+    """``colour`` mixed towards black (``by`` < 0) or white (``by`` > 0)."""
+    from matplotlib.colors import to_rgb
+
+    end = 1.0 if by > 0 else 0.0
+    return tuple(c + abs(by) * (end - c) for c in to_rgb(colour))
 
 
 def _code(meta: dict) -> str:

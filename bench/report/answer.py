@@ -17,7 +17,9 @@ from pathlib import Path
 import pandas as pd
 
 from bench import methods
-from bench.report.claims import comparison_section, earlier_section, headline_section
+from bench.cluster import projection
+from bench.report import versus
+from bench.report.claims import comparison_section, headline_section
 from bench.report.commands import CommandMaker, runs_dir, unrun_experiments
 from bench.report.figures import Figure, headlines, newest_runs
 from bench.report.scaling import scaling_lines
@@ -86,7 +88,7 @@ def shaped_first(records: list[dict]) -> list[dict]:
     return sorted(records, key=lambda r: _cluster(r) != "emulated")
 
 
-def where(records: list[dict]) -> str:
+def where(records: list[dict], count: bool = True) -> str:
     """The workers, their nodes, the hardware and the link of a sweep's runs (those over the
     shaped link where some ran over it; the others' share then follows)."""
     records = shaped_first(records)
@@ -105,7 +107,7 @@ def where(records: list[dict]) -> str:
             f", an emulated inter-node link measured at {1e3 * link['bandwidth_gbps']:.0f} Mbit/s"
         )
     local = sum(_cluster(x) == "local" for x in records)
-    if cluster == "emulated" and local:
+    if cluster == "emulated" and local and count:
         text += (
             f" ({len(records) - local} runs; {local} more on the local cluster, loopback "
             "links, for the composed columns' steps)"
@@ -141,10 +143,10 @@ def setting(records: list[dict], table: pd.DataFrame, plan: dict, again: int = 0
     )
 
 
-def measured_ratio_text(records: list[dict]) -> str:
-    """What the baseline's runs measured: their communication inside the step against the
-    rest of it (over the shaped link where some ran over it); ``""`` without such runs that
-    timed both."""
+def measured_ratio(records: list[dict]) -> tuple[float, float, int] | None:
+    """What the baseline's runs measured (over the shaped link where some ran over it):
+    communication inside the step and the step (s, means), and how many runs timed both;
+    None without such runs."""
     base = methods.baseline()
     runs = [
         r
@@ -154,15 +156,29 @@ def measured_ratio_text(records: list[dict]) -> str:
     shaped = [r for r in runs if (r.get("link_check") or {}).get("bandwidth_gbps")]
     runs = shaped or runs  # the runs over the shaped link, where there are some
     if not runs:
-        return ""
+        return None
     step = sum(float(r["step_time_s"]) for r in runs) / len(runs)
     comm = sum(float(r["comm_s_per_step"]) for r in runs) / len(runs)
-    if not 0 < comm < step:
+    return (comm, step, len(runs)) if 0 < comm < step else None
+
+
+def measured_ratio_text(records: list[dict]) -> str:
+    """:func:`measured_ratio` in words, its communication against the rest of the step;
+    ``""`` without it."""
+    m = measured_ratio(records)
+    if m is None:
         return ""
+    comm, step, n = m
     return (
-        f"; measured in {base}'s {len(runs)} runs: communication {1e3 * comm:.0f} ms of a "
-        f"{1e3 * step:.0f} ms step, {comm / (step - comm):.2f} x the rest of it"
+        f"; measured in {methods.baseline()}'s {n} runs: communication {1e3 * comm:.0f} ms of "
+        f"a {1e3 * step:.0f} ms step, {comm / (step - comm):.2f} x the rest of it"
     )
+
+
+def own_ratio(records: list[dict]) -> float | None:
+    """The measured column's own communication / compute ratio (None: not timed)."""
+    m = measured_ratio(records)
+    return m[0] / (m[1] - m[0]) if m else None
 
 
 def resolution_lines(base: Path, recs: list[dict], df: pd.DataFrame) -> list[str]:
@@ -219,41 +235,89 @@ def _cell(r: pd.Series, key: str = "speedup_vs_dense") -> str:
     return f"{text} {verdict_text(verdict, int(r['n_runs']), short=True)}"
 
 
-def first_to_target(g: pd.DataFrame) -> str:
-    """Which method reaches the target first on one cluster (lowest mean time over the
-    evaluation seeds) and whether the runner-up can be told from it, by the interval that
-    compares them: the best peer's (chosen on the tuning seeds) when one of the two is it."""
-    order = g.sort_values("time_to_target_mean_s")
-    first, second = order.iloc[0], order.iloc[1]
-    peer = str(first["best_peer"] or "")
-    text = f"first to target {first['comm']}"
+def _names(xs: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return xs[0] if len(xs) == 1 else f"{', '.join(xs[:-1])} and {xs[-1]}"
+
+
+def _head(col: versus.Column, own: float | None) -> str:
+    if col.measured:
+        return "measured" + (f" at its own ratio {own:.2f}" if own else "")
+    return f"projected at {col.ratio:.2f}"
+
+
+STATUS = {  # a verdict against the baseline: (one method, several)
+    "faster": ("is faster than", "are faster than"),
+    "slower": ("is slower than", "are slower than"),
+    "tie": ("cannot be told from", "cannot be told from"),
+}
+
+
+def column_verdict(col: versus.Column) -> str:
+    """Who is first to the target in one column (or which methods tie for it), then where
+    each of the paper's methods outside that group stands against the baseline."""
+    tied, base = col.tied_first(), methods.baseline()
+    said = f"{tied[0]} first" if len(tied) == 1 else f"{_names(tied)} tie for first"
+    by: dict[str, list[str]] = {}
+    for m in methods.paper():
+        if m in col.times and m not in tied and base in col.times:
+            by.setdefault(col.versus(base, m).verdict, []).append(m)
+    for verdict, ms in by.items():
+        said += f", {_names(ms)} {STATUS[verdict][len(ms) > 1]} {base}"
+    return said
+
+
+def verdict_sentence(exp: str, target: str, cols: list[versus.Column], own: float | None) -> str:
+    """One sentence for a workload: per column, measured first, the verdict."""
+    parts = [f"{_head(c, own)}: {column_verdict(c)}" for c in cols]
+    return f"- **{exp}** (to {target}): {'; '.join(parts)}."
+
+
+def _header(col: versus.Column) -> str:
+    if col.measured:
+        return f"**measured**: {col.cluster} 2 x 2"
+    return f"**projected**: `{col.cluster}`, ratio {col.ratio:.2f}"
+
+
+def short_table(answers: list[tuple[str, list[versus.Column], float | None]]) -> list[str]:
+    """One small table: a column per answer column (measured first, then by ratio), per
+    workload a row naming the first to the target (or the tied group) and a row per paper
+    method with its speedup over the baseline, interval and, where projected, band."""
+    heads = list(dict.fromkeys(_header(c) for _, cols, _ in answers for c in cols))
+    lines = [f"| | {' | '.join(heads)} |", "| --- |" + " --- |" * len(heads)]
     base = methods.baseline()
-    text += f" (vs {base} {_cell(first)})" if first["comm"] != base else ""
-    if first["comm"] == peer:
-        return text + f", then {second['comm']} at {_cell(second, 'speedup_vs_peer')} of its speed"
-    text += f", then {second['comm']}"
-    if peer in set(g["comm"]) and first["comm"] not in methods.paper():  # said after
-        text += f"; {first['comm']} vs {peer} (the best peer) {_cell(first, 'speedup_vs_peer')}"
-    return text
+    for exp, cols, own in answers:
+        at = {_header(c): c for c in cols}
+        cells = []
+        for h in heads:
+            c = at.get(h)
+            tied = c.tied_first() if c else []
+            ratio = f"(ratio {own:.2f}) " if c and c.measured and own else ""
+            cells.append(ratio + ("tie: " if len(tied) > 1 else "") + ", ".join(tied) or "-")
+        lines.append(f"| **{exp}**: first to target | {' | '.join(cells)} |")
+        for m in methods.paper():
+            row = [
+                at[h].versus(base, m).text() if h in at and {m, base} <= set(at[h].times)
+                else "-"
+                for h in heads
+            ]  # fmt: skip
+            lines.append(f"| {m} vs {base} | {' | '.join(row)} |")
+    return lines
 
 
-def answer_sentence(df: pd.DataFrame, exp: str, target: str) -> str:
-    """One sentence for a workload: on the paper's cluster at each named ratio, the paper's
-    methods against dense and against the best-tuned peer there, with intervals."""
-    parts = []
-    for cluster, g in df[df["ratio"].notna()].groupby("for_cluster", sort=False):
-        ratio = float(g["ratio"].iloc[0])
-        said = [first_to_target(g)] if len(g) > 1 else []
-        for _, r in g[g["comm"].isin(methods.paper())].iterrows():
-            peer = str(r["best_peer"]) or "-"
-            said.append(
-                f"{r['comm']} vs {methods.baseline()} {_cell(r)}, vs {peer} "
-                f"{_cell(r, 'speedup_vs_peer')}"
-            )
-        parts.append(f"at ratio {ratio:.2f} (`{cluster}`): " + "; ".join(said or ["no runs"]))
+def legend_line(n_seeds: int) -> str:
+    """What the short table's cells and words mean."""
+    a = projection.ASSUMPTIONS
+    nic, hid = a["nic_efficiency"], a["hidden"]
     return (
-        f"**{exp}** (to {target}, the time to target of each method's configuration tuned "
-        f"for that cluster, {int(df['n_runs'].max())} evaluation seeds): " + " | ".join(parts) + "."
+        f"Cells: speedup in time to target over {methods.baseline()} DDP [95 % interval over "
+        f"{n_seeds} evaluation seeds]; measured: end to end on the emulated cluster's clock, "
+        "at the communication / compute ratio its baseline measured; projected: each run's "
+        "steps to target x the performance model's step time on 16 x 8 V100 at 25 Gbit/s at "
+        "that ratio of dense fp32 communication to compute, its band the interval's range "
+        f"over the model's assumptions (NIC efficiency {nic.low:g}-{nic.high:g}, hidden "
+        f"communication {hid.low:g}-{hid.high:g}); tie: the interval or the band holds 1, "
+        "first: told from every other by both."
     )
 
 
@@ -284,13 +348,15 @@ def answer_table_v2(df: pd.DataFrame) -> list[str]:
 
 def answer_sections(
     records: list[dict], tables: dict[str, Path], base: Path
-) -> tuple[list[str], list[str], list[str]]:
-    """(the short answer, the answer per workload, the appendix's part) from each
-    workload's newest protocol table (``tables``: experiment -> table)."""
+) -> tuple[list[str], list[str], list[str], dict[str, list[versus.Column]]]:
+    """(the short answer, the answer per workload, the appendix's part, each workload's
+    columns) from each workload's newest protocol table (``tables``: experiment -> table)."""
     sentences: list[str] = []
+    answers: list[tuple[str, list[versus.Column], float | None]] = []
     settings: list[str] = []
     detail: list[str] = []
     appendix: list[str] = []
+    seeds = 0
     for name, exp in protocol.WORKLOADS.items():
         detail += [f"### {exp} ({name} workload)", ""]
         table = tables.get(exp)
@@ -305,8 +371,12 @@ def answer_sections(
         df = pd.read_csv(table)
         recs, again = _eval_records(records, table.stem)
         target = target_text(str(df["target_metric"].iloc[0]), float(df["target_value"].iloc[0]))
-        sentences.append(f"- {answer_sentence(df, exp, target)}")
-        settings.append(f"{exp} ({target}): {where(recs)}")
+        cols = sorted(versus.columns(base, df, records), key=lambda c: (not c.measured, c.ratio))
+        own = own_ratio(shaped_first(recs))
+        sentences.append(verdict_sentence(exp, target, cols, own))
+        answers.append((exp, cols, own))
+        seeds = max(seeds, int(df["n_runs"].max()))
+        settings.append(f"{exp} ({target}): {where(recs, count=False)}")
         t = rel(table, base)
         detail += [
             setting(recs, df, plan_of(table), again),
@@ -323,17 +393,14 @@ def answer_sections(
             "",
         ]
         appendix += [f"### {exp}", "", *resolution_lines(base, recs, df[df["ratio"].isna()])]
-    return (
-        [question(), "", *sentences, *([""] if sentences else [])]
-        + [
-            "**Setting:** every method tuned with the same budget, then trained on fresh "
-            "evaluation seeds; each in full: below.",
-            *(f"- {x}." for x in settings),
-            "",
-        ],
-        detail,
-        appendix,
+    short = [question(), ""]
+    if answers:
+        short += [*sentences, "", *short_table(answers), "", legend_line(seeds), ""]
+    short.append(
+        "**Setting:** every method tuned with the same budget for each column, then trained "
+        f"on fresh evaluation seeds; {'; '.join(settings)}; each in full: below."
     )
+    return [*short, ""], detail, appendix, {exp: cols for exp, cols, _ in answers}
 
 
 def bench_headlines(inputs: Inputs) -> dict[str, list[tuple[str, str]]]:
@@ -410,7 +477,7 @@ def write_report(inputs: Inputs, figs: list[Figure], path: Path, header: str) ->
         if f.kind in ("speedup", "ratios", "tta", "breakdown") and f.experiment in tables
     ] + [f for f in figs if f.kind == "scaling"]
     other_figs = [f for f in figs if f not in main_figs and f.kind != "bench"]
-    short, detail, appendix = answer_sections(inputs.records, tables, base)
+    short, detail, appendix, columns = answer_sections(inputs.records, tables, base)
     main = [
         "# Reproduction report",
         "",
@@ -438,7 +505,7 @@ def write_report(inputs: Inputs, figs: list[Figure], path: Path, header: str) ->
         *bench_sections(rows, inputs.bench, base),
         "## The paper's claims beside ours",
         "",
-        *headline_section(inputs, maker, rows, tables),
+        *headline_section(inputs, maker, rows, tables, columns),
         "",
     ]
     rest = [
@@ -454,7 +521,6 @@ def write_report(inputs: Inputs, figs: list[Figure], path: Path, header: str) ->
         *protocol_section(inputs.ablation, base),
         "## Earlier comparisons (not equally tuned)",
         "",
-        *earlier_section(inputs),
         *comparison_section(inputs, maker),
         *(["Recipes with no record yet; to run:", "", *unrun, ""] if unrun else []),
         "## Micro-benchmark figures",

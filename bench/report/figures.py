@@ -65,12 +65,13 @@ def config_name(row) -> str:
     return " / ".join(str(row[c]) for c in CONFIG)
 
 
-def _panels(n: int, w: float = 6.0, h: float = 4.2, extra: float = 0.0):
-    """``n`` panels in rows of at most :data:`PER_ROW`, the figure capped in width."""
+def _panels(n: int, w: float = 6.0, h: float = 4.2, extra: float = 0.0, **kw: Any):
+    """``n`` panels in rows of at most :data:`PER_ROW`, the figure capped in width
+    (``kw``: to :func:`matplotlib.pyplot.subplots`, e.g. ``sharex``)."""
     cols = min(n, PER_ROW)
     rows = -(-n // cols)
     fig, axes = plt.subplots(
-        rows, cols, figsize=(fig_width(cols, w, extra), h * rows), squeeze=False
+        rows, cols, figsize=(fig_width(cols, w, extra), h * rows), squeeze=False, **kw
     )
     flat = list(axes.flat)
     for ax in flat[n:]:
@@ -168,7 +169,9 @@ def plot_tta(
 ) -> Path | None:
     """Held-out target metric against training time: per method the mean over its runs
     (seeds) and its 95 % interval, drawn from the time every run has an evaluation, one
-    panel per cluster and hardware; a star at the mean time to target with its interval.
+    panel per cluster and hardware, its y axis from :data:`BELOW_TARGET` points under the
+    target; under it a strip of one row per configuration, a star at its mean time to
+    target with its interval (on the target line they would hide each other).
     ``yours``: a user's runs, each drawn on its own over the panel of its cluster and
     hardware (else of its cluster, else the first)."""
     pick = (runs["experiment"] == experiment) & runs["has_curve"] & runs["trained"]
@@ -178,44 +181,55 @@ def plot_tta(
         return None
     groups = list((runs if not runs.empty else yours).groupby(["cluster", "hardware"], sort=True))
     most = max(g["comm"].nunique() for _, g in groups)
-    fig, axes = _panels(len(groups), w=6.4, h=4.2 + 0.17 * most)
-    for ax, ((cluster, hw), g) in zip(axes, groups, strict=True):
+    cols = min(len(groups), PER_ROW)
+    rows = -(-len(groups) // cols)
+    fig = plt.figure(figsize=(fig_width(cols, 6.4), rows * (4.4 + 0.3 * most)))
+    grid = fig.add_gridspec(2 * rows, cols, height_ratios=[3.0, 0.2 + 0.2 * most] * rows)
+    for n, ((cluster, hw), g) in enumerate(groups):
+        ax = fig.add_subplot(grid[2 * (n // cols), n % cols])
+        strip = fig.add_subplot(grid[2 * (n // cols) + 1, n % cols], sharex=ax)
         r0 = g.iloc[0]
         styles: dict[str, int] = {}  # configurations of one method: one colour, other dashes
-        bands = tta_bands(results_dir, g)
-        for _, b in sorted(bands.items()):
+        bands = sorted(tta_bands(results_dir, g).items())
+        for i, (_, b) in enumerate(bands):
             colour, lw = methods.colour(b["comm_name"]), methods.width(b["comm_name"])
             ls = LINE_STYLES[styles.setdefault(b["comm_name"], 0) % len(LINE_STYLES)]
             styles[b["comm_name"]] += 1
-            label = f"{b['label']} (n = {b['n']}, {b['n_reached']} reached)"
-            ax.plot(b["grid"], b["mean"], color=colour, lw=lw, ls=ls, label=label)
+            ax.plot(b["grid"], b["mean"], color=colour, lw=lw, ls=ls, label=b["label"])
             ax.fill_between(b["grid"], b["low"], b["high"], color=colour, alpha=0.1, lw=0)
-            if b["tt_mean"] is not None and r0["target"] is not None:
+            if b["tt_mean"] is not None:
                 lo, hi = b["tt_low"], b["tt_high"]
                 err = [[b["tt_mean"] - lo], [hi - b["tt_mean"]]] if lo == lo else None
-                ax.errorbar([b["tt_mean"]], [100 * r0["target"]], xerr=err, fmt="*", ms=11,
-                            color=colour, capsize=3, lw=1.2, zorder=4)  # fmt: skip
+                strip.errorbar([b["tt_mean"]], [i], xerr=err, fmt="*", ms=9, color=colour,
+                               capsize=3, lw=1.2)  # fmt: skip
+        names = [f"{b['label']} ({b['n_reached']}/{b['n']} reached)" for _, b in bands]
+        strip.set_yticks(range(len(bands)), names, fontsize=7)
+        for t, (_, b) in zip(strip.get_yticklabels(), bands, strict=True):
+            t.set_color(methods.colour(b["comm_name"]))  # the labels are the lines' legend
+        strip.set_ylim(len(bands) - 0.5, -0.5)
+        strip.grid(alpha=0.3, axis="x")
+        strip.set_xlabel("time to target (s; star: mean, bar: 95 % interval)")
+        ax.set_xlabel("training time (s, evaluation excluded)")
         if r0["target"] is not None:
             ax.axhline(100 * r0["target"], color="k", ls="--", lw=0.8)
-        drawn = [np.nanmin(b["low"] if np.isfinite(b["low"]).any() else b["mean"])
-                 for b in bands.values() if np.isfinite(b["mean"]).any()]  # fmt: skip
-        low = 0.0 if r0["metric"] == "bleu" or not drawn else max(0.0, min(drawn) - 2.0)
-        ax.set_ylim(10 * np.floor(low / 10), 100.5)  # every drawn curve and band, whole
+            low = max(0.0, 10 * np.floor((100 * r0["target"] - BELOW_TARGET) / 10))
+        else:
+            low = 0.0
+        ax.set_ylim(low, 100.5)  # the region around the target; lower values run off it
         ax.set_xlim(left=0)  # the time from the start, before the first evaluation too
         if yours is not None:
             _draw_yours(ax, results_dir, yours, (cluster, hw), [k for k, _ in groups])
         ax.set_title(f"{cluster}\n{hw}", fontsize=9)
-        ax.set_xlabel("training time (s, evaluation excluded)")
         ax.set_ylabel(f"held-out {target_text(r0['metric'], None)} (%)")
         ax.grid(alpha=0.3)
-        ax.legend(  # below the panel: it covers no data
-            loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize=7, frameon=False
-        )
+        if max(styles.values(), default=0) > 1 or yours is not None:  # dashes; your runs
+            ax.legend(loc="lower right", fontsize=7, framealpha=0.8)
     fig.suptitle(
         title
         or f"{experiment}: time to {target_text(r0['metric'], r0['target'])} (dashed)\n"
         "line: mean over seeds from when every seed has an evaluation; band: its 95 % "
-        "t-interval;\nstar: mean time to target with its 95 % bootstrap interval (as the tables)",
+        "t-interval;\nbelow: mean time to target (star) with its 95 % bootstrap interval "
+        "(as the tables)",
         fontsize=9,
     )
     return save_figure(fig, path)
@@ -242,6 +256,9 @@ def _draw_yours(
         if r["reached"] and r["target"] is not None:
             ax.plot([r["time_to_target_s"]], [100 * r["target"]], marker="X", ms=10,
                     color=colour, mec="k", ls="none", zorder=6)  # fmt: skip
+
+
+BELOW_TARGET = 15  # points of the metric the time-to-accuracy axis shows under the target
 
 
 def plot_speedup(
@@ -334,7 +351,8 @@ def plot_breakdown(table: pd.DataFrame, experiment: str, path: Path) -> Path | N
         return None
     groups = list(table.groupby(["cluster", "hardware"], sort=True))
     most = int(table.groupby(["cluster", "hardware"]).size().max())
-    fig, axes = _panels(len(groups), w=7.0, h=2.3 + 0.3 * most)
+    # one x scale for every panel: the same ms reads the same length side by side
+    fig, axes = _panels(len(groups), w=7.0, h=2.3 + 0.3 * most, sharex=True)
     for ax, ((cluster, hw), g) in zip(axes, groups, strict=True):
         left = np.zeros(len(g))
         for label, _ in PHASES:
@@ -350,7 +368,8 @@ def plot_breakdown(table: pd.DataFrame, experiment: str, path: Path) -> Path | N
         for t, c in zip(ax.get_yticklabels(), g["comm_name"], strict=True):
             t.set_color(methods.colour(c))  # the method's colour: the bars are the phases'
         ax.invert_yaxis()
-        ax.set_xlabel("ms per training step (mean over epochs and runs)")
+        ax.set_xlabel("ms per step (mean over epochs, runs)")
+        ax.xaxis.set_tick_params(labelbottom=True)  # shared, yet each panel keeps its numbers
         common = ", ".join(f"{c} {g[c].iloc[0]}" for c in CONFIG[1:] if c not in varying)
         where = "\n".join(textwrap.wrap(f"{cluster}; {hw}", 48))  # fits over a narrow panel
         ax.set_title(where + (f"\nevery bar: {common}" if common else ""), fontsize=8)
@@ -623,9 +642,16 @@ def _experiment_figures(
 
     curves = bool(runs["has_curve"].sum())
     if curves or not mine.empty:
-        what = f"time to accuracy, median and band over seeds, of {which}"
+        what = f"time to accuracy, mean and band over seeds, of {which}"
+        tta = runs
+        if table is not None:  # the measured column's runs: the local cluster's wall time
+            # (loopback links) is no column of the answer, only its runs' steps are
+            ids = table_run_ids((t := pd.read_csv(table))[t["ratio"].isna()])
+            tta = runs[runs["run_id"].isin(ids)] if runs["run_id"].isin(ids).any() else runs
+            if len(tta) < len(runs):
+                what += " in the answer's measured column (the local cluster's only give steps)"
         what += f", and your {len(mine)} run(s) on their own" if not mine.empty else ""
-        add("tta", what, lambda p: plot_tta(res, runs, exp, p, yours=mine))
+        add("tta", what, lambda p: plot_tta(res, tta, exp, p, yours=mine))
     if runs.empty:
         return out
     if table is not None:

@@ -6,6 +6,7 @@ and the lines that say what it shows and how well the model held.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,8 +22,6 @@ from bench.report.tables import read  # noqa: E402
 from bench.results.columns import newer_scaling  # noqa: E402
 from bench.results.plots import fig_width, save_figure  # noqa: E402
 from bench.sweeps import scaling_table  # noqa: E402
-
-INVALID_ABOVE = 1.05  # efficiency above this: the compute-only reference is at fault
 
 
 def _methods(df: pd.DataFrame) -> pd.Series:
@@ -74,17 +73,59 @@ def _sweeps_by_breadth(df: pd.DataFrame) -> list[str]:
     return sorted(pool["sweep_id"].unique(), key=breadth)
 
 
-def _measured(ax, meas: pd.DataFrame) -> None:
-    """One line per method (each point one run), the model's prediction for the same size
-    as hollow markers without a line: the lines are the measurements alone.  One marker
-    shape in every panel (each panel is one number of workers per node), the legend's."""
+def _calibrated(meas: pd.DataFrame) -> pd.Series:
+    """Each point's efficiency against its size's other compute-only timing, the
+    calibration run made before the methods (NaN where the sweep made none)."""
+    if "calibration_step_s" not in meas.columns:
+        return pd.Series(float("nan"), index=meas.index)
+    ref = meas[~_methods(meas)].set_index(["nodes", "workers_per_node"])["calibration_step_s"]
+    keys = list(zip(meas["nodes"], meas["workers_per_node"], strict=True))
+    cal = pd.Series([ref.get(k, float("nan")) for k in keys], index=meas.index)
+    return cal / meas["step_s"] if "step_s" in meas.columns else cal * float("nan")
+
+
+def above_one(meas: pd.DataFrame) -> str:
+    """Why a point lies above 1 (a method faster than computing alone): the compute-only
+    run that sets 1 was timed apart from the method's, on a shared CPU, and drifted; the
+    same points against the calibration run made before the methods.  ``""``: none."""
+    m = meas[_methods(meas) & (meas["efficiency"].round(2) > 1.0)]
+    if m.empty:
+        return ""
+    cal, ref = _calibrated(meas), meas[~_methods(meas)]
+    sizes, drift = [], []
+    for (n, w), g in m.groupby(["nodes", "workers_per_node"], sort=True):
+        size = f"{int(n)}x{int(w)}"
+        pts = ", ".join(f"{r['comm']} {r['efficiency']:.2f}" for _, r in g.iterrows())
+        c = cal[g.index].dropna()
+        if len(c):
+            lo, hi = c.min(), c.max()
+            against = "" if sizes else " against the compute-only run before the methods"
+            pts += f" ({lo:.2f}" + (f"-{hi:.2f}" if hi - lo >= 0.005 else "") + f"{against})"
+        sizes.append(f"at {size} {pts}")
+        d = ref[(ref["nodes"] == n) & (ref["workers_per_node"] == w)]
+        if "compute_drift" in d and d["compute_drift"].notna().any():
+            drift.append(f"{d['compute_drift'].dropna().iloc[0]:+.0%} at {size}")
+    return (
+        f"Above 1: {'; '.join(sizes)}.  No method computes faster than computing alone: the "
+        "compute-only step that sets 1 is one run, timed after the methods on a shared CPU"
+        + (f", its step {' and '.join(drift)} on the one before them" if drift else "")
+    )
+
+
+def _measured(ax, meas: pd.DataFrame, cal: pd.Series) -> None:
+    """One line per method (each point one run; a thin bar to its efficiency against the
+    calibration run, where it differs), the model's prediction for the same size as
+    hollow markers without a line: the lines are the measurements alone."""
     for comm, g in meas.groupby("comm", sort=True):
         g = g.sort_values("nodes")
-        ax.plot(g["nodes"], g["efficiency"], "-", marker="o", color=methods.colour(comm),
-                lw=methods.width(comm))  # fmt: skip
+        c = methods.colour(comm)
+        ax.plot(g["nodes"], g["efficiency"], "-", marker="o", color=c, lw=methods.width(comm))
+        ok = cal[g.index].notna()
+        ax.vlines(g["nodes"][ok], g["efficiency"][ok], cal[g.index][ok], color=c, lw=1,
+                  alpha=0.6)  # fmt: skip
         if "predicted_efficiency" in g.columns and g["predicted_efficiency"].notna().any():
             ax.plot(g["nodes"], g["predicted_efficiency"], ls="", marker="o", mfc="none",
-                    ms=8, color=methods.colour(comm), alpha=0.8)  # fmt: skip
+                    ms=8, color=c, alpha=0.8)  # fmt: skip
 
 
 def _projected(ax, proj: pd.DataFrame) -> None:
@@ -114,23 +155,6 @@ def _worst(meas: pd.DataFrame) -> str:
     )
 
 
-def _off_scale(over: pd.DataFrame) -> str:
-    """The note naming the points not drawn: efficiency above :data:`INVALID_ABOVE`."""
-    sizes = ", ".join(
-        sorted(
-            {
-                f"{r['comm']} at {int(r['nodes'])}x{int(r['workers_per_node'])} "
-                f"({r['efficiency']:.2f})"
-                for _, r in over.iterrows()
-            }
-        )
-    )
-    return (
-        f"not drawn, above {INVALID_ABOVE:g}:\n{sizes};\ntheir compute-only runs were slower "
-        "than runs that communicate:\na measurement fault, not an efficiency"
-    )
-
-
 def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
     """Efficiency against nodes of the newest sweep in ``frame`` (its CSV's rows): one
     panel per workers-per-node measured on this machine, and the model's projection to
@@ -140,15 +164,15 @@ def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
         return None
     df = newest_sweep(frame)
     kind = df["kind"] if "kind" in df.columns else pd.Series("measured", index=df.index)
-    meas = df[(kind == "measured") & _methods(df)].dropna(subset=["efficiency"])
+    every = df[kind == "measured"].dropna(subset=["efficiency"])  # the reference's rows too
+    if "workers_per_node" not in every.columns:
+        every = every.assign(workers_per_node=1)
+    meas, cal = every[_methods(every)], _calibrated(every)
     proj = df[kind == "projected"]
     if meas.empty and proj.empty:
         return None
-    if "workers_per_node" not in meas.columns:
-        meas = meas.assign(workers_per_node=1)
     comms = list(dict.fromkeys([*meas["comm"], *proj["comm"]]))
-    over = meas[meas["efficiency"] > INVALID_ABOVE]
-    shown = meas[meas["efficiency"] <= INVALID_ABOVE]
+    top = max(1.1, float(pd.concat([meas["efficiency"], cal[meas.index]]).max()) + 0.05)
     pers = sorted({int(p) for p in meas["workers_per_node"].dropna()}) or [1]
     fig, axes = plt.subplots(
         1, len(pers) + 1, figsize=(fig_width(len(pers) + 1, 5.2), 6.4), squeeze=False
@@ -159,11 +183,11 @@ def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
     if "measured_steps" in meas.columns and meas["measured_steps"].notna().any():
         steps = f", its step time the median of {int(meas['measured_steps'].median())} steps"
     for ax, per in zip(axes, pers, strict=False):
-        rows = shown[shown["workers_per_node"] == per]
-        _measured(ax, rows)
+        _measured(ax, meas[meas["workers_per_node"] == per], cal)
+        ax.axhline(1.0, color="k", lw=0.8, ls=":")
         ax.set_title(f"measured on this machine: {per} worker(s) per node", fontsize=9)
         ax.set_xlabel(f"nodes ({cluster}; log 2)")
-        ax.set_ylim(0, 1.1)
+        ax.set_ylim(0, top)
         ticks = sorted({int(n) for n in meas["nodes"].dropna()})
         ax.set_xscale("log", base=2)
         if ticks:  # the node counts themselves, not powers of 2
@@ -183,7 +207,7 @@ def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
         right.text(0.5, 0.5, f"projection not drawn:\n{why}", ha="center", va="center",
                    transform=right.transAxes, fontsize=9, wrap=True)  # fmt: skip
         right.set_xticks([])
-    right.set_ylim(0, 1.1)
+    right.set_ylim(0, top)
     right.grid(alpha=0.3)
     right.set_title("projected: the model, not a measurement", fontsize=9)
     right.set_xlabel("nodes of 8 V100 at 25 Gbit/s (model; log 2)")
@@ -193,6 +217,8 @@ def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
         Line2D([], [], color="k", ls="-", marker="o", label="measured: one run a point (n = 1)"),
         Line2D([], [], color="k", ls="", marker="o", mfc="none", ms=8,
                label="model's prediction for that size"),
+        Line2D([], [], color="k", ls="", alpha=0.6, marker="|", ms=12,
+               label="bar: to the efficiency against the\ncompute-only run before the methods"),
     ]  # fmt: skip
     if drawn:
         handles.append(Line2D([], [], color="k", ls="--", label="projected (band: assumptions)"))
@@ -200,9 +226,10 @@ def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
     # tight_layout makes room for both (an axes' legend and text)
     right.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2,
                  fontsize=8, frameon=False)  # fmt: skip
-    if len(over):  # a compute-only run slower than a communicating one: a fault, say it
-        axes[0].text(0.0, -0.13, _off_scale(over), transform=axes[0].transAxes, fontsize=8,
-                     color="firebrick", va="top", wrap=True)  # fmt: skip
+    note = above_one(every)
+    if note:  # a point above 1 says why, under the first panel (tight_layout keeps it)
+        text = "\n".join(textwrap.wrap(note + ".", 75))
+        axes[0].text(0.0, -0.13, text, transform=axes[0].transAxes, fontsize=7.5, va="top")
     sweep = str(df["sweep_id"].iloc[0]) if "sweep_id" in df.columns and len(df) else ""
     fig.suptitle(
         f"Scaling efficiency against nodes per method, sweep {sweep}\neach measured point is "
@@ -249,6 +276,7 @@ def scaling_lines(paths: Sequence[Path]) -> list[str]:
         f"Scaling, sweep `{df['sweep_id'].iloc[0]}` (efficiency = the compute-only step / the "
         f"method's step at the same size, measured on this machine): "
         f"{'; '.join(_efficiencies(df))}.  "
+        + (f"{above_one(df[df['kind'] == 'measured'])}.  " if "kind" in df else "")
         + "; ".join(x.strip() for x in scaling_table.summary(df))
         + ".",
         "",

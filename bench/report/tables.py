@@ -353,11 +353,11 @@ def protocol_section(paths: list[Path], base: Path) -> list[str]:
 
 
 def cluster_title(cluster: str, ratio: float) -> str:
-    """``paper (ratio 1.34)``, or the check cluster's label (a v2 table's ``for_cluster``
+    """``paper (projected, ratio 1.34)``, or the check cluster's label (a v2 table's ``for_cluster``
     and ``ratio``; NaN: measured on the check cluster's clock)."""
     if ratio != ratio:
         return f"{cluster} 2 x 2 (measured: the end-to-end check)"
-    return f"{cluster} (ratio {ratio:.2f})"
+    return f"{cluster} (projected, ratio {ratio:.2f})"
 
 
 def verdict_text(v: Any, n: int, short: bool = False) -> str:
@@ -492,28 +492,6 @@ def cluster_projections(csv: Path) -> str:
     return (
         f"  Dense's projected efficiency differs by run and machine: {'; '.join(parts)}.  "
         f"They differ because {why}" + ("; their bands overlap." if overlap else ".")
-    )
-
-
-def scaling_caption(paths: Sequence[Path], newest: Any) -> str:
-    """The scaling figure's caption: the one sweep it draws (``newest``: the figure's rule
-    picking it from the CSVs' rows) and its CSV, not every CSV read."""
-    frames = []
-    for f in paths:
-        try:
-            frames.append(pd.read_csv(f).assign(_csv=f.name))
-        except (OSError, ValueError, pd.errors.ParserError):
-            continue
-    df = newest(pd.concat(frames, ignore_index=True, sort=False)) if frames else None
-    if df is None or df.empty or "sweep_id" not in df.columns or df["sweep_id"].isna().all():
-        return f"scaling efficiency against nodes, from {', '.join(f.name for f in paths)}"
-    csv = ", ".join(dict.fromkeys(df["_csv"]))
-    rest = len(paths) - len(set(df["_csv"]))
-    older = f"; {rest} other scaling CSV(s) in the appendix" if rest > 0 else ""
-    return (
-        f"scaling efficiency against nodes, sweep {df['sweep_id'].iloc[0]} ({csv}: of the "
-        f"sweeps with the model's predictions, the one that measured the most methods and "
-        f"sizes){older}"
     )
 
 

@@ -9,6 +9,7 @@ docs/internals/report.md.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -219,7 +220,9 @@ def run_time_s(run: Run, ratio: float, **model: Any) -> float:
     return sum(p.steps * step_time_s(p.method, p.knobs, ratio, **model) for p in run.phases)
 
 
-def _corners() -> list[dict[str, float | None]]:
+def corners() -> list[dict[str, float | None]]:
+    """The model's inputs at the central assumptions, then at each corner of NIC
+    efficiency x hidden share (low and high of each): the band of a composed column."""
     a = projection.ASSUMPTIONS
     nic, hid = a["nic_efficiency"], a["hidden"]
     return [{"nic_efficiency": None, "hidden": None}] + [
@@ -267,7 +270,7 @@ def compose(
                 g: np.array([np.mean([run_time_s(r, ratio, **c) for r in rs]) for rs in ss])
                 for g, ss in seeds.items()
             }
-            for c in _corners()
+            for c in corners()
         ]
         means = {g: float(t.mean()) for g, t in times[0].items()}
         peer = _best_peer(means, groups)
@@ -376,9 +379,11 @@ def plot(df: pd.DataFrame, path: str | Path, title: str) -> Path:
     widths = {"width_ratios": [1, 1, 0.34]}
     fig, all_axes = plt.subplots(1, 3, figsize=(14, 4.8), gridspec_kw=widths)
     axes, legend_ax = all_axes[:2], all_axes[2]
-    axes[1].sharey(axes[0])
     named = {k: v for k, v in named_ratios().items() if k != "paper-fp16"}  # = paper's point
     spans: list[tuple[str, float, float]] = []
+    # each configuration its own line style and marker too: colours alone do not tell
+    # every pair apart (two shades of one family)
+    looks = dict(zip(dict.fromkeys(df["group"]), itertools.cycle(LOOKS)))
     for ax, role in zip(axes, (BASELINE, "best peer"), strict=True):
         d = df[df["vs_role"] == role]
         for g, dg in d.groupby("group", sort=False):
@@ -390,11 +395,18 @@ def plot(df: pd.DataFrame, path: str | Path, title: str) -> Path:
             c, lw = spec.colour, spec.width
             z = 2 if spec.group == "paper" else 3  # the thick lines under the thin ones
             n = int(dg["n_seeds"].iloc[0])
-            ax.plot(dg["ratio"], dg["speedup"], color=c, lw=lw, zorder=z,
-                    label=f"{g} (n = {n} seeds)")  # fmt: skip
+            ls, mk = looks[g]
+            ax.plot(dg["ratio"], dg["speedup"], color=c, lw=lw, ls=ls, marker=mk, ms=5,
+                    markevery=2, zorder=z, label=f"{g} (n = {n} seeds)")  # fmt: skip
             ax.fill_between(dg["ratio"], dg["ci_low"], dg["ci_high"], color=c, alpha=0.18,
                             lw=0, zorder=1)  # fmt: skip
-        ax.axhline(1.0, color="k", lw=0.8)
+        peers_and_base = (BASELINE, *methods.peers())  # not drawn against the best peer
+        shown = d[~d["comm"].isin(peers_and_base)] if role != BASELINE else d
+        top = max(1.1, 1.08 * float(shown["ci_high"].max())) if len(shown) else 1.1
+        ax.set_ylim(-0.07 * top, top)  # the strip (4 % of the height) sits below zero
+        base = f"{BASELINE} (the baseline: 1 by definition)"
+        ax.axhline(1.0, color=methods.colour(BASELINE) if role == BASELINE else "k", lw=1.2,
+                   label=base if role == BASELINE else None)  # fmt: skip
         for r in named.values():
             ax.axvline(r, color="k", lw=0.5, ls="--", zorder=0)
         ax.set_xscale("log")
@@ -417,10 +429,9 @@ def plot(df: pd.DataFrame, path: str | Path, title: str) -> Path:
             ax.set_title(f"against the best peer at each ratio: {first}{switch}", fontsize=9)
         else:
             ax.set_title("against dense DDP", fontsize=9)
-    top = axes[0].get_ylim()[1]
-    axes[0].set_ylim(-0.07 * top, top)  # the strip (4 % of the height) sits below zero
-    axes[0].set_yticks([t for t in axes[0].get_yticks() if 0 <= t <= top])
-    axes[0].set_ylabel("speedup in time to target (x, > 1 is sooner)")
+    for ax in axes:
+        ax.set_yticks([t for t in ax.get_yticks() if 0 <= t <= ax.get_ylim()[1]])
+        ax.set_ylabel("speedup in time to target (x, > 1 is sooner)")
     seen: dict[str, Any] = {}  # one entry per configuration, from both panels
     for ax in axes:
         for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
@@ -437,6 +448,8 @@ def plot(df: pd.DataFrame, path: str | Path, title: str) -> Path:
 
 
 GRID = tuple(round(10 ** (x / 8), 3) for x in range(-8, 9))  # 0.1 .. 10, log-spaced
+# (line style, marker) of each configuration in :func:`plot`, in turn
+LOOKS = (("-", "o"), ("--", "s"), ("-.", "^"), (":", "D"), ("-", "v"), ("--", "P"), ("-.", "X"))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

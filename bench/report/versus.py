@@ -1,0 +1,141 @@
+"""Any two of a protocol sweep's tuned configurations compared, beyond the table's two
+comparisons (against dense and against the best peer): per column the table quotes, each
+method's time to target per evaluation seed, measured on the check cluster's clock or
+composed with the model's time per step at every corner of its assumptions
+(:func:`bench.sweeps.ratios.corners`); the interval of any pair, its band over the
+corners, and the methods that cannot be told from the first to the target.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from bench.results.records import load_curve
+from bench.sweeps import intervals as iv
+from bench.sweeps import ratios
+
+
+@dataclass(frozen=True)
+class Versus:
+    """``other``'s speedup over ``ref`` (> 1: sooner): the 95 % Welch interval over the
+    seeds, and for a projected column its band (the lowest and highest bound of that
+    interval over the model's assumption corners; the interval itself where measured)."""
+
+    speedup: float
+    low: float
+    high: float
+    band_low: float
+    band_high: float
+    measured: bool
+
+    @property
+    def verdict(self) -> str:
+        """``faster`` / ``slower`` where the interval and the band both exclude 1, else
+        ``tie``."""
+        if self.low > 1 and self.band_low > 1:
+            return "faster"
+        if self.high < 1 and self.band_high < 1:
+            return "slower"
+        return "tie"
+
+    def text(self) -> str:
+        """``1.23x [1.10, 1.40]``, and ``band [1.02, 1.61]`` where projected."""
+        out = iv.ci_text(self.speedup, self.low, self.high, 2, "x")
+        if not self.measured and self.band_low == self.band_low:
+            out += f" band [{self.band_low:.2f}, {self.band_high:.2f}]"
+        return out
+
+
+@dataclass
+class Column:
+    """One column of a sweep's answer: its cluster, its ratio (NaN: measured on the check
+    cluster's clock) and per method the seeds' times, one list per corner (the central
+    assumptions first; one list where measured)."""
+
+    cluster: str
+    ratio: float
+    times: dict[str, list[list[float]]]
+
+    @property
+    def measured(self) -> bool:
+        return self.ratio != self.ratio
+
+    def mean(self, comm: str) -> float:
+        return float(np.mean(self.times[comm][0]))
+
+    def versus(self, ref: str, other: str) -> Versus:
+        per = [iv.log_t_interval(a, b) for a, b in zip(self.times[ref], self.times[other])]
+        r, lo, hi = per[0]
+        lows = [x[1] for x in per if x[1] == x[1]]
+        highs = [x[2] for x in per if x[2] == x[2]]
+        return Versus(
+            r, lo, hi, min(lows, default=math.nan), max(highs, default=math.nan), self.measured
+        )
+
+    def order(self) -> list[str]:
+        """The methods by mean time to target, the first first."""
+        return sorted(self.times, key=self.mean)
+
+    def tied_first(self) -> list[str]:
+        """The first to the target and every method whose interval against it (or, where
+        projected, its band) does not exclude 1: a tie, in their order; one name only
+        where the first is told from every other."""
+        first, *rest = self.order()
+        return [first, *(m for m in rest if self.versus(m, first).verdict == "tie")]
+
+    def fastest(self, among: Sequence[str]) -> str | None:
+        """Of ``among``, the method with the lowest mean time here (None: none ran)."""
+        return next((m for m in self.order() if m in among), None)
+
+
+def sweep_records(records: Sequence[Mapping[str, Any]], sweep: str) -> list[Mapping[str, Any]]:
+    return [
+        r
+        for r in records
+        if ((r.get("config") or {}).get("results") or {}).get("sweep_id") == sweep
+    ]
+
+
+def columns(results_dir: Path, table: pd.DataFrame, records: Sequence[Mapping]) -> list[Column]:
+    """The columns of a protocol table (``table``, its rows) from the runs it counts: a
+    measured column's time per seed is the run's clock (a miss: the sweep's budget, as the
+    table has it), a projected one's its logged steps x the model's time per step."""
+    by_id = {str(r.get("run_id")): r for r in records}
+    mine = sweep_records(records, str(table["sweep_id"].iloc[0]))
+    budget = iv.budget_s([r for r in mine if (r.get("protocol") or {}).get("role") != "time"])
+    runs: dict[str, Any] = {}  # run id -> its phases (a run serves several columns)
+
+    def run_of(rec: Mapping[str, Any]) -> Any:
+        rid = str(rec["run_id"])
+        if rid not in runs:
+            try:
+                runs[rid] = ratios.run_from_record(rec, load_curve(results_dir, rid))
+            except FileNotFoundError:
+                runs[rid] = None
+        return runs[rid]
+
+    out = []
+    for cluster, g in table.groupby("for_cluster", sort=False):
+        ratio = float(g["ratio"].iloc[0])
+        col = Column(str(cluster), ratio, {})
+        for _, row in g.iterrows():
+            ids = str(row.get("run_ids") or "").replace(",", " ").split()
+            recs = [by_id[i] for i in ids if i in by_id]
+            recs = [r for r in recs if r.get("status") in ("ok", "target_missed")]
+            if col.measured:
+                t = [[iv.censored_time(r, budget) for r in recs]]
+            else:
+                done = [x for x in map(run_of, recs) if x is not None]
+                t = [[ratios.run_time_s(x, ratio, **c) for x in done] for c in ratios.corners()]
+            if t[0]:
+                col.times[str(row["comm"])] = t
+        if col.times:
+            out.append(col)
+    return out
