@@ -77,7 +77,7 @@ class OuterHiTopK(SyncMethod):
 
 register(
     OuterHiTopK(
-        "hitopk_diloco", "HiTopK-DiLoCo", "#ad494a", "paper", order=55,
+        "hitopk_diloco", "HiTopK-DiLoCo", "#d6616b", "paper", order=55,
         doc="HiTopKComm's MSTopK on DiLoCo's outer step, error feedback", default=True,
         spaces=space, width=2.4,
     )

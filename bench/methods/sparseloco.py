@@ -90,7 +90,7 @@ class SparseLoCo(SyncMethod):
 
 register(
     SparseLoCo(
-        "sparseloco", "SparseLoCo", "#8c6d31", "peer 2026", order=85,
+        "sparseloco", "SparseLoCo", "#e7ba52", "peer 2026", order=85,
         doc="top-k of DiLoCo's pseudo-gradient in 2-bit values, error feedback",
         default=True, spaces=space, lr_centre={},
     )
