@@ -179,7 +179,7 @@ def test_your_run_is_its_own_line_on_the_reference_axes(
     """``--reference`` with ``--experiment``: the time-to-accuracy figure draws the user's
     run on its own, labelled, on the reference runs' axes (not inside their bands), and
     no figure of another experiment, the scaling study or a benchmark is drawn."""
-    import bench.report.figures as F
+    import bench.report.tta as F  # the time-to-accuracy figure's own module
 
     mine = tmp_path / "mine"
     (mine / "curves").mkdir(parents=True)

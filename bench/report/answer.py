@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Collection
 from pathlib import Path
 
 import pandas as pd
@@ -52,11 +53,12 @@ TASKS = {
 }
 
 
-def question() -> str:
+def question(ran: Collection[str] | None = None) -> str:
     """The question the report answers, naming the paper's methods and the peers a
-    protocol sweep runs by default."""
-    paper = ", ".join(s.label for s in methods.specs(group="paper"))
-    peers = ", ".join(s.label for s in methods.specs() if s.default and s.name in methods.peers())
+    protocol sweep runs by default (of them, those the answer's sweeps ran: ``ran``)."""
+    shown = [s for s in methods.specs() if s.default and (ran is None or s.name in ran)]
+    paper = ", ".join(s.label for s in shown if s.group == "paper")
+    peers = ", ".join(s.label for s in shown if s.name in methods.peers())
     return (
         f"How much sooner do the paper's methods ({paper}) reach the target than dense DDP "
         f"and than the best-tuned peer ({peers}; the one fastest on the tuning seeds for that "
@@ -301,7 +303,8 @@ def short_table(answers: list[tuple[str, list[versus.Column], float | None]]) ->
                 else "-"
                 for h in heads
             ]  # fmt: skip
-            lines.append(f"| {m} vs {base} | {' | '.join(row)} |")
+            if any(c != "-" for c in row):  # a method the sweep did not run has no row
+                lines.append(f"| {m} vs {base} | {' | '.join(row)} |")
     return lines
 
 
@@ -356,7 +359,7 @@ def answer_sections(
     settings: list[str] = []
     detail: list[str] = []
     appendix: list[str] = []
-    seeds = 0
+    seeds, ran = 0, set()
     for name, exp in protocol.WORKLOADS.items():
         detail += [f"### {exp} ({name} workload)", ""]
         table = tables.get(exp)
@@ -369,6 +372,7 @@ def answer_sections(
             ]
             continue
         df = pd.read_csv(table)
+        ran |= set(df["comm"])
         recs, again = _eval_records(records, table.stem)
         target = target_text(str(df["target_metric"].iloc[0]), float(df["target_value"].iloc[0]))
         cols = sorted(versus.columns(base, df, records), key=lambda c: (not c.measured, c.ratio))
@@ -393,7 +397,7 @@ def answer_sections(
             "",
         ]
         appendix += [f"### {exp}", "", *resolution_lines(base, recs, df[df["ratio"].isna()])]
-    short = [question(), ""]
+    short = [question(ran or None), ""]
     if answers:
         short += [*sentences, "", *short_table(answers), "", legend_line(seeds), ""]
     short.append(

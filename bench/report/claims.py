@@ -301,7 +301,8 @@ def _converges(links: dict[str, str], tables: dict[str, pd.DataFrame], records: 
         target = target_text(str(df["target_metric"].iloc[0]), float(df["target_value"].iloc[0]))
         miss = [f"{c} {m} of {n}" for c, (m, n) in missed.items() if m]
         lines.append(
-            f"{exp}: {reached} of {len(recs)} evaluation runs of {', '.join(paper)} reached "
+            f"{exp}: {reached} of {len(recs)} evaluation runs of "
+            f"{', '.join(m for m in paper if m in set(mine['comm']))} reached "
             f"{target} at density {', '.join(f'{d:g}' for d in dens)}"
             + (f", in {min(steps):.1f}-{max(steps):.1f}x {base}'s steps" if steps else "")
             + (f"; missed: {', '.join(miss)}" if miss else "")
