@@ -174,10 +174,13 @@ def test_the_outer_exchanges_price_the_packets_they_build() -> None:
     k = spec.knobs_of({"sync.density": 1 / 64, "sync.chunk_size": 256, "sync.quant_bits": 2})
     built = ChunkTopK(one, frag, cfg).packet
     assert spec.packet(numels, k) == built
-    stage = spec.sync_traffic(numels, 3, 2, k).stages[0]
+    wl = pm.Workload(
+        buckets=tuple(numels.values()), shapes=((tuple((n,) for n in numels.values())),)
+    )
+    stage = spec.sync_traffic(wl, 3, 2, k).stages[0]
     assert stage.worker_bytes == 2 * built.total and stage.link_bytes == 4 * built.total
     outer = methods.get("hitopk_diloco")
     k2 = outer.knobs_of({"sync.density": 0.01})
     shard = ShardTopK(one, frag, SimpleNamespace(**{**vars(cfg), "density": 0.01})).packet
-    inter = outer.sync_traffic(sum(numels.values()), 3, 2, k2).stages[0]
+    inter = outer.sync_traffic(wl, 3, 2, k2).stages[0]
     assert inter.worker_bytes == 2 * shard.total and inter.link_bytes == 4 * shard.total

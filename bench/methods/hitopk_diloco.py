@@ -8,7 +8,7 @@ past, conf/sync/hitopk_diloco.yaml says what it measured)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from bench.cluster import perfmodel as pm
 from bench.comm import cost
@@ -42,22 +42,13 @@ class OuterHiTopK(SyncMethod):
     knob_type: type[Knobs] = OuterTopKKnobs
     timed = (("sync_every", "H"), ("density", "d"), ("bucket_mb", "b"))
 
-    def sync_traffic(self, numel: int, n: int, m: int, k: OuterTopKKnobs) -> cost.Traffic:
+    def sync_traffic(self, wl: pm.Workload, n: int, m: int, k: Knobs) -> cost.Traffic:
         """One outer step: each local rank's shard packet all-gathered with its peers of
         every node over the node's link, then the node's n x m packets all-gathered inside."""
-        p = shard_packet(numel, m, k.density).total
+        p = shard_packet(wl.numel, m, getattr(k, "density", 0.01)).total
         inter = cost.Stage("outer_allgather", (n - 1) * p, m * (n - 1) * p, n - 1, True)
         intra = cost.Stage("intra_allgather", (m - 1) * n * p, 0.0, m - 1, False)
         return cost.Traffic((inter, intra) if m > 1 else (inter,))
-
-    def traffic(self, buckets, n, m, k, shapes=None) -> cost.Traffic:  # type: ignore[override]
-        h = max(1, k.sync_every)
-        return cost.Traffic(
-            tuple(
-                replace(s, worker_bytes=s.worker_bytes / h, link_bytes=s.link_bytes / h)
-                for s in self.sync_traffic(sum(buckets), n, m, k).stages
-            )
-        )
 
     def step_time(self, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs, k: Knobs) -> float:
         """The node's step, plus one outer step amortised over H: the error-feedback add and
@@ -68,7 +59,7 @@ class OuterHiTopK(SyncMethod):
         shard = -(-numel // m)
         sync = (
             shard * (costs.select_s + costs.dense_s)
-            + pm.transfer_time(self.sync_traffic(numel, n, m, k), c)
+            + pm.transfer_time(self.sync_traffic(wl, n, m, k), c)
             + n * m * k_for(shard, k.density) * costs.scatter_s
             + 3 * numel * costs.dense_s
         )

@@ -195,14 +195,18 @@ class SyncMethod(MethodSpec):
     def period(self, k: Knobs) -> int:
         return max(1, getattr(k, "sync_every", 1))
 
+    def sync_traffic(self, wl: pm.Workload, n: int, m: int, k: Knobs) -> cost.Traffic:
+        """One outer synchronisation: the dense all-reduce of the whole model."""
+        return cost.allreduce(wl.numel, n, m)
+
     def traffic(self, buckets, n, m, k, shapes=None) -> cost.Traffic:  # type: ignore[override]
-        """The outer all-reduce of the whole model, per inner step (amortised over H)."""
-        numel = sum(buckets)
-        h = max(1, getattr(k, "sync_every", 1))
+        """One outer synchronisation's bytes per inner step (amortised over H)."""
+        h = self.period(k)
+        wl = pm.Workload(buckets=tuple(buckets), shapes=shapes)
         return cost.Traffic(
             tuple(
                 replace(s, worker_bytes=s.worker_bytes / h, link_bytes=s.link_bytes / h)
-                for s in cost.allreduce(numel, n, m).stages
+                for s in self.sync_traffic(wl, n, m, k).stages
             )
         )
 

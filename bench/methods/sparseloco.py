@@ -7,7 +7,7 @@ descent: a 2026 peer."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from bench.cluster import perfmodel as pm
@@ -54,22 +54,12 @@ class SparseLoCo(SyncMethod):
         """One node's packet per outer step (bytes by section), as the exchange builds it."""
         return chunk_packet(chunking(numels, k.chunk_size, k.density), k.chunk_size, k.quant_bits)
 
-    def sync_traffic(self, numels: dict[str, int], n: int, m: int, k: Any) -> cost.Traffic:
+    def sync_traffic(self, wl: pm.Workload, n: int, m: int, k: Any) -> cost.Traffic:
         """One outer step: every local rank all-gathers its packet with the same local rank
         of every node, all m of a node's rings on the node's one link."""
-        p = self.packet(numels, k).total
+        p = self.packet(_numels(wl), k).total
         return cost.Traffic(
             (cost.Stage("outer_allgather", (n - 1) * p, m * (n - 1) * p, n - 1, True),)
-        )
-
-    def traffic(self, buckets, n, m, k, shapes=None) -> cost.Traffic:  # type: ignore[override]
-        wl = pm.Workload(buckets=tuple(buckets), shapes=shapes)
-        h = max(1, k.sync_every)
-        return cost.Traffic(
-            tuple(
-                replace(s, worker_bytes=s.worker_bytes / h, link_bytes=s.link_bytes / h)
-                for s in self.sync_traffic(_numels(wl), n, m, k).stages
-            )
         )
 
     def step_time(self, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs, k: Knobs) -> float:
@@ -82,7 +72,7 @@ class SparseLoCo(SyncMethod):
         sent = sum(t.rows * t.k for t in chunking(numels, k.chunk_size, k.density))
         sync = (
             numel * (costs.select_s + 2 * costs.dense_s)
-            + pm.transfer_time(self.sync_traffic(numels, c.nodes, c.procs_per_node, k), c)
+            + pm.transfer_time(self.sync_traffic(wl, c.nodes, c.procs_per_node, k), c)
             + c.nodes * sent * costs.scatter_s
         )
         return inner + sync / max(1, k.sync_every)
