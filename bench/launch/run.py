@@ -183,7 +183,10 @@ def _check_fit(cfg: Config) -> None:
         return
     c, d = cfg.cluster, cfg.data
     here = c.nproc_per_node * (1 if c.name == "multinode" else c.nnodes)  # on this machine
-    cpu = str(cfg.train.device) == "cpu" or not torch.cuda.is_available()
+    # the activations are this machine's memory when it trains on the CPU: asked for, or
+    # no device asked and none here (train.device=cuda keeps them on the GPU it names)
+    device = str(cfg.train.device)
+    cpu = device == "cpu" or (device != "cuda" and not torch.cuda.is_available())
     batch, free = d.batch_size // (c.nproc_per_node * c.nnodes), emulated.available_memory()
     for size in sorted({*train_sizes(d), d.eval_image_size}):
         act = models.input_bytes(cfg.model, d.num_classes, d.channels, size)
