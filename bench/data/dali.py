@@ -13,6 +13,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -28,8 +29,6 @@ from bench.registry import ConfigError
 def require_dali():
     """Import DALI or fail with one sentence."""
     try:
-        import nvidia.dali as dali  # noqa: F401
-
         # deferred: DALI is optional (GPU machines), loaded only when asked for
         from nvidia.dali import fn, pipeline_def, types
     except ImportError:
@@ -43,7 +42,6 @@ def require_dali():
 def dali_device_id(device: Any, dali_device: str) -> int | None:
     """The CUDA device for GPU operators, or None for a CPU-only pipeline
     (``data.dali_device``: auto, cpu or gpu)."""
-
     device = torch.device(device)
     if str(dali_device) not in ("auto", "cpu", "gpu"):
         raise ConfigError(f"data.dali_device must be auto, cpu or gpu, got {dali_device!r}")
@@ -55,48 +53,32 @@ def dali_device_id(device: Any, dali_device: str) -> int | None:
 
 
 def augment(
-    fn,
-    types,
-    images,
-    *,
-    train: bool,
-    size: int,
-    decoded_input: bool,
-    gpu: bool,
-    flip: bool,
+    fn, types, images, *, train: bool, size: int, decoded_input: bool, gpu: bool, flip: bool
 ):
     """The DALI augmentation graph: random-resized crop + flip (training) or resize + centre
     crop (evaluation), then normalise; decoded by nvJPEG (``mixed``) on CUDA."""
-    dec = "mixed" if gpu else "cpu"
     # mixed: the decoder's host threads are not pinned to cores (affine=False), since
     # several training processes of a node may each run a pipeline on their own GPU
-    dec_kw: dict[str, Any] = {"device": dec, "output_type": types.RGB}
+    dec_kw: dict[str, Any] = {"device": "mixed" if gpu else "cpu", "output_type": types.RGB}
     if gpu:
         dec_kw["affine"] = False
     mirror = fn.random.coin_flip(probability=0.5) if (train and flip) else 0
-    if train:
-        if decoded_input:
-            images = images.gpu() if gpu else images
-            images = fn.random_resized_crop(
-                images,
-                size=[size, size],
-                random_area=[0.08, 1.0],
-                random_aspect_ratio=[3 / 4, 4 / 3],
-            )
-        else:
-            images = fn.decoders.image_random_crop(
-                images,
-                **dec_kw,
-                random_area=[0.08, 1.0],
-                random_aspect_ratio=[3 / 4, 4 / 3],
-            )
-            images = fn.resize(images, resize_x=size, resize_y=size)
-        crop = None
+    if decoded_input and gpu:
+        images = images.gpu()
+    area, ratio = [0.08, 1.0], [3 / 4, 4 / 3]
+    crop = None
+    if train and decoded_input:
+        images = fn.random_resized_crop(
+            images, size=[size, size], random_area=area, random_aspect_ratio=ratio
+        )
+    elif train:
+        images = fn.decoders.image_random_crop(
+            images, **dec_kw, random_area=area, random_aspect_ratio=ratio
+        )
+        images = fn.resize(images, resize_x=size, resize_y=size)
     else:
         if not decoded_input:
             images = fn.decoders.image(images, **dec_kw)
-        elif gpu:
-            images = images.gpu()
         images = fn.resize(images, resize_shorter=round(size / 0.875))
         crop = (size, size)
     return fn.crop_mirror_normalize(
@@ -110,16 +92,10 @@ def augment(
     )
 
 
-def zero_copy(pipe: Any) -> bool:
-    """Whether ``pipe``'s outputs belong to the caller (DALI's dynamic executor), so that
-    they can be wrapped by DLPack instead of copied."""
-    return bool(getattr(pipe, "exec_dynamic", False))
-
-
 def to_torch(out: Any, device: Any, *, wrap: bool = False):
     """A dense DALI TensorList (CPU or GPU) as a torch tensor on ``device``: wrapped by DLPack
-    when ``wrap`` (see :func:`zero_copy`), else copied on torch's current stream."""
-
+    when ``wrap`` (the pipeline's outputs are the caller's: DALI's dynamic executor), else
+    copied on torch's current stream."""
     device = torch.device(device)
     gpu = type(out).__name__ == "TensorListGPU"
     if gpu and device.type != "cuda":
@@ -142,38 +118,112 @@ def to_torch(out: Any, device: Any, *, wrap: bool = False):
 def to_device(x: Any, device: Any):
     """``x`` on ``device``; host to GPU without waiting for the GPU's queued work (blocking
     only from pinned memory that torch did not allocate)."""
-
     device = torch.device(device)
     if device.type == "cuda" and not x.is_cuda:
         return x.to(device, non_blocking=not x.is_pinned())
     return x.to(device)
 
 
-class KeepAlive:
-    """The last ``depth`` batches given to a ``no_copy`` external source, kept alive until
-    the pipeline has consumed them."""
+class DaliLoader:
+    """What both DALI loaders share: the sampling rule, one pipeline built per key, and
+    the epochs of an ``fn.external_source`` (one batch per call, StopIteration at the end
+    of the plan, then the pipeline is reset)."""
 
-    def __init__(self, depth: int) -> None:
+    def __init__(
+        self,
+        *,
+        train: bool,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        device: Any,
+        threads: int,
+        prefetch: int,
+        seed: int,
+        dali_device: str,
+    ) -> None:
+        require_dali()
+        self.train, self.batch_size, self.rank, self.world = train, batch_size, rank, world_size
+        self.device, self.threads, self.prefetch = device, max(1, threads), max(1, prefetch)
+        self.seed, self.device_id = seed, dali_device_id(device, dali_device)
+        self.epoch = 0
+        self._pipe: tuple[Any, Any] = (None, None)  # (key, built pipeline)
+        self._open: Any = None  # the pipeline whose external epoch has not ended
 
-        self.ring: deque = deque(maxlen=max(2, depth))
+    def _samples(self) -> int:
+        """How many samples the rule deals out."""
+        return len(self.labels)
 
-    def __call__(self, batch: Any) -> Any:
-        self.ring.append(batch)
-        return batch
+    def _plan(self) -> list[np.ndarray]:
+        """This epoch's batches of sample indices."""
+        n, r, w, b = self._samples(), self.rank, self.world, self.batch_size
+        return rank_batches(n, r, w, b, self.train, self.seed, self.epoch)
 
+    def __len__(self) -> int:
+        n = self._samples()
+        return steps_per_epoch(n, self.world, self.batch_size, self.train, self.rank)
 
-class ExternalEpochs:
-    """Runs an ``fn.external_source`` pipeline one epoch at a time; :meth:`finish` closes
-    an epoch the training loop cut short (stop the source, drain, reset)."""
+    def set_epoch(self, epoch: int) -> None:
+        self._end_open_epoch()
+        self.epoch = epoch
 
-    def __init__(self) -> None:
-        self.open: Any = None  # the pipeline whose epoch has not reached StopIteration
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        for x, y, _ in self.iter_indexed():
+            yield x, y
 
-    def finish(self, stop_source: Any) -> None:
-        pipe, self.open = self.open, None
+    def _make_pipe(self, read: Callable, aug: Callable, seed: int):
+        """A pipeline of ``read(fn, types)`` -> (images, sample indices), ``aug(fn, types,
+        images)`` applied to the images."""
+        fn, pipeline_def, types = require_dali()
+
+        @pipeline_def
+        def pipe():
+            data, index = read(fn, types)
+            return aug(fn, types, data), index
+
+        return pipe(batch_size=self.batch_size, num_threads=self.threads, seed=seed,
+                    device_id=self.device_id, prefetch_queue_depth=self.prefetch)  # fmt: skip
+
+    def _external(self, fn: Any, types: Any, source: Callable, dtype: Any, layout: str) -> Any:
+        # the source is called ahead of run(), one batch per call.  no_copy: DALI reads the
+        # arrays in place, no host copy; ``keep`` holds the latest batches until the
+        # pipeline is done with them
+        keep: deque = deque(maxlen=2 * self.prefetch + 4)
+
+        def call():
+            keep.append(source())
+            return keep[-1]
+
+        kw = dict(num_outputs=2, batch=True, dtype=[dtype, types.INT64], layout=[layout, ""])
+        return fn.external_source(source=call, no_copy=True, **kw)
+
+    def _built(self, key: tuple, make: Callable[[], Any]):
+        """The pipeline for ``key``, built (and the previous one freed) when it changes."""
+        if self._pipe[0] != key:
+            self._pipe = (None, None)  # progressive resizing goes one way: free the old one
+            pipe = make()
+            pipe.build()
+            self._pipe = (key, pipe)
+        return self._pipe[1]
+
+    def _run_external(self, pipe: Any) -> Iterator[Any]:
+        """``pipe.run()`` once per batch until the source's StopIteration."""
+        self._open = pipe
+        while True:
+            try:
+                out = self._run(pipe.run)
+            except StopIteration:
+                pipe.reset()
+                self._open = None
+                return
+            yield out
+
+    def _end_open_epoch(self) -> None:
+        """Close an epoch the training loop cut short: stop the source, drain, reset."""
+        pipe, self._open = self._open, None
         if pipe is None:
             return
-        stop_source()
+        self._stop_source()
         while True:
             try:
                 pipe.run()
@@ -181,36 +231,27 @@ class ExternalEpochs:
                 break
         pipe.reset()
 
-    def run(self, pipe: Any, call: Any) -> Iterator[Any]:
-        """``call(pipe.run)`` once per batch until the source's StopIteration."""
-        self.open = pipe
-        while True:
-            try:
-                out = call(pipe.run)
-            except StopIteration:
-                pipe.reset()
-                self.open = None
-                return
-            yield out
+    def _run(self, call: Callable):
+        return call()
+
+    def _batch(self, images: Any, index: Any) -> tuple[Any, Any]:
+        """(images on the device, sample indices on the host) of a pipeline's output."""
+        idx = to_torch(index, torch.device("cpu")).view(-1)  # a copy: see _external
+        wrap = bool(getattr(self._pipe[1], "exec_dynamic", False))  # DALI's dynamic executor
+        return to_torch(images, self.device, wrap=wrap), idx
+
+    def _labels(self, idx: Any):
+        return to_device(torch.from_numpy(self.labels[idx.numpy()]), self.device)
 
 
 class ExternalFeed:
     """Encoded bytes (or pre-decoded uint8 pixels) of one epoch's batches, fetched ahead."""
 
-    def __init__(
-        self,
-        listing: Any,
-        reader: CachedReader,
-        *,
-        threads: int,
-        ahead: int,
-        predecode_size: int,
-        strict: bool,
-        stats: dict[str, float],
-    ) -> None:
-        self.listing, self.reader, self.predecode_size = listing, reader, predecode_size
-        self.strict, self.stats, self.ahead = strict, stats, ahead  # ahead: batches in flight
-        self.pool = ThreadPoolExecutor(threads * 2)
+    def __init__(self, ld: DaliFolderLoader) -> None:
+        self.listing, self.reader, self.predecode_size = ld.listing, ld.reader, ld.predecode_size
+        self.strict, self.stats = ld.strict, ld._stats  # the loader's counters, shared
+        self.ahead = 2 * ld.prefetch + 1  # batches in flight
+        self.pool = ThreadPoolExecutor(ld.threads * 2)
         self.seen_corrupt: set[str] = set()
         self.todo: list[np.ndarray] = []
         self.futs: list[list] = []
@@ -234,7 +275,6 @@ class ExternalFeed:
         self.pool.shutdown(wait=True)
 
     def _fetch_one(self, i: int) -> tuple[np.ndarray | None, str | None]:
-
         rel = self.listing.files[i]
         if self.predecode_size:
             try:
@@ -251,23 +291,17 @@ class ExternalFeed:
             batch = self.todo.pop(0)
             self.futs.append([(i, self.pool.submit(self._fetch_one, i)) for i in batch.tolist()])
 
-    @staticmethod
-    def _gather(futs: list) -> tuple[list[np.ndarray], list[np.ndarray], list[str]]:
-        data, index, bad = [], [], []
-        for i, f in futs:
-            d, err = f.result()
-            if d is None:
-                bad.append(err)
-            else:
-                data.append(d)
-                index.append(np.array(i, dtype=np.int64))
-        return data, index, bad
-
     def __call__(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """external_source's callback: the next fetched batch with at least one good image."""
-
         while self.futs:
-            data, index, bad = self._gather(self.futs.pop(0))
+            data, index, bad = [], [], []
+            for i, f in self.futs.pop(0):
+                d, err = f.result()
+                if d is None:
+                    bad.append(err)
+                else:
+                    data.append(d)
+                    index.append(np.array(i, dtype=np.int64))
             self._top_up()
             if bad:
                 self.stats["data/corrupt"] = self.stats.get("data/corrupt", 0) + len(bad)
@@ -282,7 +316,7 @@ class ExternalFeed:
         raise StopIteration
 
 
-class DaliFolderLoader:
+class DaliFolderLoader(DaliLoader):
     """A DALI loader over a folder listing (``mode``: ``reader`` or ``external``);
     ``iter_indexed()`` also yields the sample indices."""
 
@@ -293,61 +327,34 @@ class DaliFolderLoader:
         mode: str,
         reader: CachedReader | None,
         local_root: str,
-        train: bool,
-        batch_size: int,
-        rank: int,
-        world_size: int,
-        device: Any,
-        threads: int,
-        prefetch: int,
-        seed: int,
         size_at: Callable[[int], int],
         flip: bool,
         strict: bool,
-        dali_device: str = "auto",
         predecode_size: int = 0,
+        dali_device: str = "auto",
+        **common: Any,
     ) -> None:
-        require_dali()
+        super().__init__(dali_device=dali_device, **common)
         if mode not in ("reader", "external"):
             raise ValueError(mode)
         if mode == "external" and reader is None:
             raise ValueError("external mode needs a CachedReader")
         self.listing, self.mode, self.reader, self.local_root = listing, mode, reader, local_root
-        self.train, self.batch_size, self.rank, self.world = train, batch_size, rank, world_size
-        self.device, self.threads, self.prefetch = device, max(1, threads), max(1, prefetch)
-        self.seed, self.size_at, self.flip, self.strict = seed, size_at, flip, strict
-        self.device_id = dali_device_id(device, dali_device)
+        self.size_at, self.flip, self.strict = size_at, flip, strict
         self.predecode_size = predecode_size
         self.labels = np.asarray(listing.labels, dtype=np.int64)
-        self.epoch = 0
-        self._pipe: tuple[Any, Any] = (None, None)  # (key, built pipeline)
         self._stats: dict[str, float] = zero_stats()
-        self._seen_corrupt: set[str] = set()
-        self._epochs = ExternalEpochs()
         self._reader_open = False  # a file-reader pass was left unfinished
         self.feed: ExternalFeed | None = None
         if mode == "reader":
             self._good, self._paths, self._sizes = self._checked_files()
         else:
-            self.feed = ExternalFeed(
-                listing,
-                reader,
-                threads=self.threads,
-                ahead=2 * self.prefetch + 1,
-                predecode_size=predecode_size,
-                strict=strict,
-                stats=self._stats,
-            )
+            self.feed = ExternalFeed(self)
 
     @property
     def fetch_threads(self) -> int:
         """Threads reading files ahead of DALI (external source); 0 for the file reader."""
         return self.feed.pool._max_workers if self.feed is not None else 0
-
-    # -- epochs, lengths, counters -------------------------------------------------------
-    def set_epoch(self, epoch: int) -> None:
-        self._end_open_epoch()
-        self.epoch = epoch
 
     def _samples(self) -> int:
         """Samples the rule deals out: the good files (reader) or the whole listing."""
@@ -355,20 +362,8 @@ class DaliFolderLoader:
 
     def _plan(self) -> list[np.ndarray]:
         """This epoch's batches of sample indices (listing positions)."""
-        plan = rank_batches(
-            self._samples(),
-            self.rank,
-            self.world,
-            self.batch_size,
-            self.train,
-            self.seed,
-            self.epoch,
-        )
+        plan = super()._plan()
         return [self._good[b] for b in plan] if self.mode == "reader" else plan
-
-    def __len__(self) -> int:
-        n = self._samples()
-        return steps_per_epoch(n, self.world, self.batch_size, self.train, self.rank)
 
     def epoch_stats(self) -> dict[str, float]:
         if self.reader is not None:
@@ -384,18 +379,17 @@ class DaliFolderLoader:
         if self.feed is not None:
             self.feed.close()
 
+    def _stop_source(self) -> None:
+        self.feed.stop()
+
     def _end_open_epoch(self) -> None:
-        """Close an epoch the training loop stopped taking batches from."""
-        if self.feed is not None:
-            self._epochs.finish(self.feed.stop)
+        super()._end_open_epoch()
         if self._reader_open:  # its pipeline has read ahead into a pass never taken
             self._pipe, self._reader_open = (None, None), False
 
-    # -- the reader path -------------------------------------------------------------------
     def _checked_files(self) -> tuple[np.ndarray, list[str], np.ndarray]:
         """(indices, absolute paths, sizes) of the files that look like images; the others
         are skipped with a warning (or stop the run with ``data.strict=true``)."""
-
         paths = [os.path.join(self.local_root, f) for f in self.listing.files]
 
         def check(p: str) -> int:  # the size in bytes, -1 for a bad file
@@ -415,23 +409,13 @@ class DaliFolderLoader:
         if bad:
             self._stats["data/corrupt"] = len(bad)
             msgs = [f"{b}: truncated or not an image" for b in bad]
-            warn_corrupt(msgs, self._seen_corrupt, self.strict)
+            warn_corrupt(msgs, set(), self.strict)
         return np.flatnonzero(sizes >= 0), paths, sizes
 
-    def _make_pipe(self, size: int, read: Callable[[Any, Any], Any], decoded: bool, seed: int):
-        """A pipeline of ``read(fn, types)`` -> (images: encoded, or decoded with
-        ``decoded``; sample indices), each image augmented."""
-        fn, pipeline_def, types = require_dali()
-
-        @pipeline_def
-        def pipe():
-            data, index = read(fn, types)
-            images = augment(fn, types, data, train=self.train, size=size, decoded_input=decoded,
-                             gpu=self.device_id is not None, flip=self.flip)  # fmt: skip
-            return images, index
-
-        return pipe(batch_size=self.batch_size, num_threads=self.threads, seed=seed,
-                    device_id=self.device_id, prefetch_queue_depth=self.prefetch)  # fmt: skip
+    def _aug(self, size: int, decoded: bool) -> Callable:
+        gpu = self.device_id is not None
+        kw = dict(train=self.train, size=size, decoded_input=decoded, gpu=gpu, flip=self.flip)
+        return partial(augment, **kw)
 
     def _reader_pipe(self, size: int, order: np.ndarray):
         """``fn.readers.file`` over the files ``order`` (sample indices), read in order."""
@@ -441,9 +425,27 @@ class DaliFolderLoader:
             return fn.readers.file(files=files, labels=order.tolist(), random_shuffle=False,
                                    pad_last_batch=True, name="Reader")  # fmt: skip
 
-        return self._make_pipe(size, read, False, self.seed + self.rank + 7919 * self.epoch)
+        seed = self.seed + self.rank + 7919 * self.epoch
+        return self._make_pipe(read, self._aug(size, False), seed)
 
-    def _run_reader(self, plan: list[np.ndarray]):
+    def _external_pipe(self, size: int):
+        decoded = bool(self.predecode_size)
+
+        def read(fn: Any, types: Any) -> Any:  # the fetched arrays: cached bytes, or HWC pixels
+            return self._external(fn, types, self.feed, types.UINT8, "HWC" if decoded else "")
+
+        return self._make_pipe(read, self._aug(size, decoded), self.seed + self.rank)
+
+    def _batches(self, plan: list[np.ndarray]):
+        if self.mode == "external":
+            size = self.size_at(self.epoch)
+            pipe = self._built(("external", size), lambda: self._external_pipe(size))
+            self.feed.start(plan)
+            for images, index in self._run_external(pipe):
+                yield images, index, None
+            if self.feed.error is not None:
+                raise self.feed.error
+            return
         # training: one pipeline per epoch's list; evaluation: one for the fixed shard, in
         # step pass after pass (pad_last_batch completes the last batch of each pass)
         key = ("reader", self.size_at(self.epoch), self.epoch if self.train else None)
@@ -454,81 +456,27 @@ class DaliFolderLoader:
             yield images, index, batch
         self._reader_open = False
 
-    # -- the external (cached) path --------------------------------------------------------
-    def _external_pipe(self, size: int):
-        decoded = bool(self.predecode_size)
-        keep = KeepAlive(2 * self.prefetch + 4)
-
-        def read(fn: Any, types: Any) -> Any:
-            # the source is called ahead of run(), one batch per call; it raises
-            # StopIteration after the epoch's plan (then the pipeline is reset).  no_copy:
-            # DALI reads the fetched arrays (cached bytes or pixels) in place, no host
-            # copy; ``keep`` holds them until the pipeline is done with them
-            layout = ["HWC" if decoded else "", ""]
-            return fn.external_source(source=lambda: keep(self.feed()), num_outputs=2,
-                                      batch=True, dtype=[types.UINT8, types.INT64],
-                                      layout=layout, no_copy=True)  # fmt: skip
-
-        return self._make_pipe(size, read, decoded, self.seed + self.rank)
-
-    def _run_external(self, plan: list[np.ndarray]):
-        key = ("external", self.size_at(self.epoch))
-        pipe = self._built(key, lambda: self._external_pipe(key[1]))
-        self.feed.start(plan)
-        for images, index in self._epochs.run(pipe, self._run):
-            yield images, index, None
-        if self.feed.error is not None:
-            raise self.feed.error
-
-    # -- iteration ---------------------------------------------------------------------------
-    def _built(self, key: tuple, make: Callable[[], Any]):
-        """The pipeline for ``key``, built (and the previous one freed) when it changes."""
-        if self._pipe[0] != key:
-            self._pipe = (None, None)  # progressive resizing goes one way: free the old one
-            pipe = make()
-            pipe.build()
-            self._pipe = (key, pipe)
-        return self._pipe[1]
-
-    def __iter__(self) -> Iterator[tuple[Any, Any]]:
-        for x, y, _ in self.iter_indexed():
-            yield x, y
-
     def iter_indexed(self) -> Iterator[tuple[Any, Any, Any]]:
         self._end_open_epoch()
         plan = self._plan()
         if not plan:
             return
-        run = self._run_reader if self.mode == "reader" else self._run_external
         t0 = time.perf_counter()
-        for images, index, batch in run(plan):
+        for images, index, batch in self._batches(plan):
             self._stats["data/wait_s"] = (
                 self._stats.get("data/wait_s", 0.0) + time.perf_counter() - t0
             )
-            x, idx = self._real(images, index, batch)
-            y = self._to_device(self.labels[idx.numpy()])
+            x, idx = self._batch(images, index)
+            if batch is not None:  # the file reader pads the last batch of a pass: cut by count
+                n = len(batch)
+                x, idx = x[:n], idx[:n]
+                if not np.array_equal(idx.numpy(), batch):
+                    raise RuntimeError(f"DALI file reader out of step on rank {self.rank}")
+                self._stats["cache/misses"] += n  # every file came from level 0
+                self._stats["cache/bytes_l0"] += int(self._sizes[batch].sum())
             self._stats[SAMPLES] += len(idx)
-            yield x, y, idx  # x: on self.device (to_torch)
+            yield x, self._labels(idx), idx  # x: on self.device (to_torch)
             t0 = time.perf_counter()
-
-    def _to_device(self, labels: np.ndarray):
-
-        return to_device(torch.from_numpy(labels), self.device)
-
-    def _real(self, images: Any, index: Any, batch: np.ndarray | None):
-        """(images, sample indices) of a batch without the reader's padding."""
-
-        idx = to_torch(index, torch.device("cpu")).view(-1)  # a copy: see KeepAlive
-        x = to_torch(images, self.device, wrap=zero_copy(self._pipe[1]))
-        if batch is None:  # external source: every sample is real
-            return x, idx
-        n = len(batch)  # the file reader pads the last batch of a pass: cut by count
-        x, idx = x[:n], idx[:n]
-        if not np.array_equal(idx.numpy(), batch):
-            raise RuntimeError(f"DALI file reader out of step on rank {self.rank}")
-        self._stats["cache/misses"] += n  # every file came from level 0
-        self._stats["cache/bytes_l0"] += int(self._sizes[batch].sum())
-        return x, idx
 
     def _run(self, call: Callable):
         try:
@@ -540,7 +488,7 @@ class DaliFolderLoader:
             ) from e
 
 
-class DaliArrayLoader:
+class DaliArrayLoader(DaliLoader):
     """In-memory image arrays through ``fn.external_source``: padded random crop + flip
     (training) or normalise only (evaluation), by ``crop_mirror_normalize``."""
 
@@ -549,21 +497,19 @@ class DaliArrayLoader:
         images: Any,
         labels: Any,
         *,
-        batch_size: int,
-        rank: int,
-        world_size: int,
-        device: Any,
         mean: Any,
         std: Any,
         train: bool,
-        seed: int = 0,
         pad: int = 0,
         flip: bool = False,
+        seed: int = 0,
         threads: int = 1,
         prefetch: int = 2,
         dali_device: str = "auto",
+        **common: Any,
     ) -> None:
-        require_dali()
+        kw = dict(seed=seed, threads=threads, prefetch=prefetch, dali_device=dali_device)
+        super().__init__(train=train, **kw, **common)
         x = np.ascontiguousarray(images.numpy().transpose(0, 2, 3, 1))  # NHWC, as DALI wants
         self.h, self.w = x.shape[1:3]
         self.mean = [float(m) for m in mean]
@@ -576,102 +522,51 @@ class DaliArrayLoader:
             padded[:, pad : pad + self.h, pad : pad + self.w] = x
             x = padded
         self.x, self.labels = x, labels.numpy().astype(np.int64)
-        self.batch_size, self.rank, self.world, self.device = batch_size, rank, world_size, device
-        self.train, self.seed, self.pad, self.flip = train, seed, pad, flip
-        self.threads, self.prefetch = max(1, threads), max(1, prefetch)
-        self.device_id = dali_device_id(device, dali_device)
-        self.epoch = 0
-        n = len(self.labels)
-        self.num_samples = (
-            n // world_size if train else len(range(rank, n, world_size))
-        )  # this rank's
-        self._batches: list[np.ndarray] = []
-        self._pipe = None
-        self._epochs = ExternalEpochs()
-        self._samples = 0  # yielded since the last epoch_stats()
-
-    def set_epoch(self, epoch: int) -> None:
-        self._epochs.finish(self._stop)
-        self.epoch = epoch
-
-    def _plan(self) -> list[np.ndarray]:
-        n = len(self.labels)
-        return rank_batches(
-            n, self.rank, self.world, self.batch_size, self.train, self.seed, self.epoch
-        )
-
-    def __len__(self) -> int:
-        n = len(self.labels)
-        return steps_per_epoch(n, self.world, self.batch_size, self.train, self.rank)
+        self.pad, self.flip = pad, flip
+        n, r, w = len(self.labels), self.rank, self.world
+        self.num_samples = n // w if train else len(range(r, n, w))  # this rank's
+        self._todo: list[np.ndarray] = []
+        self._count = 0  # samples yielded since the last epoch_stats()
 
     def epoch_stats(self) -> dict[str, float]:
-        out, self._samples = {SAMPLES: self._samples}, 0
+        out, self._count = {SAMPLES: self._count}, 0
         return out
 
-    def _stop(self) -> None:
-        self._batches = []
+    def _stop_source(self) -> None:
+        self._todo = []
 
     def _next(self):
-        if not self._batches:
+        if not self._todo:
             raise StopIteration
-        b = self._batches.pop(0)
+        b = self._todo.pop(0)
         return [self.x[i] for i in b], [np.array(i, dtype=np.int64) for i in b]
 
-    def _build(self):
-        fn, pipeline_def, types = require_dali()
-        gpu = self.device_id is not None
-        dtype = types.UINT8 if self.x.dtype == np.uint8 else types.FLOAT
-
-        keep = KeepAlive(2 * self.prefetch + 4)
-
-        @pipeline_def
-        def pipe():
-            # no_copy: DALI reads the images in place (views of the array); ``keep`` holds
-            # the batch's index arrays until the pipeline is done with them
-            images, index = fn.external_source(
-                source=lambda: keep(self._next()),
-                num_outputs=2,
-                batch=True,
-                dtype=[dtype, types.INT64],
-                layout=["HWC", ""],
-                no_copy=True,
+    def _aug(self, fn: Any, types: Any, images: Any) -> Any:
+        if self.device_id is not None:
+            images = images.gpu()
+        kw: dict[str, Any] = {}
+        if self.train:
+            kw = dict(
+                crop=(self.h, self.w),
+                crop_pos_x=fn.random.uniform(range=(0.0, 1.0)),
+                crop_pos_y=fn.random.uniform(range=(0.0, 1.0)),
+                mirror=fn.random.coin_flip(probability=0.5) if self.flip else 0,
             )
-            if gpu:
-                images = images.gpu()
-            kw: dict[str, Any] = {}
-            if self.train:
-                kw = dict(
-                    crop=(self.h, self.w),
-                    crop_pos_x=fn.random.uniform(range=(0.0, 1.0)),
-                    crop_pos_y=fn.random.uniform(range=(0.0, 1.0)),
-                    mirror=fn.random.coin_flip(probability=0.5) if self.flip else 0,
-                )
-            images = fn.crop_mirror_normalize(
-                images, dtype=types.FLOAT, output_layout="CHW", mean=self.mean, std=self.std, **kw
-            )
-            return images, index
-
-        p = pipe(
-            batch_size=self.batch_size,
-            num_threads=self.threads,
-            device_id=self.device_id,
-            prefetch_queue_depth=self.prefetch,
-            seed=self.seed + self.rank,
+        return fn.crop_mirror_normalize(
+            images, dtype=types.FLOAT, output_layout="CHW", mean=self.mean, std=self.std, **kw
         )
-        p.build()
-        return p
 
-    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+    def _read(self, fn: Any, types: Any) -> Any:
+        # the images: views of the array, read in place
+        dtype = types.UINT8 if self.x.dtype == np.uint8 else types.FLOAT
+        return self._external(fn, types, self._next, dtype, "HWC")
 
-        if self._pipe is None:
-            self._pipe = self._build()
-        self._epochs.finish(self._stop)  # an epoch the training loop cut short
-        self._batches = self._plan()
-        wrap = zero_copy(self._pipe)
-        for images, index in self._epochs.run(self._pipe, lambda run: run()):
-            idx = to_torch(index, torch.device("cpu")).view(-1).numpy()  # a copy
-            self._samples += len(idx)
-            yield (
-                to_torch(images, self.device, wrap=wrap),
-                to_device(torch.from_numpy(self.labels[idx]), self.device),
-            )
+    def iter_indexed(self) -> Iterator[tuple[Any, Any, Any]]:
+        make = partial(self._make_pipe, self._read, self._aug, self.seed + self.rank)
+        pipe = self._built(("arrays",), make)
+        self._end_open_epoch()  # an epoch the training loop cut short
+        self._todo = self._plan()
+        for images, index in self._run_external(pipe):
+            x, idx = self._batch(images, index)
+            self._count += len(idx)
+            yield x, self._labels(idx), idx
