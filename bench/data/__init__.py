@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from bench.data.config import CacheConfig, DataConfig
-from bench.data.loaders import DataBundle, per_rank
+from bench.data.loaders import DataBundle, check_classes, per_rank
 from bench.registry import ConfigError, Registry
 
 Builder = Callable[[DataConfig, CacheConfig, int, int, torch.device, int], DataBundle]
@@ -178,7 +178,7 @@ def _arrays(
     b = per_rank(cfg.batch_size, world, "data.batch_size")
     train = loader(tx, ty, batch_size=b, train=True, pad=cfg.pad, flip=cfg.flip, **common)
     ev = loader(vx, vy, batch_size=max(1, cfg.eval_batch_size // world), train=False, **common)
-    return DataBundle(train, ev, 10, train.num_samples * world)
+    return DataBundle(train, ev, 10, len(ty) // world * world)
 
 
 def _digits(
@@ -209,11 +209,7 @@ def _folder(
         cfg.root, cfg.train_dir, cfg.val_dir, cfg.image_size, cfg.eval_image_size, cfg.flip,
         loader=load_rgb,  # damaged files: skipped and counted, or one error (data.strict)
     )  # fmt: skip
-    n_classes = len(tr.classes)
-    if cfg.num_classes and cfg.num_classes != n_classes:
-        raise ConfigError(
-            f"data.num_classes={cfg.num_classes} but {cfg.root} has {n_classes} class folders"
-        )
+    n_classes = check_classes(cfg, len(tr.classes))
     common = dict(
         rank=rank, world_size=world, device=device, num_workers=cfg.num_workers, seed=seed
     )

@@ -10,7 +10,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import sys
 import time
-from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -33,9 +32,10 @@ from bench.data.jpegs import CorruptImage, decode_rgb, warn_corrupt
 from bench.data.loaders import (
     SAMPLES,
     DataBundle,
+    PlanSampler,
+    RankLoader,
+    check_classes,
     per_rank,
-    rank_batches,
-    steps_per_epoch,
     worker_affine,
 )
 from bench.data.storage import LocalStorage, Storage, is_url, list_folder, open_storage
@@ -146,7 +146,7 @@ class FolderDataset:
         return x, y, idx, stats
 
 
-class CachedFolderLoader:
+class CachedFolderLoader(RankLoader):
     """Torch DataLoader over a folder through the cache (the loader contract of
     :mod:`bench.data.loaders`); ``iter_indexed()`` also yields the sample indices."""
 
@@ -164,16 +164,15 @@ class CachedFolderLoader:
         strict: bool,
         prefetch: int = 2,
     ) -> None:
-
         self.ds, self.batch_size, self.rank, self.world = dataset, batch_size, rank, world_size
         self.device, self.seed, self.size_at, self.strict = device, seed, size_at, strict
+        self.n, self.train = len(dataset), dataset.train
         self.parts = max(1, num_workers)  # DataLoader sends batch k to worker k % parts
-        self.epoch = 0
         self._stats: dict[str, float] = zero_stats()
         self._seen_corrupt: set[str] = set()
         self.loader = DataLoader(
             dataset,  # type: ignore[arg-type]
-            batch_sampler=_BatchSampler(self),  # type: ignore[arg-type]
+            batch_sampler=PlanSampler(self),  # type: ignore[arg-type]
             num_workers=num_workers,
             collate_fn=dataset.collate,
             pin_memory=getattr(device, "type", "cpu") == "cuda",
@@ -184,11 +183,10 @@ class CachedFolderLoader:
         )
 
     def _plan(self) -> list:
-        n, train = len(self.ds), self.ds.train
-        plan = rank_batches(n, self.rank, self.world, self.batch_size, train, self.seed, self.epoch)
         # training: each worker's memory level sees the same files every epoch; evaluation
         # passes repeat one plan, so batch k already goes to the same worker every pass
-        return worker_affine(plan, self.parts) if train else plan
+        plan = super()._plan()
+        return worker_affine(plan, self.parts) if self.train else plan
 
     def __iter__(self):
         for x, y, _ in self.iter_indexed():
@@ -198,12 +196,6 @@ class CachedFolderLoader:
         size = self.size_at(self.epoch)
         for b in self._plan():
             yield [(int(i), size) for i in b]
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return steps_per_epoch(len(self.ds), self.world, self.batch_size, self.ds.train, self.rank)
 
     def epoch_stats(self) -> dict[str, float]:
         out, self._stats = self._stats, zero_stats()
@@ -217,7 +209,6 @@ class CachedFolderLoader:
         self.loader._iterator = None
 
     def iter_indexed(self):
-
         mean = torch.tensor(IMAGENET_MEAN, device=self.device).view(1, 3, 1, 1) * 255
         std = torch.tensor(IMAGENET_STD, device=self.device).view(1, 3, 1, 1) * 255
         nb = getattr(self.device, "type", "cpu") == "cuda"
@@ -258,19 +249,6 @@ def _worker_init(worker_id: int) -> None:
     du.python_exit_status = True
 
 
-class _BatchSampler:
-    """What DataLoader iterates for index batches: the owner's plan for its current epoch."""
-
-    def __init__(self, owner: CachedFolderLoader) -> None:
-        self.owner = owner
-
-    def __iter__(self):
-        return self.owner._batches()
-
-    def __len__(self) -> int:
-        return len(self.owner)
-
-
 def uses_cached_input(data_cfg: DataConfig, cache_cfg: CacheConfig) -> bool:
     """Whether a folder data set needs this module's loaders instead of plain torchvision."""
 
@@ -287,72 +265,34 @@ def uses_cached_input(data_cfg: DataConfig, cache_cfg: CacheConfig) -> bool:
 def build_folder(
     data_cfg: DataConfig, cache_cfg: CacheConfig, rank: int, world_size: int, device: Any, seed: int
 ) -> DataBundle:
-    """The DataBundle of an ImageNet-style folder read through the cache (torch or DALI)."""
-
+    """The DataBundle of an ImageNet-style folder read through the cache: DALI's loaders
+    (``data.loader=dali``) or the cached torch path."""
     store = open_storage(data_cfg.root, data_cfg.throttle_mbps, data_cfg.throttle_ms)
     tr = list_folder(store, data_cfg.train_dir)
     va = list_folder(store, data_cfg.val_dir, tr.classes)
-    n_classes = len(tr.classes)
-    if data_cfg.num_classes and data_cfg.num_classes != n_classes:
-        raise ConfigError(
-            f"data.num_classes={data_cfg.num_classes} but {data_cfg.root} "
-            f"has {n_classes} class folders"
-        )
-    train, ev = _loaders(data_cfg, cache_cfg, store, (tr, va), rank, world_size, device, seed)
-    return DataBundle(train, ev, n_classes, len(train) * data_cfg.batch_size)
-
-
-def _sizes(data_cfg: DataConfig) -> tuple[Callable[[int], int], Callable[[int], int]]:
-    """(training size, evaluation size) in pixels as functions of the epoch."""
-
-    return partial(train_size_at, data_cfg), lambda epoch: data_cfg.eval_image_size
-
-
-def _batches(data_cfg: DataConfig, world_size: int) -> tuple[int, int]:
-    """(training, evaluation) batch per rank."""
+    n_classes = check_classes(data_cfg, len(tr.classes))
     b = per_rank(data_cfg.batch_size, world_size, "data.batch_size")
-    return b, max(1, data_cfg.eval_batch_size // world_size)
-
-
-def _predecoded(data_cfg: DataConfig, cache_cfg: CacheConfig) -> int:
-    """Non-zero (the largest training or evaluation size) when the cache level holds decoded
-    pixels; their size itself is the reader's ``cache.predecode_size``."""
-
-    if not levels(cache_cfg.name).decoded:
-        return 0
-    return max(train_sizes(data_cfg) + [data_cfg.eval_image_size])
-
-
-def _loaders(
-    data_cfg: DataConfig,
-    cache_cfg: CacheConfig,
-    store: Storage,
-    listings: tuple,
-    rank: int,
-    world_size: int,
-    device: torch.device,
-    seed: int,
-) -> tuple[Any, Any]:
-    """(train, evaluation) loaders: DALI's (``data.loader=dali``) or the cached torch path."""
-    (tr, va), (b, eb), (ts, es) = listings, _batches(data_cfg, world_size), _sizes(data_cfg)
-    pre = _predecoded(data_cfg, cache_cfg)
+    eb = max(1, data_cfg.eval_batch_size // world_size)
+    # sizes in pixels as functions of the epoch
+    ts, es = partial(train_size_at, data_cfg), lambda epoch: data_cfg.eval_image_size
+    # non-zero when the cache level holds decoded pixels (their size is the reader's
+    # cache.predecode_size)
+    pre = 0
+    if levels(cache_cfg.name).decoded:
+        pre = max(train_sizes(data_cfg) + [data_cfg.eval_image_size])
+    common = dict(rank=rank, world_size=world_size, device=device, seed=seed)
+    common.update(strict=data_cfg.strict, prefetch=data_cfg.prefetch)
     if data_cfg.loader == "dali":
         plain = isinstance(store, LocalStorage) and cache_cfg.name == "none"
 
         def reader():  # one per loader: evaluation reads never count in the training epoch
             return None if plain else build_reader(store, cache_cfg, store.root)
 
-        common = dict(
+        common.update(
             mode="reader" if plain else "external",
             local_root=store.root,
-            rank=rank,
-            world_size=world_size,
-            device=device,
             threads=data_cfg.dali_threads or max(1, data_cfg.num_workers),
-            prefetch=data_cfg.prefetch,
-            seed=seed,
             flip=data_cfg.flip,
-            strict=data_cfg.strict,
             dali_device=data_cfg.dali_device,
             predecode_size=pre,
         )
@@ -360,23 +300,15 @@ def _loaders(
             tr, train=True, batch_size=b, size_at=ts, reader=reader(), **common
         )
         ev = DaliFolderLoader(va, train=False, batch_size=eb, size_at=es, reader=reader(), **common)
-        return train, ev
-    workers = data_cfg.num_workers
-    common = dict(
-        rank=rank,
-        world_size=world_size,
-        device=device,
-        num_workers=workers,
-        seed=seed,
-        strict=data_cfg.strict,
-        prefetch=data_cfg.prefetch,
-    )
-    share, flip = max(1, workers), data_cfg.flip
-    train_ds = FolderDataset(store, tr, cache_cfg, store.root, True, flip, pre, share)
-    eval_ds = FolderDataset(store, va, cache_cfg, store.root, False, False, pre, share)
-    train = CachedFolderLoader(train_ds, batch_size=b, size_at=ts, **common)
-    ev = CachedFolderLoader(eval_ds, batch_size=eb, size_at=es, **common)
-    return train, ev
+    else:
+        workers = data_cfg.num_workers
+        share, flip = max(1, workers), data_cfg.flip
+        train_ds = FolderDataset(store, tr, cache_cfg, store.root, True, flip, pre, share)
+        eval_ds = FolderDataset(store, va, cache_cfg, store.root, False, False, pre, share)
+        common["num_workers"] = workers
+        train = CachedFolderLoader(train_ds, batch_size=b, size_at=ts, **common)
+        ev = CachedFolderLoader(eval_ds, batch_size=eb, size_at=es, **common)
+    return DataBundle(train, ev, n_classes, len(train) * data_cfg.batch_size)
 
 
 def validate_input(data_cfg: DataConfig, cache_cfg: CacheConfig) -> None:

@@ -22,7 +22,7 @@ import torch
 from bench.data.cache import CachedReader, merge_stats, zero_stats
 from bench.data.folder import IMAGENET_MEAN, IMAGENET_STD
 from bench.data.jpegs import CorruptImage, jpeg_looks_complete, warn_corrupt
-from bench.data.loaders import SAMPLES, rank_batches, steps_per_epoch
+from bench.data.loaders import SAMPLES, RankLoader
 from bench.registry import ConfigError
 
 
@@ -124,7 +124,7 @@ def to_device(x: Any, device: Any):
     return x.to(device)
 
 
-class DaliLoader:
+class DaliLoader(RankLoader):
     """What both DALI loaders share: the sampling rule, one pipeline built per key, and
     the epochs of an ``fn.external_source`` (one batch per call, StopIteration at the end
     of the plan, then the pipeline is reset)."""
@@ -146,22 +146,8 @@ class DaliLoader:
         self.train, self.batch_size, self.rank, self.world = train, batch_size, rank, world_size
         self.device, self.threads, self.prefetch = device, max(1, threads), max(1, prefetch)
         self.seed, self.device_id = seed, dali_device_id(device, dali_device)
-        self.epoch = 0
         self._pipe: tuple[Any, Any] = (None, None)  # (key, built pipeline)
         self._open: Any = None  # the pipeline whose external epoch has not ended
-
-    def _samples(self) -> int:
-        """How many samples the rule deals out."""
-        return len(self.labels)
-
-    def _plan(self) -> list[np.ndarray]:
-        """This epoch's batches of sample indices."""
-        n, r, w, b = self._samples(), self.rank, self.world, self.batch_size
-        return rank_batches(n, r, w, b, self.train, self.seed, self.epoch)
-
-    def __len__(self) -> int:
-        n = self._samples()
-        return steps_per_epoch(n, self.world, self.batch_size, self.train, self.rank)
 
     def set_epoch(self, epoch: int) -> None:
         self._end_open_epoch()
@@ -356,7 +342,8 @@ class DaliFolderLoader(DaliLoader):
         """Threads reading files ahead of DALI (external source); 0 for the file reader."""
         return self.feed.pool._max_workers if self.feed is not None else 0
 
-    def _samples(self) -> int:
+    @property
+    def n(self) -> int:
         """Samples the rule deals out: the good files (reader) or the whole listing."""
         return len(self._good) if self.mode == "reader" else len(self.listing)
 
@@ -522,15 +509,8 @@ class DaliArrayLoader(DaliLoader):
             padded[:, pad : pad + self.h, pad : pad + self.w] = x
             x = padded
         self.x, self.labels = x, labels.numpy().astype(np.int64)
-        self.pad, self.flip = pad, flip
-        n, r, w = len(self.labels), self.rank, self.world
-        self.num_samples = n // w if train else len(range(r, n, w))  # this rank's
+        self.pad, self.flip, self.n = pad, flip, len(self.labels)
         self._todo: list[np.ndarray] = []
-        self._count = 0  # samples yielded since the last epoch_stats()
-
-    def epoch_stats(self) -> dict[str, float]:
-        out, self._count = {SAMPLES: self._count}, 0
-        return out
 
     def _stop_source(self) -> None:
         self._todo = []

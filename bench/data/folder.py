@@ -105,9 +105,6 @@ def image_folders(
     return train, val
 
 
-CORRUPT = "data/corrupt"  # the loaders' per-epoch count of damaged images met
-
-
 def load_rgb(path: str) -> Any:
     """ImageFolder's loader, decoding fully (PIL is lazy): :class:`CorruptImage` names a
     file that is not a whole image."""
@@ -159,7 +156,7 @@ class SkippingLoader(DeviceLoader):
         self._seen: set[str] = set()
 
     def epoch_stats(self) -> dict[str, Any]:
-        out = {**super().epoch_stats(), CORRUPT: self._corrupt}
+        out = {**super().epoch_stats(), "data/corrupt": self._corrupt}
         self._corrupt = 0
         return out
 
@@ -171,5 +168,5 @@ class SkippingLoader(DeviceLoader):
                 warn_corrupt(bad, self._seen, self.strict)
             if y is None:  # evaluation: every image of the batch was damaged
                 continue
-            self._samples += len(y)
+            self._count += len(y)
             yield x.to(self.device, non_blocking=nb), y.to(self.device, non_blocking=nb)

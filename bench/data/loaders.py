@@ -50,6 +50,15 @@ def per_rank(batch: int, world_size: int, what: str) -> int:
     return batch // world_size
 
 
+def check_classes(cfg: Any, n: int) -> int:
+    """``n``, the class folders found, unless ``data.num_classes`` says otherwise."""
+    if cfg.num_classes and cfg.num_classes != n:
+        raise ConfigError(
+            f"data.num_classes={cfg.num_classes} but {cfg.root} has {n} class folders"
+        )
+    return n
+
+
 def epoch_indices(n: int, rank: int, world: int, seed: int, epoch: int) -> np.ndarray:
     """This rank's training samples in ``epoch`` (DistributedSampler's, drop_last=True)."""
     g = torch.Generator()
@@ -106,26 +115,41 @@ def steps_per_epoch(n: int, world: int, batch: int, train: bool, rank: int = 0) 
     return -(-len(range(rank, n, world)) // batch)
 
 
-class EpochSampler(torch.utils.data.Sampler):
-    """:func:`epoch_indices` (training) or :func:`eval_indices` as a torch Sampler."""
+class RankLoader:
+    """The contract's shared part: this rank's batches of ``n`` samples by the rule, the
+    epoch, and the samples yielded since the last ``epoch_stats()``."""
 
-    def __init__(self, n: int, rank: int, world: int, seed: int, train: bool) -> None:
-        self.n, self.rank, self.world, self.seed, self.train = n, rank, world, seed, train
-        self.epoch = 0
+    epoch = 0
+    _count = 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def _indices(self) -> np.ndarray:
-        if self.train:
-            return epoch_indices(self.n, self.rank, self.world, self.seed, self.epoch)
-        return eval_indices(self.n, self.rank, self.world)
-
-    def __iter__(self):
-        return iter(self._indices().tolist())
+    def _plan(self) -> list[np.ndarray]:
+        """This epoch's batches of sample indices."""
+        n, r, w, b = self.n, self.rank, self.world, self.batch_size
+        return rank_batches(n, r, w, b, self.train, self.seed, self.epoch)
 
     def __len__(self) -> int:
-        return self.n // self.world if self.train else len(range(self.rank, self.n, self.world))
+        return steps_per_epoch(self.n, self.world, self.batch_size, self.train, self.rank)
+
+    def epoch_stats(self) -> dict[str, Any]:
+        out, self._count = {SAMPLES: self._count}, 0
+        return out
+
+
+class PlanSampler:
+    """What a DataLoader iterates for index batches: its owner's ``_batches()`` of the
+    current epoch (drawn in the main process at each ``iter()``)."""
+
+    def __init__(self, owner: Any) -> None:
+        self.owner = owner
+
+    def __iter__(self):
+        return self.owner._batches()
+
+    def __len__(self) -> int:
+        return len(self.owner)
 
 
 def random_crop(x: torch.Tensor, pad: int, gen: torch.Generator) -> torch.Tensor:
@@ -143,12 +167,7 @@ def random_crop(x: torch.Tensor, pad: int, gen: torch.Generator) -> torch.Tensor
     return xp[bi, ci, rows, cols]
 
 
-def random_flip(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    mask = (torch.rand(x.shape[0], generator=gen) < 0.5).to(x.device)
-    return torch.where(mask[:, None, None, None], x.flip(3), x)
-
-
-class TensorLoader:
+class TensorLoader(RankLoader):
     """Batches from in-memory tensors (digits, CIFAR-10): augmentation runs on whole
     batches on the training device, which is far cheaper than per-image transforms."""
 
@@ -168,54 +187,28 @@ class TensorLoader:
         pad: int = 0,
         flip: bool = False,
     ) -> None:
-        self.images, self.labels = images, labels
-        self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
-        self.device, self.train, self.seed = device, train, seed
-        self.pad, self.flip = pad, flip
+        self.images, self.labels, self.n = images, labels, len(labels)
+        self.batch_size, self.rank, self.world = batch_size, rank, world_size
+        self.device, self.train, self.seed, self.pad, self.flip = device, train, seed, pad, flip
         self.mean = mean.view(1, -1, 1, 1).to(device)
         self.std = std.view(1, -1, 1, 1).to(device)
-        self.epoch = 0
-        n = len(labels)
-        # this rank's samples per epoch (the same for every epoch)
-        self.num_samples = n // world_size if train else len(range(rank, n, world_size))
-        self._samples = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return steps_per_epoch(
-            len(self.labels), self.world_size, self.batch_size, self.train, self.rank
-        )
-
-    def epoch_stats(self) -> dict[str, Any]:
-        out, self._samples = {SAMPLES: self._samples}, 0
-        return out
 
     def __iter__(self) -> Iterator[Batch]:
-        plan = rank_batches(
-            len(self.labels),
-            self.rank,
-            self.world_size,
-            self.batch_size,
-            self.train,
-            self.seed,
-            self.epoch,
-        )
         gen = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch * 1_009 + self.rank)
-        for b in plan:
+        for b in self._plan():
             b = torch.from_numpy(b)
             x = self.images[b].to(self.device, non_blocking=True).float()
             x = (x - self.mean) / self.std
             if self.train:
                 x = random_crop(x, self.pad, gen)
                 if self.flip:
-                    x = random_flip(x, gen)
-            self._samples += len(b)
+                    mask = (torch.rand(x.shape[0], generator=gen) < 0.5).to(x.device)
+                    x = torch.where(mask[:, None, None, None], x.flip(3), x)
+            self._count += len(b)
             yield x, self.labels[b].to(self.device, non_blocking=True)
 
 
-class DeviceLoader:
+class DeviceLoader(RankLoader):
     """A torch DataLoader over a map-style data set, sharded by rank, moved to device."""
 
     def __init__(
@@ -231,39 +224,29 @@ class DeviceLoader:
         seed: int = 0,
         collate_fn: Callable | None = None,
     ) -> None:
-        self.device, self.train = device, train
-        self.sampler = EpochSampler(len(dataset), rank, world_size, seed, train)  # type: ignore[arg-type]
-        self._samples = 0
+        self.n = len(dataset)  # type: ignore[arg-type]
+        self.batch_size, self.rank, self.world = batch_size, rank, world_size
+        self.device, self.train, self.seed = device, train, seed
         self.loader = DataLoader(
             dataset,
-            batch_size=batch_size,
-            sampler=self.sampler,
-            shuffle=False,
-            drop_last=train,
+            batch_sampler=PlanSampler(self),  # type: ignore[arg-type]
             num_workers=num_workers,
             pin_memory=device.type == "cuda",
             persistent_workers=num_workers > 0,
             collate_fn=collate_fn,
         )
 
-    def set_epoch(self, epoch: int) -> None:
-        self.sampler.set_epoch(epoch)
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def epoch_stats(self) -> dict[str, Any]:
-        out, self._samples = {SAMPLES: self._samples}, 0
-        return out
+    def _batches(self) -> Iterator[list[int]]:
+        return (b.tolist() for b in self._plan())
 
     def __iter__(self) -> Iterator[Batch]:
         nb = self.device.type == "cuda"
         for x, y in self.loader:
-            self._samples += len(y)
+            self._count += len(y)
             yield x.to(self.device, non_blocking=nb), y.to(self.device, non_blocking=nb)
 
 
-class SyntheticLoader:
+class SyntheticLoader(RankLoader):
     def __init__(
         self,
         *,
@@ -277,25 +260,16 @@ class SyntheticLoader:
         world_size: int,
     ) -> None:
         self.steps = max(1, samples // (batch_size * world_size))
-        self.batch_size, self.shape, self.num_classes = batch_size, shape, num_classes
-        self.device = device
-        self._samples = 0  # yielded since the last epoch_stats()
-        self.gen = torch.Generator(device=device).manual_seed(seed * 1000 + rank)
+        self.batch_size = batch_size
+        gen = torch.Generator(device=device).manual_seed(seed * 1000 + rank)
         # one fixed batch: generating fresh noise every step would time the RNG, not the model
-        self.x = torch.randn(batch_size, *shape, device=device, generator=self.gen)
-        self.y = torch.randint(0, num_classes, (batch_size,), device=device, generator=self.gen)
-
-    def set_epoch(self, epoch: int) -> None:
-        pass
+        self.x = torch.randn(batch_size, *shape, device=device, generator=gen)
+        self.y = torch.randint(0, num_classes, (batch_size,), device=device, generator=gen)
 
     def __len__(self) -> int:
         return self.steps
 
-    def epoch_stats(self) -> dict[str, Any]:
-        out, self._samples = {SAMPLES: self._samples}, 0
-        return out
-
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for _ in range(self.steps):
-            self._samples += self.batch_size
+            self._count += self.batch_size
             yield self.x, self.y
