@@ -1,10 +1,7 @@
 """The multi-level data cache: storage (level 0) -> local disk (level 1) -> memory (level 2).
 
-Level 1 is a size-capped LRU directory shared by every process of a node (a usage ledger
-under ``flock``, atomic CRC-checked files tagged with their source's version, one fetch
-per file per node); level 2 holds encoded bytes or decoded pixels per process.  Both the
-torch and the DALI folder loaders read through :class:`CachedReader`; see
-docs/internals/data.md.
+Level 1 is a size-capped LRU directory shared by the processes of a node; level 2 holds
+encoded bytes or decoded pixels per process; see docs/internals/data.md.
 """
 
 from __future__ import annotations
@@ -20,6 +17,7 @@ import warnings
 import zlib
 from collections import Counter, OrderedDict
 from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,22 +79,8 @@ def merge_stats(into: dict[str, float], more: dict[str, float]) -> dict[str, flo
     return into
 
 
-ZERO_STATS = {
-    k: 0
-    for k in (
-        "cache/hits",
-        "cache/misses",
-        "cache/hits_l1",
-        "cache/hits_l2",
-        "cache/bytes_l0",
-        "cache/bytes_l1",
-        "cache/bytes_l2",
-        "cache/refetched",
-        "cache/evicted",
-        "cache/bytes_decoded",
-        "data/corrupt",
-    )
-}
+_COUNTS = "hits misses hits_l1 hits_l2 bytes_l0 bytes_l1 bytes_l2 refetched evicted bytes_decoded"
+ZERO_STATS = dict.fromkeys([*(f"cache/{k}" for k in _COUNTS.split()), "data/corrupt"], 0)
 
 
 def zero_stats() -> dict[str, float]:
@@ -105,26 +89,24 @@ def zero_stats() -> dict[str, float]:
     return {**ZERO_STATS, SAMPLES: 0}
 
 
-# a dry run inspects what the checks would make (the cache directory, the embedded
-# translation corpus and its tokenizer) and makes none of it: see inspect_only()
-_INSPECT_ONLY = threading.local()
+_INSPECT_ONLY: ContextVar[bool] = ContextVar("inspect_only", default=False)
 
 
 @contextlib.contextmanager
 def inspect_only() -> Iterator[None]:
-    """Within it the data checks look at the files a run would create and create none
-    of them (``--dry-run``: nothing written, under the cache directory either)."""
-    before = getattr(_INSPECT_ONLY, "on", False)
-    _INSPECT_ONLY.on = True
+    """Within it the data checks look at the files a run would create (the cache directory,
+    the embedded translation corpus and its tokenizer) and create none of them
+    (``--dry-run``)."""
+    token = _INSPECT_ONLY.set(True)
     try:
         yield
     finally:
-        _INSPECT_ONLY.on = before
+        _INSPECT_ONLY.reset(token)
 
 
 def inspecting() -> bool:
     """True within :func:`inspect_only`."""
-    return getattr(_INSPECT_ONLY, "on", False)
+    return _INSPECT_ONLY.get()
 
 
 def default_cache_dir() -> str:
@@ -161,11 +143,6 @@ _STRIPES = 4096  # lock files; two files share a lock with probability 1/4096
 _SLACK = 0.9  # eviction frees the directory down to this fraction of the cap
 
 
-def usage_ledger(path: str) -> SharedValue:
-    """Bytes held by a level 1 directory (-1 until the first process has scanned it)."""
-    return SharedValue(path, "<q", -1)
-
-
 class DiskCache:
     """Level 1: a size-capped LRU directory shared by the node's processes; ``stats`` counts
     ``cache/refetched`` and ``cache/evicted``."""
@@ -182,7 +159,8 @@ class DiskCache:
         # one sub-folder per data set so that two data sets never share a key
         self.dir = os.path.join(self.root, hashlib.sha1(namespace.encode()).hexdigest()[:16])
         self.lock_dir = os.path.join(self.root, ".locks")
-        self.ledger = usage_ledger(os.path.join(self.root, ".usage"))
+        # bytes held by the directory (-1 until the first process has scanned it)
+        self.ledger = SharedValue(os.path.join(self.root, ".usage"), "<q", -1)
         self.writable = True
         try:
             os.makedirs(self.dir, exist_ok=True)
@@ -192,17 +170,12 @@ class DiskCache:
         except OSError as e:
             self._disable(e)
 
-    # -- paths, locks, the ledger --------------------------------------------------------
-    def _digest(self, key: str) -> str:
-        return hashlib.sha1(key.encode()).hexdigest()
-
     def file_for(self, key: str) -> str:
-        h = self._digest(key)
+        h = hashlib.sha1(key.encode()).hexdigest()
         return os.path.join(self.dir, h[:2], h)
 
     def lock_for(self, key: str):
-
-        stripe = int(self._digest(key)[:8], 16) % _STRIPES
+        stripe = int(hashlib.sha1(key.encode()).hexdigest()[:8], 16) % _STRIPES
         return FileLock(os.path.join(self.lock_dir, f"{stripe:03x}.lock"))
 
     @contextlib.contextmanager
@@ -224,7 +197,6 @@ class DiskCache:
             )
         self.writable = False
 
-    # -- read --------------------------------------------------------------------------------
     def get(self, key: str, version: tuple[int, int] | None = None) -> bytes | None:
         """The cached bytes, or None when absent, damaged or of another source ``version``
         (then deleted).  ``version=None`` skips the version check."""
@@ -266,7 +238,6 @@ class DiskCache:
             os.unlink(path)
             used[0] = max(0, used[0] - size)
 
-    # -- write, evict ------------------------------------------------------------------------
     def put(self, key: str, data: bytes, version: tuple[int, int] | None = None) -> None:
         """Store ``data`` (of source ``version``) atomically under the directory's cap; errors turn
         level 1 off, and data larger than the cap is not stored."""
@@ -332,11 +303,6 @@ class DiskCache:
                 pass
         return total
 
-    def evict(self) -> None:
-        """Evict down to 90 % of the cap now."""
-        with self._usage() as used:
-            used[0] = self._evict(int(self.cap * _SLACK))
-
     def usage(self) -> int:
         """Bytes in the cache directory now (a scan, under the ledger's lock)."""
         with self.ledger.locked():
@@ -384,9 +350,6 @@ class MemoryCache:
                 _, ev = self._d.popitem(last=False)
                 self.nbytes -= self._size(ev)
 
-    def __len__(self) -> int:
-        return len(self._d)
-
 
 class CachedReader:
     """Read a file of the data set through the configured levels, counting everything;
@@ -401,30 +364,27 @@ class CachedReader:
         stats: CacheStats | None = None,
         predecode_max: int | None = None,
     ) -> None:
-        self.store = store
-        self.disk = disk
-        self.memory = memory
-        self.decoded = decoded
+        self.store, self.disk, self.memory, self.decoded = store, disk, memory, decoded
         self.stats = stats or (disk.stats if disk else CacheStats())
         self.predecode_max = predecode_max
 
+    def _hit(self, level: str, nbytes: int) -> None:
+        self.stats.add("cache/hits")
+        self.stats.add(f"cache/hits_{level}")
+        self.stats.add(f"cache/bytes_{level}", nbytes)
+
     def get(self, rel: str) -> bytes:
         """The encoded bytes of ``rel`` (a path relative to the data set root)."""
-        st = self.stats
-        if self.memory is not None:
-            data = self.memory.get(rel)
-            if data is not None:
-                st.add("cache/hits")
-                st.add("cache/hits_l2")
-                st.add("cache/bytes_l2", len(data))
-                return data
+        data = self.memory.get(rel) if self.memory is not None else None
+        if data is not None:
+            self._hit("l2", len(data))
+            return data
         data = self._get_encoded(rel)
         if self.memory is not None:
             self.memory.put(rel, data)
         return data
 
     def _get_encoded(self, rel: str) -> bytes:
-        st = self.stats
         disk = self.disk
         if disk is None or not disk.writable:
             return self._fetch(rel)
@@ -441,9 +401,7 @@ class CachedReader:
                     data = self._fetch(rel)
                     disk.put(rel, data, version)
                     return data
-        st.add("cache/hits")
-        st.add("cache/hits_l1")
-        st.add("cache/bytes_l1", len(data))
+        self._hit("l1", len(data))
         return data
 
     def _fetch(self, rel: str) -> bytes:
@@ -457,13 +415,10 @@ class CachedReader:
         served from the decoded level; :class:`CorruptImage` when the bytes do not decode."""
         cap = self.predecode_max if self.predecode_max is not None else int(short_side or 0)
         key = f"{rel}@{cap}"
-        if self.decoded is not None:
-            arr = self.decoded.get(key)
-            if arr is not None:
-                self.stats.add("cache/hits")
-                self.stats.add("cache/hits_l2")
-                self.stats.add("cache/bytes_l2", arr.nbytes)
-                return arr
+        arr = self.decoded.get(key) if self.decoded is not None else None
+        if arr is not None:
+            self._hit("l2", arr.nbytes)
+            return arr
         arr = decode_capped(self._get_encoded(rel), cap, rel)
         if self.decoded is not None:
             self.decoded.put(key, arr)
@@ -480,18 +435,14 @@ def build_reader(
     stats = CacheStats()
     disk = None
     if lv.disk:
+        cap = int(cache_cfg.disk_gb * 1e9)
         disk = DiskCache(
-            cache_cfg.dir or default_cache_dir(),
-            int(cache_cfg.disk_gb * 1e9),
-            namespace,
-            stats,
-            cache_cfg.verify,
+            cache_cfg.dir or default_cache_dir(), cap, namespace, stats, cache_cfg.verify
         )
     mem_cap = int(cache_cfg.memory_gb * 1e9 / max(1, memory_share))
     memory = MemoryCache(mem_cap) if lv.memory else None
     decoded = MemoryCache(mem_cap) if lv.decoded else None
-    cap = int(cache_cfg.predecode_size)
-    return CachedReader(store, disk, memory, decoded, stats, predecode_max=cap)
+    return CachedReader(store, disk, memory, decoded, stats, int(cache_cfg.predecode_size))
 
 
 def validate_cache(cache_cfg: Any) -> None:
