@@ -1,9 +1,6 @@
-"""Level 0 of the data cache: the data set's own storage, local, fsspec or throttled.
-
-A local folder or an fsspec URL, optionally behind a slow-storage emulator (per-file
-latency plus one bandwidth shared by every process of a node, booked in a file under
-``flock``); also lists class folders, and drops files from the page cache so that an input
-benchmark reads the disk.  See docs/internals/data.md.
+"""Level 0 of the data cache: a local folder or an fsspec URL, optionally behind a
+slow-storage emulator; class-folder listings, and the page-cache tools of the input
+benchmark.  See docs/internals/data.md.
 """
 
 from __future__ import annotations
@@ -13,6 +10,7 @@ import ctypes
 import fcntl
 import hashlib
 import json
+import mmap
 import os
 import struct
 import tempfile
@@ -31,21 +29,15 @@ Version = tuple[int, int]  # (size in bytes, modification time in ns; 0 where un
 
 
 class Storage(Protocol):
-    """What the cache needs from level 0: read a file given its path relative to the root."""
+    """What the cache needs from level 0, paths relative to ``root``: ``listdir`` gives
+    (name, is_dir) sorted by name, ``version`` None when the storage cannot tell."""
 
     root: str
 
     def read(self, rel: str) -> bytes: ...
-
-    def listdir(self, rel: str = "") -> list[tuple[str, bool]]:
-        """Entries of a folder as (name, is_dir), sorted by name."""
-        ...
-
+    def listdir(self, rel: str = "") -> list[tuple[str, bool]]: ...
     def exists(self, rel: str = "") -> bool: ...
-
-    def version(self, rel: str) -> Version | None:
-        """(size, mtime_ns) of a file, or None when the storage cannot tell."""
-        ...
+    def version(self, rel: str) -> Version | None: ...
 
 
 class LocalStorage:
@@ -75,9 +67,6 @@ class LocalStorage:
         except OSError:
             return None
         return st.st_size, st.st_mtime_ns
-
-    def __getstate__(self) -> dict:
-        return self.__dict__
 
 
 class FsspecStorage:
@@ -141,22 +130,16 @@ def _fsspec_version(info: dict) -> Version:
     return int(info.get("size") or 0), tag
 
 
-def link_dir() -> str:
-    """Node-local folder of the emulated links: ``$BENCH_LINK_DIR``, else /dev/shm or tmp."""
-    env = os.environ.get("BENCH_LINK_DIR")
-    if env:
-        return env
-    shm = "/dev/shm"  # memory-backed and emptied at boot, so no stale clock survives a reboot
-    base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else tempfile.gettempdir()
-    return os.path.join(base, "topk-dawnbench-links")
-
-
 def link_path(root: str, bandwidth_mbps: float, latency_ms: float) -> str:
     """The link file of this node for a storage root and throttle setting (``GROUP_RANK`` is
-    part of the key: emulated nodes sharing a host get one link each)."""
+    part of the key: emulated nodes sharing a host get one link each), in
+    ``$BENCH_LINK_DIR``, else /dev/shm or the temp dir."""
     node = os.environ.get("GROUP_RANK", "0")
     key = json.dumps([root, float(bandwidth_mbps), float(latency_ms), node])
-    return os.path.join(link_dir(), hashlib.sha1(key.encode()).hexdigest()[:16] + ".link")
+    shm = "/dev/shm"  # memory-backed and emptied at boot, so no stale clock survives a reboot
+    base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else tempfile.gettempdir()
+    folder = os.environ.get("BENCH_LINK_DIR") or os.path.join(base, "topk-dawnbench-links")
+    return os.path.join(folder, hashlib.sha1(key.encode()).hexdigest()[:16] + ".link")
 
 
 class SharedValue:
@@ -199,73 +182,33 @@ class SharedValue:
         self.__init__(state["path"], state["fmt"], state["default"])
 
 
-_PROT_READ, _MAP_SHARED = 1, 1
-
-
 _STALE_S = 3600.0  # a link booked further ahead than this is a leftover, not real traffic
 
 
-class SharedLink:
-    """The time (``time.monotonic()``, s) at which an emulated link is next free, in a
-    :class:`SharedValue` file: one clock for every process of a Linux host."""
+class ThrottledStorage:
+    """A storage whose reads take as long as the emulated storage's would: a latency per
+    file (ms), and a bandwidth (MB/s) shared by every process of the node, whose link is
+    next free at the ``time.monotonic()`` in the ``link`` file (one clock per host)."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._busy = SharedValue(path, "<d", 0.0)
-
-    def book(self, seconds: float) -> float:
-        """Book ``seconds`` of the link after every earlier booking; returns when it ends."""
-        with self._busy.locked() as box:
-            now = time.monotonic()
-            busy = box[0] if box[0] <= now + _STALE_S else 0.0
-            box[0] = max(now, busy) + seconds
-        return box[0]
-
-
-class Throttle:
-    """Per-file latency (ms) plus a bandwidth (MB/s) shared by every process of the node;
-    ``wait(nbytes, started)`` sleeps until the read took as long as the emulated storage would."""
-
-    def __init__(
-        self, bandwidth_mbps: float = 0.0, latency_ms: float = 0.0, link: str = ""
-    ) -> None:
+    def __init__(self, inner: Storage, bandwidth_mbps: float, latency_ms: float, link: str):
         if bandwidth_mbps < 0 or latency_ms < 0:
             raise ConfigError("the storage throttle needs a bandwidth and a latency >= 0")
+        self.inner, self.root = inner, inner.root
         self.bandwidth = bandwidth_mbps * 1e6  # bytes per second; 0 = unlimited
         self.latency = latency_ms / 1e3  # seconds per file
-        if not link:
-            fd, link = tempfile.mkstemp(prefix="link-", suffix=".link")
-            os.close(fd)
-        self.link = SharedLink(link)
-
-    @property
-    def active(self) -> bool:
-        return self.bandwidth > 0 or self.latency > 0
-
-    def wait(self, nbytes: int, started: float) -> None:
-        if self.latency:
-            remaining = started + self.latency - time.monotonic()
-            if remaining > 0:
-                time.sleep(remaining)
-        if self.bandwidth:
-            end = self.link.book(nbytes / self.bandwidth)
-            remaining = end - time.monotonic()
-            if remaining > 0:
-                time.sleep(remaining)
-
-
-class ThrottledStorage:
-    """A storage whose reads pass through a :class:`Throttle`."""
-
-    def __init__(self, inner: Storage, throttle: Throttle) -> None:
-        self.inner = inner
-        self.throttle = throttle
-        self.root = inner.root
+        self.busy = SharedValue(link, "<d", 0.0)
 
     def read(self, rel: str) -> bytes:
         t0 = time.monotonic()
         data = self.inner.read(rel)
-        self.throttle.wait(len(data), t0)
+        if self.latency:
+            time.sleep(max(0.0, t0 + self.latency - time.monotonic()))
+        if self.bandwidth:  # book the transfer after every earlier booking of the link
+            with self.busy.locked() as box:
+                now = time.monotonic()
+                busy = box[0] if box[0] <= now + _STALE_S else 0.0
+                box[0] = max(now, busy) + len(data) / self.bandwidth
+            time.sleep(max(0.0, box[0] - time.monotonic()))
         return data
 
     def listdir(self, rel: str = "") -> list[tuple[str, bool]]:
@@ -293,7 +236,7 @@ def open_storage(root: str, bandwidth_mbps: float = 0.0, latency_ms: float = 0.0
     if not (bandwidth_mbps or latency_ms):
         return store
     link = link_path(store.root, bandwidth_mbps, latency_ms)  # one link per node
-    return ThrottledStorage(store, Throttle(bandwidth_mbps, latency_ms, link))
+    return ThrottledStorage(store, bandwidth_mbps, latency_ms, link)
 
 
 @dataclass
@@ -391,7 +334,8 @@ def drop_page_cache(paths: Iterable[str]) -> int:
     return n
 
 
-def _libc():
+def resident_fraction(paths: Iterable[str]) -> float:
+    """Fraction (0..1) of the pages of these files that are in the page cache now (``mincore``)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = [
@@ -399,12 +343,6 @@ def _libc():
     ]  # fmt: skip
     libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    return libc
-
-
-def resident_fraction(paths: Iterable[str]) -> float:
-    """Fraction (0..1) of the pages of these files that are in the page cache now (``mincore``)."""
-    libc = _libc()
     page = os.sysconf("SC_PAGE_SIZE")
     total = resident = 0
     for path in _files(paths):
@@ -413,7 +351,7 @@ def resident_fraction(paths: Iterable[str]) -> float:
             continue
         fd = os.open(path, os.O_RDONLY)
         try:
-            addr = libc.mmap(None, size, _PROT_READ, _MAP_SHARED, fd, 0)
+            addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
             if addr in (None, ctypes.c_void_p(-1).value):
                 raise OSError(ctypes.get_errno(), f"mmap failed for {path}")
             pages = (size + page - 1) // page
