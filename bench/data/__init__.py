@@ -1,14 +1,13 @@
-"""Data sets and per-rank loaders by name: the DATASETS registry, and the two built-in ones.
-
-Each :class:`DatasetSpec` carries a data set's builder and its configuration-time check;
-adding a data set touches this file only.  Built in: scikit-learn's 8x8 digits (upsampled
-to 32x32, 3 channels, a fixed stratified split; no download) and CIFAR-10 from its
-python-pickle folder.
+"""Data sets and per-rank loaders by name: the DATASETS registry of :class:`DatasetSpec`
+(a builder and its configuration-time check; adding a data set touches this file only).
+Here too the in-memory ones: scikit-learn's 8x8 digits (upsampled, 3 channels, a fixed
+stratified split; no download) and CIFAR-10 from its python-pickle folder.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.metadata
 import math
 import os
@@ -23,7 +22,13 @@ import numpy as np
 import torch
 
 from bench.data.config import CacheConfig, DataConfig
-from bench.data.loaders import DataBundle, check_classes, per_rank
+from bench.data.loaders import (
+    DataBundle,
+    SyntheticLoader,
+    TensorLoader,
+    check_classes,
+    per_rank,
+)
 from bench.registry import ConfigError, Registry
 
 Builder = Callable[[DataConfig, CacheConfig, int, int, torch.device, int], DataBundle]
@@ -149,55 +154,38 @@ def load_cifar10(root: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, t
     return torch.from_numpy(tx), torch.from_numpy(ty), torch.from_numpy(vx), torch.from_numpy(vy)
 
 
-def _array_loader(cfg: DataConfig) -> Callable[..., Any]:
-    """The loader class for in-memory arrays: batched torch ops, or DALI (data.loader=dali)."""
+def _arrays(cfg: DataConfig, rank, world, device, seed, arrays: tuple, stats) -> DataBundle:
+    """The bundle of an in-memory data set: ``arrays`` = (train x, y, eval x, y), ``stats``
+    = (mean, std) per channel in the units of x; batched torch ops, or DALI."""
+    loader: Callable[..., Any] = TensorLoader
     if cfg.loader == "dali":
         # deferred: see the note above DATASETS
         from bench.data.dali import DaliArrayLoader
 
-        return partial(
-            DaliArrayLoader,
-            threads=cfg.dali_threads or max(1, cfg.num_workers),
-            prefetch=cfg.prefetch,
-            dali_device=cfg.dali_device,
+        threads = cfg.dali_threads or max(1, cfg.num_workers)
+        loader = partial(
+            DaliArrayLoader, threads=threads, prefetch=cfg.prefetch, dali_device=cfg.dali_device
         )
-    from bench.data.loaders import TensorLoader
-
-    return TensorLoader
-
-
-def _arrays(
-    cfg: DataConfig, rank: int, world: int, device: torch.device, seed: int, arrays: tuple, stats
-) -> DataBundle:
-    """The bundle of an in-memory data set: ``arrays`` = (train x, y, eval x, y), ``stats``
-    = (mean, std) per channel in the units of x."""
-    loader = _array_loader(cfg)
     tx, ty, vx, vy = arrays
-    mean, std = stats
-    common = dict(rank=rank, world_size=world, device=device, mean=mean, std=std, seed=seed)
+    common = dict(rank=rank, world_size=world, device=device, mean=stats[0], std=stats[1])
     b = per_rank(cfg.batch_size, world, "data.batch_size")
+    common["seed"] = seed
     train = loader(tx, ty, batch_size=b, train=True, pad=cfg.pad, flip=cfg.flip, **common)
     ev = loader(vx, vy, batch_size=max(1, cfg.eval_batch_size // world), train=False, **common)
     return DataBundle(train, ev, 10, len(ty) // world * world)
 
 
-def _digits(
-    cfg: DataConfig, cache: CacheConfig, rank: int, world: int, device: torch.device, seed: int
-) -> DataBundle:
+def _digits(cfg: DataConfig, cache, rank, world, device, seed) -> DataBundle:
     arrays = load_digits_split(cfg.image_size, cfg.test_fraction, cfg.split_seed)
     tx = arrays[0]
     return _arrays(cfg, rank, world, device, seed, arrays, (tx.mean((0, 2, 3)), tx.std((0, 2, 3))))
 
 
-def _cifar10(
-    cfg: DataConfig, cache: CacheConfig, rank: int, world: int, device: torch.device, seed: int
-) -> DataBundle:
+def _cifar10(cfg: DataConfig, cache, rank, world, device, seed) -> DataBundle:
     return _arrays(cfg, rank, world, device, seed, load_cifar10(cfg.root), (MEAN, STD))
 
 
-def _folder(
-    cfg: DataConfig, cache: CacheConfig, rank: int, world: int, device: torch.device, seed: int
-) -> DataBundle:
+def _folder(cfg: DataConfig, cache: CacheConfig, rank, world, device, seed) -> DataBundle:
     # deferred: see the note above DATASETS
     from bench.data.cached_folder import build_folder, uses_cached_input
 
@@ -210,48 +198,28 @@ def _folder(
         loader=load_rgb,  # damaged files: skipped and counted, or one error (data.strict)
     )  # fmt: skip
     n_classes = check_classes(cfg, len(tr.classes))
-    common = dict(
-        rank=rank, world_size=world, device=device, num_workers=cfg.num_workers, seed=seed
-    )
+    common = dict(rank=rank, world_size=world, device=device, num_workers=cfg.num_workers)
+    common.update(seed=seed, strict=cfg.strict)
     b = per_rank(cfg.batch_size, world, "data.batch_size")
-    common["strict"] = cfg.strict
     train = SkippingLoader(SkipDamaged(tr, substitute=True), batch_size=b, train=True, **common)
     eb = max(1, cfg.eval_batch_size // world)
     ev = SkippingLoader(SkipDamaged(va, substitute=False), batch_size=eb, train=False, **common)
     return DataBundle(train, ev, n_classes, len(train) * cfg.batch_size)
 
 
-def _synthetic(
-    cfg: DataConfig, cache: CacheConfig, rank: int, world: int, device: torch.device, seed: int
-) -> DataBundle:
-    # deferred: see the note above DATASETS
-    from bench.data.loaders import SyntheticLoader
-
+def _synthetic(cfg: DataConfig, cache, rank, world, device, seed) -> DataBundle:
     b = per_rank(cfg.batch_size, world, "data.batch_size")
     shape = (cfg.channels, cfg.image_size, cfg.image_size)
-    common = dict(
-        shape=shape, num_classes=cfg.num_classes, device=device, rank=rank, world_size=world
-    )
-    train = SyntheticLoader(samples=cfg.synthetic_size, batch_size=b, seed=seed, **common)
-    ev_samples = max(cfg.synthetic_size // 8, b * world)
-    ev = SyntheticLoader(samples=ev_samples, batch_size=b, seed=seed + 1, **common)
+    common = dict(shape=shape, num_classes=cfg.num_classes, device=device, rank=rank)
+    common.update(world_size=world, batch_size=b)
+    train = SyntheticLoader(samples=cfg.synthetic_size, seed=seed, **common)
+    ev = SyntheticLoader(samples=max(cfg.synthetic_size // 8, b * world), seed=seed + 1, **common)
     return DataBundle(train, ev, cfg.num_classes, len(train) * b * world, cfg.channels)
 
 
-def _translation(
-    cfg: DataConfig, cache: CacheConfig, rank: int, world: int, device: torch.device, seed: int
-) -> DataBundle:
-    # deferred: see the note above DATASETS
-    from bench.data.translation import build
-
-    return build(cfg, cache, rank, world, device, seed)
-
-
-def _check_translation(cfg: DataConfig) -> None:
-    # deferred: see the note above DATASETS
-    from bench.data.translation import check
-
-    check(cfg)
+def _deferred(module: str, name: str) -> Callable[..., Any]:
+    """``module.name``, imported when first called (see the note above DATASETS)."""
+    return lambda *args: getattr(importlib.import_module(module), name)(*args)
 
 
 def _check_cifar(cfg: DataConfig) -> None:
@@ -296,7 +264,10 @@ DATASETS.register("cifar10")(DatasetSpec(_cifar10, _check_cifar))
 DATASETS.register("imagefolder")(DatasetSpec(_folder, _check_folder))
 DATASETS.register("imagenet")(DatasetSpec(_folder, _check_folder))
 DATASETS.register("synthetic")(DatasetSpec(_synthetic))
-DATASETS.register("translation")(DatasetSpec(_translation, _check_translation))
+_TRANSLATION = "bench.data.translation"
+DATASETS.register("translation")(
+    DatasetSpec(_deferred(_TRANSLATION, "build"), _deferred(_TRANSLATION, "check"))
+)
 
 
 def validate(cfg: DataConfig, cache_cfg: CacheConfig, world_size: int) -> None:
