@@ -14,41 +14,27 @@ from filelock import FileLock
 VERSION = 1  # bump when the generator changes (cached corpora are keyed by it)
 SRC, TGT = "en", "sym"
 
+
+def _pairs(keys: str, values: str) -> dict[str, str]:
+    return dict(zip(keys.split(), values.split(), strict=True))
+
+
 _ONES = "zero one two three four five six seven eight nine".split()
 _TEENS = "ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen".split()
 _TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
-_ORD = {
-    "one": "first",
-    "two": "second",
-    "three": "third",
-    "five": "fifth",
-    "eight": "eighth",
-    "nine": "ninth",
-    "twelve": "twelfth",
-}
+_ORD = _pairs(
+    "one two three five eight nine twelve", "first second third fifth eighth ninth twelfth"
+)
 _MONTHS = (
     "january february march april may june july august september october november december"
 ).split()
 _OPS = {"plus": "+", "minus": "-", "times": "*"}
 _NAMES = "alice bob carol dave erin frank grace heidi ivan judy".split()
-_ITEMS = {
-    "apples": "pommes",
-    "books": "livres",
-    "cats": "chats",
-    "cups": "tasses",
-    "hats": "chapeaux",
-    "keys": "cles",
-    "pens": "stylos",
-    "shoes": "souliers",
-}
-_COLOURS = {
-    "red": "rouges",
-    "blue": "bleus",
-    "green": "verts",
-    "black": "noirs",
-    "white": "blancs",
-    "small": "petits",
-}
+_ITEMS = _pairs(
+    "apples books cats cups hats keys pens shoes",
+    "pommes livres chats tasses chapeaux cles stylos souliers",
+)
+_COLOURS = _pairs("red blue green black white small", "rouges bleus verts noirs blancs petits")
 
 
 def words(n: int) -> str:
@@ -68,15 +54,12 @@ def words(n: int) -> str:
 
 def ordinal(n: int) -> str:
     """1 <= n <= 31 as an English ordinal (``twenty first``)."""
-    w = words(n).split()
-    last = w[-1]
+    *head, last = words(n).split()
     if last in _ORD:
-        w[-1] = _ORD[last]
-    elif last.endswith("y"):
-        w[-1] = last[:-1] + "ieth"
+        last = _ORD[last]
     else:
-        w[-1] = last + "th"
-    return " ".join(w)
+        last = last[:-1] + "ieth" if last.endswith("y") else last + "th"
+    return " ".join([*head, last])
 
 
 def year_words(y: int) -> str:
@@ -134,23 +117,20 @@ def write_corpus(
         return root
     root.mkdir(parents=True, exist_ok=True)
     with FileLock(str(root / ".corpus.lock")):  # workers of one run may start together
-        if not all((root / f).is_file() for f in names):
-            _write(root, train, valid, test, seed)
+        if all((root / f).is_file() for f in names):
+            return root
+        held = sentence_pairs(valid + test, seed + 1)
+        splits = {
+            "valid": held[:valid],
+            "test": held[valid:],
+            "train": sentence_pairs(train, seed, exclude={s for s, _ in held}),
+        }
+        for split, pairs in splits.items():
+            for lang, i in ((SRC, 0), (TGT, 1)):
+                tmp = root / f".{split}.{lang}.tmp"
+                tmp.write_text("".join(p[i] + "\n" for p in pairs))
+                tmp.replace(root / f"{split}.{lang}")
     return root
-
-
-def _write(root: Path, train: int, valid: int, test: int, seed: int) -> None:
-    held = sentence_pairs(valid + test, seed + 1)
-    splits = {
-        "valid": held[:valid],
-        "test": held[valid:],
-        "train": sentence_pairs(train, seed, exclude={s for s, _ in held}),
-    }
-    for split, pairs in splits.items():
-        for lang, i in ((SRC, 0), (TGT, 1)):
-            tmp = root / f".{split}.{lang}.tmp"
-            tmp.write_text("".join(p[i] + "\n" for p in pairs))
-            tmp.replace(root / f"{split}.{lang}")
 
 
 def embedded_root(base: str, train: int, seed: int) -> Path:
