@@ -1,11 +1,10 @@
-"""Generated ImageNet-like JPEG folders (for tests and benchmarks) and the JPEG helpers the
-loaders share: decoding that names a damaged file, and the warning or error it gives.
-
-Each image is a smooth random colour field plus noise sized to ImageNet's ~110 KB files;
-see docs/internals/data.md."""
+"""The JPEG helpers the loaders share (decoding that names a damaged file, and the warning
+or error it gives), and generated ImageNet-like JPEG folders for tests and benchmarks
+(see docs/internals/data.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -13,6 +12,7 @@ import os
 import shutil
 import tempfile
 import warnings
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
@@ -33,53 +33,47 @@ def warn_corrupt(names: list[str], seen: set[str], strict: bool) -> None:
             warnings.warn(f"skipping corrupt image {msg}", stacklevel=3)
 
 
-def decode_rgb(data: bytes, name: str):
-    """A PIL RGB image, fully decoded; :class:`CorruptImage` when truncated or damaged."""
+@contextlib.contextmanager
+def _decoding(name: str) -> Iterator[None]:
+    """PIL's errors on a truncated or damaged file as one :class:`CorruptImage` naming it."""
     # deferred: Pillow only where images are decoded
-    from PIL import Image, UnidentifiedImageError
+    from PIL import UnidentifiedImageError
 
     try:
-        img = Image.open(io.BytesIO(data))
-        img.load()  # decode now: PIL is lazy, and a truncated file fails only here
-        return img.convert("RGB")
+        yield
     except (OSError, UnidentifiedImageError, SyntaxError, ValueError) as e:
         raise CorruptImage(f"{name}: cannot decode image ({e})") from None
 
 
-def decode_resized(data: bytes, short_side: int, name: str) -> np.ndarray:
-    """Decode and resize so that the shorter side is ``short_side`` pixels (uint8 HWC), by
-    PIL's JPEG draft mode where it can."""
-    # deferred: Pillow only where images are decoded
-    from PIL import Image, UnidentifiedImageError
+def decode_rgb(data: bytes, name: str):
+    """A PIL RGB image, fully decoded; :class:`CorruptImage` when truncated or damaged."""
+    from PIL import Image
 
-    try:
+    with _decoding(name):
         img = Image.open(io.BytesIO(data))
+        img.load()  # decode now: PIL is lazy, and a truncated file fails only here
+        return img.convert("RGB")
+
+
+def decode_capped(data: bytes, max_short_side: int, name: str) -> np.ndarray:
+    """Decode (uint8 HWC); when the shorter side exceeds ``max_short_side`` > 0, shrink it to
+    that by PIL's JPEG draft mode where it can (never upsamples; at or under the cap, pixel
+    for pixel as :func:`decode_rgb`)."""
+    from PIL import Image
+
+    with _decoding(name):
+        img = Image.open(io.BytesIO(data))  # the header only, until loaded
         w, h = img.size
-        scale = short_side / min(w, h)
+        if max_short_side <= 0 or min(w, h) <= max_short_side:
+            img.load()  # decode now: PIL is lazy, and a truncated file fails only here
+            return np.array(img.convert("RGB"), dtype=np.uint8)
+        scale = max_short_side / min(w, h)
         size = (max(1, round(w * scale)), max(1, round(h * scale)))
         img.draft("RGB", size)
         img = img.convert("RGB")
         if img.size != size:
             img = img.resize(size, Image.BILINEAR, reducing_gap=None)
         return np.array(img, dtype=np.uint8)  # a writable copy (torch.from_numpy wants one)
-    except (OSError, UnidentifiedImageError, SyntaxError, ValueError) as e:
-        raise CorruptImage(f"{name}: cannot decode image ({e})") from None
-
-
-def decode_capped(data: bytes, max_short_side: int, name: str) -> np.ndarray:
-    """Decode (uint8 HWC); when the shorter side exceeds ``max_short_side`` > 0, shrink to it
-    (never upsamples; at or under the cap, pixel for pixel as :func:`decode_rgb`)."""
-    # deferred: Pillow only where images are decoded
-    from PIL import Image, UnidentifiedImageError
-
-    if max_short_side > 0:
-        try:
-            w, h = Image.open(io.BytesIO(data)).size  # the header only
-        except (OSError, UnidentifiedImageError, SyntaxError, ValueError) as e:
-            raise CorruptImage(f"{name}: cannot decode image ({e})") from None
-        if min(w, h) > max_short_side:
-            return decode_resized(data, max_short_side, name)
-    return np.array(decode_rgb(data, name), dtype=np.uint8)
 
 
 def jpeg_looks_complete(data: bytes) -> bool:
@@ -90,27 +84,10 @@ def jpeg_looks_complete(data: bytes) -> bool:
     return len(data) > 4 and data[:2] == b"\xff\xd8" and b"\xff\xd9" in data[-64:]
 
 
-def synthetic_photo(rng: np.random.Generator, width: int, height: int, noise: float) -> np.ndarray:
-    """uint8 HWC: a bicubic-upsampled 6x6 colour grid plus Gaussian noise (sigma = noise)."""
-    # deferred: Pillow only where images are decoded
-    from PIL import Image
-
-    grid = rng.integers(0, 256, size=(6, 6, 3), dtype=np.uint8)
-    base = np.asarray(
-        Image.fromarray(grid).resize((width, height), Image.BICUBIC), dtype=np.float32
-    )
-    base += rng.normal(0.0, noise, size=base.shape).astype(np.float32)
-    return np.clip(base, 0, 255).astype(np.uint8)
-
-
-def _noise_for(target_kb: float) -> float:
-    """Noise sigma giving about ``target_kb`` per file at ~450x350, quality 90 (measured)."""
-    kb = [54.0, 64.0, 73.0, 81.0, 90.0, 110.0]
-    sigma = [9.0, 12.0, 15.0, 18.0, 22.0, 35.0]
-    return float(np.interp(target_kb, kb, sigma, left=2.0, right=50.0))
-
-
 def _write_class(args: tuple) -> int:
+    """Write one class folder; returns its bytes.  Each image: a bicubic-upsampled 6x6 colour
+    grid plus Gaussian noise, whose sigma sets the file size (measured at ~450x350, quality
+    90: sigma 9 -> 54 KB ... 35 -> 110 KB)."""
     # deferred: Pillow only where images are decoded
     from PIL import Image
 
@@ -118,6 +95,8 @@ def _write_class(args: tuple) -> int:
     d = os.path.join(root, split, cls)
     os.makedirs(d, exist_ok=True)
     rng = np.random.default_rng(seed)
+    kb, sigma = [54.0, 64.0, 73.0, 81.0, 90.0, 110.0], [9.0, 12.0, 15.0, 18.0, 22.0, 35.0]
+    noise = 0.5 if small else float(np.interp(target_kb, kb, sigma, left=2.0, right=50.0))
     total = 0
     for i in range(n):
         if small:  # tiny images for unit tests
@@ -126,14 +105,16 @@ def _write_class(args: tuple) -> int:
             w, h = int(rng.integers(400, 520)), int(rng.integers(300, 400))
             if rng.random() < 0.25:
                 w, h = h, w
-        noise = 0.5 if small else _noise_for(target_kb)
-        img = synthetic_photo(rng, w, h, noise)
+        grid = rng.integers(0, 256, size=(6, 6, 3), dtype=np.uint8)
+        img = np.asarray(Image.fromarray(grid).resize((w, h), Image.BICUBIC), dtype=np.float32)
+        img += rng.normal(0.0, noise, size=img.shape).astype(np.float32)
         buf = io.BytesIO()
-        Image.fromarray(img).save(buf, format="JPEG", quality=quality)
-        data = buf.getvalue()
+        Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(
+            buf, format="JPEG", quality=quality
+        )
         with open(os.path.join(d, f"{cls}_{i:05d}.jpg"), "wb") as f:
-            f.write(data)
-        total += len(data)
+            f.write(buf.getvalue())
+        total += len(buf.getvalue())
     return total
 
 
@@ -190,16 +171,8 @@ def cached_jpeg_folder(
     summary = {}
     for k, (split, n) in enumerate([("train", images), ("val", val_images)]):
         if n:
-            summary[split] = make_jpeg_folder(
-                tmp,
-                n,
-                classes,
-                split,
-                target_kb=target_kb,
-                seed=seed + k,
-                workers=workers,
-                small=small,
-            )
+            kw = dict(target_kb=target_kb, seed=seed + k, workers=workers, small=small)
+            summary[split] = make_jpeg_folder(tmp, n, classes, split, **kw)
     with open(os.path.join(tmp, "done.json"), "w") as f:
         json.dump({**params, "summary": summary}, f)
     try:
