@@ -1,11 +1,10 @@
-"""Parallel text for translation (``data=translation``): files, tokenizer, token batches.
-
-``<data.root>/{train,valid,test}.{src,tgt}`` (or the embedded corpus), one sentencepiece
-model for both languages, and batches of at most ``data.max_tokens`` tokens packed from
-length-sorted windows; see docs/internals/data.md."""
+"""Parallel text for translation (``data=translation``): ``<data.root>/{train,valid,test}.
+{src,tgt}`` (or the embedded corpus), one sentencepiece model for both languages, and
+batches of at most ``data.max_tokens`` tokens; see docs/internals/data.md."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
@@ -49,21 +48,12 @@ class Tokens:
                       self.index)  # fmt: skip
 
 
-def gold(tgt_out: torch.Tensor) -> torch.Tensor:
-    """The non-pad target tokens (target + eos) in row-major order: a batch's labels."""
-    return tgt_out[tgt_out != PAD]
-
-
 # --- files ---------------------------------------------------------------------------
 
 
-_SAID: set[str] = set()  # lines said once per process (the checks run once per sweep job)
-
-
+@functools.cache  # once per process: the checks run once per sweep job
 def _say_once(line: str) -> None:
-    if line not in _SAID:
-        _SAID.add(line)
-        print(line, flush=True)
+    print(line, flush=True)
 
 
 def corpus_root(cfg: DataConfig) -> Path:
@@ -130,13 +120,6 @@ def check(cfg: DataConfig) -> None:
 # --- tokenizer -----------------------------------------------------------------------
 
 
-def _spm_settings(cfg: DataConfig, root: Path) -> dict[str, Any]:
-    files = [root / f"train.{cfg.src}", root / f"train.{cfg.tgt}"]
-    stamp = [(p.name, p.stat().st_size, int(p.stat().st_mtime)) for p in files]
-    return {"vocab_size": cfg.vocab_size, "split_digits": True, "model_type": "unigram",
-            "files": stamp, "version": 1}  # fmt: skip
-
-
 def tokenizer(cfg: DataConfig, root: Path, verbose: bool = False) -> Any:
     """The sentencepiece processor of the run: ``data.spm_model``, or one trained on the
     training text and cached in ``root`` (keyed by its settings)."""
@@ -157,7 +140,10 @@ def tokenizer(cfg: DataConfig, root: Path, verbose: bool = False) -> Any:
                 "(train it with --pad_id=0 --unk_id=1 --bos_id=2 --eos_id=3)"
             )
         return sp
-    settings = _spm_settings(cfg, root)
+    files = [root / f"train.{cfg.src}", root / f"train.{cfg.tgt}"]
+    stamp = [(p.name, p.stat().st_size, int(p.stat().st_mtime)) for p in files]
+    settings = {"vocab_size": cfg.vocab_size, "split_digits": True, "model_type": "unigram",
+                "files": stamp, "version": 1}  # fmt: skip
     key = hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
     prefix = root / f"spm-{key}"
     model = prefix.with_suffix(".model")
@@ -168,7 +154,7 @@ def tokenizer(cfg: DataConfig, root: Path, verbose: bool = False) -> Any:
     if not model.is_file():
         with FileLock(str(prefix) + ".lock"):
             if not model.is_file():
-                _train_spm(cfg, root, prefix)
+                _train_spm(files, cfg.vocab_size, prefix)
     sp = spm.SentencePieceProcessor(model_file=str(model))
     if verbose:  # once per process: a sweep checks every job's config
         _say_once(
@@ -178,16 +164,16 @@ def tokenizer(cfg: DataConfig, root: Path, verbose: bool = False) -> Any:
     return sp
 
 
-def _train_spm(cfg: DataConfig, root: Path, prefix: Path) -> None:
+def _train_spm(files: list[Path], vocab_size: int, prefix: Path) -> None:
     # deferred: sentencepiece only for the translation workload
     import sentencepiece as spm
 
     tmp = prefix.with_name(f".{prefix.name}.tmp")
     try:
         spm.SentencePieceTrainer.train(
-            input=[str(root / f"train.{cfg.src}"), str(root / f"train.{cfg.tgt}")],
+            input=[str(f) for f in files],
             model_prefix=str(tmp),
-            vocab_size=cfg.vocab_size,
+            vocab_size=vocab_size,
             hard_vocab_limit=False,  # a small corpus gets a smaller vocabulary, no error
             model_type="unigram",
             split_digits=True,
@@ -202,7 +188,7 @@ def _train_spm(cfg: DataConfig, root: Path, prefix: Path) -> None:
         )
     except (OSError, RuntimeError) as e:
         raise ConfigError(
-            f"data=translation: sentencepiece training failed in {root}: {e}"
+            f"data=translation: sentencepiece training failed in {prefix.parent}: {e}"
         ) from None
     Path(str(tmp) + ".vocab").replace(prefix.with_suffix(".vocab"))
     Path(str(tmp) + ".model").replace(prefix.with_suffix(".model"))
@@ -263,11 +249,8 @@ class TokenLoader:
         self.lengths = np.array(
             [(len(s), len(t)) for s, t in zip(self.src, self.tgt)], dtype=np.int64
         ).reshape(-1, 2)
-        self.steps = (
-            min(len(self._plan(0, r)) for r in range(self.world))
-            if self.train
-            else len(self._plan(0, self.rank))
-        )
+        ranks = range(self.world) if self.train else [self.rank]  # training: the same steps
+        self.steps = min(len(self._plan(0, r)) for r in ranks)
 
     def _plan(self, epoch: int, rank: int) -> list[np.ndarray]:
         n = len(self.src)
@@ -316,7 +299,7 @@ class TokenLoader:
             tgt[j, 1 : lt[j] + 1] = torch.from_numpy(self.tgt[i])
         tgt_in = tgt[:, :-1].masked_fill(tgt[:, :-1] == EOS, PAD)  # eos is never an input
         x = Tokens(src, tgt_in, tgt[:, 1:], torch.from_numpy(idx)).to(self.device)
-        return x, gold(x.tgt_out)
+        return x, x.tgt_out[x.tgt_out != PAD]  # the labels: target + eos, row-major
 
     def __iter__(self) -> Iterator[tuple[Tokens, torch.Tensor]]:
         plan = self._plan(self.epoch, self.rank)
