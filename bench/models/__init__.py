@@ -59,49 +59,37 @@ class ResNet9(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(self.net(x)) * self.scale
 
-    def zero_init_residual(self) -> None:
-        for m in self.modules():
-            if isinstance(m, Residual):
-                nn.init.zeros_(m.res2[1].weight)
-
 
 @MODELS.register("resnet9")
 def _resnet9(cfg: ModelConfig, num_classes: int, in_channels: int = 3) -> nn.Module:
     model = ResNet9(num_classes=num_classes, width=cfg.width, in_channels=in_channels)
-    if cfg.zero_init_residual:
-        model.zero_init_residual()
+    if cfg.zero_init_residual:  # the last BN gamma of each residual block
+        for m in model.modules():
+            if isinstance(m, Residual):
+                nn.init.zeros_(m.res2[1].weight)
     return model
 
 
-@MODELS.register("resnet18")
-def _resnet18(cfg: ModelConfig, num_classes: int, in_channels: int = 3) -> nn.Module:
+def _resnet(name: str, cfg: ModelConfig, num_classes: int, in_channels: int = 3) -> nn.Module:
     # deferred: torchvision is slow to load, and only the ResNet-18/50 runs need it
-    from torchvision.models import resnet18
+    import torchvision.models
 
-    return resnet18(num_classes=num_classes, zero_init_residual=cfg.zero_init_residual)
-
-
-@MODELS.register("resnet50")
-def _resnet50(cfg: ModelConfig, num_classes: int, in_channels: int = 3) -> nn.Module:
-    # deferred: torchvision is slow to load, and only the ResNet-18/50 runs need it
-    from torchvision.models import resnet50
-
-    return resnet50(num_classes=num_classes, zero_init_residual=cfg.zero_init_residual)
+    build = getattr(torchvision.models, name)
+    return build(num_classes=num_classes, zero_init_residual=cfg.zero_init_residual)
 
 
-def _transformer(name: str) -> ModelBuilder:
-    def builder(cfg: ModelConfig, num_classes: int, in_channels: int = 3) -> nn.Module:
-        # deferred: the config schema imports bench.models.config, which runs this __init__;
-        # the Transformer's module loads only for the runs that train one
-        from bench.models.transformer import build
+def _transformer(name: str, cfg: ModelConfig, num_classes: int, in_channels: int = 3):
+    # deferred: the config schema imports bench.models.config, which runs this __init__;
+    # the Transformer's module loads only for the runs that train one
+    from bench.models.transformer import build
 
-        return build(name, cfg, num_classes)
-
-    return builder
+    return build(name, cfg, num_classes)
 
 
+for _name in ("resnet18", "resnet50"):
+    MODELS.register(_name)(functools.partial(_resnet, _name))
 for _name in ("transformer_base", "transformer_big", "transformer_tiny"):
-    MODELS.register(_name)(_transformer(_name))
+    MODELS.register(_name)(functools.partial(_transformer, _name))
 
 
 def build_model(cfg: ModelConfig, num_classes: int, in_channels: int = 3) -> nn.Module:

@@ -57,14 +57,8 @@ class Transformer(nn.Module):
             self.embed.weight[PAD].zero_()
         self.register_buffer("positions", sinusoids(max_positions, d_model), persistent=False)
         self.drop = nn.Dropout(dropout)
-        common = dict(
-            d_model=d_model,
-            nhead=heads,
-            dim_feedforward=ffn,
-            dropout=dropout,
-            batch_first=True,
-            norm_first=pre_norm,
-        )
+        common = dict(d_model=d_model, nhead=heads, dim_feedforward=ffn, dropout=dropout)
+        common.update(batch_first=True, norm_first=pre_norm)
         self.encoder = nn.TransformerEncoder(
             nn.TransformerEncoderLayer(**common),
             layers,
@@ -110,17 +104,7 @@ class Transformer(nn.Module):
 
 
 def build(name: str, cfg: ModelConfig, vocab: int) -> Transformer:
-    layers, d, heads, ffn = DIMS[name]
-    return Transformer(
-        vocab,
-        layers,
-        d,
-        heads,
-        ffn,
-        dropout=cfg.dropout,
-        pre_norm=cfg.pre_norm,
-        max_positions=cfg.max_positions,
-    )
+    return Transformer(vocab, *DIMS[name], cfg.dropout, cfg.pre_norm, cfg.max_positions)
 
 
 # --- decoding ------------------------------------------------------------------------
