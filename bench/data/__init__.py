@@ -24,6 +24,7 @@ import torch
 from bench.data.config import CacheConfig, DataConfig
 from bench.data.loaders import (
     DataBundle,
+    DeviceLoader,
     SyntheticLoader,
     TensorLoader,
     check_classes,
@@ -191,7 +192,7 @@ def _folder(cfg: DataConfig, cache: CacheConfig, rank, world, device, seed) -> D
 
     if uses_cached_input(cfg, cache):  # DALI, a cache level, progressive sizes, slow/remote
         return build_folder(cfg, cache, rank, world, device, seed)
-    from bench.data.folder import SkipDamaged, SkippingLoader, image_folders, load_rgb
+    from bench.data.folder import SkipDamaged, collate, image_folders, load_rgb
 
     tr, va = image_folders(
         cfg.root, cfg.train_dir, cfg.val_dir, cfg.image_size, cfg.eval_image_size, cfg.flip,
@@ -199,11 +200,11 @@ def _folder(cfg: DataConfig, cache: CacheConfig, rank, world, device, seed) -> D
     )  # fmt: skip
     n_classes = check_classes(cfg, len(tr.classes))
     common = dict(rank=rank, world_size=world, device=device, num_workers=cfg.num_workers)
-    common.update(seed=seed, strict=cfg.strict)
+    common.update(seed=seed, strict=cfg.strict, collate_fn=collate)
     b = per_rank(cfg.batch_size, world, "data.batch_size")
-    train = SkippingLoader(SkipDamaged(tr, substitute=True), batch_size=b, train=True, **common)
+    train = DeviceLoader(SkipDamaged(tr, substitute=True), batch_size=b, train=True, **common)
     eb = max(1, cfg.eval_batch_size // world)
-    ev = SkippingLoader(SkipDamaged(va, substitute=False), batch_size=eb, train=False, **common)
+    ev = DeviceLoader(SkipDamaged(va, substitute=False), batch_size=eb, train=False, **common)
     return DataBundle(train, ev, n_classes, len(train) * cfg.batch_size)
 
 

@@ -7,15 +7,13 @@ protocol).  Damaged images are skipped and counted, or stop the run (``data.stri
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.data import Dataset
 
-from bench.data.jpegs import CorruptImage, decode_rgb, warn_corrupt
-from bench.data.loaders import Batch, DeviceLoader
+from bench.data.jpegs import CorruptImage, decode_rgb
 from bench.registry import ConfigError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -138,35 +136,9 @@ class SkipDamaged(Dataset):
 
 
 def collate(items: list[tuple[Any, int, list[str]]]) -> tuple[Any, Any, list[str]]:
+    """A batch of the good items, and the messages of the damaged files met."""
     good = [(x, y) for x, y, _ in items if x is not None]
     bad = [m for _, _, msgs in items for m in msgs]
     if not good:
         return None, None, bad
     return torch.stack([x for x, _ in good]), torch.tensor([y for _, y in good]), bad
-
-
-class SkippingLoader(DeviceLoader):
-    """:class:`DeviceLoader` over a :class:`SkipDamaged` set: warns once per damaged file
-    (or raises, ``strict``) and counts them in ``epoch_stats()['data/corrupt']``."""
-
-    def __init__(self, dataset: SkipDamaged, *, strict: bool, **kw: Any) -> None:
-        super().__init__(dataset, collate_fn=collate, **kw)
-        self.strict = strict
-        self._corrupt = 0
-        self._seen: set[str] = set()
-
-    def epoch_stats(self) -> dict[str, Any]:
-        out = {**super().epoch_stats(), "data/corrupt": self._corrupt}
-        self._corrupt = 0
-        return out
-
-    def __iter__(self) -> Iterator[Batch]:
-        nb = self.device.type == "cuda"
-        for x, y, bad in self.loader:
-            if bad:
-                self._corrupt += len(bad)
-                warn_corrupt(bad, self._seen, self.strict)
-            if y is None:  # evaluation: every image of the batch was damaged
-                continue
-            self._count += len(y)
-            yield x.to(self.device, non_blocking=nb), y.to(self.device, non_blocking=nb)

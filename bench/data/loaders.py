@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from bench.data.jpegs import warn_corrupt
 from bench.registry import ConfigError
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -209,7 +210,9 @@ class TensorLoader(RankLoader):
 
 
 class DeviceLoader(RankLoader):
-    """A torch DataLoader over a map-style data set, sharded by rank, moved to device."""
+    """A torch DataLoader over a map-style data set, sharded by rank, moved to device.  A
+    batch's optional third item lists the damaged files met (``folder.SkipDamaged``): each
+    warned about once (or raised, ``strict``) and counted in ``data/corrupt``."""
 
     def __init__(
         self,
@@ -223,10 +226,12 @@ class DeviceLoader(RankLoader):
         num_workers: int,
         seed: int = 0,
         collate_fn: Callable | None = None,
+        strict: bool = False,
     ) -> None:
         self.n = len(dataset)  # type: ignore[arg-type]
         self.batch_size, self.rank, self.world = batch_size, rank, world_size
-        self.device, self.train, self.seed = device, train, seed
+        self.device, self.train, self.seed, self.strict = device, train, seed, strict
+        self._corrupt, self._seen = 0, set[str]()
         self.loader = DataLoader(
             dataset,
             batch_sampler=PlanSampler(self),  # type: ignore[arg-type]
@@ -239,9 +244,20 @@ class DeviceLoader(RankLoader):
     def _batches(self) -> Iterator[list[int]]:
         return (b.tolist() for b in self._plan())
 
+    def epoch_stats(self) -> dict[str, Any]:
+        out = {**super().epoch_stats(), "data/corrupt": self._corrupt}
+        self._corrupt = 0
+        return out
+
     def __iter__(self) -> Iterator[Batch]:
         nb = self.device.type == "cuda"
-        for x, y in self.loader:
+        for x, y, *damaged in self.loader:
+            bad = damaged[0] if damaged else []
+            if bad:
+                self._corrupt += len(bad)
+                warn_corrupt(bad, self._seen, self.strict)
+            if y is None:  # evaluation: every image of the batch was damaged
+                continue
             self._count += len(y)
             yield x.to(self.device, non_blocking=nb), y.to(self.device, non_blocking=nb)
 
