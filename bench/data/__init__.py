@@ -43,11 +43,9 @@ class DatasetSpec:
     check: Callable[[DataConfig], None] | None = None  # e.g. the files are on disk
 
 
-# Each data set's modules are imported by its builder or check, when it runs: this
-# package's __init__ runs on the first import of any of its modules (the config schema
-# imports bench.data.config), so importing every loader here would load them all for
-# every run, DALI and torchvision paths included, and would make their own imports of
-# this package's modules circular.
+# A data set's own modules are imported when its builder or check runs: the config schema
+# imports bench.data.config, which runs this __init__, so importing them here would load
+# DALI and torchvision for every run and make their imports of this package circular.
 DATASETS: Registry[DatasetSpec] = Registry("data set")
 
 
@@ -140,17 +138,14 @@ def _read(path: Path) -> tuple[np.ndarray, np.ndarray]:
     labels = d.get(b"labels", d.get("labels"))
     if data is None or labels is None:
         raise ConfigError(f"{path} is not a CIFAR-10 batch file (no data/labels)")
-    return np.asarray(data, dtype=np.uint8).reshape(-1, 3, 32, 32), np.asarray(
-        labels, dtype=np.int64
-    )
+    x = np.asarray(data, dtype=np.uint8).reshape(-1, 3, 32, 32)
+    return x, np.asarray(labels, dtype=np.int64)
 
 
 def load_cifar10(root: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(train_x uint8 NCHW, train_y, test_x, test_y)."""
     p = check_root(root)
-    parts = [_read(p / f) for f in TRAIN_FILES]
-    tx = np.concatenate([a for a, _ in parts])
-    ty = np.concatenate([b for _, b in parts])
+    tx, ty = (np.concatenate(a) for a in zip(*(_read(p / f) for f in TRAIN_FILES)))
     vx, vy = _read(p / TEST_FILE)
     return torch.from_numpy(tx), torch.from_numpy(ty), torch.from_numpy(vx), torch.from_numpy(vy)
 
@@ -291,12 +286,7 @@ def validate(cfg: DataConfig, cache_cfg: CacheConfig, world_size: int) -> None:
 
 
 def build_data(
-    cfg: DataConfig,
-    cache_cfg: CacheConfig,
-    rank: int,
-    world_size: int,
-    device: torch.device,
-    seed: int,
+    cfg: DataConfig, cache_cfg: CacheConfig, rank: int, world: int, device: torch.device, seed: int
 ) -> DataBundle:
     """The train and evaluation loaders of this rank (see :class:`DataBundle`)."""
-    return DATASETS.get(cfg.name).build(cfg, cache_cfg, rank, world_size, device, seed)
+    return DATASETS.get(cfg.name).build(cfg, cache_cfg, rank, world, device, seed)

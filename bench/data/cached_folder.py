@@ -1,9 +1,6 @@
-"""Image folders read through the data cache, slow storage or DALI: loaders and assembly.
-
-:class:`FolderDataset` and :class:`CachedFolderLoader` are the torch path (a DataLoader
-over a :class:`~bench.data.cache.CachedReader`, batches normalised on the device);
-:func:`build_folder` picks it or DALI's loader, :func:`validate_input` checks the settings.
-"""
+"""Image folders read through the data cache, slow storage or DALI: the torch loader (a
+DataLoader over a :class:`~bench.data.cache.CachedReader`, batches normalised on the
+device), the choice between it and DALI's, and the checks of the input settings."""
 
 from __future__ import annotations
 
@@ -126,7 +123,6 @@ class FolderDataset:
 
     def collate(self, items: list) -> tuple[Any, Any, Any, dict]:
         """Stack the good items; the worker's cache counters ride along with the batch."""
-
         good = [it for it in items if it[0] is not None]
         stats: dict[str, Any] = self.reader.stats.take() if (self._reader or good) else {}
         bad = [it[3] for it in items if it[3] is not None]  # dropped or stood in for
@@ -134,12 +130,8 @@ class FolderDataset:
             stats["data/corrupt"] = len(bad)
             stats["_corrupt"] = bad
         if not good:
-            return (
-                torch.empty(0),
-                torch.empty(0, dtype=torch.long),
-                torch.empty(0, dtype=torch.long),
-                stats,
-            )
+            none = torch.empty(0, dtype=torch.long)
+            return torch.empty(0), none, none, stats
         x = torch.stack([it[0] for it in good])
         y = torch.tensor([it[1] for it in good], dtype=torch.long)
         idx = torch.tensor([it[2] for it in good], dtype=torch.long)
@@ -229,7 +221,6 @@ class CachedFolderLoader(RankLoader):
 def _worker_context():
     """fork (fast start), unless DALI is loaded in this process: then forkserver (a fork
     of a process whose DALI threads hold a lock deadlocks on it)."""
-
     if "nvidia.dali" not in sys.modules:
         return None
     ctx = mp.get_context("forkserver")
@@ -241,25 +232,16 @@ def _worker_context():
 
 
 def _worker_init(worker_id: int) -> None:
-    # A worker forked while another loader's persistent iterator exists inherits that
-    # iterator; without this its __del__ tries to join processes that are not its children
-    # at exit ("can only test a child process").  The flag only gates that parent-side
-    # shutdown code.
-
+    # a worker forked while another loader's persistent iterator exists inherits it; this
+    # flag keeps its __del__ from joining processes that are not its children at exit
     du.python_exit_status = True
 
 
 def uses_cached_input(data_cfg: DataConfig, cache_cfg: CacheConfig) -> bool:
     """Whether a folder data set needs this module's loaders instead of plain torchvision."""
-
-    return (
-        data_cfg.loader == "dali"
-        or cache_cfg.name != "none"
-        or bool(data_cfg.progressive)
-        or data_cfg.throttle_mbps > 0
-        or data_cfg.throttle_ms > 0
-        or is_url(data_cfg.root)
-    )
+    local = not (data_cfg.throttle_mbps > 0 or data_cfg.throttle_ms > 0 or is_url(data_cfg.root))
+    plain = data_cfg.loader != "dali" and cache_cfg.name == "none" and not data_cfg.progressive
+    return not (plain and local)
 
 
 def build_folder(
@@ -273,11 +255,8 @@ def build_folder(
     n_classes = check_classes(data_cfg, len(tr.classes))
     b = per_rank(data_cfg.batch_size, world_size, "data.batch_size")
     eb = max(1, data_cfg.eval_batch_size // world_size)
-    # sizes in pixels as functions of the epoch
-    ts, es = partial(train_size_at, data_cfg), lambda epoch: data_cfg.eval_image_size
-    # non-zero when the cache level holds decoded pixels (their size is the reader's
-    # cache.predecode_size)
-    pre = 0
+    ts, es = partial(train_size_at, data_cfg), lambda epoch: data_cfg.eval_image_size  # pixels
+    pre = 0  # non-zero when the cache level holds decoded pixels (cache.predecode_size's)
     if levels(cache_cfg.name).decoded:
         pre = max(train_sizes(data_cfg) + [data_cfg.eval_image_size])
     common = dict(rank=rank, world_size=world_size, device=device, seed=seed)
@@ -313,7 +292,6 @@ def build_folder(
 
 def validate_input(data_cfg: DataConfig, cache_cfg: CacheConfig) -> None:
     """Configuration-time checks of the input-pipeline settings (ConfigError on bad ones)."""
-
     validate_cache(cache_cfg)
     if data_cfg.loader == "dali":
         require_dali()

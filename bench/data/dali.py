@@ -137,10 +137,10 @@ class DaliLoader(RankLoader):
         rank: int,
         world_size: int,
         device: Any,
-        threads: int,
-        prefetch: int,
-        seed: int,
-        dali_device: str,
+        threads: int = 1,
+        prefetch: int = 2,
+        seed: int = 0,
+        dali_device: str = "auto",
     ) -> None:
         require_dali()
         self.train, self.batch_size, self.rank, self.world = train, batch_size, rank, world_size
@@ -317,10 +317,9 @@ class DaliFolderLoader(DaliLoader):
         flip: bool,
         strict: bool,
         predecode_size: int = 0,
-        dali_device: str = "auto",
         **common: Any,
     ) -> None:
-        super().__init__(dali_device=dali_device, **common)
+        super().__init__(**common)
         if mode not in ("reader", "external"):
             raise ValueError(mode)
         if mode == "external" and reader is None:
@@ -400,9 +399,10 @@ class DaliFolderLoader(DaliLoader):
         return np.flatnonzero(sizes >= 0), paths, sizes
 
     def _aug(self, size: int, decoded: bool) -> Callable:
-        gpu = self.device_id is not None
-        kw = dict(train=self.train, size=size, decoded_input=decoded, gpu=gpu, flip=self.flip)
-        return partial(augment, **kw)
+        gpu, flip = self.device_id is not None, self.flip
+        return partial(
+            augment, train=self.train, size=size, decoded_input=decoded, gpu=gpu, flip=flip
+        )
 
     def _reader_pipe(self, size: int, order: np.ndarray):
         """``fn.readers.file`` over the files ``order`` (sample indices), read in order."""
@@ -489,23 +489,17 @@ class DaliArrayLoader(DaliLoader):
         train: bool,
         pad: int = 0,
         flip: bool = False,
-        seed: int = 0,
-        threads: int = 1,
-        prefetch: int = 2,
-        dali_device: str = "auto",
         **common: Any,
     ) -> None:
-        kw = dict(seed=seed, threads=threads, prefetch=prefetch, dali_device=dali_device)
-        super().__init__(train=train, **kw, **common)
+        super().__init__(train=train, **common)
         x = np.ascontiguousarray(images.numpy().transpose(0, 2, 3, 1))  # NHWC, as DALI wants
         self.h, self.w = x.shape[1:3]
         self.mean = [float(m) for m in mean]
         self.std = [float(s) for s in std]
-        if train and pad:
-            padded = np.empty(
-                (x.shape[0], self.h + 2 * pad, self.w + 2 * pad, x.shape[3]), dtype=x.dtype
-            )
-            padded[...] = np.asarray(self.mean, dtype=np.float64).astype(x.dtype)
+        if train and pad:  # padded with the mean: 0 once normalised
+            fill = np.asarray(self.mean, dtype=np.float64).astype(x.dtype)
+            shape = (x.shape[0], self.h + 2 * pad, self.w + 2 * pad, x.shape[3])
+            padded = np.broadcast_to(fill, shape).copy()
             padded[:, pad : pad + self.h, pad : pad + self.w] = x
             x = padded
         self.x, self.labels = x, labels.numpy().astype(np.int64)
