@@ -54,8 +54,7 @@ def levels(name: str) -> Levels:
 
 
 class CacheStats:
-    """Counters of one process (``cache/hits``, ``cache/misses``, ``cache/bytes_l0`` ...; listed in
-    docs/internals/data.md)."""
+    """Counters of one process (``cache/hits`` ...: docs/internals/data.md), thread-safe."""
 
     def __init__(self) -> None:
         self._c: Counter[str] = Counter()
@@ -84,8 +83,7 @@ ZERO_STATS = dict.fromkeys([*(f"cache/{k}" for k in _COUNTS.split()), "data/corr
 
 
 def zero_stats() -> dict[str, float]:
-    """A loader's per-epoch counters at the start of an epoch: the cache's and
-    ``data/rank_samples``."""
+    """A loader's per-epoch counters at the start of an epoch."""
     return {**ZERO_STATS, SAMPLES: 0}
 
 
@@ -152,10 +150,8 @@ class DiskCache:
     ) -> None:
         if verify not in ("crc32", "size"):
             raise ConfigError(f"cache.verify must be crc32 or size, not {verify!r}")
-        self.root = os.path.abspath(path)
-        self.cap = int(cap_bytes)
-        self.verify = verify
-        self.stats = stats
+        self.root, self.cap = os.path.abspath(path), int(cap_bytes)
+        self.verify, self.stats = verify, stats
         # one sub-folder per data set so that two data sets never share a key
         self.dir = os.path.join(self.root, hashlib.sha1(namespace.encode()).hexdigest()[:16])
         self.lock_dir = os.path.join(self.root, ".locks")
@@ -199,7 +195,7 @@ class DiskCache:
 
     def get(self, key: str, version: tuple[int, int] | None = None) -> bytes | None:
         """The cached bytes, or None when absent, damaged or of another source ``version``
-        (then deleted).  ``version=None`` skips the version check."""
+        (then deleted; None skips the version check)."""
         path = self.file_for(key)
         try:
             with open(path, "rb") as f:
@@ -211,10 +207,8 @@ class DiskCache:
             self.stats.add("cache/refetched")
             self._remove(path)
             return None
-        try:
+        with contextlib.suppress(OSError):
             os.utime(path)  # mtime = last use, the LRU clock shared by all processes
-        except OSError:
-            pass
         return data
 
     def _check(self, raw: bytes, version: tuple[int, int] | None) -> bytes | None:
@@ -239,8 +233,8 @@ class DiskCache:
             used[0] = max(0, used[0] - size)
 
     def put(self, key: str, data: bytes, version: tuple[int, int] | None = None) -> None:
-        """Store ``data`` (of source ``version``) atomically under the directory's cap; errors turn
-        level 1 off, and data larger than the cap is not stored."""
+        """Store ``data`` (of source ``version``) atomically under the cap (larger data is not
+        stored; errors turn level 1 off)."""
         size = len(data) + _HEADER.size
         if not self.writable or size > self.cap:
             return
@@ -277,11 +271,9 @@ class DiskCache:
                 if n.startswith("."):  # .usage, .tmp-*, .probe-*
                     continue
                 p = os.path.join(dirpath, n)
-                try:
+                with contextlib.suppress(OSError):
                     st = os.stat(p)
-                except OSError:
-                    continue
-                out.append((st.st_mtime, st.st_size, p))
+                    out.append((st.st_mtime, st.st_size, p))
         return out
 
     def _scan_usage(self) -> int:
@@ -295,12 +287,10 @@ class DiskCache:
         for _, size, p in entries:
             if total <= target:
                 break
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(p)
                 total -= size
                 self.stats.add("cache/evicted")
-            except OSError:
-                pass
         return total
 
     def usage(self) -> int:
@@ -320,10 +310,8 @@ class MemoryCache:
     """Level 2: an LRU of byte strings or arrays under a byte cap (per process)."""
 
     def __init__(self, cap_bytes: int) -> None:
-        self.cap = int(cap_bytes)
+        self.cap, self.nbytes, self._lock = int(cap_bytes), 0, threading.Lock()
         self._d: OrderedDict[str, Any] = OrderedDict()
-        self.nbytes = 0
-        self._lock = threading.Lock()
 
     @staticmethod
     def _size(v: Any) -> int:
