@@ -175,11 +175,8 @@ class SharedValue:
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
 
-    def __getstate__(self) -> dict:
-        return {"path": self.path, "fmt": self.fmt, "default": self.default}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(state["path"], state["fmt"], state["default"])
+    def __reduce__(self) -> tuple:  # pickled without the open files
+        return SharedValue, (self.path, self.fmt, self.default)
 
 
 _STALE_S = 3600.0  # a link booked further ahead than this is a leftover, not real traffic
@@ -254,49 +251,31 @@ class FolderListing:
 def list_folder(store: Storage, split: str, classes: list[str] | None = None) -> FolderListing:
     """List ``<root>/<split>/<class>/<image>``, classes sorted by name (``classes`` fixes the
     list); a missing root or split is a ConfigError, an empty class folder a warning."""
+    where = os.path.join(store.root, split)
     if not store.exists(""):
         raise ConfigError(f"data.root {store.root!r} does not exist")
     if not store.exists(split):
-        raise ConfigError(
-            f"data set split folder {os.path.join(store.root, split)!r} does not exist"
-        )
-    found = [name for name, is_dir in store.listdir(split) if is_dir and not name.startswith(".")]
-    if classes is None:
-        classes = found
+        raise ConfigError(f"data set split folder {where!r} does not exist")
+    found = {name for name, is_dir in store.listdir(split) if is_dir and not name.startswith(".")}
+    classes = sorted(found) if classes is None else classes
     if not classes:
-        raise ConfigError(
-            f"{os.path.join(store.root, split)!r} has no class folders "
-            "(expected <class>/<image>.jpg)"
-        )
+        raise ConfigError(f"{where!r} has no class folders (expected <class>/<image>.jpg)")
     files: list[str] = []
     labels: list[int] = []
     empty = []
-    present = set(found)
     for label, cls in enumerate(classes):
-        if cls not in present:
-            empty.append(cls)
-            continue
-        names = [
-            n
-            for n, is_dir in store.listdir(f"{split}/{cls}")
-            if not is_dir and n.endswith(IMAGE_EXTENSIONS)
-        ]
+        entries = store.listdir(f"{split}/{cls}") if cls in found else []
+        names = [n for n, is_dir in entries if not is_dir and n.endswith(IMAGE_EXTENSIONS)]
         if not names:
             empty.append(cls)
-        for n in names:
-            files.append(f"{split}/{cls}/{n}")
-            labels.append(label)
+        files += [f"{split}/{cls}/{n}" for n in names]
+        labels += [label] * len(names)
     if empty:
         shown = ", ".join(empty[:5]) + (" ..." if len(empty) > 5 else "")
-        warnings.warn(
-            f"{len(empty)} class folder(s) under {os.path.join(store.root, split)!r} "
-            f"hold no images: {shown}",
-            stacklevel=2,
-        )
+        msg = f"{len(empty)} class folder(s) under {where!r} hold no images: {shown}"
+        warnings.warn(msg, stacklevel=2)
     if not files:
-        raise ConfigError(
-            f"no images (.jpg/.jpeg/.png) found under {os.path.join(store.root, split)!r}"
-        )
+        raise ConfigError(f"no images (.jpg/.jpeg/.png) found under {where!r}")
     return FolderListing(files, labels, list(classes))
 
 
