@@ -24,10 +24,8 @@ import torch
 from bench.data.config import CacheConfig, DataConfig
 from bench.data.loaders import (
     DataBundle,
-    DeviceLoader,
     SyntheticLoader,
     TensorLoader,
-    check_classes,
     per_rank,
 )
 from bench.registry import ConfigError, Registry
@@ -187,20 +185,9 @@ def _folder(cfg: DataConfig, cache: CacheConfig, rank, world, device, seed) -> D
 
     if uses_cached_input(cfg, cache):  # DALI, a cache level, progressive sizes, slow/remote
         return build_folder(cfg, cache, rank, world, device, seed)
-    from bench.data.folder import SkipDamaged, collate, image_folders, load_rgb
+    from bench.data.folder import build
 
-    tr, va = image_folders(
-        cfg.root, cfg.train_dir, cfg.val_dir, cfg.image_size, cfg.eval_image_size, cfg.flip,
-        loader=load_rgb,  # damaged files: skipped and counted, or one error (data.strict)
-    )  # fmt: skip
-    n_classes = check_classes(cfg, len(tr.classes))
-    common = dict(rank=rank, world_size=world, device=device, num_workers=cfg.num_workers)
-    common.update(seed=seed, strict=cfg.strict, collate_fn=collate)
-    b = per_rank(cfg.batch_size, world, "data.batch_size")
-    train = DeviceLoader(SkipDamaged(tr, substitute=True), batch_size=b, train=True, **common)
-    eb = max(1, cfg.eval_batch_size // world)
-    ev = DeviceLoader(SkipDamaged(va, substitute=False), batch_size=eb, train=False, **common)
-    return DataBundle(train, ev, n_classes, len(train) * cfg.batch_size)
+    return build(cfg, rank, world, device, seed)
 
 
 def _synthetic(cfg: DataConfig, cache, rank, world, device, seed) -> DataBundle:

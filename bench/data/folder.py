@@ -1,9 +1,6 @@
-"""ImageNet-style class folders read with torchvision: the baseline input path.
-
-``<root>/<train_dir>/<class>/*.jpg`` and ``<root>/<val_dir>/...``: RandomResizedCrop + flip
-for training, resize to size / 0.875 + centre crop for evaluation (the standard ImageNet
-protocol).  Damaged images are skipped and counted, or stop the run (``data.strict``).
-"""
+"""ImageNet-style class folders read with torchvision, the baseline input path:
+RandomResizedCrop + flip for training, resize to size / 0.875 + centre crop for evaluation
+(the standard ImageNet protocol)."""
 
 from __future__ import annotations
 
@@ -14,6 +11,7 @@ import torch
 from torch.utils.data import Dataset
 
 from bench.data.jpegs import CorruptImage, decode_rgb
+from bench.data.loaders import DataBundle, DeviceLoader, check_classes, per_rank
 from bench.registry import ConfigError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -63,44 +61,32 @@ def build_transforms(image_size: int, eval_image_size: int, flip: bool):
     from torchvision import transforms as T
 
     norm = T.Normalize(IMAGENET_MEAN, IMAGENET_STD)
-    train = T.Compose(
-        [T.RandomResizedCrop(image_size, antialias=True)]
-        + ([T.RandomHorizontalFlip()] if flip else [])
-        + [T.ToTensor(), norm]
-    )
-    ev = T.Compose(
-        [
-            T.Resize(int(round(eval_image_size / 0.875)), antialias=True),
-            T.CenterCrop(eval_image_size),
-            T.ToTensor(),
-            norm,
-        ]
-    )
-    return train, ev
+    flips = [T.RandomHorizontalFlip()] if flip else []
+    train = T.Compose([T.RandomResizedCrop(image_size, antialias=True), *flips, T.ToTensor(), norm])
+    resize = T.Resize(int(round(eval_image_size / 0.875)), antialias=True)
+    return train, T.Compose([resize, T.CenterCrop(eval_image_size), T.ToTensor(), norm])
 
 
-def image_folders(
-    root: str,
-    train_dir: str,
-    val_dir: str,
-    image_size: int,
-    eval_image_size: int,
-    flip: bool,
-    loader: Any = None,
-):
-    """(train ImageFolder, val ImageFolder) with the class index of the training split;
-    ``loader`` reads one file (torchvision's default when None)."""
+def build(cfg: Any, rank: int, world: int, device: torch.device, seed: int) -> DataBundle:
+    """The loaders of torchvision's ImageFolder (the class index of the training split);
+    damaged files are skipped and counted, or one error (``data.strict``)."""
     # deferred: torchvision is slow to load, and only this path needs it
     from torchvision.datasets import ImageFolder
 
-    tr_t, ev_t = build_transforms(image_size, eval_image_size, flip)
-    kw = {} if loader is None else {"loader": loader}
-    train = ImageFolder(str(check_split(root, train_dir)), transform=tr_t, **kw)
-    val = ImageFolder(str(check_split(root, val_dir)), transform=ev_t, **kw)
-    if val.class_to_idx != train.class_to_idx:
-        missing = sorted(set(train.classes) ^ set(val.classes))[:5]
+    tr_t, ev_t = build_transforms(cfg.image_size, cfg.eval_image_size, cfg.flip)
+    tr = ImageFolder(str(check_split(cfg.root, cfg.train_dir)), transform=tr_t, loader=load_rgb)
+    va = ImageFolder(str(check_split(cfg.root, cfg.val_dir)), transform=ev_t, loader=load_rgb)
+    if va.class_to_idx != tr.class_to_idx:
+        missing = sorted(set(tr.classes) ^ set(va.classes))[:5]
         raise ConfigError(f"train and val class folders differ (e.g. {', '.join(missing)})")
-    return train, val
+    n_classes = check_classes(cfg, len(tr.classes))
+    common = dict(rank=rank, world_size=world, device=device, num_workers=cfg.num_workers)
+    common.update(seed=seed, strict=cfg.strict, collate_fn=collate)
+    b = per_rank(cfg.batch_size, world, "data.batch_size")
+    train = DeviceLoader(SkipDamaged(tr, substitute=True), batch_size=b, train=True, **common)
+    eb = max(1, cfg.eval_batch_size // world)
+    ev = DeviceLoader(SkipDamaged(va, substitute=False), batch_size=eb, train=False, **common)
+    return DataBundle(train, ev, n_classes, len(train) * cfg.batch_size)
 
 
 def load_rgb(path: str) -> Any:
