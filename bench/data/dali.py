@@ -52,46 +52,6 @@ def dali_device_id(device: Any, dali_device: str) -> int | None:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
-def augment(
-    fn, types, images, *, train: bool, size: int, decoded_input: bool, gpu: bool, flip: bool
-):
-    """The DALI augmentation graph: random-resized crop + flip (training) or resize + centre
-    crop (evaluation), then normalise; decoded by nvJPEG (``mixed``) on CUDA."""
-    # mixed: the decoder's host threads are not pinned to cores (affine=False), since
-    # several training processes of a node may each run a pipeline on their own GPU
-    dec_kw: dict[str, Any] = {"device": "mixed" if gpu else "cpu", "output_type": types.RGB}
-    if gpu:
-        dec_kw["affine"] = False
-    mirror = fn.random.coin_flip(probability=0.5) if (train and flip) else 0
-    if decoded_input and gpu:
-        images = images.gpu()
-    area, ratio = [0.08, 1.0], [3 / 4, 4 / 3]
-    crop = None
-    if train and decoded_input:
-        images = fn.random_resized_crop(
-            images, size=[size, size], random_area=area, random_aspect_ratio=ratio
-        )
-    elif train:
-        images = fn.decoders.image_random_crop(
-            images, **dec_kw, random_area=area, random_aspect_ratio=ratio
-        )
-        images = fn.resize(images, resize_x=size, resize_y=size)
-    else:
-        if not decoded_input:
-            images = fn.decoders.image(images, **dec_kw)
-        images = fn.resize(images, resize_shorter=round(size / 0.875))
-        crop = (size, size)
-    return fn.crop_mirror_normalize(
-        images,
-        crop=crop,
-        mirror=mirror,
-        dtype=types.FLOAT,
-        output_layout="CHW",
-        mean=[m * 255 for m in IMAGENET_MEAN],
-        std=[s * 255 for s in IMAGENET_STD],
-    )
-
-
 def to_torch(out: Any, device: Any, *, wrap: bool = False):
     """A dense DALI TensorList (CPU or GPU) as a torch tensor on ``device``: wrapped by DLPack
     when ``wrap`` (the pipeline's outputs are the caller's: DALI's dynamic executor), else
@@ -398,11 +358,37 @@ class DaliFolderLoader(DaliLoader):
             warn_corrupt(msgs, set(), self.strict)
         return np.flatnonzero(sizes >= 0), paths, sizes
 
-    def _aug(self, size: int, decoded: bool) -> Callable:
-        gpu, flip = self.device_id is not None, self.flip
-        return partial(
-            augment, train=self.train, size=size, decoded_input=decoded, gpu=gpu, flip=flip
-        )
+    def _augment(self, fn: Any, types: Any, images: Any, size: int, decoded: bool):
+        """Random-resized crop + flip (training) or resize + centre crop (evaluation), then
+        normalise; JPEGs decoded by nvJPEG (``mixed``) on CUDA."""
+        gpu, train = self.device_id is not None, self.train
+        # mixed: the decoder's host threads are not pinned to cores (affine=False), since
+        # several training processes of a node may each run a pipeline on their own GPU
+        dec_kw: dict[str, Any] = {"device": "mixed" if gpu else "cpu", "output_type": types.RGB}
+        if gpu:
+            dec_kw["affine"] = False
+        mirror = fn.random.coin_flip(probability=0.5) if (train and self.flip) else 0
+        if decoded and gpu:
+            images = images.gpu()
+        area, ratio = [0.08, 1.0], [3 / 4, 4 / 3]
+        crop = None
+        if train and decoded:
+            images = fn.random_resized_crop(
+                images, size=[size, size], random_area=area, random_aspect_ratio=ratio
+            )
+        elif train:
+            images = fn.decoders.image_random_crop(
+                images, **dec_kw, random_area=area, random_aspect_ratio=ratio
+            )
+            images = fn.resize(images, resize_x=size, resize_y=size)
+        else:
+            if not decoded:
+                images = fn.decoders.image(images, **dec_kw)
+            images = fn.resize(images, resize_shorter=round(size / 0.875))
+            crop = (size, size)
+        mean, std = [m * 255 for m in IMAGENET_MEAN], [s * 255 for s in IMAGENET_STD]
+        kw = dict(crop=crop, mirror=mirror, mean=mean, std=std)
+        return fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", **kw)
 
     def _reader_pipe(self, size: int, order: np.ndarray):
         """``fn.readers.file`` over the files ``order`` (sample indices), read in order."""
@@ -413,7 +399,7 @@ class DaliFolderLoader(DaliLoader):
                                    pad_last_batch=True, name="Reader")  # fmt: skip
 
         seed = self.seed + self.rank + 7919 * self.epoch
-        return self._make_pipe(read, self._aug(size, False), seed)
+        return self._make_pipe(read, partial(self._augment, size=size, decoded=False), seed)
 
     def _external_pipe(self, size: int):
         decoded = bool(self.predecode_size)
@@ -421,7 +407,8 @@ class DaliFolderLoader(DaliLoader):
         def read(fn: Any, types: Any) -> Any:  # the fetched arrays: cached bytes, or HWC pixels
             return self._external(fn, types, self.feed, types.UINT8, "HWC" if decoded else "")
 
-        return self._make_pipe(read, self._aug(size, decoded), self.seed + self.rank)
+        aug = partial(self._augment, size=size, decoded=decoded)
+        return self._make_pipe(read, aug, self.seed + self.rank)
 
     def _batches(self, plan: list[np.ndarray]):
         if self.mode == "external":

@@ -48,9 +48,6 @@ class Tokens:
                       self.index)  # fmt: skip
 
 
-# --- files ---------------------------------------------------------------------------
-
-
 @functools.cache  # once per process: the checks run once per sweep job
 def _say_once(line: str) -> None:
     print(line, flush=True)
@@ -60,9 +57,8 @@ def corpus_root(cfg: DataConfig) -> Path:
     """``data.root``, or the embedded corpus (generated on first use)."""
     if cfg.root:
         return Path(cfg.root)
-    if inspecting():  # a dry run: where it is or would be, nothing written
-        return embedded_root(default_cache_dir(), cfg.corpus_size, 0)
-    return write_corpus(embedded_root(default_cache_dir(), cfg.corpus_size, 0), cfg.corpus_size)
+    root = embedded_root(default_cache_dir(), cfg.corpus_size, 0)
+    return root if inspecting() else write_corpus(root, cfg.corpus_size)  # dry run: none made
 
 
 def _lines(path: Path) -> list[str]:
@@ -115,9 +111,6 @@ def check(cfg: DataConfig) -> None:
     for split in ("train", cfg.eval_split):
         read_split(cfg, root, split)
     tokenizer(cfg, root, verbose=True)
-
-
-# --- tokenizer -----------------------------------------------------------------------
 
 
 def tokenizer(cfg: DataConfig, root: Path, verbose: bool = False) -> Any:
@@ -192,9 +185,6 @@ def _train_spm(files: list[Path], vocab_size: int, prefix: Path) -> None:
         ) from None
     Path(str(tmp) + ".vocab").replace(prefix.with_suffix(".vocab"))
     Path(str(tmp) + ".model").replace(prefix.with_suffix(".model"))
-
-
-# --- batches -------------------------------------------------------------------------
 
 
 def pack(lengths: np.ndarray, order: np.ndarray, max_tokens: int) -> list[np.ndarray]:
@@ -312,9 +302,6 @@ class TokenLoader:
             self._samples += len(idx)
             self._tokens += int(self.lengths[idx].sum())
             yield x, y
-
-
-# --- the bundle ----------------------------------------------------------------------
 
 
 @dataclass
