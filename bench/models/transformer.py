@@ -59,17 +59,11 @@ class Transformer(nn.Module):
         self.drop = nn.Dropout(dropout)
         common = dict(d_model=d_model, nhead=heads, dim_feedforward=ffn, dropout=dropout)
         common.update(batch_first=True, norm_first=pre_norm)
+        enc_norm, dec_norm = (nn.LayerNorm(d_model) if pre_norm else None for _ in range(2))
         self.encoder = nn.TransformerEncoder(
-            nn.TransformerEncoderLayer(**common),
-            layers,
-            norm=nn.LayerNorm(d_model) if pre_norm else None,
-            enable_nested_tensor=False,
+            nn.TransformerEncoderLayer(**common), layers, enc_norm, enable_nested_tensor=False
         )
-        self.decoder = nn.TransformerDecoder(
-            nn.TransformerDecoderLayer(**common),
-            layers,
-            norm=nn.LayerNorm(d_model) if pre_norm else None,
-        )
+        self.decoder = nn.TransformerDecoder(nn.TransformerDecoderLayer(**common), layers, dec_norm)
         for name, p in self.named_parameters():
             if p.dim() > 1 and not name.startswith("embed"):
                 nn.init.xavier_uniform_(p)
@@ -86,9 +80,7 @@ class Transformer(nn.Module):
     def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor):
         """Logits for every position of ``tgt_in`` (causal self-attention)."""
         t = tgt_in.shape[1]
-        causal = torch.triu(
-            torch.full((t, t), float("-inf"), device=tgt_in.device, dtype=memory.dtype), 1
-        )
+        causal = nn.Transformer.generate_square_subsequent_mask(t, tgt_in.device, memory.dtype)
         h = self.decoder(
             self._embed(tgt_in),
             memory,
