@@ -267,9 +267,21 @@ def validate(cfg: DataConfig, cache_cfg: CacheConfig, world_size: int) -> None:
     if spec.check is not None:
         spec.check(cfg)
     # deferred: see the note above DATASETS
-    from bench.data.cached_folder import validate_input  # cache, DALI, throttle, progressive
+    from bench.data.cache import validate_cache
+    from bench.data.dali import require_dali
 
-    validate_input(cfg, cache_cfg)
+    validate_cache(cache_cfg)  # the input pipeline: cache, DALI, throttle, progressive sizes
+    if cfg.loader == "dali":
+        require_dali()
+    if cfg.dali_threads < 0 or cfg.prefetch < 1:
+        raise ConfigError("data.dali_threads must be >= 0 and data.prefetch >= 1")
+    if cfg.throttle_mbps < 0 or cfg.throttle_ms < 0:
+        raise ConfigError("data.throttle_mbps and data.throttle_ms must be >= 0 (0 = off)")
+    for pair in cfg.progressive:
+        if len(pair) != 2 or int(pair[0]) < 0 or int(pair[1]) <= 0:
+            raise ConfigError(
+                f"data.progressive entries are [epoch >= 0, size > 0] pairs, got {list(pair)}"
+            )
 
 
 def build_data(

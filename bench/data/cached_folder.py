@@ -14,16 +14,9 @@ import torch
 import torch.utils.data._utils as du
 from torch.utils.data import DataLoader
 
-from bench.data.cache import (
-    CachedReader,
-    build_reader,
-    levels,
-    merge_stats,
-    validate_cache,
-    zero_stats,
-)
+from bench.data.cache import CachedReader, build_reader, levels, merge_stats, zero_stats
 from bench.data.config import CacheConfig, DataConfig, train_size_at, train_sizes
-from bench.data.dali import DaliFolderLoader, require_dali
+from bench.data.dali import DaliFolderLoader
 from bench.data.folder import IMAGENET_MEAN, IMAGENET_STD
 from bench.data.jpegs import CorruptImage, decode_rgb, warn_corrupt
 from bench.data.loaders import (
@@ -36,7 +29,6 @@ from bench.data.loaders import (
     worker_affine,
 )
 from bench.data.storage import LocalStorage, Storage, is_url, list_folder, open_storage
-from bench.registry import ConfigError
 
 
 class FolderDataset:
@@ -180,10 +172,6 @@ class CachedFolderLoader(RankLoader):
         plan = super()._plan()
         return worker_affine(plan, self.parts) if self.train else plan
 
-    def __iter__(self):
-        for x, y, _ in self.iter_indexed():
-            yield x, y
-
     def _batches(self):
         size = self.size_at(self.epoch)
         for b in self._plan():
@@ -288,19 +276,3 @@ def build_folder(
         train = CachedFolderLoader(train_ds, batch_size=b, size_at=ts, **common)
         ev = CachedFolderLoader(eval_ds, batch_size=eb, size_at=es, **common)
     return DataBundle(train, ev, n_classes, len(train) * data_cfg.batch_size)
-
-
-def validate_input(data_cfg: DataConfig, cache_cfg: CacheConfig) -> None:
-    """Configuration-time checks of the input-pipeline settings (ConfigError on bad ones)."""
-    validate_cache(cache_cfg)
-    if data_cfg.loader == "dali":
-        require_dali()
-    if data_cfg.dali_threads < 0 or data_cfg.prefetch < 1:
-        raise ConfigError("data.dali_threads must be >= 0 and data.prefetch >= 1")
-    if data_cfg.throttle_mbps < 0 or data_cfg.throttle_ms < 0:
-        raise ConfigError("data.throttle_mbps and data.throttle_ms must be >= 0 (0 = off)")
-    for pair in data_cfg.progressive:
-        if len(pair) != 2 or int(pair[0]) < 0 or int(pair[1]) <= 0:
-            raise ConfigError(
-                f"data.progressive entries are [epoch >= 0, size > 0] pairs, got {list(pair)}"
-            )

@@ -113,10 +113,6 @@ class DaliLoader(RankLoader):
         self._end_open_epoch()
         self.epoch = epoch
 
-    def __iter__(self) -> Iterator[tuple[Any, Any]]:
-        for x, y, _ in self.iter_indexed():
-            yield x, y
-
     def _make_pipe(self, read: Callable, aug: Callable, seed: int):
         """A pipeline of ``read(fn, types)`` -> (images, sample indices), ``aug(fn, types,
         images)`` applied to the images."""

@@ -134,6 +134,10 @@ class RankLoader:
     def __len__(self) -> int:
         return steps_per_epoch(self.n, self.world, self.batch_size, self.train, self.rank)
 
+    def __iter__(self) -> Iterator[Batch]:
+        for x, y, _ in self.iter_indexed():
+            yield x, y
+
     def epoch_stats(self) -> dict[str, Any]:
         out, self._count = {SAMPLES: self._count}, 0
         return out
