@@ -78,18 +78,6 @@ def load_digits_split(size: int = 32, test_fraction: float = 0.2, split_seed: in
         return tuple(torch.load(path, weights_only=True))  # type: ignore[return-value]
     except Exception:  # noqa: BLE001  (absent, partial or foreign: prepare it again)
         pass
-    split = _prepare(size, test_fraction, split_seed)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        torch.save(list(split), tmp)
-        tmp.replace(path)  # atomic: workers preparing at once never read a partial file
-    except OSError:
-        pass
-    return split
-
-
-def _prepare(size: int, test_fraction: float, split_seed: int) -> Split:
     # deferred: scikit-learn only for the digits data set
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
@@ -104,7 +92,15 @@ def _prepare(size: int, test_fraction: float, split_seed: int) -> Split:
         idx, test_size=test_fraction, stratify=d.target, random_state=split_seed
     )
     tr, te = torch.as_tensor(sorted(tr)), torch.as_tensor(sorted(te))
-    return x[tr], y[tr], x[te], y[te]
+    split = x[tr], y[tr], x[te], y[te]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        torch.save(list(split), tmp)
+        tmp.replace(path)  # atomic: workers preparing at once never read a partial file
+    except OSError:
+        pass
+    return split
 
 
 # --- CIFAR-10 ---
@@ -211,9 +207,8 @@ def _check_cifar(cfg: DataConfig) -> None:
 
 
 def memory_bytes(cfg: DataConfig, size: int) -> int:
-    """Bytes one worker holds of a data set it keeps whole in memory, at ``size`` pixels
-    (the digits: every image upsampled, float32, and its training and held-out copies);
-    0 for the data sets read from disk."""
+    """Bytes one worker holds of a data set kept whole in memory, at ``size`` pixels (the
+    digits: both splits upsampled, float32); 0 for the data sets read from disk."""
     return 2 * N_IMAGES * 3 * size * size * 4 if cfg.name == "digits" else 0
 
 
@@ -225,8 +220,7 @@ def _check_digits(cfg: DataConfig) -> None:
 
 
 def _check_batch(cfg: DataConfig, n: int, what: str) -> None:
-    """A global batch larger than the training set gives epochs of no full batch (no
-    steps): refused here rather than found by the workers."""
+    """A global batch larger than the training set gives epochs of no step: refused here."""
     if cfg.batch_size > n:
         raise ConfigError(f"data.batch_size={cfg.batch_size} is larger than {what} ({n} samples)")
 

@@ -92,9 +92,8 @@ _INSPECT_ONLY: ContextVar[bool] = ContextVar("inspect_only", default=False)
 
 @contextlib.contextmanager
 def inspect_only() -> Iterator[None]:
-    """Within it the data checks look at the files a run would create (the cache directory,
-    the embedded translation corpus and its tokenizer) and create none of them
-    (``--dry-run``)."""
+    """Within it the data checks look at the files a run would create (cache directory,
+    embedded corpus, tokenizer) and create none of them (``--dry-run``)."""
     token = _INSPECT_ONLY.set(True)
     try:
         yield

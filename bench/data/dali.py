@@ -53,9 +53,8 @@ def dali_device_id(device: Any, dali_device: str) -> int | None:
 
 
 def to_torch(out: Any, device: Any, *, wrap: bool = False):
-    """A dense DALI TensorList (CPU or GPU) as a torch tensor on ``device``: wrapped by DLPack
-    when ``wrap`` (the pipeline's outputs are the caller's: DALI's dynamic executor), else
-    copied on torch's current stream."""
+    """A dense DALI TensorList as a torch tensor on ``device``: wrapped by DLPack when ``wrap``
+    (outputs of DALI's dynamic executor are the caller's), else copied on torch's stream."""
     device = torch.device(device)
     gpu = type(out).__name__ == "TensorListGPU"
     if gpu and device.type != "cuda":
@@ -85,9 +84,8 @@ def to_device(x: Any, device: Any):
 
 
 class DaliLoader(RankLoader):
-    """What both DALI loaders share: the sampling rule, one pipeline built per key, and
-    the epochs of an ``fn.external_source`` (one batch per call, StopIteration at the end
-    of the plan, then the pipeline is reset)."""
+    """What both DALI loaders share: the sampling rule, one pipeline built per key, and the
+    epochs of an ``fn.external_source`` (StopIteration after the plan, then a reset)."""
 
     def __init__(
         self,

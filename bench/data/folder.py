@@ -37,9 +37,8 @@ def check_split(root: str, sub: str) -> Path:
 
 
 def check_pair(train: Path, val: Path, batch_size: int) -> None:
-    """Refuse, before any worker starts, what the workers would otherwise fail on: a
-    class folder in one split only (the label indices would differ), and a global batch
-    larger than the training split (no full batch: epochs of no steps)."""
+    """Refuse, before any worker starts, a class folder in one split only (the labels would
+    differ) and a global batch larger than the training split (epochs of no step)."""
     a = {d.name for d in train.iterdir() if d.is_dir()}
     b = {d.name for d in val.iterdir() if d.is_dir()}
     if a != b:

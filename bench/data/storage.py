@@ -131,9 +131,8 @@ def _fsspec_version(info: dict) -> Version:
 
 
 def link_path(root: str, bandwidth_mbps: float, latency_ms: float) -> str:
-    """The link file of this node for a storage root and throttle setting (``GROUP_RANK`` is
-    part of the key: emulated nodes sharing a host get one link each), in
-    ``$BENCH_LINK_DIR``, else /dev/shm or the temp dir."""
+    """The link file of this node (``GROUP_RANK``: emulated nodes sharing a host get one link
+    each) for a storage root and throttle, in ``$BENCH_LINK_DIR``, /dev/shm or the temp dir."""
     node = os.environ.get("GROUP_RANK", "0")
     key = json.dumps([root, float(bandwidth_mbps), float(latency_ms), node])
     shm = "/dev/shm"  # memory-backed and emptied at boot, so no stale clock survives a reboot
@@ -291,9 +290,8 @@ def _files(paths: Iterable[str]) -> Iterable[str]:
 
 
 def drop_page_cache(paths: Iterable[str]) -> int:
-    """Drop the cached pages of these files (and of the files below these folders) with
-    ``fsync`` + ``posix_fadvise(DONTNEED)``; returns the number of files advised (0 where
-    ``posix_fadvise`` does not exist)."""
+    """Drop the cached pages of these files and folders (``fsync`` + ``posix_fadvise``);
+    returns the number of files advised (0 where ``posix_fadvise`` does not exist)."""
     if not hasattr(os, "posix_fadvise"):
         return 0
     n = 0

@@ -188,9 +188,9 @@ def _train_spm(files: list[Path], vocab_size: int, prefix: Path) -> None:
 
 
 def pack(lengths: np.ndarray, order: np.ndarray, max_tokens: int) -> list[np.ndarray]:
-    """Greedy batches of ``order`` (in that order): a batch's padded size, sentences x
-    (longest source + longest target) with ``lengths[i] = (source, target)``, stays within
-    ``max_tokens`` (a sentence larger than that alone makes a batch of one)."""
+    """Greedy batches of ``order``, in that order, whose padded size (sentences x longest
+    source + target, ``lengths[i] = (source, target)``) stays within ``max_tokens`` (or
+    holds one sentence)."""
     out, cur, ms, mt = [], [], 0, 0
     for i in order:
         s, t = int(lengths[i, 0]), int(lengths[i, 1])
@@ -250,11 +250,9 @@ class TokenLoader:
                         self.max_tokens)  # fmt: skip
         mine = epoch_indices(n, rank, self.world, self.seed, epoch)
         window = max(1, 64 * self.max_tokens // max(1, int(self.lengths.sum(1).mean())))
+        chunks = np.array_split(mine, max(1, -(-len(mine) // window)))
         order = np.concatenate(
-            [
-                c[np.argsort(self.lengths[c].sum(1), kind="stable")]
-                for c in np.array_split(mine, max(1, -(-len(mine) // window)))
-            ]
+            [c[np.argsort(self.lengths[c].sum(1), kind="stable")] for c in chunks]
         )
         batches = pack(self.lengths, order, self.max_tokens)
         g = np.random.default_rng([self.seed, epoch, rank])

@@ -131,9 +131,8 @@ def _probe(cfg: str, num_classes: int, channels: int, size: int) -> int | str:
 
 
 def input_bytes(cfg: ModelConfig, num_classes: int, channels: int, size: int) -> int:
-    """Bytes of every layer's output for one ``size`` x ``size`` image (what a training
-    step keeps for its backward, at least), from a forward pass on the meta device;
-    ConfigError when the model cannot take images of that size."""
+    """Bytes of every layer's output for one ``size`` x ``size`` image (at least what a step
+    keeps for its backward), by a meta-device forward; ConfigError if it cannot take them."""
     got = _probe(json.dumps(dataclasses.asdict(cfg), sort_keys=True), num_classes, channels, size)
     if isinstance(got, str):
         raise ConfigError(f"model={cfg.name} cannot take {size} x {size} images ({got})")
