@@ -78,6 +78,18 @@ def load_digits_split(size: int = 32, test_fraction: float = 0.2, split_seed: in
         return tuple(torch.load(path, weights_only=True))  # type: ignore[return-value]
     except Exception:  # noqa: BLE001  (absent, partial or foreign: prepare it again)
         pass
+    split = _prepare(size, test_fraction, split_seed)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        torch.save(list(split), tmp)
+        tmp.replace(path)  # atomic: workers preparing at once never read a partial file
+    except OSError:
+        pass
+    return split
+
+
+def _prepare(size: int, test_fraction: float, split_seed: int) -> Split:
     # deferred: scikit-learn only for the digits data set
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
@@ -92,15 +104,7 @@ def load_digits_split(size: int = 32, test_fraction: float = 0.2, split_seed: in
         idx, test_size=test_fraction, stratify=d.target, random_state=split_seed
     )
     tr, te = torch.as_tensor(sorted(tr)), torch.as_tensor(sorted(te))
-    split = x[tr], y[tr], x[te], y[te]
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        torch.save(list(split), tmp)
-        tmp.replace(path)  # atomic: workers preparing at once never read a partial file
-    except OSError:
-        pass
-    return split
+    return x[tr], y[tr], x[te], y[te]
 
 
 # --- CIFAR-10 ---
