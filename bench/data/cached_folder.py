@@ -194,9 +194,7 @@ class CachedFolderLoader(RankLoader):
         nb = getattr(self.device, "type", "cpu") == "cuda"
         t0 = time.perf_counter()
         for x, y, idx, stats in self.loader:
-            self._stats["data/wait_s"] = (
-                self._stats.get("data/wait_s", 0.0) + time.perf_counter() - t0
-            )
+            merge_stats(self._stats, {"data/wait_s": time.perf_counter() - t0})
             warn_corrupt(stats.pop("_corrupt", []), self._seen_corrupt, self.strict)
             merge_stats(self._stats, stats)
             if len(y):

@@ -431,9 +431,7 @@ class DaliFolderLoader(DaliLoader):
             return
         t0 = time.perf_counter()
         for images, index, batch in self._batches(plan):
-            self._stats["data/wait_s"] = (
-                self._stats.get("data/wait_s", 0.0) + time.perf_counter() - t0
-            )
+            merge_stats(self._stats, {"data/wait_s": time.perf_counter() - t0})
             x, idx = self._batch(images, index)
             if batch is not None:  # the file reader pads the last batch of a pass: cut by count
                 n = len(batch)
