@@ -124,10 +124,7 @@ class Replay:
     """Reduces DDP's buckets in a saved layout (module docstring)."""
 
     def __init__(
-        self,
-        layout: Layout,
-        params: Mapping[str, torch.Tensor],
-        hook: Callable[[Any], Future],
+        self, layout: Layout, params: Mapping[str, torch.Tensor], hook: Callable[[Any], Future]
     ) -> None:
         missing = sorted({n for b in layout for n in b.names} - set(params))
         if missing:

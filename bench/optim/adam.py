@@ -1,8 +1,6 @@
-"""Adam and AdamW (Kingma and Ba 2015; Loshchilov and Hutter 2019) in the four update modes.
-
-``naive``/``foreach``/``fused`` are torch's; :class:`FlatAdam` computes exactly what
-``torch.optim.Adam``/``AdamW`` do (no amsgrad), once per param group over the flat
-buffer, with torch's fused kernel where the device has one.
+"""Adam and AdamW (Kingma and Ba 2015; Loshchilov and Hutter 2019): torch's in the
+``naive``/``foreach``/``fused`` modes, :class:`FlatAdam` (the same arithmetic, no amsgrad)
+over the flat buffers.
 """
 
 from __future__ import annotations
@@ -17,17 +15,15 @@ from bench.optim.config import OptimConfig
 from bench.optim.flat import FlatOptimizer
 from bench.optim.spec import OptimizerSpec, check_betas, keep_mode_keys, register
 
-#: param-group key set by ``comm.placement=update`` (bench/comm/placement.py) when it
-#: freezes the variance: the step count it froze at.  From then on ``p.grad`` holds the
-#: averaged momentum and :func:`frozen_variance_step` replaces Adam's step.
+#: group key set by ``comm.placement=update`` (bench/comm/placement.py): the step count the
+#: variance froze at; then ``p.grad`` is the averaged momentum (:func:`frozen_variance_step`)
 FROZEN = "frozen_variance"
 
 
 @torch.no_grad()
 def frozen_variance_step(optimizer: torch.optim.Optimizer, decoupled: bool) -> None:
-    """Adam's step with the variance of step ``group[FROZEN]`` (1-bit Adam's compression
-    stage, Tang et al. 2021): the momentum is ``p.grad``, the variance is not updated, and
-    both are bias-corrected as torch's Adam does (the variance at the step it froze)."""
+    """Adam's step with the momentum ``p.grad`` and the variance of step ``group[FROZEN]``
+    (1-bit Adam's compression stage, Tang et al. 2021), bias-corrected as torch's."""
     for group in optimizer.param_groups:
         lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
         bc2 = math.sqrt(1.0 - b2 ** max(1, int(group[FROZEN])))
@@ -48,9 +44,8 @@ def frozen_variance_step(optimizer: torch.optim.Optimizer, decoupled: bool) -> N
 
 
 class _TorchAdam:
-    """What this suite's Adam and AdamW add to torch's: ``load_state_dict`` keeps the
-    optimizer's own update mode, and the step keeps the variance once a group is
-    :data:`FROZEN`."""
+    """Added to torch's Adam and AdamW: ``load_state_dict`` keeps the optimizer's update
+    mode, and the step keeps the variance once a group is :data:`FROZEN`."""
 
     decoupled = False
 
@@ -67,17 +62,15 @@ class _TorchAdam:
 
 
 class Adam(_TorchAdam, torch.optim.Adam):
-    """``torch.optim.Adam`` with :class:`_TorchAdam`'s additions."""
+    pass
 
 
 class AdamW(_TorchAdam, torch.optim.AdamW):
-    """``torch.optim.AdamW`` with :class:`_TorchAdam`'s additions."""
-
     decoupled = True
 
 
 class FlatAdam(FlatOptimizer):
-    """Adam (``decoupled=False``) or AdamW (``decoupled=True``) over flat buffers."""
+    """Adam (``decoupled=False``) or AdamW over flat buffers."""
 
     state_names = ("exp_avg", "exp_avg_sq")
 
@@ -91,19 +84,10 @@ class FlatAdam(FlatOptimizer):
         decoupled: bool = True,
         model_dtype: torch.dtype | None = None,
     ) -> None:
-        defaults = dict(
-            lr=lr,
-            betas=tuple(betas),
-            eps=eps,
-            weight_decay=weight_decay,
-            amsgrad=False,
-            maximize=False,
-            foreach=None,
-            capturable=False,
-            differentiable=False,
-            fused=None,
-            decoupled_weight_decay=decoupled,
-        )
+        # torch's group keys too: a state dict loads into torch's Adam/AdamW and back
+        flags = dict(amsgrad=False, maximize=False, foreach=None, capturable=False)
+        flags.update(differentiable=False, fused=None, decoupled_weight_decay=decoupled)
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, **flags)
         super().__init__(params, defaults, model_dtype)
         self.decoupled = decoupled
         self._ages = [[0] * len(b.params) for b in self.buckets]
@@ -125,21 +109,8 @@ class FlatAdam(FlatOptimizer):
             # one device tensor read by every entry (the kernels only read their steps)
             step = self._step_dev[span.bucket].fill_(t)
             fn = torch._fused_adamw_ if self.decoupled else torch._fused_adam_
-            fn(
-                p,
-                grads,
-                m,
-                v,
-                [],
-                [step] * len(p),
-                amsgrad=False,
-                lr=lr,
-                beta1=b1,
-                beta2=b2,
-                weight_decay=wd,
-                eps=eps,
-                maximize=False,
-            )
+            hyper = dict(lr=lr, beta1=b1, beta2=b2, weight_decay=wd, eps=eps)
+            fn(p, grads, m, v, [], [step] * len(p), amsgrad=False, maximize=False, **hyper)
             return
         s = span.scratch("s")
         g = grads
