@@ -1,12 +1,10 @@
-"""The flat buffers of a flat optimizer, and the spans of them that one update call takes.
-
-One :class:`FlatBucket` per (device, model dtype): model copy, fp32 masters, gradients
-and state as flat tensors; a :class:`Span` is the ranges one update call works on
-(docs/internals/optim.md).
+"""The flat buffers of a flat optimizer (a :class:`FlatBucket` per device and dtype: model
+copy, fp32 masters, gradients and state) and the :class:`Span` one update call takes.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from operator import attrgetter, is_
@@ -40,12 +38,10 @@ class Span:
 
     @property
     def numel(self) -> int:
-        """Values in the span."""
         return sum(e - s for s, e in self.where)
 
     @property
-    def smallest(self) -> int:
-        """Values in the span's shortest entry (CPU kernels choose by it)."""
+    def smallest(self) -> int:  # values in the shortest entry (CPU kernels choose by it)
         return min(e - s for s, e in self.where)
 
     def scratch(self, name: str) -> list[torch.Tensor]:
@@ -74,9 +70,7 @@ class FlatBucket:
         self.master_dtype = src_dtype  # fp32 master weights when the model copy is bf16/fp16
         self.params = params
         self.numels = [p.numel() for p in params]
-        self.offsets = [0]
-        for n in self.numels[:-1]:
-            self.offsets.append(self.offsets[-1] + n)
+        self.offsets = list(itertools.accumulate(self.numels[:-1], initial=0))
         self.numel = sum(self.numels)
         master = torch.empty(self.numel, dtype=self.master_dtype, device=self.device)
         for p, off in zip(params, self.offsets, strict=True):
@@ -138,7 +132,7 @@ class FlatBucket:
     def _note_seen(self, seen: list[torch.Tensor | None]) -> None:
         """The gradients of this step's parameters, and what follows from them."""
         self.seen = list(seen)
-        self.has = list(map(is_not_none, self.seen))
+        self.has = [g is not None for g in self.seen]
         self.all_grads = all(self.has)
         # own views of parameters without a gradient: zeroed at every step
         self._empty_views = [self.grad_views[k] for k in self.own if self.seen[k] is None]
@@ -157,12 +151,10 @@ class FlatBucket:
             i = j
 
     @property
-    def has_master(self) -> bool:
-        """Whether the update runs on fp32 masters of a low-precision model copy."""
+    def has_master(self) -> bool:  # fp32 masters of a low-precision model copy
         return self.master is not self.model
 
-    def end(self, j: int) -> int:
-        """Offset just past parameter ``j - 1``."""
+    def end(self, j: int) -> int:  # offset just past parameter j - 1
         return self.offsets[j - 1] + self.numels[j - 1]
 
     def buffer(self, name: str) -> torch.Tensor:
@@ -174,7 +166,6 @@ class FlatBucket:
         return self.scratch[name]
 
     def view(self, flat: torch.Tensor, i: int) -> torch.Tensor:
-        """Parameter ``i``'s view into a flat buffer (state, master ...)."""
         return dense_view(flat, self.offsets[i], self.params[i])
 
     def span(self, bi: int, ranges: list[tuple[int, int, int, int]]) -> Span:
@@ -192,9 +183,8 @@ class FlatBucket:
         )
 
     def group_spans(self, bi: int, split_below: int) -> list[tuple[int, Span]]:
-        """``(group index, span)``: every parameter of the bucket, one span per param group
-        over all of its ranges, built once per layout (the views are kept).  With
-        ``split_below > 0`` the ranges of fewer values go to a second span of their group
+        """``(group index, span)``: one span per param group over all its ranges, built
+        once per layout; ranges shorter than ``split_below`` in a second span of their group
         (CPU kernels that thread each tensor pay for it on short ones)."""
         if split_below not in self._group_spans:
             by_group: dict[int, list[tuple[int, int, int, int]]] = {}
@@ -210,7 +200,7 @@ class FlatBucket:
         return self._group_spans[split_below]
 
     def gather_grads(self) -> list[bool]:
-        """Find every gradient, without copying DDP's; which parameters have one."""
+        """Find every gradient, copying none of DDP's; which parameters have one."""
         grads = list(map(_grad_of, self.params))
         if not all(map(is_, grads, self.seen)):
             self.check_layout(grads)
@@ -238,8 +228,8 @@ class FlatBucket:
                 p.grad = self.seen[k] = g
 
     def check_layout(self, grads: list[torch.Tensor | None]) -> None:
-        """Lay the buffers out after the storages of ``grads`` (:func:`layout.plan`):
-        re-laid when the order changes (DDP's first step, its bucket rebuild)."""
+        """Lay the buffers out after the storages of ``grads`` (:func:`layout.plan`), anew
+        when the order changes (DDP's first step, its bucket rebuild)."""
         order, lengths = layout.plan(self.params, grads, self.group_ids, self.dtype, self.grad)
         if order != list(range(len(order))):
             self.relayout(order)
@@ -262,8 +252,8 @@ class FlatBucket:
             self.on_relayout(perm)
 
     def run_grad(self, i: int, start: int, end: int) -> torch.Tensor:
-        """The gradient of the range ``start:end`` (parameters from ``i`` on, in one
-        segment): the fp32 upcast, a slice of a DDP bucket, or of ``self.grad``."""
+        """The gradient of ``start:end`` (parameters from ``i`` on, in one segment): the
+        fp32 upcast, a slice of a DDP bucket, or of ``self.grad``."""
         if self.grad32 is not None:
             return self.grad32[start:end]
         s = self.seg_of[i]
@@ -273,17 +263,15 @@ class FlatBucket:
         return seg.grad[start - seg.start : end - seg.start]
 
     def prepare(self, grad_scale: torch.Tensor | None) -> None:
-        """fp32 upcast of bf16/fp16 gradients (one multi-tensor copy over the segments),
-        GradScaler's unscaling (in place, as torch's GradScaler.unscale_)."""
+        """fp32 upcast of bf16/fp16 gradients, GradScaler's unscaling (in place)."""
         if self._upcast is not None:
             torch._foreach_copy_(*self._upcast)
         if grad_scale is not None:
             torch._foreach_div_(self._step_grads, grad_scale.to(self.device))
 
     def zero_grad(self, set_to_none: bool) -> None:
-        """Gradients in DDP's buckets are zeroed in place, with either ``set_to_none``
-        (dropping them would make DDP copy every gradient into its bucket again);
-        the others are dropped or zeroed (their view of ``self.grad``) as torch's."""
+        """Gradients in DDP's buckets are zeroed in place either way (dropped, DDP would
+        copy every gradient again); the others as torch's."""
         if self.segments:
             torch._foreach_zero_([seg.grad for seg in self.segments])
         if not self.own:
@@ -298,8 +286,8 @@ class FlatBucket:
 
     @torch.no_grad()
     def refresh_masters(self, ks: Iterable[int]) -> None:
-        """Re-derive from the model copy the masters of parameters ``ks`` that no longer
-        round to it; a master that does is kept (it holds the precision the copy lacks)."""
+        """Masters of parameters ``ks`` that no longer round to the model copy follow it; the
+        others keep the precision the copy lacks."""
         if self.has_master:
             for k in ks:
                 m, md = self.view(self.master, k), self.view(self.model, k)
@@ -320,8 +308,8 @@ class FlatBucket:
         self.versions = list(map(_version_of, self.params))
 
     def runs(self, has: list[bool], keys: list[Any]) -> list[tuple[int, int, int]]:
-        """``(group, i, j)``: maximal runs of parameters ``i..j-1`` of one group that all
-        have a gradient and the same ``keys`` value (their optimizer state's age)."""
+        """``(group, i, j)``: maximal runs of parameters of one group that all have a
+        gradient and the same ``keys`` value (their state's age)."""
         out = []
         for gi, _start, _end, i, j in self.ranges:
             k = i
@@ -334,7 +322,3 @@ class FlatBucket:
                     k += 1
                 out.append((gi, s, k))
         return out
-
-
-def is_not_none(x: object) -> bool:
-    return x is not None

@@ -11,15 +11,15 @@ from bench.optim.spec import keep_mode_keys
 
 
 class FlatCheckpoint:
-    """``state_dict``/``load_state_dict`` of :class:`~bench.optim.flat.FlatOptimizer`
-    (a mixin before ``torch.optim.Optimizer``: it uses the optimizer's ``buckets``)."""
+    """``state_dict``/``load_state_dict`` of ``FlatOptimizer`` (a mixin before
+    ``torch.optim.Optimizer``)."""
 
     buckets: list
     param_groups: list[dict[str, Any]]
     state: Any
 
     def _expose_state(self, bi: int, k: int) -> None:
-        """Per-parameter views of the flat state, as torch.optim keeps them in ``self.state``."""
+        """Per-parameter views of the flat state, as torch.optim keeps ``self.state``."""
         b = self.buckets[bi]
         st: dict[str, Any] = {name: b.view(buf, k) for name, buf in b.state.items()}
         st.update(self._extra_state(bi, k))
@@ -32,7 +32,7 @@ class FlatCheckpoint:
         return {}
 
     def _reset_state(self) -> None:
-        """No optimizer state at all, as a new optimizer (before loading a checkpoint)."""
+        """No optimizer state, as a new optimizer (before a load)."""
         self.state.clear()
         for b in self.buckets:
             b.initialized = [False] * len(b.params)

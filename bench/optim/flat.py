@@ -1,9 +1,6 @@
-"""Flat-buffer optimizer base: parameters, gradients and state as views into one buffer.
-
-The "parallel tensor operator" of Shi et al. (MLSys 2021; docs/algorithms.md), done as
-apex's ``multi_tensor_apply``: the steady-state step is one multi-tensor call per param
-group and bucket; under DDP the buffers follow DDP's bucket order and the update reads the
-bucket tensors themselves, copying no gradient (docs/internals/optim.md).
+"""Flat-buffer optimizer base: parameters, gradients and state as views into one buffer
+(Shi et al.'s "parallel tensor operator", as apex's ``multi_tensor_apply``): one multi-tensor
+call per param group and bucket, reading DDP's bucket tensors, copying no gradient.
 """
 
 from __future__ import annotations
@@ -23,13 +20,12 @@ from bench.registry import ConfigError
 CPU_FUSED_MIN = 1 << 17  # values: smaller ranges take the vector-op path on CPU
 
 
-def _uniform(xs: list[Any]) -> bool:
-    """All elements equal (a C-level count, no Python per element)."""
+def _uniform(xs: list[Any]) -> bool:  # all equal: a C-level count
     return not xs or xs.count(xs[0]) == len(xs)
 
 
 class FlatOptimizer(FlatCheckpoint, torch.optim.Optimizer):
-    """Base class: builds the flat layout; subclasses implement :meth:`_update`."""
+    """Builds the flat layout; subclasses implement :meth:`_update`."""
 
     state_names: tuple[str, ...] = ()
     # False: the portable vector-op path even where torch has fused kernels (tests use it)
@@ -70,19 +66,16 @@ class FlatOptimizer(FlatCheckpoint, torch.optim.Optimizer):
             b.on_relayout = lambda perm, bi=bi: self._relaid(bi, perm)
 
     def fused(self, span: Span) -> bool:
-        """Whether to update ``span`` with torch's fused kernel: on CPU only when each of
-        its entries is long (the CPU kernel splits even a few values over all threads: a
-        fork-join that costs milliseconds on a loaded machine; short ones run inline)."""
+        """Whether to update ``span`` with torch's fused kernel: on CPU only when every entry
+        is long (the CPU kernel forks all threads even for a few values)."""
         cpu = span.flat.device.type == "cpu"
         return self.use_fused[span.bucket] and (not cpu or span.smallest >= CPU_FUSED_MIN)
 
     def _split_below(self, bi: int) -> int:
-        """Range length (values) below which a group's ranges get a span of their own."""
         cpu = self.buckets[bi].device.type == "cpu"
         return CPU_FUSED_MIN if cpu and self.use_fused[bi] else 0
 
     def _relaid(self, bi: int, perm: list[int]) -> None:
-        """Bucket ``bi`` was re-laid (parameter n is the old perm[n]): follow it."""
         self._permute_extra(bi, perm)
         b = self.buckets[bi]
         for k in range(len(b.params)):
@@ -99,13 +92,12 @@ class FlatOptimizer(FlatCheckpoint, torch.optim.Optimizer):
 
     @torch.no_grad()
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """As torch, but gradients in DDP's buckets are zeroed (:meth:`FlatBucket.zero_grad`)."""
         for b in self.buckets:
             b.zero_grad(set_to_none)
 
     def _prepare(self) -> list[list[bool]] | None:
-        """Gather grads, handle GradScaler's scale; which parameters have a gradient, per
-        bucket, or None when the step must be skipped."""
+        """Gather grads, unscale (GradScaler); per bucket which parameters have a gradient,
+        None when the step is skipped."""
         found_inf = getattr(self, "found_inf", None)
         if found_inf is not None and bool(found_inf.item() > 0):
             return None
@@ -136,8 +128,7 @@ class FlatOptimizer(FlatCheckpoint, torch.optim.Optimizer):
         return loss
 
     def _step_groups(self, bi: int) -> None:
-        """The steady state: one update per param group over all its ranges (spans kept
-        for the layout), every parameter one step older."""
+        """The steady state: one update per param group over all its ranges."""
         b = self.buckets[bi]
         first = not b.initialized[0]
         for gi, span in b.group_spans(bi, self._split_below(bi)):
@@ -158,10 +149,9 @@ class FlatOptimizer(FlatCheckpoint, torch.optim.Optimizer):
             self._ran(bi, i, j, span.first)
 
     def _whole_segment(self, bi: int, gi: int, age: int, w: layout.Whole) -> None:
-        """Update a DDP bucket (segment) as if all of it were the major runs ``w.runs``
-        of group ``gi``, then put back the values outside them and update those (the
-        ``w.minor`` runs): gathered into compact buffers when they are one group of one
-        state age, else run by run.  A handful of operations instead of one per run."""
+        """Update a DDP bucket as if all of it were the major runs ``w.runs``, then put back
+        the values outside them and update those (``w.minor``): gathered when they are one
+        group of one state age, else run by run.  A few operations instead of one per run."""
         b = self.buckets[bi]
         seg = b.segments[w.segment]
         kept = [b.master, *b.state.values()]
@@ -228,31 +218,25 @@ class FlatOptimizer(FlatCheckpoint, torch.optim.Optimizer):
 
     @torch.no_grad()
     def sync_master_from_model(self) -> None:
-        """Masters follow the model copy wherever it was written without them (a
-        ``model.load_state_dict``, a broadcast); a master that still rounds to its model
-        tensor is kept, with the precision that the model copy lacks."""
+        """Masters follow the model copy where it was written without them (a load, a
+        broadcast); one that still rounds to it keeps its precision."""
         for b in self.buckets:
             b.refresh_masters(range(len(b.params)))
 
 
+@torch.no_grad()
 def after_ddp_broadcast(optimizer: torch.optim.Optimizer, process_group: Any = None) -> None:
-    """Call on every rank right after ``DistributedDataParallel(model, ...)`` is built."""
+    """Call on every rank right after ``DistributedDataParallel(model, ...)`` is built: every
+    rank takes the masters and model copy of the group's first rank (a collective)."""
     if not isinstance(optimizer, FlatOptimizer):
         return
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size(process_group) > 1:
-        src = 0 if process_group is None else dist.get_global_rank(process_group, 0)
-        broadcast_masters(optimizer, src, process_group)
-    else:
-        optimizer.sync_master_from_model()
-
-
-@torch.no_grad()
-def broadcast_masters(optimizer: FlatOptimizer, src: int = 0, group: Any = None) -> None:
-    """Every rank takes rank ``src``'s masters and model copy (a collective: call it on
-    every rank of ``group``)."""
     optimizer.sync_master_from_model()
+    ready = dist.is_available() and dist.is_initialized()
+    if not ready or dist.get_world_size(process_group) < 2:
+        return
+    src = 0 if process_group is None else dist.get_global_rank(process_group, 0)
     for b in optimizer.buckets:
         if b.has_master:
-            dist.broadcast(b.master, src=src, group=group)
+            dist.broadcast(b.master, src=src, group=process_group)
             b.model.copy_(b.master)
             b.record_versions()
