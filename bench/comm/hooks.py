@@ -132,20 +132,6 @@ def _bucket_key(bucket: dist.GradBucket) -> tuple:
     return (bucket.index(), bucket.buffer().numel(), *ends)
 
 
-def _carry_residuals(
-    comm: Communicator, mem: ResidualMemory, bucket: dist.GradBucket, key: tuple
-) -> None:
-    """Error feedback across DDP's rebuilt buckets: note a new bucket's parameters, add
-    the residuals they had in the buckets before (``ResidualMemory.carry``)."""
-    where = mem.places.get(key)
-    if where is None:
-        where = mem.places[key] = places(bucket)
-        mkey, pieces = comm.pieces(key, where, bucket.buffer().numel())
-        mem.pieces[mkey] = pieces
-    if mem.pending:
-        mem.carry(bucket.buffer(), where)
-
-
 def sparse_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Dispatch one bucket to a communicator (every hook but powersgd's and nocomm's)."""
     if not state.step_started:  # every bucket of the step before has completed
@@ -155,11 +141,18 @@ def sparse_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Futu
         state.fold_flags()  # the last step's callbacks have all run: no append races this
     buf = bucket.buffer()
     dense = state.force_dense or state.step < state.warmup_steps or buf.numel() < state.min_numel
-    key = _bucket_key(bucket)
-    if state.placement is None and isinstance(state.comm.memory, ResidualMemory):
-        _carry_residuals(state.comm, state.comm.memory, bucket, key)
+    key, mem = _bucket_key(bucket), state.comm.memory
     if state.placement is not None:
         dense = state.placement.before(state, bucket, key, dense)
+    elif isinstance(mem, ResidualMemory):
+        # error feedback across DDP's rebuilt buckets: a new bucket's parameters noted, the
+        # residuals they had in the buckets before added (ResidualMemory.carry)
+        if key not in mem.places:
+            mem.places[key] = places(bucket)
+            mkey, pieces = state.comm.pieces(key, mem.places[key], buf.numel())
+            mem.pieces[mkey] = pieces
+        if mem.pending:
+            mem.carry(buf, mem.places[key])
     comm = state.dense if dense else state.comm
     fut = comm.reduce(buf, key, state.density, state.stats)
     if state.nan_check:
@@ -333,7 +326,6 @@ class HookSpec:
     hierarchical: bool = False  # uses intra- and inter-node process groups (made by make_hook)
     own_warmup: bool = False  # counts its dense warm-up steps itself (``warmup_steps``)
     validate: Check | None = None  # checks of this method only, before launch and in make_hook
-    measurement: bool = False  # a measurement device, not a training method (``nocomm``)
 
 
 #: hook name -> :class:`HookSpec`
@@ -393,7 +385,7 @@ for _spec in (
     *(HookSpec(n, _reducer(n, AllGather), sparse=True) for n in ("topk", "mstopk", "randomk")),
     HookSpec("hitopk", _reducer(None, HiTopK), sparse=True, hierarchical=True, validate=_two_nodes),
     HookSpec("powersgd", _build_powersgd, sparse=False, own_warmup=True),
-    HookSpec(NOCOMM, build_nocomm, sparse=False, measurement=True),
+    HookSpec(NOCOMM, build_nocomm, sparse=False),
 ):
     HOOKS.register(_spec.name)(_spec)
 

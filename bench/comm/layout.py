@@ -93,9 +93,6 @@ class _SavedBucket:
     def buffer(self) -> torch.Tensor:
         return self.buf
 
-    def set_buffer(self, buf: torch.Tensor) -> None:
-        self.buf = buf
-
     def gradients(self) -> list[torch.Tensor]:
         lay = self.lay
         return [

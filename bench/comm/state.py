@@ -58,12 +58,10 @@ class CommHookState:
         model: torch.nn.Module | None = None,
     ) -> None:
         # ``options`` and ``build`` come from make_hook: hooks.py imports this module
-        object.__setattr__(self, "name", name)
-        object.__setattr__(self, "options", options)
-        object.__setattr__(self, "build", build)
-        object.__setattr__(self, "process_group", process_group)
-        object.__setattr__(self, "inner", None)  # the bound hook's own state
-        object.__setattr__(self, "hook", None)  # the bound hook's own function
+        self.name, self.options, self.build = name, options, build
+        self.process_group = process_group
+        self.inner: Any = None  # the bound hook's own state
+        self.hook: Callable | None = None  # the bound hook's own function
         self._params: dict[str, torch.Tensor] | None = None
         self._preset: dict[str, Any] = {}  # attributes set before binding
         self._loaded: Mapping[str, Any] | None = None  # state loaded before binding
@@ -89,9 +87,7 @@ class CommHookState:
         pg = process_group if process_group is not None else self.process_group
         inner, fn = self.build(self.name, self.options, pg)
         stateful(inner, f"comm={self.name}: its hook state")
-        object.__setattr__(self, "process_group", pg)
-        object.__setattr__(self, "inner", inner)
-        object.__setattr__(self, "hook", fn)
+        self.process_group, self.inner, self.hook = pg, inner, fn
         preset, self._preset = self._preset, {}
         if self._loaded is not None:
             loaded, self._loaded = self._loaded, None
@@ -191,12 +187,7 @@ class CommHookState:
 
     def __getstate__(self) -> dict[str, Any]:
         # the options and the builder pickle by reference to their module-level classes
-        return {
-            "name": self.name,
-            "options": self.options,
-            "build": self.build,
-            "state": self.state_dict(),
-        }
+        return dict(name=self.name, options=self.options, build=self.build, state=self.state_dict())
 
     def __setstate__(self, d: Mapping[str, Any]) -> None:
         self.__init__(d["name"], d["options"], d["build"])
@@ -214,13 +205,8 @@ def _named_key(key: Hashable, names: Mapping[int, str]) -> dict[str, Any]:
         return {"index": key}
     shard = isinstance(key, tuple) and len(key) == 2 and key[1] == "shard"
     index, numel, first, last = key[0] if shard else key  # type: ignore[index,misc]
-    return {
-        "index": int(index),
-        "numel": int(numel),
-        "first": names.get(first, ""),  # "": a bucket without parameters (id 0)
-        "last": names.get(last, ""),
-        "shard": shard,
-    }
+    first, last = names.get(first, ""), names.get(last, "")  # "": no parameters (id 0)
+    return dict(index=int(index), numel=int(numel), first=first, last=last, shard=shard)
 
 
 def _local_key(d: Mapping[str, Any], params: Mapping[str, torch.Tensor]) -> Hashable:

@@ -13,8 +13,7 @@ import torch.distributed as dist
 
 from bench.optim import layout
 from bench.optim.bucket import FlatBucket, Span
-from bench.optim.checkpoint import FlatCheckpoint
-from bench.optim.spec import fused_kernels_available
+from bench.optim.spec import fused_kernels_available, keep_mode_keys
 from bench.registry import ConfigError
 
 CPU_FUSED_MIN = 1 << 17  # values: smaller ranges take the vector-op path on CPU
@@ -24,8 +23,9 @@ def _uniform(xs: list[Any]) -> bool:  # all equal: a C-level count
     return not xs or xs.count(xs[0]) == len(xs)
 
 
-class FlatOptimizer(FlatCheckpoint, torch.optim.Optimizer):
-    """Builds the flat layout; subclasses implement :meth:`_update`."""
+class FlatOptimizer(torch.optim.Optimizer):
+    """Builds the flat layout; subclasses implement :meth:`_update`.  Its state dict is
+    torch's format (per-parameter tensors keyed by index), loadable by torch's optimizers."""
 
     state_names: tuple[str, ...] = ()
     # False: the portable vector-op path even where torch has fused kernels (tests use it)
@@ -215,6 +215,78 @@ class FlatOptimizer(FlatCheckpoint, torch.optim.Optimizer):
     def _update(self, group: dict, span: Span) -> None:
         """One step of the values of ``span`` with the hyper-parameters of ``group``."""
         raise NotImplementedError
+
+    def _expose_state(self, bi: int, k: int) -> None:
+        """Per-parameter views of the flat state, as torch.optim keeps ``self.state``."""
+        b = self.buckets[bi]
+        st: dict[str, Any] = {name: b.view(buf, k) for name, buf in b.state.items()}
+        st.update(self._extra_state(bi, k))
+        if b.has_master:
+            st["master_param"] = b.view(b.master, k)
+        if st:
+            self.state[b.params[k]] = st
+
+    def _extra_state(self, bi: int, k: int) -> dict[str, Any]:
+        return {}
+
+    def _reset_state(self) -> None:
+        """No optimizer state, as a new optimizer (before a load)."""
+        self.state.clear()
+        for b in self.buckets:
+            b.initialized = [False] * len(b.params)
+            for buf in b.state.values():
+                buf.zero_()
+
+    def state_dict(self) -> dict[str, Any]:
+        sd = super().state_dict()
+        # a torch optimizer increments each "step" tensor separately: never share them
+        for st in sd["state"].values():
+            if isinstance(st.get("step"), torch.Tensor):
+                st["step"] = st["step"].clone()
+        return sd
+
+    @torch.no_grad()
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # a master_param that another update mode carried through is stale: only a flat
+        # optimizer keeps it in step with the weights
+        saved_by_flat = all(g.get("flat") for g in state_dict["param_groups"])
+        sd = keep_mode_keys(self, state_dict)
+        index = self._match_groups(sd)
+        where = {
+            id(p): (bi, k) for bi, b in enumerate(self.buckets) for k, p in enumerate(b.params)
+        }
+        self._reset_state()
+        for idx, st in sd["state"].items():
+            bi, k = where[id(index[idx])]
+            b = self.buckets[bi]
+            for name, buf in b.state.items():
+                v = st.get(name)
+                if v is not None:
+                    b.view(buf, k).copy_(v)
+            if b.has_master:
+                b.load_master(k, st.get("master_param") if saved_by_flat else None)
+            self._load_extra_state(bi, k, st)
+            b.initialized[k] = True
+            self._expose_state(bi, k)
+        self.sync_master_from_model()  # every other master follows the model
+
+    def _match_groups(self, sd: dict[str, Any]) -> dict[int, torch.nn.Parameter]:
+        """Take the saved groups' hyper-parameters; saved parameter index -> parameter."""
+        if len(sd["param_groups"]) != len(self.param_groups):
+            raise ValueError("loaded state dict has a different number of parameter groups")
+        index: dict[int, torch.nn.Parameter] = {}
+        for own, saved in zip(self.param_groups, sd["param_groups"], strict=True):
+            if len(own["params"]) != len(saved["params"]):
+                raise ValueError(
+                    "loaded state dict contains a parameter group that doesn't match the size "
+                    "of optimizer's group"
+                )
+            index.update(zip(saved["params"], own["params"], strict=True))
+            own.update({k: v for k, v in saved.items() if k != "params"})
+        return index
+
+    def _load_extra_state(self, bi: int, k: int, st: dict[str, Any]) -> None:
+        pass
 
     @torch.no_grad()
     def sync_master_from_model(self) -> None:
