@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from bench.registry import ConfigError
 
@@ -107,20 +108,22 @@ def exact(flat: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def top_of_candidates(
-    flat: torch.Tensor, cand_idx: torch.Tensor, cand_abs: torch.Tensor, k: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact top-k among candidates known to hold the global top-k; with few more than
-    ``k`` (the usual case) the cheaper top-k of the ``m - k`` smallest, dropped."""
+    flat: Tensor, cand_idx: Tensor, cand_abs: Tensor, k: int, cand_val: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """Exact top-k among candidates known to hold the global top-k (float32 magnitudes: the
+    same ties on every path); with few more than ``k`` (the usual case) the cheaper top-k
+    of the ``m - k`` smallest, dropped.  ``cand_val``: their values, no gather from ``flat``."""
     m = cand_idx.numel()
     a = cand_abs.float()
     # on CUDA torch.topk costs about the same either way (14-20 launches a call)
     if m - k < k and not a.is_cuda:
-        drop = torch.topk(a, m - k, largest=False, sorted=False).indices
         keep = torch.ones(m, dtype=torch.bool, device=a.device)
-        keep[drop] = False
-        idx = cand_idx[keep]  # boolean mask of known count: no sync on CUDA either
+        keep[torch.topk(a, m - k, largest=False, sorted=False).indices] = False
     else:
-        idx = cand_idx[torch.topk(a, k, sorted=False).indices]
+        keep = torch.topk(a, k, sorted=False).indices
+    if cand_val is not None:
+        return cand_val[keep], cand_idx[keep]
+    idx = cand_idx[keep]  # a boolean mask of known count: no sync on CUDA either
     return flat[idx], idx
 
 

@@ -117,12 +117,6 @@ def _buffer(slot: str, numel: int, like: Tensor) -> Tensor:
     return buf[:numel]
 
 
-def _layout(n: int, c: int, itemsize: int) -> tuple[int, int]:
-    """``(w, nb)``: ``nb`` blocks of ``c`` rows of ``w`` columns (docs/internals/comm.md)."""
-    nb = 1 if torch.get_num_threads() > 1 else max(1, round(n * itemsize / BLOCK_BYTES))
-    return n // (c * nb), nb
-
-
 def _sweep(
     flat: Tensor, head: Tensor, thr: Tensor, add: Tensor | None
 ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
@@ -149,18 +143,6 @@ def _sweep(
     return colmax.view(-1), idx, val
 
 
-def _candidate_columns(
-    colmax: Tensor, k: int, sample: int, margin: float, gen: Generator | None
-) -> tuple[Tensor, Tensor]:
-    """A threshold ``thr`` and the columns whose maximum reaches it, at least ``k`` of them."""
-    found = _above_sampled(colmax, k, sample, margin, gen)
-    if found is not None:
-        return found
-    # unlucky samples: the k-th largest column maximum is always safe
-    thr = torch.topk(colmax.float(), k, sorted=False).values.min().to(colmax.dtype)
-    return thr, nonzero(colmax >= thr)
-
-
 def tiled(
     flat: Tensor,
     k: int,
@@ -178,9 +160,22 @@ def tiled(
     if c < 2:
         return sampled(flat if add is None else flat.add_(add), k, sample, margin, gen)
     if flat.dtype in NP_DTYPES:
-        found = _tiled_np(flat, k, sample, margin, gen, add)
-        if found is not None:
-            return found
+        t = host(_sample_of_sum(flat, add, k * margin / n, sample, gen))
+        if not t > 0:  # mostly zeros (every element would be a candidate), or NaN sampled
+            return exact(flat if add is None else flat.add_(add), k)
+        idx, val = _above_np(
+            flat.detach().numpy(), None if add is None else add.detach().numpy(), t
+        )
+        if sum(i.size for i in idx) >= k:
+            idx, val = np.concatenate(idx), np.concatenate(val)
+            mag = np.abs(val)
+            # NaN, Inf: always candidates; read here (a CPU array: no device), since the
+            # mask below would keep fewer than k of a non-finite one
+            raise_unless(torch.isfinite(torch.from_numpy(mag).amax()), deferrable=False)
+            kth = np.partition(mag, mag.size - k)[mag.size - k]  # a mask of k of the largest
+            keep = mag > kth
+            keep[np.nonzero(mag == kth)[0][: k - int(np.count_nonzero(keep))]] = True
+            return torch.from_numpy(val[keep]), torch.from_numpy(idx[keep])
         add = None  # an unlucky sample: the column structure below, flat += add done
     return _tiled_torch(flat, k, c, sample, margin, gen, add)
 
@@ -198,7 +193,9 @@ def _tiled_torch(
     sweep over blocks of ``c`` rows for the column maxima and every element above it; after
     an unlucky sample, a threshold from the column maxima."""
     n = flat.numel()
-    w, nb = _layout(n, c, flat.element_size())
+    # nb blocks of c rows of w columns (docs/internals/comm.md)
+    nb = 1 if torch.get_num_threads() > 1 else max(1, round(n * flat.element_size() / BLOCK_BYTES))
+    w = n // (c * nb)
     h = nb * c * w
     head, tail = flat[:h].view(nb, c, w), flat[h:]  # tail: < nb * c elements, all candidates
     if add is not None:
@@ -206,44 +203,19 @@ def _tiled_torch(
     thr = _sample_of_sum(flat, add, k * margin / n, sample, gen)
     colmax, idx, val = _sweep(flat, head, thr, None if add is None else add[:h].view(nb, c, w))
     raise_unless(torch.isfinite(colmax.max()) & torch.isfinite(tail).all())
-    if sum(i.numel() for i in idx) + tail.numel() < k:
-        thr, cols = _candidate_columns(colmax, k, sample, margin, gen)
-        i, v = _gather(flat, cols, thr, c, w)
+    if sum(i.numel() for i in idx) + tail.numel() < k:  # the columns' maxima reach k
+        found = _above_sampled(colmax, k, sample, margin, gen)
+        if found is None:  # unlucky samples: the k-th largest column maximum is safe
+            thr = torch.topk(colmax.float(), k, sorted=False).values.min().to(colmax.dtype)
+            found = thr, nonzero(colmax >= thr)
+        i, v = _gather(flat, found[1], found[0], c, w)
         idx, val = [i], [v]
     # the candidates: exactly {i : |x_i| >= thr} and the tail, a superset of the top k
     if tail.numel():
         idx.append(torch.arange(h, n, device=flat.device))
         val.append(tail)
-    return _top_of_values(torch.cat(idx), torch.cat(val), k)
-
-
-def _tiled_np(
-    flat: Tensor, k: int, sample: int, margin: float, gen: Generator | None, add: Tensor | None
-) -> tuple[Tensor, Tensor] | None:
-    thr = _sample_of_sum(flat, add, k * margin / flat.numel(), sample, gen)
-    t = host(thr)
-    if not t > 0:  # mostly zeros (every element would be a candidate), or NaN sampled
-        return exact(flat if add is None else flat.add_(add), k)
-    xn = flat.detach().numpy()
-    idx, val = _above_np(xn, None if add is None else add.detach().numpy(), t)
-    if sum(i.size for i in idx) < k:
-        return None
-    idx, val = np.concatenate(idx), np.concatenate(val)
-    mag = np.abs(val)
-    # NaN, Inf: always candidates; read here (a CPU array: no device), since _top_mask
-    # would keep fewer than k of a non-finite one
-    raise_unless(torch.isfinite(torch.from_numpy(mag).amax()), deferrable=False)
-    keep = _top_mask(mag, k)
-    return torch.from_numpy(val[keep]), torch.from_numpy(idx[keep])
-
-
-def _top_mask(mag: np.ndarray, k: int) -> np.ndarray:
-    """A mask of ``k`` of the largest of ``mag`` (finite)."""
-    kth = np.partition(mag, mag.size - k)[mag.size - k]
-    keep = mag > kth
-    short = k - int(np.count_nonzero(keep))
-    keep[np.nonzero(mag == kth)[0][:short]] = True
-    return keep
+    val = torch.cat(val)
+    return top_of_candidates(flat, torch.cat(idx), val.abs(), k, val)
 
 
 def _above_np(
@@ -316,18 +288,6 @@ def _expand_words(buf: np.ndarray, flags: np.ndarray, q: np.ndarray, w: int) -> 
     e = np.flatnonzero(bits.view(bool))
     q %= w // 8  # the word of the piece, in either mask
     return q[e >> 3] * 8 + (e & 7)
-
-
-def _top_of_values(cand_idx: Tensor, cand_val: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """:func:`top_of_candidates` given the candidates' values: no gather from ``x``."""
-    m = cand_idx.numel()
-    a = cand_val.abs().float()  # float32 magnitudes: the ties and order of the other paths
-    if m - k < k:  # few beyond k (the usual case): drop the m - k smallest
-        keep = torch.ones(m, dtype=torch.bool)
-        keep[torch.topk(a, m - k, largest=False, sorted=False).indices] = False
-    else:
-        keep = torch.topk(a, k, sorted=False).indices
-    return cand_val[keep], cand_idx[keep]
 
 
 def tiled_dev(
