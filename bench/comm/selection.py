@@ -55,40 +55,16 @@ def randomk(
 def _paper(flat: torch.Tensor, k: int, iters: int) -> tuple[torch.Tensor, torch.Tensor]:
     """MSTopK as published: ``iters`` counting passes, all above thres1, then the band."""
     a = flat.abs().float()
-    u, m = host(torch.stack([a.max(), a.mean()]))
-    if not math.isfinite(u):
+    hi = a.amax()
+    if not math.isfinite(host(hi)):
         raise nonfinite_error()
-    mask = torch.empty_like(a, dtype=torch.bool)
-
-    def count(thr: float) -> int:
-        torch.ge(a, thr, out=mask)
-        return host(torch.count_nonzero(mask))
-
-    base = m if count(m) > k else 0.0  # k above the mean: search [0, max] instead
-    lo, hi_r = 0.0, 1.0
-    k1, thres1 = 0, math.inf  # largest count <= k and its threshold
-    k2, thres2 = a.numel(), base  # smallest count > k and its threshold
-    for _ in range(iters):
-        ratio = (lo + hi_r) / 2
-        thr = base + ratio * (u - base)
-        nnz = count(thr)
-        if nnz <= k:
-            hi_r = ratio
-            if nnz > k1 or thres1 == math.inf:
-                k1, thres1 = nnz, thr
-        else:
-            lo = ratio
-            if nnz < k2:
-                k2, thres2 = nnz, thr
-        if nnz == k:
-            break
-    sure = nonzero(a >= thres1) if k1 > 0 else a.new_empty(0, dtype=torch.long)
-    sure = sure[:k]
+    thres1, thres2 = host(torch.stack(_paper_search(a, hi, k, iters)))
+    sure = nonzero(a >= thres1)[:k]  # thres1: the largest count <= k
     rest = k - sure.numel()
     if rest > 0:
         band = nonzero((a >= thres2) & (a < thres1))[:rest]
         if band.numel() < rest:  # degenerate thresholds (e.g. all equal): anything unused
-            used = torch.zeros_like(mask)
+            used = torch.zeros_like(a, dtype=torch.bool)
             used[sure] = True
             used[band] = True
             band = torch.cat([band, nonzero(~used)[: rest - band.numel()]])
@@ -99,8 +75,8 @@ def _paper(flat: torch.Tensor, k: int, iters: int) -> tuple[torch.Tensor, torch.
 def _paper_search(
     a: torch.Tensor, hi: torch.Tensor, k: int, iters: int
 ) -> tuple[torch.Tensor, ...]:
-    """:func:`_paper`'s search on 0-dim device tensors, every iteration run (frozen once a
-    count hits k): the CPU loop's ``(thres1, thres2)``."""
+    """``paper``'s search on 0-dim tensors, every iteration run (frozen once a count hits
+    k): ``(thres1, thres2)``, the largest count <= k and the smallest > k."""
     u, m = hi.double(), a.mean().double()
     mask = torch.empty_like(a, dtype=torch.bool)
 
