@@ -90,7 +90,7 @@ class FlatAdam(FlatOptimizer):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, **flags)
         super().__init__(params, defaults, model_dtype)
         self.decoupled = decoupled
-        self._ages = [[0] * len(b.params) for b in self.buckets]
+        # each parameter's step count (its state's "step" tensors are views of it)
         self._steps = [torch.zeros(len(b.params), dtype=torch.float32) for b in self.buckets]
         # the fused kernels read the step from a float32 tensor on the parameters' device
         self._step_dev = [
@@ -98,12 +98,12 @@ class FlatAdam(FlatOptimizer):
         ]
 
     def _run_keys(self, bi: int) -> list[Any]:
-        return list(self._ages[bi])  # a snapshot: the counts move during the step
+        return self._steps[bi].tolist()  # a snapshot: the counts move during the step
 
     def _update(self, group: dict, span: Span) -> None:
         p, grads = span.params, span.grads
         m, v = span.state["exp_avg"], span.state["exp_avg_sq"]
-        t = self._ages[span.bucket][span.age] + 1  # counted in _ran
+        t = int(self._steps[span.bucket][span.age]) + 1  # counted in _ran
         lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
         if self.fused(span):
             # one device tensor read by every entry (the kernels only read their steps)
@@ -131,13 +131,10 @@ class FlatAdam(FlatOptimizer):
         torch._foreach_addcdiv_(p, m, s, value=-lr / (1.0 - b1**t))
 
     def _ran(self, bi: int, i: int, j: int, first: bool) -> None:
-        ages = self._ages[bi]
-        ages[i:j] = map(_one_more, ages[i:j])  # C-level, no Python per parameter
         self._steps[bi][i:j] += 1
         super()._ran(bi, i, j, first)
 
     def _permute_extra(self, bi: int, perm: list[int]) -> None:
-        self._ages[bi] = [self._ages[bi][k] for k in perm]
         self._steps[bi] = self._steps[bi][perm].clone()
 
     def _extra_state(self, bi: int, k: int) -> dict[str, Any]:
@@ -145,17 +142,12 @@ class FlatAdam(FlatOptimizer):
 
     def _reset_state(self) -> None:
         super()._reset_state()
-        for bi, c in enumerate(self._steps):
+        for c in self._steps:
             c.zero_()
-            self._ages[bi] = [0] * len(self._ages[bi])
 
     def _load_extra_state(self, bi: int, k: int, st: dict[str, Any]) -> None:
         if "step" in st:
             self._steps[bi][k] = float(st["step"])
-            self._ages[bi][k] = int(float(st["step"]))
-
-
-_one_more = (1).__add__
 
 
 def _adam_kwargs(cfg: OptimConfig) -> dict[str, Any]:

@@ -63,11 +63,8 @@ class FlatBucket:
         state_names: Iterable[str],
         model_dtype: torch.dtype | None,
     ) -> None:
-        first = params[0]
-        self.device = first.device
-        src_dtype = first.dtype
-        self.dtype = model_dtype or src_dtype  # dtype of the model copy and of its grads
-        self.master_dtype = src_dtype  # fp32 master weights when the model copy is bf16/fp16
+        self.device, self.master_dtype = params[0].device, params[0].dtype
+        self.dtype = model_dtype or self.master_dtype  # of the model copy and its gradients
         self.params = params
         self.numels = [p.numel() for p in params]
         self.offsets = list(itertools.accumulate(self.numels[:-1], initial=0))
@@ -79,11 +76,8 @@ class FlatBucket:
                     "optim.update=flat needs dense (contiguous or channels_last) parameters"
                 )
             dense_view(master, off, p).copy_(p.detach())
-        if self.master_dtype != self.dtype:
-            self.model = master.to(self.dtype)
-            self.master = master
-        else:
-            self.model = self.master = master
+        self.master = master  # fp32 masters when the model copy is bf16/fp16, else the copy
+        self.model = master.to(self.dtype)
         self.grad = torch.zeros(self.numel, dtype=self.dtype, device=self.device)
         # the update reads fp32 gradients: an upcast copy when the model copy is bf16/fp16
         self.grad32 = torch.empty_like(master) if self.has_master else None
@@ -118,7 +112,14 @@ class FlatBucket:
         self._note_seen(seen)
         self.whole_cache: dict[Any, Any] = {}  # layout.schedule's, for this layout
         self._group_spans: dict[int, list[tuple[int, Span]]] = {}
-        self._build_ranges()
+        # contiguous ranges of one param group and one gradient segment:
+        # (group index, start, end, first parameter, end parameter)
+        self.ranges: list[tuple[int, int, int, int, int]] = []
+        i = 0
+        for (gi, _), run in itertools.groupby(zip(self.group_ids, self.seg_of)):
+            j = i + len(list(run))
+            self.ranges.append((gi, self.offsets[i], self.end(j), i, j))
+            i = j
         rest = self.segments[-1].end if self.segments else 0
         srcs = [seg.grad for seg in self.segments] + [self.grad[rest:]]
         if self.grad32 is not None:  # one upcast copy per segment and one for the rest
@@ -136,19 +137,6 @@ class FlatBucket:
         self.all_grads = all(self.has)
         # own views of parameters without a gradient: zeroed at every step
         self._empty_views = [self.grad_views[k] for k in self.own if self.seen[k] is None]
-
-    def _build_ranges(self) -> None:
-        # contiguous ranges of one param group and one gradient segment:
-        # [(group index, start, end, first, last param)]
-        self.ranges: list[tuple[int, int, int, int, int]] = []
-        n, gid, seg = len(self.params), self.group_ids, self.seg_of
-        i = 0
-        while i < n:
-            j = i
-            while j < n and gid[j] == gid[i] and seg[j] == seg[i]:
-                j += 1
-            self.ranges.append((gid[i], self.offsets[i], self.end(j), i, j))
-            i = j
 
     @property
     def has_master(self) -> bool:  # fp32 masters of a low-precision model copy
@@ -311,14 +299,10 @@ class FlatBucket:
         """``(group, i, j)``: maximal runs of parameters of one group that all have a
         gradient and the same ``keys`` value (their state's age)."""
         out = []
-        for gi, _start, _end, i, j in self.ranges:
-            k = i
-            while k < j:
-                if not has[k]:
-                    k += 1
-                    continue
-                s = k
-                while k < j and has[k] and keys[k] == keys[s]:
-                    k += 1
-                out.append((gi, s, k))
+        for gi, _, _, i, j in self.ranges:
+            for (ok, _), run in itertools.groupby(zip(has[i:j], keys[i:j])):
+                n = len(list(run))
+                if ok:
+                    out.append((gi, i, i + n))
+                i += n
         return out
