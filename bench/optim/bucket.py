@@ -228,11 +228,37 @@ class FlatBucket:
             self.seg_of[seg.i : seg.j] = [s] * (seg.j - seg.i)
         self._new_layout(grads)
 
+    @torch.no_grad()
     def relayout(self, perm: list[int]) -> None:
-        """New buffers whose parameter ``n`` is the old parameter ``perm[n]``."""
+        """New buffers whose parameter ``n`` is the old parameter ``perm[n]`` (one copy per
+        parameter); ``p.data`` and the ``p.grad`` that were views follow."""
         stale = [k for k, p in enumerate(self.params) if p._version != self.versions[k]]
         self.refresh_masters(stale)  # before the version counters are taken again
-        layout.relayout(self, perm)
+        old_offsets, numels, old_views = self.offsets, self.numels, self.grad_views
+        self.params = [self.params[k] for k in perm]
+        self.numels = [numels[k] for k in perm]
+        self.group_ids = [self.group_ids[k] for k in perm]
+        self.initialized = [self.initialized[k] for k in perm]
+        self.offsets = list(itertools.accumulate(self.numels[:-1], initial=0))
+
+        def moved(flat: torch.Tensor) -> torch.Tensor:
+            out = torch.empty_like(flat)
+            for n, k in enumerate(perm):
+                new, old = self.offsets[n], old_offsets[k]
+                out[new : new + numels[k]].copy_(flat[old : old + numels[k]])
+            return out
+
+        master = moved(self.master)
+        self.model = moved(self.model) if self.has_master else master
+        self.master, self.grad = master, moved(self.grad)
+        self.grad32 = torch.empty_like(master) if self.grad32 is not None else None
+        self.state = {name: moved(buf) for name, buf in self.state.items()}
+        self.grad_views = [dense_view(self.grad, o, p) for p, o in zip(self.params, self.offsets)]
+        for n, p in enumerate(self.params):
+            own = p.grad is not None and p.grad is old_views[perm[n]]
+            p.data = dense_view(self.model, self.offsets[n], p)
+            if own:
+                p.grad = self.grad_views[n]
         self.model_ptrs = [p.data_ptr() for p in self.params]
         self.record_versions()
         self.relayouts += 1

@@ -51,9 +51,8 @@ class FlatOptimizer(torch.optim.Optimizer):
                 # low-precision model copy for weight matrices/filters only: 1-D parameters
                 # (norm affine, biases) stay fp32, as apex's keep_batchnorm_fp32
                 lowp = model_dtype is not None and p.ndim >= 2 and p.dtype == torch.float32
-                ps, gids = keyed.setdefault(
-                    (p.device, p.dtype, model_dtype if lowp else None), ([], [])
-                )
+                key = (p.device, p.dtype, model_dtype if lowp else None)
+                ps, gids = keyed.setdefault(key, ([], []))
                 ps.append(p)
                 gids.append(gi)
         self.buckets = [
@@ -70,10 +69,6 @@ class FlatOptimizer(torch.optim.Optimizer):
         is long (the CPU kernel forks all threads even for a few values)."""
         cpu = span.flat.device.type == "cpu"
         return self.use_fused[span.bucket] and (not cpu or span.smallest >= CPU_FUSED_MIN)
-
-    def _split_below(self, bi: int) -> int:
-        cpu = self.buckets[bi].device.type == "cpu"
-        return CPU_FUSED_MIN if cpu and self.use_fused[bi] else 0
 
     def _relaid(self, bi: int, perm: list[int]) -> None:
         self._permute_extra(bi, perm)
@@ -95,28 +90,18 @@ class FlatOptimizer(torch.optim.Optimizer):
         for b in self.buckets:
             b.zero_grad(set_to_none)
 
-    def _prepare(self) -> list[list[bool]] | None:
-        """Gather grads, unscale (GradScaler); per bucket which parameters have a gradient,
-        None when the step is skipped."""
-        found_inf = getattr(self, "found_inf", None)
-        if found_inf is not None and bool(found_inf.item() > 0):
-            return None
-        grad_scale = getattr(self, "grad_scale", None)
-        has = []
-        for b in self.buckets:
-            has.append(b.gather_grads())
-            b.prepare(grad_scale)
-        return has
-
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        has = self._prepare()
-        if has is None:
+        found_inf = getattr(self, "found_inf", None)  # set by GradScaler
+        if found_inf is not None and bool(found_inf.item() > 0):
             return loss
+        has = [b.gather_grads() for b in self.buckets]  # which parameters have a gradient
+        for b in self.buckets:
+            b.prepare(getattr(self, "grad_scale", None))
         for bi, b in enumerate(self.buckets):
             keys = self._run_keys(bi)
             if self.group_steps and b.all_grads and _uniform(keys) and _uniform(b.initialized):
@@ -131,7 +116,8 @@ class FlatOptimizer(torch.optim.Optimizer):
         """The steady state: one update per param group over all its ranges."""
         b = self.buckets[bi]
         first = not b.initialized[0]
-        for gi, span in b.group_spans(bi, self._split_below(bi)):
+        split = CPU_FUSED_MIN if b.device.type == "cpu" and self.use_fused[bi] else 0
+        for gi, span in b.group_spans(bi, split):
             span.first, span.age = first, 0
             self._update(self.param_groups[gi], span)
         self._ran(bi, 0, len(b.params), first)
@@ -142,11 +128,16 @@ class FlatOptimizer(torch.optim.Optimizer):
         for gi, i, j, whole in layout.schedule(b, b.runs(has, keys), keys):
             if whole is not None:  # one update over a whole DDP bucket, see schedule
                 self._whole_segment(bi, gi, i, whole)
-                continue
-            span = b.span(bi, [(b.offsets[i], b.end(j), i, j)])
-            span.first = not b.initialized[i]
-            self._update(self.param_groups[gi], span)
-            self._ran(bi, i, j, span.first)
+            else:
+                self._step_run(bi, gi, i, j)
+
+    def _step_run(self, bi: int, gi: int, i: int, j: int) -> None:
+        """One update of parameters ``i..j-1`` of bucket ``bi``, of param group ``gi``."""
+        b = self.buckets[bi]
+        span = b.span(bi, [(b.offsets[i], b.end(j), i, j)])
+        span.first = not b.initialized[i]
+        self._update(self.param_groups[gi], span)
+        self._ran(bi, i, j, span.first)
 
     def _whole_segment(self, bi: int, gi: int, age: int, w: layout.Whole) -> None:
         """Update a DDP bucket as if all of it were the major runs ``w.runs``, then put back
@@ -171,25 +162,13 @@ class FlatOptimizer(torch.optim.Optimizer):
             return
         if not compact:
             for g2, i, j in w.minor:
-                span = b.span(bi, [(b.offsets[i], b.end(j), i, j)])
-                span.first = not b.initialized[i]
-                self._update(self.param_groups[g2], span)
-                self._ran(bi, i, j, span.first)
+                self._step_run(bi, g2, i, j)
             return
         # one update of the gathered values (no whole layers), then scattered back in place
         g2, i2 = minor[0], minor[1]
-        n = w.others.numel()
-        gathered = Span(
-            bucket=bi,
-            flat=b,
-            params=[saved[0]],
-            grads=[small_g],
-            state={name: [v] for name, v in zip(b.state, saved[1:], strict=True)},
-            where=[(0, n)],
-            layers=None,
-            first=not b.initialized[i2],
-            age=i2,
-        )
+        state = {name: [v] for name, v in zip(b.state, saved[1:], strict=True)}
+        gathered = Span(bi, b, [saved[0]], [small_g], state, [(0, w.others.numel())], None)
+        gathered.first, gathered.age = not b.initialized[i2], i2
         self._update(self.param_groups[g2], gathered)
         for buf, v in zip(kept, saved, strict=True):
             buf.index_copy_(0, w.others, v)
@@ -251,7 +230,17 @@ class FlatOptimizer(torch.optim.Optimizer):
         # optimizer keeps it in step with the weights
         saved_by_flat = all(g.get("flat") for g in state_dict["param_groups"])
         sd = keep_mode_keys(self, state_dict)
-        index = self._match_groups(sd)
+        if len(sd["param_groups"]) != len(self.param_groups):
+            raise ValueError("loaded state dict has a different number of parameter groups")
+        index: dict[int, torch.nn.Parameter] = {}  # saved parameter index -> parameter
+        for own, saved in zip(self.param_groups, sd["param_groups"], strict=True):
+            if len(own["params"]) != len(saved["params"]):
+                raise ValueError(
+                    "loaded state dict contains a parameter group that doesn't match the size "
+                    "of optimizer's group"
+                )
+            index.update(zip(saved["params"], own["params"], strict=True))
+            own.update({k: v for k, v in saved.items() if k != "params"})  # hyper-parameters
         where = {
             id(p): (bi, k) for bi, b in enumerate(self.buckets) for k, p in enumerate(b.params)
         }
@@ -269,21 +258,6 @@ class FlatOptimizer(torch.optim.Optimizer):
             b.initialized[k] = True
             self._expose_state(bi, k)
         self.sync_master_from_model()  # every other master follows the model
-
-    def _match_groups(self, sd: dict[str, Any]) -> dict[int, torch.nn.Parameter]:
-        """Take the saved groups' hyper-parameters; saved parameter index -> parameter."""
-        if len(sd["param_groups"]) != len(self.param_groups):
-            raise ValueError("loaded state dict has a different number of parameter groups")
-        index: dict[int, torch.nn.Parameter] = {}
-        for own, saved in zip(self.param_groups, sd["param_groups"], strict=True):
-            if len(own["params"]) != len(saved["params"]):
-                raise ValueError(
-                    "loaded state dict contains a parameter group that doesn't match the size "
-                    "of optimizer's group"
-                )
-            index.update(zip(saved["params"], own["params"], strict=True))
-            own.update({k: v for k, v in saved.items() if k != "params"})
-        return index
 
     def _load_extra_state(self, bi: int, k: int, st: dict[str, Any]) -> None:
         pass

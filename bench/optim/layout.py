@@ -5,7 +5,6 @@ so a whole DDP bucket is updated with its own tensor as the gradient.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import torch
@@ -99,38 +98,6 @@ def segments(
         out.append(Segment(i, j, start, end, flat))
         i = j
     return out
-
-
-@torch.no_grad()
-def relayout(b, perm: list[int]) -> None:
-    """Re-lay a ``FlatBucket`` in place: its parameter ``n`` becomes the old ``perm[n]``;
-    every flat buffer is moved, ``p.data`` and the ``p.grad`` that were views follow."""
-    old_offsets, numels, old_views = b.offsets, b.numels, b.grad_views
-    b.params = [b.params[k] for k in perm]
-    b.numels = [numels[k] for k in perm]
-    b.group_ids = [b.group_ids[k] for k in perm]
-    b.initialized = [b.initialized[k] for k in perm]
-    b.offsets = list(itertools.accumulate(b.numels[:-1], initial=0))
-
-    def moved(flat: torch.Tensor) -> torch.Tensor:  # a new buffer, one copy per parameter
-        out = torch.empty_like(flat)
-        for n, k in enumerate(perm):
-            new, old = b.offsets[n], old_offsets[k]
-            out[new : new + numels[k]].copy_(flat[old : old + numels[k]])
-        return out
-
-    master = moved(b.master)
-    b.model = moved(b.model) if b.has_master else master
-    b.master = master
-    b.grad = moved(b.grad)
-    b.grad32 = torch.empty_like(master) if b.grad32 is not None else None
-    b.state = {name: moved(buf) for name, buf in b.state.items()}
-    b.grad_views = [dense_view(b.grad, o, p) for p, o in zip(b.params, b.offsets, strict=True)]
-    for n, p in enumerate(b.params):
-        own = p.grad is not None and p.grad is old_views[perm[n]]
-        p.data = dense_view(b.model, b.offsets[n], p)
-        if own:
-            p.grad = b.grad_views[n]
 
 
 def ddp_like_buckets(
