@@ -132,6 +132,19 @@ def _bucket_key(bucket: dist.GradBucket) -> tuple:
     return (bucket.index(), bucket.buffer().numel(), *ends)
 
 
+def _carry_residuals(
+    comm: Communicator, mem: ResidualMemory, bucket: dist.GradBucket, key: tuple
+) -> None:
+    """Error feedback across DDP's rebuilt buckets: a new bucket's parameters noted, the
+    residuals they had in the buckets before added (``ResidualMemory.carry``)."""
+    if key not in mem.places:
+        mem.places[key] = places(bucket)
+        mkey, pieces = comm.pieces(key, mem.places[key], bucket.buffer().numel())
+        mem.pieces[mkey] = pieces
+    if mem.pending:
+        mem.carry(bucket.buffer(), mem.places[key])
+
+
 def sparse_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Dispatch one bucket to a communicator (every hook but powersgd's and nocomm's)."""
     if not state.step_started:  # every bucket of the step before has completed
@@ -145,14 +158,7 @@ def sparse_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Futu
     if state.placement is not None:
         dense = state.placement.before(state, bucket, key, dense)
     elif isinstance(mem, ResidualMemory):
-        # error feedback across DDP's rebuilt buckets: a new bucket's parameters noted, the
-        # residuals they had in the buckets before added (ResidualMemory.carry)
-        if key not in mem.places:
-            mem.places[key] = places(bucket)
-            mkey, pieces = state.comm.pieces(key, mem.places[key], buf.numel())
-            mem.pieces[mkey] = pieces
-        if mem.pending:
-            mem.carry(buf, mem.places[key])
+        _carry_residuals(state.comm, mem, bucket, key)
     comm = state.dense if dense else state.comm
     fut = comm.reduce(buf, key, state.density, state.stats)
     if state.nan_check:
@@ -326,6 +332,7 @@ class HookSpec:
     hierarchical: bool = False  # uses intra- and inter-node process groups (made by make_hook)
     own_warmup: bool = False  # counts its dense warm-up steps itself (``warmup_steps``)
     validate: Check | None = None  # checks of this method only, before launch and in make_hook
+    measurement: bool = False  # a measurement device, not a training method (``nocomm``)
 
 
 #: hook name -> :class:`HookSpec`
@@ -385,7 +392,7 @@ for _spec in (
     *(HookSpec(n, _reducer(n, AllGather), sparse=True) for n in ("topk", "mstopk", "randomk")),
     HookSpec("hitopk", _reducer(None, HiTopK), sparse=True, hierarchical=True, validate=_two_nodes),
     HookSpec("powersgd", _build_powersgd, sparse=False, own_warmup=True),
-    HookSpec(NOCOMM, build_nocomm, sparse=False),
+    HookSpec(NOCOMM, build_nocomm, sparse=False, measurement=True),
 ):
     HOOKS.register(_spec.name)(_spec)
 
