@@ -108,9 +108,7 @@ def hitopk(
 
 
 def hitopk_stages(bucket_bytes: float, packet: int, n: int, m: int) -> Traffic:
-    """HiTopKComm's stages for a (padded) bucket of ``bucket_bytes``: intra-node
-    reduce-scatter, inter-node allgather (``m`` workers at once on the link), intra-node
-    allgather."""
+    """HiTopKComm's stages for a (padded) bucket of ``bucket_bytes``; ``m`` at once on a link."""
     stages = []
     if m > 1:
         rs = (m - 1) / m * bucket_bytes

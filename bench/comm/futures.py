@@ -72,8 +72,7 @@ class Lane:
         self._last.set_result(None)
 
     def after(self, ready: Future, issue: Callable[[Any], Future], like: torch.Tensor) -> Future:
-        """``issue(ready's value)`` once ``ready`` completed and the lane's previous stage was
-        issued; the returned future completes with the future ``issue`` returns."""
+        """``issue(ready's value)`` once ``ready`` is done and the lane's stage before issued."""
         out = new_future(like)
         turn: Future = Future()
         prev, self._last = self._last, turn

@@ -292,8 +292,7 @@ if AVAILABLE:
 
 
 def group_size(n: int, k: int, itemsize: int) -> int:
-    """Elements per group: :data:`GROUP_BYTES` of them, halved while ``k`` groups would
-    hold more than a quarter of ``n``."""
+    """Elements per group: :data:`GROUP_BYTES`, halved while k groups exceed n / 4."""
     g = GROUP_BYTES // itemsize
     while g > 1 and 4 * k * g > n:
         g //= 2

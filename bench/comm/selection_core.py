@@ -42,8 +42,7 @@ def nonfinite_error() -> ValueError:
 
 
 def host_syncs() -> int:
-    """Host syncs asked for so far: device reads (``host``) and data-dependent shapes
-    (``nonzero``); two readings around a call differ by its count."""
+    """Host syncs so far (device reads and data-dependent shapes): diff two readings."""
     return _SYNCS[0]
 
 
@@ -54,16 +53,14 @@ def host(t: torch.Tensor) -> object:
 
 
 def nonzero(mask: torch.Tensor) -> torch.Tensor:
-    """Indices of the True entries of a mask (1-D: a tensor; else a tuple per dimension);
-    one sync (a data-dependent size)."""
+    """Indices of the True entries of a mask: one sync (a data-dependent size)."""
     _SYNCS[0] += 1
     return torch.nonzero(mask).squeeze(1) if mask.dim() == 1 else torch.nonzero(mask, as_tuple=True)
 
 
 @contextlib.contextmanager
 def deferred_finite(sink: list[torch.Tensor] | None) -> Iterator[None]:
-    """Within the block (on this thread), :func:`raise_unless` appends its flag to ``sink``
-    instead of reading it."""
+    """Within the block (this thread), :func:`raise_unless` hands its flag to ``sink``."""
     prev = getattr(_DEFER, "sink", None)
     _DEFER.sink = sink
     try:

@@ -94,8 +94,7 @@ def _sample_of_sum(flat: Tensor, add: Tensor | None, q_frac: float, sample: int,
 
 
 def _gather(flat: Tensor, cols: Tensor, thr: Tensor, c: int, w: int) -> tuple[Tensor, ...]:
-    """Flat indices and values of the elements ``|x| >= thr`` of the columns ``cols`` of
-    blocks of ``c`` rows of ``w`` columns (column ``q``: block ``q // w``)."""
+    """Flat indices and values of the elements ``|x| >= thr`` of the columns ``cols``."""
     first = cols.div(w, rounding_mode="floor").mul_(c * w - w).add_(cols)  # row 0's element
     idx = (first[:, None] + torch.arange(0, c * w, w, device=flat.device)).view(-1)
     g = flat.index_select(0, idx)
@@ -279,8 +278,7 @@ def _sweep_np(
 
 
 def _expand_words(buf: np.ndarray, flags: np.ndarray, q: np.ndarray, w: int) -> np.ndarray:
-    """Positions in the piece of the false bytes of ``buf`` (two masks of ``w`` bytes) in
-    the words flagged in ``flags`` (``q``: its flagged words)."""
+    """Positions of the false bytes of ``buf`` (two masks) in the flagged words ``q``."""
     e = np.flatnonzero(flags.view(np.uint64)[q].view(bool))
     q = q[e >> 3] * 8 + (e & 7)  # the flagged words of buf
     bits = buf.view(np.uint64)[q]

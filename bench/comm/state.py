@@ -78,8 +78,7 @@ class CommHookState:
         return self.inner is not None
 
     def bind(self, process_group: Any = None) -> "CommHookState":
-        """Bind to ``process_group`` (default: make_hook's, else the world) now, on every
-        rank after ``init_process_group``; a no-op when bound."""
+        """Bind to ``process_group`` (make_hook's, else the world) now, on every rank."""
         if self.inner is not None:
             return self
         if not dist.is_initialized():
@@ -199,8 +198,7 @@ class CommHookState:
 
 
 def _named_key(key: Hashable, names: Mapping[int, str]) -> dict[str, Any]:
-    """A bucket key by parameter names: ``hooks._bucket_key``'s, a hitopk shard's
-    ``(key, "shard")``, or a bare bucket index (PowerSGD's)."""
+    """A bucket key (a hitopk shard's, PowerSGD's bare index) by parameter names."""
     if isinstance(key, int):
         return {"index": key}
     shard = isinstance(key, tuple) and len(key) == 2 and key[1] == "shard"

@@ -96,8 +96,7 @@ def _node_groups(topo: Topology) -> Any:
 
 
 def groups(topo: Topology) -> Groups:
-    """This rank's process groups, made once per default group (``new_group`` is a
-    collective: every rank calls this the first time, with the same topology)."""
+    """This rank's process groups, made once per default group (a collective)."""
     key = (topo.world_size, topo.procs_per_node)
     hit = _CACHE.get(key)
     if hit is not None and hit[0] is dist.group.WORLD:  # the entry holds it: no id reuse

@@ -157,8 +157,7 @@ class FlatBucket:
         return dense_view(flat, self.offsets[i], self.params[i])
 
     def span(self, bi: int, ranges: list[tuple[int, int, int, int]]) -> Span:
-        """The span over ``ranges`` ``(start, end, i, j)``: flat range ``start:end`` holding
-        parameters ``i..j-1`` of one gradient segment each."""
+        """The span over ``ranges``: ``(start, end, i, j)``, parameters ``i..j-1`` each."""
         return Span(
             bucket=bi,
             flat=self,
@@ -216,8 +215,7 @@ class FlatBucket:
                 p.grad = self.seen[k] = g
 
     def check_layout(self, grads: list[torch.Tensor | None]) -> None:
-        """Lay the buffers out after the storages of ``grads`` (:func:`layout.plan`), anew
-        when the order changes (DDP's first step, its bucket rebuild)."""
+        """Lay the buffers out after the storages of ``grads`` (DDP's buckets)."""
         order, lengths = layout.plan(self.params, grads, self.group_ids, self.dtype, self.grad)
         if order != list(range(len(order))):
             self.relayout(order)
@@ -230,8 +228,7 @@ class FlatBucket:
 
     @torch.no_grad()
     def relayout(self, perm: list[int]) -> None:
-        """New buffers whose parameter ``n`` is the old parameter ``perm[n]`` (one copy per
-        parameter); ``p.data`` and the ``p.grad`` that were views follow."""
+        """New buffers whose parameter ``n`` is the old ``perm[n]``; views follow."""
         stale = [k for k, p in enumerate(self.params) if p._version != self.versions[k]]
         self.refresh_masters(stale)  # before the version counters are taken again
         old_offsets, numels, old_views = self.offsets, self.numels, self.grad_views
@@ -266,8 +263,7 @@ class FlatBucket:
             self.on_relayout(perm)
 
     def run_grad(self, i: int, start: int, end: int) -> torch.Tensor:
-        """The gradient of ``start:end`` (parameters from ``i`` on, in one segment): the
-        fp32 upcast, a slice of a DDP bucket, or of ``self.grad``."""
+        """The gradient of ``start:end`` (parameters from ``i`` on, in one segment)."""
         if self.grad32 is not None:
             return self.grad32[start:end]
         s = self.seg_of[i]
@@ -322,8 +318,7 @@ class FlatBucket:
         self.versions = list(map(_version_of, self.params))
 
     def runs(self, has: list[bool], keys: list[Any]) -> list[tuple[int, int, int]]:
-        """``(group, i, j)``: maximal runs of parameters of one group that all have a
-        gradient and the same ``keys`` value (their state's age)."""
+        """``(group, i, j)``: maximal runs with a gradient and one ``keys`` value (age)."""
         out = []
         for gi, _, _, i, j in self.ranges:
             for (ok, _), run in itertools.groupby(zip(has[i:j], keys[i:j])):

@@ -30,8 +30,7 @@ def _dct_cpu(n: int) -> torch.Tensor:
 
 
 def dct_matrix(n: int, device: Any = "cpu", dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The orthonormal DCT-II of length ``n`` as a matrix: ``D @ x`` transforms, ``D.T @ c``
-    inverts."""
+    """The orthonormal DCT-II of length ``n``: ``D @ x`` transforms, ``D.T @ c`` inverts."""
     return _dct_cpu(n).to(device=device, dtype=dtype)
 
 
@@ -137,8 +136,7 @@ class Chunking:
         return out.reshape(self.shape)
 
     def select(self, x: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Each block's ``k`` largest coefficients per chunk: values and indices in the
-        chunk, ``(chunks, k)`` each."""
+        """Each block's ``k`` largest coefficients per chunk: ``(chunks, k)`` values, indices."""
         values, indices = [], []
         for coef, b in zip(self.coefficients(x), self.blocks, strict=True):
             idx = coef.abs().topk(b.k, dim=1, sorted=False).indices

@@ -264,8 +264,7 @@ class FlatOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def sync_master_from_model(self) -> None:
-        """Masters follow the model copy where it was written without them (a load, a
-        broadcast); one that still rounds to it keeps its precision."""
+        """Masters follow the model copy where it was written without them (a load)."""
         for b in self.buckets:
             b.refresh_masters(range(len(b.params)))
 

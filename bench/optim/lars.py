@@ -130,8 +130,7 @@ class FlatLARS(FlatOptimizer):
         self._segments: dict[tuple[int, tuple[tuple[int, int], ...]], torch.Tensor] = {}
 
     def _layer_ids(self, span: Span, sizes: list[int]) -> torch.Tensor:
-        """The layer (0, 1, ... over the span's layers) of every value of ``span`` (int32,
-        built once per layout)."""
+        """The layer index of every value of ``span`` (int32, built once per layout)."""
         key = (span.bucket, tuple(span.where))
         if key not in self._segments:
             dev = span.flat.device
@@ -209,8 +208,7 @@ def _split_entries(xs: list[torch.Tensor], layers: list[list[int]]) -> list[torc
 def _layer_views(
     span: Span,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor] | None, list[int]]:
-    """Per-layer views of the span's values, gradients and momentum, and the layer sizes
-    (kept with the span: built once per layout for the steady state's spans)."""
+    """Per-layer views of the span's values, gradients and momentum, and the layer sizes."""
     if "layers" not in span.cache:
         assert span.layers is not None  # _compact_ok: adapted values are never gathered
         bufs = span.state.get("momentum_buffer")

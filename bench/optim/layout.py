@@ -53,8 +53,7 @@ def plan(
     dtype: torch.dtype,
     own: torch.Tensor,
 ) -> tuple[list[int], list[int]]:
-    """``(order, tile_lengths)``: every tile first, each a run of ``tile_lengths[t]``
-    parameters, then the others by param group."""
+    """``(order, tile_lengths)``: every tile first, then the others by param group."""
     own_ptr = own.untyped_storage().data_ptr()
     by_storage: dict[int, list[tuple[int, int]]] = {}
     for k, (p, g) in enumerate(zip(params, grads, strict=True)):
