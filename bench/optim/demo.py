@@ -21,17 +21,13 @@ from bench.registry import ConfigError
 VALUE_BYTES = 4  # float32 coefficients on the wire
 
 
-@functools.lru_cache(maxsize=32)
-def _dct_cpu(n: int) -> torch.Tensor:
+@functools.lru_cache(maxsize=64)
+def dct_matrix(n: int, device: Any = "cpu", dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The orthonormal DCT-II of length ``n``: ``D @ x`` transforms, ``D.T @ c`` inverts."""
     i = torch.arange(n, dtype=torch.float64)
     d = torch.cos(math.pi * (2 * i[None, :] + 1) * i[:, None] / (2 * n)) * math.sqrt(2.0 / n)
     d[0] /= math.sqrt(2.0)
-    return d
-
-
-def dct_matrix(n: int, device: Any = "cpu", dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The orthonormal DCT-II of length ``n``: ``D @ x`` transforms, ``D.T @ c`` inverts."""
-    return _dct_cpu(n).to(device=device, dtype=dtype)
+    return d.to(device=device, dtype=dtype)
 
 
 @dataclass(frozen=True)
@@ -53,8 +49,7 @@ class Block:
 
     @property
     def chunks(self) -> int:
-        nr, nc = self.grid
-        return nr * nc
+        return math.prod(self.grid)
 
     @property
     def elems(self) -> int:  # of one chunk
@@ -156,7 +151,7 @@ def index_dtype(chunkings: Sequence[Chunking]) -> torch.dtype:
 
 def packet_size(chunkings: Sequence[Chunking]) -> int:
     """Bytes of one worker's packet: float32 values and their indices."""
-    per_pair = VALUE_BYTES + torch.tensor([], dtype=index_dtype(chunkings)).element_size()
+    per_pair = VALUE_BYTES + index_dtype(chunkings).itemsize
     return sum(c.pairs for c in chunkings) * per_pair
 
 
