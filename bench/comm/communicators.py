@@ -1,9 +1,6 @@
-"""Communicators: how a compressed bucket moves between workers (GRACE's third piece).
-
-``AllReduce`` (dense ring allreduce), ``AllGather`` (flat sparse allgather) and ``HiTopK``
-(HiTopKComm, Shi et al., MLSys 2021).  ``reduce`` issues every collective asynchronously
-and returns a future of the averaged bucket without waiting or reading the device, so DDP
-overlaps communication with the backward pass (docs/internals/comm.md).
+"""Communicators, how a compressed bucket moves (GRACE's third piece): ``AllReduce``,
+``AllGather`` (flat sparse) and ``HiTopK`` (HiTopKComm, Shi et al., MLSys 2021).  ``reduce``
+returns a future of the averaged bucket without waiting, so DDP overlaps it with the backward.
 """
 
 from __future__ import annotations
@@ -31,9 +28,8 @@ _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 
 
 def uses_gloo(group: Any, device: torch.device) -> bool:
-    """Whether ``group`` runs collectives of ``device``'s tensors on gloo.  A group made
-    with ``backend="cpu:gloo,cuda:nccl"`` names one backend per device type: its CUDA
-    tensors go to NCCL although the name contains gloo."""
+    """Whether ``group`` runs ``device``'s collectives on gloo (``"cpu:gloo,cuda:nccl"``
+    sends CUDA tensors over NCCL)."""
     backend = str(dist.get_backend(group))
     if ":" not in backend:
         return backend == "gloo"
@@ -62,12 +58,11 @@ class Communicator:
         self.groups = groups
         self.pg = process_group
         self.vdtype = torch_dtype(value_dtype_name)
-        # device bool "input finite" flags of the selections since the hook state took them
-        # (list.append is atomic: callbacks of several process groups' threads append)
+        # device "input finite" flags of the selections not yet taken (list.append is
+        # atomic: callbacks of several process groups' threads append)
         self.flags: list[torch.Tensor] = []
 
     def take_flags(self) -> list[torch.Tensor]:
-        """The finiteness flags noted so far (device tensors, unread); starts a new list."""
         flags, self.flags = self.flags, []
         return flags
 
@@ -80,7 +75,6 @@ class Communicator:
         return self.groups is not None and self.groups.topo.nnodes > 1
 
     def compress(self, flat: torch.Tensor, key: Hashable, density: float) -> Compressed:
-        """What this worker sends for one bucket."""
         comp = self.memory.compensate(flat, key)
         # no host read here: the loop checks the flags once a step
         with deferred_finite(self.flags):
@@ -97,15 +91,13 @@ class Communicator:
         self, key: Hashable, places: list[tuple[int, int, int]], numel: int
     ) -> tuple[Hashable, list[tuple[int, int, int, int]]]:
         """The memory key of bucket ``key``'s residual and the parameters' pieces it holds
-        (``ResidualMemory.pieces``), from the bucket's ``places`` (parameter id, offset,
-        elements) and size: here the bucket's own."""
+        (``ResidualMemory.pieces``), from the bucket's ``places`` and size."""
         return key, [(pid, off, 0, n) for pid, off, n in places]
 
 
 def used_here(*tensors: torch.Tensor) -> None:
-    """Tell the caching allocator that ``tensors``, made on the hook's stream, are read on
-    the current stream (a future callback's pool stream): their memory is not reused before
-    this stream's work on them is done (a no-op on the CPU)."""
+    """Tell the caching allocator that ``tensors``, made on the hook's stream, are used on
+    the current (a callback's) stream: not reused before its work is done."""
     for t in tensors:
         if t.is_cuda:
             t.record_stream(torch.cuda.current_stream(t.device))
@@ -114,8 +106,7 @@ def used_here(*tensors: torch.Tensor) -> None:
 def _scatter_mean(
     flat: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor, world: int, padded: int
 ) -> None:
-    """``flat`` = (sum of the received pairs) / ``world``, summed in float32 or wider
-    (in ``flat`` itself when it is that wide and needs no padding)."""
+    """``flat`` = (sum of the received pairs) / ``world``, summed in float32 or wider."""
     in_place = padded == flat.numel() and widened(flat.dtype) == flat.dtype
     acc = flat.zero_() if in_place else accumulator(flat, padded)
     idx, vals = idx.reshape(-1), vals.reshape(-1).to(acc.dtype)
@@ -185,22 +176,14 @@ class AllGather(Communicator):
 class HiTopK(Communicator):
     sparse = True
 
-    def __init__(
-        self,
-        compressor: Compressor,
-        memory: Memory,
-        groups: Groups | None = None,
-        process_group: Any = None,
-        value_dtype_name: ValueDtype | str = ValueDtype.float32,
-    ) -> None:
-        if groups is None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.groups is None:
             raise ConfigError("hitopk needs a node topology (intra/inter-node process groups)")
-        check_hierarchical(groups.topo.nnodes)
-        if process_group is not None:
+        check_hierarchical(self.groups.topo.nnodes)
+        if self.pg is not None:
             raise ConfigError("hitopk runs on the default (world) process group only")
-        super().__init__(compressor, memory, groups, None, value_dtype_name)
-        # bucket key -> its zero-padded copy (m shards of equal length), reused every step:
-        # the step before has finished with it when DDP calls the hook again
+        # bucket key -> its zero-padded copy (m equal shards), reused every step
         self._padded: dict[Hashable, torch.Tensor] = {}
 
     def reduce(self, flat: torch.Tensor, key: Hashable, density: float, stats: CommStats) -> Future:
@@ -254,8 +237,7 @@ class HiTopK(Communicator):
     def pieces(
         self, key: Hashable, places: list[tuple[int, int, int]], numel: int
     ) -> tuple[Hashable, list[tuple[int, int, int, int]]]:
-        """The residual is of this worker's shard of the (padded) bucket: the parts of the
-        parameters that fall in it."""
+        """The residual is of this worker's shard: the parts of the parameters in it."""
         assert self.groups is not None
         topo = self.groups.topo
         s = -(-numel // topo.procs_per_node)
@@ -270,8 +252,8 @@ class HiTopK(Communicator):
     def _reduce_scatter(
         self, flat: torch.Tensor, s: int, stats: CommStats, key: Hashable
     ) -> tuple[torch.Tensor, Future]:
-        """(1): this worker's shard and the future of its node sum (issued now).  The
-        shard of a float16/bfloat16 bucket is float32: a node sum must not overflow."""
+        """(1): this worker's shard and the future of its node sum (issued now); float32
+        for a 16-bit bucket: a node sum must not overflow."""
         g, times = self.groups, stats.times
         assert g is not None
         m = g.topo.procs_per_node

@@ -1,9 +1,6 @@
-"""Compressors and error-feedback memory: two of GRACE's three pieces of a gradient exchange.
-
-The split follows GRACE (Xu et al., ICDCS 2021): a compressor turns a flat gradient into
-what goes on the wire, a memory decides what is added before compression and kept after
-it, a communicator (``communicators.py``) moves it.  With :class:`ResidualMemory`, old
-residual + gradient == sent wire values + new residual, every call (docs/internals/comm.md).
+"""Compressors and error-feedback memory, two of GRACE's (Xu et al., ICDCS 2021) three
+pieces: a compressor makes what goes on the wire, a memory what is added before and kept
+after.  :class:`ResidualMemory`: old residual + gradient == sent + new residual, every call.
 """
 
 from __future__ import annotations
@@ -32,11 +29,7 @@ def torch_dtype(value_dtype: ValueDtype | str) -> torch.dtype:
 
 @dataclass
 class Compressed:
-    """What one worker contributes for one bucket.
-
-    ``indices is None``: ``values`` is the whole (possibly cast) tensor.  Otherwise
-    ``values[j]`` belongs at flat position ``indices[j]`` of a tensor of ``numel`` elements.
-    """
+    """One worker's bucket: ``values`` at flat positions ``indices`` (None: all of them)."""
 
     values: torch.Tensor
     indices: torch.Tensor | None
@@ -60,8 +53,7 @@ class Compressor:
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint keeps of it (its generators' states; most keep nothing)."""
-        return {}
+        return {}  # its generators' states (most keep nothing)
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         pass
@@ -76,7 +68,7 @@ class NoCompressor(Compressor):
 
 
 class _CastCompressor(Compressor):
-    target: torch.dtype = torch.float16
+    target: torch.dtype
 
     def compress(self, x: torch.Tensor, density: float) -> Compressed:
         return Compressed(to_wire(x, self.target), None, x.numel(), x.dtype)
@@ -96,12 +88,6 @@ class BF16Compressor(_CastCompressor):
     target = torch.bfloat16
 
 
-def _selector_options(selector: str) -> list[str]:
-    """The keyword options of a selector function (``selection.py``), public ones only."""
-    params = list(inspect.signature(SELECTORS[selector]).parameters.values())
-    return [p.name for p in params[2:] if not p.name.startswith("_")]  # after (x, k)
-
-
 class _SparseCompressor(Compressor):
     sparse = True
     selector = "topk"
@@ -119,7 +105,9 @@ class _SparseCompressor(Compressor):
 
     @classmethod
     def allowed_options(cls) -> list[str]:
-        return _selector_options(cls.selector)
+        """The selector function's public keyword options, after ``(x, k)``."""
+        params = list(inspect.signature(SELECTORS[cls.selector]).parameters.values())
+        return [p.name for p in params[2:] if not p.name.startswith("_")]
 
     @classmethod
     def build(cls, opts: HookOptions) -> Compressor:
@@ -194,10 +182,6 @@ class RandomKCompressor(_SparseCompressor):
                 self._generators[torch.device(dev)] = gen
 
 
-# ---------------------------------------------------------------------------------------
-# error-feedback memory
-
-
 class Memory:
     """``compensate`` before compression, ``update`` after it; keyed per bucket."""
 
@@ -212,16 +196,11 @@ class Memory:
     def sweep(self) -> None:
         """Between steps: forget the buckets the last step did not use."""
 
-    def reset(self) -> None:
-        pass
-
     def state_dict(self) -> dict[str, dict[Hashable, torch.Tensor]]:
-        """Its tensors by kind (``residuals``...), each ``{bucket key: tensor}``; keys name
-        parameters by ``id``, which the hook state saves as names (none without memory)."""
+        """Its tensors by kind (``residuals``...), each ``{bucket key: tensor}``."""
         return {}
 
     def load_state_dict(self, sd: Mapping[str, Mapping[Hashable, torch.Tensor]]) -> None:
-        """What :meth:`state_dict` saved, keyed by this process's bucket keys."""
         if any(sd.values()):
             warnings.warn(
                 "saved residuals discarded: this hook keeps no error feedback", stacklevel=2
@@ -234,16 +213,13 @@ class NoMemory(Memory):
 
 @dataclass
 class ResidualMemory(Memory):
-    """Error feedback (Seide et al. 2014; Stich et al. 2018; Karimireddy et al. 2019).
-
-    A residual per bucket key, on the gradient's device (float32 for 16-bit buckets),
-    fused with the selection: ``compensate`` adds the gradient into it and ``update``
-    subtracts the sent wire values, so it holds exactly what was not sent.
-    """
+    """Error feedback (Seide et al. 2014; Karimireddy et al. 2019): a residual per bucket
+    key (float32 for 16-bit buckets) that ``compensate`` adds the gradient into and
+    ``update`` takes the sent wire values off: exactly what was not sent."""
 
     buffers: dict[Hashable, torch.Tensor] = field(default_factory=dict)
     used: set[Hashable] = field(default_factory=set)  # keys compensated since the last sweep
-    discarded: int = 0  # residual elements freed unsent (warned about: :meth:`discard`)
+    discarded: int = 0  # residual elements freed unsent, with a warning
     # DDP lays its buckets out anew after the first step: a residual whose bucket is gone
     # goes on by parameter.  ``pieces``: key -> the parameters' pieces its residual holds
     # (parameter id, offset in the residual, offset in the parameter, elements);
@@ -267,9 +243,8 @@ class ResidualMemory(Memory):
         return buf.add_(x)
 
     def sweep(self) -> None:
-        """Take out the residuals of keys not used since the last sweep (none if nothing
-        was: dense warm-up steps keep them): by parameter into :attr:`pending` where their
-        pieces are known, else discarded."""
+        """Residuals of keys unused since the last sweep (none if nothing was: warm-up
+        steps keep them) go by parameter into :attr:`pending`, else are discarded."""
         if self.used:
             lost = [0, 0]  # buckets, elements
             for k in [k for k in self.buffers if k not in self.used]:
@@ -283,17 +258,14 @@ class ResidualMemory(Memory):
         self.used = set()
 
     def carry(self, flat: torch.Tensor, places: list[tuple[int, int, int]]) -> None:
-        """Add the pending residual of each parameter of a bucket (``places``: parameter
-        id, offset in ``flat``, elements) into its gradient ``flat``: compensated with it,
-        what an old bucket did not send is sent or kept as before."""
+        """Add the pending residuals of a bucket's parameters (``places``) into ``flat``."""
         for pid, off, _ in places:
             for at, v in self.pending.pop(pid, ()):
                 flat[off + at : off + at + v.numel()].add_(v.to(flat.dtype))
 
     def discard(self, numel: int, why: str) -> None:
-        """Count ``numel`` residual elements given up, with a warning: unsent gradient is
-        lost (DDP rebuilding its buckets after a first sparse step does this: a dense
-        first step, ``warmup_steps >= 1``, avoids it)."""
+        """Count ``numel`` residual elements given up, with a warning: unsent gradient lost
+        (as when DDP rebuilds its buckets after a sparse first step; warmup_steps >= 1)."""
         self.discarded += numel
         warnings.warn(
             f"error feedback: discarded {numel} residual elements ({why}); {self.discarded} in all",
@@ -309,20 +281,12 @@ class ResidualMemory(Memory):
             # buf[idx] -= sent; equals 0 for float32 values, the rounding error for fp16
             buf.index_put_((c.indices,), -c.values.to(buf.dtype), accumulate=True)
 
-    def reset(self) -> None:
-        self.buffers.clear()
-        self.used = set()
-        self.pieces.clear()
-        self.places.clear()
-        self.pending.clear()
-
     def state_dict(self) -> dict[str, dict[Hashable, torch.Tensor]]:
         return {"residuals": self.buffers}
 
     def load_state_dict(self, sd: Mapping[str, Mapping[Hashable, torch.Tensor]]) -> None:
-        """Residuals saved by :meth:`state_dict`; a bucket whose key, shape, dtype or device
-        no longer matches starts from zero (as after DDP rebuilt its buckets).  What was
-        used before is forgotten: the next sweep must not free the residuals just loaded."""
+        """Residuals by this process's bucket keys (a bucket that no longer matches starts
+        from zero); ``used`` is cleared: the next sweep must not free them."""
         self.buffers = {k: b.clone() for k, b in sd.get("residuals", {}).items()}
         self.used = set()
         self.pending.clear()  # what the state before the load carried over is not this one's

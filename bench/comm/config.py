@@ -1,9 +1,5 @@
-"""The hooks' options (:class:`HookOptions`) and the ``comm`` config group's schema.
-
-:class:`HookOptions` is the one list of what a hook can be told: ``make_hook``'s keywords,
-checked on construction.  :class:`CommConfig` (conf/comm/*.yaml) holds the same options
-under the same names, beside what only a training run needs; :meth:`HookOptions.of`
-takes them from it.
+"""The hooks' options (:class:`HookOptions`, ``make_hook``'s keywords, checked) and the
+``comm`` config group's schema (:class:`CommConfig`: the same names, and a run's schedule).
 """
 
 from __future__ import annotations
@@ -65,8 +61,7 @@ def parse(kind: type[C], value: str, what: str) -> C:
 
 @dataclass(frozen=True)
 class HookOptions:
-    """``make_hook``'s options, converted to their types and checked on construction; its
-    errors name them as ``make_hook``'s keywords (:meth:`of` retells them as config keys)."""
+    """``make_hook``'s options, converted to their types and checked on construction."""
 
     density: float = 0.01  # fraction of each bucket's elements sent, in (0, 1] (top-k family)
     error_feedback: bool = True  # keep what is not sent and add it to the next step
@@ -104,8 +99,7 @@ class HookOptions:
 
     @classmethod
     def of(cls, cfg: Any, **more: Any) -> HookOptions:
-        """The options that ``cfg`` (a ``comm`` config) holds by name, and ``more``; an
-        error names the config's keys."""
+        """The options a ``comm`` config holds, and ``more``; errors name config keys."""
         own = {f.name: getattr(cfg, f.name) for f in fields(cls) if hasattr(cfg, f.name)}
         try:
             return cls(**{**own, **more})
@@ -114,8 +108,7 @@ class HookOptions:
 
     @classmethod
     def checked(cls, options: dict[str, Any]) -> HookOptions:
-        """``make_hook``'s keywords as options; a misspelt one is a TypeError naming the
-        closest option and listing them all."""
+        """``make_hook``'s keywords as options; a misspelt one is a TypeError."""
         known = [f.name for f in fields(cls)]
         for k in options:
             if k not in known:
@@ -127,7 +120,7 @@ class HookOptions:
         return cls(**options)
 
 
-#: the suite's words for what a hook's errors say in make_hook's (its config keys)
+#: make_hook's words in a hook's errors -> the suite's (its config keys)
 _SUITE_WORDS = {
     "run it on 2 or more nodes": "use cluster.nnodes=2",
     "use mstopk on one node": "comm=mstopk on one node",
@@ -135,8 +128,8 @@ _SUITE_WORDS = {
 
 
 def config_keys(e: ConfigError) -> ConfigError:
-    """A hook's error (it names ``make_hook``'s keywords) in the suite's config keys
-    (``procs_per_node=1`` -> ``comm.procs_per_node=1``), for the checks before a run."""
+    """A hook's error in the suite's config keys (``procs_per_node=1`` ->
+    ``comm.procs_per_node=1``), for the checks before a run."""
     msg = str(e)
     for words, keys in _SUITE_WORDS.items():
         msg = msg.replace(words, keys)
@@ -146,9 +139,8 @@ def config_keys(e: ConfigError) -> ConfigError:
 
 @dataclass
 class CommConfig:
-    """The ``comm`` group: a hook name, the :class:`HookOptions` it trains with (same
-    names and meanings; ``timing`` off: each CUDA event costs a record and a read), and
-    the run's schedule around it."""
+    """The ``comm`` group: a hook name, its :class:`HookOptions` (``timing`` off: each
+    CUDA event costs a record and a read) and the run's schedule around it."""
 
     name: str = "dense"  # a key of bench.comm.HOOKS
     density: float = 0.01

@@ -1,10 +1,6 @@
-"""Bytes of gradient aggregation: the project's one cost function.
-
-Every figure of bytes (the hooks' statistics, ``bench comm``, the emulated cluster's
-predictions, the performance model, the README) comes from here: per exchange, the stages
-of one bucket's exchange among ``n`` nodes of ``m`` workers, each with the bytes a worker
-sends, the bytes leaving a node over its link, and its message steps; which exchange a
-method runs is its spec's (bench/methods/; docs/internals/comm.md).
+"""Bytes of gradient aggregation, the project's one cost function: the stages of one
+bucket's exchange among ``n`` nodes of ``m`` workers, each with the bytes a worker sends,
+the bytes leaving a node over its link and its message steps (docs/internals/comm.md).
 """
 
 from __future__ import annotations
@@ -40,7 +36,6 @@ class Traffic:
 
     @property
     def link_bytes(self) -> float:
-        """Bytes leaving each node over its link (what a slow inter-node link charges)."""
         return sum(s.link_bytes for s in self.stages)
 
     def __add__(self, other: Traffic) -> Traffic:
@@ -73,8 +68,7 @@ def allreduce(
 
 def hierarchical_allreduce(numel: int, n: int, m: int, elem_bytes: int = 4) -> Traffic:
     """NCCL's hierarchical allreduce: intra-node reduce-scatter, inter-node ring allreduce
-    of each worker's ``1/m`` shard among the ``n`` workers of its local rank (the node's
-    ``m`` rings share its link), intra-node allgather."""
+    of each ``1/m`` shard (the node's ``m`` rings share its link), intra-node allgather."""
     shard = -(-numel // m) * elem_bytes
     intra = (m - 1) * shard
     inter = 2 * (n - 1) / n * shard
@@ -95,8 +89,7 @@ def allgather(packet: int, n: int, m: int, name: str = "allgather") -> Traffic:
 
 
 def demo(packet: int, n: int, m: int) -> Traffic:
-    """DeMo's step (bench/optim/demo.py): every worker's ``packet`` of (index, value)
-    pairs to every worker in one flat ring allgather."""
+    """DeMo's step (bench/optim/demo.py): one flat ring allgather of every ``packet``."""
     return allgather(packet, n, m, "demo_allgather")
 
 
@@ -108,16 +101,14 @@ def flat_topk(numel: int, density: float, n: int, m: int, value_bytes: int = 4) 
 def hitopk(
     numel: int, density: float, n: int, m: int, elem_bytes: int = 4, value_bytes: int = 4
 ) -> Traffic:
-    """HiTopKComm's three stages (see the module docstring)."""
+    """HiTopKComm's three stages."""
     shard = -(-numel // m)
     pkt = packet_bytes(k_for(shard, density), shard, value_bytes)
     return hitopk_stages(shard * m * elem_bytes, pkt, n, m)
 
 
 def hitopk_stages(bucket_bytes: float, packet: int, n: int, m: int) -> Traffic:
-    """HiTopKComm's stages for a (padded) bucket of ``bucket_bytes`` and ``packet``-byte
-    packets: intra-node reduce-scatter, inter-node allgather (the node's ``m`` workers at
-    once on its link), intra-node allgather."""
+    """HiTopKComm's stages for a (padded) bucket of ``bucket_bytes``; ``m`` at once on a link."""
     stages = []
     if m > 1:
         rs = (m - 1) / m * bucket_bytes

@@ -1,8 +1,6 @@
-"""Future plumbing of the asynchronous hooks: timed collectives and ordered stages.
-
-Every collective is issued with ``async_op=True`` and what follows runs in its future's
-callbacks (as PyTorch's PowerSGD hook chains its allreduces).  A :class:`Lane` keeps the
-collectives that callbacks issue on one process group in bucket order on every worker.
+"""Future plumbing of the asynchronous hooks: collectives issued with ``async_op=True``,
+timed, what follows in their callbacks, and :class:`Lane`, which keeps the collectives that
+callbacks issue on one process group in bucket order on every worker.
 """
 
 from __future__ import annotations
@@ -42,28 +40,20 @@ def forward(src: Future, dst: Future, value: Callable[[Any], Any] = lambda v: v)
     src.add_done_callback(copy)
 
 
-def on_device(src: Future, like: torch.Tensor) -> Future:
-    """``src`` as a CUDA-aware future on ``like``'s device."""
-    dst = new_future(like)
-    forward(src, dst)
-    return dst
-
-
 def collective(
     stats: CommStats,
     like: torch.Tensor,
     issue: Callable[[], Any],
     then: Callable[[Future], Any] | None = None,
 ) -> Future:
-    """Issue one async collective (``issue()`` returns its Work) and time it for ``stats``:
-    the interval from the issue to the completion callback (:mod:`bench.comm.stats`),
-    including ``then``, the local part of a collective made of others (its result is the
-    future's value)."""
+    """Issue one async collective (``issue()`` returns its Work), timed for ``stats`` from
+    the issue to the completion callback, ``then`` (its local part) included."""
     times = stats.times
     start = times.now(like)
     fut = issue().get_future()
-    if like.is_cuda:
-        fut = on_device(fut, like)
+    if like.is_cuda:  # a CUDA-aware future on like's device
+        src, fut = fut, new_future(like)
+        forward(src, fut)
     if then is not None:
         fut = fut.then(then)
 
@@ -82,8 +72,7 @@ class Lane:
         self._last.set_result(None)
 
     def after(self, ready: Future, issue: Callable[[Any], Future], like: torch.Tensor) -> Future:
-        """``issue(ready's value)`` once ``ready`` completed and the lane's previous stage was
-        issued; the returned future completes with the future ``issue`` returns."""
+        """``issue(ready's value)`` once ``ready`` is done and the lane's stage before issued."""
         out = new_future(like)
         turn: Future = Future()
         prev, self._last = self._last, turn

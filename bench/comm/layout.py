@@ -1,13 +1,11 @@
-"""Bucket layouts by parameter name, and the exact replay of a saved layout.
-
-A hook's state is positional in DDP's buckets, which DDP lays out anew after a restart.
-:class:`Replay` regroups the gradients of DDP's present buckets into the saved layout,
-reduces those and copies the results back, so a resumed run continues bit for bit
-(docs/internals/comm.md).
+"""Bucket layouts by parameter name, and the exact replay of a saved layout: a hook's
+state is positional in DDP's buckets, which DDP lays out anew after a restart, so
+:class:`Replay` reduces the gradients regrouped into the saved buckets (bit for bit).
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -17,7 +15,17 @@ import torch
 
 from bench.comm.futures import Future, new_future
 
-__all__ = ["BucketLayout", "Layout", "Replay", "describe"]
+__all__ = ["BucketLayout", "Layout", "Replay", "describe", "places"]
+
+
+def places(bucket: Any) -> list[tuple[int, int, int]]:
+    """(parameter id, element offset in the bucket's buffer, elements) of its parameters."""
+    buf = bucket.buffer()
+    es = buf.element_size()
+    return [
+        (id(p), (g.data_ptr() - buf.data_ptr()) // es, g.numel())
+        for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True)
+    ]
 
 
 @dataclass(frozen=True)
@@ -55,30 +63,24 @@ Layout = list[BucketLayout]
 
 
 def describe(bucket: Any, names: Mapping[int, str]) -> BucketLayout:
-    """The layout of a DDP bucket (``names``: parameter id -> name).  The offsets are read
-    from the gradient views into the bucket's buffer, so any gap DDP leaves is kept."""
-    buf = bucket.buffer()
-    es = buf.element_size()
+    """The layout of a DDP bucket (``names``: parameter id -> name), with any gap DDP leaves."""
     params = bucket.parameters()
     if any(id(p) not in names for p in params):
         raise ValueError(
             "DDP reduces parameters of another model than the hook state's: give it the "
             "DDP's model (make_hook(..., model=) or state.set_model())"
         )
-    grads = bucket.gradients()
-    offsets = tuple((g.data_ptr() - buf.data_ptr()) // es for g in grads)
     return BucketLayout(
         bucket.index(),
         tuple(names[id(p)] for p in params),
-        offsets,
+        tuple(off for _, off, _ in places(bucket)),
         tuple(tuple(p.shape) for p in params),
-        buf.numel(),
+        bucket.buffer().numel(),
     )
 
 
 class _SavedBucket:
-    """A bucket of the saved layout, with the methods of ``dist.GradBucket`` that the hooks
-    (and PyTorch's PowerSGD hook) call."""
+    """A bucket of the saved layout: the methods of ``dist.GradBucket`` the hooks call."""
 
     def __init__(
         self, lay: BucketLayout, buf: torch.Tensor, params: list[torch.Tensor], last: bool
@@ -91,15 +93,12 @@ class _SavedBucket:
     def buffer(self) -> torch.Tensor:
         return self.buf
 
-    def set_buffer(self, buf: torch.Tensor) -> None:
-        self.buf = buf
-
     def gradients(self) -> list[torch.Tensor]:
-        out = []
-        for off, shape in zip(self.lay.offsets, self.lay.shapes, strict=True):
-            n = _numel(shape)
-            out.append(self.buf[off : off + n].view(shape))
-        return out
+        lay = self.lay
+        return [
+            self.buf[off : off + math.prod(shape)].view(shape)
+            for off, shape in zip(lay.offsets, lay.shapes, strict=True)
+        ]
 
     def parameters(self) -> list[torch.Tensor]:
         return self.params
@@ -108,23 +107,12 @@ class _SavedBucket:
         return self.last
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
 class _Present:
     """One of DDP's buckets of this step: its buffer, its parameters' places, its future."""
 
     def __init__(self, bucket: Any) -> None:
         self.buf = bucket.buffer()
-        es = self.buf.element_size()
-        self.place = {
-            id(p): (g.data_ptr() - self.buf.data_ptr()) // es
-            for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True)
-        }
+        self.place = {pid: off for pid, off, _ in places(bucket)}
         self.pending = 0  # saved buckets not yet reduced that cover some of its parameters
         self.fut = new_future(self.buf)
 
@@ -133,10 +121,7 @@ class Replay:
     """Reduces DDP's buckets in a saved layout (module docstring)."""
 
     def __init__(
-        self,
-        layout: Layout,
-        params: Mapping[str, torch.Tensor],
-        hook: Callable[[Any], Future],
+        self, layout: Layout, params: Mapping[str, torch.Tensor], hook: Callable[[Any], Future]
     ) -> None:
         missing = sorted({n for b in layout for n in b.names} - set(params))
         if missing:
@@ -204,7 +189,7 @@ class Replay:
         buf = first.buf.new_zeros(lay.size)
         pieces = []
         for p, off, shape, o in zip(params, lay.offsets, lay.shapes, owners, strict=True):
-            n, src = _numel(shape), o.place[id(p)]
+            n, src = math.prod(shape), o.place[id(p)]
             buf[off : off + n].copy_(o.buf[src : src + n])
             pieces.append((o, src, off, n))
         uniq = list({id(o): o for o in owners}.values())

@@ -1,9 +1,5 @@
-"""Triton kernels for MSTopK on CUDA: ``tiled``'s radix path (:func:`radix_topk`), and
-``paper``'s threshold search.
-
-Imported only on the CUDA path (:func:`bench.comm.selection_core.triton_run`);
-:data:`AVAILABLE` is False without Triton and the callers fall back to torch
-(docs/internals/comm.md).
+"""Triton kernels for MSTopK on CUDA: ``tiled``'s radix path (:func:`radix_topk`) and
+``paper``'s threshold search; without Triton (:data:`AVAILABLE`) the callers use torch.
 """
 
 from __future__ import annotations
@@ -77,8 +73,8 @@ if AVAILABLE:
 
 
 def guarded(name: str, forced: bool, call: Callable[[Any], Any], broken: dict[str, str]) -> Any:
-    """``call(this module)``; on failure (import, compile, launch) raise when ``forced``, else
-    record ``broken[name]``, warn once and return None (the caller uses torch)."""
+    """``call(this module)``; on failure raise when ``forced``, else record ``broken[name]``,
+    warn once and return None (the caller uses torch)."""
     try:
         if not AVAILABLE:
             raise RuntimeError("triton is not importable")
@@ -94,8 +90,7 @@ def guarded(name: str, forced: bool, call: Callable[[Any], Any], broken: dict[st
 
 
 def _on(device: torch.device) -> contextlib.AbstractContextManager:
-    """Make ``device`` current: Triton launches on the current CUDA device (a CPU tensor only
-    runs under Triton's interpreter, in tests)."""
+    """Make ``device`` current: Triton launches on the current CUDA device."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
@@ -297,8 +292,7 @@ if AVAILABLE:
 
 
 def group_size(n: int, k: int, itemsize: int) -> int:
-    """Elements per group: :data:`GROUP_BYTES` of them, fewer (a power of two, at least 1)
-    where ``k`` groups of them would hold more than a quarter of ``n``."""
+    """Elements per group: :data:`GROUP_BYTES`, halved while k groups exceed n / 4."""
     g = GROUP_BYTES // itemsize
     while g > 1 and 4 * k * g > n:
         g //= 2
@@ -321,11 +315,9 @@ def radix_topk(
     flat: torch.Tensor, k: int, add: torch.Tensor | None = None, started: list | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(values, int64 indices, finite)`` of the ``k`` largest ``|flat|`` (``0 < k < n``),
-    exact (ties broken in no fixed order), in no fixed order; ``finite``: a 0-dim bool
-    device tensor, False when ``flat`` holds NaN or Inf (the selection is then of no use).
-    ``add`` (flat, ``flat``'s size): ``flat += add`` first, in the same read.  Every shape
-    follows from ``(n, k, dtype)``, nothing is read back: it can be captured in a CUDA graph.
-    ``started`` (a list): gets True appended once ``flat`` may have been changed."""
+    exact, in no fixed order; ``finite``: a 0-dim bool device tensor, False for NaN or
+    Inf.  ``flat += add`` first, in the same read.  Nothing is read back (CUDA-graph safe);
+    ``started`` gets True appended once ``flat`` may have been changed."""
     if not AVAILABLE:
         raise RuntimeError("triton is not importable")
     n = flat.numel()

@@ -1,11 +1,6 @@
-"""Where a sparse method compresses: the raw gradient, DGC's velocity or Adam's momentum.
-
-``grad`` is the hooks' own behaviour (no object here).  ``grad+dgc`` is Deep Gradient
-Compression's momentum correction and momentum-factor masking (Lin et al., ICLR 2018): the
-hook takes SGD's momentum and weight decay over and compresses the accumulated velocity.
-``update`` is 1-bit Adam's placement (Tang et al., ICML 2021) with top-k as the compressor:
-after a dense warm-up Adam's variance is frozen and the hook compresses the momentum, with
-error feedback on it.  The design and its sources: docs/algorithms.md, section 8.
+"""Where a sparse method compresses: the raw gradient (``grad``, the hooks' own), DGC's
+velocity (``grad+dgc``, Lin et al., ICLR 2018) or, after a dense warm-up froze Adam's
+variance, its momentum (``update``, 1-bit Adam's, Tang et al., ICML 2021); docs/algorithms.md.
 """
 
 from __future__ import annotations
@@ -18,6 +13,7 @@ import torch
 
 from bench.comm.compressors import Compressed, ResidualMemory
 from bench.comm.config import Placement
+from bench.comm.layout import places
 from bench.comm.wire import widened
 from bench.registry import ConfigError
 
@@ -38,8 +34,8 @@ def check(
     error_feedback: bool = True,
     warmup: int = 1,
 ) -> None:
-    """Refuse a placement the run cannot train with (ConfigError, one line): ``optim`` is
-    the ``optim`` config, ``warmup`` the dense warm-up (epochs or steps, > 0 if any)."""
+    """Refuse a placement the run cannot train with (ConfigError): ``optim`` is the
+    ``optim`` config, ``warmup`` the dense warm-up (epochs or steps)."""
     p = Placement(str(placement))
     if p is Placement.grad:
         return
@@ -73,10 +69,8 @@ def check(
 
 @dataclass
 class DGCMemory(ResidualMemory):
-    """DGC's local accumulation, as error feedback: per bucket key a momentum ``u`` and the
-    velocity ``v`` (the residual).  ``compensate`` adds the momentum-corrected gradient
-    to ``v``; ``update`` takes the sent values off ``v`` (velocity + corrected gradient
-    == sent + new velocity, every call) and clears the sent coordinates' ``u``
+    """DGC's local accumulation as error feedback: per bucket key a momentum ``u`` and the
+    velocity (the residual); ``update`` also clears the sent coordinates' ``u``
     (momentum-factor masking)."""
 
     momentum: float = 0.0
@@ -85,8 +79,7 @@ class DGCMemory(ResidualMemory):
     moved: set[Hashable] = field(default_factory=set)  # keys given momentum since the sweep
 
     def corrected(self, x: torch.Tensor, key: Hashable) -> torch.Tensor:
-        """``u = m u + x``; the step's direction ``x + m u`` (Nesterov) or ``u``: torch's
-        SGD momentum (no dampening), in the same operations."""
+        """``u = m u + x``; then ``x + m u`` (Nesterov) or ``u``, as torch's SGD computes."""
         u = self.momenta.get(key)
         if u is None or u.shape != x.shape or u.device != x.device:
             u = self.momenta[key] = torch.zeros_like(x, dtype=widened(x.dtype))
@@ -109,11 +102,6 @@ class DGCMemory(ResidualMemory):
         self.moved = set()
         super().sweep()
 
-    def reset(self) -> None:
-        super().reset()
-        self.momenta.clear()
-        self.moved = set()
-
     def state_dict(self) -> dict[str, dict[Hashable, torch.Tensor]]:
         return {**super().state_dict(), "momenta": self.momenta}
 
@@ -123,9 +111,8 @@ class DGCMemory(ResidualMemory):
 
 
 class DGC:
-    """``grad+dgc``: takes SGD's momentum and weight decay over (:meth:`bind`); the hook
-    adds the weight decay to each bucket and applies the momentum in :class:`DGCMemory`,
-    and the optimizer steps with the averaged sparse velocity, without its own momentum."""
+    """``grad+dgc``: the hook takes SGD's momentum and weight decay over (:meth:`bind`,
+    :class:`DGCMemory`); the optimizer steps with the averaged sparse velocity."""
 
     def __init__(self, memory: DGCMemory) -> None:
         self.memory = memory
@@ -134,8 +121,8 @@ class DGC:
         self.places: dict[Hashable, list[tuple[int, int, int]]] = {}
 
     def bind(self, optimizer: torch.optim.Optimizer) -> None:
-        """Take the momentum, Nesterov flag and weight decays of ``optimizer`` (an SGD) and
-        leave it a plain ``p -= lr * grad``: its groups get momentum 0, weight decay 0."""
+        """Take ``optimizer``'s (an SGD's) momentum, Nesterov flag and weight decays; it is
+        left a plain ``p -= lr * grad``."""
         groups = optimizer.param_groups
         if any("momentum" not in g or "nesterov" not in g for g in groups):
             raise ConfigError("comm.placement=grad+dgc needs an SGD optimizer (optim=sgd)")
@@ -150,18 +137,14 @@ class DGC:
             g.update(momentum=0.0, nesterov=False, weight_decay=0.0)
 
     def before(self, state: Any, bucket: Any, key: Hashable, dense: bool) -> bool:
-        """Weight decay into the bucket; a dense bucket (warm-up, small, density 1) gets
-        the plain momentum step here, a sparse one in the memory.  Returns ``dense``."""
+        """Weight decay into the bucket; a dense bucket's momentum step here, a sparse one's
+        in the memory.  Returns ``dense``."""
         if self.decay is None:
             raise RuntimeError("comm.placement=grad+dgc: bind the optimizer first (attach)")
         buf = bucket.buffer()
         grads, params = bucket.gradients(), bucket.parameters()
         if key not in self.places:
-            es = buf.element_size()
-            self.places[key] = [
-                (id(p), (g.data_ptr() - buf.data_ptr()) // es, g.numel())
-                for g, p in zip(grads, params, strict=True)
-            ]
+            self.places[key] = places(bucket)
         self._regroup(key, buf)
         for g, p in zip(grads, params, strict=True):
             wd = self.decay.get(id(p), 0.0)
@@ -175,9 +158,8 @@ class DGC:
         return True
 
     def _regroup(self, key: Hashable, buf: torch.Tensor) -> None:
-        """DDP regroups its buckets after the first step: a new bucket's momentum is
-        gathered, parameter by parameter, from the buckets that held it before (the
-        velocity is not: like every residual it goes, see ``ResidualMemory.sweep``)."""
+        """A bucket DDP regrouped gathers its momentum by parameter from the buckets that
+        held it (the velocity goes by ``ResidualMemory.sweep``)."""
         mom = self.memory.momenta
         if key in mom:
             return
@@ -198,11 +180,9 @@ class DGC:
 
 
 class FrozenVariance:
-    """``update``: Adam's momentum is what the hook sends once the warm-up is over.  Each
-    worker's bucket becomes ``lerp(m, g, 1 - beta1)`` of the shared momentum ``m`` (the
-    optimizer's ``exp_avg``), compressed with error feedback on it; the optimizer's groups
-    are marked :data:`FROZEN`, so its step takes ``p.grad`` as the averaged momentum and
-    keeps the variance of the warm-up (``bench.optim.adam.frozen_variance_step``)."""
+    """``update``: after the warm-up each bucket becomes ``lerp(exp_avg, g, 1 - beta1)``,
+    compressed with error feedback; the groups marked :data:`FROZEN` make the optimizer
+    step with ``p.grad`` as the momentum (``bench.optim.adam.frozen_variance_step``)."""
 
     def __init__(self) -> None:
         self.optimizer: torch.optim.Optimizer | None = None
@@ -217,7 +197,7 @@ class FrozenVariance:
         self.optimizer = optimizer
 
     def group_of(self, p: torch.Tensor) -> dict:
-        """The param group of ``p`` (loading a state dict replaces the group dicts)."""
+        """The param group of ``p`` (a loaded state dict replaces the group dicts)."""
         assert self.optimizer is not None
         groups = self.optimizer.param_groups
         ids = [id(g) for g in groups]
@@ -226,7 +206,6 @@ class FrozenVariance:
         return self._groups[1][id(p)]
 
     def freeze(self) -> None:
-        """Mark every group frozen at its parameters' step count (once)."""
         opt = self.optimizer
         assert opt is not None
         for g in opt.param_groups:
@@ -253,8 +232,7 @@ class FrozenVariance:
 
 
 def make(placement: Placement | str, error_feedback: bool) -> tuple[Any, ResidualMemory | None]:
-    """The placement object of a sparse hook (None for ``grad``) and the memory it needs
-    (None: the hook's own choice)."""
+    """The placement object (None for ``grad``) and the memory it needs (None: any)."""
     p = Placement(str(placement))
     if p is Placement.grad_dgc:
         if not error_feedback:

@@ -1,10 +1,7 @@
-"""Top-k selection by magnitude: exact ``torch.topk``, MSTopK and its variants, random-k.
-
-Every selector ``f(x, k, **options)`` returns exactly ``min(k, numel)`` unique int64
-indices into ``x.flatten()`` and their signed values, on CPU and CUDA, for any float dtype;
-NaN or Inf in ``x`` raise ValueError.  MSTopK (Shi et al., MLSys 2021; docs/algorithms.md)
-finds a magnitude threshold by counting instead of sorting: ``mstopk(x, k, method=...)``
-with ``tiled`` (``selection_tiled.py``), ``sampled``, ``hist`` or ``paper``.
+"""Top-k selection by magnitude: ``torch.topk``, MSTopK (Shi et al., MLSys 2021: a
+threshold found by counting, not sorting) and its variants, random-k.  Every selector
+``f(x, k, **options)`` returns ``min(k, numel)`` unique int64 indices into ``x.flatten()``
+and their values, for any float dtype; NaN or Inf in ``x`` raise ValueError.
 """
 
 from __future__ import annotations
@@ -18,8 +15,7 @@ from bench.comm import selection_tiled
 from bench.comm.config import MSTopKMethod, parse
 from bench.comm.selection_core import (  # noqa: F401 - host_syncs, _TRITON_BROKEN: public here
     _TRITON_BROKEN,
-    check_float,
-    check_k,
+    checked,
     exact,
     host,
     host_syncs,
@@ -32,16 +28,13 @@ from bench.comm.selection_core import (  # noqa: F401 - host_syncs, _TRITON_BROK
 )
 from bench.registry import ConfigError
 
-MSTOPK_METHODS = tuple(MSTopKMethod.values())  # ("tiled", "sampled", "hist", "paper")
-
-# Below this many elements a sort is as fast as anything else and always exact.
-SMALL_NUMEL = 1 << 15
+MSTOPK_METHODS = tuple(MSTopKMethod.values())
+SMALL_NUMEL = 1 << 15  # below this a sort is as fast as anything and exact
 
 
 def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact top-k by magnitude through ``torch.topk`` (the baseline)."""
-    flat = check_float(x)
-    k = check_k(k)
+    flat, k = checked(x, k)
     return trivial(flat, k) or exact(flat, k)
 
 
@@ -49,8 +42,7 @@ def randomk(
     x: torch.Tensor, k: int, generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``k`` indices drawn uniformly without replacement (magnitude-blind control)."""
-    flat = check_float(x)
-    k = check_k(k)
+    flat, k = checked(x, k)
     t = trivial(flat, k)
     if t is not None:
         return t
@@ -61,42 +53,18 @@ def randomk(
 
 
 def _paper(flat: torch.Tensor, k: int, iters: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """MSTopK as published: N counting passes, keep above thres1, fill from the band."""
+    """MSTopK as published: ``iters`` counting passes, all above thres1, then the band."""
     a = flat.abs().float()
-    u, m = host(torch.stack([a.max(), a.mean()]))
-    if not math.isfinite(u):
+    hi = a.amax()
+    if not math.isfinite(host(hi)):
         raise nonfinite_error()
-    mask = torch.empty_like(a, dtype=torch.bool)
-
-    def count(thr: float) -> int:
-        torch.ge(a, thr, out=mask)
-        return host(torch.count_nonzero(mask))
-
-    base = m if count(m) > k else 0.0  # k above the mean: search [0, max] instead
-    lo, hi_r = 0.0, 1.0
-    k1, thres1 = 0, math.inf  # largest count <= k and its threshold
-    k2, thres2 = a.numel(), base  # smallest count > k and its threshold
-    for _ in range(iters):
-        ratio = (lo + hi_r) / 2
-        thr = base + ratio * (u - base)
-        nnz = count(thr)
-        if nnz <= k:
-            hi_r = ratio
-            if nnz > k1 or thres1 == math.inf:
-                k1, thres1 = nnz, thr
-        else:
-            lo = ratio
-            if nnz < k2:
-                k2, thres2 = nnz, thr
-        if nnz == k:
-            break
-    sure = nonzero(a >= thres1) if k1 > 0 else a.new_empty(0, dtype=torch.long)
-    sure = sure[:k]
+    thres1, thres2 = host(torch.stack(_paper_search(a, hi, k, iters)))
+    sure = nonzero(a >= thres1)[:k]  # thres1: the largest count <= k
     rest = k - sure.numel()
     if rest > 0:
         band = nonzero((a >= thres2) & (a < thres1))[:rest]
         if band.numel() < rest:  # degenerate thresholds (e.g. all equal): anything unused
-            used = torch.zeros_like(mask)
+            used = torch.zeros_like(a, dtype=torch.bool)
             used[sure] = True
             used[band] = True
             band = torch.cat([band, nonzero(~used)[: rest - band.numel()]])
@@ -107,8 +75,8 @@ def _paper(flat: torch.Tensor, k: int, iters: int) -> tuple[torch.Tensor, torch.
 def _paper_search(
     a: torch.Tensor, hi: torch.Tensor, k: int, iters: int
 ) -> tuple[torch.Tensor, ...]:
-    """:func:`_paper`'s search on 0-dim device tensors, every iteration run (frozen once a
-    count hits k): ``(thres1, thres2)``, the same as the CPU loop's."""
+    """``paper``'s search on 0-dim tensors, every iteration run (frozen once a count hits
+    k): ``(thres1, thres2)``, the largest count <= k and the smallest > k."""
     u, m = hi.double(), a.mean().double()
     mask = torch.empty_like(a, dtype=torch.bool)
 
@@ -139,8 +107,7 @@ def _paper_dev(
     flat: torch.Tensor, k: int, iters: int, kernel: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``paper`` with one sync: the search (Triton or torch), one compaction of
-    ``a >= thres2``, a top-k over a key ranking ``a >= thres1`` first, then the band in
-    index order."""
+    ``a >= thres2``, a top-k ranking ``a >= thres1`` first, then the band in index order."""
     a = flat.abs().float()
     hi = a.amax()
     finite = torch.isfinite(hi)
@@ -173,11 +140,17 @@ def mstopk(
     _device_path: bool | None = None,
     _add: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Approximate-threshold top-k by magnitude (MSTopK); see the module docstring."""
-    flat = check_float(x)
-    k = check_k(k)
+    """Top-k by magnitude through a threshold search (MSTopK); see the module docstring."""
+    flat, k = checked(x, k)
     method = parse(MSTopKMethod, method, "mstopk method")
-    _check_options(flat, iters, sample, margin, tiles, bins, kernel)
+    if iters < 1 or sample < 1 or margin < 1.0 or tiles < 1:
+        raise ConfigError("mstopk needs iters >= 1, sample >= 1, margin >= 1, tiles >= 1")
+    if not (512 <= bins <= 1 << 24) or bins & (bins - 1):
+        raise ConfigError(f"mstopk bins must be a power of two from 512 to 2**24, got {bins}")
+    if kernel not in ("auto", "torch", "triton"):
+        raise ConfigError(f"mstopk kernel must be auto, torch or triton, got {kernel!r}")
+    if kernel == "triton" and not flat.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ConfigError("mstopk kernel='triton' needs a CUDA tensor")
     on_device = flat.is_cuda if _device_path is None else _device_path  # one sync per call
     tiled = method is MSTopKMethod.tiled
     if _add is not None and not (tiled and small_numel <= flat.numel() and 0 < k < flat.numel()):
@@ -187,36 +160,16 @@ def mstopk(
         return t
     if flat.numel() < small_numel:
         return exact(flat, k)
-    if tiled and not on_device:
+    if tiled and on_device:
+        return selection_tiled.tiled_dev(flat, k, tiles, sample, margin, generator, kernel, _add)
+    if tiled:
         return selection_tiled.tiled(flat, k, tiles, sample, margin, generator, add=_add)
-    if on_device:
-        if tiled:
-            return selection_tiled.tiled_dev(
-                flat, k, tiles, sample, margin, generator, kernel, add=_add
-            )
-        if method is MSTopKMethod.sampled:
-            return selection_tiled.sampled_dev(flat, k, sample, margin, generator)
-        if method is MSTopKMethod.hist:
-            return hist_dev(flat, k, bins)
-        return _paper_dev(flat, k, iters, kernel)
     if method is MSTopKMethod.sampled:
-        return selection_tiled.sampled(flat, k, sample, margin, generator)
+        run = selection_tiled.sampled_dev if on_device else selection_tiled.sampled
+        return run(flat, k, sample, margin, generator)
     if method is MSTopKMethod.hist:
-        return hist(flat, k, bins)
-    return _paper(flat, k, iters)
-
-
-def _check_options(
-    flat: torch.Tensor, iters: int, sample: int, margin: float, tiles: int, bins: int, kernel: str
-) -> None:
-    if iters < 1 or sample < 1 or margin < 1.0 or tiles < 1:
-        raise ConfigError("mstopk needs iters >= 1, sample >= 1, margin >= 1, tiles >= 1")
-    if not (512 <= bins <= 1 << 24) or bins & (bins - 1):
-        raise ConfigError(f"mstopk bins must be a power of two from 512 to 2**24, got {bins}")
-    if kernel not in ("auto", "torch", "triton"):
-        raise ConfigError(f"mstopk kernel must be auto, torch or triton, got {kernel!r}")
-    if kernel == "triton" and not flat.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ConfigError("mstopk kernel='triton' needs a CUDA tensor")
+        return hist(flat, k, bins, on_device)
+    return _paper_dev(flat, k, iters, kernel) if on_device else _paper(flat, k, iters)
 
 
 def mstopk_ef(
@@ -245,11 +198,6 @@ SELECTORS = {"topk": topk, "mstopk": mstopk, "randomk": randomk}
 _INF_BITS = 0x7F800000  # float32 +Inf; NaN patterns lie above it
 
 
-def shift_for(bins: int) -> int:
-    """Right shift of the 31 magnitude bits that leaves ``bins`` (a power of two) buckets."""
-    return 31 - (bins.bit_length() - 1)
-
-
 def _buckets(flat: torch.Tensor, shift: int) -> torch.Tensor:
     """int32 bucket of each ``|x_i|`` (monotone in it): float32 magnitude bits >> shift."""
     a = flat if flat.dtype == torch.float32 else flat.float()  # rounding is monotone
@@ -268,29 +216,27 @@ def _tail(counts: torch.Tensor) -> torch.Tensor:
     return counts.double().flip(0).cumsum(0).flip(0)
 
 
-def hist(flat: torch.Tensor, k: int, bins: int) -> tuple[torch.Tensor, torch.Tensor]:
-    shift = shift_for(bins)
-    key = _buckets(flat, shift)
-    counts = torch.bincount(key, minlength=1 << (31 - shift))  # every key < 2**(31-shift)
-    tail = _tail(counts)
-    big = _INF_BITS >> shift
-    bad = ((tail[big] > 0) | ~_finite64(flat)).long()
-    bad, b = host(torch.stack([bad, (tail >= k).sum() - 1]))
-    if bad:
-        raise nonfinite_error()
-    cand = nonzero(key >= int(b))  # tail[b] >= k elements, every one above the rest
-    return top_of_candidates(flat, cand, flat[cand].abs(), k)
-
-
-def hist_dev(flat: torch.Tensor, k: int, bins: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``hist`` with one sync: ``torch.histc`` of the integer buckets (bincount's output
-    size would need one more), non-finite entries turn the threshold into "none"."""
-    shift = shift_for(bins)
+def hist(
+    flat: torch.Tensor, k: int, bins: int, on_device: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The bucket ``b`` with ``tail[b] >= k`` elements, all above the rest; on a device with
+    one sync: ``torch.histc`` of the integer keys (bincount's output size needs one more)
+    and non-finite entries turn the threshold into "none"."""
+    shift = 31 - (bins.bit_length() - 1)  # of the 31 magnitude bits: ``bins`` buckets
     nb = 1 << (31 - shift)
     key = _buckets(flat, shift)
-    tail = _tail(torch.histc(key.float(), bins=nb, min=0, max=nb))  # the keys are the bins
+    if on_device:
+        tail = _tail(torch.histc(key.float(), bins=nb, min=0, max=nb))  # the keys are the bins
+    else:
+        tail = _tail(torch.bincount(key, minlength=nb))
     finite = (tail[_INF_BITS >> shift] == 0) & _finite64(flat)
     b = (tail >= k).sum() - 1
+    if not on_device:
+        ok, b = host(torch.stack([finite.long(), b]))
+        if not ok:
+            raise nonfinite_error()
+        cand = nonzero(key >= int(b))
+        return top_of_candidates(flat, cand, flat[cand].abs(), k)
     cand = nonzero(key >= torch.where(finite, b, nb))
     if cand.numel() >= k:
         return top_of_candidates(flat, cand, flat[cand].abs(), k)

@@ -1,7 +1,6 @@
-"""What every top-k selector shares: argument checks, host-sync counting, the exact fallback.
-
-Also the deferred finiteness flags (:func:`deferred_finite`): inside a DDP hook a
-selector hands its "input finite" flag to a list instead of reading the device.
+"""What every top-k selector shares: argument checks, host-sync counting, the exact
+fallback, and the deferred finiteness flags (inside a DDP hook a selector hands its
+"input finite" flag to a list instead of reading the device).
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from bench.registry import ConfigError
 
@@ -21,7 +21,10 @@ _TRITON_BROKEN: dict[str, str] = {}  # kernel -> why it failed here (torch is us
 _DEFER = threading.local()  # .sink: where finiteness flags go instead of being read (deferred)
 
 
-def check_k(k: int) -> int:
+def checked(x: torch.Tensor, k: int) -> tuple[torch.Tensor, int]:
+    """``x`` flattened and ``k`` an int, or ConfigError."""
+    if not x.is_floating_point():
+        raise ConfigError(f"top-k selection needs a floating-point tensor, got {x.dtype}")
     if isinstance(k, bool) or not isinstance(k, int):
         try:
             k = int(k)  # numpy / 0-dim tensor integers
@@ -29,13 +32,7 @@ def check_k(k: int) -> int:
             raise ConfigError(f"k must be an integer, got {k!r}") from None
     if k < 0:
         raise ConfigError(f"k must be >= 0, got {k}")
-    return k
-
-
-def check_float(x: torch.Tensor) -> torch.Tensor:
-    if not x.is_floating_point():
-        raise ConfigError(f"top-k selection needs a floating-point tensor, got {x.dtype}")
-    return x.reshape(-1)
+    return x.reshape(-1), k
 
 
 def nonfinite_error() -> ValueError:
@@ -45,8 +42,7 @@ def nonfinite_error() -> ValueError:
 
 
 def host_syncs() -> int:
-    """Host syncs asked for so far: device reads (``host``) and data-dependent shapes
-    (``nonzero``).  The difference of two readings around a call is that call's count."""
+    """Host syncs so far (device reads and data-dependent shapes): diff two readings."""
     return _SYNCS[0]
 
 
@@ -57,16 +53,14 @@ def host(t: torch.Tensor) -> object:
 
 
 def nonzero(mask: torch.Tensor) -> torch.Tensor:
-    """Indices of the True entries of a mask (1-D: a tensor; else a tuple per dimension).
-    Its size is data-dependent: one sync."""
+    """Indices of the True entries of a mask: one sync (a data-dependent size)."""
     _SYNCS[0] += 1
     return torch.nonzero(mask).squeeze(1) if mask.dim() == 1 else torch.nonzero(mask, as_tuple=True)
 
 
 @contextlib.contextmanager
 def deferred_finite(sink: list[torch.Tensor] | None) -> Iterator[None]:
-    """Within the block (on this thread), :func:`raise_unless` appends its flag to ``sink``
-    instead of reading it."""
+    """Within the block (this thread), :func:`raise_unless` hands its flag to ``sink``."""
     prev = getattr(_DEFER, "sink", None)
     _DEFER.sink = sink
     try:
@@ -111,22 +105,22 @@ def exact(flat: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def top_of_candidates(
-    flat: torch.Tensor, cand_idx: torch.Tensor, cand_abs: torch.Tensor, k: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact top-k among candidates that are known to contain the global top-k.
-
-    With few more candidates than ``k`` (the usual case) the ``m - k`` smallest are found
-    and dropped instead: a top-k of ``m - k << k`` elements is the cheaper one."""
+    flat: Tensor, cand_idx: Tensor, cand_abs: Tensor, k: int, cand_val: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """Exact top-k among candidates known to hold the global top-k (float32 magnitudes: the
+    same ties on every path); with few more than ``k`` (the usual case) the cheaper top-k
+    of the ``m - k`` smallest, dropped.  ``cand_val``: their values, no gather from ``flat``."""
     m = cand_idx.numel()
     a = cand_abs.float()
     # on CUDA torch.topk costs about the same either way (14-20 launches a call)
     if m - k < k and not a.is_cuda:
-        drop = torch.topk(a, m - k, largest=False, sorted=False).indices
         keep = torch.ones(m, dtype=torch.bool, device=a.device)
-        keep[drop] = False
-        idx = cand_idx[keep]  # boolean mask of known count: no sync on CUDA either
+        keep[torch.topk(a, m - k, largest=False, sorted=False).indices] = False
     else:
-        idx = cand_idx[torch.topk(a, k, sorted=False).indices]
+        keep = torch.topk(a, k, sorted=False).indices
+    if cand_val is not None:
+        return cand_val[keep], cand_idx[keep]
+    idx = cand_idx[keep]  # a boolean mask of known count: no sync on CUDA either
     return flat[idx], idx
 
 
@@ -138,7 +132,8 @@ def sample_threshold(
     z: float = 0.0,
     absolute: bool = False,
 ) -> torch.Tensor:
-    """Magnitude above which a fraction ``q_frac`` of ``a`` (non-negative) lies, from a sample."""
+    """Magnitude above which a fraction ``q_frac`` of ``a`` lies, from a sample (``z``
+    standard deviations to spare; ``absolute``: of ``|a|``)."""
     n = a.numel()
     s = min(n, sample)
     step = max(1, n // s)
@@ -152,8 +147,8 @@ def sample_threshold(
 
 def triton_run(name: str, kernel: str, x: torch.Tensor, call: Callable[[Any], Any]) -> Any:
     """``call(mstopk_triton)`` when kernel ``name`` is to run on ``x``, else None: ``auto``
-    on contiguous CUDA tensors while it works (else torch, with one warning); ``triton``
-    always (raising on failure); ``torch`` never; float64 never (the kernels use float32)."""
+    on contiguous CUDA tensors while it works, ``triton`` always (raising on failure),
+    ``torch`` or float64 never."""
     wanted = kernel == "triton" or (kernel == "auto" and x.is_cuda and x.is_contiguous())
     if not wanted or x.dtype == torch.float64 or (kernel == "auto" and name in _TRITON_BROKEN):
         return None

@@ -1,10 +1,7 @@
-"""MSTopK's ``tiled`` method (the default) and ``sampled``, on the CPU and on CUDA.
-
-``tiled`` (exact; this project's variant of MSTopK's threshold search): on the CPU a
-threshold from a sample of ``|x|``, then every element at or above it through a numpy
-sweep; on CUDA a radix select of group maxima (Triton, :mod:`bench.comm.mstopk_triton`),
-or the column maxima of a ``(C, R)`` view in torch ops.  ``sampled`` (exact): a threshold
-from a strided sample, one compare pass.  See docs/internals/comm.md.
+"""MSTopK's ``tiled`` method (the default; exact): on the CPU a threshold from a sample of
+``|x|`` and every element above it in one numpy sweep, on CUDA a radix select of group
+maxima (Triton) or the column maxima of a ``(C, R)`` view; and ``sampled`` (exact): a
+threshold from a strided sample, one compare pass (docs/internals/comm.md).
 """
 
 from __future__ import annotations
@@ -13,6 +10,7 @@ import threading
 
 import numpy as np
 import torch
+from torch import Generator, Tensor
 
 from bench.comm.selection_core import (
     exact,
@@ -37,23 +35,33 @@ def rows_for(n: int, k: int, tiles: int) -> int:
     return min(tiles, n // (8 * k))
 
 
-def sampled(
-    flat: torch.Tensor, k: int, sample: int, margin: float, gen: torch.Generator | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    n = flat.numel()
-    a = flat.abs()
-    raise_unless(torch.isfinite(a.max()))
+def _above_sampled(
+    a: Tensor, k: int, sample: int, margin: float, gen: Generator | None
+) -> tuple[Tensor, Tensor] | None:
+    """A sampled threshold and the entries of ``a`` at or above it, at least ``k`` of them
+    (3 tries, each aiming 4 times higher); None after unlucky samples."""
     for attempt in range(3):
-        thr = sample_threshold(a, k * margin * (4**attempt) / n, sample, gen)
+        thr = sample_threshold(a, k * margin * (4**attempt) / a.numel(), sample, gen)
         cand = nonzero(a >= thr)
         if cand.numel() >= k:
-            return top_of_candidates(flat, cand, a[cand], k)
-    return exact(flat, k)
+            return thr, cand
+    return None
+
+
+def sampled(
+    flat: Tensor, k: int, sample: int, margin: float, gen: Generator | None
+) -> tuple[Tensor, Tensor]:
+    a = flat.abs()
+    raise_unless(torch.isfinite(a.max()))
+    found = _above_sampled(a, k, sample, margin, gen)
+    if found is None:
+        return exact(flat, k)
+    return top_of_candidates(flat, found[1], a[found[1]], k)
 
 
 def sampled_dev(
-    flat: torch.Tensor, k: int, sample: int, margin: float, gen: torch.Generator | None
-) -> tuple[torch.Tensor, torch.Tensor]:
+    flat: Tensor, k: int, sample: int, margin: float, gen: Generator | None
+) -> tuple[Tensor, Tensor]:
     """``sampled`` with one sync: finiteness folded into the one data-dependent compaction."""
     n = flat.numel()
     a = flat.abs()
@@ -67,11 +75,9 @@ def sampled_dev(
     return exact(flat, k)
 
 
-def _sample_of_sum(
-    flat: torch.Tensor, add: torch.Tensor | None, q_frac: float, sample: int, gen
-) -> torch.Tensor:
-    """:func:`sample_threshold` of ``|flat + add|`` (``add`` may be None) aiming at a fraction
-    ``q_frac``, with 2 standard deviations to spare."""
+def _sample_of_sum(flat: Tensor, add: Tensor | None, q_frac: float, sample: int, gen) -> Tensor:
+    """:func:`sample_threshold` of ``|flat + add|`` (``add`` may be None), 2 standard
+    deviations to spare, from runs of :data:`RUN` adjacent elements where they fit."""
     n = flat.numel()
     runs = min(n, sample) // RUN
     step = n // max(1, runs)
@@ -80,19 +86,15 @@ def _sample_of_sum(
         return sample_threshold(part, q_frac, sample, gen, z=2.0, absolute=True)
     off = int(torch.randint(0, step - RUN + 1, (1,), generator=gen))
 
-    def pick(t: torch.Tensor) -> torch.Tensor:
+    def pick(t: Tensor) -> Tensor:
         return t[: runs * step].view(runs, step)[:, off : off + RUN]
 
     part = pick(flat) if add is None else pick(flat) + pick(add)
     return sample_threshold(part.reshape(-1), q_frac, part.numel(), None, z=2.0, absolute=True)
 
 
-def _gather(
-    flat: torch.Tensor, cols: torch.Tensor, thr: torch.Tensor, c: int, w: int
-) -> tuple[torch.Tensor, ...]:
-    """Flat indices and (signed) values of the elements ``|x| >= thr`` of the columns ``cols``
-    of blocks of ``c`` rows of ``w`` columns (column ``q``: block ``q // w``, the values come
-    from here, where they are cached, not from a later gather)."""
+def _gather(flat: Tensor, cols: Tensor, thr: Tensor, c: int, w: int) -> tuple[Tensor, ...]:
+    """Flat indices and values of the elements ``|x| >= thr`` of the columns ``cols``."""
     first = cols.div(w, rounding_mode="floor").mul_(c * w - w).add_(cols)  # row 0's element
     idx = (first[:, None] + torch.arange(0, c * w, w, device=flat.device)).view(-1)
     g = flat.index_select(0, idx)
@@ -103,7 +105,7 @@ def _gather(
 _WORK = threading.local()  # per-thread buffers reused across calls (see _buffer)
 
 
-def _buffer(slot: str, numel: int, like: torch.Tensor) -> torch.Tensor:
+def _buffer(slot: str, numel: int, like: Tensor) -> Tensor:
     """A 1-D buffer of ``numel`` elements of ``like``'s dtype and device, kept for the next
     call: a fresh tensor of many MiB costs a page fault per 4 KiB on its first touch."""
     cache = _WORK.__dict__.setdefault("buffers", {})
@@ -114,21 +116,15 @@ def _buffer(slot: str, numel: int, like: torch.Tensor) -> torch.Tensor:
     return buf[:numel]
 
 
-def _layout(n: int, c: int, itemsize: int) -> tuple[int, int]:
-    """``(w, nb)``: ``nb`` blocks of ``c`` rows of ``w`` columns (docs/internals/comm.md)."""
-    nb = 1 if torch.get_num_threads() > 1 else max(1, round(n * itemsize / BLOCK_BYTES))
-    return n // (c * nb), nb
-
-
 def _sweep(
-    flat: torch.Tensor, head: torch.Tensor, thr: torch.Tensor, add: torch.Tensor | None
-) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    flat: Tensor, head: Tensor, thr: Tensor, add: Tensor | None
+) -> tuple[Tensor, list[Tensor], list[Tensor]]:
     """One pass over the ``(nb, c, w)`` blocks ``head`` of ``flat`` (``+= add`` first)."""
     nb, c, w = head.shape
     colmax = _buffer("colmax", nb * w, flat).view(nb, w)
     low = _buffer("low", min(nb, GROUP_BLOCKS) * w, flat).view(-1, w)
-    idx: list[torch.Tensor] = []
-    val: list[torch.Tensor] = []
+    idx: list[Tensor] = []
+    val: list[Tensor] = []
     for b0 in range(0, nb, GROUP_BLOCKS):
         b1 = min(nb, b0 + GROUP_BLOCKS)
         for b in range(b0, b1):
@@ -146,62 +142,59 @@ def _sweep(
     return colmax.view(-1), idx, val
 
 
-def _candidate_columns(
-    colmax: torch.Tensor, k: int, sample: int, margin: float, gen: torch.Generator | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A threshold ``thr`` and the columns whose maximum reaches it, at least ``k`` of them."""
-    r = colmax.numel()
-    for attempt in range(3):
-        thr = sample_threshold(colmax, k * margin * (4**attempt) / r, sample, gen)
-        cols = nonzero(colmax >= thr)
-        if cols.numel() >= k:
-            return thr, cols
-    # unlucky samples: the k-th largest column maximum is always safe
-    thr = torch.topk(colmax.float(), k, sorted=False).values.min().to(colmax.dtype)
-    return thr, nonzero(colmax >= thr)
-
-
 def tiled(
-    flat: torch.Tensor,
+    flat: Tensor,
     k: int,
     tiles: int,
     sample: int,
     margin: float,
-    gen: torch.Generator | None,
-    add: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``tiled`` on the CPU; ``add`` (flat, like ``flat``): ``flat += add`` first, fused.
-
-    float32 and float64: the numpy pass (:func:`_tiled_np`); other dtypes, or when an
-    unlucky sample leaves fewer than ``k`` candidates there: :func:`_tiled_torch`."""
+    gen: Generator | None,
+    add: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """``tiled`` on the CPU, ``flat += add`` fused: the numpy pass for float32 and float64,
+    else (or after an unlucky sample there) :func:`_tiled_torch`."""
     n = flat.numel()
     add = None if add is None else add.reshape(-1)  # the gradient keeps its own shape
     c = rows_for(n, k, tiles)
     if c < 2:
         return sampled(flat if add is None else flat.add_(add), k, sample, margin, gen)
     if flat.dtype in NP_DTYPES:
-        found = _tiled_np(flat, k, sample, margin, gen, add)
-        if found is not None:
-            return found
+        t = host(_sample_of_sum(flat, add, k * margin / n, sample, gen))
+        if not t > 0:  # mostly zeros (every element would be a candidate), or NaN sampled
+            return exact(flat if add is None else flat.add_(add), k)
+        idx, val = _above_np(
+            flat.detach().numpy(), None if add is None else add.detach().numpy(), t
+        )
+        if sum(i.size for i in idx) >= k:
+            idx, val = np.concatenate(idx), np.concatenate(val)
+            mag = np.abs(val)
+            # NaN, Inf: always candidates; read here (a CPU array: no device), since the
+            # mask below would keep fewer than k of a non-finite one
+            raise_unless(torch.isfinite(torch.from_numpy(mag).amax()), deferrable=False)
+            kth = np.partition(mag, mag.size - k)[mag.size - k]  # a mask of k of the largest
+            keep = mag > kth
+            keep[np.nonzero(mag == kth)[0][: k - int(np.count_nonzero(keep))]] = True
+            return torch.from_numpy(val[keep]), torch.from_numpy(idx[keep])
         add = None  # an unlucky sample: the column structure below, flat += add done
     return _tiled_torch(flat, k, c, sample, margin, gen, add)
 
 
 def _tiled_torch(
-    flat: torch.Tensor,
+    flat: Tensor,
     k: int,
     c: int,
     sample: int,
     margin: float,
-    gen: torch.Generator | None,
-    add: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``tiled`` in torch ops (any float dtype): a threshold aimed at ``margin * k``
-    elements from a sample; one sweep over blocks of ``c`` rows yields the column maxima and
-    every element at or above it.  Rarely (an unlucky sample) fewer than ``k`` are: a
-    threshold from the column maxima follows."""
+    gen: Generator | None,
+    add: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """``tiled`` in torch ops: a sampled threshold aimed at ``margin * k`` elements, one
+    sweep over blocks of ``c`` rows for the column maxima and every element above it; after
+    an unlucky sample, a threshold from the column maxima."""
     n = flat.numel()
-    w, nb = _layout(n, c, flat.element_size())
+    # nb blocks of c rows of w columns (docs/internals/comm.md)
+    nb = 1 if torch.get_num_threads() > 1 else max(1, round(n * flat.element_size() / BLOCK_BYTES))
+    w = n // (c * nb)
     h = nb * c * w
     head, tail = flat[:h].view(nb, c, w), flat[h:]  # tail: < nb * c elements, all candidates
     if add is not None:
@@ -209,64 +202,28 @@ def _tiled_torch(
     thr = _sample_of_sum(flat, add, k * margin / n, sample, gen)
     colmax, idx, val = _sweep(flat, head, thr, None if add is None else add[:h].view(nb, c, w))
     raise_unless(torch.isfinite(colmax.max()) & torch.isfinite(tail).all())
-    if sum(i.numel() for i in idx) + tail.numel() < k:
-        thr, cols = _candidate_columns(colmax, k, sample, margin, gen)
-        i, v = _gather(flat, cols, thr, c, w)
+    if sum(i.numel() for i in idx) + tail.numel() < k:  # the columns' maxima reach k
+        found = _above_sampled(colmax, k, sample, margin, gen)
+        if found is None:  # unlucky samples: the k-th largest column maximum is safe
+            thr = torch.topk(colmax.float(), k, sorted=False).values.min().to(colmax.dtype)
+            found = thr, nonzero(colmax >= thr)
+        i, v = _gather(flat, found[1], found[0], c, w)
         idx, val = [i], [v]
-    # every element >= thr is in a column whose maximum is >= thr: the candidates are
-    # exactly {i : |x_i| >= thr} (and the tail), at least k of them, a superset of the top k
+    # the candidates: exactly {i : |x_i| >= thr} and the tail, a superset of the top k
     if tail.numel():
         idx.append(torch.arange(h, n, device=flat.device))
         val.append(tail)
-    return _top_of_values(torch.cat(idx), torch.cat(val), k)
-
-
-def _tiled_np(
-    flat: torch.Tensor,
-    k: int,
-    sample: int,
-    margin: float,
-    gen: torch.Generator | None,
-    add: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``tiled`` for float32 and float64 on the CPU."""
-    thr = _sample_of_sum(flat, add, k * margin / flat.numel(), sample, gen)
-    t = host(thr)
-    if not t > 0:  # mostly zeros (every element would be a candidate), or NaN sampled
-        return exact(flat if add is None else flat.add_(add), k)
-    xn = flat.detach().numpy()
-    idx, val = _above_np(xn, None if add is None else add.detach().numpy(), t)
-    if sum(i.size for i in idx) < k:
-        return None
-    idx, val = np.concatenate(idx), np.concatenate(val)
-    mag = np.abs(val)
-    # NaN, Inf: always candidates; read here (a CPU array: no device), since _top_mask
-    # would keep fewer than k of a non-finite one
-    raise_unless(torch.isfinite(torch.from_numpy(mag).amax()), deferrable=False)
-    keep = _top_mask(mag, k)
-    return torch.from_numpy(val[keep]), torch.from_numpy(idx[keep])
-
-
-def _top_mask(mag: np.ndarray, k: int) -> np.ndarray:
-    """A mask of ``k`` of the largest of ``mag`` (finite)."""
-    kth = np.partition(mag, mag.size - k)[mag.size - k]
-    keep = mag > kth
-    short = k - int(np.count_nonzero(keep))
-    keep[np.nonzero(mag == kth)[0][:short]] = True
-    return keep
+    val = torch.cat(val)
+    return top_of_candidates(flat, torch.cat(idx), val.abs(), k, val)
 
 
 def _above_np(
     xn: np.ndarray, an: np.ndarray | None, thr: float
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Indices and values of the elements of ``xn`` (``+= an`` first, in place) with
-    ``|x| >= thr > 0``, and of any NaN (for the caller to refuse; found twice), piece by
-    piece, each read once from memory and then from the cache.  Two compares write byte
-    masks side by side, ``x < thr`` and ``x > -thr``: a candidate is false in one of them
-    (``x >= thr`` and NaN in the first, ``x <= -thr`` in the second).  Candidates are rare,
-    so the masks are searched 8 bytes at a time (a word not all true; those flags again 8 at
-    a time) and only the few flagged words are expanded, at the end: no compaction of a
-    full-size mask (``np.flatnonzero`` of one took a third of the sweep)."""
+    """Indices and values of the elements of ``xn`` (``+= an`` first) with ``|x| >= thr``,
+    and of any NaN (for the caller to refuse), piece by piece in the cache: two byte masks
+    ``x < thr`` and ``x > -thr``, where a candidate is false, searched 8 bytes at a time
+    (no compaction of a full-size mask: ``np.flatnonzero`` took a third of the sweep)."""
     n = xn.size
     h = n - n % 8
     w = max(64, min(h, NP_CHUNK_BYTES // xn.itemsize) // 64 * 64)
@@ -297,7 +254,7 @@ def _sweep_np(
     idx: list[np.ndarray],
     val: list[np.ndarray],
 ) -> None:
-    """The sweep of :func:`_above_np` over ``xn`` (a multiple of 8 elements) in pieces of ``w``."""
+    """:func:`_above_np`'s sweep over ``xn`` (a multiple of 8 elements) in pieces of ``w``."""
     like = torch.from_numpy(xn[:0]).bool()
     buf = _buffer("np_masks", 2 * w, like).numpy()
     flags = _buffer("np_flags", w // 4, like).numpy()
@@ -321,8 +278,7 @@ def _sweep_np(
 
 
 def _expand_words(buf: np.ndarray, flags: np.ndarray, q: np.ndarray, w: int) -> np.ndarray:
-    """Positions in the piece of the false bytes of the mask buffer ``buf`` (two masks of
-    ``w`` bytes) in its words flagged in ``flags``, given the flagged words ``q`` of those."""
+    """Positions of the false bytes of ``buf`` (two masks) in the flagged words ``q``."""
     e = np.flatnonzero(flags.view(np.uint64)[q].view(bool))
     q = q[e >> 3] * 8 + (e & 7)  # the flagged words of buf
     bits = buf.view(np.uint64)[q]
@@ -332,35 +288,20 @@ def _expand_words(buf: np.ndarray, flags: np.ndarray, q: np.ndarray, w: int) -> 
     return q[e >> 3] * 8 + (e & 7)
 
 
-def _top_of_values(
-    cand_idx: torch.Tensor, cand_val: torch.Tensor, k: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`top_of_candidates` given the candidates' values: no gather from ``x``."""
-    m = cand_idx.numel()
-    a = cand_val.abs().float()  # float32 magnitudes: the ties and order of the other paths
-    if m - k < k:  # few beyond k (the usual case): drop the m - k smallest
-        keep = torch.ones(m, dtype=torch.bool)
-        keep[torch.topk(a, m - k, largest=False, sorted=False).indices] = False
-    else:
-        keep = torch.topk(a, k, sorted=False).indices
-    return cand_val[keep], cand_idx[keep]
-
-
 def tiled_dev(
-    flat: torch.Tensor,
+    flat: Tensor,
     k: int,
     tiles: int,
     sample: int,
     margin: float,
-    gen: torch.Generator | None,
+    gen: Generator | None,
     kernel: str,
-    add: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    add: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
     """``tiled`` on CUDA with one sync (the finiteness flag; none while deferred) and no
-    data-dependent shape at any density; ``add``: ``flat += add`` first.  The radix path
-    (Triton, :func:`bench.comm.mstopk_triton.radix_topk`: fused with the addition, nothing
-    read back); else the column maxima of the ``(C, R)`` view in torch ops, the top k
-    columns and all their elements (above density 1/16, where ``C < 2``: torch.topk)."""
+    data-dependent shape, ``flat += add`` first: the radix path (Triton, fused with the
+    addition), else the top k column maxima of the ``(C, R)`` view and all their elements
+    (``C < 2``: torch.topk)."""
     started: list[bool] = []
     found = triton_run("radix", kernel, flat, lambda t: t.radix_topk(flat, k, add, started))
     if found is not None:

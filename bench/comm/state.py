@@ -1,11 +1,6 @@
-"""The public state of a communication hook: made before the process group, saved and
-restored by parameter name; and :class:`Stateful`, what a checkpoint takes.
-
-A :class:`CommHookState` binds to the process group on the hook's first call (or
-``bind()``); ``state_dict()`` holds the bound hook's own ``state_dict`` (step, density,
-residuals and DGC's momenta, generators, PowerSGD's state...) with its per-bucket tensors
-keyed by parameter names, and the bucket layout, so a resume continues bit for bit in
-another bucket layout or world size (docs/internals/comm.md).
+"""The public state of a communication hook, made before the process group (it binds on
+the hook's first call) and saved with its per-bucket tensors keyed by parameter names and
+the bucket layout, so a resume continues bit for bit; and :class:`Stateful`.
 """
 
 import warnings
@@ -26,10 +21,8 @@ VERSION = 2  # 2: the hook's own state_dict, its per-bucket tensors under ``buck
 
 @runtime_checkable
 class Stateful(Protocol):
-    """What a checkpoint saves and restores, and all it calls: torch's ``Stateful``
-    (``torch.distributed.checkpoint.stateful``, whose package takes a second to import).
-    Every comm hook's state, sync strategy and optimizer exchange declares it; one
-    without it is refused where it is attached (:func:`stateful`), not left out."""
+    """All a checkpoint calls: torch's ``Stateful`` (whose package takes a second to
+    import).  An object without it is refused where it is attached (:func:`stateful`)."""
 
     def state_dict(self) -> dict[str, Any]: ...
 
@@ -48,21 +41,13 @@ def stateful(obj: Any, what: str) -> Any:
 
 #: attributes of the state itself; any other goes to the bound hook's state
 _OWN = frozenset({"name", "options", "build", "process_group", "inner", "hook"})
-#: (name, options, process group) -> the bound hook's (state, hook): ``hooks.build``
+#: (name, options, process group) -> the bound hook's (state, hook)
 Build = Callable[[str, Any, Any], tuple[Any, Callable]]
 
 
-def _base(model: torch.nn.Module) -> torch.nn.Module:
-    """The wrapped module of a DDP (or similar) wrapper: its names have no ``module.``."""
-    while isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        model = model.module
-    return model
-
-
 class CommHookState:
-    """The state of :func:`comm_hook` (module docstring).  Attributes of the bound hook's
-    state (``density``, ``force_dense``, ``step``, ``stats``, ``nan_check``, ...) read and
-    write through; those set before binding are applied when it binds."""
+    """The state of :func:`comm_hook`.  The bound hook's state's attributes (``density``,
+    ``step``, ``stats``...) read and write through; those set before binding wait for it."""
 
     def __init__(
         self,
@@ -72,14 +57,11 @@ class CommHookState:
         process_group: Any = None,
         model: torch.nn.Module | None = None,
     ) -> None:
-        # ``options`` (hooks.HookOptions) and ``build`` come from make_hook: this module
-        # does not import hooks.py, which imports it
-        object.__setattr__(self, "name", name)
-        object.__setattr__(self, "options", options)
-        object.__setattr__(self, "build", build)
-        object.__setattr__(self, "process_group", process_group)
-        object.__setattr__(self, "inner", None)  # the bound hook's own state
-        object.__setattr__(self, "hook", None)  # the bound hook's own function
+        # ``options`` and ``build`` come from make_hook: hooks.py imports this module
+        self.name, self.options, self.build = name, options, build
+        self.process_group = process_group
+        self.inner: Any = None  # the bound hook's own state
+        self.hook: Callable | None = None  # the bound hook's own function
         self._params: dict[str, torch.Tensor] | None = None
         self._preset: dict[str, Any] = {}  # attributes set before binding
         self._loaded: Mapping[str, Any] | None = None  # state loaded before binding
@@ -91,16 +73,12 @@ class CommHookState:
         if model is not None:
             self.set_model(model)
 
-    # ---------------------------------------------------------------------------------
-    # binding
-
     @property
     def bound(self) -> bool:
         return self.inner is not None
 
     def bind(self, process_group: Any = None) -> "CommHookState":
-        """Bind to ``process_group`` (default: the one given to ``make_hook``, else the
-        world) now; call on every rank after ``init_process_group``.  A no-op when bound."""
+        """Bind to ``process_group`` (make_hook's, else the world) now, on every rank."""
         if self.inner is not None:
             return self
         if not dist.is_initialized():
@@ -108,9 +86,7 @@ class CommHookState:
         pg = process_group if process_group is not None else self.process_group
         inner, fn = self.build(self.name, self.options, pg)
         stateful(inner, f"comm={self.name}: its hook state")
-        object.__setattr__(self, "process_group", pg)
-        object.__setattr__(self, "inner", inner)
-        object.__setattr__(self, "hook", fn)
+        self.process_group, self.inner, self.hook = pg, inner, fn
         preset, self._preset = self._preset, {}
         if self._loaded is not None:
             loaded, self._loaded = self._loaded, None
@@ -121,7 +97,9 @@ class CommHookState:
 
     def set_model(self, model: torch.nn.Module) -> None:
         """The model (or its DDP module) whose parameter names key the saved state."""
-        self._params = dict(_base(model).named_parameters())
+        while isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            model = model.module  # its names have no ``module.``
+        self._params = dict(model.named_parameters())
         self._cache = {}
 
     def __getattr__(self, key: str) -> Any:
@@ -145,9 +123,6 @@ class CommHookState:
             setattr(self.inner, key, value)
         else:
             self._preset[key] = value
-
-    # ---------------------------------------------------------------------------------
-    # the hook
 
     def __call__(self, bucket: Any) -> torch.futures.Future:
         if self.inner is None:
@@ -182,21 +157,10 @@ class CommHookState:
 
     @property
     def discarded(self) -> int:
-        """Residual elements given up (each with a warning), since this state was made."""
+        """Residual elements given up (each with a warning) since this state was made."""
         return self._discarded + (int(self.inner.discarded) if self.inner is not None else 0)
 
-    def _discard(self, numel: int, why: str) -> None:
-        if numel:
-            self._discarded += numel
-            warnings.warn(
-                f"hook state: discarded {numel} saved elements ({why})", RuntimeWarning, 3
-            )
-
-    # ---------------------------------------------------------------------------------
-    # saving and loading
-
     def state_dict(self) -> dict[str, Any]:
-        """This rank's state, keyed by parameter names (module docstring)."""
         if self.inner is None:  # what was loaded, and the attributes set since
             out = dict(self._loaded or {"version": VERSION, "hook": self.name})
             return {**out, **self._scalars({**out, **self._preset})}
@@ -222,12 +186,7 @@ class CommHookState:
 
     def __getstate__(self) -> dict[str, Any]:
         # the options and the builder pickle by reference to their module-level classes
-        return {
-            "name": self.name,
-            "options": self.options,
-            "build": self.build,
-            "state": self.state_dict(),
-        }
+        return dict(name=self.name, options=self.options, build=self.build, state=self.state_dict())
 
     def __setstate__(self, d: Mapping[str, Any]) -> None:
         self.__init__(d["name"], d["options"], d["build"])
@@ -239,19 +198,13 @@ class CommHookState:
 
 
 def _named_key(key: Hashable, names: Mapping[int, str]) -> dict[str, Any]:
-    """A bucket key by parameter names: ``hooks._bucket_key``'s (index, numel, first,
-    last), a hitopk shard's ``(key, "shard")``, or a bare bucket index (PowerSGD's)."""
+    """A bucket key (a hitopk shard's, PowerSGD's bare index) by parameter names."""
     if isinstance(key, int):
         return {"index": key}
     shard = isinstance(key, tuple) and len(key) == 2 and key[1] == "shard"
     index, numel, first, last = key[0] if shard else key  # type: ignore[index,misc]
-    return {
-        "index": int(index),
-        "numel": int(numel),
-        "first": names.get(first, ""),  # "": a bucket without parameters (id 0)
-        "last": names.get(last, ""),
-        "shard": shard,
-    }
+    first, last = names.get(first, ""), names.get(last, "")  # "": no parameters (id 0)
+    return dict(index=int(index), numel=int(numel), first=first, last=last, shard=shard)
 
 
 def _local_key(d: Mapping[str, Any], params: Mapping[str, torch.Tensor]) -> Hashable:
@@ -275,9 +228,8 @@ def _names(st: CommHookState, what: str) -> dict[int, str]:
 
 
 def _save(st: CommHookState) -> dict[str, Any]:
-    """The bound hook's ``state_dict``, its per-bucket tensors (``buckets``: kind ->
-    {bucket key: tensor}) saved by parameter names, in an envelope of the hook's name,
-    its place in the process group and the bucket layout they are positions in."""
+    """The bound hook's ``state_dict``, its ``buckets`` ({kind: {key: tensor}}) keyed by
+    parameter names, with the hook's name, rank and the bucket layout."""
     pg = st.process_group
     layout = st._replay.layout if st._replay is not None else st._layout
     own = dict(st.inner.state_dict())
@@ -309,9 +261,8 @@ def _fits(layout: Layout, params: Mapping[str, torch.Tensor]) -> str | None:
 
 
 def _load(st: CommHookState, sd: Mapping[str, Any]) -> None:
-    """The inverse of :func:`_save`: the per-bucket tensors under this process's keys, in
-    the saved buckets (replayed until DDP's are those), or dropped with a warning when
-    the buckets cannot be rebuilt; then the bound hook's ``load_state_dict``."""
+    """The inverse of :func:`_save`: the saved buckets are replayed until DDP's are those,
+    or their tensors dropped with a warning when they cannot be rebuilt."""
     layout = [BucketLayout.from_dict(b) for b in sd["layout"]]
     st._layout, st._step_layout, st._replay = [], [], None
     saved = {kind: list(entries) for kind, entries in sd["buckets"].items()}
@@ -321,7 +272,9 @@ def _load(st: CommHookState, sd: Mapping[str, Any]) -> None:
     params = st._params or {}
     why = _fits(layout, params) if layout else "no bucket layout was saved"
     if why is not None and numel:
-        st._discard(numel, f"{why}: its buckets cannot be rebuilt")
+        st._discarded += numel
+        msg = f"hook state: discarded {numel} saved elements ({why}: its buckets cannot be rebuilt)"
+        warnings.warn(msg, RuntimeWarning, 2)
         saved = {kind: [] for kind in saved}
     elif why is None:
         st._replay = Replay(layout, params, st._reduce)
@@ -335,6 +288,5 @@ def _load(st: CommHookState, sd: Mapping[str, Any]) -> None:
 
 
 def comm_hook(state: CommHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """The DDP communication hook of every name: binds ``state`` on its first call, then
-    reduces the bucket with the hook of ``state.name`` (in the saved layout after a load)."""
+    """The DDP communication hook of every name: binds ``state`` on its first call."""
     return state(bucket)

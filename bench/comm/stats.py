@@ -1,11 +1,7 @@
-"""What a hook reports per step: bytes sent (total, over a node's link), density, times,
-and the run-length log of the phase each step ran in (``comm/phases``: which method the
-step sent as, at which density and rank, and its bytes), which the composition charges.
-
-Bytes come from the one cost function, :mod:`bench.comm.cost`.  ``time/select_s`` is the
-compute a method adds around its collectives (a sum of durations); ``time/comm_s`` the
-wall time during which at least one collective is in flight (a union of intervals).  CPU
-tensors are timed on the host clock, CUDA ones with events (docs/internals/comm.md).
+"""What a hook reports per step: bytes sent (total, over a node's link; from
+:mod:`bench.comm.cost`), density, ``time/select_s`` (the compute around the collectives, a
+sum), ``time/comm_s`` (the time a collective is in flight, a union of intervals) and the
+run-length log of the phase each step sent as (``comm/phases``).
 """
 
 from __future__ import annotations
@@ -36,8 +32,8 @@ def union_length(intervals: list[tuple[float, float]]) -> float:
 
 
 class PhaseTimes:
-    """Select durations and comm intervals since the last :meth:`pop`; thread-safe (future
-    callbacks record from the process groups' threads)."""
+    """Select durations and comm intervals since the last :meth:`pop`, on the host clock or
+    CUDA events; thread-safe (callbacks record from the process groups' threads)."""
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled  # CUDA only: host clocks cost nothing and are always on
@@ -80,7 +76,7 @@ class PhaseTimes:
                 self._read_cuda(wait=False)
 
     def _read_cuda(self, wait: bool) -> None:
-        """Move completed CUDA pairs to the host totals (all of them with ``wait``)."""
+        """Completed CUDA pairs to the host totals (all of them with ``wait``)."""
         keep = []
         for kind, start, end in self._cuda:
             if not wait and not end.query():
@@ -113,8 +109,8 @@ PHASES = "comm/phases"  # the curve column of the phase log (:func:`format_phase
 
 @dataclass(frozen=True)
 class Segment:
-    """Consecutive steps sent alike: as ``method`` (``dense`` in a warm-up) at ``density``
-    (PowerSGD: 1.0 and its ``rank``), ``bytes`` sent by this worker over them all."""
+    """Consecutive steps sent alike (``method``, ``density``, PowerSGD's ``rank``) and
+    the ``bytes`` this worker sent over them all."""
 
     method: str
     density: float
@@ -173,14 +169,13 @@ class CommStats:
     times: PhaseTimes = field(default_factory=PhaseTimes)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     # the phase log since the last pop: closed segments, the running step's phase and the
-    # byte count when it began (a step's bytes are what was counted until the next began:
-    # by then DDP has waited on every bucket of the step before, callbacks included)
+    # byte count when it began (a step's bytes: all counted until the next step begins)
     _segments: list[Segment] = field(default_factory=list, repr=False)
     _open: tuple[str, float, int] | None = field(default=None, repr=False)
     _open_bytes: float = field(default=0.0, repr=False)
 
     def begin_step(self, method: str, density: float, rank: int = 0) -> None:
-        """A step starts, sent as ``method`` at ``density`` (rank: PowerSGD's, else 0)."""
+        """A step starts, sent as ``method`` at ``density`` (PowerSGD's rank)."""
         with self._lock:
             self._close()
             self._open, self._open_bytes = (method, float(density), int(rank)), self.bytes

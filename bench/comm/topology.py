@@ -1,8 +1,5 @@
-"""Node topology and the intra-node / inter-node process groups of hierarchical collectives.
-
-Ranks are node-major (torchrun's layout); the topology comes from ``procs_per_node`` or
-torchrun's environment.  The groups are made once per (world, topology) and default group,
-on every rank in the same order (``new_group`` is a collective).
+"""Node topology (ranks node-major, as torchrun lays them out) and the intra-node and
+inter-node process groups of hierarchical collectives.
 """
 
 from __future__ import annotations
@@ -76,7 +73,7 @@ class Groups:
     topo: Topology
     intra: Any  # ProcessGroup of this node's workers (None when m == 1)
     inter: Any  # ProcessGroup of the workers with this local rank (None when n == 1)
-    intra_gather: Any = None  # a second group of this node's workers (see the docstring)
+    intra_gather: Any = None  # a second group of this node's workers: its own lane
     lanes: dict[str, Lane] = field(default_factory=dict, repr=False)
 
     def lane(self, name: str) -> Lane:
@@ -99,10 +96,7 @@ def _node_groups(topo: Topology) -> Any:
 
 
 def groups(topo: Topology) -> Groups:
-    """Create (once per default group) and return this rank's process groups.
-
-    Every rank must call this the first time with the same topology.
-    """
+    """This rank's process groups, made once per default group (a collective)."""
     key = (topo.world_size, topo.procs_per_node)
     hit = _CACHE.get(key)
     if hit is not None and hit[0] is dist.group.WORLD:  # the entry holds it: no id reuse

@@ -1,9 +1,6 @@
-"""What sparse values look like on the wire: the packet format and safe low-precision values.
-
-A packet holds ``k`` indices (int32, int64 past 2**31 elements) then ``k`` values, padded
-to 8 bytes (``pack``/``unpack``).  ``to_wire`` clamps values to the largest that is finite
-in both the wire dtype and the gradient's, so float16/bfloat16 values never overflow; the
-receivers sum in float32 (docs/internals/comm.md).
+"""Sparse values on the wire: a packet is ``k`` indices (int32, int64 past 2**31 elements)
+then ``k`` values, padded to 8 bytes; ``to_wire`` clamps values to the largest finite in
+both the wire dtype and the gradient's, so 16-bit values never overflow.
 """
 
 from __future__ import annotations
@@ -17,10 +14,6 @@ from bench.comm.cost import packet_bytes
 
 def index_dtype(numel: int) -> torch.dtype:
     return torch.int32 if numel < 2**31 else torch.int64
-
-
-def _size(dtype: torch.dtype) -> int:
-    return torch.empty(0, dtype=dtype).element_size()
 
 
 def pack(values: torch.Tensor, indices: torch.Tensor, numel: int) -> torch.Tensor:
@@ -41,8 +34,7 @@ def unpack(
     """``packets`` gathered packets -> values and int64 indices, both ``(packets, k)``."""
     idt = index_dtype(numel)
     rows = buf.view(packets, -1)
-    ib = k * _size(idt)
-    vb = k * _size(vdtype)
+    ib, vb = k * idt.itemsize, k * vdtype.itemsize
     idx = rows[:, :ib].contiguous().view(idt).long()
     vals = rows[:, ib : ib + vb].contiguous().view(vdtype)
     return vals, idx

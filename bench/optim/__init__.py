@@ -17,20 +17,16 @@ from typing import Any
 import torch
 
 from bench.optim import adam, demo, lars, sgd  # noqa: F401  (each registers its specs)
-from bench.optim.adam import Adam, AdamW, FlatAdam
 from bench.optim.config import MasterWeights, OptimConfig, Schedule, UpdateMode
-from bench.optim.demo import DeMo
-from bench.optim.flat import FlatOptimizer, after_ddp_broadcast
-from bench.optim.lars import LARS, FlatLARS
-from bench.optim.sgd import SGD, FlatSGD
-from bench.optim.spec import OPTIMIZERS, OptimizerSpec
+from bench.optim.flat import after_ddp_broadcast
+from bench.optim.spec import OPTIMIZERS
 from bench.registry import ConfigError
 
 NORM_TYPES = (torch.nn.modules.batchnorm._NormBase, torch.nn.GroupNorm, torch.nn.LayerNorm)
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float, no_decay_bn_bias: bool) -> list[dict]:
-    """Two groups: decayed weights, and (when excluded) BN parameters and biases with wd 0."""
+    """Decayed weights, and (when excluded) norm parameters and biases with wd 0."""
     if not no_decay_bn_bias:
         params = [p for p in model.parameters() if p.requires_grad]
         return [{"params": params, "weight_decay": weight_decay}]
@@ -78,18 +74,14 @@ def validate(cfg: OptimConfig) -> None:
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
-    """The configured optimizer over ``model``'s parameters (call before wrapping in DDP).
-
-    In ``flat`` mode this moves every parameter (same Parameter objects) into the flat
-    buffer, and with ``master_weights`` turns the model's parameters into bf16/fp16.
-    """
+    """The configured optimizer over ``model``'s parameters (before DDP wraps it: ``flat``
+    moves every parameter into its buffer, with ``master_weights`` as bf16/fp16)."""
     validate(cfg)
     groups = param_groups(model, cfg.weight_decay, cfg.no_decay_bn_bias)
     return OPTIMIZERS.get(cfg.name).build(groups, cfg)
 
 
 def ddp_kwargs(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Extra ``DistributedDataParallel`` keyword arguments for this optimizer."""
     del optimizer  # the same for every optimizer
     return {"gradient_as_bucket_view": True}
 
@@ -126,11 +118,8 @@ def build_scheduler(
 
 __all__ = [
     "OPTIMIZERS",
-    "OptimizerSpec",
     "OptimConfig",
     "UpdateMode",
-    "MasterWeights",
-    "Schedule",
     "param_groups",
     "validate",
     "build_optimizer",
@@ -138,13 +127,4 @@ __all__ = [
     "ddp_kwargs",
     "after_ddp_broadcast",
     "lr_factor",
-    "FlatOptimizer",
-    "FlatSGD",
-    "FlatLARS",
-    "FlatAdam",
-    "LARS",
-    "SGD",
-    "Adam",
-    "AdamW",
-    "DeMo",
 ]

@@ -1,8 +1,6 @@
-"""Adam and AdamW (Kingma and Ba 2015; Loshchilov and Hutter 2019) in the four update modes.
-
-``naive``/``foreach``/``fused`` are torch's; :class:`FlatAdam` computes exactly what
-``torch.optim.Adam``/``AdamW`` do (no amsgrad), once per param group over the flat
-buffer, with torch's fused kernel where the device has one.
+"""Adam and AdamW (Kingma and Ba 2015; Loshchilov and Hutter 2019): torch's in the
+``naive``/``foreach``/``fused`` modes, :class:`FlatAdam` (the same arithmetic, no amsgrad)
+over the flat buffers.
 """
 
 from __future__ import annotations
@@ -17,17 +15,15 @@ from bench.optim.config import OptimConfig
 from bench.optim.flat import FlatOptimizer
 from bench.optim.spec import OptimizerSpec, check_betas, keep_mode_keys, register
 
-#: param-group key set by ``comm.placement=update`` (bench/comm/placement.py) when it
-#: freezes the variance: the step count it froze at.  From then on ``p.grad`` holds the
-#: averaged momentum and :func:`frozen_variance_step` replaces Adam's step.
+#: group key set by ``comm.placement=update`` (bench/comm/placement.py): the step count the
+#: variance froze at; then ``p.grad`` is the averaged momentum (:func:`frozen_variance_step`)
 FROZEN = "frozen_variance"
 
 
 @torch.no_grad()
 def frozen_variance_step(optimizer: torch.optim.Optimizer, decoupled: bool) -> None:
-    """Adam's step with the variance of step ``group[FROZEN]`` (1-bit Adam's compression
-    stage, Tang et al. 2021): the momentum is ``p.grad``, the variance is not updated, and
-    both are bias-corrected as torch's Adam does (the variance at the step it froze)."""
+    """Adam's step with the momentum ``p.grad`` and the variance of step ``group[FROZEN]``
+    (1-bit Adam's compression stage, Tang et al. 2021), bias-corrected as torch's."""
     for group in optimizer.param_groups:
         lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
         bc2 = math.sqrt(1.0 - b2 ** max(1, int(group[FROZEN])))
@@ -48,9 +44,8 @@ def frozen_variance_step(optimizer: torch.optim.Optimizer, decoupled: bool) -> N
 
 
 class _TorchAdam:
-    """What this suite's Adam and AdamW add to torch's: ``load_state_dict`` keeps the
-    optimizer's own update mode, and the step keeps the variance once a group is
-    :data:`FROZEN`."""
+    """Added to torch's Adam and AdamW: ``load_state_dict`` keeps the optimizer's update
+    mode, and the step keeps the variance once a group is :data:`FROZEN`."""
 
     decoupled = False
 
@@ -67,17 +62,15 @@ class _TorchAdam:
 
 
 class Adam(_TorchAdam, torch.optim.Adam):
-    """``torch.optim.Adam`` with :class:`_TorchAdam`'s additions."""
+    pass
 
 
 class AdamW(_TorchAdam, torch.optim.AdamW):
-    """``torch.optim.AdamW`` with :class:`_TorchAdam`'s additions."""
-
     decoupled = True
 
 
 class FlatAdam(FlatOptimizer):
-    """Adam (``decoupled=False``) or AdamW (``decoupled=True``) over flat buffers."""
+    """Adam (``decoupled=False``) or AdamW over flat buffers."""
 
     state_names = ("exp_avg", "exp_avg_sq")
 
@@ -91,22 +84,13 @@ class FlatAdam(FlatOptimizer):
         decoupled: bool = True,
         model_dtype: torch.dtype | None = None,
     ) -> None:
-        defaults = dict(
-            lr=lr,
-            betas=tuple(betas),
-            eps=eps,
-            weight_decay=weight_decay,
-            amsgrad=False,
-            maximize=False,
-            foreach=None,
-            capturable=False,
-            differentiable=False,
-            fused=None,
-            decoupled_weight_decay=decoupled,
-        )
+        # torch's group keys too: a state dict loads into torch's Adam/AdamW and back
+        flags = dict(amsgrad=False, maximize=False, foreach=None, capturable=False)
+        flags.update(differentiable=False, fused=None, decoupled_weight_decay=decoupled)
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, **flags)
         super().__init__(params, defaults, model_dtype)
         self.decoupled = decoupled
-        self._ages = [[0] * len(b.params) for b in self.buckets]
+        # each parameter's step count (its state's "step" tensors are views of it)
         self._steps = [torch.zeros(len(b.params), dtype=torch.float32) for b in self.buckets]
         # the fused kernels read the step from a float32 tensor on the parameters' device
         self._step_dev = [
@@ -114,32 +98,19 @@ class FlatAdam(FlatOptimizer):
         ]
 
     def _run_keys(self, bi: int) -> list[Any]:
-        return list(self._ages[bi])  # a snapshot: the counts move during the step
+        return self._steps[bi].tolist()  # a snapshot: the counts move during the step
 
     def _update(self, group: dict, span: Span) -> None:
         p, grads = span.params, span.grads
         m, v = span.state["exp_avg"], span.state["exp_avg_sq"]
-        t = self._ages[span.bucket][span.age] + 1  # counted in _ran
+        t = int(self._steps[span.bucket][span.age]) + 1  # counted in _ran
         lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
         if self.fused(span):
             # one device tensor read by every entry (the kernels only read their steps)
             step = self._step_dev[span.bucket].fill_(t)
             fn = torch._fused_adamw_ if self.decoupled else torch._fused_adam_
-            fn(
-                p,
-                grads,
-                m,
-                v,
-                [],
-                [step] * len(p),
-                amsgrad=False,
-                lr=lr,
-                beta1=b1,
-                beta2=b2,
-                weight_decay=wd,
-                eps=eps,
-                maximize=False,
-            )
+            hyper = dict(lr=lr, beta1=b1, beta2=b2, weight_decay=wd, eps=eps)
+            fn(p, grads, m, v, [], [step] * len(p), amsgrad=False, maximize=False, **hyper)
             return
         s = span.scratch("s")
         g = grads
@@ -160,13 +131,10 @@ class FlatAdam(FlatOptimizer):
         torch._foreach_addcdiv_(p, m, s, value=-lr / (1.0 - b1**t))
 
     def _ran(self, bi: int, i: int, j: int, first: bool) -> None:
-        ages = self._ages[bi]
-        ages[i:j] = map(_one_more, ages[i:j])  # C-level, no Python per parameter
         self._steps[bi][i:j] += 1
         super()._ran(bi, i, j, first)
 
     def _permute_extra(self, bi: int, perm: list[int]) -> None:
-        self._ages[bi] = [self._ages[bi][k] for k in perm]
         self._steps[bi] = self._steps[bi][perm].clone()
 
     def _extra_state(self, bi: int, k: int) -> dict[str, Any]:
@@ -174,17 +142,12 @@ class FlatAdam(FlatOptimizer):
 
     def _reset_state(self) -> None:
         super()._reset_state()
-        for bi, c in enumerate(self._steps):
+        for c in self._steps:
             c.zero_()
-            self._ages[bi] = [0] * len(self._ages[bi])
 
     def _load_extra_state(self, bi: int, k: int, st: dict[str, Any]) -> None:
         if "step" in st:
             self._steps[bi][k] = float(st["step"])
-            self._ages[bi][k] = int(float(st["step"]))
-
-
-_one_more = (1).__add__
 
 
 def _adam_kwargs(cfg: OptimConfig) -> dict[str, Any]:

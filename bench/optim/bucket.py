@@ -1,12 +1,10 @@
-"""The flat buffers of a flat optimizer, and the spans of them that one update call takes.
-
-One :class:`FlatBucket` per (device, model dtype): model copy, fp32 masters, gradients
-and state as flat tensors; a :class:`Span` is the ranges one update call works on
-(docs/internals/optim.md).
+"""The flat buffers of a flat optimizer (a :class:`FlatBucket` per device and dtype: model
+copy, fp32 masters, gradients and state) and the :class:`Span` one update call takes.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from operator import attrgetter, is_
@@ -40,12 +38,10 @@ class Span:
 
     @property
     def numel(self) -> int:
-        """Values in the span."""
         return sum(e - s for s, e in self.where)
 
     @property
-    def smallest(self) -> int:
-        """Values in the span's shortest entry (CPU kernels choose by it)."""
+    def smallest(self) -> int:  # values in the shortest entry (CPU kernels choose by it)
         return min(e - s for s, e in self.where)
 
     def scratch(self, name: str) -> list[torch.Tensor]:
@@ -67,16 +63,11 @@ class FlatBucket:
         state_names: Iterable[str],
         model_dtype: torch.dtype | None,
     ) -> None:
-        first = params[0]
-        self.device = first.device
-        src_dtype = first.dtype
-        self.dtype = model_dtype or src_dtype  # dtype of the model copy and of its grads
-        self.master_dtype = src_dtype  # fp32 master weights when the model copy is bf16/fp16
+        self.device, self.master_dtype = params[0].device, params[0].dtype
+        self.dtype = model_dtype or self.master_dtype  # of the model copy and its gradients
         self.params = params
         self.numels = [p.numel() for p in params]
-        self.offsets = [0]
-        for n in self.numels[:-1]:
-            self.offsets.append(self.offsets[-1] + n)
+        self.offsets = list(itertools.accumulate(self.numels[:-1], initial=0))
         self.numel = sum(self.numels)
         master = torch.empty(self.numel, dtype=self.master_dtype, device=self.device)
         for p, off in zip(params, self.offsets, strict=True):
@@ -85,11 +76,8 @@ class FlatBucket:
                     "optim.update=flat needs dense (contiguous or channels_last) parameters"
                 )
             dense_view(master, off, p).copy_(p.detach())
-        if self.master_dtype != self.dtype:
-            self.model = master.to(self.dtype)
-            self.master = master
-        else:
-            self.model = self.master = master
+        self.master = master  # fp32 masters when the model copy is bf16/fp16, else the copy
+        self.model = master.to(self.dtype)
         self.grad = torch.zeros(self.numel, dtype=self.dtype, device=self.device)
         # the update reads fp32 gradients: an upcast copy when the model copy is bf16/fp16
         self.grad32 = torch.empty_like(master) if self.has_master else None
@@ -124,7 +112,14 @@ class FlatBucket:
         self._note_seen(seen)
         self.whole_cache: dict[Any, Any] = {}  # layout.schedule's, for this layout
         self._group_spans: dict[int, list[tuple[int, Span]]] = {}
-        self._build_ranges()
+        # contiguous ranges of one param group and one gradient segment:
+        # (group index, start, end, first parameter, end parameter)
+        self.ranges: list[tuple[int, int, int, int, int]] = []
+        i = 0
+        for (gi, _), run in itertools.groupby(zip(self.group_ids, self.seg_of)):
+            j = i + len(list(run))
+            self.ranges.append((gi, self.offsets[i], self.end(j), i, j))
+            i = j
         rest = self.segments[-1].end if self.segments else 0
         srcs = [seg.grad for seg in self.segments] + [self.grad[rest:]]
         if self.grad32 is not None:  # one upcast copy per segment and one for the rest
@@ -138,31 +133,16 @@ class FlatBucket:
     def _note_seen(self, seen: list[torch.Tensor | None]) -> None:
         """The gradients of this step's parameters, and what follows from them."""
         self.seen = list(seen)
-        self.has = list(map(is_not_none, self.seen))
+        self.has = [g is not None for g in self.seen]
         self.all_grads = all(self.has)
         # own views of parameters without a gradient: zeroed at every step
         self._empty_views = [self.grad_views[k] for k in self.own if self.seen[k] is None]
 
-    def _build_ranges(self) -> None:
-        # contiguous ranges of one param group and one gradient segment:
-        # [(group index, start, end, first, last param)]
-        self.ranges: list[tuple[int, int, int, int, int]] = []
-        n, gid, seg = len(self.params), self.group_ids, self.seg_of
-        i = 0
-        while i < n:
-            j = i
-            while j < n and gid[j] == gid[i] and seg[j] == seg[i]:
-                j += 1
-            self.ranges.append((gid[i], self.offsets[i], self.end(j), i, j))
-            i = j
-
     @property
-    def has_master(self) -> bool:
-        """Whether the update runs on fp32 masters of a low-precision model copy."""
+    def has_master(self) -> bool:  # fp32 masters of a low-precision model copy
         return self.master is not self.model
 
-    def end(self, j: int) -> int:
-        """Offset just past parameter ``j - 1``."""
+    def end(self, j: int) -> int:  # offset just past parameter j - 1
         return self.offsets[j - 1] + self.numels[j - 1]
 
     def buffer(self, name: str) -> torch.Tensor:
@@ -174,12 +154,10 @@ class FlatBucket:
         return self.scratch[name]
 
     def view(self, flat: torch.Tensor, i: int) -> torch.Tensor:
-        """Parameter ``i``'s view into a flat buffer (state, master ...)."""
         return dense_view(flat, self.offsets[i], self.params[i])
 
     def span(self, bi: int, ranges: list[tuple[int, int, int, int]]) -> Span:
-        """The span over ``ranges`` ``(start, end, i, j)``: flat range ``start:end`` holding
-        parameters ``i..j-1`` of one gradient segment each."""
+        """The span over ``ranges``: ``(start, end, i, j)``, parameters ``i..j-1`` each."""
         return Span(
             bucket=bi,
             flat=self,
@@ -192,9 +170,8 @@ class FlatBucket:
         )
 
     def group_spans(self, bi: int, split_below: int) -> list[tuple[int, Span]]:
-        """``(group index, span)``: every parameter of the bucket, one span per param group
-        over all of its ranges, built once per layout (the views are kept).  With
-        ``split_below > 0`` the ranges of fewer values go to a second span of their group
+        """``(group index, span)``: one span per param group over all its ranges, built
+        once per layout; ranges shorter than ``split_below`` in a second span of their group
         (CPU kernels that thread each tensor pay for it on short ones)."""
         if split_below not in self._group_spans:
             by_group: dict[int, list[tuple[int, int, int, int]]] = {}
@@ -210,7 +187,7 @@ class FlatBucket:
         return self._group_spans[split_below]
 
     def gather_grads(self) -> list[bool]:
-        """Find every gradient, without copying DDP's; which parameters have one."""
+        """Find every gradient, copying none of DDP's; which parameters have one."""
         grads = list(map(_grad_of, self.params))
         if not all(map(is_, grads, self.seen)):
             self.check_layout(grads)
@@ -238,8 +215,7 @@ class FlatBucket:
                 p.grad = self.seen[k] = g
 
     def check_layout(self, grads: list[torch.Tensor | None]) -> None:
-        """Lay the buffers out after the storages of ``grads`` (:func:`layout.plan`):
-        re-laid when the order changes (DDP's first step, its bucket rebuild)."""
+        """Lay the buffers out after the storages of ``grads`` (DDP's buckets)."""
         order, lengths = layout.plan(self.params, grads, self.group_ids, self.dtype, self.grad)
         if order != list(range(len(order))):
             self.relayout(order)
@@ -250,11 +226,36 @@ class FlatBucket:
             self.seg_of[seg.i : seg.j] = [s] * (seg.j - seg.i)
         self._new_layout(grads)
 
+    @torch.no_grad()
     def relayout(self, perm: list[int]) -> None:
-        """New buffers whose parameter ``n`` is the old parameter ``perm[n]``."""
+        """New buffers whose parameter ``n`` is the old ``perm[n]``; views follow."""
         stale = [k for k, p in enumerate(self.params) if p._version != self.versions[k]]
         self.refresh_masters(stale)  # before the version counters are taken again
-        layout.relayout(self, perm)
+        old_offsets, numels, old_views = self.offsets, self.numels, self.grad_views
+        self.params = [self.params[k] for k in perm]
+        self.numels = [numels[k] for k in perm]
+        self.group_ids = [self.group_ids[k] for k in perm]
+        self.initialized = [self.initialized[k] for k in perm]
+        self.offsets = list(itertools.accumulate(self.numels[:-1], initial=0))
+
+        def moved(flat: torch.Tensor) -> torch.Tensor:
+            out = torch.empty_like(flat)
+            for n, k in enumerate(perm):
+                new, old = self.offsets[n], old_offsets[k]
+                out[new : new + numels[k]].copy_(flat[old : old + numels[k]])
+            return out
+
+        master = moved(self.master)
+        self.model = moved(self.model) if self.has_master else master
+        self.master, self.grad = master, moved(self.grad)
+        self.grad32 = torch.empty_like(master) if self.grad32 is not None else None
+        self.state = {name: moved(buf) for name, buf in self.state.items()}
+        self.grad_views = [dense_view(self.grad, o, p) for p, o in zip(self.params, self.offsets)]
+        for n, p in enumerate(self.params):
+            own = p.grad is not None and p.grad is old_views[perm[n]]
+            p.data = dense_view(self.model, self.offsets[n], p)
+            if own:
+                p.grad = self.grad_views[n]
         self.model_ptrs = [p.data_ptr() for p in self.params]
         self.record_versions()
         self.relayouts += 1
@@ -262,8 +263,7 @@ class FlatBucket:
             self.on_relayout(perm)
 
     def run_grad(self, i: int, start: int, end: int) -> torch.Tensor:
-        """The gradient of the range ``start:end`` (parameters from ``i`` on, in one
-        segment): the fp32 upcast, a slice of a DDP bucket, or of ``self.grad``."""
+        """The gradient of ``start:end`` (parameters from ``i`` on, in one segment)."""
         if self.grad32 is not None:
             return self.grad32[start:end]
         s = self.seg_of[i]
@@ -273,17 +273,15 @@ class FlatBucket:
         return seg.grad[start - seg.start : end - seg.start]
 
     def prepare(self, grad_scale: torch.Tensor | None) -> None:
-        """fp32 upcast of bf16/fp16 gradients (one multi-tensor copy over the segments),
-        GradScaler's unscaling (in place, as torch's GradScaler.unscale_)."""
+        """fp32 upcast of bf16/fp16 gradients, GradScaler's unscaling (in place)."""
         if self._upcast is not None:
             torch._foreach_copy_(*self._upcast)
         if grad_scale is not None:
             torch._foreach_div_(self._step_grads, grad_scale.to(self.device))
 
     def zero_grad(self, set_to_none: bool) -> None:
-        """Gradients in DDP's buckets are zeroed in place, with either ``set_to_none``
-        (dropping them would make DDP copy every gradient into its bucket again);
-        the others are dropped or zeroed (their view of ``self.grad``) as torch's."""
+        """Gradients in DDP's buckets are zeroed in place either way (dropped, DDP would
+        copy every gradient again); the others as torch's."""
         if self.segments:
             torch._foreach_zero_([seg.grad for seg in self.segments])
         if not self.own:
@@ -298,8 +296,8 @@ class FlatBucket:
 
     @torch.no_grad()
     def refresh_masters(self, ks: Iterable[int]) -> None:
-        """Re-derive from the model copy the masters of parameters ``ks`` that no longer
-        round to it; a master that does is kept (it holds the precision the copy lacks)."""
+        """Masters of parameters ``ks`` that no longer round to the model copy follow it; the
+        others keep the precision the copy lacks."""
         if self.has_master:
             for k in ks:
                 m, md = self.view(self.master, k), self.view(self.model, k)
@@ -320,21 +318,12 @@ class FlatBucket:
         self.versions = list(map(_version_of, self.params))
 
     def runs(self, has: list[bool], keys: list[Any]) -> list[tuple[int, int, int]]:
-        """``(group, i, j)``: maximal runs of parameters ``i..j-1`` of one group that all
-        have a gradient and the same ``keys`` value (their optimizer state's age)."""
+        """``(group, i, j)``: maximal runs with a gradient and one ``keys`` value (age)."""
         out = []
-        for gi, _start, _end, i, j in self.ranges:
-            k = i
-            while k < j:
-                if not has[k]:
-                    k += 1
-                    continue
-                s = k
-                while k < j and has[k] and keys[k] == keys[s]:
-                    k += 1
-                out.append((gi, s, k))
+        for gi, _, _, i, j in self.ranges:
+            for (ok, _), run in itertools.groupby(zip(has[i:j], keys[i:j])):
+                n = len(list(run))
+                if ok:
+                    out.append((gi, i, i + n))
+                i += n
         return out
-
-
-def is_not_none(x: object) -> bool:
-    return x is not None

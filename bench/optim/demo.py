@@ -1,8 +1,6 @@
-"""DeMo, Decoupled Momentum Optimization (Peng, Quesnelle and Kingma 2024, Algorithm 1):
-each worker accumulates its local gradient into its own momentum, sends only the top-k
-DCT-II coefficients of each chunk of it, removes what it sent from that momentum, and steps
-by the sign of every worker's decoded average.  Written from the paper; the chunking and
-the wire format are in docs/algorithms.md ("DeMo").
+"""DeMo (Peng, Quesnelle and Kingma 2024, Algorithm 1): each worker adds its gradient to
+its own momentum, sends the top-k DCT-II coefficients of each chunk of it, takes what it
+sent off, and steps by the sign of the decoded average (docs/algorithms.md, "DeMo").
 """
 
 from __future__ import annotations
@@ -23,24 +21,19 @@ from bench.registry import ConfigError
 VALUE_BYTES = 4  # float32 coefficients on the wire
 
 
-@functools.lru_cache(maxsize=32)
-def _dct_cpu(n: int) -> torch.Tensor:
+@functools.lru_cache(maxsize=64)
+def dct_matrix(n: int, device: Any = "cpu", dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The orthonormal DCT-II of length ``n``: ``D @ x`` transforms, ``D.T @ c`` inverts."""
     i = torch.arange(n, dtype=torch.float64)
     d = torch.cos(math.pi * (2 * i[None, :] + 1) * i[:, None] / (2 * n)) * math.sqrt(2.0 / n)
     d[0] /= math.sqrt(2.0)
-    return d
-
-
-def dct_matrix(n: int, device: Any = "cpu", dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The orthonormal DCT-II of length ``n`` as a matrix ``D`` (rows are the basis):
-    ``D @ x`` transforms, ``D.T @ c`` inverts (``D @ D.T`` is the identity)."""
-    return _dct_cpu(n).to(device=device, dtype=dtype)
+    return d.to(device=device, dtype=dtype)
 
 
 @dataclass(frozen=True)
 class Block:
-    """Rows ``r0:r1`` by columns ``c0:c1`` of a matrix, cut into whole ``cr x cc`` chunks
-    of which ``k`` coefficients each are kept."""
+    """Rows ``r0:r1`` by columns ``c0:c1`` of a matrix in whole ``cr x cc`` chunks, ``k``
+    coefficients of each kept."""
 
     r0: int
     r1: int
@@ -51,27 +44,23 @@ class Block:
     k: int
 
     @property
-    def grid(self) -> tuple[int, int]:
-        """Chunks along the rows and along the columns."""
+    def grid(self) -> tuple[int, int]:  # chunks along the rows and along the columns
         return (self.r1 - self.r0) // self.cr, (self.c1 - self.c0) // self.cc
 
     @property
     def chunks(self) -> int:
-        nr, nc = self.grid
-        return nr * nc
+        return math.prod(self.grid)
 
     @property
-    def elems(self) -> int:
-        """Elements (and DCT coefficients) of one chunk."""
+    def elems(self) -> int:  # of one chunk
         return self.cr * self.cc
 
     @property
-    def pairs(self) -> int:
-        """(index, value) pairs this block sends per step."""
+    def pairs(self) -> int:  # (index, value) pairs sent per step
         return self.chunks * self.k
 
     def coefficients(self, matrix: torch.Tensor) -> torch.Tensor:
-        """The 2-D DCT-II of each chunk of this block of ``matrix``: ``(chunks, elems)``."""
+        """The 2-D DCT-II of each chunk of this block of ``matrix``, ``(chunks, elems)``."""
         nr, nc = self.grid
         x = matrix[self.r0 : self.r1, self.c0 : self.c1]
         blocks = x.reshape(nr, self.cr, nc, self.cc).transpose(1, 2)
@@ -80,7 +69,7 @@ class Block:
         return (dr @ blocks @ dc.T).reshape(nr * nc, self.elems)
 
     def values(self, coef: torch.Tensor) -> torch.Tensor:
-        """The inverse of :meth:`coefficients`: this block's elements."""
+        """The inverse of :meth:`coefficients`."""
         nr, nc = self.grid
         dr = dct_matrix(self.cr, coef.device, coef.dtype)
         dc = dct_matrix(self.cc, coef.device, coef.dtype)
@@ -88,16 +77,15 @@ class Block:
         return blocks.transpose(1, 2).reshape(nr * self.cr, nc * self.cc)
 
     def scatter(self, values: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        """The ``(chunks, elems)`` coefficients holding ``values`` at ``idx``, zeros elsewhere."""
+        """``(chunks, elems)`` coefficients: ``values`` at ``idx``, zeros elsewhere."""
         return values.new_zeros(self.chunks, self.elems).scatter_(1, idx, values)
 
 
 @dataclass(frozen=True)
 class Chunking:
-    """How one tensor is cut: viewed as ``rows x cols`` (its first dimension by the rest;
-    a vector is one row), in chunks of ``min(chunk, rows) x min(chunk, cols)``; the rows
-    and columns left over form smaller chunks at the bottom and right edges, each with
-    its own DCT, so that every chunk is an orthonormal basis of its own elements."""
+    """How one tensor is cut: viewed as ``rows x cols`` (a vector is one row), in chunks of
+    ``min(chunk, rows) x min(chunk, cols)``, the rows and columns left over in smaller
+    chunks at the edges, each with its own DCT (an orthonormal basis of its elements)."""
 
     shape: tuple[int, ...]
     rows: int
@@ -124,34 +112,26 @@ class Chunking:
         return cls(shape, rows, cols, blocks)
 
     @property
-    def chunks(self) -> int:
-        return sum(b.chunks for b in self.blocks)
-
-    @property
-    def elems(self) -> int:
-        """Elements of the largest chunk."""
+    def elems(self) -> int:  # of the largest chunk
         return max((b.elems for b in self.blocks), default=1)
 
     @property
     def pairs(self) -> int:
-        """(index, value) pairs this tensor sends per step."""
         return sum(b.pairs for b in self.blocks)
 
     def coefficients(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """Each block's ``(chunks, elems)`` DCT-II coefficients of ``x``."""
         matrix = x.reshape(self.rows, self.cols)
         return [b.coefficients(matrix) for b in self.blocks]
 
     def tensor(self, coefs: Sequence[torch.Tensor]) -> torch.Tensor:
-        """The inverse of :meth:`coefficients`: the tensor (of ``shape``) they transform."""
+        """The inverse of :meth:`coefficients`."""
         out = coefs[0].new_empty(self.rows, self.cols)
         for b, c in zip(self.blocks, coefs, strict=True):
             out[b.r0 : b.r1, b.c0 : b.c1] = b.values(c)
         return out.reshape(self.shape)
 
     def select(self, x: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Each block's ``k`` largest-magnitude coefficients per chunk: (values, indices in
-        the chunk), each ``(chunks, k)``."""
+        """Each block's ``k`` largest coefficients per chunk: ``(chunks, k)`` values, indices."""
         values, indices = [], []
         for coef, b in zip(self.coefficients(x), self.blocks, strict=True):
             idx = coef.abs().topk(b.k, dim=1, sorted=False).indices
@@ -160,36 +140,31 @@ class Chunking:
         return values, indices
 
     def scatter(self, values: Sequence[torch.Tensor], idx: Sequence[torch.Tensor]) -> list:
-        """Each block's coefficients holding ``values`` at ``idx``, zeros elsewhere."""
         return [b.scatter(v, i) for b, v, i in zip(self.blocks, values, idx, strict=True)]
 
 
 def index_dtype(chunkings: Sequence[Chunking]) -> torch.dtype:
-    """Indices in a chunk go as int16 while every chunk has at most 2**15 elements."""
+    """Indices in a chunk: int16 while every chunk has at most 2**15 elements."""
     most = max((c.elems for c in chunkings), default=1)
     return torch.int16 if most <= 2**15 else torch.int32
 
 
 def packet_size(chunkings: Sequence[Chunking]) -> int:
-    """Bytes of one worker's packet: every pair's float32 value and its index."""
-    per_pair = VALUE_BYTES + torch.tensor([], dtype=index_dtype(chunkings)).element_size()
+    """Bytes of one worker's packet: float32 values and their indices."""
+    per_pair = VALUE_BYTES + index_dtype(chunkings).itemsize
     return sum(c.pairs for c in chunkings) * per_pair
 
 
 def packet_bytes(shapes: Sequence[Sequence[int]], chunk: int, topk: int) -> int:
-    """Bytes one worker sends per step (its packet) for parameters of ``shapes``."""
+    """Bytes one worker sends per step for parameters of ``shapes``."""
     return packet_size([Chunking.of(s, chunk, topk) for s in shapes])
 
 
 class DeMo(torch.optim.Optimizer):
-    """DeMo over ``params`` (module docstring); one all-gather per step on ``process_group``
-    (default: the world; without an initialised group, or one worker, nothing is sent).
-
-    ``on_send(packet_bytes, pairs, elements)``, when set, is told each step what this
-    worker sent: its packet's bytes, the (index, value) pairs in it and the elements they
-    compress.  ``times``, when set (a :class:`bench.comm.stats.PhaseTimes`), is given each
-    step's transform and decode as selection and its all-gather as communication.
-    """
+    """DeMo over ``params``: one all-gather per step on ``process_group`` (the world; with
+    one worker nothing is sent).  ``on_send(packet_bytes, pairs, elements)`` is told what
+    each step sent; ``times`` (a ``PhaseTimes``) gets the transform and decode as selection,
+    the all-gather as communication."""
 
     def __init__(
         self,
@@ -212,16 +187,10 @@ class DeMo(torch.optim.Optimizer):
         self.on_send: Callable[[int, int, int], None] | None = None
         self.times: Any = None
 
-    def _world(self) -> int:
-        if not (dist.is_available() and dist.is_initialized()):
-            return 1
-        return dist.get_world_size(self.process_group)
-
     @torch.no_grad()
     def extract(self, p: torch.Tensor, decay: float) -> tuple[Chunking, Any, Any, torch.Tensor]:
-        """Accumulate ``p``'s gradient into its momentum (decayed by ``decay``) and take
-        the momentum's fast components out of it; returns (chunking, values, indices in
-        the chunks, the part sent as a tensor of ``p``'s shape)."""
+        """Add ``p``'s gradient to its momentum (decayed by ``decay``) and take the fast
+        components out: (chunking, values, indices in the chunks, the part sent)."""
         st = self.state[p]
         if "momentum" not in st:
             st["momentum"] = torch.zeros_like(p, dtype=torch.float32)
@@ -248,7 +217,8 @@ class DeMo(torch.optim.Optimizer):
         parts = [self.extract(p, g["momentum"]) for g, p in live]
         self._select(t0, self._now(live[0][1]))
         chunkings = [ch for ch, *_ in parts]
-        world = self._world()
+        ready = dist.is_available() and dist.is_initialized()
+        world = dist.get_world_size(self.process_group) if ready else 1
         if world == 1:  # the average of one worker: what it sent
             averages, packet = [sent for *_, sent in parts], packet_size(chunkings)
         else:
@@ -264,7 +234,7 @@ class DeMo(torch.optim.Optimizer):
         return loss
 
     def _exchange(self, parts: list[tuple], world: int) -> tuple[list[torch.Tensor], int]:
-        """All-gather every worker's pairs in one byte packet; decode their average."""
+        """All-gather every worker's pairs in one byte packet; decode the average."""
         chunkings = [ch for ch, *_ in parts]
         itype = index_dtype(chunkings)
         values = torch.cat([v.float().reshape(-1) for _, vs, _, _ in parts for v in vs])
@@ -305,7 +275,6 @@ class DeMo(torch.optim.Optimizer):
 
 
 def check_demo(cfg: OptimConfig) -> None:
-    """DeMo's own fields: chunk side >= 1, 1 <= k <= a chunk's elements, decay in [0, 1)."""
     if cfg.demo_chunk < 1:
         raise ConfigError(f"optim.demo_chunk must be >= 1, got {cfg.demo_chunk}")
     most = cfg.demo_chunk * cfg.demo_chunk

@@ -1,9 +1,6 @@
-"""Flat-buffer optimizer base: parameters, gradients and state as views into one buffer.
-
-The "parallel tensor operator" of Shi et al. (MLSys 2021; docs/algorithms.md), done as
-apex's ``multi_tensor_apply``: the steady-state step is one multi-tensor call per param
-group and bucket; under DDP the buffers follow DDP's bucket order and the update reads the
-bucket tensors themselves, copying no gradient (docs/internals/optim.md).
+"""Flat-buffer optimizer base: parameters, gradients and state as views into one buffer
+(Shi et al.'s "parallel tensor operator", as apex's ``multi_tensor_apply``): one multi-tensor
+call per param group and bucket, reading DDP's bucket tensors, copying no gradient.
 """
 
 from __future__ import annotations
@@ -16,20 +13,19 @@ import torch.distributed as dist
 
 from bench.optim import layout
 from bench.optim.bucket import FlatBucket, Span
-from bench.optim.checkpoint import FlatCheckpoint
-from bench.optim.spec import fused_kernels_available
+from bench.optim.spec import fused_kernels_available, keep_mode_keys
 from bench.registry import ConfigError
 
 CPU_FUSED_MIN = 1 << 17  # values: smaller ranges take the vector-op path on CPU
 
 
-def _uniform(xs: list[Any]) -> bool:
-    """All elements equal (a C-level count, no Python per element)."""
+def _uniform(xs: list[Any]) -> bool:  # all equal: a C-level count
     return not xs or xs.count(xs[0]) == len(xs)
 
 
-class FlatOptimizer(FlatCheckpoint, torch.optim.Optimizer):
-    """Base class: builds the flat layout; subclasses implement :meth:`_update`."""
+class FlatOptimizer(torch.optim.Optimizer):
+    """Builds the flat layout; subclasses implement :meth:`_update`.  Its state dict is
+    torch's format (per-parameter tensors keyed by index), loadable by torch's optimizers."""
 
     state_names: tuple[str, ...] = ()
     # False: the portable vector-op path even where torch has fused kernels (tests use it)
@@ -55,9 +51,8 @@ class FlatOptimizer(FlatCheckpoint, torch.optim.Optimizer):
                 # low-precision model copy for weight matrices/filters only: 1-D parameters
                 # (norm affine, biases) stay fp32, as apex's keep_batchnorm_fp32
                 lowp = model_dtype is not None and p.ndim >= 2 and p.dtype == torch.float32
-                ps, gids = keyed.setdefault(
-                    (p.device, p.dtype, model_dtype if lowp else None), ([], [])
-                )
+                key = (p.device, p.dtype, model_dtype if lowp else None)
+                ps, gids = keyed.setdefault(key, ([], []))
                 ps.append(p)
                 gids.append(gi)
         self.buckets = [
@@ -70,19 +65,12 @@ class FlatOptimizer(FlatCheckpoint, torch.optim.Optimizer):
             b.on_relayout = lambda perm, bi=bi: self._relaid(bi, perm)
 
     def fused(self, span: Span) -> bool:
-        """Whether to update ``span`` with torch's fused kernel: on CPU only when each of
-        its entries is long (the CPU kernel splits even a few values over all threads: a
-        fork-join that costs milliseconds on a loaded machine; short ones run inline)."""
+        """Whether to update ``span`` with torch's fused kernel: on CPU only when every entry
+        is long (the CPU kernel forks all threads even for a few values)."""
         cpu = span.flat.device.type == "cpu"
         return self.use_fused[span.bucket] and (not cpu or span.smallest >= CPU_FUSED_MIN)
 
-    def _split_below(self, bi: int) -> int:
-        """Range length (values) below which a group's ranges get a span of their own."""
-        cpu = self.buckets[bi].device.type == "cpu"
-        return CPU_FUSED_MIN if cpu and self.use_fused[bi] else 0
-
     def _relaid(self, bi: int, perm: list[int]) -> None:
-        """Bucket ``bi`` was re-laid (parameter n is the old perm[n]): follow it."""
         self._permute_extra(bi, perm)
         b = self.buckets[bi]
         for k in range(len(b.params)):
@@ -99,22 +87,8 @@ class FlatOptimizer(FlatCheckpoint, torch.optim.Optimizer):
 
     @torch.no_grad()
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """As torch, but gradients in DDP's buckets are zeroed (:meth:`FlatBucket.zero_grad`)."""
         for b in self.buckets:
             b.zero_grad(set_to_none)
-
-    def _prepare(self) -> list[list[bool]] | None:
-        """Gather grads, handle GradScaler's scale; which parameters have a gradient, per
-        bucket, or None when the step must be skipped."""
-        found_inf = getattr(self, "found_inf", None)
-        if found_inf is not None and bool(found_inf.item() > 0):
-            return None
-        grad_scale = getattr(self, "grad_scale", None)
-        has = []
-        for b in self.buckets:
-            has.append(b.gather_grads())
-            b.prepare(grad_scale)
-        return has
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -122,9 +96,12 @@ class FlatOptimizer(FlatCheckpoint, torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        has = self._prepare()
-        if has is None:
+        found_inf = getattr(self, "found_inf", None)  # set by GradScaler
+        if found_inf is not None and bool(found_inf.item() > 0):
             return loss
+        has = [b.gather_grads() for b in self.buckets]  # which parameters have a gradient
+        for b in self.buckets:
+            b.prepare(getattr(self, "grad_scale", None))
         for bi, b in enumerate(self.buckets):
             keys = self._run_keys(bi)
             if self.group_steps and b.all_grads and _uniform(keys) and _uniform(b.initialized):
@@ -136,11 +113,11 @@ class FlatOptimizer(FlatCheckpoint, torch.optim.Optimizer):
         return loss
 
     def _step_groups(self, bi: int) -> None:
-        """The steady state: one update per param group over all its ranges (spans kept
-        for the layout), every parameter one step older."""
+        """The steady state: one update per param group over all its ranges."""
         b = self.buckets[bi]
         first = not b.initialized[0]
-        for gi, span in b.group_spans(bi, self._split_below(bi)):
+        split = CPU_FUSED_MIN if b.device.type == "cpu" and self.use_fused[bi] else 0
+        for gi, span in b.group_spans(bi, split):
             span.first, span.age = first, 0
             self._update(self.param_groups[gi], span)
         self._ran(bi, 0, len(b.params), first)
@@ -151,17 +128,21 @@ class FlatOptimizer(FlatCheckpoint, torch.optim.Optimizer):
         for gi, i, j, whole in layout.schedule(b, b.runs(has, keys), keys):
             if whole is not None:  # one update over a whole DDP bucket, see schedule
                 self._whole_segment(bi, gi, i, whole)
-                continue
-            span = b.span(bi, [(b.offsets[i], b.end(j), i, j)])
-            span.first = not b.initialized[i]
-            self._update(self.param_groups[gi], span)
-            self._ran(bi, i, j, span.first)
+            else:
+                self._step_run(bi, gi, i, j)
+
+    def _step_run(self, bi: int, gi: int, i: int, j: int) -> None:
+        """One update of parameters ``i..j-1`` of bucket ``bi``, of param group ``gi``."""
+        b = self.buckets[bi]
+        span = b.span(bi, [(b.offsets[i], b.end(j), i, j)])
+        span.first = not b.initialized[i]
+        self._update(self.param_groups[gi], span)
+        self._ran(bi, i, j, span.first)
 
     def _whole_segment(self, bi: int, gi: int, age: int, w: layout.Whole) -> None:
-        """Update a DDP bucket (segment) as if all of it were the major runs ``w.runs``
-        of group ``gi``, then put back the values outside them and update those (the
-        ``w.minor`` runs): gathered into compact buffers when they are one group of one
-        state age, else run by run.  A handful of operations instead of one per run."""
+        """Update a DDP bucket as if all of it were the major runs ``w.runs``, then put back
+        the values outside them and update those (``w.minor``): gathered when they are one
+        group of one state age, else run by run.  A few operations instead of one per run."""
         b = self.buckets[bi]
         seg = b.segments[w.segment]
         kept = [b.master, *b.state.values()]
@@ -181,25 +162,13 @@ class FlatOptimizer(FlatCheckpoint, torch.optim.Optimizer):
             return
         if not compact:
             for g2, i, j in w.minor:
-                span = b.span(bi, [(b.offsets[i], b.end(j), i, j)])
-                span.first = not b.initialized[i]
-                self._update(self.param_groups[g2], span)
-                self._ran(bi, i, j, span.first)
+                self._step_run(bi, g2, i, j)
             return
         # one update of the gathered values (no whole layers), then scattered back in place
         g2, i2 = minor[0], minor[1]
-        n = w.others.numel()
-        gathered = Span(
-            bucket=bi,
-            flat=b,
-            params=[saved[0]],
-            grads=[small_g],
-            state={name: [v] for name, v in zip(b.state, saved[1:], strict=True)},
-            where=[(0, n)],
-            layers=None,
-            first=not b.initialized[i2],
-            age=i2,
-        )
+        state = {name: [v] for name, v in zip(b.state, saved[1:], strict=True)}
+        gathered = Span(bi, b, [saved[0]], [small_g], state, [(0, w.others.numel())], None)
+        gathered.first, gathered.age = not b.initialized[i2], i2
         self._update(self.param_groups[g2], gathered)
         for buf, v in zip(kept, saved, strict=True):
             buf.index_copy_(0, w.others, v)
@@ -226,33 +195,93 @@ class FlatOptimizer(FlatCheckpoint, torch.optim.Optimizer):
         """One step of the values of ``span`` with the hyper-parameters of ``group``."""
         raise NotImplementedError
 
+    def _expose_state(self, bi: int, k: int) -> None:
+        """Per-parameter views of the flat state, as torch.optim keeps ``self.state``."""
+        b = self.buckets[bi]
+        st: dict[str, Any] = {name: b.view(buf, k) for name, buf in b.state.items()}
+        st.update(self._extra_state(bi, k))
+        if b.has_master:
+            st["master_param"] = b.view(b.master, k)
+        if st:
+            self.state[b.params[k]] = st
+
+    def _extra_state(self, bi: int, k: int) -> dict[str, Any]:
+        return {}
+
+    def _reset_state(self) -> None:
+        """No optimizer state, as a new optimizer (before a load)."""
+        self.state.clear()
+        for b in self.buckets:
+            b.initialized = [False] * len(b.params)
+            for buf in b.state.values():
+                buf.zero_()
+
+    def state_dict(self) -> dict[str, Any]:
+        sd = super().state_dict()
+        # a torch optimizer increments each "step" tensor separately: never share them
+        for st in sd["state"].values():
+            if isinstance(st.get("step"), torch.Tensor):
+                st["step"] = st["step"].clone()
+        return sd
+
+    @torch.no_grad()
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # a master_param that another update mode carried through is stale: only a flat
+        # optimizer keeps it in step with the weights
+        saved_by_flat = all(g.get("flat") for g in state_dict["param_groups"])
+        sd = keep_mode_keys(self, state_dict)
+        if len(sd["param_groups"]) != len(self.param_groups):
+            raise ValueError("loaded state dict has a different number of parameter groups")
+        index: dict[int, torch.nn.Parameter] = {}  # saved parameter index -> parameter
+        for own, saved in zip(self.param_groups, sd["param_groups"], strict=True):
+            if len(own["params"]) != len(saved["params"]):
+                raise ValueError(
+                    "loaded state dict contains a parameter group that doesn't match the size "
+                    "of optimizer's group"
+                )
+            index.update(zip(saved["params"], own["params"], strict=True))
+            own.update({k: v for k, v in saved.items() if k != "params"})  # hyper-parameters
+        where = {
+            id(p): (bi, k) for bi, b in enumerate(self.buckets) for k, p in enumerate(b.params)
+        }
+        self._reset_state()
+        for idx, st in sd["state"].items():
+            bi, k = where[id(index[idx])]
+            b = self.buckets[bi]
+            for name, buf in b.state.items():
+                v = st.get(name)
+                if v is not None:
+                    b.view(buf, k).copy_(v)
+            if b.has_master:
+                b.load_master(k, st.get("master_param") if saved_by_flat else None)
+            self._load_extra_state(bi, k, st)
+            b.initialized[k] = True
+            self._expose_state(bi, k)
+        self.sync_master_from_model()  # every other master follows the model
+
+    def _load_extra_state(self, bi: int, k: int, st: dict[str, Any]) -> None:
+        pass
+
     @torch.no_grad()
     def sync_master_from_model(self) -> None:
-        """Masters follow the model copy wherever it was written without them (a
-        ``model.load_state_dict``, a broadcast); a master that still rounds to its model
-        tensor is kept, with the precision that the model copy lacks."""
+        """Masters follow the model copy where it was written without them (a load)."""
         for b in self.buckets:
             b.refresh_masters(range(len(b.params)))
 
 
+@torch.no_grad()
 def after_ddp_broadcast(optimizer: torch.optim.Optimizer, process_group: Any = None) -> None:
-    """Call on every rank right after ``DistributedDataParallel(model, ...)`` is built."""
+    """Call on every rank right after ``DistributedDataParallel(model, ...)`` is built: every
+    rank takes the masters and model copy of the group's first rank (a collective)."""
     if not isinstance(optimizer, FlatOptimizer):
         return
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size(process_group) > 1:
-        src = 0 if process_group is None else dist.get_global_rank(process_group, 0)
-        broadcast_masters(optimizer, src, process_group)
-    else:
-        optimizer.sync_master_from_model()
-
-
-@torch.no_grad()
-def broadcast_masters(optimizer: FlatOptimizer, src: int = 0, group: Any = None) -> None:
-    """Every rank takes rank ``src``'s masters and model copy (a collective: call it on
-    every rank of ``group``)."""
     optimizer.sync_master_from_model()
+    ready = dist.is_available() and dist.is_initialized()
+    if not ready or dist.get_world_size(process_group) < 2:
+        return
+    src = 0 if process_group is None else dist.get_global_rank(process_group, 0)
     for b in optimizer.buckets:
         if b.has_master:
-            dist.broadcast(b.master, src=src, group=group)
+            dist.broadcast(b.master, src=src, group=process_group)
             b.model.copy_(b.master)
             b.record_versions()

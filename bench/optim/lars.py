@@ -1,9 +1,6 @@
-"""LARS (You, Gitman and Ginsburg 2017, as in the MLPerf ResNet-50 reference): reference
-and flat versions.
-
-Per layer ``trust = eta |p| / (|g| + wd |p| + eps)``, ``d = trust (g + wd p)``, then SGD
-momentum in PyTorch's convention; modes ``naive``, ``foreach`` and ``flat`` (per-layer norms
-by segment reductions over the flat buffer; docs/internals/optim.md).
+"""LARS (You, Gitman and Ginsburg 2017, as in the MLPerf ResNet-50 reference): per layer
+``trust = eta |p| / (|g| + wd |p| + eps)``, ``d = trust (g + wd p)``, then SGD momentum in
+PyTorch's convention; in the ``naive``, ``foreach`` and ``flat`` modes.
 """
 
 from __future__ import annotations
@@ -12,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from bench.optim.bucket import Span
 from bench.optim.config import OptimConfig, UpdateMode
@@ -21,27 +19,10 @@ from bench.optim.spec import OptimizerSpec, check_nesterov, keep_mode_keys, regi
 from bench.registry import ConfigError
 
 
-def trust_ratio(
-    pn: torch.Tensor, gn: torch.Tensor, eta: float, wd: float, eps: float
-) -> torch.Tensor:
+def trust_ratio(pn: Tensor, gn: Tensor, eta: float, wd: float, eps: float) -> Tensor:
     """Per-layer trust ratios from parameter and gradient norms (any shape)."""
     ratio = eta * pn / (gn + wd * pn + eps)
     return torch.where((pn > 0) & (gn > 0), ratio, torch.ones_like(ratio))
-
-
-def segment_norms(
-    x: torch.Tensor, lengths: torch.Tensor | list[int], scratch: torch.Tensor | None, method: str
-) -> torch.Tensor:
-    """L2 norm of each contiguous segment of the 1-D ``x`` (segment sizes ``lengths``)."""
-    if method == "segment_reduce":
-        assert scratch is not None
-        torch.mul(x, x, out=scratch)
-        sums = torch.segment_reduce(
-            scratch, "sum", lengths=torch.as_tensor(lengths, device=x.device)
-        )
-        return sums.sqrt_().to(x.dtype)
-    sizes = lengths.tolist() if isinstance(lengths, torch.Tensor) else lengths
-    return torch.stack(torch._foreach_norm(list(x.split(sizes))))
 
 
 class LARS(torch.optim.Optimizer):
@@ -58,18 +39,9 @@ class LARS(torch.optim.Optimizer):
         eps: float = 1e-9,
         foreach: bool = False,
     ) -> None:
-        defaults = dict(
-            lr=lr,
-            momentum=momentum,
-            dampening=0.0,
-            weight_decay=weight_decay,
-            nesterov=nesterov,
-            trust_coefficient=trust_coefficient,
-            eps=eps,
-            lars_adapt=True,
-            foreach=foreach,
-        )
-        super().__init__(params, defaults)
+        defaults = dict(lr=lr, momentum=momentum, dampening=0.0, weight_decay=weight_decay)
+        defaults.update(nesterov=nesterov, trust_coefficient=trust_coefficient, eps=eps)
+        super().__init__(params, {**defaults, "lars_adapt": True, "foreach": foreach})
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(keep_mode_keys(self, state_dict))
@@ -135,9 +107,9 @@ class LARS(torch.optim.Optimizer):
 
 
 class FlatLARS(FlatOptimizer):
-    """LARS over flat buffers (``optim.update=flat``); see the module docstring."""
+    """LARS over flat buffers (``optim.update=flat``)."""
 
-    norm_method = "foreach"  # or "segment_reduce"; see segment_norms and bench/benchmarks/update.py
+    norm_method = "foreach"  # or "segment_reduce" (bench/benchmarks/update.py compares them)
 
     def __init__(
         self,
@@ -151,24 +123,14 @@ class FlatLARS(FlatOptimizer):
         model_dtype: torch.dtype | None = None,
     ) -> None:
         self.state_names = ("momentum_buffer",) if momentum != 0 else ()
-        defaults = dict(
-            lr=lr,
-            momentum=momentum,
-            dampening=0.0,
-            weight_decay=weight_decay,
-            nesterov=nesterov,
-            trust_coefficient=trust_coefficient,
-            eps=eps,
-            lars_adapt=True,
-            foreach=None,
-        )
-        super().__init__(params, defaults, model_dtype)
+        defaults = dict(lr=lr, momentum=momentum, dampening=0.0, weight_decay=weight_decay)
+        defaults.update(nesterov=nesterov, trust_coefficient=trust_coefficient, eps=eps)
+        super().__init__(params, {**defaults, "lars_adapt": True, "foreach": None}, model_dtype)
         # per (bucket, span positions): the layer index of every value (GPUs only)
         self._segments: dict[tuple[int, tuple[tuple[int, int], ...]], torch.Tensor] = {}
 
     def _layer_ids(self, span: Span, sizes: list[int]) -> torch.Tensor:
-        """The layer (0, 1, ... over the span's layers) of every value of ``span``, in the
-        order of its entries: int32, 4 bytes per value, built once per layout."""
+        """The layer index of every value of ``span`` (int32, built once per layout)."""
         key = (span.bucket, tuple(span.where))
         if key not in self._segments:
             dev = span.flat.device
@@ -183,34 +145,25 @@ class FlatLARS(FlatOptimizer):
     def _permute_extra(self, bi: int, perm: list[int]) -> None:
         self._segments = {k: v for k, v in self._segments.items() if k[0] != bi}
 
-    def _norms(
-        self, span: Span, xs: list[torch.Tensor], layers: list[torch.Tensor]
-    ) -> torch.Tensor:
+    def _norms(self, span: Span, xs: list[Tensor], layers: list[Tensor]) -> Tensor:
         """Per-layer L2 norms of the span's entries ``xs`` (``layers``: their layer views)."""
         if self.norm_method != "segment_reduce":
             return torch.stack(torch._foreach_norm(layers))  # one multi-tensor op
         b = span.flat
         if "sq64" not in b.scratch:
             b.scratch["sq64"] = torch.empty(b.numel, dtype=torch.float64, device=b.device)
-        sq = b.scratch["sq64"]
         assert span.layers is not None
-        parts = [
-            segment_norms(x, sizes, sq[s:e], "segment_reduce")
-            for x, sizes, (s, e) in zip(xs, span.layers, span.where, strict=True)
-        ]
+        parts = []
+        for x, sizes, (s, e) in zip(xs, span.layers, span.where, strict=True):
+            sq = torch.mul(x, x, out=b.scratch["sq64"][s:e])
+            lengths = torch.as_tensor(sizes, device=x.device)
+            parts.append(torch.segment_reduce(sq, "sum", lengths=lengths).sqrt_().to(x.dtype))
         return torch.cat(parts)
 
     def _update(self, group: dict, span: Span) -> None:
-        wd, m = group["weight_decay"], group["momentum"]
-        common = dict(
-            lr=group["lr"],
-            momentum=m,
-            dampening=0.0,
-            nesterov=group["nesterov"],
-            use_fused=self.fused(span),
-        )
+        wd, fused = group["weight_decay"], self.fused(span)
         if not group["lars_adapt"]:
-            sgd_update(span, span.grads, weight_decay=wd, **common)
+            sgd_update(span, span.grads, group, wd, fused)
             return
         pl, gl, bl, sizes = _layer_views(span)
         # pass 1: per-layer norms of p and g (segment-wise reductions over the span)
@@ -219,7 +172,13 @@ class FlatLARS(FlatOptimizer):
         trust = trust_ratio(pn, gn, group["trust_coefficient"], wd, group["eps"])
         cpu = span.flat.device.type == "cpu"
         if cpu and self.use_fused[span.bucket] and span.grads[0].dtype == span.params[0].dtype:
-            _fused_layers(pl, gl, bl, trust.tolist(), wd, span.first, common)
+            # pass 2 as one fused SGD pass per layer, the trust ratio as the gradient's scale
+            hyper = dict(momentum=group["momentum"], lr=group["lr"], nesterov=group["nesterov"])
+            hyper.update(dampening=0.0, maximize=False, is_first_step=span.first)
+            for p, g, b, t in zip(pl, gl, bl or [None] * len(pl), trust.tolist(), strict=True):
+                scale = torch.tensor(1.0 / t, dtype=torch.float32)
+                mom = [] if b is None else [b]
+                torch._fused_sgd_([p], [g], mom, weight_decay=wd * t, grad_scale=scale, **hyper)
             return
         # pass 2: d = trust * (g + wd * p) in a scratch buffer, then one fused momentum
         # pass without decay.  The per-layer scale: on CPU one multi-tensor op over the
@@ -238,7 +197,7 @@ class FlatLARS(FlatOptimizer):
             s = span.flat.buffer("s")[: span.numel]
             torch.index_select(trust, 0, self._layer_ids(span, sizes), out=s)
             torch._foreach_mul_(d, list(s.split([e - a for a, e in span.where])))
-        sgd_update(span, d, weight_decay=0.0, **common)
+        sgd_update(span, d, group, 0.0, fused)
 
 
 def _split_entries(xs: list[torch.Tensor], layers: list[list[int]]) -> list[torch.Tensor]:
@@ -249,8 +208,7 @@ def _split_entries(xs: list[torch.Tensor], layers: list[list[int]]) -> list[torc
 def _layer_views(
     span: Span,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor] | None, list[int]]:
-    """Per-layer views of the span's values, gradients and momentum, and the layer sizes
-    (kept with the span: built once per layout for the steady state's spans)."""
+    """Per-layer views of the span's values, gradients and momentum, and the layer sizes."""
     if "layers" not in span.cache:
         assert span.layers is not None  # _compact_ok: adapted values are never gathered
         bufs = span.state.get("momentum_buffer")
@@ -261,34 +219,6 @@ def _layer_views(
             [n for sizes in span.layers for n in sizes],
         )
     return span.cache["layers"]
-
-
-def _fused_layers(
-    p: list[torch.Tensor],
-    grad: list[torch.Tensor],
-    buf: list[torch.Tensor] | None,
-    trust: list[float],
-    wd: float,
-    first: bool,
-    common: dict[str, Any],
-) -> None:
-    """Pass 2 on a CPU as one fused SGD pass per layer."""
-    bufs = buf if buf is not None else [None] * len(p)
-    for pl, gl, bl, t in zip(p, grad, bufs, trust, strict=True):
-        torch._fused_sgd_(
-            [pl],
-            [gl],
-            [] if bl is None else [bl],
-            weight_decay=wd * t,
-            momentum=common["momentum"],
-            lr=common["lr"],
-            dampening=0.0,
-            nesterov=common["nesterov"],
-            maximize=False,
-            is_first_step=first,
-            grad_scale=torch.tensor(1.0 / t, dtype=torch.float32),
-            found_inf=None,
-        )
 
 
 def _lars_groups(groups: list[dict], cfg: OptimConfig) -> list[dict]:

@@ -1,8 +1,6 @@
-"""Where the gradients of a flat bucket live: DDP's bucket buffers, found at step time.
-
-:func:`plan` reads DDP's bucket layout off the gradients (``gradient_as_bucket_view``) and
-the flat buffers are re-laid in that order, so a whole DDP bucket is updated with its own
-tensor as the gradient (docs/internals/optim.md).
+"""Where the gradients of a flat bucket live: :func:`plan` reads DDP's bucket layout off
+the gradients (``gradient_as_bucket_view``) and the flat buffers are re-laid in its order,
+so a whole DDP bucket is updated with its own tensor as the gradient.
 """
 
 from __future__ import annotations
@@ -55,8 +53,7 @@ def plan(
     dtype: torch.dtype,
     own: torch.Tensor,
 ) -> tuple[list[int], list[int]]:
-    """``(order, tile_lengths)``: every tile first, each a run of ``tile_lengths[t]``
-    parameters, then the others by param group."""
+    """``(order, tile_lengths)``: every tile first, then the others by param group."""
     own_ptr = own.untyped_storage().data_ptr()
     by_storage: dict[int, list[tuple[int, int]]] = {}
     for k, (p, g) in enumerate(zip(params, grads, strict=True)):
@@ -102,51 +99,11 @@ def segments(
     return out
 
 
-def permute(flat: torch.Tensor, perm: list[int], old: list[int], new: list[int], numels: list[int]):
-    """A new flat buffer whose range of parameter ``n`` (at ``new[n]``) holds the old
-    buffer's range of parameter ``perm[n]`` (at ``old[perm[n]]``)."""
-    out = torch.empty_like(flat)
-    for n, k in enumerate(perm):
-        out[new[n] : new[n] + numels[k]].copy_(flat[old[k] : old[k] + numels[k]])
-    return out
-
-
-@torch.no_grad()
-def relayout(b, perm: list[int]) -> None:
-    """Re-lay a :class:`~bench.optim.bucket.FlatBucket` ``b`` in place: its parameter ``n``
-    becomes the old parameter ``perm[n]``; every flat buffer is moved (one copy per
-    parameter, once), ``p.data`` and the ``p.grad`` that were views follow."""
-    old_offsets, numels, old_views = b.offsets, b.numels, b.grad_views
-    b.params = [b.params[k] for k in perm]
-    b.numels = [numels[k] for k in perm]
-    b.group_ids = [b.group_ids[k] for k in perm]
-    b.initialized = [b.initialized[k] for k in perm]
-    b.offsets = [0]
-    for n in b.numels[:-1]:
-        b.offsets.append(b.offsets[-1] + n)
-
-    def moved(flat: torch.Tensor) -> torch.Tensor:
-        return permute(flat, perm, old_offsets, b.offsets, numels)
-
-    master = moved(b.master)
-    b.model = moved(b.model) if b.has_master else master
-    b.master = master
-    b.grad = moved(b.grad)
-    b.grad32 = torch.empty_like(master) if b.grad32 is not None else None
-    b.state = {name: moved(buf) for name, buf in b.state.items()}
-    b.grad_views = [dense_view(b.grad, o, p) for p, o in zip(b.params, b.offsets, strict=True)]
-    for n, p in enumerate(b.params):
-        own = p.grad is not None and p.grad is old_views[perm[n]]
-        p.data = dense_view(b.model, b.offsets[n], p)
-        if own:
-            p.grad = b.grad_views[n]
-
-
 def ddp_like_buckets(
     params: list[torch.Tensor], cap_mb: float = 25.0, first_mb: float = 1.0
 ) -> list[torch.Tensor]:
-    """Give ``params`` gradients laid out as DDP's initial buckets with
-    ``gradient_as_bucket_view=True``, without a process group (benchmarks, tests)."""
+    """Give ``params`` gradients laid out as DDP's first buckets (``gradient_as_bucket_view``),
+    without a process group (benchmarks, tests)."""
     open_: dict[tuple, list[torch.Tensor]] = {}
     done: list[list[torch.Tensor]] = []
     for p in params:
@@ -173,8 +130,8 @@ def ddp_like_buckets(
 
 @dataclass
 class Whole:
-    """One update over all of segment ``segment`` for its major ``runs``; ``others``:
-    the flat positions of the segment outside them (int64), saved and put back."""
+    """One update over all of segment ``segment`` for its major ``runs``; ``others``: its
+    flat positions outside them, saved and put back."""
 
     segment: int
     runs: list[tuple[int, int, int]]

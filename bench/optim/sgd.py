@@ -1,8 +1,5 @@
-"""SGD with momentum / Nesterov / weight decay in the four update modes.
-
-``naive``/``foreach``/``fused`` are ``torch.optim.SGD``; :class:`FlatSGD` computes the same
-(PyTorch's convention, lr applied after the momentum buffer) once per param group over the
-flat buffer, with torch's fused SGD kernel where the device has it.
+"""SGD with momentum, Nesterov and weight decay: ``torch.optim.SGD`` in the ``naive``,
+``foreach`` and ``fused`` modes, :class:`FlatSGD` (the same arithmetic) over the flat buffers.
 """
 
 from __future__ import annotations
@@ -24,40 +21,24 @@ class SGD(torch.optim.SGD):
         super().load_state_dict(keep_mode_keys(self, state_dict))
 
 
-def sgd_update(
-    span: Span,
-    grads: list[torch.Tensor],
-    *,
-    lr: float,
-    momentum: float,
-    dampening: float,
-    weight_decay: float,
-    nesterov: bool,
-    use_fused: bool,
-) -> None:
-    """One SGD step of ``span``'s values with the gradients ``grads`` (``span.grads``, or
-    LARS's scaled ones): one multi-tensor call per operation, whatever the entries."""
-    p = span.params
+def sgd_update(span: Span, grads: list[torch.Tensor], group: dict, wd: float, fused: bool) -> None:
+    """One SGD step of ``span``'s values with ``grads`` (``span.grads``, or LARS's scaled
+    ones), ``group``'s hyper-parameters and weight decay ``wd``: one multi-tensor call per
+    operation."""
+    p, lr, momentum = span.params, group["lr"], group["momentum"]
+    dampening, nesterov = group["dampening"], group["nesterov"]
     bufs = span.state["momentum_buffer"] if momentum != 0 else None
-    if use_fused:
-        torch._fused_sgd_(
-            p,
-            grads,
-            [] if bufs is None else bufs,
-            weight_decay=weight_decay,
-            momentum=momentum,
-            lr=lr,
-            dampening=dampening,
-            nesterov=nesterov,
-            maximize=False,
-            is_first_step=span.first,
+    if fused:
+        hyper = dict(
+            lr=lr, momentum=momentum, dampening=dampening, nesterov=nesterov, maximize=False
         )
+        torch._fused_sgd_(p, grads, bufs or [], weight_decay=wd, is_first_step=span.first, **hyper)
         return
     # portable path: in-place ops on the span's scratch, never on the user's gradients
     d = span.scratch("d")
     torch._foreach_copy_(d, grads)
-    if weight_decay:
-        torch._foreach_add_(d, p, alpha=weight_decay)
+    if wd:
+        torch._foreach_add_(d, p, alpha=wd)
     if bufs is not None:
         if span.first:
             torch._foreach_copy_(bufs, d)
@@ -72,7 +53,7 @@ def sgd_update(
 
 
 class FlatSGD(FlatOptimizer):
-    """SGD over flat buffers (``optim.update=flat``); see the module docstring."""
+    """SGD over flat buffers (``optim.update=flat``)."""
 
     def __init__(
         self,
@@ -87,32 +68,15 @@ class FlatSGD(FlatOptimizer):
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
         self.state_names = ("momentum_buffer",) if momentum != 0 else ()
-        defaults = dict(
-            lr=lr,
-            momentum=momentum,
-            dampening=dampening,
-            weight_decay=weight_decay,
-            nesterov=nesterov,
-            maximize=False,
-            foreach=None,
-            differentiable=False,
-            fused=None,
-        )
-        super().__init__(params, defaults, model_dtype)
+        defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay)
+        # torch's group keys too: a state dict loads into torch's SGD and back
+        flags = dict(nesterov=nesterov, maximize=False, foreach=None, differentiable=False)
+        super().__init__(params, {**defaults, **flags, "fused": None}, model_dtype)
 
     def _update(self, group: dict, span: Span) -> None:
         if group["momentum"] != 0 and "momentum_buffer" not in span.state:
             raise RuntimeError("momentum was switched on after a flat SGD was built without it")
-        sgd_update(
-            span,
-            span.grads,
-            lr=group["lr"],
-            momentum=group["momentum"],
-            dampening=group["dampening"],
-            weight_decay=group["weight_decay"],
-            nesterov=group["nesterov"],
-            use_fused=self.fused(span),
-        )
+        sgd_update(span, span.grads, group, group["weight_decay"], self.fused(span))
 
 
 def _sgd_kwargs(cfg: OptimConfig) -> dict[str, Any]:

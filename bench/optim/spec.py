@@ -1,8 +1,5 @@
-"""The optimizer registry: one :class:`OptimizerSpec` per optimizer name.
-
-A spec says how to build the optimizer in each update mode, which modes it supports and
-its own checks; each optimizer module registers its specs beside its implementation.
-Also what every mode shares: the param-group keys that name a mode, torch's fused kernels.
+"""The optimizer registry: one :class:`OptimizerSpec` per name (its builders per update
+mode, its modes and checks), and what every mode shares: the group keys that name a mode.
 """
 
 from __future__ import annotations
@@ -22,10 +19,6 @@ TorchBuilder = Callable[[list[dict], OptimConfig, dict[str, bool]], torch.optim.
 FlatBuilder = Callable[[list[dict], OptimConfig, torch.dtype | None], torch.optim.Optimizer]
 
 
-def no_checks(cfg: OptimConfig) -> None:
-    """The validator of an optimizer without fields of its own."""
-
-
 @dataclass(frozen=True)
 class OptimizerSpec:
     """How one optimizer is built and checked."""
@@ -34,13 +27,12 @@ class OptimizerSpec:
     build_torch: TorchBuilder
     build_flat: FlatBuilder
     modes: frozenset[UpdateMode] = frozenset(UpdateMode)
-    validate: Callable[[OptimConfig], None] = no_checks
+    validate: Callable[[OptimConfig], None] = lambda cfg: None  # its own fields' checks
     # exchanges its own compressed state in ``step``: trains on each worker's local
     # gradient, so DDP's own gradient allreduce must stay off (comm=nocomm)
     local_gradients: bool = False
 
     def build(self, groups: list[dict], cfg: OptimConfig) -> torch.optim.Optimizer:
-        """The optimizer over ``groups`` in the configured update mode."""
         kwargs = UpdateMode(cfg.update).torch_kwargs
         if kwargs is None:
             return self.build_flat(groups, cfg, MasterWeights(cfg.master_weights).dtype)
@@ -53,8 +45,8 @@ class OptimizerSpec:
 
 OPTIMIZERS: Registry[OptimizerSpec] = Registry("optimizer")
 
-# Group keys that say HOW the update is computed, not what it computes: when a state
-# dict moves between update modes these keep the values of the optimizer loading it.
+# Group keys that say how the update is computed: a state dict loaded across update modes
+# keeps the loading optimizer's values.
 MODE_KEYS = ("foreach", "fused", "flat", "differentiable", "capturable")
 
 
@@ -80,17 +72,14 @@ def fused_kernels_available(device: torch.device) -> bool:
 
 
 def register(spec: OptimizerSpec) -> OptimizerSpec:
-    """Add ``spec`` to :data:`OPTIMIZERS` (a second spec of the same name is refused)."""
     return OPTIMIZERS.register(spec.name)(spec)
 
 
 def check_nesterov(cfg: OptimConfig) -> None:
-    """Nesterov momentum needs a momentum (sgd, lars)."""
     if cfg.nesterov and cfg.momentum <= 0:
         raise ConfigError("optim.nesterov=true needs optim.momentum > 0")
 
 
 def check_betas(cfg: OptimConfig) -> None:
-    """Adam's two moment decay rates, each in [0, 1)."""
     if len(cfg.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.betas):
         raise ConfigError(f"optim.betas must be two numbers in [0, 1), got {list(cfg.betas)}")
