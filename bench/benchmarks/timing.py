@@ -80,6 +80,24 @@ def cuda_syncs(
             torch.cuda.set_sync_debug_mode(0)
 
 
+class Clock:
+    """Stamps on the current stream: CUDA events on a GPU, the host clock on the CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def stamp(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def ms(self, a: Any, b: Any) -> float:
+        """Milliseconds from stamp ``a`` to stamp ``b`` (events: once both are done)."""
+        return a.elapsed_time(b) if self.cuda else 1e3 * (b - a)
+
+
 def summarize(times_ms: Sequence[float]) -> dict[str, float]:
     """Median, min and inter-quartile range (ms) of timed calls, and their count."""
     q = statistics.quantiles(times_ms, n=4) if len(times_ms) >= 2 else [times_ms[0]] * 3
