@@ -1,9 +1,6 @@
-"""``bench comm``: gradient aggregation per step for ResNet-50's and Transformer-base's DDP
-buckets on 2 nodes x 2.
-
-Four local gloo workers pose as 2 nodes x 2 and call every method's DDP hook on the models'
-real buckets; rows ``kind=overlap`` come from :mod:`.overlap`.  Columns and protocol:
-docs/internals/benchmarks.md (comm).
+"""``bench comm``: gradient aggregation per step of ResNet-50's and Transformer-base's DDP
+buckets, every method's hook on four local gloo workers posing as 2 nodes x 2; rows
+``kind=overlap`` from :mod:`.overlap`.  Columns and protocol: docs/internals/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -12,6 +9,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
@@ -36,9 +34,8 @@ DENSITIES = [0.001, 0.01]
 def model_buckets(
     model: str = "resnet50", bucket_cap_mb: float = 25.0, vocab: int = 32000
 ) -> list[list[torch.Size]]:
-    """Parameter shapes per DDP bucket (DDP's initial assignment) of torchvision's ResNet-50
-    or of ``transformer_base`` with a joint vocabulary of ``vocab`` tokens (WMT's 32 k);
-    the one assignment the projection also uses."""
+    """Parameter shapes per DDP bucket (DDP's initial assignment, as the projection's) of
+    ResNet-50 or of ``transformer_base`` with a joint vocabulary of ``vocab`` tokens."""
     _, shapes = projection.model_buckets(model, bucket_cap_mb, vocab)
     return [[torch.Size(s) for s in b] for b in shapes]
 
@@ -51,7 +48,6 @@ def _worker(
     warmup: int,
     reps: int,
 ) -> list[dict[str, Any]]:
-
     buckets = [
         FakeBucket(i, s, i == len(shapes) - 1, seed=100 * rank + i) for i, s in enumerate(shapes)
     ]
@@ -83,7 +79,6 @@ def _worker(
 
 
 def run(results_dir: str = "results", quick: bool = False) -> Path:
-
     world, ppn = 4, 2
     if quick:  # two small buckets: seconds
         models = {"tiny": [[torch.Size([64, 300]), torch.Size([64])], [torch.Size([128, 256])]]}
@@ -106,7 +101,6 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
 
 def _link_bytes(method: str, density: float, shapes: list, n: int, m: int) -> float:
     """Bytes per step leaving each node over its link (bench.comm.cost)."""
-
     numels = [sum(int(torch.Size(s).numel()) for s in b) for b in shapes]
     spec = methods.get(method)
     return spec.traffic(numels, n, m, spec.knobs_of({"comm.density": density}), shapes).link_bytes
@@ -147,7 +141,6 @@ def _add_rows(
 def _overlap(bench: BenchRun, world: int, ppn: int, quick: bool) -> None:
     """Rows ``kind=overlap``: a real ResNet-18 step with each hook, beside its backward pass
     alone and its communication alone (bench.benchmarks.overlap)."""
-
     which = [WHOLE[0], SPARSE[-1]] if quick else METHODS
     batch, image, warmup, reps = (2, 16, 1, 1) if quick else (32, 64, 3, 4)
     rows = run_workers(
@@ -168,23 +161,14 @@ def _overlap(bench: BenchRun, world: int, ppn: int, quick: bool) -> None:
 def _plot(bench: BenchRun) -> None:
     """Two figures: per model, the time per step and the bytes per worker of each method
     (``comm.png``), and the overlap of communication with the step (``comm.overlap.png``)."""
-    # deferred: matplotlib is slow to load, and only drawing needs it
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     df = bench.frame()
-    ov = df[df["kind"] == "overlap"] if "kind" in df.columns else df.iloc[:0]
-    df = df[df["kind"] != "overlap"] if "kind" in df.columns else df
-    if "model" not in df.columns:  # older runs: ResNet-50 alone
-        df = df.assign(model="resnet50")
+    ov, df = df[df["kind"] == "overlap"], df[df["kind"] != "overlap"]
     models = list(dict.fromkeys(str(m) for m in df["model"]))
     most = max(int((df["model"] == m).sum()) for m in models)
     fig, axes = plt.subplots(
         2, len(models), figsize=(6.2 * len(models), 2.2 + 0.5 * most), squeeze=False
     )
-    reps = f"median of n = {int(df['reps'].median())} steps" if "reps" in df.columns else "median"
+    reps = f"median of n = {int(df['reps'].median())} steps"
     for col, model in enumerate(models):
         d = df[df["model"] == model]
         y = np.arange(len(d))
@@ -218,20 +202,12 @@ def _plot(bench: BenchRun) -> None:
         f"on {bench.meta['hardware']}",
         fontsize=10,
     )
-    hh = fig.get_figheight()
-    fig.tight_layout(rect=(0, 0.35 / hh, 1, 1))
+    fig.tight_layout(rect=(0, 0.35 / fig.get_figheight(), 1, 1))
     save_figure(fig, bench.png_path, layout=False)
-    if len(ov):
-        fig, ax = plt.subplots(figsize=(7.5, 4.4))
-        _plot_overlap(ax, ov)
-        fig.suptitle(f"How much of the communication a training step exposes\n"
-                     f"{bench.meta['hardware']}", fontsize=9)  # fmt: skip
-        save_figure(fig, bench.png_path.with_suffix(".overlap.png"))
-
-
-def _plot_overlap(ax: Any, ov: Any) -> None:
-    """Communication alone beside the part of it the step exposes (ResNet-18 step)."""
-
+    if ov.empty:
+        return
+    # communication alone beside the part of it the step exposes (ResNet-18 step)
+    fig, ax = plt.subplots(figsize=(7.5, 4.4))
     x, c = np.arange(len(ov)), BENCH_COLOURS
     ax.bar(x - 0.2, ov["comm_alone_ms"], 0.4, color=c["alone"], label="communication alone")
     ax.bar(x + 0.2, ov["exposed_ms"].clip(lower=0), 0.4, color=c["exposed"],
@@ -250,6 +226,9 @@ def _plot_overlap(ax: Any, ov: Any) -> None:
         fontsize=8,
     )
     ax.legend(fontsize=7, loc="upper left", ncol=2, frameon=False)
+    fig.suptitle(f"How much of the communication a training step exposes\n"
+                 f"{bench.meta['hardware']}", fontsize=9)  # fmt: skip
+    save_figure(fig, bench.png_path.with_suffix(".overlap.png"))
 
 
 BENCHMARKS.register("comm")(BenchmarkSpec(run=run, replot=_plot))
