@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
@@ -37,7 +38,6 @@ def _config(
     loader: str, cache: str, throttled: bool, root: str, quick: bool, size: int, cache_dir: str
 ):
     """DataConfig and CacheConfig of one case: ``2 x cores`` reads outstanding in both loaders."""
-
     cores = 1 if quick else usable_cores()
     # uncached unthrottled DALI uses its file reader, whose decode threads do the reads
     # (the files are memory-mapped): give it 2 x cores of them; otherwise DALI fetches
@@ -86,16 +86,6 @@ def _time_epoch(loader: Any) -> tuple[int, float, list[float]]:
     return n, time.perf_counter() - t0, gaps
 
 
-def _cold(paths: list[str]) -> float:
-    """Drop the page cache of ``paths``; returns the share (%) still resident after it."""
-
-    drop_page_cache(paths)
-    try:
-        return round(100 * resident_fraction(paths), 1)
-    except OSError:  # no mincore here
-        return float("nan")
-
-
 def _epochs(
     loader_kind: str,
     cache: str,
@@ -105,7 +95,6 @@ def _epochs(
     quick: bool,
     size: int | None = None,
 ) -> list[dict[str, Any]]:
-
     size = size or (32 if quick else OUT)
     cache_dir = tempfile.mkdtemp(prefix="tkb-input-cache-")
     try:
@@ -117,7 +106,12 @@ def _epochs(
         rows = []
         for epoch in range(epochs):
             loader.set_epoch(epoch)
-            resident = _cold([os.path.join(root, d.train_dir), cache_dir])
+            cold = [os.path.join(root, d.train_dir), cache_dir]
+            drop_page_cache(cold)
+            try:  # the share (%) still resident after the drop
+                resident = round(100 * resident_fraction(cold), 1)
+            except OSError:  # no mincore here
+                resident = float("nan")
             load = round(os.getloadavg()[0], 2)
             n, dt, gaps = _time_epoch(loader)
             st = loader.epoch_stats()
@@ -205,14 +199,8 @@ def _ratios(rows: list[dict[str, Any]]) -> None:
         )
 
 
-def _plot(csv: Path, png: Path) -> None:
-    # deferred: matplotlib is slow to load, and only drawing needs it
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    df = latest_run(csv)
+def _plot(bench: BenchRun) -> None:
+    df = latest_run(bench.csv_path)
     fig, axes = plt.subplots(1, 2, figsize=(13.5, 4.5), sharey=True)
     for ax, throttled in zip(axes, (True, False), strict=True):
         sub = df[df["throttled"] == throttled]
@@ -244,31 +232,22 @@ def _plot(csv: Path, png: Path) -> None:
         f"outstanding: {df['hardware'].iloc[0]}",
         fontsize=9,
     )
-    save_figure(fig, png)
-
-
-def _folders(quick: bool) -> tuple[str, tuple[str, ...], int]:
-
-    if quick:
-        return (
-            cached_jpeg_folder(64, 4, val_images=8, small=True),
-            ("none", "multilevel", "predecoded"),
-            2,
-        )
-    t0 = time.perf_counter()
-    root = cached_jpeg_folder(IMAGES, 100, val_images=100, target_kb=110.0)
-    print(f"JPEG folder {root} ready in {time.perf_counter() - t0:.0f} s")
-    _pixels_note(root)
-    return root, CACHES, 3
+    save_figure(fig, bench.png_path)
 
 
 def run(results_dir: str = "results", quick: bool = False) -> Path:
     """Measure every (loader, cache, throttle) case for 3 epochs; CSV + PNG; returns the CSV."""
-
     loaders: tuple[str, ...] = ("torch", "dali") if have_dali() else ("torch",)
     if not have_dali():
         print("NVIDIA DALI is not installed: measuring the torch loader only")
-    root, caches, epochs = _folders(quick)
+    caches, epochs = (("none", "multilevel", "predecoded"), 2) if quick else (CACHES, 3)
+    if quick:
+        root = cached_jpeg_folder(64, 4, val_images=8, small=True)
+    else:
+        t0 = time.perf_counter()
+        root = cached_jpeg_folder(IMAGES, 100, val_images=100, target_kb=110.0)
+        print(f"JPEG folder {root} ready in {time.perf_counter() - t0:.0f} s")
+        _pixels_note(root)
     # warm-up, not recorded: DALI's one-time library start-up and the DataLoader's
     # forkserver (which imports torch once) would otherwise land in the first case's epoch 1
     tiny = cached_jpeg_folder(128, 2, val_images=4, small=True)  # a few batches per worker
@@ -286,12 +265,8 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
     for r in rows:
         bench.add(**r)
     path = bench.save()
-    _plot(path, bench.png_path)
+    _plot(bench)
     return path
-
-
-def _replot(bench: BenchRun) -> None:
-    _plot(bench.csv_path, bench.png_path)
 
 
 def headline(rows: pd.DataFrame) -> list[str]:
@@ -315,4 +290,4 @@ def headline(rows: pd.DataFrame) -> list[str]:
     return out
 
 
-BENCHMARKS.register("input")(BenchmarkSpec(run=run, replot=_replot, headline=headline))
+BENCHMARKS.register("input")(BenchmarkSpec(run=run, replot=_plot, headline=headline))

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import matplotlib.pyplot as plt
 import torch
 from torch.utils.data import DataLoader
 
@@ -36,17 +37,31 @@ BATCH = 32
 
 
 class _Epochs:
-    """One call = one full training epoch of a loader (its next epoch number)."""
+    """One call = one full training epoch of a loader (its next epoch number); ``device``:
+    where the batches are moved, for a loader that leaves them on the host."""
 
-    def __init__(self, loader: Any, close: Callable[[], None]) -> None:
-        self.loader, self.close, self.epoch, self.images = loader, close, 0, []
+    def __init__(self, loader: Any, close: Callable[[], None] | None = None, device: Any = None):
+        self.loader, self._close, self.device, self.epoch, self.images = (
+            loader,
+            close,
+            device,
+            0,
+            [],
+        )
+
+    def close(self) -> None:
+        if self._close is not None:
+            self._close()
+        self.loader = None  # a DataLoader's persistent workers stop with it
 
     def __call__(self) -> None:
         if hasattr(self.loader, "set_epoch"):
             self.loader.set_epoch(self.epoch)
         self.epoch += 1
-        n = 0
+        n, nb = 0, self.device is not None and self.device.type == "cuda"
         for x, y in self.loader:
+            if self.device is not None:
+                x, y = x.to(self.device, non_blocking=nb), y.to(self.device, non_blocking=nb)
             assert x.device == y.device
             n += x.shape[0]
         self.images.append(n)
@@ -69,18 +84,7 @@ def _torchvision(root: str, size: int, batch: int, workers: int, device: Any) ->
         prefetch_factor=2 if workers > 0 else None,
         generator=torch.Generator().manual_seed(0),
     )
-    nb = device.type == "cuda"
-
-    class OnDevice:
-        def __iter__(self):
-            for x, y in dl:
-                yield x.to(device, non_blocking=nb), y.to(device, non_blocking=nb)
-
-    def close() -> None:
-        nonlocal dl
-        dl = None  # persistent workers stop with the loader
-
-    return _Epochs(OnDevice(), close)
+    return _Epochs(dl, device=device)
 
 
 def _dali(
@@ -111,34 +115,17 @@ def _dali(
     return _Epochs(loader, loader.close)
 
 
-def _skip_reason(case: str, cuda: bool, dali: bool) -> str:
-    if case != "torchvision" and not dali:
-        return "NVIDIA DALI is not installed"
-    if case == "dali_mixed" and not cuda:
-        return "no CUDA device"
-    return ""
-
-
-def _plan(quick: bool) -> dict[str, Any]:
-    cores = 2 if quick else usable_cores()
-    if quick:
-        return dict(images=64, small=True, size=32, batch=8, workers=2, reps=2, cores=cores)
-    return dict(images=64 * max(2, cores), small=False, size=OUT, batch=BATCH, workers=cores,
-                reps=5, cores=cores)  # fmt: skip
-
-
 def measure(quick: bool = False, dali: bool | None = None) -> list[dict[str, Any]]:
     """The rows of one run (every case; skipped ones say why)."""
-
-    p = _plan(quick)
+    cores = 2 if quick else usable_cores()
+    images, size, batch, workers, reps = (
+        (64, 32, 8, 2, 2) if quick else (64 * max(2, cores), OUT, BATCH, cores, 5)
+    )
     dali = have_dali() if dali is None else dali
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    root = cached_jpeg_folder(
-        p["images"], 16 if not quick else 4, small=p["small"], workers=max(2, p["cores"])
-    )
+    root = cached_jpeg_folder(images, 4 if quick else 16, small=quick, workers=max(2, cores))
     tmp = tempfile.mkdtemp(prefix="tkb-input-gpu-")
-    size, batch, workers = p["size"], p["batch"], p["workers"]
     makers: dict[str, Callable[[], _Epochs]] = {
         "torchvision": lambda: _torchvision(root, size, batch, workers, device),
         "dali_mixed": lambda: _dali(root, size, batch, workers, device, "auto", "none", tmp),
@@ -147,7 +134,11 @@ def measure(quick: bool = False, dali: bool | None = None) -> list[dict[str, Any
             root, size, batch, workers, device, "auto", "predecoded", tmp
         ),
     }
-    skipped = {c: _skip_reason(c, cuda, dali) for c in CASES}
+    skipped = dict.fromkeys(CASES, "")
+    if not dali:
+        skipped.update(dict.fromkeys(CASES[1:], "NVIDIA DALI is not installed"))
+    elif not cuda:
+        skipped["dali_mixed"] = "no CUDA device"
     for c, why in skipped.items():
         if why:
             print(f"  {c}: skipped ({why})", flush=True)
@@ -166,7 +157,7 @@ def measure(quick: bool = False, dali: bool | None = None) -> list[dict[str, Any
                 if c in runs:
                     runs.pop(c).close()
         load = round(os.getloadavg()[0], 2)
-        times = interleaved_times(runs, warmup=0, reps=p["reps"])
+        times = interleaved_times(runs, warmup=0, reps=reps)
     finally:
         for r in runs.values():
             r.close()
@@ -181,11 +172,11 @@ def measure(quick: bool = False, dali: bool | None = None) -> list[dict[str, Any
             library="torchvision" if c == "torchvision" else "dali",
             device="gpu" if c in ("dali_mixed", "dali_predecoded") and cuda else "cpu",
             train_device=device.type,
-            images=p["images"] // batch * batch,
+            images=images // batch * batch,
             batch=batch,
             image_size=size,
             workers=workers,
-            reps=p["reps"],
+            reps=reps,
             skipped=skipped[c],
         )
         if not skipped[c]:
@@ -206,14 +197,8 @@ def measure(quick: bool = False, dali: bool | None = None) -> list[dict[str, Any
     return rows
 
 
-def _plot(csv: Path, png: Path) -> None:
-    # deferred: matplotlib is slow to load, and only drawing needs it
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    df = latest_run(csv)
+def _plot(bench: BenchRun) -> None:
+    df = latest_run(bench.csv_path)
     skipped = df["skipped"].fillna("").astype(str) if "skipped" in df else None
     fig, ax = plt.subplots(figsize=(8, 1.9 + 0.55 * len(df)))
     y = list(range(len(df)))
@@ -255,7 +240,7 @@ def _plot(csv: Path, png: Path) -> None:
             fontsize=9,
         )
     ax.grid(axis="x", alpha=0.3)
-    save_figure(fig, png)
+    save_figure(fig, bench.png_path)
 
 
 def run(results_dir: str = "results", quick: bool = False) -> Path:
@@ -264,12 +249,8 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
     for r in measure(quick):
         bench.add(**r)
     path = bench.save()
-    _plot(path, bench.png_path)
+    _plot(bench)
     return path
 
 
-def _replot(bench: BenchRun) -> None:
-    _plot(bench.csv_path, bench.png_path)
-
-
-BENCHMARKS.register("input_gpu")(BenchmarkSpec(run=run, replot=_replot))
+BENCHMARKS.register("input_gpu")(BenchmarkSpec(run=run, replot=_plot))
