@@ -1,4 +1,5 @@
-"""Run a function on N local gloo workers posing as ``N / procs_per_node`` nodes.
+"""Run a function on N local gloo workers posing as ``N / procs_per_node`` nodes (or on the
+workers of a torchrun launch, :func:`torchrun_json`).
 
 Each worker gets the environment torchrun would give it (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``), so :func:`bench.comm.topology.detect`
@@ -9,11 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import os
 import queue
 import socket
 import traceback
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -52,6 +55,19 @@ def alone(device: str, timeout_s: float = 300.0) -> Iterator[None]:
         yield
     finally:
         dist.destroy_process_group()
+
+
+def torchrun_json(out: str, work: Callable[[], Any]) -> int:
+    """``work()`` on this worker of a torchrun launch (gloo, ``OMP_NUM_THREADS`` threads);
+    rank 0 writes what it returns to the JSON file ``out``."""
+    dist.init_process_group("gloo")
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    res = work()
+    if dist.get_rank() == 0:
+        Path(out).write_text(json.dumps(res, indent=1))
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
 
 
 def _entry(fn: Callable[..., Any], rank: int, q: Any, args: tuple, setup: tuple) -> None:
