@@ -7,6 +7,7 @@ and a summary table.  The steps and the budget: docs/internals/gpucheck.md.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -291,29 +292,18 @@ def run_step(argv: list[str], timeout_s: float, log_path: Path, prefix: str) -> 
             rc = proc.wait(timeout=timeout_s)
             status = "ok" if rc == 0 else "failed"
         except subprocess.TimeoutExpired:
-            _kill_group(proc)
+            for sig in (signal.SIGTERM, signal.SIGKILL):  # the whole group, gently first
+                with contextlib.suppress(ProcessLookupError, subprocess.TimeoutExpired):
+                    os.killpg(proc.pid, sig)
+                    proc.wait(timeout=5.0)
+                if proc.poll() is not None:
+                    break
             rc, status = proc.wait(), "timeout"
         pump.join(timeout=10)
-    _trim(log_path)
-    return status, rc
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-            proc.wait(timeout=5.0)
-            return
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def _trim(path: Path) -> None:
-    data = path.read_bytes()
+    data = log_path.read_bytes()
     if len(data) > LOG_TAIL_BYTES:
-        path.write_bytes(b"[... earlier output cut ...]\n" + data[-LOG_TAIL_BYTES:])
+        log_path.write_bytes(b"[... earlier output cut ...]\n" + data[-LOG_TAIL_BYTES:])
+    return status, rc
 
 
 def plan(

@@ -60,13 +60,6 @@ def sync_site(stack: list[traceback.FrameSummary]) -> str:
     return f"other {Path(last.filename).name}:{last.lineno}" if last else "other ?"
 
 
-def _model(device: torch.device, width: int) -> nn.Module:
-    torch.manual_seed(0)  # the same weights on every rank (DDP broadcasts them anyway)
-    return nn.Sequential(
-        nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.Linear(width, 10)
-    ).to(device)
-
-
 @contextlib.contextmanager
 def race(device: torch.device, on: bool = True, counter: list[int] | None = None) -> Iterator[None]:
     """While the block runs, delay the stream before every collective is issued and at the
@@ -145,28 +138,11 @@ def _run(
     grad = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).float()
     stats = state.stats.pop()
     ours = [s for s in sites if s.startswith("bench ")]
-    return (
-        grad,
-        {
-            "syncs": len(ours) + counted,
-            "sync_sites": sorted(set(ours))[:5],
-            "other_syncs": len(sites) - len(ours),  # torch's own (PowerSGD's copy): info only
-            "other_sites": sorted(set(sites) - set(ours))[:5],
-            "delays": delays[0],
-            "finite": finite,
-            "select_s": stats.get("time/select_s", 0.0),
-            "comm_s": stats.get("time/comm_s", 0.0),
-        },
-    )
-
-
-def _rank_diff(t: torch.Tensor) -> float:
-    """Largest difference of ``t`` between this rank and rank 0 over the default group."""
-    ref = t.clone()
-    dist.broadcast(ref, 0)
-    d = (t - ref).abs().max()
-    dist.all_reduce(d, op=dist.ReduceOp.MAX)
-    return float(d)
+    info = {"syncs": len(ours) + counted, "sync_sites": sorted(set(ours))[:5]}
+    # torch's own (PowerSGD's copy): info only
+    info.update(other_syncs=len(sites) - len(ours), other_sites=sorted(set(sites) - set(ours))[:5])
+    info.update(delays=delays[0], finite=finite, select_s=stats.get("time/select_s", 0.0))
+    return grad, {**info, "comm_s": stats.get("time/comm_s", 0.0)}
 
 
 def _dense_tol(hook: str) -> float:
@@ -267,7 +243,11 @@ def check_layout(
             row["syncs"] += rinfo["syncs"]
             row["other_syncs"] += rinfo["other_syncs"]
             row["delays"] = rinfo["delays"]
-        row["rank_diff"] = _rank_diff(grad)
+        ref0 = grad.clone()  # the largest difference between this rank and rank 0
+        dist.broadcast(ref0, 0)
+        diff = (grad - ref0).abs().max()
+        dist.all_reduce(diff, op=dist.ReduceOp.MAX)
+        row["rank_diff"] = float(diff)
         if not methods.get(name).lossy and density == 1.0:
             row["dense_err"] = float((grad - ref).norm() / ref.norm())
         row["seconds"] = time.perf_counter() - t0
