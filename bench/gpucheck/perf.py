@@ -70,15 +70,6 @@ def bandwidth(device: torch.device, reps: int = 10) -> dict[str, float]:
     return out
 
 
-def _magnitudes_match(x: torch.Tensor, k: int, got: Any) -> bool:
-    """Whether a selection's values are the ``k`` largest magnitudes of ``x`` (ties may
-    pick other indices of the same magnitude)."""
-    vals, idx = got if isinstance(got, tuple) else (got.values, got.indices)
-    want = torch.topk(x.abs().float(), k, sorted=True).values
-    have = torch.sort(x[idx].abs().float(), descending=True).values
-    return idx.numel() == k and bool(torch.equal(have, want))
-
-
 def _hook_path(kernel: str) -> Callable[[torch.Tensor, int], Any]:
     """``mstopk`` as a DDP hook calls it: the finiteness flag handed on, not read."""
 
@@ -105,15 +96,6 @@ def graphed(fn: Callable[[], Any]) -> tuple[Callable[[], Any], Any]:
     return graph.replay, out
 
 
-def _kernel_ran(name: str, device: torch.device) -> str:
-    """What a row's selection ran: the radix path's Triton kernels, or the torch structure
-    (asked for, on the CPU, or once the kernels failed here: ``_TRITON_BROKEN``)."""
-    if not name.startswith("mstopk"):
-        return "torch.topk"
-    torch_ops = name.startswith("mstopk-torch") or device.type != "cuda"
-    return "torch" if torch_ops or "radix" in _TRITON_BROKEN else "triton-radix"
-
-
 def select(device: torch.device, cpu: bool, sink: Rows) -> None:
     """torch.topk against MSTopK ``tiled`` as a hook runs it, eager and as a CUDA-graph
     replay, and its torch structure: each checked against torch.topk's magnitudes, ms, GPU
@@ -134,6 +116,7 @@ def select(device: torch.device, cpu: bool, sink: Rows) -> None:
         x = torch.randn(n, device=device, generator=gen).to(dtype)
         read = median_s(lambda x=x: torch.amax(x), warmup=1, reps=reps, events=cuda)
         floor = x.element_size() * n / bw["bytes_s"]
+        want = torch.topk(x.abs().float(), max(k_for(n, d) for d in (0.001, 0.01))).values
         for density, (name, fn) in itertools.product((0.001, 0.01), methods.items()):
             k = k_for(n, density)
             call = functools.partial(fn, x, k)
@@ -151,9 +134,17 @@ def select(device: torch.device, cpu: bool, sink: Rows) -> None:
                 s = median_s(run, warmup=1, reps=reps, events=cuda)
                 if label.endswith("graph"):
                     torch.cuda.synchronize()
+                # what ran: the radix path's Triton kernels, or the torch structure (asked
+                # for, on the CPU, or once the kernels failed here: _TRITON_BROKEN)
+                ops = label.startswith("mstopk-torch") or not cuda or "radix" in _TRITON_BROKEN
+                kernel = "torch" if ops else "triton-radix"
                 row = {"n": n, "dtype": str(dtype).removeprefix("torch."), "density": density}
-                row.update(method=label, kernel=_kernel_ran(label, device))
-                row.update(exact=_magnitudes_match(x, k, got), ms=1e3 * s)
+                row.update(method=label, kernel=kernel if label.startswith("mstopk") else name)
+                # the k largest magnitudes (ties may pick other indices of the same magnitude)
+                idx = got[1] if isinstance(got, tuple) else got.indices
+                have = torch.sort(x[idx].abs().float(), descending=True).values
+                exact = idx.numel() == k and bool(torch.equal(have, want[:k]))
+                row.update(exact=exact, ms=1e3 * s)
                 row["kernels"], row["busy_ms"] = gpu_work(run, device)
                 row.update(x_floor=s / floor, x_read=s / read, syncs=syncs)
                 sink.add(row)
