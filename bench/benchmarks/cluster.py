@@ -144,7 +144,16 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
                  model_dense_ns_per_elem=k.dense_s * 1e9,
                  model_reduce_ns_per_elem=k.reduce_s * 1e9, reps=reps,
                  select_ms=res[comm]["select_ms"], comm_ms=res[comm]["comm_ms"])  # fmt: skip
-        _what_if(bench, bw, res, c, k, numel)
+        # the calibrated model with this machine's intra-node path replaced by NVLink (100
+        # GB/s, 10 us), then also its CPU aggregation costs by GPU ones: what keeps the
+        # hierarchical method from its paper speed-up here
+        nvlink = replace(c, intra_bw=100e9, intra_lat=10e-6)
+        for scenario, kk in (("nvlink", k), ("nvlink+gpu", GPU_COSTS)):
+            t = {cm: _predict_ms(cm, res, nvlink, kk, own=False) for cm in WHATIF}
+            for comm in WHATIF:
+                head = {"kind": "whatif", "scenario": scenario}
+                _row(bench, head, bw, res, comm, numel, median_ms=None, predicted_ms=t[comm],
+                     speedup_vs_dense=t[BASE] / t[comm])  # fmt: skip
         _overlap_rows(bench, res.get("overlap", []), bw)
     lb = LINK_BOUND
     with _emulated(lb["bandwidth"], quick) as (c, link, tmp):
@@ -152,7 +161,15 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
     # recorded only: measured on CPU workers, not the projected V100s
     where = {"scenario": "link-bound", "nodes": NODES, "procs_per_node": lb["procs"]}
     _overlap_rows(bench, rows, lb["bandwidth"], link, **where)
-    _projection(bench)
+    # the paper's cluster, every input assumed (hidden too: nothing here ran on V100s), for
+    # the comm hooks a user would pick (not the selection variants)
+    h = projection.ASSUMPTIONS["hidden"]
+    source = f"assumed {h.value:g} (band {h.low:g}..{h.high:g}; bench.cluster.projection)"
+    for r in projection.project([s for s in methods.specs(kind="hook") if s.group != "variant"]):
+        eff = {k: r[k] for k in ("efficiency", "efficiency_min", "efficiency_max", "hidden")}
+        _row(bench, {"kind": "projection"}, f"{r['gbps']}gbit", r, str(r["comm"]),
+             pm.RESNET50_NUMEL, median_ms=None, predicted_ms=r["step_ms"], **eff,
+             hidden_source=source)  # fmt: skip
     path = bench.save()
     _plot(bench)
     return path
@@ -174,34 +191,6 @@ def _overlap_rows(
     checked = {"link_gbps": link["bandwidth_gbps"], "link_ok": link["ok"]} if link else {}
     for r in rows:
         bench.add(**r, comm=r["method"], **at, bandwidth=bw, median_ms=r["step_ms"], **checked)
-
-
-def _projection(bench: BenchRun) -> None:
-    """The paper's cluster, every input assumed (``hidden`` too: nothing here ran on V100s)."""
-    h = projection.ASSUMPTIONS["hidden"]
-    source = f"assumed {h.value:g} (band {h.low:g}..{h.high:g}; bench.cluster.projection)"
-    # the comm hooks a user would pick (not the selection variants)
-    hooks = [s for s in methods.specs(kind="hook") if s.group != "variant"]
-    for r in projection.project(hooks):
-        eff = {k: r[k] for k in ("efficiency", "efficiency_min", "efficiency_max", "hidden")}
-        _row(bench, {"kind": "projection"}, f"{r['gbps']}gbit", r, str(r["comm"]),
-             pm.RESNET50_NUMEL, median_ms=None, predicted_ms=r["step_ms"], **eff,
-             hidden_source=source)  # fmt: skip
-
-
-def _what_if(
-    bench: BenchRun, bw: str, res: dict[str, Any], c: Cluster, k: Costs, numel: int
-) -> None:
-    """Rows ``kind=whatif``: the calibrated model with this machine's intra-node path
-    replaced by NVLink (100 GB/s, 10 us), then also its CPU aggregation costs by GPU ones
-    (``projection.GPU_COSTS``): what keeps ``hitopk`` from its paper speed-up here."""
-    nvlink = replace(c, intra_bw=100e9, intra_lat=10e-6)
-    for scenario, cc, kk in (("nvlink", nvlink, k), ("nvlink+gpu", nvlink, GPU_COSTS)):
-        t = {cm: _predict_ms(cm, res, cc, kk, own=False) for cm in WHATIF}
-        for comm in WHATIF:
-            head = {"kind": "whatif", "scenario": scenario}
-            _row(bench, head, bw, res, comm, numel, median_ms=None, predicted_ms=t[comm],
-                 speedup_vs_dense=t[BASE] / t[comm])  # fmt: skip
 
 
 def _plot(bench: BenchRun) -> None:

@@ -1,11 +1,9 @@
 """One DDP training step per hook on one process (gpucheck step ``step``).
 
-``python -m bench.gpucheck.step [--cpu] [--out FILE]``: ResNet-50 (bf16 autocast,
-channels-last, 25 MB buckets) on NCCL with world 1, one SGD step per hook, CUDA events:
-the step, the time from the last bucket handed to the hook to the end of backward (the
-hook's work left on the critical path) and peak memory, against dense's; then one step
-per hook under torch's profiler (its trace in ``<out dir>/step-traces/<hook>.json.gz``)
-and a row saying where the time went.  ``--cpu``: ResNet-18 on small images over gloo.
+``python -m bench.gpucheck.step [--cpu] [--out FILE]``: ResNet-50 on NCCL with world 1, one
+SGD step per hook against dense's (the step, its tail after the last bucket, peak memory),
+then one more under torch's profiler (its trace in ``<out dir>/step-traces/``) and where its
+time went.  ``--cpu``: ResNet-18 on small images over gloo.  The rows: docs/internals/gpucheck.md.
 """
 
 from __future__ import annotations
@@ -172,18 +170,15 @@ def run(cpu: bool, hooks: tuple[str, ...], sink: Rows, traces: str = "") -> None
             sink.add({"device": str(device), **row})
             prof["added"] = added(prof, dense_prof)
             kept = {k: v for k, v in prof.items() if k != "by_name"}
-            sink.add({"what": "profile", "device": str(device), **kept}, _profile_line(prof))
-
-
-def _profile_line(p: dict[str, Any]) -> str:
-    """The profiled step in one printed line: its span, idle time, host time in the hook,
-    and what it adds to dense's."""
-    gpu = f" busy {p['busy_ms']:.1f} idle {p['idle_ms']:.1f} ms" if "busy_ms" in p else ""
-    more = ", ".join(f"{n[:40]} +{ms:.2f} ms ({c:+d})" for n, ms, c in p["added"][:5])
-    return (
-        f"step profile {p['hook']}: {p['step_ms']:.1f} ms,{gpu} hook host"
-        f" {p['hook_host_ms']:.1f} ms, {p['ops']} ops; adds: {more or 'nothing'}"
-    )
+            # printed: its span, idle time, host time in the hook, what it adds to dense's
+            p = prof
+            gpu = f" busy {p['busy_ms']:.1f} idle {p['idle_ms']:.1f} ms" if "busy_ms" in p else ""
+            more = ", ".join(f"{n[:40]} +{ms:.2f} ms ({c:+d})" for n, ms, c in p["added"][:5])
+            line = (
+                f"step profile {name}: {p['step_ms']:.1f} ms,{gpu} hook host"
+                f" {p['hook_host_ms']:.1f} ms, {p['ops']} ops; adds: {more or 'nothing'}"
+            )
+            sink.add({"what": "profile", "device": str(device), **kept}, line)
 
 
 def main(argv: list[str] | None = None) -> int:
