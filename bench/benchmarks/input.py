@@ -186,19 +186,6 @@ def _pixels_note(root: str) -> None:
     )
 
 
-def _ratios(rows: list[dict[str, Any]]) -> None:
-    by = {(r["loader"], r["cache"], r["throttled"], r["epoch"]): r["images_per_s"] for r in rows}
-    for r in rows:
-        none = by.get((r["loader"], "none", r["throttled"], r["epoch"]))
-        r["speedup_vs_none"] = round(r["images_per_s"] / none, 3) if none else float("nan")
-        torch_ = by.get(("torch", r["cache"], r["throttled"], r["epoch"]))
-        r["dali_vs_torch"] = (
-            round(r["images_per_s"] / torch_, 3)
-            if r["loader"] == "dali" and torch_
-            else float("nan")
-        )
-
-
 def _plot(bench: BenchRun) -> None:
     df = latest_run(bench.csv_path)
     fig, axes = plt.subplots(1, 2, figsize=(13.5, 4.5), sharey=True)
@@ -226,7 +213,7 @@ def _plot(bench: BenchRun) -> None:
     # one legend beside the panels: it covers no line (solid / dashed: the loader)
     axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     n = int(df["images"].max())
-    reads = int(df["reads_outstanding"].max()) if "reads_outstanding" in df else 0
+    reads = int(df["reads_outstanding"].max())
     fig.suptitle(
         f"Input pipeline, {n} generated JPEGs per epoch, RRC {OUT} + flip, <= {reads} reads "
         f"outstanding: {df['hardware'].iloc[0]}",
@@ -261,8 +248,13 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
                 rows += _epochs(loader, cache, throttled, root, epochs, quick)
     if len({r["images"] for r in rows}) > 1:
         print("WARNING: the cases read different numbers of images per epoch", flush=True)
-    _ratios(rows)
-    for r in rows:
+    by = {(r["loader"], r["cache"], r["throttled"], r["epoch"]): r["images_per_s"] for r in rows}
+    for r in rows:  # against no cache and against the torch loader, in the same epoch
+        none = by.get((r["loader"], "none", r["throttled"], r["epoch"]))
+        r["speedup_vs_none"] = round(r["images_per_s"] / none, 3) if none else float("nan")
+        tl = by.get(("torch", r["cache"], r["throttled"], r["epoch"]))
+        dali = r["loader"] == "dali" and tl
+        r["dali_vs_torch"] = round(r["images_per_s"] / tl, 3) if dali else float("nan")
         bench.add(**r)
     path = bench.save()
     _plot(bench)

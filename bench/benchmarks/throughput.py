@@ -77,76 +77,54 @@ def _step(
     return step
 
 
-def interleave(
-    steps: dict[str, Callable[[], None]], device: torch.device, rounds: int, iters: int, warmup: int
-) -> dict[str, list[float]]:
-    """ms per step of each case: ``rounds`` interleaved rounds of ``iters`` steps per case
-    (CUDA events on a GPU), after ``warmup`` steps of each (cuDNN autotuning, allocator)."""
-    cuda = device.type == "cuda"
+def run(results_dir: str = "results", quick: bool = False) -> Path:
+    cuda = torch.cuda.is_available()
+    device, full = torch.device("cuda" if cuda else "cpu"), cuda and not quick
     if cuda:
         torch.backends.cudnn.benchmark = True
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    return interleaved_times(steps, warmup=warmup, reps=rounds, iters=iters, events=cuda)
-
-
-def run(results_dir: str = "results", quick: bool = False) -> Path:
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda" if cuda else "cpu")
-    if cuda and not quick:
+    # ms per step, CUDA events on a GPU, after warm-up steps (cuDNN autotuning, allocator)
+    timed: dict[str, Any] = {"warmup": 3 if full else 1, "events": cuda}
+    if full:
         batch, px, rounds, iters, cases = 256, 224, 3, 10, CASES
     else:  # the code path, not a measurement worth reading
         batch, px, rounds, iters = 2, 32, 2, 1
         cases = {"bf16": CASES["bf16"], "fp32": (None, False)}
-    warmup = 3 if cuda and not quick else 1
     bench = BenchRun("throughput", results_dir)
     steps = {n: _step(device, amp, "resnet50", batch, px, cl) for n, (amp, cl) in cases.items()}
-    times = interleave(steps, device, rounds, iters, warmup)
+    times = interleaved_times(steps, reps=rounds, iters=iters, **timed)
     _add_rows(
         bench, times, "tf32" if "tf32" in times else "fp32", batch, "images_per_s",
         label=f"resnet50 batch {batch} {px}px", model="resnet50", device=device.type,
         batch=batch, image_size=px, rounds=rounds, iters_per_round=iters,
         anchor_images_per_s=ANCHOR_IMAGES_PER_S, anchor=ANCHOR,
     )  # fmt: skip
-    _tokens(bench, device, quick)
-    path = bench.save()
-    _plot(bench)
-    return path
-
-
-def _tokens(bench: BenchRun, device: torch.device, quick: bool) -> None:
-    """``transformer_base`` tokens/s (``transformer_tiny`` with ``quick``), bf16 vs fp32/TF32."""
-    cuda = device.type == "cuda"
+    # transformer_base tokens/s (transformer_tiny with quick), bf16 vs fp32 / TF32
     model = "transformer_tiny" if quick else "transformer_base"
-    if cuda and not quick:
+    if full:
         batch, seq, rounds, iters = 128, 64, 3, 10
     elif quick:
         batch, seq, rounds, iters = 2, 8, 2, 1
     else:  # CPU: a real measurement of this machine, at a batch it runs in about a second
         batch, seq, rounds, iters = 8, 32, 3, 2
     base = "tf32" if cuda else "fp32"
-    steps = {
-        n: _step(device, amp, model, batch, seq)
-        for n, amp in (("bf16", torch.bfloat16), (base, None))
-    }
-    times = interleave(steps, device, rounds, iters, warmup=1 if quick or not cuda else 3)
-    tokens = batch * 2 * seq
+    precisions = (("bf16", torch.bfloat16), (base, None))
+    steps = {n: _step(device, amp, model, batch, seq) for n, amp in precisions}
+    times = interleaved_times(steps, reps=rounds, iters=iters, **timed)
     _add_rows(
-        bench, times, base, tokens, "tokens_per_s",
+        bench, times, base, batch * 2 * seq, "tokens_per_s",
         label=f"{model} batch {batch} x {seq}+{seq} tokens", model=model,
-        device=device.type, batch=batch, seq_len=seq, tokens_per_step=tokens,
+        device=device.type, batch=batch, seq_len=seq, tokens_per_step=batch * 2 * seq,
         rounds=rounds, iters_per_round=iters,
     )  # fmt: skip
+    path = bench.save()
+    _plot(bench)
+    return path
 
 
 def _add_rows(
-    bench: BenchRun,
-    times: dict[str, list[float]],
-    base: str,
-    per_step: int,
-    rate: str,
-    label: str,
-    **fixed: Any,
+    bench: BenchRun, times: dict, base: str, per_step: int, rate: str, label: str, **fixed: Any
 ) -> None:
     """One row per case: median and fastest step, ``rate`` (``per_step`` items per second
     at the median step) and the speed-up over the ``base`` case of the same run; printed."""
