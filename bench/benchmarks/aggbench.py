@@ -30,7 +30,6 @@ class Aggregator:
     called as DDP calls it: every bucket handed over, then all futures awaited."""
 
     def __init__(self, buckets: list[int], density: float, nodes: int, m: int, comms: list[str]):
-
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.n, self.m = nodes, m
         self.node, self.local = divmod(self.rank, m)

@@ -90,7 +90,6 @@ def _torchvision(root: str, size: int, batch: int, workers: int, device: Any) ->
 def _dali(
     root: str, size: int, batch: int, threads: int, device: Any, where: str, cache: str, tmp: str
 ) -> _Epochs:
-
     store = LocalStorage(root)
     cfg = CacheConfig(name=cache, dir=tmp, disk_gb=10.0, memory_gb=8.0, predecode_size=0)
     loader = DaliFolderLoader(

@@ -183,14 +183,10 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
             built = {(mode, v): _build(model, opt, mode, device, v) for mode, v in _cases(opt)}
             probes = _probes(n_values, device)  # as large as the parameter set
             copies0 = {k: _copies(o) for k, (_, o) in built.items()}
-            cuda = device.type == "cuda"  # CUDA events: the device's time, not the host's
-            steps = interleaved_times(
-                {**{k: o.step for k, (_, o) in built.items()}, **probes},
-                warmup=warmup,
-                reps=reps,
-                shuffle=True,
-                events=cuda,
-            )
+            # CUDA events: the device's time, not the host's
+            timed = {"reps": reps, "shuffle": True, "events": device.type == "cuda"}
+            steps = {k: o.step for k, (_, o) in built.items()}
+            steps = interleaved_times({**steps, **probes}, warmup=warmup, **timed)
             copy_ms = statistics.median(steps["_copy"])  # one copy of the parameter set
             copy_gbps = 8 * n_values / copy_ms / 1e6
             rmw_gbps = 12 * n_values / statistics.median(steps["_rmw"]) / 1e6
@@ -199,13 +195,15 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
             bw = max(copy_gbps, rmw_gbps) * 1e9
             del probes, steps["_copy"], steps["_rmw"]
             zero = {k: (lambda o=o: o.zero_grad(set_to_none=False)) for k, (_, o) in built.items()}
-            zeros = interleaved_times(zero, warmup=1, reps=reps, shuffle=True, events=cuda)
+            zeros = interleaved_times(zero, warmup=1, **timed)
             floor_ms = TRAFFIC_VALUES[opt] * 4 * n_values / bw * 1e3
             med = {k: statistics.median(t) for k, t in steps.items()}
             # a copied gradient costs its share of a copy of the parameter set
             copy_cost = {k: ddp_copies[k] / len(params) * copy_ms for k in med}
             total = {k: med[k] + copy_cost[k] for k in med}
+            fused, naive, foreach = ("fused", ""), ("naive", ""), ("foreach", "")
             for (mode, variant), t in steps.items():
+                k = (mode, variant)
                 row: dict[str, Any] = dict(
                     model=model_name,
                     optimizer=opt,
@@ -217,24 +215,20 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
                     n_tensors=len(params),
                     n_values=n_values,
                     **summarize(t),
-                    zero_grad_ms=statistics.median(zeros[(mode, variant)]),
+                    zero_grad_ms=statistics.median(zeros[k]),
                     bytes_per_step=TRAFFIC_VALUES[opt] * 4 * n_values,
                     copy_gbps=copy_gbps,
                     rmw_gbps=rmw_gbps,
                     floor_ms=floor_ms,
-                    floor_ratio=med[(mode, variant)] / floor_ms,
+                    floor_ratio=med[k] / floor_ms,
                     copy_ms=copy_ms,
-                    ddp_copies=ddp_copies[(mode, variant)],
-                    ddp_copy_ms=copy_cost[(mode, variant)],
-                    total_ms=total[(mode, variant)],
-                    total_vs_fused=(total[(mode, variant)] / total[("fused", "")])
-                    if ("fused", "") in total
-                    else None,
-                    speedup_vs_naive=med[("naive", "")] / med[(mode, variant)],
-                    speedup_vs_fused=(med[("fused", "")] / med[(mode, variant)])
-                    if ("fused", "") in med
-                    else None,
-                    speedup_vs_foreach=med[("foreach", "")] / med[(mode, variant)],
+                    ddp_copies=ddp_copies[k],
+                    ddp_copy_ms=copy_cost[k],
+                    total_ms=total[k],
+                    total_vs_fused=total[k] / total[fused] if fused in total else None,
+                    speedup_vs_naive=med[naive] / med[k],
+                    speedup_vs_fused=med[fused] / med[k] if fused in med else None,
+                    speedup_vs_foreach=med[foreach] / med[k],
                 )
                 run.add(**row)
                 print(
