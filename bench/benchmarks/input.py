@@ -115,25 +115,14 @@ def _epochs(
             load = round(os.getloadavg()[0], 2)
             n, dt, gaps = _time_epoch(loader)
             st = loader.epoch_stats()
+            row = dict(loader=loader_kind, cache=cache, throttled=throttled, epoch=epoch + 1)
+            row.update(images=n, epoch_s=round(dt, 3), images_per_s=round(n / dt, 1))
+            row["median_ms"] = round(statistics.median(gaps), 2) if gaps else float("nan")
+            row.update(hits=int(st.get("cache/hits", 0)), misses=int(st.get("cache/misses", 0)))
+            row["mb_l0"] = round(st.get("cache/bytes_l0", 0) / 1e6, 1)
+            row["mb_decoded"] = round(st.get("cache/bytes_decoded", 0) / 1e6, 1)
             rows.append(
-                dict(
-                    loader=loader_kind,
-                    cache=cache,
-                    throttled=throttled,
-                    epoch=epoch + 1,
-                    images=n,
-                    epoch_s=round(dt, 3),
-                    images_per_s=round(n / dt, 1),
-                    median_ms=round(statistics.median(gaps), 2) if gaps else float("nan"),
-                    hits=int(st.get("cache/hits", 0)),
-                    misses=int(st.get("cache/misses", 0)),
-                    mb_l0=round(st.get("cache/bytes_l0", 0) / 1e6, 1),
-                    mb_decoded=round(st.get("cache/bytes_decoded", 0) / 1e6, 1),
-                    **conc,
-                    resident_pct=resident,
-                    load_1m=load,
-                    image_size=size,
-                )
+                {**row, **conc, "resident_pct": resident, "load_1m": load, "image_size": size}
             )
             print(
                 f"  {loader_kind:5s} {cache:10s} throttled={throttled!s:5s} epoch {epoch + 1}: "

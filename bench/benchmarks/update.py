@@ -204,32 +204,19 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
             fused, naive, foreach = ("fused", ""), ("naive", ""), ("foreach", "")
             for (mode, variant), t in steps.items():
                 k = (mode, variant)
-                row: dict[str, Any] = dict(
-                    model=model_name,
-                    optimizer=opt,
-                    mode=mode,
-                    variant=variant,
-                    device=device.type,
-                    threads=torch.get_num_threads(),
-                    loadavg_1m=os.getloadavg()[0],  # a shared machine's load
-                    n_tensors=len(params),
-                    n_values=n_values,
-                    **summarize(t),
-                    zero_grad_ms=statistics.median(zeros[k]),
-                    bytes_per_step=TRAFFIC_VALUES[opt] * 4 * n_values,
-                    copy_gbps=copy_gbps,
-                    rmw_gbps=rmw_gbps,
-                    floor_ms=floor_ms,
-                    floor_ratio=med[k] / floor_ms,
-                    copy_ms=copy_ms,
-                    ddp_copies=ddp_copies[k],
-                    ddp_copy_ms=copy_cost[k],
-                    total_ms=total[k],
-                    total_vs_fused=total[k] / total[fused] if fused in total else None,
-                    speedup_vs_naive=med[naive] / med[k],
-                    speedup_vs_fused=med[fused] / med[k] if fused in med else None,
-                    speedup_vs_foreach=med[foreach] / med[k],
-                )
+                row: dict[str, Any] = dict(model=model_name, optimizer=opt, mode=mode)
+                row.update(variant=variant, device=device.type, threads=torch.get_num_threads())
+                row["loadavg_1m"] = os.getloadavg()[0]  # a shared machine's load
+                row.update(n_tensors=len(params), n_values=n_values, **summarize(t))
+                row["zero_grad_ms"] = statistics.median(zeros[k])
+                row["bytes_per_step"] = TRAFFIC_VALUES[opt] * 4 * n_values
+                row.update(copy_gbps=copy_gbps, rmw_gbps=rmw_gbps, floor_ms=floor_ms)
+                row.update(floor_ratio=med[k] / floor_ms, copy_ms=copy_ms, ddp_copies=ddp_copies[k])
+                row.update(ddp_copy_ms=copy_cost[k], total_ms=total[k])
+                row["total_vs_fused"] = total[k] / total[fused] if fused in total else None
+                row["speedup_vs_naive"] = med[naive] / med[k]
+                row["speedup_vs_fused"] = med[fused] / med[k] if fused in med else None
+                row["speedup_vs_foreach"] = med[foreach] / med[k]
                 run.add(**row)
                 print(
                     f"{model_name:>16} {opt:>6} {mode:>8} {variant:>22} {row['median_ms']:9.2f} ms "
