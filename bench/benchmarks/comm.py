@@ -62,19 +62,12 @@ def _worker(
         state.stats.pop()  # count only the timed steps
         t = interleaved_times(step, warmup=0, reps=reps, **timed)[0]  # the slowest worker's
         st = state.stats.pop()
-        rows.append(
-            {
-                "method": name,
-                "density": density if is_sparse(name) else 1.0,
-                "median_ms": statistics.median(t),
-                "min_ms": min(t),
-                "bytes_per_worker": st["comm/bytes_per_step"],
-                "inter_node_bytes_per_worker": st["comm/inter_node_bytes_per_step"],
-                "sent_density": st["comm/density"],
-                "select_ms": st["time/select_s"] * 1e3,
-                "comm_ms": st["time/comm_s"] * 1e3,
-            }
-        )
+        row = {"method": name, "density": density if is_sparse(name) else 1.0}
+        row.update(median_ms=statistics.median(t), min_ms=min(t))
+        row.update(bytes_per_worker=st["comm/bytes_per_step"])
+        row.update(inter_node_bytes_per_worker=st["comm/inter_node_bytes_per_step"])
+        row.update(sent_density=st["comm/density"], select_ms=st["time/select_s"] * 1e3)
+        rows.append({**row, "comm_ms": st["time/comm_s"] * 1e3})
     return rows
 
 
@@ -114,21 +107,12 @@ def _add_rows(
     dense_inter = _link_bytes(WHOLE[0], 1.0, shapes, world // ppn, ppn)
     for r in rows:
         inter = _link_bytes(r["method"], r["density"], shapes, world // ppn, ppn)
-        bench.add(
-            kind="aggregation",
-            model=model,
-            **r,
-            link_bytes_per_node=inter,
-            world_size=world,
-            nnodes=world // ppn,
-            procs_per_node=ppn,
-            buckets=len(shapes),
-            numel=numel,
-            reps=reps,
-            speedup_vs_dense=dense["median_ms"] / r["median_ms"],
-            bytes_ratio_vs_dense=dense["bytes_per_worker"] / r["bytes_per_worker"],
-            inter_bytes_ratio_vs_dense=dense_inter / inter if inter else float("inf"),
-        )
+        row = {"kind": "aggregation", "model": model, **r, "link_bytes_per_node": inter}
+        row.update(world_size=world, nnodes=world // ppn, procs_per_node=ppn, buckets=len(shapes))
+        row.update(numel=numel, reps=reps, speedup_vs_dense=dense["median_ms"] / r["median_ms"])
+        row["bytes_ratio_vs_dense"] = dense["bytes_per_worker"] / r["bytes_per_worker"]
+        row["inter_bytes_ratio_vs_dense"] = dense_inter / inter if inter else float("inf")
+        bench.add(**row)
         print(
             f"{model:>16} {r['method']:>9} d={r['density']:<6} {r['median_ms']:9.1f} ms/step  "
             f"{r['bytes_per_worker'] / 1e6:9.3f} MB/worker  "

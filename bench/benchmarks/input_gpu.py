@@ -166,18 +166,10 @@ def measure(quick: bool = False, dali: bool | None = None) -> list[dict[str, Any
         shutil.rmtree(tmp, ignore_errors=True)
     rows = []
     for c in CASES:
-        row: dict[str, Any] = dict(
-            case=c,
-            library="torchvision" if c == "torchvision" else "dali",
-            device="gpu" if c in ("dali_mixed", "dali_predecoded") and cuda else "cpu",
-            train_device=device.type,
-            images=images // batch * batch,
-            batch=batch,
-            image_size=size,
-            workers=workers,
-            reps=reps,
-            skipped=skipped[c],
-        )
+        row: dict[str, Any] = dict(case=c, library="torchvision" if c == "torchvision" else "dali")
+        row["device"] = "gpu" if c in ("dali_mixed", "dali_predecoded") and cuda else "cpu"
+        row.update(train_device=device.type, images=images // batch * batch, batch=batch)
+        row.update(image_size=size, workers=workers, reps=reps, skipped=skipped[c])
         if not skipped[c]:
             imgs = set(runs_images[c])
             if imgs != {row["images"]}:

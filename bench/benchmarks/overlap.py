@@ -82,23 +82,11 @@ def _case(
     med = {k: statistics.median(v) for k, v in out.items()}
     exposed = med["step"] - med["backward"]
     ratio = exposed / med["alone"] if med["alone"] > 0 else float("nan")
-    return {
-        "kind": "overlap",
-        "model": MODEL,
-        "method": method,
-        "density": density if is_sparse(method) else 1.0,
-        "batch": batch,
-        "image": image,
-        "buckets": len(buckets),
-        "bucket_cap_mb": bucket_mb,
-        "step_ms": med["step"],
-        "backward_ms": med["backward"],
-        "comm_alone_ms": med["alone"],
-        "exposed_ms": exposed,
-        "exposed_ratio": ratio,
-        "hidden": min(1.0, max(0.0, 1 - ratio)),
-        "reps": reps,
-    }
+    row = {"kind": "overlap", "model": MODEL, "method": method}
+    row.update(density=density if is_sparse(method) else 1.0, batch=batch, image=image)
+    row.update(buckets=len(buckets), bucket_cap_mb=bucket_mb, step_ms=med["step"])
+    row.update(backward_ms=med["backward"], comm_alone_ms=med["alone"], exposed_ms=exposed)
+    return {**row, "exposed_ratio": ratio, "hidden": min(1.0, max(0.0, 1 - ratio)), "reps": reps}
 
 
 def overlap_worker(rank: int, world: int, methods: list[str], *case: Any) -> list[dict[str, Any]]:

@@ -191,21 +191,10 @@ def _one(
         elif name == "torch.topk" or "+ef" in name:
             cov = 1.0  # the error-feedback forms were checked to select torch.topk's set
         extra = {"cuda_syncs": _cuda_syncs(cases[name])} if cuda else {}
-        row = bench.add(
-            method=name,
-            input=kind,
-            numel=n,
-            density=density,
-            k=k,
-            threads=threads,
-            coverage=cov,
-            speedup_vs_topk=base / t["median_ms"],
-            x_floor=t["median_ms"] / floor,
-            device=device.type,
-            syncs=syncs,
-            **extra,
-            **t,
-        )
+        row = dict(method=name, input=kind, numel=n, density=density, k=k, threads=threads)
+        row.update(coverage=cov, speedup_vs_topk=base / t["median_ms"])
+        row.update(x_floor=t["median_ms"] / floor, device=device.type, syncs=syncs)
+        row = bench.add(**row, **extra, **t)
         cs = f"/{extra['cuda_syncs']}" if cuda else ""
         print(
             f"{name:>20} {kind:>8} n={n:>11,} d={density:<6} thr={threads} "

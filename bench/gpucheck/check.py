@@ -37,15 +37,10 @@ def probe() -> dict[str, Any]:
     info: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.cuda.is_available()}
     if info["cuda"]:
         props = torch.cuda.get_device_properties(0)
-        info.update(
-            gpu=props.name,
-            gpus=torch.cuda.device_count(),
-            gpu_mem_gib=round(props.total_memory / 2**30, 1),
-            capability=f"{props.major}.{props.minor}",
-            cuda_version=torch.version.cuda,
-            cudnn=torch.backends.cudnn.version(),
-            bf16=torch.cuda.is_bf16_supported(),
-        )
+        info.update(gpu=props.name, gpus=torch.cuda.device_count())
+        info["gpu_mem_gib"] = round(props.total_memory / 2**30, 1)
+        info.update(capability=f"{props.major}.{props.minor}", cuda_version=torch.version.cuda)
+        info.update(cudnn=torch.backends.cudnn.version(), bf16=torch.cuda.is_bf16_supported())
     info["nccl"] = bool(info["cuda"] and dist.is_available() and dist.is_nccl_available())
     if info["nccl"]:
         try:
@@ -273,8 +268,8 @@ def _pump(stream: Any, prefix: str, log: Any) -> None:
 
 
 def run_step(argv: list[str], timeout_s: float, log_path: Path, prefix: str) -> tuple[str, int]:
-    """Run ``argv`` in its own process group, echoing and logging its output; kill the
-    whole group after ``timeout_s``.  Returns (status, return code)."""
+    """(status, return code) of ``argv`` in its own process group, its output echoed and
+    logged, the whole group killed after ``timeout_s``."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
@@ -340,15 +335,6 @@ class _PlainRun:
             f.writelines(json.dumps(r) + "\n" for r in self.rows)
 
 
-def _bench_run(results_dir: str) -> Any:
-    try:
-        from bench.benchmarks.harness import BenchRun
-    except ImportError as e:  # pandas or filelock missing on the device machine
-        print(f"recording without pandas ({e}): {results_dir}/bench/gpucheck.jsonl")
-        return _PlainRun(results_dir)
-    return BenchRun("gpucheck", results_dir)
-
-
 def check(
     results_dir: str = "results",
     budget_s: float = 480.0,
@@ -372,7 +358,13 @@ def check(
     if dry_run:
         print("dry run: nothing was run")
         return [Outcome(s.name, "not run", detail="dry run") for s, _ in planned]
-    bench = _bench_run(results_dir)
+    try:
+        from bench.benchmarks.harness import BenchRun
+
+        bench: Any = BenchRun("gpucheck", results_dir)
+    except ImportError as e:  # pandas or filelock missing on the device machine
+        print(f"recording without pandas ({e}): {results_dir}/bench/gpucheck.jsonl")
+        bench = _PlainRun(results_dir)
     log_dir = Path(results_dir) / "gpucheck" / bench.bench_id
     from bench.gpucheck.summary import headline, snapshot  # pandas only where it is
 

@@ -29,6 +29,7 @@ from bench import methods
 from bench.benchmarks.spawn import alone, run_workers
 from bench.benchmarks.timing import cuda_syncs
 from bench.comm import communicators, futures, make_hook
+from bench.comm.compressors import COMPRESSORS
 from bench.comm.selection_core import host_syncs
 from bench.gpucheck.rows import Rows, read
 
@@ -145,18 +146,6 @@ def _run(
     return grad, {**info, "comm_s": stats.get("time/comm_s", 0.0)}
 
 
-def _dense_tol(hook: str) -> float:
-    """A hook's relative error against the fp32 all-reduce at density 1: two roundings of
-    its wire dtype (the compressor's own cast to fp16 or bf16), else 1e-5."""
-    from bench.comm.compressors import COMPRESSORS
-
-    spec = methods.get(hook)
-    target = (
-        getattr(COMPRESSORS.get(spec.comm), "target", None) if spec.comm in COMPRESSORS else None
-    )
-    return 2 * torch.finfo(target).eps if spec.wire_bytes < 4 and target else 1e-5
-
-
 def cases(world: int, ppn: int, hooks: tuple[str, ...] = HOOKS) -> list[tuple]:
     """(hook, density, timing, race probe) of one layout, where the hook fits its nodes.
     The top-k hooks also run at density 1.0 (against the dense allreduce) and 0.25 (a
@@ -180,7 +169,11 @@ def verdict(row: dict) -> list[str]:
         bad.append(f"ranks differ by {row['rank_diff']:.3g}")
     if row["syncs"]:
         bad.append(f"{row['syncs']} host syncs in the hooks {row['sync_sites']}")
-    tol = _dense_tol(row["hook"])
+    # against the fp32 all-reduce at density 1: two roundings of a wire dtype the
+    # compressor casts to (fp16, bf16), else 1e-5
+    spec = methods.get(row["hook"])
+    cast = getattr(COMPRESSORS.get(spec.comm), "target", None) if spec.comm in COMPRESSORS else None
+    tol = 2 * torch.finfo(cast).eps if spec.wire_bytes < 4 and cast else 1e-5
     if row.get("dense_err", 0.0) > tol:
         bad.append(f"dense_err {row['dense_err']:.3g} > {tol:g}")
     if row.get("race_diff", 0.0) > RACE_TOL:

@@ -37,8 +37,7 @@ CUDNN_BENCHMARK_LIMIT = 2  # algorithms cuDNN tries per shape: 12-15 s a shape a
 
 
 def gpu_work(fn: Callable[[], Any], device: torch.device) -> tuple[int, float | None]:
-    """``(kernels, busy ms)`` of one call of ``fn``: the CUDA kernels (and memsets) it ran and
-    the sum of their durations, from torch's profiler; ``(0, None)`` on the CPU."""
+    """``(kernels, busy ms)`` of one call of ``fn`` by torch's profiler; ``(0, None)`` on a CPU."""
     if device.type != "cuda":
         return 0, None
     from torch.profiler import ProfilerActivity, profile
@@ -81,8 +80,7 @@ def _hook_path(kernel: str) -> Callable[[torch.Tensor, int], Any]:
 
 
 def graphed(fn: Callable[[], Any]) -> tuple[Callable[[], Any], Any]:
-    """``(replay, outputs)``: ``fn`` captured in a CUDA graph after two warm-up calls on the
-    capturing stream; each replay rewrites ``outputs``."""
+    """``(replay, outputs)``: ``fn`` captured in a CUDA graph (each replay rewrites outputs)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -195,8 +193,8 @@ def _models(cpu: bool) -> dict[str, Callable[[], torch.nn.Module]]:
 
 
 def update(device: torch.device, cpu: bool, sink: Rows) -> None:
-    """One optimizer step per model, optimizer and mode, over the gradients each parameter
-    owns and over DDP-like bucket views (``gradient_as_bucket_view``: what training has)."""
+    """One optimizer step per model, optimizer and mode, over each parameter's own gradient
+    and over DDP-like bucket views (``gradient_as_bucket_view``: what training has)."""
     reps = 3 if cpu else 30
     bw = bandwidth(device)
     sink.add({"what": "bandwidth", **bw})
@@ -263,8 +261,7 @@ def _bucket_times(device: torch.device, cpu: bool, sink: Rows) -> None:
 
 
 def profile(device: torch.device, cpu: bool, sink: Rows) -> None:
-    """ResNet-50 forward + backward per step at :data:`PROFILE_SHAPES`, then when each DDP
-    bucket reaches the hook during backward."""
+    """ResNet-50 forward + backward per step, then when each DDP bucket reaches the hook."""
     make = _models(cpu).get("resnet50")
     if make is not None:
         torch.backends.cudnn.benchmark_limit = CUDNN_BENCHMARK_LIMIT

@@ -30,19 +30,6 @@ BUCKET_MB = 25
 TOP = 12  # kernels (host ops on the CPU) named in a profile row
 
 
-def _intervals_ms(spans: list[tuple[float, float]]) -> tuple[float, list[float]]:
-    """Busy time and the idle gaps (ms, longest first) of ``(start, end)`` spans in us."""
-    busy, gaps, end = 0.0, [], None
-    for a, b in sorted(spans):
-        if end is None or a > end:
-            if end is not None:
-                gaps.append((a - end) / 1e3)
-            busy, end = busy + (b - a) / 1e3, b
-        elif b > end:
-            busy, end = busy + (b - end) / 1e3, b
-    return busy, sorted(gaps, reverse=True)
-
-
 def trace_summary(prof: Any, device: torch.device) -> dict[str, Any]:
     """Where one profiled step's time went: the GPU kernels by name (count, ms), their busy
     time and idle gaps over the step's span, the host's time in the ``hook`` ranges; on
@@ -63,30 +50,26 @@ def trace_summary(prof: Any, device: torch.device) -> dict[str, Any]:
         "top": [[n, int(c), round(ms, 4)] for n, (c, ms) in top],
     }
     if gpu:
-        spans = [(e.time_range.start, e.time_range.end) for e in gpu]
-        busy, gaps = _intervals_ms(spans)
-        out["span_ms"] = (max(b for _, b in spans) - min(a for a, _ in spans)) / 1e3
+        spans = sorted((e.time_range.start, e.time_range.end) for e in gpu)  # us
+        busy, gaps, end = 0.0, [], None  # busy time and the idle gaps between, ms
+        for a, b in spans:
+            if end is None or a > end:
+                if end is not None:
+                    gaps.append((a - end) / 1e3)
+                busy, end = busy + (b - a) / 1e3, b
+            elif b > end:
+                busy, end = busy + (b - end) / 1e3, b
+        gaps.sort(reverse=True)
+        out["span_ms"] = (max(b for _, b in spans) - spans[0][0]) / 1e3
         out.update(busy_ms=busy, idle_ms=out["span_ms"] - busy, gaps_ms=gaps[:5])
     return out
-
-
-def added(row: dict[str, Any], dense: dict[str, Any]) -> list[list[Any]]:
-    """The kernels (host ops) whose time a hook's step adds to dense's, largest first:
-    ``[name, ms more, calls more]``."""
-    base = dense.get("by_name", {})
-    more = []
-    for n, (c, ms) in row.get("by_name", {}).items():
-        c0, ms0 = base.get(n, [0, 0.0])
-        if ms - ms0 > 0:
-            more.append([n, round(ms - ms0, 4), c - c0])
-    return sorted(more, key=lambda m: -m[1])[:TOP]
 
 
 def measure(
     name: str, device: torch.device, cpu: bool, trace: str = ""
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The median step and tail (ms) of hook ``name``, the peak memory (MiB) of a step, and
-    the summary of one more step under the profiler (its trace written to ``trace``)."""
+    """Hook ``name``'s median step and tail (ms) and peak memory (MiB), and the summary of one
+    more step under the profiler (its trace written to ``trace``)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torchvision.models import resnet18, resnet50
 
@@ -168,7 +151,13 @@ def run(cpu: bool, hooks: tuple[str, ...], sink: Rows, traces: str = "") -> None
             if row["peak_mib"] is not None:
                 row["peak_minus_dense_mib"] = row["peak_mib"] - dense["peak_mib"]
             sink.add({"device": str(device), **row})
-            prof["added"] = added(prof, dense_prof)
+            # the kernels (host ops) whose time it adds to dense's: [name, ms more, calls more]
+            base, more = dense_prof.get("by_name", {}), []
+            for n, (c, ms) in prof.get("by_name", {}).items():
+                c0, ms0 = base.get(n, [0, 0.0])
+                if ms - ms0 > 0:
+                    more.append([n, round(ms - ms0, 4), c - c0])
+            prof["added"] = sorted(more, key=lambda m: -m[1])[:TOP]
             kept = {k: v for k, v in prof.items() if k != "by_name"}
             # printed: its span, idle time, host time in the hook, what it adds to dense's
             p = prof
