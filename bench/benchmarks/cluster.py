@@ -255,8 +255,7 @@ def _plot(bench: BenchRun) -> None:
                 ax.fill_between(dc["nodes"], dc["efficiency_min"], dc["efficiency_max"],
                                 color=methods.colour(comm), alpha=0.08)  # fmt: skip
         ax.set_title(f"inter-node link {bw.replace('gbit', ' Gbit/s')}", fontsize=9)
-        ax.set_xlabel("nodes (8 GPUs each)")
-        ax.set_ylim(0, 1.05)
+        ax.set(xlabel="nodes (8 GPUs each)", ylim=(0, 1.05))
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("scaling efficiency")
     axes[0][0].legend(fontsize=8, loc="lower left", title="line: assumption's value",

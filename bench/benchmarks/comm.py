@@ -169,8 +169,7 @@ def _plot(bench: BenchRun) -> None:
         a2.barh(y + 0.2, d["inter_node_bytes_per_worker"] / 1e6, 0.4,
                 color=BENCH_COLOURS["inter-node"], edgecolor="k", lw=0.4,
                 label="inter-node (each node's link)")  # fmt: skip
-        a2.set_xscale("log")
-        a2.set_xlabel("MB sent per worker per step (log)")
+        a2.set(xscale="log", xlabel="MB sent per worker per step (log)")
         a2.set_title(f"{model}: how much each worker sends", fontsize=9)
         for ax in (a1, a2):
             ax.set_yticks(y, labels, fontsize=8)
@@ -201,8 +200,8 @@ def _plot(bench: BenchRun) -> None:
     ax.set_xticks(x, list(ov["method"]))
     for t, m in zip(ax.get_xticklabels(), ov["method"], strict=True):
         t.set_color(methods.colour(m))
-    ax.set_ylabel("ms per step (median)")
-    ax.set_ylim(0, 1.18 * float(ov[["comm_alone_ms", "exposed_ms"]].max().max()))
+    most = float(ov[["comm_alone_ms", "exposed_ms"]].max().max())
+    ax.set(ylabel="ms per step (median)", ylim=(0, 1.18 * most))
     b = ov.iloc[0]
     ax.set_title(
         f"ResNet-18 step (batch {int(b['batch'])}, {int(b['image'])} px), backward alone "

@@ -194,9 +194,7 @@ def _plot(bench: BenchRun) -> None:
             if throttled
             else "level 0 unthrottled (page cache dropped)"
         )
-        ax.set_xlabel("epoch")
-        ax.set_xticks(sorted(df["epoch"].unique()))
-        ax.set_yscale("log")
+        ax.set(xlabel="epoch", xticks=sorted(df["epoch"].unique()), yscale="log")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("training images / s (log)")
     # one legend beside the panels: it covers no line (solid / dashed: the loader)

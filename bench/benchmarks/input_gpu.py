@@ -190,46 +190,41 @@ def measure(quick: bool = False, dali: bool | None = None) -> list[dict[str, Any
 
 def _plot(bench: BenchRun) -> None:
     df = latest_run(bench.csv_path)
-    skipped = df["skipped"].fillna("").astype(str) if "skipped" in df else None
+    skipped = df["skipped"].fillna("").astype(str)
     fig, ax = plt.subplots(figsize=(8, 1.9 + 0.55 * len(df)))
     y = list(range(len(df)))
     labels = [f"{c} (decode on {d})" for c, d in zip(df["case"], df["device"], strict=True)]
     ips = df["images_per_s"].astype(float).fillna(0.0)
     # the inter-quartile range of the epoch time, as images / s
-    err = None
-    if "iqr_ms" in df and "median_ms" in df:
-        med, iqr = df["median_ms"].astype(float), df["iqr_ms"].astype(float)
-        lo = df["images"] / ((med + iqr / 2) / 1e3)
-        hi = df["images"] / ((med - iqr / 2).clip(lower=1e-9) / 1e3)
-        err = [(ips - lo).fillna(0).clip(lower=0), (hi - ips).fillna(0).clip(lower=0)]
+    med, iqr = df["median_ms"].astype(float), df["iqr_ms"].astype(float)
+    lo = df["images"] / ((med + iqr / 2) / 1e3)
+    hi = df["images"] / ((med - iqr / 2).clip(lower=1e-9) / 1e3)
+    err = [(ips - lo).fillna(0).clip(lower=0), (hi - ips).fillna(0).clip(lower=0)]
     ax.barh(y, ips, xerr=err, capsize=3, color=BENCH_COLOURS["images"])
     top = float(ips.max()) or 1.0
     for i, r in enumerate(df.itertuples()):
-        why = skipped.iloc[i] if skipped is not None else ""
+        why = skipped.iloc[i]
         if why:
             text = f"not measured: {why}"
         elif i == 0:
             text = f"{r.images_per_s:,.0f} images/s (the baseline)"
         else:
             text = f"{r.images_per_s:,.0f} images/s, {r.vs_torchvision:.2f}x torchvision"
-        end = ips.iloc[i] + (float(err[1].iloc[i]) if err is not None else 0.0)
+        end = ips.iloc[i] + float(err[1].iloc[i])
         ax.annotate(text, (0 if why else end, i), xytext=(6, 0),
                     textcoords="offset points", va="center", fontsize=8,
                     color="firebrick" if why else "k")  # fmt: skip
     ax.set_yticks(y, labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, 1.9 * top)  # room for the numbers written beside the bars
-    reps = f", median of n = {int(df['reps'].iloc[0])} epochs" if "reps" in df else ""
+    reps = f", median of n = {int(df['reps'].iloc[0])} epochs"
     ax.set_xlabel(f"training images / s (warm epoch{reps}; bar: inter-quartile range)")
-    if len(df):
-        r = df.iloc[0]
-        measured = int((skipped == "").sum()) if skipped is not None else len(df)
-        ax.set_title(
-            f"{int(r['images'])} JPEGs, RRC {int(r['image_size'])} + flip, batch "
-            f"{int(r['batch'])}; {measured} of {len(df)} input pipelines measured on\n"
-            f"{r['hardware']}",
-            fontsize=9,
-        )
+    r = df.iloc[0]
+    ax.set_title(
+        f"{int(r['images'])} JPEGs, RRC {int(r['image_size'])} + flip, batch {int(r['batch'])};"
+        f" {int((skipped == '').sum())} of {len(df)} input pipelines measured on\n{r['hardware']}",
+        fontsize=9,
+    )
     ax.grid(axis="x", alpha=0.3)
     save_figure(fig, bench.png_path)
 

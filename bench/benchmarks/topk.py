@@ -251,11 +251,9 @@ def _plot(bench: BenchRun) -> None:
             ax.plot(g["numel"], g["median_ms"], ls=ls, marker=mk, color=colour,
                     mfc="none" if method.endswith("[torch]") else None,
                     label=LABELS.get(method, method), markersize=5)  # fmt: skip
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("tensor size (float32 elements, log)")
+        ax.set(xscale="log", yscale="log", xlabel="tensor size (float32 elements, log)")
         ax.set_ylabel("selection time per call (ms, median, log)")
-        on_cpu = "device" not in sub or (sub["device"] == "cpu").all()
+        on_cpu = (sub["device"] == "cpu").all()
         ax.set_title(f"density {d}, 1 thread" if on_cpu else f"density {d}, CUDA")
         ax.grid(True, which="both", alpha=0.3)
     # one legend, beside the last panel: it covers no line

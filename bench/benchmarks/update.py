@@ -138,8 +138,7 @@ def _plot(bench: BenchRun) -> None:
         ax.scatter(x, sub["floor_ms"], marker="_", s=300, color=BENCH_COLOURS["reference"],
                    zorder=3, path_effects=halo)  # fmt: skip
         ax.set_xticks(x, labels, rotation=90, fontsize=7)
-        ax.set_ylim(0, None)
-        ax.set_ylabel("time per optimizer step (ms, median)")
+        ax.set(ylim=(0, None), ylabel="time per optimizer step (ms, median)")
         ax.grid(axis="y", alpha=0.3)
         n, v = int(sub["n_tensors"].iloc[0]), sub["n_values"].iloc[0] / 1e6
         reps = f"n = {int(sub['reps'].median())} timed steps a bar"
