@@ -1,9 +1,7 @@
 """Worker of the ``cluster`` benchmark: time gradient aggregation on an (emulated) cluster.
 
-Every rank aggregates DDP-sized buckets through the project's hooks (dense, flat top-k,
-HiTopKComm), the slowest rank's time per step, each node's link bytes around each case,
-and micro-measurements for the model's calibration.  Rank 0 writes ``--out``.
-"""
+Every rank aggregates DDP-sized buckets through each hook: the slowest rank's time per step,
+each node's link bytes, and micro-measurements for the model.  Rank 0 writes ``--out``."""
 
 from __future__ import annotations
 

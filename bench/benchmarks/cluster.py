@@ -1,10 +1,8 @@
 """Benchmark ``cluster``: gradient aggregation on an emulated cluster, beside the model.
 
-2 nodes x 2 workers at 1 and 10 Gbit/s (network namespaces, ``tc``) run :mod:`.aggbench`;
-the alpha-beta model, calibrated on the same run's micro-measurements, predicts every case
-held out; what-if, projection and overlap rows beside.  Needs root and iproute2.
-Protocol: docs/internals/benchmarks.md (cluster).
-"""
+2 nodes x 2 workers at 1 and 10 Gbit/s (network namespaces, ``tc``) run :mod:`.aggbench`,
+the model calibrated on the same run predicting every case held out.  Needs root and
+iproute2.  Protocol: docs/internals/benchmarks.md (cluster)."""
 
 from __future__ import annotations
 

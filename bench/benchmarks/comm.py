@@ -1,6 +1,8 @@
-"""``bench comm``: gradient aggregation per step of ResNet-50's and Transformer-base's DDP
-buckets, every method's hook on four local gloo workers posing as 2 nodes x 2; rows
-``kind=overlap`` from :mod:`.overlap`.  Columns and protocol: docs/internals/benchmarks.md.
+"""``bench comm``: gradient aggregation per step for ResNet-50's and Transformer-base's DDP
+buckets on 2 nodes x 2.
+
+Every method's hook on four local gloo workers; rows ``kind=overlap`` from :mod:`.overlap`.
+Columns and protocol: docs/internals/benchmarks.md (comm).
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Benchmark ``input``: images/s of the input pipeline per epoch, torch vs DALI, per cache.
 
-Every loader and cache, level 0 throttled and not, 3 epochs from cold on a generated JPEG
-folder, like for like (images, read concurrency, storage budget, real reads, pixels).
-Columns and protocol: docs/internals/benchmarks.md (input).
-"""
+Every loader and cache, level 0 throttled and not, 3 epochs from cold, like for like.
+Columns and protocol: docs/internals/benchmarks.md (input)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """Overlap of gradient aggregation with the backward pass, measured on a real model's step.
 
-Per method: a ResNet-18 DDP step, its backward alone and its communication alone, the
-slowest rank's medians; ``exposed_ms`` and ``hidden`` feed the performance model.  Runs on
-local workers or as ``python -m bench.benchmarks.overlap --out FILE`` under torchrun.
-"""
+Per method: a ResNet-18 DDP step, its backward alone and its communication alone (the
+slowest rank's medians), on local workers or under torchrun (``--out FILE``)."""
 
 import argparse
 import statistics

@@ -1,10 +1,8 @@
 """Run a function on N local gloo workers posing as ``N / procs_per_node`` nodes (or on the
 workers of a torchrun launch, :func:`torchrun_json`).
 
-Each worker gets the environment torchrun would give it (``RANK``, ``WORLD_SIZE``,
-``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``), so :func:`bench.comm.topology.detect`
-sees ``nnodes x procs_per_node``; collectives go over loopback TCP.
-"""
+Each worker gets the environment torchrun would give it, so :func:`bench.comm.topology.detect`
+sees ``nnodes x procs_per_node``; collectives go over loopback TCP."""
 
 from __future__ import annotations
 

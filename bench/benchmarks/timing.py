@@ -1,10 +1,7 @@
 """The one timing harness of benchmarks, gpucheck and profiles: warm-up, interleaving, median.
 
-Cases are timed in rounds, one sample of each per round, after warm-up rounds; CUDA events
-time the GPU where asked, else the host clock with CUDA synchronised around each sample.
-Imports only the standard library and torch (the GPU machine has nothing else).
-Protocol: docs/internals/benchmarks.md.
-"""
+CUDA events time the GPU where asked, else the host clock with CUDA synchronised around each
+sample.  Standard library and torch only (the GPU machine has nothing else)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """``bench topk``: top-k selection time, torch.topk vs the MSTopK variants, one read pass as floor.
 
-Sizes 1 M to 64 M (25.6 M and 100 M on CUDA), densities 0.001 and 0.01, interleaved on the
-same tensor; at 25.6 M also the error-feedback step in three in-place forms.
-Columns and protocol: docs/internals/benchmarks.md (topk).
-"""
+Interleaved on the same tensor; at 25.6 M also the error-feedback step in three in-place
+forms.  Columns and protocol: docs/internals/benchmarks.md (topk)."""
 
 from __future__ import annotations
 
@@ -227,11 +225,9 @@ def _summary(res: dict[str, dict[str, float]]) -> None:
         )
 
 
-# legend entries of the baselines, saying what they are
-LABELS = {"sum": "read floor (a sum over the tensor)", "torch.topk": "torch.topk (baseline)"}
-
-
 def _plot(bench: BenchRun) -> None:
+    # legend entries of the baselines, saying what they are
+    labels = {"sum": "read floor (a sum over the tensor)", "torch.topk": "torch.topk (baseline)"}
     df = bench.frame()
     df = df[(df["input"] == "gaussian") & (df["threads"] == 1)]
     dens = sorted(d for d in df["density"].unique() if d > 0)
@@ -250,7 +246,7 @@ def _plot(bench: BenchRun) -> None:
             colour = _shade(SELECTION_COLOURS[key], SHADES.get(key, 0.0))
             ax.plot(g["numel"], g["median_ms"], ls=ls, marker=mk, color=colour,
                     mfc="none" if method.endswith("[torch]") else None,
-                    label=LABELS.get(method, method), markersize=5)  # fmt: skip
+                    label=labels.get(method, method), markersize=5)  # fmt: skip
         ax.set(xscale="log", yscale="log", xlabel="tensor size (float32 elements, log)")
         ax.set_ylabel("selection time per call (ms, median, log)")
         on_cpu = (sub["device"] == "cpu").all()
