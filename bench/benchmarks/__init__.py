@@ -1,9 +1,5 @@
-"""Benchmarks: ``python -m reproduce bench <name>``.
-
-Each benchmark module registers one benchmark in :data:`BENCHMARKS`: it measures, appends
-its rows to ``results/bench/<name>.csv`` (:mod:`.harness`) and draws its figure; ``timing``
-times, ``spawn`` starts local workers.  How each one measures: docs/internals/benchmarks.md.
-"""
+"""Benchmarks: ``python -m reproduce bench <name>``.  Each module registers one in
+:data:`BENCHMARKS`; how each one measures: docs/internals/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -23,8 +19,7 @@ class BenchmarkSpec:
 
     run: Callable[..., Path]  # (results_dir="results", quick=False) -> the CSV appended to
     replot: Callable[[Any], None]  # (harness.BenchRun of recorded rows) -> draws its PNG(s)
-    # (rows of one recorded run) -> the report's lines: its result against its baseline
-    headline: Callable[[Any], list[str]] | None = None
+    headline: Callable[[Any], list[str]] | None = None  # (a run's rows) -> the report's lines
 
 
 BENCHMARKS: Registry[BenchmarkSpec] = Registry("benchmark")

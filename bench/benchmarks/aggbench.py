@@ -1,23 +1,22 @@
 """Worker of the ``cluster`` benchmark: time gradient aggregation on an (emulated) cluster.
 
-Every rank aggregates DDP-sized buckets through the project's hooks (dense, flat top-k,
-HiTopKComm), the slowest rank's time per step, each node's link bytes around each case,
-and micro-measurements for the model's calibration.  Rank 0 writes ``--out``.
-"""
+Every rank aggregates DDP-sized buckets through each hook: the slowest rank's time per step,
+each node's link bytes, and micro-measurements for the model.  Rank 0 writes ``--out``."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from bench.benchmarks.buckets import FakeBucket
+from bench.benchmarks.spawn import torchrun_json
 from bench.benchmarks.timing import interleaved_times, median_s
 from bench.cluster.netns import link_counters
 from bench.cluster.perfmodel import buckets_for
@@ -29,7 +28,6 @@ class Aggregator:
     called as DDP calls it: every bucket handed over, then all futures awaited."""
 
     def __init__(self, buckets: list[int], density: float, nodes: int, m: int, comms: list[str]):
-
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.n, self.m = nodes, m
         self.node, self.local = divmod(self.rank, m)
@@ -151,13 +149,48 @@ def _node_counters(agg: Aggregator) -> list[tuple[int, int]]:
     return [tuple(int(v) for v in every[i * agg.m]) for i in range(agg.n)]
 
 
-def _merge(a: dict[str, list], b: dict[str, list]) -> dict[str, list]:
-    return {key: a.get(key, []) + b.get(key, []) for key in {*a, *b}}
+def _measure(a: argparse.Namespace) -> dict[str, Any]:
+    """Every comm's aggregation times and link bytes, the calibration around them."""
+    m = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    nodes = dist.get_world_size() // m
+    buckets = list(buckets_for(a.numel, a.bucket_mb))
+    comms = a.comms.split(",")
+    agg = Aggregator(buckets, a.density, nodes, m, comms)
+    res: dict[str, Any] = {"nodes": nodes, "procs_per_node": m, "numel": a.numel}
+    res.update(buckets=buckets, density=a.density)
+    # calibration before and after the measured cases: the machine's load drifts
+    calib_mb = [float(x) for x in a.calib_mb.split(",") if x]
+    cal = _calibrate(agg, calib_mb, a.reps) if calib_mb else {}
+    timed: dict[str, Any] = dict(warmup=a.warmup, reps=a.reps, slowest_rank=True)
+    timed["setup"] = {0: agg.fresh}
+    steps = a.warmup + a.reps
 
+    def wire(fn: Callable[[], object]) -> tuple[list[float], list[list[float]]]:
+        """``fn``'s times and, per node, its link's (tx, rx) bytes per step, warm-up too."""
+        before = _node_counters(agg)
+        times = interleaved_times({0: fn}, **timed)[0]
+        pairs = zip(before, _node_counters(agg))
+        return times, [[(y[0] - x[0]) / steps, (y[1] - x[1]) / steps] for x, y in pairs]
 
-def _per_step(before: list, after: list, steps: int) -> list[list[float]]:
-    """Per node, (tx, rx) bytes per step between two readings of the counters."""
-    return [[(b[0] - a[0]) / steps, (b[1] - a[1]) / steps] for a, b in zip(before, after)]
+    # the timing harness's own traffic per step (barrier, allreduce of the time), to subtract
+    res["harness_wire_bytes"] = wire(lambda: None)[1]
+    for comm in comms:
+        st = agg.states[comm].stats
+        st.pop()  # zero the sums
+        times, wire_bytes = wire(lambda c=comm: agg.aggregate(c))
+        tot = st.pop()  # per-step means (the hook counts steps at the last bucket)
+        res[comm] = {
+            "median_ms": statistics.median(times),
+            "min_ms": min(times),
+            "times_ms": times,
+            # rank 0's own split (hook stats), per step, ms
+            "select_ms": tot["time/select_s"] * 1e3,
+            "comm_ms": tot["time/comm_s"] * 1e3,
+            "wire_bytes": wire_bytes,  # per node: (tx, rx) bytes of its link per step
+        }
+    after = _calibrate(agg, calib_mb, a.reps) if calib_mb else {}
+    res["calibration"] = {key: cal.get(key, []) + after.get(key, []) for key in {*cal, *after}}
+    return res
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,56 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--calib-mb", default="0.0625,2,8", help="ring-shift sizes; '' skips")
     a = ap.parse_args(argv)
-    dist.init_process_group("gloo")
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    m = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    nodes = dist.get_world_size() // m
-    buckets = list(buckets_for(a.numel, a.bucket_mb))
-    comms = a.comms.split(",")
-    agg = Aggregator(buckets, a.density, nodes, m, comms)
-    res: dict[str, object] = {
-        "nodes": nodes,
-        "procs_per_node": m,
-        "numel": a.numel,
-        "buckets": buckets,
-        "density": a.density,
-    }
-    # calibration before and after the measured cases: the machine's load drifts
-    calib_mb = [float(x) for x in a.calib_mb.split(",") if x]
-    cal = _calibrate(agg, calib_mb, a.reps) if calib_mb else {}
-    # the timing harness's own traffic per step (barrier, allreduce of the time), to subtract
-    timed: dict[str, Any] = dict(
-        warmup=a.warmup, reps=a.reps, slowest_rank=True, setup={0: agg.fresh}
-    )
-    wire0 = _node_counters(agg)
-    interleaved_times({0: lambda: None}, **timed)
-    wire1 = _node_counters(agg)
-    res["harness_wire_bytes"] = _per_step(wire0, wire1, a.warmup + a.reps)
-    for comm in comms:
-        st = agg.states[comm].stats
-        st.pop()  # zero the sums
-        wire0 = _node_counters(agg)
-        times = interleaved_times({0: lambda c=comm: agg.aggregate(c)}, **timed)[0]
-        wire1 = _node_counters(agg)
-        steps = a.warmup + a.reps
-        tot = st.pop()  # per-step means (the hook counts steps at the last bucket)
-        res[comm] = {
-            "median_ms": statistics.median(times),
-            "min_ms": min(times),
-            "times_ms": times,
-            # rank 0's own split (hook stats), per step, ms
-            "select_ms": tot["time/select_s"] * 1e3,
-            "comm_ms": tot["time/comm_s"] * 1e3,
-            # per node: (tx, rx) bytes of its link per step, timed steps and warm-up alike
-            "wire_bytes": _per_step(wire0, wire1, steps),
-        }
-    res["calibration"] = _merge(cal, _calibrate(agg, calib_mb, a.reps) if calib_mb else {})
-    if dist.get_rank() == 0:
-        with open(a.out, "w") as f:
-            json.dump(res, f, indent=1)
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    return torchrun_json(a.out, lambda: _measure(a))
 
 
 if __name__ == "__main__":

@@ -6,15 +6,14 @@ import torch
 
 
 class FakeBucket:
-    """The part of ``dist.GradBucket`` that the hooks use."""
+    """The part of ``dist.GradBucket`` that the hooks use, over a fixed random gradient."""
 
     def __init__(self, index: int, shapes: list[torch.Size], last: bool, seed: int) -> None:
-        self._index, self._last = index, last
-        numels = [int(torch.Size(s).numel()) for s in shapes]
-        self._buf = torch.randn(sum(numels), generator=torch.Generator().manual_seed(seed))
-        self._buf.mul_(1e-3)
-        self._shapes = shapes
-        self._src = self._buf.clone()
+        self._index, self._last, self._shapes = index, last, shapes
+        self._numels = [int(torch.Size(s).numel()) for s in shapes]
+        gen = torch.Generator().manual_seed(seed)
+        self._src = torch.randn(sum(self._numels), generator=gen).mul_(1e-3)
+        self._buf = self._src.clone()
         self._params = [torch.empty(0) for _ in shapes]
 
     def refill(self) -> None:  # a new step's gradient (hooks overwrite the buffer)
@@ -27,12 +26,8 @@ class FakeBucket:
         self._buf = t
 
     def gradients(self) -> list[torch.Tensor]:
-        out, off = [], 0
-        for s in self._shapes:
-            n = int(torch.Size(s).numel())
-            out.append(self._buf[off : off + n].view(s))
-            off += n
-        return out
+        parts = self._buf.split(self._numels)
+        return [g.view(s) for g, s in zip(parts, self._shapes, strict=True)]
 
     def parameters(self) -> list[torch.Tensor]:
         return self._params

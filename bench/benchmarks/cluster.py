@@ -1,18 +1,20 @@
 """Benchmark ``cluster``: gradient aggregation on an emulated cluster, beside the model.
 
-2 nodes x 2 workers at 1 and 10 Gbit/s (network namespaces, ``tc``) run :mod:`.aggbench`;
-the alpha-beta model, calibrated on the same run's micro-measurements, predicts every case
-held out; what-if, projection and overlap rows beside.  Needs root and iproute2.
-Protocol: docs/internals/benchmarks.md (cluster).
-"""
+2 nodes x 2 workers at 1 and 10 Gbit/s (network namespaces, ``tc``) run :mod:`.aggbench`,
+the model calibrated on the same run predicting every case held out.  Needs root and
+iproute2.  Protocol: docs/internals/benchmarks.md (cluster)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import matplotlib.pyplot as plt
 
 from bench import methods
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
@@ -41,59 +43,50 @@ NODES, PROCS = 2, 2
 DENSITY = 0.001
 
 
-def _measure(bw: str, numel: int, reps: int, quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The aggregation worker's results and the link check, on a fresh emulated cluster."""
-
+@contextlib.contextmanager
+def _emulated(bw: str, quick: bool) -> Iterator[tuple[EmulatedCluster, dict[str, Any], Path]]:
+    """A fresh emulated cluster at ``bw``, its link check and a scratch folder."""
     with tempfile.TemporaryDirectory(prefix="tkb-bench-") as tmp:
-        out = Path(tmp) / "agg.json"
         with EmulatedCluster(NODES, parse_bandwidth(bw), 0.0) as c:
             # not strict: at 10 Gbit/s a 2-core machine's veths may not keep up; the model
             # is calibrated on the measured link either way, and link_ok says which it was
-            link = run_link_check(c, 0.25, 0.25 if quick else 0.5, strict=False)
-            args = ["--out", str(out), "--numel", str(numel), "--density", str(DENSITY)]
-            args += ["--reps", str(reps), "--comms", ",".join(COMMS)]
-            args += ["--calib-mb", "0.0625,1,2" if quick else "0.0625,2,8"]
-            rc = run_nodes(
-                c, PROCS, "bench.benchmarks.aggbench", args, rdzv_timeout_s=300, timeout_s=1800
-            )
-            if rc != 0 or not out.exists():
-                raise RuntimeError(f"the aggregation benchmark at {bw} failed (exit status {rc})")
-            res = json.loads(out.read_text())
-            if bw == OVERLAP_BW:
-                res["overlap"] = _overlap(c, Path(tmp) / "overlap.json", quick)
-        return res, link
+            yield c, run_link_check(c, 0.25, 0.25 if quick else 0.5, strict=False), Path(tmp)
 
 
-def _overlap(
-    c: Any, out: Path, quick: bool, procs: int = PROCS, bucket_mb: float = 25.0
-) -> list[dict[str, Any]]:
-    """bench.benchmarks.overlap on the emulated cluster: a ResNet-18 step per method."""
-
-    args = ["--out", str(out), "--methods", ",".join(COMMS), "--density", "0.01"]
-    args += ["--bucket-mb", str(bucket_mb)]
-    args += ["--batch", "2", "--image", "16", "--warmup", "1", "--reps", "1"] if quick else []
-    # a port of its own: the aggregation run's rendezvous port may still be in TIME_WAIT
-    rc = run_nodes(c, procs, "bench.benchmarks.overlap", args, rdzv_port=29401,
-                   rdzv_timeout_s=300, timeout_s=1800)  # fmt: skip
+def _run_json(
+    c: Any, procs: int, module: str, args: list[str], what: str, out: Path, **kw: Any
+) -> Any:
+    """``module`` on every node of ``c``: what its rank 0 wrote to ``out``."""
+    args = ["--out", str(out), *args]
+    rc = run_nodes(c, procs, module, args, rdzv_timeout_s=300, timeout_s=1800, **kw)
     if rc != 0 or not out.exists():
-        raise RuntimeError(f"the overlap benchmark failed (exit status {rc})")
+        raise RuntimeError(f"the {what} failed (exit status {rc})")
     return json.loads(out.read_text())
 
 
-def _overlap_link_bound(quick: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The overlap case of :data:`LINK_BOUND` on a fresh emulated cluster, and its link."""
+def _measure(bw: str, numel: int, reps: int, quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The aggregation worker's results and the link check, on a fresh emulated cluster."""
+    with _emulated(bw, quick) as (c, link, tmp):
+        args = ["--numel", str(numel), "--density", str(DENSITY), "--reps", str(reps)]
+        args += ["--comms", ",".join(COMMS), "--calib-mb", "0.0625,1,2" if quick else "0.0625,2,8"]
+        what = f"aggregation benchmark at {bw}"
+        res = _run_json(c, PROCS, "bench.benchmarks.aggbench", args, what, tmp / "agg.json")
+        if bw == OVERLAP_BW:
+            res["overlap"] = _overlap(c, tmp, quick)
+        return res, link
 
-    lb = LINK_BOUND
-    with tempfile.TemporaryDirectory(prefix="tkb-bench-") as tmp:
-        with EmulatedCluster(NODES, parse_bandwidth(lb["bandwidth"]), 0.0) as c:
-            link = run_link_check(c, 0.25, 0.25 if quick else 0.5, strict=False)
-            out = Path(tmp) / "overlap.json"
-            return _overlap(c, out, quick, lb["procs"], lb["bucket_mb"]), link
+
+def _overlap(c: Any, tmp: Path, quick: bool, procs: int = PROCS, bucket_mb: float = 25.0) -> Any:
+    """bench.benchmarks.overlap on the emulated cluster: a ResNet-18 step per method."""
+    args = ["--methods", ",".join(COMMS), "--density", "0.01", "--bucket-mb", str(bucket_mb)]
+    args += ["--batch", "2", "--image", "16", "--warmup", "1", "--reps", "1"] if quick else []
+    # a port of its own: the aggregation run's rendezvous port may still be in TIME_WAIT
+    module, what = "bench.benchmarks.overlap", "overlap benchmark"
+    return _run_json(c, procs, module, args, what, tmp / "overlap.json", rdzv_port=29401)
 
 
 def _calibrated(res: dict[str, Any], link: dict[str, Any]) -> tuple[Cluster, Costs]:
     """The model calibrated on this run's micro-measurements (no aggregation case)."""
-
     keys = ("ring_shift", "intra_shift", "select", "scatter", "dense_pass", "reduce")
     pairs = {key: [tuple(x) for x in res["calibration"].get(key, [])] for key in keys}
     meas = pm.Measurements(inter_bw=link["bandwidth_gbps"] * 1e9 / 8,
@@ -106,17 +99,17 @@ def _knobs(comm: str, res: dict[str, Any]) -> Any:
     return methods.get(comm).knobs_of({"comm.density": res["density"]})
 
 
-def _predict_ms(comm: str, res: dict[str, Any], c: Cluster, k: Costs) -> float:
-
-    sel = res["calibration"].get(f"select_{comm}", [])
-    if sel:  # the method's own selection stage (error feedback included), per element
+def _predict_ms(comm: str, res: dict[str, Any], c: Cluster, k: Costs, own: bool = True) -> float:
+    """The model's aggregation time (ms); ``own``: with the method's own selection stage
+    (error feedback included) per element, where this run measured it."""
+    sel = res["calibration"].get(f"select_{comm}", []) if own else []
+    if sel:
         k = replace(k, select_s=sum(t for _, t in sel) / max(1, sum(n for n, _ in sel)))
     return methods.get(comm).aggregation_time(res["buckets"], c, k, _knobs(comm, res)) * 1e3
 
 
 def _wire(comm: str, res: dict[str, Any]) -> dict[str, float]:
     """Measured link bytes per step and node beside the cost function's prediction."""
-
     n, m = res["nodes"], res["procs_per_node"]
     link = methods.get(comm).traffic(res["buckets"], n, m, _knobs(comm, res)).link_bytes
     # minus the timing harness's own traffic (barrier and time allreduce per step)
@@ -126,7 +119,6 @@ def _wire(comm: str, res: dict[str, Any]) -> dict[str, float]:
 
 
 def run(results_dir: str = "results", quick: bool = False) -> Path:
-
     require_tools()
     numel = 2_000_000 if quick else pm.RESNET50_NUMEL
     reps = 2 if quick else 5
@@ -150,21 +142,32 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
                  model_dense_ns_per_elem=k.dense_s * 1e9,
                  model_reduce_ns_per_elem=k.reduce_s * 1e9, reps=reps,
                  select_ms=res[comm]["select_ms"], comm_ms=res[comm]["comm_ms"])  # fmt: skip
-        _what_if(bench, bw, res, c, k, numel)
-        for r in res.get("overlap", []):
-            bench.add(**{**r, "comm": r["method"]}, bandwidth=bw, median_ms=r["step_ms"])
-    rows, link = _overlap_link_bound(quick)
-    for r in rows:  # recorded only: measured on CPU workers, not the projected V100s
-        bench.add(
-            **{**r, "comm": r["method"], "scenario": "link-bound"},
-            bandwidth=LINK_BOUND["bandwidth"],
-            nodes=NODES,
-            procs_per_node=LINK_BOUND["procs"],
-            median_ms=r["step_ms"],
-            link_gbps=link["bandwidth_gbps"],
-            link_ok=link["ok"],
-        )
-    _projection(bench)
+        # the calibrated model with this machine's intra-node path replaced by NVLink (100
+        # GB/s, 10 us), then also its CPU aggregation costs by GPU ones: what keeps the
+        # hierarchical method from its paper speed-up here
+        nvlink = replace(c, intra_bw=100e9, intra_lat=10e-6)
+        for scenario, kk in (("nvlink", k), ("nvlink+gpu", GPU_COSTS)):
+            t = {cm: _predict_ms(cm, res, nvlink, kk, own=False) for cm in WHATIF}
+            for comm in WHATIF:
+                head = {"kind": "whatif", "scenario": scenario}
+                _row(bench, head, bw, res, comm, numel, median_ms=None, predicted_ms=t[comm],
+                     speedup_vs_dense=t[BASE] / t[comm])  # fmt: skip
+        _overlap_rows(bench, res.get("overlap", []), bw)
+    lb = LINK_BOUND
+    with _emulated(lb["bandwidth"], quick) as (c, link, tmp):
+        rows = _overlap(c, tmp, quick, lb["procs"], lb["bucket_mb"])
+    # recorded only: measured on CPU workers, not the projected V100s
+    where = {"scenario": "link-bound", "nodes": NODES, "procs_per_node": lb["procs"]}
+    _overlap_rows(bench, rows, lb["bandwidth"], link, **where)
+    # the paper's cluster, every input assumed (hidden too: nothing here ran on V100s), for
+    # the comm hooks a user would pick (not the selection variants)
+    h = projection.ASSUMPTIONS["hidden"]
+    source = f"assumed {h.value:g} (band {h.low:g}..{h.high:g}; bench.cluster.projection)"
+    for r in projection.project([s for s in methods.specs(kind="hook") if s.group != "variant"]):
+        eff = {k: r[k] for k in ("efficiency", "efficiency_min", "efficiency_max", "hidden")}
+        _row(bench, {"kind": "projection"}, f"{r['gbps']}gbit", r, str(r["comm"]),
+             pm.RESNET50_NUMEL, median_ms=None, predicted_ms=r["step_ms"], **eff,
+             hidden_source=source)  # fmt: skip
     path = bench.save()
     _plot(bench)
     return path
@@ -179,46 +182,17 @@ def _row(bench: BenchRun, head: dict[str, str], bw: str, where: dict[str, Any], 
               numel=numel, **extra)  # fmt: skip
 
 
-def _projection(bench: BenchRun) -> None:
-    """The paper's cluster, every input assumed (``hidden`` too: nothing here ran on V100s)."""
-    h = projection.ASSUMPTIONS["hidden"]
-    source = f"assumed {h.value:g} (band {h.low:g}..{h.high:g}; bench.cluster.projection)"
-    # the comm hooks a user would pick (not the selection variants)
-    hooks = [s for s in methods.specs(kind="hook") if s.group != "variant"]
-    for r in projection.project(hooks):
-        eff = {k: r[k] for k in ("efficiency", "efficiency_min", "efficiency_max", "hidden")}
-        _row(bench, {"kind": "projection"}, f"{r['gbps']}gbit", r, str(r["comm"]),
-             pm.RESNET50_NUMEL, median_ms=None, predicted_ms=r["step_ms"], **eff,
-             hidden_source=source)  # fmt: skip
-
-
-def _what_if(
-    bench: BenchRun, bw: str, res: dict[str, Any], c: Cluster, k: Costs, numel: int
+def _overlap_rows(
+    bench: BenchRun, rows: list, bw: str, link: dict | None = None, **at: Any
 ) -> None:
-    """Rows ``kind=whatif``: the calibrated model with this machine's intra-node path
-    replaced by NVLink (100 GB/s, 10 us), then also its CPU aggregation costs by GPU ones
-    (``projection.GPU_COSTS``): what keeps ``hitopk`` from its paper speed-up here."""
-
-    nvlink = replace(c, intra_bw=100e9, intra_lat=10e-6)
-    for scenario, cc, kk in (("nvlink", nvlink, k), ("nvlink+gpu", nvlink, GPU_COSTS)):
-        t = {
-            cm: methods.get(cm).aggregation_time(res["buckets"], cc, kk, _knobs(cm, res)) * 1e3
-            for cm in WHATIF
-        }
-        for comm in WHATIF:
-            head = {"kind": "whatif", "scenario": scenario}
-            _row(bench, head, bw, res, comm, numel, median_ms=None, predicted_ms=t[comm],
-                 speedup_vs_dense=t[BASE] / t[comm])  # fmt: skip
+    """Rows ``kind=overlap`` (bench.benchmarks.overlap's) at ``bw``, with ``link``'s check."""
+    checked = {"link_gbps": link["bandwidth_gbps"], "link_ok": link["ok"]} if link else {}
+    for r in rows:
+        bench.add(**r, comm=r["method"], **at, bandwidth=bw, median_ms=r["step_ms"], **checked)
 
 
 def _plot(bench: BenchRun) -> None:
     """``cluster.png`` (measured vs model, per bandwidth) and ``cluster.scaling.png``."""
-    # deferred: matplotlib is slow to load, and only drawing needs it
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     df = bench.frame()
     hw = bench.meta["hardware"]
     meas = df[df["kind"] == "measured"]
@@ -235,11 +209,11 @@ def _plot(bench: BenchRun) -> None:
         for t, c in zip(ax.get_xticklabels(), d["comm"], strict=True):
             t.set_color(methods.colour(c))
         ax.set_ylim(0, 1.15 * float(max(d["median_ms"].max(), d["predicted_ms"].max())))
-        reps = f" of n = {int(d['reps'].median())}" if "reps" in d.columns else ""
-        ax.set_ylabel(f"aggregation time per step (ms, median{reps})", fontsize=9)
+        ax.set_ylabel(
+            f"aggregation time per step (ms, median of n = {int(d['reps'].median())})", fontsize=9
+        )
         ax.grid(axis="y", alpha=0.3)
-        errs = d["heldout_error"] if "heldout_error" in d.columns else d["model_error"]  # older
-        for i, (ms, err) in enumerate(zip(d["predicted_ms"], errs, strict=True)):
+        for i, (ms, err) in enumerate(zip(d["predicted_ms"], d["heldout_error"], strict=True)):
             ax.annotate(f"{err:+.0%}", (i + 0.2, ms), ha="center", va="bottom", fontsize=7)
         link = d["link_gbps"].iloc[0] if len(d) else float("nan")
         ax.set_title(f"{bw} (link check {link:.2g} Gbit/s): 2 nodes x 2 workers, density "
@@ -275,17 +249,16 @@ def _plot(bench: BenchRun) -> None:
             # a dash tuple is no format string: linestyle=
             ax.plot(dc["nodes"], dc["efficiency"], linestyle=styles[comm], marker=".",
                     color=methods.colour(comm), label=comm)  # fmt: skip
-            if "efficiency_min" in dc.columns and dc["efficiency_min"].notna().all():
+            if dc["efficiency_min"].notna().all():
                 ax.fill_between(dc["nodes"], dc["efficiency_min"], dc["efficiency_max"],
                                 color=methods.colour(comm), alpha=0.08)  # fmt: skip
         ax.set_title(f"inter-node link {bw.replace('gbit', ' Gbit/s')}", fontsize=9)
-        ax.set_xlabel("nodes (8 GPUs each)")
-        ax.set_ylim(0, 1.05)
+        ax.set(xlabel="nodes (8 GPUs each)", ylim=(0, 1.05))
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("scaling efficiency")
     axes[0][0].legend(fontsize=8, loc="lower left", title="line: assumption's value",
                       title_fontsize=7)  # fmt: skip
-    src = proj["hidden_source"].dropna() if "hidden_source" in proj.columns else proj["comm"][:0]
+    src = proj["hidden_source"].dropna()
     # the rows say how their hidden share was taken (older runs: measured here, 0..measured)
     hidden = (
         "share of communication hidden behind compute: 0 to 1 (assumed)"

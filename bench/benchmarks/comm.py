@@ -1,9 +1,8 @@
 """``bench comm``: gradient aggregation per step for ResNet-50's and Transformer-base's DDP
 buckets on 2 nodes x 2.
 
-Four local gloo workers pose as 2 nodes x 2 and call every method's DDP hook on the models'
-real buckets; rows ``kind=overlap`` come from :mod:`.overlap`.  Columns and protocol:
-docs/internals/benchmarks.md (comm).
+Every method's hook on four local gloo workers; rows ``kind=overlap`` from :mod:`.overlap`.
+Columns and protocol: docs/internals/benchmarks.md (comm).
 """
 
 from __future__ import annotations
@@ -12,6 +11,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
@@ -36,9 +36,8 @@ DENSITIES = [0.001, 0.01]
 def model_buckets(
     model: str = "resnet50", bucket_cap_mb: float = 25.0, vocab: int = 32000
 ) -> list[list[torch.Size]]:
-    """Parameter shapes per DDP bucket (DDP's initial assignment) of torchvision's ResNet-50
-    or of ``transformer_base`` with a joint vocabulary of ``vocab`` tokens (WMT's 32 k);
-    the one assignment the projection also uses."""
+    """Parameter shapes per DDP bucket (DDP's initial assignment, as the projection's) of
+    ResNet-50 or of ``transformer_base`` with a joint vocabulary of ``vocab`` tokens."""
     _, shapes = projection.model_buckets(model, bucket_cap_mb, vocab)
     return [[torch.Size(s) for s in b] for b in shapes]
 
@@ -51,7 +50,6 @@ def _worker(
     warmup: int,
     reps: int,
 ) -> list[dict[str, Any]]:
-
     buckets = [
         FakeBucket(i, s, i == len(shapes) - 1, seed=100 * rank + i) for i, s in enumerate(shapes)
     ]
@@ -66,24 +64,16 @@ def _worker(
         state.stats.pop()  # count only the timed steps
         t = interleaved_times(step, warmup=0, reps=reps, **timed)[0]  # the slowest worker's
         st = state.stats.pop()
-        rows.append(
-            {
-                "method": name,
-                "density": density if is_sparse(name) else 1.0,
-                "median_ms": statistics.median(t),
-                "min_ms": min(t),
-                "bytes_per_worker": st["comm/bytes_per_step"],
-                "inter_node_bytes_per_worker": st["comm/inter_node_bytes_per_step"],
-                "sent_density": st["comm/density"],
-                "select_ms": st["time/select_s"] * 1e3,
-                "comm_ms": st["time/comm_s"] * 1e3,
-            }
-        )
+        row = {"method": name, "density": density if is_sparse(name) else 1.0}
+        row.update(median_ms=statistics.median(t), min_ms=min(t))
+        row.update(bytes_per_worker=st["comm/bytes_per_step"])
+        row.update(inter_node_bytes_per_worker=st["comm/inter_node_bytes_per_step"])
+        row.update(sent_density=st["comm/density"], select_ms=st["time/select_s"] * 1e3)
+        rows.append({**row, "comm_ms": st["time/comm_s"] * 1e3})
     return rows
 
 
 def run(results_dir: str = "results", quick: bool = False) -> Path:
-
     world, ppn = 4, 2
     if quick:  # two small buckets: seconds
         models = {"tiny": [[torch.Size([64, 300]), torch.Size([64])], [torch.Size([128, 256])]]}
@@ -106,7 +96,6 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
 
 def _link_bytes(method: str, density: float, shapes: list, n: int, m: int) -> float:
     """Bytes per step leaving each node over its link (bench.comm.cost)."""
-
     numels = [sum(int(torch.Size(s).numel()) for s in b) for b in shapes]
     spec = methods.get(method)
     return spec.traffic(numels, n, m, spec.knobs_of({"comm.density": density}), shapes).link_bytes
@@ -120,21 +109,12 @@ def _add_rows(
     dense_inter = _link_bytes(WHOLE[0], 1.0, shapes, world // ppn, ppn)
     for r in rows:
         inter = _link_bytes(r["method"], r["density"], shapes, world // ppn, ppn)
-        bench.add(
-            kind="aggregation",
-            model=model,
-            **r,
-            link_bytes_per_node=inter,
-            world_size=world,
-            nnodes=world // ppn,
-            procs_per_node=ppn,
-            buckets=len(shapes),
-            numel=numel,
-            reps=reps,
-            speedup_vs_dense=dense["median_ms"] / r["median_ms"],
-            bytes_ratio_vs_dense=dense["bytes_per_worker"] / r["bytes_per_worker"],
-            inter_bytes_ratio_vs_dense=dense_inter / inter if inter else float("inf"),
-        )
+        row = {"kind": "aggregation", "model": model, **r, "link_bytes_per_node": inter}
+        row.update(world_size=world, nnodes=world // ppn, procs_per_node=ppn, buckets=len(shapes))
+        row.update(numel=numel, reps=reps, speedup_vs_dense=dense["median_ms"] / r["median_ms"])
+        row["bytes_ratio_vs_dense"] = dense["bytes_per_worker"] / r["bytes_per_worker"]
+        row["inter_bytes_ratio_vs_dense"] = dense_inter / inter if inter else float("inf")
+        bench.add(**row)
         print(
             f"{model:>16} {r['method']:>9} d={r['density']:<6} {r['median_ms']:9.1f} ms/step  "
             f"{r['bytes_per_worker'] / 1e6:9.3f} MB/worker  "
@@ -147,7 +127,6 @@ def _add_rows(
 def _overlap(bench: BenchRun, world: int, ppn: int, quick: bool) -> None:
     """Rows ``kind=overlap``: a real ResNet-18 step with each hook, beside its backward pass
     alone and its communication alone (bench.benchmarks.overlap)."""
-
     which = [WHOLE[0], SPARSE[-1]] if quick else METHODS
     batch, image, warmup, reps = (2, 16, 1, 1) if quick else (32, 64, 3, 4)
     rows = run_workers(
@@ -168,23 +147,14 @@ def _overlap(bench: BenchRun, world: int, ppn: int, quick: bool) -> None:
 def _plot(bench: BenchRun) -> None:
     """Two figures: per model, the time per step and the bytes per worker of each method
     (``comm.png``), and the overlap of communication with the step (``comm.overlap.png``)."""
-    # deferred: matplotlib is slow to load, and only drawing needs it
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     df = bench.frame()
-    ov = df[df["kind"] == "overlap"] if "kind" in df.columns else df.iloc[:0]
-    df = df[df["kind"] != "overlap"] if "kind" in df.columns else df
-    if "model" not in df.columns:  # older runs: ResNet-50 alone
-        df = df.assign(model="resnet50")
+    ov, df = df[df["kind"] == "overlap"], df[df["kind"] != "overlap"]
     models = list(dict.fromkeys(str(m) for m in df["model"]))
     most = max(int((df["model"] == m).sum()) for m in models)
     fig, axes = plt.subplots(
         2, len(models), figsize=(6.2 * len(models), 2.2 + 0.5 * most), squeeze=False
     )
-    reps = f"median of n = {int(df['reps'].median())} steps" if "reps" in df.columns else "median"
+    reps = f"median of n = {int(df['reps'].median())} steps"
     for col, model in enumerate(models):
         d = df[df["model"] == model]
         y = np.arange(len(d))
@@ -201,8 +171,7 @@ def _plot(bench: BenchRun) -> None:
         a2.barh(y + 0.2, d["inter_node_bytes_per_worker"] / 1e6, 0.4,
                 color=BENCH_COLOURS["inter-node"], edgecolor="k", lw=0.4,
                 label="inter-node (each node's link)")  # fmt: skip
-        a2.set_xscale("log")
-        a2.set_xlabel("MB sent per worker per step (log)")
+        a2.set(xscale="log", xlabel="MB sent per worker per step (log)")
         a2.set_title(f"{model}: how much each worker sends", fontsize=9)
         for ax in (a1, a2):
             ax.set_yticks(y, labels, fontsize=8)
@@ -218,20 +187,12 @@ def _plot(bench: BenchRun) -> None:
         f"on {bench.meta['hardware']}",
         fontsize=10,
     )
-    hh = fig.get_figheight()
-    fig.tight_layout(rect=(0, 0.35 / hh, 1, 1))
+    fig.tight_layout(rect=(0, 0.35 / fig.get_figheight(), 1, 1))
     save_figure(fig, bench.png_path, layout=False)
-    if len(ov):
-        fig, ax = plt.subplots(figsize=(7.5, 4.4))
-        _plot_overlap(ax, ov)
-        fig.suptitle(f"How much of the communication a training step exposes\n"
-                     f"{bench.meta['hardware']}", fontsize=9)  # fmt: skip
-        save_figure(fig, bench.png_path.with_suffix(".overlap.png"))
-
-
-def _plot_overlap(ax: Any, ov: Any) -> None:
-    """Communication alone beside the part of it the step exposes (ResNet-18 step)."""
-
+    if ov.empty:
+        return
+    # communication alone beside the part of it the step exposes (ResNet-18 step)
+    fig, ax = plt.subplots(figsize=(7.5, 4.4))
     x, c = np.arange(len(ov)), BENCH_COLOURS
     ax.bar(x - 0.2, ov["comm_alone_ms"], 0.4, color=c["alone"], label="communication alone")
     ax.bar(x + 0.2, ov["exposed_ms"].clip(lower=0), 0.4, color=c["exposed"],
@@ -241,8 +202,8 @@ def _plot_overlap(ax: Any, ov: Any) -> None:
     ax.set_xticks(x, list(ov["method"]))
     for t, m in zip(ax.get_xticklabels(), ov["method"], strict=True):
         t.set_color(methods.colour(m))
-    ax.set_ylabel("ms per step (median)")
-    ax.set_ylim(0, 1.18 * float(ov[["comm_alone_ms", "exposed_ms"]].max().max()))
+    most = float(ov[["comm_alone_ms", "exposed_ms"]].max().max())
+    ax.set(ylabel="ms per step (median)", ylim=(0, 1.18 * most))
     b = ov.iloc[0]
     ax.set_title(
         f"ResNet-18 step (batch {int(b['batch'])}, {int(b['image'])} px), backward alone "
@@ -250,6 +211,9 @@ def _plot_overlap(ax: Any, ov: Any) -> None:
         fontsize=8,
     )
     ax.legend(fontsize=7, loc="upper left", ncol=2, frameon=False)
+    fig.suptitle(f"How much of the communication a training step exposes\n"
+                 f"{bench.meta['hardware']}", fontsize=9)  # fmt: skip
+    save_figure(fig, bench.png_path.with_suffix(".overlap.png"))
 
 
 BENCHMARKS.register("comm")(BenchmarkSpec(run=run, replot=_plot))

@@ -1,8 +1,5 @@
-"""A benchmark's rows: appended to ``<results>/bench/<name>.csv`` with the machine's facts.
-
-Each run's rows carry its hardware, versions, date and git sha, so older measurements (on
-other machines too) are kept and a figure can pick the newest run.  Timing: :mod:`.timing`.
-"""
+"""A benchmark's rows: appended to ``<results>/bench/<name>.csv`` with the machine's facts
+(hardware, versions, date, git sha), so older runs, on other machines too, are kept."""
 
 from __future__ import annotations
 
@@ -22,34 +19,30 @@ from bench.results.records import new_run_id, now_iso
 
 
 class BenchRun:
-    """One benchmark invocation: an id, a timestamp and the machine facts for every row."""
+    """One benchmark invocation: an id, a timestamp and the machine facts for every row
+    (with ``meta``, a recorded run's own)."""
 
     def __init__(
         self, name: str, results_dir: str | Path = "results", meta: dict[str, Any] | None = None
     ) -> None:
-        """A new run (its id and this machine's facts), or with ``meta`` a recorded one's."""
-        self.name = name
-        self.results_dir = Path(results_dir)
-        self.dir = bench_dir(results_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.name, self.results_dir = name, Path(results_dir)
+        bench_dir(results_dir).mkdir(parents=True, exist_ok=True)
         self.figure: Path | None = None  # where the figure goes (None: beside the CSV)
-        if meta is not None:
-            self.bench_id, self.meta = str(meta["bench_id"]), dict(meta)
-        else:
-            self.bench_id = new_run_id()  # the same id format as a training run's
-            self.meta = {
-                "bench_id": self.bench_id,
+        if meta is None:
+            meta = {
+                "bench_id": new_run_id(),  # the same id format as a training run's
                 "date": now_iso(),
                 "hardware": hardware(),
                 "git_sha": git_sha(),
                 **{f"{k}_version": v for k, v in versions().items()},
             }
+        self.bench_id, self.meta = str(meta["bench_id"]), dict(meta)
         self.rows: list[dict[str, Any]] = []
 
     @classmethod
     def newest(cls, name: str, results_dir: str | Path = "results") -> BenchRun:
         """The newest run recorded in ``<results_dir>/bench/<name>.csv``, read back (to redraw
-        its figure without measuring again); its machine facts are the recorded ones."""
+        its figure without measuring again)."""
         csv = bench_csv(results_dir, name)
         if not csv.is_file():
             raise ConfigError(f"no {csv}: run `python -m reproduce bench {name}` first")
@@ -64,9 +57,8 @@ class BenchRun:
     def from_rows(
         cls, name: str, rows: pd.DataFrame, results_dir: str | Path, png: Path | None = None
     ) -> BenchRun:
-        """A recorded run of benchmark ``name`` (``rows``, one ``bench_id``) held in its own
-        results directory, its CSV written there (for replots that read it), its figure
-        going to ``png``; its machine facts are the recorded ones (nothing is measured)."""
+        """A recorded run (``rows``, one ``bench_id``) with its CSV written to its own
+        ``results_dir`` (for replots that read it) and its figure going to ``png``."""
         first = rows.iloc[0]
         meta = {k: first[k] for k in ("bench_id", "date", "hardware", "git_sha") if k in rows}
         meta.setdefault("hardware", "unknown hardware")
@@ -88,9 +80,8 @@ class BenchRun:
 
     def add(self, **row: Any) -> dict[str, Any]:
         """Add one measured case (its parameters plus ``median_ms`` and friends)."""
-        full = {**row, **self.meta}
-        self.rows.append(full)
-        return full
+        self.rows.append({**row, **self.meta})
+        return self.rows[-1]
 
     def save(self) -> Path:
         """Append this run's rows to the CSV (union of columns; old rows are kept)."""
@@ -101,33 +92,26 @@ class BenchRun:
 
 
 def append_rows(path: Path, rows: Iterable[dict[str, Any]]) -> Path:
-    rows = list(rows)
-    if not rows:
+    new = pd.DataFrame(list(rows))
+    if new.empty:
         return path
-    new = pd.DataFrame(rows)
     with FileLock(str(path) + ".lock"):
         if path.exists() and path.stat().st_size > 0:
             old = pd.read_csv(path)
             if list(old.columns) == list(new.columns):
                 new.to_csv(path, mode="a", header=False, index=False)
                 return path
-            merged = pd.concat([old, new], ignore_index=True, sort=False)
-        else:
-            merged = new
+            new = pd.concat([old, new], ignore_index=True, sort=False)
         tmp = path.with_suffix(path.suffix + ".tmp")
-        merged.to_csv(tmp, index=False)
+        new.to_csv(tmp, index=False)
         tmp.replace(path)
     return path
 
 
-def latest_run(path: Path, hardware_name: str | None = None) -> pd.DataFrame:
-    """Rows of the newest benchmark run in a CSV (optionally of one hardware)."""
+def latest_run(path: Path) -> pd.DataFrame:
+    """Rows of the newest benchmark run in a CSV."""
     df = pd.read_csv(path)
-    if hardware_name is not None:
-        df = df[df["hardware"] == hardware_name]
-    if df.empty:
-        return df
-    return df[df["bench_id"] == df["bench_id"].iloc[-1]]
+    return df if df.empty else df[df["bench_id"] == df["bench_id"].iloc[-1]]
 
 
 def usable_cores() -> int:

@@ -1,9 +1,7 @@
 """Benchmark ``input``: images/s of the input pipeline per epoch, torch vs DALI, per cache.
 
-Every loader and cache, level 0 throttled and not, 3 epochs from cold on a generated JPEG
-folder, like for like (images, read concurrency, storage budget, real reads, pixels).
-Columns and protocol: docs/internals/benchmarks.md (input).
-"""
+Every loader and cache, level 0 throttled and not, 3 epochs from cold, like for like.
+Columns and protocol: docs/internals/benchmarks.md (input)."""
 
 from __future__ import annotations
 
@@ -16,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
@@ -37,7 +36,6 @@ def _config(
     loader: str, cache: str, throttled: bool, root: str, quick: bool, size: int, cache_dir: str
 ):
     """DataConfig and CacheConfig of one case: ``2 x cores`` reads outstanding in both loaders."""
-
     cores = 1 if quick else usable_cores()
     # uncached unthrottled DALI uses its file reader, whose decode threads do the reads
     # (the files are memory-mapped): give it 2 x cores of them; otherwise DALI fetches
@@ -86,16 +84,6 @@ def _time_epoch(loader: Any) -> tuple[int, float, list[float]]:
     return n, time.perf_counter() - t0, gaps
 
 
-def _cold(paths: list[str]) -> float:
-    """Drop the page cache of ``paths``; returns the share (%) still resident after it."""
-
-    drop_page_cache(paths)
-    try:
-        return round(100 * resident_fraction(paths), 1)
-    except OSError:  # no mincore here
-        return float("nan")
-
-
 def _epochs(
     loader_kind: str,
     cache: str,
@@ -105,7 +93,6 @@ def _epochs(
     quick: bool,
     size: int | None = None,
 ) -> list[dict[str, Any]]:
-
     size = size or (32 if quick else OUT)
     cache_dir = tempfile.mkdtemp(prefix="tkb-input-cache-")
     try:
@@ -117,29 +104,23 @@ def _epochs(
         rows = []
         for epoch in range(epochs):
             loader.set_epoch(epoch)
-            resident = _cold([os.path.join(root, d.train_dir), cache_dir])
+            cold = [os.path.join(root, d.train_dir), cache_dir]
+            drop_page_cache(cold)
+            try:  # the share (%) still resident after the drop
+                resident = round(100 * resident_fraction(cold), 1)
+            except OSError:  # no mincore here
+                resident = float("nan")
             load = round(os.getloadavg()[0], 2)
             n, dt, gaps = _time_epoch(loader)
             st = loader.epoch_stats()
+            row = dict(loader=loader_kind, cache=cache, throttled=throttled, epoch=epoch + 1)
+            row.update(images=n, epoch_s=round(dt, 3), images_per_s=round(n / dt, 1))
+            row["median_ms"] = round(statistics.median(gaps), 2) if gaps else float("nan")
+            row.update(hits=int(st.get("cache/hits", 0)), misses=int(st.get("cache/misses", 0)))
+            row["mb_l0"] = round(st.get("cache/bytes_l0", 0) / 1e6, 1)
+            row["mb_decoded"] = round(st.get("cache/bytes_decoded", 0) / 1e6, 1)
             rows.append(
-                dict(
-                    loader=loader_kind,
-                    cache=cache,
-                    throttled=throttled,
-                    epoch=epoch + 1,
-                    images=n,
-                    epoch_s=round(dt, 3),
-                    images_per_s=round(n / dt, 1),
-                    median_ms=round(statistics.median(gaps), 2) if gaps else float("nan"),
-                    hits=int(st.get("cache/hits", 0)),
-                    misses=int(st.get("cache/misses", 0)),
-                    mb_l0=round(st.get("cache/bytes_l0", 0) / 1e6, 1),
-                    mb_decoded=round(st.get("cache/bytes_decoded", 0) / 1e6, 1),
-                    **conc,
-                    resident_pct=resident,
-                    load_1m=load,
-                    image_size=size,
-                )
+                {**row, **conc, "resident_pct": resident, "load_1m": load, "image_size": size}
             )
             print(
                 f"  {loader_kind:5s} {cache:10s} throttled={throttled!s:5s} epoch {epoch + 1}: "
@@ -192,27 +173,8 @@ def _pixels_note(root: str) -> None:
     )
 
 
-def _ratios(rows: list[dict[str, Any]]) -> None:
-    by = {(r["loader"], r["cache"], r["throttled"], r["epoch"]): r["images_per_s"] for r in rows}
-    for r in rows:
-        none = by.get((r["loader"], "none", r["throttled"], r["epoch"]))
-        r["speedup_vs_none"] = round(r["images_per_s"] / none, 3) if none else float("nan")
-        torch_ = by.get(("torch", r["cache"], r["throttled"], r["epoch"]))
-        r["dali_vs_torch"] = (
-            round(r["images_per_s"] / torch_, 3)
-            if r["loader"] == "dali" and torch_
-            else float("nan")
-        )
-
-
-def _plot(csv: Path, png: Path) -> None:
-    # deferred: matplotlib is slow to load, and only drawing needs it
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    df = latest_run(csv)
+def _plot(bench: BenchRun) -> None:
+    df = latest_run(bench.csv_path)
     fig, axes = plt.subplots(1, 2, figsize=(13.5, 4.5), sharey=True)
     for ax, throttled in zip(axes, (True, False), strict=True):
         sub = df[df["throttled"] == throttled]
@@ -230,45 +192,34 @@ def _plot(csv: Path, png: Path) -> None:
             if throttled
             else "level 0 unthrottled (page cache dropped)"
         )
-        ax.set_xlabel("epoch")
-        ax.set_xticks(sorted(df["epoch"].unique()))
-        ax.set_yscale("log")
+        ax.set(xlabel="epoch", xticks=sorted(df["epoch"].unique()), yscale="log")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("training images / s (log)")
     # one legend beside the panels: it covers no line (solid / dashed: the loader)
     axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     n = int(df["images"].max())
-    reads = int(df["reads_outstanding"].max()) if "reads_outstanding" in df else 0
+    reads = int(df["reads_outstanding"].max())
     fig.suptitle(
         f"Input pipeline, {n} generated JPEGs per epoch, RRC {OUT} + flip, <= {reads} reads "
         f"outstanding: {df['hardware'].iloc[0]}",
         fontsize=9,
     )
-    save_figure(fig, png)
-
-
-def _folders(quick: bool) -> tuple[str, tuple[str, ...], int]:
-
-    if quick:
-        return (
-            cached_jpeg_folder(64, 4, val_images=8, small=True),
-            ("none", "multilevel", "predecoded"),
-            2,
-        )
-    t0 = time.perf_counter()
-    root = cached_jpeg_folder(IMAGES, 100, val_images=100, target_kb=110.0)
-    print(f"JPEG folder {root} ready in {time.perf_counter() - t0:.0f} s")
-    _pixels_note(root)
-    return root, CACHES, 3
+    save_figure(fig, bench.png_path)
 
 
 def run(results_dir: str = "results", quick: bool = False) -> Path:
     """Measure every (loader, cache, throttle) case for 3 epochs; CSV + PNG; returns the CSV."""
-
     loaders: tuple[str, ...] = ("torch", "dali") if have_dali() else ("torch",)
     if not have_dali():
         print("NVIDIA DALI is not installed: measuring the torch loader only")
-    root, caches, epochs = _folders(quick)
+    caches, epochs = (("none", "multilevel", "predecoded"), 2) if quick else (CACHES, 3)
+    if quick:
+        root = cached_jpeg_folder(64, 4, val_images=8, small=True)
+    else:
+        t0 = time.perf_counter()
+        root = cached_jpeg_folder(IMAGES, 100, val_images=100, target_kb=110.0)
+        print(f"JPEG folder {root} ready in {time.perf_counter() - t0:.0f} s")
+        _pixels_note(root)
     # warm-up, not recorded: DALI's one-time library start-up and the DataLoader's
     # forkserver (which imports torch once) would otherwise land in the first case's epoch 1
     tiny = cached_jpeg_folder(128, 2, val_images=4, small=True)  # a few batches per worker
@@ -282,16 +233,17 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
                 rows += _epochs(loader, cache, throttled, root, epochs, quick)
     if len({r["images"] for r in rows}) > 1:
         print("WARNING: the cases read different numbers of images per epoch", flush=True)
-    _ratios(rows)
-    for r in rows:
+    by = {(r["loader"], r["cache"], r["throttled"], r["epoch"]): r["images_per_s"] for r in rows}
+    for r in rows:  # against no cache and against the torch loader, in the same epoch
+        none = by.get((r["loader"], "none", r["throttled"], r["epoch"]))
+        r["speedup_vs_none"] = round(r["images_per_s"] / none, 3) if none else float("nan")
+        tl = by.get(("torch", r["cache"], r["throttled"], r["epoch"]))
+        dali = r["loader"] == "dali" and tl
+        r["dali_vs_torch"] = round(r["images_per_s"] / tl, 3) if dali else float("nan")
         bench.add(**r)
     path = bench.save()
-    _plot(path, bench.png_path)
+    _plot(bench)
     return path
-
-
-def _replot(bench: BenchRun) -> None:
-    _plot(bench.csv_path, bench.png_path)
 
 
 def headline(rows: pd.DataFrame) -> list[str]:
@@ -315,4 +267,4 @@ def headline(rows: pd.DataFrame) -> list[str]:
     return out
 
 
-BENCHMARKS.register("input")(BenchmarkSpec(run=run, replot=_replot, headline=headline))
+BENCHMARKS.register("input")(BenchmarkSpec(run=run, replot=_plot, headline=headline))

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import matplotlib.pyplot as plt
 import torch
 from torch.utils.data import DataLoader
 
@@ -36,17 +37,31 @@ BATCH = 32
 
 
 class _Epochs:
-    """One call = one full training epoch of a loader (its next epoch number)."""
+    """One call = one full training epoch of a loader (its next epoch number); ``device``:
+    where the batches are moved, for a loader that leaves them on the host."""
 
-    def __init__(self, loader: Any, close: Callable[[], None]) -> None:
-        self.loader, self.close, self.epoch, self.images = loader, close, 0, []
+    def __init__(self, loader: Any, close: Callable[[], None] | None = None, device: Any = None):
+        self.loader, self._close, self.device, self.epoch, self.images = (
+            loader,
+            close,
+            device,
+            0,
+            [],
+        )
+
+    def close(self) -> None:
+        if self._close is not None:
+            self._close()
+        self.loader = None  # a DataLoader's persistent workers stop with it
 
     def __call__(self) -> None:
         if hasattr(self.loader, "set_epoch"):
             self.loader.set_epoch(self.epoch)
         self.epoch += 1
-        n = 0
+        n, nb = 0, self.device is not None and self.device.type == "cuda"
         for x, y in self.loader:
+            if self.device is not None:
+                x, y = x.to(self.device, non_blocking=nb), y.to(self.device, non_blocking=nb)
             assert x.device == y.device
             n += x.shape[0]
         self.images.append(n)
@@ -69,24 +84,12 @@ def _torchvision(root: str, size: int, batch: int, workers: int, device: Any) ->
         prefetch_factor=2 if workers > 0 else None,
         generator=torch.Generator().manual_seed(0),
     )
-    nb = device.type == "cuda"
-
-    class OnDevice:
-        def __iter__(self):
-            for x, y in dl:
-                yield x.to(device, non_blocking=nb), y.to(device, non_blocking=nb)
-
-    def close() -> None:
-        nonlocal dl
-        dl = None  # persistent workers stop with the loader
-
-    return _Epochs(OnDevice(), close)
+    return _Epochs(dl, device=device)
 
 
 def _dali(
     root: str, size: int, batch: int, threads: int, device: Any, where: str, cache: str, tmp: str
 ) -> _Epochs:
-
     store = LocalStorage(root)
     cfg = CacheConfig(name=cache, dir=tmp, disk_gb=10.0, memory_gb=8.0, predecode_size=0)
     loader = DaliFolderLoader(
@@ -111,34 +114,17 @@ def _dali(
     return _Epochs(loader, loader.close)
 
 
-def _skip_reason(case: str, cuda: bool, dali: bool) -> str:
-    if case != "torchvision" and not dali:
-        return "NVIDIA DALI is not installed"
-    if case == "dali_mixed" and not cuda:
-        return "no CUDA device"
-    return ""
-
-
-def _plan(quick: bool) -> dict[str, Any]:
-    cores = 2 if quick else usable_cores()
-    if quick:
-        return dict(images=64, small=True, size=32, batch=8, workers=2, reps=2, cores=cores)
-    return dict(images=64 * max(2, cores), small=False, size=OUT, batch=BATCH, workers=cores,
-                reps=5, cores=cores)  # fmt: skip
-
-
 def measure(quick: bool = False, dali: bool | None = None) -> list[dict[str, Any]]:
     """The rows of one run (every case; skipped ones say why)."""
-
-    p = _plan(quick)
+    cores = 2 if quick else usable_cores()
+    images, size, batch, workers, reps = (
+        (64, 32, 8, 2, 2) if quick else (64 * max(2, cores), OUT, BATCH, cores, 5)
+    )
     dali = have_dali() if dali is None else dali
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    root = cached_jpeg_folder(
-        p["images"], 16 if not quick else 4, small=p["small"], workers=max(2, p["cores"])
-    )
+    root = cached_jpeg_folder(images, 4 if quick else 16, small=quick, workers=max(2, cores))
     tmp = tempfile.mkdtemp(prefix="tkb-input-gpu-")
-    size, batch, workers = p["size"], p["batch"], p["workers"]
     makers: dict[str, Callable[[], _Epochs]] = {
         "torchvision": lambda: _torchvision(root, size, batch, workers, device),
         "dali_mixed": lambda: _dali(root, size, batch, workers, device, "auto", "none", tmp),
@@ -147,7 +133,11 @@ def measure(quick: bool = False, dali: bool | None = None) -> list[dict[str, Any
             root, size, batch, workers, device, "auto", "predecoded", tmp
         ),
     }
-    skipped = {c: _skip_reason(c, cuda, dali) for c in CASES}
+    skipped = dict.fromkeys(CASES, "")
+    if not dali:
+        skipped.update(dict.fromkeys(CASES[1:], "NVIDIA DALI is not installed"))
+    elif not cuda:
+        skipped["dali_mixed"] = "no CUDA device"
     for c, why in skipped.items():
         if why:
             print(f"  {c}: skipped ({why})", flush=True)
@@ -166,7 +156,7 @@ def measure(quick: bool = False, dali: bool | None = None) -> list[dict[str, Any
                 if c in runs:
                     runs.pop(c).close()
         load = round(os.getloadavg()[0], 2)
-        times = interleaved_times(runs, warmup=0, reps=p["reps"])
+        times = interleaved_times(runs, warmup=0, reps=reps)
     finally:
         for r in runs.values():
             r.close()
@@ -176,18 +166,10 @@ def measure(quick: bool = False, dali: bool | None = None) -> list[dict[str, Any
         shutil.rmtree(tmp, ignore_errors=True)
     rows = []
     for c in CASES:
-        row: dict[str, Any] = dict(
-            case=c,
-            library="torchvision" if c == "torchvision" else "dali",
-            device="gpu" if c in ("dali_mixed", "dali_predecoded") and cuda else "cpu",
-            train_device=device.type,
-            images=p["images"] // batch * batch,
-            batch=batch,
-            image_size=size,
-            workers=workers,
-            reps=p["reps"],
-            skipped=skipped[c],
-        )
+        row: dict[str, Any] = dict(case=c, library="torchvision" if c == "torchvision" else "dali")
+        row["device"] = "gpu" if c in ("dali_mixed", "dali_predecoded") and cuda else "cpu"
+        row.update(train_device=device.type, images=images // batch * batch, batch=batch)
+        row.update(image_size=size, workers=workers, reps=reps, skipped=skipped[c])
         if not skipped[c]:
             imgs = set(runs_images[c])
             if imgs != {row["images"]}:
@@ -206,56 +188,45 @@ def measure(quick: bool = False, dali: bool | None = None) -> list[dict[str, Any
     return rows
 
 
-def _plot(csv: Path, png: Path) -> None:
-    # deferred: matplotlib is slow to load, and only drawing needs it
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    df = latest_run(csv)
-    skipped = df["skipped"].fillna("").astype(str) if "skipped" in df else None
+def _plot(bench: BenchRun) -> None:
+    df = latest_run(bench.csv_path)
+    skipped = df["skipped"].fillna("").astype(str)
     fig, ax = plt.subplots(figsize=(8, 1.9 + 0.55 * len(df)))
     y = list(range(len(df)))
     labels = [f"{c} (decode on {d})" for c, d in zip(df["case"], df["device"], strict=True)]
     ips = df["images_per_s"].astype(float).fillna(0.0)
     # the inter-quartile range of the epoch time, as images / s
-    err = None
-    if "iqr_ms" in df and "median_ms" in df:
-        med, iqr = df["median_ms"].astype(float), df["iqr_ms"].astype(float)
-        lo = df["images"] / ((med + iqr / 2) / 1e3)
-        hi = df["images"] / ((med - iqr / 2).clip(lower=1e-9) / 1e3)
-        err = [(ips - lo).fillna(0).clip(lower=0), (hi - ips).fillna(0).clip(lower=0)]
+    med, iqr = df["median_ms"].astype(float), df["iqr_ms"].astype(float)
+    lo = df["images"] / ((med + iqr / 2) / 1e3)
+    hi = df["images"] / ((med - iqr / 2).clip(lower=1e-9) / 1e3)
+    err = [(ips - lo).fillna(0).clip(lower=0), (hi - ips).fillna(0).clip(lower=0)]
     ax.barh(y, ips, xerr=err, capsize=3, color=BENCH_COLOURS["images"])
     top = float(ips.max()) or 1.0
     for i, r in enumerate(df.itertuples()):
-        why = skipped.iloc[i] if skipped is not None else ""
+        why = skipped.iloc[i]
         if why:
             text = f"not measured: {why}"
         elif i == 0:
             text = f"{r.images_per_s:,.0f} images/s (the baseline)"
         else:
             text = f"{r.images_per_s:,.0f} images/s, {r.vs_torchvision:.2f}x torchvision"
-        end = ips.iloc[i] + (float(err[1].iloc[i]) if err is not None else 0.0)
+        end = ips.iloc[i] + float(err[1].iloc[i])
         ax.annotate(text, (0 if why else end, i), xytext=(6, 0),
                     textcoords="offset points", va="center", fontsize=8,
                     color="firebrick" if why else "k")  # fmt: skip
     ax.set_yticks(y, labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, 1.9 * top)  # room for the numbers written beside the bars
-    reps = f", median of n = {int(df['reps'].iloc[0])} epochs" if "reps" in df else ""
+    reps = f", median of n = {int(df['reps'].iloc[0])} epochs"
     ax.set_xlabel(f"training images / s (warm epoch{reps}; bar: inter-quartile range)")
-    if len(df):
-        r = df.iloc[0]
-        measured = int((skipped == "").sum()) if skipped is not None else len(df)
-        ax.set_title(
-            f"{int(r['images'])} JPEGs, RRC {int(r['image_size'])} + flip, batch "
-            f"{int(r['batch'])}; {measured} of {len(df)} input pipelines measured on\n"
-            f"{r['hardware']}",
-            fontsize=9,
-        )
+    r = df.iloc[0]
+    ax.set_title(
+        f"{int(r['images'])} JPEGs, RRC {int(r['image_size'])} + flip, batch {int(r['batch'])};"
+        f" {int((skipped == '').sum())} of {len(df)} input pipelines measured on\n{r['hardware']}",
+        fontsize=9,
+    )
     ax.grid(axis="x", alpha=0.3)
-    save_figure(fig, png)
+    save_figure(fig, bench.png_path)
 
 
 def run(results_dir: str = "results", quick: bool = False) -> Path:
@@ -264,12 +235,8 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
     for r in measure(quick):
         bench.add(**r)
     path = bench.save()
-    _plot(path, bench.png_path)
+    _plot(bench)
     return path
 
 
-def _replot(bench: BenchRun) -> None:
-    _plot(bench.csv_path, bench.png_path)
-
-
-BENCHMARKS.register("input_gpu")(BenchmarkSpec(run=run, replot=_replot))
+BENCHMARKS.register("input_gpu")(BenchmarkSpec(run=run, replot=_plot))

@@ -1,15 +1,10 @@
 """Overlap of gradient aggregation with the backward pass, measured on a real model's step.
 
-Per method: a ResNet-18 DDP step, its backward alone and its communication alone, the
-slowest rank's medians; ``exposed_ms`` and ``hidden`` feed the performance model.  Runs on
-local workers or as ``python -m bench.benchmarks.overlap --out FILE`` under torchrun.
-"""
+Per method: a ResNet-18 DDP step, its backward alone and its communication alone (the
+slowest rank's medians), on local workers or under torchrun (``--out FILE``)."""
 
 import argparse
-import json
-import os
 import statistics
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -17,20 +12,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from bench.benchmarks.buckets import FakeBucket
+from bench.benchmarks.spawn import torchrun_json
 from bench.benchmarks.timing import interleaved_times
 from bench.comm import is_sparse, make_hook
 
 MODEL = "resnet18"
-
-
-def _recording(hook: Callable, shapes: dict[int, list[torch.Size]]) -> Callable:
-    """``hook`` that also records each bucket's parameter shapes (DDP's own buckets)."""
-
-    def wrapped(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        shapes[bucket.index()] = [g.shape for g in bucket.gradients()]
-        return hook(state, bucket)
-
-    return wrapped
 
 
 def _case(
@@ -49,7 +35,12 @@ def _case(
     ddp = DDP(torchvision.models.resnet18(num_classes=10), bucket_cap_mb=bucket_mb)
     state, hook = make_hook(method, density=density, powersgd_rank=4)
     shapes: dict[int, list[torch.Size]] = {}
-    ddp.register_comm_hook(state, _recording(hook, shapes))
+
+    def recording(st: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        shapes[bucket.index()] = [g.shape for g in bucket.gradients()]  # DDP's own buckets
+        return hook(st, bucket)
+
+    ddp.register_comm_hook(state, recording)
     alone_state, alone_hook = make_hook(method, density=density, powersgd_rank=4)
     x = torch.randn(batch, 3, image, image)
     y = torch.randint(10, (batch,))
@@ -89,23 +80,11 @@ def _case(
     med = {k: statistics.median(v) for k, v in out.items()}
     exposed = med["step"] - med["backward"]
     ratio = exposed / med["alone"] if med["alone"] > 0 else float("nan")
-    return {
-        "kind": "overlap",
-        "model": MODEL,
-        "method": method,
-        "density": density if is_sparse(method) else 1.0,
-        "batch": batch,
-        "image": image,
-        "buckets": len(buckets),
-        "bucket_cap_mb": bucket_mb,
-        "step_ms": med["step"],
-        "backward_ms": med["backward"],
-        "comm_alone_ms": med["alone"],
-        "exposed_ms": exposed,
-        "exposed_ratio": ratio,
-        "hidden": min(1.0, max(0.0, 1 - ratio)),
-        "reps": reps,
-    }
+    row = {"kind": "overlap", "model": MODEL, "method": method}
+    row.update(density=density if is_sparse(method) else 1.0, batch=batch, image=image)
+    row.update(buckets=len(buckets), bucket_cap_mb=bucket_mb, step_ms=med["step"])
+    row.update(backward_ms=med["backward"], comm_alone_ms=med["alone"], exposed_ms=exposed)
+    return {**row, "exposed_ratio": ratio, "hidden": min(1.0, max(0.0, 1 - ratio)), "reps": reps}
 
 
 def overlap_worker(rank: int, world: int, methods: list[str], *case: Any) -> list[dict[str, Any]]:
@@ -115,7 +94,6 @@ def overlap_worker(rank: int, world: int, methods: list[str], *case: Any) -> lis
 
 
 def main(argv: list[str] | None = None) -> int:
-
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--methods", required=True, help="comma-separated comm hooks")
@@ -126,25 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=4)
     ap.add_argument("--bucket-mb", type=float, default=25.0, help="DDP's bucket_cap_mb")
     a = ap.parse_args(argv)
-    dist.init_process_group("gloo")
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    rows = overlap_worker(
-        dist.get_rank(),
-        dist.get_world_size(),
-        a.methods.split(","),
-        a.density,
-        a.batch,
-        a.image,
-        a.warmup,
-        a.reps,
-        a.bucket_mb,
-    )
-    if dist.get_rank() == 0:
-        with open(a.out, "w") as f:
-            json.dump(rows, f, indent=1)
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    case = (a.density, a.batch, a.image, a.warmup, a.reps, a.bucket_mb)
+    return torchrun_json(a.out, lambda: [_case(m, *case) for m in a.methods.split(",")])
 
 
 if __name__ == "__main__":

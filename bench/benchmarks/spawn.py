@@ -1,19 +1,20 @@
-"""Run a function on N local gloo workers posing as ``N / procs_per_node`` nodes.
+"""Run a function on N local gloo workers posing as ``N / procs_per_node`` nodes (or on the
+workers of a torchrun launch, :func:`torchrun_json`).
 
-Used by the tests and by ``bench comm``: each worker gets the environment torchrun would
-give it on a real cluster (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
-``GROUP_RANK``), so :func:`bench.comm.topology.detect` sees ``nnodes x procs_per_node``
-exactly as under ``torchrun --nnodes``.  Collectives go over loopback TCP (127.0.0.1).
-"""
+Each worker gets the environment torchrun would give it, so :func:`bench.comm.topology.detect`
+sees ``nnodes x procs_per_node``; collectives go over loopback TCP."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import json
 import os
 import queue
 import socket
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,17 +28,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(
-    fn: Callable[..., Any],
-    rank: int,
-    world: int,
-    ppn: int,
-    port: int,
-    threads: int,
-    timeout_s: float,
-    q: Any,
-    args: tuple,
-) -> None:
+def _join(rank: int, world: int, ppn: int, port: int, backend: str, timeout_s: float) -> None:
+    """Join the default group as torchrun's worker ``rank`` of ``world``, ``ppn`` a node."""
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -48,15 +40,40 @@ def _entry(
         GROUP_RANK=str(rank // ppn),
         GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
     )
+    # a worker stuck in a collective gives up instead of hanging (default 30 min)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
 
+
+@contextlib.contextmanager
+def alone(device: str, timeout_s: float = 300.0) -> Iterator[None]:
+    """A default group of this process alone: NCCL for a CUDA ``device``, else gloo."""
+    _join(0, 1, 1, free_port(), "nccl" if device.startswith("cuda") else "gloo", timeout_s)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def torchrun_json(out: str, work: Callable[[], Any]) -> int:
+    """``work()`` on this worker of a torchrun launch (gloo, ``OMP_NUM_THREADS`` threads);
+    rank 0 writes what it returns to the JSON file ``out``."""
+    dist.init_process_group("gloo")
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    res = work()
+    if dist.get_rank() == 0:
+        Path(out).write_text(json.dumps(res, indent=1))
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def _entry(fn: Callable[..., Any], rank: int, q: Any, args: tuple, setup: tuple) -> None:
+    world, ppn, port, threads, timeout_s = setup
     torch.set_num_threads(threads)
     try:
-        # a worker stuck in a collective gives up instead of hanging the parent (default 30 min)
-        dist.init_process_group(
-            "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s)
-        )
-        out = fn(rank, world, *args)
-        q.put((rank, True, out))
+        _join(rank, world, ppn, port, "gloo", timeout_s)
+        q.put((rank, True, fn(rank, world, *args)))
     except BaseException:  # report, do not hang the parent
         q.put((rank, False, traceback.format_exc()))
     finally:
@@ -75,15 +92,9 @@ def run_workers(
     """``[fn(rank, world_size, *args) for each rank]`` computed by spawned gloo workers
     (``fn`` importable); a worker's exception is re-raised as RuntimeError."""
     ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = free_port()
-    procs = [
-        ctx.Process(
-            target=_entry,
-            args=(fn, r, world_size, procs_per_node, port, threads, timeout_s, q, args),
-        )
-        for r in range(world_size)
-    ]
+    q, port = ctx.Queue(), free_port()
+    setup = (world_size, procs_per_node, port, threads, timeout_s)
+    procs = [ctx.Process(target=_entry, args=(fn, r, q, args, setup)) for r in range(world_size)]
     for p in procs:
         p.start()
     results: dict[int, Any] = {}
@@ -95,15 +106,12 @@ def run_workers(
                 raise RuntimeError(f"workers did not finish within {timeout_s:.0f} s") from None
             if not ok:  # the first report may be a consequence: collect the others briefly
                 errors = [(rank, out)]
-                try:
+                with contextlib.suppress(queue.Empty):
                     while len(errors) + len(results) < world_size:
                         r2, ok2, out2 = q.get(timeout=5)
                         if not ok2:
                             errors.append((r2, out2))
-                except queue.Empty:
-                    pass
-                msg = "\n".join(f"worker {r} failed:\n{tb}" for r, tb in errors)
-                raise RuntimeError(msg)
+                raise RuntimeError("\n".join(f"worker {r} failed:\n{tb}" for r, tb in errors))
             results[rank] = out
     finally:
         for p in procs:

@@ -12,8 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
+import matplotlib.pyplot as plt
 import torch
+import torch.nn.functional as F
 
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
 from bench.benchmarks.harness import BenchRun
@@ -34,156 +35,96 @@ CASES = {  # name -> (autocast dtype or None, channels_last)
 }
 
 
-class Step:
-    """One model, optimizer and synthetic batch; ``__call__`` runs one training step."""
-
-    def __init__(
-        self,
-        device: torch.device,
-        amp: torch.dtype | None,
-        channels_last: bool,
-        batch: int,
-        px: int,
-    ) -> None:
+def _step(
+    device: torch.device, amp: Any, model: str, batch: int, size: int, channels_last: bool = False
+) -> Callable[[], None]:
+    """One training step on one synthetic batch: ResNet-50 (SGD) on ``size`` px images, or a
+    registry Transformer (AdamW) on ``batch`` sentences of ``size`` tokens each side."""
+    torch.manual_seed(0)
+    cuda = device.type == "cuda"
+    if model == "resnet50":
         # deferred: torchvision is slow to load, and only this path needs it
         import torchvision
 
-        torch.manual_seed(0)
         fmt = torch.channels_last if channels_last else torch.contiguous_format
-        self.model = torchvision.models.resnet50().to(device, memory_format=fmt)
-        self.opt = torch.optim.SGD(
-            self.model.parameters(),
-            lr=0.1,
-            momentum=0.9,
-            weight_decay=5e-5,
-            fused=device.type == "cuda",
-        )
-        self.x = torch.randn(batch, 3, px, px, device=device).to(memory_format=fmt)
-        self.y = torch.randint(0, 1000, (batch,), device=device)
-        self.amp, self.device = amp, device
-        self.loss = torch.nn.CrossEntropyLoss()
+        net = torchvision.models.resnet50().to(device, memory_format=fmt)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-5, fused=cuda)
+        x = torch.randn(batch, 3, size, size, device=device).to(memory_format=fmt)
+        y = torch.randint(0, 1000, (batch,), device=device)
 
-    def __call__(self) -> None:
-        with torch.autocast(
-            self.device.type, dtype=self.amp or torch.float32, enabled=bool(self.amp)
-        ):
-            loss = self.loss(self.model(self.x), self.y)
-        loss.backward()
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
+        def loss() -> torch.Tensor:
+            return F.cross_entropy(net(x), y)
 
-
-class TokenStep:
-    """A registry Transformer, AdamW and one synthetic batch of ``batch`` sentences of
-    ``seq_len`` source and ``seq_len`` target tokens; ``__call__`` runs one training step."""
-
-    def __init__(
-        self,
-        device: torch.device,
-        amp: torch.dtype | None,
-        model: str,
-        batch: int,
-        seq_len: int,
-        vocab: int = 32000,
-    ) -> None:
-
-        torch.manual_seed(0)
-        self.model = build_model(ModelConfig(name=model), vocab).to(device)
-        self.opt = torch.optim.AdamW(
-            self.model.parameters(), lr=1e-4, betas=(0.9, 0.98), fused=device.type == "cuda"
-        )
+    else:
+        vocab = 32000
+        net = build_model(ModelConfig(name=model), vocab).to(device)
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-4, betas=(0.9, 0.98), fused=cuda)
         # ids from 4 up: 0-3 are pad, unk, bos and eos
-        self.src = torch.randint(4, vocab, (batch, seq_len), device=device)
-        self.tgt = torch.randint(4, vocab, (batch, seq_len + 1), device=device)
-        self.amp, self.device = amp, device
+        src = torch.randint(4, vocab, (batch, size), device=device)
+        tgt = torch.randint(4, vocab, (batch, size + 1), device=device)
 
-    def __call__(self) -> None:
-        with torch.autocast(
-            self.device.type, dtype=self.amp or torch.float32, enabled=bool(self.amp)
-        ):
-            logits = self.model(self.src, self.tgt[:, :-1])
-        loss = torch.nn.functional.cross_entropy(
-            logits.float().flatten(0, 1), self.tgt[:, 1:].flatten(), label_smoothing=0.1
-        )
-        loss.backward()
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
+        def loss() -> torch.Tensor:
+            logits = net(src, tgt[:, :-1]).float().flatten(0, 1)
+            return F.cross_entropy(logits, tgt[:, 1:].flatten(), label_smoothing=0.1)
 
+    def step() -> None:
+        with torch.autocast(device.type, dtype=amp or torch.float32, enabled=bool(amp)):
+            out = loss()
+        out.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
 
-def interleave(
-    steps: dict[str, Callable[[], None]],
-    device: torch.device,
-    rounds: int,
-    iters: int,
-    warmup: int = 3,
-) -> dict[str, list[float]]:
-    """ms per step of each case: ``rounds`` interleaved rounds of ``iters`` steps per case
-    (CUDA events on a GPU), after ``warmup`` steps of each (cuDNN autotuning, allocator)."""
-    cuda = device.type == "cuda"
-    if cuda:
-        torch.backends.cudnn.benchmark = True
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    return interleaved_times(steps, warmup=warmup, reps=rounds, iters=iters, events=cuda)
+    return step
 
 
 def run(results_dir: str = "results", quick: bool = False) -> Path:
     cuda = torch.cuda.is_available()
-    device = torch.device("cuda" if cuda else "cpu")
-    if cuda and not quick:
+    device, full = torch.device("cuda" if cuda else "cpu"), cuda and not quick
+    if cuda:
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    # ms per step, CUDA events on a GPU, after warm-up steps (cuDNN autotuning, allocator)
+    timed: dict[str, Any] = {"warmup": 3 if full else 1, "events": cuda}
+    if full:
         batch, px, rounds, iters, cases = 256, 224, 3, 10, CASES
     else:  # the code path, not a measurement worth reading
         batch, px, rounds, iters = 2, 32, 2, 1
         cases = {"bf16": CASES["bf16"], "fp32": (None, False)}
-    warmup = 3 if cuda and not quick else 1
     bench = BenchRun("throughput", results_dir)
-    steps = {name: Step(device, amp, cl, batch, px) for name, (amp, cl) in cases.items()}
-    times = interleave(steps, device, rounds, iters, warmup)
+    steps = {n: _step(device, amp, "resnet50", batch, px, cl) for n, (amp, cl) in cases.items()}
+    times = interleaved_times(steps, reps=rounds, iters=iters, **timed)
     _add_rows(
         bench, times, "tf32" if "tf32" in times else "fp32", batch, "images_per_s",
         label=f"resnet50 batch {batch} {px}px", model="resnet50", device=device.type,
         batch=batch, image_size=px, rounds=rounds, iters_per_round=iters,
         anchor_images_per_s=ANCHOR_IMAGES_PER_S, anchor=ANCHOR,
     )  # fmt: skip
-    _tokens(bench, device, quick)
-    path = bench.save()
-    _plot(bench)
-    return path
-
-
-def _tokens(bench: BenchRun, device: torch.device, quick: bool) -> None:
-    """``transformer_base`` tokens/s (``transformer_tiny`` with ``quick``), bf16 vs fp32/TF32."""
-    cuda = device.type == "cuda"
+    # transformer_base tokens/s (transformer_tiny with quick), bf16 vs fp32 / TF32
     model = "transformer_tiny" if quick else "transformer_base"
-    if cuda and not quick:
+    if full:
         batch, seq, rounds, iters = 128, 64, 3, 10
     elif quick:
         batch, seq, rounds, iters = 2, 8, 2, 1
     else:  # CPU: a real measurement of this machine, at a batch it runs in about a second
         batch, seq, rounds, iters = 8, 32, 3, 2
     base = "tf32" if cuda else "fp32"
-    steps = {
-        n: TokenStep(device, amp, model, batch, seq)
-        for n, amp in (("bf16", torch.bfloat16), (base, None))
-    }
-    times = interleave(steps, device, rounds, iters, warmup=1 if quick or not cuda else 3)
-    tokens = batch * 2 * seq
+    precisions = (("bf16", torch.bfloat16), (base, None))
+    steps = {n: _step(device, amp, model, batch, seq) for n, amp in precisions}
+    times = interleaved_times(steps, reps=rounds, iters=iters, **timed)
     _add_rows(
-        bench, times, base, tokens, "tokens_per_s",
+        bench, times, base, batch * 2 * seq, "tokens_per_s",
         label=f"{model} batch {batch} x {seq}+{seq} tokens", model=model,
-        device=device.type, batch=batch, seq_len=seq, tokens_per_step=tokens,
+        device=device.type, batch=batch, seq_len=seq, tokens_per_step=batch * 2 * seq,
         rounds=rounds, iters_per_round=iters,
     )  # fmt: skip
+    path = bench.save()
+    _plot(bench)
+    return path
 
 
 def _add_rows(
-    bench: BenchRun,
-    times: dict[str, list[float]],
-    base: str,
-    per_step: int,
-    rate: str,
-    label: str,
-    **fixed: Any,
+    bench: BenchRun, times: dict, base: str, per_step: int, rate: str, label: str, **fixed: Any
 ) -> None:
     """One row per case: median and fastest step, ``rate`` (``per_step`` items per second
     at the median step) and the speed-up over the ``base`` case of the same run; printed."""
@@ -206,17 +147,8 @@ def _add_rows(
 
 
 def _plot(bench: BenchRun) -> None:
-    # deferred: matplotlib is slow to load, and only drawing needs it
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     df = bench.frame()
-    # runs before the Transformer rows have no model column: all ResNet-50
-    model = df["model"].fillna("resnet50") if "model" in df else pd.Series("resnet50", df.index)
-    images = df[model == "resnet50"]
-    tokens = df[model != "resnet50"]
+    images, tokens = df[df["model"] == "resnet50"], df[df["model"] != "resnet50"]
     panels = [p for p in (images, tokens) if len(p)]
     fig, axes = plt.subplots(
         1, len(panels), figsize=(6.5 * len(panels), 1.9 + 0.5 * max(map(len, panels))),
@@ -244,10 +176,8 @@ def _plot(bench: BenchRun) -> None:
             ax.set_xlabel("training images / s (synthetic data, median step)")
         else:
             ax.set_xlabel("source + target tokens / s (synthetic data, median step)")
-        n = ""
-        if {"rounds", "iters_per_round"} <= set(part.columns):
-            r0 = part.iloc[0]
-            n = f"; n = {int(r0['rounds'])} rounds of {int(r0['iters_per_round'])} steps"
+        r0 = part.iloc[0]
+        n = f"; n = {int(r0['rounds'])} rounds of {int(r0['iters_per_round'])} steps"
         ax.set_title(f"{name} training by precision (x: against fp32 / tf32{n})", fontsize=8)
         ax.invert_yaxis()
         ax.grid(axis="x", alpha=0.3)

@@ -1,10 +1,7 @@
 """The one timing harness of benchmarks, gpucheck and profiles: warm-up, interleaving, median.
 
-Cases are timed in rounds, one call of each per round, after warm-up rounds; CUDA events
-time the GPU where asked, else the host clock with CUDA synchronised around each call;
-:func:`cuda_syncs` finds synchronising CUDA calls.  Imports only the standard library and
-torch (the GPU machine has nothing else).  Protocol: docs/internals/benchmarks.md.
-"""
+CUDA events time the GPU where asked, else the host clock with CUDA synchronised around each
+sample.  Standard library and torch only (the GPU machine has nothing else)."""
 
 from __future__ import annotations
 
@@ -29,8 +26,8 @@ def _sync() -> None:
 
 
 def _time_ms(fn: Callable[[], object], iters: int, events: bool, slowest_rank: bool) -> float:
-    """ms per call of ``iters`` back-to-back calls of ``fn``: by CUDA events (``events``)
-    or the host clock; with ``slowest_rank`` the slowest rank's, all starting together."""
+    """ms per call of ``iters`` back-to-back calls; ``slowest_rank``: all ranks start
+    together and the slowest one's time is returned."""
     _sync()
     if slowest_rank:
         dist.barrier()
@@ -59,7 +56,7 @@ def cuda_syncs(
     on: bool = True, site: Callable[[list[traceback.FrameSummary]], str] | None = None
 ) -> Iterator[list[str]]:
     """Where synchronising CUDA calls were made from Python threads inside the block (torch's
-    sync debug mode warns at each; gloo's own C++ threads do not reach Python's warnings):
+    sync debug mode warns at each; gloo's C++ threads do not reach Python's warnings):
     ``file:line`` of the warning, or ``site(the Python stack at the call)``."""
     found: list[str] = []
     if not on:
@@ -80,6 +77,24 @@ def cuda_syncs(
             torch.cuda.set_sync_debug_mode(0)
 
 
+class Clock:
+    """Stamps on the current stream: CUDA events on a GPU, the host clock on the CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def stamp(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def ms(self, a: Any, b: Any) -> float:
+        """Milliseconds from stamp ``a`` to stamp ``b`` (events: once both are done)."""
+        return a.elapsed_time(b) if self.cuda else 1e3 * (b - a)
+
+
 def summarize(times_ms: Sequence[float]) -> dict[str, float]:
     """Median, min and inter-quartile range (ms) of timed calls, and their count."""
     q = statistics.quantiles(times_ms, n=4) if len(times_ms) >= 2 else [times_ms[0]] * 3
@@ -89,19 +104,6 @@ def summarize(times_ms: Sequence[float]) -> dict[str, float]:
         "iqr_ms": q[2] - q[0],
         "reps": len(times_ms),
     }
-
-
-def _rounds(names: list[K], reps: int, shuffle: bool) -> Iterator[list[K]]:
-    """The order of the cases in each round: rotated by one each round, or shuffled (seed 0)
-    so that no case always runs right after the same other one."""
-    rng = random.Random(0)
-    order = list(names)
-    for r in range(reps):
-        if shuffle:
-            rng.shuffle(order)
-            yield order
-        else:
-            yield names[r % len(names) :] + names[: r % len(names)]
 
 
 def interleaved_times(
@@ -116,8 +118,9 @@ def interleaved_times(
     setup: Mapping[K, Callable[[], object]] | None = None,
 ) -> dict[K, list[float]]:
     """Times (ms per call) of ``reps`` rounds, one sample (``iters`` calls) of each case per
-    round, after ``warmup`` rounds of one call each (in order, discarded); ``setup[name]``
-    runs untimed before each call of its case."""
+    round, after ``warmup`` rounds of one call each (discarded); ``setup[name]`` runs
+    untimed before each sample of its case.  Each round's order is rotated by one, or
+    shuffled (seed 0), so that no case always runs right after the same other one."""
     names = list(cases)
 
     def sample(name: K, n: int) -> float:
@@ -129,7 +132,12 @@ def interleaved_times(
         for name in names:
             sample(name, 1)
     times: dict[K, list[float]] = {name: [] for name in names}
-    for order in _rounds(names, reps, shuffle):
+    rng, order = random.Random(0), list(names)
+    for r in range(reps):
+        if shuffle:
+            rng.shuffle(order)
+        else:
+            order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             times[name].append(sample(name, iters))
     return times
@@ -143,19 +151,9 @@ def interleaved(
 
 
 def median_s(
-    fn: Callable[[], object],
-    *,
-    setup: Callable[[], object] | None = None,
-    warmup: int = 1,
-    reps: int = 5,
-    **options: Any,
+    fn: Callable[[], object], *, setup: Callable[[], object] | None = None, **options: Any
 ) -> float:
-    """Median seconds of one call of ``fn`` over ``reps`` calls after ``warmup`` calls
-    (:func:`interleaved_times` of the one case, same options)."""
+    """Median seconds of one call of ``fn`` (:func:`interleaved_times` of the one case, same
+    options: one warm-up call and 5 timed ones unless told)."""
     on = {0: setup} if setup is not None else None
-    return (
-        statistics.median(
-            interleaved_times({0: fn}, warmup=warmup, reps=reps, setup=on, **options)[0]
-        )
-        / 1e3
-    )
+    return statistics.median(interleaved_times({0: fn}, setup=on, **options)[0]) / 1e3

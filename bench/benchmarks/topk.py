@@ -1,9 +1,7 @@
 """``bench topk``: top-k selection time, torch.topk vs the MSTopK variants, one read pass as floor.
 
-Sizes 1 M to 64 M (25.6 M and 100 M on CUDA), densities 0.001 and 0.01, interleaved on the
-same tensor; at 25.6 M also the error-feedback step in three in-place forms.  Columns and
-protocol: docs/internals/benchmarks.md (topk).
-"""
+Interleaved on the same tensor; at 25.6 M also the error-feedback step in three in-place
+forms.  Columns and protocol: docs/internals/benchmarks.md (topk)."""
 
 from __future__ import annotations
 
@@ -11,8 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import matplotlib.pyplot as plt
 import pandas as pd
 import torch
+from matplotlib.colors import to_rgb
 
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
 from bench.benchmarks.harness import BenchRun, finite, fmt
@@ -30,21 +30,14 @@ TRITON_METHODS = ("tiled", "paper")  # the mstopk methods with a Triton kernel
 
 
 def _input(kind: str, n: int, device: torch.device) -> torch.Tensor:
+    """Gaussian, heavy-tailed (Student's t, 1.5) or Cauchy values, made where they are used
+    (100 M normals take milliseconds on a GPU)."""
     if kind == "cauchy":  # heavier still: no mean; values spread over many octaves
         g = torch.Generator().manual_seed(0)
         return torch.empty(n).cauchy_(generator=g).mul_(1e-3).to(device)
-    if device.type == "cuda":  # generated where it is used: 100 M normals in milliseconds
-        if kind == "heavy":
-            return (
-                torch.distributions.StudentT(torch.tensor(1.5, device=device)).sample((n,)) * 1e-3
-            )
-        return torch.randn(n, device=device, generator=torch.Generator(device).manual_seed(0))
-    g = torch.Generator().manual_seed(0)
     if kind == "heavy":
-        x = torch.distributions.StudentT(1.5).sample((n,)) * 1e-3
-    else:
-        x = torch.randn(n, generator=g)
-    return x.to(device)
+        return torch.distributions.StudentT(torch.tensor(1.5, device=device)).sample((n,)) * 1e-3
+    return torch.randn(n, device=device, generator=torch.Generator(device).manual_seed(0))
 
 
 def _cuda_syncs(fn: Callable[[], object]) -> int:
@@ -82,10 +75,6 @@ def _mstopk_cases(
         else:
             out[f"mstopk-{m}"] = (m, {})
     return out
-
-
-def _coverage(x: torch.Tensor, idx: torch.Tensor, exact_sq: float) -> float:
-    return float(x[idx].double().pow(2).sum()) / exact_sq
 
 
 def _ef_cases(grad: torch.Tensor, k: int, resid0: torch.Tensor | None = None) -> dict[str, Any]:
@@ -150,19 +139,9 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
                     torch.set_num_threads(threads)
                 x = _input(kind, n, device)
                 reps = 2 if quick else (3 if n > RESNET50 else 5)
+                ef = n == ef_size and kind == "gaussian" and threads == 1
                 for density in densities:
-                    _one(
-                        bench,
-                        x,
-                        kind,
-                        n,
-                        density,
-                        reps,
-                        threads,
-                        device,
-                        triton,
-                        ef=n == ef_size and kind == "gaussian" and threads == 1,
-                    )
+                    _one(bench, x, kind, n, density, reps, threads, device, triton, ef)
                 del x
     finally:
         torch.set_num_threads(default_threads)
@@ -206,25 +185,14 @@ def _one(
             before = host_syncs()
             idx = mstopk(x, k, ms_cases[name][0], **ms_cases[name][1])[1]
             syncs = host_syncs() - before
-            cov = _coverage(x, idx, exact_sq)
+            cov = float(x[idx].double().pow(2).sum()) / exact_sq  # the mass captured
         elif name == "torch.topk" or "+ef" in name:
             cov = 1.0  # the error-feedback forms were checked to select torch.topk's set
         extra = {"cuda_syncs": _cuda_syncs(cases[name])} if cuda else {}
-        row = bench.add(
-            method=name,
-            input=kind,
-            numel=n,
-            density=density,
-            k=k,
-            threads=threads,
-            coverage=cov,
-            speedup_vs_topk=base / t["median_ms"],
-            x_floor=t["median_ms"] / floor,
-            device=device.type,
-            syncs=syncs,
-            **extra,
-            **t,
-        )
+        row = dict(method=name, input=kind, numel=n, density=density, k=k, threads=threads)
+        row.update(coverage=cov, speedup_vs_topk=base / t["median_ms"])
+        row.update(x_floor=t["median_ms"] / floor, device=device.type, syncs=syncs)
+        row = bench.add(**row, **extra, **t)
         cs = f"/{extra['cuda_syncs']}" if cuda else ""
         print(
             f"{name:>20} {kind:>8} n={n:>11,} d={density:<6} thr={threads} "
@@ -257,20 +225,9 @@ def _summary(res: dict[str, dict[str, float]]) -> None:
         )
 
 
-def _label(method: str) -> str:
-    """A legend entry: the baselines say what they are."""
-    return {"sum": "read floor (a sum over the tensor)", "torch.topk": "torch.topk (baseline)"}.get(
-        method, method
-    )
-
-
 def _plot(bench: BenchRun) -> None:
-    # deferred: matplotlib is slow to load, and only drawing needs it
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    # legend entries of the baselines, saying what they are
+    labels = {"sum": "read floor (a sum over the tensor)", "torch.topk": "torch.topk (baseline)"}
     df = bench.frame()
     df = df[(df["input"] == "gaussian") & (df["threads"] == 1)]
     dens = sorted(d for d in df["density"].unique() if d > 0)
@@ -288,24 +245,20 @@ def _plot(bench: BenchRun) -> None:
                 ls = ":"
             colour = _shade(SELECTION_COLOURS[key], SHADES.get(key, 0.0))
             ax.plot(g["numel"], g["median_ms"], ls=ls, marker=mk, color=colour,
-                    mfc="none" if method.endswith("[torch]") else None, label=_label(method),
-                    markersize=5)  # fmt: skip
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("tensor size (float32 elements, log)")
+                    mfc="none" if method.endswith("[torch]") else None,
+                    label=labels.get(method, method), markersize=5)  # fmt: skip
+        ax.set(xscale="log", yscale="log", xlabel="tensor size (float32 elements, log)")
         ax.set_ylabel("selection time per call (ms, median, log)")
-        on_cpu = "device" not in sub or (sub["device"] == "cpu").all()
+        on_cpu = (sub["device"] == "cpu").all()
         ax.set_title(f"density {d}, 1 thread" if on_cpu else f"density {d}, CUDA")
         ax.grid(True, which="both", alpha=0.3)
     # one legend, beside the last panel: it covers no line
     axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    torch_builds = df["method"].str.endswith("[torch]").any()
     fig.suptitle(
         f"top-k selection time on {bench.meta['hardware']}{_code(bench.meta)}\nmstopk's "
         "implementations in shades of mstopk's colour"
-        + (
-            " (hollow, dotted: a kernel's torch build)"
-            * bool(df["method"].str.endswith("[torch]").any())
-        )
+        + (" (hollow, dotted: a kernel's torch build)" if torch_builds else "")
         + "; baselines that are not methods (torch.topk, the read floor) in black",
         fontsize=9,
     )
@@ -318,8 +271,6 @@ SHADES = {"paper": 0.0, "tiled": -0.55, "sampled": 0.5, "hist": -0.28, "other": 
 
 def _shade(colour: str, by: float) -> tuple[float, ...]:
     """``colour`` mixed towards black (``by`` < 0) or white (``by`` > 0)."""
-    from matplotlib.colors import to_rgb
-
     end = 1.0 if by > 0 else 0.0
     return tuple(c + abs(by) * (end - c) for c in to_rgb(colour))
 
@@ -327,9 +278,9 @@ def _shade(colour: str, by: float) -> tuple[float, ...]:
 def _code(meta: dict) -> str:
     """``" (git abc1234, 2026-12-04)"``: which code the rows timed (a kernel's label stays,
     what runs under it can change), or ``""`` where the rows do not say."""
-    sha, date = str(meta.get("git_sha") or ""), str(meta.get("date") or "")
-    parts = [f"git {sha[:7]}" if sha else "", date[:10]]
-    return f" ({', '.join(p for p in parts if p)})" if any(parts) else ""
+    sha, date = str(meta.get("git_sha") or "")[:7], str(meta.get("date") or "")[:10]
+    parts = [p for p in (f"git {sha}" if sha else "", date) if p]
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 FAMILIES = (  # (method prefix, how the report names it): the paper's first

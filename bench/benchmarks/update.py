@@ -1,9 +1,8 @@
 """Benchmark ``update``: time of one optimizer step per update mode, beside the memory floor.
 
 Every optimizer in every update mode over ResNet-50's and Transformer-base's parameters
-(gradients as DDP bucket views), the modes interleaved, beside the streaming bandwidth
-measured in the same run (Shi et al., MLSys 2021, section 4: the parallel tensor operator).
-Columns and protocol: docs/internals/benchmarks.md (update).
+(gradients as DDP bucket views), interleaved with a streaming-bandwidth probe (Shi et al.,
+MLSys 2021, section 4).  Columns and protocol: docs/internals/benchmarks.md (update).
 """
 
 from __future__ import annotations
@@ -13,12 +12,16 @@ import gc
 import os
 import statistics
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import matplotlib.pyplot as plt
 import pandas as pd
 import torch
+from matplotlib.patches import Patch
+from matplotlib.patheffects import withStroke
 
 from bench.benchmarks import BENCHMARKS, BenchmarkSpec
 from bench.benchmarks.harness import BenchRun, fmt
@@ -58,27 +61,12 @@ def param_set(name: str) -> torch.nn.Module:
     raise KeyError(name)
 
 
-class BandwidthProbe:
+def _probes(numel: int, device: torch.device) -> dict[str, Callable[[], object]]:
     """Streaming-bandwidth probes over ``numel`` fp32 values, timed among the cases: a copy
     (8 B per value) and an in-place add (12 B per value); the floor uses the faster."""
-
-    def __init__(self, numel: int, device: torch.device) -> None:
-        self.numel = numel
-        self.src = torch.randn(numel, device=device)
-        self.dst = torch.empty_like(self.src)
-        self.x = torch.randn(numel, device=device)
-
-    def fns(self) -> dict[Any, Any]:
-        return {
-            "_copy": lambda: self.dst.copy_(self.src),
-            "_rmw": lambda: self.x.add_(self.src, alpha=1e-9),
-        }
-
-    def gbps(self, times: dict[Any, list[float]]) -> tuple[float, float]:
-        """(copy, rmw) bandwidth in GB/s from the median times (ms) of the probes."""
-        copy_s = statistics.median(times["_copy"]) / 1e3
-        rmw_s = statistics.median(times["_rmw"]) / 1e3
-        return 8 * self.numel / copy_s / 1e9, 12 * self.numel / rmw_s / 1e9
+    src, x = torch.randn(numel, device=device), torch.randn(numel, device=device)
+    dst = torch.empty_like(src)
+    return {"_copy": lambda: dst.copy_(src), "_rmw": lambda: x.add_(src, alpha=1e-9)}
 
 
 def _build(
@@ -105,23 +93,11 @@ def _copies(optimizer: Any) -> int:
     return sum(b.copies for b in getattr(optimizer, "buckets", []))
 
 
-def cases(device: torch.device) -> list[tuple[str, str, str]]:
-    """(optimizer, mode, variant) in measurement order."""
-    out = []
-    for opt in OPTIMIZERS:
-        for mode in SPECS.get(opt).mode_names():
-            out.append((opt, mode, ""))
-        if opt == "lars":
-            out.append((opt, "flat", "norms=segment_reduce"))
-        out.append((opt, "flat", "master=bf16"))  # bf16 model copy, fp32 master weights
-    return out
-
-
-# parameter sets measured under another definition: what the title says of them
-OLDER_SETS = {
-    ("transformer_base", 185): "torch.nn.Transformer, as runs before the registry's own\n"
-    "model measured it: its final encoder and decoder norms are 4 tensors more",
-}
+def _cases(opt: str) -> list[tuple[str, str]]:
+    """(mode, variant) of one optimizer in measurement order: its modes, then flat with the
+    segment-reduce norms (LARS) and with a bf16 model copy over fp32 master weights."""
+    norms = [("flat", "norms=segment_reduce")] if opt == "lars" else []
+    return [(m, "") for m in SPECS.get(opt).mode_names()] + norms + [("flat", "master=bf16")]
 
 
 MODE_NAMES = {
@@ -132,15 +108,9 @@ MODE_NAMES = {
 }
 
 
-def _plot(df: Any, path: Path, hw: str) -> None:
-    # deferred: matplotlib is slow to load, and only drawing needs it
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-    from matplotlib.patheffects import withStroke
-
+def _plot(bench: BenchRun) -> None:
+    df = bench.frame()
+    df["variant"] = df["variant"].fillna("")  # an empty variant reads back from the CSV as NaN
     models = list(dict.fromkeys(df["model"]))
     fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 5.2), squeeze=False)
     below_any = False
@@ -151,13 +121,12 @@ def _plot(df: Any, path: Path, hw: str) -> None:
             for r in sub.itertuples()
         ]
         x = list(range(len(sub)))
-        iqr = sub["iqr_ms"].to_numpy(dtype=float) if "iqr_ms" in sub else None
         below = (sub["median_ms"] < sub["floor_ms"]).to_numpy()
         below_any |= bool(below.any())
         ax.bar(
             x,
             sub["median_ms"],
-            yerr=None if iqr is None else iqr / 2,
+            yerr=sub["iqr_ms"].to_numpy(dtype=float) / 2,
             capsize=2,
             error_kw={"lw": 0.8},
             color=[UPDATE_COLOURS.get(m, UPDATE_COLOURS["other"]) for m in sub["mode"]],
@@ -169,14 +138,11 @@ def _plot(df: Any, path: Path, hw: str) -> None:
         ax.scatter(x, sub["floor_ms"], marker="_", s=300, color=BENCH_COLOURS["reference"],
                    zorder=3, path_effects=halo)  # fmt: skip
         ax.set_xticks(x, labels, rotation=90, fontsize=7)
-        ax.set_ylim(0, None)
-        ax.set_ylabel("time per optimizer step (ms, median)")
+        ax.set(ylim=(0, None), ylabel="time per optimizer step (ms, median)")
         ax.grid(axis="y", alpha=0.3)
         n, v = int(sub["n_tensors"].iloc[0]), sub["n_values"].iloc[0] / 1e6
-        older = OLDER_SETS.get((model, n))
-        reps = f"; n = {int(sub['reps'].median())} timed steps a bar" if "reps" in sub else ""
-        head = f"{model}: {n} tensors, {v:.1f} M values{reps}"
-        ax.set_title(head + (f"\n({older})" if older else ""), fontsize=8)
+        reps = f"n = {int(sub['reps'].median())} timed steps a bar"
+        ax.set_title(f"{model}: {n} tensors, {v:.1f} M values; {reps}", fontsize=8)
     modes = list(dict.fromkeys(df["mode"]))
     handles = [
         Patch(facecolor=UPDATE_COLOURS.get(m, UPDATE_COLOURS["other"]), edgecolor="k", lw=0.5,
@@ -192,16 +158,12 @@ def _plot(df: Any, path: Path, hw: str) -> None:
             Patch(facecolor="white", edgecolor="k", hatch="xx", lw=0.5,
                   label="below the floor: the update beat the probe's bandwidth (caches)")
         )  # fmt: skip
-    if "iqr_ms" in df:
-        handles.append(
-            plt.Line2D([], [], color="k", lw=0.8, label="error bar: inter-quartile range")
-        )
+    handles.append(plt.Line2D([], [], color="k", lw=0.8, label="error bar: inter-quartile range"))
     fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=7, frameon=False)
-    load = f", load average {df['loadavg_1m'].mean():.1f}" if "loadavg_1m" in df else ""
-    fig.suptitle(f"Optimizer update time by mode -- {hw}{load}", fontsize=9)
-    h = fig.get_figheight()
-    fig.tight_layout(rect=(0, 0.75 / h, 1, 1))
-    save_figure(fig, path, layout=False)
+    load = f", load average {df['loadavg_1m'].mean():.1f}"
+    fig.suptitle(f"Optimizer update time by mode -- {bench.meta['hardware']}{load}", fontsize=9)
+    fig.tight_layout(rect=(0, 0.75 / fig.get_figheight(), 1, 1))
+    save_figure(fig, bench.png_path, layout=False)
 
 
 def run(results_dir: str = "results", quick: bool = False) -> Path:
@@ -216,65 +178,44 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
         model = param_set(model_name)
         params = list(model.parameters())
         n_values = sum(p.numel() for p in params)
-        by_opt: dict[str, list[tuple[str, str]]] = {}
-        for opt, mode, variant in cases(device):
-            by_opt.setdefault(opt, []).append((mode, variant))
-        for opt, modes in by_opt.items():
-            built = {(mode, v): _build(model, opt, mode, device, v) for mode, v in modes}
-            probe = BandwidthProbe(n_values, device)  # as large as the parameter set
+        for opt in OPTIMIZERS:
+            built = {(mode, v): _build(model, opt, mode, device, v) for mode, v in _cases(opt)}
+            probes = _probes(n_values, device)  # as large as the parameter set
             copies0 = {k: _copies(o) for k, (_, o) in built.items()}
-            cuda = device.type == "cuda"  # CUDA events: the device's time, not the host's
-            steps = interleaved_times(
-                {**{k: o.step for k, (_, o) in built.items()}, **probe.fns()},
-                warmup=warmup,
-                reps=reps,
-                shuffle=True,
-                events=cuda,
-            )
-            copy_gbps, rmw_gbps = probe.gbps(steps)
+            # CUDA events: the device's time, not the host's
+            timed = {"reps": reps, "shuffle": True, "events": device.type == "cuda"}
+            steps = {k: o.step for k, (_, o) in built.items()}
+            steps = interleaved_times({**steps, **probes}, warmup=warmup, **timed)
             copy_ms = statistics.median(steps["_copy"])  # one copy of the parameter set
+            copy_gbps = 8 * n_values / copy_ms / 1e6
+            rmw_gbps = 12 * n_values / statistics.median(steps["_rmw"]) / 1e6
             n_steps = warmup + reps
             ddp_copies = {k: (_copies(o) - copies0[k]) / n_steps for k, (_, o) in built.items()}
             bw = max(copy_gbps, rmw_gbps) * 1e9
-            del probe, steps["_copy"], steps["_rmw"]
+            del probes, steps["_copy"], steps["_rmw"]
             zero = {k: (lambda o=o: o.zero_grad(set_to_none=False)) for k, (_, o) in built.items()}
-            zeros = interleaved_times(zero, warmup=1, reps=reps, shuffle=True, events=cuda)
+            zeros = interleaved_times(zero, warmup=1, **timed)
             floor_ms = TRAFFIC_VALUES[opt] * 4 * n_values / bw * 1e3
             med = {k: statistics.median(t) for k, t in steps.items()}
             # a copied gradient costs its share of a copy of the parameter set
             copy_cost = {k: ddp_copies[k] / len(params) * copy_ms for k in med}
             total = {k: med[k] + copy_cost[k] for k in med}
+            fused, naive, foreach = ("fused", ""), ("naive", ""), ("foreach", "")
             for (mode, variant), t in steps.items():
-                row: dict[str, Any] = dict(
-                    model=model_name,
-                    optimizer=opt,
-                    mode=mode,
-                    variant=variant,
-                    device=device.type,
-                    threads=torch.get_num_threads(),
-                    loadavg_1m=os.getloadavg()[0],  # a shared machine's load
-                    n_tensors=len(params),
-                    n_values=n_values,
-                    **summarize(t),
-                    zero_grad_ms=statistics.median(zeros[(mode, variant)]),
-                    bytes_per_step=TRAFFIC_VALUES[opt] * 4 * n_values,
-                    copy_gbps=copy_gbps,
-                    rmw_gbps=rmw_gbps,
-                    floor_ms=floor_ms,
-                    floor_ratio=med[(mode, variant)] / floor_ms,
-                    copy_ms=copy_ms,
-                    ddp_copies=ddp_copies[(mode, variant)],
-                    ddp_copy_ms=copy_cost[(mode, variant)],
-                    total_ms=total[(mode, variant)],
-                    total_vs_fused=(total[(mode, variant)] / total[("fused", "")])
-                    if ("fused", "") in total
-                    else None,
-                    speedup_vs_naive=med[("naive", "")] / med[(mode, variant)],
-                    speedup_vs_fused=(med[("fused", "")] / med[(mode, variant)])
-                    if ("fused", "") in med
-                    else None,
-                    speedup_vs_foreach=med[("foreach", "")] / med[(mode, variant)],
-                )
+                k = (mode, variant)
+                row: dict[str, Any] = dict(model=model_name, optimizer=opt, mode=mode)
+                row.update(variant=variant, device=device.type, threads=torch.get_num_threads())
+                row["loadavg_1m"] = os.getloadavg()[0]  # a shared machine's load
+                row.update(n_tensors=len(params), n_values=n_values, **summarize(t))
+                row["zero_grad_ms"] = statistics.median(zeros[k])
+                row["bytes_per_step"] = TRAFFIC_VALUES[opt] * 4 * n_values
+                row.update(copy_gbps=copy_gbps, rmw_gbps=rmw_gbps, floor_ms=floor_ms)
+                row.update(floor_ratio=med[k] / floor_ms, copy_ms=copy_ms, ddp_copies=ddp_copies[k])
+                row.update(ddp_copy_ms=copy_cost[k], total_ms=total[k])
+                row["total_vs_fused"] = total[k] / total[fused] if fused in total else None
+                row["speedup_vs_naive"] = med[naive] / med[k]
+                row["speedup_vs_fused"] = med[fused] / med[k] if fused in med else None
+                row["speedup_vs_foreach"] = med[foreach] / med[k]
                 run.add(**row)
                 print(
                     f"{model_name:>16} {opt:>6} {mode:>8} {variant:>22} {row['median_ms']:9.2f} ms "
@@ -286,14 +227,8 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
             del built
             gc.collect()
     path = run.save()
-    _plot(run.frame(), run.png_path, run.meta["hardware"])
+    _plot(run)
     return path
-
-
-def _replot(run: BenchRun) -> None:
-    df = run.frame()
-    df["variant"] = df["variant"].fillna("")  # an empty variant reads back from the CSV as NaN
-    _plot(df, run.png_path, run.meta["hardware"])
 
 
 def headline(rows: pd.DataFrame) -> list[str]:
@@ -322,4 +257,4 @@ def headline(rows: pd.DataFrame) -> list[str]:
     return out
 
 
-BENCHMARKS.register("update")(BenchmarkSpec(run=run, replot=_replot, headline=headline))
+BENCHMARKS.register("update")(BenchmarkSpec(run=run, replot=_plot, headline=headline))

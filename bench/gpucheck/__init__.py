@@ -1,7 +1,3 @@
-"""``python -m reproduce gpucheck``: every CUDA path of the suite in one timed command.
-
-``check`` (the probe, the steps and their budget), ``hooks`` (every DDP hook on CUDA
-tensors, torch only), ``perf`` (selection, update and ResNet-50 compute against their memory
-floors, torch only), ``summary`` (one line of numbers per step, read from what the step
-recorded).
-"""
+"""``python -m reproduce gpucheck``: every CUDA path of the suite in one timed command
+(:mod:`.check`), its torch-only steps (``hooks``, ``perf``, ``step``, ``calibrate``) and
+the one line of numbers per step (:mod:`.summary`)."""

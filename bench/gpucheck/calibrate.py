@@ -1,15 +1,11 @@
 """Calibration rows of the performance model, measured here (gpucheck step ``calibrate``).
 
 ``python -m bench.gpucheck.calibrate [--cpu] [--out FILE] [--csv FILE] [--models ...]``: per
-model, on this device, what :mod:`bench.cluster.perfmodel` prices: one forward-backward
-(bf16 autocast and channels-last on CUDA, float32 on the CPU) and one SGD-momentum update
-per step; on the model's largest DDP bucket (25 MB), per element, a summation pass, an
-elementwise pass and each selector as a hook runs it (densities 0.001 and 0.01), per
-pair a scatter-add of 8 workers' pairs; per step, PowerSGD's P and Q products with the
-orthogonalisation of P (rank 4, every matrix of the model) and DeMo's transform (the DCT
-of each chunk, its top-k, the inverse DCT of the part sent and of an average).  One row per
-quantity, in seconds, appended to the CSV that :mod:`bench.cluster.calibration` reads
-(``results/calibration/<device>.csv``).  Needs torch (torchvision for ResNet-50).
+model, what :mod:`bench.cluster.perfmodel` prices (forward-backward, update, PowerSGD's and
+DeMo's compute per step; the passes, each selector and the scatter-add per element or pair
+on the largest DDP bucket), one row per quantity in seconds, appended to the CSV that
+:mod:`bench.cluster.calibration` reads.  Needs torch (torchvision for ResNet-50); what each
+row measures: docs/internals/gpucheck.md.
 """
 
 from __future__ import annotations
@@ -120,17 +116,6 @@ def _demo(net: torch.nn.Module) -> Callable[[], None]:
     return run
 
 
-def _hook_select(name: str, x: torch.Tensor, k: int) -> Callable[[], Any]:
-    """Selector ``name`` as a hook calls it: the finiteness flag deferred."""
-    fn = SELECTORS[name]
-
-    def run() -> Any:
-        with deferred_finite([]):
-            return fn(x, k)
-
-    return run
-
-
 def measure(name: str, device: torch.device, reps: int) -> list[dict[str, Any]]:
     """Every quantity of model ``name``: rows of (quantity, seconds, per what, n)."""
     from bench.cluster.projection import ddp_buckets
@@ -166,9 +151,13 @@ def measure(name: str, device: torch.device, reps: int) -> list[dict[str, Any]]:
     add("dense_s", median_s(lambda: x.mul_(1.0), **timed) / d, "element", d)
     for density in DENSITIES:
         k = k_for(d, density)
-        for sel in SELECTORS:
-            s = median_s(_hook_select(sel, x, k), **timed)
-            add(f"select_s[{sel}]", s / d, "element", d, density=density)
+        for sel, fn in SELECTORS.items():
+
+            def call(fn: Callable = fn, k: int = k) -> Any:  # as a hook: the flag deferred
+                with deferred_finite([]):
+                    return fn(x, k)
+
+            add(f"select_s[{sel}]", median_s(call, **timed) / d, "element", d, density=density)
         pairs = WORLD * k
         v = torch.randn(pairs, device=device, generator=gen)
         i = torch.randint(d, (pairs,), device=device, generator=gen)

@@ -7,6 +7,7 @@ and a summary table.  The steps and the budget: docs/internals/gpucheck.md.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -23,43 +24,33 @@ PY = sys.executable
 LOG_TAIL_BYTES = 256_000  # a step's log keeps its last this many bytes
 
 
+# what the steps may use beyond torch, probed by import (named by their last part)
+OPTIONAL = ("numpy", "nvidia.dali", "triton", "hydra", "pandas", "torchvision", "pytest")
+
+
 def probe() -> dict[str, Any]:
     """What this machine offers the suite: CUDA and the GPU, NCCL, DALI, Triton."""
     # deferred: torch takes seconds to load, and this module is read without it
     import torch
+    import torch.distributed as dist
 
     info: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.cuda.is_available()}
     if info["cuda"]:
         props = torch.cuda.get_device_properties(0)
-        info.update(
-            gpu=props.name,
-            gpus=torch.cuda.device_count(),
-            gpu_mem_gib=round(props.total_memory / 2**30, 1),
-            capability=f"{props.major}.{props.minor}",
-            cuda_version=torch.version.cuda,
-            cudnn=torch.backends.cudnn.version(),
-            bf16=torch.cuda.is_bf16_supported(),
-        )
-    import torch.distributed as dist
-
+        info.update(gpu=props.name, gpus=torch.cuda.device_count())
+        info["gpu_mem_gib"] = round(props.total_memory / 2**30, 1)
+        info.update(capability=f"{props.major}.{props.minor}", cuda_version=torch.version.cuda)
+        info.update(cudnn=torch.backends.cudnn.version(), bf16=torch.cuda.is_bf16_supported())
     info["nccl"] = bool(info["cuda"] and dist.is_available() and dist.is_nccl_available())
     if info["nccl"]:
         try:
             info["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
         except Exception:  # noqa: BLE001 - the version is informative only
             info["nccl_version"] = "?"
-    for name, module in (
-        ("numpy", "numpy"),
-        ("dali", "nvidia.dali"),
-        ("triton", "triton"),
-        ("hydra", "hydra"),
-        ("pandas", "pandas"),
-        ("torchvision", "torchvision"),
-        ("pytest", "pytest"),
-    ):
+    for module in OPTIONAL:
+        name = module.rsplit(".", 1)[-1]
         try:
-            mod = __import__(module, fromlist=["__version__"])
-            info[name] = getattr(mod, "__version__", "?")
+            info[name] = getattr(__import__(module, fromlist=["__version__"]), "__version__", "?")
         except Exception:  # noqa: BLE001 - optional
             info[name] = None
     return info
@@ -93,53 +84,46 @@ def _bench(name: str) -> Callable[[str], list[str]]:
     return lambda res: [PY, "-m", "reproduce", "bench", name, "--results-dir", res]
 
 
+TRAIN = "train.device=cuda train.progress=false train.checkpoint_every=0 results.plot=false"
+
+
 def _train(*overrides: str, multirun: bool = False) -> Callable[[str], list[str]]:
     """``python -m reproduce train`` on CUDA with ``overrides`` (``multirun``: ``-m``, one
     run per value of a comma-separated override, one after the other)."""
-    return lambda res: [
-        PY,
-        "-m",
-        "reproduce",
-        "train",
-        *(["-m"] if multirun else []),
-        "train.device=cuda",
-        "train.progress=false",
-        "train.checkpoint_every=0",
-        "results.plot=false",
-        f"results.dir={res}",
-        *overrides,
-    ]
+    head = [PY, "-m", "reproduce", "train", *(["-m"] if multirun else []), *TRAIN.split()]
+    return lambda res: [*head, f"results.dir={res}", *overrides]
 
 
 # ResNet-50 on ImageNet-shaped synthetic batches (224 px, 1000 classes), one epoch of 30
 # steps of 256 images per GPU (NVIDIA's reference batch) and its evaluation; bf16 autocast
 # and channels-last are the CUDA defaults; no synchronising phase timers (throughput)
-RESNET50_RUN = ("model=resnet50", "data=synthetic", "data.batch_size=256",
-                "data.synthetic_size=7680", "train.epochs=1", "train.max_steps_per_epoch=30",
-                "train.time_phases=false")  # fmt: skip
+RESNET50_RUN = (
+    "model=resnet50 data=synthetic data.batch_size=256 data.synthetic_size=7680 train.epochs=1 "
+    "train.max_steps_per_epoch=30 train.time_phases=false"
+).split()
+TRANSFORMER_RUN = (
+    "experiment=transformer_embedded model=transformer_base data.max_tokens=8192 train.epochs=1 "
+    "train.max_steps_per_epoch=30 train.time_phases=false"
+).split()
+NCCL_1 = ("cluster.nproc_per_node=1", "cluster.backend=nccl")
 
 
 def _module(module: str, *args: str, name: str = "") -> Callable[[str], list[str]]:
     """``python -m module *args --out <results>/gpucheck/<name>.json`` (torch only)."""
-    name = name or (args[0] if args else module.rsplit(".", 1)[-1])
-    return lambda res: [
-        PY,
-        "-m",
-        module,
-        *args,
-        "--out",
-        str(Path(res) / "gpucheck" / f"{name}.json"),
-    ]
+    out = f"{name or (args[0] if args else module.rsplit('.', 1)[-1])}.json"
+    return lambda res: [PY, "-m", module, *args, "--out", str(Path(res) / "gpucheck" / out)]
 
 
-GPU_TEST_FILES = (
-    "tests/test_mstopk_cuda.py",
-    "tests/test_optim_ddp.py",
-    "tests/test_optim_ops.py",
-    "tests/test_dali_gpu.py",
-    "tests/test_gpucheck_device.py",
+GPU_TEST_FILES = tuple(
+    "tests/test_mstopk_cuda.py tests/test_optim_ddp.py tests/test_optim_ops.py "
+    "tests/test_dali_gpu.py tests/test_gpucheck_device.py".split()
 )
+# the files holding gpu tests, not the whole suite: a test module that imports a package
+# this machine lacks must not keep the others from running
+GPU_TESTS = [PY, *"-m pytest -m gpu -q -p no:cacheprovider --continue-on-collection-errors".split()]
 HOOKS_CAP_S = 70
+# the workers stop (their stacks dumped) before the step is killed
+HOOKS_ARGS = ("--timeout-s", str(HOOKS_CAP_S - 10), "--layouts", "1,2x2")
 
 # The torch-only steps come first and their caps add up to 330 s: a device window of
 # 15 minutes holds the check twice, with each machine's start-up.
@@ -147,15 +131,7 @@ STEPS: tuple[Step, ...] = (
     Step(
         "hooks",
         "every hook, NCCL 1 + gloo 2x2 on one GPU: ranks, dense, syncs, race",
-        # the workers stop (their stacks dumped) before the step is killed
-        _module(
-            "bench.gpucheck.hooks",
-            "--timeout-s",
-            str(HOOKS_CAP_S - 10),
-            "--layouts",
-            "1,2x2",
-            name="hooks",
-        ),  # fmt: skip
+        _module("bench.gpucheck.hooks", *HOOKS_ARGS, name="hooks"),
         HOOKS_CAP_S,
         min_s=60,
         # on the CPU, the hooks whose plumbing differs most, the workers' time its cap's
@@ -205,33 +181,14 @@ STEPS: tuple[Step, ...] = (
     Step(
         "gpu-tests",
         "pytest -m gpu",
-        # the files holding gpu tests, not the whole suite: a test module that imports a
-        # package this machine lacks must not keep the others from running
-        lambda res: [
-            PY,
-            "-m",
-            "pytest",
-            "-m",
-            "gpu",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "--continue-on-collection-errors",
-            *GPU_TEST_FILES,
-        ],  # fmt: skip
+        lambda res: [*GPU_TESTS, *GPU_TEST_FILES],
         60,
         needs=("cuda", "pytest"),
     ),
     Step(
         "train-resnet50",
         "reproduce train: ResNet-50, synthetic 224 px, NCCL 1, comm dense / mstopk / powersgd",
-        _train(
-            *RESNET50_RUN,
-            "cluster.nproc_per_node=1",
-            "cluster.backend=nccl",
-            "comm=dense,mstopk,powersgd",
-            multirun=True,
-        ),  # fmt: skip
+        _train(*RESNET50_RUN, *NCCL_1, "comm=dense,mstopk,powersgd", multirun=True),
         90,
         needs=("cuda", "nccl", "hydra", "torchvision"),
         min_s=45,
@@ -241,11 +198,10 @@ STEPS: tuple[Step, ...] = (
         "the same with comm=hitopk: 2 workers sharing the GPU over gloo, each a node",
         _train(
             *RESNET50_RUN,
-            "cluster.nproc_per_node=2",
-            "cluster.backend=gloo",
+            *"cluster.nproc_per_node=2 cluster.backend=gloo".split(),
             "comm=hitopk",
             "comm.procs_per_node=1",
-        ),  # fmt: skip
+        ),
         50,
         needs=("cuda", "hydra", "torchvision"),
         min_s=30,
@@ -253,16 +209,7 @@ STEPS: tuple[Step, ...] = (
     Step(
         "train-transformer",
         "reproduce train: transformer_base on the embedded corpus, NCCL 1, 30 steps",
-        _train(
-            "experiment=transformer_embedded",
-            "model=transformer_base",
-            "data.max_tokens=8192",
-            "train.epochs=1",
-            "train.max_steps_per_epoch=30",
-            "train.time_phases=false",
-            "cluster.nproc_per_node=1",
-            "cluster.backend=nccl",
-        ),  # fmt: skip
+        _train(*TRANSFORMER_RUN, *NCCL_1),
         60,
         needs=("cuda", "nccl", "hydra"),
         min_s=30,
@@ -298,8 +245,9 @@ STEPS: tuple[Step, ...] = (
 )
 # the prepared device call (docs/gpu.md): the torch-only checks of the selection, the
 # hooks, the profiled step, the calibration rows, then the suite's own training runs
-DEVICE_CALL = ("hooks", "select", "step", "calibrate", "train-resnet50", "train-hitopk",
-               "train-transformer")  # fmt: skip
+DEVICE_CALL = tuple(
+    "hooks select step calibrate train-resnet50 train-hitopk train-transformer".split()
+)
 
 
 @dataclasses.dataclass
@@ -320,8 +268,8 @@ def _pump(stream: Any, prefix: str, log: Any) -> None:
 
 
 def run_step(argv: list[str], timeout_s: float, log_path: Path, prefix: str) -> tuple[str, int]:
-    """Run ``argv`` in its own process group, echoing and logging its output; kill the
-    whole group after ``timeout_s``.  Returns (status, return code)."""
+    """(status, return code) of ``argv`` in its own process group, its output echoed and
+    logged, the whole group killed after ``timeout_s``."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
@@ -339,30 +287,18 @@ def run_step(argv: list[str], timeout_s: float, log_path: Path, prefix: str) -> 
             rc = proc.wait(timeout=timeout_s)
             status = "ok" if rc == 0 else "failed"
         except subprocess.TimeoutExpired:
-            _kill_group(proc)
+            for sig in (signal.SIGTERM, signal.SIGKILL):  # the whole group, gently first
+                with contextlib.suppress(ProcessLookupError, subprocess.TimeoutExpired):
+                    os.killpg(proc.pid, sig)
+                    proc.wait(timeout=5.0)
+                if proc.poll() is not None:
+                    break
             rc, status = proc.wait(), "timeout"
         pump.join(timeout=10)
-    _trim(log_path)
-    return status, rc
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def _trim(path: Path) -> None:
-    data = path.read_bytes()
+    data = log_path.read_bytes()
     if len(data) > LOG_TAIL_BYTES:
-        path.write_bytes(b"[... earlier output cut ...]\n" + data[-LOG_TAIL_BYTES:])
+        log_path.write_bytes(b"[... earlier output cut ...]\n" + data[-LOG_TAIL_BYTES:])
+    return status, rc
 
 
 def plan(
@@ -382,9 +318,9 @@ class _PlainRun:
     def __init__(self, results_dir: str) -> None:
         import platform
 
-        self.bench_id = time.strftime("%Y%m%d-%H%M%S")
         from bench.results.env import git_sha
 
+        self.bench_id = time.strftime("%Y%m%d-%H%M%S")
         sha = git_sha() or "unknown (no .git here: set BENCH_GIT_SHA)"
         self.meta = {"hardware": platform.node(), "git_sha": sha, "date": time.ctime()}
         self.path = Path(results_dir) / "bench" / "gpucheck.jsonl"
@@ -397,15 +333,6 @@ class _PlainRun:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as f:
             f.writelines(json.dumps(r) + "\n" for r in self.rows)
-
-
-def _bench_run(results_dir: str) -> Any:
-    try:
-        from bench.benchmarks.harness import BenchRun
-    except ImportError as e:  # pandas or filelock missing on the device machine
-        print(f"recording without pandas ({e}): {results_dir}/bench/gpucheck.jsonl")
-        return _PlainRun(results_dir)
-    return BenchRun("gpucheck", results_dir)
 
 
 def check(
@@ -431,20 +358,14 @@ def check(
     if dry_run:
         print("dry run: nothing was run")
         return [Outcome(s.name, "not run", detail="dry run") for s, _ in planned]
-    bench = _bench_run(results_dir)
+    try:
+        from bench.benchmarks.harness import BenchRun
+
+        bench: Any = BenchRun("gpucheck", results_dir)
+    except ImportError as e:  # pandas or filelock missing on the device machine
+        print(f"recording without pandas ({e}): {results_dir}/bench/gpucheck.jsonl")
+        bench = _PlainRun(results_dir)
     log_dir = Path(results_dir) / "gpucheck" / bench.bench_id
-    outcomes = _run_all(planned, budget_s, results_dir, log_dir, cpu)
-    _record(bench, outcomes, info, log_dir, budget_s)
-    return outcomes
-
-
-def _run_all(
-    planned: list[tuple[Step, str]],
-    budget_s: float,
-    results_dir: str,
-    log_dir: Path,
-    cpu: bool = False,
-) -> list[Outcome]:
     from bench.gpucheck.summary import headline, snapshot  # pandas only where it is
 
     t0 = time.monotonic()
@@ -461,40 +382,24 @@ def _run_all(
             outcomes += [Outcome(n, "not run", detail="budget spent") for n in rest]
             outcomes += [Outcome(p.name, "skipped", detail=w) for p, w in planned[i:] if w != "run"]
             break
-        before = snapshot(results_dir)
-        start = time.monotonic()
-        status, rc = run_step(
-            s.command(results_dir, cpu), min(s.cap(cpu), left), log_dir / f"{s.name}.log", s.name
-        )
+        before, start, log = snapshot(results_dir), time.monotonic(), log_dir / f"{s.name}.log"
+        status, rc = run_step(s.command(results_dir, cpu), min(s.cap(cpu), left), log, s.name)
         took = time.monotonic() - start
-        detail = headline(s.name, results_dir, before, log_dir / f"{s.name}.log")
+        detail = headline(s.name, results_dir, before, log)
         print(f"[{s.name}] {status} in {took:.0f} s: {detail}")
         outcomes.append(Outcome(s.name, status, took, rc, detail))
-    return outcomes
-
-
-def _record(
-    bench: Any, outcomes: list[Outcome], info: dict[str, Any], log_dir: Path, budget_s: float
-) -> None:
-    facts = {
-        k: info.get(k)
-        for k in ("gpu", "gpu_mem_gib", "capability", "nccl_version", "triton", "dali")
-    }
+    keys = ("gpu", "gpu_mem_gib", "capability", "nccl_version", "triton", "dali")
     for o in outcomes:
-        bench.add(**dataclasses.asdict(o), budget_s=budget_s, **facts)
+        bench.add(**dataclasses.asdict(o), budget_s=budget_s, **{k: info.get(k) for k in keys})
     bench.save()
-    lines = [
-        f"# gpucheck {bench.bench_id}",
-        "",
-        f"{bench.meta['hardware']}; git {bench.meta['git_sha']}; {bench.meta['date']}",
-        "",
-        "machine: `" + json.dumps(info) + "`",
-        "",
-        "| step | status | seconds | result |",
-        "| --- | --- | ---: | --- |",
-    ]
-    lines += [f"| {o.step} | {o.status} | {o.seconds:.0f} | {o.detail} |" for o in outcomes]
-    table = "\n".join(lines) + "\n"
+    m = bench.meta
+    table = (
+        f"# gpucheck {bench.bench_id}\n\n{m['hardware']}; git {m['git_sha']}; {m['date']}\n\n"
+        f"machine: `{json.dumps(info)}`\n\n| step | status | seconds | result |\n"
+        "| --- | --- | ---: | --- |\n"
+        + "".join(f"| {o.step} | {o.status} | {o.seconds:.0f} | {o.detail} |\n" for o in outcomes)
+    )
     log_dir.mkdir(parents=True, exist_ok=True)
     (log_dir.parent / f"{bench.bench_id}.md").write_text(table)
     print("\n" + table)
+    return outcomes

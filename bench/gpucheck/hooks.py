@@ -2,15 +2,13 @@
 
 ``python -m bench.gpucheck.hooks [--cpu] [--out FILE]``: every hook on NCCL with one process
 and on four gloo processes sharing the GPU; ranks equal, equal to dense, no host syncs in
-this project's code, no race.  Needs only torch.  What each column checks:
-docs/internals/gpucheck.md.
+this project's code, no race.  Needs only torch.  The columns: docs/internals/gpucheck.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import faulthandler
 import json
 import os
@@ -21,15 +19,17 @@ import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from bench import methods
-from bench.benchmarks.spawn import free_port, run_workers
+from bench.benchmarks.spawn import alone, run_workers
 from bench.benchmarks.timing import cuda_syncs
 from bench.comm import communicators, futures, make_hook
+from bench.comm.compressors import COMPRESSORS
 from bench.comm.selection_core import host_syncs
 from bench.gpucheck.rows import Rows, read
 
@@ -37,11 +37,9 @@ from bench.gpucheck.rows import Rows, read
 HOOKS = tuple(methods.names(kind="hook"))
 STEPS = 3
 SLEEP_CYCLES = 2_000_000  # ~1 ms at the H200's ~1.9 GHz: far longer than any kernel here
-# Relative to the gradient's largest magnitude.  Ranks must agree bit for bit (rank_diff
-# 0): every reduction here is deterministic (NCCL and gloo allreduce; the sparse scatter is
-# index_put_ with accumulate, sorted, on CUDA; index_add_ on the CPU).  Two separate runs
-# may still pick other elements at exact magnitude ties (Triton's compaction fills its
-# slots in no fixed order), hence a rounding-size limit for the race probe.
+# Relative to the gradient's largest magnitude.  Ranks agree bit for bit (every reduction
+# here is deterministic), but two runs may pick other elements at exact magnitude ties
+# (Triton's compaction fills its slots in no fixed order): a rounding-size limit.
 RACE_TOL = 1e-5
 
 _BENCH = Path(__file__).resolve().parents[1]  # this project's library
@@ -50,10 +48,9 @@ _TORCH_HOOKS = os.path.join("torch", "distributed", "algorithms")  # torch's own
 
 
 def sync_site(stack: list[traceback.FrameSummary]) -> str:
-    """Who made a synchronising call, from its Python stack: ``bench <file:line>`` for the
-    innermost frame of this project's library (the check's own frames left out), ``torch
-    <file:line>`` when torch's own DDP hooks (PowerSGD's) are nearer the call, else
-    ``other <file:line>`` (torch internals called from the check itself)."""
+    """Who made a synchronising call: ``bench <file:line>`` of the innermost frame of this
+    project's library (the check's own left out), ``torch <file:line>`` where torch's own
+    DDP hooks (PowerSGD's) are nearer, else ``other <file:line>``."""
     for fr in reversed(stack):
         path = Path(fr.filename)
         if _TORCH_HOOKS in fr.filename:
@@ -64,19 +61,12 @@ def sync_site(stack: list[traceback.FrameSummary]) -> str:
     return f"other {Path(last.filename).name}:{last.lineno}" if last else "other ?"
 
 
-def _model(device: torch.device, width: int) -> nn.Module:
-    torch.manual_seed(0)  # the same weights on every rank (DDP broadcasts them anyway)
-    return nn.Sequential(
-        nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.Linear(width, 10)
-    ).to(device)
-
-
 @contextlib.contextmanager
 def race(device: torch.device, on: bool = True, counter: list[int] | None = None) -> Iterator[None]:
-    """Delay the stream before every collective is issued and at the start of every future
-    callback, ``then`` and ``add_done_callback``, of Python futures and of the C++ futures
-    that collectives return (``torch._C.Future``, which ``torch.futures.Future`` extends),
-    while the block runs.  ``counter[0]`` counts the delays."""
+    """While the block runs, delay the stream before every collective is issued and at the
+    start of every ``then`` and ``add_done_callback`` callback of Python and C++ futures
+    (``torch._C.Future``, which ``torch.futures.Future`` extends).  ``counter[0]`` counts
+    the delays."""
     if not on:
         yield
         return
@@ -89,9 +79,6 @@ def race(device: torch.device, on: bool = True, counter: list[int] | None = None
         else:
             time.sleep(0.001)
 
-    cls = torch._C.Future
-    orig_then, orig_done, orig_collective = cls.then, cls.add_done_callback, futures.collective
-
     def slowed(callback: Any) -> Any:
         def slow(f: Any) -> Any:
             pause()
@@ -99,11 +86,8 @@ def race(device: torch.device, on: bool = True, counter: list[int] | None = None
 
         return slow
 
-    def then(self: Any, callback: Any) -> Any:
-        return orig_then(self, slowed(callback))
-
-    def add_done_callback(self: Any, callback: Any) -> Any:
-        return orig_done(self, slowed(callback))
+    cls, issue_ = torch._C.Future, futures.collective
+    then, done = cls.then, cls.add_done_callback
 
     def collective(stats: Any, like: torch.Tensor, issue: Any, then: Any = None) -> Any:
         def slow_issue() -> Any:
@@ -111,15 +95,14 @@ def race(device: torch.device, on: bool = True, counter: list[int] | None = None
                 pause()
             return issue()
 
-        return orig_collective(stats, like, slow_issue, then)
+        return issue_(stats, like, slow_issue, then)
 
-    cls.then, cls.add_done_callback = then, add_done_callback  # type: ignore[method-assign]
-    communicators.collective = collective
-    try:
+    with (
+        mock.patch.object(cls, "then", lambda self, cb: then(self, slowed(cb))),
+        mock.patch.object(cls, "add_done_callback", lambda self, cb: done(self, slowed(cb))),
+        mock.patch.object(communicators, "collective", collective),
+    ):
         yield
-    finally:
-        cls.then, cls.add_done_callback = orig_then, orig_done  # type: ignore[method-assign]
-        communicators.collective = orig_collective
 
 
 def _run(
@@ -128,20 +111,20 @@ def _run(
     """The reduced gradient after STEPS backward passes, and what was counted."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    model = _model(device, width)
+    torch.manual_seed(0)  # the same weights on every rank (DDP broadcasts them anyway)
+    model = nn.Sequential(
+        nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.Linear(width, 10)
+    ).to(device)
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=1)
     opts: dict[str, Any] = {"density": density, "min_numel": 0, "timing": timing}
-    if ppn:
-        opts["procs_per_node"] = ppn
-    state, hook = make_hook(name, **opts)
+    state, hook = make_hook(name, **opts, **({"procs_per_node": ppn} if ppn else {}))
     ddp.register_comm_hook(state, hook)
     if hasattr(state, "nan_check"):
         state.nan_check = True  # the reduced buckets' flags too, as train.nan_check=step
     sites: list[str] = []
     counted, finite, delays = 0, True, [0]
-    rank = dist.get_rank()
     for step in range(STEPS):
-        gen = torch.Generator().manual_seed(1000 * step + rank)
+        gen = torch.Generator().manual_seed(1000 * step + dist.get_rank())
         x = torch.randn(128, 64, generator=gen).to(device)
         ddp.zero_grad(set_to_none=False)
         loss = ddp(x).square().mean()
@@ -151,52 +134,22 @@ def _run(
         counted += host_syncs() - before  # the selectors' own reads: this project's code
         sites += found
         if hasattr(state, "take_finite"):  # the loop's one read per step
-            flags = [ok for _, ok in state.take_finite()]
+            flags = [ok for _, ok in state.take_finite() or ()]
             finite = finite and (not flags or bool(torch.stack(flags).all()))
     grad = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).float()
     stats = state.stats.pop()
     ours = [s for s in sites if s.startswith("bench ")]
-    return (
-        grad,
-        {
-            "syncs": len(ours) + counted,
-            "sync_sites": sorted(set(ours))[:5],
-            "other_syncs": len(sites) - len(ours),  # torch's own (PowerSGD's copy): info only
-            "other_sites": sorted(set(sites) - set(ours))[:5],
-            "delays": delays[0],
-            "finite": finite,
-            "select_s": stats.get("time/select_s", 0.0),
-            "comm_s": stats.get("time/comm_s", 0.0),
-        },
-    )
-
-
-def _rank_diff(t: torch.Tensor) -> float:
-    """Largest difference of ``t`` between this rank and rank 0 over the default group."""
-    ref = t.clone()
-    dist.broadcast(ref, 0)
-    d = (t - ref).abs().max()
-    dist.all_reduce(d, op=dist.ReduceOp.MAX)
-    return float(d)
-
-
-def _dense_tol(hook: str) -> float:
-    """A hook's relative error against the fp32 all-reduce at density 1: two roundings of
-    its wire dtype (fp16's or bf16's epsilon, from the compressor's own cast), else 1e-5."""
-    from bench.comm.compressors import COMPRESSORS
-
-    spec = methods.get(hook)
-    target = (
-        getattr(COMPRESSORS.get(spec.comm), "target", None) if spec.comm in COMPRESSORS else None
-    )
-    return 2 * torch.finfo(target).eps if spec.wire_bytes < 4 and target else 1e-5
+    info = {"syncs": len(ours) + counted, "sync_sites": sorted(set(ours))[:5]}
+    # torch's own (PowerSGD's copy): info only
+    info.update(other_syncs=len(sites) - len(ours), other_sites=sorted(set(sites) - set(ours))[:5])
+    info.update(delays=delays[0], finite=finite, select_s=stats.get("time/select_s", 0.0))
+    return grad, {**info, "comm_s": stats.get("time/comm_s", 0.0)}
 
 
 def cases(world: int, ppn: int, hooks: tuple[str, ...] = HOOKS) -> list[tuple]:
-    """(hook, density, timing, race probe) of one layout; hitopk needs two nodes.  The
-    top-k hooks run at density 1.0 (compared with the dense allreduce), 0.25 (a density
-    schedule's first: above 1/16, where selections change structure) and 0.01 (their
-    selection kernels: syncs, race probe, timing off)."""
+    """(hook, density, timing, race probe) of one layout, where the hook fits its nodes.
+    The top-k hooks also run at density 1.0 (against the dense allreduce) and 0.25 (a
+    density schedule's first, above 1/16, where selections change structure)."""
     out = []
     for h in hooks:
         spec = methods.get(h)
@@ -216,7 +169,11 @@ def verdict(row: dict) -> list[str]:
         bad.append(f"ranks differ by {row['rank_diff']:.3g}")
     if row["syncs"]:
         bad.append(f"{row['syncs']} host syncs in the hooks {row['sync_sites']}")
-    tol = _dense_tol(row["hook"])
+    # against the fp32 all-reduce at density 1: two roundings of a wire dtype the
+    # compressor casts to (fp16, bf16), else 1e-5
+    spec = methods.get(row["hook"])
+    cast = getattr(COMPRESSORS.get(spec.comm), "target", None) if spec.comm in COMPRESSORS else None
+    tol = 2 * torch.finfo(cast).eps if spec.wire_bytes < 4 and cast else 1e-5
     if row.get("dense_err", 0.0) > tol:
         bad.append(f"dense_err {row['dense_err']:.3g} > {tol:g}")
     if row.get("race_diff", 0.0) > RACE_TOL:
@@ -275,12 +232,15 @@ def check_layout(
         row.update(world=world, ppn=ppn)
         if probe:  # the same case, delayed: must give what the undelayed run gave
             slow, rinfo = _run(name, device, ppn, density, timing, True, width)
-            scale = float(grad.abs().max()) or 1.0
-            row["race_diff"] = float((slow - grad).abs().max()) / scale
+            row["race_diff"] = float((slow - grad).abs().max()) / (float(grad.abs().max()) or 1.0)
             row["syncs"] += rinfo["syncs"]
             row["other_syncs"] += rinfo["other_syncs"]
             row["delays"] = rinfo["delays"]
-        row["rank_diff"] = _rank_diff(grad)
+        ref0 = grad.clone()  # the largest difference between this rank and rank 0
+        dist.broadcast(ref0, 0)
+        diff = (grad - ref0).abs().max()
+        dist.all_reduce(diff, op=dist.ReduceOp.MAX)
+        row["rank_diff"] = float(diff)
         if not methods.get(name).lossy and density == 1.0:
             row["dense_err"] = float((grad - ref).norm() / ref.norm())
         row["seconds"] = time.perf_counter() - t0
@@ -291,48 +251,7 @@ def check_layout(
     return sink.rows
 
 
-def _nccl_world1(device_name: str, width: int, hooks: tuple[str, ...], out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
-    backend = "nccl" if device_name.startswith("cuda") else "gloo"
-    timeout = datetime.timedelta(seconds=300)
-    dist.init_process_group(backend, rank=0, world_size=1, timeout=timeout)
-    try:
-        check_layout(0, 1, device_name, 0, width, hooks, out)
-    finally:
-        dist.destroy_process_group()
-
-
 LAYOUTS = ("1", "2x2", "4x1")  # NCCL world 1; 4 gloo workers as 2 nodes x 2, 4 nodes x 1
-
-
-def run(
-    cpu: bool = False,
-    width: int = 0,
-    layouts: tuple[str, ...] = LAYOUTS,
-    hooks: tuple[str, ...] = HOOKS,
-    out: str = "",
-    timeout_s: float = 300.0,
-) -> dict[str, Any]:
-    """Every case of ``layouts``, each row kept in ``out``'s rows as it is measured; returns
-    ``{"rows": [...], "failed": [...]}``.  The gloo layouts' workers are stopped (their
-    stacks dumped) once ``timeout_s`` has passed since the start."""
-    device = "cpu" if cpu else "cuda:0"
-    width = width or (64 if cpu else 1024)
-    out = out or os.path.join(tempfile.mkdtemp(prefix="gpucheck-"), "hooks.json")
-    deadline = time.monotonic() + timeout_s
-    Rows("hooks", out)  # a fresh file for this run's rows
-    for lay in layouts:
-        if lay == "1":
-            _nccl_world1(device, width, hooks, out)
-            continue
-        nodes, ppn = (int(v) for v in lay.split("x"))  # all the workers share the one GPU
-        left = max(10.0, deadline - time.monotonic())
-        args = (device, ppn, width, hooks, out, left - 5)
-        run_workers(check_layout, nodes * ppn, ppn, *args, timeout_s=left)
-    rows = read(out)[0]["rows"]
-    failed = [{"layout": _layout(r), "hook": r["hook"], "why": r["why"]} for r in rows if r["why"]]
-    return {"device": device, "rows": rows, "failed": failed}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -352,11 +271,26 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"hooks: unknown layouts or hooks: {', '.join(unknown)}", file=sys.stderr)
         return 2
-    result = run(args.cpu, 0, layouts, hooks, args.out, args.timeout_s)
+    device, width = ("cpu", 64) if args.cpu else ("cuda:0", 1024)
+    out = args.out or os.path.join(tempfile.mkdtemp(prefix="gpucheck-"), "hooks.json")
+    deadline = time.monotonic() + args.timeout_s  # the gloo workers are stopped after it
+    Rows("hooks", out)  # a fresh file for this run's rows, each kept as it is measured
+    for lay in layouts:
+        if lay == "1":
+            with alone(device):
+                check_layout(0, 1, device, 0, width, hooks, out)
+            continue
+        nodes, ppn = (int(v) for v in lay.split("x"))  # all the workers share the one GPU
+        left = max(10.0, deadline - time.monotonic())
+        case = (device, ppn, width, hooks, out, left - 5)
+        run_workers(check_layout, nodes * ppn, ppn, *case, timeout_s=left)
+    rows = read(out)[0]["rows"]
+    failed = [{"layout": _layout(r), "hook": r["hook"], "why": r["why"]} for r in rows if r["why"]]
     if args.out:
+        result = {"device": device, "rows": rows, "failed": failed}
         Path(args.out).write_text(json.dumps(result, indent=1))
-    print(f"hooks: {len(result['rows'])} cases, {len(result['failed'])} failed")
-    return 1 if result["failed"] else 0
+    print(f"hooks: {len(rows)} cases, {len(failed)} failed")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

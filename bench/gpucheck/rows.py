@@ -1,8 +1,6 @@
-"""The rows of a torch-only gpucheck step, kept as they are measured.
-
-Each row is printed and appended to ``<out>.jsonl`` (flushed to disk) at once, so a step
-killed at its time cap leaves every row it finished; the step's end writes ``<out>``
-(the rows and what was judged from them).  Standard library only.
+"""The rows of a torch-only gpucheck step, kept as they are measured: each is printed and
+appended to ``<out>.jsonl`` at once (a step killed at its cap keeps every row it finished);
+the step's end writes ``<out>``, the rows and what was judged from them.  Standard library only.
 """
 
 from __future__ import annotations
@@ -13,24 +11,18 @@ from pathlib import Path
 from typing import Any
 
 
-def lines_path(out: str | Path) -> Path:
-    """The JSON-lines file beside a step's JSON file ``out``."""
-    return Path(out).with_suffix(".jsonl")
-
-
 def fmt(row: dict[str, Any]) -> str:
     """``key=value ...`` of one row (floats to 4 significant digits)."""
     return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items())
 
 
 class Rows:
-    """Rows of one step: :meth:`add` prints and appends one; :meth:`finish` writes the JSON
-    file.  ``out=""`` keeps them in memory only; ``fresh=False`` appends to what another
-    process of the same step wrote (a worker of the hooks step)."""
+    """Rows of one step.  ``out=""`` keeps them in memory only; ``fresh=False`` appends to
+    what another process of the same step wrote (a worker of the hooks step)."""
 
     def __init__(self, step: str, out: str = "", fresh: bool = True) -> None:
         self.step, self.out, self.rows = step, out, []
-        self.path = lines_path(out) if out else None
+        self.path = Path(out).with_suffix(".jsonl") if out else None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if fresh:
@@ -58,10 +50,9 @@ def read(out: str | Path) -> tuple[dict[str, Any], bool]:
     the rows it appended (``complete`` False)."""
     if Path(out).is_file():
         return json.loads(Path(out).read_text()), True
-    p = lines_path(out)
-    text = p.read_text() if p.is_file() else ""
+    p = Path(out).with_suffix(".jsonl")
     rows = []
-    for ln in text.splitlines():
+    for ln in p.read_text().splitlines() if p.is_file() else []:
         try:
             rows.append(json.loads(ln))
         except ValueError:  # blank, or cut short by the kill

@@ -1,31 +1,24 @@
 """One DDP training step per hook on one process (gpucheck step ``step``).
 
-``python -m bench.gpucheck.step [--cpu] [--out FILE]``: ResNet-50 (bf16 autocast,
-channels-last, 25 MB buckets) on NCCL with world 1, one SGD step per hook, timed with CUDA
-events: the whole step, and the time from the last bucket handed to the hook to the end
-of backward (the hook's work left on the critical path), and peak memory, against the
-dense hook of the same run.  Then one more step per hook under torch's profiler: its
-trace (``<out dir>/step-traces/<hook>.json.gz``) and a row saying where the time went (the
-kernels by name and their time beside dense's, the GPU's idle gaps, the host's time in
-the hook).  ``--cpu``: ResNet-18 on small images over gloo (plumbing).
+``python -m bench.gpucheck.step [--cpu] [--out FILE]``: ResNet-50 on NCCL with world 1, one
+SGD step per hook against dense's (the step, its tail after the last bucket, peak memory),
+then one more under torch's profiler (its trace in ``<out dir>/step-traces/``) and where its
+time went.  ``--cpu``: ResNet-18 on small images over gloo.  The rows: docs/internals/gpucheck.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from bench import methods
-from bench.benchmarks.spawn import free_port
+from bench.benchmarks.spawn import alone
+from bench.benchmarks.timing import Clock
 from bench.comm import make_hook
 from bench.gpucheck.rows import Rows
 
@@ -34,100 +27,59 @@ HOOKS = tuple(s.name for s in methods.specs(kind="hook") if s.benched and s.min_
 WARMUP = 3  # DDP rebuilds its buckets after the first step; PowerSGD compresses from the third
 REPS = 5  # measured steps (2 on the CPU)
 BUCKET_MB = 25
-
-
-class _Clock:
-    """Stamps on the current stream: CUDA events on a GPU, the host clock on the CPU."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-
-    def stamp(self) -> Any:
-        if not self.cuda:
-            return time.perf_counter()
-        ev = torch.cuda.Event(enable_timing=True)
-        ev.record()
-        return ev
-
-    def ms(self, a: Any, b: Any) -> float:
-        return a.elapsed_time(b) if self.cuda else 1e3 * (b - a)
-
-
-def _model(device: torch.device, cpu: bool) -> torch.nn.Module:
-    from torchvision.models import resnet18, resnet50
-
-    torch.manual_seed(0)
-    model = resnet18(num_classes=10) if cpu else resnet50()
-    return model.to(device, memory_format=torch.channels_last)
-
-
 TOP = 12  # kernels (host ops on the CPU) named in a profile row
 
 
-def _intervals_ms(spans: list[tuple[float, float]]) -> tuple[float, list[float]]:
-    """Busy time and the idle gaps (ms, longest first) of ``(start, end)`` spans in us."""
-    busy, gaps, end = 0.0, [], None
-    for a, b in sorted(spans):
-        if end is None or a > end:
-            if end is not None:
-                gaps.append((a - end) / 1e3)
-            busy, end = busy + (b - a) / 1e3, b
-        elif b > end:
-            busy, end = busy + (b - end) / 1e3, b
-    return busy, sorted(gaps, reverse=True)
-
-
 def trace_summary(prof: Any, device: torch.device) -> dict[str, Any]:
-    """Where one profiled step's time went: the GPU kernels by name (count, ms), their
-    busy time and idle gaps over the step's span, the host's time inside the hook (the
-    ``hook`` ranges); on the CPU the host ops by self time instead of kernels."""
+    """Where one profiled step's time went: the GPU kernels by name (count, ms), their busy
+    time and idle gaps over the step's span, the host's time in the ``hook`` ranges; on
+    the CPU the host ops by self time instead of kernels."""
     events = list(prof.events())
-    hook_ms = sum(e.cpu_time_total for e in events if e.name == "hook") / 1e3
     gpu = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
     work = gpu if device.type == "cuda" else [e for e in events if e.name != "hook"]
     by: dict[str, list[float]] = {}
     for e in work:
-        t = e.device_time if device.type == "cuda" else e.self_cpu_time_total
         c = by.setdefault(e.name, [0, 0.0])
         c[0] += 1
-        c[1] += t / 1e3
+        c[1] += (e.device_time if device.type == "cuda" else e.self_cpu_time_total) / 1e3
     top = sorted(by.items(), key=lambda kv: -kv[1][1])[:TOP]
-    out: dict[str, Any] = {"hook_host_ms": hook_ms, "ops": len(work)}
-    out["by_name"] = {n: [int(c), round(ms, 4)] for n, (c, ms) in by.items()}
-    out["top"] = [[n, int(c), round(ms, 4)] for n, (c, ms) in top]
+    out: dict[str, Any] = {
+        "hook_host_ms": sum(e.cpu_time_total for e in events if e.name == "hook") / 1e3,
+        "ops": len(work),
+        "by_name": {n: [int(c), round(ms, 4)] for n, (c, ms) in by.items()},
+        "top": [[n, int(c), round(ms, 4)] for n, (c, ms) in top],
+    }
     if gpu:
-        spans = [(e.time_range.start, e.time_range.end) for e in gpu]
-        busy, gaps = _intervals_ms(spans)
-        out["span_ms"] = (max(b for _, b in spans) - min(a for a, _ in spans)) / 1e3
+        spans = sorted((e.time_range.start, e.time_range.end) for e in gpu)  # us
+        busy, gaps, end = 0.0, [], None  # busy time and the idle gaps between, ms
+        for a, b in spans:
+            if end is None or a > end:
+                if end is not None:
+                    gaps.append((a - end) / 1e3)
+                busy, end = busy + (b - a) / 1e3, b
+            elif b > end:
+                busy, end = busy + (b - end) / 1e3, b
+        gaps.sort(reverse=True)
+        out["span_ms"] = (max(b for _, b in spans) - spans[0][0]) / 1e3
         out.update(busy_ms=busy, idle_ms=out["span_ms"] - busy, gaps_ms=gaps[:5])
     return out
-
-
-def added(row: dict[str, Any], dense: dict[str, Any]) -> list[list[Any]]:
-    """The kernels (host ops) whose time a hook's step adds to dense's, largest first:
-    ``[name, ms more, calls more]``."""
-    base = dense.get("by_name", {})
-    more = []
-    for n, (c, ms) in row.get("by_name", {}).items():
-        c0, ms0 = base.get(n, [0, 0.0])
-        if ms - ms0 > 0:
-            more.append([n, round(ms - ms0, 4), c - c0])
-    return sorted(more, key=lambda m: -m[1])[:TOP]
 
 
 def measure(
     name: str, device: torch.device, cpu: bool, trace: str = ""
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The median step and tail (ms) of hook ``name``, the peak memory (MiB) of a step, and
-    the summary of one more step under the profiler (its trace written to ``trace``)."""
+    """Hook ``name``'s median step and tail (ms) and peak memory (MiB), and the summary of one
+    more step under the profiler (its trace written to ``trace``)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
+    from torchvision.models import resnet18, resnet50
 
-    model = _model(device, cpu)
+    torch.manual_seed(0)
+    model = resnet18(num_classes=10) if cpu else resnet50()
+    model = model.to(device, memory_format=torch.channels_last)
     ids = [device.index] if device.type == "cuda" else None
     ddp = DDP(model, device_ids=ids, bucket_cap_mb=BUCKET_MB, gradient_as_bucket_view=True)
     state, hook = make_hook(name, density=0.01, timing=False)
-    clock = _Clock(device)
-    marks: list[Any] = []
+    clock, marks = Clock(device), []
 
     def timed(st, bucket):  # noqa: ANN001, ANN202 - DDP checks the bucket's annotation
         marks.append(clock.stamp())  # the bucket is ready: its gradients are written
@@ -140,7 +92,6 @@ def measure(
     batch, px = (2, 32) if cpu else (64, 224)
     x = torch.randn(batch, 3, px, px, device=device).to(memory_format=torch.channels_last)
     y = torch.randint(0, 10, (batch,), device=device)
-    steps, tails = [], []
 
     def step() -> tuple[float, float]:
         marks.clear()
@@ -156,21 +107,21 @@ def measure(
             torch.cuda.synchronize()
         return clock.ms(t0, t2), clock.ms(marks[-1], t1)
 
+    timed_steps = []
     for i in range(WARMUP + (2 if cpu else REPS)):
         if i == WARMUP and device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats(device)
-        ms, tail = step()
-        if i >= WARMUP:
-            steps.append(ms)
-            tails.append(tail)
-    peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+        if i < WARMUP:
+            step()
+        else:
+            timed_steps.append(step())
     row = {
         "hook": name,
         "buckets": len(marks),
-        "step_ms": statistics.median(steps),
-        "tail_ms": statistics.median(tails),
-        "peak_mib": peak,
+        "step_ms": statistics.median(s for s, _ in timed_steps),
+        "tail_ms": statistics.median(t for _, t in timed_steps),
+        "peak_mib": torch.cuda.max_memory_allocated(device) / 2**20 if clock.cuda else None,
     }
     acts = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
@@ -187,11 +138,7 @@ def run(cpu: bool, hooks: tuple[str, ...], sink: Rows, traces: str = "") -> None
     """Every hook of ``hooks``, dense first; each row against the dense one, then its
     profiled step's summary (traces: the folder for the traces, "" for none)."""
     device = torch.device("cpu" if cpu else "cuda:0")
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    backend = "gloo" if cpu else "nccl"
-    timeout = datetime.timedelta(seconds=120)
-    dist.init_process_group(backend, rank=0, world_size=1, timeout=timeout)
-    try:
+    with alone(str(device), timeout_s=120):
         dense: dict[str, Any] = {}
         dense_prof: dict[str, Any] = {}
         base = methods.baseline()
@@ -204,22 +151,23 @@ def run(cpu: bool, hooks: tuple[str, ...], sink: Rows, traces: str = "") -> None
             if row["peak_mib"] is not None:
                 row["peak_minus_dense_mib"] = row["peak_mib"] - dense["peak_mib"]
             sink.add({"device": str(device), **row})
-            prof["added"] = added(prof, dense_prof)
+            # the kernels (host ops) whose time it adds to dense's: [name, ms more, calls more]
+            base, more = dense_prof.get("by_name", {}), []
+            for n, (c, ms) in prof.get("by_name", {}).items():
+                c0, ms0 = base.get(n, [0, 0.0])
+                if ms - ms0 > 0:
+                    more.append([n, round(ms - ms0, 4), c - c0])
+            prof["added"] = sorted(more, key=lambda m: -m[1])[:TOP]
             kept = {k: v for k, v in prof.items() if k != "by_name"}
-            sink.add({"what": "profile", "device": str(device), **kept}, _profile_line(prof))
-    finally:
-        dist.destroy_process_group()
-
-
-def _profile_line(p: dict[str, Any]) -> str:
-    """The profiled step in one printed line: its span, idle time, host time in the hook,
-    and what it adds to dense's."""
-    gpu = f" busy {p['busy_ms']:.1f} idle {p['idle_ms']:.1f} ms" if "busy_ms" in p else ""
-    more = ", ".join(f"{n[:40]} +{ms:.2f} ms ({c:+d})" for n, ms, c in p["added"][:5])
-    return (
-        f"step profile {p['hook']}: {p['step_ms']:.1f} ms,{gpu} hook host"
-        f" {p['hook_host_ms']:.1f} ms, {p['ops']} ops; adds: {more or 'nothing'}"
-    )
+            # printed: its span, idle time, host time in the hook, what it adds to dense's
+            p = prof
+            gpu = f" busy {p['busy_ms']:.1f} idle {p['idle_ms']:.1f} ms" if "busy_ms" in p else ""
+            more = ", ".join(f"{n[:40]} +{ms:.2f} ms ({c:+d})" for n, ms, c in p["added"][:5])
+            line = (
+                f"step profile {name}: {p['step_ms']:.1f} ms,{gpu} hook host"
+                f" {p['hook_host_ms']:.1f} ms, {p['ops']} ops; adds: {more or 'nothing'}"
+            )
+            sink.add({"what": "profile", "device": str(device), **kept}, line)
 
 
 def main(argv: list[str] | None = None) -> int:

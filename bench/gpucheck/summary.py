@@ -1,32 +1,25 @@
-"""One line of numbers per gpucheck step, read from what the step itself recorded.
-
-:func:`snapshot` notes how many rows each results CSV and ``runs.jsonl`` held before a step;
-:func:`headline` reads the rows the step added and condenses them.  A step that recorded
-nothing gets the last line of its log instead.
+"""One line of numbers per gpucheck step, read from what the step itself recorded:
+:func:`snapshot` counts the rows each results CSV and ``runs.jsonl`` held before a step,
+:func:`headline` condenses the rows the step added (or gives its log's last line).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bench.gpucheck.rows import read
 from bench.results.paths import bench_csv
 
-if TYPE_CHECKING:
-    import pandas as pd
-
+# the steps that run a benchmark, and its name
 BENCH_OF_STEP = {
     "topk": "topk",
     "update-bench": "update",
     "input": "input_gpu",
     "throughput": "throughput",
 }
-
-
-def _runs(results_dir: str) -> Path:
-    return Path(results_dir) / "runs.jsonl"
+JSON_STEPS = ("hooks", "select", "update", "profile", "step", "calibrate")  # bench.gpucheck
 
 
 def snapshot(results_dir: str) -> dict[str, int]:
@@ -40,96 +33,59 @@ def snapshot(results_dir: str) -> dict[str, int]:
         p = bench_csv(results_dir, name)
         has = pd is not None and p.is_file() and p.stat().st_size
         out[name] = len(pd.read_csv(p)) if has else 0
-    p = _runs(results_dir)
+    p = Path(results_dir) / "runs.jsonl"
     out["runs"] = len(p.read_text().splitlines()) if p.is_file() else 0
     return out
 
 
-def _new_rows(results_dir: str, name: str, before: dict[str, int]) -> pd.DataFrame:
+def _bench(step: str, results_dir: str, before: dict[str, int]) -> str:
+    """The rows a benchmark step added: the benchmark's own headline where it has one (one
+    definition of what a top-k or update result says), else images/s and tokens/s."""
     import pandas as pd
 
-    p = bench_csv(results_dir, name)
-    if not p.is_file():
-        return pd.DataFrame()
-    return pd.read_csv(p).iloc[before.get(name, 0) :]
-
-
-def _last_line(log: Path) -> str:
-    try:
-        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return "no log"
-    return lines[-1][:200] if lines else "no output"
-
-
-def _spec_headline(name: str, df: pd.DataFrame) -> str:
-    """The benchmark's own headline of the rows this step added: one definition of what
-    a top-k or update result says (strongest baseline of the same run first)."""
     from bench.benchmarks import load_all
 
-    spec = load_all().get(name)
-    return "; ".join(spec.headline(df)) if spec.headline is not None else ""
-
-
-def _images(df: pd.DataFrame, key: str) -> str:
-    import pandas as pd
-
-    col = "images_per_s"
-    return "; ".join(
-        f"{r[key]} {r[col]:.0f} img/s" for _, r in df.iterrows() if pd.notna(r.get(col))
-    )
-
-
-def _throughput(df: pd.DataFrame) -> str:
-    """ResNet-50 images/s, then the Transformer's tokens/s, per case."""
-    import pandas as pd
-
-    model = df["model"].fillna("resnet50") if "model" in df else pd.Series("resnet50", df.index)
-    parts = [_images(df[model == "resnet50"], "case")]
+    name = BENCH_OF_STEP[step]
+    p = bench_csv(results_dir, name)
+    df = pd.read_csv(p).iloc[before.get(name, 0) :] if p.is_file() else pd.DataFrame()
+    if df.empty:
+        return ""
+    if step in ("topk", "update-bench"):
+        spec = load_all().get(name)
+        return "; ".join(spec.headline(df)) if spec.headline is not None else ""
+    key = next(c for c in ("case", "loader") if c in df)
+    tokens = df[df["model"].fillna("resnet50") != "resnet50"] if "model" in df else df.iloc[:0]
+    images = df.drop(tokens.index)
+    rates = images[images["images_per_s"].notna()] if "images_per_s" in images else images.iloc[:0]
+    parts = [f"{r[key]} {r['images_per_s']:.0f} img/s" for _, r in rates.iterrows()]
     parts += [
-        f"{r['model']} {r['case']} {r['tokens_per_s']:.0f} tok/s"
-        for _, r in df[model != "resnet50"].iterrows()
+        f"{r['model']} {r['case']} {r['tokens_per_s']:.0f} tok/s" for _, r in tokens.iterrows()
     ]
-    return "; ".join(p for p in parts if p)
+    return "; ".join(parts)
 
 
 def _train(results_dir: str, before: dict[str, int]) -> str:
-    p = _runs(results_dir)
+    p = Path(results_dir) / "runs.jsonl"
     if not p.is_file():
         return ""
-    recs: list[dict[str, Any]] = [
-        json.loads(ln) for ln in p.read_text().splitlines()[before.get("runs", 0) :] if ln.strip()
-    ]
+    lines = p.read_text().splitlines()[before.get("runs", 0) :]
     return "; ".join(
         f"run {r['run_id']} {r['status']}: best {r['target_metric']} "
         f"{(r.get('best_value') or float('nan')):.4f}, time to target "
         f"{r.get('time_to_target_s') or float('nan'):.1f} s, "
         f"{(r.get('throughput_samples_per_s') or float('nan')):.0f} samples/s"
-        for r in recs
+        for r in map(json.loads, filter(str.strip, lines))
     )
 
 
-JSON_STEPS = ("hooks", "select", "update", "profile", "step", "calibrate")  # bench.gpucheck
-
-
-def _from_json(step: str, path: Path) -> str:
-    """One line from a torch-only step's JSON file, or from the rows it appended before it
-    was stopped (then said first)."""
-    data, complete = read(path)
-    rows = data.get("rows", [])
-    if not complete and not rows:
-        return ""
-    head = "" if complete else f"stopped: {len(rows)} rows kept; "
-    return head + _json_line(step, data, rows)
-
-
 def _json_line(step: str, data: dict[str, Any], rows: list[dict]) -> str:
+    """One line from a torch-only step's JSON file (or from the rows it kept)."""
     if step == "hooks":
         bad = data.get("failed") or [r for r in rows if r.get("why")]
         why = "; ".join(f"{b.get('layout', '')} {b['hook']}: {b['why'][0]}" for b in bad[:3])
         return f"{len(rows)} cases, {len(bad)} failed" + (f": {why}" if why else "")
-    failed = "; ".join(data.get("failed", [])[:3])
     if step == "select":
+        failed = "; ".join(data.get("failed", [])[:3])
         done = "; ".join(data.get("targets", [])) or f"{len(rows)} rows"
         return done + (f"; FAILED: {failed}" if failed else "")
     if step == "update":
@@ -140,12 +96,16 @@ def _json_line(step: str, data: dict[str, Any], rows: list[dict]) -> str:
             if "model" in r
         )
     if step == "step":
-        prof = {r["hook"]: r for r in rows if r.get("what") == "profile"}
+        adds = {}  # what a profiled step adds to dense's: its largest three kernels (ops)
+        for r in rows:
+            if r.get("what") == "profile" and r.get("added"):
+                more = ", ".join(f"{n[:30]} +{ms:.2f} ms" for n, ms, _ in r["added"][:3])
+                adds[r["hook"]] = f", adds {more}"
         return "; ".join(
             f"{r['hook']} {r['step_ms']:.1f} ms ({r['x_dense_step']:.2f}x dense),"
             f" tail {r['tail_ms']:.2f} ms"
             + (f", peak {r['peak_mib']:.0f} MiB" if r.get("peak_mib") is not None else "")
-            + _adds(prof.get(r["hook"], {}))
+            + adds.get(r["hook"], "")
             for r in rows
             if "x_dense_step" in r
         )
@@ -154,43 +114,33 @@ def _json_line(step: str, data: dict[str, Any], rows: list[dict]) -> str:
         return f"{len(rows)} rows in {data.get('csv', '?')}; " + "; ".join(
             f"{r['model']} forward-backward {1e3 * r['value']:.1f} ms at {r['batch']}" for r in fb
         )
-    compute = [r for r in rows if r.get("what") == "compute"]
-    buckets = [r for r in rows if r.get("what") == "bucket"]
-    parts = [f"{r['images']} img {r['px']} px {r['img_s']:.0f} img/s" for r in compute]
-    if buckets:
-        parts.append(
-            "buckets ready at " + ", ".join(f"{r['ready_ms']:.1f}" for r in buckets) + " ms"
-        )
-    return "; ".join(parts)
-
-
-def _adds(prof: dict[str, Any]) -> str:
-    """What a profiled step adds to dense's, its largest three kernels (ops)."""
-    more = prof.get("added") or []
-    return (
-        (", adds " + ", ".join(f"{n[:30]} +{ms:.2f} ms" for n, ms, _ in more[:3])) if more else ""
-    )
+    parts = [f"{r['images']} img {r['px']} px {r['img_s']:.0f} img/s" for r in rows if "img_s" in r]
+    ready = [f"{r['ready_ms']:.1f}" for r in rows if r.get("what") == "bucket"]
+    return "; ".join(parts + ([f"buckets ready at {', '.join(ready)} ms"] if ready else []))
 
 
 def headline(step: str, results_dir: str, before: dict[str, int], log: Path) -> str:
     """The step's result in one line (never raises: a summary must not end the check)."""
+    text = ""
     try:
         if step.startswith("train"):
             text = _train(results_dir, before)
         elif step in BENCH_OF_STEP:
-            df = _new_rows(results_dir, BENCH_OF_STEP[step], before)
-            if df.empty:
-                text = ""
-            elif step in ("topk", "update-bench"):
-                text = _spec_headline(BENCH_OF_STEP[step], df)
-            elif step == "throughput":
-                text = _throughput(df)
-            else:
-                text = _images(df, next(c for c in ("case", "loader") if c in df))
+            text = _bench(step, results_dir, before)
         elif step in JSON_STEPS:
-            text = _from_json(step, Path(results_dir) / "gpucheck" / f"{step}.json")
-        else:
-            text = ""
+            data, complete = read(Path(results_dir) / "gpucheck" / f"{step}.json")
+            rows = data.get("rows", [])
+            if complete or rows:  # a step stopped before its end says so first
+                head = "" if complete else f"stopped: {len(rows)} rows kept; "
+                text = head + _json_line(step, data, rows)
     except Exception as e:  # noqa: BLE001 - report, do not stop
         text = f"(summary failed: {type(e).__name__}: {e})"
-    return (text or _last_line(log)).replace("|", "/")
+    if not text:  # the log's last line
+        try:
+            lines = [
+                ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()
+            ]
+            text = lines[-1][:200] if lines else "no output"
+        except OSError:
+            text = "no log"
+    return text.replace("|", "/")
