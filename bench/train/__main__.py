@@ -17,7 +17,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from bench.cluster.parentwatch import die_with_parent
+from bench.cluster.agent import die_with_parent
 from bench.config import from_container
 from bench.data.jpegs import CorruptImage
 from bench.results import records
