@@ -445,11 +445,14 @@ class EmulatedCluster:
             if self._guardian_fd is not None:
                 os.close(self._guardian_fd)  # the guardian finds nothing left and exits
                 self._guardian_fd = None
-            atexit.unregister(self.down)
-            for sig, old in self._old_handlers.items():
-                with contextlib.suppress(ValueError):
-                    signal.signal(sig, old)
-            self._old_handlers.clear()
+            self._restore_handlers()
+
+    def _restore_handlers(self) -> None:
+        atexit.unregister(self.down)
+        for sig, old in self._old_handlers.items():
+            with contextlib.suppress(ValueError):
+                signal.signal(sig, old)
+        self._old_handlers.clear()
 
     def __enter__(self) -> EmulatedCluster:
         return self.up()
