@@ -45,9 +45,11 @@ LAUNCHERS = {
     "multinode": (torchrun.launch_multinode, torchrun.check_multinode),
     "emulated": (emulated.launch_emulated, emulated.check_emulated),
 }
-
-
-SEED_MAX = 2**32 - 1
+SEED_MAX = 2**32 - 1  # numpy's and scikit-learn's seeds are 32-bit
+# s: rank 0 alone evaluates, checkpoints and writes the record between two collectives
+# while the other ranks wait under comm.timeout_s (1 s failed at a tiny run's end on 2 cores)
+MIN_COMM_TIMEOUT_S = 10.0
+FAILED = ("error", "interrupted")  # a record's statuses that make the launcher exit non-zero
 
 
 def check_cluster(cfg: Config) -> None:
@@ -70,9 +72,8 @@ def launch_workers(cfg: Config, run_json: Path) -> int:
 
 
 def validate(cfg: Config, *, create_results: bool = True) -> None:
-    """All configuration-time checks (ranges and checks across groups, each in the package
-    that owns the group), before any worker starts; a dry run only inspects the results
-    directory (``create_results=False``)."""
+    """All configuration-time checks, each in the package that owns the group, before any
+    worker starts; a dry run only inspects the results directory (``create_results``)."""
     # first: a range check such as ``lr > 0`` passes inf, and every check passes NaN
     bad = non_finite(to_container(cfg))
     if bad:
@@ -155,7 +156,7 @@ def _validate_train(cfg: Config) -> None:
             f"train.keep_checkpoints >= 1, got {t.checkpoint_every} and {t.keep_checkpoints}"
         )
     for key, seed in (("train.seed", t.seed), ("data.split_seed", cfg.data.split_seed)):
-        if not 0 <= seed <= SEED_MAX:  # numpy's and scikit-learn's seeds are 32-bit
+        if not 0 <= seed <= SEED_MAX:
             raise ConfigError(f"{key} must be in 0..{SEED_MAX} (2**32 - 1), got {seed}")
     c = cfg.cluster
     if cfg.comm.timeout_s <= 0 or c.rdzv_timeout_s <= 0 or c.max_restarts < 0:
@@ -165,15 +166,10 @@ def _validate_train(cfg: Config) -> None:
         )
 
 
-# s: rank 0 alone evaluates, checkpoints and writes the record between two collectives
-# while the other ranks wait under comm.timeout_s (1 s failed at a tiny run's end on 2 cores)
-MIN_COMM_TIMEOUT_S = 10.0
-
-
 def _check_fit(cfg: Config) -> None:
     """What only the workers would find out: a comm timeout shorter than the waits between
-    collectives, an image size the model cannot take, or one whose data set and batches
-    need more memory than this machine has (training on CPU: the activations too)."""
+    collectives, an image size the model cannot take or this machine's memory cannot hold
+    with its data set and batches (training on CPU: the activations too)."""
     if cfg.comm.timeout_s < MIN_COMM_TIMEOUT_S:
         raise ConfigError(
             f"comm.timeout_s={cfg.comm.timeout_s:g} is shorter than the workers wait for each "
@@ -183,8 +179,8 @@ def _check_fit(cfg: Config) -> None:
         return
     c, d = cfg.cluster, cfg.data
     here = c.nproc_per_node * (1 if c.name == "multinode" else c.nnodes)  # on this machine
-    # the activations are this machine's memory when it trains on the CPU: asked for, or
-    # no device asked and none here (train.device=cuda keeps them on the GPU it names)
+    # the activations are in this machine's memory when it trains on the CPU: asked for,
+    # or no device asked and none here (train.device=cuda keeps them on the GPU it names)
     device = str(cfg.train.device)
     cpu = device == "cpu" or (device != "cuda" and not torch.cuda.is_available())
     batch, free = d.batch_size // (c.nproc_per_node * c.nnodes), emulated.available_memory()
@@ -249,10 +245,10 @@ def run(
 ) -> tuple[int, dict[str, Any] | None]:
     """Validate, launch, and return (exit status, the run's record); ``checked``: the
     caller has made :func:`validate`'s checks already."""
-    launch_time = time.time()
-    cfg = to_object(cfg)
-    run_meta = prepare(cfg, experiment, launch_time, checked=checked)
-    return launch_and_record(cfg, run_meta, output_dir)
+    launch_time, cfg = time.time(), to_object(cfg)
+    return launch_and_record(
+        cfg, prepare(cfg, experiment, launch_time, checked=checked), output_dir
+    )
 
 
 def prepare(
@@ -298,18 +294,15 @@ def resume_lock(results_dir: str, run_id: str) -> Iterator[None]:
     if not path.parent.is_dir():
         yield
         return
-    lock = FileLock(str(path))
     try:
-        lock.acquire(timeout=0)
+        held = FileLock(str(path)).acquire(timeout=0)
     except Timeout:
         raise ConfigError(
             f"run {run_id} is being resumed by another process (it holds {path}); "
             "wait for it to end"
         ) from None
-    try:
+    with held:
         yield
-    finally:
-        lock.release()
 
 
 def _results_dir(overrides: list[str], default: str) -> str:
@@ -398,8 +391,7 @@ def guarded_launch(cfg: Config, run_json: Path) -> tuple[int, str, str | None, E
 def write_run_json(out: Path, payload: dict[str, Any]) -> Path:
     """``out/run-<run id>.json``: what the workers of a run read (config and run metadata);
     ``run-<run id>.node<k>.json`` for node k > 0 of a multi-node run, whose nodes share the
-    run id and may share ``out`` (a Slurm job's folder): each node's own config (its rank
-    and address), whole when its workers read it."""
+    run id and may share ``out`` (a Slurm job's folder)."""
     out.mkdir(parents=True, exist_ok=True)
     c = payload["config"]["cluster"]
     node = int(c.get("node_rank") or 0) if c.get("name") == "multinode" else 0
@@ -414,21 +406,15 @@ def launch_and_record(
     """Launch the workers of a run; afterwards a record exists whatever happened."""
     payload = {"config": to_container(cfg), "run": run_meta}
     out = Path(output_dir) if output_dir else Path(tempfile.mkdtemp(prefix="bench-run-"))
-    run_json = write_run_json(out, payload)
     try:
-        launched = launch_runs([cfg], [payload], run_json)
+        launched = launch_runs([cfg], [payload], write_run_json(out, payload))
     finally:
         if not output_dir:  # our own temporary folder (a resume's): its workers are done
             shutil.rmtree(out, ignore_errors=True)
     if launched.raised is not None:
         raise launched.raised
-    rc, rec = launched.rc, launched.records[0]
-    if rec is not None and rec["status"] in FAILED:
-        rc = rc or 1
-    return rc, rec
-
-
-FAILED = ("error", "interrupted")  # a record's statuses that make the launcher exit non-zero
+    rec = launched.records[0]
+    return launched.rc or int(rec is not None and rec["status"] in FAILED), rec
 
 
 @dataclass
