@@ -1,20 +1,12 @@
 """The outer step's pseudo-gradient sent as a top-k with error feedback, in place of the
-dense allreduce of torchft's DiLoCo (docs/algorithms.md, section 11).  One exchange per
-DiLoCo fragment takes the fragment's ``_average_grads``: it adds the pseudo-gradient to its
-error-feedback buffer (``e <- ef_beta * e + delta``), selects, sends a packet of bytes to
-every node through the Manager's process group (:meth:`CountingManager.allgather`), keeps
-the residual, and leaves the mean of the nodes' sparse values where DiLoCo's allreduce
-leaves its mean, for DiLoCo's outer step, commit and backup of the global weights.
-
-- :class:`ChunkTopK` (``sync=sparseloco``, Sarfi et al. 2025): each tensor cut into
-  chunks of ``chunk_size`` elements, the top ``ceil(density * chunk)`` of each chunk,
-  values quantised to ``quant_bits`` bits (a sign and a magnitude level; each chunk's
-  levels sent as float32 scales), indices in ``ceil(log2 chunk_size)`` bits.
-- :class:`ShardTopK` (``sync=hitopk_diloco``): HiTopKComm one level up; local rank j of a
-  node owns shard j of the node's pseudo-gradient (DDP has kept the node's workers equal,
-  so the node average is each worker's own), sends its MSTopK with error feedback to the
-  same local rank of every node, and the node's workers all-gather the packets.
-"""
+dense allreduce of torchft's DiLoCo (docs/algorithms.md, section 11): one exchange per
+fragment takes its ``_average_grads``, adds the pseudo-gradient to its error-feedback
+buffer (``e <- ef_beta * e + delta``), selects, sends a packet of bytes to every node
+(:meth:`CountingManager.allgather`), keeps the residual, and leaves the mean of the nodes'
+sparse values for DiLoCo's outer step.  :class:`ChunkTopK` is SparseLoCo's chunk-wise
+top-k with quantised values (``sync=sparseloco``, Sarfi et al. 2025); :class:`ShardTopK`
+is HiTopKComm one level up, each local rank's shard between the nodes
+(``sync=hitopk_diloco``)."""
 
 from __future__ import annotations
 
@@ -62,7 +54,7 @@ class Chunks:
 
 @dataclass(frozen=True)
 class Packet:
-    """One worker's packet per outer step, by section (bytes): what it sends each node."""
+    """One worker's packet per outer step, by section (bytes)."""
 
     values: int
     indices: int
@@ -116,10 +108,20 @@ class Exchange:
 
     def send(self, fragment: Any) -> None:
         """As torchft's ``_average_grads``: start the exchange of ``fragment._grads`` (the
-        pseudo-gradients by name), to be finished by its ``perform_sync``."""
-        fragment._allreduce_work.append(self.start(fragment._grads))
+        pseudo-gradients by name), its Work finished by the fragment's ``perform_sync``."""
+        grads = fragment._grads
+        packet = self.encode(grads)
+        assert packet.numel() == self.packet.total, "the packet is not the size the formula says"
+        self.manager.note_packet(self.packet)
+        work, packets = self.manager.allgather(packet)
+        fragment._allreduce_work.append(_Gathered(work, packets, lambda g: self.finish(g, grads)))
 
-    def start(self, grads: dict[str, torch.Tensor]) -> Any:
+    def encode(self, grads: dict[str, torch.Tensor]) -> torch.Tensor:
+        """This worker's packet (uint8); each buffer keeps what it does not carry."""
+        raise NotImplementedError
+
+    def finish(self, gathered: torch.Tensor, grads: dict[str, torch.Tensor]) -> None:
+        """The nodes' packets (one a row) decoded, their mean written into ``grads``."""
         raise NotImplementedError
 
     def compensate(self, key: str, delta: torch.Tensor) -> torch.Tensor:
@@ -146,12 +148,12 @@ class _Gathered:
         self.work, self.packets, self.finish, self.done = work, packets, finish, False
 
     def wait(self, timeout: Any = None) -> bool:
-        if not self.done:
-            ok = self.work.wait()
-            self.finish(torch.stack(self.packets))
-            self.done = True
-            return bool(ok)
-        return True
+        if self.done:
+            return True
+        ok = self.work.wait()
+        self.finish(torch.stack(self.packets))
+        self.done = True
+        return bool(ok)
 
 
 class ChunkTopK(Exchange):
@@ -236,23 +238,15 @@ class ChunkTopK(Exchange):
             at, row = at + n, row + t.rows
         return torch.cat(pos), torch.cat([v.reshape(-1) for v in out])
 
-    def start(self, grads: dict[str, torch.Tensor]) -> Any:
-        packet = self.encode(grads)
-        assert packet.numel() == self.packet.total, "the packet is not the size the formula says"
-        self.manager.note_packet(self.packet)
-        work, packets = self.manager.allgather(packet)
-
-        def finish(gathered: torch.Tensor) -> None:
-            decoded = [self.decode(row) for row in gathered]
-            pos = torch.cat([p for p, _ in decoded])
-            vals = torch.cat([v for _, v in decoded])
-            acc = gathered.new_zeros(self.padded, dtype=torch.float32)
-            _scatter_mean(acc, pos, vals, len(decoded), self.padded)  # in rank order
-            for t in self.chunks:
-                g = grads[t.name]
-                g.copy_(acc[t.base : t.base + t.numel].view_as(g))
-
-        return _Gathered(work, packets, finish)
+    def finish(self, gathered: torch.Tensor, grads: dict[str, torch.Tensor]) -> None:
+        decoded = [self.decode(row) for row in gathered]
+        pos = torch.cat([p for p, _ in decoded])
+        vals = torch.cat([v for _, v in decoded])
+        acc = gathered.new_zeros(self.padded, dtype=torch.float32)
+        _scatter_mean(acc, pos, vals, len(decoded), self.padded)  # in rank order
+        for t in self.chunks:
+            g = grads[t.name]
+            g.copy_(acc[t.base : t.base + t.numel].view_as(g))
 
 
 class ShardTopK(Exchange):
@@ -280,30 +274,21 @@ class ShardTopK(Exchange):
         e[idx] = 0  # the values sent are e's own (float32 on the wire): nothing of them kept
         return pack(vals.float(), idx, self.shard)
 
-    def start(self, grads: dict[str, torch.Tensor]) -> Any:
-        packet = self.encode(grads)
-        self.manager.note_packet(self.packet)
-        work, packets = self.manager.allgather(packet)
-
-        def finish(gathered: torch.Tensor) -> None:
-            n = gathered.shape[0]
-            full = gathered.reshape(-1)
-            if self.m > 1:  # every local rank's n packets to every worker of the node
-                full = gathered.new_empty(self.m * full.numel())
-                _all_gather(full, gathered.reshape(-1).contiguous(), group=self.group)
-                b = float((self.m - 1) * gathered.numel())
-                self.manager.count(Stage("intra_allgather", b, 0.0, self.m - 1, False))
-            vals, idx = unpack(full, self.m * n, self.k, self.shard, torch.float32)
-            idx = idx + (torch.arange(self.m * n, device=idx.device) // n * self.shard).unsqueeze(1)
-            acc = full.new_zeros(self.m * self.shard, dtype=torch.float32)
-            _scatter_mean(acc, idx, vals, n, self.m * self.shard)
-            at = 0
-            for name, shape in self.shapes.items():
-                g = grads[name]
-                g.copy_(acc[at : at + shape.numel()].view_as(g))
-                at += shape.numel()
-
-        return _Gathered(work, packets, finish)
+    def finish(self, gathered: torch.Tensor, grads: dict[str, torch.Tensor]) -> None:
+        n = gathered.shape[0]
+        full = gathered.reshape(-1)
+        if self.m > 1:  # every local rank's n packets to every worker of the node
+            full = gathered.new_empty(self.m * full.numel())
+            _all_gather(full, gathered.reshape(-1).contiguous(), group=self.group)
+            b = float((self.m - 1) * gathered.numel())
+            self.manager.count(Stage("intra_allgather", b, 0.0, self.m - 1, False))
+        vals, idx = unpack(full, self.m * n, self.k, self.shard, torch.float32)
+        idx = idx + (torch.arange(self.m * n, device=idx.device) // n * self.shard).unsqueeze(1)
+        acc = full.new_zeros(self.m * self.shard, dtype=torch.float32)
+        _scatter_mean(acc, idx, vals, n, self.m * self.shard)
+        flat = acc[: self.numel].split([s.numel() for s in self.shapes.values()])
+        for (name, shape), part in zip(self.shapes.items(), flat):
+            grads[name].copy_(part.view(shape))
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:

@@ -1,9 +1,7 @@
-"""Checkpoints of a training run: save, verify and restore one worker's state.
-
-Under ``<results.dir>/checkpoints/<run_id>/``: ``epoch-NNNN/common.pt`` (rank 0),
+"""Checkpoints of a training run: save, verify and restore one worker's state, under
+``<results.dir>/checkpoints/<run_id>/``: ``epoch-NNNN/common.pt`` (rank 0),
 ``epoch-NNNN/rank<r>.pt`` (every rank) and the manifest ``epoch-NNNN.json``, written last;
-a resume takes the newest whole one (layout and checks: docs/internals/train.md).
-"""
+a resume takes the newest whole one (docs/internals/train.md)."""
 
 from __future__ import annotations
 
@@ -33,28 +31,14 @@ from bench.train import runtime
 if TYPE_CHECKING:
     from bench.comm.state import Stateful
 
-#: config keys that may differ between a checkpoint and the run that resumes from it
-MAY_DIFFER = (
-    "train.epochs",
-    "train.progress",
-    "train.checkpoint_every",
-    "train.keep_checkpoints",
-    "train.nan_check",
-    "results.plot",
-    "results.plot_sweeps",
-    "cluster.max_restarts",
-    "cluster.rdzv_timeout_s",
-    # which node holds which ranks (a requeued Slurm job may get its nodes in another
-    # order): every rank reads its own shard by its global rank
-    "cluster.node_rank",
-    "cluster.rdzv_endpoint",
-    "cluster.rdzv_id",
-    "cluster.rdzv_port",
-    "cluster.local_addr",
-    "comm.timeout_s",
-    # where the results are, not what runs: a trailing slash, or a results folder moved
-    # (the checkpoint is found through it, by run id)
-    "results.dir",
+#: config keys that may differ between a checkpoint and the run that resumes from it: the
+#: budget and outputs, which node holds which ranks (a requeued Slurm job may get its nodes
+#: in another order: every rank reads its shard by its global rank), where the results are
+MAY_DIFFER = tuple(
+    """train.epochs train.progress train.checkpoint_every train.keep_checkpoints
+    train.nan_check results.plot results.plot_sweeps cluster.max_restarts
+    cluster.rdzv_timeout_s cluster.node_rank cluster.rdzv_endpoint cluster.rdzv_id
+    cluster.rdzv_port cluster.local_addr comm.timeout_s results.dir""".split()
 )
 
 
@@ -180,17 +164,12 @@ def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def differing_keys(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """Config keys whose values differ (those of :data:`MAY_DIFFER` aside)."""
-    a, b = flatten(saved), flatten(current)
-    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in MAY_DIFFER)
-
-
 def check_compatible(manifest: Mapping[str, Any], config: Mapping[str, Any]) -> None:
-    """Refuse to resume a checkpoint under a config it was not saved with."""
-    diff = differing_keys(manifest["config"], config)
+    """Refuse to resume a checkpoint under a config it was not saved with (the keys of
+    :data:`MAY_DIFFER` aside)."""
+    a, b = flatten(manifest["config"]), flatten(config)
+    diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in MAY_DIFFER)
     if diff:
-        a, b = flatten(manifest["config"]), flatten(config)
         shown = ", ".join(f"{k} ({a.get(k)!r} saved, {b.get(k)!r} now)" for k in diff[:8])
         raise ConfigError(
             f"checkpoint {manifest.get('path')} was saved with another config: {shown}"

@@ -1,18 +1,11 @@
 """When a run is evaluated and which model is scored, the training clock paused around
-each evaluation (DAWNBench's rule: evaluation is not training time).
-
-Points: after every ``train.eval_every_steps``-th step (:func:`after_step`, into the
-record's ``evals``) and every ``train.eval_every``-th epoch and the last
-(:func:`after_epoch`, into the curve); none before ``train.eval_from_step``, none of a
-diverged model.  With ``train.eval_stride`` k only every k-th point inside an epoch is
-evaluated, the models between kept and, once one reaches the target, evaluated oldest
-first (:func:`_backfill`).
-
-The model scored is the one a user would keep: under DDP the one model, with rank 0's
-BatchNorm statistics; under an outer sync the global model
-(:meth:`~bench.train.sync.OuterSync.global_state`), right after an outer synchronisation
-only, where it exists: a point between two waits for the next one.  Every evaluation of
-such a run is a point of ``evals`` marked ``scored: global``, with ``outer_syncs``.
+each evaluation (DAWNBench's rule): after every ``train.eval_every_steps``-th step into the
+record's ``evals`` and every ``train.eval_every``-th epoch into the curve, none before
+``train.eval_from_step`` nor of a diverged model; with ``train.eval_stride`` k, every k-th
+point only, the models between kept and evaluated oldest first once one reaches the
+target.  The model scored is the one a user would keep: under DDP with rank 0's BatchNorm
+statistics, under an outer sync the global one, right after an outer synchronisation
+(docs/internals/train.md).
 """
 
 from __future__ import annotations

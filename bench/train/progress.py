@@ -1,6 +1,6 @@
 """What rank 0 shows while a run trains: a bar over each epoch's steps on a terminal, and
-one warning line when the machine is busy enough to make the run's timings unreliable (its
-load average beyond the run's own workers), kept in the run's record as ``machine_load``."""
+a warning when the machine's load beyond the run's own workers makes its timings
+unreliable (the record's ``machine_load``)."""
 
 from __future__ import annotations
 
@@ -59,12 +59,9 @@ def show_step(bar: tqdm, loss: Any, samples: int, t0: float) -> None:
 
 
 class MachineLoad:
-    """The load average of rank 0's machine over a run, less the run's own workers.
-
-    Linux's 1-minute load average is an exponential average (time constant 60 s) of the
-    runnable tasks: ``n`` tasks started ``t`` s ago add ``n (1 - exp(-t / 60))`` to it.  The
-    run's own are its workers on this machine times their threads; what is left, per core,
-    is the other work competing for the cores."""
+    """The load average of rank 0's machine over a run, less the run's own workers (times
+    their threads; ``n`` tasks started ``t`` s ago add ``n (1 - exp(-t / 60))`` to Linux's
+    1-minute average), per core: the other work competing for the cores."""
 
     def __init__(self, payload: dict[str, Any]) -> None:
         c = payload["config"]["cluster"]

@@ -15,6 +15,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from bench.cluster.torchrun import GENERATION_ENV, worker_threads
+
 # DDP's keyword for "no buffer broadcast at each forward": torch 2.14 deprecates
 # broadcast_buffers (a FutureWarning per worker) for forward_sync_buffers, which still syncs
 # them once at construction, where every rank's buffers are the same anyway
@@ -32,7 +34,6 @@ def setup_distributed(cfg: Any) -> tuple[int, int, torch.device]:
     if cfg.train.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("train.device=cuda but CUDA is not available")
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     if use_cuda:
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
         device = torch.device("cuda", torch.cuda.current_device())
@@ -49,13 +50,9 @@ def setup_distributed(cfg: Any) -> tuple[int, int, torch.device]:
             timeout=timeout,
             **_attempt_store(timeout),
         )
-    # intra-op threads: cluster.threads_per_worker, else the launcher's OMP_NUM_THREADS,
-    # else the node's cores shared by its workers (never more: docs/internals/train.md)
-    env = os.environ.get("OMP_NUM_THREADS", "")
-    threads = cfg.cluster.threads_per_worker or (
-        int(env) if env.isdigit() and int(env) > 0 else max(1, (os.cpu_count() or 1) // local_world)
-    )
-    torch.set_num_threads(threads)
+    # the node's cores shared by its workers at most (docs/internals/train.md)
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    torch.set_num_threads(worker_threads(cfg.cluster.threads_per_worker, local_world))
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
     return rank, world, device
@@ -68,9 +65,7 @@ def _attempt_store(timeout: datetime.timedelta) -> dict[str, Any]:
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return {}
     # the agents' token of this rendezvous round (bench.cluster.torchrun.instrument_agent)
-    attempt = os.environ.get("BENCH_GENERATION") or os.environ.get(
-        "TORCHELASTIC_RESTART_COUNT", "0"
-    )
+    attempt = os.environ.get(GENERATION_ENV) or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     client = dist.TCPStore(
         os.environ["MASTER_ADDR"],
         int(os.environ["MASTER_PORT"]),

@@ -1,13 +1,7 @@
 """The outer synchronisation in a training worker (``sync`` other than ``ddp``): one
 replica group per node, trained by DDP over the node's own process group (with any comm
 hook), and torchft's strategy across the nodes every H steps, its Manager meeting the
-others at the Lighthouse of global rank 0 (docs/algorithms.md, "Synchronising rarely").
-
-    outer = OuterSync(cfg, rank, world)   # before DDP: outer.group is DDP's process group
-    outer.start(model, optimizer, stats, device)   # after DDP and the comm hook
-    outer.pop_stats(); outer.state (the checkpoint's share); outer.close()
-    outer.synced(); outer.global_state(model)   # after each step: is the model global?
-"""
+others at the Lighthouse of global rank 0 (docs/algorithms.md, "Synchronising rarely")."""
 
 from __future__ import annotations
 
@@ -47,11 +41,6 @@ class OuterSync:
         ranks = [[n * m + j for j in range(m)] for n in range(self.nnodes)]
         self.group, _ = dist.new_subgroups_by_enumeration(ranks)
 
-    @property
-    def node_root(self) -> int:
-        """The global rank of this node's first worker (0 without an outer sync)."""
-        return self.node * self.local_world if self.outer else 0
-
     def start(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, stats: Any, device: Any
     ) -> OuterSync:
@@ -72,7 +61,7 @@ class OuterSync:
         if self.local_rank == 0:
             self._store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False)
         box = [(host, self._store.port) if self._store is not None else None]
-        dist.broadcast_object_list(box, src=self.node_root, group=self.group)
+        dist.broadcast_object_list(box, src=self.node * self.local_world, group=self.group)
         cfg = self.cfg
         backend = "nccl" if device.type == "cuda" and cfg.cluster.backend != "gloo" else "gloo"
         self.manager = open_manager(
@@ -108,10 +97,9 @@ class OuterSync:
 
     def global_state(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
         """Every rank: the state dict of the model a user would keep (None without an outer
-        sync: ``model`` itself).  Its parameters are each torchft DiLoCo fragment's outer
-        parameters as of the fragment's last synchronisation (a strategy that keeps none,
-        LocalSGD: ``model``'s own, global right after its sync); its floating-point buffers
-        (BatchNorm's statistics, which no strategy exchanges) every worker's mean."""
+        sync: ``model`` itself): each DiLoCo fragment's outer parameters as of its last
+        synchronisation (LocalSGD: ``model``'s own, global right after its sync), and every
+        worker's mean of the floating-point buffers (no strategy exchanges them)."""
         if not self.outer:
             return None
         from torchft.local_sgd import DiLoCo
