@@ -23,8 +23,7 @@ DEATH_SIGNAL = signal.SIGUSR1  # torchrun handles TERM/INT/HUP/QUIT itself, grac
 
 
 def kill_tree_and_exit(message: str, **print_kw: Any) -> None:
-    """SIGKILL every descendant (twice: a child may fork while the first pass runs), print
-    ``message`` and exit at once, as if the launcher's death had killed this process."""
+    """SIGKILL every descendant (twice: a child may fork meanwhile), print, exit as killed."""
     for _ in range(2):
         for pid in descendants(os.getpid()):
             with contextlib.suppress(ProcessLookupError):
@@ -56,9 +55,8 @@ def die_with_launcher() -> None:
 
 
 def die_with_parent(hint: str = "", poll_s: float = 0.2) -> None:
-    """A worker's watch (a daemon thread, every ``poll_s`` s) of its current parent: once
-    re-parented it kills its children and exits without a record, so that a killed
-    launcher leaves a resumable run; ``hint`` (how to resume it) ends its line."""
+    """Watch this worker's parent (a daemon thread): once re-parented, kill its children
+    and exit without a record, so that a killed launcher leaves a resumable run."""
     parent = os.getppid()
 
     def watch() -> None:
@@ -75,8 +73,7 @@ def die_with_parent(hint: str = "", poll_s: float = 0.2) -> None:
 
 
 def main() -> None:
-    """torchrun; an error of the agent itself (a rendezvous that timed out) is noted too,
-    a signal that ended it (the launcher's watchdog, a user) in one line."""
+    """torchrun; its own errors noted too (a rendezvous timed out), a signal in one line."""
     die_with_launcher()
     # deferred: torch takes seconds to load, and this module is read without it
     from torch.distributed.elastic.multiprocessing.api import SignalException

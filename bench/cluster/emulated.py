@@ -91,8 +91,7 @@ def ensure_port_free(host: str, port: int, argv_prefix: Sequence[str] = ()) -> N
 
 
 class _Node:
-    """One node's torchrun agent (in a session of its own) and the last lines of its
-    output, which a thread copies to this process's stdout with an ``[n<i>]`` prefix."""
+    """One node's agent (own session); a thread copies its output to stdout as ``[n<i>] ...``."""
 
     def __init__(self, i: int, argv: list[str], env: dict[str, str]) -> None:
         self.proc = subprocess.Popen(
@@ -125,12 +124,9 @@ def run_nodes(
     timeout_s: float | None = None,
     stall_s: float = math.inf,
 ) -> int:
-    """Run ``python -m module *args`` on every node (``start_nodes``: only some); 0 when all
-    succeed, :class:`RendezvousTimeoutError` when the rendezvous does not complete,
-    TimeoutError after ``timeout_s``.  The local launcher's watchdog
-    (:func:`bench.cluster.torchrun.wait_all`) over ``stall_s`` ends the run, named in
-    ``env``'s event log.  Each node's collectives bind its veth, so that inter-node traffic
-    crosses the shaped link."""
+    """Run ``python -m module *args`` on every node (``start_nodes``: some), under the local
+    launcher's watchdog over ``stall_s``; :class:`RendezvousTimeoutError` when the nodes do not
+    all join, TimeoutError after ``timeout_s``.  Collectives bind each node's shaped veth."""
     n, env = cluster.nodes, env or {}
     ensure_port_free(cluster.addr(0), rdzv_port, cluster.exec_argv(0, []))
     threads = worker_threads(threads_per_worker, n * nproc_per_node)  # every node runs here
@@ -174,8 +170,7 @@ def run_nodes(
 
 
 def check_config(c: ClusterConfig) -> tuple[int, int, float, float]:
-    """Validate ``cfg.cluster`` for ``emulated`` (nothing is built): nodes, workers,
-    bandwidth (bit/s), latency (s)."""
+    """``cfg.cluster`` checked for ``emulated``: nodes, workers, bandwidth (bit/s), latency (s)."""
     if c.nnodes < 2:
         raise ConfigError(f"cluster=emulated needs cluster.nnodes >= 2, got {c.nnodes}")
     check_capacity(c.nnodes, c.nproc_per_node)
@@ -218,9 +213,8 @@ def launch_emulated(c: ClusterConfig, run_json: Path) -> int:
 
 # --- bytes on the links, measured while the workers train --------------------------------
 def wire_comparison(link_bytes: float, tx_per_node: Sequence[float]) -> dict[str, float]:
-    """Bytes logged leaving a node (``link_bytes``, the cost function's, each way alike)
-    with TCP/IP framing and ACKs (:func:`bench.comm.cost.on_wire`) beside the mean of
-    ``tx_per_node`` (what each node's interface counters saw leave it)."""
+    """Bytes logged leaving a node (``link_bytes``) with TCP/IP framing and ACKs beside the
+    mean of what each node's interface counters saw leave it (``tx_per_node``)."""
     pred = cost.on_wire(link_bytes, link_bytes)
     meas = sum(tx_per_node) / len(tx_per_node) if tx_per_node else float("nan")
     return {
@@ -232,10 +226,9 @@ def wire_comparison(link_bytes: float, tx_per_node: Sequence[float]) -> dict[str
 
 
 class LinkClock(TrainClock):
-    """The training clock that, in the first worker of an emulated node, also reads its
-    node's link counters whenever it starts and pauses: the bytes of the training steps
-    alone (the comm hooks', DeMo's all-gather, DDP's buffer broadcast, torchft's quorum,
-    heartbeats and outer all-reduce; not evaluations, checkpoints or start-up)."""
+    """The training clock that, in an emulated node's first worker, also reads the node's link
+    counters as it starts and pauses: the training steps' bytes alone, not evaluations,
+    checkpoints or start-up."""
 
     def __init__(self, node: int | None = None) -> None:
         super().__init__()
@@ -273,10 +266,8 @@ class LinkClock(TrainClock):
 def link_bytes(
     readings: Sequence[tuple[int, int, int] | None], steps: int, logged: float | None
 ) -> dict[str, Any] | None:
-    """The record's ``link_bytes``: every node's counters over the training steps
-    (:meth:`LinkClock.reading` of each worker) per step, beside the bytes the run logged
-    leaving a node per step with TCP/IP framing; None when no node was read (not an
-    emulated cluster) or no step ran."""
+    """The record's ``link_bytes``: every node's counters per training step beside the bytes
+    logged leaving a node with TCP/IP framing; None where no node was read or no step ran."""
     nodes = sorted(r for r in readings if r is not None)
     if not nodes or steps < 1:
         return None

@@ -33,8 +33,7 @@ def _run_pair(
     cluster: EmulatedCluster, server_node: int, client_node: int, host: str, port: int,
     blast_args: list[str],
 ) -> dict:  # fmt: skip
-    """``blast_args`` sent from ``client_node`` to a probe serving at ``host`` in
-    ``server_node``: the client's timings."""
+    """The probe's timings of ``blast_args`` from ``client_node`` to ``host`` in ``server_node``."""
     srv = subprocess.Popen(
         cluster.exec_argv(server_node, [*PROBE, "serve", host, str(port)]),
         stdout=subprocess.PIPE,
@@ -68,8 +67,7 @@ def _run_pair(
 
 
 def small_message(rate_bps: float) -> tuple[int, float]:
-    """The small message of the check (bytes) and the idle gap before each (s): 10 times
-    what the token bucket needs to refill, at least 20 ms."""
+    """The check's small message (bytes) and idle gap before each (s): 10 bucket refills."""
     burst, _ = shaping(rate_bps)
     return int(max(SMALL_BYTES, rate_bps / 8 * SMALL_S)), max(0.02, 10 * burst * 8 / rate_bps)
 
@@ -88,9 +86,8 @@ def measure_link(
     cluster: EmulatedCluster, src: int, dst: int, nbytes: int, port: int,
     tolerance: float, attempts: int = 4, pause_s: float = PAUSE_S,
 ) -> dict[str, Any]:  # fmt: skip
-    """Bulk and small messages from node ``src`` to node ``dst``: the attempt closest to
-    nominal of up to ``attempts``, with a growing pause before each next one (a busy moment
-    of a shared machine slows a transfer, not the link)."""
+    """Bulk and small messages from node ``src`` to ``dst``: the attempt nearest nominal of
+    up to ``attempts``, pausing longer before each (a busy machine slows a transfer)."""
     expected = cluster.bandwidth_bps
     small, gap = small_message(expected)
     args = [str(nbytes), "20", str(SMALL_COUNT), str(small), f"{gap:.4f}"]
@@ -148,8 +145,8 @@ def run_link_check(
     attempts: int = 4,
     strict: bool = True,
 ) -> dict[str, Any]:
-    """Measure every node's link both ways (and node 0 -> itself); raise when one is off by
-    more than ``tolerance`` (``strict=False``: record ``ok: false`` instead)."""
+    """Measure every node's link both ways (and node 0's own); raise when one is off by more
+    than ``tolerance`` (``strict=False``: ``ok: false`` instead)."""
     if cluster.nodes < 2:
         return {"skipped": "one node: no inter-node link"}
     expected = cluster.bandwidth_bps

@@ -35,8 +35,8 @@ def _drain(c: socket.socket, buf: bytearray, n: int) -> None:
 
 
 def serve(host: str, port: int, conns: int = 1) -> None:
-    """Accept ``conns`` connections: answer pings, receive a bulk transfer and the small
-    messages, acknowledging each with one byte."""
+    """Accept ``conns`` connections: echo pings, take a bulk transfer and small messages,
+    acknowledging each with one byte."""
     srv = socket.socket()
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     srv.bind((host, port))
@@ -85,13 +85,13 @@ def blast(
     port: int,
     nbytes: int,
     pings: int = 20,
-    connect_s: float = 10.0,
     smalls: int = 0,
     small_bytes: int = 0,
     gap_s: float = 0.05,
+    connect_s: float = 10.0,
 ) -> dict:
-    """Client side: RTT by ping-pong, the time of one ``nbytes`` transfer, then the times
-    of ``smalls`` messages of ``small_bytes``, each sent ``gap_s`` after the last ack."""
+    """Client side: RTT by ping-pong, one ``nbytes`` transfer's time, then ``smalls`` messages
+    of ``small_bytes``, each ``gap_s`` after the last ack."""
     with _connect(host, port, connect_s) as c:
         head = [pings.to_bytes(4, "big"), smalls.to_bytes(4, "big")]
         c.sendall(b"".join([*head, small_bytes.to_bytes(8, "big"), nbytes.to_bytes(8, "big")]))
@@ -128,13 +128,9 @@ def blast(
 def main(argv: list[str]) -> None:
     if argv[:1] == ["serve"] and len(argv) == 3:
         serve(argv[1], int(argv[2]))
-    elif argv[:1] == ["blast"] and len(argv) in (4, 5, 8):
-        a = argv[1:]
-        pings = int(a[3]) if len(a) > 3 else 20
-        smalls = {}
-        if len(a) > 6:
-            smalls = {"smalls": int(a[4]), "small_bytes": int(a[5]), "gap_s": float(a[6])}
-        print(json.dumps(blast(a[0], int(a[1]), int(a[2]), pings, **smalls)))
+    elif argv[:1] == ["blast"] and len(argv) in (4, 5, 8):  # blast()'s positional arguments
+        args = (kind(a) for kind, a in zip((str, int, int, int, int, int, float), argv[1:]))
+        print(json.dumps(blast(*args)))
     else:
         raise SystemExit(
             "usage: linkprobe.py serve HOST PORT | blast HOST PORT NBYTES "

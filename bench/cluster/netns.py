@@ -43,8 +43,7 @@ def run_cmd(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 
 def proc_stat(pid: int | str) -> list[str] | None:
-    """The fields of ``/proc/<pid>/stat`` after ``pid (comm)``, the state letter first;
-    None when the process is gone."""
+    """The fields of ``/proc/<pid>/stat`` after ``pid (comm)`` (state first); None if gone."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -53,8 +52,7 @@ def proc_stat(pid: int | str) -> list[str] | None:
 
 
 def start_time(pid: int) -> int | None:
-    """The start time of process ``pid`` (clock ticks since boot); None when it is gone or
-    a zombie (a killed process not yet reaped by its parent is dead too)."""
+    """Process ``pid``'s start (clock ticks since boot); None when gone or a zombie."""
     fields = proc_stat(pid)
     return None if fields is None or fields[0] in ("Z", "X") else int(fields[19])
 
@@ -97,8 +95,7 @@ def state_ids() -> set[str]:
 
 @contextlib.contextmanager
 def locked() -> Iterator[None]:
-    """Serialise id claims and cleanups of every run on this machine (closing the file
-    releases the lock)."""
+    """Serialise id claims and cleanups of every run on this machine."""
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     with open(STATE_DIR / ".lock", "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -121,8 +118,8 @@ def list_resources() -> dict[str, list[str]]:
 
 
 def remove_run(run_id: str, names: list[str] | None = None) -> None:
-    """Kill what runs in the run's namespaces, delete its links and namespaces, wait until
-    they are gone, then delete its state file.  The caller checks the ownership."""
+    """Kill, delete and wait out the run's namespaces and links, then its state file (the
+    caller checks the ownership)."""
     names = list_resources().get(run_id, []) if names is None else names
     deadline = time.monotonic() + 15.0
     while names and time.monotonic() < deadline:
@@ -140,8 +137,7 @@ def remove_run(run_id: str, names: list[str] | None = None) -> None:
 
 
 def cleanup_leftovers() -> list[str]:
-    """Remove the resources and state files of runs whose owner is gone; a live run's are
-    never touched."""
+    """Remove what runs whose owner is gone left; a live run's are never touched."""
     removed: list[str] = []
     with locked():
         found = list_resources()
@@ -153,8 +149,8 @@ def cleanup_leftovers() -> list[str]:
 
 
 def claim(run_id: str | None = None, **info: Any) -> str:
-    """A run id no namespace, link or state file uses, claimed for this process (a given id
-    of a live owner is refused; a dead owner's leftovers under it are removed)."""
+    """A run id nothing uses, claimed for this process (a given id of a live owner refused,
+    a dead owner's leftovers under it removed)."""
     with locked():
         found = list_resources()
         for _ in range(1000):
@@ -183,9 +179,8 @@ def update_state(run_id: str, **fields: Any) -> None:
 
 
 def start_guardian(run_id: str) -> int:
-    """Start the guardian of ``run_id`` (:func:`guard`, importing this package's code:
-    its root first on the path); the returned fd is the pipe's write end, which this
-    process keeps open for as long as the run lives (closing it ends the guardian)."""
+    """Start :func:`guard` for ``run_id``; this process keeps the returned pipe end open for
+    as long as the run lives (closing it ends the guardian)."""
     r, w = os.pipe()
     env = {**os.environ, "BENCH_NETNS_STATE": str(STATE_DIR)}
     root = str(Path(__file__).resolve().parents[2])
@@ -206,8 +201,7 @@ OWNER_EXIT_WAIT_S = 5.0  # how long the guardian waits for a closed pipe's owner
 
 
 def guard() -> None:
-    """The guardian (``sys.argv[1]`` is the run id): wait for the launcher's end, then
-    remove whatever of the run it left behind."""
+    """The guardian of run ``sys.argv[1]``: once the launcher ends, remove what it left."""
     run_id = sys.argv[1]
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -283,9 +277,8 @@ def require_tools() -> None:
 
 
 def link_counters() -> tuple[int, int]:
-    """Bytes transmitted and received by this network namespace's non-loopback interfaces
-    (``/proc/net/dev`` shows the reader's namespace): in the emulated cluster, the node's
-    one link, frames whole (Ethernet, IP and TCP headers, ACKs)."""
+    """Bytes sent and received by this namespace's non-loopback interfaces: in the emulated
+    cluster, the node's one link, frames whole (headers and ACKs)."""
     tx = rx = 0
     with open("/proc/net/dev") as f:
         for line in f.readlines()[2:]:
@@ -297,16 +290,16 @@ def link_counters() -> tuple[int, int]:
 
 
 def shaping(rate_bps: float) -> tuple[int, int]:
-    """tbf's ``burst`` and ``limit`` (bytes) for a link of ``rate_bps``: a bucket of a few frames
-    (20 us above 2.4 Gbit/s) and a switch port's queue (docs/internals/cluster.md)."""
+    """tbf's ``burst`` and ``limit`` (bytes) at ``rate_bps``: a few frames (20 us above
+    2.4 Gbit/s) and a switch port's queue (docs/internals/cluster.md)."""
     burst = max(BURST_FRAMES * FRAME, int(rate_bps / 8 * BURST_S))
     queue = max(QUEUE_MIN, int(rate_bps / 8 * QUEUE_S))
     return burst, burst + queue
 
 
 class EmulatedCluster:
-    """``nodes`` namespaces on one bridge, each node's link shaped to ``bandwidth_bps``; a
-    context manager whose :meth:`down` is idempotent and also runs at exit and on signals."""
+    """``nodes`` namespaces on one bridge, each node's link shaped to ``bandwidth_bps``; its
+    :meth:`down` is idempotent and also runs at exit and on signals."""
 
     def __init__(
         self,
@@ -432,8 +425,7 @@ class EmulatedCluster:
             run_cmd("ip", "link", "del", probe, check=False)
 
     def down(self) -> None:
-        """Remove every namespace, link and qdisc of this run (idempotent); resources of
-        another live run are never touched."""
+        """Remove this run's namespaces, links and qdiscs (idempotent; never another's)."""
         if not self._up:
             return
         self._up = False

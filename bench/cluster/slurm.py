@@ -80,8 +80,7 @@ def free_subnet() -> str:
 def render_conf(
     folder: Path, addresses: list[str], cpus: int, mem_mb: int, partition: str, name: str
 ) -> str:
-    """``slurm.conf`` of a cluster whose nodes ``node0..`` have ``addresses``; the
-    controller runs at node 0's address."""
+    """``slurm.conf`` of nodes ``node0..`` at ``addresses``, the controller at node 0's."""
     f = folder
     nodes = "\n".join(
         f"NodeName=node{i} NodeAddr={a} CPUs={cpus} RealMemory={mem_mb} State=UNKNOWN"
@@ -138,9 +137,8 @@ exit 0
 
 
 class SlurmCluster:
-    """munged, slurmctld and ``nodes`` slurmd on an emulated cluster of ``nodes``
-    namespaces; a context manager whose :meth:`down` is idempotent (and runs at exit and
-    on signals, through the emulated cluster's handlers)."""
+    """munged, slurmctld and one slurmd per namespace of an emulated cluster of ``nodes``;
+    its :meth:`down` is idempotent (and runs at exit and on signals, as the cluster's)."""
 
     def __init__(
         self,
@@ -241,8 +239,7 @@ class SlurmCluster:
         update_state(net.run_id, slurm_pids={k: p.pid for k, p in self.procs.items()})
 
     def _daemon(self, name: str, node: int, argv: list[str]) -> None:
-        """Start ``argv`` in node ``node``'s namespace (``nsenter``: it keeps this machine's
-        /sys, where slurmd finds its cgroup tree)."""
+        """Start ``argv`` in node ``node``'s namespace (``nsenter`` keeps this machine's /sys)."""
         assert self.net is not None
         ns = f"/run/netns/{self.net.ns(node)}"
         path = os.pathsep.join(
@@ -328,9 +325,8 @@ def tail(path: Path, n: int = 5) -> str:
 
 
 def stop(run_id: str | None = None, timeout_s: float = 60.0) -> list[str]:
-    """``slurm-down``: ask the owner of each live cluster ``slurm-up`` holds (or of
-    ``run_id``) to take it down, and wait; then remove what dead owners left.  The ids
-    stopped (a cluster a program holds in-process is its own to stop)."""
+    """``slurm-down``: ask the owners of the live clusters (or of ``run_id``) to take them
+    down, wait, then remove what dead owners left; the ids stopped."""
     states = {rid: read_state(rid) or {} for rid in state_ids()}
     clusters = {rid: st for rid, st in states.items() if st.get("slurm_up") and is_alive(st)}
     if run_id is not None:
@@ -354,8 +350,8 @@ def stop(run_id: str | None = None, timeout_s: float = 60.0) -> list[str]:
 
 
 def serve(cluster: SlurmCluster, out: Any = sys.stdout) -> None:
-    """``slurm-up``: bring the cluster up, print how to use it, hold it until Ctrl-C,
-    SIGTERM (``slurm-down``) or a crash, then take everything down."""
+    """``slurm-up``: bring the cluster up, say how to use it, hold it until a signal or a
+    crash, then take everything down."""
     with cluster:
         info = cluster.describe()
         update_state(info["run_id"], slurm_up=True)  # slurm-down may stop it

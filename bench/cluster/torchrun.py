@@ -33,9 +33,8 @@ STOPPED = "stopped"  # event: a process of the run stopped responding (who, reas
 
 
 def instrument_agent() -> None:
-    """Patch torch's local elastic agent in place: each failed worker group is noted in
-    ``$BENCH_EVENTS``, and each rendezvous round's workers get ``$BENCH_GENERATION``,
-    a token shared by every node's agent of that round."""
+    """Patch torch's local elastic agent in place: failed worker groups noted in
+    ``$BENCH_EVENTS``, each rendezvous round's workers given one ``$BENCH_GENERATION``."""
     # deferred: torch takes seconds to load, and this module is read without it
     from torch.distributed.elastic.agent.server.api import WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent as A
@@ -85,8 +84,7 @@ def worker_threads(threads_per_worker: int, workers: int) -> int:
 
 
 def worker_env(c: ClusterConfig) -> dict[str, str]:
-    """This process's environment with the workers' intra-op thread count (every node of
-    ``local`` runs on this machine)."""
+    """This process's environment with the workers' thread count (``local``: every node here)."""
     here = c.nproc_per_node * (c.nnodes if c.name == "local" else 1)
     threads = worker_threads(c.threads_per_worker, here)
     return {**os.environ, LAUNCHER_ENV: str(os.getpid()), "OMP_NUM_THREADS": str(threads)}
@@ -101,11 +99,8 @@ def torchrun_cmd(
     is_host: bool | None = None,
     local_addr: str = "",
 ) -> list[str]:
-    """The command line of one node's agent; the c10d rendezvous ranks the nodes.
-    ``is_host``: whether it hosts the rendezvous store (None: torch guesses from the
-    endpoint's host name); ``local_addr``: this node's address as the others reach it (""
-    its host name's), where the node ranked first hosts the workers' store: where every
-    node has the same host name, the other nodes' workers would wait on their own."""
+    """One node's agent command; the c10d rendezvous ranks the nodes.  ``is_host`` (None: torch's
+    guess) and ``local_addr`` ("": the host name's) matter where nodes share one host name."""
     host = "" if is_host is None else f",is_host={int(is_host)}"
     return [
         sys.executable, "-m", AGENT_MODULE,
@@ -119,8 +114,7 @@ def torchrun_cmd(
 
 
 def launch_local(c: ClusterConfig, run_json: Path) -> int:
-    """Launcher ``local``: every node on this machine; one node's agent in this process,
-    several nodes' each in a process of its own, with a c10d rendezvous on loopback."""
+    """Launcher ``local``: one node's agent in this process, several nodes' in their own."""
     if c.nnodes > 1:
         env = {**worker_env(c), **events_env(run_json)}
         endpoint, rdzv_id = f"127.0.0.1:{free_port()}", f"bench-{uuid.uuid4().hex[:8]}"
@@ -212,12 +206,10 @@ def wait_all(
     poll_s: float = 0.5,
     limit_s: float = math.inf,
 ) -> int:
-    """Wait on every agent at once: the first non-zero exit status ends the run (0 if
-    none).  A process of the run stopped (SIGSTOP) for ``timeout_s``, or an agent still
-    there ``timeout_s`` after the others ended well, ends it too, named in ``events`` (for
-    the launcher to report with the run's record; on stderr without them); TimeoutError
-    after ``limit_s``.  What is left is stopped with its process groups (each agent and
-    each worker leads one), also when this wait itself is interrupted."""
+    """Wait on every agent: the first non-zero exit status ends the run (0 if none), as does
+    a process stopped for ``timeout_s`` or an agent left ``timeout_s`` after the others ended
+    well (named in ``events``, else on stderr); TimeoutError after ``limit_s``.  What is left
+    is stopped with its process groups, also when the wait itself is interrupted."""
     rc, stopped_since, since_ok, start = 0, {}, None, time.monotonic()
     note: list[str] = []
     try:
@@ -306,9 +298,8 @@ def check_multinode(c: ClusterConfig) -> None:
 
 
 def launch_multinode(c: ClusterConfig, run_json: Path) -> int:
-    """Launcher ``multinode``: this machine's agent; the other nodes run the same command.
-    Node 0 hosts the store: the endpoint's name need not resolve to this node's own
-    address (a node behind several interfaces, or in a network namespace)."""
+    """Launcher ``multinode``: this machine's agent; the other nodes run the same command
+    (node 0 hosts the store: the endpoint's name need not resolve to its own address)."""
     check_multinode(c)
     rdzv_id = c.rdzv_id or "topk-bench"
     cmd = torchrun_cmd(c, run_json, endpoint=c.rdzv_endpoint, rdzv_id=rdzv_id,

@@ -72,8 +72,8 @@ def launch_workers(cfg: Config, run_json: Path) -> int:
 
 
 def validate(cfg: Config, *, create_results: bool = True) -> None:
-    """All configuration-time checks, each in the package that owns the group, before any
-    worker starts; a dry run only inspects the results directory (``create_results``)."""
+    """Every configuration-time check, before any worker starts (``create_results=False``:
+    a dry run's, which creates nothing)."""
     # first: a range check such as ``lr > 0`` passes inf, and every check passes NaN
     bad = non_finite(to_container(cfg))
     if bad:
@@ -168,8 +168,7 @@ def _validate_train(cfg: Config) -> None:
 
 def _check_fit(cfg: Config) -> None:
     """What only the workers would find out: a comm timeout shorter than the waits between
-    collectives, an image size the model cannot take or this machine's memory cannot hold
-    with its data set and batches (training on CPU: the activations too)."""
+    collectives, an image size the model or this machine's memory cannot take."""
     if cfg.comm.timeout_s < MIN_COMM_TIMEOUT_S:
         raise ConfigError(
             f"comm.timeout_s={cfg.comm.timeout_s:g} is shorter than the workers wait for each "
@@ -197,7 +196,7 @@ def _check_fit(cfg: Config) -> None:
 
 def check_results_dir(results_dir: str, *, create: bool = True) -> None:
     """Refuse a results directory the run could not write to; ``create`` (not in a dry run)
-    then makes it and writes a scratch file in it (a full or read-only file system)."""
+    makes it and writes a scratch file in it (a full or read-only file system)."""
     res = Path(results_dir)
     where = f"results.dir={results_dir!r}"
     if not str(results_dir).strip():
@@ -243,8 +242,7 @@ def run(
     output_dir: str | Path | None = None,
     checked: bool = False,
 ) -> tuple[int, dict[str, Any] | None]:
-    """Validate, launch, and return (exit status, the run's record); ``checked``: the
-    caller has made :func:`validate`'s checks already."""
+    """Validate (unless ``checked``), launch; (exit status, the run's record)."""
     launch_time, cfg = time.time(), to_object(cfg)
     return launch_and_record(
         cfg, prepare(cfg, experiment, launch_time, checked=checked), output_dir
@@ -254,8 +252,7 @@ def run(
 def prepare(
     cfg: Config, experiment: str, launch_time: float, quiet: bool = False, checked: bool = False
 ) -> dict[str, Any]:
-    """Validate ``cfg`` and set its emulated link (``cluster.profile``); the run's metadata
-    (run id, start and launch time, experiment, the profile applied)."""
+    """Validate ``cfg`` and set its emulated link (``cluster.profile``); the run's metadata."""
     if checked:  # some checks read whole files (a corpus, a tokenizer): not twice
         check_results_dir(cfg.results.dir)
     else:
@@ -278,8 +275,8 @@ def prepare(
 def resume(
     run_id: str, overrides: list[str], results_dir: str = ResultsConfig.dir
 ) -> tuple[int, dict[str, Any] | None]:
-    """Continue run ``run_id`` from its last checkpoint as a new ``attempt`` of its record;
-    ``overrides`` may change only what :data:`bench.train.checkpoint.MAY_DIFFER` lists."""
+    """Continue run ``run_id`` from its last checkpoint as a new ``attempt`` of its record
+    (``overrides``: only what ``bench.train.checkpoint.MAY_DIFFER`` lists)."""
     with resume_lock(_results_dir(overrides, results_dir), run_id):
         cfg, run_meta, path = prepare_resume(run_id, overrides, results_dir)
         print(f"resuming run {run_id} from {path} (attempt {run_meta['attempt']})", flush=True)
@@ -288,8 +285,7 @@ def resume(
 
 @contextlib.contextmanager
 def resume_lock(results_dir: str, run_id: str) -> Iterator[None]:
-    """Hold ``checkpoints/<run_id>.lock`` while the run is resumed: a second resume of it
-    is refused (ConfigError); without a checkpoint folder there is nothing to lock."""
+    """Hold ``checkpoints/<run_id>.lock`` while the run is resumed: a second resume is refused."""
     path = Path(f"{ck.run_dir(results_dir, run_id)}.lock")
     if not path.parent.is_dir():
         yield
@@ -312,8 +308,7 @@ def _results_dir(overrides: list[str], default: str) -> str:
 def prepare_resume(
     run_id: str, overrides: list[str], results_dir: str = ResultsConfig.dir, dry: bool = False
 ) -> tuple[Config, dict[str, Any], str]:
-    """The checks of :func:`resume` (``dry``: nothing created); the config, run metadata
-    and checkpoint path to resume from."""
+    """The checks of :func:`resume` (``dry``: nothing created): config, metadata, checkpoint."""
     results_dir = _results_dir(overrides, results_dir)
     skipped: list[str] = []
     manifest = ck.latest(results_dir, run_id, skipped)
@@ -389,9 +384,8 @@ def guarded_launch(cfg: Config, run_json: Path) -> tuple[int, str, str | None, E
 
 
 def write_run_json(out: Path, payload: dict[str, Any]) -> Path:
-    """``out/run-<run id>.json``: what the workers of a run read (config and run metadata);
-    ``run-<run id>.node<k>.json`` for node k > 0 of a multi-node run, whose nodes share the
-    run id and may share ``out`` (a Slurm job's folder)."""
+    """``out/run-<run id>.json``, what the run's workers read (``.node<k>.json`` for node k > 0
+    of a multi-node run, whose nodes share the run id and may share ``out``)."""
     out.mkdir(parents=True, exist_ok=True)
     c = payload["config"]["cluster"]
     node = int(c.get("node_rank") or 0) if c.get("name") == "multinode" else 0
@@ -419,9 +413,8 @@ def launch_and_record(
 
 @dataclass
 class Launched:
-    """One launch of the workers: exit status, status, the launcher's own exception, and
-    for each run up to the one training when it ended, its record (None on a node other
-    than 0) and whether the workers wrote it."""
+    """One launch: exit status, status, the launcher's own exception, and for each run up to
+    the one training when it ended its record (None off node 0) and whether workers wrote it."""
 
     rc: int
     status: str
@@ -436,9 +429,8 @@ def launch_runs(
     launch_json: Path,
     agent_log: Path | None = None,
 ) -> Launched:
-    """Launch the workers of ``launch_json`` (a run's, or a queue's of ``payloads``) and
-    record what they did not: an ``error``/``interrupted`` record for the run training
-    when the launch ended (with ``agent_log``'s notes); the runs after it are left."""
+    """Launch the workers of ``launch_json`` (a run's or a queue's) and record the run that
+    was training when the launch ended, if its workers did not (with ``agent_log``'s notes)."""
     since = time.time()
     # room for the record of a run the workers could not record, should the disk fill up
     room = reserve.hold(cfgs[0].results.dir, launch_json.stem)

@@ -33,9 +33,8 @@ def run_queue(
     labels: Sequence[str] | None = None,
     warmup: bool = True,
 ) -> list[tuple[int, dict[str, Any] | None]]:
-    """Validate every run, then launch consecutive runs with the same cluster config once
-    each; returns (exit status, record) per run, in order (status 0: recorded by the
-    workers; a run never started, after an interrupt: (130, None))."""
+    """Validate every run, then launch each series with one cluster config once; (exit
+    status, record) per run, in order ((130, None): never started, after an interrupt)."""
     launch_time = time.time()
     typed = [to_object(c) for c in cfgs]
     metas = [prepare(c, experiment, launch_time, quiet=i > 0) for i, c in enumerate(typed)]
@@ -67,8 +66,7 @@ def run_queue(
 
 
 def warmup_config(cfg: Any, out: Path) -> Any:
-    """A few steps of ``cfg``, recorded apart (``out/warmup``), run first in each launch so
-    that the first real run finds the workers as warm as the later ones."""
+    """A few steps of ``cfg``, recorded apart, first in each launch: the workers warm."""
     w = copy.deepcopy(cfg)
     w.cluster.profile = None  # the link ``cfg``'s profile chose stays; nothing timed again
     w.results.dir = str(out / "warmup")
@@ -83,8 +81,8 @@ def warmup_config(cfg: Any, out: Path) -> Any:
 def _launch(
     qid: str, cfgs: list[Any], metas: list[dict[str, Any]], labels: list[str], out: Path
 ) -> tuple[list[tuple[int, dict[str, Any] | None] | None], bool]:
-    """One launch of the workers for ``cfgs``: per run (status, record), None for the runs
-    after a failure (to be launched again); and whether to stop (an interrupt)."""
+    """One launch for ``cfgs``: per run (status, record) or None (after a failure, to be
+    launched again); and whether to stop (an interrupt)."""
     payloads, paths = [], []
     for i, (cfg, meta, label) in enumerate(zip(cfgs, metas, labels)):
         meta["queue"] = {"id": qid, "index": i, "size": len(cfgs), "label": label}

@@ -72,8 +72,7 @@ def is_slurm(launcher: str) -> bool:
 
 @dataclass(frozen=True)
 class Partition:
-    """A Slurm partition (``sinfo``): its node count and its largest node's CPUs, memory
-    (MiB) and GPUs (GRES)."""
+    """A Slurm partition (``sinfo``): its nodes, and its largest node's CPUs, MiB and GPUs."""
 
     name: str
     nodes: int
@@ -85,7 +84,7 @@ class Partition:
 
 def parse_sinfo(text: str, partition: str | None) -> Partition | None:
     """``sinfo --noheader --Node --format=%N|%P|%c|%m|%G`` of ``partition`` (None: the
-    default one, marked ``*``); None when the output names no such partition."""
+    default one); None when the output names no such partition."""
     rows = [ln.split("|") for ln in text.splitlines() if ln.count("|") == 4]
     if partition is None:
         partition = next((r[1].rstrip("*") for r in rows if r[1].endswith("*")), None)
@@ -107,8 +106,7 @@ def parse_sinfo(text: str, partition: str | None) -> Partition | None:
 
 
 def partition_info(partition: str | None) -> Partition | None:
-    """The partition's nodes as ``sinfo`` reports them; None where there is no ``sinfo``
-    (submitit's local executor, a machine outside the cluster)."""
+    """The partition as ``sinfo`` reports it; None where there is no ``sinfo``."""
     cmd = ["sinfo", "--noheader", "--Node", "--format=%N|%P|%c|%m|%G"]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
@@ -143,10 +141,9 @@ def _partition(launcher: str, hydra_overrides: Sequence[str]) -> Partition | Non
 def resources(
     launcher: str, cfg: Any, partition: Partition | None = None, given: Sequence[str] = ()
 ) -> list[str]:
-    """The ``hydra.launcher.*`` overrides of one job's allocation on Slurm (none
-    otherwise): its topology's nodes, one task per node with a CPU per worker thread, and
-    a GPU per worker where it trains on GPUs (``train.device=cuda``, or ``auto`` on a
-    partition with GPUs or an unknown one); keys in ``given`` are the user's."""
+    """One job's allocation on Slurm (``hydra.launcher.*`` overrides, none elsewhere): its
+    nodes, one task per node, a CPU per worker thread, a GPU per worker where it trains on
+    GPUs (``cuda``, or ``auto`` on a partition with some or unknown); ``given`` left alone."""
     if not is_slurm(launcher):
         return []
     c = cfg.cluster
@@ -162,8 +159,7 @@ def resources(
 
 
 def check_fit(params: Any, partition: Partition | None) -> None:
-    """ConfigError naming the first ``hydra.launcher`` value (``params``: the launcher's
-    resolved config) that no node of the partition can satisfy."""
+    """ConfigError naming the first ``hydra.launcher`` value no node of the partition fits."""
     if partition is None:
         return
     p = partition
@@ -213,8 +209,7 @@ def _hydra_config(overrides: Sequence[str]) -> tuple[Any, Any]:
 
 
 def make_launcher(hydra_overrides: Sequence[str], task: Callable[..., Any]) -> Any:
-    """Hydra's launcher plugin for ``hydra_overrides`` (``hydra/launcher=...`` first),
-    set up as a multirun would set it up (a bad launcher key: one ConfigError line)."""
+    """Hydra's launcher plugin for ``hydra_overrides``, set up as a multirun sets it up."""
     from hydra._internal.callbacks import Callbacks
     from hydra.core.plugins import Plugins
     from hydra.core.utils import setup_globals
@@ -248,8 +243,7 @@ def _executor(launcher: Any) -> Any:
 
 
 def _map_array(launcher: Any, overrides: Sequence[Sequence[str]], idx: Sequence[int]) -> list:
-    """One job array: job ``i`` runs ``launcher`` on ``overrides``, as the plugin's
-    ``launch`` submits it."""
+    """Submit one job array, as the plugin's ``launch`` does."""
     from hydra.core.singleton import Singleton
 
     args = [(list(o), "hydra.sweep.dir", i, f"job_id_for_{i}", Singleton.get_state())
@@ -269,9 +263,8 @@ def plan_groups(
 
 
 def check_groups(launcher: str, hydra_overrides: Sequence[str], cfgs: Sequence[Any]) -> None:
-    """Compose the launcher's config of every allocation ``cfgs`` need, resolved: a bad
-    launcher key or value, or a request no node of the partition can satisfy, is one
-    ConfigError, before anything is submitted."""
+    """Compose and resolve the launcher's config of every allocation ``cfgs`` need: a bad
+    key or value, or a request no node can satisfy, is one ConfigError before submitting."""
     from omegaconf import OmegaConf
 
     check_launcher(launcher)
@@ -296,9 +289,8 @@ def submit(
     labels: Sequence[str] | None = None,
     log: Callable[[str], None] = print,
 ) -> list[int]:
-    """Submit every job (complete Hydra overrides; ``cfgs`` their composed configs) through
-    ``launcher`` and wait for all of them; exit status per job (0: the job ended, its run
-    recorded by itself; 1: the job failed, killed or lost)."""
+    """Submit every job (``cfgs``: their composed configs) through ``launcher`` and wait; exit
+    status per job (0: ended, its run recorded by itself; 1: failed, killed or lost)."""
     check_launcher(launcher)
     sweep_dir = Path(sweep_dir) / time.strftime("%Y%m%d-%H%M%S")
     names = list(labels) if labels else [" ".join(j) for j in jobs]
@@ -326,9 +318,8 @@ ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 
 
 def slurm_state(job_id: str) -> dict[str, str] | None:
-    """Job ``job_id`` as the controller knows it (``scontrol show job``: JobState, ExitCode,
-    Reason, NodeList, Restarts, ...; no accounting needed); ``{}`` when the controller has
-    forgotten it (ended long ago), None when it cannot be asked."""
+    """Job ``job_id``'s ``scontrol show job`` fields (no accounting needed); ``{}`` when the
+    controller has forgotten it, None when it cannot be asked."""
     try:
         p = subprocess.run(["scontrol", "show", "job", "--oneliner", str(job_id)],
                            capture_output=True, text=True, timeout=30)  # fmt: skip
@@ -362,9 +353,8 @@ def log_tail(job: Any, n: int = 5) -> str:
 
 
 def _outcome(job: Any, slurm: bool) -> tuple[bool, str | None]:
-    """(whether ``job`` has ended, None if it left a result else why not).  On Slurm a job
-    that ends without a result is seen through the controller, without accounting (where
-    submitit's ``sacct`` never sees a job end)."""
+    """(whether ``job`` has ended, None if it left a result else why not); on Slurm a job's
+    end is the controller's word (submitit's ``sacct`` needs accounting)."""
     if slurm and job.paths.result_pickle.exists():
         # a requeued job (scontrol requeue, a node lost, a time limit) may have left its
         # first attempt's result: it has ended only when the controller says so
@@ -390,8 +380,7 @@ def _outcome(job: Any, slurm: bool) -> tuple[bool, str | None]:
 
 
 def wait_jobs(jobs: Sequence[Any], names: Sequence[str], log: Callable[[str], None]) -> list:
-    """Wait for every submitit job, polling each ``POLL_S``; per job None when it ended
-    with a result, else why it failed (:func:`_outcome`)."""
+    """Wait for every job, polling each ``POLL_S``: per job None, or why it failed."""
     import submitit
 
     out: list = [None] * len(jobs)
@@ -416,8 +405,7 @@ JOBS_FILE = "slurm-jobs.jsonl"  # beside a sweep's Hydra output: the Slurm jobs 
 
 
 def note_jobs(folder: Path, jobs: Sequence[tuple[str, str]]) -> None:
-    """Append the Slurm jobs just submitted (id, label) to ``folder/slurm-jobs.jsonl``:
-    ``--status`` finds them there, with or without a record."""
+    """Append the Slurm jobs just submitted (id, label) to ``folder/slurm-jobs.jsonl``."""
     folder.mkdir(parents=True, exist_ok=True)
     at = time.strftime("%Y-%m-%dT%H:%M:%S")
     with open(folder / JOBS_FILE, "a") as f:
@@ -433,9 +421,8 @@ def job_records(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def status_lines(
     folder: Path, records: Sequence[dict[str, Any]], state: Callable[[str], Any] | None = None
 ) -> list[str]:
-    """One line per Slurm job a sweep submitted (noted under ``folder``, at any depth): its
-    state and exit code as the controller says (``scontrol``) and the run it recorded, with
-    the nodes it ran on and its requeues."""
+    """One line per Slurm job noted under ``folder``: its state and exit code (``scontrol``)
+    and the run it recorded, with its nodes and requeues."""
     jobs = []
     for path in sorted(Path(folder).rglob(JOBS_FILE)) if Path(folder).is_dir() else []:
         for line in path.read_text().splitlines():
@@ -472,10 +459,8 @@ def status_lines(
 
 
 def _requeued(task: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """``task`` as a Slurm job runs it: started again after a requeue (``scontrol
-    requeue``, a node lost, preemption), it resumes the run this job recorded as
-    interrupted from its last checkpoint (a new attempt of the same run), and does not run
-    again a run the job has recorded already."""
+    """``task`` as a Slurm job runs it: started again after a requeue, it resumes the run
+    the job recorded as interrupted (a new attempt), and never reruns a recorded one."""
 
     def run_task(cfg: Any) -> Any:
         from hydra.core.hydra_config import HydraConfig
@@ -514,14 +499,12 @@ def _requeued(task: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
 
 class SlurmLauncher(_SubmititSlurm):  # type: ignore[misc,valid-type]
-    """hydra-submitit-launcher's Slurm launcher (``hydra/launcher=slurm``) that refuses a
-    request no node of the partition can satisfy before submitting, and sees a job end
-    without accounting (:func:`wait_jobs`): ``train -m`` never waits forever."""
+    """hydra-submitit-launcher's Slurm launcher that refuses a request no node can satisfy
+    and sees a job end without accounting: ``train -m`` never waits forever."""
 
     def __call__(self, *args: Any) -> Any:
-        """Run one job (in the Slurm job): a requeued job resumes its run (:func:`_requeued`);
-        Slurm's warning signal before the time limit (``signal_delay_s``) stops the run as
-        ``interrupted``, recorded with its last checkpoint, so that it can be resumed."""
+        """One job, in Slurm: a requeue resumes its run; the warning signal before the time
+        limit stops it as ``interrupted`` with its last checkpoint, to be resumed."""
         from bench.launch.run import Interrupted
 
         def near_end(signum: int, frame: Any) -> None:  # noqa: ARG001

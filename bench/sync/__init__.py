@@ -50,8 +50,8 @@ def is_outer(name: str) -> bool:
 
 
 def split_fragments(model: nn.Module, n: int) -> list[nn.Module]:
-    """``model``'s parameters in ``n`` contiguous fragments of about equal size (in
-    registration order, so that every replica cuts alike), each a module of its own."""
+    """``model``'s parameters in ``n`` contiguous fragments of about equal size, in
+    registration order (every replica cuts alike), each a module of its own."""
     params = [p for p in model.parameters() if p.requires_grad]
     if not 1 <= n <= len(params):
         raise ConfigError(f"sync.fragments={n}: the model has {len(params)} parameter tensors")
@@ -85,8 +85,8 @@ def _diloco(
     cfg: SyncConfig,
     exchange: Callable[..., Any] | None = None,
 ) -> Any:
-    """torchft's DiLoCo over ``cfg.fragments``; ``exchange(manager, fragment, cfg)``: the
-    sparse exchange of each fragment's pseudo-gradient (None: torchft's allreduce)."""
+    """torchft's DiLoCo over ``cfg.fragments``; ``exchange(manager, fragment, cfg)`` replaces
+    each fragment's allreduce of the pseudo-gradient with a sparse one."""
     from bench.sync.replica import DiLoCoSync
 
     frags = split_fragments(model, cfg.fragments)
@@ -130,8 +130,7 @@ SYNCS.register("hitopk_diloco")(  # and sync.mstopk_method, checked by its type
 
 
 def build(cfg: SyncConfig, manager: Any, model: nn.Module, optimizer: torch.optim.Optimizer) -> Any:
-    """torchft's strategy of ``cfg.name`` around ``model`` and its inner ``optimizer``, its
-    hooks on the optimizer's step registered (``__exit__`` removes them)."""
+    """torchft's strategy of ``cfg.name``, its hooks on ``optimizer``'s step (``__exit__``: off)."""
     spec = SYNCS.get(cfg.name)
     if spec.build is None:
         raise ValueError(f"sync={cfg.name} has no outer synchronisation")
@@ -147,8 +146,7 @@ def validate(
     amp: str = "off",
     master_weights: str = "off",
 ) -> None:
-    """Refuse a ``sync`` config that cannot run, in one line, before any worker starts;
-    ``param_tensors``: the model's parameter tensors (None: not checked here)."""
+    """Refuse a ``sync`` config that cannot run, in one line, before any worker starts."""
     spec = SYNCS.get(cfg.name)
     if not spec.outer:
         return
@@ -209,8 +207,7 @@ _KNOBS: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 
 def parameter_tensors(model_cfg: Any) -> int:
-    """The parameter tensors of the model ``model_cfg`` builds (on the meta device: no
-    memory, no data), what fragments are cut from."""
+    """The parameter tensors of the model ``model_cfg`` builds (on the meta device)."""
     from bench.models import build_model
 
     with torch.device("meta"):

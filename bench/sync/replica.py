@@ -33,9 +33,8 @@ PACKET = ("values", "indices", "scales")
 
 
 class CountingManager(Manager):
-    """torchft's Manager, counting every outer collective into ``stats`` (the run's comm
-    statistics: a worker's ring bytes, ``link_share`` times that leaving its node, where
-    each of its workers runs its own ring) and timing each sync's :data:`SYNC_PHASES`."""
+    """torchft's Manager, counting every outer collective into ``stats`` (a worker's ring
+    bytes, ``link_share`` times that leaving its node) and timing each sync's phases."""
 
     def __init__(
         self,
@@ -87,9 +86,8 @@ class CountingManager(Manager):
         return super().allreduce(tensor, *args, **kw)
 
     def allgather(self, packet: torch.Tensor) -> tuple[Any, list[torch.Tensor]]:
-        """``packet`` (uint8, the same size on every node) to this local rank's workers on
-        every node, run as torchft's ``allreduce`` (skipped after an error, a failure
-        reported to the commit): its Work, and the packets in replica rank order."""
+        """``packet`` (uint8, one size) to this local rank's workers on every node, run as
+        torchft's ``allreduce`` runs: its Work, and the packets in replica rank order."""
         from torch.distributed.distributed_c10d import AllgatherOptions
         from torchft.manager import _ManagedWork
         from torchft.work import _DummyWork
@@ -121,8 +119,7 @@ class CountingManager(Manager):
         return super().should_commit(*args, **kw)
 
     def pop_stats(self) -> dict[str, float]:
-        """Outer synchronisations since the last pop, the bytes each sent and the seconds
-        each spent in each phase."""
+        """Syncs since the last pop, the bytes and the seconds of each phase, per sync."""
         per = max(1, self.syncs)
         out = {
             "sync/outer_syncs": float(self.syncs),
@@ -152,9 +149,8 @@ def open_manager(
     stats: CommStats | None = None,
     node_group: Any = None,
 ) -> CountingManager:
-    """The Manager of worker ``local_rank`` of node ``node``'s replica group: its group's
-    TCP ``store`` (host, port), the process group of ``backend`` across the nodes, reached
-    at ``hostname``; ``node_group``: the node's workers (a hierarchical exchange's)."""
+    """The Manager of worker ``local_rank`` of node ``node``'s replica group (its own TCP
+    ``store``, a ``backend`` group across the nodes; ``node_group``: the node's workers)."""
     from torchft import ProcessGroupGloo, ProcessGroupNCCL
 
     timeout = timedelta(seconds=timeout_s)
@@ -184,8 +180,7 @@ def open_manager(
 
 
 class LocalSGDSync(LocalSGD):
-    """torchft's LocalSGD, its averages timed (``finish``), with a state dict: the step
-    within the period."""
+    """torchft's LocalSGD, its averages timed, with a state dict: the step within the period."""
 
     def __init__(self, manager: Any, model: nn.Module, opt: Any, *, sync_every: int) -> None:
         super().__init__(manager, model, opt, sync_every=sync_every)
@@ -200,11 +195,9 @@ class LocalSGDSync(LocalSGD):
 
 
 class DiLoCoSync(DiLoCo):
-    """torchft's DiLoCo, each fragment's send and finish timed, with a state dict: the step
-    within the period and, per fragment, its last global weights, its outer optimizer, an
-    averaged pseudo-gradient whose outer step is still to come and its exchange's state.
-    ``exchanges`` (one per fragment, :mod:`bench.sync.sparse`) replace the fragments'
-    dense allreduce; the rest is torchft's."""
+    """torchft's DiLoCo, each fragment's send and finish timed, with a state dict (the step
+    within the period; per fragment its global weights, outer optimizer, pending averaged
+    pseudo-gradient and exchange); ``exchanges`` replace the fragments' dense allreduce."""
 
     def __init__(
         self,
@@ -241,8 +234,7 @@ class DiLoCoSync(DiLoCo):
         return {"local_step": int(self._local_step), "fragments": out}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
-        """Its state; the Manager's must be loaded first (its step says which fragment
-        is next, and an in-flight fragment's quorum is met again from it)."""
+        """Its state, after the Manager's (whose step says which fragment is next)."""
         from torchft.work import _DummyWork
 
         self._local_step = int(d["local_step"])
@@ -262,8 +254,7 @@ class DiLoCoSync(DiLoCo):
 
 
 def _pending(fragment: Any) -> dict[str, torch.Tensor] | None:
-    """The averaged pseudo-gradient of a fragment whose exchange is in flight (Streaming
-    DiLoCo between a fragment's send and its outer step), waited for; else None."""
+    """A fragment's averaged pseudo-gradient whose outer step is to come (waited for), or None."""
     if not fragment._allreduce_work:
         return None
     for work in fragment._allreduce_work:
@@ -273,9 +264,8 @@ def _pending(fragment: Any) -> dict[str, torch.Tensor] | None:
 
 @dataclass
 class ReplicaState:
-    """What one replica holds that the others do not, as torch's ``Stateful``: its model and
-    inner optimizer (they drift apart between syncs), the Manager's step (which fragment is
-    next) and the strategy's own state."""
+    """What a replica holds that the others do not, as torch's ``Stateful``: its model and
+    inner optimizer, the Manager's step (which fragment is next) and the strategy's state."""
 
     strategy: Any
     manager: Manager

@@ -24,8 +24,7 @@ from bench.comm.wire import pack, unpack
 
 
 def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """Unsigned ``codes`` below ``2**bits`` as a uint8 stream of ``ceil(n * bits / 8)``
-    bytes, least significant bit first."""
+    """Unsigned ``codes`` below ``2**bits`` as ``ceil(n * bits / 8)`` bytes, LSB first."""
     shifts = torch.arange(bits, device=codes.device)
     stream = ((codes.long().reshape(-1, 1) >> shifts) & 1).reshape(-1)
     stream = torch.nn.functional.pad(stream, (0, -stream.numel() % 8)).view(-1, 8)
@@ -41,8 +40,8 @@ def unpack_bits(buf: torch.Tensor, bits: int, n: int) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Chunks:
-    """One tensor of ``numel`` elements as ``rows`` chunks of ``width`` (the last padded
-    with zeros), ``k`` sent of each, at ``base`` in the padded concatenation."""
+    """A tensor of ``numel`` as ``rows`` chunks of ``width`` (zero-padded), ``k`` sent of each,
+    at ``base`` in the padded concatenation."""
 
     name: str
     numel: int
@@ -66,8 +65,7 @@ class Packet:
 
 
 def chunking(numels: dict[str, int], chunk_size: int, density: float) -> list[Chunks]:
-    """Tensors of ``numels`` elements cut into chunks of ``chunk_size`` (a smaller tensor
-    is one chunk), the top ``density`` of each chunk sent."""
+    """Tensors cut into chunks of ``chunk_size`` (a smaller one is one chunk), ``density`` sent."""
     out, base = [], 0
     for name, numel in numels.items():
         width = min(chunk_size, numel)
@@ -78,9 +76,8 @@ def chunking(numels: dict[str, int], chunk_size: int, density: float) -> list[Ch
 
 
 def chunk_packet(chunks: list[Chunks], chunk_size: int, bits: int) -> Packet:
-    """SparseLoCo's packet of ``chunks`` (:func:`chunking`): values in ``bits`` bits (0:
-    float32), indices in ``ceil(log2 chunk_size)`` bits, ``2 ** (bits - 1)`` float32 scales
-    per chunk."""
+    """SparseLoCo's packet: values in ``bits`` bits (0: float32), indices in ``ceil(log2
+    chunk_size)`` bits, ``2 ** (bits - 1)`` float32 scales per chunk."""
     sent, rows = sum(t.rows * t.k for t in chunks), sum(t.rows for t in chunks)
     index_bits = max(1, (chunk_size - 1).bit_length())
     return Packet(
@@ -91,8 +88,7 @@ def chunk_packet(chunks: list[Chunks], chunk_size: int, bits: int) -> Packet:
 
 
 def shard_packet(numel: int, m: int, density: float) -> Packet:
-    """The outer HiTopK's packet of one local rank: float32 values and int32 indices of
-    the top ``density`` of its shard of ``ceil(numel / m)`` elements."""
+    """One local rank's outer HiTopK packet: float32 values, int32 indices of its shard's top."""
     shard = -(-numel // m)
     k = k_for(shard, density)
     return Packet(values=4 * k, indices=packet_bytes(k, shard, 4) - 4 * k, scales=0)
@@ -141,8 +137,7 @@ class Exchange:
 
 
 class _Gathered:
-    """torchft's Work for a fragment's ``_allreduce_work``: its ``wait`` waits for the
-    packets and decodes them (once) into the averaged pseudo-gradients."""
+    """torchft's Work of a fragment's exchange: ``wait`` decodes the packets (once)."""
 
     def __init__(self, work: Any, packets: list[torch.Tensor], finish: Callable) -> None:
         self.work, self.packets, self.finish, self.done = work, packets, finish, False
@@ -157,8 +152,7 @@ class _Gathered:
 
 
 class ChunkTopK(Exchange):
-    """SparseLoCo's compressor: chunk-wise top-k of the error-feedback buffer, values
-    quantised to ``quant_bits`` (0: float32), the residual kept."""
+    """SparseLoCo's compressor: chunk-wise top-k of the error-feedback buffer, quantised."""
 
     def __init__(self, manager: Any, fragment: nn.Module, cfg: Any) -> None:
         super().__init__(manager, fragment, cfg)
@@ -197,9 +191,9 @@ class ChunkTopK(Exchange):
         return torch.cat(parts)
 
     def _quantise(self, vals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each chunk's ``k`` values (largest magnitude first) -> codes (a sign bit above
-        ``bits - 1`` level bits) and float32 scales (rows, levels): level ``g`` holds the
-        ranks ``[g k / L, (g + 1) k / L)``, its scale their mean magnitude."""
+        """Each chunk's ``k`` values (largest first) -> codes (a sign bit above ``bits - 1``
+        level bits) and float32 scales: level ``g``, ranks ``[g k / L, (g + 1) k / L)``, their
+        mean magnitude."""
         rows, k = vals.shape
         group = torch.arange(k, device=vals.device) * self.levels // k
         mag = vals.abs().float()
@@ -250,9 +244,8 @@ class ChunkTopK(Exchange):
 
 
 class ShardTopK(Exchange):
-    """The paper's HiTopKComm on the outer step: this local rank's shard of the
-    pseudo-gradient, MSTopK of its error-feedback buffer between the nodes, then the
-    node's shards' packets all-gathered inside the node."""
+    """HiTopKComm on the outer step: this local rank's shard as an MSTopK with error
+    feedback between the nodes, the node's packets all-gathered inside it."""
 
     def __init__(self, manager: Any, fragment: nn.Module, cfg: Any) -> None:
         super().__init__(manager, fragment, cfg)

@@ -102,8 +102,7 @@ def _no_space(e: BaseException) -> bool:
 
 
 def _one_line(e: BaseException) -> str | None:
-    """What ends this worker in one line, for the errors that need no traceback (a full
-    disk, a damaged image, a peer gone), else None."""
+    """What ends this worker in one line (a full disk, a damaged image, a peer gone), or None."""
     if _no_space(e):
         return f"no space left on device ({e.filename or e.strerror})"  # type: ignore[attr-defined]
     if isinstance(e, CorruptImage):

@@ -101,8 +101,7 @@ EPOCH_NAME = re.compile(r"epoch-([0-9]+)")  # a checkpoint's folder; + ".json": 
 
 
 def by_epoch(paths: Iterable[Path]) -> list[Path]:
-    """``epoch-N.json`` manifests in the order of N (``epoch-10000`` after ``epoch-9999``);
-    any other name (a copy, a sync conflict: ``epoch-0001 (copy).json``) is ignored with
+    """``epoch-N.json`` manifests by N; another name (a copy, a sync conflict) is ignored with
     a warning, never resumed from nor pruned."""
     numbered = []
     for p in paths:
@@ -115,8 +114,8 @@ def by_epoch(paths: Iterable[Path]) -> list[Path]:
 
 
 def choose(run_dir: Path) -> tuple[dict[str, Any] | None, list[str]]:
-    """The manifest of the newest whole checkpoint under ``run_dir`` (None if there is
-    none) with ``path`` set, and one line for each newer one skipped."""
+    """The newest whole checkpoint's manifest under ``run_dir`` (``path`` set; None if none),
+    and one line for each newer one skipped."""
     manifests = by_epoch(run_dir.glob("epoch-*.json")) if run_dir.is_dir() else []
     skipped: list[str] = []
     for mp in reversed(manifests):
@@ -129,8 +128,7 @@ def choose(run_dir: Path) -> tuple[dict[str, Any] | None, list[str]]:
 
 
 def remove_incomplete(run_dir: Path, keep: Path | None = None) -> list[Path]:
-    """Remove each checkpoint folder without its manifest (a save that failed part way),
-    except ``keep`` (the one being written); call it only when no rank is writing."""
+    """Remove each checkpoint folder without its manifest but ``keep`` (no rank may write)."""
     gone = []
     for d in sorted(run_dir.glob("epoch-*")) if run_dir.is_dir() else []:
         named = EPOCH_NAME.fullmatch(d.name)  # a folder of another name is not ours to remove
@@ -143,8 +141,8 @@ def remove_incomplete(run_dir: Path, keep: Path | None = None) -> list[Path]:
 def latest(
     results_dir: str | Path, run_id: str, skipped: list[str] | None = None
 ) -> dict[str, Any] | None:
-    """The manifest of a run's newest whole checkpoint (None if none); each newer damaged
-    one is skipped with a warning, or added to ``skipped`` for the caller to report."""
+    """A run's newest whole checkpoint's manifest (None if none); each newer damaged one is
+    warned of, or added to ``skipped``."""
     m, passed = choose(run_dir(results_dir, run_id))
     if skipped is not None:
         skipped.extend(passed)
@@ -165,8 +163,7 @@ def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def check_compatible(manifest: Mapping[str, Any], config: Mapping[str, Any]) -> None:
-    """Refuse to resume a checkpoint under a config it was not saved with (the keys of
-    :data:`MAY_DIFFER` aside)."""
+    """Refuse to resume a checkpoint under another config (:data:`MAY_DIFFER` aside)."""
     a, b = flatten(manifest["config"]), flatten(config)
     diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in MAY_DIFFER)
     if diff:
@@ -198,8 +195,7 @@ def set_rng_state(d: Mapping[str, Any], device: torch.device) -> None:
 
 
 def first_mismatch(now: Mapping[str, Any], saved: Mapping[str, Any]) -> str | None:
-    """The first key of a state dict that the saved one lacks, holds in another shape, or
-    holds besides (None when the keys and shapes agree)."""
+    """The first key the saved state dict lacks, holds in another shape or holds besides."""
     for k, v in now.items():
         if k not in saved:
             return f"{k} is not in the checkpoint"
@@ -211,12 +207,9 @@ def first_mismatch(now: Mapping[str, Any], saved: Mapping[str, Any]) -> str | No
 
 
 class CheckpointManager:
-    """One worker's checkpoints of a run: rank 0 saves ``states`` (``common.pt``), every
-    rank its RNG states and its ``local`` states in ``rank<r>.pt`` (its comm hook's, an
-    optimizer's that exchanges its own, an outer sync's replica: its own model, inner and
-    outer optimizers, step within the period); ``progress`` (epoch, step, training time,
-    curve, status) goes to the manifest, written last.  Each is ``Stateful``: saved and
-    restored by its ``state_dict`` and ``load_state_dict`` alone."""
+    """One worker's checkpoints: rank 0 saves ``states`` (``common.pt``), every rank its RNG
+    and ``local`` states (``rank<r>.pt``: its hook's, an outer sync's replica...), the
+    manifest ``progress`` last; each ``Stateful``, saved by its own ``state_dict`` alone."""
 
     def __init__(
         self,
@@ -236,9 +229,8 @@ class CheckpointManager:
         self.root = run_dir(cfg.results.dir, run["run_id"])
 
     def save(self, barrier: Callable[[], None]) -> Path:
-        """Every rank: write this epoch's checkpoint; rank 0 completes it with the manifest
-        and drops the oldest beyond ``keep_checkpoints``.  ``barrier()`` waits for every
-        rank's shard."""
+        """Every rank: this epoch's checkpoint; after ``barrier()`` (every shard written) rank 0
+        writes the manifest and drops the oldest beyond ``keep_checkpoints``."""
         p = self.progress.state_dict()
         d = self.root / f"epoch-{p['epoch']:04d}"
         d.mkdir(parents=True, exist_ok=True)
@@ -298,8 +290,8 @@ class CheckpointManager:
         )
 
     def resume(self) -> None:
-        """Continue from the run's last checkpoint after an elastic restart or by hand; the
-        time from the checkpoint to the failure that lost it counts as training time."""
+        """Continue from the run's last checkpoint (an elastic restart or by hand); the time from
+        it to the failure that lost it counts as training time."""
         run_id = self.run["run_id"]
         # rank 0 decides for all (an agent whose workers did not fail counts no restart)
         manifest = runtime.broadcast_object(latest(self.cfg.results.dir, run_id))

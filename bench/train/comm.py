@@ -28,9 +28,8 @@ LOCAL = NOCOMM  # the hook of an optimizer that exchanges its own state: local g
 def validate(
     cfg: CommConfig, world_size: int, nnodes: int, optim: Any = None, amp: str = "off"
 ) -> None:
-    """Refuse a bad ``comm`` config before any worker starts (raises ConfigError); with
-    ``optim`` (the ``optim`` config) also one it cannot train with: a comm method beside an
-    optimizer that exchanges its own state (DeMo), or a placement that does not fit it."""
+    """Refuse a bad ``comm`` config before any worker starts; with the ``optim`` config, also
+    one it cannot train with (beside DeMo's own exchange, a placement that does not fit)."""
     spec = HOOKS.get(cfg.name)
     name = getattr(optim, "name", None)
     if name is not None and OPTIMIZERS.get(name).local_gradients and cfg.name != LOCAL:
@@ -96,8 +95,8 @@ class CommController:
         return max(self.warmup_epochs * int(self.steps_per_epoch or 0), self.warmup_steps)
 
     def density_for(self, epoch: int, step: int | None = None) -> float:
-        """Density of (0-based) ``epoch``, or of optimizer ``step`` (counted from the run's
-        start) when given: 1.0 in warm-up, then the schedule (its last value repeats)."""
+        """Density of ``epoch`` (0-based), or of ``step`` (from the run's start): 1.0 in warm-up,
+        then the schedule, its last value repeating."""
         if epoch < self.warmup_epochs or (step is not None and step < self.warmup_steps):
             return 1.0
         if self.schedule:
@@ -117,8 +116,7 @@ class CommController:
             self.state.density = self.density_for(epoch)
 
     def begin_step(self) -> None:
-        """Before the step's first bucket: its density on the step axis, and its phase
-        noted in the statistics (what the hook will send it as)."""
+        """Before the step's first bucket: its density, and its phase in the statistics."""
         if self.sparse:
             step = int(self.state.step)
             self.state.density = self.density_for(self.epoch, step)
@@ -127,15 +125,13 @@ class CommController:
         self.state.stats.begin_step(*self.state.phase(self.name))
 
     def pop_stats(self) -> dict[str, float]:
-        """Per-step means since the last pop; first reads the hook's unread finiteness flags
-        (one sync, raising ValueError on NaN/Inf: the hooks never read the device)."""
+        """Per-step means since the last pop, after the hook's finiteness flags (a device read)."""
         self.state.check_finite()
         self.in_step = False
         return self.state.stats.pop()
 
     def states(self) -> dict[str, Stateful]:
-        """This rank's own share of a checkpoint: its hook's state and, for an optimizer
-        that exchanges its own state (DeMo), the optimizer's (each worker's differs)."""
+        """This rank's share of a checkpoint: its hook's state and DeMo's optimizer's."""
         return {"hook": self.state, **({"exchange": self.exchange} if self.exchange else {})}
 
     def wrap(self, hook: Any) -> Any:
@@ -162,10 +158,9 @@ def attach(
     process_group: Any = None,
     optim: Any = None,
 ) -> CommController:
-    """Register the hook of ``cfg.name`` on a DDP model, on every rank after DDP wrapping
-    (before a checkpoint is loaded).  ``optimizer``: counted in the statistics when its spec
-    (``optim``, its config) exchanges its own state (DeMo), bound by a placement other than
-    ``grad`` (bench/comm/placement.py).  ``process_group``: DDP's, when not the world's."""
+    """Register the hook of ``cfg.name`` on a DDP model, every rank, before a checkpoint is
+    loaded; ``optimizer``: counted when it exchanges its own state (DeMo), bound by a placement
+    other than ``grad``; ``process_group``: DDP's, when not the world's."""
     import torch.distributed as dist
 
     own = optim is not None and OPTIMIZERS.get(optim.name).local_gradients
@@ -192,10 +187,8 @@ def attach(
 
 
 def count_optimizer(controller: CommController, optimizer: Any, own_steps: bool) -> None:
-    """Count an optimizer's own exchange (DeMo's all-gather of one packet per step, told
-    through its ``on_send``, priced by :func:`bench.comm.cost.demo`) in the run's statistics
-    and keep its state in this rank's checkpoint; the steps and elements are the hook's
-    (``nocomm``) where there is one."""
+    """Count an optimizer's own exchange (DeMo's all-gather, told through its ``on_send``) in
+    the run's statistics and keep its state in this rank's checkpoint."""
     import torch.distributed as dist
 
     controller.exchange = stateful(optimizer, "an optimizer exchanging its own state:")

@@ -24,9 +24,8 @@ from bench.train.state import TrainState
 
 
 def after_step(s: TrainState, last: bool) -> tuple[float, bool]:
-    """After each training step: (wall time in s of its evaluation or kept model, off the
-    training clock; whether it reached the target).  None after the epoch's last step,
-    which the epoch's own evaluation follows."""
+    """After each step: (wall time in s of its evaluation or kept model, off the clock;
+    whether it reached the target); nothing after the epoch's last step."""
     s.at_sync = s.sync.synced()
     t = s.cfg.train
     n = t.eval_every_steps
@@ -54,8 +53,7 @@ def after_step(s: TrainState, last: bool) -> tuple[float, bool]:
 
 
 def after_epoch(s: TrainState, row: dict[str, Any]) -> dict[str, float]:
-    """The epoch's evaluation when it is due, as curve columns ({}: none), after the kept
-    models' (``train.eval_stride``) when it reaches the target."""
+    """The epoch's evaluation when due, as curve columns ({}: none)."""
     if not _epoch_due(s, row):
         return {}
     if not s.at_sync:  # an outer sync between two synchronisations: the next one scores
@@ -101,8 +99,7 @@ def _scored(s: TrainState) -> dict[str, torch.Tensor] | None:
 
 
 def _metrics(s: TrainState, state: dict[str, torch.Tensor] | None) -> dict[str, float]:
-    """The workload's held-out metrics of ``state`` (None: of the model as it is), every
-    rank scoring its share; the model is put back after."""
+    """The held-out metrics of ``state`` (None: the model as it is); the model put back."""
     now = None
     if state is not None:
         now = _copy(s.model.state_dict())
@@ -116,8 +113,7 @@ def _metrics(s: TrainState, state: dict[str, torch.Tensor] | None) -> dict[str, 
 
 
 def _evaluate(s: TrainState, point: dict[str, Any], state: Any = None) -> bool:
-    """Score ``state`` (:func:`_metrics`), append ``point`` with its metrics to ``s.evals``;
-    whether it reached the target."""
+    """Score ``state`` into ``point``, appended to ``s.evals``; whether it reached the target."""
     point = {**point, **{col.metric_column(k): v for k, v in _metrics(s, state).items()}}
     s.evals.append(point)
     return reached(
@@ -126,8 +122,7 @@ def _evaluate(s: TrainState, point: dict[str, Any], state: Any = None) -> bool:
 
 
 def _backfill(s: TrainState) -> None:
-    """An evaluation reached the target: evaluate the kept models oldest first, up to the
-    first that reaches it too (every rank: the metrics are reduced, so all agree)."""
+    """Evaluate the kept models oldest first, up to the first at the target (every rank)."""
     kept, s.kept = s.kept, []
     for point, state in kept:
         if _evaluate(s, point, state):

@@ -98,8 +98,7 @@ def checkpoints(s: TrainState) -> ck.CheckpointManager:
 def _wrap(
     model: nn.Module, optimizer: Any, cfg: Config, device: torch.device, group: Any = None
 ) -> nn.Module:
-    """DDP around the model over ``group`` (None: the world; its constructor broadcasts the
-    group's first weights), or the model alone."""
+    """DDP around the model over ``group`` (None: the world), or the model alone."""
     if not dist.is_initialized():
         return model
     return DDP(
@@ -115,8 +114,8 @@ def _wrap(
 
 
 def train_step(s: TrainState, batch: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Forward, backward (DDP communicates), update; returns (loss, correct predictions),
-    or None when a NaN/Inf was found (the update is skipped, ``s.status`` is diverged)."""
+    """Forward, backward (DDP communicates), update: (loss, correct predictions), or None
+    when a NaN/Inf was found (the update skipped, ``s.status`` diverged)."""
     with s.autocast():
         loss, correct = s.workload.loss(s.ddp, batch)
     if s.rank == 0 and os.environ.get("BENCH_FAULT_NAN_STEP") == str(s.step + 1):
@@ -142,9 +141,8 @@ def train_step(s: TrainState, batch: Any) -> tuple[torch.Tensor, torch.Tensor] |
 
 
 def _diverged(s: TrainState, loss: torch.Tensor) -> bool:
-    """Whether this step's reduced gradient (without a comm hook: any gradient) holds a
-    NaN or Inf, from the hook's device flags read once here (None: it flags nothing);
-    notes where in ``s.diverged_at``."""
+    """Whether this step's reduced gradient holds a NaN or Inf (the hook's device flags, read
+    once here; without them any gradient's); notes where in ``s.diverged_at``."""
     found = s.comm.state.take_finite()
     if found is not None:
         if not found or bool(torch.stack([ok for _, ok in found]).all()):
@@ -212,8 +210,7 @@ def _epoch_row(
     steps: int,
     epoch_s: float,
 ) -> dict[str, Any]:
-    """The epoch's curve columns: this rank's loader counts (``stats``), every worker's
-    totals (token loaders: source + target tokens too)."""
+    """The epoch's curve columns: this rank's loader counts, every worker's totals."""
     tokens = stats.get(RANK_TOKENS)
     extra = [] if tokens is None else [float(tokens)]
     skipped = float(stats.get("data/corrupt", 0))  # this rank's damaged images (loaders)
@@ -272,8 +269,7 @@ def end_epoch(
 
 
 def finish(s: TrainState, leave_group: bool = True) -> dict[str, Any] | None:
-    """Stop the loaders, write the outputs (rank 0), leave the process group (a queue of
-    runs keeps it)."""
+    """Stop the loaders, write the outputs (rank 0), leave the group (a queue keeps it)."""
     s.workload.data.close()  # loader workers and DALI pipelines stop now, not at exit
     s.sync.close()  # the outer sync's Manager, then the Lighthouse (every rank takes part)
     links = outputs.link_readings(s)

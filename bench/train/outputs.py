@@ -42,8 +42,8 @@ def epoch_line(s: TrainState, row: dict[str, Any]) -> None:
 
 
 def table(s: TrainState) -> list[tuple[str, str, int, str, float]]:
-    """The per-epoch table rank 0 prints: (header, curve column, width, format, scale);
-    top-5 only on a task of more than 10 classes or as the target (DAWNBench's ImageNet)."""
+    """Rank 0's per-epoch table: (header, curve column, width, format, scale); top-5 only
+    above 10 classes or as the target."""
     top5 = s.cfg.train.target_metric == "top5" or s.workload.data.num_classes > 10
     metrics = [m for m in s.workload.metrics if m != "loss" and (m != "top5" or top5)]
     return [
@@ -70,8 +70,7 @@ def link_readings(s: TrainState) -> list[Any]:
 
 
 def write(s: TrainState, links: list[Any] | None = None) -> records.RunRecord:
-    """Rank 0: the curve CSV, the time-to-accuracy figure and the run's record (``links``:
-    every worker's link counters, :class:`~bench.cluster.emulated.LinkClock`)."""
+    """Rank 0: the curve CSV, the figure and the record (``links``: every worker's counters)."""
     cfg, res = s.cfg, s.cfg.results.dir
     rec = records.RunRecord.start(
         cfg,

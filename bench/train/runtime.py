@@ -28,8 +28,7 @@ NO_BUFFER_SYNC = (
 
 
 def setup_distributed(cfg: Any) -> tuple[int, int, torch.device]:
-    """(rank, world size, device), the process group initialised from the launcher's
-    environment (RANK, WORLD_SIZE, LOCAL_RANK ...; without RANK a single process)."""
+    """(rank, world size, device), the process group from the launcher's environment."""
     use_cuda = torch.cuda.is_available() and cfg.train.device in ("auto", "cuda")
     if cfg.train.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("train.device=cuda but CUDA is not available")
@@ -59,9 +58,8 @@ def setup_distributed(cfg: Any) -> tuple[int, int, torch.device]:
 
 
 def _attempt_store(timeout: datetime.timedelta) -> dict[str, Any]:
-    """The process group's store, in a namespace of its own for each elastic restart (a
-    restarted group must not read the keys of the one it replaces); empty when the agent
-    hosts no store."""
+    """The process group's store, in a namespace of its own per elastic restart (a new group
+    must not read the old one's keys); empty when the agent hosts no store."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return {}
     # the agents' token of this rendezvous round (bench.cluster.torchrun.instrument_agent)
@@ -127,8 +125,8 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
 
 
 class PhaseTimer:
-    """Seconds per phase of a step (data, compute, update), summed until :meth:`pop`; on
-    CUDA with ``sync`` each boundary synchronises, charging kernels to their phase."""
+    """Seconds per phase of a step, summed until :meth:`pop`; on CUDA with ``sync`` each
+    boundary synchronises, charging kernels to their phase."""
 
     def __init__(self, device: torch.device, sync: bool) -> None:
         self.sync = sync and device.type == "cuda"
@@ -156,8 +154,7 @@ def clip_gradients(
     scaler: torch.amp.GradScaler | None,
     max_norm: float,
 ) -> torch.Tensor:
-    """Clip the global L2 norm of ``model``'s (averaged) gradients to ``max_norm``, unscaled
-    first under a gradient scaler; returns the norm before clipping."""
+    """Clip the gradients' global L2 norm to ``max_norm`` (unscaled first); the norm before."""
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     if scaler is not None and scaler.is_enabled() and any(g.dtype == torch.float16 for g in grads):
         # fp16 gradients (the flat update's model copy): unscale_ refuses them, and the flat
@@ -169,8 +166,7 @@ def clip_gradients(
 
 
 def _clip_scaled(grads: list[torch.Tensor], scale: torch.Tensor, max_norm: float) -> torch.Tensor:
-    """Clip gradients still multiplied by ``scale`` to an unscaled global norm of
-    ``max_norm`` (summed in float32, no host sync); returns the unscaled norm."""
+    """Clip gradients scaled by ``scale`` to an unscaled norm of ``max_norm`` (no host sync)."""
     norms = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads])
     total = torch.linalg.vector_norm(norms) / scale.float()
     coef = (max_norm / (total + 1e-6)).clamp(max=1.0)

@@ -21,9 +21,8 @@ from bench.train.sync import OuterSync
 
 @dataclass
 class TrainState:
-    """The changing part (model and optimizer tensors, scheduler, scaler, the comm hook's
-    residuals inside ``comm``, and the progress below) is what a checkpoint saves.  The
-    sampler position is ``epoch``: loaders derive their order from (seed, epoch)."""
+    """A checkpoint saves the changing part (tensors, scheduler, scaler, the hook's residuals,
+    the progress below); loaders derive their order from (seed, ``epoch``)."""
 
     cfg: Config
     run: dict[str, Any]  # run id, start time, launch time, experiment (rank 0's)

@@ -19,8 +19,7 @@ from bench.train import runtime
 
 
 class OuterSync:
-    """Nothing for ``ddp`` (or a single process): then :attr:`group` is None, the whole
-    world trains as one DDP group, and every method does nothing."""
+    """Nothing for ``ddp`` or one process: :attr:`group` is None and every method does nothing."""
 
     def __init__(self, cfg: Config | None = None, rank: int = 0, world: int = 1) -> None:
         self.cfg, self.rank = cfg, rank
@@ -44,8 +43,8 @@ class OuterSync:
     def start(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, stats: Any, device: Any
     ) -> OuterSync:
-        """Every rank, after DDP: the same weights on every node, the Lighthouse (rank 0),
-        the node's store, the Manager and the strategy's hooks on ``optimizer``'s step."""
+        """Every rank, after DDP: the same weights everywhere, the Lighthouse (rank 0), the
+        node's store, the Manager and the strategy's hooks on ``optimizer``'s step."""
         if not self.outer:
             return self
         from bench.sync.replica import ReplicaState, open_manager  # torchft: only here
@@ -84,8 +83,7 @@ class OuterSync:
         return self
 
     def synced(self) -> bool:
-        """Whether the model is the global one: an outer synchronisation committed since
-        the last call (always without an outer sync, where DDP's model is global)."""
+        """Whether an outer synchronisation committed since the last call (the model is global)."""
         if self.manager is None:
             return True
         seen, self._seen = self._seen, self.syncs()
@@ -96,10 +94,9 @@ class OuterSync:
         return self.manager.current_step() if self.manager is not None else 0
 
     def global_state(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
-        """Every rank: the state dict of the model a user would keep (None without an outer
-        sync: ``model`` itself): each DiLoCo fragment's outer parameters as of its last
-        synchronisation (LocalSGD: ``model``'s own, global right after its sync), and every
-        worker's mean of the floating-point buffers (no strategy exchanges them)."""
+        """Every rank: the model a user would keep (None without an outer sync): each fragment's
+        outer parameters as of its last sync (LocalSGD: the model's own) and every worker's
+        mean of the floating-point buffers."""
         if not self.outer:
             return None
         from torchft.local_sgd import DiLoCo
