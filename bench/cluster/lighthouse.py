@@ -9,7 +9,7 @@ import os
 import socket
 from urllib.parse import urlparse
 
-ENV = "TORCHFT_LIGHTHOUSE"
+ENV = "TORCHFT_LIGHTHOUSE"  # the address of an external Lighthouse the user started
 
 
 def node_address(peer: str) -> str:
@@ -45,8 +45,3 @@ class Lighthouse:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def external() -> str | None:
-    """The address of an external Lighthouse the user started, if ``$TORCHFT_LIGHTHOUSE``."""
-    return os.environ.get(ENV) or None

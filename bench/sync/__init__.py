@@ -1,12 +1,8 @@
 """How the replicas of a run meet: the strategies by name (:data:`SYNCS`) and their checks.
 ``ddp`` exchanges every step through DDP's comm hook; the others keep one replica per node
-and synchronise the nodes every H steps through torchft's ``LocalSGD`` and ``DiLoCo``:
-LocalSGD (Lin et al. 2018: the weights averaged), DiLoCo (Douillard et al. 2023: an outer
-Nesterov step on the averaged pseudo-gradient), Streaming DiLoCo (Douillard et al. 2025:
-fragments in turn, each allreduce overlapping ``fragment_sync_delay`` inner steps), and
-DiLoCo with a sparse outer exchange (:mod:`bench.sync.sparse`: SparseLoCo, Sarfi et al.
-2025, and the paper's hierarchical top-k).  torchft is imported by
-:mod:`bench.sync.replica` only, in the workers."""
+and meet every H steps through torchft (imported by :mod:`bench.sync.replica`, in the
+workers): LocalSGD, DiLoCo, Streaming DiLoCo and DiLoCo with a sparse outer exchange
+(:mod:`bench.sync.sparse`; docs/algorithms.md)."""
 
 from __future__ import annotations
 

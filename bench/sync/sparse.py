@@ -1,12 +1,7 @@
-"""The outer step's pseudo-gradient sent as a top-k with error feedback, in place of the
-dense allreduce of torchft's DiLoCo (docs/algorithms.md, section 11): one exchange per
-fragment takes its ``_average_grads``, adds the pseudo-gradient to its error-feedback
-buffer (``e <- ef_beta * e + delta``), selects, sends a packet of bytes to every node
-(:meth:`CountingManager.allgather`), keeps the residual, and leaves the mean of the nodes'
-sparse values for DiLoCo's outer step.  :class:`ChunkTopK` is SparseLoCo's chunk-wise
-top-k with quantised values (``sync=sparseloco``, Sarfi et al. 2025); :class:`ShardTopK`
-is HiTopKComm one level up, each local rank's shard between the nodes
-(``sync=hitopk_diloco``)."""
+"""The outer step's pseudo-gradient sent as a top-k with error feedback in place of the
+dense allreduce of torchft's DiLoCo (docs/algorithms.md, section 11): SparseLoCo's
+chunk-wise top-k with quantised values (:class:`ChunkTopK`, Sarfi et al. 2025), and
+HiTopKComm one level up, each local rank's shard between the nodes (:class:`ShardTopK`)."""
 
 from __future__ import annotations
 

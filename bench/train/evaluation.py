@@ -1,12 +1,8 @@
-"""When a run is evaluated and which model is scored, the training clock paused around
-each evaluation (DAWNBench's rule): after every ``train.eval_every_steps``-th step into the
-record's ``evals`` and every ``train.eval_every``-th epoch into the curve, none before
-``train.eval_from_step`` nor of a diverged model; with ``train.eval_stride`` k, every k-th
-point only, the models between kept and evaluated oldest first once one reaches the
-target.  The model scored is the one a user would keep: under DDP with rank 0's BatchNorm
-statistics, under an outer sync the global one, right after an outer synchronisation
-(docs/internals/train.md).
-"""
+"""When a run is evaluated and which model is scored, off the training clock (DAWNBench's
+rule): every ``train.eval_every_steps``-th step into the record's ``evals``, every
+``train.eval_every``-th epoch into the curve (``train.eval_stride``: every k-th point, the
+models between evaluated once one reaches the target); under an outer sync the global
+model, right after a synchronisation (docs/internals/train.md)."""
 
 from __future__ import annotations
 

@@ -73,11 +73,7 @@ def write(s: TrainState, links: list[Any] | None = None) -> records.RunRecord:
     """Rank 0: the curve CSV, the figure and the record (``links``: every worker's counters)."""
     cfg, res = s.cfg, s.cfg.results.dir
     rec = records.RunRecord.start(
-        cfg,
-        s.run,
-        config=to_container(cfg),
-        comm_sparse=is_sparse(cfg.comm.name),
-        nnodes=s.nnodes,
+        cfg, s.run, config=to_container(cfg), comm_sparse=is_sparse(cfg.comm.name), nnodes=s.nnodes
     ).finish(
         s.curve,
         status=s.status,

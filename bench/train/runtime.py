@@ -65,10 +65,7 @@ def _attempt_store(timeout: datetime.timedelta) -> dict[str, Any]:
     # the agents' token of this rendezvous round (bench.cluster.torchrun.instrument_agent)
     attempt = os.environ.get(GENERATION_ENV) or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     client = dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        is_master=False,
-        timeout=timeout,
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
     )
     return {
         "store": dist.PrefixStore(f"/bench/attempt_{attempt}", client),

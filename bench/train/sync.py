@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bench.cluster.lighthouse import Lighthouse, external, node_address
+from bench.cluster.lighthouse import ENV, Lighthouse, node_address
 from bench.comm.state import stateful
 from bench.config import Config
 from bench.sync import build, is_outer
@@ -52,8 +52,8 @@ class OuterSync:
         for t in model.state_dict().values():  # seeded alike; DDP only broadcast in the node
             dist.broadcast(t, 0)
         host = node_address(os.environ.get("MASTER_ADDR", "127.0.0.1"))
-        address = external()
-        if address is None:
+        address = os.environ.get(ENV)
+        if not address:
             if self.rank == 0:
                 self.lighthouse = Lighthouse(min_replicas=self.nnodes, host=host)
             address = runtime.broadcast_object(self.lighthouse.address if self.lighthouse else None)
