@@ -34,28 +34,26 @@ def _drain(c: socket.socket, buf: bytearray, n: int) -> None:
         got += r
 
 
-def serve(host: str, port: int, conns: int = 1) -> None:
-    """Accept ``conns`` connections: echo pings, take a bulk transfer and small messages,
+def serve(host: str, port: int) -> None:
+    """Accept one connection: echo pings, take a bulk transfer and small messages,
     acknowledging each with one byte."""
-    srv = socket.socket()
-    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    srv.bind((host, port))
-    srv.listen(1)
-    print("ready", flush=True)
-    buf = bytearray(CHUNK)
-    for _ in range(conns):
+    with socket.socket() as srv:
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        srv.bind((host, port))
+        srv.listen(1)
+        print("ready", flush=True)
         c, _ = srv.accept()
-        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        with c:
-            head = _recv_exact(c, 24)
-            pings, smalls = int.from_bytes(head[:4], "big"), int.from_bytes(head[4:8], "big")
-            small, bulk = int.from_bytes(head[8:16], "big"), int.from_bytes(head[16:], "big")
-            for _ in range(pings):
-                c.sendall(_recv_exact(c, 1))
-            for n in [bulk] + [small] * smalls:
-                _drain(c, buf, n)
-                c.sendall(b"k")
-    srv.close()
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    with c:
+        head = _recv_exact(c, 24)
+        pings, smalls = int.from_bytes(head[:4], "big"), int.from_bytes(head[4:8], "big")
+        small, bulk = int.from_bytes(head[8:16], "big"), int.from_bytes(head[16:], "big")
+        for _ in range(pings):
+            c.sendall(_recv_exact(c, 1))
+        buf = bytearray(CHUNK)
+        for n in [bulk] + [small] * smalls:
+            _drain(c, buf, n)
+            c.sendall(b"k")
 
 
 def _connect(host: str, port: int, connect_s: float) -> socket.socket:

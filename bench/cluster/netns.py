@@ -477,7 +477,3 @@ def main(argv: list[str]) -> int:
         print(f"error: unknown command {cmd!r}; use list or cleanup", file=sys.stderr)
         return 2
     return 0
-
-
-if __name__ == "__main__":  # python -m bench.cluster [list|cleanup] says the same
-    raise SystemExit(main(sys.argv[1:]))

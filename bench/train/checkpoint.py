@@ -76,13 +76,10 @@ def problem(manifest_path: Path) -> tuple[dict[str, Any] | None, str | None]:
         return None, f"its manifest does not parse ({e})"
     if not isinstance(m, dict) or any(k not in m for k in NEEDED):
         return None, "its manifest lacks fields"
-    d = manifest_path.with_suffix("")
-    try:
-        world = int(m["world_size"])
-    except (TypeError, ValueError):
+    if not isinstance(m["world_size"], int):
         return None, "its manifest lacks fields"
-    sizes = m.get("files") or {}
-    names = set(sizes) | {"common.pt", *(f"rank{r}.pt" for r in range(world))}
+    d, sizes = manifest_path.with_suffix(""), m.get("files") or {}
+    names = set(sizes) | {"common.pt", *(f"rank{r}.pt" for r in range(m["world_size"]))}
     for name in sorted(names):
         p = d / name
         if not p.is_file():
@@ -113,37 +110,26 @@ def by_epoch(paths: Iterable[Path]) -> list[Path]:
     return [p for _, p in sorted(numbered)]
 
 
-def choose(run_dir: Path) -> tuple[dict[str, Any] | None, list[str]]:
-    """The newest whole checkpoint's manifest under ``run_dir`` (``path`` set; None if none),
-    and one line for each newer one skipped."""
-    manifests = by_epoch(run_dir.glob("epoch-*.json")) if run_dir.is_dir() else []
-    skipped: list[str] = []
-    for mp in reversed(manifests):
-        m, why = problem(mp)
-        if m is not None:
-            m["path"] = str(mp.with_suffix(""))
-            return m, skipped
-        skipped.append(f"{mp.with_suffix('')}: {why}")
-    return None, skipped
-
-
-def remove_incomplete(run_dir: Path, keep: Path | None = None) -> list[Path]:
+def remove_incomplete(run_dir: Path, keep: Path | None = None) -> None:
     """Remove each checkpoint folder without its manifest but ``keep`` (no rank may write)."""
-    gone = []
     for d in sorted(run_dir.glob("epoch-*")) if run_dir.is_dir() else []:
         named = EPOCH_NAME.fullmatch(d.name)  # a folder of another name is not ours to remove
         if named and d.is_dir() and d != keep and not d.with_suffix(".json").exists():
             shutil.rmtree(d, ignore_errors=True)
-            gone.append(d)
-    return gone
 
 
 def latest(
     results_dir: str | Path, run_id: str, skipped: list[str] | None = None
 ) -> dict[str, Any] | None:
-    """A run's newest whole checkpoint's manifest (None if none); each newer damaged one is
-    warned of, or added to ``skipped``."""
-    m, passed = choose(run_dir(results_dir, run_id))
+    """A run's newest whole checkpoint's manifest (``path`` set; None if none); each newer
+    damaged one is warned of, or added to ``skipped``."""
+    d, m, passed = run_dir(results_dir, run_id), None, []
+    for mp in reversed(by_epoch(d.glob("epoch-*.json")) if d.is_dir() else []):
+        m, why = problem(mp)
+        if m is not None:
+            m["path"] = str(mp.with_suffix(""))
+            break
+        passed.append(f"{mp.with_suffix('')}: {why}")
     if skipped is not None:
         skipped.extend(passed)
     else:
@@ -242,19 +228,9 @@ class CheckpointManager:
         _atomic_save(mine, d / f"rank{self.rank}.pt")
         barrier()
         if self.rank == 0:
-            manifest = {
-                "run": self.run,
-                "config": to_container(self.cfg),
-                "epoch": p["epoch"],
-                "step": p["step"],
-                "world_size": self.world,
-                "train_time_s": p["train_time_s"],
-                "status": p["status"],
-                "saved_at": time.time(),
-                "curve": p["curve"],
-                "files": shard_sizes(d),  # every rank's shard is in place (the barrier)
-                "evals": p["evals"],
-            }
+            # p: epoch, step, train_time_s, status, curve, evals; every shard is in place
+            manifest = {"run": self.run, "config": to_container(self.cfg), **p}
+            manifest.update(world_size=self.world, saved_at=time.time(), files=shard_sizes(d))
             whole.write(d.with_suffix(".json"), json.dumps(manifest, indent=1))
             keep = max(1, self.cfg.train.keep_checkpoints)
             for old in by_epoch(self.root.glob("epoch-*.json"))[:-keep]:
