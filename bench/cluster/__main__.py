@@ -1,10 +1,5 @@
-"""``python -m bench.cluster list|cleanup``: the emulated clusters on this machine.
-
-``list`` prints every namespace and link of the project by run id, with the run's owner
-(pid and start time) and whether it is alive; ``cleanup`` removes those of runs whose
-owner is dead (a launcher killed with ``kill -9`` whose guardian was killed too).  A live
-run's resources are never touched.
-"""
+"""``python -m bench.cluster list|cleanup``: the emulated clusters of this machine by run id,
+and the removal of those whose owner is dead (:func:`bench.cluster.netns.main`)."""
 
 import sys
 

@@ -8,8 +8,6 @@ from bench.registry import Choice
 
 
 class Backend(Choice):
-    """The torch.distributed backend of the workers."""
-
     auto = "auto"  # nccl with CUDA, else gloo
     nccl = "nccl"
     gloo = "gloo"
@@ -29,16 +27,13 @@ class ClusterConfig:
     local_addr: str = ""
     rdzv_timeout_s: int = 300  # give up when the rendezvous is not complete after this long
     max_restarts: int = 0  # elastic restarts of the worker group
-    backend: Backend = Backend.auto
+    backend: Backend = Backend.auto  # of torch.distributed
     # torch intra-op threads per worker; 0 = $OMP_NUM_THREADS, else cores / workers on this host
     threads_per_worker: int = 0
     # --- emulated cluster (cluster=emulated) ---
-    inter_node_bandwidth: str = (
-        "1gbit"  # each node's link rate, each way (tc tbf; bucket 4 frames, queue 64 KiB/2 ms)
-    )
-    inter_node_latency: str = (
-        "0.2ms"  # one-way node-to-node delay (tc netem, where the kernel has it)
-    )
+    # each node's link rate, each way (tc tbf; bucket 4 frames, queue 64 KiB/2 ms)
+    inter_node_bandwidth: str = "1gbit"
+    inter_node_latency: str = "0.2ms"  # one-way node-to-node delay (tc netem, if the kernel has it)
     link_check: bool = True  # measure every link both ways; refuse when off by > link_tolerance
     link_tolerance: float = 0.25  # allowed relative deviation of bandwidth and small-message time
     link_check_s: float = 0.5  # seconds of traffic the bandwidth check sends at the nominal rate

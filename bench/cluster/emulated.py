@@ -1,15 +1,14 @@
-"""``cluster=emulated``: the workers on a cluster emulated with network namespaces.
-
-Builds the cluster (:mod:`bench.cluster.netns`), checks its link, then runs torch's
-elastic launcher once per node inside that node's namespace, with a c10d rendezvous on node
-0; inter-node traffic crosses the shaped link (docs/internals/cluster.md)."""
+"""``cluster=emulated``: the workers on a cluster emulated with network namespaces
+(:mod:`bench.cluster.netns`): its link checked, then torch's elastic agent run once per
+node inside the node's namespace, with a c10d rendezvous on node 0, so that inter-node
+traffic crosses the shaped link; and the bytes seen on those links while the workers
+train (docs/internals/cluster.md)."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -27,7 +26,14 @@ from bench.cluster.netns import (
     parse_latency,
     require_tools,
 )
-from bench.cluster.torchrun import AGENT_MODULE, LAUNCHER_ENV, comm_timeout, stop_all, wait_all
+from bench.cluster.torchrun import (
+    AGENT_MODULE,
+    LAUNCHER_ENV,
+    comm_timeout,
+    stop_all,
+    wait_all,
+    worker_threads,
+)
 from bench.comm import cost
 from bench.registry import ConfigError
 from bench.results.events import EVENTS_ENV, events_env
@@ -74,39 +80,18 @@ def available_memory() -> float | None:
         return None
 
 
-def ensure_port_free(host: str, port: int, argv_prefix: list[str] | None = None) -> None:
-    """Refuse when ``host:port`` cannot be bound (optionally inside a namespace)."""
+def ensure_port_free(host: str, port: int, argv_prefix: Sequence[str] = ()) -> None:
+    """Refuse when ``host:port`` cannot be bound (inside a namespace: ``argv_prefix``)."""
     if not 1 <= port <= 65535:
         raise ConfigError(f"port {port} is not a TCP port (1..65535)")
-    code = (
-        "import socket,sys\ns=socket.socket()\n"
-        f"try:\n s.bind(({host!r},{port}))\nexcept OSError:\n sys.exit(3)\n"
-    )
-    if argv_prefix is None:
-        s = socket.socket()
-        try:
-            s.bind((host, port))
-            ok = True
-        except OSError:
-            ok = False
-        finally:
-            s.close()
-    else:
-        ok = subprocess.run([*argv_prefix, sys.executable, "-c", code]).returncode == 0
-    if not ok:
+    code = f"import socket\nwith socket.socket() as s:\n s.bind(({host!r}, {port}))"
+    argv = [*argv_prefix, sys.executable, "-c", code]
+    if subprocess.run(argv, stderr=subprocess.DEVNULL).returncode:
         raise ConfigError(f"port {port} on {host} is already in use; choose another rdzv port")
 
 
-def _pump(i: int, stream: Any, tail: deque[str], out: Any) -> None:
-    for line in stream:
-        tail.append(line.rstrip("\n"))
-        out.write(f"[n{i}] {line}")
-        out.flush()
-
-
 class _Node:
-    """One node's torchrun agent: its process (own session) and the tail of its output,
-    which a thread copies to this process's stdout with an ``[n<i>]`` prefix."""
+    """One node's agent (own session); a thread copies its output to stdout as ``[n<i>] ...``."""
 
     def __init__(self, i: int, argv: list[str], env: dict[str, str]) -> None:
         self.proc = subprocess.Popen(
@@ -114,57 +99,14 @@ class _Node:
             start_new_session=True,
         )  # fmt: skip
         self.tail: deque[str] = deque(maxlen=200)
-        self.pump = threading.Thread(
-            target=_pump, args=(i, self.proc.stdout, self.tail, sys.stdout), daemon=True
-        )
+        self.pump = threading.Thread(target=self._copy, args=(i, sys.stdout), daemon=True)
         self.pump.start()
 
-
-def _agent_argv(
-    cluster: EmulatedCluster, i: int, nproc_per_node: int, rdzv_port: int,
-    rdzv_timeout_s: int, max_restarts: int, module: str, args: list[str],
-) -> list[str]:  # fmt: skip
-    """Node ``i``'s ``python -m torch.distributed.run`` command, inside its namespace."""
-    argv = [
-        sys.executable, "-m", AGENT_MODULE,
-        # no --node-rank: the c10d rendezvous ranks the agents (ranks stay contiguous per node)
-        "--nnodes", str(cluster.nodes), "--nproc-per-node", str(nproc_per_node),
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{cluster.addr(0)}:{rdzv_port}",
-        "--rdzv-id", f"tkb-{cluster.run_id}",
-        # node 0 hosts the c10d store: inside a namespace the hostname does not resolve to
-        # the node's address, so say it explicitly
-        "--rdzv-conf", f"join_timeout={rdzv_timeout_s},is_host={int(i == 0)}",
-        "--local-addr", cluster.addr(i), "--max-restarts", str(max_restarts),
-        "-m", module, *args,
-    ]  # fmt: skip
-    return cluster.exec_argv(i, argv)
-
-
-def _node_env(
-    cluster: EmulatedCluster, i: int, threads: int, env: dict[str, str]
-) -> dict[str, str]:
-    """Node ``i``'s environment: collectives bind the node's veth, so that inter-node
-    traffic crosses the shaped link."""
-    ifname = cluster.ifname(i)
-    return {
-        **os.environ, **env,
-        "GLOO_SOCKET_IFNAME": ifname, "NCCL_SOCKET_IFNAME": ifname, "TP_SOCKET_IFNAME": ifname,
-        "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
-        NODE_ENV: str(i), LAUNCHER_ENV: str(os.getpid()),
-    }  # fmt: skip
-
-
-def worker_threads(threads_per_worker: int, workers: int) -> int:
-    """Intra-op threads per worker: ``cluster.threads_per_worker``, else the launcher's
-    ``OMP_NUM_THREADS``, else this machine's cores shared by all ``workers`` of every
-    emulated node (they all run here)."""
-    if threads_per_worker:
-        return threads_per_worker
-    env = os.environ.get("OMP_NUM_THREADS", "")
-    if env.isdigit() and int(env) > 0:
-        return int(env)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) // workers)
+    def _copy(self, i: int, out: Any) -> None:
+        for line in self.proc.stdout:  # type: ignore[union-attr]
+            self.tail.append(line.rstrip("\n"))
+            out.write(f"[n{i}] {line}")
+            out.flush()
 
 
 def run_nodes(
@@ -182,30 +124,41 @@ def run_nodes(
     timeout_s: float | None = None,
     stall_s: float = math.inf,
 ) -> int:
-    """Run ``python -m module *args`` on every node (``start_nodes``: only some); 0 when all
-    succeed, :class:`RendezvousTimeoutError` when the rendezvous does not complete,
-    TimeoutError after ``timeout_s``.  The local launcher's watchdog
-    (:func:`bench.cluster.torchrun.wait_all`): the first node that fails ends the run, as
-    does a process stopped for ``stall_s`` or a node still running ``stall_s`` after the
-    others ended well (named in ``env``'s event log); every process is continued,
-    terminated, then killed."""
-    n = cluster.nodes
+    """Run ``python -m module *args`` on every node (``start_nodes``: some), under the local
+    launcher's watchdog over ``stall_s``; :class:`RendezvousTimeoutError` when the nodes do not
+    all join, TimeoutError after ``timeout_s``.  Collectives bind each node's shaped veth."""
+    n, env = cluster.nodes, env or {}
     ensure_port_free(cluster.addr(0), rdzv_port, cluster.exec_argv(0, []))
-    threads = worker_threads(threads_per_worker, n * nproc_per_node)
+    threads = worker_threads(threads_per_worker, n * nproc_per_node)  # every node runs here
     nodes: list[_Node] = []
     try:
         for i in start_nodes if start_nodes is not None else range(n):
-            argv = _agent_argv(
-                cluster, i, nproc_per_node, rdzv_port, rdzv_timeout_s, max_restarts, module, args
-            )
-            nodes.append(_Node(i, argv, _node_env(cluster, i, threads, env or {})))
+            argv = [
+                sys.executable, "-m", AGENT_MODULE,
+                # no --node-rank: the c10d rendezvous ranks the agents (contiguous per node)
+                "--nnodes", str(n), "--nproc-per-node", str(nproc_per_node),
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{cluster.addr(0)}:{rdzv_port}",
+                "--rdzv-id", f"tkb-{cluster.run_id}",
+                # node 0 hosts the c10d store: inside a namespace the hostname does not
+                # resolve to the node's address, so say it explicitly
+                "--rdzv-conf", f"join_timeout={rdzv_timeout_s},is_host={int(i == 0)}",
+                "--local-addr", cluster.addr(i), "--max-restarts", str(max_restarts),
+                "-m", module, *args,
+            ]  # fmt: skip
+            ifname = cluster.ifname(i)
+            node_env = {
+                **os.environ, **env,
+                "GLOO_SOCKET_IFNAME": ifname, "NCCL_SOCKET_IFNAME": ifname,
+                "TP_SOCKET_IFNAME": ifname, "OMP_NUM_THREADS": str(threads),
+                "PYTHONUNBUFFERED": "1", NODE_ENV: str(i), LAUNCHER_ENV: str(os.getpid()),
+            }  # fmt: skip
+            nodes.append(_Node(i, cluster.exec_argv(i, argv), node_env))
     except BaseException:
         stop_all([x.proc for x in nodes])
         raise
-    rc = wait_all(
-        [x.proc for x in nodes], timeout_s=stall_s, events=(env or {}).get(EVENTS_ENV),
-        limit_s=math.inf if timeout_s is None else timeout_s,
-    )  # fmt: skip
+    limit = math.inf if timeout_s is None else timeout_s
+    rc = wait_all([x.proc for x in nodes], timeout_s=stall_s, events=env.get(EVENTS_ENV),
+                  limit_s=limit)  # fmt: skip
     for x in nodes:
         x.pump.join(timeout=5)
     if any("RendezvousTimeoutError" in line for x in nodes for line in x.tail):
@@ -217,19 +170,14 @@ def run_nodes(
 
 
 def check_config(c: ClusterConfig) -> tuple[int, int, float, float]:
-    """Validate ``cfg.cluster`` for ``emulated`` (nothing is built): nodes, workers,
-    bandwidth (bit/s), latency (s).  Raises :class:`ConfigError` with one sentence."""
+    """``cfg.cluster`` checked for ``emulated``: nodes, workers, bandwidth (bit/s), latency (s)."""
     if c.nnodes < 2:
         raise ConfigError(f"cluster=emulated needs cluster.nnodes >= 2, got {c.nnodes}")
     check_capacity(c.nnodes, c.nproc_per_node)
     if not 0 < c.link_tolerance < 1:
         raise ConfigError(f"cluster.link_tolerance must be in (0, 1), got {c.link_tolerance}")
-    return (
-        c.nnodes,
-        c.nproc_per_node,
-        parse_bandwidth(c.inter_node_bandwidth),
-        parse_latency(c.inter_node_latency),
-    )
+    bw, lat = parse_bandwidth(c.inter_node_bandwidth), parse_latency(c.inter_node_latency)
+    return c.nnodes, c.nproc_per_node, bw, lat
 
 
 def check_emulated(c: ClusterConfig) -> None:
@@ -242,14 +190,12 @@ def launch_emulated(c: ClusterConfig, run_json: Path) -> int:
     """Launcher ``emulated``: workers run ``python -m bench.train --config run_json``."""
     nnodes, nproc, bw, lat = check_config(c)  # bad input is refused before anything is built
     require_tools()
-    run_json = Path(run_json)
     with EmulatedCluster(nnodes, bw, lat, subnet=c.subnet) as cluster:
         env: dict[str, str] = events_env(run_json)
         if c.link_check:
             result = run_link_check(cluster, c.link_tolerance, c.link_check_s)
             result["procs_per_node"] = nproc
-            path = write_link_check(result, run_json)
-            env["BENCH_LINK_CHECK"] = str(path)
+            env["BENCH_LINK_CHECK"] = str(write_link_check(result, run_json))
             print(f"link check: {json.dumps(result)}", flush=True)
         return run_nodes(
             cluster,
@@ -267,9 +213,8 @@ def launch_emulated(c: ClusterConfig, run_json: Path) -> int:
 
 # --- bytes on the links, measured while the workers train --------------------------------
 def wire_comparison(link_bytes: float, tx_per_node: Sequence[float]) -> dict[str, float]:
-    """Bytes logged leaving a node (``link_bytes``, the cost function's, each way alike)
-    with TCP/IP framing and ACKs (:func:`bench.comm.cost.on_wire`) beside the mean of
-    ``tx_per_node`` (what each node's interface counters saw leave it)."""
+    """Bytes logged leaving a node (``link_bytes``) with TCP/IP framing and ACKs beside the
+    mean of what each node's interface counters saw leave it (``tx_per_node``)."""
     pred = cost.on_wire(link_bytes, link_bytes)
     meas = sum(tx_per_node) / len(tx_per_node) if tx_per_node else float("nan")
     return {
@@ -281,12 +226,9 @@ def wire_comparison(link_bytes: float, tx_per_node: Sequence[float]) -> dict[str
 
 
 class LinkClock(TrainClock):
-    """The training clock that, in the first worker of an emulated node, also reads its
-    node's link counters (:func:`bench.cluster.netns.link_counters`) whenever it starts and
-    pauses: the bytes of the training steps alone.  Evaluations, checkpoints, the
-    rendezvous, process groups, the Lighthouse's start and the record's own exchange fall
-    while it is paused; the comm hooks' exchange, DeMo's all-gather, DDP's buffer
-    broadcast and torchft's quorum, heartbeats and outer all-reduce run while it runs."""
+    """The training clock that, in an emulated node's first worker, also reads the node's link
+    counters as it starts and pauses: the training steps' bytes alone, not evaluations,
+    checkpoints or start-up."""
 
     def __init__(self, node: int | None = None) -> None:
         super().__init__()
@@ -324,10 +266,8 @@ class LinkClock(TrainClock):
 def link_bytes(
     readings: Sequence[tuple[int, int, int] | None], steps: int, logged: float | None
 ) -> dict[str, Any] | None:
-    """The record's ``link_bytes``: every node's interface counters over the training
-    steps (``readings``, each worker's :meth:`LinkClock.reading`), per step, beside the
-    bytes the run logged leaving a node per step (``comm_inter_node_bytes_per_step``) with
-    TCP/IP framing; None when no node was read (not an emulated cluster) or no step ran."""
+    """The record's ``link_bytes``: every node's counters per training step beside the bytes
+    logged leaving a node with TCP/IP framing; None where no node was read or no step ran."""
     nodes = sorted(r for r in readings if r is not None)
     if not nodes or steps < 1:
         return None

@@ -1,8 +1,7 @@
-"""torchft's Lighthouse for a run's outer synchronisation: the quorum server every
-node's replica group meets at.  It runs in the process of global rank 0, which every
-launcher puts at node 0's address (emulated namespaces included), so that every node
-reaches it and it ends with the run: no process is left.  ``$TORCHFT_LIGHTHOUSE`` names
-an external one (``torchft_lighthouse``) instead."""
+"""torchft's Lighthouse for a run's outer synchronisation: the quorum server every node's
+replica group meets at, run in the process of global rank 0 (at node 0's address under
+every launcher), so that it ends with the run.  ``$TORCHFT_LIGHTHOUSE`` names an external
+one (``torchft_lighthouse``) instead."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ import os
 import socket
 from urllib.parse import urlparse
 
-ENV = "TORCHFT_LIGHTHOUSE"
+ENV = "TORCHFT_LIGHTHOUSE"  # the address of an external Lighthouse the user started
 
 
 def node_address(peer: str) -> str:
@@ -24,14 +23,13 @@ def node_address(peer: str) -> str:
 
 
 class Lighthouse:
-    """An in-process Lighthouse waiting for ``min_replicas`` replica groups (every node:
-    fault tolerance off), reachable at ``http://<host>:<port>`` (:attr:`address`)."""
+    """An in-process Lighthouse waiting for every one of ``min_replicas`` replica groups
+    (fault tolerance off), reachable at :attr:`address` (``http://<host>:<port>``)."""
 
     def __init__(self, min_replicas: int, host: str, join_timeout_ms: int = 100) -> None:
         os.environ.setdefault("RUST_LOG", "warn")  # torchft logs every quorum otherwise
         from torchft._torchft import LighthouseServer
 
-        # every replica group is awaited (min_replicas): no wait for late joiners beyond it
         self._server = LighthouseServer(
             bind="[::]:0", min_replicas=min_replicas, join_timeout_ms=join_timeout_ms
         )
@@ -47,8 +45,3 @@ class Lighthouse:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def external() -> str | None:
-    """The address of an external Lighthouse the user started, if ``$TORCHFT_LIGHTHOUSE``."""
-    return os.environ.get(ENV) or None

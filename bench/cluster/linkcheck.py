@@ -1,8 +1,7 @@
-"""Link check of an emulated cluster: is every node's link what it claims, both ways?
-
-A ring of transfers (node i to i+1) measures each link's RTT, bulk bandwidth and the time
-of small messages after an idle gap; the run refuses to start when one is off by more than
-the tolerance.  The two ends are :mod:`bench.cluster.linkprobe` (docs/internals/cluster.md)."""
+"""Link check of an emulated cluster: a ring of transfers (node i to i+1, the two ends
+:mod:`bench.cluster.linkprobe`) measures each link's RTT, bulk bandwidth and the time of
+small messages after an idle gap; the run refuses to start when one is off by more than
+the tolerance (docs/internals/cluster.md)."""
 
 from __future__ import annotations
 
@@ -34,6 +33,7 @@ def _run_pair(
     cluster: EmulatedCluster, server_node: int, client_node: int, host: str, port: int,
     blast_args: list[str],
 ) -> dict:  # fmt: skip
+    """The probe's timings of ``blast_args`` from ``client_node`` to ``host`` in ``server_node``."""
     srv = subprocess.Popen(
         cluster.exec_argv(server_node, [*PROBE, "serve", host, str(port)]),
         stdout=subprocess.PIPE,
@@ -66,16 +66,8 @@ def _run_pair(
             srv.wait()
 
 
-def _pair(
-    cluster: EmulatedCluster, server_node: int, client_node: int, host: str, port: int, nbytes: int
-) -> dict:
-    """One bulk transfer from ``client_node`` to ``host`` in ``server_node`` (no smalls)."""
-    return _run_pair(cluster, server_node, client_node, host, port, [str(nbytes)])
-
-
 def small_message(rate_bps: float) -> tuple[int, float]:
-    """The small message of the check (bytes) and the idle gap before each (s): 10 times
-    what the token bucket needs to refill, at least 20 ms."""
+    """The check's small message (bytes) and idle gap before each (s): 10 bucket refills."""
     burst, _ = shaping(rate_bps)
     return int(max(SMALL_BYTES, rate_bps / 8 * SMALL_S)), max(0.02, 10 * burst * 8 / rate_bps)
 
@@ -94,10 +86,8 @@ def measure_link(
     cluster: EmulatedCluster, src: int, dst: int, nbytes: int, port: int,
     tolerance: float, attempts: int = 4, pause_s: float = PAUSE_S,
 ) -> dict[str, Any]:  # fmt: skip
-    """Bulk and small messages from node ``src`` to node ``dst``: the attempt closest to
-    nominal of up to ``attempts``, with a growing pause before each next one (a busy moment
-    of a shared machine slows a transfer, not the link: on a quiet 2-core machine about 6 %
-    of checks read 0.71-0.73 of nominal three times in a row, then passed when run again)."""
+    """Bulk and small messages from node ``src`` to ``dst``: the attempt nearest nominal of
+    up to ``attempts``, pausing longer before each (a busy machine slows a transfer)."""
     expected = cluster.bandwidth_bps
     small, gap = small_message(expected)
     args = [str(nbytes), "20", str(SMALL_COUNT), str(small), f"{gap:.4f}"]
@@ -155,8 +145,8 @@ def run_link_check(
     attempts: int = 4,
     strict: bool = True,
 ) -> dict[str, Any]:
-    """Measure every node's link both ways (and node 0 -> itself); raise when one is off by
-    more than ``tolerance`` (``strict=False``: record ``ok: false`` instead)."""
+    """Measure every node's link both ways (and node 0's own); raise when one is off by more
+    than ``tolerance`` (``strict=False``: ``ok: false`` instead)."""
     if cluster.nodes < 2:
         return {"skipped": "one node: no inter-node link"}
     expected = cluster.bandwidth_bps
@@ -169,7 +159,7 @@ def run_link_check(
     out = _summary(cluster, links, tolerance)
     if intra:
         # same namespace, node 0's own veth address: routed over lo, so not shaped
-        loc = _pair(cluster, 0, 0, cluster.addr(0), port, max(nbytes, 64 << 20))
+        loc = _run_pair(cluster, 0, 0, cluster.addr(0), port, [str(max(nbytes, 64 << 20))])
         out["intra_node_bandwidth_gbps"] = loc["bps"] / 1e9
         out["intra_node_rtt_ms"] = loc["rtt_s"] * 1e3
     bad = [m for m in links if _score(m, expected, tolerance) > tolerance]

@@ -34,28 +34,26 @@ def _drain(c: socket.socket, buf: bytearray, n: int) -> None:
         got += r
 
 
-def serve(host: str, port: int, conns: int = 1) -> None:
-    """Accept ``conns`` connections: answer pings, receive a bulk transfer and the small
-    messages, acknowledging each with one byte."""
-    srv = socket.socket()
-    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    srv.bind((host, port))
-    srv.listen(1)
-    print("ready", flush=True)
-    buf = bytearray(CHUNK)
-    for _ in range(conns):
+def serve(host: str, port: int) -> None:
+    """Accept one connection: echo pings, take a bulk transfer and small messages,
+    acknowledging each with one byte."""
+    with socket.socket() as srv:
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        srv.bind((host, port))
+        srv.listen(1)
+        print("ready", flush=True)
         c, _ = srv.accept()
-        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        with c:
-            head = _recv_exact(c, 24)
-            pings, smalls = int.from_bytes(head[:4], "big"), int.from_bytes(head[4:8], "big")
-            small, bulk = int.from_bytes(head[8:16], "big"), int.from_bytes(head[16:], "big")
-            for _ in range(pings):
-                c.sendall(_recv_exact(c, 1))
-            for n in [bulk] + [small] * smalls:
-                _drain(c, buf, n)
-                c.sendall(b"k")
-    srv.close()
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    with c:
+        head = _recv_exact(c, 24)
+        pings, smalls = int.from_bytes(head[:4], "big"), int.from_bytes(head[4:8], "big")
+        small, bulk = int.from_bytes(head[8:16], "big"), int.from_bytes(head[16:], "big")
+        for _ in range(pings):
+            c.sendall(_recv_exact(c, 1))
+        buf = bytearray(CHUNK)
+        for n in [bulk] + [small] * smalls:
+            _drain(c, buf, n)
+            c.sendall(b"k")
 
 
 def _connect(host: str, port: int, connect_s: float) -> socket.socket:
@@ -85,13 +83,13 @@ def blast(
     port: int,
     nbytes: int,
     pings: int = 20,
-    connect_s: float = 10.0,
     smalls: int = 0,
     small_bytes: int = 0,
     gap_s: float = 0.05,
+    connect_s: float = 10.0,
 ) -> dict:
-    """Client side: RTT by ping-pong, the time of one ``nbytes`` transfer, then the times
-    of ``smalls`` messages of ``small_bytes``, each sent ``gap_s`` after the last ack."""
+    """Client side: RTT by ping-pong, one ``nbytes`` transfer's time, then ``smalls`` messages
+    of ``small_bytes``, each ``gap_s`` after the last ack."""
     with _connect(host, port, connect_s) as c:
         head = [pings.to_bytes(4, "big"), smalls.to_bytes(4, "big")]
         c.sendall(b"".join([*head, small_bytes.to_bytes(8, "big"), nbytes.to_bytes(8, "big")]))
@@ -128,13 +126,9 @@ def blast(
 def main(argv: list[str]) -> None:
     if argv[:1] == ["serve"] and len(argv) == 3:
         serve(argv[1], int(argv[2]))
-    elif argv[:1] == ["blast"] and len(argv) in (4, 5, 8):
-        a = argv[1:]
-        pings = int(a[3]) if len(a) > 3 else 20
-        smalls = {}
-        if len(a) > 6:
-            smalls = {"smalls": int(a[4]), "small_bytes": int(a[5]), "gap_s": float(a[6])}
-        print(json.dumps(blast(a[0], int(a[1]), int(a[2]), pings, **smalls)))
+    elif argv[:1] == ["blast"] and len(argv) in (4, 5, 8):  # blast()'s positional arguments
+        args = (kind(a) for kind, a in zip((str, int, int, int, int, int, float), argv[1:]))
+        print(json.dumps(blast(*args)))
     else:
         raise SystemExit(
             "usage: linkprobe.py serve HOST PORT | blast HOST PORT NBYTES "

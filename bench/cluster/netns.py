@@ -1,10 +1,8 @@
-"""A small cluster emulated on one Linux machine: network namespaces, a bridge, tc shaping.
-
-One namespace per node on a Linux bridge; each node's veth is shaped both ways with
-``tc tbf`` (plus ``netem`` latency where the kernel has it), so nodes talk over a slow
-shaped link and workers of one node over loopback, as in Shi et al. (MLSys 2021).  Run ids,
-owners and a guardian process make cleanup safe; see docs/internals/cluster.md.
-"""
+"""A small cluster emulated on one Linux machine: one network namespace per node on a
+Linux bridge, each node's veth shaped both ways with ``tc tbf`` (plus ``netem`` latency
+where the kernel has it), so that nodes talk over a slow link and workers of one node over
+loopback, as in Shi et al. (MLSys 2021).  Run ids, owners and a guardian process make
+cleanup safe (docs/internals/cluster.md)."""
 
 from __future__ import annotations
 
@@ -31,8 +29,7 @@ from bench.results import whole
 
 PREFIX = "tkb"
 ID_HEX = 6  # run id length: "tkb" + 6 + "h" + 3 digits = 13 <= 15, Linux's interface name limit
-# owners of live runs: <STATE_DIR>/<id>.json
-STATE_DIR = Path(os.environ.get("BENCH_NETNS_STATE", "/run/tkb-netns"))
+STATE_DIR = Path(os.environ.get("BENCH_NETNS_STATE", "/run/tkb-netns"))  # <id>.json: owners
 # ids of 4 hex digits are those of older versions, whose leftovers are still recognised
 NS_RE = re.compile(rf"^{PREFIX}-([0-9a-f]{{4}}|[0-9a-f]{{{ID_HEX}}})-n\d+$")
 LINK_RE = re.compile(rf"^{PREFIX}([0-9a-f]{{4}}|[0-9a-f]{{{ID_HEX}}})(?:br|h\d+|n\d+|i\d+)$")
@@ -45,17 +42,19 @@ def run_cmd(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return p
 
 
-def start_time(pid: int) -> int | None:
-    """The start time of process ``pid`` (clock ticks since boot); None when it is gone or
-    a zombie (a killed process not yet reaped by its parent is dead too)."""
+def proc_stat(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after ``pid (comm)`` (state first); None if gone."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) "
-    if fields[0] in ("Z", "X"):
-        return None
-    return int(fields[19])  # field 22 of the whole line
+    return text[text.rindex(")") + 2 :].split()
+
+
+def start_time(pid: int) -> int | None:
+    """Process ``pid``'s start (clock ticks since boot); None when gone or a zombie."""
+    fields = proc_stat(pid)
+    return None if fields is None or fields[0] in ("Z", "X") else int(fields[19])
 
 
 def identity(pid: int | None = None) -> dict[str, int]:
@@ -89,9 +88,9 @@ def owner_alive(run_id: str) -> bool:
     return state is not None and is_alive(state)
 
 
-def owned_by_me(run_id: str) -> bool:
-    state = read_state(run_id)
-    return state is not None and is_alive(state) and int(state["pid"]) == os.getpid()
+def state_ids() -> set[str]:
+    """The run ids with a state file."""
+    return {p.stem for p in STATE_DIR.glob("*.json")} if STATE_DIR.exists() else set()
 
 
 @contextlib.contextmanager
@@ -100,72 +99,49 @@ def locked() -> Iterator[None]:
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     with open(STATE_DIR / ".lock", "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+        yield
 
 
 def list_resources() -> dict[str, list[str]]:
     """Every namespace and link named with the project prefix, by run id."""
     found: dict[str, list[str]] = {}
     for line in run_cmd("ip", "netns", "list", check=False).stdout.splitlines():
-        name = line.split()[0] if line.strip() else ""
-        m = NS_RE.match(name)
+        m = NS_RE.match(line.split()[0] if line.strip() else "")
         if m:
-            found.setdefault(m.group(1), []).append(f"netns:{name}")
+            found.setdefault(m.group(1), []).append(f"netns:{m.group(0)}")
     for line in run_cmd("ip", "-o", "link", "show", check=False).stdout.splitlines():
-        # "12: tkbab12cdh0@if11: <...>" -> tkbab12cdh0
-        parts = line.split(":", 2)
-        if len(parts) < 2:
-            continue
-        name = parts[1].strip().split("@")[0]
-        m = LINK_RE.match(name)
+        parts = line.split(":", 2)  # "12: tkbab12cdh0@if11: <...>" -> tkbab12cdh0
+        m = LINK_RE.match(parts[1].strip().split("@")[0]) if len(parts) > 1 else None
         if m:
-            found.setdefault(m.group(1), []).append(f"link:{name}")
+            found.setdefault(m.group(1), []).append(f"link:{m.group(0)}")
     return found
 
 
-def _kill_namespace_pids(namespaces: list[str]) -> None:
-    for ns in namespaces:
-        for pid in run_cmd("ip", "netns", "pids", ns, check=False).stdout.split():
-            with contextlib.suppress(ProcessLookupError, ValueError):
-                os.kill(int(pid), signal.SIGKILL)
-
-
 def remove_run(run_id: str, names: list[str] | None = None) -> None:
-    """Kill what runs in the run's namespaces, delete its links and namespaces, wait until
-    they are gone, then delete its state file.  The caller checks the ownership."""
+    """Kill, delete and wait out the run's namespaces and links, then its state file (the
+    caller checks the ownership)."""
     names = list_resources().get(run_id, []) if names is None else names
-    namespaces = [n.split(":", 1)[1] for n in names if n.startswith("netns:")]
-    _kill_namespace_pids(namespaces)
-    for n in names:
-        if n.startswith("link:"):  # deleting one end of a veth deletes both
-            run_cmd("ip", "link", "del", n.split(":", 1)[1], check=False)
-    for ns in namespaces:
-        run_cmd("ip", "netns", "del", ns, check=False)
-    # links inside a deleted namespace vanish a moment later, not at once
     deadline = time.monotonic() + 15.0
-    while time.monotonic() < deadline:
-        left = list_resources().get(run_id, [])
-        if not left:
-            break
-        _kill_namespace_pids([n.split(":", 1)[1] for n in left if n.startswith("netns:")])
-        for n in left:
-            if n.startswith("link:"):
-                run_cmd("ip", "link", "del", n.split(":", 1)[1], check=False)
-        time.sleep(0.1)
+    while names and time.monotonic() < deadline:
+        for kind, name in (n.split(":", 1) for n in names):
+            if kind == "netns":
+                for pid in run_cmd("ip", "netns", "pids", name, check=False).stdout.split():
+                    with contextlib.suppress(ProcessLookupError, ValueError):
+                        os.kill(int(pid), signal.SIGKILL)
+        # links first (deleting one end of a veth deletes both), then the namespaces
+        for kind, name in sorted(n.split(":", 1) for n in names):
+            run_cmd("ip", "link" if kind == "link" else "netns", "del", name, check=False)
+        time.sleep(0.1)  # links inside a deleted namespace vanish a moment later, not at once
+        names = list_resources().get(run_id, [])
     state_path(run_id).unlink(missing_ok=True)
 
 
 def cleanup_leftovers() -> list[str]:
-    """Remove the resources and state files of runs whose owner is gone; a live run's are
-    never touched."""
+    """Remove what runs whose owner is gone left; a live run's are never touched."""
     removed: list[str] = []
     with locked():
         found = list_resources()
-        stale = {p.stem for p in STATE_DIR.glob("*.json")}
-        for run_id in sorted(set(found) | stale):
+        for run_id in sorted(set(found) | state_ids()):
             if not owner_alive(run_id):
                 remove_run(run_id, found.get(run_id, []))
                 removed.extend(found.get(run_id, []) or [f"state:{run_id}"])
@@ -173,8 +149,8 @@ def cleanup_leftovers() -> list[str]:
 
 
 def claim(run_id: str | None = None, **info: Any) -> str:
-    """A run id no namespace, link or state file uses, claimed for this process (a given id
-    of a live owner is refused; a dead owner's leftovers under it are removed)."""
+    """A run id nothing uses, claimed for this process (a given id of a live owner refused,
+    a dead owner's leftovers under it removed)."""
     with locked():
         found = list_resources()
         for _ in range(1000):
@@ -203,34 +179,29 @@ def update_state(run_id: str, **fields: Any) -> None:
 
 
 def start_guardian(run_id: str) -> int:
-    """Start the guardian of ``run_id``; the returned fd is the pipe's write end, which this
-    process keeps open for as long as the run lives (closing it ends the guardian)."""
+    """Start :func:`guard` for ``run_id``; this process keeps the returned pipe end open for
+    as long as the run lives (closing it ends the guardian)."""
     r, w = os.pipe()
-    code = "from bench.cluster.netns import guard; guard()"
+    env = {**os.environ, "BENCH_NETNS_STATE": str(STATE_DIR)}
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     proc = subprocess.Popen(
-        [sys.executable, "-c", code, run_id],
+        [sys.executable, "-c", "from bench.cluster.netns import guard; guard()", run_id],
         stdin=r,
         stdout=subprocess.DEVNULL,
         start_new_session=True,  # a signal to the launcher's process group spares it
-        env={**os.environ, "BENCH_NETNS_STATE": str(STATE_DIR), "PYTHONPATH": _pythonpath()},
+        env=env,
     )
     os.close(r)
     update_state(run_id, guardian=identity(proc.pid))
     return w
 
 
-def _pythonpath() -> str:
-    """This package's root first, so that the guardian imports the same code."""
-    root = str(Path(__file__).resolve().parents[2])
-    return os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-
-
 OWNER_EXIT_WAIT_S = 5.0  # how long the guardian waits for a closed pipe's owner to be gone
 
 
 def guard() -> None:
-    """The guardian (``sys.argv[1]`` is the run id): wait for the launcher's end, then
-    remove whatever of the run it left behind."""
+    """The guardian of run ``sys.argv[1]``: once the launcher ends, remove what it left."""
     run_id = sys.argv[1]
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -239,49 +210,37 @@ def guard() -> None:
     # a killed launcher's pipe closes while the kernel still tears the process down, before
     # /proc shows it dead: wait for that, or the run would be taken for a live one and kept
     deadline = time.monotonic() + OWNER_EXIT_WAIT_S
-    state = read_state(run_id)
-    while state is not None and is_alive(state) and time.monotonic() < deadline:
+    while owner_alive(run_id) and time.monotonic() < deadline:
         time.sleep(0.02)
-        state = read_state(run_id)
     with locked():
-        state = read_state(run_id)
-        if state is None or is_alive(state):
-            return  # torn down already, or (never) a live owner
-        remove_run(run_id)
+        if read_state(run_id) is not None and not owner_alive(run_id):
+            remove_run(run_id)  # else torn down already, or (never) a live owner
 
 
 def describe_all() -> dict[str, Any]:
     """``list`` of the CLI: resources by run id, with each run's owner and whether it lives."""
     found = list_resources()
-    ids = set(found) | ({p.stem for p in STATE_DIR.glob("*.json")} if STATE_DIR.exists() else set())
     return {
         rid: {"owner": read_state(rid), "alive": owner_alive(rid), "resources": found.get(rid, [])}
-        for rid in sorted(ids)
+        for rid in sorted(set(found) | state_ids())
     }
 
 
 FRAME = 1514  # bytes of a full Ethernet frame (MTU 1500), as tbf counts them
 BURST_FRAMES, BURST_S = 4, 20e-6  # token bucket: max(4 frames, 20 us at the rate)
 QUEUE_MIN, QUEUE_S = 65536, 2e-3  # queue behind it: max(64 KiB, 2 ms at the rate)
-
 _BW_UNITS = {  # bits per second; tc's spelling (kbit, mbit, gbit) plus the usual "Gbps"
-    "bit": 1.0,
-    "kbit": 1e3,
-    "mbit": 1e6,
-    "gbit": 1e9,
-    "tbit": 1e12,
-    "bps": 1.0,
-    "kbps": 1e3,
-    "mbps": 1e6,
-    "gbps": 1e9,
-    "tbps": 1e12,
+    prefix + unit: scale
+    for unit in ("bit", "bps")
+    for prefix, scale in {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}.items()
 }
 _LAT_UNITS = {"s": 1.0, "sec": 1.0, "ms": 1e-3, "msec": 1e-3, "us": 1e-6, "usec": 1e-6}
+_NUMBER_UNIT = r"\s*([0-9]*\.?[0-9]+(?:e[+-]?\d+)?)\s*([a-z]+)\s*"
 
 
 def parse_bandwidth(text: str) -> float:
     """``"1gbit"``, ``"100mbit"``, ``"25Gbps"`` -> bits per second (> 0)."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?\d+)?)\s*([a-z]+)\s*", str(text).lower())
+    m = re.fullmatch(_NUMBER_UNIT, str(text).lower())
     if not m or m.group(2) not in _BW_UNITS or float(m.group(1)) <= 0:
         raise ConfigError(
             f"cannot parse the bandwidth {text!r}; write a positive number and a unit, "
@@ -292,10 +251,9 @@ def parse_bandwidth(text: str) -> float:
 
 def parse_latency(text: str) -> float:
     """``"0.2ms"``, ``"200us"``, ``"0"`` -> seconds (>= 0)."""
-    s = str(text).strip().lower()
-    if s in ("0", "0.0", ""):
+    if str(text).strip() in ("0", "0.0", ""):
         return 0.0
-    m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[+-]?\d+)?)\s*([a-z]+)", s)
+    m = re.fullmatch(_NUMBER_UNIT, str(text).lower())
     if not m or m.group(2) not in _LAT_UNITS:
         raise ConfigError(
             f"cannot parse the latency {text!r}; write a number and a unit, e.g. 0.2ms, 50us"
@@ -319,9 +277,8 @@ def require_tools() -> None:
 
 
 def link_counters() -> tuple[int, int]:
-    """Bytes transmitted and received by this network namespace's non-loopback
-    interfaces (``/proc/net/dev`` shows the reading process's namespace): in the emulated
-    cluster, the node's one link, frames whole (Ethernet, IP and TCP headers, ACKs)."""
+    """Bytes sent and received by this namespace's non-loopback interfaces: in the emulated
+    cluster, the node's one link, frames whole (headers and ACKs)."""
     tx = rx = 0
     with open("/proc/net/dev") as f:
         for line in f.readlines()[2:]:
@@ -333,16 +290,16 @@ def link_counters() -> tuple[int, int]:
 
 
 def shaping(rate_bps: float) -> tuple[int, int]:
-    """tbf's ``burst`` and ``limit`` (bytes) for a link of ``rate_bps``: a bucket of a few frames
-    (20 us above 2.4 Gbit/s) and a switch port's queue (docs/internals/cluster.md)."""
+    """tbf's ``burst`` and ``limit`` (bytes) at ``rate_bps``: a few frames (20 us above
+    2.4 Gbit/s) and a switch port's queue (docs/internals/cluster.md)."""
     burst = max(BURST_FRAMES * FRAME, int(rate_bps / 8 * BURST_S))
     queue = max(QUEUE_MIN, int(rate_bps / 8 * QUEUE_S))
     return burst, burst + queue
 
 
 class EmulatedCluster:
-    """``nodes`` namespaces on one bridge, each node's link shaped to ``bandwidth_bps``; a
-    context manager whose :meth:`down` is idempotent and also runs at exit and on signals."""
+    """``nodes`` namespaces on one bridge, each node's link shaped to ``bandwidth_bps``; its
+    :meth:`down` is idempotent and also runs at exit and on signals."""
 
     def __init__(
         self,
@@ -352,10 +309,8 @@ class EmulatedCluster:
         subnet: str = "10.213.0.0/24",
         run_id: str | None = None,
     ) -> None:
-        if nodes < 1:
-            raise ConfigError(f"an emulated cluster needs at least 1 node, got {nodes}")
-        if nodes > 999:
-            raise ConfigError(f"an emulated cluster has at most 999 nodes, got {nodes}")
+        if not 1 <= nodes <= 999:
+            raise ConfigError(f"an emulated cluster has 1 to 999 nodes, got {nodes}")
         if run_id is not None and not re.fullmatch(r"[0-9a-f]{6}", run_id):
             raise ConfigError(f"an emulated cluster id is 6 hex digits, got {run_id!r}")
         try:
@@ -366,9 +321,7 @@ class EmulatedCluster:
             raise ConfigError(f"the emulated cluster's subnet {subnet} must be a private IPv4 one")
         if nodes > net.num_addresses - 2:
             raise ConfigError(f"the subnet {subnet} has no room for {nodes} nodes")
-        self.nodes = nodes
-        self.bandwidth_bps = bandwidth_bps
-        self.latency_s = latency_s
+        self.nodes, self.bandwidth_bps, self.latency_s = nodes, bandwidth_bps, latency_s
         self.net = net
         self.run_id = run_id or ""  # claimed by up()
         self._wanted_id = run_id
@@ -405,7 +358,14 @@ class EmulatedCluster:
         require_tools()
         cleanup_leftovers()
         self.run_id = claim(self._wanted_id, nodes=self.nodes)
-        self._install_handlers()
+        atexit.register(self.down)
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(128 + signum)
+
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            with contextlib.suppress(ValueError):  # not the main thread: finally/atexit
+                self._old_handlers[sig] = signal.signal(sig, handler)
         self._up = True  # from here on, down() has something to remove
         try:
             self._guardian_fd = start_guardian(self.run_id)
@@ -419,35 +379,32 @@ class EmulatedCluster:
         run_cmd("ip", "link", "add", self.bridge, "type", "bridge")
         run_cmd("ip", "link", "set", self.bridge, "addrgenmode", "none")  # no IPv6 address
         run_cmd("ip", "link", "set", self.bridge, "up")
-        netem_ok = self.latency_s > 0 and self._has_netem()
-        if self.latency_s > 0 and not netem_ok:
+        self.latency_emulated = self.latency_s > 0 and self._has_netem()
+        if self.latency_s > 0 and not self.latency_emulated:
             print(
                 "warning: this kernel has no sch_netem, so the inter-node latency is not "
                 "emulated (the link check records the measured one)",
                 file=sys.stderr,
             )
-        self.latency_emulated = netem_ok
         for i in range(self.nodes):
-            self._add_node(i, netem_ok)
-
-    def _add_node(self, i: int, netem: bool) -> None:
-        ns, nif, hif = self.ns(i), self.ifname(i), self.host_if(i)
-        run_cmd("ip", "netns", "add", ns)
-        run_cmd("ip", "link", "add", hif, "type", "veth", "peer", "name", nif, "netns", ns)
-        run_cmd("ip", "link", "set", hif, "addrgenmode", "none")
-        run_cmd("ip", "link", "set", hif, "master", self.bridge, "up")
-        run_cmd("ip", "-n", ns, "link", "set", "lo", "up")
-        run_cmd("ip", "-n", ns, "link", "set", nif, "addrgenmode", "none")
-        run_cmd("ip", "-n", ns, "addr", "add", f"{self.addr(i)}/{self.net.prefixlen}", "dev", nif)
-        run_cmd("ip", "-n", ns, "link", "set", nif, "up")
-        parent = ["root", "handle", "1:"]
-        if netem:
-            delay = f"{self.latency_s * 1e6:.0f}us"
-            tc = ["tc", "-n", ns, "qdisc", "add", "dev", nif, "root", "handle", "1:"]
-            run_cmd(*tc, "netem", "delay", delay, "limit", "100000")
-            parent = ["parent", "1:", "handle", "2:"]
-        self._tbf(["tc", "-n", ns], nif, parent)  # what node i sends
-        self._tbf(["tc"], hif, ["root", "handle", "1:"])  # what node i receives
+            ns, nif, hif = self.ns(i), self.ifname(i), self.host_if(i)
+            inside = ["ip", "-n", ns]
+            run_cmd("ip", "netns", "add", ns)
+            run_cmd("ip", "link", "add", hif, "type", "veth", "peer", "name", nif, "netns", ns)
+            run_cmd("ip", "link", "set", hif, "addrgenmode", "none")
+            run_cmd("ip", "link", "set", hif, "master", self.bridge, "up")
+            run_cmd(*inside, "link", "set", "lo", "up")
+            run_cmd(*inside, "link", "set", nif, "addrgenmode", "none")
+            run_cmd(*inside, "addr", "add", f"{self.addr(i)}/{self.net.prefixlen}", "dev", nif)
+            run_cmd(*inside, "link", "set", nif, "up")
+            parent = ["root", "handle", "1:"]
+            if self.latency_emulated:
+                delay = f"{self.latency_s * 1e6:.0f}us"
+                tc = ["tc", "-n", ns, "qdisc", "add", "dev", nif, "root", "handle", "1:"]
+                run_cmd(*tc, "netem", "delay", delay, "limit", "100000")
+                parent = ["parent", "1:", "handle", "2:"]
+            self._tbf(["tc", "-n", ns], nif, parent)  # what node i sends
+            self._tbf(["tc"], hif, ["root", "handle", "1:"])  # what node i receives
 
     def _tbf(self, tc: list[str], dev: str, parent: list[str]) -> None:
         burst, limit = shaping(self.bandwidth_bps)
@@ -457,45 +414,30 @@ class EmulatedCluster:
 
     def _has_netem(self) -> bool:
         """Whether ``tc ... netem`` works here (a probe on a throw-away veth pair)."""
-        probe = f"{PREFIX}{self.run_id}h998"
-        peer = f"{PREFIX}{self.run_id}h999"
+        probe, peer = f"{PREFIX}{self.run_id}h998", f"{PREFIX}{self.run_id}h999"
         if run_cmd("ip", "link", "add", probe, "type", "veth", "peer", "name", peer,
                 check=False).returncode != 0:  # fmt: skip
             return False
         try:
-            r = run_cmd(
-                "tc", "qdisc", "add", "dev", probe, "root", "netem", "delay", "1ms", check=False
-            )
-            return r.returncode == 0
+            tc = ["tc", "qdisc", "add", "dev", probe, "root"]
+            return run_cmd(*tc, "netem", "delay", "1ms", check=False).returncode == 0
         finally:
             run_cmd("ip", "link", "del", probe, check=False)
 
     def down(self) -> None:
-        """Remove every namespace, link and qdisc of this run (idempotent); resources of
-        another live run are never touched."""
+        """Remove this run's namespaces, links and qdiscs (idempotent; never another's)."""
         if not self._up:
             return
         self._up = False
         try:
-            if owned_by_me(self.run_id):
+            state = read_state(self.run_id)
+            if state is not None and is_alive(state) and int(state["pid"]) == os.getpid():
                 remove_run(self.run_id)
         finally:
             if self._guardian_fd is not None:
                 os.close(self._guardian_fd)  # the guardian finds nothing left and exits
                 self._guardian_fd = None
             self._restore_handlers()
-
-    def _install_handlers(self) -> None:
-        atexit.register(self.down)
-
-        def handler(signum: int, frame: FrameType | None) -> None:
-            if signum == signal.SIGINT:
-                raise KeyboardInterrupt
-            raise SystemExit(128 + signum)
-
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            with contextlib.suppress(ValueError):  # not the main thread: finally/atexit
-                self._old_handlers[sig] = signal.signal(sig, handler)
 
     def _restore_handlers(self) -> None:
         atexit.unregister(self.down)
@@ -535,7 +477,3 @@ def main(argv: list[str]) -> int:
         print(f"error: unknown command {cmd!r}; use list or cleanup", file=sys.stderr)
         return 2
     return 0
-
-
-if __name__ == "__main__":  # python -m bench.cluster [list|cleanup] says the same
-    raise SystemExit(main(sys.argv[1:]))

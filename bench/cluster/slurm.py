@@ -1,11 +1,9 @@
 """A real Slurm cluster on one machine, for the sweeps' Slurm path: munge, slurmctld and one
-slurmd per node of an emulated cluster (:mod:`bench.cluster.netns`), each node's daemon in
-its network namespace, so that jobs of several nodes talk over the shaped link.
-
-Every daemon runs in a node's namespace (the controller and munge in node 0's), so the
-emulated cluster's guardian kills them with the namespaces if their owner dies; the
-configuration, spool and logs live in one temporary folder named by the cluster's id
-(docs/sweeps.md, "Trying the Slurm path on one machine")."""
+slurmd per node of an emulated cluster (:mod:`bench.cluster.netns`), each daemon in its
+node's namespace (the controller and munge in node 0's), so that jobs of several nodes
+talk over the shaped link and the cluster's guardian kills the daemons with the
+namespaces; configuration, spool and logs in one temporary folder named by the cluster's
+id (docs/sweeps.md, "Trying the Slurm path on one machine")."""
 
 from __future__ import annotations
 
@@ -26,13 +24,14 @@ from typing import Any
 
 from bench.cluster.netns import (
     PREFIX,
-    STATE_DIR,
     EmulatedCluster,
     cleanup_leftovers,
     is_alive,
+    owner_alive,
     read_state,
     require_tools,
     run_cmd,
+    state_ids,
     update_state,
 )
 from bench.registry import ConfigError
@@ -52,29 +51,18 @@ def missing_tools() -> list[str]:
 def require_slurm() -> None:
     """Refuse, in one sentence, when a local Slurm cluster cannot be made here."""
     require_tools()  # root, ip, tc
-    missing = missing_tools()
-    if missing:
+    if missing := missing_tools():
         raise ConfigError(
             f"a local Slurm cluster needs {', '.join(missing)} ({PACKAGES}); "
             "without them use --launcher submitit_local"
         )
 
 
-def folder_of(run_id: str) -> Path:
-    """The temporary folder of cluster ``run_id``: conf, munge key and socket, spool, logs."""
-    return Path(tempfile.gettempdir()) / f"{PREFIX}-slurm-{run_id}"
-
-
-def remove_stale_folders() -> list[str]:
+def remove_stale_folders() -> None:
     """Remove the folders of clusters whose owner is gone (after a ``kill -9``)."""
-    removed = []
     for d in Path(tempfile.gettempdir()).glob(f"{PREFIX}-slurm-*"):
-        run_id = d.name.rsplit("-", 1)[-1]
-        state = read_state(run_id)
-        if state is None or not is_alive(state):
+        if not owner_alive(d.name.rsplit("-", 1)[-1]):
             shutil.rmtree(d, ignore_errors=True)
-            removed.append(str(d))
-    return removed
 
 
 def free_subnet() -> str:
@@ -89,19 +77,10 @@ def free_subnet() -> str:
     raise ConfigError(f"no free {SUBNET_BASE}.N.0/24 subnet on this machine")
 
 
-def host_resources() -> tuple[int, int]:
-    """(cores, MiB of memory) of this machine."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    with open("/proc/meminfo") as f:
-        mem_kib = next(int(x.split()[1]) for x in f if x.startswith("MemTotal"))
-    return cores or 1, mem_kib // 1024
-
-
 def render_conf(
     folder: Path, addresses: list[str], cpus: int, mem_mb: int, partition: str, name: str
 ) -> str:
-    """``slurm.conf`` of a cluster whose nodes ``node0..`` have ``addresses``; the
-    controller runs at node 0's address."""
+    """``slurm.conf`` of nodes ``node0..`` at ``addresses``, the controller at node 0's."""
     f = folder
     nodes = "\n".join(
         f"NodeName=node{i} NodeAddr={a} CPUs={cpus} RealMemory={mem_mb} State=UNKNOWN"
@@ -158,9 +137,8 @@ exit 0
 
 
 class SlurmCluster:
-    """munged, slurmctld and ``nodes`` slurmd on an emulated cluster of ``nodes``
-    namespaces; a context manager whose :meth:`down` is idempotent (and runs at exit, on
-    Ctrl-C and on SIGTERM, through the emulated cluster's handlers)."""
+    """munged, slurmctld and one slurmd per namespace of an emulated cluster of ``nodes``;
+    its :meth:`down` is idempotent (and runs at exit and on signals, as the cluster's)."""
 
     def __init__(
         self,
@@ -173,9 +151,12 @@ class SlurmCluster:
         partition: str = PARTITION,
         keep_logs: Path | None = None,
     ) -> None:
-        host_cpus, host_mem = host_resources()
-        self.cpus = cpus or host_cpus
-        self.mem_mb = mem_mb or max(512, host_mem // (2 * max(1, nodes)))
+        if not cpus:
+            cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
+        with open("/proc/meminfo") as f:  # MiB of this machine, half of it shared by the nodes
+            host_mb = next(int(x.split()[1]) for x in f if x.startswith("MemTotal")) // 1024
+        self.cpus = cpus or os.cpu_count() or 1
+        self.mem_mb = mem_mb or max(512, host_mb // (2 * max(1, nodes)))
         if self.cpus < 1 or self.mem_mb < 1:
             raise ConfigError(f"a Slurm node needs >= 1 CPU and memory, got {cpus}, {mem_mb}")
         if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", partition):
@@ -229,7 +210,7 @@ class SlurmCluster:
         # the host reaches the controller over the bridge (sbatch, squeue, scontrol)
         bridge_addr = str(net.net.broadcast_address - 1)
         run_cmd("ip", "addr", "add", f"{bridge_addr}/{net.net.prefixlen}", "dev", net.bridge)
-        self.folder = folder_of(net.run_id)
+        self.folder = Path(tempfile.gettempdir()) / f"{PREFIX}-slurm-{net.run_id}"
         shutil.rmtree(self.folder, ignore_errors=True)
         self.folder.mkdir(mode=0o700)
         (self.folder / "state").mkdir()
@@ -258,14 +239,16 @@ class SlurmCluster:
         update_state(net.run_id, slurm_pids={k: p.pid for k, p in self.procs.items()})
 
     def _daemon(self, name: str, node: int, argv: list[str]) -> None:
-        """Start ``argv`` in node ``node``'s namespace (``nsenter``: it keeps this machine's
-        /sys, where slurmd finds its cgroup tree)."""
+        """Start ``argv`` in node ``node``'s namespace (``nsenter`` keeps this machine's /sys)."""
         assert self.net is not None
         ns = f"/run/netns/{self.net.ns(node)}"
+        path = os.pathsep.join(
+            [os.environ.get("PATH", ""), "/usr/sbin", "/sbin", "/usr/bin", "/bin"]
+        )
         log = open(self.folder / f"{name}.out", "wb")  # noqa: SIM115  (the daemon's)
         with log:
             self.procs[name] = subprocess.Popen(
-                ["nsenter", f"--net={ns}", *argv], env={**self.env(), "PATH": _path()},
+                ["nsenter", f"--net={ns}", *argv], env={**self.env(), "PATH": path},
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
 
@@ -332,12 +315,6 @@ class SlurmCluster:
         }
 
 
-def _path() -> str:
-    """PATH with the system folders where the daemons live."""
-    extra = ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
-    return os.pathsep.join([*os.environ.get("PATH", "").split(os.pathsep), *extra])
-
-
 def tail(path: Path, n: int = 5) -> str:
     """The last ``n`` lines of ``path``, joined with `` | `` (or why there are none)."""
     try:
@@ -347,21 +324,11 @@ def tail(path: Path, n: int = 5) -> str:
     return " | ".join(lines[-n:]) or f"{path} is empty"
 
 
-def live_clusters() -> dict[str, dict[str, Any]]:
-    """The local Slurm clusters ``slurm-up`` holds on this machine, by id: their owner's
-    state (a cluster a program holds in-process is its own to stop)."""
-    out = {}
-    for p in STATE_DIR.glob("*.json") if STATE_DIR.exists() else []:
-        state = read_state(p.stem)
-        if state and state.get("slurm_up") and is_alive(state):
-            out[p.stem] = state
-    return out
-
-
 def stop(run_id: str | None = None, timeout_s: float = 60.0) -> list[str]:
-    """``slurm-down``: ask the owner of each live cluster (or of ``run_id``) to take it
-    down, and wait; then remove what dead owners left.  The ids stopped."""
-    clusters = live_clusters()
+    """``slurm-down``: ask the owners of the live clusters (or of ``run_id``) to take them
+    down, wait, then remove what dead owners left; the ids stopped."""
+    states = {rid: read_state(rid) or {} for rid in state_ids()}
+    clusters = {rid: st for rid, st in states.items() if st.get("slurm_up") and is_alive(st)}
     if run_id is not None:
         if run_id not in clusters:
             raise ConfigError(f"no local Slurm cluster {run_id}; running: {sorted(clusters)}")
@@ -383,8 +350,8 @@ def stop(run_id: str | None = None, timeout_s: float = 60.0) -> list[str]:
 
 
 def serve(cluster: SlurmCluster, out: Any = sys.stdout) -> None:
-    """``slurm-up``: bring the cluster up, print how to use it, hold it until Ctrl-C,
-    SIGTERM (``slurm-down``) or a crash, then take everything down."""
+    """``slurm-up``: bring the cluster up, say how to use it, hold it until a signal or a
+    crash, then take everything down."""
     with cluster:
         info = cluster.describe()
         update_state(info["run_id"], slurm_up=True)  # slurm-down may stop it

@@ -1,7 +1,7 @@
 """The ``local`` and ``multinode`` launchers: torch.distributed's elastic agents on real
-hosts (``local``: this machine, one agent in-process or one per emulated node;
-``multinode``: node ``cluster.node_rank`` of a real cluster).  Each worker runs
-``python -m bench.train --config <run.json>`` (docs/internals/launch.md)."""
+hosts (``local``: this machine, one agent in-process or one per node; ``multinode``: node
+``cluster.node_rank`` of a real cluster), each worker ``python -m bench.train --config
+<run.json>``; and the watchdog over the agents of every launcher (docs/internals/launch.md)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.cluster.config import ClusterConfig
+from bench.cluster.netns import proc_stat
 from bench.registry import ConfigError
 from bench.results.events import EVENTS_ENV, FAILURE, QUEUE_KEY, events_env, is_queue, log_event
 
@@ -26,20 +27,19 @@ WORKER_MODULE = "bench.train"
 AGENT_MODULE = "bench.cluster.agent"  # torchrun, noting failed worker groups
 GENERATION_ENV = "BENCH_GENERATION"  # one token per rendezvous round, the same on every node
 LAUNCHER_ENV = "BENCH_LAUNCHER_PID"  # an agent dies with this process (bench.cluster.agent)
+MARGIN_S = 15.0  # a stopped run ends within comm.timeout_s plus this (docs/troubleshooting.md)
+GRACE_S = 10.0  # from SIGTERM to SIGKILL of what is left of a run
+STOPPED = "stopped"  # event: a process of the run stopped responding (who, reason)
 
 
 def instrument_agent() -> None:
-    """Patch torch's local elastic agent in place: each failed worker group is noted in
-    ``$BENCH_EVENTS``, and each rendezvous round's workers get ``$BENCH_GENERATION``,
-    a token shared by every node's agent of that round."""
+    """Patch torch's local elastic agent in place: failed worker groups noted in
+    ``$BENCH_EVENTS``, each rendezvous round's workers given one ``$BENCH_GENERATION``."""
     # deferred: torch takes seconds to load, and this module is read without it
     from torch.distributed.elastic.agent.server.api import WorkerState
-    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent as A
 
-    monitor_workers, start_workers = (
-        LocalElasticAgent._monitor_workers,
-        LocalElasticAgent._start_workers,
-    )
+    monitor_workers, start_workers = A._monitor_workers, A._start_workers
     if getattr(monitor_workers, "_bench", False):
         return
 
@@ -64,8 +64,7 @@ def instrument_agent() -> None:
         return start_workers(self, worker_group)
 
     monitor._bench = True  # type: ignore[attr-defined]
-    LocalElasticAgent._monitor_workers = monitor  # type: ignore[method-assign]
-    LocalElasticAgent._start_workers = start  # type: ignore[method-assign]
+    A._monitor_workers, A._start_workers = monitor, start  # type: ignore[method-assign]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -74,16 +73,21 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def worker_threads(threads_per_worker: int, workers: int) -> int:
+    """Intra-op threads per worker: ``cluster.threads_per_worker``, else the launcher's
+    ``OMP_NUM_THREADS``, else this machine's cores shared by its ``workers``."""
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    if threads_per_worker or (env.isdigit() and int(env) > 0):
+        return threads_per_worker or int(env)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // workers)
+
+
 def worker_env(c: ClusterConfig) -> dict[str, str]:
-    """This process's environment with the workers' intra-op thread count."""
-    env = {**os.environ, LAUNCHER_ENV: str(os.getpid())}
-    if c.threads_per_worker:
-        env["OMP_NUM_THREADS"] = str(c.threads_per_worker)
-    else:  # the cores shared among the workers of every node that runs on this machine
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-        here = c.nproc_per_node * (c.nnodes if c.name == "local" else 1)
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (cores or os.cpu_count() or 1) // here)))
-    return env
+    """This process's environment with the workers' thread count (``local``: every node here)."""
+    here = c.nproc_per_node * (c.nnodes if c.name == "local" else 1)
+    threads = worker_threads(c.threads_per_worker, here)
+    return {**os.environ, LAUNCHER_ENV: str(os.getpid()), "OMP_NUM_THREADS": str(threads)}
 
 
 def torchrun_cmd(
@@ -95,13 +99,8 @@ def torchrun_cmd(
     is_host: bool | None = None,
     local_addr: str = "",
 ) -> list[str]:
-    """The command line of one node's agent (torchrun; the c10d rendezvous ranks the
-    nodes, so no node rank is passed; ``is_host``: whether it hosts the rendezvous store,
-    None: torch guesses from the endpoint's host name; ``local_addr``: this node's address
-    as the others reach it, "": its host name's).  The node ranked first hosts the
-    workers' store at its ``local_addr``: where every node has the same host name (network
-    namespaces), without it the workers of the other nodes wait on an address that is
-    their own."""
+    """One node's agent command; the c10d rendezvous ranks the nodes.  ``is_host`` (None: torch's
+    guess) and ``local_addr`` ("": the host name's) matter where nodes share one host name."""
     host = "" if is_host is None else f",is_host={int(is_host)}"
     return [
         sys.executable, "-m", AGENT_MODULE,
@@ -114,8 +113,14 @@ def torchrun_cmd(
     ]  # fmt: skip
 
 
-def _launch_in_process(c: ClusterConfig, run_json: Path) -> int:
-    """One node: the elastic agent runs in this process."""
+def launch_local(c: ClusterConfig, run_json: Path) -> int:
+    """Launcher ``local``: one node's agent in this process, several nodes' in their own."""
+    if c.nnodes > 1:
+        env = {**worker_env(c), **events_env(run_json)}
+        endpoint, rdzv_id = f"127.0.0.1:{free_port()}", f"bench-{uuid.uuid4().hex[:8]}"
+        cmd = torchrun_cmd(c, run_json, endpoint=endpoint, rdzv_id=rdzv_id)
+        agents = [subprocess.Popen(cmd, env=env, start_new_session=True) for _ in range(c.nnodes)]
+        return wait_all(agents, timeout_s=comm_timeout(run_json), events=env[EVENTS_ENV])
     # deferred: torch takes seconds to load, and this module is read without it
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -143,33 +148,6 @@ def _launch_in_process(c: ClusterConfig, run_json: Path) -> int:
     return 0
 
 
-def launch_local(c: ClusterConfig, run_json: Path) -> int:
-    """Launcher ``local``: every node on this machine."""
-    if c.nnodes == 1:
-        return _launch_in_process(c, run_json)
-    # several "nodes" on this machine: one torchrun agent each, c10d rendezvous on loopback
-    endpoint = f"127.0.0.1:{free_port()}"
-    rdzv_id = f"bench-{uuid.uuid4().hex[:8]}"
-    env = {**worker_env(c), **events_env(run_json)}
-    cmd = torchrun_cmd(c, run_json, endpoint=endpoint, rdzv_id=rdzv_id)
-    agents = [subprocess.Popen(cmd, env=env, start_new_session=True) for _ in range(c.nnodes)]
-    return wait_all(agents, timeout_s=comm_timeout(run_json), events=env[EVENTS_ENV])
-
-
-MARGIN_S = 15.0  # a stopped run ends within comm.timeout_s plus this (docs/troubleshooting.md)
-GRACE_S = 10.0  # from SIGTERM to SIGKILL of what is left of a run
-STOPPED = "stopped"  # event: a process of the run stopped responding (who, reason)
-
-
-def _wait_gone(procs: list[subprocess.Popen], tree: dict[int, Any]) -> None:
-    """Up to :data:`GRACE_S` for every process of ``tree`` to end."""
-    deadline = time.monotonic() + GRACE_S
-    while time.monotonic() < deadline and any(_state(pid) not in ("", "Z") for pid in tree):
-        for p in procs:
-            p.poll()  # reaps an agent that ended
-        time.sleep(0.1)
-
-
 def comm_timeout(run_json: Path) -> float:
     """The longest ``comm.timeout_s`` of the run (of the runs of a queue) of ``run_json``."""
     payload = json.loads(Path(run_json).read_text())
@@ -181,13 +159,10 @@ def comm_timeout(run_json: Path) -> float:
 def descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (children, grandchildren ...), from ``/proc``."""
     children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        ppid = int(text[text.rindex(")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(stat.parent.name))
+    for p in Path("/proc").iterdir():
+        fields = proc_stat(p.name) if p.name.isdigit() else None
+        if fields:
+            children.setdefault(int(fields[1]), []).append(int(p.name))
     out, todo = [], [pid]
     while todo:
         kids = children.get(todo.pop(), [])
@@ -198,11 +173,8 @@ def descendants(pid: int) -> list[int]:
 
 def _state(pid: int) -> str:
     """The process's state letter (``T``: stopped), "" when it is gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    return text[text.rindex(")") + 2]
+    fields = proc_stat(pid)
+    return fields[0] if fields else ""
 
 
 def _who(pid: int, agent: int, agent_pid: int) -> str:
@@ -234,26 +206,23 @@ def wait_all(
     poll_s: float = 0.5,
     limit_s: float = math.inf,
 ) -> int:
-    """Wait on every agent at once: the first non-zero exit status ends the run (0 if
-    none).  A process of the run stopped (SIGSTOP) for ``timeout_s``, or an agent still
-    there ``timeout_s`` after the others ended well, ends it too, named in ``events`` (for
-    the launcher to report with the run's record; on stderr without them); TimeoutError
-    after ``limit_s``.  What is left is stopped with its process groups (each agent and
-    each worker leads one), also when this wait itself is interrupted."""
+    """Wait on every agent: the first non-zero exit status ends the run (0 if none), as does
+    a process stopped for ``timeout_s`` or an agent left ``timeout_s`` after the others ended
+    well (named in ``events``, else on stderr); TimeoutError after ``limit_s``.  What is left
+    is stopped with its process groups, also when the wait itself is interrupted."""
     rc, stopped_since, since_ok, start = 0, {}, None, time.monotonic()
     note: list[str] = []
     try:
         while True:
             codes = [p.poll() for p in procs]
             rc = next((c for c in codes if c), 0)
+            tree = _tree(procs)
+            stopped = [pid for pid in tree if _state(pid) in ("T", "t")]
             if rc or all(c is not None for c in codes):
-                note = [_who(pid, *a) + " was stopped" for pid, a in _tree(procs).items()
-                        if _state(pid) in ("T", "t")]  # fmt: skip
+                note = [f"{_who(pid, *tree[pid])} was stopped" for pid in stopped]
                 break
             now = time.monotonic()
-            tree = _tree(procs)
-            stopped_since = {pid: stopped_since.get(pid, now) for pid in tree
-                             if _state(pid) in ("T", "t")}  # fmt: skip
+            stopped_since = {pid: stopped_since.get(pid, now) for pid in stopped}
             late = [pid for pid, t in stopped_since.items() if now - t >= timeout_s]
             if any(c == 0 for c in codes):
                 since_ok = since_ok or now
@@ -261,13 +230,16 @@ def wait_all(
                 raise TimeoutError(f"the run did not finish within {limit_s:.0f} s")
             if late or (since_ok and now - since_ok >= timeout_s):
                 rc = 1
-                note = (
-                    [f"{_who(pid, *tree[pid])} stopped responding (stopped for {timeout_s:g} s, "
-                     "comm.timeout_s)" for pid in late]
-                    or [f"agent {i} (pid {p.pid}) did not end within {timeout_s:g} s "
-                        "(comm.timeout_s) of the others" for i, p in enumerate(procs)
-                        if p.poll() is None]
-                )  # fmt: skip
+                note = [
+                    f"{_who(pid, *tree[pid])} stopped responding (stopped for {timeout_s:g} s, "
+                    "comm.timeout_s)"
+                    for pid in late
+                ] or [
+                    f"agent {i} (pid {p.pid}) did not end within {timeout_s:g} s "
+                    "(comm.timeout_s) of the others"
+                    for i, p in enumerate(procs)
+                    if p.poll() is None
+                ]
                 break
             time.sleep(poll_s)
     finally:
@@ -296,11 +268,19 @@ def stop_all(procs: list[subprocess.Popen]) -> None:
     for pid in tree:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGCONT)
-    _wait_gone(procs, tree)
+
+    def wait_gone() -> None:
+        deadline = time.monotonic() + GRACE_S
+        while time.monotonic() < deadline and any(_state(pid) not in ("", "Z") for pid in tree):
+            for p in procs:
+                p.poll()  # reaps an agent that ended
+            time.sleep(0.1)
+
+    wait_gone()
     for g in groups:
         with contextlib.suppress(OSError):
             os.killpg(g, signal.SIGKILL)
-    _wait_gone(procs, tree)
+    wait_gone()
     for p in procs:
         with contextlib.suppress(subprocess.TimeoutExpired):
             p.wait(timeout=GRACE_S)
@@ -318,11 +298,10 @@ def check_multinode(c: ClusterConfig) -> None:
 
 
 def launch_multinode(c: ClusterConfig, run_json: Path) -> int:
-    """Launcher ``multinode``: this machine's agent; the other nodes run the same command."""
+    """Launcher ``multinode``: this machine's agent; the other nodes run the same command
+    (node 0 hosts the store: the endpoint's name need not resolve to its own address)."""
     check_multinode(c)
     rdzv_id = c.rdzv_id or "topk-bench"
-    # node 0 hosts the store: the endpoint's name need not resolve to this node's own
-    # address (a node behind several interfaces, or in a network namespace)
     cmd = torchrun_cmd(c, run_json, endpoint=c.rdzv_endpoint, rdzv_id=rdzv_id,
                        is_host=c.node_rank == 0, local_addr=c.local_addr)  # fmt: skip
     env = {**worker_env(c), **events_env(run_json)}

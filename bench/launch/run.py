@@ -45,9 +45,11 @@ LAUNCHERS = {
     "multinode": (torchrun.launch_multinode, torchrun.check_multinode),
     "emulated": (emulated.launch_emulated, emulated.check_emulated),
 }
-
-
-SEED_MAX = 2**32 - 1
+SEED_MAX = 2**32 - 1  # numpy's and scikit-learn's seeds are 32-bit
+# s: rank 0 alone evaluates, checkpoints and writes the record between two collectives
+# while the other ranks wait under comm.timeout_s (1 s failed at a tiny run's end on 2 cores)
+MIN_COMM_TIMEOUT_S = 10.0
+FAILED = ("error", "interrupted")  # a record's statuses that make the launcher exit non-zero
 
 
 def check_cluster(cfg: Config) -> None:
@@ -70,9 +72,8 @@ def launch_workers(cfg: Config, run_json: Path) -> int:
 
 
 def validate(cfg: Config, *, create_results: bool = True) -> None:
-    """All configuration-time checks (ranges and checks across groups, each in the package
-    that owns the group), before any worker starts; a dry run only inspects the results
-    directory (``create_results=False``)."""
+    """Every configuration-time check, before any worker starts (``create_results=False``:
+    a dry run's, which creates nothing)."""
     # first: a range check such as ``lr > 0`` passes inf, and every check passes NaN
     bad = non_finite(to_container(cfg))
     if bad:
@@ -155,7 +156,7 @@ def _validate_train(cfg: Config) -> None:
             f"train.keep_checkpoints >= 1, got {t.checkpoint_every} and {t.keep_checkpoints}"
         )
     for key, seed in (("train.seed", t.seed), ("data.split_seed", cfg.data.split_seed)):
-        if not 0 <= seed <= SEED_MAX:  # numpy's and scikit-learn's seeds are 32-bit
+        if not 0 <= seed <= SEED_MAX:
             raise ConfigError(f"{key} must be in 0..{SEED_MAX} (2**32 - 1), got {seed}")
     c = cfg.cluster
     if cfg.comm.timeout_s <= 0 or c.rdzv_timeout_s <= 0 or c.max_restarts < 0:
@@ -165,15 +166,9 @@ def _validate_train(cfg: Config) -> None:
         )
 
 
-# s: rank 0 alone evaluates, checkpoints and writes the record between two collectives
-# while the other ranks wait under comm.timeout_s (1 s failed at a tiny run's end on 2 cores)
-MIN_COMM_TIMEOUT_S = 10.0
-
-
 def _check_fit(cfg: Config) -> None:
     """What only the workers would find out: a comm timeout shorter than the waits between
-    collectives, an image size the model cannot take, or one whose data set and batches
-    need more memory than this machine has (training on CPU: the activations too)."""
+    collectives, an image size the model or this machine's memory cannot take."""
     if cfg.comm.timeout_s < MIN_COMM_TIMEOUT_S:
         raise ConfigError(
             f"comm.timeout_s={cfg.comm.timeout_s:g} is shorter than the workers wait for each "
@@ -183,8 +178,8 @@ def _check_fit(cfg: Config) -> None:
         return
     c, d = cfg.cluster, cfg.data
     here = c.nproc_per_node * (1 if c.name == "multinode" else c.nnodes)  # on this machine
-    # the activations are this machine's memory when it trains on the CPU: asked for, or
-    # no device asked and none here (train.device=cuda keeps them on the GPU it names)
+    # the activations are in this machine's memory when it trains on the CPU: asked for,
+    # or no device asked and none here (train.device=cuda keeps them on the GPU it names)
     device = str(cfg.train.device)
     cpu = device == "cpu" or (device != "cuda" and not torch.cuda.is_available())
     batch, free = d.batch_size // (c.nproc_per_node * c.nnodes), emulated.available_memory()
@@ -201,7 +196,7 @@ def _check_fit(cfg: Config) -> None:
 
 def check_results_dir(results_dir: str, *, create: bool = True) -> None:
     """Refuse a results directory the run could not write to; ``create`` (not in a dry run)
-    then makes it and writes a scratch file in it (a full or read-only file system)."""
+    makes it and writes a scratch file in it (a full or read-only file system)."""
     res = Path(results_dir)
     where = f"results.dir={results_dir!r}"
     if not str(results_dir).strip():
@@ -247,19 +242,17 @@ def run(
     output_dir: str | Path | None = None,
     checked: bool = False,
 ) -> tuple[int, dict[str, Any] | None]:
-    """Validate, launch, and return (exit status, the run's record); ``checked``: the
-    caller has made :func:`validate`'s checks already."""
-    launch_time = time.time()
-    cfg = to_object(cfg)
-    run_meta = prepare(cfg, experiment, launch_time, checked=checked)
-    return launch_and_record(cfg, run_meta, output_dir)
+    """Validate (unless ``checked``), launch; (exit status, the run's record)."""
+    launch_time, cfg = time.time(), to_object(cfg)
+    return launch_and_record(
+        cfg, prepare(cfg, experiment, launch_time, checked=checked), output_dir
+    )
 
 
 def prepare(
     cfg: Config, experiment: str, launch_time: float, quiet: bool = False, checked: bool = False
 ) -> dict[str, Any]:
-    """Validate ``cfg`` and set its emulated link (``cluster.profile``); the run's metadata
-    (run id, start and launch time, experiment, the profile applied)."""
+    """Validate ``cfg`` and set its emulated link (``cluster.profile``); the run's metadata."""
     if checked:  # some checks read whole files (a corpus, a tokenizer): not twice
         check_results_dir(cfg.results.dir)
     else:
@@ -282,8 +275,8 @@ def prepare(
 def resume(
     run_id: str, overrides: list[str], results_dir: str = ResultsConfig.dir
 ) -> tuple[int, dict[str, Any] | None]:
-    """Continue run ``run_id`` from its last checkpoint as a new ``attempt`` of its record;
-    ``overrides`` may change only what :data:`bench.train.checkpoint.MAY_DIFFER` lists."""
+    """Continue run ``run_id`` from its last checkpoint as a new ``attempt`` of its record
+    (``overrides``: only what ``bench.train.checkpoint.MAY_DIFFER`` lists)."""
     with resume_lock(_results_dir(overrides, results_dir), run_id):
         cfg, run_meta, path = prepare_resume(run_id, overrides, results_dir)
         print(f"resuming run {run_id} from {path} (attempt {run_meta['attempt']})", flush=True)
@@ -292,24 +285,20 @@ def resume(
 
 @contextlib.contextmanager
 def resume_lock(results_dir: str, run_id: str) -> Iterator[None]:
-    """Hold ``checkpoints/<run_id>.lock`` while the run is resumed: a second resume of it
-    is refused (ConfigError); without a checkpoint folder there is nothing to lock."""
+    """Hold ``checkpoints/<run_id>.lock`` while the run is resumed: a second resume is refused."""
     path = Path(f"{ck.run_dir(results_dir, run_id)}.lock")
     if not path.parent.is_dir():
         yield
         return
-    lock = FileLock(str(path))
     try:
-        lock.acquire(timeout=0)
+        held = FileLock(str(path)).acquire(timeout=0)
     except Timeout:
         raise ConfigError(
             f"run {run_id} is being resumed by another process (it holds {path}); "
             "wait for it to end"
         ) from None
-    try:
+    with held:
         yield
-    finally:
-        lock.release()
 
 
 def _results_dir(overrides: list[str], default: str) -> str:
@@ -319,8 +308,7 @@ def _results_dir(overrides: list[str], default: str) -> str:
 def prepare_resume(
     run_id: str, overrides: list[str], results_dir: str = ResultsConfig.dir, dry: bool = False
 ) -> tuple[Config, dict[str, Any], str]:
-    """The checks of :func:`resume` (``dry``: nothing created); the config, run metadata
-    and checkpoint path to resume from."""
+    """The checks of :func:`resume` (``dry``: nothing created): config, metadata, checkpoint."""
     results_dir = _results_dir(overrides, results_dir)
     skipped: list[str] = []
     manifest = ck.latest(results_dir, run_id, skipped)
@@ -396,10 +384,8 @@ def guarded_launch(cfg: Config, run_json: Path) -> tuple[int, str, str | None, E
 
 
 def write_run_json(out: Path, payload: dict[str, Any]) -> Path:
-    """``out/run-<run id>.json``: what the workers of a run read (config and run metadata);
-    ``run-<run id>.node<k>.json`` for node k > 0 of a multi-node run, whose nodes share the
-    run id and may share ``out`` (a Slurm job's folder): each node's own config (its rank
-    and address), whole when its workers read it."""
+    """``out/run-<run id>.json``, what the run's workers read (``.node<k>.json`` for node k > 0
+    of a multi-node run, whose nodes share the run id and may share ``out``)."""
     out.mkdir(parents=True, exist_ok=True)
     c = payload["config"]["cluster"]
     node = int(c.get("node_rank") or 0) if c.get("name") == "multinode" else 0
@@ -414,28 +400,21 @@ def launch_and_record(
     """Launch the workers of a run; afterwards a record exists whatever happened."""
     payload = {"config": to_container(cfg), "run": run_meta}
     out = Path(output_dir) if output_dir else Path(tempfile.mkdtemp(prefix="bench-run-"))
-    run_json = write_run_json(out, payload)
     try:
-        launched = launch_runs([cfg], [payload], run_json)
+        launched = launch_runs([cfg], [payload], write_run_json(out, payload))
     finally:
         if not output_dir:  # our own temporary folder (a resume's): its workers are done
             shutil.rmtree(out, ignore_errors=True)
     if launched.raised is not None:
         raise launched.raised
-    rc, rec = launched.rc, launched.records[0]
-    if rec is not None and rec["status"] in FAILED:
-        rc = rc or 1
-    return rc, rec
-
-
-FAILED = ("error", "interrupted")  # a record's statuses that make the launcher exit non-zero
+    rec = launched.records[0]
+    return launched.rc or int(rec is not None and rec["status"] in FAILED), rec
 
 
 @dataclass
 class Launched:
-    """One launch of the workers: exit status, status, the launcher's own exception, and
-    for each run up to the one training when it ended, its record (None on a node other
-    than 0) and whether the workers wrote it."""
+    """One launch: exit status, status, the launcher's own exception, and for each run up to
+    the one training when it ended its record (None off node 0) and whether workers wrote it."""
 
     rc: int
     status: str
@@ -450,9 +429,8 @@ def launch_runs(
     launch_json: Path,
     agent_log: Path | None = None,
 ) -> Launched:
-    """Launch the workers of ``launch_json`` (a run's, or a queue's of ``payloads``) and
-    record what they did not: an ``error``/``interrupted`` record for the run training
-    when the launch ended (with ``agent_log``'s notes); the runs after it are left."""
+    """Launch the workers of ``launch_json`` (a run's or a queue's) and record the run that
+    was training when the launch ended, if its workers did not (with ``agent_log``'s notes)."""
     since = time.time()
     # room for the record of a run the workers could not record, should the disk fill up
     room = reserve.hold(cfgs[0].results.dir, launch_json.stem)

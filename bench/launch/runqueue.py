@@ -5,6 +5,7 @@ shared (docs/internals/sweeps.md)."""
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import time
 from collections.abc import Sequence
@@ -12,22 +13,16 @@ from pathlib import Path
 from typing import Any
 
 from bench.config import to_container, to_object
-from bench.launch.run import launch_runs, prepare, write_run_json
+from bench.launch.run import FAILED, launch_runs, prepare, write_run_json
 from bench.results import records, reserve, whole
 from bench.results.events import QUEUE_KEY
 
-# --- in the launcher --------------------------------------------------------------------
+WARMUP_STEPS = 5
 
 
 def _sessions(keys: Sequence[str]) -> list[list[int]]:
     """Indices grouped into runs of consecutive equal ``keys`` (one launch each)."""
-    out: list[list[int]] = []
-    for i, k in enumerate(keys):
-        if out and keys[out[-1][-1]] == k:
-            out[-1].append(i)
-        else:
-            out.append([i])
-    return out
+    return [list(g) for _, g in itertools.groupby(range(len(keys)), key=lambda i: keys[i])]
 
 
 def run_queue(
@@ -38,10 +33,8 @@ def run_queue(
     labels: Sequence[str] | None = None,
     warmup: bool = True,
 ) -> list[tuple[int, dict[str, Any] | None]]:
-    """Validate every run, then launch consecutive runs with the same cluster config once
-    each; returns (exit status, record) per run, in order (status 0: recorded by the
-    workers; a run never started, after an interrupt: (130, None))."""
-
+    """Validate every run, then launch each series with one cluster config once; (exit
+    status, record) per run, in order ((130, None): never started, after an interrupt)."""
     launch_time = time.time()
     typed = [to_object(c) for c in cfgs]
     metas = [prepare(c, experiment, launch_time, quiet=i > 0) for i, c in enumerate(typed)]
@@ -73,8 +66,7 @@ def run_queue(
 
 
 def warmup_config(cfg: Any, out: Path) -> Any:
-    """A few steps of ``cfg``, recorded apart (``out/warmup``), run first in each launch so that
-    the first real run finds the workers as warm as the later ones."""
+    """A few steps of ``cfg``, recorded apart, first in each launch: the workers warm."""
     w = copy.deepcopy(cfg)
     w.cluster.profile = None  # the link ``cfg``'s profile chose stays; nothing timed again
     w.results.dir = str(out / "warmup")
@@ -86,15 +78,11 @@ def warmup_config(cfg: Any, out: Path) -> Any:
     return w
 
 
-WARMUP_STEPS = 5
-
-
 def _launch(
     qid: str, cfgs: list[Any], metas: list[dict[str, Any]], labels: list[str], out: Path
 ) -> tuple[list[tuple[int, dict[str, Any] | None] | None], bool]:
-    """One launch of the workers for ``cfgs``: per run (status, record), None for the runs
-    after a failure (to be launched again); and whether to stop (an interrupt)."""
-
+    """One launch for ``cfgs``: per run (status, record) or None (after a failure, to be
+    launched again); and whether to stop (an interrupt)."""
     payloads, paths = [], []
     for i, (cfg, meta, label) in enumerate(zip(cfgs, metas, labels)):
         meta["queue"] = {"id": qid, "index": i, "size": len(cfgs), "label": label}
@@ -110,12 +98,8 @@ def _launch(
         raised = launched.raised
         why = reserve.no_space(raised, cfgs[0].results.dir) or f"{type(raised).__name__}: {raised}"
         print(f"error: queue {qid}: {why}", flush=True)
-    results: list[tuple[int, dict[str, Any] | None] | None] = []
-    for rec, by_workers in zip(launched.records, launched.by_workers):
-        if by_workers:
-            assert rec is not None
-            results.append((0 if rec["status"] not in ("error", "interrupted") else 1, rec))
-        else:  # the run that was training when the launch ended
-            results.append((launched.rc or 1, rec))
-    results += [None] * (len(cfgs) - len(launched.records))
-    return results, launched.status == "interrupted"
+    results: list[tuple[int, dict[str, Any] | None] | None] = [
+        (int(rec["status"] in FAILED) if by_workers else launched.rc or 1, rec)  # type: ignore[index]
+        for rec, by_workers in zip(launched.records, launched.by_workers)
+    ]  # the run that was training when the launch ended: the launch's status
+    return results + [None] * (len(cfgs) - len(launched.records)), launched.status == "interrupted"

@@ -26,9 +26,10 @@ except ImportError:  # pragma: no cover
     _SubmititSlurm = object
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-# hydra-submitit-launcher's own configs, beside conf/hydra/launcher/*.yaml
-BUILTIN = ("submitit_local", "submitit_slurm")
+BUILTIN = ("submitit_local", "submitit_slurm")  # the plugin's own, beside conf/hydra/launcher
 POLL_S = 5.0
+GRES_GPU = re.compile(r"gpu(?::[^:,(]+)?:(\d+)")
+FAILED = ("interrupted", "error")  # a record's statuses of a run that did not end
 
 
 def launchers() -> list[str]:
@@ -38,8 +39,7 @@ def launchers() -> list[str]:
 
 
 def split_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str], str]:
-    """(the jobs' overrides, the ``hydra.*`` overrides, the ``hydra/launcher=`` choice or
-    "")."""
+    """(the jobs' overrides, the ``hydra.*`` ones, the ``hydra/launcher=`` choice or "")."""
     jobs, hydra, choice = [], [], ""
     for o in overrides:
         if o.startswith("hydra/launcher="):
@@ -70,13 +70,9 @@ def is_slurm(launcher: str) -> bool:
     return launcher != "submitit_local"
 
 
-GRES_GPU = re.compile(r"gpu(?::[^:,(]+)?:(\d+)")
-
-
 @dataclass(frozen=True)
 class Partition:
-    """What the nodes of a Slurm partition offer (``sinfo``): its name, node count and the
-    largest node's CPUs, memory (MiB) and GPUs (GRES)."""
+    """A Slurm partition (``sinfo``): its nodes, and its largest node's CPUs, MiB and GPUs."""
 
     name: str
     nodes: int
@@ -88,16 +84,13 @@ class Partition:
 
 def parse_sinfo(text: str, partition: str | None) -> Partition | None:
     """``sinfo --noheader --Node --format=%N|%P|%c|%m|%G`` of ``partition`` (None: the
-    default one, marked ``*``); None when the output names no such partition."""
+    default one); None when the output names no such partition."""
     rows = [ln.split("|") for ln in text.splitlines() if ln.count("|") == 4]
     if partition is None:
         partition = next((r[1].rstrip("*") for r in rows if r[1].endswith("*")), None)
     rows = [r for r in rows if r[1].rstrip("*") == partition]
     if not rows:
         return None
-
-    def gpus(gres: str) -> int:
-        return sum(int(g) for g in GRES_GPU.findall(gres))
 
     def num(x: str) -> int:
         return int(re.sub(r"\D.*", "", x) or 0)
@@ -107,20 +100,17 @@ def parse_sinfo(text: str, partition: str | None) -> Partition | None:
         nodes=len({r[0] for r in rows}),
         cpus=max(num(r[2]) for r in rows),
         mem_mb=max(num(r[3]) for r in rows),
-        gpus=max(gpus(r[4]) for r in rows),
+        gpus=max(sum(int(g) for g in GRES_GPU.findall(r[4])) for r in rows),
         gres=",".join(sorted({r[4] for r in rows})),
     )
 
 
 def partition_info(partition: str | None) -> Partition | None:
-    """The partition's nodes as ``sinfo`` reports them; None where there is no ``sinfo``
-    (submitit's local executor, a machine outside the cluster)."""
-    if shutil.which("sinfo") is None:
-        return None
+    """The partition as ``sinfo`` reports it; None where there is no ``sinfo``."""
     cmd = ["sinfo", "--noheader", "--Node", "--format=%N|%P|%c|%m|%G"]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
+    except (OSError, subprocess.TimeoutExpired):  # no sinfo
         return None
     if p.returncode != 0:
         return None
@@ -134,37 +124,34 @@ def partition_info(partition: str | None) -> Partition | None:
     return info
 
 
-def given_keys(hydra_overrides: Sequence[str]) -> set[str]:
-    """The ``hydra.launcher.*`` keys the user set (they are never replaced)."""
-    return {o.split("=", 1)[0].removeprefix("hydra.launcher.").lstrip("+")
-            for o in hydra_overrides if o.lstrip("+").startswith("hydra.launcher.")}  # fmt: skip
+def _launcher_keys(hydra_overrides: Sequence[str]) -> dict[str, str]:
+    """The ``hydra.launcher.*`` keys the user set, with their values."""
+    pairs = (o.lstrip("+").partition("=") for o in hydra_overrides)
+    return {
+        k.removeprefix("hydra.launcher."): v for k, _, v in pairs if k.startswith("hydra.launcher.")
+    }
 
 
-def partition_of(hydra_overrides: Sequence[str]) -> str | None:
-    for o in hydra_overrides:
-        key, _, value = o.lstrip("+").partition("=")
-        if key == "hydra.launcher.partition" and value not in ("", "null"):
-            return value
-    return None
+def _partition(launcher: str, hydra_overrides: Sequence[str]) -> Partition | None:
+    """On Slurm, the partition ``hydra.launcher.partition`` names (else the default one)."""
+    name = _launcher_keys(hydra_overrides).get("partition") or None
+    return partition_info(None if name == "null" else name) if is_slurm(launcher) else None
 
 
 def resources(
     launcher: str, cfg: Any, partition: Partition | None = None, given: Sequence[str] = ()
 ) -> list[str]:
-    """The ``hydra.launcher.*`` overrides of one job's allocation: on Slurm the nodes of
-    its topology, one task per node with a CPU per worker (times
-    ``cluster.threads_per_worker``), and a GPU per worker only where it trains on GPUs
-    (``train.device=cuda``, or ``auto`` on a partition with GPUs; unknown partition:
-    GPUs); keys in ``given`` are the user's and left alone; otherwise nothing."""
+    """One job's allocation on Slurm (``hydra.launcher.*`` overrides, none elsewhere): its
+    nodes, one task per node, a CPU per worker thread, a GPU per worker where it trains on
+    GPUs (``cuda``, or ``auto`` on a partition with some or unknown); ``given`` left alone."""
     if not is_slurm(launcher):
         return []
     c = cfg.cluster
     multi = c.name == "multinode"
-    n = int(c.nnodes) if multi else 1
     workers = int(c.nproc_per_node) * (1 if multi else int(c.nnodes))
     device = str(cfg.train.device)
     gpus = device == "cuda" or (device == "auto" and (partition is None or partition.gpus > 0))
-    out = {"nodes": n, "tasks_per_node": 1,
+    out = {"nodes": int(c.nnodes) if multi else 1, "tasks_per_node": 1,
            "cpus_per_task": workers * max(1, int(c.threads_per_worker or 1))}  # fmt: skip
     if gpus:
         out["gpus_per_node"] = workers
@@ -172,22 +159,20 @@ def resources(
 
 
 def check_fit(params: Any, partition: Partition | None) -> None:
-    """ConfigError naming the first ``hydra.launcher`` value that no node of the partition
-    can satisfy (``params``: the launcher's resolved config)."""
+    """ConfigError naming the first ``hydra.launcher`` value no node of the partition fits."""
     if partition is None:
         return
     p = partition
     tasks = int(params.get("tasks_per_node") or 1)
+    cpus = f"its nodes have at most {p.cpus} CPUs for {tasks} task(s)"
     checks = [
-        ("nodes", params.get("nodes"), p.nodes, f"the partition has {p.nodes} node(s)"),
-        ("gpus_per_node", params.get("gpus_per_node"), p.gpus,
-         f"its nodes have at most {p.gpus} GPU(s) (GRES {p.gres})"),
-        ("cpus_per_task", params.get("cpus_per_task"), p.cpus // tasks,
-         f"its nodes have at most {p.cpus} CPUs for {tasks} task(s)"),
-        ("mem_gb", params.get("mem_gb"), p.mem_mb / 1024,
-         f"its nodes have at most {p.mem_mb / 1024:.1f} GB"),
-    ]  # fmt: skip
-    for key, want, have, why in checks:
+        ("nodes", p.nodes, f"the partition has {p.nodes} node(s)"),
+        ("gpus_per_node", p.gpus, f"its nodes have at most {p.gpus} GPU(s) (GRES {p.gres})"),
+        ("cpus_per_task", p.cpus // tasks, cpus),
+        ("mem_gb", p.mem_mb / 1024, f"its nodes have at most {p.mem_mb / 1024:.1f} GB"),
+    ]
+    for key, have, why in checks:
+        want = params.get(key)
         if want is not None and float(want) > have:
             raise ConfigError(
                 f"launcher: hydra.launcher.{key}={want} cannot be satisfied on partition "
@@ -224,8 +209,7 @@ def _hydra_config(overrides: Sequence[str]) -> tuple[Any, Any]:
 
 
 def make_launcher(hydra_overrides: Sequence[str], task: Callable[..., Any]) -> Any:
-    """Hydra's launcher plugin for ``hydra_overrides`` (``hydra/launcher=...`` first),
-    set up as a multirun would set it up (a bad launcher key: one ConfigError line)."""
+    """Hydra's launcher plugin for ``hydra_overrides``, set up as a multirun sets it up."""
     from hydra._internal.callbacks import Callbacks
     from hydra.core.plugins import Plugins
     from hydra.core.utils import setup_globals
@@ -258,12 +242,20 @@ def _executor(launcher: Any) -> Any:
     return ex
 
 
+def _map_array(launcher: Any, overrides: Sequence[Sequence[str]], idx: Sequence[int]) -> list:
+    """Submit one job array, as the plugin's ``launch`` does."""
+    from hydra.core.singleton import Singleton
+
+    args = [(list(o), "hydra.sweep.dir", i, f"job_id_for_{i}", Singleton.get_state())
+            for o, i in zip(overrides, idx)]  # fmt: skip
+    return _executor(launcher).map_array(launcher, *zip(*args))
+
+
 def plan_groups(
     launcher: str, cfgs: Sequence[Any], hydra_overrides: Sequence[str] = ()
 ) -> dict[tuple[str, ...], list[int]]:
     """Job indices grouped by allocation (:func:`resources`), in order of first use."""
-    part = partition_info(partition_of(hydra_overrides)) if is_slurm(launcher) else None
-    given = given_keys(hydra_overrides)
+    part, given = _partition(launcher, hydra_overrides), list(_launcher_keys(hydra_overrides))
     groups: dict[tuple[str, ...], list[int]] = {}
     for i, cfg in enumerate(cfgs):
         groups.setdefault(tuple(resources(launcher, cfg, part, given)), []).append(i)
@@ -271,13 +263,12 @@ def plan_groups(
 
 
 def check_groups(launcher: str, hydra_overrides: Sequence[str], cfgs: Sequence[Any]) -> None:
-    """Compose the launcher's config of every allocation ``cfgs`` need, resolved: a bad
-    launcher key or value, or a request no node of the partition can satisfy, is one
-    ConfigError, before anything is submitted."""
+    """Compose and resolve the launcher's config of every allocation ``cfgs`` need: a bad
+    key or value, or a request no node can satisfy, is one ConfigError before submitting."""
     from omegaconf import OmegaConf
 
     check_launcher(launcher)
-    part = partition_info(partition_of(hydra_overrides)) if is_slurm(launcher) else None
+    part = _partition(launcher, hydra_overrides)
     for alloc in plan_groups(launcher, cfgs, hydra_overrides):
         _, cfg = _hydra_config([f"hydra/launcher={launcher}", *hydra_overrides, *alloc])
         try:
@@ -298,11 +289,8 @@ def submit(
     labels: Sequence[str] | None = None,
     log: Callable[[str], None] = print,
 ) -> list[int]:
-    """Submit every job (complete Hydra overrides; ``cfgs`` their composed configs) through
-    ``launcher`` and wait for all of them; exit status per job (0: the job ended, its run
-    recorded by itself; 1: the job failed, killed or lost)."""
-    from hydra.core.singleton import Singleton
-
+    """Submit every job (``cfgs``: their composed configs) through ``launcher`` and wait; exit
+    status per job (0: ended, its run recorded by itself; 1: failed, killed or lost)."""
     check_launcher(launcher)
     sweep_dir = Path(sweep_dir) / time.strftime("%Y%m%d-%H%M%S")
     names = list(labels) if labels else [" ".join(j) for j in jobs]
@@ -310,11 +298,7 @@ def submit(
             "hydra.sweep.subdir=${hydra.job.num}"]  # fmt: skip
     made = []
     for alloc, idx in plan_groups(launcher, cfgs, hydra_overrides).items():
-        lau = make_launcher([*base, *alloc], task)
-        ex = _executor(lau)
-        args = [(list(jobs[i]), "hydra.sweep.dir", i, f"job_id_for_{i}", Singleton.get_state())
-                for i in idx]  # fmt: skip
-        subs = ex.map_array(lau, *zip(*args))
+        subs = _map_array(make_launcher([*base, *alloc], task), [jobs[i] for i in idx], idx)
         what = " ".join(alloc) or "this machine"
         log(f"submitted {len(subs)} job(s) through {launcher} ({what}): "
             + " ".join(str(s.job_id) for s in subs))  # fmt: skip
@@ -323,7 +307,7 @@ def submit(
             note_jobs(sweep_dir.parent, [(str(s.job_id), names[i]) for i, s in zip(idx, subs)])
     log(f"jobs' Hydra output: {sweep_dir}")
     rcs = [1] * len(jobs)
-    for i, why in zip([i for i, _ in made], wait_jobs([s for _, s in made], names, log)):
+    for (i, _), why in zip(made, wait_jobs([s for _, s in made], names, log)):
         rcs[i] = 0 if why is None else 1
     return rcs
 
@@ -334,9 +318,8 @@ ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 
 
 def slurm_state(job_id: str) -> dict[str, str] | None:
-    """Job ``job_id`` as the controller knows it (``scontrol show job``: JobState, ExitCode,
-    Reason, NodeList, Restarts, ...); ``{}`` when the controller has forgotten it (ended
-    long ago), None when it cannot be asked.  Needs no accounting."""
+    """Job ``job_id``'s ``scontrol show job`` fields (no accounting needed); ``{}`` when the
+    controller has forgotten it, None when it cannot be asked."""
     try:
         p = subprocess.run(["scontrol", "show", "job", "--oneliner", str(job_id)],
                            capture_output=True, text=True, timeout=30)  # fmt: skip
@@ -348,30 +331,13 @@ def slurm_state(job_id: str) -> dict[str, str] | None:
 
 
 def describe_end(fields: dict[str, str]) -> str:
-    """``STATE, exit code N[, signal S][, reason R]`` of an ended job's ``scontrol``
-    fields."""
+    """``STATE, exit code N[, signal S][, reason R]`` of an ended job's ``scontrol`` fields."""
     code = fields.get("ExitCode", "?").split(":")
-    how = f"exit code {code[0]}" + (
-        f", signal {code[1]}" if len(code) > 1 and code[1] != "0" else ""
-    )
+    out = f"{fields.get('JobState', '?')}, exit code {code[0]}"
+    if len(code) > 1 and code[1] != "0":
+        out += f", signal {code[1]}"
     reason = fields.get("Reason", "None")
-    return f"{fields.get('JobState', '?')}, {how}" + (
-        "" if reason in ("None", "") else f", reason {reason}"
-    )
-
-
-def slurm_end(job_id: str) -> str | None:
-    """How job ``job_id`` ended, as the controller says (state, exit code, reason), or
-    None while it is pending, running or requeued.  Works without accounting, where
-    submitit's ``sacct`` never sees a job end."""
-    fields = slurm_state(job_id)
-    if fields is None:
-        return None
-    if not fields:  # purged from the controller's memory: ended long ago, no word left
-        return "gone from the controller"
-    if fields.get("JobState", "") not in ENDED:
-        return None
-    return describe_end(fields)
+    return out if reason in ("None", "") else f"{out}, reason {reason}"
 
 
 def log_tail(job: Any, n: int = 5) -> str:
@@ -387,7 +353,8 @@ def log_tail(job: Any, n: int = 5) -> str:
 
 
 def _outcome(job: Any, slurm: bool) -> tuple[bool, str | None]:
-    """(whether ``job`` has ended, None if it left a result else why not)."""
+    """(whether ``job`` has ended, None if it left a result else why not); on Slurm a job's
+    end is the controller's word (submitit's ``sacct`` needs accounting)."""
     if slurm and job.paths.result_pickle.exists():
         # a requeued job (scontrol requeue, a node lost, a time limit) may have left its
         # first attempt's result: it has ended only when the controller says so
@@ -402,11 +369,10 @@ def _outcome(job: Any, slurm: bool) -> tuple[bool, str | None]:
         if err is None:
             return True, None
         return True, (str(err).strip().splitlines() or ["failed"])[-1][:200]
-    if not slurm:
-        return False, None
-    end = slurm_end(job.job_id)
-    if end is None:
-        return False, None
+    fields = slurm_state(job.job_id) if slurm else None
+    if fields is None or (fields and fields.get("JobState", "") not in ENDED):
+        return False, None  # pending, running, requeued, or the controller not reachable
+    end = describe_end(fields) if fields else "gone from the controller"
     time.sleep(1.0)  # the result is written before the job's end: one last look
     if job.paths.result_pickle.exists():
         return _outcome(job, slurm)
@@ -414,10 +380,7 @@ def _outcome(job: Any, slurm: bool) -> tuple[bool, str | None]:
 
 
 def wait_jobs(jobs: Sequence[Any], names: Sequence[str], log: Callable[[str], None]) -> list:
-    """Wait for every submitit job, polling each ``POLL_S``; per job None when it ended
-    with a result, else why it failed.  On Slurm a job that ends without a result (exit
-    before the result, killed, a node lost) is seen through the controller
-    (:func:`slurm_end`) within a poll, and reported with its exit code and log's tail."""
+    """Wait for every job, polling each ``POLL_S``: per job None, or why it failed."""
     import submitit
 
     out: list = [None] * len(jobs)
@@ -442,8 +405,7 @@ JOBS_FILE = "slurm-jobs.jsonl"  # beside a sweep's Hydra output: the Slurm jobs 
 
 
 def note_jobs(folder: Path, jobs: Sequence[tuple[str, str]]) -> None:
-    """Append the Slurm jobs just submitted (id, label) to ``folder/slurm-jobs.jsonl``:
-    ``--status`` finds them there, with or without a record."""
+    """Append the Slurm jobs just submitted (id, label) to ``folder/slurm-jobs.jsonl``."""
     folder.mkdir(parents=True, exist_ok=True)
     at = time.strftime("%Y-%m-%dT%H:%M:%S")
     with open(folder / JOBS_FILE, "a") as f:
@@ -451,38 +413,26 @@ def note_jobs(folder: Path, jobs: Sequence[tuple[str, str]]) -> None:
             f.write(json.dumps({"job_id": job_id, "label": label, "submitted_at": at}) + "\n")
 
 
-def noted_jobs(folder: Path) -> list[dict[str, Any]]:
-    """The Slurm jobs noted under ``folder`` (any depth), in order of submission."""
-    out = []
-    for path in sorted(Path(folder).rglob(JOBS_FILE)) if Path(folder).is_dir() else []:
-        for line in path.read_text().splitlines():
-            with contextlib.suppress(ValueError):
-                out.append(json.loads(line))
-    return sorted(out, key=lambda j: str(j.get("submitted_at", "")))
-
-
 def job_records(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Slurm job id -> the latest record written in that job."""
-    out = {}
-    for r in records:
-        job = (r.get("slurm") or {}).get("job_id")
-        if job:
-            out[str(job)] = r
-    return out
+    return {str(r["slurm"]["job_id"]): r for r in records if (r.get("slurm") or {}).get("job_id")}
 
 
 def status_lines(
     folder: Path, records: Sequence[dict[str, Any]], state: Callable[[str], Any] | None = None
 ) -> list[str]:
-    """One line per Slurm job a sweep submitted (noted under ``folder``): its state and
-    exit code as the controller says (``scontrol``, no accounting needed) and the run it
-    recorded, with the nodes it ran on and its requeues."""
-    state = state or slurm_state
+    """One line per Slurm job noted under ``folder``: its state and exit code (``scontrol``)
+    and the run it recorded, with its nodes and requeues."""
+    jobs = []
+    for path in sorted(Path(folder).rglob(JOBS_FILE)) if Path(folder).is_dir() else []:
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                jobs.append(json.loads(line))
     by_job = job_records(records)
     lines = []
-    for job in noted_jobs(folder):
+    for job in sorted(jobs, key=lambda j: str(j.get("submitted_at", ""))):
         jid = str(job["job_id"])
-        f = state(jid) if shutil.which("scontrol") or state is not slurm_state else None
+        f = (state or slurm_state)(jid) if state or shutil.which("scontrol") else None
         if f is None:
             where = "controller not reachable"
         elif not f:
@@ -496,14 +446,12 @@ def status_lines(
         if f and int(f.get("Restarts") or 0):
             where += f", requeued {f['Restarts']}x"
         rec = by_job.get(jid)
-        if rec is None:
-            what = "no record"
-        else:
-            slurm = rec.get("slurm") or {}
-            nodes = ",".join(slurm.get("nodes") or []) or "?"
+        what = "no record"
+        if rec is not None:
+            nodes = ",".join((rec.get("slurm") or {}).get("nodes") or []) or "?"
             what = (f"run {rec.get('run_id')} {rec.get('status')} (attempt "
                     f"{rec.get('attempt', 1)}) on {nodes}")  # fmt: skip
-            if rec.get("status") in ("interrupted", "error") and rec.get("reason"):
+            if rec.get("status") in FAILED and rec.get("reason"):
                 what += f": {str(rec['reason'])[:120]}"
         label = f" ({job['label']})" if job.get("label") else ""
         lines.append(f"slurm job {jid}{label}: {where}; {what}")
@@ -511,62 +459,52 @@ def status_lines(
 
 
 def _requeued(task: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """``task`` as a Slurm job runs it: started again after a requeue (``scontrol
-    requeue``, a node lost, preemption), it goes on with the run this job recorded as
-    interrupted from its last checkpoint (a new attempt of the same run), and does not run
-    again a run the job has recorded already."""
+    """``task`` as a Slurm job runs it: started again after a requeue, it resumes the run
+    the job recorded as interrupted (a new attempt), and never reruns a recorded one."""
 
     def run_task(cfg: Any) -> Any:
+        from hydra.core.hydra_config import HydraConfig
+
+        from bench.launch import run as runmod
         from bench.results import records
 
         job = records.slurm_job()
-        if not job or not job["restarts"]:
-            return task(cfg)
-        res = str(cfg.results.dir)
-        prev = job_records(records.load_records(res)).get(job["job_id"])
+        prev = None
+        if job and job["restarts"]:
+            prev = job_records(records.load_records(str(cfg.results.dir))).get(job["job_id"])
         if prev is None:
             return task(cfg)
-        if prev.get("status") not in ("interrupted", "error"):
-            print(f"requeued job {job['job_id']}: run {prev['run_id']} is recorded "
+        run_id = prev["run_id"]
+        if prev.get("status") not in FAILED:
+            print(f"requeued job {job['job_id']}: run {run_id} is recorded "
                   f"({prev.get('status')}); not run again", flush=True)  # fmt: skip
             return prev.get("time_to_target_s")
-        return _resume(cfg, prev["run_id"], job, task)
+        c = cfg.cluster  # each node of this allocation: its own rank and rendezvous
+        overrides = [f"results.dir={cfg.results.dir}"]
+        if c.name == "multinode":
+            overrides += [f"cluster.node_rank={c.node_rank}", f"cluster.rdzv_id={c.rdzv_id}",
+                          f"cluster.rdzv_endpoint={c.rdzv_endpoint}"]  # fmt: skip
+        try:
+            new_cfg, meta, path = runmod.prepare_resume(run_id, overrides, str(cfg.results.dir))
+        except ConfigError as e:
+            print(f"requeued job {job['job_id']}: run {run_id} not resumed ({e}); "
+                  "it starts again", flush=True)  # fmt: skip
+            return task(cfg)
+        print(f"requeued job {job['job_id']} (restart {job['restarts']}): resuming run "
+              f"{run_id} from {path} (attempt {meta['attempt']})", flush=True)  # fmt: skip
+        _, rec = runmod.launch_and_record(new_cfg, meta, HydraConfig.get().runtime.output_dir)
+        return rec.get("time_to_target_s") if rec else None
 
     return run_task
 
 
-def _resume(cfg: Any, run_id: str, job: dict[str, Any], task: Callable[[Any], Any]) -> Any:
-    """Resume ``run_id`` on this allocation (each node its own rank and rendezvous)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    from bench.launch import run as runmod
-
-    c = cfg.cluster
-    overrides = [f"results.dir={cfg.results.dir}"]
-    if c.name == "multinode":
-        overrides += [f"cluster.node_rank={c.node_rank}", f"cluster.rdzv_id={c.rdzv_id}",
-                      f"cluster.rdzv_endpoint={c.rdzv_endpoint}"]  # fmt: skip
-    try:
-        new_cfg, meta, path = runmod.prepare_resume(run_id, overrides, str(cfg.results.dir))
-    except ConfigError as e:
-        print(f"requeued job {job['job_id']}: run {run_id} not resumed ({e}); "
-              "it starts again", flush=True)  # fmt: skip
-        return task(cfg)
-    print(f"requeued job {job['job_id']} (restart {job['restarts']}): resuming run {run_id} "
-          f"from {path} (attempt {meta['attempt']})", flush=True)  # fmt: skip
-    _, rec = runmod.launch_and_record(new_cfg, meta, HydraConfig.get().runtime.output_dir)
-    return rec.get("time_to_target_s") if rec else None
-
-
 class SlurmLauncher(_SubmititSlurm):  # type: ignore[misc,valid-type]
-    """hydra-submitit-launcher's Slurm launcher (``hydra/launcher=slurm``) that refuses a
-    request no node of the partition can satisfy before submitting, and sees a job end
-    without accounting (:func:`wait_jobs`): ``train -m`` never waits forever."""
+    """hydra-submitit-launcher's Slurm launcher that refuses a request no node can satisfy
+    and sees a job end without accounting: ``train -m`` never waits forever."""
 
     def __call__(self, *args: Any) -> Any:
-        """Run one job (in the Slurm job): a requeued job resumes its run (:func:`_requeued`);
-        Slurm's warning signal before the time limit (``signal_delay_s``) stops the run as
-        ``interrupted``, recorded with its last checkpoint, so that it can be resumed."""
+        """One job, in Slurm: a requeue resumes its run; the warning signal before the time
+        limit stops it as ``interrupted`` with its last checkpoint, to be resumed."""
         from bench.launch.run import Interrupted
 
         def near_end(signum: int, frame: Any) -> None:  # noqa: ARG001
@@ -582,7 +520,6 @@ class SlurmLauncher(_SubmititSlurm):  # type: ignore[misc,valid-type]
             self.task_function = task
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
-        from hydra.core.singleton import Singleton
         from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 
         try:
@@ -590,15 +527,12 @@ class SlurmLauncher(_SubmititSlurm):  # type: ignore[misc,valid-type]
         except ConfigError as e:  # one line, before anything is submitted
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
-        ex = _executor(self)
-        Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
-        idx = [initial_job_idx + i for i in range(len(job_overrides))]
-        args = [(list(o), "hydra.sweep.dir", i, f"job_id_for_{i}", Singleton.get_state())
-                for i, o in zip(idx, job_overrides)]  # fmt: skip
-        jobs = ex.map_array(self, *zip(*args))
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        idx = range(initial_job_idx, initial_job_idx + len(job_overrides))
+        jobs = _map_array(self, job_overrides, idx)
         names = [" ".join(filter_overrides(o)) for o in job_overrides]
-        note_jobs(Path(str(self.config.hydra.sweep.dir)),
-                  [(str(j.job_id), n) for j, n in zip(jobs, names)])  # fmt: skip
+        note_jobs(sweep_dir, [(str(j.job_id), n) for j, n in zip(jobs, names)])
         print(f"submitted {len(jobs)} job(s) to Slurm: "
               + " ".join(str(j.job_id) for j in jobs), flush=True)  # fmt: skip
         whys = wait_jobs(jobs, names, lambda m: print(m, flush=True))

@@ -1,9 +1,5 @@
-"""Schema of the ``sync`` config group (conf/sync/*.yaml): how the replicas of a run meet.
-
-``ddp`` is every step's gradient exchange through the comm hook; the others keep one
-replica per node, trained with DDP inside the node, and synchronise the nodes every
-``sync_every`` (H) inner steps through torchft (:mod:`bench.sync`).
-"""
+"""Schema of the ``sync`` config group (conf/sync/*.yaml): how the replicas of a run meet
+(``ddp``: every step; the others: every ``sync_every`` (H) inner steps, :mod:`bench.sync`)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """One replica group (a node's workers) as torchft sees it: the Manager that meets the
-other nodes through a Lighthouse, counting the bytes of each outer allreduce, and the
-state a replica holds that the others do not (its checkpoint share).
-
-Fault tolerance is off: every node must join each quorum (``min_replica_size`` = the
-nodes) and a failed commit ends the run (``max_retries=0``); the run's elastic restart
-resumes it from its last checkpoint instead.
-"""
+other nodes through a Lighthouse, counting the bytes and timing the phases of each outer
+synchronisation, and the state a replica holds that the others do not (its checkpoint
+share).  Fault tolerance is off: every node joins each quorum and a failed commit ends the
+run, whose elastic restart resumes it from its last checkpoint instead."""
 
 from __future__ import annotations
 
@@ -13,6 +10,7 @@ import functools
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -27,20 +25,16 @@ from bench.comm import CommStats  # noqa: E402
 from bench.comm.cost import Stage, Traffic  # noqa: E402
 
 #: where an outer synchronisation spends its time, each a curve column ``sync/<phase>_s``
-#: (seconds per synchronisation): ``quorum`` every node meeting at the Lighthouse (it waits
-#: for the slowest), ``send`` the pseudo-gradient made and its allreduce started, ``finish``
-#: waiting for that allreduce, the outer step and the commit
+#: (s per sync): every node meeting at the Lighthouse, the pseudo-gradient made and its
+#: allreduce started, waiting for that allreduce with the outer step and the commit
 SYNC_PHASES = ("quorum", "send", "finish")
-#: the sections of a sparse exchange's packet, each a curve column
-#: ``sync/packet_<section>_bytes`` (one worker's packet per sync, bytes)
+#: a sparse exchange's packet, each a curve column ``sync/packet_<section>_bytes`` (per sync)
 PACKET = ("values", "indices", "scales")
 
 
 class CountingManager(Manager):
-    """torchft's Manager, counting every outer allreduce into ``stats`` (the run's comm
-    statistics): a worker's ring bytes among the nodes, and ``link_share`` times that
-    leaving its node (each of the node's workers runs its own ring across the nodes); and
-    timing each synchronisation's phases (:data:`SYNC_PHASES`)."""
+    """torchft's Manager, counting every outer collective into ``stats`` (a worker's ring
+    bytes, ``link_share`` times that leaving its node) and timing each sync's phases."""
 
     def __init__(
         self,
@@ -61,11 +55,7 @@ class CountingManager(Manager):
         self.phase_s = dict.fromkeys(SYNC_PHASES, 0.0)  # host seconds in each, summed
 
     def start_quorum(self, *args: Any, **kw: Any) -> None:
-        t0 = time.perf_counter()
-        try:
-            super().start_quorum(*args, **kw)
-        finally:
-            self.phase_s["quorum"] += time.perf_counter() - t0
+        self.timed("quorum", super().start_quorum)(*args, **kw)
 
     def timed(self, phase: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn``, its host time added to ``phase`` (one of :data:`SYNC_PHASES`)."""
@@ -96,10 +86,8 @@ class CountingManager(Manager):
         return super().allreduce(tensor, *args, **kw)
 
     def allgather(self, packet: torch.Tensor) -> tuple[Any, list[torch.Tensor]]:
-        """``packet`` (uint8, the same size on every node) to the workers of this local
-        rank on every node, as torchft's ``allreduce`` runs: skipped once an error was
-        reported, a failure reported to the commit.  Its Work, and the nodes' packets in
-        replica rank order once it is done."""
+        """``packet`` (uint8, one size) to this local rank's workers on every node, run as
+        torchft's ``allreduce`` runs: its Work, and the packets in replica rank order."""
         from torch.distributed.distributed_c10d import AllgatherOptions
         from torchft.manager import _ManagedWork
         from torchft.work import _DummyWork
@@ -131,8 +119,7 @@ class CountingManager(Manager):
         return super().should_commit(*args, **kw)
 
     def pop_stats(self) -> dict[str, float]:
-        """Outer synchronisations since the last pop, the bytes each sent and the seconds
-        each spent in each phase."""
+        """Syncs since the last pop, the bytes and the seconds of each phase, per sync."""
         per = max(1, self.syncs)
         out = {
             "sync/outer_syncs": float(self.syncs),
@@ -162,10 +149,8 @@ def open_manager(
     stats: CommStats | None = None,
     node_group: Any = None,
 ) -> CountingManager:
-    """The Manager of worker ``local_rank`` of node ``node``'s replica group: its group's
-    own TCP ``store`` (host, port), the cross-node process group of ``backend`` (the
-    workers of this local rank on every node), reached at ``hostname``; ``node_group``:
-    the node's workers (a hierarchical exchange all-gathers in it)."""
+    """The Manager of worker ``local_rank`` of node ``node``'s replica group (its own TCP
+    ``store``, a ``backend`` group across the nodes; ``node_group``: the node's workers)."""
     from torchft import ProcessGroupGloo, ProcessGroupNCCL
 
     timeout = timedelta(seconds=timeout_s)
@@ -195,8 +180,7 @@ def open_manager(
 
 
 class LocalSGDSync(LocalSGD):
-    """torchft's LocalSGD, its averages timed (``finish``), with a state dict: the step
-    within the period."""
+    """torchft's LocalSGD, its averages timed, with a state dict: the step within the period."""
 
     def __init__(self, manager: Any, model: nn.Module, opt: Any, *, sync_every: int) -> None:
         super().__init__(manager, model, opt, sync_every=sync_every)
@@ -211,14 +195,9 @@ class LocalSGDSync(LocalSGD):
 
 
 class DiLoCoSync(DiLoCo):
-    """torchft's DiLoCo, each fragment's send and finish timed, with a state dict: the step
-    within the period and, per fragment, its last global weights (torchft's
-    ``original_parameters``, where they stay), its outer optimizer, an averaged
-    pseudo-gradient whose outer step is still to come and its exchange's state.
-
-    ``exchanges`` (one per fragment, :mod:`bench.sync.sparse`) replace the fragments'
-    dense allreduce of the pseudo-gradient; the rest (quorum, outer step, commit, backup
-    and restore of the global weights) is torchft's."""
+    """torchft's DiLoCo, each fragment's send and finish timed, with a state dict (the step
+    within the period; per fragment its global weights, outer optimizer, pending averaged
+    pseudo-gradient and exchange); ``exchanges`` replace the fragments' dense allreduce."""
 
     def __init__(
         self,
@@ -243,21 +222,19 @@ class DiLoCoSync(DiLoCo):
                 f.perform_sync = manager.timed("finish", f.perform_sync)
 
     def state_dict(self) -> dict[str, Any]:
-        out = []
-        for i, f in enumerate(self._fragments):
-            out.append(
-                {
-                    "global": {k: v.clone() for k, v in f.original_parameters.items()},
-                    "outer_optimizer": f._outer_optimizer.state_dict(),
-                    "pending": _pending(f),
-                    **({"exchange": self.exchanges[i].state_dict()} if self.exchanges else {}),
-                }
-            )
+        out = [
+            {
+                "global": {k: v.clone() for k, v in f.original_parameters.items()},
+                "outer_optimizer": f._outer_optimizer.state_dict(),
+                "pending": _pending(f),
+                **({"exchange": self.exchanges[i].state_dict()} if self.exchanges else {}),
+            }
+            for i, f in enumerate(self._fragments)
+        ]
         return {"local_step": int(self._local_step), "fragments": out}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
-        """Its state; the Manager's must be loaded first (its step says which fragment
-        is next, and an in-flight fragment's quorum is met again from it)."""
+        """Its state, after the Manager's (whose step says which fragment is next)."""
         from torchft.work import _DummyWork
 
         self._local_step = int(d["local_step"])
@@ -277,8 +254,7 @@ class DiLoCoSync(DiLoCo):
 
 
 def _pending(fragment: Any) -> dict[str, torch.Tensor] | None:
-    """The averaged pseudo-gradient of a fragment whose exchange is in flight (Streaming
-    DiLoCo between a fragment's send and its outer step), waited for; else None."""
+    """A fragment's averaged pseudo-gradient whose outer step is to come (waited for), or None."""
     if not fragment._allreduce_work:
         return None
     for work in fragment._allreduce_work:
@@ -286,16 +262,15 @@ def _pending(fragment: Any) -> dict[str, torch.Tensor] | None:
     return {k: g.clone() for k, g in fragment._grads.items()}
 
 
+@dataclass
 class ReplicaState:
-    """What one replica holds that the others do not, as torch's ``Stateful``: its model
-    and inner optimizer (they drift apart between synchronisations), the Manager's step
-    (which fragment is next) and the strategy's own state (its ``state_dict``)."""
+    """What a replica holds that the others do not, as torch's ``Stateful``: its model and
+    inner optimizer, the Manager's step (which fragment is next) and the strategy's state."""
 
-    def __init__(
-        self, strategy: Any, manager: Manager, model: nn.Module, optimizer: torch.optim.Optimizer
-    ) -> None:
-        self.strategy, self.manager, self.model = strategy, manager, model
-        self.optimizer = optimizer
+    strategy: Any
+    manager: Manager
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -1,20 +1,7 @@
-"""The outer step's pseudo-gradient sent as a top-k with error feedback, in place of the
-dense allreduce of torchft's DiLoCo (docs/algorithms.md, section 11).  One exchange per
-DiLoCo fragment takes the fragment's ``_average_grads``: it adds the pseudo-gradient to its
-error-feedback buffer (``e <- ef_beta * e + delta``), selects, sends a packet of bytes to
-every node through the Manager's process group (:meth:`CountingManager.allgather`), keeps
-the residual, and leaves the mean of the nodes' sparse values where DiLoCo's allreduce
-leaves its mean, for DiLoCo's outer step, commit and backup of the global weights.
-
-- :class:`ChunkTopK` (``sync=sparseloco``, Sarfi et al. 2025): each tensor cut into
-  chunks of ``chunk_size`` elements, the top ``ceil(density * chunk)`` of each chunk,
-  values quantised to ``quant_bits`` bits (a sign and a magnitude level; each chunk's
-  levels sent as float32 scales), indices in ``ceil(log2 chunk_size)`` bits.
-- :class:`ShardTopK` (``sync=hitopk_diloco``): HiTopKComm one level up; local rank j of a
-  node owns shard j of the node's pseudo-gradient (DDP has kept the node's workers equal,
-  so the node average is each worker's own), sends its MSTopK with error feedback to the
-  same local rank of every node, and the node's workers all-gather the packets.
-"""
+"""The outer step's pseudo-gradient sent as a top-k with error feedback in place of the
+dense allreduce of torchft's DiLoCo (docs/algorithms.md, section 11): SparseLoCo's
+chunk-wise top-k with quantised values (:class:`ChunkTopK`, Sarfi et al. 2025), and
+HiTopKComm one level up, each local rank's shard between the nodes (:class:`ShardTopK`)."""
 
 from __future__ import annotations
 
@@ -32,8 +19,7 @@ from bench.comm.wire import pack, unpack
 
 
 def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """Unsigned ``codes`` below ``2**bits`` as a uint8 stream of ``ceil(n * bits / 8)``
-    bytes, least significant bit first."""
+    """Unsigned ``codes`` below ``2**bits`` as ``ceil(n * bits / 8)`` bytes, LSB first."""
     shifts = torch.arange(bits, device=codes.device)
     stream = ((codes.long().reshape(-1, 1) >> shifts) & 1).reshape(-1)
     stream = torch.nn.functional.pad(stream, (0, -stream.numel() % 8)).view(-1, 8)
@@ -49,8 +35,8 @@ def unpack_bits(buf: torch.Tensor, bits: int, n: int) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Chunks:
-    """One tensor of ``numel`` elements as ``rows`` chunks of ``width`` (the last padded
-    with zeros), ``k`` sent of each, at ``base`` in the padded concatenation."""
+    """A tensor of ``numel`` as ``rows`` chunks of ``width`` (zero-padded), ``k`` sent of each,
+    at ``base`` in the padded concatenation."""
 
     name: str
     numel: int
@@ -62,7 +48,7 @@ class Chunks:
 
 @dataclass(frozen=True)
 class Packet:
-    """One worker's packet per outer step, by section (bytes): what it sends each node."""
+    """One worker's packet per outer step, by section (bytes)."""
 
     values: int
     indices: int
@@ -74,8 +60,7 @@ class Packet:
 
 
 def chunking(numels: dict[str, int], chunk_size: int, density: float) -> list[Chunks]:
-    """Tensors of ``numels`` elements cut into chunks of ``chunk_size`` (a smaller tensor
-    is one chunk), the top ``density`` of each chunk sent."""
+    """Tensors cut into chunks of ``chunk_size`` (a smaller one is one chunk), ``density`` sent."""
     out, base = [], 0
     for name, numel in numels.items():
         width = min(chunk_size, numel)
@@ -86,9 +71,8 @@ def chunking(numels: dict[str, int], chunk_size: int, density: float) -> list[Ch
 
 
 def chunk_packet(chunks: list[Chunks], chunk_size: int, bits: int) -> Packet:
-    """SparseLoCo's packet of ``chunks`` (:func:`chunking`): values in ``bits`` bits (0:
-    float32), indices in ``ceil(log2 chunk_size)`` bits, ``2 ** (bits - 1)`` float32 scales
-    per chunk."""
+    """SparseLoCo's packet: values in ``bits`` bits (0: float32), indices in ``ceil(log2
+    chunk_size)`` bits, ``2 ** (bits - 1)`` float32 scales per chunk."""
     sent, rows = sum(t.rows * t.k for t in chunks), sum(t.rows for t in chunks)
     index_bits = max(1, (chunk_size - 1).bit_length())
     return Packet(
@@ -99,8 +83,7 @@ def chunk_packet(chunks: list[Chunks], chunk_size: int, bits: int) -> Packet:
 
 
 def shard_packet(numel: int, m: int, density: float) -> Packet:
-    """The outer HiTopK's packet of one local rank: float32 values and int32 indices of
-    the top ``density`` of its shard of ``ceil(numel / m)`` elements."""
+    """One local rank's outer HiTopK packet: float32 values, int32 indices of its shard's top."""
     shard = -(-numel // m)
     k = k_for(shard, density)
     return Packet(values=4 * k, indices=packet_bytes(k, shard, 4) - 4 * k, scales=0)
@@ -116,10 +99,20 @@ class Exchange:
 
     def send(self, fragment: Any) -> None:
         """As torchft's ``_average_grads``: start the exchange of ``fragment._grads`` (the
-        pseudo-gradients by name), to be finished by its ``perform_sync``."""
-        fragment._allreduce_work.append(self.start(fragment._grads))
+        pseudo-gradients by name), its Work finished by the fragment's ``perform_sync``."""
+        grads = fragment._grads
+        packet = self.encode(grads)
+        assert packet.numel() == self.packet.total, "the packet is not the size the formula says"
+        self.manager.note_packet(self.packet)
+        work, packets = self.manager.allgather(packet)
+        fragment._allreduce_work.append(_Gathered(work, packets, lambda g: self.finish(g, grads)))
 
-    def start(self, grads: dict[str, torch.Tensor]) -> Any:
+    def encode(self, grads: dict[str, torch.Tensor]) -> torch.Tensor:
+        """This worker's packet (uint8); each buffer keeps what it does not carry."""
+        raise NotImplementedError
+
+    def finish(self, gathered: torch.Tensor, grads: dict[str, torch.Tensor]) -> None:
+        """The nodes' packets (one a row) decoded, their mean written into ``grads``."""
         raise NotImplementedError
 
     def compensate(self, key: str, delta: torch.Tensor) -> torch.Tensor:
@@ -139,24 +132,22 @@ class Exchange:
 
 
 class _Gathered:
-    """torchft's Work for a fragment's ``_allreduce_work``: its ``wait`` waits for the
-    packets and decodes them (once) into the averaged pseudo-gradients."""
+    """torchft's Work of a fragment's exchange: ``wait`` decodes the packets (once)."""
 
     def __init__(self, work: Any, packets: list[torch.Tensor], finish: Callable) -> None:
         self.work, self.packets, self.finish, self.done = work, packets, finish, False
 
     def wait(self, timeout: Any = None) -> bool:
-        if not self.done:
-            ok = self.work.wait()
-            self.finish(torch.stack(self.packets))
-            self.done = True
-            return bool(ok)
-        return True
+        if self.done:
+            return True
+        ok = self.work.wait()
+        self.finish(torch.stack(self.packets))
+        self.done = True
+        return bool(ok)
 
 
 class ChunkTopK(Exchange):
-    """SparseLoCo's compressor: chunk-wise top-k of the error-feedback buffer, values
-    quantised to ``quant_bits`` (0: float32), the residual kept."""
+    """SparseLoCo's compressor: chunk-wise top-k of the error-feedback buffer, quantised."""
 
     def __init__(self, manager: Any, fragment: nn.Module, cfg: Any) -> None:
         super().__init__(manager, fragment, cfg)
@@ -195,9 +186,9 @@ class ChunkTopK(Exchange):
         return torch.cat(parts)
 
     def _quantise(self, vals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each chunk's ``k`` values (largest magnitude first) -> codes (a sign bit above
-        ``bits - 1`` level bits) and float32 scales (rows, levels): level ``g`` holds the
-        ranks ``[g k / L, (g + 1) k / L)``, its scale their mean magnitude."""
+        """Each chunk's ``k`` values (largest first) -> codes (a sign bit above ``bits - 1``
+        level bits) and float32 scales: level ``g``, ranks ``[g k / L, (g + 1) k / L)``, their
+        mean magnitude."""
         rows, k = vals.shape
         group = torch.arange(k, device=vals.device) * self.levels // k
         mag = vals.abs().float()
@@ -236,29 +227,20 @@ class ChunkTopK(Exchange):
             at, row = at + n, row + t.rows
         return torch.cat(pos), torch.cat([v.reshape(-1) for v in out])
 
-    def start(self, grads: dict[str, torch.Tensor]) -> Any:
-        packet = self.encode(grads)
-        assert packet.numel() == self.packet.total, "the packet is not the size the formula says"
-        self.manager.note_packet(self.packet)
-        work, packets = self.manager.allgather(packet)
-
-        def finish(gathered: torch.Tensor) -> None:
-            decoded = [self.decode(row) for row in gathered]
-            pos = torch.cat([p for p, _ in decoded])
-            vals = torch.cat([v for _, v in decoded])
-            acc = gathered.new_zeros(self.padded, dtype=torch.float32)
-            _scatter_mean(acc, pos, vals, len(decoded), self.padded)  # in rank order
-            for t in self.chunks:
-                g = grads[t.name]
-                g.copy_(acc[t.base : t.base + t.numel].view_as(g))
-
-        return _Gathered(work, packets, finish)
+    def finish(self, gathered: torch.Tensor, grads: dict[str, torch.Tensor]) -> None:
+        decoded = [self.decode(row) for row in gathered]
+        pos = torch.cat([p for p, _ in decoded])
+        vals = torch.cat([v for _, v in decoded])
+        acc = gathered.new_zeros(self.padded, dtype=torch.float32)
+        _scatter_mean(acc, pos, vals, len(decoded), self.padded)  # in rank order
+        for t in self.chunks:
+            g = grads[t.name]
+            g.copy_(acc[t.base : t.base + t.numel].view_as(g))
 
 
 class ShardTopK(Exchange):
-    """The paper's HiTopKComm on the outer step: this local rank's shard of the
-    pseudo-gradient, MSTopK of its error-feedback buffer between the nodes, then the
-    node's shards' packets all-gathered inside the node."""
+    """HiTopKComm on the outer step: this local rank's shard as an MSTopK with error
+    feedback between the nodes, the node's packets all-gathered inside it."""
 
     def __init__(self, manager: Any, fragment: nn.Module, cfg: Any) -> None:
         super().__init__(manager, fragment, cfg)
@@ -280,30 +262,21 @@ class ShardTopK(Exchange):
         e[idx] = 0  # the values sent are e's own (float32 on the wire): nothing of them kept
         return pack(vals.float(), idx, self.shard)
 
-    def start(self, grads: dict[str, torch.Tensor]) -> Any:
-        packet = self.encode(grads)
-        self.manager.note_packet(self.packet)
-        work, packets = self.manager.allgather(packet)
-
-        def finish(gathered: torch.Tensor) -> None:
-            n = gathered.shape[0]
-            full = gathered.reshape(-1)
-            if self.m > 1:  # every local rank's n packets to every worker of the node
-                full = gathered.new_empty(self.m * full.numel())
-                _all_gather(full, gathered.reshape(-1).contiguous(), group=self.group)
-                b = float((self.m - 1) * gathered.numel())
-                self.manager.count(Stage("intra_allgather", b, 0.0, self.m - 1, False))
-            vals, idx = unpack(full, self.m * n, self.k, self.shard, torch.float32)
-            idx = idx + (torch.arange(self.m * n, device=idx.device) // n * self.shard).unsqueeze(1)
-            acc = full.new_zeros(self.m * self.shard, dtype=torch.float32)
-            _scatter_mean(acc, idx, vals, n, self.m * self.shard)
-            at = 0
-            for name, shape in self.shapes.items():
-                g = grads[name]
-                g.copy_(acc[at : at + shape.numel()].view_as(g))
-                at += shape.numel()
-
-        return _Gathered(work, packets, finish)
+    def finish(self, gathered: torch.Tensor, grads: dict[str, torch.Tensor]) -> None:
+        n = gathered.shape[0]
+        full = gathered.reshape(-1)
+        if self.m > 1:  # every local rank's n packets to every worker of the node
+            full = gathered.new_empty(self.m * full.numel())
+            _all_gather(full, gathered.reshape(-1).contiguous(), group=self.group)
+            b = float((self.m - 1) * gathered.numel())
+            self.manager.count(Stage("intra_allgather", b, 0.0, self.m - 1, False))
+        vals, idx = unpack(full, self.m * n, self.k, self.shard, torch.float32)
+        idx = idx + (torch.arange(self.m * n, device=idx.device) // n * self.shard).unsqueeze(1)
+        acc = full.new_zeros(self.m * self.shard, dtype=torch.float32)
+        _scatter_mean(acc, idx, vals, n, self.m * self.shard)
+        flat = acc[: self.numel].split([s.numel() for s in self.shapes.values()])
+        for (name, shape), part in zip(self.shapes.items(), flat):
+            grads[name].copy_(part.view(shape))
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:

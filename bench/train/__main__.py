@@ -17,7 +17,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from bench.cluster.parentwatch import die_with_parent
+from bench.cluster.agent import die_with_parent
 from bench.config import from_container
 from bench.data.jpegs import CorruptImage
 from bench.results import records
@@ -32,7 +32,9 @@ def worker_loop(payload: dict[str, Any]) -> None:
     runs = [json.loads(Path(p).read_text()) for p in paths]
     rank, _, _ = runtime.setup_distributed(from_container(runs[0]["config"]))  # one group
     # the runs recorded before an elastic restart restarted this queue: rank 0 reads them
-    done = runtime.broadcast_object(_recorded(runs) if rank == 0 else None)
+    dirs = {r["config"]["results"]["dir"] for r in runs}
+    mine = {r["run_id"] for d in dirs for r in records.load_records(d)} if rank == 0 else None
+    done = runtime.broadcast_object(mine)
     first = True
     for i, run in enumerate(runs):
         if run["run"]["run_id"] in done:
@@ -54,12 +56,6 @@ def worker_loop(payload: dict[str, Any]) -> None:
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
-
-
-def _recorded(runs: list[dict[str, Any]]) -> set[str]:
-    """The run ids of ``runs`` that already have a record."""
-    dirs = {r["config"]["results"]["dir"] for r in runs}
-    return {r["run_id"] for d in dirs for r in records.load_records(d)}
 
 
 PEER_GONE = "Connection closed by peer"  # gloo, when another worker has exited
@@ -106,8 +102,7 @@ def _no_space(e: BaseException) -> bool:
 
 
 def _one_line(e: BaseException) -> str | None:
-    """What ends this worker in one line, for the errors that need no traceback (a full
-    disk, a damaged image, a peer gone), else None."""
+    """What ends this worker in one line (a full disk, a damaged image, a peer gone), or None."""
     if _no_space(e):
         return f"no space left on device ({e.filename or e.strerror})"  # type: ignore[attr-defined]
     if isinstance(e, CorruptImage):

@@ -1,9 +1,7 @@
-"""Checkpoints of a training run: save, verify and restore one worker's state.
-
-Under ``<results.dir>/checkpoints/<run_id>/``: ``epoch-NNNN/common.pt`` (rank 0),
+"""Checkpoints of a training run: save, verify and restore one worker's state, under
+``<results.dir>/checkpoints/<run_id>/``: ``epoch-NNNN/common.pt`` (rank 0),
 ``epoch-NNNN/rank<r>.pt`` (every rank) and the manifest ``epoch-NNNN.json``, written last;
-a resume takes the newest whole one (layout and checks: docs/internals/train.md).
-"""
+a resume takes the newest whole one (docs/internals/train.md)."""
 
 from __future__ import annotations
 
@@ -33,28 +31,14 @@ from bench.train import runtime
 if TYPE_CHECKING:
     from bench.comm.state import Stateful
 
-#: config keys that may differ between a checkpoint and the run that resumes from it
-MAY_DIFFER = (
-    "train.epochs",
-    "train.progress",
-    "train.checkpoint_every",
-    "train.keep_checkpoints",
-    "train.nan_check",
-    "results.plot",
-    "results.plot_sweeps",
-    "cluster.max_restarts",
-    "cluster.rdzv_timeout_s",
-    # which node holds which ranks (a requeued Slurm job may get its nodes in another
-    # order): every rank reads its own shard by its global rank
-    "cluster.node_rank",
-    "cluster.rdzv_endpoint",
-    "cluster.rdzv_id",
-    "cluster.rdzv_port",
-    "cluster.local_addr",
-    "comm.timeout_s",
-    # where the results are, not what runs: a trailing slash, or a results folder moved
-    # (the checkpoint is found through it, by run id)
-    "results.dir",
+#: config keys that may differ between a checkpoint and the run that resumes from it: the
+#: budget and outputs, which node holds which ranks (a requeued Slurm job may get its nodes
+#: in another order: every rank reads its shard by its global rank), where the results are
+MAY_DIFFER = tuple(
+    """train.epochs train.progress train.checkpoint_every train.keep_checkpoints
+    train.nan_check results.plot results.plot_sweeps cluster.max_restarts
+    cluster.rdzv_timeout_s cluster.node_rank cluster.rdzv_endpoint cluster.rdzv_id
+    cluster.rdzv_port cluster.local_addr comm.timeout_s results.dir""".split()
 )
 
 
@@ -92,13 +76,10 @@ def problem(manifest_path: Path) -> tuple[dict[str, Any] | None, str | None]:
         return None, f"its manifest does not parse ({e})"
     if not isinstance(m, dict) or any(k not in m for k in NEEDED):
         return None, "its manifest lacks fields"
-    d = manifest_path.with_suffix("")
-    try:
-        world = int(m["world_size"])
-    except (TypeError, ValueError):
+    if not isinstance(m["world_size"], int):
         return None, "its manifest lacks fields"
-    sizes = m.get("files") or {}
-    names = set(sizes) | {"common.pt", *(f"rank{r}.pt" for r in range(world))}
+    d, sizes = manifest_path.with_suffix(""), m.get("files") or {}
+    names = set(sizes) | {"common.pt", *(f"rank{r}.pt" for r in range(m["world_size"]))}
     for name in sorted(names):
         p = d / name
         if not p.is_file():
@@ -117,8 +98,7 @@ EPOCH_NAME = re.compile(r"epoch-([0-9]+)")  # a checkpoint's folder; + ".json": 
 
 
 def by_epoch(paths: Iterable[Path]) -> list[Path]:
-    """``epoch-N.json`` manifests in the order of N (``epoch-10000`` after ``epoch-9999``);
-    any other name (a copy, a sync conflict: ``epoch-0001 (copy).json``) is ignored with
+    """``epoch-N.json`` manifests by N; another name (a copy, a sync conflict) is ignored with
     a warning, never resumed from nor pruned."""
     numbered = []
     for p in paths:
@@ -130,38 +110,26 @@ def by_epoch(paths: Iterable[Path]) -> list[Path]:
     return [p for _, p in sorted(numbered)]
 
 
-def choose(run_dir: Path) -> tuple[dict[str, Any] | None, list[str]]:
-    """The manifest of the newest whole checkpoint under ``run_dir`` (None if there is
-    none) with ``path`` set, and one line for each newer one skipped."""
-    manifests = by_epoch(run_dir.glob("epoch-*.json")) if run_dir.is_dir() else []
-    skipped: list[str] = []
-    for mp in reversed(manifests):
-        m, why = problem(mp)
-        if m is not None:
-            m["path"] = str(mp.with_suffix(""))
-            return m, skipped
-        skipped.append(f"{mp.with_suffix('')}: {why}")
-    return None, skipped
-
-
-def remove_incomplete(run_dir: Path, keep: Path | None = None) -> list[Path]:
-    """Remove each checkpoint folder without its manifest (a save that failed part way),
-    except ``keep`` (the one being written); call it only when no rank is writing."""
-    gone = []
+def remove_incomplete(run_dir: Path, keep: Path | None = None) -> None:
+    """Remove each checkpoint folder without its manifest but ``keep`` (no rank may write)."""
     for d in sorted(run_dir.glob("epoch-*")) if run_dir.is_dir() else []:
         named = EPOCH_NAME.fullmatch(d.name)  # a folder of another name is not ours to remove
         if named and d.is_dir() and d != keep and not d.with_suffix(".json").exists():
             shutil.rmtree(d, ignore_errors=True)
-            gone.append(d)
-    return gone
 
 
 def latest(
     results_dir: str | Path, run_id: str, skipped: list[str] | None = None
 ) -> dict[str, Any] | None:
-    """The manifest of a run's newest whole checkpoint (None if none); each newer damaged
-    one is skipped with a warning, or added to ``skipped`` for the caller to report."""
-    m, passed = choose(run_dir(results_dir, run_id))
+    """A run's newest whole checkpoint's manifest (``path`` set; None if none); each newer
+    damaged one is warned of, or added to ``skipped``."""
+    d, m, passed = run_dir(results_dir, run_id), None, []
+    for mp in reversed(by_epoch(d.glob("epoch-*.json")) if d.is_dir() else []):
+        m, why = problem(mp)
+        if m is not None:
+            m["path"] = str(mp.with_suffix(""))
+            break
+        passed.append(f"{mp.with_suffix('')}: {why}")
     if skipped is not None:
         skipped.extend(passed)
     else:
@@ -180,17 +148,11 @@ def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def differing_keys(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """Config keys whose values differ (those of :data:`MAY_DIFFER` aside)."""
-    a, b = flatten(saved), flatten(current)
-    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in MAY_DIFFER)
-
-
 def check_compatible(manifest: Mapping[str, Any], config: Mapping[str, Any]) -> None:
-    """Refuse to resume a checkpoint under a config it was not saved with."""
-    diff = differing_keys(manifest["config"], config)
+    """Refuse to resume a checkpoint under another config (:data:`MAY_DIFFER` aside)."""
+    a, b = flatten(manifest["config"]), flatten(config)
+    diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in MAY_DIFFER)
     if diff:
-        a, b = flatten(manifest["config"]), flatten(config)
         shown = ", ".join(f"{k} ({a.get(k)!r} saved, {b.get(k)!r} now)" for k in diff[:8])
         raise ConfigError(
             f"checkpoint {manifest.get('path')} was saved with another config: {shown}"
@@ -219,8 +181,7 @@ def set_rng_state(d: Mapping[str, Any], device: torch.device) -> None:
 
 
 def first_mismatch(now: Mapping[str, Any], saved: Mapping[str, Any]) -> str | None:
-    """The first key of a state dict that the saved one lacks, holds in another shape, or
-    holds besides (None when the keys and shapes agree)."""
+    """The first key the saved state dict lacks, holds in another shape or holds besides."""
     for k, v in now.items():
         if k not in saved:
             return f"{k} is not in the checkpoint"
@@ -232,12 +193,9 @@ def first_mismatch(now: Mapping[str, Any], saved: Mapping[str, Any]) -> str | No
 
 
 class CheckpointManager:
-    """One worker's checkpoints of a run: rank 0 saves ``states`` (``common.pt``), every
-    rank its RNG states and its ``local`` states in ``rank<r>.pt`` (its comm hook's, an
-    optimizer's that exchanges its own, an outer sync's replica: its own model, inner and
-    outer optimizers, step within the period); ``progress`` (epoch, step, training time,
-    curve, status) goes to the manifest, written last.  Each is ``Stateful``: saved and
-    restored by its ``state_dict`` and ``load_state_dict`` alone."""
+    """One worker's checkpoints: rank 0 saves ``states`` (``common.pt``), every rank its RNG
+    and ``local`` states (``rank<r>.pt``: its hook's, an outer sync's replica...), the
+    manifest ``progress`` last; each ``Stateful``, saved by its own ``state_dict`` alone."""
 
     def __init__(
         self,
@@ -257,9 +215,8 @@ class CheckpointManager:
         self.root = run_dir(cfg.results.dir, run["run_id"])
 
     def save(self, barrier: Callable[[], None]) -> Path:
-        """Every rank: write this epoch's checkpoint; rank 0 completes it with the manifest
-        and drops the oldest beyond ``keep_checkpoints``.  ``barrier()`` waits for every
-        rank's shard."""
+        """Every rank: this epoch's checkpoint; after ``barrier()`` (every shard written) rank 0
+        writes the manifest and drops the oldest beyond ``keep_checkpoints``."""
         p = self.progress.state_dict()
         d = self.root / f"epoch-{p['epoch']:04d}"
         d.mkdir(parents=True, exist_ok=True)
@@ -271,19 +228,9 @@ class CheckpointManager:
         _atomic_save(mine, d / f"rank{self.rank}.pt")
         barrier()
         if self.rank == 0:
-            manifest = {
-                "run": self.run,
-                "config": to_container(self.cfg),
-                "epoch": p["epoch"],
-                "step": p["step"],
-                "world_size": self.world,
-                "train_time_s": p["train_time_s"],
-                "status": p["status"],
-                "saved_at": time.time(),
-                "curve": p["curve"],
-                "files": shard_sizes(d),  # every rank's shard is in place (the barrier)
-                "evals": p["evals"],
-            }
+            # p: epoch, step, train_time_s, status, curve, evals; every shard is in place
+            manifest = {"run": self.run, "config": to_container(self.cfg), **p}
+            manifest.update(world_size=self.world, saved_at=time.time(), files=shard_sizes(d))
             whole.write(d.with_suffix(".json"), json.dumps(manifest, indent=1))
             keep = max(1, self.cfg.train.keep_checkpoints)
             for old in by_epoch(self.root.glob("epoch-*.json"))[:-keep]:
@@ -319,8 +266,8 @@ class CheckpointManager:
         )
 
     def resume(self) -> None:
-        """Continue from the run's last checkpoint after an elastic restart or by hand; the
-        time from the checkpoint to the failure that lost it counts as training time."""
+        """Continue from the run's last checkpoint (an elastic restart or by hand); the time from
+        it to the failure that lost it counts as training time."""
         run_id = self.run["run_id"]
         # rank 0 decides for all (an agent whose workers did not fail counts no restart)
         manifest = runtime.broadcast_object(latest(self.cfg.results.dir, run_id))

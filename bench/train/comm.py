@@ -1,17 +1,13 @@
-"""The comm hook in a training run: checked before launch, attached after DDP wrapping,
-driven per epoch and per step (dense warm-up in epochs or steps, the density schedule per
-epoch or per ``schedule_steps`` steps, per-step statistics and the log of each step's phase).
-
-    validate(cfg.comm, world_size, nnodes, optim=cfg.optim, amp=cfg.train.amp)  # launcher
-    controller = attach(ddp_model, cfg.comm, steps_per_epoch=n, optimizer=opt)  # after DDP
-    controller.set_epoch(epoch)     # before each epoch
-    stats = controller.pop_stats()  # after each epoch: per-step means since the last pop
-"""
+"""The comm hook in a training run: checked before launch (:func:`validate`), attached
+after DDP wrapping (:func:`attach`), driven per epoch and per step by its
+:class:`CommController` (dense warm-up in epochs or steps, the density schedule per epoch
+or per ``schedule_steps`` steps, per-step statistics and each step's phase)."""
 
 from __future__ import annotations
 
 import functools
 from dataclasses import asdict
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -32,9 +28,8 @@ LOCAL = NOCOMM  # the hook of an optimizer that exchanges its own state: local g
 def validate(
     cfg: CommConfig, world_size: int, nnodes: int, optim: Any = None, amp: str = "off"
 ) -> None:
-    """Refuse a bad ``comm`` config before any worker starts (raises ConfigError); with
-    ``optim`` (the ``optim`` config) also one it cannot train with: a comm method beside an
-    optimizer that exchanges its own state (DeMo), or a placement that does not fit it."""
+    """Refuse a bad ``comm`` config before any worker starts; with the ``optim`` config, also
+    one it cannot train with (beside DeMo's own exchange, a placement that does not fit)."""
     spec = HOOKS.get(cfg.name)
     name = getattr(optim, "name", None)
     if name is not None and OPTIMIZERS.get(name).local_gradients and cfg.name != LOCAL:
@@ -43,14 +38,15 @@ def validate(
             f"worker's local gradient: use comm={LOCAL}, not comm={cfg.name}"
         )
     opts = HookOptions.of(cfg)
-    if int(cfg.warmup_steps) < 0:
-        raise ConfigError(f"comm.warmup_steps must be >= 0, got {cfg.warmup_steps}")
+    for key in ("warmup_epochs", "warmup_steps", "schedule_steps"):
+        if int(getattr(cfg, key)) < 0:
+            raise ConfigError(f"comm.{key} must be >= 0, got {getattr(cfg, key)}")
     if optim is not None or opts.placement != "grad":
         placements.check(
             opts.placement,
             sparse=spec.sparse,
             comm=cfg.name,
-            optim=optim if optim is not None else _NO_OPTIM,
+            optim=optim if optim is not None else NO_OPTIM,
             amp=amp,
             error_feedback=opts.error_feedback,
             warmup=int(cfg.warmup_steps) + int(cfg.warmup_epochs),
@@ -58,9 +54,6 @@ def validate(
     for d in cfg.density_schedule:
         if not 0.0 < float(d) <= 1.0:
             raise ConfigError(f"comm.density_schedule values must be in (0, 1], got {d}")
-    for name in ("warmup_epochs", "warmup_steps", "schedule_steps"):
-        if int(getattr(cfg, name, 0)) < 0:
-            raise ConfigError(f"comm.{name} must be >= 0, got {getattr(cfg, name)}")
     if float(cfg.bucket_cap_mb) <= 0:
         raise ConfigError(f"comm.bucket_cap_mb must be > 0, got {cfg.bucket_cap_mb}")
     if nnodes < 1 or world_size % nnodes:
@@ -74,13 +67,10 @@ def validate(
             raise config_keys(e) from None
 
 
-class _NoOptim:
-    """The ``optim`` config when the caller has none: fits no placement but ``grad``."""
-
-    name, momentum, weight_decay, clip_norm, update = "none", 0.0, 0.0, 0.0, "naive"
-
-
-_NO_OPTIM = _NoOptim()
+# the ``optim`` config when the caller has none: it fits no placement but ``grad``
+NO_OPTIM = SimpleNamespace(
+    name="none", momentum=0.0, weight_decay=0.0, clip_norm=0.0, update="naive"
+)
 
 
 class CommController:
@@ -92,9 +82,9 @@ class CommController:
         self.sparse = is_sparse(self.name)
         self.density = float(cfg.density)
         self.warmup_epochs = int(cfg.warmup_epochs)
-        self.warmup_steps = int(getattr(cfg, "warmup_steps", 0) or 0)
+        self.warmup_steps = int(cfg.warmup_steps)
         self.schedule = [float(d) for d in cfg.density_schedule]
-        self.schedule_steps = int(getattr(cfg, "schedule_steps", 0) or 0)
+        self.schedule_steps = int(cfg.schedule_steps)
         self.steps_per_epoch = steps_per_epoch
         self.epoch = 0
         self.in_step = False  # a bucket of the running step has been handed to the hook
@@ -105,8 +95,8 @@ class CommController:
         return max(self.warmup_epochs * int(self.steps_per_epoch or 0), self.warmup_steps)
 
     def density_for(self, epoch: int, step: int | None = None) -> float:
-        """Density of (0-based) ``epoch``, or of optimizer ``step`` (counted from the run's
-        start) when given: 1.0 in warm-up, then the schedule (its last value repeats)."""
+        """Density of ``epoch`` (0-based), or of ``step`` (from the run's start): 1.0 in warm-up,
+        then the schedule, its last value repeating."""
         if epoch < self.warmup_epochs or (step is not None and step < self.warmup_steps):
             return 1.0
         if self.schedule:
@@ -126,8 +116,7 @@ class CommController:
             self.state.density = self.density_for(epoch)
 
     def begin_step(self) -> None:
-        """Before the step's first bucket: its density on the step axis, and its phase
-        noted in the statistics (what the hook will send it as)."""
+        """Before the step's first bucket: its density, and its phase in the statistics."""
         if self.sparse:
             step = int(self.state.step)
             self.state.density = self.density_for(self.epoch, step)
@@ -136,15 +125,13 @@ class CommController:
         self.state.stats.begin_step(*self.state.phase(self.name))
 
     def pop_stats(self) -> dict[str, float]:
-        """Per-step means since the last pop; first reads the hook's unread finiteness flags
-        (one sync, raising ValueError on NaN/Inf: the hooks never read the device)."""
+        """Per-step means since the last pop, after the hook's finiteness flags (a device read)."""
         self.state.check_finite()
         self.in_step = False
         return self.state.stats.pop()
 
     def states(self) -> dict[str, Stateful]:
-        """This rank's own share of a checkpoint: its hook's state and, for an optimizer
-        that exchanges its own state (DeMo), the optimizer's (each worker's differs)."""
+        """This rank's share of a checkpoint: its hook's state and DeMo's optimizer's."""
         return {"hook": self.state, **({"exchange": self.exchange} if self.exchange else {})}
 
     def wrap(self, hook: Any) -> Any:
@@ -171,12 +158,9 @@ def attach(
     process_group: Any = None,
     optim: Any = None,
 ) -> CommController:
-    """Register the hook of ``cfg.name`` on a DDP model; call on every rank after DDP
-    wrapping (and before a checkpoint is loaded).  ``optimizer``: one whose spec exchanges
-    its own state (``optim``, its config: DeMo) is counted in the statistics; a placement
-    other than ``grad`` gets it (``grad+dgc`` takes its momentum and weight decay over,
-    ``update`` marks its variance frozen: bench/comm/placement.py).  ``process_group``:
-    DDP's, when not the whole world (a node's, under an outer sync)."""
+    """Register the hook of ``cfg.name`` on a DDP model, every rank, before a checkpoint is
+    loaded; ``optimizer``: counted when it exchanges its own state (DeMo), bound by a placement
+    other than ``grad``; ``process_group``: DDP's, when not the world's."""
     import torch.distributed as dist
 
     own = optim is not None and OPTIMIZERS.get(optim.name).local_gradients
@@ -203,10 +187,8 @@ def attach(
 
 
 def count_optimizer(controller: CommController, optimizer: Any, own_steps: bool) -> None:
-    """Count an optimizer's own exchange (DeMo's all-gather of one packet per step, told
-    through its ``on_send``) in the run's statistics, priced by :func:`bench.comm.cost.demo`
-    (a flat ring allgather), and keep its state in this rank's checkpoint.  With a hook
-    (``nocomm``) the hook counts the steps and the elements; alone, the optimizer does."""
+    """Count an optimizer's own exchange (DeMo's all-gather, told through its ``on_send``) in
+    the run's statistics and keep its state in this rank's checkpoint."""
     import torch.distributed as dist
 
     controller.exchange = stateful(optimizer, "an optimizer exchanging its own state:")

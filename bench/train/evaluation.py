@@ -1,19 +1,8 @@
-"""When a run is evaluated and which model is scored, the training clock paused around
-each evaluation (DAWNBench's rule: evaluation is not training time).
-
-Points: after every ``train.eval_every_steps``-th step (:func:`after_step`, into the
-record's ``evals``) and every ``train.eval_every``-th epoch and the last
-(:func:`after_epoch`, into the curve); none before ``train.eval_from_step``, none of a
-diverged model.  With ``train.eval_stride`` k only every k-th point inside an epoch is
-evaluated, the models between kept and, once one reaches the target, evaluated oldest
-first (:func:`_backfill`).
-
-The model scored is the one a user would keep: under DDP the one model, with rank 0's
-BatchNorm statistics; under an outer sync the global model
-(:meth:`~bench.train.sync.OuterSync.global_state`), right after an outer synchronisation
-only, where it exists: a point between two waits for the next one.  Every evaluation of
-such a run is a point of ``evals`` marked ``scored: global``, with ``outer_syncs``.
-"""
+"""When a run is evaluated and which model is scored, off the training clock (DAWNBench's
+rule): every ``train.eval_every_steps``-th step into the record's ``evals``, every
+``train.eval_every``-th epoch into the curve (``train.eval_stride``: every k-th point, the
+models between evaluated once one reaches the target); under an outer sync the global
+model, right after a synchronisation (docs/internals/train.md)."""
 
 from __future__ import annotations
 
@@ -31,9 +20,8 @@ from bench.train.state import TrainState
 
 
 def after_step(s: TrainState, last: bool) -> tuple[float, bool]:
-    """After each training step: (wall time in s of its evaluation or kept model, off the
-    training clock; whether it reached the target).  None after the epoch's last step,
-    which the epoch's own evaluation follows."""
+    """After each step: (wall time in s of its evaluation or kept model, off the clock;
+    whether it reached the target); nothing after the epoch's last step."""
     s.at_sync = s.sync.synced()
     t = s.cfg.train
     n = t.eval_every_steps
@@ -61,8 +49,7 @@ def after_step(s: TrainState, last: bool) -> tuple[float, bool]:
 
 
 def after_epoch(s: TrainState, row: dict[str, Any]) -> dict[str, float]:
-    """The epoch's evaluation when it is due, as curve columns ({}: none), after the kept
-    models' (``train.eval_stride``) when it reaches the target."""
+    """The epoch's evaluation when due, as curve columns ({}: none)."""
     if not _epoch_due(s, row):
         return {}
     if not s.at_sync:  # an outer sync between two synchronisations: the next one scores
@@ -108,8 +95,7 @@ def _scored(s: TrainState) -> dict[str, torch.Tensor] | None:
 
 
 def _metrics(s: TrainState, state: dict[str, torch.Tensor] | None) -> dict[str, float]:
-    """The workload's held-out metrics of ``state`` (None: of the model as it is), every
-    rank scoring its share; the model is put back after."""
+    """The held-out metrics of ``state`` (None: the model as it is); the model put back."""
     now = None
     if state is not None:
         now = _copy(s.model.state_dict())
@@ -123,8 +109,7 @@ def _metrics(s: TrainState, state: dict[str, torch.Tensor] | None) -> dict[str, 
 
 
 def _evaluate(s: TrainState, point: dict[str, Any], state: Any = None) -> bool:
-    """Score ``state`` (:func:`_metrics`), append ``point`` with its metrics to ``s.evals``;
-    whether it reached the target."""
+    """Score ``state`` into ``point``, appended to ``s.evals``; whether it reached the target."""
     point = {**point, **{col.metric_column(k): v for k, v in _metrics(s, state).items()}}
     s.evals.append(point)
     return reached(
@@ -133,8 +118,7 @@ def _evaluate(s: TrainState, point: dict[str, Any], state: Any = None) -> bool:
 
 
 def _backfill(s: TrainState) -> None:
-    """An evaluation reached the target: evaluate the kept models oldest first, up to the
-    first that reaches it too (every rank: the metrics are reduced, so all agree)."""
+    """Evaluate the kept models oldest first, up to the first at the target (every rank)."""
     kept, s.kept = s.kept, []
     for point, state in kept:
         if _evaluate(s, point, state):

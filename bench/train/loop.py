@@ -1,9 +1,7 @@
 """The data-parallel training loop, one process per worker: :func:`train` builds a
 :class:`~bench.train.state.TrainState` (:func:`setup`), trains it epoch by epoch
-(:func:`train_epoch`, :func:`train_step`), evaluates it, checkpoints it, and rank 0
-writes the run's record and outputs (:func:`write_outputs`).  Each step is timed in
-phases (data, compute, update); training time follows :mod:`bench.results.timing`.
-"""
+(:func:`train_epoch`, :func:`train_step`, each step timed in phases), evaluates and
+checkpoints it, and rank 0 writes the run's record and outputs."""
 
 from __future__ import annotations
 
@@ -44,7 +42,12 @@ def setup(payload: dict[str, Any]) -> TrainState:
     model = workload.model.to(device)
     if device.type == "cuda" and cfg.model.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    steps = _steps_per_epoch(len(workload.data.train), cfg.train.max_steps_per_epoch, rank)
+    batches, max_steps = len(workload.data.train), cfg.train.max_steps_per_epoch
+    steps = min(batches, max_steps) if max_steps > 0 else batches
+    if steps < 1:
+        raise RuntimeError(
+            f"an epoch has no training step on rank {rank}: the data set is smaller than one batch"
+        )
     optimizer = build_optimizer(model, cfg.optim)
     outer = OuterSync(cfg, rank, world)  # sync=ddp: None, the world is DDP's group
     ddp = _wrap(model, optimizer, cfg, device, outer.group)
@@ -92,20 +95,10 @@ def checkpoints(s: TrainState) -> ck.CheckpointManager:
     )
 
 
-def _steps_per_epoch(batches: int, max_steps: int, rank: int) -> int:
-    steps = min(batches, max_steps) if max_steps > 0 else batches
-    if steps < 1:
-        raise RuntimeError(
-            f"an epoch has no training step on rank {rank}: the data set is smaller than one batch"
-        )
-    return steps
-
-
 def _wrap(
     model: nn.Module, optimizer: Any, cfg: Config, device: torch.device, group: Any = None
 ) -> nn.Module:
-    """DDP around the model over ``group`` (None: the world; its constructor broadcasts the
-    group's first weights), or the model alone."""
+    """DDP around the model over ``group`` (None: the world), or the model alone."""
     if not dist.is_initialized():
         return model
     return DDP(
@@ -113,22 +106,20 @@ def _wrap(
         process_group=group,
         device_ids=[device.index] if device.type == "cuda" else None,
         bucket_cap_mb=cfg.comm.bucket_cap_mb,
-        # not rank 0's BatchNorm buffers at every forward: training uses the batch's
-        # statistics, rank 0 keeps its own either way, and the evaluation and checkpoints
-        # take rank 0's (runtime.broadcast_buffers); sent each step, they were link bytes
-        # no method counted (4.5 kB a step on the digits' ResNet-9, 18 % of DeMo's packet)
+        # no BatchNorm buffers at every forward (link bytes no method counted): training
+        # uses the batch's statistics, evaluation and checkpoints take rank 0's
         **runtime.NO_BUFFER_SYNC,
         **ddp_kwargs(optimizer),  # update modes that own the gradient buffer
     )
 
 
 def train_step(s: TrainState, batch: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Forward, backward (DDP communicates), update; returns (loss, correct predictions),
-    or None when a NaN/Inf was found (the update is skipped, ``s.status`` is diverged)."""
+    """Forward, backward (DDP communicates), update: (loss, correct predictions), or None
+    when a NaN/Inf was found (the update skipped, ``s.status`` diverged)."""
     with s.autocast():
         loss, correct = s.workload.loss(s.ddp, batch)
-    if _inject_nan(s):
-        loss = loss * float("nan")
+    if s.rank == 0 and os.environ.get("BENCH_FAULT_NAN_STEP") == str(s.step + 1):
+        loss = loss * float("nan")  # fault injection for tests: rank 0's loss NaN at step N
     (s.scaler.scale(loss) if s.scaler is not None else loss).backward()
     s.timer.mark("compute")
     if s.cfg.train.nan_check == "step" and _diverged(s, loss):
@@ -149,16 +140,9 @@ def train_step(s: TrainState, batch: Any) -> tuple[torch.Tensor, torch.Tensor] |
     return loss.detach(), correct
 
 
-def _inject_nan(s: TrainState) -> bool:
-    """Fault injection for tests: BENCH_FAULT_NAN_STEP=N makes rank 0's loss NaN at step N."""
-    return s.rank == 0 and os.environ.get("BENCH_FAULT_NAN_STEP") == str(s.step + 1)
-
-
 def _diverged(s: TrainState, loss: torch.Tensor) -> bool:
-    """Whether this step's reduced gradient (without a comm hook: any gradient) holds a
-    NaN or Inf; notes where in ``s.diverged_at``."""
-    # the hook's device flags (reduced buckets, and the inputs of sparse selections): one
-    # read here per step, none inside the hooks; None: it flags nothing
+    """Whether this step's reduced gradient holds a NaN or Inf (the hook's device flags, read
+    once here; without them any gradient's); notes where in ``s.diverged_at``."""
     found = s.comm.state.take_finite()
     if found is not None:
         if not found or bool(torch.stack([ok for _, ok in found]).all()):
@@ -227,7 +211,6 @@ def _epoch_row(
     epoch_s: float,
 ) -> dict[str, Any]:
     """The epoch's curve columns: this rank's loader counts, every worker's totals."""
-    # token-batched loaders also count source + target tokens (this rank's; summed below)
     tokens = stats.get(RANK_TOKENS)
     extra = [] if tokens is None else [float(tokens)]
     skipped = float(stats.get("data/corrupt", 0))  # this rank's damaged images (loaders)
@@ -235,9 +218,7 @@ def _epoch_row(
     loss_sum, correct, samples, skipped, *total_tokens = runtime.all_reduce_sum(counts).tolist()
     phases = s.timer.pop()
     return {
-        # the loader's own counts are this rank's; the totals below are every worker's
         **stats,
-        # token loaders: every worker's source + target tokens and their rate
         **({col.TOKENS: int(total_tokens[0])} if total_tokens else {}),
         **({col.TOKEN_THROUGHPUT: total_tokens[0] / epoch_s} if total_tokens else {}),
         **s.comm.pop_stats(),
@@ -288,8 +269,7 @@ def end_epoch(
 
 
 def finish(s: TrainState, leave_group: bool = True) -> dict[str, Any] | None:
-    """Stop the loaders, write the outputs (rank 0), leave the process group (a queue of
-    runs keeps it)."""
+    """Stop the loaders, write the outputs (rank 0), leave the group (a queue keeps it)."""
     s.workload.data.close()  # loader workers and DALI pipelines stop now, not at exit
     s.sync.close()  # the outer sync's Manager, then the Lighthouse (every rank takes part)
     links = outputs.link_readings(s)
@@ -330,24 +310,10 @@ def train(payload: dict[str, Any], leave_group: bool = True) -> dict[str, Any] |
         t_eval = time.perf_counter()
         evaluated = evaluation.after_epoch(s, row)
         go_on = end_epoch(s, row, evaluated, time.perf_counter() - t_eval)
-        _checkpoint(s, last=not go_on)
-        _hold_epoch(go_on)
+        # every ``checkpoint_every`` epochs and at the end, not of a diverged model
+        every = cfg.train.checkpoint_every
+        if every > 0 and s.status != "diverged" and (not go_on or s.epoch % every == 0):
+            checkpoints(s).save(barrier=runtime.barrier)
+        if go_on and os.environ.get("BENCH_FAULT_EPOCH_HOLD_S"):  # fault injection for tests:
+            time.sleep(float(os.environ["BENCH_FAULT_EPOCH_HOLD_S"]))  # a fault lands in time
     return finish(s, leave_group)
-
-
-def _hold_epoch(go_on: bool) -> None:
-    """Fault injection for tests: BENCH_FAULT_EPOCH_HOLD_S=X holds every rank X s after
-    each epoch's checkpoint but the last (a run lasts long enough for a fault to land in
-    it, however fast this machine trains), outside every measured time."""
-    hold = os.environ.get("BENCH_FAULT_EPOCH_HOLD_S")
-    if hold and go_on:
-        time.sleep(float(hold))
-
-
-def _checkpoint(s: TrainState, last: bool) -> None:
-    """Every rank: a checkpoint every ``train.checkpoint_every`` epochs and at the end
-    (not of a diverged model), the clock paused."""
-    every = s.cfg.train.checkpoint_every
-    if every <= 0 or s.status == "diverged" or not (last or s.epoch % every == 0):
-        return
-    checkpoints(s).save(barrier=runtime.barrier)

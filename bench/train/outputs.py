@@ -1,6 +1,5 @@
 """What a worker shows and writes: rank 0's per-epoch table while it trains, and at the
-end every worker's link counters and rank 0's curve CSV, the time-to-accuracy figure and
-the run's record (:func:`write`)."""
+end rank 0's curve CSV, time-to-accuracy figure and record (:func:`write`)."""
 
 from __future__ import annotations
 
@@ -43,9 +42,8 @@ def epoch_line(s: TrainState, row: dict[str, Any]) -> None:
 
 
 def table(s: TrainState) -> list[tuple[str, str, int, str, float]]:
-    """The per-epoch table rank 0 prints: (header, curve column, width, format, scale).
-    top-5 says nothing on a task of 10 classes or fewer (DAWNBench reports it for
-    ImageNet only): not in the table there unless it is the target (still in the curve)."""
+    """Rank 0's per-epoch table: (header, curve column, width, format, scale); top-5 only
+    above 10 classes or as the target."""
     top5 = s.cfg.train.target_metric == "top5" or s.workload.data.num_classes > 10
     metrics = [m for m in s.workload.metrics if m != "loss" and (m != "top5" or top5)]
     return [
@@ -72,15 +70,10 @@ def link_readings(s: TrainState) -> list[Any]:
 
 
 def write(s: TrainState, links: list[Any] | None = None) -> records.RunRecord:
-    """Rank 0: the curve CSV, the time-to-accuracy figure and the run's record (``links``:
-    every worker's link counters, :class:`~bench.cluster.emulated.LinkClock`)."""
+    """Rank 0: the curve CSV, the figure and the record (``links``: every worker's counters)."""
     cfg, res = s.cfg, s.cfg.results.dir
     rec = records.RunRecord.start(
-        cfg,
-        s.run,
-        config=to_container(cfg),
-        comm_sparse=is_sparse(cfg.comm.name),
-        nnodes=s.nnodes,
+        cfg, s.run, config=to_container(cfg), comm_sparse=is_sparse(cfg.comm.name), nnodes=s.nnodes
     ).finish(
         s.curve,
         status=s.status,
@@ -111,7 +104,17 @@ def write(s: TrainState, links: list[Any] | None = None) -> records.RunRecord:
     )
     rec.translations = s.workload.write_translations(res, rec.run_id)  # translation: decoded
     if cfg.results.plot and s.curve and (cfg.results.plot_sweeps or not cfg.results.sweep_id):
-        rec.figure = str(_plot(s, rec))
+        rec.figure = str(
+            plot_time_to_accuracy(
+                [(f"{rec.model} {rec.comm} x{rec.world_size}", pd.DataFrame(s.curve))],
+                metric=rec.target_metric,
+                target=rec.target_value,
+                path=records.figure_path(res, rec.run_id),
+                hardware=rec.hardware,
+                title=f"{rec.experiment}: time to {100 * rec.target_value:g} % "
+                f"{rec.target_metric} ({rec.run_id})",
+            )
+        )
     try:
         rec.append(res)
     except records.AlreadyRecorded as e:  # restarted after the record was written
@@ -125,16 +128,3 @@ def write(s: TrainState, links: list[Any] | None = None) -> records.RunRecord:
     )
     print(closing_lines(rec.to_dict(), res), flush=True)
     return rec
-
-
-def _plot(s: TrainState, rec: records.RunRecord) -> Path:
-
-    return plot_time_to_accuracy(
-        [(f"{rec.model} {rec.comm} x{rec.world_size}", pd.DataFrame(s.curve))],
-        metric=rec.target_metric,
-        target=rec.target_value,
-        path=records.figure_path(s.cfg.results.dir, rec.run_id),
-        hardware=rec.hardware,
-        title=f"{rec.experiment}: time to {100 * rec.target_value:g} % {rec.target_metric} "
-        f"({rec.run_id})",
-    )

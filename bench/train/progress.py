@@ -1,6 +1,6 @@
 """What rank 0 shows while a run trains: a bar over each epoch's steps on a terminal, and
-one warning line when the machine is busy enough to make the run's timings unreliable (its
-load average beyond the run's own workers), kept in the run's record as ``machine_load``."""
+a warning when the machine's load beyond the run's own workers makes its timings
+unreliable (the record's ``machine_load``)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,7 @@ SIZE = (80, 24)  # columns, rows of a terminal that reports none (a pseudo-termi
 
 
 def epoch_bar(s: Any) -> tqdm:
-    """Rank 0's bar over the epoch's steps, on a terminal only (not in a log file); the
-    machine's load is read at each epoch's start."""
+    """Rank 0's bar over the epoch's steps, on a terminal only; the load read at each start."""
     if s.rank == 0:
         _sample(s.run["run_id"])
     show = s.rank == 0 and s.cfg.train.progress and sys.stderr.isatty()
@@ -38,8 +37,7 @@ def epoch_bar(s: Any) -> tqdm:
 
 
 def _size() -> tuple[int, int] | None:
-    """None where the terminal reports its size (the bar follows it), else
-    :data:`SIZE`: tqdm draws nothing on a terminal of 0 columns or 0 rows."""
+    """None where the terminal reports its size, else :data:`SIZE` (tqdm draws nothing at 0)."""
     try:
         cols, rows = os.get_terminal_size(sys.stderr.fileno())
     except (OSError, ValueError):
@@ -48,8 +46,7 @@ def _size() -> tuple[int, int] | None:
 
 
 def show_step(bar: tqdm, loss: Any, samples: int, t0: float) -> None:
-    """The bar's step, with every worker's samples/s and this rank's loss (a device sync:
-    read only for a bar that is shown, at most twice a second)."""
+    """The bar's step, with the samples/s and loss (a device read, twice a second at most)."""
     bar.update(1)
     if bar.disable or time.perf_counter() - getattr(bar, "_shown_at", 0.0) < 0.5:
         return
@@ -59,12 +56,8 @@ def show_step(bar: tqdm, loss: Any, samples: int, t0: float) -> None:
 
 
 class MachineLoad:
-    """The load average of rank 0's machine over a run, less the run's own workers.
-
-    Linux's 1-minute load average is an exponential average (time constant 60 s) of the
-    runnable tasks: ``n`` tasks started ``t`` s ago add ``n (1 - exp(-t / 60))`` to it.  The
-    run's own are its workers on this machine times their threads; what is left, per core,
-    is the other work competing for the cores."""
+    """Rank 0's machine's load average over a run per core, less the run's own workers
+    (``n`` tasks started ``t`` s ago add ``n (1 - exp(-t / 60))`` to the 1-minute average)."""
 
     def __init__(self, payload: dict[str, Any]) -> None:
         c = payload["config"]["cluster"]

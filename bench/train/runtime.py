@@ -15,6 +15,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from bench.cluster.torchrun import GENERATION_ENV, worker_threads
+
 # DDP's keyword for "no buffer broadcast at each forward": torch 2.14 deprecates
 # broadcast_buffers (a FutureWarning per worker) for forward_sync_buffers, which still syncs
 # them once at construction, where every rank's buffers are the same anyway
@@ -26,13 +28,11 @@ NO_BUFFER_SYNC = (
 
 
 def setup_distributed(cfg: Any) -> tuple[int, int, torch.device]:
-    """(rank, world size, device), the process group initialised from the launcher's
-    environment (RANK, WORLD_SIZE, LOCAL_RANK ...; without RANK a single process)."""
+    """(rank, world size, device), the process group from the launcher's environment."""
     use_cuda = torch.cuda.is_available() and cfg.train.device in ("auto", "cuda")
     if cfg.train.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("train.device=cuda but CUDA is not available")
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     if use_cuda:
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
         device = torch.device("cuda", torch.cuda.current_device())
@@ -49,33 +49,23 @@ def setup_distributed(cfg: Any) -> tuple[int, int, torch.device]:
             timeout=timeout,
             **_attempt_store(timeout),
         )
-    # intra-op threads: cluster.threads_per_worker, else the launcher's OMP_NUM_THREADS,
-    # else the node's cores shared by its workers (never more: docs/internals/train.md)
-    env = os.environ.get("OMP_NUM_THREADS", "")
-    threads = cfg.cluster.threads_per_worker or (
-        int(env) if env.isdigit() and int(env) > 0 else max(1, (os.cpu_count() or 1) // local_world)
-    )
-    torch.set_num_threads(threads)
+    # the node's cores shared by its workers at most (docs/internals/train.md)
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    torch.set_num_threads(worker_threads(cfg.cluster.threads_per_worker, local_world))
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
     return rank, world, device
 
 
 def _attempt_store(timeout: datetime.timedelta) -> dict[str, Any]:
-    """The process group's store, in a namespace of its own for each elastic restart (a
-    restarted group must not read the keys of the one it replaces); empty when the agent
-    hosts no store."""
+    """The process group's store, in a namespace of its own per elastic restart (a new group
+    must not read the old one's keys); empty when the agent hosts no store."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return {}
     # the agents' token of this rendezvous round (bench.cluster.torchrun.instrument_agent)
-    attempt = os.environ.get("BENCH_GENERATION") or os.environ.get(
-        "TORCHELASTIC_RESTART_COUNT", "0"
-    )
+    attempt = os.environ.get(GENERATION_ENV) or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     client = dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        is_master=False,
-        timeout=timeout,
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
     )
     return {
         "store": dist.PrefixStore(f"/bench/attempt_{attempt}", client),
@@ -132,8 +122,8 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
 
 
 class PhaseTimer:
-    """Seconds per phase of a step (data, compute, update), summed until :meth:`pop`; on
-    CUDA with ``sync`` each boundary synchronises, charging kernels to their phase."""
+    """Seconds per phase of a step, summed until :meth:`pop`; on CUDA with ``sync`` each
+    boundary synchronises, charging kernels to their phase."""
 
     def __init__(self, device: torch.device, sync: bool) -> None:
         self.sync = sync and device.type == "cuda"
@@ -161,8 +151,7 @@ def clip_gradients(
     scaler: torch.amp.GradScaler | None,
     max_norm: float,
 ) -> torch.Tensor:
-    """Clip the global L2 norm of ``model``'s (averaged) gradients to ``max_norm``, unscaled
-    first under a gradient scaler; returns the norm before clipping."""
+    """Clip the gradients' global L2 norm to ``max_norm`` (unscaled first); the norm before."""
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     if scaler is not None and scaler.is_enabled() and any(g.dtype == torch.float16 for g in grads):
         # fp16 gradients (the flat update's model copy): unscale_ refuses them, and the flat
@@ -174,8 +163,7 @@ def clip_gradients(
 
 
 def _clip_scaled(grads: list[torch.Tensor], scale: torch.Tensor, max_norm: float) -> torch.Tensor:
-    """Clip gradients still multiplied by ``scale`` to an unscaled global norm of
-    ``max_norm`` (summed in float32, no host sync); returns the unscaled norm."""
+    """Clip gradients scaled by ``scale`` to an unscaled norm of ``max_norm`` (no host sync)."""
     norms = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads])
     total = torch.linalg.vector_norm(norms) / scale.float()
     coef = (max_norm / (total + 1e-6)).clamp(max=1.0)

@@ -1,7 +1,5 @@
 """One worker's run as one object: what it is built from and all that changes while it
-trains.  A leaf of the worker side: the loop builds it and hands its parts to the
-checkpoints (:mod:`bench.train.checkpoint`) and the MLPerf log; its progress follows
-torch's ``Stateful`` protocol (``state_dict`` / ``load_state_dict``)."""
+trains, its progress a torch ``Stateful`` for the checkpoints (:mod:`bench.train.checkpoint`)."""
 
 from __future__ import annotations
 
@@ -21,9 +19,8 @@ from bench.train.sync import OuterSync
 
 @dataclass
 class TrainState:
-    """The changing part (model and optimizer tensors, scheduler, scaler, the comm hook's
-    residuals inside ``comm``, and the progress below) is what a checkpoint saves.  The
-    sampler position is ``epoch``: loaders derive their order from (seed, epoch)."""
+    """A checkpoint saves the changing part (tensors, scheduler, scaler, the hook's residuals,
+    the progress below); loaders derive their order from (seed, ``epoch``)."""
 
     cfg: Config
     run: dict[str, Any]  # run id, start time, launch time, experiment (rank 0's)
@@ -47,12 +44,10 @@ class TrainState:
     step: int = 0  # optimizer steps completed
     status: str = "target_missed"
     diverged_at: dict[str, Any] | None = None  # step, epoch and place of the first NaN/Inf
-    # sub-epoch evaluations (train.eval_every_steps; under an outer sync, every one, with
-    # "scored" and "outer_syncs"): step, epoch, training time, metrics
+    # sub-epoch evaluations (under an outer sync every one): step, epoch, time, metrics
     evals: list[dict[str, Any]] = field(default_factory=list)
-    # train.eval_stride: (evaluation point without metrics, model state) at each skipped
-    # evaluation step since the last evaluation (not checkpointed: a resumed run's first
-    # stride is resolved to its evaluated steps only)
+    # train.eval_stride: (point, model state) of each step skipped since the last
+    # evaluation (not checkpointed: a resumed run's first stride keeps its evaluated ones)
     kept: list[tuple[dict[str, Any], dict[str, torch.Tensor]]] = field(default_factory=list)
     # an evaluation point waits for the global model (under an outer sync: the next one)
     pending: bool = False

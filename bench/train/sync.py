@@ -1,13 +1,7 @@
 """The outer synchronisation in a training worker (``sync`` other than ``ddp``): one
 replica group per node, trained by DDP over the node's own process group (with any comm
 hook), and torchft's strategy across the nodes every H steps, its Manager meeting the
-others at the Lighthouse of global rank 0 (docs/algorithms.md, "Synchronising rarely").
-
-    outer = OuterSync(cfg, rank, world)   # before DDP: outer.group is DDP's process group
-    outer.start(model, optimizer, stats, device)   # after DDP and the comm hook
-    outer.pop_stats(); outer.state (the checkpoint's share); outer.close()
-    outer.synced(); outer.global_state(model)   # after each step: is the model global?
-"""
+others at the Lighthouse of global rank 0 (docs/algorithms.md, "Synchronising rarely")."""
 
 from __future__ import annotations
 
@@ -17,7 +11,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bench.cluster.lighthouse import Lighthouse, external, node_address
+from bench.cluster.lighthouse import ENV, Lighthouse, node_address
 from bench.comm.state import stateful
 from bench.config import Config
 from bench.sync import build, is_outer
@@ -25,8 +19,7 @@ from bench.train import runtime
 
 
 class OuterSync:
-    """Nothing for ``ddp`` (or a single process): then :attr:`group` is None, the whole
-    world trains as one DDP group, and every method does nothing."""
+    """Nothing for ``ddp`` or one process: :attr:`group` is None and every method does nothing."""
 
     def __init__(self, cfg: Config | None = None, rank: int = 0, world: int = 1) -> None:
         self.cfg, self.rank = cfg, rank
@@ -47,16 +40,11 @@ class OuterSync:
         ranks = [[n * m + j for j in range(m)] for n in range(self.nnodes)]
         self.group, _ = dist.new_subgroups_by_enumeration(ranks)
 
-    @property
-    def node_root(self) -> int:
-        """The global rank of this node's first worker (0 without an outer sync)."""
-        return self.node * self.local_world if self.outer else 0
-
     def start(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, stats: Any, device: Any
     ) -> OuterSync:
-        """Every rank, after DDP: the same weights on every node, the Lighthouse (rank 0),
-        the node's store, the Manager and the strategy's hooks on ``optimizer``'s step."""
+        """Every rank, after DDP: the same weights everywhere, the Lighthouse (rank 0), the
+        node's store, the Manager and the strategy's hooks on ``optimizer``'s step."""
         if not self.outer:
             return self
         from bench.sync.replica import ReplicaState, open_manager  # torchft: only here
@@ -64,15 +52,15 @@ class OuterSync:
         for t in model.state_dict().values():  # seeded alike; DDP only broadcast in the node
             dist.broadcast(t, 0)
         host = node_address(os.environ.get("MASTER_ADDR", "127.0.0.1"))
-        address = external()
-        if address is None:
+        address = os.environ.get(ENV)
+        if not address:
             if self.rank == 0:
                 self.lighthouse = Lighthouse(min_replicas=self.nnodes, host=host)
             address = runtime.broadcast_object(self.lighthouse.address if self.lighthouse else None)
         if self.local_rank == 0:
             self._store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False)
         box = [(host, self._store.port) if self._store is not None else None]
-        dist.broadcast_object_list(box, src=self.node_root, group=self.group)
+        dist.broadcast_object_list(box, src=self.node * self.local_world, group=self.group)
         cfg = self.cfg
         backend = "nccl" if device.type == "cuda" and cfg.cluster.backend != "gloo" else "gloo"
         self.manager = open_manager(
@@ -95,8 +83,7 @@ class OuterSync:
         return self
 
     def synced(self) -> bool:
-        """Whether the model is the global one: an outer synchronisation committed since
-        the last call (always without an outer sync, where DDP's model is global)."""
+        """Whether an outer synchronisation committed since the last call (the model is global)."""
         if self.manager is None:
             return True
         seen, self._seen = self._seen, self.syncs()
@@ -107,11 +94,9 @@ class OuterSync:
         return self.manager.current_step() if self.manager is not None else 0
 
     def global_state(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
-        """Every rank: the state dict of the model a user would keep (None without an outer
-        sync: ``model`` itself).  Its parameters are each torchft DiLoCo fragment's outer
-        parameters as of the fragment's last synchronisation (a strategy that keeps none,
-        LocalSGD: ``model``'s own, global right after its sync); its floating-point buffers
-        (BatchNorm's statistics, which no strategy exchanges) every worker's mean."""
+        """Every rank: the model a user would keep (None without an outer sync): each fragment's
+        outer parameters as of its last sync (LocalSGD: the model's own) and every worker's
+        mean of the floating-point buffers."""
         if not self.outer:
             return None
         from torchft.local_sgd import DiLoCo
