@@ -342,7 +342,7 @@ def _answer_lines(tables: list[Any], fastest: str) -> list[str]:
                 if r["comm"] == base
                 else ci_text(r["speedup_vs_dense"], r["speedup_vs_dense_ci_low"],
                              r["speedup_vs_dense_ci_high"], 2, "x") + " "
-                + verdict_text(r["verdict_vs_dense"], int(r["n_runs"]), short=True)
+                + verdict_text(r["verdict_vs_dense"], int(r["n_runs"]))
             )  # fmt: skip
             out.append(
                 f"{r['comm']:>17} {str(r['trial']):>22} {r['steps_to_target_mean']:7.0f} "

@@ -303,7 +303,7 @@ def answer_table_v2(df: pd.DataFrame) -> list[str]:
             if comm == methods.baseline():
                 text = f"1 (baseline, {r['time_to_target_mean_s']:.1f} s)"
             elif text != "-":
-                text += " " + verdict_text(r["verdict_vs_dense"], int(r["n_runs"]), short=True)
+                text += " " + verdict_text(r["verdict_vs_dense"], int(r["n_runs"]))
             cells.append(f"{text} `{r['trial']}`")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
