@@ -101,10 +101,9 @@ def colour_distance(a: str, b: str) -> float:
     return sum((x - y) ** 2 for x, y in zip(rgb(a), rgb(b), strict=True)) ** 0.5
 
 
-def fig_width(panels: int, per_panel: float = 5.0, extra: float = 0.0) -> float:
-    """Figure width in inches for ``panels`` panels in one row, capped at
-    :data:`MAX_WIDTH_PX`."""
-    return min(per_panel * panels + extra, MAX_WIDTH_PX / DPI)
+def fig_width(panels: int, per_panel: float) -> float:
+    """Inches for ``panels`` panels in one row, capped at :data:`MAX_WIDTH_PX`."""
+    return min(per_panel * panels, MAX_WIDTH_PX / DPI)
 
 
 def save_figure(fig, path: str | Path, layout: bool = True) -> Path:
