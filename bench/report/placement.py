@@ -33,10 +33,6 @@ def _cfg(rec: Mapping[str, Any], group: str, key: str) -> Any:
     return ((rec.get("config") or {}).get(group) or {}).get(key)
 
 
-def _steps_run(rec: Mapping[str, Any]) -> int:
-    return sum(int(p.get("steps", 0)) for p in rec.get("comm_phases") or [])
-
-
 def table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     """One row per sparse run: its steps to target over dense's on the same experiment and
     seed (a miss: NaN, with the steps it ran)."""
@@ -71,7 +67,7 @@ def table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
                 "dense_steps": d,
                 "relative": s / d if s and d else math.nan,
                 "reached": s is not None,
-                "steps_run": _steps_run(r),
+                "steps_run": sum(int(p.get("steps", 0)) for p in r.get("comm_phases") or []),
                 "run_id": r["run_id"],
                 "git_sha": r.get("git_sha", ""),
             }
