@@ -105,11 +105,7 @@ def append_record(results_dir: str | Path, record: Mapping[str, Any]) -> Path:
 
 
 def write_curve(
-    results_dir: str | Path,
-    run_id: str,
-    rows: Iterable[Mapping[str, Any]],
-    *,
-    extend: bool = False,
+    results_dir: str | Path, run_id: str, rows: Iterable[Mapping[str, Any]], *, extend: bool = False
 ) -> Path:
     """Write a run's curve CSV atomically; an existing curve is never replaced, except with
     ``extend`` by a curve that continues it."""
