@@ -23,6 +23,7 @@ from bench.report.scaling import scaling_lines
 from bench.report.tables import (
     NO_FIGURES,
     Inputs,
+    cfg_of,
     cluster_title,
     csv_section,
     is_protocol,
@@ -74,13 +75,9 @@ def _eval_records(records: list[dict], sweep: str) -> tuple[list[dict], int]:
     return latest, len(every) - len(latest)
 
 
-def _cluster(r: dict) -> str:
-    return str(((r.get("config") or {}).get("cluster") or {}).get("name") or "")
-
-
 def shaped_first(records: list[dict]) -> list[dict]:
     """Runs over an emulated (shaped) link first: they carry the link and its profile."""
-    return sorted(records, key=lambda r: _cluster(r) != "emulated")
+    return sorted(records, key=lambda r: cfg_of(r, "cluster", "name") != "emulated")
 
 
 def where(records: list[dict], count: bool = True) -> str:
@@ -89,7 +86,7 @@ def where(records: list[dict], count: bool = True) -> str:
     r = records[0] if records else {}
     hw = str(r.get("hardware") or "unknown hardware").split(";")[0]
     link = r.get("link_check") or {}
-    cluster = _cluster(r)
+    cluster = cfg_of(r, "cluster", "name")
     kind = (
         "emulated nodes" if cluster == "emulated"
         else "launcher nodes of the local cluster (loopback links, nothing shaped)"
@@ -100,7 +97,7 @@ def where(records: list[dict], count: bool = True) -> str:
         text += (
             f", an emulated inter-node link measured at {1e3 * link['bandwidth_gbps']:.0f} Mbit/s"
         )
-    local = sum(_cluster(x) == "local" for x in records)
+    local = sum(cfg_of(x, "cluster", "name") == "local" for x in records)
     if cluster == "emulated" and local and count:
         text += (
             f" ({len(records) - local} runs; {local} more on the local cluster, loopback "

@@ -84,7 +84,7 @@ def num(x: Any) -> float | None:
     return float(x) if math.isfinite(x) else None
 
 
-def _cfg(r: Mapping[str, Any], group: str, key: str) -> Any:
+def cfg_of(r: Mapping[str, Any], group: str, key: str) -> Any:
     c = r.get("config")
     g = c.get(group) if isinstance(c, dict) else None
     return g.get(key) if isinstance(g, dict) else None
@@ -93,17 +93,17 @@ def _cfg(r: Mapping[str, Any], group: str, key: str) -> Any:
 def cluster_label(r: dict[str, Any]) -> str:
     """``local 2x2``, ``emulated 2x2 paper-scaled link`` (the profile's bandwidth differs a
     little between sweeps), ``emulated 2x2 at 100mbit``."""
-    nnodes = num(r.get("nnodes")) or num(_cfg(r, "cluster", "nnodes"))
+    nnodes = num(r.get("nnodes")) or num(cfg_of(r, "cluster", "nnodes"))
     world = num(r.get("world_size"))
-    per = num(_cfg(r, "cluster", "nproc_per_node"))
+    per = num(cfg_of(r, "cluster", "nproc_per_node"))
     if per is None and world and nnodes:
         per = world / nnodes
-    name = _cfg(r, "cluster", "name") or "?"
+    name = cfg_of(r, "cluster", "name") or "?"
     dims = f"{nnodes or 1:g}x{per:g}" if per else f"{nnodes or 1:g} node(s)"
     link, prof = "", r.get("cluster_profile")
     if name == "emulated" and isinstance(prof, dict) and prof.get("profile"):
         link = f" {prof['profile']}-scaled link"
-    elif name == "emulated" and (bw := _cfg(r, "cluster", "inter_node_bandwidth")):
+    elif name == "emulated" and (bw := cfg_of(r, "cluster", "inter_node_bandwidth")):
         link = f" at {bw}"
     return f"{name} {dims}{link}"
 
@@ -115,7 +115,7 @@ def comm_label(r: dict[str, Any]) -> str:
         return "?"
     spec, out = methods.of(r), methods.method_of(r)
     for tag, key in spec.label_keys if spec else ():
-        v = r.get(key.replace(".", "_")) or _cfg(r, *key.split(".", 1))
+        v = r.get(key.replace(".", "_")) or cfg_of(r, *key.split(".", 1))
         if isinstance(v, list):
             v = "/".join(f"{x:g}" for x in (num(x) for x in v) if x is not None)
             out += f" {tag} {v}" if v else ""
@@ -129,10 +129,10 @@ def _row(r: dict[str, Any], results_dir: Path) -> dict[str, Any]:
     curve = rec.curve_path(results_dir, run_id)
     tt = num(r.get("time_to_target_s"))
     status = str(r.get("status") or "?")
-    price = num(_cfg(r, "results", "cost_per_hour"))  # USD per hour, where recorded
+    price = num(cfg_of(r, "results", "cost_per_hour"))  # USD per hour, where recorded
     return {
         "run_id": run_id,
-        "experiment": str(r.get("experiment") or _cfg(r, "train", "experiment") or "?"),
+        "experiment": str(r.get("experiment") or cfg_of(r, "train", "experiment") or "?"),
         "comm_name": methods.method_of(r) if r.get("comm") else "?",
         "comm": comm_label(r),
         "cache": str(r.get("cache") or "?"),
@@ -140,14 +140,14 @@ def _row(r: dict[str, Any], results_dir: Path) -> dict[str, Any]:
         "cluster": cluster_label(r),
         # the compute of the hardware line (the host is dropped for a GPU)
         "hardware": str(r.get("hardware") or "").split(";")[0].strip() or "unknown hardware",
-        "seed": _cfg(r, "train", "seed"),
+        "seed": cfg_of(r, "train", "seed"),
         "status": status,
         "trained": status in OUTCOMES,
         "reached": status in OUTCOMES and tt is not None,
         # a tuning-protocol run's role: "tune" runs are never among the reported numbers
         "protocol_role": str((r.get("protocol") or {}).get("role") or ""),
         "protocol_trial": str((r.get("protocol") or {}).get("trial") or ""),
-        "sweep_id": str(_cfg(r, "results", "sweep_id") or ""),
+        "sweep_id": str(cfg_of(r, "results", "sweep_id") or ""),
         "time_to_target_s": tt,
         # DAWNBench ranks by cost too: none is assumed where the run recorded no price
         "cost_to_target_usd": None if price is None or tt is None else price * tt / 3600,
