@@ -559,11 +559,9 @@ def hardware_lines(results: Path) -> list[str]:
         )
     out = []
     for hw, days in sorted(seen.items(), key=lambda kv: (-len(kv[1]), kv[0])):
-        dated = sorted(d for d in days if d)
-        when = ""
-        if dated:
-            span = dated[0] if dated[0] == dated[-1] else f"{dated[0]} to {dated[-1]}"
-            when = f" ({span})"
+        dated = sorted(d for d in days if d) or [""]
+        span = dated[0] if dated[0] == dated[-1] else f"{dated[0]} to {dated[-1]}"
+        when = f" ({span})" if span else ""
         out.append(f"- {len(days)} record{'' if len(days) == 1 else 's'}: {hw}{when}")
     return out
 

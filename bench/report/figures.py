@@ -470,7 +470,7 @@ def plan(
     if inputs.scaling:
         p, what = figures_dir(inputs) / "scaling_efficiency.png", scaling_caption(inputs.scaling)
         out.append(
-            Figure(p, what, lambda: plot_scaling(read_scaling(inputs.scaling), p), "scaling")
+            Figure(p, what, lambda p=p: plot_scaling(read_scaling(inputs.scaling), p), "scaling")
         )
     known = set(load_all().names())
     for name, csv in inputs.bench.items():
