@@ -18,6 +18,7 @@ commands:
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -57,17 +58,11 @@ MEASUREMENT = "A measurement device, not a training method"
 HELP_FLAGS = (*OUR_FLAGS, "-m", "--multirun", "--hydra-help")
 
 
-def _groups() -> dict[str, list[str]]:
-    """Each config group of ``conf/`` and the options a user chooses from."""
-    return {
-        d.name: sorted(p.stem for p in d.glob("*.yaml") if MEASUREMENT not in p.read_text())
-        for d in sorted(CONF.iterdir())
-        if d.is_dir() and d.name != "hydra"
-    }
-
-
 def _train_help(cmd: str) -> str:
-    groups = "\n".join(f"  {g}={'|'.join(opts)}" for g, opts in _groups().items())
+    groups = ""  # each config group of conf/ and the options a user chooses from
+    for d in (d for d in sorted(CONF.iterdir()) if d.is_dir() and d.name != "hydra"):
+        opts = sorted(p.stem for p in d.glob("*.yaml") if MEASUREMENT not in p.read_text())
+        groups += f"\n  {d.name}={'|'.join(opts)}"
     what = (
         "train: one training run: trains the model, evaluates it every epoch and records\n"
         "the run (record, curve, plot, DAWNBench files, MLPerf log); configured by conf/\n"
@@ -87,8 +82,7 @@ usage: python -m reproduce {cmd} [--dry-run [--verbose]] [key=value ...]
        python -m reproduce {cmd} -m key=a,b ...     (a sweep: one run per combination)
        python -m reproduce {cmd} resume=RUN_ID [results.dir=DIR]
 
-config groups (group=option):
-{groups}
+config groups (group=option):{groups}
 
 main keys (key=value; any key of the resolved config, see --dry-run --verbose):
   results.dir=DIR          where the record and its files go (default {RESULTS}/, git-ignored;
@@ -107,15 +101,6 @@ flags:
 example:
   {example}
 """
-
-
-def _check_flags(cmd: str, overrides: list[str]) -> None:
-    """An unknown ``-flag`` is one error line, with the closest known flag."""
-    known = (*OUR_FLAGS, *HYDRA_FLAGS)
-    for o in overrides:
-        if o.startswith("-") and o.split("=")[0] not in known:
-            hint = did_you_mean(o.split("=")[0], [*HELP_FLAGS, *SYNONYMS.values()])
-            fail(f"{cmd}: unknown option {o}{hint}")
 
 
 def _precheck(overrides: list[str]) -> Any:
@@ -207,32 +192,14 @@ def _command_names() -> list[str]:
 
 
 def _commands() -> dict[str, str]:
-    """Every command module of this package: ``reproduce/<name>.py`` with ``USAGE`` and
-    ``main(argv)``."""
-    import importlib
-
-    out = {}
-    for name in _command_names():
-        mod = importlib.import_module(f"reproduce.{name}")
-        if hasattr(mod, "USAGE") and hasattr(mod, "main"):
-            out[name] = mod.USAGE
-    return out
-
-
-def _command(name: str):  # noqa: ANN202 - a module
-    import importlib
-
-    return importlib.import_module(f"reproduce.{name}")
-
-
-def _help() -> str:
-    extra = "".join(f"  {usage}\n" for usage in _commands().values())
-    return __doc__.rstrip() + "\n" + extra + "\nexample:\n  python -m reproduce dawnbench\n"
+    """name -> USAGE of every command module (``reproduce/<name>.py`` with ``main(argv)``)."""
+    mods = {n: importlib.import_module(f"reproduce.{n}") for n in _command_names()}
+    return {n: m.USAGE for n, m in mods.items() if hasattr(m, "USAGE") and hasattr(m, "main")}
 
 
 def version() -> str:
-    """``reproduce <version> (git <sha>)``: the installed package's version, and the
-    checkout's commit where this is a git checkout."""
+    """``reproduce <version> (git <sha>)``: the package's version, and the checkout's
+    commit where there is one."""
     import subprocess
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as pkg_version
@@ -263,7 +230,8 @@ def main(argv: list[str]) -> None:
         print(version())
         sys.exit(0)
     if not argv or argv[0] in ("-h", "--help", "help"):
-        print(_help())
+        extra = "".join(f"  {usage}\n" for usage in _commands().values())
+        print(f"{__doc__.rstrip()}\n{extra}\nexample:\n  python -m reproduce dawnbench\n")
         sys.exit(0 if argv else 2)
     cmd, rest = argv[0], argv[1:]
     if cmd in ("train", "dawnbench"):
@@ -271,7 +239,10 @@ def main(argv: list[str]) -> None:
             print(_train_help(cmd), end="")
             sys.exit(0)
         rest = flags_to_overrides(rest)
-        _check_flags(cmd, rest)
+        for o in rest:  # an unknown -flag: one error line, with the closest known flag
+            if o.startswith("-") and o.split("=")[0] not in (*OUR_FLAGS, *HYDRA_FLAGS):
+                hint = did_you_mean(o.split("=")[0], [*HELP_FLAGS, *SYNONYMS.values()])
+                fail(f"{cmd}: unknown option {o}{hint}")
     if cmd == "train":
         _hydra(rest)
     elif cmd == "dawnbench":
@@ -287,7 +258,9 @@ def main(argv: list[str]) -> None:
                 *[o for o in rest if not o.startswith("data=")],
             ]
         _hydra(rest)
-    elif cmd in _command_names() and hasattr(mod := _command(cmd), "main"):
+    elif cmd in _command_names() and hasattr(
+        mod := importlib.import_module(f"reproduce.{cmd}"), "main"
+    ):
         mod.main(rest)
     else:
         names = ["train", "dawnbench", *sorted(_commands())]

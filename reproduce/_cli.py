@@ -1,6 +1,5 @@
-"""What the commands of ``python -m reproduce`` share: the default results directories,
-the argument parser (help layout, one-line errors with "did you mean") and the flag
-forms every command accepts."""
+"""What the commands of ``python -m reproduce`` share: the default results directories, the
+argument parser (help layout, one-line errors with "did you mean") and the flag forms."""
 
 from __future__ import annotations
 
@@ -15,26 +14,23 @@ from bench.results.paths import RUNS_DIR
 
 # A user's runs go to RESULTS (git-ignored); the committed reference results are in
 # REFERENCE and change only when a command is pointed at them by name.
-# (the config's default, read without Hydra: `gpucheck` runs where Hydra is missing)
 RESULTS = RUNS_DIR
 REFERENCE = "results"
 
-# One flag style across commands: both forms are accepted everywhere.  Training takes
-# Hydra overrides and these flags as their synonyms; the other commands take flags and
-# these overrides as their synonyms (where the command has the option).
+# One flag style across commands: training takes Hydra overrides and these flags as their
+# synonyms; the other commands take flags and these overrides as their synonyms.
 SYNONYMS = {"results.dir": "--results-dir", "experiment": "--experiment", "cluster": "--cluster"}
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """``"; did you mean X?"`` for the closest of ``choices``, or ``""``: the end of a
-    message (nothing follows its question mark)."""
+    """``"; did you mean X?"`` for the closest of ``choices``, or ``""``: a message's end."""
     close = difflib.get_close_matches(word, sorted(set(choices)), n=1, cutoff=0.6)
     return f"; did you mean {close[0]}?" if close else ""
 
 
 def plain(text: str) -> str:
-    """Help text as a terminal shows it: the docstrings' reStructuredText markup
-    (roles such as :func:, double backquotes, double stars) as plain words."""
+    """Help text as a terminal shows it: the docstrings' reStructuredText markup as plain
+    words."""
     text = re.sub(r":[a-z]+:`~?([^`]+)`", lambda m: m.group(1), text)
     text = re.sub(r"``([^`]+)``", r"\1", text)
     text = re.sub(r"\*\*([^*]+)\*\*", r"\1", text)
@@ -48,9 +44,8 @@ def fail(msg: str, code: int = 2) -> None:
 
 
 def flags_to_overrides(argv: Sequence[str]) -> list[str]:
-    """``--results-dir DIR`` (or ``--results-dir=DIR``) as ``results.dir=DIR``, and the
-    other :data:`SYNONYMS`, for the Hydra commands (train, dawnbench); a path given as
-    ``results.dir=DIR`` quoted as Hydra reads it back (one already quoted stays)."""
+    """The :data:`SYNONYMS` flags as Hydra overrides (``--results-dir DIR`` as
+    ``results.dir=DIR``), a results directory quoted as Hydra reads it back."""
     flags = {v: k for k, v in SYNONYMS.items()}
     out: list[str] = []
     it = iter(argv)
@@ -76,8 +71,7 @@ def flags_to_overrides(argv: Sequence[str]) -> list[str]:
 
 
 def unquoted(overrides: Sequence[str]) -> list[str]:
-    """Overrides with a quoted value (``--results-dir``'s) as Hydra reads them, for the
-    commands that take them without Hydra (a resume)."""
+    """Overrides with a quoted value as Hydra reads them, for a resume (without Hydra)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     out = []
@@ -91,12 +85,9 @@ def unquoted(overrides: Sequence[str]) -> list[str]:
 
 
 class Parser(argparse.ArgumentParser):
-    """The argument parser of one command.  ``--help`` opens with ``summary`` (what the
-    command does), then its usage and options, then ``example`` and the longer
-    ``details``.  A bad argument is one line naming the command (``error: <command>:
-    ...``, with "did you mean" for a misspelt option or choice), exit status 2, like a
-    bad config key.  ``results.dir=DIR`` is accepted for ``--results-dir DIR`` (and the
-    other :data:`SYNONYMS`)."""
+    """The argument parser of one command: ``--help`` is ``summary``, usage and options,
+    ``example`` and ``details``; a bad argument is one line naming the command (with "did
+    you mean"), exit status 2; the :data:`SYNONYMS` overrides are accepted."""
 
     def __init__(
         self,

@@ -4,6 +4,7 @@ then a short plan (what, where, how long from earlier records); nothing is launc
 
 from __future__ import annotations
 
+import functools
 import statistics
 import warnings
 from collections.abc import Callable
@@ -14,20 +15,6 @@ from reproduce._cli import REFERENCE, did_you_mean, fail, unquoted
 
 FLAGS = ("-m", "--multirun")
 VERBOSE = ("-v", "--verbose")
-_DEFAULT: Any = None  # the default config, composed on the first suggestion
-
-
-def _default_config() -> Any:
-    """The composed default config, for suggesting keys (composed once per process)."""
-    global _DEFAULT
-    if _DEFAULT is None:
-        from hydra import compose, initialize_config_dir
-
-        from reproduce.train import CONF_DIR
-
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            _DEFAULT = compose(config_name="config")
-    return _DEFAULT
 
 
 def _suggest_key(full_key: str) -> str:
@@ -78,45 +65,6 @@ def hydra_error(e: BaseException) -> str:
     return msg + hint
 
 
-def _added_keys(overrides: list[str]) -> list[tuple[str, str]]:
-    """The ``+key=value`` / ``++key=value`` overrides that name a config key (not a
-    config group): ``(override, key)`` each."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    from reproduce.train import CONF_DIR
-
-    out = []
-    for o in overrides:
-        if not o.startswith("+"):
-            continue
-        try:
-            parsed = OverridesParser.create().parse_override(o)
-        except Exception:  # noqa: BLE001  (Hydra reports a malformed override itself)
-            continue
-        key = parsed.key_or_group
-        if parsed.package is None and not (Path(CONF_DIR) / key.replace(".", "/")).is_dir():
-            out.append((o, key))
-    return out
-
-
-def _check_added_keys(overrides: list[str], cfg: Any) -> None:
-    """``+key=``/``++key=`` adds a key to the struct config that nothing reads: refused
-    like a misspelt ``key=``, before work starts (``++`` on a known key overrides it)."""
-    from omegaconf import OmegaConf
-
-    added = _added_keys(overrides)
-    if not added:
-        return
-    plus = {o for o, _ in added}
-    base = _compose([o for o in overrides if o not in plus])
-    for _, key in added:
-        if OmegaConf.select(base, key, default=_MISSING) is _MISSING:
-            fail(f"unknown config key {key!r}{_suggest_key(key)}")
-
-
-_MISSING = object()
-
-
 def _compose(overrides: list[str]) -> Any:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
@@ -132,17 +80,38 @@ def _compose(overrides: list[str]) -> Any:
         fail(hydra_error(e))
 
 
+_default_config = functools.lru_cache(maxsize=1)(lambda: _compose([]))
+
+
 def compose(overrides: list[str]) -> Any:
-    """The run's config from ``overrides``, or one error line and exit 2 (a ``+key=``
-    that adds an unknown key too)."""
-    cfg = _compose(overrides)
-    _check_added_keys(overrides, cfg)
+    """The run's config from ``overrides``, or one error line and exit 2.  A ``+key=`` /
+    ``++key=`` that adds a key nothing reads (not a config group) to the struct config is
+    refused like a misspelt ``key=`` (``++`` on a known key overrides it)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    from reproduce.train import CONF_DIR
+
+    cfg, added = _compose(overrides), {}
+    for o in (o for o in overrides if o.startswith("+")):
+        try:
+            parsed = OverridesParser.create().parse_override(o)
+        except Exception:  # noqa: BLE001  (Hydra reports a malformed override itself)
+            continue
+        key = parsed.key_or_group
+        if parsed.package is None and not (Path(CONF_DIR) / key.replace(".", "/")).is_dir():
+            added[o] = key
+    if added:
+        base, missing = _compose([o for o in overrides if o not in added]), object()
+        for key in added.values():
+            if OmegaConf.select(base, key, default=missing) is missing:
+                fail(f"unknown config key {key!r}{_suggest_key(key)}")
     return cfg
 
 
 def refusal(cfg: Any) -> str | None:
-    """Why the run would be refused before its workers start, or None: the run's own
-    checks, with the results directory inspected rather than made."""
+    """Why the run would be refused before its workers start (the results directory only
+    inspected), or None."""
     from bench.config import to_object
     from bench.data.cache import inspect_only
     from bench.launch.run import validate
@@ -174,9 +143,8 @@ def duration(s: float) -> str:
 
 
 def earlier_runs(results_dir: Any, keep: Callable[[dict], bool]) -> tuple[list[dict], str]:
-    """The finished runs (ok or target missed, with a wall time) in ``results_dir`` and the
-    reference results that ``keep`` accepts: those on this machine's hardware where there
-    are some, else all; and a phrase saying which hardware."""
+    """The finished runs with a wall time in ``results_dir`` and the reference results that
+    ``keep`` accepts (on this machine's hardware where some are), and a phrase saying which."""
     from bench.results.env import REPO_ROOT, hardware
     from bench.results.records import load_records
 
@@ -193,8 +161,8 @@ def earlier_runs(results_dir: Any, keep: Callable[[dict], bool]) -> tuple[list[d
 
 
 def startup_s() -> float:
-    """Seconds since this process started (Linux; else 0): a command's own start-up (its
-    imports, config composition and checks), which a record's wall time leaves out."""
+    """Seconds since this process started (Linux; else 0): the start-up a record's wall time
+    leaves out."""
     import os
 
     try:
@@ -206,8 +174,7 @@ def startup_s() -> float:
 
 
 def busy_note() -> str | None:
-    """A note when this machine is busy now (its load average per core beyond
-    bench.train.progress.BUSY_PER_CORE): a run would take longer than its estimate."""
+    """A note when this machine's load average per core is beyond ``BUSY_PER_CORE``."""
     import os
 
     from bench.train.progress import BUSY_PER_CORE
@@ -225,9 +192,8 @@ def busy_note() -> str | None:
 
 
 def estimate(cfg: Any) -> str:
-    """How long the run should take: the median wall time of earlier runs of the same
-    experiment, comm, world size and epochs (on this hardware when some were), plus this
-    command's own start-up, measured now."""
+    """The median wall time of earlier runs of the same experiment, comm, world size and
+    epochs, plus this command's own start-up."""
     c = cfg.cluster
     key = (
         str(cfg.experiment),
@@ -268,8 +234,7 @@ def sweep_jobs(overrides: list[str]) -> list[list[str]]:
 
 
 def _resume(overrides: list[str]) -> None:
-    """``resume=RUN_ID --dry-run``: the checks the resume makes (a checkpoint, a run not
-    finished, overrides it may take, the config's own checks), then its plan."""
+    """``resume=RUN_ID --dry-run``: the checks the resume makes, then its plan."""
     from bench.data.cache import inspect_only
     from bench.launch.run import prepare_resume
     from bench.registry import ConfigError
@@ -323,12 +288,11 @@ def dry_run(overrides: list[str]) -> None:
         fail(f"the run would be refused: {why}")
     print(launch_line(cfg))
     print(estimate(cfg))
-    if busy_note():
-        print(f"note: {busy_note()}")
+    if note := busy_note():
+        print(f"note: {note}")
     print("checks passed: the config, the data, the cluster's requirements, the results directory")
     if verbose:
-        print("resolved config:")
-        print(OmegaConf.to_yaml(cfg, resolve=True), end="")
+        print("resolved config:\n" + OmegaConf.to_yaml(cfg, resolve=True), end="")
     else:
         print("(--verbose prints the resolved config)")
     print("nothing run (--dry-run)")

@@ -1,5 +1,4 @@
-"""What the sweep commands share: Hydra-launcher submission, and naming, resuming and
-checking a sweep."""
+"""What the sweep commands share: launcher submission; naming, resuming, checking a sweep."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ SWEEP_ID_MAX = 200  # bytes: with "-tuning.csv" or a temporary file's suffix, a 
 
 def sweep_id(text: str) -> str:
     """A sweep id, which names files: at most :data:`SWEEP_ID_MAX` bytes, no ``/``, not
-    ``.`` or ``..`` (``""``: none given)."""
+    ``.`` or ``..``."""
     n = len(text.encode())
     why = (
         "holds '/'" if "/" in text or "\0" in text
@@ -66,8 +65,7 @@ def add_options(ap: argparse.ArgumentParser, rerun_failed: bool = True) -> None:
 
 
 def launcher_of(args: argparse.Namespace) -> tuple[list[str], list[str], str]:
-    """(the jobs' overrides, the hydra.* overrides, the launcher name or ""); a launcher
-    named twice, differently, or unknown: ConfigError."""
+    """(the jobs' overrides, the hydra.* overrides, the launcher name or "")."""
     from bench.launch.submit import check_launcher, split_overrides
     from bench.registry import ConfigError
 
@@ -86,8 +84,8 @@ def refuse_plan_options(
     args: argparse.Namespace, parser: argparse.ArgumentParser, shaping: Sequence[str],
     jobs: Sequence[str],
 ) -> None:  # fmt: skip
-    """``--resume`` runs the sweep's saved plan: an option in ``shaping`` given with a value
-    other than its default, or a job override, would be ignored; ConfigError naming them."""
+    """``--resume`` runs the sweep's saved plan: ConfigError for an option in ``shaping``
+    given other than its default, or a job override, which it would ignore."""
     from bench.registry import ConfigError
 
     if not args.resume:
@@ -117,9 +115,8 @@ def default_cluster(given: str | None, launcher: str, here: str) -> str:
 
 @contextlib.contextmanager
 def checking_for(launcher: str) -> Iterator[None]:
-    """While the jobs are checked here for a Slurm launcher: node 0's rendezvous endpoint,
-    which each Slurm job sets for itself (``conf/hydra/launcher/slurm.yaml``), stands in
-    as ``node0:29500`` so that ``cluster=multinode``'s check of it passes."""
+    """While the jobs are checked here for a Slurm launcher, node 0's rendezvous endpoint
+    (each Slurm job sets its own) stands in as ``node0:29500``."""
     from bench.launch.submit import is_slurm
 
     key = "BENCH_RDZV_ENDPOINT"
@@ -140,8 +137,8 @@ def use_launcher(plan: Any, launcher: str, hydra: Sequence[str]) -> None:
 
 
 def check_launch(plan: Any, jobs: Sequence[Sequence[str]]) -> None:
-    """Compose the launcher's config for every allocation the jobs need (a bad
-    ``hydra.launcher.*`` key stops here, before anything is submitted)."""
+    """Compose the launcher's config for every allocation the jobs need, before anything is
+    submitted."""
     if not plan.launcher or not jobs:
         return
     from bench.launch.submit import check_groups
@@ -168,8 +165,7 @@ def runner(plan: Any, local: Callable[..., list[int]]) -> Callable[..., list[int
     return run
 
 
-# the form bench.results.records.new_run_id makes (not imported: it loads pandas; a test
-# holds the two together)
+# bench.results.records.RUN_ID_FORM, not imported: it loads pandas (a test holds the two)
 RUN_ID = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
 
 
@@ -201,9 +197,8 @@ def again(command: str, plan: Any) -> str:
 
 @contextlib.contextmanager
 def full_disk(command: str, plan: Any, then: str = " --rerun-failed") -> Iterator[None]:
-    """A full disk met by the sweep's own writes (a run's launch file, a record, a table)
-    ends it in one line naming the file and its disk, with the command that finishes the
-    sweep once there is room (``then``: what it adds to ``--resume``), exit status 1."""
+    """A full disk met by the sweep's own writes ends it in one line naming the file and its
+    disk, with the command that finishes the sweep (``then``: added to it), exit status 1."""
     from bench.results.reserve import no_space
 
     try:

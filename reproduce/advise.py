@@ -112,15 +112,15 @@ def _fail(msg: str) -> None:
     _parser().error(msg)
 
 
-def _bounded(name: str, value: float | None) -> None:
-    lo, hi = LIMITS[name]
-    if value is not None and not lo <= value <= hi:
-        _fail(f"--{name.replace('_', '-')} must be in [{lo:g}, {hi:g}], got {value:g}")
-
-
 def _inputs(a: argparse.Namespace) -> dict[str, Any]:
     """The cluster and model with each value's source; one error line on anything
     missing, out of range or not citable."""
+
+    def bounded(name: str, value: float | None) -> None:
+        lo, hi = LIMITS[name]
+        if value is not None and not lo <= value <= hi:
+            _fail(f"--{name.replace('_', '-')} must be in [{lo:g}, {hi:g}], got {value:g}")
+
     base = dict(PROFILES[a.profile]) if a.profile else {}
     p: dict[str, Any] = {"src": {}}
     for key in ("nodes", "workers", "inter_gbps", "intra_gbps"):
@@ -137,10 +137,9 @@ def _inputs(a: argparse.Namespace) -> dict[str, Any]:
             p[key], p["src"][key] = x.value * 8 / 1e9, x.source
         else:
             _fail(f"{flag} is required without --profile")
-        _bounded(key, p[key])
-    for name in ("params", "compute_ms", "batch", "px", "powersgd_rank", "sync_every",
-                 "demo_chunk", "demo_topk"):  # fmt: skip
-        _bounded(name, getattr(a, name))
+        bounded(key, p[key])
+    for name in list(LIMITS)[4:]:  # the model's and the methods' (the cluster's: above)
+        bounded(name, getattr(a, name))
     if not 0 < a.density <= 1:
         _fail(f"--density must be in (0, 1], got {a.density:g}")
     if a.nic_efficiency is not None and not 0 < a.nic_efficiency <= 1:
@@ -182,7 +181,7 @@ def _where(df: Any) -> str:
 
 
 def _measured(a: argparse.Namespace) -> tuple[Any, float | dict[str, float], list[str]]:
-    """Per-element costs and hidden share(s), and lines saying where each came from."""
+    """Per-element costs, hidden share(s), and lines saying where each came from."""
     from bench.cluster import perfmodel as pm
     from bench.cluster.projection import ASSUMPTIONS, GPU_COSTS
 
@@ -249,8 +248,10 @@ def _workload(a: argparse.Namespace, p: dict[str, Any]) -> tuple[dict[str, Any],
         compute = a.compute_ms / 1e3
         notes.append(f"compute = {a.compute_ms:g} ms per step: given (--compute-ms)")
     else:
-        st = _setting(a.profile)
-        batch, px = a.batch or st[0], a.px or st[1]
+        from bench.launch.profile import SETTINGS  # the paper's 256 at 128 px by default
+
+        st = SETTINGS.get(a.profile or "paper", SETTINGS["paper"])
+        batch, px = a.batch or st.batch, a.px or st.px
         compute = projection.v100_compute_s(batch, px)
         notes.append(
             f"compute = {compute * 1e3:.1f} ms per step ({batch} images at {px} px): "
@@ -263,14 +264,6 @@ def _workload(a: argparse.Namespace, p: dict[str, Any]) -> tuple[dict[str, Any],
     bw = A["backward_frac"]
     notes.append(f"backward_frac = {bw.value:.3g}: {bw.source}")
     return {"buckets": buckets, "shapes": shapes, "compute": compute, "update": update}, notes
-
-
-def _setting(profile: str | None) -> tuple[int, int]:
-    """(images per GPU, px) of a named setting (the paper's 256 at 128 px by default)."""
-    from bench.launch.profile import SETTINGS
-
-    st = SETTINGS.get(profile or "paper", SETTINGS["paper"])
-    return st.batch, st.px
 
 
 def answers(results: str, profile: str | None) -> list[Any]:
@@ -295,8 +288,8 @@ def answers(results: str, profile: str | None) -> list[Any]:
 
 
 def _selected(tables: list[Any], spec: Any, results: str) -> dict[str, Any]:
-    """The knobs (config keys -> values) of the configuration of ``spec``'s method the
-    answer selected, from a run of it (the first workload's); {} when none is recorded."""
+    """The config keys -> values of ``spec``'s configuration the answer selected, from a run
+    of it (the first workload's); {} when none is recorded."""
     from bench import methods
     from bench.results.records import load_records
 
@@ -319,9 +312,8 @@ def _selected(tables: list[Any], spec: Any, results: str) -> dict[str, Any]:
 
 
 def _answer_lines(tables: list[Any], fastest: str) -> list[str]:
-    """The answer's time to target at this profile, per workload: each method's selected
-    configuration, steps and time, against dense; and a line when the method fastest per
-    step is not the fastest to the target there."""
+    """The answer's time to target at this profile per workload, and why the ranking per step
+    differs where it does."""
     from bench.methods import names
     from bench.report.tables import verdict_text
     from bench.sweeps.intervals import ci_text
@@ -342,7 +334,7 @@ def _answer_lines(tables: list[Any], fastest: str) -> list[str]:
                 if r["comm"] == base
                 else ci_text(r["speedup_vs_dense"], r["speedup_vs_dense_ci_low"],
                              r["speedup_vs_dense_ci_high"], 2, "x") + " "
-                + verdict_text(r["verdict_vs_dense"], int(r["n_runs"]), short=True)
+                + verdict_text(r["verdict_vs_dense"], int(r["n_runs"]))
             )  # fmt: skip
             out.append(
                 f"{r['comm']:>17} {str(r['trial']):>22} {r['steps_to_target_mean']:7.0f} "
@@ -375,8 +367,8 @@ def _answer_lines(tables: list[Any], fastest: str) -> list[str]:
 def _not_ranked(
     specs: list[Any], ranked: list[Any], nodes: int, no_shapes: bool, hidden: Any
 ) -> dict[str, str]:
-    """Method -> why it is not ranked: what its spec says the model lacks, then per check
-    (too few nodes, no parameter shapes, no overlap measurement) the methods it fails."""
+    """Method -> why it is not ranked: what its spec says the model lacks, or the first
+    check it fails (too few nodes, no parameter shapes, no overlap measurement)."""
     out = {s.name: s.not_modelled for s in specs if s.not_modelled}
     measured = hidden if isinstance(hidden, Mapping) else None
     checks = (

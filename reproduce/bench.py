@@ -89,7 +89,6 @@ def main(argv: list[str]) -> None:
             print(f"figure redrawn from run {run.bench_id} of {run.csv_path}: {run.png_path}")
             return
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        fail(str(e))
     path = spec.run(results_dir=args.results_dir, quick=args.quick)
     print(f"results appended to {path}")

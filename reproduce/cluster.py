@@ -23,9 +23,6 @@ USAGE = """cluster slurm-up [--nodes N] [--inter-node-bandwidth BW] [--inter-nod
                           (root, slurm-wlm, munge); prints the SLURM_CONF to export"""
 
 
-CMDS = ("slurm-up", "slurm-down", "list", "cleanup")
-
-
 def _parser() -> Parser:
     p = Parser(
         "cluster",
@@ -35,7 +32,7 @@ def _parser() -> Parser:
     )
     p.add_argument(
         "cmd",
-        choices=CMDS,
+        choices=("slurm-up", "slurm-down", "list", "cleanup"),
         help="slurm-up: start the cluster and hold it until "
         "Ctrl-C; slurm-down: stop it; list, cleanup: the emulated clusters",
     )
@@ -78,9 +75,7 @@ def main(argv: list[str]) -> None:
             slurm.require_slurm()
             try:
                 slurm.serve(cluster)
-            except KeyboardInterrupt:
-                print("# stopped: every daemon, namespace and link removed", flush=True)
-            except SystemExit:
+            except (KeyboardInterrupt, SystemExit):
                 print("# stopped: every daemon, namespace and link removed", flush=True)
         elif args.cmd == "slurm-down":
             stopped = slurm.stop(args.id)

@@ -14,17 +14,16 @@ reference one by naming both.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-from reproduce._cli import REFERENCE, RESULTS, Parser
+from reproduce._cli import REFERENCE, RESULTS, Parser, fail
 
 USAGE = """compare RUN_ID... --out PNG [--dry-run]
                           accuracy curves of recorded runs side by side"""
 
 
 def main(argv: list[str]) -> None:
-    from bench.methods import colour
+    from bench.methods import colour, method_of
     from bench.results import records
     from bench.results.plots import plot_time_to_accuracy
 
@@ -55,28 +54,24 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--dry-run", action="store_true", help="say what would be drawn; write nothing")
     args = ap.parse_args(argv)
     if Path(args.out).exists():
-        print(f"error: {args.out} exists; choose another --out", file=sys.stderr)
-        sys.exit(2)
+        fail(f"{args.out} exists; choose another --out")
     dirs = args.results_dir or [RESULTS, REFERENCE]
     runs, recs, roles = [], [], []
     for i, rid in enumerate(args.run_ids):
         found = [(d, r) for d in dirs if (r := records.find_record(d, rid)) is not None]
         if not found:
             where = ", ".join(str(records.runs_path(d)) for d in dirs)
-            print(f"error: no record {rid!r} in {where}", file=sys.stderr)
-            sys.exit(2)
+            fail(f"no record {rid!r} in {where}")
         where, rec = found[0]
         if not records.curve_path(where, rid).is_file():
             why = "; ".join(str(v) for v in (rec.get("status"), rec.get("reason")) if v)
-            print(f"error: run {rid} has no curve to draw (it ended {why})", file=sys.stderr)
-            sys.exit(2)
+            fail(f"run {rid} has no curve to draw (it ended {why})")
         roles.append(_role(i, where))
         runs.append((_label(roles[-1], rec, args.label), records.load_curve(where, rid)))
         recs.append(rec)
     metric, target = recs[0]["target_metric"], recs[0]["target_value"]
     if any((r["target_metric"], r["target_value"]) != (metric, target) for r in recs):
-        print("error: the runs have different targets", file=sys.stderr)
-        sys.exit(2)
+        fail("the runs have different targets")
     if args.dry_run:
         for (label, curve), r in zip(runs, recs):
             print(f"{r['run_id']}: {label.splitlines()[0]!r}, {len(curve)} epoch(s), "
@@ -94,7 +89,7 @@ def main(argv: list[str]) -> None:
         # one machine: named under the title; several: each run's is in its legend entry
         hardware=hw[0] if len(hw) == 1 else "hardware per run in the legend",
         per_epoch=True,
-        colours=[colour(_method(r)) for r in recs],
+        colours=[colour(method_of(r)) for r in recs],
     )
     _table(runs, recs, roles)
     for line in _differences(recs):
@@ -107,31 +102,27 @@ def _role(i: int, where: str) -> str:
     committed results, else runs compared with it."""
     from bench.results.env import REPO_ROOT
 
-    if i == 0:
-        return "yours"
-    ref = Path(where).resolve() == (REPO_ROOT / REFERENCE).resolve() or Path(where) == Path(
-        REFERENCE
+    ref = (
+        Path(where) == Path(REFERENCE) or Path(where).resolve() == (REPO_ROOT / REFERENCE).resolve()
     )
-    return "reference" if ref else "compared"
-
-
-def _method(rec: dict) -> str:
-    from bench.methods import method_of
-
-    return method_of(rec)
+    return "yours" if i == 0 else "reference" if ref else "compared"
 
 
 def _label(role: str, rec: dict, fields: str) -> str:
     """``yours: <run id> <method>`` over its hardware; ``--label`` fields replace the
     method."""
+    from bench.methods import method_of
+
     what = (
-        _method(rec) if fields == "comm" else " ".join(str(rec.get(k)) for k in fields.split(","))
+        method_of(rec) if fields == "comm" else " ".join(str(rec.get(k)) for k in fields.split(","))
     )
     hw = str(rec.get("hardware") or "unknown hardware").replace("(R)", "").replace("(TM)", "")
     return f"{role}: {rec['run_id']} {what}\n{hw}"
 
 
 def _table(runs: list, recs: list[dict], roles: list[str]) -> None:
+    from bench.methods import method_of
+
     print(
         f"{'run':<10} {'run_id':<24} {'method':<10} {'status':<14} {'time_to_target_s':>16} "
         f"{'epochs':>6} {'train_time_s':>12}  hardware"
@@ -139,15 +130,16 @@ def _table(runs: list, recs: list[dict], roles: list[str]) -> None:
     for role, r in zip(roles, recs):
         tt = r.get("time_to_target_s")
         print(
-            f"{role:<10} {r['run_id']:<24} {_method(r):<10} {r['status']:<14} "
+            f"{role:<10} {r['run_id']:<24} {method_of(r):<10} {r['status']:<14} "
             f"{tt if tt is None else round(tt, 1)!s:>16} {r.get('epochs_to_target')!s:>6} "
             f"{round(r.get('train_time_s') or 0, 1):>12}  {r.get('hardware') or 'unknown'}"
         )
 
 
 def _differences(recs: list[dict]) -> list[str]:
-    """How each other run differs from the user's: time to target, hardware and the
-    settings of the recipe that differ."""
+    """How each other run differs from the user's: time to target, hardware, settings."""
+    from bench.train.checkpoint import MAY_DIFFER
+
     mine, out = recs[0], []
     for r in recs[1:]:
         head = f"{r['run_id']} against yours ({mine['run_id']}):"
@@ -164,7 +156,9 @@ def _differences(recs: list[dict]) -> list[str]:
         if busy:
             head += f"; {' and '.join(busy)} ran on a busy machine (timings unreliable)"
         diff = _config_diff(mine.get("config") or {}, r.get("config") or {})
-        cosmetic = _bookkeeping()
+        # keys that change neither what a run learns nor its timing: those a resumed run may
+        # change, but its epochs (the schedule) and its NaN check (a sync per step)
+        cosmetic = set(MAY_DIFFER) - {"train.epochs", "train.nan_check"}
         matter = [d for d in diff if d[0] not in cosmetic]
         shown = ", ".join(f"{k}: {a} vs {b}" for k, a, b in matter[:8])
         more = f" (and {len(matter) - 8} more)" if len(matter) > 8 else ""
@@ -178,22 +172,12 @@ def _differences(recs: list[dict]) -> list[str]:
 _ORDER = ("comm", "sync", "optim", "train", "data", "model", "cache", "cluster")
 
 
-def _bookkeeping() -> set[str]:
-    """Config keys that change neither what a run learns nor its timing: those a resumed
-    run may change (bench.train.checkpoint.MAY_DIFFER), but its epochs (the schedule) and
-    its NaN check (a sync per step)."""
-    from bench.train.checkpoint import MAY_DIFFER
-
-    return set(MAY_DIFFER) - {"train.epochs", "train.nan_check"}
-
-
 # record fields that differ from run to run whatever the recipe
 _RUN_KEYS = ("results", "hydra", "resume", "experiment_dir")
 
 
 def _config_diff(a: dict, b: dict, prefix: str = "") -> list[tuple[str, object, object]]:
-    """(key, yours, theirs) of the config settings both records have that differ, nested
-    keys dotted."""
+    """(dotted key, yours, theirs) of the config settings both records have that differ."""
     out = []
     # a key one record lacks is of an older format; the groups in the order of _ORDER
     for k in sorted(set(a) & set(b), key=lambda k: (_ORDER.index(k) if k in _ORDER else 99, k)):

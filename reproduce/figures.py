@@ -70,9 +70,8 @@ def _args(argv: list[str]) -> argparse.Namespace:
 
 
 def with_reference(results_dir: str, reference: str, out: Path | None = None) -> Path:
-    """``results_dir/with-reference/`` (or ``out``): the reference's inputs, then the
-    user's (a user's CSV of the same name wins), copied so that one directory holds both;
-    the two directories themselves are only read."""
+    """``results_dir/with-reference/`` (or ``out``): the reference's inputs, then the user's
+    (whose CSV of the same name wins), copied into one directory."""
     src = [Path(reference), Path(results_dir)]
     for d in src:
         if not d.is_dir():
@@ -131,32 +130,9 @@ def _load(results_dir: str):
     return inputs
 
 
-def _print_inputs(inputs, d: Path) -> None:
-    print(
-        f"inputs in {d}: {len(inputs.records)} record(s) in runs.jsonl, "
-        f"{int(inputs.runs['has_curve'].sum())} curve(s) in curves/"
-    )
-    print(f"  benchmark CSVs: {', '.join(p.name for p in inputs.bench.values()) or 'none'}")
-    print(
-        f"  ablation CSVs: {', '.join(p.name for p in inputs.ablation) or 'none'}; "
-        f"scaling CSVs: {', '.join(p.name for p in inputs.scaling) or 'none'}"
-    )
-
-
-def _check_writable(folders: list) -> None:
-    """One line before anything is drawn, rather than a traceback at the first write."""
-    for d in folders:
-        try:
-            d.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=d):
-                pass
-        except OSError as e:
-            fail(f"{d} is not writable ({e.strerror}); nothing was drawn")
-
-
 def _problems(problems: list[str], verbose: bool) -> None:
     """Each input problem on one line; the records of older formats in one (``--verbose``:
-    their run ids)."""
+    each)."""
     older = [p for p in problems if OLDER.match(p)]
     for p in problems:
         if p not in older:
@@ -187,9 +163,8 @@ def _yours(args: argparse.Namespace) -> set[str]:
 
 
 def _dry_run(args: argparse.Namespace) -> None:
-    """List the inputs and every output where the real command would write it; with
-    ``--reference`` the merged inputs are read from a temporary copy, so that nothing is
-    written under either directory."""
+    """List the inputs and every output where the real command would write it (with
+    ``--reference``, from a temporary merged copy: nothing is written)."""
     if not args.reference:
         _plan_and_list(args, _load(args.results_dir), None)
         return
@@ -211,7 +186,15 @@ def _plan_and_list(args: argparse.Namespace, inputs, moved: tuple[Path, Path] | 
     def where(p: Path) -> Path:
         return moved[1] / Path(p).relative_to(moved[0]) if moved else Path(p)
 
-    _print_inputs(inputs, where(inputs.results_dir))
+    print(
+        f"inputs in {where(inputs.results_dir)}: {len(inputs.records)} record(s) in runs.jsonl, "
+        f"{int(inputs.runs['has_curve'].sum())} curve(s) in curves/"
+    )
+    print(f"  benchmark CSVs: {', '.join(p.name for p in inputs.bench.values()) or 'none'}")
+    print(
+        f"  ablation CSVs: {', '.join(p.name for p in inputs.ablation) or 'none'}; "
+        f"scaling CSVs: {', '.join(p.name for p in inputs.scaling) or 'none'}"
+    )
     print(f"would write {len(figs)} figure(s):")
     for f in figs:
         print(f"  {where(f.path)}: {f.what}")
@@ -224,10 +207,8 @@ def main(argv: list[str]) -> None:
     if args.dry_run:
         _dry_run(args)
         return
-    if args.reference:
-        inputs = _load(str(with_reference(args.results_dir, args.reference)))
-    else:
-        inputs = _load(args.results_dir)
+    merged = with_reference(args.results_dir, args.reference) if args.reference else None
+    inputs = _load(str(merged or args.results_dir))
     _check_experiments(args.experiment, set(inputs.runs["experiment"]))
     from bench.report.answer import write_report
     from bench.report.figures import draw, plan
@@ -235,7 +216,13 @@ def main(argv: list[str]) -> None:
     figs = plan(inputs, args.experiment, _yours(args))
     _problems(inputs.problems, args.verbose)
     report = inputs.results_dir / "REPORT.md"
-    _check_writable([report.parent, *{f.path.parent for f in figs}])
+    for d in [report.parent, *{f.path.parent for f in figs}]:  # one line, not a traceback
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=d):
+                pass
+        except OSError as e:
+            fail(f"{d} is not writable ({e.strerror}); nothing was drawn")
     with warnings.catch_warnings():
         # matplotlib's layout notes and pandas' future warnings say nothing about the
         # results; the figures' own problems are reported per figure below

@@ -9,23 +9,10 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from reproduce._cli import RESULTS, Parser, did_you_mean
+from reproduce._cli import RESULTS, Parser, did_you_mean, fail
 
 USAGE = """gpucheck [--budget-s 480] [--dry-run] [--cpu] [--call --wheels DIR --archive FILE]
                           every CUDA path, measured within a time budget (see docs/gpu.md)"""
-
-
-def _fail(msg: str) -> None:
-    print(f"error: {msg}", file=sys.stderr)
-    sys.exit(2)
-
-
-def _wheels(folder: str) -> list[Path]:
-    """The wheels of ``folder``, refused in one line when there are none."""
-    found = sorted(Path(folder).glob("*.whl"))
-    if not found:
-        _fail(f"--wheels {folder}: no .whl files there (build them as docs/gpu.md says)")
-    return found
 
 
 def install(wheels: list[Path]) -> str:
@@ -37,7 +24,7 @@ def install(wheels: list[Path]) -> str:
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
         why = (r.stderr.strip().splitlines() or ["pip failed"])[-1]
-        _fail(f"installing {len(wheels)} wheels failed: {why}")
+        fail(f"installing {len(wheels)} wheels failed: {why}")
     sys.path.insert(0, site)
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (site, os.environ.get("PYTHONPATH")) if p)
     print(f"installed {', '.join(w.name.split('-')[0] for w in wheels)} into {site}")
@@ -84,28 +71,30 @@ def main(argv: list[str]) -> None:
                     ".tar.gz at the end")  # fmt: skip
     args = ap.parse_args(argv)
     if args.budget_s <= 0:
-        _fail(f"--budget-s must be > 0, got {args.budget_s:g}")
+        fail(f"--budget-s must be > 0, got {args.budget_s:g}")
     if args.call and args.only:
-        _fail("--call runs its own steps; leave out --only")
+        fail("--call runs its own steps; leave out --only")
     steps = STEPS
     names = list(DEVICE_CALL) if args.call else [n.strip() for n in args.only.split(",") if n]
     if names:
         unknown = [n for n in names if n not in {s.name for s in STEPS}]
         if unknown:
             hint = did_you_mean(unknown[0], [s.name for s in STEPS])
-            _fail(
+            fail(
                 f"unknown step(s) {', '.join(unknown)}; "
                 f"choose from {', '.join(s.name for s in STEPS)}{hint}"
             )
         steps = tuple(s for s in STEPS if s.name in names)
-    wheels = _wheels(args.wheels) if args.wheels else []
+    wheels = sorted(Path(args.wheels).glob("*.whl")) if args.wheels else []
+    if args.wheels and not wheels:
+        fail(f"--wheels {args.wheels}: no .whl files there (build them as docs/gpu.md says)")
     if wheels and args.dry_run:
         print(f"would install {len(wheels)} wheels: {', '.join(w.name for w in wheels)}")
     elif wheels:
         install(wheels)
     info = probe()
     if not (info["cuda"] or args.cpu or args.dry_run):
-        _fail("no CUDA device on this machine: gpucheck measures a GPU (--cpu runs the "
+        fail("no CUDA device on this machine: gpucheck measures a GPU (--cpu runs the "
               "steps' CPU modes, --dry-run prints the plan)")  # fmt: skip
     outcomes = check(args.results_dir, args.budget_s, args.dry_run, steps, info, args.cpu)
     if args.archive and not args.dry_run:

@@ -182,9 +182,8 @@ def main(argv: list[str]) -> None:
 
 
 def _expected(plan) -> str:
-    """The sweep's expected time: each run at the median wall time of the earlier scaling
-    runs of its size (nodes, workers) with its steps and epochs (else with any), recorded
-    here or in the reference results (on this hardware where there are some)."""
+    """Each run at the median wall time of the earlier scaling runs of its size with its
+    steps and epochs (else with any), here or in the reference results."""
     import statistics
 
     from reproduce._dryrun import duration, earlier_runs
@@ -271,8 +270,8 @@ def _run(plan, doc) -> None:
 
 
 def _report(table, plan, recs, results_dir: str, sweep_id: str) -> int:
-    """Print and write the table (``partial/`` while runs are missing); the number of
-    runs without a finished record (0 for a plan without sweep fields)."""
+    """Print and write the table (``partial/`` while runs are missing); the number of runs
+    without a finished record."""
     from bench.registry import ConfigError
     from bench.sweeps import scaling_table as st
     from bench.sweeps.resume import write_sweep_table

@@ -19,8 +19,7 @@ PRECHECKED = False
 
 
 def task(cfg: DictConfig) -> float | None:
-    """One Hydra job: the run of ``cfg`` (the task of :data:`app`, and of each job a sweep
-    submits through a Hydra launcher, ``bench.launch.submit``)."""
+    """One Hydra job: the run of ``cfg`` (also each job a sweep submits through a launcher)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -30,8 +29,8 @@ def task(cfg: DictConfig) -> float | None:
 
 
 def launch(cfg: DictConfig, experiment: str, output_dir: str, multirun: bool) -> float | None:
-    """The run of ``cfg`` with its launch files in ``output_dir``; its time to target (the
-    sweep objective, e.g. for an optimizer sweeper), if reached."""
+    """The run of ``cfg``, its launch files in ``output_dir``; its time to target (a sweeper's
+    objective), if reached."""
     from bench.launch.run import run
     from bench.registry import ConfigError
 
@@ -61,9 +60,8 @@ def launch(cfg: DictConfig, experiment: str, output_dir: str, multirun: bool) ->
 
 
 def outside_hydra(cfg: DictConfig, overrides: list[str]) -> None:
-    """The run of ``cfg`` (composed from ``overrides``) with its launch folder made here as
-    Hydra's would be: Hydra reads its output folder's path back as an OmegaConf string,
-    which a results directory holding ``${`` breaks (an interpolation of nothing)."""
+    """The run of ``cfg`` with its launch folder made here as Hydra's would be: Hydra reads
+    its output folder's path back as an OmegaConf string, which ``${`` in it breaks."""
     import datetime
 
     import yaml
@@ -79,8 +77,7 @@ def outside_hydra(cfg: DictConfig, overrides: list[str]) -> None:
 
 
 def cost_lines(rec: dict) -> list[str]:
-    """The cost to target of a run that reached it (the DAWNBench JSON's costToTargetUSD),
-    or how to have it: the machine's price per hour is ``results.cost_per_hour``."""
+    """The cost to target of a run that reached it, or how to have it."""
     tt = rec.get("time_to_target_s")
     if tt is None:
         return []
@@ -94,9 +91,8 @@ def cost_lines(rec: dict) -> list[str]:
 
 
 def after_stop(rec: dict, lines: list[str], argv: list[str]) -> list[str]:
-    """``lines`` (the run beside the reference, the next command) for a run that ended;
-    one that stopped early (interrupted, error) without a checkpoint is told to run again
-    (with a checkpoint, the resume command was given above)."""
+    """``lines`` for a run that ended; one that stopped early without a checkpoint is told to
+    run again (with one, the resume command was given above)."""
     if rec.get("status") not in ("interrupted", "error"):
         return lines
     lines = [ln for ln in lines if not ln.startswith("next: ")]

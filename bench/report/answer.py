@@ -1,10 +1,6 @@
-"""REPORT.md, its appendix and README's answer block, from one results directory.
-
-The answer comes first: per workload, the newest sweep of the current tuning protocol
-(every method tuned with the same budget for each cluster, 95 % intervals over evaluation
-seeds); then its figures, one table per micro-benchmark topic and the paper's claims
-beside ours.  The rest goes to ``REPORT-appendix.md``.  ``python -m bench.report.answer``
-copies the answer section into README.md, so that the two cannot disagree.
+"""REPORT.md, its appendix and README's answer block, from one results directory: the
+answer (per workload, the newest sweep of the current tuning protocol) first.
+``python -m bench.report.answer`` copies it into README.md, so that the two cannot disagree.
 """
 
 from __future__ import annotations
@@ -27,6 +23,7 @@ from bench.report.scaling import scaling_lines
 from bench.report.tables import (
     NO_FIGURES,
     Inputs,
+    cfg_of,
     cluster_title,
     csv_section,
     is_protocol,
@@ -54,8 +51,7 @@ TASKS = {
 
 
 def question(ran: Collection[str] | None = None) -> str:
-    """The question the report answers, naming the paper's methods and the peers a
-    protocol sweep runs by default (of them, those the answer's sweeps ran: ``ran``)."""
+    """The question, naming the default paper methods and peers (of them, those in ``ran``)."""
     shown = [s for s in methods.specs() if s.default and (ran is None or s.name in ran)]
     paper = ", ".join(s.label for s in shown if s.group == "paper")
     peers = ", ".join(s.label for s in shown if s.name in methods.peers())
@@ -68,36 +64,29 @@ def question(ran: Collection[str] | None = None) -> str:
 
 
 def _eval_records(records: list[dict], sweep: str) -> tuple[list[dict], int]:
-    """The sweep's evaluation runs, the latest record of each, and how many earlier records
-    (a run refused, interrupted or named by ``--rerun``, then run again) they replace."""
+    """The sweep's evaluation runs (the latest record of each), and how many earlier
+    records of runs done again they replace."""
     every = [
         r
-        for r in records
-        if ((r.get("config") or {}).get("results") or {}).get("sweep_id") == sweep
-        and (r.get("protocol") or {}).get("role") == protocol.EVAL
+        for r in versus.sweep_records(records, sweep)
+        if (r.get("protocol") or {}).get("role") == protocol.EVAL
     ]
     latest = list(protocol.recorded(every, rerun=()).values())
     return latest, len(every) - len(latest)
 
 
-def _cluster(r: dict) -> str:
-    return str(((r.get("config") or {}).get("cluster") or {}).get("name") or "")
-
-
 def shaped_first(records: list[dict]) -> list[dict]:
-    """A sweep's runs with those over an emulated (shaped) link first: they are the measured
-    column and carry the link and its profile; the local cluster's runs only give steps."""
-    return sorted(records, key=lambda r: _cluster(r) != "emulated")
+    """Runs over an emulated (shaped) link first: they carry the link and its profile."""
+    return sorted(records, key=lambda r: cfg_of(r, "cluster", "name") != "emulated")
 
 
 def where(records: list[dict], count: bool = True) -> str:
-    """The workers, their nodes, the hardware and the link of a sweep's runs (those over the
-    shaped link where some ran over it; the others' share then follows)."""
+    """The workers, nodes, hardware and link of a sweep's runs (the shaped link's first)."""
     records = shaped_first(records)
     r = records[0] if records else {}
     hw = str(r.get("hardware") or "unknown hardware").split(";")[0]
     link = r.get("link_check") or {}
-    cluster = _cluster(r)
+    cluster = cfg_of(r, "cluster", "name")
     kind = (
         "emulated nodes" if cluster == "emulated"
         else "launcher nodes of the local cluster (loopback links, nothing shaped)"
@@ -108,7 +97,7 @@ def where(records: list[dict], count: bool = True) -> str:
         text += (
             f", an emulated inter-node link measured at {1e3 * link['bandwidth_gbps']:.0f} Mbit/s"
         )
-    local = sum(_cluster(x) == "local" for x in records)
+    local = sum(cfg_of(x, "cluster", "name") == "local" for x in records)
     if cluster == "emulated" and local and count:
         text += (
             f" ({len(records) - local} runs; {local} more on the local cluster, loopback "
@@ -122,33 +111,30 @@ def setting(records: list[dict], table: pd.DataFrame, plan: dict, again: int = 0
     first = shaped_first(records)[0] if records else {}
     data = str(first.get("data") or "?")
     prof = first.get("cluster_profile") or {}
-    link_txt = ""
+    link_txt = measured_ratio_text(records)
     if prof.get("target_ratio"):
-        link_txt += (
+        link_txt = (
             f" (scaled so dense fp32 communication / compute per step = "
-            f"{prof['target_ratio']:.2f}, profile `{prof.get('profile')}`)"
+            f"{prof['target_ratio']:.2f}, profile `{prof.get('profile')}`){link_txt}"
         )
-    link_txt += measured_ratio_text(records)
     seeds = plan.get("eval_seeds") or []
+    redone = (
+        f", beside {again} earlier records of runs done again (refused, interrupted, or "
+        "named by `--rerun`)"
+        if again
+        else ""
+    )
     return (
         f"**Setting:** {TASKS.get(data, f'data set {data}')}; {where(records)}{link_txt}; "
         f"every method tuned with the same budget on seeds {plan.get('tune_seeds') or []}, "
         f"then {len(seeds)} evaluation seeds {seeds} (sweep `{table['sweep_id'].iloc[0]}`, "
-        f"{len(records)} evaluation runs"
-        + (
-            f", beside {again} earlier records of runs done again (refused, interrupted, or "
-            "named by `--rerun`)"
-            if again
-            else ""
-        )
-        + ")."
+        f"{len(records)} evaluation runs{redone})."
     )
 
 
 def measured_ratio(records: list[dict]) -> tuple[float, float, int] | None:
-    """What the baseline's runs measured (over the shaped link where some ran over it):
-    communication inside the step and the step (s, means), and how many runs timed both;
-    None without such runs."""
+    """(communication in the step, the step) in s, means of the baseline's runs (over the
+    shaped link where some ran over it), and how many runs timed both; None without."""
     base = methods.baseline()
     runs = [
         r
@@ -165,8 +151,7 @@ def measured_ratio(records: list[dict]) -> tuple[float, float, int] | None:
 
 
 def measured_ratio_text(records: list[dict]) -> str:
-    """:func:`measured_ratio` in words, its communication against the rest of the step;
-    ``""`` without it."""
+    """:func:`measured_ratio` in words (``""`` without it)."""
     m = measured_ratio(records)
     if m is None:
         return ""
@@ -177,15 +162,9 @@ def measured_ratio_text(records: list[dict]) -> str:
     )
 
 
-def own_ratio(records: list[dict]) -> float | None:
-    """The measured column's own communication / compute ratio (None: not timed)."""
-    m = measured_ratio(records)
-    return m[0] / (m[1] - m[0]) if m else None
-
-
 def resolution_lines(base: Path, recs: list[dict], df: pd.DataFrame) -> list[str]:
-    """How finely the evaluation runs resolve time to target (:mod:`bench.sweeps.resolution`),
-    beside the differences the table reports; ``[]`` when no run reached the target."""
+    """How finely the evaluation runs resolve time to target, beside the table's differences
+    (:mod:`bench.sweeps.resolution`); ``[]`` when no run reached the target."""
     from bench.data import heldout_size
     from bench.sweeps import resolution
 
@@ -228,24 +207,9 @@ def resolution_lines(base: Path, recs: list[dict], df: pd.DataFrame) -> list[str
     return [text + ".", ""]
 
 
-def _cell(r: pd.Series, key: str = "speedup_vs_dense") -> str:
-    """``1.23x [1.10, 1.40]`` and its verdict in a word, or ``-``."""
-    text = ci_text(r[key], r[f"{key}_ci_low"], r[f"{key}_ci_high"], 2, "x")
-    if text == "-":
-        return text
-    verdict = r[key.replace("speedup", "verdict")]
-    return f"{text} {verdict_text(verdict, int(r['n_runs']), short=True)}"
-
-
 def _names(xs: list[str]) -> str:
     """``a``, ``a and b``, ``a, b and c``."""
     return xs[0] if len(xs) == 1 else f"{', '.join(xs[:-1])} and {xs[-1]}"
-
-
-def _head(col: versus.Column, own: float | None) -> str:
-    if col.measured:
-        return "measured" + (f" at its own ratio {own:.2f}" if own else "")
-    return f"projected at {col.ratio:.2f}"
 
 
 STATUS = {  # a verdict against the baseline: (one method, several)
@@ -269,12 +233,6 @@ def column_verdict(col: versus.Column) -> str:
     return said
 
 
-def verdict_sentence(exp: str, target: str, cols: list[versus.Column], own: float | None) -> str:
-    """One sentence for a workload: per column, measured first, the verdict."""
-    parts = [f"{_head(c, own)}: {column_verdict(c)}" for c in cols]
-    return f"- **{exp}** (to {target}): {'; '.join(parts)}."
-
-
 def _header(col: versus.Column) -> str:
     if col.measured:
         return f"**measured**: {col.cluster} 2 x 2"
@@ -282,9 +240,8 @@ def _header(col: versus.Column) -> str:
 
 
 def short_table(answers: list[tuple[str, list[versus.Column], float | None]]) -> list[str]:
-    """One small table: a column per answer column (measured first, then by ratio), per
-    workload a row naming the first to the target (or the tied group) and a row per paper
-    method with its speedup over the baseline, interval and, where projected, band."""
+    """A column per answer column; per workload a row naming the first to the target (or
+    the tied group), then per paper method its speedup over the baseline."""
     heads = list(dict.fromkeys(_header(c) for _, cols, _ in answers for c in cols))
     lines = [f"| | {' | '.join(heads)} |", "| --- |" + " --- |" * len(heads)]
     base = methods.baseline()
@@ -309,7 +266,6 @@ def short_table(answers: list[tuple[str, list[versus.Column], float | None]]) ->
 
 
 def legend_line(n_seeds: int) -> str:
-    """What the short table's cells and words mean."""
     a = projection.ASSUMPTIONS
     nic, hid = a["nic_efficiency"], a["hidden"]
     return (
@@ -325,8 +281,7 @@ def legend_line(n_seeds: int) -> str:
 
 
 def answer_table_v2(df: pd.DataFrame) -> list[str]:
-    """Methods x clusters: each method's speedup over dense where it was tuned, and the
-    configuration the rule selected there."""
+    """Methods x clusters: each method's speedup over dense and its selected trial."""
     order = list(dict.fromkeys(df["for_cluster"]))
     ratio = {c: float(df[df["for_cluster"] == c]["ratio"].iloc[0]) for c in order}
     head = "| method | " + " | ".join(cluster_title(c, ratio[c]) for c in order) + " |"
@@ -340,11 +295,13 @@ def answer_table_v2(df: pd.DataFrame) -> list[str]:
                 cells.append("-")
                 continue
             r = hit.iloc[0]
+            key = "speedup_vs_dense"
+            text = ci_text(r[key], r[f"{key}_ci_low"], r[f"{key}_ci_high"], 2, "x")
             if comm == methods.baseline():
-                t = f"{r['time_to_target_mean_s']:.1f} s"
-                cells.append(f"1 (baseline, {t}) `{r['trial']}`")
-            else:
-                cells.append(f"{_cell(r)} `{r['trial']}`")
+                text = f"1 (baseline, {r['time_to_target_mean_s']:.1f} s)"
+            elif text != "-":
+                text += " " + verdict_text(r["verdict_vs_dense"], int(r["n_runs"]))
+            cells.append(f"{text} `{r['trial']}`")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
 
@@ -353,7 +310,7 @@ def answer_sections(
     records: list[dict], tables: dict[str, Path], base: Path
 ) -> tuple[list[str], list[str], list[str], dict[str, list[versus.Column]]]:
     """(the short answer, the answer per workload, the appendix's part, each workload's
-    columns) from each workload's newest protocol table (``tables``: experiment -> table)."""
+    columns) from ``tables`` (experiment -> its newest protocol table)."""
     sentences: list[str] = []
     answers: list[tuple[str, list[versus.Column], float | None]] = []
     settings: list[str] = []
@@ -376,8 +333,16 @@ def answer_sections(
         recs, again = _eval_records(records, table.stem)
         target = target_text(str(df["target_metric"].iloc[0]), float(df["target_value"].iloc[0]))
         cols = sorted(versus.columns(base, df, records), key=lambda c: (not c.measured, c.ratio))
-        own = own_ratio(shaped_first(recs))
-        sentences.append(verdict_sentence(exp, target, cols, own))
+        m = measured_ratio(shaped_first(recs))
+        own = m[0] / (m[1] - m[0]) if m else None
+        heads = [
+            ("measured" + (f" at its own ratio {own:.2f}" if own else ""))
+            if c.measured
+            else f"projected at {c.ratio:.2f}"
+            for c in cols
+        ]
+        parts = [f"{h}: {column_verdict(c)}" for h, c in zip(heads, cols, strict=True)]
+        sentences.append(f"- **{exp}** (to {target}): {'; '.join(parts)}.")
         answers.append((exp, cols, own))
         seeds = max(seeds, int(df["n_runs"].max()))
         settings.append(f"{exp} ({target}): {where(recs, count=False)}")
@@ -408,7 +373,7 @@ def answer_sections(
 
 
 def bench_headlines(inputs: Inputs) -> dict[str, list[tuple[str, str]]]:
-    """name -> [(hardware, one headline line)] from each hardware's newest run."""
+    """name -> [(hardware, headline)] from each hardware's newest run."""
     out: dict[str, list[tuple[str, str]]] = {}
     for name, fn in headlines().items():
         csv = inputs.bench.get(name)
@@ -461,14 +426,8 @@ def bench_sections(bench_rows: dict, bench: dict, base: Path) -> list[str]:
     return out
 
 
-# each sweep's table as the report shows it: the columns its sweep module names, then the
-# hardware of its runs (looked up in the records)
-ABLATION_COLUMNS = [*ablation.REPORT_COLUMNS, "hardware"]
-SCALING_COLUMNS = [*scaling_table.REPORT_COLUMNS, "hardware"]
-
-
 def write_report(inputs: Inputs, figs: list[Figure], path: Path, header: str) -> Path:
-    """Write the report and its appendix beside it; returns the report's path."""
+    """Write the report and its appendix beside it."""
     maker = CommandMaker()
     base = path.parent
     problems = [f"- {p}" for p in inputs.problems] or ["- none"]
@@ -537,7 +496,7 @@ def write_report(inputs: Inputs, figs: list[Figure], path: Path, header: str) ->
         "",
         *csv_section(
             [p for p in inputs.ablation if not is_protocol(p)],
-            ABLATION_COLUMNS,
+            [*ablation.REPORT_COLUMNS, "hardware"],
             base,
             "python -m reproduce ablation --grid",
             inputs.runs,
@@ -545,7 +504,11 @@ def write_report(inputs: Inputs, figs: list[Figure], path: Path, header: str) ->
         "## Scaling",
         "",
         *csv_section(
-            inputs.scaling, SCALING_COLUMNS, base, "python -m reproduce scaling", inputs.runs
+            inputs.scaling,
+            [*scaling_table.REPORT_COLUMNS, "hardware"],
+            base,
+            "python -m reproduce scaling",
+            inputs.runs,
         ),
         "## Records",
         "",
@@ -586,9 +549,7 @@ HW_END = "<!-- hardware end -->"
 
 
 def hardware_lines(results: Path) -> list[str]:
-    """One line per machine of the records in ``results`` (their ``hardware`` field, every
-    attempt counted): how many records name it and the dates of the first and last, most
-    records first."""
+    """Per machine of the records (every attempt): how many name it, first and last date."""
     from bench.results.records import load_records
 
     seen: dict[str, list[str]] = {}
@@ -598,11 +559,9 @@ def hardware_lines(results: Path) -> list[str]:
         )
     out = []
     for hw, days in sorted(seen.items(), key=lambda kv: (-len(kv[1]), kv[0])):
-        dated = sorted(d for d in days if d)
-        when = ""
-        if dated:
-            span = dated[0] if dated[0] == dated[-1] else f"{dated[0]} to {dated[-1]}"
-            when = f" ({span})"
+        dated = sorted(d for d in days if d) or [""]
+        span = dated[0] if dated[0] == dated[-1] else f"{dated[0]} to {dated[-1]}"
+        when = f" ({span})" if span else ""
         out.append(f"- {len(days)} record{'' if len(days) == 1 else 's'}: {hw}{when}")
     return out
 
@@ -622,8 +581,8 @@ def _put(readme: str, start: str, end: str, body: str) -> str:
 
 
 def rewrite(readme: str, report: str, results: Path | None = None) -> str:
-    """README with its answer block copied from ``report`` and, when it has the hardware
-    block and ``results`` is given, that block counted from the records there."""
+    """README with its answer block from ``report`` and its hardware block (if any)
+    counted from the records in ``results``."""
     out = _put(readme, START, END, answer_of(report))
     if results is not None and HW_START in out and HW_END in out:
         out = _put(out, HW_START, HW_END, "\n".join(hardware_lines(results)))

@@ -1,10 +1,6 @@
-"""The paper's claims beside ours (REPORT.md's last section): a verdict per claim
-(:data:`CLAIMS`, in this project's words) from the protocol sweeps and the benchmarks, the
-public records of each task beside our time to target (:data:`RECORDS`, cited); and the
-comparisons made before the tuning protocol (the appendix).  Ours are each
-configuration's mean over seeds, never one run picked as the fastest.  Runs compare only
-within one experiment, cluster and hardware (:data:`~bench.report.tables.GROUP`).
-"""
+"""The paper's claims beside ours: a verdict per claim (:data:`CLAIMS`) from the protocol
+sweeps and the benchmarks, the public records of each task (:data:`RECORDS`, cited) beside
+our mean time to target over seeds; and the comparisons made before the tuning protocol."""
 
 from __future__ import annotations
 
@@ -18,7 +14,7 @@ from bench.benchmarks.topk import FAMILIES
 from bench.methods.kinds import HierarchicalMethod
 from bench.report import versus
 from bench.report.commands import CommandMaker, recipe_command
-from bench.report.figures import HEADLINE, newest_runs
+from bench.report.figures import HEADLINE, newest_runs, table_run_ids
 from bench.report.tables import (
     GROUP,
     Inputs,
@@ -98,25 +94,14 @@ def sooner_text(base: pd.Series | None, row: pd.Series, name: str) -> str:
     )
 
 
-def _same_setup(g: pd.DataFrame, row: pd.Series) -> pd.DataFrame:
-    return g[(g["cache"] == row["cache"]) & (g["update"] == row["update"])]
-
-
-def strongest_peer(g: pd.DataFrame, row: pd.Series) -> pd.Series | None:
-    """The peer of ``row``'s cache and update with the shortest mean time to target; a
-    peer that never reached it only when no peer did."""
-    p = _same_setup(g, row)
-    p = p[p["comm_name"].isin(methods.peers())]
+def strongest_peer(g: pd.DataFrame) -> pd.Series | None:
+    """The peer in ``g`` with the shortest mean time to target; one that never reached it
+    only when no peer did."""
+    p = g[g["comm_name"].isin(methods.peers())]
     if p.empty:
         return None
     reached = p[p["n_reached"] > 0]
     return (reached if not reached.empty else p).sort_values("tt_mean", na_position="last").iloc[0]
-
-
-def _baseline(g: pd.DataFrame, row: pd.Series) -> pd.Series | None:
-    d = _same_setup(g, row)
-    d = d[d["comm_name"] == methods.baseline()]
-    return d.iloc[0] if not d.empty else None
 
 
 def group_table(g: pd.DataFrame) -> list[str]:
@@ -131,8 +116,10 @@ def group_table(g: pd.DataFrame) -> list[str]:
     for _, r in g.sort_values(["comm_name", "comm"]).iterrows():
         vs_d = vs_p = ""
         if r["comm_name"] in methods.paper():
-            vs_d = sooner_text(_baseline(g, r), r, base)
-            peer = strongest_peer(g, r)
+            same = g[(g["cache"] == r["cache"]) & (g["update"] == r["update"])]
+            d = same[same["comm_name"] == base]
+            vs_d = sooner_text(d.iloc[0] if not d.empty else None, r, base)
+            peer = strongest_peer(same)
             vs_p = sooner_text(peer, r, "peer") + (f" ({peer['comm']})" if peer is not None else "")
         cost = f" {r['cost'] or 'not recorded'} |" if priced else ""
         lines.append(
@@ -143,14 +130,12 @@ def group_table(g: pd.DataFrame) -> list[str]:
 
 
 def wanted() -> list[str]:
-    """The methods a full comparison of one group needs: the default methods a comm hook
-    runs (the group's other settings kept)."""
+    """The methods a full comparison of one group needs: the default comm hooks."""
     return [s.name for s in methods.specs(kind="hook") if s.default]
 
 
 def missing_commands(inputs: Inputs, g: pd.DataFrame, maker: CommandMaker) -> list[str]:
-    """The command of each :func:`wanted` method this group lacks, made from one of its
-    recorded runs (its cluster and recipe)."""
+    """The command of each :func:`wanted` method this group lacks, from one of its runs."""
     ids = set(sum(g["run_ids"], []))
     example = next(r for r in inputs.records if r.get("run_id") in ids)
     if (num(example.get("world_size")) or 1) < 2:
@@ -165,8 +150,8 @@ def missing_commands(inputs: Inputs, g: pd.DataFrame, maker: CommandMaker) -> li
 
 
 def comparison_section(inputs: Inputs, maker: CommandMaker) -> list[str]:
-    """Per experiment, cluster and hardware: the configurations, the paper's methods
-    against dense and the strongest peer, and the commands of the missing runs."""
+    """Per experiment, cluster and hardware: the configurations, the paper's methods against
+    dense and the strongest peer, and the commands of the missing runs."""
     stats = config_stats(inputs.runs)
     if stats.empty:
         return ["No run trained to an outcome (every record is an error or interrupted run).", ""]
@@ -195,40 +180,12 @@ def comparison_section(inputs: Inputs, maker: CommandMaker) -> list[str]:
     return out
 
 
-def _time_rows(inputs: Inputs, maker: CommandMaker, row) -> None:
-    """Per experiment: the public records of its task beside our best configuration per
-    hardware (its mean time to target over the runs that reached it, n of n)."""
-    stats = config_stats(inputs.runs)
-    best = stats[stats["n_reached"] > 0] if not stats.empty else stats
-    if not best.empty:  # a mean over seeds, never one run picked as the fastest
-        best = best.sort_values("tt_mean").groupby(["experiment", "hardware"]).head(1)
-    for exp in sorted(set(RECORDS) | set(inputs.runs["experiment"])):
-        claims = RECORDS.get(exp, ())
-        cited = "; ".join(f"{k.what}: {k.value} [{k.source}]" for k in claims)
-        cited = cited or "no public record (a stand-in task of this project)"
-        mine = best[best["experiment"] == exp] if not best.empty else best
-        if mine.empty:
-            what = "not run, or no run reached the target"
-            row(f"time to target, {exp}", cited, what, "-", recipe_command(exp))
-        for _, r in mine.iterrows():
-            runs = inputs.runs[inputs.runs["run_id"].isin(r["run_ids"])]
-            target = target_text(runs["metric"].iloc[0], runs["target"].iloc[0])
-            what = (
-                f"{fmt_s(r['tt_mean'])} to {target}, mean of {r['n_reached']} of {r['n_runs']} "
-                f"run(s) that reached it ({r['comm']}, {r['cluster']}; runs "
-                f"{' '.join(r['run_ids'])})"
-            )
-            cmd = maker.command(record_of(inputs, r["run_ids"][0]))
-            row(f"time to target, {exp}", cited, what, r["hardware"], f"`{cmd}`")
-
-
 # what a claim's evidence came to: its verdict and its lines of evidence, each with a link
 Found = tuple[str, list[str]]
 
 
 def _compared(answers: dict[str, list[versus.Column]], links: dict[str, str], pairs) -> Found:
-    """A speed claim: in each column, each (ours, theirs) of ``pairs(column)`` compared;
-    reproduced where every comparison was faster, not where none was, else where it held."""
+    """A speed claim: each (ours, theirs) of ``pairs(column)`` compared in each column."""
     seen, lines = [], []
     for exp, cols in answers.items():
         said = []
@@ -250,9 +207,8 @@ def _compared(answers: dict[str, list[versus.Column]], links: dict[str, str], pa
 
 
 def _faster_than_2020(col: versus.Column) -> list[tuple[str, str]]:
-    """The fastest of the paper's methods against the fastest system of 2020 (the baseline
-    and the 2020 peers), in the columns of the paper's setting: measured, and projected at
-    the paper's own ratio."""
+    """The fastest paper method against the fastest system of 2020, measured and projected
+    at the paper's own ratio."""
     ours = col.fastest(methods.paper())
     theirs = col.fastest([methods.baseline(), *methods.names(group="peer 2020")])
     keep = (col.measured or col.cluster == HEADLINE) and ours and theirs
@@ -268,18 +224,15 @@ def _hierarchy(col: versus.Column) -> list[tuple[str, str]]:
 
 
 def _converges(links: dict[str, str], tables: dict[str, pd.DataFrame], records: list) -> Found:
-    """The paper's methods' evaluation runs (with error feedback) against the target, each
-    run once (a configuration tuned for several columns ran once): how many reached it, at
-    which densities, in how many of the baseline's steps, and the configurations that
-    missed it."""
+    """How many of the paper's methods' evaluation runs (each once) reached the target, at
+    which densities, in how many of the baseline's steps; the configurations that missed."""
     base, paper = methods.baseline(), methods.paper()
     by_id = {str(r.get("run_id")): r for r in records}
     total = [0, 0]  # reached, runs
     lines = []
     for exp, df in tables.items():
         mine = df[df["comm"].isin(paper)]
-        ids = {i for v in mine["run_ids"].dropna() for i in str(v).replace(",", " ").split()}
-        recs = [by_id[i] for i in sorted(ids) if i in by_id]
+        recs = [by_id[i] for i in sorted(table_run_ids(mine)) if i in by_id]
         dens = sorted(
             {getattr(methods.of(r).knobs_of(r.get("config") or {}), "density", 1.0) for r in recs}
         )
@@ -315,8 +268,8 @@ def _converges(links: dict[str, str], tables: dict[str, pd.DataFrame], records: 
 
 
 def _bench_found(name: str, rows: dict, inputs: Inputs, base: Path, ratio_of) -> Found:
-    """A benchmark's claim: on each hardware's newest run, ``ratio_of(rows)`` (ours against
-    what the claim is against; None: not measured there) decides; its headline says it."""
+    """A benchmark's claim: ``ratio_of(rows)`` (ours against theirs; None: not measured) on
+    each hardware's newest run decides; its headline says it."""
     csv = inputs.bench.get(name)
     seen, lines = [], []
     for hw, r in newest_runs(csv, inputs.problems) if csv else []:
@@ -334,8 +287,8 @@ def _bench_found(name: str, rows: dict, inputs: Inputs, base: Path, ratio_of) ->
 
 
 def _topk_ratio(r: pd.DataFrame) -> float | None:
-    """The paper's threshold search against torch.topk on the GPU (largest tensor,
-    smallest density; its fastest implementation); None off the GPU."""
+    """The paper's fastest threshold search against torch.topk on the GPU (largest tensor,
+    smallest density); None off the GPU."""
     r = r[r.get("device", pd.Series("cpu", index=r.index)).astype(str) == "cuda"]
     r = r[(r["density"] > 0) & ~r["method"].astype(str).str.contains(r"\+ef", regex=True)]
     r = r[r["numel"] == r["numel"].max()]
@@ -392,8 +345,8 @@ def headline_section(
     tables: dict[str, Path],
     answers: dict[str, list[versus.Column]],
 ) -> list[str]:
-    """A verdict per claim of the paper with its evidence and links, then the public
-    records of each task beside our time to target (hardware and command each)."""
+    """A verdict per claim with its evidence, then the public records of each task beside
+    our best configuration's mean time to target per hardware."""
     base = inputs.results_dir
     links = {e: f"[{t.name}]({rel(t, base)})" for e, t in tables.items()}
     frames = {e: pd.read_csv(t) for e, t in tables.items()}
@@ -429,12 +382,27 @@ def headline_section(
         "| command |",
         "| --- | --- | --- | --- | --- |",
     ]
-    last = [""]
-
-    def row(what: str, cited: str, ours: str, hw: str, cmd: str) -> None:
-        shown = "as above" if cited == last[0] else cited  # cited once per run of rows
-        last[0] = cited
-        lines.append(f"| {what} | {shown} | {ours} | {hw} | {cmd} |")
-
-    _time_rows(inputs, maker, row)
+    stats = config_stats(inputs.runs)
+    best = stats[stats["n_reached"] > 0].sort_values("tt_mean")  # means, never one run
+    best = best.groupby(["experiment", "hardware"]).head(1)
+    last = ""
+    for exp in sorted(set(RECORDS) | set(inputs.runs["experiment"])):
+        cited = "; ".join(f"{k.what}: {k.value} [{k.source}]" for k in RECORDS.get(exp, ()))
+        cited = cited or "no public record (a stand-in task of this project)"
+        mine, rows = best[best["experiment"] == exp], []
+        if mine.empty:
+            rows.append(("not run, or no run reached the target", "-", recipe_command(exp)))
+        for _, r in mine.iterrows():
+            runs = inputs.runs[inputs.runs["run_id"].isin(r["run_ids"])]
+            target = target_text(runs["metric"].iloc[0], runs["target"].iloc[0])
+            what = (
+                f"{fmt_s(r['tt_mean'])} to {target}, mean of {r['n_reached']} of {r['n_runs']} "
+                f"run(s) that reached it ({r['comm']}, {r['cluster']}; runs "
+                f"{' '.join(r['run_ids'])})"
+            )
+            cmd = maker.command(record_of(inputs, r["run_ids"][0]))
+            rows.append((what, r["hardware"], f"`{cmd}`"))
+        for ours, hw, cmd in rows:  # each citation once per run of rows
+            shown, last = "as above" if cited == last else cited, cited
+            lines.append(f"| time to target, {exp} | {shown} | {ours} | {hw} | {cmd} |")
     return lines

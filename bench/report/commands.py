@@ -1,6 +1,5 @@
-"""The command behind a report's number: a recorded run's ``python -m reproduce train``
-line recovered from its config with Hydra (:class:`CommandMaker`), and the ``to run:``
-command of a recipe that has no record yet."""
+"""The command behind a report's number: a recorded run's ``python -m reproduce train`` line
+recovered from its config (:class:`CommandMaker`), and a recipe's ``to run:`` command."""
 
 from __future__ import annotations
 
@@ -21,9 +20,8 @@ from bench.results.env import REPO_ROOT
 
 CONF_DIR = REPO_ROOT / "conf"
 GROUPS = ("model", "data", "cache", "optim", "comm", "cluster")
-# keys that differ between runs of one command without being asked for; results.dir too,
-# so that a command copied from the report writes to the reader's default results
-# directory, not into the committed reference results it was recorded in
+# keys that differ between runs of one command without being asked for; results.dir too, so
+# that a command copied from the report writes to the reader's default results directory
 _IGNORE = {
     "cluster.rdzv_id",
     "cluster.rdzv_port",
@@ -36,10 +34,6 @@ _IGNORE = {
 
 def known_experiments() -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
-
-
-def _options(group: str) -> set[str]:
-    return {p.stem for p in (CONF_DIR / group).glob("*.yaml")}
 
 
 def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -88,7 +82,7 @@ class CommandMaker:
         out = [f"experiment={exp}"] if exp in known_experiments() else []
         for g in GROUPS:
             name = (config.get(g) or {}).get("name") if isinstance(config.get(g), dict) else None
-            if name in _options(g):
+            if name in {p.stem for p in (CONF_DIR / g).glob("*.yaml")}:
                 out.append(f"{g}={name}")
         return out
 
@@ -137,8 +131,8 @@ class CommandMaker:
 
 
 def recipe_command(exp: str) -> str:
-    """The ``to run:`` comment of a recipe's config file, as Markdown: the command (its
-    continuation lines joined) in backticks, then any words before it."""
+    """The ``to run:`` comment of a recipe's config file as Markdown: the command (its lines
+    joined) in backticks, then any words before it."""
     path = CONF_DIR / "experiment" / f"{exp}.yaml"
     lines = path.read_text().splitlines() if path.is_file() else []
     start = next((i for i, ln in enumerate(lines) if re.match(r"#\s*to run:", ln)), None)
@@ -170,8 +164,7 @@ def unrun_experiments(ran: Iterable[str]) -> list[str]:
 
 
 def runs_dir(report_dir: str | Path) -> str:
-    """The results directory a report's commands write to: the one it was made from (a
-    user's ``runs/``, never the committed results unless made from them); for a report
-    beside the reference (``<dir>/with-reference/``), the user's ``<dir>``."""
+    """The results directory a report's commands write to: the one it was made from (for
+    ``<dir>/with-reference/``, the user's ``<dir>``)."""
     d = Path(report_dir)
     return str(d.parent if d.name == "with-reference" else d)

@@ -1,10 +1,5 @@
-"""The report's figures, drawn from records, curves and CSVs alone (nothing is trained).
-
-:func:`plan` lists every figure the inputs support, :func:`draw` draws them: per
-experiment the time-to-accuracy bands over seeds, the speedup over dense (with 95 %
-intervals from a protocol sweep), the composition across communication / compute ratios
-and the per-step breakdown; the scaling study; each benchmark's own figure.
-"""
+"""The report's figures, from records, curves and CSVs alone: :func:`plan` lists every
+figure the inputs support, :func:`draw` draws them."""
 
 from __future__ import annotations
 
@@ -60,17 +55,12 @@ def slug(text: str) -> str:
     return "-".join(p for p in out.split("-") if p)
 
 
-def config_name(row) -> str:
-    return " / ".join(str(row[c]) for c in CONFIG)
-
-
-def _panels(n: int, w: float = 6.0, h: float = 4.2, extra: float = 0.0, **kw: Any):
-    """``n`` panels in rows of at most :data:`PER_ROW`, the figure capped in width
-    (``kw``: to :func:`matplotlib.pyplot.subplots`, e.g. ``sharex``)."""
+def _panels(n: int, w: float, h: float, **kw: Any):
+    """``n`` panels in rows of at most :data:`PER_ROW`, the figure capped in width."""
     cols = min(n, PER_ROW)
     rows = -(-n // cols)
     fig, axes = plt.subplots(
-        rows, cols, figsize=(fig_width(cols, w, extra), h * rows), squeeze=False, **kw
+        rows, cols, figsize=(fig_width(cols, w), h * rows), squeeze=False, **kw
     )
     flat = list(axes.flat)
     for ax in flat[n:]:
@@ -81,10 +71,8 @@ def _panels(n: int, w: float = 6.0, h: float = 4.2, extra: float = 0.0, **kw: An
 def plot_speedup(
     stats: pd.DataFrame, experiment: str, path: Path, target: str = "target"
 ) -> Path | None:
-    """Time-to-target speedup over dense per configuration (mean over seeds, error bar one
-    standard deviation), one panel per cluster and hardware that has a dense baseline.
-    Configurations that missed the target in every run are shown at 0 with their count.
-    Used where no protocol sweep gives intervals (:func:`plot_protocol_speedup`)."""
+    """Speedup over dense per configuration (mean +- std over seeds; a miss in every run at
+    0), a panel per cluster and hardware, where no protocol sweep gives intervals."""
     sp = speedups(stats[stats["experiment"] == experiment])
     if sp.empty:
         return None
@@ -92,7 +80,7 @@ def plot_speedup(
     most = int(sp.groupby(["cluster", "hardware"]).size().max())
     fig, axes = _panels(len(groups), w=max(5.0, 0.9 * most), h=4.6)
     for ax, ((cluster, hw), g) in zip(axes, groups, strict=True):
-        labels = [config_name(r) for _, r in g.iterrows()]
+        labels = [" / ".join(str(r[c]) for c in CONFIG) for _, r in g.iterrows()]
         heights = [num(s) or 0.0 for s in g["speedup"]]
         errs = [num(s) or 0.0 for s in g["speedup_std"]]
         colours = [methods.colour(c) for c in g["comm_name"]]
@@ -114,18 +102,17 @@ def plot_speedup(
 
 
 def step_phases(df: pd.DataFrame, exchange_in_update: bool = False) -> dict[str, float] | None:
-    """Mean seconds per step of each phase over a curve's epochs.  Forward+backward is the
-    loop's compute time less the selection and communication measured inside the hook
-    (which run within the backward pass); with ``exchange_in_update`` (DeMo: they run in
-    its optimizer step) the update is the loop's update time less them instead.  None
-    when the curve has no phase columns."""
+    """Mean seconds per step of each phase over a curve's epochs (None without phases).  The
+    selection and communication timed inside the hook run within the backward pass, so
+    they come out of compute; with ``exchange_in_update`` (they run in the optimizer
+    step), out of the update."""
     if "time/compute_s" not in df:
         return None
     out = {}
     for label, cols in PHASES:
         col = next((c for c in cols if c in df), None)
-        out[label] = float(df[col].mean()) if col is not None else 0.0
-    out = {k: (0.0 if v != v else v) for k, v in out.items()}
+        v = float(df[col].mean()) if col is not None else 0.0
+        out[label] = 0.0 if v != v else v
     inner = out["selection"] + out["communication"]
     holder = "optimizer update" if exchange_in_update else "forward+backward"
     out[holder] = max(0.0, out[holder] - inner)
@@ -133,9 +120,8 @@ def step_phases(df: pd.DataFrame, exchange_in_update: bool = False) -> dict[str,
 
 
 def breakdown_table(results_dir: Path, runs: pd.DataFrame, experiment: str) -> pd.DataFrame:
-    """Mean per-step phase times (s) per group and configuration over its runs' curves,
-    with ``n`` (the runs averaged) and ``label`` (the method and its tuned trial, as the
-    tables name it, or the configuration's comm label)."""
+    """Mean per-step phase times (s) per group and configuration over its runs' curves, with
+    ``n`` (runs averaged) and ``label`` (method and tuned trial, or the comm label)."""
     rows = []
     for _, r in runs[(runs["experiment"] == experiment) & runs["has_curve"]].iterrows():
         df = curve(results_dir, r["run_id"])
@@ -161,9 +147,8 @@ def breakdown_table(results_dir: Path, runs: pd.DataFrame, experiment: str) -> p
 
 
 def plot_breakdown(table: pd.DataFrame, experiment: str, path: Path) -> Path | None:
-    """Stacked per-step time (ms) by phase, one horizontal bar per configuration (its
-    label and n runs; the settings common to the panel in its title), one panel per
-    cluster and hardware, one legend for the figure."""
+    """Stacked per-step time (ms) by phase, a bar per configuration, a panel per cluster and
+    hardware."""
     if table.empty:
         return None
     groups = list(table.groupby(["cluster", "hardware"], sort=True))
@@ -206,8 +191,7 @@ def plot_breakdown(table: pd.DataFrame, experiment: str, path: Path) -> Path | N
 
 
 def _speedup_blocks(df: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
-    """(heading, best peer, rows) per cluster a protocol table quotes, its rows by speedup
-    over dense."""
+    """(heading, best peer, rows by speedup over dense) per cluster of a protocol table."""
     out = []
     for cluster, g in df.groupby("for_cluster", sort=False):
         named = g["best_peer"].dropna().astype(str)
@@ -219,10 +203,8 @@ def _speedup_blocks(df: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
 
 
 def plot_protocol_speedup(df: pd.DataFrame, path: Path, title: str) -> Path | None:
-    """Two panels: speedup over dense and over the best peer, one row per method (its
-    selected trial), point = ratio of times, bar = 95 % interval, the verdict written
-    beside it: one block of rows per cluster the table quotes each method tuned for, under
-    its heading, each against that cluster's dense and best peer."""
+    """Speedup over dense and over the best peer (two panels), a row per method's selected
+    trial with its 95 % interval and verdict, a block of rows per cluster of the table."""
     if df.empty or "speedup_vs_dense" not in df:
         return None
     rows: list[tuple[float, pd.Series, str]] = []  # (y, row, the block's peer)
@@ -305,11 +287,10 @@ def table_run_ids(table: pd.DataFrame) -> set[str]:
     return {i for v in table["run_ids"].dropna() for i in str(v).replace(",", " ").split()}
 
 
-def ratio_runs(results_dir: Path, table: pd.DataFrame) -> list:
-    """The sweep's evaluation runs as :class:`bench.sweeps.ratios.Run` (grouped by method),
-    the runs the composition uses: each method's configuration tuned for :data:`HEADLINE`
-    (a method's runs of several configurations do not average to one curve); ``[]`` when
-    none has step counts."""
+def ratios_table(results_dir: Path, table: pd.DataFrame) -> pd.DataFrame:
+    """The composition (:func:`bench.sweeps.ratios.compose`) of the sweep's evaluation runs
+    of each method's configuration tuned for :data:`HEADLINE` (several configurations do
+    not average to one curve); empty when it cannot be made."""
     sweep = str(table["sweep_id"].iloc[0])
     if (table["for_cluster"] == HEADLINE).any():
         table = table[table["for_cluster"] == HEADLINE]  # one configuration per method
@@ -320,18 +301,10 @@ def ratio_runs(results_dir: Path, table: pd.DataFrame) -> list:
         return res.get("sweep_id") == sweep and (not ids or r.get("run_id") in ids)
 
     runs, _ = ratios.load_runs(results_dir, select, group=methods.method_of)
-    return runs
-
-
-def ratios_table(results_dir: Path, table: pd.DataFrame, n_boot: int = 2000) -> pd.DataFrame:
-    """The composition (:func:`bench.sweeps.ratios.compose`) of the sweep's evaluation
-    runs on the ratio grid and at the named settings; empty when it cannot be made."""
-    runs = ratio_runs(results_dir, table)
     if not runs or methods.baseline() not in {r.group for r in runs}:
         return pd.DataFrame()
-    named = ratios.named_ratios()
-    grid = sorted(set(ratios.GRID) | set(named.values()))
-    return ratios.compose(runs, grid, n_boot=n_boot)
+    grid = sorted(set(ratios.GRID) | set(ratios.named_ratios().values()))
+    return ratios.compose(runs, grid, n_boot=2000)
 
 
 @dataclass
@@ -341,8 +314,8 @@ class BenchFigure:
 
 
 def newest_runs(csv: Path, problems: list[str] | None = None) -> list[tuple[str, pd.DataFrame]]:
-    """(hardware, rows of the newest run on it) for each hardware of a benchmark CSV; an
-    unreadable CSV gives none, and a line in ``problems`` naming it."""
+    """(hardware, rows of its newest run) per hardware of a benchmark CSV; an unreadable CSV
+    gives none, and a line in ``problems``."""
     try:
         df = pd.read_csv(csv)
     except (OSError, ValueError, pd.errors.ParserError) as e:
@@ -399,25 +372,13 @@ def figures_dir(inputs: Inputs) -> Path:
     return inputs.results_dir / "figures"
 
 
-def _ratios_figure(results_dir: Path, table: Path, path: Path, title: str) -> Path | None:
-    df = ratios_table(results_dir, pd.read_csv(table))
-    return None if df.empty else ratios.plot(df, path, title)
-
-
-def _target(runs: pd.DataFrame) -> str:
-    """The experiment's target as its records name it (the first record's)."""
-    r = runs.iloc[0]
-    return target_text(r["metric"], r["target"])
-
-
 MAX_GROUPS = 6  # panels of an experiment's figures without a protocol sweep (largest first)
 
 
-def figure_runs(inputs: Inputs, exp: str, yours: Collection[str] = ()) -> tuple[pd.DataFrame, str]:
-    """The runs an experiment's figures draw, and a phrase saying which: the evaluation
-    runs of its newest protocol sweep when it has one, else its trained runs in the
-    :data:`MAX_GROUPS` clusters / hardware with the most runs; never the user's runs
-    ``yours`` (run ids), which are drawn on their own."""
+def figure_runs(inputs: Inputs, exp: str, yours: Collection[str]) -> tuple[pd.DataFrame, str]:
+    """The runs an experiment's figures draw, and a phrase saying which: the evaluation runs
+    of its newest protocol sweep, else its trained runs in the :data:`MAX_GROUPS` largest
+    cluster / hardware groups; never the user's runs ``yours`` (drawn on their own)."""
     runs = inputs.runs
     mine = runs[(runs["experiment"] == exp) & runs["trained"] & ~runs["run_id"].isin(yours)]
     table = protocol_tables(inputs).get(exp)
@@ -439,16 +400,11 @@ def figure_runs(inputs: Inputs, exp: str, yours: Collection[str] = ()) -> tuple[
 
 
 def _experiment_figures(
-    inputs: Inputs, exp: str, stats: pd.DataFrame, yours: Collection[str] = ()
+    inputs: Inputs, exp: str, stats: pd.DataFrame, yours: Collection[str]
 ) -> list[Figure]:
     runs, which = figure_runs(inputs, exp, yours)
-    all_runs = inputs.runs
-    mine = all_runs[
-        (all_runs["experiment"] == exp)
-        & all_runs["run_id"].isin(yours)
-        & all_runs["trained"]
-        & all_runs["has_curve"]
-    ]
+    r = inputs.runs
+    mine = r[(r["experiment"] == exp) & r["run_id"].isin(yours) & r["trained"] & r["has_curve"]]
     if runs.empty and mine.empty:
         return []
     res, table, out = inputs.results_dir, protocol_tables(inputs).get(exp), []
@@ -483,40 +439,19 @@ def _experiment_figures(
             f"{exp}: time to target across ratios, protocol sweep {table.stem}, each method's "
             f"configuration tuned for `{HEADLINE}`"
         )
-        add("ratios", what, lambda p: _ratios_figure(res, table, p, title2))
+
+        def draw_ratios(p: Path) -> Path | None:
+            df = ratios_table(res, pd.read_csv(table))
+            return None if df.empty else ratios.plot(df, p, title2)
+
+        add("ratios", what, draw_ratios)
     elif not speedups(stats[stats["experiment"] == exp]).empty:
         what = f"speedup over dense (mean +- std over seeds), {which}"
-        add("speedup", what, lambda p: plot_speedup(config_stats(runs), exp, p, _target(runs)))
+        target = target_text(runs["metric"].iloc[0], runs["target"].iloc[0])
+        add("speedup", what, lambda p: plot_speedup(config_stats(runs), exp, p, target))
     if curves:
         what = f"per-step time by phase, {which}"
         add("breakdown", what, lambda p: plot_breakdown(breakdown_table(res, runs, exp), exp, p))
-    return out
-
-
-def _scaling_figure(inputs: Inputs) -> list[Figure]:
-    if not inputs.scaling:
-        return []
-    p = figures_dir(inputs) / "scaling_efficiency.png"
-
-    def make() -> Path | None:
-        return plot_scaling(read_scaling(inputs.scaling), p)
-
-    return [Figure(p, scaling_caption(inputs.scaling), make, "scaling")]
-
-
-def _bench_figures(inputs: Inputs) -> list[Figure]:
-    out = []
-    known = set(load_all().names())
-    for name, csv in inputs.bench.items():
-        if name not in known:
-            continue
-        for hw, rows in newest_runs(csv, inputs.problems):
-            p = figures_dir(inputs) / f"bench_{name}_{slug(hw.split(';')[0])}.png"
-            what = (
-                f"bench {name}: newest run {rows['bench_id'].iloc[0]} on {hw.split(';')[0]} "
-                f"({len(rows)} rows of {csv.name})"
-            )
-            out.append(Figure(p, what, lambda n=name, r=rows, p=p: replot(n, r, p), "bench", name))
     return out
 
 
@@ -524,17 +459,29 @@ def plan(
     inputs: Inputs, experiments: list[str] | None = None, yours: Collection[str] = ()
 ) -> list[Figure]:
     """Every figure the inputs support; with ``experiments``, only theirs (not the scaling
-    study's or the benchmarks').  ``yours``: the run ids of a user's runs, drawn on their
-    own beside the others (``figures --reference``)."""
+    study's or the benchmarks').  ``yours``: a user's run ids, drawn on their own."""
     stats = config_stats(inputs.runs)
-    exps = sorted(inputs.runs["experiment"].unique())
     out = []
-    for exp in exps:
+    for exp in sorted(inputs.runs["experiment"].unique()):
         if experiments is None or exp in experiments:
             out += _experiment_figures(inputs, exp, stats, yours)
     if experiments is not None:
         return out
-    return out + _scaling_figure(inputs) + _bench_figures(inputs)
+    if inputs.scaling:
+        p, what = figures_dir(inputs) / "scaling_efficiency.png", scaling_caption(inputs.scaling)
+        out.append(
+            Figure(p, what, lambda p=p: plot_scaling(read_scaling(inputs.scaling), p), "scaling")
+        )
+    known = set(load_all().names())
+    for name, csv in inputs.bench.items():
+        for hw, rows in newest_runs(csv, inputs.problems) if name in known else []:
+            p = figures_dir(inputs) / f"bench_{name}_{slug(hw.split(';')[0])}.png"
+            what = (
+                f"bench {name}: newest run {rows['bench_id'].iloc[0]} on {hw.split(';')[0]} "
+                f"({len(rows)} rows of {csv.name})"
+            )
+            out.append(Figure(p, what, lambda n=name, r=rows, p=p: replot(n, r, p), "bench", name))
+    return out
 
 
 def draw(figs: list[Figure]) -> list[Figure]:

@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 
 from bench import methods
+from bench.report.tables import cfg_of
 from bench.results import plots
 from bench.sweeps.common import sweep_records, write_table
 
@@ -29,14 +30,6 @@ COLUMNS = [
 ]  # fmt: skip
 
 
-def _cfg(rec: Mapping[str, Any], group: str, key: str) -> Any:
-    return ((rec.get("config") or {}).get(group) or {}).get(key)
-
-
-def _steps_run(rec: Mapping[str, Any]) -> int:
-    return sum(int(p.get("steps", 0)) for p in rec.get("comm_phases") or [])
-
-
 def table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     """One row per sparse run: its steps to target over dense's on the same experiment and
     seed (a miss: NaN, with the steps it ran)."""
@@ -44,13 +37,13 @@ def table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     latest: dict[tuple, Mapping[str, Any]] = {}
     for r in records:  # in the order recorded: a rerun of a configuration replaces it here
         if r.get("status") in ("ok", "target_missed"):
-            key = (r.get("experiment"), r.get("comm"), _cfg(r, "comm", "placement") or "grad",
-                   None if methods.method_of(r) == base else _cfg(r, "comm", "density"),
-                   _cfg(r, "train", "seed"))  # fmt: skip
+            key = (r.get("experiment"), r.get("comm"), cfg_of(r, "comm", "placement") or "grad",
+                   None if methods.method_of(r) == base else cfg_of(r, "comm", "density"),
+                   cfg_of(r, "train", "seed"))  # fmt: skip
             latest[key] = r
     ok = list(latest.values())
     dense = {
-        (r["experiment"], _cfg(r, "train", "seed")): r.get("steps_to_target")
+        (r["experiment"], cfg_of(r, "train", "seed")): r.get("steps_to_target")
         for r in ok
         if methods.method_of(r) == base
     }
@@ -58,20 +51,20 @@ def table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     for r in ok:
         if methods.method_of(r) == base:
             continue
-        key = (r["experiment"], _cfg(r, "train", "seed"))
+        key = (r["experiment"], cfg_of(r, "train", "seed"))
         d, s = dense.get(key), r.get("steps_to_target")
         rows.append(
             {
                 "experiment": r["experiment"],
                 "comm": r["comm"],
-                "placement": _cfg(r, "comm", "placement") or "grad",
-                "density": float(_cfg(r, "comm", "density")),
+                "placement": cfg_of(r, "comm", "placement") or "grad",
+                "density": float(cfg_of(r, "comm", "density")),
                 "seed": key[1],
                 "steps_to_target": s,
                 "dense_steps": d,
                 "relative": s / d if s and d else math.nan,
                 "reached": s is not None,
-                "steps_run": _steps_run(r),
+                "steps_run": sum(int(p.get("steps", 0)) for p in r.get("comm_phases") or []),
                 "run_id": r["run_id"],
                 "git_sha": r.get("git_sha", ""),
             }

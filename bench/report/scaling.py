@@ -1,8 +1,5 @@
-"""The scaling study in the report: which sweep its figure draws (the one that measured
-the most methods and sizes, :func:`newest_sweep`), the figure itself (efficiency against
-nodes, measured here, and the model's projection to the paper's cluster on its own axis),
-and the lines that say what it shows and how well the model held.
-"""
+"""The scaling study in the report: which sweep its figure draws (:func:`newest_sweep`),
+the figure, and the lines that say what it shows and how well the model held."""
 
 from __future__ import annotations
 
@@ -25,25 +22,21 @@ from bench.sweeps import scaling_table  # noqa: E402
 
 
 def _methods(df: pd.DataFrame) -> pd.Series:
-    """The rows of methods, not of the compute-only reference (efficiency 1 by definition,
-    not drawn)."""
+    """The rows of methods, not of the compute-only reference (efficiency 1 by definition)."""
     return ~df["comm"].isin(methods.names(group="reference"))
 
 
 def newest_sweep(frame: pd.DataFrame) -> pd.DataFrame:
-    """The rows of the scaling study to draw: of the sweeps with predictions (else of
-    all), the one that measured the most methods, then the most sizes, the newest among
-    equals (sweep ids sort by start time), so that a narrower check run later does not
-    hide the study it checks (:func:`later_checks`); an older table's columns read as
-    today's."""
+    """The rows of the sweep to draw: of those with predictions (else of all), the one that
+    measured the most methods, then sizes, then the newest, so that a narrower check run
+    later (:func:`later_checks`) does not hide the study it checks."""
     df = newer_scaling(frame)
     ids = _sweeps_by_breadth(df)
     return df if not ids else df[df["sweep_id"].astype(str) == ids[-1]]
 
 
 def later_checks(frame: pd.DataFrame) -> list[pd.DataFrame]:
-    """The sweeps with predictions newer than :func:`newest_sweep`'s, each a narrower
-    study of its own (the rows of each, oldest first)."""
+    """The rows of each sweep with predictions newer than :func:`newest_sweep`'s."""
     df = newer_scaling(frame)
     ids = _sweeps_by_breadth(df)
     if not ids or "predicted_step_s" not in df.columns:
@@ -55,8 +48,7 @@ def later_checks(frame: pd.DataFrame) -> list[pd.DataFrame]:
 
 
 def _sweeps_by_breadth(df: pd.DataFrame) -> list[str]:
-    """Sweep ids (with predictions where any has them) by (methods measured, sizes,
-    id), the study to draw last; [] where the rows name no sweep."""
+    """Sweep ids (with predictions where any has them) by (methods measured, sizes, id)."""
     if "sweep_id" not in df.columns or df["sweep_id"].isna().all():
         return []
     new = df[df["predicted_step_s"].notna()] if "predicted_step_s" in df.columns else df[:0]
@@ -74,8 +66,8 @@ def _sweeps_by_breadth(df: pd.DataFrame) -> list[str]:
 
 
 def _calibrated(meas: pd.DataFrame) -> pd.Series:
-    """Each point's efficiency against its size's other compute-only timing, the
-    calibration run made before the methods (NaN where the sweep made none)."""
+    """Each point's efficiency against the compute-only calibration run made before the
+    methods at its size (NaN where the sweep made none)."""
     if "calibration_step_s" not in meas.columns:
         return pd.Series(float("nan"), index=meas.index)
     ref = meas[~_methods(meas)].set_index(["nodes", "workers_per_node"])["calibration_step_s"]
@@ -85,9 +77,8 @@ def _calibrated(meas: pd.DataFrame) -> pd.Series:
 
 
 def above_one(meas: pd.DataFrame) -> str:
-    """Why a point lies above 1 (a method faster than computing alone): the compute-only
-    run that sets 1 was timed apart from the method's, on a shared CPU, and drifted; the
-    same points against the calibration run made before the methods.  ``""``: none."""
+    """Why points lie above 1 (the compute-only run that sets 1 was timed apart, on a shared
+    CPU, and drifted), with the same points against the calibration run; ``""``: none."""
     m = meas[_methods(meas) & (meas["efficiency"].round(2) > 1.0)]
     if m.empty:
         return ""
@@ -113,9 +104,8 @@ def above_one(meas: pd.DataFrame) -> str:
 
 
 def _measured(ax, meas: pd.DataFrame, cal: pd.Series) -> None:
-    """One line per method (each point one run; a thin bar to its efficiency against the
-    calibration run, where it differs), the model's prediction for the same size as
-    hollow markers without a line: the lines are the measurements alone."""
+    """A line per method (a point per run, a bar to its efficiency against the calibration
+    run), the model's predictions as hollow markers without a line."""
     for comm, g in meas.groupby("comm", sort=True):
         g = g.sort_values("nodes")
         c = methods.colour(comm)
@@ -138,27 +128,17 @@ def _projected(ax, proj: pd.DataFrame) -> None:
                                 color=methods.colour(comm), alpha=0.12)  # fmt: skip
 
 
-def _holds(proj: pd.DataFrame) -> bool:
-    if proj.empty or "model_holds" not in proj.columns:
-        return False
-    v = proj["model_holds"].dropna()
-    return bool(len(v)) and bool(v.astype(str).str.lower().isin(["true", "1", "1.0"]).all())
-
-
-def _worst(meas: pd.DataFrame) -> str:
-    if "model_error" not in meas.columns or meas["model_error"].dropna().empty:
-        return "this sweep has no prediction to check the model against"
-    r = meas.loc[meas["model_error"].abs().idxmax()]
-    return (
-        f"the model missed {r['comm']} on {int(r['nodes'])}x{int(r['workers_per_node'])} "
-        f"by {r['model_error']:+.0%}"
-    )
+def _log2_nodes(ax, nodes: pd.Series) -> None:
+    """A log-2 axis of nodes, ticked at the node counts themselves."""
+    ticks = sorted({int(n) for n in nodes.dropna()})
+    ax.set_xscale("log", base=2)
+    if ticks:
+        ax.set_xticks(ticks, [str(t) for t in ticks])
 
 
 def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
-    """Efficiency against nodes of the newest sweep in ``frame`` (its CSV's rows): one
-    panel per workers-per-node measured on this machine, and the model's projection to
-    the paper's cluster in its own panel on its own axis."""
+    """Efficiency against nodes of :func:`newest_sweep`: a panel per workers-per-node
+    measured here, and the model's projection to the paper's cluster on its own axis."""
     need = {"efficiency", "comm"}
     if frame.empty or not need <= set(frame.columns):
         return None
@@ -188,22 +168,25 @@ def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
         ax.set_title(f"measured on this machine: {per} worker(s) per node", fontsize=9)
         ax.set_xlabel(f"nodes ({cluster}; log 2)")
         ax.set_ylim(0, top)
-        ticks = sorted({int(n) for n in meas["nodes"].dropna()})
-        ax.set_xscale("log", base=2)
-        if ticks:  # the node counts themselves, not powers of 2
-            ax.set_xticks(ticks, [str(t) for t in ticks])
+        _log2_nodes(ax, meas["nodes"])
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("scaling efficiency (compute-only step / step, ratio)")
     right = axes[-1]
-    drawn = _holds(proj)
+    holds = proj["model_holds"].dropna() if "model_holds" in proj.columns else pd.Series()
+    drawn = bool(len(holds)) and holds.astype(str).str.lower().isin(["true", "1", "1.0"]).all()
     if drawn:
         _projected(right, proj)
-        ticks = sorted({int(n) for n in proj["nodes"].dropna()})
-        right.set_xscale("log", base=2)
-        if ticks:
-            right.set_xticks(ticks, [str(t) for t in ticks])
+        _log2_nodes(right, proj["nodes"])
     else:
-        why = "no projection in this table" if proj.empty else _worst(meas)
+        why = "no projection in this table"
+        if not proj.empty and ("model_error" not in meas or meas["model_error"].dropna().empty):
+            why = "this sweep has no prediction to check the model against"
+        elif not proj.empty:
+            r = meas.loc[meas["model_error"].abs().idxmax()]
+            why = (
+                f"the model missed {r['comm']} on {int(r['nodes'])}x{int(r['workers_per_node'])} "
+                f"by {r['model_error']:+.0%}"
+            )
         right.text(0.5, 0.5, f"projection not drawn:\n{why}", ha="center", va="center",
                    transform=right.transAxes, fontsize=9, wrap=True)  # fmt: skip
         right.set_xticks([])
@@ -240,8 +223,7 @@ def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
 
 
 def read_scaling(paths: Sequence[Path]) -> pd.DataFrame:
-    """The rows of every readable scaling CSV of ``paths``, each with its file's name
-    (``_csv``)."""
+    """The rows of every readable scaling CSV of ``paths``, with its file's name (``_csv``)."""
     frames = [df.assign(_csv=f.name) for f in paths if (df := read(f)) is not None]
     return pd.concat(frames, ignore_index=True, sort=False) if frames else pd.DataFrame()
 
@@ -263,8 +245,8 @@ def scaling_caption(paths: Sequence[Path]) -> str:
 
 
 def scaling_lines(paths: Sequence[Path]) -> list[str]:
-    """What the newest measured scaling sweep shows: each method's efficiency per size
-    (the compute-only step over its step) and whether the model held."""
+    """What the drawn scaling sweep shows: each method's efficiency per size and whether the
+    model held."""
     frame = read_scaling(paths)
     if frame.empty:
         return []
@@ -299,8 +281,8 @@ def _efficiencies(df: pd.DataFrame) -> list[str]:
 
 
 def later_check_lines(frame: pd.DataFrame) -> list[str]:
-    """One paragraph per narrower scaling sweep run after the drawn study: its methods,
-    sizes and how well the model predicted them."""
+    """A paragraph per narrower sweep run after the drawn study: its efficiencies and how
+    well the model predicted them."""
     out = []
     for df in later_checks(frame):
         df = df.astype({"nodes": int, "workers_per_node": int})

@@ -1,9 +1,5 @@
 """The report's data and tables: one results directory read into :class:`Inputs`, runs
-grouped and compared over seeds, and the Markdown tables built from them.
-
-Runs compare only within one experiment, cluster and hardware (:data:`GROUP`); a protocol
-sweep's tables come from :mod:`bench.sweeps.protocol_table`, and only the current
-protocol's answer (an earlier one's tables are linked, :func:`protocol_section`).
+grouped and compared over seeds (only within one :data:`GROUP`), and the Markdown tables.
 """
 
 from __future__ import annotations
@@ -88,48 +84,38 @@ def num(x: Any) -> float | None:
     return float(x) if math.isfinite(x) else None
 
 
-def _cfg(r: dict[str, Any], group: str, key: str) -> Any:
+def cfg_of(r: Mapping[str, Any], group: str, key: str) -> Any:
     c = r.get("config")
     g = c.get(group) if isinstance(c, dict) else None
     return g.get(key) if isinstance(g, dict) else None
 
 
 def cluster_label(r: dict[str, Any]) -> str:
-    """``local 2x2``: the launcher, nodes x workers per node."""
-    nnodes = num(r.get("nnodes")) or num(_cfg(r, "cluster", "nnodes"))
+    """``local 2x2``, ``emulated 2x2 paper-scaled link`` (the profile's bandwidth differs a
+    little between sweeps), ``emulated 2x2 at 100mbit``."""
+    nnodes = num(r.get("nnodes")) or num(cfg_of(r, "cluster", "nnodes"))
     world = num(r.get("world_size"))
-    per = num(_cfg(r, "cluster", "nproc_per_node"))
+    per = num(cfg_of(r, "cluster", "nproc_per_node"))
     if per is None and world and nnodes:
         per = world / nnodes
-    name = _cfg(r, "cluster", "name") or "?"
+    name = cfg_of(r, "cluster", "name") or "?"
     dims = f"{nnodes or 1:g}x{per:g}" if per else f"{nnodes or 1:g} node(s)"
-    return f"{name} {dims}{link_label(r) if name == 'emulated' else ''}"
-
-
-def link_label(r: dict[str, Any]) -> str:
-    """An emulated run's link: `` paper-scaled link`` (its profile; the bandwidth the
-    profile chose differs a little between sweeps) or `` at 100mbit``."""
-    prof = r.get("cluster_profile")
-    if isinstance(prof, dict) and prof.get("profile"):
-        return f" {prof['profile']}-scaled link"
-    bw = _cfg(r, "cluster", "inter_node_bandwidth")
-    return f" at {bw}" if bw else ""
-
-
-def hardware_label(r: dict[str, Any]) -> str:
-    """The compute of a record's hardware line (the host is dropped for a GPU)."""
-    hw = str(r.get("hardware") or "").split(";")[0].strip()
-    return hw or "unknown hardware"
+    link, prof = "", r.get("cluster_profile")
+    if name == "emulated" and isinstance(prof, dict) and prof.get("profile"):
+        link = f" {prof['profile']}-scaled link"
+    elif name == "emulated" and (bw := cfg_of(r, "cluster", "inter_node_bandwidth")):
+        link = f" at {bw}"
+    return f"{name} {dims}{link}"
 
 
 def comm_label(r: dict[str, Any]) -> str:
-    """The method and the knobs its spec names in a run's label (``hitopk d=0.01 schedule
-    0.1/0.01``, ``powersgd r=4``), each from the record or else its config."""
+    """The method and the knobs its spec names (``hitopk d=0.01 schedule 0.1/0.01``,
+    ``powersgd r=4``), each from the record or else its config."""
     if not r.get("comm"):
         return "?"
     spec, out = methods.of(r), methods.method_of(r)
     for tag, key in spec.label_keys if spec else ():
-        v = r.get(key.replace(".", "_")) or _cfg(r, *key.split(".", 1))
+        v = r.get(key.replace(".", "_")) or cfg_of(r, *key.split(".", 1))
         if isinstance(v, list):
             v = "/".join(f"{x:g}" for x in (num(x) for x in v) if x is not None)
             out += f" {tag} {v}" if v else ""
@@ -138,40 +124,33 @@ def comm_label(r: dict[str, Any]) -> str:
     return out
 
 
-def cost_to_target(r: Mapping[str, Any]) -> float | None:
-    """USD to reach the target: the recorded ``results.cost_per_hour`` x the time to
-    target; None when either is unknown (no cost is assumed)."""
-    cost, tt = num(_cfg(r, "results", "cost_per_hour")), num(r.get("time_to_target_s"))
-    return None if cost is None or tt is None else cost * tt / 3600
-
-
 def _row(r: dict[str, Any], results_dir: Path) -> dict[str, Any]:
     run_id = str(r.get("run_id"))
     curve = rec.curve_path(results_dir, run_id)
     tt = num(r.get("time_to_target_s"))
     status = str(r.get("status") or "?")
+    price = num(cfg_of(r, "results", "cost_per_hour"))  # USD per hour, where recorded
     return {
         "run_id": run_id,
-        "experiment": str(r.get("experiment") or _cfg(r, "train", "experiment") or "?"),
+        "experiment": str(r.get("experiment") or cfg_of(r, "train", "experiment") or "?"),
         "comm_name": methods.method_of(r) if r.get("comm") else "?",
         "comm": comm_label(r),
         "cache": str(r.get("cache") or "?"),
         "update": str(r.get("update") or "?"),
         "cluster": cluster_label(r),
-        "hardware": hardware_label(r),
-        "seed": _cfg(r, "train", "seed"),
+        # the compute of the hardware line (the host is dropped for a GPU)
+        "hardware": str(r.get("hardware") or "").split(";")[0].strip() or "unknown hardware",
+        "seed": cfg_of(r, "train", "seed"),
         "status": status,
         "trained": status in OUTCOMES,
         "reached": status in OUTCOMES and tt is not None,
-        # a tuning-protocol run's role: "tune" runs chose a configuration and are never
-        # among the reported numbers (the appendix shows them)
+        # a tuning-protocol run's role: "tune" runs are never among the reported numbers
         "protocol_role": str((r.get("protocol") or {}).get("role") or ""),
         "protocol_trial": str((r.get("protocol") or {}).get("trial") or ""),
-        "sweep_id": str(_cfg(r, "results", "sweep_id") or ""),
+        "sweep_id": str(cfg_of(r, "results", "sweep_id") or ""),
         "time_to_target_s": tt,
-        # DAWNBench ranks by cost too: USD to the target where the run recorded its price
-        # (results.cost_per_hour); none where it did not
-        "cost_to_target_usd": cost_to_target(r),
+        # DAWNBench ranks by cost too: none is assumed where the run recorded no price
+        "cost_to_target_usd": None if price is None or tt is None else price * tt / 3600,
         "metric": str(r.get("target_metric") or "?"),
         "target": num(r.get("target_value")),
         "curve_path": curve,
@@ -196,23 +175,23 @@ def read(path: Path, **kw: Any) -> pd.DataFrame | None:
 
 def curve(results_dir: Path, run_id: str) -> pd.DataFrame | None:
     """A run's curve with today's column names, or None when it is missing or unreadable."""
-    try:
-        return rec.load_curve(results_dir, run_id)
-    except (OSError, ValueError, pd.errors.ParserError):
-        return None
+    df = read(rec.curve_path(results_dir, run_id))
+    return None if df is None else df.rename(columns=col.RENAMES)
 
 
 def config_stats(runs: pd.DataFrame) -> pd.DataFrame:
     """Per group and configuration: runs that trained, runs that reached the target, and the
     mean and standard deviation (over seeds) of the time to target of those that reached it."""
-    trained = runs[runs["trained"]]
-    if "protocol_role" in trained:  # a protocol's tuning and timing runs report nothing
-        trained = trained[~trained["protocol_role"].isin(("tune", "time"))]
-    # nor does any run on a tuning seed (a study made to choose, e.g. placement-20261203)
+    # a protocol's tuning and timing runs report nothing, nor does any run on a tuning seed
+    # (a study made to choose, e.g. placement-20261203)
+    trained = runs[runs["trained"] & ~runs["protocol_role"].isin(("tune", "time"))]
     trained = trained[~trained["seed"].isin((*protocol.TUNE_SEEDS, *protocol.TIMING_SEEDS))]
     rows = []
     for key, g in trained.groupby(GROUP + CONFIG, sort=True):
-        tt = g.loc[g["reached"], "time_to_target_s"].astype(float)
+        reached = g[g["reached"]]
+        tt = reached["time_to_target_s"].astype(float)
+        usd = reached["cost_to_target_usd"].dropna().astype(float)
+        priced = "" if len(usd) == len(reached) else f" ({len(usd)} of {len(reached)} runs priced)"
         rows.append(
             {
                 **dict(zip(GROUP + CONFIG, key, strict=True)),
@@ -221,26 +200,14 @@ def config_stats(runs: pd.DataFrame) -> pd.DataFrame:
                 "n_reached": len(tt),
                 "tt_mean": tt.mean() if len(tt) else None,
                 "tt_std": tt.std(ddof=1) if len(tt) > 1 else (0.0 if len(tt) else None),
-                "cost": _cost_text(g),
+                # ``$0.12 (2 of 3 runs priced)``: the runs that reached it and had a price
+                "cost": f"${usd.mean():,.4g}{priced}" if len(usd) else "",
                 "run_ids": list(g["run_id"]),
             }
         )
     cols = [*GROUP, *CONFIG, "comm_name", "n_runs", "n_reached", "tt_mean", "tt_std", "cost",
             "run_ids"]  # fmt: skip
     return pd.DataFrame(rows, columns=cols)
-
-
-def _cost_text(g: pd.DataFrame) -> str:
-    """``$0.12 (2 of 3 runs priced)``: the mean cost to target of the runs that reached it
-    and recorded a cost per hour; "" when none did."""
-    if "cost_to_target_usd" not in g:
-        return ""
-    reached = g[g["reached"]]
-    c = reached["cost_to_target_usd"].dropna().astype(float)
-    if c.empty:
-        return ""
-    priced = "" if len(c) == len(reached) else f" ({len(c)} of {len(reached)} runs priced)"
-    return f"${c.mean():,.4g}{priced}"
 
 
 def ratio(base: pd.Series, other: pd.Series) -> tuple[float | None, float | None]:
@@ -262,9 +229,8 @@ def speedups(stats: pd.DataFrame) -> pd.DataFrame:
         base = g[g["comm_name"] == methods.baseline()]
         if base.empty or len(g) < 2:
             continue
-        b = base.iloc[0]
         for _, o in g.iterrows():
-            s, sd = ratio(b, o)
+            s, sd = ratio(base.iloc[0], o)
             out.append({**o.to_dict(), "speedup": s, "speedup_std": sd})
     return pd.DataFrame(out)
 
@@ -302,8 +268,8 @@ RULES = (  # the current protocol's (protocol.NAME)
 
 
 def protocol_section(paths: list[Path], base: Path) -> list[str]:
-    """Markdown lines: every sweep of the current protocol among ``paths`` with its tuning
-    trials, then a link to each sweep of an earlier one (none: a line saying how)."""
+    """Every sweep of the current protocol among ``paths`` with its tuning trials, then a
+    link to each sweep of an earlier one."""
     tables = [p for p in paths if is_protocol(p) and not p.stem.endswith(TUNING_SUFFIX)]
     if not tables:
         return ["No protocol sweep yet: `python -m reproduce ablation` runs one.", ""]
@@ -353,18 +319,15 @@ def protocol_section(paths: list[Path], base: Path) -> list[str]:
 
 
 def cluster_title(cluster: str, ratio: float) -> str:
-    """``paper (projected, ratio 1.34)``, or the check cluster's label (a v2 table's ``for_cluster``
-    and ``ratio``; NaN: measured on the check cluster's clock)."""
+    """``paper (projected, ratio 1.34)``, or the check cluster's label (ratio NaN: measured
+    on the check cluster's clock)."""
     if ratio != ratio:
         return f"{cluster} 2 x 2 (measured: the end-to-end check)"
     return f"{cluster} (projected, ratio {ratio:.2f})"
 
 
-def verdict_text(v: Any, n: int, short: bool = False) -> str:
-    v = str(v)
-    if v in ("faster", "slower"):
-        return v
-    return f"no difference (n = {n})" if short else f"no difference measurable at n = {n}"
+def verdict_text(v: Any, n: int) -> str:
+    return str(v) if str(v) in ("faster", "slower") else f"no difference (n = {n})"
 
 
 def target_text(metric: str, target: float | None) -> str:
@@ -422,15 +385,13 @@ NO_FIGURES = (
 
 
 def table_cell(text: str) -> str:
-    """``text`` as one Markdown table cell: a line break or a ``|`` in it would end the
-    row (and break the rendered table), so both are written inline."""
+    """``text`` as one Markdown table cell: a line break or a ``|`` would end the row."""
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
 def no_headline(names: Sequence[str], bench: Mapping[str, Path], base: Path) -> str:
-    """A micro-benchmark section with no headline row: what its CSVs hold (these
-    benchmarks have no one-line headline; their figures are in the appendix), or the
-    command that measures them when none is recorded."""
+    """A micro-benchmark section without a headline row: what its CSVs hold, or the command
+    that measures them when none is recorded."""
     held = [
         f"{len(df)} rows in [{rel(bench[n], base)}]({rel(bench[n], base)})"
         for n in names
@@ -460,11 +421,11 @@ def cluster_projections(csv: Path) -> str:
         g = g[g["bench_id"] == g["bench_id"].max()]
         g = g[(g["nodes"] == g["nodes"].max())]
         g = g[g["procs_per_node"] == g["procs_per_node"].max()]
+        link = ""
         if "bandwidth" in g.columns:  # the slowest link: its first row in the run's order
             g = g[g["bandwidth"] == g["bandwidth"].iloc[0]]
+            link = f" at {g['bandwidth'].iloc[0]}"
         r = g.iloc[0]
-        where = f"{int(r['nodes'])} x {int(r['procs_per_node'])}"
-        link = f" at {r['bandwidth']}" if "bandwidth" in g.columns else ""
         band = ""
         if {"efficiency_min", "efficiency_max"} <= set(g.columns) and pd.notna(r["efficiency_min"]):
             bands.append((float(r["efficiency_min"]), float(r["efficiency_max"])))
@@ -472,20 +433,19 @@ def cluster_projections(csv: Path) -> str:
         hidden = r.get("hidden_source")
         hidden = hidden if isinstance(hidden, str) and hidden else "not recorded"
         hiddens.append(hidden.split(" (")[0].split(" of this run")[0])
-        how = f", hidden share: {hidden}"
         parts.append(
-            f"{hw}: {r['efficiency']:.2f}{band} at {where}{link}{how} (run {r['bench_id']})"
+            f"{hw}: {r['efficiency']:.2f}{band} at {int(r['nodes'])} x "
+            f"{int(r['procs_per_node'])}{link}, hidden share: {hidden} (run {r['bench_id']})"
         )
     if len(parts) < 2:
         return ""
     overlap = len(bands) == len(parts) and max(b[0] for b in bands) <= min(b[1] for b in bands)
-    sources = set(hiddens)
     why = (
         "they take the share of communication hidden behind the backward pass from "
         "different sources: a share measured on CPU workers over gloo says little about V100s "
         "over NCCL, so the projection now assumes it for every method alike (central 1, band "
         f"0-1; docs/benchmarks.md) and the newest run's, {newest}, is the one to read"
-        if len(sources) > 1
+        if len(set(hiddens)) > 1
         else "both take the hidden share from the same source, so they differ by what each "
         "run measured on its own CPU"
     )
@@ -517,28 +477,21 @@ def records_section(inputs: Inputs, maker: CommandMaker) -> list[str]:
     return lines
 
 
-def with_hardware(df: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
-    """A sweep table with the hardware of its runs (``run_id`` or ``run_ids`` looked up in
-    the records); a projected row names the model instead."""
-    if "hardware" in df:
-        return df
-    hw = dict(zip(runs["run_id"], runs["hardware"], strict=True)) if len(runs) else {}
-
-    def one(row: pd.Series) -> str:
-        if str(row.get("kind")) == "projected":
-            return "projection (alpha-beta model)"
-        ids = str(row.get("run_ids", row.get("run_id", ""))).replace(",", " ").split()
-        found = sorted({hw[i] for i in ids if i in hw})
-        return "; ".join(found) or "not in the records"
-
-    return df.assign(hardware=[one(r) for _, r in df.iterrows()]) if len(df) else df
-
-
 def csv_section(
     paths: list[Path], columns: list[str], base: Path, made_by: str, runs: pd.DataFrame
 ) -> list[str]:
+    """Each sweep CSV as a table of ``columns``, with the hardware of its runs (looked up in
+    the records; a projected row names the model)."""
     if not paths:
         return [f"No CSV yet: `{made_by}` writes one.", ""]
+    hw = dict(zip(runs["run_id"], runs["hardware"], strict=True)) if len(runs) else {}
+
+    def hardware(row: pd.Series) -> str:
+        if str(row.get("kind")) == "projected":
+            return "projection (alpha-beta model)"
+        ids = str(row.get("run_ids", row.get("run_id", ""))).replace(",", " ").split()
+        return "; ".join(sorted({hw[i] for i in ids if i in hw})) or "not in the records"
+
     out = []
     for p in paths:
         try:
@@ -546,7 +499,8 @@ def csv_section(
         except (OSError, ValueError, pd.errors.ParserError) as e:
             out += [f"- {rel(p, base)}: unreadable ({e})", ""]
             continue
-        df = with_hardware(df, runs)
+        if "hardware" not in df and len(df):
+            df = df.assign(hardware=[hardware(r) for _, r in df.iterrows()])
         cols = [c for c in columns if c in df.columns]
         out += [f"From `{rel(p, base)}` ({len(df)} rows):", "", *md_table(df[cols]), ""]
     return out

@@ -1,6 +1,5 @@
-"""The time-to-accuracy figure: per method the mean of the held-out metric over its runs
-(seeds) against training time with its 95 % interval, a strip of each configuration's
-time to target below, and a user's own runs drawn over the reference's."""
+"""The time-to-accuracy figure: per configuration the mean held-out metric over seeds with
+its 95 % interval, a strip of times to target below, a user's own runs drawn over it."""
 
 from __future__ import annotations
 
@@ -24,22 +23,21 @@ from bench.sweeps.intervals import mean_interval  # noqa: E402
 
 PER_ROW = 3  # panels per row in every figure of this module
 LINE_STYLES = ("-", "--", ":", "-.")
-GRID_POINTS = 240  # time points of the median / band of the time-to-accuracy curves
+GRID_POINTS = 240  # time points of the mean / band of the time-to-accuracy curves
+BELOW_TARGET = 15  # points of the metric the time-to-accuracy axis shows under the target
 
 
 def _step_values(d: pd.DataFrame, column: str, grid: np.ndarray) -> np.ndarray:
-    """The metric a run had reached at each grid time: its last evaluation at or before
-    that time (NaN before the first), held after its last one."""
+    """The metric at each grid time: the last evaluation at or before it (NaN before any)."""
     t = d[TRAIN_TIME].to_numpy(dtype=float)
     v = 100 * d[column].to_numpy(dtype=float)
     i = np.searchsorted(t, grid, side="right") - 1
-    out = np.where(i >= 0, v[np.clip(i, 0, None)], np.nan)
-    return out
+    return np.where(i >= 0, v[np.clip(i, 0, None)], np.nan)
 
 
 def _points(results_dir: Path, r: Mapping[str, Any]) -> pd.DataFrame | None:
-    """A run's evaluations (per epoch, and the sub-epoch ones where it has them) in time
-    order, its target metric as ``_metric``; None without any."""
+    """A run's evaluations (per epoch and sub-epoch) in time order, its target metric as
+    ``_metric``; None without any."""
     df = curve(results_dir, r["run_id"])
     column = metric_column(r["metric"])
     if df is None or column not in df or TRAIN_TIME not in df:
@@ -54,11 +52,9 @@ def _points(results_dir: Path, r: Mapping[str, Any]) -> pd.DataFrame | None:
 
 
 def tta_bands(results_dir: Path, runs: pd.DataFrame) -> dict[str, dict]:
-    """Per configuration (its comm label, as the tables name it): the time grid, the
-    mean over its runs of the held-out metric and its 95 % t-interval, from the first
-    time every run has an evaluation on (NaN before: no mean of a subset); the mean time
-    to target of the runs that reached it and its 95 % interval (as the tables give it),
-    n (reached of runs) and the label (method and tuned trial, as the tables name it)."""
+    """Per configuration (its comm label): the time grid, the mean held-out metric over its
+    runs with its 95 % t-interval from when every run has an evaluation (NaN before), the
+    mean time to target with its 95 % interval, n reached of n, and the label."""
     curves: dict[str, list[pd.DataFrame]] = {}
     meta: dict[str, list] = {}
     for _, r in runs.iterrows():
@@ -110,13 +106,10 @@ def plot_tta(
     title: str = "",
     yours: pd.DataFrame | None = None,
 ) -> Path | None:
-    """Held-out target metric against training time: per method the mean over its runs
-    (seeds) and its 95 % interval, drawn from the time every run has an evaluation, one
-    panel per cluster and hardware, its y axis from :data:`BELOW_TARGET` points under the
-    target; under it a strip of one row per configuration, a star at its mean time to
-    target with its interval (on the target line they would hide each other).
-    ``yours``: a user's runs, each drawn on its own over the panel of its cluster and
-    hardware (else of its cluster, else the first)."""
+    """:func:`tta_bands` against training time, a panel per cluster and hardware, under it a
+    strip of each configuration's mean time to target (on the target line they would hide
+    each other); ``yours``: a user's runs, each over the panel of its cluster and hardware
+    (else of its cluster, else the first)."""
     pick = (runs["experiment"] == experiment) & runs["has_curve"] & runs["trained"]
     runs = runs[pick]
     yours = yours if yours is not None and not yours.empty else None
@@ -181,8 +174,7 @@ def plot_tta(
 def _draw_yours(
     ax, results_dir: Path, yours: pd.DataFrame, panel: tuple, panels: list[tuple]
 ) -> None:
-    """The user's runs that belong on ``panel``: each its own dashed line with open
-    diamonds at its evaluations, in its method's colour, over the reference bands, and a
+    """The user's runs that belong on ``panel``, each a dashed line with open diamonds and a
     cross at its time to target."""
     for _, r in yours.iterrows():
         key = (r["cluster"], r["hardware"])
@@ -199,6 +191,3 @@ def _draw_yours(
         if r["reached"] and r["target"] is not None:
             ax.plot([r["time_to_target_s"]], [100 * r["target"]], marker="X", ms=10,
                     color=colour, mec="k", ls="none", zorder=6)  # fmt: skip
-
-
-BELOW_TARGET = 15  # points of the metric the time-to-accuracy axis shows under the target

@@ -1,10 +1,6 @@
-"""Any two of a protocol sweep's tuned configurations compared, beyond the table's two
-comparisons (against dense and against the best peer): per column the table quotes, each
-method's time to target per evaluation seed, measured on the check cluster's clock or
-composed with the model's time per step at every corner of its assumptions
-(:func:`bench.sweeps.ratios.corners`); the interval of any pair, its band over the
-corners, and the methods that cannot be told from the first to the target.
-"""
+"""Any two of a protocol sweep's tuned configurations compared, per column of its table:
+each method's time to target per evaluation seed (measured, or composed with the model's
+time per step at every corner of its assumptions), the interval of a pair and its band."""
 
 from __future__ import annotations
 
@@ -24,9 +20,8 @@ from bench.sweeps import ratios
 
 @dataclass(frozen=True)
 class Versus:
-    """``other``'s speedup over ``ref`` (> 1: sooner): the 95 % Welch interval over the
-    seeds, and for a projected column its band (the lowest and highest bound of that
-    interval over the model's assumption corners; the interval itself where measured)."""
+    """``other``'s speedup over ``ref`` (> 1: sooner): the 95 % Welch interval over seeds, and
+    its band over the model's assumption corners (the interval itself where measured)."""
 
     speedup: float
     low: float
@@ -37,8 +32,7 @@ class Versus:
 
     @property
     def verdict(self) -> str:
-        """``faster`` / ``slower`` where the interval and the band both exclude 1, else
-        ``tie``."""
+        """``faster`` / ``slower`` where the interval and the band both exclude 1, else ``tie``."""
         if self.low > 1 and self.band_low > 1:
             return "faster"
         if self.high < 1 and self.band_high < 1:
@@ -55,9 +49,8 @@ class Versus:
 
 @dataclass
 class Column:
-    """One column of a sweep's answer: its cluster, its ratio (NaN: measured on the check
-    cluster's clock) and per method the seeds' times, one list per corner (the central
-    assumptions first; one list where measured)."""
+    """One column of a sweep's answer: its cluster, its ratio (NaN: measured) and per method
+    the seeds' times, a list per corner (the central assumptions first)."""
 
     cluster: str
     ratio: float
@@ -84,9 +77,7 @@ class Column:
         return sorted(self.times, key=self.mean)
 
     def tied_first(self) -> list[str]:
-        """The first to the target and every method whose interval against it (or, where
-        projected, its band) does not exclude 1: a tie, in their order; one name only
-        where the first is told from every other."""
+        """The first to the target and every method that ties with it, in their order."""
         first, *rest = self.order()
         return [first, *(m for m in rest if self.versus(m, first).verdict == "tie")]
 
@@ -104,9 +95,9 @@ def sweep_records(records: Sequence[Mapping[str, Any]], sweep: str) -> list[Mapp
 
 
 def columns(results_dir: Path, table: pd.DataFrame, records: Sequence[Mapping]) -> list[Column]:
-    """The columns of a protocol table (``table``, its rows) from the runs it counts: a
-    measured column's time per seed is the run's clock (a miss: the sweep's budget, as the
-    table has it), a projected one's its logged steps x the model's time per step."""
+    """The columns of a protocol table from the runs it counts: a measured column's time per
+    seed is the run's clock (a miss: the sweep's budget), a projected one's its logged steps
+    x the model's time per step."""
     by_id = {str(r.get("run_id")): r for r in records}
     mine = sweep_records(records, str(table["sweep_id"].iloc[0]))
     budget = iv.budget_s([r for r in mine if (r.get("protocol") or {}).get("role") != "time"])

@@ -1,8 +1,5 @@
-"""Names of the per-epoch curve columns, defined once, and the one place where older
-recorded formats are read as today's: flat curve names (:data:`RENAMES`), older scaling
-tables (:func:`newer_scaling`) and records written before a field existed
-(:func:`older_records`).
-"""
+"""The per-epoch curve columns' names, and the one place where older recorded formats are
+read as today's."""
 
 from __future__ import annotations
 
@@ -27,9 +24,8 @@ SKIPPED = "data/skipped"  # damaged training images skipped in the epoch, every 
 TOKENS = "data/tokens"  # source + target tokens (non-pad) of the epoch, every worker's
 TOKEN_THROUGHPUT = "throughput/tokens_per_s"  # TOKENS / EPOCH_TIME
 DATA_SHARE = "time/data_pct"  # fraction of the epoch spent waiting for data
-# the epoch's steps, run-length by the phase each was sent in (method/density/rank/steps/
-# bytes per step, ``;``-joined: bench.comm.stats.format_phases); absent in older curves
-# (the hook's name for it, bench.comm.stats.PHASES, is the same: importing it would load torch)
+# the epoch's steps by the phase each was sent in (bench.comm.stats.format_phases; its
+# PHASES is the same name: importing it would load torch)
 COMM_PHASES = "comm/phases"
 
 # held-out metrics as the workload names them -> curve column
@@ -68,8 +64,7 @@ SCALING_RENAMES = {"nnodes": "nodes", "nproc_per_node": "workers_per_node"}
 
 
 def newer_scaling(frame: pd.DataFrame) -> pd.DataFrame:
-    """A scaling table with today's column names (an older table's, alone or beside newer
-    rows, filled in; one worker per node where none is said)."""
+    """A scaling table with today's column names (one worker per node where none is said)."""
     df = frame.copy()
     for old, new in SCALING_RENAMES.items():
         if old in df.columns:
@@ -81,8 +76,7 @@ def newer_scaling(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def older_records(records: Iterable[Mapping[str, Any]], fields: Iterable[str]) -> list[str]:
-    """One line per set of ``fields`` that some records lack (written before they existed:
-    they read as absent)."""
+    """One line per set of ``fields`` that some records lack (they read as absent)."""
     lacking: dict[tuple[str, ...], list[str]] = {}
     for r in records:
         miss = tuple(f for f in fields if f not in r)

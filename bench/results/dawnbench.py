@@ -23,11 +23,6 @@ TSV_COLUMNS = {
 }
 
 
-def paths(results_dir: str | Path, run_id: str) -> tuple[Path, Path]:
-    d = Path(results_dir) / "dawnbench"
-    return d / f"{run_id}.json", d / f"{run_id}.tsv"
-
-
 def tsv_rows(curve: Sequence[Mapping[str, Any]], metric: str) -> list[dict[str, Any]]:
     """The evaluated epochs of ``curve`` as DAWNBench rows (accuracies in percent)."""
     cols = TSV_COLUMNS[metric]
@@ -54,7 +49,8 @@ def entry(record: Mapping[str, Any]) -> dict[str, Any]:
         "authorEmail": res.get("author_email") or UNSET,
         "framework": f"PyTorch {record.get('torch_version') or 'unknown'}",
         "model": record["model"],
-        "hardware": _hardware(record),
+        "hardware": f"{record.get('world_size')} worker(s) on {record.get('nnodes')} node(s): "
+        f"{record.get('hardware') or 'unknown hardware'}",
         "timestamp": str(record["started_at"])[:10],
         "misc": _misc(record, cfg),
     }
@@ -63,16 +59,11 @@ def entry(record: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _hardware(record: Mapping[str, Any]) -> str:
-    n, nodes = record.get("world_size"), record.get("nnodes")
-    what = record.get("hardware") or "unknown hardware"
-    return f"{n} worker(s) on {nodes} node(s): {what}"
-
-
 def _misc(record: Mapping[str, Any], cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The recipe: optimizer, batch sizes, image size per epoch, communication, cache."""
     optim, data, train = cfg.get("optim", {}), cfg.get("data", {}), cfg.get("train", {})
     tt = record.get("time_to_target_s")
+    cost = (cfg.get("results") or {}).get("cost_per_hour")
     return {
         "runId": record["run_id"],
         "attempt": record.get("attempt", 1),
@@ -82,7 +73,7 @@ def _misc(record: Mapping[str, Any], cfg: Mapping[str, Any]) -> dict[str, Any]:
         "target": {"metric": record["target_metric"], "percent": 100 * record["target_value"]},
         "timeToTargetHours": tt / 3600 if tt is not None else None,
         # costPerHour x the time to target, only where the run recorded a cost per hour
-        "costToTargetUSD": _cost(cfg, tt),
+        "costToTargetUSD": None if cost is None or tt is None else float(cost) * tt / 3600,
         "epochsToTarget": record.get("epochs_to_target"),
         "optimizer": {
             k: optim.get(k)
@@ -108,11 +99,6 @@ def _misc(record: Mapping[str, Any], cfg: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _cost(cfg: Mapping[str, Any], tt: float | None) -> float | None:
-    cost = (cfg.get("results") or {}).get("cost_per_hour")
-    return None if cost is None or tt is None else float(cost) * tt / 3600
-
-
 def _image_sizes(data: Mapping[str, Any], epochs: int) -> list[int]:
     """The training image size of each epoch run (``data.progressive`` resizing)."""
     d = DataConfig(
@@ -133,7 +119,8 @@ def write(
     if not rows:
         return None, None
     js = entry(record)
-    jpath, tpath = paths(results_dir, record["run_id"])
+    jpath = Path(results_dir) / "dawnbench" / f"{record['run_id']}.json"
+    tpath = jpath.with_suffix(".tsv")
     # the note once per results directory: before its first DAWNBench JSON
     first = not any(p != jpath for p in jpath.parent.glob("*.json"))
     if UNSET in (js["author"], js["authorEmail"]) and first:
@@ -144,12 +131,11 @@ def write(
         )
     header = ["epoch", "hours", *(name for name, _ in TSV_COLUMNS[metric])]
     lines = ["\t".join(header)]
-    lines += ["\t".join(_fmt(r[h]) for h in header) for r in rows]
+    lines += [
+        "\t".join(str(v) if isinstance(v := r[h], int) else repr(float(v)) for h in header)
+        for r in rows
+    ]
     jpath.parent.mkdir(parents=True, exist_ok=True)
     whole.write(tpath, "\n".join(lines) + "\n")
     whole.write(jpath, json.dumps(js, indent=4, allow_nan=False) + "\n")
     return str(jpath), str(tpath)
-
-
-def _fmt(v: Any) -> str:
-    return str(v) if isinstance(v, int) else repr(float(v))

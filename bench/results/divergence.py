@@ -1,7 +1,6 @@
-"""When a run whose loss stays finite has diverged anyway: the epoch's training loss above
-:data:`CEILING`, or above :data:`GROWTH` times the lowest before it (taken as at least 1).
-Why these bounds: docs/internals/results.md.
-"""
+"""A run diverged though its loss stays finite: the epoch's training loss above
+:data:`CEILING`, or :data:`GROWTH` x the lowest before it (at least 1); docs/internals/results.md
+says why."""
 
 from __future__ import annotations
 

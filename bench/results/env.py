@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import platform
@@ -13,19 +14,16 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 @functools.lru_cache(maxsize=1)
 def cpu_model() -> str:
-    try:
+    with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
     return platform.processor() or platform.machine()
 
 
 def hardware() -> str:
     """One line naming the compute: GPU name and count when CUDA is visible, else the CPU."""
-    # deferred: torch takes seconds to load, and this module is read without it
-    import torch
+    import torch  # deferred: seconds to load, and this module is read without it
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     if torch.cuda.is_available():
@@ -64,7 +62,6 @@ def git_sha() -> str | None:
 
 
 def versions() -> dict[str, str | None]:
-    # deferred: torch takes seconds to load, and this module is read without it
     import torch
 
     v: dict[str, str | None] = {

@@ -1,9 +1,9 @@
-"""The event log of a run, ``<results.dir>/checkpoints/<run_id>/events.jsonl``: one JSON
-line per thing that happened outside the training loop (failures, resumes, errors,
-stops), and everything that writes, reads or interprets it (docs/internals/launch.md)."""
+"""The event log of a run, ``<results.dir>/checkpoints/<run_id>/events.jsonl``: a JSON line
+per failure, resume, error or stop outside the training loop (docs/internals/launch.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -15,7 +15,6 @@ from typing import Any
 EVENTS_ENV = "BENCH_EVENTS"  # where an elastic agent notes worker failures
 QUEUE_KEY = "queue"  # the key of a queue JSON (several runs in one launch), not a run JSON
 
-# the kinds of event
 FAILURE = "failure"  # an agent's worker group failed: failed_rank, exit_code, restarts_left
 RESUME = "resume"  # a worker group continued from a checkpoint: by (restart | hand), epoch
 STOP = "stop"  # the launcher was interrupted: reason
@@ -59,15 +58,10 @@ def log_event(path: str | Path, **fields: Any) -> None:
 
 
 def read_events(path: str | Path) -> list[dict[str, Any]]:
-    path = Path(path)
-    if not path.exists():
-        return []
     out = []
-    for line in path.read_text().splitlines():
-        try:
+    for line in Path(path).read_text().splitlines() if Path(path).exists() else []:
+        with contextlib.suppress(json.JSONDecodeError):
             out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
     return out
 
 
@@ -79,8 +73,7 @@ def note_error(results_dir: str | Path, run_id: str, e: BaseException) -> None:
 
 
 def restarts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The record's ``restarts``: each elastic restart's first worker failure and the
-    epoch its group resumed from."""
+    """The record's ``restarts``: each elastic restart's first failure, the epoch resumed from."""
     out: list[dict[str, Any]] = []
     pending: dict[str, Any] | None = None
     for e in events:
@@ -97,8 +90,8 @@ def restarts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def lost_since(events: list[dict[str, Any]], saved_at: float) -> float:
-    """Seconds from a checkpoint saved at ``saved_at`` to the last failure or stop after
-    it: the work a resume repeats (0 when none)."""
+    """Seconds from a checkpoint saved at ``saved_at`` to the last failure or stop after it:
+    the work a resume repeats."""
     lost = [
         e["time"] - saved_at
         for e in events

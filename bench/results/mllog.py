@@ -1,9 +1,5 @@
-"""The MLPerf training log of a run, ``<dir>/mllog/<run_id>.log``, through ``mlperf-logging``.
-
-:class:`RunLog` writes an open-division submission log (rank 0; a no-op elsewhere), with
-a logger and file of its own so that runs in one process never mix their lines; it
-takes plain values from the loop.  The events it logs: docs/internals/train.md.
-"""
+"""The MLPerf training log of a run, ``<dir>/mllog/<run_id>.log``, through ``mlperf-logging``:
+an open-division submission log (its events: docs/internals/train.md)."""
 
 from __future__ import annotations
 
@@ -23,7 +19,8 @@ def log_path(results_dir: str | Path, run_id: str) -> Path:
 
 
 class RunLog:
-    """One run's MLPerf log; every method is a no-op when ``path`` is None (rank != 0)."""
+    """One run's MLPerf log, with a logger and file of its own so that runs in one process
+    never mix their lines; every method is a no-op when ``path`` is None (rank != 0)."""
 
     def __init__(self, path: Path | None, *, run_id: str = "") -> None:
         self.path = path
@@ -65,8 +62,6 @@ class RunLog:
             self._handler = None
             self._mll = None
 
-    # --- the events of a training run, one call each from the loop ---
-
     def begin(
         self,
         cfg: Any,
@@ -78,8 +73,7 @@ class RunLog:
         first_epoch: int,
         init_start_s: float,
     ) -> None:
-        """Everything up to ``run_start``: initialisation began at ``init_start_s`` (the
-        worker's start, epoch seconds) and ends now."""
+        """Everything up to ``run_start``: initialisation from ``init_start_s`` (epoch s) to now."""
         if self._mll is None:
             return
         t0 = int(init_start_s * 1e3)
@@ -103,8 +97,8 @@ class RunLog:
         self.start("eval_start", epoch_num=epoch)
 
     def eval_stop(self, epoch: int, metric: str, value: float, samples: int | None) -> None:
-        """The end of the evaluation after ``epoch``: ``eval_accuracy`` is the target
-        metric's ``value``; ``samples`` (every rank's, summed) the first time."""
+        """``eval_accuracy`` is the target metric's ``value``; ``samples`` (every rank's) is
+        logged the first time."""
         if samples is not None and self.wants_eval_samples:
             self.wants_eval_samples = False
             self.event("eval_samples", samples)
@@ -112,8 +106,7 @@ class RunLog:
         self.event("eval_accuracy", value, epoch_num=epoch, metric=metric)
 
     def run_stop(self, status: str) -> str | None:
-        """``status`` is the run's (``ok`` is MLPerf's ``success``); closes the file and
-        returns its path (None on ranks != 0)."""
+        """Closes the log (``ok`` is MLPerf's ``success``); its path, None on ranks != 0."""
         self.end("run_stop", status="success" if status == "ok" else "aborted", run=status)
         self.close()
         return str(self.path) if self.path is not None else None
@@ -131,9 +124,7 @@ def _submission(cfg: Any, world: int, nnodes: int) -> dict[str, Any]:
 
 
 def _hyperparameters(cfg: Any, steps_per_epoch: int, world: int) -> dict[str, Any]:
-    """The recipe under MLPerf's names; the optimizer's own keys for sgd and lars.  A
-    token-batched workload's global batch is its token budget (``data.max_tokens`` per
-    worker)."""
+    """The recipe under MLPerf's names (a token-batched workload's global batch: its tokens)."""
     o, tokens = cfg.optim, cfg.train.workload == "translation"
     out: dict[str, Any] = {
         "global_batch_size": int(cfg.data.max_tokens * world if tokens else cfg.data.batch_size),
@@ -158,8 +149,7 @@ def _hyperparameters(cfg: Any, steps_per_epoch: int, world: int) -> dict[str, An
 
 
 def close_after_failure(results_dir: str | Path, run_id: str, reason: str) -> str | None:
-    """The launcher's end of a log whose workers died before ``run_stop``: it appends
-    ``run_stop`` (``aborted``) so the log is closed; the log's path, or None if none."""
+    """Appends ``run_stop`` (``aborted``) to a log whose workers died before it; its path."""
     path = log_path(results_dir, run_id)
     if not path.exists():
         return None

@@ -1,6 +1,5 @@
-"""The closing lines of a run: every file it wrote, from its record (printed by rank 0, or
-by the launcher when the workers died first).
-"""
+"""The closing lines of a run: every file it wrote, from its record, and how it compares
+with the reference record of its recipe."""
 
 from __future__ import annotations
 
@@ -26,8 +25,7 @@ WIDTH = max(len(what) for _, what in FIELDS)  # one column of names, whichever f
 
 
 def written(record: Mapping[str, Any], results_dir: str | Path) -> list[tuple[str, str]]:
-    """(what, path) for each file of the run that exists: its record, the files the
-    record names, its checkpoints and its event log."""
+    """(what, path) for each file of the run that exists."""
     run_id = str(record["run_id"])
     out = [("record", f"{runs_path(results_dir)} (run {run_id})")]
     for key, what in FIELDS:
@@ -54,7 +52,7 @@ def reference_record(
     record: Mapping[str, Any], reference_dir: str | Path = REFERENCE_DIR
 ) -> dict[str, Any] | None:
     """The newest committed run of the same recipe that reached its target, on the same
-    hardware where there is one, else on any; None when there is none."""
+    hardware where there is one; None when there is none."""
     import json
 
     path = runs_path(reference_dir)
@@ -80,9 +78,8 @@ def reference_record(
 
 
 def target_margin(record: Mapping[str, Any]) -> str | None:
-    """For the digits data, the best accuracy as images of the held-out split and by how
-    many images it cleared the target (98.06 % is 353 of 360 images, the least that
-    reaches 98 %)."""
+    """For the digits data, the best accuracy as held-out images and by how many it cleared
+    the target (98.06 % is 353 of 360 images, the least that reaches 98 %)."""
     import math
 
     from bench.data import heldout_size
@@ -107,10 +104,7 @@ def comparison_lines(
     results_dir: str | Path = RUNS_DIR,
 ) -> list[str]:
     """The run against the reference record of its recipe, and one suggested next command."""
-    out = []
-    margin = target_margin(record)
-    if margin:
-        out.append(margin)
+    out = [m] if (m := target_margin(record)) else []
     ref = reference_record(record, reference_dir)
     yours = record.get("time_to_target_s")
     if ref is not None:
@@ -136,6 +130,4 @@ def comparison_lines(
 
 def closing_lines(record: Mapping[str, Any], results_dir: str | Path) -> str:
     """``wrote:`` and one indented line per file of :func:`written`."""
-    files = written(record, results_dir)
-    text = "wrote:\n" + "\n".join(f"  {w:<{WIDTH}}  {p}" for w, p in files)
-    return text
+    return "wrote:\n" + "\n".join(f"  {w:<{WIDTH}}  {p}" for w, p in written(record, results_dir))

@@ -1,6 +1,4 @@
-"""Where benchmark results live under a results directory: ``<results>/bench/<name>.csv``
-and its figure beside it.
-"""
+"""Where benchmark results live: ``<results>/bench/<name>.csv``, its figure beside it."""
 
 from __future__ import annotations
 

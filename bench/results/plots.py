@@ -1,6 +1,5 @@
-"""The suite's palette of what is not a method (step phases, baselines, caches; a method's
-colour is its spec's, bench/methods/) and figure writer, and a run's own time-to-accuracy
-figure, drawn from its curve alone."""
+"""The palette of what is not a method (a method's colour is its spec's), the figure writer,
+and a run's own time-to-accuracy figure."""
 
 from __future__ import annotations
 
@@ -19,8 +18,8 @@ TIME_LABEL = "training time (s, evaluation excluded)"
 MAX_WIDTH_PX = 2400  # no figure of the suite is wider (at DPI); tests check it
 DPI = 120
 
-# the per-step phases of a breakdown, in stacking order, each its own colour: teals and the
-# neutral family, none near a method's colour (the bars stand beside method names)
+# every colour here keeps MIN_DISTANCE from a method's (tests/test_palette.py): teals and a
+# neutral family.  The per-step phases of a breakdown, in stacking order:
 PHASE_COLOURS = {
     "data wait": "#e6dcc3",
     "forward+backward": "#b2dfdb",
@@ -28,9 +27,7 @@ PHASE_COLOURS = {
     "communication": "#00695c",
     "optimizer update": "#2e2a24",
 }
-# baselines that are not methods of the suite (torch.topk, torch's foreach and fused
-# optimizers, the per-tensor loop, a read or memory floor): one neutral family, black to
-# taupe, that no method's colour comes near (tests/test_palette.py checks the distance)
+# baselines that are not methods (torch.topk, torch's optimizers, the per-tensor loop, a floor)
 BASELINE_COLOURS = {
     "floor": "#000000",
     "torch.topk": "#000000",
@@ -38,10 +35,7 @@ BASELINE_COLOURS = {
     "foreach": "#9c8f6e",
     "naive": "#e6dcc3",
 }
-# the benchmark figures' other categories: optimizer update modes (torch's as baselines,
-# this project's flat update as its own), top-k selectors (the read floor, the baseline,
-# mstopk's implementations in mstopk's colour, told apart by line style), input caches,
-# and quantities side by side
+# optimizer update modes: torch's as baselines, this project's flat update its own
 UPDATE_COLOURS = {
     "naive": BASELINE_COLOURS["naive"],
     "foreach": BASELINE_COLOURS["foreach"],
@@ -49,13 +43,12 @@ UPDATE_COLOURS = {
     "flat": "#3a9d8f",
     "other": "#7fc4b8",
 }
-SELECTOR = "#ff7f0e"  # the paper's selection's colour (its spec's; tests/test_palette.py)
+SELECTOR = "#ff7f0e"  # the paper's selection's colour (its spec's): all its implementations
 SELECTION_COLOURS = {
     "sum": BASELINE_COLOURS["floor"],
     "torch.topk": BASELINE_COLOURS["torch.topk"],
     **dict.fromkeys(("tiled", "paper", "sampled", "hist", "other"), SELECTOR),
 }
-# line styles and markers of mstopk's implementations in the top-k figure (one colour)
 SELECTION_STYLES = {
     "sum": ("--", ""),
     "torch.topk": ("-", "x"),
@@ -65,7 +58,6 @@ SELECTION_STYLES = {
     "hist": (":", "D"),
     "other": (":", "v"),
 }
-# input caches: a sequential teal family, the baseline (no cache) in the neutral family
 CACHE_COLOURS = {
     "none": BASELINE_COLOURS["foreach"],
     "disk": "#b2dfdb",
@@ -74,8 +66,7 @@ CACHE_COLOURS = {
     "predecoded": "#004d40",
     "other": "#80cbc4",
 }
-# quantities side by side (measured against the model, totals, throughput): the neutral
-# family and teals, never a method's colour, since the bars are often labelled by method
+# quantities side by side (measured against the model, totals, throughput)
 BENCH_COLOURS = {
     "measured": BASELINE_COLOURS["fused"],
     "model": BASELINE_COLOURS["naive"],
@@ -87,24 +78,21 @@ BENCH_COLOURS = {
     "tokens": "#80cbc4",
     "reference": BASELINE_COLOURS["floor"],
 }
-MIN_DISTANCE = 40  # RGB distance (0-255 a channel) every non-method colour keeps from a method's
+MIN_DISTANCE = 40  # RGB distance, 0-255 a channel
 
 
 def rgb(colour: str) -> tuple[int, int, int]:
-    """``#rrggbb`` as three integers."""
     c = colour.lstrip("#")
     return int(c[0:2], 16), int(c[2:4], 16), int(c[4:6], 16)
 
 
 def colour_distance(a: str, b: str) -> float:
-    """Euclidean distance of two ``#rrggbb`` colours in RGB (0-255 a channel)."""
     return sum((x - y) ** 2 for x, y in zip(rgb(a), rgb(b), strict=True)) ** 0.5
 
 
-def fig_width(panels: int, per_panel: float = 5.0, extra: float = 0.0) -> float:
-    """Figure width in inches for ``panels`` panels in one row, capped at
-    :data:`MAX_WIDTH_PX`."""
-    return min(per_panel * panels + extra, MAX_WIDTH_PX / DPI)
+def fig_width(panels: int, per_panel: float) -> float:
+    """Inches for ``panels`` panels in one row, capped at :data:`MAX_WIDTH_PX`."""
+    return min(per_panel * panels, MAX_WIDTH_PX / DPI)
 
 
 def save_figure(fig, path: str | Path, layout: bool = True) -> Path:
@@ -133,11 +121,9 @@ def plot_time_to_accuracy(
     per_epoch: bool = False,
     colours: Sequence[str] | None = None,
 ) -> Path:
-    """Held-out ``metric`` against training time (s), one line per run; ``per_epoch``: a
-    panel against epochs beside it.  ``colours``: each run's line colour (its method's);
-    runs of one colour differ by line style.  The first run is a wide translucent line;
-    each later one is drawn over it, thin, with open markers of another shape, so that
-    runs with the same curve stay visible."""
+    """Held-out ``metric`` against training time, a line per run in its ``colours`` (``per_epoch``:
+    and against epochs); the first run wide and translucent, each later one thin with open
+    markers over it, so that runs with the same curve stay visible."""
     xs = (EPOCH, TRAIN_TIME) if per_epoch else (TRAIN_TIME,)
     fig = plt.subplots(1, len(xs), figsize=(11, 4.2) if per_epoch else (7, 4.5))[0]
     column = metric_column(metric)

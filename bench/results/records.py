@@ -1,9 +1,5 @@
-"""Run records: one JSON line per run in ``<dir>/runs.jsonl``, a curve CSV per run.
-
-:class:`RunRecord` is the one schema and :meth:`RunRecord.append` the only writer of
-``runs.jsonl``: appended under a file lock with an fsync, never rewritten; readers keep the
-latest attempt of each run and skip, with a warning, any line that is not a record.
-Rules: docs/internals/results.md.
+"""Run records: one JSON line per run in ``<dir>/runs.jsonl`` (:class:`RunRecord`, appended
+under a file lock, never rewritten), a curve CSV per run.  Rules: docs/internals/results.md.
 """
 
 from __future__ import annotations
@@ -37,17 +33,13 @@ def new_run_id() -> str:
     return _dt.datetime.now().strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
 
-#: the run id a multi-node job's script chose once for all its nodes
-#: (``conf/hydra/launcher/slurm.yaml`` exports it before ``srun``)
-JOB_RUN_ID_ENV = "BENCH_RUN_ID"
+JOB_RUN_ID_ENV = "BENCH_RUN_ID"  # a multi-node job's one run id (conf/hydra/launcher/slurm.yaml)
 RUN_ID_FORM = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
 
 
 def job_run_id(results_dir: str | Path) -> str:
-    """The run id of this node's launcher in a multi-node job: the job's own
-    (``$BENCH_RUN_ID``), so that every node's launcher, log and events name the one run
-    its workers train; a new one where the job chose none, or where that id has a
-    record already (the same script running a second run)."""
+    """The job's own run id (``$BENCH_RUN_ID``), so that every node names the one run; a new
+    one where the job chose none, or where that id has a record already."""
     given = os.environ.get(JOB_RUN_ID_ENV, "")
     if RUN_ID_FORM.match(given) and find_record(results_dir, given) is None:
         return given
@@ -76,12 +68,8 @@ class AlreadyRecorded(ValueError):
 
 
 def append_record(results_dir: str | Path, record: Mapping[str, Any]) -> Path:
-    """Append one record as a JSON line (atomic with respect to other writers).
-
-    Refuses (:class:`AlreadyRecorded`) a second record of the same run and ``attempt``.
-    All or nothing: a line that cannot be written whole (a full disk) leaves the file as
-    it was and raises :class:`bench.results.whole.NotAppended`.
-    """
+    """Append one record as a JSON line, whole or not at all (:class:`whole.NotAppended`);
+    a second record of the same run and ``attempt``: :class:`AlreadyRecorded`."""
     missing = [f for f in ("run_id", "status") if f not in record]
     if missing:
         raise ValueError(f"record lacks {missing}")
@@ -117,14 +105,10 @@ def append_record(results_dir: str | Path, record: Mapping[str, Any]) -> Path:
 
 
 def write_curve(
-    results_dir: str | Path,
-    run_id: str,
-    rows: Iterable[Mapping[str, Any]],
-    *,
-    extend: bool = False,
+    results_dir: str | Path, run_id: str, rows: Iterable[Mapping[str, Any]], *, extend: bool = False
 ) -> Path:
     """Write a run's curve CSV atomically; an existing curve is never replaced, except with
-    ``extend`` by a curve that continues it (its epochs, then more)."""
+    ``extend`` by a curve that continues it."""
     path = curve_path(results_dir, run_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = list(rows)
@@ -151,9 +135,8 @@ def _from_one(epochs: list[Any]) -> bool:
 
 
 def _read_lines(path: Path, warn: bool = True) -> list[dict[str, Any]]:
-    """Every record of ``path``; a line that is not a record (bytes that are not UTF-8, not
-    a JSON object, an object without ``run_id``) is skipped with a warning naming the file
-    and line (a writer that died mid-write leaves a torn line; a hand edit, anything)."""
+    """Every record of ``path``; a line that is not one (a torn line, a hand edit) is skipped
+    with a warning naming the file and line."""
     if not path.exists():
         return []
     out = []
@@ -161,27 +144,24 @@ def _read_lines(path: Path, warn: bool = True) -> list[dict[str, Any]]:
         for n, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
-            rec, why = None, ""
             try:
                 rec = json.loads(raw.decode("utf-8"))
+                why = "" if isinstance(rec, dict) else "not an object"
+                why = why or ("" if isinstance(rec.get("run_id"), str) else "no run_id")
             except UnicodeDecodeError as e:
                 why = f"not UTF-8 at byte {e.start}"
             except json.JSONDecodeError as e:
                 why = e.msg
-            if not why and not isinstance(rec, dict):
-                why = "not an object"
-            elif not why and not isinstance(rec.get("run_id"), str):
-                why = "no run_id"
-            if why and warn:
-                warnings.warn(f"{path}:{n}: skipped, not a run record ({why})", stacklevel=3)
             if not why:
                 out.append(rec)
+            elif warn:
+                warnings.warn(f"{path}:{n}: skipped, not a run record ({why})", stacklevel=3)
     return out
 
 
 def load_records(results_dir: str | Path, *, attempts: bool = False) -> list[dict[str, Any]]:
-    """The records of ``runs.jsonl`` in order: one per run, its latest attempt (a run
-    resumed by hand has one record per attempt; ``attempts=True`` returns them all)."""
+    """The records of ``runs.jsonl`` in order, the latest attempt of each run
+    (``attempts=True``: every attempt's)."""
     recs = _read_lines(runs_path(results_dir))
     if attempts:
         return recs
@@ -195,20 +175,16 @@ def load_records(results_dir: str | Path, *, attempts: bool = False) -> list[dic
 
 
 def find_record(results_dir: str | Path, run_id: str) -> dict[str, Any] | None:
-    for r in load_records(results_dir):
-        if r.get("run_id") == run_id:
-            return r
-    return None
+    return next((r for r in load_records(results_dir) if r.get("run_id") == run_id), None)
 
 
 def load_curve(results_dir: str | Path, run_id: str) -> pd.DataFrame:
-    """A run's curve with today's column names (older curves' flat names are renamed)."""
     return read_curve(curve_path(results_dir, run_id))
 
 
 def read_curve(path: str | Path) -> pd.DataFrame:
-    df = pd.read_csv(path)
-    return df.rename(columns=col.RENAMES)
+    """A curve with today's column names (older curves' flat names are renamed)."""
+    return pd.read_csv(path).rename(columns=col.RENAMES)
 
 
 def _mean(curve: Sequence[Mapping[str, Any]], key: str) -> float | None:
@@ -220,11 +196,8 @@ def _mean(curve: Sequence[Mapping[str, Any]], key: str) -> float | None:
 
 @dataclasses.dataclass
 class RunRecord:
-    """One line of ``runs.jsonl``: what ran, where, and how it ended.
-
-    Identity and configuration are known at launch; the outcome fields stay ``None`` in an
-    ``error`` record whose workers died before reporting.
-    """
+    """One line of ``runs.jsonl``: what ran, where, and how it ended (the outcome fields
+    stay ``None`` in an ``error`` record whose workers died before reporting)."""
 
     run_id: str
     started_at: str
@@ -253,8 +226,7 @@ class RunRecord:
     train_time_s: float | None = None
     wall_time_s: float | None = None
     throughput_samples_per_s: float | None = None
-    # source + target tokens (non-pad) per second of training time, every worker's
-    # (token-batched workloads; None for images)
+    # source + target tokens (non-pad) per second of training time (None for images)
     throughput_tokens_per_s: float | None = None
     step_time_s: float | None = None  # data + compute + update, s per step
     data_share: float | None = None
@@ -269,8 +241,7 @@ class RunRecord:
     curve: str | None = None
     figure: str | None = None
     translations: str | None = None  # translation: the last evaluation's decoded output
-    # DAWNBench submission files (top-1/top-5 targets, an evaluated epoch) and the MLPerf
-    # log, under <dir>/dawnbench and <dir>/mllog (bench.results.dawnbench, .mllog)
+    # DAWNBench submission files (bench.results.dawnbench) and the MLPerf log (.mllog)
     dawnbench_json: str | None = None
     dawnbench_tsv: str | None = None
     mllog: str | None = None
@@ -282,21 +253,15 @@ class RunRecord:
     diverged_at: dict[str, Any] | None = None  # step and place of the first NaN/Inf
     link_check: dict[str, Any] | None = None
     machine_load: dict[str, Any] | None = None  # rank 0's machine: bench.train.progress
-    # cluster=emulated: each node's link counters over the training steps, per step, beside
-    # comm_inter_node_bytes_per_step with TCP/IP framing and their ratio (bench.cluster.
-    # emulated.link_bytes); None elsewhere
+    # cluster=emulated: each node's link counters per step (bench.cluster.emulated.link_bytes)
     link_bytes: dict[str, Any] | None = None
     cluster_profile: dict[str, Any] | None = None  # the link profile's measurement and choice
     queue: dict[str, Any] | None = None  # run queue: id, index, size, label (bench.launch.runqueue)
-    # a tuning-protocol run: {"name", "role": "tune" | "eval", "trial", "selected"}
-    # (bench.sweeps.protocol); None outside a protocol
+    # a tuning-protocol run: {"name", "role", "trial", "selected"} (bench.sweeps.protocol)
     protocol: dict[str, Any] | None = None
-    # a run inside a Slurm job: {"job_id" (as sbatch and squeue name it, ``<array>_<task>``
-    # in a job array), "nodes" (the allocation's node names), "node" (where this record was
-    # written), "restarts" (times the job was requeued before this attempt)}; None outside
+    # a run inside a Slurm job: {"job_id", "nodes", "node", "restarts"} (:func:`slurm_job`)
     slurm: dict[str, Any] | None = None
-    # with train.eval_every_steps: optimizer steps to the first evaluation at or above the
-    # target, and the sub-epoch evaluations (step, training time in s, metrics) behind it
+    # with train.eval_every_steps: optimizer steps to target, and the sub-epoch evaluations
     steps_to_target: int | None = None
     evals: list[dict[str, Any]] | None = None
     git_sha: str | None = None
@@ -316,13 +281,9 @@ class RunRecord:
         comm_sparse: bool,
         nnodes: int | None = None,
     ) -> RunRecord:
-        """Everything known before training: identity, configuration, machine, code.
-
-        ``cfg`` is the typed config, ``config`` the same as a plain dict (stored whole),
-        ``comm_sparse`` whether ``cfg.comm.name`` sends a fraction of the gradient.
-        """
-        # deferred: torch takes seconds to load, and this module is read without it
-        import torch
+        """Everything known before training; ``config`` is ``cfg`` as a plain dict,
+        ``comm_sparse`` whether the method sends a fraction of the gradient."""
+        import torch  # deferred: seconds to load, and this module is read without it
 
         c = cfg.cluster
         return cls(
@@ -368,8 +329,7 @@ class RunRecord:
         launch_time: float,
         evals: Sequence[Mapping[str, Any]] | None = None,
     ) -> RunRecord:
-        """The outcome, from the per-epoch curve and the sub-epoch evaluations, if any
-        (one truth: nothing is counted twice)."""
+        """The outcome, from the per-epoch curve and the sub-epoch evaluations, if any."""
         metric, target = self.target_metric, self.target_value
         tt, et, st = time_to_target_steps(curve, evals or (), metric, target)
         samples = sum(r.get(col.SAMPLES, 0) for r in curve)
@@ -457,7 +417,8 @@ def expand_nodelist(text: str) -> list[str]:
 
 
 def slurm_job(environ: Mapping[str, str] | None = None) -> dict[str, Any] | None:
-    """The record's ``slurm`` field from a Slurm job's environment (None outside one)."""
+    """The record's ``slurm`` field (None outside a Slurm job): the job id as squeue names
+    it, the allocation's nodes, this node, and the times the job was requeued."""
     env = os.environ if environ is None else environ
     if not env.get("SLURM_JOB_ID"):
         return None
@@ -471,7 +432,6 @@ def slurm_job(environ: Mapping[str, str] | None = None) -> dict[str, Any] | None
     }
 
 
-# The fields every record carries (RunRecord's, in order).
 RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(RunRecord))
 
 
@@ -483,9 +443,8 @@ def settle(
     checkpoint: str | None,
     mllog: Callable[[], str | None],
 ) -> None:
-    """The fields both ends of a run set last, in one place: its elastic restarts, last
-    checkpoint, MLPerf log (``mllog()`` ends it) and DAWNBench files.  Rank 0 calls it
-    after training, the launcher for workers that died before their record."""
+    """The fields both ends of a run set last: its restarts, last checkpoint, MLPerf log
+    (``mllog()`` ends it) and DAWNBench files."""
     from bench.results import dawnbench  # here: the record's last step, not its schema
     from bench.results.events import events_path, read_events, restarts
 

@@ -32,17 +32,9 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # another user's process
+        pass
     return True
-
-
-def _remove_stale(results_dir: Path) -> None:
-    for p in results_dir.glob(f"{PREFIX}*"):
-        pid = p.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _alive(int(pid)):
-            with contextlib.suppress(OSError):
-                p.unlink()
 
 
 def hold(results_dir: str | Path, run_id: str, size: int = ROOM) -> Room:
@@ -51,7 +43,11 @@ def hold(results_dir: str | Path, run_id: str, size: int = ROOM) -> Room:
     path = d / f"{PREFIX}{run_id}-{os.getpid()}"
     try:
         d.mkdir(parents=True, exist_ok=True)
-        _remove_stale(d)
+        for p in d.glob(f"{PREFIX}*"):  # the rooms of launchers that died
+            pid = p.name.rsplit("-", 1)[-1]
+            if pid.isdigit() and not _alive(int(pid)):
+                with contextlib.suppress(OSError):
+                    p.unlink()
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except OSError:
         return Room(None)
@@ -74,8 +70,8 @@ FULL_BELOW = 1 << 20  # bytes: less free than this, after a failed write, is a f
 
 
 def nearly_full(path: str | Path) -> bool:
-    """Whether the file system of ``path`` is (as good as) full (torch.save's failure
-    does not carry ENOSPC)."""
+    """Whether the file system of ``path`` is as good as full (torch.save's failure does not
+    carry ENOSPC)."""
     try:
         st = os.statvfs(path)
     except OSError:
@@ -117,9 +113,8 @@ def _bytes(n: float) -> str:
 
 
 def no_space(e: BaseException, where: str | Path) -> str | None:
-    """One line for a full disk or quota (ENOSPC, EDQUOT) met while writing under
-    ``where``: the file (``where`` when the error names none) and its disk; None for any
-    other error."""
+    """One line for a full disk or quota met while writing under ``where``: the file and its
+    disk; None for any other error."""
     if not isinstance(e, OSError) or e.errno not in (errno.ENOSPC, errno.EDQUOT):
         return None
     path = e.filename or where

@@ -1,6 +1,5 @@
-"""Strict JSON for run records, which cannot fail over a value: a value JSON cannot
-express is written as a string (``"inf"``, ``"nan"``, a ``repr``) and the field named in
-the record's :data:`NOTE_FIELD` (docs/internals/launch.md)."""
+"""Strict JSON for run records, which cannot fail over a value: one JSON cannot express is
+written as a string (``"inf"``, a ``repr``), its field named in :data:`NOTE_FIELD`."""
 
 from __future__ import annotations
 
@@ -56,8 +55,7 @@ def _clean(obj: Any, path: str, notes: list[str]) -> Any:
 
 
 def encode(record: Mapping[str, Any]) -> tuple[str, list[str]]:
-    """One strict-JSON line (no newline) of ``record``, and the fields written as strings
-    (none for an ordinary record, which is encoded exactly as before)."""
+    """One strict-JSON line (no newline) of ``record``, and the fields written as strings."""
     try:
         return json.dumps(record, default=_plain, allow_nan=False), []
     except (ValueError, TypeError):

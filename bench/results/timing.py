@@ -1,8 +1,5 @@
-"""Time-to-accuracy, defined once (DAWNBench's rule) and used by everything that reports it:
-the training time (evaluations excluded) at the first evaluation at or above the target,
-after an epoch or, with ``train.eval_every_steps``, after a step inside one.  The rule in
-full: docs/internals/results.md.
-"""
+"""Time-to-accuracy, defined once (DAWNBench's rule): the training time (evaluations
+excluded) at the first evaluation at or above the target (docs/internals/results.md)."""
 
 from __future__ import annotations
 
@@ -68,10 +65,9 @@ def time_to_target_steps(
     metric: str,
     target: float,
 ) -> tuple[float | None, int | None, int | None]:
-    """(training time in s, epoch, optimizer steps) at the first evaluation at or above
-    ``target``, of the per-epoch ``curve`` and the sub-epoch ``evals`` together
-    (rows ``{"step", "epoch", TRAIN_TIME, <metric column>}``, ``step`` counted from the
-    run's start, ``epoch`` 1-based); (None, None, None) if none reached it."""
+    """(training time in s, epoch, optimizer steps) at the first evaluation of the per-epoch
+    ``curve`` and the sub-epoch ``evals`` (``step`` from the run's start, ``epoch`` 1-based)
+    at or above ``target``; (None, None, None) if none reached it."""
     points: list[tuple[float, int, int | None]] = []
     steps = 0
     for raw in curve:

@@ -1,7 +1,5 @@
-"""All-or-nothing writes: a line is appended whole, or the file is as it was (a short
-write on a full disk is truncated back, not left as a torn line); a file is written whole
-under its name, or not at all (no temporary file left behind).
-"""
+"""All-or-nothing writes: a line is appended whole or the file is as it was; a file is
+written whole under its name or not at all."""
 
 from __future__ import annotations
 
@@ -15,9 +13,8 @@ class NotAppended(OSError):
 
 
 def append(fd: int, data: bytes, *, what: str) -> None:
-    """Append ``data`` to the file open at ``fd`` (``O_APPEND``, under the caller's lock)
-    and fsync it, or raise :class:`NotAppended` with the file as it was; ``what`` names
-    the file in the error."""
+    """Append ``data`` to the file open at ``fd`` (``O_APPEND``, under the caller's lock) and
+    fsync it, or raise :class:`NotAppended` (naming ``what``) with the file as it was."""
     size = os.fstat(fd).st_size
     done = 0
     try:
@@ -41,9 +38,8 @@ def append(fd: int, data: bytes, *, what: str) -> None:
 
 
 def write(path: str | Path, text: str, *, replace: bool = True) -> None:
-    """``text`` at ``path``, whole: a reader sees the old file or the new one, never part
-    of it.  ``replace=False``: FileExistsError when ``path`` exists (never replaced).  A
-    failed write (a full disk) leaves no temporary file and names ``path`` in its error."""
+    """``text`` at ``path``, whole (``replace=False``: FileExistsError when it exists); a
+    failed write leaves no temporary file and names ``path`` in its error."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
