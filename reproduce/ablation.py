@@ -62,7 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--cache", default="", help="--grid: comma-separated (none,multilevel)")
     ap.add_argument("--update", default="", help="--grid: comma-separated (naive,flat)")
     ap.add_argument("--quick", action="store_true",
-                    help=f"{' and '.join(quick_methods())}, 1 seed each")  # fmt: skip
+                    help=f"a smoke test, not the protocol: {' and '.join(quick_methods())}, "
+                    "1 tuning and 1 evaluation seed, one knob setting at 3 rates each")  # fmt: skip
     ap.add_argument("--grid", action="store_true", help="the comm x cache x update grid")
     ap.add_argument("--order-seed", type=int, default=None, help="protocol: run order seed")
     ap.add_argument("--dry-run", action="store_true", help="check and summarise, run nothing")
@@ -147,7 +148,6 @@ def _protocol_plan(args: argparse.Namespace, jobs: list[str]):
     if args.cache or args.update:
         raise ConfigError("--cache and --update narrow the --grid sweep only")
     quick = pr.quick() if args.quick else {}
-    defaults = pr.WORKLOAD_DEFAULTS[_workload_name(args)]
     n = args.seeds if args.seeds is not None else len(quick.get("eval_seeds", pr.EVAL_SEEDS))
     if n < 1:
         raise ConfigError(f"--seeds must be >= 1, got {n}")
@@ -157,7 +157,7 @@ def _protocol_plan(args: argparse.Namespace, jobs: list[str]):
         experiment=_experiment(args),
         cluster=args.cluster,
         comms=split_list(args.comm) or quick.get("comms") or methods.defaults(),
-        tune_seeds=quick.get("tune_seeds") or defaults.get("tune_seeds", pr.TUNE_SEEDS),
+        tune_seeds=quick.get("tune_seeds", pr.TUNE_SEEDS),
         eval_seeds=tuple(range(n)),
         trials=quick.get("trials"),
         order_seed=order_seed,
@@ -175,6 +175,9 @@ def _protocol_plan(args: argparse.Namespace, jobs: list[str]):
     plan.notes.append(note)
     if n < pr.MIN_EVAL_SEEDS and not args.quick:
         plan.notes.append(f"{n} evaluation seeds: the protocol asks for at least 10")
+    if args.quick:
+        plan.notes.append("--quick is a smoke test, not the protocol: 1 tuning seed (the "
+                          "protocol's are 2), one knob setting per method")  # fmt: skip
     if plan.check_cluster != plan.cluster:
         plan.check_overrides, note = cluster_profile(plan.check_cluster, jobs)
         plan.notes.append(f"timing pass and end-to-end check on the {note}")
@@ -423,6 +426,7 @@ def _stage(name: str, jobs: list, order: list[str], where: str = "") -> str:
 def _dry_run(plan, verbose: bool) -> None:
     """The sweep's stages, per method, and its first command line (``verbose``: every
     job's command line)."""
+    from bench.sweeps import extension as ext
     from bench.sweeps import protocol as pr
 
     for note in plan.notes:
@@ -441,8 +445,10 @@ def _dry_run(plan, verbose: bool) -> None:
         then = (
             f"then per cluster ({', '.join(pr.clusters(plan))}) each method's trial of lowest "
             "median time to target on the tuning seeds (steps x step time: the timing pass on "
-            f"{plan.check_cluster}, the performance model at each paper ratio); each "
-            "configuration selected for any of them runs on each of the "
+            f"{plan.check_cluster}, the performance model at each paper ratio); a selected "
+            "rate the smallest or largest tried with its knob setting is tried beyond (x0.5 or "
+            f"x2, on the tuning seeds, at most {ext.MAX_ROUNDS} rounds) and the rule selects "
+            "again; each configuration selected for any of them runs on each of the "
             f"{len(plan.eval_seeds)} evaluation seeds, on {plan.check_cluster} when it was "
             f"selected there (its clock is the end-to-end check), else on {plan.cluster} ({how})"
         )
@@ -470,8 +476,8 @@ def _run(args: argparse.Namespace, plan, resumed: bool) -> int:
     if protocol:
         lo, hi, _, _ = pr.estimate(plan)
         n = f"{len(plan.tune_jobs())} tuning runs, {len(plan.timing_jobs())} timing runs, " \
-            f"then {len(plan.eval_seeds)} evaluation seeds x each selected configuration " \
-            f"({lo}-{hi} runs in all)"  # fmt: skip
+            f"a rate extension, then {len(plan.eval_seeds)} evaluation seeds x each selected " \
+            f"configuration ({lo}-{hi} runs in all)"  # fmt: skip
         what = f"protocol {plan.name} on {plan.experiment}"
     else:
         n, what = f"{len(plan.jobs())} jobs", plan.experiment

@@ -17,6 +17,8 @@ from bench.methods.spec import METHODS, Knobs, MethodSpec, key
 
 @dataclass(frozen=True)
 class SparseKnobs(Knobs):
+    # the top-k is taken per bucket: its boundaries change what is selected
+    bucket_mb: float = key("comm.bucket_cap_mb", 25.0)
     density: float = key("comm.density", 0.01)  # share of each bucket's elements sent
     density_schedule: tuple[float, ...] = key("comm.density_schedule", ())  # warm-up densities
     schedule_steps: int = key("comm.schedule_steps", 0)  # optimizer steps per schedule entry
@@ -98,6 +100,8 @@ class HierarchicalMethod(SparseMethod):
 
 @dataclass(frozen=True)
 class RankKnobs(Knobs):
+    # the low-rank approximation's matrices and their random start are per bucket
+    bucket_mb: float = key("comm.bucket_cap_mb", 25.0)
     rank: int = key("comm.powersgd_rank", 4)  # the low-rank approximation's rank
     warmup_steps: int = key("comm.warmup_steps", 0)  # all-reduce before max(2, this) steps
 

@@ -1,17 +1,19 @@
-"""The tuning protocol (``equal-budget-v2``): the same tuning budget for every method, a
+"""The tuning protocol (``equal-budget-v3``): the same tuning budget for every method, a
 selection rule fixed in advance, then fresh seeds.  Rules and why: docs/protocol.md.
 
 Modelled on AlgoPerf's external-tuning ruleset:
 
 1. **Search spaces.**  Each method's own knobs (its spec's :meth:`~bench.methods.MethodSpec.
-   space` on the workload) x the learning rate; every method gets TRIALS points of it
-   (:mod:`bench.sweeps.trials`), refused before the sweep when two run alike.
+   space` on the workload): the same number of knob settings per method, each at every
+   rate of the learning-rate axis (:mod:`bench.sweeps.trials`), refused before the sweep
+   when two trials send and learn alike.
 2. **Tuning** on :data:`TUNE_SEEDS` (never evaluation seeds), on the local cluster: steps
    to target.  A **timing pass** on the check cluster times every phase a trial can send in.
 3. **Selection** (:func:`select_per_cluster`): per cluster and method, the trial of lowest
    median time to target on the tuning seeds (steps x step time: the timing pass on the
-   check cluster, the performance model at each paper ratio), written to
-   ``<results>/ablation/<sweep_id>-tuning.csv``.
+   check cluster, the performance model at each paper ratio); a selected rate at the edge
+   of those tried with its knob setting is extended beyond (:mod:`bench.sweeps.extension`)
+   and the rule selects again; written to ``<results>/ablation/<sweep_id>-tuning.csv``.
 4. **Evaluation** of every selected configuration on :data:`EVAL_SEEDS`; the table
    (:mod:`bench.sweeps.protocol_table`) is built from these runs alone.
 
@@ -37,6 +39,7 @@ import pandas as pd
 from bench import methods
 from bench.methods import Knobs
 from bench.registry import ConfigError
+from bench.sweeps import extension
 from bench.sweeps.common import (
     check_names,
     job_base,
@@ -46,16 +49,17 @@ from bench.sweeps.common import (
     validate_jobs,
 )
 from bench.sweeps.resume import RERUN, RERUN_FAILED, Saved, latest, progress
-from bench.sweeps.trials import TRIALS, Trial, check_distinct, draw, ran, sends
+from bench.sweeps.trials import LR_FACTORS, TRIALS, Trial, beyond, check_distinct, draw, ran, sends
 
-NAME = "equal-budget-v2"  # the protocol's name in every record; change it with the rules
-TUNE_SEEDS = (1000, 1001)  # tuning only: never an evaluation seed
+NAME = "equal-budget-v3"  # the protocol's name in every record; change it with the rules
+TUNE_SEEDS = (1000, 1001)  # tuning only: never an evaluation seed (both workloads)
 EVAL_SEEDS = tuple(range(10))  # at least 10 per method and workload
 MIN_EVAL_SEEDS = 10
-# optimizer steps between evaluations: on digits (11 steps per epoch at 2 x 2) 2 steps are
-# 0.18 epoch for a 0.3-0.5 s evaluation; transformer_protocol reaches the target in about
-# 240 steps, 20 steps are 8 % of them for a 2.5 s greedy decoding (docs/protocol.md)
-EVAL_EVERY_STEPS = {"classification": 2, "translation": 20}
+# optimizer steps between evaluations, at most EVAL_SHARE of dense's steps to target
+# (REF_STEPS): on digits 2 steps (3 % of 60) are 0.18 epoch for a 0.3-0.5 s evaluation; on
+# transformer_protocol 12 steps (5 % of 240) for a 2.5 s greedy decoding (docs/protocol.md)
+EVAL_EVERY_STEPS = {"classification": 2, "translation": 12}
+EVAL_SHARE = 0.05
 # a run's evaluation overhead under 30 % of its training: none before EVAL_FROM_SHARE of
 # dense's steps to target (no committed run reached it in under 0.7), only every
 # EVAL_STRIDE-th point evaluated, the models between kept (train.eval_stride)
@@ -66,18 +70,21 @@ WORKLOADS = {"image": "dawnbench_digits", "translation": "transformer_protocol"}
 TRANSLATION = ("transformer_protocol", "transformer_embedded")  # the translation experiments
 # a workload's defaults: steps to target measured on the local cluster at the emulated
 # cluster's 2 x 2 (the same gradients, so the same steps), whose paper-scaled clock is the
-# timing pass and the end-to-end check; translation, sized to fit, one tuning seed
-WORKLOAD_DEFAULTS: dict[str, dict[str, Any]] = {
-    "image": {"cluster": "local"},
-    "translation": {"cluster": "local", "tune_seeds": (1000,)},
-}
+# timing pass and the end-to-end check
+WORKLOAD_DEFAULTS: dict[str, dict[str, Any]] = {w: {"cluster": "local"} for w in WORKLOADS}
 LOCAL_TOPOLOGY = ("cluster.nnodes=2", "cluster.nproc_per_node=2")  # every method alike
 TUNE, EVAL, TIME = "tune", "eval", "time"
 
 
 def quick() -> dict[str, Any]:
-    """``--quick``: one tuning and one evaluation seed, 2 trials of each quick method."""
-    return {"comms": quick_methods(), "tune_seeds": (1000,), "eval_seeds": (0,), "trials": 2}
+    """``--quick``, a smoke test and not the protocol: one tuning and one evaluation seed,
+    one knob setting of each quick method at every rate."""
+    return {
+        "comms": quick_methods(),
+        "tune_seeds": (1000,),
+        "eval_seeds": (0,),
+        "trials": len(LR_FACTORS),
+    }
 
 
 Space = tuple[tuple[str, dict[str, Any]], ...]  # (trial label, Hydra overrides keyed in full)
@@ -91,16 +98,17 @@ BUDGET_STEPS = {"classification": 132, "translation": 620}
 WORKLOAD_OPTIM = {"classification": "sgd", "translation": "adamw"}
 
 
-def space(comm: str, recipe_lr: float, trials: int | None = None, workload: str = "") -> Space:
-    """(label, Hydra overrides) of method ``comm``'s trials: TRIALS points of its spec's
-    knobs on ``workload`` x the learning rate around its spec's centre there, else around
-    ``recipe_lr``; ``trials`` keeps the first that many."""
+def space(
+    comm: str, recipe_lr: float, trials: int | None = None, workload: str = ""
+) -> list[Trial]:
+    """Method ``comm``'s trials: KNOB_CELLS settings of its spec's knobs on ``workload``,
+    each at every rate of LR_FACTORS x its spec's centre there, else x ``recipe_lr``;
+    ``trials`` keeps the first that many (whole knob settings, :meth:`Plan.check`)."""
     spec = methods.get(comm)
     workload = workload or "classification"
     lr = spec.lr_centre.get(workload, recipe_lr)
-    drawn = draw(spec.space(workload, REF_STEPS[workload]), lr, TRIALS)
-    out = tuple((t.label, t.values()) for t in drawn)
-    return out[:trials] if trials else out
+    drawn = draw(spec.space(workload, REF_STEPS[workload]), lr)
+    return drawn[:trials] if trials else drawn
 
 
 def _value(v: Any) -> str:
@@ -147,7 +155,7 @@ class Plan(Saved):
     comms: Sequence[str] = field(default_factory=methods.defaults)
     tune_seeds: Sequence[int] = TUNE_SEEDS
     eval_seeds: Sequence[int] = EVAL_SEEDS
-    trials: int | None = None  # None: every trial of each space (--quick keeps 2)
+    trials: int | None = None  # None: every trial of each space (--quick keeps one setting)
     order_seed: int = 0  # shuffles the configurations within each seed
     eval_every_steps: int = 0  # 0: the workload's EVAL_EVERY_STEPS
     results_dir: str = "results"
@@ -192,9 +200,18 @@ class Plan(Saved):
             raise ConfigError(f"tuning and evaluation seeds overlap: {sorted(shared)}")
         if len(set(self.eval_seeds)) != len(self.eval_seeds):
             raise ConfigError(f"evaluation seeds repeat: {list(self.eval_seeds)}")
+        n = len(LR_FACTORS)
+        if self.trials and self.trials % n:
+            raise ConfigError(f"trials {self.trials}: whole knob settings of {n} rates each")
+        ref = REF_STEPS[self.workload()]
+        if self.every() > EVAL_SHARE * ref:
+            raise ConfigError(
+                f"an evaluation every {self.every()} steps is coarser than {EVAL_SHARE:.0%} "
+                f"of dense's {ref} steps to target"
+            )
         budget = BUDGET_STEPS[self.workload()]
         for c in self.comms:
-            check_distinct(c, [Trial(t, tuple(v.items())) for t, v in self._space(c)], budget)
+            check_distinct(c, self._trials(c), budget)
             self._check_reached(c)
             self._check_placements(c)
 
@@ -234,9 +251,13 @@ class Plan(Saved):
         validate_jobs(jobs, self.results_dir)
 
     # -- jobs ---------------------------------------------------------------------------
-    def _space(self, comm: str) -> Space:
-        """(label, Hydra overrides keyed in full) of each trial of ``comm``."""
+    def _trials(self, comm: str) -> list[Trial]:
+        """The grid of ``comm``'s trials (the rate extension adds to it, from records)."""
         return space(comm, self.lr(), self.trials, self.workload())
+
+    def _space(self, comm: str) -> Space:
+        """(label, Hydra overrides keyed in full) of each trial of ``comm``'s grid."""
+        return tuple((t.label, t.values()) for t in self._trials(comm))
 
     def lr(self) -> float:
         """The recipe's learning rate (read once from the experiment's config)."""
@@ -331,8 +352,10 @@ class Plan(Saved):
                 "train.eval_stride=1",
                 f"train.eval_every={epochs}",
             ]
+        elif (trial := beyond(self._trials(job.comm), job.trial)) is not None:
+            values = trial.values()  # of the grid, or a rate the extension added
         else:
-            values = dict(self._space(job.comm))[job.trial]
+            raise ConfigError(f"{job.comm}: no trial {job.trial!r} in the sweep's space")
         return [
             *common,
             *spec.overrides(),
@@ -403,7 +426,11 @@ def status(plan: Plan, records: Sequence[Mapping[str, Any]]) -> list[str]:
         progress(stage, [j.key for j in jobs], records, _key)
         for stage, jobs in (("tuning", plan.tune_jobs()), ("timing pass", plan.timing_jobs()))
     ]
-    if not tuning_complete(plan, records):
+    ext = extend(plan, records)
+    line = progress("rate extension", [j.key for j in ext.jobs], records, _key)
+    lines.append(f"{line} in {ext.rounds} round(s)" + ("" if ext.settled else ", more to decide"))
+    lines += [extension.bound_note(ext)] if ext.at_edge else []
+    if not ext.settled:
         n = len(plan.comms) * len(plan.eval_seeds)  # one more set per other selection
         return [*lines, f"evaluation: at least {n} runs, submitted once tuning is recorded"]
     ev = plan.eval_jobs(chosen(plan, records))
@@ -421,16 +448,20 @@ RUN_S = {
 
 def estimate(plan: Plan) -> tuple[int, int, float, float]:
     """(fewest runs, most runs, fewest minutes, most minutes) of ``plan`` on the 2-core
-    machine: its tuning and timing runs, and between one configuration per method (every
-    cluster selects the same) and one per method and cluster on each evaluation seed."""
+    machine: its tuning and timing runs, between no rate extension and its most
+    (:func:`~bench.sweeps.extension.most_runs`), and between one configuration per method
+    (every cluster selects the same) and one per method and cluster on each evaluation
+    seed."""
     s = RUN_S[plan.workload()]
     tune, timing = len(plan.tune_jobs()), len(plan.timing_jobs())
     k, n, seeds = len(clusters(plan)), len(plan.comms), len(plan.eval_seeds)
+    cells = (plan.trials or TRIALS) // len(LR_FACTORS)  # --quick keeps fewer
+    more = extension.most_runs(n, k, cells, len(plan.tune_seeds))
     fixed = tune * s[TUNE] + timing * s[TIME]
     low = fixed + n * seeds * s["check"]
-    high = fixed + n * seeds * (s["check"] + (k - 1) * s["local"])
+    high = fixed + more * s[TUNE] + n * seeds * (s["check"] + (k - 1) * s["local"])
     runs = tune + timing
-    return runs + n * seeds, runs + n * seeds * k, low / 60, high / 60
+    return runs + n * seeds, runs + more + n * seeds * k, low / 60, high / 60
 
 
 def chosen(plan: Plan, records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, str]]:
@@ -455,9 +486,33 @@ def select(tuning: pd.DataFrame) -> dict[str, str]:
     return out
 
 
+def extend(plan: Plan, records: Sequence[Mapping[str, Any]]) -> extension.Extension:
+    """The rate extension's rounds that ``records`` decide (:mod:`bench.sweeps.extension`):
+    none before every tuning and timing run of the grid is recorded, then one round after
+    another, each shuffled per seed, while each round's runs are recorded."""
+    ext = extension.Extension({c: list(plan._trials(c)) for c in plan.comms}, [])
+    if pending([*plan.tune_jobs(), *plan.timing_jobs()], records, RERUN_FAILED):
+        return ext
+    for r in range(1, extension.MAX_ROUNDS + 2):
+        new, edge = extension.next_round(selection_table(plan, records, ext.trials), ext.trials, r)
+        if not new or r > extension.MAX_ROUNDS:
+            ext.settled, ext.at_edge = True, edge
+            break
+        for comm, t in new:
+            ext.trials[comm].append(t)
+        added = [(c, t.label) for c, t in new]
+        mine = [Job(TUNE, c, t, s) for s in plan.tune_seeds
+                for c, t in plan._order(added, f"extension {r}", s)]  # fmt: skip
+        ext.jobs += mine
+        if pending(mine, records, RERUN_FAILED):
+            break
+    return ext
+
+
 def tuning_complete(plan: Plan, records: Sequence[Mapping[str, Any]]) -> bool:
-    """Every tuning and timing run recorded, none in ``error``: the selection's data whole."""
-    return not pending([*plan.tune_jobs(), *plan.timing_jobs()], records, RERUN_FAILED)
+    """Every tuning, timing and rate-extension run recorded, none in ``error``, and no
+    extension round left to add: the selection's data whole."""
+    return extend(plan, records).settled
 
 
 # -- selection per cluster, on the tuning seeds, from steps and step times -----------------
@@ -545,17 +600,32 @@ def cluster_time(
     return sum(n * times[(m, k)] for n, m, k in sent)
 
 
-def selection_table(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+def selection_table(
+    plan: Plan,
+    records: Sequence[Mapping[str, Any]],
+    trials: Mapping[str, Sequence[Trial]] | None = None,
+) -> pd.DataFrame:
     """The tuning table: per (method, trial, cluster) the median over the tuning seeds of
     the time to target there (steps x step time; a miss: its whole run), the median steps,
-    what the runs sent, and whether the rule selects it for that cluster."""
+    what the runs sent, the extension round that added the trial (0: the grid), whether
+    its rate is the smallest or largest tried with its knob setting, and whether the rule
+    selects it for that cluster.  ``trials``: per method (default: the grid and every
+    extension round the records decide, :func:`extend`)."""
+    if trials is None:
+        trials = extend(plan, records).trials
     runs = [r for r in recorded(records).values() if (r.get("protocol") or {}).get("role") == TUNE]
     times = step_times(records)
+    cache = plan.__dict__.setdefault("_runs", {})  # run id -> its run: a curve is never replaced
     rows = []
     for comm in plan.comms:
-        for order, (trial, values) in enumerate(plan._space(comm)):
+        edges = extension.at_edge(trials[comm])
+        for order, t in enumerate(trials[comm]):
+            trial, values = t.label, t.values()
             mine = [r for r in runs if job_of(r).comm == comm and r["protocol"]["trial"] == trial]  # type: ignore[union-attr]
-            done = [(r, run, phase_sends(run, r)) for r in mine if (run := run_of(plan, r))]
+            for r in mine:
+                if r["run_id"] not in cache and (run := run_of(plan, r)):
+                    cache[r["run_id"]] = (run, phase_sends(run, r))
+            done = [(r, *cache[r["run_id"]]) for r in mine if r["run_id"] in cache]
             for cluster, ratio in clusters(plan).items():
                 ts = [cluster_time(run, sent, ratio, times) for _, run, sent in done]
                 rows.append(
@@ -577,6 +647,8 @@ def selection_table(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.Data
                         "ran": " | ".join(sorted({ran(sent) for _, _, sent in done})),
                         "seeds": " ".join(str(job_of(r).seed) for r, _, _ in done),  # type: ignore[union-attr]
                         "run_ids": " ".join(str(r["run_id"]) for r in mine),
+                        "extension": t.round,
+                        "rate_at_edge": trial in edges,
                     }
                 )
     df = pd.DataFrame(rows)
@@ -603,10 +675,11 @@ def run(
     log: Callable[[str], None] = print,
     rerun: Sequence[str] = RERUN,
 ) -> list[int]:
-    """Tune, time, select, evaluate; the jobs already recorded are skipped (``rerun``: the
-    statuses run again).  ``runner`` is ``common.run_queued`` (one launch of the workers
-    per phase) or a Hydra launcher's submission (``bench.launch.submit``), ``write`` the
-    never-replacing ``common.write_table``.  Returns the exit statuses of the jobs run."""
+    """Tune, time, extend the rates at an edge, select, evaluate; the jobs already recorded
+    are skipped (``rerun``: the statuses run again).  ``runner`` is ``common.run_queued``
+    (one launch of the workers per phase) or a Hydra launcher's submission
+    (``bench.launch.submit``), ``write`` the never-replacing ``common.write_table``.
+    Returns the exit statuses of the jobs run."""
     sweep_dir = Path(sweep_dir)
     rcs: list[int] = []
     recs = sweep_records(plan.results_dir, plan.sweep_id)
@@ -617,19 +690,30 @@ def run(
             log(f"{stage}: {len(todo)} of {len(jobs)} runs to go")
             rcs += runner([plan.overrides(j) for j in todo], sweep_dir / role, plan.experiment)
             recs = sweep_records(plan.results_dir, plan.sweep_id)
-    tuning = selection_table(plan, recs)
+    for _ in range(extension.MAX_ROUNDS):  # each round decided by the records before it
+        ext = extend(plan, recs)
+        todo = pending(ext.jobs, recs, rerun)
+        if not todo:
+            break
+        log(f"rate extension, round {ext.rounds}: {len(todo)} of {len(ext.jobs)} runs to go")
+        rcs += runner([plan.overrides(j) for j in todo], sweep_dir / TUNE, plan.experiment)
+        recs = sweep_records(plan.results_dir, plan.sweep_id)
+    ext = extend(plan, recs)
+    tuning = selection_table(plan, recs, ext.trials)
     path = Path(plan.results_dir) / "ablation" / f"{plan.sweep_id}-tuning.csv"
     write(tuning, path)  # partial (``write`` decides) while runs are missing or failed
-    if not tuning_complete(plan, recs):  # a selection on missing data is no selection
-        jobs = [*plan.tune_jobs(), *plan.timing_jobs()]
+    if not ext.settled:  # a selection on missing data is no selection
+        jobs = [*plan.tune_jobs(), *plan.timing_jobs(), *ext.jobs]
         left = pending(jobs, recs, RERUN_FAILED)
         failed = sum(j.key in recorded(recs) for j in left)  # recorded, in error
         again = f"--resume {plan.sweep_id}" + (" --rerun-failed" if failed else "")
         raise ConfigError(
-            f"{len(left)} of {len(jobs)} tuning and timing runs are missing ({failed} ended in "
-            f"error), so no configuration was selected and no evaluation submitted; {again} "
-            "runs them"
+            f"{len(left)} of {len(jobs)} tuning, timing and rate-extension runs are missing "
+            f"({failed} ended in error), so no configuration was selected and no evaluation "
+            f"submitted; {again} runs them"
         )
+    if ext.at_edge:
+        log(f"note: {extension.bound_note(ext)} ({path})")
     picked = select_per_cluster(tuning)
     log(f"selected: {picked} ({path})")
     todo = pending(plan.eval_jobs(picked), recs, rerun)

@@ -19,6 +19,7 @@ from bench.sweeps.protocol import (
     TIME,
     Plan,
     clusters,
+    extend,
     job_of,
     pending,
     recorded,
@@ -48,13 +49,15 @@ def _mean(vals: Sequence[Any]) -> float:
 def tuning_gaps(
     plan: Plan, records: Sequence[Mapping[str, Any]], tuning: pd.DataFrame | None = None
 ) -> list[str]:
-    """Why the data the selection rests on is not whole (none: it is): tuning or timing
-    runs without a record or in ``error``, a trial's median time blank (a timing missing).
-    A tuning table, and the table of evaluation runs selected by it, with any is partial."""
-    jobs = [*plan.tune_jobs(), *plan.timing_jobs()]
+    """Why the data the selection rests on is not whole (none: it is): tuning, timing or
+    rate-extension runs without a record or in ``error``, a trial's median time blank (a
+    timing missing).  A tuning table, and the table of evaluation runs selected by it,
+    with any is partial."""
+    jobs = [*plan.tune_jobs(), *plan.timing_jobs(), *extend(plan, records).jobs]
     left = pending(jobs, records, RERUN_FAILED)
     if left:  # the medians are blank for want of these
-        return [f"{len(left)} of {len(jobs)} tuning and timing runs lack a record or failed"]
+        return [f"{len(left)} of {len(jobs)} tuning, timing and rate-extension runs lack a "
+                "record or failed"]  # fmt: skip
     if tuning is None:
         tuning = selection_table(plan, records)
     blank = tuning[tuning["median_time_s"].isna() & (tuning["n_runs"] > 0)]
