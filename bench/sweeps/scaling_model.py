@@ -120,9 +120,12 @@ def update_s(net: torch.nn.Module) -> float:
     return _median_s(opt.step)
 
 
-def ring_shift(rank: int, world: int, sizes: Sequence[int], reps: int = 5) -> list[list[float]]:
+def ring_shift(
+    rank: int, world: int, sizes: Sequence[int], reps: int = 5, pick: Any = statistics.median
+) -> list[list[float]]:
     """(bytes, s) per size of each worker sending to the next while receiving from the one
-    before (the slowest rank's median); runs in :func:`bench.benchmarks.spawn.run_workers`."""
+    before (``pick`` of the slowest rank's times: their median, or the fastest on a shared
+    machine); runs in :func:`bench.benchmarks.spawn.run_workers`."""
     out = []
     for n in sizes:
         t, r = torch.ones(max(1, n // 4)), torch.empty(max(1, n // 4))
@@ -136,7 +139,7 @@ def ring_shift(rank: int, world: int, sizes: Sequence[int], reps: int = 5) -> li
             dist.all_reduce(dt, op=dist.ReduceOp.MAX)
             if i:
                 times.append(dt.item())
-        out.append([float(n), statistics.median(times)])
+        out.append([float(n), pick(times)])
     return out
 
 
