@@ -246,8 +246,6 @@ def test_calibration_rows_are_measured_and_read_back(tmp_path, monkeypatch):
     mstopk = k.using("mstopk").select_s
     assert mstopk == pytest.approx(c["select_s"]["mstopk"] + c["reduce_s"])
     assert k.matmul_s == c["matmul_s"] > 0 and k.qr_call_s == c["qr_call_s"]
-    w = calibration.workload("transformer_tiny", path, batch=4)
-    assert w["compute_s"] == pytest.approx(2 * c["compute_s"])
     with pytest.raises(FileNotFoundError, match="intel-xeon-x"):
         calibration.load("no such device", root=path.parent)
     with pytest.raises(KeyError, match="no calibration rows for model"):

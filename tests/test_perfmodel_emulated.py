@@ -11,6 +11,7 @@ import pytest
 from bench import methods as M
 from bench.cluster import calibration, projection
 from bench.cluster import perfmodel as pm
+from bench.registry import ConfigError
 from bench.sweeps import ratios as R
 
 LOOP = (1e-4, 1e9)  # a loopback path: 0.1 ms per message step, 1 GB/s
@@ -52,6 +53,8 @@ def test_each_workload_is_priced_with_its_own_network():
     assert any(len(s) == 4 for s in flat["i"])  # the ResNet-9's convolutions
     assert not any(len(s) > 2 for s in flat["t"])  # the Transformer's matrices only
     assert image.numel != text.numel
+    with pytest.raises(ConfigError, match="experiment 'nope'"):
+        pm.workload_shapes("nope")
     # the projection's network per workload: the Transformer's, not ResNet-50's
     base = projection.paper_workload(0.1, {}, workload="translation")
     assert base.numel == sum(projection.model_buckets("transformer_base", vocab=32000)[0])

@@ -4,8 +4,8 @@
 measured there (the ``calibrate`` step of ``reproduce gpucheck``; ``--cpu`` for this CPU):
 one row per model and quantity, in seconds, per step, element, pair, flop, call or byte.
 :func:`costs` gives the :class:`Costs` a method spec prices with, :func:`loopback` the
-intra-node path of an emulated cluster, :func:`workload` per-step times, :func:`constants`
-every quantity of one model.  Standard library only.
+intra-node path of an emulated cluster, :func:`constants` every quantity of one model.
+Standard library only.
 """
 
 from __future__ import annotations
@@ -168,15 +168,3 @@ def loopback(device: str | Path = "cpu", root: Path = CALIBRATION_DIR) -> tuple[
     ``device`` (over loopback, gloo): the ring shift the calibrate step measured."""
     c = constants(LOOPBACK, device, root=root)
     return c["loopback_lat_s"], 1.0 / c["loopback_s"]
-
-
-def workload(
-    model: str, source: str | Path, batch: int | None = None, root: Path = CALIBRATION_DIR
-) -> dict[str, float]:
-    """``compute_s`` and ``update_s`` of :class:`bench.cluster.perfmodel.Workload`: the
-    measured forward-backward scaled linearly to ``batch`` samples (None: as measured),
-    and the update; plus ``lowrank_s`` and ``dct_s``, per step."""
-    c = constants(model, source, root=root)
-    scale = 1.0 if batch is None else batch / c["batch"]
-    return {"compute_s": c["compute_s"] * scale, "update_s": c["update_s"],
-            "lowrank_s": c["lowrank_s"], "dct_s": c["dct_s"]}  # fmt: skip

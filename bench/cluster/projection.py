@@ -128,11 +128,6 @@ def model_buckets(
 ddp_buckets = pm.ddp_buckets
 
 
-def resnet50_buckets() -> tuple[tuple[int, ...], tuple[tuple[tuple[int, ...], ...], ...]]:
-    """torchvision ResNet-50's DDP buckets (:func:`model_buckets`)."""
-    return model_buckets("resnet50")
-
-
 def paper_workload(
     compute_s: float,
     hidden: Mapping[str, float],

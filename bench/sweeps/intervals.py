@@ -17,7 +17,6 @@ from scipy import stats
 CONFIDENCE = 0.95
 N_RESAMPLES = 9999
 RNG_SEED = 0  # the bootstrap's generator: a table rebuilt from the same records is the same
-REACHED = ("ok",)  # statuses whose time to target counts as measured
 
 
 def budget_s(records: Sequence[Mapping[str, Any]]) -> float:
