@@ -1,8 +1,10 @@
 """Alpha-beta model of gradient aggregation and of one data-parallel training step.
 
 Each collective is stages of ``steps * alpha + bytes / B`` (bytes from
-:mod:`bench.comm.cost`) plus per-element compute, calibrated on micro-measurements only;
-a method's schedule of them is its spec's (bench/methods/); docs/internals/cluster.md."""
+:mod:`bench.comm.cost`) plus per-element compute, calibrated on micro-measurements only
+(:mod:`bench.cluster.calibration`); a method's schedule of them is its spec's
+(bench/methods/).  :func:`emulated` is an emulated cluster and :func:`workload_shapes` an
+experiment's own network, as the specs price them; docs/internals/cluster.md."""
 
 from __future__ import annotations
 
