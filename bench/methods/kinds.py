@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
+from bench.cluster import calibration
 from bench.cluster import perfmodel as pm
 from bench.comm import cost
 from bench.methods.spec import METHODS, Knobs, MethodSpec, key
@@ -53,7 +54,8 @@ class SparseMethod(MethodSpec):
         density = getattr(k, "density", 1.0)
         if density >= 1.0 or d < cost.MIN_NUMEL or c.world == 1:
             return pm.dense_allreduce(d, c, costs) + d * costs.dense_s
-        return self.sparse_time(d, density, c, costs)
+        # its selector's cost: a hierarchical method's shard selector, else its own
+        return self.sparse_time(d, density, c, costs.using(getattr(k, "selector", self.comm)))
 
     def sparse_time(self, d: int, density: float, c: pm.Cluster, costs: pm.Costs) -> float:
         return pm.topk_allgather(d, density, c, costs)
@@ -162,8 +164,9 @@ class OptimizerMethod(MethodSpec):
         chunks = [Chunking.of(s, getattr(k, "chunk", 64), getattr(k, "topk", 32)) for s in flat]
         return cost.demo(packet_size(chunks), n, m)
 
-    def step_time(self, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs, k: Knobs) -> float:
-        return pm.demo_step_time(wl, getattr(k, "chunk", 64), getattr(k, "topk", 32), c, costs)
+    def price(self, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs, k: Knobs) -> float:
+        chunk, topk = getattr(k, "chunk", 64), getattr(k, "topk", 32)
+        return pm.demo_step_time(wl, chunk, topk, c, costs.using(calibration.DCT))
 
 
 @dataclass(frozen=True)
@@ -218,7 +221,7 @@ class SyncMethod(MethodSpec):
         """One inner step: the node's own, its hook's exchange inside one node (s)."""
         return METHODS.get(self.comm).step_time(wl, replace(c, nodes=1), costs, Knobs())
 
-    def step_time(self, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs, k: Knobs) -> float:
+    def price(self, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs, k: Knobs) -> float:
         """The node's step with its hook on one node, plus the outer all-reduce amortised."""
         assert isinstance(k, SyncKnobs)
         inner = self.inner_step(wl, c, costs)
@@ -236,7 +239,7 @@ class ReferenceMethod(MethodSpec):
     ) -> cost.Traffic:
         return cost.Traffic(())
 
-    def step_time(self, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs, k: Knobs) -> float:
+    def price(self, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs, k: Knobs) -> float:
         return wl.compute_s + wl.update_s
 
 

@@ -199,7 +199,12 @@ class MethodSpec:
         )
 
     def step_time(self, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs, k: Knobs) -> float:
-        """One training step on ``c`` (s): compute, the exposed aggregation, the update."""
+        """One training step on ``c`` (s): :meth:`price` of the workload and costs as they
+        run there (an emulated cluster's measured compute, its workers' slowdown)."""
+        return self.price(*pm.on_cluster(wl, c, costs), k)
+
+    def price(self, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs, k: Knobs) -> float:
+        """One training step (s): compute, the exposed aggregation, the update."""
         times = [
             self.bucket_time(d, c, costs, k, wl.shapes[i] if wl.shapes else None)
             for i, d in enumerate(wl.buckets)
