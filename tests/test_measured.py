@@ -231,6 +231,7 @@ def test_one_cpu_kind_for_the_measured_runs(tmp_path: Path, monkeypatch) -> None
 
 @pytest.mark.slow
 @pytest.mark.root
+@pytest.mark.timeout(3600)  # a round at 5.37 is 4 runs of 20 steps of 4-5 s on a busy host
 @pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("tc"), reason="needs root and iproute2"
 )  # fmt: skip

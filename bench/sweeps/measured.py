@@ -27,7 +27,7 @@ import re
 import statistics
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -160,7 +160,8 @@ def shaping(
                 break
             times = {c: [pr.step_s(r) for j, r in zip(jobs, recs) if j.comm == c]  # type: ignore[misc]
                      for c in (_dense(), _nocomm())}  # fmt: skip
-            link = statistics.median(parse_bandwidth(_rate_of(r)) for r in recs[::2])  # type: ignore[arg-type]
+            dense = [r for j, r in zip(jobs, recs) if j.comm == _dense()]
+            link = statistics.median(parse_bandwidth(_rate_of(r)) for r in dense)  # type: ignore[arg-type]
             sh.rounds.append(Round(rate(link), *(statistics.median(t) for t in times.values())))
             last = sh.rounds[-1]
             step = min(STEP_BOUND, max(1 / STEP_BOUND, last.ratio / target))
@@ -292,15 +293,12 @@ def run(
 def _model(experiment: str, bps: float, compute_s: float) -> tuple[Any, Any, Any]:
     """(workload, cluster, costs) of the performance model for an emulated 2 x 2 at
     ``bps`` whose step computes in ``compute_s`` (the compute-only reference's measured step,
-    update and data included)."""
+    update and data included): the experiment's own network, this CPU's measured costs."""
     from bench.cluster import calibration
     from bench.cluster import perfmodel as pm
 
-    if not hasattr(pm, "emulated"):
-        return _fallback(experiment, bps, compute_s)
     cluster = pm.emulated(bps, NODES, PROCS, compute_s)
-    wl = replace(pm.workload_shapes(experiment), compute_s=compute_s, update_s=0.0)
-    return wl, cluster, calibration.costs()
+    return pm.workload_shapes(experiment), cluster, calibration.costs()
 
 
 def predictions(
@@ -386,6 +384,8 @@ def table(plan: pr.Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
         return pd.DataFrame()
     mine = kept(plan, records)
     done = [(pr.job_of(r), r) for r in pr.recorded(mine).values()]
+    ids = {id(r) for r in mine}
+    other = [pr.job_of(r) for r in records if id(r) not in ids]  # another CPU kind
     budget = iv.budget_s([r for j, r in done if j.role in (pr.TUNE, pr.EVAL)])  # type: ignore[union-attr]
     rows = []
     for row in pd.read_csv(path).to_dict("records"):
@@ -398,7 +398,8 @@ def table(plan: pr.Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
             "prediction_error": row["predicted_s"] / m - 1 if m else math.nan,
             "n_runs": len(runs), "n_reached": sum(r.get("time_to_target_s") is not None
                                                   for _, r in runs),
-            "n_error": len(runs) - len(good), "n_other_kind": len(records) - len(mine),
+            "n_error": len(runs) - len(good),
+            "n_other_kind": sum((j.role, j.where, j.comm, j.trial) == key for j in other),  # type: ignore[union-attr]
             "seeds": " ".join(str(s) for s, _ in good),
             "run_ids": " ".join(str(r["run_id"]) for _, r in runs),
         })  # fmt: skip
@@ -424,17 +425,3 @@ def format_table(df: pd.DataFrame) -> str:
         "runs": df["n_runs"],
     })  # fmt: skip
     return head + "\n" + show.to_string(index=False)
-
-
-# -- until bench.cluster.perfmodel prices an emulated cluster itself ----------------------
-def _fallback(experiment: str, bps: float, compute_s: float) -> tuple[Any, Any, Any]:
-    """The emulated cluster's link alone, the experiment's parameters in DDP's buckets,
-    no per-element costs: what the model had before it priced an emulated cluster."""
-    from bench.cluster import perfmodel as pm
-    from bench.config import to_object
-    from bench.sweeps.common import compose
-
-    cfg = to_object(compose([f"experiment={experiment}", "cluster=local", *pr.LOCAL_TOPOLOGY]))
-    numel = profile.step_compute_s(cfg, time_it=False)["numel"]
-    wl = pm.Workload(buckets=pm.buckets_for(numel), compute_s=compute_s)
-    return wl, pm.Cluster(NODES, PROCS, inter_bw=bps / 8, inter_lat=0.0002), pm.Costs()

@@ -7,16 +7,20 @@ Modelled on AlgoPerf's external-tuning ruleset:
    space` on the workload) x the learning rate; every method gets TRIALS points of it
    (:mod:`bench.sweeps.trials`), refused before the sweep when two run alike.
 2. **Tuning** on :data:`TUNE_SEEDS` (never evaluation seeds), on the local cluster: steps
-   to target.  A **timing pass** on the check cluster times every phase a trial can send in.
+   to target.  Each **measured cluster** (an emulated 2 x 2 whose link is shaped to a named
+   ratio: :mod:`bench.sweeps.measured`) gets a **timing pass** of every phase a trial can
+   send in.
 3. **Selection** (:func:`select_per_cluster`): per cluster and method, the trial of lowest
-   median time to target on the tuning seeds (steps x step time: the timing pass on the
-   check cluster, the performance model at each paper ratio), written to
+   median time to target on the tuning seeds (steps x step time: the timing pass on a
+   measured cluster, the performance model at each paper ratio), written to
    ``<results>/ablation/<sweep_id>-tuning.csv``.
-4. **Evaluation** of every selected configuration on :data:`EVAL_SEEDS`; the table
-   (:mod:`bench.sweeps.protocol_table`) is built from these runs alone.
+4. **Evaluation** of every selected configuration on :data:`EVAL_SEEDS`, on the measured
+   cluster it was selected for; the table (:mod:`bench.sweeps.protocol_table`) is built
+   from these runs alone.
 
 Runs go seed-major, shuffled within a seed by ``order_seed`` (recorded in the plan).  Every
-run's record carries ``protocol`` = {name, role, trial, selected}.  The plan is written to
+run's record carries ``protocol`` = {name, role, trial, selected} and the measured cluster
+it ran on (``results.protocol_cluster``).  The plan is written to
 ``<results>/ablation/<sweep_id>.plan.json`` before the first run; :func:`pending` compares
 it with the sweep's records, so an interrupted sweep resumes without redoing a run.
 """
