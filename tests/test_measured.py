@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +48,10 @@ def _ratio(c_bits: float):
     return lambda bps: c_bits / bps
 
 
-def fake(plan: pr.Plan, ran: list, ratio=_ratio(4.0e8), stop_after=None, before_eval=None):
+def fake(ran: list, ratio=_ratio(4.0e8), stop_after=None, before_eval=None):
     """A runner that records each job as a run would: a shaping or timing run's training
     time at its link (dense's communication ``ratio(bps)`` x the compute step, each seed
-    a little off), a tuning or evaluation run's steps by its trial's place in the space."""
+    a little off), a tuning or evaluation run's steps by its trial (:func:`_steps`)."""
 
     def run(jobs: list[list[str]], sweep_dir: Path, experiment: str) -> list[int]:
         for job in jobs:
@@ -65,7 +66,7 @@ def fake(plan: pr.Plan, ran: list, ratio=_ratio(4.0e8), stop_after=None, before_
             ran.append((role, comm, trial, seed, kv.get("results.protocol_cluster", "")))
             link = kv.get("cluster.inter_node_bandwidth", GUESS)
             config = {
-                "results": {"sweep_id": SWEEP, "protocol_cluster": ran[-1][-1]},
+                "results": {"sweep_id": kv["results.sweep_id"], "protocol_cluster": ran[-1][-1]},
                 "train": {"seed": seed},
                 "cluster": {"name": kv["cluster"], "inter_node_bandwidth": link},
                 "comm": {k[5:]: _value(v) for k, v in kv.items() if k[:5] == "comm."},
@@ -82,17 +83,22 @@ def fake(plan: pr.Plan, ran: list, ratio=_ratio(4.0e8), stop_after=None, before_
                 rec |= {"train_time_s": steps * (COMPUTE_S + comm_s) * jitter,
                         "comm_phases": [{"steps": steps}]}  # fmt: skip
             else:
-                steps = 40 + 5 * [t for t, _ in plan._space(comm)].index(trial) + seed % 3
+                steps = _steps(trial, seed)
                 d = config["comm"].get("density", 1.0)
                 rec |= {"status": "ok", "steps_to_target": steps, "time_to_target_s": steps / 10,
                         "train_time_s": steps / 10}  # fmt: skip
-                write_curve(plan.results_dir, rec["run_id"], [{
+                write_curve(kv["results.dir"], rec["run_id"], [{
                     "epoch": 1, "data/steps": steps, "clock/train_s": steps / 10,
                     "acc/top1": 0.99, "comm/phases": f"{kv['comm']}/{d}/0/{steps}/1"}])  # fmt: skip
-            append_record(plan.results_dir, rec)
+            append_record(kv["results.dir"], rec)
         return [0] * len(jobs)
 
     return run
+
+
+def _steps(trial: str, seed: int) -> int:
+    """A tuning or evaluation run's steps to target: by its trial, a little off by seed."""
+    return 40 + zlib.crc32(trial.encode()) % 13 + seed % 3
 
 
 def _model(experiment: str, bps: float, compute_s: float):
@@ -105,7 +111,7 @@ def test_shaping_converges_on_a_cluster_whose_ratio_is_c_over_bandwidth(tmp_path
     plan = _plan(tmp_path)
     plan.save()
     ran: list = []
-    ms.shape(plan, fake(plan, ran), tmp_path, log=lambda s: None)
+    ms.shape(plan, fake(ran), tmp_path, log=lambda s: None)
     state = ms.shaping(plan, load_records(tmp_path))
     assert list(state) == ["measured-1.34", "measured-5.37"] == ms.names(plan)
     for name, sh in state.items():
@@ -133,7 +139,7 @@ def test_a_link_that_never_reaches_its_ratio_is_refused_in_one_line(tmp_path: Pa
     plan = _plan(tmp_path, measured=("paper",))
     ran: list = []
     with pytest.raises(ConfigError) as e:  # 3.0 whatever the link: never 1.34
-        ms.shape(plan, fake(plan, ran, ratio=lambda bps: 3.0), tmp_path, log=lambda s: None)
+        ms.shape(plan, fake(ran, ratio=lambda bps: 3.0), tmp_path, log=lambda s: None)
     msg = str(e.value)
     assert len(msg.splitlines()) == 1 and "never within 15% of 1.34" in msg, msg
     assert len(ran) == 4 * ms.MAX_ROUNDS
@@ -149,15 +155,15 @@ def test_an_interrupted_sweep_resumes_without_redoing_a_run(tmp_path: Path, monk
     for stop in (3, 7, 13, 21):  # in tuning, in shaping rounds, in the timing pass
         again = pr.Plan.load(tmp_path, SWEEP)
         with pytest.raises(KeyboardInterrupt):
-            ms.run(again, fake(again, ran, stop_after=stop), tmp_path, write_table, log=print)
+            ms.run(again, fake(ran, stop_after=stop), tmp_path, write_table, log=print)
         assert len(ran) == stop
     again = pr.Plan.load(tmp_path, SWEEP)
-    ms.run(again, fake(again, ran), tmp_path, write_table, log=lambda s: None)
+    ms.run(again, fake(ran), tmp_path, write_table, log=lambda s: None)
     assert len(ran) == len(set(ran))  # every job once, none twice
     recs = load_records(tmp_path)
     assert pr.complete(again, recs)
     n = len(ran)
-    ms.run(pr.Plan.load(tmp_path, SWEEP), fake(again, ran), tmp_path, write_table, log=print)
+    ms.run(pr.Plan.load(tmp_path, SWEEP), fake(ran), tmp_path, write_table, log=print)
     assert len(ran) == n and len(load_records(tmp_path)) == n  # nothing left to run
 
 
@@ -170,7 +176,7 @@ def test_the_prediction_comes_before_the_evaluation_one_row_per_method_and_clust
     path = ms.table_path(plan, ms.PREDICTION)
     seen: list[bool] = []
     ran: list = []
-    ms.run(plan, fake(plan, ran, before_eval=lambda: seen.append(path.exists())), tmp_path,
+    ms.run(plan, fake(ran, before_eval=lambda: seen.append(path.exists())), tmp_path,
            write_table, log=lambda s: None)  # fmt: skip
     assert seen and all(seen)  # written before the first evaluation run
     recs = load_records(tmp_path)
@@ -182,7 +188,7 @@ def test_the_prediction_comes_before_the_evaluation_one_row_per_method_and_clust
     row = pred[(pred["cluster"] == "measured-1.34") & (pred["comm"] == "dense")].iloc[0]
     wl, c, k = _model("", row["bandwidth_bps"], row["compute_s"])
     spec = methods.get("dense")
-    steps = 40 + 5 * [t for t, _ in plan._space("dense")].index(row["trial"]) + 1000 % 3
+    steps = _steps(row["trial"], 1000)
     assert row["predicted_s"] == pytest.approx(steps * spec.step_time(wl, c, k, spec.knobs_of({})))
     assert row["measured_ratio"] == pytest.approx(row["target_ratio"], rel=ms.TOLERANCE)
     # after the evaluation: prediction and measurement side by side, the error per method
@@ -208,12 +214,12 @@ def test_one_cpu_kind_for_the_measured_runs(tmp_path: Path, monkeypatch) -> None
     ms.claim(plan, tune)  # a local run: no kind recorded
     assert plan.cpu_kind == ""
     ran: list = []
-    ms.shape(plan, fake(plan, ran), tmp_path, log=lambda s: None)
+    ms.shape(plan, fake(ran), tmp_path, log=lambda s: None)
     assert pr.Plan.load(tmp_path, SWEEP).cpu_kind == cpu_model()  # in the plan's file
     monkeypatch.setattr(ms, "cpu_model", lambda: "AMD EPYC 7B13")
     again = pr.Plan.load(tmp_path, SWEEP)
     with pytest.raises(ConfigError) as e:
-        ms.run(again, fake(again, ran), tmp_path, write_table, log=lambda s: None)
+        ms.run(again, fake(ran), tmp_path, write_table, log=lambda s: None)
     msg = str(e.value)
     assert len(msg.splitlines()) == 1 and cpu_model() in msg and "AMD EPYC 7B13" in msg, msg
     # a measured run of another kind is kept out (and run again); a local one is not
@@ -246,3 +252,28 @@ def test_a_quick_sweeps_shaping_reaches_its_ratio_on_the_emulated_cluster(tmp_pa
     for sh in ms.shaping(plan, load_records(tmp_path)).values():
         print(sh.line())
         assert sh.shaped is not None and abs(sh.shaped.ratio / sh.target - 1) <= ms.TOLERANCE
+
+
+def test_the_command_shapes_predicts_and_writes_the_measured_table(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    from bench.sweeps import common
+    from reproduce.ablation import main
+
+    monkeypatch.setattr(ms, "_model", _model)
+    monkeypatch.setattr(ms, "pin", lambda plan: "")  # no timing of this host
+    ran: list = []
+    monkeypatch.setattr(common, "run_queued", fake(ran))
+    main(["--quick", "--measured", "paper", "--sweep-id", "c1", "--results-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "shaping measured-1.34: target 1.34, shaped: measured 1." in out
+    assert f"measured clusters (CPU {cpu_model()})" in out and "measured-1.34" in out
+    for suffix in ("prediction", "measured"):
+        assert (tmp_path / "ablation" / f"c1-{suffix}.csv").is_file()
+    main(["--status", "c1", "--results-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "shaping measured-1.34: target 1.34, shaped" in out
+    assert f"measured runs on {cpu_model()}" in out
+    with pytest.raises(SystemExit) as e:  # the plan's measured clusters are the plan's
+        main(["--resume", "c1", "--measured", "none", "--results-dir", str(tmp_path)])
+    assert e.value.code == 2 and "--measured" in capsys.readouterr().err
