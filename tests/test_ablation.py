@@ -152,13 +152,16 @@ def test_dry_run_runs_nothing(
     assert "protocol equal-budget-v3" in out and "6 tuning runs" in out  # dense tuned too
     assert "tuning: 6 runs (dense 3, hitopk 3)" in out  # one knob setting at 3 rates
     assert "a smoke test, not the protocol: 1 tuning seed" in out
-    # a quick try on the local cluster times on it too: no root, no emulated cluster
-    assert "timing pass: 4 runs on local (dense 2, hitopk 2)" in out and "emulated" not in out
+    # a quick try on the local cluster measures nothing: no root, no emulated cluster
+    assert "timing pass" not in out and "emulated" not in out
+    assert "no measured cluster: each cluster's number is the model's projection" in out
     assert "first: python -m reproduce train " in out and "line: --verbose)" in out
     assert "tune 1:" not in out and len(out.splitlines()) <= 13
-    cli.main([*argv, "--verbose"])  # every job's command line
+    cli.main([*argv, "--verbose", "--measured", "paper"])  # every job's command line
     out = capsys.readouterr().out
-    assert "results.protocol_role=time" in out and "tune 3: python -m reproduce train" in out
+    assert "shaping: 4-20 runs on measured-1.34" in out and "timing pass: 4 runs on" in out
+    assert "results.protocol_role=shape" in out and "tune 3: python -m reproduce train" in out
+    assert "cluster=emulated cluster.nnodes=2 cluster.nproc_per_node=2 cluster.profile=paper" in out
     assert "results.protocol_role=tune" in out and "comm=hitopk" in out
     assert not res.exists()
     grid = ["--grid", "--comm", "dense", "--seeds", "2", "--cluster", "local", "--verbose"]

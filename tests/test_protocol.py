@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from bench.cluster.netns import parse_bandwidth
 from bench.registry import ConfigError
 from bench.results.records import append_record, load_records, write_curve
 from bench.sweeps import extension
@@ -140,12 +141,16 @@ def _runner(plan: pr.Plan, ran: list[tuple], stop_after: int | None = None, step
             kv = dict(o.split("=", 1) for o in job)
             role, trial = kv["results.protocol_role"], kv["results.protocol_trial"]
             comm, seed = kv["comm"], int(kv["train.seed"])
-            ran.append((comm, role, trial, seed))
+            ran.append((comm, role, trial, seed, kv.get("results.protocol_cluster", "")))
             rec = _rec(f"r{len(ran)}", comm, trial, seed, None, role)
             rec["config"]["cluster"]["name"] = kv["cluster"]
             rec["config"]["comm"] = {k[5:]: _value(v) for k, v in kv.items() if k[:5] == "comm."}
-            if role == "time":
-                rec["step_time_s"] = 0.01
+            rec["config"]["results"]["protocol_cluster"] = kv.get("results.protocol_cluster", "")
+            if role in ("time", "shape"):  # dense's comm / compute at 100 Mbit/s: 3
+                link = kv.get("cluster.inter_node_bandwidth", "100mbit")
+                rec["config"]["cluster"]["inter_node_bandwidth"] = link
+                comm_s = 0.0 if comm == "nocomm" else 0.03 * parse_bandwidth("100mbit")
+                rec["step_time_s"] = 0.01 + comm_s / parse_bandwidth(link)
             else:
                 steps = steps_of(plan, comm, trial, float(kv["optim.lr"])) + seed % 3
                 d = rec["config"]["comm"].get("density", 1.0) if comm != "dense" else 1.0
@@ -159,41 +164,52 @@ def _runner(plan: pr.Plan, ran: list[tuple], stop_after: int | None = None, step
     return run
 
 
-def test_an_interrupted_sweep_resumes_without_redoing_recorded_runs(tmp_path: Path) -> None:
+def test_an_interrupted_sweep_resumes_without_redoing_recorded_runs(
+    tmp_path: Path, monkeypatch
+) -> None:
     from bench.report.tables import is_protocol, protocol_section
+    from bench.sweeps import measured
+    from tests.test_measured import _model
 
+    monkeypatch.setattr(measured, "_model", _model)  # the model's prediction, a stand-in
     plan = _plan(tmp_path, comms=("dense", "hitopk"), trials=3, eval_seeds=(0, 1, 2))
     plan.save()
     ran: list[tuple] = []
     with pytest.raises(_Stop):  # two of the tuning runs, then the interruption
-        pr.run(plan, _runner(plan, ran, stop_after=2), tmp_path, write_table, log=lambda s: None)
+        measured.run(
+            plan, _runner(plan, ran, stop_after=2), tmp_path, write_table, log=lambda s: None
+        )
     assert len(ran) == 2 and len(plan.tune_jobs()) == 12
     again = pr.Plan.load(tmp_path, SWEEP)
     assert again.tune_jobs() == plan.tune_jobs()  # the same order, from the saved seed
-    pr.run(again, _runner(again, ran), tmp_path, write_table, log=lambda s: None)
+    measured.run(again, _runner(again, ran), tmp_path, write_table, log=lambda s: None)
     recs = sweep_records(tmp_path, SWEEP)
     picked = pr.chosen(again, recs)
-    assert picked["emulated"] == {c: again._space(c)[0][0] for c in again.comms}
+    assert picked["measured-1.34"] == {c: again._space(c)[0][0] for c in again.comms}
     n = len(again.tune_jobs()) + len(again.timing_jobs()) + len(again.eval_jobs(picked))
-    assert len(ran) == len(set(ran)) == n  # every job once, none twice
+    shaped = sum(r[1] == "shape" for r in ran)
+    assert len(ran) == len(set(ran)) == n + shaped  # every job once, none twice
     assert pr.complete(again, recs) and not pr.pending(plan.tune_jobs(), recs)
     tuning = pd.read_csv(tmp_path / "ablation" / f"{SWEEP}-tuning.csv")
     assert tuning["selected"].sum() == 2 * len(pr.clusters(again))
     assert not tuning["extension"].any()  # the centre rate selected: inside what was tried
     before = len(load_records(tmp_path))
-    pr.run(again, _runner(again, ran), tmp_path, write_table, log=lambda s: None)  # nothing left
+    quiet = {"log": lambda s: None}
+    measured.run(again, _runner(again, ran), tmp_path, write_table, **quiet)  # nothing left
     assert len(load_records(tmp_path)) == before
     df = pt.aggregate(again, recs)
-    emu = df[df["for_cluster"] == "emulated"].set_index("comm")
+    emu = df[df["for_cluster"] == "measured-1.34"].set_index("comm")
     assert sorted(emu.index) == ["dense", "hitopk"] and (emu["n_runs"] == 3).all()
     assert (emu["measured_on"] == "clock").all() and list(df.columns) == pt.COLUMNS
     # the report shows the table, its intervals and its tuning trials
     write_table(df, tmp_path / "ablation" / f"{SWEEP}.csv")
     paths = sorted((tmp_path / "ablation").glob("*.csv"))
     assert [p.name for p in paths if is_protocol(p)] == [f"{SWEEP}-tuning.csv", f"{SWEEP}.csv"]
+    assert (tmp_path / "ablation" / f"{SWEEP}-prediction.csv").exists()
     text = "\n".join(protocol_section(paths, tmp_path))
     assert f"From `ablation/{SWEEP}.csv` ({len(df)} configurations)" in text
-    assert f"| emulated | dawnbench_digits | hitopk | {emu.loc['hitopk', 'trial']} | 3/3 |" in text
+    trial = emu.loc["hitopk", "trial"]
+    assert f"| measured-1.34 | dawnbench_digits | hitopk | {trial} | 3/3 |" in text
     assert f"`{SWEEP}-tuning.csv`" in text
 
 
@@ -241,12 +257,12 @@ def test_the_rate_extension_puts_the_minimum_inside_and_resumes_without_redoing(
     0.25x is tuned (round 1), selected at the edge again, so 0.125x (round 2); then 0.25x
     has a rate tried on either side and evaluation starts.  Interrupted inside round 1,
     the sweep resumes and runs every job once."""
-    plan = _plan(tmp_path, comms=("dense",), trials=3, eval_seeds=(0, 1))
+    plan = _plan(tmp_path, comms=("dense",), trials=3, eval_seeds=(0, 1), measured=())
     plan.save()
     ran: list[tuple] = []
     steps, logs = _lowest_at(quarter=True), []
-    with pytest.raises(_Stop):  # the grid (6) and the timing pass (2), one of round 1's runs
-        pr.run(plan, _runner(plan, ran, 9, steps), tmp_path, write_table, log=lambda s: None)
+    with pytest.raises(_Stop):  # the grid (6), one of round 1's runs (nothing measured)
+        pr.run(plan, _runner(plan, ran, 7, steps), tmp_path, write_table, log=lambda s: None)
     again = pr.Plan.load(tmp_path, SWEEP)
     recs = sweep_records(tmp_path, SWEEP)
     ext = pr.extend(again, recs)
@@ -256,13 +272,13 @@ def test_the_rate_extension_puts_the_minimum_inside_and_resumes_without_redoing(
         in pr.status(again, recs)
     )
     (gap,) = pt.tuning_gaps(again, recs)  # its tuning table is partial
-    assert gap == "1 of 10 tuning, timing and rate-extension runs lack a record or failed"
+    assert gap == "1 of 8 tuning, timing and rate-extension runs lack a record or failed"
     pr.run(again, _runner(again, ran, None, steps), tmp_path, write_table, log=logs.append)
     recs = sweep_records(tmp_path, SWEEP)
     ext = pr.extend(again, recs)
     assert ext.settled and ext.rounds == 2 and not ext.at_edge
     n = len(again.tune_jobs()) + len(again.timing_jobs()) + len(ext.jobs) + 2  # 2 eval seeds
-    assert len(ran) == len(set(ran)) == n == 14  # every job once
+    assert len(ran) == len(set(ran)) == n == 12  # every job once
     tuning = pd.read_csv(tmp_path / "ablation" / f"{SWEEP}-tuning.csv")
     picked = tuning[tuning["selected"]]
     assert set(picked["trial"]) == {"wu1ep-lr0.25x"} and not picked["rate_at_edge"].any()
@@ -282,7 +298,7 @@ def test_the_rate_extension_puts_the_minimum_inside_and_resumes_without_redoing(
 def test_the_rate_extension_stops_at_its_bound_and_says_so(tmp_path: Path) -> None:
     """Steps that fall all the way down: MAX_ROUNDS rounds (0.25x to 0.03125x), then the
     selection, still at the smallest rate tried, is named in the log and the table."""
-    plan = _plan(tmp_path, comms=("dense",), trials=3, eval_seeds=(0,))
+    plan = _plan(tmp_path, comms=("dense",), trials=3, eval_seeds=(0,), measured=())
     logs: list[str] = []
     ran: list[tuple] = []
     pr.run(plan, _runner(plan, ran, None, _lowest_at(quarter=False)), tmp_path, write_table,

@@ -170,11 +170,15 @@ def _tuning(tmp, run_id, comm, trial, seed, phases, steps_to_target):
     )
 
 
+MEASURED = "measured-1.34"  # the measured cluster of the plans here (measured=("paper",))
+
+
 def _timing(tmp, run_id, method, seed, step_s, **knobs):
-    """A timing run of ``method`` at ``knobs`` (its config's full keys: ``comm.density``);
-    its key is read from its config, its label written as the plan writes it."""
+    """A timing run of ``method`` at ``knobs`` (its config's full keys: ``comm.density``)
+    on the measured cluster; its key is read from its config, its label written as the
+    plan writes it."""
     spec = methods.get(method)
-    config = {"train": {"seed": seed}}
+    config = {"train": {"seed": seed}, "results": {"protocol_cluster": MEASURED}}
     for o in spec.overrides():  # the groups that select it: comm=, optim=, sync=
         group, name = o.split("=")
         config[group] = {"name": name}
@@ -200,7 +204,7 @@ def test_selection_is_per_cluster_from_steps_and_step_times(tmp_path, monkeypatc
     cluster at a high ratio picks the sparse one, the emulated timing pass (where 0.001 is
     not faster per step) picks the one with fewer steps."""
     _fixed(monkeypatch, (("a", {"comm.density": 0.1}), ("b", {"comm.density": 0.001})))
-    plan = _plan(comms=("hitopk",), results_dir=str(tmp_path))
+    plan = _plan(comms=("hitopk",), results_dir=str(tmp_path), measured=("paper",))
     for seed in (1000, 1001):
         _tuning(tmp_path, f"a{seed}", "hitopk", "a", seed, "hitopk/0.1/0/100/1", 40)
         _tuning(tmp_path, f"b{seed}", "hitopk", "b", seed, "hitopk/0.001/0/100/1", 60)
@@ -209,17 +213,16 @@ def test_selection_is_per_cluster_from_steps_and_step_times(tmp_path, monkeypatc
     recs = load_records(tmp_path)
     table = pr.selection_table(plan, recs)
     chosen = pr.select_per_cluster(table)
-    assert chosen["emulated"] == {"hitopk": "a"}  # 40 x 10 ms < 60 x 10 ms
+    assert chosen[MEASURED] == {"hitopk": "a"}  # 40 x 10 ms < 60 x 10 ms
     assert chosen["paper-b64"] == {"hitopk": "b"}  # the model: 0.001 is far cheaper there
-    row = table[(table["cluster"] == "emulated") & (table["trial"] == "a")].iloc[0]
+    row = table[(table["cluster"] == MEASURED) & (table["trial"] == "a")].iloc[0]
     assert row["median_time_s"] == pytest.approx(0.4) and row["median_steps"] == 40
     assert row["ran"] == "hitopk 0.1 x 40"
-    # each selected configuration runs on every evaluation seed, on the check cluster
-    # when it was selected there
+    # each selected configuration runs on every evaluation seed, on the measured cluster
+    # when it was selected there, else on the plan's
     jobs = plan.eval_jobs(chosen)
-    assert {(j.trial, j.where) for j in jobs} == {("a", "emulated"), ("b", "")}
+    assert {(j.trial, j.where) for j in jobs} == {("a", MEASURED), ("b", "")}
     assert len(jobs) == 2 * len(plan.eval_seeds) and len(plan.eval_seeds) >= 10
-    assert "cluster=emulated" in plan.overrides(next(j for j in jobs if j.where))
 
 
 def test_the_unpaired_interval_is_welch_on_log_time():
@@ -239,7 +242,8 @@ def test_the_unpaired_interval_is_welch_on_log_time():
     assert math.isnan(iv.seed_correlation({0: 1.0}, {0: 2.0}))
 
 
-def test_the_new_methods_are_names_plus_the_overrides_that_select_them():
+def test_the_new_methods_are_names_plus_the_overrides_that_select_them(monkeypatch):
+    monkeypatch.setattr(pr.Plan, "_link", lambda self, job: [])  # a shaped link
     plan = _plan()
     assert {"demo", "diloco", "streaming_diloco"} <= set(plan.comms)
     assert "localsgd" not in plan.comms  # in the plan with --comm (DiLoCo's special case)
@@ -341,7 +345,7 @@ def test_demo_and_diloco_are_priced_on_the_paper_cluster(tmp_path, monkeypatch):
         ("h40", {"sync.sync_every": 40, "sync.outer_lr": 0.7}),
     )
     _fixed(monkeypatch, space)
-    plan = _plan(comms=("diloco",), results_dir=str(tmp_path))
+    plan = _plan(comms=("diloco",), results_dir=str(tmp_path), measured=("paper",))
 
     def tuned(run_id, trial, seed, h, steps):
         _tuning(tmp_path, run_id, "dense", trial, seed, f"dense/1/0/{steps}/1", steps)
@@ -357,7 +361,7 @@ def test_demo_and_diloco_are_priced_on_the_paper_cluster(tmp_path, monkeypatch):
     _timing(tmp_path, "t2", "diloco", 2000, 0.010, **{"sync.sync_every": 40})
     table = pr.selection_table(plan, load_records(tmp_path))
     chosen = pr.select_per_cluster(table)
-    assert chosen["emulated"] == {"diloco": "h10"}  # as fast per step there: fewer steps
+    assert chosen[MEASURED] == {"diloco": "h10"}  # as fast per step there: fewer steps
     assert chosen["paper-b64"] == {"diloco": "h40"}  # 10 % more steps, far fewer syncs
     row = table[(table["cluster"] == "paper-b64") & (table["trial"] == "h40")].iloc[0]
     assert row["median_time_s"] == pytest.approx(
@@ -378,7 +382,7 @@ def test_the_table_is_per_cluster_with_welch_intervals_on_the_evaluation_seeds(
     spaces = {"dense": (("b25", {"comm.bucket_cap_mb": 25.0}),),
               "hitopk": (("d01", {"comm.density": 0.01}),)}  # fmt: skip
     _fixed(monkeypatch, spaces)
-    plan = _plan(comms=("dense", "hitopk"), results_dir=str(tmp_path))
+    plan = _plan(comms=("dense", "hitopk"), results_dir=str(tmp_path), measured=("paper",))
     for seed in (1000, 1001):
         _tuning(tmp_path, f"td{seed}", "dense", "b25", seed, "dense/1/0/100/1", 60)
         _tuning(tmp_path, f"th{seed}", "hitopk", "d01", seed, "hitopk/0.01/0/100/1", 66)
@@ -398,11 +402,11 @@ def test_the_table_is_per_cluster_with_welch_intervals_on_the_evaluation_seeds(
             clock[comm][seed] = t
             last["time_to_target_s"] = t
             last["protocol"] = {**last["protocol"], "role": "eval", "selected": True}
-            last["config"] = {"train": {"seed": seed}, "cluster": {"name": "emulated"}}
+            last["config"] = {"train": {"seed": seed}, "results": {"protocol_cluster": MEASURED}}
             (tmp_path / "runs.jsonl").write_text("\n".join([*recs[:-1], json.dumps(last)]) + "\n")
     df = pt.aggregate(plan, load_records(tmp_path))
     assert list(dict.fromkeys(df["for_cluster"])) == list(pr.clusters(plan))
-    emu = df[(df["for_cluster"] == "emulated") & (df["comm"] == "hitopk")].iloc[0]
+    emu = df[(df["for_cluster"] == MEASURED) & (df["comm"] == "hitopk")].iloc[0]
     res = stats.ttest_ind(np.log(list(clock["dense"].values())),
                           np.log(list(clock["hitopk"].values())), equal_var=False)  # fmt: skip
     ci = res.confidence_interval(0.95)
@@ -424,5 +428,5 @@ def test_the_table_is_per_cluster_with_welch_intervals_on_the_evaluation_seeds(
     assert b64["measured_on"] == "model" and b64["speedup_vs_dense"] > 1.0
     # the report's long form: one table of clusters
     table = answer.answer_table_v2(df)
-    assert "emulated 2 x 2 (measured: the end-to-end check)" in table[0]
+    assert f"{MEASURED} 2 x 2 (measured" in table[0]
     assert table[-1].startswith("| **hitopk** (paper) |")

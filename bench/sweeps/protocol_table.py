@@ -16,7 +16,7 @@ from bench import methods
 from bench.sweeps import intervals as iv
 from bench.sweeps.protocol import (
     EVAL,
-    TIME,
+    TUNE,
     Plan,
     clusters,
     extend,
@@ -104,7 +104,7 @@ def _format_block(df: pd.DataFrame) -> str:
 def _seed_times(
     plan: Plan, runs: Sequence[Mapping[str, Any]], ratio: float | None, budget: float
 ) -> tuple[dict[int, float], list[float]]:
-    """seed -> a run's time to target on the cluster (its clock on the check cluster, else
+    """seed -> a run's time to target on the cluster (its clock on a measured cluster, else
     its logged steps x the model's time per step at ``ratio``; a miss: its whole run), and
     the steps to target of the runs that reached it."""
     from bench.sweeps.ratios import run_time_s
@@ -134,7 +134,7 @@ def _versus(
 
 
 def aggregate(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    """Per cluster the answer is quoted for (the check cluster, measured end to end; each
+    """Per cluster the answer is quoted for (each measured cluster, end to end; each
     paper-scaled ratio, composed) and per method: the configuration the rule selected for
     that cluster on the tuning seeds, its time to target there on the evaluation seeds,
     and its speedup over dense and over the best peer (the peer of lowest median tuning
@@ -142,8 +142,8 @@ def aggregate(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     peer_names, dense = methods.peers(), methods.names(group="baseline")[0]
     done = recorded(records)
     evals = [r for r in done.values() if (r.get("protocol") or {}).get("role") == EVAL]
-    budget = iv.budget_s(
-        [r for r in done.values() if (r.get("protocol") or {}).get("role") != TIME]
+    budget = iv.budget_s(  # a miss counts at the longest tuning or evaluation run
+        [r for r in done.values() if (r.get("protocol") or {}).get("role") in (TUNE, EVAL)]
     )
     table = selection_table(plan, records)
     chosen = select_per_cluster(table)
@@ -158,16 +158,17 @@ def aggregate(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
         block: dict[str, dict[str, Any]] = {}
         for comm in plan.comms:
             trial = sel.get(comm)
-            mine = [
-                r
+            # on a measured cluster its runs there; projected: one run per seed, wherever
+            by_seed = {
+                job_of(r).seed: r  # type: ignore[union-attr]
                 for r in evals
                 if job_of(r).comm == comm  # type: ignore[union-attr]
                 and r["protocol"]["trial"] == trial
-                and (ratio is not None or _ran_on(r) == plan.check_cluster)
-            ]
+                and (ratio is not None or job_of(r).where == cluster)  # type: ignore[union-attr]
+            }
+            mine = [by_seed[s] for s in sorted(by_seed)]
             if trial is None or not mine:
                 continue
-            mine.sort(key=lambda r: job_of(r).seed)  # type: ignore[union-attr]
             good = [r for r in mine if r.get("status") in ("ok", "target_missed")]
             t, steps = _seed_times(plan, good, ratio, budget)  # an error run has no time
             if t:
@@ -210,7 +211,3 @@ def aggregate(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
             row["best_peer"] = best
             rows.append(row)
     return pd.DataFrame(rows, columns=COLUMNS)
-
-
-def _ran_on(rec: Mapping[str, Any]) -> str:
-    return str(((rec.get("config") or {}).get("cluster") or {}).get("name", ""))
