@@ -385,7 +385,21 @@ def _protocol_table(results_dir: str, plan) -> None:
     print(pt.format_table(df))
     gaps = pt.tuning_gaps(plan, recs)  # evaluation runs selected on missing data
     done = pr.complete(plan, recs) and not gaps
+    if done and plan.carry_seeds:  # the projections may take the 8-node runs' steps
+        from bench.sweeps import carryover as co
+
+        jobs = co.jobs(plan, pr.chosen(plan, recs), pt.leading(df))
+        done = not pr.pending(jobs, recs)
     _write(df, results_dir, plan.sweep_id, done, [*measured.status(plan, every), *gaps])
+    from bench.sweeps import carryover as co
+
+    carry = co.table(co.runs(plan, recs))
+    if not carry.empty:
+        print(carry.to_string(index=False))
+        path, _ = write_sweep_table(
+            carry, results_dir, "ablation", f"{plan.sweep_id}-carryover", done
+        )
+        print(f"steps carry-over table: {path}", flush=True)
     m = measured.table(plan, every)
     print(measured.format_table(m))
     if not m.empty:
@@ -512,6 +526,27 @@ def _dry_run(plan, verbose: bool) -> None:
     print(then)
 
 
+def _carry_over(plan, run, sweep_dir: Path, rerun) -> list[int]:
+    """The steps carry-over stage, once every evaluation run is recorded: the configurations
+    it covers (on translation the leaders of the evaluation table) at 8 nodes."""
+    from bench.sweeps import carryover as co
+    from bench.sweeps import measured
+    from bench.sweeps import protocol as pr
+    from bench.sweeps import protocol_table as pt
+    from bench.sweeps.common import sweep_records
+
+    recs = measured.kept(plan, sweep_records(plan.results_dir, plan.sweep_id))
+    if not plan.carry_seeds or not pr.complete(plan, recs):
+        return []
+    picked = pr.chosen(plan, recs)
+    jobs = co.jobs(plan, picked, pt.leading(pt.aggregate(plan, recs)))
+    todo = pr.pending(jobs, recs, rerun)
+    if not todo:
+        return []
+    print(f"steps carry-over: {len(todo)} of {len(jobs)} runs at {co.NODES} nodes to go")
+    return run([co.overrides(plan, j) for j in todo], sweep_dir / co.CARRY, plan.experiment)
+
+
 def _run(args: argparse.Namespace, plan, resumed: bool) -> int:
     """Run the sweep (what is missing of it, when resumed); its exit status."""
     from bench.registry import ConfigError
@@ -563,6 +598,7 @@ def _run(args: argparse.Namespace, plan, resumed: bool) -> int:
         if protocol:
             rcs = measured.run(plan, run, sweep_dir, _tuning_writer(plan),
                                rerun=_sweep.rerun_of(args))  # fmt: skip
+            rcs += _carry_over(plan, run, sweep_dir, _sweep.rerun_of(args))
         else:
             rcs = plan.run(sweep_dir, run, rerun=_sweep.rerun_of(args))
     except KeyboardInterrupt:

@@ -62,3 +62,21 @@ def test_unpaired_seeds_are_left_out_and_one_seed_has_no_interval():
     assert row["seeds"] == "0" and row["ratio"] == pytest.approx(0.5)
     assert math.isnan(row["ratio_ci_low"])
     assert co.uses_carried_steps(co.table(runs)) == set()
+
+
+def test_the_stage_runs_each_covered_configuration_at_8_nodes_as_its_evaluation_run():
+    from bench.sweeps import protocol as pr
+    from bench.sweeps.common import compose
+
+    plan = pr.Plan("carry-test", cluster="local", measured=(), results_dir="unused")
+    trial = plan._space(BASE)[0][0]
+    jobs = co.jobs(plan, {"c": {BASE: trial}}, {})
+    assert [j.seed for j in jobs] == list(plan.eval_seeds)[: plan.carry_seeds]
+    over = co.overrides(plan, jobs[0])
+    cfg = compose(over)
+    assert cfg.cluster.nnodes == 8 and cfg.cluster.nproc_per_node == 2
+    assert cfg.data.batch_size == 4 * compose([f"experiment={plan.experiment}"]).data.batch_size
+    assert cfg.results.protocol_role == co.CARRY and cfg.train.seed == jobs[0].seed
+    ev = plan.overrides(pr.Job(pr.EVAL, BASE, trial, jobs[0].seed))
+    assert {o for o in ev if o.startswith("optim.")} == {o for o in over if o.startswith("optim.")}
+    assert pr.quick()["carry_seeds"] == 0  # a smoke test runs no 16-worker cluster

@@ -19,6 +19,8 @@ import pandas as pd
 from scipy import stats
 
 from bench import methods
+from bench.sweeps import protocol as pr
+from bench.sweeps.common import compose
 
 CARRY = "carry"  # the protocol role of the 8-node runs
 NODES, BASE_NODES = 8, 2  # nodes of the carry-over runs, and of the runs they are paired with
@@ -26,6 +28,50 @@ SEEDS = 3  # the first evaluation seeds, run again at NODES
 TOLERANCE = 0.15  # |ratio / dense's ratio - 1| above which the projection uses NODES' steps
 # the key of the global batch per workload (None: the batch is per worker already)
 GLOBAL_BATCH = {"classification": "data.batch_size", "translation": None}
+
+
+def jobs(plan: pr.Plan, picked: Mapping[str, Mapping[str, str]],
+         leading: Mapping[str, Sequence[str]]) -> list[pr.Job]:  # fmt: skip
+    """The stage's runs: each covered configuration on the first ``plan.carry_seeds``
+    evaluation seeds, at NODES on the plan's cluster."""
+    seeds = list(plan.eval_seeds)[: plan.carry_seeds]
+    pairs = covered(plan.workload(), picked, leading)
+    return [pr.Job(CARRY, c, t, s) for s in seeds for c, t in pairs]
+
+
+def overrides(plan: pr.Plan, job: pr.Job) -> list[str]:
+    """``job``'s overrides: its evaluation run's (the same trial and seed), at NODES."""
+    base = plan.overrides(pr.Job(pr.EVAL, job.comm, job.trial, job.seed))
+    base = [o for o in base if not o.startswith(("results.protocol_role=",
+                                                  "results.protocol_selected="))]  # fmt: skip
+    wl = plan.workload()
+    batch = (
+        int(compose([f"experiment={plan.experiment}"]).data.batch_size) if GLOBAL_BATCH[wl] else 0
+    )
+    out = scale(base, wl, batch, pr.BUDGET_STEPS[wl], pr.STEPS_PER_EPOCH[wl])
+    return [*out, f"results.protocol_role={CARRY}", "results.protocol_selected=true"]
+
+
+def runs(plan: pr.Plan, records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The stage's runs and the evaluation runs they pair with (any cluster: steps do not
+    depend on the link), as :func:`table` takes them."""
+    out = []
+    for r in pr.recorded(records).values():
+        j = pr.job_of(r)
+        if (
+            j is None
+            or j.role not in (CARRY, pr.EVAL)
+            or r.get("status") not in ("ok", "target_missed")
+        ):
+            continue
+        if (run := pr.run_of(plan, r)) is None:
+            continue
+        nodes = NODES if j.role == CARRY else BASE_NODES
+        out.append({"comm": j.comm, "trial": j.trial, "seed": j.seed, "nodes": nodes,
+                    "steps": run.steps, "reached": run.reached})  # fmt: skip
+    # one 2-node run per (configuration, seed): a configuration evaluated on two clusters
+    df = pd.DataFrame(out, columns=["comm", "trial", "seed", "nodes", "steps", "reached"])
+    return df.drop_duplicates(["comm", "trial", "seed", "nodes"]).to_dict("records")
 
 
 def covered(workload: str, picked: Mapping[str, Mapping[str, str]],

@@ -92,6 +92,7 @@ def quick() -> dict[str, Any]:
         "comms": quick_methods(),
         "tune_seeds": (1000,),
         "eval_seeds": (0,),
+        "carry_seeds": 0,
         "trials": len(LR_FACTORS),
     }
 
@@ -176,6 +177,7 @@ class Plan(Saved):
     # (bench.sweeps.measured), the compute per step their first guess of the link is
     # priced with (s, timed when the sweep starts) and the CPU model their runs ran on
     measured: Sequence[str] = MEASURED
+    carry_seeds: int = 3  # evaluation seeds run again at 8 nodes (bench.sweeps.carryover)
     link_compute_s: float = 0.0
     cpu_kind: str = ""  # recorded when the first measured run starts
     # how the jobs are submitted (not what they are): "" = the local run queue, else a

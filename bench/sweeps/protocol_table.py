@@ -13,6 +13,7 @@ from typing import Any
 import pandas as pd
 
 from bench import methods
+from bench.sweeps import carryover as co
 from bench.sweeps import intervals as iv
 from bench.sweeps.protocol import (
     EVAL,
@@ -33,7 +34,7 @@ COLUMNS = [
     "sweep_id", "protocol", "experiment", "for_cluster", "ratio", "comm", "trial",
     "measured_on", "n_runs", "n_reached", "n_error", "time_to_target_mean_s",
     "time_to_target_ci_low_s", "time_to_target_ci_high_s", "steps_to_target_mean",
-    "tuning_median_s", "speedup_vs_dense", "speedup_vs_dense_ci_low",
+    "tuning_median_s", "steps_nodes", "speedup_vs_dense", "speedup_vs_dense_ci_low",
     "speedup_vs_dense_ci_high", "verdict_vs_dense", "seed_correlation_vs_dense", "best_peer",
     "speedup_vs_peer", "speedup_vs_peer_ci_low", "speedup_vs_peer_ci_high", "verdict_vs_peer",
     "seed_correlation_vs_peer", "target_metric", "target_value", "order_seed", "seeds",
@@ -147,6 +148,9 @@ def aggregate(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     )
     table = selection_table(plan, records)
     chosen = select_per_cluster(table)
+    # projections whose steps come from the 8-node runs (steps that do not carry over)
+    carried = co.uses_carried_steps(co.table(co.runs(plan, records)))
+    every: dict[str, dict[str, dict[int, float]]] = {}  # cluster -> method -> seed -> s
     rows: list[dict[str, Any]] = []
     for cluster, ratio in clusters(plan).items():
         sel = chosen.get(cluster, {})
@@ -166,6 +170,11 @@ def aggregate(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
                 and r["protocol"]["trial"] == trial
                 and (ratio is not None or job_of(r).where == cluster)  # type: ignore[union-attr]
             }
+            eight = ratio is not None and comm in carried
+            if eight:  # the projection takes the 8-node runs' steps (their 3 seeds)
+                by_seed = {job_of(r).seed: r for r in done.values()  # type: ignore[union-attr]
+                           if (r.get("protocol") or {}).get("role") == co.CARRY
+                           and job_of(r).comm == comm and r["protocol"]["trial"] == trial}  # type: ignore[union-attr]  # fmt: skip
             mine = [by_seed[s] for s in sorted(by_seed)]
             if trial is None or not mine:
                 continue
@@ -192,12 +201,14 @@ def aggregate(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
                 "time_to_target_ci_high_s": hi,
                 "steps_to_target_mean": _mean(steps),
                 "tuning_median_s": med.get(comm, math.nan),
+                "steps_nodes": co.NODES if eight else co.BASE_NODES,
                 "target_metric": first.get("target_metric"),
                 "target_value": first.get("target_value"),
                 "order_seed": plan.order_seed,
                 "seeds": " ".join(str(s) for s in t),
                 "run_ids": " ".join(str(r["run_id"]) for r in mine),
             }
+        every[cluster] = times
         for comm, row in block.items():
             for ref, vs in ((dense, "vs_dense"), (best, "vs_peer")):  # the columns' suffix
                 if ref in times and comm in times and ref != comm:
@@ -210,4 +221,15 @@ def aggregate(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
                 row[f"seed_correlation_{vs}"] = rho
             row["best_peer"] = best
             rows.append(row)
-    return pd.DataFrame(rows, columns=COLUMNS)
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    df.attrs["times"] = every  # the per-seed times behind each row (the tie rule reads them)
+    return df
+
+
+def leading(df: pd.DataFrame) -> dict[str, tuple[str, ...]]:
+    """Per cluster, the first method or the tied group (:func:`intervals.leaders` on the
+    seed times of :func:`aggregate`'s table)."""
+    return {
+        cluster: iv.leaders([{"method": m, "times": list(t.values())} for m, t in ts.items()]).tied
+        for cluster, ts in df.attrs.get("times", {}).items()
+    }
