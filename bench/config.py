@@ -94,6 +94,7 @@ class ResultsConfig:
     protocol_role: str = ""
     protocol_trial: str = ""
     protocol_selected: bool = False
+    protocol_cluster: str = ""  # the measured cluster it ran on ("": the sweep's own)
 
 
 @dataclass

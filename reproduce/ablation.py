@@ -30,7 +30,7 @@ from reproduce import _sweep
 from reproduce._cli import RESULTS, Parser, fail
 
 USAGE = """ablation [--workload W | --experiment E] [--cluster C] [--seeds N] [--comm a,b]
-           [--quick] [--grid] [--dry-run] [--launcher slurm] [--sweep-id ID]
+           [--measured P,Q | none] [--quick] [--grid] [--dry-run] [--launcher slurm] [--sweep-id ID]
            [--resume ID] [--status ID] [--aggregate ID]
                           the tuning protocol (tune, select, 10 evaluation seeds; --grid:
                           comm x cache x update x seeds), one table in
@@ -40,6 +40,7 @@ USAGE = """ablation [--workload W | --experiment E] [--cluster C] [--seeds N] [-
 def _parser() -> argparse.ArgumentParser:
     from bench.methods import defaults
     from bench.sweeps.common import quick_methods
+    from bench.sweeps.protocol import MEASURED
 
     ap = Parser(
         "ablation",
@@ -59,10 +60,15 @@ def _parser() -> argparse.ArgumentParser:
                     "or seeds per configuration (--grid: 3)")  # fmt: skip
     ap.add_argument("--comm", default="",
                     help=f"comma-separated methods (default: {','.join(defaults())})")  # fmt: skip
+    ap.add_argument("--measured", default="", help="protocol: the named profiles an emulated "
+                    f"2 x 2 is shaped to and measured at (default {','.join(MEASURED)}; none "
+                    "with --quick on the local cluster or on multinode), or none (no root "
+                    "needed)")  # fmt: skip
     ap.add_argument("--cache", default="", help="--grid: comma-separated (none,multilevel)")
     ap.add_argument("--update", default="", help="--grid: comma-separated (naive,flat)")
     ap.add_argument("--quick", action="store_true",
-                    help=f"{' and '.join(quick_methods())}, 1 seed each")  # fmt: skip
+                    help=f"a smoke test, not the protocol: {' and '.join(quick_methods())}, "
+                    "1 tuning and 1 evaluation seed, one knob setting at 3 rates each")  # fmt: skip
     ap.add_argument("--grid", action="store_true", help="the comm x cache x update grid")
     ap.add_argument("--order-seed", type=int, default=None, help="protocol: run order seed")
     ap.add_argument("--dry-run", action="store_true", help="check and summarise, run nothing")
@@ -147,7 +153,6 @@ def _protocol_plan(args: argparse.Namespace, jobs: list[str]):
     if args.cache or args.update:
         raise ConfigError("--cache and --update narrow the --grid sweep only")
     quick = pr.quick() if args.quick else {}
-    defaults = pr.WORKLOAD_DEFAULTS[_workload_name(args)]
     n = args.seeds if args.seeds is not None else len(quick.get("eval_seeds", pr.EVAL_SEEDS))
     if n < 1:
         raise ConfigError(f"--seeds must be >= 1, got {n}")
@@ -157,13 +162,13 @@ def _protocol_plan(args: argparse.Namespace, jobs: list[str]):
         experiment=_experiment(args),
         cluster=args.cluster,
         comms=split_list(args.comm) or quick.get("comms") or methods.defaults(),
-        tune_seeds=quick.get("tune_seeds") or defaults.get("tune_seeds", pr.TUNE_SEEDS),
+        tune_seeds=quick.get("tune_seeds", pr.TUNE_SEEDS),
         eval_seeds=tuple(range(n)),
         trials=quick.get("trials"),
         order_seed=order_seed,
         results_dir=args.results_dir,
         extra=jobs,
-        check_cluster=_check_cluster(args),
+        measured=_measured(args),
     )
     plan.check()
     plan.notes.append(
@@ -175,9 +180,10 @@ def _protocol_plan(args: argparse.Namespace, jobs: list[str]):
     plan.notes.append(note)
     if n < pr.MIN_EVAL_SEEDS and not args.quick:
         plan.notes.append(f"{n} evaluation seeds: the protocol asks for at least 10")
-    if plan.check_cluster != plan.cluster:
-        plan.check_overrides, note = cluster_profile(plan.check_cluster, jobs)
-        plan.notes.append(f"timing pass and end-to-end check on the {note}")
+    plan.notes.append(_measured_note(plan))
+    if args.quick:
+        plan.notes.append("--quick is a smoke test, not the protocol: 1 tuning seed (the "
+                          "protocol's are 2), one knob setting per method")  # fmt: skip
     lo, hi, t_lo, t_hi = pr.estimate(plan)
     plan.notes.append(
         f"{lo}-{hi} runs, about {t_lo:.0f}-{t_hi:.0f} minutes on 2 cores (docs/protocol.md)"
@@ -186,14 +192,29 @@ def _protocol_plan(args: argparse.Namespace, jobs: list[str]):
     return plan
 
 
-def _check_cluster(args: argparse.Namespace) -> str:
-    """Where the protocol's timing pass and end-to-end check run: on a real cluster (a
-    Slurm launcher) its own links; a quick try on the local cluster the local one (no
-    root needed); else the emulated cluster, which stands in for slow links where there
-    are none, and needs root."""
-    if args.cluster == "multinode" or (args.quick and args.cluster == "local"):
-        return args.cluster
-    return "emulated"
+def _measured(args: argparse.Namespace) -> tuple[str, ...]:
+    """The profiles whose ratio an emulated 2 x 2 is shaped to and measured at: as given;
+    else none on a real cluster (the emulated one needs root on one machine) or for a
+    quick try on the local cluster (no root needed), the named two otherwise."""
+    from bench.sweeps.common import split_list
+    from bench.sweeps.protocol import MEASURED
+
+    if args.measured:
+        return () if args.measured == "none" else tuple(split_list(args.measured))
+    none = args.cluster == "multinode" or (args.quick and args.cluster == "local")
+    return () if none else MEASURED
+
+
+def _measured_note(plan) -> str:
+    from bench.sweeps.measured import MAX_ROUNDS, TOLERANCE
+    from bench.sweeps.protocol import measured_clusters
+
+    if not plan.measured:
+        return "no measured cluster: each cluster's number is the model's projection"
+    each = ", ".join(f"{n} ({p}, {r:.2f})" for n, (p, r) in measured_clusters(plan).items())
+    return (f"measured clusters {each}: an emulated 2 x 2 whose link is shaped until dense's "
+            f"measured comm / compute is within {TOLERANCE:.0%} of the ratio (at most "
+            f"{MAX_ROUNDS} rounds), then timed and evaluated on it")  # fmt: skip
 
 
 def _check(plan, every: bool) -> None:
@@ -210,7 +231,7 @@ def _check(plan, every: bool) -> None:
     if isinstance(plan, pr.Plan):
         jobs = [plan.overrides(pr.Job(pr.TUNE, c, t, 0)) for c in plan.comms
                 for t, _ in plan._space(c)]  # fmt: skip
-        jobs += [plan.overrides(j) for j in plan.timing_jobs()[:1]]
+        jobs += [plan.overrides(j) for j in _first_shaping(plan)[:1]]
     else:
         jobs = plan.jobs()
     one = {tuple(o for o in j if "." not in o.split("=", 1)[0]): j for j in reversed(jobs)}
@@ -266,6 +287,13 @@ def _same(args: argparse.Namespace, jobs: list[str], plan) -> None:
     save_plan(fresh, plan.path(), compare_skip=(*RUN_FIELDS, *chosen))
 
 
+def _first_shaping(plan) -> list:
+    """The first shaping round of every measured cluster (its link: the model's guess)."""
+    from bench.sweeps.measured import names, shape_jobs
+
+    return [j for n in names(plan) for j in shape_jobs(n, 0)]
+
+
 def _first_job(plan) -> list[str]:
     from bench.sweeps import protocol as pr
 
@@ -279,9 +307,9 @@ def _plan(args: argparse.Namespace):
     from bench.sweeps.protocol import WORKLOAD_DEFAULTS
 
     jobs, hydra, launcher = _sweep.launcher_of(args)
-    shaping = ("workload", "experiment", "cluster", "seeds", "comm", "cache", "update",
-               "quick", "grid", "order_seed")  # fmt: skip
-    _sweep.refuse_plan_options(args, _parser(), shaping, jobs)
+    given = ("workload", "experiment", "cluster", "seeds", "comm", "measured", "cache",
+             "update", "quick", "grid", "order_seed")  # fmt: skip
+    _sweep.refuse_plan_options(args, _parser(), given, jobs)
     here = "emulated" if args.grid else WORKLOAD_DEFAULTS[_workload_name(args)]["cluster"]
     args.cluster = _sweep.default_cluster(args.cluster, launcher, here)
     sid = args.resume or args.sweep_id
@@ -345,20 +373,44 @@ def _table(results_dir: str, sweep_id: str, plan=None) -> None:
 
 
 def _protocol_table(results_dir: str, plan) -> None:
+    from bench.sweeps import measured
     from bench.sweeps import protocol as pr
     from bench.sweeps import protocol_table as pt
     from bench.sweeps.common import sweep_records
+    from bench.sweeps.resume import write_sweep_table
 
-    recs = sweep_records(results_dir, plan.sweep_id)
+    every = sweep_records(results_dir, plan.sweep_id)
+    recs = measured.kept(plan, every)  # a measured run on another CPU kind: in no table
     df = pt.aggregate(plan, recs)
     print(pt.format_table(df))
     gaps = pt.tuning_gaps(plan, recs)  # evaluation runs selected on missing data
     done = pr.complete(plan, recs) and not gaps
-    _write(df, results_dir, plan.sweep_id, done, [*pr.status(plan, recs), *gaps])
+    if done and plan.carry_seeds:  # the projections may take the 8-node runs' steps
+        from bench.sweeps import carryover as co
+
+        jobs = co.jobs(plan, pr.chosen(plan, recs), pt.leading(df))
+        done = not pr.pending(jobs, recs)
+    _write(df, results_dir, plan.sweep_id, done, [*measured.status(plan, every), *gaps])
+    from bench.sweeps import carryover as co
+
+    carry = co.table(co.runs(plan, recs))
+    if not carry.empty:
+        print(carry.to_string(index=False))
+        path, _ = write_sweep_table(
+            carry, results_dir, "ablation", f"{plan.sweep_id}-carryover", done
+        )
+        print(f"steps carry-over table: {path}", flush=True)
+    m = measured.table(plan, every)
+    print(measured.format_table(m))
+    if not m.empty:
+        where = f"{plan.sweep_id}-{measured.MEASURED_TABLE}"
+        path, _ = write_sweep_table(m, results_dir, "ablation", where, done)
+        print(f"measured table: {path}", flush=True)
 
 
 def _status(args: argparse.Namespace) -> None:
     from bench.sweeps import ablation as ab
+    from bench.sweeps import measured
     from bench.sweeps import protocol as pr
     from bench.sweeps.common import sweep_records
     from bench.sweeps.resume import progress
@@ -367,7 +419,7 @@ def _status(args: argparse.Namespace) -> None:
     recs = sweep_records(args.results_dir, plan.sweep_id)
     how = f"launcher {plan.launcher}" if plan.launcher else "the local run queue"
     lines = (
-        pr.status(plan, recs) if isinstance(plan, pr.Plan)
+        measured.status(plan, recs) if isinstance(plan, pr.Plan)
         else [progress("grid", plan.keys(), recs, ab.key_of)]
     )  # fmt: skip
     if plan.launcher:  # each Slurm job: its state and exit code, its run, nodes, requeues
@@ -401,7 +453,7 @@ def _expected(plan) -> list[str]:
     from bench.sweeps import protocol as pr
 
     if isinstance(plan, pr.Plan):  # its plan notes say how long already
-        out, clusters = [], {plan.cluster, plan.check_cluster}
+        out, clusters = [], {plan.cluster, *(["emulated"] if plan.measured else [])}
     else:
         out, clusters = [_grid_minutes(plan)], {plan.cluster}
     if "emulated" in clusters:
@@ -423,6 +475,7 @@ def _stage(name: str, jobs: list, order: list[str], where: str = "") -> str:
 def _dry_run(plan, verbose: bool) -> None:
     """The sweep's stages, per method, and its first command line (``verbose``: every
     job's command line)."""
+    from bench.sweeps import extension as ext
     from bench.sweeps import protocol as pr
 
     for note in plan.notes:
@@ -431,20 +484,33 @@ def _dry_run(plan, verbose: bool) -> None:
         print(f"note: {line}")
     how = f"submitted through {plan.launcher}" if plan.launcher else "run through one run queue"
     if isinstance(plan, pr.Plan):
-        tune, timing = plan.tune_jobs(), plan.timing_jobs()
-        jobs = [("tune", j) for j in tune] + [("time", j) for j in timing]
+        from bench.sweeps.measured import MAX_ROUNDS, names
+
+        tune, shaping, timing = plan.tune_jobs(), _first_shaping(plan), plan.timing_jobs()
+        jobs = [("tune", j) for j in tune] + [("shape", j) for j in shaping]
         print(_stage("tuning", tune, plan.comms))
-        if timing:
-            print(_stage("timing pass", timing, plan.comms, f" on {plan.check_cluster}"))
+        on = f" on {', '.join(names(plan))}"
+        if shaping:
+            print(f"shaping: {len(shaping)}-{len(shaping) * MAX_ROUNDS} runs{on}, the first "
+                  "round at the model's guess of the link, each next one at the link its "
+                  "ratio calls for")  # fmt: skip
+            print(_stage("timing pass", timing, plan.comms, f"{on}, once shaped"))
         lines = [f"{r} {i}: python -m reproduce train " + " ".join(plan.overrides(j))
                  for i, (r, j) in enumerate(jobs)]  # fmt: skip
+        measured = (
+            "the timing pass on each measured cluster, the model's projection elsewhere); "
+            "before a measured cluster's evaluation, the model's prediction of it "
+            f"({plan.sweep_id}-prediction.csv); each configuration selected for a measured "
+            f"cluster runs there, one selected only for a projection on {plan.cluster}"
+        )
+        if not shaping:
+            measured = f"the model's projection); each on {plan.cluster}"
         then = (
             f"then per cluster ({', '.join(pr.clusters(plan))}) each method's trial of lowest "
-            "median time to target on the tuning seeds (steps x step time: the timing pass on "
-            f"{plan.check_cluster}, the performance model at each paper ratio); each "
-            "configuration selected for any of them runs on each of the "
-            f"{len(plan.eval_seeds)} evaluation seeds, on {plan.check_cluster} when it was "
-            f"selected there (its clock is the end-to-end check), else on {plan.cluster} ({how})"
+            f"median time to target on the tuning seeds (steps x step time: {measured}; a "
+            "selected rate the smallest or largest tried with its knob setting is tried beyond "
+            f"(x0.5 or x2, on the tuning seeds, at most {ext.MAX_ROUNDS} rounds) and the rule "
+            f"selects again; on each of the {len(plan.eval_seeds)} evaluation seeds ({how})"
         )
     else:
         lines = [f"job {i}: python -m reproduce train " + " ".join(j)
@@ -460,18 +526,42 @@ def _dry_run(plan, verbose: bool) -> None:
     print(then)
 
 
+def _carry_over(plan, run, sweep_dir: Path, rerun) -> list[int]:
+    """The steps carry-over stage, once every evaluation run is recorded: the configurations
+    it covers (on translation the leaders of the evaluation table) at 8 nodes."""
+    from bench.sweeps import carryover as co
+    from bench.sweeps import measured
+    from bench.sweeps import protocol as pr
+    from bench.sweeps import protocol_table as pt
+    from bench.sweeps.common import sweep_records
+
+    recs = measured.kept(plan, sweep_records(plan.results_dir, plan.sweep_id))
+    if not plan.carry_seeds or not pr.complete(plan, recs):
+        return []
+    picked = pr.chosen(plan, recs)
+    jobs = co.jobs(plan, picked, pt.leading(pt.aggregate(plan, recs)))
+    todo = pr.pending(jobs, recs, rerun)
+    if not todo:
+        return []
+    print(f"steps carry-over: {len(todo)} of {len(jobs)} runs at {co.NODES} nodes to go")
+    return run([co.overrides(plan, j) for j in todo], sweep_dir / co.CARRY, plan.experiment)
+
+
 def _run(args: argparse.Namespace, plan, resumed: bool) -> int:
     """Run the sweep (what is missing of it, when resumed); its exit status."""
     from bench.registry import ConfigError
+    from bench.sweeps import measured
     from bench.sweeps import protocol as pr
     from bench.sweeps.common import run_queued, sweep_records
 
     protocol = isinstance(plan, pr.Plan)
     if protocol:
         lo, hi, _, _ = pr.estimate(plan)
-        n = f"{len(plan.tune_jobs())} tuning runs, {len(plan.timing_jobs())} timing runs, " \
-            f"then {len(plan.eval_seeds)} evaluation seeds x each selected configuration " \
-            f"({lo}-{hi} runs in all)"  # fmt: skip
+        shaping = ", shaping" if plan.measured else ""
+        n = f"{len(plan.tune_jobs())} tuning runs{shaping}, {len(plan.timing_jobs())} " \
+            f"timing runs, a rate extension, then {len(plan.eval_seeds)} evaluation seeds x " \
+            "each selected " \
+            f"configuration ({lo}-{hi} runs in all)"  # fmt: skip
         what = f"protocol {plan.name} on {plan.experiment}"
     else:
         n, what = f"{len(plan.jobs())} jobs", plan.experiment
@@ -482,12 +572,10 @@ def _run(args: argparse.Namespace, plan, resumed: bool) -> int:
         return 0
     if not resumed:
         _pin(plan, _first_job(plan))
-        if protocol and plan.timing_jobs():  # the check cluster's link, timed once too
-            from bench.sweeps.common import pin_profile
+        if protocol:  # the measured clusters' first guess of their link, timed once too
+            from bench.sweeps.measured import pin
 
-            pinned, note = pin_profile(plan.overrides(plan.timing_jobs()[0]))
-            plan.check_overrides = [*plan.check_overrides, *pinned]
-            plan.notes += [note] if note else []
+            plan.notes += [note] if (note := pin(plan)) else []
         print(f"plan: {plan.save()}")
     for note in plan.notes:
         print(f"note: {note}")
@@ -508,7 +596,9 @@ def _run(args: argparse.Namespace, plan, resumed: bool) -> int:
     run = _sweep.runner(plan, run_queued)
     try:
         if protocol:
-            rcs = pr.run(plan, run, sweep_dir, _tuning_writer(plan), rerun=_sweep.rerun_of(args))
+            rcs = measured.run(plan, run, sweep_dir, _tuning_writer(plan),
+                               rerun=_sweep.rerun_of(args))  # fmt: skip
+            rcs += _carry_over(plan, run, sweep_dir, _sweep.rerun_of(args))
         else:
             rcs = plan.run(sweep_dir, run, rerun=_sweep.rerun_of(args))
     except KeyboardInterrupt:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from bench import methods
 from bench.results.records import append_record
 from bench.sweeps import ablation as ab
 from reproduce import ablation as cli
@@ -148,15 +149,19 @@ def test_dry_run_runs_nothing(
     # the default: the protocol, its stages per method, one command line, nothing run
     cli.main(argv)
     out = capsys.readouterr().out
-    assert "protocol equal-budget-v2" in out and "4 tuning runs" in out  # dense tuned too
-    assert "tuning: 4 runs (dense 2, hitopk 2)" in out
-    # a quick try on the local cluster times on it too: no root, no emulated cluster
-    assert "timing pass: 4 runs on local (dense 2, hitopk 2)" in out and "emulated" not in out
+    assert "protocol equal-budget-v3" in out and "6 tuning runs" in out  # dense tuned too
+    assert "tuning: 6 runs (dense 3, hitopk 3)" in out  # one knob setting at 3 rates
+    assert "a smoke test, not the protocol: 1 tuning seed" in out
+    # a quick try on the local cluster measures nothing: no root, no emulated cluster
+    assert "timing pass" not in out and "emulated" not in out
+    assert "no measured cluster: each cluster's number is the model's projection" in out
     assert "first: python -m reproduce train " in out and "line: --verbose)" in out
-    assert "tune 1:" not in out and len(out.splitlines()) <= 12
-    cli.main([*argv, "--verbose"])  # every job's command line
+    assert "tune 1:" not in out and len(out.splitlines()) <= 13
+    cli.main([*argv, "--verbose", "--measured", "paper"])  # every job's command line
     out = capsys.readouterr().out
-    assert "results.protocol_role=time" in out and "tune 3: python -m reproduce train" in out
+    assert "shaping: 4-20 runs on measured-1.34" in out and "timing pass: 4 runs on" in out
+    assert "results.protocol_role=shape" in out and "tune 3: python -m reproduce train" in out
+    assert "cluster=emulated cluster.nnodes=2 cluster.nproc_per_node=2 cluster.profile=paper" in out
     assert "results.protocol_role=tune" in out and "comm=hitopk" in out
     assert not res.exists()
     grid = ["--grid", "--comm", "dense", "--seeds", "2", "--cluster", "local", "--verbose"]
@@ -203,7 +208,7 @@ def test_bad_input_exits_2_with_one_line(
 
 @pytest.mark.slow
 def test_quick_ablation_trains_and_tabulates(tmp_path: Path) -> None:
-    """The real thing, tiny: the quick protocol's 4 jobs, each a recorded run."""
+    """The real thing, tiny: the quick protocol's jobs, each a recorded run."""
     tiny = [o for o in TINY if not o.startswith("train.progress")]
     p = run_cli(
         "ablation", "--quick", "--cluster", "local", "--results-dir", str(tmp_path),
@@ -216,12 +221,17 @@ def test_quick_ablation_trains_and_tabulates(tmp_path: Path) -> None:
     df = pd.read_csv(tmp_path / "ablation" / f"{sweep}.csv")
     assert sorted(df["comm"]) == ["dense", "hitopk"] and (df["n_runs"] == 1).all()
     tuning = pd.read_csv(tmp_path / "ablation" / f"{sweep}-tuning.csv")
-    assert len(tuning[tuning["comm"] == "hitopk"]) == 2 and tuning["selected"].sum() == 2
+    k = tuning["cluster"].nunique()  # a row per trial and cluster
+    assert len(tuning[(tuning["comm"] == "hitopk") & (tuning["extension"] == 0)]) == 3 * k
+    assert tuning["selected"].sum() == 2 * k
     recs = [json.loads(x) for x in (tmp_path / "runs.jsonl").read_text().splitlines()]
     assert {r["config"]["results"]["sweep_id"] for r in recs} == {sweep}
     assert all(r["nnodes"] == 2 for r in recs)
-    roles = sorted(r["protocol"]["role"] for r in recs)
-    assert roles == ["eval", "eval", "tune", "tune"]  # 2 hitopk trials, then dense and hitopk
+    roles = [r["protocol"]["role"] for r in recs]
+    # 3 trials of each method, their 2 timing runs each, any rate extension, then one
+    # evaluation run of each method's configuration (every cluster selects the same)
+    assert roles.count("time") == 4 and roles.count("eval") == 2
+    assert roles.count("tune") == 6 + 2 * tuning["extension"].max()
 
 
 def test_emulated_cluster_takes_the_paper_profile_when_it_has_one(
@@ -266,7 +276,7 @@ def test_the_default_protocol_runs_each_workload_in_turn(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """No --workload: one sweep per workload, both planned before either runs; the
-    translation sweep with its own defaults (2 x 2 workers, one tuning seed, nine methods)."""
+    translation sweep with its own experiment (2 x 2 workers, 2 tuning seeds)."""
     import bench.sweeps.common as common
 
     def no_run(*a, **k):
@@ -278,15 +288,17 @@ def test_the_default_protocol_runs_each_workload_in_turn(
     out = capsys.readouterr().out
     sweeps = [line for line in out.splitlines() if line.startswith("sweep ablation-")]
     assert len(sweeps) == 2
-    # v2: every default method (dense, fp16, DeMo and the sync strategies too) x 6 trials x
-    # the tuning seeds, and a timing pass; every method is priced by the step-time model
-    assert "on dawnbench_digits" in sweeps[0] and "96 tuning runs" in sweeps[0]
+    # every default method (dense, fp16, DeMo and the sync strategies too) x 6 trials x
+    # 2 tuning seeds on both workloads, and a timing pass; every method is priced by the
+    # step-time model
+    n = 6 * 2 * len(methods.defaults())
+    assert "on dawnbench_digits" in sweeps[0] and f"{n} tuning runs" in sweeps[0]
     assert "on transformer_protocol" in sweeps[1]
-    assert "48 tuning runs" in sweeps[1] and "then 10 evaluation seeds" in sweeps[1]
+    assert f"{n} tuning runs" in sweeps[1] and "then 10 evaluation seeds" in sweeps[1]
     assert "not priced" not in out
     text = out[out.index(sweeps[1]) :]
     assert "cluster.nnodes=2 cluster.nproc_per_node=2" in text and "comm=topk" not in text
-    assert "tuning seeds [1000]" in text
+    assert "tuning seeds [1000, 1001]" in text and "evaluation every 12 steps" in text
     assert "in all: 2 sweeps, " in out.splitlines()[-1]  # the workloads' totals, summed
     assert not res.exists()
     # a named workload, or a sweep id, is one sweep

@@ -162,7 +162,7 @@ def test_fp16_and_powersgd_bucket_times():
 
 
 def test_resnet50_buckets_follow_ddp():
-    numel, shapes = projection.resnet50_buckets()
+    numel, shapes = projection.model_buckets("resnet50")
     assert sum(numel) == pm.RESNET50_NUMEL and len(shapes) == len(numel) > 2
     # the last parameter (the classifier's bias) is reduced first
     assert shapes[0][0] == (1000,)

@@ -64,9 +64,9 @@ def test_a_profile_needs_the_emulated_cluster_and_a_known_name():
 
 
 def test_host_contention_counts_every_emulated_worker_on_this_host():
-    assert profile.host_contention(2, 2, 1, 2) == 2.0  # 4 one-thread workers, 2 cores
-    assert profile.host_contention(1, 2, 1, 2) == 1.0
-    assert profile.host_contention(2, 2, 4, 16) == 1.0  # never below 1
+    assert pm.host_contention(2, 2, 1, 2) == 2.0  # 4 one-thread workers, 2 cores
+    assert pm.host_contention(1, 2, 1, 2) == 1.0
+    assert pm.host_contention(2, 2, 4, 16) == 1.0  # never below 1
 
 
 def test_apply_times_this_host_and_sets_the_link():

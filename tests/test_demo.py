@@ -230,7 +230,7 @@ def test_demo_needs_the_local_gradients_of_nocomm() -> None:
 def test_the_model_prices_the_allgather_on_the_paper_cluster() -> None:
     from bench.cluster import projection
 
-    _, shapes = projection.resnet50_buckets()
+    _, shapes = projection.model_buckets("resnet50")
     params = [s for b in shapes for s in b]
     packet = packet_bytes(params, 64, 32)
     pairs = sum(Chunking.of(s, 64, 32).pairs for s in params)

@@ -216,8 +216,8 @@ def test_ablation_dry_run_writes_nothing_and_says_how_long(
 ) -> None:
     """The translation protocol's dry run: no corpus, tokenizer, plan or folder made (in
     the repository, the results dir or the cache under HOME), the data line said once,
-    the expected duration said, and (a quick try on the local cluster, timed there) no
-    need of root."""
+    the expected duration said, and (a quick try on the local cluster, nothing measured)
+    no need of root."""
     from bench.results.env import REPO_ROOT
 
     runs = tmp_path / "runs"
@@ -228,7 +228,7 @@ def test_ablation_dry_run_writes_nothing_and_says_how_long(
     assert _tree(REPO_ROOT, tmp_path) == before
     assert out.count("data=translation:") == 1 and "would be made" in out
     assert "minutes on 2 cores" in out
-    assert "timing pass: " in out and " on local" in out and "needs root" not in out
+    assert "no measured cluster" in out and " on local" in out and "needs root" not in out
 
 
 def test_vocabulary_line_is_said_once(tmp_path: Path, capsys) -> None:

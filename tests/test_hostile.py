@@ -285,7 +285,7 @@ def _fake_record(run_id: str, kv: dict[str, str]) -> dict:
 
 def _queue(ran: list[str], disk: dict[str, int]):
     """A run queue whose jobs record :func:`_fake_record`; while ``disk["errors"]`` counts
-    down, the timing runs' workers end in ``error`` (their disk is full), and at 0 the
+    down, the tuning runs' workers end in ``error`` (their disk is full), and at 0 the
     queue's own launch file does not fit (``disk["full"]``)."""
     import errno
 
@@ -294,7 +294,7 @@ def _queue(ran: list[str], disk: dict[str, int]):
         for job in jobs:
             kv = dict(o.split("=", 1) for o in job if "=" in o)
             rid = f"20261203-000000-{len(ran):06x}"  # a run id's form
-            full = disk["full"] and kv["results.protocol_role"] == "time"
+            full = disk["full"] and kv["results.protocol_role"] == "tune"
             if full and disk["errors"] == 0:
                 launch = Path(sweep_dir) / f"run-{rid}.json"
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(launch))
@@ -342,7 +342,7 @@ def test_a_full_disk_sweep_finishes_with_the_tables_of_an_undisturbed_one(
     ablation.main([*quick, "--sweep-id", "s0", "--results-dir", str(tmp_path / "calm")])
     capsys.readouterr()
 
-    disk = {"full": 1, "errors": 3}  # 3 timing runs fail, then the sweep's own write
+    disk = {"full": 1, "errors": 3}  # 3 tuning runs fail, then the sweep's own write
     monkeypatch.setattr(common, "run_queued", _queue(ran, disk))
     res = tmp_path / "full"
     with pytest.raises(SystemExit) as e:

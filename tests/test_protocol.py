@@ -1,6 +1,7 @@
 """The tuning protocol on fixture records: the selection rule, evaluation seeds disjoint
 from tuning seeds, intervals against a direct computation, the run order, a sweep
-interrupted half way that resumes, and a plan of retired rules refused."""
+interrupted half way that resumes, the rate extension that puts each selected rate inside
+what was tried, and a plan of retired rules refused."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from bench.cluster.netns import parse_bandwidth
 from bench.registry import ConfigError
 from bench.results.records import append_record, load_records, write_curve
+from bench.sweeps import extension
 from bench.sweeps import intervals as iv
 from bench.sweeps import protocol as pr
 from bench.sweeps import protocol_table as pt
@@ -120,26 +123,36 @@ def _value(text: str) -> Any:
         return text
 
 
-def _runner(plan: pr.Plan, ran: list[tuple], stop_after: int | None = None):
+def _in_order(plan: pr.Plan, comm: str, trial: str, lr: float) -> int:
+    """A trial's steps grow with its place in the grid, so every cluster selects each
+    method's first trial (its centre rate) where steps x time per step decides."""
+    return 40 + 5 * [t for t, _ in plan._space(comm)].index(trial)
+
+
+def _runner(plan: pr.Plan, ran: list[tuple], stop_after: int | None = None, steps_of=_in_order):
     """Each job recorded as a run would record it (a curve with its phases, a timing run's
-    time per step); a trial's steps grow with its place in the space, so every cluster
-    selects each method's first trial where steps x time per step decides."""
+    time per step); a tuning or evaluation run's steps to target are ``steps_of(plan, comm,
+    trial, its rate)`` (+ 0-2 by seed); the sweep dies after ``stop_after`` runs in all."""
 
     def run(jobs: list[list[str]], sweep_dir: Path, experiment: str) -> list[int]:
-        for n, job in enumerate(jobs):
-            if stop_after is not None and n == stop_after:
+        for job in jobs:
+            if stop_after is not None and len(ran) == stop_after:
                 raise _Stop  # the sweep dies here: the runs before it have their records
             kv = dict(o.split("=", 1) for o in job)
             role, trial = kv["results.protocol_role"], kv["results.protocol_trial"]
             comm, seed = kv["comm"], int(kv["train.seed"])
-            ran.append((comm, role, trial, seed))
+            ran.append((comm, role, trial, seed, kv.get("results.protocol_cluster", "")))
             rec = _rec(f"r{len(ran)}", comm, trial, seed, None, role)
             rec["config"]["cluster"]["name"] = kv["cluster"]
             rec["config"]["comm"] = {k[5:]: _value(v) for k, v in kv.items() if k[:5] == "comm."}
-            if role == "time":
-                rec["step_time_s"] = 0.01
+            rec["config"]["results"]["protocol_cluster"] = kv.get("results.protocol_cluster", "")
+            if role in ("time", "shape"):  # dense's comm / compute at 100 Mbit/s: 3
+                link = kv.get("cluster.inter_node_bandwidth", "100mbit")
+                rec["config"]["cluster"]["inter_node_bandwidth"] = link
+                comm_s = 0.0 if comm == "nocomm" else 0.03 * parse_bandwidth("100mbit")
+                rec["step_time_s"] = 0.01 + comm_s / parse_bandwidth(link)
             else:
-                steps = 40 + 5 * [t for t, _ in plan._space(comm)].index(trial) + seed % 3
+                steps = steps_of(plan, comm, trial, float(kv["optim.lr"])) + seed % 3
                 d = rec["config"]["comm"].get("density", 1.0) if comm != "dense" else 1.0
                 rec |= {"status": "ok", "steps_to_target": steps, "time_to_target_s": steps / 10}
                 write_curve(plan.results_dir, rec["run_id"], [{
@@ -151,40 +164,52 @@ def _runner(plan: pr.Plan, ran: list[tuple], stop_after: int | None = None):
     return run
 
 
-def test_an_interrupted_sweep_resumes_without_redoing_recorded_runs(tmp_path: Path) -> None:
+def test_an_interrupted_sweep_resumes_without_redoing_recorded_runs(
+    tmp_path: Path, monkeypatch
+) -> None:
     from bench.report.tables import is_protocol, protocol_section
+    from bench.sweeps import measured
+    from tests.test_measured import _model
 
-    plan = _plan(tmp_path, comms=("dense", "hitopk"), trials=2, eval_seeds=(0, 1, 2))
+    monkeypatch.setattr(measured, "_model", _model)  # the model's prediction, a stand-in
+    plan = _plan(tmp_path, comms=("dense", "hitopk"), trials=3, eval_seeds=(0, 1, 2))
     plan.save()
     ran: list[tuple] = []
     with pytest.raises(_Stop):  # two of the tuning runs, then the interruption
-        pr.run(plan, _runner(plan, ran, stop_after=2), tmp_path, write_table, log=lambda s: None)
-    assert len(ran) == 2 and len(plan.tune_jobs()) == 8
+        measured.run(
+            plan, _runner(plan, ran, stop_after=2), tmp_path, write_table, log=lambda s: None
+        )
+    assert len(ran) == 2 and len(plan.tune_jobs()) == 12
     again = pr.Plan.load(tmp_path, SWEEP)
     assert again.tune_jobs() == plan.tune_jobs()  # the same order, from the saved seed
-    pr.run(again, _runner(again, ran), tmp_path, write_table, log=lambda s: None)
+    measured.run(again, _runner(again, ran), tmp_path, write_table, log=lambda s: None)
     recs = sweep_records(tmp_path, SWEEP)
     picked = pr.chosen(again, recs)
-    assert picked["emulated"] == {c: again._space(c)[0][0] for c in again.comms}
+    assert picked["measured-1.34"] == {c: again._space(c)[0][0] for c in again.comms}
     n = len(again.tune_jobs()) + len(again.timing_jobs()) + len(again.eval_jobs(picked))
-    assert len(ran) == len(set(ran)) == n  # every job once, none twice
+    shaped = sum(r[1] == "shape" for r in ran)
+    assert len(ran) == len(set(ran)) == n + shaped  # every job once, none twice
     assert pr.complete(again, recs) and not pr.pending(plan.tune_jobs(), recs)
     tuning = pd.read_csv(tmp_path / "ablation" / f"{SWEEP}-tuning.csv")
     assert tuning["selected"].sum() == 2 * len(pr.clusters(again))
+    assert not tuning["extension"].any()  # the centre rate selected: inside what was tried
     before = len(load_records(tmp_path))
-    pr.run(again, _runner(again, ran), tmp_path, write_table, log=lambda s: None)  # nothing left
+    quiet = {"log": lambda s: None}
+    measured.run(again, _runner(again, ran), tmp_path, write_table, **quiet)  # nothing left
     assert len(load_records(tmp_path)) == before
     df = pt.aggregate(again, recs)
-    emu = df[df["for_cluster"] == "emulated"].set_index("comm")
+    emu = df[df["for_cluster"] == "measured-1.34"].set_index("comm")
     assert sorted(emu.index) == ["dense", "hitopk"] and (emu["n_runs"] == 3).all()
     assert (emu["measured_on"] == "clock").all() and list(df.columns) == pt.COLUMNS
     # the report shows the table, its intervals and its tuning trials
     write_table(df, tmp_path / "ablation" / f"{SWEEP}.csv")
     paths = sorted((tmp_path / "ablation").glob("*.csv"))
     assert [p.name for p in paths if is_protocol(p)] == [f"{SWEEP}-tuning.csv", f"{SWEEP}.csv"]
+    assert (tmp_path / "ablation" / f"{SWEEP}-prediction.csv").exists()
     text = "\n".join(protocol_section(paths, tmp_path))
     assert f"From `ablation/{SWEEP}.csv` ({len(df)} configurations)" in text
-    assert f"| emulated | dawnbench_digits | hitopk | {emu.loc['hitopk', 'trial']} | 3/3 |" in text
+    trial = emu.loc["hitopk", "trial"]
+    assert f"| measured-1.34 | dawnbench_digits | hitopk | {trial} | 3/3 |" in text
     assert f"`{SWEEP}-tuning.csv`" in text
 
 
@@ -194,13 +219,14 @@ def test_a_plan_of_retired_rules_is_refused_in_one_line(tmp_path: Path, capsys) 
     plan = _plan(tmp_path)
     plan.save()
     saved = json.loads(plan.path().read_text())
-    plan.path().write_text(json.dumps({**saved, "name": "equal-budget-v1"}))
-    for flag in ("--aggregate", "--resume", "--status"):
-        with pytest.raises(SystemExit) as e:
-            main([flag, SWEEP, "--results-dir", str(tmp_path)])
-        err = capsys.readouterr().err.strip()
-        assert e.value.code == 2 and len(err.splitlines()) == 1, err
-        assert "protocol equal-budget-v1, whose rules are retired" in err
+    for old in ("equal-budget-v1", "equal-budget-v2"):
+        plan.path().write_text(json.dumps({**saved, "name": old}))
+        for flag in ("--aggregate", "--resume", "--status"):
+            with pytest.raises(SystemExit) as e:
+                main([flag, SWEEP, "--results-dir", str(tmp_path)])
+            err = capsys.readouterr().err.strip()
+            assert e.value.code == 2 and len(err.splitlines()) == 1, err
+            assert f"protocol {old}, whose rules are retired" in err
 
 
 def test_tuning_runs_never_enter_the_reports_comparison(tmp_path: Path) -> None:
@@ -211,3 +237,79 @@ def test_tuning_runs_never_enter_the_reports_comparison(tmp_path: Path) -> None:
     ]
     (row,) = config_stats(run_table(recs, tmp_path)).itertuples()
     assert row.n_runs == 2 and row.tt_mean == pytest.approx(10.5) and "t1" not in row.run_ids
+
+
+def _lowest_at(quarter: bool):
+    """Steps to target by rate (x the centre 0.4): falling as the rate drops, down to a
+    minimum at 0.25x (``quarter``), else all the way down."""
+
+    def steps(plan: pr.Plan, comm: str, trial: str, lr: float) -> int:
+        x = math.log2(lr / 0.4)
+        return round(50 + 10 * abs(x + 2)) if quarter else round(60 + 5 * x)
+
+    return steps
+
+
+def test_the_rate_extension_puts_the_minimum_inside_and_resumes_without_redoing(
+    tmp_path: Path,
+) -> None:
+    """Steps fall as the rate drops to 0.25x: the grid's 0.5x is selected at its edge, so
+    0.25x is tuned (round 1), selected at the edge again, so 0.125x (round 2); then 0.25x
+    has a rate tried on either side and evaluation starts.  Interrupted inside round 1,
+    the sweep resumes and runs every job once."""
+    plan = _plan(tmp_path, comms=("dense",), trials=3, eval_seeds=(0, 1), measured=())
+    plan.save()
+    ran: list[tuple] = []
+    steps, logs = _lowest_at(quarter=True), []
+    with pytest.raises(_Stop):  # the grid (6), one of round 1's runs (nothing measured)
+        pr.run(plan, _runner(plan, ran, 7, steps), tmp_path, write_table, log=lambda s: None)
+    again = pr.Plan.load(tmp_path, SWEEP)
+    recs = sweep_records(tmp_path, SWEEP)
+    ext = pr.extend(again, recs)
+    assert ext.rounds == 1 and not ext.settled and len(ext.jobs) == 2
+    assert (
+        "rate extension: 1 of 2 recorded (1 ok), 1 without a record in 1 round(s), more to decide"
+        in pr.status(again, recs)
+    )
+    (gap,) = pt.tuning_gaps(again, recs)  # its tuning table is partial
+    assert gap == "1 of 8 tuning, timing and rate-extension runs lack a record or failed"
+    pr.run(again, _runner(again, ran, None, steps), tmp_path, write_table, log=logs.append)
+    recs = sweep_records(tmp_path, SWEEP)
+    ext = pr.extend(again, recs)
+    assert ext.settled and ext.rounds == 2 and not ext.at_edge
+    n = len(again.tune_jobs()) + len(again.timing_jobs()) + len(ext.jobs) + 2  # 2 eval seeds
+    assert len(ran) == len(set(ran)) == n == 12  # every job once
+    tuning = pd.read_csv(tmp_path / "ablation" / f"{SWEEP}-tuning.csv")
+    picked = tuning[tuning["selected"]]
+    assert set(picked["trial"]) == {"wu1ep-lr0.25x"} and not picked["rate_at_edge"].any()
+    rounds = dict(zip(tuning["trial"], tuning["extension"], strict=False))
+    assert rounds["wu1ep-lr0.25x"] == 1 and rounds["wu1ep-lr0.125x"] == 2
+    assert rounds["wu1ep-lr0.5x"] == 0
+    assert any(line.startswith("rate extension, round 2: 2 of 4") for line in logs)
+    ev = [r for r in recs if r["protocol"]["role"] == "eval"]
+    assert {r["protocol"]["trial"] for r in ev} == {"wu1ep-lr0.25x"}
+    over = again.overrides(pr.Job(pr.EVAL, "dense", "wu1ep-lr0.25x", 0))
+    assert "optim.lr=0.1" in over and "optim.warmup_epochs=1.0" in over
+    before = len(load_records(tmp_path))  # a rerun of --resume recomputes, redoes nothing
+    pr.run(again, _runner(again, ran, None, steps), tmp_path, write_table, log=lambda s: None)
+    assert len(load_records(tmp_path)) == before
+
+
+def test_the_rate_extension_stops_at_its_bound_and_says_so(tmp_path: Path) -> None:
+    """Steps that fall all the way down: MAX_ROUNDS rounds (0.25x to 0.03125x), then the
+    selection, still at the smallest rate tried, is named in the log and the table."""
+    plan = _plan(tmp_path, comms=("dense",), trials=3, eval_seeds=(0,), measured=())
+    logs: list[str] = []
+    ran: list[tuple] = []
+    pr.run(plan, _runner(plan, ran, None, _lowest_at(quarter=False)), tmp_path, write_table,
+           log=logs.append)  # fmt: skip
+    recs = sweep_records(tmp_path, SWEEP)
+    ext = pr.extend(plan, recs)
+    assert ext.settled and ext.rounds == extension.MAX_ROUNDS == 4
+    assert len(ext.jobs) == 4 * len(plan.tune_seeds) and ext.at_edge
+    assert any(f"bound of {extension.MAX_ROUNDS} rounds" in s and "wu1ep-lr0.03125x" in s
+               for s in logs)  # fmt: skip
+    tuning = pd.read_csv(tmp_path / "ablation" / f"{SWEEP}-tuning.csv")
+    picked = tuning[tuning["selected"]]
+    assert set(picked["trial"]) == {"wu1ep-lr0.03125x"} and picked["rate_at_edge"].all()
+    assert any("bound of 4 rounds" in line for line in pr.status(plan, recs))

@@ -112,18 +112,13 @@ def test_the_interval_is_the_bootstrap_a_direct_computation_gives(tmp_path):
     assert set(df[df.vs_role == "best peer"].vs) <= {"fp16", "hitopk"}
 
 
-def test_where_each_method_stops_winning(tmp_path):
+def test_a_method_loses_where_compute_dominates_and_wins_where_the_link_does(tmp_path):
     runs = _fixture(tmp_path)
-    grid = [0.1, 0.3, 1.0, 3.0, 10.0]
-    df = R.compose(runs, grid, n_boot=200)
+    df = R.compose(runs, [0.1, 0.3, 1.0, 3.0, 10.0], n_boot=200)
     s = df[(df.group == "hitopk") & (df.vs_role == "dense")].sort_values("ratio")
-    # more steps than dense: hitopk loses where compute dominates and wins where the link does
+    # more steps than dense: below 1 at the smallest ratio, above it at the largest
     assert s.speedup.iloc[0] < 1 < s.speedup.iloc[-1]
-    w = R.stops_winning(df).set_index(["group", "vs_role"]).loc[("hitopk", "dense")]
-    assert 0.1 < w.breakeven_ratio < 10.0
-    sp = pd.Series(s.speedup.to_numpy(), index=s.ratio.to_numpy())
-    below = sp[sp.index < w.breakeven_ratio]
-    assert (below <= 1).all()
+    assert s.speedup.is_monotonic_increasing
 
 
 def test_the_named_settings_sit_on_the_axis():
@@ -133,14 +128,6 @@ def test_the_named_settings_sit_on_the_axis():
     assert pts["paper-fp16"] == pytest.approx(pts["paper"])  # the same cluster
     with pytest.raises(ValueError):
         R.compute_for_ratio(0.0)
-
-
-def test_the_composition_checks_against_the_runs_own_clock(tmp_path):
-    runs = _fixture(tmp_path)
-    chk = R.end_to_end_check(runs).set_index("group")
-    # the fixture's clock is 1 s per epoch of 10 steps: the composition is exact
-    assert chk.loc["dense", "relative_error"] == pytest.approx(0.0)
-    assert chk.loc["hitopk", "n"] == 4  # the missed run has no time to target
 
 
 def test_runs_of_one_seed_are_one_sample(tmp_path):
@@ -207,7 +194,6 @@ def test_a_dense_phase_past_the_target_is_charged_as_dense(tmp_path):
     assert [(p.method, p.steps) for p in by["new"].phases] == [("dense", 8)]
     dense = R.step_time_s("dense", get("dense").knobs_of({}), 5.0)
     assert R.run_time_s(by["new"], 5.0) == pytest.approx(8 * dense)
-    assert "charged from their config" in R.accounting_notes(runs)[0]
     # past the dense epoch the log charges each step by its phase
     log_run = R.run_from_record(
         {

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from bench.cluster import perfmodel as pm
+from bench.cluster.calibration import DCT
 from bench.methods import get
 from bench.sweeps import scaling as sc
 from bench.sweeps import scaling_model as sm
@@ -27,14 +28,14 @@ def _k(name: str, h: int, fragments: int, delay: int):
 
 def _calibration() -> sm.Calibration:
     return sm.Calibration(buckets=BUCKETS, shapes=SHAPES, reduce_s=1e-9, dense_s=1e-9,
-                          scatter_s=1e-8, select_s={"mstopk": 1e-8, "demo": 5e-8},
+                          scatter_s=1e-8, select_s={"mstopk": 1e-8, DCT: 5e-8},
                           update_s=0.002, msg_lat_s=1e-4, intra_bw=1e9, cores=2)  # fmt: skip
 
 
 def _model(n: int, m: int, link_bps: float) -> tuple[pm.Workload, pm.Cluster, pm.Costs]:
     """The cluster, costs and workload :func:`sm.predict` builds (contention included)."""
     cal, f = _calibration(), sm.contention(n, m, 2)
-    c = pm.Cluster(n, m, inter_bw=link_bps / 8 * sm.link_efficiency(),
+    c = pm.Cluster(n, m, inter_bw=link_bps / 8 * pm.link_efficiency(),
                    inter_lat=cal.msg_lat_s * f, intra_bw=cal.intra_bw / f,
                    intra_lat=cal.msg_lat_s * f)  # fmt: skip
     wl = pm.Workload(buckets=BUCKETS, compute_s=0.3, update_s=cal.update_s * f, shapes=SHAPES,

@@ -238,29 +238,29 @@ def test_bad_launcher_input_is_one_line_and_exit_2(tmp_path: Path, capsys, args,
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "runs.jsonl").exists()
 
 
-def test_on_a_real_cluster_the_protocol_checks_on_its_own_links(
+def test_the_measured_clusters_are_emulated_on_one_machine_only(
     tmp_path: Path, capsys, monkeypatch
 ) -> None:
-    """Through a launcher onto a real cluster (``cluster=multinode``) the timing pass and
-    the end-to-end check run on its nodes, not on the emulated cluster (root, namespaces
-    inside a job); on one machine the emulated cluster stays the check, but for a quick
-    try on the local cluster, which needs no root."""
+    """Through a launcher onto a real cluster (``cluster=multinode``) nothing is measured
+    (the emulated cluster needs root and namespaces on one machine): no shaping, no timing
+    pass; on one machine the measured clusters are emulated (root), but for a quick try on
+    the local cluster, which needs no root."""
     monkeypatch.setenv("BENCH_RDZV_ENDPOINT", "n0:29500")
     code, out, err = _main(capsys, "--quick", "--launcher", "submitit_local", "--cluster",
                            "multinode", "--dry-run", "--verbose", "--results-dir",
                            str(tmp_path))  # fmt: skip
     assert code == 0, err
-    timing = [ln for ln in out.splitlines() if ln.startswith("time ")]
-    assert timing and all("cluster=multinode" in ln and "emulated" not in ln for ln in timing)
-    assert "(multinode, paper-224, paper, paper-b64)" in out and "needs root" not in out
+    assert not [ln for ln in out.splitlines() if ln.startswith(("time ", "shape "))]
+    assert "(paper-224, paper, paper-b64)" in out and "needs root" not in out
     code, out, err = _main(capsys, "--cluster", "local", "--comm", "dense,hitopk",
                            "--dry-run", "--results-dir", str(tmp_path))  # fmt: skip
     assert code == 0, err
-    assert "(emulated, paper-224, paper, paper-b64)" in out and "needs root" in out
+    assert "(measured-1.34, measured-5.37, paper-224, paper, paper-b64)" in out
+    assert "needs root" in out
     code, out, err = _main(capsys, "--quick", "--cluster", "local", "--dry-run",
                            "--results-dir", str(tmp_path))  # fmt: skip
     assert code == 0, err
-    assert "(local, paper-224, paper, paper-b64)" in out and "needs root" not in out
+    assert "(paper-224, paper, paper-b64)" in out and "needs root" not in out
 
 
 # -- real runs through submitit's local executor ------------------------------------------

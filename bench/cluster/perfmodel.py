@@ -1,18 +1,27 @@
 """Alpha-beta model of gradient aggregation and of one data-parallel training step.
 
 Each collective is stages of ``steps * alpha + bytes / B`` (bytes from
-:mod:`bench.comm.cost`) plus per-element compute, calibrated on micro-measurements only;
-a method's schedule of them is its spec's (bench/methods/); docs/internals/cluster.md."""
+:mod:`bench.comm.cost`) plus per-element compute, calibrated on micro-measurements only
+(:mod:`bench.cluster.calibration`); a method's schedule of them is its spec's
+(bench/methods/).  :func:`emulated` is an emulated cluster and :func:`workload_shapes` an
+experiment's own network, as the specs price them; docs/internals/cluster.md."""
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
 
+from bench.cluster import calibration
+from bench.cluster.calibration import Costs
 from bench.comm import cost
 
 RESNET50_NUMEL = 25_557_032  # parameters of torchvision's ResNet-50
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"  # the runs' Hydra configs
 
 
 @dataclass(frozen=True)
@@ -26,20 +35,24 @@ class Cluster:
     intra_bw: float = 100e9  # between workers of one node, bytes/s (NVLink ~ 100 GB/s)
     intra_lat: float = 10e-6
     hierarchical_dense: bool = False  # dense as NCCL's hierarchical allreduce
+    # the compute-only step measured on this cluster (forward, backward, update, loader; s):
+    # it replaces the workload's compute and update; None keeps them
+    compute_s: float | None = None
+    slowdown: float = 1.0  # how much slower each worker runs a cost than alone (shared cores)
 
     @property
     def world(self) -> int:
         return self.nodes * self.procs_per_node
 
 
-@dataclass(frozen=True)
-class Costs:
-    """Per-element compute costs of aggregation (s per element)."""
-
-    select_s: float = 0.0  # selection stage (error feedback + top-k), per element scanned
-    scatter_s: float = 0.0  # scatter-add, per received pair
-    dense_s: float = 0.0  # one elementwise pass (zero, add residual, scale), per element
-    reduce_s: float = 0.0  # summation inside a reduction, per element added
+def on_cluster(wl: Workload, c: Cluster, k: Costs) -> tuple[Workload, Cluster, Costs]:
+    """The workload and costs as they run on ``c`` (its measured compute step, its workers'
+    slowdown), and ``c`` with both applied (pricing it again changes nothing)."""
+    if c.compute_s is not None:
+        wl = replace(wl, compute_s=c.compute_s, update_s=0.0)
+    if c.slowdown != 1.0:
+        k = k.scaled(c.slowdown)
+    return wl, replace(c, compute_s=None, slowdown=1.0), k
 
 
 @dataclass(frozen=True)
@@ -101,17 +114,33 @@ def dense_allreduce(d: float, c: Cluster, k: Costs, elem_bytes: int = 4) -> floa
     return reduce(d, c, k, elem_bytes)
 
 
+def lowrank_time(shapes: Sequence[Sequence[int]], rank: int, k: Costs) -> float:
+    """PowerSGD's compute on the matrices of one bucket that it compresses (s): per n x m
+    matrix at rank r three products of 2 n m r flops (``P = M Q``, ``Q = M^T P``, the
+    rebuild ``P Q^T``) and one orthogonalisation of P (torch's QR, 2 n r^2 flops)."""
+    t = 0.0
+    for s in shapes:
+        if cost.powersgd_sizes([s], rank)[1]:  # a matrix it compresses
+            n = s[0]
+            m = math.prod(s) // n
+            r = min(rank, n, m)
+            t += 3 * (k.matmul_call_s + 2 * n * m * r * k.matmul_s)
+            t += k.qr_call_s + 2 * n * r * r * k.qr_s
+    return t
+
+
 def powersgd(
     d: int, c: Cluster, k: Costs, shapes: Sequence[Sequence[int]] | None, rank: int
 ) -> float:
-    """PowerSGD's allreduces of one bucket and its 4 elementwise passes (s)."""
+    """PowerSGD's allreduces of one bucket, its 4 elementwise passes and its low-rank
+    products and orthogonalisation (s)."""
     if c.world == 1:
         return 0.0
     plain, pq = cost.powersgd_sizes(shapes or [(d,)], rank)
     t = dense_allreduce(plain, c, k) if plain else 0.0
     if pq:  # P, then Q: two collectives
         t += 2 * dense_allreduce(pq / 2, c, k)
-    return t + 4 * d * k.dense_s
+    return t + 4 * d * k.dense_s + lowrank_time(shapes or (), rank, k)
 
 
 def topk_allgather(d: int, density: float, c: Cluster, k: Costs) -> float:
@@ -260,3 +289,103 @@ def sync_step_time(
         raise ValueError("sync_every and fragments must be >= 1, delay >= 0")
     frag = outer_sync_time(wl.numel / fragments, c)
     return inner_s + fragments * max(0.0, frag - delay * inner_s) / sync_every
+
+
+def link_efficiency() -> float:
+    """Payload share of a shaped link carrying as much each way (TCP/IP framing, ACKs)."""
+    payload = 2**20
+    return payload / cost.on_wire(payload, payload)
+
+
+def host_contention(nodes: int, procs: int, threads: int, cores: int) -> float:
+    """How much slower each worker computes when all ``nodes x procs`` workers of the
+    emulated cluster, ``threads`` intra-op threads each, share this host's ``cores``."""
+    return max(1.0, nodes * procs * threads / max(1, cores))
+
+
+def emulated(
+    bandwidth_bps: float, nnodes: int, nproc: int, compute_s: float, latency_s: float = 0.0002,
+    loopback: tuple[float, float] | None = None,
+) -> Cluster:  # fmt: skip
+    """The emulated cluster (bench/cluster/emulated.py) of ``nnodes x nproc`` workers on
+    this host, as the specs price it: each node's link the tc-shaped ``bandwidth_bps``
+    (bits/s; TCP/IP framing leaves :func:`link_efficiency` of it to the payload) with the
+    netem delay ``latency_s`` (s, one way) on every message step; a node's workers on
+    loopback (``loopback``: s per message step and bytes/s, else this CPU's calibration
+    rows); ``compute_s`` the compute-only step measured there (s); and every compute cost
+    and loopback transfer slowed by the workers sharing this host's cores."""
+    from bench.cluster.emulated import worker_threads  # deferred: the launcher's module
+
+    if bandwidth_bps <= 0 or nnodes < 1 or nproc < 1 or compute_s < 0 or latency_s < 0:
+        raise ValueError(f"emulated() needs a positive link, cluster and compute ({bandwidth_bps}, "
+                         f"{nnodes} x {nproc}, {compute_s} s, {latency_s} s)")  # fmt: skip
+    world = nnodes * nproc
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    f = host_contention(nnodes, nproc, worker_threads(0, world), cores or 1)
+    lat, bw = loopback or calibration.loopback("cpu")
+    return Cluster(nnodes, nproc, inter_bw=bandwidth_bps / 8 * link_efficiency(),
+                   inter_lat=latency_s + lat * f, intra_bw=bw / f, intra_lat=lat * f,
+                   compute_s=compute_s, slowdown=f)  # fmt: skip
+
+
+def ddp_buckets(
+    net: Any, bucket_cap_mb: float = 25.0
+) -> tuple[tuple[int, ...], tuple[tuple[tuple[int, ...], ...], ...]]:
+    """``net``'s trainable parameters as DDP buckets them at wrapping (parameters in
+    reverse order, a small first bucket, then ``bucket_cap_mb`` MiB): each bucket's
+    elements and parameter shapes."""
+    import torch.distributed as dist  # deferred: the shapes only
+
+    rev = [p for p in reversed(list(net.parameters())) if p.requires_grad]
+    limits = [dist._DEFAULT_FIRST_BUCKET_BYTES, int(bucket_cap_mb * 2**20)]
+    assignment, _ = dist._compute_bucket_assignment_by_size(rev, limits, [False] * len(rev))
+    shapes = tuple(tuple(tuple(rev[i].shape) for i in b) for b in assignment)
+    return tuple(sum(math.prod(s) for s in b) for b in shapes), shapes
+
+
+def experiment_config(experiment: str) -> dict[str, Any]:
+    """``conf/experiment/<experiment>.yaml`` composed by Hydra over conf/config.yaml, as a
+    plain dict (the run schema's defaults where bench.config registered it, else the YAML
+    alone: read through each group's own dataclass)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+
+    from bench.registry import ConfigError
+
+    store = ConfigStore.instance()
+    if "base_config.yaml" not in store.repo:  # the schema is a floor above this module
+        store.store(name="base_config", node={})
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=[f"experiment={experiment}"])
+    except HydraException as e:
+        raise ConfigError(f"experiment {experiment!r}: {str(e).splitlines()[0]}") from e
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+
+@functools.lru_cache(maxsize=8)
+def workload_shapes(experiment: str) -> Workload:
+    """``experiment``'s own network as the model prices it: built by :mod:`bench.models`
+    from its config for its data's classes or vocabulary (the workload builders' call), on
+    the meta device, and bucketed as DDP buckets it at its ``comm.bucket_cap_mb``; each
+    bucket's elements and parameter shapes, no compute (an emulated cluster's comes with
+    :func:`emulated`)."""
+    import torch
+
+    from bench.comm.config import CommConfig
+    from bench.data import build_data
+    from bench.data.config import CacheConfig, DataConfig
+    from bench.models import build_model
+    from bench.models.config import ModelConfig
+
+    cfg = experiment_config(experiment)
+    data = build_data(DataConfig(**cfg["data"]), CacheConfig(**cfg["cache"]), 0, 1,
+                      torch.device("cpu"), 0)  # fmt: skip
+    with torch.device("meta"):
+        net = build_model(ModelConfig(**cfg["model"]), data.num_classes, data.in_channels)
+    buckets, shapes = ddp_buckets(net, CommConfig(**cfg["comm"]).bucket_cap_mb)
+    return Workload(buckets=buckets, shapes=shapes)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -76,10 +75,24 @@ ASSUMPTIONS: dict[str, Assumption] = {
     "scatter_s": Assumption(1e-9, 1e-9, 1e-9, "assumed: GPU scatter-add, 1 ns per pair"),
     "dense_s": Assumption(2e-11, 2e-11, 2e-11, "assumed: an elementwise pass at ~200 GB/s"),
     "reduce_s": Assumption(2e-11, 2e-11, 2e-11, "assumed: a summation pass at ~200 GB/s"),
+    "matmul_s": Assumption(
+        1 / 1.8e12, 1 / 1.8e12, 1 / 1.8e12,
+        "assumed: PowerSGD's rank-4 product reads its n x m matrix once from HBM2 at 900 GB/s "
+        "(2 n m r flops per 4 n m B: 1.8 Tflop/s at r = 4), s per flop",
+    ),
+    "matmul_call_s": Assumption(5e-6, 5e-6, 5e-6, "assumed: one CUDA kernel launch, s"),
+    "qr_s": Assumption(1e-11, 1e-11, 1e-11, "assumed: cuSOLVER's QR of a thin n x r matrix at "
+                       "~0.1 Tflop/s, s per flop"),
+    "qr_call_s": Assumption(5e-5, 5e-5, 5e-5, "assumed: cuSOLVER's QR of a thin matrix is "
+                            "latency-bound, about 10 kernels of 5 us per call"),
 }  # fmt: skip
-GPU_COSTS = pm.Costs(
-    **{k: ASSUMPTIONS[k].value for k in ("select_s", "scatter_s", "dense_s", "reduce_s")}
-)
+COST_NAMES = ("select_s", "scatter_s", "dense_s", "reduce_s", "matmul_s", "matmul_call_s",
+              "qr_s", "qr_call_s")  # fmt: skip
+# no GPU has calibration rows for the projected V100s: their costs are all assumed
+GPU_COSTS = pm.Costs(**{k: ASSUMPTIONS[k].value for k in COST_NAMES})
+# the network each workload's projection prices: the paper's ResNet-50, and the
+# Transformer at the size the Transformer's papers train (base, a 32,000-token vocabulary)
+PROJECTED_MODEL = {"classification": ("resnet50", 0), "translation": ("transformer_base", 32000)}
 
 
 def paper_cluster(nodes: int, gbps: float, nic_efficiency: float, procs: int = 8) -> pm.Cluster:
@@ -93,10 +106,10 @@ def paper_cluster(nodes: int, gbps: float, nic_efficiency: float, procs: int = 8
 def model_buckets(
     model: str = "resnet50", bucket_cap_mb: float = 25.0, vocab: int = 32000
 ) -> tuple[tuple[int, ...], tuple[tuple[tuple[int, ...], ...], ...]]:
-    """A model's gradient as DDP buckets it (DDP's own initial assignment: parameters in
-    reverse order, a small first bucket, then ``bucket_cap_mb`` MiB): each bucket's
-    elements and parameter shapes.  ``resnet50`` is torchvision's; the others are built by
-    :func:`bench.models.build_model` with a joint vocabulary of ``vocab`` tokens."""
+    """A model's gradient as DDP buckets it (:func:`bench.cluster.perfmodel.ddp_buckets`):
+    each bucket's elements and parameter shapes.  ``resnet50`` is torchvision's; the others
+    are built by :func:`bench.models.build_model` with a joint vocabulary of ``vocab``
+    tokens (a classifier: ``vocab`` classes, 10 when 0)."""
     import torch  # deferred: the shapes only, on the meta device
 
     with torch.device("meta"):
@@ -108,28 +121,11 @@ def model_buckets(
             from bench.models import build_model
             from bench.models.config import ModelConfig
 
-            net = build_model(ModelConfig(name=model), vocab)
+            net = build_model(ModelConfig(name=model), vocab or 10)
     return ddp_buckets(net, bucket_cap_mb)
 
 
-def ddp_buckets(
-    net: Any, bucket_cap_mb: float = 25.0
-) -> tuple[tuple[int, ...], tuple[tuple[tuple[int, ...], ...], ...]]:
-    """``net``'s trainable parameters as DDP buckets them at wrapping (parameters in
-    reverse order, a small first bucket, then ``bucket_cap_mb`` MiB): each bucket's
-    elements and parameter shapes."""
-    import torch.distributed as dist  # deferred, as in model_buckets
-
-    rev = [p for p in reversed(list(net.parameters())) if p.requires_grad]
-    limits = [dist._DEFAULT_FIRST_BUCKET_BYTES, int(bucket_cap_mb * 2**20)]
-    assignment, _ = dist._compute_bucket_assignment_by_size(rev, limits, [False] * len(rev))
-    shapes = tuple(tuple(tuple(rev[i].shape) for i in b) for b in assignment)
-    return tuple(sum(math.prod(s) for s in b) for b in shapes), shapes
-
-
-def resnet50_buckets() -> tuple[tuple[int, ...], tuple[tuple[tuple[int, ...], ...], ...]]:
-    """torchvision ResNet-50's DDP buckets (:func:`model_buckets`)."""
-    return model_buckets("resnet50")
+ddp_buckets = pm.ddp_buckets
 
 
 def paper_workload(
@@ -137,15 +133,19 @@ def paper_workload(
     hidden: Mapping[str, float],
     buckets: Sequence[int] | None = None,
     shapes: Sequence[Sequence[Sequence[int]]] | None = None,
+    workload: str = "classification",
 ) -> pm.Workload:
-    """A workload on the paper's cluster; no ``buckets``: ResNet-50's, with shapes."""
+    """A workload on the paper's cluster; no ``buckets``: the network of ``workload``'s
+    projection (:data:`PROJECTED_MODEL`), with shapes.  The update takes the assumed
+    ``update_s`` per ResNet-50's parameters (a pass over memory: linear in them)."""
     if buckets is None:
-        buckets, shapes = resnet50_buckets()
+        model, vocab = PROJECTED_MODEL[workload]
+        buckets, shapes = model_buckets(model, vocab=vocab)
     return pm.Workload(
         buckets=tuple(buckets),
         compute_s=compute_s,
         backward_frac=ASSUMPTIONS["backward_frac"].value,
-        update_s=ASSUMPTIONS["update_s"].value,
+        update_s=ASSUMPTIONS["update_s"].value * sum(buckets) / pm.RESNET50_NUMEL,
         hidden=dict(hidden),
         shapes=tuple(tuple(tuple(s) for s in b) for b in shapes) if shapes else None,
     )

@@ -1,11 +1,12 @@
 """Calibration rows of the performance model, measured here (gpucheck step ``calibrate``).
 
 ``python -m bench.gpucheck.calibrate [--cpu] [--out FILE] [--csv FILE] [--models ...]``: per
-model, what :mod:`bench.cluster.perfmodel` prices (forward-backward, update, PowerSGD's and
-DeMo's compute per step; the passes, each selector and the scatter-add per element or pair
-on the largest DDP bucket), one row per quantity in seconds, appended to the CSV that
-:mod:`bench.cluster.calibration` reads.  Needs torch (torchvision for ResNet-50); what each
-row measures: docs/internals/gpucheck.md.
+model, what :mod:`bench.cluster.perfmodel` prices (forward-backward, update, PowerSGD's
+products and QR per call and per flop, DeMo's compute per step; the passes, each selector
+and the scatter-add per element or pair on the largest DDP bucket; with ``--cpu`` the
+loopback path between two gloo workers), one row per quantity in seconds, appended to the
+CSV that :mod:`bench.cluster.calibration` reads.  Needs torch (torchvision for ResNet-50);
+what each row measures: docs/internals/gpucheck.md.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ CPU_MODELS = ("resnet9", "transformer_tiny")  # what the CPU's emulated runs tra
 DENSITIES = (0.001, 0.01)
 WORLD = 8  # workers whose pairs one scatter-add receives (the paper's node)
 RANK = 4  # PowerSGD's matrix_approximation_rank (conf/comm/powersgd.yaml)
+MIN_REPS = 15  # calls of which the fastest times a low-rank product or QR, and a message
 BUCKET_MB = 25.0
 # (batch, px) of an image model; (sentences, tokens each side) of a Transformer: the
 # paper's 64 images per GPU and the throughput benchmark's Transformer batch on CUDA,
@@ -98,6 +100,38 @@ def _lowrank(grads: list[torch.Tensor], rank: int) -> Callable[[], None]:
     return run
 
 
+def _lowrank_rates(grads: list[torch.Tensor], rank: int, timed: dict) -> dict[str, tuple]:
+    """PowerSGD's product ``M Q`` (2 n m r flops) and its orthogonalisation of P (torch's
+    QR of n x r, 2 n r^2 flops) timed once per distinct matrix shape of the model, each
+    fitted as ``call + flops * per_flop``: {"matmul"|"qr": (call s, s per flop, shapes)}.
+    Each time is the fastest of ``MIN_REPS`` calls at least: calls of micro- to
+    milliseconds that a shared machine's other processes preempt would otherwise set the
+    per-call cost (the median of 7 at load 9 on 2 cores put a call at 16 ms)."""
+    from bench.benchmarks.timing import interleaved_times
+    from bench.cluster.perfmodel import fit_alpha_beta
+
+    reps = max(MIN_REPS, timed["reps"])
+
+    def fastest_s(fn: Callable[[], Any]) -> float:
+        return min(interleaved_times({0: fn}, **{**timed, "reps": reps})[0]) / 1e3
+
+    shapes = sorted({(g.shape[0], g[0].numel()) for g in grads if g.dim() > 1})
+    got: dict[str, list[tuple[float, float]]] = {"matmul": [], "qr": []}
+    for n, m in shapes:
+        r = min(rank, n, m)
+        mat = torch.randn(n, m, device=grads[0].device)
+        q = torch.randn(m, r, device=mat.device)
+        p = mat @ q
+        s = fastest_s(lambda mat=mat, q=q, p=p: torch.matmul(mat, q, out=p))
+        got["matmul"].append((2.0 * n * m * r, s))
+        got["qr"].append((2.0 * n * r * r, fastest_s(lambda p=p: torch.linalg.qr(p.unsqueeze(0)))))
+    out = {}
+    for q, pts in got.items():
+        call, rate = fit_alpha_beta([f for f, _ in pts], [t for _, t in pts])
+        out[q] = (call, 1.0 / rate, len(pts))
+    return out
+
+
 def _demo(net: torch.nn.Module) -> Callable[[], None]:
     """DeMo's own work in one step: each parameter's transform, top-k and inverse of the
     part sent (``DeMo.extract``), then the inverse of an average as a decoding worker."""
@@ -139,6 +173,9 @@ def measure(name: str, device: torch.device, reps: int) -> list[dict[str, Any]]:
     add("update_s", median_s(opt.step, **timed), "step", numel)
     grads = [p.grad for p in params]
     add("lowrank_s", median_s(_lowrank(grads, RANK), **timed), "step", numel, rank=RANK)
+    for q, (call, per_flop, n) in _lowrank_rates(grads, RANK, timed).items():
+        add(f"{q}_s", per_flop, "flop", n, rank=RANK)
+        add(f"{q}_call_s", call, "call", n, rank=RANK)
     add("dct_s", median_s(_demo(net), **timed), "step", numel)
     del opt
     buckets, _ = ddp_buckets(net, BUCKET_MB)
@@ -220,6 +257,23 @@ def main(argv: list[str] | None = None) -> int:
         for r in rows:
             sink.add(r)
         write_csv(rows, path)  # each model's rows as soon as they are measured
+    if args.cpu:  # an emulated node's intra-node path: gloo over loopback, 2 workers
+        from bench.benchmarks.spawn import run_workers
+        from bench.cluster.calibration import LOOPBACK
+        from bench.cluster.perfmodel import fit_alpha_beta
+        from bench.sweeps.scaling_model import SHIFT_BYTES, ring_shift
+
+        # the fastest of MIN_REPS shifts: the least preempted on a shared machine
+        shift = run_workers(ring_shift, 2, 2, list(SHIFT_BYTES), MIN_REPS, min)[0]
+        lat, bw = fit_alpha_beta([b for b, _ in shift], [t for _, t in shift])
+        load = {"loadavg_1m": round(os.getloadavg()[0], 2), "model": LOOPBACK, "batch": None}
+        rows = [{**meta, **load, "quantity": "loopback_lat_s", "value": lat, "per": "message",
+                 "n": len(shift)},
+                {**meta, **load, "quantity": "loopback_s", "value": 1 / bw, "per": "byte",
+                 "n": max(b for b, _ in shift)}]  # fmt: skip
+        for r in rows:
+            sink.add(r)
+        write_csv(rows, path)
     sink.finish(csv=str(path))
     print(f"calibrate: rows in {path}")
     return 0

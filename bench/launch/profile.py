@@ -189,15 +189,10 @@ def check(profile: str | None, cluster: str = "emulated") -> None:
         )
 
 
-def host_contention(nodes: int, procs: int, threads: int, cores: int) -> float:
-    """How much slower each worker computes when all ``nodes x procs`` workers of the
-    emulated cluster, ``threads`` intra-op threads each, share this host's ``cores``."""
-    return max(1.0, nodes * procs * threads / max(1, cores))
-
-
 def step_compute_s(cfg: Any, time_it: bool = True) -> dict[str, Any]:
-    """One worker's forward + backward time per step of ``cfg``'s workload on this host (timed
-    alone, scaled by :func:`host_contention`) and its parameter count (alone: ``time_it=False``)."""
+    """One worker's forward + backward time per step of ``cfg``'s workload on this host
+    (timed alone, scaled by :func:`bench.cluster.perfmodel.host_contention`) and its
+    parameter count (alone: ``time_it=False``)."""
 
     c = cfg.cluster
     cores = os.cpu_count() or 1
@@ -218,7 +213,7 @@ def step_compute_s(cfg: Any, time_it: bool = True) -> dict[str, Any]:
         alone = measure_compute_s(wl.model, batch, loss=lambda n, b: wl.loss(n, b)[0])
     finally:
         torch.set_num_threads(before)
-    factor = host_contention(c.nnodes, c.nproc_per_node, threads, cores)
+    factor = pm.host_contention(c.nnodes, c.nproc_per_node, threads, cores)
     return {
         "numel": numel,
         "compute_alone_s": alone,

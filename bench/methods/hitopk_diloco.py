@@ -50,13 +50,14 @@ class OuterHiTopK(SyncMethod):
         intra = cost.Stage("intra_allgather", (m - 1) * n * p, 0.0, m - 1, False)
         return cost.Traffic((inter, intra) if m > 1 else (inter,))
 
-    def step_time(self, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs, k: Knobs) -> float:
+    def price(self, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs, k: Knobs) -> float:
         """The node's step, plus one outer step amortised over H: the error-feedback add and
         MSTopK over a shard, the two all-gathers, the scatter of every packet's pairs, the
         outer optimizer's pass over the model."""
         assert isinstance(k, OuterTopKKnobs)
         n, m, numel = c.nodes, c.procs_per_node, wl.numel
         shard = -(-numel // m)
+        costs = costs.using("mstopk")  # bench/sync/sparse.py's selector
         sync = (
             shard * (costs.select_s + costs.dense_s)
             + pm.transfer_time(self.sync_traffic(wl, n, m, k), c)

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
+from bench.cluster import calibration
 from bench.cluster import perfmodel as pm
 from bench.comm import cost
 from bench.methods.spec import METHODS, Knobs, MethodSpec, key
@@ -17,6 +18,8 @@ from bench.methods.spec import METHODS, Knobs, MethodSpec, key
 
 @dataclass(frozen=True)
 class SparseKnobs(Knobs):
+    # the top-k is taken per bucket: its boundaries change what is selected
+    bucket_mb: float = key("comm.bucket_cap_mb", 25.0)
     density: float = key("comm.density", 0.01)  # share of each bucket's elements sent
     density_schedule: tuple[float, ...] = key("comm.density_schedule", ())  # warm-up densities
     schedule_steps: int = key("comm.schedule_steps", 0)  # optimizer steps per schedule entry
@@ -51,7 +54,8 @@ class SparseMethod(MethodSpec):
         density = getattr(k, "density", 1.0)
         if density >= 1.0 or d < cost.MIN_NUMEL or c.world == 1:
             return pm.dense_allreduce(d, c, costs) + d * costs.dense_s
-        return self.sparse_time(d, density, c, costs)
+        # its selector's cost: a hierarchical method's shard selector, else its own
+        return self.sparse_time(d, density, c, costs.using(getattr(k, "selector", self.comm)))
 
     def sparse_time(self, d: int, density: float, c: pm.Cluster, costs: pm.Costs) -> float:
         return pm.topk_allgather(d, density, c, costs)
@@ -98,6 +102,8 @@ class HierarchicalMethod(SparseMethod):
 
 @dataclass(frozen=True)
 class RankKnobs(Knobs):
+    # the low-rank approximation's matrices and their random start are per bucket
+    bucket_mb: float = key("comm.bucket_cap_mb", 25.0)
     rank: int = key("comm.powersgd_rank", 4)  # the low-rank approximation's rank
     warmup_steps: int = key("comm.warmup_steps", 0)  # all-reduce before max(2, this) steps
 
@@ -158,8 +164,9 @@ class OptimizerMethod(MethodSpec):
         chunks = [Chunking.of(s, getattr(k, "chunk", 64), getattr(k, "topk", 32)) for s in flat]
         return cost.demo(packet_size(chunks), n, m)
 
-    def step_time(self, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs, k: Knobs) -> float:
-        return pm.demo_step_time(wl, getattr(k, "chunk", 64), getattr(k, "topk", 32), c, costs)
+    def price(self, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs, k: Knobs) -> float:
+        chunk, topk = getattr(k, "chunk", 64), getattr(k, "topk", 32)
+        return pm.demo_step_time(wl, chunk, topk, c, costs.using(calibration.DCT))
 
 
 @dataclass(frozen=True)
@@ -214,7 +221,7 @@ class SyncMethod(MethodSpec):
         """One inner step: the node's own, its hook's exchange inside one node (s)."""
         return METHODS.get(self.comm).step_time(wl, replace(c, nodes=1), costs, Knobs())
 
-    def step_time(self, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs, k: Knobs) -> float:
+    def price(self, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs, k: Knobs) -> float:
         """The node's step with its hook on one node, plus the outer all-reduce amortised."""
         assert isinstance(k, SyncKnobs)
         inner = self.inner_step(wl, c, costs)
@@ -232,7 +239,7 @@ class ReferenceMethod(MethodSpec):
     ) -> cost.Traffic:
         return cost.Traffic(())
 
-    def step_time(self, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs, k: Knobs) -> float:
+    def price(self, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs, k: Knobs) -> float:
         return wl.compute_s + wl.update_s
 
 

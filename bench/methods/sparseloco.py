@@ -62,7 +62,7 @@ class SparseLoCo(SyncMethod):
             (cost.Stage("outer_allgather", (n - 1) * p, m * (n - 1) * p, n - 1, True),)
         )
 
-    def step_time(self, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs, k: Knobs) -> float:
+    def price(self, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs, k: Knobs) -> float:
         """The node's step, plus one outer step amortised over H: the error-feedback add and
         selection over the model, the all-gather, the scatter of every node's pairs."""
         assert isinstance(k, SparseLoCoKnobs)

@@ -34,17 +34,20 @@ Space = dict[str, tuple[Option, ...]]
 GROUPS = ("baseline", "paper", "peer 2020", "peer 2026", "variant", "reference")
 
 
-def key(path: str, default: Any) -> Any:
-    """A knob field read from the run config's dotted ``path`` (e.g. ``comm.density``)."""
-    return field(default=default, metadata={"key": path})
+def key(path: str, default: Any, learns: bool = True) -> Any:
+    """A knob field read from the run config's dotted ``path`` (e.g. ``comm.density``);
+    ``learns``: whether it changes what the run learns (False: only how the same bytes are
+    sent, so two trials apart in it alone are one trial, :func:`bench.sweeps.trials.effect`)."""
+    return field(default=default, metadata={"key": path, "learns": learns})
 
 
 @dataclass(frozen=True)
 class Knobs:
     """What a run's config says of its method, typed: each field names its config key.
-    Subclasses add the method's own knobs; the bucket size is every DDP method's."""
+    Subclasses add the method's own knobs; the bucket size is every DDP method's: an
+    elementwise all-reduce (or none) learns alike in any bucket."""
 
-    bucket_mb: float = key("comm.bucket_cap_mb", 25.0)
+    bucket_mb: float = key("comm.bucket_cap_mb", 25.0, learns=False)
 
     @classmethod
     def of(cls, values: Mapping[str, Any]) -> Knobs:
@@ -143,8 +146,8 @@ class MethodSpec:
 
     def space(self, workload: str, ref_steps: int) -> Space:
         """Its own knobs on ``workload`` (crossed with the learning rate by the protocol);
-        a method with none tunes the bucket size."""
-        return self.spaces(workload, ref_steps) if self.spaces else bucket_space()
+        a method with none tunes the optimizer's warm-up."""
+        return self.spaces(workload, ref_steps) if self.spaces else warmup_space(workload)
 
     def check(self, workload: str, optim: str) -> None:
         """ConfigError when the method cannot train ``workload`` with ``optim``."""
@@ -196,7 +199,12 @@ class MethodSpec:
         )
 
     def step_time(self, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs, k: Knobs) -> float:
-        """One training step on ``c`` (s): compute, the exposed aggregation, the update."""
+        """One training step on ``c`` (s): :meth:`price` of the workload and costs as they
+        run there (an emulated cluster's measured compute, its workers' slowdown)."""
+        return self.price(*pm.on_cluster(wl, c, costs), k)
+
+    def price(self, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs, k: Knobs) -> float:
+        """One training step (s): compute, the exposed aggregation, the update."""
         times = [
             self.bucket_time(d, c, costs, k, wl.shapes[i] if wl.shapes else None)
             for i, d in enumerate(wl.buckets)
@@ -209,9 +217,16 @@ class MethodSpec:
         return [(self.name, k) for _ in steps]
 
 
-def bucket_space() -> Space:
-    """DDP's bucket size (MB; 25 is DDP's default)."""
-    return {"bucket": tuple((f"b{b:g}", {"comm.bucket_cap_mb": b}) for b in (6.25, 25.0, 100.0))}
+#: the optimizer's linear warm-up (epochs): each workload's recipe's and half of it
+WARMUP_EPOCHS = {"classification": (1.0, 0.5), "translation": (0.5, 0.25)}
+
+
+def warmup_space(workload: str) -> Space:
+    """The optimizer's warm-up length (``optim.warmup_epochs``): it shapes the rate of every
+    early step on both workloads (translation's inverse-sqrt decay starts from its end), so
+    a method without knobs of its own gets trials that learn apart."""
+    opts = WARMUP_EPOCHS.get(workload, WARMUP_EPOCHS["classification"])
+    return {"warmup": tuple((f"wu{e:g}ep", {"optim.warmup_epochs": e}) for e in opts)}
 
 
 METHODS: Registry[MethodSpec] = Registry("method")

@@ -77,9 +77,11 @@ class Column:
         return sorted(self.times, key=self.mean)
 
     def tied_first(self) -> list[str]:
-        """The first to the target and every method that ties with it, in their order."""
-        first, *rest = self.order()
-        return [first, *(m for m in rest if self.versus(m, first).verdict == "tie")]
+        """The first to the target and every method whose interval against it (or, where
+        projected, its band) does not exclude 1: a tie, in their order; one name only
+        where the first is told from every other (:func:`bench.sweeps.intervals.leaders`)."""
+        rows = [{"method": m, "times": t[0], "corners": t[1:]} for m, t in self.times.items()]
+        return list(iv.leaders(rows).tied)
 
     def fastest(self, among: Sequence[str]) -> str | None:
         """Of ``among``, the method with the lowest mean time here (None: none ran)."""

@@ -1,12 +1,14 @@
 """Intervals over seeds for the tuning protocol's table: misses counted at the budget
 (:func:`budget_s`), a percentile bootstrap of the mean time, Welch's t on log times for a
-speedup.  Why: docs/internals/report.md.
+speedup, and the tie rule that names who is first (:func:`leaders`).  Why:
+docs/internals/report.md.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -15,7 +17,6 @@ from scipy import stats
 CONFIDENCE = 0.95
 N_RESAMPLES = 9999
 RNG_SEED = 0  # the bootstrap's generator: a table rebuilt from the same records is the same
-REACHED = ("ok",)  # statuses whose time to target counts as measured
 
 
 def budget_s(records: Sequence[Mapping[str, Any]]) -> float:
@@ -128,3 +129,46 @@ def seed_correlation(a: Mapping[int, float], b: Mapping[int, float]) -> float:
     if np.all(x == x[0]) or np.all(y == y[0]):
         return math.nan
     return float(np.corrcoef(x, y)[0, 1])
+
+
+@dataclass(frozen=True)
+class Leaders:
+    """Who is first to the target at one cluster: ``first`` where the runner-up (and every
+    slower method) is told apart from the fastest, else None; ``tied``: the fastest and
+    every method not told apart from it, fastest first; ``vs``: each other method's
+    (speedup of the fastest over it, seed interval low, high, band low, band high)."""
+
+    first: str | None
+    tied: tuple[str, ...]
+    vs: dict[str, tuple[float, float, float, float, float]]
+
+    def text(self) -> str:
+        """``first X`` or ``tied: X, Y`` (``-`` without methods)."""
+        if self.first:
+            return f"first {self.first}"
+        return f"tied: {', '.join(self.tied)}" if self.tied else "-"
+
+
+def leaders(rows: Sequence[Mapping[str, Any]]) -> Leaders:
+    """The tie rule at one cluster.  Each row: ``method``, ``times`` (its time to target
+    per seed at the central assumptions, s) and, for a projected cluster, ``corners`` (the
+    same per assumption corner).  The fastest is the lowest mean time; a method is told
+    apart from it only where the interval of the speedup over it (Welch's t on log times,
+    :func:`log_t_interval`) lies above 1 under the seed interval and, where corners are
+    given, at every corner (the assumption band); "first" only where every other method
+    is told apart, otherwise the tied group is named."""
+    rows = [r for r in rows if len(r["times"])]
+    if not rows:
+        return Leaders(None, (), {})
+    rows = sorted(rows, key=lambda r: float(np.mean(r["times"])))
+    best, vs, tied = rows[0], {}, [str(rows[0]["method"])]
+    for r in rows[1:]:
+        sets = list(zip([r["times"], *r.get("corners", ())],
+                        [best["times"], *best.get("corners", ())], strict=True))  # fmt: skip
+        per = [log_t_interval(mine, theirs) for mine, theirs in sets]
+        lows = [lo for _, lo, _ in per]
+        band = (min(lows), max(hi for *_, hi in per)) if len(per) > 1 else (math.nan, math.nan)
+        vs[str(r["method"])] = (per[0][0], per[0][1], per[0][2], *band)
+        if not all(lo > 1.0 for lo in lows):  # NaN (under 2 seeds) is no evidence either
+            tied.append(str(r["method"]))
+    return Leaders(tied[0] if len(tied) == 1 else None, tuple(tied), vs)

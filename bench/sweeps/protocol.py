@@ -1,22 +1,29 @@
-"""The tuning protocol (``equal-budget-v2``): the same tuning budget for every method, a
+"""The tuning protocol (``equal-budget-v3``): the same tuning budget for every method, a
 selection rule fixed in advance, then fresh seeds.  Rules and why: docs/protocol.md.
 
 Modelled on AlgoPerf's external-tuning ruleset:
 
 1. **Search spaces.**  Each method's own knobs (its spec's :meth:`~bench.methods.MethodSpec.
-   space` on the workload) x the learning rate; every method gets TRIALS points of it
-   (:mod:`bench.sweeps.trials`), refused before the sweep when two run alike.
+   space` on the workload): the same number of knob settings per method, each at every
+   rate of the learning-rate axis (:mod:`bench.sweeps.trials`), refused before the sweep
+   when two trials send and learn alike.
 2. **Tuning** on :data:`TUNE_SEEDS` (never evaluation seeds), on the local cluster: steps
-   to target.  A **timing pass** on the check cluster times every phase a trial can send in.
+   to target.  Each **measured cluster** (an emulated 2 x 2 whose link is shaped to a named
+   ratio: :mod:`bench.sweeps.measured`) gets a **timing pass** of every phase a trial can
+   send in.
 3. **Selection** (:func:`select_per_cluster`): per cluster and method, the trial of lowest
-   median time to target on the tuning seeds (steps x step time: the timing pass on the
-   check cluster, the performance model at each paper ratio), written to
+   median time to target on the tuning seeds (steps x step time: the timing pass on a
+   measured cluster, the performance model at each paper ratio); a selected rate at the
+   edge of those tried with its knob setting is extended beyond
+   (:mod:`bench.sweeps.extension`) and the rule selects again; written to
    ``<results>/ablation/<sweep_id>-tuning.csv``.
-4. **Evaluation** of every selected configuration on :data:`EVAL_SEEDS`; the table
-   (:mod:`bench.sweeps.protocol_table`) is built from these runs alone.
+4. **Evaluation** of every selected configuration on :data:`EVAL_SEEDS`, on the measured
+   cluster it was selected for; the table (:mod:`bench.sweeps.protocol_table`) is built
+   from these runs alone.
 
 Runs go seed-major, shuffled within a seed by ``order_seed`` (recorded in the plan).  Every
-run's record carries ``protocol`` = {name, role, trial, selected}.  The plan is written to
+run's record carries ``protocol`` = {name, role, trial, selected} and the measured cluster
+it ran on (``results.protocol_cluster``).  The plan is written to
 ``<results>/ablation/<sweep_id>.plan.json`` before the first run; :func:`pending` compares
 it with the sweep's records, so an interrupted sweep resumes without redoing a run.
 """
@@ -35,8 +42,10 @@ from typing import Any
 import pandas as pd
 
 from bench import methods
+from bench.launch.profile import PROFILES
 from bench.methods import Knobs
 from bench.registry import ConfigError
+from bench.sweeps import extension
 from bench.sweeps.common import (
     check_names,
     job_base,
@@ -46,16 +55,17 @@ from bench.sweeps.common import (
     validate_jobs,
 )
 from bench.sweeps.resume import RERUN, RERUN_FAILED, Saved, latest, progress
-from bench.sweeps.trials import TRIALS, Trial, check_distinct, draw, ran, sends
+from bench.sweeps.trials import LR_FACTORS, TRIALS, Trial, beyond, check_distinct, draw, ran, sends
 
-NAME = "equal-budget-v2"  # the protocol's name in every record; change it with the rules
-TUNE_SEEDS = (1000, 1001)  # tuning only: never an evaluation seed
+NAME = "equal-budget-v3"  # the protocol's name in every record; change it with the rules
+TUNE_SEEDS = (1000, 1001)  # tuning only: never an evaluation seed (both workloads)
 EVAL_SEEDS = tuple(range(10))  # at least 10 per method and workload
 MIN_EVAL_SEEDS = 10
-# optimizer steps between evaluations: on digits (11 steps per epoch at 2 x 2) 2 steps are
-# 0.18 epoch for a 0.3-0.5 s evaluation; transformer_protocol reaches the target in about
-# 240 steps, 20 steps are 8 % of them for a 2.5 s greedy decoding (docs/protocol.md)
-EVAL_EVERY_STEPS = {"classification": 2, "translation": 20}
+# optimizer steps between evaluations, at most EVAL_SHARE of dense's steps to target
+# (REF_STEPS): on digits 2 steps (3 % of 60) are 0.18 epoch for a 0.3-0.5 s evaluation; on
+# transformer_protocol 12 steps (5 % of 240) for a 2.5 s greedy decoding (docs/protocol.md)
+EVAL_EVERY_STEPS = {"classification": 2, "translation": 12}
+EVAL_SHARE = 0.05
 # a run's evaluation overhead under 30 % of its training: none before EVAL_FROM_SHARE of
 # dense's steps to target (no committed run reached it in under 0.7), only every
 # EVAL_STRIDE-th point evaluated, the models between kept (train.eval_stride)
@@ -66,18 +76,25 @@ WORKLOADS = {"image": "dawnbench_digits", "translation": "transformer_protocol"}
 TRANSLATION = ("transformer_protocol", "transformer_embedded")  # the translation experiments
 # a workload's defaults: steps to target measured on the local cluster at the emulated
 # cluster's 2 x 2 (the same gradients, so the same steps), whose paper-scaled clock is the
-# timing pass and the end-to-end check; translation, sized to fit, one tuning seed
-WORKLOAD_DEFAULTS: dict[str, dict[str, Any]] = {
-    "image": {"cluster": "local"},
-    "translation": {"cluster": "local", "tune_seeds": (1000,)},
-}
+# timing pass and the end-to-end check
+WORKLOAD_DEFAULTS: dict[str, dict[str, Any]] = {w: {"cluster": "local"} for w in WORKLOADS}
 LOCAL_TOPOLOGY = ("cluster.nnodes=2", "cluster.nproc_per_node=2")  # every method alike
-TUNE, EVAL, TIME = "tune", "eval", "time"
+TUNE, EVAL, TIME, SHAPE = "tune", "eval", "time", "shape"
+# the named profiles (bench.launch.profile) whose ratio an emulated 2 x 2 is shaped to and
+# measured at (bench.sweeps.measured): the paper's 1.34 and the slow link's 5.37
+MEASURED = ("paper", "paper-b64")
 
 
 def quick() -> dict[str, Any]:
-    """``--quick``: one tuning and one evaluation seed, 2 trials of each quick method."""
-    return {"comms": quick_methods(), "tune_seeds": (1000,), "eval_seeds": (0,), "trials": 2}
+    """``--quick``, a smoke test and not the protocol: one tuning and one evaluation seed,
+    one knob setting of each quick method at every rate."""
+    return {
+        "comms": quick_methods(),
+        "tune_seeds": (1000,),
+        "eval_seeds": (0,),
+        "carry_seeds": 0,
+        "trials": len(LR_FACTORS),
+    }
 
 
 Space = tuple[tuple[str, dict[str, Any]], ...]  # (trial label, Hydra overrides keyed in full)
@@ -91,16 +108,17 @@ BUDGET_STEPS = {"classification": 132, "translation": 620}
 WORKLOAD_OPTIM = {"classification": "sgd", "translation": "adamw"}
 
 
-def space(comm: str, recipe_lr: float, trials: int | None = None, workload: str = "") -> Space:
-    """(label, Hydra overrides) of method ``comm``'s trials: TRIALS points of its spec's
-    knobs on ``workload`` x the learning rate around its spec's centre there, else around
-    ``recipe_lr``; ``trials`` keeps the first that many."""
+def space(
+    comm: str, recipe_lr: float, trials: int | None = None, workload: str = ""
+) -> list[Trial]:
+    """Method ``comm``'s trials: KNOB_CELLS settings of its spec's knobs on ``workload``,
+    each at every rate of LR_FACTORS x its spec's centre there, else x ``recipe_lr``;
+    ``trials`` keeps the first that many (whole knob settings, :meth:`Plan.check`)."""
     spec = methods.get(comm)
     workload = workload or "classification"
     lr = spec.lr_centre.get(workload, recipe_lr)
-    drawn = draw(spec.space(workload, REF_STEPS[workload]), lr, TRIALS)
-    out = tuple((t.label, t.values()) for t in drawn)
-    return out[:trials] if trials else out
+    drawn = draw(spec.space(workload, REF_STEPS[workload]), lr)
+    return drawn[:trials] if trials else drawn
 
 
 def _value(v: Any) -> str:
@@ -122,11 +140,11 @@ class Job:
     comm: str
     trial: str
     seed: int
-    where: str = ""  # the cluster it runs on when not the plan's (the end-to-end check)
+    where: str = ""  # the measured cluster it runs on ("": the plan's cluster)
 
     @property
-    def key(self) -> tuple[str, str, str, int]:
-        return (self.role, self.comm, self.trial, self.seed)
+    def key(self) -> tuple[str, str, str, int, str]:
+        return (self.role, self.comm, self.trial, self.seed, self.where)
 
 
 #: a timing run's key: the method a phase is sent as, and the knobs it is timed at
@@ -147,7 +165,7 @@ class Plan(Saved):
     comms: Sequence[str] = field(default_factory=methods.defaults)
     tune_seeds: Sequence[int] = TUNE_SEEDS
     eval_seeds: Sequence[int] = EVAL_SEEDS
-    trials: int | None = None  # None: every trial of each space (--quick keeps 2)
+    trials: int | None = None  # None: every trial of each space (--quick keeps one setting)
     order_seed: int = 0  # shuffles the configurations within each seed
     eval_every_steps: int = 0  # 0: the workload's EVAL_EVERY_STEPS
     results_dir: str = "results"
@@ -155,10 +173,13 @@ class Plan(Saved):
     extra: Sequence[str] = ()  # further Hydra overrides, applied to every job
     name: str = NAME
     recipe_lr: float = 0.0  # the experiment's learning rate (0: read from its config)
-    # the cluster of the end-to-end check (timing pass, its selected configurations'
-    # evaluation runs on the clock), with its overrides (the paper-scaled profile)
-    check_cluster: str = "emulated"
-    check_overrides: Sequence[str] = ()
+    # the measured clusters: the named profiles whose ratio an emulated 2 x 2 is shaped to
+    # (bench.sweeps.measured), the compute per step their first guess of the link is
+    # priced with (s, timed when the sweep starts) and the CPU model their runs ran on
+    measured: Sequence[str] = MEASURED
+    carry_seeds: int = 3  # evaluation seeds run again at 8 nodes (bench.sweeps.carryover)
+    link_compute_s: float = 0.0
+    cpu_kind: str = ""  # recorded when the first measured run starts
     # how the jobs are submitted (not what they are): "" = the local run queue, else a
     # Hydra launcher (bench.launch.submit) and its hydra.* overrides
     launcher: str = ""
@@ -192,9 +213,22 @@ class Plan(Saved):
             raise ConfigError(f"tuning and evaluation seeds overlap: {sorted(shared)}")
         if len(set(self.eval_seeds)) != len(self.eval_seeds):
             raise ConfigError(f"evaluation seeds repeat: {list(self.eval_seeds)}")
+        if self.measured:  # profiles at distinct ratios: one measured cluster each
+            check_names("measured profile", list(self.measured), PROFILES)
+            if len(measured_clusters(self)) != len(self.measured):
+                raise ConfigError(f"measured profiles at one ratio: {list(self.measured)}")
+        n = len(LR_FACTORS)
+        if self.trials and self.trials % n:
+            raise ConfigError(f"trials {self.trials}: whole knob settings of {n} rates each")
+        ref = REF_STEPS[self.workload()]
+        if self.every() > EVAL_SHARE * ref:
+            raise ConfigError(
+                f"an evaluation every {self.every()} steps is coarser than {EVAL_SHARE:.0%} "
+                f"of dense's {ref} steps to target"
+            )
         budget = BUDGET_STEPS[self.workload()]
         for c in self.comms:
-            check_distinct(c, [Trial(t, tuple(v.items())) for t, v in self._space(c)], budget)
+            check_distinct(c, self._trials(c), budget)
             self._check_reached(c)
             self._check_placements(c)
 
@@ -234,9 +268,13 @@ class Plan(Saved):
         validate_jobs(jobs, self.results_dir)
 
     # -- jobs ---------------------------------------------------------------------------
-    def _space(self, comm: str) -> Space:
-        """(label, Hydra overrides keyed in full) of each trial of ``comm``."""
+    def _trials(self, comm: str) -> list[Trial]:
+        """The grid of ``comm``'s trials (the rate extension adds to it, from records)."""
         return space(comm, self.lr(), self.trials, self.workload())
+
+    def _space(self, comm: str) -> Space:
+        """(label, Hydra overrides keyed in full) of each trial of ``comm``'s grid."""
+        return tuple((t.label, t.values()) for t in self._trials(comm))
 
     def lr(self) -> float:
         """The recipe's learning rate (read once from the experiment's config)."""
@@ -266,16 +304,18 @@ class Plan(Saved):
         ]
 
     def eval_jobs(self, selected: Mapping[str, Mapping[str, str]]) -> list[Job]:
-        """Seed-major: each configuration selected for any cluster (``selected``, per
-        cluster: :func:`select_per_cluster`) once per evaluation seed, shuffled; on the check
-        cluster when it was selected for it (its clock is the end-to-end check), else on
-        the plan's cluster."""
-        check = selected.get(self.check_cluster, {})
-        configs = sorted({(c, t) for sel in selected.values() for c, t in sel.items()})
+        """Seed-major: each configuration selected for a measured cluster (``selected``, per
+        cluster: :func:`select_per_cluster`) on that cluster, one selected only for a
+        projected cluster on the plan's, once per evaluation seed; shuffled within each
+        seed and cluster (one launch of the workers per cluster)."""
+        where = {c: sorted(selected.get(c, {}).items()) for c in measured_clusters(self)}
+        on = {ct for sel in where.values() for ct in sel}
+        where[""] = sorted({ct for sel in selected.values() for ct in sel.items()} - on)
         return [
-            Job(EVAL, c, t, s, self.check_cluster if check.get(c) == t else "")
+            Job(EVAL, c, t, s, w)
             for s in self.eval_seeds
-            for c, t in self._order(configs, EVAL, s)
+            for w, configs in where.items()
+            for c, t in self._order(configs, f"{EVAL}{w}", s)
         ]
 
     def timing_keys(self) -> dict[str, TimingKey]:
@@ -297,11 +337,12 @@ class Plan(Saved):
         return self.__dict__["_timing"][1]
 
     def timing_jobs(self) -> list[Job]:
-        """The interleaved timing pass on the check cluster: every timing key once per
+        """The timing pass on each measured cluster in turn: every timing key once per
         round (TIMING_SEEDS rounds, each shuffled), a few steps each without evaluation."""
         keys = self.timing_keys()
         return [
-            Job(TIME, keys[label][0], label, s, self.check_cluster)
+            Job(TIME, keys[label][0], label, s, where)
+            for where in measured_clusters(self)
             for s in TIMING_SEEDS
             for label in self._order(list(keys), TIME, s)
         ]
@@ -312,15 +353,34 @@ class Plan(Saved):
                         "train.checkpoint_every=0", f"train.eval_from_step={start}",
                         f"train.eval_stride={EVAL_STRIDE[self.workload()]}")  # fmt: skip
 
+    def _link(self, job: Job) -> list[str]:
+        """The overrides that put ``job`` on its measured cluster, the emulated 2 x 2, and
+        its link: the model's guess in the first shaping round, else the rate the shaping
+        stage found (``bench.sweeps.measured.shaping``; ConfigError before it did)."""
+        if job.where not in measured_clusters(self):
+            raise ConfigError(f"unknown measured cluster {job.where!r}; known: "
+                              f"{', '.join(measured_clusters(self))}")  # fmt: skip
+        k = int(job.trial.split()[-1]) if job.role == SHAPE else None
+        rate, compute = self.__dict__.get("_links", {}).get((job.where, k)), self.link_compute_s
+        if k == 0:
+            pin = [f"cluster.profile_compute_s={compute:.6g}"] if compute else []
+            link = [f"cluster.profile={measured_clusters(self)[job.where][0]}", *pin]
+        elif rate:
+            link = [f"cluster.inter_node_bandwidth={rate}", "cluster.profile=null"]
+        else:
+            raise ConfigError(f"{job.where}'s link is not shaped: nothing runs on it before")
+        return ["cluster=emulated", *LOCAL_TOPOLOGY, *link, f"results.protocol_cluster={job.where}"]
+
     def overrides(self, job: Job) -> list[str]:
         """The Hydra overrides of one job: its method, trial or timed knobs, seed and tags."""
         common = self.common_overrides()
-        if job.where and job.where != self.cluster:  # the check cluster instead of the plan's
+        if job.where:  # a measured cluster instead of the plan's: its shaped link
             common = [o for o in common if not o.startswith(("cluster=", "cluster."))]
-            common += [f"cluster={job.where}", *self.check_overrides]
+            common += self._link(job)
         spec = methods.get(job.comm)
-        if job.role == TIME:  # a fixed number of steps on the clock: no evaluation
-            _, knobs = self.timing_keys()[job.trial]
+        if job.role in (TIME, SHAPE):  # a fixed number of steps on the clock: no evaluation
+            timed = self.timing_keys()[job.trial] if job.role == TIME else None
+            knobs = timed[1] if timed else spec.timing_knobs(spec.knobs_of({}))
             values = spec.timing_overrides(knobs)
             epochs, per_epoch = timing_steps((job.comm, knobs), self.workload())
             common += [
@@ -331,8 +391,10 @@ class Plan(Saved):
                 "train.eval_stride=1",
                 f"train.eval_every={epochs}",
             ]
+        elif (trial := beyond(self._trials(job.comm), job.trial)) is not None:
+            values = trial.values()  # of the grid, or a rate the extension added
         else:
-            values = dict(self._space(job.comm))[job.trial]
+            raise ConfigError(f"{job.comm}: no trial {job.trial!r} in the sweep's space")
         return [
             *common,
             *spec.overrides(),
@@ -346,8 +408,11 @@ class Plan(Saved):
 
 
 # the fields chosen when a sweep starts (a rerun of its command does not choose them again)
-START_FIELDS = ("order_seed", "cluster_overrides", "check_overrides", "recipe_lr")
+START_FIELDS = ("order_seed", "cluster_overrides", "recipe_lr", "link_compute_s", "cpu_kind")
 TIMING_SEEDS = (2000, 2001)  # the timing pass's rounds (never a tuning or evaluation seed)
+# a shaping round times dense and the compute-only reference on each of these seeds; at
+# most SHAPE_ROUNDS rounds per measured cluster (bench.sweeps.measured)
+SHAPE_SEEDS, SHAPE_ROUNDS = TIMING_SEEDS, 5
 TIMING_STEPS = {"classification": 20, "translation": 30}  # optimizer steps per timing run
 # optimizer steps per epoch of each workload's recipe at 2 x 2 (BUDGET_STEPS / its epochs)
 STEPS_PER_EPOCH = {"classification": 11, "translation": 310}
@@ -368,22 +433,24 @@ def timing_steps(key: TimingKey, workload: str) -> tuple[int, int]:
 
 
 def job_of(rec: Mapping[str, Any]) -> Job | None:
-    """The job a record ran, from its ``protocol`` field and seed; None if not a protocol run."""
-    p = rec.get("protocol") or {}
+    """The job a record ran, from its ``protocol`` field, seed and measured cluster; None if
+    not a protocol run."""
+    p, cfg = rec.get("protocol") or {}, rec.get("config") or {}
     if not p.get("role"):
         return None
-    seed = ((rec.get("config") or {}).get("train") or {}).get("seed")
-    return Job(str(p["role"]), methods.method_of(rec), str(p.get("trial")), int(seed or 0))
+    seed = (cfg.get("train") or {}).get("seed")
+    where = str((cfg.get("results") or {}).get("protocol_cluster") or "")
+    return Job(str(p["role"]), methods.method_of(rec), str(p.get("trial")), int(seed or 0), where)
 
 
-def _key(rec: Mapping[str, Any]) -> tuple[str, str, str, int] | None:
+def _key(rec: Mapping[str, Any]) -> tuple[str, str, str, int, str] | None:
     j = job_of(rec)
     return j.key if j is not None else None
 
 
 def recorded(
     records: Sequence[Mapping[str, Any]], rerun: Sequence[str] = RERUN
-) -> dict[tuple[str, str, str, int], dict]:
+) -> dict[tuple[str, str, str, int, str], dict]:
     """Job key -> its latest record; a run whose latest record is ``interrupted`` (or in
     ``rerun``) is not recorded (it is run again)."""
     return latest(records, _key, rerun)  # type: ignore[return-value]
@@ -403,7 +470,11 @@ def status(plan: Plan, records: Sequence[Mapping[str, Any]]) -> list[str]:
         progress(stage, [j.key for j in jobs], records, _key)
         for stage, jobs in (("tuning", plan.tune_jobs()), ("timing pass", plan.timing_jobs()))
     ]
-    if not tuning_complete(plan, records):
+    ext = extend(plan, records)
+    line = progress("rate extension", [j.key for j in ext.jobs], records, _key)
+    lines.append(f"{line} in {ext.rounds} round(s)" + ("" if ext.settled else ", more to decide"))
+    lines += [extension.bound_note(ext)] if ext.at_edge else []
+    if not ext.settled:
         n = len(plan.comms) * len(plan.eval_seeds)  # one more set per other selection
         return [*lines, f"evaluation: at least {n} runs, submitted once tuning is recorded"]
     ev = plan.eval_jobs(chosen(plan, records))
@@ -414,23 +485,31 @@ def status(plan: Plan, records: Sequence[Mapping[str, Any]]) -> list[str]:
 # sweep: tuning a median 21 s, timing 8 s, evaluation on the emulated cluster 18-41 s);
 # translation 50 s of training, about 4 decodings of 2.5 s and the start, misses 2.5x longer
 RUN_S = {
-    "classification": {TUNE: 21.0, TIME: 9.0, "local": 21.0, "check": 30.0},
-    "translation": {TUNE: 70.0, TIME: 20.0, "local": 60.0, "check": 75.0},
+    "classification": {TUNE: 21.0, TIME: 9.0, "local": 21.0, "measured": 30.0},
+    "translation": {TUNE: 70.0, TIME: 20.0, "local": 60.0, "measured": 75.0},
 }
 
 
 def estimate(plan: Plan) -> tuple[int, int, float, float]:
     """(fewest runs, most runs, fewest minutes, most minutes) of ``plan`` on the 2-core
-    machine: its tuning and timing runs, and between one configuration per method (every
-    cluster selects the same) and one per method and cluster on each evaluation seed."""
+    machine: its tuning runs, shaping rounds (one to all), timing runs, between no rate
+    extension and its most (:func:`~bench.sweeps.extension.most_runs`), and evaluation
+    between one configuration per method (every cluster selects the same) and one per
+    method and cluster on each evaluation seed."""
     s = RUN_S[plan.workload()]
     tune, timing = len(plan.tune_jobs()), len(plan.timing_jobs())
-    k, n, seeds = len(clusters(plan)), len(plan.comms), len(plan.eval_seeds)
+    m = len(measured_clusters(plan))
+    k, n = len(clusters(plan)) - m, len(plan.comms)
+    per = n * len(plan.eval_seeds)
+    cells = (plan.trials or TRIALS) // len(LR_FACTORS)  # --quick keeps fewer
+    more = extension.most_runs(n, m + k, cells, len(plan.tune_seeds))
+    few = m * 2 * len(SHAPE_SEEDS)  # one round of dense and the reference per cluster
+    most = few * SHAPE_ROUNDS
     fixed = tune * s[TUNE] + timing * s[TIME]
-    low = fixed + n * seeds * s["check"]
-    high = fixed + n * seeds * (s["check"] + (k - 1) * s["local"])
+    low = fixed + few * s[TIME] + per * (m * s["measured"] if m else s["local"])
+    high = fixed + most * s[TIME] + more * s[TUNE] + per * (m * s["measured"] + k * s["local"])
     runs = tune + timing
-    return runs + n * seeds, runs + n * seeds * k, low / 60, high / 60
+    return runs + few + per * max(m, 1), runs + most + more + per * (m + k), low / 60, high / 60
 
 
 def chosen(plan: Plan, records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, str]]:
@@ -455,39 +534,80 @@ def select(tuning: pd.DataFrame) -> dict[str, str]:
     return out
 
 
+def extend(plan: Plan, records: Sequence[Mapping[str, Any]]) -> extension.Extension:
+    """The rate extension's rounds that ``records`` decide (:mod:`bench.sweeps.extension`):
+    none before every tuning and timing run of the grid is recorded, then one round after
+    another, each shuffled per seed, while each round's runs are recorded."""
+    ext = extension.Extension({c: list(plan._trials(c)) for c in plan.comms}, [])
+    if pending([*plan.tune_jobs(), *plan.timing_jobs()], records, RERUN_FAILED):
+        return ext
+    for r in range(1, extension.MAX_ROUNDS + 2):
+        new, edge = extension.next_round(selection_table(plan, records, ext.trials), ext.trials, r)
+        if not new or r > extension.MAX_ROUNDS:
+            ext.settled, ext.at_edge = True, edge
+            break
+        for comm, t in new:
+            ext.trials[comm].append(t)
+        added = [(c, t.label) for c, t in new]
+        mine = [Job(TUNE, c, t, s) for s in plan.tune_seeds
+                for c, t in plan._order(added, f"extension {r}", s)]  # fmt: skip
+        ext.jobs += mine
+        if pending(mine, records, RERUN_FAILED):
+            break
+    return ext
+
+
 def tuning_complete(plan: Plan, records: Sequence[Mapping[str, Any]]) -> bool:
-    """Every tuning and timing run recorded, none in ``error``: the selection's data whole."""
-    return not pending([*plan.tune_jobs(), *plan.timing_jobs()], records, RERUN_FAILED)
+    """Every tuning, timing and rate-extension run recorded, none in ``error``, and no
+    extension round left to add: the selection's data whole."""
+    return extend(plan, records).settled
 
 
 # -- selection per cluster, on the tuning seeds, from steps and step times -----------------
 
 
+def measured_clusters(plan: Plan) -> dict[str, tuple[str, float]]:
+    """Measured cluster (``measured-1.34``) -> (its profile, the ratio it is shaped to)."""
+    from bench.sweeps.ratios import named_ratios
+
+    named = named_ratios()
+    return {f"measured-{named[p]:.2f}": (p, named[p]) for p in plan.measured}
+
+
 def clusters(plan: Plan) -> dict[str, float | None]:
-    """The clusters a number is quoted for: the check cluster (None: its timing pass) and
-    the paper's cluster at each named ratio (``paper-fp16`` is ``paper``'s point)."""
+    """The clusters a number is quoted for: the measured clusters first (None: their
+    timing pass and clock), then the paper's cluster at each named ratio, projected by
+    the model (``paper-fp16`` is ``paper``'s point)."""
     from bench.sweeps.ratios import named_ratios
 
     named = {k: v for k, v in named_ratios().items() if k != "paper-fp16"}
-    return {plan.check_cluster: None, **dict(sorted(named.items(), key=lambda kv: kv[1]))}
+    mine = dict.fromkeys(measured_clusters(plan))
+    return {**mine, **dict(sorted(named.items(), key=lambda kv: kv[1]))}
 
 
-def step_times(records: Sequence[Mapping[str, Any]]) -> dict[TimingKey, float]:
+def step_times(records: Sequence[Mapping[str, Any]], where: str) -> dict[TimingKey, float]:
     """Timing key (read from each run's recorded config) -> the median time per step of the
-    timing pass's runs of it on the check cluster (s): training time over steps run, the
-    sync strategies' outer all-reduces included (their runs are whole periods)."""
+    timing pass's runs of it on measured cluster ``where`` (s): training time over steps
+    run, the sync strategies' outer all-reduces included (their runs are whole periods)."""
     got: dict[TimingKey, list[float]] = {}
     for r in recorded(records).values():
-        role = (r.get("protocol") or {}).get("role")
-        spec = methods.of(r)
-        if role != TIME or r.get("status") not in ("ok", "target_missed") or spec is None:
+        spec, job = methods.of(r), job_of(r)
+        if job is None or (job.role, job.where) != (TIME, where) or spec is None:
             continue
         key = (spec.name, spec.timing_knobs(spec.knobs_of(r.get("config") or {})))
-        steps = _steps_run(r)
-        t = (r.get("train_time_s") or 0) / steps if steps else r.get("step_time_s")
-        if t:
-            got.setdefault(key, []).append(float(t))
+        if t := step_s(r):
+            got.setdefault(key, []).append(t)
     return {k: statistics.median(v) for k, v in got.items()}
+
+
+def step_s(rec: Mapping[str, Any]) -> float | None:
+    """A run's time per step (s): its training time over the steps it ran; None for a
+    run that ended in error."""
+    if rec.get("status") not in ("ok", "target_missed"):
+        return None
+    steps = _steps_run(rec)
+    t = (rec.get("train_time_s") or 0) / steps if steps else rec.get("step_time_s")
+    return float(t) if t else None
 
 
 def _steps_run(rec: Mapping[str, Any]) -> int:
@@ -545,19 +665,35 @@ def cluster_time(
     return sum(n * times[(m, k)] for n, m, k in sent)
 
 
-def selection_table(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+def selection_table(
+    plan: Plan,
+    records: Sequence[Mapping[str, Any]],
+    trials: Mapping[str, Sequence[Trial]] | None = None,
+) -> pd.DataFrame:
     """The tuning table: per (method, trial, cluster) the median over the tuning seeds of
     the time to target there (steps x step time; a miss: its whole run), the median steps,
-    what the runs sent, and whether the rule selects it for that cluster."""
+    what the runs sent, the extension round that added the trial (0: the grid), whether
+    its rate is the smallest or largest tried with its knob setting, and whether the rule
+    selects it for that cluster.  ``trials``: per method (default: the grid and every
+    extension round the records decide, :func:`extend`)."""
+    if trials is None:
+        trials = extend(plan, records).trials
     runs = [r for r in recorded(records).values() if (r.get("protocol") or {}).get("role") == TUNE]
-    times = step_times(records)
+    times = {c: step_times(records, c) for c, ratio in clusters(plan).items() if ratio is None}
+    cache = plan.__dict__.setdefault("_runs", {})  # run id -> its run: a curve is never replaced
     rows = []
     for comm in plan.comms:
-        for order, (trial, values) in enumerate(plan._space(comm)):
+        edges = extension.at_edge(trials[comm])
+        for order, t in enumerate(trials[comm]):
+            trial, values = t.label, t.values()
             mine = [r for r in runs if job_of(r).comm == comm and r["protocol"]["trial"] == trial]  # type: ignore[union-attr]
-            done = [(r, run, phase_sends(run, r)) for r in mine if (run := run_of(plan, r))]
+            for r in mine:
+                if r["run_id"] not in cache and (run := run_of(plan, r)):
+                    cache[r["run_id"]] = (run, phase_sends(run, r))
+            done = [(r, *cache[r["run_id"]]) for r in mine if r["run_id"] in cache]
             for cluster, ratio in clusters(plan).items():
-                ts = [cluster_time(run, sent, ratio, times) for _, run, sent in done]
+                ts = [cluster_time(run, sent, ratio, times.get(cluster, {}))
+                      for _, run, sent in done]  # fmt: skip
                 rows.append(
                     {
                         "sweep_id": plan.sweep_id,
@@ -577,6 +713,8 @@ def selection_table(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.Data
                         "ran": " | ".join(sorted({ran(sent) for _, _, sent in done})),
                         "seeds": " ".join(str(job_of(r).seed) for r, _, _ in done),  # type: ignore[union-attr]
                         "run_ids": " ".join(str(r["run_id"]) for r in mine),
+                        "extension": t.round,
+                        "rate_at_edge": trial in edges,
                     }
                 )
     df = pd.DataFrame(rows)
@@ -602,38 +740,65 @@ def run(
     write: Callable[[pd.DataFrame, Path], bool],
     log: Callable[[str], None] = print,
     rerun: Sequence[str] = RERUN,
+    measured: Any = None,
 ) -> list[int]:
-    """Tune, time, select, evaluate; the jobs already recorded are skipped (``rerun``: the
+    """Tune, shape the measured clusters' links, time on each, extend the rates at an
+    edge, select, predict, evaluate; the jobs already recorded are skipped (``rerun``: the
     statuses run again).  ``runner`` is ``common.run_queued`` (one launch of the workers
     per phase) or a Hydra launcher's submission (``bench.launch.submit``), ``write`` the
-    never-replacing ``common.write_table``.  Returns the exit statuses of the jobs run."""
+    never-replacing ``common.write_table``; ``measured`` the measured clusters' stages
+    (:mod:`bench.sweeps.measured`, whose ``run`` calls this).  Returns the exit statuses
+    of the jobs run."""
+    if measured is None and plan.measured:
+        raise ConfigError("a plan with measured clusters runs by bench.sweeps.measured.run")
     sweep_dir = Path(sweep_dir)
     rcs: list[int] = []
-    recs = sweep_records(plan.results_dir, plan.sweep_id)
-    for stage, jobs, role in (("tuning", plan.tune_jobs(), TUNE),
-                              ("timing pass", plan.timing_jobs(), TIME)):  # fmt: skip
-        todo = pending(jobs, recs, rerun)
+
+    def load() -> list[dict[str, Any]]:  # a measured run on another CPU kind left out
+        recs = sweep_records(plan.results_dir, plan.sweep_id)
+        return measured.kept(plan, recs) if measured else recs
+
+    def stage(name: str, jobs: list[Job], role: str) -> None:
+        nonlocal rcs
+        todo = pending(jobs, load(), rerun)
         if todo:
-            log(f"{stage}: {len(todo)} of {len(jobs)} runs to go")
+            if measured:
+                measured.claim(plan, todo)  # one CPU kind for every measured run
+            log(f"{name}: {len(todo)} of {len(jobs)} runs to go")
             rcs += runner([plan.overrides(j) for j in todo], sweep_dir / role, plan.experiment)
-            recs = sweep_records(plan.results_dir, plan.sweep_id)
-    tuning = selection_table(plan, recs)
+
+    stage("tuning", plan.tune_jobs(), TUNE)
+    if measured:  # the links, from the records (ConfigError: a cluster not shaped)
+        rcs += measured.shape(plan, runner, sweep_dir, log, rerun)
+    stage("timing pass", plan.timing_jobs(), TIME)
+    recs = load()
+    for _ in range(extension.MAX_ROUNDS):  # each round decided by the records before it
+        ext = extend(plan, recs)
+        todo = pending(ext.jobs, recs, rerun)
+        if not todo:
+            break
+        log(f"rate extension, round {ext.rounds}: {len(todo)} of {len(ext.jobs)} runs to go")
+        rcs += runner([plan.overrides(j) for j in todo], sweep_dir / TUNE, plan.experiment)
+        recs = load()
+    ext = extend(plan, recs)
+    tuning = selection_table(plan, recs, ext.trials)
     path = Path(plan.results_dir) / "ablation" / f"{plan.sweep_id}-tuning.csv"
     write(tuning, path)  # partial (``write`` decides) while runs are missing or failed
-    if not tuning_complete(plan, recs):  # a selection on missing data is no selection
-        jobs = [*plan.tune_jobs(), *plan.timing_jobs()]
+    if not ext.settled:  # a selection on missing data is no selection
+        jobs = [*plan.tune_jobs(), *plan.timing_jobs(), *ext.jobs]
         left = pending(jobs, recs, RERUN_FAILED)
         failed = sum(j.key in recorded(recs) for j in left)  # recorded, in error
         again = f"--resume {plan.sweep_id}" + (" --rerun-failed" if failed else "")
         raise ConfigError(
-            f"{len(left)} of {len(jobs)} tuning and timing runs are missing ({failed} ended in "
-            f"error), so no configuration was selected and no evaluation submitted; {again} "
-            "runs them"
+            f"{len(left)} of {len(jobs)} tuning, timing and rate-extension runs are missing "
+            f"({failed} ended in error), so no configuration was selected and no evaluation "
+            f"submitted; {again} runs them"
         )
+    if ext.at_edge:
+        log(f"note: {extension.bound_note(ext)} ({path})")
     picked = select_per_cluster(tuning)
     log(f"selected: {picked} ({path})")
-    todo = pending(plan.eval_jobs(picked), recs, rerun)
-    if todo:
-        log(f"evaluation: {len(todo)} of {len(plan.eval_jobs(picked))} runs to go")
-        rcs += runner([plan.overrides(j) for j in todo], sweep_dir / EVAL, plan.experiment)
+    if measured and plan.measured:  # the model's word on each, before its runs
+        log(f"predicted: {measured.predict(plan, recs, picked)}")
+    stage("evaluation", plan.eval_jobs(picked), EVAL)
     return rcs

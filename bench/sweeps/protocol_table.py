@@ -13,12 +13,14 @@ from typing import Any
 import pandas as pd
 
 from bench import methods
+from bench.sweeps import carryover as co
 from bench.sweeps import intervals as iv
 from bench.sweeps.protocol import (
     EVAL,
-    TIME,
+    TUNE,
     Plan,
     clusters,
+    extend,
     job_of,
     pending,
     recorded,
@@ -32,7 +34,7 @@ COLUMNS = [
     "sweep_id", "protocol", "experiment", "for_cluster", "ratio", "comm", "trial",
     "measured_on", "n_runs", "n_reached", "n_error", "time_to_target_mean_s",
     "time_to_target_ci_low_s", "time_to_target_ci_high_s", "steps_to_target_mean",
-    "tuning_median_s", "speedup_vs_dense", "speedup_vs_dense_ci_low",
+    "tuning_median_s", "steps_nodes", "speedup_vs_dense", "speedup_vs_dense_ci_low",
     "speedup_vs_dense_ci_high", "verdict_vs_dense", "seed_correlation_vs_dense", "best_peer",
     "speedup_vs_peer", "speedup_vs_peer_ci_low", "speedup_vs_peer_ci_high", "verdict_vs_peer",
     "seed_correlation_vs_peer", "target_metric", "target_value", "order_seed", "seeds",
@@ -48,13 +50,15 @@ def _mean(vals: Sequence[Any]) -> float:
 def tuning_gaps(
     plan: Plan, records: Sequence[Mapping[str, Any]], tuning: pd.DataFrame | None = None
 ) -> list[str]:
-    """Why the data the selection rests on is not whole (none: it is): tuning or timing
-    runs without a record or in ``error``, a trial's median time blank (a timing missing).
-    A tuning table, and the table of evaluation runs selected by it, with any is partial."""
-    jobs = [*plan.tune_jobs(), *plan.timing_jobs()]
+    """Why the data the selection rests on is not whole (none: it is): tuning, timing or
+    rate-extension runs without a record or in ``error``, a trial's median time blank (a
+    timing missing).  A tuning table, and the table of evaluation runs selected by it,
+    with any is partial."""
+    jobs = [*plan.tune_jobs(), *plan.timing_jobs(), *extend(plan, records).jobs]
     left = pending(jobs, records, RERUN_FAILED)
     if left:  # the medians are blank for want of these
-        return [f"{len(left)} of {len(jobs)} tuning and timing runs lack a record or failed"]
+        return [f"{len(left)} of {len(jobs)} tuning, timing and rate-extension runs lack a "
+                "record or failed"]  # fmt: skip
     if tuning is None:
         tuning = selection_table(plan, records)
     blank = tuning[tuning["median_time_s"].isna() & (tuning["n_runs"] > 0)]
@@ -101,7 +105,7 @@ def _format_block(df: pd.DataFrame) -> str:
 def _seed_times(
     plan: Plan, runs: Sequence[Mapping[str, Any]], ratio: float | None, budget: float
 ) -> tuple[dict[int, float], list[float]]:
-    """seed -> a run's time to target on the cluster (its clock on the check cluster, else
+    """seed -> a run's time to target on the cluster (its clock on a measured cluster, else
     its logged steps x the model's time per step at ``ratio``; a miss: its whole run), and
     the steps to target of the runs that reached it."""
     from bench.sweeps.ratios import run_time_s
@@ -131,7 +135,7 @@ def _versus(
 
 
 def aggregate(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    """Per cluster the answer is quoted for (the check cluster, measured end to end; each
+    """Per cluster the answer is quoted for (each measured cluster, end to end; each
     paper-scaled ratio, composed) and per method: the configuration the rule selected for
     that cluster on the tuning seeds, its time to target there on the evaluation seeds,
     and its speedup over dense and over the best peer (the peer of lowest median tuning
@@ -139,11 +143,14 @@ def aggregate(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     peer_names, dense = methods.peers(), methods.names(group="baseline")[0]
     done = recorded(records)
     evals = [r for r in done.values() if (r.get("protocol") or {}).get("role") == EVAL]
-    budget = iv.budget_s(
-        [r for r in done.values() if (r.get("protocol") or {}).get("role") != TIME]
+    budget = iv.budget_s(  # a miss counts at the longest tuning or evaluation run
+        [r for r in done.values() if (r.get("protocol") or {}).get("role") in (TUNE, EVAL)]
     )
     table = selection_table(plan, records)
     chosen = select_per_cluster(table)
+    # projections whose steps come from the 8-node runs (steps that do not carry over)
+    carried = co.uses_carried_steps(co.table(co.runs(plan, records)))
+    every: dict[str, dict[str, dict[int, float]]] = {}  # cluster -> method -> seed -> s
     rows: list[dict[str, Any]] = []
     for cluster, ratio in clusters(plan).items():
         sel = chosen.get(cluster, {})
@@ -155,16 +162,22 @@ def aggregate(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
         block: dict[str, dict[str, Any]] = {}
         for comm in plan.comms:
             trial = sel.get(comm)
-            mine = [
-                r
+            # on a measured cluster its runs there; projected: one run per seed, wherever
+            by_seed = {
+                job_of(r).seed: r  # type: ignore[union-attr]
                 for r in evals
                 if job_of(r).comm == comm  # type: ignore[union-attr]
                 and r["protocol"]["trial"] == trial
-                and (ratio is not None or _ran_on(r) == plan.check_cluster)
-            ]
+                and (ratio is not None or job_of(r).where == cluster)  # type: ignore[union-attr]
+            }
+            eight = ratio is not None and comm in carried
+            if eight:  # the projection takes the 8-node runs' steps (their 3 seeds)
+                by_seed = {job_of(r).seed: r for r in done.values()  # type: ignore[union-attr]
+                           if (r.get("protocol") or {}).get("role") == co.CARRY
+                           and job_of(r).comm == comm and r["protocol"]["trial"] == trial}  # type: ignore[union-attr]  # fmt: skip
+            mine = [by_seed[s] for s in sorted(by_seed)]
             if trial is None or not mine:
                 continue
-            mine.sort(key=lambda r: job_of(r).seed)  # type: ignore[union-attr]
             good = [r for r in mine if r.get("status") in ("ok", "target_missed")]
             t, steps = _seed_times(plan, good, ratio, budget)  # an error run has no time
             if t:
@@ -188,12 +201,14 @@ def aggregate(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
                 "time_to_target_ci_high_s": hi,
                 "steps_to_target_mean": _mean(steps),
                 "tuning_median_s": med.get(comm, math.nan),
+                "steps_nodes": co.NODES if eight else co.BASE_NODES,
                 "target_metric": first.get("target_metric"),
                 "target_value": first.get("target_value"),
                 "order_seed": plan.order_seed,
                 "seeds": " ".join(str(s) for s in t),
                 "run_ids": " ".join(str(r["run_id"]) for r in mine),
             }
+        every[cluster] = times
         for comm, row in block.items():
             for ref, vs in ((dense, "vs_dense"), (best, "vs_peer")):  # the columns' suffix
                 if ref in times and comm in times and ref != comm:
@@ -206,8 +221,15 @@ def aggregate(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
                 row[f"seed_correlation_{vs}"] = rho
             row["best_peer"] = best
             rows.append(row)
-    return pd.DataFrame(rows, columns=COLUMNS)
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    df.attrs["times"] = every  # the per-seed times behind each row (the tie rule reads them)
+    return df
 
 
-def _ran_on(rec: Mapping[str, Any]) -> str:
-    return str(((rec.get("config") or {}).get("cluster") or {}).get("name", ""))
+def leading(df: pd.DataFrame) -> dict[str, tuple[str, ...]]:
+    """Per cluster, the first method or the tied group (:func:`intervals.leaders` on the
+    seed times of :func:`aggregate`'s table)."""
+    return {
+        cluster: iv.leaders([{"method": m, "times": list(t.values())} for m, t in ts.items()]).tied
+        for cluster, ts in df.attrs.get("times", {}).items()
+    }

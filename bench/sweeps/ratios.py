@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from bench import methods
+from bench.cluster import perfmodel as pm
 from bench.cluster import projection
 from bench.comm.stats import parse_phases
 from bench.launch import profile
@@ -55,6 +56,7 @@ class Run:
     train_time_s: float | None
     steps_run: int
     accounting: str = "recorded"  # the phases: as the hook logged them, or "config" (older)
+    workload: str = "classification"  # its config's train.workload: the network projected
 
     @property
     def steps(self) -> int:
@@ -144,7 +146,8 @@ def run_from_record(rec: Mapping[str, Any], curve: pd.DataFrame) -> Run | None:
     else:
         base = logged or configured_phases(spec, rec, curve)
     target = _target_steps(rec, curve)
-    seed = ((rec.get("config") or {}).get("train") or {}).get("seed")
+    train = (rec.get("config") or {}).get("train") or {}
+    seed = train.get("seed")
     return Run(
         run_id=str(rec["run_id"]),
         group=default_group(rec),
@@ -156,14 +159,8 @@ def run_from_record(rec: Mapping[str, Any], curve: pd.DataFrame) -> Run | None:
         train_time_s=rec.get("train_time_s"),
         steps_run=steps_run,
         accounting="recorded" if logged or own else "config",
+        workload=str(train.get("workload") or "classification"),
     )
-
-
-def accounting_notes(runs: Sequence[Run]) -> list[str]:
-    """One line when some runs were charged from their config (no phase log recorded)."""
-    n = sum(r.accounting != "recorded" for r in runs)
-    return [f"{n} run(s) recorded before the per-step phase log ({col.COMM_PHASES}): charged "
-            "from their config (dense warm-up epochs, PowerSGD's start)"] if n else []  # fmt: skip
 
 
 def load_runs(
@@ -193,31 +190,52 @@ def load_runs(
     return runs, skipped
 
 
-def compute_for_ratio(ratio: float) -> float:
+@functools.lru_cache(maxsize=8)
+def compute_for_ratio(ratio: float, workload: str = "classification") -> float:
     """The V100 compute per step (s) at which dense fp32 on the paper's cluster takes
-    ``ratio`` times it (central NIC efficiency)."""
+    ``ratio`` times it for ``workload``'s projected network (central NIC efficiency)."""
     if not ratio > 0:
         raise ValueError(f"a communication/compute ratio must be > 0, got {ratio}")
-    return profile.dense_time_s("paper") / ratio
+    a, spec = projection.ASSUMPTIONS, methods.get(BASELINE)
+    c = projection.paper_cluster(profile.PAPER["nodes"], profile.PAPER["gbps"],
+                                 a["nic_efficiency"].value)  # fmt: skip
+    wl = projection.paper_workload(0.0, {}, workload=workload)
+    k = spec.knobs_of({})
+    return spec.aggregation_time(wl.buckets, c, projection.GPU_COSTS, k, wl.shapes) / ratio
 
 
 @functools.lru_cache(maxsize=4096)
-def step_time_s(method: str, knobs: Knobs, ratio: float, nic_efficiency: float | None = None,
-                hidden: float | None = None) -> float:  # fmt: skip
+def step_time_s(
+    method: str, knobs: Knobs, ratio: float, nic_efficiency: float | None = None,
+    hidden: float | None = None, workload: str = "classification",
+) -> float:  # fmt: skip
     """The model's time per step of ``method`` with ``knobs`` at ``ratio`` on the paper's
-    cluster (s): its spec's price (a sync strategy's hook inside the node hides alike)."""
+    cluster training ``workload``'s projected network (s): its spec's price (a sync
+    strategy's hook inside the node hides alike)."""
     a = projection.ASSUMPTIONS
     nic = a["nic_efficiency"].value if nic_efficiency is None else nic_efficiency
     h = a["hidden"].value if hidden is None else hidden
     spec = methods.get(method)
     c = projection.paper_cluster(profile.PAPER["nodes"], profile.PAPER["gbps"], nic)
-    wl = projection.paper_workload(compute_for_ratio(ratio), {method: h, spec.comm: h})
+    compute = compute_for_ratio(ratio, workload)
+    wl = projection.paper_workload(compute, {method: h, spec.comm: h}, workload=workload)
     return spec.step_time(wl, c, projection.GPU_COSTS, knobs)
 
 
 def run_time_s(run: Run, ratio: float, **model: Any) -> float:
     """``run``'s projected time to target (or to its end, missed) at ``ratio`` (s)."""
-    return sum(p.steps * step_time_s(p.method, p.knobs, ratio, **model) for p in run.phases)
+    return sum(
+        p.steps * step_time_s(p.method, p.knobs, ratio, workload=run.workload, **model)
+        for p in run.phases
+    )
+
+
+def priced_time_s(run: Run, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs) -> float:
+    """``run``'s time to target (or to its end, missed) on cluster ``c`` training ``wl``
+    (s): each phase's steps x its spec's step time there (an emulated cluster:
+    :func:`bench.cluster.perfmodel.emulated`, ``wl`` its experiment's
+    :func:`~bench.cluster.perfmodel.workload_shapes`)."""
+    return sum(p.steps * methods.get(p.method).step_time(wl, c, costs, p.knobs) for p in run.phases)
 
 
 def corners() -> list[dict[str, float | None]]:
@@ -228,6 +246,24 @@ def corners() -> list[dict[str, float | None]]:
     return [{"nic_efficiency": None, "hidden": None}] + [
         {"nic_efficiency": n, "hidden": h} for n in (nic.low, nic.high) for h in (hid.low, hid.high)
     ]
+
+
+def corner_times(run: Run, ratio: float) -> list[float]:
+    """``run``'s projected time to target at ``ratio`` (s) at each of :func:`corners`, the
+    central assumptions first."""
+    return [run_time_s(run, ratio, **c) for c in corners()]
+
+
+def time_band(runs: Sequence[Run], ratio: float) -> tuple[float, float, float]:
+    """The projected mean time to target of ``runs`` (one method's configuration on one
+    cluster, one run per seed) at ``ratio`` (s): at the central assumptions, and the
+    lowest and highest mean over the model's assumption corners (NIC efficiency x the
+    share hidden behind the backward pass, :func:`corners`): the band a projected time
+    carries.  NaN without runs."""
+    if not runs:
+        return math.nan, math.nan, math.nan
+    per = np.mean([corner_times(r, ratio) for r in runs], axis=0)
+    return float(per[0]), float(per.min()), float(per.max())
 
 
 def _by_seed(runs: Sequence[Run]) -> list[list[Run]]:
@@ -292,56 +328,6 @@ def compose(
                     "ci_low": lo[0], "ci_high": hi[0], "band_low": min(lo), "band_high": max(hi),
                     "win": lo[0] > 1.0,
                 })  # fmt: skip
-    return pd.DataFrame(rows)
-
-
-def stops_winning(df: pd.DataFrame) -> pd.DataFrame:
-    """Per configuration and comparison: the ratio where the central speedup crosses 1
-    (log-linear between grid points; NaN if it does not cross in the grid) and the lowest
-    ratio from which every larger ratio of the grid is a measurable win (NaN: none)."""
-    out = []
-    for (g, role), d in df.groupby(["group", "vs_role"], sort=False):
-        d = d.sort_values("ratio")
-        r, s = d["ratio"].to_numpy(), d["speedup"].to_numpy()
-        cross = math.nan
-        for i in range(len(r) - 1):
-            if (s[i] - 1) * (s[i + 1] - 1) <= 0 and s[i] != s[i + 1]:
-                f = (1 - s[i]) / (s[i + 1] - s[i])
-                cross = float(math.exp(math.log(r[i]) + f * (math.log(r[i + 1]) - math.log(r[i]))))
-                break
-        wins = d["win"].to_numpy()
-        above = math.nan
-        for i in range(len(r) - 1, -1, -1):
-            if not wins[i]:
-                break
-            above = float(r[i])
-        out.append({"group": g, "vs_role": role, "breakeven_ratio": cross, "wins_from": above})
-    return pd.DataFrame(out)
-
-
-def end_to_end_check(runs: Sequence[Run]) -> pd.DataFrame:
-    """The composition against the runs' own clock: per configuration, mean steps to
-    target x this machine's measured time per step (training time / steps run, median
-    over runs) against the mean measured time to target (runs that reached it)."""
-    groups: dict[str, list[Run]] = {}
-    for r in runs:
-        if r.reached and r.time_to_target_s and r.train_time_s and r.steps_run:
-            groups.setdefault(r.group, []).append(r)
-    rows = []
-    for g, rs in groups.items():
-        per_step = float(np.median([r.train_time_s / r.steps_run for r in rs]))
-        predicted = float(np.mean([r.steps for r in rs])) * per_step
-        measured = float(np.mean([r.time_to_target_s for r in rs]))
-        rows.append(
-            {
-                "group": g,
-                "n": len(rs),
-                "step_s": per_step,
-                "predicted_s": predicted,
-                "measured_s": measured,
-                "relative_error": predicted / measured - 1,
-            }
-        )
     return pd.DataFrame(rows)
 
 
@@ -450,46 +436,3 @@ def plot(df: pd.DataFrame, path: str | Path, title: str) -> Path:
 GRID = tuple(round(10 ** (x / 8), 3) for x in range(-8, 9))  # 0.1 .. 10, log-spaced
 # (line style, marker) of each configuration in :func:`plot`, in turn
 LOOKS = (("-", "o"), ("--", "s"), ("-.", "^"), (":", "D"), ("-", "v"), ("--", "P"), ("-.", "X"))
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m bench.sweeps.ratios``: the composition on a results directory's records."""
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="python -m bench.sweeps.ratios", description=__doc__)
-    ap.add_argument("--results-dir", default="results", help="where runs.jsonl is")
-    ap.add_argument("--experiment", help="only records of this experiment")
-    ap.add_argument("--profile", help="only records run on this cluster profile (e.g. paper)")
-    ap.add_argument("--sweep", help="only records of this sweep (the record's queue id)")
-    ap.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples")
-    ap.add_argument("--figure", help="also draw speedup against ratio to this PNG")
-    a = ap.parse_args(argv)
-
-    def select(r: Mapping[str, Any]) -> bool:
-        return (
-            (a.experiment is None or r.get("experiment") == a.experiment)
-            and (a.profile is None or (r.get("cluster_profile") or {}).get("profile") == a.profile)
-            and (a.sweep is None or (r.get("queue") or {}).get("id") == a.sweep)
-        )
-
-    runs, skipped = load_runs(a.results_dir, select)
-    if not runs:
-        raise SystemExit(f"error: no usable records in {a.results_dir} ({len(skipped)} left out)")
-    named = named_ratios()
-    grid = sorted(set(GRID) | set(named.values()))
-    df = compose(runs, grid, n_boot=a.n_boot)
-    show = df[df["ratio"].isin(named.values())]
-    cols = ["ratio", "group", "vs", "speedup", "ci_low", "ci_high", "band_low", "band_high"]
-    print(f"{len(runs)} runs ({len(skipped)} left out); named settings on the axis:")
-    print("  " + ", ".join(f"{k} {v:.2f}" for k, v in named.items()))
-    print(show[cols + ["n_reached", "n_runs"]].round(3).to_string(index=False))
-    print(stops_winning(df).round(3).to_string(index=False))
-    print(end_to_end_check(runs).round(3).to_string(index=False))
-    if a.figure:
-        what = " ".join(x for x in (a.experiment, a.profile and f"profile {a.profile}") if x)
-        title = f"time to target across ratios: {what or a.results_dir}"
-        print(f"figure: {plot(df, a.figure, title)}")
-
-
-if __name__ == "__main__":
-    main()

@@ -18,12 +18,13 @@ import torch.distributed as dist
 
 from bench import methods
 from bench.benchmarks.timing import median_s as _median_s
+from bench.cluster import calibration, projection
 from bench.cluster import perfmodel as pm
-from bench.cluster import projection
+from bench.cluster.calibration import DCT
 from bench.cluster.emulated import worker_threads
 from bench.comm import cost
 from bench.comm.selection import SELECTORS
-from bench.launch.profile import host_contention, ring_link_bytes
+from bench.launch.profile import ring_link_bytes
 from bench.methods import Knobs
 
 # each size's launch opens with WARMUP_RUNS runs of WARMUP_COMM, left out of its table
@@ -66,6 +67,8 @@ class Calibration:
     msg_lat_s: float  # one gloo message step over loopback
     intra_bw: float  # bytes/s between workers of one node (loopback)
     cores: int = field(default_factory=lambda: os.cpu_count() or 1)
+    # PowerSGD's products and QR (s per flop and per call): this CPU's calibration rows
+    lowrank: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -117,9 +120,12 @@ def update_s(net: torch.nn.Module) -> float:
     return _median_s(opt.step)
 
 
-def ring_shift(rank: int, world: int, sizes: Sequence[int], reps: int = 5) -> list[list[float]]:
+def ring_shift(
+    rank: int, world: int, sizes: Sequence[int], reps: int = 5, pick: Any = statistics.median
+) -> list[list[float]]:
     """(bytes, s) per size of each worker sending to the next while receiving from the one
-    before (the slowest rank's median); runs in :func:`bench.benchmarks.spawn.run_workers`."""
+    before (``pick`` of the slowest rank's times: their median, or the fastest on a shared
+    machine); runs in :func:`bench.benchmarks.spawn.run_workers`."""
     out = []
     for n in sizes:
         t, r = torch.ones(max(1, n // 4)), torch.empty(max(1, n // 4))
@@ -133,7 +139,7 @@ def ring_shift(rank: int, world: int, sizes: Sequence[int], reps: int = 5) -> li
             dist.all_reduce(dt, op=dist.ReduceOp.MAX)
             if i:
                 times.append(dt.item())
-        out.append([float(n), statistics.median(times)])
+        out.append([float(n), pick(times)])
     return out
 
 
@@ -195,25 +201,25 @@ def calibrate(
     try:
         el = element_costs(buckets, density)
         upd = update_s(net)
-        for name, k in (own or {}).items():
-            el["select_s"][name] = demo_select_s(net, k.chunk, k.topk, el["dense_s"])  # type: ignore[attr-defined]
+        for k in (own or {}).values():
+            el["select_s"][DCT] = demo_select_s(net, k.chunk, k.topk, el["dense_s"])  # type: ignore[attr-defined]
     finally:
         torch.set_num_threads(before)
     shift = run_workers(ring_shift, 2, 2, list(SHIFT_BYTES))[0]
     lat, bw = pm.fit_alpha_beta([s for s, _ in shift], [t for _, t in shift])
-    return Calibration(buckets, shapes, update_s=upd, msg_lat_s=lat, intra_bw=bw, **el)
+    try:  # not timed here: the committed rows of this CPU kind (gpucheck calibrate --cpu)
+        k = calibration.costs("cpu")
+        low = {n: getattr(k, n) for n in ("matmul_s", "matmul_call_s", "qr_s", "qr_call_s")}
+    except (FileNotFoundError, KeyError):
+        low = {}  # PowerSGD's compute unpriced: the plan's calibration says so (empty)
+    return Calibration(buckets, shapes, update_s=upd, msg_lat_s=lat, intra_bw=bw, lowrank=low,
+                       **el)  # fmt: skip
 
 
 def contention(nodes: int, per_node: int, cores: int) -> float:
     """How much slower a one-thread cost runs with this size's workers on the host."""
     world = nodes * per_node
-    return host_contention(nodes, per_node, worker_threads(0, world), cores)
-
-
-def link_efficiency() -> float:
-    """Payload share of a shaped link carrying as much each way (TCP/IP framing, ACKs)."""
-    payload = 2**20
-    return payload / cost.on_wire(payload, payload)
+    return pm.host_contention(nodes, per_node, worker_threads(0, world), cores)
 
 
 def predict(
@@ -233,12 +239,11 @@ def predict(
     spec = methods.get(comm)
     k = spec.knobs_of({}) if k is None else k
     f = contention(nodes, per_node, cal.cores)
-    sel = cal.select_s.get(getattr(k, "selector", comm), 0.0)
-    costs = pm.Costs(select_s=sel * f, scatter_s=cal.scatter_s * f, dense_s=cal.dense_s * f,
-                     reduce_s=cal.reduce_s * f)  # fmt: skip
-    inter_bw = link_bps / 8 * link_efficiency() if link_bps else cal.intra_bw
+    costs = pm.Costs(scatter_s=cal.scatter_s, dense_s=cal.dense_s, reduce_s=cal.reduce_s,
+                     selectors=cal.select_s, **cal.lowrank)  # fmt: skip
+    inter_bw = link_bps / 8 * pm.link_efficiency() if link_bps else cal.intra_bw
     c = pm.Cluster(nodes, per_node, inter_bw=inter_bw, inter_lat=cal.msg_lat_s * f,
-                   intra_bw=cal.intra_bw / f, intra_lat=cal.msg_lat_s * f)  # fmt: skip
+                   intra_bw=cal.intra_bw / f, intra_lat=cal.msg_lat_s * f, slowdown=f)  # fmt: skip
     wl = pm.Workload(
         buckets=cal.buckets,
         compute_s=compute_s,

@@ -1,80 +1,96 @@
-"""The tuning protocol's trials: each method's joint space (its own knobs x the learning
-rate), an equal number of trials per method drawn from it by a scrambled Halton sequence
-(AlgoPerf's external tuning draws a fixed number of quasirandom points per submission),
-schedules on the step axis, and the refusal of two trials that would run alike.
+"""The tuning protocol's trials: each method's knob settings x the learning rate, the same
+number of knob settings per method drawn by a scrambled Halton sequence (AlgoPerf's external
+tuning draws a fixed number of quasirandom points per submission), each tried at every rate
+of LR_FACTORS; the trials the rate extension adds beyond them (:mod:`bench.sweeps.
+extension`); schedules on the step axis, and the refusal of two trials that would send and
+learn alike.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from bench import methods
-from bench.methods import Knobs, Option, Space
+from bench.methods import Knobs, Space
 from bench.registry import ConfigError
 
-LR_FACTORS = (0.5, 1.0, 2.0)  # x the recipe's learning rate, for every method
-TRIALS = 6  # trials per method, every method alike
-DRAW_SEED = 0  # the Halton sequence's scramble: the same trials every time
+# x the method's centre rate, for every method; the centre first, so that a tie (the rule
+# takes the trial declared first) never puts a selection at the edge of what was tried
+LR_FACTORS = (1.0, 0.5, 2.0)
+KNOB_CELLS = 2  # knob settings per method, each tried at every rate of LR_FACTORS
+TRIALS = KNOB_CELLS * len(LR_FACTORS)  # trials per method, every method alike
+DRAW_SEED = 0  # the Halton sequence's scramble: the same knob settings every time
 
 
 @dataclass(frozen=True)
 class Trial:
-    """One point of a method's joint space: its label (what it runs) and its overrides."""
+    """One trial: its label (what it runs), its overrides, its knob setting (``cell``, the
+    label's part before the rate), its rate (x the method's centre) and the extension
+    round that added it (0: the grid)."""
 
     label: str
     overrides: tuple[tuple[str, Any], ...]  # (Hydra key, value), in knob order
+    cell: str = ""
+    rate: float = 1.0
+    round: int = 0
 
     def values(self) -> dict[str, Any]:
         return dict(self.overrides)
 
+    def at(self, rate: float, round: int = 0) -> Trial:
+        """The same knob setting at ``rate`` x the centre (its label says the rate)."""
+        lr = float(self.values()["optim.lr"]) / self.rate * rate
+        over = {**self.values(), "optim.lr": float(f"{lr:.6g}")}
+        label = "-".join(p for p in (self.cell, f"lr{rate:g}x") if p)
+        return Trial(label, tuple(over.items()), self.cell, rate, round)
 
-def joint(knobs: Space, recipe_lr: float) -> list[Trial]:
-    """Every combination of ``knobs`` and the learning-rate axis, in declared order."""
-    axes: list[tuple[Option, ...]] = [*knobs.values(), _lr_axis(recipe_lr)]
+
+def draw(knobs: Space, centre: float, n: int = KNOB_CELLS, seed: int = DRAW_SEED) -> list[Trial]:
+    """``n`` knob settings of ``knobs``, each at every rate of LR_FACTORS x ``centre``: all
+    settings when there are ``n``, else the first ``n`` distinct cells a scrambled Halton
+    sequence visits (ConfigError: fewer)."""
+    from scipy.stats import qmc
+
+    points = [
+        ("-".join(p for p, _ in combo if p), {k: v for _, o in combo for k, v in o.items()})
+        for combo in itertools.product(*knobs.values())
+    ]
+    if len(points) < n:
+        raise ConfigError(
+            f"a space of {len(points)} knob setting(s) cannot give the protocol's {n}: "
+            f"add options to {', '.join(knobs) or 'its knobs'}"
+        )
+    chosen: Sequence[int] = range(n)
+    if len(points) > n:  # 64 points a cell: every cell visited
+        sizes = np.array([len(a) for a in knobs.values()])
+        u = qmc.Halton(d=len(sizes), scramble=True, seed=seed).random(64 * len(points))
+        cell = np.minimum((u * sizes).astype(int), sizes - 1)
+        chosen = list(dict.fromkeys(np.ravel_multi_index(tuple(cell.T), sizes).tolist()))[:n]
     out = []
-    for combo in itertools.product(*axes):
-        label = "-".join(p for p, _ in combo if p)
-        over: dict[str, Any] = {}
-        for _, o in combo:
-            over.update(o)
-        out.append(Trial(label, tuple(over.items())))
+    for label, over in (points[i] for i in sorted(chosen)):
+        centred = Trial(label, tuple({**over, "optim.lr": centre}.items()), label)
+        out += [centred.at(f) for f in LR_FACTORS]
     return out
 
 
-def _lr_axis(recipe_lr: float) -> tuple[Option, ...]:
-    return tuple((f"lr{f:g}x", {"optim.lr": float(f"{recipe_lr * f:.6g}")}) for f in LR_FACTORS)
-
-
-def draw(knobs: Space, recipe_lr: float, n: int = TRIALS, seed: int = DRAW_SEED) -> list[Trial]:
-    """``n`` distinct points of the joint space: all of it when it has ``n``, else the
-    first ``n`` distinct cells a scrambled Halton sequence visits (ConfigError: fewer)."""
-    from scipy.stats import qmc
-
-    points = joint(knobs, recipe_lr)
-    if len(points) < n:
-        raise ConfigError(
-            f"a joint space of {len(points)} trials cannot give the protocol's {n}: "
-            f"add options to {', '.join(knobs) or 'its knobs'}"
-        )
-    if len(points) == n:
-        return points
-    sizes = [len(a) for a in (*knobs.values(), LR_FACTORS)]
-    halton = qmc.Halton(d=len(sizes), scramble=True, seed=seed)
-    chosen: list[int] = []
-    while len(chosen) < n:
-        for u in halton.random(64):
-            cell = [min(int(x * k), k - 1) for x, k in zip(u, sizes, strict=True)]
-            i = 0
-            for c, k in zip(cell, sizes, strict=True):
-                i = i * k + c
-            if i not in chosen:
-                chosen.append(i)
-            if len(chosen) == n:
-                break
-    return [points[i] for i in sorted(chosen)]
+def beyond(grid: Sequence[Trial], label: str) -> Trial | None:
+    """The trial ``label`` names: one of ``grid``, or a knob setting of it at another rate
+    (``<setting>-lr<rate>x``: a trial the rate extension added); None if neither."""
+    for t in grid:
+        if t.label == label:
+            return t
+    m = re.fullmatch(r"(?:(.*)-)?lr([0-9.e+-]+)x", label)
+    if not m:
+        return None
+    same = [t for t in grid if t.cell == (m.group(1) or "")]
+    return same[0].at(float(m.group(2))) if same else None
 
 
 def sends(comm: str, values: Mapping[str, Any], steps: int) -> list[tuple[str, Knobs]]:
@@ -89,26 +105,44 @@ def sends(comm: str, values: Mapping[str, Any], steps: int) -> list[tuple[str, K
 SCHEDULE_KEYS = ("density", "warmup_steps", "density_schedule", "schedule_steps")
 
 
-def schedule(values: Mapping[str, Any], comm: str, budget: int) -> tuple[Any, ...]:
-    """What a trial sends at each of the first ``budget`` optimizer steps, and its other
-    settings: two trials with the same are the same trial within the budget."""
+def _learns(k: Knobs) -> tuple[tuple[str, Any], ...]:
+    """``k``'s fields that change the learning (:func:`bench.methods.spec.key`)."""
+    return tuple(
+        (f.name, getattr(k, f.name))
+        for f in dataclasses.fields(k)
+        if f.metadata.get("learns", True)
+    )
+
+
+def effect(values: Mapping[str, Any], comm: str, budget: int) -> tuple[Any, ...]:
+    """What a trial sends at each of the first ``budget`` optimizer steps, and every other
+    setting that changes the learning: two trials with the same send alike within the
+    budget and learn alike, so they are one trial (a knob declared not to change the
+    learning, DDP's bucket size, does not set them apart)."""
+    quiet = {
+        f.metadata["key"]
+        for f in dataclasses.fields(methods.get(comm).knob_type)
+        if not f.metadata.get("learns", True)
+    }
     rest = {
         k: tuple(v) if isinstance(v, list) else v
         for k, v in values.items()
-        if k.removeprefix("comm.") not in SCHEDULE_KEYS
+        if k.removeprefix("comm.") not in SCHEDULE_KEYS and k not in quiet
     }
-    return (tuple(sends(comm, values, budget)), tuple(sorted(rest.items())))
+    steps = tuple((m, _learns(k)) for m, k in sends(comm, values, budget))
+    return (steps, tuple(sorted(rest.items())))
 
 
 def check_distinct(comm: str, trials: Sequence[Trial], budget: int) -> None:
-    """ConfigError when two trials of ``comm`` run alike within ``budget`` steps."""
+    """ConfigError when two trials of ``comm`` send alike within ``budget`` steps and
+    learn alike (:func:`effect`)."""
     seen: dict[tuple[Any, ...], str] = {}
     for t in trials:
-        key = schedule(t.values(), comm, budget)
+        key = effect(t.values(), comm, budget)
         if key in seen:
             raise ConfigError(
-                f"{comm}: trials {seen[key]!r} and {t.label!r} run the same schedule within "
-                f"the budget of {budget} steps; make them differ before the sweep"
+                f"{comm}: trials {seen[key]!r} and {t.label!r} send alike within the budget "
+                f"of {budget} steps and learn alike; make them differ before the sweep"
             )
         seen[key] = t.label
 

@@ -1,7 +1,7 @@
-"""The tuning protocol's second version on fixture records: trials drawn alike for every
-method (knobs x the learning rate), duplicate schedules refused, labelled densities reached
-on the step axis, per-cluster selection from steps x step time, and the unpaired interval
-against a direct computation."""
+"""The tuning protocol's trials on fixture records: the same number of knob settings for
+every method, each at every rate; trials that send and learn alike refused; labelled
+densities reached on the step axis; per-cluster selection from steps x step time; and the
+unpaired interval against a direct computation."""
 
 import dataclasses
 import json
@@ -27,18 +27,43 @@ def _plan(**kw) -> pr.Plan:
     return pr.Plan(sweep_id="s", **kw)
 
 
-def test_every_method_gets_the_same_number_of_distinct_trials():
+def _fixed(monkeypatch, spaces):
+    """Each method's trials are ``spaces``' (label, overrides) (one space: every method's),
+    without a rate axis."""
+
+    def trials(self, comm):
+        space = spaces[comm] if isinstance(spaces, dict) else spaces
+        return [T.Trial(t, tuple(v.items())) for t, v in space]
+
+    monkeypatch.setattr(pr.Plan, "_trials", trials)
+
+
+TRAINING = [s.name for s in methods.specs() if s.kind != "reference"]
+
+
+def test_every_method_gets_the_same_knob_settings_each_at_every_rate():
     plan = _plan()
     for comm in plan.comms:
-        sp = plan._space(comm)
-        assert len(sp) == T.TRIALS and len({t for t, _ in sp}) == T.TRIALS
-        assert all("optim.lr" in v for _, v in sp)
+        sp = plan._trials(comm)
+        assert len(sp) == T.TRIALS and len({t.label for t in sp}) == T.TRIALS
+        cells = {t.cell for t in sp}
+        assert len(cells) == T.KNOB_CELLS and all(t.label.startswith(t.cell) for t in sp)
+        for cell in cells:  # every knob setting at >= 3 rates: 0.5x, 1x, 2x of the centre
+            lrs = sorted(t.values()["optim.lr"] for t in sp if t.cell == cell)
+            assert len(lrs) >= 3 and lrs[0] * 4 == pytest.approx(lrs[-1])
     lrs = {v["optim.lr"] for c in plan.comms if c != "demo" for _, v in plan._space(c)}
     assert lrs == {0.2, 0.4, 0.8}  # the rate axis reaches every method
     demo = {v["optim.lr"] for _, v in plan._space("demo")}  # a sign update: its own centre
     lr = methods.get("demo").lr_centre["classification"]
-    assert lr != 0.4 and demo <= {0.5 * lr, lr, 2 * lr}
+    assert lr != 0.4 and demo == {0.5 * lr, lr, 2 * lr}
     plan.check()  # distinct, and every labelled density reached within dense's steps
+    # a rate beyond the grid (the extension's) is the same knob setting at that rate
+    grid = plan._trials("diloco")
+    far = T.beyond(grid, f"{grid[0].cell}-lr0.25x")
+    assert far.values() == {**grid[0].values(), "optim.lr": 0.1} and far.rate == 0.25
+    assert T.beyond(grid, "H99-lr1x") is None and T.beyond(grid, grid[4].label) == grid[4]
+    with pytest.raises(ConfigError, match="trials 4: whole knob settings of 3 rates"):
+        _plan(trials=4).check()
 
 
 def test_a_methods_space_is_its_specs_and_gets_the_same_trials(monkeypatch):
@@ -47,10 +72,38 @@ def test_a_methods_space_is_its_specs_and_gets_the_same_trials(monkeypatch):
         monkeypatch.setitem(methods.METHODS._items, "randomk", spec)
 
     with_space({"x": (("a", {"comm.density": 0.1}),)})
-    with pytest.raises(ConfigError, match="cannot give the protocol's 6"):
+    with pytest.raises(ConfigError, match="1 knob setting.s. cannot give the protocol's 2"):
         pr.space("randomk", 0.4)
-    with_space({"x": tuple((f"d{d}", {"comm.density": d}) for d in (0.1, 0.2))})
-    assert len(pr.space("randomk", 0.4)) == T.TRIALS
+    with_space({"x": tuple((f"d{d}", {"comm.density": d}) for d in (0.1, 0.2, 0.3))})
+    sp = pr.space("randomk", 0.4)
+    assert len(sp) == T.TRIALS and [t.rate for t in sp[:3]] == list(T.LR_FACTORS)
+    assert sp == pr.space("randomk", 0.4)  # the same knob settings every time
+
+
+def test_every_default_method_learns_apart_in_each_trial_on_both_workloads():
+    for experiment, lr in (("dawnbench_digits", 0.4), ("transformer_protocol", 2e-3)):
+        plan = _plan(experiment=experiment, recipe_lr=lr, comms=TRAINING)
+        plan.check()
+        for c in TRAINING:  # and no axis of them changes nothing in the learning
+            assert len({T.effect(t.values(), c, 620) for t in plan._trials(c)}) == T.TRIALS
+    # dense, fp16, bf16: the optimizer's warm-up, not DDP's bucket size (it learns alike)
+    assert {t.cell for t in plan._trials("dense")} == {"wu0.5ep", "wu0.25ep"}
+
+
+def test_a_bucket_only_axis_is_refused_before_any_run(monkeypatch):
+    """DDP's bucket size groups the same elementwise all-reduce: trials apart in it alone
+    send alike and learn alike, so the plan is refused in one line; for top-k, whose
+    selection is per bucket, it learns apart."""
+    buckets = {"bucket": tuple((f"b{b:g}", {"comm.bucket_cap_mb": b}) for b in (6.25, 25.0))}
+    for name in ("dense", "hitopk"):
+        spec = dataclasses.replace(methods.get(name), spaces=lambda w, ref: buckets)
+        monkeypatch.setitem(methods.METHODS._items, name, spec)
+    with pytest.raises(ConfigError) as e:
+        _plan(comms=("dense",)).check()
+    msg = str(e.value)
+    assert "dense: trials 'b6.25-lr1x' and 'b25-lr1x' send alike within the budget" in msg
+    assert "learn alike" in msg and "\n" not in msg
+    _plan(comms=("hitopk",)).check()
 
 
 def test_two_trials_that_run_alike_within_the_budget_are_refused():
@@ -72,7 +125,7 @@ def test_two_trials_that_run_alike_within_the_budget_are_refused():
             ("comm.schedule_steps", 310),
         ),
     )
-    with pytest.raises(ConfigError, match="run the same schedule within the budget of 620"):
+    with pytest.raises(ConfigError, match="send alike within the budget of 620 steps and learn"):
         T.check_distinct("hitopk", [a, b], 620)
     T.check_distinct("hitopk", [a, b], 700)  # past 620 steps b reaches 0.01
     p4 = T.Trial("rank4-start310", (("comm.powersgd_rank", 4), ("comm.warmup_steps", 310)))
@@ -117,11 +170,15 @@ def _tuning(tmp, run_id, comm, trial, seed, phases, steps_to_target):
     )
 
 
+MEASURED = "measured-1.34"  # the measured cluster of the plans here (measured=("paper",))
+
+
 def _timing(tmp, run_id, method, seed, step_s, **knobs):
-    """A timing run of ``method`` at ``knobs`` (its config's full keys: ``comm.density``);
-    its key is read from its config, its label written as the plan writes it."""
+    """A timing run of ``method`` at ``knobs`` (its config's full keys: ``comm.density``)
+    on the measured cluster; its key is read from its config, its label written as the
+    plan writes it."""
     spec = methods.get(method)
-    config = {"train": {"seed": seed}}
+    config = {"train": {"seed": seed}, "results": {"protocol_cluster": MEASURED}}
     for o in spec.overrides():  # the groups that select it: comm=, optim=, sync=
         group, name = o.split("=")
         config[group] = {"name": name}
@@ -146,9 +203,8 @@ def test_selection_is_per_cluster_from_steps_and_step_times(tmp_path, monkeypatc
     """hitopk at density 0.1 needs fewer steps, at 0.001 sends far less: the model's paper
     cluster at a high ratio picks the sparse one, the emulated timing pass (where 0.001 is
     not faster per step) picks the one with fewer steps."""
-    space = (("a", {"comm.density": 0.1}), ("b", {"comm.density": 0.001}))
-    monkeypatch.setattr(pr.Plan, "_space", lambda self, c: space)
-    plan = _plan(comms=("hitopk",), results_dir=str(tmp_path))
+    _fixed(monkeypatch, (("a", {"comm.density": 0.1}), ("b", {"comm.density": 0.001})))
+    plan = _plan(comms=("hitopk",), results_dir=str(tmp_path), measured=("paper",))
     for seed in (1000, 1001):
         _tuning(tmp_path, f"a{seed}", "hitopk", "a", seed, "hitopk/0.1/0/100/1", 40)
         _tuning(tmp_path, f"b{seed}", "hitopk", "b", seed, "hitopk/0.001/0/100/1", 60)
@@ -157,17 +213,16 @@ def test_selection_is_per_cluster_from_steps_and_step_times(tmp_path, monkeypatc
     recs = load_records(tmp_path)
     table = pr.selection_table(plan, recs)
     chosen = pr.select_per_cluster(table)
-    assert chosen["emulated"] == {"hitopk": "a"}  # 40 x 10 ms < 60 x 10 ms
+    assert chosen[MEASURED] == {"hitopk": "a"}  # 40 x 10 ms < 60 x 10 ms
     assert chosen["paper-b64"] == {"hitopk": "b"}  # the model: 0.001 is far cheaper there
-    row = table[(table["cluster"] == "emulated") & (table["trial"] == "a")].iloc[0]
+    row = table[(table["cluster"] == MEASURED) & (table["trial"] == "a")].iloc[0]
     assert row["median_time_s"] == pytest.approx(0.4) and row["median_steps"] == 40
     assert row["ran"] == "hitopk 0.1 x 40"
-    # each selected configuration runs on every evaluation seed, on the check cluster
-    # when it was selected there
+    # each selected configuration runs on every evaluation seed, on the measured cluster
+    # when it was selected there, else on the plan's
     jobs = plan.eval_jobs(chosen)
-    assert {(j.trial, j.where) for j in jobs} == {("a", "emulated"), ("b", "")}
+    assert {(j.trial, j.where) for j in jobs} == {("a", MEASURED), ("b", "")}
     assert len(jobs) == 2 * len(plan.eval_seeds) and len(plan.eval_seeds) >= 10
-    assert "cluster=emulated" in plan.overrides(next(j for j in jobs if j.where))
 
 
 def test_the_unpaired_interval_is_welch_on_log_time():
@@ -187,7 +242,8 @@ def test_the_unpaired_interval_is_welch_on_log_time():
     assert math.isnan(iv.seed_correlation({0: 1.0}, {0: 2.0}))
 
 
-def test_the_new_methods_are_names_plus_the_overrides_that_select_them():
+def test_the_new_methods_are_names_plus_the_overrides_that_select_them(monkeypatch):
+    monkeypatch.setattr(pr.Plan, "_link", lambda self, job: [])  # a shaped link
     plan = _plan()
     assert {"demo", "diloco", "streaming_diloco"} <= set(plan.comms)
     assert "localsgd" not in plan.comms  # in the plan with --comm (DiLoCo's special case)
@@ -288,8 +344,8 @@ def test_demo_and_diloco_are_priced_on_the_paper_cluster(tmp_path, monkeypatch):
         ("h10", {"sync.sync_every": 10, "sync.outer_lr": 0.7}),
         ("h40", {"sync.sync_every": 40, "sync.outer_lr": 0.7}),
     )
-    monkeypatch.setattr(pr.Plan, "_space", lambda self, c: space)
-    plan = _plan(comms=("diloco",), results_dir=str(tmp_path))
+    _fixed(monkeypatch, space)
+    plan = _plan(comms=("diloco",), results_dir=str(tmp_path), measured=("paper",))
 
     def tuned(run_id, trial, seed, h, steps):
         _tuning(tmp_path, run_id, "dense", trial, seed, f"dense/1/0/{steps}/1", steps)
@@ -305,7 +361,7 @@ def test_demo_and_diloco_are_priced_on_the_paper_cluster(tmp_path, monkeypatch):
     _timing(tmp_path, "t2", "diloco", 2000, 0.010, **{"sync.sync_every": 40})
     table = pr.selection_table(plan, load_records(tmp_path))
     chosen = pr.select_per_cluster(table)
-    assert chosen["emulated"] == {"diloco": "h10"}  # as fast per step there: fewer steps
+    assert chosen[MEASURED] == {"diloco": "h10"}  # as fast per step there: fewer steps
     assert chosen["paper-b64"] == {"diloco": "h40"}  # 10 % more steps, far fewer syncs
     row = table[(table["cluster"] == "paper-b64") & (table["trial"] == "h40")].iloc[0]
     assert row["median_time_s"] == pytest.approx(
@@ -325,8 +381,8 @@ def test_the_table_is_per_cluster_with_welch_intervals_on_the_evaluation_seeds(
 
     spaces = {"dense": (("b25", {"comm.bucket_cap_mb": 25.0}),),
               "hitopk": (("d01", {"comm.density": 0.01}),)}  # fmt: skip
-    monkeypatch.setattr(pr.Plan, "_space", lambda self, c: spaces[c])
-    plan = _plan(comms=("dense", "hitopk"), results_dir=str(tmp_path))
+    _fixed(monkeypatch, spaces)
+    plan = _plan(comms=("dense", "hitopk"), results_dir=str(tmp_path), measured=("paper",))
     for seed in (1000, 1001):
         _tuning(tmp_path, f"td{seed}", "dense", "b25", seed, "dense/1/0/100/1", 60)
         _tuning(tmp_path, f"th{seed}", "hitopk", "d01", seed, "hitopk/0.01/0/100/1", 66)
@@ -346,11 +402,11 @@ def test_the_table_is_per_cluster_with_welch_intervals_on_the_evaluation_seeds(
             clock[comm][seed] = t
             last["time_to_target_s"] = t
             last["protocol"] = {**last["protocol"], "role": "eval", "selected": True}
-            last["config"] = {"train": {"seed": seed}, "cluster": {"name": "emulated"}}
+            last["config"] = {"train": {"seed": seed}, "results": {"protocol_cluster": MEASURED}}
             (tmp_path / "runs.jsonl").write_text("\n".join([*recs[:-1], json.dumps(last)]) + "\n")
     df = pt.aggregate(plan, load_records(tmp_path))
     assert list(dict.fromkeys(df["for_cluster"])) == list(pr.clusters(plan))
-    emu = df[(df["for_cluster"] == "emulated") & (df["comm"] == "hitopk")].iloc[0]
+    emu = df[(df["for_cluster"] == MEASURED) & (df["comm"] == "hitopk")].iloc[0]
     res = stats.ttest_ind(np.log(list(clock["dense"].values())),
                           np.log(list(clock["hitopk"].values())), equal_var=False)  # fmt: skip
     ci = res.confidence_interval(0.95)
@@ -372,5 +428,5 @@ def test_the_table_is_per_cluster_with_welch_intervals_on_the_evaluation_seeds(
     assert b64["measured_on"] == "model" and b64["speedup_vs_dense"] > 1.0
     # the report's long form: one table of clusters
     table = answer.answer_table_v2(df)
-    assert "emulated 2 x 2 (measured: the end-to-end check)" in table[0]
+    assert f"{MEASURED} 2 x 2 (measured" in table[0]
     assert table[-1].startswith("| **hitopk** (paper) |")

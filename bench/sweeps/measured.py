@@ -1,0 +1,427 @@
+"""The protocol's measured clusters: an emulated 2 x 2 whose link is shaped so that dense's
+MEASURED communication / compute is a named ratio (``paper`` 1.34, ``paper-b64`` 5.37),
+the model's prediction of each before its evaluation, and one CPU kind for every measured
+run.  Rules and why: docs/protocol.md.
+
+1. **Shaping** (before the timing pass): per measured cluster, dense and the compute-only
+   reference are timed on the emulated 2 x 2 (a few steps each, as a timing run); the
+   measured ratio is (dense - nocomm) / nocomm per step.  The first round's link is the
+   model's guess (:mod:`bench.launch.profile`); each next one is ``bandwidth x measured /
+   target`` (communication time about inversely proportional to the bandwidth) until the
+   ratio is within :data:`TOLERANCE` of the target, in at most :data:`MAX_ROUNDS` rounds.
+   The link is read back from the records (what ran), so a resumed sweep shapes alike.
+2. **Prediction**: per measured cluster and selected configuration, its tuning steps x the
+   model's step on that emulated cluster (its shaped link, the measured compute), written
+   to ``<results>/ablation/<sweep_id>-prediction.csv`` before its evaluation runs.
+3. **The measured table** ``<sweep_id>-measured.csv``: the prediction beside the measured
+   median time to target (95 % bootstrap interval) and the prediction's error.
+4. **One CPU kind**: the plan records the CPU model of its first measured run; a measured
+   run elsewhere is refused, and records of another kind are kept out of every table.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from bench import methods
+from bench.launch import profile
+from bench.registry import ConfigError
+from bench.results import whole
+from bench.results.env import cpu_model
+from bench.sweeps import intervals as iv
+from bench.sweeps import protocol as pr
+from bench.sweeps.common import sweep_records, write_table
+from bench.sweeps.resume import RERUN, RERUN_FAILED
+
+SHAPE, MAX_ROUNDS = pr.SHAPE, pr.SHAPE_ROUNDS  # the role of a shaping run; rounds at most
+TOLERANCE = 0.15  # the measured ratio within 15 % of its target
+STEP_BOUND = 8.0  # one round changes the bandwidth by at most this factor either way
+NODES, PROCS = 2, 2  # the emulated cluster's topology: the local cluster's (LOCAL_TOPOLOGY)
+PREDICTION, MEASURED_TABLE = "prediction", "measured"  # the tables' file name suffixes
+
+
+def names(plan: pr.Plan) -> list[str]:
+    return list(pr.measured_clusters(plan))
+
+
+def _dense() -> str:
+    return methods.names(group="baseline")[0]
+
+
+def _nocomm() -> str:
+    return methods.names(kind="reference")[0]
+
+
+def shape_jobs(where: str, k: int) -> list[pr.Job]:
+    """Round ``k`` of shaping cluster ``where``: dense and the compute-only reference,
+    interleaved, on each of SHAPE_SEEDS."""
+    return [pr.Job(SHAPE, c, f"round {k}", s, where) for s in pr.SHAPE_SEEDS
+            for c in (_dense(), _nocomm())]  # fmt: skip
+
+
+def rate(bps: float) -> str:
+    """A bandwidth in tc's spelling, to the kbit/s."""
+    return f"{max(1, round(bps / 1e3))}kbit"
+
+
+def _links(plan: pr.Plan) -> dict[tuple[str, int | None], str]:
+    """(cluster, round or None: shaped) -> its link's rate, as known to this process
+    (:meth:`bench.sweeps.protocol.Plan._link` reads it)."""
+    return plan.__dict__.setdefault("_links", {})
+
+
+# -- shaping ----------------------------------------------------------------------------
+
+
+@dataclass
+class Round:
+    """One shaping round: the link it ran at and the median time per step of each method."""
+
+    rate: str
+    dense_s: float
+    nocomm_s: float
+
+    @property
+    def ratio(self) -> float:
+        return (self.dense_s - self.nocomm_s) / self.nocomm_s
+
+
+@dataclass
+class Shaping:
+    """Where one measured cluster's shaping stands (:func:`shaping`)."""
+
+    name: str
+    target: float
+    rounds: list[Round] = field(default_factory=list)
+    todo: list[pr.Job] = field(default_factory=list)  # the current round's runs to go
+    errors: int = 0  # of the current round's runs, ended in error
+
+    def within(self, r: Round) -> bool:
+        return abs(r.ratio - self.target) <= TOLERANCE * self.target
+
+    @property
+    def shaped(self) -> Round | None:
+        return self.rounds[-1] if self.rounds and self.within(self.rounds[-1]) else None
+
+    @property
+    def failed(self) -> bool:
+        return self.shaped is None and len(self.rounds) >= MAX_ROUNDS
+
+    def line(self) -> str:
+        """One line: the target, each round's measured ratio at its link, the outcome."""
+        tried = ", ".join(f"{r.ratio:.2f} at {r.rate}" for r in self.rounds) or "no round yet"
+        if self.shaped:
+            s = self.shaped
+            how = f"shaped: measured {s.ratio:.2f} at {s.rate} (compute {s.nocomm_s * 1e3:.1f} ms"
+            return f"{self.name}: target {self.target:.2f}, {how} per step; rounds: {tried})"
+        if self.failed:
+            return (f"{self.name}: dense's measured comm / compute was {tried} in "
+                    f"{len(self.rounds)} rounds, never within {TOLERANCE:.0%} of "
+                    f"{self.target:.2f}")  # fmt: skip
+        left = f", {len(self.todo)} runs to go" if self.todo else ""
+        return f"{self.name}: target {self.target:.2f}, round {len(self.rounds)}{left}; {tried}"
+
+
+def _rate_of(rec: Mapping[str, Any]) -> str:
+    return str(((rec.get("config") or {}).get("cluster") or {}).get("inter_node_bandwidth"))
+
+
+def shaping(
+    plan: pr.Plan, records: Sequence[Mapping[str, Any]], rerun: Sequence[str] = RERUN
+) -> dict[str, Shaping]:
+    """Each measured cluster's shaping from the records: its completed rounds, and the
+    current round's runs still to go; the links of the rounds to come and the shaped ones
+    go to this process's cache (:meth:`bench.sweeps.protocol.Plan._link` reads it)."""
+    from bench.cluster.netns import parse_bandwidth
+
+    done = pr.recorded(records, rerun)
+    out = {}
+    for name, (_, target) in pr.measured_clusters(plan).items():
+        sh = Shaping(name, target)
+        out[name] = sh
+        while sh.shaped is None and not sh.failed:
+            jobs = shape_jobs(name, len(sh.rounds))
+            recs = [done.get(j.key) for j in jobs]
+            sh.todo = [j for j, r in zip(jobs, recs, strict=True) if r is None]
+            sh.errors = sum(r is not None and pr.step_s(r) is None for r in recs)
+            if sh.todo or sh.errors:
+                break
+            times = {c: [pr.step_s(r) for j, r in zip(jobs, recs) if j.comm == c]  # type: ignore[misc]
+                     for c in (_dense(), _nocomm())}  # fmt: skip
+            dense = [r for j, r in zip(jobs, recs) if j.comm == _dense()]
+            link = statistics.median(parse_bandwidth(_rate_of(r)) for r in dense)  # type: ignore[arg-type]
+            sh.rounds.append(Round(rate(link), *(statistics.median(t) for t in times.values())))
+            last = sh.rounds[-1]
+            step = min(STEP_BOUND, max(1 / STEP_BOUND, last.ratio / target))
+            _links(plan)[(name, len(sh.rounds))] = rate(link * step)
+        if sh.shaped:
+            _links(plan)[(name, None)] = sh.shaped.rate
+    return out
+
+
+def shape(
+    plan: pr.Plan,
+    runner: Callable[[list[list[str]], Path, str], list[int]],
+    sweep_dir: Path,
+    log: Callable[[str], None] = print,
+    rerun: Sequence[str] = RERUN,
+) -> list[int]:
+    """The shaping stage: each round's missing runs of every cluster not yet shaped, until
+    each is shaped; ConfigError when one never reaches its ratio or a run failed.
+    Returns the exit statuses of the runs it ran."""
+    rcs: list[int] = []
+    while True:
+        state = shaping(plan, load(plan), rerun)
+        todo = [j for sh in state.values() for j in sh.todo]
+        if not todo:
+            break
+        claim(plan, todo)
+        log(f"shaping: {len(todo)} runs ({'; '.join(sh.line() for sh in state.values())})")
+        rcs += runner([plan.overrides(j) for j in todo], sweep_dir / SHAPE, plan.experiment)
+    for sh in state.values():
+        log(f"shaping {sh.line()}")
+        if sh.errors:
+            again = "" if RERUN_FAILED[-1] in rerun else " --rerun-failed"
+            raise ConfigError(
+                f"shaping {sh.name}: {sh.errors} run(s) of round {len(sh.rounds)} ended in "
+                f"error; --resume {plan.sweep_id}{again} runs them"
+            )
+        if sh.failed:
+            raise ConfigError(f"shaping {sh.line()}: nothing measured runs on it")
+    return rcs
+
+
+def pin(plan: pr.Plan) -> str:
+    """Time this machine's compute per step once, for the model's first guess of every
+    measured link; a line saying what was timed ("" with no measured cluster or pinned)."""
+    from bench.config import to_object
+    from bench.sweeps.common import compose
+
+    if not names(plan) or plan.link_compute_s:
+        return ""
+    p = profile.apply(to_object(compose(plan.overrides(shape_jobs(names(plan)[0], 0)[0]))))
+    assert p is not None
+    plan.link_compute_s = float(p["compute_s"])
+    return "the measured clusters' first guess of their link: " + profile.describe(p)
+
+
+# -- one CPU kind -------------------------------------------------------------------------
+
+
+def kind_of(rec: Mapping[str, Any]) -> str:
+    """The CPU model a run ran on, from its record's ``hardware`` line ("" if unsaid)."""
+    m = re.search(r"(?:^CPU |host )(.+) \(\d+ cores\)", str(rec.get("hardware") or ""))
+    return m.group(1) if m else ""
+
+
+def kept(plan: pr.Plan, records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """``records`` but the measured runs on another CPU kind than the plan's (run again,
+    never in a table)."""
+
+    def other(r: Mapping[str, Any]) -> bool:
+        job, kind = pr.job_of(r), kind_of(r)
+        return bool(job and job.where and plan.cpu_kind and kind and kind != plan.cpu_kind)
+
+    return [r for r in records if not other(r)]
+
+
+def load(plan: pr.Plan) -> list[Mapping[str, Any]]:
+    """The sweep's records, the measured runs on another CPU kind left out."""
+    return kept(plan, sweep_records(plan.results_dir, plan.sweep_id))
+
+
+def claim(plan: pr.Plan, jobs: Sequence[pr.Job]) -> None:
+    """Before ``jobs`` run: with a measured run among them, the plan's CPU kind is this
+    machine's (recorded in its file by the first one); ConfigError naming both otherwise."""
+    if not any(j.where for j in jobs):
+        return
+    here = cpu_model()
+    if plan.cpu_kind and plan.cpu_kind != here:
+        raise ConfigError(
+            f"sweep {plan.sweep_id}'s measured runs ran on {plan.cpu_kind}; this machine is "
+            f"{here}: run them on a {plan.cpu_kind} machine (one CPU kind per sweep)"
+        )
+    if not plan.cpu_kind:
+        plan.cpu_kind = here
+        path = plan.path()
+        if path.exists():  # the saved plan keeps it: a resumed sweep checks against it
+            d = {**json.loads(path.read_text()), "cpu_kind": here}
+            whole.write(path, json.dumps(d, indent=1, sort_keys=True) + "\n")
+
+
+def status(plan: pr.Plan, records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Where the sweep stands (:func:`bench.sweeps.protocol.status`), with the shaping
+    stage's line per measured cluster after the tuning, and the CPU kind of their runs."""
+    mine = kept(plan, records)
+    lines = pr.status(plan, mine)
+    shaping_ = [f"shaping {sh.line()}" for sh in shaping(plan, mine).values()]
+    out = len(records) - len(mine)
+    if plan.cpu_kind or out:
+        again = f" ({out} on another kind kept out, run again)" if out else ""
+        shaping_.append(f"measured runs on {plan.cpu_kind or 'no CPU kind yet'}{again}")
+    return [*lines[:1], *shaping_, *lines[1:]]
+
+
+def run(
+    plan: pr.Plan,
+    runner: Callable[[list[list[str]], Path, str], list[int]],
+    sweep_dir: str | Path,
+    write: Callable[[pd.DataFrame, Path], bool],
+    log: Callable[[str], None] = print,
+    rerun: Sequence[str] = RERUN,
+) -> list[int]:
+    """The protocol sweep (:func:`bench.sweeps.protocol.run`) with the measured clusters'
+    stages: the CPU kind claimed, the links shaped, the prediction written."""
+    return pr.run(plan, runner, sweep_dir, write, log, rerun, sys.modules[__name__])
+
+
+# -- the model's prediction, and the measurement beside it --------------------------------
+
+
+def _model(experiment: str, bps: float, compute_s: float) -> tuple[Any, Any, Any]:
+    """(workload, cluster, costs) of the performance model for an emulated 2 x 2 at
+    ``bps`` whose step computes in ``compute_s`` (the compute-only reference's measured step,
+    update and data included): the experiment's own network, this CPU's measured costs."""
+    from bench.cluster import calibration
+    from bench.cluster import perfmodel as pm
+
+    cluster = pm.emulated(bps, NODES, PROCS, compute_s)
+    return pm.workload_shapes(experiment), cluster, calibration.costs()
+
+
+def predictions(
+    plan: pr.Plan, records: Sequence[Mapping[str, Any]], picked: Mapping[str, Mapping[str, str]]
+) -> pd.DataFrame:
+    """Per measured cluster and method, its selected configuration's predicted time to
+    target: per tuning run, its steps of each phase x the model's step time of that phase
+    on the cluster, the median over the tuning seeds."""
+    from bench.cluster.netns import parse_bandwidth
+
+    state = shaping(plan, records)
+    tuned = [r for r in pr.recorded(records).values() if pr.job_of(r).role == pr.TUNE]  # type: ignore[union-attr]
+    rows = []
+    for name, (prof, target) in pr.measured_clusters(plan).items():
+        shaped = state[name].shaped
+        if shaped is None:
+            raise ConfigError(f"{name} is not shaped: no prediction is made for it")
+        bps = parse_bandwidth(shaped.rate)
+        wl, cluster, costs = _model(plan.experiment, bps, shaped.nocomm_s)
+        for comm, trial in picked.get(name, {}).items():
+            times: list[float] = []
+            for r in tuned:
+                if (pr.job_of(r).comm, r["protocol"]["trial"]) != (comm, trial):  # type: ignore[union-attr]
+                    continue
+                if (run := pr.run_of(plan, r)) is None:
+                    continue
+                sent = pr.phase_sends(run, r)
+                model = {
+                    (m, k): methods.get(m).step_time(wl, cluster, costs, k) for _, m, k in sent
+                }
+                times.append(pr.cluster_time(run, sent, None, model))
+            rows.append({
+                "sweep_id": plan.sweep_id, "experiment": plan.experiment, "cluster": name,
+                "profile": prof, "target_ratio": target, "measured_ratio": shaped.ratio,
+                "bandwidth_bps": bps, "compute_s": shaped.nocomm_s, "cpu_kind": plan.cpu_kind,
+                "comm": comm, "trial": trial, "n_tuning_runs": len(times),
+                "predicted_s": statistics.median(times) if times else math.nan,
+            })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def table_path(plan: pr.Plan, what: str) -> Path:
+    return Path(plan.results_dir) / "ablation" / f"{plan.sweep_id}-{what}.csv"
+
+
+def predict(
+    plan: pr.Plan, records: Sequence[Mapping[str, Any]], picked: Mapping[str, Mapping[str, str]]
+) -> Path:
+    """Write the prediction table before any evaluation run (never replaced: a resumed
+    sweep's is the same; ConfigError when another one is there)."""
+    path = table_path(plan, PREDICTION)
+    write_table(predictions(plan, records, picked), path)
+    return path
+
+
+def median_interval(x: Sequence[float]) -> tuple[float, float, float]:
+    """(median, low, high) of ``x``: the 95 % percentile-bootstrap interval of the median
+    (seeded: the same records give the same interval); NaN bounds below 2 values."""
+    a = np.asarray(x, dtype=float)
+    if a.size == 0:
+        return math.nan, math.nan, math.nan
+    m = float(np.median(a))
+    if a.size < 2 or np.all(a == a[0]):
+        return (m, math.nan, math.nan) if a.size < 2 else (m, m, m)
+    ci = stats.bootstrap(
+        (a,),
+        np.median,
+        confidence_level=iv.CONFIDENCE,
+        method="percentile",
+        n_resamples=iv.N_RESAMPLES,
+        rng=np.random.default_rng(iv.RNG_SEED),
+    )
+    return m, float(ci.confidence_interval.low), float(ci.confidence_interval.high)  # fmt: skip
+
+
+def table(plan: pr.Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """The prediction table (as written before the evaluation) with, per row, the measured
+    median time to target on the cluster (a miss counts at the budget) and its interval
+    over the evaluation seeds run on the plan's CPU kind, and the prediction's error
+    (predicted / measured - 1); empty before the prediction is written."""
+    path = table_path(plan, PREDICTION)
+    if not path.exists():
+        return pd.DataFrame()
+    mine = kept(plan, records)
+    done = [(pr.job_of(r), r) for r in pr.recorded(mine).values()]
+    ids = {id(r) for r in mine}
+    other = [pr.job_of(r) for r in records if id(r) not in ids]  # another CPU kind
+    budget = iv.budget_s([r for j, r in done if j.role in (pr.TUNE, pr.EVAL)])  # type: ignore[union-attr]
+    rows = []
+    for row in pd.read_csv(path).to_dict("records"):
+        key = (pr.EVAL, row["cluster"], row["comm"], row["trial"])
+        runs = sorted((j.seed, r) for j, r in done if (j.role, j.where, j.comm, j.trial) == key)  # type: ignore[union-attr]
+        good = [(s, r) for s, r in runs if r.get("status") in ("ok", "target_missed")]
+        m, lo, hi = median_interval([iv.censored_time(r, budget) for _, r in good])
+        rows.append({
+            **row, "measured_median_s": m, "measured_ci_low_s": lo, "measured_ci_high_s": hi,
+            "prediction_error": row["predicted_s"] / m - 1 if m else math.nan,
+            "n_runs": len(runs), "n_reached": sum(r.get("time_to_target_s") is not None
+                                                  for _, r in runs),
+            "n_error": len(runs) - len(good),
+            "n_other_kind": sum((j.role, j.where, j.comm, j.trial) == key for j in other),  # type: ignore[union-attr]
+            "seeds": " ".join(str(s) for s, _ in good),
+            "run_ids": " ".join(str(r["run_id"]) for _, r in runs),
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def format_table(df: pd.DataFrame) -> str:
+    """The measured clusters' table as printed: prediction beside measurement."""
+    if df.empty:
+        return "(no prediction yet: the measured clusters' table comes with the evaluation)"
+    head = f"measured clusters (CPU {df['cpu_kind'].iloc[0]}): the model's prediction and the runs"
+    show = pd.DataFrame({
+        "cluster": df["cluster"],
+        "ratio target / measured": [f"{a:.2f} / {b:.2f}" for a, b in
+                                    zip(df["target_ratio"], df["measured_ratio"])],
+        "link": [f"{b / 1e6:.2f} Mbit/s" for b in df["bandwidth_bps"]],
+        "comm": df["comm"], "trial": df["trial"],
+        "predicted_s": df["predicted_s"].round(1),
+        "measured_s [95 %]": [iv.ci_text(m, lo, hi, 1, plain=True) for m, lo, hi in
+                              zip(df["measured_median_s"], df["measured_ci_low_s"],
+                                  df["measured_ci_high_s"])],
+        "error": [f"{e:+.0%}" if e == e else "-" for e in df["prediction_error"]],
+        "runs": df["n_runs"],
+    })  # fmt: skip
+    return head + "\n" + show.to_string(index=False)
