@@ -17,7 +17,7 @@ import pytest
 from bench.cluster.netns import parse_bandwidth
 from bench.registry import ConfigError
 from bench.results.records import append_record, load_records, write_curve
-from bench.sweeps import extension
+from bench.sweeps import extension, measured
 from bench.sweeps import intervals as iv
 from bench.sweeps import protocol as pr
 from bench.sweeps import protocol_table as pt
@@ -262,7 +262,7 @@ def test_the_rate_extension_puts_the_minimum_inside_and_resumes_without_redoing(
     ran: list[tuple] = []
     steps, logs = _lowest_at(quarter=True), []
     with pytest.raises(_Stop):  # the grid (6), one of round 1's runs (nothing measured)
-        pr.run(plan, _runner(plan, ran, 7, steps), tmp_path, write_table, log=lambda s: None)
+        measured.run(plan, _runner(plan, ran, 7, steps), tmp_path, write_table, log=lambda s: None)
     again = pr.Plan.load(tmp_path, SWEEP)
     recs = sweep_records(tmp_path, SWEEP)
     ext = pr.extend(again, recs)
@@ -273,7 +273,7 @@ def test_the_rate_extension_puts_the_minimum_inside_and_resumes_without_redoing(
     )
     (gap,) = pt.tuning_gaps(again, recs)  # its tuning table is partial
     assert gap == "1 of 8 tuning, timing and rate-extension runs lack a record or failed"
-    pr.run(again, _runner(again, ran, None, steps), tmp_path, write_table, log=logs.append)
+    measured.run(again, _runner(again, ran, None, steps), tmp_path, write_table, log=logs.append)
     recs = sweep_records(tmp_path, SWEEP)
     ext = pr.extend(again, recs)
     assert ext.settled and ext.rounds == 2 and not ext.at_edge
@@ -291,7 +291,7 @@ def test_the_rate_extension_puts_the_minimum_inside_and_resumes_without_redoing(
     over = again.overrides(pr.Job(pr.EVAL, "dense", "wu1ep-lr0.25x", 0))
     assert "optim.lr=0.1" in over and "optim.warmup_epochs=1.0" in over
     before = len(load_records(tmp_path))  # a rerun of --resume recomputes, redoes nothing
-    pr.run(again, _runner(again, ran, None, steps), tmp_path, write_table, log=lambda s: None)
+    measured.run(again, _runner(again, ran, None, steps), tmp_path, write_table, log=lambda s: None)
     assert len(load_records(tmp_path)) == before
 
 
@@ -301,7 +301,7 @@ def test_the_rate_extension_stops_at_its_bound_and_says_so(tmp_path: Path) -> No
     plan = _plan(tmp_path, comms=("dense",), trials=3, eval_seeds=(0,), measured=())
     logs: list[str] = []
     ran: list[tuple] = []
-    pr.run(plan, _runner(plan, ran, None, _lowest_at(quarter=False)), tmp_path, write_table,
+    measured.run(plan, _runner(plan, ran, None, _lowest_at(quarter=False)), tmp_path, write_table,
            log=logs.append)  # fmt: skip
     recs = sweep_records(tmp_path, SWEEP)
     ext = pr.extend(plan, recs)

@@ -300,23 +300,20 @@ def test_a_record_is_grouped_under_the_method_that_selected_it():
     assert pr.job_of(r).comm == "demo"
 
 
-def test_placement_trials_are_distinct_and_fit_the_workloads_optimizer(monkeypatch):
+def test_placement_trials_are_distinct_and_fit_the_workloads_optimizer():
     image, translation = _plan(), _plan(experiment="transformer_protocol", recipe_lr=5e-4)
-    for plan, other, fits in ((image, "update", "grad+dgc"), (translation, "grad+dgc", "update")):
+    for plan, other, fits, optim in ((image, "update", "grad+dgc", "sgd"),
+                                     (translation, "grad+dgc", "update", "adamw")):  # fmt: skip
         for c in ("topk", "hitopk"):
             seen = {v["comm.placement"] for _, v in plan._space(c)}
             assert seen == {"grad", fits}, (c, seen)
-        plan._check_placements("hitopk")
+        T.check_placements("hitopk", plan._space("hitopk"), optim)
         bad = (("x", {"comm.placement": other, "comm.density": 0.01, "comm.warmup_steps": 40}),)
-        monkeypatch.setattr(pr.Plan, "_space", lambda self, c, bad=bad: bad)
         with pytest.raises(ConfigError, match=re.escape(f"placement {other} does not fit")):
-            plan._check_placements("hitopk")
-        monkeypatch.undo()
+            T.check_placements("hitopk", bad, optim)
     cold = (("x", {"comm.placement": "update", "comm.density": 0.01}),)
-    monkeypatch.setattr(pr.Plan, "_space", lambda self, c: cold)
     with pytest.raises(ConfigError, match="needs comm.warmup_steps > 0"):
-        translation._check_placements("hitopk")
-    monkeypatch.undo()
+        T.check_placements("hitopk", cold, "adamw")
     labels = [t for t, _ in translation._space("mstopk")]
     assert len(set(labels)) == len(labels) == T.TRIALS
     translation.check()  # distinct trials, placements fit AdamW

@@ -25,7 +25,6 @@ import json
 import math
 import re
 import statistics
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +39,7 @@ from bench.launch import profile
 from bench.registry import ConfigError
 from bench.results import whole
 from bench.results.env import cpu_model
+from bench.sweeps import extension
 from bench.sweeps import intervals as iv
 from bench.sweeps import protocol as pr
 from bench.sweeps.common import sweep_records, write_table
@@ -282,9 +282,62 @@ def run(
     log: Callable[[str], None] = print,
     rerun: Sequence[str] = RERUN,
 ) -> list[int]:
-    """The protocol sweep (:func:`bench.sweeps.protocol.run`) with the measured clusters'
-    stages: the CPU kind claimed, the links shaped, the prediction written."""
-    return pr.run(plan, runner, sweep_dir, write, log, rerun, sys.modules[__name__])
+    """Tune, shape the measured clusters' links, time on each, extend the rates at an
+    edge, select, predict, evaluate; the jobs already recorded are skipped (``rerun``: the
+    statuses run again).  ``runner`` is ``common.run_queued`` (one launch of the workers
+    per phase) or a Hydra launcher's submission (``bench.launch.submit``), ``write`` the
+    never-replacing ``common.write_table``.  Returns the exit statuses of the jobs run."""
+    sweep_dir = Path(sweep_dir)
+    rcs: list[int] = []
+
+    def load() -> list[dict[str, Any]]:  # a measured run on another CPU kind left out
+        recs = sweep_records(plan.results_dir, plan.sweep_id)
+        return kept(plan, recs) if plan.measured else recs
+
+    def stage(name: str, jobs: list[pr.Job], role: str) -> None:
+        nonlocal rcs
+        todo = pr.pending(jobs, load(), rerun)
+        if todo:
+            if plan.measured:
+                claim(plan, todo)  # one CPU kind for every measured run
+            log(f"{name}: {len(todo)} of {len(jobs)} runs to go")
+            rcs += runner([plan.overrides(j) for j in todo], sweep_dir / role, plan.experiment)
+
+    stage("tuning", plan.tune_jobs(), pr.TUNE)
+    if plan.measured:  # the links, from the records (ConfigError: a cluster not shaped)
+        rcs += shape(plan, runner, sweep_dir, log, rerun)
+    stage("timing pass", plan.timing_jobs(), pr.TIME)
+    recs = load()
+    for _ in range(extension.MAX_ROUNDS):  # each round decided by the records before it
+        ext = pr.extend(plan, recs)
+        todo = pr.pending(ext.jobs, recs, rerun)
+        if not todo:
+            break
+        log(f"rate extension, round {ext.rounds}: {len(todo)} of {len(ext.jobs)} runs to go")
+        rcs += runner([plan.overrides(j) for j in todo], sweep_dir / pr.TUNE, plan.experiment)
+        recs = load()
+    ext = pr.extend(plan, recs)
+    tuning = pr.selection_table(plan, recs, ext.trials)
+    path = Path(plan.results_dir) / "ablation" / f"{plan.sweep_id}-tuning.csv"
+    write(tuning, path)  # partial (``write`` decides) while runs are missing or failed
+    if not ext.settled:  # a selection on missing data is no selection
+        jobs = [*plan.tune_jobs(), *plan.timing_jobs(), *ext.jobs]
+        left = pr.pending(jobs, recs, pr.RERUN_FAILED)
+        failed = sum(j.key in pr.recorded(recs) for j in left)  # recorded, in error
+        again = f"--resume {plan.sweep_id}" + (" --rerun-failed" if failed else "")
+        raise ConfigError(
+            f"{len(left)} of {len(jobs)} tuning, timing and rate-extension runs are missing "
+            f"({failed} ended in error), so no configuration was selected and no evaluation "
+            f"submitted; {again} runs them"
+        )
+    if ext.at_edge:
+        log(f"note: {extension.bound_note(ext)} ({path})")
+    picked = pr.select_per_cluster(tuning)
+    log(f"selected: {picked} ({path})")
+    if plan.measured:  # the model's word on each, before its runs
+        log(f"predicted: {predict(plan, recs, picked)}")
+    stage("evaluation", plan.eval_jobs(picked), pr.EVAL)
+    return rcs
 
 
 # -- the model's prediction, and the measurement beside it --------------------------------

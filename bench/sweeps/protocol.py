@@ -1,31 +1,10 @@
-"""The tuning protocol (``equal-budget-v3``): the same tuning budget for every method, a
-selection rule fixed in advance, then fresh seeds.  Rules and why: docs/protocol.md.
-
-Modelled on AlgoPerf's external-tuning ruleset:
-
-1. **Search spaces.**  Each method's own knobs (its spec's :meth:`~bench.methods.MethodSpec.
-   space` on the workload): the same number of knob settings per method, each at every
-   rate of the learning-rate axis (:mod:`bench.sweeps.trials`), refused before the sweep
-   when two trials send and learn alike.
-2. **Tuning** on :data:`TUNE_SEEDS` (never evaluation seeds), on the local cluster: steps
-   to target.  Each **measured cluster** (an emulated 2 x 2 whose link is shaped to a named
-   ratio: :mod:`bench.sweeps.measured`) gets a **timing pass** of every phase a trial can
-   send in.
-3. **Selection** (:func:`select_per_cluster`): per cluster and method, the trial of lowest
-   median time to target on the tuning seeds (steps x step time: the timing pass on a
-   measured cluster, the performance model at each paper ratio); a selected rate at the
-   edge of those tried with its knob setting is extended beyond
-   (:mod:`bench.sweeps.extension`) and the rule selects again; written to
-   ``<results>/ablation/<sweep_id>-tuning.csv``.
-4. **Evaluation** of every selected configuration on :data:`EVAL_SEEDS`, on the measured
-   cluster it was selected for; the table (:mod:`bench.sweeps.protocol_table`) is built
-   from these runs alone.
-
-Runs go seed-major, shuffled within a seed by ``order_seed`` (recorded in the plan).  Every
-run's record carries ``protocol`` = {name, role, trial, selected} and the measured cluster
-it ran on (``results.protocol_cluster``).  The plan is written to
-``<results>/ablation/<sweep_id>.plan.json`` before the first run; :func:`pending` compares
-it with the sweep's records, so an interrupted sweep resumes without redoing a run.
+"""The tuning protocol (``equal-budget-v3``), modelled on AlgoPerf's external tuning: the
+same trials per method (knob settings x rates, :mod:`bench.sweeps.trials`), tuning on
+:data:`TUNE_SEEDS` on the local cluster (steps), a timing pass per measured cluster
+(:mod:`bench.sweeps.measured`), selection per cluster by a rule fixed in advance with the
+rate extended past an edge (:mod:`bench.sweeps.extension`), then evaluation on fresh seeds.
+The plan (``<results>/ablation/<sweep_id>.plan.json``) is written before the first run, and
+:func:`pending` resumes an interrupted sweep without redoing a run.  Rules: docs/protocol.md.
 """
 
 from __future__ import annotations
@@ -34,7 +13,7 @@ import dataclasses
 import math
 import random
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,11 +30,21 @@ from bench.sweeps.common import (
     job_base,
     options,
     quick_methods,
-    sweep_records,
     validate_jobs,
 )
 from bench.sweeps.resume import RERUN, RERUN_FAILED, Saved, latest, progress
-from bench.sweeps.trials import LR_FACTORS, TRIALS, Trial, beyond, check_distinct, draw, ran, sends
+from bench.sweeps.trials import (
+    LR_FACTORS,
+    TRIALS,
+    Trial,
+    beyond,
+    check_distinct,
+    check_placements,
+    check_reached,
+    draw,
+    ran,
+    sends,
+)
 
 NAME = "equal-budget-v3"  # the protocol's name in every record; change it with the rules
 TUNE_SEEDS = (1000, 1001)  # tuning only: never an evaluation seed (both workloads)
@@ -229,38 +218,8 @@ class Plan(Saved):
         budget = BUDGET_STEPS[self.workload()]
         for c in self.comms:
             check_distinct(c, self._trials(c), budget)
-            self._check_reached(c)
-            self._check_placements(c)
-
-    def _check_placements(self, comm: str) -> None:
-        """Every placement a trial names fits the workload's optimizer (and ``update`` has
-        its dense warm-up): bench.comm.placement's own refusal, before the sweep."""
-        from bench.comm.config import Placement
-        from bench.comm.placement import FITS
-
-        optim = WORKLOAD_OPTIM[self.workload()]
-        for label, values in self._space(comm):
-            p = values.get("comm.placement")
-            if p is None or p == Placement.grad.value:
-                continue
-            fits = FITS.get(Placement(p), ())
-            if not methods.get(comm).sparse or optim not in fits:
-                raise ConfigError(
-                    f"{comm} {label}: placement {p} does not fit {self.workload()}'s "
-                    f"optimizer {optim} (it needs a sparse method and {' or '.join(fits)})"
-                )
-            if p == Placement.update.value and not int(values.get("comm.warmup_steps", 0)):
-                raise ConfigError(f"{comm} {label}: placement update needs comm.warmup_steps > 0")
-
-    def _check_reached(self, comm: str) -> None:
-        """What every trial is labelled with (its final density, PowerSGD's rank) is sent
-        before dense's steps to target."""
-        spec, ref = methods.get(comm), REF_STEPS[self.workload()]
-        for label, values in self._space(comm):
-            final = spec.timing_knobs(spec.knobs_of(values))
-            if (comm, final) not in sends(comm, values, ref):
-                what = spec.timing_label(final).removeprefix(f"time {comm} ")
-                raise ConfigError(f"{comm} {label}: {what} is not reached within {ref} steps")
+            check_reached(c, self._space(c), REF_STEPS[self.workload()])
+            check_placements(c, self._space(c), WORKLOAD_OPTIM[self.workload()])
 
     def check_jobs(self) -> None:
         """Every (method, trial) composes and passes the run's own checks."""
@@ -731,74 +690,3 @@ def select_per_cluster(table: pd.DataFrame) -> dict[str, dict[str, str]]:
     median time to target on the tuning seeds (:func:`selection_table`); ties, and no
     time at all, go to the trial declared first."""
     return {str(cluster): select(g) for cluster, g in table.groupby("cluster", sort=False)}
-
-
-def run(
-    plan: Plan,
-    runner: Callable[[list[list[str]], Path, str], list[int]],
-    sweep_dir: str | Path,
-    write: Callable[[pd.DataFrame, Path], bool],
-    log: Callable[[str], None] = print,
-    rerun: Sequence[str] = RERUN,
-    measured: Any = None,
-) -> list[int]:
-    """Tune, shape the measured clusters' links, time on each, extend the rates at an
-    edge, select, predict, evaluate; the jobs already recorded are skipped (``rerun``: the
-    statuses run again).  ``runner`` is ``common.run_queued`` (one launch of the workers
-    per phase) or a Hydra launcher's submission (``bench.launch.submit``), ``write`` the
-    never-replacing ``common.write_table``; ``measured`` the measured clusters' stages
-    (:mod:`bench.sweeps.measured`, whose ``run`` calls this).  Returns the exit statuses
-    of the jobs run."""
-    if measured is None and plan.measured:
-        raise ConfigError("a plan with measured clusters runs by bench.sweeps.measured.run")
-    sweep_dir = Path(sweep_dir)
-    rcs: list[int] = []
-
-    def load() -> list[dict[str, Any]]:  # a measured run on another CPU kind left out
-        recs = sweep_records(plan.results_dir, plan.sweep_id)
-        return measured.kept(plan, recs) if measured else recs
-
-    def stage(name: str, jobs: list[Job], role: str) -> None:
-        nonlocal rcs
-        todo = pending(jobs, load(), rerun)
-        if todo:
-            if measured:
-                measured.claim(plan, todo)  # one CPU kind for every measured run
-            log(f"{name}: {len(todo)} of {len(jobs)} runs to go")
-            rcs += runner([plan.overrides(j) for j in todo], sweep_dir / role, plan.experiment)
-
-    stage("tuning", plan.tune_jobs(), TUNE)
-    if measured:  # the links, from the records (ConfigError: a cluster not shaped)
-        rcs += measured.shape(plan, runner, sweep_dir, log, rerun)
-    stage("timing pass", plan.timing_jobs(), TIME)
-    recs = load()
-    for _ in range(extension.MAX_ROUNDS):  # each round decided by the records before it
-        ext = extend(plan, recs)
-        todo = pending(ext.jobs, recs, rerun)
-        if not todo:
-            break
-        log(f"rate extension, round {ext.rounds}: {len(todo)} of {len(ext.jobs)} runs to go")
-        rcs += runner([plan.overrides(j) for j in todo], sweep_dir / TUNE, plan.experiment)
-        recs = load()
-    ext = extend(plan, recs)
-    tuning = selection_table(plan, recs, ext.trials)
-    path = Path(plan.results_dir) / "ablation" / f"{plan.sweep_id}-tuning.csv"
-    write(tuning, path)  # partial (``write`` decides) while runs are missing or failed
-    if not ext.settled:  # a selection on missing data is no selection
-        jobs = [*plan.tune_jobs(), *plan.timing_jobs(), *ext.jobs]
-        left = pending(jobs, recs, RERUN_FAILED)
-        failed = sum(j.key in recorded(recs) for j in left)  # recorded, in error
-        again = f"--resume {plan.sweep_id}" + (" --rerun-failed" if failed else "")
-        raise ConfigError(
-            f"{len(left)} of {len(jobs)} tuning, timing and rate-extension runs are missing "
-            f"({failed} ended in error), so no configuration was selected and no evaluation "
-            f"submitted; {again} runs them"
-        )
-    if ext.at_edge:
-        log(f"note: {extension.bound_note(ext)} ({path})")
-    picked = select_per_cluster(tuning)
-    log(f"selected: {picked} ({path})")
-    if measured and plan.measured:  # the model's word on each, before its runs
-        log(f"predicted: {measured.predict(plan, recs, picked)}")
-    stage("evaluation", plan.eval_jobs(picked), EVAL)
-    return rcs

@@ -156,3 +156,34 @@ def ran(phases: Sequence[tuple[int, str, Knobs]]) -> str:
         what += f" rank {rank}" if rank is not None else f" {density:g}" if density < 1 else ""
         out.append(f"{what} x {steps}")
     return ", ".join(out)
+
+
+def check_reached(comm: str, space: Sequence[tuple[str, Mapping[str, Any]]], ref: int) -> None:
+    """What every trial is labelled with (its final density, PowerSGD's rank) is sent
+    before dense's steps to target ``ref`` (ConfigError otherwise)."""
+    spec = methods.get(comm)
+    for label, values in space:
+        final = spec.timing_knobs(spec.knobs_of(values))
+        if (comm, final) not in sends(comm, values, ref):
+            what = spec.timing_label(final).removeprefix(f"time {comm} ")
+            raise ConfigError(f"{comm} {label}: {what} is not reached within {ref} steps")
+
+
+def check_placements(comm: str, space: Sequence[tuple[str, Mapping[str, Any]]], optim: str) -> None:
+    """Every placement a trial names fits the workload's optimizer ``optim`` (and ``update``
+    has its dense warm-up): bench.comm.placement's own refusal, before the sweep."""
+    from bench.comm.config import Placement
+    from bench.comm.placement import FITS
+
+    for label, values in space:
+        p = values.get("comm.placement")
+        if p is None or p == Placement.grad.value:
+            continue
+        fits = FITS.get(Placement(p), ())
+        if not methods.get(comm).sparse or optim not in fits:
+            raise ConfigError(
+                f"{comm} {label}: placement {p} does not fit the workload's optimizer {optim} "
+                f"(it needs a sparse method and {' or '.join(fits)})"
+            )
+        if p == Placement.update.value and not int(values.get("comm.warmup_steps", 0)):
+            raise ConfigError(f"{comm} {label}: placement update needs comm.warmup_steps > 0")
