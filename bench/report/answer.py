@@ -365,9 +365,17 @@ def answer_sections(
     short = [question(ran or None), ""]
     if answers:
         short += [*sentences, "", *short_table(answers), "", legend_line(seeds), ""]
+    names = {str(plan_of(t).get("name", "")) for t in tables.values()}
+    older = sorted(n for n in names if n and n != protocol.NAME)
+    standing = (
+        f" These numbers are from sweeps of `{', '.join(older)}`, whose faults v3 fixes "
+        f"(docs/protocol.md, History); no `{protocol.NAME}` sweep has landed yet."
+        if older
+        else ""
+    )
     short.append(
         "**Setting:** every method tuned with the same budget for each column, then trained "
-        f"on fresh evaluation seeds; {'; '.join(settings)}; each in full: below."
+        f"on fresh evaluation seeds; {'; '.join(settings)}; each in full: below.{standing}"
     )
     return [*short, ""], detail, appendix, {exp: cols for exp, cols, _ in answers}
 

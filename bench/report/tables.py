@@ -257,7 +257,19 @@ def protocol_name(table: Path) -> str:
         return ""
 
 
-RULES = (  # the current protocol's (protocol.NAME)
+# the protocol whose tables answer while the current one has no sweep committed: its rules
+# are retired from the code, its tables are read as files (docs/protocol.md, History)
+STANDING = "equal-budget-v2"
+
+
+def answering(paths: Sequence[Path]) -> str:
+    """The protocol whose sweeps answer: the current one once it has a table, else
+    :data:`STANDING` (said beside every number it gives)."""
+    names = {protocol_name(p) for p in paths if not p.stem.endswith(TUNING_SUFFIX)}
+    return protocol.NAME if protocol.NAME in names else STANDING
+
+
+RULES = (  # the standing protocol's (STANDING); v3's rules: docs/protocol.md
     "Protocol v2: per cluster, each method's trial of lowest median time to target on the "
     "tuning seeds (its steps x that cluster's time per step: the timing pass on the check "
     "cluster, the performance model at each paper ratio), then trained on fresh evaluation "
@@ -274,7 +286,8 @@ def protocol_section(paths: list[Path], base: Path) -> list[str]:
     if not tables:
         return ["No protocol sweep yet: `python -m reproduce ablation` runs one.", ""]
     out: list[str] = []
-    earlier = [p for p in tables if protocol_name(p) != protocol.NAME]
+    name = answering(tables)
+    earlier = [p for p in tables if protocol_name(p) != name]
     base_name = methods.baseline()
     for p in (p for p in tables if p not in earlier):
         df = pd.read_csv(p)
@@ -360,10 +373,11 @@ def md_table(df: pd.DataFrame, exact: bool = False) -> list[str]:
 
 def protocol_tables(inputs: Inputs) -> dict[str, Path]:
     """experiment -> the table of its newest sweep of the current protocol (sweep ids sort
-    by time); a sweep of an earlier protocol answers nothing (the appendix links it)."""
+    by time), of the protocol that answers (:func:`answering`); the others are linked."""
     out: dict[str, Path] = {}
+    name = answering([p for p in inputs.ablation if is_protocol(p)])
     for p in sorted(inputs.ablation):
-        if p.stem.endswith(TUNING_SUFFIX) or protocol_name(p) != protocol.NAME:
+        if p.stem.endswith(TUNING_SUFFIX) or protocol_name(p) != name:
             continue
         df = read(p, usecols=["experiment"])
         for exp in [] if df is None else df["experiment"].dropna().unique():
