@@ -32,7 +32,7 @@ from reproduce import _sweep
 from reproduce._cli import RESULTS, Parser, fail
 
 USAGE = """scaling [--cluster emulated|local] [--comm a,b] [--topologies NxW,...]
-           [--steps N] [--epochs N] [--quick] [--dry-run] [--launcher slurm]
+           [--steps N] [--epochs N] [--repeats N] [--quick] [--dry-run] [--launcher slurm]
            [--sweep-id ID] [--resume ID] [--status ID] [--aggregate SWEEP_ID]
                           measured scaling efficiency vs nodes per method, the model's
                           prediction of every step time; runs/scaling/<sweep_id>.csv"""
@@ -58,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--topologies", default="", help=f"NODESxWORKERS list (default {sc.TOPOLOGIES})"
     )
-    ap.add_argument("--steps", type=int, default=0, help="steps per epoch (default 4)")
+    ap.add_argument("--steps", type=int, default=0, help="steps per epoch (default 5)")
     ap.add_argument(
         "--epochs",
         type=int,
@@ -68,9 +68,12 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--batch-per-worker", type=int, default=32, help="batch per worker (default %(default)s)"
     )
+    ap.add_argument("--repeats", type=int, default=0, help="runs of every (size, method), "
+                    "in rounds: the 95 %% interval's sample (default 3; --quick 2)")  # fmt: skip
     ap.add_argument(
         "--quick", action="store_true",
-        help="local cluster, 1x1 and 2x1, dense and hitopk, 2 steps (no root needed)",
+        help=f"local cluster, 1x1 and 2x1, {sc.QUICK['comms'].replace(',', ' and ')}, 2 steps, "
+        "2 rounds (no root needed)",
     )  # fmt: skip
     ap.add_argument("--dry-run", action="store_true", help="check and summarise, run nothing")
     ap.add_argument("-v", "--verbose", action="store_true",
@@ -110,8 +113,9 @@ def _new_plan(args: argparse.Namespace, jobs: list[str], launcher: str):
         topologies=tuple(
             sc.parse_topologies(args.topologies or q.get("topologies", sc.TOPOLOGIES))
         ),
-        steps=args.steps or q.get("steps", 4),
+        steps=args.steps or q.get("steps", sc.Plan.steps),
         epochs=args.epochs,
+        repeats=args.repeats or q.get("repeats", sc.Plan.repeats),
         batch_per_worker=args.batch_per_worker,
         results_dir=args.results_dir,
         link=link,
@@ -126,7 +130,7 @@ def _plan(args: argparse.Namespace):
 
     jobs, hydra, launcher = _sweep.launcher_of(args)
     shaping = ("experiment", "cluster", "comm", "topologies", "steps", "epochs",
-               "batch_per_worker", "quick")  # fmt: skip
+               "batch_per_worker", "repeats", "quick")  # fmt: skip
     _sweep.refuse_plan_options(args, _parser(), shaping, jobs)
     sid = args.resume or args.sweep_id
     with _sweep.checking_for(launcher or ""):
@@ -161,11 +165,14 @@ def main(argv: list[str]) -> None:
     launches = "jobs" if plan.launcher else f"runs in {len(plan.topologies)} launches"
     print(
         f"sweep {plan.sweep_id}: {plan.experiment}, sizes {sizes} ({plan.cluster} from 2 "
-        f"nodes{how}), {len(jobs)} {launches}"
+        f"nodes{how}), {len(jobs)} {launches}: per size a warm-up, a calibration, then "
+        f"{plan.repeats} round(s) of {len(plan.comms)} method(s) and the compute-only reference"
     )
     print(f"note: {note}; one profile per size")
     for s in plan.skipped():
         print(f"note: skipped {s}")
+    for line in plan.schedules():
+        print(f"note: {line}")
     if args.dry_run:
         print(f"note: {_expected(plan)}")
         lines = [
@@ -182,39 +189,38 @@ def main(argv: list[str]) -> None:
 
 
 def _expected(plan) -> str:
-    """Each run at the median wall time of the earlier scaling runs of its size with its
-    steps and epochs (else with any), here or in the reference results."""
-    import statistics
-
+    """The sweep's expected time (:meth:`bench.sweeps.scaling.Plan.expected`): each run at
+    the median wall time per step of the earlier scaling runs of its size and method (else
+    of its size), recorded here or in the reference results (on this hardware where there
+    are some), plus each size's profile and launch."""
+    from bench.sweeps import scaling as sc
     from reproduce._dryrun import duration, earlier_runs
 
-    def size(r: dict, exact: bool) -> tuple | None:
-        c = r.get("config") or {}
-        t = c.get("train") or {}
-        sweep = str((c.get("results") or {}).get("sweep_id") or "")
-        steps = (t.get("max_steps_per_epoch"), t.get("epochs")) == (plan.steps, plan.epochs)
-        if not sweep.startswith("scaling") or r.get("experiment") != plan.experiment:
-            return None
-        return (r.get("nnodes"), r.get("world_size")) if steps or not exact else None
+    def per_step(r: dict) -> float:
+        t = (r.get("config") or {}).get("train") or {}
+        steps = int(t.get("epochs") or 0) * int(t.get("max_steps_per_epoch") or 0)
+        return float(r["wall_time_s"]) / steps if steps else 0.0
 
-    for exact in (True, False):
-        runs, on = earlier_runs(plan.results_dir, lambda r, e=exact: size(r, e) is not None)
-        walls: dict[tuple, list[float]] = {}
-        for r in runs:
-            walls.setdefault(size(r, exact), []).append(float(r["wall_time_s"]))
-        sizes = [(n, n * m) for (n, m, _), _ in plan.jobs()]
-        known = [statistics.median(walls[k]) for k in sizes if k in walls]
-        if known:
-            break
-    else:
+    def mine(r: dict) -> bool:
+        sweep = str(((r.get("config") or {}).get("results") or {}).get("sweep_id") or "")
+        ok = sweep.startswith("scaling") and r.get("experiment") == plan.experiment
+        return ok and per_step(r) > 0 and sc.key_of(r) is not None
+
+    runs, on = earlier_runs(plan.results_dir, mine)
+    walls: dict[tuple, list[float]] = {}
+    for r in runs:
+        n, m, c, _ = sc.key_of(r)
+        for k in ((n, m, c), (n, m)):
+            walls.setdefault(k, []).append(per_step(r))
+    total, counted = plan.expected(walls)
+    todo = len(plan.pending())
+    if not counted:
         return f"expected time: unknown (no earlier scaling run of {plan.experiment} recorded)"
-    which = "" if exact else f" with other steps or epochs than {plan.steps} x {plan.epochs}"
-    left = len(sizes) - len(known)
-    left_out = f"; {left} run(s) of sizes never run before not counted" if left else ""
+    left = f"; {todo - counted} run(s) of sizes never run before not counted" * (todo > counted)
     return (
-        f"expected time: about {duration(sum(known))} for {len(known)} run(s) (the median wall "
-        f"time of earlier scaling runs of each size{which}, {on}){left_out}; plus each "
-        "size's link profile and launch"
+        f"expected time: about {duration(total)} for {counted} run(s) to go (the median wall "
+        f"time per step of earlier scaling runs of each size and method, {on}, and "
+        f"{sc.SIZE_OVERHEAD_S:.0f} s a size for its profile and launch){left}"
     )
 
 

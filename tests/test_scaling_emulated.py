@@ -31,8 +31,8 @@ def test_three_emulated_nodes_measure_predict_and_clean_up(tmp_path: Path) -> No
     tiny = [o for o in TINY if not o.startswith(("train.", "data.batch_size"))]
     p = run_cli(
         "scaling", "--topologies", "1x1,3x1", "--comm", "dense,hitopk", "--steps", "2",
-        "--epochs", "2", "--batch-per-worker", "16", "--results-dir", str(tmp_path), *tiny,
-        timeout=1500,
+        "--epochs", "2", "--repeats", "2", "--batch-per-worker", "16", "--results-dir",
+        str(tmp_path), *tiny, timeout=1500,
     )  # fmt: skip
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-4000:]

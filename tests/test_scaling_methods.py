@@ -86,11 +86,14 @@ def test_the_plan_selects_each_method_as_the_protocol_does():
     plan = sc.Plan(sweep_id="x", comms=("dense", "demo", "diloco", "streaming_diloco"),
                    topologies=((1, 1), (2, 2), (4, 2)), extra=("sync.sync_every=4",))  # fmt: skip
     plan.check()
-    jobs = dict(plan.jobs())
+    jobs = {p[:3]: j for p, j in plan.jobs() if p[3] == sc.SEED}
     assert {"optim=demo", "comm=nocomm"} <= set(jobs[(2, 2, "demo")])
     assert "sync=diloco" in jobs[(4, 2, "diloco")]
     assert "sync=streaming_diloco" in jobs[(2, 2, "streaming_diloco")]
     assert (1, 1, "diloco") not in jobs  # one node has nothing to synchronise
+    # H = 4 at 5 steps an epoch: a warm-up epoch, then 4 epochs of 20 steps (5 periods)
+    assert "train.epochs=5" in jobs[(4, 2, "diloco")] and plan.schedule("diloco") == (1, 4)
+    assert "train.epochs=3" in jobs[(4, 2, "demo")]  # DeMo exchanges every step
     assert any("diloco on 1x1" in s for s in plan.skipped())
     knobs = plan.knobs()
     assert (knobs["diloco"].sync_every, knobs["diloco"].fragments) == (4, 1)
@@ -98,16 +101,21 @@ def test_the_plan_selects_each_method_as_the_protocol_does():
     assert (knobs["demo"].chunk, knobs["demo"].topk) == (64, 32)
 
 
-def test_records_are_keyed_by_method_so_demo_is_not_the_compute_only_run():
+def test_records_are_keyed_by_method_so_demo_is_not_the_compute_only_run(tmp_path):
+    curve = tmp_path / "c.csv"
+    curve.write_text("data/samples,data/steps,clock/epoch_s\n64,2,9.0\n64,2,1.0\n")
+
     def rec(comm: str, **cfg) -> dict:
-        return {"comm": comm, "status": "ok", "run_id": comm,
-                "config": {"cluster": {"nnodes": 2, "nproc_per_node": 2}, **cfg}}  # fmt: skip
+        return {"comm": comm, "status": "ok", "run_id": comm, "curve": str(curve),
+                "config": {"cluster": {"nnodes": 2, "nproc_per_node": 2},
+                           "train": {"seed": sc.SEED}, **cfg}}  # fmt: skip
 
     demo = rec("nocomm", optim={"name": "demo"})
     dil = rec("dense", sync={"name": "diloco"})
-    assert sc.key_of(demo) == (2, 2, "demo") and sc.key_of(dil) == (2, 2, "diloco")
-    assert sc.key_of(rec("nocomm", optim={"name": "sgd"})) == (2, 2, "nocomm")
-    rows = st.measured_rows([demo, dil])
+    assert sc.key_of(demo) == (2, 2, "demo", sc.SEED)
+    assert sc.key_of(dil) == (2, 2, "diloco", sc.SEED)
+    assert sc.key_of(rec("nocomm", optim={"name": "sgd"})) == (2, 2, "nocomm", sc.SEED)
+    rows = st.measured_rows([demo, dil], {})
     assert {r["comm"] for r in rows} == {"demo", "diloco"}
 
 

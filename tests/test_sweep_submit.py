@@ -355,8 +355,8 @@ def assert_same_as_the_local_run_queue(
 @pytest.mark.slow
 def test_a_two_size_scaling_run_through_submitit_local(tmp_path: Path) -> None:
     args = ["scaling", "--launcher", "submitit_local", "--sweep-id", "s1", "--comm", "dense",
-            "--topologies", "1x1,1x2", "--steps", "2", "--epochs", "2", "--batch-per-worker",
-            "16", "--results-dir", str(tmp_path), "model.width=4",
+            "--topologies", "1x1,1x2", "--steps", "2", "--epochs", "2", "--repeats", "1",
+            "--batch-per-worker", "16", "--results-dir", str(tmp_path), "model.width=4",
             "data.eval_batch_size=128"]  # fmt: skip
     p = run_cli(*args, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -365,10 +365,10 @@ def test_a_two_size_scaling_run_through_submitit_local(tmp_path: Path) -> None:
     assert list(m["world_size"]) == [1, 1, 2, 2] and list(m["comm"]) == ["dense", "nocomm"] * 2
     assert (m["throughput"] > 0).all() and m["predicted_step_s"].notna().all()
     assert list(m[m["comm"] == "nocomm"]["efficiency"]) == pytest.approx([1.0, 1.0])
-    # one job per (size, method), each size's compute-only run three times (the first
-    # warms the launch up)
+    # one job per run: per size a dense warm-up, a compute-only calibration, then one
+    # round of dense and the compute-only reference
     assert len(_job_dirs(tmp_path, "hydra/scaling/s1/*/.submitit/*")) == 8
     p = run_cli(*args, timeout=300)  # the same command again: nothing left to submit
     assert p.returncode == 0 and "submitted" not in p.stdout, p.stdout + p.stderr
     plan = json.loads((tmp_path / "scaling" / "s1.plan.json").read_text())
-    assert plan["launcher"] == "submitit_local" and len(plan["predictions"]) == 8
+    assert plan["launcher"] == "submitit_local" and len(plan["predictions"]) == 4

@@ -65,56 +65,28 @@ def _sweeps_by_breadth(df: pd.DataFrame) -> list[str]:
     return sorted(pool["sweep_id"].unique(), key=breadth)
 
 
-def _calibrated(meas: pd.DataFrame) -> pd.Series:
-    """Each point's efficiency against the compute-only calibration run made before the
-    methods at its size (NaN where the sweep made none)."""
-    if "calibration_step_s" not in meas.columns:
-        return pd.Series(float("nan"), index=meas.index)
-    ref = meas[~_methods(meas)].set_index(["nodes", "workers_per_node"])["calibration_step_s"]
-    keys = list(zip(meas["nodes"], meas["workers_per_node"], strict=True))
-    cal = pd.Series([ref.get(k, float("nan")) for k in keys], index=meas.index)
-    return cal / meas["step_s"] if "step_s" in meas.columns else cal * float("nan")
-
-
-def above_one(meas: pd.DataFrame) -> str:
-    """Why points lie above 1 (the compute-only run that sets 1 was timed apart, on a shared
-    CPU, and drifted), with the same points against the calibration run; ``""``: none."""
-    m = meas[_methods(meas) & (meas["efficiency"].round(2) > 1.0)]
-    if m.empty:
-        return ""
-    cal, ref = _calibrated(meas), meas[~_methods(meas)]
-    sizes, drift = [], []
-    for (n, w), g in m.groupby(["nodes", "workers_per_node"], sort=True):
-        size = f"{int(n)}x{int(w)}"
-        pts = ", ".join(f"{r['comm']} {r['efficiency']:.2f}" for _, r in g.iterrows())
-        c = cal[g.index].dropna()
-        if len(c):
-            lo, hi = c.min(), c.max()
-            against = "" if sizes else " against the compute-only run before the methods"
-            pts += f" ({lo:.2f}" + (f"-{hi:.2f}" if hi - lo >= 0.005 else "") + f"{against})"
-        sizes.append(f"at {size} {pts}")
-        d = ref[(ref["nodes"] == n) & (ref["workers_per_node"] == w)]
-        if "compute_drift" in d and d["compute_drift"].notna().any():
-            drift.append(f"{d['compute_drift'].dropna().iloc[0]:+.0%} at {size}")
-    return (
-        f"Above 1: {'; '.join(sizes)}.  No method computes faster than computing alone: the "
-        "compute-only step that sets 1 is one run, timed after the methods on a shared CPU"
-        + (f", its step {' and '.join(drift)} on the one before them" if drift else "")
-    )
-
-
-def _measured(ax, meas: pd.DataFrame, cal: pd.Series) -> None:
-    """A line per method (a point per run, a bar to its efficiency against the calibration
-    run), the model's predictions as hollow markers without a line."""
-    for comm, g in meas.groupby("comm", sort=True):
-        g = g.sort_values("nodes")
-        c = methods.colour(comm)
-        ax.plot(g["nodes"], g["efficiency"], "-", marker="o", color=c, lw=methods.width(comm))
-        ok = cal[g.index].notna()
-        ax.vlines(g["nodes"][ok], g["efficiency"][ok], cal[g.index][ok], color=c, lw=1,
-                  alpha=0.6)  # fmt: skip
+def _measured(ax, meas: pd.DataFrame, comms: list[str]) -> None:
+    """One line per method, each point the rounds' efficiency with its 95 % interval as an
+    error bar, a point the table marks a fault ringed in black; the methods set a little
+    apart along x so that their bars show; the model's prediction for the same size as
+    hollow markers without a line: the lines are the measurements alone."""
+    flag = scaling_table.above_one_of(meas)
+    nan = pd.Series(float("nan"), index=meas.index)
+    for i, comm in enumerate(comms):
+        g = meas[meas["comm"] == comm].sort_values("nodes")
+        if g.empty:
+            continue
+        c, x = methods.colour(comm), g["nodes"] * 2 ** (0.025 * (i - (len(comms) - 1) / 2))
+        lo, hi = (meas.get(f"efficiency_ci_{b}", nan)[g.index] for b in ("low", "high"))
+        err = [(g["efficiency"] - lo).clip(lower=0).fillna(0),
+               (hi - g["efficiency"]).clip(lower=0).fillna(0)]  # fmt: skip
+        ax.errorbar(x, g["efficiency"], yerr=err, fmt="-o", color=c, ms=4, capsize=2,
+                    lw=methods.width(comm), elinewidth=1)  # fmt: skip
+        bad = flag[g.index] == scaling_table.FAULT
+        ax.plot(x[bad], g["efficiency"][bad], ls="", marker="o", ms=11, mfc="none",
+                mec="k", mew=1.5)  # fmt: skip
         if "predicted_efficiency" in g.columns and g["predicted_efficiency"].notna().any():
-            ax.plot(g["nodes"], g["predicted_efficiency"], ls="", marker="o", mfc="none",
+            ax.plot(x, g["predicted_efficiency"], ls="", marker="o", mfc="none",
                     ms=8, color=c, alpha=0.8)  # fmt: skip
 
 
@@ -147,28 +119,37 @@ def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
     every = df[kind == "measured"].dropna(subset=["efficiency"])  # the reference's rows too
     if "workers_per_node" not in every.columns:
         every = every.assign(workers_per_node=1)
-    meas, cal = every[_methods(every)], _calibrated(every)
+    meas = every[_methods(every)]
     proj = df[kind == "projected"]
     if meas.empty and proj.empty:
         return None
-    comms = list(dict.fromkeys([*meas["comm"], *proj["comm"]]))
-    top = max(1.1, float(pd.concat([meas["efficiency"], cal[meas.index]]).max()) + 0.05)
+    # every method in the registry's order (a name no spec knows last), in every panel
+    comms = sorted(
+        dict.fromkeys([*meas["comm"], *proj["comm"]]),
+        key=lambda c: (methods.get(c).order if c in methods.METHODS else 1e9, c),
+    )
+    # every point and its bar up to 1.5 (a bar past it, from a few noisy runs, runs off
+    # the panel rather than squash the points)
+    highs = meas.get("efficiency_ci_high", meas["efficiency"]).clip(upper=1.45)
+    top = max(1.1, float(pd.concat([meas["efficiency"], highs]).max()) + 0.05)
     pers = sorted({int(p) for p in meas["workers_per_node"].dropna()}) or [1]
     fig, axes = plt.subplots(
         1, len(pers) + 1, figsize=(fig_width(len(pers) + 1, 5.2), 6.4), squeeze=False
     )
     axes = list(axes[0])
     cluster = ", ".join(sorted(meas["cluster"].dropna().astype(str).unique())) or "?"
-    steps = ""
-    if "measured_steps" in meas.columns and meas["measured_steps"].notna().any():
-        steps = f", its step time the median of {int(meas['measured_steps'].median())} steps"
+    n = int(meas["n_runs"].max()) if "n_runs" in meas and meas["n_runs"].notna().any() else 1
     for ax, per in zip(axes, pers, strict=False):
-        _measured(ax, meas[meas["workers_per_node"] == per], cal)
+        _measured(ax, meas[meas["workers_per_node"] == per], comms)
         ax.axhline(1.0, color="k", lw=0.8, ls=":")
         ax.set_title(f"measured on this machine: {per} worker(s) per node", fontsize=9)
         ax.set_xlabel(f"nodes ({cluster}; log 2)")
         ax.set_ylim(0, top)
-        _log2_nodes(ax, meas["nodes"])
+        ticks = sorted({int(n) for n in meas["nodes"].dropna()})
+        ax.set_xscale("log", base=2)
+        if ticks:  # the node counts themselves, not powers of 2; room for the set-apart
+            ax.set_xticks(ticks, [str(t) for t in ticks])
+            ax.set_xlim(ticks[0] / 2**0.3, ticks[-1] * 2**0.3)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("scaling efficiency (compute-only step / step, ratio)")
     right = axes[-1]
@@ -197,11 +178,12 @@ def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
     right.set_ylabel("projected scaling efficiency (ratio)")
     handles = [Line2D([], [], color=methods.colour(c), lw=methods.width(c), label=c) for c in comms]
     handles += [
-        Line2D([], [], color="k", ls="-", marker="o", label="measured: one run a point (n = 1)"),
+        Line2D([], [], color="k", ls="-", marker="o", ms=4,
+               label=f"measured: geometric mean of n = {n} run(s),\nbar: its 95 % interval"),
         Line2D([], [], color="k", ls="", marker="o", mfc="none", ms=8,
                label="model's prediction for that size"),
-        Line2D([], [], color="k", ls="", alpha=0.6, marker="|", ms=12,
-               label="bar: to the efficiency against the\ncompute-only run before the methods"),
+        Line2D([], [], ls="", marker="o", ms=11, mfc="none", mec="k", mew=1.5,
+               label="above 1 beyond its interval:\na measurement fault, not a gain"),
     ]  # fmt: skip
     if drawn:
         handles.append(Line2D([], [], color="k", ls="--", label="projected (band: assumptions)"))
@@ -209,14 +191,16 @@ def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
     # tight_layout makes room for both (an axes' legend and text)
     right.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2,
                  fontsize=8, frameon=False)  # fmt: skip
-    note = above_one(every)
-    if note:  # a point above 1 says why, under the first panel (tight_layout keeps it)
-        text = "\n".join(textwrap.wrap(note + ".", 75))
+    note = scaling_table.above_one_lines(every)
+    if note:  # a point above 1 says how it reads, under the first panel (as the table does)
+        text = "\n".join(textwrap.wrap("Above 1: " + "; ".join(note) + ".", 75))
         axes[0].text(0.0, -0.13, text, transform=axes[0].transAxes, fontsize=7.5, va="top")
     sweep = str(df["sweep_id"].iloc[0]) if "sweep_id" in df.columns and len(df) else ""
+    rounds = f"the geometric mean of {n} runs with its 95 % interval" if n > 1 else (
+        "one run (n = 1, no interval)")  # fmt: skip
     fig.suptitle(
         f"Scaling efficiency against nodes per method, sweep {sweep}\neach measured point is "
-        f"one run (n = 1, no interval){steps}; the projection has its own axis",
+        f"{rounds}; the projection has its own axis",
         fontsize=10,
     )
     return save_figure(fig, path)
@@ -258,7 +242,6 @@ def scaling_lines(paths: Sequence[Path]) -> list[str]:
         f"Scaling, sweep `{df['sweep_id'].iloc[0]}` (efficiency = the compute-only step / the "
         f"method's step at the same size, measured on this machine): "
         f"{'; '.join(_efficiencies(df))}.  "
-        + (f"{above_one(df[df['kind'] == 'measured'])}.  " if "kind" in df else "")
         + "; ".join(x.strip() for x in scaling_table.summary(df))
         + ".",
         "",
@@ -267,15 +250,13 @@ def scaling_lines(paths: Sequence[Path]) -> list[str]:
 
 
 def _efficiencies(df: pd.DataFrame) -> list[str]:
-    """``dense 0.52 at 2x2, 0.38 at 4x2`` per method measured on more than one node."""
+    """``dense 0.52 [0.48, 0.55] at 2x2, 0.38 [0.36, 0.41] at 4x2`` per method measured on
+    more than one node (each efficiency with its 95 % interval, where it has one)."""
     meas = df[(df["kind"] == "measured") & _methods(df) & (df["nodes"] > 1)]
     per = []
     for comm, g in meas.groupby("comm", sort=False):
         g = g.sort_values("nodes")
-        cells = ", ".join(
-            f"{e:.2f} at {int(n)}x{int(m)}"
-            for n, m, e in zip(g["nodes"], g["workers_per_node"], g["efficiency"], strict=True)
-        )
+        cells = ", ".join(scaling_table.point_text(r) for _, r in g.iterrows())
         per.append(f"{comm} {cells}")
     return per
 

@@ -1,6 +1,7 @@
 """Intervals over seeds for the tuning protocol's table: misses counted at the budget
 (:func:`budget_s`), a percentile bootstrap of the mean time, Welch's t on log times for a
-speedup, and the tie rule that names who is first (:func:`leaders`).  Why:
+speedup, the tie rule that names who is first (:func:`leaders`), and over the scaling
+study's rounds (:func:`log_mean_interval`).  Why:
 docs/internals/report.md.
 """
 
@@ -116,6 +117,20 @@ def log_t_interval(ref: Sequence[float], other: Sequence[float]) -> tuple[float,
     q = float(stats.t.ppf(0.5 + CONFIDENCE / 2, df))
     d = a.mean() - b.mean()
     return r, float(math.exp(d - q * se)), float(math.exp(d + q * se))
+
+
+def log_mean_interval(x: Sequence[float]) -> tuple[float, float, float]:
+    """(geometric mean, low, high): Student's t interval on the mean log of ``x``,
+    exponentiated (95 %; the times of a few repeats, whose ratios :func:`log_t_interval`
+    takes); NaN bounds below 2 values."""
+    a = np.log(np.asarray(x, dtype=float))
+    if a.size == 0:
+        return math.nan, math.nan, math.nan
+    m = float(math.exp(a.mean()))
+    if a.size < 2:
+        return m, math.nan, math.nan
+    half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, a.size - 1)) * a.std(ddof=1) / a.size**0.5
+    return m, float(math.exp(a.mean() - half)), float(math.exp(a.mean() + half))
 
 
 def seed_correlation(a: Mapping[int, float], b: Mapping[int, float]) -> float:

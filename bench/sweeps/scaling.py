@@ -1,12 +1,16 @@
 """Scaling: step time and scaling efficiency against nodes on emulated clusters of 1 to 8
 nodes, each size predicted by the performance model before it runs.
 
-Per size, one launch runs the compute-only step (``comm=nocomm``) and each method on a
-paper-scaled link; efficiency = compute-only step / step (docs/internals/sweeps.md)."""
+Per size, one launch runs a warm-up, a compute-only calibration (``comm=nocomm``), then
+``repeats`` rounds of every method and the compute-only reference on a paper-scaled link,
+each round in its own rotated order; efficiency = compute-only step / step, with a 95 %
+interval over the rounds (docs/internals/sweeps.md)."""
 
 from __future__ import annotations
 
 import json
+import math
+import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -21,24 +25,35 @@ from bench.config import hydra_value, to_object
 from bench.launch import profile
 from bench.methods import Knobs
 from bench.registry import ConfigError
+from bench.sweeps import resume
 from bench.sweeps import scaling_model as sm
 from bench.sweeps.common import (
     check_names,
     compose,
     compose_all,
     options,
+    quick_methods,
     sweep_records,
     validate_jobs,
 )
 from bench.sweeps.resume import RERUN_FAILED, RUN_FIELDS, Saved, plan_dict
 
-COMMS = tuple(s.name for s in methods.specs() if s.benched)
+COMMS = methods.defaults()  # every default method, the sync strategies and DeMo included
 TOPOLOGIES = "1x1,2x1,2x2,4x1,4x2,8x1"  # one worker per node, and 2 per node
-# quick: dense and the paper's method that needs nodes (its inter-node stage), 2 steps
-_QUICK = methods.names(group="baseline") + [
-    s.name for s in methods.specs(group="paper") if s.min_nodes > 1
-]
-QUICK = {"cluster": "local", "comms": ",".join(_QUICK), "topologies": "1x1,2x1", "steps": 2}
+# quick: dense and the paper's method that needs nodes (its inter-node stage), 2 steps,
+# 2 rounds (the least that gives an interval)
+QUICK = {"cluster": "local", "comms": ",".join(quick_methods()), "topologies": "1x1,2x1",
+         "steps": 2, "repeats": 2}  # fmt: skip
+# a run's seed names its role in the table: round r of the methods and the reference runs
+# with SEED + r, a size's warm-up with SEED - 2 and its calibration with SEED - 1 (never a
+# protocol seed)
+SEED = 3000
+WARMUP_SEED, CALIBRATION_SEED = SEED - 2, SEED - 1
+# a sweep's wall time beyond its runs' own, per size: the size's profile and predictions
+# before the first run, and its launch (namespaces, link check, workers' imports); 45-60 s
+# in the full sweeps of 2026-12-01/02 and the model checks of 2026-12-04/05 on 2 cores
+SIZE_OVERHEAD_S = 55.0
+Point = tuple[int, int, str, int]  # nodes, workers per node, method, seed
 
 
 def parse_topologies(text: str) -> list[tuple[int, int]]:
@@ -70,9 +85,12 @@ class Plan(Saved):
     cluster: str = "emulated"  # the cluster of the sizes with 2 nodes or more
     comms: Sequence[str] = COMMS
     topologies: Sequence[tuple[int, int]] = ((1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (8, 1))
-    steps: int = 4  # steps per epoch
-    epochs: int = 3  # the first is warm-up
+    # steps per epoch: the digits' batches per epoch at 8 workers of 32, and half the sync
+    # strategies' period of 10, so that their runs measure whole periods in 2 epochs
+    steps: int = 5
+    epochs: int = 3  # the first is warm-up (a sync strategy's: see schedule)
     batch_per_worker: int = 32
+    repeats: int = 3  # rounds: runs of every (size, method), the interval's sample
     results_dir: str = "runs"
     link: Sequence[str] = ()  # the profile overrides of the shaped sizes (cluster_profile)
     extra: Sequence[str] = ()
@@ -90,23 +108,36 @@ class Plan(Saved):
             raise ConfigError("--steps and --batch-per-worker must be >= 1")
         if self.epochs < 2:
             raise ConfigError(f"--epochs must be >= 2 (the first is warm-up), got {self.epochs}")
+        if self.repeats < 1:
+            raise ConfigError(f"--repeats must be >= 1 (2 or more give an interval), "
+                              f"got {self.repeats}")  # fmt: skip
         if (1, 1) not in self.topologies:
             raise ConfigError("the topologies must include 1x1, the reference of throughput")
-        validate_jobs([job for _, job in self.jobs()], self.results_dir)
+        # one job per (size, method): the rounds differ in their seed alone
+        once = {p[:3]: job for p, job in self.jobs()}
+        validate_jobs(list(once.values()), self.results_dir)
 
     def cluster_of(self, nodes: int) -> str:
         return "local" if nodes == 1 and self.cluster == "emulated" else self.cluster
 
-    def points(self) -> list[tuple[int, int, str]]:
-        """(nodes, workers per node, comm) of each run, size by size: a dense warm-up, a
-        compute-only calibration, the methods, then the compute-only reference (1x1: dense only)."""
-        out = []
+    def methods_at(self, n: int, m: int) -> list[str]:
+        """The methods run at size ``n`` x ``m`` (1x1: the warm-up's alone, for all)."""
+        run = [sm.WARMUP_COMM] if n * m == 1 else list(self.comms)
+        return [c for c in run if n >= methods.get(c).min_nodes]
+
+    def points(self) -> list[Point]:
+        """(nodes, workers per node, comm, seed) of each run, size by size: a dense
+        warm-up, a compute-only calibration, then ``repeats`` rounds of the methods and the
+        compute-only reference, round r rotated by r / repeats of its length so that a
+        drift in the machine's speed falls on every method alike."""
+        out: list[Point] = []
         for n, m in self.topologies:
-            run = [sm.WARMUP_COMM] if n * m == 1 else list(self.comms)
-            out += [(n, m, sm.WARMUP_COMM)] * sm.WARMUP_RUNS
-            out += [(n, m, sm.NOCOMM)] * sm.CALIBRATION_RUNS
-            out += [(n, m, c) for c in run if n >= methods.get(c).min_nodes]
-            out.append((n, m, sm.NOCOMM))
+            out += [(n, m, sm.WARMUP_COMM, WARMUP_SEED)] * sm.WARMUP_RUNS
+            out += [(n, m, sm.NOCOMM, CALIBRATION_SEED)] * sm.CALIBRATION_RUNS
+            run = [*self.methods_at(n, m), sm.NOCOMM]
+            for r in range(self.repeats):
+                at = r * len(run) // self.repeats
+                out += [(n, m, c, SEED + r) for c in run[at:] + run[:at]]
         return out
 
     def skipped(self) -> list[str]:
@@ -120,41 +151,64 @@ class Plan(Saved):
                 out.append(f"{c} on {n}x{m}: needs >= {methods.get(c).min_nodes} nodes")
         return out
 
-    def size_overrides(self, n: int, m: int) -> list[str]:
-        cl = self.cluster_of(n)
+    def schedule(self, comm: str) -> tuple[int, int]:
+        """(warm-up epochs, measured epochs) of ``comm``'s runs: one warm-up epoch and
+        ``epochs - 1`` measured; a method that exchanges every H steps (a sync strategy's
+        period, :meth:`MethodSpec.period`) warms up over at least its first exchange and
+        measures whole periods, k x H steps, so that its step time holds its outer
+        synchronisation amortised over H."""
+        return schedule(self.period_of(comm), self.steps, self.epochs - 1)
+
+    def schedules(self) -> list[str]:
+        """A line per schedule: which methods' runs have it."""
+        by: dict[tuple[int, int], list[str]] = {}
+        for c in self.comms:
+            by.setdefault(self.schedule(c), []).append(c)
+        return [
+            f"{', '.join(cs)}: {w} warm-up epoch(s) then {k} measured, of {self.steps} steps"
+            + (f" (whole periods of {self.period_of(cs[0])} steps)" if self.period_of(cs[0]) > 1
+               else "")
+            for (w, k), cs in by.items()
+        ]  # fmt: skip
+
+    def period_of(self, comm: str) -> int:
+        if comm == sm.NOCOMM:
+            return 1
+        sig = (tuple(self.comms), tuple(self.extra), self.experiment)
+        if self.__dict__.get("_knobs", (None,))[0] != sig:  # every method's config: once
+            self.__dict__["_knobs"] = (sig, self.knobs())
+        spec = methods.get(comm)
+        return spec.period(self.__dict__["_knobs"][1].get(comm) or spec.knobs_of({}))
+
+    def size_overrides(self, n: int, m: int, epochs: int = 0) -> list[str]:
+        cl, epochs = self.cluster_of(n), epochs or self.epochs
         return [
             f"experiment={self.experiment}", f"cluster={cl}", f"cluster.nnodes={n}",
             f"cluster.nproc_per_node={m}", f"data.batch_size={self.batch_per_worker * n * m}",
-            f"train.epochs={self.epochs}", f"train.max_steps_per_epoch={self.steps}",
-            f"train.eval_every={self.epochs}", "train.stop_at_target=false",
+            f"train.epochs={epochs}", f"train.max_steps_per_epoch={self.steps}",
+            f"train.eval_every={epochs}", "train.stop_at_target=false",
             "train.checkpoint_every=0", "train.progress=false", "results.plot=false",
             f"results.dir={hydra_value(self.results_dir)}", f"results.sweep_id={self.sweep_id}",
             *(self.link if cl == "emulated" else ()), *self.extra,
             *self.pinned.get(f"{n}x{m}", []),
         ]  # fmt: skip
 
-    def jobs(self) -> list[tuple[tuple[int, int, str], list[str]]]:
-        return [
-            ((n, m, c), [*self.size_overrides(n, m), *methods.get(c).overrides()])
-            for n, m, c in self.points()
-        ]
+    def jobs(self) -> list[tuple[Point, list[str]]]:
+        out = []
+        for p in self.points():
+            n, m, c, seed = p
+            epochs = sum(self.schedule(c))
+            over = [*self.size_overrides(n, m, epochs), f"train.seed={seed}"]
+            out.append((p, [*over, *methods.get(c).overrides()]))
+        return out
 
     # -- resuming: which runs have a finished record ---------------------------------------
     def pending(self, records: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
-        """Indices of the runs (:meth:`points`) without a finished record (a failed or
-        interrupted run measured nothing, ``RERUN_FAILED``): a size's two compute-only
-        runs need two such records."""
+        """Indices of the runs (:meth:`points`, each its own seed) without a finished
+        record (a failed or interrupted run measured nothing, ``RERUN_FAILED``)."""
         if records is None:
             records = sweep_records(self.results_dir, self.sweep_id)
-        done = Counter(k for r in records if r.get("status") not in RERUN_FAILED
-                       and (k := key_of(r)) is not None)  # fmt: skip
-        seen: Counter = Counter()
-        out = []
-        for i, p in enumerate(self.points()):
-            if seen[p] >= done[p]:
-                out.append(i)
-            seen[p] += 1
-        return out
+        return resume.pending(self.points(), records, key_of, RERUN_FAILED)
 
     def progress(self, records: Sequence[Mapping[str, Any]]) -> str:
         """One line: how many runs are done, how many to go, the records by status."""
@@ -171,6 +225,21 @@ class Plan(Saved):
         (``common.run_queued``: one launch per size here; or a Hydra launcher)."""
         jobs = self.jobs()
         return runner([jobs[i][1] for i in self.pending()], sweep_dir, self.experiment)
+
+    def expected(self, walls: Mapping[tuple, list[float]]) -> tuple[float, int]:
+        """(s, runs counted): the runs still to go at the median wall time per step of
+        earlier scaling runs (``walls``: (nodes, workers per node, method) -> s per step;
+        (nodes, workers per node) -> the same over every method, for a method never run at
+        that size) times their steps, plus SIZE_OVERHEAD_S per size with runs to go."""
+        jobs, total, counted, sizes = self.jobs(), 0.0, 0, set()
+        for i in self.pending():
+            n, m, c, _ = jobs[i][0]
+            sizes.add((n, m))
+            per = walls.get((n, m, c)) or walls.get((n, m))
+            if per:
+                total += statistics.median(per) * self.steps * sum(self.schedule(c))
+                counted += 1
+        return total + SIZE_OVERHEAD_S * len(sizes), counted
 
     # -- before the first run: per-size profiles, then the model's predictions -------------
     def prepare(self) -> dict[str, Any]:
@@ -214,8 +283,8 @@ class Plan(Saved):
         return {
             "sweep_id": self.sweep_id, "made": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "experiment": self.experiment, "batch_per_worker": self.batch_per_worker,
-            "steps": self.steps, "epochs": self.epochs, "warmup_runs": sm.WARMUP_RUNS,
-            "warmup_comm": sm.WARMUP_COMM, "calibration_runs": sm.CALIBRATION_RUNS,
+            "steps": self.steps, "epochs": self.epochs, "repeats": self.repeats,
+            "schedule": {c: self.schedule(c) for c in [*self.comms, sm.NOCOMM]},
             "numel": numel, "calibration": cal.to_dict(), "assumed": dict(sm.ASSUMED),
             "sizes": sizes, "knobs": {c: k.overrides() for c, k in knobs.items()},
             "predictions": self.predict(sizes, cal, knobs),
@@ -240,7 +309,7 @@ class Plan(Saved):
 
         by = {(s["nodes"], s["workers_per_node"]): s for s in sizes}
         out = []
-        for n, m, comm in self.points():
+        for n, m, comm in dict.fromkeys(p[:3] for p in self.points()):
             s = by[(n, m)]
             bw = s["inter_node_bandwidth"]
             link_bps = parse_bandwidth(bw) if bw and n > 1 else None
@@ -267,13 +336,26 @@ def _calibrate(cfg: Any, own: dict[str, Knobs]) -> tuple[sm.Calibration, int]:
     return cal, numel
 
 
-def key_of(rec: Mapping[str, Any]) -> tuple[int, int, str] | None:
-    """A scaling run's (nodes, workers per node, method), as :meth:`Plan.points` has it
-    (a DeMo run, comm=nocomm, is ``demo``, not the compute-only reference)."""
-    cl = (rec.get("config") or {}).get("cluster") or {}
+def schedule(period: int, steps: int, measured: int) -> tuple[int, int]:
+    """(warm-up epochs, measured epochs) of ``steps`` steps each, for a method exchanging
+    every ``period`` steps: a warm-up that holds a whole period (one epoch at least), then
+    the fewest epochs, ``measured`` at least, that hold whole periods."""
+    if period <= 1:
+        return 1, measured
+    whole = period // math.gcd(period, steps)  # epochs in which the periods come out even
+    return -(-period // steps), whole * -(-measured // whole)
+
+
+def key_of(rec: Mapping[str, Any]) -> Point | None:
+    """A scaling run's (nodes, workers per node, method, seed), as :meth:`Plan.points`
+    has it (a DeMo run, comm=nocomm, is ``demo``, not the compute-only reference)."""
+    cfg = rec.get("config") or {}
+    cl = cfg.get("cluster") or {}
     if rec.get("comm") is None:
         return None
-    return (int(cl.get("nnodes", 1)), int(cl.get("nproc_per_node", 1)), methods.method_of(rec))
+    seed = int((cfg.get("train") or {}).get("seed", 0))
+    return (int(cl.get("nnodes", 1)), int(cl.get("nproc_per_node", 1)),
+            methods.method_of(rec), seed)  # fmt: skip
 
 
 def plan_path(results_dir: str | Path, sweep_id: str) -> Path:
@@ -309,19 +391,21 @@ def check_same(fresh: Plan, saved: Mapping[str, Any]) -> None:
 
 
 def load(results_dir: str | Path, sweep_id: str) -> tuple[Plan, dict[str, Any]]:
-    """(the sweep's plan, its saved document: profiles and predictions); a plan written
-    before sweeps were resumable (no fields of its own) cannot be resumed: ConfigError."""
+    """(the sweep's plan, its saved document: profiles and predictions)."""
     doc = read_plan(results_dir, sweep_id)
-    if "topologies" not in doc:
-        raise ConfigError(
-            f"{plan_path(results_dir, sweep_id)} has no sweep fields (made before --resume "
-            "existed): only --aggregate reads it"
-        )
     return Plan.load(results_dir, sweep_id), doc
 
 
 def read_plan(results_dir: str | Path, sweep_id: str) -> dict[str, Any]:
+    """The plan's saved document; a plan made before rounds were (no ``repeats``, its runs
+    told apart by their order) is refused: its table is the CSV that sweep wrote."""
     path = plan_path(results_dir, sweep_id)
     if not path.is_file():
         raise ConfigError(f"no plan for sweep {sweep_id!r} at {path}")
-    return json.loads(path.read_text())
+    doc = json.loads(path.read_text())
+    if "repeats" not in doc:
+        raise ConfigError(
+            f"{path} was made before --repeats (its runs are not tagged by round): its "
+            f"table is {Path(results_dir) / 'scaling' / sweep_id}.csv as that sweep wrote it"
+        )
+    return doc

@@ -35,7 +35,6 @@ from bench.methods import Knobs
 # against 0.26 s at 2 x 2), while the dense run right after them ran at its usual speed
 WARMUP_RUNS = 1
 WARMUP_COMM = methods.names(group="baseline")[0]
-OLD_WARMUP_NOCOMM = 2  # a plan that recorded no ``warmup_runs``: two compute-only warm-ups
 # compute-only runs after the warm-ups and before any method: their step time is the
 # model's compute input at that size (:func:`bench.sweeps.scaling_table.with_predictions`)
 CALIBRATION_RUNS = 1

@@ -1,143 +1,187 @@
-"""The scaling study's table: each run's measured step time beside the model's prediction
-(the sweep's plan), efficiency against the compute-only run of the same size, the
-textbook efficiency beside it, and the projection to the paper's cluster.  One row per
-(size, method), ``kind`` ``measured`` or ``projected``; every column: docs/internals/report.md.
+"""The scaling study's table: per (size, method) the step time over the sweep's rounds
+(geometric mean, its 95 % interval, n), the efficiency against the same size's
+compute-only runs with its interval, the textbook efficiency, the model's prediction (the
+sweep's plan) beside them, and the projection to the paper's cluster.  One row per
+(size, method), ``kind`` ``measured`` or ``projected``; every column:
+docs/internals/report.md.  An efficiency above 1 reads by one rule (:func:`above_one`),
+in this table's ``note``, the figure and the report.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from bench import methods
 from bench.cluster.netns import parse_bandwidth
-from bench.methods import method_of
 from bench.results.columns import EPOCH_TIME, SAMPLES, STEPS
 from bench.results.records import read_curve
 from bench.sweeps import scaling_model as sm
+from bench.sweeps.intervals import ci_text, log_mean_interval, log_t_interval
+from bench.sweeps.scaling import CALIBRATION_SEED, SEED, key_of
 
 COLUMNS = [
     "sweep_id", "kind", "cluster", "nodes", "workers_per_node", "world_size", "comm",
-    "density", "step_s", "compute_only_step_s", "efficiency", "textbook_efficiency",
+    "density", "n_runs", "step_s", "step_s_ci_low", "step_s_ci_high", "compute_only_step_s",
+    "efficiency", "efficiency_ci_low", "efficiency_ci_high", "textbook_efficiency",
     "throughput", "predicted_step_s", "predicted_efficiency", "model_error",
-    "compute_only_spread", "calibration_step_s", "compute_drift", "predicted_before_launch_s",
+    "calibration_step_s", "compute_drift", "predicted_before_launch_s",
     "model_error_before_launch", "efficiency_min", "efficiency_max", "model_holds",
     "inter_node_bandwidth", "target_ratio", "link_ratio", "measured_steps", "run_id", "note",
 ]  # fmt: skip
 # the columns of the table the report shows (bench.report.answer)
 REPORT_COLUMNS = [
-    "kind", "nodes", "workers_per_node", "comm", "step_s", "compute_only_step_s",
-    "efficiency", "textbook_efficiency", "throughput", "predicted_step_s", "model_error",
-    "inter_node_bandwidth", "link_ratio",
+    "kind", "nodes", "workers_per_node", "comm", "n_runs", "step_s", "compute_only_step_s",
+    "efficiency", "efficiency_ci_low", "efficiency_ci_high", "textbook_efficiency",
+    "throughput", "predicted_step_s", "model_error", "inter_node_bandwidth", "link_ratio",
     # an older table's names (before the compute-only reference)
     "nnodes", "nproc_per_node", "throughput_samples_per_s", "run_id",
 ]  # fmt: skip
+FINISHED = ("ok", "target_missed")  # a run with a step time (no target in these runs)
+
+# how an efficiency above 1 (a method stepping faster than computing alone) reads: one rule
+# for the table's note, the figure and the report
+HOLDS_ONE, FAULT = "holds 1", "fault"
+ABOVE_ONE = {
+    HOLDS_ONE: "above 1, its interval holding 1: as fast as computing alone within the "
+    "runs' spread, not faster",
+    FAULT: "above 1 beyond its interval (or with none): a measurement fault, not a gain "
+    "(no exchange makes a step faster than computing alone: the compute-only runs that "
+    "set 1 ran slow at that size)",
+}
 
 
-def run_timing(rec: dict[str, Any]) -> tuple[float, float, int]:
-    """(s per step, samples per s, steps) over a run's epochs after the first, from its
-    curve (a single epoch: that one); NaNs when the curve is missing."""
+def above_one(eff: float, low: float, high: float) -> str:
+    """``""`` for an efficiency at or below 1 as printed (2 decimals), :data:`HOLDS_ONE`
+    when its interval holds 1, else :data:`FAULT` (its interval above 1, or none)."""
+    if not eff == eff or round(eff, 2) <= 1.0:
+        return ""
+    return HOLDS_ONE if low == low and low <= 1.0 else FAULT
+
+
+def above_one_of(df: pd.DataFrame) -> pd.Series:
+    """:func:`above_one` of each row (a table without intervals: none)."""
+    lo = df.get("efficiency_ci_low", pd.Series(math.nan, index=df.index))
+    hi = df.get("efficiency_ci_high", pd.Series(math.nan, index=df.index))
+    return pd.Series([above_one(*map(float, v)) for v in zip(df["efficiency"], lo, hi)],
+                     index=df.index, dtype=object)  # fmt: skip
+
+
+def point_text(r: Mapping[str, Any]) -> str:
+    """``0.52 [0.48, 0.55] at 2x2``: a row's efficiency, its 95 % interval where it has
+    one, and its size."""
+    lo, hi = r.get("efficiency_ci_low"), r.get("efficiency_ci_high")
+    eff = ci_text(r["efficiency"], lo, hi, plain=True)
+    return f"{eff} at {int(r['nodes'])}x{int(r['workers_per_node'])}"
+
+
+def above_one_lines(df: pd.DataFrame) -> list[str]:
+    """A line per kind of measured point above 1 (:func:`above_one`): each point with its
+    interval, then what the kind means."""
+    meas = df[df["kind"] == "measured"] if "kind" in df.columns else df
+    flag, out = above_one_of(meas), []
+    for f, text in ABOVE_ONE.items():
+        pts = [f"{r['comm']} {point_text(r)}" for _, r in meas[flag == f].iterrows()]
+        if pts:
+            out.append(f"{f}: {', '.join(pts)}: {text}")
+    return out
+
+
+def run_timing(rec: Mapping[str, Any], warm: int = 1) -> tuple[float, float, int]:
+    """(s per step, samples per s, steps) over a run's epochs after the first ``warm``
+    (a single epoch: that one), from its curve; NaNs when the curve is missing."""
     curve = rec.get("curve")
     if not curve or not Path(curve).is_file():
         return math.nan, math.nan, 0
     df = read_curve(curve)
     if df.empty or not {EPOCH_TIME, STEPS, SAMPLES} <= set(df.columns):
         return math.nan, math.nan, 0
-    later = df.iloc[1:] if len(df) > 1 else df
+    later = df.iloc[warm:] if len(df) > warm else df.iloc[-1:]
     secs, steps = float(later[EPOCH_TIME].sum()), int(later[STEPS].sum())
     if secs <= 0 or steps < 1:
         return math.nan, math.nan, 0
     return secs / steps, float(later[SAMPLES].sum()) / secs, steps
 
 
-def _merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """One row of a size's compute-only runs (first and last of the size): time per step
-    over all their steps, mean throughput, and their spread (max - min) / mean."""
-    steps = sum(r["measured_steps"] for r in runs)
-    secs = sum(r["step_s"] * r["measured_steps"] for r in runs)
-    each = [r["step_s"] for r in runs]
-    mean = sum(each) / len(each)
-    return {
-        **runs[-1],
-        "step_s": secs / steps if steps else math.nan,
-        "throughput": sum(r["throughput"] for r in runs) / len(runs),
-        "measured_steps": steps,
-        "compute_only_spread": (max(each) - min(each)) / mean
-        if mean > 0 and len(each) > 1
-        else math.nan,
-        "run_id": " ".join(str(r["run_id"]) for r in runs),
-    }
+def _periods(rec: Mapping[str, Any], steps: int) -> str:
+    """A note when a run's measured steps are not whole periods of its exchange."""
+    spec = methods.of(rec)
+    h = spec.period(spec.knobs_of(rec.get("config") or {})) if spec else 1
+    return f"measured {steps} steps, not whole periods of {h}" if steps % h else ""
 
 
 def measured_rows(
-    records: Sequence[dict[str, Any]], calibration_runs: int = 0,
-    warmup_nocomm: int = sm.OLD_WARMUP_NOCOMM,
-) -> list[dict[str, Any]]:  # fmt: skip
-    """A row per (size, method) that finished (an error run has no step time: left out,
-    counted by the caller); the latest attempt of a method wins, a size's compute-only
-    runs after the warm-ups and ``calibration_runs`` are merged (:func:`_merge`); the
-    calibration runs' step time is the row's ``calibration_step_s``."""
-    rows: dict[tuple[int, int, str], dict[str, Any]] = {}
-    nocomm: dict[tuple[int, int], list[dict[str, Any]]] = {}
-    for r in records:
-        if r.get("status") not in ("ok", "target_missed"):
-            continue
-        cl = (r.get("config") or {}).get("cluster") or {}
-        n, m = int(cl.get("nnodes", 1)), int(cl.get("nproc_per_node", 1))
-        step, thr, steps = run_timing(r)
-        prof = r.get("cluster_profile") or {}
-        row = {
-            "kind": "measured",
-            "cluster": cl.get("name", ""),
-            "nodes": n,
-            "workers_per_node": m,
-            "world_size": n * m,
-            "comm": method_of(r),  # DeMo (comm=nocomm) and the sync strategies by name
-            "step_s": step,
-            "throughput": thr,
-            "measured_steps": steps,
-            "inter_node_bandwidth": cl.get("inter_node_bandwidth") if n > 1 else "",
-            "target_ratio": prof.get("target_ratio", math.nan),
-            "run_id": r.get("run_id"),
-        }
-        if row["comm"] == sm.NOCOMM and steps:
-            nocomm.setdefault((n, m), []).append(row)
-        else:
-            rows[(n, m, str(row["comm"]))] = row
-    for (n, m), runs in nocomm.items():
-        # the first warmup_nocomm warmed the launch up (a plan whose warm-ups were
-        # compute-only runs; bench.sweeps.scaling.points), the next calibration_runs
-        # calibrated the model; a size with fewer runs (an older plan: one before the
-        # methods, one after) keeps all
-        first = warmup_nocomm + calibration_runs
-        kept = runs[first:] if len(runs) > first else runs
-        cal = runs[warmup_nocomm:first] if len(runs) > first else []
-        row = _merge(kept)
-        row["calibration_step_s"] = _merge(cal)["step_s"] if cal else math.nan
-        # how far the compute-only step moved while the methods ran
-        row["compute_drift"] = row["step_s"] / row["calibration_step_s"] - 1 if cal else math.nan
-        rows[(n, m, sm.NOCOMM)] = row
-    return list(rows.values())
+    records: Sequence[Mapping[str, Any]], plan: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """A row per (size, method) with a finished run in a round (an error run has no step
+    time: left out, counted by the caller; a run recorded twice: its latest), each
+    method's step times over its rounds in ``times``; a size's calibration run gives its
+    compute-only row's ``calibration_step_s``; warm-ups are left out."""
+    sched = plan.get("schedule") or {}
+    latest = {k: r for r in records if r.get("status") in FINISHED and (k := key_of(r))}
+    runs: dict[tuple[int, int, str], list[dict[str, Any]]] = {}
+    cal: dict[tuple[int, int], float] = {}
+    for (n, m, comm, seed), r in sorted(latest.items(), key=lambda kv: kv[0][3]):
+        step, thr, steps = run_timing(r, int((sched.get(comm) or (1, 0))[0]))
+        if seed == CALIBRATION_SEED and comm == sm.NOCOMM:
+            cal[(n, m)] = step
+        elif seed >= SEED and step == step:
+            cl = (r.get("config") or {}).get("cluster") or {}
+            runs.setdefault((n, m, comm), []).append({
+                "step": step, "thr": thr, "steps": steps, "run_id": str(r.get("run_id")),
+                "cluster": cl.get("name", ""), "note": _periods(r, steps),
+                "bw": cl.get("inter_node_bandwidth") if n > 1 else "",
+                "ratio": (r.get("cluster_profile") or {}).get("target_ratio", math.nan),
+            })  # fmt: skip
+    rows = []
+    for (n, m, comm), rs in runs.items():
+        step, lo, hi = log_mean_interval([x["step"] for x in rs])
+        rows.append({
+            "kind": "measured", "cluster": rs[-1]["cluster"], "nodes": n,
+            "workers_per_node": m, "world_size": n * m, "comm": comm, "n_runs": len(rs),
+            "step_s": step, "step_s_ci_low": lo, "step_s_ci_high": hi,
+            "times": [x["step"] for x in rs],
+            "throughput": sum(x["thr"] for x in rs) / len(rs),
+            "measured_steps": max(x["steps"] for x in rs),
+            "inter_node_bandwidth": rs[-1]["bw"], "target_ratio": rs[-1]["ratio"],
+            "calibration_step_s": cal.get((n, m), math.nan) if comm == sm.NOCOMM else math.nan,
+            "run_id": " ".join(x["run_id"] for x in rs),
+            "note": "; ".join(dict.fromkeys(x["note"] for x in rs if x["note"])),
+        })  # fmt: skip
+    return rows
 
 
 def efficiency(df: pd.DataFrame) -> pd.DataFrame:
-    """``compute_only_step_s``, ``efficiency`` and ``textbook_efficiency`` of measured
-    rows (columns nodes, workers_per_node, world_size, comm, step_s, throughput)."""
+    """``compute_only_step_s``, ``efficiency`` with its interval (Welch's t on the log step
+    times of the size's compute-only runs and the method's, :func:`log_t_interval`: the
+    ratio of their geometric means) and ``textbook_efficiency`` of measured rows; the
+    compute-only row's efficiency is 1 by definition (no interval), its drift since the
+    calibration run ``compute_drift``."""
     df = df.copy()
-    ref = df[df["comm"] == sm.NOCOMM].set_index(["nodes", "workers_per_node"])["step_s"]
+    ref = df[df["comm"] == sm.NOCOMM].set_index(["nodes", "workers_per_node"])
+    cells = []
+    for n, m, comm, times in zip(df["nodes"], df["workers_per_node"], df["comm"], df["times"]):
+        if (n, m) not in ref.index:
+            cells.append((math.nan,) * 3)
+        elif comm == sm.NOCOMM:
+            cells.append((1.0, math.nan, math.nan))
+        else:
+            cells.append(log_t_interval(ref.loc[(n, m), "times"], times))
+    df["efficiency"], df["efficiency_ci_low"], df["efficiency_ci_high"] = zip(*cells)
     keys = list(zip(df["nodes"], df["workers_per_node"]))
-    df["compute_only_step_s"] = [float(ref.get(k, math.nan)) for k in keys]
-    df["efficiency"] = df["compute_only_step_s"] / df["step_s"]
+    df["compute_only_step_s"] = [float(ref["step_s"].get(k, math.nan)) for k in keys]
     one = df[(df["world_size"] == 1) & (df["comm"] == sm.NOCOMM)]["throughput"]
     base = float(one.iloc[0]) if len(one) else math.nan
     df["textbook_efficiency"] = df["throughput"] / (df["world_size"] * base)
+    df["compute_drift"] = df["step_s"] / df["calibration_step_s"] - 1
     return df
 
 
-def with_predictions(df: pd.DataFrame, plan: dict[str, Any]) -> pd.DataFrame:
+def with_predictions(df: pd.DataFrame, plan: Mapping[str, Any]) -> pd.DataFrame:
     """The plan's predictions beside the measured rows, the model's error and link ratio."""
     pred = {(p["nodes"], p["workers_per_node"], p["comm"]): p for p in plan.get("predictions", [])}
     sizes = {(s["nodes"], s["workers_per_node"]): s for s in plan.get("sizes", [])}
@@ -185,20 +229,19 @@ def model_holds(df: pd.DataFrame, within: float = sm.HOLDS_WITHIN) -> bool:
     return bool(len(err)) and bool((err.abs() <= within).all())
 
 
-def build_table(records: Sequence[dict[str, Any]], plan: dict[str, Any]) -> pd.DataFrame:
+def build_table(records: Sequence[Mapping[str, Any]], plan: Mapping[str, Any]) -> pd.DataFrame:
     """Measured rows with predictions, then the projection (``model_holds`` on its rows)."""
-    # compute-only warm-ups to leave out: the plan's own count, where it recorded one
-    warm = (
-        0
-        if plan.get("warmup_comm", sm.NOCOMM) != sm.NOCOMM
-        else int(plan.get("warmup_runs", sm.OLD_WARMUP_NOCOMM))
-    )
-    meas = pd.DataFrame(measured_rows(records, int(plan.get("calibration_runs", 0)), warm))
+    meas = pd.DataFrame(measured_rows(records, plan))
     if meas.empty:
         meas = pd.DataFrame(columns=[c for c in COLUMNS if c != "sweep_id"])
     else:
-        meas = with_predictions(efficiency(meas), plan)
+        meas = with_predictions(efficiency(meas), plan).drop(columns="times")
         meas = meas.sort_values(["world_size", "nodes", "comm"], kind="stable")
+        flag = above_one_of(meas)
+        meas["note"] = [
+            "; ".join(x for x in (note, ABOVE_ONE.get(f, "")) if x)
+            for note, f in zip(meas["note"], flag)
+        ]
     widest = int(meas["world_size"].max()) if len(meas) else 1
     comms = [c for c in dict.fromkeys(meas["comm"]) if c != sm.NOCOMM] if len(meas) else []
     proj = pd.DataFrame(sm.projected_rows(comms, widest))
@@ -214,24 +257,31 @@ def build_table(records: Sequence[dict[str, Any]], plan: dict[str, Any]) -> pd.D
 
 
 def format_table(df: pd.DataFrame) -> str:
-    """The table as printed: measured rows with their predictions, then the projection."""
+    """The table as printed: measured rows (step time and efficiency with their 95 %
+    intervals over the rounds, n of them) with their predictions, then the projection."""
     if df.empty:
         return "(no rows)"
-    cols = ["kind", "nodes", "workers_per_node", "comm", "step_s", "compute_only_step_s",
-            "efficiency", "textbook_efficiency", "throughput", "predicted_step_s",
-            "model_error"]  # fmt: skip
-    show = df[cols].rename(columns={"workers_per_node": "per_node",
-                                    "compute_only_step_s": "compute_only_s",
-                                    "textbook_efficiency": "textbook",
-                                    "predicted_step_s": "predicted_s"})  # fmt: skip
-    return show.round(3).to_string(index=False)
+    show = pd.DataFrame({
+        "kind": df["kind"], "nodes": df["nodes"], "per_node": df["workers_per_node"],
+        "comm": df["comm"], "n": df["n_runs"].map(lambda v: "" if v != v else f"{v:.0f}"),
+        "step_s [95% CI]": [ci_text(*v, 3, plain=True) for v in
+                            zip(df["step_s"], df["step_s_ci_low"], df["step_s_ci_high"])],
+        "efficiency [95% CI]": [ci_text(*v, 2, plain=True) for v in zip(
+            df["efficiency"], df["efficiency_ci_low"], df["efficiency_ci_high"])],
+        "above_1": above_one_of(df).where(df["kind"] == "measured", ""),
+        "textbook": df["textbook_efficiency"].round(2),
+        "predicted_s": df["predicted_step_s"].round(3),
+        "model_error": df["model_error"].map(lambda v: "" if v != v else f"{v:+.0%}"),
+    })  # fmt: skip
+    return show.to_string(index=False)
 
 
 def summary(df: pd.DataFrame) -> list[str]:
-    """Lines saying whether the model held, where not, and what the projection means."""
+    """Lines saying how the points above 1 read, whether the model held, where not, and
+    what the projection means."""
     meas = df[df["kind"] == "measured"]
     err = meas.dropna(subset=["model_error"])
-    out = []
+    out = above_one_lines(meas)
     if len(err):
         worst = err.loc[err["model_error"].abs().idxmax()]
         out.append(
@@ -245,7 +295,7 @@ def summary(df: pd.DataFrame) -> list[str]:
             out.append(f"  off: {r.comm} on {r.nodes}x{r.workers_per_node}: {r.model_error:+.0%}")
         if "calibration_step_s" in meas and meas["calibration_step_s"].notna().any():
             pre = err["model_error_before_launch"].dropna()
-            out[0] += " (compute from each size's calibration run)"
+            out[-1 - len(off)] += " (compute from each size's calibration run)"
             if len(pre):
                 out.append(
                     f"with the compute timed before the sweep instead: worst "
@@ -258,7 +308,7 @@ def summary(df: pd.DataFrame) -> list[str]:
                 cells = ", ".join(f"{d:+.0%} at {int(n)}x{int(m)}" for n, m, d in
                                   zip(ref["nodes"], ref["workers_per_node"],
                                       ref["compute_drift"]))  # fmt: skip
-                out.append(f"compute-only step after the methods vs the calibration run "
+                out.append(f"compute-only step over the rounds vs the calibration run "
                            f"before them: {cells}")  # fmt: skip
     holds = model_holds(df)
     out.append(
