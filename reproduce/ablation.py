@@ -560,8 +560,9 @@ def _run(args: argparse.Namespace, plan, resumed: bool) -> int:
         shaping = ", shaping" if plan.measured else ""
         n = f"{len(plan.tune_jobs())} tuning runs{shaping}, {len(plan.timing_jobs())} " \
             f"timing runs, a rate extension, then {len(plan.eval_seeds)} evaluation seeds x " \
-            "each selected " \
-            f"configuration ({lo}-{hi} runs in all)"  # fmt: skip
+            "each selected configuration" \
+            + (f", then {plan.carry_seeds} seeds of them at 8 x 2 (steps carry-over)"
+               if plan.carry_seeds else "") + f" ({lo}-{hi} runs in all)"  # fmt: skip
         what = f"protocol {plan.name} on {plan.experiment}"
     else:
         n, what = f"{len(plan.jobs())} jobs", plan.experiment

@@ -442,10 +442,11 @@ def status(plan: Plan, records: Sequence[Mapping[str, Any]]) -> list[str]:
 
 # wall seconds per run on the 2-core machine: image measured on 2026-12-03 (a --quick
 # sweep: tuning a median 21 s, timing 8 s, evaluation on the emulated cluster 18-41 s);
-# translation 50 s of training, about 4 decodings of 2.5 s and the start, misses 2.5x longer
+# translation 50 s of training, about 4 decodings of 2.5 s and the start, misses 2.5x longer;
+# "carry", a steps carry-over run on 8 x 2 (16 workers, 4x the work a step): assumed 4x local
 RUN_S = {
-    "classification": {TUNE: 21.0, TIME: 9.0, "local": 21.0, "measured": 30.0},
-    "translation": {TUNE: 70.0, TIME: 20.0, "local": 60.0, "measured": 75.0},
+    "classification": {TUNE: 21.0, TIME: 9.0, "local": 21.0, "measured": 30.0, "carry": 84.0},
+    "translation": {TUNE: 70.0, TIME: 20.0, "local": 60.0, "measured": 75.0, "carry": 240.0},
 }
 
 
@@ -454,7 +455,8 @@ def estimate(plan: Plan) -> tuple[int, int, float, float]:
     machine: its tuning runs, shaping rounds (one to all), timing runs, between no rate
     extension and its most (:func:`~bench.sweeps.extension.most_runs`), and evaluation
     between one configuration per method (every cluster selects the same) and one per
-    method and cluster on each evaluation seed."""
+    method and cluster on each evaluation seed, then the steps carry-over (the baseline's
+    and one other configuration, to every configuration's, on its seeds)."""
     s = RUN_S[plan.workload()]
     tune, timing = len(plan.tune_jobs()), len(plan.timing_jobs())
     m = len(measured_clusters(plan))
@@ -467,8 +469,14 @@ def estimate(plan: Plan) -> tuple[int, int, float, float]:
     fixed = tune * s[TUNE] + timing * s[TIME]
     low = fixed + few * s[TIME] + per * (m * s["measured"] if m else s["local"])
     high = fixed + most * s[TIME] + more * s[TUNE] + per * (m * s["measured"] + k * s["local"])
+    c_lo, c_hi = 2 * plan.carry_seeds, n * (m + k) * plan.carry_seeds
+    low, high = low + c_lo * s["carry"], high + c_hi * s["carry"]
     runs = tune + timing
-    return runs + few + per * max(m, 1), runs + most + more + per * (m + k), low / 60, high / 60
+    lo_runs, hi_runs = (
+        runs + few + per * max(m, 1) + c_lo,
+        runs + most + more + per * (m + k) + c_hi,
+    )
+    return lo_runs, hi_runs, low / 60, high / 60
 
 
 def chosen(plan: Plan, records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, str]]:
