@@ -35,8 +35,14 @@ def test_scale_holds_the_per_worker_batch_and_the_step_budget():
     assert "cluster.nnodes=8" in got and "cluster.nnodes=2" not in got
     assert "data.batch_size=512" in got and "data.batch_size=128" not in got
     assert "train.epochs=66" in got  # 2 steps an epoch at 8 x 2, 132 steps
-    tr = co.scale(["cluster.nnodes=2"], "translation", batch=0, budget=620, per_epoch=310)
-    assert tr == ["cluster.nnodes=8", f"train.epochs={math.ceil(620 / 77)}"]  # tokens per worker
+    # the warm-up is in epochs: 1 epoch at 2 x 2 is 11 steps, so 5.5 epochs of 2 at 8 x 2
+    assert "optim.warmup_epochs=5.5" in co.scale(over, "classification", 128, 132, 11, 1.0)
+    own = co.scale([*over, "optim.warmup_epochs=0.5"], "classification", 128, 132, 11, 1.0)
+    assert "optim.warmup_epochs=2.75" in own  # a trial's own warm-up, stretched alike
+    tr = co.scale(["cluster.nnodes=2"], "translation", batch=0, budget=620, per_epoch=310,
+                  warmup=0.5)  # fmt: skip
+    assert tr == ["cluster.nnodes=8", f"train.epochs={math.ceil(620 / 77)}",
+                  f"optim.warmup_epochs={0.5 * 310 / 77:.6g}"]  # fmt: skip
 
 
 def test_table_ratio_against_dense_and_the_switch():
@@ -78,5 +84,9 @@ def test_the_stage_runs_each_covered_configuration_at_8_nodes_as_its_evaluation_
     assert cfg.data.batch_size == 4 * compose([f"experiment={plan.experiment}"]).data.batch_size
     assert cfg.results.protocol_role == co.CARRY and cfg.train.seed == jobs[0].seed
     ev = plan.overrides(pr.Job(pr.EVAL, BASE, trial, jobs[0].seed))
-    assert {o for o in ev if o.startswith("optim.")} == {o for o in over if o.startswith("optim.")}
+    lr = [o for o in ev if o.startswith("optim.lr=")]
+    assert lr and lr == [o for o in over if o.startswith("optim.lr=")]  # the same trial
+    assert cfg.optim.warmup_epochs == pytest.approx(
+        compose(ev).optim.warmup_epochs * 11 / 2
+    )  # the same warm-up steps: 11 steps an epoch at 2 x 2, 2 at 8 x 2
     assert pr.quick()["carry_seeds"] == 0  # a smoke test runs no 16-worker cluster

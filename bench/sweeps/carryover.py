@@ -45,10 +45,10 @@ def overrides(plan: pr.Plan, job: pr.Job) -> list[str]:
     base = [o for o in base if not o.startswith(("results.protocol_role=",
                                                   "results.protocol_selected="))]  # fmt: skip
     wl = plan.workload()
-    batch = (
-        int(compose([f"experiment={plan.experiment}"]).data.batch_size) if GLOBAL_BATCH[wl] else 0
-    )
-    out = scale(base, wl, batch, pr.BUDGET_STEPS[wl], pr.STEPS_PER_EPOCH[wl])
+    recipe = compose([f"experiment={plan.experiment}"])
+    batch = int(recipe.data.batch_size) if GLOBAL_BATCH[wl] else 0
+    warmup = float(recipe.optim.get("warmup_epochs") or 0.0)
+    out = scale(base, wl, batch, pr.BUDGET_STEPS[wl], pr.STEPS_PER_EPOCH[wl], warmup)
     return [*out, f"results.protocol_role={CARRY}", "results.protocol_selected=true"]
 
 
@@ -87,18 +87,24 @@ def covered(workload: str, picked: Mapping[str, Mapping[str, str]],
 
 
 def scale(
-    overrides: Sequence[str], workload: str, batch: int, budget: int, per_epoch: int
-) -> list[str]:
+    overrides: Sequence[str], workload: str, batch: int, budget: int, per_epoch: int,
+    warmup: float = 0.0,
+) -> list[str]:  # fmt: skip
     """``overrides`` of a 2-node run turned into its NODES-node run: the nodes, the global
-    batch (``batch`` at 2 nodes) x NODES / BASE_NODES where the workload's batch is global, and
+    batch (``batch`` at 2 nodes) x NODES / BASE_NODES where the workload's batch is global,
     epochs enough for the ``budget`` in optimizer steps (``per_epoch``: steps per epoch at 2
-    nodes, each rank's share of an epoch being that much smaller at NODES)."""
+    nodes, each rank's share of an epoch being that much smaller at NODES), and the
+    optimizer's warm-up (in epochs: the overrides', else the recipe's ``warmup``) stretched
+    to the same optimizer steps."""
     k = NODES // BASE_NODES
     key = GLOBAL_BATCH[workload]
-    drop = ("cluster.nnodes=", "train.epochs=", *((f"{key}=",) if key else ()))
+    wu = "optim.warmup_epochs="
+    given = [float(o.removeprefix(wu)) for o in overrides if o.startswith(wu)]
+    drop = ("cluster.nnodes=", "train.epochs=", wu, *((f"{key}=",) if key else ()))
     out = [o for o in overrides if not o.startswith(drop)]
-    epochs = math.ceil(budget / max(1, per_epoch // k))
-    out += [f"cluster.nnodes={NODES}", f"train.epochs={epochs}"]
+    short = max(1, per_epoch // k)  # steps per epoch at NODES
+    out += [f"cluster.nnodes={NODES}", f"train.epochs={math.ceil(budget / short)}"]
+    out.append(f"{wu}{(given[-1] if given else warmup) * per_epoch / short:.6g}")
     return out + ([f"{key}={batch * k}"] if key else [])
 
 
