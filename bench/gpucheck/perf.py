@@ -282,11 +282,9 @@ def profile(device: torch.device, cpu: bool, sink: Rows) -> None:
     _bucket_times(device, cpu, sink)
 
 
-CHECKS: dict[str, Callable[[torch.device, bool, Rows], None]] = {
-    "select": select,
-    "update": update,
-    "profile": profile,
-}
+CHECKS: dict[str, Callable[[torch.device, bool, Rows], None]] = dict(
+    select=select, update=update, profile=profile
+)
 
 
 def main(argv: list[str] | None = None) -> int:
