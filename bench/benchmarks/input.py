@@ -61,29 +61,6 @@ def _config(
     return d, c
 
 
-def _concurrency(loader: Any, d: Any) -> dict[str, int]:
-    """Worker processes, threads and the most storage reads in flight, of a built loader."""
-    if d.loader == "torch":
-        n = max(1, d.num_workers)
-        return dict(processes=d.num_workers, threads=n, reads_outstanding=n)
-    # threads fetching ahead of the external source; 0 with DALI's file reader, whose
-    # decode threads read the memory-mapped files
-    reads = getattr(loader, "fetch_threads", 0) or d.dali_threads
-    return dict(processes=0, threads=d.dali_threads, reads_outstanding=reads)
-
-
-def _time_epoch(loader: Any) -> tuple[int, float, list[float]]:
-    """(images, seconds, ms between batches) of one pass over ``loader``."""
-    n, gaps = 0, []
-    t0 = t_last = time.perf_counter()
-    for x, _ in loader:
-        now = time.perf_counter()
-        gaps.append((now - t_last) * 1e3)
-        t_last = now
-        n += x.shape[0]
-    return n, time.perf_counter() - t0, gaps
-
-
 def _epochs(
     loader_kind: str,
     cache: str,
@@ -100,7 +77,14 @@ def _epochs(
         dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         bundle = build_folder(d, c, 0, 1, dev, 0)
         loader = bundle.train
-        conc = _concurrency(loader, d)
+        # worker processes, threads and the most storage reads in flight: DALI's threads
+        # fetching ahead of the external source (0 with its file reader, whose decode
+        # threads read the memory-mapped files)
+        reads = max(1, d.num_workers)
+        conc = dict(processes=d.num_workers, threads=reads, reads_outstanding=reads)
+        if d.loader != "torch":
+            reads = getattr(loader, "fetch_threads", 0) or d.dali_threads
+            conc = dict(processes=0, threads=d.dali_threads, reads_outstanding=reads)
         rows = []
         for epoch in range(epochs):
             loader.set_epoch(epoch)
@@ -111,7 +95,13 @@ def _epochs(
             except OSError:  # no mincore here
                 resident = float("nan")
             load = round(os.getloadavg()[0], 2)
-            n, dt, gaps = _time_epoch(loader)
+            n, gaps = 0, []  # images, and ms between batches
+            t0 = t_last = time.perf_counter()
+            for batch, _ in loader:
+                now = time.perf_counter()
+                gaps.append((now - t_last) * 1e3)
+                n, t_last = n + batch.shape[0], now
+            dt = time.perf_counter() - t0
             st = loader.epoch_stats()
             row = dict(loader=loader_kind, cache=cache, throttled=throttled, epoch=epoch + 1)
             row.update(images=n, epoch_s=round(dt, 3), images_per_s=round(n / dt, 1))

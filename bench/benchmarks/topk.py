@@ -29,17 +29,6 @@ CUDA_WARMUP, CUDA_REPS = 2, 10
 TRITON_METHODS = ("tiled", "paper")  # the mstopk methods with a Triton kernel
 
 
-def _input(kind: str, n: int, device: torch.device) -> torch.Tensor:
-    """Gaussian, heavy-tailed (Student's t, 1.5) or Cauchy values, made where they are used
-    (100 M normals take milliseconds on a GPU)."""
-    if kind == "cauchy":  # heavier still: no mean; values spread over many octaves
-        g = torch.Generator().manual_seed(0)
-        return torch.empty(n).cauchy_(generator=g).mul_(1e-3).to(device)
-    if kind == "heavy":
-        return torch.distributions.StudentT(torch.tensor(1.5, device=device)).sample((n,)) * 1e-3
-    return torch.randn(n, device=device, generator=torch.Generator(device).manual_seed(0))
-
-
 def _cuda_syncs(fn: Callable[[], object]) -> int:
     """Synchronising CUDA calls made by one call of ``fn`` (torch's sync debug mode)."""
     torch.cuda.synchronize()
@@ -137,7 +126,16 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
             for kind, threads in settings:
                 if device.type == "cpu":
                     torch.set_num_threads(threads)
-                x = _input(kind, n, device)
+                # made where they are used (100 M normals take milliseconds on a GPU)
+                gen = torch.Generator(device).manual_seed(0)
+                if kind == "cauchy":  # heavier still: no mean; values spread over many octaves
+                    x = torch.empty(n).cauchy_(generator=torch.Generator().manual_seed(0))
+                    x = x.mul_(1e-3).to(device)
+                elif kind == "heavy":  # Student's t, 1.5 degrees of freedom
+                    x = torch.distributions.StudentT(torch.tensor(1.5, device=device)).sample((n,))
+                    x = x * 1e-3
+                else:
+                    x = torch.randn(n, device=device, generator=gen)
                 reps = 2 if quick else (3 if n > RESNET50 else 5)
                 ef = n == ef_size and kind == "gaussian" and threads == 1
                 for density in densities:

@@ -12,7 +12,7 @@ import gc
 import os
 import statistics
 import warnings
-from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -61,16 +61,8 @@ def param_set(name: str) -> torch.nn.Module:
     raise KeyError(name)
 
 
-def _probes(numel: int, device: torch.device) -> dict[str, Callable[[], object]]:
-    """Streaming-bandwidth probes over ``numel`` fp32 values, timed among the cases: a copy
-    (8 B per value) and an in-place add (12 B per value); the floor uses the faster."""
-    src, x = torch.randn(numel, device=device), torch.randn(numel, device=device)
-    dst = torch.empty_like(src)
-    return {"_copy": lambda: dst.copy_(src), "_rmw": lambda: x.add_(src, alpha=1e-9)}
-
-
 def _build(
-    model: torch.nn.Module, opt: str, mode: str, device: torch.device, variant: str
+    model: torch.nn.Module, opt: str, mode: str, variant: str, device: torch.device
 ) -> tuple:
     m = copy.deepcopy(model).to(device)
     cfg = SimpleNamespace(**{**OptimConfig().__dict__, **OPTIMIZERS[opt], "update": mode})
@@ -91,13 +83,6 @@ def _build(
 def _copies(optimizer: Any) -> int:
     """Gradient tensors the optimizer copied so far (torch's modes copy none)."""
     return sum(b.copies for b in getattr(optimizer, "buckets", []))
-
-
-def _cases(opt: str) -> list[tuple[str, str]]:
-    """(mode, variant) of one optimizer in measurement order: its modes, then flat with the
-    segment-reduce norms (LARS) and with a bf16 model copy over fp32 master weights."""
-    norms = [("flat", "norms=segment_reduce")] if opt == "lars" else []
-    return [(m, "") for m in SPECS.get(opt).mode_names()] + norms + [("flat", "master=bf16")]
 
 
 MODE_NAMES = {
@@ -179,8 +164,16 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
         params = list(model.parameters())
         n_values = sum(p.numel() for p in params)
         for opt in OPTIMIZERS:
-            built = {(mode, v): _build(model, opt, mode, device, v) for mode, v in _cases(opt)}
-            probes = _probes(n_values, device)  # as large as the parameter set
+            # its modes, then flat with the segment-reduce norms (LARS) and with a bf16 model
+            # copy over fp32 master weights
+            norms = [("flat", "norms=segment_reduce")] if opt == "lars" else []
+            cases = [(m, "") for m in SPECS.get(opt).mode_names()] + norms
+            built = {k: _build(model, opt, *k, device) for k in [*cases, ("flat", "master=bf16")]}
+            # streaming-bandwidth probes as large as the parameter set, timed among the cases:
+            # a copy (8 B a value) and an in-place add (12 B a value); the floor uses the faster
+            src, acc = torch.randn(n_values, device=device), torch.randn(n_values, device=device)
+            dst = torch.empty_like(src)
+            probes = {"_copy": partial(dst.copy_, src), "_rmw": partial(acc.add_, src, alpha=1e-9)}
             copies0 = {k: _copies(o) for k, (_, o) in built.items()}
             # CUDA events: the device's time, not the host's
             timed = {"reps": reps, "shuffle": True, "events": device.type == "cuda"}
@@ -192,7 +185,7 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
             n_steps = warmup + reps
             ddp_copies = {k: (_copies(o) - copies0[k]) / n_steps for k, (_, o) in built.items()}
             bw = max(copy_gbps, rmw_gbps) * 1e9
-            del probes, steps["_copy"], steps["_rmw"]
+            del probes, src, dst, acc, steps["_copy"], steps["_rmw"]
             zero = {k: (lambda o=o: o.zero_grad(set_to_none=False)) for k, (_, o) in built.items()}
             zeros = interleaved_times(zero, warmup=1, **timed)
             floor_ms = TRAFFIC_VALUES[opt] * 4 * n_values / bw * 1e3
