@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -85,27 +84,23 @@ class BenchRun:
 
     def save(self) -> Path:
         """Append this run's rows to the CSV (union of columns; old rows are kept)."""
-        return append_rows(self.csv_path, self.rows)
+        path, new = self.csv_path, pd.DataFrame(self.rows)
+        if new.empty:
+            return path
+        with FileLock(str(path) + ".lock"):
+            if path.exists() and path.stat().st_size > 0:
+                old = pd.read_csv(path)
+                if list(old.columns) == list(new.columns):
+                    new.to_csv(path, mode="a", header=False, index=False)
+                    return path
+                new = pd.concat([old, new], ignore_index=True, sort=False)
+            tmp = path.with_suffix(path.suffix + ".tmp")
+            new.to_csv(tmp, index=False)
+            tmp.replace(path)
+        return path
 
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.rows)
-
-
-def append_rows(path: Path, rows: Iterable[dict[str, Any]]) -> Path:
-    new = pd.DataFrame(list(rows))
-    if new.empty:
-        return path
-    with FileLock(str(path) + ".lock"):
-        if path.exists() and path.stat().st_size > 0:
-            old = pd.read_csv(path)
-            if list(old.columns) == list(new.columns):
-                new.to_csv(path, mode="a", header=False, index=False)
-                return path
-            new = pd.concat([old, new], ignore_index=True, sort=False)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        new.to_csv(tmp, index=False)
-        tmp.replace(path)
-    return path
 
 
 def latest_run(path: Path) -> pd.DataFrame:

@@ -143,26 +143,6 @@ def upsampled_share(sizes: list[tuple[int, int]], out: int = OUT, draws: int = 2
     return up / max(1, len(sizes) * draws)
 
 
-def _pixels_note(root: str) -> None:
-    """Print what pre-decoding at the original resolution costs, and what a 256 cap would do."""
-    # deferred: Pillow only where images are decoded
-    from PIL import Image
-
-    train = Path(root) / "train"
-    files = sorted(train.rglob("*.jpg"))
-    sizes = [Image.open(f).size for f in files]
-    at256 = [(round(w * 256 / min(w, h)), round(h * 256 / min(w, h))) for w, h in sizes]
-    jpeg_mb = sum(f.stat().st_size for f in files) / 1e6
-    pixels_mb = sum(3 * w * h for w, h in sizes) / 1e6
-    print(
-        f"pre-decoded at the original resolution: {pixels_mb:.0f} MB of pixels for "
-        f"{len(files)} images ({pixels_mb / jpeg_mb:.1f}x the {jpeg_mb:.0f} MB of JPEGs); "
-        f"RRC {OUT} crops enlarged: {100 * upsampled_share(sizes, draws=5):.0f} % "
-        f"(at shorter side 256 it would be {100 * upsampled_share(at256, draws=5):.0f} %)",
-        flush=True,
-    )
-
-
 def _plot(bench: BenchRun) -> None:
     df = latest_run(bench.csv_path)
     fig, axes = plt.subplots(1, 2, figsize=(13.5, 4.5), sharey=True)
@@ -209,7 +189,21 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
         t0 = time.perf_counter()
         root = cached_jpeg_folder(IMAGES, 100, val_images=100, target_kb=110.0)
         print(f"JPEG folder {root} ready in {time.perf_counter() - t0:.0f} s")
-        _pixels_note(root)
+        # what pre-decoding at the original resolution costs, and what a 256 cap would do
+        from PIL import Image  # deferred: Pillow only where images are decoded
+
+        files = sorted((Path(root) / "train").rglob("*.jpg"))
+        sizes = [Image.open(f).size for f in files]
+        at256 = [(round(w * 256 / min(w, h)), round(h * 256 / min(w, h))) for w, h in sizes]
+        jpeg_mb = sum(f.stat().st_size for f in files) / 1e6
+        pixels_mb = sum(3 * w * h for w, h in sizes) / 1e6
+        print(
+            f"pre-decoded at the original resolution: {pixels_mb:.0f} MB of pixels for "
+            f"{len(files)} images ({pixels_mb / jpeg_mb:.1f}x the {jpeg_mb:.0f} MB of JPEGs); "
+            f"RRC {OUT} crops enlarged: {100 * upsampled_share(sizes, draws=5):.0f} % "
+            f"(at shorter side 256 it would be {100 * upsampled_share(at256, draws=5):.0f} %)",
+            flush=True,
+        )
     # warm-up, not recorded: DALI's one-time library start-up and the DataLoader's
     # forkserver (which imports torch once) would otherwise land in the first case's epoch 1
     tiny = cached_jpeg_folder(128, 2, val_images=4, small=True)  # a few batches per worker

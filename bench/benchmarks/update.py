@@ -43,24 +43,6 @@ OPTIMIZERS = {
 }
 
 
-def param_set(name: str) -> torch.nn.Module:
-    """A module holding the parameter set ``name`` (no forward is ever run)."""
-    # deferred: torchvision is slow to load, and only this path needs it
-    import torchvision
-
-    # nn.Transformer warns about nested tensors, irrelevant here: no forward is run
-    warnings.filterwarnings("ignore", message="enable_nested_tensor is True")
-    torch.manual_seed(0)
-    if name == "resnet50":
-        return torchvision.models.resnet50()
-    if name in ("transformer_base", "transformer_tiny"):  # the registry's models
-        return build_model(ModelConfig(name=name), 37000 if name == "transformer_base" else 1000)
-    if name == "resnet18_head":  # quick: ResNet-18's first 30 tensors
-        m = torchvision.models.resnet18()
-        return torch.nn.Sequential(m.conv1, m.bn1, m.layer1, m.layer2)
-    raise KeyError(name)
-
-
 def _build(
     model: torch.nn.Module, opt: str, mode: str, variant: str, device: torch.device
 ) -> tuple:
@@ -159,8 +141,21 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
     if device.type == "cuda" and not quick:
         reps, warmup = 21, 3  # cheap there: a step takes milliseconds
     models = ("resnet18_head", "transformer_tiny") if quick else ("resnet50", "transformer_base")
+    # deferred: torchvision is slow to load, and only this path needs it
+    import torchvision
+
+    # nn.Transformer warns about nested tensors, irrelevant here: no forward is ever run
+    warnings.filterwarnings("ignore", message="enable_nested_tensor is True")
     for model_name in models:
-        model = param_set(model_name)
+        torch.manual_seed(0)  # a module holding the parameter set
+        if model_name == "resnet50":
+            model = torchvision.models.resnet50()
+        elif model_name == "resnet18_head":  # quick: ResNet-18's first 30 tensors
+            m = torchvision.models.resnet18()
+            model = torch.nn.Sequential(m.conv1, m.bn1, m.layer1, m.layer2)
+        else:  # the registry's Transformers
+            vocab = 37000 if model_name == "transformer_base" else 1000
+            model = build_model(ModelConfig(name=model_name), vocab)
         params = list(model.parameters())
         n_values = sum(p.numel() for p in params)
         for opt in OPTIMIZERS:
