@@ -18,8 +18,7 @@ from bench.results.records import new_run_id, now_iso
 
 
 class BenchRun:
-    """One benchmark invocation: an id, a timestamp and the machine facts for every row
-    (with ``meta``, a recorded run's own)."""
+    """One benchmark invocation: an id, a timestamp and the machine facts for every row."""
 
     def __init__(
         self, name: str, results_dir: str | Path = "results", meta: dict[str, Any] | None = None
@@ -40,8 +39,7 @@ class BenchRun:
 
     @classmethod
     def newest(cls, name: str, results_dir: str | Path = "results") -> BenchRun:
-        """The newest run recorded in ``<results_dir>/bench/<name>.csv``, read back (to redraw
-        its figure without measuring again)."""
+        """The newest run in ``<results_dir>/bench/<name>.csv`` (to redraw its figure)."""
         csv = bench_csv(results_dir, name)
         if not csv.is_file():
             raise ConfigError(f"no {csv}: run `python -m reproduce bench {name}` first")

@@ -142,7 +142,7 @@ def interleaved_times(
 def interleaved(
     cases: Mapping[K, Callable[[], object]], **options: Any
 ) -> dict[K, dict[str, float]]:
-    """:func:`summarize` of each case's :func:`interleaved_times` (same options)."""
+    """:func:`summarize` of each case's :func:`interleaved_times`."""
     return {n: summarize(ts) for n, ts in interleaved_times(cases, **options).items()}
 
 
