@@ -10,6 +10,7 @@ import math
 import os
 import statistics
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -66,21 +67,18 @@ def _shift_s(t: torch.Tensor, out: torch.Tensor, dst: int, src: int, reps: int) 
 def _calibrate(agg: Aggregator, sizes_mb: list[float], reps: int) -> dict[str, list]:
     """Micro-measurements for perfmodel.calibrate (s), all ranks busy at once: no
     collective and no end-to-end case, so every aggregation case is held out."""
-
-    cal: dict[str, list] = {k: [] for k in ("ring_shift", "intra_shift", "select", "scatter")}
-    cal.update(dense_pass=[], reduce=[])
+    keys = ("ring_shift", "intra_shift", "select", "scatter", "dense_pass", "reduce")
+    cal: dict[str, list] = {k: [] for k in keys}
     r, w, m = agg.rank, agg.world, agg.m
     timed: dict[str, Any] = dict(reps=reps, slowest_rank=True)
     intra_next = agg.node * m + (agg.local + 1) % m
     intra_prev = agg.node * m + (agg.local - 1) % m
     for mb in sizes_mb:
         t = torch.ones(max(1, int(mb * 2**20 / 4)))
-        out = torch.empty_like(t)
-        cal["ring_shift"].append((t.numel() * 4, _shift_s(t, out, (r + 1) % w, (r - 1) % w, reps)))
+        out, nbytes = torch.empty_like(t), t.numel() * 4
+        cal["ring_shift"].append((nbytes, _shift_s(t, out, (r + 1) % w, (r - 1) % w, reps)))
         if m > 1:
-            cal["intra_shift"].append(
-                (t.numel() * 4, _shift_s(t, out, intra_next, intra_prev, reps))
-            )
+            cal["intra_shift"].append((nbytes, _shift_s(t, out, intra_next, intra_prev, reps)))
     # selection over what the comms select from -- a node's shard (hitopk) and a whole
     # bucket (flat) -- in every bucket's own memory, one synchronised call per bucket
     for parts in (m, 1):
@@ -91,7 +89,20 @@ def _calibrate(agg: Aggregator, sizes_mb: list[float], reps: int) -> dict[str, l
             total_s += median_s(lambda x=x, k=k: mstopk(x, k), **timed)
             total_n += x.numel()
         cal["select"].append((total_n, total_s))
-    cal.update(_hook_selection(agg, reps))
+    # per sparse comm, its communicator's own selection stage (error feedback, selector, wire
+    # values: Communicator.compress) on what it selects from, one synchronised call a bucket
+    for comm, st in agg.states.items():
+        if not is_sparse(comm):
+            continue
+        parts = m if HOOKS.get(comm).hierarchical else 1
+        total_s, total_n = 0.0, 0
+        for i, g in enumerate(agg.grads):
+            src = g[: math.ceil(g.numel() / parts)]
+            buf = torch.empty_like(src)
+            compress = partial(st.comm.compress, buf, ("calibrate", i), st.density)
+            total_s += median_s(compress, setup=partial(buf.copy_, src), **timed)
+            total_n += src.numel()
+        cal[f"select_{comm}"] = [(total_n, total_s)]
     x = agg.grads[0].clone()  # one whole bucket
     k = max(1, math.ceil(agg.density * x.numel()))
     pairs = w * k  # what a flat allgather brings back
@@ -115,30 +126,6 @@ def _calibrate(agg: Aggregator, sizes_mb: list[float], reps: int) -> dict[str, l
 
     cal["reduce"].append((sum(g.numel() for g in agg.grads), median_s(sums, **timed)))
     return cal
-
-
-def _hook_selection(agg: Aggregator, reps: int) -> dict[str, list]:
-    """Per sparse comm: its communicator's own selection stage (error feedback, selector,
-    wire values; ``Communicator.compress``) on what it selects from -- each whole bucket
-    (flat) or each bucket's shard (hierarchical) -- one synchronised call per bucket."""
-    out: dict[str, list] = {}
-    for comm, st in agg.states.items():
-        if not is_sparse(comm):
-            continue
-        parts = agg.m if HOOKS.get(comm).hierarchical else 1
-        total_s, total_n = 0.0, 0
-        for i, g in enumerate(agg.grads):
-            src = g[: math.ceil(g.numel() / parts)]
-            buf = torch.empty_like(src)
-            total_s += median_s(
-                lambda b=buf, i=i, st=st: st.comm.compress(b, ("calibrate", i), st.density),
-                setup=lambda b=buf, s=src: b.copy_(s),
-                reps=reps,
-                slowest_rank=True,
-            )
-            total_n += src.numel()
-        out[f"select_{comm}"] = [(total_n, total_s)]
-    return out
 
 
 def _node_counters(agg: Aggregator) -> list[tuple[int, int]]:

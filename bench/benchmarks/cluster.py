@@ -85,16 +85,6 @@ def _overlap(c: Any, tmp: Path, quick: bool, procs: int = PROCS, bucket_mb: floa
     return _run_json(c, procs, module, args, what, tmp / "overlap.json", rdzv_port=29401)
 
 
-def _calibrated(res: dict[str, Any], link: dict[str, Any]) -> tuple[Cluster, Costs]:
-    """The model calibrated on this run's micro-measurements (no aggregation case)."""
-    keys = ("ring_shift", "intra_shift", "select", "scatter", "dense_pass", "reduce")
-    pairs = {key: [tuple(x) for x in res["calibration"].get(key, [])] for key in keys}
-    meas = pm.Measurements(inter_bw=link["bandwidth_gbps"] * 1e9 / 8,
-                           inter_lat=link["latency_ms"] / 1e3, **pairs)  # fmt: skip
-    base = pm.Cluster(res["nodes"], res["procs_per_node"], inter_bw=1.0)
-    return pm.calibrate(base, pm.Costs(), meas)
-
-
 def _knobs(comm: str, res: dict[str, Any]) -> Any:
     return methods.get(comm).knobs_of({"comm.density": res["density"]})
 
@@ -125,7 +115,13 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
     bench = BenchRun("cluster", results_dir)
     for bw in BANDWIDTHS:
         res, link = _measure(bw, numel, reps, quick)
-        c, k = _calibrated(res, link)
+        # the model calibrated on this run's micro-measurements (no aggregation case)
+        keys = ("ring_shift", "intra_shift", "select", "scatter", "dense_pass", "reduce")
+        pairs = {key: [tuple(x) for x in res["calibration"].get(key, [])] for key in keys}
+        meas = pm.Measurements(inter_bw=link["bandwidth_gbps"] * 1e9 / 8,
+                               inter_lat=link["latency_ms"] / 1e3, **pairs)  # fmt: skip
+        base = pm.Cluster(res["nodes"], res["procs_per_node"], inter_bw=1.0)
+        c, k = pm.calibrate(base, pm.Costs(), meas)
         for comm in COMMS:
             ms = res[comm]["median_ms"]
             pred = _predict_ms(comm, res, c, k)

@@ -73,6 +73,13 @@ def _worker(
     return rows
 
 
+def _link_bytes(method: str, density: float, shapes: list, n: int, m: int) -> float:
+    """Bytes per step leaving each node over its link (bench.comm.cost)."""
+    numels = [sum(int(torch.Size(s).numel()) for s in b) for b in shapes]
+    spec = methods.get(method)
+    return spec.traffic(numels, n, m, spec.knobs_of({"comm.density": density}), shapes).link_bytes
+
+
 def run(results_dir: str = "results", quick: bool = False) -> Path:
     world, ppn = 4, 2
     if quick:  # two small buckets: seconds
@@ -84,64 +91,45 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
         cases = [(m, 1.0) for m in WHOLE] + [(m, d) for d in DENSITIES for m in SPARSE]
         warmup, reps = 3, 5  # powersgd compresses from its 3rd step on
     bench = BenchRun("comm", results_dir)
+    at = {"world_size": world, "nnodes": world // ppn, "procs_per_node": ppn}
     for model, shapes in models.items():
         # 4 workers share the cores: one thread each
         rows = run_workers(_worker, world, ppn, shapes, cases, warmup, reps, timeout_s=1800)[0]
-        _add_rows(bench, model, shapes, rows, world, ppn, reps)
-    _overlap(bench, world, ppn, quick)
-    path = bench.save()
-    _plot(bench)
-    return path
-
-
-def _link_bytes(method: str, density: float, shapes: list, n: int, m: int) -> float:
-    """Bytes per step leaving each node over its link (bench.comm.cost)."""
-    numels = [sum(int(torch.Size(s).numel()) for s in b) for b in shapes]
-    spec = methods.get(method)
-    return spec.traffic(numels, n, m, spec.knobs_of({"comm.density": density}), shapes).link_bytes
-
-
-def _add_rows(
-    bench: BenchRun, model: str, shapes: list, rows: list, world: int, ppn: int, reps: int
-) -> None:
-    dense = next(r for r in rows if r["method"] == WHOLE[0])
-    numel = sum(int(torch.Size(s).numel()) for b in shapes for s in b)
-    dense_inter = _link_bytes(WHOLE[0], 1.0, shapes, world // ppn, ppn)
-    for r in rows:
-        inter = _link_bytes(r["method"], r["density"], shapes, world // ppn, ppn)
-        row = {"kind": "aggregation", "model": model, **r, "link_bytes_per_node": inter}
-        row.update(world_size=world, nnodes=world // ppn, procs_per_node=ppn, buckets=len(shapes))
-        row.update(numel=numel, reps=reps, speedup_vs_dense=dense["median_ms"] / r["median_ms"])
-        row["bytes_ratio_vs_dense"] = dense["bytes_per_worker"] / r["bytes_per_worker"]
-        row["inter_bytes_ratio_vs_dense"] = dense_inter / inter if inter else float("inf")
-        bench.add(**row)
-        print(
-            f"{model:>16} {r['method']:>9} d={r['density']:<6} {r['median_ms']:9.1f} ms/step  "
-            f"{r['bytes_per_worker'] / 1e6:9.3f} MB/worker  "
-            f"{inter / 1e6:9.3f} MB over each node's link  "
-            f"(dense/this {dense_inter / max(inter, 1):.0f}x)",
-            flush=True,
-        )
-
-
-def _overlap(bench: BenchRun, world: int, ppn: int, quick: bool) -> None:
-    """Rows ``kind=overlap``: a real ResNet-18 step with each hook, beside its backward pass
-    alone and its communication alone (bench.benchmarks.overlap)."""
+        dense = next(r for r in rows if r["method"] == WHOLE[0])
+        numel = sum(int(torch.Size(s).numel()) for b in shapes for s in b)
+        dense_inter = _link_bytes(WHOLE[0], 1.0, shapes, world // ppn, ppn)
+        for r in rows:
+            inter = _link_bytes(r["method"], r["density"], shapes, world // ppn, ppn)
+            row = {"kind": "aggregation", "model": model, **r, "link_bytes_per_node": inter}
+            row.update(**at, buckets=len(shapes), numel=numel, reps=reps)
+            row["speedup_vs_dense"] = dense["median_ms"] / r["median_ms"]
+            row["bytes_ratio_vs_dense"] = dense["bytes_per_worker"] / r["bytes_per_worker"]
+            row["inter_bytes_ratio_vs_dense"] = dense_inter / inter if inter else float("inf")
+            bench.add(**row)
+            print(
+                f"{model:>16} {r['method']:>9} d={r['density']:<6} {r['median_ms']:9.1f} ms/step  "
+                f"{r['bytes_per_worker'] / 1e6:9.3f} MB/worker  "
+                f"{inter / 1e6:9.3f} MB over each node's link  "
+                f"(dense/this {dense_inter / max(inter, 1):.0f}x)",
+                flush=True,
+            )
+    # rows kind=overlap: a real ResNet-18 step with each hook, beside its backward pass alone
+    # and its communication alone (bench.benchmarks.overlap)
     which = [WHOLE[0], SPARSE[-1]] if quick else METHODS
-    batch, image, warmup, reps = (2, 16, 1, 1) if quick else (32, 64, 3, 4)
-    rows = run_workers(
-        overlap_worker, world, ppn, which, 0.01, batch, image, warmup, reps, timeout_s=1800
-    )[0]
-    for r in rows:
-        bench.add(
-            **r, median_ms=r["step_ms"], world_size=world, nnodes=world // ppn, procs_per_node=ppn
-        )
+    case = (
+        (0.01, 2, 16, 1, 1) if quick else (0.01, 32, 64, 3, 4)
+    )  # density, batch, image, warmup, reps
+    for r in run_workers(overlap_worker, world, ppn, which, *case, timeout_s=1800)[0]:
+        bench.add(**r, median_ms=r["step_ms"], **at)
         print(
             f"overlap {r['method']:>9}: step {r['step_ms']:7.1f} ms, backward alone "
             f"{r['backward_ms']:7.1f}, exposed {r['exposed_ms']:7.1f} = "
             f"{r['exposed_ratio']:.2f} x the communication alone ({r['comm_alone_ms']:.1f})",
             flush=True,
         )
+    path = bench.save()
+    _plot(bench)
+    return path
 
 
 def _plot(bench: BenchRun) -> None:

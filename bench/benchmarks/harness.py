@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +18,7 @@ from bench.results.records import new_run_id, now_iso
 
 
 class BenchRun:
-    """One benchmark invocation: an id, a timestamp and the machine facts for every row
-    (with ``meta``, a recorded run's own)."""
+    """One benchmark invocation: an id, a timestamp and the machine facts for every row."""
 
     def __init__(
         self, name: str, results_dir: str | Path = "results", meta: dict[str, Any] | None = None
@@ -41,8 +39,7 @@ class BenchRun:
 
     @classmethod
     def newest(cls, name: str, results_dir: str | Path = "results") -> BenchRun:
-        """The newest run recorded in ``<results_dir>/bench/<name>.csv``, read back (to redraw
-        its figure without measuring again)."""
+        """The newest run in ``<results_dir>/bench/<name>.csv`` (to redraw its figure)."""
         csv = bench_csv(results_dir, name)
         if not csv.is_file():
             raise ConfigError(f"no {csv}: run `python -m reproduce bench {name}` first")
@@ -85,27 +82,23 @@ class BenchRun:
 
     def save(self) -> Path:
         """Append this run's rows to the CSV (union of columns; old rows are kept)."""
-        return append_rows(self.csv_path, self.rows)
+        path, new = self.csv_path, pd.DataFrame(self.rows)
+        if new.empty:
+            return path
+        with FileLock(str(path) + ".lock"):
+            if path.exists() and path.stat().st_size > 0:
+                old = pd.read_csv(path)
+                if list(old.columns) == list(new.columns):
+                    new.to_csv(path, mode="a", header=False, index=False)
+                    return path
+                new = pd.concat([old, new], ignore_index=True, sort=False)
+            tmp = path.with_suffix(path.suffix + ".tmp")
+            new.to_csv(tmp, index=False)
+            tmp.replace(path)
+        return path
 
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.rows)
-
-
-def append_rows(path: Path, rows: Iterable[dict[str, Any]]) -> Path:
-    new = pd.DataFrame(list(rows))
-    if new.empty:
-        return path
-    with FileLock(str(path) + ".lock"):
-        if path.exists() and path.stat().st_size > 0:
-            old = pd.read_csv(path)
-            if list(old.columns) == list(new.columns):
-                new.to_csv(path, mode="a", header=False, index=False)
-                return path
-            new = pd.concat([old, new], ignore_index=True, sort=False)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        new.to_csv(tmp, index=False)
-        tmp.replace(path)
-    return path
 
 
 def latest_run(path: Path) -> pd.DataFrame:

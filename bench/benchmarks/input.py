@@ -61,29 +61,6 @@ def _config(
     return d, c
 
 
-def _concurrency(loader: Any, d: Any) -> dict[str, int]:
-    """Worker processes, threads and the most storage reads in flight, of a built loader."""
-    if d.loader == "torch":
-        n = max(1, d.num_workers)
-        return dict(processes=d.num_workers, threads=n, reads_outstanding=n)
-    # threads fetching ahead of the external source; 0 with DALI's file reader, whose
-    # decode threads read the memory-mapped files
-    reads = getattr(loader, "fetch_threads", 0) or d.dali_threads
-    return dict(processes=0, threads=d.dali_threads, reads_outstanding=reads)
-
-
-def _time_epoch(loader: Any) -> tuple[int, float, list[float]]:
-    """(images, seconds, ms between batches) of one pass over ``loader``."""
-    n, gaps = 0, []
-    t0 = t_last = time.perf_counter()
-    for x, _ in loader:
-        now = time.perf_counter()
-        gaps.append((now - t_last) * 1e3)
-        t_last = now
-        n += x.shape[0]
-    return n, time.perf_counter() - t0, gaps
-
-
 def _epochs(
     loader_kind: str,
     cache: str,
@@ -100,7 +77,14 @@ def _epochs(
         dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         bundle = build_folder(d, c, 0, 1, dev, 0)
         loader = bundle.train
-        conc = _concurrency(loader, d)
+        # worker processes, threads and the most storage reads in flight: DALI's threads
+        # fetching ahead of the external source (0 with its file reader, whose decode
+        # threads read the memory-mapped files)
+        reads = max(1, d.num_workers)
+        conc = dict(processes=d.num_workers, threads=reads, reads_outstanding=reads)
+        if d.loader != "torch":
+            reads = getattr(loader, "fetch_threads", 0) or d.dali_threads
+            conc = dict(processes=0, threads=d.dali_threads, reads_outstanding=reads)
         rows = []
         for epoch in range(epochs):
             loader.set_epoch(epoch)
@@ -111,7 +95,13 @@ def _epochs(
             except OSError:  # no mincore here
                 resident = float("nan")
             load = round(os.getloadavg()[0], 2)
-            n, dt, gaps = _time_epoch(loader)
+            n, gaps = 0, []  # images, and ms between batches
+            t0 = t_last = time.perf_counter()
+            for batch, _ in loader:
+                now = time.perf_counter()
+                gaps.append((now - t_last) * 1e3)
+                n, t_last = n + batch.shape[0], now
+            dt = time.perf_counter() - t0
             st = loader.epoch_stats()
             row = dict(loader=loader_kind, cache=cache, throttled=throttled, epoch=epoch + 1)
             row.update(images=n, epoch_s=round(dt, 3), images_per_s=round(n / dt, 1))
@@ -151,26 +141,6 @@ def upsampled_share(sizes: list[tuple[int, int]], out: int = OUT, draws: int = 2
             _, _, ch, cw = RandomResizedCrop.get_params(img, (0.08, 1.0), (3 / 4, 4 / 3))
             up += cw < out or ch < out
     return up / max(1, len(sizes) * draws)
-
-
-def _pixels_note(root: str) -> None:
-    """Print what pre-decoding at the original resolution costs, and what a 256 cap would do."""
-    # deferred: Pillow only where images are decoded
-    from PIL import Image
-
-    train = Path(root) / "train"
-    files = sorted(train.rglob("*.jpg"))
-    sizes = [Image.open(f).size for f in files]
-    at256 = [(round(w * 256 / min(w, h)), round(h * 256 / min(w, h))) for w, h in sizes]
-    jpeg_mb = sum(f.stat().st_size for f in files) / 1e6
-    pixels_mb = sum(3 * w * h for w, h in sizes) / 1e6
-    print(
-        f"pre-decoded at the original resolution: {pixels_mb:.0f} MB of pixels for "
-        f"{len(files)} images ({pixels_mb / jpeg_mb:.1f}x the {jpeg_mb:.0f} MB of JPEGs); "
-        f"RRC {OUT} crops enlarged: {100 * upsampled_share(sizes, draws=5):.0f} % "
-        f"(at shorter side 256 it would be {100 * upsampled_share(at256, draws=5):.0f} %)",
-        flush=True,
-    )
 
 
 def _plot(bench: BenchRun) -> None:
@@ -219,7 +189,21 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
         t0 = time.perf_counter()
         root = cached_jpeg_folder(IMAGES, 100, val_images=100, target_kb=110.0)
         print(f"JPEG folder {root} ready in {time.perf_counter() - t0:.0f} s")
-        _pixels_note(root)
+        # what pre-decoding at the original resolution costs, and what a 256 cap would do
+        from PIL import Image  # deferred: Pillow only where images are decoded
+
+        files = sorted((Path(root) / "train").rglob("*.jpg"))
+        sizes = [Image.open(f).size for f in files]
+        at256 = [(round(w * 256 / min(w, h)), round(h * 256 / min(w, h))) for w, h in sizes]
+        jpeg_mb = sum(f.stat().st_size for f in files) / 1e6
+        pixels_mb = sum(3 * w * h for w, h in sizes) / 1e6
+        print(
+            f"pre-decoded at the original resolution: {pixels_mb:.0f} MB of pixels for "
+            f"{len(files)} images ({pixels_mb / jpeg_mb:.1f}x the {jpeg_mb:.0f} MB of JPEGs); "
+            f"RRC {OUT} crops enlarged: {100 * upsampled_share(sizes, draws=5):.0f} % "
+            f"(at shorter side 256 it would be {100 * upsampled_share(at256, draws=5):.0f} %)",
+            flush=True,
+        )
     # warm-up, not recorded: DALI's one-time library start-up and the DataLoader's
     # forkserver (which imports torch once) would otherwise land in the first case's epoch 1
     tiny = cached_jpeg_folder(128, 2, val_images=4, small=True)  # a few batches per worker

@@ -125,14 +125,14 @@ def measure(quick: bool = False, dali: bool | None = None) -> list[dict[str, Any
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     root = cached_jpeg_folder(images, 4 if quick else 16, small=quick, workers=max(2, cores))
     tmp = tempfile.mkdtemp(prefix="tkb-input-gpu-")
-    makers: dict[str, Callable[[], _Epochs]] = {
-        "torchvision": lambda: _torchvision(root, size, batch, workers, device),
-        "dali_mixed": lambda: _dali(root, size, batch, workers, device, "auto", "none", tmp),
-        "dali_cpu": lambda: _dali(root, size, batch, workers, device, "cpu", "none", tmp),
-        "dali_predecoded": lambda: _dali(
-            root, size, batch, workers, device, "auto", "predecoded", tmp
-        ),
-    }
+
+    def make(c: str) -> _Epochs:
+        if c == "torchvision":
+            return _torchvision(root, size, batch, workers, device)
+        where = "cpu" if c == "dali_cpu" else "auto"
+        cache = "predecoded" if c == "dali_predecoded" else "none"
+        return _dali(root, size, batch, workers, device, where, cache, tmp)
+
     skipped = dict.fromkeys(CASES, "")
     if not dali:
         skipped.update(dict.fromkeys(CASES[1:], "NVIDIA DALI is not installed"))
@@ -147,7 +147,7 @@ def measure(quick: bool = False, dali: bool | None = None) -> list[dict[str, Any
             if skipped[c]:
                 continue
             try:
-                runs[c] = makers[c]()
+                runs[c] = make(c)
                 runs[c]()  # the warm-up epoch, untimed
             except Exception as e:  # noqa: BLE001 - one case failing keeps the others' rows
                 traceback.print_exc()

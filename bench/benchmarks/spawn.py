@@ -89,8 +89,8 @@ def run_workers(
     threads: int = 1,
     timeout_s: float = 300.0,
 ) -> list[Any]:
-    """``[fn(rank, world_size, *args) for each rank]`` computed by spawned gloo workers
-    (``fn`` importable); a worker's exception is re-raised as RuntimeError."""
+    """``fn(rank, world_size, *args)`` of each rank on spawned gloo workers (``fn``
+    importable); a worker's exception is re-raised as RuntimeError."""
     ctx = mp.get_context("spawn")
     q, port = ctx.Queue(), free_port()
     setup = (world_size, procs_per_node, port, threads, timeout_s)

@@ -25,32 +25,6 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def _time_ms(fn: Callable[[], object], iters: int, events: bool, slowest_rank: bool) -> float:
-    """ms per call of ``iters`` back-to-back calls; ``slowest_rank``: all ranks start
-    together and the slowest one's time is returned."""
-    _sync()
-    if slowest_rank:
-        dist.barrier()
-    if events:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    if events:
-        end.record()
-        end.synchronize()
-        ms = start.elapsed_time(end)
-    else:
-        _sync()
-        ms = (time.perf_counter() - t0) * 1e3
-    if slowest_rank:
-        t = torch.tensor([ms])
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        ms = float(t.item())
-    return ms / iters
-
-
 @contextlib.contextmanager
 def cuda_syncs(
     on: bool = True, site: Callable[[list[traceback.FrameSummary]], str] | None = None
@@ -124,9 +98,31 @@ def interleaved_times(
     names = list(cases)
 
     def sample(name: K, n: int) -> float:
+        """ms per call of ``n`` back-to-back calls; ``slowest_rank``: all ranks start together
+        and the slowest one's time counts."""
         if setup is not None and name in setup:
             setup[name]()
-        return _time_ms(cases[name], n, events, slowest_rank)
+        _sync()
+        if slowest_rank:
+            dist.barrier()
+        if events:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            cases[name]()
+        if events:
+            end.record()
+            end.synchronize()
+            ms = start.elapsed_time(end)
+        else:
+            _sync()
+            ms = (time.perf_counter() - t0) * 1e3
+        if slowest_rank:
+            t = torch.tensor([ms])
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            ms = float(t.item())
+        return ms / n
 
     for _ in range(warmup):
         for name in names:
@@ -146,7 +142,7 @@ def interleaved_times(
 def interleaved(
     cases: Mapping[K, Callable[[], object]], **options: Any
 ) -> dict[K, dict[str, float]]:
-    """:func:`summarize` of each case's :func:`interleaved_times` (same options)."""
+    """:func:`summarize` of each case's :func:`interleaved_times`."""
     return {n: summarize(ts) for n, ts in interleaved_times(cases, **options).items()}
 
 

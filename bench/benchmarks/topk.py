@@ -29,40 +29,6 @@ CUDA_WARMUP, CUDA_REPS = 2, 10
 TRITON_METHODS = ("tiled", "paper")  # the mstopk methods with a Triton kernel
 
 
-def _input(kind: str, n: int, device: torch.device) -> torch.Tensor:
-    """Gaussian, heavy-tailed (Student's t, 1.5) or Cauchy values, made where they are used
-    (100 M normals take milliseconds on a GPU)."""
-    if kind == "cauchy":  # heavier still: no mean; values spread over many octaves
-        g = torch.Generator().manual_seed(0)
-        return torch.empty(n).cauchy_(generator=g).mul_(1e-3).to(device)
-    if kind == "heavy":
-        return torch.distributions.StudentT(torch.tensor(1.5, device=device)).sample((n,)) * 1e-3
-    return torch.randn(n, device=device, generator=torch.Generator(device).manual_seed(0))
-
-
-def _cuda_syncs(fn: Callable[[], object]) -> int:
-    """Synchronising CUDA calls made by one call of ``fn`` (torch's sync debug mode)."""
-    torch.cuda.synchronize()
-    with cuda_syncs() as found:
-        fn()
-    return len(found)
-
-
-def _triton_methods(device: torch.device) -> tuple[str, ...]:
-    """The methods of :data:`TRITON_METHODS` whose ``kernel="triton"`` compiles and runs here."""
-    if device.type != "cuda":
-        return ()
-    ok = []
-    x = torch.randn(1 << 20, device=device)
-    for m in TRITON_METHODS:
-        try:
-            mstopk(x, 1000, m, kernel="triton")
-            ok.append(m)
-        except Exception as e:  # noqa: BLE001 - reported; its torch path is timed alone
-            print(f"bench topk: no mstopk-{m}[triton] rows ({e!r})", flush=True)
-    return tuple(ok)
-
-
 def _mstopk_cases(
     device: torch.device, triton: tuple[str, ...]
 ) -> dict[str, tuple[str, dict[str, str]]]:
@@ -115,7 +81,14 @@ def check_ef_cases(grad: torch.Tensor, k: int) -> None:
 def run(results_dir: str = "results", quick: bool = False) -> Path:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     sizes = [100_000] if quick else (CUDA_SIZES if device.type == "cuda" else SIZES)
-    triton = _triton_methods(device)
+    triton: list[str] = []  # the methods whose kernel="triton" compiles and runs here
+    x = torch.randn(1 << 20, device=device) if device.type == "cuda" else None
+    for m in TRITON_METHODS if x is not None else ():
+        try:
+            mstopk(x, 1000, m, kernel="triton")
+            triton.append(m)
+        except Exception as e:  # noqa: BLE001 - reported; its torch path is timed alone
+            print(f"bench topk: no mstopk-{m}[triton] rows ({e!r})", flush=True)
     ef_size = 100_000 if quick else RESNET50
     densities = [0.01] if quick else DENSITIES
     default_threads = torch.get_num_threads()
@@ -137,11 +110,20 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
             for kind, threads in settings:
                 if device.type == "cpu":
                     torch.set_num_threads(threads)
-                x = _input(kind, n, device)
+                # made where they are used (100 M normals take milliseconds on a GPU)
+                gen = torch.Generator(device).manual_seed(0)
+                if kind == "cauchy":  # heavier still: no mean; values spread over many octaves
+                    x = torch.empty(n).cauchy_(generator=torch.Generator().manual_seed(0))
+                    x = x.mul_(1e-3).to(device)
+                elif kind == "heavy":  # Student's t, 1.5 degrees of freedom
+                    x = torch.distributions.StudentT(torch.tensor(1.5, device=device)).sample((n,))
+                    x = x * 1e-3
+                else:
+                    x = torch.randn(n, device=device, generator=gen)
                 reps = 2 if quick else (3 if n > RESNET50 else 5)
                 ef = n == ef_size and kind == "gaussian" and threads == 1
                 for density in densities:
-                    _one(bench, x, kind, n, density, reps, threads, device, triton, ef)
+                    _one(bench, x, kind, n, density, reps, threads, device, tuple(triton), ef)
                 del x
     finally:
         torch.set_num_threads(default_threads)
@@ -188,7 +170,12 @@ def _one(
             cov = float(x[idx].double().pow(2).sum()) / exact_sq  # the mass captured
         elif name == "torch.topk" or "+ef" in name:
             cov = 1.0  # the error-feedback forms were checked to select torch.topk's set
-        extra = {"cuda_syncs": _cuda_syncs(cases[name])} if cuda else {}
+        extra = {}
+        if cuda:  # synchronising CUDA calls of one call (torch's sync debug mode)
+            torch.cuda.synchronize()
+            with cuda_syncs() as found:
+                cases[name]()
+            extra["cuda_syncs"] = len(found)
         row = dict(method=name, input=kind, numel=n, density=density, k=k, threads=threads)
         row.update(coverage=cov, speedup_vs_topk=base / t["median_ms"])
         row.update(x_floor=t["median_ms"] / floor, device=device.type, syncs=syncs)
@@ -243,7 +230,9 @@ def _plot(bench: BenchRun) -> None:
             ls, mk = SELECTION_STYLES[key]
             if method.endswith("[torch]"):  # the torch build of a kernel: dotted, hollow
                 ls = ":"
-            colour = _shade(SELECTION_COLOURS[key], SHADES.get(key, 0.0))
+            # the selector's colour mixed towards black (by < 0) or white (by > 0)
+            by, end = SHADES.get(key, 0.0), 1.0 if SHADES.get(key, 0.0) > 0 else 0.0
+            colour = tuple(c + abs(by) * (end - c) for c in to_rgb(SELECTION_COLOURS[key]))
             ax.plot(g["numel"], g["median_ms"], ls=ls, marker=mk, color=colour,
                     mfc="none" if method.endswith("[torch]") else None,
                     label=labels.get(method, method), markersize=5)  # fmt: skip
@@ -255,8 +244,12 @@ def _plot(bench: BenchRun) -> None:
     # one legend, beside the last panel: it covers no line
     axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     torch_builds = df["method"].str.endswith("[torch]").any()
+    # which code the rows timed (a kernel's label stays, what runs under it can change)
+    sha, date = str(bench.meta.get("git_sha") or "")[:7], str(bench.meta.get("date") or "")[:10]
+    code = ", ".join(p for p in (f"git {sha}" if sha else "", date) if p)
+    code = f" ({code})" if code else ""
     fig.suptitle(
-        f"top-k selection time on {bench.meta['hardware']}{_code(bench.meta)}\nmstopk's "
+        f"top-k selection time on {bench.meta['hardware']}{code}\nmstopk's "
         "implementations in shades of mstopk's colour"
         + (" (hollow, dotted: a kernel's torch build)" if torch_builds else "")
         + "; baselines that are not methods (torch.topk, the read floor) in black",
@@ -267,20 +260,6 @@ def _plot(bench: BenchRun) -> None:
 
 # each implementation its own shade of the selector's colour: -1 black .. 0 itself .. 1 white
 SHADES = {"paper": 0.0, "tiled": -0.55, "sampled": 0.5, "hist": -0.28, "other": 0.7}
-
-
-def _shade(colour: str, by: float) -> tuple[float, ...]:
-    """``colour`` mixed towards black (``by`` < 0) or white (``by`` > 0)."""
-    end = 1.0 if by > 0 else 0.0
-    return tuple(c + abs(by) * (end - c) for c in to_rgb(colour))
-
-
-def _code(meta: dict) -> str:
-    """``" (git abc1234, 2026-12-04)"``: which code the rows timed (a kernel's label stays,
-    what runs under it can change), or ``""`` where the rows do not say."""
-    sha, date = str(meta.get("git_sha") or "")[:7], str(meta.get("date") or "")[:10]
-    parts = [p for p in (f"git {sha}" if sha else "", date) if p]
-    return f" ({', '.join(parts)})" if parts else ""
 
 
 FAMILIES = (  # (method prefix, how the report names it): the paper's first

@@ -12,7 +12,7 @@ import gc
 import os
 import statistics
 import warnings
-from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -43,34 +43,8 @@ OPTIMIZERS = {
 }
 
 
-def param_set(name: str) -> torch.nn.Module:
-    """A module holding the parameter set ``name`` (no forward is ever run)."""
-    # deferred: torchvision is slow to load, and only this path needs it
-    import torchvision
-
-    # nn.Transformer warns about nested tensors, irrelevant here: no forward is run
-    warnings.filterwarnings("ignore", message="enable_nested_tensor is True")
-    torch.manual_seed(0)
-    if name == "resnet50":
-        return torchvision.models.resnet50()
-    if name in ("transformer_base", "transformer_tiny"):  # the registry's models
-        return build_model(ModelConfig(name=name), 37000 if name == "transformer_base" else 1000)
-    if name == "resnet18_head":  # quick: ResNet-18's first 30 tensors
-        m = torchvision.models.resnet18()
-        return torch.nn.Sequential(m.conv1, m.bn1, m.layer1, m.layer2)
-    raise KeyError(name)
-
-
-def _probes(numel: int, device: torch.device) -> dict[str, Callable[[], object]]:
-    """Streaming-bandwidth probes over ``numel`` fp32 values, timed among the cases: a copy
-    (8 B per value) and an in-place add (12 B per value); the floor uses the faster."""
-    src, x = torch.randn(numel, device=device), torch.randn(numel, device=device)
-    dst = torch.empty_like(src)
-    return {"_copy": lambda: dst.copy_(src), "_rmw": lambda: x.add_(src, alpha=1e-9)}
-
-
 def _build(
-    model: torch.nn.Module, opt: str, mode: str, device: torch.device, variant: str
+    model: torch.nn.Module, opt: str, mode: str, variant: str, device: torch.device
 ) -> tuple:
     m = copy.deepcopy(model).to(device)
     cfg = SimpleNamespace(**{**OptimConfig().__dict__, **OPTIMIZERS[opt], "update": mode})
@@ -91,13 +65,6 @@ def _build(
 def _copies(optimizer: Any) -> int:
     """Gradient tensors the optimizer copied so far (torch's modes copy none)."""
     return sum(b.copies for b in getattr(optimizer, "buckets", []))
-
-
-def _cases(opt: str) -> list[tuple[str, str]]:
-    """(mode, variant) of one optimizer in measurement order: its modes, then flat with the
-    segment-reduce norms (LARS) and with a bf16 model copy over fp32 master weights."""
-    norms = [("flat", "norms=segment_reduce")] if opt == "lars" else []
-    return [(m, "") for m in SPECS.get(opt).mode_names()] + norms + [("flat", "master=bf16")]
 
 
 MODE_NAMES = {
@@ -174,13 +141,34 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
     if device.type == "cuda" and not quick:
         reps, warmup = 21, 3  # cheap there: a step takes milliseconds
     models = ("resnet18_head", "transformer_tiny") if quick else ("resnet50", "transformer_base")
+    # deferred: torchvision is slow to load, and only this path needs it
+    import torchvision
+
+    # nn.Transformer warns about nested tensors, irrelevant here: no forward is ever run
+    warnings.filterwarnings("ignore", message="enable_nested_tensor is True")
     for model_name in models:
-        model = param_set(model_name)
+        torch.manual_seed(0)  # a module holding the parameter set
+        if model_name == "resnet50":
+            model = torchvision.models.resnet50()
+        elif model_name == "resnet18_head":  # quick: ResNet-18's first 30 tensors
+            m = torchvision.models.resnet18()
+            model = torch.nn.Sequential(m.conv1, m.bn1, m.layer1, m.layer2)
+        else:  # the registry's Transformers
+            vocab = 37000 if model_name == "transformer_base" else 1000
+            model = build_model(ModelConfig(name=model_name), vocab)
         params = list(model.parameters())
         n_values = sum(p.numel() for p in params)
         for opt in OPTIMIZERS:
-            built = {(mode, v): _build(model, opt, mode, device, v) for mode, v in _cases(opt)}
-            probes = _probes(n_values, device)  # as large as the parameter set
+            # its modes, then flat with the segment-reduce norms (LARS) and with a bf16 model
+            # copy over fp32 master weights
+            norms = [("flat", "norms=segment_reduce")] if opt == "lars" else []
+            cases = [(m, "") for m in SPECS.get(opt).mode_names()] + norms
+            built = {k: _build(model, opt, *k, device) for k in [*cases, ("flat", "master=bf16")]}
+            # streaming-bandwidth probes as large as the parameter set, timed among the cases:
+            # a copy (8 B a value) and an in-place add (12 B a value); the floor uses the faster
+            src, acc = torch.randn(n_values, device=device), torch.randn(n_values, device=device)
+            dst = torch.empty_like(src)
+            probes = {"_copy": partial(dst.copy_, src), "_rmw": partial(acc.add_, src, alpha=1e-9)}
             copies0 = {k: _copies(o) for k, (_, o) in built.items()}
             # CUDA events: the device's time, not the host's
             timed = {"reps": reps, "shuffle": True, "events": device.type == "cuda"}
@@ -192,7 +180,7 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
             n_steps = warmup + reps
             ddp_copies = {k: (_copies(o) - copies0[k]) / n_steps for k, (_, o) in built.items()}
             bw = max(copy_gbps, rmw_gbps) * 1e9
-            del probes, steps["_copy"], steps["_rmw"]
+            del probes, src, dst, acc, steps["_copy"], steps["_rmw"]
             zero = {k: (lambda o=o: o.zero_grad(set_to_none=False)) for k, (_, o) in built.items()}
             zeros = interleaved_times(zero, warmup=1, **timed)
             floor_ms = TRAFFIC_VALUES[opt] * 4 * n_values / bw * 1e3

@@ -273,14 +273,8 @@ def run_step(argv: list[str], timeout_s: float, log_path: Path, prefix: str) -> 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-            start_new_session=True,
-        )
+        out = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
+        proc = subprocess.Popen(argv, env=env, start_new_session=True, **out)
         pump = threading.Thread(target=_pump, args=(proc.stdout, prefix, log), daemon=True)
         pump.start()
         try:

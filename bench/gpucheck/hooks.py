@@ -194,9 +194,8 @@ def line(r: dict) -> str:
     layout = _layout(r)
     text = (
         f"{'FAIL' if r['why'] else 'ok  '} {layout:<8} {r['hook']:<9} d={r['density']:<4g}"
-        f" timing={int(r['timing'])} race={int(r['race'])}"
-        f" syncs={r['syncs']} rank_diff={r['rank_diff']:.2g}"
-        f" dense_err={r.get('dense_err', float('nan')):.2g}"
+        f" timing={int(r['timing'])} race={int(r['race'])} syncs={r['syncs']}"
+        f" rank_diff={r['rank_diff']:.2g} dense_err={r.get('dense_err', float('nan')):.2g}"
         f" race_diff={r.get('race_diff', float('nan')):.2g}"
         f" comm_ms={1e3 * r['comm_s'] / STEPS:.2f} {'; '.join(r['why'])}"
     )

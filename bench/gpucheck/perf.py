@@ -225,14 +225,30 @@ def update(device: torch.device, cpu: bool, sink: Rows) -> None:
                 del model, optimizer
 
 
-def _bucket_times(device: torch.device, cpu: bool, sink: Rows) -> None:
-    """When each DDP bucket reaches the hook, ms after backward started (one process)."""
+def profile(device: torch.device, cpu: bool, sink: Rows) -> None:
+    """ResNet-50 forward + backward per step, then when each DDP bucket reaches the hook during
+    backward (ms after it started, one process)."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     make = _models(cpu).get("resnet50")
     if make is None:
         return
+    torch.backends.cudnn.benchmark_limit = CUDNN_BENCHMARK_LIMIT
+    model = make().to(device, memory_format=torch.channels_last)
+    for batch, px in ((2, 32), (4, 64)) if cpu else PROFILE_SHAPES:
+        x = torch.randn(batch, 3, px, px, device=device).to(memory_format=torch.channels_last)
+
+        def step(x: torch.Tensor = x) -> None:
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                loss = model(x).float().square().mean()
+            loss.backward()
+
+        t0 = time.perf_counter()  # the warm-up call: cuDNN picks its algorithms
+        s = median_s(step, reps=2 if cpu else 5, events=device.type == "cuda")
+        row = {"what": "compute", "images": batch, "px": px, "ms": 1e3 * s}
+        sink.add({**row, "img_s": batch / s, "seconds": time.perf_counter() - t0})
+        del x
     with alone(str(device)):
         model = make().to(device, memory_format=torch.channels_last)
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -260,33 +276,9 @@ def _bucket_times(device: torch.device, cpu: bool, sink: Rows) -> None:
         sink.add({**row, "ready_ms": clock.ms(start, stamp)})
 
 
-def profile(device: torch.device, cpu: bool, sink: Rows) -> None:
-    """ResNet-50 forward + backward per step, then when each DDP bucket reaches the hook."""
-    make = _models(cpu).get("resnet50")
-    if make is not None:
-        torch.backends.cudnn.benchmark_limit = CUDNN_BENCHMARK_LIMIT
-        model = make().to(device, memory_format=torch.channels_last)
-        for batch, px in ((2, 32), (4, 64)) if cpu else PROFILE_SHAPES:
-            x = torch.randn(batch, 3, px, px, device=device).to(memory_format=torch.channels_last)
-
-            def step(x: torch.Tensor = x) -> None:
-                with torch.autocast(device.type, dtype=torch.bfloat16):
-                    loss = model(x).float().square().mean()
-                loss.backward()
-
-            t0 = time.perf_counter()  # the warm-up call: cuDNN picks its algorithms
-            s = median_s(step, reps=2 if cpu else 5, events=device.type == "cuda")
-            row = {"what": "compute", "images": batch, "px": px, "ms": 1e3 * s}
-            sink.add({**row, "img_s": batch / s, "seconds": time.perf_counter() - t0})
-            del x
-    _bucket_times(device, cpu, sink)
-
-
-CHECKS: dict[str, Callable[[torch.device, bool, Rows], None]] = {
-    "select": select,
-    "update": update,
-    "profile": profile,
-}
+CHECKS: dict[str, Callable[[torch.device, bool, Rows], None]] = dict(
+    select=select, update=update, profile=profile
+)
 
 
 def main(argv: list[str] | None = None) -> int:

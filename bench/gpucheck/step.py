@@ -107,15 +107,12 @@ def measure(
             torch.cuda.synchronize()
         return clock.ms(t0, t2), clock.ms(marks[-1], t1)
 
-    timed_steps = []
-    for i in range(WARMUP + (2 if cpu else REPS)):
-        if i == WARMUP and device.type == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats(device)
-        if i < WARMUP:
-            step()
-        else:
-            timed_steps.append(step())
+    for _ in range(WARMUP):
+        step()
+    if clock.cuda:  # the peak of the measured steps alone
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+    timed_steps = [step() for _ in range(2 if cpu else REPS)]
     row = {
         "hook": name,
         "buckets": len(marks),
