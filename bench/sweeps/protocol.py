@@ -589,14 +589,17 @@ def _steps_run(rec: Mapping[str, Any]) -> int:
 
 def run_of(plan: Plan, rec: Mapping[str, Any]) -> Any:
     """``rec``'s steps and phases (:func:`bench.sweeps.ratios.run_from_record` of its
-    curve); None without a curve or step counts."""
+    curve), read once per plan (a curve is never replaced); None without a curve."""
     from bench.results.records import load_curve
     from bench.sweeps.ratios import run_from_record
 
-    try:
-        return run_from_record(rec, load_curve(plan.results_dir, str(rec["run_id"])))
-    except FileNotFoundError:
-        return None
+    cache, rid = plan.__dict__.setdefault("_runs", {}), str(rec["run_id"])
+    if rid not in cache:
+        try:
+            cache[rid] = run_from_record(rec, load_curve(plan.results_dir, rid))
+        except FileNotFoundError:
+            return None
+    return cache[rid]
 
 
 def phase_sends(run: Any, rec: Mapping[str, Any]) -> list[tuple[int, str, Knobs]]:
@@ -647,17 +650,13 @@ def selection_table(
         trials = extend(plan, records).trials
     runs = [r for r in recorded(records).values() if (r.get("protocol") or {}).get("role") == TUNE]
     times = {c: step_times(records, c) for c, ratio in clusters(plan).items() if ratio is None}
-    cache = plan.__dict__.setdefault("_runs", {})  # run id -> its run: a curve is never replaced
     rows = []
     for comm in plan.comms:
         edges = extension.at_edge(trials[comm])
         for order, t in enumerate(trials[comm]):
             trial, values = t.label, t.values()
             mine = [r for r in runs if job_of(r).comm == comm and r["protocol"]["trial"] == trial]  # type: ignore[union-attr]
-            for r in mine:
-                if r["run_id"] not in cache and (run := run_of(plan, r)):
-                    cache[r["run_id"]] = (run, phase_sends(run, r))
-            done = [(r, *cache[r["run_id"]]) for r in mine if r["run_id"] in cache]
+            done = [(r, run, phase_sends(run, r)) for r in mine if (run := run_of(plan, r))]
             for cluster, ratio in clusters(plan).items():
                 ts = [cluster_time(run, sent, ratio, times.get(cluster, {}))
                       for _, run, sent in done]  # fmt: skip
