@@ -71,6 +71,9 @@ def _parser() -> argparse.ArgumentParser:
                     "1 tuning and 1 evaluation seed, one knob setting at 3 rates each")  # fmt: skip
     ap.add_argument("--grid", action="store_true", help="the comm x cache x update grid")
     ap.add_argument("--order-seed", type=int, default=None, help="protocol: run order seed")
+    ap.add_argument("--until", choices=("tuning",), default="",
+                    help="protocol: stop once the tuning runs are recorded (they count steps, "
+                    "so a busy machine does not change them); --resume runs the rest")  # fmt: skip
     ap.add_argument("--dry-run", action="store_true", help="check and summarise, run nothing")
     ap.add_argument("-v", "--verbose", action="store_true",
                     help="with --dry-run: every job's command line, each job checked")  # fmt: skip
@@ -598,7 +601,10 @@ def _run(args: argparse.Namespace, plan, resumed: bool) -> int:
     try:
         if protocol:
             rcs = measured.run(plan, run, sweep_dir, _tuning_writer(plan),
-                               rerun=_sweep.rerun_of(args))  # fmt: skip
+                               rerun=_sweep.rerun_of(args), until=args.until)  # fmt: skip
+            if args.until:
+                print(f"stopped after {args.until}; go on with: {_sweep.again('ablation', plan)}")
+                return 1 if any(rcs) else 0
             rcs += _carry_over(plan, run, sweep_dir, _sweep.rerun_of(args))
         else:
             rcs = plan.run(sweep_dir, run, rerun=_sweep.rerun_of(args))
@@ -636,6 +642,8 @@ def main(argv: list[str]) -> None:
             else:
                 _table(args.results_dir, args.aggregate, plan)
             return
+        if args.until and args.grid:
+            fail("--until: the --grid sweep has no tuning stage (it is the protocol's)")
         sweeps = []  # every sweep planned and checked before the first one runs
         with inspect_only() if args.dry_run else contextlib.nullcontext():
             for w in _workloads(args):

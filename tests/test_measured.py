@@ -167,6 +167,20 @@ def test_an_interrupted_sweep_resumes_without_redoing_a_run(tmp_path: Path, monk
     assert len(ran) == n and len(load_records(tmp_path)) == n  # nothing left to run
 
 
+def test_until_tuning_stops_before_the_first_measured_run_and_resume_goes_on(
+    tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.setattr(ms, "_model", _model)
+    plan = _plan(tmp_path)
+    plan.save()
+    ran: list = []
+    ms.run(plan, fake(ran), tmp_path, write_table, log=lambda s: None, until="tuning")
+    assert ran and {r[0] for r in ran} == {"tune"} and len(ran) == len(plan.tune_jobs())
+    ms.run(pr.Plan.load(tmp_path, SWEEP), fake(ran), tmp_path, write_table, log=lambda s: None)
+    assert len(ran) == len(set(ran)) and {"shape", "time", "eval"} <= {r[0] for r in ran}
+    assert sum(r[0] == "tune" for r in ran) >= len(plan.tune_jobs())  # the rate extension too
+
+
 def test_the_prediction_comes_before_the_evaluation_one_row_per_method_and_cluster(
     tmp_path: Path, monkeypatch
 ) -> None:

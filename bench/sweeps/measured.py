@@ -281,8 +281,9 @@ def run(
     write: Callable[[pd.DataFrame, Path], bool],
     log: Callable[[str], None] = print,
     rerun: Sequence[str] = RERUN,
+    until: str = "",
 ) -> list[int]:
-    """Tune, shape the measured clusters' links, time on each, extend the rates at an
+    """Tune (``until="tuning"``: only that), shape the measured clusters' links, time on each, extend the rates at an
     edge, select, predict, evaluate; the jobs already recorded are skipped (``rerun``: the
     statuses run again).  ``runner`` is ``common.run_queued`` (one launch of the workers
     per phase) or a Hydra launcher's submission (``bench.launch.submit``), ``write`` the
@@ -304,6 +305,8 @@ def run(
             rcs += runner([plan.overrides(j) for j in todo], sweep_dir / role, plan.experiment)
 
     stage("tuning", plan.tune_jobs(), pr.TUNE)
+    if until == "tuning":
+        return rcs
     if plan.measured:  # the links, from the records (ConfigError: a cluster not shaped)
         rcs += shape(plan, runner, sweep_dir, log, rerun)
     stage("timing pass", plan.timing_jobs(), pr.TIME)
