@@ -486,3 +486,17 @@ def test_checkpoints_are_ordered_by_number_past_epoch_9999(tmp_path: Path) -> No
     assert ck.latest(tmp_path, "r1")["epoch"] == 10000
     names = [p.name for p in ck.by_epoch(ck.run_dir(tmp_path, "r1").glob("epoch-*.json"))]
     assert names == ["epoch-9998.json", "epoch-9999.json", "epoch-10000.json"]
+
+
+def test_a_signal_that_stops_a_stage_stops_the_sweep(monkeypatch) -> None:
+    """An interrupted queue (Ctrl-C, SIGTERM) ends the sweep; the next stage never starts."""
+    from bench.sweeps import common
+
+    monkeypatch.setattr(common, "compose_all", lambda jobs: jobs)
+    done = [(0, {"status": "ok"})]
+    for stopped in ([(0, {"status": "interrupted"})], [(1, {"status": "interrupted"}), (130, None)]):
+        monkeypatch.setattr(common, "run_queue", lambda *a, r=stopped, **k: done + r)
+        with pytest.raises(KeyboardInterrupt):
+            common.run_queued([["a=1"]] * (1 + len(stopped)), "out", "e")
+    monkeypatch.setattr(common, "run_queue", lambda *a, **k: [*done, (1, {"status": "error"})])
+    assert common.run_queued([["a=1"], ["a=2"]], "out", "e") == [0, 1]  # a failure goes on

@@ -172,7 +172,8 @@ def job_label(job: Sequence[str]) -> str:
 
 def run_queued(jobs: Sequence[Sequence[str]], sweep_dir: str | Path, experiment: str) -> list[int]:
     """Every job (Hydra overrides) through a run queue (:mod:`bench.launch.runqueue`), its run
-    JSONs in ``sweep_dir``; returns the exit statuses."""
+    JSONs in ``sweep_dir``; returns the exit statuses.  KeyboardInterrupt when a signal
+    stopped the queue (its runs are recorded): the sweep stops too, not only this stage."""
 
     if not jobs:
         return []
@@ -180,6 +181,8 @@ def run_queued(jobs: Sequence[Sequence[str]], sweep_dir: str | Path, experiment:
         compose_all(jobs), experiment=experiment, output_dir=sweep_dir,
         labels=[job_label(j) for j in jobs],
     )  # fmt: skip
+    if any(rc == 130 or (rec or {}).get("status") == "interrupted" for rc, rec in results):
+        raise KeyboardInterrupt
     return [rc for rc, _ in results]
 
 
