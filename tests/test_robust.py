@@ -494,7 +494,8 @@ def test_a_signal_that_stops_a_stage_stops_the_sweep(monkeypatch) -> None:
 
     monkeypatch.setattr(common, "compose_all", lambda jobs: jobs)
     done = [(0, {"status": "ok"})]
-    for stopped in ([(0, {"status": "interrupted"})], [(1, {"status": "interrupted"}), (130, None)]):
+    stops = ([(0, {"status": "interrupted"})], [(1, {"status": "interrupted"}), (130, None)])
+    for stopped in stops:
         monkeypatch.setattr(common, "run_queue", lambda *a, r=stopped, **k: done + r)
         with pytest.raises(KeyboardInterrupt):
             common.run_queued([["a=1"]] * (1 + len(stopped)), "out", "e")

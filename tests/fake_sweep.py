@@ -1,0 +1,94 @@
+"""A protocol sweep run end to end by a fake runner: every job of every stage gets a record
+(and a curve) as a run would leave it, with step times from a made-up link, so the tables and
+the report can be built from a complete v3 sweep in seconds.  Not a test of training."""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import methods
+from bench.cluster.netns import parse_bandwidth
+from bench.results.env import cpu_model
+from bench.results.records import append_record, write_curve
+from bench.sweeps import common
+from bench.sweeps import measured as ms
+from bench.sweeps import protocol as pr
+from tests.test_measured import COMPUTE_S, GUESS, _steps, _value
+
+GROUPS = ("comm", "sync", "optim", "cluster", "data")
+BITS = 4.0e8  # dense's bits over the link per step
+
+
+def config_of(kv: dict[str, str]) -> dict[str, Any]:
+    """The nested config a run of these overrides records (``comm=x``: ``comm.name``)."""
+    cfg: dict[str, Any] = {}
+    for k, v in kv.items():
+        *path, last = k.split(".")
+        cur = cfg
+        for p in path:
+            cur = cur.setdefault(p, {})
+        if not path and last in GROUPS:
+            cur.setdefault(last, {})["name"] = v
+        else:
+            cur[last] = _value(v)
+    return cfg
+
+
+def _share(name: str) -> float:
+    """The method's bits over the link per step, as a share of dense's (made up, fixed)."""
+    if methods.get(name).kind == "reference":
+        return 0.0
+    return 1.0 if name == methods.baseline() else 0.2 + 0.1 * (zlib.crc32(name.encode()) % 7)
+
+
+def runner(ran: list):
+    def run(jobs: list[list[str]], sweep_dir: Path, experiment: str) -> list[int]:
+        for job in jobs:
+            kv = dict(o.split("=", 1) for o in job)
+            role, trial, seed = kv["results.protocol_role"], kv["results.protocol_trial"], int(
+                kv["train.seed"])  # fmt: skip
+            cfg = config_of(kv)
+            cfg.setdefault("cluster", {}).setdefault("inter_node_bandwidth", GUESS)
+            for key, n in (("nnodes", 2), ("nproc_per_node", 2)):
+                cfg["cluster"].setdefault(key, n)
+            rec: dict[str, Any] = {"comm": cfg.get("comm", {}).get("name", "dense"), "config": cfg}
+            name = methods.method_of(rec)
+            where = kv.get("results.protocol_cluster", "")
+            ran.append((role, name, trial, seed, where))
+            bps = parse_bandwidth(cfg["cluster"]["inter_node_bandwidth"])
+            step = COMPUTE_S * (1 + BITS * _share(name) / bps) if cfg["cluster"]["name"] != (
+                "local") else 0.1  # fmt: skip
+            rec |= {"run_id": f"r{len(ran)}", "status": "target_missed", "experiment": experiment,
+                    "target_metric": "top1", "target_value": 0.98,
+                    "hardware": f"CPU {cpu_model()} (2 cores), no GPU",
+                    "protocol": {"name": pr.NAME, "role": role, "trial": trial,
+                                 "selected": role == "eval"}}  # fmt: skip
+            if role in (ms.SHAPE, pr.TIME):
+                rec |= {"train_time_s": 20 * step * (1 + 0.02 * (seed % 3 - 1)),
+                        "comm_phases": [{"steps": 20}]}  # fmt: skip
+            else:
+                steps = _steps(trial, seed) + 3 * (zlib.crc32(name.encode()) % 5)
+                rec |= {"status": "ok", "steps_to_target": steps, "time_to_target_s": steps * step,
+                        "train_time_s": steps * step, "scored": "global"}  # fmt: skip
+                write_curve(kv["results.dir"], rec["run_id"], [
+                    {"epoch": 1, "data/steps": steps, "clock/train_s": steps * step,
+                     "acc/top1": 0.99}])  # fmt: skip
+            append_record(kv["results.dir"], rec)
+        return [0] * len(jobs)
+
+    return run
+
+
+def run_sweep(results_dir: Path, monkeypatch: pytest.MonkeyPatch, *argv: str) -> list:
+    """``reproduce ablation ARGV`` into ``results_dir`` through the fake runner; the jobs run."""
+    from reproduce.ablation import main
+
+    ran: list = []
+    monkeypatch.setattr(ms, "pin", lambda plan: "")  # no timing of this host
+    monkeypatch.setattr(common, "run_queued", runner(ran))
+    main([*argv, "--results-dir", str(results_dir)])
+    return ran
