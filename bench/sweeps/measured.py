@@ -287,7 +287,8 @@ def run(
     each, extend the rates at an edge, select, predict, evaluate; the jobs already recorded
     are skipped (``rerun``: the statuses run again).  ``runner`` is ``common.run_queued``
     (one launch of the workers per phase) or a Hydra launcher's submission
-    (``bench.launch.submit``), ``write`` the never-replacing ``common.write_table``.  Returns the exit statuses of the jobs run."""
+    (``bench.launch.submit``), ``write`` the never-replacing ``common.write_table``.
+    Returns the exit statuses of the jobs run."""
     sweep_dir = Path(sweep_dir)
     rcs: list[int] = []
 
