@@ -450,15 +450,3 @@ class EmulatedCluster:
             "queue_bytes": limit - burst,
             "addresses": [self.addr(i) for i in range(self.nodes)],
         }
-
-
-def main(argv: list[str]) -> int:
-    cmd = argv[0] if argv else "list"
-    if cmd == "cleanup":
-        print("\n".join(cleanup_leftovers()) or "nothing to remove")
-    elif cmd == "list":
-        print(json.dumps(describe_all(), indent=1))
-    else:
-        print(f"error: unknown command {cmd!r}; use list or cleanup", file=sys.stderr)
-        return 2
-    return 0
