@@ -148,10 +148,9 @@ class SlurmCluster:
     ) -> None:
         if not cpus:
             cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
-        with open("/proc/meminfo") as f:  # MiB of this machine, half of it shared by the nodes
-            host_mb = next(int(x.split()[1]) for x in f if x.startswith("MemTotal")) // 1024
+        host_mb = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
         self.cpus = cpus or os.cpu_count() or 1
-        self.mem_mb = mem_mb or max(512, host_mb // (2 * max(1, nodes)))
+        self.mem_mb = mem_mb or max(512, host_mb // (2 * max(1, nodes)))  # half for the nodes
         if self.cpus < 1 or self.mem_mb < 1:
             raise ConfigError(f"a Slurm node needs >= 1 CPU and memory, got {cpus}, {mem_mb}")
         if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", partition):

@@ -149,8 +149,7 @@ def resolve(
     """The emulated link for ``profile`` (None: none) given the compute time per step."""
     if profile is None:
         return None
-    check(profile)
-    st = SETTINGS[profile]
+    st = _setting(profile)
     ratio = paper_ratio(profile=profile)
     bps = bandwidth_for_ratio(ratio, compute_s, numel, nodes, procs, st.wire_bytes)
     return {
