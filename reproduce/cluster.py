@@ -11,7 +11,7 @@ and Debian's ``slurm-wlm`` and ``munge``.
 
 from __future__ import annotations
 
-import sys
+import json
 from pathlib import Path
 
 from reproduce._cli import Parser, fail
@@ -80,8 +80,10 @@ def main(argv: list[str]) -> None:
         elif args.cmd == "slurm-down":
             stopped = slurm.stop(args.id)
             print(f"stopped {', '.join(stopped)}" if stopped else "no local Slurm cluster running")
+        elif args.cmd == "cleanup":
+            print("\n".join(netns.cleanup_leftovers()) or "nothing to remove")
         else:
-            sys.exit(netns.main([args.cmd]))
+            print(json.dumps(netns.describe_all(), indent=1))
     except ConfigError as e:
         fail(f"cluster: {e}")
     except RuntimeError as e:

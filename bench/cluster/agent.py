@@ -1,7 +1,6 @@
-"""A node's elastic agent, ``python -m bench.cluster.agent <torchrun arguments>``: torch's
-``torchrun`` that notes failed worker groups in the run's event log and dies, with its
-workers, with its launcher (docs/internals/launch.md); and :func:`die_with_parent`, by
-which a worker does the same (docs/internals/cluster.md)."""
+"""A node's elastic agent, ``python -m bench.cluster.agent <torchrun arguments>``: torchrun
+that notes failed worker groups and dies with its launcher (docs/internals/launch.md); and
+:func:`die_with_parent`, by which a worker does the same."""
 
 from __future__ import annotations
 
@@ -23,7 +22,7 @@ DEATH_SIGNAL = signal.SIGUSR1  # torchrun handles TERM/INT/HUP/QUIT itself, grac
 
 
 def kill_tree_and_exit(message: str, **print_kw: Any) -> None:
-    """SIGKILL every descendant (twice: a child may fork meanwhile), print, exit as killed."""
+    """SIGKILL every descendant (twice: a child may fork meanwhile), print, exit."""
     for _ in range(2):
         for pid in descendants(os.getpid()):
             with contextlib.suppress(ProcessLookupError):
@@ -33,7 +32,6 @@ def kill_tree_and_exit(message: str, **print_kw: Any) -> None:
 
 
 def die_with_launcher() -> None:
-    """Arm the parent-death signal when ``BENCH_LAUNCHER_PID`` names the launcher."""
     text = os.environ.get(LAUNCHER_ENV, "")
     if not text.isdigit():
         return
@@ -55,8 +53,8 @@ def die_with_launcher() -> None:
 
 
 def die_with_parent(hint: str = "", poll_s: float = 0.2) -> None:
-    """Watch this worker's parent (a daemon thread): once re-parented, kill its children
-    and exit without a record, so that a killed launcher leaves a resumable run."""
+    """Once re-parented, kill this worker's children and exit without a record, so that a
+    killed launcher leaves a resumable run."""
     parent = os.getppid()
 
     def watch() -> None:
@@ -73,7 +71,6 @@ def die_with_parent(hint: str = "", poll_s: float = 0.2) -> None:
 
 
 def main() -> None:
-    """torchrun; its own errors noted too (a rendezvous timed out), a signal in one line."""
     die_with_launcher()
     # deferred: torch takes seconds to load, and this module is read without it
     from torch.distributed.elastic.multiprocessing.api import SignalException

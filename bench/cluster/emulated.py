@@ -1,8 +1,6 @@
-"""``cluster=emulated``: the workers on a cluster emulated with network namespaces
-(:mod:`bench.cluster.netns`): its link checked, then torch's elastic agent run once per
-node inside the node's namespace, with a c10d rendezvous on node 0, so that inter-node
-traffic crosses the shaped link; and the bytes seen on those links while the workers
-train (docs/internals/cluster.md)."""
+"""``cluster=emulated``: the link checked, then an elastic agent per node inside its
+namespace (:mod:`bench.cluster.netns`), so that inter-node traffic crosses the shaped link;
+and the bytes seen on those links while the workers train (docs/internals/cluster.md)."""
 
 from __future__ import annotations
 
@@ -49,7 +47,7 @@ class RendezvousTimeoutError(ConfigError):
 
 
 def check_capacity(nnodes: int, nproc_per_node: int) -> None:
-    """Refuse a cluster that this machine cannot hold (workers per core, memory)."""
+    """Refuse a cluster this machine cannot hold (workers per core, memory)."""
     if nnodes < 1 or nproc_per_node < 1:
         raise ConfigError(
             "cluster.nnodes and cluster.nproc_per_node must be >= 1, "
@@ -72,7 +70,7 @@ def check_capacity(nnodes: int, nproc_per_node: int) -> None:
 
 
 def available_memory() -> float | None:
-    """Bytes of memory available on this machine (``MemAvailable``; None: unknown)."""
+    """Bytes (``MemAvailable``; None: unknown)."""
     try:
         with open("/proc/meminfo") as f:
             return next(int(x.split()[1]) for x in f if x.startswith("MemAvailable")) * 1024.0
@@ -81,7 +79,7 @@ def available_memory() -> float | None:
 
 
 def ensure_port_free(host: str, port: int, argv_prefix: Sequence[str] = ()) -> None:
-    """Refuse when ``host:port`` cannot be bound (inside a namespace: ``argv_prefix``)."""
+    """Refuse when ``host:port`` cannot be bound (in a namespace: ``argv_prefix``)."""
     if not 1 <= port <= 65535:
         raise ConfigError(f"port {port} is not a TCP port (1..65535)")
     code = f"import socket\nwith socket.socket() as s:\n s.bind(({host!r}, {port}))"
@@ -124,9 +122,9 @@ def run_nodes(
     timeout_s: float | None = None,
     stall_s: float = math.inf,
 ) -> int:
-    """Run ``python -m module *args`` on every node (``start_nodes``: some), under the local
-    launcher's watchdog over ``stall_s``; :class:`RendezvousTimeoutError` when the nodes do not
-    all join, TimeoutError after ``timeout_s``.  Collectives bind each node's shaped veth."""
+    """``python -m module *args`` on every node (``start_nodes``: some), under the watchdog
+    over ``stall_s``; :class:`RendezvousTimeoutError` when the nodes do not all join,
+    TimeoutError after ``timeout_s``."""
     n, env = cluster.nodes, env or {}
     ensure_port_free(cluster.addr(0), rdzv_port, cluster.exec_argv(0, []))
     threads = worker_threads(threads_per_worker, n * nproc_per_node)  # every node runs here
@@ -170,7 +168,7 @@ def run_nodes(
 
 
 def check_config(c: ClusterConfig) -> tuple[int, int, float, float]:
-    """``cfg.cluster`` checked for ``emulated``: nodes, workers, bandwidth (bit/s), latency (s)."""
+    """Nodes, workers, bandwidth (bit/s), latency (s), checked."""
     if c.nnodes < 2:
         raise ConfigError(f"cluster=emulated needs cluster.nnodes >= 2, got {c.nnodes}")
     check_capacity(c.nnodes, c.nproc_per_node)
@@ -181,13 +179,11 @@ def check_config(c: ClusterConfig) -> tuple[int, int, float, float]:
 
 
 def check_emulated(c: ClusterConfig) -> None:
-    """What ``emulated`` needs: a cluster this machine can hold, root and iproute2."""
     check_config(c)
     require_tools()
 
 
 def launch_emulated(c: ClusterConfig, run_json: Path) -> int:
-    """Launcher ``emulated``: workers run ``python -m bench.train --config run_json``."""
     nnodes, nproc, bw, lat = check_config(c)  # bad input is refused before anything is built
     require_tools()
     with EmulatedCluster(nnodes, bw, lat, subnet=c.subnet) as cluster:
@@ -213,8 +209,8 @@ def launch_emulated(c: ClusterConfig, run_json: Path) -> int:
 
 # --- bytes on the links, measured while the workers train --------------------------------
 def wire_comparison(link_bytes: float, tx_per_node: Sequence[float]) -> dict[str, float]:
-    """Bytes logged leaving a node (``link_bytes``) with TCP/IP framing and ACKs beside the
-    mean of what each node's interface counters saw leave it (``tx_per_node``)."""
+    """Bytes logged leaving a node with TCP/IP framing and ACKs beside the mean the nodes'
+    counters saw leave (``tx_per_node``)."""
     pred = cost.on_wire(link_bytes, link_bytes)
     meas = sum(tx_per_node) / len(tx_per_node) if tx_per_node else float("nan")
     return {
@@ -226,9 +222,8 @@ def wire_comparison(link_bytes: float, tx_per_node: Sequence[float]) -> dict[str
 
 
 class LinkClock(TrainClock):
-    """The training clock that, in an emulated node's first worker, also reads the node's link
-    counters as it starts and pauses: the training steps' bytes alone, not evaluations,
-    checkpoints or start-up."""
+    """The training clock that, in an emulated node's first worker, also reads the link
+    counters as it starts and pauses: the training steps' bytes alone."""
 
     def __init__(self, node: int | None = None) -> None:
         super().__init__()
@@ -239,7 +234,6 @@ class LinkClock(TrainClock):
 
     @classmethod
     def of_worker(cls, local_rank: int | None = None) -> LinkClock:
-        """This worker's: counting on an emulated node's local rank 0, else a plain clock."""
         node = os.environ.get(NODE_ENV)
         local = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
         return cls(int(node) if node is not None and node.isdigit() and local == 0 else None)
@@ -259,15 +253,13 @@ class LinkClock(TrainClock):
         return super().pause()
 
     def reading(self) -> tuple[int, int, int] | None:
-        """(node, tx bytes, rx bytes) counted so far; None where nothing was read."""
         return None if self.node is None else (self.node, self.tx, self.rx)
 
 
 def link_bytes(
     readings: Sequence[tuple[int, int, int] | None], steps: int, logged: float | None
 ) -> dict[str, Any] | None:
-    """The record's ``link_bytes``: every node's counters per training step beside the bytes
-    logged leaving a node with TCP/IP framing; None where no node was read or no step ran."""
+    """The record's ``link_bytes`` (None: no node read or no step run)."""
     nodes = sorted(r for r in readings if r is not None)
     if not nodes or steps < 1:
         return None

@@ -1,7 +1,5 @@
-"""torchft's Lighthouse for a run's outer synchronisation: the quorum server every node's
-replica group meets at, run in the process of global rank 0 (at node 0's address under
-every launcher), so that it ends with the run.  ``$TORCHFT_LIGHTHOUSE`` names an external
-one (``torchft_lighthouse``) instead."""
+"""torchft's Lighthouse (the quorum server of the outer synchronisation) in global rank 0's
+process, so that it ends with the run; ``$TORCHFT_LIGHTHOUSE`` names an external one."""
 
 from __future__ import annotations
 
@@ -13,7 +11,7 @@ ENV = "TORCHFT_LIGHTHOUSE"  # the address of an external Lighthouse the user sta
 
 
 def node_address(peer: str) -> str:
-    """This host's address on the route to ``peer`` (what the other nodes reach it at)."""
+    """This host's address on the route to ``peer``."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
             s.connect((socket.gethostbyname(peer), 9))  # no packet: a UDP connect only routes
@@ -23,8 +21,7 @@ def node_address(peer: str) -> str:
 
 
 class Lighthouse:
-    """An in-process Lighthouse waiting for every one of ``min_replicas`` replica groups
-    (fault tolerance off), reachable at :attr:`address` (``http://<host>:<port>``)."""
+    """A Lighthouse waiting for all ``min_replicas`` replica groups, at :attr:`address`."""
 
     def __init__(self, min_replicas: int, host: str, join_timeout_ms: int = 100) -> None:
         os.environ.setdefault("RUST_LOG", "warn")  # torchft logs every quorum otherwise

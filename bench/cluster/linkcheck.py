@@ -1,7 +1,6 @@
-"""Link check of an emulated cluster: a ring of transfers (node i to i+1, the two ends
-:mod:`bench.cluster.linkprobe`) measures each link's RTT, bulk bandwidth and the time of
-small messages after an idle gap; the run refuses to start when one is off by more than
-the tolerance (docs/internals/cluster.md)."""
+"""Link check of an emulated cluster: a ring of transfers (node i to i+1, ends in
+:mod:`bench.cluster.linkprobe`) measures each link's RTT, bandwidth and small-message time;
+a link off by more than the tolerance refuses the run (docs/internals/cluster.md)."""
 
 from __future__ import annotations
 
@@ -33,7 +32,6 @@ def _run_pair(
     cluster: EmulatedCluster, server_node: int, client_node: int, host: str, port: int,
     blast_args: list[str],
 ) -> dict:  # fmt: skip
-    """The probe's timings of ``blast_args`` from ``client_node`` to ``host`` in ``server_node``."""
     srv = subprocess.Popen(
         cluster.exec_argv(server_node, [*PROBE, "serve", host, str(port)]),
         stdout=subprocess.PIPE,
@@ -73,7 +71,7 @@ def small_message(rate_bps: float) -> tuple[int, float]:
 
 
 def _score(m: dict, expected: float, tolerance: float) -> float:
-    """How far a link's measurement is off (0 = nominal); <= tolerance is accepted."""
+    """How far a link is off (0 = nominal); <= tolerance is accepted."""
     m["bandwidth_ratio"] = m["bps"] / expected
     m["small_ratio"] = m["small_s"] / (m["small_bytes"] * 8 / expected)
     return max(abs(m["bandwidth_ratio"] - 1), abs(m["small_ratio"] - 1))
@@ -86,8 +84,8 @@ def measure_link(
     cluster: EmulatedCluster, src: int, dst: int, nbytes: int, port: int,
     tolerance: float, attempts: int = 4, pause_s: float = PAUSE_S,
 ) -> dict[str, Any]:  # fmt: skip
-    """Bulk and small messages from node ``src`` to ``dst``: the attempt nearest nominal of
-    up to ``attempts``, pausing longer before each (a busy machine slows a transfer)."""
+    """The attempt nearest nominal of up to ``attempts``, pausing longer before each (a busy
+    machine slows a transfer)."""
     expected = cluster.bandwidth_bps
     small, gap = small_message(expected)
     args = [str(nbytes), "20", str(SMALL_COUNT), str(small), f"{gap:.4f}"]
@@ -145,8 +143,8 @@ def run_link_check(
     attempts: int = 4,
     strict: bool = True,
 ) -> dict[str, Any]:
-    """Measure every node's link both ways (and node 0's own); raise when one is off by more
-    than ``tolerance`` (``strict=False``: ``ok: false`` instead)."""
+    """Measure every node's link (and node 0's own); raise when one is off by more than
+    ``tolerance`` (``strict=False``: ``ok: false`` instead)."""
     if cluster.nodes < 2:
         return {"skipped": "one node: no inter-node link"}
     expected = cluster.bandwidth_bps
@@ -177,7 +175,7 @@ def run_link_check(
 
 
 def write_link_check(result: dict[str, Any], run_json: Path) -> Path:
-    """``link_check.json`` beside the run's json; its path goes into ``BENCH_LINK_CHECK``."""
+    """``link_check.json`` beside the run's json (its path: ``BENCH_LINK_CHECK``)."""
     path = Path(run_json).with_name("link_check.json")
     whole.write(path, json.dumps(result, indent=1))
     return path

@@ -1,8 +1,5 @@
-"""Both ends of the link check, run inside the emulated nodes' namespaces.
-
-``python bench/cluster/linkprobe.py serve HOST PORT`` and ``... blast HOST PORT NBYTES
-[PINGS [SMALLS BYTES GAP_S]]`` (timings as JSON): the standard library only, so that it
-starts in ~50 ms."""
+"""Both ends of the link check, run in the emulated nodes' namespaces (usage: :func:`main`);
+the standard library only, so that it starts in ~50 ms."""
 
 from __future__ import annotations
 
@@ -35,8 +32,7 @@ def _drain(c: socket.socket, buf: bytearray, n: int) -> None:
 
 
 def serve(host: str, port: int) -> None:
-    """Accept one connection: echo pings, take a bulk transfer and small messages,
-    acknowledging each with one byte."""
+    """One connection: echo pings, take a bulk transfer and small messages, acking each."""
     with socket.socket() as srv:
         srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         srv.bind((host, port))
@@ -88,8 +84,8 @@ def blast(
     gap_s: float = 0.05,
     connect_s: float = 10.0,
 ) -> dict:
-    """Client side: RTT by ping-pong, one ``nbytes`` transfer's time, then ``smalls`` messages
-    of ``small_bytes``, each ``gap_s`` after the last ack."""
+    """RTT by ping-pong, one ``nbytes`` transfer, then ``smalls`` messages of ``small_bytes``,
+    each ``gap_s`` after the last ack."""
     with _connect(host, port, connect_s) as c:
         head = [pings.to_bytes(4, "big"), smalls.to_bytes(4, "big")]
         c.sendall(b"".join([*head, small_bytes.to_bytes(8, "big"), nbytes.to_bytes(8, "big")]))

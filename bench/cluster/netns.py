@@ -1,8 +1,6 @@
-"""A small cluster emulated on one Linux machine: one network namespace per node on a
-Linux bridge, each node's veth shaped both ways with ``tc tbf`` (plus ``netem`` latency
-where the kernel has it), so that nodes talk over a slow link and workers of one node over
-loopback, as in Shi et al. (MLSys 2021).  Run ids, owners and a guardian process make
-cleanup safe (docs/internals/cluster.md)."""
+"""A cluster emulated on one Linux machine: a network namespace per node on a bridge, each
+node's veth shaped both ways with ``tc tbf`` (plus ``netem`` latency where the kernel has
+it); run ids, owners and a guardian process make cleanup safe (docs/internals/cluster.md)."""
 
 from __future__ import annotations
 
@@ -30,9 +28,8 @@ from bench.results import whole
 PREFIX = "tkb"
 ID_HEX = 6  # run id length: "tkb" + 6 + "h" + 3 digits = 13 <= 15, Linux's interface name limit
 STATE_DIR = Path(os.environ.get("BENCH_NETNS_STATE", "/run/tkb-netns"))  # <id>.json: owners
-# ids of 4 hex digits are those of older versions, whose leftovers are still recognised
-NS_RE = re.compile(rf"^{PREFIX}-([0-9a-f]{{4}}|[0-9a-f]{{{ID_HEX}}})-n\d+$")
-LINK_RE = re.compile(rf"^{PREFIX}([0-9a-f]{{4}}|[0-9a-f]{{{ID_HEX}}})(?:br|h\d+|n\d+|i\d+)$")
+NS_RE = re.compile(rf"^{PREFIX}-([0-9a-f]{{{ID_HEX}}})-n\d+$")
+LINK_RE = re.compile(rf"^{PREFIX}([0-9a-f]{{{ID_HEX}}})(?:br|h\d+|n\d+|i\d+)$")
 
 
 def run_cmd(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -43,7 +40,7 @@ def run_cmd(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 
 def proc_stat(pid: int | str) -> list[str] | None:
-    """The fields of ``/proc/<pid>/stat`` after ``pid (comm)`` (state first); None if gone."""
+    """The fields of ``/proc/<pid>/stat`` after ``pid (comm)``; None if gone."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -52,7 +49,7 @@ def proc_stat(pid: int | str) -> list[str] | None:
 
 
 def start_time(pid: int) -> int | None:
-    """Process ``pid``'s start (clock ticks since boot); None when gone or a zombie."""
+    """Clock ticks since boot; None when gone or a zombie."""
     fields = proc_stat(pid)
     return None if fields is None or fields[0] in ("Z", "X") else int(fields[19])
 
@@ -63,7 +60,7 @@ def identity(pid: int | None = None) -> dict[str, int]:
 
 
 def is_alive(who: dict[str, Any]) -> bool:
-    """Whether the process ``{"pid", "start"}`` still runs (same pid *and* start time)."""
+    """Whether ``{"pid", "start"}`` still runs (same pid *and* start time)."""
     try:
         pid = int(who["pid"])
     except (KeyError, TypeError, ValueError):
@@ -89,13 +86,11 @@ def owner_alive(run_id: str) -> bool:
 
 
 def state_ids() -> set[str]:
-    """The run ids with a state file."""
     return {p.stem for p in STATE_DIR.glob("*.json")} if STATE_DIR.exists() else set()
 
 
 @contextlib.contextmanager
 def locked() -> Iterator[None]:
-    """Serialise id claims and cleanups of every run on this machine."""
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     with open(STATE_DIR / ".lock", "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -118,8 +113,7 @@ def list_resources() -> dict[str, list[str]]:
 
 
 def remove_run(run_id: str, names: list[str] | None = None) -> None:
-    """Kill, delete and wait out the run's namespaces and links, then its state file (the
-    caller checks the ownership)."""
+    """Kill, delete and wait out the run's namespaces, links and state (ownership unchecked)."""
     names = list_resources().get(run_id, []) if names is None else names
     deadline = time.monotonic() + 15.0
     while names and time.monotonic() < deadline:
@@ -137,7 +131,6 @@ def remove_run(run_id: str, names: list[str] | None = None) -> None:
 
 
 def cleanup_leftovers() -> list[str]:
-    """Remove what runs whose owner is gone left; a live run's are never touched."""
     removed: list[str] = []
     with locked():
         found = list_resources()
@@ -174,13 +167,11 @@ def claim(run_id: str | None = None, **info: Any) -> str:
 
 
 def update_state(run_id: str, **fields: Any) -> None:
-    """Add ``fields`` to this process's own state file (atomically replaced)."""
     whole.write(state_path(run_id), json.dumps({**(read_state(run_id) or {}), **fields}))
 
 
 def start_guardian(run_id: str) -> int:
-    """Start :func:`guard` for ``run_id``; this process keeps the returned pipe end open for
-    as long as the run lives (closing it ends the guardian)."""
+    """Start :func:`guard`; the returned pipe end is held open as long as the run lives."""
     r, w = os.pipe()
     env = {**os.environ, "BENCH_NETNS_STATE": str(STATE_DIR)}
     root = str(Path(__file__).resolve().parents[2])
@@ -218,7 +209,6 @@ def guard() -> None:
 
 
 def describe_all() -> dict[str, Any]:
-    """``list`` of the CLI: resources by run id, with each run's owner and whether it lives."""
     found = list_resources()
     return {
         rid: {"owner": read_state(rid), "alive": owner_alive(rid), "resources": found.get(rid, [])}
@@ -239,7 +229,7 @@ _NUMBER_UNIT = r"\s*([0-9]*\.?[0-9]+(?:e[+-]?\d+)?)\s*([a-z]+)\s*"
 
 
 def parse_bandwidth(text: str) -> float:
-    """``"1gbit"``, ``"100mbit"``, ``"25Gbps"`` -> bits per second (> 0)."""
+    """``"1gbit"``, ``"25Gbps"`` -> bits per second."""
     m = re.fullmatch(_NUMBER_UNIT, str(text).lower())
     if not m or m.group(2) not in _BW_UNITS or float(m.group(1)) <= 0:
         raise ConfigError(
@@ -250,7 +240,7 @@ def parse_bandwidth(text: str) -> float:
 
 
 def parse_latency(text: str) -> float:
-    """``"0.2ms"``, ``"200us"``, ``"0"`` -> seconds (>= 0)."""
+    """``"0.2ms"``, ``"0"`` -> seconds."""
     if str(text).strip() in ("0", "0.0", ""):
         return 0.0
     m = re.fullmatch(_NUMBER_UNIT, str(text).lower())
@@ -262,7 +252,6 @@ def parse_latency(text: str) -> float:
 
 
 def require_tools() -> None:
-    """Refuse, in one sentence, when the emulator cannot work here."""
     if os.geteuid() != 0:
         raise ConfigError(
             "cluster=emulated needs root (it creates network namespaces and tc qdiscs); "
@@ -277,8 +266,8 @@ def require_tools() -> None:
 
 
 def link_counters() -> tuple[int, int]:
-    """Bytes sent and received by this namespace's non-loopback interfaces: in the emulated
-    cluster, the node's one link, frames whole (headers and ACKs)."""
+    """Bytes sent and received by this namespace's non-loopback interfaces (in an emulated
+    node, its one link), frames whole."""
     tx = rx = 0
     with open("/proc/net/dev") as f:
         for line in f.readlines()[2:]:
@@ -290,16 +279,15 @@ def link_counters() -> tuple[int, int]:
 
 
 def shaping(rate_bps: float) -> tuple[int, int]:
-    """tbf's ``burst`` and ``limit`` (bytes) at ``rate_bps``: a few frames (20 us above
-    2.4 Gbit/s) and a switch port's queue (docs/internals/cluster.md)."""
+    """tbf's ``burst`` and ``limit`` (bytes): a few frames and a switch port's queue."""
     burst = max(BURST_FRAMES * FRAME, int(rate_bps / 8 * BURST_S))
     queue = max(QUEUE_MIN, int(rate_bps / 8 * QUEUE_S))
     return burst, burst + queue
 
 
 class EmulatedCluster:
-    """``nodes`` namespaces on one bridge, each node's link shaped to ``bandwidth_bps``; its
-    :meth:`down` is idempotent and also runs at exit and on signals."""
+    """``nodes`` namespaces on one bridge, links shaped to ``bandwidth_bps``; :meth:`down` is
+    idempotent and also runs at exit and on signals."""
 
     def __init__(
         self,
@@ -350,7 +338,6 @@ class EmulatedCluster:
         return str(self.net.network_address + i + 1)
 
     def exec_argv(self, i: int, argv: list[str]) -> list[str]:
-        """``argv`` run inside node ``i``'s namespace."""
         return ["ip", "netns", "exec", self.ns(i), *argv]
 
     # --- life cycle ---
@@ -413,7 +400,7 @@ class EmulatedCluster:
              "burst", str(burst), "limit", str(limit))  # fmt: skip
 
     def _has_netem(self) -> bool:
-        """Whether ``tc ... netem`` works here (a probe on a throw-away veth pair)."""
+        """Whether ``tc ... netem`` works here (a throw-away veth pair)."""
         probe, peer = f"{PREFIX}{self.run_id}h998", f"{PREFIX}{self.run_id}h999"
         if run_cmd("ip", "link", "add", probe, "type", "veth", "peer", "name", peer,
                 check=False).returncode != 0:  # fmt: skip
@@ -425,7 +412,7 @@ class EmulatedCluster:
             run_cmd("ip", "link", "del", probe, check=False)
 
     def down(self) -> None:
-        """Remove this run's namespaces, links and qdiscs (idempotent; never another's)."""
+        """Remove this run's namespaces, links and qdiscs (never another's)."""
         if not self._up:
             return
         self._up = False
@@ -446,8 +433,7 @@ class EmulatedCluster:
                 signal.signal(sig, old)
         self._old_handlers.clear()
 
-    def __enter__(self) -> EmulatedCluster:
-        return self.up()
+    __enter__ = up
 
     def __exit__(self, *exc: object) -> None:
         self.down()
@@ -464,16 +450,3 @@ class EmulatedCluster:
             "queue_bytes": limit - burst,
             "addresses": [self.addr(i) for i in range(self.nodes)],
         }
-
-
-def main(argv: list[str]) -> int:
-    """``list`` or ``cleanup``."""
-    cmd = argv[0] if argv else "list"
-    if cmd == "cleanup":
-        print("\n".join(cleanup_leftovers()) or "nothing to remove")
-    elif cmd == "list":
-        print(json.dumps(describe_all(), indent=1))
-    else:
-        print(f"error: unknown command {cmd!r}; use list or cleanup", file=sys.stderr)
-        return 2
-    return 0

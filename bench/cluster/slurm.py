@@ -1,9 +1,7 @@
-"""A real Slurm cluster on one machine, for the sweeps' Slurm path: munge, slurmctld and one
-slurmd per node of an emulated cluster (:mod:`bench.cluster.netns`), each daemon in its
-node's namespace (the controller and munge in node 0's), so that jobs of several nodes
-talk over the shaped link and the cluster's guardian kills the daemons with the
-namespaces; configuration, spool and logs in one temporary folder named by the cluster's
-id (docs/sweeps.md, "Trying the Slurm path on one machine")."""
+"""A real Slurm cluster on one machine, for the sweeps' Slurm path: munged and slurmctld in
+node 0's namespace of an emulated cluster (:mod:`bench.cluster.netns`), a slurmd in each
+node's, so that jobs talk over the shaped link and the guardian kills the daemons with the
+namespaces (docs/sweeps.md, "Trying the Slurm path on one machine")."""
 
 from __future__ import annotations
 
@@ -49,7 +47,6 @@ def missing_tools() -> list[str]:
 
 
 def require_slurm() -> None:
-    """Refuse, in one sentence, when a local Slurm cluster cannot be made here."""
     require_tools()  # root, ip, tc
     if missing := missing_tools():
         raise ConfigError(
@@ -59,7 +56,6 @@ def require_slurm() -> None:
 
 
 def remove_stale_folders() -> None:
-    """Remove the folders of clusters whose owner is gone (after a ``kill -9``)."""
     for d in Path(tempfile.gettempdir()).glob(f"{PREFIX}-slurm-*"):
         if not owner_alive(d.name.rsplit("-", 1)[-1]):
             shutil.rmtree(d, ignore_errors=True)
@@ -137,8 +133,7 @@ exit 0
 
 
 class SlurmCluster:
-    """munged, slurmctld and one slurmd per namespace of an emulated cluster of ``nodes``;
-    its :meth:`down` is idempotent (and runs at exit and on signals, as the cluster's)."""
+    """munged, slurmctld and a slurmd per node; :meth:`down` is idempotent."""
 
     def __init__(
         self,
@@ -153,10 +148,9 @@ class SlurmCluster:
     ) -> None:
         if not cpus:
             cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
-        with open("/proc/meminfo") as f:  # MiB of this machine, half of it shared by the nodes
-            host_mb = next(int(x.split()[1]) for x in f if x.startswith("MemTotal")) // 1024
+        host_mb = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
         self.cpus = cpus or os.cpu_count() or 1
-        self.mem_mb = mem_mb or max(512, host_mb // (2 * max(1, nodes)))
+        self.mem_mb = mem_mb or max(512, host_mb // (2 * max(1, nodes)))  # half for the nodes
         if self.cpus < 1 or self.mem_mb < 1:
             raise ConfigError(f"a Slurm node needs >= 1 CPU and memory, got {cpus}, {mem_mb}")
         if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", partition):
@@ -239,7 +233,7 @@ class SlurmCluster:
         update_state(net.run_id, slurm_pids={k: p.pid for k, p in self.procs.items()})
 
     def _daemon(self, name: str, node: int, argv: list[str]) -> None:
-        """Start ``argv`` in node ``node``'s namespace (``nsenter`` keeps this machine's /sys)."""
+        """``argv`` in node ``node``'s namespace (``nsenter`` keeps this machine's /sys)."""
         assert self.net is not None
         ns = f"/run/netns/{self.net.ns(node)}"
         path = os.pathsep.join(
@@ -271,7 +265,6 @@ class SlurmCluster:
         )
 
     def down(self) -> None:
-        """Stop every daemon (by its pid), then remove the namespaces, links and folder."""
         for p in self.procs.values():
             if p.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -296,8 +289,7 @@ class SlurmCluster:
                     shutil.copy(log, dest / log.name)
             shutil.rmtree(self.folder, ignore_errors=True)
 
-    def __enter__(self) -> SlurmCluster:
-        return self.up()
+    __enter__ = up
 
     def __exit__(self, *exc: object) -> None:
         self.down()
@@ -316,7 +308,6 @@ class SlurmCluster:
 
 
 def tail(path: Path, n: int = 5) -> str:
-    """The last ``n`` lines of ``path``, joined with `` | `` (or why there are none)."""
     try:
         lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
@@ -325,8 +316,8 @@ def tail(path: Path, n: int = 5) -> str:
 
 
 def stop(run_id: str | None = None, timeout_s: float = 60.0) -> list[str]:
-    """``slurm-down``: ask the owners of the live clusters (or of ``run_id``) to take them
-    down, wait, then remove what dead owners left; the ids stopped."""
+    """``slurm-down``: stop the live clusters' owners (or ``run_id``'s), then remove what dead
+    owners left; the ids stopped."""
     states = {rid: read_state(rid) or {} for rid in state_ids()}
     clusters = {rid: st for rid, st in states.items() if st.get("slurm_up") and is_alive(st)}
     if run_id is not None:
@@ -351,7 +342,7 @@ def stop(run_id: str | None = None, timeout_s: float = 60.0) -> list[str]:
 
 def serve(cluster: SlurmCluster, out: Any = sys.stdout) -> None:
     """``slurm-up``: bring the cluster up, say how to use it, hold it until a signal or a
-    crash, then take everything down."""
+    crash."""
     with cluster:
         info = cluster.describe()
         update_state(info["run_id"], slurm_up=True)  # slurm-down may stop it

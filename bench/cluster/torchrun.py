@@ -1,7 +1,5 @@
-"""The ``local`` and ``multinode`` launchers: torch.distributed's elastic agents on real
-hosts (``local``: this machine, one agent in-process or one per node; ``multinode``: node
-``cluster.node_rank`` of a real cluster), each worker ``python -m bench.train --config
-<run.json>``; and the watchdog over the agents of every launcher (docs/internals/launch.md)."""
+"""The ``local`` and ``multinode`` launchers (torch's elastic agents on real hosts), and the
+watchdog over the agents of every launcher (docs/internals/launch.md)."""
 
 from __future__ import annotations
 
@@ -74,8 +72,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def worker_threads(threads_per_worker: int, workers: int) -> int:
-    """Intra-op threads per worker: ``cluster.threads_per_worker``, else the launcher's
-    ``OMP_NUM_THREADS``, else this machine's cores shared by its ``workers``."""
+    """``threads_per_worker``, else ``$OMP_NUM_THREADS``, else the cores over ``workers``."""
     env = os.environ.get("OMP_NUM_THREADS", "")
     if threads_per_worker or (env.isdigit() and int(env) > 0):
         return threads_per_worker or int(env)
@@ -84,7 +81,6 @@ def worker_threads(threads_per_worker: int, workers: int) -> int:
 
 
 def worker_env(c: ClusterConfig) -> dict[str, str]:
-    """This process's environment with the workers' thread count (``local``: every node here)."""
     here = c.nproc_per_node * (c.nnodes if c.name == "local" else 1)
     threads = worker_threads(c.threads_per_worker, here)
     return {**os.environ, LAUNCHER_ENV: str(os.getpid()), "OMP_NUM_THREADS": str(threads)}
@@ -99,8 +95,8 @@ def torchrun_cmd(
     is_host: bool | None = None,
     local_addr: str = "",
 ) -> list[str]:
-    """One node's agent command; the c10d rendezvous ranks the nodes.  ``is_host`` (None: torch's
-    guess) and ``local_addr`` ("": the host name's) matter where nodes share one host name."""
+    """One node's agent command.  ``is_host`` (None: torch's guess) and ``local_addr`` ("":
+    the host name's) matter where nodes share one host name."""
     host = "" if is_host is None else f",is_host={int(is_host)}"
     return [
         sys.executable, "-m", AGENT_MODULE,
@@ -114,7 +110,6 @@ def torchrun_cmd(
 
 
 def launch_local(c: ClusterConfig, run_json: Path) -> int:
-    """Launcher ``local``: one node's agent in this process, several nodes' in their own."""
     if c.nnodes > 1:
         env = {**worker_env(c), **events_env(run_json)}
         endpoint, rdzv_id = f"127.0.0.1:{free_port()}", f"bench-{uuid.uuid4().hex[:8]}"
@@ -149,7 +144,7 @@ def launch_local(c: ClusterConfig, run_json: Path) -> int:
 
 
 def comm_timeout(run_json: Path) -> float:
-    """The longest ``comm.timeout_s`` of the run (of the runs of a queue) of ``run_json``."""
+    """The longest ``comm.timeout_s`` of the run (or queue) of ``run_json``."""
     payload = json.loads(Path(run_json).read_text())
     paths = payload[QUEUE_KEY]["runs"] if is_queue(payload) else []
     configs = [json.loads(Path(p).read_text())["config"] for p in paths] or [payload["config"]]
@@ -157,7 +152,7 @@ def comm_timeout(run_json: Path) -> float:
 
 
 def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (children, grandchildren ...), from ``/proc``."""
+    """Every process below ``pid``, from ``/proc``."""
     children: dict[int, list[int]] = {}
     for p in Path("/proc").iterdir():
         fields = proc_stat(p.name) if p.name.isdigit() else None
@@ -172,9 +167,8 @@ def descendants(pid: int) -> list[int]:
 
 
 def _state(pid: int) -> str:
-    """The process's state letter (``T``: stopped), "" when it is gone."""
     fields = proc_stat(pid)
-    return fields[0] if fields else ""
+    return fields[0] if fields else ""  # T: stopped
 
 
 def _who(pid: int, agent: int, agent_pid: int) -> str:
@@ -190,7 +184,6 @@ def _who(pid: int, agent: int, agent_pid: int) -> str:
 
 
 def _tree(procs: list[subprocess.Popen]) -> dict[int, tuple[int, int]]:
-    """pid -> (agent index, agent pid) for every live process of the run."""
     out = {}
     for i, p in enumerate(procs):
         if p.poll() is None:
@@ -209,7 +202,7 @@ def wait_all(
     """Wait on every agent: the first non-zero exit status ends the run (0 if none), as does
     a process stopped for ``timeout_s`` or an agent left ``timeout_s`` after the others ended
     well (named in ``events``, else on stderr); TimeoutError after ``limit_s``.  What is left
-    is stopped with its process groups, also when the wait itself is interrupted."""
+    is stopped, also when the wait is interrupted."""
     rc, stopped_since, since_ok, start = 0, {}, None, time.monotonic()
     note: list[str] = []
     try:
@@ -287,7 +280,6 @@ def stop_all(procs: list[subprocess.Popen]) -> None:
 
 
 def check_multinode(c: ClusterConfig) -> None:
-    """What ``multinode`` needs: this node's rank in the cluster, and node 0's address."""
     if not 0 <= c.node_rank < c.nnodes:
         raise ConfigError(f"cluster.node_rank={c.node_rank} is outside 0..{c.nnodes - 1}")
     if not c.rdzv_endpoint:
@@ -298,8 +290,7 @@ def check_multinode(c: ClusterConfig) -> None:
 
 
 def launch_multinode(c: ClusterConfig, run_json: Path) -> int:
-    """Launcher ``multinode``: this machine's agent; the other nodes run the same command
-    (node 0 hosts the store: the endpoint's name need not resolve to its own address)."""
+    """This machine's agent; node 0 hosts the store (the endpoint need not resolve to it)."""
     check_multinode(c)
     rdzv_id = c.rdzv_id or "topk-bench"
     cmd = torchrun_cmd(c, run_json, endpoint=c.rdzv_endpoint, rdzv_id=rdzv_id,

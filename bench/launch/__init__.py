@@ -1,3 +1,2 @@
-"""The launcher side of a run: ``run`` (validate, launch, make sure a record exists),
-``runqueue`` (several runs in one launch) and ``profile`` (the emulated cluster's
-paper-scaled link)."""
+"""The launcher side of a run: ``run``, ``runqueue`` (several runs in one launch),
+``profile`` (the emulated cluster's paper-scaled link), ``submit`` (through Hydra)."""

@@ -1,10 +1,6 @@
-"""Named cluster profiles: an emulated link scaled so that this machine keeps the paper's
-ratio of communication to computation (Shi et al., MLSys 2021: 16 x 8 V100, 25 Gbit/s).
-
-Each profile (:data:`SETTINGS`) fixes a target ratio from the performance model; this
-machine's compute per step is timed and the link set to match.  Derivation:
-docs/internals/benchmarks.md (cluster profiles).
-"""
+"""Named cluster profiles: an emulated link set so that this machine keeps the paper's ratio
+of dense communication to compute per step (Shi et al., MLSys 2021: 16 x 8 V100, 25 Gbit/s).
+Derivation: docs/internals/benchmarks.md (cluster profiles)."""
 
 from __future__ import annotations
 
@@ -37,8 +33,7 @@ class Setting:
 
     @property
     def dense(self) -> str:
-        """The dense all-reduce that sends these elements: the first comm hook that sends
-        whole buckets this wide."""
+        """The first dense comm hook whose elements are this wide on the wire."""
         hooks = methods.specs(kind="hook")
         return next(s.name for s in hooks if not s.sparse and s.wire_bytes == self.wire_bytes)
 
@@ -64,7 +59,7 @@ def _setting(profile: str) -> Setting:
 
 
 def dense_time_s(profile: str = "paper", nic_efficiency: float | None = None) -> float:
-    """The paper cluster's dense aggregation time per step in ``profile``'s wire format (s)."""
+    """The paper cluster's dense aggregation time per step (s)."""
     st = _setting(profile)
     a = projection.ASSUMPTIONS
     nic = nic_efficiency if nic_efficiency is not None else a["nic_efficiency"].value
@@ -75,7 +70,6 @@ def dense_time_s(profile: str = "paper", nic_efficiency: float | None = None) ->
 
 
 def compute_time_s(profile: str = "paper") -> float:
-    """One V100's forward + backward per step in ``profile`` (s)."""
     st = _setting(profile)
     return projection.v100_compute_s(st.batch, st.px)
 
@@ -85,14 +79,13 @@ def paper_ratio(
     nic_efficiency: float | None = None,
     profile: str = "paper",
 ) -> float:
-    """Dense aggregation time over compute time per step on the paper's cluster."""
     compute = compute_s if compute_s is not None else compute_time_s(profile)
     return dense_time_s(profile, nic_efficiency) / compute
 
 
 def derive(profile: str) -> dict[str, Any]:
-    """Every input of ``profile``'s ratio with its source, the band over the ranged
-    inputs (NIC efficiency) and the result: what the record and the report keep."""
+    """Every input of ``profile``'s ratio with its source, and the ratio's band over the NIC
+    efficiency: what the record and the report keep."""
     st = _setting(profile)
     a = projection.ASSUMPTIONS
     nic = a["nic_efficiency"]
@@ -123,8 +116,7 @@ def derive(profile: str) -> dict[str, Any]:
 
 
 def ring_link_bytes(numel: int, nodes: int, procs: int, elem_bytes: int = 4) -> float:
-    """Bytes a flat ring all-reduce of ``numel`` elements of ``elem_bytes`` in 25 MiB buckets
-    sends over each node's link (bench.comm.cost)."""
+    """Bytes a flat ring all-reduce in 25 MiB buckets sends over each node's link."""
     buckets = pm.buckets_for(numel)
     return sum(cost.allreduce(b, nodes, procs, elem_bytes).link_bytes for b in buckets)
 
@@ -132,10 +124,7 @@ def ring_link_bytes(numel: int, nodes: int, procs: int, elem_bytes: int = 4) -> 
 def bandwidth_for_ratio(
     ratio: float, compute_s: float, numel: int, nodes: int, procs: int, elem_bytes: int = 4
 ) -> float:
-    """Inter-node bits/s at which a dense ring allreduce of ``numel`` elements of
-    ``elem_bytes`` over ``nodes`` x ``procs`` workers sends its link bytes in
-    ``ratio * compute_s``."""
-
+    """Inter-node bits/s at which a dense ring all-reduce takes ``ratio * compute_s``."""
     if ratio <= 0 or compute_s <= 0:
         raise ConfigError(
             f"a profile needs a positive ratio and compute time ({ratio}, {compute_s})"
@@ -144,8 +133,8 @@ def bandwidth_for_ratio(
 
 
 def measure_compute_s(net: Any, batch: Any, reps: int = 3, loss: Any = None) -> float:
-    """Median time of ``net``'s forward + backward on ``batch``, s, after one warm-up call.
-    ``loss(net, batch)`` gives the loss (default: cross-entropy of ``net(inputs)``)."""
+    """Median s of ``net``'s forward + backward on ``batch`` (``loss(net, batch)``; default:
+    cross-entropy)."""
     if loss is None:
 
         def loss(n: Any, b: Any) -> Any:
@@ -157,12 +146,10 @@ def measure_compute_s(net: Any, batch: Any, reps: int = 3, loss: Any = None) -> 
 def resolve(
     profile: str | None, compute_s: float, numel: int, nodes: int, procs: int
 ) -> dict[str, Any] | None:
-    """The emulated link for ``profile`` (None: no profile) given the compute time per step:
-    target ratio, chosen bandwidth (bits/s and in ``tc``'s spelling)."""
+    """The emulated link for ``profile`` (None: none) given the compute time per step."""
     if profile is None:
         return None
-    check(profile)
-    st = SETTINGS[profile]
+    st = _setting(profile)
     ratio = paper_ratio(profile=profile)
     bps = bandwidth_for_ratio(ratio, compute_s, numel, nodes, procs, st.wire_bytes)
     return {
@@ -190,14 +177,11 @@ def check(profile: str | None, cluster: str = "emulated") -> None:
 
 
 def step_compute_s(cfg: Any, time_it: bool = True) -> dict[str, Any]:
-    """One worker's forward + backward time per step of ``cfg``'s workload on this host
-    (timed alone, scaled by :func:`bench.cluster.perfmodel.host_contention`) and its
-    parameter count (alone: ``time_it=False``)."""
-
+    """One worker's forward + backward s per step on this host (timed alone, scaled by
+    :func:`bench.cluster.perfmodel.host_contention`) and the parameter count."""
     c = cfg.cluster
     cores = os.cpu_count() or 1
-    # the intra-op threads the launchers give each worker: every worker of every node
-    # runs on this host (a local cluster's agents and an emulated cluster's namespaces alike)
+    # the threads the launchers give each worker: every node's workers run on this host
     threads = worker_threads(c.threads_per_worker, c.nnodes * c.nproc_per_node)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -224,8 +208,8 @@ def step_compute_s(cfg: Any, time_it: bool = True) -> dict[str, Any]:
 
 
 def apply(cfg: Any) -> dict[str, Any] | None:
-    """Put ``cfg.cluster.profile`` into effect: time the compute per step (or take
-    ``cluster.profile_compute_s``), set ``cluster.inter_node_bandwidth``; what the record keeps."""
+    """Set ``cluster.inter_node_bandwidth`` for ``cluster.profile`` from the compute per step
+    (timed, or ``cluster.profile_compute_s``); what the record keeps."""
     c = cfg.cluster
     if c.profile is None:
         return None
@@ -244,7 +228,6 @@ def apply(cfg: Any) -> dict[str, Any] | None:
 
 
 def describe(p: dict[str, Any]) -> str:
-    """One line: what the profile measured and chose."""
     how = (
         f"timed here: {p['compute_alone_s'] * 1e3:.1f} ms alone x {p['contention']:.2f} "
         "host contention"

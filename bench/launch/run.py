@@ -1,6 +1,5 @@
-"""One run from a composed config: validate everything, launch the workers with the
-launcher ``cluster.name`` names, make sure a record exists afterwards (a failed launch
-still leaves an ``error`` record)."""
+"""One run from a composed config: validate, launch the workers with the launcher
+``cluster.name`` names, and leave a record whatever happened (a failed launch: ``error``)."""
 
 from __future__ import annotations
 
@@ -53,7 +52,6 @@ FAILED = ("error", "interrupted")  # a record's statuses that make the launcher 
 
 
 def check_cluster(cfg: Config) -> None:
-    """Refuse a cluster config that cannot run, before anything starts (one sentence)."""
     c = cfg.cluster
     if c.name not in LAUNCHERS:
         raise ConfigError(
@@ -67,13 +65,11 @@ def check_cluster(cfg: Config) -> None:
 
 
 def launch_workers(cfg: Config, run_json: Path) -> int:
-    """Start the workers of this node; their exit status (0 = every worker succeeded)."""
     return LAUNCHERS[cfg.cluster.name][0](cfg.cluster, Path(run_json))
 
 
 def validate(cfg: Config, *, create_results: bool = True) -> None:
-    """Every configuration-time check, before any worker starts (``create_results=False``:
-    a dry run's, which creates nothing)."""
+    """Every check before any worker starts (``create_results=False``: a dry run's)."""
     # first: a range check such as ``lr > 0`` passes inf, and every check passes NaN
     bad = non_finite(to_container(cfg))
     if bad:
@@ -167,8 +163,7 @@ def _validate_train(cfg: Config) -> None:
 
 
 def _check_fit(cfg: Config) -> None:
-    """What only the workers would find out: a comm timeout shorter than the waits between
-    collectives, an image size the model or this machine's memory cannot take."""
+    """What only the workers would find out: a comm timeout, an image size that cannot fit."""
     if cfg.comm.timeout_s < MIN_COMM_TIMEOUT_S:
         raise ConfigError(
             f"comm.timeout_s={cfg.comm.timeout_s:g} is shorter than the workers wait for each "
@@ -196,7 +191,7 @@ def _check_fit(cfg: Config) -> None:
 
 def check_results_dir(results_dir: str, *, create: bool = True) -> None:
     """Refuse a results directory the run could not write to; ``create`` (not in a dry run)
-    makes it and writes a scratch file in it (a full or read-only file system)."""
+    makes it and writes a scratch file in it."""
     res = Path(results_dir)
     where = f"results.dir={results_dir!r}"
     if not str(results_dir).strip():
@@ -207,9 +202,7 @@ def check_results_dir(results_dir: str, *, create: bool = True) -> None:
     existing = next(p for p in [res, *res.absolute().parents] if p.exists())
     if not existing.is_dir():
         raise ConfigError(f"{where} is not a directory ({existing} is a file)")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"{where} is not writable ({existing} is not)")
-    try:  # a file system that takes no files (/proc), read-only, full: a scratch file, gone
+    try:  # no access, a file system that takes no files (/proc), read-only, full: a scratch file
         with tempfile.NamedTemporaryFile(dir=existing, prefix=".bench-check-"):
             pass
     except OSError as e:
@@ -242,7 +235,6 @@ def run(
     output_dir: str | Path | None = None,
     checked: bool = False,
 ) -> tuple[int, dict[str, Any] | None]:
-    """Validate (unless ``checked``), launch; (exit status, the run's record)."""
     launch_time, cfg = time.time(), to_object(cfg)
     return launch_and_record(
         cfg, prepare(cfg, experiment, launch_time, checked=checked), output_dir
@@ -252,7 +244,7 @@ def run(
 def prepare(
     cfg: Config, experiment: str, launch_time: float, quiet: bool = False, checked: bool = False
 ) -> dict[str, Any]:
-    """Validate ``cfg`` and set its emulated link (``cluster.profile``); the run's metadata."""
+    """Validate ``cfg``, set its emulated link (``cluster.profile``); the run's metadata."""
     if checked:  # some checks read whole files (a corpus, a tokenizer): not twice
         check_results_dir(cfg.results.dir)
     else:
@@ -285,7 +277,6 @@ def resume(
 
 @contextlib.contextmanager
 def resume_lock(results_dir: str, run_id: str) -> Iterator[None]:
-    """Hold ``checkpoints/<run_id>.lock`` while the run is resumed: a second resume is refused."""
     path = Path(f"{ck.run_dir(results_dir, run_id)}.lock")
     if not path.parent.is_dir():
         yield
@@ -353,8 +344,7 @@ def _on_signal(signum: int, frame: Any) -> None:  # noqa: ARG001
 
 
 def guarded_launch(cfg: Config, run_json: Path) -> tuple[int, str, str | None, Exception | None]:
-    """Launch the workers of ``run_json``; interrupts and the launcher's own failures become
-    (exit status, status, reason, the exception to raise again after recording)."""
+    """(exit status, status, reason, the launcher's exception to raise after recording)."""
     try:
         old = signal.signal(signal.SIGTERM, _on_signal)
     except ValueError:  # not the main thread (a threaded sweep): the caller handles signals
@@ -384,8 +374,8 @@ def guarded_launch(cfg: Config, run_json: Path) -> tuple[int, str, str | None, E
 
 
 def write_run_json(out: Path, payload: dict[str, Any]) -> Path:
-    """``out/run-<run id>.json``, what the run's workers read (``.node<k>.json`` for node k > 0
-    of a multi-node run, whose nodes share the run id and may share ``out``)."""
+    """``out/run-<run id>.json`` for the workers (``.node<k>.json`` on node k > 0 of a
+    multi-node run, whose nodes share the run id and may share ``out``)."""
     out.mkdir(parents=True, exist_ok=True)
     c = payload["config"]["cluster"]
     node = int(c.get("node_rank") or 0) if c.get("name") == "multinode" else 0
@@ -397,7 +387,6 @@ def write_run_json(out: Path, payload: dict[str, Any]) -> Path:
 def launch_and_record(
     cfg: Config, run_meta: dict[str, Any], output_dir: str | Path | None
 ) -> tuple[int, dict[str, Any] | None]:
-    """Launch the workers of a run; afterwards a record exists whatever happened."""
     payload = {"config": to_container(cfg), "run": run_meta}
     out = Path(output_dir) if output_dir else Path(tempfile.mkdtemp(prefix="bench-run-"))
     try:
@@ -413,8 +402,8 @@ def launch_and_record(
 
 @dataclass
 class Launched:
-    """One launch: exit status, status, the launcher's own exception, and for each run up to
-    the one training when it ended its record (None off node 0) and whether workers wrote it."""
+    """One launch; per run up to the one training when it ended: its record (None off node
+    0) and whether the workers wrote it."""
 
     rc: int
     status: str
@@ -429,8 +418,8 @@ def launch_runs(
     launch_json: Path,
     agent_log: Path | None = None,
 ) -> Launched:
-    """Launch the workers of ``launch_json`` (a run's or a queue's) and record the run that
-    was training when the launch ended, if its workers did not (with ``agent_log``'s notes)."""
+    """Launch ``launch_json`` (a run's or a queue's); record the run training when the launch
+    ended if its workers did not (with ``agent_log``'s notes)."""
     since = time.time()
     # room for the record of a run the workers could not record, should the disk fill up
     room = reserve.hold(cfgs[0].results.dir, launch_json.stem)
@@ -474,7 +463,6 @@ def launch_runs(
 def record_after(
     cfg: Config, payload: dict[str, Any], rc: int, status: str, reason: str | None, since: float
 ) -> dict[str, Any] | None:
-    """The run's record: the workers' if they wrote it, else one written here."""
     meta = payload["run"]
     rec = records.find_record(cfg.results.dir, meta["run_id"])
     if rec is not None and rec.get("attempt", 1) == meta.get("attempt", 1):

@@ -1,6 +1,5 @@
-"""Several runs in one launch of the workers (a run queue): each run keeps its own JSON, id,
-record and everything else; only the processes, the process group and the cluster are
-shared (docs/internals/sweeps.md)."""
+"""Several runs in one launch of the workers (a run queue): each keeps its own JSON, id and
+record; only the processes, process group and cluster are shared (docs/internals/sweeps.md)."""
 
 from __future__ import annotations
 
@@ -21,7 +20,6 @@ WARMUP_STEPS = 5
 
 
 def _sessions(keys: Sequence[str]) -> list[list[int]]:
-    """Indices grouped into runs of consecutive equal ``keys`` (one launch each)."""
     return [list(g) for _, g in itertools.groupby(range(len(keys)), key=lambda i: keys[i])]
 
 
@@ -34,7 +32,7 @@ def run_queue(
     warmup: bool = True,
 ) -> list[tuple[int, dict[str, Any] | None]]:
     """Validate every run, then launch each series with one cluster config once; (exit
-    status, record) per run, in order ((130, None): never started, after an interrupt)."""
+    status, record) per run ((130, None): never started, after an interrupt)."""
     launch_time = time.time()
     typed = [to_object(c) for c in cfgs]
     metas = [prepare(c, experiment, launch_time, quiet=i > 0) for i, c in enumerate(typed)]
@@ -66,7 +64,7 @@ def run_queue(
 
 
 def warmup_config(cfg: Any, out: Path) -> Any:
-    """A few steps of ``cfg``, recorded apart, first in each launch: the workers warm."""
+    """A few steps of ``cfg``, recorded apart, first in each launch."""
     w = copy.deepcopy(cfg)
     w.cluster.profile = None  # the link ``cfg``'s profile chose stays; nothing timed again
     w.results.dir = str(out / "warmup")
@@ -81,8 +79,7 @@ def warmup_config(cfg: Any, out: Path) -> Any:
 def _launch(
     qid: str, cfgs: list[Any], metas: list[dict[str, Any]], labels: list[str], out: Path
 ) -> tuple[list[tuple[int, dict[str, Any] | None] | None], bool]:
-    """One launch for ``cfgs``: per run (status, record) or None (after a failure, to be
-    launched again); and whether to stop (an interrupt)."""
+    """Per run (status, record) or None (to launch again); and whether to stop."""
     payloads, paths = [], []
     for i, (cfg, meta, label) in enumerate(zip(cfgs, metas, labels)):
         meta["queue"] = {"id": qid, "index": i, "size": len(cfgs), "label": label}

@@ -125,7 +125,6 @@ def partition_info(partition: str | None) -> Partition | None:
 
 
 def _launcher_keys(hydra_overrides: Sequence[str]) -> dict[str, str]:
-    """The ``hydra.launcher.*`` keys the user set, with their values."""
     pairs = (o.lstrip("+").partition("=") for o in hydra_overrides)
     return {
         k.removeprefix("hydra.launcher."): v for k, _, v in pairs if k.startswith("hydra.launcher.")
@@ -133,7 +132,6 @@ def _launcher_keys(hydra_overrides: Sequence[str]) -> dict[str, str]:
 
 
 def _partition(launcher: str, hydra_overrides: Sequence[str]) -> Partition | None:
-    """On Slurm, the partition ``hydra.launcher.partition`` names (else the default one)."""
     name = _launcher_keys(hydra_overrides).get("partition") or None
     return partition_info(None if name == "null" else name) if is_slurm(launcher) else None
 
@@ -141,9 +139,8 @@ def _partition(launcher: str, hydra_overrides: Sequence[str]) -> Partition | Non
 def resources(
     launcher: str, cfg: Any, partition: Partition | None = None, given: Sequence[str] = ()
 ) -> list[str]:
-    """One job's allocation on Slurm (``hydra.launcher.*`` overrides, none elsewhere): its
-    nodes, one task per node, a CPU per worker thread, a GPU per worker where it trains on
-    GPUs (``cuda``, or ``auto`` on a partition with some or unknown); ``given`` left alone."""
+    """One job's Slurm allocation as ``hydra.launcher.*`` overrides (``given`` left alone): a
+    GPU per worker where it trains on GPUs (``cuda``, or ``auto`` on a partition with some)."""
     if not is_slurm(launcher):
         return []
     c = cfg.cluster
@@ -181,7 +178,6 @@ def check_fit(params: Any, partition: Partition | None) -> None:
 
 
 def _hydra_config(overrides: Sequence[str]) -> tuple[Any, Any]:
-    """(the Hydra object, the multirun config) of ``conf/config.yaml`` with ``overrides``."""
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
@@ -209,7 +205,7 @@ def _hydra_config(overrides: Sequence[str]) -> tuple[Any, Any]:
 
 
 def make_launcher(hydra_overrides: Sequence[str], task: Callable[..., Any]) -> Any:
-    """Hydra's launcher plugin for ``hydra_overrides``, set up as a multirun sets it up."""
+    """Hydra's launcher plugin, set up as a multirun sets it up."""
     from hydra._internal.callbacks import Callbacks
     from hydra.core.plugins import Plugins
     from hydra.core.utils import setup_globals
@@ -227,7 +223,6 @@ def make_launcher(hydra_overrides: Sequence[str], task: Callable[..., Any]) -> A
 
 
 def _executor(launcher: Any) -> Any:
-    """The submitit executor of ``launcher``, made as its ``launch`` makes it."""
     import submitit
     from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
     from omegaconf import OmegaConf
@@ -263,8 +258,8 @@ def plan_groups(
 
 
 def check_groups(launcher: str, hydra_overrides: Sequence[str], cfgs: Sequence[Any]) -> None:
-    """Compose and resolve the launcher's config of every allocation ``cfgs`` need: a bad
-    key or value, or a request no node can satisfy, is one ConfigError before submitting."""
+    """One ConfigError before submitting for a bad launcher key or value, or a request no
+    node can satisfy, of any allocation ``cfgs`` need."""
     from omegaconf import OmegaConf
 
     check_launcher(launcher)
@@ -318,8 +313,8 @@ ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 
 
 def slurm_state(job_id: str) -> dict[str, str] | None:
-    """Job ``job_id``'s ``scontrol show job`` fields (no accounting needed); ``{}`` when the
-    controller has forgotten it, None when it cannot be asked."""
+    """``scontrol show job`` fields (no accounting needed); ``{}``: the controller has forgotten
+    the job, None: it cannot be asked."""
     try:
         p = subprocess.run(["scontrol", "show", "job", "--oneliner", str(job_id)],
                            capture_output=True, text=True, timeout=30)  # fmt: skip
@@ -331,7 +326,6 @@ def slurm_state(job_id: str) -> dict[str, str] | None:
 
 
 def describe_end(fields: dict[str, str]) -> str:
-    """``STATE, exit code N[, signal S][, reason R]`` of an ended job's ``scontrol`` fields."""
     code = fields.get("ExitCode", "?").split(":")
     out = f"{fields.get('JobState', '?')}, exit code {code[0]}"
     if len(code) > 1 and code[1] != "0":
@@ -380,7 +374,7 @@ def _outcome(job: Any, slurm: bool) -> tuple[bool, str | None]:
 
 
 def wait_jobs(jobs: Sequence[Any], names: Sequence[str], log: Callable[[str], None]) -> list:
-    """Wait for every job, polling each ``POLL_S``: per job None, or why it failed."""
+    """Per job None, or why it failed."""
     import submitit
 
     out: list = [None] * len(jobs)
@@ -405,7 +399,6 @@ JOBS_FILE = "slurm-jobs.jsonl"  # beside a sweep's Hydra output: the Slurm jobs 
 
 
 def note_jobs(folder: Path, jobs: Sequence[tuple[str, str]]) -> None:
-    """Append the Slurm jobs just submitted (id, label) to ``folder/slurm-jobs.jsonl``."""
     folder.mkdir(parents=True, exist_ok=True)
     at = time.strftime("%Y-%m-%dT%H:%M:%S")
     with open(folder / JOBS_FILE, "a") as f:
@@ -414,15 +407,13 @@ def note_jobs(folder: Path, jobs: Sequence[tuple[str, str]]) -> None:
 
 
 def job_records(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Slurm job id -> the latest record written in that job."""
     return {str(r["slurm"]["job_id"]): r for r in records if (r.get("slurm") or {}).get("job_id")}
 
 
 def status_lines(
     folder: Path, records: Sequence[dict[str, Any]], state: Callable[[str], Any] | None = None
 ) -> list[str]:
-    """One line per Slurm job noted under ``folder``: its state and exit code (``scontrol``)
-    and the run it recorded, with its nodes and requeues."""
+    """One line per Slurm job noted under ``folder``: its state and the run it recorded."""
     jobs = []
     for path in sorted(Path(folder).rglob(JOBS_FILE)) if Path(folder).is_dir() else []:
         for line in path.read_text().splitlines():
@@ -459,8 +450,8 @@ def status_lines(
 
 
 def _requeued(task: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """``task`` as a Slurm job runs it: started again after a requeue, it resumes the run
-    the job recorded as interrupted (a new attempt), and never reruns a recorded one."""
+    """``task`` that, requeued, resumes the run its job recorded as interrupted (a new
+    attempt) and never reruns a recorded one."""
 
     def run_task(cfg: Any) -> Any:
         from hydra.core.hydra_config import HydraConfig
@@ -503,8 +494,7 @@ class SlurmLauncher(_SubmititSlurm):  # type: ignore[misc,valid-type]
     and sees a job end without accounting: ``train -m`` never waits forever."""
 
     def __call__(self, *args: Any) -> Any:
-        """One job, in Slurm: a requeue resumes its run; the warning signal before the time
-        limit stops it as ``interrupted`` with its last checkpoint, to be resumed."""
+        """One job: SIGUSR2 (the time limit near) stops it as ``interrupted``, to be resumed."""
         from bench.launch.run import Interrupted
 
         def near_end(signum: int, frame: Any) -> None:  # noqa: ARG001

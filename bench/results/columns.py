@@ -50,12 +50,10 @@ RENAMES = {
 
 
 def metric_column(metric: str) -> str:
-    """The curve column of a held-out metric: ``top1`` -> ``acc/top1``, else ``eval/<metric>``."""
     return _METRICS.get(metric, f"eval/{metric}")
 
 
 def normalise(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A curve row with today's column names (old flat names renamed)."""
     return {RENAMES.get(k, k): v for k, v in row.items()}
 
 
@@ -64,7 +62,7 @@ SCALING_RENAMES = {"nnodes": "nodes", "nproc_per_node": "workers_per_node"}
 
 
 def newer_scaling(frame: pd.DataFrame) -> pd.DataFrame:
-    """A scaling table with today's column names (one worker per node where none is said)."""
+    """A scaling table with today's names (one worker per node where none is said)."""
     df = frame.copy()
     for old, new in SCALING_RENAMES.items():
         if old in df.columns:

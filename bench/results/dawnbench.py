@@ -1,6 +1,5 @@
-"""DAWNBench submission files of a run, ``<dir>/dawnbench/<run_id>.json`` and ``.tsv``, in
-the DAWNBench entries repository's format (v1.0), derived from the run's record and
-curve; written for top-1 and top-5 targets only (docs/internals/launch.md)."""
+"""A run's DAWNBench submission files (format v1.0), ``<dir>/dawnbench/<run_id>.json`` and
+``.tsv``, for top-1 and top-5 targets only (docs/internals/launch.md)."""
 
 from __future__ import annotations
 
@@ -24,7 +23,6 @@ TSV_COLUMNS = {
 
 
 def tsv_rows(curve: Sequence[Mapping[str, Any]], metric: str) -> list[dict[str, Any]]:
-    """The evaluated epochs of ``curve`` as DAWNBench rows (accuracies in percent)."""
     cols = TSV_COLUMNS[metric]
     rows = []
     for r in curve:
@@ -39,7 +37,6 @@ def tsv_rows(curve: Sequence[Mapping[str, Any]], metric: str) -> list[dict[str, 
 
 
 def entry(record: Mapping[str, Any]) -> dict[str, Any]:
-    """The DAWNBench JSON of a record (its ``config`` holds the recipe)."""
     cfg = record.get("config") or {}
     res = cfg.get("results", {})
     cost = res.get("cost_per_hour")
@@ -60,7 +57,6 @@ def entry(record: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _misc(record: Mapping[str, Any], cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """The recipe: optimizer, batch sizes, image size per epoch, communication, cache."""
     optim, data, train = cfg.get("optim", {}), cfg.get("data", {}), cfg.get("train", {})
     tt = record.get("time_to_target_s")
     cost = (cfg.get("results") or {}).get("cost_per_hour")
@@ -100,7 +96,6 @@ def _misc(record: Mapping[str, Any], cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _image_sizes(data: Mapping[str, Any], epochs: int) -> list[int]:
-    """The training image size of each epoch run (``data.progressive`` resizing)."""
     d = DataConfig(
         image_size=int(data.get("image_size", 32)), progressive=data.get("progressive", [])
     )
@@ -110,8 +105,7 @@ def _image_sizes(data: Mapping[str, Any], epochs: int) -> list[int]:
 def write(
     results_dir: str | Path, record: Mapping[str, Any], curve: Sequence[Mapping[str, Any]]
 ) -> tuple[str | None, str | None]:
-    """Write (or rewrite, from the whole curve) the run's two files; their paths, or
-    ``(None, None)`` when the run has none (not a top-1/top-5 target, nothing evaluated)."""
+    """Write (or rewrite) the run's two files; their paths, or ``(None, None)`` for none."""
     metric = record["target_metric"]
     if metric not in TSV_COLUMNS:
         return None, None

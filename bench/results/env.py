@@ -22,7 +22,7 @@ def cpu_model() -> str:
 
 
 def hardware() -> str:
-    """One line naming the compute: GPU name and count when CUDA is visible, else the CPU."""
+    """GPU name and count when CUDA is visible, else the CPU."""
     import torch  # deferred: seconds to load, and this module is read without it
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()

@@ -1,5 +1,5 @@
-"""The event log of a run, ``<results.dir>/checkpoints/<run_id>/events.jsonl``: a JSON line
-per failure, resume, error or stop outside the training loop (docs/internals/launch.md)."""
+"""A run's event log, ``<results.dir>/checkpoints/<run_id>/events.jsonl``: a JSON line per
+failure, resume, error or stop outside the training loop (docs/internals/launch.md)."""
 
 from __future__ import annotations
 
@@ -23,12 +23,10 @@ AGENT_ERROR = "agent_error"  # the exception that ended an elastic agent: reason
 
 
 def is_queue(payload: dict[str, Any]) -> bool:
-    """Whether a launcher's JSON describes a queue of runs (else it is one run's)."""
     return QUEUE_KEY in payload
 
 
 def run_dir(results_dir: str | Path, run_id: str) -> Path:
-    """The directory of a run's checkpoints and its event log."""
     return Path(results_dir) / "checkpoints" / run_id
 
 
@@ -37,7 +35,7 @@ def events_path(results_dir: str | Path, run_id: str) -> Path:
 
 
 def events_env(run_json: Path) -> dict[str, str]:
-    """``BENCH_EVENTS`` for the agents of ``run_json``'s run (a queue's: its own log)."""
+    """``BENCH_EVENTS`` for the agents of ``run_json`` (a queue's: its own log)."""
     payload = json.loads(Path(run_json).read_text())
     if is_queue(payload):
         return {EVENTS_ENV: payload[QUEUE_KEY]["events"]}
@@ -46,7 +44,7 @@ def events_env(run_json: Path) -> dict[str, str]:
 
 
 def log_event(path: str | Path, **fields: Any) -> None:
-    """Append one event line (one ``write`` of a short line with O_APPEND: never torn)."""
+    """One ``write`` of a short line with O_APPEND: never torn."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     line = json.dumps({"time": time.time(), **fields}) + "\n"
@@ -66,14 +64,13 @@ def read_events(path: str | Path) -> list[dict[str, Any]]:
 
 
 def note_error(results_dir: str | Path, run_id: str, e: BaseException) -> None:
-    """The exception that ends a worker, in the run's event log."""
     reason = f"{type(e).__name__}: {e}".strip().splitlines()[0][:500]
     where = events_path(results_dir, run_id)
     log_event(where, kind=WORKER_ERROR, rank=os.environ.get("RANK"), reason=reason)
 
 
 def restarts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The record's ``restarts``: each elastic restart's first failure, the epoch resumed from."""
+    """Each elastic restart's first failure and the epoch resumed from."""
     out: list[dict[str, Any]] = []
     pending: dict[str, Any] | None = None
     for e in events:
@@ -90,8 +87,7 @@ def restarts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def lost_since(events: list[dict[str, Any]], saved_at: float) -> float:
-    """Seconds from a checkpoint saved at ``saved_at`` to the last failure or stop after it:
-    the work a resume repeats."""
+    """Seconds from a checkpoint saved at ``saved_at`` to the last failure or stop after it."""
     lost = [
         e["time"] - saved_at
         for e in events
@@ -104,7 +100,7 @@ NO_SPACE = f"[Errno {errno.ENOSPC}]"  # in an OSError's text
 
 
 def failure_reason(events: list[dict[str, Any]], rc: int) -> str:
-    """Why the workers failed: the worker that died first, then the first traceback."""
+    """The worker that died first, then the first traceback."""
     parts = []
     fails = [e for e in events if e.get("kind") == FAILURE]
     if fails:

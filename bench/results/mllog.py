@@ -1,5 +1,5 @@
-"""The MLPerf training log of a run, ``<dir>/mllog/<run_id>.log``, through ``mlperf-logging``:
-an open-division submission log (its events: docs/internals/train.md)."""
+"""A run's MLPerf open-division training log, ``<dir>/mllog/<run_id>.log``, through
+``mlperf-logging`` (its events: docs/internals/train.md)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ def log_path(results_dir: str | Path, run_id: str) -> Path:
 
 
 class RunLog:
-    """One run's MLPerf log, with a logger and file of its own so that runs in one process
-    never mix their lines; every method is a no-op when ``path`` is None (rank != 0)."""
+    """One run's log, with a logger of its own so that runs in one process never mix their
+    lines; every method is a no-op when ``path`` is None (rank != 0)."""
 
     def __init__(self, path: Path | None, *, run_id: str = "") -> None:
         self.path = path
@@ -73,7 +73,7 @@ class RunLog:
         first_epoch: int,
         init_start_s: float,
     ) -> None:
-        """Everything up to ``run_start``: initialisation from ``init_start_s`` (epoch s) to now."""
+        """Everything up to ``run_start``, initialisation from ``init_start_s`` (epoch s)."""
         if self._mll is None:
             return
         t0 = int(init_start_s * 1e3)
@@ -97,8 +97,7 @@ class RunLog:
         self.start("eval_start", epoch_num=epoch)
 
     def eval_stop(self, epoch: int, metric: str, value: float, samples: int | None) -> None:
-        """``eval_accuracy`` is the target metric's ``value``; ``samples`` (every rank's) is
-        logged the first time."""
+        """``samples`` (every rank's) is logged the first time."""
         if samples is not None and self.wants_eval_samples:
             self.wants_eval_samples = False
             self.event("eval_samples", samples)
@@ -106,7 +105,7 @@ class RunLog:
         self.event("eval_accuracy", value, epoch_num=epoch, metric=metric)
 
     def run_stop(self, status: str) -> str | None:
-        """Closes the log (``ok`` is MLPerf's ``success``); its path, None on ranks != 0."""
+        """Close the log (``ok`` is MLPerf's ``success``); its path, None on ranks != 0."""
         self.end("run_stop", status="success" if status == "ok" else "aborted", run=status)
         self.close()
         return str(self.path) if self.path is not None else None
@@ -149,7 +148,7 @@ def _hyperparameters(cfg: Any, steps_per_epoch: int, world: int) -> dict[str, An
 
 
 def close_after_failure(results_dir: str | Path, run_id: str, reason: str) -> str | None:
-    """Appends ``run_stop`` (``aborted``) to a log whose workers died before it; its path."""
+    """``run_stop`` (``aborted``) appended to a log whose workers died before it; its path."""
     path = log_path(results_dir, run_id)
     if not path.exists():
         return None
@@ -163,7 +162,6 @@ def close_after_failure(results_dir: str | Path, run_id: str, reason: str) -> st
 
 
 def read_events(path: str | Path) -> list[dict[str, Any]]:
-    """The events of a log, in order (the JSON after each ``:::MLLOG`` marker)."""
     out = []
     for line in Path(path).read_text().splitlines():
         _, mark, rest = line.partition(":::MLLOG ")

@@ -1,5 +1,5 @@
-"""The closing lines of a run: every file it wrote, from its record, and how it compares
-with the reference record of its recipe."""
+"""A run's closing lines: every file it wrote, and how it compares with its recipe's
+reference record."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 from bench.results.events import events_path, run_dir
 from bench.results.paths import RUNS_DIR
-from bench.results.records import runs_path
+from bench.results.records import load_records, runs_path
 
 # record field -> what the file is, in the order they are listed
 FIELDS = (
@@ -25,7 +25,6 @@ WIDTH = max(len(what) for _, what in FIELDS)  # one column of names, whichever f
 
 
 def written(record: Mapping[str, Any], results_dir: str | Path) -> list[tuple[str, str]]:
-    """(what, path) for each file of the run that exists."""
     run_id = str(record["run_id"])
     out = [("record", f"{runs_path(results_dir)} (run {run_id})")]
     for key, what in FIELDS:
@@ -52,25 +51,15 @@ def reference_record(
     record: Mapping[str, Any], reference_dir: str | Path = REFERENCE_DIR
 ) -> dict[str, Any] | None:
     """The newest committed run of the same recipe that reached its target, on the same
-    hardware where there is one; None when there is none."""
-    import json
-
-    path = runs_path(reference_dir)
-    if not path.is_file():
-        return None
-    same = []
-    for line in path.read_text().splitlines():
-        try:
-            r = json.loads(line)
-        except ValueError:
-            continue
-        if (
-            r.get("run_id") != record.get("run_id")
-            and r.get("status") == "ok"
-            and r.get("time_to_target_s") is not None
-            and all(r.get(k) == record.get(k) for k in RECIPE)
-        ):
-            same.append(r)
+    hardware where there is one."""
+    same = [
+        r
+        for r in load_records(reference_dir, attempts=True)
+        if r.get("run_id") != record.get("run_id")
+        and r.get("status") == "ok"
+        and r.get("time_to_target_s") is not None
+        and all(r.get(k) == record.get(k) for k in RECIPE)
+    ]
     if not same:
         return None
     here = [r for r in same if r.get("hardware") == record.get("hardware")]
@@ -103,7 +92,7 @@ def comparison_lines(
     reference_dir: str | Path = REFERENCE_DIR,
     results_dir: str | Path = RUNS_DIR,
 ) -> list[str]:
-    """The run against the reference record of its recipe, and one suggested next command."""
+    """The run against its recipe's reference record, and a suggested next command."""
     out = [m] if (m := target_margin(record)) else []
     ref = reference_record(record, reference_dir)
     yours = record.get("time_to_target_s")
@@ -129,5 +118,4 @@ def comparison_lines(
 
 
 def closing_lines(record: Mapping[str, Any], results_dir: str | Path) -> str:
-    """``wrote:`` and one indented line per file of :func:`written`."""
     return "wrote:\n" + "\n".join(f"  {w:<{WIDTH}}  {p}" for w, p in written(record, results_dir))

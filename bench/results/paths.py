@@ -13,10 +13,8 @@ def bench_dir(results_dir: str | Path) -> Path:
 
 
 def bench_csv(results_dir: str | Path, name: str) -> Path:
-    """The rows of benchmark ``name``, every run of it on every machine."""
     return bench_dir(results_dir) / f"{name}.csv"
 
 
 def bench_png(results_dir: str | Path, name: str) -> Path:
-    """The figure of benchmark ``name``'s newest run, drawn beside its CSV."""
     return bench_dir(results_dir) / f"{name}.png"

@@ -91,12 +91,11 @@ def colour_distance(a: str, b: str) -> float:
 
 
 def fig_width(panels: int, per_panel: float) -> float:
-    """Inches for ``panels`` panels in one row, capped at :data:`MAX_WIDTH_PX`."""
     return min(per_panel * panels, MAX_WIDTH_PX / DPI)
 
 
 def save_figure(fig, path: str | Path, layout: bool = True) -> Path:
-    """Lay out (unless the caller did), write at :data:`DPI` and close: every PNG of the suite."""
+    """Every PNG of the suite: laid out (unless the caller did), written at :data:`DPI`."""
     if layout:
         fig.tight_layout()
     path = Path(path)
@@ -121,9 +120,8 @@ def plot_time_to_accuracy(
     per_epoch: bool = False,
     colours: Sequence[str] | None = None,
 ) -> Path:
-    """Held-out ``metric`` against training time, a line per run in its ``colours`` (``per_epoch``:
-    and against epochs); the first run wide and translucent, each later one thin with open
-    markers over it, so that runs with the same curve stay visible."""
+    """Held-out ``metric`` against training time (``per_epoch``: and epochs); the first run
+    wide and translucent, later ones thin over it, so that runs with one curve stay visible."""
     xs = (EPOCH, TRAIN_TIME) if per_epoch else (TRAIN_TIME,)
     fig = plt.subplots(1, len(xs), figsize=(11, 4.2) if per_epoch else (7, 4.5))[0]
     column = metric_column(metric)

@@ -1,6 +1,5 @@
-"""Run records: one JSON line per run in ``<dir>/runs.jsonl`` (:class:`RunRecord`, appended
-under a file lock, never rewritten), a curve CSV per run.  Rules: docs/internals/results.md.
-"""
+"""Run records: a JSON line per run in ``<dir>/runs.jsonl`` (:class:`RunRecord`, appended
+under a file lock, never rewritten), a curve CSV per run (docs/internals/results.md)."""
 
 from __future__ import annotations
 
@@ -38,8 +37,8 @@ RUN_ID_FORM = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
 
 
 def job_run_id(results_dir: str | Path) -> str:
-    """The job's own run id (``$BENCH_RUN_ID``), so that every node names the one run; a new
-    one where the job chose none, or where that id has a record already."""
+    """``$BENCH_RUN_ID``, so that every node names the one run; a new id where the job chose
+    none or that id has a record already."""
     given = os.environ.get(JOB_RUN_ID_ENV, "")
     if RUN_ID_FORM.match(given) and find_record(results_dir, given) is None:
         return given
@@ -59,7 +58,6 @@ def curve_path(results_dir: str | Path, run_id: str) -> Path:
 
 
 def figure_path(results_dir: str | Path, run_id: str) -> Path:
-    """A run's own time-to-accuracy figure, beside its curve."""
     return Path(results_dir) / "curves" / f"{run_id}_tta.png"
 
 
@@ -68,8 +66,8 @@ class AlreadyRecorded(ValueError):
 
 
 def append_record(results_dir: str | Path, record: Mapping[str, Any]) -> Path:
-    """Append one record as a JSON line, whole or not at all (:class:`whole.NotAppended`);
-    a second record of the same run and ``attempt``: :class:`AlreadyRecorded`."""
+    """Append one record whole or not at all (:class:`whole.NotAppended`); a second record of
+    the same run and ``attempt``: :class:`AlreadyRecorded`."""
     missing = [f for f in ("run_id", "status") if f not in record]
     if missing:
         raise ValueError(f"record lacks {missing}")
@@ -107,8 +105,7 @@ def append_record(results_dir: str | Path, record: Mapping[str, Any]) -> Path:
 def write_curve(
     results_dir: str | Path, run_id: str, rows: Iterable[Mapping[str, Any]], *, extend: bool = False
 ) -> Path:
-    """Write a run's curve CSV atomically; an existing curve is never replaced, except with
-    ``extend`` by a curve that continues it."""
+    """A run's curve CSV, atomically; never replaced, except with ``extend`` by its own."""
     path = curve_path(results_dir, run_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = list(rows)
@@ -136,7 +133,7 @@ def _from_one(epochs: list[Any]) -> bool:
 
 def _read_lines(path: Path, warn: bool = True) -> list[dict[str, Any]]:
     """Every record of ``path``; a line that is not one (a torn line, a hand edit) is skipped
-    with a warning naming the file and line."""
+    with a warning."""
     if not path.exists():
         return []
     out = []
@@ -160,8 +157,7 @@ def _read_lines(path: Path, warn: bool = True) -> list[dict[str, Any]]:
 
 
 def load_records(results_dir: str | Path, *, attempts: bool = False) -> list[dict[str, Any]]:
-    """The records of ``runs.jsonl`` in order, the latest attempt of each run
-    (``attempts=True``: every attempt's)."""
+    """The records in order, each run's latest attempt (``attempts=True``: every one)."""
     recs = _read_lines(runs_path(results_dir))
     if attempts:
         return recs
@@ -183,7 +179,7 @@ def load_curve(results_dir: str | Path, run_id: str) -> pd.DataFrame:
 
 
 def read_curve(path: str | Path) -> pd.DataFrame:
-    """A curve with today's column names (older curves' flat names are renamed)."""
+    """A curve with today's column names."""
     return pd.read_csv(path).rename(columns=col.RENAMES)
 
 
@@ -196,8 +192,8 @@ def _mean(curve: Sequence[Mapping[str, Any]], key: str) -> float | None:
 
 @dataclasses.dataclass
 class RunRecord:
-    """One line of ``runs.jsonl``: what ran, where, and how it ended (the outcome fields
-    stay ``None`` in an ``error`` record whose workers died before reporting)."""
+    """One line of ``runs.jsonl`` (the outcome fields stay ``None`` in an ``error`` record whose
+    workers died before reporting)."""
 
     run_id: str
     started_at: str
@@ -281,8 +277,7 @@ class RunRecord:
         comm_sparse: bool,
         nnodes: int | None = None,
     ) -> RunRecord:
-        """Everything known before training; ``config`` is ``cfg`` as a plain dict,
-        ``comm_sparse`` whether the method sends a fraction of the gradient."""
+        """Everything known before training (``config``: ``cfg`` as a plain dict)."""
         import torch  # deferred: seconds to load, and this module is read without it
 
         c = cfg.cluster
@@ -329,7 +324,6 @@ class RunRecord:
         launch_time: float,
         evals: Sequence[Mapping[str, Any]] | None = None,
     ) -> RunRecord:
-        """The outcome, from the per-epoch curve and the sub-epoch evaluations, if any."""
         metric, target = self.target_metric, self.target_value
         tt, et, st = time_to_target_steps(curve, evals or (), metric, target)
         samples = sum(r.get(col.SAMPLES, 0) for r in curve)
@@ -373,7 +367,7 @@ class RunRecord:
 
 
 def _phases(curve: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]] | None:
-    """The curve's per-epoch phase logs joined over the run (None when none was logged)."""
+    """The curve's per-epoch phase logs joined over the run (None: none logged)."""
     from bench.comm.stats import merge, parse_phases  # the worker has torch loaded already
 
     segs = merge([s for r in curve for s in parse_phases(r.get(col.COMM_PHASES))])
@@ -389,7 +383,6 @@ def _phases(curve: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]] | None:
 
 
 def _protocol(results: Any) -> dict[str, Any] | None:
-    """The record's ``protocol`` field from the results config (None outside a protocol)."""
     if not getattr(results, "protocol", ""):
         return None
     return {
@@ -417,8 +410,7 @@ def expand_nodelist(text: str) -> list[str]:
 
 
 def slurm_job(environ: Mapping[str, str] | None = None) -> dict[str, Any] | None:
-    """The record's ``slurm`` field (None outside a Slurm job): the job id as squeue names
-    it, the allocation's nodes, this node, and the times the job was requeued."""
+    """The record's ``slurm`` field (None outside a Slurm job)."""
     env = os.environ if environ is None else environ
     if not env.get("SLURM_JOB_ID"):
         return None
@@ -443,8 +435,7 @@ def settle(
     checkpoint: str | None,
     mllog: Callable[[], str | None],
 ) -> None:
-    """The fields both ends of a run set last: its restarts, last checkpoint, MLPerf log
-    (``mllog()`` ends it) and DAWNBench files."""
+    """The fields both ends of a run set last (``mllog()`` ends the MLPerf log)."""
     from bench.results import dawnbench  # here: the record's last step, not its schema
     from bench.results.events import events_path, read_events, restarts
 

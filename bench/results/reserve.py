@@ -1,6 +1,5 @@
-"""Room kept for a run's last record while its workers fill the disk: the launcher holds
-:data:`ROOM` bytes in a hidden file of the results directory while the workers run and
-frees them just before it writes an ``error`` record (docs/internals/launch.md)."""
+"""Room for a run's last record while its workers fill the disk: :data:`ROOM` bytes held in
+a hidden file while they run, freed before an ``error`` record (docs/internals/launch.md)."""
 
 from __future__ import annotations
 
@@ -19,8 +18,7 @@ class Room:
     def __init__(self, path: Path | None) -> None:
         self.path = path
 
-    def release(self) -> None:
-        """Free the bytes (idempotent)."""
+    def release(self) -> None:  # idempotent
         if self.path is not None:
             with contextlib.suppress(OSError):
                 self.path.unlink()
@@ -38,7 +36,6 @@ def _alive(pid: int) -> bool:
 
 
 def hold(results_dir: str | Path, run_id: str, size: int = ROOM) -> Room:
-    """Hold ``size`` bytes on the results directory's file system for run ``run_id``."""
     d = Path(results_dir)
     path = d / f"{PREFIX}{run_id}-{os.getpid()}"
     try:
@@ -70,8 +67,7 @@ FULL_BELOW = 1 << 20  # bytes: less free than this, after a failed write, is a f
 
 
 def nearly_full(path: str | Path) -> bool:
-    """Whether the file system of ``path`` is as good as full (torch.save's failure does not
-    carry ENOSPC)."""
+    """Whether ``path``'s file system is as good as full (torch.save's error lacks ENOSPC)."""
     try:
         st = os.statvfs(path)
     except OSError:
@@ -82,8 +78,7 @@ def nearly_full(path: str | Path) -> bool:
 
 
 def disk_of(path: str | Path) -> str:
-    """The file system that holds ``path`` (or would): ``tmpfs at /mnt/x, 0 B of 256 KiB
-    free``, from ``/proc/self/mounts`` and ``statvfs``."""
+    """``tmpfs at /mnt/x, 0 B of 256 KiB free``: the file system that holds ``path``."""
     p = Path(os.path.abspath(path))
     while not p.exists() and p != p.parent:
         p = p.parent
@@ -113,8 +108,7 @@ def _bytes(n: float) -> str:
 
 
 def no_space(e: BaseException, where: str | Path) -> str | None:
-    """One line for a full disk or quota met while writing under ``where``: the file and its
-    disk; None for any other error."""
+    """One line for a full disk or quota met writing under ``where``; None for other errors."""
     if not isinstance(e, OSError) or e.errno not in (errno.ENOSPC, errno.EDQUOT):
         return None
     path = e.filename or where

@@ -26,7 +26,6 @@ def non_finite(obj: Any, prefix: str = "") -> list[tuple[str, float]]:
 
 
 def _plain(o: Any) -> Any:
-    """What the record writer always accepted: numpy/torch scalars and paths."""
     if hasattr(o, "item"):
         return o.item()
     if isinstance(o, Path):
@@ -55,7 +54,7 @@ def _clean(obj: Any, path: str, notes: list[str]) -> Any:
 
 
 def encode(record: Mapping[str, Any]) -> tuple[str, list[str]]:
-    """One strict-JSON line (no newline) of ``record``, and the fields written as strings."""
+    """One strict-JSON line (no newline), and the fields written as strings."""
     try:
         return json.dumps(record, default=_plain, allow_nan=False), []
     except (ValueError, TypeError):

@@ -49,7 +49,6 @@ def reached(value: float | None, target: float) -> bool:
 def _metric_values(
     curve: Iterable[Mapping[str, Any]], metric: str
 ) -> Iterator[tuple[float, dict[str, Any]]]:
-    """(value, row) of every evaluated row, rows read with today's column names."""
     col = metric_column(metric)
     for raw in curve:
         row = normalise(raw)
@@ -65,9 +64,8 @@ def time_to_target_steps(
     metric: str,
     target: float,
 ) -> tuple[float | None, int | None, int | None]:
-    """(training time in s, epoch, optimizer steps) at the first evaluation of the per-epoch
-    ``curve`` and the sub-epoch ``evals`` (``step`` from the run's start, ``epoch`` 1-based)
-    at or above ``target``; (None, None, None) if none reached it."""
+    """(training s, epoch, optimizer steps) at the first evaluation of the per-epoch ``curve``
+    or the sub-epoch ``evals`` at or above ``target``; (None, None, None) if none."""
     points: list[tuple[float, int, int | None]] = []
     steps = 0
     for raw in curve:

@@ -13,8 +13,8 @@ class NotAppended(OSError):
 
 
 def append(fd: int, data: bytes, *, what: str) -> None:
-    """Append ``data`` to the file open at ``fd`` (``O_APPEND``, under the caller's lock) and
-    fsync it, or raise :class:`NotAppended` (naming ``what``) with the file as it was."""
+    """Append ``data`` at ``fd`` (``O_APPEND``, under the caller's lock) and fsync, or raise
+    :class:`NotAppended` (naming ``what``) with the file as it was."""
     size = os.fstat(fd).st_size
     done = 0
     try:
