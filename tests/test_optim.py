@@ -16,7 +16,6 @@ from omegaconf.errors import ValidationError
 from bench.optim import build_optimizer, ddp_kwargs, param_groups, validate
 from bench.optim.config import OptimConfig, UpdateMode
 from bench.optim.flat import FlatOptimizer
-from bench.optim.lars import FlatLARS
 from bench.registry import ConfigError
 from tests.helpers.optim_cases import OPTS, rel_err
 
@@ -381,15 +380,6 @@ def test_ddp_flat_trains_like_foreach(tmp_path) -> None:
     for mode in ("flat", "flat_bucket_view"):
         for a, b in zip(res[mode], res["foreach"], strict=True):
             assert ((a - b).norm() / b.norm()).item() < TOL, mode
-
-
-def test_flat_lars_segment_reduce_norms_match(resnet18: torch.nn.Module) -> None:
-    old = FlatLARS.norm_method
-    FlatLARS.norm_method = "segment_reduce"
-    try:
-        check_matches_reference(resnet18_head(resnet18), "lars", "flat")
-    finally:
-        FlatLARS.norm_method = old
 
 
 def test_optim_config_files_validate() -> None:

@@ -51,8 +51,6 @@ def _build(
     if variant.startswith("master="):
         cfg.master_weights = variant.split("=")[1]
     optimizer = build_optimizer(m, cfg)
-    if variant.startswith("norms="):
-        optimizer.norm_method = variant.split("=")[1]
     ddp_like_buckets(list(m.parameters()))  # p.grad: views into DDP-like buckets
     gen = torch.Generator(device=device).manual_seed(1)
     with torch.no_grad():
@@ -159,10 +157,8 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
         params = list(model.parameters())
         n_values = sum(p.numel() for p in params)
         for opt in OPTIMIZERS:
-            # its modes, then flat with the segment-reduce norms (LARS) and with a bf16 model
-            # copy over fp32 master weights
-            norms = [("flat", "norms=segment_reduce")] if opt == "lars" else []
-            cases = [(m, "") for m in SPECS.get(opt).mode_names()] + norms
+            # its modes, then flat with a bf16 model copy over fp32 master weights
+            cases = [(m, "") for m in SPECS.get(opt).mode_names()]
             built = {k: _build(model, opt, *k, device) for k in [*cases, ("flat", "master=bf16")]}
             # streaming-bandwidth probes as large as the parameter set, timed among the cases:
             # a copy (8 B a value) and an in-place add (12 B a value); the floor uses the faster

@@ -10,25 +10,9 @@ The library's public surface, for any DDP training::
 
 from __future__ import annotations
 
-from bench.comm.compressors import COMPRESSORS
-from bench.comm.config import HookOptions
-from bench.comm.hooks import HOOKS, HookSpec, is_sparse, make_hook
-from bench.comm.selection import SELECTORS, mstopk, randomk, topk
-from bench.comm.state import CommHookState, comm_hook
-from bench.comm.stats import CommStats
-
-__all__ = [
-    "COMPRESSORS",
-    "HOOKS",
-    "SELECTORS",
-    "CommHookState",
-    "CommStats",
-    "HookOptions",
-    "HookSpec",
-    "comm_hook",
-    "is_sparse",
-    "make_hook",
-    "mstopk",
-    "randomk",
-    "topk",
-]
+from bench.comm.compressors import COMPRESSORS  # noqa: F401 - the public surface
+from bench.comm.config import HookOptions  # noqa: F401
+from bench.comm.hooks import HOOKS, HookSpec, is_sparse, make_hook  # noqa: F401
+from bench.comm.selection import SELECTORS, mstopk, randomk, topk  # noqa: F401
+from bench.comm.state import CommHookState, comm_hook  # noqa: F401
+from bench.comm.stats import CommStats  # noqa: F401

@@ -90,8 +90,7 @@ class Communicator:
     def pieces(
         self, key: Hashable, places: list[tuple[int, int, int]], numel: int
     ) -> tuple[Hashable, list[tuple[int, int, int, int]]]:
-        """The memory key of bucket ``key``'s residual and the parameters' pieces it holds
-        (``ResidualMemory.pieces``), from the bucket's ``places`` and size."""
+        """The memory key of bucket ``key``'s residual and its ``ResidualMemory.pieces``."""
         return key, [(pid, off, 0, n) for pid, off, n in places]
 
 
@@ -275,7 +274,6 @@ class HiTopK(Communicator):
 def _reduce_scatter_async(
     stats: CommStats, like: torch.Tensor, shard: torch.Tensor, src: torch.Tensor, group: Any
 ) -> Future:
-    """Reduce-scatter of ``src`` into ``shard`` (``m`` shards' sum) with a future."""
     m = src.numel() // shard.numel()
     if uses_gloo(group, src.device):
         parts = torch.empty_like(src)

@@ -23,7 +23,6 @@ COMPRESSORS: Registry[type[Compressor]] = Registry("compressor")
 
 
 def torch_dtype(value_dtype: ValueDtype | str) -> torch.dtype:
-    """The torch dtype of a wire value dtype; ConfigError for any other name."""
     return getattr(torch, parse(ValueDtype, value_dtype, "value dtype").value)
 
 
@@ -45,15 +44,14 @@ class Compressor:
     sparse: bool = False  # sends (index, value) pairs: needs a sparse communicator
 
     @classmethod
-    def build(cls, opts: HookOptions) -> Compressor:
-        """The compressor from ``make_hook``'s options; each class takes those it uses."""
+    def build(cls, opts: HookOptions) -> Compressor:  # each class takes the options it uses
         return cls()
 
     def compress(self, x: torch.Tensor, density: float) -> Compressed:
         raise NotImplementedError
 
-    def state_dict(self) -> dict[str, Any]:
-        return {}  # its generators' states (most keep nothing)
+    def state_dict(self) -> dict[str, Any]:  # its generators' states (most keep nothing)
+        return {}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         pass
@@ -104,8 +102,7 @@ class _SparseCompressor(Compressor):
         self.options = select_options
 
     @classmethod
-    def allowed_options(cls) -> list[str]:
-        """The selector function's public keyword options, after ``(x, k)``."""
+    def allowed_options(cls) -> list[str]:  # the selector's public keywords after (x, k)
         params = list(inspect.signature(SELECTORS[cls.selector]).parameters.values())
         return [p.name for p in params[2:] if not p.name.startswith("_")]
 
@@ -193,11 +190,10 @@ class Memory:
     def update(self, key: Hashable, compensated: torch.Tensor, c: Compressed) -> None:
         pass
 
-    def sweep(self) -> None:
-        """Between steps: forget the buckets the last step did not use."""
+    def sweep(self) -> None:  # between steps: forget the buckets the last step did not use
+        pass
 
-    def state_dict(self) -> dict[str, dict[Hashable, torch.Tensor]]:
-        """Its tensors by kind (``residuals``...), each ``{bucket key: tensor}``."""
+    def state_dict(self) -> dict[str, dict[Hashable, torch.Tensor]]:  # {kind: {key: tensor}}
         return {}
 
     def load_state_dict(self, sd: Mapping[str, Mapping[Hashable, torch.Tensor]]) -> None:
@@ -258,7 +254,7 @@ class ResidualMemory(Memory):
         self.used = set()
 
     def carry(self, flat: torch.Tensor, places: list[tuple[int, int, int]]) -> None:
-        """Add the pending residuals of a bucket's parameters (``places``) into ``flat``."""
+        """Add the pending residuals of a bucket's parameters into ``flat``."""
         for pid, off, _ in places:
             for at, v in self.pending.pop(pid, ()):
                 flat[off + at : off + at + v.numel()].add_(v.to(flat.dtype))

@@ -15,8 +15,6 @@ import torch
 
 from bench.comm.futures import Future, new_future
 
-__all__ = ["BucketLayout", "Layout", "Replay", "describe", "places"]
-
 
 def places(bucket: Any) -> list[tuple[int, int, int]]:
     """(parameter id, element offset in the bucket's buffer, elements) of its parameters."""

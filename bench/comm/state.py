@@ -14,8 +14,6 @@ import torch.distributed as dist
 from bench.comm.layout import BucketLayout, Layout, Replay, describe
 from bench.registry import ConfigError
 
-__all__ = ["CommHookState", "Stateful", "comm_hook", "stateful"]
-
 VERSION = 2  # 2: the hook's own state_dict, its per-bucket tensors under ``buckets``
 
 

@@ -18,7 +18,7 @@ import torch
 
 from bench.optim import adam, demo, lars, sgd  # noqa: F401  (each registers its specs)
 from bench.optim.config import MasterWeights, OptimConfig, Schedule, UpdateMode
-from bench.optim.flat import after_ddp_broadcast
+from bench.optim.flat import after_ddp_broadcast  # noqa: F401 - the public surface
 from bench.optim.spec import OPTIMIZERS
 from bench.registry import ConfigError
 
@@ -114,17 +114,3 @@ def build_scheduler(
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, cfg, steps_per_epoch, epochs)
     )
-
-
-__all__ = [
-    "OPTIMIZERS",
-    "OptimConfig",
-    "UpdateMode",
-    "param_groups",
-    "validate",
-    "build_optimizer",
-    "build_scheduler",
-    "ddp_kwargs",
-    "after_ddp_broadcast",
-    "lr_factor",
-]

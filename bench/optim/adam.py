@@ -70,8 +70,6 @@ class AdamW(_TorchAdam, torch.optim.AdamW):
 
 
 class FlatAdam(FlatOptimizer):
-    """Adam (``decoupled=False``) or AdamW over flat buffers."""
-
     state_names = ("exp_avg", "exp_avg_sq")
 
     def __init__(

@@ -106,7 +106,6 @@ class FlatBucket:
         self.copies = 0  # gradients that had to be copied into the buffer (not views)
 
     def _new_layout(self, seen: list[torch.Tensor | None]) -> None:
-        """Everything derived from the layout and the gradients last seen, built again."""
         # parameters whose gradient is (or becomes) their view of self.grad
         self.own = [k for k in range(len(self.params)) if self.seg_of[k] < 0]
         self._note_seen(seen)
@@ -146,7 +145,6 @@ class FlatBucket:
         return self.offsets[j - 1] + self.numels[j - 1]
 
     def buffer(self, name: str) -> torch.Tensor:
-        """A scratch buffer of the master dtype, allocated on first use and kept."""
         if name not in self.scratch:
             self.scratch[name] = torch.empty(
                 self.numel, dtype=self.master_dtype, device=self.device

@@ -132,7 +132,6 @@ class FlatOptimizer(torch.optim.Optimizer):
                 self._step_run(bi, gi, i, j)
 
     def _step_run(self, bi: int, gi: int, i: int, j: int) -> None:
-        """One update of parameters ``i..j-1`` of bucket ``bi``, of param group ``gi``."""
         b = self.buckets[bi]
         span = b.span(bi, [(b.offsets[i], b.end(j), i, j)])
         span.first = not b.initialized[i]
@@ -180,7 +179,6 @@ class FlatOptimizer(torch.optim.Optimizer):
         return True
 
     def _ran(self, bi: int, i: int, j: int, first: bool) -> None:
-        """Parameters ``i..j-1`` of bucket ``bi`` took one step."""
         if first:
             b = self.buckets[bi]
             b.initialized[i:j] = [True] * (j - i)
@@ -192,7 +190,6 @@ class FlatOptimizer(torch.optim.Optimizer):
         return self.buckets[bi].initialized
 
     def _update(self, group: dict, span: Span) -> None:
-        """One step of the values of ``span`` with the hyper-parameters of ``group``."""
         raise NotImplementedError
 
     def _expose_state(self, bi: int, k: int) -> None:
@@ -209,7 +206,6 @@ class FlatOptimizer(torch.optim.Optimizer):
         return {}
 
     def _reset_state(self) -> None:
-        """No optimizer state, as a new optimizer (before a load)."""
         self.state.clear()
         for b in self.buckets:
             b.initialized = [False] * len(b.params)

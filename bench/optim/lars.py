@@ -107,10 +107,6 @@ class LARS(torch.optim.Optimizer):
 
 
 class FlatLARS(FlatOptimizer):
-    """LARS over flat buffers (``optim.update=flat``)."""
-
-    norm_method = "foreach"  # or "segment_reduce" (bench/benchmarks/update.py compares them)
-
     def __init__(
         self,
         params: Any,
@@ -145,30 +141,15 @@ class FlatLARS(FlatOptimizer):
     def _permute_extra(self, bi: int, perm: list[int]) -> None:
         self._segments = {k: v for k, v in self._segments.items() if k[0] != bi}
 
-    def _norms(self, span: Span, xs: list[Tensor], layers: list[Tensor]) -> Tensor:
-        """Per-layer L2 norms of the span's entries ``xs`` (``layers``: their layer views)."""
-        if self.norm_method != "segment_reduce":
-            return torch.stack(torch._foreach_norm(layers))  # one multi-tensor op
-        b = span.flat
-        if "sq64" not in b.scratch:
-            b.scratch["sq64"] = torch.empty(b.numel, dtype=torch.float64, device=b.device)
-        assert span.layers is not None
-        parts = []
-        for x, sizes, (s, e) in zip(xs, span.layers, span.where, strict=True):
-            sq = torch.mul(x, x, out=b.scratch["sq64"][s:e])
-            lengths = torch.as_tensor(sizes, device=x.device)
-            parts.append(torch.segment_reduce(sq, "sum", lengths=lengths).sqrt_().to(x.dtype))
-        return torch.cat(parts)
-
     def _update(self, group: dict, span: Span) -> None:
         wd, fused = group["weight_decay"], self.fused(span)
         if not group["lars_adapt"]:
             sgd_update(span, span.grads, group, wd, fused)
             return
         pl, gl, bl, sizes = _layer_views(span)
-        # pass 1: per-layer norms of p and g (segment-wise reductions over the span)
-        pn = self._norms(span, span.params, pl)
-        gn = self._norms(span, span.grads, gl)
+        # pass 1: per-layer norms of p and g, one multi-tensor op each
+        pn = torch.stack(torch._foreach_norm(pl))
+        gn = torch.stack(torch._foreach_norm(gl))
         trust = trust_ratio(pn, gn, group["trust_coefficient"], wd, group["eps"])
         cpu = span.flat.device.type == "cpu"
         if cpu and self.use_fused[span.bucket] and span.grads[0].dtype == span.params[0].dtype:

@@ -53,8 +53,6 @@ def sgd_update(span: Span, grads: list[torch.Tensor], group: dict, wd: float, fu
 
 
 class FlatSGD(FlatOptimizer):
-    """SGD over flat buffers (``optim.update=flat``)."""
-
     def __init__(
         self,
         params: Any,

@@ -21,8 +21,6 @@ FlatBuilder = Callable[[list[dict], OptimConfig, torch.dtype | None], torch.opti
 
 @dataclass(frozen=True)
 class OptimizerSpec:
-    """How one optimizer is built and checked."""
-
     name: str
     build_torch: TorchBuilder
     build_flat: FlatBuilder
@@ -63,12 +61,9 @@ def keep_mode_keys(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any])
 
 def fused_kernels_available(device: torch.device) -> bool:
     """Whether torch ships ``_fused_sgd_``/``_fused_adamw_`` kernels for this device type."""
-    try:  # deferred: a private torch helper that older torch releases lack
-        from torch.optim.optimizer import _get_fused_kernels_supported_devices
+    from torch.optim.optimizer import _get_fused_kernels_supported_devices  # private
 
-        return device.type in _get_fused_kernels_supported_devices()
-    except ImportError:  # older torch: CUDA only
-        return device.type == "cuda"
+    return device.type in _get_fused_kernels_supported_devices()
 
 
 def register(spec: OptimizerSpec) -> OptimizerSpec:
