@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -51,8 +53,7 @@ HYDRA_FLAGS = (
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
-# a group's option that is not a choice for a user's run says so in its file (comm=nocomm,
-# the compute-only baseline the scaling sweep measures against, is not a training method)
+# a group's option that is not a training method says so in its file (comm=nocomm)
 MEASUREMENT = "A measurement device, not a training method"
 # the flags the help offers (a misspelt flag is told the closest of these only)
 HELP_FLAGS = (*OUR_FLAGS, "-m", "--multirun", "--hydra-help")
@@ -104,9 +105,8 @@ example:
 
 
 def _precheck(overrides: list[str]) -> Any:
-    """Compose the config of the run (of each job of a ``-m`` sweep) once: Hydra's errors
-    become one line with "did you mean".  The single run's config (None for a sweep, or
-    with Hydra's own flags)."""
+    """Compose the run's config (each job's, for ``-m``) with Hydra's errors as one line; the
+    single run's config (None for a sweep, or with Hydra's own flags)."""
     from reproduce._dryrun import FLAGS, compose, refusal, sweep_jobs
 
     flags = [o for o in overrides if o.startswith("-")]
@@ -118,9 +118,8 @@ def _precheck(overrides: list[str]) -> Any:
         if flags and "${" in os.path.abspath(str(cfg.results.dir)):
             fail(f"results.dir={cfg.results.dir!r} holds '${{', which Hydra reads back as an "
                  "interpolation in a multirun's folders: name another folder for -m")  # fmt: skip
-        # a single run's checks too, before Hydra makes its output folder under the
-        # results directory: a refused run leaves nothing behind (a sweep's refused job
-        # is recorded as such and the others go on, so its checks stay in the run)
+        # a single run's checks before Hydra makes its folder: a refused run leaves nothing
+        # (a sweep's refused job is recorded as such and the others go on)
         why = None if flags else refusal(cfg)
         if why:
             fail(why)
@@ -130,20 +129,6 @@ def _precheck(overrides: list[str]) -> Any:
 
     reproduce.train.PRECHECKED = True
     return cfg
-
-
-def _resume(overrides: list[str]) -> None:
-    """``resume=<run_id>``: the checkpoint's config, not Hydra's composition."""
-    from bench.launch.run import resume
-    from bench.registry import ConfigError
-
-    run_id = next(o.split("=", 1)[1] for o in overrides if o.startswith("resume="))
-    rest = unquoted([o for o in overrides if not o.startswith(("resume=", "experiment=", "data="))])
-    try:
-        rc, _ = resume(run_id, rest)
-    except ConfigError as e:
-        fail(str(e))
-    sys.exit(rc)
 
 
 def _hydra(overrides: list[str]) -> None:
@@ -157,8 +142,17 @@ def _hydra(overrides: list[str]) -> None:
 
         dry_run([o for o in overrides if o != "--dry-run"])
         return
-    if any(o.startswith("resume=") for o in overrides):
-        _resume(overrides)
+    if any(o.startswith("resume=") for o in overrides):  # the checkpoint's config, not Hydra's
+        from bench.launch.run import resume
+        from bench.registry import ConfigError
+
+        run_id = next(o.split("=", 1)[1] for o in overrides if o.startswith("resume="))
+        skip = ("resume=", "experiment=", "data=")
+        try:
+            rc, _ = resume(run_id, unquoted([o for o in overrides if not o.startswith(skip)]))
+        except ConfigError as e:
+            fail(str(e))
+        sys.exit(rc)
     verbose = any(o in ("-v", "--verbose") for o in overrides)
     overrides = [o for o in overrides if o not in ("-v", "--verbose")]
     cfg = _precheck(overrides)
@@ -178,8 +172,8 @@ def _hydra(overrides: list[str]) -> None:
 
 
 def _command_names() -> list[str]:
-    """The modules of this package that may be commands, unimported (one command's run
-    imports only its own module: ``gpucheck`` runs where Hydra and pandas are missing)."""
+    """This package's modules that may be commands, unimported (``gpucheck`` runs where
+    Hydra and pandas are missing)."""
     import pkgutil
 
     import reproduce
@@ -198,28 +192,19 @@ def _commands() -> dict[str, str]:
 
 
 def version() -> str:
-    """``reproduce <version> (git <sha>)``: the package's version, and the checkout's
-    commit where there is one."""
-    import subprocess
+    """``reproduce <version> (git <sha>)``; the commit where there is one."""
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as pkg_version
 
+    here = Path(__file__).resolve().parent
     try:
         v = pkg_version("topk-dawnbench")
     except PackageNotFoundError:  # a checkout not installed: pyproject.toml's version
-        import re
-
-        pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
-        m = re.search(r'^version = "([^"]+)"', pyproject.read_text(), re.M)
+        m = re.search(r'^version = "([^"]+)"', (here.parent / "pyproject.toml").read_text(), re.M)
         v = m.group(1) if m else "unknown"
     try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=Path(__file__).resolve().parent,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
+        git = ["git", "-C", str(here), "rev-parse", "--short", "HEAD"]
+        sha = subprocess.check_output(git, text=True, timeout=10, stderr=subprocess.DEVNULL).strip()
     except (OSError, subprocess.SubprocessError):
         sha = ""
     return f"reproduce {v}" + (f" (git {sha})" if sha else "")

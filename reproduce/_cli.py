@@ -29,8 +29,7 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
 
 
 def plain(text: str) -> str:
-    """Help text as a terminal shows it: the docstrings' reStructuredText markup as plain
-    words."""
+    """Help text without the docstrings' reStructuredText markup."""
     text = re.sub(r":[a-z]+:`~?([^`]+)`", lambda m: m.group(1), text)
     text = re.sub(r"``([^`]+)``", r"\1", text)
     text = re.sub(r"\*\*([^*]+)\*\*", r"\1", text)
@@ -44,29 +43,23 @@ def fail(msg: str, code: int = 2) -> None:
 
 
 def flags_to_overrides(argv: Sequence[str]) -> list[str]:
-    """The :data:`SYNONYMS` flags as Hydra overrides (``--results-dir DIR`` as
-    ``results.dir=DIR``), a results directory quoted as Hydra reads it back."""
+    """The :data:`SYNONYMS` flags as Hydra overrides, a path quoted as Hydra reads it back."""
     flags = {v: k for k, v in SYNONYMS.items()}
     out: list[str] = []
     it = iter(argv)
     for a in it:
         name, eq, value = a.partition("=")
-        if name in flags:
-            if not eq:
-                value = next(it, None)
-                if value is None:
-                    fail(f"{name} needs a value ({flags[name]}=VALUE works too)")
-            if flags[name] == "results.dir":  # a path, as Hydra reads it back
-                from bench.config import hydra_value  # Hydra: not on the gpucheck path
-
-                value = hydra_value(value)
-            out.append(f"{flags[name]}={value}")
-        elif name == "results.dir" and eq and value[:1] not in ("'", '"'):
+        flag = name in flags
+        if flag and not eq:
+            value = next(it, None)
+            if value is None:
+                fail(f"{name} needs a value ({flags[name]}=VALUE works too)")
+        name, eq = (flags[name], "=") if flag else (name, eq)
+        if name == "results.dir" and eq and (flag or value[:1] not in ("'", '"')):
             from bench.config import hydra_value  # a path, not Hydra's grammar: quoted
 
-            out.append(f"results.dir={hydra_value(value)}")
-        else:
-            out.append(a)
+            value = hydra_value(value)  # (Hydra is not on the gpucheck path)
+        out.append(f"{name}{eq}{value}" if flag or name == "results.dir" else a)
     return out
 
 
@@ -85,9 +78,8 @@ def unquoted(overrides: Sequence[str]) -> list[str]:
 
 
 class Parser(argparse.ArgumentParser):
-    """The argument parser of one command: ``--help`` is ``summary``, usage and options,
-    ``example`` and ``details``; a bad argument is one line naming the command (with "did
-    you mean"), exit status 2; the :data:`SYNONYMS` overrides are accepted."""
+    """One command's parser: ``--help`` is ``summary``, usage, ``example``, ``details``; a
+    bad argument is one line with "did you mean", exit 2; :data:`SYNONYMS` are accepted."""
 
     def __init__(
         self,
@@ -116,6 +108,10 @@ class Parser(argparse.ArgumentParser):
             return text
         summary = textwrap.fill(" ".join(plain(self.summary).split()), width=88)
         return f"{summary}\n\n{text}"
+
+    def results_dir(self, help: str) -> None:
+        """``--results-dir DIR``, a user's runs by default."""
+        self.add_argument("--results-dir", metavar="DIR", default=RESULTS, help=help)
 
     def _options(self) -> list[str]:
         return [o for a in self._actions for o in a.option_strings if o.startswith("--")]

@@ -1,10 +1,10 @@
-"""``train --dry-run`` / ``dawnbench --dry-run``: the config composed and checked as for
-a real run (:func:`bench.launch.run.validate`, the results directory only inspected),
-then a short plan (what, where, how long from earlier records); nothing is launched."""
+"""``train --dry-run`` / ``dawnbench --dry-run``: the config composed and checked as for a
+real run, then a short plan (what, where, how long); nothing is launched."""
 
 from __future__ import annotations
 
 import functools
+import os
 import statistics
 import warnings
 from collections.abc import Callable
@@ -18,8 +18,7 @@ VERBOSE = ("-v", "--verbose")
 
 
 def _suggest_key(full_key: str) -> str:
-    """``"; did you mean optim.lr?"`` for an unknown key, from the default config's keys
-    at the same level (and the config groups, at the top)."""
+    """``"; did you mean optim.lr?"``: the closest key at the same level of the defaults."""
     from omegaconf import DictConfig
 
     parent, _, leaf = full_key.rpartition(".")
@@ -36,8 +35,7 @@ def _suggest_key(full_key: str) -> str:
 
 
 def hydra_error(e: BaseException) -> str:
-    """One line from a Hydra/OmegaConf error, with "did you mean" for a misspelt key,
-    group or group option; a missing group option lists the known ones."""
+    """One line from a Hydra/OmegaConf error, with "did you mean" where it helps."""
     import re
 
     text = str(e)
@@ -84,9 +82,8 @@ _default_config = functools.lru_cache(maxsize=1)(lambda: _compose([]))
 
 
 def compose(overrides: list[str]) -> Any:
-    """The run's config from ``overrides``, or one error line and exit 2.  A ``+key=`` /
-    ``++key=`` that adds a key nothing reads (not a config group) to the struct config is
-    refused like a misspelt ``key=`` (``++`` on a known key overrides it)."""
+    """The run's config, or one error line and exit 2.  A ``+key=`` that adds a key nothing
+    reads (not a config group) is refused like a misspelt ``key=``."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
@@ -110,8 +107,7 @@ def compose(overrides: list[str]) -> Any:
 
 
 def refusal(cfg: Any) -> str | None:
-    """Why the run would be refused before its workers start (the results directory only
-    inspected), or None."""
+    """Why the run would be refused before its workers start, or None."""
     from bench.config import to_object
     from bench.data.cache import inspect_only
     from bench.launch.run import validate
@@ -143,8 +139,8 @@ def duration(s: float) -> str:
 
 
 def earlier_runs(results_dir: Any, keep: Callable[[dict], bool]) -> tuple[list[dict], str]:
-    """The finished runs with a wall time in ``results_dir`` and the reference results that
-    ``keep`` accepts (on this machine's hardware where some are), and a phrase saying which."""
+    """The finished runs ``keep`` accepts in ``results_dir`` and the reference results (on
+    this machine's hardware where some are), and a phrase saying which."""
     from bench.results.env import REPO_ROOT, hardware
     from bench.results.records import load_records
 
@@ -161,10 +157,7 @@ def earlier_runs(results_dir: Any, keep: Callable[[dict], bool]) -> tuple[list[d
 
 
 def startup_s() -> float:
-    """Seconds since this process started (Linux; else 0): the start-up a record's wall time
-    leaves out."""
-    import os
-
+    """Seconds since this process started (Linux; else 0): what a wall time leaves out."""
     try:
         ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
         uptime = float(Path("/proc/uptime").read_text().split()[0])
@@ -173,27 +166,8 @@ def startup_s() -> float:
         return 0.0
 
 
-def busy_note() -> str | None:
-    """A note when this machine's load average per core is beyond ``BUSY_PER_CORE``."""
-    import os
-
-    from bench.train.progress import BUSY_PER_CORE
-
-    try:
-        load, cores = os.getloadavg()[0], len(os.sched_getaffinity(0))
-    except (OSError, AttributeError):
-        return None
-    if load / cores <= BUSY_PER_CORE:
-        return None
-    return (
-        f"this machine is busy now (load average {load:.1f} on {cores} cores): runs will take "
-        "longer than the estimate, and their timings are unreliable"
-    )
-
-
 def estimate(cfg: Any) -> str:
-    """The median wall time of earlier runs of the same experiment, comm, world size and
-    epochs, plus this command's own start-up."""
+    """The median wall time of earlier runs like this one, plus this command's start-up."""
     c = cfg.cluster
     key = (
         str(cfg.experiment),
@@ -288,8 +262,17 @@ def dry_run(overrides: list[str]) -> None:
         fail(f"the run would be refused: {why}")
     print(launch_line(cfg))
     print(estimate(cfg))
-    if note := busy_note():
-        print(f"note: {note}")
+    from bench.train.progress import BUSY_PER_CORE
+
+    try:
+        load, cores = os.getloadavg()[0], len(os.sched_getaffinity(0))
+    except (OSError, AttributeError):
+        load, cores = 0.0, 1
+    if load / cores > BUSY_PER_CORE:
+        print(
+            f"note: this machine is busy now (load average {load:.1f} on {cores} cores): runs "
+            "will take longer than the estimate, and their timings are unreliable"
+        )
     print("checks passed: the config, the data, the cluster's requirements, the results directory")
     if verbose:
         print("resolved config:\n" + OmegaConf.to_yaml(cfg, resolve=True), end="")

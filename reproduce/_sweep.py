@@ -16,8 +16,7 @@ SWEEP_ID_MAX = 200  # bytes: with "-tuning.csv" or a temporary file's suffix, a 
 
 
 def sweep_id(text: str) -> str:
-    """A sweep id, which names files: at most :data:`SWEEP_ID_MAX` bytes, no ``/``, not
-    ``.`` or ``..``."""
+    """A sweep id, which names files (checked as a file name)."""
     n = len(text.encode())
     why = (
         "holds '/'" if "/" in text or "\0" in text
@@ -84,8 +83,7 @@ def refuse_plan_options(
     args: argparse.Namespace, parser: argparse.ArgumentParser, shaping: Sequence[str],
     jobs: Sequence[str],
 ) -> None:  # fmt: skip
-    """``--resume`` runs the sweep's saved plan: ConfigError for an option in ``shaping``
-    given other than its default, or a job override, which it would ignore."""
+    """ConfigError for what ``--resume`` would ignore: a ``shaping`` option or override."""
     from bench.registry import ConfigError
 
     if not args.resume:
@@ -103,7 +101,7 @@ def refuse_plan_options(
 
 def default_cluster(given: str | None, launcher: str, here: str) -> str:
     """``--cluster`` as given; else multinode on Slurm, local under the local executor,
-    ``here`` (the command's own default) without a launcher."""
+    ``here`` without a launcher."""
     if given:
         return given
     if not launcher:
@@ -115,8 +113,8 @@ def default_cluster(given: str | None, launcher: str, here: str) -> str:
 
 @contextlib.contextmanager
 def checking_for(launcher: str) -> Iterator[None]:
-    """While the jobs are checked here for a Slurm launcher, node 0's rendezvous endpoint
-    (each Slurm job sets its own) stands in as ``node0:29500``."""
+    """For a Slurm launcher, ``node0:29500`` stands in for the rendezvous endpoint each job
+    sets, while the jobs are checked here."""
     from bench.launch.submit import is_slurm
 
     key = "BENCH_RDZV_ENDPOINT"
@@ -137,8 +135,7 @@ def use_launcher(plan: Any, launcher: str, hydra: Sequence[str]) -> None:
 
 
 def check_launch(plan: Any, jobs: Sequence[Sequence[str]]) -> None:
-    """Compose the launcher's config for every allocation the jobs need, before anything is
-    submitted."""
+    """Compose the launcher's config of every allocation before anything is submitted."""
     if not plan.launcher or not jobs:
         return
     from bench.launch.submit import check_groups
@@ -197,8 +194,7 @@ def again(command: str, plan: Any) -> str:
 
 @contextlib.contextmanager
 def full_disk(command: str, plan: Any, then: str = " --rerun-failed") -> Iterator[None]:
-    """A full disk met by the sweep's own writes ends it in one line naming the file and its
-    disk, with the command that finishes the sweep (``then``: added to it), exit status 1."""
+    """A full disk ends the sweep in one line, with the command that finishes it, exit 1."""
     from bench.results.reserve import no_space
 
     try:

@@ -1,21 +1,11 @@
 """``python -m reproduce advise [options]``
 
-Ranks the communication methods the performance model prices (the protocol's default
-methods, each priced by its spec in bench/methods/) by predicted step time and scaling
-efficiency for a cluster and a model, and prints the table with every input it used: its
-value and where it came from (given on the command line, cited, assumed with its source in
-``bench/cluster/projection.py``, or measured -- with the run and the hardware it ran on).
-A method it cannot rank gets a line saying why.
-
-The cluster is ``--nodes`` x ``--workers`` with ``--inter-gbps`` between nodes and
-``--intra-gbps`` inside a node, or ``--profile paper`` (16 x 8 V100, 25 Gbit/s, NVLink).
-The model is ``--model resnet50|transformer_base`` (their DDP buckets and parameter
-shapes) or ``--params N`` (elements, cut into 25 MiB buckets, no shapes).  Compute per
-step is cited for ResNet-50 on a V100 (``--batch``, ``--px``) and otherwise must be given
-(``--compute-ms``).  Aggregation costs per element are GPU ones (assumed) with ``--costs
-gpu``, or this machine's, from the newest ``bench cluster`` calibration, with ``--costs
-cpu``; the share hidden behind the backward pass is the projection's assumption unless
-given (``--hidden``) or, with ``--costs cpu``, measured on this machine.
+Ranks the protocol's default methods by the performance model's step time and scaling
+efficiency for a cluster (``--nodes`` x ``--workers``, or ``--profile paper``: 16 x 8 V100 at
+25 Gbit/s) and a model (``--model``, or ``--params`` cut into 25 MiB buckets), and prints
+every input it used with its source: given, cited, assumed (``bench/cluster/projection.py``)
+or measured (``--costs cpu``: this machine's newest ``bench cluster`` calibration, with its
+run and hardware).  A method it cannot rank gets a line saying why.
 """
 
 from __future__ import annotations
@@ -37,13 +27,10 @@ USAGE = """advise [--profile paper | --nodes N --workers M --inter-gbps G --intr
                           ranks comm methods by the performance model's step time and
                           scaling efficiency, with what is measured and what is assumed"""
 
-# parameters: torchvision's ResNet-50 and this project's transformer_base (shared 32 k
-# embedding), both counted from the models' DDP buckets (bench.cluster.projection)
+# parameters counted from the models' DDP buckets (bench.cluster.projection)
 MODELS = ("resnet50", "transformer_base")
 CITED_COMPUTE = ("resnet50",)  # models with a cited V100 compute time per step
-# the paper's cluster, and the named settings the answer is quoted for (bench.launch.profile:
-# paper 256 per V100 at 128 px, paper-224 at 224 px, paper-b64 64 per V100, paper-fp16 an
-# fp16 dense baseline): the same 16 x 8 cluster, another compute per step
+# the settings the answer is quoted for (bench.launch.profile): one cluster, other compute
 _PAPER = {"nodes": 16, "workers": 8, "inter_gbps": 25.0, "intra_gbps": 800.0}
 PROFILES = {name: dict(_PAPER) for name in ("paper", "paper-224", "paper-b64", "paper-fp16")}
 PROFILE_SOURCE = "profile paper: Shi et al. (MLSys 2021), 16 nodes x 8 V100, 25 Gbit/s, NVLink"
@@ -113,8 +100,7 @@ def _fail(msg: str) -> None:
 
 
 def _inputs(a: argparse.Namespace) -> dict[str, Any]:
-    """The cluster and model with each value's source; one error line on anything
-    missing, out of range or not citable."""
+    """The cluster and model with each value's source; one error line on a bad input."""
 
     def bounded(name: str, value: float | None) -> None:
         lo, hi = LIMITS[name]
@@ -188,8 +174,7 @@ def _measured(a: argparse.Namespace) -> tuple[Any, float | dict[str, float], lis
     results = a.results_dir or RESULTS
     notes: list[str] = []
     ov = _newest(bench_csv(results, "cluster"), "overlap")
-    if ov is None:
-        ov = _newest(bench_csv(results, "comm"), "overlap")
+    ov = ov if ov is not None else _newest(bench_csv(results, "comm"), "overlap")
     h = ASSUMPTIONS["hidden"]
     hidden: float | dict[str, float] = h.value
     if a.hidden is not None:
@@ -229,7 +214,7 @@ def _measured(a: argparse.Namespace) -> tuple[Any, float | dict[str, float], lis
 
 
 def _workload(a: argparse.Namespace, p: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """Buckets, shapes, compute and update time of the model, and their source lines."""
+    """The model's buckets, shapes, compute and update time, and their source lines."""
     from bench.cluster import perfmodel as pm
     from bench.cluster import projection
 
@@ -267,8 +252,7 @@ def _workload(a: argparse.Namespace, p: dict[str, Any]) -> tuple[dict[str, Any],
 
 
 def answers(results: str, profile: str | None) -> list[Any]:
-    """The newest v2 protocol table per workload under ``results``/ablation, cut to the
-    rows quoted for ``profile`` ([] for none: no profile, or no sweep tuned for it)."""
+    """The newest v2 protocol table per workload, cut to the rows tuned for ``profile``."""
     import pandas as pd
 
     if profile is None:
@@ -288,32 +272,24 @@ def answers(results: str, profile: str | None) -> list[Any]:
 
 
 def _selected(tables: list[Any], spec: Any, results: str) -> dict[str, Any]:
-    """The config keys -> values of ``spec``'s configuration the answer selected, from a run
-    of it (the first workload's); {} when none is recorded."""
+    """The config overrides of ``spec``'s configuration the answer selected ({}: none run)."""
     from bench import methods
-    from bench.results.records import load_records
+    from bench.sweeps.common import sweep_records
 
-    recs = None
     for df in tables:
         hit = df[df["comm"] == spec.name]
         if hit.empty:
             continue
         sweep, trial = Path(str(hit["table"].iloc[0])).stem, str(hit["trial"].iloc[0])
-        recs = load_records(results) if recs is None else recs
-        for r in recs:
-            cfg = r.get("config") or {}
-            if (
-                (cfg.get("results") or {}).get("sweep_id") == sweep
-                and (r.get("protocol") or {}).get("trial") == trial
-                and methods.method_of(r) == spec.name
-            ):
-                return spec.knobs_of(cfg).overrides()
+        for r in sweep_records(results, sweep):
+            ours = methods.method_of(r) == spec.name
+            if ours and (r.get("protocol") or {}).get("trial") == trial:
+                return spec.knobs_of(r.get("config") or {}).overrides()
     return {}
 
 
 def _answer_lines(tables: list[Any], fastest: str) -> list[str]:
-    """The answer's time to target at this profile per workload, and why the ranking per step
-    differs where it does."""
+    """The answer's time to target at this profile per workload; why the ranking differs."""
     from bench.methods import names
     from bench.report.tables import verdict_text
     from bench.sweeps.intervals import ci_text
@@ -367,8 +343,7 @@ def _answer_lines(tables: list[Any], fastest: str) -> list[str]:
 def _not_ranked(
     specs: list[Any], ranked: list[Any], nodes: int, no_shapes: bool, hidden: Any
 ) -> dict[str, str]:
-    """Method -> why it is not ranked: what its spec says the model lacks, or the first
-    check it fails (too few nodes, no parameter shapes, no overlap measurement)."""
+    """Method -> why it is not ranked (its spec's reason, or the first check it fails)."""
     out = {s.name: s.not_modelled for s in specs if s.not_modelled}
     measured = hidden if isinstance(hidden, Mapping) else None
     checks = (
@@ -398,11 +373,9 @@ def main(argv: list[str]) -> None:
     from bench.cluster import perfmodel as pm
     from bench.cluster import projection
 
-    A = projection.ASSUMPTIONS
-    nic = a.nic_efficiency if a.nic_efficiency is not None else A["nic_efficiency"].value
-    nic_src = (
-        "given (--nic-efficiency)" if a.nic_efficiency is not None else A["nic_efficiency"].source
-    )
+    A, given_nic = projection.ASSUMPTIONS, a.nic_efficiency is not None
+    nic = a.nic_efficiency if given_nic else A["nic_efficiency"].value
+    nic_src = "given (--nic-efficiency)" if given_nic else A["nic_efficiency"].source
     w, wnotes = _workload(a, p)
     k, hidden, knotes = _measured(a)
     s = p["src"]
@@ -455,7 +428,7 @@ def main(argv: list[str]) -> None:
     h = A["hidden"]
     hb = (None,) if a.hidden is not None or isinstance(hidden, dict) else (h.low, h.high)
     ne = A["nic_efficiency"]
-    nb = (nic,) if a.nic_efficiency is not None else (ne.low, ne.high)
+    nb = (nic,) if given_nic else (ne.low, ne.high)
     cs = A["compute_s"]
     cb = (1.0,) if a.compute_ms is not None else (cs.low / cs.value, cs.high / cs.value)
 

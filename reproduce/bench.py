@@ -60,12 +60,8 @@ def main(argv: list[str]) -> None:
         action="store_true",
         help="measure nothing: redraw the figure from the newest run in the CSV",
     )
-    ap.add_argument(
-        "--results-dir",
-        metavar="DIR",
-        default=RESULTS,
-        help=f"where bench/<name>.csv and .png go (default {RESULTS}/; the committed ones: "
-        f"{REFERENCE})",
+    ap.results_dir(
+        f"where bench/<name>.csv and .png go (default {RESULTS}/; the committed ones: {REFERENCE})"
     )
     ap.add_argument("--list", action="store_true", help="list the benchmarks")
     ap.add_argument("--dry-run", action="store_true", help="say what would run; run nothing")

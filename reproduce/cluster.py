@@ -1,12 +1,9 @@
 """``python -m reproduce cluster slurm-up|slurm-down|list|cleanup``
 
-``slurm-up`` makes a real Slurm cluster on this machine (``bench/cluster/slurm.py``): an
-emulated cluster of ``--nodes`` network namespaces joined by links shaped to
-``--inter-node-bandwidth``, munge and slurmctld in node 0's namespace and one slurmd in
-each; it prints the ``export SLURM_CONF=...`` line and holds the cluster until Ctrl-C or
-``slurm-down``, then removes every daemon, namespace, link and file.  ``list`` and
-``cleanup`` show and remove the emulated clusters of dead owners.  Needs root, iproute2,
-and Debian's ``slurm-wlm`` and ``munge``.
+``slurm-up`` makes a real Slurm cluster on this machine (``bench/cluster/slurm.py``) of
+``--nodes`` emulated nodes, prints the ``export SLURM_CONF=...`` line and holds it until
+Ctrl-C or ``slurm-down``.  ``list`` and ``cleanup`` show and remove the emulated clusters of
+dead owners.  Needs root, iproute2, and Debian's ``slurm-wlm`` and ``munge``.
 """
 
 from __future__ import annotations

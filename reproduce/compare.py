@@ -1,15 +1,11 @@
 """``python -m reproduce compare RUN_ID [RUN_ID ...] --out PNG [--label KEY]``
 
-Accuracy curves of recorded runs side by side (per epoch and against training time),
-drawn from the records (``runs.jsonl``) and the curve CSVs alone, with each run's time to
-target printed as a table.  The first run id is yours; each run is labelled with its role
-(yours, reference, compared), run id, method and hardware, and a line per other run says
-how it differs from yours (time ratio, hardware, a busy machine, the settings that differ:
-those of learning and timing, comm and optim first; bookkeeping such as train.progress
-apart).  Runs with the same curve stay visible: the first is drawn wide and translucent.
-Each run id is looked up in the ``--results-dir`` directories in order (by default a user's
-``runs/`` and then the committed reference ``results/``), so that a user's run compares with a
-reference one by naming both.
+Accuracy curves of recorded runs side by side (per epoch and against training time), from
+the records and curve CSVs alone, with each run's time to target as a table.  The first run
+id is yours; a line per other run says how it differs from yours (time ratio, hardware, a
+busy machine, the settings that differ).  Each run id is looked up in the
+``--results-dir`` directories in order (by default ``runs/``, then ``results/``), so that a
+user's run compares with a reference one by naming both.
 """
 
 from __future__ import annotations
@@ -25,6 +21,7 @@ USAGE = """compare RUN_ID... --out PNG [--dry-run]
 def main(argv: list[str]) -> None:
     from bench.methods import colour, method_of
     from bench.results import records
+    from bench.results.env import REPO_ROOT
     from bench.results.plots import plot_time_to_accuracy
 
     ap = Parser(
@@ -66,7 +63,9 @@ def main(argv: list[str]) -> None:
         if not records.curve_path(where, rid).is_file():
             why = "; ".join(str(v) for v in (rec.get("status"), rec.get("reason")) if v)
             fail(f"run {rid} has no curve to draw (it ended {why})")
-        roles.append(_role(i, where))
+        w = Path(where)  # the committed results: reference runs
+        ref = w == Path(REFERENCE) or w.resolve() == (REPO_ROOT / REFERENCE).resolve()
+        roles.append("yours" if i == 0 else "reference" if ref else "compared")
         runs.append((_label(roles[-1], rec, args.label), records.load_curve(where, rid)))
         recs.append(rec)
     metric, target = recs[0]["target_metric"], recs[0]["target_value"]
@@ -97,20 +96,8 @@ def main(argv: list[str]) -> None:
     print(f"figure: {args.out}")
 
 
-def _role(i: int, where: str) -> str:
-    """The first run is the user's; the others are reference runs when found in the
-    committed results, else runs compared with it."""
-    from bench.results.env import REPO_ROOT
-
-    ref = (
-        Path(where) == Path(REFERENCE) or Path(where).resolve() == (REPO_ROOT / REFERENCE).resolve()
-    )
-    return "yours" if i == 0 else "reference" if ref else "compared"
-
-
 def _label(role: str, rec: dict, fields: str) -> str:
-    """``yours: <run id> <method>`` over its hardware; ``--label`` fields replace the
-    method."""
+    """``yours: <run id> <method>`` over its hardware (``--label``: other fields)."""
     from bench.methods import method_of
 
     what = (
@@ -156,8 +143,7 @@ def _differences(recs: list[dict]) -> list[str]:
         if busy:
             head += f"; {' and '.join(busy)} ran on a busy machine (timings unreliable)"
         diff = _config_diff(mine.get("config") or {}, r.get("config") or {})
-        # keys that change neither what a run learns nor its timing: those a resumed run may
-        # change, but its epochs (the schedule) and its NaN check (a sync per step)
+        # what a resumed run may change, but its schedule and NaN check: neither learning nor timing
         cosmetic = set(MAY_DIFFER) - {"train.epochs", "train.nan_check"}
         matter = [d for d in diff if d[0] not in cosmetic]
         shown = ", ".join(f"{k}: {a} vs {b}" for k, a, b in matter[:8])
@@ -170,8 +156,6 @@ def _differences(recs: list[dict]) -> list[str]:
 
 # config groups in the order their differences are listed: learning and timing first
 _ORDER = ("comm", "sync", "optim", "train", "data", "model", "cache", "cluster")
-
-
 # record fields that differ from run to run whatever the recipe
 _RUN_KEYS = ("results", "hydra", "resume", "experiment_dir")
 

@@ -1,16 +1,11 @@
 """``python -m reproduce figures [--results-dir DIR] [--reference REF] [--experiment NAME]
 [--dry-run] [--verbose]``
 
-Every figure of the reproduction, ``DIR/REPORT.md`` and ``DIR/REPORT-appendix.md``, from
-the records (``DIR/runs.jsonl``), curves (``DIR/curves/``) and benchmark CSVs (``DIR/bench/*.csv``)
-alone: nothing is trained or measured.  Figures go to ``DIR/figures/``.  ``DIR`` is a
-user's own runs by default (``runs/``); the committed reference results are
-``--results-dir results``.  ``--reference results`` draws a user's runs beside the
-reference ones: both directories' records, curves and CSVs are copied into
-``DIR/with-reference/`` (the inputs are only read), and the figures and report are made
-there; each of the user's runs is its own labelled line on the reference's
-time-to-accuracy axes.  ``--experiment NAME`` draws that experiment's figures only (not
-the scaling study's or the benchmarks').
+Every figure (``DIR/figures/``), ``DIR/REPORT.md`` and ``DIR/REPORT-appendix.md`` from the
+records, curves and benchmark CSVs of ``DIR`` alone: nothing is trained or measured.
+``--reference results`` draws a user's runs beside the reference ones: both directories'
+inputs are copied into ``DIR/with-reference/``, where the figures and report are made.
+``--experiment NAME`` draws that experiment's figures only.
 """
 
 from __future__ import annotations
@@ -42,12 +37,9 @@ def _args(argv: list[str]) -> argparse.Namespace:
         example=f"python -m reproduce figures --results-dir {RESULTS} --reference {REFERENCE}",
         details=__doc__,
     )
-    ap.add_argument(
-        "--results-dir",
-        metavar="DIR",
-        default=RESULTS,
-        help=f"records, curves/, bench/ (default {RESULTS}, a user's runs; the committed "
-        f"reference results: {REFERENCE})",
+    ap.results_dir(
+        f"records, curves/, bench/ (default {RESULTS}, a user's runs; the committed "
+        f"reference results: {REFERENCE})"
     )
     ap.add_argument(
         "--reference",
@@ -162,26 +154,8 @@ def _yours(args: argparse.Namespace) -> set[str]:
         return {str(r.get("run_id")) for r in load_records(args.results_dir)}
 
 
-def _dry_run(args: argparse.Namespace) -> None:
-    """List the inputs and every output where the real command would write it (with
-    ``--reference``, from a temporary merged copy: nothing is written)."""
-    if not args.reference:
-        _plan_and_list(args, _load(args.results_dir), None)
-        return
-    dest = Path(args.results_dir) / "with-reference"
-    print(f"would copy the inputs of {args.reference} and {args.results_dir} into {dest}")
-    with tempfile.TemporaryDirectory() as tmp:
-        merged = with_reference(args.results_dir, args.reference, Path(tmp) / "with-reference")
-        _plan_and_list(args, _load(str(merged)), (merged, dest))
-
-
-def _plan_and_list(args: argparse.Namespace, inputs, moved: tuple[Path, Path] | None) -> None:
+def _listing(inputs, figs: list, moved: tuple[Path, Path] | None) -> None:
     """The dry run's listing; ``moved``: (the temporary copy, where the real run writes)."""
-    from bench.report.figures import plan
-
-    _check_experiments(args.experiment, set(inputs.runs["experiment"]))
-    figs = plan(inputs, args.experiment, _yours(args))
-    _problems(inputs.problems, args.verbose)
 
     def where(p: Path) -> Path:
         return moved[1] / Path(p).relative_to(moved[0]) if moved else Path(p)
@@ -204,17 +178,25 @@ def _plan_and_list(args: argparse.Namespace, inputs, moved: tuple[Path, Path] | 
 
 def main(argv: list[str]) -> None:
     args = _args(argv)
-    if args.dry_run:
-        _dry_run(args)
-        return
-    merged = with_reference(args.results_dir, args.reference) if args.reference else None
-    inputs = _load(str(merged or args.results_dir))
-    _check_experiments(args.experiment, set(inputs.runs["experiment"]))
-    from bench.report.answer import write_report
-    from bench.report.figures import draw, plan
+    src, moved = args.results_dir, None
+    with tempfile.TemporaryDirectory() as tmp:  # a dry run merges into it: nothing written
+        if args.reference and args.dry_run:
+            dest = Path(args.results_dir) / "with-reference"
+            print(f"would copy the inputs of {args.reference} and {args.results_dir} into {dest}")
+            merged = with_reference(args.results_dir, args.reference, Path(tmp) / dest.name)
+            src, moved = merged, (merged, dest)
+        elif args.reference:
+            src = with_reference(args.results_dir, args.reference)
+        inputs = _load(str(src))
+        _check_experiments(args.experiment, set(inputs.runs["experiment"]))
+        from bench.report.answer import write_report
+        from bench.report.figures import draw, plan
 
-    figs = plan(inputs, args.experiment, _yours(args))
-    _problems(inputs.problems, args.verbose)
+        figs = plan(inputs, args.experiment, _yours(args))
+        _problems(inputs.problems, args.verbose)
+        if args.dry_run:
+            _listing(inputs, figs, moved)
+            return
     report = inputs.results_dir / "REPORT.md"
     for d in [report.parent, *{f.path.parent for f in figs}]:  # one line, not a traceback
         try:
@@ -224,8 +206,7 @@ def main(argv: list[str]) -> None:
         except OSError as e:
             fail(f"{d} is not writable ({e.strerror}); nothing was drawn")
     with warnings.catch_warnings():
-        # matplotlib's layout notes and pandas' future warnings say nothing about the
-        # results; the figures' own problems are reported per figure below
+        # matplotlib's and pandas' notes say nothing of the results (each figure's: below)
         warnings.simplefilter("ignore")
         draw(figs)
     for f in figs:

@@ -74,17 +74,12 @@ def main(argv: list[str]) -> None:
         fail(f"--budget-s must be > 0, got {args.budget_s:g}")
     if args.call and args.only:
         fail("--call runs its own steps; leave out --only")
-    steps = STEPS
+    known = [s.name for s in STEPS]
     names = list(DEVICE_CALL) if args.call else [n.strip() for n in args.only.split(",") if n]
-    if names:
-        unknown = [n for n in names if n not in {s.name for s in STEPS}]
-        if unknown:
-            hint = did_you_mean(unknown[0], [s.name for s in STEPS])
-            fail(
-                f"unknown step(s) {', '.join(unknown)}; "
-                f"choose from {', '.join(s.name for s in STEPS)}{hint}"
-            )
-        steps = tuple(s for s in STEPS if s.name in names)
+    if unknown := [n for n in names if n not in known]:
+        hint = did_you_mean(unknown[0], known)
+        fail(f"unknown step(s) {', '.join(unknown)}; choose from {', '.join(known)}{hint}")
+    steps = tuple(s for s in STEPS if s.name in names) if names else STEPS
     wheels = sorted(Path(args.wheels).glob("*.whl")) if args.wheels else []
     if args.wheels and not wheels:
         fail(f"--wheels {args.wheels}: no .whl files there (build them as docs/gpu.md says)")

@@ -1,25 +1,14 @@
 """``python -m reproduce scaling [options] [overrides]``
 
-Measured scaling: at each size NODESxWORKERS (default: see --topologies; one node on the
-local cluster, more on emulated nodes, each its own network namespace on a link
-paper-scaled at that size), the step time of the same workers with communication removed
+Measured scaling: at each size NODESxWORKERS, the step time with communication removed
 (``comm=nocomm``) and with each method, in one launch of the workers per size; scaling
-efficiency = compute-only step / step, beside the textbook throughput(N) / (N x
-throughput(1)); the performance model's prediction of every step time, made before the
-first run (``<results-dir>/scaling/<sweep_id>.plan.json``), with its error; the
-projection to 16 x 8 V100 at 25 Gbit/s with its band.  One table, printed and written to
-``<results-dir>/scaling/<sweep_id>.csv`` (``bench/sweeps/scaling.py`` and
-``scaling_table.py`` say how each number is made).  Trailing ``key=value`` overrides
-apply to every run.  ``--aggregate SWEEP_ID`` writes the table again from the records
-and the plan alone.
-
-``--launcher slurm`` (or ``submitit_local``, or ``hydra/launcher=...``): each run (one per
-size and method, the compute-only runs included) submitted as its own Hydra job, on an
-allocation of its size's nodes and GPUs (``bench/launch/submit.py``); on Slurm the
-cluster is ``multinode`` and a size NxG is N nodes of G GPUs.  The profiles and the
-predictions are still made here, before anything is submitted.  ``--sweep-id``,
-``--resume``, ``--status`` and ``--aggregate`` work as for ``ablation``; a failed run
-measured nothing, so a resumed sweep runs it again.
+efficiency = compute-only step / step, beside the performance model's prediction of every
+step time (made before the first run, ``<results-dir>/scaling/<sweep_id>.plan.json``) and
+its projection to 16 x 8 V100 at 25 Gbit/s.  One table, printed and written to
+``<results-dir>/scaling/<sweep_id>.csv``.  Trailing ``key=value`` overrides apply to every
+run.  ``--launcher slurm`` (or ``submitit_local``) submits each run as its own Hydra job on
+an allocation of its size; ``--sweep-id``, ``--resume``, ``--status`` and ``--aggregate``
+work as for ``ablation``.
 """
 
 from __future__ import annotations
@@ -80,12 +69,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="with --dry-run: every run's command line")  # fmt: skip
     ap.add_argument("--aggregate", metavar="SWEEP_ID", default="", help="table of a finished sweep")
     _sweep.add_options(ap, rerun_failed=False)
-    ap.add_argument(
-        "--results-dir",
-        metavar="DIR",
-        default=RESULTS,
-        help=f"where the runs' records and the table go (default {RESULTS}/, git-ignored)",
-    )
+    ap.results_dir(f"where the runs' records and the table go (default {RESULTS}/, git-ignored)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     return ap
 
@@ -189,10 +173,8 @@ def main(argv: list[str]) -> None:
 
 
 def _expected(plan) -> str:
-    """The sweep's expected time (:meth:`bench.sweeps.scaling.Plan.expected`): each run at
-    the median wall time per step of the earlier scaling runs of its size and method (else
-    of its size), recorded here or in the reference results (on this hardware where there
-    are some), plus each size's profile and launch."""
+    """The sweep's expected time (:meth:`bench.sweeps.scaling.Plan.expected`) from the
+    earlier scaling runs' wall time per step."""
     from bench.sweeps import scaling as sc
     from reproduce._dryrun import duration, earlier_runs
 
@@ -276,8 +258,7 @@ def _run(plan, doc) -> None:
 
 
 def _report(table, plan, recs, results_dir: str, sweep_id: str) -> int:
-    """Print and write the table (``partial/`` while runs are missing); the number of runs
-    without a finished record."""
+    """Print and write the table (``partial/`` while runs are missing); the runs missing."""
     from bench.registry import ConfigError
     from bench.sweeps import scaling_table as st
     from bench.sweeps.resume import write_sweep_table

@@ -13,8 +13,7 @@ from bench.config import register_configs
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 register_configs()
-# set by ``python -m reproduce`` once it has made the run's checks on the same overrides
-# (before Hydra makes its output folder), so that the run does not make them again
+# set by ``python -m reproduce`` once it has made the run's checks, not to make them again
 PRECHECKED = False
 
 
@@ -29,8 +28,7 @@ def task(cfg: DictConfig) -> float | None:
 
 
 def launch(cfg: DictConfig, experiment: str, output_dir: str, multirun: bool) -> float | None:
-    """The run of ``cfg``, its launch files in ``output_dir``; its time to target (a sweeper's
-    objective), if reached."""
+    """The run of ``cfg``; its time to target (a sweeper's objective), if reached."""
     from bench.launch.run import run
     from bench.registry import ConfigError
 
@@ -91,8 +89,7 @@ def cost_lines(rec: dict) -> list[str]:
 
 
 def after_stop(rec: dict, lines: list[str], argv: list[str]) -> list[str]:
-    """``lines`` for a run that ended; one that stopped early without a checkpoint is told to
-    run again (with one, the resume command was given above)."""
+    """``lines``; a run that stopped early without a checkpoint is told to run again."""
     if rec.get("status") not in ("interrupted", "error"):
         return lines
     lines = [ln for ln in lines if not ln.startswith("next: ")]

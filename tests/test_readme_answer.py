@@ -13,10 +13,16 @@ from bench.report import answer as readme
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def block_of(text: str, start: str = readme.START, end: str = readme.END) -> str:
+    """README's block between the markers."""
+    assert start in text and end in text, "README.md has no such block (its markers)"
+    return text.split(start, 1)[1].split(end, 1)[0].strip("\n")
+
+
 def test_the_readme_answer_block_is_the_reports() -> None:
     text = (ROOT / "README.md").read_text()
     report = (ROOT / "results" / "REPORT.md").read_text()
-    assert readme.block_of(text) == readme.answer_of(report), (
+    assert block_of(text) == readme.answer_of(report), (
         "README's answer is stale: python -m bench.report.answer rewrites it"
     )
     assert readme.rewrite(text, report, ROOT / "results") == text, (
@@ -30,7 +36,7 @@ def test_the_readme_answer_block_is_the_reports() -> None:
 def test_the_readme_answer_fits_one_screen_measured_first() -> None:
     """At most 20 lines: a verdict per workload and one small table whose measured column
     comes before the projected ones, each marked so; the long form stays in REPORT.md."""
-    block = readme.block_of((ROOT / "README.md").read_text())
+    block = block_of((ROOT / "README.md").read_text())
     lines = block.splitlines()
     assert len(lines) <= 20, f"README's answer block has {len(lines)} lines"
     assert "measured" in block and "projected" in block
@@ -49,7 +55,7 @@ def test_the_block_is_rewritten_from_a_report_and_checked(tmp_path: Path) -> Non
     rp.write_text(report)
     assert readme.main(["--readme", str(md), "--report", str(rp), "--check"]) == 1
     assert readme.main(["--readme", str(md), "--report", str(rp)]) == 0
-    assert readme.block_of(md.read_text()) == "Table: `results/ablation/s.csv`."
+    assert block_of(md.read_text()) == "Table: `results/ablation/s.csv`."
     assert md.read_text().endswith("\n\n## Quick start\n")  # the rest untouched
     assert readme.main(["--readme", str(md), "--report", str(rp), "--check"]) == 0
     with pytest.raises(ValueError, match="no '## The answer'"):
@@ -87,7 +93,5 @@ def test_the_hardware_block_counts_every_record_by_machine(tmp_path: Path) -> No
     args = ["--readme", str(md), "--report", str(rp), "--results-dir", str(tmp_path)]
     assert readme.main([*args, "--check"]) == 1
     assert readme.main(args) == 0
-    assert readme.block_of(md.read_text(), readme.HW_START, readme.HW_END).startswith(
-        "- 2 records: CPU A"
-    )
+    assert block_of(md.read_text(), readme.HW_START, readme.HW_END).startswith("- 2 records: CPU A")
     assert readme.main([*args, "--check"]) == 0

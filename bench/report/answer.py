@@ -64,8 +64,7 @@ def question(ran: Collection[str] | None = None) -> str:
 
 
 def _eval_records(records: list[dict], sweep: str) -> tuple[list[dict], int]:
-    """The sweep's evaluation runs (the latest record of each), and how many earlier
-    records of runs done again they replace."""
+    """The sweep's evaluation runs (each run's latest record), and how many records they replace."""
     every = [
         r
         for r in versus.sweep_records(records, sweep)
@@ -133,8 +132,7 @@ def setting(records: list[dict], table: pd.DataFrame, plan: dict, again: int = 0
 
 
 def measured_ratio(records: list[dict]) -> tuple[float, float, int] | None:
-    """(communication in the step, the step) in s, means of the baseline's runs (over the
-    shaped link where some ran over it), and how many runs timed both; None without."""
+    """(communication, step) in s: the baseline's means (over the shaped link where it ran), n."""
     base = methods.baseline()
     runs = [
         r
@@ -240,8 +238,7 @@ def _header(col: versus.Column) -> str:
 
 
 def short_table(answers: list[tuple[str, list[versus.Column], float | None]]) -> list[str]:
-    """A column per answer column; per workload a row naming the first to the target (or
-    the tied group), then per paper method its speedup over the baseline."""
+    """Per workload a row naming the first to the target, then each paper method's speedup."""
     heads = list(dict.fromkeys(_header(c) for _, cols, _ in answers for c in cols))
     lines = [f"| | {' | '.join(heads)} |", "| --- |" + " --- |" * len(heads)]
     base = methods.baseline()
@@ -311,11 +308,8 @@ def answer_sections(
 ) -> tuple[list[str], list[str], list[str], dict[str, list[versus.Column]]]:
     """(the short answer, the answer per workload, the appendix's part, each workload's
     columns) from ``tables`` (experiment -> its newest protocol table)."""
-    sentences: list[str] = []
+    sentences, settings, detail, appendix = [], [], [], []
     answers: list[tuple[str, list[versus.Column], float | None]] = []
-    settings: list[str] = []
-    detail: list[str] = []
-    appendix: list[str] = []
     seeds, ran = 0, set()
     for name, exp in protocol.WORKLOADS.items():
         detail += [f"### {exp} ({name} workload)", ""]
@@ -574,14 +568,6 @@ def hardware_lines(results: Path) -> list[str]:
     return out
 
 
-def block_of(readme: str, start: str = START, end: str = END) -> str:
-    """The README's current block (between the markers)."""
-    if start not in readme or end not in readme:
-        what = "answer" if start == START else "hardware"
-        raise ValueError(f"README.md has no {what} block (its start and end markers)")
-    return readme.split(start, 1)[1].split(end, 1)[0].strip("\n")
-
-
 def _put(readme: str, start: str, end: str, body: str) -> str:
     head, rest = readme.split(start, 1)
     tail = rest.split(end, 1)[1]
@@ -589,8 +575,7 @@ def _put(readme: str, start: str, end: str, body: str) -> str:
 
 
 def rewrite(readme: str, report: str, results: Path | None = None) -> str:
-    """README with its answer block from ``report`` and its hardware block (if any)
-    counted from the records in ``results``."""
+    """README with its answer block from ``report``, its hardware block from ``results``."""
     out = _put(readme, START, END, answer_of(report))
     if results is not None and HW_START in out and HW_END in out:
         out = _put(out, HW_START, HW_END, "\n".join(hardware_lines(results)))

@@ -95,8 +95,7 @@ def sooner_text(base: pd.Series | None, row: pd.Series, name: str) -> str:
 
 
 def strongest_peer(g: pd.DataFrame) -> pd.Series | None:
-    """The peer in ``g`` with the shortest mean time to target; one that never reached it
-    only when no peer did."""
+    """The peer with the shortest mean time to target (one that reached it, where any did)."""
     p = g[g["comm_name"].isin(methods.peers())]
     if p.empty:
         return None
@@ -150,8 +149,7 @@ def missing_commands(inputs: Inputs, g: pd.DataFrame, maker: CommandMaker) -> li
 
 
 def comparison_section(inputs: Inputs, maker: CommandMaker) -> list[str]:
-    """Per experiment, cluster and hardware: the configurations, the paper's methods against
-    dense and the strongest peer, and the commands of the missing runs."""
+    """Per experiment, cluster and hardware: each configuration, ours against dense and peers."""
     stats = config_stats(inputs.runs)
     if stats.empty:
         return ["No run trained to an outcome (every record is an error or interrupted run).", ""]
@@ -207,8 +205,7 @@ def _compared(answers: dict[str, list[versus.Column]], links: dict[str, str], pa
 
 
 def _faster_than_2020(col: versus.Column) -> list[tuple[str, str]]:
-    """The fastest paper method against the fastest system of 2020, measured and projected
-    at the paper's own ratio."""
+    """The fastest paper method against the fastest system of 2020 (measured; at the paper's)."""
     ours = col.fastest(methods.paper())
     theirs = col.fastest([methods.baseline(), *methods.names(group="peer 2020")])
     keep = (col.measured or col.cluster == HEADLINE) and ours and theirs
@@ -345,8 +342,7 @@ def headline_section(
     tables: dict[str, Path],
     answers: dict[str, list[versus.Column]],
 ) -> list[str]:
-    """A verdict per claim with its evidence, then the public records of each task beside
-    our best configuration's mean time to target per hardware."""
+    """A verdict per claim with its evidence, then the public records of each task beside ours."""
     base = inputs.results_dir
     links = {e: f"[{t.name}]({rel(t, base)})" for e, t in tables.items()}
     frames = {e: pd.read_csv(t) for e, t in tables.items()}

@@ -88,8 +88,6 @@ class CommandMaker:
 
     def overrides(self, record: dict[str, Any]) -> list[str] | None:
         """The overrides that make this record's config; None when it cannot be composed."""
-        if isinstance(record.get("overrides"), list):
-            return [str(o) for o in record["overrides"]]
         choices = self.choices(record)
         base = self._compose(tuple(choices))
         if base is None or not isinstance(record.get("config"), dict):
@@ -108,8 +106,6 @@ class CommandMaker:
 
     def command(self, record: dict[str, Any]) -> str:
         """``python -m reproduce train ...`` that makes a run like this record's."""
-        if isinstance(record.get("command"), str):
-            return record["command"]
         ov = self.overrides(record)
         if ov is None:
             return "(not recoverable from the record: its config does not compose today)"

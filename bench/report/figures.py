@@ -102,10 +102,8 @@ def plot_speedup(
 
 
 def step_phases(df: pd.DataFrame, exchange_in_update: bool = False) -> dict[str, float] | None:
-    """Mean seconds per step of each phase over a curve's epochs (None without phases).  The
-    selection and communication timed inside the hook run within the backward pass, so
-    they come out of compute; with ``exchange_in_update`` (they run in the optimizer
-    step), out of the update."""
+    """Mean seconds per step of each phase over a curve's epochs (None without phases); the
+    exchange timed in the hook comes out of compute (``exchange_in_update``: the update)."""
     if "time/compute_s" not in df:
         return None
     out = {}
@@ -289,8 +287,7 @@ def table_run_ids(table: pd.DataFrame) -> set[str]:
 
 def ratios_table(results_dir: Path, table: pd.DataFrame) -> pd.DataFrame:
     """The composition (:func:`bench.sweeps.ratios.compose`) of the sweep's evaluation runs
-    of each method's configuration tuned for :data:`HEADLINE` (several configurations do
-    not average to one curve); empty when it cannot be made."""
+    of each method's configuration tuned for :data:`HEADLINE`; empty when it cannot be made."""
     sweep = str(table["sweep_id"].iloc[0])
     if (table["for_cluster"] == HEADLINE).any():
         table = table[table["for_cluster"] == HEADLINE]  # one configuration per method
@@ -307,15 +304,8 @@ def ratios_table(results_dir: Path, table: pd.DataFrame) -> pd.DataFrame:
     return ratios.compose(runs, grid, n_boot=2000)
 
 
-@dataclass
-class BenchFigure:
-    paths: list[Path]
-    error: str = ""
-
-
 def newest_runs(csv: Path, problems: list[str] | None = None) -> list[tuple[str, pd.DataFrame]]:
-    """(hardware, rows of its newest run) per hardware of a benchmark CSV; an unreadable CSV
-    gives none, and a line in ``problems``."""
+    """(hardware, rows of its newest run) per hardware of a benchmark CSV; unreadable: a problem."""
     try:
         df = pd.read_csv(csv)
     except (OSError, ValueError, pd.errors.ParserError) as e:
@@ -333,21 +323,15 @@ def newest_runs(csv: Path, problems: list[str] | None = None) -> list[tuple[str,
     return out
 
 
-def replot(name: str, rows: pd.DataFrame, png: Path) -> BenchFigure:
-    """One hardware's newest run of benchmark ``name`` drawn by the benchmark's own replot."""
-    spec = load_all().get(name)
-    fig = BenchFigure([])
-    extra = [png.with_suffix(f".{what}.png") for what in ("scaling", "overlap")]
-    for old in (png, *extra):
+def replot(name: str, rows: pd.DataFrame, png: Path) -> list[Path]:
+    """One hardware's newest run of benchmark ``name`` drawn by the benchmark's own replot;
+    the files it drew."""
+    files = [png, *(png.with_suffix(f".{what}.png") for what in ("scaling", "overlap"))]
+    for old in files:
         old.unlink(missing_ok=True)  # this command's own figure of an earlier call
     with tempfile.TemporaryDirectory() as tmp:
-        run = BenchRun.from_rows(name, rows, tmp, png)
-        try:
-            spec.replot(run)
-        except Exception as e:  # noqa: BLE001 - one bad CSV must not stop the report
-            fig.error = f"{type(e).__name__}: {e}"
-    fig.paths = [p for p in (png, *extra) if p.is_file()]
-    return fig
+        load_all().get(name).replot(BenchRun.from_rows(name, rows, tmp, png))
+    return [p for p in files if p.is_file()]
 
 
 def headlines() -> dict[str, Callable[[pd.DataFrame], list[str]]]:
@@ -368,24 +352,18 @@ class Figure:
     extra: list[Path] = field(default_factory=list)  # further files the same call drew
 
 
-def figures_dir(inputs: Inputs) -> Path:
-    return inputs.results_dir / "figures"
-
-
 MAX_GROUPS = 6  # panels of an experiment's figures without a protocol sweep (largest first)
 
 
 def figure_runs(inputs: Inputs, exp: str, yours: Collection[str]) -> tuple[pd.DataFrame, str]:
-    """The runs an experiment's figures draw, and a phrase saying which: the evaluation runs
-    of its newest protocol sweep, else its trained runs in the :data:`MAX_GROUPS` largest
-    cluster / hardware groups; never the user's runs ``yours`` (drawn on their own)."""
+    """The runs an experiment's figures draw and a phrase saying which: its newest protocol
+    sweep's evaluation runs, else the :data:`MAX_GROUPS` largest groups'; never ``yours``."""
     runs = inputs.runs
     mine = runs[(runs["experiment"] == exp) & runs["trained"] & ~runs["run_id"].isin(yours)]
     table = protocol_tables(inputs).get(exp)
     if table is not None:
         ev = mine[(mine["sweep_id"] == table.stem) & (mine["protocol_role"] == "eval")]
-        # the runs the table counts: a run done again (refused, interrupted, --rerun)
-        # draws its latest record, as the table does, not both
+        # the runs the table counts: a run done again draws its latest record, not both
         ids = table_run_ids(pd.read_csv(table))
         ev = ev[ev["run_id"].isin(ids)] if ids else ev
         if not ev.empty:
@@ -410,7 +388,7 @@ def _experiment_figures(
     res, table, out = inputs.results_dir, protocol_tables(inputs).get(exp), []
 
     def add(kind: str, what: str, make: Callable[[Path], object]) -> None:
-        path = figures_dir(inputs) / f"{kind}_{slug(exp)}.png"
+        path = inputs.results_dir / "figures" / f"{kind}_{slug(exp)}.png"
         out.append(Figure(path, f"{exp}: {what}", lambda: make(path), kind, exp))
 
     curves = bool(runs["has_curve"].sum())
@@ -467,15 +445,16 @@ def plan(
             out += _experiment_figures(inputs, exp, stats, yours)
     if experiments is not None:
         return out
+    where = inputs.results_dir / "figures"
     if inputs.scaling:
-        p, what = figures_dir(inputs) / "scaling_efficiency.png", scaling_caption(inputs.scaling)
+        p, what = where / "scaling_efficiency.png", scaling_caption(inputs.scaling)
         out.append(
             Figure(p, what, lambda p=p: plot_scaling(read_scaling(inputs.scaling), p), "scaling")
         )
     known = set(load_all().names())
     for name, csv in inputs.bench.items():
         for hw, rows in newest_runs(csv, inputs.problems) if name in known else []:
-            p = figures_dir(inputs) / f"bench_{name}_{slug(hw.split(';')[0])}.png"
+            p = where / f"bench_{name}_{slug(hw.split(';')[0])}.png"
             what = (
                 f"bench {name}: newest run {rows['bench_id'].iloc[0]} on {hw.split(';')[0]} "
                 f"({len(rows)} rows of {csv.name})"
@@ -492,10 +471,7 @@ def draw(figs: list[Figure]) -> list[Figure]:
         except Exception as e:  # noqa: BLE001 - a bad input skips its figure, not the report
             f.error = f"{type(e).__name__}: {e}"
             continue
-        if isinstance(res, BenchFigure):
-            f.error = res.error
-            f.drawn = bool(res.paths) and not res.error
-            f.extra = [p for p in res.paths if p != f.path]
-        else:
-            f.drawn = res is not None
+        if isinstance(res, list):  # a benchmark's files
+            f.extra, res = [p for p in res if p != f.path], res or None
+        f.drawn = res is not None
     return figs

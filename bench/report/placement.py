@@ -1,12 +1,10 @@
 """Where top-k sits (docs/algorithms.md, s. 8): a study's steps to target per placement and
 density, relative to dense on the same seed, as a table and a figure.
 
-``python -m bench.report.placement SWEEP_ID [--results-dir results]`` reads the study's
-records (one sweep id, both workloads), writes ``<results>/ablation/<SWEEP_ID>.csv`` and
-``<results>/figures/<SWEEP_ID>.png`` (never replacing either; ``--name`` gives them
-another name), and prints the table.  A run that missed the target counts as more than the
-steps it ran (shown as a miss).  A configuration run again on the same seed (a rerun from a
-clean tree, say) is represented by its latest record; the earlier one stays in the records.
+``python -m bench.report.placement SWEEP_ID [--results-dir results]`` writes
+``<results>/ablation/<SWEEP_ID>.csv`` and ``<results>/figures/<SWEEP_ID>.png`` (never
+replacing either; ``--name`` names them) and prints the table.  A configuration run again on
+the same seed counts by its latest record.
 """
 
 from __future__ import annotations
@@ -31,8 +29,8 @@ COLUMNS = [
 
 
 def table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    """One row per sparse run: its steps to target over dense's on the same experiment and
-    seed (a miss: NaN, with the steps it ran)."""
+    """Per sparse run: its steps to target over dense's on the same experiment and seed (a
+    miss: NaN, with the steps it ran)."""
     base = methods.baseline()
     latest: dict[tuple, Mapping[str, Any]] = {}
     for r in records:  # in the order recorded: a rerun of a configuration replaces it here

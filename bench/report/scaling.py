@@ -27,9 +27,8 @@ def _methods(df: pd.DataFrame) -> pd.Series:
 
 
 def newest_sweep(frame: pd.DataFrame) -> pd.DataFrame:
-    """The rows of the sweep to draw: of those with predictions (else of all), the one that
-    measured the most methods, then sizes, then the newest, so that a narrower check run
-    later (:func:`later_checks`) does not hide the study it checks."""
+    """The rows of the sweep to draw: the broadest (:func:`_sweeps_by_breadth`), so that a
+    narrower check run later (:func:`later_checks`) does not hide the study it checks."""
     df = newer_scaling(frame)
     ids = _sweeps_by_breadth(df)
     return df if not ids else df[df["sweep_id"].astype(str) == ids[-1]]
@@ -66,10 +65,8 @@ def _sweeps_by_breadth(df: pd.DataFrame) -> list[str]:
 
 
 def _measured(ax, meas: pd.DataFrame, comms: list[str]) -> None:
-    """One line per method, each point the rounds' efficiency with its 95 % interval as an
-    error bar, a point the table marks a fault ringed in black; the methods set a little
-    apart along x so that their bars show; the model's prediction for the same size as
-    hollow markers without a line: the lines are the measurements alone."""
+    """A line per method (set a little apart along x), each point with its 95 % interval, a
+    fault ringed in black; the model's prediction as hollow markers without a line."""
     flag = scaling_table.above_one_of(meas)
     nan = pd.Series(float("nan"), index=meas.index)
     for i, comm in enumerate(comms):
@@ -100,17 +97,20 @@ def _projected(ax, proj: pd.DataFrame) -> None:
                                 color=methods.colour(comm), alpha=0.12)  # fmt: skip
 
 
-def _log2_nodes(ax, nodes: pd.Series) -> None:
-    """A log-2 axis of nodes, ticked at the node counts themselves."""
+def _log2_nodes(ax, nodes: pd.Series, pad: float = 0.0) -> None:
+    """A log-2 axis of nodes, ticked at the node counts themselves (not powers of 2), ``pad``
+    (in powers of 2) of room either side."""
     ticks = sorted({int(n) for n in nodes.dropna()})
     ax.set_xscale("log", base=2)
     if ticks:
         ax.set_xticks(ticks, [str(t) for t in ticks])
+    if ticks and pad:
+        ax.set_xlim(ticks[0] / 2**pad, ticks[-1] * 2**pad)
 
 
 def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
-    """Efficiency against nodes of :func:`newest_sweep`: a panel per workers-per-node
-    measured here, and the model's projection to the paper's cluster on its own axis."""
+    """Efficiency against nodes of :func:`newest_sweep`, a panel per workers per node, and
+    the model's projection to the paper's cluster on its own axis."""
     need = {"efficiency", "comm"}
     if frame.empty or not need <= set(frame.columns):
         return None
@@ -128,8 +128,7 @@ def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
         dict.fromkeys([*meas["comm"], *proj["comm"]]),
         key=lambda c: (methods.get(c).order if c in methods.METHODS else 1e9, c),
     )
-    # every point and its bar up to 1.5 (a bar past it, from a few noisy runs, runs off
-    # the panel rather than squash the points)
+    # up to 1.5: a longer bar (a few noisy runs) runs off the panel, not squash the points
     highs = meas.get("efficiency_ci_high", meas["efficiency"]).clip(upper=1.45)
     top = max(1.1, float(pd.concat([meas["efficiency"], highs]).max()) + 0.05)
     pers = sorted({int(p) for p in meas["workers_per_node"].dropna()}) or [1]
@@ -145,11 +144,7 @@ def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
         ax.set_title(f"measured on this machine: {per} worker(s) per node", fontsize=9)
         ax.set_xlabel(f"nodes ({cluster}; log 2)")
         ax.set_ylim(0, top)
-        ticks = sorted({int(n) for n in meas["nodes"].dropna()})
-        ax.set_xscale("log", base=2)
-        if ticks:  # the node counts themselves, not powers of 2; room for the set-apart
-            ax.set_xticks(ticks, [str(t) for t in ticks])
-            ax.set_xlim(ticks[0] / 2**0.3, ticks[-1] * 2**0.3)
+        _log2_nodes(ax, meas["nodes"], pad=0.3)  # room for the methods set apart
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("scaling efficiency (compute-only step / step, ratio)")
     right = axes[-1]
@@ -187,8 +182,7 @@ def plot_scaling(frame: pd.DataFrame, path: Path) -> Path | None:
     ]  # fmt: skip
     if drawn:
         handles.append(Line2D([], [], color="k", ls="--", label="projected (band: assumptions)"))
-    # one legend, below the last panel, and the points left out named below the first:
-    # tight_layout makes room for both (an axes' legend and text)
+    # a legend below the last panel, the points above 1 below the first: tight_layout fits both
     right.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2,
                  fontsize=8, frameon=False)  # fmt: skip
     note = scaling_table.above_one_lines(every)
@@ -229,29 +223,29 @@ def scaling_caption(paths: Sequence[Path]) -> str:
 
 
 def scaling_lines(paths: Sequence[Path]) -> list[str]:
-    """What the drawn scaling sweep shows: each method's efficiency per size and whether the
-    model held."""
+    """What the drawn scaling sweep shows, then each later check (:func:`later_check_lines`)."""
     frame = read_scaling(paths)
     if frame.empty:
         return []
     df = newest_sweep(frame)
     if "predicted_step_s" not in df or df["predicted_step_s"].isna().all():
         return []
+    what = "efficiency = the compute-only step / the method's step at the same size, measured "
+    head = f"Scaling, sweep `{{}}` ({what}on this machine)"
+    return [*_paragraph(df, head), *later_check_lines(frame)]
+
+
+def _paragraph(df: pd.DataFrame, head: str) -> list[str]:
+    """``head`` (its ``{}``: the sweep id), each method's efficiency per size and whether the
+    model held."""
     df = df.astype({"nodes": int, "workers_per_node": int})  # 4x1, not 4.0x1.0
-    return [
-        f"Scaling, sweep `{df['sweep_id'].iloc[0]}` (efficiency = the compute-only step / the "
-        f"method's step at the same size, measured on this machine): "
-        f"{'; '.join(_efficiencies(df))}.  "
-        + "; ".join(x.strip() for x in scaling_table.summary(df))
-        + ".",
-        "",
-        *later_check_lines(frame),
-    ]
+    held = "; ".join(x.strip() for x in scaling_table.summary(df))
+    return [f"{head.format(df['sweep_id'].iloc[0])}: {'; '.join(_efficiencies(df))}.  {held}.", ""]
 
 
 def _efficiencies(df: pd.DataFrame) -> list[str]:
     """``dense 0.52 [0.48, 0.55] at 2x2, 0.38 [0.36, 0.41] at 4x2`` per method measured on
-    more than one node (each efficiency with its 95 % interval, where it has one)."""
+    more than one node."""
     meas = df[(df["kind"] == "measured") & _methods(df) & (df["nodes"] > 1)]
     per = []
     for comm, g in meas.groupby("comm", sort=False):
@@ -262,19 +256,6 @@ def _efficiencies(df: pd.DataFrame) -> list[str]:
 
 
 def later_check_lines(frame: pd.DataFrame) -> list[str]:
-    """A paragraph per narrower sweep run after the drawn study: its efficiencies and how
-    well the model predicted them."""
-    out = []
-    for df in later_checks(frame):
-        df = df.astype({"nodes": int, "workers_per_node": int})
-        per = _efficiencies(df)
-        if not per:
-            continue
-        out += [
-            f"Model check, sweep `{df['sweep_id'].iloc[0]}` (not drawn; efficiency as "
-            f"above): {'; '.join(per)}.  "
-            + "; ".join(x.strip() for x in scaling_table.summary(df))
-            + ".",
-            "",
-        ]
-    return out
+    """A paragraph per narrower sweep run after the drawn study."""
+    head = "Model check, sweep `{}` (not drawn; efficiency as above)"
+    return [x for df in later_checks(frame) if _efficiencies(df) for x in _paragraph(df, head)]

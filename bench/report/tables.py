@@ -180,10 +180,8 @@ def curve(results_dir: Path, run_id: str) -> pd.DataFrame | None:
 
 
 def config_stats(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per group and configuration: runs that trained, runs that reached the target, and the
-    mean and standard deviation (over seeds) of the time to target of those that reached it."""
-    # a protocol's tuning and timing runs report nothing, nor does any run on a tuning seed
-    # (a study made to choose, e.g. placement-20261203)
+    """Per group and configuration: runs, runs reached, time to target's mean and std over seeds."""
+    # a protocol's tuning and timing runs report nothing, nor does a run on a tuning seed
     trained = runs[runs["trained"] & ~runs["protocol_role"].isin(("tune", "time"))]
     trained = trained[~trained["seed"].isin((*protocol.TUNE_SEEDS, *protocol.TIMING_SEEDS))]
     rows = []
@@ -222,8 +220,7 @@ def ratio(base: pd.Series, other: pd.Series) -> tuple[float | None, float | None
 
 
 def speedups(stats: pd.DataFrame) -> pd.DataFrame:
-    """Each configuration against the baseline method's of its group, cache and update
-    (groups with the baseline alone left out)."""
+    """Each configuration against its group's baseline (same cache and update), where it ran."""
     out = []
     for _, g in stats.groupby([*GROUP, "cache", "update"], sort=True):
         base = g[g["comm_name"] == methods.baseline()]
@@ -263,8 +260,7 @@ STANDING = "equal-budget-v2"
 
 
 def answering(paths: Sequence[Path]) -> str:
-    """The protocol whose sweeps answer: the current one once it has a table, else
-    :data:`STANDING` (said beside every number it gives)."""
+    """The protocol whose sweeps answer: the current one once it has a table, else STANDING."""
     names = {protocol_name(p) for p in paths if not p.stem.endswith(TUNING_SUFFIX)}
     return protocol.NAME if protocol.NAME in names else STANDING
 
@@ -280,8 +276,7 @@ RULES = (  # the standing protocol's (STANDING); v3's rules: docs/protocol.md
 
 
 def protocol_section(paths: list[Path], base: Path) -> list[str]:
-    """Every sweep of the current protocol among ``paths`` with its tuning trials, then a
-    link to each sweep of an earlier one."""
+    """Every sweep of the answering protocol with its tuning trials; a link to each earlier one."""
     tables = [p for p in paths if is_protocol(p) and not p.stem.endswith(TUNING_SUFFIX)]
     if not tables:
         return ["No protocol sweep yet: `python -m reproduce ablation` runs one.", ""]
@@ -372,8 +367,7 @@ def md_table(df: pd.DataFrame, exact: bool = False) -> list[str]:
 
 
 def protocol_tables(inputs: Inputs) -> dict[str, Path]:
-    """experiment -> the table of its newest sweep of the current protocol (sweep ids sort
-    by time), of the protocol that answers (:func:`answering`); the others are linked."""
+    """experiment -> the table of its newest sweep of the protocol that answers."""
     out: dict[str, Path] = {}
     name = answering([p for p in inputs.ablation if is_protocol(p)])
     for p in sorted(inputs.ablation):
@@ -404,8 +398,7 @@ def table_cell(text: str) -> str:
 
 
 def no_headline(names: Sequence[str], bench: Mapping[str, Path], base: Path) -> str:
-    """A micro-benchmark section without a headline row: what its CSVs hold, or the command
-    that measures them when none is recorded."""
+    """A micro-benchmark section without a headline: what its CSVs hold, or how to measure them."""
     held = [
         f"{len(df)} rows in [{rel(bench[n], base)}]({rel(bench[n], base)})"
         for n in names
@@ -494,8 +487,7 @@ def records_section(inputs: Inputs, maker: CommandMaker) -> list[str]:
 def csv_section(
     paths: list[Path], columns: list[str], base: Path, made_by: str, runs: pd.DataFrame
 ) -> list[str]:
-    """Each sweep CSV as a table of ``columns``, with the hardware of its runs (looked up in
-    the records; a projected row names the model)."""
+    """Each sweep CSV as a table of ``columns``, with the hardware of its runs from the records."""
     if not paths:
         return [f"No CSV yet: `{made_by}` writes one.", ""]
     hw = dict(zip(runs["run_id"], runs["hardware"], strict=True)) if len(runs) else {}

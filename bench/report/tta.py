@@ -52,24 +52,20 @@ def _points(results_dir: Path, r: Mapping[str, Any]) -> pd.DataFrame | None:
 
 
 def tta_bands(results_dir: Path, runs: pd.DataFrame) -> dict[str, dict]:
-    """Per configuration (its comm label): the time grid, the mean held-out metric over its
-    runs with its 95 % t-interval from when every run has an evaluation (NaN before), the
-    mean time to target with its 95 % interval, n reached of n, and the label."""
-    curves: dict[str, list[pd.DataFrame]] = {}
-    meta: dict[str, list] = {}
+    """Per configuration (its comm label): the mean held-out metric on a time grid with its
+    95 % t-interval (NaN before every run has an evaluation), the mean time to target with
+    its 95 % interval, n reached of n, and the label."""
+    curves: dict[str, list[tuple[pd.DataFrame, Any]]] = {}  # label -> (points, run) per run
     for _, r in runs.iterrows():
-        d = _points(results_dir, r)
-        if d is None:
-            continue
-        name = str(r["comm"])
-        curves.setdefault(name, []).append(d)
-        meta.setdefault(name, []).append(r)
+        if (d := _points(results_dir, r)) is not None:
+            curves.setdefault(str(r["comm"]), []).append((d, r))
     if not curves:
         return {}
-    t_max = max(float(d[TRAIN_TIME].max()) for ds in curves.values() for d in ds)
+    t_max = max(float(d[TRAIN_TIME].max()) for ds in curves.values() for d, _ in ds)
     grid = np.linspace(0.0, t_max, GRID_POINTS)
     out = {}
-    for name, ds in curves.items():
+    for name, pairs in curves.items():
+        ds, rs = [d for d, _ in pairs], [r for _, r in pairs]
         vals = np.vstack([_step_values(d, "_metric", grid) for d in ds])
         every = ~np.isnan(vals).any(axis=0)  # every run has been evaluated by then
         n = len(ds)
@@ -78,7 +74,6 @@ def tta_bands(results_dir: Path, runs: pd.DataFrame) -> dict[str, dict]:
         if n >= 2:
             sd = vals.std(axis=0, ddof=1)
             half = np.where(every, stats.t.ppf(0.975, n - 1) * sd / np.sqrt(n), np.nan)
-        rs = meta[name]
         tts = [float(r["time_to_target_s"]) for r in rs if r["reached"]]
         tt, tt_lo, tt_hi = mean_interval(tts)
         trial = str(rs[0].get("protocol_trial") or "")  # the tables' name of the trial
@@ -106,10 +101,8 @@ def plot_tta(
     title: str = "",
     yours: pd.DataFrame | None = None,
 ) -> Path | None:
-    """:func:`tta_bands` against training time, a panel per cluster and hardware, under it a
-    strip of each configuration's mean time to target (on the target line they would hide
-    each other); ``yours``: a user's runs, each over the panel of its cluster and hardware
-    (else of its cluster, else the first)."""
+    """:func:`tta_bands` against training time, a panel per cluster and hardware, a strip of
+    each configuration's mean time to target under it; ``yours``: a user's runs drawn over."""
     pick = (runs["experiment"] == experiment) & runs["has_curve"] & runs["trained"]
     runs = runs[pick]
     yours = yours if yours is not None and not yours.empty else None
@@ -174,8 +167,8 @@ def plot_tta(
 def _draw_yours(
     ax, results_dir: Path, yours: pd.DataFrame, panel: tuple, panels: list[tuple]
 ) -> None:
-    """The user's runs that belong on ``panel``, each a dashed line with open diamonds and a
-    cross at its time to target."""
+    """The user's runs that belong on ``panel`` (its cluster and hardware, else its cluster,
+    else the first), each dashed with a cross at its time to target."""
     for _, r in yours.iterrows():
         key = (r["cluster"], r["hardware"])
         like = [p for i in (0, 1) for p in panels if p[i] == key[i]]  # its cluster, its hardware

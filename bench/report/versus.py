@@ -49,8 +49,8 @@ class Versus:
 
 @dataclass
 class Column:
-    """One column of a sweep's answer: its cluster, its ratio (NaN: measured) and per method
-    the seeds' times, a list per corner (the central assumptions first)."""
+    """One column of a sweep's answer: its ratio (NaN: measured) and per method the seeds'
+    times, a list per corner of the assumptions (the central ones first)."""
 
     cluster: str
     ratio: float
@@ -77,9 +77,8 @@ class Column:
         return sorted(self.times, key=self.mean)
 
     def tied_first(self) -> list[str]:
-        """The first to the target and every method whose interval against it (or, where
-        projected, its band) does not exclude 1: a tie, in their order; one name only
-        where the first is told from every other (:func:`bench.sweeps.intervals.leaders`)."""
+        """The first to the target and every method tied with it
+        (:func:`bench.sweeps.intervals.leaders`), in their order."""
         rows = [{"method": m, "times": t[0], "corners": t[1:]} for m, t in self.times.items()]
         return list(iv.leaders(rows).tied)
 
@@ -97,9 +96,8 @@ def sweep_records(records: Sequence[Mapping[str, Any]], sweep: str) -> list[Mapp
 
 
 def columns(results_dir: Path, table: pd.DataFrame, records: Sequence[Mapping]) -> list[Column]:
-    """The columns of a protocol table from the runs it counts: a measured column's time per
-    seed is the run's clock (a miss: the sweep's budget), a projected one's its logged steps
-    x the model's time per step."""
+    """The columns of a protocol table from the runs it counts: measured, the run's clock (a
+    miss: the sweep's budget); projected, its logged steps x the model's step time."""
     by_id = {str(r.get("run_id")): r for r in records}
     mine = sweep_records(records, str(table["sweep_id"].iloc[0]))
     budget = iv.budget_s([r for r in mine if (r.get("protocol") or {}).get("role") != "time"])
