@@ -72,25 +72,6 @@ def _tensor(kind: str, train: bool, rank: int, tmp: Path, batch: int):
     return TensorLoader(x, y, **kw)
 
 
-class _Indexed(torch.utils.data.Dataset):
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int):
-        return torch.zeros(3, 4, 4), i
-
-
-def _device(kind: str, train: bool, rank: int, tmp: Path, batch: int):
-    from bench.data.loaders import DeviceLoader
-
-    ds = _Indexed(N_TRAIN if train else N_VAL)
-    kw = dict(rank=rank, world_size=WORLD, device=CPU, num_workers=0, seed=SEED)
-    return DeviceLoader(ds, batch_size=batch, train=train, **kw)
-
-
 def _folder_loader(kind: str, train: bool, rank: int, tmp: Path, root: Path, batch: int):
     from bench.data.cache import build_reader
     from bench.data.cached_folder import CachedFolderLoader, FolderDataset
@@ -128,7 +109,6 @@ def _folder_loader(kind: str, train: bool, rank: int, tmp: Path, root: Path, bat
 KINDS = [
     "tensor",
     "dali_arrays",
-    "device",
     "cached:memory",
     "dali_reader:none",
     "dali_external:none",
@@ -142,8 +122,6 @@ def _make(kind: str, train: bool, tmp: Path, root: Path) -> list:
     batch = BATCH if train else EVAL_BATCH
     if kind in ("tensor", "dali_arrays"):
         return [_tensor(kind, train, r, tmp, batch) for r in range(WORLD)]
-    if kind == "device":
-        return [_device(kind, train, r, tmp, batch) for r in range(WORLD)]
     return [_folder_loader(kind, train, r, tmp, root, batch) for r in range(WORLD)]
 
 

@@ -179,17 +179,6 @@ def _cifar10(cfg: DataConfig, cache, rank, world, device, seed) -> DataBundle:
     return _arrays(cfg, rank, world, device, seed, load_cifar10(cfg.root), (MEAN, STD))
 
 
-def _folder(cfg: DataConfig, cache: CacheConfig, rank, world, device, seed) -> DataBundle:
-    # deferred: see the note above DATASETS
-    from bench.data.cached_folder import build_folder, uses_cached_input
-
-    if uses_cached_input(cfg, cache):  # DALI, a cache level, progressive sizes, slow/remote
-        return build_folder(cfg, cache, rank, world, device, seed)
-    from bench.data.folder import build
-
-    return build(cfg, rank, world, device, seed)
-
-
 def _synthetic(cfg: DataConfig, cache, rank, world, device, seed) -> DataBundle:
     b = per_rank(cfg.batch_size, world, "data.batch_size")
     shape = (cfg.channels, cfg.image_size, cfg.image_size)
@@ -242,8 +231,9 @@ def _check_folder(cfg: DataConfig) -> None:
 
 DATASETS.register("digits")(DatasetSpec(_digits, _check_digits))
 DATASETS.register("cifar10")(DatasetSpec(_cifar10, _check_cifar))
-DATASETS.register("imagefolder")(DatasetSpec(_folder, _check_folder))
-DATASETS.register("imagenet")(DatasetSpec(_folder, _check_folder))
+_FOLDER = _deferred("bench.data.cached_folder", "build_folder")
+DATASETS.register("imagefolder")(DatasetSpec(_FOLDER, _check_folder))
+DATASETS.register("imagenet")(DatasetSpec(_FOLDER, _check_folder))
 DATASETS.register("synthetic")(DatasetSpec(_synthetic))
 _TRANSLATION = "bench.data.translation"
 DATASETS.register("translation")(

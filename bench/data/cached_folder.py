@@ -1,6 +1,6 @@
-"""Image folders read through the data cache, slow storage or DALI: the torch loader (a
-DataLoader over a :class:`~bench.data.cache.CachedReader`, batches normalised on the
-device), the choice between it and DALI's, and the checks of the input settings."""
+"""Image folders (``data=imagefolder|imagenet``) read through the data cache: the torch
+loader (a DataLoader over a :class:`~bench.data.cache.CachedReader`, batches normalised on
+the device) or DALI's (``data.loader=dali``)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from bench.data.loaders import (
     per_rank,
     worker_affine,
 )
-from bench.data.storage import LocalStorage, Storage, is_url, list_folder, open_storage
+from bench.data.storage import LocalStorage, Storage, list_folder, open_storage
 
 
 class FolderDataset:
@@ -221,13 +221,6 @@ def _worker_init(worker_id: int) -> None:
     # a worker forked while another loader's persistent iterator exists inherits it; this
     # flag keeps its __del__ from joining processes that are not its children at exit
     du.python_exit_status = True
-
-
-def uses_cached_input(data_cfg: DataConfig, cache_cfg: CacheConfig) -> bool:
-    """Whether a folder data set needs this module's loaders instead of plain torchvision."""
-    local = not (data_cfg.throttle_mbps > 0 or data_cfg.throttle_ms > 0 or is_url(data_cfg.root))
-    plain = data_cfg.loader != "dali" and cache_cfg.name == "none" and not data_cfg.progressive
-    return not (plain and local)
 
 
 def build_folder(

@@ -8,15 +8,13 @@ docs/internals/data.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
 
-from bench.data.jpegs import warn_corrupt
 from bench.registry import ConfigError
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -211,59 +209,6 @@ class TensorLoader(RankLoader):
                     x = torch.where(mask[:, None, None, None], x.flip(3), x)
             self._count += len(b)
             yield x, self.labels[b].to(self.device, non_blocking=True)
-
-
-class DeviceLoader(RankLoader):
-    """A torch DataLoader over a map-style data set, sharded by rank, moved to device.  A
-    batch's optional third item lists the damaged files met (``folder.SkipDamaged``): each
-    warned about once (or raised, ``strict``) and counted in ``data/corrupt``."""
-
-    def __init__(
-        self,
-        dataset: Dataset,
-        *,
-        batch_size: int,
-        rank: int,
-        world_size: int,
-        device: torch.device,
-        train: bool,
-        num_workers: int,
-        seed: int = 0,
-        collate_fn: Callable | None = None,
-        strict: bool = False,
-    ) -> None:
-        self.n = len(dataset)  # type: ignore[arg-type]
-        self.batch_size, self.rank, self.world = batch_size, rank, world_size
-        self.device, self.train, self.seed, self.strict = device, train, seed, strict
-        self._corrupt, self._seen = 0, set[str]()
-        self.loader = DataLoader(
-            dataset,
-            batch_sampler=PlanSampler(self),  # type: ignore[arg-type]
-            num_workers=num_workers,
-            pin_memory=device.type == "cuda",
-            persistent_workers=num_workers > 0,
-            collate_fn=collate_fn,
-        )
-
-    def _batches(self) -> Iterator[list[int]]:
-        return (b.tolist() for b in self._plan())
-
-    def epoch_stats(self) -> dict[str, Any]:
-        out = {**super().epoch_stats(), "data/corrupt": self._corrupt}
-        self._corrupt = 0
-        return out
-
-    def __iter__(self) -> Iterator[Batch]:
-        nb = self.device.type == "cuda"
-        for x, y, *damaged in self.loader:
-            bad = damaged[0] if damaged else []
-            if bad:
-                self._corrupt += len(bad)
-                warn_corrupt(bad, self._seen, self.strict)
-            if y is None:  # evaluation: every image of the batch was damaged
-                continue
-            self._count += len(y)
-            yield x.to(self.device, non_blocking=nb), y.to(self.device, non_blocking=nb)
 
 
 class SyntheticLoader(RankLoader):
