@@ -39,7 +39,7 @@ def folder(tmp_path_factory) -> Path:
     return root
 
 
-def loader(folder: Path, tmp: Path, *, split: str, mode: str, cache: str, device, batch=8):
+def loader(folder: Path, tmp: Path, *, split: str, cache: str, device, batch=8):
     from bench.data.dali import DaliFolderLoader
 
     store = LocalStorage(str(folder))
@@ -49,9 +49,7 @@ def loader(folder: Path, tmp: Path, *, split: str, mode: str, cache: str, device
     )  # fmt: skip
     return DaliFolderLoader(
         list_folder(store, split),
-        mode=mode,
-        reader=None if mode == "reader" else build_reader(store, cfg, str(folder)),
-        local_root=str(folder),
+        reader=build_reader(store, cfg, str(folder)),
         train=split == "train",
         batch_size=batch,
         rank=0,
@@ -75,13 +73,11 @@ def check_batch(x: torch.Tensor, y: torch.Tensor, batch: int) -> None:
     assert x.std().item() > 0.1  # real images, not zeros
 
 
-@pytest.mark.parametrize(
-    "mode,cache", [("reader", "none"), ("external", "multilevel"), ("external", "predecoded")]
-)
+@pytest.mark.parametrize("cache", ["none", "multilevel", "predecoded"])
 def test_dali_on_cuda_yields_normalised_cuda_batches_epoch_after_epoch(
-    folder: Path, tmp_path: Path, mode: str, cache: str
+    folder: Path, tmp_path: Path, cache: str
 ) -> None:
-    ld = loader(folder, tmp_path, split="train", mode=mode, cache=cache, device=GPU)
+    ld = loader(folder, tmp_path, split="train", cache=cache, device=GPU)
     assert ld.device_id == 0  # data.dali_device=auto on CUDA: a GPU pipeline
     for epoch in range(3):
         ld.set_epoch(epoch)
@@ -98,15 +94,13 @@ def test_dali_on_cuda_yields_normalised_cuda_batches_epoch_after_epoch(
     ld.close()
 
 
-@pytest.mark.parametrize("mode,cache", [("reader", "none"), ("external", "memory")])
-def test_mixed_decoding_matches_cpu_decoding(
-    folder: Path, tmp_path: Path, mode: str, cache: str
-) -> None:
+@pytest.mark.parametrize("cache", ["none", "memory"])
+def test_mixed_decoding_matches_cpu_decoding(folder: Path, tmp_path: Path, cache: str) -> None:
     """Evaluation (decode, resize, centre crop, normalise) on the GPU vs on the CPU: the
     same images up to the JPEG decoders' and resamplers' rounding."""
     out = {}
     for dev in (GPU, CPU):
-        ld = loader(folder, tmp_path / dev.type, split="val", mode=mode, cache=cache, device=dev)
+        ld = loader(folder, tmp_path / dev.type, split="val", cache=cache, device=dev)
         xs, ids = [], []
         for x, y, idx in ld.iter_indexed():
             assert x.device.type == dev.type and y.device.type == dev.type

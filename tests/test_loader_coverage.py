@@ -90,12 +90,9 @@ def _folder_loader(kind: str, train: bool, rank: int, tmp: Path, root: Path, bat
         return CachedFolderLoader(ds, num_workers=0, size_at=lambda e: 16, strict=False, **common)
     from bench.data.dali import DaliFolderLoader
 
-    mode = "reader" if loader == "dali_reader" else "external"
     return DaliFolderLoader(
         listing,
-        mode=mode,
-        reader=None if mode == "reader" else build_reader(store, cfg, "t"),
-        local_root=str(root),
+        reader=build_reader(store, cfg, "t"),
         train=train,
         threads=1,
         prefetch=2,
@@ -110,7 +107,6 @@ KINDS = [
     "tensor",
     "dali_arrays",
     "cached:memory",
-    "dali_reader:none",
     "dali_external:none",
     "dali_external:multilevel",
 ]
@@ -162,8 +158,6 @@ def test_training_epochs_follow_the_rule_and_cover_the_data(
         ]
         stats = loaders[0].epoch_stats()
         assert stats["data/rank_samples"] == len(per_rank[0])  # real samples, for throughput
-        if kind.startswith("dali_reader"):  # level 0 counted like the cached loaders
-            assert stats["cache/misses"] == len(per_rank[0]) and stats["cache/bytes_l0"] > 0
         union |= set(flat)
     assert union == set(range(N_TRAIN))  # the n % world leftovers change every epoch
 

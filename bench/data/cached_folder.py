@@ -28,7 +28,7 @@ from bench.data.loaders import (
     per_rank,
     worker_affine,
 )
-from bench.data.storage import LocalStorage, Storage, list_folder, open_storage
+from bench.data.storage import Storage, list_folder, open_storage
 
 
 class FolderDataset:
@@ -241,23 +241,16 @@ def build_folder(
     common = dict(rank=rank, world_size=world_size, device=device, seed=seed)
     common.update(strict=data_cfg.strict, prefetch=data_cfg.prefetch)
     if data_cfg.loader == "dali":
-        plain = isinstance(store, LocalStorage) and cache_cfg.name == "none"
-
-        def reader():  # one per loader: evaluation reads never count in the training epoch
-            return None if plain else build_reader(store, cache_cfg, store.root)
-
         common.update(
-            mode="reader" if plain else "external",
-            local_root=store.root,
             threads=data_cfg.dali_threads or max(1, data_cfg.num_workers),
             flip=data_cfg.flip,
             dali_device=data_cfg.dali_device,
             predecode_size=pre,
         )
-        train = DaliFolderLoader(
-            tr, train=True, batch_size=b, size_at=ts, reader=reader(), **common
-        )
-        ev = DaliFolderLoader(va, train=False, batch_size=eb, size_at=es, reader=reader(), **common)
+        # one reader per loader: evaluation reads never count in the training epoch
+        read = partial(build_reader, store, cache_cfg, store.root)
+        train = DaliFolderLoader(tr, train=True, batch_size=b, size_at=ts, reader=read(), **common)
+        ev = DaliFolderLoader(va, train=False, batch_size=eb, size_at=es, reader=read(), **common)
     else:
         workers = data_cfg.num_workers
         share, flip = max(1, workers), data_cfg.flip

@@ -1,14 +1,10 @@
-"""NVIDIA DALI input pipelines (``data.loader=dali``): image folders and in-memory arrays.
-
-Folders go through ``fn.readers.file`` (a plain local folder) or ``fn.external_source`` fed
-from the data cache by a thread pool; arrays (CIFAR-10, digits) through
-``fn.external_source``.  Batches follow :func:`bench.data.loaders.rank_batches`; the
-details are in docs/internals/data.md.
-"""
+"""NVIDIA DALI input pipelines (``data.loader=dali``): image folders, fed from the data cache
+by a thread pool, and in-memory arrays (CIFAR-10, digits), both through
+``fn.external_source``; batches follow :func:`bench.data.loaders.rank_batches`
+(docs/internals/data.md)."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -257,16 +253,14 @@ class ExternalFeed:
 
 
 class DaliFolderLoader(DaliLoader):
-    """A DALI loader over a folder listing (``mode``: ``reader`` or ``external``);
+    """A DALI loader over a folder listing, fed from ``reader`` by an :class:`ExternalFeed`;
     ``iter_indexed()`` also yields the sample indices."""
 
     def __init__(
         self,
         listing: Any,
         *,
-        mode: str,
-        reader: CachedReader | None,
-        local_root: str,
+        reader: CachedReader,
         size_at: Callable[[int], int],
         flip: bool,
         strict: bool,
@@ -274,40 +268,20 @@ class DaliFolderLoader(DaliLoader):
         **common: Any,
     ) -> None:
         super().__init__(**common)
-        if mode not in ("reader", "external"):
-            raise ValueError(mode)
-        if mode == "external" and reader is None:
-            raise ValueError("external mode needs a CachedReader")
-        self.listing, self.mode, self.reader, self.local_root = listing, mode, reader, local_root
+        self.listing, self.reader, self.n = listing, reader, len(listing)
         self.size_at, self.flip, self.strict = size_at, flip, strict
         self.predecode_size = predecode_size
         self.labels = np.asarray(listing.labels, dtype=np.int64)
         self._stats: dict[str, float] = zero_stats()
-        self._reader_open = False  # a file-reader pass was left unfinished
-        self.feed: ExternalFeed | None = None
-        if mode == "reader":
-            self._good, self._paths, self._sizes = self._checked_files()
-        else:
-            self.feed = ExternalFeed(self)
+        self.feed = ExternalFeed(self)
 
     @property
     def fetch_threads(self) -> int:
-        """Threads reading files ahead of DALI (external source); 0 for the file reader."""
-        return self.feed.pool._max_workers if self.feed is not None else 0
-
-    @property
-    def n(self) -> int:
-        """Samples the rule deals out: the good files (reader) or the whole listing."""
-        return len(self._good) if self.mode == "reader" else len(self.listing)
-
-    def _plan(self) -> list[np.ndarray]:
-        """This epoch's batches of sample indices (listing positions)."""
-        plan = super()._plan()
-        return [self._good[b] for b in plan] if self.mode == "reader" else plan
+        """Threads reading files ahead of DALI."""
+        return self.feed.pool._max_workers
 
     def epoch_stats(self) -> dict[str, float]:
-        if self.reader is not None:
-            merge_stats(self._stats, self.reader.stats.take())
+        merge_stats(self._stats, self.reader.stats.take())
         out = dict(self._stats)
         self._stats.clear()  # the feed holds this dict: reset it in place
         self._stats.update(zero_stats())
@@ -316,41 +290,10 @@ class DaliFolderLoader(DaliLoader):
     def close(self) -> None:
         """Free the pipeline and the fetch threads."""
         self._pipe = (None, None)
-        if self.feed is not None:
-            self.feed.close()
+        self.feed.close()
 
     def _stop_source(self) -> None:
         self.feed.stop()
-
-    def _end_open_epoch(self) -> None:
-        super()._end_open_epoch()
-        if self._reader_open:  # its pipeline has read ahead into a pass never taken
-            self._pipe, self._reader_open = (None, None), False
-
-    def _checked_files(self) -> tuple[np.ndarray, list[str], np.ndarray]:
-        """(indices, absolute paths, sizes) of the files that look like images; the others
-        are skipped with a warning (or stop the run with ``data.strict=true``)."""
-        paths = [os.path.join(self.local_root, f) for f in self.listing.files]
-
-        def check(p: str) -> int:  # the size in bytes, -1 for a bad file
-            try:
-                size = os.path.getsize(p)
-                with open(p, "rb") as f:
-                    head = f.read(8)
-                    f.seek(max(0, size - 64))
-                    tail = f.read(64)
-            except OSError:
-                return -1
-            return size if jpeg_looks_complete(head + tail if len(head) == 8 else head) else -1
-
-        with ThreadPoolExecutor(8) as ex:
-            sizes = np.array(list(ex.map(check, paths)), dtype=np.int64)
-        bad = [self.listing.files[i] for i in np.flatnonzero(sizes < 0)]
-        if bad:
-            self._stats["data/corrupt"] = len(bad)
-            msgs = [f"{b}: truncated or not an image" for b in bad]
-            warn_corrupt(msgs, set(), self.strict)
-        return np.flatnonzero(sizes >= 0), paths, sizes
 
     def _augment(self, fn: Any, types: Any, images: Any, size: int, decoded: bool):
         """Random-resized crop + flip (training) or resize + centre crop (evaluation), then
@@ -384,17 +327,6 @@ class DaliFolderLoader(DaliLoader):
         kw = dict(crop=crop, mirror=mirror, mean=mean, std=std)
         return fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", **kw)
 
-    def _reader_pipe(self, size: int, order: np.ndarray):
-        """``fn.readers.file`` over the files ``order`` (sample indices), read in order."""
-        files = [self._paths[i] for i in order.tolist()]
-
-        def read(fn: Any, types: Any) -> Any:
-            return fn.readers.file(files=files, labels=order.tolist(), random_shuffle=False,
-                                   pad_last_batch=True, name="Reader")  # fmt: skip
-
-        seed = self.seed + self.rank + 7919 * self.epoch
-        return self._make_pipe(read, partial(self._augment, size=size, decoded=False), seed)
-
     def _external_pipe(self, size: int):
         decoded = bool(self.predecode_size)
 
@@ -404,45 +336,23 @@ class DaliFolderLoader(DaliLoader):
         aug = partial(self._augment, size=size, decoded=decoded)
         return self._make_pipe(read, aug, self.seed + self.rank)
 
-    def _batches(self, plan: list[np.ndarray]):
-        if self.mode == "external":
-            size = self.size_at(self.epoch)
-            pipe = self._built(("external", size), lambda: self._external_pipe(size))
-            self.feed.start(plan)
-            for images, index in self._run_external(pipe):
-                yield images, index, None
-            if self.feed.error is not None:
-                raise self.feed.error
-            return
-        # training: one pipeline per epoch's list; evaluation: one for the fixed shard, in
-        # step pass after pass (pad_last_batch completes the last batch of each pass)
-        key = ("reader", self.size_at(self.epoch), self.epoch if self.train else None)
-        pipe = self._built(key, lambda: self._reader_pipe(key[1], np.concatenate(plan)))
-        self._reader_open = True
-        for batch in plan:
-            images, index = self._run(pipe.run)
-            yield images, index, batch
-        self._reader_open = False
-
     def iter_indexed(self) -> Iterator[tuple[Any, Any, Any]]:
         self._end_open_epoch()
         plan = self._plan()
         if not plan:
             return
+        size = self.size_at(self.epoch)
+        pipe = self._built(("external", size), lambda: self._external_pipe(size))
+        self.feed.start(plan)
         t0 = time.perf_counter()
-        for images, index, batch in self._batches(plan):
+        for images, index in self._run_external(pipe):
             merge_stats(self._stats, {"data/wait_s": time.perf_counter() - t0})
             x, idx = self._batch(images, index)
-            if batch is not None:  # the file reader pads the last batch of a pass: cut by count
-                n = len(batch)
-                x, idx = x[:n], idx[:n]
-                if not np.array_equal(idx.numpy(), batch):
-                    raise RuntimeError(f"DALI file reader out of step on rank {self.rank}")
-                self._stats["cache/misses"] += n  # every file came from level 0
-                self._stats["cache/bytes_l0"] += int(self._sizes[batch].sum())
             self._stats[SAMPLES] += len(idx)
             yield x, self._labels(idx), idx  # x: on self.device (to_torch)
             t0 = time.perf_counter()
+        if self.feed.error is not None:
+            raise self.feed.error
 
     def _run(self, call: Callable):
         try:
