@@ -352,24 +352,13 @@ def test_validate_refuses_bad_input_settings(folder: Path, tmp_path: Path) -> No
         validate(d, CacheConfig(), 1)
 
 
-def test_dali_array_loader_matches_tensor_loader_on_digits() -> None:
-    """data.loader=dali for in-memory data: same shard sizes, same evaluation tensors."""
-    pytest.importorskip("nvidia.dali")
-    from bench.data import build_data
+def test_dali_is_refused_for_data_sets_batched_in_memory() -> None:
+    from bench.data import validate
     from bench.data.config import CacheConfig, DataConfig
+    from bench.registry import ConfigError
 
-    out = {}
-    for loader in ("torch", "dali"):
-        d = DataConfig(name="digits", loader=loader, batch_size=64, eval_batch_size=128, flip=True)
-        b = build_data(d, CacheConfig(), 1, 2, CPU, 0)
-        b.train.set_epoch(1)
-        x, _ = next(iter(b.train))  # abandoned mid-epoch, as with train.max_steps_per_epoch
-        assert x.shape == (32, 3, 32, 32) and len(b.train) == 1436 // 2 // 32
-        out[loader] = (b.train_samples, list(b.eval))
-    assert out["torch"][0] == out["dali"][0]
-    for (xt, yt), (xd, yd) in zip(out["torch"][1], out["dali"][1], strict=True):
-        assert torch.equal(yt, yd)
-        assert torch.allclose(xt, xd, atol=1e-4)
+    with pytest.raises(ConfigError, match="data.loader=dali reads image folders; data=digits"):
+        validate(DataConfig(name="digits", loader="dali"), CacheConfig(), 1)
 
 
 def test_dali_device_choice() -> None:

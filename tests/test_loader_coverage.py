@@ -51,7 +51,7 @@ def _arrays(n: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, torch.arange(n)
 
 
-def _tensor(kind: str, train: bool, rank: int, tmp: Path, batch: int):
+def _tensor(train: bool, rank: int, batch: int):
     x, y = _arrays(N_TRAIN if train else N_VAL)
     kw = dict(
         batch_size=batch,
@@ -63,10 +63,6 @@ def _tensor(kind: str, train: bool, rank: int, tmp: Path, batch: int):
         train=train,
         seed=SEED,
     )
-    if kind == "dali_arrays":
-        from bench.data.dali import DaliArrayLoader
-
-        return DaliArrayLoader(x, y, threads=1, **kw)
     from bench.data.loaders import TensorLoader
 
     return TensorLoader(x, y, **kw)
@@ -105,7 +101,6 @@ def _folder_loader(kind: str, train: bool, rank: int, tmp: Path, root: Path, bat
 
 KINDS = [
     "tensor",
-    "dali_arrays",
     "cached:memory",
     "dali_external:none",
     "dali_external:multilevel",
@@ -116,8 +111,8 @@ def _make(kind: str, train: bool, tmp: Path, root: Path) -> list:
     if kind.startswith("dali"):
         pytest.importorskip("nvidia.dali")
     batch = BATCH if train else EVAL_BATCH
-    if kind in ("tensor", "dali_arrays"):
-        return [_tensor(kind, train, r, tmp, batch) for r in range(WORLD)]
+    if kind == "tensor":
+        return [_tensor(train, r, batch) for r in range(WORLD)]
     return [_folder_loader(kind, train, r, tmp, root, batch) for r in range(WORLD)]
 
 
@@ -199,15 +194,14 @@ def test_the_rule_is_distributed_samplers() -> None:
             assert got.tolist() == list(s)
 
 
-@pytest.mark.parametrize("kind", ["dali_arrays", "dali_external:none"])
 @pytest.mark.parametrize("cut", [0, 1])
 def test_dali_external_source_survives_the_loop_dropping_its_iterator(
-    kind: str, cut: int, tmp_path: Path, folder: Path
+    cut: int, tmp_path: Path, folder: Path
 ) -> None:
     """The loop never asks for the batch after the last one, so DALI's StopIteration (and
     its reset) never comes from the loop: epoch 2 must start anyway, with no batch of
     epoch 1 (cut=1: train.max_steps_per_epoch=1)."""
-    loaders = _make(kind, True, tmp_path, folder)
+    loaders = _make("dali_external:none", True, tmp_path, folder)
     for epoch in range(3):
         per_rank = _epoch(loaders, epoch, max_steps=cut)
         steps = cut or len(loaders[0])

@@ -14,7 +14,6 @@ import os
 import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +38,7 @@ class DatasetSpec:
 
     build: Builder  # (data_cfg, cache_cfg, rank, world_size, device, seed) -> DataBundle
     check: Callable[[DataConfig], None] | None = None  # e.g. the files are on disk
+    dali: bool = False  # data.loader=dali reads it (image folders)
 
 
 # A data set's own modules are imported when its builder or check runs: the config schema
@@ -150,22 +150,14 @@ def load_cifar10(root: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, t
 
 def _arrays(cfg: DataConfig, rank, world, device, seed, arrays: tuple, stats) -> DataBundle:
     """The bundle of an in-memory data set: ``arrays`` = (train x, y, eval x, y), ``stats``
-    = (mean, std) per channel in the units of x; batched torch ops, or DALI."""
-    loader: Callable[..., Any] = TensorLoader
-    if cfg.loader == "dali":
-        # deferred: see the note above DATASETS
-        from bench.data.dali import DaliArrayLoader
-
-        threads = cfg.dali_threads or max(1, cfg.num_workers)
-        loader = partial(
-            DaliArrayLoader, threads=threads, prefetch=cfg.prefetch, dali_device=cfg.dali_device
-        )
+    = (mean, std) per channel in the units of x."""
     tx, ty, vx, vy = arrays
     common = dict(rank=rank, world_size=world, device=device, mean=stats[0], std=stats[1])
     b = per_rank(cfg.batch_size, world, "data.batch_size")
     common["seed"] = seed
-    train = loader(tx, ty, batch_size=b, train=True, pad=cfg.pad, flip=cfg.flip, **common)
-    ev = loader(vx, vy, batch_size=max(1, cfg.eval_batch_size // world), train=False, **common)
+    train = TensorLoader(tx, ty, batch_size=b, train=True, pad=cfg.pad, flip=cfg.flip, **common)
+    eb = max(1, cfg.eval_batch_size // world)
+    ev = TensorLoader(vx, vy, batch_size=eb, train=False, **common)
     return DataBundle(train, ev, 10, len(ty) // world * world)
 
 
@@ -232,8 +224,8 @@ def _check_folder(cfg: DataConfig) -> None:
 DATASETS.register("digits")(DatasetSpec(_digits, _check_digits))
 DATASETS.register("cifar10")(DatasetSpec(_cifar10, _check_cifar))
 _FOLDER = _deferred("bench.data.cached_folder", "build_folder")
-DATASETS.register("imagefolder")(DatasetSpec(_FOLDER, _check_folder))
-DATASETS.register("imagenet")(DatasetSpec(_FOLDER, _check_folder))
+DATASETS.register("imagefolder")(DatasetSpec(_FOLDER, _check_folder, dali=True))
+DATASETS.register("imagenet")(DatasetSpec(_FOLDER, _check_folder, dali=True))
 DATASETS.register("synthetic")(DatasetSpec(_synthetic))
 _TRANSLATION = "bench.data.translation"
 DATASETS.register("translation")(
@@ -259,6 +251,11 @@ def validate(cfg: DataConfig, cache_cfg: CacheConfig, world_size: int) -> None:
     from bench.data.dali import require_dali
 
     validate_cache(cache_cfg)  # the input pipeline: cache, DALI, throttle, progressive sizes
+    if cfg.loader == "dali" and not spec.dali:
+        raise ConfigError(
+            f"data.loader=dali reads image folders; data={cfg.name} is batched on the training "
+            "device by torch: use data.loader=torch"
+        )
     if cfg.loader == "dali":
         require_dali()
     if cfg.dali_threads < 0 or cfg.prefetch < 1:

@@ -1,6 +1,5 @@
-"""NVIDIA DALI input pipelines (``data.loader=dali``): image folders, fed from the data cache
-by a thread pool, and in-memory arrays (CIFAR-10, digits), both through
-``fn.external_source``; batches follow :func:`bench.data.loaders.rank_batches`
+"""NVIDIA DALI input pipelines (``data.loader=dali``) for image folders: ``fn.external_source``
+fed from the data cache by a thread pool, batches by :func:`bench.data.loaders.rank_batches`
 (docs/internals/data.md)."""
 
 from __future__ import annotations
@@ -9,7 +8,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -77,107 +75,6 @@ def to_device(x: Any, device: Any):
     if device.type == "cuda" and not x.is_cuda:
         return x.to(device, non_blocking=not x.is_pinned())
     return x.to(device)
-
-
-class DaliLoader(RankLoader):
-    """What both DALI loaders share: the sampling rule, one pipeline built per key, and the
-    epochs of an ``fn.external_source`` (StopIteration after the plan, then a reset)."""
-
-    def __init__(
-        self,
-        *,
-        train: bool,
-        batch_size: int,
-        rank: int,
-        world_size: int,
-        device: Any,
-        threads: int = 1,
-        prefetch: int = 2,
-        seed: int = 0,
-        dali_device: str = "auto",
-    ) -> None:
-        require_dali()
-        self.train, self.batch_size, self.rank, self.world = train, batch_size, rank, world_size
-        self.device, self.threads, self.prefetch = device, max(1, threads), max(1, prefetch)
-        self.seed, self.device_id = seed, dali_device_id(device, dali_device)
-        self._pipe: tuple[Any, Any] = (None, None)  # (key, built pipeline)
-        self._open: Any = None  # the pipeline whose external epoch has not ended
-
-    def set_epoch(self, epoch: int) -> None:
-        self._end_open_epoch()
-        self.epoch = epoch
-
-    def _make_pipe(self, read: Callable, aug: Callable, seed: int):
-        """A pipeline of ``read(fn, types)`` -> (images, sample indices), ``aug(fn, types,
-        images)`` applied to the images."""
-        fn, pipeline_def, types = require_dali()
-
-        @pipeline_def
-        def pipe():
-            data, index = read(fn, types)
-            return aug(fn, types, data), index
-
-        return pipe(batch_size=self.batch_size, num_threads=self.threads, seed=seed,
-                    device_id=self.device_id, prefetch_queue_depth=self.prefetch)  # fmt: skip
-
-    def _external(self, fn: Any, types: Any, source: Callable, dtype: Any, layout: str) -> Any:
-        # the source is called ahead of run(), one batch per call.  no_copy: DALI reads the
-        # arrays in place, no host copy; ``keep`` holds the latest batches until the
-        # pipeline is done with them
-        keep: deque = deque(maxlen=2 * self.prefetch + 4)
-
-        def call():
-            keep.append(source())
-            return keep[-1]
-
-        kw = dict(num_outputs=2, batch=True, dtype=[dtype, types.INT64], layout=[layout, ""])
-        return fn.external_source(source=call, no_copy=True, **kw)
-
-    def _built(self, key: tuple, make: Callable[[], Any]):
-        """The pipeline for ``key``, built (and the previous one freed) when it changes."""
-        if self._pipe[0] != key:
-            self._pipe = (None, None)  # progressive resizing goes one way: free the old one
-            pipe = make()
-            pipe.build()
-            self._pipe = (key, pipe)
-        return self._pipe[1]
-
-    def _run_external(self, pipe: Any) -> Iterator[Any]:
-        """``pipe.run()`` once per batch until the source's StopIteration."""
-        self._open = pipe
-        while True:
-            try:
-                out = self._run(pipe.run)
-            except StopIteration:
-                pipe.reset()
-                self._open = None
-                return
-            yield out
-
-    def _end_open_epoch(self) -> None:
-        """Close an epoch the training loop cut short: stop the source, drain, reset."""
-        pipe, self._open = self._open, None
-        if pipe is None:
-            return
-        self._stop_source()
-        while True:
-            try:
-                pipe.run()
-            except StopIteration:
-                break
-        pipe.reset()
-
-    def _run(self, call: Callable):
-        return call()
-
-    def _batch(self, images: Any, index: Any) -> tuple[Any, Any]:
-        """(images on the device, sample indices on the host) of a pipeline's output."""
-        idx = to_torch(index, torch.device("cpu")).view(-1)  # a copy: see _external
-        wrap = bool(getattr(self._pipe[1], "exec_dynamic", False))  # DALI's dynamic executor
-        return to_torch(images, self.device, wrap=wrap), idx
-
-    def _labels(self, idx: Any):
-        return to_device(torch.from_numpy(self.labels[idx.numpy()]), self.device)
 
 
 class ExternalFeed:
@@ -252,33 +149,51 @@ class ExternalFeed:
         raise StopIteration
 
 
-class DaliFolderLoader(DaliLoader):
-    """A DALI loader over a folder listing, fed from ``reader`` by an :class:`ExternalFeed`;
-    ``iter_indexed()`` also yields the sample indices."""
+class DaliFolderLoader(RankLoader):
+    """A DALI pipeline over a folder listing, fed from ``reader`` by an :class:`ExternalFeed`
+    (DALI calls the source ahead of ``run()``; after its StopIteration ``run()`` raises it
+    until ``reset()``); ``iter_indexed()`` also yields the sample indices."""
 
     def __init__(
         self,
         listing: Any,
         *,
         reader: CachedReader,
+        train: bool,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        device: Any,
         size_at: Callable[[int], int],
         flip: bool,
         strict: bool,
+        threads: int = 1,
+        prefetch: int = 2,
+        seed: int = 0,
+        dali_device: str = "auto",
         predecode_size: int = 0,
-        **common: Any,
     ) -> None:
-        super().__init__(**common)
+        require_dali()
+        self.train, self.batch_size, self.rank, self.world = train, batch_size, rank, world_size
+        self.device, self.threads, self.prefetch = device, max(1, threads), max(1, prefetch)
+        self.seed, self.device_id = seed, dali_device_id(device, dali_device)
         self.listing, self.reader, self.n = listing, reader, len(listing)
         self.size_at, self.flip, self.strict = size_at, flip, strict
         self.predecode_size = predecode_size
         self.labels = np.asarray(listing.labels, dtype=np.int64)
         self._stats: dict[str, float] = zero_stats()
         self.feed = ExternalFeed(self)
+        self._pipe: tuple[Any, Any] = (None, None)  # (image size, built pipeline)
+        self._open: Any = None  # the pipeline whose epoch has not ended
 
     @property
     def fetch_threads(self) -> int:
         """Threads reading files ahead of DALI."""
         return self.feed.pool._max_workers
+
+    def set_epoch(self, epoch: int) -> None:
+        self._end_open_epoch()
+        self.epoch = epoch
 
     def epoch_stats(self) -> dict[str, float]:
         merge_stats(self._stats, self.reader.stats.take())
@@ -291,9 +206,6 @@ class DaliFolderLoader(DaliLoader):
         """Free the pipeline and the fetch threads."""
         self._pipe = (None, None)
         self.feed.close()
-
-    def _stop_source(self) -> None:
-        self.feed.stop()
 
     def _augment(self, fn: Any, types: Any, images: Any, size: int, decoded: bool):
         """Random-resized crop + flip (training) or resize + centre crop (evaluation), then
@@ -328,108 +240,77 @@ class DaliFolderLoader(DaliLoader):
         return fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", **kw)
 
     def _external_pipe(self, size: int):
-        decoded = bool(self.predecode_size)
+        fn, pipeline_def, types = require_dali()
+        decoded = bool(self.predecode_size)  # the source gives HWC pixels, else file bytes
+        # no_copy: DALI reads the fetched arrays in place; ``keep`` holds the latest batches
+        # until the pipeline is done with them (it calls the source ahead of run())
+        keep: deque = deque(maxlen=2 * self.prefetch + 4)
 
-        def read(fn: Any, types: Any) -> Any:  # the fetched arrays: cached bytes, or HWC pixels
-            return self._external(fn, types, self.feed, types.UINT8, "HWC" if decoded else "")
+        def source():
+            keep.append(self.feed())
+            return keep[-1]
 
-        aug = partial(self._augment, size=size, decoded=decoded)
-        return self._make_pipe(read, aug, self.seed + self.rank)
+        @pipeline_def
+        def pipe():
+            layout = ["HWC" if decoded else "", ""]
+            kw = dict(num_outputs=2, batch=True, dtype=[types.UINT8, types.INT64], layout=layout)
+            images, index = fn.external_source(source=source, no_copy=True, **kw)
+            return self._augment(fn, types, images, size, decoded), index
+
+        kw = dict(device_id=self.device_id, prefetch_queue_depth=self.prefetch)
+        return pipe(
+            batch_size=self.batch_size, num_threads=self.threads, seed=self.seed + self.rank, **kw
+        )
+
+    def _built(self, size: int):
+        """The pipeline for ``size``, built (and the previous one freed) when it changes."""
+        if self._pipe[0] != size:
+            self._pipe = (None, None)  # progressive resizing goes one way: free the old one
+            pipe = self._external_pipe(size)
+            pipe.build()
+            self._pipe = (size, pipe)
+        return self._pipe[1]
+
+    def _end_open_epoch(self) -> None:
+        """Close an epoch the training loop cut short: stop the source, drain, reset."""
+        pipe, self._open = self._open, None
+        if pipe is None:
+            return
+        self.feed.stop()
+        while True:
+            try:
+                pipe.run()
+            except StopIteration:
+                break
+        pipe.reset()
 
     def iter_indexed(self) -> Iterator[tuple[Any, Any, Any]]:
         self._end_open_epoch()
         plan = self._plan()
         if not plan:
             return
-        size = self.size_at(self.epoch)
-        pipe = self._built(("external", size), lambda: self._external_pipe(size))
+        pipe = self._built(self.size_at(self.epoch))
         self.feed.start(plan)
+        self._open = pipe
+        wrap = bool(getattr(pipe, "exec_dynamic", False))  # DALI's dynamic executor
         t0 = time.perf_counter()
-        for images, index in self._run_external(pipe):
+        while True:
+            try:
+                images, index = pipe.run()
+            except StopIteration:
+                pipe.reset()
+                self._open = None
+                break
+            except RuntimeError as e:
+                raise RuntimeError(
+                    f"DALI could not process a batch on rank {self.rank} "
+                    f"(run data.loader=torch to name the file): {e}"
+                ) from e
             merge_stats(self._stats, {"data/wait_s": time.perf_counter() - t0})
-            x, idx = self._batch(images, index)
+            idx = to_torch(index, torch.device("cpu")).view(-1)  # a copy: see _external_pipe
+            y = to_device(torch.from_numpy(self.labels[idx.numpy()]), self.device)
             self._stats[SAMPLES] += len(idx)
-            yield x, self._labels(idx), idx  # x: on self.device (to_torch)
+            yield to_torch(images, self.device, wrap=wrap), y, idx
             t0 = time.perf_counter()
         if self.feed.error is not None:
             raise self.feed.error
-
-    def _run(self, call: Callable):
-        try:
-            return call()
-        except RuntimeError as e:
-            raise RuntimeError(
-                f"DALI could not process a batch on rank {self.rank} "
-                f"(run data.loader=torch to name the file): {e}"
-            ) from e
-
-
-class DaliArrayLoader(DaliLoader):
-    """In-memory image arrays through ``fn.external_source``: padded random crop + flip
-    (training) or normalise only (evaluation), by ``crop_mirror_normalize``."""
-
-    def __init__(
-        self,
-        images: Any,
-        labels: Any,
-        *,
-        mean: Any,
-        std: Any,
-        train: bool,
-        pad: int = 0,
-        flip: bool = False,
-        **common: Any,
-    ) -> None:
-        super().__init__(train=train, **common)
-        x = np.ascontiguousarray(images.numpy().transpose(0, 2, 3, 1))  # NHWC, as DALI wants
-        self.h, self.w = x.shape[1:3]
-        self.mean = [float(m) for m in mean]
-        self.std = [float(s) for s in std]
-        if train and pad:  # padded with the mean: 0 once normalised
-            fill = np.asarray(self.mean, dtype=np.float64).astype(x.dtype)
-            shape = (x.shape[0], self.h + 2 * pad, self.w + 2 * pad, x.shape[3])
-            padded = np.broadcast_to(fill, shape).copy()
-            padded[:, pad : pad + self.h, pad : pad + self.w] = x
-            x = padded
-        self.x, self.labels = x, labels.numpy().astype(np.int64)
-        self.pad, self.flip, self.n = pad, flip, len(self.labels)
-        self._todo: list[np.ndarray] = []
-
-    def _stop_source(self) -> None:
-        self._todo = []
-
-    def _next(self):
-        if not self._todo:
-            raise StopIteration
-        b = self._todo.pop(0)
-        return [self.x[i] for i in b], [np.array(i, dtype=np.int64) for i in b]
-
-    def _aug(self, fn: Any, types: Any, images: Any) -> Any:
-        if self.device_id is not None:
-            images = images.gpu()
-        kw: dict[str, Any] = {}
-        if self.train:
-            kw = dict(
-                crop=(self.h, self.w),
-                crop_pos_x=fn.random.uniform(range=(0.0, 1.0)),
-                crop_pos_y=fn.random.uniform(range=(0.0, 1.0)),
-                mirror=fn.random.coin_flip(probability=0.5) if self.flip else 0,
-            )
-        return fn.crop_mirror_normalize(
-            images, dtype=types.FLOAT, output_layout="CHW", mean=self.mean, std=self.std, **kw
-        )
-
-    def _read(self, fn: Any, types: Any) -> Any:
-        # the images: views of the array, read in place
-        dtype = types.UINT8 if self.x.dtype == np.uint8 else types.FLOAT
-        return self._external(fn, types, self._next, dtype, "HWC")
-
-    def iter_indexed(self) -> Iterator[tuple[Any, Any, Any]]:
-        make = partial(self._make_pipe, self._read, self._aug, self.seed + self.rank)
-        pipe = self._built(("arrays",), make)
-        self._end_open_epoch()  # an epoch the training loop cut short
-        self._todo = self._plan()
-        for images, index in self._run_external(pipe):
-            x, idx = self._batch(images, index)
-            self._count += len(idx)
-            yield x, self._labels(idx), idx
