@@ -1,9 +1,6 @@
-"""``bench comm``: gradient aggregation per step for ResNet-50's and Transformer-base's DDP
-buckets on 2 nodes x 2.
-
-Every method's hook on four local gloo workers; rows ``kind=overlap`` from :mod:`.overlap`.
-Columns and protocol: docs/internals/benchmarks.md (comm).
-"""
+"""``bench comm``: every method's aggregation per step of ResNet-50's and Transformer-base's
+DDP buckets on four local gloo workers as 2 nodes x 2, and rows ``kind=overlap`` from
+:mod:`.overlap`; columns and protocol: docs/internals/benchmarks.md (comm)."""
 
 from __future__ import annotations
 
@@ -31,15 +28,6 @@ WHOLE = [m for m in METHODS if not methods.get(m).sparse]  # the baseline first
 SPARSE = [m for m in METHODS if methods.get(m).sparse]  # flat first, hierarchical last
 MODELS = ["resnet50", "transformer_base"]
 DENSITIES = [0.001, 0.01]
-
-
-def model_buckets(
-    model: str = "resnet50", bucket_cap_mb: float = 25.0, vocab: int = 32000
-) -> list[list[torch.Size]]:
-    """Parameter shapes per DDP bucket (DDP's initial assignment, as the projection's) of
-    ResNet-50 or of ``transformer_base`` with a joint vocabulary of ``vocab`` tokens."""
-    _, shapes = projection.model_buckets(model, bucket_cap_mb, vocab)
-    return [[torch.Size(s) for s in b] for b in shapes]
 
 
 def _worker(
@@ -87,7 +75,7 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
         cases = [(m, 1.0) for m in WHOLE[:2]] + [(m, 0.01) for m in (SPARSE[0], SPARSE[-1])]
         warmup, reps = 1, 2
     else:
-        models = {m: model_buckets(m) for m in MODELS}
+        models = {m: projection.model_buckets(m)[1] for m in MODELS}  # DDP's buckets' shapes
         cases = [(m, 1.0) for m in WHOLE] + [(m, d) for d in DENSITIES for m in SPARSE]
         warmup, reps = 3, 5  # powersgd compresses from its 3rd step on
     bench = BenchRun("comm", results_dir)
@@ -133,8 +121,7 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
 
 
 def _plot(bench: BenchRun) -> None:
-    """Two figures: per model, the time per step and the bytes per worker of each method
-    (``comm.png``), and the overlap of communication with the step (``comm.overlap.png``)."""
+    """``comm.png`` (per model: time per step, bytes per worker) and ``comm.overlap.png``."""
     df = bench.frame()
     ov, df = df[df["kind"] == "overlap"], df[df["kind"] != "overlap"]
     models = list(dict.fromkeys(str(m) for m in df["model"]))

@@ -1,7 +1,5 @@
-"""Benchmark ``input``: images/s of the input pipeline per epoch, torch vs DALI, per cache.
-
-Every loader and cache, level 0 throttled and not, 3 epochs from cold, like for like.
-Columns and protocol: docs/internals/benchmarks.md (input)."""
+"""Benchmark ``input``: images/s of every loader and cache per epoch, level 0 throttled and
+not, 3 epochs from cold, like for like; columns and protocol: docs/internals/benchmarks.md."""
 
 from __future__ import annotations
 

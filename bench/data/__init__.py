@@ -1,8 +1,6 @@
-"""Data sets and per-rank loaders by name: the DATASETS registry of :class:`DatasetSpec`
-(a builder and its configuration-time check; adding a data set touches this file only).
-Here too the in-memory ones: scikit-learn's 8x8 digits (upsampled, 3 channels, a fixed
-stratified split; no download) and CIFAR-10 from its python-pickle folder.
-"""
+"""Data sets by name: the DATASETS registry of :class:`DatasetSpec` (adding a data set touches
+this file only), and the in-memory ones: scikit-learn's 8x8 digits (upsampled, 3 channels, a
+fixed stratified split; no download) and CIFAR-10 from its python-pickle folder."""
 
 from __future__ import annotations
 
@@ -149,8 +147,7 @@ def load_cifar10(root: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, t
 
 
 def _arrays(cfg: DataConfig, rank, world, device, seed, arrays: tuple, stats) -> DataBundle:
-    """The bundle of an in-memory data set: ``arrays`` = (train x, y, eval x, y), ``stats``
-    = (mean, std) per channel in the units of x."""
+    """``arrays``: (train x, y, eval x, y); ``stats``: (mean, std) per channel, units of x."""
     tx, ty, vx, vy = arrays
     common = dict(rank=rank, world_size=world, device=device, mean=stats[0], std=stats[1])
     b = per_rank(cfg.batch_size, world, "data.batch_size")

@@ -131,8 +131,7 @@ class FolderDataset:
 
 
 class CachedFolderLoader(RankLoader):
-    """Torch DataLoader over a folder through the cache (the loader contract of
-    :mod:`bench.data.loaders`); ``iter_indexed()`` also yields the sample indices."""
+    """A DataLoader over a :class:`FolderDataset`; ``iter_indexed()`` adds sample indices."""
 
     def __init__(
         self,
@@ -226,8 +225,7 @@ def _worker_init(worker_id: int) -> None:
 def build_folder(
     data_cfg: DataConfig, cache_cfg: CacheConfig, rank: int, world_size: int, device: Any, seed: int
 ) -> DataBundle:
-    """The DataBundle of an ImageNet-style folder read through the cache: DALI's loaders
-    (``data.loader=dali``) or the cached torch path."""
+    """The loaders of an ImageNet-style folder read through the cache: torch's or DALI's."""
     store = open_storage(data_cfg.root, data_cfg.throttle_mbps, data_cfg.throttle_ms)
     tr = list_folder(store, data_cfg.train_dir)
     va = list_folder(store, data_cfg.val_dir, tr.classes)

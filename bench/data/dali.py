@@ -34,8 +34,7 @@ def require_dali():
 
 
 def dali_device_id(device: Any, dali_device: str) -> int | None:
-    """The CUDA device for GPU operators, or None for a CPU-only pipeline
-    (``data.dali_device``: auto, cpu or gpu)."""
+    """The CUDA device for GPU operators, or None for a CPU-only pipeline."""
     device = torch.device(device)
     if str(dali_device) not in ("auto", "cpu", "gpu"):
         raise ConfigError(f"data.dali_device must be auto, cpu or gpu, got {dali_device!r}")

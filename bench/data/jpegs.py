@@ -77,8 +77,7 @@ def decode_capped(data: bytes, max_short_side: int, name: str) -> np.ndarray:
 
 
 def jpeg_looks_complete(data: bytes) -> bool:
-    """Cheap structural check: a JPEG starts with SOI (FFD8) and ends with EOI (FFD9); PNG
-    files pass."""
+    """A JPEG starts with SOI (FFD8) and ends with EOI (FFD9); PNG files pass."""
     if data[:8] == b"\x89PNG\r\n\x1a\n":
         return True
     return len(data) > 4 and data[:2] == b"\xff\xd8" and b"\xff\xd9" in data[-64:]

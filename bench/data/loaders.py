@@ -1,10 +1,6 @@
-"""Per-rank loaders, the contract they follow and the one sampling rule they share.
-
-A loader yields ``(x, y)`` on the training device, has ``len()`` (steps per epoch),
-``set_epoch`` and ``epoch_stats()`` (reset when read; always ``data/rank_samples``).
-Sampling follows torch's ``DistributedSampler`` (shuffle, drop_last); see
-docs/internals/data.md.
-"""
+"""Per-rank loaders and their contract: ``(x, y)`` on the training device, ``len()`` (steps
+per epoch), ``set_epoch``, ``epoch_stats()`` (reset when read; always ``data/rank_samples``);
+the one sampling rule, torch's ``DistributedSampler``'s (docs/internals/data.md)."""
 
 from __future__ import annotations
 
@@ -142,8 +138,7 @@ class RankLoader:
 
 
 class PlanSampler:
-    """What a DataLoader iterates for index batches: its owner's ``_batches()`` of the
-    current epoch (drawn in the main process at each ``iter()``)."""
+    """A DataLoader's batch sampler: its owner's ``_batches()``, drawn at each ``iter()``."""
 
     def __init__(self, owner: Any) -> None:
         self.owner = owner
