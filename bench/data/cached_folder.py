@@ -18,7 +18,7 @@ from bench.data.cache import CachedReader, build_reader, levels, merge_stats, ze
 from bench.data.config import CacheConfig, DataConfig, train_size_at, train_sizes
 from bench.data.dali import DaliFolderLoader
 from bench.data.folder import IMAGENET_MEAN, IMAGENET_STD
-from bench.data.jpegs import CorruptImage, decode_rgb, warn_corrupt
+from bench.data.jpegs import CorruptImage, decode_capped, warn_corrupt
 from bench.data.loaders import (
     SAMPLES,
     DataBundle,
@@ -94,14 +94,16 @@ class FolderDataset:
 
     def _image(self, i: int) -> Any:
         """The PIL image of file ``i``; CorruptImage when it does not decode."""
+        from PIL import Image
+
         rel = self.listing.files[i]
         if self.predecode_size:
-            from PIL import Image
-
-            # PIL's crop + resize on uint8 is several times faster than torchvision's
-            # tensor path (which resamples in float); the copy is ~0.3 MB at 256 pixels
-            return Image.fromarray(self.reader.get_decoded(rel, self.predecode_size))
-        return decode_rgb(self.reader.get(rel), rel)
+            pixels = self.reader.get_decoded(rel, self.predecode_size)
+        else:
+            pixels = decode_capped(self.reader.get(rel), 0, rel)
+        # PIL's crop + resize on uint8 is several times faster than torchvision's tensor
+        # path (which resamples in float); the copy is ~0.3 MB at 256 pixels
+        return Image.fromarray(pixels)
 
     def _substitute(self, i: int) -> tuple[int, Any]:
         """The first file after ``i`` (wrapping around) that decodes, and its image."""
