@@ -149,9 +149,8 @@ class ExternalFeed:
 
 
 class DaliFolderLoader(RankLoader):
-    """A DALI pipeline over a folder listing, fed from ``reader`` by an :class:`ExternalFeed`
-    (DALI calls the source ahead of ``run()``; after its StopIteration ``run()`` raises it
-    until ``reset()``); ``iter_indexed()`` also yields the sample indices."""
+    """A DALI pipeline over a folder listing, fed from ``reader`` by an :class:`ExternalFeed`;
+    ``iter_indexed()`` also yields the sample indices."""
 
     def __init__(
         self,
