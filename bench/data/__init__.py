@@ -207,22 +207,15 @@ def _check_batch(cfg: DataConfig, n: int, what: str) -> None:
         raise ConfigError(f"data.batch_size={cfg.batch_size} is larger than {what} ({n} samples)")
 
 
-def _check_folder(cfg: DataConfig) -> None:
-    # deferred: see the note above DATASETS
-    from bench.data.folder import check_pair, check_split
-    from bench.data.storage import is_url
-
-    if is_url(cfg.root):  # remote (fsspec) roots are listed when the loaders are built
-        return
-    train, val = check_split(cfg.root, cfg.train_dir), check_split(cfg.root, cfg.val_dir)
-    check_pair(train, val, cfg.batch_size)
-
-
 DATASETS.register("digits")(DatasetSpec(_digits, _check_digits))
 DATASETS.register("cifar10")(DatasetSpec(_cifar10, _check_cifar))
-_FOLDER = _deferred("bench.data.cached_folder", "build_folder")
-DATASETS.register("imagefolder")(DatasetSpec(_FOLDER, _check_folder, dali=True))
-DATASETS.register("imagenet")(DatasetSpec(_FOLDER, _check_folder, dali=True))
+_FOLDER = DatasetSpec(
+    _deferred("bench.data.cached_folder", "build_folder"),
+    _deferred("bench.data.folder", "check"),
+    dali=True,
+)
+DATASETS.register("imagefolder")(_FOLDER)
+DATASETS.register("imagenet")(_FOLDER)
 DATASETS.register("synthetic")(DatasetSpec(_synthetic))
 _TRANSLATION = "bench.data.translation"
 DATASETS.register("translation")(

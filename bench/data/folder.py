@@ -6,8 +6,9 @@ baseline."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from bench.data.storage import IMAGE_EXTENSIONS
+from bench.data.storage import IMAGE_EXTENSIONS, is_url
 from bench.registry import ConfigError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -31,9 +32,13 @@ def check_split(root: str, sub: str) -> Path:
     return split
 
 
-def check_pair(train: Path, val: Path, batch_size: int) -> None:
-    """Refuse, before any worker starts, a class folder in one split only (the labels would
-    differ) and a global batch larger than the training split (epochs of no step)."""
+def check(cfg: Any) -> None:
+    """Refuse, before any worker starts, a split that cannot be read, a class folder in one
+    split only (the labels would differ) and a global batch larger than the training split
+    (epochs of no step); remote (fsspec) roots are listed when the loaders are built."""
+    if is_url(cfg.root):
+        return
+    train, val = check_split(cfg.root, cfg.train_dir), check_split(cfg.root, cfg.val_dir)
     a = {d.name for d in train.iterdir() if d.is_dir()}
     b = {d.name for d in val.iterdir() if d.is_dir()}
     if a != b:
@@ -44,9 +49,9 @@ def check_pair(train: Path, val: Path, batch_size: int) -> None:
         1 for d in train.iterdir() if d.is_dir()
         for f in d.iterdir() if f.name.endswith(IMAGE_EXTENSIONS)
     )  # fmt: skip
-    if batch_size > n:
+    if cfg.batch_size > n:
         raise ConfigError(
-            f"data.batch_size={batch_size} is larger than the {n} training images of {train}"
+            f"data.batch_size={cfg.batch_size} is larger than the {n} training images of {train}"
         )
 
 

@@ -15,11 +15,9 @@ from bench.registry import ConfigError
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
-# epoch_stats() key: real samples (no padding) this rank's loader yielded since the last
-# call; the curve's data/samples column is their sum over the ranks
+# epoch_stats() keys: real samples and (token-batched loaders) source + target tokens that this
+# rank yielded since the last call, no padding; summed over the ranks: data/samples, data/tokens
 SAMPLES = "data/rank_samples"
-# token-batched loaders also report their source + target tokens (no padding); the curve's
-# data/tokens column is their sum over the ranks
 RANK_TOKENS = "data/rank_tokens"
 
 
