@@ -30,6 +30,15 @@ MODELS = ["resnet50", "transformer_base"]
 DENSITIES = [0.001, 0.01]
 
 
+def model_buckets(
+    model: str = "resnet50", bucket_cap_mb: float = 25.0, vocab: int = 32000
+) -> list[list[torch.Size]]:
+    """Parameter shapes per DDP bucket (DDP's initial assignment, as the projection's) of
+    ResNet-50 or of ``transformer_base`` with a joint vocabulary of ``vocab`` tokens."""
+    _, shapes = projection.model_buckets(model, bucket_cap_mb, vocab)
+    return [[torch.Size(s) for s in b] for b in shapes]
+
+
 def _worker(
     rank: int,
     world: int,
@@ -75,7 +84,7 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
         cases = [(m, 1.0) for m in WHOLE[:2]] + [(m, 0.01) for m in (SPARSE[0], SPARSE[-1])]
         warmup, reps = 1, 2
     else:
-        models = {m: projection.model_buckets(m)[1] for m in MODELS}  # DDP's buckets' shapes
+        models = {m: model_buckets(m) for m in MODELS}
         cases = [(m, 1.0) for m in WHOLE] + [(m, d) for d in DENSITIES for m in SPARSE]
         warmup, reps = 3, 5  # powersgd compresses from its 3rd step on
     bench = BenchRun("comm", results_dir)
