@@ -164,12 +164,11 @@ def test_changed_source_is_refetched(folder: Path, tmp_path: Path) -> None:
 def test_predecoded_keeps_the_original_pixels(folder: Path, tmp_path: Path) -> None:
     """Pre-decoding stores what the uncached path decodes: no lower resolution by default."""
     import numpy as np
-
-    from bench.data.jpegs import decode_rgb
+    from PIL import Image
 
     store = LocalStorage(str(folder))
     rel = list_folder(store, "train").files[0]
-    full = np.array(decode_rgb((folder / rel).read_bytes(), rel))
+    full = np.array(Image.open(folder / rel).convert("RGB"))  # a full decode
     cfg = cache_cfg("predecoded", tmp_path / "c", predecode_size=0)  # 0 = original size
     reader = build_reader(store, cfg, str(folder))
     # the loaders pass 8/7 x the training size; the configured cap (none) decides

@@ -1,4 +1,4 @@
-"""Input pipelines over generated JPEG folders: DALI (reader and cached external source) and
+"""Input pipelines over generated JPEG folders: DALI (the cached external source) and
 the cache-backed torch DataLoader yield every sample once per epoch across shards; corrupt
 files are skipped (or stop the run in strict mode); progressive resizing; build_data."""
 
@@ -43,7 +43,6 @@ def dali_loader(
     folder: Path,
     split: str,
     *,
-    mode: str,
     cache: str,
     rank: int,
     world: int,
@@ -58,12 +57,9 @@ def dali_loader(
     store = LocalStorage(str(folder))
     listing = list_folder(store, split)
     cfg = ccfg(cache, tmp)
-    reader = None if mode == "reader" else build_reader(store, cfg, str(folder))
     return DaliFolderLoader(
         listing,
-        mode=mode,
-        reader=reader,
-        local_root=str(folder),
+        reader=build_reader(store, cfg, str(folder)),
         train=train,
         batch_size=batch,
         rank=rank,
@@ -156,20 +152,16 @@ def test_torch_path_shards_cover_each_sample_once(
             assert len({len(ld) for ld in loaders}) == 1
 
 
-@pytest.mark.parametrize(
-    "mode,cache", [("reader", "none"), ("external", "multilevel"), ("external", "predecoded")]
-)
+@pytest.mark.parametrize("cache", ["none", "multilevel", "predecoded"])
 @pytest.mark.parametrize("train", [False, True])
 def test_dali_shards_cover_each_sample_once(
-    folder: Path, tmp_path: Path, mode: str, cache: str, train: bool
+    folder: Path, tmp_path: Path, cache: str, train: bool
 ) -> None:
     pytest.importorskip("nvidia.dali")
     world, split = 3, "train" if train else "val"
     n = 37 if train else 23
     loaders = [
-        dali_loader(
-            folder, split, mode=mode, cache=cache, rank=r, world=world, train=train, tmp=tmp_path
-        )
+        dali_loader(folder, split, cache=cache, rank=r, world=world, train=train, tmp=tmp_path)
         for r in range(world)
     ]
     for epoch in range(3):
@@ -180,40 +172,20 @@ def test_dali_shards_cover_each_sample_once(
         if train:
             assert len({len(ids) for ids in per_rank}) == 1  # same steps on every rank
         stats = loaders[0].epoch_stats()
-        if mode == "external" and epoch > 0:
+        if cache != "none" and epoch > 0:
             assert stats["cache/hits"] > 0
 
 
 def test_dali_and_torch_eval_yield_the_same_samples(folder: Path, tmp_path: Path) -> None:
     pytest.importorskip("nvidia.dali")
-    seen: dict[str, list[int]] = {"torch": [], "external": [], "reader": []}
+    seen: dict[str, list[int]] = {"torch": [], "dali": []}
     for rank in range(2):
         t = torch_loader(folder, "val", cache="none", rank=rank, world=2, train=False, tmp=tmp_path)
-        d = dali_loader(
-            folder,
-            "val",
-            mode="external",
-            cache="none",
-            rank=rank,
-            world=2,
-            train=False,
-            tmp=tmp_path,
-        )
-        r = dali_loader(
-            folder,
-            "val",
-            mode="reader",
-            cache="none",
-            rank=rank,
-            world=2,
-            train=False,
-            tmp=tmp_path,
-        )
-        ti, di, ri = (epoch_indices(x, 0)[0] for x in (t, d, r))
+        d = dali_loader(folder, "val", cache="none", rank=rank, world=2, train=False, tmp=tmp_path)
+        ti, di = (epoch_indices(x, 0)[0] for x in (t, d))
         assert ti == di  # same shard, same order
         seen["torch"] += ti
-        seen["external"] += di
-        seen["reader"] += ri  # DALI's own sharding: contiguous blocks
+        seen["dali"] += di
     for ids in seen.values():
         assert sorted(ids) == list(range(23))
 
@@ -227,7 +199,6 @@ def test_eval_images_match_between_dali_and_torch(folder: Path, tmp_path: Path) 
     d = dali_loader(
         folder,
         "val",
-        mode="external",
         cache="none",
         rank=0,
         world=1,
@@ -263,14 +234,11 @@ def test_torch_path_skips_corrupt_images(damaged, tmp_path: Path) -> None:
         epoch_indices(strict, 0)
 
 
-@pytest.mark.parametrize("mode", ["reader", "external"])
-def test_dali_skips_corrupt_images(damaged, tmp_path: Path, mode: str) -> None:
+def test_dali_skips_corrupt_images(damaged, tmp_path: Path) -> None:
     pytest.importorskip("nvidia.dali")
     root, bad = damaged
     with pytest.warns(UserWarning) as rec:
-        ld = dali_loader(
-            root, "train", mode=mode, cache="disk", rank=0, world=1, train=False, tmp=tmp_path
-        )
+        ld = dali_loader(root, "train", cache="disk", rank=0, world=1, train=False, tmp=tmp_path)
         ids, _ = epoch_indices(ld, 0)
     msgs = " ".join(str(w.message) for w in rec)
     assert all(b in msgs for b in bad)
@@ -279,7 +247,6 @@ def test_dali_skips_corrupt_images(damaged, tmp_path: Path, mode: str) -> None:
         ld = dali_loader(
             root,
             "train",
-            mode=mode,
             cache="none",
             rank=0,
             world=1,
@@ -301,7 +268,6 @@ def test_progressive_resizing(folder: Path, tmp_path: Path, kind: str) -> None:
         ld = dali_loader(
             folder,
             "train",
-            mode="external",
             cache="predecoded",
             rank=0,
             world=1,
@@ -364,8 +330,7 @@ def test_build_data_imagefolder(folder: Path, tmp_path: Path, loader: str, cache
             assert x.shape[1:] == (3, 16, 16) and x.dtype == torch.float32 and y.dtype == torch.long
             assert y.max() < 4
         stats = b.train.epoch_stats()
-    if (loader, cache) != ("torch", "none"):  # that one is the plain torchvision baseline
-        assert "cache/hits" in stats and "data/corrupt" in stats
+    assert "cache/hits" in stats and "data/corrupt" in stats
 
 
 def test_validate_refuses_bad_input_settings(folder: Path, tmp_path: Path) -> None:
@@ -387,24 +352,13 @@ def test_validate_refuses_bad_input_settings(folder: Path, tmp_path: Path) -> No
         validate(d, CacheConfig(), 1)
 
 
-def test_dali_array_loader_matches_tensor_loader_on_digits() -> None:
-    """data.loader=dali for in-memory data: same shard sizes, same evaluation tensors."""
-    pytest.importorskip("nvidia.dali")
-    from bench.data import build_data
+def test_dali_is_refused_for_data_sets_batched_in_memory() -> None:
+    from bench.data import validate
     from bench.data.config import CacheConfig, DataConfig
+    from bench.registry import ConfigError
 
-    out = {}
-    for loader in ("torch", "dali"):
-        d = DataConfig(name="digits", loader=loader, batch_size=64, eval_batch_size=128, flip=True)
-        b = build_data(d, CacheConfig(), 1, 2, CPU, 0)
-        b.train.set_epoch(1)
-        x, _ = next(iter(b.train))  # abandoned mid-epoch, as with train.max_steps_per_epoch
-        assert x.shape == (32, 3, 32, 32) and len(b.train) == 1436 // 2 // 32
-        out[loader] = (b.train_samples, list(b.eval))
-    assert out["torch"][0] == out["dali"][0]
-    for (xt, yt), (xd, yd) in zip(out["torch"][1], out["dali"][1], strict=True):
-        assert torch.equal(yt, yd)
-        assert torch.allclose(xt, xd, atol=1e-4)
+    with pytest.raises(ConfigError, match="data.loader=dali reads image folders; data=digits"):
+        validate(DataConfig(name="digits", loader="dali"), CacheConfig(), 1)
 
 
 def test_dali_device_choice() -> None:
@@ -432,20 +386,19 @@ def graph_ops(node, acc=None) -> list[tuple[str, str, str]]:
     return acc
 
 
-@pytest.mark.parametrize("mode,cache", [("reader", "none"), ("external", "multilevel"),
-                                        ("external", "predecoded")])  # fmt: skip
+@pytest.mark.parametrize("cache", ["none", "multilevel", "predecoded"])
 @pytest.mark.parametrize("train", [True, False])
 def test_dali_cuda_graph_decodes_mixed_and_augments_on_the_gpu(
-    folder: Path, tmp_path: Path, mode: str, cache: str, train: bool
+    folder: Path, tmp_path: Path, cache: str, train: bool
 ) -> None:
     """On a CUDA device (the graph only: defining it needs no GPU) JPEGs are decoded by
     the ``mixed`` decoder and every later operator runs on the GPU; pre-decoded pixels go
     to the GPU right after the external source; the sample indices stay on the host."""
     pytest.importorskip("nvidia.dali")
-    ld = dali_loader(folder, "train" if train else "val", mode=mode, cache=cache, rank=0,
-                     world=1, train=train, tmp=tmp_path)  # fmt: skip
+    split = "train" if train else "val"
+    ld = dali_loader(folder, split, cache=cache, rank=0, world=1, train=train, tmp=tmp_path)
     ld.device_id = 0  # what dali_device_id gives for cuda:0 (test_dali_device_choice)
-    pipe = ld._reader_pipe(16, ld._plan()[0]) if mode == "reader" else ld._external_pipe(16)
+    pipe = ld._external_pipe(16)
     assert pipe.device_id == 0
     pipe._build_graph()
     images, index = pipe._graph_out
@@ -457,7 +410,7 @@ def test_dali_cuda_graph_decodes_mixed_and_augments_on_the_gpu(
         assert ("RandomResizedCrop" if train else "Resize", "gpu", "gpu") in ops
     else:
         assert decoders == [("ImageRandomCrop" if train else "Image", "mixed")]
-    on_host = {"ExternalSource", "File", "CoinFlip"}  # sources and random draws
+    on_host = {"ExternalSource", "CoinFlip"}  # sources and random draws
     assert all(dev == "gpu" for op, _, dev in ops if op not in on_host), ops
     assert index.device == "cpu"
     ld.close()
@@ -465,12 +418,13 @@ def test_dali_cuda_graph_decodes_mixed_and_augments_on_the_gpu(
 
 def test_dali_batches_stay_valid_after_later_batches(folder: Path, tmp_path: Path) -> None:
     """Batches handed over without a copy (DLPack, no_copy external source) are the
-    caller's: later batches and epochs never overwrite them; the external source reading
-    the cached bytes in place gives exactly the file reader's pixels."""
+    caller's: later batches and epochs never overwrite them; reading the cached bytes in
+    place gives exactly the pixels of the first pass, read from the files."""
     pytest.importorskip("nvidia.dali")
     for cache in ("predecoded", "multilevel"):
-        ld = dali_loader(folder, "train", mode="external", cache=cache, rank=0, world=1,
-                         train=True, tmp=tmp_path / cache)  # fmt: skip
+        ld = dali_loader(
+            folder, "train", cache=cache, rank=0, world=1, train=True, tmp=tmp_path / cache
+        )
         kept = []
         for epoch in range(2):
             ld.set_epoch(epoch)
@@ -480,10 +434,7 @@ def test_dali_batches_stay_valid_after_later_batches(folder: Path, tmp_path: Pat
         for x, copy in kept:
             assert torch.equal(x, copy)
         ld.close()
-    ev = {
-        mode: torch.cat([x for x, _, _ in dali_loader(
-            folder, "val", mode=mode, cache="memory", rank=0, world=1, train=False,
-            tmp=tmp_path / mode).iter_indexed()])
-        for mode in ("reader", "external")
-    }  # fmt: skip
-    assert torch.equal(ev["reader"], ev["external"])
+    ld = dali_loader(folder, "val", cache="memory", rank=0, world=1, train=False, tmp=tmp_path)
+    ev = [torch.cat([x for x, _, _ in ld.iter_indexed()]) for _ in range(2)]
+    assert ld.epoch_stats()["cache/hits_l2"] == 23  # the second pass, from level 2
+    assert torch.equal(ev[0], ev[1])

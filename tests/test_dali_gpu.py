@@ -3,7 +3,7 @@
 With ``data.dali_device=auto`` on CUDA the folder loader decodes with ``mixed`` and
 augments on the GPU: its batches are CUDA tensors, normalised, with the pixels the CPU
 pipeline gives (up to JPEG decoder and resampling differences); the pre-decoded cache
-level and in-memory arrays also come out on the GPU; epochs run back to back, also after
+level also comes out on the GPU; epochs run back to back, also after
 one cut short (a past bug: every external-source run failed at epoch 2).
 """
 
@@ -39,7 +39,7 @@ def folder(tmp_path_factory) -> Path:
     return root
 
 
-def loader(folder: Path, tmp: Path, *, split: str, mode: str, cache: str, device, batch=8):
+def loader(folder: Path, tmp: Path, *, split: str, cache: str, device, batch=8):
     from bench.data.dali import DaliFolderLoader
 
     store = LocalStorage(str(folder))
@@ -49,9 +49,7 @@ def loader(folder: Path, tmp: Path, *, split: str, mode: str, cache: str, device
     )  # fmt: skip
     return DaliFolderLoader(
         list_folder(store, split),
-        mode=mode,
-        reader=None if mode == "reader" else build_reader(store, cfg, str(folder)),
-        local_root=str(folder),
+        reader=build_reader(store, cfg, str(folder)),
         train=split == "train",
         batch_size=batch,
         rank=0,
@@ -75,13 +73,11 @@ def check_batch(x: torch.Tensor, y: torch.Tensor, batch: int) -> None:
     assert x.std().item() > 0.1  # real images, not zeros
 
 
-@pytest.mark.parametrize(
-    "mode,cache", [("reader", "none"), ("external", "multilevel"), ("external", "predecoded")]
-)
+@pytest.mark.parametrize("cache", ["none", "multilevel", "predecoded"])
 def test_dali_on_cuda_yields_normalised_cuda_batches_epoch_after_epoch(
-    folder: Path, tmp_path: Path, mode: str, cache: str
+    folder: Path, tmp_path: Path, cache: str
 ) -> None:
-    ld = loader(folder, tmp_path, split="train", mode=mode, cache=cache, device=GPU)
+    ld = loader(folder, tmp_path, split="train", cache=cache, device=GPU)
     assert ld.device_id == 0  # data.dali_device=auto on CUDA: a GPU pipeline
     for epoch in range(3):
         ld.set_epoch(epoch)
@@ -98,15 +94,13 @@ def test_dali_on_cuda_yields_normalised_cuda_batches_epoch_after_epoch(
     ld.close()
 
 
-@pytest.mark.parametrize("mode,cache", [("reader", "none"), ("external", "memory")])
-def test_mixed_decoding_matches_cpu_decoding(
-    folder: Path, tmp_path: Path, mode: str, cache: str
-) -> None:
+@pytest.mark.parametrize("cache", ["none", "memory"])
+def test_mixed_decoding_matches_cpu_decoding(folder: Path, tmp_path: Path, cache: str) -> None:
     """Evaluation (decode, resize, centre crop, normalise) on the GPU vs on the CPU: the
     same images up to the JPEG decoders' and resamplers' rounding."""
     out = {}
     for dev in (GPU, CPU):
-        ld = loader(folder, tmp_path / dev.type, split="val", mode=mode, cache=cache, device=dev)
+        ld = loader(folder, tmp_path / dev.type, split="val", cache=cache, device=dev)
         xs, ids = [], []
         for x, y, idx in ld.iter_indexed():
             assert x.device.type == dev.type and y.device.type == dev.type
@@ -119,28 +113,6 @@ def test_mixed_decoding_matches_cpu_decoding(
     diff = (xg - xc).abs()
     assert diff.mean().item() < 0.05  # about 2.5 grey levels of 255
     assert diff.quantile(0.99).item() < 0.5
-
-
-def test_array_loader_on_cuda_matches_cpu() -> None:
-    from bench.data.dali import DaliArrayLoader
-
-    g = torch.Generator().manual_seed(0)
-    images = torch.randint(0, 256, (40, 3, 16, 16), dtype=torch.uint8, generator=g)
-    labels = torch.arange(40) % 10
-    kw = dict(batch_size=8, rank=0, world_size=1, mean=[125.0] * 3, std=[60.0] * 3)
-    evals = {}
-    for dev in (GPU, CPU):
-        ld = DaliArrayLoader(images, labels, device=dev, train=False, **kw)
-        evals[dev.type] = [(x.cpu(), y.cpu()) for x, y in ld]
-        assert all(x.device.type == dev.type for x, _ in ld)
-    for (xg, yg), (xc, yc) in zip(evals["cuda"], evals["cpu"], strict=True):
-        assert torch.equal(yg, yc) and torch.allclose(xg, xc, atol=1e-5)
-    tr = DaliArrayLoader(images, labels, device=GPU, train=True, pad=2, flip=True, **kw)
-    for epoch in range(2):
-        tr.set_epoch(epoch)
-        batches = list(tr)
-        assert len(batches) == len(tr) == 5
-        assert all(x.is_cuda and x.shape == (8, 3, 16, 16) for x, _ in batches)
 
 
 def test_to_torch_copy_and_wrap_agree_on_gpu_outputs() -> None:

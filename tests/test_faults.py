@@ -304,7 +304,7 @@ def test_the_default_folder_loader_skips_and_counts_damaged_images(tmp_path: Pat
     assert sum(len(y) for _, y in b.eval) == 12
 
 
-@pytest.mark.parametrize("cache", ["none", "memory"])  # plain torchvision, the cached path
+@pytest.mark.parametrize("cache", ["none", "memory"])
 def test_a_batch_of_damaged_images_only_keeps_the_epoch_whole(tmp_path: Path, cache: str) -> None:
     root = _damaged_folder(tmp_path / "imgs", all_bad_class=True)
     b = _folder_data(root, batch=4, cache=cache)

@@ -51,7 +51,7 @@ def _arrays(n: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, torch.arange(n)
 
 
-def _tensor(kind: str, train: bool, rank: int, tmp: Path, batch: int):
+def _tensor(train: bool, rank: int, batch: int):
     x, y = _arrays(N_TRAIN if train else N_VAL)
     kw = dict(
         batch_size=batch,
@@ -63,32 +63,9 @@ def _tensor(kind: str, train: bool, rank: int, tmp: Path, batch: int):
         train=train,
         seed=SEED,
     )
-    if kind == "dali_arrays":
-        from bench.data.dali import DaliArrayLoader
-
-        return DaliArrayLoader(x, y, threads=1, **kw)
     from bench.data.loaders import TensorLoader
 
     return TensorLoader(x, y, **kw)
-
-
-class _Indexed(torch.utils.data.Dataset):
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int):
-        return torch.zeros(3, 4, 4), i
-
-
-def _device(kind: str, train: bool, rank: int, tmp: Path, batch: int):
-    from bench.data.loaders import DeviceLoader
-
-    ds = _Indexed(N_TRAIN if train else N_VAL)
-    kw = dict(rank=rank, world_size=WORLD, device=CPU, num_workers=0, seed=SEED)
-    return DeviceLoader(ds, batch_size=batch, train=train, **kw)
 
 
 def _folder_loader(kind: str, train: bool, rank: int, tmp: Path, root: Path, batch: int):
@@ -109,12 +86,9 @@ def _folder_loader(kind: str, train: bool, rank: int, tmp: Path, root: Path, bat
         return CachedFolderLoader(ds, num_workers=0, size_at=lambda e: 16, strict=False, **common)
     from bench.data.dali import DaliFolderLoader
 
-    mode = "reader" if loader == "dali_reader" else "external"
     return DaliFolderLoader(
         listing,
-        mode=mode,
-        reader=None if mode == "reader" else build_reader(store, cfg, "t"),
-        local_root=str(root),
+        reader=build_reader(store, cfg, "t"),
         train=train,
         threads=1,
         prefetch=2,
@@ -127,10 +101,7 @@ def _folder_loader(kind: str, train: bool, rank: int, tmp: Path, root: Path, bat
 
 KINDS = [
     "tensor",
-    "dali_arrays",
-    "device",
     "cached:memory",
-    "dali_reader:none",
     "dali_external:none",
     "dali_external:multilevel",
 ]
@@ -140,10 +111,8 @@ def _make(kind: str, train: bool, tmp: Path, root: Path) -> list:
     if kind.startswith("dali"):
         pytest.importorskip("nvidia.dali")
     batch = BATCH if train else EVAL_BATCH
-    if kind in ("tensor", "dali_arrays"):
-        return [_tensor(kind, train, r, tmp, batch) for r in range(WORLD)]
-    if kind == "device":
-        return [_device(kind, train, r, tmp, batch) for r in range(WORLD)]
+    if kind == "tensor":
+        return [_tensor(train, r, batch) for r in range(WORLD)]
     return [_folder_loader(kind, train, r, tmp, root, batch) for r in range(WORLD)]
 
 
@@ -184,8 +153,6 @@ def test_training_epochs_follow_the_rule_and_cover_the_data(
         ]
         stats = loaders[0].epoch_stats()
         assert stats["data/rank_samples"] == len(per_rank[0])  # real samples, for throughput
-        if kind.startswith("dali_reader"):  # level 0 counted like the cached loaders
-            assert stats["cache/misses"] == len(per_rank[0]) and stats["cache/bytes_l0"] > 0
         union |= set(flat)
     assert union == set(range(N_TRAIN))  # the n % world leftovers change every epoch
 
@@ -227,15 +194,14 @@ def test_the_rule_is_distributed_samplers() -> None:
             assert got.tolist() == list(s)
 
 
-@pytest.mark.parametrize("kind", ["dali_arrays", "dali_external:none"])
 @pytest.mark.parametrize("cut", [0, 1])
 def test_dali_external_source_survives_the_loop_dropping_its_iterator(
-    kind: str, cut: int, tmp_path: Path, folder: Path
+    cut: int, tmp_path: Path, folder: Path
 ) -> None:
     """The loop never asks for the batch after the last one, so DALI's StopIteration (and
     its reset) never comes from the loop: epoch 2 must start anyway, with no batch of
     epoch 1 (cut=1: train.max_steps_per_epoch=1)."""
-    loaders = _make(kind, True, tmp_path, folder)
+    loaders = _make("dali_external:none", True, tmp_path, folder)
     for epoch in range(3):
         per_rank = _epoch(loaders, epoch, max_steps=cut)
         steps = cut or len(loaders[0])

@@ -1,7 +1,6 @@
-"""Worker of the ``cluster`` benchmark: time gradient aggregation on an (emulated) cluster.
-
-Every rank aggregates DDP-sized buckets through each hook: the slowest rank's time per step,
-each node's link bytes, and micro-measurements for the model.  Rank 0 writes ``--out``."""
+"""Worker of the ``cluster`` benchmark: every rank aggregates DDP-sized buckets through each
+hook; the slowest rank's time per step, each node's link bytes and micro-measurements for
+the model go to ``--out`` (rank 0)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Benchmark ``cluster``: gradient aggregation on an emulated cluster, beside the model.
-
-2 nodes x 2 workers at 1 and 10 Gbit/s (network namespaces, ``tc``) run :mod:`.aggbench`,
-the model calibrated on the same run predicting every case held out.  Needs root and
-iproute2.  Protocol: docs/internals/benchmarks.md (cluster)."""
+"""Benchmark ``cluster``: :mod:`.aggbench` on 2 emulated nodes x 2 workers at 1 and 10 Gbit/s
+(network namespaces, ``tc``: root and iproute2), beside the model calibrated on the same run
+predicting every case held out; protocol: docs/internals/benchmarks.md (cluster)."""
 
 from __future__ import annotations
 

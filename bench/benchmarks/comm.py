@@ -1,9 +1,6 @@
-"""``bench comm``: gradient aggregation per step for ResNet-50's and Transformer-base's DDP
-buckets on 2 nodes x 2.
-
-Every method's hook on four local gloo workers; rows ``kind=overlap`` from :mod:`.overlap`.
-Columns and protocol: docs/internals/benchmarks.md (comm).
-"""
+"""``bench comm``: every method's aggregation per step of ResNet-50's and Transformer-base's
+DDP buckets on four local gloo workers as 2 nodes x 2, and rows ``kind=overlap`` from
+:mod:`.overlap`; columns and protocol: docs/internals/benchmarks.md (comm)."""
 
 from __future__ import annotations
 
@@ -133,8 +130,7 @@ def run(results_dir: str = "results", quick: bool = False) -> Path:
 
 
 def _plot(bench: BenchRun) -> None:
-    """Two figures: per model, the time per step and the bytes per worker of each method
-    (``comm.png``), and the overlap of communication with the step (``comm.overlap.png``)."""
+    """``comm.png`` (per model: time per step, bytes per worker) and ``comm.overlap.png``."""
     df = bench.frame()
     ov, df = df[df["kind"] == "overlap"], df[df["kind"] != "overlap"]
     models = list(dict.fromkeys(str(m) for m in df["model"]))

@@ -1,7 +1,5 @@
-"""Benchmark ``input``: images/s of the input pipeline per epoch, torch vs DALI, per cache.
-
-Every loader and cache, level 0 throttled and not, 3 epochs from cold, like for like.
-Columns and protocol: docs/internals/benchmarks.md (input)."""
+"""Benchmark ``input``: images/s of every loader and cache per epoch, level 0 throttled and
+not, 3 epochs from cold, like for like; columns and protocol: docs/internals/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -36,11 +34,7 @@ def _config(
     loader: str, cache: str, throttled: bool, root: str, quick: bool, size: int, cache_dir: str
 ):
     """DataConfig and CacheConfig of one case: ``2 x cores`` reads outstanding in both loaders."""
-    cores = 1 if quick else usable_cores()
-    # uncached unthrottled DALI uses its file reader, whose decode threads do the reads
-    # (the files are memory-mapped): give it 2 x cores of them; otherwise DALI fetches
-    # through 2 x its threads
-    dali_reads_itself = cache == "none" and not throttled
+    cores = 1 if quick else usable_cores()  # DALI fetches through 2 x its threads
     d = DataConfig(
         name="imagefolder",
         root=root,
@@ -52,7 +46,7 @@ def _config(
         num_workers=2 * cores,
         loader=loader,
         flip=True,
-        dali_threads=2 * cores if dali_reads_itself else cores,
+        dali_threads=cores,
         prefetch=2,
         throttle_mbps=THROTTLE[0] if throttled else 0.0,
         throttle_ms=THROTTLE[1] if throttled else 0.0,
@@ -77,13 +71,12 @@ def _epochs(
         dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         bundle = build_folder(d, c, 0, 1, dev, 0)
         loader = bundle.train
-        # worker processes, threads and the most storage reads in flight: DALI's threads
-        # fetching ahead of the external source (0 with its file reader, whose decode
-        # threads read the memory-mapped files)
+        # worker processes, threads and the most storage reads in flight (DALI: the threads
+        # fetching ahead of the external source)
         reads = max(1, d.num_workers)
         conc = dict(processes=d.num_workers, threads=reads, reads_outstanding=reads)
         if d.loader != "torch":
-            reads = getattr(loader, "fetch_threads", 0) or d.dali_threads
+            reads = loader.fetch_threads
             conc = dict(processes=0, threads=d.dali_threads, reads_outstanding=reads)
         rows = []
         for epoch in range(epochs):

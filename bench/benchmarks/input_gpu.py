@@ -94,9 +94,7 @@ def _dali(
     cfg = CacheConfig(name=cache, dir=tmp, disk_gb=10.0, memory_gb=8.0, predecode_size=0)
     loader = DaliFolderLoader(
         list_folder(store, "train"),
-        mode="external",
         reader=build_reader(store, cfg, root),
-        local_root=root,
         train=True,
         batch_size=batch,
         rank=0,

@@ -1,7 +1,6 @@
-"""Overlap of gradient aggregation with the backward pass, measured on a real model's step.
-
-Per method: a ResNet-18 DDP step, its backward alone and its communication alone (the
-slowest rank's medians), on local workers or under torchrun (``--out FILE``)."""
+"""Overlap of gradient aggregation with the backward pass: per method a ResNet-18 DDP step, its
+backward alone and its communication alone (the slowest rank's medians), on local workers
+or under torchrun (``--out FILE``)."""
 
 import argparse
 import statistics
@@ -88,8 +87,7 @@ def _case(
 
 
 def overlap_worker(rank: int, world: int, methods: list[str], *case: Any) -> list[dict[str, Any]]:
-    """One row per method (every rank returns the same rows); ``case``: :func:`_case`'s
-    arguments after the method (density, batch, image, warmup, reps[, bucket_mb])."""
+    """One row per method; ``case``: :func:`_case`'s arguments after the method."""
     return [_case(m, *case) for m in methods]
 
 

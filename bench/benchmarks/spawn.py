@@ -1,8 +1,6 @@
-"""Run a function on N local gloo workers posing as ``N / procs_per_node`` nodes (or on the
-workers of a torchrun launch, :func:`torchrun_json`).
-
-Each worker gets the environment torchrun would give it, so :func:`bench.comm.topology.detect`
-sees ``nnodes x procs_per_node``; collectives go over loopback TCP."""
+"""Run a function on N local gloo workers posing as ``N / procs_per_node`` nodes, each with the
+environment torchrun would give it (collectives over loopback TCP), or on the workers of a
+torchrun launch (:func:`torchrun_json`)."""
 
 from __future__ import annotations
 
@@ -56,8 +54,7 @@ def alone(device: str, timeout_s: float = 300.0) -> Iterator[None]:
 
 
 def torchrun_json(out: str, work: Callable[[], Any]) -> int:
-    """``work()`` on this worker of a torchrun launch (gloo, ``OMP_NUM_THREADS`` threads);
-    rank 0 writes what it returns to the JSON file ``out``."""
+    """``work()`` on this torchrun worker (gloo); rank 0 writes its result to JSON ``out``."""
     dist.init_process_group("gloo")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     res = work()
@@ -89,8 +86,7 @@ def run_workers(
     threads: int = 1,
     timeout_s: float = 300.0,
 ) -> list[Any]:
-    """``fn(rank, world_size, *args)`` of each rank on spawned gloo workers (``fn``
-    importable); a worker's exception is re-raised as RuntimeError."""
+    """``fn(rank, world_size, *args)`` on spawned gloo workers; a failure as RuntimeError."""
     ctx = mp.get_context("spawn")
     q, port = ctx.Queue(), free_port()
     setup = (world_size, procs_per_node, port, threads, timeout_s)

@@ -1,9 +1,6 @@
-"""``bench throughput``: training throughput per device on synthetic data: ResNet-50
-images/s and ``transformer_base`` tokens/s.
-
-bf16 + channels-last, bf16 and TF32 steps interleaved in one process, beside NVIDIA's
-published ResNet-50 number for scale.  Columns and protocol: docs/internals/benchmarks.md.
-"""
+"""``bench throughput``: ResNet-50 images/s and ``transformer_base`` tokens/s on synthetic
+data, bf16 (+ channels-last) and TF32 steps interleaved, beside NVIDIA's published ResNet-50
+number for scale; columns and protocol: docs/internals/benchmarks.md."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""The one timing harness of benchmarks, gpucheck and profiles: warm-up, interleaving, median.
-
-CUDA events time the GPU where asked, else the host clock with CUDA synchronised around each
-sample.  Standard library and torch only (the GPU machine has nothing else)."""
+"""The one timing harness of benchmarks, gpucheck and profiles: warm-up, interleaving, median;
+CUDA events where asked, else the host clock with CUDA synchronised around each sample.
+Standard library and torch only (the GPU machine has nothing else)."""
 
 from __future__ import annotations
 
@@ -149,7 +148,6 @@ def interleaved(
 def median_s(
     fn: Callable[[], object], *, setup: Callable[[], object] | None = None, **options: Any
 ) -> float:
-    """Median seconds of one call of ``fn`` (:func:`interleaved_times` of the one case, same
-    options: one warm-up call and 5 timed ones unless told)."""
+    """Median seconds of one call of ``fn`` (:func:`interleaved_times` of the one case)."""
     on = {0: setup} if setup is not None else None
     return statistics.median(interleaved_times({0: fn}, setup=on, **options)[0]) / 1e3

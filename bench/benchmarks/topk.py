@@ -1,6 +1,5 @@
-"""``bench topk``: top-k selection time, torch.topk vs the MSTopK variants, one read pass as floor.
-
-Interleaved on the same tensor; at 25.6 M also the error-feedback step in three in-place
+"""``bench topk``: top-k selection time, torch.topk vs the MSTopK variants interleaved on the
+same tensor, a read pass as floor; at 25.6 M also the error-feedback step in three in-place
 forms.  Columns and protocol: docs/internals/benchmarks.md (topk)."""
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""Benchmark ``update``: time of one optimizer step per update mode, beside the memory floor.
-
-Every optimizer in every update mode over ResNet-50's and Transformer-base's parameters
-(gradients as DDP bucket views), interleaved with a streaming-bandwidth probe (Shi et al.,
-MLSys 2021, section 4).  Columns and protocol: docs/internals/benchmarks.md (update).
-"""
+"""Benchmark ``update``: one optimizer step per optimizer and update mode over ResNet-50's and
+Transformer-base's parameters (gradients as DDP bucket views), interleaved with a
+streaming-bandwidth probe for the memory floor (Shi et al., MLSys 2021, section 4); columns
+and protocol: docs/internals/benchmarks.md (update)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Data sets and per-rank loaders by name: the DATASETS registry of :class:`DatasetSpec`
-(a builder and its configuration-time check; adding a data set touches this file only).
-Here too the in-memory ones: scikit-learn's 8x8 digits (upsampled, 3 channels, a fixed
-stratified split; no download) and CIFAR-10 from its python-pickle folder.
-"""
+"""Data sets by name: the DATASETS registry of :class:`DatasetSpec` (adding a data set touches
+this file only), and the in-memory ones: scikit-learn's 8x8 digits (upsampled, 3 channels, a
+fixed stratified split; no download) and CIFAR-10 from its python-pickle folder."""
 
 from __future__ import annotations
 
@@ -14,7 +12,6 @@ import os
 import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +36,7 @@ class DatasetSpec:
 
     build: Builder  # (data_cfg, cache_cfg, rank, world_size, device, seed) -> DataBundle
     check: Callable[[DataConfig], None] | None = None  # e.g. the files are on disk
+    dali: bool = False  # data.loader=dali reads it (image folders)
 
 
 # A data set's own modules are imported when its builder or check runs: the config schema
@@ -149,23 +147,14 @@ def load_cifar10(root: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, t
 
 
 def _arrays(cfg: DataConfig, rank, world, device, seed, arrays: tuple, stats) -> DataBundle:
-    """The bundle of an in-memory data set: ``arrays`` = (train x, y, eval x, y), ``stats``
-    = (mean, std) per channel in the units of x; batched torch ops, or DALI."""
-    loader: Callable[..., Any] = TensorLoader
-    if cfg.loader == "dali":
-        # deferred: see the note above DATASETS
-        from bench.data.dali import DaliArrayLoader
-
-        threads = cfg.dali_threads or max(1, cfg.num_workers)
-        loader = partial(
-            DaliArrayLoader, threads=threads, prefetch=cfg.prefetch, dali_device=cfg.dali_device
-        )
+    """``arrays``: (train x, y, eval x, y); ``stats``: (mean, std) per channel, units of x."""
     tx, ty, vx, vy = arrays
     common = dict(rank=rank, world_size=world, device=device, mean=stats[0], std=stats[1])
     b = per_rank(cfg.batch_size, world, "data.batch_size")
     common["seed"] = seed
-    train = loader(tx, ty, batch_size=b, train=True, pad=cfg.pad, flip=cfg.flip, **common)
-    ev = loader(vx, vy, batch_size=max(1, cfg.eval_batch_size // world), train=False, **common)
+    train = TensorLoader(tx, ty, batch_size=b, train=True, pad=cfg.pad, flip=cfg.flip, **common)
+    eb = max(1, cfg.eval_batch_size // world)
+    ev = TensorLoader(vx, vy, batch_size=eb, train=False, **common)
     return DataBundle(train, ev, 10, len(ty) // world * world)
 
 
@@ -177,17 +166,6 @@ def _digits(cfg: DataConfig, cache, rank, world, device, seed) -> DataBundle:
 
 def _cifar10(cfg: DataConfig, cache, rank, world, device, seed) -> DataBundle:
     return _arrays(cfg, rank, world, device, seed, load_cifar10(cfg.root), (MEAN, STD))
-
-
-def _folder(cfg: DataConfig, cache: CacheConfig, rank, world, device, seed) -> DataBundle:
-    # deferred: see the note above DATASETS
-    from bench.data.cached_folder import build_folder, uses_cached_input
-
-    if uses_cached_input(cfg, cache):  # DALI, a cache level, progressive sizes, slow/remote
-        return build_folder(cfg, cache, rank, world, device, seed)
-    from bench.data.folder import build
-
-    return build(cfg, rank, world, device, seed)
 
 
 def _synthetic(cfg: DataConfig, cache, rank, world, device, seed) -> DataBundle:
@@ -229,21 +207,15 @@ def _check_batch(cfg: DataConfig, n: int, what: str) -> None:
         raise ConfigError(f"data.batch_size={cfg.batch_size} is larger than {what} ({n} samples)")
 
 
-def _check_folder(cfg: DataConfig) -> None:
-    # deferred: see the note above DATASETS
-    from bench.data.folder import check_pair, check_split
-    from bench.data.storage import is_url
-
-    if is_url(cfg.root):  # remote (fsspec) roots are listed when the loaders are built
-        return
-    train, val = check_split(cfg.root, cfg.train_dir), check_split(cfg.root, cfg.val_dir)
-    check_pair(train, val, cfg.batch_size)
-
-
 DATASETS.register("digits")(DatasetSpec(_digits, _check_digits))
 DATASETS.register("cifar10")(DatasetSpec(_cifar10, _check_cifar))
-DATASETS.register("imagefolder")(DatasetSpec(_folder, _check_folder))
-DATASETS.register("imagenet")(DatasetSpec(_folder, _check_folder))
+_FOLDER = DatasetSpec(
+    _deferred("bench.data.cached_folder", "build_folder"),
+    _deferred("bench.data.folder", "check"),
+    dali=True,
+)
+DATASETS.register("imagefolder")(_FOLDER)
+DATASETS.register("imagenet")(_FOLDER)
 DATASETS.register("synthetic")(DatasetSpec(_synthetic))
 _TRANSLATION = "bench.data.translation"
 DATASETS.register("translation")(
@@ -269,6 +241,11 @@ def validate(cfg: DataConfig, cache_cfg: CacheConfig, world_size: int) -> None:
     from bench.data.dali import require_dali
 
     validate_cache(cache_cfg)  # the input pipeline: cache, DALI, throttle, progressive sizes
+    if cfg.loader == "dali" and not spec.dali:
+        raise ConfigError(
+            f"data.loader=dali reads image folders; data={cfg.name} is batched on the training "
+            "device by torch: use data.loader=torch"
+        )
     if cfg.loader == "dali":
         require_dali()
     if cfg.dali_threads < 0 or cfg.prefetch < 1:

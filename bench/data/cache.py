@@ -79,12 +79,11 @@ def merge_stats(into: dict[str, float], more: dict[str, float]) -> dict[str, flo
 
 
 _COUNTS = "hits misses hits_l1 hits_l2 bytes_l0 bytes_l1 bytes_l2 refetched evicted bytes_decoded"
-ZERO_STATS = dict.fromkeys([*(f"cache/{k}" for k in _COUNTS.split()), "data/corrupt"], 0)
 
 
 def zero_stats() -> dict[str, float]:
     """A loader's per-epoch counters at the start of an epoch."""
-    return {**ZERO_STATS, SAMPLES: 0}
+    return dict.fromkeys([*(f"cache/{k}" for k in _COUNTS.split()), "data/corrupt", SAMPLES], 0)
 
 
 _INSPECT_ONLY: ContextVar[bool] = ContextVar("inspect_only", default=False)
@@ -101,8 +100,7 @@ def inspect_only() -> Iterator[None]:
         _INSPECT_ONLY.reset(token)
 
 
-def inspecting() -> bool:
-    """True within :func:`inspect_only`."""
+def inspecting() -> bool:  # within inspect_only()
     return _INSPECT_ONLY.get()
 
 

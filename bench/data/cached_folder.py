@@ -1,6 +1,6 @@
-"""Image folders read through the data cache, slow storage or DALI: the torch loader (a
-DataLoader over a :class:`~bench.data.cache.CachedReader`, batches normalised on the
-device), the choice between it and DALI's, and the checks of the input settings."""
+"""Image folders (``data=imagefolder|imagenet``) read through the data cache: the torch
+loader (a DataLoader over a :class:`~bench.data.cache.CachedReader`, batches normalised on
+the device) or DALI's (``data.loader=dali``)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from bench.data.cache import CachedReader, build_reader, levels, merge_stats, ze
 from bench.data.config import CacheConfig, DataConfig, train_size_at, train_sizes
 from bench.data.dali import DaliFolderLoader
 from bench.data.folder import IMAGENET_MEAN, IMAGENET_STD
-from bench.data.jpegs import CorruptImage, decode_rgb, warn_corrupt
+from bench.data.jpegs import CorruptImage, decode_capped, warn_corrupt
 from bench.data.loaders import (
     SAMPLES,
     DataBundle,
@@ -28,7 +28,7 @@ from bench.data.loaders import (
     per_rank,
     worker_affine,
 )
-from bench.data.storage import LocalStorage, Storage, is_url, list_folder, open_storage
+from bench.data.storage import Storage, list_folder, open_storage
 
 
 class FolderDataset:
@@ -94,14 +94,16 @@ class FolderDataset:
 
     def _image(self, i: int) -> Any:
         """The PIL image of file ``i``; CorruptImage when it does not decode."""
+        from PIL import Image
+
         rel = self.listing.files[i]
         if self.predecode_size:
-            from PIL import Image
-
-            # PIL's crop + resize on uint8 is several times faster than torchvision's
-            # tensor path (which resamples in float); the copy is ~0.3 MB at 256 pixels
-            return Image.fromarray(self.reader.get_decoded(rel, self.predecode_size))
-        return decode_rgb(self.reader.get(rel), rel)
+            pixels = self.reader.get_decoded(rel, self.predecode_size)
+        else:
+            pixels = decode_capped(self.reader.get(rel), 0, rel)
+        # PIL's crop + resize on uint8 is several times faster than torchvision's tensor
+        # path (which resamples in float); the copy is ~0.3 MB at 256 pixels
+        return Image.fromarray(pixels)
 
     def _substitute(self, i: int) -> tuple[int, Any]:
         """The first file after ``i`` (wrapping around) that decodes, and its image."""
@@ -131,8 +133,7 @@ class FolderDataset:
 
 
 class CachedFolderLoader(RankLoader):
-    """Torch DataLoader over a folder through the cache (the loader contract of
-    :mod:`bench.data.loaders`); ``iter_indexed()`` also yields the sample indices."""
+    """A DataLoader over a :class:`FolderDataset`; ``iter_indexed()`` adds sample indices."""
 
     def __init__(
         self,
@@ -223,18 +224,10 @@ def _worker_init(worker_id: int) -> None:
     du.python_exit_status = True
 
 
-def uses_cached_input(data_cfg: DataConfig, cache_cfg: CacheConfig) -> bool:
-    """Whether a folder data set needs this module's loaders instead of plain torchvision."""
-    local = not (data_cfg.throttle_mbps > 0 or data_cfg.throttle_ms > 0 or is_url(data_cfg.root))
-    plain = data_cfg.loader != "dali" and cache_cfg.name == "none" and not data_cfg.progressive
-    return not (plain and local)
-
-
 def build_folder(
     data_cfg: DataConfig, cache_cfg: CacheConfig, rank: int, world_size: int, device: Any, seed: int
 ) -> DataBundle:
-    """The DataBundle of an ImageNet-style folder read through the cache: DALI's loaders
-    (``data.loader=dali``) or the cached torch path."""
+    """The loaders of an ImageNet-style folder read through the cache: torch's or DALI's."""
     store = open_storage(data_cfg.root, data_cfg.throttle_mbps, data_cfg.throttle_ms)
     tr = list_folder(store, data_cfg.train_dir)
     va = list_folder(store, data_cfg.val_dir, tr.classes)
@@ -248,23 +241,16 @@ def build_folder(
     common = dict(rank=rank, world_size=world_size, device=device, seed=seed)
     common.update(strict=data_cfg.strict, prefetch=data_cfg.prefetch)
     if data_cfg.loader == "dali":
-        plain = isinstance(store, LocalStorage) and cache_cfg.name == "none"
-
-        def reader():  # one per loader: evaluation reads never count in the training epoch
-            return None if plain else build_reader(store, cache_cfg, store.root)
-
         common.update(
-            mode="reader" if plain else "external",
-            local_root=store.root,
             threads=data_cfg.dali_threads or max(1, data_cfg.num_workers),
             flip=data_cfg.flip,
             dali_device=data_cfg.dali_device,
             predecode_size=pre,
         )
-        train = DaliFolderLoader(
-            tr, train=True, batch_size=b, size_at=ts, reader=reader(), **common
-        )
-        ev = DaliFolderLoader(va, train=False, batch_size=eb, size_at=es, reader=reader(), **common)
+        # one reader per loader: evaluation reads never count in the training epoch
+        read = partial(build_reader, store, cache_cfg, store.root)
+        train = DaliFolderLoader(tr, train=True, batch_size=b, size_at=ts, reader=read(), **common)
+        ev = DaliFolderLoader(va, train=False, batch_size=eb, size_at=es, reader=read(), **common)
     else:
         workers = data_cfg.num_workers
         share, flip = max(1, workers), data_cfg.flip

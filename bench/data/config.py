@@ -86,8 +86,7 @@ class CacheConfig:
 
 
 def train_size_at(data_cfg: DataConfig, epoch: int) -> int:
-    """Training image size (pixels) in ``epoch`` under ``data.progressive`` (progressive
-    resizing)."""
+    """Training image size (pixels) in ``epoch`` under ``data.progressive``."""
     size = data_cfg.image_size
     for start, s in sorted((int(a), int(b)) for a, b in data_cfg.progressive):
         if epoch >= start:

@@ -1,8 +1,5 @@
-"""The embedded translation corpus (``en`` words -> ``sym`` symbols): numbers, dates and
-small events, generated offline and deterministically, with disjoint splits.
-
-Numbers must be composed from several words into digits placed elsewhere, so copying the
-source scores a low BLEU; see docs/internals/data.md."""
+"""The embedded translation corpus (``en`` words -> ``sym`` symbols): numbers, dates and small
+events, generated deterministically with disjoint splits (docs/internals/data.md)."""
 
 from __future__ import annotations
 
@@ -109,8 +106,7 @@ def sentence_pairs(n: int, seed: int, exclude: set[str] | frozenset[str] = froze
 def write_corpus(
     root: str | Path, train: int = 20000, valid: int = 500, test: int = 500, seed: int = 0
 ) -> Path:
-    """Write ``{train,valid,test}.{en,sym}`` under ``root`` (an existing complete corpus
-    is kept); returns ``root``."""
+    """Write ``{train,valid,test}.{en,sym}`` under ``root`` unless all are there."""
     root = Path(root)
     names = [f"{s}.{lang}" for s in ("train", "valid", "test") for lang in (SRC, TGT)]
     if all((root / f).is_file() for f in names):

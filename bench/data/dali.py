@@ -1,19 +1,13 @@
-"""NVIDIA DALI input pipelines (``data.loader=dali``): image folders and in-memory arrays.
-
-Folders go through ``fn.readers.file`` (a plain local folder) or ``fn.external_source`` fed
-from the data cache by a thread pool; arrays (CIFAR-10, digits) through
-``fn.external_source``.  Batches follow :func:`bench.data.loaders.rank_batches`; the
-details are in docs/internals/data.md.
-"""
+"""NVIDIA DALI input pipelines (``data.loader=dali``) for image folders: ``fn.external_source``
+fed from the data cache by a thread pool, batches by :func:`bench.data.loaders.rank_batches`
+(docs/internals/data.md)."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -40,8 +34,7 @@ def require_dali():
 
 
 def dali_device_id(device: Any, dali_device: str) -> int | None:
-    """The CUDA device for GPU operators, or None for a CPU-only pipeline
-    (``data.dali_device``: auto, cpu or gpu)."""
+    """The CUDA device for GPU operators, or None for a CPU-only pipeline."""
     device = torch.device(device)
     if str(dali_device) not in ("auto", "cpu", "gpu"):
         raise ConfigError(f"data.dali_device must be auto, cpu or gpu, got {dali_device!r}")
@@ -81,107 +74,6 @@ def to_device(x: Any, device: Any):
     if device.type == "cuda" and not x.is_cuda:
         return x.to(device, non_blocking=not x.is_pinned())
     return x.to(device)
-
-
-class DaliLoader(RankLoader):
-    """What both DALI loaders share: the sampling rule, one pipeline built per key, and the
-    epochs of an ``fn.external_source`` (StopIteration after the plan, then a reset)."""
-
-    def __init__(
-        self,
-        *,
-        train: bool,
-        batch_size: int,
-        rank: int,
-        world_size: int,
-        device: Any,
-        threads: int = 1,
-        prefetch: int = 2,
-        seed: int = 0,
-        dali_device: str = "auto",
-    ) -> None:
-        require_dali()
-        self.train, self.batch_size, self.rank, self.world = train, batch_size, rank, world_size
-        self.device, self.threads, self.prefetch = device, max(1, threads), max(1, prefetch)
-        self.seed, self.device_id = seed, dali_device_id(device, dali_device)
-        self._pipe: tuple[Any, Any] = (None, None)  # (key, built pipeline)
-        self._open: Any = None  # the pipeline whose external epoch has not ended
-
-    def set_epoch(self, epoch: int) -> None:
-        self._end_open_epoch()
-        self.epoch = epoch
-
-    def _make_pipe(self, read: Callable, aug: Callable, seed: int):
-        """A pipeline of ``read(fn, types)`` -> (images, sample indices), ``aug(fn, types,
-        images)`` applied to the images."""
-        fn, pipeline_def, types = require_dali()
-
-        @pipeline_def
-        def pipe():
-            data, index = read(fn, types)
-            return aug(fn, types, data), index
-
-        return pipe(batch_size=self.batch_size, num_threads=self.threads, seed=seed,
-                    device_id=self.device_id, prefetch_queue_depth=self.prefetch)  # fmt: skip
-
-    def _external(self, fn: Any, types: Any, source: Callable, dtype: Any, layout: str) -> Any:
-        # the source is called ahead of run(), one batch per call.  no_copy: DALI reads the
-        # arrays in place, no host copy; ``keep`` holds the latest batches until the
-        # pipeline is done with them
-        keep: deque = deque(maxlen=2 * self.prefetch + 4)
-
-        def call():
-            keep.append(source())
-            return keep[-1]
-
-        kw = dict(num_outputs=2, batch=True, dtype=[dtype, types.INT64], layout=[layout, ""])
-        return fn.external_source(source=call, no_copy=True, **kw)
-
-    def _built(self, key: tuple, make: Callable[[], Any]):
-        """The pipeline for ``key``, built (and the previous one freed) when it changes."""
-        if self._pipe[0] != key:
-            self._pipe = (None, None)  # progressive resizing goes one way: free the old one
-            pipe = make()
-            pipe.build()
-            self._pipe = (key, pipe)
-        return self._pipe[1]
-
-    def _run_external(self, pipe: Any) -> Iterator[Any]:
-        """``pipe.run()`` once per batch until the source's StopIteration."""
-        self._open = pipe
-        while True:
-            try:
-                out = self._run(pipe.run)
-            except StopIteration:
-                pipe.reset()
-                self._open = None
-                return
-            yield out
-
-    def _end_open_epoch(self) -> None:
-        """Close an epoch the training loop cut short: stop the source, drain, reset."""
-        pipe, self._open = self._open, None
-        if pipe is None:
-            return
-        self._stop_source()
-        while True:
-            try:
-                pipe.run()
-            except StopIteration:
-                break
-        pipe.reset()
-
-    def _run(self, call: Callable):
-        return call()
-
-    def _batch(self, images: Any, index: Any) -> tuple[Any, Any]:
-        """(images on the device, sample indices on the host) of a pipeline's output."""
-        idx = to_torch(index, torch.device("cpu")).view(-1)  # a copy: see _external
-        wrap = bool(getattr(self._pipe[1], "exec_dynamic", False))  # DALI's dynamic executor
-        return to_torch(images, self.device, wrap=wrap), idx
-
-    def _labels(self, idx: Any):
-        return to_device(torch.from_numpy(self.labels[idx.numpy()]), self.device)
 
 
 class ExternalFeed:
@@ -256,58 +148,53 @@ class ExternalFeed:
         raise StopIteration
 
 
-class DaliFolderLoader(DaliLoader):
-    """A DALI loader over a folder listing (``mode``: ``reader`` or ``external``);
+class DaliFolderLoader(RankLoader):
+    """A DALI pipeline over a folder listing, fed from ``reader`` by an :class:`ExternalFeed`;
     ``iter_indexed()`` also yields the sample indices."""
 
     def __init__(
         self,
         listing: Any,
         *,
-        mode: str,
-        reader: CachedReader | None,
-        local_root: str,
+        reader: CachedReader,
+        train: bool,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        device: Any,
         size_at: Callable[[int], int],
         flip: bool,
         strict: bool,
+        threads: int = 1,
+        prefetch: int = 2,
+        seed: int = 0,
+        dali_device: str = "auto",
         predecode_size: int = 0,
-        **common: Any,
     ) -> None:
-        super().__init__(**common)
-        if mode not in ("reader", "external"):
-            raise ValueError(mode)
-        if mode == "external" and reader is None:
-            raise ValueError("external mode needs a CachedReader")
-        self.listing, self.mode, self.reader, self.local_root = listing, mode, reader, local_root
+        require_dali()
+        self.train, self.batch_size, self.rank, self.world = train, batch_size, rank, world_size
+        self.device, self.threads, self.prefetch = device, max(1, threads), max(1, prefetch)
+        self.seed, self.device_id = seed, dali_device_id(device, dali_device)
+        self.listing, self.reader, self.n = listing, reader, len(listing)
         self.size_at, self.flip, self.strict = size_at, flip, strict
         self.predecode_size = predecode_size
         self.labels = np.asarray(listing.labels, dtype=np.int64)
         self._stats: dict[str, float] = zero_stats()
-        self._reader_open = False  # a file-reader pass was left unfinished
-        self.feed: ExternalFeed | None = None
-        if mode == "reader":
-            self._good, self._paths, self._sizes = self._checked_files()
-        else:
-            self.feed = ExternalFeed(self)
+        self.feed = ExternalFeed(self)
+        self._pipe: tuple[Any, Any] = (None, None)  # (image size, built pipeline)
+        self._open: Any = None  # the pipeline whose epoch has not ended
 
     @property
     def fetch_threads(self) -> int:
-        """Threads reading files ahead of DALI (external source); 0 for the file reader."""
-        return self.feed.pool._max_workers if self.feed is not None else 0
+        """Threads reading files ahead of DALI."""
+        return self.feed.pool._max_workers
 
-    @property
-    def n(self) -> int:
-        """Samples the rule deals out: the good files (reader) or the whole listing."""
-        return len(self._good) if self.mode == "reader" else len(self.listing)
-
-    def _plan(self) -> list[np.ndarray]:
-        """This epoch's batches of sample indices (listing positions)."""
-        plan = super()._plan()
-        return [self._good[b] for b in plan] if self.mode == "reader" else plan
+    def set_epoch(self, epoch: int) -> None:
+        self._end_open_epoch()
+        self.epoch = epoch
 
     def epoch_stats(self) -> dict[str, float]:
-        if self.reader is not None:
-            merge_stats(self._stats, self.reader.stats.take())
+        merge_stats(self._stats, self.reader.stats.take())
         out = dict(self._stats)
         self._stats.clear()  # the feed holds this dict: reset it in place
         self._stats.update(zero_stats())
@@ -316,41 +203,7 @@ class DaliFolderLoader(DaliLoader):
     def close(self) -> None:
         """Free the pipeline and the fetch threads."""
         self._pipe = (None, None)
-        if self.feed is not None:
-            self.feed.close()
-
-    def _stop_source(self) -> None:
-        self.feed.stop()
-
-    def _end_open_epoch(self) -> None:
-        super()._end_open_epoch()
-        if self._reader_open:  # its pipeline has read ahead into a pass never taken
-            self._pipe, self._reader_open = (None, None), False
-
-    def _checked_files(self) -> tuple[np.ndarray, list[str], np.ndarray]:
-        """(indices, absolute paths, sizes) of the files that look like images; the others
-        are skipped with a warning (or stop the run with ``data.strict=true``)."""
-        paths = [os.path.join(self.local_root, f) for f in self.listing.files]
-
-        def check(p: str) -> int:  # the size in bytes, -1 for a bad file
-            try:
-                size = os.path.getsize(p)
-                with open(p, "rb") as f:
-                    head = f.read(8)
-                    f.seek(max(0, size - 64))
-                    tail = f.read(64)
-            except OSError:
-                return -1
-            return size if jpeg_looks_complete(head + tail if len(head) == 8 else head) else -1
-
-        with ThreadPoolExecutor(8) as ex:
-            sizes = np.array(list(ex.map(check, paths)), dtype=np.int64)
-        bad = [self.listing.files[i] for i in np.flatnonzero(sizes < 0)]
-        if bad:
-            self._stats["data/corrupt"] = len(bad)
-            msgs = [f"{b}: truncated or not an image" for b in bad]
-            warn_corrupt(msgs, set(), self.strict)
-        return np.flatnonzero(sizes >= 0), paths, sizes
+        self.feed.close()
 
     def _augment(self, fn: Any, types: Any, images: Any, size: int, decoded: bool):
         """Random-resized crop + flip (training) or resize + centre crop (evaluation), then
@@ -384,142 +237,78 @@ class DaliFolderLoader(DaliLoader):
         kw = dict(crop=crop, mirror=mirror, mean=mean, std=std)
         return fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", **kw)
 
-    def _reader_pipe(self, size: int, order: np.ndarray):
-        """``fn.readers.file`` over the files ``order`` (sample indices), read in order."""
-        files = [self._paths[i] for i in order.tolist()]
-
-        def read(fn: Any, types: Any) -> Any:
-            return fn.readers.file(files=files, labels=order.tolist(), random_shuffle=False,
-                                   pad_last_batch=True, name="Reader")  # fmt: skip
-
-        seed = self.seed + self.rank + 7919 * self.epoch
-        return self._make_pipe(read, partial(self._augment, size=size, decoded=False), seed)
-
     def _external_pipe(self, size: int):
-        decoded = bool(self.predecode_size)
+        fn, pipeline_def, types = require_dali()
+        decoded = bool(self.predecode_size)  # the source gives HWC pixels, else file bytes
+        # no_copy: DALI reads the fetched arrays in place; ``keep`` holds the latest batches
+        # until the pipeline is done with them (it calls the source ahead of run())
+        keep: deque = deque(maxlen=2 * self.prefetch + 4)
 
-        def read(fn: Any, types: Any) -> Any:  # the fetched arrays: cached bytes, or HWC pixels
-            return self._external(fn, types, self.feed, types.UINT8, "HWC" if decoded else "")
+        def source():
+            keep.append(self.feed())
+            return keep[-1]
 
-        aug = partial(self._augment, size=size, decoded=decoded)
-        return self._make_pipe(read, aug, self.seed + self.rank)
+        @pipeline_def
+        def pipe():
+            layout = ["HWC" if decoded else "", ""]
+            kw = dict(num_outputs=2, batch=True, dtype=[types.UINT8, types.INT64], layout=layout)
+            images, index = fn.external_source(source=source, no_copy=True, **kw)
+            return self._augment(fn, types, images, size, decoded), index
 
-    def _batches(self, plan: list[np.ndarray]):
-        if self.mode == "external":
-            size = self.size_at(self.epoch)
-            pipe = self._built(("external", size), lambda: self._external_pipe(size))
-            self.feed.start(plan)
-            for images, index in self._run_external(pipe):
-                yield images, index, None
-            if self.feed.error is not None:
-                raise self.feed.error
+        kw = dict(device_id=self.device_id, prefetch_queue_depth=self.prefetch)
+        return pipe(
+            batch_size=self.batch_size, num_threads=self.threads, seed=self.seed + self.rank, **kw
+        )
+
+    def _built(self, size: int):
+        """The pipeline for ``size``, built (and the previous one freed) when it changes."""
+        if self._pipe[0] != size:
+            self._pipe = (None, None)  # progressive resizing goes one way: free the old one
+            pipe = self._external_pipe(size)
+            pipe.build()
+            self._pipe = (size, pipe)
+        return self._pipe[1]
+
+    def _end_open_epoch(self) -> None:
+        """Close an epoch the training loop cut short: stop the source, drain, reset."""
+        pipe, self._open = self._open, None
+        if pipe is None:
             return
-        # training: one pipeline per epoch's list; evaluation: one for the fixed shard, in
-        # step pass after pass (pad_last_batch completes the last batch of each pass)
-        key = ("reader", self.size_at(self.epoch), self.epoch if self.train else None)
-        pipe = self._built(key, lambda: self._reader_pipe(key[1], np.concatenate(plan)))
-        self._reader_open = True
-        for batch in plan:
-            images, index = self._run(pipe.run)
-            yield images, index, batch
-        self._reader_open = False
+        self.feed.stop()
+        while True:
+            try:
+                pipe.run()
+            except StopIteration:
+                break
+        pipe.reset()
 
     def iter_indexed(self) -> Iterator[tuple[Any, Any, Any]]:
         self._end_open_epoch()
         plan = self._plan()
         if not plan:
             return
+        pipe = self._built(self.size_at(self.epoch))
+        self.feed.start(plan)
+        self._open = pipe
+        wrap = bool(getattr(pipe, "exec_dynamic", False))  # DALI's dynamic executor
         t0 = time.perf_counter()
-        for images, index, batch in self._batches(plan):
+        while True:
+            try:
+                images, index = pipe.run()
+            except StopIteration:
+                pipe.reset()
+                self._open = None
+                break
+            except RuntimeError as e:
+                raise RuntimeError(
+                    f"DALI could not process a batch on rank {self.rank} "
+                    f"(run data.loader=torch to name the file): {e}"
+                ) from e
             merge_stats(self._stats, {"data/wait_s": time.perf_counter() - t0})
-            x, idx = self._batch(images, index)
-            if batch is not None:  # the file reader pads the last batch of a pass: cut by count
-                n = len(batch)
-                x, idx = x[:n], idx[:n]
-                if not np.array_equal(idx.numpy(), batch):
-                    raise RuntimeError(f"DALI file reader out of step on rank {self.rank}")
-                self._stats["cache/misses"] += n  # every file came from level 0
-                self._stats["cache/bytes_l0"] += int(self._sizes[batch].sum())
+            idx = to_torch(index, torch.device("cpu")).view(-1)  # a copy: see _external_pipe
+            y = to_device(torch.from_numpy(self.labels[idx.numpy()]), self.device)
             self._stats[SAMPLES] += len(idx)
-            yield x, self._labels(idx), idx  # x: on self.device (to_torch)
+            yield to_torch(images, self.device, wrap=wrap), y, idx
             t0 = time.perf_counter()
-
-    def _run(self, call: Callable):
-        try:
-            return call()
-        except RuntimeError as e:
-            raise RuntimeError(
-                f"DALI could not process a batch on rank {self.rank} "
-                f"(run data.loader=torch to name the file): {e}"
-            ) from e
-
-
-class DaliArrayLoader(DaliLoader):
-    """In-memory image arrays through ``fn.external_source``: padded random crop + flip
-    (training) or normalise only (evaluation), by ``crop_mirror_normalize``."""
-
-    def __init__(
-        self,
-        images: Any,
-        labels: Any,
-        *,
-        mean: Any,
-        std: Any,
-        train: bool,
-        pad: int = 0,
-        flip: bool = False,
-        **common: Any,
-    ) -> None:
-        super().__init__(train=train, **common)
-        x = np.ascontiguousarray(images.numpy().transpose(0, 2, 3, 1))  # NHWC, as DALI wants
-        self.h, self.w = x.shape[1:3]
-        self.mean = [float(m) for m in mean]
-        self.std = [float(s) for s in std]
-        if train and pad:  # padded with the mean: 0 once normalised
-            fill = np.asarray(self.mean, dtype=np.float64).astype(x.dtype)
-            shape = (x.shape[0], self.h + 2 * pad, self.w + 2 * pad, x.shape[3])
-            padded = np.broadcast_to(fill, shape).copy()
-            padded[:, pad : pad + self.h, pad : pad + self.w] = x
-            x = padded
-        self.x, self.labels = x, labels.numpy().astype(np.int64)
-        self.pad, self.flip, self.n = pad, flip, len(self.labels)
-        self._todo: list[np.ndarray] = []
-
-    def _stop_source(self) -> None:
-        self._todo = []
-
-    def _next(self):
-        if not self._todo:
-            raise StopIteration
-        b = self._todo.pop(0)
-        return [self.x[i] for i in b], [np.array(i, dtype=np.int64) for i in b]
-
-    def _aug(self, fn: Any, types: Any, images: Any) -> Any:
-        if self.device_id is not None:
-            images = images.gpu()
-        kw: dict[str, Any] = {}
-        if self.train:
-            kw = dict(
-                crop=(self.h, self.w),
-                crop_pos_x=fn.random.uniform(range=(0.0, 1.0)),
-                crop_pos_y=fn.random.uniform(range=(0.0, 1.0)),
-                mirror=fn.random.coin_flip(probability=0.5) if self.flip else 0,
-            )
-        return fn.crop_mirror_normalize(
-            images, dtype=types.FLOAT, output_layout="CHW", mean=self.mean, std=self.std, **kw
-        )
-
-    def _read(self, fn: Any, types: Any) -> Any:
-        # the images: views of the array, read in place
-        dtype = types.UINT8 if self.x.dtype == np.uint8 else types.FLOAT
-        return self._external(fn, types, self._next, dtype, "HWC")
-
-    def iter_indexed(self) -> Iterator[tuple[Any, Any, Any]]:
-        make = partial(self._make_pipe, self._read, self._aug, self.seed + self.rank)
-        pipe = self._built(("arrays",), make)
-        self._end_open_epoch()  # an epoch the training loop cut short
-        self._todo = self._plan()
-        for images, index in self._run_external(pipe):
-            x, idx = self._batch(images, index)
-            self._count += len(idx)
-            yield x, self._labels(idx), idx
+        if self.feed.error is not None:
+            raise self.feed.error

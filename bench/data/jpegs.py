@@ -4,7 +4,6 @@ or error it gives), and generated ImageNet-like JPEG folders for tests and bench
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
@@ -12,7 +11,6 @@ import os
 import shutil
 import tempfile
 import warnings
-from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
@@ -33,35 +31,13 @@ def warn_corrupt(names: list[str], seen: set[str], strict: bool) -> None:
             warnings.warn(f"skipping corrupt image {msg}", stacklevel=3)
 
 
-@contextlib.contextmanager
-def _decoding(name: str) -> Iterator[None]:
-    """PIL's errors on a truncated or damaged file as one :class:`CorruptImage` naming it."""
+def decode_capped(data: bytes, max_short_side: int, name: str) -> np.ndarray:
+    """Decode fully (uint8 HWC; PIL is lazy); when the shorter side exceeds ``max_short_side``
+    > 0, shrink it to that by PIL's JPEG draft mode where it can (never upsamples)."""
     # deferred: Pillow only where images are decoded
-    from PIL import UnidentifiedImageError
+    from PIL import Image, UnidentifiedImageError
 
     try:
-        yield
-    except (OSError, UnidentifiedImageError, SyntaxError, ValueError) as e:
-        raise CorruptImage(f"{name}: cannot decode image ({e})") from None
-
-
-def decode_rgb(data: bytes, name: str):
-    """A PIL RGB image, fully decoded; :class:`CorruptImage` when truncated or damaged."""
-    from PIL import Image
-
-    with _decoding(name):
-        img = Image.open(io.BytesIO(data))
-        img.load()  # decode now: PIL is lazy, and a truncated file fails only here
-        return img.convert("RGB")
-
-
-def decode_capped(data: bytes, max_short_side: int, name: str) -> np.ndarray:
-    """Decode (uint8 HWC); when the shorter side exceeds ``max_short_side`` > 0, shrink it to
-    that by PIL's JPEG draft mode where it can (never upsamples; at or under the cap, pixel
-    for pixel as :func:`decode_rgb`)."""
-    from PIL import Image
-
-    with _decoding(name):
         img = Image.open(io.BytesIO(data))  # the header only, until loaded
         w, h = img.size
         if max_short_side <= 0 or min(w, h) <= max_short_side:
@@ -74,11 +50,12 @@ def decode_capped(data: bytes, max_short_side: int, name: str) -> np.ndarray:
         if img.size != size:
             img = img.resize(size, Image.BILINEAR, reducing_gap=None)
         return np.array(img, dtype=np.uint8)  # a writable copy (torch.from_numpy wants one)
+    except (OSError, UnidentifiedImageError, SyntaxError, ValueError) as e:
+        raise CorruptImage(f"{name}: cannot decode image ({e})") from None
 
 
 def jpeg_looks_complete(data: bytes) -> bool:
-    """Cheap structural check: a JPEG starts with SOI (FFD8) and ends with EOI (FFD9); PNG
-    files pass."""
+    """A JPEG starts with SOI (FFD8) and ends with EOI (FFD9); PNG files pass."""
     if data[:8] == b"\x89PNG\r\n\x1a\n":
         return True
     return len(data) > 4 and data[:2] == b"\xff\xd8" and b"\xff\xd9" in data[-64:]

@@ -1,31 +1,23 @@
-"""Per-rank loaders, the contract they follow and the one sampling rule they share.
-
-A loader yields ``(x, y)`` on the training device, has ``len()`` (steps per epoch),
-``set_epoch`` and ``epoch_stats()`` (reset when read; always ``data/rank_samples``).
-Sampling follows torch's ``DistributedSampler`` (shuffle, drop_last); see
-docs/internals/data.md.
-"""
+"""Per-rank loaders and their contract: ``(x, y)`` on the training device, ``len()`` (steps
+per epoch), ``set_epoch``, ``epoch_stats()`` (reset when read; always ``data/rank_samples``);
+the one sampling rule, torch's ``DistributedSampler``'s (docs/internals/data.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
 
-from bench.data.jpegs import warn_corrupt
 from bench.registry import ConfigError
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
-# epoch_stats() key: real samples (no padding) this rank's loader yielded since the last
-# call; the curve's data/samples column is their sum over the ranks
+# epoch_stats() keys: real samples and (token-batched loaders) source + target tokens that this
+# rank yielded since the last call, no padding; summed over the ranks: data/samples, data/tokens
 SAMPLES = "data/rank_samples"
-# token-batched loaders also report their source + target tokens (no padding); the curve's
-# data/tokens column is their sum over the ranks
 RANK_TOKENS = "data/rank_tokens"
 
 
@@ -144,8 +136,7 @@ class RankLoader:
 
 
 class PlanSampler:
-    """What a DataLoader iterates for index batches: its owner's ``_batches()`` of the
-    current epoch (drawn in the main process at each ``iter()``)."""
+    """A DataLoader's batch sampler: its owner's ``_batches()``, drawn at each ``iter()``."""
 
     def __init__(self, owner: Any) -> None:
         self.owner = owner
@@ -211,59 +202,6 @@ class TensorLoader(RankLoader):
                     x = torch.where(mask[:, None, None, None], x.flip(3), x)
             self._count += len(b)
             yield x, self.labels[b].to(self.device, non_blocking=True)
-
-
-class DeviceLoader(RankLoader):
-    """A torch DataLoader over a map-style data set, sharded by rank, moved to device.  A
-    batch's optional third item lists the damaged files met (``folder.SkipDamaged``): each
-    warned about once (or raised, ``strict``) and counted in ``data/corrupt``."""
-
-    def __init__(
-        self,
-        dataset: Dataset,
-        *,
-        batch_size: int,
-        rank: int,
-        world_size: int,
-        device: torch.device,
-        train: bool,
-        num_workers: int,
-        seed: int = 0,
-        collate_fn: Callable | None = None,
-        strict: bool = False,
-    ) -> None:
-        self.n = len(dataset)  # type: ignore[arg-type]
-        self.batch_size, self.rank, self.world = batch_size, rank, world_size
-        self.device, self.train, self.seed, self.strict = device, train, seed, strict
-        self._corrupt, self._seen = 0, set[str]()
-        self.loader = DataLoader(
-            dataset,
-            batch_sampler=PlanSampler(self),  # type: ignore[arg-type]
-            num_workers=num_workers,
-            pin_memory=device.type == "cuda",
-            persistent_workers=num_workers > 0,
-            collate_fn=collate_fn,
-        )
-
-    def _batches(self) -> Iterator[list[int]]:
-        return (b.tolist() for b in self._plan())
-
-    def epoch_stats(self) -> dict[str, Any]:
-        out = {**super().epoch_stats(), "data/corrupt": self._corrupt}
-        self._corrupt = 0
-        return out
-
-    def __iter__(self) -> Iterator[Batch]:
-        nb = self.device.type == "cuda"
-        for x, y, *damaged in self.loader:
-            bad = damaged[0] if damaged else []
-            if bad:
-                self._corrupt += len(bad)
-                warn_corrupt(bad, self._seen, self.strict)
-            if y is None:  # evaluation: every image of the batch was damaged
-                continue
-            self._count += len(y)
-            yield x.to(self.device, non_blocking=nb), y.to(self.device, non_blocking=nb)
 
 
 class SyntheticLoader(RankLoader):

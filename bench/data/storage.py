@@ -1,7 +1,6 @@
 """Level 0 of the data cache: a local folder or an fsspec URL, optionally behind a
 slow-storage emulator; class-folder listings, and the page-cache tools of the input
-benchmark.  See docs/internals/data.md.
-"""
+benchmark (docs/internals/data.md)."""
 
 from __future__ import annotations
 
@@ -207,14 +206,10 @@ class ThrottledStorage:
             time.sleep(max(0.0, box[0] - time.monotonic()))
         return data
 
-    def listdir(self, rel: str = "") -> list[tuple[str, bool]]:
-        return self.inner.listdir(rel)
-
-    def exists(self, rel: str = "") -> bool:
-        return self.inner.exists(rel)
-
-    def version(self, rel: str) -> Version | None:
-        return self.inner.version(rel)
+    def __getattr__(self, name: str):  # listdir, exists, version: the inner storage's
+        if name == "inner":  # not set yet (unpickling)
+            raise AttributeError(name)
+        return getattr(self.inner, name)
 
 
 def is_url(root: str) -> bool:

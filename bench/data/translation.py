@@ -75,8 +75,7 @@ def _lines(path: Path) -> list[str]:
 
 
 def read_split(cfg: DataConfig, root: Path, split: str) -> tuple[list[str], list[str]]:
-    """(source lines, target lines) of a split, refused unless both exist, are non-empty
-    and have the same number of lines."""
+    """(source lines, target lines) of a split: both there, non-empty, of equal length."""
     sp, tp = root / f"{split}.{cfg.src}", root / f"{split}.{cfg.tgt}"
     src, tgt = _lines(sp), _lines(tp)
     if len(src) != len(tgt):
@@ -304,8 +303,7 @@ class TokenLoader:
 
 @dataclass
 class TranslationBundle(DataBundle):
-    """A :class:`DataBundle` (``num_classes`` = vocabulary size) with what evaluation
-    needs: the tokenizer and the held-out split's source and reference lines."""
+    """``num_classes`` = vocabulary size; the tokenizer and held-out lines for evaluation."""
 
     tokenizer: Any = None
     eval_src: list[str] = field(default_factory=list)
