@@ -1,7 +1,6 @@
-"""Checkpoints of a training run: save, verify and restore one worker's state, under
-``<results.dir>/checkpoints/<run_id>/``: ``epoch-NNNN/common.pt`` (rank 0),
-``epoch-NNNN/rank<r>.pt`` (every rank) and the manifest ``epoch-NNNN.json``, written last;
-a resume takes the newest whole one (docs/internals/train.md)."""
+"""Checkpoints of a run under ``<results.dir>/checkpoints/<run_id>/``: ``epoch-NNNN/common.pt``
+(rank 0), ``epoch-NNNN/rank<r>.pt`` (every rank) and the manifest ``epoch-NNNN.json``, written
+last; a resume takes the newest whole one (docs/internals/train.md)."""
 
 from __future__ import annotations
 
@@ -98,8 +97,8 @@ EPOCH_NAME = re.compile(r"epoch-([0-9]+)")  # a checkpoint's folder; + ".json": 
 
 
 def by_epoch(paths: Iterable[Path]) -> list[Path]:
-    """``epoch-N.json`` manifests by N; another name (a copy, a sync conflict) is ignored with
-    a warning, never resumed from nor pruned."""
+    """``epoch-N.json`` manifests by N; another name (a copy, a sync conflict) is warned of,
+    never resumed from nor pruned."""
     numbered = []
     for p in paths:
         m = EPOCH_NAME.fullmatch(p.name.removesuffix(".json"))
@@ -121,8 +120,8 @@ def remove_incomplete(run_dir: Path, keep: Path | None = None) -> None:
 def latest(
     results_dir: str | Path, run_id: str, skipped: list[str] | None = None
 ) -> dict[str, Any] | None:
-    """A run's newest whole checkpoint's manifest (``path`` set; None if none); each newer
-    damaged one is warned of, or added to ``skipped``."""
+    """A run's newest whole checkpoint's manifest (``path`` set) or None; each newer damaged
+    one is warned of, or added to ``skipped``."""
     d, m, passed = run_dir(results_dir, run_id), None, []
     for mp in reversed(by_epoch(d.glob("epoch-*.json")) if d.is_dir() else []):
         m, why = problem(mp)
@@ -194,8 +193,8 @@ def first_mismatch(now: Mapping[str, Any], saved: Mapping[str, Any]) -> str | No
 
 class CheckpointManager:
     """One worker's checkpoints: rank 0 saves ``states`` (``common.pt``), every rank its RNG
-    and ``local`` states (``rank<r>.pt``: its hook's, an outer sync's replica...), the
-    manifest ``progress`` last; each ``Stateful``, saved by its own ``state_dict`` alone."""
+    and ``local`` states (``rank<r>.pt``: its hook's, an outer sync's replica), the manifest
+    ``progress`` last; each ``Stateful`` by its own ``state_dict``."""
 
     def __init__(
         self,
@@ -240,7 +239,7 @@ class CheckpointManager:
         return d
 
     def load(self, manifest: Mapping[str, Any], lost_s: float = 0.0) -> None:
-        """Every rank: restore from a checkpoint; ``lost_s`` is added to its training time."""
+        """Every rank: restore a checkpoint, ``lost_s`` added to its training time."""
         check_compatible(manifest, to_container(self.cfg))
         if manifest["world_size"] != self.world:
             raise ConfigError(
