@@ -196,7 +196,6 @@ def measure(name: str, device: torch.device, reps: int) -> list[dict[str, Any]]:
 
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
-    """Append ``rows`` to the CSV at ``path``, its header first when new."""
     path.parent.mkdir(parents=True, exist_ok=True)
     new = not path.is_file() or path.stat().st_size == 0
     with open(path, "a", newline="") as f:

@@ -114,8 +114,7 @@ def _run(
     opts: dict[str, Any] = {"density": density, "min_numel": 0, "timing": timing}
     state, hook = make_hook(name, **opts, **({"procs_per_node": ppn} if ppn else {}))
     ddp.register_comm_hook(state, hook)
-    if hasattr(state, "nan_check"):
-        state.nan_check = True  # the reduced buckets' flags too, as train.nan_check=step
+    state.nan_check = True  # the reduced buckets' flags too, as train.nan_check=step
     sites: list[str] = []
     counted, finite, delays = 0, True, [0]
     for step in range(STEPS):
@@ -128,9 +127,8 @@ def _run(
             loss.backward()
         counted += host_syncs() - before  # the selectors' own reads: this project's code
         sites += found
-        if hasattr(state, "take_finite"):  # the loop's one read per step
-            flags = [ok for _, ok in state.take_finite() or ()]
-            finite = finite and (not flags or bool(torch.stack(flags).all()))
+        flags = [ok for _, ok in state.take_finite() or ()]  # the loop's one read per step
+        finite = finite and (not flags or bool(torch.stack(flags).all()))
     grad = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).float()
     stats = state.stats.pop()
     ours = [s for s in sites if s.startswith("bench ")]
@@ -185,7 +183,6 @@ def _layout(r: dict) -> str:
 
 
 def line(r: dict) -> str:
-    """One printed line of a case, its verdict last."""
     layout = _layout(r)
     text = (
         f"{'FAIL' if r['why'] else 'ok  '} {layout:<8} {r['hook']:<9} d={r['density']:<4g}"

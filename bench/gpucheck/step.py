@@ -149,15 +149,14 @@ def run(cpu: bool, hooks: tuple[str, ...], sink: Rows, traces: str = "") -> None
                 if ms - ms0 > 0:
                     more.append([n, round(ms - ms0, 4), c - c0])
             prof["added"] = sorted(more, key=lambda m: -m[1])[:TOP]
-            kept = {k: v for k, v in prof.items() if k != "by_name"}
-            p = prof
+            p = {k: v for k, v in prof.items() if k != "by_name"}
             gpu = f" busy {p['busy_ms']:.1f} idle {p['idle_ms']:.1f} ms" if "busy_ms" in p else ""
             more = ", ".join(f"{n[:40]} +{ms:.2f} ms ({c:+d})" for n, ms, c in p["added"][:5])
             line = (
                 f"step profile {name}: {p['step_ms']:.1f} ms,{gpu} hook host"
                 f" {p['hook_host_ms']:.1f} ms, {p['ops']} ops; adds: {more or 'nothing'}"
             )
-            sink.add({"what": "profile", "device": str(device), **kept}, line)
+            sink.add({"what": "profile", "device": str(device), **p}, line)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -75,10 +76,11 @@ def _diloco(
     model: nn.Module,
     opt: torch.optim.Optimizer,
     cfg: SyncConfig,
-    exchange: Callable[..., Any] | None = None,
+    exchange: str = "",
 ) -> Any:
-    """torchft's DiLoCo over ``cfg.fragments``; ``exchange(manager, fragment, cfg)``: a sparse
-    exchange of each fragment's pseudo-gradient in place of its allreduce."""
+    """torchft's DiLoCo over ``cfg.fragments``; ``exchange``: the class of :mod:`.sparse` that
+    sends each fragment's pseudo-gradient in place of its allreduce."""
+    from bench.sync import sparse
     from bench.sync.replica import DiLoCoSync
 
     frags = split_fragments(model, cfg.fragments)
@@ -89,18 +91,8 @@ def _diloco(
         [_outer_sgd(f.parameters(), cfg) for f in frags],
         sync_every=cfg.sync_every,
         fragment_sync_delay=cfg.fragment_sync_delay,
-        exchanges=[exchange(manager, f, cfg) for f in frags] if exchange else None,
+        exchanges=[getattr(sparse, exchange)(manager, f, cfg) for f in frags] if exchange else None,
     )
-
-
-def _sparse(kind: str) -> Build:
-
-    def build(manager: Any, model: nn.Module, opt: torch.optim.Optimizer, cfg: SyncConfig) -> Any:
-        from bench.sync import sparse
-
-        return _diloco(manager, model, opt, cfg, getattr(sparse, kind))
-
-    return build
 
 
 SYNCS.register("ddp")(SyncSpec(None))
@@ -109,14 +101,16 @@ SYNCS.register("diloco")(SyncSpec(_diloco, outer_optimizer=True))
 SYNCS.register("streaming_diloco")(SyncSpec(_diloco, fragmented=True, outer_optimizer=True))
 SYNCS.register("sparseloco")(
     SyncSpec(
-        _sparse("ChunkTopK"),
+        partial(_diloco, exchange="ChunkTopK"),
         outer_optimizer=True,
         momentum=False,
         knobs=("density", "ef_beta", "chunk_size", "quant_bits"),
     )
 )
 SYNCS.register("hitopk_diloco")(  # and sync.mstopk_method, checked by its type
-    SyncSpec(_sparse("ShardTopK"), outer_optimizer=True, knobs=("density", "ef_beta"))
+    SyncSpec(
+        partial(_diloco, exchange="ShardTopK"), outer_optimizer=True, knobs=("density", "ef_beta")
+    )
 )
 
 

@@ -182,8 +182,7 @@ class LocalSGDSync(LocalSGD):
 
     def __init__(self, manager: Any, model: nn.Module, opt: Any, *, sync_every: int) -> None:
         super().__init__(manager, model, opt, sync_every=sync_every)
-        if hasattr(manager, "timed"):  # the average, its wait and the commit
-            self._perform_sync = manager.timed("finish", self._perform_sync)
+        self._perform_sync = manager.timed("finish", self._perform_sync)  # average, wait, commit
 
     def state_dict(self) -> dict[str, Any]:
         return {"local_step": int(self._local_step)}
@@ -214,10 +213,9 @@ class DiLoCoSync(DiLoCo):
         self.exchanges = list(exchanges or [])
         for f, ex in zip(self._fragments, self.exchanges, strict=bool(self.exchanges)):
             f._average_grads = functools.partial(ex.send, f)
-        if hasattr(manager, "timed"):  # each fragment's send, and its wait, outer step, commit
-            for f in self._fragments:
-                f.prepare_sync = manager.timed("send", f.prepare_sync)
-                f.perform_sync = manager.timed("finish", f.perform_sync)
+        for f in self._fragments:  # each fragment's send, and its wait, outer step, commit
+            f.prepare_sync = manager.timed("send", f.prepare_sync)
+            f.perform_sync = manager.timed("finish", f.perform_sync)
 
     def state_dict(self) -> dict[str, Any]:
         out = [

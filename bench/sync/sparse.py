@@ -154,7 +154,8 @@ class ChunkTopK(Exchange):
         self.packet = chunk_packet(self.chunks, c, self.bits)
 
     def encode(self, grads: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Indices, values, scales; each buffer keeps what the values do not carry."""
+        """Indices, values, scales; each buffer keeps what the values do not carry (exactly
+        the rest with float32 values)."""
         idx_all, val_all, scale_all = [], [], []
         for t in self.chunks:
             e = self.compensate(t.name, grads[t.name]).view(-1)

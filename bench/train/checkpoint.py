@@ -14,6 +14,7 @@ import time
 import warnings
 import zipfile
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -86,8 +87,7 @@ def problem(manifest_path: Path) -> tuple[dict[str, Any] | None, str | None]:
         if name in sizes and p.stat().st_size != sizes[name]:
             return None, f"{name} has {p.stat().st_size} bytes, {sizes[name]} were saved"
         try:
-            with zipfile.ZipFile(p):  # torch.save's zip: its directory is at the end
-                pass
+            zipfile.ZipFile(p).close()  # torch.save's zip: its directory is at the end
         except (OSError, zipfile.BadZipFile) as e:
             return None, f"{name} is damaged ({e})"
     return m, None
@@ -191,27 +191,25 @@ def first_mismatch(now: Mapping[str, Any], saved: Mapping[str, Any]) -> str | No
     return f"{extra[0]} is in the checkpoint only" if extra else None
 
 
+@dataclass
 class CheckpointManager:
     """One worker's checkpoints: rank 0 saves ``states`` (``common.pt``), every rank its RNG
     and ``local`` states (``rank<r>.pt``: its hook's, an outer sync's replica), the manifest
     ``progress`` last; each ``Stateful`` by its own ``state_dict``."""
 
-    def __init__(
-        self,
-        cfg: Config,
-        run: dict[str, Any],
-        *,
-        rank: int,
-        world: int,
-        device: torch.device,
-        states: Mapping[str, Stateful | None],
-        progress: Stateful,
-        local: Mapping[str, Stateful | None] | None = None,
-    ) -> None:
-        self.cfg, self.run, self.rank, self.world, self.device = cfg, run, rank, world, device
-        self.states, self.progress = states, progress
-        self.local = {k: v for k, v in (local or {}).items() if v is not None}
-        self.root = run_dir(cfg.results.dir, run["run_id"])
+    cfg: Config
+    run: dict[str, Any]
+    _: KW_ONLY
+    rank: int
+    world: int
+    device: torch.device
+    states: Mapping[str, Stateful | None]
+    progress: Stateful
+    local: Mapping[str, Stateful | None] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.local = {k: v for k, v in self.local.items() if v is not None}
+        self.root = run_dir(self.cfg.results.dir, self.run["run_id"])
 
     def save(self, barrier: Callable[[], None]) -> Path:
         """Every rank: this epoch's checkpoint; after ``barrier()`` (every shard written) rank 0
