@@ -242,8 +242,7 @@ def _pump(stream: Any, prefix: str, log: Any) -> None:
 
 
 def run_step(argv: list[str], timeout_s: float, log_path: Path, prefix: str) -> tuple[str, int]:
-    """(status, return code) of ``argv`` in its own process group, echoed and logged, the
-    whole group killed after ``timeout_s``."""
+    """(status, return code) of ``argv`` in its own process group, killed after ``timeout_s``."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
@@ -279,8 +278,7 @@ def plan(
 
 
 class _PlainRun:
-    """The check's record where pandas is missing (BenchRun needs it): JSON lines in
-    ``<results>/bench/gpucheck.jsonl``."""
+    """The record where pandas is missing (BenchRun needs it): ``bench/gpucheck.jsonl``."""
 
     def __init__(self, results_dir: str) -> None:
         import platform

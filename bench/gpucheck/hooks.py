@@ -58,14 +58,13 @@ def sync_site(stack: list[traceback.FrameSummary]) -> str:
 
 
 @contextlib.contextmanager
-def race(device: torch.device, on: bool = True, counter: list[int] | None = None) -> Iterator[None]:
+def race(device: torch.device, on: bool, counter: list[int]) -> Iterator[None]:
     """Delay the stream before each collective is issued and at the start of each ``then`` and
     ``add_done_callback`` callback of ``torch._C.Future`` (Python's extends it); ``counter[0]``
     counts the delays."""
     if not on:
         yield
         return
-    counter = counter if counter is not None else [0]
 
     def pause() -> None:
         counter[0] += 1
@@ -207,8 +206,7 @@ def check_layout(
     out: str = "",
     timeout_s: float = 0.0,
 ) -> list[dict]:
-    """Every case of one layout (every rank of the default group); rank 0 prints each row
-    and appends it to ``out``'s rows."""
+    """Every case of one layout, on every rank; rank 0 prints each row, adds it to ``out``."""
     if timeout_s:  # a hang shows where each rank was, before the step is killed
         faulthandler.dump_traceback_later(timeout_s, exit=False)
     device = torch.device(device_name)

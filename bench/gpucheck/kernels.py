@@ -34,8 +34,7 @@ def _sig(fn: Any, types: str) -> dict[str, str]:
 
 
 def specs() -> list[Kernel]:
-    """The kernels with their launchers' arguments: the paper's search, each constant set of
-    the radix path."""
+    """The kernels as launched: the paper's search, each constant set of the radix path."""
     from bench.comm import mstopk_triton as mt
 
     x = ("x_ptr",)
@@ -95,11 +94,10 @@ def compile_one(spec: Kernel, dtype: str = "fp32", arch: int = 90) -> dict[str, 
     return row
 
 
-def compile_all(arch: int = 90, fresh: bool = True) -> list[dict[str, Any]]:
-    """Every kernel for each input dtype it reads; ``fresh``: an empty Triton cache (the
-    compiler's seconds, not a cache read)."""
+def compile_all(arch: int = 90) -> list[dict[str, Any]]:
+    """Every kernel for each input dtype it reads, in an empty Triton cache (the compiler's
+    seconds, not a cache read)."""
     cases = [(s, d) for s in specs() for d in (s.dtypes if s.inputs else ("fp32",))]
     with tempfile.TemporaryDirectory(prefix="triton-") as tmp:
-        env = {"TRITON_CACHE_DIR": tmp} if fresh else {}
-        with mock.patch.dict(os.environ, env):
+        with mock.patch.dict(os.environ, {"TRITON_CACHE_DIR": tmp}):
             return [compile_one(s, d, arch) for s, d in cases]

@@ -187,8 +187,7 @@ def _models(cpu: bool) -> dict[str, Callable[[], torch.nn.Module]]:
 
 
 def update(device: torch.device, cpu: bool, sink: Rows) -> None:
-    """One optimizer step per model, optimizer and mode, over each parameter's own gradient
-    and over DDP-like bucket views (what training has)."""
+    """An optimizer step per model, optimizer and mode, over own gradients and bucket views."""
     reps = 3 if cpu else 30
     bw = bandwidth(device)
     sink.add({"what": "bandwidth", **bw})

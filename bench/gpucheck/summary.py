@@ -36,8 +36,7 @@ def snapshot(results_dir: str) -> dict[str, int]:
 
 
 def _bench(step: str, results_dir: str, before: dict[str, int]) -> str:
-    """The rows a benchmark step added: its benchmark's own headline, else images/s and
-    tokens/s."""
+    """The rows a benchmark step added: its own headline, else images/s and tokens/s."""
     import pandas as pd
 
     from bench.benchmarks import load_all

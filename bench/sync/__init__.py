@@ -43,8 +43,7 @@ def is_outer(name: str) -> bool:
 
 
 def split_fragments(model: nn.Module, n: int) -> list[nn.Module]:
-    """``model``'s parameters in ``n`` contiguous modules of about equal size, in registration
-    order (every replica cuts alike)."""
+    """``model``'s parameters in ``n`` contiguous modules of about equal size (in order)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if not 1 <= n <= len(params):
         raise ConfigError(f"sync.fragments={n}: the model has {len(params)} parameter tensors")
