@@ -1,6 +1,6 @@
-"""The structured configuration of a run: each group's schema (``bench/<group>/config.py``)
-assembled into :class:`Config`, registered in Hydra's ConfigStore as ``base_config``, so
-that a misspelt key or a value of the wrong type is refused before anything starts."""
+"""A run's structured config: each group's schema (``bench/<group>/config.py``) in
+:class:`Config`, Hydra's ``base_config``, so that a misspelt key or a mistyped value is
+refused before anything starts."""
 
 from __future__ import annotations
 
@@ -51,18 +51,14 @@ class TrainConfig:
     amp: Amp = Amp.auto
     max_steps_per_epoch: int = 0  # > 0 truncates epochs (smoke tests, throughput runs)
     eval_every: int = 1  # evaluate every N epochs (and always after the last)
-    # > 0: also evaluate after every N-th optimizer step inside an epoch, so that time to
-    # target is resolved to N steps, not to an epoch (the evaluations are not training time)
+    # > 0: also evaluate after every N-th optimizer step, time to target resolved to N steps
     eval_every_steps: int = 0
-    # no evaluation (inside an epoch or after one, but the last) before this optimizer step:
-    # a sweep that knows no configuration reaches its target sooner skips the evaluations
-    # that cannot hit it (a run that hits at its first evaluation is flagged in its record)
+    # no evaluation but the last before this optimizer step: a sweep skips those that
+    # cannot hit the target (a run that hits at its first is flagged in its record)
     eval_from_step: int = 0
-    # > 1 with eval_every_steps and stop_at_target: evaluate every eval_every_steps x this
-    # steps, keeping a copy of the model at each eval_every_steps step between; when an
-    # evaluation reaches the target, the kept copies are evaluated oldest first, so that
-    # the first step reaching it is the one every eval_every_steps would have found, for
-    # fewer evaluations
+    # > 1 with eval_every_steps: evaluate every eval_every_steps x this steps, keeping the
+    # models between; once one reaches the target, the kept ones are evaluated oldest
+    # first: the same first step at the target, for fewer evaluations
     eval_stride: int = 1
     progress: bool = True  # progress bar on rank 0
     device: Device = Device.auto
@@ -75,21 +71,19 @@ class TrainConfig:
 
 @dataclass
 class ResultsConfig:
-    # runs.jsonl, curves/, figures/ live here; runs/ is git-ignored, so that a user's runs
-    # never change the committed reference results (results/: written only when named)
+    # runs.jsonl, curves/, figures/; runs/ is git-ignored: a user's runs never change the
+    # committed results (results/: written only when named)
     dir: str = RUNS_DIR
     plot: bool = True  # write a time-to-accuracy PNG beside the run's curve, <dir>/curves
     plot_sweeps: bool = False  # a sweep's runs (sweep_id set) draw theirs only with this
-    # DAWNBench submission files (<dir>/dawnbench) and the MLPerf log (<dir>/mllog):
-    # author and e-mail (DAWNBench wants both; "unknown" until set), the hardware's cost
-    # in USD per hour (the JSON's costPerHour; null = unknown, left out)
+    # DAWNBench files (<dir>/dawnbench) and the MLPerf log (<dir>/mllog): author and e-mail
+    # (DAWNBench wants both), the hardware's cost in USD per hour (costPerHour; null: left out)
     author: str = "unknown"
     author_email: str = "unknown"
     cost_per_hour: float | None = None
     sweep_id: str = ""  # set by `reproduce ablation|scaling`: the sweep this run belongs to
-    # set by the tuning protocol (bench.sweeps.protocol), stored as the record's `protocol`:
-    # its name ("" = not a protocol run), the run's role (tune | eval), the trial's label
-    # and whether the trial was the one carried forward when the run was launched
+    # set by the tuning protocol, the record's `protocol`: its name ("": none), the run's
+    # role (tune | eval), the trial's label, whether it was the one carried forward
     protocol: str = ""
     protocol_role: str = ""
     protocol_trial: str = ""
@@ -117,8 +111,7 @@ def register_configs() -> None:
 
 
 def hydra_value(text: str) -> str:
-    """``text`` as a Hydra override's value that reads back as ``text``: quoted unless
-    plain (a path with a space, a comma, ``ü`` or ``${``)."""
+    """``text`` as a Hydra override's value that reads back as ``text`` (quoted unless plain)."""
     if re.fullmatch(r"[\w./+~@:-]+", text, flags=re.ASCII):
         return text
     body = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", text.replace("${", "\\${"))
@@ -135,21 +128,18 @@ def _literal(value: Any) -> Any:
 
 
 def to_container(cfg: DictConfig | Config) -> dict[str, Any]:
-    """A plain, fully resolved dict (picklable, JSON-able) of a config."""
     if not isinstance(cfg, DictConfig):
         cfg = OmegaConf.merge(OmegaConf.structured(type(cfg)), _literal(dataclasses.asdict(cfg)))
     return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True, enum_to_str=True)  # type: ignore[return-value]
 
 
 def to_object(cfg: DictConfig | Config) -> Config:
-    """The config as plain dataclass instances (on a DictConfig, ``cfg.optim.update``
-    would be ``dict.update``)."""
+    """Plain dataclasses (on a DictConfig, ``cfg.optim.update`` is ``dict.update``)."""
     if isinstance(cfg, Config):
         return cfg
     return OmegaConf.to_object(cfg)  # type: ignore[return-value]
 
 
 def from_container(d: dict[str, Any]) -> Config:
-    """Typed config back from :func:`to_container`'s dict (in worker processes)."""
     base = OmegaConf.structured(Config)
     return to_object(OmegaConf.merge(base, _literal(d)))  # type: ignore[arg-type]

@@ -1,6 +1,5 @@
-"""Name -> factory registries for the pieces users add (models, data sets, comm methods,
-optimizers ...), looked up by the name that is also the config file stem and the name in
-records; a registry refuses duplicates.  Also the config's ``ConfigError`` and ``Choice``."""
+"""Name -> factory registries of the pieces users add, by the name that is also the config
+file's stem and the records'; the config's ``ConfigError`` and ``Choice``."""
 
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ class ConfigError(ValueError):
 
 
 class Choice(str, Enum):
-    """Base of the typed choice fields of the configs: a member equals and prints as its
-    string value; Hydra refuses any other value, naming the allowed ones."""
+    """A config's choice field: a member equals and prints as its value; Hydra refuses others."""
 
     def __str__(self) -> str:
         return str(self.value)
@@ -31,7 +29,7 @@ class Choice(str, Enum):
 
 
 class Registry(Generic[T]):
-    """A dict of named factories with a ``register(name)`` decorator."""
+    """Named factories, a ``register(name)`` decorator refusing duplicates."""
 
     def __init__(self, kind: str) -> None:
         self.kind = kind

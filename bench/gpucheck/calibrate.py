@@ -1,13 +1,6 @@
-"""Calibration rows of the performance model, measured here (gpucheck step ``calibrate``).
-
-``python -m bench.gpucheck.calibrate [--cpu] [--out FILE] [--csv FILE] [--models ...]``: per
-model, what :mod:`bench.cluster.perfmodel` prices (forward-backward, update, PowerSGD's
-products and QR per call and per flop, DeMo's compute per step; the passes, each selector
-and the scatter-add per element or pair on the largest DDP bucket; with ``--cpu`` the
-loopback path between two gloo workers), one row per quantity in seconds, appended to the
-CSV that :mod:`bench.cluster.calibration` reads.  Needs torch (torchvision for ResNet-50);
-what each row measures: docs/internals/gpucheck.md.
-"""
+"""gpucheck step ``calibrate``: per model, what :mod:`bench.cluster.perfmodel` prices, one row
+per quantity in seconds (with ``--cpu`` also the loopback path between two gloo workers),
+appended to the CSV :mod:`bench.cluster.calibration` reads (docs/internals/gpucheck.md)."""
 
 from __future__ import annotations
 
@@ -49,7 +42,7 @@ CLASSES = {"resnet50": 1000}  # else 10 (digits)
 
 
 def _model(name: str, device: torch.device) -> tuple[torch.nn.Module, Callable[[], Any], int]:
-    """``(model, one forward-backward, samples per step)``, the model from the registry."""
+    """``(model, one forward-backward, samples per step)``."""
     from bench.models import build_model
     from bench.models.config import ModelConfig
 
@@ -85,7 +78,7 @@ def _model(name: str, device: torch.device) -> tuple[torch.nn.Module, Callable[[
 
 def _lowrank(grads: list[torch.Tensor], rank: int) -> Callable[[], None]:
     """PowerSGD's compute of one step over every matrix: ``P = M Q``, P orthogonalised,
-    ``Q = M^T P`` (torch's own hook functions; the allreduces between are not timed)."""
+    ``Q = M^T P`` (torch's hook functions, without the allreduces)."""
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _orthogonalize
 
     mats = [g.reshape(g.shape[0], -1) for g in grads if g.dim() > 1]
@@ -101,12 +94,10 @@ def _lowrank(grads: list[torch.Tensor], rank: int) -> Callable[[], None]:
 
 
 def _lowrank_rates(grads: list[torch.Tensor], rank: int, timed: dict) -> dict[str, tuple]:
-    """PowerSGD's product ``M Q`` (2 n m r flops) and its orthogonalisation of P (torch's
-    QR of n x r, 2 n r^2 flops) timed once per distinct matrix shape of the model, each
-    fitted as ``call + flops * per_flop``: {"matmul"|"qr": (call s, s per flop, shapes)}.
-    Each time is the fastest of ``MIN_REPS`` calls at least: calls of micro- to
-    milliseconds that a shared machine's other processes preempt would otherwise set the
-    per-call cost (the median of 7 at load 9 on 2 cores put a call at 16 ms)."""
+    """PowerSGD's ``M Q`` (2 n m r flops) and QR of P (n x r, 2 n r^2 flops) per distinct
+    matrix shape, fitted as ``call + flops * per_flop``: {"matmul"|"qr": (call s, s per flop,
+    shapes)}.  Each time is the fastest of ``MIN_REPS`` calls: on a shared machine the median
+    of short calls is set by preemption (at load 9 on 2 cores a call read 16 ms)."""
     from bench.benchmarks.timing import interleaved_times
     from bench.cluster.perfmodel import fit_alpha_beta
 
@@ -133,8 +124,8 @@ def _lowrank_rates(grads: list[torch.Tensor], rank: int, timed: dict) -> dict[st
 
 
 def _demo(net: torch.nn.Module) -> Callable[[], None]:
-    """DeMo's own work in one step: each parameter's transform, top-k and inverse of the
-    part sent (``DeMo.extract``), then the inverse of an average as a decoding worker."""
+    """DeMo's own work in one step: ``DeMo.extract`` of each parameter, then the inverse of an
+    average as a decoding worker."""
     from bench.optim.config import OptimConfig
     from bench.optim.demo import DeMo
 
@@ -151,7 +142,7 @@ def _demo(net: torch.nn.Module) -> Callable[[], None]:
 
 
 def measure(name: str, device: torch.device, reps: int) -> list[dict[str, Any]]:
-    """Every quantity of model ``name``: rows of (quantity, seconds, per what, n)."""
+    """Rows of (quantity, seconds, per what, n) of model ``name``."""
     from bench.cluster.projection import ddp_buckets
 
     cuda = device.type == "cuda"
@@ -205,7 +196,6 @@ def measure(name: str, device: torch.device, reps: int) -> list[dict[str, Any]]:
 
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
-    """Append ``rows`` to the CSV at ``path`` (its header first when new)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     new = not path.is_file() or path.stat().st_size == 0
     with open(path, "a", newline="") as f:

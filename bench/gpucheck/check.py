@@ -1,9 +1,6 @@
-"""``python -m reproduce gpucheck``: every CUDA path of the suite, measured in a fixed budget.
-
-Probes the machine, then runs :data:`STEPS` in order, most important first, each in its own
-process group with its own time cap; one row per step in ``<results>/bench/gpucheck.csv``
-and a summary table.  The steps and the budget: docs/internals/gpucheck.md.
-"""
+"""``python -m reproduce gpucheck``: probe the machine, then run :data:`STEPS` in order within
+a budget, each in its own process group under its own cap; one row per step in
+``<results>/bench/gpucheck.csv`` and a summary table (docs/internals/gpucheck.md)."""
 
 from __future__ import annotations
 
@@ -20,9 +17,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.gpucheck.summary import BENCH_OF_STEP, headline, snapshot
+
 PY = sys.executable
 LOG_TAIL_BYTES = 256_000  # a step's log keeps its last this many bytes
-
 
 # what the steps may use beyond torch, probed by import (named by their last part)
 OPTIONAL = ("numpy", "nvidia.dali", "triton", "hydra", "pandas", "torchvision", "pytest")
@@ -30,8 +28,7 @@ OPTIONAL = ("numpy", "nvidia.dali", "triton", "hydra", "pandas", "torchvision", 
 
 def probe() -> dict[str, Any]:
     """What this machine offers the suite: CUDA and the GPU, NCCL, DALI, Triton."""
-    # deferred: torch takes seconds to load, and this module is read without it
-    import torch
+    import torch  # deferred: seconds to load, and this module is read without it
     import torch.distributed as dist
 
     info: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.cuda.is_available()}
@@ -80,16 +77,18 @@ class Step:
         return self.argv(results_dir) + (list(self.cpu_args) if cpu else [])
 
 
-def _bench(name: str) -> Callable[[str], list[str]]:
-    return lambda res: [PY, "-m", "reproduce", "bench", name, "--results-dir", res]
+def _bench(step: str, what: str, cap_s: float, *needs: str) -> Step:
+    """The step's ``reproduce bench`` on CUDA, writing its CSV with pandas (and ``needs``)."""
+    name = BENCH_OF_STEP[step]
+    argv = lambda res: [PY, "-m", "reproduce", "bench", name, "--results-dir", res]  # noqa: E731
+    return Step(step, what, argv, cap_s, needs=("cuda", *sorted(("pandas", *needs))))
 
 
 TRAIN = "train.device=cuda train.progress=false train.checkpoint_every=0 results.plot=false"
 
 
 def _train(*overrides: str, multirun: bool = False) -> Callable[[str], list[str]]:
-    """``python -m reproduce train`` on CUDA with ``overrides`` (``multirun``: ``-m``, one
-    run per value of a comma-separated override, one after the other)."""
+    """``reproduce train`` on CUDA (``multirun``: a run per value of a comma-separated one)."""
     head = [PY, "-m", "reproduce", "train", *(["-m"] if multirun else []), *TRAIN.split()]
     return lambda res: [*head, f"results.dir={res}", *overrides]
 
@@ -114,17 +113,16 @@ def _module(module: str, *args: str, name: str = "") -> Callable[[str], list[str
     return lambda res: [PY, "-m", module, *args, "--out", str(Path(res) / "gpucheck" / out)]
 
 
+# the files holding gpu tests, not the whole suite, and collection errors let through: a
+# test module that imports a package this machine lacks must not keep the others from running
 GPU_TEST_FILES = tuple(
     "tests/test_mstopk_cuda.py tests/test_optim_ddp.py tests/test_optim_ops.py "
     "tests/test_dali_gpu.py tests/test_gpucheck_device.py".split()
 )
-# the files holding gpu tests, not the whole suite: a test module that imports a package
-# this machine lacks must not keep the others from running
 GPU_TESTS = [PY, *"-m pytest -m gpu -q -p no:cacheprovider --continue-on-collection-errors".split()]
 HOOKS_CAP_S = 70
 # the workers stop (their stacks dumped) before the step is killed
 HOOKS_ARGS = ("--timeout-s", str(HOOKS_CAP_S - 10), "--layouts", "1,2x2")
-
 # The torch-only steps come first and their caps add up to 330 s: a device window of
 # 15 minutes holds the check twice, with each machine's start-up.
 STEPS: tuple[Step, ...] = (
@@ -214,34 +212,10 @@ STEPS: tuple[Step, ...] = (
         needs=("cuda", "nccl", "hydra"),
         min_s=30,
     ),
-    Step(
-        "topk",
-        "torch.topk vs MSTopK methods, 25.6 M / 100 M, CUDA events",
-        _bench("topk"),
-        90,
-        needs=("cuda", "pandas"),
-    ),
-    Step(
-        "update-bench",
-        "optimizer update modes, ResNet-50 / Transformer-base",
-        _bench("update"),
-        90,
-        needs=("cuda", "pandas"),
-    ),
-    Step(
-        "input",
-        "DALI mixed vs DALI CPU vs torchvision decode",
-        _bench("input_gpu"),
-        75,
-        needs=("cuda", "dali", "pandas"),
-    ),
-    Step(
-        "throughput",
-        "ResNet-50 synthetic 224 px, bf16 + channels_last",
-        _bench("throughput"),
-        75,
-        needs=("cuda", "pandas", "torchvision"),
-    ),
+    _bench("topk", "torch.topk vs MSTopK methods, 25.6 M / 100 M, CUDA events", 90),
+    _bench("update-bench", "optimizer update modes, ResNet-50 / Transformer-base", 90),
+    _bench("input", "DALI mixed vs DALI CPU vs torchvision decode", 75, "dali"),
+    _bench("throughput", "ResNet-50 synthetic 224 px, bf16 + channels_last", 75, "torchvision"),
 )
 # the prepared device call (docs/gpu.md): the torch-only checks of the selection, the
 # hooks, the profiled step, the calibration rows, then the suite's own training runs
@@ -268,8 +242,7 @@ def _pump(stream: Any, prefix: str, log: Any) -> None:
 
 
 def run_step(argv: list[str], timeout_s: float, log_path: Path, prefix: str) -> tuple[str, int]:
-    """(status, return code) of ``argv`` in its own process group, its output echoed and
-    logged, the whole group killed after ``timeout_s``."""
+    """(status, return code) of ``argv`` in its own process group, killed after ``timeout_s``."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
@@ -298,16 +271,14 @@ def run_step(argv: list[str], timeout_s: float, log_path: Path, prefix: str) -> 
 def plan(
     steps: tuple[Step, ...], info: dict[str, Any], cpu: bool = False
 ) -> list[tuple[Step, str]]:
-    """Each step and what would happen to it: ``run`` or the reason it is skipped
-    (``cpu``: the steps with a CPU mode run, whatever the machine has)."""
+    """Each step and ``run`` or why it is skipped (``cpu``: those with a CPU mode run)."""
     if cpu:
         return [(s, "run" if s.cpu_args else "no CPU mode") for s in steps]
     return [(s, s.missing(info) or "run") for s in steps]
 
 
 class _PlainRun:
-    """What the check records where pandas is missing (BenchRun needs it): the rows as
-    JSON lines in ``<results>/bench/gpucheck.jsonl``."""
+    """The record where pandas is missing (BenchRun needs it): ``bench/gpucheck.jsonl``."""
 
     def __init__(self, results_dir: str) -> None:
         import platform
@@ -337,8 +308,7 @@ def check(
     info: dict[str, Any] | None = None,
     cpu: bool = False,
 ) -> list[Outcome]:
-    """Probe, then run ``steps`` within ``budget_s`` seconds (see the module docstring);
-    ``cpu``: only the steps with a CPU mode, on the CPU."""
+    """Probe, then run ``steps`` within ``budget_s`` seconds (``cpu``: those with a CPU mode)."""
     info = probe() if info is None else info
     print("machine: " + json.dumps(info))
     planned = plan(steps, info, cpu)
@@ -360,7 +330,6 @@ def check(
         print(f"recording without pandas ({e}): {results_dir}/bench/gpucheck.jsonl")
         bench = _PlainRun(results_dir)
     log_dir = Path(results_dir) / "gpucheck" / bench.bench_id
-    from bench.gpucheck.summary import headline, snapshot  # pandas only where it is
 
     t0 = time.monotonic()
     outcomes: list[Outcome] = []

@@ -1,9 +1,6 @@
-"""Device check of every DDP hook on CUDA tensors (gpucheck step ``hooks``).
-
-``python -m bench.gpucheck.hooks [--cpu] [--out FILE]``: every hook on NCCL with one process
-and on four gloo processes sharing the GPU; ranks equal, equal to dense, no host syncs in
-this project's code, no race.  Needs only torch.  The columns: docs/internals/gpucheck.md.
-"""
+"""gpucheck step ``hooks``, torch only: every DDP hook on CUDA tensors, NCCL with one process
+and gloo processes sharing the GPU: ranks equal, equal to dense, no host syncs in this
+project's code, no race (docs/internals/gpucheck.md)."""
 
 from __future__ import annotations
 
@@ -48,9 +45,8 @@ _TORCH_HOOKS = os.path.join("torch", "distributed", "algorithms")  # torch's own
 
 
 def sync_site(stack: list[traceback.FrameSummary]) -> str:
-    """Who made a synchronising call: ``bench <file:line>`` of the innermost frame of this
-    project's library (the check's own left out), ``torch <file:line>`` where torch's own
-    DDP hooks (PowerSGD's) are nearer, else ``other <file:line>``."""
+    """Who made a synchronising call: ``bench|torch|other <file:line>``, the innermost frame
+    of this library (the check's own aside) or of torch's DDP hooks (PowerSGD's)."""
     for fr in reversed(stack):
         path = Path(fr.filename)
         if _TORCH_HOOKS in fr.filename:
@@ -62,15 +58,13 @@ def sync_site(stack: list[traceback.FrameSummary]) -> str:
 
 
 @contextlib.contextmanager
-def race(device: torch.device, on: bool = True, counter: list[int] | None = None) -> Iterator[None]:
-    """While the block runs, delay the stream before every collective is issued and at the
-    start of every ``then`` and ``add_done_callback`` callback of Python and C++ futures
-    (``torch._C.Future``, which ``torch.futures.Future`` extends).  ``counter[0]`` counts
-    the delays."""
+def race(device: torch.device, on: bool, counter: list[int]) -> Iterator[None]:
+    """Delay the stream before each collective is issued and at the start of each ``then`` and
+    ``add_done_callback`` callback of ``torch._C.Future`` (Python's extends it); ``counter[0]``
+    counts the delays."""
     if not on:
         yield
         return
-    counter = counter if counter is not None else [0]
 
     def pause() -> None:
         counter[0] += 1
@@ -119,8 +113,7 @@ def _run(
     opts: dict[str, Any] = {"density": density, "min_numel": 0, "timing": timing}
     state, hook = make_hook(name, **opts, **({"procs_per_node": ppn} if ppn else {}))
     ddp.register_comm_hook(state, hook)
-    if hasattr(state, "nan_check"):
-        state.nan_check = True  # the reduced buckets' flags too, as train.nan_check=step
+    state.nan_check = True  # the reduced buckets' flags too, as train.nan_check=step
     sites: list[str] = []
     counted, finite, delays = 0, True, [0]
     for step in range(STEPS):
@@ -133,9 +126,8 @@ def _run(
             loss.backward()
         counted += host_syncs() - before  # the selectors' own reads: this project's code
         sites += found
-        if hasattr(state, "take_finite"):  # the loop's one read per step
-            flags = [ok for _, ok in state.take_finite() or ()]
-            finite = finite and (not flags or bool(torch.stack(flags).all()))
+        flags = [ok for _, ok in state.take_finite() or ()]  # the loop's one read per step
+        finite = finite and (not flags or bool(torch.stack(flags).all()))
     grad = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).float()
     stats = state.stats.pop()
     ours = [s for s in sites if s.startswith("bench ")]
@@ -147,9 +139,9 @@ def _run(
 
 
 def cases(world: int, ppn: int, hooks: tuple[str, ...] = HOOKS) -> list[tuple]:
-    """(hook, density, timing, race probe) of one layout, where the hook fits its nodes.
-    The top-k hooks also run at density 1.0 (against the dense allreduce) and 0.25 (a
-    density schedule's first, above 1/16, where selections change structure)."""
+    """(hook, density, timing, race probe) of one layout, where the hook fits its nodes; the
+    top-k hooks also at density 1.0 (against dense) and 0.25 (above 1/16, where selections
+    change structure)."""
     out = []
     for h in hooks:
         spec = methods.get(h)
@@ -163,7 +155,7 @@ def cases(world: int, ppn: int, hooks: tuple[str, ...] = HOOKS) -> list[tuple]:
 
 
 def verdict(row: dict) -> list[str]:
-    """What is wrong with one case (empty: it passed)."""
+    """What is wrong with one case ([]: it passed)."""
     bad = []
     if row["rank_diff"] != 0.0:
         bad.append(f"ranks differ by {row['rank_diff']:.3g}")
@@ -190,7 +182,6 @@ def _layout(r: dict) -> str:
 
 
 def line(r: dict) -> str:
-    """One printed line of a case, its verdict last."""
     layout = _layout(r)
     text = (
         f"{'FAIL' if r['why'] else 'ok  '} {layout:<8} {r['hook']:<9} d={r['density']:<4g}"
@@ -215,8 +206,7 @@ def check_layout(
     out: str = "",
     timeout_s: float = 0.0,
 ) -> list[dict]:
-    """Every case of one layout on this rank (call on every rank of the default group);
-    rank 0 prints and appends each case's row to ``out``'s rows as it is measured."""
+    """Every case of one layout, on every rank; rank 0 prints each row, adds it to ``out``."""
     if timeout_s:  # a hang shows where each rank was, before the step is killed
         faulthandler.dump_traceback_later(timeout_s, exit=False)
     device = torch.device(device_name)

@@ -1,7 +1,5 @@
-"""Every Triton kernel of the selection, compiled for a GPU (default: sm_90) on any machine:
-:func:`compile_all` lowers each kernel of :mod:`bench.comm.mstopk_triton` with the types and
-constants its launcher uses to the binary, so that a lowering error is found on a CPU.
-"""
+"""Every Triton kernel of :mod:`bench.comm.mstopk_triton` compiled for a GPU (sm_90) on any
+machine, with its launcher's types and constants: a lowering error is found on a CPU."""
 
 from __future__ import annotations
 
@@ -29,15 +27,14 @@ class Kernel:
 
 
 def _sig(fn: Any, types: str) -> dict[str, str]:
-    """``fn``'s arguments with the space-separated Triton types ``types``; ``c``: constexpr."""
+    """``fn``'s arguments with the space-separated Triton ``types`` (``c``: constexpr)."""
     return {
         a: "constexpr" if t == "c" else t for a, t in zip(fn.arg_names, types.split(), strict=True)
     }
 
 
 def specs() -> list[Kernel]:
-    """The kernels of ``mstopk_triton`` with the arguments their launchers pass: the paper's
-    search, and each constant set of the radix path."""
+    """The kernels as launched: the paper's search, each constant set of the radix path."""
     from bench.comm import mstopk_triton as mt
 
     x = ("x_ptr",)
@@ -72,8 +69,7 @@ def specs() -> list[Kernel]:
 
 
 def compile_one(spec: Kernel, dtype: str = "fp32", arch: int = 90) -> dict[str, Any]:
-    """Compile ``spec`` with its ``inputs`` of ``dtype`` for ``sm_<arch>``: its row (seconds,
-    the stages made, or the error)."""
+    """Compile ``spec``, its ``inputs`` of ``dtype``, for ``sm_<arch>``: its row."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -98,11 +94,10 @@ def compile_one(spec: Kernel, dtype: str = "fp32", arch: int = 90) -> dict[str, 
     return row
 
 
-def compile_all(arch: int = 90, fresh: bool = True) -> list[dict[str, Any]]:
-    """:func:`compile_one` of every kernel, for each input dtype it reads; ``fresh``: in an
-    empty Triton cache, so that the seconds are the compiler's, not a cache read."""
+def compile_all(arch: int = 90) -> list[dict[str, Any]]:
+    """Every kernel for each input dtype it reads, in an empty Triton cache (the compiler's
+    seconds, not a cache read)."""
     cases = [(s, d) for s in specs() for d in (s.dtypes if s.inputs else ("fp32",))]
     with tempfile.TemporaryDirectory(prefix="triton-") as tmp:
-        env = {"TRITON_CACHE_DIR": tmp} if fresh else {}
-        with mock.patch.dict(os.environ, env):
+        with mock.patch.dict(os.environ, {"TRITON_CACHE_DIR": tmp}):
             return [compile_one(s, d, arch) for s, d in cases]

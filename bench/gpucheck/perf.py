@@ -1,9 +1,5 @@
-"""Device measurements against memory floors (gpucheck steps ``select``, ``update``, ``profile``).
-
-``python -m bench.gpucheck.perf {select,update,profile} [--cpu] [--out FILE]``, needing only
-torch (torchvision, Triton optional); ``--cpu`` checks the plumbing on small CPU sizes.
-What each step measures and its targets: docs/internals/gpucheck.md.
-"""
+"""gpucheck steps ``select``, ``update`` and ``profile``, torch only: device measurements against
+memory floors; ``--cpu`` checks the plumbing at small sizes (docs/internals/gpucheck.md)."""
 
 from __future__ import annotations
 
@@ -37,7 +33,7 @@ CUDNN_BENCHMARK_LIMIT = 2  # algorithms cuDNN tries per shape: 12-15 s a shape a
 
 
 def gpu_work(fn: Callable[[], Any], device: torch.device) -> tuple[int, float | None]:
-    """``(kernels, busy ms)`` of one call of ``fn`` by torch's profiler; ``(0, None)`` on a CPU."""
+    """``(kernels, busy ms)`` of one call of ``fn`` (torch's profiler); ``(0, None)`` on a CPU."""
     if device.type != "cuda":
         return 0, None
     from torch.profiler import ProfilerActivity, profile
@@ -56,8 +52,8 @@ def gpu_work(fn: Callable[[], Any], device: torch.device) -> tuple[int, float | 
 
 
 def bandwidth(device: torch.device, reps: int = 10) -> dict[str, float]:
-    """Memory bandwidth measured here, bytes/s: one read (``torch.amax``) and one copy of a
-    buffer of :data:`PROBE_BYTES`; ``bytes_s``, the faster, is the floors' denominator."""
+    """Memory bandwidth, bytes/s, of a read (``torch.amax``) and a copy of :data:`PROBE_BYTES`;
+    ``bytes_s``, the faster, is the floors' denominator."""
     size = PROBE_BYTES if device.type == "cuda" else 32 << 20
     src = torch.ones(size // 4, device=device)
     dst = torch.empty_like(src)
@@ -95,10 +91,9 @@ def graphed(fn: Callable[[], Any]) -> tuple[Callable[[], Any], Any]:
 
 
 def select(device: torch.device, cpu: bool, sink: Rows) -> None:
-    """torch.topk against MSTopK ``tiled`` as a hook runs it, eager and as a CUDA-graph
-    replay, and its torch structure: each checked against torch.topk's magnitudes, ms, GPU
-    busy ms, kernels and host syncs per call, times the floors measured here; bfloat16 at
-    the smaller size (every kernel's compile for sm_90: bench.gpucheck.kernels, on a CPU)."""
+    """torch.topk against MSTopK ``tiled`` as a hook runs it, eager and graphed, and its torch
+    structure: checked against torch.topk's magnitudes; ms, GPU busy ms, kernels and host
+    syncs per call, times the floors; bfloat16 at the smaller size."""
     cuda = device.type == "cuda"
     bw = bandwidth(device)
     sink.add({"what": "bandwidth", **bw})
@@ -152,9 +147,8 @@ def select(device: torch.device, cpu: bool, sink: Rows) -> None:
 
 
 def select_targets(rows: list[dict]) -> list[str]:
-    """The selection targets, met or missed, with their numbers: ``mstopk`` as a hook runs
-    it within 2.5x of the floor at the largest size; at the smallest at least 3x faster
-    than torch.topk and faster than torch.topk replayed from a CUDA graph."""
+    """The selection targets, met or missed: ``mstopk`` within 2.5x of the floor at the largest
+    size; at the smallest 3x faster than torch.topk and faster than it graphed."""
     rows = [r for r in rows if r.get("dtype") == "float32" and "method" in r]
     if not rows:
         return []
@@ -193,8 +187,7 @@ def _models(cpu: bool) -> dict[str, Callable[[], torch.nn.Module]]:
 
 
 def update(device: torch.device, cpu: bool, sink: Rows) -> None:
-    """One optimizer step per model, optimizer and mode, over each parameter's own gradient
-    and over DDP-like bucket views (``gradient_as_bucket_view``: what training has)."""
+    """An optimizer step per model, optimizer and mode, over own gradients and bucket views."""
     reps = 3 if cpu else 30
     bw = bandwidth(device)
     sink.add({"what": "bandwidth", **bw})
@@ -214,7 +207,6 @@ def update(device: torch.device, cpu: bool, sink: Rows) -> None:
                 if grads == "ddp":  # p.grad: views into DDP-like buckets, values kept
                     ddp_like_buckets(list(model.parameters()))
                 numel = sum(p.numel() for p in model.parameters())
-                # warm-up: state allocated, schedule built
                 s = median_s(optimizer.step, reps=reps, events=device.type == "cuda")
                 floor = UPDATE_BYTES[opt] * numel / bw["bytes_s"]
                 mode = update_mode + ("+bf16 masters" if master != "off" else "")
@@ -226,8 +218,8 @@ def update(device: torch.device, cpu: bool, sink: Rows) -> None:
 
 
 def profile(device: torch.device, cpu: bool, sink: Rows) -> None:
-    """ResNet-50 forward + backward per step, then when each DDP bucket reaches the hook during
-    backward (ms after it started, one process)."""
+    """ResNet-50 forward + backward per step, then when each DDP bucket reaches the hook (ms
+    into backward, one process)."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel as DDP
 

@@ -1,7 +1,5 @@
-"""The rows of a torch-only gpucheck step, kept as they are measured: each is printed and
-appended to ``<out>.jsonl`` at once (a step killed at its cap keeps every row it finished);
-the step's end writes ``<out>``, the rows and what was judged from them.  Standard library only.
-"""
+"""A torch-only gpucheck step's rows: each printed and appended to ``<out>.jsonl`` as measured
+(a step killed at its cap keeps them); its end writes ``<out>``.  Standard library only."""
 
 from __future__ import annotations
 
@@ -17,8 +15,8 @@ def fmt(row: dict[str, Any]) -> str:
 
 
 class Rows:
-    """Rows of one step.  ``out=""`` keeps them in memory only; ``fresh=False`` appends to
-    what another process of the same step wrote (a worker of the hooks step)."""
+    """``out=""``: in memory only; ``fresh=False``: appended to what another process of the
+    step wrote (a worker of the hooks step)."""
 
     def __init__(self, step: str, out: str = "", fresh: bool = True) -> None:
         self.step, self.out, self.rows = step, out, []
@@ -46,8 +44,7 @@ class Rows:
 
 
 def read(out: str | Path) -> tuple[dict[str, Any], bool]:
-    """A step's result: its JSON file, or, where the step was stopped before writing it,
-    the rows it appended (``complete`` False)."""
+    """(a step's result, complete): its JSON file, else the rows it appended."""
     if Path(out).is_file():
         return json.loads(Path(out).read_text()), True
     p = Path(out).with_suffix(".jsonl")

@@ -1,10 +1,6 @@
-"""One DDP training step per hook on one process (gpucheck step ``step``).
-
-``python -m bench.gpucheck.step [--cpu] [--out FILE]``: ResNet-50 on NCCL with world 1, one
-SGD step per hook against dense's (the step, its tail after the last bucket, peak memory),
-then one more under torch's profiler (its trace in ``<out dir>/step-traces/``) and where its
-time went.  ``--cpu``: ResNet-18 on small images over gloo.  The rows: docs/internals/gpucheck.md.
-"""
+"""gpucheck step ``step``: a ResNet-50 DDP step per hook on NCCL world 1 against dense's (the
+step, its tail after the last bucket, peak memory), then one profiled (its trace in
+``<out dir>/step-traces/``); ``--cpu``: ResNet-18, small images, gloo."""
 
 from __future__ import annotations
 
@@ -31,9 +27,8 @@ TOP = 12  # kernels (host ops on the CPU) named in a profile row
 
 
 def trace_summary(prof: Any, device: torch.device) -> dict[str, Any]:
-    """Where one profiled step's time went: the GPU kernels by name (count, ms), their busy
-    time and idle gaps over the step's span, the host's time in the ``hook`` ranges; on
-    the CPU the host ops by self time instead of kernels."""
+    """Where a profiled step's time went: the kernels by name (count, ms; the CPU: host ops by
+    self time), busy time and idle gaps over its span, the host's time in ``hook``."""
     events = list(prof.events())
     gpu = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
     work = gpu if device.type == "cuda" else [e for e in events if e.name != "hook"]
@@ -68,8 +63,8 @@ def trace_summary(prof: Any, device: torch.device) -> dict[str, Any]:
 def measure(
     name: str, device: torch.device, cpu: bool, trace: str = ""
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Hook ``name``'s median step and tail (ms) and peak memory (MiB), and the summary of one
-    more step under the profiler (its trace written to ``trace``)."""
+    """Hook ``name``'s median step and tail (ms), peak memory (MiB), and one more step's
+    profile summary (its trace to ``trace``)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torchvision.models import resnet18, resnet50
 
@@ -132,8 +127,7 @@ def measure(
 
 
 def run(cpu: bool, hooks: tuple[str, ...], sink: Rows, traces: str = "") -> None:
-    """Every hook of ``hooks``, dense first; each row against the dense one, then its
-    profiled step's summary (traces: the folder for the traces, "" for none)."""
+    """Every hook, dense first, each against dense, then its profile (``traces``: their folder)."""
     device = torch.device("cpu" if cpu else "cuda:0")
     with alone(str(device), timeout_s=120):
         dense: dict[str, Any] = {}
@@ -155,16 +149,14 @@ def run(cpu: bool, hooks: tuple[str, ...], sink: Rows, traces: str = "") -> None
                 if ms - ms0 > 0:
                     more.append([n, round(ms - ms0, 4), c - c0])
             prof["added"] = sorted(more, key=lambda m: -m[1])[:TOP]
-            kept = {k: v for k, v in prof.items() if k != "by_name"}
-            # printed: its span, idle time, host time in the hook, what it adds to dense's
-            p = prof
+            p = {k: v for k, v in prof.items() if k != "by_name"}
             gpu = f" busy {p['busy_ms']:.1f} idle {p['idle_ms']:.1f} ms" if "busy_ms" in p else ""
             more = ", ".join(f"{n[:40]} +{ms:.2f} ms ({c:+d})" for n, ms, c in p["added"][:5])
             line = (
                 f"step profile {name}: {p['step_ms']:.1f} ms,{gpu} hook host"
                 f" {p['hook_host_ms']:.1f} ms, {p['ops']} ops; adds: {more or 'nothing'}"
             )
-            sink.add({"what": "profile", "device": str(device), **kept}, line)
+            sink.add({"what": "profile", "device": str(device), **p}, line)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,5 @@
-"""One line of numbers per gpucheck step, read from what the step itself recorded:
-:func:`snapshot` counts the rows each results CSV and ``runs.jsonl`` held before a step,
-:func:`headline` condenses the rows the step added (or gives its log's last line).
-"""
+"""One line of numbers per gpucheck step, from the rows it added since its :func:`snapshot`
+(else its log's last line)."""
 
 from __future__ import annotations
 
@@ -23,7 +21,6 @@ JSON_STEPS = ("hooks", "select", "update", "profile", "step", "calibrate")  # be
 
 
 def snapshot(results_dir: str) -> dict[str, int]:
-    """Rows per benchmark CSV and lines of runs.jsonl, right now."""
     try:  # deferred: the device machine may lack pandas (the torch-only steps need none)
         import pandas as pd
     except ImportError:
@@ -39,8 +36,7 @@ def snapshot(results_dir: str) -> dict[str, int]:
 
 
 def _bench(step: str, results_dir: str, before: dict[str, int]) -> str:
-    """The rows a benchmark step added: the benchmark's own headline where it has one (one
-    definition of what a top-k or update result says), else images/s and tokens/s."""
+    """The rows a benchmark step added: its own headline, else images/s and tokens/s."""
     import pandas as pd
 
     from bench.benchmarks import load_all
@@ -79,7 +75,7 @@ def _train(results_dir: str, before: dict[str, int]) -> str:
 
 
 def _json_line(step: str, data: dict[str, Any], rows: list[dict]) -> str:
-    """One line from a torch-only step's JSON file (or from the rows it kept)."""
+    """One line from a torch-only step's JSON file (or the rows it kept)."""
     if step == "hooks":
         bad = data.get("failed") or [r for r in rows if r.get("why")]
         why = "; ".join(f"{b.get('layout', '')} {b['hook']}: {b['why'][0]}" for b in bad[:3])
@@ -120,7 +116,7 @@ def _json_line(step: str, data: dict[str, Any], rows: list[dict]) -> str:
 
 
 def headline(step: str, results_dir: str, before: dict[str, int], log: Path) -> str:
-    """The step's result in one line (never raises: a summary must not end the check)."""
+    """The step's result in one line; never raises (a summary must not end the check)."""
     text = ""
     try:
         if step.startswith("train"):

@@ -1,14 +1,13 @@
-"""How the replicas of a run meet: the strategies by name (:data:`SYNCS`) and their checks.
-``ddp`` exchanges every step through DDP's comm hook; the others keep one replica per node
-and meet every H steps through torchft (imported by :mod:`bench.sync.replica`, in the
-workers): LocalSGD, DiLoCo, Streaming DiLoCo and DiLoCo with a sparse outer exchange
-(:mod:`bench.sync.sparse`; docs/algorithms.md)."""
+"""How the replicas of a run meet (:data:`SYNCS`): ``ddp`` every step through DDP's comm hook,
+the others one replica per node meeting every H steps through torchft (:mod:`.replica`, in
+the workers), some with a sparse outer exchange (:mod:`.sparse`; docs/algorithms.md)."""
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -23,7 +22,7 @@ Build = Callable[[Any, nn.Module, torch.optim.Optimizer, SyncConfig], Any]
 
 @dataclass(frozen=True)
 class SyncSpec:
-    """One strategy; ``build`` is None for ``ddp`` (no outer synchronisation)."""
+    """One strategy; ``build`` None: no outer synchronisation (``ddp``)."""
 
     build: Build | None
     fragmented: bool = False  # it takes sync.fragments > 1
@@ -32,8 +31,7 @@ class SyncSpec:
     momentum: bool = True  # its outer step takes sync.outer_momentum (else it must be 0)
 
     @property
-    def outer(self) -> bool:
-        """Whether the nodes meet only every H steps, through torchft."""
+    def outer(self) -> bool:  # the nodes meet every H steps, through torchft
         return self.build is not None
 
 
@@ -41,13 +39,11 @@ SYNCS: Registry[SyncSpec] = Registry("sync strategy")
 
 
 def is_outer(name: str) -> bool:
-    """Whether strategy ``name`` synchronises the nodes every H steps (not ``ddp``)."""
     return SYNCS.get(name).outer
 
 
 def split_fragments(model: nn.Module, n: int) -> list[nn.Module]:
-    """``model``'s parameters in ``n`` contiguous fragments of about equal size, in
-    registration order (every replica cuts alike), each a module of its own."""
+    """``model``'s parameters in ``n`` contiguous modules of about equal size (in order)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if not 1 <= n <= len(params):
         raise ConfigError(f"sync.fragments={n}: the model has {len(params)} parameter tensors")
@@ -79,10 +75,11 @@ def _diloco(
     model: nn.Module,
     opt: torch.optim.Optimizer,
     cfg: SyncConfig,
-    exchange: Callable[..., Any] | None = None,
+    exchange: str = "",
 ) -> Any:
-    """torchft's DiLoCo over ``cfg.fragments``; ``exchange(manager, fragment, cfg)`` replaces
-    each fragment's allreduce of the pseudo-gradient with a sparse one."""
+    """torchft's DiLoCo over ``cfg.fragments``; ``exchange``: the class of :mod:`.sparse` that
+    sends each fragment's pseudo-gradient in place of its allreduce."""
+    from bench.sync import sparse
     from bench.sync.replica import DiLoCoSync
 
     frags = split_fragments(model, cfg.fragments)
@@ -93,19 +90,8 @@ def _diloco(
         [_outer_sgd(f.parameters(), cfg) for f in frags],
         sync_every=cfg.sync_every,
         fragment_sync_delay=cfg.fragment_sync_delay,
-        exchanges=[exchange(manager, f, cfg) for f in frags] if exchange else None,
+        exchanges=[getattr(sparse, exchange)(manager, f, cfg) for f in frags] if exchange else None,
     )
-
-
-def _sparse(kind: str) -> Build:
-    """DiLoCo with the pseudo-gradient exchanged by ``bench.sync.sparse.<kind>``."""
-
-    def build(manager: Any, model: nn.Module, opt: torch.optim.Optimizer, cfg: SyncConfig) -> Any:
-        from bench.sync import sparse
-
-        return _diloco(manager, model, opt, cfg, getattr(sparse, kind))
-
-    return build
 
 
 SYNCS.register("ddp")(SyncSpec(None))
@@ -114,19 +100,21 @@ SYNCS.register("diloco")(SyncSpec(_diloco, outer_optimizer=True))
 SYNCS.register("streaming_diloco")(SyncSpec(_diloco, fragmented=True, outer_optimizer=True))
 SYNCS.register("sparseloco")(
     SyncSpec(
-        _sparse("ChunkTopK"),
+        partial(_diloco, exchange="ChunkTopK"),
         outer_optimizer=True,
         momentum=False,
         knobs=("density", "ef_beta", "chunk_size", "quant_bits"),
     )
 )
 SYNCS.register("hitopk_diloco")(  # and sync.mstopk_method, checked by its type
-    SyncSpec(_sparse("ShardTopK"), outer_optimizer=True, knobs=("density", "ef_beta"))
+    SyncSpec(
+        partial(_diloco, exchange="ShardTopK"), outer_optimizer=True, knobs=("density", "ef_beta")
+    )
 )
 
 
 def build(cfg: SyncConfig, manager: Any, model: nn.Module, optimizer: torch.optim.Optimizer) -> Any:
-    """torchft's strategy of ``cfg.name``, its hooks on ``optimizer``'s step (``__exit__``: off)."""
+    """``cfg.name``'s torchft strategy, its hooks on ``optimizer``'s step (``__exit__``: off)."""
     spec = SYNCS.get(cfg.name)
     if spec.build is None:
         raise ValueError(f"sync={cfg.name} has no outer synchronisation")
@@ -203,7 +191,7 @@ _KNOBS: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 
 def parameter_tensors(model_cfg: Any) -> int:
-    """The parameter tensors of the model ``model_cfg`` builds (on the meta device)."""
+    """The parameter tensors of ``model_cfg``'s model (built on the meta device)."""
     from bench.models import build_model
 
     with torch.device("meta"):

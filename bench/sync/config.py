@@ -1,5 +1,4 @@
-"""Schema of the ``sync`` config group (conf/sync/*.yaml): how the replicas of a run meet
-(``ddp``: every step; the others: every ``sync_every`` (H) inner steps, :mod:`bench.sync`)."""
+"""Schema of the ``sync`` config group (conf/sync/*.yaml, :mod:`bench.sync`)."""
 
 from __future__ import annotations
 
@@ -16,22 +15,19 @@ class SyncConfig:
     outer_momentum: float = 0.9  # DiLoCo: the outer SGD's momentum
     nesterov: bool = True  # DiLoCo: Nesterov momentum in the outer step
     fragments: int = 1  # Streaming DiLoCo: model fragments synchronised in turn (divides H)
-    # Streaming DiLoCo: inner steps a fragment's allreduce overlaps before its outer step
-    # is applied (< H / fragments)
+    # Streaming DiLoCo: inner steps a fragment's allreduce overlaps (< H / fragments)
     fragment_sync_delay: int = 0
-    # seconds a replica group waits for the others at an outer synchronisation (a period
-    # of H inner steps on the slowest node must fit)
+    # s a replica group waits for the others at an outer sync (H steps of the slowest node)
     quorum_timeout_s: float = 1800.0
-    # sparse outer exchanges (sparseloco, hitopk_diloco): the fraction of the error-feedback
-    # buffer's elements sent per outer step, in (0, 1] (per chunk, or per node shard)
+    # sparse outer exchanges: the fraction of the error-feedback buffer sent per outer step,
+    # in (0, 1] (per chunk, or per node shard)
     density: float = 0.015625
-    # sparse outer exchanges: the error-feedback buffer's decay, e <- ef_beta * e + delta,
-    # in [0, 1] (1: nothing unsent is forgotten; 0: no error feedback)
+    # sparse outer exchanges: e <- ef_beta * e + delta (1: nothing unsent is forgotten)
     ef_beta: float = 0.95
     # sparseloco: elements per chunk, each chunk its own top-k (a smaller tensor is one chunk)
     chunk_size: int = 4096
-    # sparseloco: bits per value sent, 1 to 8 (a sign and a magnitude level, with each
-    # chunk's float32 level scales), or 0 for float32 values
+    # sparseloco: bits per value, 1 to 8 (a sign and a level of the chunk's float32 scales),
+    # or 0 for float32 values
     quant_bits: int = 2
     # hitopk_diloco: how MSTopK finds its threshold (bench.comm.selection.mstopk)
     mstopk_method: MSTopKMethod = MSTopKMethod.tiled

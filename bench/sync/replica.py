@@ -1,8 +1,7 @@
-"""One replica group (a node's workers) as torchft sees it: the Manager that meets the
-other nodes through a Lighthouse, counting the bytes and timing the phases of each outer
-synchronisation, and the state a replica holds that the others do not (its checkpoint
+"""One replica group (a node's workers) as torchft sees it: its Manager, counting the bytes and
+timing the phases of each outer synchronisation, and the replica's own state (its checkpoint
 share).  Fault tolerance is off: every node joins each quorum and a failed commit ends the
-run, whose elastic restart resumes it from its last checkpoint instead."""
+run, which an elastic restart resumes from its last checkpoint."""
 
 from __future__ import annotations
 
@@ -33,8 +32,8 @@ PACKET = ("values", "indices", "scales")
 
 
 class CountingManager(Manager):
-    """torchft's Manager, counting every outer collective into ``stats`` (a worker's ring
-    bytes, ``link_share`` times that leaving its node) and timing each sync's phases."""
+    """torchft's Manager, counting each outer collective into ``stats`` (a worker's ring bytes,
+    ``link_share`` times that leaving its node) and timing each sync's phases."""
 
     def __init__(
         self,
@@ -58,7 +57,7 @@ class CountingManager(Manager):
         self.timed("quorum", super().start_quorum)(*args, **kw)
 
     def timed(self, phase: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """``fn``, its host time added to ``phase`` (one of :data:`SYNC_PHASES`)."""
+        """``fn``, its host time added to ``phase``."""
         if phase not in self.phase_s:
             raise ValueError(f"unknown sync phase {phase!r}; the phases are {SYNC_PHASES}")
 
@@ -73,7 +72,7 @@ class CountingManager(Manager):
         return run
 
     def count(self, stage: Stage) -> None:
-        """One collective's bytes: this worker's, into the sync's and the run's stats."""
+        """This worker's bytes of one collective, into the sync's and the run's stats."""
         self.sync_bytes += stage.worker_bytes
         if self.stats is not None and stage.worker_bytes > 0:
             self.stats.count(Traffic((stage,)), sent=0.0, numel=0.0)  # density unchanged
@@ -86,8 +85,8 @@ class CountingManager(Manager):
         return super().allreduce(tensor, *args, **kw)
 
     def allgather(self, packet: torch.Tensor) -> tuple[Any, list[torch.Tensor]]:
-        """``packet`` (uint8, one size) to this local rank's workers on every node, run as
-        torchft's ``allreduce`` runs: its Work, and the packets in replica rank order."""
+        """``packet`` (uint8) to this local rank's worker on every node, as torchft's
+        ``allreduce`` runs: its Work, and the packets in replica rank order."""
         from torch.distributed.distributed_c10d import AllgatherOptions
         from torchft.manager import _ManagedWork
         from torchft.work import _DummyWork
@@ -110,7 +109,6 @@ class CountingManager(Manager):
             return _DummyWork(None), out
 
     def note_packet(self, packet: Any) -> None:
-        """This worker's packet of a sparse exchange (``bench.sync.sparse.Packet``)."""
         for k in PACKET:
             self.packet[k] += getattr(packet, k)
 
@@ -119,7 +117,7 @@ class CountingManager(Manager):
         return super().should_commit(*args, **kw)
 
     def pop_stats(self) -> dict[str, float]:
-        """Syncs since the last pop, the bytes and the seconds of each phase, per sync."""
+        """Syncs since the last pop; bytes and seconds of each phase per sync."""
         per = max(1, self.syncs)
         out = {
             "sync/outer_syncs": float(self.syncs),
@@ -149,8 +147,8 @@ def open_manager(
     stats: CommStats | None = None,
     node_group: Any = None,
 ) -> CountingManager:
-    """The Manager of worker ``local_rank`` of node ``node``'s replica group (its own TCP
-    ``store``, a ``backend`` group across the nodes; ``node_group``: the node's workers)."""
+    """The Manager of worker ``local_rank`` of node ``node`` (``store``: its group's TCP store;
+    ``node_group``: the node's workers)."""
     from torchft import ProcessGroupGloo, ProcessGroupNCCL
 
     timeout = timedelta(seconds=timeout_s)
@@ -180,12 +178,11 @@ def open_manager(
 
 
 class LocalSGDSync(LocalSGD):
-    """torchft's LocalSGD, its averages timed, with a state dict: the step within the period."""
+    """torchft's LocalSGD, its averages timed; its state: the step within the period."""
 
     def __init__(self, manager: Any, model: nn.Module, opt: Any, *, sync_every: int) -> None:
         super().__init__(manager, model, opt, sync_every=sync_every)
-        if hasattr(manager, "timed"):  # the average, its wait and the commit
-            self._perform_sync = manager.timed("finish", self._perform_sync)
+        self._perform_sync = manager.timed("finish", self._perform_sync)  # average, wait, commit
 
     def state_dict(self) -> dict[str, Any]:
         return {"local_step": int(self._local_step)}
@@ -195,9 +192,9 @@ class LocalSGDSync(LocalSGD):
 
 
 class DiLoCoSync(DiLoCo):
-    """torchft's DiLoCo, each fragment's send and finish timed, with a state dict (the step
-    within the period; per fragment its global weights, outer optimizer, pending averaged
-    pseudo-gradient and exchange); ``exchanges`` replace the fragments' dense allreduce."""
+    """torchft's DiLoCo, each fragment's send and finish timed; its state: the step within the
+    period, and per fragment its global weights, outer optimizer, pending averaged
+    pseudo-gradient and exchange; ``exchanges`` replace the fragments' dense allreduce."""
 
     def __init__(
         self,
@@ -216,10 +213,9 @@ class DiLoCoSync(DiLoCo):
         self.exchanges = list(exchanges or [])
         for f, ex in zip(self._fragments, self.exchanges, strict=bool(self.exchanges)):
             f._average_grads = functools.partial(ex.send, f)
-        if hasattr(manager, "timed"):  # each fragment's send, and its wait, outer step, commit
-            for f in self._fragments:
-                f.prepare_sync = manager.timed("send", f.prepare_sync)
-                f.perform_sync = manager.timed("finish", f.perform_sync)
+        for f in self._fragments:  # each fragment's send, and its wait, outer step, commit
+            f.prepare_sync = manager.timed("send", f.prepare_sync)
+            f.perform_sync = manager.timed("finish", f.perform_sync)
 
     def state_dict(self) -> dict[str, Any]:
         out = [
@@ -234,7 +230,7 @@ class DiLoCoSync(DiLoCo):
         return {"local_step": int(self._local_step), "fragments": out}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
-        """Its state, after the Manager's (whose step says which fragment is next)."""
+        """After the Manager's (whose step says which fragment is next)."""
         from torchft.work import _DummyWork
 
         self._local_step = int(d["local_step"])
@@ -254,7 +250,7 @@ class DiLoCoSync(DiLoCo):
 
 
 def _pending(fragment: Any) -> dict[str, torch.Tensor] | None:
-    """A fragment's averaged pseudo-gradient whose outer step is to come (waited for), or None."""
+    """A fragment's averaged pseudo-gradient whose outer step is to come, or None."""
     if not fragment._allreduce_work:
         return None
     for work in fragment._allreduce_work:
@@ -264,8 +260,8 @@ def _pending(fragment: Any) -> dict[str, torch.Tensor] | None:
 
 @dataclass
 class ReplicaState:
-    """What a replica holds that the others do not, as torch's ``Stateful``: its model and
-    inner optimizer, the Manager's step (which fragment is next) and the strategy's state."""
+    """What a replica holds that the others do not, as a ``Stateful``: model, inner optimizer,
+    the Manager's step (which fragment is next) and the strategy's state."""
 
     strategy: Any
     manager: Manager

@@ -1,7 +1,6 @@
-"""The outer step's pseudo-gradient sent as a top-k with error feedback in place of the
-dense allreduce of torchft's DiLoCo (docs/algorithms.md, section 11): SparseLoCo's
-chunk-wise top-k with quantised values (:class:`ChunkTopK`, Sarfi et al. 2025), and
-HiTopKComm one level up, each local rank's shard between the nodes (:class:`ShardTopK`)."""
+"""DiLoCo's pseudo-gradient sent as a top-k with error feedback in place of its allreduce
+(docs/algorithms.md, section 11): SparseLoCo's chunk-wise quantised top-k (:class:`ChunkTopK`,
+Sarfi et al. 2025), and HiTopKComm of each local rank's shard (:class:`ShardTopK`)."""
 
 from __future__ import annotations
 
@@ -35,8 +34,8 @@ def unpack_bits(buf: torch.Tensor, bits: int, n: int) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Chunks:
-    """A tensor of ``numel`` as ``rows`` chunks of ``width`` (zero-padded), ``k`` sent of each,
-    at ``base`` in the padded concatenation."""
+    """A tensor as ``rows`` chunks of ``width`` (zero-padded), ``k`` sent of each, at ``base``
+    in the padded concatenation."""
 
     name: str
     numel: int
@@ -60,7 +59,7 @@ class Packet:
 
 
 def chunking(numels: dict[str, int], chunk_size: int, density: float) -> list[Chunks]:
-    """Tensors cut into chunks of ``chunk_size`` (a smaller one is one chunk), ``density`` sent."""
+    """Tensors cut into chunks of ``chunk_size`` (a smaller one is one), ``density`` sent."""
     out, base = [], 0
     for name, numel in numels.items():
         width = min(chunk_size, numel)
@@ -83,7 +82,7 @@ def chunk_packet(chunks: list[Chunks], chunk_size: int, bits: int) -> Packet:
 
 
 def shard_packet(numel: int, m: int, density: float) -> Packet:
-    """One local rank's outer HiTopK packet: float32 values, int32 indices of its shard's top."""
+    """One local rank's HiTopK packet: float32 values, int32 indices of its shard's top."""
     shard = -(-numel // m)
     k = k_for(shard, density)
     return Packet(values=4 * k, indices=packet_bytes(k, shard, 4) - 4 * k, scales=0)
@@ -107,13 +106,9 @@ class Exchange:
         work, packets = self.manager.allgather(packet)
         fragment._allreduce_work.append(_Gathered(work, packets, lambda g: self.finish(g, grads)))
 
-    def encode(self, grads: dict[str, torch.Tensor]) -> torch.Tensor:
-        """This worker's packet (uint8); each buffer keeps what it does not carry."""
-        raise NotImplementedError
-
-    def finish(self, gathered: torch.Tensor, grads: dict[str, torch.Tensor]) -> None:
-        """The nodes' packets (one a row) decoded, their mean written into ``grads``."""
-        raise NotImplementedError
+    # a subclass's encode(grads): this worker's packet (uint8), each buffer keeping what it
+    # does not carry; finish(gathered, grads): the nodes' packets (one a row) decoded, their
+    # mean written into ``grads``
 
     def compensate(self, key: str, delta: torch.Tensor) -> torch.Tensor:
         """``e <- beta * e + delta`` (float32 or wider), the buffer returned."""
@@ -159,8 +154,8 @@ class ChunkTopK(Exchange):
         self.packet = chunk_packet(self.chunks, c, self.bits)
 
     def encode(self, grads: dict[str, torch.Tensor]) -> torch.Tensor:
-        """This worker's packet (uint8: indices, values, scales); each buffer keeps what
-        its values do not carry (exactly the rest with float32 values)."""
+        """Indices, values, scales; each buffer keeps what the values do not carry (exactly
+        the rest with float32 values)."""
         idx_all, val_all, scale_all = [], [], []
         for t in self.chunks:
             e = self.compensate(t.name, grads[t.name]).view(-1)
@@ -253,8 +248,7 @@ class ShardTopK(Exchange):
         self.packet = shard_packet(self.numel, self.m, self.density)
 
     def encode(self, grads: dict[str, torch.Tensor]) -> torch.Tensor:
-        """This local rank's packet (``bench.comm.wire.pack``: int32 indices into the
-        shard, float32 values); the buffer keeps the rest."""
+        """``bench.comm.wire.pack`` of its shard's top; the buffer keeps the rest."""
         flat = torch.cat([grads[n].reshape(-1) for n in self.shapes])
         part = flat[self.j * self.shard : (self.j + 1) * self.shard]
         e = self.compensate("shard", torch.nn.functional.pad(part, (0, self.shard - part.numel())))

@@ -1,5 +1,4 @@
-"""``python -m bench.train --config <json>``: one training worker, as the launchers start
-it, for one run or a queue of runs (docs/internals/train.md)."""
+"""``python -m bench.train --config <json>``: one worker of a run or a queue of runs."""
 
 from __future__ import annotations
 
@@ -27,7 +26,6 @@ from bench.train.loop import train
 
 
 def worker_loop(payload: dict[str, Any]) -> None:
-    """Train every run of the queue in ``payload``, in order, in this worker process."""
     paths = payload[QUEUE_KEY]["runs"]
     runs = [json.loads(Path(p).read_text()) for p in paths]
     rank, _, _ = runtime.setup_distributed(from_container(runs[0]["config"]))  # one group

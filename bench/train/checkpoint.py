@@ -1,7 +1,6 @@
-"""Checkpoints of a training run: save, verify and restore one worker's state, under
-``<results.dir>/checkpoints/<run_id>/``: ``epoch-NNNN/common.pt`` (rank 0),
-``epoch-NNNN/rank<r>.pt`` (every rank) and the manifest ``epoch-NNNN.json``, written last;
-a resume takes the newest whole one (docs/internals/train.md)."""
+"""Checkpoints of a run under ``<results.dir>/checkpoints/<run_id>/``: ``epoch-NNNN/common.pt``
+(rank 0), ``epoch-NNNN/rank<r>.pt`` (every rank) and the manifest ``epoch-NNNN.json``, written
+last; a resume takes the newest whole one (docs/internals/train.md)."""
 
 from __future__ import annotations
 
@@ -15,6 +14,7 @@ import time
 import warnings
 import zipfile
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -87,8 +87,7 @@ def problem(manifest_path: Path) -> tuple[dict[str, Any] | None, str | None]:
         if name in sizes and p.stat().st_size != sizes[name]:
             return None, f"{name} has {p.stat().st_size} bytes, {sizes[name]} were saved"
         try:
-            with zipfile.ZipFile(p):  # torch.save's zip: its directory is at the end
-                pass
+            zipfile.ZipFile(p).close()  # torch.save's zip: its directory is at the end
         except (OSError, zipfile.BadZipFile) as e:
             return None, f"{name} is damaged ({e})"
     return m, None
@@ -98,8 +97,8 @@ EPOCH_NAME = re.compile(r"epoch-([0-9]+)")  # a checkpoint's folder; + ".json": 
 
 
 def by_epoch(paths: Iterable[Path]) -> list[Path]:
-    """``epoch-N.json`` manifests by N; another name (a copy, a sync conflict) is ignored with
-    a warning, never resumed from nor pruned."""
+    """``epoch-N.json`` manifests by N; another name (a copy, a sync conflict) is warned of,
+    never resumed from nor pruned."""
     numbered = []
     for p in paths:
         m = EPOCH_NAME.fullmatch(p.name.removesuffix(".json"))
@@ -121,8 +120,8 @@ def remove_incomplete(run_dir: Path, keep: Path | None = None) -> None:
 def latest(
     results_dir: str | Path, run_id: str, skipped: list[str] | None = None
 ) -> dict[str, Any] | None:
-    """A run's newest whole checkpoint's manifest (``path`` set; None if none); each newer
-    damaged one is warned of, or added to ``skipped``."""
+    """A run's newest whole checkpoint's manifest (``path`` set) or None; each newer damaged
+    one is warned of, or added to ``skipped``."""
     d, m, passed = run_dir(results_dir, run_id), None, []
     for mp in reversed(by_epoch(d.glob("epoch-*.json")) if d.is_dir() else []):
         m, why = problem(mp)
@@ -192,27 +191,25 @@ def first_mismatch(now: Mapping[str, Any], saved: Mapping[str, Any]) -> str | No
     return f"{extra[0]} is in the checkpoint only" if extra else None
 
 
+@dataclass
 class CheckpointManager:
     """One worker's checkpoints: rank 0 saves ``states`` (``common.pt``), every rank its RNG
-    and ``local`` states (``rank<r>.pt``: its hook's, an outer sync's replica...), the
-    manifest ``progress`` last; each ``Stateful``, saved by its own ``state_dict`` alone."""
+    and ``local`` states (``rank<r>.pt``: its hook's, an outer sync's replica), the manifest
+    ``progress`` last; each ``Stateful`` by its own ``state_dict``."""
 
-    def __init__(
-        self,
-        cfg: Config,
-        run: dict[str, Any],
-        *,
-        rank: int,
-        world: int,
-        device: torch.device,
-        states: Mapping[str, Stateful | None],
-        progress: Stateful,
-        local: Mapping[str, Stateful | None] | None = None,
-    ) -> None:
-        self.cfg, self.run, self.rank, self.world, self.device = cfg, run, rank, world, device
-        self.states, self.progress = states, progress
-        self.local = {k: v for k, v in (local or {}).items() if v is not None}
-        self.root = run_dir(cfg.results.dir, run["run_id"])
+    cfg: Config
+    run: dict[str, Any]
+    _: KW_ONLY
+    rank: int
+    world: int
+    device: torch.device
+    states: Mapping[str, Stateful | None]
+    progress: Stateful
+    local: Mapping[str, Stateful | None] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.local = {k: v for k, v in self.local.items() if v is not None}
+        self.root = run_dir(self.cfg.results.dir, self.run["run_id"])
 
     def save(self, barrier: Callable[[], None]) -> Path:
         """Every rank: this epoch's checkpoint; after ``barrier()`` (every shard written) rank 0
@@ -240,7 +237,7 @@ class CheckpointManager:
         return d
 
     def load(self, manifest: Mapping[str, Any], lost_s: float = 0.0) -> None:
-        """Every rank: restore from a checkpoint; ``lost_s`` is added to its training time."""
+        """Every rank: restore a checkpoint, ``lost_s`` added to its training time."""
         check_compatible(manifest, to_container(self.cfg))
         if manifest["world_size"] != self.world:
             raise ConfigError(

@@ -1,7 +1,6 @@
-"""The comm hook in a training run: checked before launch (:func:`validate`), attached
-after DDP wrapping (:func:`attach`), driven per epoch and per step by its
-:class:`CommController` (dense warm-up in epochs or steps, the density schedule per epoch
-or per ``schedule_steps`` steps, per-step statistics and each step's phase)."""
+"""The comm hook in a training run: checked before launch (:func:`validate`), attached after
+DDP wrapping (:func:`attach`), driven by :class:`CommController` (warm-up, density schedule,
+per-step statistics and phases)."""
 
 from __future__ import annotations
 
@@ -28,8 +27,8 @@ LOCAL = NOCOMM  # the hook of an optimizer that exchanges its own state: local g
 def validate(
     cfg: CommConfig, world_size: int, nnodes: int, optim: Any = None, amp: str = "off"
 ) -> None:
-    """Refuse a bad ``comm`` config before any worker starts; with the ``optim`` config, also
-    one it cannot train with (beside DeMo's own exchange, a placement that does not fit)."""
+    """Refuse a bad ``comm`` config before any worker starts, or one the ``optim`` config
+    cannot train with (beside DeMo's own exchange, a placement that does not fit)."""
     spec = HOOKS.get(cfg.name)
     name = getattr(optim, "name", None)
     if name is not None and OPTIMIZERS.get(name).local_gradients and cfg.name != LOCAL:
@@ -74,8 +73,6 @@ NO_OPTIM = SimpleNamespace(
 
 
 class CommController:
-    """Applies the warm-up and density schedule and collects per-step stats and phases."""
-
     def __init__(self, state: Any, cfg: CommConfig, steps_per_epoch: int) -> None:
         self.state = state
         self.name = str(cfg.name)
@@ -137,8 +134,7 @@ class CommController:
     def wrap(self, hook: Any) -> Any:
         """``hook`` with :meth:`begin_step` before each step's first bucket."""
 
-        # wraps: DDP checks the hook's signature, which then is the hook's own
-        @functools.wraps(hook)
+        @functools.wraps(hook)  # DDP checks the hook's signature: the hook's own
         def hooked(state, bucket):  # noqa: ANN001, ANN202 (annotations: the hook's)
             if not self.in_step:
                 self.in_step = True
@@ -158,9 +154,9 @@ def attach(
     process_group: Any = None,
     optim: Any = None,
 ) -> CommController:
-    """Register the hook of ``cfg.name`` on a DDP model, every rank, before a checkpoint is
-    loaded; ``optimizer``: counted when it exchanges its own state (DeMo), bound by a placement
-    other than ``grad``; ``process_group``: DDP's, when not the world's."""
+    """Register ``cfg.name``'s hook on a DDP model, every rank, before a checkpoint is loaded;
+    ``optimizer``: counted when it exchanges its own state (DeMo), bound by a placement other
+    than ``grad``; ``process_group``: DDP's, when not the world's."""
     import torch.distributed as dist
 
     own = optim is not None and OPTIMIZERS.get(optim.name).local_gradients
@@ -187,8 +183,8 @@ def attach(
 
 
 def count_optimizer(controller: CommController, optimizer: Any, own_steps: bool) -> None:
-    """Count an optimizer's own exchange (DeMo's all-gather, told through its ``on_send``) in
-    the run's statistics and keep its state in this rank's checkpoint."""
+    """Count an optimizer's own exchange (DeMo's all-gather, told by its ``on_send``) in the
+    statistics and keep its state in this rank's checkpoint."""
     import torch.distributed as dist
 
     controller.exchange = stateful(optimizer, "an optimizer exchanging its own state:")

@@ -1,8 +1,7 @@
 """When a run is evaluated and which model is scored, off the training clock (DAWNBench's
-rule): every ``train.eval_every_steps``-th step into the record's ``evals``, every
-``train.eval_every``-th epoch into the curve (``train.eval_stride``: every k-th point, the
-models between evaluated once one reaches the target); under an outer sync the global
-model, right after a synchronisation (docs/internals/train.md)."""
+rule): each ``train.eval_every_steps``-th step into the record's ``evals``, each
+``train.eval_every``-th epoch into the curve; under an outer sync the global model, right
+after a synchronisation (docs/internals/train.md)."""
 
 from __future__ import annotations
 
@@ -20,8 +19,8 @@ from bench.train.state import TrainState
 
 
 def after_step(s: TrainState, last: bool) -> tuple[float, bool]:
-    """After each step: (wall time in s of its evaluation or kept model, off the clock;
-    whether it reached the target); nothing after the epoch's last step."""
+    """After each step but the epoch's last: (wall time in s of its evaluation or kept model,
+    off the clock; whether it reached the target)."""
     s.at_sync = s.sync.synced()
     t = s.cfg.train
     n = t.eval_every_steps
@@ -35,9 +34,9 @@ def after_step(s: TrainState, last: bool) -> tuple[float, bool]:
     t0 = time.perf_counter()
     hit = False
     if t.eval_stride > 1 and (s.step // n) % t.eval_stride:  # kept for :func:`_backfill`
-        s.kept.append((_point(s), _scored(s) or _copy(s.model.state_dict())))
+        s.kept.append((_point(s), s.sync.global_state(s.model) or _copy(s.model.state_dict())))
     else:
-        hit = _evaluate(s, _point(s), _scored(s))
+        hit = _evaluate(s, _point(s), s.sync.global_state(s.model))
         if hit:
             _backfill(s)
         s.kept = []
@@ -57,7 +56,7 @@ def after_epoch(s: TrainState, row: dict[str, Any]) -> dict[str, float]:
         return {}
     s.pending = False
     s.mllog.eval_start(s.epoch + 1)
-    state = _scored(s)
+    state = s.sync.global_state(s.model)
     ev = _metrics(s, state)
     metric = s.cfg.train.target_metric
     samples = _eval_samples(s) if s.mllog.wants_eval_samples else None  # all ranks: once
@@ -87,11 +86,6 @@ def _point(s: TrainState) -> dict[str, Any]:
 
 def _copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in state.items()}
-
-
-def _scored(s: TrainState) -> dict[str, torch.Tensor] | None:
-    """The state of the model scored now; None: the model as it trains (DDP's)."""
-    return s.sync.global_state(s.model)
 
 
 def _metrics(s: TrainState, state: dict[str, torch.Tensor] | None) -> dict[str, float]:
@@ -128,7 +122,7 @@ def _backfill(s: TrainState) -> None:
 
 
 def _eval_samples(s: TrainState) -> int:
-    """Every rank: the samples of the evaluation just done, summed over the ranks."""
+    """Every rank: the evaluation's samples, summed over the ranks."""
     mine = s.workload.data.eval.epoch_stats().get(SAMPLES, 0)
     total = torch.tensor([float(mine)], dtype=torch.float64, device=s.device)
     return int(runtime.all_reduce_sum(total).item())

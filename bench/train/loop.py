@@ -1,7 +1,6 @@
-"""The data-parallel training loop, one process per worker: :func:`train` builds a
-:class:`~bench.train.state.TrainState` (:func:`setup`), trains it epoch by epoch
-(:func:`train_epoch`, :func:`train_step`, each step timed in phases), evaluates and
-checkpoints it, and rank 0 writes the run's record and outputs."""
+"""The data-parallel training loop of one worker: :func:`train` builds a
+:class:`~bench.train.state.TrainState`, trains, evaluates and checkpoints it epoch by epoch,
+and rank 0 writes the run's record and outputs."""
 
 from __future__ import annotations
 
@@ -12,11 +11,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from bench.cluster.emulated import LinkClock
-from bench.config import Config, from_container
+from bench.config import from_container
 from bench.data.loaders import RANK_TOKENS
 from bench.optim import after_ddp_broadcast, build_optimizer, build_scheduler, ddp_kwargs
 from bench.results import columns as col
@@ -49,8 +47,19 @@ def setup(payload: dict[str, Any]) -> TrainState:
             f"an epoch has no training step on rank {rank}: the data set is smaller than one batch"
         )
     optimizer = build_optimizer(model, cfg.optim)
-    outer = OuterSync(cfg, rank, world)  # sync=ddp: None, the world is DDP's group
-    ddp = _wrap(model, optimizer, cfg, device, outer.group)
+    outer = OuterSync(cfg, rank, world)  # sync=ddp: group None, the world is DDP's
+    ddp = model
+    if dist.is_initialized():
+        ddp = DDP(
+            model,
+            process_group=outer.group,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            bucket_cap_mb=cfg.comm.bucket_cap_mb,
+            # no BatchNorm buffers at every forward (link bytes no method counted): training
+            # uses the batch's statistics, evaluation and checkpoints take rank 0's
+            **runtime.NO_BUFFER_SYNC,
+            **ddp_kwargs(optimizer),  # update modes that own the gradient buffer
+        )
     after_ddp_broadcast(optimizer)  # fp32 masters follow the model DDP just broadcast
     autocast, scaler = runtime.amp_context(cfg.train.amp, device)
     s = TrainState(
@@ -95,24 +104,6 @@ def checkpoints(s: TrainState) -> ck.CheckpointManager:
     )
 
 
-def _wrap(
-    model: nn.Module, optimizer: Any, cfg: Config, device: torch.device, group: Any = None
-) -> nn.Module:
-    """DDP around the model over ``group`` (None: the world), or the model alone."""
-    if not dist.is_initialized():
-        return model
-    return DDP(
-        model,
-        process_group=group,
-        device_ids=[device.index] if device.type == "cuda" else None,
-        bucket_cap_mb=cfg.comm.bucket_cap_mb,
-        # no BatchNorm buffers at every forward (link bytes no method counted): training
-        # uses the batch's statistics, evaluation and checkpoints take rank 0's
-        **runtime.NO_BUFFER_SYNC,
-        **ddp_kwargs(optimizer),  # update modes that own the gradient buffer
-    )
-
-
 def train_step(s: TrainState, batch: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Forward, backward (DDP communicates), update: (loss, correct predictions), or None
     when a NaN/Inf was found (the update skipped, ``s.status`` diverged)."""
@@ -142,7 +133,7 @@ def train_step(s: TrainState, batch: Any) -> tuple[torch.Tensor, torch.Tensor] |
 
 def _diverged(s: TrainState, loss: torch.Tensor) -> bool:
     """Whether this step's reduced gradient holds a NaN or Inf (the hook's device flags, read
-    once here; without them any gradient's); notes where in ``s.diverged_at``."""
+    once here, else the gradients); where, in ``s.diverged_at``."""
     found = s.comm.state.take_finite()
     if found is not None:
         if not found or bool(torch.stack([ok for _, ok in found]).all()):

@@ -1,5 +1,5 @@
-"""What a worker shows and writes: rank 0's per-epoch table while it trains, and at the
-end rank 0's curve CSV, time-to-accuracy figure and record (:func:`write`)."""
+"""Rank 0's per-epoch table while a run trains, and at its end the curve CSV, the
+time-to-accuracy figure and the record (:func:`write`)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ from bench.train.state import TrainState
 
 
 def header(s: TrainState) -> None:
-    """Rank 0: the run's line and the table's header."""
     cfg = s.cfg
     print(
         f"run {s.run['run_id']}: {cfg.model.name} on {cfg.data.name}, {s.world} workers "
@@ -36,14 +35,13 @@ def header(s: TrainState) -> None:
 
 
 def epoch_line(s: TrainState, row: dict[str, Any]) -> None:
-    """Rank 0: the epoch's line of the table; its curve so far to the CSV."""
+    """The epoch's line of the table; the curve so far to the CSV."""
     print(" ".join(format(row[k] * sc, f">{w}{f}") for _, k, w, f, sc in table(s)), flush=True)
     records.write_curve(s.cfg.results.dir, s.run["run_id"], s.curve, extend=True)
 
 
 def table(s: TrainState) -> list[tuple[str, str, int, str, float]]:
-    """Rank 0's per-epoch table: (header, curve column, width, format, scale); top-5 only
-    above 10 classes or as the target."""
+    """(header, curve column, width, format, scale); top-5 above 10 classes or as target."""
     top5 = s.cfg.train.target_metric == "top5" or s.workload.data.num_classes > 10
     metrics = [m for m in s.workload.metrics if m != "loss" and (m != "top5" or top5)]
     return [
@@ -70,7 +68,7 @@ def link_readings(s: TrainState) -> list[Any]:
 
 
 def write(s: TrainState, links: list[Any] | None = None) -> records.RunRecord:
-    """Rank 0: the curve CSV, the figure and the record (``links``: every worker's counters)."""
+    """The curve CSV, the figure and the record (``links``: every worker's counters)."""
     cfg, res = s.cfg, s.cfg.results.dir
     rec = records.RunRecord.start(
         cfg, s.run, config=to_container(cfg), comm_sparse=is_sparse(cfg.comm.name), nnodes=s.nnodes

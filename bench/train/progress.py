@@ -1,6 +1,5 @@
-"""What rank 0 shows while a run trains: a bar over each epoch's steps on a terminal, and
-a warning when the machine's load beyond the run's own workers makes its timings
-unreliable (the record's ``machine_load``)."""
+"""What rank 0 shows while a run trains: a bar over each epoch's steps on a terminal, and a
+warning when other load on the machine makes its timings unreliable (``machine_load``)."""
 
 from __future__ import annotations
 
@@ -46,7 +45,7 @@ def _size() -> tuple[int, int] | None:
 
 
 def show_step(bar: tqdm, loss: Any, samples: int, t0: float) -> None:
-    """The bar's step, with the samples/s and loss (a device read, twice a second at most)."""
+    """The bar's step; samples/s and loss (a device read) twice a second at most."""
     bar.update(1)
     if bar.disable or time.perf_counter() - getattr(bar, "_shown_at", 0.0) < 0.5:
         return
@@ -106,7 +105,7 @@ _LOADS: dict[str, MachineLoad] = {}  # run id -> its load, in rank 0's process
 
 
 def watch_load(payload: dict[str, Any]) -> None:
-    """Rank 0: read the machine's load as the worker starts (a warning if busy)."""
+    """Rank 0: the machine's load as the worker starts (a warning if busy)."""
     if os.environ.get("RANK", "0") == "0":
         load = _LOADS[payload["run"]["run_id"]] = MachineLoad(payload)
         load.sample()

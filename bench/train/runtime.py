@@ -1,5 +1,4 @@
-"""What a training worker needs from its process: the process group, the device, mixed
-precision, gradient clipping and a per-phase step timer."""
+"""A worker's process group, device, mixed precision, gradient clipping and step timer."""
 
 from __future__ import annotations
 
@@ -28,7 +27,7 @@ NO_BUFFER_SYNC = (
 
 
 def setup_distributed(cfg: Any) -> tuple[int, int, torch.device]:
-    """(rank, world size, device), the process group from the launcher's environment."""
+    """(rank, world size, device); the process group from the launcher's environment."""
     use_cuda = torch.cuda.is_available() and cfg.train.device in ("auto", "cuda")
     if cfg.train.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("train.device=cuda but CUDA is not available")
@@ -58,8 +57,8 @@ def setup_distributed(cfg: Any) -> tuple[int, int, torch.device]:
 
 
 def _attempt_store(timeout: datetime.timedelta) -> dict[str, Any]:
-    """The process group's store, in a namespace of its own per elastic restart (a new group
-    must not read the old one's keys); empty when the agent hosts no store."""
+    """The process group's store, a namespace per elastic restart (a new group must not read
+    the old one's keys); {} when the agent hosts no store."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return {}
     # the agents' token of this rendezvous round (bench.cluster.torchrun.instrument_agent)
@@ -75,7 +74,7 @@ def _attempt_store(timeout: datetime.timedelta) -> dict[str, Any]:
 
 
 def node_count(world: int) -> int:
-    """Nodes of the run, from the launcher's environment (GROUP_WORLD_SIZE)."""
+    """Nodes of the run (the launcher's GROUP_WORLD_SIZE)."""
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     return int(os.environ.get("GROUP_WORLD_SIZE", world // max(1, per_node)))
 
@@ -83,7 +82,7 @@ def node_count(world: int) -> int:
 def amp_context(
     amp: str, device: torch.device
 ) -> tuple[Callable[[], Any], torch.amp.GradScaler | None]:
-    """(autocast context factory, gradient scaler or None) for ``train.amp``."""
+    """(autocast context factory, gradient scaler or None) of ``train.amp``."""
     mode = str(amp)
     if mode == "auto":
         mode = "bf16" if device.type == "cuda" else "off"
@@ -151,7 +150,7 @@ def clip_gradients(
     scaler: torch.amp.GradScaler | None,
     max_norm: float,
 ) -> torch.Tensor:
-    """Clip the gradients' global L2 norm to ``max_norm`` (unscaled first); the norm before."""
+    """Clip the gradients' global L2 norm (unscaled first) to ``max_norm``; the norm before."""
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     if scaler is not None and scaler.is_enabled() and any(g.dtype == torch.float16 for g in grads):
         # fp16 gradients (the flat update's model copy): unscale_ refuses them, and the flat

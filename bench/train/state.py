@@ -1,5 +1,4 @@
-"""One worker's run as one object: what it is built from and all that changes while it
-trains, its progress a torch ``Stateful`` for the checkpoints (:mod:`bench.train.checkpoint`)."""
+"""One worker's run as one object; its progress a ``Stateful`` for the checkpoints."""
 
 from __future__ import annotations
 
@@ -56,7 +55,6 @@ class TrainState:
     sync: OuterSync = field(default_factory=OuterSync)  # the nodes' outer sync (none: ddp)
 
     def state_dict(self) -> dict[str, Any]:
-        """The progress a checkpoint's manifest holds."""
         return {
             "epoch": self.epoch,
             "step": self.step,

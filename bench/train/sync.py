@@ -1,7 +1,6 @@
-"""The outer synchronisation in a training worker (``sync`` other than ``ddp``): one
-replica group per node, trained by DDP over the node's own process group (with any comm
-hook), and torchft's strategy across the nodes every H steps, its Manager meeting the
-others at the Lighthouse of global rank 0 (docs/algorithms.md, "Synchronising rarely")."""
+"""The outer synchronisation in a worker (``sync`` other than ``ddp``): one replica group per
+node, DDP over the node's process group, and torchft's strategy across the nodes every H
+steps, its Manager meeting the others at rank 0's Lighthouse (docs/algorithms.md)."""
 
 from __future__ import annotations
 
@@ -94,9 +93,8 @@ class OuterSync:
         return self.manager.current_step() if self.manager is not None else 0
 
     def global_state(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
-        """Every rank: the model a user would keep (None without an outer sync): each fragment's
-        outer parameters as of its last sync (LocalSGD: the model's own) and every worker's
-        mean of the floating-point buffers."""
+        """Every rank: the model a user would keep (None without an outer sync), each fragment's
+        outer parameters at its last sync and the workers' mean of the float buffers."""
         if not self.outer:
             return None
         from torchft.local_sgd import DiLoCo
@@ -120,7 +118,6 @@ class OuterSync:
         return state
 
     def pop_stats(self) -> dict[str, float]:
-        """The outer synchronisations since the last pop, and their bytes per sync."""
         return self.manager.pop_stats() if self.manager is not None else {}
 
     def close(self) -> None:

@@ -1,5 +1,4 @@
-"""A workload: model, data, loss and metrics as one pluggable unit, the only thing the
-loop talks to: image classification (top-1/top-5) and translation (BLEU)."""
+"""A workload: model, data, loss and metrics as one unit, the only thing the loop talks to."""
 
 from __future__ import annotations
 
@@ -37,7 +36,7 @@ class Classification:
     def loss(
         self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(loss, number of correct top-1 predictions) for one training batch."""
+        """(loss, correct top-1 predictions) of one training batch."""
         x, y = batch
         out = model(x)
         return self.criterion(out, y), (out.argmax(1) == y).sum()
@@ -83,7 +82,7 @@ class Translation:
         self.hypotheses: list[str] | None = None
 
     def loss(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mean loss per target token, number of correctly predicted target tokens)."""
+        """(mean loss per target token, correctly predicted target tokens)."""
         x = batch[0]  # the labels are x.tgt_out's tokens (a batch's own are for counting)
         logits = model(x.src, x.tgt_in)[x.tgt_in != 0]
         y = x.tgt_out[x.tgt_out != 0]
@@ -92,9 +91,7 @@ class Translation:
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, loader: Any, autocast: Any) -> dict[str, float]:
-
-        # deferred: sacrebleu only for the translation workload
-        import sacrebleu
+        import sacrebleu  # deferred: this workload's alone
 
         model.eval()
         dev = next(model.parameters()).device
