@@ -116,18 +116,7 @@ def _workload_name(args: argparse.Namespace) -> str:
     return next((w for w, e in WORKLOADS.items() if e == args.experiment), "image")
 
 
-def _workloads(args: argparse.Namespace) -> list[str]:
-    """The workloads this command runs: the one it names, else (the protocol with no
-    --workload, --experiment, --quick, --sweep-id or --resume) each of them, one sweep
-    after the other."""
-    from bench.sweeps.protocol import WORKLOADS
-
-    one = args.workload or args.experiment or args.grid or args.quick
-    return [args.workload] if one or args.resume or args.sweep_id else list(WORKLOADS)
-
-
 def _kind(results_dir: str, sweep_id: str) -> str:
-    """``protocol`` or ``grid`` by the plan the sweep saved; "" when it saved none."""
     d = Path(results_dir) / "ablation"
     if (d / f"{sweep_id}.plan.json").exists():
         return "protocol"
@@ -183,7 +172,17 @@ def _protocol_plan(args: argparse.Namespace, jobs: list[str]):
     plan.notes.append(note)
     if n < pr.MIN_EVAL_SEEDS and not args.quick:
         plan.notes.append(f"{n} evaluation seeds: the protocol asks for at least 10")
-    plan.notes.append(_measured_note(plan))
+    if plan.measured:
+        from bench.sweeps.measured import MAX_ROUNDS, TOLERANCE
+
+        each = ", ".join(f"{c} ({p}, {r:.2f})" for c, (p, r) in pr.measured_clusters(plan).items())
+        plan.notes.append(
+            f"measured clusters {each}: an emulated 2 x 2 whose link is shaped until dense's "
+            f"measured comm / compute is within {TOLERANCE:.0%} of the ratio (at most "
+            f"{MAX_ROUNDS} rounds), then timed and evaluated on it"
+        )
+    else:
+        plan.notes.append("no measured cluster: each cluster's number is the model's projection")
     if args.quick:
         plan.notes.append("--quick is a smoke test, not the protocol: 1 tuning seed (the "
                           "protocol's are 2), one knob setting per method")  # fmt: skip
@@ -196,9 +195,8 @@ def _protocol_plan(args: argparse.Namespace, jobs: list[str]):
 
 
 def _measured(args: argparse.Namespace) -> tuple[str, ...]:
-    """The profiles whose ratio an emulated 2 x 2 is shaped to and measured at: as given;
-    else none on a real cluster (the emulated one needs root on one machine) or for a
-    quick try on the local cluster (no root needed), the named two otherwise."""
+    """The profiles an emulated 2 x 2 is shaped to: as given; else none on a real cluster
+    or for a quick try on the local cluster (no root needed), the named two otherwise."""
     from bench.sweeps.common import split_list
     from bench.sweeps.protocol import MEASURED
 
@@ -208,23 +206,9 @@ def _measured(args: argparse.Namespace) -> tuple[str, ...]:
     return () if none else MEASURED
 
 
-def _measured_note(plan) -> str:
-    from bench.sweeps.measured import MAX_ROUNDS, TOLERANCE
-    from bench.sweeps.protocol import measured_clusters
-
-    if not plan.measured:
-        return "no measured cluster: each cluster's number is the model's projection"
-    each = ", ".join(f"{n} ({p}, {r:.2f})" for n, (p, r) in measured_clusters(plan).items())
-    return (f"measured clusters {each}: an emulated 2 x 2 whose link is shaped until dense's "
-            f"measured comm / compute is within {TOLERANCE:.0%} of the ratio (at most "
-            f"{MAX_ROUNDS} rounds), then timed and evaluated on it")  # fmt: skip
-
-
 def _check(plan, every: bool) -> None:
     """Every job composed and checked as its run will be; not ``every`` (a dry run
-    without --verbose): one job per set of config groups chosen (each method's first
-    trial, the timing pass's first job), as a trial's values come from the protocol's own
-    search space and the user's overrides are in every job."""
+    without --verbose): one job per set of config groups chosen."""
     from bench.sweeps import protocol as pr
     from bench.sweeps.common import validate_jobs
 
@@ -265,19 +249,8 @@ def _grid_plan(args: argparse.Namespace, jobs: list[str]):
     return plan
 
 
-def _pin(plan, job: list[str]) -> None:
-    """One link for the whole sweep (an emulated profile timed once, here)."""
-    from bench.sweeps.common import pin_profile
-
-    pinned, note = pin_profile(job)
-    plan.cluster_overrides = [*plan.cluster_overrides, *pinned]
-    if note:
-        plan.notes.append(note)
-
-
 def _same(args: argparse.Namespace, jobs: list[str], plan) -> None:
-    """The command that made ``plan``, given again: refused (one line naming what
-    differs) when it would make another sweep under the same id."""
+    """The command that made ``plan``, given again: refused when it would make another."""
     from bench.registry import ConfigError
     from bench.sweeps import protocol as pr
     from bench.sweeps.resume import RUN_FIELDS, save_plan
@@ -304,9 +277,8 @@ def _first_job(plan) -> list[str]:
 
 
 def _plan(args: argparse.Namespace):
-    """(the sweep the command names, whether it is resumed): a new one, or (``--resume``,
-    or ``--sweep-id`` of a sweep that exists) the saved one, its launcher replaced by the
-    one given now."""
+    """(the sweep the command names, whether it is resumed): a new one, or the saved one
+    with the launcher given now."""
     from bench.sweeps.protocol import WORKLOAD_DEFAULTS
 
     jobs, hydra, launcher = _sweep.launcher_of(args)
@@ -342,26 +314,8 @@ def _write(df, results_dir: str, sweep_id: str, complete: bool, lines: list[str]
           + (f" (partial: {why})" if partial else ""), flush=True)  # fmt: skip
 
 
-def _tuning_writer(plan):
-    """The protocol's tuning table: partial (``partial/``) while the data the selection
-    rests on is not whole (:func:`bench.sweeps.protocol_table.tuning_gaps`)."""
-    from bench.sweeps.common import sweep_records
-    from bench.sweeps.protocol_table import tuning_gaps
-    from bench.sweeps.resume import write_sweep_table
-
-    def write(df, path: Path) -> bool:
-        gaps = tuning_gaps(plan, sweep_records(plan.results_dir, plan.sweep_id), df)
-        where, wrote = write_sweep_table(df, plan.results_dir, "ablation", path.stem, not gaps)
-        for gap in gaps:
-            print(f"note: tuning table {where} is partial: {gap}", flush=True)
-        return wrote
-
-    return write
-
-
 def _table(results_dir: str, sweep_id: str, plan=None) -> None:
-    """The grid's table; with its plan, what is missing (an old sweep without one: its
-    records are the whole sweep)."""
+    """The grid's table; with its plan, what is missing."""
     from bench.sweeps.ablation import aggregate, format_table, key_of
     from bench.sweeps.common import sweep_records
     from bench.sweeps.resume import progress
@@ -376,6 +330,7 @@ def _table(results_dir: str, sweep_id: str, plan=None) -> None:
 
 
 def _protocol_table(results_dir: str, plan) -> None:
+    from bench.sweeps import carryover as co
     from bench.sweeps import measured
     from bench.sweeps import protocol as pr
     from bench.sweeps import protocol_table as pt
@@ -389,13 +344,9 @@ def _protocol_table(results_dir: str, plan) -> None:
     gaps = pt.tuning_gaps(plan, recs)  # evaluation runs selected on missing data
     done = pr.complete(plan, recs) and not gaps
     if done and plan.carry_seeds:  # the projections may take the 8-node runs' steps
-        from bench.sweeps import carryover as co
-
         jobs = co.jobs(plan, pr.chosen(plan, recs), pt.leading(df))
         done = not pr.pending(jobs, recs)
     _write(df, results_dir, plan.sweep_id, done, [*measured.status(plan, every), *gaps])
-    from bench.sweeps import carryover as co
-
     carry = co.table(co.runs(plan, recs))
     if not carry.empty:
         print(carry.to_string(index=False))
@@ -433,39 +384,6 @@ def _status(args: argparse.Namespace) -> None:
                         f"{how}", lines)  # fmt: skip
 
 
-def _grid_minutes(plan) -> str:
-    """The grid's expected duration: its jobs x the median wall time of the earlier runs
-    of its experiment recorded here or in the reference results, or why it is unknown."""
-    import statistics
-
-    from reproduce._dryrun import duration, earlier_runs
-
-    times, on = earlier_runs(plan.results_dir, lambda r: r.get("experiment") == plan.experiment)
-    n = len(plan.jobs())
-    if not times:
-        return f"{n} runs, duration unknown (no earlier run of {plan.experiment} recorded)"
-    t = statistics.median(float(r["wall_time_s"]) for r in times)
-    return (f"{n} runs, about {duration(n * t)} ({t:.0f} s each: the median wall time "
-            f"of {len(times)} recorded run(s) of {plan.experiment}, any method, {on})")  # fmt: skip
-
-
-def _expected(plan) -> list[str]:
-    """How long the sweep should take and what its clusters need, for the dry run."""
-    import os
-
-    from bench.sweeps import protocol as pr
-
-    if isinstance(plan, pr.Plan):  # its plan notes say how long already
-        out, clusters = [], {plan.cluster, *(["emulated"] if plan.measured else [])}
-    else:
-        out, clusters = [_grid_minutes(plan)], {plan.cluster}
-    if "emulated" in clusters:
-        who = "this process is root" if os.geteuid() == 0 else "this process is not root"
-        out.append("the emulated cluster needs root and iproute2 (it creates network namespaces "
-                   f"and tc qdiscs; {who})")  # fmt: skip
-    return out
-
-
 def _stage(name: str, jobs: list, order: list[str], where: str = "") -> str:
     """One line: a stage's runs, per method (in the plan's ``order``)."""
     from collections import Counter
@@ -476,15 +394,40 @@ def _stage(name: str, jobs: list, order: list[str], where: str = "") -> str:
 
 
 def _dry_run(plan, verbose: bool) -> None:
-    """The sweep's stages, per method, and its first command line (``verbose``: every
-    job's command line)."""
+    """What the sweep needs, its stages per method and its first command line (``verbose``:
+    every job's); the grid's duration at the median wall time of earlier runs (a protocol's
+    plan notes say it already)."""
+    import os
+    import statistics
+
     from bench.sweeps import extension as ext
     from bench.sweeps import protocol as pr
+    from reproduce._dryrun import duration, earlier_runs
 
     for note in plan.notes:
         print(f"note: {note}")
-    for line in _expected(plan):
-        print(f"note: {line}")
+    clusters = {plan.cluster}
+    if isinstance(plan, pr.Plan):
+        clusters |= {"emulated"} if plan.measured else set()
+    else:
+        times, on = earlier_runs(plan.results_dir, lambda r: r.get("experiment") == plan.experiment)
+        n = len(plan.jobs())
+        if not times:
+            print(
+                f"note: {n} runs, duration unknown (no earlier run of {plan.experiment} recorded)"
+            )
+        else:
+            t = statistics.median(float(r["wall_time_s"]) for r in times)
+            print(
+                f"note: {n} runs, about {duration(n * t)} ({t:.0f} s each: the median wall "
+                f"time of {len(times)} recorded run(s) of {plan.experiment}, any method, {on})"
+            )
+    if "emulated" in clusters:
+        who = "this process is root" if os.geteuid() == 0 else "this process is not root"
+        print(
+            "note: the emulated cluster needs root and iproute2 (it creates network "
+            f"namespaces and tc qdiscs; {who})"
+        )
     how = f"submitted through {plan.launcher}" if plan.launcher else "run through one run queue"
     if isinstance(plan, pr.Plan):
         from bench.sweeps.measured import MAX_ROUNDS, names
@@ -529,33 +472,15 @@ def _dry_run(plan, verbose: bool) -> None:
     print(then)
 
 
-def _carry_over(plan, run, sweep_dir: Path, rerun) -> list[int]:
-    """The steps carry-over stage, once every evaluation run is recorded: the configurations
-    it covers (on translation the leaders of the evaluation table) at 8 nodes."""
+def _run(args: argparse.Namespace, plan, resumed: bool) -> int:
+    """Run the sweep (what is missing of it, when resumed); its exit status."""
+    from bench.registry import ConfigError
     from bench.sweeps import carryover as co
     from bench.sweeps import measured
     from bench.sweeps import protocol as pr
     from bench.sweeps import protocol_table as pt
-    from bench.sweeps.common import sweep_records
-
-    recs = measured.kept(plan, sweep_records(plan.results_dir, plan.sweep_id))
-    if not plan.carry_seeds or not pr.complete(plan, recs):
-        return []
-    picked = pr.chosen(plan, recs)
-    jobs = co.jobs(plan, picked, pt.leading(pt.aggregate(plan, recs)))
-    todo = pr.pending(jobs, recs, rerun)
-    if not todo:
-        return []
-    print(f"steps carry-over: {len(todo)} of {len(jobs)} runs at {co.NODES} nodes to go")
-    return run([co.overrides(plan, j) for j in todo], sweep_dir / co.CARRY, plan.experiment)
-
-
-def _run(args: argparse.Namespace, plan, resumed: bool) -> int:
-    """Run the sweep (what is missing of it, when resumed); its exit status."""
-    from bench.registry import ConfigError
-    from bench.sweeps import measured
-    from bench.sweeps import protocol as pr
-    from bench.sweeps.common import run_queued, sweep_records
+    from bench.sweeps.common import pin_profile, run_queued, sweep_records
+    from bench.sweeps.resume import write_sweep_table
 
     protocol = isinstance(plan, pr.Plan)
     if protocol:
@@ -574,8 +499,10 @@ def _run(args: argparse.Namespace, plan, resumed: bool) -> int:
     if args.dry_run:
         _dry_run(plan, args.verbose)
         return 0
-    if not resumed:
-        _pin(plan, _first_job(plan))
+    if not resumed:  # one link for the whole sweep (an emulated profile timed once, here)
+        pinned, note = pin_profile(_first_job(plan))
+        plan.cluster_overrides = [*plan.cluster_overrides, *pinned]
+        plan.notes += [note] if note else []
         if protocol:  # the measured clusters' first guess of their link, timed once too
             from bench.sweeps.measured import pin
 
@@ -598,14 +525,30 @@ def _run(args: argparse.Namespace, plan, resumed: bool) -> int:
             print(f"note: {errors} error run(s) are not run again; --rerun-failed runs them too")
     sweep_dir = Path(args.results_dir) / "hydra" / "ablation" / plan.sweep_id
     run = _sweep.runner(plan, run_queued)
+
+    def write_tuning(df, path: Path) -> bool:  # partial while the selection's data is not
+        gaps = pt.tuning_gaps(plan, sweep_records(plan.results_dir, plan.sweep_id), df)
+        where, wrote = write_sweep_table(df, plan.results_dir, "ablation", path.stem, not gaps)
+        for gap in gaps:
+            print(f"note: tuning table {where} is partial: {gap}", flush=True)
+        return wrote
+
     try:
         if protocol:
-            rcs = measured.run(plan, run, sweep_dir, _tuning_writer(plan),
+            rcs = measured.run(plan, run, sweep_dir, write_tuning,
                                rerun=_sweep.rerun_of(args), until=args.until)  # fmt: skip
             if args.until:
                 print(f"stopped after {args.until}; go on with: {_sweep.again('ablation', plan)}")
                 return 1 if any(rcs) else 0
-            rcs += _carry_over(plan, run, sweep_dir, _sweep.rerun_of(args))
+            # the steps carry-over, once every evaluation run is recorded
+            recs = measured.kept(plan, sweep_records(plan.results_dir, plan.sweep_id))
+            if plan.carry_seeds and pr.complete(plan, recs):
+                jobs = co.jobs(plan, pr.chosen(plan, recs), pt.leading(pt.aggregate(plan, recs)))
+                if todo := pr.pending(jobs, recs, _sweep.rerun_of(args)):
+                    print(f"steps carry-over: {len(todo)} of {len(jobs)} runs at {co.NODES} "
+                          "nodes to go")  # fmt: skip
+                    rcs += run([co.overrides(plan, j) for j in todo], sweep_dir / co.CARRY,
+                               plan.experiment)  # fmt: skip
         else:
             rcs = plan.run(sweep_dir, run, rerun=_sweep.rerun_of(args))
     except KeyboardInterrupt:
@@ -645,8 +588,11 @@ def main(argv: list[str]) -> None:
         if args.until and args.grid:
             fail("--until: the --grid sweep has no tuning stage (it is the protocol's)")
         sweeps = []  # every sweep planned and checked before the first one runs
+        # the workload named, else (the protocol named by nothing) each in turn
+        one = args.workload or args.experiment or args.grid or args.quick
+        each = [args.workload] if one or args.resume or args.sweep_id else list(pr.WORKLOADS)
         with inspect_only() if args.dry_run else contextlib.nullcontext():
-            for w in _workloads(args):
+            for w in each:
                 a = argparse.Namespace(**{**vars(args), "workload": w})
                 sweeps.append((a, *_plan(a)))
     except ConfigError as e:

@@ -1,10 +1,6 @@
-"""The performance model's constants, read from rows measured on a device.
-
-``results/calibration/<device>.csv`` holds what ``python -m bench.gpucheck.calibrate``
-measured there (the ``calibrate`` step of ``reproduce gpucheck``; ``--cpu`` for this CPU):
-one row per model and quantity, in seconds, per step, element, pair, flop, call or byte.
-:func:`costs` gives the :class:`Costs` a method spec prices with, :func:`loopback` the
-intra-node path of an emulated cluster, :func:`constants` every quantity of one model.
+"""The performance model's constants, read from the rows ``python -m
+bench.gpucheck.calibrate`` measured on a device (``results/calibration/<device>.csv``: one
+row per model and quantity, in seconds per step, element, pair, flop, call or byte).
 Standard library only.
 """
 
@@ -28,8 +24,6 @@ LOOPBACK = "loopback"  # the model column of the intra-node path's rows (any mod
 
 @dataclass(frozen=True)
 class Costs:
-    """Per-element compute costs of aggregation (s per element, pair, flop or call)."""
-
     select_s: float = 0.0  # selection stage (error feedback + top-k), per element scanned
     scatter_s: float = 0.0  # scatter-add, per received pair
     dense_s: float = 0.0  # one elementwise pass (zero, add residual, scale), per element
@@ -44,7 +38,6 @@ class Costs:
     selectors: Mapping[str, float] = field(default_factory=dict, hash=False, compare=False)
 
     def using(self, selector: str) -> Costs:
-        """These costs with ``selector``'s selection cost as ``select_s``."""
         return replace(self, select_s=self.selectors.get(selector, self.select_s))
 
     def scaled(self, factor: float) -> Costs:
@@ -62,24 +55,16 @@ def device_slug(name: str) -> str:
 
 
 def devices(root: Path = CALIBRATION_DIR) -> list[str]:
-    """The devices with calibration rows under ``root``."""
     return sorted(p.stem for p in Path(root).glob("*.csv"))
 
 
-def _named(source: str | Path) -> str | Path:
-    """``cpu``: this machine's CPU (its rows, not another kind's); else as given."""
-    if str(source) != "cpu":
-        return source
-    from bench.results.env import cpu_model  # deferred: only "cpu" needs this host's name
-
-    return cpu_model()
-
-
 def load(source: str | Path, root: Path = CALIBRATION_DIR) -> list[dict[str, Any]]:
-    """The rows of a CSV path, or of a device (``cpu``: this machine's CPU; a name or file
-    name) under ``root``; values as floats.  FileNotFoundError names the devices there are
-    and how to measure this one."""
-    source = _named(source)
+    """The rows of a CSV path, or of a device (``cpu``: this machine's CPU) under ``root``;
+    FileNotFoundError names the devices there are and how to measure this one."""
+    if str(source) == "cpu":
+        from bench.results.env import cpu_model  # deferred: only "cpu" needs this host's name
+
+        source = cpu_model()
     path = Path(source)
     if not path.is_file():
         path = Path(root) / f"{device_slug(str(source))}.csv"
@@ -100,12 +85,9 @@ def load(source: str | Path, root: Path = CALIBRATION_DIR) -> list[dict[str, Any
 def constants(
     model: str, source: str | Path, density: float = 0.01, root: Path = CALIBRATION_DIR
 ) -> dict[str, Any]:
-    """Every quantity of ``model`` (seconds): ``compute_s`` (forward-backward, at ``batch``
-    samples), ``update_s``, ``lowrank_s`` (PowerSGD's P, Q and orthogonalisation) and
-    ``dct_s`` (DeMo's transform), per step; ``reduce_s``, ``dense_s`` and ``select_s``
-    (per selector, as a hook runs it) per element; ``scatter_s`` per pair; ``matmul_s``
-    and ``qr_s`` per flop, ``matmul_call_s`` and ``qr_call_s`` per call.  The latest row
-    of each wins; the per-density ones at the measured density nearest ``density``."""
+    """Every quantity of ``model`` (s per step, element, pair, flop or call; ``select_s``
+    per selector).  The latest row of each wins; the per-density ones at the measured
+    density nearest ``density``."""
     rows = [r for r in load(source, root) if r["model"] == model]
     if not rows:
         raise KeyError(f"no calibration rows for model {model!r} in {source}")
@@ -130,12 +112,10 @@ def costs(
     device: str | Path = "cpu", model: str | None = None, density: float = 0.01,
     root: Path = CALIBRATION_DIR,
 ) -> Costs:  # fmt: skip
-    """The :class:`Costs` a method spec prices with on ``device`` (``cpu``: this machine's
-    CPU), as measured there: ``model``'s rows, or (None) the median over its models of
-    each per-element, per-pair, per-flop and per-call cost.  Each selector's cost is its
-    selection plus the error-feedback addition (one summation pass) per element scanned;
-    DeMo's transform (:data:`DCT`) its per-step time per element, less the three
-    elementwise passes its price charges beside.  KeyError names a quantity not measured."""
+    """The :class:`Costs` measured on ``device``: ``model``'s rows, or (None) the median over
+    its models.  A selector's cost includes the error-feedback addition; DeMo's transform
+    (:data:`DCT`) is less the three elementwise passes its price charges beside.  KeyError
+    names a quantity not measured."""
     rows = load(device, root)
     models = [model] if model else sorted({r["model"] for r in rows} - {LOOPBACK})
     per = [constants(m, device, density, root) for m in models]
@@ -164,7 +144,6 @@ def costs(
 
 
 def loopback(device: str | Path = "cpu", root: Path = CALIBRATION_DIR) -> tuple[float, float]:
-    """(s per message step, bytes/s) between two workers of one emulated node on
-    ``device`` (over loopback, gloo): the ring shift the calibrate step measured."""
+    """(s per message step, bytes/s) between two workers of one emulated node on ``device``."""
     c = constants(LOOPBACK, device, root=root)
     return c["loopback_lat_s"], 1.0 / c["loopback_s"]

@@ -1,10 +1,7 @@
-"""Alpha-beta model of gradient aggregation and of one data-parallel training step.
-
-Each collective is stages of ``steps * alpha + bytes / B`` (bytes from
-:mod:`bench.comm.cost`) plus per-element compute, calibrated on micro-measurements only
-(:mod:`bench.cluster.calibration`); a method's schedule of them is its spec's
-(bench/methods/).  :func:`emulated` is an emulated cluster and :func:`workload_shapes` an
-experiment's own network, as the specs price them; docs/internals/cluster.md."""
+"""Alpha-beta model of gradient aggregation and of one data-parallel training step: each
+collective is stages of ``steps * alpha + bytes / B`` plus per-element compute, calibrated
+on micro-measurements only; a method's schedule of them is its spec's (bench/methods/).
+docs/internals/cluster.md."""
 
 from __future__ import annotations
 
@@ -26,14 +23,12 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"  # the runs' Hydra confi
 
 @dataclass(frozen=True)
 class Cluster:
-    """Topology and link parameters (bandwidths in bytes/s, latencies in s)."""
-
     nodes: int
     procs_per_node: int
     inter_bw: float  # one node's link, bytes/s
     inter_lat: float = 0.0  # per message step, s
     intra_bw: float = 100e9  # between workers of one node, bytes/s (NVLink ~ 100 GB/s)
-    intra_lat: float = 10e-6
+    intra_lat: float = 10e-6  # s
     hierarchical_dense: bool = False  # dense as NCCL's hierarchical allreduce
     # the compute-only step measured on this cluster (forward, backward, update, loader; s):
     # it replaces the workload's compute and update; None keeps them
@@ -46,8 +41,8 @@ class Cluster:
 
 
 def on_cluster(wl: Workload, c: Cluster, k: Costs) -> tuple[Workload, Cluster, Costs]:
-    """The workload and costs as they run on ``c`` (its measured compute step, its workers'
-    slowdown), and ``c`` with both applied (pricing it again changes nothing)."""
+    """The workload, cluster and costs with ``c``'s measured compute step and slowdown
+    applied (pricing it again changes nothing)."""
     if c.compute_s is not None:
         wl = replace(wl, compute_s=c.compute_s, update_s=0.0)
     if c.slowdown != 1.0:
@@ -57,8 +52,6 @@ def on_cluster(wl: Workload, c: Cluster, k: Costs) -> tuple[Workload, Cluster, C
 
 @dataclass(frozen=True)
 class Workload:
-    """A model's gradient and compute time of one step per worker (s)."""
-
     buckets: tuple[int, ...]  # elements per gradient bucket, in the order DDP reduces them
     compute_s: float = 0.0  # forward + backward of one step
     backward_frac: float = 2 / 3  # share of compute that is the backward pass
@@ -81,7 +74,6 @@ def buckets_for(numel: int, bucket_cap_mb: float = 25.0, elem_bytes: int = 4) ->
 
 
 def transfer_time(t: cost.Traffic, c: Cluster) -> float:
-    """Time of a collective's stages, one after the other (s)."""
     total = 0.0
     for s in t.stages:
         if s.inter:
@@ -115,9 +107,8 @@ def dense_allreduce(d: float, c: Cluster, k: Costs, elem_bytes: int = 4) -> floa
 
 
 def lowrank_time(shapes: Sequence[Sequence[int]], rank: int, k: Costs) -> float:
-    """PowerSGD's compute on the matrices of one bucket that it compresses (s): per n x m
-    matrix at rank r three products of 2 n m r flops (``P = M Q``, ``Q = M^T P``, the
-    rebuild ``P Q^T``) and one orthogonalisation of P (torch's QR, 2 n r^2 flops)."""
+    """PowerSGD's compute on the matrices of one bucket (s): per n x m matrix three
+    products of 2 n m r flops and one QR of P (2 n r^2 flops)."""
     t = 0.0
     for s in shapes:
         if cost.powersgd_sizes([s], rank)[1]:  # a matrix it compresses
@@ -132,8 +123,7 @@ def lowrank_time(shapes: Sequence[Sequence[int]], rank: int, k: Costs) -> float:
 def powersgd(
     d: int, c: Cluster, k: Costs, shapes: Sequence[Sequence[int]] | None, rank: int
 ) -> float:
-    """PowerSGD's allreduces of one bucket, its 4 elementwise passes and its low-rank
-    products and orthogonalisation (s)."""
+    """PowerSGD on one bucket: allreduces, 4 elementwise passes, low-rank compute (s)."""
     if c.world == 1:
         return 0.0
     plain, pq = cost.powersgd_sizes(shapes or [(d,)], rank)
@@ -166,10 +156,8 @@ def hitopk(d: int, density: float, c: Cluster, k: Costs) -> float:
 def demo_exchange(
     shapes: Sequence[Sequence[int]], chunk: int, topk: int, c: Cluster, k: Costs
 ) -> float:
-    """DeMo's exchange in one optimizer step (bench/optim/demo.py) for parameters of
-    ``shapes`` (s): the DCT of the momentum, the inverse DCTs of the part sent and of the
-    average (three passes), top-k per chunk, one flat ring allgather of every worker's
-    packet, the scatter of every worker's pairs."""
+    """DeMo's exchange in one optimizer step for parameters of ``shapes`` (s): DCTs and
+    top-k per chunk, one flat ring allgather of every packet, the scatter of their pairs."""
     from bench.optim.demo import Chunking, packet_size  # deferred: imports torch
 
     chunks = [Chunking.of(s, chunk, topk) for s in shapes]
@@ -182,8 +170,7 @@ def demo_exchange(
 
 
 def demo_step_time(wl: Workload, chunk: int, topk: int, c: Cluster, k: Costs) -> float:
-    """One DeMo training step (s): compute, then its exchange, which starts in the
-    optimizer step after the backward (nothing of it hides), then the update."""
+    """One DeMo training step (s): its exchange runs in the optimizer step (nothing hides)."""
     if wl.shapes is None:
         raise ValueError("DeMo's exchange needs the workload's parameter shapes")
     shapes = [s for b in wl.shapes for s in b]
@@ -191,9 +178,8 @@ def demo_step_time(wl: Workload, chunk: int, topk: int, c: Cluster, k: Costs) ->
 
 
 def exposed(times: Sequence[float], wl: Workload, name: str) -> float:
-    """Of buckets aggregated in ``times`` (s each, in DDP's order), the part not hidden
-    behind the backward pass (s): at least the last bucket, and at least the share of
-    ``wl.hidden[name]`` that does not overlap."""
+    """The part of buckets aggregated in ``times`` (s, DDP's order) not hidden behind the
+    backward pass: at least the last bucket, and the share ``wl.hidden[name]`` does not hide."""
     total = sum(times)
     last = times[-1] if times else 0.0
     backward = wl.backward_frac * wl.compute_s
@@ -217,12 +203,9 @@ def fit_alpha_beta(sizes_bytes: Sequence[float], times_s: Sequence[float]) -> tu
 
 @dataclass
 class Measurements:
-    """Micro-measurements :func:`calibrate` reads; empty fields keep the defaults."""
-
     inter_bw: float | None = None  # bytes/s (link check), used without a ring shift
     inter_lat: float | None = None  # s (link check)
-    # (bytes per message, s): every worker sends one message to the next rank at once; one
-    # ring edge leaves each node, so this is one ring step over the inter-node link
+    # (bytes per message, s): one ring step over the inter-node link, every worker at once
     ring_shift: list[tuple[float, float]] = field(default_factory=list)
     # (bytes per message, s): the same ring shift among the m workers of each node
     intra_shift: list[tuple[float, float]] = field(default_factory=list)
@@ -230,10 +213,6 @@ class Measurements:
     scatter: list[tuple[int, float]] = field(default_factory=list)  # (pairs, s)
     dense_pass: list[tuple[int, float]] = field(default_factory=list)  # (elements, s)
     reduce: list[tuple[int, float]] = field(default_factory=list)  # (elements summed, s)
-
-
-def _per_elem(pairs: list[tuple[int, float]]) -> float:
-    return sum(t for _, t in pairs) / max(1, sum(n for n, _ in pairs))
 
 
 def _fit(pairs: list[tuple[float, float]]) -> tuple[float, float] | None:
@@ -262,15 +241,13 @@ def calibrate(base: Cluster, costs: Costs, meas: Measurements) -> tuple[Cluster,
         ("reduce_s", meas.reduce),
     ):
         if pairs:
-            k = replace(k, **{name: _per_elem(pairs)})
+            k = replace(k, **{name: sum(t for _, t in pairs) / max(1, sum(n for n, _ in pairs))})
     return c, k
 
 
 def outer_sync_time(numel: float, c: Cluster, elem_bytes: int = 4) -> float:
-    """One ring all-reduce of ``numel`` elements between the nodes (one replica each):
-    ``2(n-1)`` steps of ``alpha_inter`` and ``m * 2(n-1)/n * P / B_inter`` (s): each of a
-    node's ``m`` workers runs its own ring of the whole model across the nodes, all of them
-    on the node's one link (bench.sync.replica counts ``m`` times a worker's bytes too)."""
+    """One ring all-reduce of ``numel`` elements between the nodes (s): each of a node's
+    ``m`` workers runs its own ring across the nodes, all on the node's one link."""
     n = c.nodes
     if n < 2:
         return 0.0
@@ -281,10 +258,9 @@ def outer_sync_time(numel: float, c: Cluster, elem_bytes: int = 4) -> float:
 def sync_step_time(
     wl: Workload, c: Cluster, inner_s: float, sync_every: int, fragments: int = 1, delay: int = 0
 ) -> float:
-    """One inner step of Local SGD / DiLoCo (bench/sync/) on ``c`` (s): the node's own
-    step ``inner_s`` (its hook inside one node), plus the outer all-reduce of the whole
-    model every ``sync_every`` (H) steps, amortised; Streaming DiLoCo sends each of
-    ``fragments`` (F) fragments (P/F) every H/F steps, each overlapping ``delay`` inner steps."""
+    """One inner step of Local SGD / DiLoCo (s): ``inner_s`` plus the outer all-reduce
+    amortised over ``sync_every``; Streaming DiLoCo's ``fragments`` each overlap ``delay``
+    inner steps."""
     if sync_every < 1 or fragments < 1 or delay < 0:
         raise ValueError("sync_every and fragments must be >= 1, delay >= 0")
     frag = outer_sync_time(wl.numel / fragments, c)
@@ -298,8 +274,7 @@ def link_efficiency() -> float:
 
 
 def host_contention(nodes: int, procs: int, threads: int, cores: int) -> float:
-    """How much slower each worker computes when all ``nodes x procs`` workers of the
-    emulated cluster, ``threads`` intra-op threads each, share this host's ``cores``."""
+    """How much slower each worker computes when all workers' threads share ``cores``."""
     return max(1.0, nodes * procs * threads / max(1, cores))
 
 
@@ -307,13 +282,11 @@ def emulated(
     bandwidth_bps: float, nnodes: int, nproc: int, compute_s: float, latency_s: float = 0.0002,
     loopback: tuple[float, float] | None = None,
 ) -> Cluster:  # fmt: skip
-    """The emulated cluster (bench/cluster/emulated.py) of ``nnodes x nproc`` workers on
-    this host, as the specs price it: each node's link the tc-shaped ``bandwidth_bps``
-    (bits/s; TCP/IP framing leaves :func:`link_efficiency` of it to the payload) with the
-    netem delay ``latency_s`` (s, one way) on every message step; a node's workers on
-    loopback (``loopback``: s per message step and bytes/s, else this CPU's calibration
-    rows); ``compute_s`` the compute-only step measured there (s); and every compute cost
-    and loopback transfer slowed by the workers sharing this host's cores."""
+    """The emulated cluster of ``nnodes x nproc`` workers on this host: each node's link the
+    tc-shaped ``bandwidth_bps`` (bits/s) with netem delay ``latency_s`` (s), its workers on
+    loopback (s per message step, bytes/s; default this CPU's calibration rows),
+    ``compute_s`` the compute-only step measured there, every cost slowed by the workers
+    sharing this host's cores."""
     from bench.cluster.emulated import worker_threads  # deferred: the launcher's module
 
     if bandwidth_bps <= 0 or nnodes < 1 or nproc < 1 or compute_s < 0 or latency_s < 0:
@@ -331,9 +304,7 @@ def emulated(
 def ddp_buckets(
     net: Any, bucket_cap_mb: float = 25.0
 ) -> tuple[tuple[int, ...], tuple[tuple[tuple[int, ...], ...], ...]]:
-    """``net``'s trainable parameters as DDP buckets them at wrapping (parameters in
-    reverse order, a small first bucket, then ``bucket_cap_mb`` MiB): each bucket's
-    elements and parameter shapes."""
+    """Each bucket's elements and parameter shapes as DDP buckets ``net`` at wrapping."""
     import torch.distributed as dist  # deferred: the shapes only
 
     rev = [p for p in reversed(list(net.parameters())) if p.requires_grad]
@@ -343,46 +314,35 @@ def ddp_buckets(
     return tuple(sum(math.prod(s) for s in b) for b in shapes), shapes
 
 
-def experiment_config(experiment: str) -> dict[str, Any]:
-    """``conf/experiment/<experiment>.yaml`` composed by Hydra over conf/config.yaml, as a
-    plain dict (the run schema's defaults where bench.config registered it, else the YAML
-    alone: read through each group's own dataclass)."""
+@functools.lru_cache(maxsize=8)
+def workload_shapes(experiment: str) -> Workload:
+    """``experiment``'s own network as the model prices it (built on the meta device,
+    bucketed at its ``comm.bucket_cap_mb``), no compute."""
+    import torch
     from hydra import compose, initialize_config_dir
     from hydra.core.config_store import ConfigStore
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
 
-    from bench.registry import ConfigError
-
-    store = ConfigStore.instance()
-    if "base_config.yaml" not in store.repo:  # the schema is a floor above this module
-        store.store(name="base_config", node={})
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=[f"experiment={experiment}"])
-    except HydraException as e:
-        raise ConfigError(f"experiment {experiment!r}: {str(e).splitlines()[0]}") from e
-    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
-
-
-@functools.lru_cache(maxsize=8)
-def workload_shapes(experiment: str) -> Workload:
-    """``experiment``'s own network as the model prices it: built by :mod:`bench.models`
-    from its config for its data's classes or vocabulary (the workload builders' call), on
-    the meta device, and bucketed as DDP buckets it at its ``comm.bucket_cap_mb``; each
-    bucket's elements and parameter shapes, no compute (an emulated cluster's comes with
-    :func:`emulated`)."""
-    import torch
-
     from bench.comm.config import CommConfig
     from bench.data import build_data
     from bench.data.config import CacheConfig, DataConfig
     from bench.models import build_model
     from bench.models.config import ModelConfig
+    from bench.registry import ConfigError
 
-    cfg = experiment_config(experiment)
+    # the YAML read through each group's own dataclass (the run schema is a floor above)
+    store = ConfigStore.instance()
+    if "base_config.yaml" not in store.repo:
+        store.store(name="base_config", node={})
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            composed = compose(config_name="config", overrides=[f"experiment={experiment}"])
+    except HydraException as e:
+        raise ConfigError(f"experiment {experiment!r}: {str(e).splitlines()[0]}") from e
+    cfg: Any = OmegaConf.to_container(composed, resolve=True)
     data = build_data(DataConfig(**cfg["data"]), CacheConfig(**cfg["cache"]), 0, 1,
                       torch.device("cpu"), 0)  # fmt: skip
     with torch.device("meta"):

@@ -1,6 +1,5 @@
-"""Projection of the performance model to the paper's cluster (Shi et al., MLSys 2021: 16 x
-8 V100, 25 Gbit/s, ResNet-50), with every assumption, its band and its source in
-:data:`ASSUMPTIONS`; :func:`project` gives step times and efficiency bands
+"""Projection of the performance model to the paper's cluster (16 x 8 V100, 25 Gbit/s),
+every assumption with its band and source in :data:`ASSUMPTIONS`
 (docs/internals/cluster.md)."""
 
 from __future__ import annotations
@@ -13,8 +12,6 @@ from typing import Any, Protocol
 
 from bench.cluster import perfmodel as pm
 
-# One V100 32GB trains ResNet-50 v1.5 at 1,156 img/s with mixed precision at 224 px
-# (NVIDIA DeepLearningExamples, PyTorch, pytorch-21.03 container).
 V100_IMG_PER_S_224 = 1156.0
 V100_SOURCE = (
     "NVIDIA DeepLearningExamples, PyTorch ResNet-50 v1.5, pytorch-21.03: one V100 32GB "
@@ -23,8 +20,8 @@ V100_SOURCE = (
 
 
 def v100_compute_s(batch: int, px: int) -> float:
-    """Forward + backward of ``batch`` images at ``px`` x ``px`` on one V100 (s): the measured
-    224 px throughput scaled by the pixel count (an upper bound on the ratio at small sizes)."""
+    """Forward + backward of ``batch`` images at ``px`` x ``px`` on one V100 (s), scaled
+    from 224 px by the pixel count."""
     if batch < 1 or px < 1:
         raise ValueError(f"v100_compute_s needs a positive batch and size ({batch}, {px})")
     return batch / V100_IMG_PER_S_224 * (px / 224) ** 2
@@ -86,10 +83,10 @@ ASSUMPTIONS: dict[str, Assumption] = {
     "qr_call_s": Assumption(5e-5, 5e-5, 5e-5, "assumed: cuSOLVER's QR of a thin matrix is "
                             "latency-bound, about 10 kernels of 5 us per call"),
 }  # fmt: skip
-COST_NAMES = ("select_s", "scatter_s", "dense_s", "reduce_s", "matmul_s", "matmul_call_s",
-              "qr_s", "qr_call_s")  # fmt: skip
 # no GPU has calibration rows for the projected V100s: their costs are all assumed
-GPU_COSTS = pm.Costs(**{k: ASSUMPTIONS[k].value for k in COST_NAMES})
+GPU_COSTS = pm.Costs(**{k: ASSUMPTIONS[k].value for k in (
+    "select_s", "scatter_s", "dense_s", "reduce_s", "matmul_s", "matmul_call_s", "qr_s",
+    "qr_call_s")})  # fmt: skip
 # the network each workload's projection prices: the paper's ResNet-50, and the
 # Transformer at the size the Transformer's papers train (base, a 32,000-token vocabulary)
 PROJECTED_MODEL = {"classification": ("resnet50", 0), "translation": ("transformer_base", 32000)}
@@ -106,10 +103,8 @@ def paper_cluster(nodes: int, gbps: float, nic_efficiency: float, procs: int = 8
 def model_buckets(
     model: str = "resnet50", bucket_cap_mb: float = 25.0, vocab: int = 32000
 ) -> tuple[tuple[int, ...], tuple[tuple[tuple[int, ...], ...], ...]]:
-    """A model's gradient as DDP buckets it (:func:`bench.cluster.perfmodel.ddp_buckets`):
-    each bucket's elements and parameter shapes.  ``resnet50`` is torchvision's; the others
-    are built by :func:`bench.models.build_model` with a joint vocabulary of ``vocab``
-    tokens (a classifier: ``vocab`` classes, 10 when 0)."""
+    """A model's DDP buckets (torchvision's ``resnet50``, else :mod:`bench.models`'s with a
+    ``vocab`` of tokens or classes, 10 when 0)."""
     import torch  # deferred: the shapes only, on the meta device
 
     with torch.device("meta"):
@@ -135,9 +130,8 @@ def paper_workload(
     shapes: Sequence[Sequence[Sequence[int]]] | None = None,
     workload: str = "classification",
 ) -> pm.Workload:
-    """A workload on the paper's cluster; no ``buckets``: the network of ``workload``'s
-    projection (:data:`PROJECTED_MODEL`), with shapes.  The update takes the assumed
-    ``update_s`` per ResNet-50's parameters (a pass over memory: linear in them)."""
+    """A workload on the paper's cluster (no ``buckets``: ``workload``'s projected network);
+    the update scales the assumed ``update_s`` by the parameters (a pass over memory)."""
     if buckets is None:
         model, vocab = PROJECTED_MODEL[workload]
         buckets, shapes = model_buckets(model, vocab=vocab)
@@ -152,8 +146,7 @@ def paper_workload(
 
 
 class Priced(Protocol):
-    """What the projection asks of a method: its name, knobs and step time (a method
-    spec, bench/methods/, passed in from above this layer)."""
+    """What the projection asks of a method (a spec, passed in from above this layer)."""
 
     name: str
 
@@ -175,11 +168,8 @@ def project(
     nodes: Sequence[int] = tuple(range(1, 17)),
     density: float = 0.001,
 ) -> list[dict[str, float | int | str]]:
-    """Step time and scaling efficiency of each of ``methods`` (central, band minimum and
-    maximum), a sparse one at ``density``.
-
-    ``hidden``: a share measured on the projected hardware per method; a method without
-    one takes the ``hidden`` assumption (central value, its band)."""
+    """Step time and scaling efficiency (central, band) of each of ``methods``; ``hidden``:
+    a share measured on the projected hardware, else the assumption's band."""
     a = ASSUMPTIONS
     measured = dict(hidden or {})
     rows: list[dict[str, float | int | str]] = []
@@ -213,7 +203,6 @@ def project(
 
 
 def describe() -> str:
-    """The assumptions as text lines (value, range, source)."""
     return "\n".join(
         f"{name} = {x.value:g} (range {x.low:g}..{x.high:g}): {x.source}"
         for name, x in ASSUMPTIONS.items()

@@ -4,16 +4,12 @@ momentum, with DDP's all-reduce off."""
 from bench.methods.kinds import OptimizerMethod
 from bench.methods.spec import Space, register
 
-# DeMo's rate on digits, fixed before the sweep from a scan on tuning seed 1000 (chunk 32,
-# top-k 4, 2 x 2): 0.05 reached 98 % in 98 steps, 0.1 in 94; the recipe's SGD rate 0.4
-# (chunk 64, top-k 32) never did (89 %).  Its update is the sign of its averaged compressed
-# momentum, a step per coordinate (AdamW's scale); on translation the recipe's AdamW rate
-# is DeMo's own default (conf/optim/demo.yaml).
+# DeMo's rate on digits, from a scan on tuning seed 1000 (the recipe's SGD rate 0.4 never
+# reached the target: its update is a sign step per coordinate, AdamW's scale)
 IMAGE_LR = 0.1
 
 
 def space(workload: str, ref: int) -> Space:
-    """(chunk, top-k) per chunk."""
     pairs = ((64, 32), (32, 4))
     return {
         "chunk": tuple(

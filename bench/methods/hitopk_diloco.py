@@ -1,10 +1,7 @@
-"""The paper's HiTopKComm one level up, on DiLoCo's outer step (``sync=hitopk_diloco``,
-bench/sync/sparse.py): every H inner steps local rank j of each node takes shard j of the
-node's pseudo-gradient (the node's workers are equal under DDP, so this is the dense
-average inside the node), sends its MSTopK with error feedback to local rank j of every
-node, the node's workers all-gather the shards' packets, and DiLoCo's outer SGD step
-applies their mean (no outer momentum by default: the error feedback carries the unsent
-past, conf/sync/hitopk_diloco.yaml says what it measured)."""
+"""The paper's HiTopKComm one level up, on DiLoCo's outer step (bench/sync/sparse.py):
+every H inner steps local rank j of each node sends the MSTopK of shard j of the node's
+pseudo-gradient, with error feedback, to local rank j of every node; the node all-gathers
+the shards' packets and the outer SGD step applies their mean."""
 
 from __future__ import annotations
 
@@ -27,9 +24,7 @@ class OuterTopKKnobs(SyncKnobs):
 
 
 def space(workload: str, ref: int) -> Space:
-    """H x density x the outer step's rate (no momentum, its conf's): on translation at
-    2 x 2 the defaults (H 10, rate 0.7) missed the target and H 10 at rate 1 reached it
-    (docs/algorithms.md), so both rates are tried on both workloads."""
+    """H x density x the outer rate (at 2 x 2 translation missed at 0.7, reached at 1)."""
     return {
         "H": tuple((f"H{h}", {"sync.sync_every": h}) for h in (10, 20)),
         "density": tuple((f"d{d:g}", {"sync.density": d}) for d in (0.01, 0.05)),
@@ -43,17 +38,14 @@ class OuterHiTopK(SyncMethod):
     timed = (("sync_every", "H"), ("density", "d"), ("bucket_mb", "b"))
 
     def sync_traffic(self, wl: pm.Workload, n: int, m: int, k: Knobs) -> cost.Traffic:
-        """One outer step: each local rank's shard packet all-gathered with its peers of
-        every node over the node's link, then the node's n x m packets all-gathered inside."""
+        """One outer step: each shard packet all-gathered across nodes, then inside."""
         p = shard_packet(wl.numel, m, getattr(k, "density", 0.01)).total
         inter = cost.Stage("outer_allgather", (n - 1) * p, m * (n - 1) * p, n - 1, True)
         intra = cost.Stage("intra_allgather", (m - 1) * n * p, 0.0, m - 1, False)
         return cost.Traffic((inter, intra) if m > 1 else (inter,))
 
     def price(self, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs, k: Knobs) -> float:
-        """The node's step, plus one outer step amortised over H: the error-feedback add and
-        MSTopK over a shard, the two all-gathers, the scatter of every packet's pairs, the
-        outer optimizer's pass over the model."""
+        """The node's step, plus one outer step amortised over H."""
         assert isinstance(k, OuterTopKKnobs)
         n, m, numel = c.nodes, c.procs_per_node, wl.numel
         shard = -(-numel // m)

@@ -1,8 +1,5 @@
-"""The kinds of method a spec can be, each a :class:`~bench.methods.spec.MethodSpec` that
-prices and recognises itself its own way: a per-step sparse hook (flat or hierarchical),
-PowerSGD's low-rank hook, an optimizer that exchanges its own state (DeMo), a sync
-strategy that meets every H steps (torchft), and the compute-only reference.  A method
-file picks one and fills in its name, colour, group and search space."""
+"""The kinds of method a spec can be, each pricing and recognising itself its own way; a
+method file picks one and fills in its name, colour, group and search space."""
 
 from __future__ import annotations
 
@@ -61,8 +58,7 @@ class SparseMethod(MethodSpec):
         return pm.topk_allgather(d, density, c, costs)
 
     def density_at(self, k: Knobs, step: int) -> float:
-        """The density optimizer ``step`` sends: 1.0 in the dense warm-up, then the
-        schedule's entries of ``schedule_steps`` each (the last repeats), then the final."""
+        """The density optimizer ``step`` sends (1.0 in the dense warm-up)."""
         assert isinstance(k, SparseKnobs)
         if step < k.warmup_steps:
             return 1.0
@@ -203,7 +199,6 @@ class SyncMethod(MethodSpec):
         return max(1, getattr(k, "sync_every", 1))
 
     def sync_traffic(self, wl: pm.Workload, n: int, m: int, k: Knobs) -> cost.Traffic:
-        """One outer synchronisation: the dense all-reduce of the whole model."""
         return cost.allreduce(wl.numel, n, m)
 
     def traffic(self, buckets, n, m, k, shapes=None) -> cost.Traffic:  # type: ignore[override]
@@ -218,11 +213,10 @@ class SyncMethod(MethodSpec):
         )
 
     def inner_step(self, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs) -> float:
-        """One inner step: the node's own, its hook's exchange inside one node (s)."""
+        """One inner step, its hook's exchange inside one node (s)."""
         return METHODS.get(self.comm).step_time(wl, replace(c, nodes=1), costs, Knobs())
 
     def price(self, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs, k: Knobs) -> float:
-        """The node's step with its hook on one node, plus the outer all-reduce amortised."""
         assert isinstance(k, SyncKnobs)
         inner = self.inner_step(wl, c, costs)
         return pm.sync_step_time(wl, c, inner, k.sync_every, k.fragments, k.fragment_sync_delay)
@@ -243,8 +237,7 @@ class ReferenceMethod(MethodSpec):
         return wl.compute_s + wl.update_s
 
 
-# -- the search spaces the sparse hooks share ------------------------------------------------
-# the warm-up's per-step densities, above the final one (the committed sweeps' schedule)
+# the sparse hooks' search spaces: the warm-up's densities above the final one
 WARMUP_SCHEDULE = (0.1, 0.05, 0.03)
 WARMUP_SHARE = 0.25  # the sparse warm-up: WARMUP_SCHEDULE over this share of dense's steps
 # the translation sparse methods' dense warm-up: about 16 % of dense's steps to target
@@ -252,9 +245,8 @@ WARMUP_DENSE_SHARE = 1 / 6
 
 
 def _schedule_knob(ref: int, densities: tuple[float, ...] = (0.01, 0.001)) -> dict:
-    """density {none, warm-up} x final ``densities``: the warm-up sends the schedule's
-    densities above the final one over WARMUP_SHARE of ``ref`` steps (each alike), then
-    the final one, so every labelled density is sent well before dense's target."""
+    """density {none, warm-up} x final ``densities``: the warm-up spans WARMUP_SHARE of
+    ``ref`` steps, so every labelled density is sent well before dense's target."""
     opts = []
     for d in densities:
         above = [x for x in WARMUP_SCHEDULE if x > d]
@@ -270,14 +262,12 @@ def _schedule_knob(ref: int, densities: tuple[float, ...] = (0.01, 0.001)) -> di
 
 
 def _placement_knob(*names: str, **extra: Any) -> dict:
-    """Where a sparse method compresses (bench/comm/placement.py): one option per name."""
     return {"placement": tuple((n, {"comm.placement": n, **extra}) for n in names)}
 
 
 def sparse_space(workload: str, ref: int) -> dict:
-    """Image (SGD with momentum): the density schedule x placement {grad, grad+dgc} (DGC).
-    Translation (AdamW): final density {0.05, 0.01} from the first sparse step x placement
-    {grad, update}, each after the same dense warm-up (Adam's variance)."""
+    """Image: the density schedule x placement {grad, grad+dgc}.  Translation (AdamW): the
+    final density x placement {grad, update}, after a dense warm-up (Adam's variance)."""
     if workload != "translation":
         return {**_schedule_knob(ref), **_placement_knob("grad", "grad+dgc")}
     dens = {"density": tuple((f"d{d:g}", {"comm.density": d}) for d in (0.05, 0.01))}

@@ -1,8 +1,6 @@
-"""SparseLoCo (Sarfi, Therien, Lidin, Belilovsky 2025) through torchft's DiLoCo
-(``sync=sparseloco``, bench/sync/sparse.py): every H inner steps each node adds its
-pseudo-gradient to an error-feedback buffer decayed by beta, sends the chunk-wise top-k of
-it in 2-bit values with each chunk's scales, and the global step is a plain averaged
-descent: a 2026 peer."""
+"""SparseLoCo (Sarfi et al. 2025) through torchft's DiLoCo (bench/sync/sparse.py): every H
+inner steps each node sends the chunk-wise top-k of its error-fed pseudo-gradient in 2-bit
+values; the global step is a plain averaged descent."""
 
 from __future__ import annotations
 
@@ -51,20 +49,17 @@ class SparseLoCo(SyncMethod):
     timed = (("sync_every", "H"), ("density", "d"), ("quant_bits", "q"), ("bucket_mb", "b"))
 
     def packet(self, numels: dict[str, int], k: Any) -> Packet:
-        """One node's packet per outer step (bytes by section), as the exchange builds it."""
         return chunk_packet(chunking(numels, k.chunk_size, k.density), k.chunk_size, k.quant_bits)
 
     def sync_traffic(self, wl: pm.Workload, n: int, m: int, k: Any) -> cost.Traffic:
-        """One outer step: every local rank all-gathers its packet with the same local rank
-        of every node, all m of a node's rings on the node's one link."""
+        """One outer step: m all-gathers across nodes, all on the node's one link."""
         p = self.packet(_numels(wl), k).total
         return cost.Traffic(
             (cost.Stage("outer_allgather", (n - 1) * p, m * (n - 1) * p, n - 1, True),)
         )
 
     def price(self, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs, k: Knobs) -> float:
-        """The node's step, plus one outer step amortised over H: the error-feedback add and
-        selection over the model, the all-gather, the scatter of every node's pairs."""
+        """The node's step, plus one outer step amortised over H."""
         assert isinstance(k, SparseLoCoKnobs)
         inner = self.inner_step(wl, c, costs)
         numels = _numels(wl)

@@ -1,17 +1,7 @@
 """The method spec: one registered object per comparison method, which every analysis
-module (sweeps, ratios, the scaling model, ``advise``, the report, gpucheck) asks instead
-of deciding a method from its name.  A spec owns
-
-- the Hydra overrides that select the method, and how a run record is recognised as it;
-- its knobs: a typed dataclass read from a run's config (:meth:`MethodSpec.knobs_of`),
-  and its search space per workload (:meth:`MethodSpec.space`);
-- its bytes per step and its step time on a cluster (:meth:`MethodSpec.traffic`,
-  :meth:`MethodSpec.step_time`), from the alpha-beta primitives of
-  :mod:`bench.cluster.perfmodel` and :mod:`bench.comm.cost`;
-- its display name, colour and group.
-
-A method is one file in this folder that registers one spec (:func:`register`); the
-folder's ``__init__`` imports every file, so a new file is the whole of adding a method.
+module asks instead of deciding a method from its name.  It owns the overrides that select
+the method and how a record is recognised as it, its typed knobs and search space, its bytes
+and step time on a cluster, and its display name, colour and group.
 """
 
 from __future__ import annotations
@@ -35,34 +25,39 @@ GROUPS = ("baseline", "paper", "peer 2020", "peer 2026", "variant", "reference")
 
 
 def key(path: str, default: Any, learns: bool = True) -> Any:
-    """A knob field read from the run config's dotted ``path`` (e.g. ``comm.density``);
-    ``learns``: whether it changes what the run learns (False: only how the same bytes are
-    sent, so two trials apart in it alone are one trial, :func:`bench.sweeps.trials.effect`)."""
+    """A knob field read from the run config's dotted ``path``; ``learns=False``: it only
+    changes how the same bytes are sent (two trials apart in it alone are one trial)."""
     return field(default=default, metadata={"key": path, "learns": learns})
 
 
 @dataclass(frozen=True)
 class Knobs:
-    """What a run's config says of its method, typed: each field names its config key.
-    Subclasses add the method's own knobs; the bucket size is every DDP method's: an
-    elementwise all-reduce (or none) learns alike in any bucket."""
+    """What a run's config says of its method, typed: each field names its config key."""
 
     bucket_mb: float = key("comm.bucket_cap_mb", 25.0, learns=False)
 
     @classmethod
     def of(cls, values: Mapping[str, Any]) -> Knobs:
-        """The knobs from flat ``values`` (``{"comm.density": 0.01, ...}``) or from a run's
-        nested config (``{"comm": {"density": 0.01}}``); a key not given keeps its default."""
+        """The knobs from flat ``values`` (``{"comm.density": 0.01}``) or from a run's nested
+        config; a key not given keeps its default."""
         out = {}
         for f in dataclasses.fields(cls):
             path = f.metadata["key"]
             v = values.get(path, _nested(values, path))
-            if v is not None:
-                out[f.name] = _cast(f.default, v)
+            if v is None:
+                continue
+            d = f.default
+            if isinstance(d, bool):
+                v = bool(v)
+            elif isinstance(d, (int, float)) and not isinstance(v, (list, tuple)):
+                v = type(d)(v)
+            elif isinstance(d, tuple):
+                v = tuple(v)
+            out[f.name] = v
         return cls(**out)
 
     def overrides(self, *only: str) -> dict[str, Any]:
-        """The Hydra overrides (full keys) that set these knobs (``only``: those fields)."""
+        """The Hydra overrides that set these knobs (``only``: those fields)."""
         keys = {f.name: f.metadata["key"] for f in dataclasses.fields(self)}
         return {keys[n]: getattr(self, n) for n in only or keys}
 
@@ -74,16 +69,6 @@ def _nested(cfg: Mapping[str, Any], path: str) -> Any:
             return None
         cur = cur[part]
     return cur
-
-
-def _cast(default: Any, v: Any) -> Any:
-    if isinstance(default, bool):
-        return bool(v)
-    if isinstance(default, (int, float)) and not isinstance(v, (list, tuple)):
-        return type(default)(v)
-    if isinstance(default, tuple):
-        return tuple(v)
-    return v
 
 
 @dataclass(frozen=True)
@@ -124,35 +109,34 @@ class MethodSpec:
     # label); a knob without a prefix is held at its default (a sparse run's schedule)
     timed: ClassVar[tuple[tuple[str, str], ...]] = (("bucket_mb", "b"),)
 
-    # -- selection and recognition ------------------------------------------------------
     @property
     def comm(self) -> str:
-        """The comm hook its runs record (``comm`` in a record)."""
+        """The comm hook its runs record."""
         return self.hook or self.name
 
     def overrides(self) -> list[str]:
-        """The Hydra overrides that select the method."""
         return [f"comm={self.comm}", *self.extra_overrides]
 
     def matches(self, rec: Mapping[str, Any]) -> bool:
-        """Whether run record ``rec`` ran this method (checked in :func:`method_of` order:
-        an optimizer's or a sync strategy's spec before the hook's)."""
+        """Whether ``rec`` ran this method (an optimizer's or a sync strategy's spec is
+        asked before the hook's)."""
         return str(rec.get("comm")) == self.comm
 
-    # -- knobs ----------------------------------------------------------------------------
     def knobs_of(self, values: Mapping[str, Any]) -> Knobs:
-        """The typed knobs of a trial's overrides or of a run record's config."""
         return self.knob_type.of(values)
 
     def space(self, workload: str, ref_steps: int) -> Space:
         """Its own knobs on ``workload`` (crossed with the learning rate by the protocol);
-        a method with none tunes the optimizer's warm-up."""
-        return self.spaces(workload, ref_steps) if self.spaces else warmup_space(workload)
+        a method with none tunes the optimizer's warm-up, which shapes every early step's
+        rate on both workloads, so that its trials learn apart."""
+        if self.spaces:
+            return self.spaces(workload, ref_steps)
+        opts = WARMUP_EPOCHS.get(workload, WARMUP_EPOCHS["classification"])
+        return {"warmup": tuple((f"wu{e:g}ep", {"optim.warmup_epochs": e}) for e in opts)}
 
     def check(self, workload: str, optim: str) -> None:
         """ConfigError when the method cannot train ``workload`` with ``optim``."""
 
-    # -- the protocol's timing pass: one phase held for a fixed number of steps ------------
     def timing_knobs(self, k: Knobs) -> Knobs:
         """The knobs of the timing run that times a step sent with ``k`` (its key)."""
         return self.knob_type(**{f: getattr(k, f) for f, p in self.timed if p})
@@ -168,7 +152,6 @@ class MethodSpec:
         """Optimizer steps from one exchange to the next (a timing run spans whole ones)."""
         return 1
 
-    # -- what it sends and how long a step takes -------------------------------------------
     def bucket_traffic(
         self, numel: int, n: int, m: int, k: Knobs, shapes: Any = None
     ) -> cost.Traffic:
@@ -192,15 +175,13 @@ class MethodSpec:
     def aggregation_time(
         self, buckets: Sequence[int], c: pm.Cluster, costs: pm.Costs, k: Knobs, shapes: Any = None
     ) -> float:
-        """All buckets aggregated one after the other (s)."""
         return sum(
             self.bucket_time(d, c, costs, k, shapes[i] if shapes else None)
             for i, d in enumerate(buckets)
         )
 
     def step_time(self, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs, k: Knobs) -> float:
-        """One training step on ``c`` (s): :meth:`price` of the workload and costs as they
-        run there (an emulated cluster's measured compute, its workers' slowdown)."""
+        """One training step on ``c`` (s): :meth:`price` as the workload runs there."""
         return self.price(*pm.on_cluster(wl, c, costs), k)
 
     def price(self, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs, k: Knobs) -> float:
@@ -212,8 +193,7 @@ class MethodSpec:
         return wl.compute_s + pm.exposed(times, wl, self.name) + wl.update_s
 
     def phases(self, k: Knobs, steps: Sequence[int]) -> list[tuple[str, Knobs]]:
-        """What each optimizer step of ``steps`` sends, as (method, knobs) per step: a
-        warm-up runs as dense.  The base sends alike every step."""
+        """(method, knobs) each optimizer step of ``steps`` sends (a warm-up: dense)."""
         return [(self.name, k) for _ in steps]
 
 
@@ -221,19 +201,10 @@ class MethodSpec:
 WARMUP_EPOCHS = {"classification": (1.0, 0.5), "translation": (0.5, 0.25)}
 
 
-def warmup_space(workload: str) -> Space:
-    """The optimizer's warm-up length (``optim.warmup_epochs``): it shapes the rate of every
-    early step on both workloads (translation's inverse-sqrt decay starts from its end), so
-    a method without knobs of its own gets trials that learn apart."""
-    opts = WARMUP_EPOCHS.get(workload, WARMUP_EPOCHS["classification"])
-    return {"warmup": tuple((f"wu{e:g}ep", {"optim.warmup_epochs": e}) for e in opts)}
-
-
 METHODS: Registry[MethodSpec] = Registry("method")
 
 
 def register(spec: MethodSpec) -> MethodSpec:
-    """Register ``spec`` under its name (a duplicate name is refused)."""
     if spec.group not in GROUPS:
         raise ConfigError(f"method {spec.name}: group {spec.group!r} is not one of {GROUPS}")
     return METHODS.register(spec.name)(spec)

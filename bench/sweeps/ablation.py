@@ -1,8 +1,5 @@
-"""The ablation: time to target per (communication, cache, update mode), several seeds.
-
-:class:`Plan` is the grid and its jobs; :func:`aggregate` builds the table (means, standard
-deviations, speed-up over the baseline with first-order error propagation) from the
-sweep's records alone (docs/internals/sweeps.md)."""
+"""The grid ablation: time to target per (communication, cache, update mode) over seeds,
+speed-up over the baseline with first-order error propagation (docs/internals/sweeps.md)."""
 
 from __future__ import annotations
 
@@ -33,13 +30,11 @@ BASELINE = (methods.names(group="baseline")[0], "none", "naive")  # comm, cache,
 
 
 def comms() -> list[str]:
-    """The grid's methods: the protocol's default methods that are comm hooks (a method
-    that replaces the optimizer or the synchronisation has no cache x update grid)."""
+    """The protocol's default methods that are comm hooks (the others have no grid)."""
     return [n for n in methods.defaults() if methods.get(n).kind == "hook"]
 
 
 def quick() -> dict[str, Any]:
-    """``--quick``: the protocol's quick methods, one cache, one update mode, one seed."""
     return {"comm": quick_methods(), "cache": ("none",), "update": ("naive",), "seeds": 1}
 
 
@@ -63,8 +58,7 @@ LOCAL_TOPOLOGY = ("cluster.nnodes=2", "cluster.nproc_per_node=1")
 
 @dataclass
 class Plan(Saved):
-    """One ablation sweep: the grid, where it runs and where its records go; saved at
-    ``<results>/ablation/<sweep_id>.grid.json``."""
+    """One ablation sweep, saved at ``<results>/ablation/<sweep_id>.grid.json``."""
 
     FOLDER, SUFFIX, WHAT = "ablation", ".grid.json", "grid"
 
@@ -83,7 +77,6 @@ class Plan(Saved):
     notes: list[str] = field(default_factory=list)
 
     def check_names(self) -> None:
-        """Every name known (ConfigError naming the known ones otherwise)."""
         check_names("experiment", [self.experiment], options("experiment"))
         check_names("cluster", [self.cluster], options("cluster"))
         check_names("comm", list(self.comms), methods.names(kind="hook"))
@@ -93,7 +86,6 @@ class Plan(Saved):
             raise ConfigError(f"--seeds must be >= 1, got {self.seeds}")
 
     def check_jobs(self) -> None:
-        """Every configuration composes and passes the run's own checks (bench.launch.run)."""
         jobs = [self.job_overrides(*job, seed=0) for job in self.configs()]
         cfg = validate_jobs(jobs, self.results_dir)[-1]
         if "multilevel" in self.caches and cfg.data.name not in ("imagefolder", "imagenet"):
@@ -113,7 +105,6 @@ class Plan(Saved):
         return list(itertools.product(self.comms, self.caches, self.updates))
 
     def job_overrides(self, comm: str, cache: str, update: str, seed: int) -> list[str]:
-        """The Hydra overrides of one job."""
         return [
             *job_base(self, LOCAL_TOPOLOGY),
             *methods.get(comm).overrides(),
@@ -123,32 +114,25 @@ class Plan(Saved):
         ]
 
     def keys(self) -> list[tuple[str, str, str, int]]:
-        """Each job's key (what :func:`key_of` reads back from its record), in job order."""
         seeds_configs = itertools.product(range(self.seeds), self.configs())
         return [(c, k, u, s) for s, (c, k, u) in seeds_configs]
 
     def jobs(self) -> list[list[str]]:
-        """Seed by seed, every configuration in turn: load that drifts during a long sweep
-        on a shared machine hits every configuration alike, and a sweep stopped early has
-        whole seeds of every configuration."""
+        """Seed by seed (load that drifts hits every configuration alike)."""
         return [self.job_overrides(c, k, u, s) for c, k, u, s in self.keys()]
 
     def pending(self, rerun: Sequence[str] = RERUN) -> list[int]:
-        """Indices of the jobs not done (no record, or its latest one in ``rerun``)."""
         return pending(self.keys(), sweep_records(self.results_dir, self.sweep_id), key_of, rerun)
 
     def run(
         self, sweep_dir: str | Path, runner: Callable[..., list[int]], rerun: Sequence[str] = RERUN
     ) -> list[int]:
-        """Run every job not yet done through ``runner(jobs, sweep_dir, experiment)`` (a run queue
-        or a Hydra launcher); returns the exit statuses."""
         jobs = self.jobs()
         return runner([jobs[i] for i in self.pending(rerun)], sweep_dir, self.experiment)
 
 
 def key_of(rec: Mapping[str, Any]) -> tuple[str, str, str, int] | None:
-    """A grid record's job key (comm, cache, update, seed); None for a protocol run; a
-    record without a seed is a job of its own."""
+    """A grid record's job key; None for a protocol run."""
     if (rec.get("protocol") or {}).get("role"):
         return None
     seed = ((rec.get("config") or {}).get("train") or {}).get("seed")
@@ -182,7 +166,7 @@ def _stats(recs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def speedup(base: dict[str, Any], row: dict[str, Any]) -> tuple[float, float]:
-    """(mean-time ratio, its propagated standard error); see the module docstring."""
+    """(mean-time ratio, its propagated standard error)."""
     mb, mc = base["time_to_target_mean_s"], row["time_to_target_mean_s"]
     if not (mb > 0 and mc > 0):  # NaN (nothing reached the target) or a zero time
         return math.nan, math.nan
@@ -197,22 +181,10 @@ def speedup(base: dict[str, Any], row: dict[str, Any]) -> tuple[float, float]:
     return s, s * math.sqrt(rel_b**2 + rel_c**2)
 
 
-def _baseline_for(
-    key: tuple[str, str, str], rows: dict, baseline: tuple[str, str, str]
-) -> tuple[str, str, str] | None:
-    """``baseline`` when the sweep ran it; else (a sweep narrowed with ``--cache`` or
-    ``--update``) dense communication with the configuration's own cache and update."""
-    if baseline in rows:
-        return baseline
-    own = (baseline[0], key[1], key[2])
-    return own if own in rows else None
-
-
 def aggregate(
     records: Sequence[dict[str, Any]], sweep_id: str, baseline: tuple[str, str, str] = BASELINE
 ) -> pd.DataFrame:
-    """One row per configuration (comm, cache, update) found in ``records``: each job's
-    latest record, a job whose latest is ``interrupted`` left out (it is run again)."""
+    """One row per configuration found in ``records`` (each job's latest record)."""
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for r in latest(records, key_of).values():
         groups.setdefault(_config_of(r), []).append(r)
@@ -233,8 +205,9 @@ def aggregate(
             **_stats(recs),
         }
     for key, row in rows.items():
-        bkey = _baseline_for(key, rows, baseline)
-        base = rows.get(bkey) if bkey else None
+        # a sweep narrowed by --cache or --update: the baseline method at its own cache, update
+        bkey = baseline if baseline in rows else (baseline[0], key[1], key[2])
+        base = rows.get(bkey)
         s, sd = speedup(base, row) if base is not None else (math.nan, math.nan)
         row["speedup_vs_baseline"], row["speedup_std"] = s, sd
         row["baseline"] = "/".join(bkey) if base is not None else ""
@@ -242,7 +215,6 @@ def aggregate(
 
 
 def format_table(df: pd.DataFrame) -> str:
-    """The table as printed: times in s, speedup +- its uncertainty."""
     if df.empty:
         return "(no records)"
     show = pd.DataFrame(

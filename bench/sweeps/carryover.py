@@ -1,11 +1,7 @@
-"""Do steps to target carry over from 2 nodes to 8?  The projections to the paper's 16 x 8
-multiply steps measured on a 2 x 2 by a modelled step; this stage checks the first factor.
-
-Each configuration it covers runs :data:`SEEDS` evaluation seeds again on a local 8 x 2,
-holding the per-worker batch (the global batch x4) and the step budget; its ratio of steps
-(8 nodes over 2, paired by seed) is compared with dense's.  Where a method's ratio differs
-from dense's by more than :data:`TOLERANCE`, the projections take its steps (and dense's) from
-the 8-node runs.  Rules: docs/protocol.md (steps carry-over).
+"""Do steps to target carry over from 2 nodes to 8?  Each covered configuration runs its
+first evaluation seeds again on a local 8 x 2 (per-worker batch and step budget held); where
+its steps ratio (8 over 2, by seed) differs from dense's by more than :data:`TOLERANCE`, the
+projections take its steps (and dense's) from the 8-node runs.  Rules: docs/protocol.md.
 """
 
 from __future__ import annotations
@@ -16,15 +12,15 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from bench import methods
+from bench.sweeps import intervals as iv
 from bench.sweeps import protocol as pr
 from bench.sweeps.common import compose
 
 CARRY = "carry"  # the protocol role of the 8-node runs
 NODES, BASE_NODES = 8, 2  # nodes of the carry-over runs, and of the runs they are paired with
-SEEDS = 3  # the first evaluation seeds, run again at NODES
+
 TOLERANCE = 0.15  # |ratio / dense's ratio - 1| above which the projection uses NODES' steps
 # the key of the global batch per workload (None: the batch is per worker already)
 GLOBAL_BATCH = {"classification": "data.batch_size", "translation": None}
@@ -32,15 +28,14 @@ GLOBAL_BATCH = {"classification": "data.batch_size", "translation": None}
 
 def jobs(plan: pr.Plan, picked: Mapping[str, Mapping[str, str]],
          leading: Mapping[str, Sequence[str]]) -> list[pr.Job]:  # fmt: skip
-    """The stage's runs: each covered configuration on the first ``plan.carry_seeds``
-    evaluation seeds, at NODES on the plan's cluster."""
+    """Each covered configuration on the first ``plan.carry_seeds`` evaluation seeds."""
     seeds = list(plan.eval_seeds)[: plan.carry_seeds]
     pairs = covered(plan.workload(), picked, leading)
     return [pr.Job(CARRY, c, t, s) for s in seeds for c, t in pairs]
 
 
 def overrides(plan: pr.Plan, job: pr.Job) -> list[str]:
-    """``job``'s overrides: its evaluation run's (the same trial and seed), at NODES."""
+    """``job``'s evaluation run's overrides, at NODES."""
     base = plan.overrides(pr.Job(pr.EVAL, job.comm, job.trial, job.seed))
     base = [o for o in base if not o.startswith(("results.protocol_role=",
                                                   "results.protocol_selected="))]  # fmt: skip
@@ -54,7 +49,7 @@ def overrides(plan: pr.Plan, job: pr.Job) -> list[str]:
 
 def runs(plan: pr.Plan, records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The stage's runs and the evaluation runs they pair with (any cluster: steps do not
-    depend on the link), as :func:`table` takes them."""
+    depend on the link)."""
     out = []
     for r in pr.recorded(records).values():
         j = pr.job_of(r)
@@ -76,9 +71,8 @@ def runs(plan: pr.Plan, records: Sequence[Mapping[str, Any]]) -> list[dict[str, 
 
 def covered(workload: str, picked: Mapping[str, Mapping[str, str]],
             leading: Mapping[str, Sequence[str]]) -> list[tuple[str, str]]:  # fmt: skip
-    """(method, trial) of each configuration the stage runs: on the image task every one
-    selected for any cluster; on translation the baseline's and those of the methods first or
-    tied first at any cluster (``leading``: cluster -> methods)."""
+    """(method, trial) of each configuration selected for any cluster; on translation only
+    the baseline's and the leaders' at any cluster (``leading``: cluster -> methods)."""
     pairs = sorted({(c, t) for sel in picked.values() for c, t in sel.items()})
     if workload == "classification":
         return pairs
@@ -90,12 +84,9 @@ def scale(
     overrides: Sequence[str], workload: str, batch: int, budget: int, per_epoch: int,
     warmup: float = 0.0,
 ) -> list[str]:  # fmt: skip
-    """``overrides`` of a 2-node run turned into its NODES-node run: the nodes, the global
-    batch (``batch`` at 2 nodes) x NODES / BASE_NODES where the workload's batch is global,
-    epochs enough for the ``budget`` in optimizer steps (``per_epoch``: steps per epoch at 2
-    nodes, each rank's share of an epoch being that much smaller at NODES), and the
-    optimizer's warm-up (in epochs: the overrides', else the recipe's ``warmup``) stretched
-    to the same optimizer steps."""
+    """A 2-node run's ``overrides`` at NODES: a global ``batch`` scaled up, epochs enough for
+    ``budget`` optimizer steps (``per_epoch`` at 2 nodes), the warm-up (epochs) stretched to
+    the same optimizer steps."""
     k = NODES // BASE_NODES
     key = GLOBAL_BATCH[workload]
     wu = "optim.warmup_epochs="
@@ -108,24 +99,10 @@ def scale(
     return out + ([f"{key}={batch * k}"] if key else [])
 
 
-def _log_interval(x: Sequence[float]) -> tuple[float, float, float]:
-    """(geometric mean, low, high): the 95 % t interval of the mean log, exponentiated; NaN
-    bounds below 2 values."""
-    a = np.log(np.asarray([v for v in x if v > 0], dtype=float))
-    if a.size == 0:
-        return math.nan, math.nan, math.nan
-    m = float(a.mean())
-    if a.size < 2:
-        return math.exp(m), math.nan, math.nan
-    h = float(stats.t.ppf(0.975, a.size - 1)) * float(a.std(ddof=1)) / math.sqrt(a.size)
-    return math.exp(m), math.exp(m - h), math.exp(m + h)
-
-
 def table(runs: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    """One row per configuration: its steps at BASE_NODES and NODES (means over the paired
-    seeds), the ratio NODES / BASE_NODES with its interval, the same against the baseline's
-    ratio seed by seed, and whether the projection uses the NODES-node steps.  ``runs``: one
-    dict per run with comm, trial, seed, nodes, steps, reached."""
+    """One row per configuration: its mean steps at both node counts over the paired seeds,
+    their ratio and that against the baseline's seed by seed (geometric mean, t interval),
+    and whether the projection uses the NODES-node steps."""
     df = pd.DataFrame(list(runs), columns=["comm", "trial", "seed", "nodes", "steps", "reached"])
     base = methods.baseline()
     rows, ratio_of = [], {}
@@ -149,7 +126,7 @@ def table(runs: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
                 **dict(
                     zip(
                         ("ratio", "ratio_ci_low", "ratio_ci_high"),
-                        _log_interval(list(per_seed.values())),
+                        iv.log_mean_interval([v for v in per_seed.values() if v > 0]),
                         strict=True,
                     )
                 ),  # fmt: skip
@@ -162,7 +139,7 @@ def table(runs: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     vs = []
     for (comm, trial), per_seed in ratio_of.items():
         q = [per_seed[s] / ref[s] for s in per_seed if s in ref]
-        vs.append((comm, trial, *_log_interval(q)))
+        vs.append((comm, trial, *iv.log_mean_interval([v for v in q if v > 0])))
     vs_df = pd.DataFrame(vs, columns=["comm", "trial", "vs_dense", "vs_dense_ci_low",
                                       "vs_dense_ci_high"])  # fmt: skip
     out = out.merge(vs_df, on=["comm", "trial"], how="left")
@@ -171,8 +148,7 @@ def table(runs: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
 
 
 def uses_carried_steps(tab: pd.DataFrame) -> set[str]:
-    """The methods whose projections take their steps from the NODES-node runs: those whose
-    ratio differs from the baseline's by more than TOLERANCE, and the baseline with them."""
+    """The methods whose projections take the NODES-node runs' steps, the baseline with them."""
     if tab.empty or "use_8_node_steps" not in tab:
         return set()
     hit = set(tab.loc[tab["use_8_node_steps"].fillna(False).astype(bool), "comm"])

@@ -1,5 +1,5 @@
-"""What the sweeps share: config options, checked composition, sweep ids, the emulated
-cluster's profile, one sweep's records, tables that are never replaced, the run queue."""
+"""What the sweeps share: checked composition, the emulated cluster's profile, one sweep's
+records, tables that are never replaced, the run queue."""
 
 from __future__ import annotations
 
@@ -27,13 +27,11 @@ CONF_DIR = REPO / "conf"
 
 
 def options(group: str) -> list[str]:
-    """The choices of a config group: the stems of ``conf/<group>/*.yaml``."""
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
 
 def quick_methods() -> tuple[str, ...]:
-    """``--quick``'s methods: the baseline and the paper's method that needs the inter-node
-    stage (the shortest sweep that exercises both stages of the paper's exchange)."""
+    """``--quick``'s methods: the baseline and the paper's first inter-node method."""
     from bench import methods
 
     paper = [s.name for s in methods.specs(group="paper") if s.min_nodes > 1]
@@ -41,7 +39,6 @@ def quick_methods() -> tuple[str, ...]:
 
 
 def check_names(kind: str, names: Sequence[str], known: Sequence[str]) -> None:
-    """ConfigError naming the first of ``names`` not in ``known``, and the known ones."""
     if not names:
         raise ConfigError(f"no {kind} given; known: {', '.join(known)}")
     for n in names:
@@ -50,13 +47,11 @@ def check_names(kind: str, names: Sequence[str], known: Sequence[str]) -> None:
 
 
 def split_list(text: str) -> list[str]:
-    """``"a,b, c"`` -> ``["a", "b", "c"]`` (empty items dropped)."""
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
 def new_sweep_id(kind: str) -> str:
     """``<kind>-YYYYmmdd-HHMMSS-<6 hex>``: sorts by start time, unique across machines."""
-
     return f"{kind}-{new_run_id()}"
 
 
@@ -66,8 +61,7 @@ def compose(overrides: Sequence[str]) -> Any:
 
 
 def compose_all(jobs: Sequence[Sequence[str]]) -> list[Any]:
-    """:func:`compose` of each override list, Hydra initialised once for all of them."""
-
+    """:func:`compose` of each override list, Hydra initialised once."""
     register_configs()
     GlobalHydra.instance().clear()
     try:
@@ -79,10 +73,8 @@ def compose_all(jobs: Sequence[Sequence[str]]) -> list[Any]:
 
 
 def validate_jobs(jobs: Sequence[Sequence[str]], results_dir: str) -> list[Any]:
-    """Compose each job and run the run's own checks (``bench.launch.run.validate``) on it,
-    the results directories inspected, not made (a results directory that is a file is
-    refused here, as the run would).  Returns the typed configs."""
-
+    """The typed configs of ``jobs``, each through the run's own checks (results
+    directories inspected, not made)."""
     cfgs = [to_object(c) for c in compose_all(jobs)]
     for cfg in cfgs:
         validate(cfg, create_results=False)
@@ -91,8 +83,8 @@ def validate_jobs(jobs: Sequence[Sequence[str]], results_dir: str) -> list[Any]:
 
 
 def cluster_profile(cluster: str, extra: Sequence[str] = ()) -> tuple[list[str], str]:
-    """Overrides that put ``cluster`` on the paper-scaled link profile (the emulated cluster
-    only, unless ``extra`` sets its own), and a line saying what the runs' links are."""
+    """Overrides that put the emulated cluster on the paper-scaled profile (unless ``extra``
+    sets its own), and a line saying what the runs' links are."""
     if cluster != "emulated":
         return [], f"cluster {cluster}: the machine's own links, nothing shaped"
     mine = [o for o in extra if o.startswith("cluster.")]
@@ -111,10 +103,8 @@ def cluster_profile(cluster: str, extra: Sequence[str] = ()) -> tuple[list[str],
 
 
 def pin_profile(job: Sequence[str]) -> tuple[list[str], str]:
-    """Time the compute per step of ``job`` once and return the
-    ``cluster.profile_compute_s=...`` override that gives every run of the sweep one link, with
-    a line saying what was measured (nothing when there is no profile or it is pinned)."""
-
+    """Time ``job``'s compute per step once: the override that gives every run of the sweep
+    one link, and a line saying so (nothing without a profile or when pinned)."""
     cfg = to_object(compose(job))
     c = cfg.cluster
     if c.profile is None or c.profile_compute_s is not None:
@@ -127,8 +117,7 @@ def pin_profile(job: Sequence[str]) -> tuple[list[str], str]:
 
 
 def job_base(plan: Any, topology: Sequence[str], *more: str) -> list[str]:
-    """The overrides every job of a sweep ``plan`` starts with (its experiment, cluster,
-    records), ``topology`` on the local cluster, then ``more``, then the plan's own."""
+    """The overrides every job of ``plan`` starts with, ``topology`` on the local cluster."""
     return [
         f"experiment={plan.experiment}",
         f"cluster={plan.cluster}",
@@ -144,7 +133,6 @@ def job_base(plan: Any, topology: Sequence[str], *more: str) -> list[str]:
 
 def sweep_records(results_dir: str | Path, sweep_id: str) -> list[dict[str, Any]]:
     """The records (latest attempt of each run) tagged with ``results.sweep_id``."""
-
     return [
         r
         for r in load_records(results_dir)
@@ -153,8 +141,8 @@ def sweep_records(results_dir: str | Path, sweep_id: str) -> list[dict[str, Any]
 
 
 def write_table(df: pd.DataFrame, path: Path) -> bool:
-    """Write ``df`` as CSV at ``path``; an existing file is never replaced.  Returns False
-    when the same table is already there; raises ConfigError when another one is."""
+    """Write ``df`` as CSV, never replacing a file: False when the same table is there,
+    ConfigError when another one is."""
     path.parent.mkdir(parents=True, exist_ok=True)
     text = df.to_csv(index=False)
     if path.exists():
@@ -166,15 +154,12 @@ def write_table(df: pd.DataFrame, path: Path) -> bool:
 
 
 def job_label(job: Sequence[str]) -> str:
-    """The overrides that tell the jobs of a sweep apart (:data:`LABEL_KEYS`)."""
     return " ".join(o for o in job if o.split("=", 1)[0] in LABEL_KEYS)
 
 
 def run_queued(jobs: Sequence[Sequence[str]], sweep_dir: str | Path, experiment: str) -> list[int]:
-    """Every job (Hydra overrides) through a run queue (:mod:`bench.launch.runqueue`), its run
-    JSONs in ``sweep_dir``; returns the exit statuses.  KeyboardInterrupt when a signal
-    stopped the queue (its runs are recorded): the sweep stops too, not only this stage."""
-
+    """Every job through one run queue; the exit statuses.  KeyboardInterrupt when a signal
+    stopped the queue: the sweep stops too, not only this stage."""
     if not jobs:
         return []
     results = run_queue(

@@ -1,14 +1,12 @@
-"""Intervals over seeds for the tuning protocol's table: misses counted at the budget
-(:func:`budget_s`), a percentile bootstrap of the mean time, Welch's t on log times for a
-speedup, the tie rule that names who is first (:func:`leaders`), and over the scaling
-study's rounds (:func:`log_mean_interval`).  Why:
+"""Intervals over seeds: misses counted at the budget, a percentile bootstrap of the mean
+time, Welch's t on log times for a speedup, and the tie rule (:func:`leaders`).  Why:
 docs/internals/report.md.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,8 +19,7 @@ RNG_SEED = 0  # the bootstrap's generator: a table rebuilt from the same records
 
 
 def budget_s(records: Sequence[Mapping[str, Any]]) -> float:
-    """``B`` in s: the longest training time (or time to target) recorded by any run of
-    ``records``; NaN when none recorded one."""
+    """The longest training time (or time to target) of ``records``, s; NaN for none."""
     vals = [
         float(v)
         for r in records
@@ -38,24 +35,20 @@ def censored_time(rec: Mapping[str, Any], budget: float) -> float:
     return float(t) if t is not None else float(budget)
 
 
-def _mean(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    return np.mean(x, axis=axis)
-
-
-def mean_interval(x: Sequence[float]) -> tuple[float, float, float]:
-    """(mean, low, high) of ``x``: the 95 % percentile-bootstrap interval of the mean;
-    NaN bounds below 2 values."""
+def mean_interval(x: Sequence[float], stat: Callable = np.mean) -> tuple[float, float, float]:
+    """(``stat`` of ``x``, low, high): its 95 % percentile-bootstrap interval (seeded); NaN
+    bounds below 2 values."""
     a = np.asarray(x, dtype=float)
     if a.size == 0:
         return math.nan, math.nan, math.nan
-    m = float(a.mean())
+    m = float(stat(a))
     if a.size < 2:
         return m, math.nan, math.nan
-    if np.all(a == a[0]):  # every resample has the same mean
+    if np.all(a == a[0]):  # every resample gives the same
         return m, m, m
     res = stats.bootstrap(
         (a,),
-        _mean,
+        stat,
         confidence_level=CONFIDENCE,
         n_resamples=N_RESAMPLES,
         method="percentile",
@@ -66,8 +59,7 @@ def mean_interval(x: Sequence[float]) -> tuple[float, float, float]:
 
 
 def verdict(low: float, high: float, n: int) -> str:
-    """``faster`` / ``slower`` when the ratio's interval excludes 1.0, else
-    ``no difference measurable at n = N`` (N: seeds on the smaller side)."""
+    """``faster`` / ``slower`` when the ratio's interval excludes 1.0."""
     if low == low and high == high:  # not NaN
         if low > 1.0:
             return "faster"
@@ -99,10 +91,7 @@ def ci_column(df: Any, key: str, d: int, unit: str = "", plain: bool = False) ->
 
 def log_t_interval(ref: Sequence[float], other: Sequence[float]) -> tuple[float, float, float]:
     """(geometric-mean ratio ref / other, low, high): Welch's unpaired t interval on the
-    difference of mean log times, exponentiated (a speedup of ``other`` over ``ref``,
-    95 %); NaN bounds below 2 values on either side.  The protocol's default (v2): seeds
-    of two methods are independent samples unless pairing is shown to narrow the interval
-    (:func:`seed_correlation`)."""
+    difference of mean log times, exponentiated; NaN bounds below 2 values on either side."""
     a, b = np.log(np.asarray(ref, dtype=float)), np.log(np.asarray(other, dtype=float))
     if a.size == 0 or b.size == 0:
         return math.nan, math.nan, math.nan
@@ -121,21 +110,19 @@ def log_t_interval(ref: Sequence[float], other: Sequence[float]) -> tuple[float,
 
 def log_mean_interval(x: Sequence[float]) -> tuple[float, float, float]:
     """(geometric mean, low, high): Student's t interval on the mean log of ``x``,
-    exponentiated (95 %; the times of a few repeats, whose ratios :func:`log_t_interval`
-    takes); NaN bounds below 2 values."""
+    exponentiated; NaN bounds below 2 values."""
     a = np.log(np.asarray(x, dtype=float))
     if a.size == 0:
         return math.nan, math.nan, math.nan
     m = float(math.exp(a.mean()))
     if a.size < 2:
         return m, math.nan, math.nan
-    half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, a.size - 1)) * a.std(ddof=1) / a.size**0.5
+    half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, a.size - 1)) * a.std(ddof=1) / math.sqrt(a.size)
     return m, float(math.exp(a.mean() - half)), float(math.exp(a.mean() + half))
 
 
 def seed_correlation(a: Mapping[int, float], b: Mapping[int, float]) -> float:
-    """Pearson's correlation of two methods' log times over the seeds both ran (NaN below
-    3): pairing by seed narrows an interval only when it is clearly positive."""
+    """Pearson's correlation of log times over the seeds both ran (NaN below 3)."""
     seeds = sorted(set(a) & set(b))
     if len(seeds) < 3:
         return math.nan
@@ -148,30 +135,25 @@ def seed_correlation(a: Mapping[int, float], b: Mapping[int, float]) -> float:
 
 @dataclass(frozen=True)
 class Leaders:
-    """Who is first to the target at one cluster: ``first`` where the runner-up (and every
-    slower method) is told apart from the fastest, else None; ``tied``: the fastest and
-    every method not told apart from it, fastest first; ``vs``: each other method's
-    (speedup of the fastest over it, seed interval low, high, band low, band high)."""
+    """Who is first at one cluster: ``first`` where every slower method is told apart from
+    the fastest, else None; ``tied``: the fastest and those not told apart, fastest first;
+    ``vs``: each other's (speedup, seed interval low, high, band low, band high)."""
 
     first: str | None
     tied: tuple[str, ...]
     vs: dict[str, tuple[float, float, float, float, float]]
 
     def text(self) -> str:
-        """``first X`` or ``tied: X, Y`` (``-`` without methods)."""
         if self.first:
             return f"first {self.first}"
         return f"tied: {', '.join(self.tied)}" if self.tied else "-"
 
 
 def leaders(rows: Sequence[Mapping[str, Any]]) -> Leaders:
-    """The tie rule at one cluster.  Each row: ``method``, ``times`` (its time to target
-    per seed at the central assumptions, s) and, for a projected cluster, ``corners`` (the
-    same per assumption corner).  The fastest is the lowest mean time; a method is told
-    apart from it only where the interval of the speedup over it (Welch's t on log times,
-    :func:`log_t_interval`) lies above 1 under the seed interval and, where corners are
-    given, at every corner (the assumption band); "first" only where every other method
-    is told apart, otherwise the tied group is named."""
+    """The tie rule at one cluster.  Each row: ``method``, ``times`` (s per seed) and, for a
+    projected cluster, ``corners`` (the same per assumption corner).  A method is told apart
+    from the fastest only where :func:`log_t_interval` lies above 1 under the seed interval
+    and at every corner given."""
     rows = [r for r in rows if len(r["times"])]
     if not rows:
         return Leaders(None, (), {})

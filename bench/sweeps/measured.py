@@ -1,22 +1,8 @@
-"""The protocol's measured clusters: an emulated 2 x 2 whose link is shaped so that dense's
-MEASURED communication / compute is a named ratio (``paper`` 1.34, ``paper-b64`` 5.37),
-the model's prediction of each before its evaluation, and one CPU kind for every measured
-run.  Rules and why: docs/protocol.md.
-
-1. **Shaping** (before the timing pass): per measured cluster, dense and the compute-only
-   reference are timed on the emulated 2 x 2 (a few steps each, as a timing run); the
-   measured ratio is (dense - nocomm) / nocomm per step.  The first round's link is the
-   model's guess (:mod:`bench.launch.profile`); each next one is ``bandwidth x measured /
-   target`` (communication time about inversely proportional to the bandwidth) until the
-   ratio is within :data:`TOLERANCE` of the target, in at most :data:`MAX_ROUNDS` rounds.
-   The link is read back from the records (what ran), so a resumed sweep shapes alike.
-2. **Prediction**: per measured cluster and selected configuration, its tuning steps x the
-   model's step on that emulated cluster (its shaped link, the measured compute), written
-   to ``<results>/ablation/<sweep_id>-prediction.csv`` before its evaluation runs.
-3. **The measured table** ``<sweep_id>-measured.csv``: the prediction beside the measured
-   median time to target (95 % bootstrap interval) and the prediction's error.
-4. **One CPU kind**: the plan records the CPU model of its first measured run; a measured
-   run elsewhere is refused, and records of another kind are kept out of every table.
+"""The protocol's measured clusters: an emulated 2 x 2 whose link is shaped (each round
+``bandwidth x measured / target``, read back from the records) until dense's measured
+comm / compute is a named ratio, the model's prediction of each written before its
+evaluation, the measured table beside it, and one CPU kind for every measured run.
+Rules: docs/protocol.md.
 """
 
 from __future__ import annotations
@@ -32,7 +18,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from bench import methods
 from bench.launch import profile
@@ -50,25 +35,17 @@ TOLERANCE = 0.15  # the measured ratio within 15 % of its target
 STEP_BOUND = 8.0  # one round changes the bandwidth by at most this factor either way
 NODES, PROCS = 2, 2  # the emulated cluster's topology: the local cluster's (LOCAL_TOPOLOGY)
 PREDICTION, MEASURED_TABLE = "prediction", "measured"  # the tables' file name suffixes
+DENSE, NOCOMM = methods.names(group="baseline")[0], methods.names(kind="reference")[0]
 
 
 def names(plan: pr.Plan) -> list[str]:
     return list(pr.measured_clusters(plan))
 
 
-def _dense() -> str:
-    return methods.names(group="baseline")[0]
-
-
-def _nocomm() -> str:
-    return methods.names(kind="reference")[0]
-
-
 def shape_jobs(where: str, k: int) -> list[pr.Job]:
-    """Round ``k`` of shaping cluster ``where``: dense and the compute-only reference,
-    interleaved, on each of SHAPE_SEEDS."""
+    """Round ``k`` of shaping ``where``: dense and the compute-only reference, interleaved."""
     return [pr.Job(SHAPE, c, f"round {k}", s, where) for s in pr.SHAPE_SEEDS
-            for c in (_dense(), _nocomm())]  # fmt: skip
+            for c in (DENSE, NOCOMM)]  # fmt: skip
 
 
 def rate(bps: float) -> str:
@@ -77,18 +54,12 @@ def rate(bps: float) -> str:
 
 
 def _links(plan: pr.Plan) -> dict[tuple[str, int | None], str]:
-    """(cluster, round or None: shaped) -> its link's rate, as known to this process
-    (:meth:`bench.sweeps.protocol.Plan._link` reads it)."""
+    """(cluster, round or None: shaped) -> its link's rate (``Plan._link`` reads it)."""
     return plan.__dict__.setdefault("_links", {})
-
-
-# -- shaping ----------------------------------------------------------------------------
 
 
 @dataclass
 class Round:
-    """One shaping round: the link it ran at and the median time per step of each method."""
-
     rate: str
     dense_s: float
     nocomm_s: float
@@ -100,8 +71,6 @@ class Round:
 
 @dataclass
 class Shaping:
-    """Where one measured cluster's shaping stands (:func:`shaping`)."""
-
     name: str
     target: float
     rounds: list[Round] = field(default_factory=list)
@@ -120,7 +89,6 @@ class Shaping:
         return self.shaped is None and len(self.rounds) >= MAX_ROUNDS
 
     def line(self) -> str:
-        """One line: the target, each round's measured ratio at its link, the outcome."""
         tried = ", ".join(f"{r.ratio:.2f} at {r.rate}" for r in self.rounds) or "no round yet"
         if self.shaped:
             s = self.shaped
@@ -141,9 +109,8 @@ def _rate_of(rec: Mapping[str, Any]) -> str:
 def shaping(
     plan: pr.Plan, records: Sequence[Mapping[str, Any]], rerun: Sequence[str] = RERUN
 ) -> dict[str, Shaping]:
-    """Each measured cluster's shaping from the records: its completed rounds, and the
-    current round's runs still to go; the links of the rounds to come and the shaped ones
-    go to this process's cache (:meth:`bench.sweeps.protocol.Plan._link` reads it)."""
+    """Each measured cluster's shaping from the records; the links of the rounds to come
+    and the shaped ones go to :func:`_links`."""
     from bench.cluster.netns import parse_bandwidth
 
     done = pr.recorded(records, rerun)
@@ -159,8 +126,8 @@ def shaping(
             if sh.todo or sh.errors:
                 break
             times = {c: [pr.step_s(r) for j, r in zip(jobs, recs) if j.comm == c]  # type: ignore[misc]
-                     for c in (_dense(), _nocomm())}  # fmt: skip
-            dense = [r for j, r in zip(jobs, recs) if j.comm == _dense()]
+                     for c in (DENSE, NOCOMM)}  # fmt: skip
+            dense = [r for j, r in zip(jobs, recs) if j.comm == DENSE]
             link = statistics.median(parse_bandwidth(_rate_of(r)) for r in dense)  # type: ignore[arg-type]
             sh.rounds.append(Round(rate(link), *(statistics.median(t) for t in times.values())))
             last = sh.rounds[-1]
@@ -178,9 +145,8 @@ def shape(
     log: Callable[[str], None] = print,
     rerun: Sequence[str] = RERUN,
 ) -> list[int]:
-    """The shaping stage: each round's missing runs of every cluster not yet shaped, until
-    each is shaped; ConfigError when one never reaches its ratio or a run failed.
-    Returns the exit statuses of the runs it ran."""
+    """Each round's missing runs until every cluster is shaped (ConfigError when one never
+    is or a run failed); the exit statuses of the runs."""
     rcs: list[int] = []
     while True:
         state = shaping(plan, load(plan), rerun)
@@ -204,8 +170,8 @@ def shape(
 
 
 def pin(plan: pr.Plan) -> str:
-    """Time this machine's compute per step once, for the model's first guess of every
-    measured link; a line saying what was timed ("" with no measured cluster or pinned)."""
+    """Time this machine's compute per step once, for the first guess of every measured
+    link; a line saying so ("" when nothing was timed)."""
     from bench.config import to_object
     from bench.sweeps.common import compose
 
@@ -217,18 +183,14 @@ def pin(plan: pr.Plan) -> str:
     return "the measured clusters' first guess of their link: " + profile.describe(p)
 
 
-# -- one CPU kind -------------------------------------------------------------------------
-
-
 def kind_of(rec: Mapping[str, Any]) -> str:
-    """The CPU model a run ran on, from its record's ``hardware`` line ("" if unsaid)."""
+    """The CPU model of a record's ``hardware`` line ("" if unsaid)."""
     m = re.search(r"(?:^CPU |host )(.+) \(\d+ cores\)", str(rec.get("hardware") or ""))
     return m.group(1) if m else ""
 
 
 def kept(plan: pr.Plan, records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """``records`` but the measured runs on another CPU kind than the plan's (run again,
-    never in a table)."""
+    """``records`` but the measured runs on another CPU kind than the plan's."""
 
     def other(r: Mapping[str, Any]) -> bool:
         job, kind = pr.job_of(r), kind_of(r)
@@ -238,13 +200,12 @@ def kept(plan: pr.Plan, records: Sequence[Mapping[str, Any]]) -> list[Mapping[st
 
 
 def load(plan: pr.Plan) -> list[Mapping[str, Any]]:
-    """The sweep's records, the measured runs on another CPU kind left out."""
     return kept(plan, sweep_records(plan.results_dir, plan.sweep_id))
 
 
 def claim(plan: pr.Plan, jobs: Sequence[pr.Job]) -> None:
-    """Before ``jobs`` run: with a measured run among them, the plan's CPU kind is this
-    machine's (recorded in its file by the first one); ConfigError naming both otherwise."""
+    """With a measured run among ``jobs``, the plan's CPU kind is this machine's (the first
+    one records it); ConfigError naming both otherwise."""
     if not any(j.where for j in jobs):
         return
     here = cpu_model()
@@ -262,8 +223,7 @@ def claim(plan: pr.Plan, jobs: Sequence[pr.Job]) -> None:
 
 
 def status(plan: pr.Plan, records: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Where the sweep stands (:func:`bench.sweeps.protocol.status`), with the shaping
-    stage's line per measured cluster after the tuning, and the CPU kind of their runs."""
+    """:func:`bench.sweeps.protocol.status` with the shaping lines after the tuning's."""
     mine = kept(plan, records)
     lines = pr.status(plan, mine)
     shaping_ = [f"shaping {sh.line()}" for sh in shaping(plan, mine).values()]
@@ -283,22 +243,15 @@ def run(
     rerun: Sequence[str] = RERUN,
     until: str = "",
 ) -> list[int]:
-    """Tune (``until="tuning"``: only that), shape the measured clusters' links, time on
-    each, extend the rates at an edge, select, predict, evaluate; the jobs already recorded
-    are skipped (``rerun``: the statuses run again).  ``runner`` is ``common.run_queued``
-    (one launch of the workers per phase) or a Hydra launcher's submission
-    (``bench.launch.submit``), ``write`` the never-replacing ``common.write_table``.
-    Returns the exit statuses of the jobs run."""
+    """Tune (``until="tuning"``: only that), shape, time, extend the rates at an edge,
+    select, predict, evaluate, skipping the jobs recorded; the exit statuses of the runs.
+    ``runner``: ``common.run_queued`` or a Hydra launcher's submission."""
     sweep_dir = Path(sweep_dir)
     rcs: list[int] = []
 
-    def load() -> list[dict[str, Any]]:  # a measured run on another CPU kind left out
-        recs = sweep_records(plan.results_dir, plan.sweep_id)
-        return kept(plan, recs) if plan.measured else recs
-
     def stage(name: str, jobs: list[pr.Job], role: str) -> None:
         nonlocal rcs
-        todo = pr.pending(jobs, load(), rerun)
+        todo = pr.pending(jobs, load(plan), rerun)
         if todo:
             if plan.measured:
                 claim(plan, todo)  # one CPU kind for every measured run
@@ -311,7 +264,7 @@ def run(
     if plan.measured:  # the links, from the records (ConfigError: a cluster not shaped)
         rcs += shape(plan, runner, sweep_dir, log, rerun)
     stage("timing pass", plan.timing_jobs(), pr.TIME)
-    recs = load()
+    recs = load(plan)
     for _ in range(extension.MAX_ROUNDS):  # each round decided by the records before it
         ext = pr.extend(plan, recs)
         todo = pr.pending(ext.jobs, recs, rerun)
@@ -319,7 +272,7 @@ def run(
             break
         log(f"rate extension, round {ext.rounds}: {len(todo)} of {len(ext.jobs)} runs to go")
         rcs += runner([plan.overrides(j) for j in todo], sweep_dir / pr.TUNE, plan.experiment)
-        recs = load()
+        recs = load(plan)
     ext = pr.extend(plan, recs)
     tuning = pr.selection_table(plan, recs, ext.trials)
     path = Path(plan.results_dir) / "ablation" / f"{plan.sweep_id}-tuning.csv"
@@ -338,19 +291,17 @@ def run(
         log(f"note: {extension.bound_note(ext)} ({path})")
     picked = pr.select_per_cluster(tuning)
     log(f"selected: {picked} ({path})")
-    if plan.measured:  # the model's word on each, before its runs
-        log(f"predicted: {predict(plan, recs, picked)}")
+    if plan.measured:  # the model's word on each, before its runs (never replaced)
+        pred = table_path(plan, PREDICTION)
+        write_table(predictions(plan, recs, picked), pred)
+        log(f"predicted: {pred}")
     stage("evaluation", plan.eval_jobs(picked), pr.EVAL)
     return rcs
 
 
-# -- the model's prediction, and the measurement beside it --------------------------------
-
-
 def _model(experiment: str, bps: float, compute_s: float) -> tuple[Any, Any, Any]:
-    """(workload, cluster, costs) of the performance model for an emulated 2 x 2 at
-    ``bps`` whose step computes in ``compute_s`` (the compute-only reference's measured step,
-    update and data included): the experiment's own network, this CPU's measured costs."""
+    """(workload, cluster, costs) of an emulated 2 x 2 at ``bps`` whose step computes in
+    ``compute_s``: the experiment's own network, this CPU's measured costs."""
     from bench.cluster import calibration
     from bench.cluster import perfmodel as pm
 
@@ -361,9 +312,8 @@ def _model(experiment: str, bps: float, compute_s: float) -> tuple[Any, Any, Any
 def predictions(
     plan: pr.Plan, records: Sequence[Mapping[str, Any]], picked: Mapping[str, Mapping[str, str]]
 ) -> pd.DataFrame:
-    """Per measured cluster and method, its selected configuration's predicted time to
-    target: per tuning run, its steps of each phase x the model's step time of that phase
-    on the cluster, the median over the tuning seeds."""
+    """Per measured cluster and method, the selected configuration's predicted time to
+    target: the median over its tuning runs of each phase's steps x the model's step time."""
     from bench.cluster.netns import parse_bandwidth
 
     state = shaping(plan, records)
@@ -401,41 +351,9 @@ def table_path(plan: pr.Plan, what: str) -> Path:
     return Path(plan.results_dir) / "ablation" / f"{plan.sweep_id}-{what}.csv"
 
 
-def predict(
-    plan: pr.Plan, records: Sequence[Mapping[str, Any]], picked: Mapping[str, Mapping[str, str]]
-) -> Path:
-    """Write the prediction table before any evaluation run (never replaced: a resumed
-    sweep's is the same; ConfigError when another one is there)."""
-    path = table_path(plan, PREDICTION)
-    write_table(predictions(plan, records, picked), path)
-    return path
-
-
-def median_interval(x: Sequence[float]) -> tuple[float, float, float]:
-    """(median, low, high) of ``x``: the 95 % percentile-bootstrap interval of the median
-    (seeded: the same records give the same interval); NaN bounds below 2 values."""
-    a = np.asarray(x, dtype=float)
-    if a.size == 0:
-        return math.nan, math.nan, math.nan
-    m = float(np.median(a))
-    if a.size < 2 or np.all(a == a[0]):
-        return (m, math.nan, math.nan) if a.size < 2 else (m, m, m)
-    ci = stats.bootstrap(
-        (a,),
-        np.median,
-        confidence_level=iv.CONFIDENCE,
-        method="percentile",
-        n_resamples=iv.N_RESAMPLES,
-        rng=np.random.default_rng(iv.RNG_SEED),
-    )
-    return m, float(ci.confidence_interval.low), float(ci.confidence_interval.high)  # fmt: skip
-
-
 def table(plan: pr.Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    """The prediction table (as written before the evaluation) with, per row, the measured
-    median time to target on the cluster (a miss counts at the budget) and its interval
-    over the evaluation seeds run on the plan's CPU kind, and the prediction's error
-    (predicted / measured - 1); empty before the prediction is written."""
+    """The prediction table with the measured median time to target (a miss counts at the
+    budget, 95 % bootstrap interval) and the prediction's error; empty before it is written."""
     path = table_path(plan, PREDICTION)
     if not path.exists():
         return pd.DataFrame()
@@ -449,7 +367,7 @@ def table(plan: pr.Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
         key = (pr.EVAL, row["cluster"], row["comm"], row["trial"])
         runs = sorted((j.seed, r) for j, r in done if (j.role, j.where, j.comm, j.trial) == key)  # type: ignore[union-attr]
         good = [(s, r) for s, r in runs if r.get("status") in ("ok", "target_missed")]
-        m, lo, hi = median_interval([iv.censored_time(r, budget) for _, r in good])
+        m, lo, hi = iv.mean_interval([iv.censored_time(r, budget) for _, r in good], np.median)
         rows.append({
             **row, "measured_median_s": m, "measured_ci_low_s": lo, "measured_ci_high_s": hi,
             "prediction_error": row["predicted_s"] / m - 1 if m else math.nan,
@@ -464,7 +382,6 @@ def table(plan: pr.Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
 
 
 def format_table(df: pd.DataFrame) -> str:
-    """The measured clusters' table as printed: prediction beside measurement."""
     if df.empty:
         return "(no prediction yet: the measured clusters' table comes with the evaluation)"
     head = f"measured clusters (CPU {df['cpu_kind'].iloc[0]}): the model's prediction and the runs"

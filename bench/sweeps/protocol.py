@@ -1,10 +1,7 @@
-"""The tuning protocol (``equal-budget-v3``), modelled on AlgoPerf's external tuning: the
-same trials per method (knob settings x rates, :mod:`bench.sweeps.trials`), tuning on
-:data:`TUNE_SEEDS` on the local cluster (steps), a timing pass per measured cluster
-(:mod:`bench.sweeps.measured`), selection per cluster by a rule fixed in advance with the
-rate extended past an edge (:mod:`bench.sweeps.extension`), then evaluation on fresh seeds.
-The plan (``<results>/ablation/<sweep_id>.plan.json``) is written before the first run, and
-:func:`pending` resumes an interrupted sweep without redoing a run.  Rules: docs/protocol.md.
+"""The tuning protocol (``equal-budget-v3``, after AlgoPerf's external tuning): the same
+trials per method, tuning on :data:`TUNE_SEEDS`, a timing pass per measured cluster,
+selection per cluster by a rule fixed in advance, then evaluation on fresh seeds; the plan
+is saved before the first run and :func:`pending` resumes a sweep.  Rules: docs/protocol.md.
 """
 
 from __future__ import annotations
@@ -63,9 +60,8 @@ EVAL_STRIDE = {"classification": 3, "translation": 4}
 # --workload NAME -> experiment; with neither --workload nor --experiment each runs in turn
 WORKLOADS = {"image": "dawnbench_digits", "translation": "transformer_protocol"}
 TRANSLATION = ("transformer_protocol", "transformer_embedded")  # the translation experiments
-# a workload's defaults: steps to target measured on the local cluster at the emulated
-# cluster's 2 x 2 (the same gradients, so the same steps), whose paper-scaled clock is the
-# timing pass and the end-to-end check
+# steps to target are measured on the local cluster at the emulated cluster's 2 x 2 (the
+# same gradients, so the same steps)
 WORKLOAD_DEFAULTS: dict[str, dict[str, Any]] = {w: {"cluster": "local"} for w in WORKLOADS}
 LOCAL_TOPOLOGY = ("cluster.nnodes=2", "cluster.nproc_per_node=2")  # every method alike
 TUNE, EVAL, TIME, SHAPE = "tune", "eval", "time", "shape"
@@ -75,8 +71,7 @@ MEASURED = ("paper", "paper-b64")
 
 
 def quick() -> dict[str, Any]:
-    """``--quick``, a smoke test and not the protocol: one tuning and one evaluation seed,
-    one knob setting of each quick method at every rate."""
+    """``--quick``, a smoke test and not the protocol."""
     return {
         "comms": quick_methods(),
         "tune_seeds": (1000,),
@@ -100,9 +95,8 @@ WORKLOAD_OPTIM = {"classification": "sgd", "translation": "adamw"}
 def space(
     comm: str, recipe_lr: float, trials: int | None = None, workload: str = ""
 ) -> list[Trial]:
-    """Method ``comm``'s trials: KNOB_CELLS settings of its spec's knobs on ``workload``,
-    each at every rate of LR_FACTORS x its spec's centre there, else x ``recipe_lr``;
-    ``trials`` keeps the first that many (whole knob settings, :meth:`Plan.check`)."""
+    """Method ``comm``'s trials at every rate of LR_FACTORS x its spec's centre (else x
+    ``recipe_lr``); ``trials`` keeps the first that many."""
     spec = methods.get(comm)
     workload = workload or "classification"
     lr = spec.lr_centre.get(workload, recipe_lr)
@@ -123,8 +117,6 @@ def _value(v: Any) -> str:
 
 @dataclass(frozen=True)
 class Job:
-    """One protocol run: its role, method, trial and seed (the key :func:`pending` uses)."""
-
     role: str
     comm: str
     trial: str
@@ -137,14 +129,12 @@ class Job:
 
 
 #: a timing run's key: the method a phase is sent as, and the knobs it is timed at
-#: (:meth:`~bench.methods.MethodSpec.timing_knobs`)
 TimingKey = tuple[str, Knobs]
 
 
 @dataclass
 class Plan(Saved):
-    """One protocol sweep; :meth:`save` writes it (``<results>/ablation/<sweep_id>.plan.json``),
-    :meth:`load` reads it back to resume (a plan of retired rules is refused)."""
+    """One protocol sweep, saved as ``<results>/ablation/<sweep_id>.plan.json``."""
 
     FOLDER, WHAT = "ablation", "protocol"
 
@@ -162,15 +152,13 @@ class Plan(Saved):
     extra: Sequence[str] = ()  # further Hydra overrides, applied to every job
     name: str = NAME
     recipe_lr: float = 0.0  # the experiment's learning rate (0: read from its config)
-    # the measured clusters: the named profiles whose ratio an emulated 2 x 2 is shaped to
-    # (bench.sweeps.measured), the compute per step their first guess of the link is
-    # priced with (s, timed when the sweep starts) and the CPU model their runs ran on
+    # the measured clusters' profiles, the compute per step their first guess of the link
+    # is priced with (s, timed when the sweep starts) and the CPU model their runs ran on
     measured: Sequence[str] = MEASURED
     carry_seeds: int = 3  # evaluation seeds run again at 8 nodes (bench.sweeps.carryover)
     link_compute_s: float = 0.0
     cpu_kind: str = ""  # recorded when the first measured run starts
-    # how the jobs are submitted (not what they are): "" = the local run queue, else a
-    # Hydra launcher (bench.launch.submit) and its hydra.* overrides
+    # how the jobs are submitted: "" = the local run queue, else a Hydra launcher
     launcher: str = ""
     launcher_overrides: Sequence[str] = ()
     notes: list[str] = field(default_factory=list)
@@ -186,10 +174,7 @@ class Plan(Saved):
             )
         return plan
 
-    # -- checks -------------------------------------------------------------------------
     def check(self) -> None:
-        """Names known, seeds disjoint and enough of them, every method's trials distinct,
-        reached and fitting the workload (ConfigError otherwise)."""
         check_names("experiment", [self.experiment], options("experiment"))
         check_names("cluster", [self.cluster], options("cluster"))
         # every training method (a measurement device such as nocomm trains nothing)
@@ -222,21 +207,16 @@ class Plan(Saved):
             check_placements(c, self._space(c), WORKLOAD_OPTIM[self.workload()])
 
     def check_jobs(self) -> None:
-        """Every (method, trial) composes and passes the run's own checks."""
         jobs = [self.overrides(Job(TUNE, c, t, 0)) for c in self.comms for t, _ in self._space(c)]
         validate_jobs(jobs, self.results_dir)
 
-    # -- jobs ---------------------------------------------------------------------------
     def _trials(self, comm: str) -> list[Trial]:
-        """The grid of ``comm``'s trials (the rate extension adds to it, from records)."""
         return space(comm, self.lr(), self.trials, self.workload())
 
     def _space(self, comm: str) -> Space:
-        """(label, Hydra overrides keyed in full) of each trial of ``comm``'s grid."""
         return tuple((t.label, t.values()) for t in self._trials(comm))
 
     def lr(self) -> float:
-        """The recipe's learning rate (read once from the experiment's config)."""
         if not self.recipe_lr:
             from bench.sweeps.common import compose
 
@@ -250,23 +230,20 @@ class Plan(Saved):
         return self.eval_every_steps or EVAL_EVERY_STEPS[self.workload()]
 
     def _order(self, items: list[Any], phase: str, seed: int) -> list[Any]:
-        """``items`` shuffled by (order_seed, phase, seed): a recorded, reproducible order."""
         out = list(items)
         random.Random(f"{self.order_seed}/{phase}/{seed}").shuffle(out)
         return out
 
     def tune_jobs(self) -> list[Job]:
-        """Seed-major: every trial of every method on one tuning seed, shuffled."""
         trials = [(c, t) for c in self.comms for t, _ in self._space(c)]
         return [
             Job(TUNE, c, t, s) for s in self.tune_seeds for c, t in self._order(trials, TUNE, s)
         ]
 
     def eval_jobs(self, selected: Mapping[str, Mapping[str, str]]) -> list[Job]:
-        """Seed-major: each configuration selected for a measured cluster (``selected``, per
-        cluster: :func:`select_per_cluster`) on that cluster, one selected only for a
-        projected cluster on the plan's, once per evaluation seed; shuffled within each
-        seed and cluster (one launch of the workers per cluster)."""
+        """Seed-major: each configuration selected for a measured cluster on that cluster,
+        one selected only for a projected cluster on the plan's; shuffled per seed and
+        cluster."""
         where = {c: sorted(selected.get(c, {}).items()) for c in measured_clusters(self)}
         on = {ct for sel in where.values() for ct in sel}
         where[""] = sorted({ct for sel in selected.values() for ct in sel.items()} - on)
@@ -278,10 +255,8 @@ class Plan(Saved):
         ]
 
     def timing_keys(self) -> dict[str, TimingKey]:
-        """Label -> key of every phase a trial can send in within the budget (a comm hook's
-        density or rank, dense in a warm-up; DeMo's chunks; a sync strategy's period), each
-        timed on the check cluster (:meth:`timing_jobs`).  In the order the committed sweeps
-        drew their timing runs from: by bucket, method, then knobs."""
+        """Label -> key of every phase a trial can send in within the budget, ordered by
+        bucket, method, then knobs (the order the committed sweeps drew them in)."""
         sig = (tuple(self.comms), self.trials, self.experiment, self.lr())
         if self.__dict__.get("_timing", (None,))[0] != sig:  # a few hundred ms: once
             steps = BUDGET_STEPS[self.workload()]
@@ -296,8 +271,7 @@ class Plan(Saved):
         return self.__dict__["_timing"][1]
 
     def timing_jobs(self) -> list[Job]:
-        """The timing pass on each measured cluster in turn: every timing key once per
-        round (TIMING_SEEDS rounds, each shuffled), a few steps each without evaluation."""
+        """Each measured cluster in turn: every timing key once per TIMING_SEEDS round."""
         keys = self.timing_keys()
         return [
             Job(TIME, keys[label][0], label, s, where)
@@ -313,9 +287,8 @@ class Plan(Saved):
                         f"train.eval_stride={EVAL_STRIDE[self.workload()]}")  # fmt: skip
 
     def _link(self, job: Job) -> list[str]:
-        """The overrides that put ``job`` on its measured cluster, the emulated 2 x 2, and
-        its link: the model's guess in the first shaping round, else the rate the shaping
-        stage found (``bench.sweeps.measured.shaping``; ConfigError before it did)."""
+        """``job``'s measured cluster and link: the model's guess in the first shaping round,
+        else the rate shaping found (``measured.shaping``)."""
         if job.where not in measured_clusters(self):
             raise ConfigError(f"unknown measured cluster {job.where!r}; known: "
                               f"{', '.join(measured_clusters(self))}")  # fmt: skip
@@ -331,7 +304,6 @@ class Plan(Saved):
         return ["cluster=emulated", *LOCAL_TOPOLOGY, *link, f"results.protocol_cluster={job.where}"]
 
     def overrides(self, job: Job) -> list[str]:
-        """The Hydra overrides of one job: its method, trial or timed knobs, seed and tags."""
         common = self.common_overrides()
         if job.where:  # a measured cluster instead of the plan's: its shaped link
             common = [o for o in common if not o.startswith(("cluster=", "cluster."))]
@@ -369,8 +341,7 @@ class Plan(Saved):
 # the fields chosen when a sweep starts (a rerun of its command does not choose them again)
 START_FIELDS = ("order_seed", "cluster_overrides", "recipe_lr", "link_compute_s", "cpu_kind")
 TIMING_SEEDS = (2000, 2001)  # the timing pass's rounds (never a tuning or evaluation seed)
-# a shaping round times dense and the compute-only reference on each of these seeds; at
-# most SHAPE_ROUNDS rounds per measured cluster (bench.sweeps.measured)
+# a shaping round's seeds, and its most rounds per measured cluster
 SHAPE_SEEDS, SHAPE_ROUNDS = TIMING_SEEDS, 5
 TIMING_STEPS = {"classification": 20, "translation": 30}  # optimizer steps per timing run
 # optimizer steps per epoch of each workload's recipe at 2 x 2 (BUDGET_STEPS / its epochs)
@@ -378,9 +349,8 @@ STEPS_PER_EPOCH = {"classification": 11, "translation": 310}
 
 
 def timing_steps(key: TimingKey, workload: str) -> tuple[int, int]:
-    """(epochs, steps per epoch) of a timing run of ``key``: TIMING_STEPS optimizer steps,
-    whole periods of the method's exchange (a sync strategy's H; at least one), in as few
-    epochs as fit."""
+    """(epochs, steps per epoch) of a timing run: TIMING_STEPS, whole periods of the
+    method's exchange, in as few epochs as fit."""
     h = methods.get(key[0]).period(key[1])
     n = h * max(1, math.ceil(TIMING_STEPS[workload] / h))
     spe = STEPS_PER_EPOCH[workload]
@@ -388,12 +358,8 @@ def timing_steps(key: TimingKey, workload: str) -> tuple[int, int]:
     return n // per, per
 
 
-# -- records --------------------------------------------------------------------------------
-
-
 def job_of(rec: Mapping[str, Any]) -> Job | None:
-    """The job a record ran, from its ``protocol`` field, seed and measured cluster; None if
-    not a protocol run."""
+    """The job a record ran; None if not a protocol run."""
     p, cfg = rec.get("protocol") or {}, rec.get("config") or {}
     if not p.get("role"):
         return None
@@ -410,21 +376,18 @@ def _key(rec: Mapping[str, Any]) -> tuple[str, str, str, int, str] | None:
 def recorded(
     records: Sequence[Mapping[str, Any]], rerun: Sequence[str] = RERUN
 ) -> dict[tuple[str, str, str, int, str], dict]:
-    """Job key -> its latest record; a run whose latest record is ``interrupted`` (or in
-    ``rerun``) is not recorded (it is run again)."""
+    """Job key -> its latest record, but those whose latest status is in ``rerun``."""
     return latest(records, _key, rerun)  # type: ignore[return-value]
 
 
 def pending(
     jobs: Sequence[Job], records: Sequence[Mapping[str, Any]], rerun: Sequence[str] = RERUN
 ) -> list[Job]:
-    """The jobs without a record, in their order: what a resumed sweep still runs."""
     done = recorded(records, rerun)
     return [j for j in jobs if j.key not in done]
 
 
 def status(plan: Plan, records: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Where the sweep stands, one line per stage (``--status``, ``--aggregate``)."""
     lines = [
         progress(stage, [j.key for j in jobs], records, _key)
         for stage, jobs in (("tuning", plan.tune_jobs()), ("timing pass", plan.timing_jobs()))
@@ -452,11 +415,8 @@ RUN_S = {
 
 def estimate(plan: Plan) -> tuple[int, int, float, float]:
     """(fewest runs, most runs, fewest minutes, most minutes) of ``plan`` on the 2-core
-    machine: its tuning runs, shaping rounds (one to all), timing runs, between no rate
-    extension and its most (:func:`~bench.sweeps.extension.most_runs`), and evaluation
-    between one configuration per method (every cluster selects the same) and one per
-    method and cluster on each evaluation seed, then the steps carry-over (the baseline's
-    and one other configuration, to every configuration's, on its seeds)."""
+    machine: fewest with one shaping round, no rate extension and one configuration per
+    method; most with every round and one configuration per method and cluster."""
     s = RUN_S[plan.workload()]
     tune, timing = len(plan.tune_jobs()), len(plan.timing_jobs())
     m = len(measured_clusters(plan))
@@ -480,20 +440,18 @@ def estimate(plan: Plan) -> tuple[int, int, float, float]:
 
 
 def chosen(plan: Plan, records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, str]]:
-    """The selection, per cluster and method."""
     return select_per_cluster(selection_table(plan, records))
 
 
 def complete(plan: Plan, records: Sequence[Mapping[str, Any]]) -> bool:
-    """Every tuning, timing and evaluation job recorded."""
-    if not tuning_complete(plan, records):
+    if not extend(plan, records).settled:
         return False
     return not pending(plan.eval_jobs(chosen(plan, records)), records)
 
 
 def select(tuning: pd.DataFrame) -> dict[str, str]:
-    """The rule, fixed in advance: per method, the trial of lowest median time to target;
-    ties, and a method without a time, go to the trial declared first."""
+    """Per method, the trial of lowest median time to target; ties, and a method without a
+    time, go to the trial declared first."""
     out = {}
     for comm, g in tuning.groupby("comm", sort=False):
         g = g.sort_values("order", kind="stable")
@@ -502,9 +460,8 @@ def select(tuning: pd.DataFrame) -> dict[str, str]:
 
 
 def extend(plan: Plan, records: Sequence[Mapping[str, Any]]) -> extension.Extension:
-    """The rate extension's rounds that ``records`` decide (:mod:`bench.sweeps.extension`):
-    none before every tuning and timing run of the grid is recorded, then one round after
-    another, each shuffled per seed, while each round's runs are recorded."""
+    """The rate extension's rounds that ``records`` decide: none before every tuning and
+    timing run is recorded, then one round after another while each round's are."""
     ext = extension.Extension({c: list(plan._trials(c)) for c in plan.comms}, [])
     if pending([*plan.tune_jobs(), *plan.timing_jobs()], records, RERUN_FAILED):
         return ext
@@ -524,15 +481,6 @@ def extend(plan: Plan, records: Sequence[Mapping[str, Any]]) -> extension.Extens
     return ext
 
 
-def tuning_complete(plan: Plan, records: Sequence[Mapping[str, Any]]) -> bool:
-    """Every tuning, timing and rate-extension run recorded, none in ``error``, and no
-    extension round left to add: the selection's data whole."""
-    return extend(plan, records).settled
-
-
-# -- selection per cluster, on the tuning seeds, from steps and step times -----------------
-
-
 def measured_clusters(plan: Plan) -> dict[str, tuple[str, float]]:
     """Measured cluster (``measured-1.34``) -> (its profile, the ratio it is shaped to)."""
     from bench.sweeps.ratios import named_ratios
@@ -542,9 +490,8 @@ def measured_clusters(plan: Plan) -> dict[str, tuple[str, float]]:
 
 
 def clusters(plan: Plan) -> dict[str, float | None]:
-    """The clusters a number is quoted for: the measured clusters first (None: their
-    timing pass and clock), then the paper's cluster at each named ratio, projected by
-    the model (``paper-fp16`` is ``paper``'s point)."""
+    """The clusters a number is quoted for: the measured ones (None), then the paper's
+    cluster at each named ratio (``paper-fp16`` is ``paper``'s point)."""
     from bench.sweeps.ratios import named_ratios
 
     named = {k: v for k, v in named_ratios().items() if k != "paper-fp16"}
@@ -552,44 +499,22 @@ def clusters(plan: Plan) -> dict[str, float | None]:
     return {**mine, **dict(sorted(named.items(), key=lambda kv: kv[1]))}
 
 
-def step_times(records: Sequence[Mapping[str, Any]], where: str) -> dict[TimingKey, float]:
-    """Timing key (read from each run's recorded config) -> the median time per step of the
-    timing pass's runs of it on measured cluster ``where`` (s): training time over steps
-    run, the sync strategies' outer all-reduces included (their runs are whole periods)."""
-    got: dict[TimingKey, list[float]] = {}
-    for r in recorded(records).values():
-        spec, job = methods.of(r), job_of(r)
-        if job is None or (job.role, job.where) != (TIME, where) or spec is None:
-            continue
-        key = (spec.name, spec.timing_knobs(spec.knobs_of(r.get("config") or {})))
-        if t := step_s(r):
-            got.setdefault(key, []).append(t)
-    return {k: statistics.median(v) for k, v in got.items()}
-
-
 def step_s(rec: Mapping[str, Any]) -> float | None:
-    """A run's time per step (s): its training time over the steps it ran; None for a
-    run that ended in error."""
+    """A run's training time over the steps it ran (its phase log, else its epochs'), s;
+    None for a run that ended in error."""
     if rec.get("status") not in ("ok", "target_missed"):
         return None
-    steps = _steps_run(rec)
+    steps = sum(int(p.get("steps", 0)) for p in rec.get("comm_phases") or [])
+    if not steps:
+        cfg = (rec.get("config") or {}).get("train") or {}
+        steps = int(cfg.get("max_steps_per_epoch") or 0) * int(rec.get("epochs_run") or 0)
     t = (rec.get("train_time_s") or 0) / steps if steps else rec.get("step_time_s")
     return float(t) if t else None
 
 
-def _steps_run(rec: Mapping[str, Any]) -> int:
-    """The optimizer steps a run took (its phase log, else its epochs' step counts)."""
-    n = sum(int(p.get("steps", 0)) for p in rec.get("comm_phases") or [])
-    if n:
-        return n
-    cfg = (rec.get("config") or {}).get("train") or {}
-    per, epochs = int(cfg.get("max_steps_per_epoch") or 0), int(rec.get("epochs_run") or 0)
-    return per * epochs
-
-
 def run_of(plan: Plan, rec: Mapping[str, Any]) -> Any:
-    """``rec``'s steps and phases (:func:`bench.sweeps.ratios.run_from_record` of its
-    curve), read once per plan (a curve is never replaced); None without a curve."""
+    """``rec``'s :func:`~bench.sweeps.ratios.run_from_record`, cached per plan; None
+    without a curve."""
     from bench.results.records import load_curve
     from bench.sweeps.ratios import run_from_record
 
@@ -603,19 +528,13 @@ def run_of(plan: Plan, rec: Mapping[str, Any]) -> Any:
 
 
 def phase_sends(run: Any, rec: Mapping[str, Any]) -> list[tuple[int, str, Knobs]]:
-    """(steps, method, timing knobs) of each phase of ``run`` (``ratios.run_from_record``
-    of ``rec``): the knobs read from the run's recorded config, at the phase's density."""
+    """(steps, method, timing knobs) of each phase of ``run``, at the phase's density."""
     cfg = rec.get("config") or {}
     out = []
     for p in run.phases:
         spec = methods.get(p.method)
-        out.append(
-            (
-                p.steps,
-                p.method,
-                spec.timing_knobs(spec.knobs_of({**cfg, "comm.density": p.density})),
-            )
-        )
+        knobs = spec.knobs_of({**cfg, "comm.density": p.density})
+        out.append((p.steps, p.method, spec.timing_knobs(knobs)))
     return out
 
 
@@ -623,9 +542,8 @@ def cluster_time(
     run: Any, sent: Sequence[tuple[int, str, Knobs]], ratio: float | None,
     times: Mapping[TimingKey, float],
 ) -> float:  # fmt: skip
-    """A run's time to target (its whole run, missed) on one cluster: its logged steps x
-    the model's time per step at ``ratio``, or (None) the timing pass's of each phase
-    (``sent``: :func:`phase_sends`)."""
+    """A run's time to target (missed: its whole run): its steps x the model's time per
+    step at ``ratio``, or (None) the timing pass's of each phase."""
     from bench.sweeps.ratios import run_time_s
 
     if ratio is not None:
@@ -640,16 +558,21 @@ def selection_table(
     records: Sequence[Mapping[str, Any]],
     trials: Mapping[str, Sequence[Trial]] | None = None,
 ) -> pd.DataFrame:
-    """The tuning table: per (method, trial, cluster) the median over the tuning seeds of
-    the time to target there (steps x step time; a miss: its whole run), the median steps,
-    what the runs sent, the extension round that added the trial (0: the grid), whether
-    its rate is the smallest or largest tried with its knob setting, and whether the rule
-    selects it for that cluster.  ``trials``: per method (default: the grid and every
-    extension round the records decide, :func:`extend`)."""
+    """The tuning table: per (method, trial, cluster) the median time to target over the
+    tuning seeds, and whether the rule selects it.  ``trials`` default: :func:`extend`'s."""
     if trials is None:
         trials = extend(plan, records).trials
     runs = [r for r in recorded(records).values() if (r.get("protocol") or {}).get("role") == TUNE]
-    times = {c: step_times(records, c) for c, ratio in clusters(plan).items() if ratio is None}
+    # per measured cluster: timing key -> the median time per step of its timing runs (s)
+    got: dict[str, dict[TimingKey, list[float]]] = {
+        c: {} for c, ratio in clusters(plan).items() if ratio is None
+    }
+    for r in recorded(records).values():
+        spec, job = methods.of(r), job_of(r)
+        if job and job.role == TIME and job.where in got and spec and (t := step_s(r)):
+            key = (spec.name, spec.timing_knobs(spec.knobs_of(r.get("config") or {})))
+            got[job.where].setdefault(key, []).append(t)
+    times = {c: {k: statistics.median(v) for k, v in g.items()} for c, g in got.items()}
     rows = []
     for comm in plan.comms:
         edges = extension.at_edge(trials[comm])
@@ -693,7 +616,5 @@ def selection_table(
 
 
 def select_per_cluster(table: pd.DataFrame) -> dict[str, dict[str, str]]:
-    """The rule, fixed before the sweep: per cluster and method, the trial of lowest
-    median time to target on the tuning seeds (:func:`selection_table`); ties, and no
-    time at all, go to the trial declared first."""
+    """:func:`select` per cluster."""
     return {str(cluster): select(g) for cluster, g in table.groupby("cluster", sort=False)}

@@ -1,8 +1,5 @@
-"""The protocol sweep's table, ``<results>/ablation/<sweep_id>.csv``, from its records: one
-row per evaluated configuration with its time to target, speedups over dense and over the
-best peer (95 % intervals, verdicts) and the runs behind it; columns:
-docs/internals/report.md.
-"""
+"""The protocol sweep's table, ``<results>/ablation/<sweep_id>.csv``: one row per evaluated
+configuration and cluster; columns: docs/internals/report.md."""
 
 from __future__ import annotations
 
@@ -28,6 +25,7 @@ from bench.sweeps.protocol import (
     select_per_cluster,
     selection_table,
 )
+from bench.sweeps.ratios import run_time_s
 from bench.sweeps.resume import RERUN_FAILED
 
 COLUMNS = [
@@ -50,10 +48,8 @@ def _mean(vals: Sequence[Any]) -> float:
 def tuning_gaps(
     plan: Plan, records: Sequence[Mapping[str, Any]], tuning: pd.DataFrame | None = None
 ) -> list[str]:
-    """Why the data the selection rests on is not whole (none: it is): tuning, timing or
-    rate-extension runs without a record or in ``error``, a trial's median time blank (a
-    timing missing).  A tuning table, and the table of evaluation runs selected by it,
-    with any is partial."""
+    """Why the data the selection rests on is not whole (none: it is); a tuning table, and
+    the evaluation table selected by it, with any is partial."""
     jobs = [*plan.tune_jobs(), *plan.timing_jobs(), *extend(plan, records).jobs]
     left = pending(jobs, records, RERUN_FAILED)
     if left:  # the medians are blank for want of these
@@ -69,77 +65,37 @@ def tuning_gaps(
 
 
 def format_table(df: pd.DataFrame) -> str:
-    """The table as printed: one block per cluster, times in s and ratios with their 95 %
-    intervals."""
+    """The table as printed: one block per cluster."""
     if df.empty:
         return "(no evaluation records)"
     out = []
     for cluster, g in df.groupby("for_cluster", sort=False):
         ratio = g["ratio"].iloc[0]
         how = "measured on its clock" if ratio != ratio else f"composed at ratio {ratio:.2f}"
-        out.append(f"{cluster} ({how}):")
-        out.append(_format_block(g))
+        peers = [f" ({p})" if p else "" for p in g["best_peer"]]
+        vs_peer = iv.ci_column(g, "speedup_vs_peer", 2, plain=True)
+        show = pd.DataFrame(
+            {
+                "comm": g["comm"],
+                "trial": g["trial"],
+                "reached": [f"{a}/{b}" for a, b in zip(g["n_reached"], g["n_runs"])],
+                "tta_s [95 %]": iv.ci_column(g, "time_to_target", 1, plain=True),
+                "vs dense": iv.ci_column(g, "speedup_vs_dense", 2, plain=True),
+                "vs best peer": [c + p for c, p in zip(vs_peer, peers)],
+                "verdict vs dense / peer": [
+                    f"{a} / {b}" for a, b in zip(g["verdict_vs_dense"], g["verdict_vs_peer"])
+                ],
+            }
+        )
+        out += [f"{cluster} ({how}):", show.to_string(index=False)]
     return "\n".join(out)
 
 
-def _format_block(df: pd.DataFrame) -> str:
-    peers = [f" ({p})" if p else "" for p in df["best_peer"]]
-    show = pd.DataFrame(
-        {
-            "comm": df["comm"],
-            "trial": df["trial"],
-            "reached": [f"{a}/{b}" for a, b in zip(df["n_reached"], df["n_runs"])],
-            "tta_s [95 %]": iv.ci_column(df, "time_to_target", 1, plain=True),
-            "vs dense": iv.ci_column(df, "speedup_vs_dense", 2, plain=True),
-            "vs best peer": [
-                c + p for c, p in zip(iv.ci_column(df, "speedup_vs_peer", 2, plain=True), peers)
-            ],
-            "verdict vs dense / peer": [
-                f"{a} / {b}" for a, b in zip(df["verdict_vs_dense"], df["verdict_vs_peer"])
-            ],
-        }
-    )
-    return show.to_string(index=False)
-
-
-def _seed_times(
-    plan: Plan, runs: Sequence[Mapping[str, Any]], ratio: float | None, budget: float
-) -> tuple[dict[int, float], list[float]]:
-    """seed -> a run's time to target on the cluster (its clock on a measured cluster, else
-    its logged steps x the model's time per step at ``ratio``; a miss: its whole run), and
-    the steps to target of the runs that reached it."""
-    from bench.sweeps.ratios import run_time_s
-
-    out, steps = {}, []
-    for r in runs:
-        seed = job_of(r).seed  # type: ignore[union-attr]
-        if ratio is None:
-            out[seed] = iv.censored_time(r, budget)
-        elif run := run_of(plan, r):
-            out[seed] = run_time_s(run, ratio)
-        else:
-            continue
-        if r.get("steps_to_target") is not None:
-            steps.append(float(r["steps_to_target"]))
-    return out, steps
-
-
-def _versus(
-    ref: dict[int, float], other: dict[int, float]
-) -> tuple[float, float, float, str, float]:
-    """(speedup of ``other`` over ``ref``, interval, verdict, seed correlation): Welch's t
-    on log times, unpaired (the correlation says whether pairing could narrow it)."""
-    r, lo, hi = iv.log_t_interval(list(ref.values()), list(other.values()))
-    n = min(len(ref), len(other))
-    return r, lo, hi, iv.verdict(lo, hi, n), iv.seed_correlation(ref, other)
-
-
 def aggregate(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    """Per cluster the answer is quoted for (each measured cluster, end to end; each
-    paper-scaled ratio, composed) and per method: the configuration the rule selected for
-    that cluster on the tuning seeds, its time to target there on the evaluation seeds,
-    and its speedup over dense and over the best peer (the peer of lowest median tuning
-    time there, chosen before any evaluation run), Welch intervals on log time."""
+    """Per cluster and method: the selected configuration's time to target on the
+    evaluation seeds, and its speedup over dense and over the best peer (lowest median
+    tuning time there), Welch intervals on log time (unpaired: the seed correlation says
+    whether pairing could narrow them)."""
     peer_names, dense = methods.peers(), methods.names(group="baseline")[0]
     done = recorded(records)
     evals = [r for r in done.values() if (r.get("protocol") or {}).get("role") == EVAL]
@@ -179,7 +135,18 @@ def aggregate(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
             if trial is None or not mine:
                 continue
             good = [r for r in mine if r.get("status") in ("ok", "target_missed")]
-            t, steps = _seed_times(plan, good, ratio, budget)  # an error run has no time
+            # seed -> time to target (its clock, else the model's; a miss: its whole run)
+            t: dict[int, float] = {}
+            steps = []
+            for r in good:  # an error run has no time
+                if ratio is None:
+                    t[job_of(r).seed] = iv.censored_time(r, budget)  # type: ignore[union-attr]
+                elif run := run_of(plan, r):
+                    t[job_of(r).seed] = run_time_s(run, ratio)  # type: ignore[union-attr]
+                else:
+                    continue
+                if r.get("steps_to_target") is not None:
+                    steps.append(float(r["steps_to_target"]))
             if t:
                 times[comm] = t
             m, lo, hi = iv.mean_interval(list(t.values()))
@@ -212,7 +179,10 @@ def aggregate(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
         for comm, row in block.items():
             for ref, vs in ((dense, "vs_dense"), (best, "vs_peer")):  # the columns' suffix
                 if ref in times and comm in times and ref != comm:
-                    r, lo, hi, verdict, rho = _versus(times[ref], times[comm])
+                    a, b = times[ref], times[comm]
+                    r, lo, hi = iv.log_t_interval(list(a.values()), list(b.values()))
+                    verdict = iv.verdict(lo, hi, min(len(a), len(b)))
+                    rho = iv.seed_correlation(a, b)
                 else:
                     r = lo = hi = rho = math.nan
                     verdict = ""
@@ -227,8 +197,7 @@ def aggregate(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
 
 
 def leading(df: pd.DataFrame) -> dict[str, tuple[str, ...]]:
-    """Per cluster, the first method or the tied group (:func:`intervals.leaders` on the
-    seed times of :func:`aggregate`'s table)."""
+    """Per cluster, the first method or the tied group (:func:`intervals.leaders`)."""
     return {
         cluster: iv.leaders([{"method": m, "times": list(t.values())} for m, t in ts.items()]).tied
         for cluster, ts in df.attrs.get("times", {}).items()

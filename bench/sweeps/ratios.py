@@ -1,8 +1,6 @@
-"""Time to target across communication / compute ratios: a run's steps to target (from its
-record, each step charged by the phase its hook logged it in: dense in a warm-up, the
-density and rank it sent; a record older than the log by its config) times the
-performance model's time per step on the paper's cluster (:mod:`bench.cluster.projection`,
-priced by the method's spec), with a bootstrap interval over seeds.  Why and how:
+"""Time to target across communication / compute ratios: a run's steps to target, each
+charged by the phase it sent in (its hook's log, else its config), times the model's time
+per step on the paper's cluster, with a bootstrap interval over seeds.  Why and how:
 docs/internals/report.md.
 """
 
@@ -20,7 +18,6 @@ import numpy as np
 import pandas as pd
 
 from bench import methods
-from bench.cluster import perfmodel as pm
 from bench.cluster import projection
 from bench.comm.stats import parse_phases
 from bench.launch import profile
@@ -64,14 +61,13 @@ class Run:
 
 
 def default_group(rec: Mapping[str, Any]) -> str:
-    """A protocol run's method and trial label, else its method."""
     trial = (rec.get("protocol") or {}).get("trial")
     return f"{methods.method_of(rec)} {trial}" if trial else methods.method_of(rec)
 
 
 def _target_steps(rec: Mapping[str, Any], curve: pd.DataFrame) -> int | None:
-    """Optimizer steps to the target: the record's (sub-epoch evaluations), else the
-    steps up to the first evaluated epoch at or above it; None when it was missed."""
+    """Optimizer steps to the target: the record's, else up to the first evaluated epoch
+    at or above it (older records); None when it was missed."""
     if rec.get("steps_to_target") is not None:
         return int(rec["steps_to_target"])
     metric = col.metric_column(str(rec["target_metric"]))
@@ -84,32 +80,8 @@ def _target_steps(rec: Mapping[str, Any], curve: pd.DataFrame) -> int | None:
     return None
 
 
-def _cut(phases: Sequence[Phase], steps: int | None) -> tuple[Phase, ...]:
-    """``phases`` up to ``steps`` optimizer steps (all of them: None)."""
-    out, left = [], math.inf if steps is None else steps
-    for p in phases:
-        n = min(p.steps, left)
-        if n:
-            out.append(replace(p, steps=int(n)))
-        left -= n
-    return tuple(out)
-
-
-def recorded_phases(curve: pd.DataFrame) -> list[Phase]:
-    """The phases the run's hook logged step by step (``comm/phases``, run-length, in
-    step order); ``[]`` for a run recorded before the log existed."""
-    if col.COMM_PHASES not in curve.columns:
-        return []
-    return [
-        Phase(seg.steps, seg.method, methods.get(seg.method).knobs_of(
-            {"comm.density": seg.density, "comm.powersgd_rank": seg.rank or 4}))
-        for cell in curve[col.COMM_PHASES] for seg in parse_phases(cell)
-    ]  # fmt: skip
-
-
 def configured_phases(spec: MethodSpec, rec: Mapping[str, Any], curve: pd.DataFrame) -> list[Phase]:
-    """An older record's phases from its config, each step as its spec sends it: its dense
-    warm-up epochs, its density schedule (one entry per epoch), PowerSGD's start."""
+    """An older record's phases from its config, each step as its spec sends it."""
     steps = [int(v) if v == v else 0 for v in curve[col.STEPS]]
     per = steps[0] if steps else 0  # an older run's epochs are alike
     c = (rec.get("config") or {}).get("comm") or {}
@@ -130,22 +102,30 @@ def configured_phases(spec: MethodSpec, rec: Mapping[str, Any], curve: pd.DataFr
 
 
 def run_from_record(rec: Mapping[str, Any], curve: pd.DataFrame) -> Run | None:
-    """``rec``'s phases up to its target (the whole run when it missed): as its hook
-    logged them, for a method that is not a comm hook (an optimizer's or a sync
-    strategy's: its log is not what crosses the nodes) its own knobs every step, or for a
-    record without the log from its config; None when the curve has no step counts or
-    the method has no price."""
+    """``rec``'s phases up to its target (missed: the whole run): as its hook logged them,
+    else from its config; a method that is not a comm hook sends its own knobs every step
+    (its log is not what crosses the nodes).  None without step counts or a price."""
     spec = methods.of(rec)
     if col.STEPS not in curve.columns or spec is None or spec.kind == "reference":
         return None
     steps_run = int(curve[col.STEPS].fillna(0).sum())
     own = spec.kind != "hook"
-    logged = [] if own else recorded_phases(curve)
+    logged = []
+    if not own and col.COMM_PHASES in curve.columns:  # what its hook logged (newer runs)
+        for seg in (s for cell in curve[col.COMM_PHASES] for s in parse_phases(cell)):
+            knobs = {"comm.density": seg.density, "comm.powersgd_rank": seg.rank or 4}
+            logged.append(Phase(seg.steps, seg.method, methods.get(seg.method).knobs_of(knobs)))
     if own:
         base = [Phase(steps_run, spec.name, spec.knobs_of(rec.get("config") or {}))]
     else:
         base = logged or configured_phases(spec, rec, curve)
     target = _target_steps(rec, curve)
+    phases, left = [], math.inf if target is None else target
+    for p in base:  # up to the target
+        n = min(p.steps, left)
+        if n:
+            phases.append(replace(p, steps=int(n)))
+        left -= n
     train = (rec.get("config") or {}).get("train") or {}
     seed = train.get("seed")
     return Run(
@@ -154,7 +134,7 @@ def run_from_record(rec: Mapping[str, Any], curve: pd.DataFrame) -> Run | None:
         comm=spec.name,
         seed=None if seed is None else int(seed),
         reached=target is not None,
-        phases=_cut(base, target),
+        phases=tuple(phases),
         time_to_target_s=rec.get("time_to_target_s"),
         train_time_s=rec.get("train_time_s"),
         steps_run=steps_run,
@@ -168,8 +148,7 @@ def load_runs(
     select: Callable[[Mapping[str, Any]], bool] = lambda r: True,
     group: Callable[[Mapping[str, Any]], str] = default_group,
 ) -> tuple[list[Run], list[str]]:
-    """The runs of ``results_dir`` that ``select`` keeps (protocol tuning runs never: their
-    seeds chose the configuration), and the run ids left out with why."""
+    """The runs ``select`` keeps (never a protocol tuning run), and those left out with why."""
     runs, skipped = [], []
     for rec in load_records(results_dir):
         if (rec.get("protocol") or {}).get("role") == "tune" or not select(rec):
@@ -193,7 +172,7 @@ def load_runs(
 @functools.lru_cache(maxsize=8)
 def compute_for_ratio(ratio: float, workload: str = "classification") -> float:
     """The V100 compute per step (s) at which dense fp32 on the paper's cluster takes
-    ``ratio`` times it for ``workload``'s projected network (central NIC efficiency)."""
+    ``ratio`` times it (central NIC efficiency)."""
     if not ratio > 0:
         raise ValueError(f"a communication/compute ratio must be > 0, got {ratio}")
     a, spec = projection.ASSUMPTIONS, methods.get(BASELINE)
@@ -209,9 +188,7 @@ def step_time_s(
     method: str, knobs: Knobs, ratio: float, nic_efficiency: float | None = None,
     hidden: float | None = None, workload: str = "classification",
 ) -> float:  # fmt: skip
-    """The model's time per step of ``method`` with ``knobs`` at ``ratio`` on the paper's
-    cluster training ``workload``'s projected network (s): its spec's price (a sync
-    strategy's hook inside the node hides alike)."""
+    """The model's time per step (s) of ``method`` at ``ratio`` on the paper's cluster."""
     a = projection.ASSUMPTIONS
     nic = a["nic_efficiency"].value if nic_efficiency is None else nic_efficiency
     h = a["hidden"].value if hidden is None else hidden
@@ -230,17 +207,9 @@ def run_time_s(run: Run, ratio: float, **model: Any) -> float:
     )
 
 
-def priced_time_s(run: Run, wl: pm.Workload, c: pm.Cluster, costs: pm.Costs) -> float:
-    """``run``'s time to target (or to its end, missed) on cluster ``c`` training ``wl``
-    (s): each phase's steps x its spec's step time there (an emulated cluster:
-    :func:`bench.cluster.perfmodel.emulated`, ``wl`` its experiment's
-    :func:`~bench.cluster.perfmodel.workload_shapes`)."""
-    return sum(p.steps * methods.get(p.method).step_time(wl, c, costs, p.knobs) for p in run.phases)
-
-
 def corners() -> list[dict[str, float | None]]:
     """The model's inputs at the central assumptions, then at each corner of NIC
-    efficiency x hidden share (low and high of each): the band of a composed column."""
+    efficiency x hidden share: the band of a composed column."""
     a = projection.ASSUMPTIONS
     nic, hid = a["nic_efficiency"], a["hidden"]
     return [{"nic_efficiency": None, "hidden": None}] + [
@@ -249,17 +218,13 @@ def corners() -> list[dict[str, float | None]]:
 
 
 def corner_times(run: Run, ratio: float) -> list[float]:
-    """``run``'s projected time to target at ``ratio`` (s) at each of :func:`corners`, the
-    central assumptions first."""
+    """``run``'s projected time to target at ``ratio`` (s) at each of :func:`corners`."""
     return [run_time_s(run, ratio, **c) for c in corners()]
 
 
 def time_band(runs: Sequence[Run], ratio: float) -> tuple[float, float, float]:
-    """The projected mean time to target of ``runs`` (one method's configuration on one
-    cluster, one run per seed) at ``ratio`` (s): at the central assumptions, and the
-    lowest and highest mean over the model's assumption corners (NIC efficiency x the
-    share hidden behind the backward pass, :func:`corners`): the band a projected time
-    carries.  NaN without runs."""
+    """The projected mean time to target of ``runs`` at ``ratio`` (s): central, and the
+    lowest and highest over :func:`corners`.  NaN without runs."""
     if not runs:
         return math.nan, math.nan, math.nan
     per = np.mean([corner_times(r, ratio) for r in runs], axis=0)
@@ -267,16 +232,10 @@ def time_band(runs: Sequence[Run], ratio: float) -> tuple[float, float, float]:
 
 
 def _by_seed(runs: Sequence[Run]) -> list[list[Run]]:
-    """``runs`` grouped by seed (a run without one is its own sample)."""
     out: dict[Any, list[Run]] = {}
     for i, r in enumerate(runs):
         out.setdefault(r.seed if r.seed is not None else ("run", i), []).append(r)
     return list(out.values())
-
-
-def _best_peer(means: Mapping[str, float], groups: Mapping[str, list[Run]]) -> str | None:
-    peers = [g for g in means if groups[g][0].comm in methods.peers()]
-    return min(peers, key=lambda g: means[g]) if peers else None
 
 
 def compose(
@@ -286,9 +245,8 @@ def compose(
     n_boot: int = 2000,
     seed: int = 0,
 ) -> pd.DataFrame:
-    """Per ratio and configuration: projected mean time to target, and the speedup
-    against ``baseline`` (a group) and against the best peer at that ratio, with their
-    seed intervals and model bands (one row per comparison)."""
+    """Per ratio, configuration and comparison (``baseline``, the best peer there): the
+    projected mean time to target and speedup, with seed intervals and model bands."""
     groups: dict[str, list[Run]] = {}
     for r in runs:
         groups.setdefault(r.group, []).append(r)
@@ -309,7 +267,8 @@ def compose(
             for c in corners()
         ]
         means = {g: float(t.mean()) for g, t in times[0].items()}
-        peer = _best_peer(means, groups)
+        peers = [g for g in means if groups[g][0].comm in methods.peers()]
+        peer = min(peers, key=lambda g: means[g]) if peers else None
         for g, rs in groups.items():
             for vs, role in ((baseline, BASELINE), (peer, "best peer")):
                 if vs is None or vs == g:
@@ -332,7 +291,7 @@ def compose(
 
 
 def named_ratios() -> dict[str, float]:
-    """Each named profile's point on this module's axis (dense fp32 comm / compute)."""
+    """Each named profile's dense fp32 comm / compute."""
     return {
         name: profile.dense_time_s("paper") / profile.compute_time_s(name)
         for name in profile.PROFILES
@@ -340,8 +299,7 @@ def named_ratios() -> dict[str, float]:
 
 
 def best_peer_spans(d: pd.DataFrame) -> list[tuple[str, float, float]]:
-    """(peer, first ratio, last ratio) of each stretch of the axis where the same peer is
-    the best one, from the rows against the best peer (``vs`` names it)."""
+    """(peer, first ratio, last ratio) of each stretch where the same peer is the best."""
     at = d.dropna(subset=["vs"]).groupby("ratio", sort=True)["vs"].first()
     spans: list[tuple[str, float, float]] = []
     for r, peer in at.items():
@@ -353,10 +311,8 @@ def best_peer_spans(d: pd.DataFrame) -> list[tuple[str, float, float]]:
 
 
 def plot(df: pd.DataFrame, path: str | Path, title: str) -> Path:
-    """Speedup against ratio, against dense and against the best peer: the central line
-    and its 95 % interval over seeds (shaded, the only uncertainty drawn), the named
-    settings on the top axis, and the best peer at each ratio as a strip along the bottom
-    of its panel."""
+    """Speedup against ratio, against dense and against the best peer, with the 95 % seed
+    interval shaded and the best peer at each ratio as a strip along the bottom."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 

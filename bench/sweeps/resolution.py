@@ -1,7 +1,6 @@
-"""How finely a protocol sweep's evaluation runs resolve time to target: per run that
-reached it, the bracket between the crossing evaluation and the one before, and how much
-sooner a target one held-out sample lower is reached (docs/internals/report.md).
-"""
+"""How finely evaluation runs resolve time to target: the bracket between the crossing
+evaluation and the one before, and how much sooner a target one held-out sample lower is
+reached (docs/internals/report.md)."""
 
 from __future__ import annotations
 
@@ -19,7 +18,6 @@ from bench.results.timing import time_to_target_steps
 def _points(
     curve: Sequence[Mapping[str, Any]], evals: Iterable[Mapping[str, Any]], metric: str
 ) -> list[tuple[float, float]]:
-    """(training time, value) of every evaluation, epoch ends and inside epochs, in time."""
     col = metric_column(metric)
     out = []
     for raw in [*curve, *evals]:
@@ -38,9 +36,8 @@ def run_resolution(
     target: float,
     sample: float | None = None,
 ) -> dict[str, float] | None:
-    """``bracket_s`` and ``one_sample_s`` (module doc) of one run; ``None`` if it never
-    reached ``target``.  ``sample`` is one held-out sample in the metric's units
-    (``1 / 360`` for 360 images), ``None`` where a sample has no fixed weight (BLEU)."""
+    """``bracket_s`` and ``one_sample_s`` of one run (None if it never reached ``target``);
+    ``sample``: one held-out sample in the metric's units (None for BLEU)."""
     evals = list(evals)
     t, _, _ = time_to_target_steps(curve, evals, metric, target)
     if t is None:
@@ -60,8 +57,7 @@ def sweep_resolution(
     target: float,
     sample: float | None = None,
 ) -> list[dict[str, float]]:
-    """:func:`run_resolution` of every record that reached the target (curves read from
-    ``results_dir``); a record whose curve cannot be read is left out."""
+    """:func:`run_resolution` of every record that reached the target and has a curve."""
     out = []
     for r in records:
         if r.get("time_to_target_s") is None:
@@ -77,8 +73,7 @@ def sweep_resolution(
 
 
 def summary(runs: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """Median and largest bracket, and (where measured) median, mean and largest
-    one-sample shift with how many runs it moved at all; ``{}`` for no runs."""
+    """Bracket and one-sample shift statistics; ``{}`` for no runs."""
     if not runs:
         return {}
     br = [r["bracket_s"] for r in runs]

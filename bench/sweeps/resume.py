@@ -1,6 +1,5 @@
-"""What every sweep does with its records to resume and to tabulate: its saved plan, each
-job's key, the jobs still to run (no record, or ``interrupted``), and where a complete or a
-partial table goes (one with jobs missing or error runs; docs/internals/sweeps.md)."""
+"""A sweep's saved plan, the jobs still to run, and where a complete or a partial table
+goes (docs/internals/sweeps.md)."""
 
 from __future__ import annotations
 
@@ -22,7 +21,6 @@ KeyOf = Callable[[Mapping[str, Any]], Hashable | None]
 
 
 def plan_dict(plan: Any, skip: Sequence[str] = ("notes",)) -> dict[str, Any]:
-    """A plan dataclass as JSON-ready values (tuples as lists), ``skip`` left out."""
     d = dataclasses.asdict(plan)
     for k in skip:
         d.pop(k, None)
@@ -30,8 +28,8 @@ def plan_dict(plan: Any, skip: Sequence[str] = ("notes",)) -> dict[str, Any]:
 
 
 def save_plan(plan: Any, path: Path, compare_skip: Sequence[str] = ()) -> Path:
-    """Write ``plan`` at ``path`` before the first job; an existing plan that differs (in
-    any field but ``compare_skip``) is refused, naming the fields, and never replaced."""
+    """Write ``plan`` at ``path``; an existing plan that differs (but in ``compare_skip``)
+    is refused, naming the fields, and never replaced."""
     path.parent.mkdir(parents=True, exist_ok=True)
     d = plan_dict(plan)
     if path.exists():
@@ -48,25 +46,11 @@ def save_plan(plan: Any, path: Path, compare_skip: Sequence[str] = ()) -> Path:
     return path
 
 
-def load_plan(cls: type, path: Path, what: str) -> Any:
-    """The plan dataclass saved at ``path`` (unknown keys ignored), or ConfigError."""
-    if not path.exists():
-        raise ConfigError(f"no {what} plan {path}: not such a sweep, or another results dir")
-    d = json.loads(path.read_text())
-    known = {f.name: f for f in dataclasses.fields(cls)}
-    kw = {k: v for k, v in d.items() if k in known}
-    for k, v in kw.items():  # JSON lists back to the tuples the plan holds
-        if isinstance(v, list) and v and isinstance(v[0], list):
-            kw[k] = tuple(tuple(x) for x in v)
-    return cls(**kw)
-
-
 RUN_FIELDS = ("launcher", "launcher_overrides")  # how a sweep runs, not what: may change
 
 
 class Saved:
-    """``save``/``load`` of a plan dataclass (with ``sweep_id`` and ``results_dir``) at
-    ``<results>/<FOLDER>/<sweep_id><SUFFIX>``; what it is called in errors: ``WHAT``."""
+    """``save``/``load`` of a plan dataclass at ``<results>/<FOLDER>/<sweep_id><SUFFIX>``."""
 
     FOLDER, SUFFIX, WHAT = "", ".plan.json", "sweep"
 
@@ -74,20 +58,29 @@ class Saved:
         return Path(self.results_dir) / self.FOLDER / f"{self.sweep_id}{self.SUFFIX}"  # type: ignore[attr-defined]
 
     def save(self) -> Path:
-        """Write the plan before the first job; never replaced (the same plan again,
-        whatever its launcher, is accepted)."""
         return save_plan(self, self.path(), compare_skip=RUN_FIELDS)
 
     @classmethod
     def load(cls, results_dir: str | Path, sweep_id: str) -> Any:
-        return load_plan(cls, Path(results_dir) / cls.FOLDER / f"{sweep_id}{cls.SUFFIX}", cls.WHAT)
+        """The saved plan (unknown keys ignored), or ConfigError."""
+        path = Path(results_dir) / cls.FOLDER / f"{sweep_id}{cls.SUFFIX}"
+        if not path.exists():
+            raise ConfigError(
+                f"no {cls.WHAT} plan {path}: not such a sweep, or another results dir"
+            )
+        d = json.loads(path.read_text())
+        known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        kw = {k: v for k, v in d.items() if k in known}
+        for k, v in kw.items():  # JSON lists back to the tuples the plan holds
+            if isinstance(v, list) and v and isinstance(v[0], list):
+                kw[k] = tuple(tuple(x) for x in v)
+        return cls(**kw)
 
 
 def latest(
     records: Sequence[Mapping[str, Any]], key_of: KeyOf, rerun: Sequence[str] = RERUN
 ) -> dict[Hashable, dict[str, Any]]:
-    """Job key -> its latest record, the keys whose latest record is to be run again
-    (``rerun``: its status, or its run id) left out."""
+    """Job key -> its latest record, but those to run again (``rerun``: status or run id)."""
     last: dict[Hashable, dict[str, Any]] = {}
     for r in records:
         k = key_of(r)
@@ -107,7 +100,6 @@ def pending(
     key_of: KeyOf,
     rerun: Sequence[str] = RERUN,
 ) -> list[int]:
-    """Indices of ``keys`` (the planned jobs, in order) that are not done."""
     done = latest(records, key_of, rerun)
     return [i for i, k in enumerate(keys) if k not in done]
 
@@ -140,10 +132,9 @@ def table_path(results_dir: str | Path, kind: str, sweep_id: str, complete: bool
 def write_sweep_table(
     df: pd.DataFrame, results_dir: str | Path, kind: str, sweep_id: str, complete: bool
 ) -> tuple[Path, bool]:
-    """The sweep's table; (its path, whether it was written).  A table with jobs missing,
-    or built from ``error`` runs (its ``n_error`` column), is partial: in ``partial/``,
-    replaced by each later one, as its jobs can run again (``--rerun-failed``).  A complete
-    table is never replaced, and removes the partial one."""
+    """(path, whether written): a table with jobs missing or ``error`` runs goes to
+    ``partial/``, replaced by each later one; a complete one is never replaced, and removes
+    the partial one."""
     errors = int(df["n_error"].fillna(0).sum()) if "n_error" in df.columns else 0
     complete = complete and not errors
     path = table_path(results_dir, kind, sweep_id, complete)

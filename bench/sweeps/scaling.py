@@ -1,10 +1,7 @@
-"""Scaling: step time and scaling efficiency against nodes on emulated clusters of 1 to 8
-nodes, each size predicted by the performance model before it runs.
-
-Per size, one launch runs a warm-up, a compute-only calibration (``comm=nocomm``), then
-``repeats`` rounds of every method and the compute-only reference on a paper-scaled link,
-each round in its own rotated order; efficiency = compute-only step / step, with a 95 %
-interval over the rounds (docs/internals/sweeps.md)."""
+"""Scaling: step time and efficiency (compute-only step / step) against nodes on emulated
+clusters of 1 to 8 nodes, each size predicted by the model before it runs; per size one
+launch runs a warm-up, a compute-only calibration, then ``repeats`` rotated rounds of every
+method (docs/internals/sweeps.md)."""
 
 from __future__ import annotations
 
@@ -40,8 +37,7 @@ from bench.sweeps.resume import RERUN_FAILED, RUN_FIELDS, Saved, plan_dict
 
 COMMS = methods.defaults()  # every default method, the sync strategies and DeMo included
 TOPOLOGIES = "1x1,2x1,2x2,4x1,4x2,8x1"  # one worker per node, and 2 per node
-# quick: dense and the paper's method that needs nodes (its inter-node stage), 2 steps,
-# 2 rounds (the least that gives an interval)
+# 2 rounds: the least that gives an interval
 QUICK = {"cluster": "local", "comms": ",".join(quick_methods()), "topologies": "1x1,2x1",
          "steps": 2, "repeats": 2}  # fmt: skip
 # a run's seed names its role in the table: round r of the methods and the reference runs
@@ -49,15 +45,13 @@ QUICK = {"cluster": "local", "comms": ",".join(quick_methods()), "topologies": "
 # protocol seed)
 SEED = 3000
 WARMUP_SEED, CALIBRATION_SEED = SEED - 2, SEED - 1
-# a sweep's wall time beyond its runs' own, per size: the size's profile and predictions
-# before the first run, and its launch (namespaces, link check, workers' imports); 45-60 s
-# in the full sweeps of 2026-12-01/02 and the model checks of 2026-12-04/05 on 2 cores
+# a sweep's wall time beyond its runs' own, per size (profile, predictions, launch): 45-60 s
+# in the sweeps of 2026-12-01/05 on 2 cores
 SIZE_OVERHEAD_S = 55.0
 Point = tuple[int, int, str, int]  # nodes, workers per node, method, seed
 
 
 def parse_topologies(text: str) -> list[tuple[int, int]]:
-    """``"1x1,2x1,2x2"`` -> ``[(1, 1), (2, 1), (2, 2)]`` (nodes x workers per node)."""
     out = []
     for item in (t.strip() for t in text.split(",") if t.strip()):
         try:
@@ -76,8 +70,7 @@ def parse_topologies(text: str) -> list[tuple[int, int]]:
 
 @dataclass
 class Plan(Saved):
-    """One scaling sweep; saved with its profiles and predictions (:meth:`prepare`) at
-    ``<results>/scaling/<sweep_id>.plan.json`` before its first run."""
+    """One scaling sweep; saved with its profiles and predictions before its first run."""
 
     FOLDER, WHAT = "scaling", "scaling"
     sweep_id: str
@@ -99,7 +92,6 @@ class Plan(Saved):
     launcher_overrides: Sequence[str] = ()
 
     def check(self) -> None:
-        """Names, sizes and every job's config, before anything runs (ConfigError)."""
         check_names("experiment", [self.experiment], options("experiment"))
         check_names("cluster", [self.cluster], options("cluster"))
         known = [s.name for s in methods.specs() if s.kind != "reference"]
@@ -126,9 +118,7 @@ class Plan(Saved):
         return [c for c in run if n >= methods.get(c).min_nodes]
 
     def points(self) -> list[Point]:
-        """(nodes, workers per node, comm, seed) of each run, size by size: a dense
-        warm-up, a compute-only calibration, then ``repeats`` rounds of the methods and the
-        compute-only reference, round r rotated by r / repeats of its length so that a
+        """Each run, size by size; round r rotated by r / repeats of its length, so that a
         drift in the machine's speed falls on every method alike."""
         out: list[Point] = []
         for n, m in self.topologies:
@@ -152,15 +142,9 @@ class Plan(Saved):
         return out
 
     def schedule(self, comm: str) -> tuple[int, int]:
-        """(warm-up epochs, measured epochs) of ``comm``'s runs: one warm-up epoch and
-        ``epochs - 1`` measured; a method that exchanges every H steps (a sync strategy's
-        period, :meth:`MethodSpec.period`) warms up over at least its first exchange and
-        measures whole periods, k x H steps, so that its step time holds its outer
-        synchronisation amortised over H."""
         return schedule(self.period_of(comm), self.steps, self.epochs - 1)
 
     def schedules(self) -> list[str]:
-        """A line per schedule: which methods' runs have it."""
         by: dict[tuple[int, int], list[str]] = {}
         for c in self.comms:
             by.setdefault(self.schedule(c), []).append(c)
@@ -202,16 +186,13 @@ class Plan(Saved):
             out.append((p, [*over, *methods.get(c).overrides()]))
         return out
 
-    # -- resuming: which runs have a finished record ---------------------------------------
     def pending(self, records: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
-        """Indices of the runs (:meth:`points`, each its own seed) without a finished
-        record (a failed or interrupted run measured nothing, ``RERUN_FAILED``)."""
+        """Indices of the runs without a finished record (a failed run measured nothing)."""
         if records is None:
             records = sweep_records(self.results_dir, self.sweep_id)
         return resume.pending(self.points(), records, key_of, RERUN_FAILED)
 
     def progress(self, records: Sequence[Mapping[str, Any]]) -> str:
-        """One line: how many runs are done, how many to go, the records by status."""
         points, todo = set(self.points()), len(self.pending(records))
         by = Counter(str(r.get("status")) for r in records if key_of(r) in points)
         total = len(self.points())
@@ -221,16 +202,12 @@ class Plan(Saved):
         )
 
     def run(self, sweep_dir: str | Path, runner: Callable[..., list[int]]) -> list[int]:
-        """The runs not yet done, through ``runner(jobs, sweep_dir, experiment)``
-        (``common.run_queued``: one launch per size here; or a Hydra launcher)."""
         jobs = self.jobs()
         return runner([jobs[i][1] for i in self.pending()], sweep_dir, self.experiment)
 
     def expected(self, walls: Mapping[tuple, list[float]]) -> tuple[float, int]:
-        """(s, runs counted): the runs still to go at the median wall time per step of
-        earlier scaling runs (``walls``: (nodes, workers per node, method) -> s per step;
-        (nodes, workers per node) -> the same over every method, for a method never run at
-        that size) times their steps, plus SIZE_OVERHEAD_S per size with runs to go."""
+        """(s, runs counted): the runs to go at the median wall time per step of earlier
+        runs (``walls``, per size and method, else per size), plus SIZE_OVERHEAD_S a size."""
         jobs, total, counted, sizes = self.jobs(), 0.0, 0, set()
         for i in self.pending():
             n, m, c, _ = jobs[i][0]
@@ -241,17 +218,14 @@ class Plan(Saved):
                 counted += 1
         return total + SIZE_OVERHEAD_S * len(sizes), counted
 
-    # -- before the first run: per-size profiles, then the model's predictions -------------
     def prepare(self) -> dict[str, Any]:
-        """Time each size's compute (its profile, or the same timing where nothing is
-        shaped), pin it for the size's runs, calibrate the model and predict every run.
-        Returns the plan the sweep writes before its first run."""
+        """Time and pin each size's compute, calibrate the model and predict every run: the
+        plan the sweep writes before its first run."""
         sizes = []
         for n, m in self.topologies:
             over = [*self.size_overrides(n, m), f"comm={sm.NOCOMM}"]
             cfg = to_object(compose(over))
-            # the size's workers computing at once (loader to update), the profile's
-            # compute: its link takes the paper's ratio times that
+            # the size's workers computing at once: the profile's compute
             together = sm.concurrent_step_s(over, n, m)
             if cfg.cluster.profile is not None:
                 cfg.cluster.profile_compute_s = together
@@ -291,8 +265,7 @@ class Plan(Saved):
         }  # fmt: skip
 
     def knobs(self) -> dict[str, Knobs]:
-        """Each method's knobs as its runs are configured (the trailing overrides
-        included), typed by its spec."""
+        """Each method's knobs as its runs are configured, typed by its spec."""
         n = {c: max(2, methods.get(c).min_nodes) for c in self.comms}
         cfgs = compose_all(
             [[*self.size_overrides(n[c], 1), *methods.get(c).overrides()] for c in self.comms]
@@ -323,8 +296,7 @@ class Plan(Saved):
 
 
 def _calibrate(cfg: Any, own: dict[str, Knobs]) -> tuple[sm.Calibration, int]:
-    """The model's micro-measurements on ``cfg``'s model (built as a worker builds it);
-    ``own``: the knobs of each optimizer method the sweep runs."""
+    """The model's micro-measurements on ``cfg``'s model (built as a worker builds it)."""
     import torch
 
     from bench.train.workload import WORKLOADS
@@ -337,9 +309,9 @@ def _calibrate(cfg: Any, own: dict[str, Knobs]) -> tuple[sm.Calibration, int]:
 
 
 def schedule(period: int, steps: int, measured: int) -> tuple[int, int]:
-    """(warm-up epochs, measured epochs) of ``steps`` steps each, for a method exchanging
-    every ``period`` steps: a warm-up that holds a whole period (one epoch at least), then
-    the fewest epochs, ``measured`` at least, that hold whole periods."""
+    """(warm-up epochs, measured epochs) of ``steps`` steps each for a method exchanging
+    every ``period`` steps: a warm-up of a whole period, then the fewest epochs, at least
+    ``measured``, that hold whole periods (its outer synchronisation amortised)."""
     if period <= 1:
         return 1, measured
     whole = period // math.gcd(period, steps)  # epochs in which the periods come out even
@@ -347,8 +319,7 @@ def schedule(period: int, steps: int, measured: int) -> tuple[int, int]:
 
 
 def key_of(rec: Mapping[str, Any]) -> Point | None:
-    """A scaling run's (nodes, workers per node, method, seed), as :meth:`Plan.points`
-    has it (a DeMo run, comm=nocomm, is ``demo``, not the compute-only reference)."""
+    """A scaling run's (nodes, workers per node, method, seed), as :meth:`Plan.points`."""
     cfg = rec.get("config") or {}
     cl = cfg.get("cluster") or {}
     if rec.get("comm") is None:
@@ -363,8 +334,7 @@ def plan_path(results_dir: str | Path, sweep_id: str) -> Path:
 
 
 def write_plan(plan: dict[str, Any], results_dir: str | Path, fields: Plan | None = None) -> Path:
-    """The plan, before the first run: the predictions precede every measurement; with
-    ``fields``, that sweep's own fields beside them (what a resumed sweep reloads)."""
+    """The plan, before the first run; with ``fields``, that sweep's own beside it."""
     path = plan_path(results_dir, plan["sweep_id"])
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists():
@@ -378,8 +348,7 @@ COMPARE_SKIP = (*RUN_FIELDS, "pinned")  # how a sweep runs, and what its first s
 
 
 def check_same(fresh: Plan, saved: Mapping[str, Any]) -> None:
-    """ConfigError unless ``fresh`` (the command given again with the sweep's id) is the
-    plan saved (its fields but ``COMPARE_SKIP``; the profiles and predictions aside)."""
+    """ConfigError unless ``fresh`` is the plan saved (but ``COMPARE_SKIP``)."""
     d = plan_dict(fresh)
     diff = sorted(k for k in d if k not in COMPARE_SKIP and d[k] != saved.get(k))
     if diff:
@@ -391,14 +360,12 @@ def check_same(fresh: Plan, saved: Mapping[str, Any]) -> None:
 
 
 def load(results_dir: str | Path, sweep_id: str) -> tuple[Plan, dict[str, Any]]:
-    """(the sweep's plan, its saved document: profiles and predictions)."""
     doc = read_plan(results_dir, sweep_id)
     return Plan.load(results_dir, sweep_id), doc
 
 
 def read_plan(results_dir: str | Path, sweep_id: str) -> dict[str, Any]:
-    """The plan's saved document; a plan made before rounds were (no ``repeats``, its runs
-    told apart by their order) is refused: its table is the CSV that sweep wrote."""
+    """The plan's saved document; one made before rounds were is refused."""
     path = plan_path(results_dir, sweep_id)
     if not path.is_file():
         raise ConfigError(f"no plan for sweep {sweep_id!r} at {path}")

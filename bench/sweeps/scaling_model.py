@@ -1,6 +1,5 @@
 """The performance model's prediction of every step time the scaling study measures, made
-before the sweep's first run from micro-measurements (compute, update, per-element costs,
-messages, the shaped link), and its projection to the paper's cluster
+before its first run from micro-measurements, and its projection to the paper's cluster
 (docs/internals/sweeps.md)."""
 
 from __future__ import annotations
@@ -27,16 +26,12 @@ from bench.comm.selection import SELECTORS
 from bench.launch.profile import ring_link_bytes
 from bench.methods import Knobs
 
-# each size's launch opens with WARMUP_RUNS runs of WARMUP_COMM, left out of its table
-# (the method's own row is its later run).  A communicating run, because compute-only runs
-# before any communication in an emulated launch ran 1.3-6x slower than the same run after
-# the methods (sweep scaling-20261202-024650-351018: its third compute-only run of each
-# size, the calibration, 0.50 s per step at 2 x 1 against 0.12 s at the end, 1.42 s
-# against 0.26 s at 2 x 2), while the dense run right after them ran at its usual speed
+# each size's launch opens with WARMUP_RUNS runs of WARMUP_COMM, left out of its table: a
+# communicating run, as compute-only runs before any communication in an emulated launch ran
+# 1.3-6x slower than after it (sweep scaling-20261202-024650-351018)
 WARMUP_RUNS = 1
 WARMUP_COMM = methods.names(group="baseline")[0]
-# compute-only runs after the warm-ups and before any method: their step time is the
-# model's compute input at that size (:func:`bench.sweeps.scaling_table.with_predictions`)
+# compute-only runs after the warm-ups: the model's compute input at that size
 CALIBRATION_RUNS = 1
 CONCURRENT_STEPS = 10  # timed steps of :func:`concurrent_step_s` (after 3 untimed)
 NOCOMM = methods.names(kind="reference")[0]  # the compute-only reference of every size
@@ -51,16 +46,15 @@ SHIFT_BYTES = (4096, 262144, 2097152)  # the ring shift's message sizes
 
 @dataclass
 class Calibration:
-    """What the model is calibrated on (per element and per step: alone, one thread)."""
+    """What the model is calibrated on (s per element and per step, alone, one thread)."""
 
     buckets: tuple[int, ...]
     shapes: tuple[tuple[tuple[int, ...], ...], ...]
     reduce_s: float
     dense_s: float
     scatter_s: float
-    # per top-k selector (bench.comm.selection), per element scanned, error feedback
-    # included; an optimizer method's under its name (DeMo's: its DCTs and selection, less
-    # the three elementwise passes its model charges beside)
+    # per top-k selector, per element scanned, error feedback included (DeMo's: its DCTs
+    # and selection, less the three elementwise passes its model charges beside)
     select_s: dict[str, float]
     update_s: float
     msg_lat_s: float  # one gloo message step over loopback
@@ -90,10 +84,8 @@ def element_costs(buckets: Sequence[int], density: float, world: int = 8) -> dic
 
 
 def demo_select_s(net: torch.nn.Module, chunk: int, topk: int, dense_s: float) -> float:
-    """DeMo's own work per element and step, alone on one thread (s): the DCT of each
-    momentum chunk, its top-k and the inverse DCT of the part sent (``DeMo.extract``),
-    then the inverse DCT of an average as a worker of several decodes it, less the three
-    elementwise passes :func:`bench.cluster.perfmodel.demo_exchange` charges beside."""
+    """DeMo's own work per element and step, alone on one thread (s): ``DeMo.extract`` and
+    the average's inverse DCT, less the three elementwise passes the model charges beside."""
     from bench.optim.demo import DeMo  # deferred: only a sweep with DeMo needs it
 
     params = [p.detach().clone() for p in net.parameters() if p.requires_grad]
@@ -111,7 +103,7 @@ def demo_select_s(net: torch.nn.Module, chunk: int, topk: int, dense_s: float) -
 
 
 def update_s(net: torch.nn.Module) -> float:
-    """One SGD-momentum step (torch's foreach) over ``net``'s parameters, alone (s)."""
+    """One SGD-momentum step over ``net``'s parameters, alone (s)."""
     params = [p.detach().clone().requires_grad_(True) for p in net.parameters() if p.requires_grad]
     for p in params:
         p.grad = torch.randn_like(p)
@@ -123,8 +115,7 @@ def ring_shift(
     rank: int, world: int, sizes: Sequence[int], reps: int = 5, pick: Any = statistics.median
 ) -> list[list[float]]:
     """(bytes, s) per size of each worker sending to the next while receiving from the one
-    before (``pick`` of the slowest rank's times: their median, or the fastest on a shared
-    machine); runs in :func:`bench.benchmarks.spawn.run_workers`."""
+    before (``pick`` of the slowest rank's times); runs in ``spawn.run_workers``."""
     out = []
     for n in sizes:
         t, r = torch.ones(max(1, n // 4)), torch.empty(max(1, n // 4))
@@ -143,9 +134,8 @@ def ring_shift(
 
 
 def _concurrent_worker(rank: int, world: int, overrides: list[str], steps: int) -> float:
-    """One of :func:`concurrent_step_s`'s workers: the size's workload, its loader, forward,
-    backward and SGD-momentum update, no DDP and nothing sent; each step starts at a
-    barrier and counts as long as its slowest worker took (median over ``steps``)."""
+    """One of :func:`concurrent_step_s`'s workers: the size's workload with nothing sent;
+    each step from a barrier to its slowest worker (median over ``steps``)."""
     from bench.config import to_object
     from bench.sweeps.common import compose
     from bench.train.workload import WORKLOADS
@@ -177,8 +167,7 @@ def _concurrent_worker(rank: int, world: int, overrides: list[str], steps: int) 
 
 
 def concurrent_step_s(overrides: Sequence[str], nodes: int, per_node: int) -> float:
-    """The compute-only step of ``nodes x per_node`` workers computing at once on this host
-    (s), timed in spawned processes before the sweep's first run."""
+    """The compute-only step of ``nodes x per_node`` workers at once on this host (s)."""
     from bench.benchmarks.spawn import run_workers  # deferred: spawns gloo workers
 
     world = nodes * per_node
@@ -191,7 +180,7 @@ def calibrate(
     net: torch.nn.Module, density: float, bucket_cap_mb: float, own: dict[str, Knobs] | None = None
 ) -> Calibration:
     """Every micro-measurement of :class:`Calibration` (about 10 s on 2 cores); ``own``:
-    the knobs of each optimizer method (DeMo: chunk, top-k) the sweep runs."""
+    the knobs of each optimizer method the sweep runs."""
     from bench.benchmarks.spawn import run_workers  # deferred: spawns 2 gloo workers
 
     buckets, shapes = projection.ddp_buckets(net, bucket_cap_mb)
@@ -231,10 +220,8 @@ def predict(
     k: Knobs | None = None,
     update_included: bool = False,
 ) -> dict[str, float]:
-    """The model's step time (and its compute-only step) of method ``comm`` with knobs
-    ``k`` (None: its defaults) at one size (s), from ``compute_s`` and the shaped link's
-    rate ``link_bps`` (None: the loopback path): its spec's price, its selection cost its
-    selector's (a flat top-k hook's own, the shards' selector of a hierarchical one)."""
+    """The model's step time and compute-only step of ``comm`` at one size (s), from
+    ``compute_s`` and the shaped link's ``link_bps`` (None: the loopback path)."""
     spec = methods.get(comm)
     k = spec.knobs_of({}) if k is None else k
     f = contention(nodes, per_node, cal.cores)
@@ -257,17 +244,14 @@ def predict(
 
 
 def dense_link_s(numel: int, nodes: int, per_node: int, link_bps: float | None) -> float:
-    """A dense ring allreduce's bytes over each node's link at ``link_bps`` (s): the link
-    time of the profile's ratio (NaN without a shaped link)."""
+    """A dense ring allreduce's time on each node's link at ``link_bps`` (s; NaN unshaped)."""
     if not link_bps or nodes < 2:
         return math.nan
     return ring_link_bytes(numel, nodes, per_node) * 8 / link_bps
 
 
 def projected_rows(comms: Sequence[str], measured_world: int) -> list[dict[str, Any]]:
-    """The model's rows for the paper's cluster (25 Gbit/s, 1-16 nodes x 8 V100) of the
-    comm hooks among ``comms``, each with its band and how far it extrapolates from the
-    largest measured size."""
+    """The model's rows for the paper's cluster of the comm hooks among ``comms``."""
     hooks = [methods.get(c) for c in comms if c in methods.METHODS]
     hooks = [s for s in hooks if s.kind == "hook"]
     rows = projection.project(hooks, gbps=(PAPER["gbps"],), nodes=PAPER["nodes"])

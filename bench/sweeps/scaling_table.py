@@ -1,10 +1,7 @@
-"""The scaling study's table: per (size, method) the step time over the sweep's rounds
-(geometric mean, its 95 % interval, n), the efficiency against the same size's
-compute-only runs with its interval, the textbook efficiency, the model's prediction (the
-sweep's plan) beside them, and the projection to the paper's cluster.  One row per
-(size, method), ``kind`` ``measured`` or ``projected``; every column:
-docs/internals/report.md.  An efficiency above 1 reads by one rule (:func:`above_one`),
-in this table's ``note``, the figure and the report.
+"""The scaling study's table: per (size, method) the step time over the rounds, the
+efficiency against the size's compute-only runs, the model's prediction beside them, and
+the projection to the paper's cluster; every column: docs/internals/report.md.  An
+efficiency above 1 reads by one rule (:func:`above_one`) in the note, figure and report.
 """
 
 from __future__ import annotations
@@ -41,10 +38,6 @@ REPORT_COLUMNS = [
     # an older table's names (before the compute-only reference)
     "nnodes", "nproc_per_node", "throughput_samples_per_s", "run_id",
 ]  # fmt: skip
-FINISHED = ("ok", "target_missed")  # a run with a step time (no target in these runs)
-
-# how an efficiency above 1 (a method stepping faster than computing alone) reads: one rule
-# for the table's note, the figure and the report
 HOLDS_ONE, FAULT = "holds 1", "fault"
 ABOVE_ONE = {
     HOLDS_ONE: "above 1, its interval holding 1: as fast as computing alone within the "
@@ -56,8 +49,8 @@ ABOVE_ONE = {
 
 
 def above_one(eff: float, low: float, high: float) -> str:
-    """``""`` for an efficiency at or below 1 as printed (2 decimals), :data:`HOLDS_ONE`
-    when its interval holds 1, else :data:`FAULT` (its interval above 1, or none)."""
+    """``""`` at or below 1 as printed, :data:`HOLDS_ONE` when its interval holds 1, else
+    :data:`FAULT`."""
     if not eff == eff or round(eff, 2) <= 1.0:
         return ""
     return HOLDS_ONE if low == low and low <= 1.0 else FAULT
@@ -72,16 +65,14 @@ def above_one_of(df: pd.DataFrame) -> pd.Series:
 
 
 def point_text(r: Mapping[str, Any]) -> str:
-    """``0.52 [0.48, 0.55] at 2x2``: a row's efficiency, its 95 % interval where it has
-    one, and its size."""
+    """``0.52 [0.48, 0.55] at 2x2``: a row's efficiency, its interval, and its size."""
     lo, hi = r.get("efficiency_ci_low"), r.get("efficiency_ci_high")
     eff = ci_text(r["efficiency"], lo, hi, plain=True)
     return f"{eff} at {int(r['nodes'])}x{int(r['workers_per_node'])}"
 
 
 def above_one_lines(df: pd.DataFrame) -> list[str]:
-    """A line per kind of measured point above 1 (:func:`above_one`): each point with its
-    interval, then what the kind means."""
+    """A line per kind of measured point above 1: each point, then what the kind means."""
     meas = df[df["kind"] == "measured"] if "kind" in df.columns else df
     flag, out = above_one_of(meas), []
     for f, text in ABOVE_ONE.items():
@@ -93,7 +84,7 @@ def above_one_lines(df: pd.DataFrame) -> list[str]:
 
 def run_timing(rec: Mapping[str, Any], warm: int = 1) -> tuple[float, float, int]:
     """(s per step, samples per s, steps) over a run's epochs after the first ``warm``
-    (a single epoch: that one), from its curve; NaNs when the curve is missing."""
+    (a single epoch: that one); NaNs without a curve."""
     curve = rec.get("curve")
     if not curve or not Path(curve).is_file():
         return math.nan, math.nan, 0
@@ -107,22 +98,15 @@ def run_timing(rec: Mapping[str, Any], warm: int = 1) -> tuple[float, float, int
     return secs / steps, float(later[SAMPLES].sum()) / secs, steps
 
 
-def _periods(rec: Mapping[str, Any], steps: int) -> str:
-    """A note when a run's measured steps are not whole periods of its exchange."""
-    spec = methods.of(rec)
-    h = spec.period(spec.knobs_of(rec.get("config") or {})) if spec else 1
-    return f"measured {steps} steps, not whole periods of {h}" if steps % h else ""
-
-
 def measured_rows(
     records: Sequence[Mapping[str, Any]], plan: Mapping[str, Any]
 ) -> list[dict[str, Any]]:
-    """A row per (size, method) with a finished run in a round (an error run has no step
-    time: left out, counted by the caller; a run recorded twice: its latest), each
-    method's step times over its rounds in ``times``; a size's calibration run gives its
-    compute-only row's ``calibration_step_s``; warm-ups are left out."""
+    """A row per (size, method) with a finished run in a round (its latest), its step
+    times in ``times``; a size's calibration run gives its compute-only row's
+    ``calibration_step_s``; warm-ups are left out."""
     sched = plan.get("schedule") or {}
-    latest = {k: r for r in records if r.get("status") in FINISHED and (k := key_of(r))}
+    ok = ("ok", "target_missed")
+    latest = {k: r for r in records if r.get("status") in ok and (k := key_of(r))}
     runs: dict[tuple[int, int, str], list[dict[str, Any]]] = {}
     cal: dict[tuple[int, int], float] = {}
     for (n, m, comm, seed), r in sorted(latest.items(), key=lambda kv: kv[0][3]):
@@ -131,9 +115,12 @@ def measured_rows(
             cal[(n, m)] = step
         elif seed >= SEED and step == step:
             cl = (r.get("config") or {}).get("cluster") or {}
+            spec = methods.of(r)
+            h = spec.period(spec.knobs_of(r.get("config") or {})) if spec else 1
+            note = f"measured {steps} steps, not whole periods of {h}" if steps % h else ""
             runs.setdefault((n, m, comm), []).append({
                 "step": step, "thr": thr, "steps": steps, "run_id": str(r.get("run_id")),
-                "cluster": cl.get("name", ""), "note": _periods(r, steps),
+                "cluster": cl.get("name", ""), "note": note,
                 "bw": cl.get("inter_node_bandwidth") if n > 1 else "",
                 "ratio": (r.get("cluster_profile") or {}).get("target_ratio", math.nan),
             })  # fmt: skip
@@ -156,11 +143,9 @@ def measured_rows(
 
 
 def efficiency(df: pd.DataFrame) -> pd.DataFrame:
-    """``compute_only_step_s``, ``efficiency`` with its interval (Welch's t on the log step
-    times of the size's compute-only runs and the method's, :func:`log_t_interval`: the
-    ratio of their geometric means) and ``textbook_efficiency`` of measured rows; the
-    compute-only row's efficiency is 1 by definition (no interval), its drift since the
-    calibration run ``compute_drift``."""
+    """``efficiency`` (:func:`log_t_interval` of the size's compute-only step times over
+    the method's; 1 for the compute-only row), ``textbook_efficiency`` and
+    ``compute_drift`` of measured rows."""
     df = df.copy()
     ref = df[df["comm"] == sm.NOCOMM].set_index(["nodes", "workers_per_node"])
     cells = []
@@ -192,9 +177,8 @@ def with_predictions(df: pd.DataFrame, plan: Mapping[str, Any]) -> pd.DataFrame:
     before = [p.get("predicted_step_s", math.nan) for p in get]
     planned = [p.get("predicted_compute_only_step_s", math.nan) for p in get]
     df["predicted_before_launch_s"] = before
-    # the model's compute input at each size: the size's calibration run, measured in
-    # its launch before any method ran (a plan without one: the timing before the launch);
-    # the model's step is compute + exposed aggregation + update, so a new compute shifts it
+    # the model's compute input at each size: its calibration run (else the timing before
+    # the launch); the model's step is compute + exposed aggregation + update
     cal = calibration(df)
     cal_of = [cal.get((n, m), math.nan) for n, m, _ in keys]
     compute = [c if c == c else p for c, p in zip(cal_of, planned)]
@@ -215,7 +199,6 @@ def with_predictions(df: pd.DataFrame, plan: Mapping[str, Any]) -> pd.DataFrame:
 
 
 def calibration(df: pd.DataFrame) -> dict[tuple[int, int], float]:
-    """(nodes, workers per node) -> the size's calibration step (s), where it ran."""
     if "calibration_step_s" not in df.columns:
         return {}
     rows = df[(df["comm"] == sm.NOCOMM) & df["calibration_step_s"].notna()]
@@ -257,8 +240,6 @@ def build_table(records: Sequence[Mapping[str, Any]], plan: Mapping[str, Any]) -
 
 
 def format_table(df: pd.DataFrame) -> str:
-    """The table as printed: measured rows (step time and efficiency with their 95 %
-    intervals over the rounds, n of them) with their predictions, then the projection."""
     if df.empty:
         return "(no rows)"
     show = pd.DataFrame({
@@ -277,8 +258,7 @@ def format_table(df: pd.DataFrame) -> str:
 
 
 def summary(df: pd.DataFrame) -> list[str]:
-    """Lines saying how the points above 1 read, whether the model held, where not, and
-    what the projection means."""
+    """Lines saying how the points above 1 read and whether the model held."""
     meas = df[df["kind"] == "measured"]
     err = meas.dropna(subset=["model_error"])
     out = above_one_lines(meas)

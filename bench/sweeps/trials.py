@@ -1,9 +1,6 @@
-"""The tuning protocol's trials: each method's knob settings x the learning rate, the same
-number of knob settings per method drawn by a scrambled Halton sequence (AlgoPerf's external
-tuning draws a fixed number of quasirandom points per submission), each tried at every rate
-of LR_FACTORS; the trials the rate extension adds beyond them (:mod:`bench.sweeps.
-extension`); schedules on the step axis, and the refusal of two trials that would send and
-learn alike.
+"""The tuning protocol's trials: the same number of knob settings per method, drawn by a
+scrambled Halton sequence (as AlgoPerf's external tuning draws quasirandom points), each at
+every rate of LR_FACTORS; and the refusal of two trials that would send and learn alike.
 """
 
 from __future__ import annotations
@@ -31,15 +28,11 @@ DRAW_SEED = 0  # the Halton sequence's scramble: the same knob settings every ti
 
 @dataclass(frozen=True)
 class Trial:
-    """One trial: its label (what it runs), its overrides, its knob setting (``cell``, the
-    label's part before the rate), its rate (x the method's centre) and the extension
-    round that added it (0: the grid)."""
-
     label: str
     overrides: tuple[tuple[str, Any], ...]  # (Hydra key, value), in knob order
-    cell: str = ""
-    rate: float = 1.0
-    round: int = 0
+    cell: str = ""  # the knob setting: the label's part before the rate
+    rate: float = 1.0  # x the method's centre
+    round: int = 0  # the extension round that added it (0: the grid)
 
     def values(self) -> dict[str, Any]:
         return dict(self.overrides)
@@ -53,9 +46,8 @@ class Trial:
 
 
 def draw(knobs: Space, centre: float, n: int = KNOB_CELLS, seed: int = DRAW_SEED) -> list[Trial]:
-    """``n`` knob settings of ``knobs``, each at every rate of LR_FACTORS x ``centre``: all
-    settings when there are ``n``, else the first ``n`` distinct cells a scrambled Halton
-    sequence visits (ConfigError: fewer)."""
+    """``n`` knob settings of ``knobs`` (the first distinct cells a scrambled Halton
+    sequence visits), each at every rate of LR_FACTORS x ``centre``."""
     from scipy.stats import qmc
 
     points = [
@@ -82,7 +74,7 @@ def draw(knobs: Space, centre: float, n: int = KNOB_CELLS, seed: int = DRAW_SEED
 
 def beyond(grid: Sequence[Trial], label: str) -> Trial | None:
     """The trial ``label`` names: one of ``grid``, or a knob setting of it at another rate
-    (``<setting>-lr<rate>x``: a trial the rate extension added); None if neither."""
+    (added by the rate extension); None if neither."""
     for t in grid:
         if t.label == label:
             return t
@@ -94,8 +86,7 @@ def beyond(grid: Sequence[Trial], label: str) -> Trial | None:
 
 
 def sends(comm: str, values: Mapping[str, Any], steps: int) -> list[tuple[str, Knobs]]:
-    """What each of a trial's first ``steps`` optimizer steps sends, as its spec prices it:
-    (method, the knobs of the timing run of that step), dense in a warm-up."""
+    """(method, timing knobs) of each of a trial's first ``steps`` optimizer steps."""
     spec = methods.get(comm)
     phases = spec.phases(spec.knobs_of(values), range(steps))
     return [(m, methods.get(m).timing_knobs(k)) for m, k in phases]
@@ -106,19 +97,13 @@ SCHEDULE_KEYS = ("density", "warmup_steps", "density_schedule", "schedule_steps"
 
 
 def _learns(k: Knobs) -> tuple[tuple[str, Any], ...]:
-    """``k``'s fields that change the learning (:func:`bench.methods.spec.key`)."""
-    return tuple(
-        (f.name, getattr(k, f.name))
-        for f in dataclasses.fields(k)
-        if f.metadata.get("learns", True)
-    )
+    fields = dataclasses.fields(k)
+    return tuple((f.name, getattr(k, f.name)) for f in fields if f.metadata.get("learns", True))
 
 
 def effect(values: Mapping[str, Any], comm: str, budget: int) -> tuple[Any, ...]:
-    """What a trial sends at each of the first ``budget`` optimizer steps, and every other
-    setting that changes the learning: two trials with the same send alike within the
-    budget and learn alike, so they are one trial (a knob declared not to change the
-    learning, DDP's bucket size, does not set them apart)."""
+    """What a trial sends at each of the first ``budget`` steps, and every other setting
+    that changes the learning (a knob declared not to, DDP's bucket size, is left out)."""
     quiet = {
         f.metadata["key"]
         for f in dataclasses.fields(methods.get(comm).knob_type)
@@ -134,8 +119,6 @@ def effect(values: Mapping[str, Any], comm: str, budget: int) -> tuple[Any, ...]
 
 
 def check_distinct(comm: str, trials: Sequence[Trial], budget: int) -> None:
-    """ConfigError when two trials of ``comm`` send alike within ``budget`` steps and
-    learn alike (:func:`effect`)."""
     seen: dict[tuple[Any, ...], str] = {}
     for t in trials:
         key = effect(t.values(), comm, budget)
@@ -148,8 +131,7 @@ def check_distinct(comm: str, trials: Sequence[Trial], budget: int) -> None:
 
 
 def ran(phases: Sequence[tuple[int, str, Knobs]]) -> str:
-    """What a run sent, (steps, method, knobs) per phase: ``dense x 15, hitopk 0.1 x 5,
-    powersgd rank 8 x 40`` (printed beside a trial's label: the schedule that ran)."""
+    """What a run sent, (steps, method, knobs) per phase: ``dense x 15, hitopk 0.1 x 5``."""
     out = []
     for steps, what, k in phases:
         rank, density = getattr(k, "rank", None), getattr(k, "density", 1.0)
@@ -159,8 +141,7 @@ def ran(phases: Sequence[tuple[int, str, Knobs]]) -> str:
 
 
 def check_reached(comm: str, space: Sequence[tuple[str, Mapping[str, Any]]], ref: int) -> None:
-    """What every trial is labelled with (its final density, PowerSGD's rank) is sent
-    before dense's steps to target ``ref`` (ConfigError otherwise)."""
+    """ConfigError unless each trial's final knobs are sent within ``ref`` steps."""
     spec = methods.get(comm)
     for label, values in space:
         final = spec.timing_knobs(spec.knobs_of(values))
@@ -170,8 +151,7 @@ def check_reached(comm: str, space: Sequence[tuple[str, Mapping[str, Any]]], ref
 
 
 def check_placements(comm: str, space: Sequence[tuple[str, Mapping[str, Any]]], optim: str) -> None:
-    """Every placement a trial names fits the workload's optimizer ``optim`` (and ``update``
-    has its dense warm-up): bench.comm.placement's own refusal, before the sweep."""
+    """bench.comm.placement's own refusal of a trial's placement, before the sweep."""
     from bench.comm.config import Placement
     from bench.comm.placement import FITS
 
