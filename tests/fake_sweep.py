@@ -63,6 +63,7 @@ def runner(ran: list):
             step = COMPUTE_S * (1 + BITS * _share(name) / bps) if cfg["cluster"]["name"] != (
                 "local") else 0.1  # fmt: skip
             rec |= {"run_id": f"r{len(ran)}", "status": "target_missed", "experiment": experiment,
+                    "world_size": 4, "nnodes": 2, "data": "digits",
                     "target_metric": "top1", "target_value": 0.98,
                     "hardware": f"CPU {cpu_model()} (2 cores), no GPU",
                     "protocol": {"name": pr.NAME, "role": role, "trial": trial,

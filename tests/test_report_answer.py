@@ -298,7 +298,7 @@ def test_the_speedup_figure_draws_each_cluster_against_its_own_best_peer() -> No
     )
     blocks = _speedup_blocks(df)
     assert [(h, p) for h, p, _ in blocks] == [
-        ("emulated 2 x 2 (measured: the end-to-end check)", "streaming_diloco"),
+        ("emulated 2 x 2 (measured)", "streaming_diloco"),
         ("paper (projected, ratio 1.34)", "fp16"),
     ]
     # within a cluster, by speedup over dense

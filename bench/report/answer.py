@@ -33,6 +33,7 @@ from bench.report.tables import (
     protocol_tables,
     records_section,
     rel,
+    shaped_to,
     table_cell,
     target_text,
     verdict_text,
@@ -79,7 +80,7 @@ def shaped_first(records: list[dict]) -> list[dict]:
     return sorted(records, key=lambda r: cfg_of(r, "cluster", "name") != "emulated")
 
 
-def where(records: list[dict], count: bool = True) -> str:
+def where(records: list[dict], count: bool = True, links: pd.DataFrame | None = None) -> str:
     """The workers, nodes, hardware and link of a sweep's runs (the shaped link's first)."""
     records = shaped_first(records)
     r = records[0] if records else {}
@@ -92,6 +93,16 @@ def where(records: list[dict], count: bool = True) -> str:
         if cluster == "local" else "nodes"
     )  # fmt: skip
     text = f"{r.get('world_size')} workers on {r.get('nnodes')} {kind} sharing a {hw}"
+    if links is not None and not links.empty:  # each measured cluster's own shaped link
+        each = links.drop_duplicates("cluster")
+        text += ", emulated inter-node links shaped to " + _names(
+            [
+                f"{r.bandwidth_bps / 1e6:.1f} Mbit/s (ratio {r.measured_ratio:.2f} measured, "
+                f"for {r.target_ratio:.2f})"
+                for r in each.itertuples()
+            ]
+        )
+        return text + f"; the measured runs on {each['cpu_kind'].iloc[0]}"
     if link.get("bandwidth_gbps"):
         text += (
             f", an emulated inter-node link measured at {1e3 * link['bandwidth_gbps']:.0f} Mbit/s"
@@ -233,42 +244,75 @@ def column_verdict(col: versus.Column) -> str:
 
 def _header(col: versus.Column) -> str:
     if col.measured:
-        return f"**measured**: {col.cluster} 2 x 2"
+        at = shaped_to(col.cluster)
+        return (
+            f"**measured** at {at}: emulated 2 x 2" if at else f"**measured**: {col.cluster} 2 x 2"
+        )
     return f"**projected**: `{col.cluster}`, ratio {col.ratio:.2f}"
 
 
-def short_table(answers: list[tuple[str, list[versus.Column], float | None]]) -> list[str]:
+def measured_table(table: Path) -> pd.DataFrame | None:
+    """The sweep's prediction-and-measurement table (``<sweep_id>-measured.csv``), if any."""
+    path = table.with_name(f"{table.stem}-measured.csv")
+    return pd.read_csv(path) if path.is_file() else None
+
+
+def model_speedups(m: pd.DataFrame | None) -> dict[tuple[str, str], float]:
+    """(measured cluster, method) -> the model's predicted speedup over the baseline there."""
+    if m is None:
+        return {}
+    pred = {(str(r.cluster), str(r.comm)): float(r.predicted_s) for r in m.itertuples()}
+    base = methods.baseline()
+    return {
+        (c, x): pred[(c, base)] / t for (c, x), t in pred.items() if (c, base) in pred and t > 0
+    }
+
+
+Answer = tuple[str, list[versus.Column], float | None, dict[tuple[str, str], float]]
+
+
+def short_table(answers: list[Answer]) -> list[str]:
     """Per workload a row naming the first to the target, then each paper method's speedup."""
-    heads = list(dict.fromkeys(_header(c) for _, cols, _ in answers for c in cols))
+    heads = list(dict.fromkeys(_header(c) for _, cols, *_ in answers for c in cols))
     lines = [f"| | {' | '.join(heads)} |", "| --- |" + " --- |" * len(heads)]
     base = methods.baseline()
-    for exp, cols, own in answers:
+    for exp, cols, own, model in answers:
         at = {_header(c): c for c in cols}
         cells = []
         for h in heads:
             c = at.get(h)
             tied = c.tied_first() if c else []
-            ratio = f"(ratio {own:.2f}) " if c and c.measured and own else ""
+            old = c and c.measured and own and not shaped_to(c.cluster)  # an older sweep's
+            ratio = f"(ratio {own:.2f}) " if old else ""
             cells.append(ratio + ("tie: " if len(tied) > 1 else "") + ", ".join(tied) or "-")
         lines.append(f"| **{exp}**: first to target | {' | '.join(cells)} |")
+
+        def cell(c: versus.Column | None, m: str, model: dict = model) -> str:
+            if c is None or not {m, base} <= set(c.times):
+                return "-"
+            x = model.get((c.cluster, m))
+            return c.versus(base, m).text() + (f" (model {x:.2f}x)" if x else "")
+
         for m in methods.paper():
-            row = [
-                at[h].versus(base, m).text() if h in at and {m, base} <= set(at[h].times)
-                else "-"
-                for h in heads
-            ]  # fmt: skip
+            row = [cell(at.get(h), m) for h in heads]
             if any(c != "-" for c in row):  # a method the sweep did not run has no row
                 lines.append(f"| {m} vs {base} | {' | '.join(row)} |")
     return lines
 
 
-def legend_line(n_seeds: int) -> str:
+def legend_line(n_seeds: int, shaped: bool = True) -> str:
     a = projection.ASSUMPTIONS
     nic, hid = a["nic_efficiency"], a["hidden"]
+    how = (
+        "its link shaped until dense's measured communication / compute is the named ratio "
+        "within 15 % (model: the performance model's prediction, made before the runs)"
+        if shaped
+        else "at the communication / compute ratio its baseline measured"
+    )
     return (
         f"Cells: speedup in time to target over {methods.baseline()} DDP [95 % interval over "
-        f"{n_seeds} evaluation seeds]; measured: end to end on the emulated cluster's clock, "
-        "at the communication / compute ratio its baseline measured; projected: each run's "
+        f"{n_seeds} evaluation seeds]; measured: end to end on an emulated 2 x 2's clock, "
+        f"{how}; projected: each run's "
         "steps to target x the performance model's step time on 16 x 8 V100 at 25 Gbit/s at "
         "that ratio of dense fp32 communication to compute, its band the interval's range "
         f"over the model's assumptions (NIC efficiency {nic.low:g}-{nic.high:g}, hidden "
@@ -303,13 +347,68 @@ def answer_table_v2(df: pd.DataFrame) -> list[str]:
     return lines
 
 
+def prediction_lines(m: pd.DataFrame | None, stem: str) -> list[str]:
+    """The model's prediction of each measured cluster (made before its runs) beside the
+    measured time to target, per method, and the error's median size per cluster."""
+    if m is None or m.empty:
+        return []
+    out = [
+        "The model's prediction of each measured cluster, made before its evaluation runs "
+        "(each tuning run's steps x the modelled step on that link, the median over the "
+        "tuning seeds), and the measured time to target (median [95 % interval]):",
+        "",
+        "| measured at | method | predicted | measured | error |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for r in m.itertuples():
+        got = ci_text(r.measured_median_s, r.measured_ci_low_s, r.measured_ci_high_s, 1, " s")
+        err = f"{100 * r.prediction_error:+.0f} %"
+        out.append(f"| {r.target_ratio:.2f} | {r.comm} | {r.predicted_s:.1f} s | {got} | {err} |")
+    size = m.assign(e=m["prediction_error"].abs()).groupby("target_ratio", sort=False)["e"]
+    each = [f"{100 * e:.0f} % at {t:.2f}" for t, e in size.median().items()]
+    files = f"`{stem}-prediction.csv`, `{stem}-measured.csv`"
+    return [*out, "", f"Median size of the error over the methods: {_names(each)} ({files}).", ""]
+
+
+def carryover_lines(table: Path, stem: str) -> list[str]:
+    """Steps to target at 8 x 2 against 2 x 2 (per-worker batch held), and what it changed."""
+    path = table.with_name(f"{table.stem}-carryover.csv")
+    if not path.is_file():
+        return []
+    c = pd.read_csv(path)
+    out = [
+        "Do steps to target carry over from 2 nodes to 8 (2 workers each, the per-worker batch "
+        "held)? The ratio of steps, 8 nodes over 2, paired by seed [95 % interval], and that "
+        f"ratio over {methods.baseline()}'s:",
+        "",
+        "| method | trial | steps, 2 x 2 | steps, 8 x 2 | ratio | vs dense's | projections use |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in c.itertuples():
+        out.append(
+            f"| {r.comm} | `{r.trial}` | {r.steps_2_nodes:.1f} | {r.steps_8_nodes:.1f} | "
+            f"{ci_text(r.ratio, r.ratio_ci_low, r.ratio_ci_high, 2, 'x')} | "
+            f"{ci_text(r.vs_dense, r.vs_dense_ci_low, r.vs_dense_ci_high, 2, 'x')} | "
+            f"{'8-node steps' if r.use_8_node_steps else '2-node steps'} |"
+        )
+    moved = sorted(set(c.loc[c["use_8_node_steps"].astype(bool), "comm"]))
+    what = (
+        f"{_names(moved)} differ from dense's ratio by more than 15 %, so their projections "
+        "(and dense's beside them) take the steps measured at 8 nodes"
+        if moved
+        else "every method's ratio is within 15 % of dense's, so the projections keep the "
+        "steps measured at 2 nodes"
+    )
+    return [*out, "", f"What it changed: {what} (`{stem}-carryover.csv`).", ""]
+
+
 def answer_sections(
     records: list[dict], tables: dict[str, Path], base: Path
 ) -> tuple[list[str], list[str], list[str], dict[str, list[versus.Column]]]:
     """(the short answer, the answer per workload, the appendix's part, each workload's
     columns) from ``tables`` (experiment -> its newest protocol table)."""
     sentences, settings, detail, appendix = [], [], [], []
-    answers: list[tuple[str, list[versus.Column], float | None]] = []
+    answers: list[Answer] = []
     seeds, ran = 0, set()
     for name, exp in protocol.WORKLOADS.items():
         detail += [f"### {exp} ({name} workload)", ""]
@@ -330,35 +429,39 @@ def answer_sections(
         m = measured_ratio(shaped_first(recs))
         own = m[0] / (m[1] - m[0]) if m else None
         heads = [
-            ("measured" + (f" at its own ratio {own:.2f}" if own else ""))
-            if c.measured
+            f"measured at {shaped_to(c.cluster)}" if c.measured and shaped_to(c.cluster)
+            else ("measured" + (f" at its own ratio {own:.2f}" if own else "")) if c.measured
             else f"projected at {c.ratio:.2f}"
             for c in cols
-        ]
+        ]  # fmt: skip
         parts = [f"{h}: {column_verdict(c)}" for h, c in zip(heads, cols, strict=True)]
         sentences.append(f"- **{exp}** (to {target}): {'; '.join(parts)}.")
-        answers.append((exp, cols, own))
+        mt = measured_table(table)
+        answers.append((exp, cols, own, model_speedups(mt)))
         seeds = max(seeds, int(df["n_runs"].max()))
-        settings.append(f"{exp} ({target}): {where(recs, count=False)}")
+        settings.append(f"{exp} ({target}): {where(recs, count=False, links=mt)}")
         t = rel(table, base)
         detail += [
             setting(recs, df, plan_of(table), again),
             "",
             f"Speedup over {methods.baseline()} of each method's configuration tuned for that "
-            "cluster (95 % Welch interval on log time over the evaluation seeds); the emulated "
-            "2 x 2 column is measured on its clock and checks the composition, the others "
-            "compose each run's logged steps with the model's time per step:",
+            "cluster (95 % Welch interval on log time over the evaluation seeds); a measured "
+            "column is the runs' own clock on an emulated 2 x 2, the projected ones compose "
+            "each run's logged steps with the model's time per step:",
             "",
             *answer_table_v2(df),
             "",
             f"Table: `{t}`; every trial, its runs and the selection per cluster: "
             f"`{t[:-4]}-tuning.csv`.",
             "",
+            *prediction_lines(mt, t[:-4]),
+            *carryover_lines(table, t[:-4]),
         ]
         appendix += [f"### {exp}", "", *resolution_lines(base, recs, df[df["ratio"].isna()])]
     short = [question(ran or None), ""]
     if answers:
-        short += [*sentences, "", *short_table(answers), "", legend_line(seeds), ""]
+        shaped = any(shaped_to(c.cluster) for _, cols, _, _ in answers for c in cols)
+        short += [*sentences, "", *short_table(answers), "", legend_line(seeds, shaped), ""]
     names = {str(plan_of(t).get("name", "")) for t in tables.values()}
     older = sorted(n for n in names if n and n != protocol.NAME)
     standing = (
@@ -371,7 +474,7 @@ def answer_sections(
         "**Setting:** every method tuned with the same budget for each column, then trained "
         f"on fresh evaluation seeds; {'; '.join(settings)}; each in full: below.{standing}"
     )
-    return [*short, ""], detail, appendix, {exp: cols for exp, cols, _ in answers}
+    return [*short, ""], detail, appendix, {a[0]: a[1] for a in answers}
 
 
 def bench_headlines(inputs: Inputs) -> dict[str, list[tuple[str, str]]]:

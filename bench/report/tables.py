@@ -326,11 +326,18 @@ def protocol_section(paths: list[Path], base: Path) -> list[str]:
     return out
 
 
+def shaped_to(cluster: str) -> str | None:
+    """``1.34`` of a measured cluster shaped to a named ratio (``measured-1.34``), else None."""
+    head, _, ratio = cluster.partition("-")
+    return ratio if head == "measured" and ratio else None
+
+
 def cluster_title(cluster: str, ratio: float) -> str:
-    """``paper (projected, ratio 1.34)``, or the check cluster's label (ratio NaN: measured
-    on the check cluster's clock)."""
+    """``paper (projected, ratio 1.34)``, ``measured at 1.34 (emulated 2 x 2)``, or an older
+    sweep's check cluster (ratio NaN: measured on its clock)."""
     if ratio != ratio:
-        return f"{cluster} 2 x 2 (measured: the end-to-end check)"
+        at = shaped_to(cluster)
+        return f"measured at {at} (emulated 2 x 2)" if at else f"{cluster} 2 x 2 (measured)"
     return f"{cluster} (projected, ratio {ratio:.2f})"
 
 
