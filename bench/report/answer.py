@@ -19,6 +19,13 @@ from bench.report import versus
 from bench.report.claims import comparison_section, headline_section
 from bench.report.commands import CommandMaker, runs_dir, unrun_experiments
 from bench.report.figures import Figure, headlines, newest_runs
+from bench.report.measured import (
+    and_list,
+    carryover_lines,
+    measured_table,
+    model_speedups,
+    prediction_lines,
+)
 from bench.report.scaling import scaling_lines
 from bench.report.tables import (
     NO_FIGURES,
@@ -95,7 +102,7 @@ def where(records: list[dict], count: bool = True, links: pd.DataFrame | None = 
     text = f"{r.get('world_size')} workers on {r.get('nnodes')} {kind} sharing a {hw}"
     if links is not None and not links.empty:  # each measured cluster's own shaped link
         each = links.drop_duplicates("cluster")
-        text += ", emulated inter-node links shaped to " + _names(
+        text += ", emulated inter-node links shaped to " + and_list(
             [
                 f"{r.bandwidth_bps / 1e6:.1f} Mbit/s (ratio {r.measured_ratio:.2f} measured, "
                 f"for {r.target_ratio:.2f})"
@@ -216,11 +223,6 @@ def resolution_lines(base: Path, recs: list[dict], df: pd.DataFrame) -> list[str
     return [text + ".", ""]
 
 
-def _names(xs: list[str]) -> str:
-    """``a``, ``a and b``, ``a, b and c``."""
-    return xs[0] if len(xs) == 1 else f"{', '.join(xs[:-1])} and {xs[-1]}"
-
-
 STATUS = {  # a verdict against the baseline: (one method, several)
     "faster": ("is faster than", "are faster than"),
     "slower": ("is slower than", "are slower than"),
@@ -232,13 +234,13 @@ def column_verdict(col: versus.Column) -> str:
     """Who is first to the target in one column (or which methods tie for it), then where
     each of the paper's methods outside that group stands against the baseline."""
     tied, base = col.tied_first(), methods.baseline()
-    said = f"{tied[0]} first" if len(tied) == 1 else f"{_names(tied)} tie for first"
+    said = f"{tied[0]} first" if len(tied) == 1 else f"{and_list(tied)} tie for first"
     by: dict[str, list[str]] = {}
     for m in methods.paper():
         if m in col.times and m not in tied and base in col.times:
             by.setdefault(col.versus(base, m).verdict, []).append(m)
     for verdict, ms in by.items():
-        said += f", {_names(ms)} {STATUS[verdict][len(ms) > 1]} {base}"
+        said += f", {and_list(ms)} {STATUS[verdict][len(ms) > 1]} {base}"
     return said
 
 
@@ -249,23 +251,6 @@ def _header(col: versus.Column) -> str:
             f"**measured** at {at}: emulated 2 x 2" if at else f"**measured**: {col.cluster} 2 x 2"
         )
     return f"**projected**: `{col.cluster}`, ratio {col.ratio:.2f}"
-
-
-def measured_table(table: Path) -> pd.DataFrame | None:
-    """The sweep's prediction-and-measurement table (``<sweep_id>-measured.csv``), if any."""
-    path = table.with_name(f"{table.stem}-measured.csv")
-    return pd.read_csv(path) if path.is_file() else None
-
-
-def model_speedups(m: pd.DataFrame | None) -> dict[tuple[str, str], float]:
-    """(measured cluster, method) -> the model's predicted speedup over the baseline there."""
-    if m is None:
-        return {}
-    pred = {(str(r.cluster), str(r.comm)): float(r.predicted_s) for r in m.itertuples()}
-    base = methods.baseline()
-    return {
-        (c, x): pred[(c, base)] / t for (c, x), t in pred.items() if (c, base) in pred and t > 0
-    }
 
 
 Answer = tuple[str, list[versus.Column], float | None, dict[tuple[str, str], float]]
@@ -345,61 +330,6 @@ def answer_table_v2(df: pd.DataFrame) -> list[str]:
             cells.append(f"{text} `{r['trial']}`")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
-
-
-def prediction_lines(m: pd.DataFrame | None, stem: str) -> list[str]:
-    """The model's prediction of each measured cluster (made before its runs) beside the
-    measured time to target, per method, and the error's median size per cluster."""
-    if m is None or m.empty:
-        return []
-    out = [
-        "The model's prediction of each measured cluster, made before its evaluation runs "
-        "(each tuning run's steps x the modelled step on that link, the median over the "
-        "tuning seeds), and the measured time to target (median [95 % interval]):",
-        "",
-        "| measured at | method | predicted | measured | error |",
-        "| --- | --- | --- | --- | --- |",
-    ]
-    for r in m.itertuples():
-        got = ci_text(r.measured_median_s, r.measured_ci_low_s, r.measured_ci_high_s, 1, " s")
-        err = f"{100 * r.prediction_error:+.0f} %"
-        out.append(f"| {r.target_ratio:.2f} | {r.comm} | {r.predicted_s:.1f} s | {got} | {err} |")
-    size = m.assign(e=m["prediction_error"].abs()).groupby("target_ratio", sort=False)["e"]
-    each = [f"{100 * e:.0f} % at {t:.2f}" for t, e in size.median().items()]
-    files = f"`{stem}-prediction.csv`, `{stem}-measured.csv`"
-    return [*out, "", f"Median size of the error over the methods: {_names(each)} ({files}).", ""]
-
-
-def carryover_lines(table: Path, stem: str) -> list[str]:
-    """Steps to target at 8 x 2 against 2 x 2 (per-worker batch held), and what it changed."""
-    path = table.with_name(f"{table.stem}-carryover.csv")
-    if not path.is_file():
-        return []
-    c = pd.read_csv(path)
-    out = [
-        "Do steps to target carry over from 2 nodes to 8 (2 workers each, the per-worker batch "
-        "held)? The ratio of steps, 8 nodes over 2, paired by seed [95 % interval], and that "
-        f"ratio over {methods.baseline()}'s:",
-        "",
-        "| method | trial | steps, 2 x 2 | steps, 8 x 2 | ratio | vs dense's | projections use |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for r in c.itertuples():
-        out.append(
-            f"| {r.comm} | `{r.trial}` | {r.steps_2_nodes:.1f} | {r.steps_8_nodes:.1f} | "
-            f"{ci_text(r.ratio, r.ratio_ci_low, r.ratio_ci_high, 2, 'x')} | "
-            f"{ci_text(r.vs_dense, r.vs_dense_ci_low, r.vs_dense_ci_high, 2, 'x')} | "
-            f"{'8-node steps' if r.use_8_node_steps else '2-node steps'} |"
-        )
-    moved = sorted(set(c.loc[c["use_8_node_steps"].astype(bool), "comm"]))
-    what = (
-        f"{_names(moved)} differ from dense's ratio by more than 15 %, so their projections "
-        "(and dense's beside them) take the steps measured at 8 nodes"
-        if moved
-        else "every method's ratio is within 15 % of dense's, so the projections keep the "
-        "steps measured at 2 nodes"
-    )
-    return [*out, "", f"What it changed: {what} (`{stem}-carryover.csv`).", ""]
 
 
 def answer_sections(
