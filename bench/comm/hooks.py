@@ -415,9 +415,28 @@ def make_hook(
 ) -> tuple[CommHookState, HookFn]:
     """``(state, hook)`` for ``ddp_model.register_comm_hook(state, hook)``; call on every
     rank, before or after ``init_process_group`` (the state binds on the hook's first call).
-    ``model``: the model (or its DDP) whose parameter names key ``state.state_dict()``;
-    ``process_group``: DDP's, when not the whole world; ``options``: :class:`HookOptions`
-    (docs/hooks.md's table; a misspelt one is a TypeError naming the closest).
+
+    ``name``: dense, fp16, bf16, topk, mstopk, randomk, hitopk or powersgd.  ``model``: the
+    model (or its DDP), whose parameter names key ``state.state_dict()``.
+    ``process_group``: DDP's, when not the whole world.  The options
+    (:class:`~bench.comm.config.HookOptions`; a misspelt one is a TypeError naming the
+    closest):
+
+    - ``density=0.01``: fraction of each bucket's elements sent, in (0, 1] (sparse hooks)
+    - ``error_feedback=True``: keep what was not sent and add it to the next step
+    - ``warmup_steps=0``: dense steps first (powersgd: its ``start_powerSGD_iter``, >= 2)
+    - ``min_numel``: buckets with fewer elements are reduced dense
+    - ``value_dtype="float32"``: the sparse values on the wire (float16, bfloat16)
+    - ``procs_per_node=0``: workers per node (hitopk's intra-node stage); 0: torchrun's
+      ``LOCAL_WORLD_SIZE``, else one node.  hitopk needs 2 or more nodes: on one machine
+      ``procs_per_node=1`` treats each worker as a node
+    - ``selector="mstopk"``: hitopk's shard selector (topk, mstopk, randomk)
+    - ``mstopk_method="tiled"``: how mstopk finds its threshold (sampled, hist, paper)
+    - ``powersgd_rank=4``: PowerSGD's ``matrix_approximation_rank``
+    - ``seed=None``: randomk's generator seed
+    - ``timing=True``: CUDA events for ``stats``' selection and communication times
+    - ``placement="grad"``: what a sparse hook compresses (``grad+dgc``, ``update``;
+      docs/algorithms.md)
     """
     HOOKS.get(name)  # an unknown name fails here, listing the known ones
     state = CommHookState(name, HookOptions.checked(options), build, process_group, model)
