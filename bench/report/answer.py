@@ -244,6 +244,17 @@ def column_verdict(col: versus.Column) -> str:
     return said
 
 
+def _said_at(col: versus.Column, own: float | None) -> str:
+    """Where a verdict holds: ``measured at 1.34`` (a shaped cluster), ``measured at its own
+    ratio 1.85`` (an older sweep's), ``projected at 5.37``."""
+    if not col.measured:
+        return f"projected at {col.ratio:.2f}"
+    at = shaped_to(col.cluster)
+    return (
+        f"measured at {at}" if at else "measured" + (f" at its own ratio {own:.2f}" if own else "")
+    )
+
+
 def _header(col: versus.Column) -> str:
     if col.measured:
         at = shaped_to(col.cluster)
@@ -358,13 +369,7 @@ def answer_sections(
         cols = sorted(versus.columns(base, df, records), key=lambda c: (not c.measured, c.ratio))
         m = measured_ratio(shaped_first(recs))
         own = m[0] / (m[1] - m[0]) if m else None
-        heads = [
-            f"measured at {shaped_to(c.cluster)}" if c.measured and shaped_to(c.cluster)
-            else ("measured" + (f" at its own ratio {own:.2f}" if own else "")) if c.measured
-            else f"projected at {c.ratio:.2f}"
-            for c in cols
-        ]  # fmt: skip
-        parts = [f"{h}: {column_verdict(c)}" for h, c in zip(heads, cols, strict=True)]
+        parts = [f"{_said_at(c, own)}: {column_verdict(c)}" for c in cols]
         sentences.append(f"- **{exp}** (to {target}): {'; '.join(parts)}.")
         mt = measured_table(table)
         answers.append((exp, cols, own, model_speedups(mt)))
