@@ -75,13 +75,16 @@ def test_progress_on_a_terminal_of_width_0(monkeypatch) -> None:
     assert progress._size() is None  # a terminal's own size: the bar follows it
 
 
-@pytest.mark.parametrize("load, busy", [(2.0, False), (5.2, True)])
-def test_a_busy_machine_is_warned_about_and_recorded(monkeypatch, capsys, load, busy) -> None:
-    """Load beyond the run's own workers (2 workers x 1 thread on 2 cores, an hour in):
-    one warning line, once, and ``busy`` in the record's ``machine_load``."""
+@pytest.mark.parametrize("others, busy", [(None, False), (None, True), (0.4, False), (2.0, True)])
+def test_a_busy_machine_is_warned_about_and_recorded(monkeypatch, capsys, others, busy) -> None:
+    """Load beyond the run's own, from /proc's runnable threads or, where there is no /proc,
+    from the load average less the run's workers (2 workers x 1 thread on 2 cores, an hour
+    in): one warning line, once, and ``busy`` in the record's ``machine_load``."""
+    load = 5.2 if busy else 2.0
     monkeypatch.setattr("os.getloadavg", lambda: (load, load, load))
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.setattr("torch.get_num_threads", lambda: 1)
+    monkeypatch.setattr(progress, "others_running", lambda *a: others)
     monkeypatch.delenv("RANK", raising=False)
     cluster = {"name": "local", "nnodes": 1, "nproc_per_node": 2}
     payload = {
@@ -89,15 +92,55 @@ def test_a_busy_machine_is_warned_about_and_recorded(monkeypatch, capsys, load, 
         "run": {"run_id": "r1", "launch_time": time.time() - 3600},
     }
     progress.watch_load(payload)
-    progress._sample("r1")
+    progress._sample("r1", quick=True)
     rec = progress.machine_load("r1")
     warned = [ln for ln in capsys.readouterr().err.splitlines() if "busy" in ln]
     assert rec is not None and rec["busy"] is busy and rec["cores"] == 2
     assert rec["load_at_start"] == load
     assert len(warned) == (1 if busy else 0)
     if busy:
-        assert warned[0].startswith("warning: this machine is busy (load average 5.2 on 2")
+        n = 3.2 if others is None else others
+        assert warned[0].startswith(f"warning: this machine is busy ({n:.1f} runnable tasks on 2")
+        assert "load average 5.2" in warned[0]
     assert progress.machine_load("r1") is None  # read once, for the record
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux's /proc")
+def test_others_running_counts_other_work_and_not_the_runs_own(monkeypatch) -> None:
+    """A spinning process is runnable all the time: counted when it is another job's, not
+    when it carries this run's torchrun job id or is this process's child; a run that just
+    ended leaves nothing behind (the 1-minute load average keeps a tail for minutes)."""
+    import subprocess
+    import sys
+
+    spin = [sys.executable, "-c", "import time\nt = time.time() + 20\nwhile time.time() < t: pass"]
+    cmd = " ".join(f"'{a}'" for a in spin)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "tkb-test-run")
+    tag = b"TORCHELASTIC_RUN_ID=tkb-test-run\0"
+    seen: dict[int, int] = {}
+    for job, counted in (("tkb-another-run", True), ("tkb-test-run", False)):
+        # started by a shell, so the spinner is not this process's child; a session of its own
+        env = {**os.environ, "TORCHELASTIC_RUN_ID": job}
+        sh = subprocess.Popen(["sh", "-c", f"{cmd} & wait"], env=env, start_new_session=True)
+        try:
+            time.sleep(0.5)  # started and spinning
+            kids = Path(f"/proc/{sh.pid}/task/{sh.pid}/children").read_text().split()
+            pid = int(kids[0])
+            n = max(progress._running_others(pid, os.getpid(), tag, {}) for _ in range(20))
+            seen[counted] = n
+            assert progress._running_others(sh.pid, os.getpid(), tag, {}) == 0  # it waits
+        finally:
+            os.killpg(sh.pid, 9)
+            sh.wait()
+    assert seen == {True: 1, False: 0}
+    child = subprocess.Popen(spin)  # this process's child: the run's own, whatever its env
+    try:
+        time.sleep(0.5)
+        assert max(progress._running_others(child.pid, os.getpid(), None, {}) for _ in range(20)) == 0
+    finally:
+        child.kill()
+        child.wait()
+    assert progress.others_running(samples=2) is not None
 
 
 def test_closing_lines_name_every_file(tmp_path: Path) -> None:
