@@ -136,7 +136,8 @@ def test_others_running_counts_other_work_and_not_the_runs_own(monkeypatch) -> N
     child = subprocess.Popen(spin)  # this process's child: the run's own, whatever its env
     try:
         time.sleep(0.5)
-        assert max(progress._running_others(child.pid, os.getpid(), None, {}) for _ in range(20)) == 0
+        n = max(progress._running_others(child.pid, os.getpid(), None, {}) for _ in range(20))
+        assert n == 0
     finally:
         child.kill()
         child.wait()
