@@ -60,3 +60,15 @@ def test_the_answer_leads_with_the_measured_ratios_beside_the_models_prediction(
     )
     assert any(ln.startswith("What it changed: ") for ln in detail)
     assert [c.cluster for c in cols["dawnbench_digits"]][:2] == ["measured-1.34", "measured-5.37"]
+
+
+def test_the_setting_names_the_workload_whose_numbers_are_an_older_protocols() -> None:
+    """While one workload's v3 sweep has landed and the other's not, the Setting says which
+    numbers are the older protocol's, and says nothing once both are v3."""
+    v3 = answer.protocol.NAME
+    mixed = answer.older_standing({"dawnbench_digits": v3, "transformer_tiny": "equal-budget-v2"})
+    assert mixed.startswith(" The transformer_tiny numbers are from sweeps of `equal-budget-v2`")
+    assert "dawnbench_digits" not in mixed and mixed.endswith(f"`{v3}` sweep of it has landed yet.")
+    both = answer.older_standing({"a": "equal-budget-v2", "b": "equal-budget-v2"})
+    assert both.startswith(" The a and b numbers") and "sweep of them has" in both
+    assert answer.older_standing({"dawnbench_digits": v3, "transformer_tiny": v3}) == ""

@@ -397,19 +397,26 @@ def answer_sections(
     if answers:
         shaped = any(shaped_to(c.cluster) for _, cols, _, _ in answers for c in cols)
         short += [*sentences, "", *short_table(answers), "", legend_line(seeds, shaped), ""]
-    names = {str(plan_of(t).get("name", "")) for t in tables.values()}
-    older = sorted(n for n in names if n and n != protocol.NAME)
-    standing = (
-        f" These numbers are from sweeps of `{', '.join(older)}`, whose faults v3 fixes "
-        f"(docs/protocol.md, History); no `{protocol.NAME}` sweep has landed yet."
-        if older
-        else ""
-    )
+    standing = older_standing({e: str(plan_of(t).get("name", "")) for e, t in tables.items()})
     short.append(
         "**Setting:** every method tuned with the same budget for each column, then trained "
         f"on fresh evaluation seeds; {'; '.join(settings)}; each in full: below.{standing}"
     )
     return [*short, ""], detail, appendix, {a[0]: a[1] for a in answers}
+
+
+def older_standing(names: dict[str, str]) -> str:
+    """The Setting's last sentence where a workload's newest table is an older protocol's
+    (``names``: experiment -> its sweep's protocol name), else ""."""
+    older = {e: n for e, n in names.items() if n and n != protocol.NAME}
+    if not older:
+        return ""
+    return (
+        f" The {' and '.join(sorted(older))} numbers are from sweeps of "
+        f"`{', '.join(sorted(set(older.values())))}`, whose faults v3 fixes (docs/protocol.md, "
+        f"History); no `{protocol.NAME}` sweep of {'them' if len(older) > 1 else 'it'} has "
+        "landed yet."
+    )
 
 
 def bench_headlines(inputs: Inputs) -> dict[str, list[tuple[str, str]]]:
