@@ -1,5 +1,5 @@
 """The steps carry-over stage: which configurations it runs, how a 2-node run becomes an
-8-node one, and the table's ratios and the rule that switches a projection to 8-node steps."""
+8-node one, and the table's ratios and the factor a projection takes where steps do not carry over."""
 
 import math
 
@@ -57,7 +57,11 @@ def test_table_ratio_against_dense_and_the_switch():
     assert tab.loc[OTHER, "ratio_ci_low"] < 0.5 < tab.loc[OTHER, "ratio_ci_high"]
     assert tab.loc[THIRD, "vs_dense"] == pytest.approx(1.6, rel=0.05)
     assert not tab.loc[OTHER, "use_8_node_steps"] and tab.loc[THIRD, "use_8_node_steps"]
-    assert co.uses_carried_steps(tab.reset_index()) == {BASE, THIRD}
+    # only the configuration whose steps do not carry over is scaled, dense never
+    factors = co.step_factors(tab.reset_index())
+    assert set(factors) == {(THIRD, "t")}
+    f, lo, hi = factors[(THIRD, "t")]
+    assert f == pytest.approx(1.6, rel=0.05) and lo < f < hi
 
 
 def test_unpaired_seeds_are_left_out_and_one_seed_has_no_interval():
@@ -67,7 +71,7 @@ def test_unpaired_seeds_are_left_out_and_one_seed_has_no_interval():
     row = co.table(runs).iloc[0]
     assert row["seeds"] == "0" and row["ratio"] == pytest.approx(0.5)
     assert math.isnan(row["ratio_ci_low"])
-    assert co.uses_carried_steps(co.table(runs)) == set()
+    assert co.step_factors(co.table(runs)) == {}
 
 
 def test_the_stage_runs_each_covered_configuration_at_8_nodes_as_its_evaluation_run():

@@ -72,3 +72,84 @@ def test_the_setting_names_the_workload_whose_numbers_are_an_older_protocols() -
     both = answer.older_standing({"a": "equal-budget-v2", "b": "equal-budget-v2"})
     assert both.startswith(" The a and b numbers") and "sweep of them has" in both
     assert answer.older_standing({"dawnbench_digits": v3, "transformer_tiny": v3}) == ""
+
+
+def test_a_workload_without_a_v3_table_names_its_sweep_under_way_and_the_answer_it_replaces(
+    tmp_path,
+):
+    """The answer never says "no sweep" of a workload whose v3 sweep is running: it names
+    that sweep with its recorded runs, and the older protocol's table it will replace."""
+    import json
+
+    folder = tmp_path / "ablation"
+    folder.mkdir()
+    exp, v3 = "transformer_protocol", answer.protocol.NAME
+
+    def plan(sid: str, name: str, table: bool) -> None:
+        (folder / f"{sid}.plan.json").write_text(json.dumps({"name": name, "experiment": exp}))
+        if table:
+            (folder / f"{sid}.csv").write_text("comm\n")
+
+    assert answer.not_yet(exp, tmp_path, []) == ""
+    plan("ablation-1-old", "equal-budget-v2", table=True)
+    plan("ablation-2-new", v3, table=False)
+    plan("ablation-3-other", v3, table=False)  # another workload's: not this one's
+    (folder / "ablation-3-other.plan.json").write_text(
+        json.dumps({"name": v3, "experiment": "dawnbench_digits"})
+    )
+    runs = [{"config": {"results": {"sweep_id": "ablation-2-new"}}}] * 3
+    runs += [{"config": {"results": {"sweep_id": "ablation-1-old"}}}]
+    said = answer.not_yet(exp, tmp_path, runs)
+    assert said.startswith(f"its `{v3}` sweep `ablation-2-new` is under way (3 runs recorded;")
+    assert "--resume ablation-2-new" in said and "ablation-3-other" not in said
+    assert said.endswith(
+        "answer it replaces, whose faults v3 fixes (docs/protocol.md, "
+        "History), is `ablation/ablation-1-old.csv`"
+    )
+    (folder / "ablation-2-new.csv").write_text("comm\n")  # landed: no longer under way
+    assert "under way" not in answer.not_yet(exp, tmp_path, runs)
+
+
+def test_a_projection_scales_by_the_carry_over_only_where_steps_do_not_carry_over(swept):
+    """hitopk needs relatively more steps at 8 nodes (1.5 against dense's 0.9 in the fake):
+    its projected times are its evaluation seeds' times x that factor, every other method's,
+    dense's included, stay at 2 nodes, and the factor's interval widens the band only where
+    it applies."""
+    from bench.report import versus
+
+    df = pd.read_csv(swept / "ablation" / f"{SWEEP}.csv")
+    proj = df[df["ratio"].notna()]
+    hit, others = proj[proj["comm"] == "hitopk"], proj[proj["comm"] != "hitopk"]
+    assert (hit["steps_factor"] - 1.5 / 0.9).abs().max() < 0.1
+    assert (others["steps_factor"] == 1).all() and df[df["ratio"].isna()][
+        "steps_factor"
+    ].isna().all()
+    # every projected row keeps all its evaluation seeds, the 2-node runs
+    evals = df[df["ratio"].isna()].set_index(["for_cluster", "comm"])["n_runs"]
+    assert set(proj["n_runs"]) == {int(evals.max())}
+    records = load_records(swept)
+    cols = versus.columns(swept, df, records)
+    col = next(c for c in cols if not c.measured)
+    assert len(col.times["hitopk"]) == len(col.times["dense"])  # corners aligned
+    row = proj[(proj["for_cluster"] == col.cluster) & (proj["comm"] == "hitopk")].iloc[0]
+    assert col.mean("hitopk") == pytest.approx(row["time_to_target_mean_s"], rel=1e-6)
+    v = col.versus("dense", "hitopk")
+    assert v.speedup == pytest.approx(row["speedup_vs_dense"], rel=1e-6)
+    assert v.band_high - v.band_low > v.high - v.low
+    # the factor's corners: the same times for a method without one, apart for hitopk
+    assert col.times["diloco"][0] == col.times["diloco"][1] == col.times["diloco"][2]
+    assert col.times["hitopk"][1] != col.times["hitopk"][0] != col.times["hitopk"][2]
+
+
+def test_the_ratios_figure_takes_the_carry_over_factor_too(swept):
+    """The composed figure across ratios prices hitopk's runs with the same factor as the
+    table: at the headline cluster's ratio the two times agree."""
+    from bench.report.figures import HEADLINE, ratios_table
+
+    df = pd.read_csv(swept / "ablation" / f"{SWEEP}.csv")
+    row = df[(df["for_cluster"] == HEADLINE) & (df["comm"] == "hitopk")].iloc[0]
+    comp = ratios_table(swept, df)
+    at = comp[(comp["comm"] == "hitopk") & (comp["vs_role"] == "dense")]
+    near = at.iloc[(at["ratio"] - row["ratio"]).abs().argsort()[:1]].iloc[0]
+    assert near["ratio"] == pytest.approx(row["ratio"], rel=1e-6)
+    assert near["time_to_target_s"] == pytest.approx(row["time_to_target_mean_s"], rel=1e-3)

@@ -6,6 +6,7 @@ answer (per workload, the newest sweep of the current tuning protocol) first.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from collections.abc import Collection
@@ -109,7 +110,8 @@ def where(records: list[dict], count: bool = True, links: pd.DataFrame | None = 
                 for r in each.itertuples()
             ]
         )
-        return text + f"; the measured runs on {each['cpu_kind'].iloc[0]}"
+        kind = str(each["cpu_kind"].iloc[0])
+        return text + ("" if kind in hw else f"; the measured runs on {kind}")
     if link.get("bandwidth_gbps"):
         text += (
             f", an emulated inter-node link measured at {1e3 * link['bandwidth_gbps']:.0f} Mbit/s"
@@ -123,12 +125,20 @@ def where(records: list[dict], count: bool = True, links: pd.DataFrame | None = 
     return text
 
 
-def setting(records: list[dict], table: pd.DataFrame, plan: dict, again: int = 0) -> str:
-    """One sentence: the task, the workers, the hardware, the link, the seeds."""
+def setting(
+    records: list[dict],
+    table: pd.DataFrame,
+    plan: dict,
+    again: int = 0,
+    links: pd.DataFrame | None = None,
+) -> str:
+    """One sentence: the task, the workers, the hardware, the link, the seeds (``links``:
+    the measured clusters' shaped links, each with its own measured ratio)."""
     first = shaped_first(records)[0] if records else {}
     data = str(first.get("data") or "?")
     prof = first.get("cluster_profile") or {}
-    link_txt = measured_ratio_text(records)
+    shaped = links is not None and not links.empty
+    link_txt = "" if shaped else measured_ratio_text(records)
     if prof.get("target_ratio"):
         link_txt = (
             f" (scaled so dense fp32 communication / compute per step = "
@@ -142,7 +152,8 @@ def setting(records: list[dict], table: pd.DataFrame, plan: dict, again: int = 0
         else ""
     )
     return (
-        f"**Setting:** {TASKS.get(data, f'data set {data}')}; {where(records)}{link_txt}; "
+        f"**Setting:** {TASKS.get(data, f'data set {data}')}; {where(records, links=links)}"
+        f"{link_txt}; "
         f"every method tuned with the same budget on seeds {plan.get('tune_seeds') or []}, "
         f"then {len(seeds)} evaluation seeds {seeds} (sweep `{table['sweep_id'].iloc[0]}`, "
         f"{len(records)} evaluation runs{redone})."
@@ -234,7 +245,10 @@ def column_verdict(col: versus.Column) -> str:
     """Who is first to the target in one column (or which methods tie for it), then where
     each of the paper's methods outside that group stands against the baseline."""
     tied, base = col.tied_first(), methods.baseline()
+    rest = [m for m in col.order() if m not in tied]  # named instead where they are fewer
     said = f"{tied[0]} first" if len(tied) == 1 else f"{and_list(tied)} tie for first"
+    if len(tied) > 3 and len(rest) < len(tied):
+        said = f"every method but {and_list(rest)} ties for first"
     by: dict[str, list[str]] = {}
     for m in methods.paper():
         if m in col.times and m not in tied and base in col.times:
@@ -280,7 +294,11 @@ def short_table(answers: list[Answer]) -> list[str]:
             tied = c.tied_first() if c else []
             old = c and c.measured and own and not shaped_to(c.cluster)  # an older sweep's
             ratio = f"(ratio {own:.2f}) " if old else ""
-            cells.append(ratio + ("tie: " if len(tied) > 1 else "") + ", ".join(tied) or "-")
+            rest = [m for m in c.order() if m not in tied] if c else []
+            names = ", ".join(tied)
+            if len(tied) > 3 and len(rest) < len(tied):
+                names = f"all but {', '.join(rest)}"
+            cells.append(ratio + ("tie: " if len(tied) > 1 else "") + names or "-")
         lines.append(f"| **{exp}**: first to target | {' | '.join(cells)} |")
 
         def cell(c: versus.Column | None, m: str, model: dict = model) -> str:
@@ -312,7 +330,9 @@ def legend_line(n_seeds: int, shaped: bool = True) -> str:
         "steps to target x the performance model's step time on 16 x 8 V100 at 25 Gbit/s at "
         "that ratio of dense fp32 communication to compute, its band the interval's range "
         f"over the model's assumptions (NIC efficiency {nic.low:g}-{nic.high:g}, hidden "
-        f"communication {hid.low:g}-{hid.high:g}); tie: the interval or the band holds 1, "
+        f"communication {hid.low:g}-{hid.high:g}) and, for a method whose steps do not carry "
+        "over to 8 nodes as dense's do, over that factor's interval; tie: the interval or the "
+        "band holds 1, "
         "first: told from every other by both."
     )
 
@@ -355,9 +375,12 @@ def answer_sections(
         detail += [f"### {exp} ({name} workload)", ""]
         table = tables.get(exp)
         if table is None:
-            settings.append(f"{exp}: no sweep (`ablation --workload {name}` runs one)")
+            said = not_yet(exp, base, records)
+            settings.append(f"{exp}: {said or f'no sweep (`ablation --workload {name}` runs one)'}")
             detail += [
-                f"No protocol sweep of {exp} is recorded here, so no answer: `python -m "
+                f"No `{protocol.NAME}` answer for {exp} yet: {said}."
+                if said
+                else f"No protocol sweep of {exp} is recorded here, so no answer: `python -m "
                 f"reproduce ablation --workload {name} --results-dir {runs_dir(base)}` runs one.",
                 "",
             ]
@@ -377,7 +400,7 @@ def answer_sections(
         settings.append(f"{exp} ({target}): {where(recs, count=False, links=mt)}")
         t = rel(table, base)
         detail += [
-            setting(recs, df, plan_of(table), again),
+            setting(recs, df, plan_of(table), again, links=mt),
             "",
             f"Speedup over {methods.baseline()} of each method's configuration tuned for that "
             "cluster (95 % Welch interval on log time over the evaluation seeds); a measured "
@@ -403,6 +426,39 @@ def answer_sections(
         f"on fresh evaluation seeds; {'; '.join(settings)}; each in full: below.{standing}"
     )
     return [*short, ""], detail, appendix, {a[0]: a[1] for a in answers}
+
+
+def not_yet(exp: str, base: Path, records: list[dict]) -> str:
+    """What stands in for ``exp``'s answer while no table of the current protocol has it: its
+    sweep under way (the newest plan without a table, with its recorded runs) and the older
+    protocol's table it will replace; "" when neither exists."""
+    said, folder = [], base / "ablation"
+    plans = [(p, plan) for p in sorted(folder.glob("*.plan.json")) if (plan := _plan(p))]
+    mine = [(p, plan) for p, plan in plans if plan.get("experiment") == exp]
+    going = [p for p, plan in mine if plan.get("name") == protocol.NAME]
+    if going and not going[-1].with_name(going[-1].name.replace(".plan.json", ".csv")).exists():
+        sid = going[-1].name.removesuffix(".plan.json")
+        n = sum(1 for r in records if cfg_of(r, "results", "sweep_id") == sid)
+        said.append(
+            f"its `{protocol.NAME}` sweep `{sid}` is under way ({n} runs recorded; "
+            f"`python -m reproduce ablation --resume {sid}` goes on)"
+        )
+    older = [(p, plan["name"]) for p, plan in mine if plan.get("name") not in ("", protocol.NAME)]
+    older = [(p, n) for p, n in older if p.with_name(p.name.replace(".plan.json", ".csv")).exists()]
+    if older:
+        p, n = older[-1]
+        said.append(
+            f"the `{n}` answer it replaces, whose faults v3 fixes (docs/protocol.md, History), "
+            f"is `ablation/{p.name.replace('.plan.json', '.csv')}`"
+        )
+    return "; ".join(said)
+
+
+def _plan(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def older_standing(names: dict[str, str]) -> str:

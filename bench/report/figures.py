@@ -6,7 +6,7 @@ from __future__ import annotations
 import tempfile
 import textwrap
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +28,9 @@ from bench.report.tables import (  # noqa: E402
     cluster_title,
     config_stats,
     curve,
+    figure_tables,
     num,
-    protocol_tables,
+    protocol_name,
     speedups,
     target_text,
 )
@@ -298,6 +299,10 @@ def ratios_table(results_dir: Path, table: pd.DataFrame) -> pd.DataFrame:
         return res.get("sweep_id") == sweep and (not ids or r.get("run_id") in ids)
 
     runs, _ = ratios.load_runs(results_dir, select, group=methods.method_of)
+    if "steps_factor" in table:  # a configuration whose steps do not carry over to 8 nodes
+        f = {i: float(v) for ids_, v in zip(table["run_ids"], table["steps_factor"], strict=True)
+             if v == v for i in str(ids_).replace(",", " ").split()}  # fmt: skip
+        runs = [replace(r, factor=f.get(r.run_id, 1.0)) for r in runs]
     if not runs or methods.baseline() not in {r.group for r in runs}:
         return pd.DataFrame()
     grid = sorted(set(ratios.GRID) | set(ratios.named_ratios().values()))
@@ -360,7 +365,7 @@ def figure_runs(inputs: Inputs, exp: str, yours: Collection[str]) -> tuple[pd.Da
     sweep's evaluation runs, else the :data:`MAX_GROUPS` largest groups'; never ``yours``."""
     runs = inputs.runs
     mine = runs[(runs["experiment"] == exp) & runs["trained"] & ~runs["run_id"].isin(yours)]
-    table = protocol_tables(inputs).get(exp)
+    table = figure_tables(inputs).get(exp)
     if table is not None:
         ev = mine[(mine["sweep_id"] == table.stem) & (mine["protocol_role"] == "eval")]
         # the runs the table counts: a run done again draws its latest record, not both
@@ -385,7 +390,7 @@ def _experiment_figures(
     mine = r[(r["experiment"] == exp) & r["run_id"].isin(yours) & r["trained"] & r["has_curve"]]
     if runs.empty and mine.empty:
         return []
-    res, table, out = inputs.results_dir, protocol_tables(inputs).get(exp), []
+    res, table, out = inputs.results_dir, figure_tables(inputs).get(exp), []
 
     def add(kind: str, what: str, make: Callable[[Path], object]) -> None:
         path = inputs.results_dir / "figures" / f"{kind}_{slug(exp)}.png"
@@ -406,7 +411,8 @@ def _experiment_figures(
     if runs.empty:
         return out
     if table is not None:
-        title = f"{exp}: each method's tuned configuration, protocol sweep {table.stem}"
+        which_sweep = f"protocol sweep {table.stem} (`{protocol_name(table)}`)"
+        title = f"{exp}: each method's tuned configuration, {which_sweep}"
         what = f"speedup over dense and the best peer with 95 % intervals, {table.name}"
         add("speedup", what, lambda p: plot_protocol_speedup(pd.read_csv(table), p, title))
         what = (
@@ -414,7 +420,7 @@ def _experiment_figures(
             "composed with the performance model"
         )
         title2 = (
-            f"{exp}: time to target across ratios, protocol sweep {table.stem}, each method's "
+            f"{exp}: time to target across ratios, {which_sweep}, each method's "
             f"configuration tuned for `{HEADLINE}`"
         )
 

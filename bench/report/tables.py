@@ -386,6 +386,19 @@ def protocol_tables(inputs: Inputs) -> dict[str, Path]:
     return out
 
 
+def figure_tables(inputs: Inputs) -> dict[str, Path]:
+    """experiment -> the protocol table its figures draw: the answering protocol's newest,
+    else the newest of an earlier protocol (a workload whose current sweep is under way)."""
+    out: dict[str, Path] = {}
+    for p in sorted(inputs.ablation):
+        if p.stem.endswith(TUNING_SUFFIX) or not protocol_name(p):
+            continue
+        df = read(p, usecols=["experiment"])
+        for exp in [] if df is None else df["experiment"].dropna().unique():
+            out[str(exp)] = p
+    return out | protocol_tables(inputs)
+
+
 def fmt_s(x: Any) -> str:
     v = num(x)
     return "-" if v is None else f"{v:,.1f} s"

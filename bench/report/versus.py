@@ -16,6 +16,9 @@ import pandas as pd
 from bench.results.records import load_curve
 from bench.sweeps import intervals as iv
 from bench.sweeps import ratios
+from bench.sweeps.protocol import EVAL, TUNE
+
+BUDGET = (TUNE, EVAL)  # the roles whose runs set the time a miss counts at
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,8 @@ class Versus:
 @dataclass
 class Column:
     """One column of a sweep's answer: its ratio (NaN: measured) and per method the seeds'
-    times, a list per corner of the assumptions (the central ones first)."""
+    times, a list per corner of the assumptions and of the steps factor's interval (the
+    central ones first)."""
 
     cluster: str
     ratio: float
@@ -95,12 +99,21 @@ def sweep_records(records: Sequence[Mapping[str, Any]], sweep: str) -> list[Mapp
     ]
 
 
+def _factors(row: Mapping[str, Any]) -> tuple[float, float, float]:
+    """A projected row's steps factor (the 8-node carry-over against dense's), then its
+    interval's ends; 1 where the table has none (an older table, or steps that carry over)."""
+    got = [row.get(k) for k in ("steps_factor", "steps_factor_ci_low", "steps_factor_ci_high")]
+    vals = [float(v) for v in got if v is not None and v == v]
+    return (vals[0], vals[1], vals[2]) if len(vals) == 3 else (1.0, 1.0, 1.0)
+
+
 def columns(results_dir: Path, table: pd.DataFrame, records: Sequence[Mapping]) -> list[Column]:
     """The columns of a protocol table from the runs it counts: measured, the run's clock (a
     miss: the sweep's budget); projected, its logged steps x the model's step time."""
     by_id = {str(r.get("run_id")): r for r in records}
     mine = sweep_records(records, str(table["sweep_id"].iloc[0]))
-    budget = iv.budget_s([r for r in mine if (r.get("protocol") or {}).get("role") != "time"])
+    # a miss counts at the longest tuning or evaluation run, as in the sweep's own table
+    budget = iv.budget_s([r for r in mine if (r.get("protocol") or {}).get("role") in BUDGET])
     runs: dict[str, Any] = {}  # run id -> its phases (a run serves several columns)
 
     def run_of(rec: Mapping[str, Any]) -> Any:
@@ -122,9 +135,13 @@ def columns(results_dir: Path, table: pd.DataFrame, records: Sequence[Mapping]) 
             recs = [r for r in recs if r.get("status") in ("ok", "target_missed")]
             if col.measured:
                 t = [[iv.censored_time(r, budget) for r in recs]]
-            else:
+            else:  # each corner of the model's assumptions x the steps factor's interval
                 done = [x for x in map(run_of, recs) if x is not None]
-                t = [[ratios.run_time_s(x, ratio, **c) for x in done] for c in ratios.corners()]
+                t = [
+                    [ratios.run_time_s(x, ratio, **c) * f for x in done]
+                    for c in ratios.corners()
+                    for f in _factors(row)
+                ]
             if t[0]:
                 col.times[str(row["comm"])] = t
         if col.times:

@@ -147,9 +147,20 @@ def table(runs: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     return out
 
 
-def uses_carried_steps(tab: pd.DataFrame) -> set[str]:
-    """The methods whose projections take the NODES-node runs' steps, the baseline with them."""
+def step_factors(tab: pd.DataFrame) -> dict[tuple[str, str], tuple[float, float, float]]:
+    """(method, trial) -> the factor its projected times take, with its 95 % interval: its
+    steps ratio (8 over 2 nodes) over the baseline's, where that differs by more than
+    :data:`TOLERANCE`.  Every other configuration, the baseline's included, keeps its 2-node
+    steps: a comparison is then between steps at one node count for both sides, over all
+    the evaluation seeds."""
     if tab.empty or "use_8_node_steps" not in tab:
-        return set()
-    hit = set(tab.loc[tab["use_8_node_steps"].fillna(False).astype(bool), "comm"])
-    return hit | {methods.baseline()} if hit else set()
+        return {}
+    hit = tab[tab["use_8_node_steps"].fillna(False).astype(bool)]
+    return {
+        (str(r.comm), str(r.trial)): (
+            float(r.vs_dense),
+            float(r.vs_dense_ci_low),
+            float(r.vs_dense_ci_high),
+        )
+        for r in hit.itertuples()
+    }

@@ -32,7 +32,8 @@ COLUMNS = [
     "sweep_id", "protocol", "experiment", "for_cluster", "ratio", "comm", "trial",
     "measured_on", "n_runs", "n_reached", "n_error", "time_to_target_mean_s",
     "time_to_target_ci_low_s", "time_to_target_ci_high_s", "steps_to_target_mean",
-    "tuning_median_s", "steps_nodes", "speedup_vs_dense", "speedup_vs_dense_ci_low",
+    "tuning_median_s", "steps_nodes", "steps_factor", "steps_factor_ci_low",
+    "steps_factor_ci_high", "speedup_vs_dense", "speedup_vs_dense_ci_low",
     "speedup_vs_dense_ci_high", "verdict_vs_dense", "seed_correlation_vs_dense", "best_peer",
     "speedup_vs_peer", "speedup_vs_peer_ci_low", "speedup_vs_peer_ci_high", "verdict_vs_peer",
     "seed_correlation_vs_peer", "target_metric", "target_value", "order_seed", "seeds",
@@ -104,8 +105,8 @@ def aggregate(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     )
     table = selection_table(plan, records)
     chosen = select_per_cluster(table)
-    # projections whose steps come from the 8-node runs (steps that do not carry over)
-    carried = co.uses_carried_steps(co.table(co.runs(plan, records)))
+    # projections whose steps do not carry over to 8 nodes as dense's do: their factor
+    factors = co.step_factors(co.table(co.runs(plan, records)))
     every: dict[str, dict[str, dict[int, float]]] = {}  # cluster -> method -> seed -> s
     rows: list[dict[str, Any]] = []
     for cluster, ratio in clusters(plan).items():
@@ -126,11 +127,8 @@ def aggregate(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
                 and r["protocol"]["trial"] == trial
                 and (ratio is not None or job_of(r).where == cluster)  # type: ignore[union-attr]
             }
-            eight = ratio is not None and comm in carried
-            if eight:  # the projection takes the 8-node runs' steps (their 3 seeds)
-                by_seed = {job_of(r).seed: r for r in done.values()  # type: ignore[union-attr]
-                           if (r.get("protocol") or {}).get("role") == co.CARRY
-                           and job_of(r).comm == comm and r["protocol"]["trial"] == trial}  # type: ignore[union-attr]  # fmt: skip
+            # a projection scales its steps by how they carry over to 8 nodes, against dense's
+            f = factors.get((comm, str(trial)), (1.0, 1.0, 1.0)) if ratio is not None else None
             mine = [by_seed[s] for s in sorted(by_seed)]
             if trial is None or not mine:
                 continue
@@ -142,7 +140,7 @@ def aggregate(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
                 if ratio is None:
                     t[job_of(r).seed] = iv.censored_time(r, budget)  # type: ignore[union-attr]
                 elif run := run_of(plan, r):
-                    t[job_of(r).seed] = run_time_s(run, ratio)  # type: ignore[union-attr]
+                    t[job_of(r).seed] = run_time_s(run, ratio) * f[0]  # type: ignore[index, union-attr]
                 else:
                     continue
                 if r.get("steps_to_target") is not None:
@@ -168,7 +166,14 @@ def aggregate(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
                 "time_to_target_ci_high_s": hi,
                 "steps_to_target_mean": _mean(steps),
                 "tuning_median_s": med.get(comm, math.nan),
-                "steps_nodes": co.NODES if eight else co.BASE_NODES,
+                "steps_nodes": co.BASE_NODES,
+                **dict(
+                    zip(
+                        ("steps_factor", "steps_factor_ci_low", "steps_factor_ci_high"),
+                        f or (math.nan,) * 3,
+                        strict=True,
+                    )
+                ),  # fmt: skip
                 "target_metric": first.get("target_metric"),
                 "target_value": first.get("target_value"),
                 "order_seed": plan.order_seed,
