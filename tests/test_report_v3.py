@@ -81,6 +81,8 @@ def test_a_workload_without_a_v3_table_names_its_sweep_under_way_and_the_answer_
     that sweep with its recorded runs, and the older protocol's table it will replace."""
     import json
 
+    from bench.report import tables
+
     folder = tmp_path / "ablation"
     folder.mkdir()
     exp, v3 = "transformer_protocol", answer.protocol.NAME
@@ -90,7 +92,7 @@ def test_a_workload_without_a_v3_table_names_its_sweep_under_way_and_the_answer_
         if table:
             (folder / f"{sid}.csv").write_text("comm\n")
 
-    assert answer.not_yet(exp, tmp_path, []) == ""
+    assert tables.not_yet(exp, tmp_path, []) == ""
     plan("ablation-1-old", "equal-budget-v2", table=True)
     plan("ablation-2-new", v3, table=False)
     plan("ablation-3-other", v3, table=False)  # another workload's: not this one's
@@ -99,7 +101,7 @@ def test_a_workload_without_a_v3_table_names_its_sweep_under_way_and_the_answer_
     )
     runs = [{"config": {"results": {"sweep_id": "ablation-2-new"}}}] * 3
     runs += [{"config": {"results": {"sweep_id": "ablation-1-old"}}}]
-    said = answer.not_yet(exp, tmp_path, runs)
+    said = tables.not_yet(exp, tmp_path, runs)
     assert said.startswith(f"its `{v3}` sweep `ablation-2-new` is under way (3 runs recorded;")
     assert "--resume ablation-2-new" in said and "ablation-3-other" not in said
     assert said.endswith(
@@ -107,7 +109,7 @@ def test_a_workload_without_a_v3_table_names_its_sweep_under_way_and_the_answer_
         "History), is `ablation/ablation-1-old.csv`"
     )
     (folder / "ablation-2-new.csv").write_text("comm\n")  # landed: no longer under way
-    assert "under way" not in answer.not_yet(exp, tmp_path, runs)
+    assert "under way" not in tables.not_yet(exp, tmp_path, runs)
 
 
 def test_a_projection_scales_by_the_carry_over_only_where_steps_do_not_carry_over(swept):

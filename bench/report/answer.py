@@ -6,7 +6,6 @@ answer (per workload, the newest sweep of the current tuning protocol) first.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from collections.abc import Collection
@@ -27,6 +26,7 @@ from bench.report.measured import (
     model_speedups,
     prediction_lines,
 )
+from bench.report.outer import outer_topk_lines
 from bench.report.scaling import scaling_lines
 from bench.report.tables import (
     NO_FIGURES,
@@ -36,6 +36,7 @@ from bench.report.tables import (
     csv_section,
     is_protocol,
     no_headline,
+    not_yet,
     plan_of,
     protocol_section,
     protocol_tables,
@@ -414,6 +415,7 @@ def answer_sections(
             "",
             *prediction_lines(mt, t[:-4]),
             *carryover_lines(table, t[:-4]),
+            *outer_topk_lines(cols, [_header(c) for c in cols]),
         ]
         appendix += [f"### {exp}", "", *resolution_lines(base, recs, df[df["ratio"].isna()])]
     short = [question(ran or None), ""]
@@ -426,39 +428,6 @@ def answer_sections(
         f"on fresh evaluation seeds; {'; '.join(settings)}; each in full: below.{standing}"
     )
     return [*short, ""], detail, appendix, {a[0]: a[1] for a in answers}
-
-
-def not_yet(exp: str, base: Path, records: list[dict]) -> str:
-    """What stands in for ``exp``'s answer while no table of the current protocol has it: its
-    sweep under way (the newest plan without a table, with its recorded runs) and the older
-    protocol's table it will replace; "" when neither exists."""
-    said, folder = [], base / "ablation"
-    plans = [(p, plan) for p in sorted(folder.glob("*.plan.json")) if (plan := _plan(p))]
-    mine = [(p, plan) for p, plan in plans if plan.get("experiment") == exp]
-    going = [p for p, plan in mine if plan.get("name") == protocol.NAME]
-    if going and not going[-1].with_name(going[-1].name.replace(".plan.json", ".csv")).exists():
-        sid = going[-1].name.removesuffix(".plan.json")
-        n = sum(1 for r in records if cfg_of(r, "results", "sweep_id") == sid)
-        said.append(
-            f"its `{protocol.NAME}` sweep `{sid}` is under way ({n} runs recorded; "
-            f"`python -m reproduce ablation --resume {sid}` goes on)"
-        )
-    older = [(p, plan["name"]) for p, plan in mine if plan.get("name") not in ("", protocol.NAME)]
-    older = [(p, n) for p, n in older if p.with_name(p.name.replace(".plan.json", ".csv")).exists()]
-    if older:
-        p, n = older[-1]
-        said.append(
-            f"the `{n}` answer it replaces, whose faults v3 fixes (docs/protocol.md, History), "
-            f"is `ablation/{p.name.replace('.plan.json', '.csv')}`"
-        )
-    return "; ".join(said)
-
-
-def _plan(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def older_standing(names: dict[str, str]) -> str:

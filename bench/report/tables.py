@@ -399,6 +399,39 @@ def figure_tables(inputs: Inputs) -> dict[str, Path]:
     return out | protocol_tables(inputs)
 
 
+def not_yet(exp: str, base: Path, records: list[dict]) -> str:
+    """What stands in for ``exp``'s answer while no table of the current protocol has it: its
+    sweep under way (the newest plan without a table, with its recorded runs) and the older
+    protocol's table it will replace; "" when neither exists."""
+    said, folder = [], base / "ablation"
+    plans = [(p, plan) for p in sorted(folder.glob("*.plan.json")) if (plan := _plan(p))]
+    mine = [(p, plan) for p, plan in plans if plan.get("experiment") == exp]
+    going = [p for p, plan in mine if plan.get("name") == protocol.NAME]
+    if going and not going[-1].with_name(going[-1].name.replace(".plan.json", ".csv")).exists():
+        sid = going[-1].name.removesuffix(".plan.json")
+        n = sum(1 for r in records if cfg_of(r, "results", "sweep_id") == sid)
+        said.append(
+            f"its `{protocol.NAME}` sweep `{sid}` is under way ({n} runs recorded; "
+            f"`python -m reproduce ablation --resume {sid}` goes on)"
+        )
+    older = [(p, plan["name"]) for p, plan in mine if plan.get("name") not in ("", protocol.NAME)]
+    older = [(p, n) for p, n in older if p.with_name(p.name.replace(".plan.json", ".csv")).exists()]
+    if older:
+        p, n = older[-1]
+        said.append(
+            f"the `{n}` answer it replaces, whose faults v3 fixes (docs/protocol.md, History), "
+            f"is `ablation/{p.name.replace('.plan.json', '.csv')}`"
+        )
+    return "; ".join(said)
+
+
+def _plan(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def fmt_s(x: Any) -> str:
     v = num(x)
     return "-" if v is None else f"{v:,.1f} s"
