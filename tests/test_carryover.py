@@ -1,5 +1,6 @@
 """The steps carry-over stage: which configurations it runs, how a 2-node run becomes an
-8-node one, and the table's ratios and the factor a projection takes where steps do not carry over."""
+8-node one, and the table's ratios and the factor a projection takes where steps do not
+carry over."""
 
 import math
 
