@@ -239,6 +239,24 @@ def test_tuning_runs_never_enter_the_reports_comparison(tmp_path: Path) -> None:
     assert row.n_runs == 2 and row.tt_mean == pytest.approx(10.5) and "t1" not in row.run_ids
 
 
+def test_a_run_made_again_counts_once_in_the_reports_comparison(tmp_path: Path) -> None:
+    from bench.report.tables import config_stats, run_table
+
+    # seed 1 ran on a busy machine and was made again (--rerun), seed 2 was interrupted then
+    # run again; a grid run without a protocol role is never folded into another
+    again = [_rec("e1", "dense", "default", 1, 30.0, role="eval"),
+             _rec("e1b", "dense", "default", 1, 12.0, role="eval")]  # fmt: skip
+    cut = {**_rec("e2", "dense", "default", 2, None, role="eval"), "status": "interrupted"}
+    recs = [_rec("e0", "dense", "default", 0, 10.0, role="eval"), *again, cut,
+            _rec("e2b", "dense", "default", 2, 14.0, role="eval")]  # fmt: skip
+    (row,) = config_stats(run_table(recs, tmp_path)).itertuples()
+    assert row.n_runs == 3 and row.n_reached == 3 and row.tt_mean == pytest.approx(12.0)
+    assert "e1" not in row.run_ids and {"e0", "e1b", "e2b"} == set(row.run_ids)
+    grid = [{**_rec(f"g{i}", "dense", "default", 0, 10.0 + i), "protocol": {}} for i in (0, 2)]
+    (row,) = config_stats(run_table(grid, tmp_path)).itertuples()
+    assert row.n_runs == 2 and row.tt_mean == pytest.approx(11.0)
+
+
 def _lowest_at(quarter: bool):
     """Steps to target by rate (x the centre 0.4): falling as the rate drops, down to a
     minimum at 0.25x (``quarter``), else all the way down."""

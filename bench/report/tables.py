@@ -148,6 +148,7 @@ def _row(r: dict[str, Any], results_dir: Path) -> dict[str, Any]:
         "protocol_role": str((r.get("protocol") or {}).get("role") or ""),
         "protocol_trial": str((r.get("protocol") or {}).get("trial") or ""),
         "sweep_id": str(cfg_of(r, "results", "sweep_id") or ""),
+        "protocol_cluster": str(cfg_of(r, "results", "protocol_cluster") or ""),
         "time_to_target_s": tt,
         # DAWNBench ranks by cost too: none is assumed where the run recorded no price
         "cost_to_target_usd": None if price is None or tt is None else price * tt / 3600,
@@ -179,9 +180,24 @@ def curve(results_dir: Path, run_id: str) -> pd.DataFrame | None:
     return None if df is None else df.rename(columns=col.RENAMES)
 
 
+# what names one run of a protocol sweep: a second record of it is the run made again
+JOB = ["sweep_id", "protocol_role", "protocol_trial", "comm_name", "seed", "protocol_cluster"]
+
+
+def latest_of_each_job(runs: pd.DataFrame) -> pd.DataFrame:
+    """``runs`` less each protocol run's records but its latest, as the sweep's own tables
+    count them: a run made again on resume (``--rerun``, after an interruption) counts once."""
+    if runs.empty or not set(JOB) <= set(runs.columns):
+        return runs
+    job = runs[JOB].astype(str)
+    again = (runs["sweep_id"] != "") & (runs["protocol_role"] != "") & job.duplicated(keep="last")
+    return runs[~again]
+
+
 def config_stats(runs: pd.DataFrame) -> pd.DataFrame:
     """Per group and configuration: runs, runs reached, time to target's mean and std over seeds."""
     # a protocol's tuning and timing runs report nothing, nor does a run on a tuning seed
+    runs = latest_of_each_job(runs)  # a run made again counts once, as its latest record
     trained = runs[runs["trained"] & ~runs["protocol_role"].isin(("tune", "time"))]
     trained = trained[~trained["seed"].isin((*protocol.TUNE_SEEDS, *protocol.TIMING_SEEDS))]
     rows = []
