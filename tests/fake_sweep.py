@@ -47,6 +47,21 @@ def _share(name: str) -> float:
     return 1.0 if name == methods.baseline() else 0.2 + 0.1 * (zlib.crc32(name.encode()) % 7)
 
 
+def calibrated_kind() -> str:
+    """The CPU the fake sweep runs on: this one where its costs are measured, else the
+    first CPU with calibration rows, so that the model prices its predictions on any host."""
+    from bench.cluster import calibration
+
+    here = cpu_model()
+    if calibration.device_slug(here) in calibration.devices():
+        return here
+    rows = (calibration.load(d) for d in calibration.devices())
+    cpus = [r[0]["device"] for r in rows if r and str(r[0]["hardware"]).startswith("CPU ")]
+    if not cpus:
+        pytest.skip(f"no calibration rows for any CPU (this one: {here})")
+    return cpus[0]
+
+
 def runner(ran: list):
     def run(jobs: list[list[str]], sweep_dir: Path, experiment: str) -> list[int]:
         for job in jobs:
@@ -67,7 +82,7 @@ def runner(ran: list):
             rec |= {"run_id": f"r{len(ran)}", "status": "target_missed", "experiment": experiment,
                     "world_size": 4, "nnodes": 2, "data": "digits",
                     "target_metric": "top1", "target_value": 0.98,
-                    "hardware": f"CPU {cpu_model()} (2 cores), no GPU",
+                    "hardware": f"CPU {calibrated_kind()} (2 cores), no GPU",
                     "protocol": {"name": pr.NAME, "role": role, "trial": trial,
                                  "selected": role == "eval"}}  # fmt: skip
             if role in (ms.SHAPE, pr.TIME):
@@ -94,6 +109,7 @@ def run_sweep(results_dir: Path, monkeypatch: pytest.MonkeyPatch, *argv: str) ->
 
     ran: list = []
     monkeypatch.setattr(ms, "pin", lambda plan: "")  # no timing of this host
+    monkeypatch.setattr(ms, "cpu_model", calibrated_kind)  # the sweep's CPU kind: measured
     monkeypatch.setattr(common, "run_queued", runner(ran))
     main([*argv, "--results-dir", str(results_dir)])
     return ran

@@ -101,7 +101,7 @@ def _steps(trial: str, seed: int) -> int:
     return 40 + zlib.crc32(trial.encode()) % 13 + seed % 3
 
 
-def _model(experiment: str, bps: float, compute_s: float):
+def _model(experiment: str, bps: float, compute_s: float, cpu: str = "cpu"):
     """A stand-in for the performance model of an emulated cluster: the link alone."""
     wl = pm.Workload(buckets=pm.buckets_for(100_000), compute_s=compute_s)
     return wl, pm.Cluster(2, 2, inter_bw=bps / 8), pm.Costs()
@@ -219,6 +219,46 @@ def test_the_prediction_comes_before_the_evaluation_one_row_per_method_and_clust
     picked = pr.chosen(plan, recs)
     for name in ms.names(plan):
         assert {(m, t, name) for m, t in picked[name].items()} <= evals
+
+
+def test_the_prediction_is_made_once_priced_on_the_sweeps_cpu_kind(
+    tmp_path: Path, monkeypatch
+) -> None:
+    priced_on: list[str] = []
+
+    def model(experiment: str, bps: float, compute_s: float, cpu: str = "cpu"):
+        priced_on.append(cpu)
+        return _model(experiment, bps, compute_s)
+
+    monkeypatch.setattr(ms, "_model", model)
+    plan = _plan(tmp_path)
+    plan.save()
+    ran: list = []
+
+    def stop() -> None:  # the sweep dies at its first evaluation run
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        ms.run(plan, fake(ran, before_eval=stop), tmp_path, write_table, log=lambda s: None)
+    path = ms.table_path(plan, ms.PREDICTION)
+    made = path.read_text()
+    assert priced_on and set(priced_on) == {cpu_model()}  # the kind the plan pinned
+    # resumed where the model's constants changed since: the prediction stays as made
+    monkeypatch.setattr(ms, "_model", lambda *a: pytest.fail("predicted again"))
+    ms.run(pr.Plan.load(tmp_path, SWEEP), fake(ran), tmp_path, write_table, log=lambda s: None)
+    assert path.read_text() == made and pr.complete(plan, load_records(tmp_path))
+    # on another CPU kind, a resume with evaluation runs left is refused in one line before
+    # anything is priced or run (no calibration rows for that kind are needed)
+    for r in [r for r in load_records(tmp_path) if r["protocol"]["role"] == "eval"][:1]:
+        lines = (tmp_path / "runs.jsonl").read_text().splitlines()
+        gone = {**r, "status": "interrupted"}
+        (tmp_path / "runs.jsonl").write_text("\n".join([*lines, json.dumps(gone)]) + "\n")
+    monkeypatch.setattr(ms, "cpu_model", lambda: "AMD EPYC 7B13")
+    n = len(ran)
+    with pytest.raises(ConfigError) as e:
+        ms.run(pr.Plan.load(tmp_path, SWEEP), fake(ran), tmp_path, write_table, log=print)
+    msg = str(e.value)
+    assert len(msg.splitlines()) == 1 and "AMD EPYC 7B13" in msg and len(ran) == n, msg
 
 
 def test_one_cpu_kind_for_the_measured_runs(tmp_path: Path, monkeypatch) -> None:

@@ -291,22 +291,25 @@ def run(
         log(f"note: {extension.bound_note(ext)} ({path})")
     picked = pr.select_per_cluster(tuning)
     log(f"selected: {picked} ({path})")
-    if plan.measured:  # the model's word on each, before its runs (never replaced)
+    if plan.measured:  # the model's word on each, before its runs: made once, never replaced
+        claim(plan, pr.pending(plan.eval_jobs(picked), recs, rerun))  # on the sweep's CPU kind
         pred = table_path(plan, PREDICTION)
-        write_table(predictions(plan, recs, picked), pred)
+        if not pred.exists():
+            write_table(predictions(plan, recs, picked), pred)
         log(f"predicted: {pred}")
     stage("evaluation", plan.eval_jobs(picked), pr.EVAL)
     return rcs
 
 
-def _model(experiment: str, bps: float, compute_s: float) -> tuple[Any, Any, Any]:
+def _model(experiment: str, bps: float, compute_s: float, cpu: str = "cpu") -> tuple[Any, Any, Any]:
     """(workload, cluster, costs) of an emulated 2 x 2 at ``bps`` whose step computes in
-    ``compute_s``: the experiment's own network, this CPU's measured costs."""
+    ``compute_s``: the experiment's own network, the costs measured on ``cpu`` (a CPU model
+    with calibration rows; "cpu": this machine's)."""
     from bench.cluster import calibration
     from bench.cluster import perfmodel as pm
 
-    cluster = pm.emulated(bps, NODES, PROCS, compute_s)
-    return pm.workload_shapes(experiment), cluster, calibration.costs()
+    cluster = pm.emulated(bps, NODES, PROCS, compute_s, loopback=calibration.loopback(cpu))
+    return pm.workload_shapes(experiment), cluster, calibration.costs(cpu)
 
 
 def predictions(
@@ -324,7 +327,7 @@ def predictions(
         if shaped is None:
             raise ConfigError(f"{name} is not shaped: no prediction is made for it")
         bps = parse_bandwidth(shaped.rate)
-        wl, cluster, costs = _model(plan.experiment, bps, shaped.nocomm_s)
+        wl, cluster, costs = _model(plan.experiment, bps, shaped.nocomm_s, plan.cpu_kind or "cpu")
         for comm, trial in picked.get(name, {}).items():
             times: list[float] = []
             for r in tuned:
