@@ -104,6 +104,11 @@ def test_a_workload_without_a_v3_table_names_its_sweep_under_way_and_the_answer_
     said = tables.not_yet(exp, tmp_path, runs)
     assert said.startswith(f"its `{v3}` sweep `ablation-2-new` is under way (3 runs recorded;")
     assert "--resume ablation-2-new" in said and "ablation-3-other" not in said
+    assert "partial" not in said  # no table of it yet
+    (folder / "partial").mkdir()
+    (folder / "partial" / "ablation-2-new.csv").write_text("comm\n")  # the stages so far
+    said = tables.not_yet(exp, tmp_path, runs)
+    assert "(3 runs recorded; its tables so far: `ablation/partial/ablation-2-new*.csv`;" in said
     assert said.endswith(
         "answer it replaces, whose faults v3 fixes (docs/protocol.md, "
         "History), is `ablation/ablation-1-old.csv`"

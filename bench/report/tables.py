@@ -426,8 +426,10 @@ def not_yet(exp: str, base: Path, records: list[dict]) -> str:
     if going and not going[-1].with_name(going[-1].name.replace(".plan.json", ".csv")).exists():
         sid = going[-1].name.removesuffix(".plan.json")
         n = sum(1 for r in records if cfg_of(r, "results", "sweep_id") == sid)
+        part = folder / "partial" / f"{sid}.csv"  # its table so far, the stages recorded
+        so_far = f"; its tables so far: `ablation/partial/{sid}*.csv`" if part.exists() else ""
         said.append(
-            f"its `{protocol.NAME}` sweep `{sid}` is under way ({n} runs recorded; "
+            f"its `{protocol.NAME}` sweep `{sid}` is under way ({n} runs recorded{so_far}; "
             f"`python -m reproduce ablation --resume {sid}` goes on)"
         )
     older = [(p, plan["name"]) for p, plan in mine if plan.get("name") not in ("", protocol.NAME)]
