@@ -212,7 +212,7 @@ def claim(plan: pr.Plan, jobs: Sequence[pr.Job]) -> None:
     if plan.cpu_kind and plan.cpu_kind != here:
         raise ConfigError(
             f"sweep {plan.sweep_id}'s measured runs ran on {plan.cpu_kind}; this machine is "
-            f"{here}: run them on a {plan.cpu_kind} machine (one CPU kind per sweep)"
+            f"{here}: resume it on the kind it ran on (one CPU kind per sweep)"
         )
     if not plan.cpu_kind:
         plan.cpu_kind = here
