@@ -249,10 +249,8 @@ def test_the_prediction_is_made_once_priced_on_the_sweeps_cpu_kind(
     assert path.read_text() == made and pr.complete(plan, load_records(tmp_path))
     # on another CPU kind, a resume with evaluation runs left is refused in one line before
     # anything is priced or run (no calibration rows for that kind are needed)
-    for r in [r for r in load_records(tmp_path) if r["protocol"]["role"] == "eval"][:1]:
-        lines = (tmp_path / "runs.jsonl").read_text().splitlines()
-        gone = {**r, "status": "interrupted"}
-        (tmp_path / "runs.jsonl").write_text("\n".join([*lines, json.dumps(gone)]) + "\n")
+    first = next(r for r in load_records(tmp_path) if r["protocol"]["role"] == "eval")
+    append_record(tmp_path, {**first, "run_id": "again", "status": "interrupted"})
     monkeypatch.setattr(ms, "cpu_model", lambda: "AMD EPYC 7B13")
     n = len(ran)
     with pytest.raises(ConfigError) as e:
