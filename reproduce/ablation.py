@@ -80,6 +80,13 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--aggregate", metavar="SWEEP_ID", help="rebuild the table from records")
     _sweep.add_options(ap)
     ap.add_argument(
+        "--keep-out",
+        action="store_true",
+        help="with --resume on another CPU kind than the sweep's measured runs: run its "
+        "evaluation runs left here; they count where only steps count (the projections), "
+        "are kept out of the measured columns, which say so, and are not run again",
+    )
+    ap.add_argument(
         "--results-dir",
         metavar="DIR",
         default=RESULTS,
@@ -297,6 +304,8 @@ def _plan(args: argparse.Namespace):
             plan.notes.append(f"resuming {sid}: recorded runs are not run again")
         else:
             plan = (_grid_plan if args.grid else _protocol_plan)(args, jobs)
+    if args.keep_out:
+        _keep_out(plan, resumed)
     _sweep.use_launcher(plan, launcher, hydra)
     _sweep.check_launch(plan, [_first_job(plan)])
     return plan, resumed
@@ -338,7 +347,8 @@ def _protocol_table(results_dir: str, plan) -> None:
     from bench.sweeps.resume import write_sweep_table
 
     every = sweep_records(results_dir, plan.sweep_id)
-    recs = measured.kept(plan, every)  # a measured run on another CPU kind: in no table
+    # a measured run on another CPU kind: in no table, but an evaluation run kept out
+    recs = measured.counted(plan, every)  # (--keep-out): in the projections, named
     df = pt.aggregate(plan, recs)
     print(pt.format_table(df))
     gaps = pt.tuning_gaps(plan, recs)  # evaluation runs selected on missing data
@@ -472,6 +482,23 @@ def _dry_run(plan, verbose: bool) -> None:
     print(then)
 
 
+def _keep_out(plan, resumed: bool) -> None:
+    """ConfigError unless --keep-out has evaluation runs of another CPU kind to keep out."""
+    from bench.registry import ConfigError
+    from bench.results.env import cpu_model
+    from bench.sweeps import protocol as pr
+
+    here = cpu_model()
+    if not resumed or not isinstance(plan, pr.Plan) or not plan.measured:
+        raise ConfigError("--keep-out goes with --resume SWEEP_ID of a protocol sweep with "
+                          "measured clusters")  # fmt: skip
+    if plan.cpu_kind in ("", here):
+        raise ConfigError(
+            f"--keep-out: this machine is the kind sweep {plan.sweep_id}'s measured runs "
+            f"run on ({here}): resume it without --keep-out"
+        )
+
+
 def _run(args: argparse.Namespace, plan, resumed: bool) -> int:
     """Run the sweep (what is missing of it, when resumed); its exit status."""
     from bench.registry import ConfigError
@@ -535,13 +562,13 @@ def _run(args: argparse.Namespace, plan, resumed: bool) -> int:
 
     try:
         if protocol:
-            rcs = measured.run(plan, run, sweep_dir, write_tuning,
-                               rerun=_sweep.rerun_of(args), until=args.until)  # fmt: skip
+            rcs = measured.run(plan, run, sweep_dir, write_tuning, rerun=_sweep.rerun_of(args),
+                               until=args.until, keep_out=args.keep_out)  # fmt: skip
             if args.until:
                 print(f"stopped after {args.until}; go on with: {_sweep.again('ablation', plan)}")
                 return 1 if any(rcs) else 0
             # the steps carry-over, once every evaluation run is recorded
-            recs = measured.kept(plan, sweep_records(plan.results_dir, plan.sweep_id))
+            recs = measured.counted(plan, sweep_records(plan.results_dir, plan.sweep_id))
             if plan.carry_seeds and pr.complete(plan, recs):
                 jobs = co.jobs(plan, pr.chosen(plan, recs), pt.leading(pt.aggregate(plan, recs)))
                 if todo := pr.pending(jobs, recs, _sweep.rerun_of(args)):

@@ -48,10 +48,11 @@ def _ratio(c_bits: float):
     return lambda bps: c_bits / bps
 
 
-def fake(ran: list, ratio=_ratio(4.0e8), stop_after=None, before_eval=None):
+def fake(ran: list, ratio=_ratio(4.0e8), stop_after=None, before_eval=None, kind=""):
     """A runner that records each job as a run would: a shaping or timing run's training
     time at its link (dense's communication ``ratio(bps)`` x the compute step, each seed
-    a little off), a tuning or evaluation run's steps by its trial (:func:`_steps`)."""
+    a little off), a tuning or evaluation run's steps by its trial (:func:`_steps`), on
+    this machine's CPU kind or ``kind``."""
 
     def run(jobs: list[list[str]], sweep_dir: Path, experiment: str) -> list[int]:
         for job in jobs:
@@ -73,7 +74,7 @@ def fake(ran: list, ratio=_ratio(4.0e8), stop_after=None, before_eval=None):
             }
             rec = {"run_id": f"r{len(ran)}", "status": "target_missed", "comm": kv["comm"],
                    "experiment": experiment, "target_metric": "top1", "target_value": 0.98,
-                   "hardware": f"CPU {cpu_model()} (2 cores), no GPU", "config": config,
+                   "hardware": f"CPU {kind or cpu_model()} (2 cores), no GPU", "config": config,
                    "protocol": {"name": pr.NAME, "role": role, "trial": trial,
                                 "selected": role == "eval"}}  # fmt: skip
             if role in ("shape", "time"):
@@ -257,6 +258,66 @@ def test_the_prediction_is_made_once_priced_on_the_sweeps_cpu_kind(
         ms.run(pr.Plan.load(tmp_path, SWEEP), fake(ran), tmp_path, write_table, log=print)
     msg = str(e.value)
     assert len(msg.splitlines()) == 1 and "AMD EPYC 7B13" in msg and len(ran) == n, msg
+
+
+def test_an_evaluation_run_kept_out_on_another_kind_counts_in_the_projections_only(
+    tmp_path: Path, monkeypatch
+) -> None:
+    from bench.sweeps import protocol_table as pt
+
+    monkeypatch.setattr(ms, "_model", _model)
+    plan = _plan(tmp_path)
+    plan.save()
+    ran: list = []
+    ms.run(plan, fake(ran), tmp_path, write_table, log=lambda s: None)
+    # the sweep's last measured evaluation run was interrupted, and only another kind is left
+    last = [r for r in load_records(tmp_path) if r["protocol"]["role"] == "eval"][-1]
+    job = pr.job_of(last)
+    assert job.where  # a measured cluster's
+    append_record(tmp_path, {**last, "run_id": "cut", "status": "interrupted"})
+    amd = "AMD EPYC 7B13"
+    monkeypatch.setattr(ms, "cpu_model", lambda: amd)
+    n, said = len(ran), []
+    again = pr.Plan.load(tmp_path, SWEEP)
+    ms.run(again, fake(ran, kind=amd), tmp_path, write_table, log=said.append, keep_out=True)
+    assert len(ran) == n + 1 and ran[-1][0] == "eval" and ran[-1][4] == job.where
+    assert any(f"on {amd}, kept out of the measured columns" in line for line in said), said
+    recs = load_records(tmp_path)
+    out = ms.kept_out(again, recs)
+    assert [pr.job_of(r).key for r in out] == [job.key] and ms.kind_of(out[0]) == amd
+    assert pr.complete(again, ms.counted(again, recs))
+    assert not pr.complete(again, ms.kept(again, recs))  # the measured runs alone lack it
+    # kept out is final: not run again, here or on the sweep's own kind
+    ms.run(again, fake(ran, kind=amd), tmp_path, write_table, log=lambda s: None)
+    monkeypatch.setattr(ms, "cpu_model", cpu_model)
+    ms.run(pr.Plan.load(tmp_path, SWEEP), fake(ran), tmp_path, write_table, log=lambda s: None)
+    assert len(ran) == n + 1
+    # the measured column leaves it out and names it; a projection counts its steps
+    df = pt.aggregate(again, ms.counted(again, recs))
+    rid = out[0]["run_id"]
+    cell = df[(df["for_cluster"] == job.where) & (df["comm"] == job.comm)].iloc[0]
+    assert cell["n_runs"] == len(plan.eval_seeds) - 1 and rid not in cell["run_ids"].split()
+    assert cell["kept_out"] == f"seed {job.seed}: {rid} on {amd}"
+    projected = df[df["ratio"].notna() & (df["comm"] == job.comm) & (df["trial"] == job.trial)]
+    assert not projected.empty and all(rid in ids.split() for ids in projected["run_ids"])
+    assert (projected["n_runs"] == len(plan.eval_seeds)).all()
+    assert (projected["kept_out"] == "").all() and (df["kept_out"] != "").sum() == 1
+    # the measured table counts it apart, and the status says it is not run again
+    m = ms.table(again, recs)
+    row = m[(m["cluster"] == job.where) & (m["comm"] == job.comm)].iloc[0]
+    assert row["n_other_kind"] == 1 and row["n_runs"] == len(plan.eval_seeds) - 1
+    lines = ms.status(again, recs)
+    assert any("1 evaluation run(s) on another kind kept out of the measured columns)" in x
+               for x in lines), lines  # fmt: skip
+    # --keep-out on the sweep's own kind has nothing to keep out
+    from reproduce.ablation import _keep_out
+
+    with pytest.raises(ConfigError, match="resume it without --keep-out"):
+        _keep_out(pr.Plan.load(tmp_path, SWEEP), resumed=True)
+    import bench.results.env
+
+    monkeypatch.setattr(bench.results.env, "cpu_model", lambda: amd)
+    _keep_out(again, resumed=True)  # another kind: accepted
 
 
 def test_one_cpu_kind_for_the_measured_runs(tmp_path: Path, monkeypatch) -> None:

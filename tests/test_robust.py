@@ -270,6 +270,8 @@ def test_a_resumed_sweep_runs_the_named_runs_again_and_keeps_their_records(
         (["--resume", "s1", "--rerun", "20261203-000000-ffffff"], "is not a run of sweep s1"),
         (["--resume", "s1", "--rerun", "r1"], "not a run id: r1"),
         (["--quick", "--sweep-id", "s2", "--rerun", again[0]], "--rerun needs --resume"),
+        (["--resume", "s1", "--keep-out"], "--keep-out goes with --resume SWEEP_ID of a"),
+        (["--quick", "--sweep-id", "s2", "--keep-out"], "--keep-out goes with --resume"),
     ):
         with pytest.raises(SystemExit) as e:
             ablation.main([*bad, *base])

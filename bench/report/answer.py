@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -315,7 +315,23 @@ def short_table(answers: list[Answer]) -> list[str]:
     return lines
 
 
-def legend_line(n_seeds: int, shaped: bool = True) -> str:
+def kept_out_text(exp: str, df: pd.DataFrame) -> list[str]:
+    """Per measured row of ``df`` with runs on another CPU kind kept out (its ``kept_out``,
+    "seed S: RUN_ID on KIND; ..."): its seeds, and which seed ran where."""
+    out = []
+    for _, r in df.iterrows():
+        said = r.get("kept_out")
+        runs = re.findall(r"seed (\d+): (\S+) on ([^;]+)", said if isinstance(said, str) else "")
+        if runs:
+            at = shaped_to(str(r["for_cluster"])) or r["for_cluster"]
+            which = and_list([f"seed {s} ran on {k.strip()}" for s, _, k in runs])
+            out.append(f"{int(r['n_runs'])} for {exp}'s {r['comm']} measured at {at}: its {which}, "
+                       "another CPU kind, and is kept out of that column (its steps count in "
+                       "the projections)")  # fmt: skip
+    return out
+
+
+def legend_line(n_seeds: int, shaped: bool = True, kept_out: Sequence[str] = ()) -> str:
     a = projection.ASSUMPTIONS
     nic, hid = a["nic_efficiency"], a["hidden"]
     how = (
@@ -326,7 +342,8 @@ def legend_line(n_seeds: int, shaped: bool = True) -> str:
     )
     return (
         f"Cells: speedup in time to target over {methods.baseline()} DDP [95 % interval over "
-        f"{n_seeds} evaluation seeds]; measured: end to end on an emulated 2 x 2's clock, "
+        f"{n_seeds} evaluation seeds{''.join(f'; {k}' for k in kept_out)}]; "
+        "measured: end to end on an emulated 2 x 2's clock, "
         f"{how}; projected: each run's "
         "steps to target x the performance model's step time on 16 x 8 V100 at 25 Gbit/s at "
         "that ratio of dense fp32 communication to compute, its band the interval's range "
@@ -371,7 +388,7 @@ def answer_sections(
     columns) from ``tables`` (experiment -> its newest protocol table)."""
     sentences, settings, detail, appendix = [], [], [], []
     answers: list[Answer] = []
-    seeds, ran = 0, set()
+    seeds, ran, kept_out = 0, set(), []
     for name, exp in protocol.WORKLOADS.items():
         detail += [f"### {exp} ({name} workload)", ""]
         table = tables.get(exp)
@@ -398,6 +415,7 @@ def answer_sections(
         mt = measured_table(table)
         answers.append((exp, cols, own, model_speedups(mt)))
         seeds = max(seeds, int(df["n_runs"].max()))
+        kept_out += kept_out_text(exp, df)
         settings.append(f"{exp} ({target}): {where(recs, count=False, links=mt)}")
         t = rel(table, base)
         detail += [
@@ -421,7 +439,14 @@ def answer_sections(
     short = [question(ran or None), ""]
     if answers:
         shaped = any(shaped_to(c.cluster) for _, cols, _, _ in answers for c in cols)
-        short += [*sentences, "", *short_table(answers), "", legend_line(seeds, shaped), ""]
+        short += [
+            *sentences,
+            "",
+            *short_table(answers),
+            "",
+            legend_line(seeds, shaped, kept_out),
+            "",
+        ]
     standing = older_standing({e: str(plan_of(t).get("name", "")) for e, t in tables.items()})
     short.append(
         "**Setting:** every method tuned with the same budget for each column, then trained "

@@ -189,18 +189,38 @@ def kind_of(rec: Mapping[str, Any]) -> str:
     return m.group(1) if m else ""
 
 
+def other_kind(plan: pr.Plan, rec: Mapping[str, Any]) -> bool:
+    """Whether ``rec`` is a measured run on another CPU kind than the plan's."""
+    job, kind = pr.job_of(rec), kind_of(rec)
+    return bool(job and job.where and plan.cpu_kind and kind and kind != plan.cpu_kind)
+
+
 def kept(plan: pr.Plan, records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """``records`` but the measured runs on another CPU kind than the plan's."""
+    """``records`` but the measured runs on another CPU kind than the plan's: what the
+    measured columns, the shaping and the selection read."""
+    return [r for r in records if not other_kind(plan, r)]
 
-    def other(r: Mapping[str, Any]) -> bool:
-        job, kind = pr.job_of(r), kind_of(r)
-        return bool(job and job.where and plan.cpu_kind and kind and kind != plan.cpu_kind)
 
-    return [r for r in records if not other(r)]
+def kept_out(plan: pr.Plan, records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The evaluation runs on another CPU kind (``--keep-out``) whose job has no run on the
+    plan's kind: each counts as its job's run where only its steps count (the projections)
+    and is kept out of the measured columns; it is not run again."""
+    done = pr.recorded(kept(plan, records))
+    return [
+        r for r in records
+        if other_kind(plan, r) and pr.job_of(r).role == pr.EVAL  # type: ignore[union-attr]
+        and pr.job_of(r).key not in done  # type: ignore[union-attr]
+    ]  # fmt: skip
+
+
+def counted(plan: pr.Plan, records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The records the sweep goes on from and its tables read: :func:`kept`, then
+    :func:`kept_out` (the latest record of their jobs)."""
+    return [*kept(plan, records), *kept_out(plan, records)]
 
 
 def load(plan: pr.Plan) -> list[Mapping[str, Any]]:
-    return kept(plan, sweep_records(plan.results_dir, plan.sweep_id))
+    return counted(plan, sweep_records(plan.results_dir, plan.sweep_id))
 
 
 def claim(plan: pr.Plan, jobs: Sequence[pr.Job]) -> None:
@@ -224,12 +244,16 @@ def claim(plan: pr.Plan, jobs: Sequence[pr.Job]) -> None:
 
 def status(plan: pr.Plan, records: Sequence[Mapping[str, Any]]) -> list[str]:
     """:func:`bench.sweeps.protocol.status` with the shaping lines after the tuning's."""
-    mine = kept(plan, records)
+    mine = counted(plan, records)
     lines = pr.status(plan, mine)
     shaping_ = [f"shaping {sh.line()}" for sh in shaping(plan, mine).values()]
-    out = len(records) - len(mine)
+    out = sum(other_kind(plan, r) for r in records)
     if plan.cpu_kind or out:
-        again = f" ({out} on another kind kept out, run again)" if out else ""
+        ev = len(kept_out(plan, records))  # their jobs done; the others' to be run again
+        said = {f"{ev} evaluation run(s) on another kind kept out of the measured columns": ev,
+                f"{out - ev} on another kind kept out, run again": out - ev}  # fmt: skip
+        again = "; ".join(k for k, n in said.items() if n)
+        again = f" ({again})" if again else ""
         shaping_.append(f"measured runs on {plan.cpu_kind or 'no CPU kind yet'}{again}")
     return [*lines[:1], *shaping_, *lines[1:]]
 
@@ -242,10 +266,13 @@ def run(
     log: Callable[[str], None] = print,
     rerun: Sequence[str] = RERUN,
     until: str = "",
+    keep_out: bool = False,
 ) -> list[int]:
     """Tune (``until="tuning"``: only that), shape, time, extend the rates at an edge,
     select, predict, evaluate, skipping the jobs recorded; the exit statuses of the runs.
-    ``runner``: ``common.run_queued`` or a Hydra launcher's submission."""
+    ``runner``: ``common.run_queued`` or a Hydra launcher's submission.  ``keep_out``: the
+    evaluation runs left run here although the plan's CPU kind is another; they are
+    :func:`kept_out` (every other run still needs the plan's kind)."""
     sweep_dir = Path(sweep_dir)
     rcs: list[int] = []
 
@@ -253,9 +280,13 @@ def run(
         nonlocal rcs
         todo = pr.pending(jobs, load(plan), rerun)
         if todo:
-            if plan.measured:
+            where, here = "", cpu_model()
+            if plan.measured and keep_out and role == pr.EVAL and plan.cpu_kind not in ("", here):
+                where = (f" on {here}, kept out of the measured columns (the sweep's "
+                         f"measured runs ran on {plan.cpu_kind})")  # fmt: skip
+            elif plan.measured:
                 claim(plan, todo)  # one CPU kind for every measured run
-            log(f"{name}: {len(todo)} of {len(jobs)} runs to go")
+            log(f"{name}: {len(todo)} of {len(jobs)} runs to go{where}")
             rcs += runner([plan.overrides(j) for j in todo], sweep_dir / role, plan.experiment)
 
     stage("tuning", plan.tune_jobs(), pr.TUNE)
@@ -292,7 +323,8 @@ def run(
     picked = pr.select_per_cluster(tuning)
     log(f"selected: {picked} ({path})")
     if plan.measured:  # the model's word on each, before its runs: made once, never replaced
-        claim(plan, pr.pending(plan.eval_jobs(picked), recs, rerun))  # on the sweep's CPU kind
+        if not keep_out:  # on the sweep's CPU kind
+            claim(plan, pr.pending(plan.eval_jobs(picked), recs, rerun))
         pred = table_path(plan, PREDICTION)
         if not pred.exists():
             write_table(predictions(plan, recs, picked), pred)

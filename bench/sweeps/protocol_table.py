@@ -12,6 +12,7 @@ import pandas as pd
 from bench import methods
 from bench.sweeps import carryover as co
 from bench.sweeps import intervals as iv
+from bench.sweeps.measured import kind_of, other_kind
 from bench.sweeps.protocol import (
     EVAL,
     TUNE,
@@ -37,7 +38,7 @@ COLUMNS = [
     "speedup_vs_dense_ci_high", "verdict_vs_dense", "seed_correlation_vs_dense", "best_peer",
     "speedup_vs_peer", "speedup_vs_peer_ci_low", "speedup_vs_peer_ci_high", "verdict_vs_peer",
     "seed_correlation_vs_peer", "target_metric", "target_value", "order_seed", "seeds",
-    "run_ids",
+    "run_ids", "kept_out",
 ]  # fmt: skip
 
 
@@ -96,7 +97,9 @@ def aggregate(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     """Per cluster and method: the selected configuration's time to target on the
     evaluation seeds, and its speedup over dense and over the best peer (lowest median
     tuning time there), Welch intervals on log time (unpaired: the seed correlation says
-    whether pairing could narrow them)."""
+    whether pairing could narrow them).  ``records``: :func:`measured.counted`'s; an
+    evaluation run on another CPU kind counts in the projections only, and a measured
+    cluster's row names it in ``kept_out``."""
     peer_names, dense = methods.peers(), methods.names(group="baseline")[0]
     done = recorded(records)
     evals = [r for r in done.values() if (r.get("protocol") or {}).get("role") == EVAL]
@@ -127,6 +130,8 @@ def aggregate(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
                 and r["protocol"]["trial"] == trial
                 and (ratio is not None or job_of(r).where == cluster)  # type: ignore[union-attr]
             }
+            out = {s: r for s, r in by_seed.items() if ratio is None and other_kind(plan, r)}
+            by_seed = {s: r for s, r in by_seed.items() if s not in out}  # on another clock
             # a projection scales its steps by how they carry over to 8 nodes, against dense's
             f = factors.get((comm, str(trial)), (1.0, 1.0, 1.0)) if ratio is not None else None
             mine = [by_seed[s] for s in sorted(by_seed)]
@@ -179,6 +184,9 @@ def aggregate(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
                 "order_seed": plan.order_seed,
                 "seeds": " ".join(str(s) for s in t),
                 "run_ids": " ".join(str(r["run_id"]) for r in mine),
+                "kept_out": "; ".join(
+                    f"seed {s}: {r['run_id']} on {kind_of(r)}" for s, r in sorted(out.items())
+                ),
             }
         every[cluster] = times
         for comm, row in block.items():
