@@ -95,3 +95,22 @@ def test_the_stage_runs_each_covered_configuration_at_8_nodes_as_its_evaluation_
         compose(ev).optim.warmup_epochs * 11 / 2
     )  # the same warm-up steps: 11 steps an epoch at 2 x 2, 2 at 8 x 2
     assert pr.quick()["carry_seeds"] == 0  # a smoke test runs no 16-worker cluster
+
+
+def test_the_leaders_it_covers_are_told_apart_as_the_answer_tells_them():
+    """A projection's tie takes the band: a method told from the first on the seeds but
+    not at one corner of the model's assumptions is tied first, and covered."""
+    import pandas as pd
+
+    from bench.sweeps import protocol_table as pt
+
+    fast = {s: 10.0 + 0.1 * s for s in range(10)}
+    slow = {s: 11.0 + 0.1 * s for s in range(10)}  # told apart on the seeds
+    df = pd.DataFrame()
+    df.attrs["times"] = {"measured": {BASE: fast, OTHER: slow}, "paper": {BASE: fast, OTHER: slow}}
+    alike = [list(fast.values())]  # at the second corner the two are alike
+    df.attrs["corners"] = {"paper": {BASE: alike * 2, OTHER: [list(slow.values()), *alike]}}
+    lead = pt.leading(df)
+    assert lead == {"measured": (BASE,), "paper": (BASE, OTHER)}
+    picked = {"paper": {BASE: "t1", OTHER: "t2"}}
+    assert co.covered("translation", picked, lead) == sorted([(BASE, "t1"), (OTHER, "t2")])

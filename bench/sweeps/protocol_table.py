@@ -26,7 +26,7 @@ from bench.sweeps.protocol import (
     select_per_cluster,
     selection_table,
 )
-from bench.sweeps.ratios import run_time_s
+from bench.sweeps.ratios import corners, run_time_s
 from bench.sweeps.resume import RERUN_FAILED
 
 COLUMNS = [
@@ -111,6 +111,7 @@ def aggregate(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     # projections whose steps do not carry over to 8 nodes as dense's do: their factor
     factors = co.step_factors(co.table(co.runs(plan, records)))
     every: dict[str, dict[str, dict[int, float]]] = {}  # cluster -> method -> seed -> s
+    bands: dict[str, dict[str, list[list[float]]]] = {}  # cluster -> method -> corner -> s
     rows: list[dict[str, Any]] = []
     for cluster, ratio in clusters(plan).items():
         sel = chosen.get(cluster, {})
@@ -140,18 +141,22 @@ def aggregate(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
             good = [r for r in mine if r.get("status") in ("ok", "target_missed")]
             # seed -> time to target (its clock, else the model's; a miss: its whole run)
             t: dict[int, float] = {}
+            band: list[list[float]] = []  # per corner of the assumptions x the factor's interval
             steps = []
             for r in good:  # an error run has no time
                 if ratio is None:
                     t[job_of(r).seed] = iv.censored_time(r, budget)  # type: ignore[union-attr]
                 elif run := run_of(plan, r):
                     t[job_of(r).seed] = run_time_s(run, ratio) * f[0]  # type: ignore[index, union-attr]
+                    band.append([run_time_s(run, ratio, **c) * x for c in corners() for x in f])  # type: ignore[union-attr]
                 else:
                     continue
                 if r.get("steps_to_target") is not None:
                     steps.append(float(r["steps_to_target"]))
             if t:
                 times[comm] = t
+                if band:
+                    bands.setdefault(cluster, {})[comm] = [list(c) for c in zip(*band)]
             m, lo, hi = iv.mean_interval(list(t.values()))
             first = mine[0]
             block[comm] = {
@@ -206,12 +211,25 @@ def aggregate(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
             rows.append(row)
     df = pd.DataFrame(rows, columns=COLUMNS)
     df.attrs["times"] = every  # the per-seed times behind each row (the tie rule reads them)
+    df.attrs["corners"] = bands  # a projection's, at each corner (the tie rule's band)
     return df
 
 
 def leading(df: pd.DataFrame) -> dict[str, tuple[str, ...]]:
-    """Per cluster, the first method or the tied group (:func:`intervals.leaders`)."""
+    """Per cluster, the first method or the tied group (:func:`intervals.leaders`): on a
+    projected cluster told apart under the seed interval and at every corner of the model's
+    assumptions and the steps factor's interval, as the answer tells them."""
+    bands = df.attrs.get("corners", {})
     return {
-        cluster: iv.leaders([{"method": m, "times": list(t.values())} for m, t in ts.items()]).tied
+        cluster: iv.leaders(
+            [
+                {
+                    "method": m,
+                    "times": list(t.values()),
+                    "corners": bands.get(cluster, {}).get(m, []),
+                }
+                for m, t in ts.items()
+            ]
+        ).tied  # fmt: skip
         for cluster, ts in df.attrs.get("times", {}).items()
     }
