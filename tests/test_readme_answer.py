@@ -95,3 +95,35 @@ def test_the_hardware_block_counts_every_record_by_machine(tmp_path: Path) -> No
     assert readme.main(args) == 0
     assert block_of(md.read_text(), readme.HW_START, readme.HW_END).startswith("- 2 records: CPU A")
     assert readme.main([*args, "--check"]) == 0
+
+
+def test_a_run_kept_out_of_its_measured_row_is_said_and_drawn_on_no_clock() -> None:
+    """A measured row with a run on another CPU kind kept out (``--keep-out``): the answer's
+    legend gives that row's seeds and says which ran where; the clock figures leave the
+    run out while a projection that counts it keeps it."""
+    import pandas as pd
+
+    from bench.report import answer as ans
+    from bench.report import figures
+
+    ten = " ".join(f"r{i}" for i in range(10))
+    df = pd.DataFrame([
+        {"for_cluster": "measured-5.37", "comm": "hitopk", "n_runs": 9, "run_ids": ten[:-3],
+         "kept_out": "seed 9: r9 on AMD EPYC"},
+        {"for_cluster": "paper", "comm": "hitopk", "n_runs": 10, "run_ids": ten, "kept_out": None},
+    ])  # fmt: skip
+    said = ans.kept_out_text("transformer_protocol", df)
+    assert said == [
+        "9 for transformer_protocol's hitopk measured at 5.37: its seed 9 ran on AMD EPYC, "
+        "another CPU kind, and is kept out of that column (its steps count in the projections)"
+    ]
+    assert "[95 % interval over 10 evaluation seeds; 9 for transformer" in ans.legend_line(
+        10, True, said
+    )
+    assert figures.kept_out_ids(df) == {"r9"} and "r9" in figures.table_run_ids(df)
+    assert ans.kept_out_text("x", df.drop(columns="kept_out")) == []  # an older table
+    assert ans.kept_out_clause(df) == (
+        " (1 of them on another CPU kind, kept out of its measured row: hitopk's seed 9 at "
+        "measured-5.37 on AMD EPYC)"
+    )
+    assert ans.kept_out_clause(df.drop(columns="kept_out")) == ""

@@ -157,8 +157,25 @@ def setting(
         f"{link_txt}; "
         f"every method tuned with the same budget on seeds {plan.get('tune_seeds') or []}, "
         f"then {len(seeds)} evaluation seeds {seeds} (sweep `{table['sweep_id'].iloc[0]}`, "
-        f"{len(records)} evaluation runs{redone})."
+        f"{len(records)} evaluation runs{kept_out_clause(table)}{redone})."
     )
+
+
+def kept_out_clause(table: pd.DataFrame) -> str:
+    """`` (N of them on another CPU kind, ...)`` for the runs a sweep table keeps out of its
+    measured rows."""
+    said = [
+        f"{r['comm']}'s {s} at {r['for_cluster']} on {k.strip()}"
+        for _, r in table.iterrows()
+        for s, k in re.findall(
+            r"(seed \d+): \S+ on ([^;]+)",
+            r["kept_out"] if isinstance(r.get("kept_out"), str) else "",
+        )
+    ]
+    if not said:
+        return ""
+    n = len(said)
+    return f" ({n} of them on another CPU kind, kept out of its measured row: {and_list(said)})"
 
 
 def measured_ratio(records: list[dict]) -> tuple[float, float, int] | None:

@@ -3,6 +3,7 @@ figure the inputs support, :func:`draw` draws them."""
 
 from __future__ import annotations
 
+import re
 import tempfile
 import textwrap
 from collections.abc import Callable, Collection, Mapping
@@ -272,8 +273,17 @@ def plot_protocol_speedup(df: pd.DataFrame, path: Path, title: str) -> Path | No
         f"Welch interval on log time over {n_seeds} evaluation seeds; (k/n): seeds that "
         "reached the target"
     )
+    out = df[df["kept_out"].fillna("") != ""] if "kept_out" in df.columns else df.iloc[:0]
+    if not out.empty:  # a measured row of fewer seeds: its runs on another CPU kind
+        how += "\n" + "; ".join(
+            f"{r['comm']} at {r['for_cluster']}: {r['n_runs']} seeds ({r['kept_out']}: another "
+            "CPU kind, kept out)"
+            for _, r in out.iterrows()
+        )
     fig.suptitle(f"{title}\n{how}", fontsize=9)
-    return save_figure(fig, path)
+    lines = 2 + how.count("\n")  # the title's, clear of the first heading
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.17 * lines / height))
+    return save_figure(fig, path, layout=False)
 
 
 HEADLINE = "paper"  # the cluster whose tuned configurations a sweep's ratio figure draws
@@ -284,6 +294,16 @@ def table_run_ids(table: pd.DataFrame) -> set[str]:
     if "run_ids" not in table:
         return set()
     return {i for v in table["run_ids"].dropna() for i in str(v).replace(",", " ").split()}
+
+
+def kept_out_ids(table: pd.DataFrame) -> set[str]:
+    """The runs a sweep table keeps out of its measured rows (``kept_out``: "seed S: RUN_ID
+    on KIND; ...")."""
+    if "kept_out" not in table:
+        return set()
+    return {
+        i for v in table["kept_out"].dropna() for i in re.findall(r"seed \d+: (\S+) on", str(v))
+    }
 
 
 def ratios_table(results_dir: Path, table: pd.DataFrame) -> pd.DataFrame:
@@ -368,8 +388,10 @@ def figure_runs(inputs: Inputs, exp: str, yours: Collection[str]) -> tuple[pd.Da
     table = figure_tables(inputs).get(exp)
     if table is not None:
         ev = mine[(mine["sweep_id"] == table.stem) & (mine["protocol_role"] == "eval")]
-        # the runs the table counts: a run done again draws its latest record, not both
-        ids = table_run_ids(pd.read_csv(table))
+        # the runs the table counts: a run done again draws its latest record, not both;
+        # a run kept out of its measured row (another CPU kind) is on no clock drawn here
+        t = pd.read_csv(table)
+        ids = table_run_ids(t) - kept_out_ids(t)
         ev = ev[ev["run_id"].isin(ids)] if ids else ev
         if not ev.empty:
             return ev, f"the evaluation runs of protocol sweep {table.stem}"

@@ -48,6 +48,8 @@ def prediction_lines(m: pd.DataFrame | None, stem: str) -> list[str]:
     ]
     for r in m.itertuples():
         got = ci_text(r.measured_median_s, r.measured_ci_low_s, r.measured_ci_high_s, 1, " s")
+        if (other := getattr(r, "n_other_kind", 0)) and other == other:  # older: none
+            got += f" ({r.n_runs} runs; {int(other)} on another CPU kind kept out)"
         err = f"{100 * r.prediction_error:+.0f} %"
         out.append(f"| {r.target_ratio:.2f} | {r.comm} | {r.predicted_s:.1f} s | {got} | {err} |")
     size = m.assign(e=m["prediction_error"].abs()).groupby("target_ratio", sort=False)["e"]
@@ -71,6 +73,9 @@ def carryover_lines(table: Path, stem: str) -> list[str]:
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in c.itertuples():
+        if r.steps_8_nodes != r.steps_8_nodes:  # not covered: no 8-node runs
+            out.append(f"| {r.comm} | `{r.trial}` | not run at 8 nodes | | | | 2-node steps |")
+            continue
         out.append(
             f"| {r.comm} | `{r.trial}` | {r.steps_2_nodes:.1f} | {r.steps_8_nodes:.1f} | "
             f"{ci_text(r.ratio, r.ratio_ci_low, r.ratio_ci_high, 2, 'x')} | "

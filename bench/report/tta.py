@@ -157,8 +157,8 @@ def plot_tta(
         title
         or f"{experiment}: time to {target_text(r0['metric'], r0['target'])} (dashed)\n"
         "line: mean over seeds from when every seed has an evaluation; band: its 95 % "
-        "t-interval;\nbelow: mean time to target (star) with its 95 % bootstrap interval "
-        "(as the tables)",
+        "t-interval;\nbelow: mean time to target of the seeds that reached it (star, k/n "
+        "reached) with its 95 % bootstrap interval; the tables count a miss at the sweep's budget",
         fontsize=9,
     )
     return save_figure(fig, path)
