@@ -47,6 +47,12 @@ def test_the_answer_leads_with_the_measured_ratios_beside_the_models_prediction(
     assert all("band [" in c for c in projected)
     assert "measured at 1.34: " in text and "measured at 5.37: " in text
     assert "Mbit/s (ratio 1.3" in text and "for 5.37" in text  # each shaped link in the setting
+    # a claim's evidence names which measured column each comparison is from
+    from bench.report.claims import _compared
+
+    _, lines = _compared(cols, {"dawnbench_digits": "link"}, lambda c: [("hitopk", "dense")])
+    assert "measured at 1.34 (2 x 2): hitopk vs dense" in lines[0]
+    assert "measured at 5.37 (2 x 2): hitopk vs dense" in lines[0]
     # the prediction beside the measurement, per method and measured cluster, with its error
     m = pd.read_csv(swept / "ablation" / f"{SWEEP}-measured.csv")
     rows = [ln for ln in detail if ln.startswith("| 1.34 |") or ln.startswith("| 5.37 |")]

@@ -24,6 +24,7 @@ from bench.report.tables import (
     ratio,
     record_of,
     rel,
+    shaped_to,
     target_text,
 )
 
@@ -188,7 +189,12 @@ def _compared(answers: dict[str, list[versus.Column]], links: dict[str, str], pa
     for exp, cols in answers.items():
         said = []
         for c in cols:
-            where = "measured (2 x 2)" if c.measured else f"projected at {c.ratio:.2f}"
+            at = shaped_to(c.cluster)  # which measured column: an older sweep's had one
+            where = (
+                (f"measured at {at} (2 x 2)" if at else "measured (2 x 2)")
+                if c.measured
+                else f"projected at {c.ratio:.2f}"
+            )
             for ours, theirs in pairs(c):
                 v = c.versus(theirs, ours)
                 seen.append((c.measured, v.verdict == "faster"))
