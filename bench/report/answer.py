@@ -49,6 +49,7 @@ from bench.report.tables import (
 )
 from bench.sweeps import ablation, protocol, scaling_table
 from bench.sweeps.intervals import ci_text
+from bench.sweeps.protocol_table import kept_out_runs
 
 APPENDIX = "REPORT-appendix.md"
 # what each embedded task is, in a phrase (the records name the data set, not its size)
@@ -165,12 +166,9 @@ def kept_out_clause(table: pd.DataFrame) -> str:
     """`` (N of them on another CPU kind, ...)`` for the runs a sweep table keeps out of its
     measured rows."""
     said = [
-        f"{r['comm']}'s {s} at {r['for_cluster']} on {k.strip()}"
+        f"{r['comm']}'s seed {seed} at {r['for_cluster']} on {kind}"
         for _, r in table.iterrows()
-        for s, k in re.findall(
-            r"(seed \d+): \S+ on ([^;]+)",
-            r["kept_out"] if isinstance(r.get("kept_out"), str) else "",
-        )
+        for seed, _, kind in kept_out_runs(r)
     ]
     if not said:
         return ""
@@ -333,18 +331,18 @@ def short_table(answers: list[Answer]) -> list[str]:
 
 
 def kept_out_text(exp: str, df: pd.DataFrame) -> list[str]:
-    """Per measured row of ``df`` with runs on another CPU kind kept out (its ``kept_out``,
-    "seed S: RUN_ID on KIND; ..."): its seeds, and which seed ran where."""
+    """Per measured row of ``df`` with runs on another CPU kind kept out: its seeds, and
+    which seed ran where."""
     out = []
     for _, r in df.iterrows():
-        said = r.get("kept_out")
-        runs = re.findall(r"seed (\d+): (\S+) on ([^;]+)", said if isinstance(said, str) else "")
-        if runs:
+        if runs := kept_out_runs(r):
             at = shaped_to(str(r["for_cluster"])) or r["for_cluster"]
-            which = and_list([f"seed {s} ran on {k.strip()}" for s, _, k in runs])
-            out.append(f"{int(r['n_runs'])} for {exp}'s {r['comm']} measured at {at}: its {which}, "
-                       "another CPU kind, and is kept out of that column (its steps count in "
-                       "the projections)")  # fmt: skip
+            which = and_list([f"seed {s} ran on {k}" for s, _, k in runs])
+            out.append(
+                f"{int(r['n_runs'])} for {exp}'s {r['comm']} measured at {at}: its {which}, "
+                "another CPU kind, and is kept out of that column (its steps count in "
+                "the projections)"
+            )
     return out
 
 

@@ -3,7 +3,6 @@ figure the inputs support, :func:`draw` draws them."""
 
 from __future__ import annotations
 
-import re
 import tempfile
 import textwrap
 from collections.abc import Callable, Collection, Mapping
@@ -39,6 +38,7 @@ from bench.report.tta import PER_ROW, plot_tta  # noqa: E402
 from bench.results.plots import PHASE_COLOURS, fig_width, save_figure  # noqa: E402
 from bench.sweeps import ratios  # noqa: E402
 from bench.sweeps.intervals import ci_text  # noqa: E402
+from bench.sweeps.protocol_table import kept_out_runs  # noqa: E402
 
 # per-step phases of a curve row: (label, column(s)); the first column present is used
 PHASES = (
@@ -297,13 +297,8 @@ def table_run_ids(table: pd.DataFrame) -> set[str]:
 
 
 def kept_out_ids(table: pd.DataFrame) -> set[str]:
-    """The runs a sweep table keeps out of its measured rows (``kept_out``: "seed S: RUN_ID
-    on KIND; ...")."""
-    if "kept_out" not in table:
-        return set()
-    return {
-        i for v in table["kept_out"].dropna() for i in re.findall(r"seed \d+: (\S+) on", str(v))
-    }
+    """The runs a sweep table keeps out of its measured rows."""
+    return {rid for _, r in table.iterrows() for _, rid, _ in kept_out_runs(r)}
 
 
 def ratios_table(results_dir: Path, table: pd.DataFrame) -> pd.DataFrame:

@@ -4,6 +4,7 @@ configuration and cluster; columns: docs/internals/report.md."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -189,8 +190,8 @@ def aggregate(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
                 "order_seed": plan.order_seed,
                 "seeds": " ".join(str(s) for s in t),
                 "run_ids": " ".join(str(r["run_id"]) for r in mine),
-                "kept_out": "; ".join(
-                    f"seed {s}: {r['run_id']} on {kind_of(r)}" for s, r in sorted(out.items())
+                "kept_out": kept_out_cell(
+                    [(s, r["run_id"], kind_of(r)) for s, r in sorted(out.items())]
                 ),
             }
         every[cluster] = times
@@ -213,6 +214,18 @@ def aggregate(plan: Plan, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     df.attrs["times"] = every  # the per-seed times behind each row (the tie rule reads them)
     df.attrs["corners"] = bands  # a projection's, at each corner (the tie rule's band)
     return df
+
+
+def kept_out_cell(runs: Sequence[tuple[int, str, str]]) -> str:
+    """A measured row's ``kept_out``: "seed S: RUN_ID on KIND; ..." ("" for none)."""
+    return "; ".join(f"seed {s}: {rid} on {kind}" for s, rid, kind in runs)
+
+
+def kept_out_runs(row: Mapping[str, Any]) -> list[tuple[int, str, str]]:
+    """(seed, run id, CPU kind) of each run a table row keeps out (none: an older table)."""
+    cell = row.get("kept_out")
+    found = re.findall(r"seed (\d+): (\S+) on ([^;]+)", cell if isinstance(cell, str) else "")
+    return [(int(s), rid, kind.strip()) for s, rid, kind in found]
 
 
 def leading(df: pd.DataFrame) -> dict[str, tuple[str, ...]]:
