@@ -36,6 +36,14 @@ def _plan(tmp_path: Path, **kw: Any) -> pr.Plan:
     return pr.Plan(sweep_id=SWEEP, results_dir=str(tmp_path), cluster="local", **kw)
 
 
+def _saved(tmp_path: Path, monkeypatch) -> pr.Plan:
+    """A saved plan whose measured clusters the model's stand-in (:func:`_model`) prices."""
+    monkeypatch.setattr(ms, "_model", _model)
+    plan = _plan(tmp_path)
+    plan.save()
+    return plan
+
+
 def _value(text: str) -> Any:
     try:
         return json.loads(text)
@@ -149,9 +157,7 @@ def test_a_link_that_never_reaches_its_ratio_is_refused_in_one_line(tmp_path: Pa
 
 
 def test_an_interrupted_sweep_resumes_without_redoing_a_run(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(ms, "_model", _model)
-    plan = _plan(tmp_path)
-    plan.save()
+    _saved(tmp_path, monkeypatch)
     ran: list = []
     for stop in (3, 7, 13, 21):  # in tuning, in shaping rounds, in the timing pass
         again = pr.Plan.load(tmp_path, SWEEP)
@@ -171,9 +177,7 @@ def test_an_interrupted_sweep_resumes_without_redoing_a_run(tmp_path: Path, monk
 def test_until_tuning_stops_before_the_first_measured_run_and_resume_goes_on(
     tmp_path: Path, monkeypatch
 ) -> None:
-    monkeypatch.setattr(ms, "_model", _model)
-    plan = _plan(tmp_path)
-    plan.save()
+    plan = _saved(tmp_path, monkeypatch)
     ran: list = []
     ms.run(plan, fake(ran), tmp_path, write_table, log=lambda s: None, until="tuning")
     assert ran and {r[0] for r in ran} == {"tune"} and len(ran) == len(plan.tune_jobs())
@@ -185,9 +189,7 @@ def test_until_tuning_stops_before_the_first_measured_run_and_resume_goes_on(
 def test_the_prediction_comes_before_the_evaluation_one_row_per_method_and_cluster(
     tmp_path: Path, monkeypatch
 ) -> None:
-    monkeypatch.setattr(ms, "_model", _model)
-    plan = _plan(tmp_path)
-    plan.save()
+    plan = _saved(tmp_path, monkeypatch)
     path = ms.table_path(plan, ms.PREDICTION)
     seen: list[bool] = []
     ran: list = []
@@ -265,9 +267,7 @@ def test_an_evaluation_run_kept_out_on_another_kind_counts_in_the_projections_on
 ) -> None:
     from bench.sweeps import protocol_table as pt
 
-    monkeypatch.setattr(ms, "_model", _model)
-    plan = _plan(tmp_path)
-    plan.save()
+    plan = _saved(tmp_path, monkeypatch)
     ran: list = []
     ms.run(plan, fake(ran), tmp_path, write_table, log=lambda s: None)
     # the sweep's last measured evaluation run was interrupted, and only another kind is left
